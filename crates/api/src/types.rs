@@ -1,0 +1,260 @@
+//! Wire types of the tesserad HTTP+JSON API. Every request type denies unknown fields:
+//! a typo in a client is an error, never a silently ignored setting.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::request::Isolation;
+
+/// `POST /v1/allocations`: ask for a container's GPU share.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllocateRequest {
+    /// The OCI container id (runc's last positional argument).
+    pub container_id: String,
+    /// runc's state root (`--root`), so the daemon can tell when the container is gone.
+    pub runc_root: String,
+    /// The bundle directory, for the operator's eyes only.
+    pub bundle: String,
+    /// The raw request, e.g. `mig=1g.10gb`.
+    pub request: String,
+    /// Where the request was read from.
+    pub request_source: RequestSource,
+    /// Every OCI annotation of the container. The daemon reads identity only from the
+    /// annotations its policy trusts; the rest are ignored.
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Where a GPU request was found in the container's config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RequestSource {
+    Annotation,
+    Env,
+}
+
+/// `POST /v1/allocations/{id}/start`: the prestart hook confirms the container started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartRequest {
+    /// The container's init pid from the OCI state.
+    pub pid: i32,
+    /// The bundle from the OCI state; must match the one the allocation was made for.
+    pub bundle: String,
+}
+
+/// A device node the container gets, created by runc inside the container's /dev.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceNode {
+    /// Absolute path inside the container, e.g. `/dev/nvidia-caps/nvidia-cap12`.
+    pub path: String,
+    pub major: i64,
+    pub minor: i64,
+    /// Permission bits, e.g. 0o666.
+    pub file_mode: u32,
+}
+
+/// A read-only bind mount from the host into the container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BindMount {
+    pub source: String,
+    pub destination: String,
+    pub read_only: bool,
+}
+
+/// What the runtime wrapper writes into the OCI spec: exactly these devices (and cgroup
+/// rules allowing exactly these), these environment variables, these mounts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Injection {
+    pub devices: Vec<DeviceNode>,
+    /// `KEY=VALUE` pairs, e.g. `CUDA_VISIBLE_DEVICES=MIG-...`.
+    pub env: Vec<String>,
+    pub mounts: Vec<BindMount>,
+}
+
+/// One device a grant covers: a whole GPU or a MIG instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantedDevice {
+    /// The UUID of what the container holds (`GPU-...` or `MIG-...`).
+    pub uuid: String,
+    /// The UUID of the physical GPU.
+    pub gpu_uuid: String,
+    pub gpu_index: u32,
+    /// The catalog model name, e.g. `H100-80GB`.
+    pub model: String,
+    /// For MIG: the profile name, e.g. `1g.10gb`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_profile: Option<String>,
+    /// For MIG: the placement start slot and size on the 8-slot memory axis.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<(u8, u8)>,
+}
+
+/// The lifecycle of one allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AllocationState {
+    /// Granted and recorded; the container has not started yet.
+    Pending,
+    /// The prestart hook confirmed the container's pid.
+    Running,
+}
+
+/// A granted allocation, as the daemon recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Allocation {
+    pub container_id: String,
+    /// The tenant path, `org/team/project/user`.
+    pub tenant: String,
+    /// The tenant's trust tier.
+    pub trust: String,
+    pub request: String,
+    pub isolation: Isolation,
+    pub devices: Vec<GrantedDevice>,
+    pub injection: Injection,
+    pub state: AllocationState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    /// Unix milliseconds.
+    pub created_ms: u64,
+}
+
+/// Machine-readable reason of an API error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The request itself is malformed.
+    BadRequest,
+    /// The caller could not be identified as a tenant.
+    UnknownTenant,
+    /// The policy refuses the request.
+    Refused,
+    /// The request is allowed but the node has nothing free that fits.
+    NoCapacity,
+    /// This daemon does not implement that isolation yet.
+    NotSupported,
+    /// No such allocation.
+    NotFound,
+    /// The request conflicts with what is recorded (e.g. a different request for an id).
+    Conflict,
+    /// The daemon failed; nothing was granted.
+    Internal,
+}
+
+impl ErrorCode {
+    /// The HTTP status this code is sent with.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::BadRequest => 400,
+            ErrorCode::UnknownTenant | ErrorCode::Refused => 403,
+            ErrorCode::NotFound => 404,
+            ErrorCode::Conflict => 409,
+            ErrorCode::NoCapacity => 503,
+            ErrorCode::NotSupported => 501,
+            ErrorCode::Internal => 500,
+        }
+    }
+}
+
+/// The body of every non-2xx answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(deny_unknown_fields)]
+#[error("{message}")]
+pub struct ApiError {
+    pub code: ErrorCode,
+    /// A sentence a person can act on: what was asked, by whom, and what refused it.
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+    /// The policy rule that decided, as a JSON path into the policy (e.g. `tiers.untrusted.allow`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ApiError { code, message: message.into(), tenant: None, request: None, rule: None }
+    }
+}
+
+/// The state of a device as the daemon tracks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceState {
+    Free,
+    Assigned,
+    /// A whole GPU in MIG mode: not assignable whole, its instances are.
+    MigParent,
+}
+
+/// Who holds a device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Holder {
+    pub container_id: String,
+    pub tenant: String,
+}
+
+/// One MIG instance in `GET /v1/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigInstanceStatus {
+    pub uuid: String,
+    pub profile: String,
+    pub gi_id: u32,
+    pub ci_id: u32,
+    pub start: u8,
+    pub size: u8,
+    pub memory_mib: u64,
+    pub state: DeviceState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<Holder>,
+}
+
+/// One GPU in `GET /v1/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuStatus {
+    pub index: u32,
+    pub uuid: String,
+    pub model: String,
+    pub minor: u32,
+    pub memory_mib: u64,
+    pub mig_enabled: bool,
+    pub state: DeviceState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<Holder>,
+    pub instances: Vec<MigInstanceStatus>,
+}
+
+/// Which policy the daemon enforces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyInfo {
+    pub version: u64,
+    /// Where it came from, e.g. `file:/etc/tessera/policy.json`.
+    pub source: String,
+    /// sha256 of the policy bytes, hex.
+    pub digest: String,
+}
+
+/// `GET /v1/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeStatus {
+    pub node: String,
+    /// `sim:<file>` or `nvml`.
+    pub backend: String,
+    pub policy: PolicyInfo,
+    pub gpus: Vec<GpuStatus>,
+    pub allocations: Vec<Allocation>,
+}
