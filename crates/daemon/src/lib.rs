@@ -1,1 +1,175 @@
-//! tesserad
+//! `tesserad`, the Tessera node daemon, as a library: the binary only parses flags.
+//!
+//! Shape: [`server`] parses HTTP into typed requests; [`node::Node`] decides with the pure
+//! functions of `policy` (may this tenant have this?) and `slicer` (which device?), and
+//! records the grant in [`store`] before answering; [`liveness`] tells the reconciler which
+//! containers are gone.
+
+pub mod liveness;
+pub mod node;
+pub mod server;
+pub mod store;
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tracing::{error, info, warn};
+
+pub use node::{ActivePolicy, HostPaths, Node, ReconcileReport};
+
+/// Where the GPUs come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeSource {
+    /// A simulated node described by a JSON file; its hardware state lives in the state dir.
+    Sim(PathBuf),
+    /// The real driver through NVML.
+    Nvml,
+}
+
+impl std::str::FromStr for NodeSource {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "nvml" {
+            Ok(NodeSource::Nvml)
+        } else if let Some(file) = s.strip_prefix("sim:") {
+            if file.is_empty() {
+                return Err("`sim:` needs a node description file, e.g. sim:examples/nodes/h100x8.json".into());
+            }
+            Ok(NodeSource::Sim(PathBuf::from(file)))
+        } else {
+            Err(format!("unknown node source `{s}`: expected `nvml` or `sim:FILE`"))
+        }
+    }
+}
+
+/// Everything tesserad needs to run.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub node: NodeSource,
+    pub policy: PathBuf,
+    pub state_dir: PathBuf,
+    pub socket: PathBuf,
+    pub allowed_uids: BTreeSet<u32>,
+    pub reconcile_every: Duration,
+    pub pending_grace: Duration,
+    pub host: HostPaths,
+}
+
+/// Why the daemon could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("state dir {path}: {source}")]
+    StateDir { path: PathBuf, source: std::io::Error },
+    #[error("state dir {0} is in use by another tesserad")]
+    Locked(PathBuf),
+    #[error("policy: {0}")]
+    Policy(#[from] policy::PolicyError),
+    #[error("gpu backend: {0}")]
+    Backend(String),
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    #[error(transparent)]
+    Socket(#[from] server::SocketError),
+    #[error("serving the API: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Open the backend named by `source`, keeping simulated hardware state in `state_dir`.
+pub fn open_backend(source: &NodeSource, state_dir: &std::path::Path) -> Result<Box<dyn slicer::GpuBackend>, DaemonError> {
+    match source {
+        NodeSource::Sim(file) => slicer::SimBackend::open(file, state_dir)
+            .map(|b| Box::new(b) as Box<dyn slicer::GpuBackend>)
+            .map_err(|e| DaemonError::Backend(e.to_string())),
+        NodeSource::Nvml => slicer::NvmlBackend::open_default()
+            .map(|b| Box::new(b) as Box<dyn slicer::GpuBackend>)
+            .map_err(|e| DaemonError::Backend(e.to_string())),
+    }
+}
+
+/// Start the daemon and serve until SIGTERM or SIGINT.
+pub async fn run(config: Config) -> Result<(), DaemonError> {
+    let state_err = |source| DaemonError::StateDir { path: config.state_dir.clone(), source };
+    std::fs::create_dir_all(&config.state_dir).map_err(state_err)?;
+    // One daemon per state dir: the lock is held for the life of the process.
+    let lock = File::create(config.state_dir.join("tesserad.lock")).map_err(state_err)?;
+    if lock.try_lock().is_err() {
+        return Err(DaemonError::Locked(config.state_dir.clone()));
+    }
+
+    let policy = policy::Policy::load(&config.policy)?;
+    let active = ActivePolicy { policy, source: format!("file:{}", config.policy.display()) };
+    let backend = open_backend(&config.node, &config.state_dir)?;
+    let store = store::Store::open(&config.state_dir.join("state.db"))?;
+    let mut node = Node::new(backend, active, store, config.host.clone(), config.pending_grace)
+        .map_err(DaemonError::Backend)?;
+    info!(node = %node.inventory().node, gpus = node.inventory().gpus.len(),
+          policy_version = node.policy().policy.version(), "tesserad starting");
+    match node.reconcile() {
+        Ok(r) if !r.released.is_empty() => info!(released = r.released.len(), "reconciled after restart"),
+        Ok(_) => {}
+        Err(e) => warn!("reconcile at start failed: {}", e.message),
+    }
+
+    let listener = server::bind_socket(&config.socket)?;
+    let app = Arc::new(server::App { node: Mutex::new(node) });
+
+    let reconciler = {
+        let app = app.clone();
+        let every = config.reconcile_every;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let app = app.clone();
+                let r = tokio::task::spawn_blocking(move || match app.node.lock() {
+                    Ok(mut n) => n.reconcile().map_err(|e| e.message),
+                    Err(_) => Err("node state lock poisoned".to_string()),
+                })
+                .await;
+                match r {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => error!("reconcile failed: {e}"),
+                    Err(e) => error!("reconcile task failed: {e}"),
+                }
+            }
+        })
+    };
+
+    info!(socket = %config.socket.display(), "serving");
+    let served = axum::serve(
+        server::PeerCheckedListener::new(listener, config.allowed_uids.clone()),
+        server::router(app),
+    )
+    .with_graceful_shutdown(shutdown_signal())
+    .await;
+    reconciler.abort();
+    let _ = std::fs::remove_file(&config.socket);
+    drop(lock);
+    info!("tesserad stopped");
+    served.map_err(DaemonError::Serve)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        // Without signal handlers the daemon can still be stopped by SIGKILL; never exit early.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+}

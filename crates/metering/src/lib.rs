@@ -1,1 +1,68 @@
-//! metering
+//! Tessera metering: a durable per-container GPU-seconds ledger in SQLite, roll-ups up
+//! the tenant tree (`org/team/project/user`), and usage reports.
+//!
+//! - [`Ledger`]: one row per (container, device) interval. The daemon calls
+//!   [`Ledger::open_interval`] at prestart, [`Ledger::close_container`] at poststop (or
+//!   from its reconciler) and [`Ledger::checkpoint`] every <= 5 s. A node crash loses at
+//!   most one checkpoint period (<= 10 s) of GPU-seconds per running interval; reopening
+//!   the ledger closes every interval left open at its last checkpoint, exactly once.
+//! - Durations are monotonic (CLOCK_BOOTTIME) deltas within one boot, wall deltas across
+//!   boots; GPU-seconds = duration x [`fraction()`] of the device.
+//! - [`Ledger::usage`] clips intervals to a window, groups them by a level of the tenant
+//!   tree and prices them by GPU model and [`Class`]; [`UsageReport::to_json`] and
+//!   [`UsageReport::to_csv`] are byte-stable.
+//! - Time comes only from the [`Clock`] seam: [`SystemClock`] in the daemon,
+//!   [`ManualClock`] in tests.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use metering::{Class, GroupBy, IntervalStart, Ledger, ManualClock, Prices, UsageQuery};
+//! use tessera_api::Isolation;
+//!
+//! let clock = Arc::new(ManualClock::new(1_767_225_600_000, 0));
+//! let mut ledger = Ledger::open_in_memory(clock.clone())?;
+//! ledger.open_interval(&IntervalStart {
+//!     container_id: "c1".into(),
+//!     tenant: "acme/ml/vision/alice".into(),
+//!     node: "node-a".into(),
+//!     gpu_uuid: "GPU-0".into(),
+//!     gpu_model: "H100-80GB".into(),
+//!     device_uuid: "MIG-0".into(),
+//!     isolation: Isolation::Mig,
+//!     mig_profile: Some("3g.40gb".into()),
+//!     fraction: metering::fraction(Isolation::Mig, Some(3), None, None, None),
+//!     class: Class::Guaranteed,
+//! })?;
+//! clock.advance(70_000);
+//! ledger.checkpoint()?;
+//! let closed = ledger.close_container("c1", "poststop")?;
+//! assert_eq!(closed[0].gpu_seconds, 30.0); // 70 s x 3/7
+//! let report = ledger.usage(&UsageQuery {
+//!     from_ms: 1_767_225_600_000,
+//!     to_ms: 1_767_225_600_000 + 3_600_000,
+//!     by: GroupBy::Team,
+//!     prices: Prices::default(),
+//! })?;
+//! assert_eq!(report.rows[0].group, "acme/ml");
+//! assert_eq!(report.total.gpu_seconds, 30.0);
+//! # Ok::<(), metering::LedgerError>(())
+//! ```
+
+mod clock;
+mod error;
+mod fraction;
+mod interval;
+mod ledger;
+mod report;
+
+pub use clock::{read_boot_id, Clock, ManualClock, SystemClock, BOOT_ID_PATH};
+pub use error::LedgerError;
+pub use fraction::{fraction, try_fraction, FractionError, MIG_SLICES_PER_GPU};
+pub use interval::{
+    validate_tenant, Class, ClosedInterval, IntervalEnd, IntervalId, IntervalRecord, IntervalStart,
+    MAX_TENANT_SEGMENTS, POSTSTOP_REASON, RECOVERED_REASON,
+};
+pub use ledger::{Ledger, LedgerOptions, Synchronous, APPLICATION_ID, SCHEMA_VERSION};
+pub use report::{
+    aggregate, GroupBy, LevelTotal, Prices, Rate, Span, UsageQuery, UsageReport, UsageRow,
+};

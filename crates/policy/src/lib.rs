@@ -1,1 +1,250 @@
-//! policy
+//! Tessera's policy: who a container belongs to, and what kind of GPU share that tenant
+//! may have on this node.
+//!
+//! # The model
+//!
+//! * **Tenants** form a tree, `org → team → project → user`, written as slash paths
+//!   (`acme`, `acme/research`, `acme/research/sandbox`, `acme/research/sandbox/guest`).
+//!   Every node of the tree is a tenant.
+//! * **Trust** is one of [`Trust::Untrusted`], [`Trust::Trusted`], [`Trust::Dev`]. Each
+//!   org must set it; teams, projects and users inherit their parent's unless they set
+//!   their own (users cannot: they take their project's).
+//! * **Tiers** map each trust level to the [`Isolation`] kinds it may use. The defaults
+//!   are `untrusted: gpu, mig`, `trusted: gpu, mig, mps`, `dev: all four`. Whatever the
+//!   file says, untrusted tenants never get `mps` or `shared`: those give no memory
+//!   isolation between tenants, so a policy that allows them is rejected at parse time.
+//! * **Identity** comes only from OCI annotations that the policy names in its ordered
+//!   `identity` rules (annotations that the container runtime sets, such as the CRI's
+//!   pod namespace, never ones the image or the user controls). The first rule whose
+//!   annotation is present decides; a value it does not map is refused rather than
+//!   guessed. With no rule's annotation present, `default_tenant` applies if set, and the
+//!   container is refused otherwise. The image's environment is never read for identity.
+//! * **Node pools** name groups of nodes (exact names or `prefix*` globs) and may restrict
+//!   them to some subtrees of the tenant tree. A node in several pools obeys each pool's
+//!   restriction; a node in no pool has none.
+//!
+//! # The crate
+//!
+//! Pure: [`Policy::parse`] turns bytes into a validated [`Policy`] or a [`PolicyError`]
+//! that names the JSON path of the problem; [`Policy::resolve_identity`] and
+//! [`Policy::authorize`] are decisions without side effects. The only I/O is the
+//! convenience [`Policy::load`].
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//! use policy::{GpuRequest, Policy, Trust};
+//!
+//! let policy = Policy::parse(br#"{
+//!     "version": 1,
+//!     "orgs": {"acme": {"trust": "untrusted", "teams": {"lab": {"trust": "dev"}}}},
+//!     "identity": [{"annotation": "io.kubernetes.cri.sandbox-namespace",
+//!                   "map": {"ns-lab": "acme/lab"}}]
+//! }"#, "policy.json")?;
+//!
+//! let annotations = BTreeMap::from([
+//!     ("io.kubernetes.cri.sandbox-namespace".to_string(), "ns-lab".to_string()),
+//!     ("tessera.io/tenant".to_string(), "someone-else".to_string()), // never read
+//! ]);
+//! let tenant = policy.resolve_identity(&annotations)?;
+//! assert_eq!((tenant.path.as_str(), tenant.trust), ("acme/lab", Trust::Dev));
+//! assert!(policy.authorize(&tenant, &GpuRequest::Shared, "node-1").is_ok());
+//!
+//! let org = policy.tenant("acme").expect("in the tree");
+//! let refusal = policy.authorize(&org, &GpuRequest::Mps { percent: 25 }, "node-1").unwrap_err();
+//! assert_eq!(refusal.rule, "tiers.untrusted.allow");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod decide;
+mod error;
+mod raw;
+mod validate;
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // unwrap_err: tests that expect an error
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+pub use error::{IdentityError, PolicyError, Refusal};
+pub use tessera_api::{GpuRequest, Isolation};
+
+/// How far a tenant is trusted. Ordered from least to most trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Trust {
+    /// Runs code nobody vetted: only hardware-isolated shares (whole GPU, MIG).
+    Untrusted,
+    /// Vetted workloads: may also share a GPU through MPS.
+    Trusted,
+    /// Development: may use anything, time-slicing included.
+    Dev,
+}
+
+impl Trust {
+    /// Every trust level, least trusted first.
+    pub const ALL: [Trust; 3] = [Trust::Untrusted, Trust::Trusted, Trust::Dev];
+
+    /// The name used in policies and reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trust::Untrusted => "untrusted",
+            Trust::Trusted => "trusted",
+            Trust::Dev => "dev",
+        }
+    }
+}
+
+// By hand rather than derived: the same "unknown variant" message, and a value of the
+// wrong type reads "expected one of `untrusted`, `trusted`, `dev`" instead of serde_json's
+// "expected value" syntax error.
+impl<'de> Deserialize<'de> for Trust {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        const NAMES: &[&str] = &["untrusted", "trusted", "dev"];
+        raw::deserialize_named(deserializer, NAMES, |s| {
+            Trust::ALL.into_iter().find(|t| t.as_str() == s)
+        })
+    }
+}
+
+impl fmt::Display for Trust {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A node of the tenant tree with its effective (inherited) trust.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Tenant {
+    /// `org`, `org/team`, `org/team/project` or `org/team/project/user`.
+    pub path: String,
+    pub trust: Trust,
+}
+
+/// A parsed and validated policy. Cheap to clone; immutable.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub(crate) version: u64,
+    pub(crate) digest: String,
+    pub(crate) tiers: Tiers,
+    /// Every tenant, depth-first with children sorted by name.
+    pub(crate) tenants: Vec<Tenant>,
+    /// Tenant path -> index into `tenants`.
+    pub(crate) index: BTreeMap<String, usize>,
+    pub(crate) identity: Vec<IdentityRule>,
+    pub(crate) default_tenant: Option<String>,
+    /// Sorted by name.
+    pub(crate) node_pools: Vec<NodePool>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Tiers {
+    pub untrusted: Vec<Isolation>,
+    pub trusted: Vec<Isolation>,
+    pub dev: Vec<Isolation>,
+}
+
+impl Tiers {
+    pub fn allow(&self, trust: Trust) -> &[Isolation] {
+        match trust {
+            Trust::Untrusted => &self.untrusted,
+            Trust::Trusted => &self.trusted,
+            Trust::Dev => &self.dev,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct IdentityRule {
+    pub annotation: String,
+    /// Annotation value -> tenant path (validated to exist).
+    pub map: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct NodePool {
+    pub name: String,
+    pub nodes: Vec<NodePattern>,
+    /// Tenant path prefixes allowed in the pool; `None` allows every tenant.
+    pub tenants: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum NodePattern {
+    Exact(String),
+    /// `prefix*`: every node whose name starts with the prefix (a bare `*`: every node).
+    Prefix(String),
+}
+
+impl NodePattern {
+    pub fn matches(&self, node: &str) -> bool {
+        match self {
+            NodePattern::Exact(name) => node == name,
+            NodePattern::Prefix(prefix) => node.starts_with(prefix.as_str()),
+        }
+    }
+}
+
+impl Policy {
+    /// Parse and validate a policy. `source` names the file in error messages.
+    pub fn parse(bytes: &[u8], source: &str) -> Result<Policy, PolicyError> {
+        let raw = validate::deserialize(bytes, source)?;
+        let digest = hex::encode(Sha256::digest(bytes));
+        validate::build(raw, digest).map_err(|p| PolicyError::Invalid {
+            file: source.to_string(),
+            path: p.path,
+            message: p.message,
+        })
+    }
+
+    /// Read and parse a policy file.
+    pub fn load(path: &Path) -> Result<Policy, PolicyError> {
+        let bytes = std::fs::read(path)
+            .map_err(|source| PolicyError::Io { path: path.to_path_buf(), source })?;
+        Policy::parse(&bytes, &path.display().to_string())
+    }
+
+    /// The policy's `version` field.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Lowercase hex SHA-256 of the exact bytes parsed.
+    pub fn digest(&self) -> String {
+        self.digest.clone()
+    }
+
+    /// Look up any node of the tenant tree by path.
+    pub fn tenant(&self, path: &str) -> Option<Tenant> {
+        self.index.get(path).and_then(|&i| self.tenants.get(i)).cloned()
+    }
+
+    /// Every node of the tenant tree: depth-first, each node before its children,
+    /// siblings sorted by name.
+    pub fn tenants(&self) -> Vec<Tenant> {
+        self.tenants.clone()
+    }
+
+    /// The isolation kinds a trust tier may use, in the order the policy lists them.
+    pub fn allowed(&self, trust: Trust) -> &[Isolation] {
+        self.tiers.allow(trust)
+    }
+
+    /// The annotations that identity is read from, in rule order. Every other annotation
+    /// is ignored for identity.
+    pub fn identity_annotations(&self) -> Vec<&str> {
+        self.identity.iter().map(|r| r.annotation.as_str()).collect()
+    }
+
+    /// The tenant for containers that no identity rule matches, if any.
+    pub fn default_tenant(&self) -> Option<&str> {
+        self.default_tenant.as_deref()
+    }
+}

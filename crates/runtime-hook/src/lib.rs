@@ -1,1 +1,24 @@
-//! runtime-hook
+//! The runc wrapper `tessera-runtime` and the OCI hook `tessera-hook`.
+//!
+//! - [`args`]: runc's argv, parsed like runc does ([`parse_runc_args`]).
+//! - [`request`]: the GPU request in a config.json ([`find_request`]).
+//! - [`spec`]: config.json load/save and the injection edits ([`apply_injection`]).
+//! - [`runtime`]: the wrapper's flow ([`runtime_main`]).
+//! - [`hook`]: the prestart/poststop hook ([`hook_main`]).
+//!
+//! The binaries in `src/bin/` only call [`runtime_main`] and [`hook_main`] and exit with
+//! their code.
+
+pub mod args;
+pub mod hook;
+pub mod request;
+pub mod runtime;
+pub mod spec;
+
+pub use args::{
+    parse_runc_args, ArgsError, Command, CreateArgs, CreateOptions, GlobalOptions, RuncInvocation,
+};
+pub use hook::{hook_main, HookError, HookState, Phase};
+pub use request::{find_request, FoundRequest, RequestLookupError};
+pub use runtime::{runtime_main, RuntimeEnv, RuntimeError};
+pub use spec::{apply_injection, HookConfig, SpecError};

@@ -1,1 +1,33 @@
-//! slicer
+//! slicer: what the node's GPUs are and which share a container gets.
+//!
+//! - [`catalog`]: GPU models, MIG profiles and placement rules (pure).
+//! - [`inventory`]: the node's GPUs and MIG instances, and parsers of the host files they
+//!   are resolved from (`/proc/devices`, `mig-minors`).
+//! - [`backend`]: the [`GpuBackend`] hardware seam, with [`SimBackend`] (state in files)
+//!   and [`NvmlBackend`] (the driver, read-only).
+//! - [`choose`](choose()): which devices a request gets (pure, deterministic).
+//! - [`injection`]: the device nodes and environment a container needs for its devices
+//!   (pure).
+
+pub mod backend;
+pub mod catalog;
+mod choose;
+mod inject;
+pub mod inventory;
+pub mod nvml;
+pub mod sim;
+
+pub use backend::{BackendError, GpuBackend};
+pub use catalog::{model, placement_is_legal, GpuModel, LayoutError, Profile};
+pub use choose::{choose, NoFit};
+pub use inject::{injection, InjectError, DEVICE_MODE};
+pub use inventory::{
+    parse_mig_minors, parse_proc_devices, Found, Gpu, Inventory, Majors, MigInstance, MigMinors,
+    ParseError, ProcDevices,
+};
+pub use nvml::NvmlBackend;
+pub use sim::SimBackend;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // unwrap_err: a test that expects an error
+mod tests;

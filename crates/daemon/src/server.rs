@@ -1,0 +1,197 @@
+//! The HTTP+JSON API on a root-only unix socket. Handlers only parse and delegate to
+//! [`Node`]; every answer that is not 2xx carries an [`ApiError`].
+
+use std::collections::BTreeSet;
+use std::io;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Serialize;
+use tessera_api::{AllocateRequest, ApiError, ErrorCode, StartRequest};
+use tokio::net::{UnixListener, UnixStream};
+use tracing::warn;
+
+use crate::node::Node;
+
+/// Shared state of the handlers.
+#[derive(Debug)]
+pub struct App {
+    pub node: Mutex<Node>,
+}
+
+/// An API answer: JSON on success, an [`ApiError`] with its HTTP status otherwise.
+#[derive(Debug)]
+pub struct Reply<T>(Result<T, ApiError>);
+
+impl<T: Serialize> IntoResponse for Reply<T> {
+    fn into_response(self) -> Response {
+        match self.0 {
+            Ok(v) => (StatusCode::OK, Json(v)).into_response(),
+            Err(e) => {
+                let status = StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                (status, Json(e)).into_response()
+            }
+        }
+    }
+}
+
+/// Run `f` on the node under its lock, off the async threads (SQLite commits block).
+async fn with_node<T, F>(app: Arc<App>, f: F) -> Reply<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&mut Node) -> Result<T, ApiError> + Send + 'static,
+{
+    let r = tokio::task::spawn_blocking(move || {
+        let mut node = app.node.lock().map_err(|_| ApiError::new(ErrorCode::Internal, "tesserad: node state lock poisoned"))?;
+        f(&mut node)
+    })
+    .await;
+    Reply(r.unwrap_or_else(|e| Err(ApiError::new(ErrorCode::Internal, format!("tesserad: handler failed: {e}")))))
+}
+
+fn bad_json(what: &str, rejection: JsonRejection) -> ApiError {
+    ApiError::new(ErrorCode::BadRequest, format!("malformed {what}: {}", rejection.body_text()))
+}
+
+/// The API routes.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { Json(serde_json::json!({"ok": true})) }))
+        .route("/v1/status", get(status))
+        .route("/v1/allocations", post(allocate).get(list))
+        .route("/v1/allocations/{id}", get(one).delete(release))
+        .route("/v1/allocations/{id}/start", post(start))
+        .fallback(|| async {
+            Reply::<()>(Err(ApiError::new(ErrorCode::NotFound, "no such endpoint")))
+        })
+        .layer(DefaultBodyLimit::max(1 << 20))
+        .with_state(app)
+}
+
+async fn status(State(app): State<Arc<App>>) -> impl IntoResponse {
+    with_node(app, |n| n.status()).await
+}
+
+async fn list(State(app): State<Arc<App>>) -> impl IntoResponse {
+    with_node(app, |n| n.allocations()).await
+}
+
+async fn one(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -> impl IntoResponse {
+    with_node(app, move |n| n.allocation(&id)).await
+}
+
+async fn allocate(State(app): State<Arc<App>>, body: Result<Json<AllocateRequest>, JsonRejection>) -> Response {
+    match body {
+        Ok(Json(req)) => with_node(app, move |n| n.allocate(&req)).await.into_response(),
+        Err(r) => Reply::<()>(Err(bad_json("allocation request", r))).into_response(),
+    }
+}
+
+async fn start(
+    State(app): State<Arc<App>>,
+    UrlPath(id): UrlPath<String>,
+    body: Result<Json<StartRequest>, JsonRejection>,
+) -> Response {
+    match body {
+        Ok(Json(req)) => with_node(app, move |n| n.start(&id, &req)).await.into_response(),
+        Err(r) => Reply::<()>(Err(bad_json("start request", r))).into_response(),
+    }
+}
+
+async fn release(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -> impl IntoResponse {
+    with_node(app, move |n| n.release(&id, "poststop hook").map(|existed| serde_json::json!({"released": existed})))
+        .await
+}
+
+/// A unix listener that serves only peers whose uid is allowed (root by default), on
+/// top of the socket file's own 0600 mode: either one alone would keep others out.
+#[derive(Debug)]
+pub struct PeerCheckedListener {
+    inner: UnixListener,
+    allowed_uids: BTreeSet<u32>,
+}
+
+impl PeerCheckedListener {
+    pub fn new(inner: UnixListener, allowed_uids: BTreeSet<u32>) -> Self {
+        PeerCheckedListener { inner, allowed_uids }
+    }
+}
+
+impl axum::serve::Listener for PeerCheckedListener {
+    type Io = UnixStream;
+    type Addr = tokio::net::unix::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.inner.accept().await {
+                Ok((stream, addr)) => match stream.peer_cred() {
+                    Ok(cred) if self.allowed_uids.contains(&cred.uid()) => return (stream, addr),
+                    Ok(cred) => {
+                        warn!(uid = cred.uid(), pid = ?cred.pid(), "refused API connection: uid not allowed");
+                    }
+                    Err(e) => warn!("refused API connection: cannot read peer credentials: {e}"),
+                },
+                Err(e) => {
+                    warn!("accept on the API socket failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+/// Errors while preparing the API socket.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    #[error("socket path {0} exists and is not a socket; refusing to remove it")]
+    NotASocket(PathBuf),
+    #[error("another tesserad is already listening on {0}")]
+    InUse(PathBuf),
+    #[error("socket {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+/// Bind the API socket: parent directory created 0700 if missing, a stale socket file
+/// replaced only if nobody answers on it, the socket itself chmod 0600.
+pub fn bind_socket(path: &Path) -> Result<UnixListener, SocketError> {
+    let io_err = |source| SocketError::Io { path: path.to_path_buf(), source };
+    if let Some(parent) = path.parent() {
+        if !parent.as_os_str().is_empty() && !parent.exists() {
+            std::fs::create_dir_all(parent).map_err(io_err)?;
+            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700)).map_err(io_err)?;
+        }
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(SocketError::InUse(path.to_path_buf()));
+            }
+            std::fs::remove_file(path).map_err(io_err)?;
+        }
+        Ok(_) => return Err(SocketError::NotASocket(path.to_path_buf())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(e)),
+    }
+    // Bind with a restrictive umask so there is no window in which the socket is open
+    // to others, then set the mode explicitly.
+    // SAFETY: umask only swaps the process file-mode mask; it cannot fail or touch memory.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = std::os::unix::net::UnixListener::bind(path);
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(old) };
+    let listener = bound.map_err(io_err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io_err)?;
+    listener.set_nonblocking(true).map_err(io_err)?;
+    UnixListener::from_std(listener).map_err(io_err)
+}

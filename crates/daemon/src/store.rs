@@ -1,0 +1,360 @@
+//! The daemon's durable memory: allocations and the devices they claim, in SQLite.
+//!
+//! Every grant is committed (WAL, `synchronous=FULL`) before the daemon answers, so a
+//! `kill -9` at any point either loses an unanswered request or keeps a complete grant.
+//! A device can be claimed by at most one allocation: `device_claims.uuid` is the
+//! primary key, so even a logic bug cannot assign a device twice.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use rusqlite::{params, Connection, OptionalExtension};
+use tessera_api::{Allocation, AllocationState};
+
+/// Errors of the allocation store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("state database {path}: {source}")]
+    Open { path: PathBuf, source: rusqlite::Error },
+    #[error("state database {path} is corrupt ({detail}); it was left untouched, move it aside to start afresh")]
+    Corrupt { path: PathBuf, detail: String },
+    #[error("state database {path} has schema version {found}, this tesserad knows {expected}")]
+    Schema { path: PathBuf, found: i64, expected: i64 },
+    #[error("state database: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("state database holds an unreadable row for container {container_id}: {detail}")]
+    BadRow { container_id: String, detail: String },
+    #[error("device {uuid} is already claimed by container {holder}")]
+    DeviceClaimed { uuid: String, holder: String },
+}
+
+/// An allocation as stored, with the bookkeeping the API does not show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub allocation: Allocation,
+    pub runc_root: String,
+    pub bundle: String,
+    /// Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat), to tell
+    /// a live container from a recycled pid.
+    pub pid_start: Option<u64>,
+}
+
+const SCHEMA_VERSION: i64 = 1;
+
+/// The SQLite-backed store. Not `Sync`: the daemon serialises access behind one mutex,
+/// which is also what makes each decide-and-record step atomic.
+#[derive(Debug)]
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Open (or create) the store at `path`, verifying its integrity first.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let existed = path.exists();
+        let open_err = |source| StoreError::Open { path: path.to_path_buf(), source };
+        let conn = Connection::open(path).map_err(open_err)?;
+        if existed {
+            // quick_check reads every page; a torn or overwritten file fails here and the
+            // daemon refuses to start rather than "repairing" (and losing) its grants.
+            let detail: Result<String, rusqlite::Error> =
+                conn.query_row("PRAGMA quick_check", [], |r| r.get(0));
+            match detail {
+                Ok(ok) if ok == "ok" => {}
+                Ok(detail) => return Err(StoreError::Corrupt { path: path.to_path_buf(), detail }),
+                Err(e) => {
+                    return Err(StoreError::Corrupt { path: path.to_path_buf(), detail: e.to_string() })
+                }
+            }
+        }
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;
+             PRAGMA busy_timeout=5000;",
+        )
+        .map_err(open_err)?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS allocations(
+                 container_id TEXT PRIMARY KEY,
+                 body TEXT NOT NULL,
+                 runc_root TEXT NOT NULL,
+                 bundle TEXT NOT NULL,
+                 state TEXT NOT NULL,
+                 pid INTEGER,
+                 pid_start INTEGER,
+                 created_ms INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS device_claims(
+                 uuid TEXT PRIMARY KEY,
+                 container_id TEXT NOT NULL REFERENCES allocations(container_id) ON DELETE CASCADE);
+             CREATE TABLE IF NOT EXISTS events(
+                 id INTEGER PRIMARY KEY AUTOINCREMENT,
+                 ts_ms INTEGER NOT NULL,
+                 kind TEXT NOT NULL,
+                 container_id TEXT,
+                 detail TEXT NOT NULL);",
+        )
+        .map_err(open_err)?;
+        let found: Option<String> = conn
+            .query_row("SELECT value FROM meta WHERE key='schema'", [], |r| r.get(0))
+            .optional()
+            .map_err(open_err)?;
+        match found {
+            None => {
+                conn.execute("INSERT INTO meta(key, value) VALUES('schema', ?1)", [SCHEMA_VERSION.to_string()])
+                    .map_err(open_err)?;
+            }
+            Some(v) => {
+                let found = v.parse::<i64>().unwrap_or(-1);
+                if found != SCHEMA_VERSION {
+                    return Err(StoreError::Schema { path: path.to_path_buf(), found, expected: SCHEMA_VERSION });
+                }
+            }
+        }
+        Ok(Store { conn, path: path.to_path_buf() })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Record a grant and claim its devices in one transaction.
+    pub fn insert(&mut self, rec: &Record) -> Result<(), StoreError> {
+        let a = &rec.allocation;
+        let body = serde_json::to_string(a).map_err(|e| StoreError::BadRow {
+            container_id: a.container_id.clone(),
+            detail: e.to_string(),
+        })?;
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "INSERT INTO allocations(container_id, body, runc_root, bundle, state, pid, pid_start, created_ms)
+             VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                a.container_id,
+                body,
+                rec.runc_root,
+                rec.bundle,
+                state_str(a.state),
+                a.pid,
+                rec.pid_start.map(|v| v as i64),
+                a.created_ms as i64
+            ],
+        )?;
+        for d in &a.devices {
+            let holder: Option<String> = tx
+                .query_row("SELECT container_id FROM device_claims WHERE uuid=?1", [&d.uuid], |r| r.get(0))
+                .optional()?;
+            if let Some(holder) = holder {
+                return Err(StoreError::DeviceClaimed { uuid: d.uuid.clone(), holder });
+            }
+            tx.execute("INSERT INTO device_claims(uuid, container_id) VALUES(?1, ?2)", params![d.uuid, a.container_id])?;
+        }
+        insert_event(&tx, "grant", Some(&a.container_id), &format!("{} {} -> {}", a.tenant, a.request, uuids(a)))?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Mark an allocation running with its container's pid.
+    pub fn set_running(&mut self, container_id: &str, pid: i32, pid_start: Option<u64>) -> Result<(), StoreError> {
+        let Some(mut rec) = self.get(container_id)? else { return Ok(()) };
+        rec.allocation.state = AllocationState::Running;
+        rec.allocation.pid = Some(pid);
+        let body = serde_json::to_string(&rec.allocation).map_err(|e| StoreError::BadRow {
+            container_id: container_id.to_string(),
+            detail: e.to_string(),
+        })?;
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "UPDATE allocations SET body=?2, state=?3, pid=?4, pid_start=?5 WHERE container_id=?1",
+            params![container_id, body, state_str(AllocationState::Running), pid, pid_start.map(|v| v as i64)],
+        )?;
+        insert_event(&tx, "start", Some(container_id), &format!("pid {pid}"))?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Remove an allocation and free its devices. Returns whether it existed.
+    pub fn remove(&mut self, container_id: &str, why: &str) -> Result<bool, StoreError> {
+        let tx = self.conn.transaction()?;
+        let n = tx.execute("DELETE FROM allocations WHERE container_id=?1", [container_id])?;
+        if n > 0 {
+            insert_event(&tx, "release", Some(container_id), why)?;
+        }
+        tx.commit()?;
+        Ok(n > 0)
+    }
+
+    pub fn get(&self, container_id: &str) -> Result<Option<Record>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT container_id, body, runc_root, bundle, pid_start FROM allocations WHERE container_id=?1",
+        )?;
+        let row = stmt.query_row([container_id], row_tuple).optional()?;
+        row.map(decode).transpose()
+    }
+
+    /// Every allocation, ordered by container id.
+    pub fn all(&self) -> Result<Vec<Record>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT container_id, body, runc_root, bundle, pid_start FROM allocations ORDER BY container_id",
+        )?;
+        let rows = stmt.query_map([], row_tuple)?.collect::<Result<Vec<_>, _>>()?;
+        rows.into_iter().map(decode).collect()
+    }
+
+    /// Every claimed device uuid.
+    pub fn claimed(&self) -> Result<BTreeSet<String>, StoreError> {
+        let mut stmt = self.conn.prepare_cached("SELECT uuid FROM device_claims")?;
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<BTreeSet<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// Append to the audit log (refusals, reconciler actions).
+    pub fn event(&mut self, kind: &str, container_id: Option<&str>, detail: &str) -> Result<(), StoreError> {
+        insert_event(&self.conn, kind, container_id, detail)?;
+        Ok(())
+    }
+
+    /// The newest `limit` events, newest first: (ts_ms, kind, container_id, detail).
+    pub fn recent_events(&self, limit: u32) -> Result<Vec<(u64, String, Option<String>, String)>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT ts_ms, kind, container_id, detail FROM events ORDER BY id DESC LIMIT ?1",
+        )?;
+        let rows = stmt
+            .query_map([limit], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?, r.get(2)?, r.get(3)?)))?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+}
+
+type RowTuple = (String, String, String, String, Option<i64>);
+
+fn row_tuple(r: &rusqlite::Row<'_>) -> rusqlite::Result<RowTuple> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+}
+
+fn decode((container_id, body, runc_root, bundle, pid_start): RowTuple) -> Result<Record, StoreError> {
+    let allocation: Allocation = serde_json::from_str(&body)
+        .map_err(|e| StoreError::BadRow { container_id: container_id.clone(), detail: e.to_string() })?;
+    Ok(Record { allocation, runc_root, bundle, pid_start: pid_start.map(|v| v as u64) })
+}
+
+fn insert_event(conn: &Connection, kind: &str, container_id: Option<&str>, detail: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT INTO events(ts_ms, kind, container_id, detail) VALUES(?1, ?2, ?3, ?4)",
+        params![crate::now_ms() as i64, kind, container_id, detail],
+    )?;
+    Ok(())
+}
+
+fn state_str(s: AllocationState) -> &'static str {
+    match s {
+        AllocationState::Pending => "pending",
+        AllocationState::Running => "running",
+    }
+}
+
+fn uuids(a: &Allocation) -> String {
+    a.devices.iter().map(|d| d.uuid.as_str()).collect::<Vec<_>>().join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_api::{GrantedDevice, Injection, Isolation};
+
+    fn rec(id: &str, uuids: &[&str]) -> Record {
+        Record {
+            allocation: Allocation {
+                container_id: id.into(),
+                tenant: "acme/t/p/u".into(),
+                trust: "trusted".into(),
+                request: "gpu=1".into(),
+                isolation: Isolation::Gpu,
+                devices: uuids
+                    .iter()
+                    .map(|u| GrantedDevice {
+                        uuid: (*u).into(),
+                        gpu_uuid: (*u).into(),
+                        gpu_index: 0,
+                        model: "H100-80GB".into(),
+                        mig_profile: None,
+                        placement: None,
+                    })
+                    .collect(),
+                injection: Injection::default(),
+                state: AllocationState::Pending,
+                pid: None,
+                created_ms: 1,
+            },
+            runc_root: "/run/runc".into(),
+            bundle: "/b".into(),
+            pid_start: None,
+        }
+    }
+
+    #[test]
+    fn grants_survive_reopen_and_release_frees_devices() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.db");
+        {
+            let mut s = Store::open(&path).expect("open");
+            s.insert(&rec("a", &["GPU-1", "GPU-2"])).expect("insert");
+            s.set_running("a", 42, Some(7)).expect("running");
+        }
+        let mut s = Store::open(&path).expect("reopen");
+        let got = s.get("a").expect("get").expect("present");
+        assert_eq!(got.allocation.state, AllocationState::Running);
+        assert_eq!(got.allocation.pid, Some(42));
+        assert_eq!(got.pid_start, Some(7));
+        assert_eq!(s.claimed().expect("claimed"), ["GPU-1".to_string(), "GPU-2".to_string()].into());
+        assert!(s.remove("a", "test").expect("remove"));
+        assert!(!s.remove("a", "test").expect("remove again"));
+        assert!(s.claimed().expect("claimed").is_empty());
+        let kinds: Vec<String> = s.recent_events(10).expect("events").into_iter().map(|e| e.1).collect();
+        assert_eq!(kinds, ["release", "start", "grant"]);
+    }
+
+    #[test]
+    fn a_device_cannot_be_claimed_twice_and_the_failed_grant_leaves_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = Store::open(&dir.path().join("state.db")).expect("open");
+        s.insert(&rec("a", &["GPU-1"])).expect("insert");
+        let err = s.insert(&rec("b", &["GPU-2", "GPU-1"])).unwrap_err();
+        assert!(matches!(err, StoreError::DeviceClaimed { ref holder, .. } if holder == "a"), "{err}");
+        assert!(s.get("b").expect("get").is_none());
+        assert_eq!(s.claimed().expect("claimed"), ["GPU-1".to_string()].into());
+    }
+
+    #[test]
+    fn a_corrupt_database_is_reported_and_left_untouched() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.db");
+        {
+            let mut s = Store::open(&path).expect("open");
+            for i in 0..50 {
+                s.insert(&rec(&format!("c{i}"), &[&format!("GPU-{i}")])).expect("insert");
+            }
+        }
+        // Checkpoint happened on close; scribble over the middle of the file.
+        let mut bytes = std::fs::read(&path).expect("read");
+        assert!(bytes.len() > 8192, "db is {} bytes", bytes.len());
+        for b in &mut bytes[4096..8192] {
+            *b = 0xA5;
+        }
+        std::fs::write(&path, &bytes).expect("write");
+        let err = Store::open(&path).unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        assert!(err.to_string().contains("left untouched"), "{err}");
+        assert_eq!(std::fs::read(&path).expect("read"), bytes, "the corrupt file was modified");
+    }
+
+    #[test]
+    fn a_garbage_file_is_not_overwritten() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.db");
+        std::fs::write(&path, b"this is not a database, but it is someone's data").expect("write");
+        let err = Store::open(&path).unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        assert_eq!(std::fs::read(&path).expect("read"), b"this is not a database, but it is someone's data");
+    }
+}

@@ -1,0 +1,242 @@
+//! The node service in-process, against the real simulated backend, real SQLite and the
+//! example policy: every decision path, idempotency, exhaustion, reconciliation, restart.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use tessera_api::{AllocateRequest, ErrorCode, Isolation, RequestSource, StartRequest};
+use tesserad::{store::Store, ActivePolicy, HostPaths, Node};
+
+const POLICY: &[u8] = include_bytes!("../../../examples/policy.json");
+
+fn repo(p: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(p)
+}
+
+fn node_at(state: &Path, grace: Duration) -> Node {
+    let backend = slicer::SimBackend::open(&repo("examples/nodes/h100x8.json"), state).expect("sim");
+    let policy = policy::Policy::parse(POLICY, "examples/policy.json").expect("policy");
+    let store = Store::open(&state.join("state.db")).expect("store");
+    Node::new(Box::new(backend), ActivePolicy { policy, source: "test".into() }, store, HostPaths::default(), grace)
+        .expect("node")
+}
+
+fn req(id: &str, ns: &str, request: &str) -> AllocateRequest {
+    let mut annotations = BTreeMap::new();
+    annotations.insert("io.kubernetes.cri.sandbox-namespace".to_string(), ns.to_string());
+    AllocateRequest {
+        container_id: id.into(),
+        runc_root: "/nonexistent/runc-root".into(),
+        bundle: format!("/bundles/{id}"),
+        request: request.into(),
+        request_source: RequestSource::Annotation,
+        annotations,
+    }
+}
+
+#[test]
+fn untrusted_mig_gets_one_instance_with_exactly_its_caps() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    let a = node.allocate(&req("c1", "team-untrusted", "mig=1g.10gb")).expect("granted");
+    assert_eq!(a.tenant, "acme/untrusted/sandbox/guest");
+    assert_eq!(a.trust, "untrusted");
+    assert_eq!(a.isolation, Isolation::Mig);
+    assert_eq!(a.devices.len(), 1);
+    let d = &a.devices[0];
+    assert!(d.uuid.starts_with("MIG-"), "{}", d.uuid);
+    let (gpu, inst) = node
+        .inventory()
+        .gpus
+        .iter()
+        .find_map(|g| g.instances.iter().find(|i| i.uuid == d.uuid).map(|i| (g, i)))
+        .expect("granted instance is in the inventory");
+    assert_eq!(inst.profile, "1g.10gb");
+    let caps = node.inventory().majors.nvidia_caps.expect("caps major");
+    let uvm = node.inventory().majors.nvidia_uvm;
+    let got: BTreeSet<(String, i64, i64)> =
+        a.injection.devices.iter().map(|n| (n.path.clone(), n.major, n.minor)).collect();
+    let want: BTreeSet<(String, i64, i64)> = [
+        ("/dev/nvidiactl".to_string(), 195, 255),
+        ("/dev/nvidia-uvm".to_string(), uvm as i64, 0),
+        ("/dev/nvidia-uvm-tools".to_string(), uvm as i64, 1),
+        (format!("/dev/nvidia{}", gpu.minor), 195, gpu.minor as i64),
+        (format!("/dev/nvidia-caps/nvidia-cap{}", inst.gi_cap_minor), caps as i64, inst.gi_cap_minor as i64),
+        (format!("/dev/nvidia-caps/nvidia-cap{}", inst.ci_cap_minor), caps as i64, inst.ci_cap_minor as i64),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(got, want);
+    assert!(a.injection.env.contains(&format!("CUDA_VISIBLE_DEVICES={}", d.uuid)), "{:?}", a.injection.env);
+}
+
+#[test]
+fn untrusted_mps_and_shared_are_refused_naming_tenant_request_and_rule() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    for request in ["mps=25", "shared"] {
+        let e = node.allocate(&req("c1", "team-untrusted", request)).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Refused, "{e:?}");
+        assert_eq!(e.tenant.as_deref(), Some("acme/untrusted/sandbox/guest"));
+        assert_eq!(e.request.as_deref(), Some(request));
+        assert_eq!(e.rule.as_deref(), Some("tiers.untrusted.allow"));
+        assert!(e.message.contains("acme/untrusted/sandbox/guest") && e.message.contains(request), "{}", e.message);
+    }
+    assert!(node.allocations().expect("list").is_empty(), "a refusal must grant nothing");
+}
+
+#[test]
+fn trusted_mps_is_allowed_by_policy_but_not_supported_yet() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    let e = node.allocate(&req("c1", "team-trusted", "mps=25")).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotSupported, "{e:?}");
+    assert!(e.message.to_lowercase().contains("not supported yet"), "{}", e.message);
+}
+
+#[test]
+fn identity_comes_only_from_trusted_annotations() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    // An annotation the policy does not name cannot make anyone trusted.
+    let mut r = req("c1", "team-untrusted", "mps=25");
+    r.annotations.insert("tessera.io/tenant".into(), "acme/trusted/training/alice".into());
+    r.annotations.insert("tessera.io/trust".into(), "dev".into());
+    let e = node.allocate(&r).unwrap_err();
+    assert_eq!(e.tenant.as_deref(), Some("acme/untrusted/sandbox/guest"));
+    // Without the trusted annotation nobody is identified: refused, fail closed.
+    let mut r = req("c2", "x", "gpu=1");
+    r.annotations.clear();
+    r.annotations.insert("tessera.io/tenant".into(), "acme/trusted/training/alice".into());
+    let e = node.allocate(&r).unwrap_err();
+    assert_eq!(e.code, ErrorCode::UnknownTenant, "{e:?}");
+    // A namespace that is not mapped is refused too.
+    let e = node.allocate(&req("c3", "team-nobody", "gpu=1")).unwrap_err();
+    assert_eq!(e.code, ErrorCode::UnknownTenant, "{e:?}");
+    assert!(e.message.contains("team-nobody"), "{}", e.message);
+}
+
+#[test]
+fn requests_the_node_cannot_satisfy_fail_clearly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    let e = node.allocate(&req("c1", "team-trusted", "gpu=8")).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
+    assert!(e.message.contains("gpu=8"), "{}", e.message);
+    let e = node.allocate(&req("c2", "team-trusted", "mig=9g.99gb")).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
+    assert!(e.message.contains("9g.99gb"), "{}", e.message);
+    let e = node.allocate(&req("c3", "team-trusted", "gpu=banana")).unwrap_err();
+    assert_eq!(e.code, ErrorCode::BadRequest, "{e:?}");
+}
+
+#[test]
+fn grants_are_idempotent_by_container_id() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    let a = node.allocate(&req("c1", "team-trusted", "gpu=2")).expect("granted");
+    let b = node.allocate(&req("c1", "team-trusted", "gpu=2")).expect("same again");
+    assert_eq!(a, b);
+    let e = node.allocate(&req("c1", "team-trusted", "gpu=1")).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Conflict, "{e:?}");
+    assert_eq!(node.allocations().expect("list").len(), 1);
+}
+
+#[test]
+fn exhaustion_then_release_then_reuse() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    let n = node.inventory().gpus.iter().flat_map(|g| &g.instances).filter(|i| i.profile == "1g.10gb").count();
+    assert!(n >= 2, "example node needs several 1g.10gb instances");
+    let mut seen = BTreeSet::new();
+    for i in 0..n {
+        let a = node.allocate(&req(&format!("c{i}"), "team-dev", "mig=1g.10gb")).expect("granted");
+        assert!(seen.insert(a.devices[0].uuid.clone()), "instance granted twice");
+    }
+    let e = node.allocate(&req("one-more", "team-dev", "mig=1g.10gb")).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoCapacity);
+    assert!(node.release("c0", "test").expect("release"));
+    node.allocate(&req("one-more", "team-dev", "mig=1g.10gb")).expect("freed instance reused");
+}
+
+#[test]
+fn start_confirms_only_known_containers_from_their_own_bundle() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    let me = std::process::id() as i32;
+    let e = node.start("ghost", &StartRequest { pid: me, bundle: "/bundles/ghost".into() }).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound);
+    node.allocate(&req("c1", "team-trusted", "gpu=1")).expect("granted");
+    let e = node.start("c1", &StartRequest { pid: me, bundle: "/elsewhere".into() }).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Conflict);
+    let a = node.start("c1", &StartRequest { pid: me, bundle: "/bundles/c1".into() }).expect("started");
+    assert_eq!(a.pid, Some(me));
+}
+
+#[test]
+fn reconciler_frees_what_is_gone_and_keeps_what_lives() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::ZERO);
+    // Running with our own (live) pid: kept.
+    node.allocate(&req("alive", "team-trusted", "gpu=1")).expect("granted");
+    node.start("alive", &StartRequest { pid: std::process::id() as i32, bundle: "/bundles/alive".into() })
+        .expect("started");
+    // Running with a pid that exits: released.
+    let mut child = std::process::Command::new("sleep").arg("5").spawn().expect("spawn");
+    let pid = child.id() as i32;
+    node.allocate(&req("exited", "team-trusted", "gpu=1")).expect("granted");
+    node.start("exited", &StartRequest { pid, bundle: "/bundles/exited".into() }).expect("started");
+    child.kill().expect("kill");
+    child.wait().expect("wait");
+    // Pending past the grace with no runc state: released.
+    node.allocate(&req("never", "team-trusted", "gpu=1")).expect("granted");
+    let r = node.reconcile().expect("reconcile");
+    let released: BTreeSet<&str> = r.released.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(released, ["exited", "never"].into_iter().collect());
+    let left: Vec<String> = node.allocations().expect("list").into_iter().map(|a| a.container_id).collect();
+    assert_eq!(left, ["alive"]);
+}
+
+#[test]
+fn random_grant_release_sequences_never_double_assign_and_survive_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let requests = ["gpu=1", "gpu=2", "mig=1g.10gb", "mig=2g.20gb", "mig=3g.40gb"];
+    let mut live: Vec<String> = Vec::new();
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    for step in 0..400 {
+        if step % 97 == 0 {
+            drop(node);
+            node = node_at(dir.path(), Duration::from_secs(60)); // restart: state comes back from disk
+        }
+        if !live.is_empty() && rng.gen_bool(0.45) {
+            let id = live.swap_remove(rng.gen_range(0..live.len()));
+            assert!(node.release(&id, "test").expect("release"));
+        } else {
+            let id = format!("c{step}");
+            let r = requests[rng.gen_range(0..requests.len())];
+            match node.allocate(&req(&id, "team-dev", r)) {
+                Ok(_) => live.push(id),
+                Err(e) => assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}"),
+            }
+        }
+        let all = node.allocations().expect("list");
+        let mut seen = BTreeSet::new();
+        for a in &all {
+            for d in &a.devices {
+                assert!(seen.insert(d.uuid.clone()), "device {} held twice at step {step}", d.uuid);
+            }
+        }
+        assert_eq!(all.len(), live.len());
+    }
+    let status = node.status().expect("status");
+    let held_in_status = status
+        .gpus
+        .iter()
+        .map(|g| g.holder.is_some() as usize + g.instances.iter().filter(|i| i.holder.is_some()).count())
+        .sum::<usize>();
+    let held_in_allocs: usize = node.allocations().expect("list").iter().map(|a| a.devices.len()).sum();
+    assert_eq!(held_in_status, held_in_allocs);
+}

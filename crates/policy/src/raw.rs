@@ -1,0 +1,239 @@
+//! The policy file exactly as written: serde types with no meaning attached yet.
+//! Every struct denies unknown fields and every map denies duplicate keys, so a typo is
+//! an error at its path rather than a silent default.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use std::ops::Deref;
+use tessera_api::Isolation;
+
+use crate::Trust;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPolicy {
+    pub version: u64,
+    #[serde(default)]
+    pub tiers: Object<RawTiers>,
+    pub orgs: UniqueMap<Object<RawOrg>>,
+    #[serde(default)]
+    pub identity: Vec<Object<RawIdentityRule>>,
+    #[serde(default)]
+    pub default_tenant: Option<String>,
+    #[serde(default)]
+    pub node_pools: UniqueMap<Object<RawNodePool>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTiers {
+    #[serde(default = "RawTier::untrusted")]
+    pub untrusted: Object<RawTier>,
+    #[serde(default = "RawTier::trusted")]
+    pub trusted: Object<RawTier>,
+    #[serde(default = "RawTier::dev")]
+    pub dev: Object<RawTier>,
+}
+
+impl Default for RawTiers {
+    fn default() -> Self {
+        RawTiers {
+            untrusted: RawTier::untrusted(),
+            trusted: RawTier::trusted(),
+            dev: RawTier::dev(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTier {
+    pub allow: Vec<IsolationName>,
+}
+
+impl RawTier {
+    fn of(allow: &[Isolation]) -> Object<Self> {
+        Object(RawTier { allow: allow.iter().copied().map(IsolationName).collect() })
+    }
+    fn untrusted() -> Object<Self> {
+        Self::of(&[Isolation::Gpu, Isolation::Mig])
+    }
+    fn trusted() -> Object<Self> {
+        Self::of(&[Isolation::Gpu, Isolation::Mig, Isolation::Mps])
+    }
+    fn dev() -> Object<Self> {
+        Self::of(&Isolation::ALL)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawOrg {
+    #[serde(default)]
+    pub trust: Option<Trust>,
+    #[serde(default)]
+    pub teams: UniqueMap<Object<RawTeam>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTeam {
+    #[serde(default)]
+    pub trust: Option<Trust>,
+    #[serde(default)]
+    pub projects: UniqueMap<Object<RawProject>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawProject {
+    #[serde(default)]
+    pub trust: Option<Trust>,
+    #[serde(default)]
+    pub users: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawIdentityRule {
+    pub annotation: String,
+    pub map: UniqueMap<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawNodePool {
+    pub nodes: Vec<String>,
+    #[serde(default)]
+    pub tenants: Option<Vec<String>>,
+}
+
+/// A JSON object read into a sorted map, refusing duplicate keys. serde_json would
+/// otherwise keep the last of two `"acme"` orgs without a word.
+#[derive(Debug)]
+pub(crate) struct UniqueMap<V>(pub BTreeMap<String, V>);
+
+impl<V> Default for UniqueMap<V> {
+    fn default() -> Self {
+        UniqueMap(BTreeMap::new())
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for UniqueMap<V> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(UniqueMapVisitor(PhantomData))
+    }
+}
+
+struct UniqueMapVisitor<V>(PhantomData<V>);
+
+impl<'de, V: Deserialize<'de>> Visitor<'de> for UniqueMapVisitor<V> {
+    type Value = UniqueMap<V>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+        let mut out = BTreeMap::new();
+        while let Some(key) = access.next_key::<String>()? {
+            if out.contains_key(&key) {
+                // Fail while reading the value, so the error's path ends in the key.
+                let message = format!("duplicate key `{key}`: each name may appear once");
+                access.next_value_seed(Reject(message))?;
+                continue;
+            }
+            let value = access.next_value()?;
+            out.insert(key, value);
+        }
+        Ok(UniqueMap(out))
+    }
+}
+
+/// A seed that fails with its message instead of reading a value.
+struct Reject(String);
+
+impl<'de> DeserializeSeed<'de> for Reject {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, _deserializer: D) -> Result<(), D::Error> {
+        Err(de::Error::custom(self.0))
+    }
+}
+
+/// A struct that may only be written as a JSON object. serde's derived impls also accept
+/// an array of the fields in order (`"acme": ["dev"]`), a second spelling nobody should
+/// rely on; this wrapper refuses it.
+#[derive(Debug, Default)]
+pub(crate) struct Object<T>(pub T);
+
+impl<T> Deref for Object<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(ObjectVisitor(PhantomData))
+    }
+}
+
+struct ObjectVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+    type Value = Object<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, access: A) -> Result<Self::Value, A::Error> {
+        T::deserialize(MapAccessDeserializer::new(access)).map(Object)
+    }
+}
+
+/// Deserialize a string naming one of `names`' values, with serde's usual "unknown
+/// variant" message and an "expected one of ..." message for a value of the wrong type
+/// (serde_json reports a derived enum given a number as a syntax error).
+pub(crate) fn deserialize_named<'de, D, T>(
+    deserializer: D,
+    names: &'static [&'static str],
+    from: fn(&str) -> Option<T>,
+) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    struct NameVisitor<T> {
+        names: &'static [&'static str],
+        from: fn(&str) -> Option<T>,
+    }
+    impl<'de, T> Visitor<'de> for NameVisitor<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let quoted: Vec<String> = self.names.iter().map(|n| format!("`{n}`")).collect();
+            write!(f, "one of {}", quoted.join(", "))
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+            (self.from)(v).ok_or_else(|| E::unknown_variant(v, self.names))
+        }
+    }
+    deserializer.deserialize_str(NameVisitor { names, from })
+}
+
+/// An isolation kind as written in an `allow` list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IsolationName(pub Isolation);
+
+impl<'de> Deserialize<'de> for IsolationName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        const NAMES: &[&str] = &["gpu", "mig", "mps", "shared"];
+        deserialize_named(deserializer, NAMES, |s| s.parse::<Isolation>().ok().map(IsolationName))
+    }
+}

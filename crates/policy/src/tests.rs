@@ -1,0 +1,1029 @@
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::decide::is_path_prefix;
+
+const NS: &str = "io.kubernetes.cri.sandbox-namespace";
+
+/// A valid policy exercising every section, as a JSON value to mutate.
+fn base() -> Value {
+    json!({
+        "version": 3,
+        "orgs": {
+            "acme": {
+                "trust": "trusted",
+                "teams": {
+                    "research": {
+                        "trust": "untrusted",
+                        "projects": {
+                            "sandbox": {"users": ["guest", "alice"]},
+                            "vetted": {"trust": "trusted", "users": ["carol"]}
+                        }
+                    },
+                    "platform": {
+                        "projects": {"notebooks": {"trust": "dev", "users": ["bob"]}}
+                    }
+                }
+            },
+            "globex": {"trust": "untrusted"}
+        },
+        "identity": [
+            {"annotation": NS, "map": {
+                "team-untrusted": "acme/research/sandbox/guest",
+                "team-trusted": "acme/platform",
+                "team-dev": "acme/platform/notebooks/bob"
+            }}
+        ],
+        "node_pools": {
+            "h100": {"nodes": ["sim-h100-*", "gpu-node-7"], "tenants": ["acme/research", "globex"]}
+        }
+    })
+}
+
+fn parse_value(v: &Value) -> Result<Policy, PolicyError> {
+    let bytes = serde_json::to_vec_pretty(v).expect("serialize");
+    Policy::parse(&bytes, "policy.json")
+}
+
+fn ok(v: &Value) -> Policy {
+    parse_value(v).unwrap_or_else(|e| panic!("expected a valid policy, got: {e}"))
+}
+
+fn base_with(edit: impl FnOnce(&mut Value)) -> Value {
+    let mut v = base();
+    edit(&mut v);
+    v
+}
+
+/// Parse, expect a failure, and check its variant, path and message.
+#[track_caller]
+fn expect_err(v: &Value, kind: &str, path: &str, message_part: &str) -> PolicyError {
+    let err = parse_value(v).expect_err("expected an error");
+    let actual_kind = match &err {
+        PolicyError::Syntax { .. } => "syntax",
+        PolicyError::Schema { .. } => "schema",
+        PolicyError::Invalid { .. } => "invalid",
+        PolicyError::Io { .. } => "io",
+    };
+    assert_eq!(actual_kind, kind, "{err}");
+    assert_eq!(err.json_path(), Some(path), "{err}");
+    assert!(err.message().contains(message_part), "{:?} not in: {err}", message_part);
+    let shown = err.to_string();
+    assert!(shown.starts_with("policy.json: "), "{shown}");
+    assert!(shown.contains(path), "{shown}");
+    err
+}
+
+fn remove(v: &mut Value, key: &str) {
+    if let Some(o) = v.as_object_mut() {
+        o.remove(key);
+    }
+}
+
+fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn gpu() -> GpuRequest {
+    GpuRequest::Gpu { count: 1 }
+}
+fn mig() -> GpuRequest {
+    GpuRequest::Mig { profile: "1g.10gb".into() }
+}
+fn mps() -> GpuRequest {
+    GpuRequest::Mps { percent: 25 }
+}
+
+fn request_of(iso: Isolation) -> GpuRequest {
+    match iso {
+        Isolation::Gpu => gpu(),
+        Isolation::Mig => mig(),
+        Isolation::Mps => mps(),
+        Isolation::Shared => GpuRequest::Shared,
+    }
+}
+
+// ---------------------------------------------------------------- the example policy
+
+#[test]
+fn example_policy_parses_and_decides() {
+    let bytes = include_bytes!("../../../examples/policy.json");
+    let p = Policy::parse(bytes, "examples/policy.json").expect("example policy");
+    assert_eq!(p.version(), 1);
+    let paths: Vec<String> = p.tenants().into_iter().map(|t| t.path).collect();
+    assert_eq!(
+        paths,
+        [
+            "acme",
+            "acme/dev",
+            "acme/dev/notebooks",
+            "acme/dev/notebooks/bob",
+            "acme/trusted",
+            "acme/trusted/training",
+            "acme/trusted/training/alice",
+            "acme/untrusted",
+            "acme/untrusted/sandbox",
+            "acme/untrusted/sandbox/guest",
+        ]
+    );
+    assert_eq!(p.identity_annotations(), [NS]);
+    assert_eq!(p.default_tenant(), None);
+    let who = |ns: &str| p.resolve_identity(&annotations(&[(NS, ns)])).expect("identity");
+    let guest = who("team-untrusted");
+    let alice = who("team-trusted");
+    let bob = who("team-dev");
+    assert_eq!(
+        guest,
+        Tenant { path: "acme/untrusted/sandbox/guest".into(), trust: Trust::Untrusted }
+    );
+    assert_eq!(alice, Tenant { path: "acme/trusted/training/alice".into(), trust: Trust::Trusted });
+    assert_eq!(bob, Tenant { path: "acme/dev/notebooks/bob".into(), trust: Trust::Dev });
+    for node in ["sim-h100-0", "sim-h100", "elsewhere"] {
+        let allowed = |t: &Tenant, r: &GpuRequest| p.authorize(t, r, node).is_ok();
+        assert!(allowed(&guest, &gpu()) && allowed(&guest, &mig()));
+        assert!(!allowed(&guest, &mps()) && !allowed(&guest, &GpuRequest::Shared));
+        assert!(allowed(&alice, &mps()) && !allowed(&alice, &GpuRequest::Shared));
+        assert!(allowed(&bob, &GpuRequest::Shared));
+    }
+    assert!(matches!(
+        p.resolve_identity(&annotations(&[(NS, "kube-system")])),
+        Err(IdentityError::Unmapped { .. })
+    ));
+}
+
+// ---------------------------------------------------------------- basics
+
+#[test]
+fn minimal_policy_gets_default_tiers() {
+    let p = ok(&json!({"version": 1, "orgs": {"solo": {"trust": "dev"}}}));
+    assert_eq!(p.allowed(Trust::Untrusted), [Isolation::Gpu, Isolation::Mig]);
+    assert_eq!(p.allowed(Trust::Trusted), [Isolation::Gpu, Isolation::Mig, Isolation::Mps]);
+    assert_eq!(p.allowed(Trust::Dev), Isolation::ALL);
+    assert_eq!(p.tenants(), [Tenant { path: "solo".into(), trust: Trust::Dev }]);
+    assert!(p.identity_annotations().is_empty());
+}
+
+#[test]
+fn partial_tiers_keep_the_other_defaults() {
+    let p = ok(&base_with(|v| v["tiers"] = json!({"trusted": {"allow": ["mig"]}})));
+    assert_eq!(p.allowed(Trust::Trusted), [Isolation::Mig]);
+    assert_eq!(p.allowed(Trust::Untrusted), [Isolation::Gpu, Isolation::Mig]);
+    assert_eq!(p.allowed(Trust::Dev), Isolation::ALL);
+}
+
+#[test]
+fn digest_is_sha256_of_the_exact_bytes() {
+    let a = br#"{"version": 1, "orgs": {"x": {"trust": "dev"}}}"#;
+    let b = br#"{"version": 1,  "orgs": {"x": {"trust": "dev"}}}"#;
+    let pa = Policy::parse(a, "a").expect("a");
+    let pb = Policy::parse(b, "b").expect("b");
+    assert_eq!(pa.digest(), hex::encode(Sha256::digest(a)));
+    assert_eq!(pa.digest().len(), 64);
+    assert_ne!(pa.digest(), pb.digest());
+}
+
+#[test]
+fn trust_names_and_order() {
+    assert_eq!(Trust::Untrusted.to_string(), "untrusted");
+    assert_eq!(Trust::Trusted.to_string(), "trusted");
+    assert_eq!(Trust::Dev.to_string(), "dev");
+    assert!(Trust::Untrusted < Trust::Trusted && Trust::Trusted < Trust::Dev);
+    for t in Trust::ALL {
+        let s = serde_json::to_string(&t).expect("ser");
+        assert_eq!(s, format!("\"{t}\""));
+        assert_eq!(serde_json::from_str::<Trust>(&s).expect("de"), t);
+    }
+    let e = serde_json::from_str::<Trust>("\"Dev\"").unwrap_err().to_string();
+    assert!(
+        e.contains("unknown variant `Dev`, expected one of `untrusted`, `trusted`, `dev`"),
+        "{e}"
+    );
+    let t = serde_json::to_value(Tenant { path: "a/b".into(), trust: Trust::Dev }).expect("ser");
+    assert_eq!(t, json!({"path": "a/b", "trust": "dev"}));
+}
+
+#[test]
+fn load_reads_files_and_names_them_in_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let good = dir.path().join("policy.json");
+    std::fs::write(&good, serde_json::to_vec(&base()).expect("ser")).expect("write");
+    assert_eq!(Policy::load(&good).expect("load").version(), 3);
+
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, br#"{"version": 1, "orgs": {"a": {"trust": "trustd"}}}"#).expect("write");
+    let e = Policy::load(&bad).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("{}: orgs.a.trust: unknown variant", bad.display())), "{e}");
+
+    let missing = dir.path().join("missing.json");
+    let e = Policy::load(&missing).unwrap_err();
+    assert!(matches!(e, PolicyError::Io { .. }), "{e}");
+    assert_eq!(e.json_path(), None);
+    assert!(
+        e.to_string().starts_with(&format!("{}: cannot read policy", missing.display())),
+        "{e}"
+    );
+}
+
+// ---------------------------------------------------------------- tenant tree
+
+#[test]
+fn trust_is_inherited_down_the_tree() {
+    let p = ok(&base());
+    let trust = |path: &str| p.tenant(path).map(|t| t.trust);
+    assert_eq!(trust("acme"), Some(Trust::Trusted));
+    assert_eq!(trust("acme/research"), Some(Trust::Untrusted)); // own
+    assert_eq!(trust("acme/research/sandbox"), Some(Trust::Untrusted)); // from team
+    assert_eq!(trust("acme/research/sandbox/guest"), Some(Trust::Untrusted)); // from project
+    assert_eq!(trust("acme/research/vetted"), Some(Trust::Trusted)); // raised again
+    assert_eq!(trust("acme/research/vetted/carol"), Some(Trust::Trusted));
+    assert_eq!(trust("acme/platform"), Some(Trust::Trusted)); // from org
+    assert_eq!(trust("acme/platform/notebooks/bob"), Some(Trust::Dev));
+    assert_eq!(trust("globex"), Some(Trust::Untrusted));
+}
+
+#[test]
+fn tenants_are_depth_first_and_sorted() {
+    let p = ok(&base());
+    let paths: Vec<String> = p.tenants().into_iter().map(|t| t.path).collect();
+    assert_eq!(
+        paths,
+        [
+            "acme",
+            "acme/platform",
+            "acme/platform/notebooks",
+            "acme/platform/notebooks/bob",
+            "acme/research",
+            "acme/research/sandbox",
+            "acme/research/sandbox/alice",
+            "acme/research/sandbox/guest",
+            "acme/research/vetted",
+            "acme/research/vetted/carol",
+            "globex",
+        ]
+    );
+    for t in p.tenants() {
+        assert_eq!(p.tenant(&t.path), Some(t));
+    }
+    for missing in ["", "acme/", "/acme", "acme/research/sandbox/bob", "acme//research", "ACME"] {
+        assert_eq!(p.tenant(missing), None, "{missing}");
+    }
+}
+
+// ---------------------------------------------------------------- structural errors
+
+#[test]
+fn unknown_fields_are_errors_at_every_depth() {
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (base_with(|v| v["versoin"] = json!(1)), "versoin", "unknown field `versoin`"),
+        (
+            base_with(|v| v["tiers"] = json!({"trusted": {"allow": ["gpu"], "deny": []}})),
+            "tiers.trusted.deny",
+            "unknown field `deny`, expected `allow`",
+        ),
+        (
+            base_with(|v| v["tiers"] = json!({"superuser": {"allow": ["gpu"]}})),
+            "tiers.superuser",
+            "unknown field `superuser`",
+        ),
+        (
+            base_with(|v| v["orgs"]["acme"]["quota"] = json!(3)),
+            "orgs.acme.quota",
+            "unknown field `quota`, expected `trust` or `teams`",
+        ),
+        (
+            base_with(|v| v["orgs"]["acme"]["teams"]["research"]["colour"] = json!("red")),
+            "orgs.acme.teams.research.colour",
+            "unknown field `colour`, expected `trust` or `projects`",
+        ),
+        (
+            base_with(|v| {
+                v["orgs"]["acme"]["teams"]["research"]["projects"]["sandbox"]["user"] = json!([])
+            }),
+            "orgs.acme.teams.research.projects.sandbox.user",
+            "unknown field `user`, expected `trust` or `users`",
+        ),
+        (
+            base_with(|v| v["identity"][0]["env"] = json!("TENANT")),
+            "identity[0].env",
+            "unknown field `env`, expected `annotation` or `map`",
+        ),
+        (
+            base_with(|v| v["node_pools"]["h100"]["tenant"] = json!([])),
+            "node_pools.h100.tenant",
+            "unknown field `tenant`, expected `nodes` or `tenants`",
+        ),
+    ];
+    for (v, path, msg) in cases {
+        expect_err(&v, "schema", path, msg);
+    }
+}
+
+#[test]
+fn wrong_types_are_errors_with_paths() {
+    expect_err(
+        &base_with(|v| v["version"] = json!("3")),
+        "schema",
+        "version",
+        "invalid type: string \"3\", expected u64",
+    );
+    expect_err(
+        &base_with(|v| v["version"] = json!(-1)),
+        "schema",
+        "version",
+        "invalid value: integer `-1`, expected u64",
+    );
+    expect_err(
+        &base_with(|v| v["version"] = json!(1.5)),
+        "schema",
+        "version",
+        "invalid type: floating point",
+    );
+    expect_err(&base_with(|v| v["orgs"] = json!([])), "schema", "orgs", "expected an object");
+    expect_err(
+        &base_with(|v| v["orgs"]["acme"] = json!(["trusted"])),
+        "schema",
+        "orgs.acme",
+        "invalid type: sequence, expected an object",
+    );
+    expect_err(
+        &base_with(|v| {
+            v["orgs"]["acme"]["teams"]["research"]["projects"]["sandbox"]["users"] = json!("guest")
+        }),
+        "schema",
+        "orgs.acme.teams.research.projects.sandbox.users",
+        "invalid type: string \"guest\", expected a sequence",
+    );
+    expect_err(
+        &base_with(|v| {
+            v["orgs"]["acme"]["teams"]["research"]["projects"]["sandbox"]["users"][1] = json!(7)
+        }),
+        "schema",
+        "orgs.acme.teams.research.projects.sandbox.users[1]",
+        "invalid type: integer `7`, expected a string",
+    );
+    expect_err(
+        &base_with(|v| v["identity"] = json!({})),
+        "schema",
+        "identity",
+        "expected a sequence",
+    );
+    expect_err(
+        &base_with(|v| v["identity"][0]["map"]["team-dev"] = json!(["acme"])),
+        "schema",
+        "identity[0].map.team-dev",
+        "expected a string",
+    );
+    expect_err(
+        &base_with(|v| v["default_tenant"] = json!(1)),
+        "schema",
+        "default_tenant",
+        "expected a string",
+    );
+    expect_err(
+        &base_with(|v| v["node_pools"]["h100"]["nodes"] = json!("sim-*")),
+        "schema",
+        "node_pools.h100.nodes",
+        "expected a sequence",
+    );
+    expect_err(&json!([]), "schema", "", "invalid type: sequence, expected an object");
+    expect_err(&json!("policy"), "schema", "", "expected an object");
+}
+
+#[test]
+fn missing_required_fields() {
+    let e =
+        expect_err(&base_with(|v| remove(v, "version")), "schema", "", "missing field `version`");
+    assert!(e.to_string().starts_with("policy.json: (top level): missing field `version`"), "{e}");
+    expect_err(&base_with(|v| remove(v, "orgs")), "schema", "", "missing field `orgs`");
+    expect_err(
+        &base_with(|v| v["identity"][0] = json!({"annotation": NS})),
+        "schema",
+        "identity[0]",
+        "missing field `map`",
+    );
+    expect_err(
+        &base_with(|v| v["tiers"] = json!({"dev": {}})),
+        "schema",
+        "tiers.dev",
+        "missing field `allow`",
+    );
+    expect_err(
+        &base_with(|v| v["node_pools"]["h100"] = json!({"tenants": []})),
+        "schema",
+        "node_pools.h100",
+        "missing field `nodes`",
+    );
+}
+
+#[test]
+fn bad_trust_names_the_path_and_the_choices() {
+    let e = expect_err(
+        &base_with(|v| v["orgs"]["acme"]["teams"]["research"]["trust"] = json!("trustd")),
+        "schema",
+        "orgs.acme.teams.research.trust",
+        "unknown variant `trustd`, expected one of `untrusted`, `trusted`, `dev`",
+    );
+    assert!(e.to_string().starts_with("policy.json: orgs.acme.teams.research.trust: unknown variant `trustd`, expected one of `untrusted`, `trusted`, `dev` (line "), "{e}");
+    expect_err(
+        &base_with(|v| {
+            v["orgs"]["acme"]["teams"]["research"]["projects"]["sandbox"]["trust"] = json!(2)
+        }),
+        "schema",
+        "orgs.acme.teams.research.projects.sandbox.trust",
+        "invalid type: integer `2`, expected one of `untrusted`, `trusted`, `dev`",
+    );
+}
+
+#[test]
+fn bad_isolation_names_the_element() {
+    expect_err(
+        &base_with(|v| v["tiers"] = json!({"dev": {"allow": ["gpu", "mig", "timeslice"]}})),
+        "schema",
+        "tiers.dev.allow[2]",
+        "unknown variant `timeslice`, expected one of `gpu`, `mig`, `mps`, `shared`",
+    );
+    expect_err(
+        &base_with(|v| v["tiers"] = json!({"dev": {"allow": [null]}})),
+        "schema",
+        "tiers.dev.allow[0]",
+        "invalid type: null, expected one of `gpu`, `mig`, `mps`, `shared`",
+    );
+}
+
+#[test]
+fn duplicate_keys_are_errors() {
+    let text =
+        br#"{"version": 1, "orgs": {"acme": {"trust": "dev"}, "acme": {"trust": "untrusted"}}}"#;
+    let e = Policy::parse(text, "policy.json").unwrap_err();
+    assert!(matches!(e, PolicyError::Schema { .. }), "{e}");
+    assert_eq!(e.json_path(), Some("orgs.acme"));
+    assert!(e.message().contains("duplicate key `acme`"), "{e}");
+
+    let text = br#"{"version": 1, "orgs": {"a": {"trust": "dev"}},
+        "identity": [{"annotation": "x", "map": {"v": "a", "v": "a"}}]}"#;
+    let e = Policy::parse(text, "policy.json").unwrap_err();
+    assert_eq!(e.json_path(), Some("identity[0].map.v"), "{e}");
+
+    let text = br#"{"version": 1, "version": 2, "orgs": {"a": {"trust": "dev"}}}"#;
+    let e = Policy::parse(text, "policy.json").unwrap_err();
+    assert!(e.message().contains("duplicate field `version`"), "{e}");
+}
+
+#[test]
+fn malformed_json_reports_line_and_column() {
+    let text = b"{\n  \"version\": 1,\n  \"orgs\": {\"acme\": {\"trust\": \"dev\",}}\n}";
+    let e = Policy::parse(text, "policy.json").unwrap_err();
+    match &e {
+        PolicyError::Syntax { line, column, path, message, .. } => {
+            assert_eq!((*line, *column), (3, 36), "{e}");
+            assert_eq!(path, "orgs.acme");
+            assert_eq!(message, "trailing comma");
+        }
+        other => panic!("expected a syntax error, got {other:?}"),
+    }
+    assert_eq!(
+        e.to_string(),
+        "policy.json: line 3 column 36: malformed json in orgs.acme: trailing comma"
+    );
+
+    let e = Policy::parse(b"{\"version\": 1, \"orgs\": {", "p.json").unwrap_err();
+    assert!(matches!(e, PolicyError::Syntax { line: 1, .. }), "{e:?}");
+    assert!(e.to_string().contains("EOF while parsing"), "{e}");
+
+    let e =
+        Policy::parse(b"{\"version\": 1, \"orgs\": {\"a\": {\"trust\": \"dev\"}}} {}", "p.json")
+            .unwrap_err();
+    assert!(e.to_string().contains("trailing characters"), "{e}");
+
+    let e = Policy::parse(b"", "p.json").unwrap_err();
+    assert!(matches!(e, PolicyError::Syntax { .. }), "{e:?}");
+
+    let e = Policy::parse(b"{\"version\": 1, \"orgs\": {\"\xff\": {}}}", "p.json").unwrap_err();
+    assert!(matches!(e, PolicyError::Syntax { .. }), "{e:?}");
+}
+
+// ---------------------------------------------------------------- semantic errors
+
+#[test]
+fn version_must_be_positive() {
+    expect_err(&base_with(|v| v["version"] = json!(0)), "invalid", "version", "at least 1");
+}
+
+#[test]
+fn names_are_checked_with_their_paths() {
+    let long = "a".repeat(64);
+    let max = "a".repeat(63);
+    let mut ok_v = base();
+    ok_v["orgs"][max.as_str()] = json!({"trust": "dev", "teams": {"0_a-b": {}}});
+    ok(&ok_v);
+
+    let bad_org = |name: &str| {
+        let mut v = base();
+        v["orgs"][name] = json!({"trust": "dev"});
+        v
+    };
+    for name in ["Acme", "-acme", "_acme", "ac.me", "ac/me", "", "ac me", "ácme", long.as_str()] {
+        let path = format!("orgs.{name}");
+        expect_err(
+            &bad_org(name),
+            "invalid",
+            &path,
+            &format!("invalid name `{name}`: expected 1 to 63 characters"),
+        );
+    }
+    expect_err(
+        &base_with(|v| v["orgs"]["acme"]["teams"]["Research"] = json!({})),
+        "invalid",
+        "orgs.acme.teams.Research",
+        "invalid name `Research`",
+    );
+    expect_err(
+        &base_with(|v| v["orgs"]["acme"]["teams"]["research"]["projects"]["sand box"] = json!({})),
+        "invalid",
+        "orgs.acme.teams.research.projects.sand box",
+        "invalid name `sand box`",
+    );
+    expect_err(
+        &base_with(|v| {
+            v["orgs"]["acme"]["teams"]["research"]["projects"]["sandbox"]["users"] =
+                json!(["guest", "Eve"])
+        }),
+        "invalid",
+        "orgs.acme.teams.research.projects.sandbox.users[1]",
+        "invalid name `Eve`",
+    );
+    expect_err(
+        &base_with(|v| v["orgs"]["acme"]["teams"]["research"]["projects"]["sandbox"]["users"] = json!(["guest", "al", "guest"])),
+        "invalid",
+        "orgs.acme.teams.research.projects.sandbox.users[2]",
+        "duplicate user `guest`: already listed at orgs.acme.teams.research.projects.sandbox.users[0]",
+    );
+    expect_err(
+        &base_with(|v| v["node_pools"]["H100"] = json!({"nodes": ["x"]})),
+        "invalid",
+        "node_pools.H100",
+        "invalid name `H100`",
+    );
+}
+
+#[test]
+fn orgs_need_trust_and_there_must_be_one() {
+    let e = expect_err(
+        &base_with(|v| remove(&mut v["orgs"]["globex"], "trust")),
+        "invalid",
+        "orgs.globex.trust",
+        "missing trust: every org must set one of untrusted, trusted, dev",
+    );
+    assert!(e.to_string().starts_with("policy.json: orgs.globex.trust: missing trust"), "{e}");
+    expect_err(
+        &json!({"version": 1, "orgs": {}}),
+        "invalid",
+        "orgs",
+        "no orgs: expected at least one org",
+    );
+}
+
+#[test]
+fn untrusted_tier_may_never_allow_mps_or_shared() {
+    let e = expect_err(
+        &base_with(|v| v["tiers"] = json!({"untrusted": {"allow": ["gpu", "mig", "mps"]}})),
+        "invalid",
+        "tiers.untrusted.allow[2]",
+        "untrusted tenants may only use gpu or mig isolation, not mps",
+    );
+    assert_eq!(
+        e.to_string(),
+        "policy.json: tiers.untrusted.allow[2]: untrusted tenants may only use gpu or mig \
+         isolation, not mps: mps gives no memory isolation between tenants"
+    );
+    expect_err(
+        &base_with(|v| v["tiers"] = json!({"untrusted": {"allow": ["shared"]}})),
+        "invalid",
+        "tiers.untrusted.allow[0]",
+        "untrusted tenants may only use gpu or mig isolation, not shared",
+    );
+    // The same kinds are fine for the other tiers.
+    ok(&base_with(|v| {
+        v["tiers"] = json!({"trusted": {"allow": ["shared"]}, "dev": {"allow": ["mps"]}})
+    }));
+    ok(&base_with(|v| v["tiers"] = json!({"untrusted": {"allow": ["mig"]}})));
+}
+
+#[test]
+fn allow_lists_are_non_empty_without_duplicates() {
+    expect_err(
+        &base_with(|v| v["tiers"] = json!({"trusted": {"allow": []}})),
+        "invalid",
+        "tiers.trusted.allow",
+        "empty allow list",
+    );
+    expect_err(
+        &base_with(|v| v["tiers"] = json!({"dev": {"allow": ["gpu", "mps", "gpu"]}})),
+        "invalid",
+        "tiers.dev.allow[2]",
+        "duplicate isolation `gpu`: already listed at tiers.dev.allow[0]",
+    );
+}
+
+#[test]
+fn identity_targets_must_be_in_the_tree() {
+    let e = expect_err(
+        &base_with(|v| v["identity"][0]["map"]["team-dev"] = json!("acme/platform/notebook/bob")),
+        "invalid",
+        "identity[0].map.team-dev",
+        "no tenant `acme/platform/notebook/bob`: team `acme/platform` has no project `notebook`",
+    );
+    assert!(e.to_string().starts_with("policy.json: identity[0].map.team-dev: no tenant"), "{e}");
+    expect_err(
+        &base_with(|v| v["identity"][0]["map"]["team-dev"] = json!("initech")),
+        "invalid",
+        "identity[0].map.team-dev",
+        "there is no org `initech`",
+    );
+    expect_err(
+        &base_with(|v| {
+            v["identity"][0]["map"]["team-dev"] = json!("acme/research/sandbox/mallory")
+        }),
+        "invalid",
+        "identity[0].map.team-dev",
+        "project `acme/research/sandbox` has no user `mallory`",
+    );
+    for malformed in
+        ["", "acme/", "/acme", "acme//research", "a/b/c/d/e", "Acme", "acme/research sandbox"]
+    {
+        expect_err(
+            &base_with(|v| v["identity"][0]["map"]["team-dev"] = json!(malformed)),
+            "invalid",
+            "identity[0].map.team-dev",
+            &format!("malformed tenant path `{malformed}`: expected org, org/team"),
+        );
+    }
+    // Any depth is a valid target.
+    for target in ["acme", "acme/research", "acme/research/sandbox", "acme/research/sandbox/alice"]
+    {
+        ok(&base_with(|v| v["identity"][0]["map"]["team-dev"] = json!(target)));
+    }
+}
+
+#[test]
+fn identity_rules_are_well_formed() {
+    expect_err(
+        &base_with(|v| v["identity"][0]["annotation"] = json!("")),
+        "invalid",
+        "identity[0].annotation",
+        "empty annotation name",
+    );
+    expect_err(
+        &base_with(|v| v["identity"][0]["annotation"] = json!("a b")),
+        "invalid",
+        "identity[0].annotation",
+        "malformed annotation name",
+    );
+    expect_err(
+        &base_with(|v| v["identity"][0]["map"] = json!({})),
+        "invalid",
+        "identity[0].map",
+        "empty map",
+    );
+    expect_err(
+        &base_with(
+            |v| v["identity"] = json!([{"annotation": "x", "map": {"a": "acme"}}, {"annotation": "x", "map": {"b": "acme"}}]),
+        ),
+        "invalid",
+        "identity[1].annotation",
+        "duplicate annotation `x`: identity[0] already reads it",
+    );
+}
+
+#[test]
+fn default_tenant_must_be_in_the_tree() {
+    expect_err(
+        &base_with(|v| v["default_tenant"] = json!("acme/nobody")),
+        "invalid",
+        "default_tenant",
+        "org `acme` has no team `nobody`",
+    );
+    let p = ok(&base_with(|v| v["default_tenant"] = json!("globex")));
+    assert_eq!(p.default_tenant(), Some("globex"));
+    let p = ok(&base_with(|v| v["default_tenant"] = Value::Null));
+    assert_eq!(p.default_tenant(), None);
+}
+
+#[test]
+fn node_pools_are_well_formed() {
+    for bad in ["", "sim-*-x", "*sim", "**", "sim h100", "sim/1*", "sim?"] {
+        expect_err(
+            &base_with(|v| v["node_pools"]["h100"]["nodes"] = json!(["ok", bad])),
+            "invalid",
+            "node_pools.h100.nodes[1]",
+            &format!("malformed node pattern `{bad}`"),
+        );
+    }
+    for good in ["*", "node.example.com", "GPU_Node-7", "sim-h100-*"] {
+        ok(&base_with(|v| v["node_pools"]["h100"]["nodes"] = json!([good])));
+    }
+    expect_err(
+        &base_with(|v| v["node_pools"]["h100"]["nodes"] = json!([])),
+        "invalid",
+        "node_pools.h100.nodes",
+        "empty nodes list",
+    );
+    expect_err(
+        &base_with(|v| v["node_pools"]["h100"]["nodes"] = json!(["a", "b", "a"])),
+        "invalid",
+        "node_pools.h100.nodes[2]",
+        "duplicate node pattern `a`: already listed at node_pools.h100.nodes[0]",
+    );
+    expect_err(
+        &base_with(|v| {
+            v["node_pools"]["h100"]["tenants"] = json!(["acme/research", "acme/reserch"])
+        }),
+        "invalid",
+        "node_pools.h100.tenants[1]",
+        "no tenant `acme/reserch`: org `acme` has no team `reserch`",
+    );
+    expect_err(
+        &base_with(|v| v["node_pools"]["h100"]["tenants"] = json!(["acme", "acme"])),
+        "invalid",
+        "node_pools.h100.tenants[1]",
+        "duplicate tenant `acme`",
+    );
+}
+
+// ---------------------------------------------------------------- identity
+
+#[test]
+fn identity_comes_from_the_trusted_annotation() {
+    let p = ok(&base());
+    let t = p.resolve_identity(&annotations(&[(NS, "team-dev")])).expect("identity");
+    assert_eq!(t, Tenant { path: "acme/platform/notebooks/bob".into(), trust: Trust::Dev });
+    let t = p.resolve_identity(&annotations(&[(NS, "team-trusted")])).expect("identity");
+    assert_eq!(t, Tenant { path: "acme/platform".into(), trust: Trust::Trusted });
+}
+
+#[test]
+fn spoofed_annotations_are_ignored() {
+    let p = ok(&base());
+    // A trusted annotation decides, whatever else the container claims.
+    let spoof = annotations(&[
+        (NS, "team-untrusted"),
+        ("tessera.io/tenant", "acme/platform/notebooks/bob"),
+        ("tessera.io/trust", "dev"),
+        ("io.kubernetes.cri.sandbox-namespace ", "team-dev"),
+    ]);
+    let t = p.resolve_identity(&spoof).expect("identity");
+    assert_eq!(t.path, "acme/research/sandbox/guest");
+    assert_eq!(t.trust, Trust::Untrusted);
+
+    // Untrusted annotations alone identify nobody.
+    let only_spoof = annotations(&[("tessera.io/tenant", "acme/platform/notebooks/bob")]);
+    let e = p.resolve_identity(&only_spoof).unwrap_err();
+    assert_eq!(e, IdentityError::NoIdentity { tried: vec![NS.to_string()] });
+    let msg = e.to_string();
+    assert!(msg.contains(NS) && msg.contains("the image env is never used for identity"), "{msg}");
+
+    // ... and with a default tenant they get the default, not what they claimed.
+    let p = ok(&base_with(|v| v["default_tenant"] = json!("globex")));
+    let t = p.resolve_identity(&only_spoof).expect("default");
+    assert_eq!(t, Tenant { path: "globex".into(), trust: Trust::Untrusted });
+    assert_eq!(p.resolve_identity(&BTreeMap::new()).expect("default").path, "globex");
+}
+
+#[test]
+fn unmapped_values_fail_closed_even_with_a_default() {
+    let p = ok(&base_with(|v| v["default_tenant"] = json!("globex")));
+    for value in ["team-unknown", "", "TEAM-DEV", "team-dev "] {
+        let e = p.resolve_identity(&annotations(&[(NS, value)])).unwrap_err();
+        assert_eq!(
+            e,
+            IdentityError::Unmapped {
+                annotation: NS.into(),
+                value: value.into(),
+                rule: "identity[0].map".into()
+            }
+        );
+        let msg = e.to_string();
+        assert!(msg.contains(NS) && msg.contains(&format!("{value:?}")), "{msg}");
+        assert!(msg.contains("identity[0].map"), "{msg}");
+        assert!(msg.contains("the image env is never used for identity"), "{msg}");
+    }
+}
+
+#[test]
+fn first_present_rule_decides() {
+    let p = ok(&base_with(|v| {
+        v["identity"] = json!([
+            {"annotation": "runtime/namespace", "map": {"ns-a": "acme/research"}},
+            {"annotation": "runtime/pool", "map": {"pool-b": "globex"}}
+        ])
+    }));
+    assert_eq!(p.identity_annotations(), ["runtime/namespace", "runtime/pool"]);
+    let both = annotations(&[("runtime/namespace", "ns-a"), ("runtime/pool", "pool-b")]);
+    assert_eq!(p.resolve_identity(&both).expect("first").path, "acme/research");
+    let second = annotations(&[("runtime/pool", "pool-b")]);
+    assert_eq!(p.resolve_identity(&second).expect("second").path, "globex");
+    // The first rule's annotation is present but unmapped: refused, not passed on.
+    let e = p
+        .resolve_identity(&annotations(&[
+            ("runtime/namespace", "other"),
+            ("runtime/pool", "pool-b"),
+        ]))
+        .unwrap_err();
+    assert!(matches!(&e, IdentityError::Unmapped { rule, .. } if rule == "identity[0].map"), "{e}");
+    let e = p.resolve_identity(&annotations(&[("runtime/pool", "x")])).unwrap_err();
+    assert!(matches!(&e, IdentityError::Unmapped { rule, .. } if rule == "identity[1].map"), "{e}");
+    let e = p.resolve_identity(&BTreeMap::new()).unwrap_err();
+    assert_eq!(
+        e,
+        IdentityError::NoIdentity {
+            tried: vec!["runtime/namespace".into(), "runtime/pool".into()]
+        }
+    );
+    assert!(e.to_string().contains("runtime/namespace, runtime/pool"), "{e}");
+}
+
+#[test]
+fn no_rules_means_default_or_nobody() {
+    let p = ok(
+        &json!({"version": 1, "orgs": {"solo": {"trust": "trusted"}}, "default_tenant": "solo"}),
+    );
+    let t = p.resolve_identity(&annotations(&[(NS, "anything")])).expect("default");
+    assert_eq!(t, Tenant { path: "solo".into(), trust: Trust::Trusted });
+    let p = ok(&json!({"version": 1, "orgs": {"solo": {"trust": "trusted"}}}));
+    let e = p.resolve_identity(&annotations(&[(NS, "anything")])).unwrap_err();
+    assert_eq!(e, IdentityError::NoIdentity { tried: vec![] });
+    assert!(e.to_string().contains("no identity rules"), "{e}");
+}
+
+// ---------------------------------------------------------------- authorize
+
+#[test]
+fn authorize_every_tier_and_isolation_with_default_tiers() {
+    let p = ok(&json!({"version": 1, "orgs": {
+        "u": {"trust": "untrusted"}, "t": {"trust": "trusted"}, "d": {"trust": "dev"}
+    }}));
+    let expected = |trust: Trust, iso: Isolation| match trust {
+        Trust::Untrusted => matches!(iso, Isolation::Gpu | Isolation::Mig),
+        Trust::Trusted => iso != Isolation::Shared,
+        Trust::Dev => true,
+    };
+    for (path, trust) in [("u", Trust::Untrusted), ("t", Trust::Trusted), ("d", Trust::Dev)] {
+        let tenant = p.tenant(path).expect("tenant");
+        assert_eq!(tenant.trust, trust);
+        for iso in Isolation::ALL {
+            let got = p.authorize(&tenant, &request_of(iso), "node-1");
+            assert_eq!(got.is_ok(), expected(trust, iso), "{trust} {iso}: {got:?}");
+            if let Err(r) = got {
+                assert_eq!(r.rule, format!("tiers.{trust}.allow"));
+                assert_eq!(r.tenant, path);
+                assert_eq!(r.request, request_of(iso).to_string());
+            }
+        }
+    }
+}
+
+#[test]
+fn authorize_follows_custom_tiers() {
+    let p = ok(&json!({"version": 1,
+        "tiers": {"untrusted": {"allow": ["mig"]}, "trusted": {"allow": ["gpu"]}, "dev": {"allow": ["shared", "mps"]}},
+        "orgs": {"u": {"trust": "untrusted"}, "t": {"trust": "trusted"}, "d": {"trust": "dev"}}}));
+    let allowed = |path: &str, iso: Isolation| {
+        p.authorize(&p.tenant(path).expect("tenant"), &request_of(iso), "n").is_ok()
+    };
+    let grid: Vec<(&str, Isolation, bool)> = vec![
+        ("u", Isolation::Gpu, false),
+        ("u", Isolation::Mig, true),
+        ("u", Isolation::Mps, false),
+        ("u", Isolation::Shared, false),
+        ("t", Isolation::Gpu, true),
+        ("t", Isolation::Mig, false),
+        ("t", Isolation::Mps, false),
+        ("t", Isolation::Shared, false),
+        ("d", Isolation::Gpu, false),
+        ("d", Isolation::Mig, false),
+        ("d", Isolation::Mps, true),
+        ("d", Isolation::Shared, true),
+    ];
+    for (path, iso, want) in grid {
+        assert_eq!(allowed(path, iso), want, "{path} {iso}");
+    }
+    let r = p.authorize(&p.tenant("d").expect("d"), &gpu(), "n").unwrap_err();
+    assert_eq!(r.message, "tenant d (trust dev) may not use gpu isolation (request gpu=1): tiers.dev.allow permits shared, mps");
+}
+
+#[test]
+fn refusal_names_tenant_trust_request_and_rule() {
+    let p = ok(&base());
+    let guest = p.tenant("acme/research/sandbox/guest").expect("guest");
+    let r = p.authorize(&guest, &mps(), "other-node").unwrap_err();
+    assert_eq!(
+        r,
+        Refusal {
+            tenant: "acme/research/sandbox/guest".into(),
+            request: "mps=25".into(),
+            rule: "tiers.untrusted.allow".into(),
+            message: "tenant acme/research/sandbox/guest (trust untrusted) may not use mps \
+                      isolation (request mps=25): tiers.untrusted.allow permits gpu, mig"
+                .into(),
+        }
+    );
+    assert_eq!(r.to_string(), r.message);
+}
+
+#[test]
+fn authorize_believes_the_policy_not_the_caller() {
+    let p = ok(&base());
+    // A tenant value claiming more trust than the policy gives it.
+    let liar = Tenant { path: "acme/research/sandbox/guest".into(), trust: Trust::Dev };
+    let r = p.authorize(&liar, &GpuRequest::Shared, "n").unwrap_err();
+    assert_eq!(r.rule, "tiers.untrusted.allow");
+    assert!(r.message.contains("(trust untrusted)"), "{r}");
+    // A tenant the policy does not know is refused outright.
+    let ghost = Tenant { path: "acme/ghost".into(), trust: Trust::Dev };
+    let r = p.authorize(&ghost, &gpu(), "n").unwrap_err();
+    assert_eq!(r.rule, "orgs");
+    assert_eq!(r.message, "tenant acme/ghost (trust dev) is not in policy version 3 (request gpu=1): orgs has no such tenant");
+}
+
+// ---------------------------------------------------------------- node pools
+
+#[test]
+fn path_prefixes_are_segment_wise() {
+    assert!(is_path_prefix("acme", "acme"));
+    assert!(is_path_prefix("acme", "acme/research"));
+    assert!(is_path_prefix("acme/research", "acme/research/sandbox/guest"));
+    assert!(!is_path_prefix("acme/re", "acme/research"));
+    assert!(!is_path_prefix("acm", "acme"));
+    assert!(!is_path_prefix("acme/research", "acme"));
+    assert!(!is_path_prefix("acme/research", "acme/researchers"));
+}
+
+#[test]
+fn pool_restrictions_use_tenant_path_prefixes() {
+    let p = ok(&json!({"version": 1,
+        "orgs": {"acme": {"trust": "trusted", "teams": {
+            "re": {"projects": {"x": {"users": ["u"]}}},
+            "research": {"projects": {"y": {"users": ["v"]}}}
+        }}, "globex": {"trust": "trusted"}},
+        "node_pools": {"h100": {"nodes": ["sim-h100-*", "gpu-node-7"], "tenants": ["acme/re"]}}}));
+    let at =
+        |tenant: &str, node: &str| p.authorize(&p.tenant(tenant).expect("tenant"), &gpu(), node);
+    // In the pool: only the acme/re subtree.
+    for node in ["sim-h100-0", "sim-h100-", "gpu-node-7"] {
+        assert!(at("acme/re", node).is_ok());
+        assert!(at("acme/re/x/u", node).is_ok());
+        for outsider in ["acme", "acme/research", "acme/research/y/v", "globex"] {
+            let r = at(outsider, node).unwrap_err();
+            assert_eq!(r.rule, "node_pools.h100.tenants", "{outsider} on {node}");
+            assert_eq!(
+                r.message,
+                format!("tenant {outsider} (trust trusted) may not use node {node} (request gpu=1): node_pools.h100.tenants permits acme/re")
+            );
+        }
+    }
+    // Outside the pool (no glob or exact match): no restriction.
+    for node in ["sim-h100", "sim-h10", "gpu-node-70", "gpu-node-", "other", ""] {
+        assert!(at("globex", node).is_ok(), "{node}");
+        assert!(at("acme/research/y/v", node).is_ok(), "{node}");
+    }
+}
+
+#[test]
+fn pools_without_tenants_restrict_nobody_and_empty_lists_everybody() {
+    let p = ok(&json!({"version": 1,
+        "orgs": {"a": {"trust": "dev"}},
+        "node_pools": {"open": {"nodes": ["*"]}, "closed": {"nodes": ["locked-*"], "tenants": []}}}));
+    let a = p.tenant("a").expect("a");
+    assert!(p.authorize(&a, &GpuRequest::Shared, "anything").is_ok());
+    let r = p.authorize(&a, &gpu(), "locked-1").unwrap_err();
+    assert_eq!(r.rule, "node_pools.closed.tenants");
+    assert!(r.message.ends_with("node_pools.closed.tenants permits no tenant"), "{r}");
+}
+
+#[test]
+fn every_matching_pool_must_admit_the_tenant() {
+    let p = ok(&json!({"version": 1,
+    "orgs": {"acme": {"trust": "trusted", "teams": {"a": {}, "b": {}}}},
+    "node_pools": {
+        "big": {"nodes": ["gpu-*"], "tenants": ["acme"]},
+        "special": {"nodes": ["gpu-special-1"], "tenants": ["acme/a"]}
+    }}));
+    let at = |t: &str, node: &str| p.authorize(&p.tenant(t).expect("t"), &mig(), node);
+    assert!(at("acme/a", "gpu-special-1").is_ok());
+    assert!(at("acme/b", "gpu-2").is_ok());
+    assert_eq!(at("acme/b", "gpu-special-1").unwrap_err().rule, "node_pools.special.tenants");
+    assert_eq!(at("acme", "gpu-special-1").unwrap_err().rule, "node_pools.special.tenants");
+}
+
+#[test]
+fn tier_is_checked_before_pools() {
+    let p = ok(&base());
+    let outsider = p.tenant("acme/platform").expect("t");
+    let r = p.authorize(&outsider, &GpuRequest::Shared, "sim-h100-1").unwrap_err();
+    assert_eq!(r.rule, "tiers.trusted.allow");
+    let r = p.authorize(&outsider, &mps(), "sim-h100-1").unwrap_err();
+    assert_eq!(r.rule, "node_pools.h100.tenants");
+    assert!(p.authorize(&outsider, &mps(), "sim-a100-1").is_ok());
+}

@@ -1,0 +1,336 @@
+//! From bytes to a [`Policy`]: structural errors from serde (with the path that
+//! `serde_path_to_error` tracked), then semantic checks that report paths in the same
+//! format (`identity[0].map.team-dev`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::error::Category;
+use tessera_api::Isolation;
+
+use crate::raw::{Object, RawIdentityRule, RawNodePool, RawOrg, RawPolicy, RawTier, RawTiers};
+use crate::{IdentityRule, NodePattern, NodePool, Policy, PolicyError, Tenant, Tiers, Trust};
+
+/// A semantic problem: where, and what was expected.
+#[derive(Debug)]
+pub(crate) struct Problem {
+    pub path: String,
+    pub message: String,
+}
+
+fn problem(path: impl Into<String>, message: impl Into<String>) -> Problem {
+    Problem { path: path.into(), message: message.into() }
+}
+
+const NAME_EXPECTED: &str =
+    "expected 1 to 63 characters of a-z, 0-9, `_` and `-`, starting with a letter or digit";
+const TENANT_EXPECTED: &str = "expected org, org/team, org/team/project or org/team/project/user";
+const LEVELS: [&str; 4] = ["org", "team", "project", "user"];
+
+pub(crate) fn deserialize(bytes: &[u8], file: &str) -> Result<RawPolicy, PolicyError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let raw: Object<RawPolicy> = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        // Drop the `?` segments serde_path_to_error writes where it lost track (inside a
+        // value that never finished parsing).
+        let path =
+            path.split('.').filter(|s| *s != "?" && !s.is_empty()).collect::<Vec<_>>().join(".");
+        from_json(e.into_inner(), path, file)
+    })?;
+    de.end().map_err(|e| from_json(e, String::new(), file))?;
+    Ok(raw.0)
+}
+
+fn from_json(e: serde_json::Error, path: String, file: &str) -> PolicyError {
+    let (line, column) = (e.line(), e.column());
+    let full = e.to_string();
+    // serde_json appends the position; we report it in our own words.
+    let message =
+        full.strip_suffix(&format!(" at line {line} column {column}")).unwrap_or(&full).to_string();
+    let file = file.to_string();
+    match e.classify() {
+        Category::Data => PolicyError::Schema { file, path, line, column, message },
+        Category::Syntax | Category::Eof | Category::Io => {
+            PolicyError::Syntax { file, path, line, column, message }
+        }
+    }
+}
+
+/// `[a-z0-9][a-z0-9_-]{0,62}`
+pub(crate) fn is_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    let ok = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    (1..=63).contains(&b.len())
+        && ok(b[0])
+        && b[1..].iter().all(|&c| ok(c) || c == b'_' || c == b'-')
+}
+
+fn check_name(path: &str, name: &str) -> Result<(), Problem> {
+    if is_name(name) {
+        Ok(())
+    } else {
+        Err(problem(path, format!("invalid name `{name}`: {NAME_EXPECTED}")))
+    }
+}
+
+pub(crate) fn build(raw: RawPolicy, digest: String) -> Result<Policy, Problem> {
+    if raw.version < 1 {
+        return Err(problem("version", "version must be at least 1, got 0"));
+    }
+    let tiers = build_tiers(&raw.tiers)?;
+    let tenants = build_tree(&raw.orgs.0)?;
+    let index: BTreeMap<String, usize> =
+        tenants.iter().enumerate().map(|(i, t)| (t.path.clone(), i)).collect();
+    let identity = build_identity(&raw.identity, &index)?;
+    if let Some(default) = &raw.default_tenant {
+        check_tenant_ref("default_tenant", default, &index)?;
+    }
+    let node_pools = raw
+        .node_pools
+        .0
+        .iter()
+        .map(|(name, pool)| build_pool(name, pool, &index))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Policy {
+        version: raw.version,
+        digest,
+        tiers,
+        tenants,
+        index,
+        identity,
+        default_tenant: raw.default_tenant,
+        node_pools,
+    })
+}
+
+fn build_tiers(raw: &RawTiers) -> Result<Tiers, Problem> {
+    let check = |trust: Trust, tier: &RawTier| -> Result<Vec<Isolation>, Problem> {
+        let path = format!("tiers.{trust}.allow");
+        if tier.allow.is_empty() {
+            return Err(problem(
+                path,
+                "empty allow list: expected at least one of gpu, mig, mps, shared \
+                 (to keep a tier from the node, give its tenants no identity instead)",
+            ));
+        }
+        let allow: Vec<Isolation> = tier.allow.iter().map(|n| n.0).collect();
+        for (i, iso) in allow.iter().enumerate() {
+            let at = format!("{path}[{i}]");
+            // The invariant the whole runtime leans on: MPS and time-slicing share a
+            // GPU's memory between tenants, so untrusted code never gets them.
+            if trust == Trust::Untrusted && !matches!(iso, Isolation::Gpu | Isolation::Mig) {
+                return Err(problem(
+                    at,
+                    format!(
+                        "untrusted tenants may only use gpu or mig isolation, not {iso}: \
+                         {iso} gives no memory isolation between tenants"
+                    ),
+                ));
+            }
+            if let Some(first) = allow[..i].iter().position(|x| x == iso) {
+                return Err(problem(
+                    at,
+                    format!("duplicate isolation `{iso}`: already listed at {path}[{first}]"),
+                ));
+            }
+        }
+        Ok(allow)
+    };
+    Ok(Tiers {
+        untrusted: check(Trust::Untrusted, &raw.untrusted)?,
+        trusted: check(Trust::Trusted, &raw.trusted)?,
+        dev: check(Trust::Dev, &raw.dev)?,
+    })
+}
+
+fn build_tree(orgs: &BTreeMap<String, Object<RawOrg>>) -> Result<Vec<Tenant>, Problem> {
+    if orgs.is_empty() {
+        return Err(problem("orgs", "no orgs: expected at least one org"));
+    }
+    let mut out = Vec::new();
+    for (org_name, org) in orgs {
+        let org_at = format!("orgs.{org_name}");
+        check_name(&org_at, org_name)?;
+        let org_trust = org.trust.ok_or_else(|| {
+            problem(
+                format!("{org_at}.trust"),
+                "missing trust: every org must set one of untrusted, trusted, dev \
+                 (its teams, projects and users inherit it)",
+            )
+        })?;
+        out.push(Tenant { path: org_name.clone(), trust: org_trust });
+        for (team_name, team) in &org.teams.0 {
+            let team_at = format!("{org_at}.teams.{team_name}");
+            check_name(&team_at, team_name)?;
+            let team_trust = team.trust.unwrap_or(org_trust);
+            let team_path = format!("{org_name}/{team_name}");
+            out.push(Tenant { path: team_path.clone(), trust: team_trust });
+            for (project_name, project) in &team.projects.0 {
+                let project_at = format!("{team_at}.projects.{project_name}");
+                check_name(&project_at, project_name)?;
+                let project_trust = project.trust.unwrap_or(team_trust);
+                let project_path = format!("{team_path}/{project_name}");
+                out.push(Tenant { path: project_path.clone(), trust: project_trust });
+                let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+                for (i, user) in project.users.iter().enumerate() {
+                    let at = format!("{project_at}.users[{i}]");
+                    check_name(&at, user)?;
+                    if let Some(first) = seen.insert(user, i) {
+                        return Err(problem(
+                            at,
+                            format!(
+                                "duplicate user `{user}`: already listed at \
+                                 {project_at}.users[{first}]"
+                            ),
+                        ));
+                    }
+                }
+                for user in seen.keys() {
+                    out.push(Tenant {
+                        path: format!("{project_path}/{user}"),
+                        trust: project_trust,
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A reference to a tenant (identity target, default_tenant, pool restriction) must be a
+/// well-formed path to an existing node of the tree.
+fn check_tenant_ref(at: &str, path: &str, index: &BTreeMap<String, usize>) -> Result<(), Problem> {
+    let segments: Vec<&str> = path.split('/').collect();
+    if segments.len() > LEVELS.len() || !segments.iter().all(|s| is_name(s)) {
+        return Err(problem(at, format!("malformed tenant path `{path}`: {TENANT_EXPECTED}")));
+    }
+    if index.contains_key(path) {
+        return Ok(());
+    }
+    // Name the deepest existing ancestor, so a typo is easy to find.
+    let mut parent = String::new();
+    for (depth, segment) in segments.iter().enumerate() {
+        let here = if depth == 0 { segment.to_string() } else { format!("{parent}/{segment}") };
+        if !index.contains_key(&here) {
+            let level = LEVELS[depth];
+            let message = if depth == 0 {
+                format!("no tenant `{path}`: there is no org `{segment}` in orgs")
+            } else {
+                format!(
+                    "no tenant `{path}`: {} `{parent}` has no {level} `{segment}`",
+                    LEVELS[depth - 1]
+                )
+            };
+            return Err(problem(at, message));
+        }
+        parent = here;
+    }
+    Err(problem(at, format!("no tenant `{path}` in orgs")))
+}
+
+fn build_identity(
+    rules: &[Object<RawIdentityRule>],
+    index: &BTreeMap<String, usize>,
+) -> Result<Vec<IdentityRule>, Problem> {
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut out = Vec::with_capacity(rules.len());
+    for (i, rule) in rules.iter().enumerate() {
+        let at = format!("identity[{i}]");
+        let name = rule.annotation.as_str();
+        if name.is_empty() {
+            return Err(problem(
+                format!("{at}.annotation"),
+                "empty annotation name: expected the name of an annotation that the \
+                 container runtime sets, e.g. io.kubernetes.cri.sandbox-namespace",
+            ));
+        }
+        if name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(problem(
+                format!("{at}.annotation"),
+                format!("malformed annotation name {name:?}: expected no whitespace or control characters"),
+            ));
+        }
+        if let Some(first) = seen.insert(name, i) {
+            return Err(problem(
+                format!("{at}.annotation"),
+                format!(
+                    "duplicate annotation `{name}`: identity[{first}] already reads it, so \
+                     this rule could never decide"
+                ),
+            ));
+        }
+        if rule.map.0.is_empty() {
+            return Err(problem(
+                format!("{at}.map"),
+                "empty map: expected at least one annotation value mapped to a tenant path",
+            ));
+        }
+        for (value, target) in &rule.map.0 {
+            check_tenant_ref(&format!("{at}.map.{value}"), target, index)?;
+        }
+        out.push(IdentityRule { annotation: rule.annotation.clone(), map: rule.map.0.clone() });
+    }
+    Ok(out)
+}
+
+fn parse_node_pattern(s: &str) -> Option<NodePattern> {
+    let (body, glob) = match s.strip_suffix('*') {
+        Some(prefix) => (prefix, true),
+        None => (s, false),
+    };
+    let ok = body.bytes().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c));
+    match (ok, glob) {
+        (true, true) => Some(NodePattern::Prefix(body.to_string())),
+        (true, false) if !body.is_empty() => Some(NodePattern::Exact(body.to_string())),
+        _ => None,
+    }
+}
+
+fn build_pool(
+    name: &str,
+    raw: &RawNodePool,
+    index: &BTreeMap<String, usize>,
+) -> Result<NodePool, Problem> {
+    let at = format!("node_pools.{name}");
+    check_name(&at, name)?;
+    if raw.nodes.is_empty() {
+        return Err(problem(
+            format!("{at}.nodes"),
+            "empty nodes list: expected at least one node name or prefix glob such as sim-h100-*",
+        ));
+    }
+    let mut nodes = Vec::with_capacity(raw.nodes.len());
+    for (i, node) in raw.nodes.iter().enumerate() {
+        let node_at = format!("{at}.nodes[{i}]");
+        let pattern = parse_node_pattern(node).ok_or_else(|| {
+            problem(
+                &node_at,
+                format!(
+                    "malformed node pattern `{node}`: expected an exact node name or a prefix \
+                     followed by one trailing `*` (letters, digits, `.`, `_`, `-`)"
+                ),
+            )
+        })?;
+        if let Some(first) = raw.nodes[..i].iter().position(|n| n == node) {
+            return Err(problem(
+                node_at,
+                format!("duplicate node pattern `{node}`: already listed at {at}.nodes[{first}]"),
+            ));
+        }
+        nodes.push(pattern);
+    }
+    let tenants = match &raw.tenants {
+        None => None,
+        Some(list) => {
+            let mut seen = BTreeSet::new();
+            for (i, tenant) in list.iter().enumerate() {
+                let tenant_at = format!("{at}.tenants[{i}]");
+                check_tenant_ref(&tenant_at, tenant, index)?;
+                if !seen.insert(tenant.as_str()) {
+                    return Err(problem(tenant_at, format!("duplicate tenant `{tenant}`")));
+                }
+            }
+            Some(list.clone())
+        }
+    };
+    Ok(NodePool { name: name.to_string(), nodes, tenants })
+}

@@ -1,0 +1,436 @@
+//! `tessera-hook prestart|poststop`: the OCI hook runc runs around a GPU container.
+//!
+//! runc runs it with the OCI state JSON on stdin, the env written into config.json
+//! (only `TESSERA_SOCKET`), and a 10 s timeout. The hook reads nothing else: not the
+//! container's rootfs, not its config, and it trusts no path from the state: it only hands
+//! `bundle` back to the daemon, which compares it with what it recorded.
+//!
+//! - `prestart`: the daemon confirms the allocation against the container's pid and opens
+//!   the metering interval. Any failure exits 1, so runc fails the start (fail closed).
+//! - `poststop`: the daemon releases the allocation. If the daemon cannot be reached (or
+//!   does not answer in time) the hook warns and exits 0: the container is gone either
+//!   way, and tesserad's reconciler releases allocations whose container no longer exists
+//!   in runc's state root, so nothing leaks. A daemon that answers with an error exits 1
+//!   (runc logs it; the container is already deleted).
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tessera_api::{Client, ClientError, StartRequest, DEFAULT_SOCKET};
+
+/// The largest OCI state accepted on stdin.
+pub const MAX_STATE_BYTES: u64 = 1 << 20;
+/// The bound on the whole daemon call (runc kills the hook at 10 s).
+pub const HOOK_DEADLINE: Duration = Duration::from_secs(8);
+
+/// Why the hook failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error("usage: tessera-hook prestart|poststop (OCI state on stdin)")]
+    Usage,
+    #[error("unknown hook phase `{0}`: expected prestart or poststop")]
+    UnknownPhase(String),
+    #[error("cannot read the OCI state from stdin: {0}")]
+    Read(std::io::Error),
+    #[error("OCI state on stdin is larger than {MAX_STATE_BYTES} bytes")]
+    TooLarge,
+    #[error("malformed OCI state on stdin at `{path}`, line {line} column {column}: {message}")]
+    Malformed { path: String, line: usize, column: usize, message: String },
+    #[error("invalid OCI state: {0}")]
+    Invalid(String),
+    #[error("container {id}: {source}")]
+    Daemon { id: String, source: Box<ClientError> },
+    #[error("container {id}: tesserad did not answer within {secs} s", secs = HOOK_DEADLINE.as_secs())]
+    Timeout { id: String },
+}
+
+/// Which hook runc is running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Prestart,
+    Poststop,
+}
+
+impl FromStr for Phase {
+    type Err = HookError;
+    fn from_str(s: &str) -> Result<Self, HookError> {
+        match s {
+            "prestart" => Ok(Phase::Prestart),
+            "poststop" => Ok(Phase::Poststop),
+            other => Err(HookError::UnknownPhase(other.to_string())),
+        }
+    }
+}
+
+/// The OCI state runc writes to a hook's stdin (runtime-spec "State"). Required fields
+/// are required; unknown fields are ignored so a newer runtime-spec still works.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HookState {
+    pub oci_version: String,
+    pub id: String,
+    pub status: String,
+    /// Absent once the container has stopped (runc omits it).
+    #[serde(default)]
+    pub pid: Option<i32>,
+    pub bundle: String,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Reads the state from stdin, at most [`MAX_STATE_BYTES`]; errors give the position.
+pub fn read_state(input: impl Read) -> Result<HookState, HookError> {
+    let mut buf = Vec::with_capacity(4096);
+    input.take(MAX_STATE_BYTES + 1).read_to_end(&mut buf).map_err(HookError::Read)?;
+    if buf.len() as u64 > MAX_STATE_BYTES {
+        return Err(HookError::TooLarge);
+    }
+    parse_state(&buf)
+}
+
+/// Parses the OCI state JSON.
+pub fn parse_state(bytes: &[u8]) -> Result<HookState, HookError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    let state: HookState = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        HookError::Malformed {
+            path,
+            line: inner.line(),
+            column: inner.column(),
+            message: strip_position(&inner.to_string()),
+        }
+    })?;
+    de.end().map_err(|e| HookError::Malformed {
+        path: ".".into(),
+        line: e.line(),
+        column: e.column(),
+        message: strip_position(&e.to_string()),
+    })?;
+    if state.id.is_empty() {
+        return Err(HookError::Invalid("empty container id".into()));
+    }
+    Ok(state)
+}
+
+/// serde_json appends " at line L column C" to its messages; the error reports those itself.
+fn strip_position(msg: &str) -> String {
+    match msg.rfind(" at line ") {
+        Some(i) => msg[..i].to_string(),
+        None => msg.to_string(),
+    }
+}
+
+/// What a successful hook run did, for the exit code and the one line it prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HookOutcome {
+    Started,
+    Released,
+    /// poststop could not reach the daemon: a warning, exit 0.
+    ReleaseDeferred(String),
+}
+
+/// Runs `f` on a thread and waits at most `deadline` for it. On timeout the thread is left
+/// behind; the hook process exits right after.
+fn with_deadline<T: Send + 'static>(
+    deadline: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(deadline).ok()
+}
+
+/// Runs one phase against a daemon socket.
+pub fn run_hook(
+    phase: Phase,
+    state: &HookState,
+    client: &Client,
+    deadline: Duration,
+) -> Result<HookOutcome, HookError> {
+    let id = state.id.clone();
+    match phase {
+        Phase::Prestart => {
+            let pid = match state.pid {
+                Some(p) if p > 0 => p,
+                other => {
+                    return Err(HookError::Invalid(format!(
+                        "container {id}: prestart needs the container's pid, got {other:?}"
+                    )))
+                }
+            };
+            let req = StartRequest { pid, bundle: state.bundle.clone() };
+            let (c, call_id) = (client.clone(), id.clone());
+            match with_deadline(deadline, move || c.start(&call_id, &req)) {
+                Some(Ok(_)) => Ok(HookOutcome::Started),
+                Some(Err(source)) => Err(HookError::Daemon { id, source: Box::new(source) }),
+                None => Err(HookError::Timeout { id }),
+            }
+        }
+        Phase::Poststop => {
+            let (c, call_id) = (client.clone(), id.clone());
+            match with_deadline(deadline, move || c.release(&call_id)) {
+                Some(Ok(())) => Ok(HookOutcome::Released),
+                Some(Err(e @ (ClientError::Connect { .. } | ClientError::Io { .. }))) => {
+                    Ok(HookOutcome::ReleaseDeferred(format!("container {id}: {e}")))
+                }
+                Some(Err(source)) => Err(HookError::Daemon { id, source: Box::new(source) }),
+                None => Ok(HookOutcome::ReleaseDeferred(HookError::Timeout { id }.to_string())),
+            }
+        }
+    }
+}
+
+/// Runs the hook from its argv (`tessera-hook prestart|poststop`) with `TESSERA_SOCKET` from
+/// the environment; returns the exit code.
+pub fn hook_main(args: Vec<OsString>, stdin: impl Read) -> i32 {
+    let socket = std::env::var_os("TESSERA_SOCKET")
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
+    hook_main_with(args, stdin, &socket)
+}
+
+/// [`hook_main`] with the socket given.
+pub fn hook_main_with(args: Vec<OsString>, stdin: impl Read, socket: &std::path::Path) -> i32 {
+    let result = (|| {
+        let phase = match args.get(1).map(|a| a.to_str()) {
+            Some(Some(p)) => p.parse::<Phase>()?,
+            Some(None) => return Err(HookError::UnknownPhase(args[1].to_string_lossy().into())),
+            None => return Err(HookError::Usage),
+        };
+        let state = read_state(stdin)?;
+        let client = Client::new(socket).with_timeout(HOOK_DEADLINE);
+        run_hook(phase, &state, &client, HOOK_DEADLINE)
+    })();
+    match result {
+        Ok(HookOutcome::Started | HookOutcome::Released) => 0,
+        Ok(HookOutcome::ReleaseDeferred(why)) => {
+            eprintln!(
+                "tessera-hook: warning: {why}; the allocation will be released by tesserad's reconciler"
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("tessera-hook: {e}");
+            1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::net::UnixListener;
+    use std::path::Path;
+
+    /// What runc 1.1 writes to a prestart hook.
+    const PRESTART_STATE: &str = r#"{"ociVersion":"1.0.2-dev","id":"abc","status":"creating","pid":4242,"bundle":"/run/containerd/io.containerd.runtime.v2.task/k8s.io/abc","annotations":{"tessera.io/gpu":"mig=1g.10gb"}}"#;
+    /// What runc 1.1 writes to a poststop hook (no pid).
+    const POSTSTOP_STATE: &str =
+        r#"{"ociVersion":"1.0.2-dev","id":"abc","status":"stopped","bundle":"/b"}"#;
+
+    /// Serves one HTTP answer on a fresh socket; returns the request it received.
+    fn serve_once(
+        answer: &'static str,
+    ) -> (tempfile::TempDir, PathBuf, std::thread::JoinHandle<String>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("d.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let h = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().expect("accept");
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = s.read(&mut buf).expect("read");
+                req.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&req);
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len = text[..end]
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if req.len() >= end + 4 + len {
+                        break;
+                    }
+                }
+                if n == 0 {
+                    break;
+                }
+            }
+            s.write_all(answer.as_bytes()).expect("write");
+            String::from_utf8(req).expect("utf8")
+        });
+        (dir, path, h)
+    }
+
+    fn argv(phase: &str) -> Vec<OsString> {
+        vec!["tessera-hook".into(), phase.into()]
+    }
+
+    const ALLOCATION: &str = r#"{"container_id":"abc","tenant":"org/a","trust":"trusted","request":"mig=1g.10gb","isolation":"mig","devices":[],"injection":{"devices":[],"env":[],"mounts":[]},"state":"running","pid":4242,"created_ms":1}"#;
+
+    #[test]
+    fn parses_runc_state() {
+        let s = parse_state(PRESTART_STATE.as_bytes()).expect("parses");
+        assert_eq!(s.id, "abc");
+        assert_eq!(s.pid, Some(4242));
+        assert_eq!(s.status, "creating");
+        assert_eq!(s.annotations.len(), 1);
+        let s = parse_state(POSTSTOP_STATE.as_bytes()).expect("parses");
+        assert_eq!(s.pid, None);
+        // Unknown fields from a newer runtime are tolerated.
+        let s = parse_state(br#"{"ociVersion":"1.2.0","id":"x","status":"creating","pid":1,"bundle":"/b","future":{"a":1}}"#)
+            .expect("parses");
+        assert_eq!(s.id, "x");
+    }
+
+    #[test]
+    fn malformed_state_names_the_position() {
+        let err = parse_state(b"{\"ociVersion\":\"1.0.2\",\n\"id\":\"abc\",\n\"pid\":\"12\"}")
+            .expect_err("must fail");
+        match &err {
+            HookError::Malformed { path, line, column, .. } => {
+                assert_eq!(path, "pid");
+                assert_eq!(*line, 3);
+                assert!(*column > 0);
+            }
+            other => panic!("{other}"),
+        }
+        let msg = err.to_string();
+        assert!(msg.contains("`pid`") && msg.contains("line 3"), "{msg}");
+
+        let err = parse_state(br#"{"ociVersion":"1","id":"a","status":"creating","pid":1}"#)
+            .expect_err("must fail");
+        assert!(err.to_string().contains("missing field `bundle`"), "{err}");
+        let err = parse_state(b"{\"id\": ").expect_err("must fail");
+        assert!(matches!(err, HookError::Malformed { line: 1, .. }), "{err}");
+        let err =
+            parse_state(br#"{"ociVersion":"1","id":"a","status":"s","bundle":"/b"} trailing"#)
+                .expect_err("must fail");
+        assert!(matches!(err, HookError::Malformed { .. }), "{err}");
+        let err = parse_state(br#"{"ociVersion":"1","id":"","status":"s","bundle":"/b"}"#)
+            .expect_err("must fail");
+        assert!(matches!(err, HookError::Invalid(_)), "{err}");
+    }
+
+    #[test]
+    fn oversized_state_is_refused() {
+        let big = vec![b' '; MAX_STATE_BYTES as usize + 10];
+        assert!(matches!(read_state(&big[..]), Err(HookError::TooLarge)));
+    }
+
+    #[test]
+    fn prestart_confirms_with_pid_and_bundle() {
+        let answer: &'static str = Box::leak(
+            format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{ALLOCATION}", ALLOCATION.len())
+                .into_boxed_str(),
+        );
+        let (_d, sock, h) = serve_once(answer);
+        let code = hook_main_with(argv("prestart"), PRESTART_STATE.as_bytes(), &sock);
+        assert_eq!(code, 0);
+        let req = h.join().expect("join");
+        assert!(req.starts_with("POST /v1/allocations/abc/start HTTP/1.1\r\n"), "{req}");
+        let body = &req[req.find("\r\n\r\n").expect("body") + 4..];
+        let body: serde_json::Value = serde_json::from_str(body).expect("json body");
+        assert_eq!(
+            body,
+            serde_json::json!({"pid": 4242, "bundle": "/run/containerd/io.containerd.runtime.v2.task/k8s.io/abc"})
+        );
+    }
+
+    #[test]
+    fn prestart_fails_closed() {
+        // Daemon refuses.
+        let (_d, sock, _h) = serve_once(
+            "HTTP/1.1 409 Conflict\r\ncontent-length: 53\r\n\r\n{\"code\":\"conflict\",\"message\":\"bundle does not match\"}",
+        );
+        assert_eq!(hook_main_with(argv("prestart"), PRESTART_STATE.as_bytes(), &sock), 1);
+        // Daemon missing.
+        assert_eq!(
+            hook_main_with(
+                argv("prestart"),
+                PRESTART_STATE.as_bytes(),
+                Path::new("/nonexistent/t.sock")
+            ),
+            1
+        );
+        // No pid.
+        let state = parse_state(POSTSTOP_STATE.as_bytes()).expect("parses");
+        let err = run_hook(Phase::Prestart, &state, &Client::new("/nonexistent"), HOOK_DEADLINE)
+            .expect_err("must fail");
+        assert!(matches!(err, HookError::Invalid(_)), "{err}");
+        // Malformed state, bad usage.
+        assert_eq!(hook_main_with(argv("prestart"), &b"{"[..], Path::new("/x")), 1);
+        assert_eq!(
+            hook_main_with(argv("createRuntime"), PRESTART_STATE.as_bytes(), Path::new("/x")),
+            1
+        );
+        assert_eq!(
+            hook_main_with(vec!["tessera-hook".into()], PRESTART_STATE.as_bytes(), Path::new("/x")),
+            1
+        );
+    }
+
+    #[test]
+    fn prestart_times_out() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("slow.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let _h = std::thread::spawn(move || {
+            let (_s, _) = listener.accept().expect("accept");
+            std::thread::sleep(Duration::from_secs(5));
+        });
+        let state = parse_state(PRESTART_STATE.as_bytes()).expect("parses");
+        let err =
+            run_hook(Phase::Prestart, &state, &Client::new(&path), Duration::from_millis(200))
+                .expect_err("must fail");
+        assert!(matches!(err, HookError::Timeout { .. }), "{err}");
+        let out =
+            run_hook(Phase::Poststop, &state, &Client::new(&path), Duration::from_millis(200))
+                .expect("ok");
+        assert!(matches!(out, HookOutcome::ReleaseDeferred(_)), "{out:?}");
+    }
+
+    #[test]
+    fn poststop_releases() {
+        let (_d, sock, h) = serve_once("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}");
+        assert_eq!(hook_main_with(argv("poststop"), POSTSTOP_STATE.as_bytes(), &sock), 0);
+        let req = h.join().expect("join");
+        assert!(req.starts_with("DELETE /v1/allocations/abc HTTP/1.1\r\n"), "{req}");
+    }
+
+    #[test]
+    fn poststop_tolerates_a_missing_daemon_but_not_an_error() {
+        let state = parse_state(POSTSTOP_STATE.as_bytes()).expect("parses");
+        let out =
+            run_hook(Phase::Poststop, &state, &Client::new("/nonexistent/t.sock"), HOOK_DEADLINE)
+                .expect("ok");
+        assert!(
+            matches!(&out, HookOutcome::ReleaseDeferred(m) if m.contains("cannot reach tesserad")),
+            "{out:?}"
+        );
+        assert_eq!(
+            hook_main_with(
+                argv("poststop"),
+                POSTSTOP_STATE.as_bytes(),
+                Path::new("/nonexistent/t.sock")
+            ),
+            0
+        );
+        let (_d, sock, _h) = serve_once(
+            "HTTP/1.1 500 Internal\r\ncontent-length: 41\r\n\r\n{\"code\":\"internal\",\"message\":\"disk full\"}",
+        );
+        assert_eq!(hook_main_with(argv("poststop"), POSTSTOP_STATE.as_bytes(), &sock), 1);
+    }
+}

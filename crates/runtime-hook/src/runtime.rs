@@ -1,0 +1,663 @@
+//! `tessera-runtime`: a runc-compatible wrapper. For `create`/`run` of a container that
+//! asks for a GPU, it gets an allocation from tesserad, writes the injection into the
+//! bundle's config.json, and execs runc; everything else goes straight to runc.
+//!
+//! The path without a GPU request never contacts the daemon (an outage must not break
+//! containers that do not use GPUs): parse argv, read and parse config.json once, look
+//! for a request, exec.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command as Process;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tessera_api::{AllocateRequest, Allocation, Client, ClientError, DEFAULT_SOCKET};
+
+use crate::args::{parse_runc_args, ArgsError, GlobalOptions, RuncInvocation};
+use crate::request::{self, FoundRequest, RequestLookupError};
+use crate::spec::{self, HookConfig, SpecError};
+
+/// How long to wait on tesserad for an allocation (it may create a MIG instance).
+pub const ALLOCATE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long to wait on tesserad to release an allocation after a failed start.
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The hook binary's name, looked for next to the wrapper unless `TESSERA_HOOK` says.
+pub const HOOK_BINARY: &str = "tessera-hook";
+
+/// Why the wrapper did not exec runc.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("cannot parse runc arguments: {0}")]
+    Args(#[from] ArgsError),
+    #[error("cannot determine the working directory: {0}")]
+    Cwd(std::io::Error),
+    #[error("bundle {path}: {source}")]
+    Bundle { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error("{path}: {source}")]
+    Config { path: PathBuf, source: SpecError },
+    #[error("{path}: {source}")]
+    Request { path: PathBuf, source: Box<RequestLookupError> },
+    #[error("{0} is not valid UTF-8")]
+    NotUtf8(String),
+    #[error("tessera-hook not found at {path} (set TESSERA_HOOK): {source}")]
+    Hook { path: PathBuf, source: std::io::Error },
+    /// The daemon refused or could not be reached; nothing was granted.
+    #[error("{}", daemon_message(.request, .error))]
+    Allocate { request: String, error: Box<ClientError> },
+    #[error("cannot exec runc `{runc}`: {source}")]
+    Exec { runc: String, source: std::io::Error },
+}
+
+/// `<daemon message> (tenant T, request R, rule P)`, or the client error with the request.
+fn daemon_message(request: &str, error: &ClientError) -> String {
+    match error.api_error() {
+        Some(api) => {
+            let mut extra = Vec::new();
+            if let Some(t) = &api.tenant {
+                extra.push(format!("tenant {t}"));
+            }
+            extra.push(format!("request {}", api.request.as_deref().unwrap_or(request)));
+            if let Some(r) = &api.rule {
+                extra.push(format!("rule {r}"));
+            }
+            format!("{} ({})", api.message, extra.join(", "))
+        }
+        None => format!("GPU request {request} not granted: {error}"),
+    }
+}
+
+/// Where the wrapper finds runc, the daemon and the hook (from `TESSERA_*`).
+#[derive(Debug, Clone)]
+pub struct RuntimeEnv {
+    /// `TESSERA_RUNC`, default `runc` (looked up on PATH).
+    pub runc: OsString,
+    /// `TESSERA_SOCKET`, default [`DEFAULT_SOCKET`].
+    pub socket: PathBuf,
+    /// `TESSERA_HOOK`; when absent, `tessera-hook` next to the current executable.
+    pub hook: Option<PathBuf>,
+    /// The working directory (runc's default bundle; base of relative paths).
+    pub cwd: PathBuf,
+}
+
+impl RuntimeEnv {
+    /// Reads the process environment.
+    pub fn from_process() -> Result<Self, RuntimeError> {
+        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+        Ok(RuntimeEnv {
+            runc: var("TESSERA_RUNC").unwrap_or_else(|| "runc".into()),
+            socket: var("TESSERA_SOCKET").map_or_else(|| DEFAULT_SOCKET.into(), PathBuf::from),
+            hook: var("TESSERA_HOOK").map(PathBuf::from),
+            cwd: std::env::current_dir().map_err(RuntimeError::Cwd)?,
+        })
+    }
+
+    fn absolute(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.cwd.join(p)
+        }
+    }
+
+    /// The hook binary's absolute path; it must exist.
+    fn hook_path(&self) -> Result<PathBuf, RuntimeError> {
+        let path = match &self.hook {
+            Some(h) => self.absolute(h),
+            None => {
+                let exe = std::env::current_exe()
+                    .map_err(|source| RuntimeError::Hook { path: HOOK_BINARY.into(), source })?;
+                exe.parent().unwrap_or(Path::new("/")).join(HOOK_BINARY)
+            }
+        };
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => Ok(path),
+            Ok(_) => Err(RuntimeError::Hook {
+                path,
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"),
+            }),
+            Err(source) => Err(RuntimeError::Hook { path, source }),
+        }
+    }
+}
+
+/// What to do once the config is ready.
+#[derive(Debug)]
+pub enum Prepared {
+    /// Exec runc untouched: not a container-making verb, or no GPU request.
+    Passthrough,
+    /// The config now carries this allocation; release it if runc cannot be exec'd.
+    Injected { container_id: String, allocation: Box<Allocation> },
+}
+
+/// A failure, with what is needed to report it where runc's caller looks.
+#[derive(Debug)]
+pub struct Failure {
+    pub error: RuntimeError,
+    pub container_id: Option<String>,
+    pub global: Option<GlobalOptions>,
+}
+
+impl Failure {
+    /// The one line printed to stderr (and logged to runc's `--log`).
+    pub fn message(&self) -> String {
+        match &self.container_id {
+            Some(id) => format!("tessera-runtime: container {id}: {}", self.error),
+            None => format!("tessera-runtime: {}", self.error),
+        }
+    }
+}
+
+/// Everything up to the exec: parse, and for a GPU container allocate, inject and save.
+/// `args` is the full argv (argv\[0\] included).
+pub fn prepare(
+    args: &[OsString],
+    env: &RuntimeEnv,
+) -> Result<(RuncInvocation, Prepared), Box<Failure>> {
+    let inv = parse_runc_args(args.get(1..).unwrap_or(&[]))
+        .map_err(|e| Box::new(Failure { error: e.into(), container_id: None, global: None }))?;
+    let Some(create) = inv.create_args() else { return Ok((inv, Prepared::Passthrough)) };
+    let container_id = create.container_id.clone();
+    let fail = |error: RuntimeError| {
+        Box::new(Failure {
+            error,
+            container_id: Some(container_id.clone()),
+            global: Some(inv.global.clone()),
+        })
+    };
+    let bundle = env.absolute(create.options.bundle.as_deref().unwrap_or(Path::new(".")));
+    // runc records the bundle as its getcwd() after chdir: the canonical path. Send the
+    // same, so the daemon can compare it with what the prestart hook reports.
+    let bundle = std::fs::canonicalize(&bundle)
+        .map_err(|source| fail(RuntimeError::Bundle { path: bundle, source }))?;
+    let mut cfg = spec::load_config(&bundle).map_err(|e| fail(e.into()))?;
+    // Every container, GPU or not: a rootfs whose /dev leads outside it is refused before
+    // runc (or tesserad) is asked to do anything with it.
+    spec::check_rootfs(&bundle, &cfg.value)
+        .map_err(|source| fail(RuntimeError::Config { path: cfg.path.clone(), source }))?;
+    let found = request::find_request(&cfg.value).map_err(|source| {
+        fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
+    })?;
+    let Some(found) = found else { return Ok((inv, Prepared::Passthrough)) };
+
+    // A GPU container from here on: every failure stops the start.
+    let config_err =
+        |source: SpecError| fail(RuntimeError::Config { path: cfg.path.clone(), source });
+    spec::check_gpu_spec(&cfg.value).map_err(config_err)?;
+    let hooks =
+        HookConfig { path: env.hook_path().map_err(fail)?, socket: env.absolute(&env.socket) };
+    let annotations = request::annotations(&cfg.value).map_err(|source| {
+        fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
+    })?;
+    let utf8 = |p: &Path, what: &str| {
+        p.to_str()
+            .map(str::to_string)
+            .ok_or_else(|| fail(RuntimeError::NotUtf8(format!("{what} {}", p.display()))))
+    };
+    let req = AllocateRequest {
+        container_id: container_id.clone(),
+        runc_root: utf8(&env.absolute(&inv.global.root), "runc root")?,
+        bundle: utf8(&bundle, "bundle")?,
+        request: found.request.to_string(),
+        request_source: found.source,
+        annotations,
+    };
+    let client = Client::new(&hooks.socket).with_timeout(ALLOCATE_TIMEOUT);
+    let allocation = client.allocate(&req).map_err(|error| fail(allocate_error(&found, error)))?;
+
+    // Granted: any failure before the exec must give it back.
+    let applied = spec::apply_injection(&mut cfg.value, &allocation.injection, &hooks)
+        .and_then(|()| {
+            spec::annotate_allocation(
+                &mut cfg.value,
+                allocation.devices.iter().map(|d| d.uuid.as_str()),
+            )
+        })
+        .and_then(|()| spec::save_config(&cfg));
+    if let Err(e) = applied {
+        release(&hooks.socket, &container_id);
+        return Err(config_err(e));
+    }
+    Ok((inv, Prepared::Injected { container_id, allocation: Box::new(allocation) }))
+}
+
+fn allocate_error(found: &FoundRequest, error: ClientError) -> RuntimeError {
+    RuntimeError::Allocate { request: found.request.to_string(), error: Box::new(error) }
+}
+
+/// Releases an allocation after a failed start; a failure here is only a warning (the
+/// daemon's reconciler frees allocations whose container never appeared).
+fn release(socket: &Path, container_id: &str) {
+    if let Err(e) = Client::new(socket).with_timeout(RELEASE_TIMEOUT).release(container_id) {
+        eprintln!("tessera-runtime: container {container_id}: warning: could not release the allocation: {e}");
+    }
+}
+
+/// Prints a failure to stderr and appends it to runc's `--log`, where containerd looks.
+pub fn report(f: &Failure) {
+    let msg = f.message();
+    eprintln!("{msg}");
+    if let Some(g) = &f.global {
+        if let Some(log) = &g.log {
+            if let Err(e) = append_log(log, g.log_format.as_deref(), &msg, SystemTime::now()) {
+                eprintln!("tessera-runtime: cannot write to runc log {}: {e}", log.display());
+            }
+        }
+    }
+}
+
+/// Appends one error line in runc's log format: JSON (`{"level","msg","time"}`) or
+/// logrus text.
+pub fn append_log(
+    path: &Path,
+    format: Option<&str>,
+    msg: &str,
+    now: SystemTime,
+) -> std::io::Result<()> {
+    let time = rfc3339(now);
+    let mut line = if format == Some("json") {
+        serde_json::json!({"level": "error", "msg": msg, "time": time}).to_string()
+    } else {
+        format!(
+            "time={} level=error msg={}",
+            serde_json::Value::from(time),
+            serde_json::Value::from(msg)
+        )
+    };
+    line.push('\n');
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    f.write_all(line.as_bytes())
+}
+
+/// RFC 3339 UTC time with nanoseconds, as Go's `time.RFC3339Nano`.
+pub fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, day) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_nanos()
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day) (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// Execs runc with the original arguments; returns only if the exec failed.
+pub fn exec_runc(env: &RuntimeEnv, args: &[OsString]) -> std::io::Error {
+    Process::new(&env.runc).args(args.get(1..).unwrap_or(&[])).exec()
+}
+
+/// The wrapper's whole run: returns an exit code only when runc could not be exec'd.
+pub fn runtime_main(args: Vec<OsString>) -> i32 {
+    let env = match RuntimeEnv::from_process() {
+        Ok(e) => e,
+        Err(error) => {
+            report(&Failure { error, container_id: None, global: None });
+            return 1;
+        }
+    };
+    let (inv, prepared) = match prepare(&args, &env) {
+        Ok(p) => p,
+        Err(f) => {
+            report(&f);
+            return 1;
+        }
+    };
+    let source = exec_runc(&env, &args);
+    let container_id = match &prepared {
+        Prepared::Injected { container_id, .. } => {
+            release(&env.absolute(&env.socket), container_id);
+            Some(container_id.clone())
+        }
+        Prepared::Passthrough => inv.create_args().map(|c| c.container_id.clone()),
+    };
+    let runc = env.runc.to_string_lossy().into_owned();
+    report(&Failure {
+        error: RuntimeError::Exec { runc, source },
+        container_id,
+        global: Some(inv.global),
+    });
+    1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+    use std::io::Read;
+    use std::os::unix::net::UnixListener;
+
+    const RUNC_SPEC: &str = include_str!("../testdata/runc-spec.json");
+
+    struct Fixture {
+        dir: tempfile::TempDir,
+        env: RuntimeEnv,
+    }
+
+    impl Fixture {
+        fn new(config: &Value) -> Self {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let bundle = dir.path().join("bundle");
+            std::fs::create_dir(&bundle).expect("mkdir");
+            std::fs::write(
+                bundle.join("config.json"),
+                serde_json::to_vec_pretty(config).expect("json"),
+            )
+            .expect("write");
+            let hook = dir.path().join("tessera-hook");
+            std::fs::write(&hook, "#!/bin/sh\n").expect("hook");
+            let env = RuntimeEnv {
+                runc: "/nonexistent/runc".into(),
+                socket: dir.path().join("d.sock"),
+                hook: Some(hook),
+                cwd: dir.path().to_path_buf(),
+            };
+            Fixture { dir, env }
+        }
+
+        fn bundle(&self) -> PathBuf {
+            std::fs::canonicalize(self.dir.path().join("bundle")).expect("canonical")
+        }
+
+        fn config(&self) -> Value {
+            serde_json::from_slice(&std::fs::read(self.bundle().join("config.json")).expect("read"))
+                .expect("json")
+        }
+
+        fn args(&self, tail: &str) -> Vec<OsString> {
+            let mut v: Vec<OsString> = vec!["tessera-runtime".into()];
+            v.extend(tail.split_whitespace().map(OsString::from));
+            v
+        }
+
+        /// Serves `answers` in order, one per connection; returns the requests.
+        fn serve(&self, answers: Vec<String>) -> std::thread::JoinHandle<Vec<String>> {
+            let listener = UnixListener::bind(&self.env.socket).expect("bind");
+            std::thread::spawn(move || {
+                let mut reqs = Vec::new();
+                for answer in answers {
+                    let (mut s, _) = listener.accept().expect("accept");
+                    let mut req = Vec::new();
+                    let mut buf = [0u8; 65536];
+                    loop {
+                        let n = s.read(&mut buf).expect("read");
+                        req.extend_from_slice(&buf[..n]);
+                        let text = String::from_utf8_lossy(&req).to_string();
+                        if let Some(end) = text.find("\r\n\r\n") {
+                            let len = text[..end]
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length: "))
+                                .and_then(|v| v.trim().parse::<usize>().ok())
+                                .unwrap_or(0);
+                            if req.len() >= end + 4 + len {
+                                break;
+                            }
+                        }
+                        if n == 0 {
+                            break;
+                        }
+                    }
+                    s.write_all(answer.as_bytes()).expect("write");
+                    reqs.push(String::from_utf8(req).expect("utf8"));
+                }
+                reqs
+            })
+        }
+    }
+
+    fn http(status: &str, body: &Value) -> String {
+        let body = body.to_string();
+        format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\n\r\n{body}", body.len())
+    }
+
+    fn body_of(req: &str) -> Value {
+        serde_json::from_str(&req[req.find("\r\n\r\n").expect("body") + 4..]).expect("json body")
+    }
+
+    fn gpu_config(annotations: Value, env: Value) -> Value {
+        let mut c: Value = serde_json::from_str(RUNC_SPEC).expect("fixture");
+        c["annotations"] = annotations;
+        c["process"]["env"] = env;
+        c
+    }
+
+    fn allocation() -> Value {
+        json!({
+            "container_id": "abc", "tenant": "org/team-a", "trust": "trusted", "request": "mig=1g.10gb",
+            "isolation": "mig",
+            "devices": [{"uuid": "MIG-1", "gpu_uuid": "GPU-1", "gpu_index": 0, "model": "H100-80GB",
+                         "mig_profile": "1g.10gb", "placement": [0, 1]}],
+            "injection": {
+                "devices": [{"path": "/dev/nvidia0", "major": 195, "minor": 0, "file_mode": 438},
+                            {"path": "/dev/nvidiactl", "major": 195, "minor": 255, "file_mode": 438}],
+                "env": ["CUDA_VISIBLE_DEVICES=MIG-1"],
+                "mounts": []
+            },
+            "state": "pending", "created_ms": 1
+        })
+    }
+
+    #[test]
+    fn other_verbs_pass_through_without_reading_anything() {
+        let f = Fixture::new(&json!({}));
+        for a in ["state abc", "delete --force abc", "--root /r start abc", "--version", ""] {
+            let (_, p) = prepare(&f.args(a), &f.env).expect("prepares");
+            assert!(matches!(p, Prepared::Passthrough), "{a}");
+        }
+    }
+
+    #[test]
+    fn no_request_passes_through_without_the_daemon() {
+        // NVIDIA_VISIBLE_DEVICES from an image is not a request; no socket is listening.
+        let cfg = gpu_config(
+            json!({"io.kubernetes.cri.sandbox-namespace": "a"}),
+            json!(["NVIDIA_VISIBLE_DEVICES=all"]),
+        );
+        let f = Fixture::new(&cfg);
+        let before = std::fs::read(f.bundle().join("config.json")).expect("read");
+        let (_, p) = prepare(&f.args("create --bundle bundle abc"), &f.env).expect("prepares");
+        assert!(matches!(p, Prepared::Passthrough));
+        assert_eq!(std::fs::read(f.bundle().join("config.json")).expect("read"), before);
+        // Default bundle is the working directory.
+        let mut env = f.env.clone();
+        env.cwd = f.bundle();
+        let (_, p) = prepare(&f.args("run -d abc"), &env).expect("prepares");
+        assert!(matches!(p, Prepared::Passthrough));
+    }
+
+    #[test]
+    fn malformed_request_fails_closed_without_the_daemon() {
+        let f = Fixture::new(&gpu_config(json!({"tessera.io/gpu": "gpu=lots"}), json!([])));
+        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("must fail");
+        let msg = err.message();
+        assert!(msg.starts_with("tessera-runtime: container abc: "), "{msg}");
+        assert!(msg.contains("config.json") && msg.contains("gpu=lots"), "{msg}");
+    }
+
+    #[test]
+    fn malformed_config_names_file_and_line() {
+        let f = Fixture::new(&json!({}));
+        std::fs::write(
+            f.bundle().join("config.json"),
+            "{\"ociVersion\": \"1.0\",\n \"process\": }",
+        )
+        .expect("write");
+        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("must fail");
+        let msg = err.message();
+        assert!(msg.contains("config.json") && msg.contains("line 2 column 13"), "{msg}");
+    }
+
+    #[test]
+    fn grant_is_written_into_the_config() {
+        let cfg = gpu_config(
+            json!({"tessera.io/gpu": "mig=1g.10gb", "io.kubernetes.cri.sandbox-namespace": "team-a"}),
+            json!(["PATH=/bin", "CUDA_VISIBLE_DEVICES=all"]),
+        );
+        let f = Fixture::new(&cfg);
+        let h = f.serve(vec![http("201 Created", &allocation())]);
+        let (inv, p) =
+            prepare(&f.args("--root /run/x --log log.json create --bundle bundle abc"), &f.env)
+                .expect("prepares");
+        assert!(matches!(p, Prepared::Injected { ref container_id, .. } if container_id == "abc"));
+        assert_eq!(inv.global.root, PathBuf::from("/run/x"));
+        let reqs = h.join().expect("join");
+        assert!(reqs[0].starts_with("POST /v1/allocations HTTP/1.1"), "{}", reqs[0]);
+        assert_eq!(
+            body_of(&reqs[0]),
+            json!({
+                "container_id": "abc", "runc_root": "/run/x",
+                "bundle": f.bundle().to_str().expect("utf8"),
+                "request": "mig=1g.10gb", "request_source": "annotation",
+                "annotations": {"tessera.io/gpu": "mig=1g.10gb", "io.kubernetes.cri.sandbox-namespace": "team-a"}
+            })
+        );
+        let c = f.config();
+        assert_eq!(c["annotations"]["tessera.io/allocated"], json!("MIG-1"));
+        assert_eq!(c["process"]["env"], json!(["PATH=/bin", "CUDA_VISIBLE_DEVICES=MIG-1"]));
+        assert_eq!(c["linux"]["devices"].as_array().map(Vec::len), Some(2));
+        let hook = f.env.hook.as_ref().and_then(|h| h.to_str()).expect("hook");
+        assert_eq!(c["hooks"]["prestart"][0]["path"], json!(hook));
+        assert_eq!(
+            c["hooks"]["poststop"][0]["env"],
+            json!([format!("TESSERA_SOCKET={}", f.env.socket.display())])
+        );
+    }
+
+    #[test]
+    fn env_request_is_sent_with_its_source() {
+        let f = Fixture::new(&gpu_config(json!({}), json!(["TESSERA_GPU=mps=25"])));
+        let h = f.serve(vec![http("201 Created", &allocation())]);
+        prepare(&f.args("run --bundle bundle abc"), &f.env).expect("prepares");
+        let body = body_of(&h.join().expect("join")[0]);
+        assert_eq!(body["request"], json!("mps=25"));
+        assert_eq!(body["request_source"], json!("env"));
+        assert_eq!(body["runc_root"], json!("/run/runc"));
+    }
+
+    #[test]
+    fn refusal_is_reported_and_logged_and_config_untouched() {
+        let cfg = gpu_config(json!({"tessera.io/gpu": "gpu=2"}), json!([]));
+        let f = Fixture::new(&cfg);
+        let before = std::fs::read(f.bundle().join("config.json")).expect("read");
+        let h = f.serve(vec![http(
+            "403 Forbidden",
+            &json!({"code": "refused", "message": "tenant org/x may not hold whole GPUs",
+                    "tenant": "org/x", "request": "gpu=2", "rule": "tiers.untrusted.allow"}),
+        )]);
+        let log = f.dir.path().join("log.json");
+        let args = f
+            .args(&format!("--log {} --log-format json create --bundle bundle abc", log.display()));
+        let err = prepare(&args, &f.env).expect_err("must fail");
+        h.join().expect("join");
+        assert_eq!(
+            err.message(),
+            "tessera-runtime: container abc: tenant org/x may not hold whole GPUs \
+             (tenant org/x, request gpu=2, rule tiers.untrusted.allow)"
+        );
+        assert_eq!(std::fs::read(f.bundle().join("config.json")).expect("read"), before);
+        report(&err);
+        let line = std::fs::read_to_string(&log).expect("log");
+        let v: Value = serde_json::from_str(line.trim()).expect("json line");
+        assert_eq!(v["level"], json!("error"));
+        assert_eq!(v["msg"], json!(err.message()));
+        assert!(v["time"].as_str().is_some_and(|t| t.ends_with('Z') && t.len() == 30), "{v}");
+    }
+
+    #[test]
+    fn daemon_outage_fails_a_gpu_container() {
+        let f = Fixture::new(&gpu_config(json!({"tessera.io/gpu": "shared"}), json!([])));
+        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("must fail");
+        let msg = err.message();
+        assert!(
+            msg.contains("GPU request shared not granted") && msg.contains("cannot reach tesserad"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn allow_all_is_refused_before_allocating() {
+        let mut cfg = gpu_config(json!({"tessera.io/gpu": "gpu=1"}), json!([]));
+        cfg["linux"]["resources"]["devices"] = json!([{"allow": true, "access": "rwm"}]);
+        let f = Fixture::new(&cfg);
+        // No daemon listening: refusing must not need one.
+        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("must fail");
+        assert!(
+            matches!(&err.error, RuntimeError::Config { source: SpecError::AllowAll { .. }, .. }),
+            "{:?}",
+            err.error
+        );
+    }
+
+    #[test]
+    fn missing_hook_binary_is_an_error() {
+        let f = Fixture::new(&gpu_config(json!({"tessera.io/gpu": "gpu=1"}), json!([])));
+        let mut env = f.env.clone();
+        env.hook = Some("/nonexistent/tessera-hook".into());
+        let err = prepare(&f.args("create --bundle bundle abc"), &env).expect_err("must fail");
+        assert!(
+            err.message().contains("tessera-hook not found at /nonexistent/tessera-hook"),
+            "{}",
+            err.message()
+        );
+    }
+
+    #[test]
+    fn bad_injection_releases_the_allocation() {
+        let f = Fixture::new(&gpu_config(json!({"tessera.io/gpu": "gpu=1"}), json!([])));
+        let mut alloc = allocation();
+        alloc["injection"]["mounts"] =
+            json!([{"source": "/x", "destination": "/a/../../etc", "read_only": true}]);
+        let h = f.serve(vec![http("201 Created", &alloc), http("200 OK", &json!({}))]);
+        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("must fail");
+        assert!(err.message().contains("invalid injection"), "{}", err.message());
+        let reqs = h.join().expect("join");
+        assert!(reqs[1].starts_with("DELETE /v1/allocations/abc HTTP/1.1"), "{}", reqs[1]);
+    }
+
+    #[test]
+    fn symlinked_config_is_refused_even_without_a_request() {
+        let f = Fixture::new(&json!({}));
+        let b = f.bundle();
+        std::fs::rename(b.join("config.json"), b.join("real.json")).expect("mv");
+        std::os::unix::fs::symlink("real.json", b.join("config.json")).expect("ln");
+        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("must fail");
+        assert!(err.message().contains("symbolic link"), "{}", err.message());
+    }
+
+    #[test]
+    fn text_log_format_and_time() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("log");
+        let t = UNIX_EPOCH + Duration::new(1_700_000_000, 5);
+        append_log(&log, None, "tessera-runtime: x \"y\"", t).expect("log");
+        let line = std::fs::read_to_string(&log).expect("read");
+        assert_eq!(
+            line,
+            "time=\"2023-11-14T22:13:20.000000005Z\" level=error msg=\"tessera-runtime: x \\\"y\\\"\"\n"
+        );
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000000000Z");
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00.000000000Z"
+        );
+    }
+}

@@ -1,0 +1,1200 @@
+//! config.json: load it safely, check it can hold a GPU, apply tesserad's [`Injection`],
+//! and write it back atomically.
+//!
+//! ## Why a `serde_json::Value` and not `oci_spec::runtime::Spec`
+//! The document is parsed once into a `serde_json::Value` and edited in place; only the
+//! sections we touch are read through typed views (oci-spec's `LinuxDevice` and
+//! `LinuxDeviceCgroup`, small local structs elsewhere) and new entries are built with
+//! oci-spec's builders so their field names follow the runtime spec. Reasons:
+//! - oci-spec's `Spec` has no catch-all field: anything it does not model (a newer
+//!   runtime-spec field, a vendor extension) would be silently dropped on write-back
+//!   (see the test `oci_spec_spec_drops_unknown_fields`), and its `#[serde(default)]`
+//!   fields would write defaults the caller never set.
+//! - Its enums are closed: a config that runc accepts (a new capability, namespace or
+//!   rlimit name) could fail to parse, and this code sits on the start path of every
+//!   container, including those that never asked for a GPU.
+//!
+//! Object key order is not preserved on write-back (serde_json's map is sorted unless
+//! `preserve_order` is on); key order carries no meaning in config.json.
+
+use std::collections::BTreeSet;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::{
+    HookBuilder, LinuxDevice, LinuxDeviceBuilder, LinuxDeviceCgroup, LinuxDeviceCgroupBuilder,
+    LinuxDeviceType, MountBuilder, Spec,
+};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use tessera_api::Injection;
+
+/// The bundle's config file name.
+pub const CONFIG_FILE: &str = "config.json";
+/// The largest config.json accepted.
+pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
+/// Annotation listing the granted device UUIDs, for people reading the config.
+pub const ALLOCATED_ANNOTATION: &str = "tessera.io/allocated";
+/// Seconds runc gives each tessera hook before killing it.
+pub const HOOK_TIMEOUT_SECS: i64 = 10;
+/// The NVIDIA character-device major (`/dev/nvidia<N>`, `/dev/nvidiactl`): always treated
+/// as a GPU major, whatever the injection holds.
+pub const NVIDIA_MAJOR: i64 = 195;
+/// Device paths under this prefix are NVIDIA devices (`/dev/nvidia0`, `/dev/nvidiactl`,
+/// `/dev/nvidia-uvm`, `/dev/nvidia-caps/...`).
+pub const NVIDIA_PATH_PREFIX: &str = "/dev/nvidia";
+
+/// Why config.json could not be read, edited or written.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error(
+        "refusing to open {path}: it is a symbolic link (links in a bundle are never followed)"
+    )]
+    Symlink { path: PathBuf },
+    #[error("{path} is not a regular file")]
+    NotRegular { path: PathBuf },
+    #[error("{path} is larger than {MAX_CONFIG_BYTES} bytes")]
+    TooLarge { path: PathBuf },
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    /// Not JSON at all; serde_json's message carries the line and column.
+    #[error("malformed JSON in {path}: {source}")]
+    Syntax { path: PathBuf, source: serde_json::Error },
+    /// JSON, but a field has the wrong shape; `path` is the JSON path (`linux.devices[2].major`).
+    #[error("malformed config at `{path}`: {message}")]
+    Shape { path: String, message: String },
+    #[error("config has no `linux` section: a GPU container needs Linux devices and cgroup device rules")]
+    NoLinux,
+    #[error("config has no `process` section")]
+    NoProcess,
+    #[error(
+        "linux.resources.devices[{index}] ({rule}) allows every device: a GPU container must \
+         not have an allow-all device rule (is it privileged?)"
+    )]
+    AllowAll { index: usize, rule: String },
+    #[error("invalid injection from tesserad: {0}")]
+    BadInjection(String),
+    #[error("cannot write {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error(
+        "hostile rootfs: {path} is a symbolic link (to {target}); runc would create device \
+         nodes and links through it outside the container, so the container is refused"
+    )]
+    HostileRootfs { path: PathBuf, target: String },
+    #[error("cannot inspect the rootfs at {path}: {source}")]
+    Rootfs { path: PathBuf, source: std::io::Error },
+}
+
+fn shape(path: impl Into<String>, message: impl Into<String>) -> SpecError {
+    SpecError::Shape { path: path.into(), message: message.into() }
+}
+
+/// Where the tessera hooks are and what they are told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookConfig {
+    /// Absolute path of the `tessera-hook` binary on the host.
+    pub path: PathBuf,
+    /// Absolute path of tesserad's socket, passed as `TESSERA_SOCKET` (the hook's only env).
+    pub socket: PathBuf,
+}
+
+/// A config.json as read from a bundle, with what is needed to write it back.
+#[derive(Debug, Clone)]
+pub struct LoadedConfig {
+    pub path: PathBuf,
+    pub value: Value,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+}
+
+/// Reads and parses `<bundle>/config.json`, refusing a symlink (`O_NOFOLLOW`), anything
+/// but a regular file, and more than [`MAX_CONFIG_BYTES`].
+pub fn load_config(bundle: &Path) -> Result<LoadedConfig, SpecError> {
+    let path = bundle.join(CONFIG_FILE);
+    let read_err = |source| SpecError::Read { path: path.clone(), source };
+    let file = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path) {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(SpecError::Symlink { path }),
+        Err(e) => return Err(read_err(e)),
+    };
+    let meta = file.metadata().map_err(read_err)?;
+    if !meta.file_type().is_file() {
+        return Err(SpecError::NotRegular { path });
+    }
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(SpecError::TooLarge { path });
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize + 1);
+    file.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes).map_err(read_err)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(SpecError::TooLarge { path });
+    }
+    let value = parse_config(&path, &bytes)?;
+    Ok(LoadedConfig { path, value, mode: meta.mode() & 0o7777, uid: meta.uid(), gid: meta.gid() })
+}
+
+/// Refuses a rootfs through which runc would write outside the container.
+///
+/// runc 1.1 creates `/dev/fd`, `/dev/stdin`, `/dev/stdout`, `/dev/stderr` and `/dev/ptmx`
+/// with plain path joins: if the image's `/dev` is a symlink to a host path, those links
+/// land on the host (seen with runc 1.1.5, non-GPU containers too). Device nodes are made
+/// with a secure join, but an image that ships `/dev/nvidia*` links is refused as well:
+/// nothing legitimate needs them. Only `lstat` is used; nothing in the rootfs is followed,
+/// opened or executed.
+pub fn check_rootfs(bundle: &Path, spec: &Value) -> Result<(), SpecError> {
+    let Some(root) = spec.pointer("/root/path").and_then(Value::as_str) else {
+        return Ok(()); // runc itself rejects a config without a root
+    };
+    let rootfs = bundle.join(root); // an absolute root.path replaces the bundle
+    let dev = rootfs.join("dev");
+    let lstat = |p: &Path| match std::fs::symlink_metadata(p) {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(SpecError::Rootfs { path: p.to_path_buf(), source }),
+    };
+    let refuse = |p: &Path| SpecError::HostileRootfs {
+        path: p.to_path_buf(),
+        target: std::fs::read_link(p).map(|t| t.display().to_string()).unwrap_or_else(|_| "?".into()),
+    };
+    match lstat(&dev)? {
+        Some(m) if m.file_type().is_symlink() => return Err(refuse(&dev)),
+        Some(m) if m.is_dir() => {}
+        _ => return Ok(()),
+    }
+    let entries = std::fs::read_dir(&dev).map_err(|source| SpecError::Rootfs { path: dev.clone(), source })?;
+    for entry in entries {
+        let entry = entry.map_err(|source| SpecError::Rootfs { path: dev.clone(), source })?;
+        if !entry.file_name().to_string_lossy().starts_with("nvidia") {
+            continue;
+        }
+        let p = entry.path();
+        if lstat(&p)?.is_some_and(|m| m.file_type().is_symlink()) {
+            return Err(refuse(&p));
+        }
+    }
+    Ok(())
+}
+
+/// Parses config.json bytes; errors name the file, line and column.
+pub fn parse_config(path: &Path, bytes: &[u8]) -> Result<Value, SpecError> {
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|source| SpecError::Syntax { path: path.to_path_buf(), source })?;
+    if !value.is_object() {
+        return Err(shape(".", "config.json must be a JSON object"));
+    }
+    Ok(value)
+}
+
+/// Writes the config back atomically: a new file beside it (same mode and owner), fsync,
+/// rename over the old one, fsync the directory. The rename replaces the directory entry
+/// itself, so a link planted meanwhile is replaced, never followed.
+pub fn save_config(cfg: &LoadedConfig) -> Result<(), SpecError> {
+    let dir = cfg.path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".{CONFIG_FILE}.tessera-{}.tmp", std::process::id()));
+    let write_err = |source| SpecError::Write { path: cfg.path.clone(), source };
+    let bytes = serde_json::to_vec(&cfg.value)
+        .map_err(|e| write_err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
+    // A leftover from a crashed earlier run of this pid would make create_new fail.
+    let _ = std::fs::remove_file(&tmp);
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(cfg.mode)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        // The umask may have narrowed the mode; keep the original exactly.
+        f.set_permissions(std::fs::Permissions::from_mode(cfg.mode))?;
+        let meta = f.metadata()?;
+        if meta.uid() != cfg.uid || meta.gid() != cfg.gid {
+            // Best effort: only root may give a file away, and an unchanged owner is not
+            // a reason to fail a container start.
+            let _ = std::os::unix::fs::fchown(&f, Some(cfg.uid), Some(cfg.gid));
+        }
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &cfg.path)?;
+        File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(write_err)
+}
+
+/// Deserializes a sub-document through a typed view, naming the JSON path on error.
+fn typed<T: DeserializeOwned>(v: &Value, at: &str) -> Result<T, SpecError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let inner = e.path().to_string();
+        let path = match inner.as_str() {
+            "." => at.to_string(),
+            p if p.starts_with('[') => format!("{at}{p}"),
+            p => format!("{at}.{p}"),
+        };
+        shape(path, e.inner().to_string())
+    })
+}
+
+/// Each element of an optional array, typed; `null`/absent is empty.
+fn typed_items<T: DeserializeOwned>(v: Option<&Value>, at: &str) -> Result<Vec<T>, SpecError> {
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => {
+            items.iter().enumerate().map(|(i, item)| typed(item, &format!("{at}[{i}]"))).collect()
+        }
+        Some(_) => Err(shape(at, "expected an array")),
+    }
+}
+
+/// The object under `key`, created if absent or null.
+fn object_entry<'a>(
+    parent: &'a mut Map<String, Value>,
+    key: &str,
+    at: &str,
+) -> Result<&'a mut Map<String, Value>, SpecError> {
+    let slot = parent.entry(key).or_insert(Value::Null);
+    if slot.is_null() {
+        *slot = Value::Object(Map::new());
+    }
+    slot.as_object_mut().ok_or_else(|| shape(at, "expected an object"))
+}
+
+/// The array under `key`, created if absent or null.
+fn array_entry<'a>(
+    parent: &'a mut Map<String, Value>,
+    key: &str,
+    at: &str,
+) -> Result<&'a mut Vec<Value>, SpecError> {
+    let slot = parent.entry(key).or_insert(Value::Null);
+    if slot.is_null() {
+        *slot = Value::Array(Vec::new());
+    }
+    slot.as_array_mut().ok_or_else(|| shape(at, "expected an array"))
+}
+
+fn to_value<T: Serialize>(v: &T) -> Result<Value, SpecError> {
+    serde_json::to_value(v).map_err(|e| SpecError::BadInjection(e.to_string()))
+}
+
+/// A path with `.`/`..`/repeated slashes resolved lexically, always absolute.
+fn normalize(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+fn is_nvidia_path(path: &str) -> bool {
+    normalize(path).starts_with(NVIDIA_PATH_PREFIX)
+}
+
+fn is_char(t: LinuxDeviceType) -> bool {
+    matches!(t, LinuxDeviceType::C | LinuxDeviceType::U)
+}
+
+/// Whether a cgroup rule's type covers character devices (absent type means all).
+fn rule_covers_char(r: &LinuxDeviceCgroup) -> bool {
+    matches!(r.typ(), None | Some(LinuxDeviceType::A | LinuxDeviceType::C | LinuxDeviceType::U))
+}
+
+/// Whether a rule's access includes read or write (absent or empty access is runc's `rwm`).
+fn grants_rw(r: &LinuxDeviceCgroup) -> bool {
+    match r.access().as_deref() {
+        None | Some("") => true,
+        Some(a) => a.contains('r') || a.contains('w'),
+    }
+}
+
+/// An allow rule that reaches every character device for read or write: `a *:* rwm`
+/// (privileged), an untyped allow, or `c *:N rw`. (`c *:* m`, the usual mknod rule, is fine:
+/// it lets a node be made, not opened.)
+fn is_allow_all(r: &LinuxDeviceCgroup) -> bool {
+    r.allow() && rule_covers_char(r) && r.major().is_none() && grants_rw(r)
+}
+
+/// A deny rule for every device and every access: runc's default first rule.
+fn is_deny_all(r: &LinuxDeviceCgroup) -> bool {
+    !r.allow()
+        && matches!(r.typ(), None | Some(LinuxDeviceType::A))
+        && r.major().is_none()
+        && r.minor().is_none()
+        && match r.access().as_deref() {
+            None | Some("") => true,
+            Some(a) => a.contains('r') && a.contains('w') && a.contains('m'),
+        }
+}
+
+/// Just what is read of a mount.
+#[derive(Deserialize)]
+struct MountView {
+    destination: String,
+}
+
+/// Just what is read of a hook.
+#[derive(Deserialize)]
+struct HookView {
+    path: String,
+}
+
+/// Checks that a config can take a GPU injection, before anything is allocated: it has
+/// `process` and `linux` sections, the device sections are well-formed, and no cgroup
+/// rule allows every device.
+pub fn check_gpu_spec(spec: &Value) -> Result<(), SpecError> {
+    let root = spec.as_object().ok_or_else(|| shape(".", "config.json must be a JSON object"))?;
+    match root.get("process") {
+        Some(Value::Object(_)) => {}
+        None | Some(Value::Null) => return Err(SpecError::NoProcess),
+        Some(_) => return Err(shape("process", "expected an object")),
+    }
+    let linux = match root.get("linux") {
+        Some(Value::Object(l)) => l,
+        None | Some(Value::Null) => return Err(SpecError::NoLinux),
+        Some(_) => return Err(shape("linux", "expected an object")),
+    };
+    typed_items::<LinuxDevice>(linux.get("devices"), "linux.devices")?;
+    let rules = match linux.get("resources") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(res)) => {
+            typed_items::<LinuxDeviceCgroup>(res.get("devices"), "linux.resources.devices")?
+        }
+        Some(_) => return Err(shape("linux.resources", "expected an object")),
+    };
+    if let Some((index, r)) = rules.iter().enumerate().find(|(_, r)| is_allow_all(r)) {
+        return Err(SpecError::AllowAll { index, rule: format!("allow {r}") });
+    }
+    Ok(())
+}
+
+fn utf8(p: &Path, what: &str) -> Result<String, SpecError> {
+    p.to_str()
+        .map(str::to_string)
+        .ok_or_else(|| SpecError::BadInjection(format!("{what} {p:?} is not valid UTF-8")))
+}
+
+fn has_dotdot(p: &str) -> bool {
+    p.split('/').any(|c| c == "..")
+}
+
+fn validate_injection(inj: &Injection, hooks: &HookConfig) -> Result<(), SpecError> {
+    let bad = |m: String| Err(SpecError::BadInjection(m));
+    for d in &inj.devices {
+        if !d.path.starts_with("/dev/") || has_dotdot(&d.path) || d.path.contains('\0') {
+            return bad(format!(
+                "device path `{}` must be an absolute path under /dev without `..`",
+                d.path
+            ));
+        }
+        if !(0..=u32::MAX as i64).contains(&d.major) || !(0..=u32::MAX as i64).contains(&d.minor) {
+            return bad(format!(
+                "device {} has an impossible number {}:{}",
+                d.path, d.major, d.minor
+            ));
+        }
+        if d.file_mode > 0o7777 {
+            return bad(format!("device {} has an impossible mode {:o}", d.path, d.file_mode));
+        }
+    }
+    for e in &inj.env {
+        match e.split_once('=') {
+            Some((k, _)) if !k.is_empty() && !e.contains('\0') => {}
+            _ => return bad(format!("env entry `{e}` is not KEY=VALUE")),
+        }
+    }
+    for m in &inj.mounts {
+        if !m.destination.starts_with('/')
+            || has_dotdot(&m.destination)
+            || m.destination.contains('\0')
+        {
+            return bad(format!(
+                "mount destination `{}` must be absolute and without `..`",
+                m.destination
+            ));
+        }
+        if !m.source.starts_with('/') || has_dotdot(&m.source) || m.source.contains('\0') {
+            return bad(format!("mount source `{}` must be absolute and without `..`", m.source));
+        }
+    }
+    if !hooks.path.is_absolute() {
+        return bad(format!("hook path {} is not absolute", hooks.path.display()));
+    }
+    if !hooks.socket.is_absolute() {
+        return bad(format!("socket path {} is not absolute", hooks.socket.display()));
+    }
+    Ok(())
+}
+
+/// Applies an injection to a parsed config.json, in place:
+/// - `linux.devices`: every NVIDIA device already there is removed (path under
+///   `/dev/nvidia`, or a character device with major 195, an injected major, or the major
+///   of such a path), as is any device at an injected path; then the injected devices are
+///   added (type `c`, uid 0, gid 0).
+/// - `linux.resources.devices`: allow rules for those majors are removed; a deny-all rule
+///   is put first if there is none; one `c major:minor rwm` allow rule per injected device
+///   is appended after the existing rules. An allow-all rule is refused ([`SpecError::AllowAll`]).
+/// - `process.env`: each injected `KEY=VALUE` replaces the existing `KEY` (or is appended).
+/// - `mounts`: mounts at an injected destination or under `/dev/nvidia` are removed; the
+///   injected bind mounts are appended (`rbind, ro|rw, nosuid, nodev`).
+/// - `hooks.prestart`/`hooks.poststop`: any earlier entry for the same hook binary is
+///   replaced by `tessera-hook prestart|poststop`, whose whole env is `TESSERA_SOCKET=...`.
+///
+/// On error the config may be partly edited: callers discard it.
+pub fn apply_injection(
+    spec: &mut Value,
+    inj: &Injection,
+    hooks: &HookConfig,
+) -> Result<(), SpecError> {
+    validate_injection(inj, hooks)?;
+    check_gpu_spec(spec)?;
+    let hook_path = utf8(&hooks.path, "hook path")?;
+    let socket = utf8(&hooks.socket, "socket path")?;
+    let root =
+        spec.as_object_mut().ok_or_else(|| shape(".", "config.json must be a JSON object"))?;
+
+    // linux.devices
+    let linux = object_entry(root, "linux", "linux")?;
+    let injected_paths: BTreeSet<String> = inj.devices.iter().map(|d| normalize(&d.path)).collect();
+    let mut gpu_majors: BTreeSet<i64> = inj.devices.iter().map(|d| d.major).collect();
+    gpu_majors.insert(NVIDIA_MAJOR);
+    let existing: Vec<LinuxDevice> = typed_items(linux.get("devices"), "linux.devices")?;
+    for d in &existing {
+        if is_char(d.typ()) && is_nvidia_path(&d.path().to_string_lossy()) {
+            gpu_majors.insert(d.major());
+        }
+    }
+    let devices = array_entry(linux, "devices", "linux.devices")?;
+    let kept: Vec<Value> = std::mem::take(devices)
+        .into_iter()
+        .zip(&existing)
+        .filter(|(_, d)| {
+            let path = d.path().to_string_lossy();
+            let nvidia = is_nvidia_path(&path)
+                || injected_paths.contains(&normalize(&path))
+                || (is_char(d.typ()) && gpu_majors.contains(&d.major()));
+            !nvidia
+        })
+        .map(|(v, _)| v)
+        .collect();
+    *devices = kept;
+    for d in &inj.devices {
+        let dev = LinuxDeviceBuilder::default()
+            .path(&d.path)
+            .typ(LinuxDeviceType::C)
+            .major(d.major)
+            .minor(d.minor)
+            .file_mode(d.file_mode)
+            .uid(0u32)
+            .gid(0u32)
+            .build()
+            .map_err(|e| SpecError::BadInjection(e.to_string()))?;
+        devices.push(to_value(&dev)?);
+    }
+
+    // linux.resources.devices
+    let resources = object_entry(linux, "resources", "linux.resources")?;
+    let rules: Vec<LinuxDeviceCgroup> =
+        typed_items(resources.get("devices"), "linux.resources.devices")?;
+    let rule_values = array_entry(resources, "devices", "linux.resources.devices")?;
+    let has_deny_all = rules.iter().any(is_deny_all);
+    let mut kept: Vec<Value> = std::mem::take(rule_values)
+        .into_iter()
+        .zip(&rules)
+        .filter(|(_, r)| {
+            let gpu = r.allow()
+                && rule_covers_char(r)
+                && r.major().is_some_and(|m| gpu_majors.contains(&m));
+            !gpu
+        })
+        .map(|(v, _)| v)
+        .collect();
+    if !has_deny_all {
+        let deny = LinuxDeviceCgroupBuilder::default()
+            .allow(false)
+            .access("rwm")
+            .build()
+            .map_err(|e| SpecError::BadInjection(e.to_string()))?;
+        kept.insert(0, to_value(&deny)?);
+    }
+    for d in &inj.devices {
+        let rule = LinuxDeviceCgroupBuilder::default()
+            .allow(true)
+            .typ(LinuxDeviceType::C)
+            .major(d.major)
+            .minor(d.minor)
+            .access("rwm")
+            .build()
+            .map_err(|e| SpecError::BadInjection(e.to_string()))?;
+        let rule = to_value(&rule)?;
+        if !kept.contains(&rule) {
+            kept.push(rule);
+        }
+    }
+    *rule_values = kept;
+
+    // process.env
+    let process = object_entry(root, "process", "process")?;
+    let env_items: Vec<String> = typed_items(process.get("env"), "process.env")?;
+    let mut env = env_items;
+    for entry in &inj.env {
+        let key = entry.split_once('=').map_or(entry.as_str(), |(k, _)| k);
+        let same_key = |e: &String| e.split_once('=').map_or(e.as_str(), |(k, _)| k) == key;
+        match env.iter().position(same_key) {
+            Some(first) => {
+                env[first] = entry.clone();
+                let mut i = first + 1;
+                while i < env.len() {
+                    if same_key(&env[i]) {
+                        env.remove(i);
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
+            None => env.push(entry.clone()),
+        }
+    }
+    process.insert("env".into(), Value::from(env));
+
+    // mounts
+    let existing: Vec<MountView> = typed_items(root.get("mounts"), "mounts")?;
+    let destinations: BTreeSet<String> =
+        inj.mounts.iter().map(|m| normalize(&m.destination)).collect();
+    let mounts = array_entry(root, "mounts", "mounts")?;
+    let kept: Vec<Value> = std::mem::take(mounts)
+        .into_iter()
+        .zip(&existing)
+        .filter(|(_, m)| {
+            let d = normalize(&m.destination);
+            !(destinations.contains(&d) || d.starts_with(NVIDIA_PATH_PREFIX))
+        })
+        .map(|(v, _)| v)
+        .collect();
+    *mounts = kept;
+    for m in &inj.mounts {
+        let options = ["rbind", if m.read_only { "ro" } else { "rw" }, "nosuid", "nodev"];
+        let mount = MountBuilder::default()
+            .destination(&m.destination)
+            .typ("bind")
+            .source(&m.source)
+            .options(options.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .build()
+            .map_err(|e| SpecError::BadInjection(e.to_string()))?;
+        mounts.push(to_value(&mount)?);
+    }
+
+    // hooks
+    let hooks_obj = object_entry(root, "hooks", "hooks")?;
+    for phase in ["prestart", "poststop"] {
+        let at = format!("hooks.{phase}");
+        let existing: Vec<HookView> = typed_items(hooks_obj.get(phase), &at)?;
+        let list = array_entry(hooks_obj, phase, &at)?;
+        let kept: Vec<Value> = std::mem::take(list)
+            .into_iter()
+            .zip(&existing)
+            .filter(|(_, h)| h.path != hook_path)
+            .map(|(v, _)| v)
+            .collect();
+        *list = kept;
+        let hook = HookBuilder::default()
+            .path(&hook_path)
+            .args(vec!["tessera-hook".to_string(), phase.to_string()])
+            .env(vec![format!("TESSERA_SOCKET={socket}")])
+            .timeout(HOOK_TIMEOUT_SECS)
+            .build()
+            .map_err(|e| SpecError::BadInjection(e.to_string()))?;
+        list.push(to_value(&hook)?);
+    }
+    Ok(())
+}
+
+/// Records the granted device UUIDs in the `tessera.io/allocated` annotation.
+pub fn annotate_allocation<'a>(
+    spec: &mut Value,
+    uuids: impl IntoIterator<Item = &'a str>,
+) -> Result<(), SpecError> {
+    let root =
+        spec.as_object_mut().ok_or_else(|| shape(".", "config.json must be a JSON object"))?;
+    let annotations = object_entry(root, "annotations", "annotations")?;
+    let list: Vec<&str> = uuids.into_iter().collect();
+    annotations.insert(ALLOCATED_ANNOTATION.into(), Value::String(list.join(",")));
+    Ok(())
+}
+
+/// [`apply_injection`] for an `oci_spec::runtime::Spec`, for callers that hold one. It
+/// goes through a `Value`, so it keeps only what `Spec` models (see the module docs); the
+/// runtime wrapper edits the `Value` directly.
+pub fn apply_injection_to_spec(
+    spec: &mut Spec,
+    inj: &Injection,
+    hooks: &HookConfig,
+) -> Result<(), SpecError> {
+    let mut v = serde_json::to_value(&*spec).map_err(|e| shape(".", e.to_string()))?;
+    apply_injection(&mut v, inj, hooks)?;
+    *spec = typed(&v, "")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use tessera_api::{BindMount, DeviceNode};
+
+    const RUNC_SPEC: &str = include_str!("../testdata/runc-spec.json");
+    const CRI: &str = include_str!("../testdata/containerd-cri.json");
+
+    fn hooks() -> HookConfig {
+        HookConfig {
+            path: "/usr/local/bin/tessera-hook".into(),
+            socket: "/run/tessera/tesserad.sock".into(),
+        }
+    }
+
+    fn dev(path: &str, major: i64, minor: i64) -> DeviceNode {
+        DeviceNode { path: path.into(), major, minor, file_mode: 0o666 }
+    }
+
+    /// A MIG injection: control devices, the parent GPU, two capability nodes.
+    fn mig_injection() -> Injection {
+        Injection {
+            devices: vec![
+                dev("/dev/nvidiactl", 195, 255),
+                dev("/dev/nvidia-uvm", 508, 0),
+                dev("/dev/nvidia-uvm-tools", 508, 1),
+                dev("/dev/nvidia0", 195, 0),
+                dev("/dev/nvidia-caps/nvidia-cap12", 237, 12),
+                dev("/dev/nvidia-caps/nvidia-cap13", 237, 13),
+            ],
+            env: vec![
+                "CUDA_VISIBLE_DEVICES=MIG-11111111-2222-3333-4444-555555555555".into(),
+                "NVIDIA_VISIBLE_DEVICES=void".into(),
+            ],
+            mounts: vec![BindMount {
+                source: "/run/tessera/mps/t1".into(),
+                destination: "/run/nvidia-mps".into(),
+                read_only: true,
+            }],
+        }
+    }
+
+    fn parse(s: &str) -> Value {
+        parse_config(Path::new("config.json"), s.as_bytes()).expect("fixture parses")
+    }
+
+    fn strs(v: &Value) -> Vec<String> {
+        serde_json::from_value(v.clone()).expect("string array")
+    }
+
+    #[test]
+    fn runc_spec_injection_is_exact() {
+        let mut v = parse(RUNC_SPEC);
+        let before = v.clone();
+        let inj = mig_injection();
+        apply_injection(&mut v, &inj, &hooks()).expect("applies");
+
+        assert_eq!(
+            v["linux"]["devices"],
+            json!([
+                {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "fileMode": 438, "uid": 0, "gid": 0},
+                {"path": "/dev/nvidia-uvm", "type": "c", "major": 508, "minor": 0, "fileMode": 438, "uid": 0, "gid": 0},
+                {"path": "/dev/nvidia-uvm-tools", "type": "c", "major": 508, "minor": 1, "fileMode": 438, "uid": 0, "gid": 0},
+                {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0, "fileMode": 438, "uid": 0, "gid": 0},
+                {"path": "/dev/nvidia-caps/nvidia-cap12", "type": "c", "major": 237, "minor": 12, "fileMode": 438, "uid": 0, "gid": 0},
+                {"path": "/dev/nvidia-caps/nvidia-cap13", "type": "c", "major": 237, "minor": 13, "fileMode": 438, "uid": 0, "gid": 0}
+            ])
+        );
+        assert_eq!(
+            v["linux"]["resources"]["devices"],
+            json!([
+                {"allow": false, "access": "rwm"},
+                {"allow": true, "type": "c", "major": 195, "minor": 255, "access": "rwm"},
+                {"allow": true, "type": "c", "major": 508, "minor": 0, "access": "rwm"},
+                {"allow": true, "type": "c", "major": 508, "minor": 1, "access": "rwm"},
+                {"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rwm"},
+                {"allow": true, "type": "c", "major": 237, "minor": 12, "access": "rwm"},
+                {"allow": true, "type": "c", "major": 237, "minor": 13, "access": "rwm"}
+            ])
+        );
+        assert_eq!(
+            strs(&v["process"]["env"]),
+            vec![
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "TERM=xterm",
+                "CUDA_VISIBLE_DEVICES=MIG-11111111-2222-3333-4444-555555555555",
+                "NVIDIA_VISIBLE_DEVICES=void",
+            ]
+        );
+        let mounts = v["mounts"].as_array().expect("mounts");
+        assert_eq!(mounts.len(), before["mounts"].as_array().expect("mounts").len() + 1);
+        assert_eq!(
+            mounts.last(),
+            Some(&json!({
+                "destination": "/run/nvidia-mps", "type": "bind", "source": "/run/tessera/mps/t1",
+                "options": ["rbind", "ro", "nosuid", "nodev"]
+            }))
+        );
+        assert_eq!(
+            v["hooks"],
+            json!({
+                "prestart": [{
+                    "path": "/usr/local/bin/tessera-hook", "args": ["tessera-hook", "prestart"],
+                    "env": ["TESSERA_SOCKET=/run/tessera/tesserad.sock"], "timeout": 10
+                }],
+                "poststop": [{
+                    "path": "/usr/local/bin/tessera-hook", "args": ["tessera-hook", "poststop"],
+                    "env": ["TESSERA_SOCKET=/run/tessera/tesserad.sock"], "timeout": 10
+                }]
+            })
+        );
+        // Nothing else changed.
+        let mut rest = v.clone();
+        let mut rest_before = before.clone();
+        for doc in [&mut rest, &mut rest_before] {
+            let o = doc.as_object_mut().expect("object");
+            o.remove("mounts");
+            o.remove("hooks");
+            o["process"].as_object_mut().expect("process").remove("env");
+            let linux = o["linux"].as_object_mut().expect("linux");
+            linux.remove("devices");
+            linux["resources"].as_object_mut().expect("resources").remove("devices");
+        }
+        assert_eq!(rest, rest_before);
+    }
+
+    #[test]
+    fn smuggled_gpu_devices_and_rules_are_removed() {
+        let mut v = parse(CRI);
+        apply_injection(&mut v, &mig_injection(), &hooks()).expect("applies");
+        let paths: Vec<&str> = v["linux"]["devices"]
+            .as_array()
+            .expect("devices")
+            .iter()
+            .filter_map(|d| d["path"].as_str())
+            .collect();
+        // /dev/nvidia1 (by path) and /dev/./gpu-alias (major 195) are gone; the rest stay.
+        assert_eq!(
+            paths,
+            vec![
+                "/dev/fuse",
+                "/dev/sda",
+                "/dev/nvidiactl",
+                "/dev/nvidia-uvm",
+                "/dev/nvidia-uvm-tools",
+                "/dev/nvidia0",
+                "/dev/nvidia-caps/nvidia-cap12",
+                "/dev/nvidia-caps/nvidia-cap13"
+            ]
+        );
+        let rules = v["linux"]["resources"]["devices"].as_array().expect("rules");
+        // The `c 195:1 rw` allow rule from the config is gone; the others keep their order,
+        // the deny-all stays first, ours come after.
+        assert_eq!(
+            rules[..7].to_vec(),
+            vec![
+                json!({"allow": false, "access": "rwm"}),
+                json!({"allow": true, "type": "c", "access": "m"}),
+                json!({"allow": true, "type": "b", "access": "m"}),
+                json!({"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}),
+                json!({"allow": true, "type": "c", "major": 136, "access": "rwm"}),
+                json!({"allow": true, "type": "c", "major": 5, "minor": 2, "access": "rwm"}),
+                json!({"allow": true, "type": "c", "major": 10, "minor": 200, "access": "rwm"}),
+            ]
+        );
+        assert_eq!(rules.len(), 7 + 6);
+        assert!(rules[7..].iter().all(|r| r["allow"] == json!(true) && r["type"] == json!("c")));
+        // The bind mount of /dev/nvidia1 is gone too.
+        let dests: Vec<&str> = v["mounts"]
+            .as_array()
+            .expect("mounts")
+            .iter()
+            .filter_map(|m| m["destination"].as_str())
+            .collect();
+        assert_eq!(dests, vec!["/proc", "/dev", "/etc/hosts", "/run/nvidia-mps"]);
+    }
+
+    #[test]
+    fn env_overrides_image_values() {
+        let mut v = parse(CRI);
+        let mut inj = mig_injection();
+        inj.env.push("CUDA_VISIBLE_DEVICES=MIG-second-wins".into());
+        v["process"]["env"].as_array_mut().expect("env").push(json!("CUDA_VISIBLE_DEVICES=7"));
+        apply_injection(&mut v, &inj, &hooks()).expect("applies");
+        let env = strs(&v["process"]["env"]);
+        assert_eq!(
+            env,
+            vec![
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "HOSTNAME=trainer-0",
+                "NVIDIA_VISIBLE_DEVICES=void",
+                "CUDA_VISIBLE_DEVICES=MIG-second-wins",
+                "LD_PRELOAD=/evil.so",
+            ]
+        );
+    }
+
+    #[test]
+    fn hooks_get_only_the_socket_env() {
+        let mut v = parse(CRI);
+        apply_injection(&mut v, &mig_injection(), &hooks()).expect("applies");
+        for phase in ["prestart", "poststop"] {
+            let hs = v["hooks"][phase].as_array().expect("hooks");
+            assert_eq!(hs.len(), 1);
+            assert_eq!(
+                hs[0]["env"],
+                json!(["TESSERA_SOCKET=/run/tessera/tesserad.sock"]),
+                "{phase}"
+            );
+            assert_eq!(hs[0]["args"], json!(["tessera-hook", phase]));
+        }
+        // Other hooks are left alone.
+        assert_eq!(v["hooks"]["createContainer"][0]["path"], json!("/usr/bin/other-hook"));
+    }
+
+    #[test]
+    fn applying_twice_is_idempotent() {
+        let mut once = parse(CRI);
+        apply_injection(&mut once, &mig_injection(), &hooks()).expect("applies");
+        let mut twice = once.clone();
+        apply_injection(&mut twice, &mig_injection(), &hooks()).expect("applies again");
+        assert_eq!(once, twice);
+    }
+
+    #[test]
+    fn allow_all_rules_are_refused() {
+        for rule in [
+            json!({"allow": true, "access": "rwm"}),
+            json!({"allow": true}),
+            json!({"allow": true, "type": "a", "access": "rw"}),
+            json!({"allow": true, "type": "c", "access": "rwm"}),
+            json!({"allow": true, "type": "c", "minor": 0, "access": "r"}),
+        ] {
+            let mut v = parse(RUNC_SPEC);
+            v["linux"]["resources"]["devices"].as_array_mut().expect("rules").push(rule.clone());
+            let err = apply_injection(&mut v, &mig_injection(), &hooks()).expect_err("must fail");
+            assert!(matches!(err, SpecError::AllowAll { index: 1, .. }), "{rule}: {err}");
+            assert!(check_gpu_spec(&v).is_err());
+        }
+        // mknod-only wildcards and block wildcards are not allow-all for GPUs.
+        for rule in [
+            json!({"allow": true, "type": "c", "access": "m"}),
+            json!({"allow": true, "type": "b", "access": "rwm"}),
+            json!({"allow": false, "type": "c", "access": "rwm"}),
+        ] {
+            let mut v = parse(RUNC_SPEC);
+            v["linux"]["resources"]["devices"].as_array_mut().expect("rules").push(rule.clone());
+            apply_injection(&mut v, &mig_injection(), &hooks()).expect("applies");
+        }
+    }
+
+    #[test]
+    fn missing_sections_are_created_or_refused() {
+        let mut v = json!({"ociVersion": "1.0.2", "process": {"args": ["sh"]}, "linux": {}});
+        apply_injection(&mut v, &mig_injection(), &hooks()).expect("applies");
+        // No deny-all rule existed: one is put first.
+        assert_eq!(v["linux"]["resources"]["devices"][0], json!({"allow": false, "access": "rwm"}));
+        assert_eq!(v["linux"]["devices"].as_array().map(Vec::len), Some(6));
+        assert_eq!(
+            strs(&v["process"]["env"]),
+            vec![
+                "CUDA_VISIBLE_DEVICES=MIG-11111111-2222-3333-4444-555555555555",
+                "NVIDIA_VISIBLE_DEVICES=void"
+            ]
+        );
+
+        let mut v = json!({"process": {}});
+        assert!(matches!(
+            apply_injection(&mut v, &mig_injection(), &hooks()),
+            Err(SpecError::NoLinux)
+        ));
+        let mut v = json!({"process": {}, "linux": null});
+        assert!(matches!(
+            apply_injection(&mut v, &mig_injection(), &hooks()),
+            Err(SpecError::NoLinux)
+        ));
+        let mut v = json!({"linux": {}});
+        assert!(matches!(
+            apply_injection(&mut v, &mig_injection(), &hooks()),
+            Err(SpecError::NoProcess)
+        ));
+    }
+
+    #[test]
+    fn bad_injections_are_refused() {
+        let cases: [fn(&mut Injection); 8] = [
+            |i| i.mounts[0].destination = "relative/x".into(),
+            |i| i.mounts[0].destination = "/run/../etc".into(),
+            |i| i.mounts[0].source = "/run/tessera/../../etc".into(),
+            |i| i.devices[0].path = "/dev/../etc/shadow".into(),
+            |i| i.devices[0].path = "/tmp/nvidia0".into(),
+            |i| i.devices[0].major = -1,
+            |i| i.env.push("NOEQUALS".into()),
+            |i| i.env.push("=value".into()),
+        ];
+        for (n, mutate) in cases.iter().enumerate() {
+            let mut inj = mig_injection();
+            mutate(&mut inj);
+            let mut v = parse(RUNC_SPEC);
+            let err = apply_injection(&mut v, &inj, &hooks()).expect_err("must fail");
+            assert!(matches!(err, SpecError::BadInjection(_)), "case {n}: {err}");
+        }
+        let mut v = parse(RUNC_SPEC);
+        let rel = HookConfig { path: "tessera-hook".into(), socket: "/s".into() };
+        assert!(matches!(
+            apply_injection(&mut v, &mig_injection(), &rel),
+            Err(SpecError::BadInjection(_))
+        ));
+    }
+
+    #[test]
+    fn read_write_mounts() {
+        let mut v = parse(RUNC_SPEC);
+        let mut inj = Injection::default();
+        inj.mounts.push(BindMount {
+            source: "/a".into(),
+            destination: "/b".into(),
+            read_only: false,
+        });
+        apply_injection(&mut v, &inj, &hooks()).expect("applies");
+        let last = v["mounts"].as_array().and_then(|m| m.last()).expect("mount");
+        assert_eq!(last["options"], json!(["rbind", "rw", "nosuid", "nodev"]));
+    }
+
+    #[test]
+    fn shape_errors_name_the_json_path() {
+        let mut v = parse(CRI);
+        v["linux"]["devices"][2]["major"] = json!("195");
+        let err = apply_injection(&mut v, &mig_injection(), &hooks()).expect_err("must fail");
+        assert!(
+            matches!(&err, SpecError::Shape { path, .. } if path == "linux.devices[2].major"),
+            "{err}"
+        );
+        let mut v = parse(CRI);
+        v["linux"]["resources"]["devices"] = json!({"allow": true});
+        let err = apply_injection(&mut v, &mig_injection(), &hooks()).expect_err("must fail");
+        assert!(
+            matches!(&err, SpecError::Shape { path, .. } if path == "linux.resources.devices"),
+            "{err}"
+        );
+        let mut v = parse(CRI);
+        v["process"]["env"] = json!(["A=1", {"x": 1}]);
+        let err = apply_injection(&mut v, &mig_injection(), &hooks()).expect_err("must fail");
+        assert!(matches!(&err, SpecError::Shape { path, .. } if path == "process.env[1]"), "{err}");
+    }
+
+    #[test]
+    fn annotation_lists_granted_uuids() {
+        let mut v = parse(RUNC_SPEC);
+        annotate_allocation(&mut v, ["MIG-a", "MIG-b"]).expect("annotates");
+        assert_eq!(v["annotations"][ALLOCATED_ANNOTATION], json!("MIG-a,MIG-b"));
+        let mut v = parse(CRI);
+        annotate_allocation(&mut v, ["GPU-x"]).expect("annotates");
+        assert_eq!(v["annotations"][ALLOCATED_ANNOTATION], json!("GPU-x"));
+        assert_eq!(v["annotations"]["tessera.io/gpu"], json!("mig=1g.10gb"));
+    }
+
+    #[test]
+    fn round_trip_keeps_unknown_fields() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join(CONFIG_FILE), CRI).expect("write");
+        std::fs::set_permissions(
+            dir.path().join(CONFIG_FILE),
+            std::fs::Permissions::from_mode(0o640),
+        )
+        .expect("chmod");
+        let mut cfg = load_config(dir.path()).expect("loads");
+        apply_injection(&mut cfg.value, &mig_injection(), &hooks()).expect("applies");
+        save_config(&cfg).expect("saves");
+        let back = load_config(dir.path()).expect("loads again");
+        assert_eq!(back.value, cfg.value);
+        assert_eq!(
+            back.value["org.example.topLevelExtension"],
+            json!({"nested": {"deep": [1, 2, 3]}})
+        );
+        assert_eq!(
+            back.value["process"]["org.example.futureProcessField"],
+            json!({"keep": ["me", 1, true, null]})
+        );
+        assert_eq!(back.value["linux"]["org.example.futureLinuxField"], json!(3.5));
+        assert_eq!(back.value["linux"]["namespaces"][6], json!({"type": "time"}));
+        assert_eq!(
+            back.value["process"]["ioPriority"],
+            json!({"class": "IOPRIO_CLASS_BE", "priority": 4})
+        );
+        let mode =
+            std::fs::metadata(dir.path().join(CONFIG_FILE)).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o7777, 0o640);
+        // No temp file is left behind.
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from(CONFIG_FILE)]);
+        // Untouched round trip is lossless.
+        let plain = load_config(dir.path()).expect("loads");
+        save_config(&plain).expect("saves");
+        assert_eq!(load_config(dir.path()).expect("loads").value, plain.value);
+    }
+
+    #[test]
+    fn oci_spec_spec_drops_unknown_fields() {
+        // Why this module edits a Value: a Spec round trip loses what Spec does not model.
+        let spec: Spec = serde_json::from_str(CRI).expect("Spec parses the CRI fixture");
+        let back = serde_json::to_value(&spec).expect("serializes");
+        assert!(back.get("org.example.topLevelExtension").is_none());
+        // The typed convenience still applies the same injection.
+        let mut spec: Spec = serde_json::from_str(RUNC_SPEC).expect("Spec parses runc spec");
+        apply_injection_to_spec(&mut spec, &mig_injection(), &hooks()).expect("applies");
+        let devices = spec.linux().as_ref().and_then(|l| l.devices().clone()).expect("devices");
+        assert_eq!(devices.len(), 6);
+        let prestart = spec.hooks().as_ref().and_then(|h| h.prestart().clone()).expect("prestart");
+        assert_eq!(
+            prestart[0].env().as_deref(),
+            Some(&["TESSERA_SOCKET=/run/tessera/tesserad.sock".to_string()][..])
+        );
+    }
+
+    #[test]
+    fn symlinked_config_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("real.json"), RUNC_SPEC).expect("write");
+        std::os::unix::fs::symlink("real.json", dir.path().join(CONFIG_FILE)).expect("symlink");
+        let err = load_config(dir.path()).expect_err("must fail");
+        assert!(matches!(err, SpecError::Symlink { .. }), "{err}");
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+    }
+
+    #[test]
+    fn non_regular_and_missing_configs_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(matches!(load_config(dir.path()), Err(SpecError::Read { .. })));
+        std::fs::create_dir(dir.path().join(CONFIG_FILE)).expect("mkdir");
+        assert!(matches!(load_config(dir.path()), Err(SpecError::NotRegular { .. })));
+    }
+
+    #[test]
+    fn malformed_config_names_file_line_and_column() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join(CONFIG_FILE),
+            "{\n  \"ociVersion\": \"1.0.2\",\n  \"process\": {\n    \"args\": [\"sh\"\n  }\n}\n",
+        )
+        .expect("write");
+        let err = load_config(dir.path()).expect_err("must fail");
+        let msg = err.to_string();
+        assert!(msg.contains(&dir.path().join(CONFIG_FILE).display().to_string()), "{msg}");
+        assert!(msg.contains("line 5 column 3"), "{msg}");
+        std::fs::write(dir.path().join(CONFIG_FILE), "[1, 2]").expect("write");
+        assert!(matches!(load_config(dir.path()), Err(SpecError::Shape { .. })));
+    }
+
+    #[test]
+    fn normalize_paths() {
+        assert_eq!(normalize("/dev/./nvidia0"), "/dev/nvidia0");
+        assert_eq!(normalize("/dev//x/../nvidia-caps/nvidia-cap1"), "/dev/nvidia-caps/nvidia-cap1");
+        assert_eq!(normalize("/../../dev/nvidiactl"), "/dev/nvidiactl");
+        assert_eq!(normalize("dev/nvidia0"), "/dev/nvidia0");
+        assert!(is_nvidia_path("/dev/nvidia-uvm"));
+        assert!(!is_nvidia_path("/dev/fuse"));
+    }
+
+    proptest::proptest! {
+        /// Whatever GPU devices and rules a config smuggles in, after injection the only
+        /// allow rules touching a GPU major are the injected ones, and the only NVIDIA
+        /// device nodes are the injected ones.
+        #[test]
+        fn only_injected_gpu_devices_survive(
+            smuggled in proptest::collection::vec((0u8..3, 0i64..300, 0i64..300, proptest::bool::ANY), 0..8),
+        ) {
+            let mut v = parse(RUNC_SPEC);
+            v["linux"]["devices"] = json!([]);
+            for (kind, major, minor, by_path) in &smuggled {
+                let path = if *by_path { format!("/dev/nvidia{minor}") } else { format!("/dev/x{minor}") };
+                let major = match kind { 0 => 195, 1 => 508, _ => *major };
+                v["linux"]["devices"].as_array_mut().expect("devices").push(json!({
+                    "path": path, "type": "c", "major": major, "minor": minor
+                }));
+                v["linux"]["resources"]["devices"].as_array_mut().expect("rules").push(json!({
+                    "allow": true, "type": "c", "major": major, "minor": minor, "access": "rwm"
+                }));
+            }
+            let inj = mig_injection();
+            apply_injection(&mut v, &inj, &hooks()).expect("applies");
+            let gpu_majors: BTreeSet<i64> = inj.devices.iter().map(|d| d.major).collect();
+            let injected: BTreeSet<(i64, i64)> = inj.devices.iter().map(|d| (d.major, d.minor)).collect();
+            for r in v["linux"]["resources"]["devices"].as_array().expect("rules") {
+                if r["allow"] == json!(true) {
+                    if let Some(m) = r["major"].as_i64() {
+                        if gpu_majors.contains(&m) {
+                            let minor = r["minor"].as_i64().expect("minor");
+                            proptest::prop_assert!(injected.contains(&(m, minor)), "{r}");
+                        }
+                    }
+                }
+            }
+            for d in v["linux"]["devices"].as_array().expect("devices") {
+                let path = d["path"].as_str().expect("path");
+                let m = d["major"].as_i64().expect("major");
+                if path.starts_with("/dev/nvidia") || gpu_majors.contains(&m) {
+                    proptest::prop_assert!(inj.devices.iter().any(|i| i.path == path), "{d}");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod rootfs_tests {
+    use super::*;
+
+    fn spec_with_root(root: &str) -> Value {
+        serde_json::json!({"root": {"path": root}})
+    }
+
+    #[test]
+    fn a_dev_symlink_is_refused_whatever_it_points_to() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("rootfs")).expect("mkdir");
+        std::os::unix::fs::symlink("/tmp", dir.path().join("rootfs/dev")).expect("symlink");
+        let e = check_rootfs(dir.path(), &spec_with_root("rootfs")).expect_err("refused");
+        assert!(matches!(e, SpecError::HostileRootfs { .. }), "{e}");
+        assert!(e.to_string().contains("/tmp"), "{e}");
+        // Relative links too.
+        std::fs::remove_file(dir.path().join("rootfs/dev")).expect("rm");
+        std::os::unix::fs::symlink("../../..", dir.path().join("rootfs/dev")).expect("symlink");
+        assert!(check_rootfs(dir.path(), &spec_with_root("rootfs")).is_err());
+    }
+
+    #[test]
+    fn nvidia_links_under_dev_are_refused_and_plain_dev_dirs_pass() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dev = dir.path().join("rootfs/dev");
+        std::fs::create_dir_all(&dev).expect("mkdir");
+        std::fs::write(dev.join("null-ish"), b"").expect("file");
+        std::os::unix::fs::symlink("/proc/self/fd", dev.join("fd")).expect("fd link is fine");
+        check_rootfs(dir.path(), &spec_with_root("rootfs")).expect("plain /dev passes");
+        // Absolute root.path works as well as a relative one.
+        let abs = dir.path().join("rootfs").display().to_string();
+        check_rootfs(Path::new("/nonexistent"), &spec_with_root(&abs)).expect("absolute root");
+        std::os::unix::fs::symlink("/etc", dev.join("nvidia-caps")).expect("symlink");
+        let e = check_rootfs(dir.path(), &spec_with_root("rootfs")).expect_err("refused");
+        assert!(e.to_string().contains("nvidia-caps"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_dev_or_root_is_left_to_runc() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("rootfs")).expect("mkdir");
+        check_rootfs(dir.path(), &spec_with_root("rootfs")).expect("no /dev");
+        check_rootfs(dir.path(), &serde_json::json!({})).expect("no root");
+    }
+}

@@ -1,0 +1,98 @@
+//! The hardware seam: everything Tessera asks of the GPUs goes through [`GpuBackend`].
+//! Two implementations: [`crate::NvmlBackend`] (the driver, through NVML) and
+//! [`crate::SimBackend`] (a simulated node whose state lives in files, like hardware
+//! state outlives a daemon restart).
+//!
+//! Issue 3 adds MIG instance creation and destruction to the trait; both backends keep
+//! their state in a form that allows it (the simulator re-reads its state files on every
+//! call, the NVML backend holds nothing but the library handle).
+
+use std::path::PathBuf;
+
+use crate::inventory::{Inventory, ParseError};
+
+/// The hardware seam. Implementations are cheap to share between threads.
+pub trait GpuBackend: Send + Sync + std::fmt::Debug {
+    /// Where the hardware picture comes from: `sim:<node file>` or `nvml`.
+    fn describe(&self) -> String;
+
+    /// The node's GPUs, MIG instances, device minors and majors, as they are now.
+    fn inventory(&self) -> Result<Inventory, BackendError>;
+}
+
+/// Why a backend could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// No NVIDIA driver or no NVML library on this machine.
+    #[error("no NVIDIA driver: {0}")]
+    NoDriver(String),
+    /// An NVML call failed.
+    #[error("nvml {call}: {message}")]
+    Nvml { call: String, message: String },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {source}")]
+    Parse { path: PathBuf, source: ParseError },
+    /// A node description or state file is not valid JSON of the expected shape.
+    #[error("{path}: {message}")]
+    Json { path: PathBuf, message: String },
+    /// A node description is well-formed but describes something impossible.
+    #[error("{path}: {field}: {message}")]
+    Config { path: PathBuf, field: String, message: String },
+    /// Persisted hardware state disagrees with the node description.
+    #[error("simulated hardware state in {state} does not match {node_file}: {message}; remove {state} to start over")]
+    StateMismatch { state: PathBuf, node_file: PathBuf, message: String },
+    /// The host's view of the driver is incomplete (e.g. a missing cap minor or major).
+    #[error("{0}")]
+    Inventory(String),
+}
+
+impl BackendError {
+    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> BackendError {
+        let path = path.into();
+        move |source| BackendError::Io { path, source }
+    }
+}
+
+/// Read `/proc/devices` (or the simulator's copy) and pick the NVIDIA majors.
+pub(crate) fn read_majors(
+    path: &std::path::Path,
+) -> Result<crate::inventory::Majors, BackendError> {
+    let text = std::fs::read_to_string(path).map_err(BackendError::io(path))?;
+    let devices = crate::inventory::parse_proc_devices(&text)
+        .map_err(|source| BackendError::Parse { path: path.to_path_buf(), source })?;
+    devices.majors().map_err(|e| BackendError::Inventory(format!("{}: {e}", path.display())))
+}
+
+/// Read a `mig-minors` file.
+pub(crate) fn read_mig_minors(
+    path: &std::path::Path,
+) -> Result<crate::inventory::MigMinors, BackendError> {
+    let text = std::fs::read_to_string(path).map_err(BackendError::io(path))?;
+    crate::inventory::parse_mig_minors(&text)
+        .map_err(|source| BackendError::Parse { path: path.to_path_buf(), source })
+}
+
+/// The GI and CI access cap minors of one MIG instance; a missing entry is an error, so
+/// an inventory never carries a MIG instance a container could not be given.
+pub(crate) fn cap_minors(
+    minors: &crate::inventory::MigMinors,
+    path: &std::path::Path,
+    gpu_minor: u32,
+    gi: u32,
+    ci: u32,
+) -> Result<(u32, u32), BackendError> {
+    let missing = |key: String| {
+        BackendError::Inventory(format!(
+            "{}: no `{key}` entry for a MIG instance that exists",
+            path.display()
+        ))
+    };
+    let gi_minor = minors
+        .get(gpu_minor, gi, None)
+        .ok_or_else(|| missing(format!("gpu{gpu_minor}/gi{gi}/access")))?;
+    let ci_minor = minors
+        .get(gpu_minor, gi, Some(ci))
+        .ok_or_else(|| missing(format!("gpu{gpu_minor}/gi{gi}/ci{ci}/access")))?;
+    Ok((gi_minor, ci_minor))
+}

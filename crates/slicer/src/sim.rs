@@ -1,0 +1,530 @@
+//! The simulated backend: a node described by a JSON file, whose hardware state lives in
+//! files under `<state_dir>/sim/` the way real hardware state outlives a daemon restart.
+//!
+//! Layout of `<state_dir>/sim/`:
+//! - `node.json`: the realised hardware (GPUs, uuids, minors, MIG instances with their GI
+//!   ids and placements). Written last on first open, so its presence means "materialised".
+//! - `proc-devices`: a `/proc/devices` listing the NVIDIA majors.
+//! - `mig-minors`: the driver's cap numbering, `3 + gpu_minor*135 + gi*9 (+1+ci)`.
+//! - `mem/<uuid>.bin`: the device memory of each assignable device (each MIG instance on a
+//!   MIG GPU, else the GPU), `sim_memory_bytes` long, zero-filled at first.
+//!
+//! [`GpuBackend::inventory`] re-reads these files on every call and resolves majors and
+//! cap minors with the same parsers the NVML backend uses on the real host files.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{cap_minors, read_majors, read_mig_minors, BackendError, GpuBackend};
+use crate::catalog::{self, placement_is_legal};
+use crate::inventory::{
+    render_mig_minors, render_proc_devices, Gpu, Inventory, Majors, MigInstance, NVIDIA_MAJOR,
+};
+
+/// Device memory per simulated device unless the node file says otherwise.
+pub const DEFAULT_SIM_MEMORY_BYTES: u64 = 64 * 1024;
+/// Largest simulated device memory: the files are real files on the state disk.
+pub const MAX_SIM_MEMORY_BYTES: u64 = 1 << 30;
+/// Most GPUs one simulated node may have.
+pub const MAX_SIM_GPUS: usize = 64;
+const STATE_FORMAT: u32 = 1;
+
+/// A node description file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeFile {
+    pub node: String,
+    #[serde(default)]
+    pub majors: MajorsFile,
+    #[serde(default = "default_memory_bytes")]
+    pub sim_memory_bytes: u64,
+    pub gpus: Vec<GpuFile>,
+}
+
+/// The majors of a simulated node. Every field has a default; `"nvidia_caps": null`
+/// simulates a driver without capability devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MajorsFile {
+    #[serde(default = "default_nvidia")]
+    pub nvidia: u32,
+    #[serde(default = "default_uvm")]
+    pub nvidia_uvm: u32,
+    #[serde(default = "default_caps")]
+    pub nvidia_caps: Option<u32>,
+}
+
+impl Default for MajorsFile {
+    fn default() -> Self {
+        MajorsFile {
+            nvidia: default_nvidia(),
+            nvidia_uvm: default_uvm(),
+            nvidia_caps: default_caps(),
+        }
+    }
+}
+
+/// One GPU of a node description. `mig` absent: MIG off (a whole GPU); present (even
+/// empty): MIG on with these GPU instances.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuFile {
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<Vec<PlacementFile>>,
+}
+
+/// One MIG instance of a node description.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlacementFile {
+    pub profile: String,
+    pub start: u8,
+}
+
+fn default_memory_bytes() -> u64 {
+    DEFAULT_SIM_MEMORY_BYTES
+}
+fn default_nvidia() -> u32 {
+    NVIDIA_MAJOR
+}
+fn default_uvm() -> u32 {
+    508
+}
+fn default_caps() -> Option<u32> {
+    Some(509)
+}
+
+/// The persisted hardware state (`sim/node.json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SimState {
+    format: u32,
+    node: String,
+    memory_bytes: u64,
+    gpus: Vec<SimGpu>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SimGpu {
+    index: u32,
+    uuid: String,
+    model: String,
+    minor: u32,
+    memory_mib: u64,
+    mig_enabled: bool,
+    instances: Vec<SimInstance>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SimInstance {
+    uuid: String,
+    profile: String,
+    gi_id: u32,
+    ci_id: u32,
+    start: u8,
+    size: u8,
+    memory_mib: u64,
+}
+
+/// A simulated node. See the module documentation for its files.
+#[derive(Debug, Clone)]
+pub struct SimBackend {
+    node_file: PathBuf,
+    sim_dir: PathBuf,
+}
+
+impl SimBackend {
+    /// Open the simulated node described by `node_file`, keeping its hardware state under
+    /// `state_dir/sim/`. The first open materialises the state; later opens use it as it
+    /// is (after checking it still belongs to this node description).
+    pub fn open(node_file: &Path, state_dir: &Path) -> Result<SimBackend, BackendError> {
+        let desc = load_node_file(node_file)?;
+        let backend =
+            SimBackend { node_file: node_file.to_path_buf(), sim_dir: state_dir.join("sim") };
+        let state_path = backend.state_path();
+        if state_path.exists() {
+            let state = backend.read_state()?;
+            backend.check_matches(&desc, &state)?;
+            backend.check_memory_files(&state)?;
+            for path in [backend.proc_devices_path(), backend.mig_minors_path()] {
+                if !path.is_file() {
+                    return Err(backend.mismatch(format!("{} is missing", path.display())));
+                }
+            }
+        } else {
+            backend.materialise(&desc)?;
+        }
+        Ok(backend)
+    }
+
+    /// The node description this backend was opened with.
+    pub fn node_file(&self) -> &Path {
+        &self.node_file
+    }
+
+    /// `<state_dir>/sim`.
+    pub fn sim_dir(&self) -> &Path {
+        &self.sim_dir
+    }
+
+    /// The simulated `/proc/devices`.
+    pub fn proc_devices_path(&self) -> PathBuf {
+        self.sim_dir.join("proc-devices")
+    }
+
+    /// The simulated `/proc/driver/nvidia-caps/mig-minors`.
+    pub fn mig_minors_path(&self) -> PathBuf {
+        self.sim_dir.join("mig-minors")
+    }
+
+    /// The file holding the memory of the device `uuid` (GPU or MIG). Characters other
+    /// than ASCII letters, digits and `-` are replaced by `_`, so the path never leaves
+    /// the `mem` directory whatever `uuid` holds.
+    pub fn memory_file(&self, uuid: &str) -> PathBuf {
+        let safe: String = uuid
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+            .collect();
+        self.sim_dir.join("mem").join(format!("{safe}.bin"))
+    }
+
+    fn state_path(&self) -> PathBuf {
+        self.sim_dir.join("node.json")
+    }
+
+    fn mismatch(&self, message: String) -> BackendError {
+        BackendError::StateMismatch {
+            state: self.sim_dir.clone(),
+            node_file: self.node_file.clone(),
+            message,
+        }
+    }
+
+    fn read_state(&self) -> Result<SimState, BackendError> {
+        let path = self.state_path();
+        let text = fs::read_to_string(&path).map_err(BackendError::io(&path))?;
+        let state: SimState = parse_json(&path, &text)?;
+        if state.format != STATE_FORMAT {
+            return Err(BackendError::Json {
+                path,
+                message: format!(
+                    "state format {} is not the supported format {STATE_FORMAT}",
+                    state.format
+                ),
+            });
+        }
+        Ok(state)
+    }
+
+    fn check_matches(&self, desc: &NodeFile, state: &SimState) -> Result<(), BackendError> {
+        if desc.node != state.node {
+            return Err(self.mismatch(format!(
+                "node is `{}` in the state but `{}` in the node file",
+                state.node, desc.node
+            )));
+        }
+        if desc.gpus.len() != state.gpus.len() {
+            return Err(self.mismatch(format!(
+                "the state has {} GPUs but the node file describes {}",
+                state.gpus.len(),
+                desc.gpus.len()
+            )));
+        }
+        for (i, (want, have)) in desc.gpus.iter().zip(&state.gpus).enumerate() {
+            if want.model != have.model {
+                return Err(self.mismatch(format!(
+                    "gpus[{i}] is a {} in the state but a {} in the node file",
+                    have.model, want.model
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_memory_files(&self, state: &SimState) -> Result<(), BackendError> {
+        for uuid in assignable_uuids(state) {
+            let path = self.memory_file(uuid);
+            let meta = fs::metadata(&path)
+                .map_err(|e| self.mismatch(format!("memory file {}: {e}", path.display())))?;
+            if meta.len() != state.memory_bytes {
+                return Err(self.mismatch(format!(
+                    "memory file {} is {} bytes, not {}",
+                    path.display(),
+                    meta.len(),
+                    state.memory_bytes
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn materialise(&self, desc: &NodeFile) -> Result<(), BackendError> {
+        let state = realise(desc);
+        let mem_dir = self.sim_dir.join("mem");
+        fs::create_dir_all(&mem_dir).map_err(BackendError::io(&mem_dir))?;
+        let majors = Majors {
+            nvidia: desc.majors.nvidia,
+            nvidia_uvm: desc.majors.nvidia_uvm,
+            nvidia_caps: desc.majors.nvidia_caps,
+        };
+        write_atomic(&self.proc_devices_path(), render_proc_devices(&majors).as_bytes())?;
+        let minors: Vec<u32> = state.gpus.iter().map(|g| g.minor).collect();
+        write_atomic(&self.mig_minors_path(), render_mig_minors(&minors).as_bytes())?;
+        for uuid in assignable_uuids(&state) {
+            create_zeroed(&self.memory_file(uuid), state.memory_bytes)?;
+        }
+        sync_dir(&mem_dir)?;
+        let json = serde_json::to_vec_pretty(&state).map_err(|e| BackendError::Json {
+            path: self.state_path(),
+            message: format!("encode: {e}"),
+        })?;
+        write_atomic(&self.state_path(), &json)
+    }
+}
+
+impl GpuBackend for SimBackend {
+    fn describe(&self) -> String {
+        format!("sim:{}", self.node_file.display())
+    }
+
+    fn inventory(&self) -> Result<Inventory, BackendError> {
+        let state = self.read_state()?;
+        let majors = read_majors(&self.proc_devices_path())?;
+        let minors_path = self.mig_minors_path();
+        let minors = read_mig_minors(&minors_path)?;
+        let mut gpus = Vec::with_capacity(state.gpus.len());
+        for g in state.gpus {
+            let mut instances = Vec::with_capacity(g.instances.len());
+            for i in g.instances {
+                let (gi_cap_minor, ci_cap_minor) =
+                    cap_minors(&minors, &minors_path, g.minor, i.gi_id, i.ci_id)?;
+                instances.push(MigInstance {
+                    uuid: i.uuid,
+                    profile: i.profile,
+                    gi_id: i.gi_id,
+                    ci_id: i.ci_id,
+                    start: i.start,
+                    size: i.size,
+                    memory_mib: i.memory_mib,
+                    gi_cap_minor,
+                    ci_cap_minor,
+                });
+            }
+            gpus.push(Gpu {
+                index: g.index,
+                uuid: g.uuid,
+                model: g.model,
+                minor: g.minor,
+                memory_mib: g.memory_mib,
+                mig_enabled: g.mig_enabled,
+                instances,
+            });
+        }
+        Ok(Inventory { node: state.node, gpus, majors })
+    }
+}
+
+/// Read and check a node description file.
+pub fn load_node_file(path: &Path) -> Result<NodeFile, BackendError> {
+    let text = fs::read_to_string(path).map_err(BackendError::io(path))?;
+    let desc: NodeFile = parse_json(path, &text)?;
+    validate(path, &desc)?;
+    Ok(desc)
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, BackendError> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let at = e.path().to_string();
+        let inner = e.into_inner();
+        let message = if at == "." { inner.to_string() } else { format!("{at}: {inner}") };
+        BackendError::Json { path: path.to_path_buf(), message }
+    })
+}
+
+fn validate(path: &Path, desc: &NodeFile) -> Result<(), BackendError> {
+    let bad = |field: String, message: String| BackendError::Config {
+        path: path.to_path_buf(),
+        field,
+        message,
+    };
+    if desc.node.is_empty()
+        || !desc.node.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    {
+        return Err(bad(
+            "node".into(),
+            format!("`{}` is not a node name (letters, digits, `-`, `_`, `.`)", desc.node),
+        ));
+    }
+    if desc.sim_memory_bytes == 0 || desc.sim_memory_bytes > MAX_SIM_MEMORY_BYTES {
+        return Err(bad(
+            "sim_memory_bytes".into(),
+            format!("{} is not between 1 and {MAX_SIM_MEMORY_BYTES}", desc.sim_memory_bytes),
+        ));
+    }
+    let m = desc.majors;
+    let mut majors = vec![m.nvidia, m.nvidia_uvm];
+    majors.extend(m.nvidia_caps);
+    majors.sort_unstable();
+    if majors.windows(2).any(|w| w[0] == w[1]) || majors.contains(&0) {
+        return Err(bad("majors".into(), "majors must be distinct and non-zero".into()));
+    }
+    if desc.gpus.is_empty() || desc.gpus.len() > MAX_SIM_GPUS {
+        return Err(bad(
+            "gpus".into(),
+            format!("a node has 1 to {MAX_SIM_GPUS} GPUs, not {}", desc.gpus.len()),
+        ));
+    }
+    for (i, gpu) in desc.gpus.iter().enumerate() {
+        let model = catalog::model(&gpu.model).ok_or_else(|| {
+            bad(
+                format!("gpus[{i}].model"),
+                format!(
+                    "unknown GPU model `{}`; known: {}",
+                    gpu.model,
+                    catalog::model_names().collect::<Vec<_>>().join(", ")
+                ),
+            )
+        })?;
+        if let Some(mig) = &gpu.mig {
+            let placements: Vec<(&str, u8)> =
+                mig.iter().map(|p| (p.profile.as_str(), p.start)).collect();
+            placement_is_legal(model, &placements)
+                .map_err(|e| bad(format!("gpus[{i}].mig"), e.to_string()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The hardware a valid node description realises: uuids, minors, GI ids.
+fn realise(desc: &NodeFile) -> SimState {
+    let mut gpus = Vec::with_capacity(desc.gpus.len());
+    for (i, g) in desc.gpus.iter().enumerate() {
+        let index = u32::try_from(i).unwrap_or(u32::MAX);
+        // Validated: the model is in the catalog.
+        let model = catalog::model(&g.model);
+        let mut instances = Vec::new();
+        if let (Some(mig), Some(model)) = (&g.mig, model) {
+            // Create big instances first (the driver wants 3g before smaller ones), then by
+            // start slot; GI ids follow creation order from 1.
+            let mut order: Vec<(&PlacementFile, &catalog::Profile)> = mig
+                .iter()
+                .filter_map(|p| model.profile(&p.profile).map(|prof| (p, prof)))
+                .collect();
+            order.sort_by_key(|(p, prof)| {
+                (std::cmp::Reverse((prof.compute_slices, prof.size)), p.start)
+            });
+            for (gi, (p, prof)) in (1u32..).zip(order) {
+                let ci = 0;
+                instances.push(SimInstance {
+                    uuid: sim_uuid("MIG", &format!("{}/{index}/{gi}/{ci}", desc.node)),
+                    profile: prof.name.to_string(),
+                    gi_id: gi,
+                    ci_id: ci,
+                    start: p.start,
+                    size: prof.size,
+                    memory_mib: prof.memory_mib,
+                });
+            }
+            instances.sort_by_key(|inst| inst.start);
+        }
+        gpus.push(SimGpu {
+            index,
+            uuid: sim_uuid("GPU", &format!("{}/{index}", desc.node)),
+            model: g.model.clone(),
+            minor: index,
+            memory_mib: model.map_or(0, |m| m.memory_mib),
+            mig_enabled: g.mig.is_some(),
+            instances,
+        });
+    }
+    SimState {
+        format: STATE_FORMAT,
+        node: desc.node.clone(),
+        memory_bytes: desc.sim_memory_bytes,
+        gpus,
+    }
+}
+
+/// The uuids of the devices that have memory files: MIG instances on MIG GPUs, else GPUs.
+fn assignable_uuids(state: &SimState) -> impl Iterator<Item = &str> {
+    state.gpus.iter().flat_map(|g| {
+        let whole = (!g.mig_enabled).then_some(g.uuid.as_str());
+        whole.into_iter().chain(g.instances.iter().map(|i| i.uuid.as_str()))
+    })
+}
+
+/// A uuid formatted like the driver's (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`),
+/// derived deterministically from `key` (FNV-1a, stable across Rust versions).
+fn sim_uuid(prefix: &str, key: &str) -> String {
+    let hi = fnv1a64(format!("tessera-sim/{prefix}/hi/{key}").as_bytes());
+    let lo = fnv1a64(format!("tessera-sim/{prefix}/lo/{key}").as_bytes());
+    let hex = format!("{hi:016x}{lo:016x}");
+    format!(
+        "{prefix}-{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+fn tmp_path(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+}
+
+/// Write `bytes` to `path` atomically: a temporary file in the same directory, fsync,
+/// rename over `path`, fsync the directory.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), BackendError> {
+    let tmp = tmp_path(path);
+    let result = (|| {
+        let mut f = File::create(&tmp).map_err(BackendError::io(&tmp))?;
+        f.write_all(bytes).map_err(BackendError::io(&tmp))?;
+        f.sync_all().map_err(BackendError::io(&tmp))?;
+        fs::rename(&tmp, path).map_err(BackendError::io(path))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result?;
+    if let Some(dir) = path.parent() {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// Create `path` as `len` zero bytes, atomically.
+fn create_zeroed(path: &Path, len: u64) -> Result<(), BackendError> {
+    let tmp = tmp_path(path);
+    let result = (|| {
+        let f = File::create(&tmp).map_err(BackendError::io(&tmp))?;
+        f.set_len(len).map_err(BackendError::io(&tmp))?;
+        f.sync_all().map_err(BackendError::io(&tmp))?;
+        fs::rename(&tmp, path).map_err(BackendError::io(path))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn sync_dir(dir: &Path) -> Result<(), BackendError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(BackendError::io(dir))
+}

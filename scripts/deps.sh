@@ -1,0 +1,21 @@
+# shellcheck shell=bash
+# Installs the Debian packages Tessera's demo and tests use, if any is missing.
+# Sourced by scripts/demo.sh and scripts/test.sh.
+
+TESSERA_APT_PACKAGES=(runc containerd busybox-static protobuf-compiler etcd-server sqlite3 gcc)
+
+tessera_ensure_deps() {
+    export PATH="$HOME/.cargo/bin:/usr/local/cargo/bin:$PATH"
+    local missing=()
+    for p in "${TESSERA_APT_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if [ "${#missing[@]}" -gt 0 ]; then
+        echo "installing: ${missing[*]}" >&2
+        local sudo=""
+        [ "$(id -u)" -eq 0 ] || sudo="sudo"
+        $sudo apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+    command -v cargo >/dev/null || { echo "cargo not found: install a Rust toolchain (rustup) first" >&2; return 1; }
+}

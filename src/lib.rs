@@ -1,0 +1,4 @@
+//! Presentation helpers shared by the `tessera` command line. The binaries in `src/bin`
+//! are thin: the work lives in the `crates/` libraries.
+
+pub mod render;

@@ -1,0 +1,141 @@
+//! Text rendering of node status for people: one block per GPU, with MIG instances drawn
+//! on the 8-slot memory axis so the layout (and its holes) is visible at a glance.
+
+use std::fmt::Write;
+
+use tessera_api::{GpuStatus, MigInstanceStatus, NodeStatus};
+
+/// Width of one memory slot in the slot map.
+const SLOT: usize = 9;
+
+/// Render the whole node.
+pub fn status(s: &NodeStatus) -> String {
+    let mut out = String::new();
+    let short = |d: &str| d.chars().take(12).collect::<String>();
+    let _ = writeln!(out, "node {}   backend {}", s.node, s.backend);
+    let _ = writeln!(out, "policy v{} ({}, sha256 {})", s.policy.version, s.policy.source, short(&s.policy.digest));
+    let held = s.allocations.len();
+    let _ = writeln!(out, "{} GPUs, {held} allocation{}", s.gpus.len(), if held == 1 { "" } else { "s" });
+    for g in &s.gpus {
+        out.push('\n');
+        gpu(&mut out, g);
+    }
+    if !s.allocations.is_empty() {
+        let _ = writeln!(out, "\nallocations");
+        for a in &s.allocations {
+            let devs = a.devices.iter().map(|d| d.uuid.as_str()).collect::<Vec<_>>().join(",");
+            let pid = a.pid.map(|p| format!("pid {p}")).unwrap_or_else(|| "not started".into());
+            let _ = writeln!(
+                out,
+                "  {:<24} {:<32} {:<12} {:<9} {devs}  ({pid})",
+                a.container_id,
+                a.tenant,
+                a.request,
+                format!("{:?}", a.state).to_lowercase()
+            );
+        }
+    }
+    out
+}
+
+fn gpu(out: &mut String, g: &GpuStatus) {
+    let mode = if g.mig_enabled { "MIG" } else { "whole" };
+    let _ = writeln!(out, "GPU {}  {}  {}  minor {}  {} MiB  {mode}", g.index, g.model, g.uuid, g.minor, g.memory_mib);
+    if !g.mig_enabled {
+        match &g.holder {
+            Some(h) => {
+                let _ = writeln!(out, "  held by {} ({})", h.tenant, h.container_id);
+            }
+            None => {
+                let _ = writeln!(out, "  free");
+            }
+        }
+        return;
+    }
+    let _ = writeln!(out, "  {}", slot_axis());
+    let _ = writeln!(out, "  {}", slot_map(&g.instances));
+    for i in &g.instances {
+        let who = match &i.holder {
+            Some(h) => format!("held by {} ({})", h.tenant, h.container_id),
+            None => "free".into(),
+        };
+        let _ = writeln!(
+            out,
+            "  {:<11} slots {}-{}  gi {} ci {}  {}  {who}",
+            i.profile,
+            i.start,
+            i.start + i.size - 1,
+            i.gi_id,
+            i.ci_id,
+            i.uuid
+        );
+    }
+}
+
+fn slot_axis() -> String {
+    (0..8).map(|s| format!("{:<SLOT$}", s)).collect::<String>().trim_end().to_string()
+}
+
+/// One line, 8 slots wide: `[profile*]` per instance (`*` = held), `.` for empty slots.
+pub fn slot_map(instances: &[MigInstanceStatus]) -> String {
+    let mut cells: Vec<Option<&MigInstanceStatus>> = vec![None; 8];
+    for i in instances {
+        for s in i.start..(i.start + i.size).min(8) {
+            cells[s as usize] = Some(i);
+        }
+    }
+    let mut line = String::new();
+    let mut s = 0usize;
+    while s < 8 {
+        match cells[s] {
+            Some(i) if i.start as usize == s => {
+                let width = SLOT * i.size as usize;
+                let mark = if i.holder.is_some() { "*" } else { "" };
+                let label: String = format!("{}{mark}", i.profile).chars().take(width.saturating_sub(2)).collect();
+                let _ = write!(line, "[{label:^w$}]", w = width - 2);
+                s += i.size as usize;
+            }
+            _ => {
+                let _ = write!(line, "{:<SLOT$}", ".");
+                s += 1;
+            }
+        }
+    }
+    line.trim_end().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_api::{DeviceState, Holder};
+
+    fn inst(profile: &str, start: u8, size: u8, held: bool) -> MigInstanceStatus {
+        MigInstanceStatus {
+            uuid: format!("MIG-{start}"),
+            profile: profile.into(),
+            gi_id: 1,
+            ci_id: 0,
+            start,
+            size,
+            memory_mib: 1,
+            state: if held { DeviceState::Assigned } else { DeviceState::Free },
+            holder: held.then(|| Holder { container_id: "c".into(), tenant: "t".into() }),
+        }
+    }
+
+    #[test]
+    fn slot_map_draws_instances_at_their_slots_and_marks_held_ones() {
+        let map = slot_map(&[inst("3g.40gb", 0, 4, false), inst("2g.20gb", 4, 2, true), inst("1g.10gb", 7, 1, false)]);
+        assert_eq!(map.len(), 8 * SLOT);
+        assert!(map.starts_with("[             3g.40gb              ]"), "{map}");
+        assert!(map.contains("[    2g.20gb*    ]"), "{map}");
+        // slot 6 is empty, slot 7 holds the 1g.
+        assert!(map.contains("]. "), "{map}");
+        assert!(map.ends_with("[1g.10gb]"), "{map}");
+    }
+
+    #[test]
+    fn slot_map_of_an_empty_gpu_is_all_dots() {
+        assert_eq!(slot_map(&[]).matches('.').count(), 8);
+    }
+}

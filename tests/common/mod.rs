@@ -1,0 +1,1658 @@
+//! End-to-end test harness: real runc, real containerd, busybox rootfs, and a cleanup
+//! guard that leaves no process, mount, cgroup or runc container behind.
+//!
+//! Use from an integration test file with `mod common;` and `use common::*;`.
+//!
+//! ```ignore
+//! let fx = Fixture::new();                       // /tmp/ts-XXXXXXXX, runc root inside it
+//! let mut b = fx.bundle("c1");                   // busybox rootfs + runc-spec-like config
+//! b.args(&["echo", "hi"]).write();
+//! let out = fx.run_container(&b, "c1");          // foreground `runc run`, output captured
+//! out.assert_success("runc run");
+//! let fp = fx.footprint();
+//! drop(fx);                                      // runc delete -f, kill, umount, rmdir cgroups
+//! assert_no_leftovers(&fp);
+//! ```
+//!
+//! Everything a test creates lives under one short temp dir (`/tmp/ts-XXXXXXXX`, so unix
+//! sockets fit in `sun_path`), every container cgroup under one parent
+//! (`/tessera-test-<pid>-<n>`), every runc state under `<dir>/runc-root`. Cleanup only
+//! touches those, plus the PIDs it was told about and processes whose command line names
+//! the fixture's unique dir.
+#![allow(dead_code)]
+
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::io::{self, Read, Write as _};
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{mpsc, Mutex, Once};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::mount::{umount2, MntFlags};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+
+/// The static busybox the rootfs is built from.
+pub const BUSYBOX: &str = "/bin/busybox";
+/// The real runc (also used by cleanup, whatever runtime a fixture runs).
+pub const RUNC: &str = "runc";
+pub const CONTAINERD: &str = "containerd";
+pub const CTR: &str = "ctr";
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// `PATH` of `runc spec`; ctr's `--rootfs` containers get no env at all without it.
+pub const DEFAULT_PATH_ENV: &str =
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Upper bound for one runc / ctr invocation before the harness kills it.
+pub const CMD_TIMEOUT: Duration = Duration::from_secs(60);
+/// Upper bound for one command run during cleanup.
+const CLEANUP_CMD_TIMEOUT: Duration = Duration::from_secs(20);
+/// Prefix of every cgroup parent and containerd namespace the harness creates.
+pub const NAME_PREFIX: &str = "tessera-test-";
+
+/// Paths of the workspace binaries under test (built by cargo for integration tests).
+pub const TESSERA_RUNTIME: &str = env!("CARGO_BIN_EXE_tessera-runtime");
+pub const TESSERA_HOOK: &str = env!("CARGO_BIN_EXE_tessera-hook");
+pub const TESSERAD: &str = env!("CARGO_BIN_EXE_tesserad");
+pub const TESSERA_CLI: &str = env!("CARGO_BIN_EXE_tessera");
+
+/// Applets linked into the busybox rootfs.
+const APPLETS: &[&str] = &[
+    "sh", "ls", "cat", "stat", "sleep", "echo", "test", "[", "true", "false", "find", "grep",
+    "readlink", "dd", "od", "hexdump", "head", "tail", "wc", "mkdir", "touch", "env", "id",
+    "printf", "cut", "tr", "sed", "awk", "ps", "kill", "rm", "ln", "xxd", "timeout", "mknod",
+    "chmod", "uname", "hostname", "mount", "cp", "mv",
+];
+
+// ---------------------------------------------------------------------------------------
+// Small utilities
+// ---------------------------------------------------------------------------------------
+
+static NEXT_NAME: AtomicU32 = AtomicU32::new(0);
+
+/// A name unique on this machine for the life of this process: `tessera-test-<pid>-<n>`.
+/// Used as cgroup parent and containerd namespace.
+pub fn unique_name() -> String {
+    format!("{NAME_PREFIX}{}-{}", std::process::id(), NEXT_NAME.fetch_add(1, Ordering::SeqCst))
+}
+
+/// A fresh short directory `/tmp/ts-XXXXXXXX` (canonical path). The caller owns removal
+/// (a [`Cleanup`] does it when the dir is tracked).
+pub fn short_tempdir() -> PathBuf {
+    let dir = tempfile::Builder::new()
+        .prefix("ts-")
+        .rand_bytes(8)
+        .tempdir_in("/tmp")
+        .expect("create temp dir under /tmp")
+        .keep();
+    fs::canonicalize(&dir).expect("canonicalize temp dir")
+}
+
+/// A socket path short enough for `sun_path` (< 108 bytes), in its own fresh temp dir,
+/// removed when the returned `TempDir` drops.
+pub fn tmp_socket_path() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("ts-")
+        .rand_bytes(8)
+        .tempdir_in("/tmp")
+        .expect("create socket dir under /tmp");
+    let path = dir.path().join("s.sock");
+    assert_sun_path_fits(&path);
+    (dir, path)
+}
+
+fn assert_sun_path_fits(path: &Path) {
+    let len = path.as_os_str().len();
+    assert!(len < 108, "socket path {} is {len} bytes, too long for sun_path", path.display());
+}
+
+/// Polls `cond` every 10 ms until it holds or `timeout` passes; returns its last value.
+pub fn wait_for(mut cond: impl FnMut() -> bool, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until a unix socket at `path` accepts a connection.
+pub fn wait_for_socket(path: &Path, timeout: Duration) -> bool {
+    wait_for(|| std::os::unix::net::UnixStream::connect(path).is_ok(), timeout)
+}
+
+/// Convenience accessors and assertions on a command's [`Output`].
+pub trait OutputExt {
+    fn stdout_str(&self) -> String;
+    fn stderr_str(&self) -> String;
+    /// Panics, showing both streams, unless the command exited 0.
+    fn assert_success(&self, what: &str) -> &Self;
+    /// Panics, showing both streams, if the command exited 0.
+    fn assert_failure(&self, what: &str) -> &Self;
+}
+
+impl OutputExt for Output {
+    fn stdout_str(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+    fn stderr_str(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+    fn assert_success(&self, what: &str) -> &Self {
+        assert!(
+            self.status.success(),
+            "{what} failed: {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.status,
+            self.stdout_str(),
+            self.stderr_str()
+        );
+        self
+    }
+    fn assert_failure(&self, what: &str) -> &Self {
+        assert!(
+            !self.status.success(),
+            "{what} unexpectedly succeeded\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.stdout_str(),
+            self.stderr_str()
+        );
+        self
+    }
+}
+
+fn drain<R: Read + Send + 'static>(mut r: R) -> mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let mut buf = [0u8; 8192];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if tx.send(buf[..n].to_vec()).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    rx
+}
+
+fn collect(rx: &mpsc::Receiver<Vec<u8>>, deadline: Instant) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(chunk) => out.extend(chunk),
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // Something (a daemonised grandchild) still holds the pipe: keep what we have.
+                out.extend(rx.try_iter().flatten());
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Like [`Command::output`] (stdin is /dev/null) but kills the command after `timeout`
+/// (returning `ErrorKind::TimedOut` with what it printed), and does not hang when a
+/// grandchild keeps the output pipes open after the command itself exited.
+pub fn output_timeout(cmd: &mut Command, timeout: Duration) -> io::Result<Output> {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn()?;
+    let out_rx = drain(child.stdout.take().expect("piped stdout"));
+    let err_rx = drain(child.stderr.take().expect("piped stderr"));
+    let status = wait_child(&mut child, timeout)?;
+    let grace = Instant::now() + Duration::from_secs(2);
+    let stdout = collect(&out_rx, grace);
+    let stderr = collect(&err_rx, grace);
+    match status {
+        Some(status) => Ok(Output { status, stdout, stderr }),
+        None => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "{cmd:?} timed out after {timeout:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                String::from_utf8_lossy(&stdout),
+                String::from_utf8_lossy(&stderr)
+            ),
+        )),
+    }
+}
+
+/// Waits for `child` up to `timeout`; on timeout SIGKILLs and reaps it and returns None.
+fn wait_child(child: &mut Child, timeout: Duration) -> io::Result<Option<ExitStatus>> {
+    let deadline = Instant::now() + timeout;
+    let mut nap = Duration::from_millis(1);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(None);
+        }
+        thread::sleep(nap);
+        nap = (nap * 2).min(Duration::from_millis(20));
+    }
+}
+
+/// Runs `cmd` under [`CMD_TIMEOUT`], panicking only if it cannot be spawned or times out.
+pub fn run_cmd(cmd: &mut Command) -> Output {
+    output_timeout(cmd, CMD_TIMEOUT).unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// /proc: processes and mounts
+// ---------------------------------------------------------------------------------------
+
+/// Field 22 (starttime) of /proc/<pid>/stat, to tell a process from a later PID reuse.
+pub fn proc_starttime(pid: i32) -> Option<u64> {
+    proc_stat_field(pid, 19)?.parse().ok()
+}
+
+fn proc_state(pid: i32) -> Option<char> {
+    proc_stat_field(pid, 0)?.chars().next()
+}
+
+/// `idx` counts fields after the `(comm)` field: 0 = state, 19 = starttime.
+fn proc_stat_field(pid: i32, idx: usize) -> Option<String> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(idx).map(str::to_owned)
+}
+
+/// True if `pid` exists and is not a zombie (and, when given, started at `starttime`).
+pub fn pid_alive(pid: i32, starttime: Option<u64>) -> bool {
+    match proc_state(pid) {
+        None | Some('Z') | Some('X') => false,
+        Some(_) => starttime.is_none() || proc_starttime(pid) == starttime,
+    }
+}
+
+/// The command line of `pid`, NULs turned into spaces; None if gone or a kernel thread.
+pub fn proc_cmdline(pid: i32) -> Option<String> {
+    let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    if raw.is_empty() {
+        return None;
+    }
+    let s: String = String::from_utf8_lossy(&raw).replace('\0', " ");
+    Some(s.trim_end().to_owned())
+}
+
+fn all_pids() -> Vec<i32> {
+    let Ok(rd) = fs::read_dir("/proc") else { return Vec::new() };
+    rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()
+}
+
+/// Live (non-zombie) processes other than this one whose command line contains `needle`
+/// as a whole path (followed by `/`, a space or the end).
+pub fn processes_mentioning(needle: &str) -> Vec<(i32, String)> {
+    let me = std::process::id() as i32;
+    all_pids()
+        .into_iter()
+        .filter(|&pid| pid != me)
+        .filter_map(|pid| {
+            let cmd = proc_cmdline(pid)?;
+            let hit = cmd.match_indices(needle).any(|(i, _)| {
+                matches!(cmd[i + needle.len()..].chars().next(), None | Some('/') | Some(' '))
+            });
+            (hit && pid_alive(pid, None)).then_some((pid, cmd))
+        })
+        .collect()
+}
+
+/// SIGTERM, then SIGKILL after `grace`, unless the process is gone (or its PID reused).
+pub fn terminate_pid(pid: i32, starttime: Option<u64>, grace: Duration) {
+    if pid <= 1 || !pid_alive(pid, starttime) {
+        return;
+    }
+    let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+    if !wait_for(|| !pid_alive(pid, starttime), grace) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        wait_for(|| !pid_alive(pid, starttime), Duration::from_secs(5));
+    }
+}
+
+fn kill9(pid: i32) {
+    if pid > 1 {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+}
+
+/// Undo the octal escapes of /proc/self/mountinfo (`\040` for space etc.).
+fn unescape_mount_path(s: &str) -> PathBuf {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    PathBuf::from(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// (mount point, fs type) for every line of /proc/self/mountinfo.
+pub fn mounts() -> Vec<(PathBuf, String)> {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|line| {
+            let mut halves = line.splitn(2, " - ");
+            let pre: Vec<&str> = halves.next()?.split(' ').collect();
+            let fstype = halves.next()?.split(' ').next()?.to_owned();
+            Some((unescape_mount_path(pre.get(4)?), fstype))
+        })
+        .collect()
+}
+
+/// Mount points at or below `dir`, deepest first.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> =
+        mounts().into_iter().map(|(p, _)| p).filter(|p| p.starts_with(dir)).collect();
+    v.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    v.dedup();
+    v
+}
+
+fn unmount_all_under(dir: &Path) {
+    // Stacked mounts show up once per layer; loop until nothing is left (bounded).
+    for _ in 0..16 {
+        let found = mounts_under(dir);
+        if found.is_empty() {
+            return;
+        }
+        for m in found {
+            if let Err(e) = umount2(&m, MntFlags::MNT_DETACH) {
+                eprintln!("harness: umount {}: {e}", m.display());
+            }
+        }
+    }
+}
+
+/// Unix socket paths (from /proc/net/unix) that process `pid` holds open.
+fn unix_sockets_of(pid: i32) -> Vec<PathBuf> {
+    let inodes: Vec<String> = fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|rd| {
+            rd.filter_map(|e| {
+                let link = fs::read_link(e.ok()?.path()).ok()?;
+                let s = link.to_str()?;
+                Some(s.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    let table = fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let path = f.get(7)?;
+            (path.starts_with('/') && inodes.iter().any(|i| i == f[6])).then(|| PathBuf::from(path))
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// cgroups (v1 hierarchies, plus the hybrid unified mount)
+// ---------------------------------------------------------------------------------------
+
+/// Mount points of every cgroup / cgroup2 hierarchy.
+pub fn cgroup_mounts() -> Vec<PathBuf> {
+    mounts().into_iter().filter(|(_, t)| t == "cgroup" || t == "cgroup2").map(|(p, _)| p).collect()
+}
+
+fn cgroup_rel(cgroup_path: &str) -> &str {
+    cgroup_path.trim_start_matches('/')
+}
+
+/// Existing directories for `cgroup_path` (e.g. `/tessera-test-1-0/c1`) in all hierarchies.
+pub fn cgroup_dirs(cgroup_path: &str) -> Vec<PathBuf> {
+    let rel = cgroup_rel(cgroup_path);
+    if rel.is_empty() {
+        return Vec::new();
+    }
+    cgroup_mounts().into_iter().map(|m| m.join(rel)).filter(|p| p.is_dir()).collect()
+}
+
+/// `devices.list` of a container's cgroup (its `linux.cgroupsPath`) in the v1 devices
+/// hierarchy, read while the container exists.
+pub fn devices_list(cgroups_path: &str) -> String {
+    let p =
+        Path::new(CGROUP_ROOT).join("devices").join(cgroup_rel(cgroups_path)).join("devices.list");
+    fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+}
+
+/// PIDs in one cgroup directory.
+pub fn cgroup_procs(dir: &Path) -> Vec<i32> {
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+fn subdirs_post_order(dir: &Path, out: &mut Vec<PathBuf>) {
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                subdirs_post_order(&e.path(), out);
+            }
+        }
+    }
+    out.push(dir.to_path_buf());
+}
+
+/// Removes `cgroup_path` and everything below it in every hierarchy, deepest first,
+/// SIGKILLing whatever still runs inside (it is ours: the path was created for a test).
+pub fn remove_cgroup_tree(cgroup_path: &str) {
+    for top in cgroup_dirs(cgroup_path) {
+        let mut dirs = Vec::new();
+        subdirs_post_order(&top, &mut dirs);
+        for d in dirs {
+            remove_cgroup_dir(&d);
+        }
+    }
+}
+
+fn remove_cgroup_dir(d: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        for pid in cgroup_procs(d) {
+            kill9(pid);
+        }
+        match fs::remove_dir(d) {
+            Ok(()) => return,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+            Err(e) if Instant::now() >= deadline => {
+                eprintln!("harness: rmdir {}: {e} (procs {:?})", d.display(), cgroup_procs(d));
+                return;
+            }
+            Err(_) => thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+static STALE_SWEEP: Once = Once::new();
+
+/// Once per test process: removes `tessera-test-<pid>-*` cgroups left by earlier test
+/// processes that no longer exist (e.g. a run killed with SIGKILL).
+fn sweep_stale_cgroups() {
+    STALE_SWEEP.call_once(|| {
+        for m in cgroup_mounts() {
+            let Ok(rd) = fs::read_dir(&m) else { continue };
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some(rest) = name.strip_prefix(NAME_PREFIX) else { continue };
+                let Some(Ok(pid)) = rest.split('-').next().map(str::parse::<i32>) else {
+                    continue;
+                };
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    remove_cgroup_tree(&format!("/{name}"));
+                }
+            }
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// Rootfs and bundles
+// ---------------------------------------------------------------------------------------
+
+/// Minimal root filesystems for test containers.
+#[derive(Debug)]
+pub struct Rootfs;
+
+impl Rootfs {
+    /// Populates `dir` (created if needed) with a copy of the static busybox, applet
+    /// symlinks in /bin, empty /dev /proc /sys /tmp /root, and /etc/passwd, /etc/group.
+    /// Busybox is copied, not hard-linked: a container writing its rootfs must not be able
+    /// to modify the host's /bin/busybox. Returns `dir`.
+    pub fn busybox(dir: impl AsRef<Path>) -> PathBuf {
+        let dir = dir.as_ref();
+        for sub in ["bin", "dev", "proc", "sys", "tmp", "etc", "root"] {
+            fs::create_dir_all(dir.join(sub)).expect("create rootfs dir");
+        }
+        fs::set_permissions(dir.join("tmp"), fs::Permissions::from_mode(0o1777))
+            .expect("chmod rootfs /tmp");
+        fs::copy(BUSYBOX, dir.join("bin/busybox")).expect("copy /bin/busybox");
+        for applet in APPLETS {
+            let link = dir.join("bin").join(applet);
+            if fs::symlink_metadata(&link).is_err() {
+                symlink("busybox", &link).expect("symlink applet");
+            }
+        }
+        fs::write(
+            dir.join("etc/passwd"),
+            "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+        )
+        .expect("write /etc/passwd");
+        fs::write(dir.join("etc/group"), "root:x:0:\nnogroup:x:65534:\n")
+            .expect("write /etc/group");
+        dir.to_path_buf()
+    }
+}
+
+/// The config.json `runc spec` writes (runc 1.1), made non-interactive: terminal false,
+/// rootfs writable, and a unique `linux.cgroupsPath`.
+pub fn default_spec(args: &[&str], cgroups_path: &str) -> Value {
+    let caps = json!(["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"]);
+    json!({
+        "ociVersion": "1.0.2-dev",
+        "process": {
+            "terminal": false,
+            "user": {"uid": 0, "gid": 0},
+            "args": args,
+            "env": [DEFAULT_PATH_ENV, "TERM=xterm"],
+            "cwd": "/",
+            "capabilities": {
+                "bounding": caps, "effective": caps, "permitted": caps, "ambient": caps
+            },
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+            "noNewPrivileges": true
+        },
+        "root": {"path": "rootfs", "readonly": false},
+        "hostname": "tessera-test",
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+             "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+             "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+            {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+             "options": ["nosuid", "noexec", "nodev"]},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+             "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+             "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]}
+        ],
+        "linux": {
+            "cgroupsPath": cgroups_path,
+            "resources": {"devices": [{"allow": false, "access": "rwm"}]},
+            "namespaces": [
+                {"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"},
+                {"type": "mount"}
+            ],
+            "maskedPaths": [
+                "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+                "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware",
+                "/proc/scsi"
+            ],
+            "readonlyPaths": [
+                "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"
+            ]
+        }
+    })
+}
+
+/// An OCI bundle: `<dir>/rootfs` (busybox) and `<dir>/config.json`. Setters edit the
+/// in-memory spec; nothing reaches disk until [`Bundle::write`].
+#[derive(Debug, Clone)]
+pub struct Bundle {
+    dir: PathBuf,
+    config: Value,
+}
+
+impl Bundle {
+    /// Creates `dir` with a busybox rootfs and the default spec (`sh`), with a fresh
+    /// cgroups path `/tessera-test-<pid>-<n>/<dir name>`. Prefer [`Fixture::bundle`], which
+    /// puts the cgroup under the fixture's parent.
+    pub fn new(dir: impl AsRef<Path>) -> Bundle {
+        let dir = dir.as_ref().to_path_buf();
+        Rootfs::busybox(dir.join("rootfs"));
+        let leaf = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+        let cg = format!("/{}/{}", unique_name(), leaf.unwrap_or_else(|| "bundle".into()));
+        Bundle { dir, config: default_spec(&["sh"], &cg) }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    pub fn rootfs(&self) -> PathBuf {
+        self.dir.join("rootfs")
+    }
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("config.json")
+    }
+    pub fn config(&self) -> &Value {
+        &self.config
+    }
+    pub fn config_mut(&mut self) -> &mut Value {
+        &mut self.config
+    }
+    /// `linux.cgroupsPath` of the spec.
+    pub fn cgroups_path(&self) -> String {
+        self.config["linux"]["cgroupsPath"].as_str().unwrap_or_default().to_owned()
+    }
+
+    /// Replaces `process.args`.
+    pub fn args(&mut self, args: &[&str]) -> &mut Self {
+        self.config["process"]["args"] = json!(args);
+        self
+    }
+    /// Appends one `KEY=VALUE` to `process.env`.
+    pub fn env(&mut self, kv: &str) -> &mut Self {
+        push(&mut self.config["process"]["env"], json!(kv));
+        self
+    }
+    /// Sets one OCI annotation.
+    pub fn annotation(&mut self, key: &str, value: &str) -> &mut Self {
+        let a = &mut self.config["annotations"];
+        if !a.is_object() {
+            *a = json!({});
+        }
+        a[key] = json!(value);
+        self
+    }
+    /// Sets `linux.cgroupsPath` (keep it under a `/tessera-test-*` parent so it is cleaned).
+    pub fn set_cgroups_path(&mut self, path: &str) -> &mut Self {
+        self.config["linux"]["cgroupsPath"] = json!(path);
+        self
+    }
+    /// Adds a device node to `linux.devices` (kind `c` or `b`, mode 0666, root-owned).
+    /// runc creates it with mknod; access still needs [`Bundle::allow_device`].
+    pub fn device(&mut self, path: &str, kind: char, major: i64, minor: i64) -> &mut Self {
+        let dev = json!({
+            "path": path, "type": kind.to_string(), "major": major, "minor": minor,
+            "fileMode": 0o666, "uid": 0, "gid": 0
+        });
+        push(&mut self.config["linux"]["devices"], dev);
+        self
+    }
+    /// Appends an allow rule to `linux.resources.devices` (None = wildcard).
+    pub fn allow_device(
+        &mut self,
+        kind: char,
+        major: Option<i64>,
+        minor: Option<i64>,
+        access: &str,
+    ) -> &mut Self {
+        let mut rule = json!({"allow": true, "type": kind.to_string(), "access": access});
+        if let Some(m) = major {
+            rule["major"] = json!(m);
+        }
+        if let Some(m) = minor {
+            rule["minor"] = json!(m);
+        }
+        push(&mut self.config["linux"]["resources"]["devices"], rule);
+        self
+    }
+    /// Appends an OCI hook to `hooks.<stage>` (`prestart`, `createRuntime`, `poststop`..).
+    /// `args` is the full argv, `args[0]` included, as the OCI spec wants.
+    pub fn hook(&mut self, stage: &str, path: &str, args: &[&str], env: &[&str]) -> &mut Self {
+        let mut h = json!({"path": path, "args": args});
+        if !env.is_empty() {
+            h["env"] = json!(env);
+        }
+        push(&mut self.config["hooks"][stage], h);
+        self
+    }
+    /// Arbitrary edit of the spec.
+    pub fn mutate(&mut self, f: impl FnOnce(&mut Value)) -> &mut Self {
+        f(&mut self.config);
+        self
+    }
+    /// Writes config.json (pretty JSON).
+    pub fn write(&mut self) -> &mut Self {
+        let data = serde_json::to_vec_pretty(&self.config).expect("serialize spec");
+        fs::write(self.config_path(), data).expect("write config.json");
+        self
+    }
+}
+
+/// Pushes onto a JSON array, turning null into an empty array first.
+fn push(slot: &mut Value, item: Value) {
+    if !slot.is_array() {
+        *slot = json!([]);
+    }
+    slot.as_array_mut().expect("array").push(item);
+}
+
+// ---------------------------------------------------------------------------------------
+// Cleanup guard and leftover checks
+// ---------------------------------------------------------------------------------------
+
+/// What a fixture may leave behind, for [`assert_no_leftovers`] after it is gone.
+#[derive(Debug, Clone, Default)]
+pub struct Footprint {
+    /// Must not exist; no mount below them; no live process naming them.
+    pub dirs: Vec<PathBuf>,
+    /// Must not exist in any cgroup hierarchy.
+    pub cgroups: Vec<String>,
+    /// Must not be alive (PID, starttime).
+    pub pids: Vec<(i32, Option<u64>)>,
+    /// Must not exist (e.g. shim sockets under /run/containerd/s).
+    pub files: Vec<PathBuf>,
+    /// Must hold no runc container state (only relevant when outside `dirs`).
+    pub runc_roots: Vec<PathBuf>,
+}
+
+/// Everything in `fp` that is still there, one line each.
+pub fn leftovers(fp: &Footprint) -> Vec<String> {
+    let mut found = Vec::new();
+    for &(pid, st) in &fp.pids {
+        if pid_alive(pid, st) {
+            found.push(format!("process {pid} alive: {:?}", proc_cmdline(pid)));
+        }
+    }
+    for d in &fp.dirs {
+        let needle = d.to_string_lossy();
+        for (pid, cmd) in processes_mentioning(&needle) {
+            found.push(format!("process {pid} mentions {needle}: {cmd}"));
+        }
+        for m in mounts_under(d) {
+            found.push(format!("mount left: {}", m.display()));
+        }
+        if d.exists() {
+            found.push(format!("dir left: {}", d.display()));
+        }
+    }
+    for cg in &fp.cgroups {
+        for d in cgroup_dirs(cg) {
+            found.push(format!("cgroup left: {}", d.display()));
+        }
+    }
+    for f in &fp.files {
+        if fs::symlink_metadata(f).is_ok() {
+            found.push(format!("file left: {}", f.display()));
+        }
+    }
+    for r in &fp.runc_roots {
+        for id in runc_container_ids(r) {
+            found.push(format!("runc container left: {id} in {}", r.display()));
+        }
+    }
+    found
+}
+
+/// Panics listing every leftover of `fp`.
+pub fn assert_no_leftovers(fp: &Footprint) {
+    let found = leftovers(fp);
+    assert!(found.is_empty(), "leftovers after cleanup:\n  {}", found.join("\n  "));
+}
+
+/// Container ids with state in a runc root; also looks one level down, since the
+/// containerd shim uses `<runc-root>/<namespace>/<id>`.
+pub fn runc_container_ids(root: &Path) -> Vec<String> {
+    runc_states(root).into_iter().map(|(_, id)| id).collect()
+}
+
+/// (runc root, id) for every container state below `root`.
+fn runc_states(root: &Path) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    let Ok(rd) = fs::read_dir(root) else { return out };
+    for e in rd.flatten() {
+        let p = e.path();
+        if !p.is_dir() {
+            continue;
+        }
+        if p.join("state.json").exists() {
+            out.push((root.to_path_buf(), e.file_name().to_string_lossy().into_owned()));
+        } else if let Ok(inner) = fs::read_dir(&p) {
+            for c in inner.flatten() {
+                if c.path().join("state.json").exists() {
+                    out.push((p.clone(), c.file_name().to_string_lossy().into_owned()));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[derive(Debug, Default, Clone)]
+struct Tracked {
+    dirs: Vec<PathBuf>,
+    runc_roots: Vec<PathBuf>,
+    pids: Vec<(i32, Option<u64>)>,
+    cgroups: Vec<String>,
+    files: Vec<PathBuf>,
+}
+
+/// Per-test cleanup guard. On [`Cleanup::run`] or drop, in this order:
+/// `runc --root R delete -f` every container under each tracked runc root (then kills
+/// its init if runc could not), SIGTERM→SIGKILL tracked PIDs, SIGKILL live processes whose
+/// command line names a tracked dir, removes tracked cgroups in every hierarchy (deepest
+/// first, killing what is inside), unmounts everything under tracked dirs, removes tracked
+/// files and dirs. Never panics; problems are printed to stderr.
+#[derive(Debug, Default)]
+pub struct Cleanup {
+    tracked: Mutex<Tracked>,
+    dirty: AtomicBool,
+}
+
+impl Cleanup {
+    pub fn new() -> Cleanup {
+        Cleanup::default()
+    }
+    fn with<R>(&self, f: impl FnOnce(&mut Tracked) -> R) -> R {
+        self.dirty.store(true, Ordering::SeqCst);
+        let mut t = self.tracked.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut t)
+    }
+    /// A dir owned by the test: removed, unmounted below, its processes killed.
+    pub fn track_dir(&self, dir: impl Into<PathBuf>) {
+        let d = dir.into();
+        self.with(|t| {
+            if !t.dirs.contains(&d) {
+                t.dirs.push(d)
+            }
+        });
+    }
+    /// A runc `--root` whose containers are force-deleted.
+    pub fn track_runc_root(&self, root: impl Into<PathBuf>) {
+        let r = root.into();
+        self.with(|t| {
+            if !t.runc_roots.contains(&r) {
+                t.runc_roots.push(r)
+            }
+        });
+    }
+    /// A process to stop (its starttime is recorded now, so a reused PID is left alone).
+    pub fn track_pid(&self, pid: u32) {
+        let pid = pid as i32;
+        let st = proc_starttime(pid);
+        self.with(|t| t.pids.push((pid, st)));
+    }
+    /// A cgroup path (as in `linux.cgroupsPath`) to remove in every hierarchy. A path
+    /// below a `/tessera-test-*` parent also tracks that parent.
+    pub fn track_cgroup(&self, path: &str) {
+        let path = format!("/{}", cgroup_rel(path));
+        if path == "/" {
+            return;
+        }
+        let first = path[1..].split('/').next().unwrap_or_default().to_owned();
+        self.with(|t| {
+            if !t.cgroups.contains(&path) {
+                t.cgroups.push(path.clone());
+            }
+            let parent = format!("/{first}");
+            if first.starts_with(NAME_PREFIX) && !t.cgroups.contains(&parent) {
+                t.cgroups.push(parent);
+            }
+        });
+    }
+    /// A file outside the tracked dirs to remove.
+    pub fn track_file(&self, path: impl Into<PathBuf>) {
+        let f = path.into();
+        self.with(|t| t.files.push(f));
+    }
+
+    pub fn footprint(&self) -> Footprint {
+        let t = self.tracked.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Footprint {
+            dirs: t.dirs,
+            cgroups: t.cgroups,
+            pids: t.pids,
+            files: t.files,
+            runc_roots: t.runc_roots,
+        }
+    }
+
+    /// Does the whole cleanup now (idempotent; drop repeats it only if more was tracked).
+    pub fn run(&self) {
+        self.dirty.store(false, Ordering::SeqCst);
+        let t = self.tracked.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut extra_cgroups = Vec::new();
+
+        // 1. runc containers (this also runs their poststop hooks, with the real runc).
+        for root in &t.runc_roots {
+            for (r, id) in runc_states(root) {
+                let state = fs::read_to_string(r.join(&id).join("state.json"))
+                    .ok()
+                    .and_then(|s| serde_json::from_str::<Value>(&s).ok());
+                let mut cmd = Command::new(RUNC);
+                cmd.arg("--root").arg(&r).args(["delete", "-f", &id]);
+                match output_timeout(&mut cmd, CLEANUP_CMD_TIMEOUT) {
+                    Ok(o) if o.status.success() => {}
+                    Ok(o) => eprintln!("harness: runc delete -f {id}: {}", o.stderr_str().trim()),
+                    Err(e) => eprintln!("harness: runc delete -f {id}: {e}"),
+                }
+                if let Some(state) = state {
+                    if let Some(pid) = state["init_process_pid"].as_i64() {
+                        let st = state["init_process_start"].as_u64();
+                        if pid_alive(pid as i32, st) {
+                            kill9(pid as i32);
+                        }
+                    }
+                    if let Some(paths) = state["cgroup_paths"].as_object() {
+                        for p in paths.values().filter_map(Value::as_str) {
+                            extra_cgroups.push(p.to_owned());
+                        }
+                    }
+                }
+            }
+        }
+
+        // 2. recorded PIDs.
+        for &(pid, st) in &t.pids {
+            terminate_pid(pid, st, Duration::from_secs(2));
+        }
+
+        // 3. anything still naming our dirs (daemons, shims, hooks).
+        for d in &t.dirs {
+            for (pid, _) in processes_mentioning(&d.to_string_lossy()) {
+                kill9(pid);
+            }
+        }
+
+        // 4. cgroups, deepest first.
+        let mut cgs = t.cgroups.clone();
+        cgs.sort_by_key(|c| std::cmp::Reverse(c.matches('/').count()));
+        for cg in &cgs {
+            remove_cgroup_tree(cg);
+        }
+        for abs in extra_cgroups {
+            let p = Path::new(&abs);
+            if p.starts_with(CGROUP_ROOT) && p.is_dir() {
+                let mut dirs = Vec::new();
+                subdirs_post_order(p, &mut dirs);
+                dirs.iter().for_each(|d| remove_cgroup_dir(d));
+            }
+        }
+
+        // 5. mounts, 6. files and dirs.
+        for d in &t.dirs {
+            unmount_all_under(d);
+        }
+        for f in &t.files {
+            let _ = fs::remove_file(f);
+        }
+        for d in t.dirs.iter().chain(&t.runc_roots) {
+            if let Err(e) = fs::remove_dir_all(d) {
+                if e.kind() != io::ErrorKind::NotFound {
+                    eprintln!("harness: remove {}: {e}", d.display());
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if self.dirty.load(Ordering::SeqCst) {
+            self.run();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Child processes (daemons)
+// ---------------------------------------------------------------------------------------
+
+/// A long-running process (daemon) started by a test: stdout/stderr appended to
+/// `<log_dir>/<name>.stdout|.stderr` across restarts; SIGTERM→SIGKILL on drop.
+#[derive(Debug)]
+pub struct ChildProcess {
+    name: String,
+    program: OsString,
+    args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+    log_dir: PathBuf,
+    child: Option<Child>,
+    starttime: Option<u64>,
+}
+
+impl ChildProcess {
+    /// Starts `program args..` with `env` added to this process's environment.
+    pub fn spawn<A, S, E, K, V>(
+        name: &str,
+        program: impl AsRef<OsStr>,
+        args: A,
+        env: E,
+        log_dir: &Path,
+    ) -> ChildProcess
+    where
+        A: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+        E: IntoIterator<Item = (K, V)>,
+        K: AsRef<OsStr>,
+        V: AsRef<OsStr>,
+    {
+        fs::create_dir_all(log_dir).expect("create log dir");
+        let mut cp = ChildProcess {
+            name: name.to_owned(),
+            program: program.as_ref().to_owned(),
+            args: args.into_iter().map(|a| a.as_ref().to_owned()).collect(),
+            env: env
+                .into_iter()
+                .map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned()))
+                .collect(),
+            log_dir: log_dir.to_path_buf(),
+            child: None,
+            starttime: None,
+        };
+        cp.start();
+        cp
+    }
+
+    fn log_file(&self, stream: &str) -> fs::File {
+        fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_dir.join(format!("{}.{stream}", self.name)))
+            .expect("open child log")
+    }
+
+    fn start(&mut self) {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(self.log_file("stdout"))
+            .stderr(self.log_file("stderr"));
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+        self.starttime = proc_starttime(child.id() as i32);
+        self.child = Some(child);
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// PID of the current incarnation (0 if stopped).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+    /// True while the current incarnation has not exited.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+    /// Waits up to `timeout` for the process to exit by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let c = self.child.as_mut()?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(st)) = c.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+    /// SIGKILL (a crash), reaped. Returns the exit status.
+    pub fn kill9(&mut self) -> Option<ExitStatus> {
+        let mut c = self.child.take()?;
+        let _ = c.kill();
+        c.wait().ok()
+    }
+    /// SIGTERM, SIGKILL after `grace`, reaped. None if it had to be SIGKILLed.
+    pub fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
+        let mut c = self.child.take()?;
+        if let Ok(Some(st)) = c.try_wait() {
+            return Some(st);
+        }
+        let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGTERM);
+        // None: it ignored SIGTERM for `grace` and was SIGKILLed (and reaped).
+        wait_child(&mut c, grace).ok().flatten()
+    }
+    /// Stops the current incarnation (SIGKILL if still running) and starts a new one with
+    /// the same program, args and env.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.start();
+    }
+    /// What the process wrote to stdout so far (all incarnations).
+    pub fn stdout(&self) -> String {
+        fs::read_to_string(self.log_dir.join(format!("{}.stdout", self.name))).unwrap_or_default()
+    }
+    /// What the process wrote to stderr so far (all incarnations).
+    pub fn stderr(&self) -> String {
+        fs::read_to_string(self.log_dir.join(format!("{}.stderr", self.name))).unwrap_or_default()
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        self.terminate(Duration::from_secs(3));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Fixture: temp dir + runc
+// ---------------------------------------------------------------------------------------
+
+/// The runtime binary a fixture drives: plain runc, or tessera-runtime with
+/// `TESSERA_RUNC=runc`.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    pub bin: PathBuf,
+    pub env: Vec<(String, String)>,
+}
+
+/// One test's world: a short temp dir, a runc root inside it, a cgroup parent, a
+/// runtime binary, and the [`Cleanup`] guard (run on drop).
+#[derive(Debug)]
+pub struct Fixture {
+    dir: PathBuf,
+    name: String,
+    runtime: Runtime,
+    cleanup: Cleanup,
+}
+
+impl Default for Fixture {
+    fn default() -> Self {
+        Fixture::new()
+    }
+}
+
+impl Fixture {
+    /// A fixture driving plain `runc`.
+    pub fn new() -> Fixture {
+        Fixture::with_runtime(RUNC, &[])
+    }
+
+    /// A fixture driving `bin` (e.g. [`TESSERA_RUNTIME`]) with `env` added.
+    pub fn with_runtime(bin: impl Into<PathBuf>, env: &[(&str, &str)]) -> Fixture {
+        sweep_stale_cgroups();
+        let dir = short_tempdir();
+        let name = unique_name();
+        let cleanup = Cleanup::new();
+        cleanup.track_dir(&dir);
+        cleanup.track_runc_root(dir.join("runc-root"));
+        cleanup.track_cgroup(&format!("/{name}"));
+        fs::create_dir_all(dir.join("runc-root")).expect("create runc root");
+        fs::create_dir_all(dir.join("logs")).expect("create log dir");
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Fixture { dir, name, runtime: Runtime { bin: bin.into(), env }, cleanup }
+    }
+
+    /// Changes the runtime binary used by the runc helpers from now on.
+    pub fn set_runtime(&mut self, bin: impl Into<PathBuf>, env: &[(&str, &str)]) {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        self.runtime = Runtime { bin: bin.into(), env };
+    }
+
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+    /// The fixture's temp dir (`/tmp/ts-XXXXXXXX`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    /// `dir/rel`.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.join(rel)
+    }
+    /// `tessera-test-<pid>-<n>`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Cgroup parent of this fixture's bundles: `/tessera-test-<pid>-<n>`.
+    pub fn cgroup_parent(&self) -> String {
+        format!("/{}", self.name)
+    }
+    /// The `--root` given to every runc invocation.
+    pub fn runc_root(&self) -> PathBuf {
+        self.dir.join("runc-root")
+    }
+    /// Where daemons log and `create` stores container output.
+    pub fn log_dir(&self) -> PathBuf {
+        self.dir.join("logs")
+    }
+    /// A unix socket path inside the fixture dir (checked to fit `sun_path`).
+    pub fn socket_path(&self, name: &str) -> PathBuf {
+        let p = self.dir.join(name);
+        assert_sun_path_fits(&p);
+        p
+    }
+    pub fn cleanup(&self) -> &Cleanup {
+        &self.cleanup
+    }
+    /// Runs the cleanup now (drop would do it anyway).
+    pub fn run_cleanup(&self) {
+        self.cleanup.run();
+    }
+    pub fn footprint(&self) -> Footprint {
+        self.cleanup.footprint()
+    }
+
+    /// A bundle at `dir/bundles/<id>` whose cgroup is `<cgroup_parent>/<id>`.
+    pub fn bundle(&self, id: &str) -> Bundle {
+        let mut b = Bundle::new(self.dir.join("bundles").join(id));
+        b.set_cgroups_path(&format!("{}/{id}", self.cgroup_parent()));
+        b
+    }
+
+    fn runtime_cmd(&self, args: &[&str], env: &[(&str, &str)]) -> Command {
+        let mut cmd = Command::new(&self.runtime.bin);
+        cmd.arg("--root").arg(self.runc_root()).args(args);
+        cmd.envs(self.runtime.env.iter().map(|(k, v)| (k, v)));
+        cmd.envs(env.iter().copied());
+        cmd
+    }
+
+    /// `<runtime> --root <runc_root> ARGS..` with `env` added; output captured.
+    pub fn runc(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        run_cmd(&mut self.runtime_cmd(args, env))
+    }
+
+    /// Foreground `run --bundle B ID` (the bundle must be written); returns when the
+    /// container exits, with its stdout/stderr (and runc's) captured.
+    pub fn run_container(&self, bundle: &Bundle, id: &str) -> Output {
+        self.cleanup.track_cgroup(&bundle.cgroups_path());
+        let b = bundle.dir().to_string_lossy().into_owned();
+        self.runc(&["run", "--bundle", &b, id], &[])
+    }
+
+    /// `create --bundle B ID`. The container's stdio goes to `logs/<id>.out|.err` (read
+    /// them with [`Fixture::container_output`]); the returned Output holds what those files
+    /// held when create returned (runc's own errors included).
+    pub fn create_container(&self, bundle: &Bundle, id: &str) -> Output {
+        self.cleanup.track_cgroup(&bundle.cgroups_path());
+        let (out_path, err_path) = self.container_log_paths(id);
+        let b = bundle.dir().to_string_lossy().into_owned();
+        let mut cmd = self.runtime_cmd(&["create", "--bundle", &b, id], &[]);
+        cmd.stdin(Stdio::null())
+            .stdout(fs::File::create(&out_path).expect("create container stdout file"))
+            .stderr(fs::File::create(&err_path).expect("create container stderr file"));
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+        let status = wait_child(&mut child, CMD_TIMEOUT)
+            .expect("wait runc create")
+            .unwrap_or_else(|| panic!("{cmd:?} timed out"));
+        if let Some(pid) = self.container_pid(id) {
+            self.cleanup.track_pid(pid as u32);
+        }
+        Output {
+            status,
+            stdout: fs::read(&out_path).unwrap_or_default(),
+            stderr: fs::read(&err_path).unwrap_or_default(),
+        }
+    }
+
+    fn container_log_paths(&self, id: &str) -> (PathBuf, PathBuf) {
+        (self.log_dir().join(format!("{id}.out")), self.log_dir().join(format!("{id}.err")))
+    }
+
+    /// (stdout, stderr) written so far by a container made with [`Fixture::create_container`].
+    pub fn container_output(&self, id: &str) -> (String, String) {
+        let (o, e) = self.container_log_paths(id);
+        (fs::read_to_string(o).unwrap_or_default(), fs::read_to_string(e).unwrap_or_default())
+    }
+
+    pub fn start_container(&self, id: &str) -> Output {
+        self.runc(&["start", id], &[])
+    }
+    /// `kill ID SIGNAL` (e.g. "KILL", "TERM").
+    pub fn kill_container(&self, id: &str, signal: &str) -> Output {
+        self.runc(&["kill", id, signal], &[])
+    }
+    pub fn delete_container(&self, id: &str, force: bool) -> Output {
+        if force {
+            self.runc(&["delete", "-f", id], &[])
+        } else {
+            self.runc(&["delete", id], &[])
+        }
+    }
+    /// `exec ID ARGS..` in a running container (no tty), output captured.
+    pub fn exec(&self, id: &str, args: &[&str]) -> Output {
+        let mut a = vec!["exec", id];
+        a.extend_from_slice(args);
+        self.runc(&a, &[])
+    }
+    /// Parsed `state ID`, or None if runc does not know the container.
+    pub fn state(&self, id: &str) -> Option<Value> {
+        let out = self.runc(&["state", id], &[]);
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+    /// `status` of `state ID` ("created", "running", "stopped"), or None.
+    pub fn status(&self, id: &str) -> Option<String> {
+        self.state(id)?["status"].as_str().map(str::to_owned)
+    }
+    /// Host PID of the container's init, or None.
+    pub fn container_pid(&self, id: &str) -> Option<i32> {
+        let pid = self.state(id)?["pid"].as_i64()?;
+        (pid > 0).then_some(pid as i32)
+    }
+    /// create + start, asserting both; returns the init's host PID.
+    pub fn run_detached(&self, bundle: &Bundle, id: &str) -> i32 {
+        self.create_container(bundle, id).assert_success("runc create");
+        self.start_container(id).assert_success("runc start");
+        self.container_pid(id).expect("running container has a pid")
+    }
+
+    /// Starts a daemon with logs in `log_dir()`; its PID is also tracked by the cleanup.
+    pub fn spawn<A, S, E, K, V>(
+        &self,
+        name: &str,
+        program: impl AsRef<OsStr>,
+        args: A,
+        env: E,
+    ) -> ChildProcess
+    where
+        A: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+        E: IntoIterator<Item = (K, V)>,
+        K: AsRef<OsStr>,
+        V: AsRef<OsStr>,
+    {
+        let cp = ChildProcess::spawn(name, program, args, env, &self.log_dir());
+        self.cleanup.track_pid(cp.pid());
+        cp
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// containerd
+// ---------------------------------------------------------------------------------------
+
+/// Plugins this harness never needs; CRI in particular would open ports and want CNI.
+const DISABLED_PLUGINS: &[&str] = &[
+    "io.containerd.grpc.v1.cri",
+    "io.containerd.internal.v1.opt",
+    "io.containerd.snapshotter.v1.aufs",
+    "io.containerd.snapshotter.v1.btrfs",
+    "io.containerd.snapshotter.v1.zfs",
+    "io.containerd.snapshotter.v1.devmapper",
+    "io.containerd.tracing.processor.v1.otlp",
+    "io.containerd.internal.v1.tracing",
+];
+
+/// Where containerd-shim-runc-v2 puts its sockets, whatever containerd's config says.
+const SHIM_SOCKET_DIR: &str = "/run/containerd/s";
+
+fn toml_str(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// Options for [`Containerd`].
+#[derive(Debug, Clone)]
+pub struct ContainerdBuilder {
+    env: Vec<(String, String)>,
+    runc_binary: String,
+    extra_config: String,
+}
+
+impl ContainerdBuilder {
+    /// Environment for containerd, which passes it on to shims and so to the runtime
+    /// (e.g. `TESSERA_SOCKET`, `TESSERA_RUNC`).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+    /// Default `--runc-binary` for [`Containerd::ctr_run`] (default `runc`).
+    pub fn runc_binary(mut self, bin: impl AsRef<Path>) -> Self {
+        self.runc_binary = bin.as_ref().to_string_lossy().into_owned();
+        self
+    }
+    /// TOML appended to the generated config.
+    pub fn extra_config(mut self, toml: &str) -> Self {
+        self.extra_config.push_str(toml);
+        self.extra_config.push('\n');
+        self
+    }
+
+    /// Starts containerd on a fresh temp dir and waits until `ctr version` answers.
+    pub fn start(self) -> Containerd {
+        sweep_stale_cgroups();
+        let dir = short_tempdir();
+        let namespace = unique_name();
+        let socket = dir.join("c.sock");
+        assert_sun_path_fits(&socket);
+        let cleanup = Cleanup::new();
+        cleanup.track_dir(&dir);
+        cleanup.track_runc_root(dir.join("runc"));
+        cleanup.track_cgroup(&format!("/{namespace}"));
+        let created_run_containerd = !Path::new("/run/containerd").exists();
+
+        let disabled: Vec<String> = DISABLED_PLUGINS.iter().map(|p| toml_str(p)).collect();
+        let config = format!(
+            "version = 2\nroot = {root}\nstate = {state}\ndisabled_plugins = [{disabled}]\n\
+             oom_score = 0\n\n[grpc]\n  address = {sock}\n  tcp_address = \"\"\n\n\
+             [ttrpc]\n  address = \"\"\n\n[debug]\n  address = \"\"\n  level = \"info\"\n\n\
+             [metrics]\n  address = \"\"\n\n[cgroup]\n  path = \"\"\n\n{extra}",
+            root = toml_str(&dir.join("root").to_string_lossy()),
+            state = toml_str(&dir.join("state").to_string_lossy()),
+            disabled = disabled.join(", "),
+            sock = toml_str(&socket.to_string_lossy()),
+            extra = self.extra_config,
+        );
+        let config_path = dir.join("containerd.toml");
+        fs::File::create(&config_path)
+            .and_then(|mut f| f.write_all(config.as_bytes()))
+            .expect("write containerd config");
+        for sub in ["runc", "fifo", "logs"] {
+            fs::create_dir_all(dir.join(sub)).expect("create containerd fixture dir");
+        }
+
+        let process = ChildProcess::spawn(
+            "containerd",
+            CONTAINERD,
+            [OsStr::new("--config"), config_path.as_os_str()],
+            self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            &dir.join("logs"),
+        );
+        let pid = process.pid() as i32;
+        cleanup.track_pid(process.pid());
+        let ctd = Containerd {
+            dir,
+            socket,
+            namespace,
+            runc_binary: self.runc_binary,
+            process: Some(process),
+            cleanup,
+            created_run_containerd,
+        };
+        // Stop waiting early if it died (e.g. a bad config): the log says why.
+        wait_for(|| !pid_alive(pid, None) || ctd.ctr_ok(), Duration::from_secs(20));
+        assert!(ctd.ctr_ok(), "containerd did not come up:\n{}", ctd.log());
+        ctd
+    }
+}
+
+/// A private containerd: root, state, socket, runc root and fifo dir all under one temp
+/// dir, its own namespace (`tessera-test-<pid>-<n>`, also the cgroup parent of its
+/// containers). Stopped and cleaned on drop.
+#[derive(Debug)]
+pub struct Containerd {
+    dir: PathBuf,
+    socket: PathBuf,
+    namespace: String,
+    runc_binary: String,
+    process: Option<ChildProcess>,
+    cleanup: Cleanup,
+    created_run_containerd: bool,
+}
+
+impl Containerd {
+    pub fn builder() -> ContainerdBuilder {
+        ContainerdBuilder {
+            env: Vec::new(),
+            runc_binary: RUNC.to_owned(),
+            extra_config: String::new(),
+        }
+    }
+    /// containerd with default options.
+    pub fn start() -> Containerd {
+        Containerd::builder().start()
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+    /// ctr's default cgroup parent for this namespace: `/<namespace>`.
+    pub fn cgroup_parent(&self) -> String {
+        format!("/{}", self.namespace)
+    }
+    /// `--runc-root` given to shims; containers live in `<runc_root>/<namespace>/<id>`.
+    pub fn runc_root(&self) -> PathBuf {
+        self.dir.join("runc")
+    }
+    /// containerd's PID (0 once stopped).
+    pub fn pid(&self) -> u32 {
+        self.process.as_ref().map(ChildProcess::pid).unwrap_or(0)
+    }
+    /// containerd's log so far.
+    pub fn log(&self) -> String {
+        self.process.as_ref().map(ChildProcess::stderr).unwrap_or_default()
+    }
+    /// The bundle dir containerd hands the shim (config.json as the runtime sees it).
+    pub fn bundle_dir(&self, id: &str) -> PathBuf {
+        self.dir.join("state/io.containerd.runtime.v2.task").join(&self.namespace).join(id)
+    }
+    pub fn cleanup(&self) -> &Cleanup {
+        &self.cleanup
+    }
+    pub fn footprint(&self) -> Footprint {
+        self.cleanup.footprint()
+    }
+
+    fn ctr_cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(CTR);
+        cmd.arg("--address").arg(&self.socket).arg("--namespace").arg(&self.namespace).args(args);
+        cmd
+    }
+
+    /// `ctr --address S --namespace NS ARGS..`, output captured.
+    pub fn ctr(&self, args: &[&str]) -> Output {
+        run_cmd(&mut self.ctr_cmd(args))
+    }
+
+    /// `ctr run --rootfs [defaults] FLAGS ROOTFS ID CMD..`. `--rootfs` is a boolean flag in
+    /// ctr 1.6: the rootfs dir is the first positional argument. Defaults added unless
+    /// already in `flags`: `--rm` (unless `-d`/`--detach`), `--runc-binary <builder's>`,
+    /// `--env PATH=..` (ctr gives a `--rootfs` container no env at all); always
+    /// `--runc-root` and `--fifo-dir` inside the fixture. A `--cgroup P` is tracked for
+    /// cleanup (keep it under [`Containerd::cgroup_parent`]).
+    pub fn ctr_run(&self, rootfs: &Path, id: &str, flags: &[&str], cmd: &[&str]) -> Output {
+        let has = |f: &str| flags.iter().any(|x| *x == f || x.starts_with(&format!("{f}=")));
+        let mut args: Vec<String> = vec!["run".into(), "--rootfs".into()];
+        if !has("--rm") && !has("-d") && !has("--detach") {
+            args.push("--rm".into());
+        }
+        if !has("--runc-binary") {
+            args.extend(["--runc-binary".into(), self.runc_binary.clone()]);
+        }
+        if !flags.iter().any(|f| f.starts_with("PATH=")) {
+            args.extend(["--env".into(), DEFAULT_PATH_ENV.into()]);
+        }
+        args.extend(["--runc-root".into(), self.runc_root().to_string_lossy().into_owned()]);
+        args.extend(["--fifo-dir".into(), self.dir.join("fifo").to_string_lossy().into_owned()]);
+        for (i, f) in flags.iter().enumerate() {
+            if *f == "--cgroup" {
+                if let Some(p) = flags.get(i + 1) {
+                    self.cleanup.track_cgroup(p);
+                }
+            } else if let Some(p) = f.strip_prefix("--cgroup=") {
+                self.cleanup.track_cgroup(p);
+            }
+        }
+        args.extend(flags.iter().map(|s| s.to_string()));
+        args.push(rootfs.to_string_lossy().into_owned());
+        args.push(id.to_owned());
+        args.extend(cmd.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.ctr(&refs)
+    }
+
+    /// Live containerd-shim processes started for this containerd (by its socket path).
+    pub fn shims(&self) -> Vec<i32> {
+        processes_mentioning(&self.socket.to_string_lossy())
+            .into_iter()
+            .filter(|(_, cmd)| cmd.contains("containerd-shim"))
+            .map(|(pid, _)| pid)
+            .collect()
+    }
+
+    /// SIGKILLs containerd (a crash); shims and containers keep running.
+    pub fn kill9(&mut self) {
+        if let Some(p) = self.process.as_mut() {
+            p.kill9();
+        }
+    }
+
+    /// Starts containerd again on the same dirs and config (after [`Containerd::kill9`],
+    /// or killing it first) and waits until it answers.
+    pub fn restart(&mut self) {
+        let p = self.process.as_mut().expect("containerd fixture already stopped");
+        p.restart();
+        self.cleanup.track_pid(p.pid());
+        let ready = wait_for(|| self.ctr_ok(), Duration::from_secs(20));
+        assert!(ready, "containerd did not come back:\n{}", self.log());
+    }
+
+    fn ctr_ok(&self) -> bool {
+        let mut cmd = Command::new(CTR);
+        cmd.arg("--address").arg(&self.socket).arg("version");
+        matches!(output_timeout(&mut cmd, Duration::from_secs(5)), Ok(o) if o.status.success())
+    }
+
+    fn list_ids(&self, what: &str) -> Vec<String> {
+        match output_timeout(&mut self.ctr_cmd(&[what, "ls", "-q"]), CLEANUP_CMD_TIMEOUT) {
+            Ok(o) if o.status.success() => o.stdout_str().lines().map(str::to_owned).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Stops everything (idempotent): through containerd first (tasks rm -f, containers
+    /// rm, so shims exit cleanly), then SIGTERM→SIGKILL containerd, SIGKILL leftover shims
+    /// (removing their sockets under /run/containerd/s), then the generic [`Cleanup`].
+    pub fn stop(&mut self) {
+        let Some(mut process) = self.process.take() else { return };
+        if process.is_running() {
+            for id in self.list_ids("tasks") {
+                let _ = output_timeout(
+                    &mut self.ctr_cmd(&["tasks", "rm", "-f", &id]),
+                    CLEANUP_CMD_TIMEOUT,
+                );
+            }
+            for id in self.list_ids("containers") {
+                let _ = output_timeout(
+                    &mut self.ctr_cmd(&["containers", "rm", &id]),
+                    CLEANUP_CMD_TIMEOUT,
+                );
+            }
+        }
+        process.terminate(Duration::from_secs(5));
+        for pid in self.shims() {
+            for sock in unix_sockets_of(pid) {
+                if sock.starts_with(SHIM_SOCKET_DIR) {
+                    self.cleanup.track_file(sock);
+                }
+            }
+            kill9(pid);
+            wait_for(|| !pid_alive(pid, None), Duration::from_secs(5));
+        }
+        self.cleanup.run();
+        if self.created_run_containerd {
+            // Only removes them if empty: another containerd may have started meanwhile.
+            let _ = fs::remove_dir(SHIM_SOCKET_DIR);
+            let _ = fs::remove_dir("/run/containerd");
+        }
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
