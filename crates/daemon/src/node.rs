@@ -86,8 +86,8 @@ impl Node {
         validate_container_id(&req.container_id)?;
         validate_abs_path("runc_root", &req.runc_root)?;
         validate_abs_path("bundle", &req.bundle)?;
-        let request: GpuRequest = req.request.parse().map_err(|e| {
-            ApiError::new(ErrorCode::BadRequest, format!("container {}: {e}", req.container_id))
+        let request: GpuRequest = req.request.parse().map_err(|e: tessera_api::RequestError| {
+            ApiError::new(ErrorCode::BadRequest, e.to_string())
         })?;
 
         if let Some(existing) = self.store.get(&req.container_id).map_err(internal)? {
@@ -111,7 +111,7 @@ impl Node {
         let tenant = self.policy.policy.resolve_identity(&req.annotations).map_err(|e| {
             let err = ApiError {
                 code: ErrorCode::UnknownTenant,
-                message: format!("container {}: {e}", req.container_id),
+                message: e.to_string(),
                 tenant: None,
                 request: Some(request.to_string()),
                 rule: Some("identity".into()),
@@ -123,7 +123,7 @@ impl Node {
         if let Err(refusal) = self.policy.policy.authorize(&tenant, &request, &self.inventory.node) {
             let err = ApiError {
                 code: ErrorCode::Refused,
-                message: format!("container {}: {refusal}", req.container_id),
+                message: refusal.to_string(),
                 tenant: Some(refusal.tenant.clone()),
                 request: Some(refusal.request.clone()),
                 rule: Some(refusal.rule.clone()),
@@ -141,7 +141,7 @@ impl Node {
             };
             let err = ApiError {
                 code,
-                message: format!("container {} (tenant {}): {nofit}", req.container_id, tenant.path),
+                message: format!("tenant {}: {nofit}", tenant.path),
                 tenant: Some(tenant.path.clone()),
                 request: Some(request.to_string()),
                 rule: None,
@@ -150,7 +150,7 @@ impl Node {
             err
         })?;
         let injection = slicer::injection(&self.inventory, &devices).map_err(|e| {
-            ApiError::new(ErrorCode::Internal, format!("container {}: cannot build the injection: {e}", req.container_id))
+            ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}"))
         })?;
 
         let allocation = Allocation {
@@ -172,7 +172,7 @@ impl Node {
             pid_start: None,
         };
         self.store.insert(&record).map_err(|e| match e {
-            StoreError::DeviceClaimed { .. } => ApiError::new(ErrorCode::Conflict, format!("container {}: {e}", req.container_id)),
+            StoreError::DeviceClaimed { .. } => ApiError::new(ErrorCode::Conflict, e.to_string()),
             other => internal(other),
         })?;
         info!(container = %allocation.container_id, tenant = %allocation.tenant, request = %allocation.request,

@@ -154,8 +154,25 @@ impl Store {
         Ok(())
     }
 
+    /// Run `f` with `synchronous=NORMAL`: its commit survives a crash of this process
+    /// (`kill -9`) but may roll back on power loss. Only for changes the reconciler repairs
+    /// on its own: a lost start leaves a grant it judges by runc's state, a lost release
+    /// leaves a grant whose container it finds gone. Grants are always `FULL`.
+    fn relaxed<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        self.conn.execute_batch("PRAGMA synchronous=NORMAL")?;
+        let r = f(self);
+        let restored = self.conn.execute_batch("PRAGMA synchronous=FULL");
+        let v = r?;
+        restored?;
+        Ok(v)
+    }
+
     /// Mark an allocation running with its container's pid.
     pub fn set_running(&mut self, container_id: &str, pid: i32, pid_start: Option<u64>) -> Result<(), StoreError> {
+        self.relaxed(|s| s.set_running_inner(container_id, pid, pid_start))
+    }
+
+    fn set_running_inner(&mut self, container_id: &str, pid: i32, pid_start: Option<u64>) -> Result<(), StoreError> {
         let Some(mut rec) = self.get(container_id)? else { return Ok(()) };
         rec.allocation.state = AllocationState::Running;
         rec.allocation.pid = Some(pid);
@@ -175,6 +192,10 @@ impl Store {
 
     /// Remove an allocation and free its devices. Returns whether it existed.
     pub fn remove(&mut self, container_id: &str, why: &str) -> Result<bool, StoreError> {
+        self.relaxed(|s| s.remove_inner(container_id, why))
+    }
+
+    fn remove_inner(&mut self, container_id: &str, why: &str) -> Result<bool, StoreError> {
         let tx = self.conn.transaction()?;
         let n = tx.execute("DELETE FROM allocations WHERE container_id=?1", [container_id])?;
         if n > 0 {
@@ -346,6 +367,17 @@ mod tests {
         assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
         assert!(err.to_string().contains("left untouched"), "{err}");
         assert_eq!(std::fs::read(&path).expect("read"), bytes, "the corrupt file was modified");
+    }
+
+    #[test]
+    fn grants_commit_with_full_sync_after_relaxed_changes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = Store::open(&dir.path().join("state.db")).expect("open");
+        s.insert(&rec("a", &["GPU-1"])).expect("insert");
+        s.set_running("a", 1, None).expect("running");
+        s.remove("a", "test").expect("remove");
+        let sync: i64 = s.conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).expect("pragma");
+        assert_eq!(sync, 2, "synchronous must be back to FULL (2) for the next grant");
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //! `preserve_order` is on); key order carries no meaning in config.json.
 
 use std::collections::BTreeSet;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -216,9 +216,10 @@ pub fn save_config(cfg: &LoadedConfig) -> Result<(), SpecError> {
             let _ = std::os::unix::fs::fchown(&f, Some(cfg.uid), Some(cfg.gid));
         }
         f.write_all(&bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &cfg.path)?;
-        File::open(dir)?.sync_all()
+        // No fsync: runc reads this file right after we exec it, on the same host, and a
+        // crash before then abandons the create (the caller writes a fresh bundle). The
+        // rename is what matters: a reader sees the old file or the new one, never half.
+        std::fs::rename(&tmp, &cfg.path)
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);

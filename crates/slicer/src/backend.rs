@@ -3,13 +3,16 @@
 //! [`crate::SimBackend`] (a simulated node whose state lives in files, like hardware
 //! state outlives a daemon restart).
 //!
-//! Issue 3 adds MIG instance creation and destruction to the trait; both backends keep
-//! their state in a form that allows it (the simulator re-reads its state files on every
-//! call, the NVML backend holds nothing but the library handle).
+//! MIG instances are created and destroyed one at a time, at an explicit placement,
+//! through [`GpuBackend::create_instance`] and [`GpuBackend::destroy_instance`]. A
+//! backend checks legality against what it knows (the simulator: the catalog; NVML: the
+//! driver) but knows nothing of tenants: never destroying an instance in use is the
+//! caller's rule (see [`crate::place`] and [`crate::layout`]), checked before any call.
 
 use std::path::PathBuf;
 
-use crate::inventory::{Inventory, ParseError};
+use crate::catalog::LayoutError;
+use crate::inventory::{Inventory, MigInstance, ParseError};
 
 /// The hardware seam. Implementations are cheap to share between threads.
 pub trait GpuBackend: Send + Sync + std::fmt::Debug {
@@ -18,6 +21,28 @@ pub trait GpuBackend: Send + Sync + std::fmt::Debug {
 
     /// The node's GPUs, MIG instances, device minors and majors, as they are now.
     fn inventory(&self) -> Result<Inventory, BackendError>;
+
+    /// Create a MIG instance of `profile` (a GPU instance at memory slot `start` and one
+    /// compute instance spanning it) on GPU `gpu_index`, and return it as the inventory
+    /// will list it. The GPU must be in MIG mode and the placement legal next to what is
+    /// there. Backends that cannot change MIG layouts answer
+    /// [`BackendError::Unsupported`].
+    fn create_instance(
+        &self,
+        gpu_index: u32,
+        profile: &str,
+        start: u8,
+    ) -> Result<MigInstance, BackendError> {
+        let _ = (gpu_index, profile, start);
+        Err(BackendError::Unsupported(format!("{} cannot create MIG instances", self.describe())))
+    }
+
+    /// Destroy the MIG instance `uuid` (its compute instance, then its GPU instance).
+    /// The caller must make sure nothing uses it.
+    fn destroy_instance(&self, uuid: &str) -> Result<(), BackendError> {
+        let _ = uuid;
+        Err(BackendError::Unsupported(format!("{} cannot destroy MIG instances", self.describe())))
+    }
 }
 
 /// Why a backend could not answer.
@@ -45,6 +70,27 @@ pub enum BackendError {
     /// The host's view of the driver is incomplete (e.g. a missing cap minor or major).
     #[error("{0}")]
     Inventory(String),
+    /// The backend cannot do this (e.g. change MIG layouts).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// No GPU has this index.
+    #[error("no GPU with index {0}")]
+    NoSuchGpu(u32),
+    /// No MIG instance has this uuid.
+    #[error("no MIG instance {0}")]
+    NoSuchInstance(String),
+    /// The GPU is not in MIG mode (Tessera never changes MIG mode).
+    #[error("GPU {gpu_index} is not in MIG mode")]
+    MigDisabled { gpu_index: u32 },
+    /// The GPU's model is not in the catalog, so its layout cannot be checked here.
+    #[error("GPU {gpu_index} is a {model}, which the catalog does not know")]
+    UnknownModel { gpu_index: u32, model: String },
+    /// The new instance would not be legal next to the GPU's other instances.
+    #[error("GPU {gpu_index}: {source}")]
+    Layout { gpu_index: u32, source: LayoutError },
+    /// Every GPU-instance id of the GPU is taken.
+    #[error("GPU {gpu_index}: no free GPU-instance id")]
+    NoFreeGiId { gpu_index: u32 },
 }
 
 impl BackendError {

@@ -20,6 +20,10 @@ pub enum NoFit {
     NoInstance { profile: String, existing: String },
     #[error("mig={profile}: all {count} instances of {profile} on this node are held")]
     AllHeld { profile: String, count: usize },
+    /// No free instance, no free placement and no placement that destroying only idle
+    /// instances would open (see [`crate::place`]).
+    #[error("mig={profile}: no room for a {profile} instance, even after destroying idle instances ({detail})")]
+    NoRoom { profile: String, detail: String },
     #[error("{request}: MPS / time-sliced sharing is not supported yet")]
     NotSupported { request: String },
 }

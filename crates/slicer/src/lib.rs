@@ -6,6 +6,10 @@
 //! - [`backend`]: the [`GpuBackend`] hardware seam, with [`SimBackend`] (state in files)
 //!   and [`NvmlBackend`] (the driver, read-only).
 //! - [`choose`](choose()): which devices a request gets (pure, deterministic).
+//! - [`place`](mod@place): where a new MIG instance goes, and which idle instances to
+//!   destroy when nothing else fits (pure, deterministic).
+//! - [`layout`]: declared MIG layouts and the plan that converges to them without
+//!   touching instances in use (pure), and its execution on a backend.
 //! - [`injection`]: the device nodes and environment a container needs for its devices
 //!   (pure).
 
@@ -14,7 +18,9 @@ pub mod catalog;
 mod choose;
 mod inject;
 pub mod inventory;
+pub mod layout;
 pub mod nvml;
+pub mod place;
 pub mod sim;
 
 pub use backend::{BackendError, GpuBackend};
@@ -26,6 +32,8 @@ pub use inventory::{
     ParseError, ProcDevices,
 };
 pub use nvml::NvmlBackend;
+pub use layout::{apply_plan, plan, DeclaredLayout, LayoutPlan};
+pub use place::{place, place_scored, DemandMix, PlaceDecision, Scored, Strategy};
 pub use sim::SimBackend;
 
 #[cfg(test)]

@@ -9,8 +9,27 @@
 //! - `mem/<uuid>.bin`: the device memory of each assignable device (each MIG instance on a
 //!   MIG GPU, else the GPU), `sim_memory_bytes` long, zero-filled at first.
 //!
+//! - `lock`: taken (flock, exclusive) around every change, so concurrent creates and
+//!   destroys from threads or processes never lose an update.
+//!
 //! [`GpuBackend::inventory`] re-reads these files on every call and resolves majors and
 //! cap minors with the same parsers the NVML backend uses on the real host files.
+//!
+//! # MIG changes (hardware semantics)
+//!
+//! [`GpuBackend::create_instance`] checks the new placement against the catalog next to
+//! the GPU's other instances, gives it the lowest free GPU-instance id (as the driver
+//! does), compute instance 0 and a fresh uuid (derived from a creation counter kept in the
+//! state, so an instance re-created at the same placement with the same GI id still gets
+//! a new uuid), creates its zeroed memory file, then persists the state atomically and
+//! rewrites `mig-minors`. [`GpuBackend::destroy_instance`] persists the state, then removes
+//! the memory file. A crash in between leaves at worst an orphan memory file, never an
+//! instance without memory. A daemon restart sees every change.
+//!
+//! Difference from the driver: real drivers can refuse a 3g instance after smaller ones
+//! were created first (create 3g before smaller ones); the simulator accepts any
+//! creation order that is legal. [`crate::layout::plan`] orders creations 3g-first for
+//! the driver's sake.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -21,7 +40,8 @@ use serde::{Deserialize, Serialize};
 use crate::backend::{cap_minors, read_majors, read_mig_minors, BackendError, GpuBackend};
 use crate::catalog::{self, placement_is_legal};
 use crate::inventory::{
-    render_mig_minors, render_proc_devices, Gpu, Inventory, Majors, MigInstance, NVIDIA_MAJOR,
+    render_mig_minors, render_proc_devices, Gpu, Inventory, Majors, MigInstance,
+    CAP_GIS_PER_GPU, NVIDIA_MAJOR,
 };
 
 /// Device memory per simulated device unless the node file says otherwise.
@@ -106,6 +126,10 @@ struct SimState {
     node: String,
     memory_bytes: u64,
     gpus: Vec<SimGpu>,
+    /// MIG instances created since the state was materialised; part of every new
+    /// instance's uuid, so uuids are never reused.
+    #[serde(default)]
+    generation: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -280,12 +304,71 @@ impl SimBackend {
             create_zeroed(&self.memory_file(uuid), state.memory_bytes)?;
         }
         sync_dir(&mem_dir)?;
-        let json = serde_json::to_vec_pretty(&state).map_err(|e| BackendError::Json {
+        self.write_state(&state)
+    }
+
+    fn write_state(&self, state: &SimState) -> Result<(), BackendError> {
+        let json = serde_json::to_vec_pretty(state).map_err(|e| BackendError::Json {
             path: self.state_path(),
             message: format!("encode: {e}"),
         })?;
         write_atomic(&self.state_path(), &json)
     }
+
+    /// Rewrite `mig-minors` for the state's GPUs (the driver lists every possible GPU and
+    /// compute instance of every GPU, so the content follows the GPUs, not the layout).
+    fn write_mig_minors(&self, state: &SimState) -> Result<(), BackendError> {
+        let minors: Vec<u32> = state.gpus.iter().map(|g| g.minor).collect();
+        write_atomic(&self.mig_minors_path(), render_mig_minors(&minors).as_bytes())
+    }
+
+    /// Take the state lock (exclusive flock on `sim/lock`) until the guard drops.
+    fn lock(&self) -> Result<StateLock, BackendError> {
+        let path = self.sim_dir.join("lock");
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(BackendError::io(&path))?;
+        loop {
+            use std::os::fd::AsRawFd;
+            // SAFETY: flock on a file descriptor `file` owns and keeps open for the call;
+            // no memory is passed.
+            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+            if rc == 0 {
+                return Ok(StateLock { _file: file });
+            }
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(BackendError::Io { path, source: err });
+            }
+        }
+    }
+
+    fn instance_of(&self, minors_gpu: u32, inst: &SimInstance) -> Result<MigInstance, BackendError> {
+        let minors_path = self.mig_minors_path();
+        let minors = read_mig_minors(&minors_path)?;
+        let (gi_cap_minor, ci_cap_minor) =
+            cap_minors(&minors, &minors_path, minors_gpu, inst.gi_id, inst.ci_id)?;
+        Ok(MigInstance {
+            uuid: inst.uuid.clone(),
+            profile: inst.profile.clone(),
+            gi_id: inst.gi_id,
+            ci_id: inst.ci_id,
+            start: inst.start,
+            size: inst.size,
+            memory_mib: inst.memory_mib,
+            gi_cap_minor,
+            ci_cap_minor,
+        })
+    }
+}
+
+/// The state lock; released when dropped (closing the file releases the flock).
+#[derive(Debug)]
+struct StateLock {
+    _file: File,
 }
 
 impl GpuBackend for SimBackend {
@@ -327,6 +410,99 @@ impl GpuBackend for SimBackend {
             });
         }
         Ok(Inventory { node: state.node, gpus, majors })
+    }
+
+    fn create_instance(
+        &self,
+        gpu_index: u32,
+        profile: &str,
+        start: u8,
+    ) -> Result<MigInstance, BackendError> {
+        let _lock = self.lock()?;
+        let mut state = self.read_state()?;
+        let generation = state.generation.saturating_add(1);
+        state.generation = generation;
+        let node = state.node.clone();
+        let memory_bytes = state.memory_bytes;
+        let gpu = state
+            .gpus
+            .iter_mut()
+            .find(|g| g.index == gpu_index)
+            .ok_or(BackendError::NoSuchGpu(gpu_index))?;
+        if !gpu.mig_enabled {
+            return Err(BackendError::MigDisabled { gpu_index });
+        }
+        let model = catalog::model(&gpu.model).ok_or_else(|| BackendError::UnknownModel {
+            gpu_index,
+            model: gpu.model.clone(),
+        })?;
+        let mut layout: Vec<(&str, u8)> =
+            gpu.instances.iter().map(|i| (i.profile.as_str(), i.start)).collect();
+        layout.push((profile, start));
+        placement_is_legal(model, &layout)
+            .map_err(|source| BackendError::Layout { gpu_index, source })?;
+        let prof = model.profile(profile).ok_or_else(|| BackendError::Layout {
+            gpu_index,
+            source: catalog::LayoutError::UnknownProfile {
+                model: model.name,
+                profile: profile.to_string(),
+                offered: model.profile_names().collect::<Vec<_>>().join(", "),
+            },
+        })?;
+        // The driver hands out the lowest free GPU-instance id (gi0 is never a MIG
+        // instance).
+        let gi_id = (1..CAP_GIS_PER_GPU)
+            .find(|id| !gpu.instances.iter().any(|i| i.gi_id == *id))
+            .ok_or(BackendError::NoFreeGiId { gpu_index })?;
+        let ci_id = 0;
+        let inst = SimInstance {
+            uuid: sim_uuid("MIG", &format!("{node}/{gpu_index}/{gi_id}/{ci_id}/created-{generation}")),
+            profile: prof.name.to_string(),
+            gi_id,
+            ci_id,
+            start,
+            size: prof.size,
+            memory_mib: prof.memory_mib,
+        };
+        let gpu_minor = gpu.minor;
+        gpu.instances.push(inst.clone());
+        gpu.instances.sort_by_key(|i| (i.start, i.gi_id));
+
+        let mem = self.memory_file(&inst.uuid);
+        create_zeroed(&mem, memory_bytes)?;
+        let mem_dir = self.sim_dir.join("mem");
+        sync_dir(&mem_dir)?;
+        if let Err(e) = self.write_state(&state) {
+            let _ = fs::remove_file(&mem);
+            return Err(e);
+        }
+        self.write_mig_minors(&state)?;
+        self.instance_of(gpu_minor, &inst)
+    }
+
+    fn destroy_instance(&self, uuid: &str) -> Result<(), BackendError> {
+        let _lock = self.lock()?;
+        let mut state = self.read_state()?;
+        let mut found = false;
+        for gpu in &mut state.gpus {
+            if let Some(pos) = gpu.instances.iter().position(|i| i.uuid == uuid) {
+                gpu.instances.remove(pos);
+                found = true;
+                break;
+            }
+        }
+        if !found {
+            return Err(BackendError::NoSuchInstance(uuid.to_string()));
+        }
+        self.write_state(&state)?;
+        self.write_mig_minors(&state)?;
+        let mem = self.memory_file(uuid);
+        match fs::remove_file(&mem) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(BackendError::Io { path: mem, source: e }),
+        }
+        sync_dir(&self.sim_dir.join("mem"))
     }
 }
 
@@ -449,6 +625,7 @@ fn realise(desc: &NodeFile) -> SimState {
         node: desc.node.clone(),
         memory_bytes: desc.sim_memory_bytes,
         gpus,
+        generation: 0,
     }
 }
 

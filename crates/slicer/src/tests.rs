@@ -5,6 +5,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
+// Explicit beats the two globs: `Strategy` here is proptest's.
+use proptest::strategy::Strategy;
 use tessera_api::{DeviceNode, GpuRequest, GrantedDevice};
 
 use crate::catalog::{self, MODELS};
@@ -794,6 +796,7 @@ proptest! {
                 let offered = inv.gpus.iter().any(|g| catalog::model(&g.model).is_some_and(|m| m.profile(&profile).is_some()));
                 prop_assert!(!offered);
             }
+            Err(NoFit::NoRoom { .. }) => prop_assert!(false, "choose never plans placements"),
             Err(NoFit::NotSupported { .. }) => {
                 let sharing = matches!(req, GpuRequest::Mps { .. } | GpuRequest::Shared);
                 prop_assert!(sharing);

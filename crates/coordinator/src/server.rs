@@ -1,0 +1,707 @@
+//! The coordinator's HTTP server (axum): parse and authenticate each request, then act
+//! on the store. See the crate docs for the routes.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use ed25519_dalek::SigningKey;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use crate::auth::{bearer, Principal, Tokens, TokensError};
+use crate::signing::{self, KeyError, SignedPolicy, Signer};
+use crate::store::{self, LatestRx, PolicyStore, StoreError, StoreSpec};
+use crate::wire::{
+    ErrorBody, FleetUsage, FleetUsageRequest, NodeRecord, NodeReport, NodeUsage, RefusalRecord, RevisionSummary,
+    UploadOutcome, UsageUpload, MAX_UPLOAD_BATCH,
+};
+use crate::now_ms;
+
+/// A node not heard from for this long is listed as stale.
+pub const STALE_AFTER_MS: u64 = 120_000;
+/// A long poll without `timeout_ms` waits this long.
+pub const DEFAULT_POLL_MS: u64 = 30_000;
+/// The longest a long poll may wait.
+pub const MAX_POLL_MS: u64 = 120_000;
+/// Refusals kept for `GET /v1/audit/refusals`.
+const REFUSALS_KEPT: usize = 256;
+/// Largest request body.
+const MAX_REQUEST: usize = 8 << 20;
+/// Pending connections the listener queues (capped by `net.core.somaxconn`).
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Why the coordinator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    #[error("signing key: {0}")]
+    Key(#[from] KeyError),
+    #[error(transparent)]
+    Tokens(#[from] TokensError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("serving: {0}")]
+    Serve(std::io::Error),
+}
+
+/// What `tessera-coordinator serve` needs.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub listen: SocketAddr,
+    pub store: StoreSpec,
+    /// Root of every etcd key.
+    pub etcd_prefix: String,
+    pub signing_key: PathBuf,
+    pub tokens: PathBuf,
+}
+
+/// The coordinator's state: store, key, credentials, and the watchers' channel.
+pub struct Coordinator {
+    store: Arc<dyn PolicyStore>,
+    latest: LatestRx,
+    signer: Signer,
+    tokens: Tokens,
+    /// Node → last poll or report on this coordinator (not persisted: reports are).
+    contacts: Mutex<HashMap<String, u64>>,
+    refusals: Mutex<VecDeque<RefusalRecord>>,
+    waiting: AtomicUsize,
+    closing: watch::Sender<bool>,
+    /// Serializes this coordinator's own pushes (the store's CAS handles other coordinators).
+    push_lock: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Coordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coordinator")
+            .field("store", &self.store.kind())
+            .field("key_id", &self.signer.key_id())
+            .field("waiting", &self.waiting_watchers())
+            .finish_non_exhaustive()
+    }
+}
+
+/// An error answer.
+#[derive(Debug)]
+pub(crate) struct ApiErr {
+    status: StatusCode,
+    body: ErrorBody,
+}
+
+impl ApiErr {
+    fn new(status: StatusCode, error: impl Into<String>) -> Self {
+        ApiErr { status, body: ErrorBody { error: error.into(), path: None, who: None } }
+    }
+    fn bad_request(error: impl Into<String>) -> Self {
+        ApiErr::new(StatusCode::BAD_REQUEST, error)
+    }
+    fn store(e: StoreError) -> Self {
+        error!("store: {e}");
+        ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, format!("store unavailable: {e}"))
+    }
+}
+
+impl IntoResponse for ApiErr {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiErr>;
+
+/// Counts a long poll while it waits.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        Waiting(n)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Coordinator {
+    pub fn new(store: Arc<dyn PolicyStore>, key: SigningKey, tokens: Tokens) -> Arc<Coordinator> {
+        let latest = store.subscribe();
+        let (closing, _) = watch::channel(false);
+        Arc::new(Coordinator {
+            store,
+            latest,
+            signer: Signer::new(key),
+            tokens,
+            contacts: Mutex::new(HashMap::new()),
+            refusals: Mutex::new(VecDeque::new()),
+            waiting: AtomicUsize::new(0),
+            closing,
+            push_lock: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Long polls waiting right now.
+    pub fn waiting_watchers(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// The latest version watchers see.
+    pub fn latest_version(&self) -> Option<u64> {
+        self.latest.borrow().as_ref().map(|p| p.envelope.version)
+    }
+
+    pub fn store(&self) -> &Arc<dyn PolicyStore> {
+        &self.store
+    }
+
+    pub fn verifying_key(&self) -> ed25519_dalek::VerifyingKey {
+        self.signer.verifying_key()
+    }
+
+    /// Recent refusals, oldest first.
+    pub fn refusals(&self) -> Vec<RefusalRecord> {
+        self.refusals.lock().map(|r| r.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    /// The axum router (needs `ConnectInfo<SocketAddr>`: serve it with
+    /// `into_make_service_with_connect_info`).
+    pub fn router(self: &Arc<Self>) -> Router {
+        Router::new()
+            .route("/v1/health", get(health))
+            .route("/v1/policies", post(push).get(history))
+            .route("/v1/policies/latest", get(latest))
+            .route("/v1/policies/{version}", get(get_revision))
+            .route("/v1/nodes", get(nodes))
+            .route("/v1/nodes/{node}", get(node))
+            .route("/v1/nodes/{node}/report", post(report))
+            .route("/v1/nodes/{node}/usage", post(upload_usage))
+            .route("/v1/usage", get(usage_get).post(usage_post))
+            .route("/v1/audit/refusals", get(refusals))
+            .layer(DefaultBodyLimit::max(MAX_REQUEST))
+            .with_state(self.clone())
+    }
+
+    fn refuse(&self, who: String, action: &str, why: String, status: StatusCode) -> ApiErr {
+        warn!(who = %who, action = %action, why = %why, status = status.as_u16(), "request refused");
+        let rec = RefusalRecord { time_ms: now_ms(), who: who.clone(), action: action.to_string(), why: why.clone(), status: status.as_u16() };
+        if let Ok(mut r) = self.refusals.lock() {
+            if r.len() >= REFUSALS_KEPT {
+                r.pop_front();
+            }
+            r.push_back(rec);
+        }
+        ApiErr { status, body: ErrorBody { error: why, path: None, who: Some(who) } }
+    }
+
+    fn authenticate(&self, headers: &HeaderMap, peer: SocketAddr, action: &str) -> ApiResult<Principal> {
+        let Some(value) = headers.get(header::AUTHORIZATION) else {
+            return Err(self.refuse(
+                format!("anonymous ({peer})"),
+                action,
+                "missing credentials: send Authorization: Bearer <token>".into(),
+                StatusCode::UNAUTHORIZED,
+            ));
+        };
+        let token = value.to_str().ok().and_then(bearer);
+        match token.and_then(|t| self.tokens.authenticate(t)) {
+            Some(p) => Ok(p),
+            None => Err(self.refuse(
+                format!("unknown credential ({peer})"),
+                action,
+                "the bearer token is not one this coordinator knows".into(),
+                StatusCode::UNAUTHORIZED,
+            )),
+        }
+    }
+
+    fn require_admin(&self, headers: &HeaderMap, peer: SocketAddr, action: &str) -> ApiResult<String> {
+        match self.authenticate(headers, peer, action)? {
+            Principal::Admin(name) => Ok(name),
+            p @ Principal::Node(_) => Err(self.refuse(
+                p.to_string(),
+                action,
+                format!("{action} needs an admin credential; {p} holds a node credential"),
+                StatusCode::FORBIDDEN,
+            )),
+        }
+    }
+
+    /// Only the node itself; admins too when `admin_ok`.
+    fn require_node(&self, headers: &HeaderMap, peer: SocketAddr, action: &str, node: &str, admin_ok: bool) -> ApiResult<Principal> {
+        let p = self.authenticate(headers, peer, action)?;
+        match &p {
+            Principal::Node(n) if n == node => Ok(p),
+            Principal::Admin(_) if admin_ok => Ok(p),
+            Principal::Node(_) => Err(self.refuse(
+                p.to_string(),
+                action,
+                format!("{p} may act only as itself, not as node {node:?}"),
+                StatusCode::FORBIDDEN,
+            )),
+            Principal::Admin(_) => Err(self.refuse(
+                p.to_string(),
+                action,
+                format!("{action} needs the credential of node {node:?}; admins cannot act as a node"),
+                StatusCode::FORBIDDEN,
+            )),
+        }
+    }
+
+    fn touch(&self, node: &str) {
+        if let Ok(mut c) = self.contacts.lock() {
+            c.insert(node.to_string(), now_ms());
+        }
+    }
+
+    fn contact(&self, node: &str) -> Option<u64> {
+        self.contacts.lock().ok().and_then(|c| c.get(node).copied())
+    }
+
+    /// Validate, sign and append a pushed policy.
+    pub async fn push_policy(&self, bytes: &[u8], author: &str) -> ApiResult<(StatusCode, RevisionSummary)> {
+        let parsed = policy::Policy::parse(bytes, "pushed policy").map_err(|e| ApiErr {
+            status: StatusCode::BAD_REQUEST,
+            body: ErrorBody { error: e.to_string(), path: e.json_path().map(str::to_string), who: None },
+        })?;
+        let _serial = self.push_lock.lock().await;
+        for _ in 0..5 {
+            let latest = self.store.latest().await.map_err(ApiErr::store)?;
+            if let Some(l) = &latest {
+                if l.version == parsed.version() && l.digest == parsed.digest() {
+                    // The same push again (a retry): already done.
+                    return Ok((StatusCode::OK, RevisionSummary::from(l)));
+                }
+                if parsed.version() <= l.version {
+                    return Err(ApiErr::new(
+                        StatusCode::CONFLICT,
+                        format!(
+                            "older or equal version: the policy says version {} but the latest revision is {}; \
+                             set \"version\" above {}",
+                            parsed.version(),
+                            l.version,
+                            l.version
+                        ),
+                    ));
+                }
+            }
+            let env = signing::sign_parsed(self.signer.key(), &parsed, bytes, author, now_ms());
+            match self.store.append(latest.as_ref().map(|l| l.version), env.clone()).await {
+                Ok(()) => {
+                    info!(version = env.version, author = %env.author, digest = %env.digest, "policy pushed");
+                    return Ok((StatusCode::CREATED, RevisionSummary::from(&env)));
+                }
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(ApiErr::store(e)),
+            }
+        }
+        Err(ApiErr::new(StatusCode::CONFLICT, "another coordinator kept pushing at the same time; retry"))
+    }
+
+    async fn fleet_usage(&self, q: metering::UsageQuery, only: Option<Vec<String>>) -> ApiResult<FleetUsage> {
+        q.validate().map_err(|e| ApiErr::bad_request(e.to_string()))?;
+        let rows = self.store.usage_intervals(q.from_ms, q.to_ms).await.map_err(ApiErr::store)?;
+        let mut by_node: std::collections::BTreeMap<String, Vec<metering::Span>> = Default::default();
+        for (node, i) in &rows {
+            if only.as_ref().map_or(true, |o| o.contains(node)) {
+                by_node.entry(node.clone()).or_default().push(store::span_of(i));
+            }
+        }
+        let all: Vec<metering::Span> = by_node.values().flatten().cloned().collect();
+        let report = metering::aggregate(&all, &q).map_err(|e| ApiErr::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        let mut nodes = Vec::with_capacity(by_node.len());
+        for (node, spans) in &by_node {
+            let r = metering::aggregate(spans, &q).map_err(|e| ApiErr::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+            nodes.push(NodeUsage { node: node.clone(), gpu_seconds: r.total.gpu_seconds, cost: r.total.cost, intervals: r.total.intervals });
+        }
+        Ok(FleetUsage { report, nodes })
+    }
+}
+
+type App = State<Arc<Coordinator>>;
+type Peer = ConnectInfo<SocketAddr>;
+
+fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> ApiResult<T> {
+    serde_json::from_slice(body).map_err(|e| ApiErr::bad_request(format!("{what}: {e}")))
+}
+
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
+    q.map(|Query(v)| v).map_err(|e| ApiErr::bad_request(e.body_text()))
+}
+
+#[derive(Debug, Serialize)]
+struct Health {
+    ok: bool,
+    store: &'static str,
+    latest_version: Option<u64>,
+    watchers: usize,
+    key_id: String,
+    public_key: String,
+}
+
+async fn health(State(app): App) -> Json<Health> {
+    Json(Health {
+        ok: true,
+        store: app.store.kind(),
+        latest_version: app.latest_version(),
+        watchers: app.waiting_watchers(),
+        key_id: app.signer.key_id().to_string(),
+        public_key: signing::encode_verifying_key(&app.signer.verifying_key()),
+    })
+}
+
+/// The recorded author: the admin's name, with the `x-tessera-author` header's claim
+/// when it says something else (a header alone proves nothing).
+fn author_of(admin: &str, headers: &HeaderMap) -> ApiResult<String> {
+    let Some(v) = headers.get("x-tessera-author") else { return Ok(admin.to_string()) };
+    let claimed = v.to_str().map_err(|_| ApiErr::bad_request("x-tessera-author is not text"))?.trim();
+    if claimed.chars().any(char::is_control) || claimed.len() > 200 {
+        return Err(ApiErr::bad_request("x-tessera-author must be at most 200 characters, no control characters"));
+    }
+    if claimed.is_empty() || claimed == admin {
+        Ok(admin.to_string())
+    } else {
+        Ok(format!("{claimed} (via admin {admin})"))
+    }
+}
+
+async fn push(State(app): App, ConnectInfo(peer): Peer, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+    let admin = app.require_admin(&headers, peer, "push a policy")?;
+    let author = author_of(&admin, &headers)?;
+    let (status, summary) = app.push_policy(&body, &author).await?;
+    Ok((status, Json(summary)).into_response())
+}
+
+async fn history(State(app): App, ConnectInfo(peer): Peer, headers: HeaderMap) -> ApiResult<Json<Vec<RevisionSummary>>> {
+    app.require_admin(&headers, peer, "read the policy history")?;
+    let revs = app.store.history().await.map_err(ApiErr::store)?;
+    Ok(Json(revs.iter().map(RevisionSummary::from).collect()))
+}
+
+async fn get_revision(
+    State(app): App,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(version): Path<String>,
+) -> ApiResult<Json<SignedPolicy>> {
+    app.require_admin(&headers, peer, "read a policy revision")?;
+    let v: u64 = version.parse().map_err(|_| ApiErr::bad_request(format!("{version:?} is not a version number")))?;
+    match app.store.get(v).await.map_err(ApiErr::store)? {
+        Some(env) => Ok(Json(env)),
+        None => Err(ApiErr::new(StatusCode::NOT_FOUND, format!("no policy revision {v}"))),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PollQuery {
+    #[serde(default)]
+    newer_than: Option<u64>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
+async fn latest(
+    State(app): App,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    q: Result<Query<PollQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    let who = app.authenticate(&headers, peer, "watch the policy")?;
+    let q = query(q)?;
+    if let Principal::Node(n) = &who {
+        app.touch(n);
+    }
+    let newer_than = q.newer_than.unwrap_or(0);
+    let wait = Duration::from_millis(q.timeout_ms.unwrap_or(DEFAULT_POLL_MS).min(MAX_POLL_MS));
+    let mut rx = app.latest.clone();
+    let mut closing = app.closing.subscribe();
+    let found = {
+        let _counted = Waiting::new(&app.waiting);
+        tokio::select! {
+            r = rx.wait_for(|l| l.as_ref().is_some_and(|p| p.envelope.version > newer_than)) => {
+                r.ok().and_then(|g| g.clone())
+            }
+            _ = tokio::time::sleep(wait) => None,
+            _ = closing.wait_for(|c| *c) => {
+                return Err(ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, "coordinator shutting down; poll another"));
+            }
+        }
+    };
+    let mut resp = match &found {
+        Some(p) => {
+            let mut r = Response::new(Body::from(p.json.clone()));
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r
+        }
+        None => {
+            let mut r = Response::new(Body::empty());
+            *r.status_mut() = StatusCode::NO_CONTENT;
+            r
+        }
+    };
+    let latest = found.as_ref().map(|p| p.envelope.version).or_else(|| app.latest_version());
+    if let Some(v) = latest {
+        if let Ok(h) = HeaderValue::from_str(&v.to_string()) {
+            resp.headers_mut().insert("x-tessera-latest-version", h);
+        }
+    }
+    Ok(resp)
+}
+
+fn bounded_text(field: &str, v: &Option<String>) -> ApiResult<()> {
+    if v.as_ref().is_some_and(|s| s.len() > 4096) {
+        return Err(ApiErr::bad_request(format!("{field} is longer than 4096 bytes")));
+    }
+    Ok(())
+}
+
+async fn report(
+    State(app): App,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(node): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<NodeRecord>> {
+    app.require_node(&headers, peer, "report node status", &node, false)?;
+    let r: NodeReport = json_body(&body, "node report")?;
+    for (f, v) in [("last_error", &r.last_error), ("last_rejection", &r.last_rejection), ("applied_digest", &r.applied_digest)] {
+        bounded_text(f, v)?;
+    }
+    if r.source.len() > 64 || r.health.len() > 64 {
+        return Err(ApiErr::bad_request("source and health are at most 64 bytes"));
+    }
+    let now = now_ms();
+    let rec = NodeRecord {
+        node: node.clone(),
+        applied_version: r.applied_version,
+        applied_digest: r.applied_digest,
+        source: r.source,
+        health: r.health,
+        last_error: r.last_error,
+        last_rejection: r.last_rejection,
+        last_report_ms: Some(now),
+        last_contact_ms: Some(now),
+        stale: false,
+    };
+    app.store.put_node(rec.clone()).await.map_err(ApiErr::store)?;
+    app.touch(&node);
+    Ok(Json(rec))
+}
+
+fn finish_record(app: &Coordinator, mut rec: NodeRecord, now: u64) -> NodeRecord {
+    rec.last_contact_ms = rec.last_contact_ms.max(app.contact(&rec.node));
+    rec.stale = rec.last_contact_ms.map_or(true, |t| now.saturating_sub(t) > STALE_AFTER_MS);
+    rec
+}
+
+async fn nodes(State(app): App, ConnectInfo(peer): Peer, headers: HeaderMap) -> ApiResult<Json<Vec<NodeRecord>>> {
+    app.require_admin(&headers, peer, "list nodes")?;
+    let mut all: std::collections::BTreeMap<String, NodeRecord> =
+        app.tokens.nodes().iter().map(|n| (n.clone(), NodeRecord::unknown(n))).collect();
+    for rec in app.store.nodes().await.map_err(ApiErr::store)? {
+        all.insert(rec.node.clone(), rec);
+    }
+    let now = now_ms();
+    Ok(Json(all.into_values().map(|r| finish_record(&app, r, now)).collect()))
+}
+
+async fn node(
+    State(app): App,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(node): Path<String>,
+) -> ApiResult<Json<NodeRecord>> {
+    app.require_node(&headers, peer, "read a node record", &node, true)?;
+    let rec = app
+        .store
+        .nodes()
+        .await
+        .map_err(ApiErr::store)?
+        .into_iter()
+        .find(|r| r.node == node)
+        .unwrap_or_else(|| NodeRecord::unknown(&node));
+    Ok(Json(finish_record(&app, rec, now_ms())))
+}
+
+async fn upload_usage(
+    State(app): App,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(node): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<UploadOutcome>> {
+    app.require_node(&headers, peer, "upload usage", &node, false)?;
+    let up: UsageUpload = json_body(&body, "usage upload")?;
+    if up.intervals.len() > MAX_UPLOAD_BATCH {
+        return Err(ApiErr::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("{} intervals in one upload; at most {MAX_UPLOAD_BATCH}", up.intervals.len()),
+        ));
+    }
+    for i in &up.intervals {
+        store::check_interval(&node, i).map_err(ApiErr::bad_request)?;
+    }
+    app.touch(&node);
+    let n = up.intervals.len();
+    let out = app.store.insert_usage(node.clone(), up.intervals).await.map_err(ApiErr::store)?;
+    if !out.conflicts.is_empty() {
+        warn!(node = %node, conflicts = ?out.conflicts, "usage upload: ids already stored with other content; kept the first");
+    }
+    info!(node = %node, intervals = n, accepted = out.accepted, duplicates = out.duplicates, "usage uploaded");
+    Ok(Json(out))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UsageParams {
+    from_ms: u64,
+    to_ms: u64,
+    #[serde(default)]
+    by: Option<String>,
+    /// Comma-separated node ids.
+    #[serde(default)]
+    node: Option<String>,
+}
+
+async fn usage_get(
+    State(app): App,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    q: Result<Query<UsageParams>, QueryRejection>,
+) -> ApiResult<Json<FleetUsage>> {
+    app.require_admin(&headers, peer, "read fleet usage")?;
+    let p = query(q)?;
+    let by = match p.by.as_deref() {
+        None => metering::GroupBy::Org,
+        Some(s) => s.parse().map_err(|e: metering::LedgerError| ApiErr::bad_request(e.to_string()))?,
+    };
+    let only = p.node.map(|s| s.split(',').map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect());
+    let q = metering::UsageQuery { from_ms: p.from_ms, to_ms: p.to_ms, by, prices: metering::Prices::default() };
+    Ok(Json(app.fleet_usage(q, only).await?))
+}
+
+async fn usage_post(
+    State(app): App,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<FleetUsage>> {
+    app.require_admin(&headers, peer, "read fleet usage")?;
+    let r: FleetUsageRequest = json_body(&body, "usage query")?;
+    Ok(Json(app.fleet_usage(r.query, r.nodes).await?))
+}
+
+async fn refusals(State(app): App, ConnectInfo(peer): Peer, headers: HeaderMap) -> ApiResult<Json<Vec<RefusalRecord>>> {
+    app.require_admin(&headers, peer, "read the refusal log")?;
+    Ok(Json(app.refusals()))
+}
+
+/// A coordinator serving on a TCP port.
+#[derive(Debug)]
+pub struct RunningCoordinator {
+    addr: SocketAddr,
+    coordinator: Arc<Coordinator>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl RunningCoordinator {
+    /// Bind `listen` (port 0: any free port) and serve `coordinator` on it.
+    pub async fn start(listen: SocketAddr, coordinator: Arc<Coordinator>) -> Result<RunningCoordinator, CoordinatorError> {
+        let err = |source| CoordinatorError::Listen { addr: listen, source };
+        let socket = if listen.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() }
+            .map_err(err)?;
+        socket.set_reuseaddr(true).map_err(err)?;
+        socket.bind(listen).map_err(err)?;
+        let listener = socket.listen(LISTEN_BACKLOG).map_err(err)?;
+        let addr = listener.local_addr().map_err(err)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let app = coordinator.router().into_make_service_with_connect_info::<SocketAddr>();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        info!(%addr, store = coordinator.store.kind(), key_id = %coordinator.signer.key_id(), "coordinator listening");
+        Ok(RunningCoordinator { addr, coordinator, stop: Some(stop), task })
+    }
+
+    /// Open everything `opts` names and start serving.
+    pub async fn from_options(opts: &ServeOptions) -> Result<RunningCoordinator, CoordinatorError> {
+        let key = signing::load_signing_key(&opts.signing_key)?;
+        let tokens = Tokens::load(&opts.tokens)?;
+        let store = store::open(&opts.store, &opts.etcd_prefix).await?;
+        RunningCoordinator::start(opts.listen, Coordinator::new(store, key, tokens)).await
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn coordinator(&self) -> &Arc<Coordinator> {
+        &self.coordinator
+    }
+
+    /// Stop: end every long poll with 503 (so nodes fail over at once), stop accepting,
+    /// finish what is in flight (at most 5 s).
+    pub async fn shutdown(mut self) {
+        self.coordinator.closing.send_replace(true);
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match tokio::time::timeout(Duration::from_secs(5), &mut self.task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => warn!("coordinator server ended with {e}"),
+            Ok(Err(e)) => warn!("coordinator server task: {e}"),
+            Err(_) => {
+                warn!("coordinator did not stop in 5 s; aborting its connections");
+                self.task.abort();
+            }
+        }
+        info!(addr = %self.addr, "coordinator stopped");
+    }
+
+    /// Serve until the server fails.
+    pub async fn wait(self) -> Result<(), CoordinatorError> {
+        match self.task.await {
+            Ok(r) => r.map_err(CoordinatorError::Serve),
+            Err(e) => Err(CoordinatorError::Serve(std::io::Error::other(e.to_string()))),
+        }
+    }
+}
+
+/// `tessera-coordinator serve`: run until SIGTERM or SIGINT.
+pub async fn run(opts: ServeOptions) -> Result<(), CoordinatorError> {
+    let running = RunningCoordinator::from_options(&opts).await?;
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return running.wait().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    running.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,236 @@
+//! Where revisions, node records and usage intervals live: SQLite ([`SqliteStore`], the
+//! embedded default) or etcd ([`EtcdStore`], for several coordinators).
+//!
+//! Every store also publishes the latest revision on a `tokio::sync::watch` channel
+//! ([`PolicyStore::subscribe`]): the SQLite store after its own appends, the etcd store
+//! from an etcd watch on its policy prefix (so a push through any coordinator wakes the
+//! long polls of all of them).
+
+mod etcd;
+mod sqlite;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+
+pub use etcd::EtcdStore;
+pub use sqlite::SqliteStore;
+
+use crate::signing::SignedPolicy;
+use crate::wire::{NodeRecord, UploadOutcome};
+
+/// A boxed future, so that stores can be used as `dyn PolicyStore`.
+pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Compare-and-set lost: the latest version is not what the caller saw.
+    #[error("conflict: expected latest version {expected:?}, the store has {actual:?}")]
+    Conflict { expected: Option<u64>, actual: Option<u64> },
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("etcd: {0}")]
+    Etcd(String),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    #[error("store: {0}")]
+    Other(String),
+}
+
+/// The latest revision as published to watchers: the envelope and its JSON, serialized
+/// once for every watcher.
+#[derive(Debug)]
+pub struct Published {
+    pub envelope: SignedPolicy,
+    pub json: Bytes,
+}
+
+/// What the latest-revision channel carries.
+pub type LatestRx = watch::Receiver<Option<Arc<Published>>>;
+
+/// The write side of the latest-revision channel; only ever moves forward.
+#[derive(Debug, Clone)]
+pub(crate) struct Publisher {
+    tx: Arc<watch::Sender<Option<Arc<Published>>>>,
+}
+
+impl Publisher {
+    pub fn new() -> Self {
+        let (tx, _rx) = watch::channel(None);
+        Publisher { tx: Arc::new(tx) }
+    }
+
+    pub fn subscribe(&self) -> LatestRx {
+        self.tx.subscribe()
+    }
+
+    pub fn version(&self) -> Option<u64> {
+        self.tx.borrow().as_ref().map(|p| p.envelope.version)
+    }
+
+    /// Publish `env` if it is newer than what watchers have; true if it was.
+    pub fn publish_if_newer(&self, env: &SignedPolicy) -> bool {
+        if self.version().is_some_and(|v| v >= env.version) {
+            return false;
+        }
+        let json = match serde_json::to_vec(env) {
+            Ok(j) => Bytes::from(j),
+            Err(e) => {
+                tracing::error!("cannot serialize revision {}: {e}", env.version);
+                return false;
+            }
+        };
+        let published = Arc::new(Published { envelope: env.clone(), json });
+        self.tx.send_if_modified(|cur| {
+            if cur.as_ref().is_some_and(|c| c.envelope.version >= env.version) {
+                false
+            } else {
+                *cur = Some(published);
+                true
+            }
+        })
+    }
+}
+
+/// Storage for a coordinator.
+pub trait PolicyStore: Send + Sync + fmt::Debug {
+    /// `sqlite` or `etcd`.
+    fn kind(&self) -> &'static str;
+
+    /// Append `rev` if the latest stored version is still `expected_latest` (`None`: no
+    /// revision yet); [`StoreError::Conflict`] otherwise. Revisions are immutable.
+    fn append(&self, expected_latest: Option<u64>, rev: SignedPolicy) -> BoxFut<'_, Result<(), StoreError>>;
+
+    /// The newest revision.
+    fn latest(&self) -> BoxFut<'_, Result<Option<SignedPolicy>, StoreError>>;
+
+    /// One revision.
+    fn get(&self, version: u64) -> BoxFut<'_, Result<Option<SignedPolicy>, StoreError>>;
+
+    /// Every revision, oldest first.
+    fn history(&self) -> BoxFut<'_, Result<Vec<SignedPolicy>, StoreError>>;
+
+    /// The latest revision as it changes (newer versions only).
+    fn subscribe(&self) -> LatestRx;
+
+    /// Store a node's record (replacing the previous one).
+    fn put_node(&self, rec: NodeRecord) -> BoxFut<'_, Result<(), StoreError>>;
+
+    /// Every stored node record, sorted by node.
+    fn nodes(&self) -> BoxFut<'_, Result<Vec<NodeRecord>, StoreError>>;
+
+    /// Insert intervals of `node`, each at most once by id (insert-or-ignore).
+    fn insert_usage(
+        &self,
+        node: String,
+        intervals: Vec<metering::ClosedInterval>,
+    ) -> BoxFut<'_, Result<UploadOutcome, StoreError>>;
+
+    /// Every stored interval that may touch `[from_ms, to_ms)`, with its node.
+    fn usage_intervals(
+        &self,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> BoxFut<'_, Result<Vec<(String, metering::ClosedInterval)>, StoreError>>;
+}
+
+/// Which store to open: `sqlite:PATH` or `etcd:URL[,URL...]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreSpec {
+    Sqlite(std::path::PathBuf),
+    Etcd(Vec<String>),
+}
+
+impl FromStr for StoreSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(path) = s.strip_prefix("sqlite:") {
+            if path.is_empty() {
+                return Err("`sqlite:` needs a database path, e.g. sqlite:/var/lib/tessera/coordinator.db".into());
+            }
+            Ok(StoreSpec::Sqlite(path.into()))
+        } else if let Some(urls) = s.strip_prefix("etcd:") {
+            let urls: Vec<String> =
+                urls.split(',').map(str::trim).filter(|u| !u.is_empty()).map(String::from).collect();
+            if urls.is_empty() {
+                return Err("`etcd:` needs at least one endpoint, e.g. etcd:http://127.0.0.1:2379".into());
+            }
+            Ok(StoreSpec::Etcd(urls))
+        } else {
+            Err(format!("unknown store `{s}`: expected sqlite:PATH or etcd:URL[,URL]"))
+        }
+    }
+}
+
+/// Open the store a spec names. `etcd_prefix` roots every etcd key (default `/tessera`).
+pub async fn open(spec: &StoreSpec, etcd_prefix: &str) -> Result<Arc<dyn PolicyStore>, StoreError> {
+    match spec {
+        StoreSpec::Sqlite(path) => Ok(Arc::new(SqliteStore::open(path)?)),
+        StoreSpec::Etcd(urls) => Ok(Arc::new(EtcdStore::connect(urls, etcd_prefix).await?)),
+    }
+}
+
+/// The span the usage roll-up sees of a closed interval (as `metering::Ledger::usage`
+/// computes it: start wall time plus the measured duration).
+pub(crate) fn span_of(i: &metering::ClosedInterval) -> metering::Span {
+    metering::Span {
+        container_id: i.start.container_id.clone(),
+        tenant: i.start.tenant.clone(),
+        gpu_model: i.start.gpu_model.clone(),
+        class: i.start.class,
+        fraction: i.start.fraction,
+        start_ms: i.start_wall_ms,
+        end_ms: span_end(i),
+        open: false,
+    }
+}
+
+pub(crate) fn span_end(i: &metering::ClosedInterval) -> u64 {
+    i.start_wall_ms.saturating_add(i.duration_ms)
+}
+
+/// Checks an uploaded interval before it is stored: a safe id, the uploader's own node,
+/// a well-formed start.
+pub(crate) fn check_interval(node: &str, i: &metering::ClosedInterval) -> Result<(), String> {
+    crate::validate_name("interval id", i.id.as_str())?;
+    if i.start.node != node {
+        return Err(format!(
+            "interval {} belongs to node {:?}; a node uploads only its own intervals",
+            i.id, i.start.node
+        ));
+    }
+    i.start.validate().map_err(|e| format!("interval {}: {e}", i.id))?;
+    if i.end_wall_ms < i.start_wall_ms {
+        return Err(format!("interval {} ends before it starts", i.id));
+    }
+    if !(i.gpu_seconds.is_finite() && i.gpu_seconds >= 0.0) {
+        return Err(format!("interval {} has gpu_seconds {}", i.id, i.gpu_seconds));
+    }
+    if i64::try_from(span_end(i)).is_err() {
+        return Err(format!("interval {} ends beyond the representable time range", i.id));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_store_specs() {
+        assert_eq!("sqlite:/x/c.db".parse::<StoreSpec>(), Ok(StoreSpec::Sqlite("/x/c.db".into())));
+        assert_eq!(
+            "etcd:http://a:1, http://b:2".parse::<StoreSpec>(),
+            Ok(StoreSpec::Etcd(vec!["http://a:1".into(), "http://b:2".into()]))
+        );
+        assert!("etcd:".parse::<StoreSpec>().is_err());
+        assert!("sqlite:".parse::<StoreSpec>().is_err());
+        assert!("mysql:x".parse::<StoreSpec>().is_err());
+    }
+}

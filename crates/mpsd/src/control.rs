@@ -1,0 +1,454 @@
+//! The hardware seam: how the supervisor reaches an MPS control daemon.
+//!
+//! [`ProcessControl`] is the one real implementation: it runs a control binary, either
+//! NVIDIA's `nvidia-cuda-mps-control` or the test double `fake-nvidia-cuda-mps-control`
+//! (they speak the same protocol; tesserad picks one by path, `--mps-control PATH`).
+//!
+//! Every run of the binary gets a cleared environment holding only a fixed `PATH`,
+//! `CUDA_VISIBLE_DEVICES=<device uuid>`, `CUDA_MPS_PIPE_DIRECTORY`, `CUDA_MPS_LOG_DIRECTORY`
+//! and what [`ProcessControl::with_env`] adds, so nothing of tesserad's own environment
+//! (`LD_PRELOAD`, `CUDA_*`, proxies...) reaches the daemon or the GPU.
+
+use std::ffi::OsStr;
+use std::fmt;
+use std::os::unix::ffi::OsStrExt;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::layout::PID_FILE;
+use crate::protocol::{sanitize, Command, NO_DAEMON};
+use crate::MpsError;
+
+/// One control daemon's identity: the device it serves and its directories.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonSpec {
+    /// The device UUID (`GPU-...` or `MIG-...`), the daemon's whole `CUDA_VISIBLE_DEVICES`.
+    pub device: String,
+    pub pipe_dir: PathBuf,
+    pub log_dir: PathBuf,
+}
+
+/// How the supervisor reaches MPS control daemons.
+pub trait MpsControl: Send + Sync + fmt::Debug {
+    /// Start a control daemon for `spec` (`<binary> -d`) and return its PID once it is up.
+    fn start_daemon(&self, spec: &DaemonSpec) -> Result<u32, MpsError>;
+    /// Send one command to the daemon of `spec`; return its answer (stdout).
+    fn send(&self, spec: &DaemonSpec, cmd: &Command) -> Result<String, MpsError>;
+    /// The PID of the live control daemon of `spec`, if there is one: from the PID file
+    /// the daemon writes into its pipe dir, checked against the process table so a dead
+    /// daemon's recycled PID is never taken for it.
+    fn daemon_pid(&self, spec: &DaemonSpec) -> Option<u32>;
+    /// SIGKILL the control daemon `pid` of `spec`, if it still is that daemon.
+    fn kill_daemon(&self, spec: &DaemonSpec, pid: u32) -> Result<(), MpsError>;
+}
+
+/// Runs a control binary.
+#[derive(Debug, Clone)]
+pub struct ProcessControl {
+    binary: PathBuf,
+    proc_root: PathBuf,
+    command_timeout: Duration,
+    start_timeout: Duration,
+    extra_env: Vec<(String, String)>,
+}
+
+/// The `PATH` every control process gets (after the binary's own directory, where the real
+/// daemon's `nvidia-cuda-mps-server` lives).
+const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// At most this much of an answer is kept.
+const MAX_ANSWER: usize = 64 * 1024;
+
+impl ProcessControl {
+    /// Use the control binary at `binary`, `/proc` as the process table, 10 s per command.
+    pub fn new(binary: impl Into<PathBuf>) -> ProcessControl {
+        ProcessControl {
+            binary: binary.into(),
+            proc_root: PathBuf::from("/proc"),
+            command_timeout: Duration::from_secs(10),
+            start_timeout: Duration::from_secs(10),
+            extra_env: Vec::new(),
+        }
+    }
+
+    /// Read processes from `proc_root` instead of `/proc`.
+    pub fn with_proc_root(mut self, proc_root: impl Into<PathBuf>) -> Self {
+        self.proc_root = proc_root.into();
+        self
+    }
+
+    /// How long one command, and one daemon start, may take.
+    pub fn with_timeouts(mut self, command: Duration, start: Duration) -> Self {
+        self.command_timeout = command;
+        self.start_timeout = start;
+        self
+    }
+
+    /// Add a variable to every control process's environment (the test double's hooks,
+    /// e.g. `FAKE_MPS_CRASH_AFTER_MS`; nothing the real binary needs).
+    pub fn with_env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.extra_env.push((key.into(), value.into()));
+        self
+    }
+
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    fn command(&self, spec: &DaemonSpec) -> std::process::Command {
+        let mut path = String::new();
+        if let Some(dir) = self.binary.parent().and_then(Path::to_str).filter(|d| !d.is_empty() && !d.contains(':')) {
+            path.push_str(dir);
+            path.push(':');
+        }
+        path.push_str(SAFE_PATH);
+        let mut cmd = std::process::Command::new(&self.binary);
+        cmd.env_clear()
+            .env("PATH", path)
+            .env("CUDA_VISIBLE_DEVICES", &spec.device)
+            .env("CUDA_MPS_PIPE_DIRECTORY", &spec.pipe_dir)
+            .env("CUDA_MPS_LOG_DIRECTORY", &spec.log_dir)
+            .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
+            .current_dir("/");
+        cmd
+    }
+
+    fn spawn_err(&self, source: std::io::Error) -> MpsError {
+        MpsError::Spawn { binary: self.binary.clone(), source }
+    }
+
+    /// Whether `pid` is a live control daemon of this binary for `spec`.
+    fn is_our_daemon(&self, pid: u32, spec: &DaemonSpec) -> bool {
+        let dir = self.proc_root.join(pid.to_string());
+        match std::fs::read_to_string(dir.join("stat")) {
+            Ok(stat) => {
+                if matches!(proc_state(&stat), None | Some('Z' | 'X')) {
+                    reap(pid);
+                    return false;
+                }
+            }
+            Err(_) => return false,
+        }
+        let Ok(cmdline) = std::fs::read(dir.join("cmdline")) else { return false };
+        let mut args = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty());
+        let Some(argv0) = args.next() else { return false };
+        let want = self.binary.file_name().map(OsStr::as_bytes);
+        let got = Path::new(OsStr::from_bytes(argv0)).file_name().map(OsStr::as_bytes);
+        if want.is_none() || want != got {
+            return false;
+        }
+        if !args.any(|a| a == b"-d" || a == b"-f") {
+            return false;
+        }
+        // Where the environment is readable (root, or our own uid), it must name this pipe
+        // dir: a PID recycled into another share's daemon is not this share's daemon.
+        if let Ok(environ) = std::fs::read(dir.join("environ")) {
+            let key = b"CUDA_MPS_PIPE_DIRECTORY=";
+            if let Some(v) = environ.split(|b| *b == 0).find_map(|kv| kv.strip_prefix(key.as_slice())) {
+                return Path::new(OsStr::from_bytes(v)) == spec.pipe_dir;
+            }
+        }
+        true
+    }
+}
+
+/// The state letter of a `/proc/PID/stat` line (after the parenthesised command name,
+/// which may itself hold spaces and parentheses).
+fn proc_state(stat: &str) -> Option<char> {
+    stat[stat.rfind(')')? + 1..].split_ascii_whitespace().next()?.chars().next()
+}
+
+/// Reap `pid` if it is a zombie child of ours (it is when tesserad is a subreaper or PID 1);
+/// harmless otherwise.
+fn reap(pid: u32) {
+    let Ok(raw) = i32::try_from(pid) else { return };
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(raw), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+}
+
+/// Wait for `child` up to `timeout`; None if it is still running.
+fn wait_timeout(child: &mut Child, timeout: Duration) -> std::io::Result<Option<ExitStatus>> {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(25));
+    }
+}
+
+/// Read all of `r`, keeping the first [`MAX_ANSWER`] bytes.
+fn drain(mut r: impl Read) -> Vec<u8> {
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) | Err(_) => return kept,
+            Ok(n) => {
+                let room = MAX_ANSWER.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+}
+
+fn describe(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exit status {c}"),
+        (None, Some(s)) => format!("killed by signal {s}"),
+        _ => "unknown status".into(),
+    }
+}
+
+fn make_dir(path: &Path, mode: u32) -> Result<(), MpsError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(path).map_err(|e| MpsError::io(path, e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| MpsError::io(path, e))
+}
+
+impl MpsControl for ProcessControl {
+    fn start_daemon(&self, spec: &DaemonSpec) -> Result<u32, MpsError> {
+        // Containers reach the pipe dir through a bind mount and connect to the sockets in
+        // it as any uid: world-searchable, writable by root only. The log dir is root's.
+        make_dir(&spec.pipe_dir, 0o755)?;
+        make_dir(&spec.log_dir, 0o700)?;
+        if let Some(pid) = self.daemon_pid(spec) {
+            return Err(MpsError::DaemonDidNotStart {
+                pipe_dir: spec.pipe_dir.clone(),
+                detail: format!("a control daemon (pid {pid}) already serves it"),
+            });
+        }
+        // No live daemon: a PID file left by a dead one would only confuse the next reader.
+        let pid_file = spec.pipe_dir.join(PID_FILE);
+        let _ = std::fs::remove_file(&pid_file);
+
+        let out_path = spec.log_dir.join("tesserad-start.log");
+        let out = File::create(&out_path).map_err(|e| MpsError::io(&out_path, e))?;
+        let err = out.try_clone().map_err(|e| MpsError::io(&out_path, e))?;
+        let mut child = self
+            .command(spec)
+            .arg("-d")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .map_err(|e| self.spawn_err(e))?;
+        let started = Instant::now();
+        let failed = |detail: String| MpsError::DaemonDidNotStart { pipe_dir: spec.pipe_dir.clone(), detail };
+        let said = || sanitize(std::fs::read_to_string(&out_path).unwrap_or_default().trim(), 400);
+        match wait_timeout(&mut child, self.start_timeout).map_err(|e| self.spawn_err(e))? {
+            Some(status) if status.success() => {}
+            Some(status) => return Err(failed(format!("`{} -d` ended with {}: {}", self.binary.display(), describe(status), said()))),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(failed(format!("`{} -d` did not return within {:?}", self.binary.display(), self.start_timeout)));
+            }
+        }
+        // The launcher returned; wait for the daemon's PID file.
+        loop {
+            if let Some(pid) = self.daemon_pid(spec) {
+                return Ok(pid);
+            }
+            if started.elapsed() >= self.start_timeout {
+                return Err(failed(format!(
+                    "no live control daemon wrote {} within {:?}: {}",
+                    pid_file.display(),
+                    self.start_timeout,
+                    said()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn send(&self, spec: &DaemonSpec, cmd: &Command) -> Result<String, MpsError> {
+        let line = cmd.render();
+        let mut child = self
+            .command(spec)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| self.spawn_err(e))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            // A client that exits before reading its stdin breaks the pipe: its exit status
+            // and output tell what happened, so the write error itself is not the story.
+            let _ = stdin.write_all(format!("{line}\n").as_bytes());
+        }
+        let out = child.stdout.take().map(|o| std::thread::spawn(move || drain(o)));
+        let err = child.stderr.take().map(|e| std::thread::spawn(move || drain(e)));
+        let status = wait_timeout(&mut child, self.command_timeout).map_err(|e| self.spawn_err(e))?;
+        let Some(status) = status else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(MpsError::Timeout {
+                command: line,
+                pipe_dir: spec.pipe_dir.clone(),
+                after_ms: u64::try_from(self.command_timeout.as_millis()).unwrap_or(u64::MAX),
+            });
+        };
+        let join = |h: Option<std::thread::JoinHandle<Vec<u8>>>| {
+            h.and_then(|h| h.join().ok()).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+        };
+        let (stdout, stderr) = (join(out), join(err));
+        if stdout.contains(NO_DAEMON) || stderr.contains(NO_DAEMON) {
+            return Err(MpsError::NoDaemon { pipe_dir: spec.pipe_dir.clone() });
+        }
+        if !status.success() {
+            return Err(MpsError::CommandFailed {
+                command: line,
+                pipe_dir: spec.pipe_dir.clone(),
+                status: describe(status),
+                output: sanitize(format!("{stdout}{stderr}").trim(), 400),
+            });
+        }
+        Ok(stdout)
+    }
+
+    fn daemon_pid(&self, spec: &DaemonSpec) -> Option<u32> {
+        let text = std::fs::read_to_string(spec.pipe_dir.join(PID_FILE)).ok()?;
+        let pid: u32 = text.trim().parse().ok().filter(|p| *p > 1)?;
+        self.is_our_daemon(pid, spec).then_some(pid)
+    }
+
+    fn kill_daemon(&self, spec: &DaemonSpec, pid: u32) -> Result<(), MpsError> {
+        if !self.is_our_daemon(pid, spec) {
+            return Ok(());
+        }
+        let raw = i32::try_from(pid).map_err(|_| MpsError::Invalid(format!("pid {pid} out of range")))?;
+        match nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), nix::sys::signal::Signal::SIGKILL) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {
+                reap(pid);
+                Ok(())
+            }
+            Err(e) => Err(MpsError::io(spec.pipe_dir.join(PID_FILE), std::io::Error::from(e))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_state_skips_hostile_command_names() {
+        assert_eq!(proc_state("12 (a) b) S 1 2"), Some('S'));
+        assert_eq!(proc_state("12 (x) Z 1"), Some('Z'));
+        assert_eq!(proc_state("garbage"), None);
+    }
+
+    fn fake_proc(root: &Path, pid: u32, stat: &str, cmdline: &[&str], environ: Option<&[&str]>) {
+        let dir = root.join(pid.to_string());
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("stat"), stat).expect("stat");
+        let mut c = cmdline.join("\0");
+        c.push('\0');
+        std::fs::write(dir.join("cmdline"), c).expect("cmdline");
+        if let Some(env) = environ {
+            std::fs::write(dir.join("environ"), env.join("\0")).expect("environ");
+        }
+    }
+
+    #[test]
+    fn a_pid_file_is_believed_only_for_a_live_control_daemon_of_that_pipe_dir() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let proc_root = tmp.path().join("proc");
+        let pipe = tmp.path().join("pipe");
+        std::fs::create_dir_all(&pipe).expect("mkdir");
+        let spec = DaemonSpec { device: "GPU-a".into(), pipe_dir: pipe.clone(), log_dir: tmp.path().join("log") };
+        let ctl = ProcessControl::new("/usr/bin/nvidia-cuda-mps-control").with_proc_root(&proc_root);
+        let pipe_env = format!("CUDA_MPS_PIPE_DIRECTORY={}", pipe.display());
+
+        fake_proc(&proc_root, 100, "100 (nvidia-cuda-mps) S 1", &["/usr/bin/nvidia-cuda-mps-control", "-d"], Some(&[&pipe_env]));
+        fake_proc(&proc_root, 101, "101 (bash) S 1", &["/bin/bash"], None);
+        fake_proc(&proc_root, 102, "102 (nvidia-cuda-mps) Z 1", &["/usr/bin/nvidia-cuda-mps-control", "-d"], None);
+        fake_proc(&proc_root, 103, "103 (nvidia-cuda-mps) S 1", &["nvidia-cuda-mps-control", "-d"], Some(&["CUDA_MPS_PIPE_DIRECTORY=/elsewhere"]));
+        fake_proc(&proc_root, 104, "104 (nvidia-cuda-mps) S 1", &["nvidia-cuda-mps-control"], None);
+        fake_proc(&proc_root, 105, "105 (nvidia-cuda-mps) S 1", &["./nvidia-cuda-mps-control", "-d"], None);
+
+        let with_pid = |text: &str| {
+            std::fs::write(pipe.join(PID_FILE), text).expect("pid file");
+            ctl.daemon_pid(&spec)
+        };
+        assert_eq!(with_pid("100\n"), Some(100));
+        assert_eq!(with_pid("101"), None, "recycled into another program");
+        assert_eq!(with_pid("102"), None, "zombie");
+        assert_eq!(with_pid("103"), None, "another pipe dir's daemon");
+        assert_eq!(with_pid("104"), None, "a client, not a daemon");
+        assert_eq!(with_pid("105"), Some(105), "environ unreadable: the binary and -d decide");
+        assert_eq!(with_pid("999"), None, "no such process");
+        assert_eq!(with_pid("1"), None);
+        assert_eq!(with_pid("garbage"), None);
+        std::fs::remove_file(pipe.join(PID_FILE)).expect("rm");
+        assert_eq!(ctl.daemon_pid(&spec), None);
+    }
+
+    #[test]
+    fn a_missing_binary_is_a_spawn_error() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let spec = DaemonSpec { device: "GPU-a".into(), pipe_dir: tmp.path().join("p"), log_dir: tmp.path().join("l") };
+        let ctl = ProcessControl::new(tmp.path().join("no-such-binary"));
+        assert!(matches!(ctl.send(&spec, &Command::GetServerList), Err(MpsError::Spawn { .. })));
+        assert!(matches!(ctl.start_daemon(&spec), Err(MpsError::Spawn { .. })));
+    }
+
+    #[test]
+    fn a_hanging_binary_times_out() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let script = tmp.path().join("hang");
+        std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").expect("script");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let spec = DaemonSpec { device: "GPU-a".into(), pipe_dir: tmp.path().join("p"), log_dir: tmp.path().join("l") };
+        let ctl = ProcessControl::new(&script).with_timeouts(Duration::from_millis(200), Duration::from_millis(200));
+        let t = Instant::now();
+        assert!(matches!(ctl.send(&spec, &Command::GetServerList), Err(MpsError::Timeout { .. })));
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn the_environment_is_cleared_but_for_the_mps_variables() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let script = tmp.path().join("envdump");
+        std::fs::write(&script, "#!/bin/sh\nenv | sort\n").expect("script");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let spec = DaemonSpec { device: "GPU-a".into(), pipe_dir: tmp.path().join("p"), log_dir: tmp.path().join("l") };
+        let ctl = ProcessControl::new(&script).with_env("FAKE_MPS_CRASH_AFTER_MS", "5");
+        let out = ctl.send(&spec, &Command::GetServerList).expect("runs");
+        let keys: Vec<&str> = out.lines().filter_map(|l| l.split_once('=').map(|(k, _)| k)).collect();
+        for k in &keys {
+            assert!(
+                ["PATH", "PWD", "SHLVL", "_", "CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "FAKE_MPS_CRASH_AFTER_MS"]
+                    .contains(k),
+                "unexpected variable {k} in {out}"
+            );
+        }
+        assert!(out.contains("CUDA_VISIBLE_DEVICES=GPU-a\n"), "{out}");
+        assert!(out.contains(&format!("PATH={}:/usr/local/sbin", tmp.path().display())), "{out}");
+    }
+
+    #[test]
+    fn failures_and_missing_daemons_are_told_apart() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        use std::os::unix::fs::PermissionsExt;
+        let nod = tmp.path().join("nodaemon");
+        std::fs::write(&nod, format!("#!/bin/sh\necho '{NO_DAEMON}'\nexit 1\n")).expect("script");
+        std::fs::set_permissions(&nod, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let fail = tmp.path().join("fail");
+        std::fs::write(&fail, "#!/bin/sh\necho boom >&2\nexit 3\n").expect("script");
+        std::fs::set_permissions(&fail, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let spec = DaemonSpec { device: "GPU-a".into(), pipe_dir: tmp.path().join("p"), log_dir: tmp.path().join("l") };
+        assert!(matches!(ProcessControl::new(&nod).send(&spec, &Command::Quit), Err(MpsError::NoDaemon { .. })));
+        let e = ProcessControl::new(&fail).send(&spec, &Command::Quit).expect_err("fails");
+        assert!(e.to_string().contains("exit status 3") && e.to_string().contains("boom"), "{e}");
+    }
+}
