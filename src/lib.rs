@@ -2,3 +2,4 @@
 //! are thin: the work lives in the `crates/` libraries.
 
 pub mod render;
+pub mod timespec;

@@ -38,6 +38,32 @@ pub fn status(s: &NodeStatus) -> String {
     out
 }
 
+/// A usage report as a table: group, GPU-seconds, GPU-hours, cost.
+pub fn usage(r: &metering::UsageReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "usage by {} from {} to {} (Unix ms)", r.by.as_str(), r.from_ms, r.to_ms);
+    let width = r.rows.iter().map(|x| x.group.len()).max().unwrap_or(5).max(5);
+    let _ = writeln!(out, "{:<width$}  {:>14}  {:>10}  {:>10}  {:>9}", "group", "GPU-seconds", "GPU-hours", "cost", "intervals");
+    for row in r.rows.iter().chain(std::iter::once(&r.total)) {
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:>14.3}  {:>10.4}  {:>10.4}  {:>9}",
+            row.group,
+            row.gpu_seconds,
+            row.gpu_seconds / 3600.0,
+            row.cost,
+            row.intervals
+        );
+    }
+    if r.open_intervals > 0 {
+        let _ = writeln!(out, "{} interval(s) still open, counted up to now", r.open_intervals);
+    }
+    if !r.unpriced_models.is_empty() {
+        let _ = writeln!(out, "no price in the policy for: {} (cost 0)", r.unpriced_models.join(", "));
+    }
+    out
+}
+
 fn gpu(out: &mut String, g: &GpuStatus) {
     let mode = if g.mig_enabled { "MIG" } else { "whole" };
     let _ = writeln!(out, "GPU {}  {}  {}  minor {}  {} MiB  {mode}", g.index, g.model, g.uuid, g.minor, g.memory_mib);

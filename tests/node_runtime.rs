@@ -10,81 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use common::node::*;
 use common::*;
 use rand::{Rng, SeedableRng};
 use tessera_api::{Client, ErrorCode};
-
-const NS: &str = "io.kubernetes.cri.sandbox-namespace";
-
-fn repo(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
-}
-
-/// A running tesserad on a simulated node, and a fixture whose runtime is tessera-runtime.
-struct Node {
-    fx: Fixture,
-    daemon: ChildProcess,
-    socket: PathBuf,
-}
-
-impl Node {
-    fn start() -> Node {
-        Node::start_with(&repo("examples/policy.json"), 1500)
-    }
-
-    fn start_with(policy: &Path, pending_grace_ms: u64) -> Node {
-        let mut fx = Fixture::new();
-        let socket = fx.socket_path("d.sock");
-        let state = fx.path("state");
-        let args: Vec<String> = vec![
-            "--node".into(),
-            format!("sim:{}", repo("examples/nodes/h100x8.json").display()),
-            "--policy".into(),
-            policy.display().to_string(),
-            "--state-dir".into(),
-            state.display().to_string(),
-            "--socket".into(),
-            socket.display().to_string(),
-            "--reconcile-interval-ms".into(),
-            "200".into(),
-            "--pending-grace-ms".into(),
-            pending_grace_ms.to_string(),
-        ];
-        let daemon = fx.spawn("tesserad", TESSERAD, &args, [("TESSERA_LOG", "info")]);
-        assert!(wait_for_socket(&socket, Duration::from_secs(20)), "tesserad did not come up:\n{}", daemon.stderr());
-        let s = socket.display().to_string();
-        fx.set_runtime(TESSERA_RUNTIME, &[("TESSERA_RUNC", RUNC), ("TESSERA_SOCKET", &s), ("TESSERA_HOOK", TESSERA_HOOK)]);
-        Node { fx, daemon, socket }
-    }
-
-    fn client(&self) -> Client {
-        Client::new(&self.socket).with_timeout(Duration::from_secs(10))
-    }
-
-    /// kill -9 the daemon and start it again on the same state.
-    fn crash_and_restart(&mut self) {
-        self.daemon.kill9();
-        self.daemon.restart();
-        self.fx.cleanup().track_pid(self.daemon.pid());
-        let c = self.client();
-        assert!(
-            wait_for(|| c.status().is_ok(), Duration::from_secs(20)),
-            "tesserad did not come back:\n{}",
-            self.daemon.stderr()
-        );
-    }
-
-    /// A bundle running `args` for the tenant behind namespace `ns`, asking for `request`.
-    fn bundle(&self, id: &str, ns: &str, request: Option<&str>, args: &[&str]) -> Bundle {
-        let mut b = self.fx.bundle(id);
-        b.args(args).annotation(NS, ns);
-        if let Some(r) = request {
-            b.annotation("tessera.io/gpu", r);
-        }
-        b.write();
-        b
-    }
-}
 
 /// (path, major, minor) of every character device under /dev in a running container.
 fn container_devices(fx: &Fixture, id: &str) -> BTreeSet<(String, i64, i64)> {
@@ -328,7 +257,7 @@ fn hostile_rootfs_and_image_env_cannot_reach_the_host() {
 
 #[test]
 fn no_device_is_ever_held_twice_across_200_cycles_with_kill9_and_none_leaks() {
-    let mut node = Node::start_with(&repo("examples/policy.json"), 500);
+    let mut node = Node::start_with(NodeOptions { pending_grace_ms: 500, ..Default::default() });
     let mut rng = rand::rngs::StdRng::seed_from_u64(2026);
     let requests = ["mig=1g.10gb", "mig=2g.20gb", "gpu=1", "mig=3g.40gb"];
     let namespaces = ["team-untrusted", "team-trusted", "team-dev"];
@@ -392,10 +321,8 @@ fn restart_keeps_live_grants_and_frees_those_whose_containers_vanished() {
     node.daemon.kill9();
     // The poststop hook cannot reach the daemon; the delete still succeeds.
     node.fx.delete_container("goes", true).assert_success("delete while tesserad is down");
-    node.daemon.restart();
-    node.fx.cleanup().track_pid(node.daemon.pid());
+    node.restart();
     let c = node.client();
-    assert!(wait_for(|| c.status().is_ok(), Duration::from_secs(20)));
     let gone = wait_for(|| c.allocation("goes").is_err(), Duration::from_secs(10));
     assert!(gone, "grant of a container deleted while tesserad was down was not reclaimed");
     assert_eq!(c.allocation("stays").expect("live grant kept"), before);

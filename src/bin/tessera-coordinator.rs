@@ -1,1 +1,98 @@
-fn main() {}
+//! tessera-coordinator: the fleet coordinator. Flag parsing only; see the `coordinator` crate.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Tessera fleet coordinator: signed, versioned policy for every node; fleet usage.
+#[derive(Debug, Parser)]
+#[command(name = "tessera-coordinator", version)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Serve the coordinator API until SIGTERM or SIGINT.
+    Serve {
+        /// Address to listen on, e.g. 127.0.0.1:7443.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// Store: sqlite:PATH (embedded) or etcd:URL[,URL] (several coordinators).
+        #[arg(long)]
+        store: coordinator::StoreSpec,
+        /// Root of every etcd key (several fleets can share one etcd).
+        #[arg(long, default_value = "/tessera")]
+        etcd_prefix: String,
+        /// The ed25519 signing key (hex or base64 seed; see `keygen`).
+        #[arg(long)]
+        signing_key: PathBuf,
+        /// Credentials: {"admins": {"NAME": "TOKEN"}, "nodes": {"NODE": "TOKEN"}}.
+        #[arg(long)]
+        tokens: PathBuf,
+    },
+    /// Write a new signing key (mode 0600, never overwrites) and print its public key,
+    /// which nodes pin with `tesserad --trust-key`.
+    Keygen {
+        #[arg(long)]
+        out: PathBuf,
+        /// Also write the public key (hex) to this file.
+        #[arg(long)]
+        public_out: Option<PathBuf>,
+    },
+    /// Print the public key of a signing key file.
+    Pubkey {
+        #[arg(long)]
+        signing_key: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tessera-coordinator: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    use coordinator::signing;
+    match cli.cmd {
+        Cmd::Serve { listen, store, etcd_prefix, signing_key, tokens } => {
+            let opts = coordinator::ServeOptions { listen, store, etcd_prefix, signing_key, tokens };
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+            rt.block_on(coordinator::server::run(opts)).map_err(|e| e.to_string())
+        }
+        Cmd::Keygen { out, public_out } => {
+            let key = signing::generate_signing_key().map_err(|e| e.to_string())?;
+            signing::write_signing_key(&out, &key).map_err(|e| e.to_string())?;
+            let public = signing::encode_verifying_key(&key.verifying_key());
+            if let Some(p) = public_out {
+                std::fs::write(&p, format!("{public}\n")).map_err(|e| format!("{}: {e}", p.display()))?;
+            }
+            println!("{public}");
+            Ok(())
+        }
+        Cmd::Pubkey { signing_key } => {
+            let key = signing::load_signing_key(&signing_key).map_err(|e| e.to_string())?;
+            println!("{}", signing::encode_verifying_key(&key.verifying_key()));
+            Ok(())
+        }
+    }
+}

@@ -24,6 +24,24 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// GPU-seconds and cost per group, from the node's ledger.
+    Usage {
+        /// Start of the window: now, -2h, Unix seconds or 2026-11-21T12:00:00Z.
+        #[arg(long, default_value = "-24h", allow_hyphen_values = true)]
+        from: String,
+        /// End of the window (exclusive).
+        #[arg(long, default_value = "now", allow_hyphen_values = true)]
+        to: String,
+        /// Level of the tenant tree to group by.
+        #[arg(long, default_value = "team", value_parser = ["org", "team", "project", "user", "container"])]
+        by: String,
+        /// Print JSON (stable: the same ledger and query give the same bytes).
+        #[arg(long, conflicts_with = "csv")]
+        json: bool,
+        /// Print CSV.
+        #[arg(long)]
+        csv: bool,
+    },
     /// Policy files.
     Policy {
         #[command(subcommand)]
@@ -57,6 +75,26 @@ fn run(cli: Cli) -> Result<(), String> {
                 println!("{text}");
             } else {
                 print!("{}", tessera::render::status(&status));
+            }
+            Ok(())
+        }
+        Cmd::Usage { from, to, by, json, csv } => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0);
+            let from_ms = tessera::timespec::parse(&from, now).map_err(|e| format!("--from: {e}"))?;
+            let to_ms = tessera::timespec::parse(&to, now).map_err(|e| format!("--to: {e}"))?;
+            let path = format!("/v1/usage?from_ms={from_ms}&to_ms={to_ms}&by={by}");
+            let report: metering::UsageReport = tessera_api::Client::new(&cli.socket)
+                .call::<(), _>("GET", &path, None)
+                .map_err(|e| e.to_string())?;
+            if json {
+                println!("{}", report.to_json());
+            } else if csv {
+                print!("{}", report.to_csv());
+            } else {
+                print!("{}", tessera::render::usage(&report));
             }
             Ok(())
         }

@@ -32,6 +32,13 @@ struct Args {
     /// How long a granted but never started container keeps its devices, in milliseconds.
     #[arg(long, default_value_t = 60_000)]
     pending_grace_ms: u64,
+    /// Ledger heartbeat in milliseconds: a node crash loses at most this much metered
+    /// time per running container (at most 10 s is accepted).
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..=10_000))]
+    checkpoint_interval_ms: u64,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9400).
+    #[arg(long)]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 fn main() -> ExitCode {
@@ -52,6 +59,8 @@ fn main() -> ExitCode {
         allowed_uids: a.allow_uid.into_iter().collect::<BTreeSet<_>>(),
         reconcile_every: Duration::from_millis(a.reconcile_interval_ms.max(100)),
         pending_grace: Duration::from_millis(a.pending_grace_ms),
+        checkpoint_every: Duration::from_millis(a.checkpoint_interval_ms),
+        metrics: a.metrics,
         host: tesserad::HostPaths::default(),
     };
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {

@@ -21,6 +21,8 @@
 //! the fixture's unique dir.
 #![allow(dead_code)]
 
+pub mod node;
+
 use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{self, Read, Write as _};

@@ -65,7 +65,7 @@ mod wire;
 
 pub use agent::{AgentConfig, AgentError, AgentStatus, PolicyAgent, PolicySource};
 pub use auth::{Principal, Tokens, TokensError};
-pub use diff::diff_policies;
+pub use diff::{diff_labeled, diff_policies};
 pub use server::{CoordinatorError, RunningCoordinator, ServeOptions};
 pub use signing::{SignedPolicy, Verified, VerifyError};
 pub use store::{PolicyStore, StoreError, StoreSpec};

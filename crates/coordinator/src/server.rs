@@ -93,14 +93,20 @@ impl std::fmt::Debug for Coordinator {
     }
 }
 
-/// An error answer.
+/// An error answer: an HTTP status and an [`ErrorBody`].
 #[derive(Debug)]
-pub(crate) struct ApiErr {
+pub struct ApiErr {
     status: StatusCode,
     body: ErrorBody,
 }
 
 impl ApiErr {
+    pub fn status(&self) -> u16 {
+        self.status.as_u16()
+    }
+    pub fn body(&self) -> &ErrorBody {
+        &self.body
+    }
     fn new(status: StatusCode, error: impl Into<String>) -> Self {
         ApiErr { status, body: ErrorBody { error: error.into(), path: None, who: None } }
     }
@@ -119,7 +125,7 @@ impl IntoResponse for ApiErr {
     }
 }
 
-type ApiResult<T> = Result<T, ApiErr>;
+pub type ApiResult<T> = Result<T, ApiErr>;
 
 /// Counts a long poll while it waits.
 struct Waiting<'a>(&'a AtomicUsize);
@@ -272,6 +278,7 @@ impl Coordinator {
     }
 
     /// Validate, sign and append a pushed policy.
+    /// (201 when a revision was added, 200 when it was already the latest.)
     pub async fn push_policy(&self, bytes: &[u8], author: &str) -> ApiResult<(StatusCode, RevisionSummary)> {
         let parsed = policy::Policy::parse(bytes, "pushed policy").map_err(|e| ApiErr {
             status: StatusCode::BAD_REQUEST,
@@ -316,7 +323,7 @@ impl Coordinator {
         let rows = self.store.usage_intervals(q.from_ms, q.to_ms).await.map_err(ApiErr::store)?;
         let mut by_node: std::collections::BTreeMap<String, Vec<metering::Span>> = Default::default();
         for (node, i) in &rows {
-            if only.as_ref().map_or(true, |o| o.contains(node)) {
+            if only.as_ref().is_none_or(|o| o.contains(node)) {
                 by_node.entry(node.clone()).or_default().push(store::span_of(i));
             }
         }
@@ -504,7 +511,7 @@ async fn report(
 
 fn finish_record(app: &Coordinator, mut rec: NodeRecord, now: u64) -> NodeRecord {
     rec.last_contact_ms = rec.last_contact_ms.max(app.contact(&rec.node));
-    rec.stale = rec.last_contact_ms.map_or(true, |t| now.saturating_sub(t) > STALE_AFTER_MS);
+    rec.stale = rec.last_contact_ms.is_none_or(|t| now.saturating_sub(t) > STALE_AFTER_MS);
     rec
 }
 

@@ -6,6 +6,7 @@
 //! containers are gone.
 
 pub mod liveness;
+pub mod metrics;
 pub mod node;
 pub mod server;
 pub mod store;
@@ -55,6 +56,10 @@ pub struct Config {
     pub allowed_uids: BTreeSet<u32>,
     pub reconcile_every: Duration,
     pub pending_grace: Duration,
+    /// Ledger heartbeat; a crash loses at most this much metered time per container.
+    pub checkpoint_every: Duration,
+    /// Where to serve Prometheus metrics over TCP, if anywhere.
+    pub metrics: Option<std::net::SocketAddr>,
     pub host: HostPaths,
 }
 
@@ -71,6 +76,10 @@ pub enum DaemonError {
     Backend(String),
     #[error(transparent)]
     Store(#[from] store::StoreError),
+    #[error("ledger: {0}")]
+    Ledger(#[from] metering::LedgerError),
+    #[error("metrics address {addr}: {source}")]
+    Metrics { addr: std::net::SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Socket(#[from] server::SocketError),
     #[error("serving the API: {0}")]
@@ -111,7 +120,14 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let active = ActivePolicy { policy, source: format!("file:{}", config.policy.display()) };
     let backend = open_backend(&config.node, &config.state_dir)?;
     let store = store::Store::open(&config.state_dir.join("state.db"))?;
-    let mut node = Node::new(backend, active, store, config.host.clone(), config.pending_grace)
+    let ledger = metering::Ledger::open(
+        &config.state_dir.join("ledger.db"),
+        Arc::new(metering::SystemClock),
+    )?;
+    if ledger.recovered() > 0 {
+        info!(intervals = ledger.recovered(), "closed intervals left open by the last run at their last checkpoint");
+    }
+    let mut node = Node::new(backend, active, store, ledger, config.host.clone(), config.pending_grace)
         .map_err(DaemonError::Backend)?;
     info!(node = %node.inventory().node, gpus = node.inventory().gpus.len(),
           policy_version = node.policy().policy.version(), "tesserad starting");
@@ -119,6 +135,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         Ok(r) if !r.released.is_empty() => info!(released = r.released.len(), "reconciled after restart"),
         Ok(_) => {}
         Err(e) => warn!("reconcile at start failed: {}", e.message),
+    }
+    match node.resume_metering() {
+        Ok(0) => {}
+        Ok(n) => info!(intervals = n, "metering resumed for running containers"),
+        Err(e) => warn!("resuming metering failed: {}", e.message),
     }
 
     let listener = server::bind_socket(&config.socket)?;
@@ -147,14 +168,61 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         })
     };
 
+    let heartbeat = {
+        let app = app.clone();
+        let every = config.checkpoint_every;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let app = app.clone();
+                let r = tokio::task::spawn_blocking(move || match app.node.lock() {
+                    Ok(mut n) => n.checkpoint().map_err(|e| e.message),
+                    Err(_) => Err("node state lock poisoned".to_string()),
+                })
+                .await;
+                if let Ok(Err(e)) = r {
+                    error!("ledger checkpoint failed: {e}");
+                }
+            }
+        })
+    };
+
+    let metrics = match config.metrics {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| DaemonError::Metrics { addr, source })?;
+            info!(%addr, "serving metrics");
+            let router = server::metrics_router(app.clone());
+            Some(tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, router).await {
+                    error!("metrics server failed: {e}");
+                }
+            }))
+        }
+        None => None,
+    };
+
     info!(socket = %config.socket.display(), "serving");
     let served = axum::serve(
         server::PeerCheckedListener::new(listener, config.allowed_uids.clone()),
-        server::router(app),
+        server::router(app.clone()),
     )
     .with_graceful_shutdown(shutdown_signal())
     .await;
     reconciler.abort();
+    heartbeat.abort();
+    if let Some(m) = metrics {
+        m.abort();
+    }
+    // A clean stop loses no metered time: stamp every open interval one last time.
+    if let Ok(mut n) = app.node.lock() {
+        if let Err(e) = n.checkpoint() {
+            warn!("final ledger checkpoint failed: {}", e.message);
+        }
+    }
     let _ = std::fs::remove_file(&config.socket);
     drop(lock);
     info!("tesserad stopped");

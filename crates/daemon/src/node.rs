@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use metering::{Class, IntervalStart, Ledger, LedgerError, UsageQuery, UsageReport};
 use policy::Policy;
 use slicer::{GpuBackend, Inventory};
 use tessera_api::{
     AllocateRequest, Allocation, AllocationState, ApiError, DeviceState, ErrorCode, GpuRequest, GpuStatus,
-    Holder, MigInstanceStatus, NodeStatus, PolicyInfo, StartRequest,
+    GrantedDevice, Holder, Isolation, MigInstanceStatus, NodeStatus, PolicyInfo, StartRequest,
 };
 use tracing::{info, warn};
 
@@ -50,6 +51,7 @@ pub struct Node {
     inventory: Inventory,
     policy: ActivePolicy,
     store: Store,
+    ledger: Ledger,
     host: HostPaths,
     pending_grace: Duration,
 }
@@ -66,11 +68,97 @@ impl Node {
         backend: Box<dyn GpuBackend>,
         policy: ActivePolicy,
         store: Store,
+        ledger: Ledger,
         host: HostPaths,
         pending_grace: Duration,
     ) -> Result<Node, String> {
         let inventory = backend.inventory().map_err(|e| format!("reading the GPU inventory from {}: {e}", backend.describe()))?;
-        Ok(Node { backend, inventory, policy, store, host, pending_grace })
+        Ok(Node { backend, inventory, policy, store, ledger, host, pending_grace })
+    }
+
+    /// After a start: opening the ledger closed every interval left open at its last
+    /// checkpoint; open fresh ones for the containers that are still running. Call after
+    /// [`Node::reconcile`], so only live containers are metered. Returns how many.
+    pub fn resume_metering(&mut self) -> Result<usize, ApiError> {
+        let mut n = 0;
+        for rec in self.store.all().map_err(internal)? {
+            if rec.allocation.state == AllocationState::Running {
+                n += self.open_intervals(&rec.allocation)?;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Heartbeat: stamp every open interval, bounding what a crash can lose.
+    pub fn checkpoint(&mut self) -> Result<usize, ApiError> {
+        self.ledger.checkpoint().map_err(ledger_err)
+    }
+
+    /// A usage report over the ledger, priced with the policy in force.
+    pub fn usage(&self, from_ms: u64, to_ms: u64, by: metering::GroupBy) -> Result<UsageReport, ApiError> {
+        let prices = metering::Prices {
+            per_model: self
+                .policy
+                .policy
+                .prices()
+                .iter()
+                .map(|(m, p)| {
+                    (m.clone(), metering::Rate {
+                        reserved_per_gpu_hour: p.reserved_per_gpu_hour,
+                        burst_per_gpu_hour: p.burst_per_gpu_hour,
+                    })
+                })
+                .collect(),
+        };
+        self.ledger.usage(&UsageQuery { from_ms, to_ms, by, prices }).map_err(|e| match e {
+            LedgerError::BadQuery(_) => ApiError::new(ErrorCode::BadRequest, e.to_string()),
+            other => ledger_err(other),
+        })
+    }
+
+    /// Every ledger interval (for metrics).
+    pub fn intervals(&self) -> Result<Vec<metering::IntervalRecord>, ApiError> {
+        self.ledger.intervals().map_err(ledger_err)
+    }
+
+    /// The fraction of a GPU one granted device is charged as.
+    fn fraction(&self, a: &Allocation, d: &GrantedDevice) -> f64 {
+        let slices = d.mig_profile.as_deref().and_then(|p| {
+            slicer::model(&d.model).and_then(|m| m.profile(p)).map(|p| p.compute_slices)
+        });
+        let weight = d.mig_profile.as_deref().and_then(|p| self.policy.policy.mig_weight(p));
+        let mps = match a.request.parse::<GpuRequest>() {
+            Ok(GpuRequest::Mps { percent }) => Some(percent),
+            _ => None,
+        };
+        metering::fraction(a.isolation, slices, mps, None, weight)
+    }
+
+    fn open_intervals(&mut self, a: &Allocation) -> Result<usize, ApiError> {
+        for d in &a.devices {
+            let start = IntervalStart {
+                container_id: a.container_id.clone(),
+                tenant: a.tenant.clone(),
+                node: self.inventory.node.clone(),
+                gpu_uuid: d.gpu_uuid.clone(),
+                gpu_model: d.model.clone(),
+                device_uuid: d.uuid.clone(),
+                isolation: a.isolation,
+                mig_profile: if a.isolation == Isolation::Mig { d.mig_profile.clone() } else { None },
+                fraction: self.fraction(a, d),
+                class: Class::Guaranteed,
+            };
+            self.ledger.open_interval(&start).map_err(ledger_err)?;
+        }
+        Ok(a.devices.len())
+    }
+
+    /// Close the container's intervals, then free its devices: in this order a crash in
+    /// between leaves a grant whose release is simply retried, never an open interval
+    /// for a container that no longer holds anything.
+    fn drop_allocation(&mut self, container_id: &str, why: &str) -> Result<bool, ApiError> {
+        self.ledger.close_container(container_id, why).map_err(ledger_err)?;
+        self.store.remove(container_id, why).map_err(internal)
     }
 
     pub fn inventory(&self) -> &Inventory {
@@ -212,6 +300,9 @@ impl Node {
         let rec = self.store.get(container_id).map_err(internal)?.ok_or_else(|| {
             ApiError::new(ErrorCode::Internal, format!("container {container_id}: allocation vanished"))
         })?;
+        // Metering starts when the container does. Recorded after the pid, so a crash in
+        // between is repaired by resume_metering on restart.
+        self.open_intervals(&rec.allocation)?;
         info!(container = %container_id, pid = req.pid, "started");
         Ok(rec.allocation)
     }
@@ -219,7 +310,7 @@ impl Node {
     /// Free a container's devices. Unknown ids are fine (the hook and the reconciler race).
     pub fn release(&mut self, container_id: &str, why: &str) -> Result<bool, ApiError> {
         validate_container_id(container_id)?;
-        let existed = self.store.remove(container_id, why).map_err(internal)?;
+        let existed = self.drop_allocation(container_id, why)?;
         if existed {
             info!(container = %container_id, why, "released");
         }
@@ -254,7 +345,7 @@ impl Node {
                 liveness::judge(a.state, rec.pid_start, &facts, self.pending_grace.as_millis() as u64)
             {
                 warn!(container = %a.container_id, tenant = %a.tenant, %why, "reconciler releases");
-                self.store.remove(&a.container_id, &format!("reconciler: {why}")).map_err(internal)?;
+                self.drop_allocation(&a.container_id, &format!("reconciler: {why}"))?;
                 report.released.push((a.container_id.clone(), why));
             }
         }
@@ -323,6 +414,10 @@ impl Node {
             warn!("cannot record refusal: {e}");
         }
     }
+}
+
+fn ledger_err(e: LedgerError) -> ApiError {
+    ApiError::new(ErrorCode::Internal, format!("tesserad ledger: {e}"))
 }
 
 fn internal(e: StoreError) -> ApiError {

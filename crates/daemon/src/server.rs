@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
+use std::collections::BTreeMap;
+
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -68,10 +70,68 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/allocations", post(allocate).get(list))
         .route("/v1/allocations/{id}", get(one).delete(release))
         .route("/v1/allocations/{id}/start", post(start))
+        .route("/v1/usage", get(usage))
         .fallback(|| async {
             Reply::<()>(Err(ApiError::new(ErrorCode::NotFound, "no such endpoint")))
         })
         .layer(DefaultBodyLimit::max(1 << 20))
+        .with_state(app)
+}
+
+/// The parameters of `GET /v1/usage`: `from_ms`, `to_ms` (Unix ms, `[from, to)`), `by`.
+pub fn parse_usage_query(q: &BTreeMap<String, String>) -> Result<(u64, u64, metering::GroupBy), ApiError> {
+    let bad = |m: String| ApiError::new(ErrorCode::BadRequest, m);
+    if let Some(k) = q.keys().find(|k| !["from_ms", "to_ms", "by"].contains(&k.as_str())) {
+        return Err(bad(format!("unknown usage parameter `{k}`: expected from_ms, to_ms, by")));
+    }
+    let ms = |k: &str| -> Result<u64, ApiError> {
+        let v = q.get(k).ok_or_else(|| bad(format!("`{k}` is required (Unix milliseconds)")))?;
+        v.parse::<u64>().map_err(|_| bad(format!("`{k}` must be Unix milliseconds, got `{v}`")))
+    };
+    let (from, to) = (ms("from_ms")?, ms("to_ms")?);
+    let by = match q.get("by").map(String::as_str).unwrap_or("team") {
+        "org" => metering::GroupBy::Org,
+        "team" => metering::GroupBy::Team,
+        "project" => metering::GroupBy::Project,
+        "user" => metering::GroupBy::User,
+        "container" => metering::GroupBy::Container,
+        other => return Err(bad(format!("`by` must be org, team, project, user or container, got `{other}`"))),
+    };
+    Ok((from, to, by))
+}
+
+async fn usage(State(app): State<Arc<App>>, Query(q): Query<BTreeMap<String, String>>) -> Response {
+    match parse_usage_query(&q) {
+        Ok((from, to, by)) => with_node(app, move |n| n.usage(from, to, by)).await.into_response(),
+        Err(e) => Reply::<()>(Err(e)).into_response(),
+    }
+}
+
+/// The Prometheus endpoint, served on its own TCP address (`--metrics`).
+pub fn metrics_router(app: Arc<App>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(app): State<Arc<App>>| async move {
+                let r = tokio::task::spawn_blocking(move || {
+                    let node = app.node.lock().map_err(|_| "node state lock poisoned".to_string())?;
+                    let status = node.status().map_err(|e| e.message)?;
+                    let intervals = node.intervals().map_err(|e| e.message)?;
+                    Ok::<_, String>(crate::metrics::render(&status, &intervals))
+                })
+                .await;
+                match r {
+                    Ok(Ok(text)) => (
+                        StatusCode::OK,
+                        [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                        text,
+                    )
+                        .into_response(),
+                    Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
+                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+                }
+            }),
+        )
         .with_state(app)
 }
 

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
@@ -19,7 +20,8 @@ fn node_at(state: &Path, grace: Duration) -> Node {
     let backend = slicer::SimBackend::open(&repo("examples/nodes/h100x8.json"), state).expect("sim");
     let policy = policy::Policy::parse(POLICY, "examples/policy.json").expect("policy");
     let store = Store::open(&state.join("state.db")).expect("store");
-    Node::new(Box::new(backend), ActivePolicy { policy, source: "test".into() }, store, HostPaths::default(), grace)
+    let ledger = metering::Ledger::open(&state.join("ledger.db"), Arc::new(metering::SystemClock)).expect("ledger");
+    Node::new(Box::new(backend), ActivePolicy { policy, source: "test".into() }, store, ledger, HostPaths::default(), grace)
         .expect("node")
 }
 
@@ -239,4 +241,40 @@ fn random_grant_release_sequences_never_double_assign_and_survive_restart() {
         .sum::<usize>();
     let held_in_allocs: usize = node.allocations().expect("list").iter().map(|a| a.devices.len()).sum();
     assert_eq!(held_in_status, held_in_allocs);
+}
+
+#[test]
+fn metering_follows_start_release_and_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let me = std::process::id() as i32;
+    {
+        let mut node = node_at(dir.path(), Duration::from_secs(60));
+        node.allocate(&req("mig", "team-untrusted", "mig=3g.40gb")).expect("granted");
+        node.allocate(&req("two", "team-trusted", "gpu=2")).expect("granted");
+        assert!(node.intervals().expect("intervals").is_empty(), "metering starts at start, not at grant");
+        node.start("mig", &StartRequest { pid: me, bundle: "/bundles/mig".into() }).expect("start");
+        node.start("two", &StartRequest { pid: me, bundle: "/bundles/two".into() }).expect("start");
+        let open = node.intervals().expect("intervals");
+        assert_eq!(open.len(), 3, "one interval per device");
+        let mig = open.iter().find(|r| r.start.container_id == "mig").expect("mig interval");
+        assert!((mig.start.fraction - 3.0 / 7.0).abs() < 1e-12, "3g = 3/7 of a GPU");
+        assert_eq!(mig.start.mig_profile.as_deref(), Some("3g.40gb"));
+        assert!(open.iter().filter(|r| r.start.container_id == "two").all(|r| r.start.fraction == 1.0));
+        node.release("two", "poststop").expect("release");
+        node.checkpoint().expect("checkpoint");
+    }
+    // Restart: the ledger closes what was open at its checkpoint; the daemon reopens the
+    // still-running container's interval, exactly once.
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    assert_eq!(node.resume_metering().expect("resume"), 1);
+    let all = node.intervals().expect("intervals");
+    let mig: Vec<_> = all.iter().filter(|r| r.start.container_id == "mig").collect();
+    assert_eq!(mig.len(), 2, "closed at the checkpoint + reopened");
+    assert_eq!(mig.iter().filter(|r| r.end.is_none()).count(), 1);
+    assert!(all.iter().filter(|r| r.start.container_id == "two").all(|r| r.end.is_some()));
+    let now = tesserad::now_ms();
+    let report = node.usage(now - 3_600_000, now + 1, metering::GroupBy::User).expect("usage");
+    assert_eq!(report.total.intervals, 4);
+    let e = node.usage(now, now - 1, metering::GroupBy::User).unwrap_err();
+    assert_eq!(e.code, ErrorCode::BadRequest, "{e:?}");
 }

@@ -11,9 +11,9 @@
 
 use std::ffi::OsStr;
 use std::fmt;
-use std::os::unix::ffi::OsStrExt;
 use std::fs::File;
 use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -29,6 +29,11 @@ pub struct DaemonSpec {
     pub device: String,
     pub pipe_dir: PathBuf,
     pub log_dir: PathBuf,
+    /// When set, the daemon (and the servers it starts) run in a private mount namespace
+    /// with this directory bound on `/dev/shm`, the same directory the share's containers
+    /// get as their `/dev/shm` (MPS clients and servers talk through shared memory).
+    /// Needs CAP_SYS_ADMIN.
+    pub shm_dir: Option<PathBuf>,
 }
 
 /// How the supervisor reaches MPS control daemons.
@@ -99,7 +104,12 @@ impl ProcessControl {
 
     fn command(&self, spec: &DaemonSpec) -> std::process::Command {
         let mut path = String::new();
-        if let Some(dir) = self.binary.parent().and_then(Path::to_str).filter(|d| !d.is_empty() && !d.contains(':')) {
+        if let Some(dir) = self
+            .binary
+            .parent()
+            .and_then(Path::to_str)
+            .filter(|d| !d.is_empty() && !d.contains(':'))
+        {
             path.push_str(dir);
             path.push(':');
         }
@@ -146,7 +156,9 @@ impl ProcessControl {
         // dir: a PID recycled into another share's daemon is not this share's daemon.
         if let Ok(environ) = std::fs::read(dir.join("environ")) {
             let key = b"CUDA_MPS_PIPE_DIRECTORY=";
-            if let Some(v) = environ.split(|b| *b == 0).find_map(|kv| kv.strip_prefix(key.as_slice())) {
+            if let Some(v) =
+                environ.split(|b| *b == 0).find_map(|kv| kv.strip_prefix(key.as_slice()))
+            {
                 return Path::new(OsStr::from_bytes(v)) == spec.pipe_dir;
             }
         }
@@ -164,7 +176,10 @@ fn proc_state(stat: &str) -> Option<char> {
 /// harmless otherwise.
 fn reap(pid: u32) {
     let Ok(raw) = i32::try_from(pid) else { return };
-    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(raw), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+    let _ = nix::sys::wait::waitpid(
+        nix::unistd::Pid::from_raw(raw),
+        Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+    );
 }
 
 /// Wait for `child` up to `timeout`; None if it is still running.
@@ -207,10 +222,58 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
+/// Make `command` run in a new mount namespace (propagation from the host kept one-way)
+/// with `shm` bound on `/dev/shm`.
+fn private_shm(command: &mut std::process::Command, shm: &Path) -> Result<(), MpsError> {
+    use std::ffi::CString;
+    use std::os::unix::process::CommandExt;
+    let bad = |e: std::ffi::NulError| {
+        MpsError::io(shm, std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+    };
+    // Everything the child needs is allocated before the fork: between fork and exec only
+    // async-signal-safe calls are made.
+    let source = CString::new(shm.as_os_str().as_bytes()).map_err(bad)?;
+    let target = CString::new("/dev/shm").map_err(bad)?;
+    let root = CString::new("/").map_err(bad)?;
+    let none = CString::new("none").map_err(bad)?;
+    let hook = move || -> std::io::Result<()> {
+        let check =
+            |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) };
+        // SAFETY: unshare takes no pointers; it only changes this (child) process.
+        check(unsafe { libc::unshare(libc::CLONE_NEWNS) })?;
+        // SAFETY: the CStrings outlive the calls (the closure owns them); null data and
+        // fstype pointers are allowed for remount-propagation and bind mounts.
+        check(unsafe {
+            libc::mount(
+                none.as_ptr(),
+                root.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_SLAVE,
+                std::ptr::null(),
+            )
+        })?;
+        // SAFETY: as above.
+        check(unsafe {
+            libc::mount(
+                source.as_ptr(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            )
+        })
+    };
+    // SAFETY: the hook runs between fork and exec and makes only async-signal-safe system
+    // calls (unshare, mount) on memory allocated before the fork.
+    unsafe { command.pre_exec(hook) };
+    Ok(())
+}
+
 fn make_dir(path: &Path, mode: u32) -> Result<(), MpsError> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(path).map_err(|e| MpsError::io(path, e))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| MpsError::io(path, e))
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| MpsError::io(path, e))
 }
 
 impl MpsControl for ProcessControl {
@@ -232,24 +295,37 @@ impl MpsControl for ProcessControl {
         let out_path = spec.log_dir.join("tesserad-start.log");
         let out = File::create(&out_path).map_err(|e| MpsError::io(&out_path, e))?;
         let err = out.try_clone().map_err(|e| MpsError::io(&out_path, e))?;
-        let mut child = self
-            .command(spec)
-            .arg("-d")
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .map_err(|e| self.spawn_err(e))?;
+        let mut command = self.command(spec);
+        command.arg("-d").stdin(Stdio::null()).stdout(Stdio::from(out)).stderr(Stdio::from(err));
+        if let Some(shm) = &spec.shm_dir {
+            make_dir(shm, 0o1777)?;
+            private_shm(&mut command, shm)?;
+        }
+        let mut child = command.spawn().map_err(|e| self.spawn_err(e))?;
         let started = Instant::now();
-        let failed = |detail: String| MpsError::DaemonDidNotStart { pipe_dir: spec.pipe_dir.clone(), detail };
+        let failed = |detail: String| MpsError::DaemonDidNotStart {
+            pipe_dir: spec.pipe_dir.clone(),
+            detail,
+        };
         let said = || sanitize(std::fs::read_to_string(&out_path).unwrap_or_default().trim(), 400);
         match wait_timeout(&mut child, self.start_timeout).map_err(|e| self.spawn_err(e))? {
             Some(status) if status.success() => {}
-            Some(status) => return Err(failed(format!("`{} -d` ended with {}: {}", self.binary.display(), describe(status), said()))),
+            Some(status) => {
+                return Err(failed(format!(
+                    "`{} -d` ended with {}: {}",
+                    self.binary.display(),
+                    describe(status),
+                    said()
+                )))
+            }
             None => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(failed(format!("`{} -d` did not return within {:?}", self.binary.display(), self.start_timeout)));
+                return Err(failed(format!(
+                    "`{} -d` did not return within {:?}",
+                    self.binary.display(),
+                    self.start_timeout
+                )));
             }
         }
         // The launcher returned; wait for the daemon's PID file.
@@ -285,7 +361,8 @@ impl MpsControl for ProcessControl {
         }
         let out = child.stdout.take().map(|o| std::thread::spawn(move || drain(o)));
         let err = child.stderr.take().map(|e| std::thread::spawn(move || drain(e)));
-        let status = wait_timeout(&mut child, self.command_timeout).map_err(|e| self.spawn_err(e))?;
+        let status =
+            wait_timeout(&mut child, self.command_timeout).map_err(|e| self.spawn_err(e))?;
         let Some(status) = status else {
             let _ = child.kill();
             let _ = child.wait();
@@ -296,7 +373,9 @@ impl MpsControl for ProcessControl {
             });
         };
         let join = |h: Option<std::thread::JoinHandle<Vec<u8>>>| {
-            h.and_then(|h| h.join().ok()).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+            h.and_then(|h| h.join().ok())
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default()
         };
         let (stdout, stderr) = (join(out), join(err));
         if stdout.contains(NO_DAEMON) || stderr.contains(NO_DAEMON) {
@@ -323,8 +402,12 @@ impl MpsControl for ProcessControl {
         if !self.is_our_daemon(pid, spec) {
             return Ok(());
         }
-        let raw = i32::try_from(pid).map_err(|_| MpsError::Invalid(format!("pid {pid} out of range")))?;
-        match nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), nix::sys::signal::Signal::SIGKILL) {
+        let raw =
+            i32::try_from(pid).map_err(|_| MpsError::Invalid(format!("pid {pid} out of range")))?;
+        match nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(raw),
+            nix::sys::signal::Signal::SIGKILL,
+        ) {
             Ok(()) | Err(nix::errno::Errno::ESRCH) => {
                 reap(pid);
                 Ok(())
@@ -363,16 +446,46 @@ mod tests {
         let proc_root = tmp.path().join("proc");
         let pipe = tmp.path().join("pipe");
         std::fs::create_dir_all(&pipe).expect("mkdir");
-        let spec = DaemonSpec { device: "GPU-a".into(), pipe_dir: pipe.clone(), log_dir: tmp.path().join("log") };
-        let ctl = ProcessControl::new("/usr/bin/nvidia-cuda-mps-control").with_proc_root(&proc_root);
+        let spec = DaemonSpec {
+            device: "GPU-a".into(),
+            pipe_dir: pipe.clone(),
+            log_dir: tmp.path().join("log"),
+            shm_dir: None,
+        };
+        let ctl =
+            ProcessControl::new("/usr/bin/nvidia-cuda-mps-control").with_proc_root(&proc_root);
         let pipe_env = format!("CUDA_MPS_PIPE_DIRECTORY={}", pipe.display());
 
-        fake_proc(&proc_root, 100, "100 (nvidia-cuda-mps) S 1", &["/usr/bin/nvidia-cuda-mps-control", "-d"], Some(&[&pipe_env]));
+        fake_proc(
+            &proc_root,
+            100,
+            "100 (nvidia-cuda-mps) S 1",
+            &["/usr/bin/nvidia-cuda-mps-control", "-d"],
+            Some(&[&pipe_env]),
+        );
         fake_proc(&proc_root, 101, "101 (bash) S 1", &["/bin/bash"], None);
-        fake_proc(&proc_root, 102, "102 (nvidia-cuda-mps) Z 1", &["/usr/bin/nvidia-cuda-mps-control", "-d"], None);
-        fake_proc(&proc_root, 103, "103 (nvidia-cuda-mps) S 1", &["nvidia-cuda-mps-control", "-d"], Some(&["CUDA_MPS_PIPE_DIRECTORY=/elsewhere"]));
+        fake_proc(
+            &proc_root,
+            102,
+            "102 (nvidia-cuda-mps) Z 1",
+            &["/usr/bin/nvidia-cuda-mps-control", "-d"],
+            None,
+        );
+        fake_proc(
+            &proc_root,
+            103,
+            "103 (nvidia-cuda-mps) S 1",
+            &["nvidia-cuda-mps-control", "-d"],
+            Some(&["CUDA_MPS_PIPE_DIRECTORY=/elsewhere"]),
+        );
         fake_proc(&proc_root, 104, "104 (nvidia-cuda-mps) S 1", &["nvidia-cuda-mps-control"], None);
-        fake_proc(&proc_root, 105, "105 (nvidia-cuda-mps) S 1", &["./nvidia-cuda-mps-control", "-d"], None);
+        fake_proc(
+            &proc_root,
+            105,
+            "105 (nvidia-cuda-mps) S 1",
+            &["./nvidia-cuda-mps-control", "-d"],
+            None,
+        );
 
         let with_pid = |text: &str| {
             std::fs::write(pipe.join(PID_FILE), text).expect("pid file");
@@ -394,7 +507,12 @@ mod tests {
     #[test]
     fn a_missing_binary_is_a_spawn_error() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let spec = DaemonSpec { device: "GPU-a".into(), pipe_dir: tmp.path().join("p"), log_dir: tmp.path().join("l") };
+        let spec = DaemonSpec {
+            device: "GPU-a".into(),
+            pipe_dir: tmp.path().join("p"),
+            log_dir: tmp.path().join("l"),
+            shm_dir: None,
+        };
         let ctl = ProcessControl::new(tmp.path().join("no-such-binary"));
         assert!(matches!(ctl.send(&spec, &Command::GetServerList), Err(MpsError::Spawn { .. })));
         assert!(matches!(ctl.start_daemon(&spec), Err(MpsError::Spawn { .. })));
@@ -407,8 +525,14 @@ mod tests {
         std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").expect("script");
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let spec = DaemonSpec { device: "GPU-a".into(), pipe_dir: tmp.path().join("p"), log_dir: tmp.path().join("l") };
-        let ctl = ProcessControl::new(&script).with_timeouts(Duration::from_millis(200), Duration::from_millis(200));
+        let spec = DaemonSpec {
+            device: "GPU-a".into(),
+            pipe_dir: tmp.path().join("p"),
+            log_dir: tmp.path().join("l"),
+            shm_dir: None,
+        };
+        let ctl = ProcessControl::new(&script)
+            .with_timeouts(Duration::from_millis(200), Duration::from_millis(200));
         let t = Instant::now();
         assert!(matches!(ctl.send(&spec, &Command::GetServerList), Err(MpsError::Timeout { .. })));
         assert!(t.elapsed() < Duration::from_secs(5));
@@ -421,14 +545,29 @@ mod tests {
         std::fs::write(&script, "#!/bin/sh\nenv | sort\n").expect("script");
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let spec = DaemonSpec { device: "GPU-a".into(), pipe_dir: tmp.path().join("p"), log_dir: tmp.path().join("l") };
+        let spec = DaemonSpec {
+            device: "GPU-a".into(),
+            pipe_dir: tmp.path().join("p"),
+            log_dir: tmp.path().join("l"),
+            shm_dir: None,
+        };
         let ctl = ProcessControl::new(&script).with_env("FAKE_MPS_CRASH_AFTER_MS", "5");
         let out = ctl.send(&spec, &Command::GetServerList).expect("runs");
-        let keys: Vec<&str> = out.lines().filter_map(|l| l.split_once('=').map(|(k, _)| k)).collect();
+        let keys: Vec<&str> =
+            out.lines().filter_map(|l| l.split_once('=').map(|(k, _)| k)).collect();
         for k in &keys {
             assert!(
-                ["PATH", "PWD", "SHLVL", "_", "CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "FAKE_MPS_CRASH_AFTER_MS"]
-                    .contains(k),
+                [
+                    "PATH",
+                    "PWD",
+                    "SHLVL",
+                    "_",
+                    "CUDA_VISIBLE_DEVICES",
+                    "CUDA_MPS_PIPE_DIRECTORY",
+                    "CUDA_MPS_LOG_DIRECTORY",
+                    "FAKE_MPS_CRASH_AFTER_MS"
+                ]
+                .contains(k),
                 "unexpected variable {k} in {out}"
             );
         }
@@ -446,8 +585,16 @@ mod tests {
         let fail = tmp.path().join("fail");
         std::fs::write(&fail, "#!/bin/sh\necho boom >&2\nexit 3\n").expect("script");
         std::fs::set_permissions(&fail, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let spec = DaemonSpec { device: "GPU-a".into(), pipe_dir: tmp.path().join("p"), log_dir: tmp.path().join("l") };
-        assert!(matches!(ProcessControl::new(&nod).send(&spec, &Command::Quit), Err(MpsError::NoDaemon { .. })));
+        let spec = DaemonSpec {
+            device: "GPU-a".into(),
+            pipe_dir: tmp.path().join("p"),
+            log_dir: tmp.path().join("l"),
+            shm_dir: None,
+        };
+        assert!(matches!(
+            ProcessControl::new(&nod).send(&spec, &Command::Quit),
+            Err(MpsError::NoDaemon { .. })
+        ));
         let e = ProcessControl::new(&fail).send(&spec, &Command::Quit).expect_err("fails");
         assert!(e.to_string().contains("exit status 3") && e.to_string().contains("boom"), "{e}");
     }

@@ -44,7 +44,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::layout::{CONTROL_SOCKET, PID_FILE};
-use crate::protocol::{Command, DeviceRef, MemLimit, NO_DAEMON};
+use crate::protocol::{Command, DeviceRef, NO_DAEMON};
 
 /// The state file the double keeps in its pipe dir.
 pub const STATE_FILE: &str = "fake-state.json";
@@ -113,7 +113,11 @@ struct Env {
 }
 
 fn env() -> Env {
-    let var = |k: &str, d: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map_or_else(|| PathBuf::from(d), PathBuf::from);
+    let var = |k: &str, d: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map_or_else(|| PathBuf::from(d), PathBuf::from)
+    };
     Env {
         pipe_dir: var("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"),
         log_dir: var("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps"),
@@ -156,9 +160,17 @@ fn client() -> i32 {
 }
 
 fn log(log_dir: &Path, file: &str, msg: &str) {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let line = format!("[{}.{:03} Control {}] {msg}\n", now.as_secs(), now.subsec_millis(), std::process::id());
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log_dir.join(file)) {
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let line = format!(
+        "[{}.{:03} Control {}] {msg}\n",
+        now.as_secs(),
+        now.subsec_millis(),
+        std::process::id()
+    );
+    if let Ok(mut f) =
+        std::fs::OpenOptions::new().create(true).append(true).open(log_dir.join(file))
+    {
         let _ = f.write_all(line.as_bytes());
     }
 }
@@ -209,7 +221,10 @@ fn daemon(background: bool) -> i32 {
             match r.read(&mut byte) {
                 Ok(1) => 0,
                 _ => {
-                    eprintln!("the control daemon failed to start; see {}", env.log_dir.join("control.log").display());
+                    eprintln!(
+                        "the control daemon failed to start; see {}",
+                        env.log_dir.join("control.log").display()
+                    );
                     1
                 }
             }
@@ -255,20 +270,32 @@ fn serve(env: &Env, listener: &UnixListener, ready: Option<std::fs::File>) -> i3
     };
     d.persist();
     let socket = env.pipe_dir.join(CONTROL_SOCKET);
-    log(&env.log_dir, "control.log", &format!("Starting control daemon using socket {}", socket.display()));
     log(
         &env.log_dir,
         "control.log",
-        &format!("To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY={}", env.pipe_dir.display()),
+        &format!("Starting control daemon using socket {}", socket.display()),
+    );
+    log(
+        &env.log_dir,
+        "control.log",
+        &format!(
+            "To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY={}",
+            env.pipe_dir.display()
+        ),
     );
     if let Some(mut r) = ready {
         let _ = r.write_all(b"R");
     }
-    if let Some(ms) = std::env::var(CRASH_AFTER_ENV).ok().and_then(|v| v.trim().parse::<u64>().ok()) {
+    if let Some(ms) = std::env::var(CRASH_AFTER_ENV).ok().and_then(|v| v.trim().parse::<u64>().ok())
+    {
         let log_dir = env.log_dir.clone();
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(ms));
-            log(&log_dir, "control.log", &format!("{CRASH_AFTER_ENV}={ms}: the test double crashes now"));
+            log(
+                &log_dir,
+                "control.log",
+                &format!("{CRASH_AFTER_ENV}={ms}: the test double crashes now"),
+            );
             let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
         });
     }
@@ -325,9 +352,13 @@ impl Daemon<'_> {
     fn ordinal(&self, dev: &DeviceRef) -> Option<u32> {
         let n = match dev {
             DeviceRef::Ordinal(n) => *n,
-            DeviceRef::Uuid(u) => {
-                u32::try_from(self.state.visible_devices.iter().position(|v| v == u || v.starts_with(u.as_str()))?).ok()?
-            }
+            DeviceRef::Uuid(u) => u32::try_from(
+                self.state
+                    .visible_devices
+                    .iter()
+                    .position(|v| v == u || v.starts_with(u.as_str()))?,
+            )
+            .ok()?,
         };
         let count = self.state.visible_devices.len().max(1);
         (usize::try_from(n).ok()? < count).then_some(n)
@@ -371,7 +402,9 @@ impl Daemon<'_> {
         let bad_device = |d: &DeviceRef| format!("Invalid device {d}\n");
         let answer = match cmd {
             Command::Quit => return (String::new(), true),
-            Command::GetServerList => self.state.servers.iter().map(|s| format!("{}\n", s.pid)).collect(),
+            Command::GetServerList => {
+                self.state.servers.iter().map(|s| format!("{}\n", s.pid)).collect()
+            }
             Command::StartServer { uid } => {
                 if self.state.servers.iter().any(|s| s.uid == uid) {
                     String::new()
@@ -407,27 +440,38 @@ impl Daemon<'_> {
                 self.state.default_active_thread_percentage = f64::from(p);
                 String::new()
             }
-            Command::GetDefaultActiveThreadPercentage => format!("{:.1}\n", self.state.default_active_thread_percentage),
-            Command::SetActiveThreadPercentage { server_pid, percent } => match self.server(server_pid) {
-                Some(s) => {
-                    s.active_thread_percentage = f64::from(percent);
-                    String::new()
+            Command::GetDefaultActiveThreadPercentage => {
+                format!("{:.1}\n", self.state.default_active_thread_percentage)
+            }
+            Command::SetActiveThreadPercentage { server_pid, percent } => {
+                match self.server(server_pid) {
+                    Some(s) => {
+                        s.active_thread_percentage = f64::from(percent);
+                        String::new()
+                    }
+                    None => not_found(server_pid),
                 }
-                None => not_found(server_pid),
-            },
+            }
             Command::GetActiveThreadPercentage { server_pid } => match self.server(server_pid) {
                 Some(s) => format!("{:.1}\n", s.active_thread_percentage),
                 None => not_found(server_pid),
             },
-            Command::SetDefaultDevicePinnedMemLimit { device, limit } => match self.ordinal(&device) {
-                Some(n) => {
-                    self.state.default_pinned_mem_limit_mib.insert(n, limit.mib());
-                    String::new()
+            Command::SetDefaultDevicePinnedMemLimit { device, limit } => {
+                match self.ordinal(&device) {
+                    Some(n) => {
+                        self.state.default_pinned_mem_limit_mib.insert(n, limit.mib());
+                        String::new()
+                    }
+                    None => bad_device(&device),
                 }
-                None => bad_device(&device),
-            },
+            }
             Command::GetDefaultDevicePinnedMemLimit { device } => match self.ordinal(&device) {
-                Some(n) => format!("{}\n", display_limit(self.state.default_pinned_mem_limit_mib.get(&n).copied().unwrap_or(0))),
+                Some(n) => format!(
+                    "{}\n",
+                    display_limit(
+                        self.state.default_pinned_mem_limit_mib.get(&n).copied().unwrap_or(0)
+                    )
+                ),
                 None => bad_device(&device),
             },
             Command::SetDevicePinnedMemLimit { server_pid, device, limit } => {
@@ -445,7 +489,10 @@ impl Daemon<'_> {
                 let n = self.ordinal(&device);
                 match (self.server(server_pid), n) {
                     (Some(s), Some(n)) => {
-                        format!("{}\n", display_limit(s.pinned_mem_limit_mib.get(&n).copied().unwrap_or(0)))
+                        format!(
+                            "{}\n",
+                            display_limit(s.pinned_mem_limit_mib.get(&n).copied().unwrap_or(0))
+                        )
                     }
                     (None, _) => not_found(server_pid),
                     (_, None) => bad_device(&device),
@@ -493,6 +540,7 @@ fn server_standin(ppid: &str) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::MemLimit;
 
     #[test]
     fn limits_are_displayed_as_the_driver_does() {

@@ -4,7 +4,15 @@
 //! <state>/mps/<device dir>/<tenant slug>/share.json   what the share is (device, tenant, caps, holders)
 //! <state>/mps/<device dir>/<tenant slug>/pipe/        CUDA_MPS_PIPE_DIRECTORY (bind-mounted into containers)
 //! <state>/mps/<device dir>/<tenant slug>/log/         CUDA_MPS_LOG_DIRECTORY (never mounted)
+//! <shm root>/<device dir>/<tenant slug>/               /dev/shm of the daemon, its servers and its
+//!                                                      clients (only when a shm root is configured)
 //! ```
+//!
+//! MPS clients and servers share memory through `/dev/shm`, so a containerised client must
+//! see the same `/dev/shm` as the server it talks to. With a shm root (a directory on a
+//! tmpfs, e.g. `/dev/shm/tessera-mps`), each share gets its own directory there: the
+//! daemon runs in a private mount namespace with it bound on `/dev/shm`, and containers
+//! get it mounted on `/dev/shm`; tenants never see the host's `/dev/shm` or each other's.
 //!
 //! The device dir is the device UUID (old-style MIG UUIDs `MIG-GPU-<uuid>/<gi>/<ci>` have
 //! their `/` written as `_`). The tenant slug is short and injective in practice: a
@@ -92,15 +100,23 @@ pub struct ShareDirs {
     pub root: PathBuf,
     pub pipe: PathBuf,
     pub log: PathBuf,
+    pub shm: Option<PathBuf>,
 }
 
 impl ShareDirs {
     /// The dirs of (device, tenant) under `state_dir`; refuses a state dir so long that the
     /// control socket path would not fit a socket address.
-    pub fn new(state_dir: &Path, device: &str, tenant: &str) -> Result<ShareDirs, MpsError> {
+    pub fn new(
+        state_dir: &Path,
+        shm_root: Option<&Path>,
+        device: &str,
+        tenant: &str,
+    ) -> Result<ShareDirs, MpsError> {
         check_tenant(tenant)?;
-        let root = state_dir.join(MPS_DIR).join(device_dir_name(device)?).join(tenant_slug(tenant));
-        let dirs = ShareDirs { pipe: root.join("pipe"), log: root.join("log"), root };
+        let (device_dir, slug) = (device_dir_name(device)?, tenant_slug(tenant));
+        let root = state_dir.join(MPS_DIR).join(&device_dir).join(&slug);
+        let shm = shm_root.map(|r| r.join(&device_dir).join(&slug));
+        let dirs = ShareDirs { pipe: root.join("pipe"), log: root.join("log"), root, shm };
         let socket = dirs.pipe.join(CONTROL_SOCKET);
         if socket.as_os_str().len() > MAX_SOCKET_PATH {
             return Err(MpsError::Invalid(format!(
@@ -136,9 +152,9 @@ pub struct ShareRecord {
 /// Read a share record; None if there is none.
 pub fn read_record(path: &Path) -> Result<Option<ShareRecord>, MpsError> {
     match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| MpsError::io(path, std::io::Error::new(std::io::ErrorKind::InvalidData, e))),
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            MpsError::io(path, std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(MpsError::io(path, e)),
     }
@@ -182,11 +198,18 @@ mod tests {
     #[test]
     fn long_state_dirs_are_refused_before_the_socket_fails() {
         let long = PathBuf::from(format!("/{}", "s".repeat(60)));
-        let e = ShareDirs::new(&long, "GPU-f22fb098-d1b3-3806-2655-ba25f02229c1", "acme/x").expect_err("too long");
+        let e = ShareDirs::new(&long, None, "GPU-f22fb098-d1b3-3806-2655-ba25f02229c1", "acme/x")
+            .expect_err("too long");
         assert!(e.to_string().contains("use a shorter state dir"), "{e}");
-        let ok = ShareDirs::new(Path::new("/var/lib/tessera"), "GPU-f22fb098-d1b3-3806-2655-ba25f02229c1", "acme/x")
-            .expect("fits");
+        let ok = ShareDirs::new(
+            Path::new("/var/lib/tessera"),
+            Some(Path::new("/dev/shm/t")),
+            "GPU-f22fb098-d1b3-3806-2655-ba25f02229c1",
+            "acme/x",
+        )
+        .expect("fits");
         assert_eq!(ok.pipe.parent(), Some(ok.root.as_path()));
+        assert_eq!(ok.shm.as_deref().and_then(Path::file_name), ok.root.file_name());
     }
 
     #[test]

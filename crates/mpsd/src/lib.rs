@@ -28,12 +28,12 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use control::{DaemonSpec, MpsControl, ProcessControl};
 pub use protocol::{Command, DeviceRef, MemLimit, ParseError};
 pub use pure::{
-    mps_mem_limit_bytes, pick_mps_device, pick_shared_device, MpsDeviceLoad, MpsNoFit, MpsShareLoad, SharedDeviceLoad,
-    SharedNoFit,
+    mps_mem_limit_bytes, pick_mps_device, pick_shared_device, MpsDeviceLoad, MpsNoFit,
+    MpsShareLoad, SharedDeviceLoad, SharedNoFit,
 };
 pub use supervisor::{
-    AdoptReport, CrashEvent, HealthEvent, Release, ShareHandle, ShareRequest, ShareState, ShareStatus, Supervisor,
-    SupervisorConfig,
+    AdoptReport, CrashEvent, HealthEvent, Release, ShareHandle, ShareRequest, ShareState,
+    ShareStatus, Supervisor, SupervisorConfig,
 };
 
 /// Why an MPS operation failed. Messages are lowercase sentences that name the device,
@@ -42,7 +42,9 @@ pub use supervisor::{
 pub enum MpsError {
     #[error("cannot run the MPS control binary {binary}: {source}")]
     Spawn { binary: PathBuf, source: std::io::Error },
-    #[error("`{command}` to the MPS control daemon of {pipe_dir} got no answer within {after_ms} ms")]
+    #[error(
+        "`{command}` to the MPS control daemon of {pipe_dir} got no answer within {after_ms} ms"
+    )]
     Timeout { command: String, pipe_dir: PathBuf, after_ms: u64 },
     #[error("no MPS control daemon serves {pipe_dir}")]
     NoDaemon { pipe_dir: PathBuf },

@@ -102,8 +102,9 @@ impl MemLimit {
 
     /// The protocol form: `NG` when a whole number of GiB, else `NM`.
     pub fn render(self) -> String {
-        if self.mib % 1024 == 0 {
-            format!("{}G", self.mib / 1024)
+        let (gib, rest) = (self.mib / 1024, self.mib % 1024);
+        if rest == 0 {
+            format!("{gib}G")
         } else {
             format!("{}M", self.mib)
         }
@@ -138,7 +139,9 @@ impl MemLimit {
     /// limit: exactly, or as the driver displays limits of 1 GiB and more: in whole GiB,
     /// rounded down.
     pub fn readback_matches(self, read: MemLimit) -> bool {
-        read == self || (self.mib >= 1024 && read.mib % 1024 == 0 && read.mib == self.mib / 1024 * 1024)
+        // The whole-GiB display: `read` is `self` rounded down to a GiB, and not below 1 GiB.
+        let floor_gib = self.mib / 1024 * 1024;
+        read == self || (floor_gib >= 1024 && read.mib == floor_gib)
     }
 }
 
@@ -152,19 +155,46 @@ impl fmt::Display for MemLimit {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     GetServerList,
-    StartServer { uid: u32 },
-    ShutdownServer { pid: u32, force: bool },
-    GetClientList { server_pid: u32 },
+    StartServer {
+        uid: u32,
+    },
+    ShutdownServer {
+        pid: u32,
+        force: bool,
+    },
+    GetClientList {
+        server_pid: u32,
+    },
     /// 1..=100.
     SetDefaultActiveThreadPercentage(u8),
     GetDefaultActiveThreadPercentage,
-    SetActiveThreadPercentage { server_pid: u32, percent: u8 },
-    GetActiveThreadPercentage { server_pid: u32 },
-    SetDefaultDevicePinnedMemLimit { device: DeviceRef, limit: MemLimit },
-    GetDefaultDevicePinnedMemLimit { device: DeviceRef },
-    SetDevicePinnedMemLimit { server_pid: u32, device: DeviceRef, limit: MemLimit },
-    GetDevicePinnedMemLimit { server_pid: u32, device: DeviceRef },
-    TerminateClient { server_pid: u32, client_pid: u32 },
+    SetActiveThreadPercentage {
+        server_pid: u32,
+        percent: u8,
+    },
+    GetActiveThreadPercentage {
+        server_pid: u32,
+    },
+    SetDefaultDevicePinnedMemLimit {
+        device: DeviceRef,
+        limit: MemLimit,
+    },
+    GetDefaultDevicePinnedMemLimit {
+        device: DeviceRef,
+    },
+    SetDevicePinnedMemLimit {
+        server_pid: u32,
+        device: DeviceRef,
+        limit: MemLimit,
+    },
+    GetDevicePinnedMemLimit {
+        server_pid: u32,
+        device: DeviceRef,
+    },
+    TerminateClient {
+        server_pid: u32,
+        client_pid: u32,
+    },
     Quit,
 }
 
@@ -177,23 +207,33 @@ impl Command {
             Command::ShutdownServer { pid, force: false } => format!("shutdown_server {pid}"),
             Command::ShutdownServer { pid, force: true } => format!("shutdown_server {pid} -f"),
             Command::GetClientList { server_pid } => format!("get_client_list {server_pid}"),
-            Command::SetDefaultActiveThreadPercentage(p) => format!("set_default_active_thread_percentage {p}"),
-            Command::GetDefaultActiveThreadPercentage => "get_default_active_thread_percentage".into(),
+            Command::SetDefaultActiveThreadPercentage(p) => {
+                format!("set_default_active_thread_percentage {p}")
+            }
+            Command::GetDefaultActiveThreadPercentage => {
+                "get_default_active_thread_percentage".into()
+            }
             Command::SetActiveThreadPercentage { server_pid, percent } => {
                 format!("set_active_thread_percentage {server_pid} {percent}")
             }
-            Command::GetActiveThreadPercentage { server_pid } => format!("get_active_thread_percentage {server_pid}"),
+            Command::GetActiveThreadPercentage { server_pid } => {
+                format!("get_active_thread_percentage {server_pid}")
+            }
             Command::SetDefaultDevicePinnedMemLimit { device, limit } => {
                 format!("set_default_device_pinned_mem_limit {device} {limit}")
             }
-            Command::GetDefaultDevicePinnedMemLimit { device } => format!("get_default_device_pinned_mem_limit {device}"),
+            Command::GetDefaultDevicePinnedMemLimit { device } => {
+                format!("get_default_device_pinned_mem_limit {device}")
+            }
             Command::SetDevicePinnedMemLimit { server_pid, device, limit } => {
                 format!("set_device_pinned_mem_limit {server_pid} {device} {limit}")
             }
             Command::GetDevicePinnedMemLimit { server_pid, device } => {
                 format!("get_device_pinned_mem_limit {server_pid} {device}")
             }
-            Command::TerminateClient { server_pid, client_pid } => format!("terminate_client {server_pid} {client_pid}"),
+            Command::TerminateClient { server_pid, client_pid } => {
+                format!("terminate_client {server_pid} {client_pid}")
+            }
             Command::Quit => "quit".into(),
         }
     }
@@ -219,20 +259,27 @@ impl Command {
         let pct = |w: &str| parse_percent_arg(w);
         let cmd = match words.as_slice() {
             ["get_server_list"] => Command::GetServerList,
-            ["start_server", "-uid", uid] => {
-                Command::StartServer { uid: uid.parse().map_err(|_| ParseError::new("a user id", uid))? }
-            }
+            ["start_server", "-uid", uid] => Command::StartServer {
+                uid: uid.parse().map_err(|_| ParseError::new("a user id", uid))?,
+            },
             ["shutdown_server", p] => Command::ShutdownServer { pid: pid(p)?, force: false },
             ["shutdown_server", p, "-f"] => Command::ShutdownServer { pid: pid(p)?, force: true },
             ["get_client_list", p] => Command::GetClientList { server_pid: pid(p)? },
-            ["set_default_active_thread_percentage", p] => Command::SetDefaultActiveThreadPercentage(pct(p)?),
+            ["set_default_active_thread_percentage", p] => {
+                Command::SetDefaultActiveThreadPercentage(pct(p)?)
+            }
             ["get_default_active_thread_percentage"] => Command::GetDefaultActiveThreadPercentage,
             ["set_active_thread_percentage", s, p] => {
                 Command::SetActiveThreadPercentage { server_pid: pid(s)?, percent: pct(p)? }
             }
-            ["get_active_thread_percentage", s] => Command::GetActiveThreadPercentage { server_pid: pid(s)? },
+            ["get_active_thread_percentage", s] => {
+                Command::GetActiveThreadPercentage { server_pid: pid(s)? }
+            }
             ["set_default_device_pinned_mem_limit", d, v] => {
-                Command::SetDefaultDevicePinnedMemLimit { device: DeviceRef::parse(d)?, limit: parse_limit_arg(v)? }
+                Command::SetDefaultDevicePinnedMemLimit {
+                    device: DeviceRef::parse(d)?,
+                    limit: parse_limit_arg(v)?,
+                }
             }
             ["get_default_device_pinned_mem_limit", d] => {
                 Command::GetDefaultDevicePinnedMemLimit { device: DeviceRef::parse(d)? }
@@ -242,10 +289,13 @@ impl Command {
                 device: DeviceRef::parse(d)?,
                 limit: parse_limit_arg(v)?,
             },
-            ["get_device_pinned_mem_limit", s, d] => {
-                Command::GetDevicePinnedMemLimit { server_pid: pid(s)?, device: DeviceRef::parse(d)? }
+            ["get_device_pinned_mem_limit", s, d] => Command::GetDevicePinnedMemLimit {
+                server_pid: pid(s)?,
+                device: DeviceRef::parse(d)?,
+            },
+            ["terminate_client", s, c] => {
+                Command::TerminateClient { server_pid: pid(s)?, client_pid: pid(c)? }
             }
-            ["terminate_client", s, c] => Command::TerminateClient { server_pid: pid(s)?, client_pid: pid(c)? },
             ["quit"] | ["quit", "-t", _] => Command::Quit,
             _ => return Err(bad()),
         };
@@ -345,7 +395,11 @@ pub fn parse_thread_percentage(answer: &str) -> Result<f64, ParseError> {
             && frac.len() <= 6
             && frac.bytes().all(|b| b.is_ascii_digit())
     };
-    let value: f64 = if well_formed { line.parse().map_err(|_| ParseError::new(EXPECTED, answer))? } else { -1.0 };
+    let value: f64 = if well_formed {
+        line.parse().map_err(|_| ParseError::new(EXPECTED, answer))?
+    } else {
+        -1.0
+    };
     if !(0.0..=100.0).contains(&value) {
         return Err(ParseError::new(EXPECTED, answer));
     }
@@ -448,7 +502,20 @@ mod tests {
         assert_eq!(MemLimit::parse("4G"), Ok(limit(4096)));
         assert_eq!(MemLimit::parse("4096M"), Ok(limit(4096)));
         assert_eq!(MemLimit::parse("0M"), Ok(MemLimit::ZERO_READBACK));
-        for bad in ["", "G", "4", "4 G", "4g", "4GB", "4MiB", "1.5G", "-1G", "unlimited", "99999999999999G", "+4G"] {
+        for bad in [
+            "",
+            "G",
+            "4",
+            "4 G",
+            "4g",
+            "4GB",
+            "4MiB",
+            "1.5G",
+            "-1G",
+            "unlimited",
+            "99999999999999G",
+            "+4G",
+        ] {
             assert!(MemLimit::parse(bad).is_err(), "{bad}");
         }
         assert_eq!(MemLimit::from_bytes_floor(20 * 1024 * MIB + 5), Some(limit(20 * 1024)));
@@ -485,7 +552,20 @@ mod tests {
         assert_eq!(parse_thread_percentage("50.0\n"), Ok(50.0));
         assert_eq!(parse_thread_percentage("25"), Ok(25.0));
         assert_eq!(parse_thread_percentage("100.0"), Ok(100.0));
-        for bad in ["", "25 %", "abc", "-1.0", "100.5", "NaN", "inf", "1e2", "50.0\n50.0", ".5", "5.", "50,0"] {
+        for bad in [
+            "",
+            "25 %",
+            "abc",
+            "-1.0",
+            "100.5",
+            "NaN",
+            "inf",
+            "1e2",
+            "50.0\n50.0",
+            ".5",
+            "5.",
+            "50,0",
+        ] {
             assert!(parse_thread_percentage(bad).is_err(), "{bad:?}");
         }
         assert!(thread_percentage_matches(50, 50.0));
@@ -505,6 +585,10 @@ mod tests {
         let e = parse_thread_percentage(&hostile).expect_err("garbage");
         assert!(e.got.len() <= 123, "{}", e.got);
         assert!(e.got.bytes().all(|b| (b' '..=b'~').contains(&b)), "{}", e.got);
-        assert!(e.to_string().starts_with("expected a thread percentage such as 50.0, got \"??? line\\n"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("expected a thread percentage such as 50.0, got \"??? line\\n"),
+            "{e}"
+        );
     }
 }

@@ -53,7 +53,8 @@ impl MpsDeviceLoad {
 
     /// Whether a container of `tenant` asking `percent` fits here.
     pub fn fits(&self, tenant: &str, percent: u8) -> bool {
-        self.used() + u32::from(percent) <= 100 && self.tenant_percent(tenant).map_or(true, |p| p == percent)
+        self.used() + u32::from(percent) <= 100
+            && !matches!(self.tenant_percent(tenant), Some(p) if p != percent)
     }
 }
 
@@ -93,7 +94,11 @@ impl std::error::Error for MpsNoFit {}
 
 /// The device that takes a container of `tenant` asking `mps=percent`: the most booked
 /// device that still fits (ties: first listed).
-pub fn pick_mps_device(devices: &[MpsDeviceLoad], tenant: &str, percent: u8) -> Result<String, MpsNoFit> {
+pub fn pick_mps_device(
+    devices: &[MpsDeviceLoad],
+    tenant: &str,
+    percent: u8,
+) -> Result<String, MpsNoFit> {
     let fits = (1..=100).contains(&percent);
     let best = devices
         .iter()
@@ -106,7 +111,10 @@ pub fn pick_mps_device(devices: &[MpsDeviceLoad], tenant: &str, percent: u8) -> 
         None => Err(MpsNoFit {
             percent,
             tenant: tenant.to_string(),
-            devices: devices.iter().map(|d| (d.uuid.clone(), d.left(), d.tenant_percent(tenant))).collect(),
+            devices: devices
+                .iter()
+                .map(|d| (d.uuid.clone(), d.left(), d.tenant_percent(tenant)))
+                .collect(),
         }),
     }
 }
@@ -174,7 +182,10 @@ impl std::error::Error for SharedNoFit {}
 
 /// The GPU that takes a time-sliced replica for `domain`: the fullest GPU that fits (ties:
 /// first listed).
-pub fn pick_shared_device(devices: &[SharedDeviceLoad], domain: &str) -> Result<String, SharedNoFit> {
+pub fn pick_shared_device(
+    devices: &[SharedDeviceLoad],
+    domain: &str,
+) -> Result<String, SharedNoFit> {
     let best = devices
         .iter()
         .enumerate()
@@ -194,7 +205,10 @@ mod tests {
     fn dev(uuid: &str, shares: &[(&str, u8)]) -> MpsDeviceLoad {
         MpsDeviceLoad {
             uuid: uuid.into(),
-            shares: shares.iter().map(|(t, p)| MpsShareLoad { tenant: (*t).into(), percent: *p }).collect(),
+            shares: shares
+                .iter()
+                .map(|(t, p)| MpsShareLoad { tenant: (*t).into(), percent: *p })
+                .collect(),
         }
     }
 
@@ -204,15 +218,22 @@ mod tests {
         let e = pick_mps_device(&one, "c", 40).expect_err("no room");
         assert_eq!(e.to_string(), "mps=40: GPU-aa has 25% left");
         let two = [dev("GPU-aa", &[("a", 50), ("b", 25)]), dev("GPU-bb", &[("d", 90)])];
-        assert_eq!(pick_mps_device(&two, "c", 40).expect_err("no room").to_string(), "mps=40: GPU-aa has 25% left, GPU-bb has 10% left");
+        assert_eq!(
+            pick_mps_device(&two, "c", 40).expect_err("no room").to_string(),
+            "mps=40: GPU-aa has 25% left, GPU-bb has 10% left"
+        );
         let three = [dev("GPU-aa", &[("a", 50), ("b", 25)]), dev("GPU-cc", &[])];
         assert_eq!(pick_mps_device(&three, "c", 40), Ok("GPU-cc".into()));
-        assert_eq!(pick_mps_device(&[], "c", 40).expect_err("none").to_string(), "mps=40: no device on this node offers MPS");
+        assert_eq!(
+            pick_mps_device(&[], "c", 40).expect_err("none").to_string(),
+            "mps=40: no device on this node offers MPS"
+        );
     }
 
     #[test]
     fn best_fit_fills_the_most_booked_device_first_and_ties_go_to_the_first() {
-        let devs = [dev("GPU-aa", &[("x", 10)]), dev("GPU-bb", &[("y", 60)]), dev("GPU-cc", &[("z", 60)])];
+        let devs =
+            [dev("GPU-aa", &[("x", 10)]), dev("GPU-bb", &[("y", 60)]), dev("GPU-cc", &[("z", 60)])];
         assert_eq!(pick_mps_device(&devs, "t", 40), Ok("GPU-bb".into()));
         assert_eq!(pick_mps_device(&devs, "t", 41), Ok("GPU-aa".into()));
         let empty = [dev("GPU-aa", &[]), dev("GPU-bb", &[])];
@@ -222,8 +243,16 @@ mod tests {
     #[test]
     fn one_cap_per_tenant_per_device() {
         let devs = [dev("GPU-aa", &[("t", 25)]), dev("GPU-bb", &[])];
-        assert_eq!(pick_mps_device(&devs, "t", 25), Ok("GPU-aa".into()), "same cap joins the daemon");
-        assert_eq!(pick_mps_device(&devs, "t", 50), Ok("GPU-bb".into()), "another cap goes elsewhere");
+        assert_eq!(
+            pick_mps_device(&devs, "t", 25),
+            Ok("GPU-aa".into()),
+            "same cap joins the daemon"
+        );
+        assert_eq!(
+            pick_mps_device(&devs, "t", 50),
+            Ok("GPU-bb".into()),
+            "another cap goes elsewhere"
+        );
         let e = pick_mps_device(&devs[..1], "t", 50).expect_err("conflict");
         assert_eq!(e.to_string(), "mps=50: GPU-aa has 75% left but tenant t holds mps=25 there (one cap per tenant per device)");
         assert!(pick_mps_device(&devs, "t", 0).is_err());
@@ -244,18 +273,30 @@ mod tests {
 
     #[test]
     fn shared_gpus_hold_one_domain_and_fill_up_first() {
-        let devs = [sdev("GPU-aa", 4, 0, None), sdev("GPU-bb", 4, 2, Some("ml")), sdev("GPU-cc", 4, 3, Some("web"))];
+        let devs = [
+            sdev("GPU-aa", 4, 0, None),
+            sdev("GPU-bb", 4, 2, Some("ml")),
+            sdev("GPU-cc", 4, 3, Some("web")),
+        ];
         assert_eq!(pick_shared_device(&devs, "ml"), Ok("GPU-bb".into()));
         assert_eq!(pick_shared_device(&devs, "web"), Ok("GPU-cc".into()));
         assert_eq!(pick_shared_device(&devs, "ops"), Ok("GPU-aa".into()));
-        let full = [sdev("GPU-bb", 2, 2, Some("ml")), sdev("GPU-cc", 4, 1, Some("web")), sdev("GPU-dd", 4, 1, None)];
+        let full = [
+            sdev("GPU-bb", 2, 2, Some("ml")),
+            sdev("GPU-cc", 4, 1, Some("web")),
+            sdev("GPU-dd", 4, 1, None),
+        ];
         assert_eq!(
             pick_shared_device(&full, "ml").expect_err("no fit").to_string(),
             "shared (sharing domain ml): GPU-bb is full (2/2 replicas), GPU-cc is held by sharing domain web, \
              GPU-dd has occupants of unknown domain"
         );
         assert!(pick_shared_device(&devs, "").is_err());
-        assert_eq!(pick_shared_device(&[sdev("GPU-ee", 4, 0, Some("stale"))], "ml"), Ok("GPU-ee".into()), "empty GPUs take any domain");
+        assert_eq!(
+            pick_shared_device(&[sdev("GPU-ee", 4, 0, Some("stale"))], "ml"),
+            Ok("GPU-ee".into()),
+            "empty GPUs take any domain"
+        );
     }
 
     proptest! {

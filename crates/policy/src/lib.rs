@@ -142,6 +142,17 @@ pub struct Policy {
     pub(crate) default_tenant: Option<String>,
     /// Sorted by name.
     pub(crate) node_pools: Vec<NodePool>,
+    pub(crate) prices: BTreeMap<String, Price>,
+    pub(crate) mig_weights: BTreeMap<String, f64>,
+}
+
+/// What one GPU-hour of a model costs, by class of use.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Price {
+    /// Within the tenant's guaranteed quota.
+    pub reserved_per_gpu_hour: f64,
+    /// Borrowed idle capacity above the guarantee.
+    pub burst_per_gpu_hour: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -244,6 +255,17 @@ impl Policy {
     }
 
     /// The tenant for containers that no identity rule matches, if any.
+    /// Prices per GPU model, as declared (models without a price are free in reports).
+    pub fn prices(&self) -> &BTreeMap<String, Price> {
+        &self.prices
+    }
+
+    /// The fraction of a GPU a MIG profile is charged as, if the policy overrides the
+    /// default of compute slices / 7.
+    pub fn mig_weight(&self, profile: &str) -> Option<f64> {
+        self.mig_weights.get(profile).copied()
+    }
+
     pub fn default_tenant(&self) -> Option<&str> {
         self.default_tenant.as_deref()
     }

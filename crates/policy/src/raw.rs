@@ -27,6 +27,21 @@ pub(crate) struct RawPolicy {
     pub default_tenant: Option<String>,
     #[serde(default)]
     pub node_pools: UniqueMap<Object<RawNodePool>>,
+    /// GPU model -> rates per GPU-hour.
+    #[serde(default)]
+    pub prices: UniqueMap<Object<RawPrice>>,
+    /// MIG profile -> fraction of a GPU it is charged as (default: compute slices / 7).
+    #[serde(default)]
+    pub mig_weights: UniqueMap<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPrice {
+    pub reserved_per_gpu_hour: f64,
+    /// Defaults to the reserved rate.
+    #[serde(default)]
+    pub burst_per_gpu_hour: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]

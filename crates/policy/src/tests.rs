@@ -1027,3 +1027,38 @@ fn tier_is_checked_before_pools() {
     assert_eq!(r.rule, "node_pools.h100.tenants");
     assert!(p.authorize(&outsider, &mps(), "sim-a100-1").is_ok());
 }
+
+#[cfg(test)]
+mod price_tests {
+    use crate::Policy;
+
+    const BASE: &str = r#""version": 1, "orgs": {"acme": {"trust": "trusted"}}"#;
+
+    fn parse(extra: &str) -> Result<Policy, crate::PolicyError> {
+        Policy::parse(format!("{{{BASE}, {extra}}}").as_bytes(), "p.json")
+    }
+
+    #[test]
+    fn prices_and_weights_parse_with_burst_defaulting_to_reserved() {
+        let p = parse(r#""prices": {"H100-80GB": {"reserved_per_gpu_hour": 2.5, "burst_per_gpu_hour": 1.0}, "A100-40GB": {"reserved_per_gpu_hour": 1.25}}, "mig_weights": {"1g.10gb": 0.125}"#)
+            .expect("valid");
+        assert_eq!(p.prices()["H100-80GB"].burst_per_gpu_hour, 1.0);
+        assert_eq!(p.prices()["A100-40GB"].burst_per_gpu_hour, 1.25);
+        assert_eq!(p.mig_weight("1g.10gb"), Some(0.125));
+        assert_eq!(p.mig_weight("2g.20gb"), None);
+    }
+
+    #[test]
+    fn bad_prices_and_weights_name_their_path() {
+        for (extra, path) in [
+            (r#""prices": {"H100-80GB": {"reserved_per_gpu_hour": -1}}"#, "prices.H100-80GB.reserved_per_gpu_hour"),
+            (r#""prices": {"H100-80GB": {"reserved_per_gpu_hour": 1, "burst": 2}}"#, "prices.H100-80GB"),
+            (r#""mig_weights": {"1g.10gb": 1.5}"#, "mig_weights.1g.10gb"),
+            (r#""mig_weights": {"big": 0.5}"#, "mig_weights.big"),
+            (r#""mig_weights": {"1g.10gb": "half"}"#, "mig_weights.1g.10gb"),
+        ] {
+            let e = parse(extra).expect_err(extra);
+            assert!(e.to_string().contains(path), "{extra}: {e}");
+        }
+    }
+}

@@ -8,7 +8,7 @@ use serde_json::error::Category;
 use tessera_api::Isolation;
 
 use crate::raw::{Object, RawIdentityRule, RawNodePool, RawOrg, RawPolicy, RawTier, RawTiers};
-use crate::{IdentityRule, NodePattern, NodePool, Policy, PolicyError, Tenant, Tiers, Trust};
+use crate::{IdentityRule, NodePattern, NodePool, Policy, PolicyError, Price, Tenant, Tiers, Trust};
 
 /// A semantic problem: where, and what was expected.
 #[derive(Debug)]
@@ -90,7 +90,33 @@ pub(crate) fn build(raw: RawPolicy, digest: String) -> Result<Policy, Problem> {
         .iter()
         .map(|(name, pool)| build_pool(name, pool, &index))
         .collect::<Result<Vec<_>, _>>()?;
+    let mut prices = BTreeMap::new();
+    for (model, p) in &raw.prices.0 {
+        let at = format!("prices.{model}");
+        if model.trim().is_empty() {
+            return Err(problem("prices", "a GPU model name may not be empty"));
+        }
+        let reserved = check_rate(&format!("{at}.reserved_per_gpu_hour"), p.reserved_per_gpu_hour)?;
+        let burst = match p.burst_per_gpu_hour {
+            Some(b) => check_rate(&format!("{at}.burst_per_gpu_hour"), b)?,
+            None => reserved,
+        };
+        prices.insert(model.clone(), Price { reserved_per_gpu_hour: reserved, burst_per_gpu_hour: burst });
+    }
+    let mut mig_weights = BTreeMap::new();
+    for (profile, &w) in &raw.mig_weights.0 {
+        let at = format!("mig_weights.{profile}");
+        if format!("mig={profile}").parse::<tessera_api::GpuRequest>().is_err() {
+            return Err(problem(at, format!("`{profile}` is not a MIG profile name such as 1g.10gb")));
+        }
+        if !(w.is_finite() && w > 0.0 && w <= 1.0) {
+            return Err(problem(at, format!("weight must be a fraction of one GPU in (0, 1], got {w}")));
+        }
+        mig_weights.insert(profile.clone(), w);
+    }
     Ok(Policy {
+        prices,
+        mig_weights,
         version: raw.version,
         digest,
         tiers,
@@ -100,6 +126,14 @@ pub(crate) fn build(raw: RawPolicy, digest: String) -> Result<Policy, Problem> {
         default_tenant: raw.default_tenant,
         node_pools,
     })
+}
+
+fn check_rate(path: &str, rate: f64) -> Result<f64, Problem> {
+    if rate.is_finite() && rate >= 0.0 {
+        Ok(rate)
+    } else {
+        Err(problem(path, format!("a rate per GPU-hour must be a finite number >= 0, got {rate}")))
+    }
 }
 
 fn build_tiers(raw: &RawTiers) -> Result<Tiers, Problem> {

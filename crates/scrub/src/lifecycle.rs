@@ -13,6 +13,7 @@
 //! after a restart had its scrub interrupted: start it again ([`DeviceState::on_scrub_start`]
 //! accepts that and counts the attempt).
 
+use std::cmp::Ordering;
 use std::fmt;
 use std::time::Duration;
 
@@ -104,7 +105,11 @@ impl ScrubPolicy {
             ));
         }
         let coverage = report.coverage();
-        if !(coverage >= self.min_coverage) {
+        // Written so that a NaN anywhere fails.
+        if !matches!(
+            coverage.partial_cmp(&self.min_coverage),
+            Some(Ordering::Greater | Ordering::Equal)
+        ) {
             return Err(format!(
                 "scrub covered {} of {} bytes ({:.1}%), below the {:.1}% the policy requires",
                 report.bytes_covered,
@@ -113,7 +118,8 @@ impl ScrubPolicy {
                 self.min_coverage * 100.0
             ));
         }
-        if !(report.seconds <= self.timeout.as_secs_f64()) {
+        let limit = self.timeout.as_secs_f64();
+        if !matches!(report.seconds.partial_cmp(&limit), Some(Ordering::Less | Ordering::Equal)) {
             return Err(format!(
                 "scrub took {:.1} s, over the {:.1} s limit",
                 report.seconds,
@@ -152,15 +158,24 @@ pub struct IllegalTransition {
 /// Everything that happens to a device, for [`DeviceState::apply`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum DeviceEvent {
-    Assign { tenant: String, container_id: String },
-    Release { container_id: String },
+    Assign {
+        tenant: String,
+        container_id: String,
+    },
+    Release {
+        container_id: String,
+    },
     ScrubStart,
     ScrubResult(ScrubReport),
     /// The scrub did not produce a report: the child could not start, crashed, or was
     /// killed on timeout.
-    ScrubFailed { reason: String },
+    ScrubFailed {
+        reason: String,
+    },
     /// NVML reports uncorrectable ECC errors on the device.
-    EccError { uncorrectable: u64 },
+    EccError {
+        uncorrectable: u64,
+    },
     UnquarantineRequested,
 }
 
@@ -215,7 +230,7 @@ impl DeviceState {
             DeviceState::Free => None,
             DeviceState::Assigned { tenant, .. } => Some(tenant),
             DeviceState::Dirty { last_tenant } | DeviceState::Scrubbing { last_tenant, .. } => {
-                Some(last_tenant).filter(|t| !t.is_empty())
+                Some(last_tenant.as_str()).filter(|t| !t.is_empty())
             }
             DeviceState::Quarantined { last_tenant, .. } => {
                 last_tenant.as_deref().filter(|t| !t.is_empty())
@@ -406,6 +421,7 @@ mod duration_secs {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 mod tests {
     use std::collections::BTreeSet;
 
@@ -562,7 +578,12 @@ mod tests {
         assert_eq!(json, r#"{"state":"scrubbing","last_tenant":"a","attempt":2}"#);
         assert_eq!(serde_json::from_str::<DeviceState>(&json).unwrap(), s);
         assert_eq!(serde_json::to_string(&DeviceState::Free).unwrap(), r#"{"state":"free"}"#);
-        assert!(serde_json::from_str::<DeviceState>(r#"{"state":"free","x":1}"#).is_err());
+        // Unknown fields are refused in the variants that have fields (serde ignores
+        // deny_unknown_fields for a unit variant of an internally tagged enum).
+        assert!(serde_json::from_str::<DeviceState>(
+            r#"{"state":"dirty","last_tenant":"a","x":1}"#
+        )
+        .is_err());
         assert!(serde_json::from_str::<DeviceState>(r#"{"state":"clean"}"#).is_err());
 
         let p = ScrubPolicy::default();
@@ -666,8 +687,7 @@ mod tests {
 
     /// The oracle, written apart from `ScrubPolicy::judge`: a verified scrub.
     fn verified(r: &ScrubReport, p: &ScrubPolicy) -> bool {
-        r.ok
-            && r.error.is_none()
+        r.ok && r.error.is_none()
             && r.nonzero_words == 0
             && r.bytes_total > 0
             && r.bytes_covered <= r.bytes_total
@@ -679,9 +699,7 @@ mod tests {
     fn owners_of(s: &DeviceState) -> BTreeSet<String> {
         match s {
             DeviceState::Free => BTreeSet::new(),
-            other => {
-                BTreeSet::from([other.last_tenant().unwrap_or("?").to_string()])
-            }
+            other => BTreeSet::from([other.last_tenant().unwrap_or("?").to_string()]),
         }
     }
 

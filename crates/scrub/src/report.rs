@@ -97,10 +97,8 @@ impl ScrubReport {
         }
         self.zero_gbps = gbps(self.bytes_covered, self.zero_seconds);
         self.verify_gbps = gbps(self.bytes_covered, self.verify_seconds);
-        self.gbps = gbps(
-            self.bytes_covered.saturating_mul(2),
-            self.zero_seconds + self.verify_seconds,
-        );
+        self.gbps =
+            gbps(self.bytes_covered.saturating_mul(2), self.zero_seconds + self.verify_seconds);
         self.ok = self.error.is_none() && self.bytes_covered > 0 && self.nonzero_words == 0;
         self.finished_unix_s = now_unix_s();
         self
@@ -187,6 +185,7 @@ pub fn human_bytes(bytes: u64) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 mod tests {
     use super::*;
 

@@ -66,10 +66,8 @@ impl FaultInjection {
 
     /// Write a faults file atomically (for tests and operators' tools).
     pub fn save(&self, path: &Path) -> Result<(), ScrubError> {
-        let json = serde_json::to_vec_pretty(self).map_err(|e| ScrubError::Faults {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        let json = serde_json::to_vec_pretty(self)
+            .map_err(|e| ScrubError::Faults { path: path.to_path_buf(), message: e.to_string() })?;
         let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
         std::fs::write(&tmp, json).map_err(ScrubError::io(&tmp))?;
         std::fs::rename(&tmp, path).map_err(ScrubError::io(path))
@@ -103,10 +101,8 @@ impl std::fmt::Debug for SimScrubber {
 /// it (`slicer::sim::SimBackend::memory_file`): characters other than ASCII letters,
 /// digits and `-` become `_`, so the path never leaves `mem_dir`.
 pub fn sim_memory_file(mem_dir: &Path, uuid: &str) -> PathBuf {
-    let safe: String = uuid
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
-        .collect();
+    let safe: String =
+        uuid.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
     mem_dir.join(format!("{safe}.bin"))
 }
 
@@ -128,7 +124,11 @@ impl SimScrubber {
     /// A scrubber that finds each device's file with `locate` (pass the backend's
     /// `memory_file`), with no faults file.
     pub fn with_locator(locate: impl Fn(&str) -> PathBuf + Send + Sync + 'static) -> SimScrubber {
-        SimScrubber { locate: Arc::new(locate), faults: FaultInjection::default(), faults_file: None }
+        SimScrubber {
+            locate: Arc::new(locate),
+            faults: FaultInjection::default(),
+            faults_file: None,
+        }
     }
 
     /// A scrubber for one file whatever the device (`tessera scrub --sim-mem FILE`).
@@ -289,9 +289,8 @@ pub(crate) fn count_words(
         file.read_exact_at(&mut buf[..n], off).map_err(ScrubError::io(path))?;
         let words = buf[..n].chunks_exact(4);
         let tail = words.remainder();
-        count += words
-            .filter(|w| matches(u32::from_le_bytes([w[0], w[1], w[2], w[3]])))
-            .count() as u64;
+        count +=
+            words.filter(|w| matches(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))).count() as u64;
         if !tail.is_empty() {
             let mut w = [0u8; 4];
             w[..tail.len()].copy_from_slice(tail);
@@ -305,6 +304,7 @@ pub(crate) fn count_words(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 mod tests {
     use std::os::unix::fs::symlink;
 
@@ -382,7 +382,8 @@ mod tests {
     #[test]
     fn fault_leave_nonzero_is_found_by_verify() {
         let (dir, _) = fixture(8192);
-        let faults = FaultInjection { devices: BTreeMap::from([(UUID.into(), FaultMode::LeaveNonzero)]) };
+        let faults =
+            FaultInjection { devices: BTreeMap::from([(UUID.into(), FaultMode::LeaveNonzero)]) };
         let r = SimScrubber::in_sim_dir(dir.path()).with_faults(faults).scrub(UUID).unwrap();
         assert!(!r.ok);
         assert_eq!(r.nonzero_words, 1);
@@ -401,7 +402,8 @@ mod tests {
     #[test]
     fn fault_partial_reports_low_coverage() {
         let (dir, file) = fixture(4096);
-        let faults = FaultInjection { devices: BTreeMap::from([(UUID.into(), FaultMode::Partial)]) };
+        let faults =
+            FaultInjection { devices: BTreeMap::from([(UUID.into(), FaultMode::Partial)]) };
         let r = SimScrubber::in_sim_dir(dir.path()).with_faults(faults).scrub(UUID).unwrap();
         assert!(r.ok, "what it covered is clean");
         assert_eq!(r.bytes_covered, 2048);

@@ -88,6 +88,9 @@ pub enum BackendError {
     /// The new instance would not be legal next to the GPU's other instances.
     #[error("GPU {gpu_index}: {source}")]
     Layout { gpu_index: u32, source: LayoutError },
+    /// The driver offers no such placement for this profile on this GPU.
+    #[error("GPU {gpu_index}: the driver offers no {profile} placement at slot {start}; it offers {offered}")]
+    IllegalPlacement { gpu_index: u32, profile: String, start: u8, offered: String },
     /// Every GPU-instance id of the GPU is taken.
     #[error("GPU {gpu_index}: no free GPU-instance id")]
     NoFreeGiId { gpu_index: u32 },

@@ -5,9 +5,12 @@
 //!   are resolved from (`/proc/devices`, `mig-minors`).
 //! - [`backend`]: the [`GpuBackend`] hardware seam, with [`SimBackend`] (state in files)
 //!   and [`NvmlBackend`] (the driver, read-only).
+//! - [`conformance`]: one behavioural suite for backends that change MIG layouts.
 //! - [`choose`](choose()): which devices a request gets (pure, deterministic).
 //! - [`place`](mod@place): where a new MIG instance goes, and which idle instances to
 //!   destroy when nothing else fits (pure, deterministic).
+//! - [`replay`]: replays a request trace (the Alibaba GPU trace) on simulated nodes with
+//!   the real placement code, to compare placement strategies.
 //! - [`layout`]: declared MIG layouts and the plan that converges to them without
 //!   touching instances in use (pure), and its execution on a backend.
 //! - [`injection`]: the device nodes and environment a container needs for its devices
@@ -16,11 +19,13 @@
 pub mod backend;
 pub mod catalog;
 mod choose;
+pub mod conformance;
 mod inject;
 pub mod inventory;
 pub mod layout;
 pub mod nvml;
 pub mod place;
+pub mod replay;
 pub mod sim;
 
 pub use backend::{BackendError, GpuBackend};
@@ -33,9 +38,12 @@ pub use inventory::{
 };
 pub use nvml::NvmlBackend;
 pub use layout::{apply_plan, plan, DeclaredLayout, LayoutPlan};
+pub use replay::{replay, Placement, ReplayReport, Trace, MAPPING_DOC};
 pub use place::{place, place_scored, DemandMix, PlaceDecision, Scored, Strategy};
 pub use sim::SimBackend;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // unwrap_err: a test that expects an error
 mod tests;
+#[cfg(test)]
+mod tests_mig;

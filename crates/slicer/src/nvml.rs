@@ -2,12 +2,18 @@
 //! `libnvidia-ml.so.1` at run time, so this builds everywhere and fails cleanly where
 //! there is no driver).
 //!
-//! Read-only: this backend never creates or destroys MIG instances, never changes MIG
-//! mode and never resets a GPU.
+//! It creates and destroys MIG instances only when asked ([`GpuBackend::create_instance`],
+//! [`GpuBackend::destroy_instance`], in [`mig`]); it never changes MIG mode and never
+//! resets a GPU. [`NvmlBackend::driver_profiles`] and [`compare_with_catalog`] are
+//! read-only.
 //!
 //! nvml-wrapper does not wrap MIG GPU-instance queries, so those go through the raw
 //! `nvml-wrapper-sys` functions, taken as the `Result` fields of the loaded library (the
 //! method forms panic on a missing symbol) and wrapped once here.
+
+pub mod mig;
+
+pub use mig::{compare_with_catalog, CatalogComparison, DriverProfile};
 
 use std::fmt::Display;
 use std::os::raw::c_uint;
@@ -159,6 +165,19 @@ impl GpuBackend for NvmlBackend {
         let mut minors = None;
         let gpus = (0..count).map(|i| self.gpu(i, &mut minors)).collect::<Result<Vec<_>, _>>()?;
         Ok(Inventory { node: self.node.clone(), gpus, majors })
+    }
+
+    fn create_instance(
+        &self,
+        gpu_index: u32,
+        profile: &str,
+        start: u8,
+    ) -> Result<MigInstance, BackendError> {
+        self.create_mig(gpu_index, profile, start)
+    }
+
+    fn destroy_instance(&self, uuid: &str) -> Result<(), BackendError> {
+        self.destroy_mig(uuid)
     }
 }
 

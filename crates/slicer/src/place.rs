@@ -154,7 +154,7 @@ impl DemandMix {
 }
 
 /// Whether `key` beats the best so far (none yet: it does).
-fn better<K: Ord>(key: &K, best: Option<&K>) -> bool {
+pub(crate) fn better<K: Ord>(key: &K, best: Option<&K>) -> bool {
     match best {
         None => true,
         Some(b) => key < b,
@@ -559,12 +559,14 @@ fn no_room(gpus: &[&Gpu], held: &BTreeSet<String>, profile: &str) -> NoFit {
         }
         let free: Vec<String> =
             (0..8u8).filter(|s| mask & (1 << s) == 0).map(|s| s.to_string()).collect();
-        let busy: Vec<String> = g
+        let mut busy: Vec<(u8, String)> = g
             .instances
             .iter()
             .filter(|i| held.contains(&i.uuid))
-            .map(|i| format!("{}@{}", i.profile, i.start))
+            .map(|i| (i.start, format!("{}@{}", i.profile, i.start)))
             .collect();
+        busy.sort();
+        let busy: Vec<String> = busy.into_iter().map(|(_, b)| b).collect();
         parts.push(format!(
             "gpu{}: free slots [{}], in use [{}]",
             g.index,

@@ -32,12 +32,18 @@ use crate::wire::{NodeRecord, UploadOutcome};
 const OP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The etcd store.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct EtcdStore {
     client: Client,
     prefix: String,
     publisher: Publisher,
     _watch: Arc<AbortOnDrop>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore").field("prefix", &self.prefix).finish_non_exhaustive()
+    }
 }
 
 /// Stops the background watch when the last clone of the store is dropped.

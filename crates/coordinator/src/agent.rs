@@ -1,0 +1,629 @@
+//! The node side: follow the coordinator, verify, apply, remember.
+//!
+//! ```text
+//! loop:
+//!   long poll  GET /v1/policies/latest?newer_than=<applied>   (one coordinator URL)
+//!   200 → parse envelope → verify against the pinned key → version > applied?
+//!         no  → reject: reason into AgentStatus.last_rejection, reported to the coordinator
+//!         yes → on_policy(&verified) (the daemon swaps its policy atomically)
+//!               → write last-known-good (tmp + fsync + rename + fsync dir) → report
+//!   204 → nothing newer; poll again
+//!   no answer / 5xx / shutting down → next URL at once; after a full round, back off
+//! ```
+//!
+//! A rejected version is not asked for again for `reject_hold` (the poll asks for
+//! versions above it), so a coordinator serving a forged revision cannot make the node
+//! spin, and a genuine newer push still arrives at once.
+//!
+//! Start-up (the daemon's part): `load_last_known_good()` verifies the stored envelope
+//! again with the pinned key (a tampered file is an error, never applied), the daemon
+//! applies it, records it with [`AgentStatus::started_from`], then spawns [`PolicyAgent::run`].
+//! A node that cannot reach any coordinator keeps enforcing what it has.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ed25519_dalek::VerifyingKey;
+use hyper::Method;
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::http::{self, Endpoint, HttpError};
+use crate::signing::{self, key_id, Verified};
+use crate::wire::{ErrorBody, NodeReport, UploadOutcome, UsageUpload, MAX_UPLOAD_BATCH};
+use crate::now_ms;
+
+/// How the agent follows the coordinator.
+#[derive(Clone)]
+pub struct AgentConfig {
+    /// Coordinators to try in order (`http://HOST:PORT`); the agent fails over between them.
+    pub coordinator_urls: Vec<String>,
+    pub node_id: String,
+    /// The node's bearer token.
+    pub token: String,
+    /// The coordinator's public key, pinned: nothing else is trusted.
+    pub trust_key: VerifyingKey,
+    /// Where the last applied envelope is kept.
+    pub lkg_path: PathBuf,
+    /// How long each long poll waits (default 30 s).
+    pub poll_timeout: Duration,
+    /// Report status at least this often (default 30 s).
+    pub report_every: Duration,
+    /// Backoff between full rounds of unreachable coordinators: from `retry_min`
+    /// doubling to `retry_max` (defaults 200 ms, 5 s).
+    pub retry_min: Duration,
+    pub retry_max: Duration,
+    /// After refusing a revision, wait this long before polling again (default 1 s) ...
+    pub reject_delay: Duration,
+    /// ... and ask only for versions above it for this long (default 60 s).
+    pub reject_hold: Duration,
+}
+
+impl std::fmt::Debug for AgentConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentConfig")
+            .field("coordinator_urls", &self.coordinator_urls)
+            .field("node_id", &self.node_id)
+            .field("trust_key", &key_id(&self.trust_key))
+            .field("lkg_path", &self.lkg_path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AgentConfig {
+    /// A configuration with the default timings.
+    pub fn new(
+        coordinator_urls: Vec<String>,
+        node_id: impl Into<String>,
+        token: impl Into<String>,
+        trust_key: VerifyingKey,
+        lkg_path: impl Into<PathBuf>,
+    ) -> Self {
+        AgentConfig {
+            coordinator_urls,
+            node_id: node_id.into(),
+            token: token.into(),
+            trust_key,
+            lkg_path: lkg_path.into(),
+            poll_timeout: Duration::from_secs(30),
+            report_every: Duration::from_secs(30),
+            retry_min: Duration::from_millis(200),
+            retry_max: Duration::from_secs(5),
+            reject_delay: Duration::from_secs(1),
+            reject_hold: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Where the policy in force came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicySource {
+    /// No policy yet.
+    #[default]
+    None,
+    /// A local policy file (the daemon's `--policy`).
+    File,
+    /// The last-known-good copy on disk.
+    LastKnownGood,
+    /// Received from a coordinator in this run.
+    Coordinator,
+}
+
+impl PolicySource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicySource::None => "none",
+            PolicySource::File => "file",
+            PolicySource::LastKnownGood => "last-known-good",
+            PolicySource::Coordinator => "coordinator",
+        }
+    }
+}
+
+/// A revision the node refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rejection {
+    /// The version the envelope claimed (0 when it could not be read at all).
+    pub version: u64,
+    /// `unsigned`, `forged`, `wrong-key`, `tampered`, `older`, `invalid-policy`, ...
+    pub kind: String,
+    pub reason: String,
+    /// The coordinator URL that served it.
+    pub coordinator: String,
+    pub at_ms: u64,
+}
+
+/// What the agent knows; shared with the daemon (status API, metrics).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentStatus {
+    pub applied_version: Option<u64>,
+    pub applied_digest: Option<String>,
+    /// When the policy in force was applied (by this agent or at start).
+    pub applied_at_ms: Option<u64>,
+    pub source: PolicySource,
+    /// The last problem of any kind (unreachable, refused, rejected, apply failed).
+    pub last_error: Option<String>,
+    pub last_rejection: Option<Rejection>,
+    /// How many revisions were refused since start.
+    pub rejections: u64,
+    /// The last time a coordinator answered.
+    pub last_contact_ms: Option<u64>,
+    /// The coordinator URL last used.
+    pub coordinator: Option<String>,
+    /// Whether the last request to a coordinator got a usable answer.
+    pub connected: bool,
+    /// The last `on_policy` failure, until a later version applies.
+    pub apply_error: Option<String>,
+}
+
+impl AgentStatus {
+    /// The status of a node that starts enforcing `verified` (from last-known-good or
+    /// from a file the daemon verified).
+    pub fn started_from(verified: &Verified, source: PolicySource) -> Self {
+        AgentStatus {
+            applied_version: Some(verified.version),
+            applied_digest: Some(verified.digest.clone()),
+            applied_at_ms: Some(now_ms()),
+            source,
+            ..AgentStatus::default()
+        }
+    }
+
+    /// `ok`: connected, enforcing a policy, no apply failure, and no revision refused
+    /// since the policy in force was applied (refusing an *older* version is routine).
+    /// Else `degraded`.
+    pub fn health(&self) -> &'static str {
+        let refused_since_apply = self.last_rejection.as_ref().is_some_and(|r| {
+            r.kind != "older" && self.applied_at_ms.is_none_or(|t| r.at_ms >= t)
+        });
+        if self.connected && self.applied_version.is_some() && !refused_since_apply && self.apply_error.is_none() {
+            "ok"
+        } else {
+            "degraded"
+        }
+    }
+
+    fn report(&self) -> NodeReport {
+        NodeReport {
+            applied_version: self.applied_version,
+            applied_digest: self.applied_digest.clone(),
+            source: self.source.as_str().to_string(),
+            health: self.health().to_string(),
+            last_error: self.last_error.clone().or_else(|| self.apply_error.clone()),
+            last_rejection: self
+                .last_rejection
+                .as_ref()
+                .map(|r| format!("version {} from {}: {}", r.version, r.coordinator, r.reason)),
+        }
+    }
+}
+
+/// Why an agent call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("agent configuration: {0}")]
+    Config(String),
+    #[error("last-known-good policy {path}: {why}")]
+    LastKnownGood { path: PathBuf, why: String },
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    #[error("coordinator {url} refused: {status} {}", error.error)]
+    Refused { url: String, status: u16, error: ErrorBody },
+    #[error("unexpected answer from {url}: {why}")]
+    Protocol { url: String, why: String },
+}
+
+/// The node-side policy agent. Cheap to clone (the daemon keeps one for usage uploads
+/// while another runs the watch loop).
+#[derive(Clone)]
+pub struct PolicyAgent {
+    cfg: Arc<AgentConfig>,
+    endpoints: Arc<Vec<Endpoint>>,
+}
+
+impl std::fmt::Debug for PolicyAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyAgent").field("cfg", &self.cfg).finish()
+    }
+}
+
+enum Poll {
+    Nothing,
+    Offered(Bytes),
+}
+
+impl PolicyAgent {
+    pub fn new(cfg: AgentConfig) -> Result<PolicyAgent, AgentError> {
+        crate::validate_node_id(&cfg.node_id).map_err(AgentError::Config)?;
+        if cfg.coordinator_urls.is_empty() {
+            return Err(AgentError::Config("no coordinator url".into()));
+        }
+        let endpoints = cfg
+            .coordinator_urls
+            .iter()
+            .map(|u| Endpoint::parse(u))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(PolicyAgent { cfg: Arc::new(cfg), endpoints: Arc::new(endpoints) })
+    }
+
+    pub fn config(&self) -> &AgentConfig {
+        &self.cfg
+    }
+
+    /// The policy kept on disk, verified again against the pinned key. `Ok(None)` when
+    /// there is none; an error when the file is there but unreadable, tampered with,
+    /// or signed by another key.
+    pub fn load_last_known_good(&self) -> Result<Option<Verified>, AgentError> {
+        let path = &self.cfg.lkg_path;
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(AgentError::LastKnownGood { path: path.clone(), why: e.to_string() }),
+        };
+        let env = signing::parse_envelope(&bytes)
+            .map_err(|e| AgentError::LastKnownGood { path: path.clone(), why: e.to_string() })?;
+        signing::verify(&env, &self.cfg.trust_key)
+            .map(Some)
+            .map_err(|e| AgentError::LastKnownGood { path: path.clone(), why: e.to_string() })
+    }
+
+    /// Follow the coordinators forever (abort the task to stop). `status.applied_version`
+    /// is the version in force when called (see [`AgentStatus::started_from`]).
+    pub async fn run<F>(self, mut on_policy: F, status: Arc<Mutex<AgentStatus>>)
+    where
+        F: FnMut(&Verified) -> Result<(), String> + Send,
+    {
+        let n = self.endpoints.len();
+        let mut idx = 0usize;
+        let mut failed_in_round = 0usize;
+        let mut backoff = self.cfg.retry_min;
+        let mut hold: Option<(u64, Instant)> = None;
+        let mut last_report: Option<Instant> = None;
+        let mut report_due = true;
+        loop {
+            let ep = self.endpoints[idx % n].clone();
+            if report_due || last_report.is_none_or_elapsed(self.cfg.report_every) {
+                let snapshot = lock(&status).clone();
+                match self.report_to(&ep, &snapshot).await {
+                    Ok(()) => {
+                        report_due = false;
+                        last_report = Some(Instant::now());
+                    }
+                    Err(e) => warn!(coordinator = %ep.url, "status report failed: {e}"),
+                }
+            }
+            let applied = lock(&status).applied_version.unwrap_or(0);
+            let held = hold.filter(|(_, until)| Instant::now() < *until).map_or(0, |(v, _)| v);
+            match self.poll(&ep, applied.max(held)).await {
+                Ok(poll) => {
+                    failed_in_round = 0;
+                    backoff = self.cfg.retry_min;
+                    {
+                        let mut s = lock(&status);
+                        if !s.connected {
+                            info!(coordinator = %ep.url, "coordinator reachable");
+                        }
+                        s.connected = true;
+                        s.last_contact_ms = Some(now_ms());
+                        s.coordinator = Some(ep.url.clone());
+                        if s.last_error.as_deref().is_some_and(|e| e.starts_with("coordinator ")) {
+                            s.last_error = None;
+                        }
+                    }
+                    if let Poll::Offered(body) = poll {
+                        match self.consider(&ep, &body, applied, &mut on_policy, &status) {
+                            Ok(()) => hold = None,
+                            Err(version) => {
+                                hold = Some((version.max(applied), Instant::now() + self.cfg.reject_hold));
+                                tokio::time::sleep(self.cfg.reject_delay).await;
+                            }
+                        }
+                        report_due = true;
+                    }
+                }
+                Err(e) => {
+                    let msg = format!("coordinator {}: {e}", ep.url);
+                    warn!("{msg}");
+                    {
+                        let mut s = lock(&status);
+                        s.connected = false;
+                        s.last_error = Some(msg);
+                    }
+                    report_due = true;
+                    idx = (idx + 1) % n;
+                    failed_in_round += 1;
+                    if failed_in_round >= n {
+                        failed_in_round = 0;
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(self.cfg.retry_max);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Verify and apply an offered envelope. `Err(version)`: refused or failed.
+    fn consider<F>(
+        &self,
+        ep: &Endpoint,
+        body: &[u8],
+        applied: u64,
+        on_policy: &mut F,
+        status: &Arc<Mutex<AgentStatus>>,
+    ) -> Result<(), u64>
+    where
+        F: FnMut(&Verified) -> Result<(), String>,
+    {
+        let reject = |version: u64, kind: &str, reason: String| {
+            warn!(coordinator = %ep.url, version, kind, "refused policy revision: {reason}");
+            let mut s = lock(status);
+            s.rejections += 1;
+            s.last_error = Some(format!("refused policy version {version}: {reason}"));
+            s.last_rejection = Some(Rejection {
+                version,
+                kind: kind.to_string(),
+                reason,
+                coordinator: ep.url.clone(),
+                at_ms: now_ms(),
+            });
+            version
+        };
+        let env = signing::parse_envelope(body).map_err(|e| reject(0, e.kind(), e.to_string()))?;
+        let verified = signing::verify(&env, &self.cfg.trust_key)
+            .map_err(|e| reject(env.version, e.kind(), e.to_string()))?;
+        if verified.version <= applied {
+            return Err(reject(
+                verified.version,
+                "older",
+                format!("older or equal version: offered {} but version {applied} is in force", verified.version),
+            ));
+        }
+        if let Err(e) = on_policy(&verified) {
+            warn!(version = verified.version, "applying the policy failed: {e}");
+            let mut s = lock(status);
+            s.apply_error = Some(format!("applying version {} failed: {e}", verified.version));
+            s.last_error = s.apply_error.clone();
+            return Err(verified.version);
+        }
+        let lkg = write_last_known_good(&self.cfg.lkg_path, &verified);
+        let mut s = lock(status);
+        s.applied_version = Some(verified.version);
+        s.applied_digest = Some(verified.digest.clone());
+        s.applied_at_ms = Some(now_ms());
+        s.source = PolicySource::Coordinator;
+        s.apply_error = None;
+        s.last_error = None;
+        if let Err(e) = lkg {
+            warn!("{e}");
+            s.last_error = Some(e.to_string());
+        }
+        info!(version = verified.version, author = %verified.author, coordinator = %ep.url, "policy applied");
+        Ok(())
+    }
+
+    async fn poll(&self, ep: &Endpoint, newer_than: u64) -> Result<Poll, AgentError> {
+        let timeout_ms = u64::try_from(self.cfg.poll_timeout.as_millis()).unwrap_or(u64::MAX);
+        let path = format!("/v1/policies/latest?newer_than={newer_than}&timeout_ms={timeout_ms}");
+        let r = http::request(
+            ep,
+            Method::GET,
+            &path,
+            Some(&self.cfg.token),
+            &[],
+            None,
+            self.cfg.poll_timeout + Duration::from_secs(10),
+        )
+        .await?;
+        match r.status {
+            200 => Ok(Poll::Offered(r.body)),
+            204 => Ok(Poll::Nothing),
+            status => Err(refused(ep, status, &r.body)),
+        }
+    }
+
+    async fn report_to(&self, ep: &Endpoint, status: &AgentStatus) -> Result<(), AgentError> {
+        let body = serde_json::to_vec(&status.report()).map_err(|e| AgentError::Config(e.to_string()))?;
+        let path = format!("/v1/nodes/{}/report", self.cfg.node_id);
+        let r = http::request(ep, Method::POST, &path, Some(&self.cfg.token), &[], Some(body), Duration::from_secs(5))
+            .await?;
+        if (200..300).contains(&r.status) {
+            Ok(())
+        } else {
+            Err(refused(ep, r.status, &r.body))
+        }
+    }
+
+    /// Send a status report now (to the first coordinator that answers).
+    pub async fn report(&self, status: &AgentStatus) -> Result<(), AgentError> {
+        let mut last = None;
+        for ep in self.endpoints.iter() {
+            match self.report_to(ep, status).await {
+                Ok(()) => return Ok(()),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| AgentError::Config("no coordinator url".into())))
+    }
+
+    /// Upload closed ledger intervals, in batches, retrying each batch (up to 4 rounds over
+    /// every coordinator) when no answer or a 5xx comes back. Safe to repeat: the
+    /// coordinator stores each interval id once, so a batch whose answer was lost and is
+    /// sent again counts once (the retry reports them as duplicates).
+    pub async fn upload_usage(&self, intervals: &[metering::ClosedInterval]) -> Result<UploadOutcome, AgentError> {
+        let mut total = UploadOutcome::default();
+        for chunk in intervals.chunks(MAX_UPLOAD_BATCH) {
+            let out = self.upload_batch(chunk).await?;
+            total.accepted += out.accepted;
+            total.duplicates += out.duplicates;
+            total.conflicts.extend(out.conflicts);
+        }
+        Ok(total)
+    }
+
+    async fn upload_batch(&self, chunk: &[metering::ClosedInterval]) -> Result<UploadOutcome, AgentError> {
+        let body = serde_json::to_vec(&UsageUpload { intervals: chunk.to_vec() })
+            .map_err(|e| AgentError::Config(e.to_string()))?;
+        let path = format!("/v1/nodes/{}/usage", self.cfg.node_id);
+        let mut backoff = self.cfg.retry_min;
+        let mut last = None;
+        for round in 0..4 {
+            if round > 0 {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(self.cfg.retry_max);
+            }
+            for ep in self.endpoints.iter() {
+                let r = http::request(
+                    ep,
+                    Method::POST,
+                    &path,
+                    Some(&self.cfg.token),
+                    &[],
+                    Some(body.clone()),
+                    Duration::from_secs(30),
+                )
+                .await;
+                match r {
+                    Ok(r) if (200..300).contains(&r.status) => {
+                        return serde_json::from_slice(&r.body)
+                            .map_err(|e| AgentError::Protocol { url: ep.url.clone(), why: e.to_string() });
+                    }
+                    Ok(r) if r.status < 500 => return Err(refused(ep, r.status, &r.body)),
+                    Ok(r) => {
+                        warn!(coordinator = %ep.url, status = r.status, "usage upload failed; retrying");
+                        last = Some(refused(ep, r.status, &r.body));
+                    }
+                    Err(e) => {
+                        warn!(coordinator = %ep.url, "usage upload got no answer ({e}); retrying");
+                        last = Some(AgentError::Http(e));
+                    }
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| AgentError::Config("no coordinator url".into())))
+    }
+}
+
+fn refused(ep: &Endpoint, status: u16, body: &[u8]) -> AgentError {
+    let error = serde_json::from_slice::<ErrorBody>(body).unwrap_or_else(|_| ErrorBody {
+        error: String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned(),
+        path: None,
+        who: None,
+    });
+    AgentError::Refused { url: ep.url.clone(), status, error }
+}
+
+fn lock(status: &Arc<Mutex<AgentStatus>>) -> std::sync::MutexGuard<'_, AgentStatus> {
+    // A panic while holding the status lock leaves plain data behind: keep using it.
+    status.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+trait ElapsedExt {
+    fn is_none_or_elapsed(&self, d: Duration) -> bool;
+}
+
+impl ElapsedExt for Option<Instant> {
+    fn is_none_or_elapsed(&self, d: Duration) -> bool {
+        self.is_none_or(|t| t.elapsed() >= d)
+    }
+}
+
+/// Keep `verified`'s envelope as last-known-good: write a temporary file, fsync it,
+/// rename it over the old one, fsync the directory. A crash leaves the old or the new
+/// file, never a torn one.
+pub fn write_last_known_good(path: &Path, verified: &Verified) -> Result<(), AgentError> {
+    use std::io::Write as _;
+    let err = |why: String| AgentError::LastKnownGood { path: path.to_path_buf(), why };
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| err(format!("create {}: {e}", dir.display())))?;
+    let json = serde_json::to_vec_pretty(&verified.envelope).map_err(|e| err(e.to_string()))?;
+    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
+    let mut f = std::fs::File::create(&tmp).map_err(|e| err(format!("create {}: {e}", tmp.display())))?;
+    f.write_all(&json).and_then(|()| f.sync_all()).map_err(|e| err(format!("write {}: {e}", tmp.display())))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        err(format!("rename into place: {e}"))
+    })?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| err(format!("fsync {}: {e}", dir.display())))?;
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use ed25519_dalek::SigningKey;
+
+    fn verified(version: u64) -> Verified {
+        let k = SigningKey::from_bytes(&[3; 32]);
+        let bytes = format!(r#"{{"version": {version}, "orgs": {{"acme": {{"trust": "dev"}}}}}}"#);
+        let env = signing::sign(&k, bytes.as_bytes(), "alice", 9).unwrap();
+        signing::verify(&env, &k.verifying_key()).unwrap()
+    }
+
+    fn agent(dir: &Path, key: VerifyingKey) -> PolicyAgent {
+        let cfg = AgentConfig::new(vec!["http://127.0.0.1:1".into()], "node-a", "t", key, dir.join("lkg/policy.json"));
+        PolicyAgent::new(cfg).unwrap()
+    }
+
+    #[test]
+    fn last_known_good_round_trips_and_refuses_tampering() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = SigningKey::from_bytes(&[3; 32]);
+        let a = agent(dir.path(), k.verifying_key());
+        assert!(a.load_last_known_good().unwrap().is_none());
+        write_last_known_good(&a.config().lkg_path, &verified(4)).unwrap();
+        write_last_known_good(&a.config().lkg_path, &verified(5)).unwrap();
+        assert_eq!(a.load_last_known_good().unwrap().unwrap().version, 5);
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("lkg")).unwrap().collect();
+        assert_eq!(leftovers.len(), 1, "no temporary files left behind");
+
+        // Another key's agent refuses the file.
+        let other = agent(dir.path(), SigningKey::from_bytes(&[4; 32]).verifying_key());
+        assert!(other.load_last_known_good().unwrap_err().to_string().contains("pinned"));
+
+        // Edit the policy inside the file: refused.
+        let path = &a.config().lkg_path;
+        let mut env: signing::SignedPolicy = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        use base64::Engine as _;
+        env.policy_b64 = base64::engine::general_purpose::STANDARD
+            .encode(br#"{"version": 5, "orgs": {"acme": {"trust": "untrusted"}}}"#);
+        std::fs::write(path, serde_json::to_vec(&env).unwrap()).unwrap();
+        let err = a.load_last_known_good().unwrap_err().to_string();
+        assert!(err.contains("tampered"), "{err}");
+        std::fs::write(path, b"not json").unwrap();
+        assert!(a.load_last_known_good().is_err());
+    }
+
+    #[test]
+    fn health_reflects_connection_rejections_and_apply_failures() {
+        let mut s = AgentStatus::started_from(&verified(3), PolicySource::LastKnownGood);
+        assert_eq!(s.health(), "degraded", "not connected yet");
+        s.connected = true;
+        assert_eq!(s.health(), "ok");
+        let t = s.applied_at_ms.unwrap();
+        let rejection = |kind: &str, at_ms| Rejection { version: 2, kind: kind.into(), reason: String::new(), coordinator: String::new(), at_ms };
+        s.last_rejection = Some(rejection("older", t + 1));
+        assert_eq!(s.health(), "ok", "refusing an older version is not a problem");
+        s.last_rejection = Some(rejection("forged", t + 1));
+        assert_eq!(s.health(), "degraded");
+        s.applied_at_ms = Some(t + 2);
+        assert_eq!(s.health(), "ok", "a policy applied since the refusal");
+        s.apply_error = Some("x".into());
+        assert_eq!(s.health(), "degraded");
+        let r = s.report();
+        assert_eq!((r.source.as_str(), r.health.as_str()), ("last-known-good", "degraded"));
+    }
+
+    #[test]
+    fn config_is_checked() {
+        let k = SigningKey::from_bytes(&[3; 32]).verifying_key();
+        assert!(PolicyAgent::new(AgentConfig::new(vec![], "n", "t", k, "/x")).is_err());
+        assert!(PolicyAgent::new(AgentConfig::new(vec!["ftp://x".into()], "n", "t", k, "/x")).is_err());
+        assert!(PolicyAgent::new(AgentConfig::new(vec!["http://x:1".into()], "a/b", "t", k, "/x")).is_err());
+    }
+}

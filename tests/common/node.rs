@@ -1,0 +1,132 @@
+//! A running tesserad on the simulated H100 node, with a fixture whose runtime is
+//! tessera-runtime: the world of the end-to-end tests.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tessera_api::Client;
+
+use super::*;
+
+/// The CRI annotation the example policy identifies tenants by.
+pub const NS: &str = "io.kubernetes.cri.sandbox-namespace";
+
+/// A path in the repository.
+pub fn repo(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
+}
+
+/// How to start the daemon.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    pub policy: PathBuf,
+    pub node_file: PathBuf,
+    pub pending_grace_ms: u64,
+    pub extra_args: Vec<String>,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        NodeOptions {
+            policy: repo("examples/policy.json"),
+            node_file: repo("examples/nodes/h100x8.json"),
+            pending_grace_ms: 1500,
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Node {
+    pub fx: Fixture,
+    pub daemon: ChildProcess,
+    pub socket: PathBuf,
+    pub state: PathBuf,
+}
+
+impl Node {
+    pub fn start() -> Node {
+        Node::start_with(NodeOptions::default())
+    }
+
+    pub fn start_with(o: NodeOptions) -> Node {
+        let mut fx = Fixture::new();
+        let socket = fx.socket_path("d.sock");
+        let state = fx.path("state");
+        let mut args: Vec<String> = vec![
+            "--node".into(),
+            format!("sim:{}", o.node_file.display()),
+            "--policy".into(),
+            o.policy.display().to_string(),
+            "--state-dir".into(),
+            state.display().to_string(),
+            "--socket".into(),
+            socket.display().to_string(),
+            "--reconcile-interval-ms".into(),
+            "200".into(),
+            "--pending-grace-ms".into(),
+            o.pending_grace_ms.to_string(),
+        ];
+        args.extend(o.extra_args);
+        let daemon = fx.spawn("tesserad", TESSERAD, &args, [("TESSERA_LOG", "info")]);
+        assert!(wait_for_socket(&socket, Duration::from_secs(20)), "tesserad did not come up:\n{}", daemon.stderr());
+        let s = socket.display().to_string();
+        fx.set_runtime(TESSERA_RUNTIME, &[("TESSERA_RUNC", RUNC), ("TESSERA_SOCKET", &s), ("TESSERA_HOOK", TESSERA_HOOK)]);
+        Node { fx, daemon, socket, state }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(&self.socket).with_timeout(Duration::from_secs(10))
+    }
+
+    /// Wait until the daemon answers again (after a restart).
+    pub fn wait_ready(&self) {
+        let c = self.client();
+        assert!(wait_for(|| c.status().is_ok(), Duration::from_secs(20)), "tesserad did not come back:\n{}", self.daemon.stderr());
+    }
+
+    /// kill -9 the daemon and start it again on the same state.
+    pub fn crash_and_restart(&mut self) {
+        self.daemon.kill9();
+        self.restart();
+    }
+
+    /// Start the (stopped) daemon again with the same arguments.
+    pub fn restart(&mut self) {
+        self.daemon.restart();
+        self.fx.cleanup().track_pid(self.daemon.pid());
+        self.wait_ready();
+    }
+
+    /// A bundle running `args` for the tenant behind namespace `ns`, asking for `request`.
+    pub fn bundle(&self, id: &str, ns: &str, request: Option<&str>, args: &[&str]) -> Bundle {
+        let mut b = self.fx.bundle(id);
+        b.args(args).annotation(NS, ns);
+        if let Some(r) = request {
+            b.annotation("tessera.io/gpu", r);
+        }
+        b.write();
+        b
+    }
+
+    /// `tessera ARGS..` against this daemon.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        run_cmd(std::process::Command::new(TESSERA_CLI).arg("--socket").arg(&self.socket).args(args))
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; fine for tests on one machine).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+/// `GET http://127.0.0.1:PORT/PATH` body, with a plain HTTP/1.0 request.
+pub fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or(out)
+}
