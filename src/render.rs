@@ -18,7 +18,24 @@ pub fn status(s: &NodeStatus) -> String {
     let _ = writeln!(out, "{} GPUs, {held} allocation{}", s.gpus.len(), if held == 1 { "" } else { "s" });
     for g in &s.gpus {
         out.push('\n');
-        gpu(&mut out, g);
+        gpu(&mut out, g, s);
+    }
+    if !s.mps_shares.is_empty() {
+        let _ = writeln!(out, "\nmps shares (one control daemon per tenant and device)");
+        for m in &s.mps_shares {
+            let pid = m.pid.map(|p| format!("pid {p}")).unwrap_or_else(|| "no daemon".into());
+            let _ = writeln!(
+                out,
+                "  {:<44} {:<32} {:>3}% threads, {} MiB pinned  {:<10} {pid}  restarts {}  containers {}",
+                m.device,
+                m.tenant,
+                m.percent,
+                m.mem_limit_bytes >> 20,
+                m.state,
+                m.restarts,
+                m.holders.join(",")
+            );
+        }
     }
     if !s.allocations.is_empty() {
         let _ = writeln!(out, "\nallocations");
@@ -33,6 +50,13 @@ pub fn status(s: &NodeStatus) -> String {
                 a.request,
                 format!("{:?}", a.state).to_lowercase()
             );
+        }
+    }
+    if !s.events.is_empty() {
+        let _ = writeln!(out, "\nrecent events");
+        for e in s.events.iter().take(8) {
+            let detail: String = e.detail.chars().take(140).collect();
+            let _ = writeln!(out, "  {} {:<8} {:<20} {detail}", e.ts_ms, e.kind, e.container_id.as_deref().unwrap_or("-"));
         }
     }
     out
@@ -64,15 +88,37 @@ pub fn usage(r: &metering::UsageReport) -> String {
     out
 }
 
-fn gpu(out: &mut String, g: &GpuStatus) {
+/// Who shares a device, and how (`mps 50%+25%`, `time-sliced 2/4 (notebooks)`).
+fn sharing(s: &NodeStatus, uuid: &str) -> Option<String> {
+    let shares: Vec<&tessera_api::ShareGrant> =
+        s.allocations.iter().filter_map(|a| a.share.as_ref()).filter(|sh| sh.device == uuid).collect();
+    let first = shares.first()?;
+    Some(match first.kind {
+        tessera_api::Isolation::Mps => {
+            let pcts: Vec<String> = shares.iter().map(|sh| format!("{}%", sh.percent.unwrap_or(0))).collect();
+            format!("shared: mps {} ({} containers)", pcts.join("+"), shares.len())
+        }
+        _ => format!(
+            "shared: time-sliced {}/{} replicas (domain {})",
+            shares.len(),
+            first.replicas.unwrap_or(0),
+            first.domain.as_deref().unwrap_or("?")
+        ),
+    })
+}
+
+fn gpu(out: &mut String, g: &GpuStatus, s: &NodeStatus) {
     let mode = if g.mig_enabled { "MIG" } else { "whole" };
     let _ = writeln!(out, "GPU {}  {}  {}  minor {}  {} MiB  {mode}", g.index, g.model, g.uuid, g.minor, g.memory_mib);
     if !g.mig_enabled {
-        match &g.holder {
-            Some(h) => {
+        match (&g.holder, sharing(s, &g.uuid)) {
+            (Some(h), _) => {
                 let _ = writeln!(out, "  held by {} ({})", h.tenant, h.container_id);
             }
-            None => {
+            (None, Some(how)) => {
+                let _ = writeln!(out, "  {how}");
+            }
+            (None, None) => {
                 let _ = writeln!(out, "  free");
             }
         }
@@ -81,9 +127,10 @@ fn gpu(out: &mut String, g: &GpuStatus) {
     let _ = writeln!(out, "  {}", slot_axis());
     let _ = writeln!(out, "  {}", slot_map(&g.instances));
     for i in &g.instances {
-        let who = match &i.holder {
-            Some(h) => format!("held by {} ({})", h.tenant, h.container_id),
-            None => "free".into(),
+        let who = match (&i.holder, sharing(s, &i.uuid)) {
+            (Some(h), _) => format!("held by {} ({})", h.tenant, h.container_id),
+            (None, Some(how)) => how,
+            (None, None) => "free".into(),
         };
         let _ = writeln!(
             out,

@@ -39,6 +39,12 @@ struct Args {
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9400).
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
+    /// The MPS control binary.
+    #[arg(long, default_value = "nvidia-cuda-mps-control")]
+    mps_control: PathBuf,
+    /// How often every MPS control daemon is health-checked, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    mps_health_interval_ms: u64,
 }
 
 fn main() -> ExitCode {
@@ -61,6 +67,8 @@ fn main() -> ExitCode {
         pending_grace: Duration::from_millis(a.pending_grace_ms),
         checkpoint_every: Duration::from_millis(a.checkpoint_interval_ms),
         metrics: a.metrics,
+        mps_control: a.mps_control,
+        mps_health_every: Duration::from_millis(a.mps_health_interval_ms.max(100)),
         host: tesserad::HostPaths::default(),
     };
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {

@@ -124,6 +124,58 @@ pub struct Allocation {
     pub pid: Option<i32>,
     /// Unix milliseconds.
     pub created_ms: u64,
+    /// For MPS and time-sliced grants: the device is shared, and how.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<ShareGrant>,
+}
+
+/// How a shared device (MPS or time-sliced) is shared by one allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShareGrant {
+    /// `mps` or `shared`.
+    pub kind: Isolation,
+    /// The shared device's UUID.
+    pub device: String,
+    /// MPS: the thread and memory percentage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<u8>,
+    /// MPS: the pinned device memory cap, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_limit_bytes: Option<u64>,
+    /// Time-slicing: the sharing domain of the tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    /// Time-slicing: replicas of the GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
+}
+
+/// One supervised MPS control daemon in `GET /v1/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MpsShareStatus {
+    pub device: String,
+    pub tenant: String,
+    pub percent: u8,
+    pub mem_limit_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// `running`, `restarting` or `degraded`, with detail.
+    pub state: String,
+    pub holders: Vec<String>,
+    pub restarts: u32,
+}
+
+/// One line of the daemon's audit log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventStatus {
+    pub ts_ms: u64,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    pub detail: String,
 }
 
 /// Machine-readable reason of an API error.
@@ -192,6 +244,8 @@ impl ApiError {
 pub enum DeviceState {
     Free,
     Assigned,
+    /// Shared by MPS or time-sliced containers (see the allocations for whom).
+    Shared,
     /// A whole GPU in MIG mode: not assignable whole, its instances are.
     MigParent,
 }
@@ -257,4 +311,9 @@ pub struct NodeStatus {
     pub policy: PolicyInfo,
     pub gpus: Vec<GpuStatus>,
     pub allocations: Vec<Allocation>,
+    #[serde(default)]
+    pub mps_shares: Vec<MpsShareStatus>,
+    /// The newest audit events, newest first.
+    #[serde(default)]
+    pub events: Vec<EventStatus>,
 }

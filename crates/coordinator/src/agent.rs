@@ -222,6 +222,7 @@ pub enum AgentError {
 pub struct PolicyAgent {
     cfg: Arc<AgentConfig>,
     endpoints: Arc<Vec<Endpoint>>,
+    pool: http::Pool,
 }
 
 impl std::fmt::Debug for PolicyAgent {
@@ -246,7 +247,7 @@ impl PolicyAgent {
             .iter()
             .map(|u| Endpoint::parse(u))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(PolicyAgent { cfg: Arc::new(cfg), endpoints: Arc::new(endpoints) })
+        Ok(PolicyAgent { cfg: Arc::new(cfg), endpoints: Arc::new(endpoints), pool: http::Pool::default() })
     }
 
     pub fn config(&self) -> &AgentConfig {
@@ -408,6 +409,7 @@ impl PolicyAgent {
         let timeout_ms = u64::try_from(self.cfg.poll_timeout.as_millis()).unwrap_or(u64::MAX);
         let path = format!("/v1/policies/latest?newer_than={newer_than}&timeout_ms={timeout_ms}");
         let r = http::request(
+            &self.pool,
             ep,
             Method::GET,
             &path,
@@ -427,7 +429,7 @@ impl PolicyAgent {
     async fn report_to(&self, ep: &Endpoint, status: &AgentStatus) -> Result<(), AgentError> {
         let body = serde_json::to_vec(&status.report()).map_err(|e| AgentError::Config(e.to_string()))?;
         let path = format!("/v1/nodes/{}/report", self.cfg.node_id);
-        let r = http::request(ep, Method::POST, &path, Some(&self.cfg.token), &[], Some(body), Duration::from_secs(5))
+        let r = http::request(&self.pool, ep, Method::POST, &path, Some(&self.cfg.token), &[], Some(body), Duration::from_secs(5))
             .await?;
         if (200..300).contains(&r.status) {
             Ok(())
@@ -476,6 +478,7 @@ impl PolicyAgent {
             }
             for ep in self.endpoints.iter() {
                 let r = http::request(
+                    &self.pool,
                     ep,
                     Method::POST,
                     &path,

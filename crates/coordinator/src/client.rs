@@ -50,6 +50,7 @@ impl ClientError {
 #[derive(Clone)]
 pub struct Client {
     endpoints: Vec<Endpoint>,
+    pool: http::Pool,
     token: String,
     timeout: Duration,
 }
@@ -72,7 +73,7 @@ impl Client {
         if endpoints.is_empty() {
             return Err(ClientError::Usage("no coordinator url given".into()));
         }
-        Ok(Client { endpoints, token: token.to_string(), timeout: Duration::from_secs(30) })
+        Ok(Client { endpoints, pool: http::Pool::default(), token: token.to_string(), timeout: Duration::from_secs(30) })
     }
 
     /// Bound each request (default 30 s).
@@ -91,7 +92,7 @@ impl Client {
     ) -> Result<(u16, bytes::Bytes), ClientError> {
         let mut last = None;
         for ep in &self.endpoints {
-            match http::request(ep, method.clone(), path, Some(&self.token), extra, body.clone(), timeout).await {
+            match http::request(&self.pool, ep, method.clone(), path, Some(&self.token), extra, body.clone(), timeout).await {
                 Ok(r) => return Ok((r.status, r.body)),
                 Err(e) => last = Some(e),
             }

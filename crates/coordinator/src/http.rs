@@ -1,12 +1,14 @@
-//! A small HTTP/1.1 client over TCP: hyper's connection-level client, one connection per
-//! request. Enough for long polls (a connection a poll costs nothing next to the poll)
-//! and for the CLI; plain `http://` only.
+//! A small HTTP/1.1 client over TCP: hyper's connection-level client with a tiny
+//! keep-alive pool. Enough for long polls, the agent and the CLI; plain `http://` only.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
+use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -71,8 +73,67 @@ pub(crate) struct Response {
     pub body: Bytes,
 }
 
-/// Send one request. `timeout` bounds connect, send and the whole body.
+/// One open HTTP/1.1 connection: the request handle and the task driving it.
+struct Conn {
+    sender: SendRequest<Full<Bytes>>,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// Idle keep-alive connections per `host:port`, so that a watcher's next long poll (and
+/// an agent's report) reuses its connection instead of opening a new one: at 10,000
+/// watchers, reconnecting after every push costs the coordinator more than the push.
+#[derive(Clone, Default)]
+pub(crate) struct Pool {
+    idle: Arc<Mutex<HashMap<String, Vec<Conn>>>>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").finish_non_exhaustive()
+    }
+}
+
+/// Idle connections kept per coordinator.
+const MAX_IDLE: usize = 4;
+
+impl Pool {
+    fn take(&self, authority: &str) -> Option<Conn> {
+        let mut idle = self.idle.lock().ok()?;
+        let conns = idle.get_mut(authority)?;
+        while let Some(c) = conns.pop() {
+            if !c.sender.is_closed() {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    fn give_back(&self, authority: &str, conn: Conn) {
+        if conn.sender.is_closed() {
+            return;
+        }
+        if let Ok(mut idle) = self.idle.lock() {
+            let conns = idle.entry(authority.to_string()).or_default();
+            if conns.len() < MAX_IDLE {
+                conns.push(conn);
+            }
+        }
+    }
+}
+
+/// Send one request (on an idle pooled connection when there is one). `timeout` bounds
+/// connect, send and the whole body. A request that fails on a reused connection before
+/// any answer (the server had closed it) is sent once more on a fresh one: every route
+/// the clients use is safe to repeat.
+#[allow(clippy::too_many_arguments)] // one call site per client; a struct would only rename them
 pub(crate) async fn request(
+    pool: &Pool,
     ep: &Endpoint,
     method: Method,
     path_and_query: &str,
@@ -82,36 +143,66 @@ pub(crate) async fn request(
     timeout: Duration,
 ) -> Result<Response, HttpError> {
     let addr = ep.authority.clone();
-    match tokio::time::timeout(timeout, request_inner(ep, method, path_and_query, token, extra, body)).await {
+    let attempt = async {
+        let req = build(ep, method.clone(), path_and_query, token, extra, body.clone())?;
+        if let Some(conn) = pool.take(&ep.authority) {
+            match send(conn, req, &addr).await {
+                Ok((resp, conn)) => {
+                    pool.give_back(&ep.authority, conn);
+                    return Ok(resp);
+                }
+                Err(Failure::Unsent(_)) => {}
+                Err(Failure::Failed(e)) => return Err(e),
+            }
+        }
+        let conn = connect(ep).await?;
+        let req = build(ep, method, path_and_query, token, extra, body)?;
+        match send(conn, req, &addr).await {
+            Ok((resp, conn)) => {
+                pool.give_back(&ep.authority, conn);
+                Ok(resp)
+            }
+            Err(Failure::Unsent(e) | Failure::Failed(e)) => Err(e),
+        }
+    };
+    match tokio::time::timeout(timeout, attempt).await {
         Ok(r) => r,
         Err(_) => Err(HttpError::Timeout { addr, after: timeout }),
     }
 }
 
-async fn request_inner(
-    ep: &Endpoint,
-    method: Method,
-    path_and_query: &str,
-    token: Option<&str>,
-    extra: &[(&'static str, String)],
-    body: Option<Vec<u8>>,
-) -> Result<Response, HttpError> {
+enum Failure {
+    /// The connection was gone before the request went out: safe to send again.
+    Unsent(HttpError),
+    Failed(HttpError),
+}
+
+async fn connect(ep: &Endpoint) -> Result<Conn, HttpError> {
     let addr = ep.authority.clone();
-    let transport = |e: &dyn std::fmt::Display| HttpError::Transport { addr: addr.clone(), why: e.to_string() };
     let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&ep.authority)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return Err(HttpError::Connect { addr, why: e.to_string() }),
         Err(_) => return Err(HttpError::Connect { addr, why: format!("no connection within {CONNECT_TIMEOUT:?}") }),
     };
     let _ = stream.set_nodelay(true);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
+    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
         .await
-        .map_err(|e| transport(&e))?;
+        .map_err(|e| HttpError::Transport { addr, why: e.to_string() })?;
     let driver = tokio::spawn(async move {
         let _ = conn.await;
     });
-    let uri = format!("{}{}", ep.base, path_and_query);
-    let mut req = Request::builder().method(method).uri(uri);
+    Ok(Conn { sender, driver })
+}
+
+fn build(
+    ep: &Endpoint,
+    method: Method,
+    path_and_query: &str,
+    token: Option<&str>,
+    extra: &[(&'static str, String)],
+    body: Option<Vec<u8>>,
+) -> Result<Request<Full<Bytes>>, HttpError> {
+    let mut req = Request::builder().method(method).uri(format!("{}{}", ep.base, path_and_query));
     if let Some(h) = req.headers_mut() {
         if let Ok(v) = HeaderValue::from_str(&ep.authority) {
             h.insert(HOST, v);
@@ -132,20 +223,29 @@ async fn request_inner(
             h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
     }
-    let req = req.body(Full::new(Bytes::from(body.unwrap_or_default()))).map_err(|e| transport(&e))?;
-    let result = async {
-        let resp = sender.send_request(req).await.map_err(|e| transport(&e))?;
-        let status = resp.status().as_u16();
-        let body = Limited::new(resp.into_body(), MAX_BODY)
-            .collect()
-            .await
-            .map_err(|e| transport(&format!("reading the answer: {e}")))?
-            .to_bytes();
-        Ok(Response { status, body })
+    req.body(Full::new(Bytes::from(body.unwrap_or_default())))
+        .map_err(|e| HttpError::Transport { addr: ep.authority.clone(), why: e.to_string() })
+}
+
+async fn send(mut conn: Conn, req: Request<Full<Bytes>>, addr: &str) -> Result<(Response, Conn), Failure> {
+    let err = |e: &dyn std::fmt::Display| HttpError::Transport { addr: addr.to_string(), why: e.to_string() };
+    if conn.sender.ready().await.is_err() {
+        return Err(Failure::Unsent(err(&"connection closed")));
     }
-    .await;
-    driver.abort();
-    result
+    let resp = match conn.sender.send_request(req).await {
+        Ok(r) => r,
+        Err(e) if e.is_canceled() || e.is_closed() || e.is_incomplete_message() => {
+            return Err(Failure::Unsent(err(&e)))
+        }
+        Err(e) => return Err(Failure::Failed(err(&e))),
+    };
+    let status = resp.status().as_u16();
+    let body = Limited::new(resp.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|e| Failure::Failed(err(&format!("reading the answer: {e}"))))?
+        .to_bytes();
+    Ok((Response { status, body }, conn))
 }
 
 #[cfg(test)]

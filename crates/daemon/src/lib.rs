@@ -9,6 +9,7 @@ pub mod liveness;
 pub mod metrics;
 pub mod node;
 pub mod server;
+pub mod share;
 pub mod store;
 
 use std::collections::BTreeSet;
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
-pub use node::{ActivePolicy, HostPaths, Node, ReconcileReport};
+pub use node::{ActivePolicy, HostPaths, Node, NodeParts, ReconcileReport};
 
 /// Where the GPUs come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +61,10 @@ pub struct Config {
     pub checkpoint_every: Duration,
     /// Where to serve Prometheus metrics over TCP, if anywhere.
     pub metrics: Option<std::net::SocketAddr>,
+    /// The MPS control binary (`nvidia-cuda-mps-control`, or the test double).
+    pub mps_control: PathBuf,
+    /// How often every MPS control daemon is pinged.
+    pub mps_health_every: Duration,
     pub host: HostPaths,
 }
 
@@ -127,14 +132,31 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     if ledger.recovered() > 0 {
         info!(intervals = ledger.recovered(), "closed intervals left open by the last run at their last checkpoint");
     }
-    let mut node = Node::new(backend, active, store, ledger, config.host.clone(), config.pending_grace)
-        .map_err(DaemonError::Backend)?;
+    let control = mpsd::ProcessControl::new(config.mps_control.clone());
+    let mps = Arc::new(mpsd::Supervisor::new(Arc::new(control), config.state_dir.clone()));
+    let mut node = Node::new(NodeParts {
+        backend,
+        policy: active,
+        store,
+        ledger,
+        mps,
+        host: config.host.clone(),
+        pending_grace: config.pending_grace,
+    })
+    .map_err(DaemonError::Backend)?;
     info!(node = %node.inventory().node, gpus = node.inventory().gpus.len(),
           policy_version = node.policy().policy.version(), "tesserad starting");
     match node.reconcile() {
         Ok(r) if !r.released.is_empty() => info!(released = r.released.len(), "reconciled after restart"),
         Ok(_) => {}
         Err(e) => warn!("reconcile at start failed: {}", e.message),
+    }
+    match node.resume_mps() {
+        Ok((0, 0, 0)) => {}
+        Ok((adopted, released, restarted)) => {
+            info!(adopted, released, restarted, "MPS control daemons taken over")
+        }
+        Err(e) => warn!("resuming MPS supervision failed: {}", e.message),
     }
     match node.resume_metering() {
         Ok(0) => {}
@@ -189,6 +211,25 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         })
     };
 
+    let mps_health = {
+        let app = app.clone();
+        let every = config.mps_health_every;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let app = app.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    if let Ok(mut n) = app.node.lock() {
+                        n.mps_health();
+                    }
+                })
+                .await;
+            }
+        })
+    };
+
     let metrics = match config.metrics {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -214,6 +255,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     .await;
     reconciler.abort();
     heartbeat.abort();
+    mps_health.abort();
     if let Some(m) = metrics {
         m.abort();
     }
@@ -222,6 +264,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         if let Err(e) = n.checkpoint() {
             warn!("final ledger checkpoint failed: {}", e.message);
         }
+        n.quit_idle_mps();
     }
     let _ = std::fs::remove_file(&config.socket);
     drop(lock);

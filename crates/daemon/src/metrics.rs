@@ -63,7 +63,7 @@ pub fn render(node: &NodeStatus, intervals: &[IntervalRecord]) -> String {
     // Every series exists, at 0 when idle: a scraper sees "none" rather than "unknown".
     for iso in Isolation::ALL {
         for state in [AllocationState::Pending, AllocationState::Running] {
-            allocations.get_or_create(&alloc_labels(iso, state));
+            let _ = allocations.get_or_create(&alloc_labels(iso, state));
         }
     }
     for a in &node.allocations {

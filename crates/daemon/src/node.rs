@@ -11,11 +11,15 @@ use policy::Policy;
 use slicer::{GpuBackend, Inventory};
 use tessera_api::{
     AllocateRequest, Allocation, AllocationState, ApiError, DeviceState, ErrorCode, GpuRequest, GpuStatus,
-    GrantedDevice, Holder, Isolation, MigInstanceStatus, NodeStatus, PolicyInfo, StartRequest,
+    EventStatus, GrantedDevice, Holder, Isolation, MigInstanceStatus, MpsShareStatus, NodeStatus, PolicyInfo,
+    ShareGrant, StartRequest,
 };
 use tracing::{info, warn};
 
+use std::sync::Arc;
+
 use crate::liveness::{self, Facts, Liveness};
+use crate::share::{self, DeviceUse};
 use crate::store::{Record, Store, StoreError};
 
 /// Host locations the daemon reads, injectable for tests.
@@ -52,8 +56,21 @@ pub struct Node {
     policy: ActivePolicy,
     store: Store,
     ledger: Ledger,
+    mps: Arc<mpsd::Supervisor>,
     host: HostPaths,
     pending_grace: Duration,
+}
+
+/// Everything a [`Node`] is made of.
+#[derive(Debug)]
+pub struct NodeParts {
+    pub backend: Box<dyn GpuBackend>,
+    pub policy: ActivePolicy,
+    pub store: Store,
+    pub ledger: Ledger,
+    pub mps: Arc<mpsd::Supervisor>,
+    pub host: HostPaths,
+    pub pending_grace: Duration,
 }
 
 /// What one reconciler pass did.
@@ -64,16 +81,97 @@ pub struct ReconcileReport {
 }
 
 impl Node {
-    pub fn new(
-        backend: Box<dyn GpuBackend>,
-        policy: ActivePolicy,
-        store: Store,
-        ledger: Ledger,
-        host: HostPaths,
-        pending_grace: Duration,
-    ) -> Result<Node, String> {
-        let inventory = backend.inventory().map_err(|e| format!("reading the GPU inventory from {}: {e}", backend.describe()))?;
-        Ok(Node { backend, inventory, policy, store, ledger, host, pending_grace })
+    pub fn new(p: NodeParts) -> Result<Node, String> {
+        let inventory =
+            p.backend.inventory().map_err(|e| format!("reading the GPU inventory from {}: {e}", p.backend.describe()))?;
+        Ok(Node {
+            backend: p.backend,
+            inventory,
+            policy: p.policy,
+            store: p.store,
+            ledger: p.ledger,
+            mps: p.mps,
+            host: p.host,
+            pending_grace: p.pending_grace,
+        })
+    }
+
+    /// After a start: take over the MPS control daemons that outlived the last tesserad,
+    /// then make the supervisor's holders agree with the recorded grants — a holder with no
+    /// grant is released, a grant whose daemon is gone gets its daemon back (caps set
+    /// before any client connects again). Returns (adopted, released, restarted).
+    pub fn resume_mps(&mut self) -> Result<(usize, usize, usize), ApiError> {
+        let report = self.mps.adopt_existing().map_err(mps_err)?;
+        for e in &report.events {
+            self.record_mps_event(e);
+        }
+        let allocs = self.allocations()?;
+        let granted: std::collections::BTreeSet<(String, String)> = allocs
+            .iter()
+            .filter_map(|a| a.share.as_ref().filter(|s| s.kind == Isolation::Mps).map(|s| (s.device.clone(), a.container_id.clone())))
+            .collect();
+        let mut released = 0;
+        for sh in self.mps.shares() {
+            for holder in &sh.holders {
+                if !granted.contains(&(sh.device.clone(), holder.clone())) {
+                    self.mps.release(&sh.device, &sh.tenant, holder).map_err(mps_err)?;
+                    released += 1;
+                }
+            }
+        }
+        let mut restarted = 0;
+        let live: std::collections::BTreeSet<(String, String)> = self
+            .mps
+            .shares()
+            .into_iter()
+            .flat_map(|sh| sh.holders.into_iter().map(move |h| (sh.device.clone(), h)))
+            .collect();
+        for a in allocs.iter().filter(|a| a.share.as_ref().is_some_and(|s| s.kind == Isolation::Mps)) {
+            let Some(s) = &a.share else { continue };
+            if !live.contains(&(s.device.clone(), a.container_id.clone())) {
+                self.mps.ensure_share(&self.share_request(a, s)).map_err(mps_err)?;
+                restarted += 1;
+            }
+        }
+        Ok((report.adopted.len(), released, restarted))
+    }
+
+    /// Ping every MPS control daemon; restart the dead with backoff, record every crash.
+    pub fn mps_health(&mut self) -> usize {
+        let events = self.mps.health_check_all();
+        for e in &events {
+            self.record_mps_event(e);
+        }
+        events.len()
+    }
+
+    fn record_mps_event(&mut self, e: &mpsd::HealthEvent) {
+        let detail = serde_json::to_string(e).unwrap_or_else(|_| format!("{e:?}"));
+        warn!(event = %detail, "mps supervision");
+        if let Err(err) = self.store.event("mps", None, &detail) {
+            warn!("cannot record an MPS event: {err}");
+        }
+    }
+
+    fn share_request(&self, a: &Allocation, s: &ShareGrant) -> mpsd::ShareRequest {
+        mpsd::ShareRequest {
+            device: s.device.clone(),
+            tenant: a.tenant.clone(),
+            holder: a.container_id.clone(),
+            percent: s.percent.unwrap_or(100),
+            mem_limit_bytes: s.mem_limit_bytes.unwrap_or(0),
+        }
+    }
+
+    /// Stop the MPS control daemons with no container (on a clean stop). Daemons that
+    /// serve live containers keep running — stopping them would kill tenant work — and
+    /// are adopted by the next tesserad.
+    pub fn quit_idle_mps(&mut self) {
+        for sh in self.mps.shares() {
+            if sh.holders.is_empty() {
+                let _ = self.mps.release(&sh.device, &sh.tenant, "");
+            }
+        }
     }
 
     /// After a start: opening the ledger closed every interval left open at its last
@@ -131,7 +229,8 @@ impl Node {
             Ok(GpuRequest::Mps { percent }) => Some(percent),
             _ => None,
         };
-        metering::fraction(a.isolation, slices, mps, None, weight)
+        let replicas = a.share.as_ref().and_then(|s| s.replicas);
+        metering::fraction(a.isolation, slices, mps, replicas, weight)
     }
 
     fn open_intervals(&mut self, a: &Allocation) -> Result<usize, ApiError> {
@@ -158,6 +257,14 @@ impl Node {
     /// for a container that no longer holds anything.
     fn drop_allocation(&mut self, container_id: &str, why: &str) -> Result<bool, ApiError> {
         self.ledger.close_container(container_id, why).map_err(ledger_err)?;
+        if let Some(rec) = self.store.get(container_id).map_err(internal)? {
+            if let Some(s) = rec.allocation.share.as_ref().filter(|s| s.kind == Isolation::Mps) {
+                // The last container of a share stops its control daemon (`quit`).
+                if let Err(e) = self.mps.release(&s.device, &rec.allocation.tenant, container_id) {
+                    warn!(container = %container_id, "releasing the MPS share failed: {e}");
+                }
+            }
+        }
         self.store.remove(container_id, why).map_err(internal)
     }
 
@@ -220,26 +327,28 @@ impl Node {
             return Err(err);
         }
 
-        let held = self.store.claimed().map_err(internal)?;
-        let devices = slicer::choose(&self.inventory, &held, &request).map_err(|nofit| {
-            let code = if matches!(nofit, slicer::NoFit::NotSupported { .. }) {
-                ErrorCode::NotSupported
-            } else {
-                ErrorCode::NoCapacity
-            };
-            let err = ApiError {
-                code,
-                message: format!("tenant {}: {nofit}", tenant.path),
-                tenant: Some(tenant.path.clone()),
-                request: Some(request.to_string()),
-                rule: None,
-            };
-            self.log_refusal(&req.container_id, &err);
-            err
-        })?;
-        let injection = slicer::injection(&self.inventory, &devices).map_err(|e| {
-            ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}"))
-        })?;
+        let device_use = DeviceUse::of(&self.allocations()?);
+        let (devices, injection, share) = match &request {
+            GpuRequest::Mps { percent } => self.grant_mps(&req.container_id, &tenant.path, *percent, &device_use)?,
+            GpuRequest::Shared => self.grant_shared(&req.container_id, &tenant.path, &device_use)?,
+            _ => {
+                let devices = slicer::choose(&self.inventory, &device_use.busy(), &request).map_err(|nofit| {
+                    let err = ApiError {
+                        code: ErrorCode::NoCapacity,
+                        message: format!("tenant {}: {nofit}", tenant.path),
+                        tenant: Some(tenant.path.clone()),
+                        request: Some(request.to_string()),
+                        rule: None,
+                    };
+                    self.log_refusal(&req.container_id, &err);
+                    err
+                })?;
+                let injection = slicer::injection(&self.inventory, &devices).map_err(|e| {
+                    ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}"))
+                })?;
+                (devices, injection, None)
+            }
+        };
 
         let allocation = Allocation {
             container_id: req.container_id.clone(),
@@ -252,6 +361,7 @@ impl Node {
             state: AllocationState::Pending,
             pid: None,
             created_ms: crate::now_ms(),
+            share,
         };
         let record = Record {
             allocation: allocation.clone(),
@@ -259,13 +369,125 @@ impl Node {
             bundle: req.bundle.clone(),
             pid_start: None,
         };
-        self.store.insert(&record).map_err(|e| match e {
-            StoreError::DeviceClaimed { .. } => ApiError::new(ErrorCode::Conflict, e.to_string()),
-            other => internal(other),
-        })?;
+        if let Err(e) = self.store.insert(&record) {
+            // Nothing was recorded: give back the MPS share this grant would have held.
+            if let Some(s) = allocation.share.as_ref().filter(|s| s.kind == Isolation::Mps) {
+                let _ = self.mps.release(&s.device, &allocation.tenant, &allocation.container_id);
+            }
+            return Err(match e {
+                StoreError::DeviceClaimed { .. } => ApiError::new(ErrorCode::Conflict, e.to_string()),
+                other => internal(other),
+            });
+        }
         info!(container = %allocation.container_id, tenant = %allocation.tenant, request = %allocation.request,
               devices = ?allocation.devices.iter().map(|d| &d.uuid).collect::<Vec<_>>(), "granted");
         Ok(allocation)
+    }
+
+    /// An MPS share: the most booked device that still fits (so shares pack and whole
+    /// devices stay free), the tenant's control daemon on it started with its caps set
+    /// before any client can connect, the pipe directory mounted into the container.
+    fn grant_mps(
+        &mut self,
+        container_id: &str,
+        tenant: &str,
+        percent: u8,
+        device_use: &DeviceUse,
+    ) -> Result<(Vec<GrantedDevice>, tessera_api::Injection, Option<ShareGrant>), ApiError> {
+        let request = format!("mps={percent}");
+        let loads = device_use.mps_loads(&self.inventory);
+        let no_fit = |message: String| ApiError {
+            code: ErrorCode::NoCapacity,
+            message,
+            tenant: Some(tenant.to_string()),
+            request: Some(request.clone()),
+            rule: None,
+        };
+        let device = match mpsd::pick_mps_device(&loads, tenant, percent) {
+            Ok(d) => d,
+            Err(nofit) => {
+                let err = no_fit(format!("tenant {tenant}: {nofit}"));
+                self.log_refusal(container_id, &err);
+                return Err(err);
+            }
+        };
+        let granted = share::granted(&self.inventory, &device)
+            .ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("device {device} vanished from the inventory")))?;
+        let mem = share::memory_bytes(&self.inventory, &device).unwrap_or(0);
+        let req = mpsd::ShareRequest {
+            device: device.clone(),
+            tenant: tenant.to_string(),
+            holder: container_id.to_string(),
+            percent,
+            mem_limit_bytes: mpsd::mps_mem_limit_bytes(mem, percent),
+        };
+        let handle = self.mps.ensure_share(&req).map_err(|e| {
+            let err = ApiError {
+                code: ErrorCode::Internal,
+                message: format!("tenant {tenant}: cannot set up the MPS share on {device}: {e}"),
+                tenant: Some(tenant.to_string()),
+                request: Some(request.clone()),
+                rule: None,
+            };
+            self.log_refusal(container_id, &err);
+            err
+        })?;
+        let mut injection = slicer::injection(&self.inventory, std::slice::from_ref(&granted))
+            .map_err(|e| ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}")))?;
+        injection.mounts.extend(handle.mounts());
+        for kv in handle.env() {
+            let key = kv.split('=').next().unwrap_or("").to_string();
+            injection.env.retain(|e| e.split('=').next() != Some(key.as_str()));
+            injection.env.push(kv);
+        }
+        let share = ShareGrant {
+            kind: Isolation::Mps,
+            device,
+            percent: Some(percent),
+            mem_limit_bytes: Some(req.mem_limit_bytes),
+            domain: None,
+            replicas: None,
+        };
+        Ok((vec![granted], injection, Some(share)))
+    }
+
+    /// A time-sliced replica: a GPU shared only within the tenant's sharing domain.
+    fn grant_shared(
+        &mut self,
+        container_id: &str,
+        tenant: &str,
+        device_use: &DeviceUse,
+    ) -> Result<(Vec<GrantedDevice>, tessera_api::Injection, Option<ShareGrant>), ApiError> {
+        let replicas = self.policy.policy.shared_replicas();
+        let domain = self.policy.policy.sharing_domain(tenant);
+        let loads = device_use.shared_loads(&self.inventory, replicas);
+        let device = match mpsd::pick_shared_device(&loads, &domain) {
+            Ok(d) => d,
+            Err(nofit) => {
+                let err = ApiError {
+                    code: ErrorCode::NoCapacity,
+                    message: format!("tenant {tenant}: {nofit}"),
+                    tenant: Some(tenant.to_string()),
+                    request: Some("shared".into()),
+                    rule: Some("sharing".into()),
+                };
+                self.log_refusal(container_id, &err);
+                return Err(err);
+            }
+        };
+        let granted = share::granted(&self.inventory, &device)
+            .ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("device {device} vanished from the inventory")))?;
+        let injection = slicer::injection(&self.inventory, std::slice::from_ref(&granted))
+            .map_err(|e| ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}")))?;
+        let share = ShareGrant {
+            kind: Isolation::Shared,
+            device,
+            percent: None,
+            mem_limit_bytes: None,
+            domain: Some(domain),
+            replicas: Some(replicas),
+        };
+        Ok((vec![granted], injection, Some(share)))
     }
 
     /// The prestart hook confirms the container exists with this pid.
@@ -356,12 +578,22 @@ impl Node {
     pub fn status(&self) -> Result<NodeStatus, ApiError> {
         let allocations = self.allocations()?;
         let mut holders: BTreeMap<&str, Holder> = BTreeMap::new();
-        for a in &allocations {
+        let shared: std::collections::BTreeSet<&str> =
+            allocations.iter().filter_map(|a| a.share.as_ref().map(|s| s.device.as_str())).collect();
+        for a in allocations.iter().filter(|a| a.share.is_none()) {
             for d in &a.devices {
                 holders.insert(&d.uuid, Holder { container_id: a.container_id.clone(), tenant: a.tenant.clone() });
             }
         }
-        let state_of = |holder: &Option<Holder>| if holder.is_some() { DeviceState::Assigned } else { DeviceState::Free };
+        let state_of = |uuid: &str, holder: &Option<Holder>| {
+            if holder.is_some() {
+                DeviceState::Assigned
+            } else if shared.contains(uuid) {
+                DeviceState::Shared
+            } else {
+                DeviceState::Free
+            }
+        };
         let gpus = self
             .inventory
             .gpus
@@ -381,7 +613,7 @@ impl Node {
                             start: i.start,
                             size: i.size,
                             memory_mib: i.memory_mib,
-                            state: state_of(&holder),
+                            state: state_of(&i.uuid, &holder),
                             holder,
                         }
                     })
@@ -393,11 +625,36 @@ impl Node {
                     minor: g.minor,
                     memory_mib: g.memory_mib,
                     mig_enabled: g.mig_enabled,
-                    state: if g.mig_enabled { DeviceState::MigParent } else { state_of(&holder) },
+                    state: if g.mig_enabled { DeviceState::MigParent } else { state_of(&g.uuid, &holder) },
                     holder,
                     instances,
                 }
             })
+            .collect();
+        let mps_shares = self
+            .mps
+            .shares()
+            .into_iter()
+            .map(|sh| MpsShareStatus {
+                device: sh.device,
+                tenant: sh.tenant,
+                percent: sh.percent,
+                mem_limit_bytes: sh.mem_limit_bytes,
+                pid: sh.pid,
+                state: serde_json::to_value(&sh.state)
+                    .ok()
+                    .and_then(|v| v.get("state").and_then(|s| s.as_str()).map(str::to_string))
+                    .unwrap_or_else(|| format!("{:?}", sh.state).to_lowercase()),
+                holders: sh.holders,
+                restarts: sh.restarts,
+            })
+            .collect();
+        let events = self
+            .store
+            .recent_events(20)
+            .map_err(internal)?
+            .into_iter()
+            .map(|(ts_ms, kind, container_id, detail)| EventStatus { ts_ms, kind, container_id, detail })
             .collect();
         Ok(NodeStatus {
             node: self.inventory.node.clone(),
@@ -405,6 +662,8 @@ impl Node {
             policy: self.policy.info(),
             gpus,
             allocations,
+            mps_shares,
+            events,
         })
     }
 
@@ -414,6 +673,10 @@ impl Node {
             warn!("cannot record refusal: {e}");
         }
     }
+}
+
+fn mps_err(e: mpsd::MpsError) -> ApiError {
+    ApiError::new(ErrorCode::Internal, format!("tesserad mps: {e}"))
 }
 
 fn ledger_err(e: LedgerError) -> ApiError {

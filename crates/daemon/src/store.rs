@@ -140,7 +140,9 @@ impl Store {
                 a.created_ms as i64
             ],
         )?;
-        for d in &a.devices {
+        // Shared grants (MPS, time-slicing) claim nothing exclusively: many containers use
+        // one device, and the node service keeps shared and exclusive use apart.
+        for d in a.devices.iter().filter(|_| a.share.is_none()) {
             let holder: Option<String> = tx
                 .query_row("SELECT container_id FROM device_claims WHERE uuid=?1", [&d.uuid], |r| r.get(0))
                 .optional()?;
@@ -306,6 +308,7 @@ mod tests {
                 state: AllocationState::Pending,
                 pid: None,
                 created_ms: 1,
+                share: None,
             },
             runc_root: "/run/runc".into(),
             bundle: "/b".into(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use tessera_api::{AllocateRequest, ErrorCode, Isolation, RequestSource, StartRequest};
-use tesserad::{store::Store, ActivePolicy, HostPaths, Node};
+use tesserad::{store::Store, ActivePolicy, HostPaths, Node, NodeParts};
 
 const POLICY: &[u8] = include_bytes!("../../../examples/policy.json");
 
@@ -21,8 +21,19 @@ fn node_at(state: &Path, grace: Duration) -> Node {
     let policy = policy::Policy::parse(POLICY, "examples/policy.json").expect("policy");
     let store = Store::open(&state.join("state.db")).expect("store");
     let ledger = metering::Ledger::open(&state.join("ledger.db"), Arc::new(metering::SystemClock)).expect("ledger");
-    Node::new(Box::new(backend), ActivePolicy { policy, source: "test".into() }, store, ledger, HostPaths::default(), grace)
-        .expect("node")
+    // No MPS control binary here: MPS grants fail cleanly (tests/mps.rs runs the real flow).
+    let control = mpsd::ProcessControl::new("/nonexistent/nvidia-cuda-mps-control");
+    let mps = Arc::new(mpsd::Supervisor::new(Arc::new(control), state.to_path_buf()));
+    Node::new(NodeParts {
+        backend: Box::new(backend),
+        policy: ActivePolicy { policy, source: "test".into() },
+        store,
+        ledger,
+        mps,
+        host: HostPaths::default(),
+        pending_grace: grace,
+    })
+    .expect("node")
 }
 
 fn req(id: &str, ns: &str, request: &str) -> AllocateRequest {
@@ -90,12 +101,37 @@ fn untrusted_mps_and_shared_are_refused_naming_tenant_request_and_rule() {
 }
 
 #[test]
-fn trusted_mps_is_allowed_by_policy_but_not_supported_yet() {
+fn an_mps_grant_without_a_control_binary_fails_cleanly_and_grants_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut node = node_at(dir.path(), Duration::from_secs(60));
     let e = node.allocate(&req("c1", "team-trusted", "mps=25")).unwrap_err();
-    assert_eq!(e.code, ErrorCode::NotSupported, "{e:?}");
-    assert!(e.message.to_lowercase().contains("not supported yet"), "{}", e.message);
+    assert_eq!(e.code, ErrorCode::Internal, "{e:?}");
+    assert!(e.message.contains("MPS share"), "{}", e.message);
+    assert!(node.allocations().expect("list").is_empty());
+}
+
+#[test]
+fn time_sliced_replicas_stay_within_one_sharing_domain() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    let replicas = 4; // the example policy's default
+    let mut gpus = BTreeSet::new();
+    for i in 0..replicas {
+        let a = node.allocate(&req(&format!("s{i}"), "team-dev", "shared")).expect("shared granted");
+        let s = a.share.expect("share record");
+        assert_eq!(s.replicas, Some(replicas));
+        gpus.insert(s.device);
+    }
+    assert_eq!(gpus.len(), 1, "replicas of one domain pack onto one GPU");
+    let gpu = gpus.into_iter().next().expect("gpu");
+    let next = node.allocate(&req("s-next", "team-dev", "shared")).expect("fifth goes elsewhere");
+    assert_ne!(next.share.expect("share").device, gpu);
+    // The time-sliced GPU is neither exclusive nor MPS capacity any more.
+    let whole = node.allocate(&req("g", "team-dev", "gpu=3")).expect("three whole GPUs left");
+    assert!(whole.devices.iter().all(|d| d.uuid != gpu));
+    let status = node.status().expect("status");
+    let st = status.gpus.iter().find(|g| g.uuid == gpu).expect("gpu");
+    assert_eq!(st.state, tessera_api::DeviceState::Shared);
 }
 
 #[test]

@@ -301,7 +301,7 @@ impl MpsControl for ProcessControl {
             make_dir(shm, 0o1777)?;
             private_shm(&mut command, shm)?;
         }
-        let mut child = command.spawn().map_err(|e| self.spawn_err(e))?;
+        let mut child = spawn_retrying(&mut command).map_err(|e| self.spawn_err(e))?;
         let started = Instant::now();
         let failed = |detail: String| MpsError::DaemonDidNotStart {
             pipe_dir: spec.pipe_dir.clone(),
@@ -347,13 +347,9 @@ impl MpsControl for ProcessControl {
 
     fn send(&self, spec: &DaemonSpec, cmd: &Command) -> Result<String, MpsError> {
         let line = cmd.render();
-        let mut child = self
-            .command(spec)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| self.spawn_err(e))?;
+        let mut command = self.command(spec);
+        command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = spawn_retrying(&mut command).map_err(|e| self.spawn_err(e))?;
         if let Some(mut stdin) = child.stdin.take() {
             // A client that exits before reading its stdin breaks the pipe: its exit status
             // and output tell what happened, so the write error itself is not the story.
@@ -413,6 +409,22 @@ impl MpsControl for ProcessControl {
                 Ok(())
             }
             Err(e) => Err(MpsError::io(spec.pipe_dir.join(PID_FILE), std::io::Error::from(e))),
+        }
+    }
+}
+
+/// Spawn, retrying for up to ~100 ms while the binary is "text file busy" (ETXTBSY): a
+/// binary being replaced (a driver upgrade) or just written, whose write descriptor a
+/// concurrent fork in another thread briefly holds, is about to become executable.
+fn spawn_retrying(command: &mut std::process::Command) -> std::io::Result<std::process::Child> {
+    let mut tries = 0;
+    loop {
+        match command.spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 20 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => return other,
         }
     }
 }

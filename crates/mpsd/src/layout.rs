@@ -14,8 +14,8 @@
 //! daemon runs in a private mount namespace with it bound on `/dev/shm`, and containers
 //! get it mounted on `/dev/shm`; tenants never see the host's `/dev/shm` or each other's.
 //!
-//! The device dir is the device UUID (old-style MIG UUIDs `MIG-GPU-<uuid>/<gi>/<ci>` have
-//! their `/` written as `_`). The tenant slug is short and injective in practice: a
+//! The device dir is the first 12 characters of the device UUID (`/` of old-style MIG
+//! UUIDs written as `_`) plus 8 hex digits of its SHA-256, e.g. `GPU-2d34c7cd-1f0e9a3b`. The tenant slug is short and injective in practice: a
 //! readable prefix of the tenant path plus 12 hex digits of its SHA-256; `share.json`
 //! names the full tenant, and a directory whose record names another tenant is refused,
 //! so even a hash collision fails closed. The control socket `<pipe>/control` must fit a
@@ -54,7 +54,14 @@ pub fn device_dir_name(device: &str) -> Result<String, MpsError> {
             crate::protocol::sanitize(device, 100)
         )));
     }
-    Ok(device.replace('/', "_"))
+    // The prefix and first UUID group stay readable; 8 hex digits of the SHA-256 of the
+    // whole UUID keep distinct devices apart. The full UUID is in share.json (adoption
+    // checks it), and a short name leaves the control socket room under sun_path's 107
+    // bytes: a full UUID alone would take 40 of them.
+    let readable: String = device.replace('/', "_").chars().take(12).collect();
+    let digest = Sha256::digest(device.as_bytes());
+    let hex: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    Ok(format!("{readable}-{hex}"))
 }
 
 /// The directory name for a tenant path such as `acme/research/vision/alice`.
@@ -188,8 +195,11 @@ mod tests {
 
     #[test]
     fn device_names_are_checked() {
-        assert_eq!(device_dir_name("GPU-aa").ok().as_deref(), Some("GPU-aa"));
-        assert_eq!(device_dir_name("MIG-GPU-aa/1/0").ok().as_deref(), Some("MIG-GPU-aa_1_0"));
+        let a = device_dir_name("GPU-2d34c7cd-6c78-3770-a3e5-ca62b17ea346").expect("uuid");
+        assert!(a.starts_with("GPU-2d34c7cd-") && a.len() == 21, "{a}");
+        let b = device_dir_name("GPU-2d34c7cd-6c78-3770-a3e5-ca62b17ea347").expect("uuid");
+        assert_ne!(a, b, "devices that share a prefix get distinct dirs");
+        assert!(device_dir_name("MIG-GPU-aa/1/0").expect("old mig").starts_with("MIG-GPU-aa_1"));
         for bad in ["", "aa", "GPU-../x", "GPU-a b", "../GPU-a", "GPU-a/", "GPU-\u{0}"] {
             assert!(device_dir_name(bad).is_err(), "{bad:?}");
         }

@@ -91,6 +91,17 @@ impl Policy {
             return Err(refuse(rule, message));
         }
 
+        if let GpuRequest::Mps { percent } = request {
+            if *percent > self.mps_max_percent {
+                let message = format!(
+                    "tenant {} (trust {trust}) asked for {percent}% of a device (request {request}): \
+                     mps.max_percent allows at most {}%",
+                    tenant.path, self.mps_max_percent
+                );
+                return Err(refuse("mps.max_percent".to_string(), message));
+            }
+        }
+
         for pool in &self.node_pools {
             let Some(allowed) = &pool.tenants else { continue };
             if !pool.nodes.iter().any(|p| p.matches(node_name)) {

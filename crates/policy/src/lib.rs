@@ -144,6 +144,22 @@ pub struct Policy {
     pub(crate) node_pools: Vec<NodePool>,
     pub(crate) prices: BTreeMap<String, Price>,
     pub(crate) mig_weights: BTreeMap<String, f64>,
+    pub(crate) mps_max_percent: u8,
+    pub(crate) sharing: Sharing,
+}
+
+/// Time-slicing: how many replicas a GPU offers and who may share one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Sharing {
+    pub replicas: u32,
+    /// Domain name -> tenant path prefixes; sorted by name.
+    pub domains: BTreeMap<String, Vec<String>>,
+}
+
+impl Default for Sharing {
+    fn default() -> Self {
+        Sharing { replicas: 4, domains: BTreeMap::new() }
+    }
 }
 
 /// What one GPU-hour of a model costs, by class of use.
@@ -264,6 +280,28 @@ impl Policy {
     /// default of compute slices / 7.
     pub fn mig_weight(&self, profile: &str) -> Option<f64> {
         self.mig_weights.get(profile).copied()
+    }
+
+    /// The largest MPS share a container may ask for (100 unless `mps.max_percent`).
+    pub fn mps_max_percent(&self) -> u8 {
+        self.mps_max_percent
+    }
+
+    /// Time-sliced replicas per GPU (`sharing.replicas`, 4 by default).
+    pub fn shared_replicas(&self) -> u32 {
+        self.sharing.replicas
+    }
+
+    /// The sharing domain of a tenant: the first domain (by name) one of whose prefixes
+    /// covers the tenant, else `tenant:<path>` — a domain of the tenant alone, so tenants
+    /// nobody grouped never share a time-sliced GPU with anyone else.
+    pub fn sharing_domain(&self, tenant: &str) -> String {
+        self.sharing
+            .domains
+            .iter()
+            .find(|(_, prefixes)| prefixes.iter().any(|p| decide::is_path_prefix(p, tenant)))
+            .map(|(name, _)| name.clone())
+            .unwrap_or_else(|| format!("tenant:{tenant}"))
     }
 
     pub fn default_tenant(&self) -> Option<&str> {

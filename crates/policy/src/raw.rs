@@ -33,6 +33,27 @@ pub(crate) struct RawPolicy {
     /// MIG profile -> fraction of a GPU it is charged as (default: compute slices / 7).
     #[serde(default)]
     pub mig_weights: UniqueMap<f64>,
+    #[serde(default)]
+    pub mps: Option<Object<RawMps>>,
+    #[serde(default)]
+    pub sharing: Option<Object<RawSharing>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMps {
+    /// The largest `mps=PCT` any container may ask for.
+    pub max_percent: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSharing {
+    /// Time-sliced replicas per GPU.
+    pub replicas: u32,
+    /// Domain name -> tenant path prefixes whose containers may share a GPU.
+    #[serde(default)]
+    pub domains: UniqueMap<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -120,9 +120,12 @@ fn example_policy_parses_and_decides() {
             "acme/dev",
             "acme/dev/notebooks",
             "acme/dev/notebooks/bob",
+            "acme/dev/scratch",
+            "acme/dev/scratch/dave",
             "acme/trusted",
             "acme/trusted/training",
             "acme/trusted/training/alice",
+            "acme/trusted/training/carol",
             "acme/untrusted",
             "acme/untrusted/sandbox",
             "acme/untrusted/sandbox/guest",
@@ -140,6 +143,10 @@ fn example_policy_parses_and_decides() {
     );
     assert_eq!(alice, Tenant { path: "acme/trusted/training/alice".into(), trust: Trust::Trusted });
     assert_eq!(bob, Tenant { path: "acme/dev/notebooks/bob".into(), trust: Trust::Dev });
+    assert_eq!(who("team-research").path, "acme/trusted/training/carol");
+    assert_eq!(p.sharing_domain(&bob.path), "notebooks");
+    assert_eq!(p.sharing_domain(&who("team-scratch").path), "tenant:acme/dev/scratch/dave");
+    assert_eq!(p.mps_max_percent(), 75);
     for node in ["sim-h100-0", "sim-h100", "elsewhere"] {
         let allowed = |t: &Tenant, r: &GpuRequest| p.authorize(t, r, node).is_ok();
         assert!(allowed(&guest, &gpu()) && allowed(&guest, &mig()));
@@ -1056,6 +1063,56 @@ mod price_tests {
             (r#""mig_weights": {"1g.10gb": 1.5}"#, "mig_weights.1g.10gb"),
             (r#""mig_weights": {"big": 0.5}"#, "mig_weights.big"),
             (r#""mig_weights": {"1g.10gb": "half"}"#, "mig_weights.1g.10gb"),
+        ] {
+            let e = parse(extra).expect_err(extra);
+            assert!(e.to_string().contains(path), "{extra}: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod sharing_tests {
+    use crate::{GpuRequest, Policy, Trust};
+
+    const BASE: &str = r#""version": 1, "orgs": {"acme": {"trust": "dev", "teams": {
+        "ml": {"projects": {"nb": {"users": ["a", "b"]}}},
+        "web": {"projects": {"x": {"users": ["c"]}}}}}}"#;
+
+    fn parse(extra: &str) -> Result<Policy, crate::PolicyError> {
+        Policy::parse(format!("{{{BASE}, {extra}}}").as_bytes(), "p.json")
+    }
+
+    #[test]
+    fn domains_group_tenants_and_the_rest_share_with_themselves() {
+        let p = parse(r#""sharing": {"replicas": 3, "domains": {"notebooks": ["acme/ml"]}}"#).expect("valid");
+        assert_eq!(p.shared_replicas(), 3);
+        assert_eq!(p.sharing_domain("acme/ml/nb/a"), "notebooks");
+        assert_eq!(p.sharing_domain("acme/ml/nb/b"), "notebooks");
+        assert_eq!(p.sharing_domain("acme/web/x/c"), "tenant:acme/web/x/c");
+        assert_eq!(p.sharing_domain("acme/mlops"), "tenant:acme/mlops", "segment-wise prefixes");
+    }
+
+    #[test]
+    fn mps_cap_is_enforced_by_authorize() {
+        let p = parse(r#""mps": {"max_percent": 50}"#).expect("valid");
+        let t = p.tenant("acme/ml/nb/a").expect("tenant");
+        assert_eq!(t.trust, Trust::Dev);
+        p.authorize(&t, &GpuRequest::Mps { percent: 50 }, "n").expect("50 allowed");
+        let r = p.authorize(&t, &GpuRequest::Mps { percent: 60 }, "n").unwrap_err();
+        assert_eq!(r.rule, "mps.max_percent");
+        assert!(r.message.contains("60") && r.message.contains("50"), "{}", r.message);
+    }
+
+    #[test]
+    fn bad_sharing_and_mps_sections_name_their_path() {
+        for (extra, path) in [
+            (r#""mps": {"max_percent": 0}"#, "mps.max_percent"),
+            (r#""mps": {"max_percent": 101}"#, "mps.max_percent"),
+            (r#""sharing": {"replicas": 0}"#, "sharing.replicas"),
+            (r#""sharing": {"replicas": 2, "domains": {"d": []}}"#, "sharing.domains.d"),
+            (r#""sharing": {"replicas": 2, "domains": {"d": ["acme/nope"]}}"#, "sharing.domains.d[0]"),
+            (r#""sharing": {"replicas": 2, "domains": {"d": ["acme/ml"], "e": ["acme/ml"]}}"#, "sharing.domains.e[0]"),
+            (r#""sharing": {"replicas": 2, "domain": {}}"#, "sharing"),
         ] {
             let e = parse(extra).expect_err(extra);
             assert!(e.to_string().contains(path), "{extra}: {e}");

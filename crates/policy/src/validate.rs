@@ -114,7 +114,42 @@ pub(crate) fn build(raw: RawPolicy, digest: String) -> Result<Policy, Problem> {
         }
         mig_weights.insert(profile.clone(), w);
     }
+    let mps_max_percent = match &raw.mps {
+        None => 100,
+        Some(m) => match u8::try_from(m.max_percent) {
+            Ok(p) if (1..=100).contains(&p) => p,
+            _ => return Err(problem("mps.max_percent", format!("expected a percentage from 1 to 100, got {}", m.max_percent))),
+        },
+    };
+    let sharing = match &raw.sharing {
+        None => crate::Sharing::default(),
+        Some(sh) => {
+            if !(1..=64).contains(&sh.replicas) {
+                return Err(problem("sharing.replicas", format!("expected 1 to 64 replicas per GPU, got {}", sh.replicas)));
+            }
+            let mut domains = BTreeMap::new();
+            let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
+            for (name, prefixes) in &sh.domains.0 {
+                let at = format!("sharing.domains.{name}");
+                check_name(&at, name)?;
+                if prefixes.is_empty() {
+                    return Err(problem(at, "a sharing domain needs at least one tenant path"));
+                }
+                for (i, prefix) in prefixes.iter().enumerate() {
+                    let p_at = format!("{at}[{i}]");
+                    check_tenant_ref(&p_at, prefix, &index)?;
+                    if let Some(other) = owner.insert(prefix.as_str(), name.as_str()) {
+                        return Err(problem(p_at, format!("tenant {prefix} is already in sharing domain {other}: a tenant belongs to one domain")));
+                    }
+                }
+                domains.insert(name.clone(), prefixes.clone());
+            }
+            crate::Sharing { replicas: sh.replicas, domains }
+        }
+    };
     Ok(Policy {
+        mps_max_percent,
+        sharing,
         prices,
         mig_weights,
         version: raw.version,

@@ -541,7 +541,6 @@ where
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 mod tests {
-    use std::os::unix::fs::PermissionsExt;
 
     use super::*;
 
@@ -552,8 +551,22 @@ mod tests {
     /// A shell script as a fake `tessera` binary.
     fn fake_exe(dir: &Path, body: &str) -> PathBuf {
         let path = dir.join("fake-tessera");
-        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // Written by a separate `sh`, not by this process: another test thread forking
+        // while this one held the file open for writing would make exec fail with ETXTBSY.
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg("cat > \"$1\" && chmod 755 \"$1\"")
+            .arg("sh")
+            .arg(&path)
+            .stdin(Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                c.stdin.take().expect("stdin").write_all(format!("#!/bin/sh\n{body}\n").as_bytes())?;
+                c.wait()
+            })
+            .unwrap();
+        assert!(status.success());
         path
     }
 

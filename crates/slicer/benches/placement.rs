@@ -18,7 +18,8 @@ const MODEL: &str = "H100-80GB";
 const P99_LIMIT: Duration = Duration::from_micros(100);
 /// The request mix the fills and the timing loop draw from (the trace's MIG mix, roughly).
 const MIX: [&str; 10] = [
-    "1g.10gb", "2g.20gb", "2g.20gb", "3g.40gb", "3g.40gb", "4g.40gb", "4g.40gb", "4g.40gb", "7g.80gb", "1g.20gb",
+    "1g.10gb", "2g.20gb", "2g.20gb", "3g.40gb", "3g.40gb", "4g.40gb", "4g.40gb", "4g.40gb",
+    "7g.80gb", "1g.20gb",
 ];
 
 fn empty_node() -> Inventory {
@@ -55,8 +56,8 @@ impl Rng {
 }
 
 /// A node filled by Best placements until `fill` of its memory slots are used (or
-/// nothing more fits); every instance held, except `idle_every`-th ones left idle.
-fn filled(fill: f64, seed: u64, idle_every: usize) -> (Inventory, BTreeSet<String>) {
+/// nothing more fits); every instance held.
+fn filled(fill: f64, seed: u64) -> (Inventory, BTreeSet<String>) {
     let Some(model) = catalog::model(MODEL) else { return (empty_node(), BTreeSet::new()) };
     let mix = DemandMix::uniform(model);
     let mut inv = empty_node();
@@ -69,15 +70,15 @@ fn filled(fill: f64, seed: u64, idle_every: usize) -> (Inventory, BTreeSet<Strin
             break;
         }
         let profile = rng.pick(&MIX);
-        let Ok(PlaceDecision::Create { gpu_index, start }) = place(&inv, &held, profile, Strategy::Best, &mix) else {
+        let Ok(PlaceDecision::Create { gpu_index, start }) =
+            place(&inv, &held, profile, Strategy::Best, &mix)
+        else {
             continue;
         };
         let Some(p) = model.profile(profile) else { continue };
         n += 1;
         let uuid = format!("MIG-{n}");
-        if idle_every == 0 || n % idle_every != 0 {
-            held.insert(uuid.clone());
-        }
+        held.insert(uuid.clone());
         if let Some(g) = inv.gpus.iter_mut().find(|g| g.index == gpu_index) {
             g.instances.push(MigInstance {
                 uuid,
@@ -95,15 +96,56 @@ fn filled(fill: f64, seed: u64, idle_every: usize) -> (Inventory, BTreeSet<Strin
     (inv, held)
 }
 
+/// A full node where only defragmentation helps: even GPUs hold 2g@0 and 3g@4 in use
+/// with idle 1g at 2 and 3; odd GPUs seven 1g, those at 0-3 idle, 4-6 in use.
+fn defrag_node() -> Inventory {
+    let mut inv = empty_node();
+    let Some(model) = catalog::model(MODEL) else { return inv };
+    for g in &mut inv.gpus {
+        let layout: Vec<(&str, u8)> = if g.index % 2 == 0 {
+            vec![("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3), ("3g.40gb", 4)]
+        } else {
+            (0..7).map(|s| ("1g.10gb", s)).collect()
+        };
+        for (profile, start) in layout {
+            let Some(p) = model.profile(profile) else { continue };
+            g.instances.push(MigInstance {
+                uuid: format!("MIG-{}-{start}", g.index),
+                profile: profile.into(),
+                gi_id: 0,
+                ci_id: 0,
+                start,
+                size: p.size,
+                memory_mib: p.memory_mib,
+                gi_cap_minor: 0,
+                ci_cap_minor: 0,
+            });
+        }
+    }
+    inv
+}
+
+fn defrag_held() -> BTreeSet<String> {
+    defrag_node()
+        .gpus
+        .iter()
+        .flat_map(|g| {
+            let even = g.index % 2 == 0;
+            g.instances
+                .iter()
+                .filter(move |i| if even { i.profile != "1g.10gb" } else { i.start >= 4 })
+                .map(|i| i.uuid.clone())
+        })
+        .collect()
+}
+
 fn scenarios() -> Vec<(String, Inventory, BTreeSet<String>)> {
     let mut out = Vec::new();
     for fill in [0.0, 0.25, 0.5, 0.75, 1.0] {
-        let (inv, held) = filled(fill, 0x5eed + (fill * 100.0) as u64, 0);
+        let (inv, held) = filled(fill, 0x5eed + (fill * 100.0) as u64);
         out.push((format!("fill{:.0}%", fill * 100.0), inv, held));
     }
-    // Full node, a third of the instances idle: requests go through defragmentation.
-    let (inv, held) = filled(1.0, 0xdef4a9, 3);
-    out.push(("full-defrag".into(), inv, held));
+    out.push(("full-defrag".into(), defrag_node(), defrag_held()));
     out
 }
 
@@ -112,7 +154,7 @@ fn bench(c: &mut Criterion) {
     let mix = DemandMix::uniform(model);
     let mut group = c.benchmark_group("place/8xH100");
     for (name, inv, held) in scenarios() {
-        for profile in ["1g.10gb", "3g.40gb", "7g.80gb"] {
+        for profile in ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"] {
             group.bench_function(format!("{name}/{profile}"), |b| {
                 b.iter(|| place(black_box(&inv), black_box(&held), profile, Strategy::Best, &mix))
             });

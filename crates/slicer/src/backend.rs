@@ -7,7 +7,7 @@
 //! through [`GpuBackend::create_instance`] and [`GpuBackend::destroy_instance`]. A
 //! backend checks legality against what it knows (the simulator: the catalog; NVML: the
 //! driver) but knows nothing of tenants: never destroying an instance in use is the
-//! caller's rule (see [`crate::place`] and [`crate::layout`]), checked before any call.
+//! caller's rule (see [`crate::place`](mod@crate::place) and [`crate::layout`]), checked before any call.
 
 use std::path::PathBuf;
 

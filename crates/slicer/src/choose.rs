@@ -21,7 +21,7 @@ pub enum NoFit {
     #[error("mig={profile}: all {count} instances of {profile} on this node are held")]
     AllHeld { profile: String, count: usize },
     /// No free instance, no free placement and no placement that destroying only idle
-    /// instances would open (see [`crate::place`]).
+    /// instances would open (see [`crate::place`](mod@crate::place)).
     #[error("mig={profile}: no room for a {profile} instance, even after destroying idle instances ({detail})")]
     NoRoom { profile: String, detail: String },
     #[error("{request}: MPS / time-sliced sharing is not supported yet")]

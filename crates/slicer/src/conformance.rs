@@ -47,10 +47,15 @@ pub fn run(open: Open<'_>) -> Result<Vec<String>, Failure> {
     let mut target = None;
     for g in initial.gpus.iter().filter(|g| g.mig_enabled) {
         let Some(model) = catalog::model(&g.model) else { continue };
-        let Some(one) = model.profiles.iter().find(|p| p.compute_slices == 1 && p.size == 1 && !p.is_media_extension()) else {
+        let Some(one) = model
+            .profiles
+            .iter()
+            .find(|p| p.compute_slices == 1 && p.size == 1 && !p.is_media_extension())
+        else {
             continue;
         };
-        let layout: Vec<(&str, u8)> = g.instances.iter().map(|i| (i.profile.as_str(), i.start)).collect();
+        let layout: Vec<(&str, u8)> =
+            g.instances.iter().map(|i| (i.profile.as_str(), i.start)).collect();
         let free = one.starts.iter().copied().find(|&s| {
             let mut l = layout.clone();
             l.push((one.name, s));
@@ -77,7 +82,8 @@ pub fn run(open: Open<'_>) -> Result<Vec<String>, Failure> {
         return fail(format!("new instance reuses the uuid {} of an existing one", created.uuid));
     }
     let after = ok(backend.inventory(), "inventory after create")?;
-    let listed: Vec<&MigInstance> = gpu_of(&after, gpu)?.instances.iter().filter(|i| i.uuid == created.uuid).collect();
+    let listed: Vec<&MigInstance> =
+        gpu_of(&after, gpu)?.instances.iter().filter(|i| i.uuid == created.uuid).collect();
     if listed != [&created] {
         return fail(format!("inventory lists {listed:?} for the created {created:?}"));
     }
@@ -125,7 +131,9 @@ pub fn run(open: Open<'_>) -> Result<Vec<String>, Failure> {
     ok(backend.destroy_instance(&created.uuid), "destroy")?;
     let gone = ok(backend.inventory(), "inventory after destroy")?;
     if gone != initial {
-        return fail("after destroying the created instance the inventory differs from the initial one");
+        return fail(
+            "after destroying the created instance the inventory differs from the initial one",
+        );
     }
     if backend.destroy_instance(&created.uuid).is_ok() {
         return fail("destroying a destroyed instance succeeded");

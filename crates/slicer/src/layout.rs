@@ -11,6 +11,8 @@
 //!
 //! Execution order ([`apply_plan`]): every destroy first, then creations GPU by GPU with
 //! the biggest instances first (the driver can refuse a 3g created after smaller ones).
+//! Smaller instances that stay (kept or blocked) may already precede a 3g; if the driver
+//! then refuses it, [`apply_plan`] stops with the driver's error and a later plan retries.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -41,10 +43,7 @@ impl DeclaredLayout {
     /// legality, in the order they are to be created (biggest first, then by slot).
     pub fn resolve(&self, model: &GpuModel) -> Result<Vec<(&'static Profile, u8)>, LayoutError> {
         let by_slices = |slices: u8| {
-            model
-                .profiles
-                .iter()
-                .find(|p| p.compute_slices == slices && !p.is_media_extension())
+            model.profiles.iter().find(|p| p.compute_slices == slices && !p.is_media_extension())
         };
         let missing = |what: &str| LayoutError::UnknownProfile {
             model: model.name,
@@ -247,11 +246,8 @@ pub fn plan(
     gpus.sort_by(|a, b| (a.index, &a.uuid).cmp(&(b.index, &b.uuid)));
     for gpu in gpus {
         let Some(layout) = declared.get(&gpu.model) else { continue };
-        let skip = |reason: String| Skipped {
-            gpu_index: gpu.index,
-            model: gpu.model.clone(),
-            reason,
-        };
+        let skip =
+            |reason: String| Skipped { gpu_index: gpu.index, model: gpu.model.clone(), reason };
         let Some(model) = catalog::model(&gpu.model) else {
             out.skipped.push(skip("the catalog does not know this model".into()));
             continue;
@@ -272,16 +268,17 @@ pub fn plan(
             }
         };
         out.declared.push((gpu.index, gpu.model.clone(), layout.to_string()));
-        let mut wanted: Vec<Option<(&'static Profile, u8)>> = target.into_iter().map(Some).collect();
+        let mut wanted: Vec<Option<(&'static Profile, u8)>> =
+            target.into_iter().map(Some).collect();
         // What stays on the GPU (kept or blocked) as (profile name, start).
         let mut staying: Vec<(String, u8)> = Vec::new();
         let mut blocked_here: Vec<&MigInstance> = Vec::new();
         let mut insts: Vec<&MigInstance> = gpu.instances.iter().collect();
         insts.sort_by(|a, b| (a.start, &a.uuid).cmp(&(b.start, &b.uuid)));
         for inst in insts {
-            let matched = wanted.iter_mut().find(|w| {
-                w.is_some_and(|(p, s)| p.name == inst.profile && s == inst.start)
-            });
+            let matched = wanted
+                .iter_mut()
+                .find(|w| w.is_some_and(|(p, s)| p.name == inst.profile && s == inst.start));
             if let Some(slot) = matched {
                 *slot = None;
                 staying.push((inst.profile.clone(), inst.start));
@@ -311,7 +308,8 @@ pub fn plan(
             }
         }
         for (p, start) in wanted.into_iter().flatten() {
-            let mut trial: Vec<(&str, u8)> = staying.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+            let mut trial: Vec<(&str, u8)> =
+                staying.iter().map(|(n, s)| (n.as_str(), *s)).collect();
             trial.push((p.name, start));
             match placement_is_legal(model, &trial) {
                 Ok(()) => {
@@ -366,13 +364,22 @@ impl fmt::Display for LayoutPlan {
             writeln!(f, "GPU {gpu} ({model}), declared {layout}:")?;
             let mut lines: Vec<(u8, String)> = Vec::new();
             for k in self.keep.iter().filter(|k| k.gpu_index == gpu) {
-                lines.push((k.start, format!("  keep      {:<12} @{}  {}", k.profile, k.start, k.uuid)));
+                lines.push((
+                    k.start,
+                    format!("  keep      {:<12} @{}  {}", k.profile, k.start, k.uuid),
+                ));
             }
             for d in self.destroy.iter().filter(|d| d.gpu_index == gpu) {
-                lines.push((d.start, format!("  destroy   {:<12} @{}  {} (idle)", d.profile, d.start, d.uuid)));
+                lines.push((
+                    d.start,
+                    format!("  destroy   {:<12} @{}  {} (idle)", d.profile, d.start, d.uuid),
+                ));
             }
             for b in self.blocked.iter().filter(|b| b.gpu_index == gpu) {
-                lines.push((b.start, format!("  blocked   {:<12} @{}  {}: {}", b.profile, b.start, b.uuid, b.reason)));
+                lines.push((
+                    b.start,
+                    format!("  blocked   {:<12} @{}  {}: {}", b.profile, b.start, b.uuid, b.reason),
+                ));
             }
             lines.sort_by_key(|(s, _)| *s);
             for (_, l) in lines {
@@ -412,7 +419,10 @@ pub struct Applied {
 /// Carry out a plan on a backend: every destroy, then every create, in the plan's order;
 /// stops at the first failure. The caller must hold its allocation lock across
 /// [`plan`] and this call, so nothing planned as idle is handed out in between.
-pub fn apply_plan(backend: &dyn GpuBackend, plan: &LayoutPlan) -> (Applied, Result<(), BackendError>) {
+pub fn apply_plan(
+    backend: &dyn GpuBackend,
+    plan: &LayoutPlan,
+) -> (Applied, Result<(), BackendError>) {
     let mut done = Applied::default();
     for d in &plan.destroy {
         if let Err(e) = backend.destroy_instance(&d.uuid) {
@@ -535,7 +545,10 @@ mod tests {
         assert_eq!(p.skipped.len(), 1);
         let text = p.to_string();
         assert!(text.contains("GPU 2 (H100-80GB): left alone: MIG mode is off"), "{text}");
-        assert!(text.contains("5 to destroy, 3 to create, 0 blocked (in use), 0 deferred"), "{text}");
+        assert!(
+            text.contains("5 to destroy, 3 to create, 0 blocked (in use), 0 deferred"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -549,10 +562,14 @@ mod tests {
         // 3g@4 overlaps x: deferred. The rest is created.
         assert_eq!(p.deferred.len(), 1);
         assert!(p.deferred[0].reason.contains("overlaps 1g.10gb@5 x, which is in use"));
-        let creates: Vec<(&str, u8)> = p.create.iter().map(|c| (c.profile.as_str(), c.start)).collect();
+        let creates: Vec<(&str, u8)> =
+            p.create.iter().map(|c| (c.profile.as_str(), c.start)).collect();
         assert_eq!(creates, [("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3)]);
         let text = p.to_string();
-        assert!(text.contains("blocked   1g.10gb      @5  x: not in the declared layout but in use"), "{text}");
+        assert!(
+            text.contains("blocked   1g.10gb      @5  x: not in the declared layout but in use"),
+            "{text}"
+        );
         assert!(text.contains("deferred  3g.40gb      @4  overlaps"), "{text}");
         assert!(!p.is_converged());
 

@@ -4,12 +4,12 @@
 //! - [`inventory`]: the node's GPUs and MIG instances, and parsers of the host files they
 //!   are resolved from (`/proc/devices`, `mig-minors`).
 //! - [`backend`]: the [`GpuBackend`] hardware seam, with [`SimBackend`] (state in files)
-//!   and [`NvmlBackend`] (the driver, read-only).
+//!   and [`NvmlBackend`] (the driver); both create and destroy MIG instances.
 //! - [`conformance`]: one behavioural suite for backends that change MIG layouts.
 //! - [`choose`](choose()): which devices a request gets (pure, deterministic).
 //! - [`place`](mod@place): where a new MIG instance goes, and which idle instances to
 //!   destroy when nothing else fits (pure, deterministic).
-//! - [`replay`]: replays a request trace (the Alibaba GPU trace) on simulated nodes with
+//! - [`replay`](mod@replay): replays a request trace (the Alibaba GPU trace) on simulated nodes with
 //!   the real placement code, to compare placement strategies.
 //! - [`layout`]: declared MIG layouts and the plan that converges to them without
 //!   touching instances in use (pure), and its execution on a backend.
@@ -36,10 +36,10 @@ pub use inventory::{
     parse_mig_minors, parse_proc_devices, Found, Gpu, Inventory, Majors, MigInstance, MigMinors,
     ParseError, ProcDevices,
 };
-pub use nvml::NvmlBackend;
 pub use layout::{apply_plan, plan, DeclaredLayout, LayoutPlan};
-pub use replay::{replay, Placement, ReplayReport, Trace, MAPPING_DOC};
+pub use nvml::NvmlBackend;
 pub use place::{place, place_scored, DemandMix, PlaceDecision, Scored, Strategy};
+pub use replay::{replay, Placement, ReplayReport, Trace, MAPPING_DOC};
 pub use sim::SimBackend;
 
 #[cfg(test)]

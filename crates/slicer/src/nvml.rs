@@ -300,10 +300,8 @@ fn mig_instance(
     let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
     // SAFETY: `parent` is a live GPU handle of this Nvml; `gi` is a valid out-pointer. The
     // GPU-instance handle needs no release.
-    check(
-        unsafe { get_gi(parent.handle(), gi_id, &mut gi) },
-        "nvmlDeviceGetGpuInstanceById (needs root)",
-    )?;
+    let code = unsafe { get_gi(parent.handle(), gi_id, &mut gi) };
+    check(code, "nvmlDeviceGetGpuInstanceById (needs root)")?;
 
     let get_info = sym(&lib.nvmlGpuInstanceGetInfo, "nvmlGpuInstanceGetInfo")?;
     // SAFETY: nvmlGpuInstanceInfo_t is a plain C struct (a handle pointer and integers) for
@@ -424,6 +422,17 @@ mod tests {
         )
         .expect_err("no libnvidia-ml here");
         assert!(matches!(err, BackendError::NoDriver(_) | BackendError::Nvml { .. }), "{err}");
+    }
+
+    /// Read-only; run where a GPU is lent:
+    /// `cargo test -p slicer -- --ignored --nocapture nvml_driver_profiles`.
+    #[test]
+    #[ignore = "needs an NVIDIA GPU and driver"]
+    fn nvml_driver_profiles_against_the_catalog() {
+        let backend = NvmlBackend::open_default().expect("open nvml");
+        let profiles = backend.driver_profiles().expect("driver profiles");
+        println!("{}", serde_json::to_string_pretty(&profiles).expect("json"));
+        println!("{}", compare_with_catalog(&profiles));
     }
 
     /// Run on a machine with a GPU: `cargo test -p slicer -- --ignored --nocapture nvml_prints`.

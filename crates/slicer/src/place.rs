@@ -224,15 +224,12 @@ impl Occupancy {
             return 0;
         }
         let free = p.starts.iter().filter(|&&s| self.mask & slot_mask(s, p.size) == 0).count();
-        let by_count = self
-            .counts
-            .get(index)
-            .map_or(0, |&c| usize::from(p.max_instances.saturating_sub(c)));
-        let by_compute = if p.compute_slices == 0 {
-            usize::MAX
-        } else {
-            usize::from(COMPUTE_SLICES.saturating_sub(self.compute) / p.compute_slices)
-        };
+        let by_count =
+            self.counts.get(index).map_or(0, |&c| usize::from(p.max_instances.saturating_sub(c)));
+        let by_compute = COMPUTE_SLICES
+            .saturating_sub(self.compute)
+            .checked_div(p.compute_slices)
+            .map_or(usize::MAX, usize::from);
         // At most 8: fits in u32.
         free.min(by_count).min(by_compute) as u32
     }
@@ -244,7 +241,12 @@ impl Occupancy {
 }
 
 /// Weighted capacity of a GPU: `Σ_Q w(Q) × (idle(Q) + capacity(Q))`.
-fn score(model: &GpuModel, occ: &Occupancy, idle: &[u8; MAX_PROFILES], w: &[u64; MAX_PROFILES]) -> i64 {
+fn score(
+    model: &GpuModel,
+    occ: &Occupancy,
+    idle: &[u8; MAX_PROFILES],
+    w: &[u64; MAX_PROFILES],
+) -> i64 {
     let mut s: u64 = 0;
     for (i, p) in model.profiles.iter().enumerate().take(MAX_PROFILES) {
         let cap = u64::from(occ.capacity(p, i)) + u64::from(idle[i]);
@@ -425,8 +427,10 @@ pub fn place_scored(
                 start,
             };
             if better(&key, best.as_ref().map(|(k, _)| k)) {
-                let mut uuids: Vec<(u8, String)> =
-                    destroy.iter().map(|&k| (c.insts[k].start, c.insts[k].uuid.to_string())).collect();
+                let mut uuids: Vec<(u8, String)> = destroy
+                    .iter()
+                    .map(|&k| (c.insts[k].start, c.insts[k].uuid.to_string()))
+                    .collect();
                 uuids.sort();
                 let decision = PlaceDecision::Defragment {
                     destroy: uuids.into_iter().map(|(_, u)| u).collect(),
@@ -470,10 +474,10 @@ fn minimal_destroy_set(c: &Cuttable<'_>, p: &Profile, pi: usize, start: u8) -> O
         return None;
     }
     // Compute slices: destroy the idle instances with the most slices first.
-    let mut extra: Vec<usize> = (0..c.insts.len())
-        .filter(|k| !destroy.contains(k) && !c.insts[*k].held)
-        .collect();
-    extra.sort_by_key(|&k| (std::cmp::Reverse(c.insts[k].profile.compute_slices), c.insts[k].start));
+    let mut extra: Vec<usize> =
+        (0..c.insts.len()).filter(|k| !destroy.contains(k) && !c.insts[*k].held).collect();
+    extra
+        .sort_by_key(|&k| (std::cmp::Reverse(c.insts[k].profile.compute_slices), c.insts[k].start));
     let mut extra = extra.into_iter();
     while !occ.fits(p, pi, start) {
         let k = extra.next()?;
@@ -495,8 +499,16 @@ impl Occupancy {
     }
 }
 
-fn reuse(gpus: &[&Gpu], held: &BTreeSet<String>, profile: &str, strategy: Strategy) -> Option<String> {
-    let mut best: Option<((std::cmp::Reverse<u32>, u32, u8, &str), &str)> = None;
+/// Reuse order: most held memory slots on the GPU first, then GPU index, start, uuid.
+type ReuseKey<'a> = (std::cmp::Reverse<u32>, u32, u8, &'a str);
+
+fn reuse(
+    gpus: &[&Gpu],
+    held: &BTreeSet<String>,
+    profile: &str,
+    strategy: Strategy,
+) -> Option<String> {
+    let mut best: Option<(ReuseKey<'_>, &str)> = None;
     for g in gpus {
         if !g.mig_enabled || held.contains(&g.uuid) {
             continue;
@@ -703,8 +715,7 @@ mod tests {
     fn defragments_with_the_fewest_idle_instances() {
         let u = DemandMix::uniform(h100());
         // gpu0: seven 1g, one held at 0; gpu1: 2g@0, 2g@2 idle, 3g@4 held.
-        let g0: Vec<MigInstance> =
-            (0..7).map(|s| inst(&format!("g0-{s}"), "1g.10gb", s)).collect();
+        let g0: Vec<MigInstance> = (0..7).map(|s| inst(&format!("g0-{s}"), "1g.10gb", s)).collect();
         let g1 = vec![inst("x", "2g.20gb", 0), inst("y", "2g.20gb", 2), inst("z", "3g.40gb", 4)];
         let inv = node(vec![g0, g1]);
         let h = set(&["g0-0", "z"]);

@@ -101,10 +101,14 @@ impl Trace {
     /// [`Trace::load_alibaba`] on text.
     pub fn parse_alibaba(source_name: &str, text: &str) -> Result<Trace, TraceError> {
         let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
-        let header: Vec<&str> = lines.next().map(|(_, h)| h.split(',').map(str::trim).collect()).unwrap_or_default();
+        let header: Vec<&str> =
+            lines.next().map(|(_, h)| h.split(',').map(str::trim).collect()).unwrap_or_default();
         let col = |name: &'static str| header.iter().position(|h| *h == name);
         let need = |name: &'static str| {
-            col(name).ok_or(TraceError::MissingColumn { source_name: source_name.to_string(), column: name })
+            col(name).ok_or(TraceError::MissingColumn {
+                source_name: source_name.to_string(),
+                column: name,
+            })
         };
         let (c_name, c_num, c_milli) = (need("name")?, need("num_gpu")?, need("gpu_milli")?);
         let times = match (col("creation_time"), col("deletion_time")) {
@@ -438,16 +442,12 @@ pub(crate) fn replay_observed(
         } else if let Some(grant) = live.remove(&i) {
             slices_held -= cluster.release(grant);
         }
-        observe(Observation {
-            nodes: &cluster.nodes,
-            held: &cluster.held,
-            slices_held,
-            rejected,
-        });
+        observe(Observation { nodes: &cluster.nodes, held: &cluster.held, slices_held, rejected });
     }
     let span = last.saturating_sub(first);
-    report.slice_seconds_capacity =
-        u64::from(report.gpus) * u64::from(COMPUTE_SLICES) * if first == u64::MAX { 0 } else { span };
+    report.slice_seconds_capacity = u64::from(report.gpus)
+        * u64::from(COMPUTE_SLICES)
+        * if first == u64::MAX { 0 } else { span };
     if report.slice_seconds_capacity > 0 {
         report.utilisation =
             report.slice_seconds_allocated as f64 / report.slice_seconds_capacity as f64;
@@ -530,7 +530,10 @@ impl Cluster {
             if let Ok(devices) = choose(inv, &self.held[node], &req) {
                 let gpus: Vec<String> = devices.into_iter().map(|d| d.uuid).collect();
                 self.held[node].extend(gpus.iter().cloned());
-                return Some((Grant::Whole { node, gpus }, u64::from(n) * u64::from(COMPUTE_SLICES)));
+                return Some((
+                    Grant::Whole { node, gpus },
+                    u64::from(n) * u64::from(COMPUTE_SLICES),
+                ));
             }
         }
         None
@@ -550,7 +553,10 @@ impl Cluster {
                 .collect();
             if empty.len() == want {
                 self.held[node].extend(empty.iter().cloned());
-                return Some((Grant::Whole { node, gpus: empty }, u64::from(n) * u64::from(COMPUTE_SLICES)));
+                return Some((
+                    Grant::Whole { node, gpus: empty },
+                    u64::from(n) * u64::from(COMPUTE_SLICES),
+                ));
             }
         }
         None
@@ -558,7 +564,9 @@ impl Cluster {
 
     /// The smallest free instance of the static layout that holds `p`.
     fn static_instance(&mut self, p: &'static Profile) -> Option<(Grant, u64)> {
-        let mut best: Option<((u8, u8, usize, u32, u8), String, u64)> = None;
+        // (compute slices, size, node, GPU index, start): smallest instance first.
+        type Key = (u8, u8, usize, u32, u8);
+        let mut best: Option<(Key, String, u64)> = None;
         for (node, inv) in self.nodes.iter().enumerate() {
             for g in &inv.gpus {
                 for i in &g.instances {
@@ -618,7 +626,13 @@ impl Cluster {
         Some((Grant::Mig { node, uuid, destroy: true }, u64::from(p.compute_slices)))
     }
 
-    fn create(&mut self, node: usize, gpu_index: u32, p: &'static Profile, start: u8) -> Option<String> {
+    fn create(
+        &mut self,
+        node: usize,
+        gpu_index: u32,
+        p: &'static Profile,
+        start: u8,
+    ) -> Option<String> {
         self.created += 1;
         let uuid = format!("MIG-r{}", self.created);
         let gpu = self.nodes.get_mut(node)?.gpus.iter_mut().find(|g| g.index == gpu_index)?;
@@ -717,7 +731,8 @@ pub fn comparison_table(reports: &[ReplayReport]) -> String {
     if let Some(best) = reports.iter().find(|r| r.placement == Placement::Best) {
         for other in reports.iter().filter(|r| r.placement != Placement::Best) {
             let diff = best.admitted as i64 - other.admitted as i64;
-            let pct = if other.admitted > 0 { diff as f64 / other.admitted as f64 * 100.0 } else { 0.0 };
+            let pct =
+                if other.admitted > 0 { diff as f64 / other.admitted as f64 * 100.0 } else { 0.0 };
             out.push_str(&format!(
                 "best vs {}: {:+} admitted ({:+.1}%)\n",
                 other.placement, diff, pct
@@ -767,8 +782,21 @@ mod tests {
             p0,1,1,1,1000,,LS,Running,10,20,10\np1,1,1,0,0,,LS,Running,5,4,\n";
         let t = Trace::parse_alibaba("a.csv", with_times).expect("parse");
         assert!(!t.synthetic_times);
-        assert_eq!(t.requests[0], TraceRequest { name: "p0".into(), num_gpu: 1, gpu_milli: 1000, arrival: 10, departure: 20 });
-        assert_eq!((t.requests[1].arrival, t.requests[1].departure), (5, 5), "never leaves before arriving");
+        assert_eq!(
+            t.requests[0],
+            TraceRequest {
+                name: "p0".into(),
+                num_gpu: 1,
+                gpu_milli: 1000,
+                arrival: 10,
+                departure: 20
+            }
+        );
+        assert_eq!(
+            (t.requests[1].arrival, t.requests[1].departure),
+            (5, 5),
+            "never leaves before arriving"
+        );
         let no_times = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,1,460\np1,1,1,2,1000\n";
         let t = Trace::parse_alibaba("b.csv", no_times).expect("parse");
         assert!(t.synthetic_times);

@@ -40,8 +40,8 @@ use serde::{Deserialize, Serialize};
 use crate::backend::{cap_minors, read_majors, read_mig_minors, BackendError, GpuBackend};
 use crate::catalog::{self, placement_is_legal};
 use crate::inventory::{
-    render_mig_minors, render_proc_devices, Gpu, Inventory, Majors, MigInstance,
-    CAP_GIS_PER_GPU, NVIDIA_MAJOR,
+    render_mig_minors, render_proc_devices, Gpu, Inventory, Majors, MigInstance, CAP_GIS_PER_GPU,
+    NVIDIA_MAJOR,
 };
 
 /// Device memory per simulated device unless the node file says otherwise.
@@ -346,7 +346,11 @@ impl SimBackend {
         }
     }
 
-    fn instance_of(&self, minors_gpu: u32, inst: &SimInstance) -> Result<MigInstance, BackendError> {
+    fn instance_of(
+        &self,
+        minors_gpu: u32,
+        inst: &SimInstance,
+    ) -> Result<MigInstance, BackendError> {
         let minors_path = self.mig_minors_path();
         let minors = read_mig_minors(&minors_path)?;
         let (gi_cap_minor, ci_cap_minor) =
@@ -432,10 +436,8 @@ impl GpuBackend for SimBackend {
         if !gpu.mig_enabled {
             return Err(BackendError::MigDisabled { gpu_index });
         }
-        let model = catalog::model(&gpu.model).ok_or_else(|| BackendError::UnknownModel {
-            gpu_index,
-            model: gpu.model.clone(),
-        })?;
+        let model = catalog::model(&gpu.model)
+            .ok_or_else(|| BackendError::UnknownModel { gpu_index, model: gpu.model.clone() })?;
         let mut layout: Vec<(&str, u8)> =
             gpu.instances.iter().map(|i| (i.profile.as_str(), i.start)).collect();
         layout.push((profile, start));
@@ -456,7 +458,10 @@ impl GpuBackend for SimBackend {
             .ok_or(BackendError::NoFreeGiId { gpu_index })?;
         let ci_id = 0;
         let inst = SimInstance {
-            uuid: sim_uuid("MIG", &format!("{node}/{gpu_index}/{gi_id}/{ci_id}/created-{generation}")),
+            uuid: sim_uuid(
+                "MIG",
+                &format!("{node}/{gpu_index}/{gi_id}/{ci_id}/created-{generation}"),
+            ),
             profile: prof.name.to_string(),
             gi_id,
             ci_id,

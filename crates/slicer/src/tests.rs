@@ -651,7 +651,10 @@ fn greedy(model: &'static GpuModel, candidates: &[(&'static str, u8)]) -> Vec<(&
     out
 }
 
-fn build_inventory(specs: &[(usize, Option<Vec<(usize, usize)>>)]) -> Inventory {
+/// (model index, MIG layout candidates or `None` for MIG off).
+type GpuSpec = (usize, Option<Vec<(usize, usize)>>);
+
+fn build_inventory(specs: &[GpuSpec]) -> Inventory {
     let mut gpus = Vec::new();
     for (i, (m, mig)) in specs.iter().enumerate() {
         let model = &MODELS[*m % MODELS.len()];

@@ -46,7 +46,11 @@ fn sim_passes_the_backend_conformance_suite() {
         let open = || SimBackend::open(&file, &state).map(|b| Box::new(b) as Box<dyn GpuBackend>);
         let passed = crate::conformance::run(&open).expect("conformance");
         assert_eq!(passed.len(), 5, "{passed:?}");
-        assert!(passed[1].contains("an illegal start slot") && passed[1].contains("a GPU not in MIG mode"), "{passed:?}");
+        assert!(
+            passed[1].contains("an illegal start slot")
+                && passed[1].contains("a GPU not in MIG mode"),
+            "{passed:?}"
+        );
     }
 }
 
@@ -57,8 +61,14 @@ fn sim_create_and_destroy_change_files_like_hardware() {
     let before = sim.inventory().expect("inventory");
     // gpu2: 2g@0 (gi1), 2g@2 (gi2), 1g@4 (gi3), 1g@5 (gi4): slots 6-7 free.
     let inst = sim.create_instance(2, "1g.20gb", 6).expect("create");
-    assert_eq!((inst.profile.as_str(), inst.start, inst.size, inst.gi_id, inst.ci_id), ("1g.20gb", 6, 2, 5, 0));
-    assert_eq!((inst.gi_cap_minor, inst.ci_cap_minor), (3 + 2 * 135 + 5 * 9, 3 + 2 * 135 + 5 * 9 + 1));
+    assert_eq!(
+        (inst.profile.as_str(), inst.start, inst.size, inst.gi_id, inst.ci_id),
+        ("1g.20gb", 6, 2, 5, 0)
+    );
+    assert_eq!(
+        (inst.gi_cap_minor, inst.ci_cap_minor),
+        (3 + 2 * 135 + 5 * 9, 3 + 2 * 135 + 5 * 9 + 1)
+    );
     let mem = std::fs::read(sim.memory_file(&inst.uuid)).expect("memory file");
     assert!(mem.len() == 65536 && mem.iter().all(|&b| b == 0));
     let minors = std::fs::read_to_string(sim.mig_minors_path()).expect("mig-minors");
@@ -86,9 +96,9 @@ fn sim_create_and_destroy_change_files_like_hardware() {
     // A restart sees everything; no temporary files are left.
     let reopened = SimBackend::open(&example("h100x8.json"), dir.path()).expect("reopen");
     assert_eq!(reopened.inventory().expect("inventory"), sim.inventory().expect("inventory"));
-    assert!(std::fs::read_dir(dir.path().join("sim")).expect("dir").all(|e| {
-        !e.expect("entry").file_name().to_string_lossy().ends_with(".tmp")
-    }));
+    assert!(std::fs::read_dir(dir.path().join("sim"))
+        .expect("dir")
+        .all(|e| { !e.expect("entry").file_name().to_string_lossy().ends_with(".tmp") }));
 }
 
 #[test]
@@ -97,11 +107,20 @@ fn sim_refuses_what_hardware_refuses() {
     let sim = SimBackend::open(&example("h100x8.json"), dir.path()).expect("open");
     let before = sim.inventory().expect("inventory");
     let err = |r: Result<MigInstance, BackendError>| r.expect_err("must be refused");
-    assert!(matches!(err(sim.create_instance(3, "1g.10gb", 0)), BackendError::MigDisabled { gpu_index: 3 }));
+    assert!(matches!(
+        err(sim.create_instance(3, "1g.10gb", 0)),
+        BackendError::MigDisabled { gpu_index: 3 }
+    ));
     assert!(matches!(err(sim.create_instance(99, "1g.10gb", 0)), BackendError::NoSuchGpu(99)));
     let e = err(sim.create_instance(0, "1g.10gb", 6));
-    assert!(matches!(e, BackendError::Layout { gpu_index: 0, source: LayoutError::Overlap { .. } }), "{e}");
-    assert!(e.to_string().starts_with("GPU 0: 1g.10gb at slot 6 and 1g.10gb at slot 6 overlap"), "{e}");
+    assert!(
+        matches!(e, BackendError::Layout { gpu_index: 0, source: LayoutError::Overlap { .. } }),
+        "{e}"
+    );
+    assert!(
+        e.to_string().starts_with("GPU 0: 1g.10gb at slot 6 and 1g.10gb at slot 6 overlap"),
+        "{e}"
+    );
     let e = err(sim.create_instance(2, "3g.40gb", 2));
     assert!(e.to_string().contains("3g.40gb cannot start at slot 2"), "{e}");
     let e = err(sim.create_instance(2, "4g.20gb", 6));
@@ -117,7 +136,11 @@ fn sim_refuses_what_hardware_refuses() {
 #[test]
 fn sim_concurrent_creates_lose_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let file = write(dir.path(), "n.json", r#"{"node": "c", "gpus": [{"model": "H100-80GB", "mig": []}]}"#);
+    let file = write(
+        dir.path(),
+        "n.json",
+        r#"{"node": "c", "gpus": [{"model": "H100-80GB", "mig": []}]}"#,
+    );
     let sim = SimBackend::open(&file, &dir.path().join("state")).expect("open");
     std::thread::scope(|s| {
         for start in 0..7u8 {
@@ -188,7 +211,8 @@ fn a_declared_layout_converges_around_instances_in_use() {
     assert_eq!(again.blocked.len(), 1);
     assert_eq!(again.deferred.len(), 1, "3g@4 waits for the 1g at slot 5:\n{again}");
     // gpu0 was balanced-ish (3g@0, 2g@4, 1g@6): it is now exactly all-balanced.
-    let g0: Vec<(&str, u8)> = now.gpus[0].instances.iter().map(|i| (i.profile.as_str(), i.start)).collect();
+    let g0: Vec<(&str, u8)> =
+        now.gpus[0].instances.iter().map(|i| (i.profile.as_str(), i.start)).collect();
     assert_eq!(g0, [("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3), ("3g.40gb", 4)]);
     // Once released, the rest converges.
     let p = plan(&now, &BTreeSet::new(), &declared);
@@ -199,15 +223,22 @@ fn a_declared_layout_converges_around_instances_in_use() {
 
 // ---------------------------------------------------------------- placement properties
 
-/// A node of 1 to 3 GPUs: (model index, MIG on?, candidate placements).
-fn node_spec() -> impl Strategy<Value = Vec<(usize, bool, Vec<(usize, usize)>)>> {
+/// One GPU of a generated node: (model index, MIG on?, candidate (profile, start) picks).
+type GpuSpec = (usize, bool, Vec<(usize, usize)>);
+
+/// A node of 1 to 3 GPUs.
+fn node_spec() -> impl Strategy<Value = Vec<GpuSpec>> {
     prop::collection::vec(
-        (0..MODELS.len(), prop::bool::weighted(0.9), prop::collection::vec((0..7usize, 0..7usize), 0..10)),
+        (
+            0..MODELS.len(),
+            prop::bool::weighted(0.9),
+            prop::collection::vec((0..7usize, 0..7usize), 0..10),
+        ),
         1..4,
     )
 }
 
-fn build(spec: &[(usize, bool, Vec<(usize, usize)>)]) -> Inventory {
+fn build(spec: &[GpuSpec]) -> Inventory {
     let mut gpus = Vec::new();
     for (i, (m, mig, picks)) in spec.iter().enumerate() {
         let model = &MODELS[*m];
@@ -249,7 +280,11 @@ fn build(spec: &[(usize, bool, Vec<(usize, usize)>)]) -> Inventory {
             instances,
         });
     }
-    Inventory { node: "prop".into(), gpus, majors: Majors { nvidia: 195, nvidia_uvm: 508, nvidia_caps: Some(509) } }
+    Inventory {
+        node: "prop".into(),
+        gpus,
+        majors: Majors { nvidia: 195, nvidia_uvm: 508, nvidia_caps: Some(509) },
+    }
 }
 
 fn layout_of(g: &Gpu) -> Vec<(&str, u8)> {
@@ -268,7 +303,13 @@ enum Oracle {
 
 fn oracle(inv: &Inventory, held: &BTreeSet<String>, profile: &str) -> Oracle {
     let usable = |g: &&Gpu| g.mig_enabled && !held.contains(&g.uuid);
-    if inv.gpus.iter().filter(usable).flat_map(|g| &g.instances).any(|i| i.profile == profile && !held.contains(&i.uuid)) {
+    if inv
+        .gpus
+        .iter()
+        .filter(usable)
+        .flat_map(|g| &g.instances)
+        .any(|i| i.profile == profile && !held.contains(&i.uuid))
+    {
         return Oracle::Reuse;
     }
     let mut best: Option<usize> = None;
@@ -277,7 +318,11 @@ fn oracle(inv: &Inventory, held: &BTreeSet<String>, profile: &str) -> Oracle {
         let Some(p) = model.profile(profile) else { continue };
         let n = g.instances.len();
         for subset in 0u32..(1 << n) {
-            let removes_held = g.instances.iter().enumerate().any(|(k, i)| subset & (1 << k) != 0 && held.contains(&i.uuid));
+            let removes_held = g
+                .instances
+                .iter()
+                .enumerate()
+                .any(|(k, i)| subset & (1 << k) != 0 && held.contains(&i.uuid));
             if removes_held {
                 continue;
             }
@@ -321,7 +366,8 @@ fn check_decision(
             prop_assert!(!held.contains(uuid) && !held.contains(&g.uuid) && g.mig_enabled);
             Ok(0)
         }
-        PlaceDecision::Create { gpu_index, start } | PlaceDecision::Defragment { gpu_index, start, .. } => {
+        PlaceDecision::Create { gpu_index, start }
+        | PlaceDecision::Defragment { gpu_index, start, .. } => {
             let destroy: &[String] = match d {
                 PlaceDecision::Defragment { destroy, .. } => destroy,
                 _ => &[],
@@ -331,10 +377,19 @@ fn check_decision(
             let model = catalog::model(&g.model).ok_or_else(|| TestCaseError::fail("model"))?;
             for u in destroy {
                 prop_assert!(!held.contains(u), "destroys held {}", u);
-                prop_assert!(g.instances.iter().any(|i| &i.uuid == u), "destroys {} not on GPU {}", u, gpu_index);
+                prop_assert!(
+                    g.instances.iter().any(|i| &i.uuid == u),
+                    "destroys {} not on GPU {}",
+                    u,
+                    gpu_index
+                );
             }
-            let mut layout: Vec<(&str, u8)> =
-                g.instances.iter().filter(|i| !destroy.contains(&i.uuid)).map(|i| (i.profile.as_str(), i.start)).collect();
+            let mut layout: Vec<(&str, u8)> = g
+                .instances
+                .iter()
+                .filter(|i| !destroy.contains(&i.uuid))
+                .map(|i| (i.profile.as_str(), i.start))
+                .collect();
             layout.push((profile, *start));
             prop_assert!(placement_is_legal(model, &layout).is_ok(), "illegal result {:?}", layout);
             if let PlaceDecision::Defragment { .. } = d {
@@ -346,7 +401,8 @@ fn check_decision(
 }
 
 fn profile_names() -> Vec<&'static str> {
-    let mut v: Vec<&'static str> = MODELS.iter().flat_map(|m| m.profiles.iter().map(|p| p.name)).collect();
+    let mut v: Vec<&'static str> =
+        MODELS.iter().flat_map(|m| m.profiles.iter().map(|p| p.name)).collect();
     v.sort_unstable();
     v.dedup();
     v.push("9g.99gb");
@@ -355,7 +411,10 @@ fn profile_names() -> Vec<&'static str> {
 
 fn mix(weights: &[u8]) -> DemandMix {
     let names = profile_names();
-    DemandMix::from_weights(names.iter().zip(weights.iter().cycle()).map(|(n, w)| (*n, f64::from(*w))), 1.0)
+    DemandMix::from_weights(
+        names.iter().zip(weights.iter().cycle()).map(|(n, w)| (*n, f64::from(*w))),
+        1.0,
+    )
 }
 
 /// Apply a decision to an in-memory inventory, as a backend would; the instance's uuid.
@@ -363,7 +422,9 @@ fn apply(inv: &mut Inventory, profile: &str, d: &PlaceDecision, serial: &mut u32
     let (gpu_index, start, destroy) = match d {
         PlaceDecision::Reuse { uuid } => return uuid.clone(),
         PlaceDecision::Create { gpu_index, start } => (*gpu_index, *start, Vec::new()),
-        PlaceDecision::Defragment { destroy, gpu_index, start } => (*gpu_index, *start, destroy.clone()),
+        PlaceDecision::Defragment { destroy, gpu_index, start } => {
+            (*gpu_index, *start, destroy.clone())
+        }
     };
     *serial += 1;
     let uuid = format!("MIG-new-{serial}");
@@ -395,11 +456,16 @@ proptest! {
     fn place_matches_the_brute_force_oracle(
         spec in node_spec(),
         held_bits in prop::collection::vec(any::<bool>(), 32),
-        profile in prop::sample::select(profile_names()),
+        own_profile in prop::bool::weighted(0.8),
+        profile_pick in 0usize..64,
         first_fit in any::<bool>(),
         weights in prop::collection::vec(0u8..4, 1..8),
     ) {
         let inv = build(&spec);
+        // Mostly a profile the node's first GPU offers; sometimes any name (or none).
+        let names = profile_names();
+        let own: Vec<&str> = MODELS[spec[0].0].profile_names().collect();
+        let profile = if own_profile { own[profile_pick % own.len()] } else { names[profile_pick % names.len()] };
         let mut uuids: Vec<String> = inv.gpus.iter().flat_map(|g| g.instances.iter().map(|i| i.uuid.clone())).collect();
         uuids.extend(inv.gpus.iter().map(|g| g.uuid.clone()).filter(|_| held_bits[31]));
         let held: BTreeSet<String> = uuids.into_iter().zip(held_bits.iter().cycle()).filter(|(_, h)| **h).map(|(u, _)| u).collect();
@@ -435,7 +501,7 @@ proptest! {
         models in prop::collection::vec(0..MODELS.len(), 1..4),
         ops in prop::collection::vec((0u8..5, 0usize..64, any::<bool>()), 1..60),
     ) {
-        let spec: Vec<(usize, bool, Vec<(usize, usize)>)> = models.iter().map(|&m| (m, true, Vec::new())).collect();
+        let spec: Vec<GpuSpec> = models.iter().map(|&m| (m, true, Vec::new())).collect();
         let mut inv = build(&spec);
         let mut held: BTreeSet<String> = BTreeSet::new();
         let mut serial = 0;
@@ -483,8 +549,10 @@ fn place_is_fast_enough_in_debug_too() {
     // A smoke check that nothing is accidentally quadratic; the real number is the
     // criterion bench (release).
     let m = catalog::model("H100-80GB").expect("h100");
-    let inv = build(&(0..8).map(|_| (2usize, true, vec![(0, 3), (3, 0), (4, 1)])).collect::<Vec<_>>());
-    let held: BTreeSet<String> = inv.gpus.iter().flat_map(|g| g.instances.iter().map(|i| i.uuid.clone())).collect();
+    let inv =
+        build(&(0..8).map(|_| (2usize, true, vec![(0, 3), (3, 0), (4, 1)])).collect::<Vec<_>>());
+    let held: BTreeSet<String> =
+        inv.gpus.iter().flat_map(|g| g.instances.iter().map(|i| i.uuid.clone())).collect();
     let t = std::time::Instant::now();
     for _ in 0..1000 {
         let _ = place(&inv, &held, "1g.10gb", place::Strategy::Best, &DemandMix::uniform(m));
@@ -508,10 +576,22 @@ fn synthetic_trace(n: usize, seed: u64) -> Trace {
     let requests = (0..n)
         .map(|i| {
             let num_gpu = gpus[(next() % gpus.len() as u64) as usize];
-            let gpu_milli = if num_gpu == 0 { 0 } else if num_gpu > 1 { 1000 } else { millis[(next() % millis.len() as u64) as usize] };
+            let gpu_milli = if num_gpu == 0 {
+                0
+            } else if num_gpu > 1 {
+                1000
+            } else {
+                millis[(next() % millis.len() as u64) as usize]
+            };
             let arrival = next() % 5_000;
             let duration = if next() % 10 == 0 { 0 } else { next() % 2_000 };
-            TraceRequest { name: format!("p{i}"), num_gpu, gpu_milli, arrival, departure: arrival + duration }
+            TraceRequest {
+                name: format!("p{i}"),
+                num_gpu,
+                gpu_milli,
+                arrival,
+                departure: arrival + duration,
+            }
         })
         .collect();
     Trace { source: "synthetic".into(), requests, synthetic_times: true }
@@ -545,7 +625,11 @@ fn replay_keeps_every_invariant() {
                 let mut held_slices = 0u64;
                 for (inv, held) in o.nodes.iter().zip(o.held) {
                     for g in &inv.gpus {
-                        assert!(placement_is_legal(model, &layout_of(g)).is_ok(), "{placement}: {:?}", layout_of(g));
+                        assert!(
+                            placement_is_legal(model, &layout_of(g)).is_ok(),
+                            "{placement}: {:?}",
+                            layout_of(g)
+                        );
                         assert_eq!(g.mig_enabled, placement != Placement::Whole);
                         live.insert(g.uuid.clone());
                         if held.contains(&g.uuid) {
@@ -556,22 +640,39 @@ fn replay_keeps_every_invariant() {
                             live.insert(i.uuid.clone());
                             let held_now = held.contains(&i.uuid);
                             if matches!(placement, Placement::Best | Placement::FirstFit) {
-                                assert!(held_now, "{placement}: an idle instance {} survived its release", i.uuid);
+                                assert!(
+                                    held_now,
+                                    "{placement}: an idle instance {} survived its release",
+                                    i.uuid
+                                );
                             }
                             if held_now {
-                                held_slices += u64::from(model.profile(&i.profile).expect("p").compute_slices);
+                                held_slices +=
+                                    u64::from(model.profile(&i.profile).expect("p").compute_slices);
                             }
                         }
                     }
                     assert!(held.iter().all(|u| live.contains(u)), "held uuid not on the node");
                 }
                 assert_eq!(held_slices, o.slices_held, "slice accounting");
-                if let (Some(Mapped::Mig(p)), Placement::Best | Placement::FirstFit) = (o.rejected, placement) {
-                    assert!(!legal_placement_exists(o.nodes, o.held, p.name), "{placement}: rejected {} with a legal placement free", p.name);
+                if let (Some(Mapped::Mig(p)), Placement::Best | Placement::FirstFit) =
+                    (o.rejected, placement)
+                {
+                    assert!(
+                        !legal_placement_exists(o.nodes, o.held, p.name),
+                        "{placement}: rejected {} with a legal placement free",
+                        p.name
+                    );
                 }
-                if let (Some(Mapped::Whole(n)), Placement::Best | Placement::FirstFit) = (o.rejected, placement) {
+                if let (Some(Mapped::Whole(n)), Placement::Best | Placement::FirstFit) =
+                    (o.rejected, placement)
+                {
                     let fits = o.nodes.iter().zip(o.held).any(|(inv, h)| {
-                        inv.gpus.iter().filter(|g| g.instances.is_empty() && !h.contains(&g.uuid)).count() >= n as usize
+                        inv.gpus
+                            .iter()
+                            .filter(|g| g.instances.is_empty() && !h.contains(&g.uuid))
+                            .count()
+                            >= n as usize
                     });
                     assert!(!fits, "{placement}: rejected gpu={n} with empty GPUs free");
                 }
@@ -586,17 +687,24 @@ fn replay_keeps_every_invariant() {
             assert!(r.slice_seconds_admitted_demand <= r.slice_seconds_requested);
             assert!((0.0..=1.0).contains(&r.utilisation));
             if matches!(placement, Placement::Best | Placement::FirstFit) {
-                assert_eq!(r.slice_seconds_admitted_demand, r.slice_seconds_allocated, "MIG gives exactly what is asked");
+                assert_eq!(
+                    r.slice_seconds_admitted_demand, r.slice_seconds_allocated,
+                    "MIG gives exactly what is asked"
+                );
             }
             if placement == Placement::Static {
-                assert!(r.admitted_by_kind.keys().all(|k| ["1g.10gb", "2g.20gb", "3g.40gb"].contains(&k.as_str())));
+                assert!(r
+                    .admitted_by_kind
+                    .keys()
+                    .all(|k| ["1g.10gb", "2g.20gb", "3g.40gb"].contains(&k.as_str())));
             }
             // Deterministic (but for the timing).
             let mut again = replay::replay(&trace, 2, model.name, placement).expect("replay");
             again.decisions_per_sec = r.decisions_per_sec;
             assert_eq!(&again, r);
             let json = serde_json::to_value(r).expect("json");
-            for key in ["admitted", "rejected", "slice_seconds_allocated", "slice_seconds_capacity"] {
+            for key in ["admitted", "rejected", "slice_seconds_allocated", "slice_seconds_capacity"]
+            {
                 assert!(json.get(key).is_some(), "{key}");
             }
         }
@@ -613,10 +721,34 @@ fn replay_capacity_accounting_is_exact_on_a_tiny_trace() {
         source: "tiny".into(),
         synthetic_times: false,
         requests: vec![
-            TraceRequest { name: "a".into(), num_gpu: 1, gpu_milli: 400, arrival: 0, departure: 100 },
-            TraceRequest { name: "b".into(), num_gpu: 1, gpu_milli: 1000, arrival: 0, departure: 50 },
-            TraceRequest { name: "c".into(), num_gpu: 1, gpu_milli: 900, arrival: 10, departure: 20 },
-            TraceRequest { name: "d".into(), num_gpu: 0, gpu_milli: 0, arrival: 0, departure: 1000 },
+            TraceRequest {
+                name: "a".into(),
+                num_gpu: 1,
+                gpu_milli: 400,
+                arrival: 0,
+                departure: 100,
+            },
+            TraceRequest {
+                name: "b".into(),
+                num_gpu: 1,
+                gpu_milli: 1000,
+                arrival: 0,
+                departure: 50,
+            },
+            TraceRequest {
+                name: "c".into(),
+                num_gpu: 1,
+                gpu_milli: 900,
+                arrival: 10,
+                departure: 20,
+            },
+            TraceRequest {
+                name: "d".into(),
+                num_gpu: 0,
+                gpu_milli: 0,
+                arrival: 0,
+                departure: 1000,
+            },
         ],
     };
     let r = replay::replay(&trace, 1, "H100-80GB", Placement::Best).expect("replay");
@@ -647,7 +779,8 @@ fn replay_on_the_alibaba_trace() {
         .map(|p| replay::replay(&trace, 3, "H100-80GB", p).expect("replay"))
         .collect();
     println!("{}", replay::comparison_table(&reports));
-    let admitted = |p: Placement| reports.iter().find(|r| r.placement == p).map_or(0, |r| r.admitted);
+    let admitted =
+        |p: Placement| reports.iter().find(|r| r.placement == p).map_or(0, |r| r.admitted);
     assert!(admitted(Placement::Best) > admitted(Placement::FirstFit));
     assert!(admitted(Placement::Best) > admitted(Placement::Static));
 }

@@ -215,7 +215,8 @@ fn caps_are_set_and_read_back_before_the_share_is_handed_out() {
     assert_eq!(m.len(), 1);
     assert_eq!(m[0].destination, "/tmp/nvidia-mps");
     assert_eq!(Path::new(&m[0].source), h.pipe_dir.as_path());
-    assert!(h.pipe_dir.starts_with(w.state.join("mps").join(DEV)));
+    let dev_dir = layout::device_dir_name(DEV).expect("device dir");
+    assert!(h.pipe_dir.starts_with(w.state.join("mps").join(dev_dir)));
     let rec = layout::read_record(&h.pipe_dir.parent().expect("root").join("share.json"))
         .expect("read")
         .expect("record");
@@ -572,7 +573,8 @@ fn private_shm_is_mounted_into_the_container() {
     let sup = Supervisor::new(sim.clone(), tmp.path().join("state")).with_config(cfg);
     let h = sup.ensure_share(&req(DEV, "acme/a", "c1", 50)).expect("a");
     let shm = h.shm_dir.clone().expect("shm dir");
-    assert!(shm.starts_with(tmp.path().join("shm").join(DEV)));
+    let dev_dir = layout::device_dir_name(DEV).expect("device dir");
+    assert!(shm.starts_with(tmp.path().join("shm").join(dev_dir)));
     assert!(h.mounts().iter().any(|m| m.destination == "/dev/shm" && Path::new(&m.source) == shm));
     let spec_shm = sim.st().daemons.keys().next().cloned();
     assert_eq!(spec_shm, Some(h.pipe_dir.clone()));

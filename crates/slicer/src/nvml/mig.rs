@@ -18,7 +18,7 @@
 //! (`nvmlGpuInstanceDestroy`) unless other compute instances still live in it.
 //!
 //! Both need root. The driver refuses a destroy while processes use the instance
-//! (`NVML_ERROR_IN_USE`); callers must not try (see [`crate::place`]).
+//! (`NVML_ERROR_IN_USE`); callers must not try (see [`crate::place`](mod@crate::place)).
 
 use std::fmt;
 use std::os::raw::c_uint;
@@ -70,12 +70,11 @@ impl NvmlBackend {
         let count = self.nvml.device_count().map_err(nvml_err("nvmlDeviceGetCount"))?;
         let mut out = Vec::new();
         for index in 0..count {
-            let dev = self
-                .nvml
-                .device_by_index(index)
-                .map_err(nvml_err("nvmlDeviceGetHandleByIndex"))?;
+            let dev =
+                self.nvml.device_by_index(index).map_err(nvml_err("nvmlDeviceGetHandleByIndex"))?;
             let name = dev.name().map_err(nvml_err("nvmlDeviceGetName"))?;
-            let memory = dev.memory_info().map_err(nvml_err("nvmlDeviceGetMemoryInfo"))?.total / MIB;
+            let memory =
+                dev.memory_info().map_err(nvml_err("nvmlDeviceGetMemoryInfo"))?.total / MIB;
             let model = model_from_nvml_name(&name, memory);
             for nvml_id in 0..NVML_GPU_INSTANCE_PROFILE_COUNT {
                 let Ok(info) = gi_profile_info(lib, &dev, nvml_id) else { continue };
@@ -110,10 +109,8 @@ impl NvmlBackend {
         if gpu_index >= count {
             return Err(BackendError::NoSuchGpu(gpu_index));
         }
-        let dev = self
-            .nvml
-            .device_by_index(gpu_index)
-            .map_err(nvml_err("nvmlDeviceGetHandleByIndex"))?;
+        let dev =
+            self.nvml.device_by_index(gpu_index).map_err(nvml_err("nvmlDeviceGetHandleByIndex"))?;
         match dev.mig_mode() {
             Ok(m) if m.current == NVML_DEVICE_MIG_ENABLE => {}
             Ok(_) | Err(NvmlError::NotSupported) => {
@@ -135,7 +132,8 @@ impl NvmlBackend {
         let info = gi_profile_info(lib, &dev, nvml_id)
             .map_err(nvml_err("nvmlDeviceGetGpuInstanceProfileInfo"))?;
         let placements = possible_placements(lib, &dev, info.id)?;
-        let Some(placement) = placements.iter().copied().find(|p| p.start == u32::from(start)) else {
+        let Some(placement) = placements.iter().copied().find(|p| p.start == u32::from(start))
+        else {
             let offered: Vec<String> =
                 placements.iter().map(|p| format!("{}:{}", p.start, p.size)).collect();
             return Err(BackendError::IllegalPlacement {
@@ -174,10 +172,8 @@ impl NvmlBackend {
         let lib = self.nvml.lib();
         let count = self.nvml.device_count().map_err(nvml_err("nvmlDeviceGetCount"))?;
         for index in 0..count {
-            let dev = self
-                .nvml
-                .device_by_index(index)
-                .map_err(nvml_err("nvmlDeviceGetHandleByIndex"))?;
+            let dev =
+                self.nvml.device_by_index(index).map_err(nvml_err("nvmlDeviceGetHandleByIndex"))?;
             if !matches!(dev.mig_mode(), Ok(m) if m.current == NVML_DEVICE_MIG_ENABLE) {
                 continue;
             }
@@ -310,7 +306,8 @@ fn ci_profile_for(
         let mut info: nvmlComputeInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
         // SAFETY: `gi` is a GPU-instance handle the driver gave for a live device; `info`
         // is a valid out-parameter.
-        let code = unsafe { get(gi, profile, NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, &mut info) };
+        let code =
+            unsafe { get(gi, profile, NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, &mut info) };
         if nvml_try(code).is_ok() && info.sliceCount == slices {
             return Ok(info);
         }
@@ -334,7 +331,10 @@ fn create_compute_instance(
     Ok(ci)
 }
 
-fn gpu_instance_info(lib: &NvmlLib, gi: nvmlGpuInstance_t) -> Result<nvmlGpuInstanceInfo_t, BackendError> {
+fn gpu_instance_info(
+    lib: &NvmlLib,
+    gi: nvmlGpuInstance_t,
+) -> Result<nvmlGpuInstanceInfo_t, BackendError> {
     const CALL: &str = "nvmlGpuInstanceGetInfo";
     let get = sym(&lib.nvmlGpuInstanceGetInfo, CALL)?;
     // SAFETY: a plain C struct (a handle pointer and integers): all-zero bytes are valid.
@@ -369,7 +369,11 @@ fn mig_ids(lib: &NvmlLib, mig: &Device<'_>) -> Result<(u32, u32), BackendError> 
     Ok((gi, ci))
 }
 
-fn gpu_instance_by_id(lib: &NvmlLib, dev: &Device<'_>, id: u32) -> Result<nvmlGpuInstance_t, BackendError> {
+fn gpu_instance_by_id(
+    lib: &NvmlLib,
+    dev: &Device<'_>,
+    id: u32,
+) -> Result<nvmlGpuInstance_t, BackendError> {
     const CALL: &str = "nvmlDeviceGetGpuInstanceById";
     let get = sym(&lib.nvmlDeviceGetGpuInstanceById, CALL)?;
     let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
@@ -429,7 +433,10 @@ impl fmt::Display for CatalogComparison {
             writeln!(f, "{l}")?;
         }
         if self.lines.is_empty() {
-            writeln!(f, "the driver reported no MIG profiles (no MIG-capable GPU, or MIG mode off)")?;
+            writeln!(
+                f,
+                "the driver reported no MIG profiles (no MIG-capable GPU, or MIG mode off)"
+            )?;
         }
         write!(f, "{} difference(s) between the driver and the catalog", self.differences)
     }
@@ -450,7 +457,11 @@ pub fn compare_with_catalog(driver: &[DriverProfile]) -> CatalogComparison {
         let gpu = d.gpu_index;
         let of_gpu: Vec<&DriverProfile> = driver.iter().filter(|p| p.gpu_index == gpu).collect();
         let Some(model) = catalog::model(&d.model) else {
-            out.lines.push(format!("GPU {gpu}: {} is not in the catalog; the driver offers {} profiles", d.model, of_gpu.len()));
+            out.lines.push(format!(
+                "GPU {gpu}: {} is not in the catalog; the driver offers {} profiles",
+                d.model,
+                of_gpu.len()
+            ));
             out.differences += 1;
             continue;
         };
@@ -471,7 +482,10 @@ pub fn compare_with_catalog(driver: &[DriverProfile]) -> CatalogComparison {
                 diffs.push(format!("slices {} (catalog {})", dp.slice_count, p.compute_slices));
             }
             if dp.instance_count != u32::from(p.max_instances) {
-                diffs.push(format!("max instances {} (catalog {})", dp.instance_count, p.max_instances));
+                diffs.push(format!(
+                    "max instances {} (catalog {})",
+                    dp.instance_count, p.max_instances
+                ));
             }
             if dp.memory_mib != p.memory_mib {
                 diffs.push(format!("memory {} MiB (catalog {})", dp.memory_mib, p.memory_mib));
@@ -481,14 +495,24 @@ pub fn compare_with_catalog(driver: &[DriverProfile]) -> CatalogComparison {
             let catalog_pl: Vec<(u32, u32)> =
                 p.starts.iter().map(|&s| (u32::from(s), u32::from(p.size))).collect();
             if driver_pl != catalog_pl {
-                let show = |v: &[(u32, u32)]| v.iter().map(|(s, n)| format!("{s}:{n}")).collect::<Vec<_>>().join(",");
-                diffs.push(format!("placements {} (catalog {})", show(&driver_pl), show(&catalog_pl)));
+                let show = |v: &[(u32, u32)]| {
+                    v.iter().map(|(s, n)| format!("{s}:{n}")).collect::<Vec<_>>().join(",")
+                };
+                diffs.push(format!(
+                    "placements {} (catalog {})",
+                    show(&driver_pl),
+                    show(&catalog_pl)
+                ));
             }
             if diffs.is_empty() {
                 out.lines.push(format!("GPU {gpu} {model} {}: ok", p.name));
             } else {
                 out.differences += 1;
-                out.lines.push(format!("GPU {gpu} {model} {}: DIFFERS: {}", p.name, diffs.join("; ")));
+                out.lines.push(format!(
+                    "GPU {gpu} {model} {}: DIFFERS: {}",
+                    p.name,
+                    diffs.join("; ")
+                ));
             }
         }
         for dp in of_gpu.iter().filter(|x| model.profiles.iter().all(|p| p.nvml_id != x.nvml_id)) {
@@ -567,7 +591,10 @@ mod tests {
         assert_eq!(c.differences, 4, "{text}");
         assert!(text.contains("1g.10gb: DIFFERS: memory 10240 MiB (catalog 9856)"), "{text}");
         assert!(text.contains("1g.10gb+me: ONLY IN CATALOG"), "{text}");
-        assert!(text.contains("2g.20gb: DIFFERS: placements 0:2,2:2,4:2,6:2 (catalog 0:2,2:2,4:2)"), "{text}");
+        assert!(
+            text.contains("2g.20gb: DIFFERS: placements 0:2,2:2,4:2,6:2 (catalog 0:2,2:2,4:2)"),
+            "{text}"
+        );
         assert!(text.contains("3g.40gb: ok"), "{text}");
         assert!(text.contains("1g.10gb+gfx: ONLY IN DRIVER (NVML profile 10, id 47"), "{text}");
         assert!(compare_with_catalog(&[]).to_string().contains("reported no MIG profiles"));
