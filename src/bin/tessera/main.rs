@@ -5,6 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod fleet;
+
 /// Tessera: GPU sharing on one node.
 #[derive(Debug, Parser)]
 #[command(name = "tessera", version)]
@@ -41,7 +43,12 @@ enum Cmd {
         /// Print CSV.
         #[arg(long)]
         csv: bool,
+        /// Ask a fleet coordinator for fleet-wide usage instead of this node's ledger.
+        #[command(flatten)]
+        fleet: fleet::CoordinatorArgs,
     },
+    /// Every node known to the fleet coordinator: applied policy version, last contact, health.
+    Nodes(fleet::CoordinatorArgs),
     /// Policy files.
     Policy {
         #[command(subcommand)]
@@ -53,6 +60,8 @@ enum Cmd {
 enum PolicyCmd {
     /// Check a policy file; every error names its JSON path.
     Validate { file: PathBuf },
+    #[command(flatten)]
+    Fleet(fleet::PolicyFleetCmd),
 }
 
 fn main() -> ExitCode {
@@ -78,13 +87,16 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Cmd::Usage { from, to, by, json, csv } => {
+        Cmd::Usage { from, to, by, json, csv, fleet } => {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(0);
             let from_ms = tessera::timespec::parse(&from, now).map_err(|e| format!("--from: {e}"))?;
             let to_ms = tessera::timespec::parse(&to, now).map_err(|e| format!("--to: {e}"))?;
+            if fleet.coordinator.is_some() {
+                return fleet::usage(&fleet, from_ms, to_ms, &by, json, csv);
+            }
             let path = format!("/v1/usage?from_ms={from_ms}&to_ms={to_ms}&by={by}");
             let report: metering::UsageReport = tessera_api::Client::new(&cli.socket)
                 .call::<(), _>("GET", &path, None)
@@ -98,6 +110,8 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
+        Cmd::Nodes(args) => fleet::nodes(&args),
+        Cmd::Policy { cmd: PolicyCmd::Fleet(cmd) } => fleet::policy(cmd),
         Cmd::Policy { cmd: PolicyCmd::Validate { file } } => {
             let p = policy::Policy::load(&file).map_err(|e| e.to_string())?;
             println!(
