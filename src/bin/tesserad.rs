@@ -42,6 +42,9 @@ struct Args {
     /// The MPS control binary.
     #[arg(long, default_value = "nvidia-cuda-mps-control")]
     mps_control: PathBuf,
+    /// Never create or destroy MIG instances on demand (only declared layouts change them).
+    #[arg(long)]
+    no_dynamic_mig: bool,
     /// How often every MPS control daemon is health-checked, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     mps_health_interval_ms: u64,
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
         metrics: a.metrics,
         mps_control: a.mps_control,
         mps_health_every: Duration::from_millis(a.mps_health_interval_ms.max(100)),
+        dynamic_mig: !a.no_dynamic_mig,
         host: tesserad::HostPaths::default(),
     };
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {

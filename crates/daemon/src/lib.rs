@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
-pub use node::{ActivePolicy, HostPaths, Node, NodeParts, ReconcileReport};
+pub use node::{ActivePolicy, HostPaths, MigReport, Node, NodeParts, ReconcileReport};
 
 /// Where the GPUs come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +65,8 @@ pub struct Config {
     pub mps_control: PathBuf,
     /// How often every MPS control daemon is pinged.
     pub mps_health_every: Duration,
+    /// Cut MIG instances on demand where no declared layout applies.
+    pub dynamic_mig: bool,
     pub host: HostPaths,
 }
 
@@ -142,6 +144,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         mps,
         host: config.host.clone(),
         pending_grace: config.pending_grace,
+        dynamic_mig: config.dynamic_mig,
     })
     .map_err(DaemonError::Backend)?;
     info!(node = %node.inventory().node, gpus = node.inventory().gpus.len(),
@@ -177,7 +180,14 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 tick.tick().await;
                 let app = app.clone();
                 let r = tokio::task::spawn_blocking(move || match app.node.lock() {
-                    Ok(mut n) => n.reconcile().map_err(|e| e.message),
+                    Ok(mut n) => {
+                        let r = n.reconcile().map_err(|e| e.message);
+                        // Declared layouts converge as instances fall idle.
+                        if let Err(e) = n.mig_converge() {
+                            warn!("MIG convergence failed: {}", e.message);
+                        }
+                        r
+                    }
                     Err(_) => Err("node state lock poisoned".to_string()),
                 })
                 .await;

@@ -59,6 +59,23 @@ pub struct Node {
     mps: Arc<mpsd::Supervisor>,
     host: HostPaths,
     pending_grace: Duration,
+    /// Create and destroy MIG instances on demand (when the node's pool declares no layout).
+    dynamic_mig: bool,
+    /// MIG profiles granted since start: the demand mix placement preserves capacity for.
+    mig_demand: BTreeMap<String, u64>,
+}
+
+/// What a MIG plan or convergence reports.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MigReport {
+    /// The plan, as computed before acting.
+    pub plan: slicer::LayoutPlan,
+    /// The plan as a person reads it.
+    pub text: String,
+    pub destroyed: Vec<String>,
+    pub created: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Everything a [`Node`] is made of.
@@ -71,6 +88,7 @@ pub struct NodeParts {
     pub mps: Arc<mpsd::Supervisor>,
     pub host: HostPaths,
     pub pending_grace: Duration,
+    pub dynamic_mig: bool,
 }
 
 /// What one reconciler pass did.
@@ -93,7 +111,122 @@ impl Node {
             mps: p.mps,
             host: p.host,
             pending_grace: p.pending_grace,
+            dynamic_mig: p.dynamic_mig,
+            mig_demand: BTreeMap::new(),
         })
+    }
+
+    /// Re-read the inventory after the backend changed it (MIG instances created or
+    /// destroyed).
+    fn refresh_inventory(&mut self) -> Result<(), ApiError> {
+        self.inventory = self.backend.inventory().map_err(|e| {
+            ApiError::new(ErrorCode::Internal, format!("re-reading the GPU inventory: {e}"))
+        })?;
+        Ok(())
+    }
+
+    /// Devices that MIG planning must never destroy or move: everything in use.
+    fn untouchable(&self) -> Result<std::collections::BTreeSet<String>, ApiError> {
+        Ok(DeviceUse::of(&self.allocations()?).busy())
+    }
+
+    /// The difference between the node's MIG layout and the one its pool declares.
+    pub fn mig_plan(&self) -> Result<MigReport, ApiError> {
+        let layouts = self.policy.policy.mig_layouts(&self.inventory.node);
+        let plan = slicer::plan(&self.inventory, &self.untouchable()?, &layouts);
+        let text = if layouts.is_empty() {
+            format!("no node pool declares a MIG layout for {}: the layout is dynamic (instances are created on demand)\n", self.inventory.node)
+        } else {
+            plan.to_string()
+        };
+        Ok(MigReport { plan, text, destroyed: Vec::new(), created: Vec::new(), error: None })
+    }
+
+    /// Converge on the declared layout: destroy and create only the difference, never
+    /// touching an instance in use (those are reported as blocked).
+    pub fn mig_converge(&mut self) -> Result<MigReport, ApiError> {
+        let mut report = self.mig_plan()?;
+        if report.plan.is_empty() {
+            return Ok(report);
+        }
+        let (applied, result) = slicer::apply_plan(self.backend.as_ref(), &report.plan);
+        report.destroyed = applied.destroyed;
+        report.created = applied.created.iter().map(|i| i.uuid.clone()).collect();
+        report.error = result.err().map(|e| e.to_string());
+        let detail = format!(
+            "converge: destroyed [{}], created [{}]{}",
+            report.destroyed.join(","),
+            report.created.join(","),
+            report.error.as_deref().map(|e| format!(", stopped: {e}")).unwrap_or_default()
+        );
+        info!("{detail}");
+        let _ = self.store.event("mig", None, &detail);
+        self.refresh_inventory()?;
+        Ok(report)
+    }
+
+    /// A MIG instance of `profile`, cut on demand: reuse a free one, else create one in
+    /// the placement that keeps the most future capacity, destroying idle instances only
+    /// when that is what makes room.
+    fn grant_mig_dynamic(
+        &mut self,
+        container_id: &str,
+        tenant: &str,
+        profile: &str,
+        busy: &std::collections::BTreeSet<String>,
+    ) -> Result<Vec<GrantedDevice>, ApiError> {
+        let demand = if self.mig_demand.is_empty() {
+            self.inventory
+                .gpus
+                .iter()
+                .find(|g| g.mig_enabled)
+                .and_then(|g| slicer::model(&g.model))
+                .map(slicer::DemandMix::uniform)
+                .unwrap_or_else(|| slicer::DemandMix::from_weights(std::iter::empty::<(String, f64)>(), 1.0))
+        } else {
+            slicer::DemandMix::observed(&self.mig_demand)
+        };
+        let decision = slicer::place(&self.inventory, busy, profile, slicer::Strategy::Best, &demand).map_err(|nofit| {
+            let err = ApiError {
+                code: ErrorCode::NoCapacity,
+                message: format!("tenant {tenant}: {nofit}"),
+                tenant: Some(tenant.to_string()),
+                request: Some(format!("mig={profile}")),
+                rule: None,
+            };
+            self.log_refusal(container_id, &err);
+            err
+        })?;
+        let backend_err = |what: &str, e: slicer::BackendError| {
+            ApiError::new(ErrorCode::Internal, format!("{what} for mig={profile}: {e}"))
+        };
+        let uuid = match decision {
+            slicer::PlaceDecision::Reuse { uuid } => uuid,
+            slicer::PlaceDecision::Create { gpu_index, start } => {
+                let inst = self.backend.create_instance(gpu_index, profile, start).map_err(|e| backend_err("creating an instance", e))?;
+                let _ = self.store.event("mig", Some(container_id), &format!("created {profile} at GPU {gpu_index} slot {start}: {}", inst.uuid));
+                self.refresh_inventory()?;
+                inst.uuid
+            }
+            slicer::PlaceDecision::Defragment { destroy, gpu_index, start } => {
+                for idle in &destroy {
+                    debug_assert!(!busy.contains(idle));
+                    self.backend.destroy_instance(idle).map_err(|e| backend_err("destroying an idle instance", e))?;
+                }
+                let inst = self.backend.create_instance(gpu_index, profile, start).map_err(|e| backend_err("creating an instance", e));
+                let _ = self.store.event(
+                    "mig",
+                    Some(container_id),
+                    &format!("defragmented GPU {gpu_index}: destroyed idle [{}] to create {profile} at slot {start}", destroy.join(",")),
+                );
+                self.refresh_inventory()?;
+                inst?.uuid
+            }
+        };
+        *self.mig_demand.entry(profile.to_string()).or_default() += 1;
+        share::granted(&self.inventory, &uuid)
+            .map(|d| vec![d])
+            .ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("instance {uuid} is not in the inventory")))
     }
 
     /// After a start: take over the MPS control daemons that outlived the last tesserad,
@@ -331,6 +464,15 @@ impl Node {
         let (devices, injection, share) = match &request {
             GpuRequest::Mps { percent } => self.grant_mps(&req.container_id, &tenant.path, *percent, &device_use)?,
             GpuRequest::Shared => self.grant_shared(&req.container_id, &tenant.path, &device_use)?,
+            GpuRequest::Mig { profile }
+                if self.dynamic_mig && self.policy.policy.mig_layouts(&self.inventory.node).is_empty() =>
+            {
+                let devices = self.grant_mig_dynamic(&req.container_id, &tenant.path, profile, &device_use.busy())?;
+                let injection = slicer::injection(&self.inventory, &devices).map_err(|e| {
+                    ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}"))
+                })?;
+                (devices, injection, None)
+            }
             _ => {
                 let devices = slicer::choose(&self.inventory, &device_use.busy(), &request).map_err(|nofit| {
                     let err = ApiError {

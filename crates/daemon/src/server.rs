@@ -71,6 +71,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/allocations/{id}", get(one).delete(release))
         .route("/v1/allocations/{id}/start", post(start))
         .route("/v1/usage", get(usage))
+        .route("/v1/mig/plan", get(mig_plan))
+        .route("/v1/mig/converge", post(mig_converge))
         .fallback(|| async {
             Reply::<()>(Err(ApiError::new(ErrorCode::NotFound, "no such endpoint")))
         })
@@ -133,6 +135,14 @@ pub fn metrics_router(app: Arc<App>) -> Router {
             }),
         )
         .with_state(app)
+}
+
+async fn mig_plan(State(app): State<Arc<App>>) -> impl IntoResponse {
+    with_node(app, |n| n.mig_plan()).await
+}
+
+async fn mig_converge(State(app): State<Arc<App>>) -> impl IntoResponse {
+    with_node(app, |n| n.mig_converge()).await
 }
 
 async fn status(State(app): State<Arc<App>>) -> impl IntoResponse {

@@ -17,6 +17,10 @@ fn repo(p: &str) -> std::path::PathBuf {
 }
 
 fn node_at(state: &Path, grace: Duration) -> Node {
+    node_with(state, grace, true)
+}
+
+fn node_with(state: &Path, grace: Duration, dynamic_mig: bool) -> Node {
     let backend = slicer::SimBackend::open(&repo("examples/nodes/h100x8.json"), state).expect("sim");
     let policy = policy::Policy::parse(POLICY, "examples/policy.json").expect("policy");
     let store = Store::open(&state.join("state.db")).expect("store");
@@ -32,6 +36,7 @@ fn node_at(state: &Path, grace: Duration) -> Node {
         mps,
         host: HostPaths::default(),
         pending_grace: grace,
+        dynamic_mig,
     })
     .expect("node")
 }
@@ -183,9 +188,9 @@ fn grants_are_idempotent_by_container_id() {
 }
 
 #[test]
-fn exhaustion_then_release_then_reuse() {
+fn exhaustion_then_release_then_reuse_with_a_static_layout() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    let mut node = node_with(dir.path(), Duration::from_secs(60), false);
     let n = node.inventory().gpus.iter().flat_map(|g| &g.instances).filter(|i| i.profile == "1g.10gb").count();
     assert!(n >= 2, "example node needs several 1g.10gb instances");
     let mut seen = BTreeSet::new();
@@ -313,4 +318,42 @@ fn metering_follows_start_release_and_restart() {
     assert_eq!(report.total.intervals, 4);
     let e = node.usage(now, now - 1, metering::GroupBy::User).unwrap_err();
     assert_eq!(e.code, ErrorCode::BadRequest, "{e:?}");
+}
+
+#[test]
+fn dynamic_mig_creates_instances_and_defragments_only_idle_ones() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    let before: BTreeSet<String> =
+        node.inventory().gpus.iter().flat_map(|g| g.instances.iter().map(|i| i.uuid.clone())).collect();
+    // Hold every existing 2g.20gb and every 1g.10gb on GPU 2, so a new 2g can only come
+    // from cutting new slices.
+    let mut held = BTreeSet::new();
+    let existing_2g = node.inventory().gpus.iter().flat_map(|g| &g.instances).filter(|i| i.profile == "2g.20gb").count();
+    for i in 0..existing_2g {
+        let a = node.allocate(&req(&format!("h{i}"), "team-dev", "mig=2g.20gb")).expect("existing 2g");
+        assert!(before.contains(&a.devices[0].uuid), "a free instance is reused before anything is cut");
+        held.insert(a.devices[0].uuid.clone());
+    }
+    let a = node.allocate(&req("new", "team-dev", "mig=2g.20gb")).expect("a 2g is cut on demand");
+    let uuid = a.devices[0].uuid.clone();
+    assert!(!before.contains(&uuid), "a fresh instance");
+    let inst = node.inventory().gpus.iter().flat_map(|g| &g.instances).find(|i| i.uuid == uuid).expect("in inventory");
+    assert_eq!((inst.profile.as_str(), inst.size), ("2g.20gb", 2));
+    // Nothing held was touched.
+    let after: BTreeSet<String> =
+        node.inventory().gpus.iter().flat_map(|g| g.instances.iter().map(|i| i.uuid.clone())).collect();
+    assert!(held.is_subset(&after), "a held instance was destroyed");
+    let events = node.status().expect("status").events;
+    assert!(events.iter().any(|e| e.kind == "mig"), "{events:?}");
+    // The layout stays legal on every GPU.
+    for g in node.inventory().gpus.iter().filter(|g| g.mig_enabled) {
+        let model = slicer::model(&g.model).expect("model");
+        let placements: Vec<(&str, u8)> = g.instances.iter().map(|i| (i.profile.as_str(), i.start)).collect();
+        slicer::placement_is_legal(model, &placements).expect("legal layout");
+    }
+    // A restart sees the new instance: hardware state lives in the state dir.
+    drop(node);
+    let node = node_at(dir.path(), Duration::from_secs(60));
+    assert!(node.inventory().gpus.iter().flat_map(|g| &g.instances).any(|i| i.uuid == uuid));
 }

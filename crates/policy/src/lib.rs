@@ -201,6 +201,8 @@ pub(crate) struct NodePool {
     pub nodes: Vec<NodePattern>,
     /// Tenant path prefixes allowed in the pool; `None` allows every tenant.
     pub tenants: Option<Vec<String>>,
+    /// GPU model -> declared MIG layout.
+    pub mig_layouts: BTreeMap<String, slicer::DeclaredLayout>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -280,6 +282,16 @@ impl Policy {
     /// default of compute slices / 7.
     pub fn mig_weight(&self, profile: &str) -> Option<f64> {
         self.mig_weights.get(profile).copied()
+    }
+
+    /// The MIG layouts declared for a node (by the first pool, in name order, that matches
+    /// it and declares any). Empty: the node's MIG layout is dynamic.
+    pub fn mig_layouts(&self, node_name: &str) -> BTreeMap<String, slicer::DeclaredLayout> {
+        self.node_pools
+            .iter()
+            .find(|p| !p.mig_layouts.is_empty() && p.nodes.iter().any(|n| n.matches(node_name)))
+            .map(|p| p.mig_layouts.clone())
+            .unwrap_or_default()
     }
 
     /// The largest MPS share a container may ask for (100 unless `mps.max_percent`).

@@ -147,6 +147,9 @@ pub(crate) struct RawNodePool {
     pub nodes: Vec<String>,
     #[serde(default)]
     pub tenants: Option<Vec<String>>,
+    /// GPU model -> declared MIG layout (`all-1g`, `all-balanced`, `3g.40gb@0,2g.20gb@4`).
+    #[serde(default)]
+    pub mig_layouts: UniqueMap<String>,
 }
 
 /// A JSON object read into a sorted map, refusing duplicate keys. serde_json would

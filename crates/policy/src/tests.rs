@@ -319,7 +319,7 @@ fn unknown_fields_are_errors_at_every_depth() {
         (
             base_with(|v| v["node_pools"]["h100"]["tenant"] = json!([])),
             "node_pools.h100.tenant",
-            "unknown field `tenant`, expected `nodes` or `tenants`",
+            "unknown field `tenant`, expected one of `nodes`, `tenants`, `mig_layouts`",
         ),
     ];
     for (v, path, msg) in cases {
@@ -1116,6 +1116,40 @@ mod sharing_tests {
         ] {
             let e = parse(extra).expect_err(extra);
             assert!(e.to_string().contains(path), "{extra}: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use crate::Policy;
+
+    fn parse(pool: &str) -> Result<Policy, crate::PolicyError> {
+        Policy::parse(
+            format!(r#"{{"version": 1, "orgs": {{"acme": {{"trust": "trusted"}}}}, "node_pools": {{"p": {pool}}}}}"#).as_bytes(),
+            "p.json",
+        )
+    }
+
+    #[test]
+    fn declared_layouts_parse_per_model_and_match_nodes() {
+        let p = parse(r#"{"nodes": ["gpu-*"], "mig_layouts": {"H100-80GB": "all-1g", "A100-40GB": "3g.20gb@0,3g.20gb@4"}}"#)
+            .expect("valid");
+        let l = p.mig_layouts("gpu-7");
+        assert_eq!(l.len(), 2);
+        assert_eq!(l["H100-80GB"].to_string(), "all-1g");
+        assert!(p.mig_layouts("cpu-1").is_empty(), "a node in no such pool is dynamic");
+    }
+
+    #[test]
+    fn bad_layouts_name_their_path() {
+        for (pool, path) in [
+            (r#"{"nodes": ["n"], "mig_layouts": {"V100": "all-1g"}}"#, "node_pools.p.mig_layouts.V100"),
+            (r#"{"nodes": ["n"], "mig_layouts": {"H100-80GB": "some-1g"}}"#, "node_pools.p.mig_layouts.H100-80GB"),
+            (r#"{"nodes": ["n"], "mig_layouts": {"H100-80GB": "3g.40gb@0,3g.40gb@2"}}"#, "node_pools.p.mig_layouts.H100-80GB"),
+        ] {
+            let e = parse(pool).expect_err(pool);
+            assert!(e.to_string().contains(path), "{pool}: {e}");
         }
     }
 }

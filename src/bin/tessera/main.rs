@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod fleet;
+mod mig;
 
 /// Tessera: GPU sharing on one node.
 #[derive(Debug, Parser)]
@@ -49,6 +50,13 @@ enum Cmd {
     },
     /// Every node known to the fleet coordinator: applied policy version, last contact, health.
     Nodes(fleet::CoordinatorArgs),
+    /// The node's MIG layout against the one its pool declares.
+    Mig {
+        #[command(subcommand)]
+        cmd: mig::MigCmd,
+    },
+    /// Replay a GPU-cluster trace through the real placement code (no daemon needed).
+    Sim(mig::SimArgs),
     /// Policy files.
     Policy {
         #[command(subcommand)]
@@ -111,6 +119,8 @@ fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Cmd::Nodes(args) => fleet::nodes(&args),
+        Cmd::Mig { cmd } => mig::run(&cli.socket, cmd),
+        Cmd::Sim(args) => mig::sim(args),
         Cmd::Policy { cmd: PolicyCmd::Fleet(cmd) } => fleet::policy(cmd),
         Cmd::Policy { cmd: PolicyCmd::Validate { file } } => {
             let p = policy::Policy::load(&file).map_err(|e| e.to_string())?;
