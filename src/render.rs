@@ -14,6 +14,38 @@ pub fn status(s: &NodeStatus) -> String {
     let short = |d: &str| d.chars().take(12).collect::<String>();
     let _ = writeln!(out, "node {}   backend {}", s.node, s.backend);
     let _ = writeln!(out, "policy v{} ({}, sha256 {})", s.policy.version, s.policy.source, short(&s.policy.digest));
+    if let Some(c) = &s.policy.coordinator {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let contact = c
+            .last_contact_ms
+            .map_or_else(|| "never".to_string(), |t| format!("{}s ago", now.saturating_sub(t) / 1000));
+        let link = match (&c.current, c.connected) {
+            (Some(u), true) => format!("connected to {u}"),
+            (Some(u), false) => format!("not connected (last used {u})"),
+            (None, _) => "not connected".to_string(),
+        };
+        let _ = writeln!(out, "  fleet: {} as node {}, {link}, last contact {contact}, trust key {}", c.health, c.node_id, c.trust_key_id);
+        if let Some(r) = &c.last_rejection {
+            let _ = writeln!(out, "  refused policy version {} ({}) from {}: {}", r.version, r.kind, r.coordinator, r.reason);
+        }
+        if let Some(e) = &c.last_error {
+            let _ = writeln!(out, "  last error: {e}");
+        }
+        if let Some(u) = &c.usage {
+            let _ = writeln!(
+                out,
+                "  usage uploads: through ledger seq {}, {} pending, {} accepted, {} duplicates{}",
+                u.uploaded_through_seq,
+                u.pending,
+                u.accepted,
+                u.duplicates,
+                u.last_error.as_deref().map(|e| format!(", last error: {e}")).unwrap_or_default()
+            );
+        }
+    }
     let held = s.allocations.len();
     let _ = writeln!(out, "{} GPUs, {held} allocation{}", s.gpus.len(), if held == 1 { "" } else { "s" });
     for g in &s.gpus {
@@ -107,11 +139,31 @@ fn sharing(s: &NodeStatus, uuid: &str) -> Option<String> {
     })
 }
 
+/// `dirty after …`, `quarantined: …`, with the last scrub's numbers.
+fn lifecycle(l: Option<&tessera_api::Lifecycle>) -> String {
+    let Some(l) = l else { return String::new() };
+    match &l.last_scrub {
+        Some(r) => format!(
+            "{} [last scrub: {}, {}/{} bytes, {} non-zero words, {:.3} s]",
+            l.detail,
+            if r.ok { "ok" } else { "FAILED" },
+            r.bytes_covered,
+            r.bytes_total,
+            r.nonzero_words,
+            r.seconds
+        ),
+        None => l.detail.clone(),
+    }
+}
+
 fn gpu(out: &mut String, g: &GpuStatus, s: &NodeStatus) {
     let mode = if g.mig_enabled { "MIG" } else { "whole" };
     let _ = writeln!(out, "GPU {}  {}  {}  minor {}  {} MiB  {mode}", g.index, g.model, g.uuid, g.minor, g.memory_mib);
     if !g.mig_enabled {
         match (&g.holder, sharing(s, &g.uuid)) {
+            _ if g.lifecycle.is_some() && g.holder.is_none() => {
+                let _ = writeln!(out, "  {}", lifecycle(g.lifecycle.as_ref()));
+            }
             (Some(h), _) => {
                 let _ = writeln!(out, "  held by {} ({})", h.tenant, h.container_id);
             }
@@ -128,6 +180,7 @@ fn gpu(out: &mut String, g: &GpuStatus, s: &NodeStatus) {
     let _ = writeln!(out, "  {}", slot_map(&g.instances));
     for i in &g.instances {
         let who = match (&i.holder, sharing(s, &i.uuid)) {
+            _ if i.lifecycle.is_some() && i.holder.is_none() => lifecycle(i.lifecycle.as_ref()),
             (Some(h), _) => format!("held by {} ({})", h.tenant, h.container_id),
             (None, Some(how)) => how,
             (None, None) => "free".into(),
@@ -163,7 +216,13 @@ pub fn slot_map(instances: &[MigInstanceStatus]) -> String {
         match cells[s] {
             Some(i) if i.start as usize == s => {
                 let width = SLOT * i.size as usize;
-                let mark = if i.holder.is_some() { "*" } else { "" };
+                let mark = if i.holder.is_some() {
+                    "*"
+                } else if i.lifecycle.is_some() {
+                    "!"
+                } else {
+                    ""
+                };
                 let label: String = format!("{}{mark}", i.profile).chars().take(width.saturating_sub(2)).collect();
                 let _ = write!(line, "[{label:^w$}]", w = width - 2);
                 s += i.size as usize;
@@ -193,6 +252,7 @@ mod tests {
             memory_mib: 1,
             state: if held { DeviceState::Assigned } else { DeviceState::Free },
             holder: held.then(|| Holder { container_id: "c".into(), tenant: "t".into() }),
+            lifecycle: None,
         }
     }
 

@@ -117,7 +117,13 @@ fn retry<T>(what: &str, mut f: impl FnMut() -> Result<T, tessera_api::ClientErro
     loop {
         match f() {
             Ok(v) => return v,
-            Err(e) if e.api_error().is_none() && Instant::now() < deadline => {
+            // Down (between a kill and its restart), or out of capacity while released
+            // devices are still being scrubbed: both pass.
+            Err(e)
+                if (e.api_error().is_none()
+                    || e.api_error().is_some_and(|a| a.code == tessera_api::ErrorCode::NoCapacity))
+                    && Instant::now() < deadline =>
+            {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(e) => panic!("{what}: {e}"),

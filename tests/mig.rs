@@ -52,6 +52,7 @@ fn a_missing_profile_is_cut_live_and_neighbours_keep_their_devices() {
     let policy = files.join("policy.json");
     policy_file(&policy, None);
     let node = Node::start_with(NodeOptions { policy, node_file: node_file(&files), ..Default::default() });
+    node.fx.cleanup().track_dir(&files);
     let mut neighbours = Vec::new();
     for (id, req) in [("big", "mig=3g.40gb"), ("small", "mig=1g.10gb")] {
         let b = node.bundle(id, "team-dev", Some(req), &["sleep", "300"]);
@@ -79,7 +80,6 @@ fn a_missing_profile_is_cut_live_and_neighbours_keep_their_devices() {
     }
     let status = node.cli(&["status"]).stdout_str();
     assert!(status.contains("2g.20gb*"), "{status}");
-    std::fs::remove_dir_all(&files).ok();
 }
 
 #[test]
@@ -88,6 +88,7 @@ fn plan_and_converge_never_touch_an_assigned_instance() {
     let policy = files.join("policy.json");
     policy_file(&policy, None);
     let mut node = Node::start_with(NodeOptions { policy: policy.clone(), node_file: node_file(&files), ..Default::default() });
+    node.fx.cleanup().track_dir(&files);
     let b = node.bundle("held", "team-dev", Some("mig=3g.40gb"), &["sleep", "300"]);
     node.fx.run_detached(&b, "held");
     let held = node.client().allocation("held").expect("grant").devices[0].uuid.clone();
@@ -129,7 +130,6 @@ fn plan_and_converge_never_touch_an_assigned_instance() {
     let v: serde_json::Value = serde_json::from_str(&out.stdout_str()).expect("json");
     assert_eq!(v["plan"]["create"].as_array().map(Vec::len), Some(0), "{v}");
     assert_eq!(v["plan"]["destroy"].as_array().map(Vec::len), Some(0), "{v}");
-    std::fs::remove_dir_all(&files).ok();
 }
 
 #[test]

@@ -14,9 +14,11 @@ struct Args {
     /// GPU source: `nvml` for the real driver, or `sim:FILE` for a simulated node.
     #[arg(long)]
     node: tesserad::NodeSource,
-    /// Policy file (JSON).
-    #[arg(long)]
-    policy: PathBuf,
+    /// Policy file (JSON). Required unless --coordinator is given; with a coordinator it
+    /// is the bootstrap policy, used only when it is newer than the last-known-good copy
+    /// in the state dir (with neither, the coordinator's latest policy is fetched at start).
+    #[arg(long, required_unless_present = "coordinator")]
+    policy: Option<PathBuf>,
     /// Directory for durable state (allocations, simulated hardware).
     #[arg(long, default_value = "/var/lib/tessera")]
     state_dir: PathBuf,
@@ -45,9 +47,94 @@ struct Args {
     /// Never create or destroy MIG instances on demand (only declared layouts change them).
     #[arg(long)]
     no_dynamic_mig: bool,
+    /// The binary that scrubs a device in a child process (`tessera scrub`); default:
+    /// `tessera` beside this tesserad.
+    #[arg(long)]
+    scrub_exe: Option<PathBuf>,
     /// How often every MPS control daemon is health-checked, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     mps_health_interval_ms: u64,
+    #[command(flatten)]
+    fleet: FleetArgs,
+}
+
+/// Following a fleet coordinator (see docs/FLEET.md).
+#[derive(Debug, clap::Args)]
+struct FleetArgs {
+    /// Follow the fleet coordinator(s) at URL[,URL...] (http://HOST:PORT, tried in order):
+    /// signed policies, status reports, usage uploads.
+    #[arg(long, value_delimiter = ',', requires = "trust_key")]
+    coordinator: Vec<String>,
+    /// The coordinator's public key (64 hex digits, base64, or a file holding either):
+    /// only policies it signed are applied.
+    #[arg(long, requires = "coordinator")]
+    trust_key: Option<String>,
+    /// The name this node reports as (default: the node's name; it must match it).
+    #[arg(long, requires = "coordinator")]
+    node_id: Option<String>,
+    /// A file holding this node's coordinator token (else $TESSERA_NODE_TOKEN).
+    #[arg(long, requires = "coordinator")]
+    node_token: Option<PathBuf>,
+    /// How long each long poll of the coordinator waits, in milliseconds.
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=120_000))]
+    coordinator_poll_timeout_ms: u64,
+    /// Report this node's policy status to the coordinator at least this often, in milliseconds.
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..))]
+    coordinator_report_interval_ms: u64,
+    /// Longest wait between rounds of unreachable coordinators, in milliseconds.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..))]
+    coordinator_retry_max_ms: u64,
+    /// Upload closed ledger intervals to the coordinator this often, in milliseconds.
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(100..))]
+    usage_upload_interval_ms: u64,
+}
+
+impl FleetArgs {
+    fn config(self) -> Result<Option<tesserad::CoordinatorConfig>, String> {
+        if self.coordinator.is_empty() {
+            return Ok(None);
+        }
+        let urls: Vec<String> =
+            self.coordinator.iter().map(|u| u.trim().to_string()).filter(|u| !u.is_empty()).collect();
+        if urls.is_empty() {
+            return Err("--coordinator: no URL given".into());
+        }
+        let key_arg = self.trust_key.ok_or("--coordinator needs --trust-key (the coordinator's public key)")?;
+        let trust_key = coordinator::signing::load_verifying_key(&key_arg).map_err(|e| format!("--trust-key: {e}"))?;
+        let token = match self.node_token {
+            Some(path) => read_token(&path)?,
+            None => match std::env::var("TESSERA_NODE_TOKEN") {
+                Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
+                _ => {
+                    return Err("--coordinator needs the node's token: --node-token FILE or $TESSERA_NODE_TOKEN".into())
+                }
+            },
+        };
+        let mut cfg = tesserad::CoordinatorConfig::new(urls, trust_key, token);
+        cfg.node_id = self.node_id;
+        cfg.poll_timeout = Duration::from_millis(self.coordinator_poll_timeout_ms);
+        cfg.report_every = Duration::from_millis(self.coordinator_report_interval_ms);
+        cfg.retry_max = Duration::from_millis(self.coordinator_retry_max_ms);
+        cfg.usage_every = Duration::from_millis(self.usage_upload_interval_ms);
+        Ok(Some(cfg))
+    }
+}
+
+/// Read a token file: one line, surrounding whitespace ignored. Warns when others can read it.
+fn read_token(path: &std::path::Path) -> Result<String, String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--node-token {}: {e}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(format!("--node-token {}: the file is empty", path.display()));
+    }
+    if token.contains(char::is_whitespace) {
+        return Err(format!("--node-token {}: expected one token, found whitespace inside", path.display()));
+    }
+    if std::fs::metadata(path).is_ok_and(|m| m.mode() & 0o077 != 0) {
+        tracing::warn!(path = %path.display(), "the node token file is readable by group or others; chmod 600 it");
+    }
+    Ok(token.to_string())
 }
 
 fn main() -> ExitCode {
@@ -60,6 +147,13 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let a = Args::parse();
+    let coordinator = match a.fleet.config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tesserad: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let config = tesserad::Config {
         node: a.node,
         policy: a.policy,
@@ -73,7 +167,14 @@ fn main() -> ExitCode {
         mps_control: a.mps_control,
         mps_health_every: Duration::from_millis(a.mps_health_interval_ms.max(100)),
         dynamic_mig: !a.no_dynamic_mig,
+        scrub_exe: a.scrub_exe.unwrap_or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|p| p.parent().map(|d| d.join("tessera")))
+                .unwrap_or_else(|| PathBuf::from("tessera"))
+        }),
         host: tesserad::HostPaths::default(),
+        coordinator,
     };
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,

@@ -246,6 +246,13 @@ pub enum DeviceState {
     Assigned,
     /// Shared by MPS or time-sliced containers (see the allocations for whom).
     Shared,
+    /// Released by a tenant and not yet scrubbed: no other tenant gets it.
+    Dirty,
+    /// Being scrubbed.
+    Scrubbing,
+    /// A scrub failed (or the device reported errors): out of service until an operator
+    /// unquarantines it and a scrub succeeds.
+    Quarantined,
     /// A whole GPU in MIG mode: not assignable whole, its instances are.
     MigParent,
 }
@@ -258,8 +265,34 @@ pub struct Holder {
     pub tenant: String,
 }
 
+/// The last scrub of a device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScrubSummary {
+    pub ok: bool,
+    pub bytes_covered: u64,
+    pub bytes_total: u64,
+    pub nonzero_words: u64,
+    pub seconds: f64,
+    pub gbps: f64,
+    /// Unix milliseconds.
+    pub finished_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Why a device is not free, and its last scrub.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lifecycle {
+    /// E.g. `dirty after acme/ml/x/alice`, `quarantined: 12 non-zero words after scrub`.
+    pub detail: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scrub: Option<ScrubSummary>,
+}
+
 /// One MIG instance in `GET /v1/status`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MigInstanceStatus {
     pub uuid: String,
@@ -272,10 +305,12 @@ pub struct MigInstanceStatus {
     pub state: DeviceState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<Holder>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<Lifecycle>,
 }
 
 /// One GPU in `GET /v1/status`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuStatus {
     pub index: u32,
@@ -287,6 +322,8 @@ pub struct GpuStatus {
     pub state: DeviceState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<Holder>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<Lifecycle>,
     pub instances: Vec<MigInstanceStatus>,
 }
 
@@ -295,14 +332,94 @@ pub struct GpuStatus {
 #[serde(deny_unknown_fields)]
 pub struct PolicyInfo {
     pub version: u64,
-    /// Where it came from, e.g. `file:/etc/tessera/policy.json`.
+    /// Where it came from: `file:PATH` (the `--policy` file), `last-known-good:PATH`
+    /// (the signed copy a fleet node keeps on disk) or `coordinator:URL`.
     pub source: String,
     /// sha256 of the policy bytes, hex.
     pub digest: String,
+    /// On a node that follows a fleet coordinator: how that is going.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator: Option<CoordinatorStatus>,
+}
+
+/// A fleet node's view of its coordinator(s) (`tesserad --coordinator`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoordinatorStatus {
+    /// The coordinator URLs, in failover order.
+    pub urls: Vec<String>,
+    /// The name this node reports and uploads usage as.
+    pub node_id: String,
+    /// Id of the pinned public key: only policies it signed are applied.
+    pub trust_key_id: String,
+    /// `ok` (connected, enforcing a signed policy, nothing refused since it was applied)
+    /// or `degraded`.
+    pub health: String,
+    /// Whether the last request to a coordinator got a usable answer.
+    pub connected: bool,
+    /// The coordinator URL last used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<String>,
+    /// The version the agent considers in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_version: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_at_ms: Option<u64>,
+    /// The last time a coordinator answered (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_contact_ms: Option<u64>,
+    /// The last problem of any kind (unreachable, refused, rejected, apply failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// The last policy revision this node refused, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rejection: Option<PolicyRejection>,
+    /// Revisions refused since start.
+    #[serde(default)]
+    pub rejections: u64,
+    /// Where the last applied signed policy is kept.
+    pub last_known_good: String,
+    /// Ledger intervals uploaded for fleet usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageUploadStatus>,
+}
+
+/// A policy revision a node refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyRejection {
+    /// The version it claimed (0 when unreadable).
+    pub version: u64,
+    /// `unsigned`, `forged`, `wrong-key`, `tampered`, `older`, `invalid-policy`, ...
+    pub kind: String,
+    pub reason: String,
+    /// The coordinator URL that served it.
+    pub coordinator: String,
+    pub at_ms: u64,
+}
+
+/// How a fleet node's usage uploads are going.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageUploadStatus {
+    /// Every closed ledger interval up to this ledger `seq` is uploaded.
+    pub uploaded_through_seq: u64,
+    /// Closed intervals not uploaded yet.
+    pub pending: u64,
+    /// Intervals the coordinator stored as new since start.
+    pub accepted: u64,
+    /// Intervals it already had (retries after a lost answer) since start.
+    pub duplicates: u64,
+    /// Intervals it already had with other content (the first upload is kept).
+    pub conflicts: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_upload_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 /// `GET /v1/status`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeStatus {
     pub node: String,

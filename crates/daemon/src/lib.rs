@@ -5,6 +5,7 @@
 //! records the grant in [`store`] before answering; [`liveness`] tells the reconciler which
 //! containers are gone.
 
+pub mod fleet;
 pub mod liveness;
 pub mod metrics;
 pub mod node;
@@ -20,6 +21,7 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
+pub use fleet::CoordinatorConfig;
 pub use node::{ActivePolicy, HostPaths, MigReport, Node, NodeParts, ReconcileReport};
 
 /// Where the GPUs come from.
@@ -51,7 +53,9 @@ impl std::str::FromStr for NodeSource {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub node: NodeSource,
-    pub policy: PathBuf,
+    /// The policy file. Required without a coordinator; with one, it is the bootstrap
+    /// policy, used when it is newer than the last-known-good copy (see [`fleet`]).
+    pub policy: Option<PathBuf>,
     pub state_dir: PathBuf,
     pub socket: PathBuf,
     pub allowed_uids: BTreeSet<u32>,
@@ -67,7 +71,11 @@ pub struct Config {
     pub mps_health_every: Duration,
     /// Cut MIG instances on demand where no declared layout applies.
     pub dynamic_mig: bool,
+    /// The binary whose `scrub` subcommand scrubs a device in a child process (`tessera`).
+    pub scrub_exe: PathBuf,
     pub host: HostPaths,
+    /// Follow a fleet coordinator for the policy and upload usage to it.
+    pub coordinator: Option<CoordinatorConfig>,
 }
 
 /// Why the daemon could not start or stopped.
@@ -79,6 +87,10 @@ pub enum DaemonError {
     Locked(PathBuf),
     #[error("policy: {0}")]
     Policy(#[from] policy::PolicyError),
+    #[error("no policy: give --policy FILE, or --coordinator with --trust-key")]
+    NoPolicy,
+    #[error("coordinator: {0}")]
+    Coordinator(String),
     #[error("gpu backend: {0}")]
     Backend(String),
     #[error(transparent)]
@@ -119,13 +131,30 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     std::fs::create_dir_all(&config.state_dir).map_err(state_err)?;
     // One daemon per state dir: the lock is held for the life of the process.
     let lock = File::create(config.state_dir.join("tesserad.lock")).map_err(state_err)?;
-    if lock.try_lock().is_err() {
-        return Err(DaemonError::Locked(config.state_dir.clone()));
+    // Wait a little for the lock: a predecessor just killed may still have a child between
+    // fork and exec holding a copy of its descriptor (a restart races with that).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while lock.try_lock().is_err() {
+        if std::time::Instant::now() >= deadline {
+            return Err(DaemonError::Locked(config.state_dir.clone()));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let policy = policy::Policy::load(&config.policy)?;
-    let active = ActivePolicy { policy, source: format!("file:{}", config.policy.display()) };
     let backend = open_backend(&config.node, &config.state_dir)?;
+    let (active, fleet) = match &config.coordinator {
+        None => {
+            let path = config.policy.as_ref().ok_or(DaemonError::NoPolicy)?;
+            let policy = policy::Policy::load(path)?;
+            (ActivePolicy { policy, source: format!("file:{}", path.display()) }, None)
+        }
+        Some(cc) => {
+            let name = backend.inventory().map_err(|e| DaemonError::Backend(e.to_string()))?.node;
+            let fleet = fleet::Fleet::new(cc, &name, &config.state_dir)?;
+            let active = fleet.initial_policy(config.policy.as_deref()).await?;
+            (active, Some(Arc::new(fleet)))
+        }
+    };
     let store = store::Store::open(&config.state_dir.join("state.db"))?;
     let ledger = metering::Ledger::open(
         &config.state_dir.join("ledger.db"),
@@ -145,10 +174,15 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         host: config.host.clone(),
         pending_grace: config.pending_grace,
         dynamic_mig: config.dynamic_mig,
+        scrub: node::ScrubSetup {
+            exe: config.scrub_exe.clone(),
+            sim_faults: matches!(config.node, NodeSource::Sim(_))
+                .then(|| config.state_dir.join("sim").join(scrub::SimScrubber::FAULTS_FILE)),
+        },
     })
     .map_err(DaemonError::Backend)?;
     info!(node = %node.inventory().node, gpus = node.inventory().gpus.len(),
-          policy_version = node.policy().policy.version(), "tesserad starting");
+          policy_version = node.policy().policy.version(), policy_source = %node.policy().source, "tesserad starting");
     match node.reconcile() {
         Ok(r) if !r.released.is_empty() => info!(released = r.released.len(), "reconciled after restart"),
         Ok(_) => {}
@@ -169,6 +203,16 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
 
     let listener = server::bind_socket(&config.socket)?;
     let app = Arc::new(server::App { node: Mutex::new(node) });
+
+    // Fleet: follow the coordinator's policy and upload closed ledger intervals.
+    let (agent, usage) = match &fleet {
+        Some(f) => {
+            info!(coordinators = %f.snapshot().urls.join(","), "following the fleet coordinator");
+            let uploader = Arc::new(tokio::sync::Mutex::new(f.uploader(app.clone())));
+            (Some(f.spawn_agent(app.clone())), Some((f.spawn_usage(uploader.clone()), uploader)))
+        }
+        None => (None, None),
+    };
 
     let reconciler = {
         let app = app.clone();
@@ -221,6 +265,20 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         })
     };
 
+    // Scrub worker: one device at a time, in a child process, outside the node lock.
+    let scrubber = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let app = app.clone();
+                let _ = tokio::task::spawn_blocking(move || scrub_pending(&app)).await;
+            }
+        })
+    };
+
     let mps_health = {
         let app = app.clone();
         let every = config.mps_health_every;
@@ -259,15 +317,22 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     info!(socket = %config.socket.display(), "serving");
     let served = axum::serve(
         server::PeerCheckedListener::new(listener, config.allowed_uids.clone()),
-        server::router(app.clone()),
+        match &fleet {
+            Some(f) => f.router(app.clone(), server::router(app.clone())),
+            None => server::router(app.clone()),
+        },
     )
     .with_graceful_shutdown(shutdown_signal())
     .await;
     reconciler.abort();
     heartbeat.abort();
+    scrubber.abort();
     mps_health.abort();
     if let Some(m) = metrics {
         m.abort();
+    }
+    if let Some(a) = agent {
+        a.abort();
     }
     // A clean stop loses no metered time: stamp every open interval one last time.
     if let Ok(mut n) = app.node.lock() {
@@ -276,10 +341,43 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         }
         n.quit_idle_mps();
     }
+    if let Some((task, uploader)) = usage {
+        // One last upload of what closed since the last round, bounded: a coordinator
+        // that does not answer gets it from the next run.
+        task.abort();
+        let last = async move { uploader.lock().await.tick().await };
+        if tokio::time::timeout(Duration::from_secs(5), last).await.is_err() {
+            warn!("final fleet usage upload did not finish in 5 s; the next start sends it");
+        }
+    }
     let _ = std::fs::remove_file(&config.socket);
     drop(lock);
     info!("tesserad stopped");
     served.map_err(DaemonError::Serve)
+}
+
+/// Scrub every device that needs it, one after the other.
+fn scrub_pending(app: &server::App) {
+    loop {
+        let job = match app.node.lock() {
+            Ok(mut n) => n.next_scrub(),
+            Err(_) => return,
+        };
+        let job = match job {
+            Ok(Some(job)) => job,
+            Ok(None) => return,
+            Err(e) => {
+                error!("cannot start a scrub: {}", e.message);
+                return;
+            }
+        };
+        let result = job.run();
+        if let Ok(mut n) = app.node.lock() {
+            if let Err(e) = n.finish_scrub(&job.device, result) {
+                error!("cannot record the scrub of {}: {}", job.device, e.message);
+            }
+        }
+    }
 }
 
 async fn shutdown_signal() {

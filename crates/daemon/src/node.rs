@@ -44,7 +44,7 @@ pub struct ActivePolicy {
 
 impl ActivePolicy {
     pub fn info(&self) -> PolicyInfo {
-        PolicyInfo { version: self.policy.version(), source: self.source.clone(), digest: self.policy.digest() }
+        PolicyInfo { version: self.policy.version(), source: self.source.clone(), digest: self.policy.digest(), coordinator: None }
     }
 }
 
@@ -63,6 +63,33 @@ pub struct Node {
     dynamic_mig: bool,
     /// MIG profiles granted since start: the demand mix placement preserves capacity for.
     mig_demand: BTreeMap<String, u64>,
+    scrub: ScrubSetup,
+    /// Devices whose scrub is running now (by the worker or an unquarantine).
+    scrubs_in_flight: std::collections::BTreeSet<String>,
+}
+
+/// How scrubs are run: a child process, so no CUDA state ever lives in the daemon.
+#[derive(Debug, Clone)]
+pub struct ScrubSetup {
+    /// The binary with the `scrub` subcommand (`tessera`).
+    pub exe: std::path::PathBuf,
+    /// Simulated hardware: the fault-injection file the sim scrubber reads.
+    pub sim_faults: Option<std::path::PathBuf>,
+}
+
+/// A scrub to run outside the node lock: [`Node::next_scrub`] or [`Node::unquarantine`]
+/// hands it out, [`Node::finish_scrub`] takes the result.
+#[derive(Debug)]
+pub struct ScrubJob {
+    pub device: String,
+    pub child: scrub::ScrubChild,
+}
+
+impl ScrubJob {
+    /// Run the scrub child to its report (blocking; call without holding the node lock).
+    pub fn run(&self) -> Result<scrub::ScrubReport, scrub::ScrubError> {
+        self.child.run()
+    }
 }
 
 /// What a MIG plan or convergence reports.
@@ -89,6 +116,7 @@ pub struct NodeParts {
     pub host: HostPaths,
     pub pending_grace: Duration,
     pub dynamic_mig: bool,
+    pub scrub: ScrubSetup,
 }
 
 /// What one reconciler pass did.
@@ -113,7 +141,163 @@ impl Node {
             pending_grace: p.pending_grace,
             dynamic_mig: p.dynamic_mig,
             mig_demand: BTreeMap::new(),
+            scrub: p.scrub,
+            scrubs_in_flight: std::collections::BTreeSet::new(),
         })
+    }
+
+    fn scrub_policy(&self) -> scrub::ScrubPolicy {
+        let s = self.policy.policy.scrub();
+        scrub::ScrubPolicy {
+            min_coverage: s.min_coverage,
+            timeout: Duration::from_secs(s.timeout_s),
+            same_tenant_skip: s.same_tenant_skip,
+            max_attempts: s.max_attempts,
+        }
+    }
+
+    /// Every device that is not plainly free: dirty, scrubbing, quarantined. A stored state
+    /// that cannot be read is treated as dirty with unknown history (scrubbed before reuse).
+    fn lifecycle(&self) -> Result<BTreeMap<String, (scrub::DeviceState, Option<scrub::ScrubReport>)>, ApiError> {
+        let mut out = BTreeMap::new();
+        for (uuid, (state, last)) in self.store.device_states().map_err(internal)? {
+            let st = serde_json::from_str::<scrub::DeviceState>(&state).unwrap_or_else(|e| {
+                warn!(device = %uuid, "unreadable device state {state:?}: {e}; treating it as dirty");
+                scrub::DeviceState::unknown_history()
+            });
+            if st != scrub::DeviceState::Free {
+                let report = last.and_then(|l| serde_json::from_str(&l).ok());
+                out.insert(uuid, (st, report));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Devices `tenant` may not be given now because of their lifecycle.
+    fn not_assignable(&self, tenant: &str) -> Result<std::collections::BTreeSet<String>, ApiError> {
+        let policy = self.scrub_policy();
+        Ok(self
+            .lifecycle()?
+            .into_iter()
+            .filter(|(_, (st, _))| st.can_assign(tenant, &policy).is_err())
+            .map(|(u, _)| u)
+            .collect())
+    }
+
+    fn set_state(&mut self, uuid: &str, st: &scrub::DeviceState, report: Option<&scrub::ScrubReport>) -> Result<(), ApiError> {
+        let json = serde_json::to_string(st).map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        let rep = report.map(|r| r.to_json_line());
+        self.store.set_device_state(uuid, &json, rep.as_deref()).map_err(internal)
+    }
+
+    /// The next device to scrub, marked scrubbing (durably) before it is handed out, so a
+    /// daemon killed mid-scrub resumes it after restart.
+    pub fn next_scrub(&mut self) -> Result<Option<ScrubJob>, ApiError> {
+        let policy = self.scrub_policy();
+        let pick = self
+            .lifecycle()?
+            .into_iter()
+            .find(|(u, (st, _))| st.needs_scrub() && !self.scrubs_in_flight.contains(u));
+        let Some((uuid, (st, _))) = pick else { return Ok(None) };
+        match st.on_scrub_start(&policy) {
+            Ok(next @ scrub::DeviceState::Scrubbing { .. }) => {
+                self.set_state(&uuid, &next, None)?;
+                Ok(Some(self.scrub_job(&uuid)))
+            }
+            Ok(other) => {
+                // Too many attempts: quarantined without another try.
+                warn!(device = %uuid, state = other.name(), "scrub not started");
+                let _ = self.store.event("scrub", None, &format!("{uuid}: {}", other.name()));
+                self.set_state(&uuid, &other, None)?;
+                Ok(None)
+            }
+            Err(e) => Err(ApiError::new(ErrorCode::Internal, format!("device {uuid}: {e}"))),
+        }
+    }
+
+    fn scrub_job(&mut self, uuid: &str) -> ScrubJob {
+        self.scrubs_in_flight.insert(uuid.to_string());
+        let mut child = scrub::ScrubChild::new(&self.scrub.exe, uuid, self.scrub_policy().timeout);
+        if let Some(mem) = self.backend.sim_memory_file(uuid) {
+            child = child.sim(&mem, self.scrub.sim_faults.as_deref());
+        }
+        ScrubJob { device: uuid.to_string(), child }
+    }
+
+    /// Record a scrub's outcome: clean and verified → free; anything else → quarantined.
+    pub fn finish_scrub(&mut self, device: &str, result: Result<scrub::ScrubReport, scrub::ScrubError>) -> Result<scrub::DeviceState, ApiError> {
+        self.scrubs_in_flight.remove(device);
+        let policy = self.scrub_policy();
+        let current = self.lifecycle()?.remove(device).map(|(st, _)| st).unwrap_or(scrub::DeviceState::Free);
+        let (next, report) = match result {
+            Ok(report) => (current.on_scrub_result(&report, &policy), Some(report)),
+            Err(e) => (current.on_scrub_failed(&e.to_string()), None),
+        };
+        let next = next.map_err(|e| ApiError::new(ErrorCode::Internal, format!("device {device}: {e}")))?;
+        self.set_state(device, &next, report.as_ref())?;
+        let detail = match &report {
+            Some(r) => format!(
+                "{device}: {} after scrub ({} of {} bytes, {} non-zero words, {:.3} s, {:.1} GB/s)",
+                next.name(),
+                r.bytes_covered,
+                r.bytes_total,
+                r.nonzero_words,
+                r.seconds,
+                r.gbps
+            ),
+            None => format!("{device}: {}", serde_json::to_string(&next).unwrap_or_default()),
+        };
+        if next == scrub::DeviceState::Free {
+            info!("{detail}");
+        } else {
+            warn!("{detail}");
+        }
+        let _ = self.store.event("scrub", None, &detail);
+        Ok(next)
+    }
+
+    /// An operator asks for a quarantined device back: it is scrubbed again, and returns to
+    /// service only if that scrub succeeds.
+    pub fn unquarantine(&mut self, device: &str) -> Result<ScrubJob, ApiError> {
+        let current = self.lifecycle()?.remove(device).map(|(st, _)| st);
+        let Some(st @ scrub::DeviceState::Quarantined { .. }) = current else {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!("device {device} is not quarantined ({})", current.as_ref().map(|s| s.name()).unwrap_or("free")),
+            ));
+        };
+        let next = st.unquarantine_requested().map_err(|e| ApiError::new(ErrorCode::Conflict, format!("device {device}: {e}")))?;
+        self.set_state(device, &next, None)?;
+        let _ = self.store.event("scrub", None, &format!("{device}: unquarantine requested, re-scrubbing"));
+        Ok(self.scrub_job(device))
+    }
+
+    /// ` — unavailable to this tenant: GPU-x quarantined: …; MIG-y dirty after …`, or "".
+    fn unavailable_summary(&self, blocked: &std::collections::BTreeSet<String>) -> String {
+        let Ok(life) = self.lifecycle() else { return String::new() };
+        let parts: Vec<String> = blocked
+            .iter()
+            .filter_map(|u| life.get(u).map(|(st, _)| format!("{u} {}", lifecycle_detail(st))))
+            .collect();
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!(" — unavailable to this tenant: {}", parts.join("; "))
+        }
+    }
+
+    /// Sim only: each granted device's memory file, mounted where a test workload finds it.
+    fn sim_memory_mounts(&self, devices: &[GrantedDevice]) -> Vec<tessera_api::BindMount> {
+        devices
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| {
+                let file = self.backend.sim_memory_file(&d.uuid)?;
+                let destination =
+                    if devices.len() == 1 { SIM_MEM_PATH.to_string() } else { format!("{SIM_MEM_PATH}{i}") };
+                Some(tessera_api::BindMount { source: file.display().to_string(), destination, read_only: false })
+            })
+            .collect()
     }
 
     /// Re-read the inventory after the backend changed it (MIG instances created or
@@ -127,7 +311,9 @@ impl Node {
 
     /// Devices that MIG planning must never destroy or move: everything in use.
     fn untouchable(&self) -> Result<std::collections::BTreeSet<String>, ApiError> {
-        Ok(DeviceUse::of(&self.allocations()?).busy())
+        let mut busy = DeviceUse::of(&self.allocations()?).busy();
+        busy.extend(self.lifecycle()?.into_keys()); // dirty memory is never destroyed or re-cut
+        Ok(busy)
     }
 
     /// The difference between the node's MIG layout and the one its pool declares.
@@ -390,15 +576,37 @@ impl Node {
     /// for a container that no longer holds anything.
     fn drop_allocation(&mut self, container_id: &str, why: &str) -> Result<bool, ApiError> {
         self.ledger.close_container(container_id, why).map_err(ledger_err)?;
-        if let Some(rec) = self.store.get(container_id).map_err(internal)? {
-            if let Some(s) = rec.allocation.share.as_ref().filter(|s| s.kind == Isolation::Mps) {
-                // The last container of a share stops its control daemon (`quit`).
-                if let Err(e) = self.mps.release(&s.device, &rec.allocation.tenant, container_id) {
-                    warn!(container = %container_id, "releasing the MPS share failed: {e}");
+        let Some(rec) = self.store.get(container_id).map_err(internal)? else { return Ok(false) };
+        let a = &rec.allocation;
+        if let Some(s) = a.share.as_ref().filter(|s| s.kind == Isolation::Mps) {
+            // The last container of a share stops its control daemon (`quit`).
+            if let Err(e) = self.mps.release(&s.device, &a.tenant, container_id) {
+                warn!(container = %container_id, "releasing the MPS share failed: {e}");
+            }
+        }
+        // What the container leaves behind is dirty until scrubbed: its own devices, or a
+        // shared device once its last container leaves (history unknown: several tenants
+        // may have used it, so no tenant skips that scrub).
+        let mut left = Vec::new();
+        match &a.share {
+            None => {
+                for d in &a.devices {
+                    let st = scrub::DeviceState::Dirty { last_tenant: a.tenant.clone() };
+                    left.push((d.uuid.clone(), serde_json::to_string(&st).unwrap_or_default()));
+                }
+            }
+            Some(s) => {
+                let others = self
+                    .allocations()?
+                    .iter()
+                    .any(|o| o.container_id != a.container_id && o.share.as_ref().is_some_and(|x| x.device == s.device));
+                if !others {
+                    let st = scrub::DeviceState::unknown_history();
+                    left.push((s.device.clone(), serde_json::to_string(&st).unwrap_or_default()));
                 }
             }
         }
-        self.store.remove(container_id, why).map_err(internal)
+        self.store.remove_leaving(container_id, why, &left).map_err(internal)
     }
 
     pub fn inventory(&self) -> &Inventory {
@@ -407,6 +615,17 @@ impl Node {
 
     pub fn policy(&self) -> &ActivePolicy {
         &self.policy
+    }
+
+    /// Replace the policy used for every decision from now on (a fleet coordinator pushed
+    /// a new one). Existing allocations keep their grants.
+    pub fn set_policy(&mut self, policy: ActivePolicy) {
+        self.policy = policy;
+    }
+
+    /// The metering ledger (read-only: fleet usage uploads read closed intervals).
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
     }
 
     /// Grant (or return the existing grant of) a container's GPU share.
@@ -460,24 +679,32 @@ impl Node {
             return Err(err);
         }
 
-        let device_use = DeviceUse::of(&self.allocations()?);
-        let (devices, injection, share) = match &request {
+        let mut device_use = DeviceUse::of(&self.allocations()?);
+        // Dirty, scrubbing and quarantined devices count as taken for this tenant (and a
+        // dirty one of this tenant too, unless the policy lets it skip the scrub).
+        let blocked = self.not_assignable(&tenant.path)?;
+        device_use.exclusive.extend(blocked.iter().cloned());
+        let lifecycle_held: std::collections::BTreeSet<String> = self.lifecycle()?.into_keys().collect();
+        let (devices, mut injection, share) = match &request {
             GpuRequest::Mps { percent } => self.grant_mps(&req.container_id, &tenant.path, *percent, &device_use)?,
             GpuRequest::Shared => self.grant_shared(&req.container_id, &tenant.path, &device_use)?,
             GpuRequest::Mig { profile }
                 if self.dynamic_mig && self.policy.policy.mig_layouts(&self.inventory.node).is_empty() =>
             {
-                let devices = self.grant_mig_dynamic(&req.container_id, &tenant.path, profile, &device_use.busy())?;
+                let mut untouchable = device_use.busy();
+                untouchable.extend(lifecycle_held.iter().cloned());
+                let devices = self.grant_mig_dynamic(&req.container_id, &tenant.path, profile, &untouchable)?;
                 let injection = slicer::injection(&self.inventory, &devices).map_err(|e| {
                     ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}"))
                 })?;
                 (devices, injection, None)
             }
             _ => {
+                let unavailable = self.unavailable_summary(&blocked);
                 let devices = slicer::choose(&self.inventory, &device_use.busy(), &request).map_err(|nofit| {
                     let err = ApiError {
                         code: ErrorCode::NoCapacity,
-                        message: format!("tenant {}: {nofit}", tenant.path),
+                        message: format!("tenant {}: {nofit}{unavailable}", tenant.path),
                         tenant: Some(tenant.path.clone()),
                         request: Some(request.to_string()),
                         rule: None,
@@ -492,6 +719,12 @@ impl Node {
             }
         };
 
+        injection.mounts.extend(self.sim_memory_mounts(&devices));
+        // A dirty device handed back to its own tenant (policy: same_tenant_skip) is the
+        // tenant's again; its dirty mark goes with the grant.
+        for d in devices.iter().filter(|d| lifecycle_held.contains(&d.uuid)) {
+            self.set_state(&d.uuid, &scrub::DeviceState::Free, None)?;
+        }
         let allocation = Allocation {
             container_id: req.container_id.clone(),
             tenant: tenant.path.clone(),
@@ -727,7 +960,20 @@ impl Node {
                 holders.insert(&d.uuid, Holder { container_id: a.container_id.clone(), tenant: a.tenant.clone() });
             }
         }
+        let lifecycle = self.lifecycle()?;
+        let life = |uuid: &str| -> Option<tessera_api::Lifecycle> {
+            let (st, report) = lifecycle.get(uuid)?;
+            Some(tessera_api::Lifecycle { detail: lifecycle_detail(st), last_scrub: report.as_ref().map(summary) })
+        };
         let state_of = |uuid: &str, holder: &Option<Holder>| {
+            if let Some((st, _)) = lifecycle.get(uuid) {
+                match st {
+                    scrub::DeviceState::Scrubbing { .. } => return DeviceState::Scrubbing,
+                    scrub::DeviceState::Quarantined { .. } => return DeviceState::Quarantined,
+                    _ if holder.is_none() => return DeviceState::Dirty,
+                    _ => {}
+                }
+            }
             if holder.is_some() {
                 DeviceState::Assigned
             } else if shared.contains(uuid) {
@@ -757,6 +1003,7 @@ impl Node {
                             memory_mib: i.memory_mib,
                             state: state_of(&i.uuid, &holder),
                             holder,
+                            lifecycle: life(&i.uuid),
                         }
                     })
                     .collect();
@@ -769,6 +1016,7 @@ impl Node {
                     mig_enabled: g.mig_enabled,
                     state: if g.mig_enabled { DeviceState::MigParent } else { state_of(&g.uuid, &holder) },
                     holder,
+                    lifecycle: life(&g.uuid),
                     instances,
                 }
             })
@@ -814,6 +1062,35 @@ impl Node {
         if let Err(e) = self.store.event("refuse", Some(container_id), &err.message) {
             warn!("cannot record refusal: {e}");
         }
+    }
+}
+
+/// Where a simulated device's memory appears in the container.
+pub const SIM_MEM_PATH: &str = "/dev/tessera-sim-mem";
+
+fn lifecycle_detail(st: &scrub::DeviceState) -> String {
+    let after = |t: &str| if t.is_empty() { "unknown tenants".to_string() } else { t.to_string() };
+    match st {
+        scrub::DeviceState::Free => "free".into(),
+        scrub::DeviceState::Assigned { tenant, container_id } => format!("assigned to {tenant} ({container_id})"),
+        scrub::DeviceState::Dirty { last_tenant } => format!("dirty after {}: waiting for a scrub", after(last_tenant)),
+        scrub::DeviceState::Scrubbing { last_tenant, attempt } => {
+            format!("scrubbing (attempt {attempt}) after {}", after(last_tenant))
+        }
+        scrub::DeviceState::Quarantined { reason, .. } => format!("quarantined: {reason}"),
+    }
+}
+
+fn summary(r: &scrub::ScrubReport) -> tessera_api::ScrubSummary {
+    tessera_api::ScrubSummary {
+        ok: r.ok,
+        bytes_covered: r.bytes_covered,
+        bytes_total: r.bytes_total,
+        nonzero_words: r.nonzero_words,
+        seconds: r.seconds,
+        gbps: r.gbps,
+        finished_ms: r.finished_unix_s.saturating_mul(1000),
+        error: r.error.clone(),
     }
 }
 

@@ -73,6 +73,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/usage", get(usage))
         .route("/v1/mig/plan", get(mig_plan))
         .route("/v1/mig/converge", post(mig_converge))
+        .route("/v1/devices/{uuid}/unquarantine", post(unquarantine))
         .fallback(|| async {
             Reply::<()>(Err(ApiError::new(ErrorCode::NotFound, "no such endpoint")))
         })
@@ -135,6 +136,25 @@ pub fn metrics_router(app: Arc<App>) -> Router {
             }),
         )
         .with_state(app)
+}
+
+/// Re-scrub a quarantined device now and answer with its new state and the scrub report.
+async fn unquarantine(State(app): State<Arc<App>>, UrlPath(uuid): UrlPath<String>) -> Response {
+    let r = tokio::task::spawn_blocking(move || {
+        let job = {
+            let mut n = app.node.lock().map_err(|_| ApiError::new(ErrorCode::Internal, "node state lock poisoned"))?;
+            n.unquarantine(&uuid)?
+        };
+        let result = job.run();
+        let report = result.as_ref().ok().cloned();
+        let error = result.as_ref().err().map(|e| e.to_string());
+        let mut n = app.node.lock().map_err(|_| ApiError::new(ErrorCode::Internal, "node state lock poisoned"))?;
+        let state = n.finish_scrub(&job.device, result)?;
+        Ok(serde_json::json!({"device": job.device, "state": state, "report": report, "error": error}))
+    })
+    .await;
+    let r = r.unwrap_or_else(|e| Err(ApiError::new(ErrorCode::Internal, format!("unquarantine failed: {e}"))));
+    Reply(r).into_response()
 }
 
 async fn mig_plan(State(app): State<Arc<App>>) -> impl IntoResponse {

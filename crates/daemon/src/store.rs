@@ -5,7 +5,7 @@
 //! A device can be claimed by at most one allocation: `device_claims.uuid` is the
 //! primary key, so even a logic bug cannot assign a device twice.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection, OptionalExtension};
@@ -87,6 +87,11 @@ impl Store {
              CREATE TABLE IF NOT EXISTS device_claims(
                  uuid TEXT PRIMARY KEY,
                  container_id TEXT NOT NULL REFERENCES allocations(container_id) ON DELETE CASCADE);
+             CREATE TABLE IF NOT EXISTS device_states(
+                 uuid TEXT PRIMARY KEY,
+                 state TEXT NOT NULL,
+                 last_scrub TEXT,
+                 updated_ms INTEGER NOT NULL);
              CREATE TABLE IF NOT EXISTS events(
                  id INTEGER PRIMARY KEY AUTOINCREMENT,
                  ts_ms INTEGER NOT NULL,
@@ -194,11 +199,25 @@ impl Store {
 
     /// Remove an allocation and free its devices. Returns whether it existed.
     pub fn remove(&mut self, container_id: &str, why: &str) -> Result<bool, StoreError> {
-        self.relaxed(|s| s.remove_inner(container_id, why))
+        self.relaxed(|s| s.remove_inner(container_id, why, &[]))
     }
 
-    fn remove_inner(&mut self, container_id: &str, why: &str) -> Result<bool, StoreError> {
+    /// Remove an allocation and, in the same transaction, mark the devices it leaves behind
+    /// (dirty until scrubbed). Durable (`FULL`): a device whose release is lost to a power
+    /// failure would otherwise come back clean-looking without a scrub.
+    pub fn remove_leaving(&mut self, container_id: &str, why: &str, states: &[(String, String)]) -> Result<bool, StoreError> {
+        self.remove_inner(container_id, why, states)
+    }
+
+    fn remove_inner(&mut self, container_id: &str, why: &str, states: &[(String, String)]) -> Result<bool, StoreError> {
         let tx = self.conn.transaction()?;
+        for (uuid, state) in states {
+            tx.execute(
+                "INSERT INTO device_states(uuid, state, updated_ms) VALUES(?1, ?2, ?3)
+                 ON CONFLICT(uuid) DO UPDATE SET state=excluded.state, updated_ms=excluded.updated_ms",
+                params![uuid, state, crate::now_ms() as i64],
+            )?;
+        }
         let n = tx.execute("DELETE FROM allocations WHERE container_id=?1", [container_id])?;
         if n > 0 {
             insert_event(&tx, "release", Some(container_id), why)?;
@@ -228,6 +247,27 @@ impl Store {
     pub fn claimed(&self) -> Result<BTreeSet<String>, StoreError> {
         let mut stmt = self.conn.prepare_cached("SELECT uuid FROM device_claims")?;
         let rows = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<BTreeSet<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// Set a device's lifecycle state (JSON of `scrub::DeviceState`), and its last scrub
+    /// report when given. Durable.
+    pub fn set_device_state(&mut self, uuid: &str, state: &str, last_scrub: Option<&str>) -> Result<(), StoreError> {
+        self.conn.execute(
+            "INSERT INTO device_states(uuid, state, last_scrub, updated_ms) VALUES(?1, ?2, ?3, ?4)
+             ON CONFLICT(uuid) DO UPDATE SET state=excluded.state,
+                 last_scrub=COALESCE(excluded.last_scrub, device_states.last_scrub), updated_ms=excluded.updated_ms",
+            params![uuid, state, last_scrub, crate::now_ms() as i64],
+        )?;
+        Ok(())
+    }
+
+    /// Every device with a recorded lifecycle state: uuid -> (state JSON, last scrub JSON).
+    pub fn device_states(&self) -> Result<BTreeMap<String, (String, Option<String>)>, StoreError> {
+        let mut stmt = self.conn.prepare_cached("SELECT uuid, state, last_scrub FROM device_states")?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, (r.get::<_, String>(1)?, r.get::<_, Option<String>>(2)?))))?
+            .collect::<Result<BTreeMap<_, _>, _>>()?;
         Ok(rows)
     }
 

@@ -37,6 +37,8 @@ fn node_with(state: &Path, grace: Duration, dynamic_mig: bool) -> Node {
         host: HostPaths::default(),
         pending_grace: grace,
         dynamic_mig,
+        // No scrub binary here: released devices stay dirty (tests/scrub.rs runs scrubs).
+        scrub: tesserad::node::ScrubSetup { exe: "/nonexistent/tessera".into(), sim_faults: None },
     })
     .expect("node")
 }
@@ -201,8 +203,64 @@ fn exhaustion_then_release_then_reuse_with_a_static_layout() {
     let e = node.allocate(&req("one-more", "team-dev", "mig=1g.10gb")).unwrap_err();
     assert_eq!(e.code, ErrorCode::NoCapacity);
     assert!(node.release("c0", "test").expect("release"));
-    node.allocate(&req("one-more", "team-dev", "mig=1g.10gb")).expect("freed instance reused");
+    // Released is not free: the instance is dirty until scrubbed and verified.
+    let e = node.allocate(&req("one-more", "team-dev", "mig=1g.10gb")).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
+    scrub_all(&mut node, dir.path());
+    node.allocate(&req("one-more", "team-dev", "mig=1g.10gb")).expect("scrubbed instance reused");
 }
+
+/// Run every pending scrub in-process with the simulated scrubber (the daemon runs them in
+/// a `tessera scrub` child; that path is tested end to end in tests/scrub.rs).
+fn scrub_all(node: &mut Node, state: &Path) {
+    while let Some(job) = node.next_scrub().expect("next scrub") {
+        let mem = state.join("sim/mem").join(format!("{}.bin", job.device));
+        let report = scrub::Scrubber::scrub(&scrub::SimScrubber::single_file(&mem), &job.device);
+        node.finish_scrub(&job.device, report).expect("finish");
+    }
+}
+
+#[test]
+fn a_dirty_device_never_goes_to_another_tenant_before_a_verified_scrub() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_with(dir.path(), Duration::from_secs(60), false);
+    let whole = node.inventory().gpus.iter().filter(|g| !g.mig_enabled).count();
+    for i in 0..whole {
+        node.allocate(&req(&format!("a{i}"), "team-trusted", "gpu=1")).expect("whole gpu");
+    }
+    let a0 = node.allocation("a0").expect("a0").devices[0].uuid.clone();
+    node.release("a0", "poststop").expect("release");
+    let st = node.status().expect("status");
+    let g = st.gpus.iter().find(|g| g.uuid == a0).expect("gpu");
+    assert_eq!(g.state, tessera_api::DeviceState::Dirty);
+    assert!(g.lifecycle.as_ref().is_some_and(|l| l.detail.contains("acme/trusted/training/alice")), "{g:?}");
+    // Another tenant: refused while dirty.
+    let e = node.allocate(&req("b", "team-dev", "gpu=1")).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
+    // A restart does not launder it.
+    drop(node);
+    let mut node = node_with(dir.path(), Duration::from_secs(60), false);
+    assert!(node.allocate(&req("b", "team-dev", "gpu=1")).is_err());
+    // A scrub that leaves data behind quarantines it.
+    let job = node.next_scrub().expect("next").expect("a job");
+    assert_eq!(job.device, a0);
+    let mem = dir.path().join("sim/mem").join(format!("{a0}.bin"));
+    let mut bad = scrub::Scrubber::scrub(&scrub::SimScrubber::single_file(&mem), &a0).expect("scrub");
+    bad.nonzero_words = 3;
+    bad.ok = false;
+    node.finish_scrub(&a0, Ok(bad)).expect("finish");
+    let g = node.status().expect("status").gpus.into_iter().find(|g| g.uuid == a0).expect("gpu");
+    assert_eq!(g.state, tessera_api::DeviceState::Quarantined);
+    assert!(node.allocate(&req("b", "team-dev", "gpu=1")).is_err());
+    // Unquarantine re-scrubs; a good scrub returns it to service, for anyone.
+    let job = node.unquarantine(&a0).expect("unquarantine");
+    let good = scrub::Scrubber::scrub(&scrub::SimScrubber::single_file(&mem), &a0);
+    assert_eq!(node.finish_scrub(&job.device, good).expect("finish"), scrub::DeviceState::Free);
+    let b = node.allocate(&req("b", "team-dev", "gpu=1")).expect("clean gpu for another tenant");
+    assert_eq!(b.devices[0].uuid, a0);
+    assert!(b.injection.mounts.iter().any(|m| m.destination == "/dev/tessera-sim-mem" && m.source.ends_with(&format!("{a0}.bin"))));
+}
+
 
 #[test]
 fn start_confirms_only_known_containers_from_their_own_bundle() {

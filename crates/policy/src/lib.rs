@@ -146,6 +146,25 @@ pub struct Policy {
     pub(crate) mig_weights: BTreeMap<String, f64>,
     pub(crate) mps_max_percent: u8,
     pub(crate) sharing: Sharing,
+    pub(crate) scrub: ScrubSettings,
+}
+
+/// How devices are scrubbed between tenants.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ScrubSettings {
+    /// A dirty device may go back to the tenant that last had it without a scrub.
+    pub same_tenant_skip: bool,
+    /// Fraction of device memory a scrub must cover, else the device is quarantined.
+    pub min_coverage: f64,
+    pub timeout_s: u64,
+    /// Scrub starts before the device is quarantined instead.
+    pub max_attempts: u32,
+}
+
+impl Default for ScrubSettings {
+    fn default() -> Self {
+        ScrubSettings { same_tenant_skip: false, min_coverage: 0.90, timeout_s: 120, max_attempts: 3 }
+    }
 }
 
 /// Time-slicing: how many replicas a GPU offers and who may share one.
@@ -292,6 +311,11 @@ impl Policy {
             .find(|p| !p.mig_layouts.is_empty() && p.nodes.iter().any(|n| n.matches(node_name)))
             .map(|p| p.mig_layouts.clone())
             .unwrap_or_default()
+    }
+
+    /// How devices are scrubbed between tenants (`scrub`).
+    pub fn scrub(&self) -> ScrubSettings {
+        self.scrub
     }
 
     /// The largest MPS share a container may ask for (100 unless `mps.max_percent`).

@@ -37,6 +37,21 @@ pub(crate) struct RawPolicy {
     pub mps: Option<Object<RawMps>>,
     #[serde(default)]
     pub sharing: Option<Object<RawSharing>>,
+    #[serde(default)]
+    pub scrub: Option<Object<RawScrub>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawScrub {
+    #[serde(default)]
+    pub same_tenant_skip: Option<bool>,
+    #[serde(default)]
+    pub min_coverage: Option<f64>,
+    #[serde(default)]
+    pub timeout_s: Option<u64>,
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -147,7 +147,32 @@ pub(crate) fn build(raw: RawPolicy, digest: String) -> Result<Policy, Problem> {
             crate::Sharing { replicas: sh.replicas, domains }
         }
     };
+    let mut scrub = crate::ScrubSettings::default();
+    if let Some(sc) = &raw.scrub {
+        if let Some(v) = sc.same_tenant_skip {
+            scrub.same_tenant_skip = v;
+        }
+        if let Some(c) = sc.min_coverage {
+            if !(c.is_finite() && c > 0.0 && c <= 1.0) {
+                return Err(problem("scrub.min_coverage", format!("expected a fraction in (0, 1], got {c}")));
+            }
+            scrub.min_coverage = c;
+        }
+        if let Some(t) = sc.timeout_s {
+            if !(1..=3600).contains(&t) {
+                return Err(problem("scrub.timeout_s", format!("expected 1 to 3600 seconds, got {t}")));
+            }
+            scrub.timeout_s = t;
+        }
+        if let Some(m) = sc.max_attempts {
+            if !(1..=10).contains(&m) {
+                return Err(problem("scrub.max_attempts", format!("expected 1 to 10 attempts, got {m}")));
+            }
+            scrub.max_attempts = m;
+        }
+    }
     Ok(Policy {
+        scrub,
         mps_max_percent,
         sharing,
         prices,

@@ -43,6 +43,13 @@ pub trait GpuBackend: Send + Sync + std::fmt::Debug {
         let _ = uuid;
         Err(BackendError::Unsupported(format!("{} cannot destroy MIG instances", self.describe())))
     }
+
+    /// Simulated hardware only: the file that is the device's memory. Real devices have
+    /// none (their memory is reached through CUDA).
+    fn sim_memory_file(&self, uuid: &str) -> Option<std::path::PathBuf> {
+        let _ = uuid;
+        None
+    }
 }
 
 /// Why a backend could not answer.

@@ -380,6 +380,10 @@ impl GpuBackend for SimBackend {
         format!("sim:{}", self.node_file.display())
     }
 
+    fn sim_memory_file(&self, uuid: &str) -> Option<PathBuf> {
+        Some(self.memory_file(uuid))
+    }
+
     fn inventory(&self) -> Result<Inventory, BackendError> {
         let state = self.read_state()?;
         let majors = read_majors(&self.proc_devices_path())?;

@@ -1,12 +1,17 @@
 //! The fleet coordinator's side of the command line: policy push, history and diff,
-//! nodes, fleet-wide usage. (Being wired: see crates/coordinator.)
+//! nodes, fleet-wide usage. The work is in `coordinator::client`; this file parses and
+//! prints.
+
+use std::fmt::Write as _;
 
 use clap::{Args, Subcommand};
+use coordinator::client::{blocking, ClientError};
+use coordinator::{FleetUsage, FleetUsageRequest, NodeRecord, RevisionSummary};
 
 /// Where the coordinator is and who is asking.
 #[derive(Debug, Clone, Args)]
 pub struct CoordinatorArgs {
-    /// The coordinator's URL, e.g. http://127.0.0.1:7400 (several: comma-separated).
+    /// The coordinator's URL, e.g. http://127.0.0.1:7400 (several: comma-separated, tried in order).
     #[arg(long, env = "TESSERA_COORDINATOR")]
     pub coordinator: Option<String>,
     /// The bearer token (an admin token for push, history, nodes and usage).
@@ -14,21 +19,47 @@ pub struct CoordinatorArgs {
     pub token: Option<String>,
 }
 
+impl CoordinatorArgs {
+    fn need(&self) -> Result<(&str, &str), String> {
+        let url = self
+            .coordinator
+            .as_deref()
+            .filter(|u| !u.trim().is_empty())
+            .ok_or("no coordinator: give --coordinator URL or set TESSERA_COORDINATOR")?;
+        let token = self
+            .token
+            .as_deref()
+            .filter(|t| !t.trim().is_empty())
+            .ok_or("no credential: give --token TOKEN or set TESSERA_TOKEN (an admin token of the coordinator)")?;
+        Ok((url, token.trim()))
+    }
+}
+
 /// Policy commands that talk to the coordinator.
 #[derive(Debug, Subcommand)]
 pub enum PolicyFleetCmd {
-    /// Push a policy: validated, versioned, signed, and sent to every node.
+    /// Push a policy: validated, versioned, signed, and sent to every node. Its
+    /// "version" must be greater than the latest pushed one.
     Push {
         file: std::path::PathBuf,
+        /// Who is pushing, recorded next to the admin credential's name.
+        #[arg(long)]
+        author: Option<String>,
+        /// Print the stored revision as JSON.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         fleet: CoordinatorArgs,
     },
     /// Every stored policy version, newest first.
     History {
+        /// Print JSON (oldest first, as the coordinator answers).
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         fleet: CoordinatorArgs,
     },
-    /// What changed between two stored versions.
+    /// What changed between two stored versions (a unified diff).
     Diff {
         a: u64,
         b: u64,
@@ -37,14 +68,229 @@ pub enum PolicyFleetCmd {
     },
 }
 
-pub fn policy(_cmd: PolicyFleetCmd) -> Result<(), String> {
-    Err("fleet policy commands are not wired yet".into())
+/// Say what a coordinator error means for the person at the terminal.
+fn explain(e: ClientError) -> String {
+    match e.status() {
+        Some(401) => format!("{e} (the token is not known to the coordinator)"),
+        Some(403) => format!("{e} (this needs an admin token)"),
+        _ => e.to_string(),
+    }
 }
 
-pub fn nodes(_args: &CoordinatorArgs) -> Result<(), String> {
-    Err("tessera nodes is not wired yet".into())
+pub fn policy(cmd: PolicyFleetCmd) -> Result<(), String> {
+    match cmd {
+        PolicyFleetCmd::Push { file, author, json, fleet } => {
+            let (url, token) = fleet.need()?;
+            let bytes = std::fs::read(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+            // Check here first: errors name the file and the JSON path, and nothing is sent.
+            let parsed = policy::Policy::parse(&bytes, &file.display().to_string()).map_err(|e| e.to_string())?;
+            let rev = blocking::push_policy(url, token, &bytes, author.as_deref()).map_err(explain)?;
+            if rev.digest != parsed.digest() {
+                return Err(format!(
+                    "the coordinator stored digest {} for version {}, not this file's {}",
+                    rev.digest,
+                    rev.version,
+                    parsed.digest()
+                ));
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rev).map_err(|e| e.to_string())?);
+            } else {
+                println!(
+                    "pushed policy version {} (sha256 {}, signed by key {}, author {}); nodes pick it up now",
+                    rev.version,
+                    short(&rev.digest),
+                    rev.key_id,
+                    rev.author
+                );
+            }
+            Ok(())
+        }
+        PolicyFleetCmd::History { json, fleet } => {
+            let (url, token) = fleet.need()?;
+            let revs = blocking::history(url, token).map_err(explain)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&revs).map_err(|e| e.to_string())?);
+            } else {
+                print!("{}", render_history(&revs));
+            }
+            Ok(())
+        }
+        PolicyFleetCmd::Diff { a, b, fleet } => {
+            let (url, token) = fleet.need()?;
+            let diff = blocking::diff(url, token, a, b).map_err(explain)?;
+            if diff.is_empty() {
+                println!("versions {a} and {b} are identical");
+            } else {
+                print!("{diff}");
+                if !diff.ends_with('\n') {
+                    println!();
+                }
+            }
+            Ok(())
+        }
+    }
 }
 
-pub fn usage(_args: &CoordinatorArgs, _from_ms: u64, _to_ms: u64, _by: &str, _json: bool, _csv: bool) -> Result<(), String> {
-    Err("fleet usage is not wired yet".into())
+pub fn nodes(args: &CoordinatorArgs) -> Result<(), String> {
+    let (url, token) = args.need()?;
+    let nodes = blocking::nodes(url, token).map_err(explain)?;
+    print!("{}", render_nodes(&nodes, now_ms()));
+    Ok(())
+}
+
+pub fn usage(args: &CoordinatorArgs, from_ms: u64, to_ms: u64, by: &str, json: bool, csv: bool) -> Result<(), String> {
+    let (url, token) = args.need()?;
+    let by: metering::GroupBy = by.parse().map_err(|e: metering::LedgerError| e.to_string())?;
+    // Price with the fleet's latest policy, as each node prices with the policy in force.
+    let prices = latest_prices(url, token)?;
+    let req = FleetUsageRequest { query: metering::UsageQuery { from_ms, to_ms, by, prices }, nodes: None };
+    let fleet = blocking::usage_query(url, token, &req).map_err(explain)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&fleet).map_err(|e| e.to_string())?);
+    } else if csv {
+        print!("{}", fleet.report.to_csv());
+    } else {
+        print!("{}", render_fleet_usage(&fleet));
+    }
+    Ok(())
+}
+
+/// The prices of the latest pushed policy (none before the first push).
+fn latest_prices(url: &str, token: &str) -> Result<metering::Prices, String> {
+    let revs = blocking::history(url, token).map_err(explain)?;
+    let Some(latest) = revs.iter().map(|r| r.version).max() else {
+        return Ok(metering::Prices::default());
+    };
+    let env = blocking::get(url, token, latest).map_err(explain)?;
+    let bytes = env.policy_bytes().map_err(|e| format!("policy version {latest}: {e}"))?;
+    let p = policy::Policy::parse(&bytes, &format!("policy version {latest}")).map_err(|e| e.to_string())?;
+    Ok(metering::Prices {
+        per_model: p
+            .prices()
+            .iter()
+            .map(|(m, r)| {
+                (m.clone(), metering::Rate {
+                    reserved_per_gpu_hour: r.reserved_per_gpu_hour,
+                    burst_per_gpu_hour: r.burst_per_gpu_hour,
+                })
+            })
+            .collect(),
+    })
+}
+
+fn now_ms() -> u64 {
+    coordinator::now_ms()
+}
+
+fn short(digest: &str) -> &str {
+    &digest[..digest.len().min(12)]
+}
+
+/// Columns padded to their widest cell (the last one is left ragged).
+fn table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> =
+        (0..cols).map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for r in rows {
+        let mut line = String::new();
+        for (c, cell) in r.iter().enumerate() {
+            if c + 1 == r.len() {
+                line.push_str(cell);
+            } else {
+                let _ = write!(line, "{cell:<w$}  ", w = widths[c]);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `tessera nodes`: node, applied version, where it came from, health, last contact, problem.
+pub fn render_nodes(nodes: &[NodeRecord], now_ms: u64) -> String {
+    if nodes.is_empty() {
+        return "no nodes: the coordinator's tokens file names none and none has reported\n".into();
+    }
+    let mut rows = vec![["NODE", "VERSION", "SOURCE", "HEALTH", "LAST CONTACT", "PROBLEM"].map(String::from).to_vec()];
+    for n in nodes {
+        let version = n.applied_version.map_or_else(|| "-".to_string(), |v| v.to_string());
+        let contact = n.last_contact_ms.map_or_else(|| "never".to_string(), |t| ago(now_ms, t));
+        let health = if n.stale && n.last_contact_ms.is_some() { format!("{} (stale)", n.health) } else { n.health.clone() };
+        let problem = n.last_rejection.as_deref().or(n.last_error.as_deref()).unwrap_or("").replace('\n', " ");
+        rows.push(vec![n.node.clone(), version, n.source.clone(), health, contact, problem]);
+    }
+    table(&rows)
+}
+
+fn ago(now_ms: u64, t: u64) -> String {
+    let s = now_ms.saturating_sub(t) / 1000;
+    match s {
+        0..=119 => format!("{s}s ago"),
+        120..=7199 => format!("{}m ago", s / 60),
+        _ => format!("{}h ago", s / 3600),
+    }
+}
+
+/// `tessera policy history`: newest first.
+pub fn render_history(revs: &[RevisionSummary]) -> String {
+    if revs.is_empty() {
+        return "no policy pushed yet\n".into();
+    }
+    let mut sorted: Vec<&RevisionSummary> = revs.iter().collect();
+    sorted.sort_by_key(|r| std::cmp::Reverse(r.version));
+    let mut rows = vec![["VERSION", "CREATED (UTC)", "SHA256", "KEY", "AUTHOR"].map(String::from).to_vec()];
+    for r in sorted {
+        rows.push(vec![r.version.to_string(), utc(r.created_ms), short(&r.digest).to_string(), r.key_id.clone(), r.author.clone()]);
+    }
+    table(&rows)
+}
+
+fn render_fleet_usage(f: &FleetUsage) -> String {
+    let mut out = tessera::render::usage(&f.report);
+    if !f.nodes.is_empty() {
+        let mut rows = vec![["node", "GPU-seconds", "cost", "intervals"].map(String::from).to_vec()];
+        for n in &f.nodes {
+            rows.push(vec![n.node.clone(), format!("{:.3}", n.gpu_seconds), format!("{:.4}", n.cost), n.intervals.to_string()]);
+        }
+        out.push_str("\nby node (closed intervals uploaded by each node)\n");
+        out.push_str(&table(&rows));
+    }
+    out
+}
+
+/// Unix ms as `YYYY-MM-DDTHH:MM:SSZ`.
+fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_formats_known_instants() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc(1_763_726_400_000), "2025-11-21T12:00:00Z");
+        assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00Z");
+    }
+
+    #[test]
+    fn tables_align() {
+        let t = table(&[vec!["a".into(), "bb".into(), "c".into()], vec!["ddd".into(), "e".into(), "".into()]]);
+        assert_eq!(t, "a    bb  c\nddd  e\n");
+    }
 }

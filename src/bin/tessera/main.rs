@@ -57,11 +57,35 @@ enum Cmd {
     },
     /// Replay a GPU-cluster trace through the real placement code (no daemon needed).
     Sim(mig::SimArgs),
+    /// Zero and verify one device's memory (run by tesserad in a child process):
+    /// `--device UUID [--json] [--sim-mem FILE] [--sim-faults FILE] [--reserve-mib N]`.
+    #[command(disable_help_flag = true)]
+    Scrub {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// GPU measurements for a lent machine: `peak`, `fill PATTERN`, `count PATTERN`.
+    #[command(name = "gpu-bench", disable_help_flag = true)]
+    GpuBench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Devices: bring a quarantined one back after a successful scrub.
+    Device {
+        #[command(subcommand)]
+        cmd: DeviceCmd,
+    },
     /// Policy files.
     Policy {
         #[command(subcommand)]
         cmd: PolicyCmd,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum DeviceCmd {
+    /// Scrub a quarantined device again; it returns to service only if the scrub succeeds.
+    Unquarantine { uuid: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -74,6 +98,12 @@ enum PolicyCmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The scrub child and the GPU bench print their own reports and choose their exit code.
+    match &cli.cmd {
+        Cmd::Scrub { args } => return code(scrub::scrub_cli_main(args.clone())),
+        Cmd::GpuBench { args } => return code(scrub::gpu_bench_main(args.clone())),
+        _ => {}
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -81,6 +111,10 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn code(c: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(c).unwrap_or(1))
 }
 
 fn run(cli: Cli) -> Result<(), String> {
@@ -120,6 +154,19 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Cmd::Nodes(args) => fleet::nodes(&args),
         Cmd::Mig { cmd } => mig::run(&cli.socket, cmd),
+        Cmd::Scrub { .. } | Cmd::GpuBench { .. } => Ok(()),
+        Cmd::Device { cmd: DeviceCmd::Unquarantine { uuid } } => {
+            let r: serde_json::Value = tessera_api::Client::new(&cli.socket)
+                .call::<(), _>("POST", &format!("/v1/devices/{uuid}/unquarantine"), None)
+                .map_err(|e| e.to_string())?;
+            let state = r["state"]["state"].as_str().unwrap_or("?");
+            if state == "free" {
+                println!("{uuid}: scrubbed and verified, back in service");
+                Ok(())
+            } else {
+                Err(format!("{uuid}: still {state}: {}", r["state"]["reason"].as_str().or(r["error"].as_str()).unwrap_or("scrub failed")))
+            }
+        }
         Cmd::Sim(args) => mig::sim(args),
         Cmd::Policy { cmd: PolicyCmd::Fleet(cmd) } => fleet::policy(cmd),
         Cmd::Policy { cmd: PolicyCmd::Validate { file } } => {

@@ -1,0 +1,528 @@
+//! Following a fleet coordinator (`tesserad --coordinator URL --trust-key KEY`).
+//!
+//! * **Start**: the policy to start from is the newer of the `--policy` file and the
+//!   last-known-good copy in the state dir (a tie goes to last-known-good, which is
+//!   signed). Last-known-good is verified again against the pinned key: a file that does
+//!   not verify stops the daemon (fail closed) with the reason and the path. With neither
+//!   a file nor a last-known-good copy, the daemon asks the coordinators once and starts
+//!   from the signed policy they serve, or refuses to start.
+//! * **Follow**: [`coordinator::PolicyAgent`] long-polls, verifies every revision
+//!   against the pinned key and refuses unsigned, forged, tampered and older ones (the
+//!   reason goes to the log, to `GET /v1/status` and to the coordinator). An accepted
+//!   revision is swapped in under the node lock, so every decision uses either the old or
+//!   the new policy; allocations already granted keep their grants. The agent then keeps
+//!   the signed envelope as last-known-good.
+//! * **Usage**: every `usage_every`, the closed ledger intervals not uploaded yet go to
+//!   the coordinator, which stores each interval id once: a batch whose answer was lost
+//!   and is sent again counts once. The high-water mark (every closed interval up to this
+//!   ledger `seq` is uploaded) is kept in the state dir with the ledger's id, so a
+//!   restart resends at most what was above it (again counted once).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use coordinator::signing::{self, Verified};
+use coordinator::{AgentConfig, AgentStatus, PolicyAgent, PolicySource};
+use serde::{Deserialize, Serialize};
+use tessera_api::{ApiError, CoordinatorStatus, ErrorCode, PolicyRejection, UsageUploadStatus};
+use tracing::{error, info, warn};
+
+use crate::node::ActivePolicy;
+use crate::server::App;
+use crate::DaemonError;
+
+/// How a node follows its fleet coordinator(s).
+#[derive(Clone)]
+pub struct CoordinatorConfig {
+    /// `http://HOST:PORT` of each coordinator, in failover order.
+    pub urls: Vec<String>,
+    /// The coordinator's public key: only policies it signed are applied.
+    pub trust_key: ed25519_dalek::VerifyingKey,
+    /// The name this node reports and uploads usage as; `None`: the node's name. It must
+    /// be the node's name (the name its ledger intervals carry).
+    pub node_id: Option<String>,
+    /// The node's bearer token (a node credential of the coordinator's tokens file).
+    pub token: String,
+    /// How long each long poll waits.
+    pub poll_timeout: Duration,
+    /// Report status to the coordinator at least this often.
+    pub report_every: Duration,
+    /// Longest backoff while no coordinator answers.
+    pub retry_max: Duration,
+    /// How often closed ledger intervals are uploaded.
+    pub usage_every: Duration,
+}
+
+impl std::fmt::Debug for CoordinatorConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoordinatorConfig")
+            .field("urls", &self.urls)
+            .field("trust_key", &signing::key_id(&self.trust_key))
+            .field("node_id", &self.node_id)
+            .field("token", &"<redacted>")
+            .field("poll_timeout", &self.poll_timeout)
+            .field("report_every", &self.report_every)
+            .field("retry_max", &self.retry_max)
+            .field("usage_every", &self.usage_every)
+            .finish()
+    }
+}
+
+impl CoordinatorConfig {
+    /// Defaults for everything but where, whom to trust, and the credential.
+    pub fn new(urls: Vec<String>, trust_key: ed25519_dalek::VerifyingKey, token: String) -> Self {
+        CoordinatorConfig {
+            urls,
+            trust_key,
+            node_id: None,
+            token,
+            poll_timeout: Duration::from_secs(30),
+            report_every: Duration::from_secs(30),
+            retry_max: Duration::from_secs(5),
+            usage_every: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Where the fleet files live in the state dir.
+fn fleet_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("fleet")
+}
+
+fn err(msg: impl Into<String>) -> DaemonError {
+    DaemonError::Coordinator(msg.into())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Plain status data: a panic elsewhere leaves it usable.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The node's link to its coordinators: the agent, what it knows, the usage uploads.
+#[derive(Debug)]
+pub struct Fleet {
+    agent: PolicyAgent,
+    status: Arc<Mutex<AgentStatus>>,
+    usage: Arc<Mutex<UsageUploadStatus>>,
+    urls: Vec<String>,
+    node_id: String,
+    trust_key_id: String,
+    lkg_path: PathBuf,
+    mark_path: PathBuf,
+    usage_every: Duration,
+}
+
+impl Fleet {
+    /// Check the configuration against the node's name; nothing is contacted yet.
+    pub fn new(cfg: &CoordinatorConfig, node_name: &str, state_dir: &Path) -> Result<Fleet, DaemonError> {
+        let node_id = cfg.node_id.clone().unwrap_or_else(|| node_name.to_string());
+        coordinator::validate_node_id(&node_id).map_err(|e| err(format!("--node-id: {e}")))?;
+        if node_id != node_name {
+            return Err(err(format!(
+                "--node-id {node_id:?} differs from this node's name {node_name:?}: the ledger stamps every \
+                 interval with the node's name and the coordinator accepts usage only from the node it \
+                 belongs to; leave --node-id out or give the coordinator a token for {node_name:?}"
+            )));
+        }
+        if cfg.token.trim().is_empty() {
+            return Err(err("the node token is empty"));
+        }
+        let dir = fleet_dir(state_dir);
+        let lkg_path = dir.join("last-known-good.json");
+        let mut agent_cfg =
+            AgentConfig::new(cfg.urls.clone(), node_id.clone(), cfg.token.trim().to_string(), cfg.trust_key, &lkg_path);
+        agent_cfg.poll_timeout = cfg.poll_timeout;
+        agent_cfg.report_every = cfg.report_every;
+        agent_cfg.retry_max = cfg.retry_max.max(agent_cfg.retry_min);
+        let agent = PolicyAgent::new(agent_cfg).map_err(|e| err(e.to_string()))?;
+        Ok(Fleet {
+            agent,
+            status: Arc::new(Mutex::new(AgentStatus::default())),
+            usage: Arc::new(Mutex::new(UsageUploadStatus::default())),
+            urls: cfg.urls.clone(),
+            node_id,
+            trust_key_id: signing::key_id(&cfg.trust_key),
+            lkg_path,
+            mark_path: dir.join("usage-uploaded.json"),
+            usage_every: cfg.usage_every,
+        })
+    }
+
+    /// The policy to start from (see the module docs), and the agent's matching status.
+    pub async fn initial_policy(&self, file: Option<&Path>) -> Result<ActivePolicy, DaemonError> {
+        let from_file = match file {
+            Some(p) => Some((p, policy::Policy::load(p)?)),
+            None => None,
+        };
+        let lkg = self.agent.load_last_known_good().map_err(|e| {
+            err(format!(
+                "{e}. Refusing to start from a policy that does not verify against the pinned key {}; \
+                 if the trust key was changed on purpose, remove {} to start from --policy or from the coordinator",
+                self.trust_key_id,
+                self.lkg_path.display()
+            ))
+        })?;
+        let (active, status) = match (lkg, from_file) {
+            (Some(kept), Some((path, p))) if p.version() > kept.version => {
+                warn!(file_version = p.version(), last_known_good = kept.version,
+                      "the --policy file is newer than the last-known-good policy: starting from the file");
+                file_start(path, p)
+            }
+            (Some(kept), _) => {
+                info!(version = kept.version, path = %self.lkg_path.display(), "starting from the last-known-good policy");
+                let source = format!("last-known-good:{}", self.lkg_path.display());
+                let status = AgentStatus::started_from(&kept, PolicySource::LastKnownGood);
+                (ActivePolicy { policy: kept.policy, source }, status)
+            }
+            (None, Some((path, p))) => file_start(path, p),
+            (None, None) => self.fetch_first().await?,
+        };
+        *lock(&self.status) = status;
+        Ok(active)
+    }
+
+    /// No file and no last-known-good: ask each coordinator once for its latest policy.
+    async fn fetch_first(&self) -> Result<(ActivePolicy, AgentStatus), DaemonError> {
+        let mut problems = Vec::new();
+        for url in &self.urls {
+            let client = coordinator::client::Client::new(&[url], &self.agent.config().token)
+                .map_err(|e| err(e.to_string()))?
+                .with_timeout(Duration::from_secs(10));
+            match client.latest(0, Duration::from_secs(2)).await {
+                Ok(Some(env)) => {
+                    let verified = signing::verify(&env, &self.agent.config().trust_key).map_err(|e| {
+                        err(format!("the policy served by {url} is refused ({}): {e}", e.kind()))
+                    })?;
+                    coordinator::agent::write_last_known_good(&self.lkg_path, &verified)
+                        .map_err(|e| err(e.to_string()))?;
+                    info!(version = verified.version, coordinator = %url, "starting from the coordinator's policy");
+                    let mut status = AgentStatus::started_from(&verified, PolicySource::Coordinator);
+                    status.coordinator = Some(url.clone());
+                    status.connected = true;
+                    status.last_contact_ms = Some(coordinator::now_ms());
+                    let active = ActivePolicy { policy: verified.policy, source: format!("coordinator:{url}") };
+                    return Ok((active, status));
+                }
+                Ok(None) => problems.push(format!("{url} has no policy yet")),
+                Err(e) => problems.push(format!("{url}: {e}")),
+            }
+        }
+        Err(err(format!(
+            "no policy to start from: no --policy file, no last-known-good policy at {}, and no coordinator served one ({})",
+            self.lkg_path.display(),
+            problems.join("; ")
+        )))
+    }
+
+    /// Follow the coordinators until aborted; every accepted revision is swapped into
+    /// the node under its lock.
+    pub fn spawn_agent(&self, app: Arc<App>) -> tokio::task::JoinHandle<()> {
+        let status = self.status.clone();
+        let on_policy = {
+            let status = status.clone();
+            move |v: &Verified| -> Result<(), String> {
+                let url = lock(&status).coordinator.clone().unwrap_or_else(|| "unknown".into());
+                let active = ActivePolicy { policy: v.policy.clone(), source: format!("coordinator:{url}") };
+                let apply = || -> Result<(), String> {
+                    let mut node = app.node.lock().map_err(|_| "node state lock poisoned".to_string())?;
+                    node.set_policy(active);
+                    Ok(())
+                };
+                // The node lock may be held across a SQLite commit: leave the async
+                // worker free while waiting for it.
+                let multi_thread = tokio::runtime::Handle::try_current()
+                    .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+                if multi_thread {
+                    tokio::task::block_in_place(apply)?;
+                } else {
+                    apply()?;
+                }
+                info!(version = v.version, digest = %v.digest, coordinator = %url, "new decisions use policy version {}", v.version);
+                Ok(())
+            }
+        };
+        tokio::spawn(self.agent.clone().run(on_policy, status))
+    }
+
+    /// What `GET /v1/status` shows under `policy.coordinator`.
+    pub fn snapshot(&self) -> CoordinatorStatus {
+        let s = lock(&self.status).clone();
+        CoordinatorStatus {
+            urls: self.urls.clone(),
+            node_id: self.node_id.clone(),
+            trust_key_id: self.trust_key_id.clone(),
+            health: s.health().to_string(),
+            connected: s.connected,
+            current: s.coordinator.clone(),
+            applied_version: s.applied_version,
+            applied_at_ms: s.applied_at_ms,
+            last_contact_ms: s.last_contact_ms,
+            last_error: s.last_error.clone().or_else(|| s.apply_error.clone()),
+            last_rejection: s.last_rejection.as_ref().map(|r| PolicyRejection {
+                version: r.version,
+                kind: r.kind.clone(),
+                reason: r.reason.clone(),
+                coordinator: r.coordinator.clone(),
+                at_ms: r.at_ms,
+            }),
+            rejections: s.rejections,
+            last_known_good: self.lkg_path.display().to_string(),
+            usage: Some(lock(&self.usage).clone()),
+        }
+    }
+
+    /// The usage uploader (not started).
+    pub fn uploader(&self, app: Arc<App>) -> Uploader {
+        let mark = match load_mark(&self.mark_path) {
+            Ok(m) => m,
+            Err(e) => {
+                warn!("{e}; uploading every closed interval again (the coordinator counts each once)");
+                Mark::default()
+            }
+        };
+        lock(&self.usage).uploaded_through_seq = mark.uploaded_through_seq;
+        Uploader {
+            agent: self.agent.clone(),
+            app,
+            path: self.mark_path.clone(),
+            mark,
+            sent: BTreeSet::new(),
+            status: self.usage.clone(),
+        }
+    }
+
+    /// Upload every `usage_every` until aborted.
+    pub fn spawn_usage(&self, uploader: Arc<tokio::sync::Mutex<Uploader>>) -> tokio::task::JoinHandle<()> {
+        let every = self.usage_every;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                uploader.lock().await.tick().await;
+            }
+        })
+    }
+
+    /// The API router with `GET /v1/status` showing the coordinator's state too; every
+    /// other route is `inner`'s.
+    pub fn router(self: &Arc<Self>, app: Arc<App>, inner: Router) -> Router {
+        Router::new()
+            .route("/v1/status", get(status_route))
+            .with_state((self.clone(), app))
+            .fallback_service(inner)
+    }
+}
+
+fn file_start(path: &Path, p: policy::Policy) -> (ActivePolicy, AgentStatus) {
+    info!(version = p.version(), path = %path.display(), "starting from the --policy file");
+    let status = AgentStatus {
+        applied_version: Some(p.version()),
+        applied_digest: Some(p.digest()),
+        applied_at_ms: Some(coordinator::now_ms()),
+        source: PolicySource::File,
+        ..AgentStatus::default()
+    };
+    (ActivePolicy { policy: p, source: format!("file:{}", path.display()) }, status)
+}
+
+async fn status_route(State((fleet, app)): State<(Arc<Fleet>, Arc<App>)>) -> Response {
+    let r = tokio::task::spawn_blocking(move || {
+        let node = app.node.lock().map_err(|_| ApiError::new(ErrorCode::Internal, "tesserad: node state lock poisoned"))?;
+        node.status()
+    })
+    .await
+    .unwrap_or_else(|e| Err(ApiError::new(ErrorCode::Internal, format!("tesserad: handler failed: {e}"))));
+    match r {
+        Ok(mut s) => {
+            s.policy.coordinator = Some(fleet.snapshot());
+            (StatusCode::OK, Json(s)).into_response()
+        }
+        Err(e) => {
+            let status = StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            (status, Json(e)).into_response()
+        }
+    }
+}
+
+/// The usage high-water mark, kept in the state dir.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Mark {
+    /// The ledger file the mark is about (a replaced ledger starts over).
+    ledger_id: String,
+    /// Every closed interval with `seq` up to this is uploaded.
+    uploaded_through_seq: u64,
+}
+
+fn load_mark(path: &Path) -> Result<Mark, String> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| format!("usage upload mark {}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Mark::default()),
+        Err(e) => Err(format!("usage upload mark {}: {e}", path.display())),
+    }
+}
+
+/// Write the mark: temporary file, fsync, rename, fsync the directory.
+fn store_mark(path: &Path, mark: &Mark) -> Result<(), String> {
+    use std::io::Write as _;
+    let what = |e: std::io::Error| format!("usage upload mark {}: {e}", path.display());
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(what)?;
+    let json = serde_json::to_vec(mark).map_err(|e| e.to_string())?;
+    let tmp = path.with_extension("json.tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(what)?;
+    f.write_all(&json).and_then(|()| f.sync_all()).map_err(what)?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(what)?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(what)
+}
+
+/// Uploads closed ledger intervals to the coordinator.
+#[derive(Debug)]
+pub struct Uploader {
+    agent: PolicyAgent,
+    app: Arc<App>,
+    path: PathBuf,
+    mark: Mark,
+    /// Seqs above the mark already uploaded in this run (an open interval below them
+    /// holds the mark back).
+    sent: BTreeSet<u64>,
+    status: Arc<Mutex<UsageUploadStatus>>,
+}
+
+impl Uploader {
+    /// One round: upload what is closed and not uploaded yet. Problems are logged and
+    /// shown in the status; the next round tries again.
+    pub async fn tick(&mut self) {
+        match self.upload().await {
+            Ok(()) => lock(&self.status).last_error = None,
+            Err(e) => {
+                warn!("fleet usage upload: {e}");
+                lock(&self.status).last_error = Some(e);
+            }
+        }
+    }
+
+    async fn upload(&mut self) -> Result<(), String> {
+        let app = self.app.clone();
+        let (ledger_id, rows) = tokio::task::spawn_blocking(move || {
+            let node = app.node.lock().map_err(|_| "node state lock poisoned".to_string())?;
+            let ledger = node.ledger();
+            let rows = ledger.intervals().map_err(|e| format!("reading the ledger: {e}"))?;
+            Ok::<_, String>((ledger.ledger_id().to_string(), rows))
+        })
+        .await
+        .map_err(|e| format!("ledger read task: {e}"))??;
+        if ledger_id != self.mark.ledger_id {
+            if !self.mark.ledger_id.is_empty() {
+                info!(old = %self.mark.ledger_id, new = %ledger_id, "the ledger file changed: uploading it from the start");
+            }
+            self.mark = Mark { ledger_id, uploaded_through_seq: 0 };
+            self.sent.clear();
+        }
+        let through = self.mark.uploaded_through_seq;
+        let pending: Vec<(u64, metering::ClosedInterval)> = rows
+            .iter()
+            .filter(|r| r.seq > through && !self.sent.contains(&r.seq))
+            .filter_map(|r| closed(r).map(|c| (r.seq, c)))
+            .collect();
+        lock(&self.status).pending = pending.len() as u64;
+        let mut result = Ok(());
+        for chunk in pending.chunks(coordinator::MAX_UPLOAD_BATCH) {
+            let intervals: Vec<metering::ClosedInterval> = chunk.iter().map(|(_, c)| c.clone()).collect();
+            match self.agent.upload_usage(&intervals).await {
+                Ok(out) => {
+                    if !out.conflicts.is_empty() {
+                        error!(ids = ?out.conflicts, "the coordinator already holds these interval ids with other content; it kept the first upload");
+                    }
+                    let mut s = lock(&self.status);
+                    s.accepted += out.accepted;
+                    s.duplicates += out.duplicates;
+                    s.conflicts += out.conflicts.len() as u64;
+                    s.pending = s.pending.saturating_sub(chunk.len() as u64);
+                    s.last_upload_ms = Some(coordinator::now_ms());
+                    drop(s);
+                    if out.accepted > 0 || out.duplicates > 0 {
+                        info!(accepted = out.accepted, duplicates = out.duplicates, "fleet usage uploaded");
+                    }
+                    self.sent.extend(chunk.iter().map(|(seq, _)| *seq));
+                }
+                Err(e) => {
+                    result = Err(e.to_string());
+                    break;
+                }
+            }
+        }
+        // The mark moves over every row that is closed and uploaded, up to the first that
+        // is not (open, or failed to upload).
+        let mut mark = through;
+        for r in rows.iter().filter(|r| r.seq > through) {
+            if r.end.is_some() && self.sent.contains(&r.seq) {
+                mark = r.seq;
+            } else {
+                break;
+            }
+        }
+        if mark != through {
+            self.sent.retain(|s| *s > mark);
+            self.mark.uploaded_through_seq = mark;
+            lock(&self.status).uploaded_through_seq = mark;
+            if let Err(e) = store_mark(&self.path, &self.mark) {
+                // Not fatal: after a restart the intervals above the old mark are sent
+                // again and counted once.
+                warn!("{e}");
+            }
+        }
+        result
+    }
+}
+
+/// A closed ledger row as uploaded (`None` while open).
+fn closed(r: &metering::IntervalRecord) -> Option<metering::ClosedInterval> {
+    let end = r.end.as_ref()?;
+    Some(metering::ClosedInterval {
+        id: r.id.clone(),
+        start: r.start.clone(),
+        start_wall_ms: r.start_wall_ms,
+        end_wall_ms: end.wall_ms,
+        duration_ms: end.duration_ms,
+        gpu_seconds: end.gpu_seconds,
+        reason: end.reason.clone(),
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mark_round_trips_and_a_broken_one_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("fleet/usage-uploaded.json");
+        assert_eq!(load_mark(&p).unwrap(), Mark::default());
+        let m = Mark { ledger_id: "abc".into(), uploaded_through_seq: 42 };
+        store_mark(&p, &m).unwrap();
+        assert_eq!(load_mark(&p).unwrap(), m);
+        std::fs::write(&p, b"{").unwrap();
+        assert!(load_mark(&p).unwrap_err().contains(&p.display().to_string()));
+    }
+
+    #[test]
+    fn debug_never_prints_the_token() {
+        let key = signing::parse_verifying_key(&"3b".repeat(32), "k");
+        // Any valid point will do; fall back to a generated key.
+        let key = key.unwrap_or_else(|_| signing::generate_signing_key().unwrap().verifying_key());
+        let cfg = CoordinatorConfig::new(vec!["http://127.0.0.1:1".into()], key, "secret-token-0123456789".into());
+        let shown = format!("{cfg:?}");
+        assert!(!shown.contains("secret-token"), "{shown}");
+    }
+}
