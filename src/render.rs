@@ -237,6 +237,7 @@ pub fn slot_map(instances: &[MigInstanceStatus]) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use tessera_api::{DeviceState, Holder};

@@ -80,6 +80,7 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

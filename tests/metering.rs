@@ -1,6 +1,8 @@
 //! Issue 6 end to end: per-container GPU-seconds from real runc containers, usage reports,
 //! Prometheus metrics, and exactly-once accounting through `kill -9`.
 
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
 mod common;
 
 use std::collections::BTreeMap;

@@ -1,6 +1,8 @@
 //! Issue 3 end to end: MIG instances cut live for a request, and declared layouts reached
 //! without touching an instance in use — real runc containers, simulated H100.
 
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
 mod common;
 
 use std::collections::BTreeSet;

@@ -3,6 +3,8 @@
 //! tesserad, and the documented-protocol test double `fake-nvidia-cuda-mps-control`
 //! (the real binary is not installable here).
 
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
 mod common;
 
 use std::collections::BTreeMap;

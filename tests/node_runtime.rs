@@ -1,6 +1,8 @@
 //! Issue 2 end to end: tesserad, tessera-runtime and tessera-hook with real runc
 //! containers on a simulated H100 node.
 
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
 mod common;
 
 use std::collections::BTreeSet;
@@ -13,7 +15,7 @@ use std::time::Duration;
 use common::node::*;
 use common::*;
 use rand::{Rng, SeedableRng};
-use tessera_api::{Client, ErrorCode};
+use tessera_api::ErrorCode;
 
 /// (path, major, minor) of every character device under /dev in a running container.
 fn container_devices(fx: &Fixture, id: &str) -> BTreeSet<(String, i64, i64)> {
@@ -373,7 +375,8 @@ fn malformed_config_state_policy_and_api_requests_get_clear_errors() {
 
     // API requests
     let c = node.client();
-    let cases: [(&str, &str, Option<&[u8]>, u16, &str); 6] = [
+    type Case<'a> = (&'a str, &'a str, Option<&'a [u8]>, u16, &'a str);
+    let cases: [Case<'_>; 6] = [
         ("POST", "/v1/allocations", Some(b"{"), 400, "malformed allocation request"),
         ("POST", "/v1/allocations", Some(br#"{"container_id":"a","runc_root":"/r","bundle":"/b","request":"gpu=1","request_source":"annotation","annotations":{},"tenant":"root"}"#), 400, "unknown field `tenant`"),
         ("POST", "/v1/allocations", Some(br#"{"container_id":"../x","runc_root":"/r","bundle":"/b","request":"gpu=1","request_source":"annotation"}"#), 400, "not a valid container id"),

@@ -2,6 +2,8 @@
 //! real runc containers writing into their (simulated) device memory, tesserad scrubbing
 //! in a `tessera scrub` child, quarantine, unquarantine, and a crash mid-scrub.
 
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
 mod common;
 
 use std::path::PathBuf;

@@ -223,6 +223,7 @@ fn decode_chunked(mut rest: &[u8]) -> Result<Vec<u8>, ClientError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::types::ErrorCode;

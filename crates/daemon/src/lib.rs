@@ -214,89 +214,24 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         None => (None, None),
     };
 
-    let reconciler = {
-        let app = app.clone();
-        let every = config.reconcile_every;
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let app = app.clone();
-                let r = tokio::task::spawn_blocking(move || match app.node.lock() {
-                    Ok(mut n) => {
-                        let r = n.reconcile().map_err(|e| e.message);
-                        // Declared layouts converge as instances fall idle.
-                        if let Err(e) = n.mig_converge() {
-                            warn!("MIG convergence failed: {}", e.message);
-                        }
-                        r
-                    }
-                    Err(_) => Err("node state lock poisoned".to_string()),
-                })
-                .await;
-                match r {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => error!("reconcile failed: {e}"),
-                    Err(e) => error!("reconcile task failed: {e}"),
-                }
-            }
+    let reconciler = periodic(app.clone(), config.reconcile_every, |app| {
+        with_node(app, "reconcile", |n| {
+            n.reconcile()?;
+            // Declared layouts converge as instances fall idle.
+            n.mig_converge().map(drop)
         })
-    };
-
-    let heartbeat = {
-        let app = app.clone();
-        let every = config.checkpoint_every;
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let app = app.clone();
-                let r = tokio::task::spawn_blocking(move || match app.node.lock() {
-                    Ok(mut n) => n.checkpoint().map_err(|e| e.message),
-                    Err(_) => Err("node state lock poisoned".to_string()),
-                })
-                .await;
-                if let Ok(Err(e)) = r {
-                    error!("ledger checkpoint failed: {e}");
-                }
-            }
-        })
-    };
-
+    });
+    let heartbeat = periodic(app.clone(), config.checkpoint_every, |app| {
+        with_node(app, "ledger checkpoint", |n| n.checkpoint().map(drop))
+    });
     // Scrub worker: one device at a time, in a child process, outside the node lock.
-    let scrubber = {
-        let app = app.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let app = app.clone();
-                let _ = tokio::task::spawn_blocking(move || scrub_pending(&app)).await;
-            }
+    let scrubber = periodic(app.clone(), Duration::from_millis(200), scrub_pending);
+    let mps_health = periodic(app.clone(), config.mps_health_every, |app| {
+        with_node(app, "MPS health check", |n| {
+            n.mps_health();
+            Ok(())
         })
-    };
-
-    let mps_health = {
-        let app = app.clone();
-        let every = config.mps_health_every;
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let app = app.clone();
-                let _ = tokio::task::spawn_blocking(move || {
-                    if let Ok(mut n) = app.node.lock() {
-                        n.mps_health();
-                    }
-                })
-                .await;
-            }
-        })
-    };
+    });
 
     let metrics = match config.metrics {
         Some(addr) => {
@@ -354,6 +289,37 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     drop(lock);
     info!("tesserad stopped");
     served.map_err(DaemonError::Serve)
+}
+
+/// Run the blocking `job` every `every`, off the async threads; a slow run delays the next.
+fn periodic(
+    app: Arc<server::App>,
+    every: Duration,
+    job: fn(&server::App),
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let app = app.clone();
+            if let Err(e) = tokio::task::spawn_blocking(move || job(&app)).await {
+                error!("periodic task failed: {e}");
+            }
+        }
+    })
+}
+
+/// Run `f` on the node under its lock, logging what fails.
+fn with_node(app: &server::App, what: &str, f: impl FnOnce(&mut Node) -> Result<(), tessera_api::ApiError>) {
+    match app.node.lock() {
+        Ok(mut n) => {
+            if let Err(e) = f(&mut n) {
+                error!("{what} failed: {}", e.message);
+            }
+        }
+        Err(_) => error!("{what}: node state lock poisoned"),
+    }
 }
 
 /// Scrub every device that needs it, one after the other.

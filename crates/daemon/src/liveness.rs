@@ -83,6 +83,7 @@ pub fn runc_state_exists(runc_root: &Path, container_id: &str) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -1137,6 +1137,7 @@ fn validate_abs_path(field: &str, p: &str) -> Result<(), ApiError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -77,24 +77,7 @@ impl DeviceUse {
 
 /// The grant record of one device of the inventory.
 pub fn granted(inv: &Inventory, uuid: &str) -> Option<GrantedDevice> {
-    Some(match inv.find(uuid)? {
-        Found::Gpu(g) => GrantedDevice {
-            uuid: g.uuid.clone(),
-            gpu_uuid: g.uuid.clone(),
-            gpu_index: g.index,
-            model: g.model.clone(),
-            mig_profile: None,
-            placement: None,
-        },
-        Found::Mig(g, i) => GrantedDevice {
-            uuid: i.uuid.clone(),
-            gpu_uuid: g.uuid.clone(),
-            gpu_index: g.index,
-            model: g.model.clone(),
-            mig_profile: Some(i.profile.clone()),
-            placement: Some((i.start, i.size)),
-        },
-    })
+    inv.find(uuid).map(|f| f.granted())
 }
 
 /// Memory of a device in bytes (a GPU's, or a MIG instance's).
@@ -106,6 +89,7 @@ pub fn memory_bytes(inv: &Inventory, uuid: &str) -> Option<u64> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use tessera_api::{AllocationState, Injection, ShareGrant};

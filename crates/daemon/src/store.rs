@@ -277,8 +277,8 @@ impl Store {
         Ok(())
     }
 
-    /// The newest `limit` events, newest first: (ts_ms, kind, container_id, detail).
-    pub fn recent_events(&self, limit: u32) -> Result<Vec<(u64, String, Option<String>, String)>, StoreError> {
+    /// The newest `limit` events, newest first.
+    pub fn recent_events(&self, limit: u32) -> Result<Vec<Event>, StoreError> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT ts_ms, kind, container_id, detail FROM events ORDER BY id DESC LIMIT ?1",
         )?;
@@ -290,6 +290,9 @@ impl Store {
 }
 
 type RowTuple = (String, String, String, String, Option<i64>);
+
+/// One audit event: (ts_ms, kind, container_id, detail).
+pub type Event = (u64, String, Option<String>, String);
 
 fn row_tuple(r: &rusqlite::Row<'_>) -> rusqlite::Result<RowTuple> {
     Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
@@ -321,6 +324,7 @@ fn uuids(a: &Allocation) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use tessera_api::{GrantedDevice, Injection, Isolation};

@@ -1,6 +1,8 @@
 //! The node service in-process, against the real simulated backend, real SQLite and the
 //! example policy: every decision path, idempotency, exhaustion, reconciliation, restart.
 
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;

@@ -39,7 +39,7 @@ fn container(i: u64) -> String {
 }
 
 fn devices(i: u64) -> u64 {
-    if i % 3 == 0 {
+    if i.is_multiple_of(3) {
         2
     } else {
         1

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use tessera_api::{GpuRequest, GrantedDevice};
 
 use crate::catalog;
-use crate::inventory::{Gpu, Inventory, MigInstance};
+use crate::inventory::{Found, Gpu, Inventory, MigInstance};
 
 /// Why nothing on the node fits a request. Every message says what was asked and what
 /// is free or held.
@@ -73,14 +73,7 @@ fn choose_gpus(
     Ok(free
         .into_iter()
         .take(asked)
-        .map(|g| GrantedDevice {
-            uuid: g.uuid.clone(),
-            gpu_uuid: g.uuid.clone(),
-            gpu_index: g.index,
-            model: g.model.clone(),
-            mig_profile: None,
-            placement: None,
-        })
+        .map(|g| Found::Gpu(g).granted())
         .collect())
 }
 
@@ -120,14 +113,7 @@ fn choose_mig(
     });
     let pick = matching.iter().find(|(g, i)| !held.contains(&i.uuid) && !held.contains(&g.uuid));
     match pick {
-        Some((g, i)) => Ok(vec![GrantedDevice {
-            uuid: i.uuid.clone(),
-            gpu_uuid: g.uuid.clone(),
-            gpu_index: g.index,
-            model: g.model.clone(),
-            mig_profile: Some(i.profile.clone()),
-            placement: Some((i.start, i.size)),
-        }]),
+        Some((g, i)) => Ok(vec![Found::Mig(g, i).granted()]),
         None if matching.is_empty() => {
             let mut existing: Vec<(String, usize)> = Vec::new();
             for i in mig_gpus.iter().flat_map(|g| &g.instances) {

@@ -85,6 +85,30 @@ pub enum Found<'a> {
     Mig(&'a Gpu, &'a MigInstance),
 }
 
+impl Found<'_> {
+    /// What a container holding this device is granted.
+    pub fn granted(&self) -> tessera_api::GrantedDevice {
+        match *self {
+            Found::Gpu(g) => tessera_api::GrantedDevice {
+                uuid: g.uuid.clone(),
+                gpu_uuid: g.uuid.clone(),
+                gpu_index: g.index,
+                model: g.model.clone(),
+                mig_profile: None,
+                placement: None,
+            },
+            Found::Mig(g, i) => tessera_api::GrantedDevice {
+                uuid: i.uuid.clone(),
+                gpu_uuid: g.uuid.clone(),
+                gpu_index: g.index,
+                model: g.model.clone(),
+                mig_profile: Some(i.profile.clone()),
+                placement: Some((i.start, i.size)),
+            },
+        }
+    }
+}
+
 impl Inventory {
     /// The GPU with NVML index `index`.
     pub fn gpu(&self, index: u32) -> Option<&Gpu> {
