@@ -88,7 +88,8 @@ pub fn status(s: &NodeStatus) -> String {
         let _ = writeln!(out, "\nrecent events");
         for e in s.events.iter().take(8) {
             let detail: String = e.detail.chars().take(140).collect();
-            let _ = writeln!(out, "  {} {:<8} {:<20} {detail}", e.ts_ms, e.kind, e.container_id.as_deref().unwrap_or("-"));
+            let at = crate::timespec::format_utc(e.ts_ms);
+            let _ = writeln!(out, "  {at} {:<8} {:<20} {detail}", e.kind, e.container_id.as_deref().unwrap_or("-"));
         }
     }
     out
@@ -97,7 +98,13 @@ pub fn status(s: &NodeStatus) -> String {
 /// A usage report as a table: group, GPU-seconds, GPU-hours, cost.
 pub fn usage(r: &metering::UsageReport) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "usage by {} from {} to {} (Unix ms)", r.by.as_str(), r.from_ms, r.to_ms);
+    let _ = writeln!(
+        out,
+        "usage by {} from {} to {}",
+        r.by.as_str(),
+        crate::timespec::format_utc(r.from_ms),
+        crate::timespec::format_utc(r.to_ms)
+    );
     let width = r.rows.iter().map(|x| x.group.len()).max().unwrap_or(5).max(5);
     let _ = writeln!(out, "{:<width$}  {:>14}  {:>10}  {:>10}  {:>9}", "group", "GPU-seconds", "GPU-hours", "cost", "intervals");
     for row in r.rows.iter().chain(std::iter::once(&r.total)) {

@@ -68,6 +68,27 @@ fn days_in_month(y: i64, m: u32) -> u32 {
     }
 }
 
+/// Unix milliseconds as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn format_utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// The date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
 /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
 fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
@@ -94,6 +115,14 @@ mod tests {
         assert_eq!(parse("1970-01-01T00:00:00Z", now), Ok(0));
         assert_eq!(parse("2025-11-21T12:00:00Z", now), Ok(1_763_726_400_000));
         assert_eq!(parse("2024-02-29T00:00:00.5Z", now), Ok(1_709_164_800_500));
+    }
+
+    #[test]
+    fn formats_round_trip_with_parse() {
+        for ms in [0u64, 951_782_400_000, 1_709_164_800_000, 1_763_726_400_000, 4_102_444_799_000] {
+            assert_eq!(parse(&format_utc(ms), 0), Ok(ms), "{}", format_utc(ms));
+        }
+        assert_eq!(format_utc(1_763_726_400_000), "2025-11-21T12:00:00Z");
     }
 
     #[test]
