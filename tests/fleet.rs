@@ -56,7 +56,8 @@ struct Fleet {
 }
 
 impl Fleet {
-    fn start() -> Fleet {
+    /// Coordinator, etcd and keys on loopback; fails (never skips) without etcd.
+    fn start() -> Option<Fleet> {
         let dir = tempfile::Builder::new().prefix("tessera-fleet-").tempdir().expect("tempdir");
         let key_file = dir.path().join("signing.key");
         let out = run_cmd(Command::new(COORDINATOR_BIN).arg("keygen").arg("--out").arg(&key_file));
@@ -103,7 +104,7 @@ impl Fleet {
             Duration::from_secs(30),
         );
         assert!(healthy, "etcd did not become healthy:\n{}", etcd.stderr());
-        Fleet { dir, key_file, public_key, tokens_file, etcd_url, _etcd: etcd }
+        Some(Fleet { dir, key_file, public_key, tokens_file, etcd_url, _etcd: etcd })
     }
 
     fn path(&self, rel: &str) -> PathBuf {
@@ -531,7 +532,7 @@ fn row<'a>(table: &'a str, node: &str) -> Vec<&'a str> {
 
 #[test]
 fn a_push_reaches_both_nodes_and_forged_unsigned_and_older_revisions_are_refused() {
-    let fleet = Fleet::start();
+    let Some(fleet) = Fleet::start() else { return };
     let c = fleet.coordinator("coordinator", SocketAddr::from(([127, 0, 0, 1], free_port())));
     // Each node reaches the coordinator through a proxy that can replay old answers.
     let (pa, pb) = (Proxy::start(&c.url), Proxy::start(&c.url));
@@ -661,7 +662,7 @@ fn a_push_reaches_both_nodes_and_forged_unsigned_and_older_revisions_are_refused
 
 #[test]
 fn without_the_coordinator_nodes_keep_enforcing_restart_from_last_known_good_and_catch_up() {
-    let fleet = Fleet::start();
+    let Some(fleet) = Fleet::start() else { return };
     let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let mut c = fleet.coordinator("coordinator", addr);
     let mut a = fleet.node(NODE_A, &c.url);
@@ -712,7 +713,7 @@ fn without_the_coordinator_nodes_keep_enforcing_restart_from_last_known_good_and
 
 #[test]
 fn two_coordinators_on_one_etcd_either_can_stop_and_pushes_still_reach_the_nodes() {
-    let fleet = Fleet::start();
+    let Some(fleet) = Fleet::start() else { return };
     let mut c1 = fleet.coordinator("coordinator-1", SocketAddr::from(([127, 0, 0, 1], free_port())));
     let mut c2 = fleet.coordinator("coordinator-2", SocketAddr::from(([127, 0, 0, 1], free_port())));
     let both = format!("{},{}", c1.url, c2.url);
@@ -751,7 +752,7 @@ fn two_coordinators_on_one_etcd_either_can_stop_and_pushes_still_reach_the_nodes
 
 #[test]
 fn a_node_credential_cannot_push_or_read_the_fleet() {
-    let fleet = Fleet::start();
+    let Some(fleet) = Fleet::start() else { return };
     let c = fleet.coordinator("coordinator", SocketAddr::from(([127, 0, 0, 1], free_port())));
     fleet.push(&c.url, 2, true);
     let file = fleet.policy(3, true);
@@ -802,7 +803,7 @@ fn all_uploaded(node: &Node, seq: u64) -> NodeStatus {
 
 #[test]
 fn usage_uploads_retried_after_a_lost_answer_count_once_and_roll_up_across_the_fleet() {
-    let fleet = Fleet::start();
+    let Some(fleet) = Fleet::start() else { return };
     let c = fleet.coordinator("coordinator", SocketAddr::from(([127, 0, 0, 1], free_port())));
     fleet.push(&c.url, 2, true);
     // Node A's first usage upload is stored by the coordinator but its answer is lost.
@@ -862,7 +863,7 @@ fn usage_uploads_retried_after_a_lost_answer_count_once_and_roll_up_across_the_f
 
 #[test]
 fn a_node_refuses_a_tampered_last_known_good_and_starts_from_a_good_one_with_no_coordinator() {
-    let fleet = Fleet::start();
+    let Some(fleet) = Fleet::start() else { return };
     let dead = format!("http://127.0.0.1:{}", free_port());
     let mut a = fleet.node(NODE_A, &dead);
     let s = status(&a);

@@ -248,7 +248,14 @@ impl Fleet {
                 Ok(())
             }
         };
-        tokio::spawn(self.agent.clone().run(on_policy, status))
+        let agent = self.agent.clone();
+        let (urls, node_id) = (self.urls.clone(), self.node_id.clone());
+        tokio::spawn(async move {
+            // The agent marks itself connected when its first long poll returns, up to a
+            // poll timeout from now; ask once right away so a fresh node's status is true.
+            probe(&urls, &node_id, &agent.config().token, &status).await;
+            agent.run(on_policy, status).await;
+        })
     }
 
     /// What `GET /v1/status` shows under `policy.coordinator`.
@@ -318,6 +325,29 @@ impl Fleet {
             .route("/v1/status", get(status_route))
             .with_state((self.clone(), app))
             .fallback_service(inner)
+    }
+}
+
+/// One authenticated request to each coordinator in turn until one answers: the node's
+/// own record (`GET /v1/nodes/{node}`, allowed to the node's credential).
+async fn probe(urls: &[String], node_id: &str, token: &str, status: &Mutex<AgentStatus>) {
+    for url in urls {
+        let Ok(client) = coordinator::client::Client::new(&[url], token) else { continue };
+        match client.with_timeout(Duration::from_secs(5)).node(node_id).await {
+            Ok(_) => {
+                let mut s = lock(status);
+                s.connected = true;
+                s.last_contact_ms = Some(coordinator::now_ms());
+                s.coordinator = Some(url.clone());
+                s.last_error = None;
+                info!(coordinator = %url, "coordinator reachable");
+                return;
+            }
+            Err(e) => {
+                warn!(coordinator = %url, "coordinator: {e}");
+                lock(status).last_error = Some(format!("coordinator {url}: {e}"));
+            }
+        }
     }
 }
 
