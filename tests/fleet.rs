@@ -646,6 +646,11 @@ fn a_push_reaches_both_nodes_and_forged_unsigned_and_older_revisions_are_refused
     });
     assert!(table.starts_with("NODE"), "{table}");
     assert!(table.lines().skip(1).all(|l| l.contains("s ago")), "{table}");
+    let json = fleet.admin(&c.url, &["nodes", "--json"]);
+    json.assert_success("tessera nodes --json");
+    let nodes: serde_json::Value = serde_json::from_str(&json.stdout_str()).expect("nodes json");
+    let text = nodes.to_string();
+    assert!(text.contains(NODE_A) && text.contains(NODE_B), "{text}");
     let history = fleet.admin(&c.url, &["policy", "history"]);
     history.assert_success("tessera policy history");
     let text = history.stdout_str();

@@ -132,10 +132,24 @@ pub fn policy(cmd: PolicyFleetCmd) -> Result<(), String> {
     }
 }
 
-pub fn nodes(args: &CoordinatorArgs) -> Result<(), String> {
-    let (url, token) = args.need()?;
+/// `tessera nodes`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NodesArgs {
+    #[command(flatten)]
+    pub fleet: CoordinatorArgs,
+    /// Print the coordinator's JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn nodes(args: &NodesArgs) -> Result<(), String> {
+    let (url, token) = args.fleet.need()?;
     let nodes = blocking::nodes(url, token).map_err(explain)?;
-    print!("{}", render_nodes(&nodes, now_ms()));
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&nodes).map_err(|e| e.to_string())?);
+    } else {
+        print!("{}", render_nodes(&nodes, now_ms()));
+    }
     Ok(())
 }
 

@@ -49,7 +49,7 @@ enum Cmd {
         fleet: fleet::CoordinatorArgs,
     },
     /// Every node known to the fleet coordinator: applied policy version, last contact, health.
-    Nodes(fleet::CoordinatorArgs),
+    Nodes(fleet::NodesArgs),
     /// The node's MIG layout against the one its pool declares.
     Mig {
         #[command(subcommand)]
