@@ -106,16 +106,27 @@ pub fn usage(r: &metering::UsageReport) -> String {
         crate::timespec::format_utc(r.to_ms)
     );
     let width = r.rows.iter().map(|x| x.group.len()).max().unwrap_or(5).max(5);
-    let _ = writeln!(out, "{:<width$}  {:>14}  {:>10}  {:>10}  {:>9}", "group", "GPU-seconds", "GPU-hours", "cost", "intervals");
+    let _ = writeln!(
+        out,
+        "{:<width$}  {:>14}  {:>10}  {:>10}  {:>9}  {:>13}",
+        "group", "GPU-seconds", "GPU-hours", "cost", "intervals", "used/reserved"
+    );
     for row in r.rows.iter().chain(std::iter::once(&r.total)) {
+        // Only where utilisation was sampled (whole GPUs with NVML; never MIG).
+        let used = if row.sampled_gpu_seconds > 0.0 {
+            format!("{:.0}%", 100.0 * row.used_gpu_seconds / row.sampled_gpu_seconds)
+        } else {
+            "-".to_string()
+        };
         let _ = writeln!(
             out,
-            "{:<width$}  {:>14.3}  {:>10.4}  {:>10.4}  {:>9}",
+            "{:<width$}  {:>14.3}  {:>10.4}  {:>10.4}  {:>9}  {:>13}",
             row.group,
             row.gpu_seconds,
             row.gpu_seconds / 3600.0,
             row.cost,
-            row.intervals
+            row.intervals,
+            used
         );
     }
     if r.open_intervals > 0 {

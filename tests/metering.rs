@@ -256,3 +256,43 @@ fn a_corrupted_ledger_is_detected_at_start_and_left_untouched() {
     assert!(err.contains("ledger") && err.contains(&path.display().to_string()), "{err}");
     assert_eq!(std::fs::read(&path).expect("read"), bytes, "the corrupt ledger was modified");
 }
+
+#[test]
+fn utilisation_is_recorded_where_available_and_never_invented_for_mig() {
+    let node = Node::start_with(NodeOptions {
+        extra_args: vec!["--util-interval-ms".into(), "100".into()],
+        ..Default::default()
+    });
+    let b = node.bundle("whole", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "whole");
+    let b = node.bundle("mig", "team-untrusted", Some("mig=1g.10gb"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "mig");
+    let a = node.client().allocation("whole").expect("grant");
+    let gpu = a.devices[0].gpu_uuid.clone();
+    // The simulated GPU's per-process feed: the container's init uses 40% of the SM, a
+    // stranger's process 30% (it must not be charged to the container).
+    let pid = node.fx.container_pid("whole").expect("pid");
+    let feed = node.state.join("sim/util");
+    std::fs::create_dir_all(&feed).expect("feed dir");
+    std::fs::write(
+        feed.join(format!("{gpu}.json")),
+        format!(r#"[{{"pid": {pid}, "sm_percent": 40}}, {{"pid": 1, "sm_percent": 30}}]"#),
+    )
+    .expect("feed");
+    std::thread::sleep(Duration::from_millis(1500));
+    node.fx.delete_container("whole", true).assert_success("delete");
+    node.fx.delete_container("mig", true).assert_success("delete");
+
+    let report = usage_json(&node, "container");
+    let row = |c: &str| report["rows"].as_array().and_then(|r| r.iter().find(|x| x["group"] == c)).cloned().expect("row");
+    let whole = row("whole");
+    let (sampled, used) = (whole["sampled_gpu_seconds"].as_f64().expect("s"), whole["used_gpu_seconds"].as_f64().expect("u"));
+    assert!(sampled > 0.0, "{whole}");
+    // Samples before the feed existed count as idle (0%), so the mean is at most 40%.
+    let ratio = used / sampled;
+    assert!(ratio > 0.05 && ratio <= 0.4 + 1e-9, "used/reserved {ratio} for 40% SM on a whole GPU: {whole}");
+    let mig = row("mig");
+    assert_eq!(mig["sampled_gpu_seconds"].as_f64(), Some(0.0), "MIG has no per-process utilisation: {mig}");
+    let table = node.cli(&["usage", "--from", "-1h", "--by", "container"]).stdout_str();
+    assert!(table.contains("used/reserved"), "{table}");
+}

@@ -47,6 +47,9 @@ struct Args {
     /// Never create or destroy MIG instances on demand (only declared layouts change them).
     #[arg(long)]
     no_dynamic_mig: bool,
+    /// How often per-process GPU utilisation (where NVML offers it) is sampled, in ms.
+    #[arg(long, default_value_t = 5000)]
+    util_interval_ms: u64,
     /// The binary that scrubs a device in a child process (`tessera scrub`); default:
     /// `tessera` beside this tesserad.
     #[arg(long)]
@@ -160,6 +163,7 @@ fn main() -> ExitCode {
         mps_control: a.mps_control,
         mps_health_every: Duration::from_millis(a.mps_health_interval_ms.max(100)),
         dynamic_mig: !a.no_dynamic_mig,
+        util_every: Duration::from_millis(a.util_interval_ms.max(100)),
         scrub_exe: a.scrub_exe.unwrap_or_else(|| {
             std::env::current_exe()
                 .ok()

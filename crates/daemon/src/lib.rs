@@ -73,6 +73,8 @@ pub struct Config {
     pub dynamic_mig: bool,
     /// The binary whose `scrub` subcommand scrubs a device in a child process (`tessera`).
     pub scrub_exe: PathBuf,
+    /// How often per-process GPU utilisation is sampled into the ledger.
+    pub util_every: Duration,
     pub host: HostPaths,
     /// Follow a fleet coordinator for the policy and upload usage to it.
     pub coordinator: Option<CoordinatorConfig>,
@@ -226,6 +228,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     });
     // Scrub worker: one device at a time, in a child process, outside the node lock.
     let scrubber = periodic(app.clone(), Duration::from_millis(200), scrub_pending);
+    let utilization = periodic(app.clone(), config.util_every, |app| {
+        with_node(app, "utilisation sampling", |n| n.sample_utilization().map(drop))
+    });
     let mps_health = periodic(app.clone(), config.mps_health_every, |app| {
         with_node(app, "MPS health check", |n| {
             n.mps_health();
@@ -262,6 +267,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     reconciler.abort();
     heartbeat.abort();
     scrubber.abort();
+    utilization.abort();
     mps_health.abort();
     if let Some(m) = metrics {
         m.abort();

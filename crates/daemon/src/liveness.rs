@@ -77,6 +77,36 @@ pub fn parse_start_time(stat: &str) -> Option<u64> {
     fields.nth(18)?.parse().ok()
 }
 
+/// `pid` and every process descending from it (a container's processes, from its init),
+/// read from `proc_root`.
+pub fn process_tree(proc_root: &Path, pid: i32) -> std::collections::BTreeSet<u32> {
+    let mut children: std::collections::BTreeMap<u32, Vec<u32>> = std::collections::BTreeMap::new();
+    if let Ok(entries) = std::fs::read_dir(proc_root) {
+        for e in entries.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+            if let Some(ppid) = parse_ppid(&stat) {
+                children.entry(ppid).or_default().push(p);
+            }
+        }
+    }
+    let mut out = std::collections::BTreeSet::new();
+    let Ok(root) = u32::try_from(pid) else { return out };
+    let mut todo = vec![root];
+    while let Some(p) = todo.pop() {
+        if out.insert(p) {
+            todo.extend(children.get(&p).into_iter().flatten().copied());
+        }
+    }
+    out
+}
+
+/// Field 4 (ppid) of a /proc/PID/stat line, counted after the command name's last ')'.
+pub fn parse_ppid(stat: &str) -> Option<u32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_ascii_whitespace().nth(1)?.parse().ok()
+}
+
 /// Whether runc has state for `container_id` under `runc_root`.
 pub fn runc_state_exists(runc_root: &Path, container_id: &str) -> bool {
     runc_root.join(container_id).join("state.json").is_file()
@@ -112,6 +142,17 @@ mod tests {
         let zombie = "1234 (x) Z 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 0 0";
         assert_eq!(parse_start_time(zombie), None);
         assert_eq!(parse_start_time("garbage"), None);
+    }
+
+    #[test]
+    fn finds_a_process_tree() {
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().expect("spawn");
+        let me = std::process::id();
+        let tree = process_tree(Path::new("/proc"), me as i32);
+        assert!(tree.contains(&me) && tree.contains(&child.id()), "{tree:?}");
+        child.kill().expect("kill");
+        child.wait().expect("wait");
+        assert_eq!(parse_ppid("5 (a) b) S 42 5 5"), Some(42));
     }
 
     #[test]

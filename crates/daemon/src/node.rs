@@ -66,6 +66,8 @@ pub struct Node {
     scrub: ScrubSetup,
     /// Devices whose scrub is running now (by the worker or an unquarantine).
     scrubs_in_flight: std::collections::BTreeSet<String>,
+    /// GPU -> the newest utilisation sample timestamp seen (µs), for NVML's "since".
+    util_seen: BTreeMap<String, u64>,
 }
 
 /// How scrubs are run: a child process, so no CUDA state ever lives in the daemon.
@@ -143,6 +145,7 @@ impl Node {
             mig_demand: BTreeMap::new(),
             scrub: p.scrub,
             scrubs_in_flight: std::collections::BTreeSet::new(),
+            util_seen: BTreeMap::new(),
         })
     }
 
@@ -504,6 +507,58 @@ impl Node {
             }
         }
         Ok(n)
+    }
+
+    /// One utilisation tick: for every running container on a whole GPU (exclusive, MPS or
+    /// time-sliced) whose backend reports per-process utilisation, the SM percent its
+    /// processes used (0 if none showed) goes into its open ledger interval. Devices where
+    /// it is not available (MIG instances, a backend without it) get no sample at all, so
+    /// reports tell "not measured" from "idle". Returns how many intervals took a sample.
+    pub fn sample_utilization(&mut self) -> Result<usize, ApiError> {
+        let running: Vec<Allocation> =
+            self.allocations()?.into_iter().filter(|a| a.state == AllocationState::Running).collect();
+        let mut by_gpu: BTreeMap<String, Vec<(&Allocation, &GrantedDevice)>> = BTreeMap::new();
+        for a in &running {
+            for d in a.devices.iter().filter(|d| d.uuid == d.gpu_uuid) {
+                by_gpu.entry(d.gpu_uuid.clone()).or_default().push((a, d));
+            }
+        }
+        let mut batch = Vec::new();
+        for (gpu, users) in by_gpu {
+            let since = self.util_seen.get(&gpu).copied().unwrap_or(0);
+            let samples = match self.backend.process_utilization(&gpu, since) {
+                Ok(Some(s)) => s,
+                Ok(None) => continue,
+                Err(e) => {
+                    warn!(gpu = %gpu, "reading per-process utilisation failed: {e}");
+                    continue;
+                }
+            };
+            if let Some(newest) = samples.iter().map(|s| s.timestamp_us).max() {
+                self.util_seen.insert(gpu.clone(), newest);
+            }
+            // Several samples of one pid in the period: their mean.
+            let mut per_pid: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+            for s in &samples {
+                let e = per_pid.entry(s.pid).or_default();
+                e.0 += u64::from(s.sm_percent);
+                e.1 += 1;
+            }
+            for (a, d) in users {
+                let Some(pid) = a.pid else { continue };
+                let tree = liveness::process_tree(&self.host.proc_root, pid);
+                let sm: f64 = per_pid
+                    .iter()
+                    .filter(|(p, _)| tree.contains(p))
+                    .map(|(_, (sum, n))| *sum as f64 / *n as f64)
+                    .sum();
+                batch.push((a.container_id.clone(), d.uuid.clone(), sm.min(100.0)));
+            }
+        }
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        self.ledger.record_utilization(&batch).map_err(ledger_err)
     }
 
     /// Heartbeat: stamp every open interval, bounding what a crash can lose.

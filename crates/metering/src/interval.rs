@@ -188,6 +188,18 @@ pub struct IntervalRecord {
     pub checkpoint_mono_ms: u64,
     /// `None` while open.
     pub end: Option<IntervalEnd>,
+    /// `None` where no sample was taken (not available, or not sampled yet).
+    #[serde(default)]
+    pub utilization: Option<Utilization>,
+}
+
+/// What the utilisation sampler saw of an interval (where NVML offers it: whole GPUs,
+/// including MPS and time-sliced ones; never MIG).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Utilization {
+    pub samples: u64,
+    /// Mean SM percent of the whole GPU used by the container's processes.
+    pub sm_percent_avg: f64,
 }
 
 /// How and when an interval was closed.

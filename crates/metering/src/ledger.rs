@@ -106,6 +106,30 @@ BEGIN
 END;
 ";
 
+/// Per-interval utilisation samples, kept beside the intervals (created on open, so older
+/// ledgers gain it): one sample per sampler tick per open interval, the SM percent of the
+/// whole GPU used by the container's processes (0 when none showed). Rows of closed
+/// intervals are final, like the intervals themselves.
+const UTILIZATION_SCHEMA: &str = r"
+CREATE TABLE IF NOT EXISTS utilization (
+    interval_seq INTEGER PRIMARY KEY NOT NULL,
+    samples      INTEGER NOT NULL CHECK (samples > 0),
+    sm_sum       REAL NOT NULL CHECK (sm_sum >= 0)
+) STRICT;
+
+CREATE TRIGGER IF NOT EXISTS utilization_open_only_insert BEFORE INSERT ON utilization
+    WHEN (SELECT close_reason FROM intervals WHERE seq = NEW.interval_seq) IS NOT NULL
+BEGIN
+    SELECT RAISE(ABORT, 'metering: interval already closed');
+END;
+
+CREATE TRIGGER IF NOT EXISTS utilization_open_only_update BEFORE UPDATE ON utilization
+    WHEN (SELECT close_reason FROM intervals WHERE seq = OLD.interval_seq) IS NOT NULL
+BEGIN
+    SELECT RAISE(ABORT, 'metering: interval already closed');
+END;
+";
+
 /// The SQLite `synchronous` setting of a ledger.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Synchronous {
@@ -230,6 +254,7 @@ impl Ledger {
             )?;
             tx.commit()?;
         }
+        conn.execute_batch(UTILIZATION_SCHEMA)?;
         let ledger_id: String =
             conn.query_row("SELECT value FROM meta WHERE key = 'ledger_id'", [], |r| r.get(0))?;
         let boot_id = clock.boot_id();
@@ -396,7 +421,12 @@ impl Ledger {
                     Some(end) => (end.duration_ms, false),
                     None => (duration_ms(&rec.start_stamp(), &now), true),
                 };
+                let used_ratio = rec
+                    .utilization
+                    .as_ref()
+                    .map(|u| u.sm_percent_avg / 100.0 / rec.start.fraction);
                 Span {
+                    used_ratio,
                     start_ms: rec.start_wall_ms,
                     end_ms: rec.start_wall_ms.saturating_add(duration),
                     container_id: rec.start.container_id,
@@ -409,6 +439,36 @@ impl Ledger {
             })
             .collect();
         aggregate(&spans, q)
+    }
+
+    /// One utilisation tick: for each (container, device, SM percent of the whole GPU), add
+    /// a sample to its open interval; one transaction for the tick. Returns how many
+    /// intervals took a sample (a container without an open interval is skipped).
+    pub fn record_utilization(&mut self, samples: &[(String, String, f64)]) -> Result<usize, LedgerError> {
+        let tx = self.conn.transaction()?;
+        let mut n = 0;
+        for (container, device, sm) in samples {
+            if !(sm.is_finite() && *sm >= 0.0) {
+                return Err(LedgerError::BadInterval(format!("utilisation {sm} for {container}/{device} is not a percentage")));
+            }
+            let seq: Option<i64> = tx
+                .query_row(
+                    "SELECT seq FROM intervals WHERE container_id = ?1 AND device_uuid = ?2 AND close_reason IS NULL",
+                    params![container, device],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if let Some(seq) = seq {
+                tx.execute(
+                    "INSERT INTO utilization (interval_seq, samples, sm_sum) VALUES (?1, 1, ?2)
+                     ON CONFLICT(interval_seq) DO UPDATE SET samples = samples + 1, sm_sum = sm_sum + excluded.sm_sum",
+                    params![seq, sm],
+                )?;
+                n += 1;
+            }
+        }
+        tx.commit()?;
+        Ok(n)
     }
 
     /// Every interval, in open order.
@@ -495,7 +555,10 @@ fn select_records(
     filter: &str,
     params: impl rusqlite::Params,
 ) -> Result<Vec<IntervalRecord>, LedgerError> {
-    let sql = format!("SELECT {RECORD_COLUMNS} FROM intervals {filter} ORDER BY seq");
+    let sql = format!(
+        "SELECT {RECORD_COLUMNS}, u.samples, u.sm_sum FROM intervals
+         LEFT JOIN utilization u ON u.interval_seq = intervals.seq {filter} ORDER BY seq"
+    );
     let mut stmt = conn.prepare_cached(&sql)?;
     let rows = stmt.query_map(params, RawRecord::from_row)?;
     let mut out = Vec::new();
@@ -525,6 +588,7 @@ struct RawRecord {
     duration_ms: Option<i64>,
     gpu_seconds: Option<f64>,
     close_reason: Option<String>,
+    util: (Option<i64>, Option<f64>),
 }
 
 impl RawRecord {
@@ -548,6 +612,7 @@ impl RawRecord {
             duration_ms: r.get(21)?,
             gpu_seconds: r.get(22)?,
             close_reason: r.get(23)?,
+            util: (r.get(24)?, r.get(25)?),
         })
     }
 
@@ -595,6 +660,13 @@ impl RawRecord {
             checkpoint_wall_ms: ms(self.ckpt.1, "ckpt_wall_ms")?,
             checkpoint_mono_ms: ms(self.ckpt.2, "ckpt_mono_ms")?,
             end,
+            utilization: match self.util {
+                (Some(samples), Some(sum)) if samples > 0 => Some(crate::interval::Utilization {
+                    samples: ms(samples, "utilization samples")?,
+                    sm_percent_avg: sum / samples as f64,
+                }),
+                _ => None,
+            },
             id: IntervalId(id),
         })
     }

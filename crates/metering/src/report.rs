@@ -170,6 +170,14 @@ pub struct UsageRow {
     pub cost: f64,
     /// Intervals that touch the window.
     pub intervals: u64,
+    /// GPU-seconds of the intervals whose utilisation was sampled (whole GPUs where NVML
+    /// offers per-process utilisation; never MIG).
+    #[serde(default)]
+    pub sampled_gpu_seconds: f64,
+    /// Of those, the GPU-seconds actually used (mean SM use of the whole GPU x time):
+    /// used / sampled is used-vs-reserved.
+    #[serde(default)]
+    pub used_gpu_seconds: f64,
 }
 
 /// The total of one level of the tree: equal at every level, by construction and by check.
@@ -252,6 +260,9 @@ pub struct Span {
     pub start_ms: u64,
     pub end_ms: u64,
     pub open: bool,
+    /// Used / reserved: mean SM fraction of the GPU used over the fraction reserved, where
+    /// utilisation was sampled.
+    pub used_ratio: Option<f64>,
 }
 
 impl Span {
@@ -272,6 +283,9 @@ struct Acc {
     micro_gs: u128,
     micro_cost: u128,
     intervals: u64,
+    /// GPU-seconds of intervals with utilisation samples, and what they used of them.
+    micro_sampled: u128,
+    micro_used: u128,
 }
 
 impl Acc {
@@ -279,6 +293,8 @@ impl Acc {
         self.micro_gs += o.micro_gs;
         self.micro_cost += o.micro_cost;
         self.intervals += o.intervals;
+        self.micro_sampled += o.micro_sampled;
+        self.micro_used += o.micro_used;
     }
 }
 
@@ -323,7 +339,12 @@ pub fn aggregate(spans: &[Span], q: &UsageQuery) -> Result<UsageReport, LedgerEr
         };
         #[allow(clippy::cast_precision_loss)]
         let micro_cost = round_u128(micro_gs as f64 * rate / 3600.0);
-        let acc = Acc { micro_gs, micro_cost, intervals: 1 };
+        let (micro_sampled, micro_used) = match s.used_ratio {
+            #[allow(clippy::cast_precision_loss)]
+            Some(r) => (micro_gs, round_u128(micro_gs as f64 * r)),
+            None => (0, 0),
+        };
+        let acc = Acc { micro_gs, micro_cost, intervals: 1, micro_sampled, micro_used };
         total.add(&acc);
         open += u64::from(s.open);
         for by in GroupBy::ALL {
@@ -343,6 +364,8 @@ pub fn aggregate(spans: &[Span], q: &UsageQuery) -> Result<UsageReport, LedgerEr
         gpu_seconds: micros_to_f64(a.micro_gs),
         cost: micros_to_f64(a.micro_cost),
         intervals: a.intervals,
+        sampled_gpu_seconds: micros_to_f64(a.micro_sampled),
+        used_gpu_seconds: micros_to_f64(a.micro_used),
     };
     let rows =
         levels.get(&q.by).map(|m| m.iter().map(|(g, a)| row(g, a)).collect()).unwrap_or_default();
@@ -423,7 +446,26 @@ mod tests {
             start_ms: start,
             end_ms: end,
             open: false,
+            used_ratio: None,
         }
+    }
+
+    #[test]
+    fn used_vs_reserved_rolls_up_only_where_sampled() {
+        let mut a = span("acme/ml/x/alice", "c1", 0, 10_000, 0.5);
+        a.used_ratio = Some(0.8); // 40% of the GPU used of 50% reserved
+        let b = span("acme/ml/x/bob", "c2", 0, 10_000, 1.0); // not sampled (e.g. MIG)
+        let r = aggregate(&[a, b], &q(0, 10_000, GroupBy::Team)).expect("report");
+        let team = &r.rows[0];
+        assert_eq!(team.gpu_seconds, 15.0);
+        assert_eq!(team.sampled_gpu_seconds, 5.0);
+        assert_eq!(team.used_gpu_seconds, 4.0);
+        assert_eq!((r.total.sampled_gpu_seconds, r.total.used_gpu_seconds), (5.0, 4.0));
+        // Clipping to half the window halves both.
+        let mut a = span("acme/ml/x/alice", "c1", 0, 10_000, 0.5);
+        a.used_ratio = Some(0.8);
+        let r = aggregate(&[a], &q(0, 5_000, GroupBy::User)).expect("report");
+        assert_eq!((r.total.sampled_gpu_seconds, r.total.used_gpu_seconds), (2.5, 2.0));
     }
 
     fn q(from: u64, to: u64, by: GroupBy) -> UsageQuery {

@@ -543,3 +543,49 @@ fn a_corrupt_ledger_with_a_hot_wal_is_left_untouched_too() {
     assert!(wal.exists(), "the WAL was not deleted");
     assert_eq!(sha(&wal), wal_before, "WAL untouched");
 }
+
+#[test]
+fn utilisation_samples_accumulate_on_open_intervals_only() {
+    let clock = std::sync::Arc::new(metering::ManualClock::new(1_767_225_600_000, 0));
+    let mut l = metering::Ledger::open_in_memory(clock.clone()).expect("ledger");
+    let start = |c: &str, d: &str, fraction: f64| metering::IntervalStart {
+        container_id: c.into(),
+        tenant: "acme/ml/x/alice".into(),
+        node: "n".into(),
+        gpu_uuid: d.into(),
+        gpu_model: "H100-80GB".into(),
+        device_uuid: d.into(),
+        isolation: if fraction < 1.0 { tessera_api::Isolation::Mps } else { tessera_api::Isolation::Gpu },
+        mig_profile: None,
+        fraction,
+        class: metering::Class::Guaranteed,
+    };
+    l.open_interval(&start("c1", "GPU-a", 0.5)).expect("open");
+    l.open_interval(&start("c2", "GPU-b", 1.0)).expect("open");
+    for sm in [30.0, 50.0] {
+        let n = l
+            .record_utilization(&[("c1".into(), "GPU-a".into(), sm), ("ghost".into(), "GPU-z".into(), 99.0)])
+            .expect("tick");
+        assert_eq!(n, 1, "a container without an open interval takes no sample");
+    }
+    clock.advance(10_000);
+    l.close_container("c1", "poststop").expect("close");
+    assert!(l.record_utilization(&[("c1".into(), "GPU-a".into(), 10.0)]).expect("tick") == 0, "closed is final");
+    assert!(l.record_utilization(&[("c2".into(), "GPU-b".into(), f64::NAN)]).is_err());
+    let recs = l.intervals().expect("intervals");
+    let u = recs.iter().find(|r| r.start.container_id == "c1").and_then(|r| r.utilization.clone()).expect("sampled");
+    assert_eq!((u.samples, u.sm_percent_avg), (2, 40.0));
+    assert!(recs.iter().find(|r| r.start.container_id == "c2").expect("c2").utilization.is_none());
+    let r = l
+        .usage(&metering::UsageQuery {
+            from_ms: 1_767_225_600_000,
+            to_ms: 1_767_225_610_000,
+            by: metering::GroupBy::Container,
+            prices: Default::default(),
+        })
+        .expect("usage");
+    let c1 = r.rows.iter().find(|x| x.group == "c1").expect("c1");
+    assert_eq!(c1.gpu_seconds, 5.0);
+    assert_eq!(c1.sampled_gpu_seconds, 5.0);
+    assert_eq!(c1.used_gpu_seconds, 4.0, "40% of the GPU used of 50% reserved: 0.8 of 5 GPU-s");
+}

@@ -44,12 +44,33 @@ pub trait GpuBackend: Send + Sync + std::fmt::Debug {
         Err(BackendError::Unsupported(format!("{} cannot destroy MIG instances", self.describe())))
     }
 
+    /// Per-process SM utilisation on the GPU `gpu_uuid` since `since_us` (CPU timestamp in
+    /// microseconds; 0 for everything buffered), as NVML's per-process utilisation gives it.
+    /// `Ok(None)`: not available — a GPU in MIG mode (NVML accounting is off under MIG), or
+    /// a backend or device without the feature.
+    fn process_utilization(&self, gpu_uuid: &str, since_us: u64) -> Result<Option<Vec<ProcessUtil>>, BackendError> {
+        let _ = (gpu_uuid, since_us);
+        Ok(None)
+    }
+
     /// Simulated hardware only: the file that is the device's memory. Real devices have
     /// none (their memory is reached through CUDA).
     fn sim_memory_file(&self, uuid: &str) -> Option<std::path::PathBuf> {
         let _ = uuid;
         None
     }
+}
+
+/// One per-process utilisation sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessUtil {
+    /// Host pid of the process using the GPU.
+    pub pid: u32,
+    /// SM (compute) utilisation of the whole GPU by this process, percent.
+    pub sm_percent: u32,
+    /// CPU timestamp of the sample, microseconds.
+    pub timestamp_us: u64,
 }
 
 /// Why a backend could not answer.

@@ -28,7 +28,7 @@ pub mod place;
 pub mod replay;
 pub mod sim;
 
-pub use backend::{BackendError, GpuBackend};
+pub use backend::{BackendError, GpuBackend, ProcessUtil};
 pub use catalog::{model, placement_is_legal, GpuModel, LayoutError, Profile};
 pub use choose::{choose, NoFit};
 pub use inject::{injection, InjectError, DEVICE_MODE};

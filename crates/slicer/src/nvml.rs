@@ -159,6 +159,30 @@ impl GpuBackend for NvmlBackend {
         "nvml".into()
     }
 
+    fn process_utilization(
+        &self,
+        gpu_uuid: &str,
+        since_us: u64,
+    ) -> Result<Option<Vec<crate::backend::ProcessUtil>>, BackendError> {
+        let dev = self.nvml.device_by_uuid(gpu_uuid).map_err(nvml_err("nvmlDeviceGetHandleByUUID"))?;
+        // Under MIG, NVML has no per-process accounting: say "not available", not "idle".
+        if let Ok(mode) = dev.mig_mode() {
+            if mode.current == nvml_wrapper_sys::bindings::NVML_DEVICE_MIG_ENABLE {
+                return Ok(None);
+            }
+        }
+        match dev.process_utilization_stats(since_us) {
+            Ok(samples) => Ok(Some(
+                samples
+                    .into_iter()
+                    .map(|s| crate::backend::ProcessUtil { pid: s.pid, sm_percent: s.sm_util, timestamp_us: s.timestamp })
+                    .collect(),
+            )),
+            Err(NvmlError::NotSupported) => Ok(None),
+            Err(e) => Err(nvml_err("nvmlDeviceGetProcessUtilization")(e)),
+        }
+    }
+
     fn inventory(&self) -> Result<Inventory, BackendError> {
         let majors = read_majors(&self.proc_devices)?;
         let count = self.nvml.device_count().map_err(nvml_err("nvmlDeviceGetCount"))?;

@@ -384,6 +384,46 @@ impl GpuBackend for SimBackend {
         Some(self.memory_file(uuid))
     }
 
+    /// The simulated GPU's utilisation feed: `<sim>/util/<gpu uuid>.json`, a JSON list of
+    /// `{"pid", "sm_percent"}` describing what each process is using *now* (whatever plays
+    /// the workload writes it). Each read returns them stamped with the current time, as
+    /// NVML reports processes active since the last query; `since_us` is therefore always
+    /// older. A GPU in MIG mode has none (as under NVML); so does one without a feed.
+    fn process_utilization(
+        &self,
+        gpu_uuid: &str,
+        since_us: u64,
+    ) -> Result<Option<Vec<crate::backend::ProcessUtil>>, BackendError> {
+        let inv = self.inventory()?;
+        if inv.gpus.iter().any(|g| g.uuid == gpu_uuid && g.mig_enabled) {
+            return Ok(None);
+        }
+        let path = self.sim_dir.join("util").join(format!("{gpu_uuid}.json"));
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(BackendError::Io { path, source }),
+        };
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Feed {
+            pid: u32,
+            sm_percent: u32,
+        }
+        let feed: Vec<Feed> =
+            serde_json::from_slice(&bytes).map_err(|e| BackendError::Json { path: path.clone(), message: e.to_string() })?;
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0)
+            .max(since_us + 1);
+        Ok(Some(
+            feed.into_iter()
+                .map(|f| crate::backend::ProcessUtil { pid: f.pid, sm_percent: f.sm_percent, timestamp_us: now_us })
+                .collect(),
+        ))
+    }
+
     fn inventory(&self) -> Result<Inventory, BackendError> {
         let state = self.read_state()?;
         let majors = read_majors(&self.proc_devices_path())?;
@@ -713,4 +753,37 @@ fn create_zeroed(path: &Path, len: u64) -> Result<(), BackendError> {
 
 fn sync_dir(dir: &Path) -> Result<(), BackendError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(BackendError::io(dir))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod util_tests {
+    use super::*;
+
+    #[test]
+    fn the_utilisation_feed_follows_nvml_semantics() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/nodes/h100x8.json");
+        let b = SimBackend::open(&node, dir.path()).unwrap();
+        let inv = b.inventory().unwrap();
+        let whole = inv.gpus.iter().find(|g| !g.mig_enabled).unwrap().uuid.clone();
+        let mig = inv.gpus.iter().find(|g| g.mig_enabled).unwrap().uuid.clone();
+        assert_eq!(b.process_utilization(&whole, 0).unwrap(), None, "no feed: not available");
+        let feed = dir.path().join("sim/util");
+        std::fs::create_dir_all(&feed).unwrap();
+        std::fs::write(
+            feed.join(format!("{whole}.json")),
+            r#"[{"pid": 10, "sm_percent": 40}, {"pid": 11, "sm_percent": 5}]"#,
+        )
+        .unwrap();
+        let all = b.process_utilization(&whole, 0).unwrap().unwrap();
+        assert_eq!(all.iter().map(|s| (s.pid, s.sm_percent)).collect::<Vec<_>>(), [(10, 40), (11, 5)]);
+        let last = all[0].timestamp_us;
+        let again = b.process_utilization(&whole, last).unwrap().unwrap();
+        assert!(again.iter().all(|s| s.timestamp_us > last), "every read is newer than the last seen");
+        std::fs::write(feed.join(format!("{mig}.json")), r#"[{"pid": 1, "sm_percent": 1}]"#).unwrap();
+        assert_eq!(b.process_utilization(&mig, 0).unwrap(), None, "MIG mode: never available");
+        std::fs::write(feed.join(format!("{whole}.json")), b"{not json").unwrap();
+        assert!(b.process_utilization(&whole, 0).is_err(), "a malformed feed is an error, not silence");
+    }
 }

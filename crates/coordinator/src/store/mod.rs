@@ -188,6 +188,9 @@ pub(crate) fn span_of(i: &metering::ClosedInterval) -> metering::Span {
         start_ms: i.start_wall_ms,
         end_ms: span_end(i),
         open: false,
+        // Uploaded intervals do not carry utilisation samples (yet): fleet reports show
+        // GPU-seconds and cost, used-vs-reserved only per node.
+        used_ratio: None,
     }
 }
 
