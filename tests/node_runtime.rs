@@ -487,3 +487,42 @@ fn containerd_runs_gpu_containers_through_tessera_runtime() {
     assert!(all.contains("tiers.untrusted.allow") || all.contains("mps"), "{all}");
     assert!(c.status().expect("status").allocations.is_empty());
 }
+
+#[test]
+fn gpu_containers_get_the_host_driver_files_read_only_and_others_get_none() {
+    let scratch = short_tempdir();
+    let driver = scratch.join("driver");
+    std::fs::create_dir_all(driver.join("bin")).expect("driver dir");
+    std::fs::write(driver.join("libcuda.so.560.35.03"), b"fake libcuda 560\n").expect("lib");
+    std::os::unix::fs::symlink("libcuda.so.560.35.03", driver.join("libcuda.so.1")).expect("soname link");
+    std::fs::write(driver.join("libnvidia-ml.so.1"), b"fake nvml\n").expect("lib");
+    std::fs::write(driver.join("libz.so.1"), b"not a driver library\n").expect("lib");
+    std::fs::write(driver.join("bin/nvidia-smi"), b"#!/bin/sh\necho fake-smi\n").expect("bin");
+    let node_file = scratch.join("node.json");
+    std::fs::write(
+        &node_file,
+        format!(r#"{{"node": "sim-driver-0", "driver_root": "{}", "gpus": [{{"model": "H100-80GB"}}]}}"#, driver.display()),
+    )
+    .expect("node file");
+    let node = Node::start_with(NodeOptions { node_file, ..Default::default() });
+    node.fx.cleanup().track_dir(&scratch);
+
+    let script = "cat /usr/local/nvidia/lib64/libcuda.so.1; ls /usr/local/nvidia/lib64 /usr/local/nvidia/bin; \
+                  (echo pwned > /usr/local/nvidia/lib64/libcuda.so.1) 2>/dev/null || echo read-only";
+    let b = node.bundle("drv", "team-trusted", Some("gpu=1"), &["sh", "-c", script]);
+    let out = node.fx.run_container(&b, "drv");
+    out.assert_success("GPU container with driver files");
+    let text = out.stdout_str();
+    assert!(text.starts_with("fake libcuda 560\n"), "the soname resolves to the host's library: {text}");
+    for want in ["libcuda.so.1", "libnvidia-ml.so.1", "nvidia-smi", "read-only"] {
+        assert!(text.contains(want), "{want} missing: {text}");
+    }
+    assert!(!text.contains("libz.so.1"), "only driver libraries are passed through: {text}");
+    assert_eq!(std::fs::read(driver.join("libcuda.so.560.35.03")).expect("host lib"), b"fake libcuda 560\n");
+
+    let mut b = node.fx.bundle("plain");
+    b.args(&["sh", "-c", "ls /usr/local/nvidia 2>&1 || true"]).write();
+    let out = node.fx.run_container(&b, "plain");
+    out.assert_success("plain container");
+    assert!(out.stdout_str().contains("No such file"), "no request, no driver files: {}", out.stdout_str());
+}

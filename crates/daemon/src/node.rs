@@ -775,6 +775,7 @@ impl Node {
         };
 
         injection.mounts.extend(self.sim_memory_mounts(&devices));
+        injection.mounts.extend(self.backend.driver_mounts());
         // A dirty device handed back to its own tenant (policy: same_tenant_skip) is the
         // tenant's again; its dirty mark goes with the grant.
         for d in devices.iter().filter(|d| lifecycle_held.contains(&d.uuid)) {

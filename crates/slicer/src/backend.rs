@@ -53,6 +53,12 @@ pub trait GpuBackend: Send + Sync + std::fmt::Debug {
         Ok(None)
     }
 
+    /// The host's driver files every GPU container gets (read-only bind mounts); none for
+    /// simulated hardware.
+    fn driver_mounts(&self) -> Vec<tessera_api::BindMount> {
+        Vec::new()
+    }
+
     /// Simulated hardware only: the file that is the device's memory. Real devices have
     /// none (their memory is reached through CUDA).
     fn sim_memory_file(&self, uuid: &str) -> Option<std::path::PathBuf> {

@@ -18,6 +18,7 @@
 
 pub mod backend;
 pub mod catalog;
+pub mod driver;
 mod choose;
 pub mod conformance;
 mod inject;

@@ -45,6 +45,8 @@ const MIB: u64 = 1024 * 1024;
 pub struct NvmlBackend {
     nvml: Nvml,
     node: String,
+    /// The driver's user-space files, found once at start (`ldconfig -p`).
+    driver_mounts: Vec<tessera_api::BindMount>,
     proc_driver_dir: PathBuf,
     proc_devices: PathBuf,
     mig_minors: PathBuf,
@@ -67,9 +69,12 @@ impl NvmlBackend {
             )));
         }
         let nvml = Nvml::init().map_err(init_error)?;
+        let bin_dirs: Vec<PathBuf> = ["/usr/bin", "/usr/local/bin", "/usr/sbin", "/bin"].iter().map(PathBuf::from).collect();
+        let driver_mounts = crate::driver::discover(Path::new("/sbin/ldconfig"), &bin_dirs);
         Ok(NvmlBackend {
             nvml,
             node: hostname(),
+            driver_mounts,
             proc_driver_dir: proc_driver_dir.to_path_buf(),
             proc_devices: proc_devices.to_path_buf(),
             mig_minors: mig_minors.to_path_buf(),
@@ -157,6 +162,10 @@ impl NvmlBackend {
 impl GpuBackend for NvmlBackend {
     fn describe(&self) -> String {
         "nvml".into()
+    }
+
+    fn driver_mounts(&self) -> Vec<tessera_api::BindMount> {
+        self.driver_mounts.clone()
     }
 
     fn process_utilization(

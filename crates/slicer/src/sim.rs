@@ -62,6 +62,11 @@ pub struct NodeFile {
     #[serde(default = "default_memory_bytes")]
     pub sim_memory_bytes: u64,
     pub gpus: Vec<GpuFile>,
+    /// A directory standing in for the host's driver installation: every file in it whose
+    /// name is a driver library soname is treated as listed by `ldconfig`, and its `bin/`
+    /// as a place driver utilities are found. Absent: no driver files (device nodes only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_root: Option<PathBuf>,
 }
 
 /// The majors of a simulated node. Every field has a default; `"nvidia_caps": null`
@@ -382,6 +387,23 @@ impl GpuBackend for SimBackend {
 
     fn sim_memory_file(&self, uuid: &str) -> Option<PathBuf> {
         Some(self.memory_file(uuid))
+    }
+
+    fn driver_mounts(&self) -> Vec<tessera_api::BindMount> {
+        let Ok(Some(root)) = load_node_file(&self.node_file).map(|n| n.driver_root) else { return Vec::new() };
+        let root = if root.is_absolute() {
+            root
+        } else {
+            self.node_file.parent().map(|d| d.join(&root)).unwrap_or(root)
+        };
+        // What `ldconfig -p` would list for libraries installed in `root`.
+        let listed: Vec<(String, PathBuf)> = std::fs::read_dir(&root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(|n| (n.to_string(), e.path())))
+            .collect();
+        crate::driver::driver_mounts(&listed, &[root.join("bin")])
     }
 
     /// The simulated GPU's utilisation feed: `<sim>/util/<gpu uuid>.json`, a JSON list of
