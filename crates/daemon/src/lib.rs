@@ -219,6 +219,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let reconciler = periodic(app.clone(), config.reconcile_every, |app| {
         with_node(app, "reconcile", |n| {
             n.reconcile()?;
+            n.check_ecc()?;
             // Declared layouts converge as instances fall idle.
             n.mig_converge().map(drop)
         })

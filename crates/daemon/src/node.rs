@@ -68,6 +68,8 @@ pub struct Node {
     scrubs_in_flight: std::collections::BTreeSet<String>,
     /// GPU -> the newest utilisation sample timestamp seen (µs), for NVML's "since".
     util_seen: BTreeMap<String, u64>,
+    /// GPU -> uncorrectable ECC count accepted so far (the first reading is the baseline).
+    ecc_seen: BTreeMap<String, u64>,
 }
 
 /// How scrubs are run: a child process, so no CUDA state ever lives in the daemon.
@@ -146,6 +148,7 @@ impl Node {
             scrub: p.scrub,
             scrubs_in_flight: std::collections::BTreeSet::new(),
             util_seen: BTreeMap::new(),
+            ecc_seen: BTreeMap::new(),
         })
     }
 
@@ -561,6 +564,41 @@ impl Node {
         self.ledger.record_utilization(&batch).map_err(ledger_err)
     }
 
+    /// Quarantine every GPU (and its MIG instances) whose uncorrectable ECC count rose since
+    /// the last look. The first reading after start is the baseline: errors counted while
+    /// no tesserad watched are not seen. A quarantined device in use stays with its
+    /// container, and is not handed out again after it is released. Returns the GPUs
+    /// quarantined now.
+    pub fn check_ecc(&mut self) -> Result<Vec<String>, ApiError> {
+        let mut hit = Vec::new();
+        for g in self.inventory.gpus.clone() {
+            let count = match self.backend.uncorrectable_ecc_errors(&g.uuid) {
+                Ok(Some(n)) => n,
+                Ok(None) => continue,
+                Err(e) => {
+                    warn!(gpu = %g.uuid, "reading ECC errors failed: {e}");
+                    continue;
+                }
+            };
+            let seen = *self.ecc_seen.entry(g.uuid.clone()).or_insert(count);
+            if count <= seen {
+                continue;
+            }
+            self.ecc_seen.insert(g.uuid.clone(), count);
+            let life = self.lifecycle()?;
+            let devices = std::iter::once(g.uuid.clone()).chain(g.instances.iter().map(|i| i.uuid.clone()));
+            for uuid in devices {
+                let current = life.get(&uuid).map(|(st, _)| st.clone()).unwrap_or(scrub::DeviceState::Free);
+                self.set_state(&uuid, &current.on_ecc_error(count), None)?;
+            }
+            let detail = format!("{}: quarantined: uncorrectable ECC errors rose from {seen} to {count}", g.uuid);
+            warn!("{detail}");
+            let _ = self.store.event("ecc", None, &detail);
+            hit.push(g.uuid);
+        }
+        Ok(hit)
+    }
+
     /// Heartbeat: stamp every open interval, bounding what a crash can lose.
     pub fn checkpoint(&mut self) -> Result<usize, ApiError> {
         self.ledger.checkpoint().map_err(ledger_err)
@@ -643,9 +681,15 @@ impl Node {
         // shared device once its last container leaves (history unknown: several tenants
         // may have used it, so no tenant skips that scrub).
         let mut left = Vec::new();
+        let quarantined: std::collections::BTreeSet<String> = self
+            .lifecycle()?
+            .into_iter()
+            .filter(|(_, (st, _))| matches!(st, scrub::DeviceState::Quarantined { .. }))
+            .map(|(u, _)| u)
+            .collect();
         match &a.share {
             None => {
-                for d in &a.devices {
+                for d in a.devices.iter().filter(|d| !quarantined.contains(&d.uuid)) {
                     let st = scrub::DeviceState::Dirty { last_tenant: a.tenant.clone() };
                     left.push((d.uuid.clone(), serde_json::to_string(&st).unwrap_or_default()));
                 }
@@ -655,7 +699,7 @@ impl Node {
                     .allocations()?
                     .iter()
                     .any(|o| o.container_id != a.container_id && o.share.as_ref().is_some_and(|x| x.device == s.device));
-                if !others {
+                if !others && !quarantined.contains(&s.device) {
                     let st = scrub::DeviceState::unknown_history();
                     left.push((s.device.clone(), serde_json::to_string(&st).unwrap_or_default()));
                 }

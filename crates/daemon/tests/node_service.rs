@@ -417,3 +417,30 @@ fn dynamic_mig_creates_instances_and_defragments_only_idle_ones() {
     let node = node_at(dir.path(), Duration::from_secs(60));
     assert!(node.inventory().gpus.iter().flat_map(|g| &g.instances).any(|i| i.uuid == uuid));
 }
+
+#[test]
+fn rising_ecc_errors_quarantine_a_gpu_and_its_instances_even_in_use() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_with(dir.path(), Duration::from_secs(60), false);
+    let mig_gpu = node.inventory().gpus.iter().find(|g| g.mig_enabled).expect("mig gpu").clone();
+    let a = node.allocate(&req("busy", "team-dev", &format!("mig={}", mig_gpu.instances[0].profile))).expect("grant");
+    assert_eq!(a.devices[0].gpu_uuid, mig_gpu.uuid);
+    let ecc = dir.path().join("sim/ecc");
+    std::fs::create_dir_all(&ecc).expect("ecc dir");
+    std::fs::write(ecc.join(&mig_gpu.uuid), "3").expect("count");
+    assert!(node.check_ecc().expect("baseline").is_empty(), "the first reading is the baseline");
+    std::fs::write(ecc.join(&mig_gpu.uuid), "5").expect("count");
+    assert_eq!(node.check_ecc().expect("check"), [mig_gpu.uuid.clone()]);
+    let st = node.status().expect("status");
+    let g = st.gpus.iter().find(|g| g.uuid == mig_gpu.uuid).expect("gpu");
+    assert!(g.instances.iter().all(|i| i.state == tessera_api::DeviceState::Quarantined), "{:?}", g.instances);
+    assert!(g.instances[0].lifecycle.as_ref().is_some_and(|l| l.detail.contains("ECC")));
+    // The container keeps its instance; released, the instance stays quarantined (not dirty).
+    node.release("busy", "poststop").expect("release");
+    let st = node.status().expect("status");
+    let i = st.gpus.iter().find(|g| g.uuid == mig_gpu.uuid).expect("gpu").instances[0].clone();
+    assert_eq!(i.state, tessera_api::DeviceState::Quarantined);
+    let e = node.allocate(&req("next", "team-dev", &format!("mig={}", i.profile)));
+    assert!(e.map(|a| a.devices[0].uuid != i.uuid).unwrap_or(true), "a quarantined instance was handed out");
+    assert!(node.check_ecc().expect("again").is_empty(), "no new errors: nothing new");
+}

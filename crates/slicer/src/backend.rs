@@ -53,6 +53,13 @@ pub trait GpuBackend: Send + Sync + std::fmt::Debug {
         Ok(None)
     }
 
+    /// Uncorrectable ECC errors the GPU `gpu_uuid` has counted since the driver loaded.
+    /// `Ok(None)`: not available (ECC off, or the backend cannot tell).
+    fn uncorrectable_ecc_errors(&self, gpu_uuid: &str) -> Result<Option<u64>, BackendError> {
+        let _ = gpu_uuid;
+        Ok(None)
+    }
+
     /// The host's driver files every GPU container gets (read-only bind mounts); none for
     /// simulated hardware.
     fn driver_mounts(&self) -> Vec<tessera_api::BindMount> {

@@ -168,6 +168,16 @@ impl GpuBackend for NvmlBackend {
         self.driver_mounts.clone()
     }
 
+    fn uncorrectable_ecc_errors(&self, gpu_uuid: &str) -> Result<Option<u64>, BackendError> {
+        use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
+        let dev = self.nvml.device_by_uuid(gpu_uuid).map_err(nvml_err("nvmlDeviceGetHandleByUUID"))?;
+        match dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile) {
+            Ok(n) => Ok(Some(n)),
+            Err(NvmlError::NotSupported) => Ok(None),
+            Err(e) => Err(nvml_err("nvmlDeviceGetTotalEccErrors")(e)),
+        }
+    }
+
     fn process_utilization(
         &self,
         gpu_uuid: &str,

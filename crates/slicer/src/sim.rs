@@ -389,6 +389,19 @@ impl GpuBackend for SimBackend {
         Some(self.memory_file(uuid))
     }
 
+    /// The simulated counter: `<sim>/ecc/<gpu uuid>` holds a number (absent: 0).
+    fn uncorrectable_ecc_errors(&self, gpu_uuid: &str) -> Result<Option<u64>, BackendError> {
+        let path = self.sim_dir.join("ecc").join(gpu_uuid);
+        match std::fs::read_to_string(&path) {
+            Ok(t) => t.trim().parse::<u64>().map(Some).map_err(|e| BackendError::Json {
+                path: path.clone(),
+                message: format!("an ECC counter must be a whole number: {e}"),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Some(0)),
+            Err(source) => Err(BackendError::Io { path, source }),
+        }
+    }
+
     fn driver_mounts(&self) -> Vec<tessera_api::BindMount> {
         let Ok(Some(root)) = load_node_file(&self.node_file).map(|n| n.driver_root) else { return Vec::new() };
         let root = if root.is_absolute() {
