@@ -203,10 +203,12 @@ impl Store {
     }
 
     /// Remove an allocation and, in the same transaction, mark the devices it leaves behind
-    /// (dirty until scrubbed). Durable (`FULL`): a device whose release is lost to a power
-    /// failure would otherwise come back clean-looking without a scrub.
+    /// (dirty until scrubbed). Relaxed like [`Store::remove`]: the two changes commit or
+    /// vanish together, and a release lost to power failure leaves the grant in place —
+    /// held, never clean-looking — until the reconciler finds its container gone and
+    /// releases it again, dirty.
     pub fn remove_leaving(&mut self, container_id: &str, why: &str, states: &[(String, String)]) -> Result<bool, StoreError> {
-        self.remove_inner(container_id, why, states)
+        self.relaxed(|s| s.remove_inner(container_id, why, states))
     }
 
     fn remove_inner(&mut self, container_id: &str, why: &str, states: &[(String, String)]) -> Result<bool, StoreError> {
