@@ -288,7 +288,9 @@ fn e_child_process_restart_and_pid_tracking() {
     assert!(mounts_under(&mnt).is_empty(), "cleanup unmounted it");
     assert!(tracked.wait().expect("wait").code().is_none(), "killed by a signal");
     assert!(stray.wait().expect("wait").code().is_none(), "killed by a signal");
-    assert!(!daemon.is_running(), "daemon named the fixture dir");
+    // Killed by the cleanup (its command line names the fixture dir); the exit itself is
+    // asynchronous, so wait for it (bounded) rather than sample it once.
+    assert!(daemon.wait_exit(Duration::from_secs(5)).is_some(), "daemon named the fixture dir");
     drop(daemon);
     drop(fx);
     assert_no_leftovers(&fp);
