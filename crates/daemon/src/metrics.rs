@@ -18,21 +18,6 @@ use tessera_api::{AllocationState, DeviceState, Isolation, NodeStatus};
 
 type Labels = Vec<(String, String)>;
 
-/// GPU-seconds an interval has accrued as the ledger knows it now.
-pub fn accrued_gpu_seconds(r: &IntervalRecord) -> f64 {
-    match &r.end {
-        Some(end) => end.gpu_seconds,
-        None => {
-            let ms = if r.checkpoint_boot_id == r.start_boot_id {
-                r.checkpoint_mono_ms.saturating_sub(r.start_mono_ms)
-            } else {
-                r.checkpoint_wall_ms.saturating_sub(r.start_wall_ms)
-            };
-            ms as f64 / 1000.0 * r.start.fraction
-        }
-    }
-}
-
 /// Render the text exposition format.
 pub fn render(node: &NodeStatus, intervals: &[IntervalRecord]) -> String {
     let mut registry = Registry::with_prefix("tessera");
@@ -46,7 +31,7 @@ pub fn render(node: &NodeStatus, intervals: &[IntervalRecord]) -> String {
             ("isolation".to_string(), r.start.isolation.as_str().to_string()),
             ("mig_profile".to_string(), r.start.mig_profile.clone().unwrap_or_default()),
         ];
-        *totals.entry(labels).or_default() += accrued_gpu_seconds(r);
+        *totals.entry(labels).or_default() += r.accrued_gpu_seconds();
     }
     for (labels, v) in totals {
         gpu_seconds.get_or_create(&labels).inc_by(v);

@@ -164,7 +164,7 @@ impl Node {
 
     /// Every device that is not plainly free: dirty, scrubbing, quarantined. A stored state
     /// that cannot be read is treated as dirty with unknown history (scrubbed before reuse).
-    fn lifecycle(&self) -> Result<BTreeMap<String, (scrub::DeviceState, Option<scrub::ScrubReport>)>, ApiError> {
+    fn lifecycle(&self) -> Result<Lifecycles, ApiError> {
         let mut out = BTreeMap::new();
         for (uuid, (state, last)) in self.store.device_states().map_err(internal)? {
             let st = serde_json::from_str::<scrub::DeviceState>(&state).unwrap_or_else(|e| {
@@ -180,14 +180,9 @@ impl Node {
     }
 
     /// Devices `tenant` may not be given now because of their lifecycle.
-    fn not_assignable(&self, tenant: &str) -> Result<std::collections::BTreeSet<String>, ApiError> {
+    fn not_assignable(&self, life: &Lifecycles, tenant: &str) -> std::collections::BTreeSet<String> {
         let policy = self.scrub_policy();
-        Ok(self
-            .lifecycle()?
-            .into_iter()
-            .filter(|(_, (st, _))| st.can_assign(tenant, &policy).is_err())
-            .map(|(u, _)| u)
-            .collect())
+        life.iter().filter(|(_, (st, _))| st.can_assign(tenant, &policy).is_err()).map(|(u, _)| u.clone()).collect()
     }
 
     fn set_state(&mut self, uuid: &str, st: &scrub::DeviceState, report: Option<&scrub::ScrubReport>) -> Result<(), ApiError> {
@@ -279,8 +274,7 @@ impl Node {
     }
 
     /// ` — unavailable to this tenant: GPU-x quarantined: …; MIG-y dirty after …`, or "".
-    fn unavailable_summary(&self, blocked: &std::collections::BTreeSet<String>) -> String {
-        let Ok(life) = self.lifecycle() else { return String::new() };
+    fn unavailable_summary(life: &Lifecycles, blocked: &std::collections::BTreeSet<String>) -> String {
         let parts: Vec<String> = blocked
             .iter()
             .filter_map(|u| life.get(u).map(|(st, _)| format!("{u} {}", lifecycle_detail(st))))
@@ -781,9 +775,10 @@ impl Node {
         let mut device_use = DeviceUse::of(&self.allocations()?);
         // Dirty, scrubbing and quarantined devices count as taken for this tenant (and a
         // dirty one of this tenant too, unless the policy lets it skip the scrub).
-        let blocked = self.not_assignable(&tenant.path)?;
+        let life = self.lifecycle()?;
+        let blocked = self.not_assignable(&life, &tenant.path);
         device_use.exclusive.extend(blocked.iter().cloned());
-        let lifecycle_held: std::collections::BTreeSet<String> = self.lifecycle()?.into_keys().collect();
+        let lifecycle_held: std::collections::BTreeSet<String> = life.keys().cloned().collect();
         let (devices, mut injection, share) = match &request {
             GpuRequest::Mps { percent } => self.grant_mps(&req.container_id, &tenant.path, *percent, &device_use)?,
             GpuRequest::Shared => self.grant_shared(&req.container_id, &tenant.path, &device_use)?,
@@ -799,7 +794,7 @@ impl Node {
                 (devices, injection, None)
             }
             _ => {
-                let unavailable = self.unavailable_summary(&blocked);
+                let unavailable = Self::unavailable_summary(&life, &blocked);
                 let devices = slicer::choose(&self.inventory, &device_use.busy(), &request).map_err(|nofit| {
                     let err = ApiError {
                         code: ErrorCode::NoCapacity,
@@ -993,10 +988,7 @@ impl Node {
         if start.is_none() {
             return Err(ApiError::new(ErrorCode::BadRequest, format!("container {container_id}: pid {} is not alive", req.pid)));
         }
-        self.store.set_running(container_id, req.pid, start).map_err(internal)?;
-        let rec = self.store.get(container_id).map_err(internal)?.ok_or_else(|| {
-            ApiError::new(ErrorCode::Internal, format!("container {container_id}: allocation vanished"))
-        })?;
+        let rec = self.store.set_running(rec, req.pid, start).map_err(internal)?;
         // Metering starts when the container does. Recorded after the pid, so a crash in
         // between is repaired by resume_metering on restart.
         self.open_intervals(&rec.allocation)?;
@@ -1164,6 +1156,9 @@ impl Node {
         }
     }
 }
+
+/// Every device that is not plainly free: its lifecycle state and last scrub report.
+type Lifecycles = BTreeMap<String, (scrub::DeviceState, Option<scrub::ScrubReport>)>;
 
 /// Where a simulated device's memory appears in the container.
 pub const SIM_MEM_PATH: &str = "/dev/tessera-sim-mem";

@@ -174,27 +174,27 @@ impl Store {
         Ok(v)
     }
 
-    /// Mark an allocation running with its container's pid.
-    pub fn set_running(&mut self, container_id: &str, pid: i32, pid_start: Option<u64>) -> Result<(), StoreError> {
-        self.relaxed(|s| s.set_running_inner(container_id, pid, pid_start))
+    /// Mark an allocation (as just read) running with its container's pid; returns the
+    /// record as now stored.
+    pub fn set_running(&mut self, rec: Record, pid: i32, pid_start: Option<u64>) -> Result<Record, StoreError> {
+        self.relaxed(|s| s.set_running_inner(rec, pid, pid_start))
     }
 
-    fn set_running_inner(&mut self, container_id: &str, pid: i32, pid_start: Option<u64>) -> Result<(), StoreError> {
-        let Some(mut rec) = self.get(container_id)? else { return Ok(()) };
+    fn set_running_inner(&mut self, mut rec: Record, pid: i32, pid_start: Option<u64>) -> Result<Record, StoreError> {
+        let container_id = rec.allocation.container_id.clone();
         rec.allocation.state = AllocationState::Running;
         rec.allocation.pid = Some(pid);
-        let body = serde_json::to_string(&rec.allocation).map_err(|e| StoreError::BadRow {
-            container_id: container_id.to_string(),
-            detail: e.to_string(),
-        })?;
+        rec.pid_start = pid_start;
+        let body = serde_json::to_string(&rec.allocation)
+            .map_err(|e| StoreError::BadRow { container_id: container_id.clone(), detail: e.to_string() })?;
         let tx = self.conn.transaction()?;
         tx.execute(
             "UPDATE allocations SET body=?2, state=?3, pid=?4, pid_start=?5 WHERE container_id=?1",
             params![container_id, body, state_str(AllocationState::Running), pid, pid_start.map(|v| v as i64)],
         )?;
-        insert_event(&tx, "start", Some(container_id), &format!("pid {pid}"))?;
+        insert_event(&tx, "start", Some(&container_id), &format!("pid {pid}"))?;
         tx.commit()?;
-        Ok(())
+        Ok(rec)
     }
 
     /// Remove an allocation and free its devices. Returns whether it existed.
@@ -369,7 +369,8 @@ mod tests {
         {
             let mut s = Store::open(&path).expect("open");
             s.insert(&rec("a", &["GPU-1", "GPU-2"])).expect("insert");
-            s.set_running("a", 42, Some(7)).expect("running");
+            let rec = s.get("a").expect("get").expect("present");
+            s.set_running(rec, 42, Some(7)).expect("running");
         }
         let mut s = Store::open(&path).expect("reopen");
         let got = s.get("a").expect("get").expect("present");
@@ -423,7 +424,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut s = Store::open(&dir.path().join("state.db")).expect("open");
         s.insert(&rec("a", &["GPU-1"])).expect("insert");
-        s.set_running("a", 1, None).expect("running");
+        let rec = s.get("a").expect("get").expect("present");
+        s.set_running(rec, 1, None).expect("running");
         s.remove("a", "test").expect("remove");
         let sync: i64 = s.conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).expect("pragma");
         assert_eq!(sync, 2, "synchronous must be back to FULL (2) for the next grant");

@@ -292,12 +292,7 @@ impl Ledger {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let open = select_records(&tx, "WHERE close_reason IS NULL", [])?;
         for rec in &open {
-            let end = Stamp {
-                boot: rec.checkpoint_boot_id.clone(),
-                wall_ms: rec.checkpoint_wall_ms,
-                mono_ms: rec.checkpoint_mono_ms,
-            };
-            close_row(&tx, rec, &end, RECOVERED_REASON)?;
+            close_row(&tx, rec, &rec.checkpoint_stamp(), RECOVERED_REASON)?;
         }
         tx.commit()?;
         Ok(open.len())
@@ -496,6 +491,25 @@ impl IntervalRecord {
             boot: self.start_boot_id.clone(),
             wall_ms: self.start_wall_ms,
             mono_ms: self.start_mono_ms,
+        }
+    }
+
+    fn checkpoint_stamp(&self) -> Stamp {
+        Stamp {
+            boot: self.checkpoint_boot_id.clone(),
+            wall_ms: self.checkpoint_wall_ms,
+            mono_ms: self.checkpoint_mono_ms,
+        }
+    }
+
+    /// GPU-seconds accrued as the ledger knows it now: the final figure once closed; while
+    /// open, up to the last checkpoint — exactly what recovery would close it at, so a
+    /// counter built from this never goes down.
+    pub fn accrued_gpu_seconds(&self) -> f64 {
+        match &self.end {
+            Some(end) => end.gpu_seconds,
+            #[allow(clippy::cast_precision_loss)]
+            None => duration_ms(&self.start_stamp(), &self.checkpoint_stamp()) as f64 / 1000.0 * self.start.fraction,
         }
     }
 }

@@ -166,6 +166,8 @@ struct SimInstance {
 pub struct SimBackend {
     node_file: PathBuf,
     sim_dir: PathBuf,
+    /// The node file's `driver_root`, resolved against the node file's directory.
+    driver_root: Option<PathBuf>,
 }
 
 impl SimBackend {
@@ -174,8 +176,11 @@ impl SimBackend {
     /// is (after checking it still belongs to this node description).
     pub fn open(node_file: &Path, state_dir: &Path) -> Result<SimBackend, BackendError> {
         let desc = load_node_file(node_file)?;
-        let backend =
-            SimBackend { node_file: node_file.to_path_buf(), sim_dir: state_dir.join("sim") };
+        let driver_root = desc.driver_root.as_ref().map(|root| match node_file.parent() {
+            Some(dir) if root.is_relative() => dir.join(root),
+            _ => root.clone(),
+        });
+        let backend = SimBackend { node_file: node_file.to_path_buf(), sim_dir: state_dir.join("sim"), driver_root };
         let state_path = backend.state_path();
         if state_path.exists() {
             let state = backend.read_state()?;
@@ -403,14 +408,9 @@ impl GpuBackend for SimBackend {
     }
 
     fn driver_mounts(&self) -> Vec<tessera_api::BindMount> {
-        let Ok(Some(root)) = load_node_file(&self.node_file).map(|n| n.driver_root) else { return Vec::new() };
-        let root = if root.is_absolute() {
-            root
-        } else {
-            self.node_file.parent().map(|d| d.join(&root)).unwrap_or(root)
-        };
+        let Some(root) = &self.driver_root else { return Vec::new() };
         // What `ldconfig -p` would list for libraries installed in `root`.
-        let listed: Vec<(String, PathBuf)> = std::fs::read_dir(&root)
+        let listed: Vec<(String, PathBuf)> = std::fs::read_dir(root)
             .into_iter()
             .flatten()
             .flatten()
