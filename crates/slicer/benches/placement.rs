@@ -80,17 +80,7 @@ fn filled(fill: f64, seed: u64) -> (Inventory, BTreeSet<String>) {
         let uuid = format!("MIG-{n}");
         held.insert(uuid.clone());
         if let Some(g) = inv.gpus.iter_mut().find(|g| g.index == gpu_index) {
-            g.instances.push(MigInstance {
-                uuid,
-                profile: profile.into(),
-                gi_id: 0,
-                ci_id: 0,
-                start,
-                size: p.size,
-                memory_mib: p.memory_mib,
-                gi_cap_minor: 0,
-                ci_cap_minor: 0,
-            });
+            g.instances.push(MigInstance::planned(uuid, p, start));
         }
     }
     (inv, held)
@@ -109,17 +99,7 @@ fn defrag_node() -> Inventory {
         };
         for (profile, start) in layout {
             let Some(p) = model.profile(profile) else { continue };
-            g.instances.push(MigInstance {
-                uuid: format!("MIG-{}-{start}", g.index),
-                profile: profile.into(),
-                gi_id: 0,
-                ci_id: 0,
-                start,
-                size: p.size,
-                memory_mib: p.memory_mib,
-                gi_cap_minor: 0,
-                ci_cap_minor: 0,
-            });
+            g.instances.push(MigInstance::planned(format!("MIG-{}-{start}", g.index), p, start));
         }
     }
     inv

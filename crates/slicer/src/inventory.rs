@@ -85,6 +85,24 @@ pub enum Found<'a> {
     Mig(&'a Gpu, &'a MigInstance),
 }
 
+impl MigInstance {
+    /// An instance of `profile` starting at memory slot `start`, as placement planning and
+    /// simulation see it before a driver creates it: GI/CI ids and cap minors still 0.
+    pub fn planned(uuid: impl Into<String>, profile: &crate::catalog::Profile, start: u8) -> MigInstance {
+        MigInstance {
+            uuid: uuid.into(),
+            profile: profile.name.to_string(),
+            gi_id: 0,
+            ci_id: 0,
+            start,
+            size: profile.size,
+            memory_mib: profile.memory_mib,
+            gi_cap_minor: 0,
+            ci_cap_minor: 0,
+        }
+    }
+}
+
 impl Found<'_> {
     /// What a container holding this device is granted.
     pub fn granted(&self) -> tessera_api::GrantedDevice {

@@ -449,20 +449,7 @@ mod tests {
         catalog::model("H100-80GB").expect("h100")
     }
 
-    fn inst(uuid: &str, profile: &str, start: u8) -> MigInstance {
-        let p = h100().profile(profile).expect("profile");
-        MigInstance {
-            uuid: uuid.into(),
-            profile: profile.into(),
-            gi_id: 1,
-            ci_id: 0,
-            start,
-            size: p.size,
-            memory_mib: p.memory_mib,
-            gi_cap_minor: 12,
-            ci_cap_minor: 13,
-        }
-    }
+    use crate::place::tests::inst;
 
     fn node(gpus: Vec<Option<Vec<MigInstance>>>) -> Inventory {
         Inventory {

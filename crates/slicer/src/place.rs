@@ -596,7 +596,7 @@ fn no_room(gpus: &[&Gpu], held: &BTreeSet<String>, profile: &str) -> NoFit {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::inventory::{Majors, MigInstance};
 
@@ -604,19 +604,10 @@ mod tests {
         catalog::model("H100-80GB").expect("h100")
     }
 
-    fn inst(uuid: &str, profile: &str, start: u8) -> MigInstance {
+    /// An H100 instance as a driver would report it (GI 1, caps 12 and 13).
+    pub(crate) fn inst(uuid: &str, profile: &str, start: u8) -> MigInstance {
         let p = h100().profile(profile).expect("profile");
-        MigInstance {
-            uuid: uuid.into(),
-            profile: profile.into(),
-            gi_id: 1,
-            ci_id: 0,
-            start,
-            size: p.size,
-            memory_mib: p.memory_mib,
-            gi_cap_minor: 12,
-            ci_cap_minor: 13,
-        }
+        MigInstance { gi_id: 1, gi_cap_minor: 12, ci_cap_minor: 13, ..MigInstance::planned(uuid, p, start) }
     }
 
     fn node(gpus: Vec<Vec<MigInstance>>) -> Inventory {

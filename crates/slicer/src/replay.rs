@@ -476,7 +476,7 @@ impl Cluster {
                         instances: if placement == Placement::Static {
                             let mut v: Vec<MigInstance> = balanced
                                 .iter()
-                                .map(|(p, s)| instance(format!("MIG-{n}-{g}-{s}"), p, *s))
+                                .map(|(p, s)| MigInstance::planned(format!("MIG-{n}-{g}-{s}"), p, *s))
                                 .collect();
                             v.sort_by_key(|i| i.start);
                             v
@@ -636,7 +636,7 @@ impl Cluster {
         self.created += 1;
         let uuid = format!("MIG-r{}", self.created);
         let gpu = self.nodes.get_mut(node)?.gpus.iter_mut().find(|g| g.index == gpu_index)?;
-        gpu.instances.push(instance(uuid.clone(), p, start));
+        gpu.instances.push(MigInstance::planned(uuid.clone(), p, start));
         gpu.instances.sort_by_key(|i| i.start);
         Some(uuid)
     }
@@ -673,20 +673,6 @@ impl Cluster {
                 gpus.len() as u64 * u64::from(COMPUTE_SLICES)
             }
         }
-    }
-}
-
-fn instance(uuid: String, p: &Profile, start: u8) -> MigInstance {
-    MigInstance {
-        uuid,
-        profile: p.name.to_string(),
-        gi_id: 0,
-        ci_id: 0,
-        start,
-        size: p.size,
-        memory_mib: p.memory_mib,
-        gi_cap_minor: 0,
-        ci_cap_minor: 0,
     }
 }
 

@@ -257,17 +257,7 @@ fn build(spec: &[GpuSpec]) -> Inventory {
             .enumerate()
             .map(|(k, (name, start))| {
                 let p = model.profile(name).expect("catalog");
-                MigInstance {
-                    uuid: format!("MIG-{i}-{k}"),
-                    profile: name.to_string(),
-                    gi_id: k as u32 + 1,
-                    ci_id: 0,
-                    start: *start,
-                    size: p.size,
-                    memory_mib: p.memory_mib,
-                    gi_cap_minor: 0,
-                    ci_cap_minor: 0,
-                }
+                MigInstance { gi_id: k as u32 + 1, ..MigInstance::planned(format!("MIG-{i}-{k}"), p, *start) }
             })
             .collect();
         gpus.push(Gpu {
@@ -431,17 +421,7 @@ fn apply(inv: &mut Inventory, profile: &str, d: &PlaceDecision, serial: &mut u32
     let g = inv.gpus.iter_mut().find(|g| g.index == gpu_index).expect("gpu");
     g.instances.retain(|i| !destroy.contains(&i.uuid));
     let p = catalog::model(&g.model).and_then(|m| m.profile(profile)).expect("profile");
-    g.instances.push(MigInstance {
-        uuid: uuid.clone(),
-        profile: profile.into(),
-        gi_id: 0,
-        ci_id: 0,
-        start,
-        size: p.size,
-        memory_mib: p.memory_mib,
-        gi_cap_minor: 0,
-        ci_cap_minor: 0,
-    });
+    g.instances.push(MigInstance::planned(uuid.clone(), p, start));
     uuid
 }
 
