@@ -440,6 +440,20 @@ mod tests {
         assert_eq!(proc_state("garbage"), None);
     }
 
+    /// A spec for device GPU-a with its dirs under `dir`.
+    fn test_spec(dir: &Path) -> DaemonSpec {
+        DaemonSpec { device: "GPU-a".into(), pipe_dir: dir.join("p"), log_dir: dir.join("l"), shm_dir: None }
+    }
+
+    /// An executable shell script `dir/name` running `body`.
+    fn script(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("script");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        path
+    }
+
     fn fake_proc(root: &Path, pid: u32, stat: &str, cmdline: &[&str], environ: Option<&[&str]>) {
         let dir = root.join(pid.to_string());
         std::fs::create_dir_all(&dir).expect("mkdir");
@@ -519,12 +533,7 @@ mod tests {
     #[test]
     fn a_missing_binary_is_a_spawn_error() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let spec = DaemonSpec {
-            device: "GPU-a".into(),
-            pipe_dir: tmp.path().join("p"),
-            log_dir: tmp.path().join("l"),
-            shm_dir: None,
-        };
+        let spec = test_spec(tmp.path());
         let ctl = ProcessControl::new(tmp.path().join("no-such-binary"));
         assert!(matches!(ctl.send(&spec, &Command::GetServerList), Err(MpsError::Spawn { .. })));
         assert!(matches!(ctl.start_daemon(&spec), Err(MpsError::Spawn { .. })));
@@ -533,16 +542,8 @@ mod tests {
     #[test]
     fn a_hanging_binary_times_out() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let script = tmp.path().join("hang");
-        std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").expect("script");
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let spec = DaemonSpec {
-            device: "GPU-a".into(),
-            pipe_dir: tmp.path().join("p"),
-            log_dir: tmp.path().join("l"),
-            shm_dir: None,
-        };
+        let script = script(tmp.path(), "hang", "exec sleep 30");
+        let spec = test_spec(tmp.path());
         let ctl = ProcessControl::new(&script)
             .with_timeouts(Duration::from_millis(200), Duration::from_millis(200));
         let t = Instant::now();
@@ -553,16 +554,8 @@ mod tests {
     #[test]
     fn the_environment_is_cleared_but_for_the_mps_variables() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let script = tmp.path().join("envdump");
-        std::fs::write(&script, "#!/bin/sh\nenv | sort\n").expect("script");
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let spec = DaemonSpec {
-            device: "GPU-a".into(),
-            pipe_dir: tmp.path().join("p"),
-            log_dir: tmp.path().join("l"),
-            shm_dir: None,
-        };
+        let script = script(tmp.path(), "envdump", "env | sort");
+        let spec = test_spec(tmp.path());
         let ctl = ProcessControl::new(&script).with_env("FAKE_MPS_CRASH_AFTER_MS", "5");
         let out = ctl.send(&spec, &Command::GetServerList).expect("runs");
         let keys: Vec<&str> =
@@ -590,19 +583,9 @@ mod tests {
     #[test]
     fn failures_and_missing_daemons_are_told_apart() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        use std::os::unix::fs::PermissionsExt;
-        let nod = tmp.path().join("nodaemon");
-        std::fs::write(&nod, format!("#!/bin/sh\necho '{NO_DAEMON}'\nexit 1\n")).expect("script");
-        std::fs::set_permissions(&nod, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let fail = tmp.path().join("fail");
-        std::fs::write(&fail, "#!/bin/sh\necho boom >&2\nexit 3\n").expect("script");
-        std::fs::set_permissions(&fail, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let spec = DaemonSpec {
-            device: "GPU-a".into(),
-            pipe_dir: tmp.path().join("p"),
-            log_dir: tmp.path().join("l"),
-            shm_dir: None,
-        };
+        let nod = script(tmp.path(), "nodaemon", &format!("echo '{NO_DAEMON}'\nexit 1"));
+        let fail = script(tmp.path(), "fail", "echo boom >&2\nexit 3");
+        let spec = test_spec(tmp.path());
         assert!(matches!(
             ProcessControl::new(&nod).send(&spec, &Command::Quit),
             Err(MpsError::NoDaemon { .. })

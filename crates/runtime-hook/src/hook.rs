@@ -229,7 +229,6 @@ pub fn hook_main_with(args: Vec<OsString>, stdin: impl Read, socket: &std::path:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
     use std::os::unix::net::UnixListener;
     use std::path::Path;
 
@@ -248,28 +247,7 @@ mod tests {
         let listener = UnixListener::bind(&path).expect("bind");
         let h = std::thread::spawn(move || {
             let (mut s, _) = listener.accept().expect("accept");
-            let mut req = Vec::new();
-            let mut buf = [0u8; 4096];
-            loop {
-                let n = s.read(&mut buf).expect("read");
-                req.extend_from_slice(&buf[..n]);
-                let text = String::from_utf8_lossy(&req);
-                if let Some(end) = text.find("\r\n\r\n") {
-                    let len = text[..end]
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length: "))
-                        .and_then(|v| v.trim().parse::<usize>().ok())
-                        .unwrap_or(0);
-                    if req.len() >= end + 4 + len {
-                        break;
-                    }
-                }
-                if n == 0 {
-                    break;
-                }
-            }
-            s.write_all(answer.as_bytes()).expect("write");
-            String::from_utf8(req).expect("utf8")
+            crate::test_support::answer_one(&mut s, answer)
         });
         (dir, path, h)
     }

@@ -14,6 +14,8 @@ pub mod hook;
 pub mod request;
 pub mod runtime;
 pub mod spec;
+#[cfg(test)]
+mod test_support;
 
 pub use args::{
     parse_runc_args, ArgsError, Command, CreateArgs, CreateOptions, GlobalOptions, RuncInvocation,

@@ -343,7 +343,6 @@ pub fn runtime_main(args: Vec<OsString>) -> i32 {
 mod tests {
     use super::*;
     use serde_json::{json, Value};
-    use std::io::Read;
     use std::os::unix::net::UnixListener;
 
     const RUNC_SPEC: &str = include_str!("../testdata/runc-spec.json");
@@ -396,28 +395,7 @@ mod tests {
                 let mut reqs = Vec::new();
                 for answer in answers {
                     let (mut s, _) = listener.accept().expect("accept");
-                    let mut req = Vec::new();
-                    let mut buf = [0u8; 65536];
-                    loop {
-                        let n = s.read(&mut buf).expect("read");
-                        req.extend_from_slice(&buf[..n]);
-                        let text = String::from_utf8_lossy(&req).to_string();
-                        if let Some(end) = text.find("\r\n\r\n") {
-                            let len = text[..end]
-                                .lines()
-                                .find_map(|l| l.strip_prefix("content-length: "))
-                                .and_then(|v| v.trim().parse::<usize>().ok())
-                                .unwrap_or(0);
-                            if req.len() >= end + 4 + len {
-                                break;
-                            }
-                        }
-                        if n == 0 {
-                            break;
-                        }
-                    }
-                    s.write_all(answer.as_bytes()).expect("write");
-                    reqs.push(String::from_utf8(req).expect("utf8"));
+                    reqs.push(crate::test_support::answer_one(&mut s, &answer));
                 }
                 reqs
             })
