@@ -319,11 +319,14 @@ impl Node {
     /// The difference between the node's MIG layout and the one its pool declares.
     pub fn mig_plan(&self) -> Result<MigReport, ApiError> {
         let layouts = self.policy.policy.mig_layouts(&self.inventory.node);
-        let plan = slicer::plan(&self.inventory, &self.untouchable()?, &layouts);
-        let text = if layouts.is_empty() {
-            format!("no node pool declares a MIG layout for {}: the layout is dynamic (instances are created on demand)\n", self.inventory.node)
+        let (plan, text) = if layouts.is_empty() {
+            // Nothing declared: nothing to plan (and no need to read what is in use).
+            let text = format!("no node pool declares a MIG layout for {}: the layout is dynamic (instances are created on demand)\n", self.inventory.node);
+            (slicer::LayoutPlan::default(), text)
         } else {
-            plan.to_string()
+            let plan = slicer::plan(&self.inventory, &self.untouchable()?, &layouts);
+            let text = plan.to_string();
+            (plan, text)
         };
         Ok(MigReport { plan, text, destroyed: Vec::new(), created: Vec::new(), error: None })
     }
