@@ -430,7 +430,7 @@ fn rising_ecc_errors_quarantine_a_gpu_and_its_instances_even_in_use() {
     std::fs::write(ecc.join(&mig_gpu.uuid), "3").expect("count");
     assert!(node.check_ecc().expect("baseline").is_empty(), "the first reading is the baseline");
     std::fs::write(ecc.join(&mig_gpu.uuid), "5").expect("count");
-    assert_eq!(node.check_ecc().expect("check"), [mig_gpu.uuid.clone()]);
+    assert_eq!(node.check_ecc().expect("check"), std::slice::from_ref(&mig_gpu.uuid));
     let st = node.status().expect("status");
     let g = st.gpus.iter().find(|g| g.uuid == mig_gpu.uuid).expect("gpu");
     assert!(g.instances.iter().all(|i| i.state == tessera_api::DeviceState::Quarantined), "{:?}", g.instances);
