@@ -204,6 +204,7 @@ impl Fleet {
             node_file,
             pending_grace_ms: 600_000,
             extra_args,
+            ..NodeOptions::default()
         })
     }
 

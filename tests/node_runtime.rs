@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::node::*;
@@ -87,7 +87,7 @@ fn untrusted_mig_container_sees_exactly_its_instance_devices_and_cgroup_rules() 
     let env = node.fx.exec("mig1", &["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]);
     assert_eq!(env.stdout_str().trim(), a.devices[0].uuid);
 
-    // Deleting the container (poststop) frees the instance.
+    // Deleting the container (through tessera-runtime) frees the instance.
     node.fx.delete_container("mig1", true).assert_success("delete");
     let e = node.client().allocation("mig1").unwrap_err();
     assert_eq!(e.api_error().map(|e| e.code), Some(ErrorCode::NotFound), "{e}");
@@ -321,7 +321,7 @@ fn restart_keeps_live_grants_and_frees_those_whose_containers_vanished() {
     let before = node.client().allocation("stays").expect("grant");
 
     node.daemon.kill9();
-    // The poststop hook cannot reach the daemon; the delete still succeeds.
+    // The wrapper cannot reach the daemon to release; the delete still succeeds.
     node.fx.delete_container("goes", true).assert_success("delete while tesserad is down");
     node.restart();
     let c = node.client();
@@ -477,7 +477,7 @@ fn containerd_runs_gpu_containers_through_tessera_runtime() {
     let lines: Vec<String> = out.stdout_str().lines().map(|l| l.trim().to_string()).collect();
     assert_eq!(lines.first().map(String::as_str), Some("2"), "{lines:?}");
     assert!(lines.get(1).is_some_and(|u| u.starts_with("MIG-")), "{lines:?}");
-    // --rm deleted the container: the poststop hook released the instance.
+    // --rm made the shim call `tessera-runtime delete`, which released the instance.
     let c = node.client();
     assert!(wait_for(|| c.status().map(|s| s.allocations.is_empty()).unwrap_or(false), Duration::from_secs(10)));
 
@@ -525,4 +525,79 @@ fn gpu_containers_get_the_host_driver_files_read_only_and_others_get_none() {
     let out = node.fx.run_container(&b, "plain");
     out.assert_success("plain container");
     assert!(out.stdout_str().contains("No such file"), "no request, no driver files: {}", out.stdout_str());
+}
+
+#[test]
+fn the_wrapper_gives_grants_back_once_runc_has_removed_the_container() {
+    // The reconciler is slowed to 10 minutes: every release seen here is the wrapper's.
+    let node = Node::start_with(NodeOptions { reconcile_interval_ms: 600_000, ..NodeOptions::default() });
+    let c = node.client();
+    let held = |id: &str| c.allocation(id).is_ok();
+
+    // Foreground run: runc's exit code comes back, the grant is gone as the wrapper returns,
+    // and no poststop hook was written (the wrapper itself released).
+    let b = node.bundle("fg", "team-trusted", Some("gpu=1"), &["sh", "-c", "exit 3"]);
+    let out = node.fx.run_container(&b, "fg");
+    assert_eq!(out.status.code(), Some(3), "{}", out.stderr_str());
+    assert!(!held("fg"), "foreground run returned with its grant still held");
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(b.dir().join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["hooks"].get("poststop"), None, "{}", cfg["hooks"]);
+    assert_eq!(cfg["hooks"]["prestart"][0]["args"], serde_json::json!(["tessera-hook", "prestart"]));
+
+    // run --keep leaves the container in runc's state: the grant stays until delete.
+    let b = node.bundle("kept", "team-trusted", Some("gpu=1"), &["true"]);
+    let bd = b.dir().to_string_lossy().into_owned();
+    node.fx.runc(&["run", "--keep", "--bundle", &bd, "kept"], &[]).assert_success("run --keep");
+    assert!(held("kept"), "a kept container's grant was released before its delete");
+    node.fx.delete_container("kept", false).assert_success("delete kept");
+    assert!(!held("kept"));
+
+    // Detached: a refused delete (still running) keeps the grant; delete -f releases it.
+    let b = node.bundle("det", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "det");
+    node.fx.delete_container("det", false).assert_failure("delete of a running container");
+    assert!(held("det"), "a failed delete released the grant of a running container");
+
+    // A second `run` of the running id (same bundle: the daemon answers with the existing
+    // grant) fails in runc; the running container keeps its devices.
+    let before = c.allocation("det").expect("grant");
+    let bd = b.dir().to_string_lossy().into_owned();
+    node.fx.runc(&["run", "--bundle", &bd, "det"], &[]).assert_failure("run of an existing id");
+    assert_eq!(c.allocation("det").expect("grant kept"), before);
+    node.fx.delete_container("det", true).assert_success("delete -f");
+    assert!(!held("det"));
+
+    // A supervisor's SIGTERM to the wrapper reaches the container; the grant goes with it.
+    let trap = ["sh", "-c", "trap 'exit 42' TERM; sleep 300 & wait"];
+    let b = node.bundle("sig", "team-trusted", Some("gpu=1"), &trap);
+    node.fx.cleanup().track_cgroup(&b.cgroups_path());
+    let rt = node.fx.runtime();
+    let mut cmd = Command::new(&rt.bin);
+    cmd.arg("--root").arg(node.fx.runc_root()).args(["run", "--bundle"]).arg(b.dir()).arg("sig");
+    cmd.envs(rt.env.iter().map(|(k, v)| (k, v)));
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    let mut wrapper = cmd.spawn().expect("spawn wrapper");
+    // Wait until the shell has set its trap and started its child.
+    let trapped = || {
+        let pid = node.fx.container_pid("sig").unwrap_or(0);
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .is_ok_and(|c| !c.trim().is_empty())
+    };
+    assert!(wait_for(trapped, Duration::from_secs(10)), "container did not start");
+    assert!(held("sig"));
+    // SAFETY: plain syscall on the wrapper's pid, our child, not yet reaped.
+    unsafe { libc::kill(wrapper.id() as i32, libc::SIGTERM) };
+    let status = wait_child(&mut wrapper, Duration::from_secs(20)).expect("wait");
+    assert_eq!(status.and_then(|s| s.code()), Some(42), "the container's TERM trap did not run");
+    assert!(!held("sig"));
+
+    // No request: deleting never touches the daemon, even when it is down.
+    let b = node.bundle("plain", "team-trusted", None, &["sleep", "300"]);
+    node.fx.run_detached(&b, "plain");
+    let mut node = node;
+    node.daemon.kill9();
+    let out = node.fx.delete_container("plain", true);
+    out.assert_success("delete of a container without a request while tesserad is down");
+    assert!(!out.stderr_str().contains("tesserad"), "{}", out.stderr_str());
 }

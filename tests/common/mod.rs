@@ -229,7 +229,7 @@ pub fn output_timeout(cmd: &mut Command, timeout: Duration) -> io::Result<Output
 }
 
 /// Waits for `child` up to `timeout`; on timeout SIGKILLs and reaps it and returns None.
-fn wait_child(child: &mut Child, timeout: Duration) -> io::Result<Option<ExitStatus>> {
+pub fn wait_child(child: &mut Child, timeout: Duration) -> io::Result<Option<ExitStatus>> {
     let deadline = Instant::now() + timeout;
     let mut nap = Duration::from_millis(1);
     loop {

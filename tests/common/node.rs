@@ -22,6 +22,8 @@ pub struct NodeOptions {
     pub policy: PathBuf,
     pub node_file: PathBuf,
     pub pending_grace_ms: u64,
+    /// `--reconcile-interval-ms`: short by default, so tests see vanished containers soon.
+    pub reconcile_interval_ms: u64,
     pub extra_args: Vec<String>,
 }
 
@@ -31,6 +33,7 @@ impl Default for NodeOptions {
             policy: repo("examples/policy.json"),
             node_file: repo("examples/nodes/h100x8.json"),
             pending_grace_ms: 1500,
+            reconcile_interval_ms: 200,
             extra_args: Vec::new(),
         }
     }
@@ -63,7 +66,7 @@ impl Node {
             "--socket".into(),
             socket.display().to_string(),
             "--reconcile-interval-ms".into(),
-            "200".into(),
+            o.reconcile_interval_ms.to_string(),
             "--pending-grace-ms".into(),
             o.pending_grace_ms.to_string(),
         ];

@@ -196,7 +196,7 @@ async fn start(
 }
 
 async fn release(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -> impl IntoResponse {
-    with_node(app, move |n| n.release(&id, "poststop hook").map(|existed| serde_json::json!({"released": existed})))
+    with_node(app, move |n| n.release(&id, "container removed").map(|existed| serde_json::json!({"released": existed})))
         .await
 }
 

@@ -1,7 +1,7 @@
 //! runc's command line, parsed the way runc (urfave/cli v1 over Go's `flag`) parses it.
 //!
-//! Only what the wrapper needs is understood: the global flags, the verb, and for `create`
-//! and `run` the verb's flags and the container id. Everything is kept so runc can be
+//! Only what the wrapper needs is understood: the global flags, the verb, for `create`
+//! and `run` the verb's flags and the container id, and for `delete` its container id. Everything is kept so runc can be
 //! exec'd with the exact original argv. Go flag rules that matter here:
 //! - a flag is `-name` or `--name`, with its value either `=`-joined or the next argument;
 //! - boolean flags only take a value `=`-joined (`--detach=false`);
@@ -96,6 +96,13 @@ pub struct CreateArgs {
     pub container_id: String,
 }
 
+/// A `delete`: the verb after which a container's devices are free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeleteArgs {
+    pub force: bool,
+    pub container_id: String,
+}
+
 /// What runc is asked to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
@@ -103,6 +110,8 @@ pub enum Command {
     None,
     Create(CreateArgs),
     Run(CreateArgs),
+    /// `delete [--force] ID`.
+    Delete(DeleteArgs),
     /// Any other verb, or `create`/`run` asking for help; passed through untouched.
     Other {
         verb: OsString,
@@ -132,6 +141,7 @@ impl RuncInvocation {
             Command::None => None,
             Command::Create(_) => Some("create".into()),
             Command::Run(_) => Some("run".into()),
+            Command::Delete(_) => Some("delete".into()),
             Command::Other { verb, .. } => Some(verb.to_string_lossy().into_owned()),
         }
     }
@@ -292,6 +302,12 @@ pub fn parse_runc_args(args: &[OsString]) -> Result<RuncInvocation, ArgsError> {
             Some(c) => Command::Run(c),
             None => Command::Other { verb: verb.clone(), args: rest.to_vec() },
         },
+        // A delete must never be blocked by this parser: anything it cannot read exactly
+        // (help, extra arguments, a bad flag value) goes to runc untouched.
+        Some("delete") => match parse_delete(rest) {
+            Some(d) => Command::Delete(d),
+            None => Command::Other { verb: verb.clone(), args: rest.to_vec() },
+        },
         _ => Command::Other { verb: verb.clone(), args: rest.to_vec() },
     };
     Ok(RuncInvocation { global, command })
@@ -353,6 +369,33 @@ fn parse_create(verb: &str, args: &[OsString]) -> Result<Option<CreateArgs>, Arg
             verb: verb.to_string(),
             args: more.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
         }),
+    }
+}
+
+/// Parses the arguments of `delete`; `None` when they are not exactly `[--force] ID`
+/// (runc then reports whatever is wrong).
+fn parse_delete(args: &[OsString]) -> Option<DeleteArgs> {
+    let mut force = false;
+    let mut positional: Vec<&OsString> = Vec::new();
+    for (i, arg) in args.iter().enumerate() {
+        match classify(arg) {
+            Token::Positional => positional.push(arg),
+            Token::EndOfFlags => {
+                positional.extend(&args[i + 1..]);
+                break;
+            }
+            Token::Flag { name: "force" | "f", value } => {
+                force = value.map_or(Ok(true), |v| parse_bool("force", v)).ok()?;
+            }
+            Token::Flag { .. } | Token::Odd => return None,
+        }
+    }
+    match positional.as_slice() {
+        [id] => {
+            let container_id = id.to_str()?.to_string();
+            (!container_id.is_empty()).then_some(DeleteArgs { force, container_id })
+        }
+        _ => None,
     }
 }
 
@@ -574,6 +617,27 @@ mod tests {
         fn never_panics(words in proptest::collection::vec("(-{0,3})[a-z=/.]{0,6}", 0..8)) {
             let args: Vec<OsString> = words.into_iter().map(OsString::from).collect();
             let _ = parse_runc_args(&args);
+        }
+    }
+
+    #[test]
+    fn delete_is_parsed_with_its_force_flag_and_anything_else_passes_through() {
+        let d = |s: &str| match parse(s).expect("parses").command {
+            Command::Delete(d) => Some(d),
+            _ => None,
+        };
+        let want = |force: bool| Some(DeleteArgs { force, container_id: "x".into() });
+        assert_eq!(d("--root /r delete x"), want(false));
+        assert_eq!(d("delete -f x"), want(true));
+        assert_eq!(d("delete x --force"), want(true));
+        assert_eq!(d("delete --force=false -- x"), want(false));
+        // Help, unknown flags, bad values, no id or two ids: runc's business, untouched.
+        for other in
+            ["delete", "delete a b", "delete --help x", "delete --force=maybe x", "delete --what x"]
+        {
+            let inv = parse(other).expect("parses");
+            assert!(matches!(inv.command, Command::Other { .. }), "{other}: {:?}", inv.command);
+            assert_eq!(inv.verb().as_deref(), Some("delete"));
         }
     }
 }

@@ -7,7 +7,11 @@
 //!
 //! - `prestart`: the daemon confirms the allocation against the container's pid and opens
 //!   the metering interval. Any failure exits 1, so runc fails the start (fail closed).
-//! - `poststop`: the daemon releases the allocation. If the daemon cannot be reached (or
+//! - `poststop`: the daemon releases the allocation. tessera-runtime no longer writes this
+//!   hook (it releases after runc removes the container, a process spawn sooner); the
+//!   phase stays for containers whose config an earlier version wrote, and for runtimes
+//!   other than tessera-runtime that want to release through a hook. If the daemon cannot
+//!   be reached (or
 //!   does not answer in time) the hook warns and exits 0: the container is gone either
 //!   way, and tesserad's reconciler releases allocations whose container no longer exists
 //!   in runc's state root, so nothing leaks. A daemon that answers with an error exits 1

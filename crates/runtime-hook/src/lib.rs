@@ -5,6 +5,7 @@
 //! - [`spec`]: config.json load/save and the injection edits ([`apply_injection`]).
 //! - [`runtime`]: the wrapper's flow ([`runtime_main`]).
 //! - [`hook`]: the prestart/poststop hook ([`hook_main`]).
+//! - [`supervise`]: runc as a child, for the verbs after which a grant is given back.
 //!
 //! The binaries in `src/bin/` only call [`runtime_main`] and [`hook_main`] and exit with
 //! their code.
@@ -14,11 +15,13 @@ pub mod hook;
 pub mod request;
 pub mod runtime;
 pub mod spec;
+pub mod supervise;
 #[cfg(test)]
 mod test_support;
 
 pub use args::{
-    parse_runc_args, ArgsError, Command, CreateArgs, CreateOptions, GlobalOptions, RuncInvocation,
+    parse_runc_args, ArgsError, Command, CreateArgs, CreateOptions, DeleteArgs, GlobalOptions,
+    RuncInvocation,
 };
 pub use hook::{hook_main, HookError, HookState, Phase};
 pub use request::{find_request, FoundRequest, RequestLookupError};

@@ -2,6 +2,13 @@
 //! asks for a GPU, it gets an allocation from tesserad, writes the injection into the
 //! bundle's config.json, and execs runc; everything else goes straight to runc.
 //!
+//! The grant is given back by the wrapper itself once runc has removed the container: after
+//! a foreground `run`, and after a `delete` of a container whose runc record carries the
+//! `tessera.io/allocated` label. There it runs runc as a child ([`crate::supervise`])
+//! instead of exec'ing it. An OCI poststop hook would do the same a process later (runc
+//! spawns one per hook, ~2 ms); a container deleted without the wrapper is freed by
+//! tesserad's reconciler.
+//!
 //! The path without a GPU request never contacts the daemon (an outage must not break
 //! containers that do not use GPUs): parse argv, read and parse config.json once, look
 //! for a request, exec.
@@ -15,7 +22,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tessera_api::{AllocateRequest, Allocation, Client, ClientError, DEFAULT_SOCKET};
 
-use crate::args::{parse_runc_args, ArgsError, GlobalOptions, RuncInvocation};
+use crate::args::{parse_runc_args, ArgsError, Command, GlobalOptions, RuncInvocation};
+use crate::supervise;
 use crate::request::{self, FoundRequest, RequestLookupError};
 use crate::spec::{self, HookConfig, SpecError};
 
@@ -306,7 +314,10 @@ pub fn exec_runc(env: &RuntimeEnv, args: &[OsString]) -> std::io::Error {
     Process::new(&env.runc).args(args.get(1..).unwrap_or(&[])).exec()
 }
 
-/// The wrapper's whole run: returns an exit code only when runc could not be exec'd.
+/// The wrapper's whole run. It execs runc, except where it has work left once runc is
+/// done: a foreground `run` of a GPU container and a `delete` of one, where it runs runc as
+/// a child ([`supervise`]) and gives the grant back once runc has removed the container.
+/// Returns the exit code for those, and for failures.
 pub fn runtime_main(args: Vec<OsString>) -> i32 {
     let env = match RuntimeEnv::from_process() {
         Ok(e) => e,
@@ -322,10 +333,52 @@ pub fn runtime_main(args: Vec<OsString>) -> i32 {
             return 1;
         }
     };
+    let root = env.absolute(&inv.global.root);
+    let socket = env.absolute(&env.socket);
+    let release_after = match (&inv.command, &prepared) {
+        (Command::Run(run), Prepared::Injected { container_id, .. }) if !run.options.detach => {
+            Some(container_id.clone())
+        }
+        (Command::Delete(d), _)
+            if supervise::runc_state_has_grant(
+                &root,
+                &d.container_id,
+                spec::ALLOCATED_ANNOTATION,
+            ) =>
+        {
+            Some(d.container_id.clone())
+        }
+        _ => None,
+    };
+    if let Some(container_id) = release_after {
+        return match supervise::run_forwarding(&env.runc, args.get(1..).unwrap_or(&[])) {
+            Ok(status) => {
+                // runc removed the container (foreground run, delete): its devices are
+                // free. Still there (`run --keep`, a failed delete, `run` of an id that
+                // already existed): the grant stays, for a later delete or the reconciler.
+                if !supervise::runc_has(&root, &container_id) {
+                    release(&socket, &container_id);
+                }
+                supervise::exit_code(status)
+            }
+            Err(source) => {
+                if matches!(prepared, Prepared::Injected { .. }) {
+                    release(&socket, &container_id);
+                }
+                let runc = env.runc.to_string_lossy().into_owned();
+                report(&Failure {
+                    error: RuntimeError::Exec { runc, source },
+                    container_id: Some(container_id),
+                    global: Some(inv.global),
+                });
+                1
+            }
+        };
+    }
     let source = exec_runc(&env, &args);
     let container_id = match &prepared {
         Prepared::Injected { container_id, .. } => {
-            release(&env.absolute(&env.socket), container_id);
+            release(&socket, container_id);
             Some(container_id.clone())
         }
         Prepared::Passthrough => inv.create_args().map(|c| c.container_id.clone()),
@@ -515,9 +568,10 @@ mod tests {
         let hook = f.env.hook.as_ref().and_then(|h| h.to_str()).expect("hook");
         assert_eq!(c["hooks"]["prestart"][0]["path"], json!(hook));
         assert_eq!(
-            c["hooks"]["poststop"][0]["env"],
+            c["hooks"]["prestart"][0]["env"],
             json!([format!("TESSERA_SOCKET={}", f.env.socket.display())])
         );
+        assert_eq!(c["hooks"].get("poststop"), None, "the wrapper releases, not a hook");
     }
 
     #[test]

@@ -446,8 +446,10 @@ fn validate_injection(inj: &Injection, hooks: &HookConfig) -> Result<(), SpecErr
 /// - `process.env`: each injected `KEY=VALUE` replaces the existing `KEY` (or is appended).
 /// - `mounts`: mounts at an injected destination or under `/dev/nvidia` are removed; the
 ///   injected bind mounts are appended (`rbind, ro|rw, nosuid, nodev`).
-/// - `hooks.prestart`/`hooks.poststop`: any earlier entry for the same hook binary is
-///   replaced by `tessera-hook prestart|poststop`, whose whole env is `TESSERA_SOCKET=...`.
+/// - `hooks.prestart`: any earlier entry for the same hook binary is replaced by
+///   `tessera-hook prestart`, whose whole env is `TESSERA_SOCKET=...`. Entries for that
+///   binary in `hooks.poststop` (written by earlier versions) are removed: the wrapper
+///   itself releases the grant once runc has deleted the container (see `runtime`).
 ///
 /// On error the config may be partly edited: callers discard it.
 pub fn apply_injection(
@@ -606,14 +608,19 @@ pub fn apply_injection(
             .map(|(v, _)| v)
             .collect();
         *list = kept;
-        let hook = HookBuilder::default()
-            .path(&hook_path)
-            .args(vec!["tessera-hook".to_string(), phase.to_string()])
-            .env(vec![format!("TESSERA_SOCKET={socket}")])
-            .timeout(HOOK_TIMEOUT_SECS)
-            .build()
-            .map_err(|e| SpecError::BadInjection(e.to_string()))?;
-        list.push(to_value(&hook)?);
+        if phase == "prestart" {
+            let hook = HookBuilder::default()
+                .path(&hook_path)
+                .args(vec!["tessera-hook".to_string(), phase.to_string()])
+                .env(vec![format!("TESSERA_SOCKET={socket}")])
+                .timeout(HOOK_TIMEOUT_SECS)
+                .build()
+                .map_err(|e| SpecError::BadInjection(e.to_string()))?;
+            list.push(to_value(&hook)?);
+        }
+    }
+    if hooks_obj.get("poststop").and_then(Value::as_array).is_some_and(Vec::is_empty) {
+        hooks_obj.remove("poststop");
     }
     Ok(())
 }
@@ -750,10 +757,6 @@ mod tests {
                 "prestart": [{
                     "path": "/usr/local/bin/tessera-hook", "args": ["tessera-hook", "prestart"],
                     "env": ["TESSERA_SOCKET=/run/tessera/tesserad.sock"], "timeout": 10
-                }],
-                "poststop": [{
-                    "path": "/usr/local/bin/tessera-hook", "args": ["tessera-hook", "poststop"],
-                    "env": ["TESSERA_SOCKET=/run/tessera/tesserad.sock"], "timeout": 10
                 }]
             })
         );
@@ -847,18 +850,32 @@ mod tests {
     fn hooks_get_only_the_socket_env() {
         let mut v = parse(CRI);
         apply_injection(&mut v, &mig_injection(), &hooks()).expect("applies");
-        for phase in ["prestart", "poststop"] {
-            let hs = v["hooks"][phase].as_array().expect("hooks");
-            assert_eq!(hs.len(), 1);
-            assert_eq!(
-                hs[0]["env"],
-                json!(["TESSERA_SOCKET=/run/tessera/tesserad.sock"]),
-                "{phase}"
-            );
-            assert_eq!(hs[0]["args"], json!(["tessera-hook", phase]));
-        }
+        let hs = v["hooks"]["prestart"].as_array().expect("hooks");
+        assert_eq!(hs.len(), 1);
+        assert_eq!(hs[0]["env"], json!(["TESSERA_SOCKET=/run/tessera/tesserad.sock"]));
+        assert_eq!(hs[0]["args"], json!(["tessera-hook", "prestart"]));
+        // No poststop hook: the wrapper releases after runc deletes the container.
+        assert_eq!(v["hooks"].get("poststop"), None);
         // Other hooks are left alone.
         assert_eq!(v["hooks"]["createContainer"][0]["path"], json!("/usr/bin/other-hook"));
+    }
+
+    #[test]
+    fn an_earlier_versions_poststop_hook_is_removed_and_others_are_kept() {
+        let mut v = parse(CRI);
+        v["hooks"]["poststop"] = json!([
+            {"path": "/usr/local/bin/tessera-hook", "args": ["tessera-hook", "poststop"]},
+            {"path": "/usr/bin/other-hook", "args": ["other-hook"]}
+        ]);
+        apply_injection(&mut v, &mig_injection(), &hooks()).expect("applies");
+        assert_eq!(
+            v["hooks"]["poststop"],
+            json!([{"path": "/usr/bin/other-hook", "args": ["other-hook"]}])
+        );
+        let mut only_ours = parse(CRI);
+        only_ours["hooks"]["poststop"] = json!([{"path": "/usr/local/bin/tessera-hook"}]);
+        apply_injection(&mut only_ours, &mig_injection(), &hooks()).expect("applies");
+        assert_eq!(only_ours["hooks"].get("poststop"), None);
     }
 
     #[test]

@@ -1,0 +1,207 @@
+//! Running runc as a child instead of exec'ing it, for the two verbs after which the
+//! wrapper has work left: a foreground `run` of a GPU container and a `delete` of one.
+//! Both give the grant back only once runc has removed the container from its state
+//! root, so a runc that failed (say, `run` of an id that already exists) never frees a
+//! device another container still holds.
+//!
+//! While runc runs, the signals a supervisor sends to the wrapper are passed on to runc
+//! (which passes them to the container, as it does when it is the process signalled).
+//! Signals the kernel sends to the whole foreground process group — Ctrl-C, Ctrl-\,
+//! a terminal resize — already reach runc, which shares the group; they are not sent a
+//! second time.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Command, ExitStatus};
+
+/// The signals passed on to runc.
+pub const FORWARDED: &[libc::c_int] = &[
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGTERM,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGWINCH,
+    libc::SIGCONT,
+    libc::SIGALRM,
+];
+
+/// How often the wait looks at the child even without a SIGCHLD.
+const POLL: libc::timespec = libc::timespec { tv_sec: 0, tv_nsec: 100_000_000 };
+
+/// A signal set of `signals`.
+fn sigset(signals: &[libc::c_int]) -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it before any other use, and
+    // sigaddset only fails for invalid signal numbers, which FORWARDED and SIGCHLD are not.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &s in signals {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+/// Whether a signal was sent by a process (kill, sigqueue, tgkill), not by the kernel on
+/// behalf of a terminal.
+pub fn sent_by_a_process(si_code: libc::c_int) -> bool {
+    matches!(si_code, libc::SI_USER | libc::SI_QUEUE | libc::SI_TKILL)
+}
+
+/// Runs `program args`, passing [`FORWARDED`] signals sent to this process on to it, and
+/// returns how it ended. The child starts with this process's original signal mask.
+pub fn run_forwarding(program: &OsStr, args: &[impl AsRef<OsStr>]) -> io::Result<ExitStatus> {
+    let mut waited: Vec<libc::c_int> = FORWARDED.to_vec();
+    waited.push(libc::SIGCHLD);
+    let set = sigset(&waited);
+    // SAFETY: sigset_t is plain data, filled in by pthread_sigmask below.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are valid for the call. The mask is this thread's; in the
+    // wrapper it is the only thread. Where other threads exist (tests), a SIGCHLD may be
+    // taken by one of them, which the periodic `try_wait` below covers.
+    if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let restore = |old: &libc::sigset_t| {
+        // SAFETY: `old` is the mask pthread_sigmask returned above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    let child_mask = old;
+    // SAFETY: the closure runs in the child between fork and exec; it only calls
+    // pthread_sigmask (async-signal-safe) on a copy of the mask owned by the closure.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::pthread_sigmask(libc::SIG_SETMASK, &child_mask, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            restore(&old);
+            return Err(e);
+        }
+    };
+    let pid = child.id() as libc::pid_t;
+    let status = loop {
+        // SAFETY: siginfo_t is plain data written by sigwaitinfo.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set`, `info` and `POLL` are valid for the call.
+        let sig = unsafe { libc::sigtimedwait(&set, &mut info, &POLL) };
+        if sig < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => match child.try_wait() {
+                    Ok(Some(status)) => break Ok(status),
+                    Ok(None) => continue,
+                    Err(e) => break Err(e),
+                },
+                // Cannot wait for signals: wait for the child without forwarding.
+                _ => break child.wait(),
+            }
+        }
+        if sig == libc::SIGCHLD {
+            match child.try_wait() {
+                Ok(Some(status)) => break Ok(status),
+                Ok(None) => continue,
+                Err(e) => break Err(e),
+            }
+        }
+        if sent_by_a_process(info.si_code) {
+            // SAFETY: plain syscall; `pid` is our child, not yet reaped (so not reused).
+            unsafe { libc::kill(pid, sig) };
+        }
+    };
+    restore(&old);
+    status
+}
+
+/// The exit code a shell would report for `status`: the code, or 128 + the signal.
+pub fn exit_code(status: ExitStatus) -> i32 {
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// Whether runc still has the container in its state root (`<root>/<id>/state.json`).
+pub fn runc_has(root: &Path, container_id: &str) -> bool {
+    root.join(container_id).join("state.json").is_file()
+}
+
+/// Whether runc's record of a container says tessera-runtime granted it GPUs: runc keeps
+/// the container's annotations as `key=value` labels, and the wrapper writes
+/// `tessera.io/allocated` into every GPU container's config. An unreadable or missing
+/// record is "no" (the daemon's reconciler still frees what is left).
+pub fn runc_state_has_grant(root: &Path, container_id: &str, annotation: &str) -> bool {
+    const MAX_STATE: u64 = 16 << 20;
+    let path = root.join(container_id).join("state.json");
+    let Ok(f) = std::fs::File::open(&path) else { return false };
+    let mut buf = Vec::new();
+    if io::Read::read_to_end(&mut io::Read::take(f, MAX_STATE), &mut buf).is_err() {
+        return false;
+    }
+    let Ok(state) = serde_json::from_slice::<serde_json::Value>(&buf) else { return false };
+    let prefix = format!("{annotation}=");
+    state["config"]["labels"].as_array().is_some_and(|labels| {
+        labels.iter().filter_map(|l| l.as_str()).any(|l| l.starts_with(&prefix))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_are_what_a_shell_reports() {
+        assert_eq!(exit_code(ExitStatus::from_raw(0)), 0);
+        assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
+        assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGKILL)), 128 + 9);
+    }
+
+    #[test]
+    fn only_signals_sent_by_processes_are_forwarded() {
+        assert!(sent_by_a_process(libc::SI_USER));
+        assert!(sent_by_a_process(libc::SI_QUEUE));
+        assert!(sent_by_a_process(libc::SI_TKILL));
+        assert!(!sent_by_a_process(libc::SI_KERNEL));
+    }
+
+    #[test]
+    fn child_exit_status_is_returned() {
+        let st = run_forwarding(OsStr::new("/bin/sh"), &["-c", "exit 7"]).expect("runs");
+        assert_eq!(exit_code(st), 7);
+        let st = run_forwarding(OsStr::new("/bin/sh"), &["-c", "kill -TERM $$"]).expect("runs");
+        assert_eq!(exit_code(st), 128 + libc::SIGTERM);
+        assert!(run_forwarding(OsStr::new("/nonexistent/runc"), &["x"]).is_err());
+    }
+
+    #[test]
+    fn grant_label_is_read_from_runc_state() {
+        let d = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir_all(d.path().join("gpu")).expect("mkdir");
+        std::fs::write(
+            d.path().join("gpu/state.json"),
+            r#"{"config":{"labels":["a=b","tessera.io/allocated=MIG-1","bundle=/x"]}}"#,
+        )
+        .expect("write");
+        std::fs::create_dir_all(d.path().join("plain")).expect("mkdir");
+        std::fs::write(d.path().join("plain/state.json"), r#"{"config":{"labels":["bundle=/x"]}}"#)
+            .expect("write");
+        std::fs::create_dir_all(d.path().join("junk")).expect("mkdir");
+        std::fs::write(d.path().join("junk/state.json"), "{not json").expect("write");
+        let a = "tessera.io/allocated";
+        assert!(runc_state_has_grant(d.path(), "gpu", a));
+        assert!(!runc_state_has_grant(d.path(), "plain", a));
+        assert!(!runc_state_has_grant(d.path(), "junk", a));
+        assert!(!runc_state_has_grant(d.path(), "missing", a));
+        assert!(runc_has(d.path(), "gpu"));
+        assert!(!runc_has(d.path(), "missing"));
+    }
+}
