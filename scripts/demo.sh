@@ -118,8 +118,8 @@ run too-big       team-trusted   gpu=8
 say "tessera status"
 "$BIN/tessera" status
 
-say "stopping the containers: the poststop hook frees their devices, and each is scrubbed"
-for id in $(runc --root "$ROOT" list -q); do runc --root "$ROOT" delete -f "$id"; done
+say "stopping the containers: tessera-runtime's delete frees their devices, and each is scrubbed"
+for id in $(runc --root "$ROOT" list -q); do "$BIN/tessera-runtime" --root "$ROOT" delete -f "$id"; done
 sleep 1
 "$BIN/tessera" status | grep -E "^node|allocation|free after scrub|quarantined|dirty" | head -12
 
