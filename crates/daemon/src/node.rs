@@ -134,6 +134,7 @@ impl Node {
     pub fn new(p: NodeParts) -> Result<Node, String> {
         let inventory =
             p.backend.inventory().map_err(|e| format!("reading the GPU inventory from {}: {e}", p.backend.describe()))?;
+        let ecc_seen = p.store.ecc_baselines().map_err(|e| format!("reading the ECC baselines: {e}"))?;
         Ok(Node {
             backend: p.backend,
             inventory,
@@ -148,7 +149,7 @@ impl Node {
             scrub: p.scrub,
             scrubs_in_flight: std::collections::BTreeSet::new(),
             util_seen: BTreeMap::new(),
-            ecc_seen: BTreeMap::new(),
+            ecc_seen,
         })
     }
 
@@ -562,10 +563,12 @@ impl Node {
     }
 
     /// Quarantine every GPU (and its MIG instances) whose uncorrectable ECC count rose since
-    /// the last look. The first reading after start is the baseline: errors counted while
-    /// no tesserad watched are not seen. A quarantined device in use stays with its
-    /// container, and is not handed out again after it is released. Returns the GPUs
-    /// quarantined now.
+    /// the last look. The counts seen are kept in the store, so a rise while no tesserad
+    /// watched (stopped, crashed, upgraded) is caught at the first look after start. The
+    /// very first reading of a GPU is its baseline. A count below the baseline means the
+    /// driver reset its volatile counter (driver reload, reboot): it becomes the new
+    /// baseline, and is logged. A quarantined device in use stays with its container, and
+    /// is not handed out again after it is released. Returns the GPUs quarantined now.
     pub fn check_ecc(&mut self) -> Result<Vec<String>, ApiError> {
         let mut hit = Vec::new();
         for g in self.inventory.gpus.clone() {
@@ -577,17 +580,32 @@ impl Node {
                     continue;
                 }
             };
-            let seen = *self.ecc_seen.entry(g.uuid.clone()).or_insert(count);
-            if count <= seen {
+            let Some(&seen) = self.ecc_seen.get(&g.uuid) else {
+                self.store.set_ecc_baseline(&g.uuid, count).map_err(internal)?;
+                self.ecc_seen.insert(g.uuid.clone(), count);
+                continue;
+            };
+            if count == seen {
                 continue;
             }
-            self.ecc_seen.insert(g.uuid.clone(), count);
+            if count < seen {
+                let detail = format!("{}: uncorrectable ECC counter went from {seen} to {count} (driver reset it): new baseline", g.uuid);
+                info!("{detail}");
+                let _ = self.store.event("ecc", None, &detail);
+                self.store.set_ecc_baseline(&g.uuid, count).map_err(internal)?;
+                self.ecc_seen.insert(g.uuid.clone(), count);
+                continue;
+            }
             let life = self.lifecycle()?;
             let devices = std::iter::once(g.uuid.clone()).chain(g.instances.iter().map(|i| i.uuid.clone()));
             for uuid in devices {
                 let current = life.get(&uuid).map(|(st, _)| st.clone()).unwrap_or(scrub::DeviceState::Free);
                 self.set_state(&uuid, &current.on_ecc_error(count), None)?;
             }
+            // The quarantine is durable before the new count is: a crash in between finds
+            // the rise again at the next start.
+            self.store.set_ecc_baseline(&g.uuid, count).map_err(internal)?;
+            self.ecc_seen.insert(g.uuid.clone(), count);
             let detail = format!("{}: quarantined: uncorrectable ECC errors rose from {seen} to {count}", g.uuid);
             warn!("{detail}");
             let _ = self.store.event("ecc", None, &detail);

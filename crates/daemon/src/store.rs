@@ -92,6 +92,10 @@ impl Store {
                  state TEXT NOT NULL,
                  last_scrub TEXT,
                  updated_ms INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS ecc_baselines(
+                 uuid TEXT PRIMARY KEY,
+                 count INTEGER NOT NULL,
+                 updated_ms INTEGER NOT NULL);
              CREATE TABLE IF NOT EXISTS events(
                  id INTEGER PRIMARY KEY AUTOINCREMENT,
                  ts_ms INTEGER NOT NULL,
@@ -271,6 +275,26 @@ impl Store {
             .query_map([], |r| Ok((r.get::<_, String>(0)?, (r.get::<_, String>(1)?, r.get::<_, Option<String>>(2)?))))?
             .collect::<Result<BTreeMap<_, _>, _>>()?;
         Ok(rows)
+    }
+
+    /// The uncorrectable-ECC count last seen per GPU (survives restarts, so errors counted
+    /// while no tesserad watched are still noticed).
+    pub fn ecc_baselines(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        let mut stmt = self.conn.prepare_cached("SELECT uuid, count FROM ecc_baselines")?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64)))?
+            .collect::<Result<BTreeMap<_, _>, _>>()?;
+        Ok(rows)
+    }
+
+    /// Record the uncorrectable-ECC count now seen on a GPU. Durable.
+    pub fn set_ecc_baseline(&mut self, uuid: &str, count: u64) -> Result<(), StoreError> {
+        self.conn.execute(
+            "INSERT INTO ecc_baselines(uuid, count, updated_ms) VALUES(?1, ?2, ?3)
+             ON CONFLICT(uuid) DO UPDATE SET count=excluded.count, updated_ms=excluded.updated_ms",
+            params![uuid, count.min(i64::MAX as u64) as i64, crate::now_ms() as i64],
+        )?;
+        Ok(())
     }
 
     /// Append to the audit log (refusals, reconciler actions).

@@ -444,3 +444,35 @@ fn rising_ecc_errors_quarantine_a_gpu_and_its_instances_even_in_use() {
     assert!(e.map(|a| a.devices[0].uuid != i.uuid).unwrap_or(true), "a quarantined instance was handed out");
     assert!(node.check_ecc().expect("again").is_empty(), "no new errors: nothing new");
 }
+
+#[test]
+fn ecc_errors_counted_while_no_daemon_watched_are_caught_at_the_next_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ecc = dir.path().join("sim/ecc");
+    let gpu = {
+        let mut node = node_with(dir.path(), Duration::from_secs(60), false);
+        let gpu = node.inventory().gpus.iter().find(|g| !g.mig_enabled).expect("whole gpu").clone();
+        std::fs::create_dir_all(&ecc).expect("ecc dir");
+        std::fs::write(ecc.join(&gpu.uuid), "2").expect("count");
+        assert!(node.check_ecc().expect("baseline").is_empty(), "the first reading is the baseline");
+        gpu
+    };
+    // tesserad is gone; the GPU counts two more uncorrectable errors.
+    std::fs::write(ecc.join(&gpu.uuid), "4").expect("count");
+    let mut node = node_with(dir.path(), Duration::from_secs(60), false);
+    assert_eq!(node.check_ecc().expect("check"), std::slice::from_ref(&gpu.uuid), "the rise was missed");
+    let st = node.status().expect("status");
+    assert_eq!(st.gpus.iter().find(|g| g.uuid == gpu.uuid).expect("gpu").state, tessera_api::DeviceState::Quarantined);
+    drop(node);
+
+    // A driver reload resets the volatile counter: a lower count is the new baseline,
+    // and only a rise above it counts.
+    std::fs::write(ecc.join(&gpu.uuid), "0").expect("count");
+    let mut node = node_with(dir.path(), Duration::from_secs(60), false);
+    assert!(node.check_ecc().expect("reset").is_empty());
+    drop(node);
+    std::fs::write(ecc.join(&gpu.uuid), "1").expect("count");
+    let mut node = node_with(dir.path(), Duration::from_secs(60), false);
+    assert_eq!(node.check_ecc().expect("rise after reset"), std::slice::from_ref(&gpu.uuid));
+}
+
