@@ -185,6 +185,85 @@ fn main() {
     println!("| tessera-runtime, no GPU request | {np50:.2} | {np99:.2} | {nmean:.2} | {:.3} |", np50 / pp50);
     println!("| tessera-runtime, mig=1g.10gb (grant + hooks) | {gp50:.2} | {gp99:.2} | {gmean:.2} | {:.3} |", gp50 / pp50);
     println!("\nadded latency, paired per iteration (ms): no request p50 {dn50:.2} p99 {dn99:.2}; MIG request p50 {dg50:.2} p99 {dg99:.2}");
+
+    parts(n, &dir, &socket, &root, &gpu_ann);
+}
+
+/// The GPU path by parts, each timed alone (so runc's jitter is not in them): the three
+/// daemon round trips a GPU container makes, each after the daemon has been idle (as it is
+/// between container events), and the start cost of the wrapper and of the hook process
+/// against `/bin/true`.
+fn parts(n: usize, dir: &Path, socket: &Path, runc_root: &Path, ann: &[(&str, &str)]) {
+    let client = tessera_api::Client::new(socket).with_timeout(Duration::from_secs(30));
+    let bundle = dir.join("parts-bundle");
+    std::fs::create_dir_all(&bundle).expect("bundle");
+    let annotations = ann.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let timed = |f: &mut dyn FnMut()| {
+        std::thread::sleep(Duration::from_millis(SETTLE_MS));
+        let t = Instant::now();
+        f();
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    let (mut alloc, mut start, mut release, mut health) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let id = format!("parts{i}");
+        let req = tessera_api::AllocateRequest {
+            container_id: id.clone(),
+            runc_root: runc_root.to_string_lossy().into_owned(),
+            bundle: bundle.to_string_lossy().into_owned(),
+            request: "mig=1g.10gb".into(),
+            request_source: tessera_api::RequestSource::Annotation,
+            annotations: std::collections::BTreeMap::clone(&annotations),
+        };
+        alloc.push(timed(&mut || {
+            client.allocate(&req).expect("allocate");
+        }));
+        let sreq = tessera_api::StartRequest {
+            pid: std::process::id() as i32,
+            bundle: bundle.to_string_lossy().into_owned(),
+        };
+        start.push(timed(&mut || {
+            client.start(&id, &sreq).expect("start");
+        }));
+        release.push(timed(&mut || client.release(&id).expect("release")));
+        health.push(timed(&mut || {
+            client.raw("GET", "/healthz", None).expect("healthz");
+        }));
+    }
+    let spawn = |program: &str, args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = Command::new(program);
+        cmd.args(args).envs(env.iter().copied());
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+        move || {
+            let _ = cmd.status().expect("spawn");
+        }
+    };
+    let (mut t_true, mut t_wrapper, mut t_hook) = (Vec::new(), Vec::new(), Vec::new());
+    let mut run_true = spawn("/bin/true", &[], &[]);
+    // `--version` passes straight through: the wrapper's start, argv parse and exec.
+    let mut run_wrapper = spawn(RUNTIME, &["--version"], &[("TESSERA_RUNC", "/bin/true")]);
+    // Empty stdin: the hook starts, finds no OCI state and exits.
+    let mut run_hook = spawn(HOOK, &["prestart"], &[]);
+    for _ in 0..n {
+        t_true.push(timed(&mut run_true));
+        t_wrapper.push(timed(&mut run_wrapper));
+        t_hook.push(timed(&mut run_hook));
+    }
+    println!("\nby parts, {n} each, every one after a {SETTLE_MS} ms pause (ms)\n");
+    println!("| part | p50 | p99 |");
+    println!("|---|---|---|");
+    for (name, v) in [
+        ("POST /v1/allocations (grant, durable)", alloc),
+        ("POST /v1/allocations/{id}/start (prestart hook's call: interval open, durable)", start),
+        ("DELETE /v1/allocations/{id} (the wrapper's release: interval close, durable)", release),
+        ("GET /healthz (round trip without SQLite, for scale)", health),
+        ("spawn /bin/true (baseline)", t_true),
+        ("spawn tessera-runtime --version, exec /bin/true", t_wrapper),
+        ("spawn tessera-hook with no state", t_hook),
+    ] {
+        let (p50, p99, _) = stats(v);
+        println!("| {name} | {p50:.3} | {p99:.3} |");
+    }
 }
 
 fn unsafe_is_not_root() -> bool {

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The checks that need a GPU (docs/GPU.md), in two halves, so a lent GPU machine (which
+# has no Rust toolchain and no network) needs one call:
+#
+#   bash scripts/gpu-checks.sh build          # here: build, stage the binaries in .gpu/
+#   bash scripts/gpu-checks.sh run [DIR]      # there (carry .gpu): results in DIR, else $OUT
+#
+# Read-only for the GPU's configuration: it never changes MIG mode or layout, never resets
+# the GPU, never changes persistence or compute mode. It allocates, memsets and runs
+# kernels (the scrub and its benchmark), and starts an MPS control daemon on a pipe
+# directory of its own only if nvidia-cuda-mps-control is installed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+STAGE=.gpu
+
+build() {
+    set -e
+    grep -qx "/$STAGE/" .git/info/exclude 2>/dev/null || echo "/$STAGE/" >>.git/info/exclude
+    mkdir -p "$STAGE"
+    cargo build --release --bins -p tessera
+    local tests
+    tests=$(cargo test --release -p slicer --lib --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["executable"])' | tail -1)
+    [ -n "$tests" ] || { echo "gpu-checks: no slicer test binary found" >&2; exit 1; }
+    cp target/release/tessera "$STAGE/tessera"
+    cp "$tests" "$STAGE/slicer-tests"
+    du -sh "$STAGE"
+    echo "staged in $STAGE/: carry it, then run: bash scripts/gpu-checks.sh run"
+}
+
+# step NAME CMD...: runs CMD, its output (and exit code) into DIR/NAME.txt.
+step() {
+    local name=$1
+    shift
+    echo "== $name: $*"
+    { echo "\$ $*"; "$@"; echo "exit: $?"; } >"$DIR/$name.txt" 2>&1
+    tail -n 30 "$DIR/$name.txt"
+}
+
+mps_probe() {
+    if ! command -v nvidia-cuda-mps-control >/dev/null; then
+        echo "nvidia-cuda-mps-control: not installed"
+        return 0
+    fi
+    local pipe log uuid
+    pipe=$(mktemp -d /tmp/tessera-mps-pipe.XXXXXX)
+    log=$(mktemp -d /tmp/tessera-mps-log.XXXXXX)
+    uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
+    export CUDA_MPS_PIPE_DIRECTORY=$pipe CUDA_MPS_LOG_DIRECTORY=$log CUDA_VISIBLE_DEVICES=$uuid
+    nvidia-cuda-mps-control -d || { echo "could not start the control daemon"; return 0; }
+    for cmd in get_server_list "set_default_active_thread_percentage 50" \
+        get_default_active_thread_percentage "set_default_device_pinned_mem_limit $uuid 4G" \
+        "get_default_device_pinned_mem_limit $uuid"; do
+        echo "> $cmd"
+        echo "$cmd" | timeout 10 nvidia-cuda-mps-control
+        echo "(exit $?)"
+    done
+    echo quit | timeout 10 nvidia-cuda-mps-control
+    sleep 1
+    cat "$log/control.log" 2>/dev/null | tail -20
+    rm -rf "$pipe" "$log"
+}
+
+run() {
+    DIR=${1:-${OUT:-/tmp/tessera-gpu-checks}}
+    mkdir -p "$DIR"
+    [ -x "$STAGE/tessera" ] || { echo "gpu-checks: $STAGE/tessera missing: run 'build' here and carry $STAGE" >&2; exit 1; }
+    step 00-device bash -c 'date -u; nvidia-smi -L; nvidia-smi --query-gpu=name,uuid,driver_version,memory.total,memory.used,mig.mode.current,ecc.mode.current --format=csv'
+    step 01-nvml-inventory "$STAGE/slicer-tests" --ignored --nocapture --test-threads 1 nvml_prints_the_inventory
+    step 02-mig-profiles "$STAGE/slicer-tests" --ignored --nocapture --test-threads 1 nvml_driver_profiles_against_the_catalog
+    local uuid
+    uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
+    # Issue 5 (a): scrub bandwidth vs a plain cuMemsetD32 on the same buffer, same run.
+    step 03-scrub-bandwidth "$STAGE/tessera" gpu-bench peak --device "$uuid" --reps 5
+    # Issue 5 (b): a pattern left by one process, counted by the next: without, then with a scrub.
+    step 04-leak-without-scrub bash -c "'$STAGE/tessera' gpu-bench fill 0xDEADBEEF --device $uuid && '$STAGE/tessera' gpu-bench count 0xDEADBEEF --device $uuid"
+    step 05-leak-with-scrub bash -c "'$STAGE/tessera' gpu-bench fill 0xDEADBEEF --device $uuid && '$STAGE/tessera' scrub --device $uuid --json && '$STAGE/tessera' gpu-bench count 0xDEADBEEF --device $uuid --expect-zero"
+    step 06-mps-protocol mps_probe
+    echo "results in $DIR"
+}
+
+case "${1:-}" in
+build) build ;;
+run) run "${2:-}" ;;
+*)
+    echo "usage: bash scripts/gpu-checks.sh build | run [DIR]" >&2
+    exit 2
+    ;;
+esac
