@@ -943,3 +943,66 @@ fn tesserad_fleet_flags_are_checked() {
         assert!(out.stderr_str().contains(needle), "{extra:?}: expected {needle:?} in\n{}", out.stderr_str());
     }
 }
+
+/// A CA and a certificate for 127.0.0.1 signed by it (PEM files in `dir`): (ca, cert, key).
+fn test_pki(dir: &std::path::Path) -> (PathBuf, PathBuf, PathBuf) {
+    let ca_key = rcgen::KeyPair::generate().expect("key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).expect("ca");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .expect("params")
+        .signed_by(&key, &ca, &ca_key)
+        .expect("cert");
+    let paths = (dir.join("ca.pem"), dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&paths.0, ca.pem()).expect("write");
+    std::fs::write(&paths.1, cert.pem()).expect("write");
+    std::fs::write(&paths.2, key.serialize_pem()).expect("write");
+    paths
+}
+
+#[test]
+fn an_https_coordinator_reaches_nodes_and_admins_that_hold_its_ca() {
+    let Some(fleet) = Fleet::start() else { return };
+    let (ca, cert, key) = test_pki(fleet.dir.path());
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let args = [
+        "serve".to_string(),
+        "--listen".into(),
+        addr.to_string(),
+        "--store".into(),
+        format!("sqlite:{}", fleet.path("tls-coordinator.db").display()),
+        "--signing-key".into(),
+        fleet.key_file.display().to_string(),
+        "--tokens".into(),
+        fleet.tokens_file.display().to_string(),
+        "--tls-cert".into(),
+        cert.display().to_string(),
+        "--tls-key".into(),
+        key.display().to_string(),
+    ];
+    let proc = ChildProcess::spawn("tls-coordinator", COORDINATOR_BIN, args, [("TESSERA_LOG", "info")], &fleet.log_dir());
+    let url = format!("https://{addr}");
+    let ca_arg = ca.display().to_string();
+    let up = wait_for(|| fleet.admin(&url, &["policy", "history", "--coordinator-ca", &ca_arg]).status.success(), WITHIN);
+    assert!(up, "the https coordinator did not come up:\n{}", proc.stderr());
+
+    // The admin CLI pushes over https with the CA, and is refused without it.
+    let file = fleet.policy(1, true).display().to_string();
+    let out = fleet.admin(&url, &["policy", "push", &file]);
+    out.assert_failure("push to https without a CA");
+    assert!(out.stderr_str().contains("--coordinator-ca"), "{}", out.stderr_str());
+    fleet.admin(&url, &["policy", "push", &file, "--coordinator-ca", &ca_arg]).assert_success("push over https");
+
+    // A node given the CA (started from its policy file, version 1) follows the
+    // coordinator over https: the next push reaches it.
+    let node = fleet.node_with(NODE_A, &url, &["--coordinator-ca", &ca_arg]);
+    let file2 = fleet.policy(2, false).display().to_string();
+    fleet.admin(&url, &["policy", "push", &file2, "--coordinator-ca", &ca_arg]).assert_success("push v2");
+    at_version(&node, 2, &format!("coordinator:{url}"));
+    assert!(fleet_of(&status(&node)).connected);
+    drop(node);
+    drop(proc);
+}
+

@@ -33,6 +33,14 @@ enum Cmd {
         /// Credentials: {"admins": {"NAME": "TOKEN"}, "nodes": {"NODE": "TOKEN"}}.
         #[arg(long)]
         tokens: PathBuf,
+        /// Serve HTTPS with this certificate chain (PEM, leaf first); needs --tls-key.
+        /// Without it the API is plain HTTP: keep it on loopback or behind a TLS proxy, the
+        /// bearer tokens would cross the network readable.
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The private key (PEM) of --tls-cert.
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
     },
     /// Write a new signing key (mode 0600, never overwrites) and print its public key,
     /// which nodes pin with `tesserad --trust-key`.
@@ -64,8 +72,9 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<(), String> {
     use coordinator::signing;
     match cli.cmd {
-        Cmd::Serve { listen, store, etcd_prefix, signing_key, tokens } => {
-            let opts = coordinator::ServeOptions { listen, store, etcd_prefix, signing_key, tokens };
+        Cmd::Serve { listen, store, etcd_prefix, signing_key, tokens, tls_cert, tls_key } => {
+            let tls = tls_cert.zip(tls_key);
+            let opts = coordinator::ServeOptions { listen, store, etcd_prefix, signing_key, tokens, tls };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()

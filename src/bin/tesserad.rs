@@ -78,6 +78,9 @@ struct FleetArgs {
     /// A file holding this node's coordinator token (else $TESSERA_NODE_TOKEN).
     #[arg(long, requires = "coordinator")]
     node_token: Option<PathBuf>,
+    /// For https:// coordinators: the CA certificate (PEM) that signed their certificates.
+    #[arg(long, requires = "coordinator")]
+    coordinator_ca: Option<PathBuf>,
     /// How long each long poll of the coordinator waits, in milliseconds.
     #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=120_000))]
     coordinator_poll_timeout_ms: u64,
@@ -114,6 +117,9 @@ impl FleetArgs {
             },
         };
         let mut cfg = tesserad::CoordinatorConfig::new(urls, trust_key, token);
+        if let Some(ca) = &self.coordinator_ca {
+            cfg.tls = Some(coordinator::tls::client_config(ca).map_err(|e| format!("--coordinator-ca: {e}"))?);
+        }
         cfg.node_id = self.node_id;
         cfg.poll_timeout = Duration::from_millis(self.coordinator_poll_timeout_ms);
         cfg.report_every = Duration::from_millis(self.coordinator_report_interval_ms);

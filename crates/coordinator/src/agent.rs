@@ -59,6 +59,8 @@ pub struct AgentConfig {
     pub reject_delay: Duration,
     /// ... and ask only for versions above it for this long (default 60 s).
     pub reject_hold: Duration,
+    /// How `https://` coordinators are verified ([`crate::tls::client_config`]).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl std::fmt::Debug for AgentConfig {
@@ -93,6 +95,7 @@ impl AgentConfig {
             retry_max: Duration::from_secs(5),
             reject_delay: Duration::from_secs(1),
             reject_hold: Duration::from_secs(60),
+            tls: None,
         }
     }
 }
@@ -247,7 +250,8 @@ impl PolicyAgent {
             .iter()
             .map(|u| Endpoint::parse(u))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(PolicyAgent { cfg: Arc::new(cfg), endpoints: Arc::new(endpoints), pool: http::Pool::default() })
+        let pool = http::Pool::new(cfg.tls.clone());
+        Ok(PolicyAgent { cfg: Arc::new(cfg), endpoints: Arc::new(endpoints), pool })
     }
 
     pub fn config(&self) -> &AgentConfig {

@@ -63,7 +63,8 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// `urls`: one or more `http://HOST:PORT` (a comma-separated string is split).
+    /// `urls`: one or more `http[s]://HOST:PORT` (a comma-separated string is split).
+    /// `https://` needs [`Client::with_tls`].
     pub fn new<S: AsRef<str>>(urls: &[S], token: &str) -> Result<Client, ClientError> {
         let endpoints = urls
             .iter()
@@ -74,6 +75,13 @@ impl Client {
             return Err(ClientError::Usage("no coordinator url given".into()));
         }
         Ok(Client { endpoints, pool: http::Pool::default(), token: token.to_string(), timeout: Duration::from_secs(30) })
+    }
+
+    /// Verify `https://` coordinators against this TLS client configuration
+    /// ([`crate::tls::client_config`]). Idle connections made before are dropped.
+    pub fn with_tls(mut self, tls: Option<std::sync::Arc<rustls::ClientConfig>>) -> Self {
+        self.pool = http::Pool::new(tls);
+        self
     }
 
     /// Bound each request (default 30 s).
@@ -222,7 +230,8 @@ impl Client {
 pub mod blocking {
     use super::*;
 
-    fn block_on<T>(f: impl std::future::Future<Output = Result<T, ClientError>>) -> Result<T, ClientError> {
+    /// Run one client call to completion on a private current-thread runtime.
+    pub fn block_on<T>(f: impl std::future::Future<Output = Result<T, ClientError>>) -> Result<T, ClientError> {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -1,5 +1,6 @@
-//! A small HTTP/1.1 client over TCP: hyper's connection-level client with a tiny
-//! keep-alive pool. Enough for long polls, the agent and the CLI; plain `http://` only.
+//! A small HTTP/1.1 client over TCP, or TLS for `https://` (see [`crate::tls`]): hyper's
+//! connection-level client with a tiny keep-alive pool. Enough for long polls, the agent
+//! and the CLI.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,37 +33,46 @@ pub enum HttpError {
     Timeout { addr: String, after: Duration },
 }
 
-/// Where a coordinator listens, from `http://host:port[/base]`.
+/// Where a coordinator listens, from `http[s]://host:port[/base]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Endpoint {
     pub url: String,
     pub authority: String,
     pub base: String,
+    /// `https://`: the connection is TLS, verified against the client's CA.
+    pub tls: bool,
+    /// The host part, the name the server's certificate must carry.
+    pub host: String,
 }
 
 impl Endpoint {
     pub fn parse(url: &str) -> Result<Endpoint, HttpError> {
         let bad = |why: &str| HttpError::BadUrl { url: url.to_string(), why: why.to_string() };
-        let rest = url.trim().strip_prefix("http://").ok_or_else(|| {
-            if url.starts_with("https://") {
-                bad("https is not supported by this client; terminate TLS in front of the coordinator")
-            } else {
-                bad("expected http://HOST:PORT")
-            }
-        })?;
+        let trimmed = url.trim();
+        let (tls, rest) = match (trimmed.strip_prefix("https://"), trimmed.strip_prefix("http://")) {
+            (Some(rest), _) => (true, rest),
+            (None, Some(rest)) => (false, rest),
+            (None, None) => return Err(bad("expected http://HOST:PORT or https://HOST:PORT")),
+        };
         let (authority, base) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
             None => (rest, ""),
         };
         if authority.is_empty() || authority.contains('@') {
-            return Err(bad("expected http://HOST:PORT"));
+            return Err(bad("expected http://HOST:PORT or https://HOST:PORT"));
         }
-        let authority = if authority.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
-            authority.to_string()
-        } else {
-            format!("{authority}:80")
+        let (host, authority) = match authority.rsplit_once(':') {
+            Some((h, p)) if p.parse::<u16>().is_ok() => (h, authority.to_string()),
+            _ => (authority, format!("{authority}:{}", if tls { 443 } else { 80 })),
         };
-        Ok(Endpoint { url: url.trim().trim_end_matches('/').to_string(), authority, base: base.to_string() })
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        Ok(Endpoint {
+            url: trimmed.trim_end_matches('/').to_string(),
+            authority,
+            base: base.to_string(),
+            tls,
+            host,
+        })
     }
 }
 
@@ -91,6 +101,8 @@ impl Drop for Conn {
 #[derive(Clone, Default)]
 pub(crate) struct Pool {
     idle: Arc<Mutex<HashMap<String, Vec<Conn>>>>,
+    /// How `https://` endpoints are verified; `None`: they are refused.
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -103,6 +115,11 @@ impl std::fmt::Debug for Pool {
 const MAX_IDLE: usize = 4;
 
 impl Pool {
+    /// A pool whose `https://` connections trust `tls`.
+    pub fn new(tls: Option<Arc<rustls::ClientConfig>>) -> Pool {
+        Pool { idle: Arc::default(), tls }
+    }
+
     fn take(&self, authority: &str) -> Option<Conn> {
         let mut idle = self.idle.lock().ok()?;
         let conns = idle.get_mut(authority)?;
@@ -155,7 +172,7 @@ pub(crate) async fn request(
                 Err(Failure::Failed(e)) => return Err(e),
             }
         }
-        let conn = connect(ep).await?;
+        let conn = connect(ep, pool.tls.as_ref()).await?;
         let req = build(ep, method, path_and_query, token, extra, body)?;
         match send(conn, req, &addr).await {
             Ok((resp, conn)) => {
@@ -177,15 +194,45 @@ enum Failure {
     Failed(HttpError),
 }
 
-async fn connect(ep: &Endpoint) -> Result<Conn, HttpError> {
+async fn connect(ep: &Endpoint, tls: Option<&Arc<rustls::ClientConfig>>) -> Result<Conn, HttpError> {
     let addr = ep.authority.clone();
+    let tls = match (ep.tls, tls) {
+        (false, _) => None,
+        (true, Some(cfg)) => {
+            let name = rustls_pki_types::ServerName::try_from(ep.host.clone()).map_err(|e| HttpError::BadUrl {
+                url: ep.url.clone(),
+                why: format!("`{}` is not a name a certificate can carry: {e}", ep.host),
+            })?;
+            Some((tokio_rustls::TlsConnector::from(cfg.clone()), name))
+        }
+        (true, None) => {
+            return Err(HttpError::Connect {
+                addr,
+                why: "https:// needs the CA that signed the coordinator's certificate (--coordinator-ca FILE)".into(),
+            })
+        }
+    };
     let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&ep.authority)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return Err(HttpError::Connect { addr, why: e.to_string() }),
         Err(_) => return Err(HttpError::Connect { addr, why: format!("no connection within {CONNECT_TIMEOUT:?}") }),
     };
     let _ = stream.set_nodelay(true);
-    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
+    let Some((connector, name)) = tls else { return handshake(TokioIo::new(stream), addr).await };
+    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, stream)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(HttpError::Connect { addr, why: format!("TLS: {e}") }),
+        Err(_) => return Err(HttpError::Connect { addr, why: format!("no TLS handshake within {CONNECT_TIMEOUT:?}") }),
+    };
+    handshake(TokioIo::new(stream), addr).await
+}
+
+/// HTTP/1.1 over an open stream (TCP or TLS); a task drives the connection.
+async fn handshake<I>(io: I, addr: String) -> Result<Conn, HttpError>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(io)
         .await
         .map_err(|e| HttpError::Transport { addr, why: e.to_string() })?;
     let driver = tokio::spawn(async move {
@@ -259,7 +306,12 @@ mod tests {
         assert_eq!((e.authority.as_str(), e.base.as_str()), ("127.0.0.1:7000", ""));
         let e = Endpoint::parse("http://coord.example/api/").unwrap();
         assert_eq!((e.authority.as_str(), e.base.as_str()), ("coord.example:80", "/api"));
-        assert!(Endpoint::parse("https://x:1").unwrap_err().to_string().contains("https"));
+        let e = Endpoint::parse("https://coord.example:7443/").unwrap();
+        assert_eq!((e.authority.as_str(), e.host.as_str(), e.tls), ("coord.example:7443", "coord.example", true));
+        let e = Endpoint::parse("https://[::1]").unwrap();
+        assert_eq!((e.authority.as_str(), e.host.as_str(), e.tls), ("[::1]:443", "::1", true));
+        assert!(!Endpoint::parse("http://x:1").unwrap().tls);
+        assert!(Endpoint::parse("ftp://x:1").unwrap_err().to_string().contains("https://"));
         assert!(Endpoint::parse("x:1").is_err());
         assert!(Endpoint::parse("http://u@x:1").is_err());
     }

@@ -61,6 +61,7 @@ mod http;
 pub mod server;
 pub mod signing;
 pub mod store;
+pub mod tls;
 mod wire;
 
 pub use agent::{AgentConfig, AgentError, AgentStatus, PolicyAgent, PolicySource};

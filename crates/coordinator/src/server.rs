@@ -18,7 +18,7 @@ use axum::{Json, Router};
 use ed25519_dalek::SigningKey;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::auth::{bearer, Principal, Tokens, TokensError};
 use crate::signing::{self, KeyError, SignedPolicy, Signer};
@@ -55,6 +55,8 @@ pub enum CoordinatorError {
     Listen { addr: SocketAddr, source: std::io::Error },
     #[error("serving: {0}")]
     Serve(std::io::Error),
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// What `tessera-coordinator serve` needs.
@@ -66,6 +68,8 @@ pub struct ServeOptions {
     pub etcd_prefix: String,
     pub signing_key: PathBuf,
     pub tokens: PathBuf,
+    /// Serve HTTPS with this certificate (PEM chain) and key (PEM); both or neither.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// The coordinator's state: store, key, credentials, and the watchers' channel.
@@ -621,14 +625,24 @@ async fn refusals(State(app): App, ConnectInfo(peer): Peer, headers: HeaderMap) 
 #[derive(Debug)]
 pub struct RunningCoordinator {
     addr: SocketAddr,
+    tls: bool,
     coordinator: Arc<Coordinator>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
 impl RunningCoordinator {
-    /// Bind `listen` (port 0: any free port) and serve `coordinator` on it.
+    /// Bind `listen` (port 0: any free port) and serve `coordinator` on it (plain HTTP).
     pub async fn start(listen: SocketAddr, coordinator: Arc<Coordinator>) -> Result<RunningCoordinator, CoordinatorError> {
+        RunningCoordinator::start_with(listen, coordinator, None).await
+    }
+
+    /// As [`RunningCoordinator::start`], serving HTTPS when `tls` is given.
+    pub async fn start_with(
+        listen: SocketAddr,
+        coordinator: Arc<Coordinator>,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Result<RunningCoordinator, CoordinatorError> {
         let err = |source| CoordinatorError::Listen { addr: listen, source };
         let socket = if listen.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() }
             .map_err(err)?;
@@ -637,33 +651,43 @@ impl RunningCoordinator {
         let listener = socket.listen(LISTEN_BACKLOG).map_err(err)?;
         let addr = listener.local_addr().map_err(err)?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let app = coordinator.router().into_make_service_with_connect_info::<SocketAddr>();
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
+        let https = tls.is_some();
+        let task = match tls {
+            None => {
+                let app = coordinator.router().into_make_service_with_connect_info::<SocketAddr>();
+                tokio::spawn(async move {
+                    axum::serve(listener, app)
+                        .with_graceful_shutdown(async move {
+                            let _ = stopped.await;
+                        })
+                        .await
                 })
-                .await
-        });
-        info!(%addr, store = coordinator.store.kind(), key_id = %coordinator.signer.key_id(), "coordinator listening");
-        Ok(RunningCoordinator { addr, coordinator, stop: Some(stop), task })
+            }
+            Some(cfg) => tokio::spawn(serve_tls(listener, coordinator.router(), cfg, stopped)),
+        };
+        info!(%addr, tls = https, store = coordinator.store.kind(), key_id = %coordinator.signer.key_id(), "coordinator listening");
+        Ok(RunningCoordinator { addr, tls: https, coordinator, stop: Some(stop), task })
     }
 
     /// Open everything `opts` names and start serving.
     pub async fn from_options(opts: &ServeOptions) -> Result<RunningCoordinator, CoordinatorError> {
         let key = signing::load_signing_key(&opts.signing_key)?;
         let tokens = Tokens::load(&opts.tokens)?;
+        let tls = match &opts.tls {
+            Some((cert, key)) => Some(crate::tls::server_config(cert, key)?),
+            None => None,
+        };
         let store = store::open(&opts.store, &opts.etcd_prefix).await?;
-        RunningCoordinator::start(opts.listen, Coordinator::new(store, key, tokens)).await
+        RunningCoordinator::start_with(opts.listen, Coordinator::new(store, key, tokens), tls).await
     }
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 
-    /// `http://ADDR`.
+    /// `http://ADDR`, or `https://ADDR` when serving TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", if self.tls { "https" } else { "http" }, self.addr)
     }
 
     pub fn coordinator(&self) -> &Arc<Coordinator> {
@@ -696,6 +720,62 @@ impl RunningCoordinator {
             Err(e) => Err(CoordinatorError::Serve(std::io::Error::other(e.to_string()))),
         }
     }
+}
+
+/// How long a client may take to finish its TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The HTTPS server: TLS per connection (a handshake that fails or stalls costs only its
+/// own task), then HTTP/1.1 with the peer address where the handlers' `ConnectInfo`
+/// expects it. On stop: no new connections, and those open finish what is in flight.
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    cfg: Arc<rustls::ServerConfig>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) -> std::io::Result<()> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = &mut stopped => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of fds and the like: back off instead of spinning.
+                    warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let (acceptor, router, watcher) = (acceptor.clone(), router.clone(), graceful.watcher());
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    debug!(%peer, "TLS handshake refused: {e}");
+                    return;
+                }
+                Err(_) => {
+                    debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+                tower::ServiceExt::oneshot(router.clone(), req)
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
+            if let Err(e) = watcher.watch(conn).await {
+                debug!(%peer, "connection ended: {e}");
+            }
+        });
+    }
+    graceful.shutdown().await;
+    Ok(())
 }
 
 /// `tessera-coordinator serve`: run until SIGTERM or SIGINT.

@@ -58,6 +58,8 @@ pub struct CoordinatorConfig {
     pub retry_max: Duration,
     /// How often closed ledger intervals are uploaded.
     pub usage_every: Duration,
+    /// How https:// coordinators are verified (`--coordinator-ca`).
+    pub tls: Option<Arc<coordinator::tls::ClientConfig>>,
 }
 
 impl std::fmt::Debug for CoordinatorConfig {
@@ -87,6 +89,7 @@ impl CoordinatorConfig {
             report_every: Duration::from_secs(30),
             retry_max: Duration::from_secs(5),
             usage_every: Duration::from_secs(60),
+            tls: None,
         }
     }
 }
@@ -141,6 +144,7 @@ impl Fleet {
         agent_cfg.poll_timeout = cfg.poll_timeout;
         agent_cfg.report_every = cfg.report_every;
         agent_cfg.retry_max = cfg.retry_max.max(agent_cfg.retry_min);
+        agent_cfg.tls = cfg.tls.clone();
         let agent = PolicyAgent::new(agent_cfg).map_err(|e| err(e.to_string()))?;
         Ok(Fleet {
             agent,
@@ -194,6 +198,7 @@ impl Fleet {
         for url in &self.urls {
             let client = coordinator::client::Client::new(&[url], &self.agent.config().token)
                 .map_err(|e| err(e.to_string()))?
+                .with_tls(self.agent.config().tls.clone())
                 .with_timeout(Duration::from_secs(10));
             match client.latest(0, Duration::from_secs(2)).await {
                 Ok(Some(env)) => {
@@ -253,7 +258,7 @@ impl Fleet {
         tokio::spawn(async move {
             // The agent marks itself connected when its first long poll returns, up to a
             // poll timeout from now; ask once right away so a fresh node's status is true.
-            probe(&urls, &node_id, &agent.config().token, &status).await;
+            probe(&urls, &node_id, &agent.config().token, agent.config().tls.clone(), &status).await;
             agent.run(on_policy, status).await;
         })
     }
@@ -330,9 +335,16 @@ impl Fleet {
 
 /// One authenticated request to each coordinator in turn until one answers: the node's
 /// own record (`GET /v1/nodes/{node}`, allowed to the node's credential).
-async fn probe(urls: &[String], node_id: &str, token: &str, status: &Mutex<AgentStatus>) {
+async fn probe(
+    urls: &[String],
+    node_id: &str,
+    token: &str,
+    tls: Option<Arc<coordinator::tls::ClientConfig>>,
+    status: &Mutex<AgentStatus>,
+) {
     for url in urls {
         let Ok(client) = coordinator::client::Client::new(&[url], token) else { continue };
+        let client = client.with_tls(tls.clone());
         match client.with_timeout(Duration::from_secs(5)).node(node_id).await {
             Ok(_) => {
                 let mut s = lock(status);

@@ -5,7 +5,8 @@
 use std::fmt::Write as _;
 
 use clap::{Args, Subcommand};
-use coordinator::client::{blocking, ClientError};
+use coordinator::client::blocking::block_on;
+use coordinator::client::{Client, ClientError};
 use coordinator::{FleetUsage, FleetUsageRequest, NodeRecord, RevisionSummary};
 
 /// Where the coordinator is and who is asking.
@@ -17,6 +18,9 @@ pub struct CoordinatorArgs {
     /// The bearer token (an admin token for push, history, nodes and usage).
     #[arg(long, env = "TESSERA_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// For an https:// coordinator: the CA certificate (PEM) that signed its certificate.
+    #[arg(long, env = "TESSERA_COORDINATOR_CA")]
+    pub coordinator_ca: Option<std::path::PathBuf>,
 }
 
 impl CoordinatorArgs {
@@ -32,6 +36,16 @@ impl CoordinatorArgs {
             .filter(|t| !t.trim().is_empty())
             .ok_or("no credential: give --token TOKEN or set TESSERA_TOKEN (an admin token of the coordinator)")?;
         Ok((url, token.trim()))
+    }
+
+    /// A client of the coordinator(s), verifying https:// ones against `--coordinator-ca`.
+    fn client(&self) -> Result<Client, String> {
+        let (url, token) = self.need()?;
+        let tls = match &self.coordinator_ca {
+            Some(ca) => Some(coordinator::tls::client_config(ca).map_err(|e| format!("--coordinator-ca: {e}"))?),
+            None => None,
+        };
+        Ok(Client::new(&[url], token).map_err(explain)?.with_tls(tls))
     }
 }
 
@@ -80,11 +94,11 @@ fn explain(e: ClientError) -> String {
 pub fn policy(cmd: PolicyFleetCmd) -> Result<(), String> {
     match cmd {
         PolicyFleetCmd::Push { file, author, json, fleet } => {
-            let (url, token) = fleet.need()?;
+            let client = fleet.client()?;
             let bytes = std::fs::read(&file).map_err(|e| format!("{}: {e}", file.display()))?;
             // Check here first: errors name the file and the JSON path, and nothing is sent.
             let parsed = policy::Policy::parse(&bytes, &file.display().to_string()).map_err(|e| e.to_string())?;
-            let rev = blocking::push_policy(url, token, &bytes, author.as_deref()).map_err(explain)?;
+            let rev = block_on(client.push_policy(&bytes, author.as_deref())).map_err(explain)?;
             if rev.digest != parsed.digest() {
                 return Err(format!(
                     "the coordinator stored digest {} for version {}, not this file's {}",
@@ -107,8 +121,7 @@ pub fn policy(cmd: PolicyFleetCmd) -> Result<(), String> {
             Ok(())
         }
         PolicyFleetCmd::History { json, fleet } => {
-            let (url, token) = fleet.need()?;
-            let revs = blocking::history(url, token).map_err(explain)?;
+            let revs = block_on(fleet.client()?.history()).map_err(explain)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&revs).map_err(|e| e.to_string())?);
             } else {
@@ -117,8 +130,7 @@ pub fn policy(cmd: PolicyFleetCmd) -> Result<(), String> {
             Ok(())
         }
         PolicyFleetCmd::Diff { a, b, fleet } => {
-            let (url, token) = fleet.need()?;
-            let diff = blocking::diff(url, token, a, b).map_err(explain)?;
+            let diff = block_on(fleet.client()?.diff(a, b)).map_err(explain)?;
             if diff.is_empty() {
                 println!("versions {a} and {b} are identical");
             } else {
@@ -143,8 +155,7 @@ pub struct NodesArgs {
 }
 
 pub fn nodes(args: &NodesArgs) -> Result<(), String> {
-    let (url, token) = args.fleet.need()?;
-    let nodes = blocking::nodes(url, token).map_err(explain)?;
+    let nodes = block_on(args.fleet.client()?.nodes()).map_err(explain)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&nodes).map_err(|e| e.to_string())?);
     } else {
@@ -154,12 +165,12 @@ pub fn nodes(args: &NodesArgs) -> Result<(), String> {
 }
 
 pub fn usage(args: &CoordinatorArgs, from_ms: u64, to_ms: u64, by: &str, json: bool, csv: bool) -> Result<(), String> {
-    let (url, token) = args.need()?;
+    let client = args.client()?;
     let by: metering::GroupBy = by.parse().map_err(|e: metering::LedgerError| e.to_string())?;
     // Price with the fleet's latest policy, as each node prices with the policy in force.
-    let prices = latest_prices(url, token)?;
+    let prices = latest_prices(&client)?;
     let req = FleetUsageRequest { query: metering::UsageQuery { from_ms, to_ms, by, prices }, nodes: None };
-    let fleet = blocking::usage_query(url, token, &req).map_err(explain)?;
+    let fleet = block_on(client.usage_query(&req)).map_err(explain)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&fleet).map_err(|e| e.to_string())?);
     } else if csv {
@@ -171,12 +182,12 @@ pub fn usage(args: &CoordinatorArgs, from_ms: u64, to_ms: u64, by: &str, json: b
 }
 
 /// The prices of the latest pushed policy (none before the first push).
-fn latest_prices(url: &str, token: &str) -> Result<metering::Prices, String> {
-    let revs = blocking::history(url, token).map_err(explain)?;
+fn latest_prices(client: &Client) -> Result<metering::Prices, String> {
+    let revs = block_on(client.history()).map_err(explain)?;
     let Some(latest) = revs.iter().map(|r| r.version).max() else {
         return Ok(metering::Prices::default());
     };
-    let env = blocking::get(url, token, latest).map_err(explain)?;
+    let env = block_on(client.get(latest)).map_err(explain)?;
     let bytes = env.policy_bytes().map_err(|e| format!("policy version {latest}: {e}"))?;
     let p = policy::Policy::parse(&bytes, &format!("policy version {latest}")).map_err(|e| e.to_string())?;
     Ok(metering::Prices {

@@ -7,4 +7,5 @@ mod agent;
 mod common;
 mod etcd;
 mod server;
+mod tls;
 mod usage;
