@@ -107,10 +107,7 @@ pub fn parse_ppid(stat: &str) -> Option<u32> {
     rest.split_ascii_whitespace().nth(1)?.parse().ok()
 }
 
-/// Whether runc has state for `container_id` under `runc_root`.
-pub fn runc_state_exists(runc_root: &Path, container_id: &str) -> bool {
-    runc_root.join(container_id).join("state.json").is_file()
-}
+pub use tessera_api::runc_state_exists;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

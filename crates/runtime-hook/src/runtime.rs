@@ -356,7 +356,7 @@ pub fn runtime_main(args: Vec<OsString>) -> i32 {
                 // runc removed the container (foreground run, delete): its devices are
                 // free. Still there (`run --keep`, a failed delete, `run` of an id that
                 // already existed): the grant stays, for a later delete or the reconciler.
-                if !supervise::runc_has(&root, &container_id) {
+                if !tessera_api::runc_state_exists(&root, &container_id) {
                     release(&socket, &container_id);
                 }
                 supervise::exit_code(status)

@@ -92,33 +92,29 @@ pub fn run_forwarding(program: &OsStr, args: &[impl AsRef<OsStr>]) -> io::Result
     };
     let pid = child.id() as libc::pid_t;
     let status = loop {
-        // SAFETY: siginfo_t is plain data written by sigwaitinfo.
+        // SAFETY: siginfo_t is plain data written by sigtimedwait.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         // SAFETY: `set`, `info` and `POLL` are valid for the call.
         let sig = unsafe { libc::sigtimedwait(&set, &mut info, &POLL) };
         if sig < 0 {
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
+            match io::Error::last_os_error().raw_os_error() {
                 Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN) => match child.try_wait() {
-                    Ok(Some(status)) => break Ok(status),
-                    Ok(None) => continue,
-                    Err(e) => break Err(e),
-                },
+                // The poll interval passed: look at the child below.
+                Some(libc::EAGAIN) => {}
                 // Cannot wait for signals: wait for the child without forwarding.
                 _ => break child.wait(),
             }
-        }
-        if sig == libc::SIGCHLD {
-            match child.try_wait() {
-                Ok(Some(status)) => break Ok(status),
-                Ok(None) => continue,
-                Err(e) => break Err(e),
+        } else if sig != libc::SIGCHLD {
+            if sent_by_a_process(info.si_code) {
+                // SAFETY: plain syscall; `pid` is our child, not yet reaped (so not reused).
+                unsafe { libc::kill(pid, sig) };
             }
+            continue;
         }
-        if sent_by_a_process(info.si_code) {
-            // SAFETY: plain syscall; `pid` is our child, not yet reaped (so not reused).
-            unsafe { libc::kill(pid, sig) };
+        match child.try_wait() {
+            Ok(Some(status)) => break Ok(status),
+            Ok(None) => {}
+            Err(e) => break Err(e),
         }
     };
     restore(&old);
@@ -130,19 +126,15 @@ pub fn exit_code(status: ExitStatus) -> i32 {
     status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
-/// Whether runc still has the container in its state root (`<root>/<id>/state.json`).
-pub fn runc_has(root: &Path, container_id: &str) -> bool {
-    root.join(container_id).join("state.json").is_file()
-}
-
 /// Whether runc's record of a container says tessera-runtime granted it GPUs: runc keeps
 /// the container's annotations as `key=value` labels, and the wrapper writes
 /// `tessera.io/allocated` into every GPU container's config. An unreadable or missing
 /// record is "no" (the daemon's reconciler still frees what is left).
 pub fn runc_state_has_grant(root: &Path, container_id: &str, annotation: &str) -> bool {
     const MAX_STATE: u64 = 16 << 20;
-    let path = root.join(container_id).join("state.json");
-    let Ok(f) = std::fs::File::open(&path) else { return false };
+    let Ok(f) = std::fs::File::open(tessera_api::runc_state_file(root, container_id)) else {
+        return false;
+    };
     let mut buf = Vec::new();
     if io::Read::read_to_end(&mut io::Read::take(f, MAX_STATE), &mut buf).is_err() {
         return false;
@@ -201,7 +193,7 @@ mod tests {
         assert!(!runc_state_has_grant(d.path(), "plain", a));
         assert!(!runc_state_has_grant(d.path(), "junk", a));
         assert!(!runc_state_has_grant(d.path(), "missing", a));
-        assert!(runc_has(d.path(), "gpu"));
-        assert!(!runc_has(d.path(), "missing"));
+        assert!(tessera_api::runc_state_exists(d.path(), "gpu"));
+        assert!(!tessera_api::runc_state_exists(d.path(), "missing"));
     }
 }
