@@ -68,8 +68,6 @@ pub struct Node {
     scrubs_in_flight: std::collections::BTreeSet<String>,
     /// GPU -> the newest utilisation sample timestamp seen (µs), for NVML's "since".
     util_seen: BTreeMap<String, u64>,
-    /// GPU -> uncorrectable ECC count accepted so far (the first reading is the baseline).
-    ecc_seen: BTreeMap<String, u64>,
 }
 
 /// How scrubs are run: a child process, so no CUDA state ever lives in the daemon.
@@ -134,7 +132,6 @@ impl Node {
     pub fn new(p: NodeParts) -> Result<Node, String> {
         let inventory =
             p.backend.inventory().map_err(|e| format!("reading the GPU inventory from {}: {e}", p.backend.describe()))?;
-        let ecc_seen = p.store.ecc_baselines().map_err(|e| format!("reading the ECC baselines: {e}"))?;
         Ok(Node {
             backend: p.backend,
             inventory,
@@ -149,7 +146,6 @@ impl Node {
             scrub: p.scrub,
             scrubs_in_flight: std::collections::BTreeSet::new(),
             util_seen: BTreeMap::new(),
-            ecc_seen,
         })
     }
 
@@ -571,6 +567,7 @@ impl Node {
     /// is not handed out again after it is released. Returns the GPUs quarantined now.
     pub fn check_ecc(&mut self) -> Result<Vec<String>, ApiError> {
         let mut hit = Vec::new();
+        let baselines = self.store.ecc_baselines().map_err(internal)?;
         for g in self.inventory.gpus.clone() {
             let count = match self.backend.uncorrectable_ecc_errors(&g.uuid) {
                 Ok(Some(n)) => n,
@@ -580,36 +577,31 @@ impl Node {
                     continue;
                 }
             };
-            let Some(&seen) = self.ecc_seen.get(&g.uuid) else {
-                self.store.set_ecc_baseline(&g.uuid, count).map_err(internal)?;
-                self.ecc_seen.insert(g.uuid.clone(), count);
-                continue;
-            };
-            if count == seen {
-                continue;
+            match baselines.get(&g.uuid).copied() {
+                // The first reading of this GPU: its baseline.
+                None => {}
+                Some(seen) if count == seen => continue,
+                Some(seen) if count < seen => {
+                    let detail = format!("{}: uncorrectable ECC counter went from {seen} to {count} (driver reset it): new baseline", g.uuid);
+                    info!("{detail}");
+                    let _ = self.store.event("ecc", None, &detail);
+                }
+                Some(seen) => {
+                    let life = self.lifecycle()?;
+                    let devices = std::iter::once(g.uuid.clone()).chain(g.instances.iter().map(|i| i.uuid.clone()));
+                    for uuid in devices {
+                        let current = life.get(&uuid).map(|(st, _)| st.clone()).unwrap_or(scrub::DeviceState::Free);
+                        self.set_state(&uuid, &current.on_ecc_error(count), None)?;
+                    }
+                    let detail = format!("{}: quarantined: uncorrectable ECC errors rose from {seen} to {count}", g.uuid);
+                    warn!("{detail}");
+                    let _ = self.store.event("ecc", None, &detail);
+                    hit.push(g.uuid.clone());
+                }
             }
-            if count < seen {
-                let detail = format!("{}: uncorrectable ECC counter went from {seen} to {count} (driver reset it): new baseline", g.uuid);
-                info!("{detail}");
-                let _ = self.store.event("ecc", None, &detail);
-                self.store.set_ecc_baseline(&g.uuid, count).map_err(internal)?;
-                self.ecc_seen.insert(g.uuid.clone(), count);
-                continue;
-            }
-            let life = self.lifecycle()?;
-            let devices = std::iter::once(g.uuid.clone()).chain(g.instances.iter().map(|i| i.uuid.clone()));
-            for uuid in devices {
-                let current = life.get(&uuid).map(|(st, _)| st.clone()).unwrap_or(scrub::DeviceState::Free);
-                self.set_state(&uuid, &current.on_ecc_error(count), None)?;
-            }
-            // The quarantine is durable before the new count is: a crash in between finds
-            // the rise again at the next start.
+            // Written after the quarantine is durable: a crash in between finds the rise
+            // again at the next start.
             self.store.set_ecc_baseline(&g.uuid, count).map_err(internal)?;
-            self.ecc_seen.insert(g.uuid.clone(), count);
-            let detail = format!("{}: quarantined: uncorrectable ECC errors rose from {seen} to {count}", g.uuid);
-            warn!("{detail}");
-            let _ = self.store.event("ecc", None, &detail);
-            hit.push(g.uuid);
         }
         Ok(hit)
     }
