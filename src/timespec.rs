@@ -123,6 +123,8 @@ mod tests {
             assert_eq!(parse(&format_utc(ms), 0), Ok(ms), "{}", format_utc(ms));
         }
         assert_eq!(format_utc(1_763_726_400_000), "2025-11-21T12:00:00Z");
+        assert_eq!(format_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(format_utc(951_782_400_000), "2000-02-29T00:00:00Z");
     }
 
     #[test]

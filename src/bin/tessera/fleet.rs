@@ -267,7 +267,7 @@ pub fn render_history(revs: &[RevisionSummary]) -> String {
     sorted.sort_by_key(|r| std::cmp::Reverse(r.version));
     let mut rows = vec![["VERSION", "CREATED (UTC)", "SHA256", "KEY", "AUTHOR"].map(String::from).to_vec()];
     for r in sorted {
-        rows.push(vec![r.version.to_string(), utc(r.created_ms), short(&r.digest).to_string(), r.key_id.clone(), r.author.clone()]);
+        rows.push(vec![r.version.to_string(), tessera::timespec::format_utc(r.created_ms), short(&r.digest).to_string(), r.key_id.clone(), r.author.clone()]);
     }
     table(&rows)
 }
@@ -285,33 +285,9 @@ fn render_fleet_usage(f: &FleetUsage) -> String {
     out
 }
 
-/// Unix ms as `YYYY-MM-DDTHH:MM:SSZ`.
-fn utc(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn utc_formats_known_instants() {
-        assert_eq!(utc(0), "1970-01-01T00:00:00Z");
-        assert_eq!(utc(1_763_726_400_000), "2025-11-21T12:00:00Z");
-        assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00Z");
-    }
 
     #[test]
     fn tables_align() {
