@@ -11,8 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
+tessera_as_root scripts/demo.sh "$@"
 tessera_ensure_deps
-[ "$(id -u)" -eq 0 ] || { echo "scripts/demo.sh runs real containers: run it as root (sudo)" >&2; exit 1; }
 
 cargo build --locked --bins -q
 BIN=$PWD/target/debug

@@ -4,6 +4,17 @@
 
 TESSERA_APT_PACKAGES=(runc containerd busybox-static protobuf-compiler etcd-server sqlite3 gcc)
 
+# Run the calling script as root: as it is when already root, else again through sudo,
+# keeping PATH (rustup's cargo lives in the user's ~/.cargo/bin). Usage:
+# tessera_as_root "$0" "$@"
+tessera_as_root() {
+    [ "$(id -u)" -eq 0 ] && return 0
+    local script=$1
+    shift
+    command -v sudo >/dev/null || { echo "$script runs real containers: run it as root" >&2; exit 1; }
+    exec sudo env "PATH=$HOME/.cargo/bin:$PATH" bash "$script" "$@"
+}
+
 tessera_ensure_deps() {
     export PATH="$HOME/.cargo/bin:/usr/local/cargo/bin:$PATH"
     local missing=()
