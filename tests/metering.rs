@@ -296,3 +296,25 @@ fn utilisation_is_recorded_where_available_and_never_invented_for_mig() {
     let table = node.cli(&["usage", "--from", "-1h", "--by", "container"]).stdout_str();
     assert!(table.contains("used/reserved"), "{table}");
 }
+
+#[test]
+fn metering_stops_when_the_container_exits_not_when_it_is_deleted() {
+    // The reconciler is slowed to 10 minutes: only the exit watch can close the interval.
+    let node = Node::start_with(NodeOptions { reconcile_interval_ms: 600_000, ..Default::default() });
+    let b = node.bundle("short", "team-trusted", Some("gpu=1"), &["sleep", "1"]);
+    node.fx.run_detached(&b, "short");
+    let c = node.client();
+    let pid = node.fx.container_pid("short").expect("pid");
+    assert!(wait_for(|| !std::path::Path::new(&format!("/proc/{pid}")).exists(), Duration::from_secs(10)));
+    // Stopped but not deleted: the grant is held for a while longer.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(c.allocation("short").is_ok(), "the grant went before the delete");
+    let report = usage_json(&node, "container");
+    assert_eq!(report["open_intervals"], 0, "the interval is still open after the exit: {report}");
+    let secs = report["total"]["gpu_seconds"].as_f64().expect("total");
+    assert!((0.9..1.5).contains(&secs), "billed {secs} GPU-s for a 1 s container kept 3 s longer before its delete");
+    node.fx.delete_container("short", false).assert_success("delete");
+    assert!(c.allocation("short").is_err());
+    let after = usage_json(&node, "container")["total"]["gpu_seconds"].as_f64().expect("total");
+    assert_eq!(after, secs, "the delete billed more time");
+}

@@ -5,6 +5,7 @@
 //! records the grant in [`store`] before answering; [`liveness`] tells the reconciler which
 //! containers are gone.
 
+pub mod exits;
 pub mod fleet;
 pub mod liveness;
 pub mod metrics;
@@ -203,8 +204,16 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         Err(e) => warn!("resuming metering failed: {}", e.message),
     }
 
+    let running: Vec<String> = node
+        .allocations()
+        .map(|all| all.into_iter().filter(|a| a.state == tessera_api::AllocationState::Running).map(|a| a.container_id).collect())
+        .unwrap_or_default();
     let listener = server::bind_socket(&config.socket)?;
     let app = Arc::new(server::App { node: Mutex::new(node) });
+    // Containers that ran on through the restart: metering stops at their exit again.
+    for id in running {
+        exits::spawn(app.clone(), id);
+    }
 
     // Fleet: follow the coordinator's policy and upload closed ledger intervals.
     let (agent, usage) = match &fleet {

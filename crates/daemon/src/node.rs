@@ -1009,6 +1009,32 @@ impl Node {
         Ok(rec.allocation)
     }
 
+    /// What to watch for a running container's exit: its init pid and that process's start
+    /// time. `None` when it is not running, or when the host's /proc is not the real one
+    /// (a pidfd names a real process).
+    pub fn exit_watch_target(&self, container_id: &str) -> Option<(i32, Option<u64>)> {
+        if self.host.proc_root != std::path::Path::new("/proc") {
+            return None;
+        }
+        let rec = self.store.get(container_id).ok()??;
+        match (rec.allocation.state, rec.allocation.pid) {
+            (AllocationState::Running, Some(pid)) => Some((pid, rec.pid_start)),
+            _ => None,
+        }
+    }
+
+    /// The container's init process `pid` has exited: its intervals close now. Its devices
+    /// stay held until runc has removed the container (release or reconciler); nothing runs
+    /// on them any more. A grant that moved on (released, another pid) is left alone.
+    pub fn container_exited(&mut self, container_id: &str, pid: i32) -> Result<usize, ApiError> {
+        let Some(rec) = self.store.get(container_id).map_err(internal)? else { return Ok(0) };
+        if rec.allocation.state != AllocationState::Running || rec.allocation.pid != Some(pid) {
+            return Ok(0);
+        }
+        let closed = self.ledger.close_container(container_id, crate::exits::EXITED_REASON).map_err(ledger_err)?;
+        Ok(closed.len())
+    }
+
     /// Free a container's devices. Unknown ids are fine (the hook and the reconciler race).
     pub fn release(&mut self, container_id: &str, why: &str) -> Result<bool, ApiError> {
         validate_container_id(container_id)?;

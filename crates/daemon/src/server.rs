@@ -190,7 +190,14 @@ async fn start(
     body: Result<Json<StartRequest>, JsonRejection>,
 ) -> Response {
     match body {
-        Ok(Json(req)) => with_node(app, move |n| n.start(&id, &req)).await.into_response(),
+        Ok(Json(req)) => {
+            let watched = id.clone();
+            let reply = with_node(app.clone(), move |n| n.start(&id, &req)).await;
+            if reply.0.is_ok() {
+                crate::exits::spawn(app, watched);
+            }
+            reply.into_response()
+        }
         Err(r) => Reply::<()>(Err(bad_json("start request", r))).into_response(),
     }
 }

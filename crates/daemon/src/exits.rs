@@ -1,0 +1,118 @@
+//! Metering stops when a container's init process exits, not when its grant is given back.
+//!
+//! tessera-runtime releases a grant once runc has removed the container: after runc's
+//! teardown, tens of milliseconds after the process ended (more on a loaded node), and the
+//! reconciler only notices a container that vanished without the wrapper at its next tick.
+//! The devices stay held until then, but nothing runs on them, so the ledger should not
+//! bill that time. A pidfd (Linux ≥ 5.3) becomes readable the moment its process exits: one
+//! task per running container waits on it and closes the container's intervals then. Where
+//! no pidfd can be had, the intervals close at release, as before.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tracing::{debug, warn};
+
+use crate::node::Node;
+use crate::server::App;
+
+/// How often a waiting task checks that its container still holds the grant it watches
+/// (a grant released while its process lives on — a test's stand-in pid — ends the wait).
+const RECHECK: Duration = Duration::from_secs(60);
+
+/// The ledger's close reason for intervals closed at the process's exit.
+pub const EXITED_REASON: &str = "exited";
+
+/// Watch `container_id`'s init process and close its intervals when it exits.
+pub fn spawn(app: Arc<App>, container_id: String) {
+    tokio::spawn(watch(app, container_id));
+}
+
+fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: a plain syscall with integer arguments; it returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened by the kernel for us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// A pidfd registered with the reactor, readable once its process has exited.
+fn watchable(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: the AsyncFd owns the OwnedFd, so the descriptor stays open and the same for
+    // the AsyncFd's whole life, and OwnedFd::as_raw_fd always returns it.
+    unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(|e| e.into_parts().1)
+}
+
+/// Runs `f` on the node under its lock, off the async threads; `None` if that failed.
+async fn on_node<T: Send + 'static>(app: &Arc<App>, f: impl FnOnce(&mut Node) -> T + Send + 'static) -> Option<T> {
+    let app = app.clone();
+    tokio::task::spawn_blocking(move || app.node.lock().ok().map(|mut n| f(&mut n))).await.ok().flatten()
+}
+
+async fn exited(app: &Arc<App>, container_id: String, pid: i32) {
+    let id = container_id.clone();
+    match on_node(app, move |n| n.container_exited(&id, pid)).await {
+        Some(Ok(_)) => {}
+        Some(Err(e)) => warn!(container = %container_id, "closing the intervals of an exited container failed: {}", e.message),
+        None => warn!(container = %container_id, "closing the intervals of an exited container failed: node lock"),
+    }
+}
+
+async fn watch(app: Arc<App>, container_id: String) {
+    let id = container_id.clone();
+    let Some(Some(target)) = on_node(&app, move |n| n.exit_watch_target(&id)).await else { return };
+    let (pid, start) = target;
+    let fd = match pidfd_open(pid) {
+        Ok(fd) => fd,
+        // Already gone between the prestart and now.
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return exited(&app, container_id, pid).await,
+        Err(e) => {
+            debug!(container = %container_id, pid, "no pidfd ({e}): metering stops at release");
+            return;
+        }
+    };
+    // The pid may name a new process by now: the pidfd is the container's only if the
+    // process it opened still has the recorded start time.
+    if crate::liveness::pid_start_time(std::path::Path::new("/proc"), pid) != start {
+        return exited(&app, container_id, pid).await;
+    }
+    let Ok(fd) = watchable(fd) else { return };
+    loop {
+        match tokio::time::timeout(RECHECK, fd.readable()).await {
+            Ok(Ok(_)) => break,
+            Ok(Err(e)) => {
+                debug!(container = %container_id, pid, "waiting on the pidfd failed ({e}): metering stops at release");
+                return;
+            }
+            Err(_) => {
+                let id = container_id.clone();
+                if on_node(&app, move |n| n.exit_watch_target(&id)).await != Some(Some(target)) {
+                    return;
+                }
+            }
+        }
+    }
+    exited(&app, container_id, pid).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_pidfd_becomes_readable_when_its_process_exits() {
+        let mut child = std::process::Command::new("sleep").arg("0.2").spawn().expect("spawn");
+        let fd = watchable(pidfd_open(child.id() as i32).expect("pidfd")).expect("fd");
+        let t0 = std::time::Instant::now();
+        let _ = tokio::time::timeout(Duration::from_secs(10), fd.readable()).await.expect("exit seen").expect("ready");
+        assert!(t0.elapsed() >= Duration::from_millis(150), "readable before the exit: {:?}", t0.elapsed());
+        child.wait().expect("reap");
+        assert_eq!(pidfd_open(i32::MAX).map(drop).map_err(|e| e.raw_os_error()), Err(Some(libc::ESRCH)));
+    }
+}
