@@ -262,6 +262,15 @@ fn e_child_process_restart_and_pid_tracking() {
     let mut stray = Command::new(&sleep).arg("302").spawn().expect("spawn");
     let named = || processes_mentioning(&fx.dir().to_string_lossy()).len() == 3;
     assert!(wait_for(named, Duration::from_secs(2)), "daemon, tracked and stray name the dir");
+    // One that names the dir only in its environment (as an MPS control daemon its pipe
+    // directory), run from outside it.
+    let mut by_env = Command::new(BUSYBOX)
+        .args(["sleep", "303"])
+        .env("CUDA_MPS_PIPE_DIRECTORY", fx.path("mps/pipe"))
+        .spawn()
+        .expect("spawn");
+    let env_named = || processes_whose_env_mentions(&fx.dir().to_string_lossy()).contains(&(by_env.id() as i32));
+    assert!(wait_for(env_named, Duration::from_secs(2)), "its environment names the dir");
 
     // Sockets: short enough, bindable.
     let sock = fx.socket_path("d.sock");
@@ -288,6 +297,7 @@ fn e_child_process_restart_and_pid_tracking() {
     assert!(mounts_under(&mnt).is_empty(), "cleanup unmounted it");
     assert!(tracked.wait().expect("wait").code().is_none(), "killed by a signal");
     assert!(stray.wait().expect("wait").code().is_none(), "killed by a signal");
+    assert!(by_env.wait().expect("wait").code().is_none(), "killed by a signal");
     // Killed by the cleanup (its command line names the fixture dir); the exit itself is
     // asynchronous, so wait for it (bounded) rather than sample it once.
     assert!(daemon.wait_exit(Duration::from_secs(5)).is_some(), "daemon named the fixture dir");

@@ -311,6 +311,24 @@ pub fn processes_mentioning(needle: &str) -> Vec<(i32, String)> {
         .collect()
 }
 
+/// Live processes (not this one) with an environment variable whose value is `needle` or
+/// a path below it.
+pub fn processes_whose_env_mentions(needle: &str) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    all_pids()
+        .into_iter()
+        .filter(|&pid| pid != me)
+        .filter(|&pid| {
+            fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+                env.split(|&b| b == 0).filter_map(|kv| kv.splitn(2, |&b| b == b'=').nth(1)).any(|v| {
+                    v.strip_prefix(needle.as_bytes()).is_some_and(|rest| rest.is_empty() || rest[0] == b'/')
+                })
+            })
+        })
+        .filter(|&pid| pid_alive(pid, None))
+        .collect()
+}
+
 /// SIGTERM, then SIGKILL after `grace`, unless the process is gone (or its PID reused).
 pub fn terminate_pid(pid: i32, starttime: Option<u64>, grace: Duration) {
     if pid <= 1 || !pid_alive(pid, starttime) {
@@ -947,9 +965,13 @@ impl Cleanup {
             terminate_pid(pid, st, Duration::from_secs(2));
         }
 
-        // 3. anything still naming our dirs (daemons, shims, hooks).
+        // 3. anything still naming our dirs (daemons, shims, hooks) in its command line,
+        //    or in its environment: MPS control daemons are told their pipe directory only
+        //    there, and one restarted by tesserad's supervisor after a test collected the
+        //    pids it knew of would otherwise outlive the test.
         for d in &t.dirs {
-            for (pid, _) in processes_mentioning(&d.to_string_lossy()) {
+            let d = d.to_string_lossy();
+            for pid in processes_mentioning(&d).into_iter().map(|(pid, _)| pid).chain(processes_whose_env_mentions(&d)) {
                 kill9(pid);
             }
         }
