@@ -59,6 +59,24 @@ mps_probe() {
         echo "$cmd" | timeout 10 nvidia-cuda-mps-control
         echo "(exit $?)"
     done
+    # Issue 11: a CUDA client through a read-only bind of the pipe dir (as containers get
+    # it), then the caps of the server it started (the health check compares them).
+    echo "> CUDA client with the pipe dir read-only"
+    ls -la "$pipe"
+    unshare -m sh -c "mount --bind '$pipe' '$pipe' && mount -o remount,bind,ro '$pipe' &&
+        touch '$pipe/probe' 2>&1; timeout 60 '$STAGE/tessera' gpu-bench fill 0x0 --device $uuid"
+    echo "(exit $?)"
+    ls -la "$pipe"
+    local server
+    server=$(echo get_server_list | timeout 10 nvidia-cuda-mps-control | head -1)
+    echo "server: ${server:-none}"
+    if [ -n "$server" ]; then
+        for cmd in "get_active_thread_percentage $server" "get_device_pinned_mem_limit $server $uuid"; do
+            echo "> $cmd"
+            echo "$cmd" | timeout 10 nvidia-cuda-mps-control
+            echo "(exit $?)"
+        done
+    fi
     echo quit | timeout 10 nvidia-cuda-mps-control
     sleep 1
     cat "$log/control.log" 2>/dev/null | tail -20

@@ -222,3 +222,87 @@ fn tesserad_restarts_adopt_live_control_daemons() {
     }
     assert!(node.client().status().expect("status").mps_shares.is_empty());
 }
+
+/// Issue 11, defect class 3: caps cannot be changed from inside a container. An mps=25
+/// container runs a control client (the double's: the only one here; with the host's libc,
+/// read-only) against the pipe dir it has mounted and raises its daemon's default thread
+/// percentage to 100; within a health tick tesserad reads the caps back, sets them again,
+/// records an event and counts the drift in /metrics. The pipe dir is read-only inside the
+/// container: clients still connect to its socket, but nothing can be planted in it.
+#[test]
+fn caps_raised_from_inside_a_container_are_set_back_within_a_health_tick() {
+    let port = free_port();
+    let node = Node::start_with(NodeOptions {
+        extra_args: vec![
+            "--mps-control".into(),
+            FAKE.into(),
+            "--mps-health-interval-ms".into(),
+            "200".into(),
+            "--metrics".into(),
+            format!("127.0.0.1:{port}"),
+        ],
+        ..Default::default()
+    });
+    let mut guard = KillOnDrop(Vec::new());
+    let mut b = node.bundle("mallory", "team-research", Some("mps=25"), &["sleep", "300"]);
+    let ro_bind = |src: &str, dst: &str| {
+        serde_json::json!({"destination": dst, "type": "bind", "source": src, "options": ["rbind", "ro"]})
+    };
+    b.mutate(|c| {
+        let mounts = c["mounts"].as_array_mut().unwrap();
+        mounts.push(ro_bind(FAKE, "/opt/mps-client"));
+        mounts.push(ro_bind("/lib", "/lib"));
+        mounts.push(ro_bind("/lib64", "/lib64"));
+    })
+    .write();
+    node.fx.run_detached(&b, "mallory");
+    guard.0.extend(share_pids(&node).values());
+    let a = node.client().allocation("mallory").expect("mallory");
+    let tenant = a.tenant.clone();
+    let device = a.share.as_ref().expect("share").device.clone();
+    assert_eq!(caps(&node.state, &a).0, 25.0);
+    let pipe = spec(&node.state, &a).pipe_dir;
+
+    // The attack, from inside the container, through the read-only mount.
+    let out = node.fx.exec(
+        "mallory",
+        &["sh", "-c", "echo set_default_active_thread_percentage 100 | /opt/mps-client"],
+    );
+    out.assert_success("the control client in the container");
+    assert!(!out.stdout_str().contains("Cannot find"), "{}", out.stdout_str());
+    let sent = mpsd::fake::FakeState::read(&pipe).expect("fake state").commands;
+    assert!(sent.iter().any(|c| c == "set_default_active_thread_percentage 100"), "{sent:?}");
+
+    // Within a health tick (200 ms; up to 3 s allowed on a loaded machine): 25 again.
+    let attacked = std::time::Instant::now();
+    assert!(
+        wait_for(|| caps(&node.state, &a).0 == 25.0, Duration::from_secs(3)),
+        "caps still raised: {:?}",
+        caps(&node.state, &a)
+    );
+    eprintln!("caps back to 25% {:?} after the attack", attacked.elapsed());
+    let status = node.client().status().expect("status");
+    assert!(
+        status.events.iter().any(|e| e.kind == "mps"
+            && e.detail.contains("cap_drift")
+            && e.detail.contains(&tenant)
+            && e.detail.contains("reads 100")),
+        "{:?}",
+        status.events
+    );
+    let metrics = http_get(port, "/metrics");
+    let line = format!("tessera_mps_cap_drift_total{{device=\"{device}\",tenant=\"{tenant}\"}} 1");
+    assert!(metrics.lines().any(|l| l == line), "no `{line}` in\n{metrics}");
+
+    // Nothing can be planted in the pipe dir from inside.
+    for cmd in ["touch /tmp/nvidia-mps/planted", "ln -s /etc/hostname /tmp/nvidia-mps/fake-state.json.tmp"] {
+        let out = node.fx.exec("mallory", &["sh", "-c", cmd]);
+        out.assert_failure(cmd);
+        assert!(out.stderr_str().contains("Read-only file system"), "{cmd}: {}", out.stderr_str());
+    }
+    assert!(!pipe.join("planted").exists() && !pipe.join("fake-state.json.tmp").exists());
+
+    let daemon = share_pids(&node)[&tenant];
+    node.fx.delete_container("mallory", true).assert_success("delete");
+    assert!(wait_for(|| !pid_alive(daemon as i32, None), Duration::from_secs(10)), "daemon {daemon} still runs");
+}

@@ -9,7 +9,9 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::types::{AllocateRequest, Allocation, ApiError, NodeStatus, StartRequest};
+use crate::display::untrusted;
+use crate::types::{AllocateRequest, Allocation, ApiError, NodeStatus, ReleaseRequest, StartRequest};
+use crate::MAX_REQUEST_BYTES;
 
 /// Largest response body the client accepts.
 const MAX_RESPONSE: usize = 16 << 20;
@@ -25,6 +27,9 @@ pub enum ClientError {
     Protocol(String),
     #[error("tesserad answered {status}: {error}")]
     Api { status: u16, error: ApiError },
+    /// Not sent: tesserad refuses bodies over [`MAX_REQUEST_BYTES`].
+    #[error("{what} is too large: {size} bytes, and tesserad accepts at most {limit} bytes")]
+    TooLarge { what: String, size: usize, limit: usize },
 }
 
 impl ClientError {
@@ -74,10 +79,21 @@ impl Client {
         self.call("POST", &format!("/v1/allocations/{}/start", encode_segment(container_id)), Some(req))
     }
 
-    /// Release a container's allocation. Releasing an unknown id is not an error.
+    /// Release a container's allocation, saying nothing about which container asks: the
+    /// daemon releases only once runc no longer has the container in the root it recorded.
+    /// Releasing an unknown id is not an error.
     pub fn release(&self, container_id: &str) -> Result<(), ClientError> {
         let path = format!("/v1/allocations/{}", encode_segment(container_id));
         let _: serde_json::Value = self.call::<(), _>("DELETE", &path, None)?;
+        Ok(())
+    }
+
+    /// Release the allocation of the container `container_id` in `req`'s runc root and
+    /// bundle, once runc has removed it. The daemon refuses (409) when the grant belongs
+    /// to a container elsewhere, or runc still has it.
+    pub fn release_container(&self, container_id: &str, req: &ReleaseRequest) -> Result<(), ClientError> {
+        let path = format!("/v1/allocations/{}", encode_segment(container_id));
+        let _: serde_json::Value = self.call("DELETE", &path, Some(req))?;
         Ok(())
     }
 
@@ -108,7 +124,7 @@ impl Client {
                 ClientError::Protocol(format!(
                     "status {} with a body that is not an error object: {}",
                     resp.status,
-                    String::from_utf8_lossy(&resp.body[..resp.body.len().min(200)])
+                    untrusted(&String::from_utf8_lossy(&resp.body))
                 ))
             })?;
             return Err(ClientError::Api { status: resp.status, error });
@@ -119,12 +135,21 @@ impl Client {
 
     /// Send one request with an optional JSON body and return the raw answer.
     pub fn raw(&self, method: &str, path: &str, body: Option<&[u8]>) -> Result<RawResponse, ClientError> {
+        let body = body.unwrap_or(&[]);
+        if body.len() > MAX_REQUEST_BYTES {
+            // tesserad would stop reading and close: the write would fail with "broken
+            // pipe", which names nothing. Say what is too large instead, and send nothing.
+            return Err(ClientError::TooLarge {
+                what: format!("the request body of {method} {}", untrusted(path)),
+                size: body.len(),
+                limit: MAX_REQUEST_BYTES,
+            });
+        }
         let mut stream = UnixStream::connect(&self.socket)
             .map_err(|source| ClientError::Connect { path: self.socket.clone(), source })?;
         let io = |source| ClientError::Io { path: self.socket.clone(), source };
         stream.set_read_timeout(Some(self.timeout)).map_err(io)?;
         stream.set_write_timeout(Some(self.timeout)).map_err(io)?;
-        let body = body.unwrap_or(&[]);
         let mut msg = format!(
             "{method} {path} HTTP/1.1\r\nhost: tesserad\r\nconnection: close\r\ncontent-length: {}\r\n",
             body.len()
@@ -135,7 +160,13 @@ impl Client {
         msg.push_str("\r\n");
         let mut out = msg.into_bytes();
         out.extend_from_slice(body);
-        stream.write_all(&out).map_err(io)?;
+        if let Err(e) = stream.write_all(&out) {
+            // The daemon may have answered (and closed) before reading everything, e.g. a
+            // refusal: its answer says more than the broken pipe does.
+            let mut buf = Vec::new();
+            let _ = Read::by_ref(&mut stream).take(MAX_RESPONSE as u64).read_to_end(&mut buf);
+            return parse_response(&buf).map_err(|_| io(e));
+        }
         let mut buf = Vec::with_capacity(4096);
         Read::by_ref(&mut stream).take(MAX_RESPONSE as u64 + 1).read_to_end(&mut buf).map_err(io)?;
         if buf.len() > MAX_RESPONSE {
@@ -171,12 +202,12 @@ fn parse_response(buf: &[u8]) -> Result<RawResponse, ClientError> {
     let mut parts = status_line.splitn(3, ' ');
     let version = parts.next().unwrap_or("");
     if !version.starts_with("HTTP/1.") {
-        return Err(proto(&format!("not an HTTP/1 status line: {status_line}")));
+        return Err(proto(&format!("not an HTTP/1 status line: {}", untrusted(status_line))));
     }
     let status = parts
         .next()
         .and_then(|s| s.parse::<u16>().ok())
-        .ok_or_else(|| proto(&format!("bad status line: {status_line}")))?;
+        .ok_or_else(|| proto(&format!("bad status line: {}", untrusted(status_line))))?;
     let mut content_length = None;
     let mut chunked = false;
     for line in lines {
@@ -282,6 +313,30 @@ mod tests {
         assert!(matches!(err, ClientError::Protocol(_)), "{err}");
         let err = Client::new("/nonexistent/tessera.sock").status().unwrap_err();
         assert!(err.to_string().contains("cannot reach tesserad at /nonexistent/tessera.sock"), "{err}");
+    }
+
+    #[test]
+    fn an_oversized_body_is_refused_before_sending_and_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let big = vec![b'x'; MAX_REQUEST_BYTES + 1];
+        let err = Client::new(&path).raw("POST", "/v1/allocations", Some(&big)).unwrap_err();
+        assert!(matches!(err, ClientError::TooLarge { size, limit, .. } if size == big.len() && limit == MAX_REQUEST_BYTES), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains("POST /v1/allocations") && msg.contains("too large") && msg.contains("1048576"), "{msg}");
+        assert!(listener.accept().is_err(), "nothing may be sent");
+    }
+
+    #[test]
+    fn release_says_which_container_gives_its_grant_back() {
+        let (_d, path, h) = serve_once(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}");
+        let req = ReleaseRequest { runc_root: Some("/run/runc".into()), bundle: Some("/b".into()) };
+        Client::new(&path).release_container("abc", &req).expect("release");
+        let sent = String::from_utf8(h.join().expect("join")).expect("utf8");
+        assert!(sent.starts_with("DELETE /v1/allocations/abc HTTP/1.1\r\n"), "{sent}");
+        assert!(sent.ends_with(r#"{"runc_root":"/run/runc","bundle":"/b"}"#), "{sent}");
     }
 
     #[test]

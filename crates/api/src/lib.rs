@@ -6,24 +6,55 @@
 //! path of every GPU container, so it must not pay for an async runtime's start-up.
 
 pub mod client;
+pub mod display;
 pub mod request;
 pub mod types;
 
 pub use client::{Client, ClientError};
+pub use display::untrusted;
 pub use request::{GpuRequest, Isolation, RequestError};
 pub use types::*;
 
 use std::path::{Path, PathBuf};
 
-/// runc's record of a container: `<runc_root>/<id>/state.json`.
+/// The largest request body tesserad accepts; the client refuses to send more.
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+
+/// Why a string is not a container id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "container id `{}` is not a valid container id (expected 1 to 1024 of [A-Za-z0-9_+-.], not `.` or `..`)",
+    untrusted(.0)
+)]
+pub struct InvalidContainerId(pub String);
+
+/// runc's rule for container ids (`^[\w+\-.]+$`, not `.` or `..`), and at most 1024 bytes.
+/// Check an id with this before it is joined to any path: `../x` would name another
+/// directory than the container's.
+pub fn validate_container_id(id: &str) -> Result<(), InvalidContainerId> {
+    let ok = !id.is_empty()
+        && id.len() <= 1024
+        && id != "."
+        && id != ".."
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"_+-.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(InvalidContainerId(id.to_string()))
+    }
+}
+
+/// runc's record of a container: `<runc_root>/<id>/state.json`. `container_id` must have
+/// passed [`validate_container_id`].
 pub fn runc_state_file(runc_root: &Path, container_id: &str) -> PathBuf {
     runc_root.join(container_id).join("state.json")
 }
 
 /// Whether runc still has a record of `container_id` under `runc_root`: the test of "the
 /// container is gone" that tesserad's reconciler and tessera-runtime's release share.
+/// An invalid id is never anything's record (and is not joined to the root).
 pub fn runc_state_exists(runc_root: &Path, container_id: &str) -> bool {
-    runc_state_file(runc_root, container_id).is_file()
+    validate_container_id(container_id).is_ok() && runc_state_file(runc_root, container_id).is_file()
 }
 
 /// Where tesserad listens and where clients look for it unless told otherwise.
@@ -33,3 +64,32 @@ pub const REQUEST_ANNOTATION: &str = "tessera.io/gpu";
 /// The process environment variable that may carry a GPU request (a request only, never
 /// an identity: the image controls its environment).
 pub const REQUEST_ENV: &str = "TESSERA_GPU";
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn container_ids_follow_runcs_rules() {
+        for ok in ["abc", "a.b-c_d+e", "0123456789abcdef", "..a", &"x".repeat(1024)] {
+            assert!(validate_container_id(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", ".", "..", "../etc", "a/b", "a b", "a\0b", "a,b", "é", &"x".repeat(1025)] {
+            assert!(validate_container_id(bad).is_err(), "{bad}");
+        }
+        let msg = validate_container_id("a\nb").unwrap_err().to_string();
+        assert!(msg.contains("`a\\nb`") && !msg.contains('\n'), "{msg}");
+        assert!(validate_container_id(&"y".repeat(100_000)).unwrap_err().to_string().len() < 500);
+    }
+
+    #[test]
+    fn an_invalid_id_names_no_runc_record() {
+        let d = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir_all(d.path().join("root")).expect("mkdir");
+        std::fs::create_dir_all(d.path().join("evil")).expect("mkdir");
+        std::fs::write(d.path().join("evil/state.json"), "{}").expect("write");
+        assert!(!runc_state_exists(&d.path().join("root"), "../evil"));
+        assert!(runc_state_exists(d.path(), "evil"));
+    }
+}

@@ -5,6 +5,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::display::untrusted;
+
 /// The isolation level a grant gives. Ordered from strongest to weakest isolation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -68,13 +70,13 @@ pub enum GpuRequest {
 pub enum RequestError {
     #[error("empty GPU request")]
     Empty,
-    #[error("unknown GPU request kind `{0}`: expected gpu=N, mig=PROFILE, mps=PCT or shared")]
+    #[error("unknown GPU request kind `{}`: expected gpu=N, mig=PROFILE, mps=PCT or shared", untrusted(.0))]
     UnknownKind(String),
     #[error("`{kind}` needs a value: expected {expected}")]
     MissingValue { kind: &'static str, expected: &'static str },
-    #[error("`shared` takes no value, got `shared={0}`")]
+    #[error("`shared` takes no value, got `shared={}`", untrusted(.0))]
     UnexpectedValue(String),
-    #[error("bad value `{value}` for `{kind}`: expected {expected}")]
+    #[error("bad value `{}` for `{kind}`: expected {expected}", untrusted(.value))]
     BadValue { kind: &'static str, value: String, expected: &'static str },
 }
 
@@ -202,6 +204,19 @@ mod tests {
         assert_eq!("shared=2".parse::<GpuRequest>(), Err(RequestError::UnexpectedValue("2".into())));
         let msg = "mps=500".parse::<GpuRequest>().unwrap_err().to_string();
         assert!(msg.contains("mps") && msg.contains("500") && msg.contains("1 to 100"), "{msg}");
+    }
+
+    #[test]
+    fn errors_show_the_value_escaped_and_bounded() {
+        let forged = "1\nlevel=error msg=forged\u{1b}[2J\0";
+        for raw in [format!("gpu={forged}"), format!("tpu{forged}=1"), format!("shared={forged}")] {
+            let msg = raw.parse::<GpuRequest>().unwrap_err().to_string();
+            assert!(!msg.contains(['\n', '\u{1b}', '\0']), "{msg:?}");
+            assert!(msg.contains("\\n"), "{msg:?}");
+        }
+        let huge = format!("mig={}", "x".repeat(100_000));
+        let msg = huge.parse::<GpuRequest>().unwrap_err().to_string();
+        assert!(msg.len() < 512 && msg.contains("100000 bytes in all"), "{} bytes: {}", msg.len(), &msg[..100]);
     }
 
     proptest! {

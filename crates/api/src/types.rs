@@ -45,6 +45,24 @@ pub struct StartRequest {
     pub bundle: String,
 }
 
+/// The body of `DELETE /v1/allocations/{id}`: which container is giving its grant back.
+///
+/// The daemon releases only the grant of the container it recorded: a root or bundle
+/// given here that differs from the recorded one is refused (a container of the same id
+/// elsewhere), and whatever is given, nothing is released while runc still has the
+/// container in the recorded root. An empty body (older clients, the poststop hook, which
+/// does not know the root) relies on that last check alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    /// runc's state root (`--root`) of the container that was removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runc_root: Option<String>,
+    /// Its bundle directory (canonical, as runc records it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<String>,
+}
+
 /// A device node the container gets, created by runc inside the container's /dev.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -75,6 +93,11 @@ pub struct Injection {
     /// `KEY=VALUE` pairs, e.g. `CUDA_VISIBLE_DEVICES=MIG-...`.
     pub env: Vec<String>,
     pub mounts: Vec<BindMount>,
+    /// Every character-device major of the NVIDIA driver on this node (`nvidia-frontend`,
+    /// `nvidia-uvm`, `nvidia-caps`, ...): the wrapper removes every other device node and
+    /// allow rule of these majors from the config, whatever the grant is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_majors: Vec<i64>,
 }
 
 /// One device a grant covers: a whole GPU or a MIG instance.
@@ -165,6 +188,10 @@ pub struct MpsShareStatus {
     pub state: String,
     pub holders: Vec<String>,
     pub restarts: u32,
+    /// Health checks that found the daemon's caps changed (and set them again), since the
+    /// share was created or adopted.
+    #[serde(default)]
+    pub cap_drifts: u32,
 }
 
 /// One line of the daemon's audit log.

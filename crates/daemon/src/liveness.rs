@@ -1,7 +1,13 @@
 //! Is a container still there? Pure judgement over facts read from the host (`/proc`,
-//! runc's state root), with every host path a parameter.
+//! runc's state root, the cgroup filesystem), with every host path a parameter.
+//!
+//! A running container's grant ends only when runc no longer has the container *and* no
+//! process is left in its cgroup: its init exiting is not enough. A container without its
+//! own pid namespace (a pod member sharing the pod's) can leave a worker running after
+//! its init exits, and runc keeps the container's device cgroup rules until `runc delete`;
+//! giving its GPU to another tenant then would share it with that worker.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use tessera_api::AllocationState;
 
@@ -19,14 +25,31 @@ pub struct Facts {
     pub runc_state_exists: bool,
     /// The start time of the recorded pid now, if that pid is alive.
     pub pid_start_now: Option<u64>,
+    /// The processes in the container's recorded cgroup.
+    pub cgroup: CgroupProcs,
     /// Milliseconds since the allocation was granted.
     pub age_ms: u64,
 }
 
+/// What the container's cgroup holds now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupProcs {
+    /// No cgroup was recorded: a grant not started yet, or recorded by a tesserad of
+    /// store schema 1 whose init was gone before its cgroup could be filled in.
+    NotRecorded,
+    /// How many processes are in it and in the cgroups below it (0 when it is gone).
+    Count(usize),
+    /// It could not be read (not "gone": nothing is concluded from it).
+    Unreadable(String),
+}
+
 /// Decide whether an allocation's container is gone.
 ///
-/// - Running: alive while its init pid lives with the recorded start time (a recycled pid
-///   has another start time).
+/// - Running: alive while runc has the container in its root, or a process is left in its
+///   cgroup (or below it), or the cgroup cannot be read, or its init pid lives with the
+///   recorded start time (a recycled pid has another start time). Gone only when none of
+///   these holds. A grant with no recorded cgroup (schema 1) is gone when runc has no
+///   container and its init has exited.
 /// - Pending (granted, not yet confirmed by the prestart hook): alive while runc knows the
 ///   container, or while younger than `grace_ms` (runc creates its state after we answer).
 pub fn judge(
@@ -36,12 +59,26 @@ pub fn judge(
     grace_ms: u64,
 ) -> Liveness {
     match state {
-        AllocationState::Running => match (facts.pid_start_now, recorded_pid_start) {
-            (Some(now), Some(then)) if now == then => Liveness::Alive,
-            (Some(_), None) => Liveness::Alive,
-            (Some(_), Some(_)) => Liveness::Gone("container pid was recycled by another process".into()),
-            (None, _) => Liveness::Gone("container process exited".into()),
-        },
+        AllocationState::Running => {
+            let init_alive = match (facts.pid_start_now, recorded_pid_start) {
+                (Some(now), Some(then)) => now == then,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+            if facts.runc_state_exists || init_alive {
+                return Liveness::Alive;
+            }
+            let recycled = if facts.pid_start_now.is_some() { " (its pid now names another process)" } else { "" };
+            match &facts.cgroup {
+                CgroupProcs::Count(0) => Liveness::Gone(format!(
+                    "runc no longer has the container, its init exited{recycled} and no process is left in its cgroup"
+                )),
+                CgroupProcs::Count(_) | CgroupProcs::Unreadable(_) => Liveness::Alive,
+                CgroupProcs::NotRecorded => Liveness::Gone(format!(
+                    "runc no longer has the container and its init exited{recycled} (no cgroup recorded)"
+                )),
+            }
+        }
         AllocationState::Pending => {
             if facts.runc_state_exists || facts.age_ms < grace_ms {
                 Liveness::Alive
@@ -53,6 +90,75 @@ pub fn judge(
             }
         }
     }
+}
+
+/// The cgroup of `pid` that holds its device rules, relative to the cgroup mount root:
+/// `<controllers>/<path>` from the line of `/proc/<pid>/cgroup` naming the `devices`
+/// controller (cgroup v1), else `<path>` from the `0::` line (v2). Checked, not assumed:
+/// a cgroup name may contain a newline, which would forge a line of that file, so the
+/// answer stands only if `pid` is listed in that cgroup's `cgroup.procs` under
+/// `cgroup_root`.
+pub fn container_cgroup(proc_root: &Path, cgroup_root: &Path, pid: i32) -> Result<String, String> {
+    let file = proc_root.join(pid.to_string()).join("cgroup");
+    let text = std::fs::read_to_string(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let rel = parse_proc_cgroup(&text)?;
+    let procs = cgroup_root.join(&rel).join("cgroup.procs");
+    let listed = std::fs::read_to_string(&procs).map_err(|e| format!("cannot read {}: {e}", procs.display()))?;
+    if !listed.lines().any(|l| l.trim().parse::<i32>() == Ok(pid)) {
+        return Err(format!("pid {pid} is not in {} (its cgroup is not what {} says)", procs.display(), file.display()));
+    }
+    Ok(rel)
+}
+
+/// The device-rule cgroup in a `/proc/<pid>/cgroup` text (see [`container_cgroup`]).
+pub fn parse_proc_cgroup(text: &str) -> Result<String, String> {
+    let mut devices = Vec::new();
+    let mut unified = Vec::new();
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        if controllers.split(',').any(|c| c == "devices") {
+            devices.push(format!("{controllers}{path}"));
+        } else if controllers.is_empty() {
+            unified.push(path.trim_start_matches('/').to_string());
+        }
+    }
+    let rel = match (devices.len(), unified.len()) {
+        (1, _) => devices.remove(0),
+        (0, 1) => unified.remove(0),
+        (0, 0) => return Err("no devices (cgroup v1) or unified (v2) cgroup is listed".into()),
+        _ => return Err("more than one devices or unified cgroup is listed".into()),
+    };
+    let path = Path::new(&rel);
+    if path.is_absolute() || path.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+        return Err(format!("cgroup path {} is not a plain relative path", tessera_api::untrusted(&rel)));
+    }
+    Ok(rel)
+}
+
+/// How many processes are in the cgroup `rel` under `cgroup_root` and in every cgroup
+/// below it (a process in a child cgroup keeps the parent's device rules). A cgroup that
+/// no longer exists holds none.
+pub fn cgroup_procs(cgroup_root: &Path, rel: &str) -> CgroupProcs {
+    let top = cgroup_root.join(rel);
+    let mut todo: Vec<PathBuf> = vec![top.clone()];
+    let mut count = 0;
+    while let Some(dir) = todo.pop() {
+        match std::fs::read_to_string(dir.join("cgroup.procs")) {
+            Ok(text) => count += text.lines().filter(|l| !l.trim().is_empty()).count(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if dir == top && top.exists() {
+                    return CgroupProcs::Unreadable(format!("{} has no cgroup.procs", top.display()));
+                }
+                continue; // gone (or a child removed while we looked)
+            }
+            Err(e) => return CgroupProcs::Unreadable(format!("{}: {e}", dir.join("cgroup.procs").display())),
+        }
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            todo.extend(entries.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()));
+        }
+    }
+    CgroupProcs::Count(count)
 }
 
 /// Start time (clock ticks since boot, field 22) of `pid`, or None if it is not alive.
@@ -115,14 +221,92 @@ mod tests {
     use super::*;
 
     fn facts(state: bool, pid: Option<u64>, age: u64) -> Facts {
-        Facts { runc_state_exists: state, pid_start_now: pid, age_ms: age }
+        Facts { runc_state_exists: state, pid_start_now: pid, cgroup: CgroupProcs::NotRecorded, age_ms: age }
+    }
+
+    fn running(pid_now: Option<u64>, runc: bool, cgroup: CgroupProcs) -> Liveness {
+        let f = Facts { runc_state_exists: runc, pid_start_now: pid_now, cgroup, age_ms: 10_000_000 };
+        judge(AllocationState::Running, Some(5), &f, 1000)
     }
 
     #[test]
-    fn running_follows_the_pid_and_its_start_time() {
+    fn running_ends_only_when_runc_has_no_container_and_the_cgroup_is_empty() {
+        use CgroupProcs::{Count, Unreadable};
+        // Init alive with its start time: alive, whatever else.
+        assert_eq!(running(Some(5), false, Count(0)), Liveness::Alive);
+        // Init exited, runc still has the container (stopped, not deleted): alive.
+        assert_eq!(running(None, true, Count(0)), Liveness::Alive);
+        assert_eq!(running(Some(9), true, Count(0)), Liveness::Alive);
+        // Init exited, a worker left in the cgroup (shared pid namespace): alive, with or
+        // without runc's record.
+        assert_eq!(running(None, true, Count(1)), Liveness::Alive);
+        assert_eq!(running(None, false, Count(3)), Liveness::Alive);
+        assert_eq!(running(Some(9), false, Count(1)), Liveness::Alive);
+        // The cgroup cannot be read: nothing is concluded.
+        assert_eq!(running(None, false, Unreadable("EACCES".into())), Liveness::Alive);
+        // No runc record, no process in the cgroup: gone (a recycled pid is not the init).
+        assert!(matches!(running(None, false, Count(0)), Liveness::Gone(m) if m.contains("no process is left")));
+        assert!(matches!(running(Some(9), false, Count(0)), Liveness::Gone(m) if m.contains("another process")));
+    }
+
+    #[test]
+    fn running_without_a_recorded_cgroup_follows_runc_and_the_init() {
         assert_eq!(judge(AllocationState::Running, Some(5), &facts(true, Some(5), 0), 1000), Liveness::Alive);
-        assert!(matches!(judge(AllocationState::Running, Some(5), &facts(true, Some(9), 0), 1000), Liveness::Gone(m) if m.contains("recycled")));
-        assert!(matches!(judge(AllocationState::Running, Some(5), &facts(true, None, 0), 1000), Liveness::Gone(_)));
+        assert_eq!(judge(AllocationState::Running, Some(5), &facts(true, None, 0), 1000), Liveness::Alive);
+        assert_eq!(judge(AllocationState::Running, None, &facts(false, Some(7), 0), 1000), Liveness::Alive);
+        assert!(matches!(judge(AllocationState::Running, Some(5), &facts(false, Some(9), 0), 1000), Liveness::Gone(m) if m.contains("another process")));
+        assert!(matches!(judge(AllocationState::Running, Some(5), &facts(false, None, 0), 1000), Liveness::Gone(m) if m.contains("no cgroup recorded")));
+    }
+
+    #[test]
+    fn finds_the_device_cgroup_in_proc_cgroup() {
+        let v1 = "12:pids:/k8s/c1\n5:devices:/k8s/c1\n4:cpu,cpuacct:/k8s/c1\n1:name=systemd:/k8s/c1\n0::/\n";
+        assert_eq!(parse_proc_cgroup(v1), Ok("devices/k8s/c1".into()));
+        assert_eq!(parse_proc_cgroup("3:devices,freezer:/x\n"), Ok("devices,freezer/x".into()));
+        assert_eq!(parse_proc_cgroup("0::/system.slice/c1.scope\n"), Ok("system.slice/c1.scope".into()));
+        assert_eq!(parse_proc_cgroup("5:devices:/\n"), Ok("devices/".into()));
+        // A newline in a cgroup name forges lines: two devices lines are refused.
+        let forged = "5:devices:/a\n5:devices:/elsewhere\n4:memory:/a\n5:devices:/elsewhere\n";
+        assert!(parse_proc_cgroup(forged).is_err());
+        assert!(parse_proc_cgroup("0::/a\n0::/b\n").is_err());
+        assert!(parse_proc_cgroup("").is_err());
+        assert!(parse_proc_cgroup("5:devices:/../../etc\n").is_err());
+    }
+
+    #[test]
+    fn the_cgroup_must_hold_the_pid_it_was_read_for() {
+        let d = tempfile::tempdir().expect("tmp");
+        let (proc_root, cg_root) = (d.path().join("proc"), d.path().join("cgroup"));
+        std::fs::create_dir_all(proc_root.join("42")).expect("mkdir");
+        std::fs::create_dir_all(cg_root.join("devices/k8s/c1/sub")).expect("mkdir");
+        std::fs::write(proc_root.join("42/cgroup"), "5:devices:/k8s/c1\n0::/\n").expect("write");
+        std::fs::write(cg_root.join("devices/k8s/c1/cgroup.procs"), "7\n").expect("write");
+        std::fs::write(cg_root.join("devices/k8s/c1/sub/cgroup.procs"), "").expect("write");
+        let e = container_cgroup(&proc_root, &cg_root, 42).unwrap_err();
+        assert!(e.contains("is not in"), "{e}");
+        std::fs::write(cg_root.join("devices/k8s/c1/cgroup.procs"), "7\n42\n").expect("write");
+        assert_eq!(container_cgroup(&proc_root, &cg_root, 42), Ok("devices/k8s/c1".into()));
+        assert!(container_cgroup(&proc_root, &cg_root, 43).is_err());
+        // Processes are counted below the cgroup too; a removed cgroup holds none.
+        assert_eq!(cgroup_procs(&cg_root, "devices/k8s/c1"), CgroupProcs::Count(2));
+        std::fs::write(cg_root.join("devices/k8s/c1/cgroup.procs"), "").expect("write");
+        std::fs::write(cg_root.join("devices/k8s/c1/sub/cgroup.procs"), "99\n").expect("write");
+        assert_eq!(cgroup_procs(&cg_root, "devices/k8s/c1"), CgroupProcs::Count(1));
+        std::fs::remove_dir_all(cg_root.join("devices/k8s")).expect("rm");
+        assert_eq!(cgroup_procs(&cg_root, "devices/k8s/c1"), CgroupProcs::Count(0));
+        std::fs::create_dir_all(cg_root.join("devices/odd")).expect("mkdir");
+        assert!(matches!(cgroup_procs(&cg_root, "devices/odd"), CgroupProcs::Unreadable(_)));
+    }
+
+    #[test]
+    fn our_own_cgroup_is_found_on_this_host() {
+        // Wherever this test runs, the answer names a cgroup that lists us (or the host
+        // has no cgroup filesystem at /sys/fs/cgroup, and says so).
+        let me = std::process::id() as i32;
+        match container_cgroup(Path::new("/proc"), Path::new("/sys/fs/cgroup"), me) {
+            Ok(rel) => assert!(matches!(cgroup_procs(Path::new("/sys/fs/cgroup"), &rel), CgroupProcs::Count(n) if n >= 1)),
+            Err(e) => assert!(e.contains("cannot read"), "{e}"),
+        }
     }
 
     #[test]

@@ -72,6 +72,21 @@ pub fn render(node: &NodeStatus, intervals: &[IntervalRecord]) -> String {
     }
     registry.register("devices", "GPUs and MIG instances by state", devices);
 
+    // Every MPS share has its series, at 0 until a health check finds its caps changed.
+    let cap_drift = Family::<Labels, Counter>::default();
+    for sh in &node.mps_shares {
+        let labels = vec![
+            ("device".to_string(), sh.device.clone()),
+            ("tenant".to_string(), sh.tenant.clone()),
+        ];
+        cap_drift.get_or_create(&labels).inc_by(u64::from(sh.cap_drifts));
+    }
+    registry.register(
+        "mps_cap_drift",
+        "MPS caps found changed (through the control socket) and set again, per share, since it was created or adopted",
+        cap_drift,
+    );
+
     let open = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
     open.set(intervals.iter().filter(|r| r.end.is_none()).count() as i64);
     registry.register("open_intervals", "Ledger intervals currently open", open);

@@ -10,15 +10,15 @@ use metering::{Class, IntervalStart, Ledger, LedgerError, UsageQuery, UsageRepor
 use policy::Policy;
 use slicer::{GpuBackend, Inventory};
 use tessera_api::{
-    AllocateRequest, Allocation, AllocationState, ApiError, DeviceState, ErrorCode, GpuRequest, GpuStatus,
+    untrusted, AllocateRequest, Allocation, AllocationState, ApiError, DeviceState, ErrorCode, GpuRequest, GpuStatus,
     EventStatus, GrantedDevice, Holder, Isolation, MigInstanceStatus, MpsShareStatus, NodeStatus, PolicyInfo,
-    ShareGrant, StartRequest,
+    ReleaseRequest, ShareGrant, StartRequest,
 };
 use tracing::{info, warn};
 
 use std::sync::Arc;
 
-use crate::liveness::{self, Facts, Liveness};
+use crate::liveness::{self, CgroupProcs, Facts, Liveness};
 use crate::share::{self, DeviceUse};
 use crate::store::{Record, Store, StoreError};
 
@@ -27,11 +27,14 @@ use crate::store::{Record, Store, StoreError};
 pub struct HostPaths {
     /// Normally `/proc`.
     pub proc_root: PathBuf,
+    /// Where the cgroup hierarchies are mounted: normally `/sys/fs/cgroup` (v1: one
+    /// directory per hierarchy, e.g. `devices/`; v2: the unified tree itself).
+    pub cgroup_root: PathBuf,
 }
 
 impl Default for HostPaths {
     fn default() -> Self {
-        HostPaths { proc_root: PathBuf::from("/proc") }
+        HostPaths { proc_root: PathBuf::from("/proc"), cgroup_root: PathBuf::from("/sys/fs/cgroup") }
     }
 }
 
@@ -495,11 +498,16 @@ impl Node {
 
     /// After a start: opening the ledger closed every interval left open at its last
     /// checkpoint; open fresh ones for the containers that are still running. Call after
-    /// [`Node::reconcile`], so only live containers are metered. Returns how many.
+    /// [`Node::reconcile`], so only live containers are metered (a grant whose init exited
+    /// stays unmetered while it is held). Returns how many.
     pub fn resume_metering(&mut self) -> Result<usize, ApiError> {
         let mut n = 0;
         for rec in self.store.all().map_err(internal)? {
-            if rec.allocation.state == AllocationState::Running {
+            // A grant outlives its init while runc keeps the container or a process is
+            // left in its cgroup; metering stopped at the init's exit and stays stopped.
+            let init_alive = rec.allocation.pid.and_then(|p| liveness::pid_start_time(&self.host.proc_root, p));
+            let init_alive = init_alive.is_some_and(|now| rec.pid_start.is_none() || rec.pid_start == Some(now));
+            if rec.allocation.state == AllocationState::Running && init_alive {
                 n += self.open_intervals(&rec.allocation)?;
             }
         }
@@ -753,7 +761,11 @@ impl Node {
                 code: ErrorCode::Conflict,
                 message: format!(
                     "container {} already holds a grant for {} from bundle {}; refusing {} from {}",
-                    req.container_id, a.request, existing.bundle, request, req.bundle
+                    req.container_id,
+                    a.request,
+                    untrusted(&existing.bundle),
+                    request,
+                    untrusted(&req.bundle)
                 ),
                 tenant: Some(a.tenant),
                 request: Some(request.to_string()),
@@ -851,6 +863,7 @@ impl Node {
             runc_root: req.runc_root.clone(),
             bundle: req.bundle.clone(),
             pid_start: None,
+            cgroup: None,
         };
         if let Err(e) = self.store.insert(&record) {
             // Nothing was recorded: give back the MPS share this grant would have held.
@@ -987,7 +1000,8 @@ impl Node {
                 ErrorCode::Conflict,
                 format!(
                     "container {container_id}: the hook reports bundle {} but the grant was made for bundle {}",
-                    req.bundle, rec.bundle
+                    untrusted(&req.bundle),
+                    untrusted(&rec.bundle)
                 ),
             ));
         }
@@ -1001,7 +1015,16 @@ impl Node {
         if start.is_none() {
             return Err(ApiError::new(ErrorCode::BadRequest, format!("container {container_id}: pid {} is not alive", req.pid)));
         }
-        let rec = self.store.set_running(rec, req.pid, start).map_err(internal)?;
+        // The grant lasts while a process is in this cgroup (runc keeps the container's
+        // device rules there). One that cannot be told for sure is refused: the grant
+        // could end while a process of the container still runs with the device.
+        let cgroup = liveness::container_cgroup(&self.host.proc_root, &self.host.cgroup_root, req.pid).map_err(|e| {
+            ApiError::new(
+                ErrorCode::BadRequest,
+                format!("container {container_id}: cannot tell the cgroup of pid {}: {e}; refusing to start it", req.pid),
+            )
+        })?;
+        let rec = self.store.set_running(rec, req.pid, start, Some(cgroup)).map_err(internal)?;
         // Metering starts when the container does. Recorded after the pid, so a crash in
         // between is repaired by resume_metering on restart.
         self.open_intervals(&rec.allocation)?;
@@ -1035,7 +1058,9 @@ impl Node {
         Ok(closed.len())
     }
 
-    /// Free a container's devices. Unknown ids are fine (the hook and the reconciler race).
+    /// Free a container's devices, unchecked: for callers in this process that know the
+    /// container is gone (tests, tools). The API's release is [`Node::release_removed`].
+    /// Unknown ids are fine (the hook and the reconciler race).
     pub fn release(&mut self, container_id: &str, why: &str) -> Result<bool, ApiError> {
         validate_container_id(container_id)?;
         let existed = self.drop_allocation(container_id, why)?;
@@ -1045,28 +1070,74 @@ impl Node {
         Ok(existed)
     }
 
+    /// The API's release (`DELETE /v1/allocations/{id}`): a caller says container
+    /// `container_id` was removed. Only the container the grant was made for can give it
+    /// back: a runc root or bundle in `req` other than the recorded ones is refused (a
+    /// container of the same id in another root or bundle), and whatever the caller says,
+    /// nothing is released while runc still has the container in the recorded root. A
+    /// refusal changes nothing, is recorded as a `release-refused` event and answered 409.
+    /// Unknown ids are fine (releases race with the reconciler).
+    pub fn release_removed(&mut self, container_id: &str, req: &ReleaseRequest) -> Result<bool, ApiError> {
+        validate_container_id(container_id)?;
+        let Some(rec) = self.store.get(container_id).map_err(internal)? else { return Ok(false) };
+        let mismatch = |what: &str, asked: &str, recorded: &str| {
+            format!(
+                "container {container_id}: release asked by the container in {what} {} but the grant belongs to the \
+                 container in {what} {}; nothing released",
+                untrusted(asked),
+                untrusted(recorded)
+            )
+        };
+        let refusal = match (&req.runc_root, &req.bundle) {
+            (Some(root), _) if *root != rec.runc_root => Some(mismatch("runc root", root, &rec.runc_root)),
+            (_, Some(bundle)) if *bundle != rec.bundle => Some(mismatch("bundle", bundle, &rec.bundle)),
+            _ if liveness::runc_state_exists(Path::new(&rec.runc_root), container_id) => Some(format!(
+                "container {container_id}: runc still has it in {}; nothing released (a grant is given back once runc \
+                 has removed its container)",
+                untrusted(&rec.runc_root)
+            )),
+            _ => None,
+        };
+        if let Some(message) = refusal {
+            warn!(container = %container_id, "{message}");
+            if let Err(e) = self.store.event("release-refused", Some(container_id), &message) {
+                warn!("cannot record a refused release: {e}");
+            }
+            return Err(ApiError::new(ErrorCode::Conflict, message));
+        }
+        self.release(container_id, "container removed")
+    }
+
     pub fn allocation(&self, container_id: &str) -> Result<Allocation, ApiError> {
-        self.store
-            .get(container_id)
-            .map_err(internal)?
-            .map(|r| r.allocation)
-            .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("no allocation for container {container_id}")))
+        self.store.get(container_id).map_err(internal)?.map(|r| r.allocation).ok_or_else(|| {
+            ApiError::new(ErrorCode::NotFound, format!("no allocation for container {}", untrusted(container_id)))
+        })
     }
 
     pub fn allocations(&self) -> Result<Vec<Allocation>, ApiError> {
         Ok(self.store.all().map_err(internal)?.into_iter().map(|r| r.allocation).collect())
     }
 
-    /// Release every allocation whose container is gone.
+    /// Release every allocation whose container is gone ([`liveness::judge`]).
     pub fn reconcile(&mut self) -> Result<ReconcileReport, ApiError> {
         let now = crate::now_ms();
         let mut report = ReconcileReport::default();
-        for rec in self.store.all().map_err(internal)? {
+        for mut rec in self.store.all().map_err(internal)? {
             report.checked += 1;
+            let pid_start_now = rec.allocation.pid.and_then(|p| liveness::pid_start_time(&self.host.proc_root, p));
+            if rec.cgroup.is_none() && rec.allocation.state == AllocationState::Running {
+                self.fill_in_cgroup(&mut rec, pid_start_now);
+            }
             let a = &rec.allocation;
             let facts = Facts {
+                // Read runc's record before the cgroup: a container removed in between is
+                // then seen with its cgroup already emptied by runc.
                 runc_state_exists: liveness::runc_state_exists(Path::new(&rec.runc_root), &a.container_id),
-                pid_start_now: a.pid.and_then(|p| liveness::pid_start_time(&self.host.proc_root, p)),
+                pid_start_now,
+                cgroup: match &rec.cgroup {
+                    Some(rel) => liveness::cgroup_procs(&self.host.cgroup_root, rel),
+                    None => CgroupProcs::NotRecorded,
+                },
                 age_ms: now.saturating_sub(a.created_ms),
             };
             if let Liveness::Gone(why) =
@@ -1078,6 +1149,22 @@ impl Node {
             }
         }
         Ok(report)
+    }
+
+    /// A running grant recorded without its cgroup (store schema 1) whose init still runs:
+    /// its cgroup is read from that process now and kept, so the grant is judged by it.
+    fn fill_in_cgroup(&mut self, rec: &mut Record, pid_start_now: Option<u64>) {
+        let (Some(pid), Some(now)) = (rec.allocation.pid, pid_start_now) else { return };
+        if rec.pid_start.is_some_and(|then| then != now) {
+            return; // the pid names another process now
+        }
+        match liveness::container_cgroup(&self.host.proc_root, &self.host.cgroup_root, pid) {
+            Ok(cg) => match self.store.set_cgroup(&rec.allocation.container_id, &cg) {
+                Ok(()) => rec.cgroup = Some(cg),
+                Err(e) => warn!(container = %rec.allocation.container_id, "cannot record its cgroup: {e}"),
+            },
+            Err(e) => warn!(container = %rec.allocation.container_id, "cannot tell its cgroup: {e}"),
+        }
     }
 
     /// Everything a person needs to see: devices, their layout, who holds what.
@@ -1168,6 +1255,7 @@ impl Node {
                     .unwrap_or_else(|| format!("{:?}", sh.state).to_lowercase()),
                 holders: sh.holders,
                 restarts: sh.restarts,
+                cap_drifts: sh.cap_drifts,
             })
             .collect();
         let events = self
@@ -1240,22 +1328,9 @@ fn internal(e: StoreError) -> ApiError {
     ApiError::new(ErrorCode::Internal, format!("tesserad: {e}"))
 }
 
-/// runc accepts ids matching `^[\w+\-.]+$`; so do we, and nothing longer than 1024 bytes.
+/// runc's rule for container ids ([`tessera_api::validate_container_id`]), as a 400.
 pub fn validate_container_id(id: &str) -> Result<(), ApiError> {
-    let ok = !id.is_empty()
-        && id.len() <= 1024
-        && id != "."
-        && id != ".."
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"_+-.".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        let shown: String = id.chars().take(80).collect();
-        Err(ApiError::new(
-            ErrorCode::BadRequest,
-            format!("container_id {shown:?} is not a valid container id (expected 1 to 1024 of [A-Za-z0-9_+-.])"),
-        ))
-    }
+    tessera_api::validate_container_id(id).map_err(|e| ApiError::new(ErrorCode::BadRequest, e.to_string()))
 }
 
 fn validate_abs_path(field: &str, p: &str) -> Result<(), ApiError> {
@@ -1266,7 +1341,7 @@ fn validate_abs_path(field: &str, p: &str) -> Result<(), ApiError> {
     if ok {
         Ok(())
     } else {
-        Err(ApiError::new(ErrorCode::BadRequest, format!("{field} {p:?} must be an absolute path without `..`")))
+        Err(ApiError::new(ErrorCode::BadRequest, format!("{field} `{}` must be an absolute path without `..`", untrusted(p))))
     }
 }
 

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
-use tessera_api::{AllocateRequest, ApiError, ErrorCode, StartRequest};
+use tessera_api::{untrusted, AllocateRequest, ApiError, ErrorCode, ReleaseRequest, StartRequest, MAX_REQUEST_BYTES};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::warn;
 
@@ -59,7 +59,16 @@ where
 }
 
 fn bad_json(what: &str, rejection: JsonRejection) -> ApiError {
-    ApiError::new(ErrorCode::BadRequest, format!("malformed {what}: {}", rejection.body_text()))
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return too_large(what);
+    }
+    // serde names unknown fields and values as sent: shown escaped and bounded.
+    let detail = rejection.body_text();
+    ApiError::new(ErrorCode::BadRequest, format!("malformed {what}: {}", untrusted(&detail).max_chars(1024)))
+}
+
+fn too_large(what: &str) -> ApiError {
+    ApiError::new(ErrorCode::BadRequest, format!("{what} is too large: tesserad accepts at most {MAX_REQUEST_BYTES} bytes"))
 }
 
 /// The API routes.
@@ -77,7 +86,7 @@ pub fn router(app: Arc<App>) -> Router {
         .fallback(|| async {
             Reply::<()>(Err(ApiError::new(ErrorCode::NotFound, "no such endpoint")))
         })
-        .layer(DefaultBodyLimit::max(1 << 20))
+        .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(app)
 }
 
@@ -85,11 +94,11 @@ pub fn router(app: Arc<App>) -> Router {
 pub fn parse_usage_query(q: &BTreeMap<String, String>) -> Result<(u64, u64, metering::GroupBy), ApiError> {
     let bad = |m: String| ApiError::new(ErrorCode::BadRequest, m);
     if let Some(k) = q.keys().find(|k| !["from_ms", "to_ms", "by"].contains(&k.as_str())) {
-        return Err(bad(format!("unknown usage parameter `{k}`: expected from_ms, to_ms, by")));
+        return Err(bad(format!("unknown usage parameter `{}`: expected from_ms, to_ms, by", untrusted(k))));
     }
     let ms = |k: &str| -> Result<u64, ApiError> {
         let v = q.get(k).ok_or_else(|| bad(format!("`{k}` is required (Unix milliseconds)")))?;
-        v.parse::<u64>().map_err(|_| bad(format!("`{k}` must be Unix milliseconds, got `{v}`")))
+        v.parse::<u64>().map_err(|_| bad(format!("`{k}` must be Unix milliseconds, got `{}`", untrusted(v))))
     };
     let (from, to) = (ms("from_ms")?, ms("to_ms")?);
     let by = match q.get("by").map(String::as_str).unwrap_or("team") {
@@ -98,7 +107,9 @@ pub fn parse_usage_query(q: &BTreeMap<String, String>) -> Result<(u64, u64, mete
         "project" => metering::GroupBy::Project,
         "user" => metering::GroupBy::User,
         "container" => metering::GroupBy::Container,
-        other => return Err(bad(format!("`by` must be org, team, project, user or container, got `{other}`"))),
+        other => {
+            return Err(bad(format!("`by` must be org, team, project, user or container, got `{}`", untrusted(other))))
+        }
     };
     Ok((from, to, by))
 }
@@ -202,9 +213,37 @@ async fn start(
     }
 }
 
-async fn release(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -> impl IntoResponse {
-    with_node(app, move |n| n.release(&id, "container removed").map(|existed| serde_json::json!({"released": existed})))
+/// `DELETE /v1/allocations/{id}`, with an optional [`ReleaseRequest`] body naming the
+/// container that was removed (none from older clients and the poststop hook).
+async fn release(
+    State(app): State<Arc<App>>,
+    UrlPath(id): UrlPath<String>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return Reply::<()>(Err(too_large("release request"))).into_response()
+        }
+        Err(r) => {
+            let msg = format!("malformed release request: {}", untrusted(&r.body_text()));
+            return Reply::<()>(Err(ApiError::new(ErrorCode::BadRequest, msg))).into_response();
+        }
+    };
+    let req = if body.iter().all(u8::is_ascii_whitespace) {
+        ReleaseRequest::default()
+    } else {
+        match serde_json::from_slice::<ReleaseRequest>(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                let msg = format!("malformed release request: {}", untrusted(&e.to_string()).max_chars(1024));
+                return Reply::<()>(Err(ApiError::new(ErrorCode::BadRequest, msg))).into_response();
+            }
+        }
+    };
+    with_node(app, move |n| n.release_removed(&id, &req).map(|existed| serde_json::json!({"released": existed})))
         .await
+        .into_response()
 }
 
 /// A unix listener that serves only peers whose uid is allowed (root by default), on

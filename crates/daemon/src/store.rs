@@ -37,9 +37,14 @@ pub struct Record {
     /// Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat), to tell
     /// a live container from a recycled pid.
     pub pid_start: Option<u64>,
+    /// The container's cgroup, relative to the cgroup mount root (`devices/<path>` on
+    /// cgroup v1, `<path>` on v2), read at prestart: the grant lasts while a process is in
+    /// it. `None` before the prestart, and for grants recorded by a tesserad of schema 1.
+    pub cgroup: Option<String>,
 }
 
-const SCHEMA_VERSION: i64 = 1;
+/// Schema 2 added `allocations.cgroup`; a schema-1 file is migrated when opened.
+const SCHEMA_VERSION: i64 = 2;
 
 /// The SQLite-backed store. Not `Sync`: the daemon serialises access behind one mutex,
 /// which is also what makes each decide-and-record step atomic.
@@ -83,7 +88,8 @@ impl Store {
                  state TEXT NOT NULL,
                  pid INTEGER,
                  pid_start INTEGER,
-                 created_ms INTEGER NOT NULL);
+                 created_ms INTEGER NOT NULL,
+                 cgroup TEXT);
              CREATE TABLE IF NOT EXISTS device_claims(
                  uuid TEXT PRIMARY KEY,
                  container_id TEXT NOT NULL REFERENCES allocations(container_id) ON DELETE CASCADE);
@@ -115,8 +121,10 @@ impl Store {
             }
             Some(v) => {
                 let found = v.parse::<i64>().unwrap_or(-1);
-                if found != SCHEMA_VERSION {
-                    return Err(StoreError::Schema { path: path.to_path_buf(), found, expected: SCHEMA_VERSION });
+                match found {
+                    SCHEMA_VERSION => {}
+                    1 => migrate_1_to_2(&conn).map_err(open_err)?,
+                    _ => return Err(StoreError::Schema { path: path.to_path_buf(), found, expected: SCHEMA_VERSION }),
                 }
             }
         }
@@ -178,27 +186,54 @@ impl Store {
         Ok(v)
     }
 
-    /// Mark an allocation (as just read) running with its container's pid; returns the
-    /// record as now stored.
-    pub fn set_running(&mut self, rec: Record, pid: i32, pid_start: Option<u64>) -> Result<Record, StoreError> {
-        self.relaxed(|s| s.set_running_inner(rec, pid, pid_start))
+    /// Mark an allocation (as just read) running with its container's pid and cgroup;
+    /// returns the record as now stored.
+    pub fn set_running(
+        &mut self,
+        rec: Record,
+        pid: i32,
+        pid_start: Option<u64>,
+        cgroup: Option<String>,
+    ) -> Result<Record, StoreError> {
+        self.relaxed(|s| s.set_running_inner(rec, pid, pid_start, cgroup))
     }
 
-    fn set_running_inner(&mut self, mut rec: Record, pid: i32, pid_start: Option<u64>) -> Result<Record, StoreError> {
+    fn set_running_inner(
+        &mut self,
+        mut rec: Record,
+        pid: i32,
+        pid_start: Option<u64>,
+        cgroup: Option<String>,
+    ) -> Result<Record, StoreError> {
         let container_id = rec.allocation.container_id.clone();
         rec.allocation.state = AllocationState::Running;
         rec.allocation.pid = Some(pid);
         rec.pid_start = pid_start;
+        rec.cgroup = cgroup;
         let body = serde_json::to_string(&rec.allocation)
             .map_err(|e| StoreError::BadRow { container_id: container_id.clone(), detail: e.to_string() })?;
         let tx = self.conn.transaction()?;
         tx.execute(
-            "UPDATE allocations SET body=?2, state=?3, pid=?4, pid_start=?5 WHERE container_id=?1",
-            params![container_id, body, state_str(AllocationState::Running), pid, pid_start.map(|v| v as i64)],
+            "UPDATE allocations SET body=?2, state=?3, pid=?4, pid_start=?5, cgroup=?6 WHERE container_id=?1",
+            params![container_id, body, state_str(AllocationState::Running), pid, pid_start.map(|v| v as i64), rec.cgroup],
         )?;
-        insert_event(&tx, "start", Some(&container_id), &format!("pid {pid}"))?;
+        let detail = match &rec.cgroup {
+            Some(cg) => format!("pid {pid}, cgroup {cg}"),
+            None => format!("pid {pid}"),
+        };
+        insert_event(&tx, "start", Some(&container_id), &detail)?;
         tx.commit()?;
         Ok(rec)
+    }
+
+    /// Record the cgroup of a running grant recorded without one (schema 1), found from its
+    /// still-live init process. Durable.
+    pub fn set_cgroup(&mut self, container_id: &str, cgroup: &str) -> Result<(), StoreError> {
+        self.conn.execute(
+            "UPDATE allocations SET cgroup=?2 WHERE container_id=?1 AND cgroup IS NULL",
+            params![container_id, cgroup],
+        )?;
+        Ok(())
     }
 
     /// Remove an allocation and free its devices. Returns whether it existed.
@@ -234,7 +269,7 @@ impl Store {
 
     pub fn get(&self, container_id: &str) -> Result<Option<Record>, StoreError> {
         let mut stmt = self.conn.prepare_cached(
-            "SELECT container_id, body, runc_root, bundle, pid_start FROM allocations WHERE container_id=?1",
+            "SELECT container_id, body, runc_root, bundle, pid_start, cgroup FROM allocations WHERE container_id=?1",
         )?;
         let row = stmt.query_row([container_id], row_tuple).optional()?;
         row.map(decode).transpose()
@@ -243,7 +278,7 @@ impl Store {
     /// Every allocation, ordered by container id.
     pub fn all(&self) -> Result<Vec<Record>, StoreError> {
         let mut stmt = self.conn.prepare_cached(
-            "SELECT container_id, body, runc_root, bundle, pid_start FROM allocations ORDER BY container_id",
+            "SELECT container_id, body, runc_root, bundle, pid_start, cgroup FROM allocations ORDER BY container_id",
         )?;
         let rows = stmt.query_map([], row_tuple)?.collect::<Result<Vec<_>, _>>()?;
         rows.into_iter().map(decode).collect()
@@ -315,19 +350,31 @@ impl Store {
     }
 }
 
-type RowTuple = (String, String, String, String, Option<i64>);
+type RowTuple = (String, String, String, String, Option<i64>, Option<String>);
 
 /// One audit event: (ts_ms, kind, container_id, detail).
 pub type Event = (u64, String, Option<String>, String);
 
 fn row_tuple(r: &rusqlite::Row<'_>) -> rusqlite::Result<RowTuple> {
-    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
 }
 
-fn decode((container_id, body, runc_root, bundle, pid_start): RowTuple) -> Result<Record, StoreError> {
+fn decode((container_id, body, runc_root, bundle, pid_start, cgroup): RowTuple) -> Result<Record, StoreError> {
     let allocation: Allocation = serde_json::from_str(&body)
         .map_err(|e| StoreError::BadRow { container_id: container_id.clone(), detail: e.to_string() })?;
-    Ok(Record { allocation, runc_root, bundle, pid_start: pid_start.map(|v| v as u64) })
+    Ok(Record { allocation, runc_root, bundle, pid_start: pid_start.map(|v| v as u64), cgroup })
+}
+
+/// Schema 1 → 2: `allocations` gains `cgroup` (NULL for the grants already there: the
+/// reconciler fills it in from a live init process, else judges them without it). One
+/// transaction: a crash leaves either schema.
+fn migrate_1_to_2(conn: &Connection) -> rusqlite::Result<()> {
+    let tx = conn.unchecked_transaction()?;
+    tx.execute_batch(
+        "ALTER TABLE allocations ADD COLUMN cgroup TEXT;
+         UPDATE meta SET value='2' WHERE key='schema';",
+    )?;
+    tx.commit()
 }
 
 fn insert_event(conn: &Connection, kind: &str, container_id: Option<&str>, detail: &str) -> rusqlite::Result<()> {
@@ -383,6 +430,7 @@ mod tests {
             runc_root: "/run/runc".into(),
             bundle: "/b".into(),
             pid_start: None,
+            cgroup: None,
         }
     }
 
@@ -394,13 +442,14 @@ mod tests {
             let mut s = Store::open(&path).expect("open");
             s.insert(&rec("a", &["GPU-1", "GPU-2"])).expect("insert");
             let rec = s.get("a").expect("get").expect("present");
-            s.set_running(rec, 42, Some(7)).expect("running");
+            s.set_running(rec, 42, Some(7), Some("devices/k8s/a".into())).expect("running");
         }
         let mut s = Store::open(&path).expect("reopen");
         let got = s.get("a").expect("get").expect("present");
         assert_eq!(got.allocation.state, AllocationState::Running);
         assert_eq!(got.allocation.pid, Some(42));
         assert_eq!(got.pid_start, Some(7));
+        assert_eq!(got.cgroup.as_deref(), Some("devices/k8s/a"));
         assert_eq!(s.claimed().expect("claimed"), ["GPU-1".to_string(), "GPU-2".to_string()].into());
         assert!(s.remove("a", "test").expect("remove"));
         assert!(!s.remove("a", "test").expect("remove again"));
@@ -449,10 +498,56 @@ mod tests {
         let mut s = Store::open(&dir.path().join("state.db")).expect("open");
         s.insert(&rec("a", &["GPU-1"])).expect("insert");
         let rec = s.get("a").expect("get").expect("present");
-        s.set_running(rec, 1, None).expect("running");
+        s.set_running(rec, 1, None, None).expect("running");
         s.remove("a", "test").expect("remove");
         let sync: i64 = s.conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).expect("pragma");
         assert_eq!(sync, 2, "synchronous must be back to FULL (2) for the next grant");
+    }
+
+    #[test]
+    fn a_schema_1_file_is_migrated_and_keeps_its_grants() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.db");
+        let body = serde_json::to_string(&rec("old", &["GPU-1"]).allocation).expect("json");
+        {
+            // Exactly what a schema-1 tesserad created.
+            let c = Connection::open(&path).expect("open");
+            c.execute_batch(
+                "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+                 CREATE TABLE allocations(container_id TEXT PRIMARY KEY, body TEXT NOT NULL,
+                     runc_root TEXT NOT NULL, bundle TEXT NOT NULL, state TEXT NOT NULL, pid INTEGER,
+                     pid_start INTEGER, created_ms INTEGER NOT NULL);
+                 CREATE TABLE device_claims(uuid TEXT PRIMARY KEY,
+                     container_id TEXT NOT NULL REFERENCES allocations(container_id) ON DELETE CASCADE);
+                 CREATE TABLE events(id INTEGER PRIMARY KEY AUTOINCREMENT, ts_ms INTEGER NOT NULL,
+                     kind TEXT NOT NULL, container_id TEXT, detail TEXT NOT NULL);
+                 INSERT INTO meta VALUES('schema', '1');",
+            )
+            .expect("schema 1");
+            c.execute(
+                "INSERT INTO allocations VALUES('old', ?1, '/run/runc', '/b', 'running', 42, 7, 1)",
+                [&body],
+            )
+            .expect("row");
+            c.execute("INSERT INTO device_claims VALUES('GPU-1', 'old')", []).expect("claim");
+        }
+        let mut s = Store::open(&path).expect("migrated");
+        let got = s.get("old").expect("get").expect("kept");
+        assert_eq!((got.pid_start, got.cgroup.as_deref(), got.allocation.devices.len()), (Some(7), None, 1));
+        assert_eq!(s.claimed().expect("claimed"), ["GPU-1".to_string()].into());
+        s.set_cgroup("old", "devices/x").expect("backfill");
+        s.set_cgroup("old", "devices/other").expect("only once");
+        assert_eq!(s.get("old").expect("get").expect("kept").cgroup.as_deref(), Some("devices/x"));
+        drop(s);
+        // Reopening a migrated file is a no-op; the schema says 2.
+        let s = Store::open(&path).expect("reopen");
+        let v: String = s.conn.query_row("SELECT value FROM meta WHERE key='schema'", [], |r| r.get(0)).expect("meta");
+        assert_eq!(v, "2");
+        assert_eq!(s.get("old").expect("get").expect("kept").cgroup.as_deref(), Some("devices/x"));
+        // A newer schema is refused, untouched.
+        s.conn.execute("UPDATE meta SET value='3' WHERE key='schema'", []).expect("bump");
+        drop(s);
+        assert!(matches!(Store::open(&path), Err(StoreError::Schema { found: 3, expected: 2, .. })));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
-use tessera_api::{AllocateRequest, ErrorCode, Isolation, RequestSource, StartRequest};
+use tessera_api::{AllocateRequest, ErrorCode, Isolation, ReleaseRequest, RequestSource, StartRequest};
 use tesserad::{store::Store, ActivePolicy, HostPaths, Node, NodeParts};
 
 const POLICY: &[u8] = include_bytes!("../../../examples/policy.json");
@@ -23,6 +23,10 @@ fn node_at(state: &Path, grace: Duration) -> Node {
 }
 
 fn node_with(state: &Path, grace: Duration, dynamic_mig: bool) -> Node {
+    node_on(state, grace, dynamic_mig, HostPaths::default())
+}
+
+fn node_on(state: &Path, grace: Duration, dynamic_mig: bool, host: HostPaths) -> Node {
     let backend = slicer::SimBackend::open(&repo("examples/nodes/h100x8.json"), state).expect("sim");
     let policy = policy::Policy::parse(POLICY, "examples/policy.json").expect("policy");
     let store = Store::open(&state.join("state.db")).expect("store");
@@ -36,7 +40,7 @@ fn node_with(state: &Path, grace: Duration, dynamic_mig: bool) -> Node {
         store,
         ledger,
         mps,
-        host: HostPaths::default(),
+        host,
         pending_grace: grace,
         dynamic_mig,
         // No scrub binary here: released devices stay dirty (tests/scrub.rs runs scrubs).
@@ -278,28 +282,138 @@ fn start_confirms_only_known_containers_from_their_own_bundle() {
     assert_eq!(a.pid, Some(me));
 }
 
+/// A host made of files: `/proc/<pid>/{stat,cgroup}` and cgroup v1 `devices/c/<id>`.
+struct FakeHost {
+    dir: tempfile::TempDir,
+}
+
+impl FakeHost {
+    fn new() -> Self {
+        FakeHost { dir: tempfile::tempdir().expect("tempdir") }
+    }
+    fn paths(&self) -> HostPaths {
+        HostPaths { proc_root: self.dir.path().join("proc"), cgroup_root: self.dir.path().join("cgroup") }
+    }
+    /// Process `pid` (start time 987654) in the container cgroup of `id`.
+    fn process(&self, pid: i32, id: &str) {
+        let p = self.dir.path().join("proc").join(pid.to_string());
+        std::fs::create_dir_all(&p).expect("mkdir");
+        std::fs::write(
+            p.join("stat"),
+            format!("{pid} (sh) S 1 {pid} {pid} 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10"),
+        )
+        .expect("stat");
+        std::fs::write(p.join("cgroup"), format!("5:devices:/c/{id}\n4:memory:/c/{id}\n0::/\n")).expect("cgroup");
+        self.procs(id, &[pid]);
+    }
+    fn exit(&self, pid: i32) {
+        std::fs::remove_dir_all(self.dir.path().join("proc").join(pid.to_string())).expect("rm");
+    }
+    /// What `cgroup.procs` of `id`'s cgroup lists.
+    fn procs(&self, id: &str, pids: &[i32]) {
+        let cg = self.dir.path().join("cgroup/devices/c").join(id);
+        std::fs::create_dir_all(&cg).expect("mkdir");
+        let text: String = pids.iter().map(|p| format!("{p}\n")).collect();
+        std::fs::write(cg.join("cgroup.procs"), text).expect("procs");
+    }
+}
+
+fn released(node: &mut Node) -> BTreeSet<String> {
+    node.reconcile().expect("reconcile").released.into_iter().map(|(id, _)| id).collect()
+}
+
 #[test]
 fn reconciler_frees_what_is_gone_and_keeps_what_lives() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut node = node_at(dir.path(), Duration::ZERO);
-    // Running with our own (live) pid: kept.
-    node.allocate(&req("alive", "team-trusted", "gpu=1")).expect("granted");
-    node.start("alive", &StartRequest { pid: std::process::id() as i32, bundle: "/bundles/alive".into() })
-        .expect("started");
-    // Running with a pid that exits: released.
-    let mut child = std::process::Command::new("sleep").arg("5").spawn().expect("spawn");
-    let pid = child.id() as i32;
-    node.allocate(&req("exited", "team-trusted", "gpu=1")).expect("granted");
-    node.start("exited", &StartRequest { pid, bundle: "/bundles/exited".into() }).expect("started");
-    child.kill().expect("kill");
-    child.wait().expect("wait");
+    let host = FakeHost::new();
+    let mut node = node_on(dir.path(), Duration::ZERO, true, host.paths());
+    let start = |node: &mut Node, id: &str, pid: i32| {
+        host.process(pid, id);
+        node.allocate(&req(id, "team-trusted", "gpu=1")).expect("granted");
+        node.start(id, &StartRequest { pid, bundle: format!("/bundles/{id}") }).expect("started");
+    };
+    // Running, init alive: kept.
+    start(&mut node, "alive", 100);
+    // Running, init exited, its cgroup empty, runc has no record: released.
+    start(&mut node, "exited", 101);
+    host.exit(101);
+    host.procs("exited", &[]);
+    // Running, init exited, a worker left in its cgroup (no own pid namespace): kept.
+    start(&mut node, "worker", 102);
+    host.exit(102);
+    host.procs("worker", &[103]);
+    // Running, init exited, cgroup empty, but runc still has it (stopped, not deleted): kept.
+    let runc_root = dir.path().join("runc");
+    std::fs::create_dir_all(runc_root.join("stopped")).expect("mkdir");
+    std::fs::write(runc_root.join("stopped/state.json"), "{}").expect("state");
+    host.process(104, "stopped");
+    let mut r = req("stopped", "team-trusted", "gpu=1");
+    r.runc_root = runc_root.display().to_string();
+    node.allocate(&r).expect("granted");
+    node.start("stopped", &StartRequest { pid: 104, bundle: "/bundles/stopped".into() }).expect("started");
+    host.exit(104);
+    host.procs("stopped", &[]);
     // Pending past the grace with no runc state: released.
     node.allocate(&req("never", "team-trusted", "gpu=1")).expect("granted");
-    let r = node.reconcile().expect("reconcile");
-    let released: BTreeSet<&str> = r.released.iter().map(|(id, _)| id.as_str()).collect();
-    assert_eq!(released, ["exited", "never"].into_iter().collect());
+    assert_eq!(released(&mut node), ["exited", "never"].into_iter().map(String::from).collect());
     let left: Vec<String> = node.allocations().expect("list").into_iter().map(|a| a.container_id).collect();
-    assert_eq!(left, ["alive"]);
+    assert_eq!(left, ["alive", "stopped", "worker"]);
+    // The worker exits: released. runc deletes the stopped container: released.
+    host.procs("worker", &[]);
+    std::fs::remove_dir_all(runc_root.join("stopped")).expect("rm");
+    assert_eq!(released(&mut node), ["stopped", "worker"].into_iter().map(String::from).collect());
+}
+
+#[test]
+fn a_start_whose_cgroup_cannot_be_told_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = FakeHost::new();
+    let mut node = node_on(dir.path(), Duration::from_secs(60), true, host.paths());
+    node.allocate(&req("c1", "team-trusted", "gpu=1")).expect("granted");
+    // /proc says one cgroup, the cgroup does not list the pid (a forged line).
+    host.process(200, "c1");
+    host.procs("c1", &[201]);
+    let e = node.start("c1", &StartRequest { pid: 200, bundle: "/bundles/c1".into() }).unwrap_err();
+    assert_eq!(e.code, ErrorCode::BadRequest);
+    assert!(e.message.contains("cannot tell the cgroup") && e.message.contains("is not in"), "{}", e.message);
+    assert_eq!(node.allocation("c1").expect("still granted").state, tessera_api::AllocationState::Pending);
+    host.procs("c1", &[200]);
+    node.start("c1", &StartRequest { pid: 200, bundle: "/bundles/c1".into() }).expect("started");
+}
+
+#[test]
+fn only_the_removed_container_a_grant_was_made_for_can_release_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    let runc_root = dir.path().join("runc");
+    std::fs::create_dir_all(runc_root.join("c1")).expect("mkdir");
+    std::fs::write(runc_root.join("c1/state.json"), "{}").expect("state");
+    let root = runc_root.display().to_string();
+    let mut r = req("c1", "team-trusted", "gpu=1");
+    r.runc_root = root.clone();
+    let before = node.allocate(&r).expect("granted");
+    let ask = |root: &str, bundle: &str| ReleaseRequest { runc_root: Some(root.into()), bundle: Some(bundle.into()) };
+    // runc still has it: whoever asks, with the right root and bundle or nothing at all.
+    for req in [ask(&root, "/bundles/c1"), ReleaseRequest::default()] {
+        let e = node.release_removed("c1", &req).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Conflict, "{e:?}");
+        assert!(e.message.contains("runc still has it"), "{}", e.message);
+    }
+    std::fs::remove_dir_all(runc_root.join("c1")).expect("rm");
+    // A container of the same id in another root or bundle: refused, nothing released.
+    for req in [ask("/run/other", "/bundles/c1"), ask(&root, "/bundles/other"), ask("/run/x\ny", "/b")] {
+        let e = node.release_removed("c1", &req).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Conflict, "{e:?}");
+        assert!(e.message.contains("nothing released") && !e.message.contains('\n'), "{}", e.message);
+    }
+    assert_eq!(node.allocation("c1").expect("kept"), before);
+    let status = node.status().expect("status");
+    let refused = status.events.iter().filter(|e| e.kind == "release-refused").count();
+    assert_eq!(refused, 5, "{:?}", status.events);
+    // Its own root and bundle, or an older client's empty request, once runc removed it.
+    assert!(node.release_removed("c1", &ask(&root, "/bundles/c1")).expect("released"));
+    assert!(!node.release_removed("c1", &ReleaseRequest::default()).expect("unknown is fine"));
+    assert_eq!(node.release_removed("../c1", &ReleaseRequest::default()).unwrap_err().code, ErrorCode::BadRequest);
 }
 
 #[test]

@@ -389,7 +389,18 @@ impl MpsControl for ProcessControl {
     }
 
     fn daemon_pid(&self, spec: &DaemonSpec) -> Option<u32> {
-        let text = std::fs::read_to_string(spec.pipe_dir.join(PID_FILE)).ok()?;
+        // The pipe dir is reachable from containers: never read through a link there.
+        let text = {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(spec.pipe_dir.join(PID_FILE))
+                .ok()?;
+            let mut text = String::new();
+            Read::take(&mut f, 64).read_to_string(&mut text).ok()?;
+            text
+        };
         let pid: u32 = text.trim().parse().ok().filter(|p| *p > 1)?;
         self.is_our_daemon(pid, spec).then_some(pid)
     }

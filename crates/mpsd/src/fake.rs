@@ -31,6 +31,13 @@
 //!   with SIGKILL N ms after it is ready (leaving its PID file and socket behind, like a
 //!   crash), to simulate crash loops.
 //!
+//! Links: the pipe dir is reachable from containers, so the double never follows a link
+//! there. Every file it writes (the PID file, its state) is a fresh temp file created with
+//! `O_CREAT|O_EXCL|O_NOFOLLOW` in the pipe dir (which must be a directory of its own user,
+//! not a link), renamed into place; its logs are opened with `O_NOFOLLOW`; a symbolic link
+//! found where it writes (or where its socket goes) is refused with an error that says so:
+//! the launcher exits 1 naming it, the daemon logs it to `control.log` and writes nothing.
+//!
 //! Wording of answers that NVIDIA does not document (errors, an unset memory limit shown
 //! as `0M`) is this double's own.
 
@@ -82,8 +89,70 @@ pub struct FakeState {
 impl FakeState {
     /// Read the state a fake daemon left in `pipe_dir`.
     pub fn read(pipe_dir: &Path) -> Option<FakeState> {
-        serde_json::from_slice(&std::fs::read(pipe_dir.join(STATE_FILE)).ok()?).ok()
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(pipe_dir.join(STATE_FILE))
+            .ok()?;
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes).ok()?;
+        serde_json::from_slice(&bytes).ok()
     }
+}
+
+/// Refuse `path` if it is a symbolic link (the pipe dir is reachable from containers: a
+/// link there may point anywhere on the host).
+fn refuse_link(path: &Path) -> Result<(), String> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => Err(format!(
+            "refusing to use {}: it is a symbolic link (planted?); nothing written through it",
+            path.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Write `bytes` to `dir/name` without ever following a link: `dir` must be a directory
+/// (not a link) of this process's user, `dir/name` must not be a symbolic link; the bytes go
+/// to a fresh temp file (`O_CREAT|O_EXCL|O_NOFOLLOW`, a name of this process's) that is then
+/// renamed over `dir/name` (a rename replaces a link, never follows it).
+fn write_no_follow(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), String> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("refusing to write into {}: not a directory", dir.display()));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(format!(
+            "refusing to write into {}: owned by uid {}, not by uid {me}",
+            dir.display(),
+            meta.uid()
+        ));
+    }
+    let path = dir.join(name);
+    refuse_link(&path)?;
+    let tmp = dir.join(format!(
+        ".{name}.{}.{}.tmp",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .mode(0o644)
+        .open(&tmp)
+        .map_err(|e| format!("refusing to write {}: {e}", tmp.display()))?;
+    let written = f.write_all(bytes).and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(format!("cannot write {}: {e}", path.display()));
+    }
+    Ok(())
 }
 
 /// The entry point of the `fake-nvidia-cuda-mps-control` binary; returns the exit code.
@@ -139,6 +208,10 @@ fn client() -> i32 {
         return 1;
     }
     let socket = env.pipe_dir.join(CONTROL_SOCKET);
+    if let Err(e) = refuse_link(&socket) {
+        eprintln!("{e}");
+        return 1;
+    }
     for line in input.lines().map(str::trim).filter(|l| !l.is_empty()) {
         let Ok(mut stream) = UnixStream::connect(&socket) else {
             println!("{NO_DAEMON}");
@@ -168,8 +241,12 @@ fn log(log_dir: &Path, file: &str, msg: &str) {
         now.subsec_millis(),
         std::process::id()
     );
-    if let Ok(mut f) =
-        std::fs::OpenOptions::new().create(true).append(true).open(log_dir.join(file))
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(log_dir.join(file))
     {
         let _ = f.write_all(line.as_bytes());
     }
@@ -184,6 +261,12 @@ fn daemon(background: bool) -> i32 {
         }
     }
     let socket = env.pipe_dir.join(CONTROL_SOCKET);
+    for name in [CONTROL_SOCKET, PID_FILE, STATE_FILE] {
+        if let Err(e) = refuse_link(&env.pipe_dir.join(name)) {
+            eprintln!("{e}");
+            return 1;
+        }
+    }
     if UnixStream::connect(&socket).is_ok() {
         eprintln!("{ALREADY_RUNNING}");
         return 1;
@@ -251,8 +334,8 @@ struct Daemon<'a> {
 fn serve(env: &Env, listener: &UnixListener, ready: Option<std::fs::File>) -> i32 {
     let pid = std::process::id();
     let pid_file = env.pipe_dir.join(PID_FILE);
-    if let Err(e) = std::fs::write(&pid_file, format!("{pid}\n")) {
-        log(&env.log_dir, "control.log", &format!("cannot write {}: {e}", pid_file.display()));
+    if let Err(e) = write_no_follow(&env.pipe_dir, PID_FILE, format!("{pid}\n").as_bytes()) {
+        log(&env.log_dir, "control.log", &e);
         return 1;
     }
     let mut d = Daemon {
@@ -340,11 +423,9 @@ fn display_limit(mib: u64) -> String {
 
 impl Daemon<'_> {
     fn persist(&self) {
-        let path = self.env.pipe_dir.join(STATE_FILE);
-        let tmp = self.env.pipe_dir.join(format!("{STATE_FILE}.tmp"));
         if let Ok(bytes) = serde_json::to_vec_pretty(&self.state) {
-            if std::fs::write(&tmp, bytes).is_ok() {
-                let _ = std::fs::rename(&tmp, &path);
+            if let Err(e) = write_no_follow(&self.env.pipe_dir, STATE_FILE, &bytes) {
+                log(&self.env.log_dir, "control.log", &e);
             }
         }
     }

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! <state>/mps/<device dir>/<tenant slug>/share.json   what the share is (device, tenant, caps, holders)
-//! <state>/mps/<device dir>/<tenant slug>/pipe/        CUDA_MPS_PIPE_DIRECTORY (bind-mounted into containers)
+//! <state>/mps/<device dir>/<tenant slug>/pipe/        CUDA_MPS_PIPE_DIRECTORY (bind-mounted read-only into containers)
 //! <state>/mps/<device dir>/<tenant slug>/log/         CUDA_MPS_LOG_DIRECTORY (never mounted)
 //! <shm root>/<device dir>/<tenant slug>/               /dev/shm of the daemon, its servers and its
 //!                                                      clients (only when a shm root is configured)

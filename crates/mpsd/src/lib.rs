@@ -7,8 +7,9 @@
 //!   [`ProcessControl`], which runs a control binary: the real `nvidia-cuda-mps-control`
 //!   or the test double `fake-nvidia-cuda-mps-control` (same protocol; pick by path).
 //! - [`supervisor`]: one control daemon per (device, tenant) with daemon-side caps set and
-//!   read back before any client can connect, health checks, restart with backoff, crash
-//!   records, degraded shares, adoption after a tesserad restart, shutdown.
+//!   read back before any client can connect and again at every health check (set again
+//!   when they drifted), restart with backoff, crash records, degraded shares, adoption
+//!   after a tesserad restart, shutdown.
 //! - [`pure`]: which device takes an MPS share or a time-sliced replica (pure, property
 //!   tested).
 //! - [`fake`]: the TEST DOUBLE of `nvidia-cuda-mps-control` (no GPU feature).

@@ -25,6 +25,17 @@
 //! restarts and no new containers, until its containers are gone and it is released.
 //! A restarted daemon gets its caps set and read back again (a daemon forgets them).
 //!
+//! Caps are also read back on every health check, because a container can change them: its
+//! CUDA clients reach the daemon through the `control` socket of the pipe dir, and any
+//! process that can connect there can send control commands. A default cap, or a cap of one
+//! of the daemon's servers, that reads other than what the share was given is set again
+//! (defaults through [`Supervisor::configure`], read back), each server whose own caps
+//! drifted is shut down with `-f` (its clients keep the caps they connected with, so they
+//! go; the next client gets a server with the right caps), and the drift is reported
+//! ([`HealthEvent::CapDrift`], [`ShareStatus::cap_drifts`]). Caps that cannot be set again
+//! make it a crash (killed, restarted with its caps). The window is one health check;
+//! a cap raised and put back between two checks is not seen.
+//!
 //! Lifecycle: [`Supervisor::release`] stops the daemon with `quit` when its last holder
 //! (container) goes; [`Supervisor::adopt_existing`], at tesserad start, takes over the
 //! daemons a previous tesserad left running (same PIDs, no second daemon), restarts those
@@ -164,14 +175,15 @@ pub struct ShareHandle {
 }
 
 impl ShareHandle {
-    /// The mounts the container gets: the pipe dir at `/tmp/nvidia-mps` (read-write, as
-    /// NVIDIA's own plugins mount it: clients connect to sockets in it) and, with private
-    /// shm, the share's shm dir at `/dev/shm`.
+    /// The mounts the container gets: the pipe dir at `/tmp/nvidia-mps`, read-only (clients
+    /// connect to the sockets in it, which a read-only mount allows; nothing can be created,
+    /// renamed or planted there from inside) and, with private shm, the share's shm dir at
+    /// `/dev/shm`.
     pub fn mounts(&self) -> Vec<BindMount> {
         let mut m = vec![BindMount {
             source: self.pipe_dir.display().to_string(),
             destination: CONTAINER_PIPE_DIR.into(),
-            read_only: false,
+            read_only: true,
         }];
         if let Some(shm) = &self.shm_dir {
             m.push(BindMount {
@@ -205,6 +217,10 @@ pub struct ShareStatus {
     /// Restarts since the share was created or adopted.
     pub restarts: u32,
     pub crashes_in_window: u32,
+    /// Health checks since the share was created or adopted that found its caps changed
+    /// (and set them again).
+    #[serde(default)]
+    pub cap_drifts: u32,
     pub pipe_dir: PathBuf,
 }
 
@@ -252,6 +268,19 @@ pub enum HealthEvent {
         crashes: u32,
         reason: String,
     },
+    /// The caps read back at a health check were not the share's (someone with access to
+    /// the control socket changed them): set again (`restored`), and the servers whose own
+    /// caps had changed shut down with their clients.
+    CapDrift {
+        device: String,
+        tenant: String,
+        pid: u32,
+        /// What read otherwise, e.g. `default active thread percentage reads 100, not 25`.
+        detail: String,
+        restored: bool,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        servers_stopped: Vec<u32>,
+    },
 }
 
 /// What [`Supervisor::release`] did.
@@ -296,6 +325,7 @@ struct Share {
     crash_times: VecDeque<u64>,
     restarts: u32,
     ping_failures: u32,
+    cap_drifts: u32,
 }
 
 impl Share {
@@ -317,6 +347,7 @@ impl Share {
             crash_times: VecDeque::new(),
             restarts: 0,
             ping_failures: 0,
+            cap_drifts: 0,
         }
     }
 
@@ -352,10 +383,21 @@ impl Share {
     }
 }
 
+/// What a health check's read-back found off.
+#[derive(Debug, Default)]
+struct Drift {
+    details: Vec<String>,
+    /// Servers whose own caps are off.
+    servers: Vec<u32>,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     shares: BTreeMap<Key, Share>,
     crashes: VecDeque<CrashEvent>,
+    /// Events of checks made outside [`Supervisor::health_check_all`] (a container joining
+    /// a share), handed out by the next one.
+    pending: Vec<HealthEvent>,
 }
 
 /// Supervises the MPS control daemons of one node.
@@ -453,8 +495,11 @@ impl Supervisor {
             if !share.holders.contains(&req.holder) {
                 check_room(inner, &key, req.percent)?;
             }
-            // A container is about to rely on this daemon: make sure it is there.
-            self.check_one(inner, &key, &mut Vec::new());
+            // A container is about to rely on this daemon: make sure it is there, with its
+            // caps. What that finds is reported by the next health_check_all.
+            let mut seen = Vec::new();
+            self.check_one(inner, &key, &mut seen);
+            inner.pending.extend(seen);
             let Some(share) = inner.shares.get_mut(&key) else {
                 return Err(MpsError::NotRunning {
                     device: key.device,
@@ -542,7 +587,7 @@ impl Supervisor {
     pub fn health_check_all(&self) -> Vec<HealthEvent> {
         let mut inner = self.lock();
         let keys: Vec<Key> = inner.shares.keys().cloned().collect();
-        let mut events = Vec::new();
+        let mut events = std::mem::take(&mut inner.pending);
         for key in keys {
             self.check_one(&mut inner, &key, &mut events);
         }
@@ -552,12 +597,19 @@ impl Supervisor {
     /// Check one share; restart it if due (at most once per call).
     fn check_one(&self, inner: &mut Inner, key: &Key, events: &mut Vec<HealthEvent>) {
         let now = self.clock.now_ms();
-        let Inner { shares, crashes } = inner;
+        let Inner { shares, crashes, .. } = inner;
         let Some(share) = shares.get_mut(key) else { return };
         if let (ShareState::Running, Some(pid)) = (&share.state, share.pid) {
             if self.control.daemon_pid(&share.spec) == Some(pid) {
-                match self.ping(&share.spec) {
-                    Ok(()) => share.ping_failures = 0,
+                let checked =
+                    self.ping(&share.spec).and_then(|servers| self.cap_drift(key, share, &servers));
+                match checked {
+                    Ok(drift) => {
+                        share.ping_failures = 0;
+                        if !drift.details.is_empty() {
+                            self.restore_caps(key, share, pid, &drift, crashes, now, events);
+                        }
+                    }
                     Err(e) => {
                         share.ping_failures += 1;
                         warn!(device = %key.device, tenant = %key.tenant, pid, failures = share.ping_failures,
@@ -841,6 +893,7 @@ impl Supervisor {
                 holders: s.holders.iter().cloned().collect(),
                 restarts: s.restarts,
                 crashes_in_window: u32::try_from(s.crash_times.len()).unwrap_or(u32::MAX),
+                cap_drifts: s.cap_drifts,
                 pipe_dir: s.dirs.pipe.clone(),
             })
             .collect()
@@ -872,10 +925,11 @@ impl Supervisor {
             .collect()
     }
 
-    fn ping(&self, spec: &DaemonSpec) -> Result<(), MpsError> {
+    /// `get_server_list`: the daemon answers, with its servers.
+    fn ping(&self, spec: &DaemonSpec) -> Result<Vec<u32>, MpsError> {
         let cmd = Command::GetServerList;
         let answer = self.control.send(spec, &cmd)?;
-        protocol::parse_pid_list(&answer).map(drop).map_err(|source| MpsError::BadAnswer {
+        protocol::parse_pid_list(&answer).map_err(|source| MpsError::BadAnswer {
             command: cmd.render(),
             pipe_dir: spec.pipe_dir.clone(),
             source,
@@ -907,36 +961,127 @@ impl Supervisor {
 
     /// Read the caps back through the control protocol and compare.
     fn verify_caps(&self, key: &Key, share: &Share) -> Result<(), MpsError> {
-        let bad = |detail: String| MpsError::CapsNotApplied {
+        let off = self.default_caps_off(key, share)?;
+        if off.is_empty() {
+            return Ok(());
+        }
+        Err(MpsError::CapsNotApplied {
             device: key.device.clone(),
             tenant: key.tenant.clone(),
-            detail,
-        };
+            detail: off.join("; "),
+        })
+    }
+
+    /// The daemon's default caps that read otherwise than the share's, described; an answer
+    /// that cannot be read is an error.
+    fn default_caps_off(&self, key: &Key, share: &Share) -> Result<Vec<String>, MpsError> {
         let answer_err = |cmd: &Command, source| MpsError::BadAnswer {
             command: cmd.render(),
             pipe_dir: share.spec.pipe_dir.clone(),
             source,
         };
+        let mut off = Vec::new();
         let cmd = Command::GetDefaultActiveThreadPercentage;
         let threads = protocol::parse_thread_percentage(&self.control.send(&share.spec, &cmd)?)
             .map_err(|e| answer_err(&cmd, e))?;
         if !protocol::thread_percentage_matches(share.percent, threads) {
-            return Err(bad(format!(
+            off.push(format!(
                 "default active thread percentage reads {threads}, not {}",
                 share.percent
-            )));
+            ));
         }
         let cmd =
             Command::GetDefaultDevicePinnedMemLimit { device: DeviceRef::Uuid(key.device.clone()) };
         let mem = protocol::parse_mem_limit(&self.control.send(&share.spec, &cmd)?)
             .map_err(|e| answer_err(&cmd, e))?;
         if !share.mem.readback_matches(mem) {
-            return Err(bad(format!(
-                "default device pinned memory limit reads {mem}, not {}",
-                share.mem
-            )));
+            off.push(format!("default device pinned memory limit reads {mem}, not {}", share.mem));
         }
-        Ok(())
+        Ok(off)
+    }
+
+    /// Read back the default caps and those of each of `servers` (the daemon's, as just
+    /// listed). A server answer that fails or does not parse (the server exited since the
+    /// list) is skipped; a default that cannot be read is an error, as an unanswered ping is.
+    fn cap_drift(&self, key: &Key, share: &Share, servers: &[u32]) -> Result<Drift, MpsError> {
+        let mut drift = Drift { details: self.default_caps_off(key, share)?, servers: Vec::new() };
+        let device = DeviceRef::Uuid(key.device.clone());
+        let ask = |cmd: &Command| match self.control.send(&share.spec, cmd) {
+            Ok(answer) => Ok(answer),
+            Err(MpsError::CommandFailed { .. }) => Ok(String::new()),
+            Err(e) => Err(e),
+        };
+        for &server_pid in servers {
+            let mut off = Vec::new();
+            let answer = ask(&Command::GetActiveThreadPercentage { server_pid })?;
+            if let Ok(threads) = protocol::parse_thread_percentage(&answer) {
+                if !protocol::thread_percentage_matches(share.percent, threads) {
+                    off.push(format!(
+                        "server {server_pid}: active thread percentage reads {threads}, not {}",
+                        share.percent
+                    ));
+                }
+            }
+            let cmd = Command::GetDevicePinnedMemLimit { server_pid, device: device.clone() };
+            if let Ok(mem) = protocol::parse_mem_limit(&ask(&cmd)?) {
+                if !share.mem.readback_matches(mem) {
+                    off.push(format!(
+                        "server {server_pid}: device pinned memory limit reads {mem}, not {}",
+                        share.mem
+                    ));
+                }
+            }
+            if !off.is_empty() {
+                drift.details.extend(off);
+                drift.servers.push(server_pid);
+            }
+        }
+        Ok(drift)
+    }
+
+    /// Caps drifted: set the defaults again (and read them back), shut down every server
+    /// whose own caps drifted, with its clients (they keep the caps they connected with),
+    /// record it. Caps that cannot be set again: kill the daemon, a crash (the restart sets
+    /// them).
+    #[allow(clippy::too_many_arguments)]
+    fn restore_caps(
+        &self,
+        key: &Key,
+        share: &mut Share,
+        pid: u32,
+        drift: &Drift,
+        crashes: &mut VecDeque<CrashEvent>,
+        now: u64,
+        events: &mut Vec<HealthEvent>,
+    ) {
+        let detail = drift.details.join("; ");
+        let restored = self.configure(key, share);
+        let mut servers_stopped = Vec::new();
+        for &server in &drift.servers {
+            let stop = Command::ShutdownServer { pid: server, force: true };
+            match self.control.send(&share.spec, &stop) {
+                Ok(_) => servers_stopped.push(server),
+                Err(e) => {
+                    warn!(device = %key.device, tenant = %key.tenant, server, "cannot shut down an mps server with drifted caps: {e}")
+                }
+            }
+        }
+        share.cap_drifts = share.cap_drifts.saturating_add(1);
+        warn!(device = %key.device, tenant = %key.tenant, pid, restored = restored.is_ok(), ?servers_stopped,
+              "mps caps changed behind the supervisor's back: {detail}");
+        events.push(HealthEvent::CapDrift {
+            device: key.device.clone(),
+            tenant: key.tenant.clone(),
+            pid,
+            detail,
+            restored: restored.is_ok(),
+            servers_stopped,
+        });
+        if let Err(e) = restored {
+            let _ = self.control.kill_daemon(&share.spec, pid);
+            let detail = format!("killed: its caps drifted and could not be set again: {e}");
+            self.crashed(key, share, crashes, detail, now, events);
+        }
     }
 
     /// `quit`, wait for the daemon to exit, SIGKILL it if it does not.

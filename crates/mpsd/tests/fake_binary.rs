@@ -182,6 +182,11 @@ fn caps(ctl: &ProcessControl, h: &ShareHandle) -> (f64, String) {
     (protocol::parse_thread_percentage(&threads).expect("threads answer"), mem.trim().to_string())
 }
 
+/// A daemon spec with its pipe and log dirs under `root`.
+fn spec_under(root: &std::path::Path) -> DaemonSpec {
+    DaemonSpec { device: DEV.into(), pipe_dir: root.join("pipe"), log_dir: root.join("log"), shm_dir: None }
+}
+
 #[test]
 fn two_tenants_get_two_daemons_whose_caps_read_back() {
     let r = Reaper::new();
@@ -448,12 +453,7 @@ fn the_double_speaks_the_protocol() {
     let r = Reaper::new();
     let ctl = control();
     let root = r.dir.path().join("p");
-    let spec = DaemonSpec {
-        device: DEV.into(),
-        pipe_dir: root.join("pipe"),
-        log_dir: root.join("log"),
-        shm_dir: None,
-    };
+    let spec = spec_under(&root);
     // No daemon yet.
     assert!(matches!(ctl.send(&spec, &Command::GetServerList), Err(MpsError::NoDaemon { .. })));
     assert_eq!(ctl.daemon_pid(&spec), None);
@@ -608,4 +608,104 @@ fn with_private_shm_the_daemon_sees_the_shares_shm_dir_as_dev_shm() {
     sup.shutdown_all();
     assert!(wait_dead(a.pid));
     assert!(!shm.exists());
+}
+
+#[test]
+fn a_cap_raised_through_the_control_socket_is_restored_at_the_next_health_check() {
+    let r = Reaper::new();
+    let ctl = control();
+    let sup = Supervisor::new(ctl.clone(), r.state()).with_config(config());
+    let a = sup.ensure_share(&req(DEV, "acme/a", "c1", 25)).expect("a");
+    r.track(a.pid);
+    let spec = spec_of(&a);
+    // What a container can do: run a control client against the pipe dir it has mounted.
+    let out = run_client(
+        &spec,
+        &format!(
+            "set_default_active_thread_percentage 100\nset_default_device_pinned_mem_limit {DEV} 80G\n"
+        ),
+    );
+    assert_eq!(out, "");
+    assert_eq!(caps(&ctl, &a), (100.0, "80G".to_string()), "the double took the raise");
+    let events = sup.health_check_all();
+    assert_eq!(caps(&ctl, &a), (25.0, "20G".to_string()), "caps set back: {events:?}");
+    assert_eq!(FakeState::read(&a.pipe_dir).expect("state").pid, a.pid, "same daemon");
+    assert!(
+        matches!(&events[..], [HealthEvent::CapDrift { restored: true, detail, .. }]
+            if detail.contains("thread percentage reads 100, not 25") && detail.contains("reads 80G, not 20G")),
+        "{events:?}"
+    );
+    assert_eq!(sup.shares()[0].cap_drifts, 1);
+
+    // A server of the share (started by a client) raised on its own: shut down with its
+    // clients; the defaults stay right.
+    assert_eq!(run_client(&spec, "start_server -uid 0\n"), "");
+    let servers =
+        protocol::parse_pid_list(&ctl.send(&spec, &Command::GetServerList).expect("list"))
+            .expect("pids");
+    let [server] = servers[..] else { panic!("one server expected: {servers:?}") };
+    r.track(server);
+    assert!(sup.health_check_all().is_empty(), "a server with the share's caps is left alone");
+    assert_eq!(run_client(&spec, &format!("set_active_thread_percentage {server} 100\n")), "");
+    let events = sup.health_check_all();
+    assert!(
+        matches!(&events[..], [HealthEvent::CapDrift { servers_stopped, .. }] if servers_stopped == &vec![server]),
+        "{events:?}"
+    );
+    assert!(wait_dead(server), "the server with raised caps still runs");
+    assert_eq!(caps(&ctl, &a), (25.0, "20G".to_string()));
+    sup.shutdown_all();
+    assert!(wait_dead(a.pid));
+}
+
+#[test]
+fn the_double_never_writes_through_a_symlink_planted_in_its_pipe_dir() {
+    use std::os::unix::fs::symlink;
+    let r = Reaper::new();
+    let ctl = control();
+    let root = r.dir.path().join("p");
+    let spec = spec_under(&root);
+    // A host file a container must never reach, and links to it where the double writes.
+    let outside = r.dir.path().join("outside");
+    std::fs::write(&outside, "precious\n").expect("outside");
+    let unchanged = || std::fs::read_to_string(&outside).expect("outside still readable");
+
+    // Before start: a planted PID file link. The double refuses to start.
+    std::fs::create_dir_all(&spec.pipe_dir).expect("pipe dir");
+    let pid_link = spec.pipe_dir.join("nvidia-cuda-mps-control.pid");
+    symlink(&outside, &pid_link).expect("plant");
+    let out = std::process::Command::new(fake_binary())
+        .arg("-d")
+        .env_clear()
+        .env("CUDA_MPS_PIPE_DIRECTORY", &spec.pipe_dir)
+        .env("CUDA_MPS_LOG_DIRECTORY", &spec.log_dir)
+        .output()
+        .expect("run");
+    if let Ok(text) = std::fs::read_to_string(&pid_link) {
+        if let Ok(pid) = text.trim().parse::<u32>() {
+            r.track(pid);
+        }
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(unchanged(), "precious\n", "written through the planted PID file link: {stderr}");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("symbolic link"), "{stderr}");
+    std::fs::remove_file(&pid_link).expect("unplant");
+
+    // While it runs: links where it keeps its state (and its temp file).
+    let pid = ctl.start_daemon(&spec).expect("start");
+    r.track(pid);
+    for name in ["fake-state.json", "fake-state.json.tmp"] {
+        let p = spec.pipe_dir.join(name);
+        let _ = std::fs::remove_file(&p);
+        symlink(&outside, &p).expect("plant");
+    }
+    ctl.send(&spec, &Command::SetDefaultActiveThreadPercentage(30)).expect("a mutating command");
+    ctl.send(&spec, &Command::GetServerList).expect("still serves");
+    assert_eq!(unchanged(), "precious\n", "written through a planted state link");
+    let log = std::fs::read_to_string(spec.log_dir.join("control.log")).expect("control.log");
+    assert!(log.contains("symbolic link"), "the refusal is logged: {log}");
+    ctl.send(&spec, &Command::Quit).expect("quit");
+    assert!(wait_dead(pid));
+    assert_eq!(unchanged(), "precious\n");
 }

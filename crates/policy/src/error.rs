@@ -79,9 +79,10 @@ fn at(path: &str) -> String {
 pub enum IdentityError {
     /// A trusted annotation is present but its value is not in the rule's map.
     #[error(
-        "trusted annotation {annotation} has value {value:?}, which {rule} does not map to \
+        "trusted annotation {annotation} has value \"{}\", which {rule} does not map to \
          any tenant: refusing (identity fails closed; other annotations are ignored and the \
-         image env is never used for identity)"
+         image env is never used for identity)",
+        tessera_api::untrusted(value)
     )]
     Unmapped { annotation: String, value: String, rule: String },
     /// None of the trusted annotations is present and the policy has no `default_tenant`.

@@ -799,6 +799,15 @@ fn spoofed_annotations_are_ignored() {
 }
 
 #[test]
+fn an_unmapped_hostile_value_is_shown_escaped_and_bounded() {
+    let p = ok(&base_with(|_| {}));
+    let value = format!("team\nlevel=error msg=forged\u{1b}[2J{}", "x".repeat(100_000));
+    let msg = p.resolve_identity(&annotations(&[(NS, &value)])).unwrap_err().to_string();
+    assert!(!msg.contains(['\n', '\u{1b}']), "{msg:?}");
+    assert!(msg.contains("team\\nlevel=error") && msg.len() < 1024, "{} bytes", msg.len());
+}
+
+#[test]
 fn unmapped_values_fail_closed_even_with_a_default() {
     let p = ok(&base_with(|v| v["default_tenant"] = json!("globex")));
     for value in ["team-unknown", "", "TEAM-DEV", "team-dev "] {

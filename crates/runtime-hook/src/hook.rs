@@ -26,7 +26,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use serde::Deserialize;
-use tessera_api::{Client, ClientError, StartRequest, DEFAULT_SOCKET};
+use tessera_api::display::MAX_LINE_CHARS;
+use tessera_api::{untrusted, Client, ClientError, ReleaseRequest, StartRequest, DEFAULT_SOCKET};
 
 /// The largest OCI state accepted on stdin.
 pub const MAX_STATE_BYTES: u64 = 1 << 20;
@@ -38,7 +39,7 @@ pub const HOOK_DEADLINE: Duration = Duration::from_secs(8);
 pub enum HookError {
     #[error("usage: tessera-hook prestart|poststop (OCI state on stdin)")]
     Usage,
-    #[error("unknown hook phase `{0}`: expected prestart or poststop")]
+    #[error("unknown hook phase `{}`: expected prestart or poststop", untrusted(.0))]
     UnknownPhase(String),
     #[error("cannot read the OCI state from stdin: {0}")]
     Read(std::io::Error),
@@ -48,9 +49,9 @@ pub enum HookError {
     Malformed { path: String, line: usize, column: usize, message: String },
     #[error("invalid OCI state: {0}")]
     Invalid(String),
-    #[error("container {id}: {source}")]
+    #[error("container {}: {source}", untrusted(.id))]
     Daemon { id: String, source: Box<ClientError> },
-    #[error("container {id}: tesserad did not answer within {secs} s", secs = HOOK_DEADLINE.as_secs())]
+    #[error("container {}: tesserad did not answer within {secs} s", untrusted(.id), secs = HOOK_DEADLINE.as_secs())]
     Timeout { id: String },
 }
 
@@ -167,7 +168,8 @@ pub fn run_hook(
                 Some(p) if p > 0 => p,
                 other => {
                     return Err(HookError::Invalid(format!(
-                        "container {id}: prestart needs the container's pid, got {other:?}"
+                        "container {}: prestart needs the container's pid, got {other:?}",
+                        untrusted(&id)
                     )))
                 }
             };
@@ -180,11 +182,14 @@ pub fn run_hook(
             }
         }
         Phase::Poststop => {
+            // runc runs poststop after removing the container's state; the hook does not
+            // know the runc root, so it names the bundle, and tesserad checks the rest.
             let (c, call_id) = (client.clone(), id.clone());
-            match with_deadline(deadline, move || c.release(&call_id)) {
+            let req = ReleaseRequest { runc_root: None, bundle: Some(state.bundle.clone()) };
+            match with_deadline(deadline, move || c.release_container(&call_id, &req)) {
                 Some(Ok(())) => Ok(HookOutcome::Released),
                 Some(Err(e @ (ClientError::Connect { .. } | ClientError::Io { .. }))) => {
-                    Ok(HookOutcome::ReleaseDeferred(format!("container {id}: {e}")))
+                    Ok(HookOutcome::ReleaseDeferred(format!("container {}: {e}", untrusted(&id))))
                 }
                 Some(Err(source)) => Err(HookError::Daemon { id, source: Box::new(source) }),
                 None => Ok(HookOutcome::ReleaseDeferred(HookError::Timeout { id }.to_string())),
@@ -218,13 +223,14 @@ pub fn hook_main_with(args: Vec<OsString>, stdin: impl Read, socket: &std::path:
     match result {
         Ok(HookOutcome::Started | HookOutcome::Released) => 0,
         Ok(HookOutcome::ReleaseDeferred(why)) => {
-            eprintln!(
+            let line = format!(
                 "tessera-hook: warning: {why}; the allocation will be released by tesserad's reconciler"
             );
+            eprintln!("{}", untrusted(&line).max_chars(MAX_LINE_CHARS));
             0
         }
         Err(e) => {
-            eprintln!("tessera-hook: {e}");
+            eprintln!("{}", untrusted(&format!("tessera-hook: {e}")).max_chars(MAX_LINE_CHARS));
             1
         }
     }
@@ -390,6 +396,7 @@ mod tests {
         assert_eq!(hook_main_with(argv("poststop"), POSTSTOP_STATE.as_bytes(), &sock), 0);
         let req = h.join().expect("join");
         assert!(req.starts_with("DELETE /v1/allocations/abc HTTP/1.1\r\n"), "{req}");
+        assert!(req.ends_with(r#"{"bundle":"/b"}"#), "the release names the bundle: {req}");
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //!
 //! - [`args`]: runc's argv, parsed like runc does ([`parse_runc_args`]).
 //! - [`request`]: the GPU request in a config.json ([`find_request`]).
+//! - [`canonical`]: config.json as runc reads it (Go's key folding, duplicates, device
+//!   numbers): one view on which every decision is made.
 //! - [`spec`]: config.json load/save and the injection edits ([`apply_injection`]).
 //! - [`runtime`]: the wrapper's flow ([`runtime_main`]).
 //! - [`hook`]: the prestart/poststop hook ([`hook_main`]).
@@ -11,6 +13,7 @@
 //! their code.
 
 pub mod args;
+pub mod canonical;
 pub mod hook;
 pub mod request;
 pub mod runtime;

@@ -9,16 +9,22 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::Value;
-use tessera_api::{GpuRequest, RequestError, RequestSource, REQUEST_ANNOTATION, REQUEST_ENV};
+use tessera_api::{
+    untrusted, GpuRequest, RequestError, RequestSource, REQUEST_ANNOTATION, REQUEST_ENV,
+};
 
 /// Why a config's request (or annotations) could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestLookupError {
-    #[error("malformed GPU request `{raw}` in {location}: {source}")]
+    #[error("malformed GPU request `{}` in {location}: {source}", untrusted(.raw))]
     Malformed { raw: String, location: String, source: RequestError },
-    #[error("conflicting GPU requests in process.env: `{REQUEST_ENV}={first}` and `{REQUEST_ENV}={second}`")]
+    #[error(
+        "conflicting GPU requests in process.env: `{REQUEST_ENV}={}` and `{REQUEST_ENV}={}`",
+        untrusted(.first),
+        untrusted(.second)
+    )]
     Conflicting { first: String, second: String },
-    #[error("malformed config at `{path}`: {message}")]
+    #[error("malformed config at `{}`: {}", untrusted(.path), untrusted(.message))]
     Shape { path: String, message: String },
 }
 

@@ -1,13 +1,15 @@
 //! `tessera-runtime`: a runc-compatible wrapper. For `create`/`run` of a container that
 //! asks for a GPU, it gets an allocation from tesserad, writes the injection into the
-//! bundle's config.json, and execs runc; everything else goes straight to runc.
+//! bundle's config.json, and runs runc; everything else goes straight to runc (exec).
 //!
-//! The grant is given back by the wrapper itself once runc has removed the container: after
-//! a foreground `run`, and after a `delete` of a container whose runc record carries the
-//! `tessera.io/allocated` label. There it runs runc as a child ([`crate::supervise`])
-//! instead of exec'ing it. An OCI poststop hook would do the same a process later (runc
-//! spawns one per hook, ~2 ms); a container deleted without the wrapper is freed by
-//! tesserad's reconciler.
+//! The grant is given back by the wrapper itself once runc has no record of the container:
+//! after a foreground `run`, after a `create` or detached `run` that runc refused (at once,
+//! not after the reconciler's grace), and after a `delete` of a container whose runc record
+//! carries the `tessera.io/allocated` label (a hint only: tesserad releases nothing unless
+//! the grant was made for that container, in that runc root, and runc has removed it).
+//! There it runs runc as a child ([`crate::supervise`]) instead of exec'ing it. An OCI
+//! poststop hook would do the same a process later (runc spawns one per hook, ~2 ms); a
+//! container deleted without the wrapper is freed by tesserad's reconciler.
 //!
 //! The path without a GPU request never contacts the daemon (an outage must not break
 //! containers that do not use GPUs): parse argv, read and parse config.json once, look
@@ -20,7 +22,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command as Process;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tessera_api::{AllocateRequest, Allocation, Client, ClientError, DEFAULT_SOCKET};
+use tessera_api::display::MAX_LINE_CHARS;
+use tessera_api::{
+    untrusted, AllocateRequest, Allocation, Client, ClientError, ReleaseRequest, DEFAULT_SOCKET,
+};
 
 use crate::args::{parse_runc_args, ArgsError, Command, GlobalOptions, RuncInvocation};
 use crate::supervise;
@@ -41,23 +46,45 @@ pub enum RuntimeError {
     Args(#[from] ArgsError),
     #[error("cannot determine the working directory: {0}")]
     Cwd(std::io::Error),
-    #[error("bundle {path}: {source}")]
+    #[error("{0}")]
+    ContainerId(#[from] tessera_api::InvalidContainerId),
+    #[error("bundle {}: {source}", untrusted(&path.to_string_lossy()))]
     Bundle { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
     Spec(#[from] SpecError),
-    #[error("{path}: {source}")]
+    #[error("{}: {source}", untrusted(&path.to_string_lossy()))]
     Config { path: PathBuf, source: SpecError },
-    #[error("{path}: {source}")]
+    #[error("{}: {source}", untrusted(&path.to_string_lossy()))]
     Request { path: PathBuf, source: Box<RequestLookupError> },
-    #[error("{0} is not valid UTF-8")]
-    NotUtf8(String),
+    #[error("{what} {} is not valid UTF-8", untrusted(&path.to_string_lossy()))]
+    NotUtf8 { what: &'static str, path: PathBuf },
     #[error("tessera-hook not found at {path} (set TESSERA_HOOK): {source}")]
     Hook { path: PathBuf, source: std::io::Error },
     /// The daemon refused or could not be reached; nothing was granted.
     #[error("{}", daemon_message(.request, .error))]
     Allocate { request: String, error: Box<ClientError> },
+    /// The request would be larger than tesserad accepts: not sent.
+    #[error(
+        "GPU request {request} not sent: the allocation request is too large: {size} bytes, and tesserad accepts \
+         at most {limit} bytes; the config's annotations make up {annotation_bytes} bytes{}",
+        largest_annotation(.largest)
+    )]
+    RequestTooLarge {
+        request: String,
+        size: usize,
+        limit: usize,
+        annotation_bytes: usize,
+        largest: Option<(String, usize)>,
+    },
     #[error("cannot exec runc `{runc}`: {source}")]
     Exec { runc: String, source: std::io::Error },
+}
+
+fn largest_annotation(largest: &Option<(String, usize)>) -> String {
+    match largest {
+        Some((key, n)) => format!(" (the largest, `{}`, {n} bytes)", untrusted(key)),
+        None => String::new(),
+    }
 }
 
 /// `<daemon message> (tenant T, request R, rule P)`, or the client error with the request.
@@ -137,8 +164,9 @@ impl RuntimeEnv {
 pub enum Prepared {
     /// Exec runc untouched: not a container-making verb, or no GPU request.
     Passthrough,
-    /// The config now carries this allocation; release it if runc cannot be exec'd.
-    Injected { container_id: String, allocation: Box<Allocation> },
+    /// The config now carries this allocation; give it back with `release` if runc ends
+    /// without a record of the container.
+    Injected { container_id: String, allocation: Box<Allocation>, release: ReleaseRequest },
 }
 
 /// A failure, with what is needed to report it where runc's caller looks.
@@ -150,12 +178,14 @@ pub struct Failure {
 }
 
 impl Failure {
-    /// The one line printed to stderr (and logged to runc's `--log`).
+    /// The one line printed to stderr (and logged to runc's `--log`): whatever the
+    /// config held, one line, control characters escaped, at most [`MAX_LINE_CHARS`].
     pub fn message(&self) -> String {
-        match &self.container_id {
-            Some(id) => format!("tessera-runtime: container {id}: {}", self.error),
+        let line = match &self.container_id {
+            Some(id) => format!("tessera-runtime: container {}: {}", untrusted(id), self.error),
             None => format!("tessera-runtime: {}", self.error),
-        }
+        };
+        untrusted(&line).max_chars(MAX_LINE_CHARS).to_string()
     }
 }
 
@@ -192,6 +222,7 @@ pub fn prepare(
     let Some(found) = found else { return Ok((inv, Prepared::Passthrough)) };
 
     // A GPU container from here on: every failure stops the start.
+    tessera_api::validate_container_id(&container_id).map_err(|e| fail(e.into()))?;
     let config_err =
         |source: SpecError| fail(RuntimeError::Config { path: cfg.path.clone(), source });
     spec::check_gpu_spec(&cfg.value).map_err(config_err)?;
@@ -200,10 +231,10 @@ pub fn prepare(
     let annotations = request::annotations(&cfg.value).map_err(|source| {
         fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
     })?;
-    let utf8 = |p: &Path, what: &str| {
+    let utf8 = |p: &Path, what: &'static str| {
         p.to_str()
             .map(str::to_string)
-            .ok_or_else(|| fail(RuntimeError::NotUtf8(format!("{what} {}", p.display()))))
+            .ok_or_else(|| fail(RuntimeError::NotUtf8 { what, path: p.to_path_buf() }))
     };
     let req = AllocateRequest {
         container_id: container_id.clone(),
@@ -214,7 +245,9 @@ pub fn prepare(
         annotations,
     };
     let client = Client::new(&hooks.socket).with_timeout(ALLOCATE_TIMEOUT);
-    let allocation = client.allocate(&req).map_err(|error| fail(allocate_error(&found, error)))?;
+    let allocation = client.allocate(&req).map_err(|error| fail(allocate_error(&found, &req, error)))?;
+    let release_req =
+        ReleaseRequest { runc_root: Some(req.runc_root.clone()), bundle: Some(req.bundle.clone()) };
 
     // Granted: any failure before the exec must give it back.
     let applied = spec::apply_injection(&mut cfg.value, &allocation.injection, &hooks)
@@ -226,21 +259,44 @@ pub fn prepare(
         })
         .and_then(|()| spec::save_config(&cfg));
     if let Err(e) = applied {
-        release(&hooks.socket, &container_id);
+        release(&hooks.socket, &container_id, &release_req);
         return Err(config_err(e));
     }
-    Ok((inv, Prepared::Injected { container_id, allocation: Box::new(allocation) }))
+    Ok((
+        inv,
+        Prepared::Injected { container_id, allocation: Box::new(allocation), release: release_req },
+    ))
 }
 
-fn allocate_error(found: &FoundRequest, error: ClientError) -> RuntimeError {
-    RuntimeError::Allocate { request: found.request.to_string(), error: Box::new(error) }
+fn allocate_error(found: &FoundRequest, req: &AllocateRequest, error: ClientError) -> RuntimeError {
+    let request = found.request.to_string();
+    match error {
+        ClientError::TooLarge { size, limit, .. } => RuntimeError::RequestTooLarge {
+            request,
+            size,
+            limit,
+            annotation_bytes: req.annotations.iter().map(|(k, v)| k.len() + v.len()).sum(),
+            largest: req
+                .annotations
+                .iter()
+                .max_by_key(|(k, v)| k.len() + v.len())
+                .map(|(k, v)| (k.clone(), k.len() + v.len())),
+        },
+        error => RuntimeError::Allocate { request, error: Box::new(error) },
+    }
 }
 
-/// Releases an allocation after a failed start; a failure here is only a warning (the
-/// daemon's reconciler frees allocations whose container never appeared).
-fn release(socket: &Path, container_id: &str) {
-    if let Err(e) = Client::new(socket).with_timeout(RELEASE_TIMEOUT).release(container_id) {
-        eprintln!("tessera-runtime: container {container_id}: warning: could not release the allocation: {e}");
+/// Gives a grant back once runc has no record of its container (or before runc ran). A
+/// failure here is only a warning: tesserad's reconciler frees grants whose container is
+/// gone, and a release tesserad refuses (the grant belongs to another container) must not
+/// fail the runc command that asked.
+fn release(socket: &Path, container_id: &str, req: &ReleaseRequest) {
+    if let Err(e) = Client::new(socket).with_timeout(RELEASE_TIMEOUT).release_container(container_id, req) {
+        let line = format!(
+            "tessera-runtime: container {}: warning: could not release the allocation: {e}",
+            untrusted(container_id)
+        );
+        eprintln!("{}", untrusted(&line).max_chars(MAX_LINE_CHARS));
     }
 }
 
@@ -315,9 +371,10 @@ pub fn exec_runc(env: &RuntimeEnv, args: &[OsString]) -> std::io::Error {
 }
 
 /// The wrapper's whole run. It execs runc, except where it has work left once runc is
-/// done: a foreground `run` of a GPU container and a `delete` of one, where it runs runc as
-/// a child ([`supervise`]) and gives the grant back once runc has removed the container.
-/// Returns the exit code for those, and for failures.
+/// done: a `create` or `run` of a GPU container and a `delete` of one, where it runs runc
+/// as a child ([`supervise`]) and gives the grant back once runc has no record of the
+/// container (a foreground run that ended, a create runc refused, a delete). Returns the
+/// exit code for those, and for failures.
 pub fn runtime_main(args: Vec<OsString>) -> i32 {
     let env = match RuntimeEnv::from_process() {
         Ok(e) => e,
@@ -336,34 +393,36 @@ pub fn runtime_main(args: Vec<OsString>) -> i32 {
     let root = env.absolute(&inv.global.root);
     let socket = env.absolute(&env.socket);
     let release_after = match (&inv.command, &prepared) {
-        (Command::Run(run), Prepared::Injected { container_id, .. }) if !run.options.detach => {
-            Some(container_id.clone())
+        // create, run (foreground or detached) of a GPU container.
+        (_, Prepared::Injected { container_id, release, .. }) => {
+            Some((container_id.clone(), release.clone()))
         }
-        (Command::Delete(d), _)
-            if supervise::runc_state_has_grant(
-                &root,
-                &d.container_id,
-                spec::ALLOCATED_ANNOTATION,
-            ) =>
-        {
-            Some(d.container_id.clone())
+        (Command::Delete(d), _) => {
+            supervise::delete_hint(&root, &d.container_id, spec::ALLOCATED_ANNOTATION).and_then(
+                |bundle| {
+                    let runc_root = Some(root.to_str()?.to_string());
+                    Some((d.container_id.clone(), ReleaseRequest { runc_root, bundle }))
+                },
+            )
         }
         _ => None,
     };
-    if let Some(container_id) = release_after {
+    if let Some((container_id, release_req)) = release_after {
         return match supervise::run_forwarding(&env.runc, args.get(1..).unwrap_or(&[])) {
             Ok(status) => {
-                // runc removed the container (foreground run, delete): its devices are
-                // free. Still there (`run --keep`, a failed delete, `run` of an id that
-                // already existed): the grant stays, for a later delete or the reconciler.
+                // runc has no record of the container (a foreground run ended, a create or
+                // run runc refused, a delete): its devices are free — tesserad checks that
+                // again against the root it recorded. Still there (a created container,
+                // `run --keep`, a failed delete, a create or run of an id that already
+                // existed): the grant stays, for a later delete or the reconciler.
                 if !tessera_api::runc_state_exists(&root, &container_id) {
-                    release(&socket, &container_id);
+                    release(&socket, &container_id, &release_req);
                 }
                 supervise::exit_code(status)
             }
             Err(source) => {
                 if matches!(prepared, Prepared::Injected { .. }) {
-                    release(&socket, &container_id);
+                    release(&socket, &container_id, &release_req);
                 }
                 let runc = env.runc.to_string_lossy().into_owned();
                 report(&Failure {
@@ -377,8 +436,8 @@ pub fn runtime_main(args: Vec<OsString>) -> i32 {
     }
     let source = exec_runc(&env, &args);
     let container_id = match &prepared {
-        Prepared::Injected { container_id, .. } => {
-            release(&socket, container_id);
+        Prepared::Injected { container_id, release: req, .. } => {
+            release(&socket, container_id, req);
             Some(container_id.clone())
         }
         Prepared::Passthrough => inv.create_args().map(|c| c.container_id.clone()),
@@ -663,6 +722,62 @@ mod tests {
         assert!(err.message().contains("invalid injection"), "{}", err.message());
         let reqs = h.join().expect("join");
         assert!(reqs[1].starts_with("DELETE /v1/allocations/abc HTTP/1.1"), "{}", reqs[1]);
+        // The release names the container giving the grant back: its root and bundle.
+        assert_eq!(
+            body_of(&reqs[1]),
+            json!({"runc_root": "/run/runc", "bundle": f.bundle().to_str().expect("utf8")})
+        );
+    }
+
+    #[test]
+    fn an_invalid_container_id_is_refused_before_the_daemon() {
+        let f = Fixture::new(&gpu_config(json!({"tessera.io/gpu": "gpu=1"}), json!([])));
+        // No daemon listening: refusing must not need one.
+        for id in ["../x", "a,b", "..", "x\u{1b}[2J"] {
+            let args = vec![
+                OsString::from("tessera-runtime"),
+                "create".into(),
+                "--bundle".into(),
+                "bundle".into(),
+                id.into(),
+            ];
+            let err = prepare(&args, &f.env).expect_err("must fail");
+            assert!(matches!(err.error, RuntimeError::ContainerId(_)), "{id}: {:?}", err.error);
+            let msg = err.message();
+            assert!(msg.contains("is not a valid container id") && !msg.contains('\u{1b}'), "{msg}");
+        }
+    }
+
+    #[test]
+    fn failure_lines_are_one_escaped_bounded_line() {
+        // Whatever a part of the message left unescaped (here: an error that shows its
+        // text raw), the line is one line, escaped and bounded.
+        let raw = format!("runc\nlevel=error msg=forged\u{1b}[2J\0{}", "x".repeat(100_000));
+        let f = Failure {
+            error: RuntimeError::Exec { runc: raw, source: std::io::ErrorKind::NotFound.into() },
+            container_id: Some("abc\nx".into()),
+            global: None,
+        };
+        let msg = f.message();
+        assert_eq!(msg.lines().count(), 1, "{msg}");
+        assert!(!msg.contains(['\u{1b}', '\0']), "{msg:?}");
+        assert!(msg.chars().count() <= MAX_LINE_CHARS + 40, "{} chars", msg.chars().count());
+        assert!(msg.starts_with("tessera-runtime: container abc\\nx: "), "{}", &msg[..60]);
+    }
+
+    #[test]
+    fn an_oversized_request_is_reported_as_too_large_naming_the_annotation() {
+        let big = "z".repeat(tessera_api::MAX_REQUEST_BYTES + 1);
+        let f = Fixture::new(&gpu_config(
+            json!({"tessera.io/gpu": "gpu=1", "example.com/blob": big}),
+            json!([]),
+        ));
+        // Not sent, so no daemon is needed to say so.
+        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("must fail");
+        let msg = err.message();
+        assert!(matches!(err.error, RuntimeError::RequestTooLarge { .. }), "{msg}");
+        assert!(msg.contains("too large") && msg.contains("1048576"), "{msg}");
+        assert!(msg.contains("`example.com/blob`") && !msg.to_lowercase().contains("broken pipe"), "{msg}");
     }
 
     #[test]

@@ -24,13 +24,15 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
-    HookBuilder, LinuxDevice, LinuxDeviceBuilder, LinuxDeviceCgroup, LinuxDeviceCgroupBuilder,
+    HookBuilder, LinuxDeviceBuilder,
     LinuxDeviceType, MountBuilder, Spec,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tessera_api::Injection;
+
+use crate::canonical::{self, CanonicalError, DeviceAccess, DeviceNode, DeviceRule, NodeKind, RuleKind};
 
 /// The bundle's config file name.
 pub const CONFIG_FILE: &str = "config.json";
@@ -60,11 +62,15 @@ pub enum SpecError {
     TooLarge { path: PathBuf },
     #[error("cannot read {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
-    /// Not JSON at all; serde_json's message carries the line and column.
-    #[error("malformed JSON in {path}: {source}")]
-    Syntax { path: PathBuf, source: serde_json::Error },
+    /// Not JSON, or JSON that runc would read differently (see [`crate::canonical`]).
+    #[error("{path}: {source}")]
+    Canonical { path: PathBuf, source: CanonicalError },
+    /// A section that runc reads differently from an exact reading, or a value it and the
+    /// kernel do not take (no file path: the caller adds it).
+    #[error(transparent)]
+    Ambiguous(#[from] CanonicalError),
     /// JSON, but a field has the wrong shape; `path` is the JSON path (`linux.devices[2].major`).
-    #[error("malformed config at `{path}`: {message}")]
+    #[error("malformed config at `{}`: {}", tessera_api::untrusted(.path), tessera_api::untrusted(.message))]
     Shape { path: String, message: String },
     #[error("config has no `linux` section: a GPU container needs Linux devices and cgroup device rules")]
     NoLinux,
@@ -75,6 +81,11 @@ pub enum SpecError {
          not have an allow-all device rule (is it privileged?)"
     )]
     AllowAll { index: usize, rule: String },
+    #[error(
+        "linux.resources.devices[{index}] ({rule}) opens character devices of any major, \
+         GPUs included: a GPU container may open only the GPUs it was granted"
+    )]
+    AnyCharDevice { index: usize, rule: String },
     #[error("invalid injection from tesserad: {0}")]
     BadInjection(String),
     #[error("cannot write {path}: {source}")]
@@ -86,6 +97,12 @@ pub enum SpecError {
     HostileRootfs { path: PathBuf, target: String },
     #[error("cannot inspect the rootfs at {path}: {source}")]
     Rootfs { path: PathBuf, source: std::io::Error },
+    /// A root path runc would resolve differently from a plain join (see [`check_rootfs`]).
+    #[error("root.path {}: {why}", tessera_api::untrusted(.path))]
+    RootPath { path: String, why: &'static str },
+    /// Something that lets the container change its own devices cgroup after runc set it.
+    #[error("{at}: {why}: a GPU container could rewrite its own device rules and open every GPU")]
+    DeviceCgroupWritable { at: String, why: String },
 }
 
 fn shape(path: impl Into<String>, message: impl Into<String>) -> SpecError {
@@ -145,10 +162,32 @@ pub fn load_config(bundle: &Path) -> Result<LoadedConfig, SpecError> {
 /// with a secure join, but an image that ships `/dev/nvidia*` links is refused as well:
 /// nothing legitimate needs them. Only `lstat` is used; nothing in the rootfs is followed,
 /// opened or executed.
+///
+/// The rootfs checked is the one runc uses: runc takes `filepath.Join(bundle, root.path)`,
+/// which cleans `..` lexically where the kernel would resolve it through links, and an empty
+/// or null path is the bundle directory itself. Neither has a legitimate use, so both are
+/// refused rather than modelled.
 pub fn check_rootfs(bundle: &Path, spec: &Value) -> Result<(), SpecError> {
-    let Some(root) = spec.pointer("/root/path").and_then(Value::as_str) else {
-        return Ok(()); // runc itself rejects a config without a root
+    let root = match spec.get("root") {
+        None | Some(Value::Null) => return Ok(()), // runc itself refuses a config without a root
+        Some(Value::Object(r)) => r,
+        Some(_) => return Err(shape("root", "expected an object")),
     };
+    let root = match root.get("path") {
+        None | Some(Value::Null) => "",
+        Some(Value::String(p)) => p.as_str(),
+        Some(_) => return Err(shape("root.path", "expected a string")),
+    };
+    let bad = |why| Err(SpecError::RootPath { path: root.to_string(), why });
+    if root.is_empty() {
+        return bad("is empty: runc would use the bundle directory itself as the rootfs");
+    }
+    if root.contains('\0') {
+        return bad("has a NUL byte");
+    }
+    if has_dotdot(root) {
+        return bad("has a `..` component: runc removes it lexically, the kernel resolves it through links, so the checked rootfs would not be runc's");
+    }
     let rootfs = bundle.join(root); // an absolute root.path replaces the bundle
     let dev = rootfs.join("dev");
     let lstat = |p: &Path| match std::fs::symlink_metadata(p) {
@@ -179,13 +218,16 @@ pub fn check_rootfs(bundle: &Path, spec: &Value) -> Result<(), SpecError> {
     Ok(())
 }
 
-/// Parses config.json bytes; errors name the file, line and column.
+/// Parses config.json bytes into the canonical view ([`crate::canonical`]): duplicate keys
+/// and keys runc would fold onto a field are refused, for every container. Errors name the
+/// file and the line and column or JSON path.
 pub fn parse_config(path: &Path, bytes: &[u8]) -> Result<Value, SpecError> {
-    let value: Value = serde_json::from_slice(bytes)
-        .map_err(|source| SpecError::Syntax { path: path.to_path_buf(), source })?;
+    let canonical = |source| SpecError::Canonical { path: path.to_path_buf(), source };
+    let value = canonical::parse(bytes).map_err(canonical)?;
     if !value.is_object() {
         return Err(shape(".", "config.json must be a JSON object"));
     }
+    canonical::check_keys(&value).map_err(canonical)?;
     Ok(value)
 }
 
@@ -300,46 +342,54 @@ fn is_nvidia_path(path: &str) -> bool {
     normalize(path).starts_with(NVIDIA_PATH_PREFIX)
 }
 
-fn is_char(t: LinuxDeviceType) -> bool {
-    matches!(t, LinuxDeviceType::C | LinuxDeviceType::U)
-}
-
-/// Whether a cgroup rule's type covers character devices (absent type means all).
-fn rule_covers_char(r: &LinuxDeviceCgroup) -> bool {
-    matches!(r.typ(), None | Some(LinuxDeviceType::A | LinuxDeviceType::C | LinuxDeviceType::U))
-}
-
-/// Whether a rule's access includes read or write (absent or empty access is runc's `rwm`).
-fn grants_rw(r: &LinuxDeviceCgroup) -> bool {
-    match r.access().as_deref() {
-        None | Some("") => true,
-        Some(a) => a.contains('r') || a.contains('w'),
+/// Why an allow rule cannot stay in a GPU container's config, if it cannot: it opens
+/// every device (any allow rule of type `a`, which runc and the kernel read as allow-all
+/// whatever its numbers), or character devices of any major for reading or writing.
+fn refuse_rule(index: usize, r: &DeviceRule) -> Option<SpecError> {
+    if !r.allow {
+        return None;
+    }
+    match r.kind {
+        RuleKind::All => Some(SpecError::AllowAll { index, rule: r.to_string() }),
+        RuleKind::Char if r.major.is_none() && r.access.opens() => {
+            Some(SpecError::AnyCharDevice { index, rule: r.to_string() })
+        }
+        _ => None,
     }
 }
 
-/// An allow rule that reaches every character device for read or write: `a *:* rwm`
-/// (privileged), an untyped allow, or `c *:N rw`. (`c *:* m`, the usual mknod rule, is fine:
-/// it lets a node be made, not opened.)
-fn is_allow_all(r: &LinuxDeviceCgroup) -> bool {
-    r.allow() && rule_covers_char(r) && r.major().is_none() && grants_rw(r)
+/// The rules of `linux.resources.devices`, read with runc's meaning.
+fn device_rules(linux: &Map<String, Value>) -> Result<Vec<DeviceRule>, SpecError> {
+    let rules = match linux.get("resources") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(res)) => res.get("devices"),
+        Some(_) => return Err(shape("linux.resources", "expected an object")),
+    };
+    Ok(canonical::read_list(rules, "linux.resources.devices", DeviceRule::from_value)?)
 }
 
-/// A deny rule for every device and every access: runc's default first rule.
-fn is_deny_all(r: &LinuxDeviceCgroup) -> bool {
-    !r.allow()
-        && matches!(r.typ(), None | Some(LinuxDeviceType::A))
-        && r.major().is_none()
-        && r.minor().is_none()
-        && match r.access().as_deref() {
-            None | Some("") => true,
-            Some(a) => a.contains('r') && a.contains('w') && a.contains('m'),
-        }
+/// The entries of `linux.devices`, numbers range-checked.
+fn device_nodes(linux: &Map<String, Value>) -> Result<Vec<DeviceNode>, SpecError> {
+    Ok(canonical::read_list(linux.get("devices"), "linux.devices", DeviceNode::from_value)?)
 }
 
 /// Just what is read of a mount.
 #[derive(Deserialize)]
 struct MountView {
     destination: String,
+    #[serde(default, rename = "type")]
+    typ: Option<String>,
+    #[serde(default)]
+    source: Option<String>,
+    #[serde(default)]
+    options: Option<Vec<String>>,
+}
+
+/// Just what is read of a namespace.
+#[derive(Deserialize)]
+struct NamespaceView {
+    #[serde(rename = "type")]
+    typ: String,
 }
 
 /// Just what is read of a hook.
@@ -349,8 +399,9 @@ struct HookView {
 }
 
 /// Checks that a config can take a GPU injection, before anything is allocated: it has
-/// `process` and `linux` sections, the device sections are well-formed, and no cgroup
-/// rule allows every device.
+/// `process` and `linux` sections, the device sections read as runc reads them (numbers in
+/// the kernel's range, known types and access), and no allow rule opens every device or
+/// character devices of any major.
 pub fn check_gpu_spec(spec: &Value) -> Result<(), SpecError> {
     let root = spec.as_object().ok_or_else(|| shape(".", "config.json must be a JSON object"))?;
     match root.get("process") {
@@ -363,16 +414,65 @@ pub fn check_gpu_spec(spec: &Value) -> Result<(), SpecError> {
         None | Some(Value::Null) => return Err(SpecError::NoLinux),
         Some(_) => return Err(shape("linux", "expected an object")),
     };
-    typed_items::<LinuxDevice>(linux.get("devices"), "linux.devices")?;
-    let rules = match linux.get("resources") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Object(res)) => {
-            typed_items::<LinuxDeviceCgroup>(res.get("devices"), "linux.resources.devices")?
+    device_nodes(linux)?;
+    let rules = device_rules(linux)?;
+    if let Some(e) = rules.iter().enumerate().find_map(|(i, r)| refuse_rule(i, r)) {
+        return Err(e);
+    }
+    check_cgroup_stays(root, linux)
+}
+
+/// The capability sets runc applies.
+const CAPABILITY_SETS: [&str; 5] = ["bounding", "effective", "permitted", "inheritable", "ambient"];
+
+/// Refuses what would let the container change its devices cgroup after runc set it (the
+/// device rules decided above then mean nothing):
+/// - `CAP_SYS_ADMIN` in any capability set without a user namespace: it mounts the
+///   cgroup hierarchy (or remounts a read-only one) and writes `devices.allow`, which the
+///   kernel checks against `CAP_SYS_ADMIN` in the initial user namespace only;
+/// - a writable cgroup filesystem: a `cgroup`/`cgroup2` mount without `ro`, or a bind mount
+///   of the host's `/sys/fs/cgroup` (or of a directory below or above it) that is not read
+///   only all the way down (`rro`, or a non-recursive `bind` with `ro`): writing the
+///   container's pid to a parent's `cgroup.procs` leaves the device cgroup.
+fn check_cgroup_stays(root: &Map<String, Value>, linux: &Map<String, Value>) -> Result<(), SpecError> {
+    let user_ns = typed_items::<NamespaceView>(linux.get("namespaces"), "linux.namespaces")?
+        .iter()
+        .any(|n| n.typ == "user");
+    if !user_ns {
+        if let Some(Value::Object(caps)) = root.get("process").and_then(|p| p.get("capabilities")) {
+            for set in CAPABILITY_SETS {
+                let at = format!("process.capabilities.{set}");
+                let names: Vec<String> = typed_items(caps.get(set), &at)?;
+                if names.iter().any(|c| c == "CAP_SYS_ADMIN") {
+                    return Err(SpecError::DeviceCgroupWritable {
+                        at,
+                        why: "CAP_SYS_ADMIN without a user namespace".into(),
+                    });
+                }
+            }
         }
-        Some(_) => return Err(shape("linux.resources", "expected an object")),
-    };
-    if let Some((index, r)) = rules.iter().enumerate().find(|(_, r)| is_allow_all(r)) {
-        return Err(SpecError::AllowAll { index, rule: format!("allow {r}") });
+    }
+    for (i, m) in typed_items::<MountView>(root.get("mounts"), "mounts")?.iter().enumerate() {
+        let opts: BTreeSet<&str> = m.options.iter().flatten().map(String::as_str).collect();
+        let at = format!("mounts[{i}]");
+        let typ = m.typ.as_deref().unwrap_or("");
+        if (typ == "cgroup" || typ == "cgroup2") && !opts.contains("ro") {
+            return Err(SpecError::DeviceCgroupWritable { at, why: format!("a {typ} mount without `ro`") });
+        }
+        let bind = typ == "bind" || opts.contains("bind") || opts.contains("rbind");
+        let Some(source) = m.source.as_deref().filter(|_| bind) else { continue };
+        let source = normalize(source);
+        let cgroupfs = "/sys/fs/cgroup";
+        let related = source == cgroupfs
+            || source.starts_with("/sys/fs/cgroup/")
+            || cgroupfs.starts_with(&format!("{}/", source.trim_end_matches('/')));
+        let read_only_all_the_way = opts.contains("rro") || (opts.contains("ro") && !opts.contains("rbind"));
+        if related && !read_only_all_the_way {
+            return Err(SpecError::DeviceCgroupWritable {
+                at,
+                why: format!("a bind mount of the host's {} that is writable below", tessera_api::untrusted(&source)),
+            });
+        }
     }
     Ok(())
 }
@@ -396,7 +496,9 @@ fn validate_injection(inj: &Injection, hooks: &HookConfig) -> Result<(), SpecErr
                 d.path
             ));
         }
-        if !(0..=u32::MAX as i64).contains(&d.major) || !(0..=u32::MAX as i64).contains(&d.minor) {
+        if !(0..=canonical::MAX_MAJOR).contains(&d.major)
+            || !(0..=canonical::MAX_MINOR).contains(&d.minor)
+        {
             return bad(format!(
                 "device {} has an impossible number {}:{}",
                 d.path, d.major, d.minor
@@ -467,23 +569,25 @@ pub fn apply_injection(
     // linux.devices
     let linux = object_entry(root, "linux", "linux")?;
     let injected_paths: BTreeSet<String> = inj.devices.iter().map(|d| normalize(&d.path)).collect();
-    let mut gpu_majors: BTreeSet<i64> = inj.devices.iter().map(|d| d.major).collect();
-    gpu_majors.insert(NVIDIA_MAJOR);
-    let existing: Vec<LinuxDevice> = typed_items(linux.get("devices"), "linux.devices")?;
-    for d in &existing {
-        if is_char(d.typ()) && is_nvidia_path(&d.path().to_string_lossy()) {
-            gpu_majors.insert(d.major());
-        }
-    }
+    // Every major of the driver (the daemon sends them all: nvidia, uvm, caps), the
+    // injected ones, and 195 always. (What a config claims about a major decides nothing.)
+    let gpu_majors: BTreeSet<u32> = inj
+        .devices
+        .iter()
+        .map(|d| d.major)
+        .chain(inj.gpu_majors.iter().copied())
+        .chain([NVIDIA_MAJOR])
+        .filter_map(|m| u32::try_from(m).ok())
+        .collect();
+    let existing = device_nodes(linux)?;
     let devices = array_entry(linux, "devices", "linux.devices")?;
     let kept: Vec<Value> = std::mem::take(devices)
         .into_iter()
         .zip(&existing)
         .filter(|(_, d)| {
-            let path = d.path().to_string_lossy();
-            let nvidia = is_nvidia_path(&path)
-                || injected_paths.contains(&normalize(&path))
-                || (is_char(d.typ()) && gpu_majors.contains(&d.major()));
+            let nvidia = is_nvidia_path(&d.path)
+                || injected_paths.contains(&normalize(&d.path))
+                || (d.kind == NodeKind::Char && gpu_majors.contains(&d.major));
             !nvidia
         })
         .map(|(v, _)| v)
@@ -503,46 +607,58 @@ pub fn apply_injection(
         devices.push(to_value(&dev)?);
     }
 
-    // linux.resources.devices
-    let resources = object_entry(linux, "resources", "linux.resources")?;
-    let rules: Vec<LinuxDeviceCgroup> =
-        typed_items(resources.get("devices"), "linux.resources.devices")?;
-    let rule_values = array_entry(resources, "devices", "linux.resources.devices")?;
-    let has_deny_all = rules.iter().any(is_deny_all);
-    let mut kept: Vec<Value> = std::mem::take(rule_values)
-        .into_iter()
-        .zip(&rules)
-        .filter(|(_, r)| {
-            let gpu = r.allow()
-                && rule_covers_char(r)
-                && r.major().is_some_and(|m| gpu_majors.contains(&m));
-            !gpu
-        })
-        .map(|(v, _)| v)
-        .collect();
-    if !has_deny_all {
-        let deny = LinuxDeviceCgroupBuilder::default()
-            .allow(false)
-            .access("rwm")
-            .build()
-            .map_err(|e| SpecError::BadInjection(e.to_string()))?;
-        kept.insert(0, to_value(&deny)?);
+    // linux.resources.devices: refused if a rule opens every device or any major; allow
+    // rules for a GPU major removed; every kept rule rewritten in canonical form (explicit
+    // type and access, wildcards omitted), deny-all first, then one allow per injected node.
+    let rules = device_rules(linux)?;
+    if let Some(e) = rules.iter().enumerate().find_map(|(i, r)| refuse_rule(i, r)) {
+        return Err(e);
     }
+    let deny_all = DeviceRule {
+        allow: false,
+        kind: RuleKind::All,
+        major: None,
+        minor: None,
+        access: canonical::Access::ALL,
+    };
+    let mut kept: Vec<DeviceRule> = rules
+        .into_iter()
+        .filter(|r| !(r.allow && r.kind == RuleKind::Char && r.major.is_some_and(|m| gpu_majors.contains(&m))))
+        .collect();
+    if kept.first().is_none_or(|r| r.allow || r.kind != RuleKind::All) {
+        kept.insert(0, deny_all);
+    }
+    let mut granted = BTreeSet::new();
     for d in &inj.devices {
-        let rule = LinuxDeviceCgroupBuilder::default()
-            .allow(true)
-            .typ(LinuxDeviceType::C)
-            .major(d.major)
-            .minor(d.minor)
-            .access("rwm")
-            .build()
-            .map_err(|e| SpecError::BadInjection(e.to_string()))?;
-        let rule = to_value(&rule)?;
+        // validate_injection checked the numbers fit.
+        let (major, minor) = (d.major as u32, d.minor as u32);
+        granted.insert((Some(major), Some(minor)));
+        let rule = DeviceRule {
+            allow: true,
+            kind: RuleKind::Char,
+            major: Some(major),
+            minor: Some(minor),
+            access: canonical::Access::ALL,
+        };
         if !kept.contains(&rule) {
             kept.push(rule);
         }
     }
-    *rule_values = kept;
+    // What runc will enforce (these rules, then its own defaults) must open exactly the
+    // granted GPU devices: checked on the rewritten rules, not assumed.
+    let access = DeviceAccess::emulate(kept.iter().chain(canonical::RUNC_DEFAULT_RULES))
+        .map_err(|e| SpecError::BadInjection(format!("device rules cannot be applied: {e}")))?;
+    let opened: BTreeSet<(Option<u32>, Option<u32>)> = access
+        .gpu_openings(&gpu_majors)
+        .map(|m| m.into_keys().collect())
+        .ok_or_else(|| SpecError::BadInjection("device rules would allow every device".into()))?;
+    if opened != granted {
+        return Err(SpecError::BadInjection(format!(
+            "device rules would open GPU devices {opened:?}, not exactly the granted {granted:?}"
+        )));
+    }
+    let resources = object_entry(linux, "resources", "linux.resources")?;
+    resources.insert("devices".into(), Value::Array(kept.iter().map(DeviceRule::to_value).collect()));
 
     // process.env
     let process = object_entry(root, "process", "process")?;
@@ -692,6 +808,7 @@ mod tests {
                 destination: "/run/nvidia-mps".into(),
                 read_only: true,
             }],
+            gpu_majors: vec![195, 237, 508],
         }
     }
 
@@ -724,7 +841,7 @@ mod tests {
         assert_eq!(
             v["linux"]["resources"]["devices"],
             json!([
-                {"allow": false, "access": "rwm"},
+                {"allow": false, "type": "a", "access": "rwm"},
                 {"allow": true, "type": "c", "major": 195, "minor": 255, "access": "rwm"},
                 {"allow": true, "type": "c", "major": 508, "minor": 0, "access": "rwm"},
                 {"allow": true, "type": "c", "major": 508, "minor": 1, "access": "rwm"},
@@ -805,7 +922,7 @@ mod tests {
         assert_eq!(
             rules[..7].to_vec(),
             vec![
-                json!({"allow": false, "access": "rwm"}),
+                json!({"allow": false, "type": "a", "access": "rwm"}),
                 json!({"allow": true, "type": "c", "access": "m"}),
                 json!({"allow": true, "type": "b", "access": "m"}),
                 json!({"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}),
@@ -889,12 +1006,13 @@ mod tests {
 
     #[test]
     fn allow_all_rules_are_refused() {
+        // runc reads an allow rule of type `a` (or no type) as allow-all, whatever its numbers.
         for rule in [
             json!({"allow": true, "access": "rwm"}),
-            json!({"allow": true}),
+            json!({"allow": true, "type": "", "access": "m"}),
             json!({"allow": true, "type": "a", "access": "rw"}),
-            json!({"allow": true, "type": "c", "access": "rwm"}),
-            json!({"allow": true, "type": "c", "minor": 0, "access": "r"}),
+            json!({"allow": true, "type": "a", "major": 195, "minor": 0, "access": "r"}),
+            json!({"allow": true, "type": "a", "major": -1, "minor": -1, "access": "rwm"}),
         ] {
             let mut v = parse(RUNC_SPEC);
             v["linux"]["resources"]["devices"].as_array_mut().expect("rules").push(rule.clone());
@@ -902,9 +1020,41 @@ mod tests {
             assert!(matches!(err, SpecError::AllowAll { index: 1, .. }), "{rule}: {err}");
             assert!(check_gpu_spec(&v).is_err());
         }
-        // mknod-only wildcards and block wildcards are not allow-all for GPUs.
+        // A character rule with an absent or -1 major opens every GPU (Docker's
+        // `--device-cgroup-rule 'c *:* rwm'` writes -1), whatever the minor.
+        for rule in [
+            json!({"allow": true, "type": "c", "access": "rwm"}),
+            json!({"allow": true, "type": "c", "major": -1, "minor": -1, "access": "rwm"}),
+            json!({"allow": true, "type": "c", "major": -1, "minor": 0, "access": "r"}),
+            json!({"allow": true, "type": "c", "minor": 0, "access": "w"}),
+        ] {
+            let mut v = parse(RUNC_SPEC);
+            v["linux"]["resources"]["devices"].as_array_mut().expect("rules").push(rule.clone());
+            let err = apply_injection(&mut v, &mig_injection(), &hooks()).expect_err("must fail");
+            assert!(matches!(err, SpecError::AnyCharDevice { index: 1, .. }), "{rule}: {err}");
+            assert!(check_gpu_spec(&v).is_err());
+        }
+        // Numbers the kernel would read differently, and what runc refuses, are refused.
+        for rule in [
+            json!({"allow": true, "type": "c", "major": 4_294_967_491_i64, "minor": 0, "access": "rw"}),
+            json!({"allow": true, "type": "c", "major": 4291, "minor": 0, "access": "rw"}),
+            json!({"allow": true, "type": "c", "major": -2, "access": "rw"}),
+            json!({"allow": true, "type": "u", "major": 195, "access": "rw"}),
+            json!({"allow": true, "type": "c", "major": 195}),
+        ] {
+            let mut v = parse(RUNC_SPEC);
+            v["linux"]["resources"]["devices"].as_array_mut().expect("rules").push(rule.clone());
+            let err = apply_injection(&mut v, &mig_injection(), &hooks()).expect_err("must fail");
+            assert!(
+                err.to_string().starts_with("`linux.resources.devices[1]"),
+                "{rule}: {err}"
+            );
+            assert!(check_gpu_spec(&v).is_err());
+        }
+        // mknod-only wildcards, block wildcards and deny rules open no GPU.
         for rule in [
             json!({"allow": true, "type": "c", "access": "m"}),
+            json!({"allow": true, "type": "c", "major": -1, "minor": -1, "access": "m"}),
             json!({"allow": true, "type": "b", "access": "rwm"}),
             json!({"allow": false, "type": "c", "access": "rwm"}),
         ] {
@@ -919,7 +1069,10 @@ mod tests {
         let mut v = json!({"ociVersion": "1.0.2", "process": {"args": ["sh"]}, "linux": {}});
         apply_injection(&mut v, &mig_injection(), &hooks()).expect("applies");
         // No deny-all rule existed: one is put first.
-        assert_eq!(v["linux"]["resources"]["devices"][0], json!({"allow": false, "access": "rwm"}));
+        assert_eq!(
+            v["linux"]["resources"]["devices"][0],
+            json!({"allow": false, "type": "a", "access": "rwm"})
+        );
         assert_eq!(v["linux"]["devices"].as_array().map(Vec::len), Some(6));
         assert_eq!(
             strs(&v["process"]["env"]),
@@ -993,14 +1146,14 @@ mod tests {
         v["linux"]["devices"][2]["major"] = json!("195");
         let err = apply_injection(&mut v, &mig_injection(), &hooks()).expect_err("must fail");
         assert!(
-            matches!(&err, SpecError::Shape { path, .. } if path == "linux.devices[2].major"),
+            matches!(&err, SpecError::Ambiguous(CanonicalError::Value { at, .. }) if at == "linux.devices[2].major"),
             "{err}"
         );
         let mut v = parse(CRI);
         v["linux"]["resources"]["devices"] = json!({"allow": true});
         let err = apply_injection(&mut v, &mig_injection(), &hooks()).expect_err("must fail");
         assert!(
-            matches!(&err, SpecError::Shape { path, .. } if path == "linux.resources.devices"),
+            matches!(&err, SpecError::Ambiguous(CanonicalError::Value { at, .. }) if at == "linux.resources.devices"),
             "{err}"
         );
         let mut v = parse(CRI);
@@ -1137,7 +1290,8 @@ mod tests {
             v["linux"]["devices"] = json!([]);
             for (kind, major, minor, by_path) in &smuggled {
                 let path = if *by_path { format!("/dev/nvidia{minor}") } else { format!("/dev/x{minor}") };
-                let major = match kind { 0 => 195, 1 => 508, _ => *major };
+                // 195, uvm, caps, or any other dynamic major (the kernel hands out 234..=511).
+                let major = match kind { 0 => 195, 1 => 508, _ => 234 + *major };
                 v["linux"]["devices"].as_array_mut().expect("devices").push(json!({
                     "path": path, "type": "c", "major": major, "minor": minor
                 }));

@@ -1,8 +1,10 @@
-//! Running runc as a child instead of exec'ing it, for the two verbs after which the
-//! wrapper has work left: a foreground `run` of a GPU container and a `delete` of one.
-//! Both give the grant back only once runc has removed the container from its state
-//! root, so a runc that failed (say, `run` of an id that already exists) never frees a
-//! device another container still holds.
+//! Running runc as a child instead of exec'ing it, for the verbs after which the wrapper
+//! has work left: `create` and `run` of a GPU container (a foreground run ends with the
+//! container; a create or detached run that runc refuses leaves a grant nobody will use)
+//! and a `delete` of one. Each gives the grant back only once runc has no record of the
+//! container in its state root, so a runc that failed (say, `create` of an id that already
+//! exists) never frees a device another container still holds; and tesserad checks again
+//! that the container is gone from the root it recorded before it releases anything.
 //!
 //! While runc runs, the signals a supervisor sends to the wrapper are passed on to runc
 //! (which passes them to the container, as it does when it is the process signalled).
@@ -126,24 +128,38 @@ pub fn exit_code(status: ExitStatus) -> i32 {
     status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
-/// Whether runc's record of a container says tessera-runtime granted it GPUs: runc keeps
-/// the container's annotations as `key=value` labels, and the wrapper writes
-/// `tessera.io/allocated` into every GPU container's config. An unreadable or missing
-/// record is "no" (the daemon's reconciler still frees what is left).
-pub fn runc_state_has_grant(root: &Path, container_id: &str, annotation: &str) -> bool {
+/// Whether a `delete` of `container_id` in `root` is worth telling tesserad about, and
+/// what runc's record says of the container: `Some(bundle)` when the record carries the
+/// `annotation` label (the wrapper writes `tessera.io/allocated` into every GPU
+/// container's config; runc keeps annotations as `key=value` labels) or exists but cannot
+/// be read; `None` for a container without it, a missing record, or an id runc would
+/// refuse (never joined to the root: `../x` would name another directory).
+///
+/// Only a hint, to spare deletes of containers without GPUs the daemon (an outage must
+/// not affect them): the label is the config author's to set, so it never decides that a
+/// grant ends. tesserad does, from its own record: the root and bundle the grant was made
+/// for, and runc having no record there. A GPU container whose label went missing keeps
+/// its grant until tesserad's reconciler finds it gone — later, never sooner.
+pub fn delete_hint(root: &Path, container_id: &str, annotation: &str) -> Option<Option<String>> {
     const MAX_STATE: u64 = 16 << 20;
-    let Ok(f) = std::fs::File::open(tessera_api::runc_state_file(root, container_id)) else {
-        return false;
+    tessera_api::validate_container_id(container_id).ok()?;
+    let f = match std::fs::File::open(tessera_api::runc_state_file(root, container_id)) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+        Err(_) => return Some(None),
     };
     let mut buf = Vec::new();
     if io::Read::read_to_end(&mut io::Read::take(f, MAX_STATE), &mut buf).is_err() {
-        return false;
+        return Some(None);
     }
-    let Ok(state) = serde_json::from_slice::<serde_json::Value>(&buf) else { return false };
+    let Ok(state) = serde_json::from_slice::<serde_json::Value>(&buf) else { return Some(None) };
+    let labels: Vec<&str> =
+        state["config"]["labels"].as_array().into_iter().flatten().filter_map(|l| l.as_str()).collect();
     let prefix = format!("{annotation}=");
-    state["config"]["labels"].as_array().is_some_and(|labels| {
-        labels.iter().filter_map(|l| l.as_str()).any(|l| l.starts_with(&prefix))
-    })
+    if !labels.iter().any(|l| l.starts_with(&prefix)) {
+        return None;
+    }
+    Some(labels.iter().find_map(|l| l.strip_prefix("bundle=")).map(str::to_string))
 }
 
 #[cfg(test)]
@@ -175,25 +191,28 @@ mod tests {
     }
 
     #[test]
-    fn grant_label_is_read_from_runc_state() {
+    fn the_delete_hint_is_read_from_runc_state() {
         let d = tempfile::tempdir().expect("tmp");
-        std::fs::create_dir_all(d.path().join("gpu")).expect("mkdir");
-        std::fs::write(
-            d.path().join("gpu/state.json"),
-            r#"{"config":{"labels":["a=b","tessera.io/allocated=MIG-1","bundle=/x"]}}"#,
-        )
-        .expect("write");
-        std::fs::create_dir_all(d.path().join("plain")).expect("mkdir");
-        std::fs::write(d.path().join("plain/state.json"), r#"{"config":{"labels":["bundle=/x"]}}"#)
-            .expect("write");
-        std::fs::create_dir_all(d.path().join("junk")).expect("mkdir");
-        std::fs::write(d.path().join("junk/state.json"), "{not json").expect("write");
+        let root = d.path().join("root");
+        let write = |dir: &Path, text: &str| {
+            std::fs::create_dir_all(dir).expect("mkdir");
+            std::fs::write(dir.join("state.json"), text).expect("write");
+        };
+        write(&root.join("gpu"), r#"{"config":{"labels":["a=b","tessera.io/allocated=MIG-1","bundle=/x"]}}"#);
+        write(&root.join("plain"), r#"{"config":{"labels":["bundle=/x"]}}"#);
+        write(&root.join("junk"), "{not json");
+        // A record outside the root, reachable only through a path in the id.
+        write(&d.path().join("evil"), r#"{"config":{"labels":["tessera.io/allocated=GPU-1","bundle=/e"]}}"#);
         let a = "tessera.io/allocated";
-        assert!(runc_state_has_grant(d.path(), "gpu", a));
-        assert!(!runc_state_has_grant(d.path(), "plain", a));
-        assert!(!runc_state_has_grant(d.path(), "junk", a));
-        assert!(!runc_state_has_grant(d.path(), "missing", a));
-        assert!(tessera_api::runc_state_exists(d.path(), "gpu"));
-        assert!(!tessera_api::runc_state_exists(d.path(), "missing"));
+        assert_eq!(delete_hint(&root, "gpu", a), Some(Some("/x".into())));
+        assert_eq!(delete_hint(&root, "plain", a), None);
+        assert_eq!(delete_hint(&root, "junk", a), Some(None), "unreadable: ask the daemon");
+        assert_eq!(delete_hint(&root, "missing", a), None);
+        for id in ["../evil", "..", ".", "a/../../evil", ""] {
+            assert_eq!(delete_hint(&root, id, a), None, "{id:?} was joined to the root");
+        }
+        assert!(tessera_api::runc_state_exists(&root, "gpu"));
+        assert!(!tessera_api::runc_state_exists(&root, "missing"));
+        assert!(!tessera_api::runc_state_exists(&root, "../evil"));
     }
 }

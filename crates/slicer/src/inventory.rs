@@ -37,6 +37,16 @@ pub struct Majors {
     pub nvidia_caps: Option<u32>,
 }
 
+impl Majors {
+    /// Every NVIDIA major this node has, ascending.
+    pub fn all(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = [Some(self.nvidia), Some(self.nvidia_uvm), self.nvidia_caps].into_iter().flatten().collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
+
 /// One physical GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

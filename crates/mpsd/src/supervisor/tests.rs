@@ -15,6 +15,14 @@ struct SimDaemon {
     threads: f64,
     mem_mib: BTreeMap<String, u64>,
     hung: bool,
+    /// Server PID -> its caps, taken from the defaults when it started.
+    servers: BTreeMap<u32, SimServer>,
+}
+
+#[derive(Debug, Clone)]
+struct SimServer {
+    threads: f64,
+    mem_mib: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Default)]
@@ -57,6 +65,21 @@ impl SimControl {
     fn live_pids(&self) -> Vec<u32> {
         self.st().daemons.values().filter(|d| d.alive).map(|d| d.pid).collect()
     }
+    /// The default caps of the daemon of `pipe`: (threads, MiB of `DEV`).
+    fn caps(&self, pipe: &Path) -> (f64, u64) {
+        let st = self.st();
+        let d = st.daemons.get(pipe).expect("daemon");
+        (d.threads, d.mem_mib.get(DEV).copied().unwrap_or(0))
+    }
+    /// The servers of the daemon of `pipe`, with their (threads, MiB of `DEV`).
+    fn servers(&self, pipe: &Path) -> BTreeMap<u32, (f64, u64)> {
+        let st = self.st();
+        let d = st.daemons.get(pipe).expect("daemon");
+        d.servers
+            .iter()
+            .map(|(p, s)| (*p, (s.threads, s.mem_mib.get(DEV).copied().unwrap_or(0))))
+            .collect()
+    }
 }
 
 impl MpsControl for SimControl {
@@ -81,7 +104,14 @@ impl MpsControl for SimControl {
         let pid = 1000 + st.next_pid;
         st.daemons.insert(
             spec.pipe_dir.clone(),
-            SimDaemon { pid, alive: true, threads: 100.0, mem_mib: BTreeMap::new(), hung: false },
+            SimDaemon {
+                pid,
+                alive: true,
+                threads: 100.0,
+                mem_mib: BTreeMap::new(),
+                hung: false,
+                servers: BTreeMap::new(),
+            },
         );
         Ok(pid)
     }
@@ -90,6 +120,10 @@ impl MpsControl for SimControl {
         let mut st = self.st();
         st.log.push(cmd.render());
         let ignore = st.ignore_caps;
+        let new_server = matches!(cmd, Command::StartServer { .. }).then(|| {
+            st.next_pid += 1;
+            5000 + st.next_pid
+        });
         let Some(d) = st.daemons.get_mut(&spec.pipe_dir).filter(|d| d.alive) else {
             return Err(MpsError::NoDaemon { pipe_dir: spec.pipe_dir.clone() });
         };
@@ -100,8 +134,50 @@ impl MpsControl for SimControl {
                 after_ms: 1,
             });
         }
+        let shown =
+            |mib: u64| if mib >= 1024 { format!("{}G\n", mib / 1024) } else { format!("{mib}M\n") };
+        let not_found = |pid: &u32| format!("Server {pid} not found\n");
         Ok(match cmd {
-            Command::GetServerList => String::new(),
+            Command::GetServerList => d.servers.keys().map(|p| format!("{p}\n")).collect(),
+            Command::StartServer { .. } => {
+                if let Some(pid) = new_server {
+                    let server = SimServer { threads: d.threads, mem_mib: d.mem_mib.clone() };
+                    d.servers.insert(pid, server);
+                }
+                String::new()
+            }
+            Command::ShutdownServer { pid, .. } => match d.servers.remove(pid) {
+                Some(_) => String::new(),
+                None => not_found(pid),
+            },
+            Command::GetActiveThreadPercentage { server_pid } => match d.servers.get(server_pid) {
+                Some(s) => format!("{:.1}\n", s.threads),
+                None => not_found(server_pid),
+            },
+            Command::SetActiveThreadPercentage { server_pid, percent } => {
+                match d.servers.get_mut(server_pid) {
+                    Some(s) => {
+                        s.threads = f64::from(*percent);
+                        String::new()
+                    }
+                    None => not_found(server_pid),
+                }
+            }
+            Command::GetDevicePinnedMemLimit { server_pid, device } => {
+                match d.servers.get(server_pid) {
+                    Some(s) => shown(s.mem_mib.get(&device.to_string()).copied().unwrap_or(0)),
+                    None => not_found(server_pid),
+                }
+            }
+            Command::SetDevicePinnedMemLimit { server_pid, device, limit } => {
+                match d.servers.get_mut(server_pid) {
+                    Some(s) => {
+                        s.mem_mib.insert(device.to_string(), limit.mib());
+                        String::new()
+                    }
+                    None => not_found(server_pid),
+                }
+            }
             Command::SetDefaultActiveThreadPercentage(p) if !ignore => {
                 d.threads = f64::from(*p);
                 String::new()
@@ -112,12 +188,7 @@ impl MpsControl for SimControl {
             }
             Command::GetDefaultActiveThreadPercentage => format!("{:.1}\n", d.threads),
             Command::GetDefaultDevicePinnedMemLimit { device } => {
-                let mib = d.mem_mib.get(&device.to_string()).copied().unwrap_or(0);
-                if mib >= 1024 {
-                    format!("{}G\n", mib / 1024)
-                } else {
-                    format!("{mib}M\n")
-                }
+                shown(d.mem_mib.get(&device.to_string()).copied().unwrap_or(0))
             }
             Command::Quit => {
                 d.alive = false;
@@ -214,6 +285,7 @@ fn caps_are_set_and_read_back_before_the_share_is_handed_out() {
     let m = h.mounts();
     assert_eq!(m.len(), 1);
     assert_eq!(m[0].destination, "/tmp/nvidia-mps");
+    assert!(m[0].read_only, "nothing can be planted in the pipe dir from a container");
     assert_eq!(Path::new(&m[0].source), h.pipe_dir.as_path());
     let dev_dir = layout::device_dir_name(DEV).expect("device dir");
     assert!(h.pipe_dir.starts_with(w.state.join("mps").join(dev_dir)));
@@ -412,6 +484,128 @@ fn a_hung_daemon_is_killed_after_repeated_failed_pings() {
         "{ev:?}"
     );
     assert!(!w.sim.live_pids().contains(&pid));
+}
+
+/// The daemon of a share, as a container reaches it: through the control socket of its
+/// pipe dir (the test seam needs only the pipe dir).
+fn spec_of(h: &ShareHandle) -> DaemonSpec {
+    DaemonSpec {
+        device: h.device.clone(),
+        pipe_dir: h.pipe_dir.clone(),
+        log_dir: h.pipe_dir.with_file_name("log"),
+        shm_dir: None,
+    }
+}
+
+#[test]
+fn caps_changed_through_the_control_socket_are_set_back_at_the_next_health_check() {
+    let w = world();
+    let a = w.sup.ensure_share(&req(DEV, "acme/a", "c1", 25)).expect("a");
+    let b = w.sup.ensure_share(&req(DEV, "acme/b", "c2", 50)).expect("b");
+    let (spec, dev) = (spec_of(&a), DeviceRef::Uuid(DEV.into()));
+    // A container of acme/a raises its own daemon's defaults through the control socket.
+    let all = MemLimit::from_mib(80 * 1024).expect("limit");
+    w.sim.send(&spec, &Command::SetDefaultActiveThreadPercentage(100)).expect("raise");
+    w.sim
+        .send(&spec, &Command::SetDefaultDevicePinnedMemLimit { device: dev.clone(), limit: all })
+        .expect("raise");
+    assert_eq!(w.sim.caps(&a.pipe_dir), (100.0, 80 * 1024));
+    let ev = w.sup.health_check_all();
+    assert_eq!(w.sim.caps(&a.pipe_dir), (25.0, 20 * 1024), "caps set back: {ev:?}");
+    assert_eq!(w.sim.caps(&b.pipe_dir), (50.0, 40 * 1024), "the other tenant untouched");
+    assert_eq!(pid_of(&w.sup, "acme/a"), Some(a.pid), "the daemon itself is kept");
+    let [HealthEvent::CapDrift { tenant, pid, detail, restored: true, servers_stopped, .. }] =
+        &ev[..]
+    else {
+        panic!("one cap drift expected: {ev:?}");
+    };
+    assert_eq!((tenant.as_str(), *pid), ("acme/a", a.pid));
+    assert_eq!(
+        detail,
+        "default active thread percentage reads 100, not 25; \
+         default device pinned memory limit reads 80G, not 20G"
+    );
+    assert!(servers_stopped.is_empty());
+    assert_eq!(serde_json::to_value(&ev[0]).expect("json")["event"], "cap_drift");
+    let drifts = |t: &str| w.sup.shares().into_iter().find(|s| s.tenant == t).map(|s| s.cap_drifts);
+    assert_eq!((drifts("acme/a"), drifts("acme/b")), (Some(1), Some(0)));
+    assert!(w.sup.health_check_all().is_empty(), "set back once, then quiet");
+
+    // Raised again, then another container joins: it gets the caps back before it is
+    // handed the share, and the next health check reports the drift.
+    w.sim.send(&spec, &Command::SetDefaultActiveThreadPercentage(90)).expect("raise");
+    assert_eq!(w.sup.ensure_share(&req(DEV, "acme/a", "c3", 25)).expect("join").pid, a.pid);
+    assert_eq!(w.sim.caps(&a.pipe_dir), (25.0, 20 * 1024));
+    let ev = w.sup.health_check_all();
+    assert!(
+        matches!(&ev[..], [HealthEvent::CapDrift { detail, .. }] if detail.contains("reads 90, not 25")),
+        "{ev:?}"
+    );
+    assert_eq!(drifts("acme/a"), Some(2));
+}
+
+#[test]
+fn a_server_whose_caps_were_raised_is_shut_down_with_its_clients() {
+    let w = world();
+    let a = w.sup.ensure_share(&req(DEV, "acme/a", "c1", 25)).expect("a");
+    let spec = spec_of(&a);
+    let start_server = || {
+        let before = w.sim.servers(&a.pipe_dir);
+        w.sim.send(&spec, &Command::StartServer { uid: 0 }).expect("start_server");
+        let after = w.sim.servers(&a.pipe_dir);
+        after.keys().copied().find(|p| !before.contains_key(p)).expect("a new server")
+    };
+    // The tenant's first client starts a server: it takes the defaults, and is left alone.
+    let good = start_server();
+    assert!(w.sup.health_check_all().is_empty());
+    assert_eq!(w.sim.servers(&a.pipe_dir)[&good], (25.0, 20 * 1024));
+
+    // Raised on the server itself: new clients of it would get 100%.
+    w.sim
+        .send(&spec, &Command::SetActiveThreadPercentage { server_pid: good, percent: 100 })
+        .expect("raise");
+    let ev = w.sup.health_check_all();
+    let [HealthEvent::CapDrift { detail, restored: true, servers_stopped, .. }] = &ev[..] else {
+        panic!("one cap drift expected: {ev:?}");
+    };
+    assert_eq!(detail, &format!("server {good}: active thread percentage reads 100, not 25"));
+    assert_eq!(servers_stopped, &vec![good]);
+    assert!(w.sim.servers(&a.pipe_dir).is_empty(), "the server and its clients are gone");
+
+    // The default raised, a server started (with it), the default put back before the check:
+    // the server still has 100% and is found by its own caps.
+    let fine = start_server();
+    w.sim.send(&spec, &Command::SetDefaultActiveThreadPercentage(100)).expect("raise");
+    let raised = start_server();
+    w.sim.send(&spec, &Command::SetDefaultActiveThreadPercentage(25)).expect("put back");
+    let ev = w.sup.health_check_all();
+    assert!(
+        matches!(&ev[..], [HealthEvent::CapDrift { servers_stopped, .. }] if servers_stopped == &vec![raised]),
+        "{ev:?}"
+    );
+    assert_eq!(w.sim.servers(&a.pipe_dir).keys().copied().collect::<Vec<_>>(), vec![fine]);
+    assert_eq!(pid_of(&w.sup, "acme/a"), Some(a.pid));
+}
+
+#[test]
+fn caps_that_cannot_be_set_again_make_a_crash_and_a_restart() {
+    let w = world();
+    let a = w.sup.ensure_share(&req(DEV, "acme/a", "c1", 25)).expect("a");
+    w.sim.send(&spec_of(&a), &Command::SetDefaultActiveThreadPercentage(100)).expect("raise");
+    w.sim.st().ignore_caps = true;
+    let ev = w.sup.health_check_all();
+    assert!(
+        matches!(&ev[..], [HealthEvent::CapDrift { restored: false, .. }, HealthEvent::Crashed(c), ..]
+            if c.detail.contains("could not be set again")),
+        "{ev:?}"
+    );
+    assert!(!w.sim.live_pids().contains(&a.pid), "the daemon with raised caps was killed");
+    w.sim.st().ignore_caps = false;
+    w.clock.advance_ms(10_000);
+    let ev = w.sup.health_check_all();
+    assert!(matches!(&ev[..], [HealthEvent::Restarted { .. }]), "{ev:?}");
+    let h = w.sup.shares().into_iter().next().expect("share");
+    assert_eq!(w.sim.caps(&h.pipe_dir), (25.0, 20 * 1024));
 }
 
 #[test]

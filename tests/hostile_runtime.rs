@@ -1,0 +1,319 @@
+//! Issue 11 ("Isolation that holds under attack"), classes 2 and 4 of the hostile corpus,
+//! end to end with real runc: a grant ends only when its own container is gone, a refused
+//! create gives its grant back at once, and untrusted text reaches errors escaped and
+//! bounded.
+
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::node::*;
+use common::*;
+use serde_json::json;
+
+/// The slowest reconciler: whatever is released here, the reconciler did not do it.
+fn no_reconciler() -> NodeOptions {
+    NodeOptions { reconcile_interval_ms: 600_000, pending_grace_ms: 600_000, ..NodeOptions::default() }
+}
+
+/// `tessera-runtime --root ROOT ARGS..` with the fixture's runtime environment; the
+/// command's stdio (and a created container's) goes to files, so a container left running
+/// never holds a pipe of the test.
+fn wrapper_in(node: &Node, root: &Path, args: &[&str]) -> Output {
+    let rt = node.fx.runtime();
+    let tag = format!("wrapper-{}", unique_name());
+    let (out, err) = (node.fx.log_dir().join(format!("{tag}.out")), node.fx.log_dir().join(format!("{tag}.err")));
+    let mut cmd = Command::new(&rt.bin);
+    cmd.arg("--root").arg(root).args(args);
+    cmd.envs(rt.env.iter().map(|(k, v)| (k, v)));
+    cmd.stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap());
+    let mut child = cmd.spawn().unwrap();
+    let status = wait_child(&mut child, CMD_TIMEOUT).unwrap().expect("wrapper timed out");
+    Output { status, stdout: std::fs::read(&out).unwrap_or_default(), stderr: std::fs::read(&err).unwrap_or_default() }
+}
+
+/// A second runc root inside the fixture, cleaned up with it.
+fn other_root(node: &Node) -> PathBuf {
+    let root = node.fx.path("other-root");
+    std::fs::create_dir_all(&root).unwrap();
+    node.fx.cleanup().track_runc_root(&root);
+    root
+}
+
+fn events_of(node: &Node, id: &str) -> Vec<(String, String)> {
+    node.client()
+        .status()
+        .unwrap()
+        .events
+        .into_iter()
+        .filter(|e| e.container_id.as_deref() == Some(id))
+        .map(|e| (e.kind, e.detail))
+        .collect()
+}
+
+fn json_request(node: &Node, method: &str, path: &str, body: Option<serde_json::Value>) -> (u16, String) {
+    let body = body.map(|b| b.to_string());
+    let r = node.client().raw(method, path, body.as_deref().map(str::as_bytes)).unwrap();
+    (r.status, String::from_utf8_lossy(&r.body).into_owned())
+}
+
+// ---------------------------------------------------------------------------------------
+// Class 2 (a): only the container a grant belongs to can end it
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn a_container_of_the_same_id_in_another_runc_root_cannot_release_a_running_grant() {
+    let node = Node::start_with(no_reconciler());
+    let c = node.client();
+    let b = node.bundle("victim", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "victim");
+    let before = c.allocation("victim").expect("grant");
+
+    // Same id, no GPU request, the wrapper's label forged, in another runc root.
+    let root = other_root(&node);
+    let mut evil = node.fx.bundle("evil");
+    evil.args(&["sleep", "300"]).annotation("tessera.io/allocated", &before.devices[0].uuid).write();
+    node.fx.cleanup().track_cgroup(&evil.cgroups_path());
+    let bd = evil.dir().to_string_lossy().into_owned();
+    wrapper_in(&node, &root, &["create", "--bundle", &bd, "victim"]).assert_success("create in the other root");
+    let out = wrapper_in(&node, &root, &["delete", "-f", "victim"]);
+    out.assert_success("delete in the other root");
+    assert!(runc_container_ids(&root).is_empty(), "the other root's container was not deleted");
+
+    assert_eq!(
+        c.allocation("victim").ok().as_ref(),
+        Some(&before),
+        "the grant of the running container victim was released by deleting another root's container of the same id"
+    );
+    assert_eq!(node.fx.status("victim").as_deref(), Some("running"));
+    let refused: Vec<_> = events_of(&node, "victim").into_iter().filter(|(k, _)| k == "release-refused").collect();
+    assert!(!refused.is_empty(), "no release-refused event: {:?}", events_of(&node, "victim"));
+    assert!(refused[0].1.contains(&root.display().to_string()), "{refused:?}");
+    node.fx.delete_container("victim", true).assert_success("delete victim");
+    assert!(c.allocation("victim").is_err(), "the victim's own delete must release its grant");
+}
+
+#[test]
+fn the_daemon_refuses_a_release_while_runc_still_has_the_container() {
+    let node = Node::start_with(no_reconciler());
+    let b = node.bundle("held", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "held");
+    let before = node.client().allocation("held").expect("grant");
+    let root = node.fx.runc_root().display().to_string();
+    let bundle = std::fs::canonicalize(b.dir()).unwrap().display().to_string();
+
+    // Whatever a caller sends, even the recorded root and bundle, or nothing at all (an
+    // older client), the container is still in runc's state: nothing is released.
+    for body in [None, Some(json!({"runc_root": root, "bundle": bundle}))] {
+        let (status, text) = json_request(&node, "DELETE", "/v1/allocations/held", body.clone());
+        assert_eq!(status, 409, "release with {body:?} answered {status}: {text}");
+        assert!(text.contains("still has") && text.contains(&root), "{text}");
+        assert_eq!(node.client().allocation("held").ok().as_ref(), Some(&before), "released with {body:?}");
+    }
+    assert!(events_of(&node, "held").iter().any(|(k, _)| k == "release-refused"));
+}
+
+#[test]
+fn a_release_naming_another_root_or_bundle_is_refused_and_recorded() {
+    let node = Node::start_with(no_reconciler());
+    let b = node.bundle("gone", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "gone");
+    // Deleted with plain runc: the wrapper does not release, the daemon still holds it.
+    let root = node.fx.runc_root().display().to_string();
+    let out = run_cmd(Command::new(RUNC).args(["--root", &root, "delete", "-f", "gone"]));
+    out.assert_success("runc delete");
+    assert!(node.client().allocation("gone").is_ok());
+
+    let bundle = std::fs::canonicalize(b.dir()).unwrap().display().to_string();
+    for body in [
+        json!({"runc_root": "/tmp/elsewhere", "bundle": bundle}),
+        json!({"runc_root": root, "bundle": "/tmp/other-bundle"}),
+    ] {
+        let (status, text) = json_request(&node, "DELETE", "/v1/allocations/gone", Some(body.clone()));
+        assert_eq!(status, 409, "release with {body} answered {status}: {text}");
+        assert!(node.client().allocation("gone").is_ok(), "released by a caller naming {body}");
+    }
+    let refused = events_of(&node, "gone").into_iter().filter(|(k, _)| k == "release-refused").count();
+    assert_eq!(refused, 2, "{:?}", events_of(&node, "gone"));
+    // The container's own root and bundle: released.
+    let (status, text) = json_request(&node, "DELETE", "/v1/allocations/gone", Some(json!({"runc_root": root, "bundle": bundle})));
+    assert_eq!(status, 200, "{text}");
+    assert!(node.client().allocation("gone").is_err());
+}
+
+#[test]
+fn a_forged_label_on_a_plain_container_releases_nothing_and_its_delete_needs_no_daemon() {
+    let mut node = Node::start_with(no_reconciler());
+    let c = node.client();
+    let b = node.bundle("gpu", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "gpu");
+    let before = c.allocation("gpu").expect("grant");
+
+    let mut plain = node.fx.bundle("plain");
+    plain.args(&["sleep", "300"]).annotation("tessera.io/allocated", &before.devices[0].uuid).write();
+    node.fx.run_detached(&plain, "plain");
+    node.fx.delete_container("plain", true).assert_success("delete of a labelled plain container");
+    assert_eq!(c.allocation("gpu").ok().as_ref(), Some(&before));
+
+    // With tesserad down the same delete still works (a warning at most).
+    node.fx.run_detached(&plain, "plain2");
+    node.daemon.kill9();
+    let out = node.fx.delete_container("plain2", true);
+    out.assert_success("delete of a labelled plain container while tesserad is down");
+    assert!(node.fx.state("plain2").is_none());
+}
+
+// ---------------------------------------------------------------------------------------
+// Class 2 (b): a running grant outlives its init while a process is left in its cgroup
+// ---------------------------------------------------------------------------------------
+
+/// A GPU container without its own pid namespace (it shares the host's, as a pod member
+/// shares the pod's) whose init starts a worker and exits at once. Returns (init pid,
+/// the container's devices cgroup dir).
+fn start_leaving_a_worker(node: &Node, id: &str) -> (i32, PathBuf) {
+    let mut b = node.bundle(id, "team-trusted", Some("gpu=1"), &["sh", "-c", "sleep 300 & exit 0"]);
+    b.mutate(|c| {
+        let ns = c["linux"]["namespaces"].as_array_mut().unwrap();
+        ns.retain(|n| n["type"] != "pid");
+    })
+    .write();
+    node.fx.create_container(&b, id).assert_success("create");
+    // runc runs the prestart hook during create: the daemon knows the init's pid now.
+    let pid = node.client().allocation(id).expect("grant").pid.expect("prestart recorded the pid");
+    node.fx.start_container(id).assert_success("start");
+    let cg = Path::new(CGROUP_ROOT).join("devices").join(b.cgroups_path().trim_start_matches('/'));
+    assert!(wait_for(|| !pid_alive(pid, None), Duration::from_secs(10)), "init did not exit");
+    assert!(!cgroup_procs(&cg).is_empty(), "no worker left in {}", cg.display());
+    (pid, cg)
+}
+
+#[test]
+fn a_worker_left_after_init_exits_in_a_shared_pid_namespace_keeps_the_grant() {
+    let node = Node::start(); // reconciler every 200 ms
+    let c = node.client();
+    let (_, cg) = start_leaving_a_worker(&node, "pod-member");
+    let before = c.allocation("pod-member").expect("grant");
+    // Many reconciler ticks with the init gone and the worker running in the cgroup.
+    std::thread::sleep(Duration::from_millis(2000));
+    assert!(!cgroup_procs(&cg).is_empty(), "the worker vanished");
+    assert_eq!(
+        c.allocation("pod-member").ok().map(|a| a.devices),
+        Some(before.devices),
+        "the grant was released while a worker still runs in the container's cgroup"
+    );
+    // runc removes the container (and, without its own pid namespace, kills the worker):
+    // only then is the grant given back, by the reconciler (plain runc, no wrapper).
+    let root = node.fx.runc_root().display().to_string();
+    run_cmd(Command::new(RUNC).args(["--root", &root, "delete", "-f", "pod-member"])).assert_success("runc delete");
+    assert!(wait_for(|| c.allocation("pod-member").is_err(), Duration::from_secs(10)), "not released after runc delete");
+}
+
+#[test]
+fn a_process_left_in_the_cgroup_after_runc_forgot_the_container_keeps_the_grant() {
+    let node = Node::start();
+    let c = node.client();
+    let (_, cg) = start_leaving_a_worker(&node, "forgotten");
+    // runc's record goes (as if deleted behind runc's back), the worker stays.
+    std::fs::remove_dir_all(node.fx.runc_root().join("forgotten")).unwrap();
+    std::thread::sleep(Duration::from_millis(2000));
+    assert!(
+        c.allocation("forgotten").is_ok(),
+        "the grant was released while a process is left in the container's cgroup"
+    );
+    for pid in cgroup_procs(&cg) {
+        // SAFETY: plain syscall on a pid in the test container's cgroup.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert!(wait_for(|| c.allocation("forgotten").is_err(), Duration::from_secs(10)), "not released once the cgroup emptied");
+}
+
+// ---------------------------------------------------------------------------------------
+// Class 4: a refused create gives its grant back at once
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn a_create_or_detached_run_that_runc_refuses_gives_the_grant_back_at_once() {
+    let node = Node::start_with(no_reconciler());
+    let c = node.client();
+    for (id, verb) in [("noroot", "create"), ("noroot-d", "run")] {
+        let mut b = node.bundle(id, "team-trusted", Some("gpu=1"), &["true"]);
+        b.mutate(|c| c["root"]["path"] = json!("/nonexistent/rootfs")).write();
+        node.fx.cleanup().track_cgroup(&b.cgroups_path());
+        let bd = b.dir().to_string_lossy().into_owned();
+        let args: Vec<&str> =
+            if verb == "create" { vec!["create", "--bundle", &bd, id] } else { vec!["run", "-d", "--bundle", &bd, id] };
+        let out = wrapper_in(&node, &node.fx.runc_root(), &args);
+        out.assert_failure("runc refuses a missing rootfs");
+        assert!(node.fx.state(id).is_none());
+        assert!(c.allocation(id).is_err(), "{verb}: a grant whose create failed is still held");
+    }
+    // A create of an id that already runs fails too, but that grant is the running
+    // container's: it stays.
+    let b = node.bundle("twice", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "twice");
+    let before = c.allocation("twice").expect("grant");
+    node.fx.create_container(&b, "twice").assert_failure("create of an existing id");
+    assert_eq!(c.allocation("twice").ok().as_ref(), Some(&before));
+}
+
+// ---------------------------------------------------------------------------------------
+// Class 4: untrusted text in errors is escaped and bounded; oversized is "too large"
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn hostile_request_values_reach_errors_escaped_and_bounded() {
+    let node = Node::start_with(no_reconciler());
+    let forged = "gpu=1\ntime=\"2026-01-01T00:00:00Z\" level=error msg=\"forged\"\u{1b}[2J\u{0}";
+    let huge = format!("mig={}", "x".repeat(100_000));
+    for (id, value) in [("nl", forged.to_string()), ("huge", huge)] {
+        let mut b = node.fx.bundle(id);
+        b.args(&["true"]).annotation(NS, "team-trusted").annotation("tessera.io/gpu", &value).write();
+        let log = node.fx.path(&format!("{id}.log"));
+        let bd = b.dir().to_string_lossy().into_owned();
+        let ls = log.display().to_string();
+        let out = wrapper_in(&node, &node.fx.runc_root(), &["--log", &ls, "create", "--bundle", &bd, id]);
+        out.assert_failure("malformed request");
+        let err = out.stderr.clone();
+        let text = String::from_utf8_lossy(&err);
+        assert_eq!(text.lines().count(), 1, "{id}: the error is not one line:\n{text}");
+        assert!(!err.iter().any(|&b| b == 0x1b || b == 0), "{id}: control bytes reach the terminal: {text:?}");
+        // One bound for the whole line, whatever its parts did with the value.
+        let max = tessera_api::display::MAX_LINE_CHARS + 64;
+        assert!(err.len() < max, "{id}: a {} byte error line", err.len());
+        let logged = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(logged.lines().count(), 1, "{id}: {logged}");
+        assert!(logged.len() < max + 200, "{id}: a {} byte log line", logged.len());
+    }
+    // The daemon, asked directly, answers with the value escaped and bounded too.
+    let body = json!({"container_id": "d1", "runc_root": "/r", "bundle": "/b",
+                      "request": format!("{}{}", forged, "y".repeat(100_000)), "request_source": "annotation"});
+    let (status, text) = json_request(&node, "POST", "/v1/allocations", Some(body));
+    assert_eq!(status, 400, "{text}");
+    let e: tessera_api::ApiError = serde_json::from_str(&text).unwrap();
+    assert!(!e.message.contains('\n') && !e.message.contains('\u{1b}') && !e.message.contains('\0'), "{:?}", e.message);
+    assert!(e.message.len() < 1024, "{} byte message", e.message.len());
+    let body = json!({"container_id": "bad\nid", "runc_root": "/r", "bundle": "/b", "request": "gpu=1", "request_source": "annotation"});
+    let (status, text) = json_request(&node, "POST", "/v1/allocations", Some(body));
+    assert_eq!(status, 400, "{text}");
+    let e: tessera_api::ApiError = serde_json::from_str(&text).unwrap();
+    assert!(!e.message.contains('\n'), "{:?}", e.message);
+}
+
+#[test]
+fn an_oversized_annotation_is_reported_as_too_large_not_as_a_broken_pipe() {
+    let node = Node::start_with(no_reconciler());
+    let mut b = node.bundle("big", "team-trusted", Some("gpu=1"), &["true"]);
+    b.annotation("example.com/blob", &"z".repeat(2 << 20)).write();
+    let out = node.fx.run_container(&b, "big");
+    out.assert_failure("oversized annotations");
+    let err = out.stderr_str();
+    assert!(!err.to_lowercase().contains("broken pipe"), "{err}");
+    assert!(err.contains("too large") && err.contains("1048576") && err.contains("example.com/blob"), "{err}");
+    assert!(node.client().status().unwrap().allocations.is_empty());
+}
