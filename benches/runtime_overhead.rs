@@ -25,9 +25,14 @@ struct Bench {
 impl Drop for Bench {
     fn drop(&mut self) {
         let root = self.dir.join("runc-root");
-        if let Ok(out) = Command::new("runc").arg("--root").arg(&root).args(["list", "-q"]).output() {
+        if let Ok(out) = Command::new("runc").arg("--root").arg(&root).args(["list", "-q"]).output()
+        {
             for id in String::from_utf8_lossy(&out.stdout).lines() {
-                let _ = Command::new("runc").arg("--root").arg(&root).args(["delete", "-f", id]).status();
+                let _ = Command::new("runc")
+                    .arg("--root")
+                    .arg(&root)
+                    .args(["delete", "-f", id])
+                    .status();
             }
         }
         if let Some(mut d) = self.daemon.take() {
@@ -52,8 +57,10 @@ impl Drop for Bench {
 }
 
 fn config(rootfs: &Path, cgroup: &str, id: &str, annotations: &[(&str, &str)]) -> String {
-    let ann: serde_json::Map<String, serde_json::Value> =
-        annotations.iter().map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string()))).collect();
+    let ann: serde_json::Map<String, serde_json::Value> = annotations
+        .iter()
+        .map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string())))
+        .collect();
     serde_json::json!({
         "ociVersion": "1.0.2",
         "process": {"terminal": false, "user": {"uid": 0, "gid": 0}, "cwd": "/", "args": ["/bin/busybox", "true"],
@@ -91,7 +98,11 @@ fn main() {
         return;
     }
     let dir = PathBuf::from(format!("/tmp/tessera-bench-{}", std::process::id()));
-    let mut bench = Bench { dir: dir.clone(), cgroup: format!("/tessera-bench-{}", std::process::id()), daemon: None };
+    let mut bench = Bench {
+        dir: dir.clone(),
+        cgroup: format!("/tessera-bench-{}", std::process::id()),
+        daemon: None,
+    };
     let rootfs = dir.join("rootfs");
     std::fs::create_dir_all(rootfs.join("bin")).expect("rootfs");
     for d in ["dev", "proc", "tmp"] {
@@ -124,7 +135,8 @@ fn main() {
         let id = format!("{kind}{i}");
         let bundle = dir.join("bundles").join(&id);
         std::fs::create_dir_all(&bundle).expect("bundle");
-        std::fs::write(bundle.join("config.json"), config(&rootfs, &bench.cgroup, &id, ann)).expect("config");
+        std::fs::write(bundle.join("config.json"), config(&rootfs, &bench.cgroup, &id, ann))
+            .expect("config");
         let start = Instant::now();
         let status = Command::new(bin)
             .arg("--root")
@@ -145,7 +157,10 @@ fn main() {
         let _ = std::fs::remove_dir_all(&bundle);
         ms
     };
-    let gpu_ann = [("io.kubernetes.cri.sandbox-namespace", "team-untrusted"), ("tessera.io/gpu", "mig=1g.10gb")];
+    let gpu_ann = [
+        ("io.kubernetes.cri.sandbox-namespace", "team-untrusted"),
+        ("tessera.io/gpu", "mig=1g.10gb"),
+    ];
     // Warm caches (binaries, page cache, SQLite) before measuring.
     for i in 0..5 {
         run("runc", "w", i, &[]);
@@ -182,7 +197,10 @@ fn main() {
     println!("| path | p50 | p99 | mean | ratio to plain (p50) |");
     println!("|---|---|---|---|---|");
     println!("| plain runc | {pp50:.2} | {pp99:.2} | {pmean:.2} | 1.00 |");
-    println!("| tessera-runtime, no GPU request | {np50:.2} | {np99:.2} | {nmean:.2} | {:.3} |", np50 / pp50);
+    println!(
+        "| tessera-runtime, no GPU request | {np50:.2} | {np99:.2} | {nmean:.2} | {:.3} |",
+        np50 / pp50
+    );
     println!("| tessera-runtime, mig=1g.10gb (grant + hooks) | {gp50:.2} | {gp99:.2} | {gmean:.2} | {:.3} |", gp50 / pp50);
     println!("\nadded latency, paired per iteration (ms): no request p50 {dn50:.2} p99 {dn99:.2}; MIG request p50 {dg50:.2} p99 {dg99:.2}");
 
@@ -204,7 +222,8 @@ fn parts(n: usize, dir: &Path, socket: &Path, runc_root: &Path, ann: &[(&str, &s
         f();
         t.elapsed().as_secs_f64() * 1e3
     };
-    let (mut alloc, mut start, mut release, mut health) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut alloc, mut start, mut release, mut health) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
         let id = format!("parts{i}");
         let req = tessera_api::AllocateRequest {

@@ -2,7 +2,9 @@
 # Installs the Debian packages Tessera's demo and tests use, if any is missing.
 # Sourced by scripts/demo.sh and scripts/test.sh.
 
-TESSERA_APT_PACKAGES=(runc containerd busybox-static protobuf-compiler etcd-server sqlite3 gcc)
+# protobuf-compiler and libprotobuf-dev (protoc's well-known types, only a recommendation
+# of protobuf-compiler, so skipped by --no-install-recommends): the coordinator's etcd client.
+TESSERA_APT_PACKAGES=(runc containerd busybox-static protobuf-compiler libprotobuf-dev etcd-server sqlite3 gcc)
 
 # Run the calling script as root: as it is when already root, else again through sudo,
 # keeping PATH (rustup's cargo lives in the user's ~/.cargo/bin). Usage:
@@ -29,4 +31,8 @@ tessera_ensure_deps() {
         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     fi
     command -v cargo >/dev/null || { echo "cargo not found: install a Rust toolchain (rustup) first" >&2; return 1; }
+    # Formatting and lints are part of the tests: rustup's default profile has both.
+    for tool in fmt clippy; do
+        cargo "$tool" --version >/dev/null 2>&1 || { echo "cargo $tool not found: rustup component add ${tool/fmt/rustfmt}" >&2; return 1; }
+    done
 }

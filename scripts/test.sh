@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The whole test suite: unit, property and end-to-end tests against real runc,
+# The whole test suite: formatting, lints, then unit, property and end-to-end tests against real runc,
 # containerd and SQLite. Needs root (runc and containerd run real containers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 tessera_as_root scripts/test.sh "$@"
 tessera_ensure_deps
+# Habits that hold themselves: an unformatted file or a lint fails the run.
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --locked --bins
 cargo test --workspace --locked "$@"

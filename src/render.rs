@@ -13,23 +13,38 @@ pub fn status(s: &NodeStatus) -> String {
     let mut out = String::new();
     let short = |d: &str| d.chars().take(12).collect::<String>();
     let _ = writeln!(out, "node {}   backend {}", s.node, s.backend);
-    let _ = writeln!(out, "policy v{} ({}, sha256 {})", s.policy.version, s.policy.source, short(&s.policy.digest));
+    let _ = writeln!(
+        out,
+        "policy v{} ({}, sha256 {})",
+        s.policy.version,
+        s.policy.source,
+        short(&s.policy.digest)
+    );
     if let Some(c) = &s.policy.coordinator {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
-        let contact = c
-            .last_contact_ms
-            .map_or_else(|| "never".to_string(), |t| format!("{}s ago", now.saturating_sub(t) / 1000));
+        let contact = c.last_contact_ms.map_or_else(
+            || "never".to_string(),
+            |t| format!("{}s ago", now.saturating_sub(t) / 1000),
+        );
         let link = match (&c.current, c.connected) {
             (Some(u), true) => format!("connected to {u}"),
             (Some(u), false) => format!("not connected (last used {u})"),
             (None, _) => "not connected".to_string(),
         };
-        let _ = writeln!(out, "  fleet: {} as node {}, {link}, last contact {contact}, trust key {}", c.health, c.node_id, c.trust_key_id);
+        let _ = writeln!(
+            out,
+            "  fleet: {} as node {}, {link}, last contact {contact}, trust key {}",
+            c.health, c.node_id, c.trust_key_id
+        );
         if let Some(r) = &c.last_rejection {
-            let _ = writeln!(out, "  refused policy version {} ({}) from {}: {}", r.version, r.kind, r.coordinator, r.reason);
+            let _ = writeln!(
+                out,
+                "  refused policy version {} ({}) from {}: {}",
+                r.version, r.kind, r.coordinator, r.reason
+            );
         }
         if let Some(e) = &c.last_error {
             let _ = writeln!(out, "  last error: {e}");
@@ -47,7 +62,12 @@ pub fn status(s: &NodeStatus) -> String {
         }
     }
     let held = s.allocations.len();
-    let _ = writeln!(out, "{} GPUs, {held} allocation{}", s.gpus.len(), if held == 1 { "" } else { "s" });
+    let _ = writeln!(
+        out,
+        "{} GPUs, {held} allocation{}",
+        s.gpus.len(),
+        if held == 1 { "" } else { "s" }
+    );
     for g in &s.gpus {
         out.push('\n');
         gpu(&mut out, g, s);
@@ -89,7 +109,12 @@ pub fn status(s: &NodeStatus) -> String {
         for e in s.events.iter().take(8) {
             let detail: String = e.detail.chars().take(140).collect();
             let at = crate::timespec::format_utc(e.ts_ms);
-            let _ = writeln!(out, "  {at} {:<8} {:<20} {detail}", e.kind, e.container_id.as_deref().unwrap_or("-"));
+            let _ = writeln!(
+                out,
+                "  {at} {:<8} {:<20} {detail}",
+                e.kind,
+                e.container_id.as_deref().unwrap_or("-")
+            );
         }
     }
     out
@@ -133,19 +158,25 @@ pub fn usage(r: &metering::UsageReport) -> String {
         let _ = writeln!(out, "{} interval(s) still open, counted up to now", r.open_intervals);
     }
     if !r.unpriced_models.is_empty() {
-        let _ = writeln!(out, "no price in the policy for: {} (cost 0)", r.unpriced_models.join(", "));
+        let _ =
+            writeln!(out, "no price in the policy for: {} (cost 0)", r.unpriced_models.join(", "));
     }
     out
 }
 
 /// Who shares a device, and how (`mps 50%+25%`, `time-sliced 2/4 (notebooks)`).
 fn sharing(s: &NodeStatus, uuid: &str) -> Option<String> {
-    let shares: Vec<&tessera_api::ShareGrant> =
-        s.allocations.iter().filter_map(|a| a.share.as_ref()).filter(|sh| sh.device == uuid).collect();
+    let shares: Vec<&tessera_api::ShareGrant> = s
+        .allocations
+        .iter()
+        .filter_map(|a| a.share.as_ref())
+        .filter(|sh| sh.device == uuid)
+        .collect();
     let first = shares.first()?;
     Some(match first.kind {
         tessera_api::Isolation::Mps => {
-            let pcts: Vec<String> = shares.iter().map(|sh| format!("{}%", sh.percent.unwrap_or(0))).collect();
+            let pcts: Vec<String> =
+                shares.iter().map(|sh| format!("{}%", sh.percent.unwrap_or(0))).collect();
             format!("shared: mps {} ({} containers)", pcts.join("+"), shares.len())
         }
         _ => format!(
@@ -176,7 +207,11 @@ fn lifecycle(l: Option<&tessera_api::Lifecycle>) -> String {
 
 fn gpu(out: &mut String, g: &GpuStatus, s: &NodeStatus) {
     let mode = if g.mig_enabled { "MIG" } else { "whole" };
-    let _ = writeln!(out, "GPU {}  {}  {}  minor {}  {} MiB  {mode}", g.index, g.model, g.uuid, g.minor, g.memory_mib);
+    let _ = writeln!(
+        out,
+        "GPU {}  {}  {}  minor {}  {} MiB  {mode}",
+        g.index, g.model, g.uuid, g.minor, g.memory_mib
+    );
     if !g.mig_enabled {
         match (&g.holder, sharing(s, &g.uuid)) {
             _ if g.lifecycle.is_some() && g.holder.is_none() => {
@@ -241,7 +276,8 @@ pub fn slot_map(instances: &[MigInstanceStatus]) -> String {
                 } else {
                     ""
                 };
-                let label: String = format!("{}{mark}", i.profile).chars().take(width.saturating_sub(2)).collect();
+                let label: String =
+                    format!("{}{mark}", i.profile).chars().take(width.saturating_sub(2)).collect();
                 let _ = write!(line, "[{label:^w$}]", w = width - 2);
                 s += i.size as usize;
             }
@@ -255,7 +291,6 @@ pub fn slot_map(instances: &[MigInstanceStatus]) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use tessera_api::{DeviceState, Holder};
@@ -277,7 +312,11 @@ mod tests {
 
     #[test]
     fn slot_map_draws_instances_at_their_slots_and_marks_held_ones() {
-        let map = slot_map(&[inst("3g.40gb", 0, 4, false), inst("2g.20gb", 4, 2, true), inst("1g.10gb", 7, 1, false)]);
+        let map = slot_map(&[
+            inst("3g.40gb", 0, 4, false),
+            inst("2g.20gb", 4, 2, true),
+            inst("1g.10gb", 7, 1, false),
+        ]);
         assert_eq!(map.len(), 8 * SLOT);
         assert!(map.starts_with("[             3g.40gb              ]"), "{map}");
         assert!(map.contains("[    2g.20gb*    ]"), "{map}");

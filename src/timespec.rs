@@ -9,7 +9,8 @@ pub fn parse(s: &str, now_ms: u64) -> Result<u64, String> {
         return Ok(now_ms);
     }
     if let Some(rel) = s.strip_prefix('-') {
-        let (num, unit) = rel.split_at(rel.find(|c: char| !c.is_ascii_digit()).unwrap_or(rel.len()));
+        let (num, unit) =
+            rel.split_at(rel.find(|c: char| !c.is_ascii_digit()).unwrap_or(rel.len()));
         let n: u64 = num.parse().map_err(|_| bad(s))?;
         let ms = match unit {
             "s" => 1_000,
@@ -27,21 +28,30 @@ pub fn parse(s: &str, now_ms: u64) -> Result<u64, String> {
 }
 
 fn bad(s: &str) -> String {
-    format!("`{s}` is not a time: use now, -2h (also s, m, d), Unix seconds, or 2026-11-21T12:00:00Z")
+    format!(
+        "`{s}` is not a time: use now, -2h (also s, m, d), Unix seconds, or 2026-11-21T12:00:00Z"
+    )
 }
 
 fn rfc3339(s: &str) -> Option<u64> {
     let s = s.strip_suffix('Z').or_else(|| s.strip_suffix("+00:00"))?;
     let (date, time) = s.split_once('T')?;
     let mut d = date.splitn(3, '-');
-    let (y, mo, da): (i64, u32, u32) = (d.next()?.parse().ok()?, d.next()?.parse().ok()?, d.next()?.parse().ok()?);
+    let (y, mo, da): (i64, u32, u32) =
+        (d.next()?.parse().ok()?, d.next()?.parse().ok()?, d.next()?.parse().ok()?);
     let (hms, frac) = match time.split_once('.') {
         Some((a, b)) => (a, Some(b)),
         None => (time, None),
     };
     let mut t = hms.splitn(3, ':');
-    let (h, mi, se): (u64, u64, u64) = (t.next()?.parse().ok()?, t.next()?.parse().ok()?, t.next()?.parse().ok()?);
-    if !(1..=12).contains(&mo) || !(1..=days_in_month(y, mo)).contains(&da) || h > 23 || mi > 59 || se > 60 {
+    let (h, mi, se): (u64, u64, u64) =
+        (t.next()?.parse().ok()?, t.next()?.parse().ok()?, t.next()?.parse().ok()?);
+    if !(1..=12).contains(&mo)
+        || !(1..=days_in_month(y, mo)).contains(&da)
+        || h > 23
+        || mi > 59
+        || se > 60
+    {
         return None;
     }
     let ms_frac = match frac {
@@ -101,7 +111,6 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -129,7 +138,16 @@ mod tests {
 
     #[test]
     fn rejects_what_is_not_a_time() {
-        for s in ["", "yesterday", "-5y", "2025-13-01T00:00:00Z", "2025-02-30T00:00:00Z", "2025-11-21T12:00:00", "-99999999999999999d", "2025-11-21T25:00:00Z"] {
+        for s in [
+            "",
+            "yesterday",
+            "-5y",
+            "2025-13-01T00:00:00Z",
+            "2025-02-30T00:00:00Z",
+            "2025-11-21T12:00:00",
+            "-99999999999999999d",
+            "2025-11-21T25:00:00Z",
+        ] {
             let e = parse(s, 1_000).unwrap_err();
             assert!(e.contains("not a time"), "{s}: {e}");
         }

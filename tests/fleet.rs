@@ -28,7 +28,10 @@ use std::time::{Duration, Instant};
 use common::node::{free_port, repo, Node, NodeOptions, NS};
 use common::*;
 use serde_json::Value;
-use tessera_api::{AllocateRequest, Allocation, ApiError, CoordinatorStatus, ErrorCode, NodeStatus, RequestSource, StartRequest};
+use tessera_api::{
+    AllocateRequest, Allocation, ApiError, CoordinatorStatus, ErrorCode, NodeStatus, RequestSource,
+    StartRequest,
+};
 
 const COORDINATOR_BIN: &str = env!("CARGO_BIN_EXE_tessera-coordinator");
 const ADMIN: &str = "admin-token-alice-0123456789abcdef";
@@ -100,7 +103,10 @@ impl Fleet {
             &dir.path().join("logs"),
         );
         let healthy = wait_for(
-            || http(&etcd_url, "GET", "/health", None, None).is_some_and(|(s, b)| s == 200 && b.contains("true")),
+            || {
+                http(&etcd_url, "GET", "/health", None, None)
+                    .is_some_and(|(s, b)| s == 200 && b.contains("true"))
+            },
             Duration::from_secs(30),
         );
         assert!(healthy, "etcd did not become healthy:\n{}", etcd.stderr());
@@ -130,7 +136,13 @@ impl Fleet {
             "--tokens".into(),
             self.tokens_file.display().to_string(),
         ];
-        let proc = ChildProcess::spawn(name, COORDINATOR_BIN, args, [("TESSERA_LOG", "info")], &self.log_dir());
+        let proc = ChildProcess::spawn(
+            name,
+            COORDINATOR_BIN,
+            args,
+            [("TESSERA_LOG", "info")],
+            &self.log_dir(),
+        );
         let c = Coordinator { proc, url: format!("http://{addr}") };
         c.wait_healthy();
         c
@@ -148,12 +160,20 @@ impl Fleet {
     /// never served).
     fn sign(&self, version: u64, untrusted_gpu: bool) -> coordinator::SignedPolicy {
         let key = coordinator::signing::load_signing_key(&self.key_file).expect("signing key");
-        coordinator::signing::sign(&key, &policy_bytes(version, untrusted_gpu), "alice", coordinator::now_ms()).expect("sign")
+        coordinator::signing::sign(
+            &key,
+            &policy_bytes(version, untrusted_gpu),
+            "alice",
+            coordinator::now_ms(),
+        )
+        .expect("sign")
     }
 
     /// The id of the key nodes pin.
     fn key_id(&self) -> String {
-        coordinator::signing::key_id(&coordinator::signing::load_verifying_key(&self.public_key).expect("public key"))
+        coordinator::signing::key_id(
+            &coordinator::signing::load_verifying_key(&self.public_key).expect("public key"),
+        )
     }
 
     /// Write `env` into etcd as the latest revision, as someone with write access to the
@@ -170,14 +190,17 @@ impl Fleet {
     }
 
     fn node_with(&self, name: &str, coordinators: &str, extra: &[&str]) -> Node {
-        let mut desc: Value =
-            serde_json::from_slice(&std::fs::read(repo("examples/nodes/h100x8.json")).expect("node file")).expect("json");
+        let mut desc: Value = serde_json::from_slice(
+            &std::fs::read(repo("examples/nodes/h100x8.json")).expect("node file"),
+        )
+        .expect("json");
         desc["node"] = Value::from(name);
         let node_file = self.path(&format!("{name}.json"));
         std::fs::write(&node_file, desc.to_string()).expect("node file");
         let token_file = self.path(&format!("{name}.token"));
         std::fs::write(&token_file, format!("{}\n", node_token(name))).expect("token file");
-        std::fs::set_permissions(&token_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod");
+        std::fs::set_permissions(&token_file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("chmod");
         let mut extra_args: Vec<String> = [
             "--coordinator",
             coordinators,
@@ -217,13 +240,19 @@ impl Fleet {
         let file = self.policy(version, untrusted_gpu);
         let out = self.admin(coordinators, &["policy", "push", &file.display().to_string()]);
         out.assert_success("tessera policy push");
-        assert!(out.stdout_str().contains(&format!("pushed policy version {version}")), "{}", out.stdout_str());
+        assert!(
+            out.stdout_str().contains(&format!("pushed policy version {version}")),
+            "{}",
+            out.stdout_str()
+        );
     }
 }
 
 fn policy_bytes(version: u64, untrusted_gpu: bool) -> Vec<u8> {
-    let mut p: Value =
-        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).expect("example policy")).expect("json");
+    let mut p: Value = serde_json::from_slice(
+        &std::fs::read(repo("examples/policy.json")).expect("example policy"),
+    )
+    .expect("json");
     p["version"] = Value::from(version);
     if !untrusted_gpu {
         p["tiers"]["untrusted"]["allow"] = serde_json::json!(["mig"]);
@@ -238,8 +267,17 @@ struct Coordinator {
 
 impl Coordinator {
     fn wait_healthy(&self) {
-        let ok = wait_for(|| http(&self.url, "GET", "/v1/health", None, None).is_some_and(|(s, _)| s == 200), WITHIN);
-        assert!(ok, "{} did not come up at {}:\n{}", self.proc.name(), self.url, self.proc.stderr());
+        let ok = wait_for(
+            || http(&self.url, "GET", "/v1/health", None, None).is_some_and(|(s, _)| s == 200),
+            WITHIN,
+        );
+        assert!(
+            ok,
+            "{} did not come up at {}:\n{}",
+            self.proc.name(),
+            self.url,
+            self.proc.stderr()
+        );
     }
     /// A crash.
     fn kill9(&mut self) {
@@ -261,7 +299,13 @@ impl Coordinator {
 // ---------------------------------------------------------------------------------------
 
 /// One HTTP/1.1 request with `Connection: close`; `None` when nothing answered.
-fn http(url: &str, method: &str, path: &str, token: Option<&str>, body: Option<&[u8]>) -> Option<(u16, String)> {
+fn http(
+    url: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&[u8]>,
+) -> Option<(u16, String)> {
     let authority = url.trim_start_matches("http://");
     let mut s = TcpStream::connect(authority).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
@@ -285,7 +329,9 @@ fn b64(bytes: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for c in bytes.chunks(3) {
-        let n = (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
         for i in 0..4 {
             if i <= c.len() {
                 out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
@@ -411,7 +457,10 @@ fn proxy_one(client: TcpStream, upstream: &str, st: &ProxyState) -> std::io::Res
     up.read_to_end(&mut answer)?;
     if method == "POST" && path.starts_with("/v1/nodes/") && path.ends_with("/usage") {
         st.usage_posts.fetch_add(1, Ordering::SeqCst);
-        let lose = st.lose_usage_answers.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+        let lose = st
+            .lose_usage_answers
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
         if lose {
             // The coordinator stored the batch; the node never hears so.
             st.lost.fetch_add(1, Ordering::SeqCst);
@@ -427,7 +476,12 @@ fn proxy_one(client: TcpStream, upstream: &str, st: &ProxyState) -> std::io::Res
 // ---------------------------------------------------------------------------------------
 
 fn tessera(args: &[&str]) -> Output {
-    run_cmd(Command::new(TESSERA_CLI).args(args).env_remove("TESSERA_COORDINATOR").env_remove("TESSERA_TOKEN"))
+    run_cmd(
+        Command::new(TESSERA_CLI)
+            .args(args)
+            .env_remove("TESSERA_COORDINATOR")
+            .env_remove("TESSERA_TOKEN"),
+    )
 }
 
 fn status(node: &Node) -> NodeStatus {
@@ -447,7 +501,12 @@ fn wait_node(node: &Node, what: &str, f: impl Fn(&NodeStatus) -> bool) -> NodeSt
                 return s;
             }
             if t0.elapsed() > WITHIN {
-                panic!("node {} never reached `{what}`: {:#?}\n{}", s.node, s.policy, node.daemon.stderr());
+                panic!(
+                    "node {} never reached `{what}`: {:#?}\n{}",
+                    s.node,
+                    s.policy,
+                    node.daemon.stderr()
+                );
             }
         } else if t0.elapsed() > WITHIN {
             panic!("node never answered while waiting for `{what}`:\n{}", node.daemon.stderr());
@@ -490,16 +549,19 @@ fn decide(node: &Node, id: &str, ns: &str, request: &str) -> Result<Allocation, 
 
 /// The version-2 rule: the untrusted tier gets MIG only.
 fn assert_untrusted_gpu_refused(node: &Node, id: &str) {
-    let e = decide(node, id, "team-untrusted", "gpu=1").expect_err("whole GPU for the untrusted tier");
+    let e =
+        decide(node, id, "team-untrusted", "gpu=1").expect_err("whole GPU for the untrusted tier");
     assert_eq!(e.code, ErrorCode::Refused, "{e:?}");
-    decide(node, &format!("{id}-t"), "team-trusted", "gpu=1").expect("the trusted tier still gets a GPU");
+    decide(node, &format!("{id}-t"), "team-trusted", "gpu=1")
+        .expect("the trusted tier still gets a GPU");
 }
 
 /// A granted, running allocation (its "container" is this test process).
 fn hold(node: &Node, id: &str, ns: &str, request: &str) -> Allocation {
     let c = node.client();
     c.allocate(&alloc_req(id, ns, request)).expect("allocate");
-    c.start(id, &StartRequest { pid: std::process::id() as i32, bundle: format!("/b/{id}") }).expect("start")
+    c.start(id, &StartRequest { pid: std::process::id() as i32, bundle: format!("/b/{id}") })
+        .expect("start")
 }
 
 fn lkg_source(node: &Node) -> String {
@@ -524,7 +586,11 @@ fn wait_nodes_table(fleet: &Fleet, url: &str, what: &str, f: impl Fn(&str) -> bo
 
 /// The row of `node` in a `tessera nodes` table, split on whitespace.
 fn row<'a>(table: &'a str, node: &str) -> Vec<&'a str> {
-    table.lines().find(|l| l.starts_with(node)).map(|l| l.split_whitespace().collect()).unwrap_or_default()
+    table
+        .lines()
+        .find(|l| l.starts_with(node))
+        .map(|l| l.split_whitespace().collect())
+        .unwrap_or_default()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -541,7 +607,9 @@ fn a_push_reaches_both_nodes_and_forged_unsigned_and_older_revisions_are_refused
     let b = fleet.node(NODE_B, &pb.url);
     let bootstrap = format!("file:{}", fleet.policy(1, true).display());
     for (n, p) in [(&a, &pa), (&b, &pb)] {
-        let s = wait_node(n, "connected on the bootstrap policy", |s| fleet_of(s).connected && s.policy.version == 1);
+        let s = wait_node(n, "connected on the bootstrap policy", |s| {
+            fleet_of(s).connected && s.policy.version == 1
+        });
         assert_eq!(s.policy.source, bootstrap);
         assert_eq!(fleet_of(&s).current.as_deref(), Some(p.url.as_str()));
     }
@@ -569,16 +637,24 @@ fn a_push_reaches_both_nodes_and_forged_unsigned_and_older_revisions_are_refused
     }
     let still = a.client().allocation("held-u").expect("the grant made under version 1 survives");
     assert_eq!((still.devices, still.state), (held.devices, tessera_api::AllocationState::Running));
-    assert!(a.state.join("fleet/last-known-good.json").exists(), "version 2 kept as last-known-good");
+    assert!(
+        a.state.join("fleet/last-known-good.json").exists(),
+        "version 2 kept as last-known-good"
+    );
 
     // Forged: signed by another key that claims the pinned key's id, written into etcd.
     let evil = coordinator::signing::parse_signing_key(&"66".repeat(32), "evil key").expect("key");
-    let mut forged = coordinator::signing::sign(&evil, &policy_bytes(3, true), "mallory", coordinator::now_ms()).expect("sign");
+    let mut forged =
+        coordinator::signing::sign(&evil, &policy_bytes(3, true), "mallory", coordinator::now_ms())
+            .expect("sign");
     forged.key_id = fleet.key_id();
     fleet.inject(&forged);
     for n in [&a, &b] {
         let s = wait_node(n, "forged version 3 refused", |s| {
-            fleet_of(s).last_rejection.as_ref().is_some_and(|r| r.kind == "forged" && r.version == 3)
+            fleet_of(s)
+                .last_rejection
+                .as_ref()
+                .is_some_and(|r| r.kind == "forged" && r.version == 3)
         });
         assert_eq!(s.policy.version, 2, "still enforcing version 2");
         let f = fleet_of(&s);
@@ -598,7 +674,10 @@ fn a_push_reaches_both_nodes_and_forged_unsigned_and_older_revisions_are_refused
     fleet.inject(&unsigned);
     for n in [&a, &b] {
         let s = wait_node(n, "unsigned version 4 refused", |s| {
-            fleet_of(s).last_rejection.as_ref().is_some_and(|r| r.kind == "unsigned" && r.version == 4)
+            fleet_of(s)
+                .last_rejection
+                .as_ref()
+                .is_some_and(|r| r.kind == "unsigned" && r.version == 4)
         });
         assert_eq!(s.policy.version, 2);
         assert!(fleet_of(&s).rejections >= 2);
@@ -619,7 +698,8 @@ fn a_push_reaches_both_nodes_and_forged_unsigned_and_older_revisions_are_refused
     for (n, p) in [(&a, &pa), (&b, &pb)] {
         let s = at_version(n, 5, &format!("coordinator:{}", p.url));
         wait_node(n, "healthy on version 5", |s| fleet_of(s).health == "ok");
-        decide(n, "v5-check", "team-untrusted", "gpu=1").expect("version 5 gives the untrusted tier GPUs again");
+        decide(n, "v5-check", "team-untrusted", "gpu=1")
+            .expect("version 5 gives the untrusted tier GPUs again");
         assert_eq!(fleet_of(&s).applied_version, Some(5));
     }
 
@@ -655,14 +735,27 @@ fn a_push_reaches_both_nodes_and_forged_unsigned_and_older_revisions_are_refused
     let history = fleet.admin(&c.url, &["policy", "history"]);
     history.assert_success("tessera policy history");
     let text = history.stdout_str();
-    let versions: Vec<String> = text.lines().skip(1).filter_map(|l| l.split_whitespace().next()).map(String::from).collect();
+    let versions: Vec<String> = text
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .map(String::from)
+        .collect();
     assert_eq!(versions, ["5", "4", "3", "2"], "{text}");
-    assert!(text.contains("mallory"), "the injected revisions show who claims to have written them: {text}");
+    assert!(
+        text.contains("mallory"),
+        "the injected revisions show who claims to have written them: {text}"
+    );
     let diff = fleet.admin(&c.url, &["policy", "diff", "2", "5"]);
     diff.assert_success("tessera policy diff");
     let d = diff.stdout_str();
     assert!(d.starts_with("--- version 2\n+++ version 5\n"), "{d}");
-    assert!(d.contains("-  \"version\": 2") && d.contains("+  \"version\": 5") && d.contains("+        \"gpu\","), "{d}");
+    assert!(
+        d.contains("-  \"version\": 2")
+            && d.contains("+  \"version\": 5")
+            && d.contains("+        \"gpu\","),
+        "{d}"
+    );
     drop((a, b));
 }
 
@@ -696,10 +789,15 @@ fn without_the_coordinator_nodes_keep_enforcing_restart_from_last_known_good_and
     assert_eq!((s.policy.version, s.policy.source.clone()), (2, lkg_source(&a)));
     assert!(!fleet_of(&s).connected);
     assert_untrusted_gpu_refused(&a, "lkg-check");
-    assert!(a.daemon.stderr().contains("starting from the last-known-good policy"), "{}", a.daemon.stderr());
+    assert!(
+        a.daemon.stderr().contains("starting from the last-known-good policy"),
+        "{}",
+        a.daemon.stderr()
+    );
 
     // Version 3 is pushed through another coordinator the nodes do not know (same etcd)...
-    let mut other = fleet.coordinator("coordinator-other", SocketAddr::from(([127, 0, 0, 1], free_port())));
+    let mut other =
+        fleet.coordinator("coordinator-other", SocketAddr::from(([127, 0, 0, 1], free_port())));
     fleet.push(&other.url, 3, true);
     other.stop();
     std::thread::sleep(Duration::from_millis(500));
@@ -720,8 +818,10 @@ fn without_the_coordinator_nodes_keep_enforcing_restart_from_last_known_good_and
 #[test]
 fn two_coordinators_on_one_etcd_either_can_stop_and_pushes_still_reach_the_nodes() {
     let Some(fleet) = Fleet::start() else { return };
-    let mut c1 = fleet.coordinator("coordinator-1", SocketAddr::from(([127, 0, 0, 1], free_port())));
-    let mut c2 = fleet.coordinator("coordinator-2", SocketAddr::from(([127, 0, 0, 1], free_port())));
+    let mut c1 =
+        fleet.coordinator("coordinator-1", SocketAddr::from(([127, 0, 0, 1], free_port())));
+    let mut c2 =
+        fleet.coordinator("coordinator-2", SocketAddr::from(([127, 0, 0, 1], free_port())));
     let both = format!("{},{}", c1.url, c2.url);
     let a = fleet.node(NODE_A, &both);
     let b = fleet.node(NODE_B, &both);
@@ -762,14 +862,33 @@ fn a_node_credential_cannot_push_or_read_the_fleet() {
     let c = fleet.coordinator("coordinator", SocketAddr::from(([127, 0, 0, 1], free_port())));
     fleet.push(&c.url, 2, true);
     let file = fleet.policy(3, true);
-    let out = tessera(&["policy", "push", &file.display().to_string(), "--coordinator", &c.url, "--token", &node_token(NODE_A)]);
+    let out = tessera(&[
+        "policy",
+        "push",
+        &file.display().to_string(),
+        "--coordinator",
+        &c.url,
+        "--token",
+        &node_token(NODE_A),
+    ]);
     out.assert_failure("a push with a node token");
     let err = out.stderr_str();
-    assert!(err.contains("403") && err.contains("admin credential") && err.contains(NODE_A), "{err}");
+    assert!(
+        err.contains("403") && err.contains("admin credential") && err.contains(NODE_A),
+        "{err}"
+    );
     let out = tessera(&["nodes", "--coordinator", &c.url, "--token", &node_token(NODE_B)]);
     out.assert_failure("tessera nodes with a node token");
     assert!(out.stderr_str().contains("403"), "{}", out.stderr_str());
-    let out = tessera(&["policy", "push", &file.display().to_string(), "--coordinator", &c.url, "--token", "not-a-token-0123456789"]);
+    let out = tessera(&[
+        "policy",
+        "push",
+        &file.display().to_string(),
+        "--coordinator",
+        &c.url,
+        "--token",
+        "not-a-token-0123456789",
+    ]);
     out.assert_failure("a push with an unknown token");
     assert!(out.stderr_str().contains("401"), "{}", out.stderr_str());
 
@@ -778,7 +897,9 @@ fn a_node_credential_cannot_push_or_read_the_fleet() {
     assert_eq!(revs.iter().map(|r| r.version).collect::<Vec<_>>(), [2]);
     let refusals = coordinator::client::blocking::refusals(&c.url, ADMIN).expect("refusals");
     assert!(
-        refusals.iter().any(|r| r.who == format!("node:{NODE_A}") && r.action == "push a policy" && r.status == 403),
+        refusals.iter().any(|r| r.who == format!("node:{NODE_A}")
+            && r.action == "push a policy"
+            && r.status == 403),
         "{refusals:#?}"
     );
     assert!(c.proc.stderr().contains("request refused"), "{}", c.proc.stderr());
@@ -803,7 +924,9 @@ fn local_usage(node: &Node) -> Value {
 /// Wait until the ledger's intervals 1..=`seq` (all closed) are uploaded.
 fn all_uploaded(node: &Node, seq: u64) -> NodeStatus {
     wait_node(node, &format!("closed intervals up to seq {seq} uploaded"), |s| {
-        fleet_of(s).usage.as_ref().is_some_and(|u| u.uploaded_through_seq == seq && u.pending == 0 && u.last_error.is_none())
+        fleet_of(s).usage.as_ref().is_some_and(|u| {
+            u.uploaded_through_seq == seq && u.pending == 0 && u.last_error.is_none()
+        })
     })
 }
 
@@ -835,15 +958,24 @@ fn usage_uploads_retried_after_a_lost_answer_count_once_and_roll_up_across_the_f
     a.daemon.terminate(Duration::from_secs(10));
     a.restart();
     let after_restart = status(&a);
-    assert_eq!(fleet_of(&after_restart).usage.as_ref().map(|u| u.uploaded_through_seq), Some(3), "the mark was kept");
+    assert_eq!(
+        fleet_of(&after_restart).usage.as_ref().map(|u| u.uploaded_through_seq),
+        Some(3),
+        "the mark was kept"
+    );
     run_containers(&a, "a2-", 2, 300);
     let sa = all_uploaded(&a, 5);
     let u = fleet_of(&sa).usage.clone().expect("usage status");
-    assert_eq!((u.accepted, u.duplicates), (2, 0), "after the restart only the new intervals were sent: {u:?}");
+    assert_eq!(
+        (u.accepted, u.duplicates),
+        (2, 0),
+        "after the restart only the new intervals were sent: {u:?}"
+    );
 
     // Fleet roll-up == the sum of the nodes' own reports, each interval counted once.
     let (la, lb) = (local_usage(&a), local_usage(&b));
-    let out = fleet.admin(&c.url, &["usage", "--from", "-1h", "--to", "now", "--by", "team", "--json"]);
+    let out =
+        fleet.admin(&c.url, &["usage", "--from", "-1h", "--to", "now", "--by", "team", "--json"]);
     out.assert_success("tessera usage --coordinator");
     let f: Value = serde_json::from_str(&out.stdout_str()).expect("fleet usage json");
     let secs = |v: &Value| v["total"]["gpu_seconds"].as_f64().expect("gpu_seconds");
@@ -851,14 +983,25 @@ fn usage_uploads_retried_after_a_lost_answer_count_once_and_roll_up_across_the_f
     assert_eq!(intervals(&la), 5);
     assert_eq!(intervals(&lb), 2);
     assert_eq!(intervals(&f["report"]), 7, "{f:#}");
-    assert!((secs(&f["report"]) - (secs(&la) + secs(&lb))).abs() < 1e-6, "fleet {f:#}\nA {la:#}\nB {lb:#}");
+    assert!(
+        (secs(&f["report"]) - (secs(&la) + secs(&lb))).abs() < 1e-6,
+        "fleet {f:#}\nA {la:#}\nB {lb:#}"
+    );
     let cost = |v: &Value| v["total"]["cost"].as_f64().expect("cost");
-    assert!(cost(&f["report"]) > 0.0 && (cost(&f["report"]) - (cost(&la) + cost(&lb))).abs() < 1e-9, "{f:#}");
+    assert!(
+        cost(&f["report"]) > 0.0 && (cost(&f["report"]) - (cost(&la) + cost(&lb))).abs() < 1e-9,
+        "{f:#}"
+    );
     let per_node: Vec<(String, u64)> = f["nodes"]
         .as_array()
         .expect("nodes")
         .iter()
-        .map(|n| (n["node"].as_str().expect("node").to_string(), n["intervals"].as_u64().expect("intervals")))
+        .map(|n| {
+            (
+                n["node"].as_str().expect("node").to_string(),
+                n["intervals"].as_u64().expect("intervals"),
+            )
+        })
         .collect();
     assert_eq!(per_node, [(NODE_A.to_string(), 5), (NODE_B.to_string(), 2)]);
     // The table form says the same.
@@ -900,7 +1043,8 @@ fn a_node_refuses_a_tampered_last_known_good_and_starts_from_a_good_one_with_no_
 
     // Signed by another key: refused too.
     let evil = coordinator::signing::parse_signing_key(&"66".repeat(32), "evil key").expect("key");
-    let other = coordinator::signing::sign(&evil, &policy_bytes(8, true), "mallory", 1).expect("sign");
+    let other =
+        coordinator::signing::sign(&evil, &policy_bytes(8, true), "mallory", 1).expect("sign");
     std::fs::write(&lkg, serde_json::to_vec(&other).expect("json")).expect("write lkg");
     a.daemon.restart();
     assert!(a.daemon.wait_exit(WITHIN).is_some_and(|e| !e.success()));
@@ -925,22 +1069,51 @@ fn tesserad_fleet_flags_are_checked() {
         (vec!["--coordinator", "http://127.0.0.1:1", "--trust-key", "abcd"], "trust-key"),
         (vec!["--coordinator", "http://127.0.0.1:1", "--trust-key", key], "TESSERA_NODE_TOKEN"),
         (
-            vec!["--coordinator", "http://127.0.0.1:1", "--trust-key", key, "--node-token", "/nonexistent/token"],
+            vec![
+                "--coordinator",
+                "http://127.0.0.1:1",
+                "--trust-key",
+                key,
+                "--node-token",
+                "/nonexistent/token",
+            ],
             "/nonexistent/token",
         ),
         (
-            vec!["--coordinator", "http://127.0.0.1:1", "--trust-key", key, "--node-token", token.to_str().expect("utf-8"), "--node-id", "other"],
+            vec![
+                "--coordinator",
+                "http://127.0.0.1:1",
+                "--trust-key",
+                key,
+                "--node-token",
+                token.to_str().expect("utf-8"),
+                "--node-id",
+                "other",
+            ],
             "differs from this node's name",
         ),
         (
-            vec!["--coordinator", "http://127.0.0.1:1", "--trust-key", key, "--node-token", token.to_str().expect("utf-8")],
+            vec![
+                "--coordinator",
+                "http://127.0.0.1:1",
+                "--trust-key",
+                key,
+                "--node-token",
+                token.to_str().expect("utf-8"),
+            ],
             "no policy to start from",
         ),
     ];
     for (extra, needle) in cases {
-        let out = run_cmd(Command::new(TESSERAD).args(base).args(&extra).env_remove("TESSERA_NODE_TOKEN"));
+        let out = run_cmd(
+            Command::new(TESSERAD).args(base).args(&extra).env_remove("TESSERA_NODE_TOKEN"),
+        );
         out.assert_failure(&format!("tesserad {extra:?}"));
-        assert!(out.stderr_str().contains(needle), "{extra:?}: expected {needle:?} in\n{}", out.stderr_str());
+        assert!(
+            out.stderr_str().contains(needle),
+            "{extra:?}: expected {needle:?} in\n{}",
+            out.stderr_str()
+        );
     }
 }
 
@@ -982,10 +1155,19 @@ fn an_https_coordinator_reaches_nodes_and_admins_that_hold_its_ca() {
         "--tls-key".into(),
         key.display().to_string(),
     ];
-    let proc = ChildProcess::spawn("tls-coordinator", COORDINATOR_BIN, args, [("TESSERA_LOG", "info")], &fleet.log_dir());
+    let proc = ChildProcess::spawn(
+        "tls-coordinator",
+        COORDINATOR_BIN,
+        args,
+        [("TESSERA_LOG", "info")],
+        &fleet.log_dir(),
+    );
     let url = format!("https://{addr}");
     let ca_arg = ca.display().to_string();
-    let up = wait_for(|| fleet.admin(&url, &["policy", "history", "--coordinator-ca", &ca_arg]).status.success(), WITHIN);
+    let up = wait_for(
+        || fleet.admin(&url, &["policy", "history", "--coordinator-ca", &ca_arg]).status.success(),
+        WITHIN,
+    );
     assert!(up, "the https coordinator did not come up:\n{}", proc.stderr());
 
     // The admin CLI pushes over https with the CA, and is refused without it.
@@ -993,16 +1175,19 @@ fn an_https_coordinator_reaches_nodes_and_admins_that_hold_its_ca() {
     let out = fleet.admin(&url, &["policy", "push", &file]);
     out.assert_failure("push to https without a CA");
     assert!(out.stderr_str().contains("--coordinator-ca"), "{}", out.stderr_str());
-    fleet.admin(&url, &["policy", "push", &file, "--coordinator-ca", &ca_arg]).assert_success("push over https");
+    fleet
+        .admin(&url, &["policy", "push", &file, "--coordinator-ca", &ca_arg])
+        .assert_success("push over https");
 
     // A node given the CA (started from its policy file, version 1) follows the
     // coordinator over https: the next push reaches it.
     let node = fleet.node_with(NODE_A, &url, &["--coordinator-ca", &ca_arg]);
     let file2 = fleet.policy(2, false).display().to_string();
-    fleet.admin(&url, &["policy", "push", &file2, "--coordinator-ca", &ca_arg]).assert_success("push v2");
+    fleet
+        .admin(&url, &["policy", "push", &file2, "--coordinator-ca", &ca_arg])
+        .assert_success("push v2");
     at_version(&node, 2, &format!("coordinator:{url}"));
     assert!(fleet_of(&status(&node)).connected);
     drop(node);
     drop(proc);
 }
-

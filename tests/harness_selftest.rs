@@ -269,7 +269,9 @@ fn e_child_process_restart_and_pid_tracking() {
         .env("CUDA_MPS_PIPE_DIRECTORY", fx.path("mps/pipe"))
         .spawn()
         .expect("spawn");
-    let env_named = || processes_whose_env_mentions(&fx.dir().to_string_lossy()).contains(&(by_env.id() as i32));
+    let env_named = || {
+        processes_whose_env_mentions(&fx.dir().to_string_lossy()).contains(&(by_env.id() as i32))
+    };
     assert!(wait_for(env_named, Duration::from_secs(2)), "its environment names the dir");
 
     // Sockets: short enough, bindable.

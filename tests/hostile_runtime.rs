@@ -3,7 +3,9 @@
 //! create gives its grant back at once, and untrusted text reaches errors escaped and
 //! bounded.
 
-#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+// Integration-test crates: clippy counts their helper functions as non-test code, so
+// `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -17,7 +19,11 @@ use serde_json::json;
 
 /// The slowest reconciler: whatever is released here, the reconciler did not do it.
 fn no_reconciler() -> NodeOptions {
-    NodeOptions { reconcile_interval_ms: 600_000, pending_grace_ms: 600_000, ..NodeOptions::default() }
+    NodeOptions {
+        reconcile_interval_ms: 600_000,
+        pending_grace_ms: 600_000,
+        ..NodeOptions::default()
+    }
 }
 
 /// `tessera-runtime --root ROOT ARGS..` with the fixture's runtime environment; the
@@ -26,7 +32,10 @@ fn no_reconciler() -> NodeOptions {
 fn wrapper_in(node: &Node, root: &Path, args: &[&str]) -> Output {
     let rt = node.fx.runtime();
     let tag = format!("wrapper-{}", unique_name());
-    let (out, err) = (node.fx.log_dir().join(format!("{tag}.out")), node.fx.log_dir().join(format!("{tag}.err")));
+    let (out, err) = (
+        node.fx.log_dir().join(format!("{tag}.out")),
+        node.fx.log_dir().join(format!("{tag}.err")),
+    );
     let mut cmd = Command::new(&rt.bin);
     cmd.arg("--root").arg(root).args(args);
     cmd.envs(rt.env.iter().map(|(k, v)| (k, v)));
@@ -35,7 +44,11 @@ fn wrapper_in(node: &Node, root: &Path, args: &[&str]) -> Output {
         .stderr(std::fs::File::create(&err).unwrap());
     let mut child = cmd.spawn().unwrap();
     let status = wait_child(&mut child, CMD_TIMEOUT).unwrap().expect("wrapper timed out");
-    Output { status, stdout: std::fs::read(&out).unwrap_or_default(), stderr: std::fs::read(&err).unwrap_or_default() }
+    Output {
+        status,
+        stdout: std::fs::read(&out).unwrap_or_default(),
+        stderr: std::fs::read(&err).unwrap_or_default(),
+    }
 }
 
 /// A second runc root inside the fixture, cleaned up with it.
@@ -57,7 +70,12 @@ fn events_of(node: &Node, id: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-fn json_request(node: &Node, method: &str, path: &str, body: Option<serde_json::Value>) -> (u16, String) {
+fn json_request(
+    node: &Node,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, String) {
     let body = body.map(|b| b.to_string());
     let r = node.client().raw(method, path, body.as_deref().map(str::as_bytes)).unwrap();
     (r.status, String::from_utf8_lossy(&r.body).into_owned())
@@ -78,10 +96,13 @@ fn a_container_of_the_same_id_in_another_runc_root_cannot_release_a_running_gran
     // Same id, no GPU request, the wrapper's label forged, in another runc root.
     let root = other_root(&node);
     let mut evil = node.fx.bundle("evil");
-    evil.args(&["sleep", "300"]).annotation("tessera.io/allocated", &before.devices[0].uuid).write();
+    evil.args(&["sleep", "300"])
+        .annotation("tessera.io/allocated", &before.devices[0].uuid)
+        .write();
     node.fx.cleanup().track_cgroup(&evil.cgroups_path());
     let bd = evil.dir().to_string_lossy().into_owned();
-    wrapper_in(&node, &root, &["create", "--bundle", &bd, "victim"]).assert_success("create in the other root");
+    wrapper_in(&node, &root, &["create", "--bundle", &bd, "victim"])
+        .assert_success("create in the other root");
     let out = wrapper_in(&node, &root, &["delete", "-f", "victim"]);
     out.assert_success("delete in the other root");
     assert!(runc_container_ids(&root).is_empty(), "the other root's container was not deleted");
@@ -92,7 +113,8 @@ fn a_container_of_the_same_id_in_another_runc_root_cannot_release_a_running_gran
         "the grant of the running container victim was released by deleting another root's container of the same id"
     );
     assert_eq!(node.fx.status("victim").as_deref(), Some("running"));
-    let refused: Vec<_> = events_of(&node, "victim").into_iter().filter(|(k, _)| k == "release-refused").collect();
+    let refused: Vec<_> =
+        events_of(&node, "victim").into_iter().filter(|(k, _)| k == "release-refused").collect();
     assert!(!refused.is_empty(), "no release-refused event: {:?}", events_of(&node, "victim"));
     assert!(refused[0].1.contains(&root.display().to_string()), "{refused:?}");
     node.fx.delete_container("victim", true).assert_success("delete victim");
@@ -114,7 +136,11 @@ fn the_daemon_refuses_a_release_while_runc_still_has_the_container() {
         let (status, text) = json_request(&node, "DELETE", "/v1/allocations/held", body.clone());
         assert_eq!(status, 409, "release with {body:?} answered {status}: {text}");
         assert!(text.contains("still has") && text.contains(&root), "{text}");
-        assert_eq!(node.client().allocation("held").ok().as_ref(), Some(&before), "released with {body:?}");
+        assert_eq!(
+            node.client().allocation("held").ok().as_ref(),
+            Some(&before),
+            "released with {body:?}"
+        );
     }
     assert!(events_of(&node, "held").iter().any(|(k, _)| k == "release-refused"));
 }
@@ -135,14 +161,21 @@ fn a_release_naming_another_root_or_bundle_is_refused_and_recorded() {
         json!({"runc_root": "/tmp/elsewhere", "bundle": bundle}),
         json!({"runc_root": root, "bundle": "/tmp/other-bundle"}),
     ] {
-        let (status, text) = json_request(&node, "DELETE", "/v1/allocations/gone", Some(body.clone()));
+        let (status, text) =
+            json_request(&node, "DELETE", "/v1/allocations/gone", Some(body.clone()));
         assert_eq!(status, 409, "release with {body} answered {status}: {text}");
         assert!(node.client().allocation("gone").is_ok(), "released by a caller naming {body}");
     }
-    let refused = events_of(&node, "gone").into_iter().filter(|(k, _)| k == "release-refused").count();
+    let refused =
+        events_of(&node, "gone").into_iter().filter(|(k, _)| k == "release-refused").count();
     assert_eq!(refused, 2, "{:?}", events_of(&node, "gone"));
     // The container's own root and bundle: released.
-    let (status, text) = json_request(&node, "DELETE", "/v1/allocations/gone", Some(json!({"runc_root": root, "bundle": bundle})));
+    let (status, text) = json_request(
+        &node,
+        "DELETE",
+        "/v1/allocations/gone",
+        Some(json!({"runc_root": root, "bundle": bundle})),
+    );
     assert_eq!(status, 200, "{text}");
     assert!(node.client().allocation("gone").is_err());
 }
@@ -156,7 +189,10 @@ fn a_forged_label_on_a_plain_container_releases_nothing_and_its_delete_needs_no_
     let before = c.allocation("gpu").expect("grant");
 
     let mut plain = node.fx.bundle("plain");
-    plain.args(&["sleep", "300"]).annotation("tessera.io/allocated", &before.devices[0].uuid).write();
+    plain
+        .args(&["sleep", "300"])
+        .annotation("tessera.io/allocated", &before.devices[0].uuid)
+        .write();
     node.fx.run_detached(&plain, "plain");
     node.fx.delete_container("plain", true).assert_success("delete of a labelled plain container");
     assert_eq!(c.allocation("gpu").ok().as_ref(), Some(&before));
@@ -210,8 +246,12 @@ fn a_worker_left_after_init_exits_in_a_shared_pid_namespace_keeps_the_grant() {
     // runc removes the container (and, without its own pid namespace, kills the worker):
     // only then is the grant given back, by the reconciler (plain runc, no wrapper).
     let root = node.fx.runc_root().display().to_string();
-    run_cmd(Command::new(RUNC).args(["--root", &root, "delete", "-f", "pod-member"])).assert_success("runc delete");
-    assert!(wait_for(|| c.allocation("pod-member").is_err(), Duration::from_secs(10)), "not released after runc delete");
+    run_cmd(Command::new(RUNC).args(["--root", &root, "delete", "-f", "pod-member"]))
+        .assert_success("runc delete");
+    assert!(
+        wait_for(|| c.allocation("pod-member").is_err(), Duration::from_secs(10)),
+        "not released after runc delete"
+    );
 }
 
 #[test]
@@ -230,7 +270,10 @@ fn a_process_left_in_the_cgroup_after_runc_forgot_the_container_keeps_the_grant(
         // SAFETY: plain syscall on a pid in the test container's cgroup.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
-    assert!(wait_for(|| c.allocation("forgotten").is_err(), Duration::from_secs(10)), "not released once the cgroup emptied");
+    assert!(
+        wait_for(|| c.allocation("forgotten").is_err(), Duration::from_secs(10)),
+        "not released once the cgroup emptied"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -246,8 +289,11 @@ fn a_create_or_detached_run_that_runc_refuses_gives_the_grant_back_at_once() {
         b.mutate(|c| c["root"]["path"] = json!("/nonexistent/rootfs")).write();
         node.fx.cleanup().track_cgroup(&b.cgroups_path());
         let bd = b.dir().to_string_lossy().into_owned();
-        let args: Vec<&str> =
-            if verb == "create" { vec!["create", "--bundle", &bd, id] } else { vec!["run", "-d", "--bundle", &bd, id] };
+        let args: Vec<&str> = if verb == "create" {
+            vec!["create", "--bundle", &bd, id]
+        } else {
+            vec!["run", "-d", "--bundle", &bd, id]
+        };
         let out = wrapper_in(&node, &node.fx.runc_root(), &args);
         out.assert_failure("runc refuses a missing rootfs");
         assert!(node.fx.state(id).is_none());
@@ -273,16 +319,23 @@ fn hostile_request_values_reach_errors_escaped_and_bounded() {
     let huge = format!("mig={}", "x".repeat(100_000));
     for (id, value) in [("nl", forged.to_string()), ("huge", huge)] {
         let mut b = node.fx.bundle(id);
-        b.args(&["true"]).annotation(NS, "team-trusted").annotation("tessera.io/gpu", &value).write();
+        b.args(&["true"])
+            .annotation(NS, "team-trusted")
+            .annotation("tessera.io/gpu", &value)
+            .write();
         let log = node.fx.path(&format!("{id}.log"));
         let bd = b.dir().to_string_lossy().into_owned();
         let ls = log.display().to_string();
-        let out = wrapper_in(&node, &node.fx.runc_root(), &["--log", &ls, "create", "--bundle", &bd, id]);
+        let out =
+            wrapper_in(&node, &node.fx.runc_root(), &["--log", &ls, "create", "--bundle", &bd, id]);
         out.assert_failure("malformed request");
         let err = out.stderr.clone();
         let text = String::from_utf8_lossy(&err);
         assert_eq!(text.lines().count(), 1, "{id}: the error is not one line:\n{text}");
-        assert!(!err.iter().any(|&b| b == 0x1b || b == 0), "{id}: control bytes reach the terminal: {text:?}");
+        assert!(
+            !err.iter().any(|&b| b == 0x1b || b == 0),
+            "{id}: control bytes reach the terminal: {text:?}"
+        );
         // One bound for the whole line, whatever its parts did with the value.
         let max = tessera_api::display::MAX_LINE_CHARS + 64;
         assert!(err.len() < max, "{id}: a {} byte error line", err.len());
@@ -296,7 +349,11 @@ fn hostile_request_values_reach_errors_escaped_and_bounded() {
     let (status, text) = json_request(&node, "POST", "/v1/allocations", Some(body));
     assert_eq!(status, 400, "{text}");
     let e: tessera_api::ApiError = serde_json::from_str(&text).unwrap();
-    assert!(!e.message.contains('\n') && !e.message.contains('\u{1b}') && !e.message.contains('\0'), "{:?}", e.message);
+    assert!(
+        !e.message.contains('\n') && !e.message.contains('\u{1b}') && !e.message.contains('\0'),
+        "{:?}",
+        e.message
+    );
     assert!(e.message.len() < 1024, "{} byte message", e.message.len());
     let body = json!({"container_id": "bad\nid", "runc_root": "/r", "bundle": "/b", "request": "gpu=1", "request_source": "annotation"});
     let (status, text) = json_request(&node, "POST", "/v1/allocations", Some(body));
@@ -314,6 +371,9 @@ fn an_oversized_annotation_is_reported_as_too_large_not_as_a_broken_pipe() {
     out.assert_failure("oversized annotations");
     let err = out.stderr_str();
     assert!(!err.to_lowercase().contains("broken pipe"), "{err}");
-    assert!(err.contains("too large") && err.contains("1048576") && err.contains("example.com/blob"), "{err}");
+    assert!(
+        err.contains("too large") && err.contains("1048576") && err.contains("example.com/blob"),
+        "{err}"
+    );
     assert!(node.client().status().unwrap().allocations.is_empty());
 }

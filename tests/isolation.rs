@@ -3,7 +3,9 @@
 //! instance the hostile corpus found, with variants; what runc wrote (devices.list, the
 //! container's /dev, the host directories) is read back, not what Tessera meant to write.
 
-#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+// Integration-test crates: clippy counts their helper functions as non-test code, so
+// `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -69,11 +71,15 @@ fn wildcard_and_allow_all_device_rules_are_refused_in_an_untrusted_mig_container
     for (i, rule) in rules.iter().enumerate() {
         let id = format!("wild{i}");
         let mut b = node.bundle(&id, "team-untrusted", Some("mig=1g.10gb"), &["sleep", "30"]);
-        b.mutate(|c| c["linux"]["resources"]["devices"].as_array_mut().unwrap().push(rule.clone())).write();
+        b.mutate(|c| c["linux"]["resources"]["devices"].as_array_mut().unwrap().push(rule.clone()))
+            .write();
         let out = node.fx.create_container(&b, &id);
         assert!(!out.status.success(), "{rule}: started with {}", devices_list(&b.cgroups_path()));
         let err = out.stderr_str();
-        assert!(err.contains("linux.resources.devices[1]"), "{rule}: the error names the rule: {err}");
+        assert!(
+            err.contains("linux.resources.devices[1]"),
+            "{rule}: the error names the rule: {err}"
+        );
         assert!(node.fx.state(&id).is_none(), "{rule}: runc must not have run");
     }
     assert!(node.client().status().unwrap().allocations.is_empty(), "refused before any grant");
@@ -82,7 +88,8 @@ fn wildcard_and_allow_all_device_rules_are_refused_in_an_untrusted_mig_container
     let b = node.bundle("ok", "team-untrusted", Some("mig=1g.10gb"), &["sleep", "30"]);
     node.fx.run_detached(&b, "ok");
     let a = node.client().allocation("ok").unwrap();
-    let want: BTreeSet<(i64, i64)> = a.injection.devices.iter().map(|d| (d.major, d.minor)).collect();
+    let want: BTreeSet<(i64, i64)> =
+        a.injection.devices.iter().map(|d| (d.major, d.minor)).collect();
     assert_eq!(opened(&devices_list(&b.cgroups_path()), &SIM_MAJORS), want);
     node.fx.delete_container("ok", true).assert_success("delete");
 }
@@ -99,10 +106,20 @@ fn keys_runc_folds_or_repeats_are_refused_for_every_container() {
     let cases: Vec<(&str, Option<&str>, Option<&str>, String)> = vec![
         ("linux-upper", Some("mig=1g.10gb"), None, format!("\"Linux\":{grab}")),
         ("linux-caps", Some("mig=1g.10gb"), None, format!("\"LINUX\":{grab}")),
-        ("resources-long-s", Some("mig=1g.10gb"), Some("linux"), format!("\"reſources\":{}", grab["resources"])),
+        (
+            "resources-long-s",
+            Some("mig=1g.10gb"),
+            Some("linux"),
+            format!("\"reſources\":{}", grab["resources"]),
+        ),
         ("hooks-long-s", Some("mig=1g.10gb"), None, "\"hookſ\":{\"prestart\":[]}".into()),
         ("linux-duplicate", Some("mig=1g.10gb"), None, format!("\"linux\":{grab}")),
-        ("annotations-duplicate", Some("mig=1g.10gb"), None, "\"annotations\":{\"tessera.io/gpu\":\"gpu=8\"}".into()),
+        (
+            "annotations-duplicate",
+            Some("mig=1g.10gb"),
+            None,
+            "\"annotations\":{\"tessera.io/gpu\":\"gpu=8\"}".into(),
+        ),
         // No GPU request at all: the key rules hold for every container.
         ("nogpu-linux-upper", None, None, format!("\"Linux\":{grab}")),
     ];
@@ -136,12 +153,20 @@ fn a_folded_root_cannot_bypass_the_hostile_rootfs_check() {
         std::os::unix::fs::symlink(&host_dev, evil.join("dev")).unwrap();
         let mut c = b.config().clone();
         c.as_object_mut().unwrap().remove("root");
-        let raw = raw_config(&c, None, &format!("\"Root\":{{\"path\":{:?}}}", evil.display().to_string()));
+        let raw = raw_config(
+            &c,
+            None,
+            &format!("\"Root\":{{\"path\":{:?}}}", evil.display().to_string()),
+        );
         std::fs::write(b.config_path(), raw).unwrap();
         let out = node.fx.run_container(&b, id);
         assert!(!out.status.success(), "{id}: ran");
         assert!(out.stderr_str().contains("`Root`"), "{id}: names the key: {}", out.stderr_str());
-        assert_eq!(std::fs::read_dir(&host_dev).unwrap().count(), 0, "{id}: runc wrote into the host dir");
+        assert_eq!(
+            std::fs::read_dir(&host_dev).unwrap().count(),
+            0,
+            "{id}: runc wrote into the host dir"
+        );
         let _ = node.fx.delete_container(id, true);
     }
 }
@@ -152,16 +177,28 @@ fn device_numbers_the_kernel_would_read_differently_are_refused() {
     // mknod keeps 12 bits of a major: 4291 makes a node of major 195. A 64-bit major is
     // narrowed to 32 bits by the cgroup v2 filter (195 again) and refused by cgroup v1.
     let cases = [
-        ("node-4291", json!({"devices": [{"path": "/dev/gpu9", "type": "c", "major": 4291, "minor": 9}]})),
-        ("rule-2p32", json!({"resources": {"devices": [{"allow": true, "type": "c", "major": 4_294_967_491_i64, "minor": 9, "access": "rw"}]}})),
-        ("node-neg", json!({"devices": [{"path": "/dev/gpu9", "type": "c", "major": -1, "minor": 9}]})),
+        (
+            "node-4291",
+            json!({"devices": [{"path": "/dev/gpu9", "type": "c", "major": 4291, "minor": 9}]}),
+        ),
+        (
+            "rule-2p32",
+            json!({"resources": {"devices": [{"allow": true, "type": "c", "major": 4_294_967_491_i64, "minor": 9, "access": "rw"}]}}),
+        ),
+        (
+            "node-neg",
+            json!({"devices": [{"path": "/dev/gpu9", "type": "c", "major": -1, "minor": 9}]}),
+        ),
     ];
     for (id, linux_extra) in cases {
         let mut b = node.bundle(id, "team-untrusted", Some("mig=1g.10gb"), &["sleep", "30"]);
         b.mutate(|c| {
             for (k, v) in linux_extra.as_object().unwrap() {
                 if k == "resources" {
-                    c["linux"]["resources"]["devices"].as_array_mut().unwrap().extend(v["devices"].as_array().unwrap().clone());
+                    c["linux"]["resources"]["devices"]
+                        .as_array_mut()
+                        .unwrap()
+                        .extend(v["devices"].as_array().unwrap().clone());
                 } else {
                     c["linux"][k] = v.clone();
                 }
@@ -170,7 +207,11 @@ fn device_numbers_the_kernel_would_read_differently_are_refused() {
         .write();
         let out = node.fx.create_container(&b, id);
         assert!(!out.status.success(), "{id}: started");
-        assert!(out.stderr_str().contains("outside the kernel's range"), "{id}: {}", out.stderr_str());
+        assert!(
+            out.stderr_str().contains("outside the kernel's range"),
+            "{id}: {}",
+            out.stderr_str()
+        );
         assert!(node.fx.state(id).is_none());
     }
     assert!(node.client().status().unwrap().allocations.is_empty());
@@ -191,9 +232,14 @@ fn every_nvidia_major_is_stripped_whatever_the_grant() {
         .write();
     node.fx.run_detached(&b, "whole");
     let a = node.client().allocation("whole").unwrap();
-    let want: BTreeSet<(i64, i64)> = a.injection.devices.iter().map(|d| (d.major, d.minor)).collect();
+    let want: BTreeSet<(i64, i64)> =
+        a.injection.devices.iter().map(|d| (d.major, d.minor)).collect();
     assert!(want.iter().all(|(ma, _)| *ma != 509), "a whole GPU needs no caps: {want:?}");
-    assert_eq!(opened(&devices_list(&b.cgroups_path()), &SIM_MAJORS), want, "only the grant's nodes open");
+    assert_eq!(
+        opened(&devices_list(&b.cgroups_path()), &SIM_MAJORS),
+        want,
+        "only the grant's nodes open"
+    );
     let ls = node.fx.exec("whole", &["sh", "-c", "ls /dev"]);
     for smuggled in ["smuggled-cap", "smuggled-uvm", "other-gpu"] {
         assert!(!ls.stdout_str().contains(smuggled), "{smuggled} was created: {}", ls.stdout_str());
@@ -228,11 +274,16 @@ fn root_paths_are_read_as_runc_joins_them() {
         }
         b.mutate(|c| c["root"] = root.clone()).write();
         let out = node.fx.run_container(&b, id);
-        let written: Vec<_> = std::fs::read_dir(&host_dev).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let written: Vec<_> =
+            std::fs::read_dir(&host_dev).unwrap().map(|e| e.unwrap().file_name()).collect();
         let _ = node.fx.delete_container(id, true);
         assert!(written.is_empty(), "{id}: runc wrote into the host dir: {written:?}");
         assert!(!out.status.success(), "{id}: ran");
-        assert!(out.stderr_str().contains("root.path"), "{id}: names root.path: {}", out.stderr_str());
+        assert!(
+            out.stderr_str().contains("root.path"),
+            "{id}: names root.path: {}",
+            out.stderr_str()
+        );
     }
     assert!(node.client().status().unwrap().allocations.is_empty());
 }
@@ -247,7 +298,8 @@ fn a_gpu_container_that_could_rewrite_its_device_cgroup_is_refused() {
     let sys_admin = |sets: &[&str]| {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
         move |c: &mut Value| {
-            let caps = json!(["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE", "CAP_SYS_ADMIN"]);
+            let caps =
+                json!(["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE", "CAP_SYS_ADMIN"]);
             for set in &sets {
                 c["process"]["capabilities"][set] = caps.clone();
             }
@@ -301,7 +353,12 @@ fn a_gpu_container_that_could_rewrite_its_device_cgroup_is_refused() {
         }
         let _ = node.fx.delete_container(id, true);
         assert!(!out.status.success(), "{id}: accepted; devices.list afterwards:\n{list}");
-        assert!(out.stderr_str().contains(what) && out.stderr_str().contains("rewrite its own device rules"), "{id}: {}", out.stderr_str());
+        assert!(
+            out.stderr_str().contains(what)
+                && out.stderr_str().contains("rewrite its own device rules"),
+            "{id}: {}",
+            out.stderr_str()
+        );
     }
     // A read-only cgroup mount, and no CAP_SYS_ADMIN, is the default and starts.
     let b = node.bundle("default", "team-untrusted", Some("mig=1g.10gb"), &["sleep", "30"]);

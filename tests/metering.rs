@@ -1,7 +1,9 @@
 //! Issue 6 end to end: per-container GPU-seconds from real runc containers, usage reports,
 //! Prometheus metrics, and exactly-once accounting through `kill -9`.
 
-#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+// Integration-test crates: clippy counts their helper functions as non-test code, so
+// `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -23,7 +25,8 @@ fn usage_json(node: &Node, by: &str) -> serde_json::Value {
 fn metric_totals(text: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for line in text.lines().filter(|l| l.starts_with("tessera_gpu_seconds_total{")) {
-        let tenant = line.split("tenant=\"").nth(1).and_then(|r| r.split('"').next()).expect("tenant label");
+        let tenant =
+            line.split("tenant=\"").nth(1).and_then(|r| r.split('"').next()).expect("tenant label");
         let v: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("value");
         *out.entry(tenant.to_string()).or_default() += v;
     }
@@ -34,7 +37,12 @@ fn metric_totals(text: &str) -> BTreeMap<String, f64> {
 fn three_tenants_known_durations_usage_and_metrics_agree() {
     let port = free_port();
     let node = Node::start_with(NodeOptions {
-        extra_args: vec!["--metrics".into(), format!("127.0.0.1:{port}"), "--checkpoint-interval-ms".into(), "500".into()],
+        extra_args: vec![
+            "--metrics".into(),
+            format!("127.0.0.1:{port}"),
+            "--checkpoint-interval-ms".into(),
+            "500".into(),
+        ],
         ..Default::default()
     });
     let secs = 5.0;
@@ -44,8 +52,10 @@ fn three_tenants_known_durations_usage_and_metrics_agree() {
         ("t", "team-trusted", "gpu=2", "acme/trusted/training/alice", 2.0),
         ("d", "team-dev", "mig=3g.40gb", "acme/dev/notebooks/bob", 3.0 / 7.0),
     ];
-    let bundles: Vec<Bundle> =
-        runs.iter().map(|(id, ns, req, _, _)| node.bundle(id, ns, Some(req), &["sleep", &secs.to_string()])).collect();
+    let bundles: Vec<Bundle> = runs
+        .iter()
+        .map(|(id, ns, req, _, _)| node.bundle(id, ns, Some(req), &["sleep", &secs.to_string()]))
+        .collect();
     let started = Instant::now();
     let fx = &node.fx;
     std::thread::scope(|s| {
@@ -65,12 +75,20 @@ fn three_tenants_known_durations_usage_and_metrics_agree() {
         .as_array()
         .expect("rows")
         .iter()
-        .map(|r| (r["group"].as_str().expect("group").to_string(), r["gpu_seconds"].as_f64().expect("secs")))
+        .map(|r| {
+            (
+                r["group"].as_str().expect("group").to_string(),
+                r["gpu_seconds"].as_f64().expect("secs"),
+            )
+        })
         .collect();
     for (_, _, req, tenant, fraction) in &runs {
         let want = secs * fraction;
         let got = rows.get(*tenant).copied().unwrap_or(0.0);
-        assert!((got - want).abs() <= want * 0.01, "{tenant} {req}: {got} GPU-s, want {want} within 1% (runs took {wall:.2} s)");
+        assert!(
+            (got - want).abs() <= want * 0.01,
+            "{tenant} {req}: {got} GPU-s, want {want} within 1% (runs took {wall:.2} s)"
+        );
     }
     let sum: f64 = rows.values().sum();
     let total = report["total"]["gpu_seconds"].as_f64().expect("total");
@@ -80,8 +98,12 @@ fn three_tenants_known_durations_usage_and_metrics_agree() {
     assert_eq!(report["open_intervals"], 0);
 
     // The same query twice gives the same bytes.
-    let a = node.cli(&["usage", "--from", "0", "--to", "4102444800", "--by", "team", "--json"]).stdout_str();
-    let b = node.cli(&["usage", "--from", "0", "--to", "4102444800", "--by", "team", "--json"]).stdout_str();
+    let a = node
+        .cli(&["usage", "--from", "0", "--to", "4102444800", "--by", "team", "--json"])
+        .stdout_str();
+    let b = node
+        .cli(&["usage", "--from", "0", "--to", "4102444800", "--by", "team", "--json"])
+        .stdout_str();
     assert_eq!(a, b);
 
     // /metrics shows the same totals.
@@ -98,7 +120,10 @@ fn three_tenants_known_durations_usage_and_metrics_agree() {
     let table = node.cli(&["usage", "--from", "-1h", "--by", "team"]).stdout_str();
     assert!(table.contains("acme/trusted") && table.contains("TOTAL"), "{table}");
     let csv = node.cli(&["usage", "--from", "-1h", "--by", "org", "--csv"]).stdout_str();
-    assert!(csv.starts_with("group,gpu_seconds,cost,intervals\n") && csv.contains("\nTOTAL,"), "{csv}");
+    assert!(
+        csv.starts_with("group,gpu_seconds,cost,intervals\n") && csv.contains("\nTOTAL,"),
+        "{csv}"
+    );
 }
 
 fn alloc_req(id: &str, request: &str) -> AllocateRequest {
@@ -123,7 +148,8 @@ fn retry<T>(what: &str, mut f: impl FnMut() -> Result<T, tessera_api::ClientErro
             // devices are still being scrubbed: both pass.
             Err(e)
                 if (e.api_error().is_none()
-                    || e.api_error().is_some_and(|a| a.code == tessera_api::ErrorCode::NoCapacity))
+                    || e.api_error()
+                        .is_some_and(|a| a.code == tessera_api::ErrorCode::NoCapacity))
                     && Instant::now() < deadline =>
             {
                 std::thread::sleep(Duration::from_millis(20));
@@ -138,7 +164,12 @@ fn kill9_during_1000_interval_events_counts_every_interval_exactly_once() {
     let port = free_port();
     let mut node = Node::start_with(NodeOptions {
         pending_grace_ms: 600_000,
-        extra_args: vec!["--metrics".into(), format!("127.0.0.1:{port}"), "--checkpoint-interval-ms".into(), "100".into()],
+        extra_args: vec![
+            "--metrics".into(),
+            format!("127.0.0.1:{port}"),
+            "--checkpoint-interval-ms".into(),
+            "100".into(),
+        ],
         ..Default::default()
     });
     let me = std::process::id() as i32; // a live pid for every "container"
@@ -178,14 +209,20 @@ fn kill9_during_1000_interval_events_counts_every_interval_exactly_once() {
 
     // Look inside the ledger itself once the daemon has stopped.
     node.daemon.terminate(Duration::from_secs(10));
-    let ledger = metering::Ledger::open(&node.state.join("ledger.db"), std::sync::Arc::new(metering::SystemClock))
-        .expect("ledger opens cleanly");
+    let ledger = metering::Ledger::open(
+        &node.state.join("ledger.db"),
+        std::sync::Arc::new(metering::SystemClock),
+    )
+    .expect("ledger opens cleanly");
     assert_eq!(ledger.recovered(), 0, "a clean stop leaves nothing open");
     let rows = ledger.intervals().expect("intervals");
     let mut per_device: BTreeMap<(String, String), Vec<(u64, u64)>> = BTreeMap::new();
     let mut sum = 0.0;
     for r in &rows {
-        let end = r.end.as_ref().expect("closed exactly once (an end is written once, by trigger-guarded update)");
+        let end = r
+            .end
+            .as_ref()
+            .expect("closed exactly once (an end is written once, by trigger-guarded update)");
         sum += end.gpu_seconds;
         per_device
             .entry((r.start.container_id.clone(), r.start.device_uuid.clone()))
@@ -194,7 +231,8 @@ fn kill9_during_1000_interval_events_counts_every_interval_exactly_once() {
     }
     // Every container was metered, and no two intervals of one device of one container
     // overlap: nothing is counted twice.
-    let containers: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.start.container_id.as_str()).collect();
+    let containers: std::collections::BTreeSet<&str> =
+        rows.iter().map(|r| r.start.container_id.as_str()).collect();
     assert_eq!(containers.len(), 500, "every started container has intervals");
     for ((c, d), mut spans) in per_device {
         spans.sort();
@@ -284,15 +322,31 @@ fn utilisation_is_recorded_where_available_and_never_invented_for_mig() {
     node.fx.delete_container("mig", true).assert_success("delete");
 
     let report = usage_json(&node, "container");
-    let row = |c: &str| report["rows"].as_array().and_then(|r| r.iter().find(|x| x["group"] == c)).cloned().expect("row");
+    let row = |c: &str| {
+        report["rows"]
+            .as_array()
+            .and_then(|r| r.iter().find(|x| x["group"] == c))
+            .cloned()
+            .expect("row")
+    };
     let whole = row("whole");
-    let (sampled, used) = (whole["sampled_gpu_seconds"].as_f64().expect("s"), whole["used_gpu_seconds"].as_f64().expect("u"));
+    let (sampled, used) = (
+        whole["sampled_gpu_seconds"].as_f64().expect("s"),
+        whole["used_gpu_seconds"].as_f64().expect("u"),
+    );
     assert!(sampled > 0.0, "{whole}");
     // Samples before the feed existed count as idle (0%), so the mean is at most 40%.
     let ratio = used / sampled;
-    assert!(ratio > 0.05 && ratio <= 0.4 + 1e-9, "used/reserved {ratio} for 40% SM on a whole GPU: {whole}");
+    assert!(
+        ratio > 0.05 && ratio <= 0.4 + 1e-9,
+        "used/reserved {ratio} for 40% SM on a whole GPU: {whole}"
+    );
     let mig = row("mig");
-    assert_eq!(mig["sampled_gpu_seconds"].as_f64(), Some(0.0), "MIG has no per-process utilisation: {mig}");
+    assert_eq!(
+        mig["sampled_gpu_seconds"].as_f64(),
+        Some(0.0),
+        "MIG has no per-process utilisation: {mig}"
+    );
     let table = node.cli(&["usage", "--from", "-1h", "--by", "container"]).stdout_str();
     assert!(table.contains("used/reserved"), "{table}");
 }
@@ -300,19 +354,26 @@ fn utilisation_is_recorded_where_available_and_never_invented_for_mig() {
 #[test]
 fn metering_stops_when_the_container_exits_not_when_it_is_deleted() {
     // The reconciler is slowed to 10 minutes: only the exit watch can close the interval.
-    let node = Node::start_with(NodeOptions { reconcile_interval_ms: 600_000, ..Default::default() });
+    let node =
+        Node::start_with(NodeOptions { reconcile_interval_ms: 600_000, ..Default::default() });
     let b = node.bundle("short", "team-trusted", Some("gpu=1"), &["sleep", "1"]);
     node.fx.run_detached(&b, "short");
     let c = node.client();
     let pid = node.fx.container_pid("short").expect("pid");
-    assert!(wait_for(|| !std::path::Path::new(&format!("/proc/{pid}")).exists(), Duration::from_secs(10)));
+    assert!(wait_for(
+        || !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        Duration::from_secs(10)
+    ));
     // Stopped but not deleted: the grant is held for a while longer.
     std::thread::sleep(Duration::from_secs(3));
     assert!(c.allocation("short").is_ok(), "the grant went before the delete");
     let report = usage_json(&node, "container");
     assert_eq!(report["open_intervals"], 0, "the interval is still open after the exit: {report}");
     let secs = report["total"]["gpu_seconds"].as_f64().expect("total");
-    assert!((0.9..1.5).contains(&secs), "billed {secs} GPU-s for a 1 s container kept 3 s longer before its delete");
+    assert!(
+        (0.9..1.5).contains(&secs),
+        "billed {secs} GPU-s for a 1 s container kept 3 s longer before its delete"
+    );
     node.fx.delete_container("short", false).assert_success("delete");
     assert!(c.allocation("short").is_err());
     let after = usage_json(&node, "container")["total"]["gpu_seconds"].as_f64().expect("total");

@@ -1,7 +1,9 @@
 //! Issue 3 end to end: MIG instances cut live for a request, and declared layouts reached
 //! without touching an instance in use — real runc containers, simulated H100.
 
-#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+// Integration-test crates: clippy counts their helper functions as non-test code, so
+// `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -28,9 +30,11 @@ fn node_file(fx_dir: &std::path::Path) -> PathBuf {
 /// The example policy, plus a pool declaring `layout` for this node when given.
 fn policy_file(path: &std::path::Path, layout: Option<&str>) {
     let mut p: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).expect("policy")).expect("json");
+        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).expect("policy"))
+            .expect("json");
     if let Some(l) = layout {
-        p["node_pools"]["migtest"] = serde_json::json!({"nodes": ["sim-migtest-*"], "mig_layouts": {"H100-80GB": l}});
+        p["node_pools"]["migtest"] =
+            serde_json::json!({"nodes": ["sim-migtest-*"], "mig_layouts": {"H100-80GB": l}});
     }
     std::fs::write(path, serde_json::to_vec_pretty(&p).expect("json")).expect("write policy");
 }
@@ -43,7 +47,14 @@ fn scratch() -> PathBuf {
 
 /// (path, major, minor) of the NVIDIA device nodes a running container sees.
 fn nvidia_nodes(fx: &Fixture, id: &str) -> BTreeSet<String> {
-    let out = fx.exec(id, &["sh", "-c", "for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c $f ] && stat -c '%n %t:%T' $f; done"]);
+    let out = fx.exec(
+        id,
+        &[
+            "sh",
+            "-c",
+            "for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c $f ] && stat -c '%n %t:%T' $f; done",
+        ],
+    );
     out.assert_success("list nodes");
     out.stdout_str().lines().map(str::to_string).collect()
 }
@@ -53,16 +64,28 @@ fn a_missing_profile_is_cut_live_and_neighbours_keep_their_devices() {
     let files = scratch();
     let policy = files.join("policy.json");
     policy_file(&policy, None);
-    let node = Node::start_with(NodeOptions { policy, node_file: node_file(&files), ..Default::default() });
+    let node = Node::start_with(NodeOptions {
+        policy,
+        node_file: node_file(&files),
+        ..Default::default()
+    });
     node.fx.cleanup().track_dir(&files);
     let mut neighbours = Vec::new();
     for (id, req) in [("big", "mig=3g.40gb"), ("small", "mig=1g.10gb")] {
         let b = node.bundle(id, "team-dev", Some(req), &["sleep", "300"]);
         node.fx.run_detached(&b, id);
-        neighbours.push((id, b.cgroups_path(), nvidia_nodes(&node.fx, id), devices_list(&b.cgroups_path())));
+        neighbours.push((
+            id,
+            b.cgroups_path(),
+            nvidia_nodes(&node.fx, id),
+            devices_list(&b.cgroups_path()),
+        ));
     }
-    let before: BTreeSet<String> =
-        node.client().status().expect("status").gpus[0].instances.iter().map(|i| i.uuid.clone()).collect();
+    let before: BTreeSet<String> = node.client().status().expect("status").gpus[0]
+        .instances
+        .iter()
+        .map(|i| i.uuid.clone())
+        .collect();
 
     // No 2g.20gb exists; slots 4-5 are free: one is created there, live.
     let b = node.bundle("fresh", "team-dev", Some("mig=2g.20gb"), &["sleep", "300"]);
@@ -71,7 +94,8 @@ fn a_missing_profile_is_cut_live_and_neighbours_keep_their_devices() {
     let d = &a.devices[0];
     assert!(!before.contains(&d.uuid), "a freshly created instance");
     assert_eq!(d.placement, Some((4, 2)), "the only legal 2g placement left");
-    let caps = nvidia_nodes(&node.fx, "fresh").into_iter().filter(|l| l.contains("nvidia-cap")).count();
+    let caps =
+        nvidia_nodes(&node.fx, "fresh").into_iter().filter(|l| l.contains("nvidia-cap")).count();
     assert_eq!(caps, 2, "the new instance's GI and CI caps");
 
     // The neighbours kept running with exactly the devices they had.
@@ -89,7 +113,11 @@ fn plan_and_converge_never_touch_an_assigned_instance() {
     let files = scratch();
     let policy = files.join("policy.json");
     policy_file(&policy, None);
-    let mut node = Node::start_with(NodeOptions { policy: policy.clone(), node_file: node_file(&files), ..Default::default() });
+    let mut node = Node::start_with(NodeOptions {
+        policy: policy.clone(),
+        node_file: node_file(&files),
+        ..Default::default()
+    });
     node.fx.cleanup().track_dir(&files);
     let b = node.bundle("held", "team-dev", Some("mig=3g.40gb"), &["sleep", "300"]);
     node.fx.run_detached(&b, "held");
@@ -115,16 +143,29 @@ fn plan_and_converge_never_touch_an_assigned_instance() {
     let gpu0 = c.status().expect("status").gpus[0].instances.clone();
     // 1g starts are 0..=6: around the held 3g (slots 0-3) that is slots 4, 5 and 6.
     assert!(converged_around, "1g instances on slots 4-6: {gpu0:?}");
-    assert!(gpu0.iter().any(|i| i.uuid == held && i.profile == "3g.40gb"), "the assigned 3g was touched: {gpu0:?}");
+    assert!(
+        gpu0.iter().any(|i| i.uuid == held && i.profile == "3g.40gb"),
+        "the assigned 3g was touched: {gpu0:?}"
+    );
     let plan = node.cli(&["mig", "plan"]).stdout_str();
-    assert!(plan.contains(&held) || plan.to_lowercase().contains("in use"), "plan reports what it can't change: {plan}");
+    assert!(
+        plan.contains(&held) || plan.to_lowercase().contains("in use"),
+        "plan reports what it can't change: {plan}"
+    );
     assert_eq!(node.fx.status("held").as_deref(), Some("running"));
     assert_eq!(nvidia_nodes(&node.fx, "held"), held_nodes);
 
     // Once the container is gone, the rest converges.
     node.fx.delete_container("held", true).assert_success("delete");
     let done = wait_for(
-        || c.status().map(|s| s.gpus[0].instances.iter().all(|i| i.profile == "1g.10gb") && s.gpus[0].instances.len() == 7).unwrap_or(false),
+        || {
+            c.status()
+                .map(|s| {
+                    s.gpus[0].instances.iter().all(|i| i.profile == "1g.10gb")
+                        && s.gpus[0].instances.len() == 7
+                })
+                .unwrap_or(false)
+        },
         Duration::from_secs(10),
     );
     assert!(done, "all-1g not reached: {:?}", c.status().map(|s| s.gpus[0].instances.clone()));
@@ -136,7 +177,7 @@ fn plan_and_converge_never_touch_an_assigned_instance() {
 
 #[test]
 fn sim_replays_the_trace_with_every_placement() {
-    let trace = repo("../shared/data/alibaba-gpu-v2023/openb_pod_list_default.csv");
+    let trace = repo("data/alibaba-gpu-v2023/openb_pod_list_default.csv");
     if !trace.exists() {
         panic!("the trace is expected beside the checkout at {}", trace.display());
     }
@@ -148,13 +189,27 @@ fn sim_replays_the_trace_with_every_placement() {
     out.assert_success("tessera sim");
     let reports: Vec<serde_json::Value> = serde_json::from_str(&out.stdout_str()).expect("json");
     let admitted = |p: &str| {
-        reports.iter().find(|r| r["placement"] == p).and_then(|r| r["admitted"].as_u64()).expect("admitted")
+        reports
+            .iter()
+            .find(|r| r["placement"] == p)
+            .and_then(|r| r["admitted"].as_u64())
+            .expect("admitted")
     };
     for r in &reports {
         for k in ["admitted", "rejected", "slice_seconds_allocated", "slice_seconds_capacity"] {
             assert!(r.get(k).is_some(), "{k} missing: {r}");
         }
     }
-    assert!(admitted("best") > admitted("first-fit"), "best {} vs first-fit {}", admitted("best"), admitted("first-fit"));
-    assert!(admitted("best") > admitted("static"), "best {} vs static {}", admitted("best"), admitted("static"));
+    assert!(
+        admitted("best") > admitted("first-fit"),
+        "best {} vs first-fit {}",
+        admitted("best"),
+        admitted("first-fit")
+    );
+    assert!(
+        admitted("best") > admitted("static"),
+        "best {} vs static {}",
+        admitted("best"),
+        admitted("static")
+    );
 }

@@ -3,7 +3,9 @@
 //! tesserad, and the documented-protocol test double `fake-nvidia-cuda-mps-control`
 //! (the real binary is not installable here).
 
-#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+// Integration-test crates: clippy counts their helper functions as non-test code, so
+// `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -20,7 +22,12 @@ const FAKE: &str = env!("CARGO_BIN_EXE_fake-nvidia-cuda-mps-control");
 
 fn mps_node() -> Node {
     Node::start_with(NodeOptions {
-        extra_args: vec!["--mps-control".into(), FAKE.into(), "--mps-health-interval-ms".into(), "200".into()],
+        extra_args: vec![
+            "--mps-control".into(),
+            FAKE.into(),
+            "--mps-health-interval-ms".into(),
+            "200".into(),
+        ],
         ..Default::default()
     })
 }
@@ -58,7 +65,10 @@ fn caps(state: &Path, a: &Allocation) -> (f64, u64) {
     let s = spec(state, a);
     let pct = control.send(&s, &Command::GetDefaultActiveThreadPercentage).expect("get thread %");
     let mem = control
-        .send(&s, &Command::GetDefaultDevicePinnedMemLimit { device: DeviceRef::Uuid(s.device.clone()) })
+        .send(
+            &s,
+            &Command::GetDefaultDevicePinnedMemLimit { device: DeviceRef::Uuid(s.device.clone()) },
+        )
         .expect("get mem limit");
     (
         mpsd::protocol::parse_thread_percentage(&pct).expect("thread %"),
@@ -84,16 +94,32 @@ fn two_tenants_get_their_own_capped_daemons_and_a_third_share_goes_elsewhere() {
     assert_ne!(pids["acme/trusted/training/alice"], pids["acme/trusted/training/carol"]);
 
     // Caps were set daemon-side; read them back through the control protocol.
-    let gpu_bytes = node.client().status().expect("status").gpus.iter().find(|g| g.uuid == device).expect("gpu").memory_mib << 20;
+    let gpu_bytes = node
+        .client()
+        .status()
+        .expect("status")
+        .gpus
+        .iter()
+        .find(|g| g.uuid == device)
+        .expect("gpu")
+        .memory_mib
+        << 20;
     let (pct, mem) = caps(&node.state, &a);
     assert_eq!(pct, 50.0);
-    assert!(mem <= gpu_bytes / 2 && mem + (1 << 30) > gpu_bytes / 2, "alice mem cap {mem} vs half of {gpu_bytes}");
+    assert!(
+        mem <= gpu_bytes / 2 && mem + (1 << 30) > gpu_bytes / 2,
+        "alice mem cap {mem} vs half of {gpu_bytes}"
+    );
     let (pct, mem) = caps(&node.state, &k);
     assert_eq!(pct, 25.0);
-    assert!(mem <= gpu_bytes / 4 && mem + (1 << 30) > gpu_bytes / 4, "carol mem cap {mem} vs a quarter of {gpu_bytes}");
+    assert!(
+        mem <= gpu_bytes / 4 && mem + (1 << 30) > gpu_bytes / 4,
+        "carol mem cap {mem} vs a quarter of {gpu_bytes}"
+    );
 
     // Inside the container: the tenant's pipe directory and the env that points at it.
-    let out = node.fx.exec("alice", &["sh", "-c", "echo $CUDA_MPS_PIPE_DIRECTORY; ls /tmp/nvidia-mps"]);
+    let out =
+        node.fx.exec("alice", &["sh", "-c", "echo $CUDA_MPS_PIPE_DIRECTORY; ls /tmp/nvidia-mps"]);
     out.assert_success("exec");
     let text = out.stdout_str();
     assert!(text.starts_with("/tmp/nvidia-mps\n"), "{text}");
@@ -119,15 +145,22 @@ fn two_tenants_get_their_own_capped_daemons_and_a_third_share_goes_elsewhere() {
     // The last container of a share stops its daemon.
     let alice_pid = pids["acme/trusted/training/alice"];
     node.fx.delete_container("alice", true).assert_success("delete");
-    assert!(wait_for(|| !pid_alive(alice_pid as i32, None), Duration::from_secs(10)), "alice's daemon still runs");
-    assert!(pid_alive(pids["acme/trusted/training/carol"] as i32, None), "carol's daemon must be untouched");
+    assert!(
+        wait_for(|| !pid_alive(alice_pid as i32, None), Duration::from_secs(10)),
+        "alice's daemon still runs"
+    );
+    assert!(
+        pid_alive(pids["acme/trusted/training/carol"] as i32, None),
+        "carol's daemon must be untouched"
+    );
 }
 
 #[test]
 fn a_killed_control_daemon_is_restarted_and_the_others_are_untouched() {
     let node = mps_node();
     let mut guard = KillOnDrop(Vec::new());
-    for (id, ns, req) in [("alice", "team-trusted", "mps=50"), ("carol", "team-research", "mps=25")] {
+    for (id, ns, req) in [("alice", "team-trusted", "mps=50"), ("carol", "team-research", "mps=25")]
+    {
         let b = node.bundle(id, ns, Some(req), &["sleep", "300"]);
         node.fx.run_detached(&b, id);
     }
@@ -139,19 +172,33 @@ fn a_killed_control_daemon_is_restarted_and_the_others_are_untouched() {
         || share_pids(&node).get("acme/trusted/training/alice").is_some_and(|p| *p != victim),
         Duration::from_secs(15),
     );
-    assert!(restarted, "alice's daemon was not restarted: {:?}", node.client().status().map(|s| s.mps_shares));
+    assert!(
+        restarted,
+        "alice's daemon was not restarted: {:?}",
+        node.client().status().map(|s| s.mps_shares)
+    );
     let after = share_pids(&node);
     guard.0.extend(after.values());
-    assert_eq!(after["acme/trusted/training/carol"], before["acme/trusted/training/carol"], "carol's daemon untouched");
+    assert_eq!(
+        after["acme/trusted/training/carol"], before["acme/trusted/training/carol"],
+        "carol's daemon untouched"
+    );
     // The caps are back before any client could reconnect.
     let a = node.client().allocation("alice").expect("alice");
     assert_eq!(caps(&node.state, &a).0, 50.0);
     // The crash is in status (events, restart count) and in the daemon's log.
     let status = node.client().status().expect("status");
-    let share = status.mps_shares.iter().find(|s| s.tenant == "acme/trusted/training/alice").expect("share");
+    let share = status
+        .mps_shares
+        .iter()
+        .find(|s| s.tenant == "acme/trusted/training/alice")
+        .expect("share");
     assert!(share.restarts >= 1, "{share:?}");
     assert!(
-        status.events.iter().any(|e| e.kind == "mps" && e.detail.contains("crashed") && e.detail.contains("alice")),
+        status
+            .events
+            .iter()
+            .any(|e| e.kind == "mps" && e.detail.contains("crashed") && e.detail.contains("alice")),
         "{:?}",
         status.events
     );
@@ -184,7 +231,8 @@ fn shared_replicas_stay_in_their_sharing_domain() {
 fn tesserad_restarts_adopt_live_control_daemons() {
     let mut node = mps_node();
     let mut guard = KillOnDrop(Vec::new());
-    for (id, ns, req) in [("alice", "team-trusted", "mps=50"), ("carol", "team-research", "mps=25")] {
+    for (id, ns, req) in [("alice", "team-trusted", "mps=50"), ("carol", "team-research", "mps=25")]
+    {
         let b = node.bundle(id, ns, Some(req), &["sleep", "300"]);
         node.fx.run_detached(&b, id);
     }
@@ -218,7 +266,10 @@ fn tesserad_restarts_adopt_live_control_daemons() {
     node.fx.delete_container("alice", true).assert_success("delete");
     node.fx.delete_container("carol", true).assert_success("delete");
     for pid in before.values() {
-        assert!(wait_for(|| !pid_alive(*pid as i32, None), Duration::from_secs(10)), "daemon {pid} still runs");
+        assert!(
+            wait_for(|| !pid_alive(*pid as i32, None), Duration::from_secs(10)),
+            "daemon {pid} still runs"
+        );
     }
     assert!(node.client().status().expect("status").mps_shares.is_empty());
 }
@@ -245,9 +296,7 @@ fn caps_raised_from_inside_a_container_are_set_back_within_a_health_tick() {
     });
     let mut guard = KillOnDrop(Vec::new());
     let mut b = node.bundle("mallory", "team-research", Some("mps=25"), &["sleep", "300"]);
-    let ro_bind = |src: &str, dst: &str| {
-        serde_json::json!({"destination": dst, "type": "bind", "source": src, "options": ["rbind", "ro"]})
-    };
+    let ro_bind = |src: &str, dst: &str| serde_json::json!({"destination": dst, "type": "bind", "source": src, "options": ["rbind", "ro"]});
     b.mutate(|c| {
         let mounts = c["mounts"].as_array_mut().unwrap();
         mounts.push(ro_bind(FAKE, "/opt/mps-client"));
@@ -295,7 +344,9 @@ fn caps_raised_from_inside_a_container_are_set_back_within_a_health_tick() {
     assert!(metrics.lines().any(|l| l == line), "no `{line}` in\n{metrics}");
 
     // Nothing can be planted in the pipe dir from inside.
-    for cmd in ["touch /tmp/nvidia-mps/planted", "ln -s /etc/hostname /tmp/nvidia-mps/fake-state.json.tmp"] {
+    for cmd in
+        ["touch /tmp/nvidia-mps/planted", "ln -s /etc/hostname /tmp/nvidia-mps/fake-state.json.tmp"]
+    {
         let out = node.fx.exec("mallory", &["sh", "-c", cmd]);
         out.assert_failure(cmd);
         assert!(out.stderr_str().contains("Read-only file system"), "{cmd}: {}", out.stderr_str());
@@ -304,5 +355,8 @@ fn caps_raised_from_inside_a_container_are_set_back_within_a_health_tick() {
 
     let daemon = share_pids(&node)[&tenant];
     node.fx.delete_container("mallory", true).assert_success("delete");
-    assert!(wait_for(|| !pid_alive(daemon as i32, None), Duration::from_secs(10)), "daemon {daemon} still runs");
+    assert!(
+        wait_for(|| !pid_alive(daemon as i32, None), Duration::from_secs(10)),
+        "daemon {daemon} still runs"
+    );
 }

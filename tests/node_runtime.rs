@@ -1,7 +1,9 @@
 //! Issue 2 end to end: tesserad, tessera-runtime and tessera-hook with real runc
 //! containers on a simulated H100 node.
 
-#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+// Integration-test crates: clippy counts their helper functions as non-test code, so
+// `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -26,7 +28,11 @@ fn container_devices(fx: &Fixture, id: &str) -> BTreeSet<(String, i64, i64)> {
         .filter_map(|l| {
             let mut it = l.split_whitespace();
             let (p, ma, mi) = (it.next()?, it.next()?, it.next()?);
-            Some((p.to_string(), i64::from_str_radix(ma, 16).ok()?, i64::from_str_radix(mi, 16).ok()?))
+            Some((
+                p.to_string(),
+                i64::from_str_radix(ma, 16).ok()?,
+                i64::from_str_radix(mi, 16).ok()?,
+            ))
         })
         .collect()
 }
@@ -128,17 +134,26 @@ fn unsatisfiable_requests_fail_clearly() {
 fn containers_without_a_request_start_while_tesserad_is_down_and_gpu_requests_fail_closed() {
     let fx = Fixture::with_runtime(
         TESSERA_RUNTIME,
-        &[("TESSERA_RUNC", RUNC), ("TESSERA_SOCKET", "/nonexistent/tesserad.sock"), ("TESSERA_HOOK", TESSERA_HOOK)],
+        &[
+            ("TESSERA_RUNC", RUNC),
+            ("TESSERA_SOCKET", "/nonexistent/tesserad.sock"),
+            ("TESSERA_HOOK", TESSERA_HOOK),
+        ],
     );
     let mut b = fx.bundle("plain");
-    b.args(&["sh", "-c", "echo plain-ok; ls /dev | grep -c nvidia || true"]).env("NVIDIA_VISIBLE_DEVICES=all").write();
+    b.args(&["sh", "-c", "echo plain-ok; ls /dev | grep -c nvidia || true"])
+        .env("NVIDIA_VISIBLE_DEVICES=all")
+        .write();
     let out = fx.run_container(&b, "plain");
     out.assert_success("no-request container with tesserad down");
     let lines: Vec<String> = out.stdout_str().lines().map(str::to_string).collect();
     assert_eq!(lines, ["plain-ok", "0"], "NVIDIA_VISIBLE_DEVICES=all must grant nothing");
 
     let mut b = fx.bundle("gpu");
-    b.args(&["echo", "should not run"]).annotation("tessera.io/gpu", "gpu=1").annotation(NS, "team-trusted").write();
+    b.args(&["echo", "should not run"])
+        .annotation("tessera.io/gpu", "gpu=1")
+        .annotation(NS, "team-trusted")
+        .write();
     let out = fx.run_container(&b, "gpu");
     out.assert_failure("GPU request with tesserad down");
     assert!(out.stderr_str().contains("cannot reach tesserad"), "{}", out.stderr_str());
@@ -164,14 +179,24 @@ fn untrusted_annotations_and_image_env_cannot_change_the_tenant() {
 
     // No trusted annotation at all: nobody is identified, and the env does not help.
     let mut b = node.fx.bundle("anon");
-    b.args(&["true"]).env("TESSERA_GPU=gpu=1").env("TESSERA_TENANT=acme/trusted/training/alice").write();
+    b.args(&["true"])
+        .env("TESSERA_GPU=gpu=1")
+        .env("TESSERA_TENANT=acme/trusted/training/alice")
+        .write();
     let out = node.fx.run_container(&b, "anon");
     out.assert_failure("unidentified container");
-    assert!(out.stderr_str().contains(NS), "should say which annotation identifies tenants:\n{}", out.stderr_str());
+    assert!(
+        out.stderr_str().contains(NS),
+        "should say which annotation identifies tenants:\n{}",
+        out.stderr_str()
+    );
 
     // TESSERA_GPU in the env is honoured as a request (and only as a request).
     let mut b = node.fx.bundle("envreq");
-    b.args(&["sh", "-c", "ls /dev/nvidia-caps | wc -l"]).annotation(NS, "team-untrusted").env("TESSERA_GPU=mig=1g.10gb").write();
+    b.args(&["sh", "-c", "ls /dev/nvidia-caps | wc -l"])
+        .annotation(NS, "team-untrusted")
+        .env("TESSERA_GPU=mig=1g.10gb")
+        .write();
     let out = node.fx.run_container(&b, "envreq");
     out.assert_success("env request");
     assert_eq!(out.stdout_str().trim(), "2");
@@ -220,13 +245,19 @@ fn hostile_rootfs_and_image_env_cannot_reach_the_host() {
         ("capslink", Some("mig=1g.10gb"), false, false),
         ("devlink-nogpu", None, true, true),
     ] {
-        let mut b = node.bundle(id, "team-untrusted", request, &["sh", "-c", "ls -l /dev /dev/nvidia-caps"]);
+        let mut b = node.bundle(
+            id,
+            "team-untrusted",
+            request,
+            &["sh", "-c", "ls -l /dev /dev/nvidia-caps"],
+        );
         let rootfs = b.rootfs();
         if dev_link {
             std::fs::remove_dir_all(rootfs.join("dev")).expect("rm dev");
             std::os::unix::fs::symlink(&host_dev, rootfs.join("dev")).expect("symlink dev");
         } else {
-            std::os::unix::fs::symlink(&host_caps, rootfs.join("dev/nvidia-caps")).expect("symlink caps");
+            std::os::unix::fs::symlink(&host_caps, rootfs.join("dev/nvidia-caps"))
+                .expect("symlink caps");
         }
         b.env(&format!("LD_PRELOAD={}", so.display()));
         if !keep_dev_tmpfs {
@@ -240,21 +271,36 @@ fn hostile_rootfs_and_image_env_cannot_reach_the_host() {
         out.assert_failure("hostile rootfs");
         assert!(out.stderr_str().contains("hostile rootfs"), "{id}: {}", out.stderr_str());
         assert!(node.fx.state(id).is_none(), "{id}: runc must not have been run");
-        assert_eq!(std::fs::read_dir(&host_dev).expect("read").count(), 0, "{id}: something was created in the host dir behind /dev");
-        assert_eq!(std::fs::read_dir(&host_caps).expect("read").count(), 0, "{id}: something was created in the host dir behind /dev/nvidia-caps");
+        assert_eq!(
+            std::fs::read_dir(&host_dev).expect("read").count(),
+            0,
+            "{id}: something was created in the host dir behind /dev"
+        );
+        assert_eq!(
+            std::fs::read_dir(&host_caps).expect("read").count(),
+            0,
+            "{id}: something was created in the host dir behind /dev/nvidia-caps"
+        );
         assert!(!marker.exists(), "{id}: the image's LD_PRELOAD was loaded by a host-side process");
         let _ = node.fx.delete_container(id, true);
     }
     assert!(!marker.exists());
-    assert!(node.client().status().expect("status").allocations.is_empty(), "refused before any grant");
+    assert!(
+        node.client().status().expect("status").allocations.is_empty(),
+        "refused before any grant"
+    );
 
     // The same LD_PRELOAD in a healthy GPU container: it runs, and no host process loads it.
-    let mut b = node.bundle("preload", "team-untrusted", Some("mig=1g.10gb"), &["sh", "-c", "echo ran"]);
+    let mut b =
+        node.bundle("preload", "team-untrusted", Some("mig=1g.10gb"), &["sh", "-c", "echo ran"]);
     b.env(&format!("LD_PRELOAD={}", so.display())).write();
     let out = node.fx.run_container(&b, "preload");
     out.assert_success("GPU container with LD_PRELOAD in its env");
     assert_eq!(out.stdout_str().trim(), "ran");
-    assert!(!marker.exists(), "the image's LD_PRELOAD reached tessera-runtime, tessera-hook or runc");
+    assert!(
+        !marker.exists(),
+        "the image's LD_PRELOAD reached tessera-runtime, tessera-hook or runc"
+    );
 }
 
 #[test]
@@ -295,9 +341,13 @@ fn no_device_is_ever_held_twice_across_200_cycles_with_kill9_and_none_leaks() {
                 assert!(seen.insert(d.uuid.clone()), "cycle {cycle}: {} held twice", d.uuid);
             }
         }
-        let holders: BTreeSet<&str> = status.allocations.iter().map(|a| a.container_id.as_str()).collect();
+        let holders: BTreeSet<&str> =
+            status.allocations.iter().map(|a| a.container_id.as_str()).collect();
         for id in &live {
-            assert!(holders.contains(id.as_str()), "cycle {cycle}: live container {id} has no grant");
+            assert!(
+                holders.contains(id.as_str()),
+                "cycle {cycle}: live container {id} has no grant"
+            );
         }
     }
     assert!(granted > 50, "only {granted} containers were granted");
@@ -306,9 +356,18 @@ fn no_device_is_ever_held_twice_across_200_cycles_with_kill9_and_none_leaks() {
     }
     node.crash_and_restart();
     let c = node.client();
-    let leaked_free = wait_for(|| c.status().map(|s| s.allocations.is_empty()).unwrap_or(false), Duration::from_secs(10));
-    assert!(leaked_free, "grants leaked after {crashes} crashes: {:?}", c.status().map(|s| s.allocations));
-    eprintln!("200 cycles, {granted} grants, {crashes} kill -9 restarts, no double assignment, no leak");
+    let leaked_free = wait_for(
+        || c.status().map(|s| s.allocations.is_empty()).unwrap_or(false),
+        Duration::from_secs(10),
+    );
+    assert!(
+        leaked_free,
+        "grants leaked after {crashes} crashes: {:?}",
+        c.status().map(|s| s.allocations)
+    );
+    eprintln!(
+        "200 cycles, {granted} grants, {crashes} kill -9 restarts, no double assignment, no leak"
+    );
 }
 
 #[test]
@@ -335,7 +394,11 @@ fn malformed_config_state_policy_and_api_requests_get_clear_errors() {
     let node = Node::start();
     // config.json
     let b = node.bundle("badcfg", "team-trusted", Some("gpu=1"), &["true"]);
-    std::fs::write(b.config_path(), b"{\"ociVersion\": \"1.0.2\", \"annotations\": {\"tessera.io/gpu\": ").expect("write");
+    std::fs::write(
+        b.config_path(),
+        b"{\"ociVersion\": \"1.0.2\", \"annotations\": {\"tessera.io/gpu\": ",
+    )
+    .expect("write");
     let out = node.fx.run_container(&b, "badcfg");
     out.assert_failure("truncated config.json");
     assert!(out.stderr_str().contains("config.json"), "{}", out.stderr_str());
@@ -363,7 +426,11 @@ fn malformed_config_state_policy_and_api_requests_get_clear_errors() {
     assert!(out.stderr_str().contains("orgs.acme.teams.x.trust"), "{}", out.stderr_str());
     let out = run_cmd(
         Command::new(TESSERAD)
-            .args(["--node", &format!("sim:{}", repo("examples/nodes/h100x8.json").display()), "--policy"])
+            .args([
+                "--node",
+                &format!("sim:{}", repo("examples/nodes/h100x8.json").display()),
+                "--policy",
+            ])
             .arg(&bad)
             .arg("--state-dir")
             .arg(node.fx.path("state2"))
@@ -399,7 +466,12 @@ fn malformed_config_state_policy_and_api_requests_get_clear_errors() {
 fn run_with_stdin(mut cmd: Command, input: &[u8]) -> std::process::Output {
     use std::io::Write;
     use std::process::Stdio;
-    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
     child.stdin.take().expect("stdin").write_all(input).expect("write stdin");
     child.wait_with_output().expect("wait")
 }
@@ -424,13 +496,18 @@ fn the_api_socket_admits_only_root() {
     let parent = node.socket.parent().expect("parent").to_path_buf();
     let parent_mode = std::fs::metadata(&parent).expect("dir").permissions().mode();
     std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o755)).expect("chmod dir");
-    std::fs::set_permissions(&node.socket, std::fs::Permissions::from_mode(0o666)).expect("chmod socket");
+    std::fs::set_permissions(&node.socket, std::fs::Permissions::from_mode(0o666))
+        .expect("chmod socket");
     let out = as_nobody();
-    std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(parent_mode)).expect("restore");
+    std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(parent_mode))
+        .expect("restore");
     out.assert_failure("status as uid 65534 through a 0666 socket");
     assert!(!out.stdout_str().contains("H100"), "status leaked to an unprivileged peer");
     assert!(
-        wait_for(|| node.daemon.stderr().contains("refused API connection"), Duration::from_secs(5)),
+        wait_for(
+            || node.daemon.stderr().contains("refused API connection"),
+            Duration::from_secs(5)
+        ),
         "refusal not logged:\n{}",
         node.daemon.stderr()
     );
@@ -442,7 +519,11 @@ fn the_api_socket_admits_only_root() {
     for (path, needle) in [(&file, "not a socket"), (&node.socket, "already listening")] {
         let out = run_cmd(
             Command::new(TESSERAD)
-                .args(["--node", &format!("sim:{}", repo("examples/nodes/h100x8.json").display()), "--policy"])
+                .args([
+                    "--node",
+                    &format!("sim:{}", repo("examples/nodes/h100x8.json").display()),
+                    "--policy",
+                ])
                 .arg(repo("examples/policy.json"))
                 .arg("--state-dir")
                 .arg(node.fx.path("state-other"))
@@ -479,9 +560,17 @@ fn containerd_runs_gpu_containers_through_tessera_runtime() {
     assert!(lines.get(1).is_some_and(|u| u.starts_with("MIG-")), "{lines:?}");
     // --rm made the shim call `tessera-runtime delete`, which released the instance.
     let c = node.client();
-    assert!(wait_for(|| c.status().map(|s| s.allocations.is_empty()).unwrap_or(false), Duration::from_secs(10)));
+    assert!(wait_for(
+        || c.status().map(|s| s.allocations.is_empty()).unwrap_or(false),
+        Duration::from_secs(10)
+    ));
 
-    let out = ctd.ctr_run(&rootfs, "ctr-mps", &["--annotation", &ns_ann, "--annotation", "tessera.io/gpu=mps=25"], &["true"]);
+    let out = ctd.ctr_run(
+        &rootfs,
+        "ctr-mps",
+        &["--annotation", &ns_ann, "--annotation", "tessera.io/gpu=mps=25"],
+        &["true"],
+    );
     out.assert_failure("ctr run with a refused MPS request");
     let all = format!("{}{}", out.stdout_str(), out.stderr_str());
     assert!(all.contains("tiers.untrusted.allow") || all.contains("mps"), "{all}");
@@ -494,7 +583,8 @@ fn gpu_containers_get_the_host_driver_files_read_only_and_others_get_none() {
     let driver = scratch.join("driver");
     std::fs::create_dir_all(driver.join("bin")).expect("driver dir");
     std::fs::write(driver.join("libcuda.so.560.35.03"), b"fake libcuda 560\n").expect("lib");
-    std::os::unix::fs::symlink("libcuda.so.560.35.03", driver.join("libcuda.so.1")).expect("soname link");
+    std::os::unix::fs::symlink("libcuda.so.560.35.03", driver.join("libcuda.so.1"))
+        .expect("soname link");
     std::fs::write(driver.join("libnvidia-ml.so.1"), b"fake nvml\n").expect("lib");
     std::fs::write(driver.join("libz.so.1"), b"not a driver library\n").expect("lib");
     std::fs::write(driver.join("bin/nvidia-smi"), b"#!/bin/sh\necho fake-smi\n").expect("bin");
@@ -513,24 +603,35 @@ fn gpu_containers_get_the_host_driver_files_read_only_and_others_get_none() {
     let out = node.fx.run_container(&b, "drv");
     out.assert_success("GPU container with driver files");
     let text = out.stdout_str();
-    assert!(text.starts_with("fake libcuda 560\n"), "the soname resolves to the host's library: {text}");
+    assert!(
+        text.starts_with("fake libcuda 560\n"),
+        "the soname resolves to the host's library: {text}"
+    );
     for want in ["libcuda.so.1", "libnvidia-ml.so.1", "nvidia-smi", "read-only"] {
         assert!(text.contains(want), "{want} missing: {text}");
     }
     assert!(!text.contains("libz.so.1"), "only driver libraries are passed through: {text}");
-    assert_eq!(std::fs::read(driver.join("libcuda.so.560.35.03")).expect("host lib"), b"fake libcuda 560\n");
+    assert_eq!(
+        std::fs::read(driver.join("libcuda.so.560.35.03")).expect("host lib"),
+        b"fake libcuda 560\n"
+    );
 
     let mut b = node.fx.bundle("plain");
     b.args(&["sh", "-c", "ls /usr/local/nvidia 2>&1 || true"]).write();
     let out = node.fx.run_container(&b, "plain");
     out.assert_success("plain container");
-    assert!(out.stdout_str().contains("No such file"), "no request, no driver files: {}", out.stdout_str());
+    assert!(
+        out.stdout_str().contains("No such file"),
+        "no request, no driver files: {}",
+        out.stdout_str()
+    );
 }
 
 #[test]
 fn the_wrapper_gives_grants_back_once_runc_has_removed_the_container() {
     // The reconciler is slowed to 10 minutes: every release seen here is the wrapper's.
-    let node = Node::start_with(NodeOptions { reconcile_interval_ms: 600_000, ..NodeOptions::default() });
+    let node =
+        Node::start_with(NodeOptions { reconcile_interval_ms: 600_000, ..NodeOptions::default() });
     let c = node.client();
     let held = |id: &str| c.allocation(id).is_ok();
 
@@ -543,7 +644,10 @@ fn the_wrapper_gives_grants_back_once_runc_has_removed_the_container() {
     let cfg: serde_json::Value =
         serde_json::from_slice(&std::fs::read(b.dir().join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg["hooks"].get("poststop"), None, "{}", cfg["hooks"]);
-    assert_eq!(cfg["hooks"]["prestart"][0]["args"], serde_json::json!(["tessera-hook", "prestart"]));
+    assert_eq!(
+        cfg["hooks"]["prestart"][0]["args"],
+        serde_json::json!(["tessera-hook", "prestart"])
+    );
 
     // run --keep leaves the container in runc's state: the grant stays until delete.
     let b = node.bundle("kept", "team-trusted", Some("gpu=1"), &["true"]);

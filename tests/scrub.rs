@@ -2,7 +2,9 @@
 //! real runc containers writing into their (simulated) device memory, tesserad scrubbing
 //! in a `tessera scrub` child, quarantine, unquarantine, and a crash mid-scrub.
 
-#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+// Integration-test crates: clippy counts their helper functions as non-test code, so
+// `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -37,7 +39,11 @@ fn single_device_node() -> NodeOptions {
             {"model": "H100-80GB"}]}"#,
     )
     .expect("node file");
-    NodeOptions { node_file: file, extra_args: vec!["--no-dynamic-mig".into()], ..Default::default() }
+    NodeOptions {
+        node_file: file,
+        extra_args: vec!["--no-dynamic-mig".into()],
+        ..Default::default()
+    }
 }
 
 const WRITE_SECRET: &str = "i=0; while [ $i -lt 4096 ]; do printf 'SECRET-PATTERN-42'; i=$((i+1)); done \
@@ -67,7 +73,10 @@ fn tenant_a_writes(node: &Node, id: &str, request: &str) -> String {
         .expect("status")
         .events
         .iter()
-        .find_map(|e| (e.kind == "grant" && e.container_id.as_deref() == Some(id)).then(|| e.detail.rsplit("-> ").next().unwrap_or("").to_string()))
+        .find_map(|e| {
+            (e.kind == "grant" && e.container_id.as_deref() == Some(id))
+                .then(|| e.detail.rsplit("-> ").next().unwrap_or("").to_string())
+        })
         .expect("grant event names the device")
 }
 
@@ -76,8 +85,15 @@ fn tenant_b_reads(node: &Node, id: &str, request: &str, want_device: &str) -> (u
     let b = node.bundle(id, "team-dev", Some(request), &["sh", "-c", READ_BACK]);
     let out = node.fx.run_container(&b, id);
     let lines: Vec<String> = out.stdout_str().lines().map(str::to_string).collect();
-    let grant = node.client().status().expect("status").events.into_iter().find(|e| e.kind == "grant" && e.container_id.as_deref() == Some(id));
-    let got = grant.map(|e| e.detail.rsplit("-> ").next().unwrap_or("").to_string()).unwrap_or_default();
+    let grant = node
+        .client()
+        .status()
+        .expect("status")
+        .events
+        .into_iter()
+        .find(|e| e.kind == "grant" && e.container_id.as_deref() == Some(id));
+    let got =
+        grant.map(|e| e.detail.rsplit("-> ").next().unwrap_or("").to_string()).unwrap_or_default();
     assert_eq!(got, want_device, "B must get the very device A used:\n{}", out.stderr_str());
     (lines.first().and_then(|l| l.trim().parse().ok()).unwrap_or(u32::MAX), lines[1..].to_vec())
 }
@@ -87,13 +103,23 @@ fn a_secret_left_in_device_memory_never_reaches_the_next_tenant() {
     let node = start_single();
     for (a, b, req) in [("a-mig", "b-mig", "mig=1g.10gb"), ("a-gpu", "b-gpu", "gpu=1")] {
         let device = tenant_a_writes(&node, a, req);
-        assert!(wait_state(&node, &device, DeviceState::Free), "{device} was not scrubbed back to free");
+        assert!(
+            wait_state(&node, &device, DeviceState::Free),
+            "{device} was not scrubbed back to free"
+        );
         let (hits, bytes) = tenant_b_reads(&node, b, req, &device);
         assert_eq!(hits, 0, "{req}: tenant B found A's secret");
         assert_eq!(bytes, ["00"], "{req}: B's device memory is all zeros");
         let st = node.client().status().expect("status");
-        let scrubs: Vec<_> = st.events.iter().filter(|e| e.kind == "scrub" && e.detail.contains(&device)).collect();
-        assert!(scrubs.iter().any(|e| e.detail.contains("free after scrub") && e.detail.contains("0 non-zero words")), "{scrubs:?}");
+        let scrubs: Vec<_> =
+            st.events.iter().filter(|e| e.kind == "scrub" && e.detail.contains(&device)).collect();
+        assert!(
+            scrubs
+                .iter()
+                .any(|e| e.detail.contains("free after scrub")
+                    && e.detail.contains("0 non-zero words")),
+            "{scrubs:?}"
+        );
     }
 }
 
@@ -102,7 +128,8 @@ fn faults_file(node: &Node) -> PathBuf {
 }
 
 fn inject(node: &Node, device: &str, mode: &str) {
-    std::fs::write(faults_file(node), format!(r#"{{"devices": {{"{device}": "{mode}"}}}}"#)).expect("faults");
+    std::fs::write(faults_file(node), format!(r#"{{"devices": {{"{device}": "{mode}"}}}}"#))
+        .expect("faults");
 }
 
 fn the_instance(node: &Node) -> String {
@@ -149,7 +176,11 @@ fn a_scrub_interrupted_by_a_daemon_crash_resumes_after_restart() {
     // not a different file, that makes B's read come back zero).
     let file = node.state.join("sim/mem").join(format!("{device}.bin"));
     let held = std::fs::read(&file).expect("device memory");
-    assert!(held.windows(17).any(|w| w == b"SECRET-PATTERN-42"), "A's secret should be in {}", file.display());
+    assert!(
+        held.windows(17).any(|w| w == b"SECRET-PATTERN-42"),
+        "A's secret should be in {}",
+        file.display()
+    );
 
     node.daemon.kill9();
     // The hanging scrub child dies with its daemon's machine in real life; here, kill it.
@@ -161,7 +192,9 @@ fn a_scrub_interrupted_by_a_daemon_crash_resumes_after_restart() {
     node.restart();
     assert!(wait_state(&node, &device, DeviceState::Free), "the interrupted scrub was not resumed");
     let st = node.client().status().expect("status");
-    assert!(st.events.iter().any(|e| e.kind == "scrub" && e.detail.contains(&device) && e.detail.contains("free after scrub")));
+    assert!(st.events.iter().any(|e| e.kind == "scrub"
+        && e.detail.contains(&device)
+        && e.detail.contains("free after scrub")));
     let (hits, bytes) = tenant_b_reads(&node, "b", "mig=1g.10gb", &device);
     assert_eq!((hits, bytes), (0, vec!["00".to_string()]));
 }

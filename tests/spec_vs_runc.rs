@@ -12,7 +12,9 @@
 //! - the prestart hook Tessera wrote is the one runc ran;
 //! - the root runc uses is the root Tessera checked.
 
-#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+// Integration-test crates: clippy counts their helper functions as non-test code, so
+// `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -128,7 +130,8 @@ fn random_rule(rng: &mut StdRng) -> Value {
     if let Some(m) = number(rng, false) {
         r.insert("minor".into(), json!(m));
     }
-    let accesses: &[&str] = if rng.gen_bool(0.1) { &["", "-", "rwx"] } else { &["rwm", "rw", "r", "w", "m"] };
+    let accesses: &[&str] =
+        if rng.gen_bool(0.1) { &["", "-", "rwx"] } else { &["rwm", "rw", "r", "w", "m"] };
     match *pick(rng, accesses) {
         "-" => {}
         a => {
@@ -141,8 +144,17 @@ fn random_rule(rng: &mut StdRng) -> Value {
 /// A device node, NVIDIA or not, in range or not.
 fn random_node(rng: &mut StdRng) -> Value {
     let n = rng.gen_range(0..8);
-    let path = pick(rng, &["/dev/nvidia{n}", "/dev/x{n}", "/dev/nvidia-caps/nvidia-cap{n}", "dev/nvidia{n}", "/dev/gpu{n}"])
-        .replace("{n}", &(n + 10).to_string());
+    let path = pick(
+        rng,
+        &[
+            "/dev/nvidia{n}",
+            "/dev/x{n}",
+            "/dev/nvidia-caps/nvidia-cap{n}",
+            "dev/nvidia{n}",
+            "/dev/gpu{n}",
+        ],
+    )
+    .replace("{n}", &(n + 10).to_string());
     let major = match rng.gen_range(0..10) {
         0 => 4291, // 195 once mknod truncates it
         1 => rng.gen_range(234..512),
@@ -185,12 +197,16 @@ fn apply_hostile(doc: &mut J, h: Hostile) {
     let grab = J::from(&json!({"resources": {"devices": [gpu_rule(7)]}}));
     match h {
         Hostile::FoldedLinux => doc.obj_at(&[]).push(("Linux".into(), grab)),
-        Hostile::FoldedResources => {
-            doc.obj_at(&["linux"]).push(("reſources".into(), J::from(&json!({"devices": [gpu_rule(7)]}))))
+        Hostile::FoldedResources => doc
+            .obj_at(&["linux"])
+            .push(("reſources".into(), J::from(&json!({"devices": [gpu_rule(7)]})))),
+        Hostile::FoldedHooks => {
+            doc.obj_at(&[]).push(("hookſ".into(), J::from(&json!({"prestart": []}))))
         }
-        Hostile::FoldedHooks => doc.obj_at(&[]).push(("hookſ".into(), J::from(&json!({"prestart": []})))),
         Hostile::FoldedMajor => {
-            let rule = J::from(&json!({"allow": true, "type": "c", "major": 1, "minor": 7, "access": "rw", "MAJOR": 195}));
+            let rule = J::from(
+                &json!({"allow": true, "type": "c", "major": 1, "minor": 7, "access": "rw", "MAJOR": 195}),
+            );
             let linux = doc.obj_at(&["linux", "resources"]);
             let (_, devices) = linux.iter_mut().find(|(k, _)| k == "devices").expect("devices");
             let J::Arr(items) = devices else { panic!("devices") };
@@ -207,7 +223,12 @@ fn apply_hostile(doc: &mut J, h: Hostile) {
 }
 
 fn mig_injection() -> Injection {
-    let dev = |path: &str, major: i64, minor: i64| DeviceNode { path: path.into(), major, minor, file_mode: 0o666 };
+    let dev = |path: &str, major: i64, minor: i64| DeviceNode {
+        path: path.into(),
+        major,
+        minor,
+        file_mode: 0o666,
+    };
     Injection {
         devices: vec![
             dev("/dev/nvidiactl", 195, 255),
@@ -228,7 +249,8 @@ fn gpu_openings(list: &str) -> BTreeMap<(Option<u32>, Option<u32>), String> {
     let mut out = BTreeMap::new();
     for line in list.lines() {
         let mut parts = line.split_whitespace();
-        let (kind, nums, access) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+        let (kind, nums, access) =
+            (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
         let (ma, mi) = nums.split_once(':').unwrap();
         let num = |s: &str| if s == "*" { None } else { Some(s.parse::<u32>().unwrap()) };
         let opens: String = access.chars().filter(|c| *c == 'r' || *c == 'w').collect();
@@ -249,7 +271,9 @@ fn refusal_class(e: &spec::SpecError) -> &'static str {
         S::Canonical { source: C::FoldedKey { .. } | C::NonAsciiKey { .. }, .. } => "folded key",
         S::AllowAll { .. } => "allow-all rule",
         S::AnyCharDevice { .. } => "any-major rule",
-        S::Ambiguous(C::Value { message, .. }) if message.contains("range") => "number out of range",
+        S::Ambiguous(C::Value { message, .. }) if message.contains("range") => {
+            "number out of range"
+        }
         S::Ambiguous(C::Value { .. }) => "value runc refuses",
         S::BadInjection(_) => "rules runc cannot apply",
         _ => "other",
@@ -261,7 +285,8 @@ fn what_tessera_decides_is_what_runc_enforces() {
     let fx = Fixture::new();
     let marker = fx.path("hook-ran");
     let hook = fx.path("hook.sh");
-    fs::write(&hook, format!("#!/bin/sh\ncat > /dev/null\necho \"$1\" >> {}\n", marker.display())).unwrap();
+    fs::write(&hook, format!("#!/bin/sh\ncat > /dev/null\necho \"$1\" >> {}\n", marker.display()))
+        .unwrap();
     fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let hooks = HookConfig { path: hook.clone(), socket: fx.path("unused.sock") };
     let inj = mig_injection();
@@ -272,7 +297,8 @@ fn what_tessera_decides_is_what_runc_enforces() {
         .collect();
     let majors: BTreeSet<u32> = GPU_MAJORS.into();
 
-    let seed: u64 = std::env::var("SPEC_VS_RUNC_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(11);
+    let seed: u64 =
+        std::env::var("SPEC_VS_RUNC_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(11);
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut accepted, mut refused, mut hostile_refused, mut nontrivial) = (0, 0, 0, 0);
     let mut reasons: BTreeMap<&'static str, usize> = BTreeMap::new();
@@ -327,21 +353,36 @@ fn what_tessera_decides_is_what_runc_enforces() {
             .enumerate()
             .map(|(i, r)| DeviceRule::from_value(r, &format!("[{i}]")).unwrap())
             .collect();
-        if rules.iter().any(|r| r.allow && r.kind != RuleKind::All && !(r.major.is_some_and(|m| majors.contains(&m)))) {
+        if rules.iter().any(|r| {
+            r.allow && r.kind != RuleKind::All && !(r.major.is_some_and(|m| majors.contains(&m)))
+        }) {
             nontrivial += 1;
         }
-        let model = DeviceAccess::emulate(rules.iter().chain(canonical::RUNC_DEFAULT_RULES)).unwrap();
+        let model =
+            DeviceAccess::emulate(rules.iter().chain(canonical::RUNC_DEFAULT_RULES)).unwrap();
         let checked_root = v["root"]["path"].as_str().map(|p| b.dir().join(p));
 
         fs::write(b.config_path(), serde_json::to_vec(&v).unwrap()).unwrap();
         let _ = fs::remove_file(&marker);
         let out = fx.create_container(&b, &id);
-        assert!(out.status.success(), "{label}\nrunc refused what Tessera accepted: {}", out.stderr_str());
+        assert!(
+            out.status.success(),
+            "{label}\nrunc refused what Tessera accepted: {}",
+            out.stderr_str()
+        );
 
         // The devices cgroup runc wrote.
         let list = devices_list(&b.cgroups_path());
-        assert_eq!(gpu_openings(&list), want, "{label}\nrunc's devices.list opens other GPU nodes:\n{list}");
-        assert_eq!(DeviceAccess::from_devices_list(&list).unwrap(), model, "{label}\nTessera's model differs from runc:\n{list}");
+        assert_eq!(
+            gpu_openings(&list),
+            want,
+            "{label}\nrunc's devices.list opens other GPU nodes:\n{list}"
+        );
+        assert_eq!(
+            DeviceAccess::from_devices_list(&list).unwrap(),
+            model,
+            "{label}\nTessera's model differs from runc:\n{list}"
+        );
         assert_eq!(model.gpu_openings(&majors).map(|m| m.len()), Some(want.len()), "{label}");
         // The hook runc ran.
         let ran = fs::read_to_string(&marker).unwrap_or_default();
@@ -350,7 +391,11 @@ fn what_tessera_decides_is_what_runc_enforces() {
         let pid = fx.container_pid(&id).expect("created container has a pid");
         let seen = fs::read_to_string(format!("/proc/{pid}/root/which-root")).unwrap();
         let checked = checked_root.expect("accepted config has a root");
-        assert_eq!(Path::new(&checked).file_name().unwrap().to_str().unwrap(), seen, "{label}\nrunc uses another root");
+        assert_eq!(
+            Path::new(&checked).file_name().unwrap().to_str().unwrap(),
+            seen,
+            "{label}\nrunc uses another root"
+        );
 
         fx.delete_container(&id, true).assert_success("delete");
     }

@@ -74,7 +74,8 @@ fn run(cli: Cli) -> Result<(), String> {
     match cli.cmd {
         Cmd::Serve { listen, store, etcd_prefix, signing_key, tokens, tls_cert, tls_key } => {
             let tls = tls_cert.zip(tls_key);
-            let opts = coordinator::ServeOptions { listen, store, etcd_prefix, signing_key, tokens, tls };
+            let opts =
+                coordinator::ServeOptions { listen, store, etcd_prefix, signing_key, tokens, tls };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -86,7 +87,8 @@ fn run(cli: Cli) -> Result<(), String> {
             signing::write_signing_key(&out, &key).map_err(|e| e.to_string())?;
             let public = signing::encode_verifying_key(&key.verifying_key());
             if let Some(p) = public_out {
-                std::fs::write(&p, format!("{public}\n")).map_err(|e| format!("{}: {e}", p.display()))?;
+                std::fs::write(&p, format!("{public}\n"))
+                    .map_err(|e| format!("{}: {e}", p.display()))?;
             }
             println!("{public}");
             Ok(())

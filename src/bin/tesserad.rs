@@ -100,13 +100,20 @@ impl FleetArgs {
         if self.coordinator.is_empty() {
             return Ok(None);
         }
-        let urls: Vec<String> =
-            self.coordinator.iter().map(|u| u.trim().to_string()).filter(|u| !u.is_empty()).collect();
+        let urls: Vec<String> = self
+            .coordinator
+            .iter()
+            .map(|u| u.trim().to_string())
+            .filter(|u| !u.is_empty())
+            .collect();
         if urls.is_empty() {
             return Err("--coordinator: no URL given".into());
         }
-        let key_arg = self.trust_key.ok_or("--coordinator needs --trust-key (the coordinator's public key)")?;
-        let trust_key = coordinator::signing::load_verifying_key(&key_arg).map_err(|e| format!("--trust-key: {e}"))?;
+        let key_arg = self
+            .trust_key
+            .ok_or("--coordinator needs --trust-key (the coordinator's public key)")?;
+        let trust_key = coordinator::signing::load_verifying_key(&key_arg)
+            .map_err(|e| format!("--trust-key: {e}"))?;
         let token = match self.node_token {
             Some(path) => read_token(&path)?,
             None => match std::env::var("TESSERA_NODE_TOKEN") {
@@ -118,7 +125,10 @@ impl FleetArgs {
         };
         let mut cfg = tesserad::CoordinatorConfig::new(urls, trust_key, token);
         if let Some(ca) = &self.coordinator_ca {
-            cfg.tls = Some(coordinator::tls::client_config(ca).map_err(|e| format!("--coordinator-ca: {e}"))?);
+            cfg.tls = Some(
+                coordinator::tls::client_config(ca)
+                    .map_err(|e| format!("--coordinator-ca: {e}"))?,
+            );
         }
         cfg.node_id = self.node_id;
         cfg.poll_timeout = Duration::from_millis(self.coordinator_poll_timeout_ms);
@@ -132,13 +142,17 @@ impl FleetArgs {
 /// Read a token file: one line, surrounding whitespace ignored. Warns when others can read it.
 fn read_token(path: &std::path::Path) -> Result<String, String> {
     use std::os::unix::fs::MetadataExt as _;
-    let text = std::fs::read_to_string(path).map_err(|e| format!("--node-token {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--node-token {}: {e}", path.display()))?;
     let token = text.trim();
     if token.is_empty() {
         return Err(format!("--node-token {}: the file is empty", path.display()));
     }
     if token.contains(char::is_whitespace) {
-        return Err(format!("--node-token {}: expected one token, found whitespace inside", path.display()));
+        return Err(format!(
+            "--node-token {}: expected one token, found whitespace inside",
+            path.display()
+        ));
     }
     if std::fs::metadata(path).is_ok_and(|m| m.mode() & 0o077 != 0) {
         tracing::warn!(path = %path.display(), "the node token file is readable by group or others; chmod 600 it");
@@ -179,13 +193,14 @@ fn main() -> ExitCode {
         host: tesserad::HostPaths::default(),
         coordinator,
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("tesserad: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let rt =
+        match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("tesserad: cannot start the async runtime: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
     match rt.block_on(tesserad::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -320,9 +320,12 @@ pub fn processes_whose_env_mentions(needle: &str) -> Vec<i32> {
         .filter(|&pid| pid != me)
         .filter(|&pid| {
             fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
-                env.split(|&b| b == 0).filter_map(|kv| kv.splitn(2, |&b| b == b'=').nth(1)).any(|v| {
-                    v.strip_prefix(needle.as_bytes()).is_some_and(|rest| rest.is_empty() || rest[0] == b'/')
-                })
+                env.split(|&b| b == 0).filter_map(|kv| kv.splitn(2, |&b| b == b'=').nth(1)).any(
+                    |v| {
+                        v.strip_prefix(needle.as_bytes())
+                            .is_some_and(|rest| rest.is_empty() || rest[0] == b'/')
+                    },
+                )
             })
         })
         .filter(|&pid| pid_alive(pid, None))
@@ -971,7 +974,11 @@ impl Cleanup {
         //    pids it knew of would otherwise outlive the test.
         for d in &t.dirs {
             let d = d.to_string_lossy();
-            for pid in processes_mentioning(&d).into_iter().map(|(pid, _)| pid).chain(processes_whose_env_mentions(&d)) {
+            for pid in processes_mentioning(&d)
+                .into_iter()
+                .map(|(pid, _)| pid)
+                .chain(processes_whose_env_mentions(&d))
+            {
                 kill9(pid);
             }
         }

@@ -72,9 +72,16 @@ impl Node {
         ];
         args.extend(o.extra_args);
         let daemon = fx.spawn("tesserad", TESSERAD, &args, [("TESSERA_LOG", "info")]);
-        assert!(wait_for_socket(&socket, Duration::from_secs(20)), "tesserad did not come up:\n{}", daemon.stderr());
+        assert!(
+            wait_for_socket(&socket, Duration::from_secs(20)),
+            "tesserad did not come up:\n{}",
+            daemon.stderr()
+        );
         let s = socket.display().to_string();
-        fx.set_runtime(TESSERA_RUNTIME, &[("TESSERA_RUNC", RUNC), ("TESSERA_SOCKET", &s), ("TESSERA_HOOK", TESSERA_HOOK)]);
+        fx.set_runtime(
+            TESSERA_RUNTIME,
+            &[("TESSERA_RUNC", RUNC), ("TESSERA_SOCKET", &s), ("TESSERA_HOOK", TESSERA_HOOK)],
+        );
         Node { fx, daemon, socket, state }
     }
 
@@ -85,7 +92,11 @@ impl Node {
     /// Wait until the daemon answers again (after a restart).
     pub fn wait_ready(&self) {
         let c = self.client();
-        assert!(wait_for(|| c.status().is_ok(), Duration::from_secs(20)), "tesserad did not come back:\n{}", self.daemon.stderr());
+        assert!(
+            wait_for(|| c.status().is_ok(), Duration::from_secs(20)),
+            "tesserad did not come back:\n{}",
+            self.daemon.stderr()
+        );
     }
 
     /// kill -9 the daemon and start it again on the same state.
@@ -114,13 +125,18 @@ impl Node {
 
     /// `tessera ARGS..` against this daemon.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
-        run_cmd(std::process::Command::new(TESSERA_CLI).arg("--socket").arg(&self.socket).args(args))
+        run_cmd(
+            std::process::Command::new(TESSERA_CLI).arg("--socket").arg(&self.socket).args(args),
+        )
     }
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released; fine for tests on one machine).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
 
 /// `GET http://127.0.0.1:PORT/PATH` body, with a plain HTTP/1.0 request.

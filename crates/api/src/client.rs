@@ -10,7 +10,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::display::untrusted;
-use crate::types::{AllocateRequest, Allocation, ApiError, NodeStatus, ReleaseRequest, StartRequest};
+use crate::types::{
+    AllocateRequest, Allocation, ApiError, NodeStatus, ReleaseRequest, StartRequest,
+};
 use crate::MAX_REQUEST_BYTES;
 
 /// Largest response body the client accepts.
@@ -76,7 +78,11 @@ impl Client {
     }
 
     pub fn start(&self, container_id: &str, req: &StartRequest) -> Result<Allocation, ClientError> {
-        self.call("POST", &format!("/v1/allocations/{}/start", encode_segment(container_id)), Some(req))
+        self.call(
+            "POST",
+            &format!("/v1/allocations/{}/start", encode_segment(container_id)),
+            Some(req),
+        )
     }
 
     /// Release a container's allocation, saying nothing about which container asks: the
@@ -91,14 +97,22 @@ impl Client {
     /// Release the allocation of the container `container_id` in `req`'s runc root and
     /// bundle, once runc has removed it. The daemon refuses (409) when the grant belongs
     /// to a container elsewhere, or runc still has it.
-    pub fn release_container(&self, container_id: &str, req: &ReleaseRequest) -> Result<(), ClientError> {
+    pub fn release_container(
+        &self,
+        container_id: &str,
+        req: &ReleaseRequest,
+    ) -> Result<(), ClientError> {
         let path = format!("/v1/allocations/{}", encode_segment(container_id));
         let _: serde_json::Value = self.call("DELETE", &path, Some(req))?;
         Ok(())
     }
 
     pub fn allocation(&self, container_id: &str) -> Result<Allocation, ClientError> {
-        self.call::<(), _>("GET", &format!("/v1/allocations/{}", encode_segment(container_id)), None)
+        self.call::<(), _>(
+            "GET",
+            &format!("/v1/allocations/{}", encode_segment(container_id)),
+            None,
+        )
     }
 
     pub fn status(&self) -> Result<NodeStatus, ClientError> {
@@ -134,7 +148,12 @@ impl Client {
     }
 
     /// Send one request with an optional JSON body and return the raw answer.
-    pub fn raw(&self, method: &str, path: &str, body: Option<&[u8]>) -> Result<RawResponse, ClientError> {
+    pub fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+    ) -> Result<RawResponse, ClientError> {
         let body = body.unwrap_or(&[]);
         if body.len() > MAX_REQUEST_BYTES {
             // tesserad would stop reading and close: the write would fail with "broken
@@ -168,7 +187,10 @@ impl Client {
             return parse_response(&buf).map_err(|_| io(e));
         }
         let mut buf = Vec::with_capacity(4096);
-        Read::by_ref(&mut stream).take(MAX_RESPONSE as u64 + 1).read_to_end(&mut buf).map_err(io)?;
+        Read::by_ref(&mut stream)
+            .take(MAX_RESPONSE as u64 + 1)
+            .read_to_end(&mut buf)
+            .map_err(io)?;
         if buf.len() > MAX_RESPONSE {
             return Err(ClientError::Protocol("answer larger than 16 MiB".into()));
         }
@@ -192,10 +214,8 @@ fn encode_segment(s: &str) -> String {
 
 fn parse_response(buf: &[u8]) -> Result<RawResponse, ClientError> {
     let proto = |m: &str| ClientError::Protocol(m.to_string());
-    let head_end = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| proto("no end of headers"))?;
+    let head_end =
+        buf.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| proto("no end of headers"))?;
     let head = std::str::from_utf8(&buf[..head_end]).map_err(|_| proto("headers are not utf-8"))?;
     let mut lines = head.split("\r\n");
     let status_line = lines.next().ok_or_else(|| proto("no status line"))?;
@@ -237,7 +257,8 @@ fn decode_chunked(mut rest: &[u8]) -> Result<Vec<u8>, ClientError> {
     let proto = |m: &str| ClientError::Protocol(m.to_string());
     let mut out = Vec::new();
     loop {
-        let eol = rest.windows(2).position(|w| w == b"\r\n").ok_or_else(|| proto("bad chunk header"))?;
+        let eol =
+            rest.windows(2).position(|w| w == b"\r\n").ok_or_else(|| proto("bad chunk header"))?;
         let size_str = std::str::from_utf8(&rest[..eol]).map_err(|_| proto("bad chunk size"))?;
         let size_str = size_str.split(';').next().unwrap_or("").trim();
         let size = usize::from_str_radix(size_str, 16).map_err(|_| proto("bad chunk size"))?;
@@ -254,13 +275,14 @@ fn decode_chunked(mut rest: &[u8]) -> Result<Vec<u8>, ClientError> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::types::ErrorCode;
     use std::os::unix::net::UnixListener;
 
-    fn serve_once(answer: &'static [u8]) -> (tempfile::TempDir, PathBuf, std::thread::JoinHandle<Vec<u8>>) {
+    fn serve_once(
+        answer: &'static [u8],
+    ) -> (tempfile::TempDir, PathBuf, std::thread::JoinHandle<Vec<u8>>) {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("s.sock");
         let listener = UnixListener::bind(&path).expect("bind");
@@ -277,9 +299,10 @@ mod tests {
 
     #[test]
     fn decodes_content_length_and_sends_request() {
-        let (_d, path, h) =
-            serve_once(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}");
-        let v: serde_json::Value = Client::new(&path).call("POST", "/x", Some(&serde_json::json!({"a": 1}))).expect("call");
+        let (_d, path, h) = serve_once(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}");
+        let v: serde_json::Value = Client::new(&path)
+            .call("POST", "/x", Some(&serde_json::json!({"a": 1})))
+            .expect("call");
         assert_eq!(v, serde_json::json!({}));
         let req = String::from_utf8(h.join().expect("join")).expect("utf8");
         assert!(req.starts_with("POST /x HTTP/1.1\r\n"), "{req}");
@@ -291,7 +314,8 @@ mod tests {
         let (_d, path, _h) = serve_once(
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\n{\"a\r\n4\r\n\":1}\r\n0\r\n\r\n",
         );
-        let v: serde_json::Value = Client::new(&path).call::<(), _>("GET", "/", None).expect("call");
+        let v: serde_json::Value =
+            Client::new(&path).call::<(), _>("GET", "/", None).expect("call");
         assert_eq!(v, serde_json::json!({"a": 1}));
     }
 
@@ -312,7 +336,10 @@ mod tests {
         let err = Client::new(&path).status().unwrap_err();
         assert!(matches!(err, ClientError::Protocol(_)), "{err}");
         let err = Client::new("/nonexistent/tessera.sock").status().unwrap_err();
-        assert!(err.to_string().contains("cannot reach tesserad at /nonexistent/tessera.sock"), "{err}");
+        assert!(
+            err.to_string().contains("cannot reach tesserad at /nonexistent/tessera.sock"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -323,9 +350,17 @@ mod tests {
         listener.set_nonblocking(true).expect("nonblocking");
         let big = vec![b'x'; MAX_REQUEST_BYTES + 1];
         let err = Client::new(&path).raw("POST", "/v1/allocations", Some(&big)).unwrap_err();
-        assert!(matches!(err, ClientError::TooLarge { size, limit, .. } if size == big.len() && limit == MAX_REQUEST_BYTES), "{err}");
+        assert!(
+            matches!(err, ClientError::TooLarge { size, limit, .. } if size == big.len() && limit == MAX_REQUEST_BYTES),
+            "{err}"
+        );
         let msg = err.to_string();
-        assert!(msg.contains("POST /v1/allocations") && msg.contains("too large") && msg.contains("1048576"), "{msg}");
+        assert!(
+            msg.contains("POST /v1/allocations")
+                && msg.contains("too large")
+                && msg.contains("1048576"),
+            "{msg}"
+        );
         assert!(listener.accept().is_err(), "nothing may be sent");
     }
 

@@ -87,7 +87,6 @@ impl fmt::Display for Untrusted<'_> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -103,7 +102,10 @@ mod tests {
         assert_eq!(untrusted("a\nb\r\tc\0").to_string(), "a\\nb\\r\\tc\\0");
         assert_eq!(untrusted("\u{1b}[2J").to_string(), "\\u{1b}[2J");
         assert_eq!(untrusted("\u{7f}\u{85}\u{9b}").to_string(), "\\u{7f}\\u{85}\\u{9b}");
-        assert_eq!(untrusted("x\u{202e}y\u{2028}z\u{200b}").to_string(), "x\\u{202e}y\\u{2028}z\\u{200b}");
+        assert_eq!(
+            untrusted("x\u{202e}y\u{2028}z\u{200b}").to_string(),
+            "x\\u{202e}y\\u{2028}z\\u{200b}"
+        );
         let shown = untrusted("line\nlevel=error msg=forged").to_string();
         assert_eq!(shown.lines().count(), 1);
     }

@@ -54,7 +54,8 @@ pub fn runc_state_file(runc_root: &Path, container_id: &str) -> PathBuf {
 /// container is gone" that tesserad's reconciler and tessera-runtime's release share.
 /// An invalid id is never anything's record (and is not joined to the root).
 pub fn runc_state_exists(runc_root: &Path, container_id: &str) -> bool {
-    validate_container_id(container_id).is_ok() && runc_state_file(runc_root, container_id).is_file()
+    validate_container_id(container_id).is_ok()
+        && runc_state_file(runc_root, container_id).is_file()
 }
 
 /// Where tesserad listens and where clients look for it unless told otherwise.
@@ -66,7 +67,6 @@ pub const REQUEST_ANNOTATION: &str = "tessera.io/gpu";
 pub const REQUEST_ENV: &str = "TESSERA_GPU";
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -23,7 +23,8 @@ pub enum Isolation {
 
 impl Isolation {
     /// Every isolation level, strongest first.
-    pub const ALL: [Isolation; 4] = [Isolation::Gpu, Isolation::Mig, Isolation::Mps, Isolation::Shared];
+    pub const ALL: [Isolation; 4] =
+        [Isolation::Gpu, Isolation::Mig, Isolation::Mps, Isolation::Shared];
 
     /// The name used in requests, policies and reports.
     pub fn as_str(self) -> &'static str {
@@ -110,7 +111,8 @@ impl FromStr for GpuRequest {
         };
         match kind {
             "gpu" => {
-                let v = value.ok_or(RequestError::MissingValue { kind: "gpu", expected: GPU_EXPECTED })?;
+                let v = value
+                    .ok_or(RequestError::MissingValue { kind: "gpu", expected: GPU_EXPECTED })?;
                 let count = parse_bounded(v, 1, 64).ok_or_else(|| RequestError::BadValue {
                     kind: "gpu",
                     value: v.to_string(),
@@ -119,7 +121,8 @@ impl FromStr for GpuRequest {
                 Ok(GpuRequest::Gpu { count })
             }
             "mig" => {
-                let v = value.ok_or(RequestError::MissingValue { kind: "mig", expected: MIG_EXPECTED })?;
+                let v = value
+                    .ok_or(RequestError::MissingValue { kind: "mig", expected: MIG_EXPECTED })?;
                 if !is_profile_name(v) {
                     return Err(RequestError::BadValue {
                         kind: "mig",
@@ -130,7 +133,8 @@ impl FromStr for GpuRequest {
                 Ok(GpuRequest::Mig { profile: v.to_string() })
             }
             "mps" => {
-                let v = value.ok_or(RequestError::MissingValue { kind: "mps", expected: MPS_EXPECTED })?;
+                let v = value
+                    .ok_or(RequestError::MissingValue { kind: "mps", expected: MPS_EXPECTED })?;
                 let pct = parse_bounded(v, 1, 100).ok_or_else(|| RequestError::BadValue {
                     kind: "mps",
                     value: v.to_string(),
@@ -176,7 +180,6 @@ fn is_profile_name(v: &str) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
@@ -197,11 +200,20 @@ mod tests {
         assert!(matches!("gpu".parse::<GpuRequest>(), Err(RequestError::MissingValue { .. })));
         assert!(matches!("gpu=0".parse::<GpuRequest>(), Err(RequestError::BadValue { .. })));
         assert!(matches!("gpu=-1".parse::<GpuRequest>(), Err(RequestError::BadValue { .. })));
-        assert!(matches!("gpu=99999999999".parse::<GpuRequest>(), Err(RequestError::BadValue { .. })));
+        assert!(matches!(
+            "gpu=99999999999".parse::<GpuRequest>(),
+            Err(RequestError::BadValue { .. })
+        ));
         assert!(matches!("mps=101".parse::<GpuRequest>(), Err(RequestError::BadValue { .. })));
         assert!(matches!("mig=big".parse::<GpuRequest>(), Err(RequestError::BadValue { .. })));
-        assert!(matches!("mig=1g.10gb;rm".parse::<GpuRequest>(), Err(RequestError::BadValue { .. })));
-        assert_eq!("shared=2".parse::<GpuRequest>(), Err(RequestError::UnexpectedValue("2".into())));
+        assert!(matches!(
+            "mig=1g.10gb;rm".parse::<GpuRequest>(),
+            Err(RequestError::BadValue { .. })
+        ));
+        assert_eq!(
+            "shared=2".parse::<GpuRequest>(),
+            Err(RequestError::UnexpectedValue("2".into()))
+        );
         let msg = "mps=500".parse::<GpuRequest>().unwrap_err().to_string();
         assert!(msg.contains("mps") && msg.contains("500") && msg.contains("1 to 100"), "{msg}");
     }
@@ -216,7 +228,12 @@ mod tests {
         }
         let huge = format!("mig={}", "x".repeat(100_000));
         let msg = huge.parse::<GpuRequest>().unwrap_err().to_string();
-        assert!(msg.len() < 512 && msg.contains("100000 bytes in all"), "{} bytes: {}", msg.len(), &msg[..100]);
+        assert!(
+            msg.len() < 512 && msg.contains("100000 bytes in all"),
+            "{} bytes: {}",
+            msg.len(),
+            &msg[..100]
+        );
     }
 
     proptest! {

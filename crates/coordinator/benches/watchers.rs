@@ -59,7 +59,12 @@ fn raise_nofile(want: u64) -> u64 {
 }
 
 fn env_list(name: &str, default: &str) -> Vec<String> {
-    std::env::var(name).unwrap_or_else(|_| default.to_string()).split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
+    std::env::var(name)
+        .unwrap_or_else(|_| default.to_string())
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -75,8 +80,9 @@ fn ms(d: Duration) -> String {
 }
 
 fn tokens(n: usize) -> (Tokens, Vec<(String, String)>) {
-    let nodes: BTreeMap<String, String> =
-        (0..n).map(|i| (format!("bench-{i:05}"), format!("bench-node-token-{i:05}-xxxxxxxx"))).collect();
+    let nodes: BTreeMap<String, String> = (0..n)
+        .map(|i| (format!("bench-{i:05}"), format!("bench-node-token-{i:05}-xxxxxxxx")))
+        .collect();
     let admins = BTreeMap::from([("bench".to_string(), common::ADMIN.to_string())]);
     let list = nodes.clone().into_iter().collect();
     (Tokens::from_maps(admins, nodes).expect("tokens"), list)
@@ -95,8 +101,13 @@ async fn setup(store: &str, tokens: &Tokens) -> Option<Setup> {
     let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
     match store {
         "sqlite" => {
-            let s: Arc<dyn PolicyStore> = Arc::new(coordinator::store::SqliteStore::open(&dir.path().join("c.db")).expect("sqlite"));
-            let c = RunningCoordinator::start(any, Coordinator::new(s, common::key(), tokens.clone())).await.expect("start");
+            let s: Arc<dyn PolicyStore> = Arc::new(
+                coordinator::store::SqliteStore::open(&dir.path().join("c.db")).expect("sqlite"),
+            );
+            let c =
+                RunningCoordinator::start(any, Coordinator::new(s, common::key(), tokens.clone()))
+                    .await
+                    .expect("start");
             Some(Setup {
                 push_to: c.url(),
                 watch_url: c.url(),
@@ -109,9 +120,22 @@ async fn setup(store: &str, tokens: &Tokens) -> Option<Setup> {
             let etcd = common::Etcd::start()?;
             let mut servers = Vec::new();
             for _ in 0..2 {
-                let s: Arc<dyn PolicyStore> =
-                    Arc::new(coordinator::store::EtcdStore::connect(std::slice::from_ref(&etcd.url), "/bench").await.expect("etcd store"));
-                servers.push(RunningCoordinator::start(any, Coordinator::new(s, common::key(), tokens.clone())).await.expect("start"));
+                let s: Arc<dyn PolicyStore> = Arc::new(
+                    coordinator::store::EtcdStore::connect(
+                        std::slice::from_ref(&etcd.url),
+                        "/bench",
+                    )
+                    .await
+                    .expect("etcd store"),
+                );
+                servers.push(
+                    RunningCoordinator::start(
+                        any,
+                        Coordinator::new(s, common::key(), tokens.clone()),
+                    )
+                    .await
+                    .expect("start"),
+                );
             }
             Some(Setup {
                 push_to: servers[0].url(),
@@ -152,7 +176,11 @@ async fn bench(store: &str, n: usize, rounds: u64) {
         Ok(Ok(out)) => {
             print!("{}", String::from_utf8_lossy(&out.stdout));
             if !out.status.success() {
-                println!("{store:>6} N={n:>6}: watcher process failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+                println!(
+                    "{store:>6} N={n:>6}: watcher process failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                );
             }
         }
         Ok(Err(e)) => println!("{store:>6} N={n:>6}: cannot run the watcher process: {e}"),
@@ -187,7 +215,10 @@ async fn watchers(label: &str, push_to: &str, watch_url: &str, n: usize, rounds:
     };
     let trust = common::key().verifying_key();
     let repoll_delay = Duration::from_millis(
-        std::env::var("TESSERA_BENCH_REPOLL_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+        std::env::var("TESSERA_BENCH_REPOLL_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
     );
     let verify_each = std::env::var("TESSERA_BENCH_VERIFY").map_or(true, |v| v != "none");
     let (tx, mut rx) = mpsc::unbounded_channel::<(u64, Instant)>();
@@ -242,7 +273,12 @@ async fn watchers(label: &str, push_to: &str, watch_url: &str, n: usize, rounds:
             }
         }
         lat.sort();
-        per_round.push((acked, pct(&lat, 0.5), pct(&lat, 0.99), *lat.last().unwrap_or(&Duration::ZERO)));
+        per_round.push((
+            acked,
+            pct(&lat, 0.5),
+            pct(&lat, 0.99),
+            *lat.last().unwrap_or(&Duration::ZERO),
+        ));
         all.extend(lat);
     }
     all.sort();
@@ -287,11 +323,16 @@ fn main() {
     let sizes: Vec<usize> = if quick {
         vec![50]
     } else {
-        env_list("TESSERA_BENCH_WATCHERS", "1000,10000").iter().map(|s| s.parse().expect("a number")).collect()
+        env_list("TESSERA_BENCH_WATCHERS", "1000,10000")
+            .iter()
+            .map(|s| s.parse().expect("a number"))
+            .collect()
     };
     let stores = env_list("TESSERA_BENCH_STORES", "sqlite,etcd");
-    let rounds: u64 =
-        std::env::var("TESSERA_BENCH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(if quick { 1 } else { 3 });
+    let rounds: u64 = std::env::var("TESSERA_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(if quick { 1 } else { 3 });
     let want = sizes.iter().max().copied().unwrap_or(0) as u64 + 4096;
     let got = raise_nofile(want);
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());

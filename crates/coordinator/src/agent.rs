@@ -31,9 +31,9 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::http::{self, Endpoint, HttpError};
+use crate::now_ms;
 use crate::signing::{self, key_id, Verified};
 use crate::wire::{ErrorBody, NodeReport, UploadOutcome, UsageUpload, MAX_UPLOAD_BATCH};
-use crate::now_ms;
 
 /// How the agent follows the coordinator.
 #[derive(Clone)]
@@ -179,10 +179,15 @@ impl AgentStatus {
     /// since the policy in force was applied (refusing an *older* version is routine).
     /// Else `degraded`.
     pub fn health(&self) -> &'static str {
-        let refused_since_apply = self.last_rejection.as_ref().is_some_and(|r| {
-            r.kind != "older" && self.applied_at_ms.is_none_or(|t| r.at_ms >= t)
-        });
-        if self.connected && self.applied_version.is_some() && !refused_since_apply && self.apply_error.is_none() {
+        let refused_since_apply = self
+            .last_rejection
+            .as_ref()
+            .is_some_and(|r| r.kind != "older" && self.applied_at_ms.is_none_or(|t| r.at_ms >= t));
+        if self.connected
+            && self.applied_version.is_some()
+            && !refused_since_apply
+            && self.apply_error.is_none()
+        {
             "ok"
         } else {
             "degraded"
@@ -266,7 +271,9 @@ impl PolicyAgent {
         let bytes = match std::fs::read(path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(AgentError::LastKnownGood { path: path.clone(), why: e.to_string() }),
+            Err(e) => {
+                return Err(AgentError::LastKnownGood { path: path.clone(), why: e.to_string() })
+            }
         };
         let env = signing::parse_envelope(&bytes)
             .map_err(|e| AgentError::LastKnownGood { path: path.clone(), why: e.to_string() })?;
@@ -322,7 +329,10 @@ impl PolicyAgent {
                         match self.consider(&ep, &body, applied, &mut on_policy, &status) {
                             Ok(()) => hold = None,
                             Err(version) => {
-                                hold = Some((version.max(applied), Instant::now() + self.cfg.reject_hold));
+                                hold = Some((
+                                    version.max(applied),
+                                    Instant::now() + self.cfg.reject_hold,
+                                ));
                                 tokio::time::sleep(self.cfg.reject_delay).await;
                             }
                         }
@@ -383,7 +393,10 @@ impl PolicyAgent {
             return Err(reject(
                 verified.version,
                 "older",
-                format!("older or equal version: offered {} but version {applied} is in force", verified.version),
+                format!(
+                    "older or equal version: offered {} but version {applied} is in force",
+                    verified.version
+                ),
             ));
         }
         if let Err(e) = on_policy(&verified) {
@@ -431,10 +444,20 @@ impl PolicyAgent {
     }
 
     async fn report_to(&self, ep: &Endpoint, status: &AgentStatus) -> Result<(), AgentError> {
-        let body = serde_json::to_vec(&status.report()).map_err(|e| AgentError::Config(e.to_string()))?;
+        let body =
+            serde_json::to_vec(&status.report()).map_err(|e| AgentError::Config(e.to_string()))?;
         let path = format!("/v1/nodes/{}/report", self.cfg.node_id);
-        let r = http::request(&self.pool, ep, Method::POST, &path, Some(&self.cfg.token), &[], Some(body), Duration::from_secs(5))
-            .await?;
+        let r = http::request(
+            &self.pool,
+            ep,
+            Method::POST,
+            &path,
+            Some(&self.cfg.token),
+            &[],
+            Some(body),
+            Duration::from_secs(5),
+        )
+        .await?;
         if (200..300).contains(&r.status) {
             Ok(())
         } else {
@@ -458,7 +481,10 @@ impl PolicyAgent {
     /// every coordinator) when no answer or a 5xx comes back. Safe to repeat: the
     /// coordinator stores each interval id once, so a batch whose answer was lost and is
     /// sent again counts once (the retry reports them as duplicates).
-    pub async fn upload_usage(&self, intervals: &[metering::ClosedInterval]) -> Result<UploadOutcome, AgentError> {
+    pub async fn upload_usage(
+        &self,
+        intervals: &[metering::ClosedInterval],
+    ) -> Result<UploadOutcome, AgentError> {
         let mut total = UploadOutcome::default();
         for chunk in intervals.chunks(MAX_UPLOAD_BATCH) {
             let out = self.upload_batch(chunk).await?;
@@ -469,7 +495,10 @@ impl PolicyAgent {
         Ok(total)
     }
 
-    async fn upload_batch(&self, chunk: &[metering::ClosedInterval]) -> Result<UploadOutcome, AgentError> {
+    async fn upload_batch(
+        &self,
+        chunk: &[metering::ClosedInterval],
+    ) -> Result<UploadOutcome, AgentError> {
         let body = serde_json::to_vec(&UsageUpload { intervals: chunk.to_vec() })
             .map_err(|e| AgentError::Config(e.to_string()))?;
         let path = format!("/v1/nodes/{}/usage", self.cfg.node_id);
@@ -494,8 +523,10 @@ impl PolicyAgent {
                 .await;
                 match r {
                     Ok(r) if (200..300).contains(&r.status) => {
-                        return serde_json::from_slice(&r.body)
-                            .map_err(|e| AgentError::Protocol { url: ep.url.clone(), why: e.to_string() });
+                        return serde_json::from_slice(&r.body).map_err(|e| AgentError::Protocol {
+                            url: ep.url.clone(),
+                            why: e.to_string(),
+                        });
                     }
                     Ok(r) if r.status < 500 => return Err(refused(ep, r.status, &r.body)),
                     Ok(r) => {
@@ -548,19 +579,23 @@ pub fn write_last_known_good(path: &Path, verified: &Verified) -> Result<(), Age
     let json = serde_json::to_vec_pretty(&verified.envelope).map_err(|e| err(e.to_string()))?;
     let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
-    let mut f = std::fs::File::create(&tmp).map_err(|e| err(format!("create {}: {e}", tmp.display())))?;
-    f.write_all(&json).and_then(|()| f.sync_all()).map_err(|e| err(format!("write {}: {e}", tmp.display())))?;
+    let mut f =
+        std::fs::File::create(&tmp).map_err(|e| err(format!("create {}: {e}", tmp.display())))?;
+    f.write_all(&json)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| err(format!("write {}: {e}", tmp.display())))?;
     drop(f);
     std::fs::rename(&tmp, path).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         err(format!("rename into place: {e}"))
     })?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| err(format!("fsync {}: {e}", dir.display())))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| err(format!("fsync {}: {e}", dir.display())))?;
     Ok(())
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use ed25519_dalek::SigningKey;
@@ -573,7 +608,13 @@ mod tests {
     }
 
     fn agent(dir: &Path, key: VerifyingKey) -> PolicyAgent {
-        let cfg = AgentConfig::new(vec!["http://127.0.0.1:1".into()], "node-a", "t", key, dir.join("lkg/policy.json"));
+        let cfg = AgentConfig::new(
+            vec!["http://127.0.0.1:1".into()],
+            "node-a",
+            "t",
+            key,
+            dir.join("lkg/policy.json"),
+        );
         PolicyAgent::new(cfg).unwrap()
     }
 
@@ -595,7 +636,8 @@ mod tests {
 
         // Edit the policy inside the file: refused.
         let path = &a.config().lkg_path;
-        let mut env: signing::SignedPolicy = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let mut env: signing::SignedPolicy =
+            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         use base64::Engine as _;
         env.policy_b64 = base64::engine::general_purpose::STANDARD
             .encode(br#"{"version": 5, "orgs": {"acme": {"trust": "untrusted"}}}"#);
@@ -613,7 +655,13 @@ mod tests {
         s.connected = true;
         assert_eq!(s.health(), "ok");
         let t = s.applied_at_ms.unwrap();
-        let rejection = |kind: &str, at_ms| Rejection { version: 2, kind: kind.into(), reason: String::new(), coordinator: String::new(), at_ms };
+        let rejection = |kind: &str, at_ms| Rejection {
+            version: 2,
+            kind: kind.into(),
+            reason: String::new(),
+            coordinator: String::new(),
+            at_ms,
+        };
         s.last_rejection = Some(rejection("older", t + 1));
         assert_eq!(s.health(), "ok", "refusing an older version is not a problem");
         s.last_rejection = Some(rejection("forged", t + 1));
@@ -630,7 +678,10 @@ mod tests {
     fn config_is_checked() {
         let k = SigningKey::from_bytes(&[3; 32]).verifying_key();
         assert!(PolicyAgent::new(AgentConfig::new(vec![], "n", "t", k, "/x")).is_err());
-        assert!(PolicyAgent::new(AgentConfig::new(vec!["ftp://x".into()], "n", "t", k, "/x")).is_err());
-        assert!(PolicyAgent::new(AgentConfig::new(vec!["http://x:1".into()], "a/b", "t", k, "/x")).is_err());
+        assert!(
+            PolicyAgent::new(AgentConfig::new(vec!["ftp://x".into()], "n", "t", k, "/x")).is_err()
+        );
+        assert!(PolicyAgent::new(AgentConfig::new(vec!["http://x:1".into()], "a/b", "t", k, "/x"))
+            .is_err());
     }
 }

@@ -120,9 +120,14 @@ impl Tokens {
             .map(|(n, t)| (Principal::Admin(n.clone()), t))
             .chain(nodes.iter().map(|(n, t)| (Principal::Node(n.clone()), t)));
         for (who, token) in entries {
-            crate::validate_name(if matches!(who, Principal::Admin(_)) { "admin name" } else { "node id" }, who.name())
-                .map_err(TokensError::Invalid)?;
-            if token.len() < MIN_TOKEN_LEN || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            crate::validate_name(
+                if matches!(who, Principal::Admin(_)) { "admin name" } else { "node id" },
+                who.name(),
+            )
+            .map_err(TokensError::Invalid)?;
+            if token.len() < MIN_TOKEN_LEN
+                || token.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
                 return Err(TokensError::Invalid(format!(
                     "the token of {who} must be at least {MIN_TOKEN_LEN} characters without whitespace"
                 )));
@@ -131,7 +136,11 @@ impl Tokens {
                 return Err(TokensError::Invalid(format!("{other} and {who} share a token")));
             }
         }
-        Ok(Tokens { by_digest, nodes: nodes.into_keys().collect(), admins: admins.into_keys().collect() })
+        Ok(Tokens {
+            by_digest,
+            nodes: nodes.into_keys().collect(),
+            admins: admins.into_keys().collect(),
+        })
     }
 
     /// Who holds this token, if anyone.
@@ -158,7 +167,6 @@ pub fn bearer(header: &str) -> Option<&str> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -168,7 +176,10 @@ mod tests {
     #[test]
     fn authenticates_each_principal() {
         let t = Tokens::parse(T).unwrap();
-        assert_eq!(t.authenticate("admin-token-0123456789"), Some(Principal::Admin("alice".into())));
+        assert_eq!(
+            t.authenticate("admin-token-0123456789"),
+            Some(Principal::Admin("alice".into()))
+        );
         assert_eq!(t.authenticate("node-b-token-0123456"), Some(Principal::Node("node-b".into())));
         assert_eq!(t.authenticate("node-b-token-012345"), None);
         assert_eq!(t.authenticate(""), None);

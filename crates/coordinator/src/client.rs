@@ -12,7 +12,9 @@ use serde::de::DeserializeOwned;
 
 use crate::http::{self, Endpoint, HttpError};
 use crate::signing::SignedPolicy;
-use crate::wire::{ErrorBody, FleetUsage, FleetUsageRequest, NodeRecord, RefusalRecord, RevisionSummary};
+use crate::wire::{
+    ErrorBody, FleetUsage, FleetUsageRequest, NodeRecord, RefusalRecord, RevisionSummary,
+};
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -68,13 +70,25 @@ impl Client {
     pub fn new<S: AsRef<str>>(urls: &[S], token: &str) -> Result<Client, ClientError> {
         let endpoints = urls
             .iter()
-            .flat_map(|u| u.as_ref().split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect::<Vec<_>>())
+            .flat_map(|u| {
+                u.as_ref()
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
             .map(|u| Endpoint::parse(&u))
             .collect::<Result<Vec<_>, _>>()?;
         if endpoints.is_empty() {
             return Err(ClientError::Usage("no coordinator url given".into()));
         }
-        Ok(Client { endpoints, pool: http::Pool::default(), token: token.to_string(), timeout: Duration::from_secs(30) })
+        Ok(Client {
+            endpoints,
+            pool: http::Pool::default(),
+            token: token.to_string(),
+            timeout: Duration::from_secs(30),
+        })
     }
 
     /// Verify `https://` coordinators against this TLS client configuration
@@ -100,12 +114,26 @@ impl Client {
     ) -> Result<(u16, bytes::Bytes), ClientError> {
         let mut last = None;
         for ep in &self.endpoints {
-            match http::request(&self.pool, ep, method.clone(), path, Some(&self.token), extra, body.clone(), timeout).await {
+            match http::request(
+                &self.pool,
+                ep,
+                method.clone(),
+                path,
+                Some(&self.token),
+                extra,
+                body.clone(),
+                timeout,
+            )
+            .await
+            {
                 Ok(r) => return Ok((r.status, r.body)),
                 Err(e) => last = Some(e),
             }
         }
-        Err(last.map_or_else(|| ClientError::Usage("no coordinator url given".into()), ClientError::Http))
+        Err(last.map_or_else(
+            || ClientError::Usage("no coordinator url given".into()),
+            ClientError::Http,
+        ))
     }
 
     async fn call<T: DeserializeOwned>(
@@ -129,7 +157,11 @@ impl Client {
 
     /// Push a policy document. `author` goes in `x-tessera-author` (the coordinator
     /// records it next to the admin credential's name).
-    pub async fn push_policy(&self, bytes: &[u8], author: Option<&str>) -> Result<RevisionSummary, ClientError> {
+    pub async fn push_policy(
+        &self,
+        bytes: &[u8],
+        author: Option<&str>,
+    ) -> Result<RevisionSummary, ClientError> {
         let extra: Vec<(&'static str, String)> =
             author.map(|a| vec![("x-tessera-author", a.to_string())]).unwrap_or_default();
         self.call(Method::POST, "/v1/policies", &extra, Some(bytes.to_vec())).await
@@ -138,13 +170,20 @@ impl Client {
     /// Long-poll for a revision newer than `newer_than` (node or admin credential):
     /// `None` when nothing newer came within `wait`. The envelope is NOT verified here:
     /// pass it to [`crate::signing::verify`] with the pinned key.
-    pub async fn latest(&self, newer_than: u64, wait: Duration) -> Result<Option<SignedPolicy>, ClientError> {
+    pub async fn latest(
+        &self,
+        newer_than: u64,
+        wait: Duration,
+    ) -> Result<Option<SignedPolicy>, ClientError> {
         let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
         let path = format!("/v1/policies/latest?newer_than={newer_than}&timeout_ms={ms}");
-        let (status, body) = self.raw(Method::GET, &path, &[], None, wait + Duration::from_secs(10)).await?;
+        let (status, body) =
+            self.raw(Method::GET, &path, &[], None, wait + Duration::from_secs(10)).await?;
         match status {
             204 => Ok(None),
-            200 => crate::signing::parse_envelope(&body).map(Some).map_err(|e| ClientError::Protocol(e.to_string())),
+            200 => crate::signing::parse_envelope(&body)
+                .map(Some)
+                .map_err(|e| ClientError::Protocol(e.to_string())),
             _ => Err(ClientError::Api {
                 status,
                 error: serde_json::from_slice(&body).unwrap_or_else(|_| ErrorBody {
@@ -170,7 +209,8 @@ impl Client {
     pub async fn policy_text(&self, version: u64) -> Result<String, ClientError> {
         let env = self.get(version).await?;
         let bytes = env.policy_bytes().map_err(|e| ClientError::Protocol(e.to_string()))?;
-        String::from_utf8(bytes).map_err(|_| ClientError::Protocol(format!("version {version} is not utf-8")))
+        String::from_utf8(bytes)
+            .map_err(|_| ClientError::Protocol(format!("version {version} is not utf-8")))
     }
 
     /// A unified diff of revisions `a` and `b` (empty when they are the same).
@@ -231,7 +271,9 @@ pub mod blocking {
     use super::*;
 
     /// Run one client call to completion on a private current-thread runtime.
-    pub fn block_on<T>(f: impl std::future::Future<Output = Result<T, ClientError>>) -> Result<T, ClientError> {
+    pub fn block_on<T>(
+        f: impl std::future::Future<Output = Result<T, ClientError>>,
+    ) -> Result<T, ClientError> {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -239,7 +281,12 @@ pub mod blocking {
             .block_on(f)
     }
 
-    pub fn push_policy(url: &str, token: &str, bytes: &[u8], author: Option<&str>) -> Result<RevisionSummary, ClientError> {
+    pub fn push_policy(
+        url: &str,
+        token: &str,
+        bytes: &[u8],
+        author: Option<&str>,
+    ) -> Result<RevisionSummary, ClientError> {
         let c = Client::new(&[url], token)?;
         block_on(c.push_policy(bytes, author))
     }
@@ -276,7 +323,11 @@ pub mod blocking {
         block_on(c.usage(from_ms, to_ms, by, nodes))
     }
 
-    pub fn usage_query(url: &str, token: &str, req: &FleetUsageRequest) -> Result<FleetUsage, ClientError> {
+    pub fn usage_query(
+        url: &str,
+        token: &str,
+        req: &FleetUsageRequest,
+    ) -> Result<FleetUsage, ClientError> {
         let c = Client::new(&[url], token)?;
         block_on(c.usage_query(req))
     }
@@ -296,9 +347,16 @@ pub fn render_nodes(nodes: &[NodeRecord], now_ms: u64) -> String {
             || "never".to_string(),
             |t| format!("{}s ago", now_ms.saturating_sub(t) / 1000),
         );
-        let health = if n.stale && n.last_contact_ms.is_some() { format!("{} (stale)", n.health) } else { n.health.clone() };
+        let health = if n.stale && n.last_contact_ms.is_some() {
+            format!("{} (stale)", n.health)
+        } else {
+            n.health.clone()
+        };
         let problem = n.last_rejection.as_deref().or(n.last_error.as_deref()).unwrap_or("");
-        out.push_str(&format!("{}\t{version}\t{}\t{health}\t{contact}\t{problem}\n", n.node, n.source));
+        out.push_str(&format!(
+            "{}\t{version}\t{}\t{health}\t{contact}\t{problem}\n",
+            n.node, n.source
+        ));
     }
     out
 }
@@ -307,7 +365,13 @@ pub fn render_nodes(nodes: &[NodeRecord], now_ms: u64) -> String {
 pub fn render_history(revs: &[RevisionSummary]) -> String {
     let mut out = String::from("VERSION\tCREATED_MS\tAUTHOR\tDIGEST\n");
     for r in revs {
-        out.push_str(&format!("{}\t{}\t{}\t{}\n", r.version, r.created_ms, r.author, &r.digest[..r.digest.len().min(16)]));
+        out.push_str(&format!(
+            "{}\t{}\t{}\t{}\n",
+            r.version,
+            r.created_ms,
+            r.author,
+            &r.digest[..r.digest.len().min(16)]
+        ));
     }
     out
 }

@@ -51,7 +51,9 @@ fn sorted(v: serde_json::Value) -> serde_json::Value {
             entries.sort_by(|x, y| x.0.cmp(&y.0));
             serde_json::Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
         }
-        serde_json::Value::Array(a) => serde_json::Value::Array(a.into_iter().map(sorted).collect()),
+        serde_json::Value::Array(a) => {
+            serde_json::Value::Array(a.into_iter().map(sorted).collect())
+        }
         other => other,
     }
 }
@@ -88,7 +90,8 @@ impl Op {
 /// Longest-common-subsequence edit script, common prefix and suffix trimmed first.
 fn line_ops(a: &[&str], b: &[&str]) -> Vec<Op> {
     let prefix = a.iter().zip(b).take_while(|(x, y)| x == y).count();
-    let suffix = a[prefix..].iter().rev().zip(b[prefix..].iter().rev()).take_while(|(x, y)| x == y).count();
+    let suffix =
+        a[prefix..].iter().rev().zip(b[prefix..].iter().rev()).take_while(|(x, y)| x == y).count();
     let (am, bm) = (&a[prefix..a.len() - suffix], &b[prefix..b.len() - suffix]);
     let mut ops: Vec<Op> = (0..prefix).map(|i| Op::Same(i, i)).collect();
     let (n, m) = (am.len(), bm.len());
@@ -156,11 +159,16 @@ mod tests {
 
     #[test]
     fn shows_changed_lines_with_context() {
-        let a = r#"{"version": 1, "orgs": {"acme": {"trust": "untrusted"}, "beta": {"trust": "dev"}}}"#;
-        let b = r#"{"version": 2, "orgs": {"acme": {"trust": "trusted"}, "beta": {"trust": "dev"}}}"#;
+        let a =
+            r#"{"version": 1, "orgs": {"acme": {"trust": "untrusted"}, "beta": {"trust": "dev"}}}"#;
+        let b =
+            r#"{"version": 2, "orgs": {"acme": {"trust": "trusted"}, "beta": {"trust": "dev"}}}"#;
         let d = diff_labeled("version 1", a, "version 2", b);
         assert!(d.starts_with("--- version 1\n+++ version 2\n@@ "), "{d}");
-        assert!(d.contains("-      \"trust\": \"untrusted\"\n+      \"trust\": \"trusted\"\n"), "{d}");
+        assert!(
+            d.contains("-      \"trust\": \"untrusted\"\n+      \"trust\": \"trusted\"\n"),
+            "{d}"
+        );
         assert!(d.contains("-  \"version\": 1\n+  \"version\": 2\n"), "{d}");
         assert!(d.contains("   \"orgs\": {\n"), "context lines start with a space: {d}");
     }

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
 use hyper::client::conn::http1::SendRequest;
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -49,7 +49,8 @@ impl Endpoint {
     pub fn parse(url: &str) -> Result<Endpoint, HttpError> {
         let bad = |why: &str| HttpError::BadUrl { url: url.to_string(), why: why.to_string() };
         let trimmed = url.trim();
-        let (tls, rest) = match (trimmed.strip_prefix("https://"), trimmed.strip_prefix("http://")) {
+        let (tls, rest) = match (trimmed.strip_prefix("https://"), trimmed.strip_prefix("http://"))
+        {
             (Some(rest), _) => (true, rest),
             (None, Some(rest)) => (false, rest),
             (None, None) => return Err(bad("expected http://HOST:PORT or https://HOST:PORT")),
@@ -194,7 +195,10 @@ enum Failure {
     Failed(HttpError),
 }
 
-async fn connect(ep: &Endpoint, tls: Option<&Arc<rustls::ClientConfig>>) -> Result<Conn, HttpError> {
+async fn connect(
+    ep: &Endpoint,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<Conn, HttpError> {
     let addr = ep.authority.clone();
     let tls = match (ep.tls, tls) {
         (false, _) => None,
@@ -212,17 +216,29 @@ async fn connect(ep: &Endpoint, tls: Option<&Arc<rustls::ClientConfig>>) -> Resu
             })
         }
     };
-    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&ep.authority)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err(HttpError::Connect { addr, why: e.to_string() }),
-        Err(_) => return Err(HttpError::Connect { addr, why: format!("no connection within {CONNECT_TIMEOUT:?}") }),
-    };
+    let stream =
+        match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&ep.authority)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(HttpError::Connect { addr, why: e.to_string() }),
+            Err(_) => {
+                return Err(HttpError::Connect {
+                    addr,
+                    why: format!("no connection within {CONNECT_TIMEOUT:?}"),
+                })
+            }
+        };
     let _ = stream.set_nodelay(true);
     let Some((connector, name)) = tls else { return handshake(TokioIo::new(stream), addr).await };
-    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, stream)).await {
+    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, stream)).await
+    {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return Err(HttpError::Connect { addr, why: format!("TLS: {e}") }),
-        Err(_) => return Err(HttpError::Connect { addr, why: format!("no TLS handshake within {CONNECT_TIMEOUT:?}") }),
+        Err(_) => {
+            return Err(HttpError::Connect {
+                addr,
+                why: format!("no TLS handshake within {CONNECT_TIMEOUT:?}"),
+            })
+        }
     };
     handshake(TokioIo::new(stream), addr).await
 }
@@ -255,10 +271,11 @@ fn build(
             h.insert(HOST, v);
         }
         if let Some(t) = token {
-            let v = HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| HttpError::BadUrl {
-                url: ep.url.clone(),
-                why: "the token is not a valid header value".into(),
-            })?;
+            let v =
+                HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| HttpError::BadUrl {
+                    url: ep.url.clone(),
+                    why: "the token is not a valid header value".into(),
+                })?;
             h.insert(AUTHORIZATION, v);
         }
         for (k, v) in extra {
@@ -274,8 +291,15 @@ fn build(
         .map_err(|e| HttpError::Transport { addr: ep.authority.clone(), why: e.to_string() })
 }
 
-async fn send(mut conn: Conn, req: Request<Full<Bytes>>, addr: &str) -> Result<(Response, Conn), Failure> {
-    let err = |e: &dyn std::fmt::Display| HttpError::Transport { addr: addr.to_string(), why: e.to_string() };
+async fn send(
+    mut conn: Conn,
+    req: Request<Full<Bytes>>,
+    addr: &str,
+) -> Result<(Response, Conn), Failure> {
+    let err = |e: &dyn std::fmt::Display| HttpError::Transport {
+        addr: addr.to_string(),
+        why: e.to_string(),
+    };
     if conn.sender.ready().await.is_err() {
         return Err(Failure::Unsent(err(&"connection closed")));
     }
@@ -296,7 +320,6 @@ async fn send(mut conn: Conn, req: Request<Full<Bytes>>, addr: &str) -> Result<(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -307,7 +330,10 @@ mod tests {
         let e = Endpoint::parse("http://coord.example/api/").unwrap();
         assert_eq!((e.authority.as_str(), e.base.as_str()), ("coord.example:80", "/api"));
         let e = Endpoint::parse("https://coord.example:7443/").unwrap();
-        assert_eq!((e.authority.as_str(), e.host.as_str(), e.tls), ("coord.example:7443", "coord.example", true));
+        assert_eq!(
+            (e.authority.as_str(), e.host.as_str(), e.tls),
+            ("coord.example:7443", "coord.example", true)
+        );
         let e = Endpoint::parse("https://[::1]").unwrap();
         assert_eq!((e.authority.as_str(), e.host.as_str(), e.tls), ("[::1]:443", "::1", true));
         assert!(!Endpoint::parse("http://x:1").unwrap().tls);

@@ -71,7 +71,7 @@ pub use server::{CoordinatorError, RunningCoordinator, ServeOptions};
 pub use signing::{SignedPolicy, Verified, VerifyError};
 pub use store::{PolicyStore, StoreError, StoreSpec};
 pub use wire::{
-    ErrorBody, FleetUsage, FleetUsageRequest, NodeReport, NodeRecord, NodeUsage, RefusalRecord,
+    ErrorBody, FleetUsage, FleetUsageRequest, NodeRecord, NodeReport, NodeUsage, RefusalRecord,
     RevisionSummary, UploadOutcome, UsageUpload, MAX_UPLOAD_BATCH,
 };
 
@@ -98,8 +98,12 @@ pub(crate) fn validate_name(what: &str, s: &str) -> Result<(), String> {
     if s.starts_with('.') || s.starts_with('-') {
         return Err(format!("{what} {s:?} must not start with '.' or '-'"));
     }
-    if let Some(c) = s.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
-        return Err(format!("{what} {s:?} contains {c:?}; allowed: letters, digits, '.', '_', '-'"));
+    if let Some(c) =
+        s.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "{what} {s:?} contains {c:?}; allowed: letters, digits, '.', '_', '-'"
+        ));
     }
     Ok(())
 }

@@ -21,13 +21,13 @@ use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
 use crate::auth::{bearer, Principal, Tokens, TokensError};
+use crate::now_ms;
 use crate::signing::{self, KeyError, SignedPolicy, Signer};
 use crate::store::{self, LatestRx, PolicyStore, StoreError, StoreSpec};
 use crate::wire::{
-    ErrorBody, FleetUsage, FleetUsageRequest, NodeRecord, NodeReport, NodeUsage, RefusalRecord, RevisionSummary,
-    UploadOutcome, UsageUpload, MAX_UPLOAD_BATCH,
+    ErrorBody, FleetUsage, FleetUsageRequest, NodeRecord, NodeReport, NodeUsage, RefusalRecord,
+    RevisionSummary, UploadOutcome, UsageUpload, MAX_UPLOAD_BATCH,
 };
-use crate::now_ms;
 
 /// A node not heard from for this long is listed as stale.
 pub const STALE_AFTER_MS: u64 = 120_000;
@@ -207,7 +207,13 @@ impl Coordinator {
 
     fn refuse(&self, who: String, action: &str, why: String, status: StatusCode) -> ApiErr {
         warn!(who = %who, action = %action, why = %why, status = status.as_u16(), "request refused");
-        let rec = RefusalRecord { time_ms: now_ms(), who: who.clone(), action: action.to_string(), why: why.clone(), status: status.as_u16() };
+        let rec = RefusalRecord {
+            time_ms: now_ms(),
+            who: who.clone(),
+            action: action.to_string(),
+            why: why.clone(),
+            status: status.as_u16(),
+        };
         if let Ok(mut r) = self.refusals.lock() {
             if r.len() >= REFUSALS_KEPT {
                 r.pop_front();
@@ -217,7 +223,12 @@ impl Coordinator {
         ApiErr { status, body: ErrorBody { error: why, path: None, who: Some(who) } }
     }
 
-    fn authenticate(&self, headers: &HeaderMap, peer: SocketAddr, action: &str) -> ApiResult<Principal> {
+    fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        peer: SocketAddr,
+        action: &str,
+    ) -> ApiResult<Principal> {
         let Some(value) = headers.get(header::AUTHORIZATION) else {
             return Err(self.refuse(
                 format!("anonymous ({peer})"),
@@ -238,7 +249,12 @@ impl Coordinator {
         }
     }
 
-    fn require_admin(&self, headers: &HeaderMap, peer: SocketAddr, action: &str) -> ApiResult<String> {
+    fn require_admin(
+        &self,
+        headers: &HeaderMap,
+        peer: SocketAddr,
+        action: &str,
+    ) -> ApiResult<String> {
         match self.authenticate(headers, peer, action)? {
             Principal::Admin(name) => Ok(name),
             p @ Principal::Node(_) => Err(self.refuse(
@@ -251,7 +267,14 @@ impl Coordinator {
     }
 
     /// Only the node itself; admins too when `admin_ok`.
-    fn require_node(&self, headers: &HeaderMap, peer: SocketAddr, action: &str, node: &str, admin_ok: bool) -> ApiResult<Principal> {
+    fn require_node(
+        &self,
+        headers: &HeaderMap,
+        peer: SocketAddr,
+        action: &str,
+        node: &str,
+        admin_ok: bool,
+    ) -> ApiResult<Principal> {
         let p = self.authenticate(headers, peer, action)?;
         match &p {
             Principal::Node(n) if n == node => Ok(p),
@@ -265,7 +288,9 @@ impl Coordinator {
             Principal::Admin(_) => Err(self.refuse(
                 p.to_string(),
                 action,
-                format!("{action} needs the credential of node {node:?}; admins cannot act as a node"),
+                format!(
+                    "{action} needs the credential of node {node:?}; admins cannot act as a node"
+                ),
                 StatusCode::FORBIDDEN,
             )),
         }
@@ -283,10 +308,18 @@ impl Coordinator {
 
     /// Validate, sign and append a pushed policy.
     /// (201 when a revision was added, 200 when it was already the latest.)
-    pub async fn push_policy(&self, bytes: &[u8], author: &str) -> ApiResult<(StatusCode, RevisionSummary)> {
+    pub async fn push_policy(
+        &self,
+        bytes: &[u8],
+        author: &str,
+    ) -> ApiResult<(StatusCode, RevisionSummary)> {
         let parsed = policy::Policy::parse(bytes, "pushed policy").map_err(|e| ApiErr {
             status: StatusCode::BAD_REQUEST,
-            body: ErrorBody { error: e.to_string(), path: e.json_path().map(str::to_string), who: None },
+            body: ErrorBody {
+                error: e.to_string(),
+                path: e.json_path().map(str::to_string),
+                who: None,
+            },
         })?;
         let _serial = self.push_lock.lock().await;
         for _ in 0..5 {
@@ -319,24 +352,39 @@ impl Coordinator {
                 Err(e) => return Err(ApiErr::store(e)),
             }
         }
-        Err(ApiErr::new(StatusCode::CONFLICT, "another coordinator kept pushing at the same time; retry"))
+        Err(ApiErr::new(
+            StatusCode::CONFLICT,
+            "another coordinator kept pushing at the same time; retry",
+        ))
     }
 
-    async fn fleet_usage(&self, q: metering::UsageQuery, only: Option<Vec<String>>) -> ApiResult<FleetUsage> {
+    async fn fleet_usage(
+        &self,
+        q: metering::UsageQuery,
+        only: Option<Vec<String>>,
+    ) -> ApiResult<FleetUsage> {
         q.validate().map_err(|e| ApiErr::bad_request(e.to_string()))?;
         let rows = self.store.usage_intervals(q.from_ms, q.to_ms).await.map_err(ApiErr::store)?;
-        let mut by_node: std::collections::BTreeMap<String, Vec<metering::Span>> = Default::default();
+        let mut by_node: std::collections::BTreeMap<String, Vec<metering::Span>> =
+            Default::default();
         for (node, i) in &rows {
             if only.as_ref().is_none_or(|o| o.contains(node)) {
                 by_node.entry(node.clone()).or_default().push(store::span_of(i));
             }
         }
         let all: Vec<metering::Span> = by_node.values().flatten().cloned().collect();
-        let report = metering::aggregate(&all, &q).map_err(|e| ApiErr::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        let report = metering::aggregate(&all, &q)
+            .map_err(|e| ApiErr::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         let mut nodes = Vec::with_capacity(by_node.len());
         for (node, spans) in &by_node {
-            let r = metering::aggregate(spans, &q).map_err(|e| ApiErr::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-            nodes.push(NodeUsage { node: node.clone(), gpu_seconds: r.total.gpu_seconds, cost: r.total.cost, intervals: r.total.intervals });
+            let r = metering::aggregate(spans, &q)
+                .map_err(|e| ApiErr::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+            nodes.push(NodeUsage {
+                node: node.clone(),
+                gpu_seconds: r.total.gpu_seconds,
+                cost: r.total.cost,
+                intervals: r.total.intervals,
+            });
         }
         Ok(FleetUsage { report, nodes })
     }
@@ -378,9 +426,12 @@ async fn health(State(app): App) -> Json<Health> {
 /// when it says something else (a header alone proves nothing).
 fn author_of(admin: &str, headers: &HeaderMap) -> ApiResult<String> {
     let Some(v) = headers.get("x-tessera-author") else { return Ok(admin.to_string()) };
-    let claimed = v.to_str().map_err(|_| ApiErr::bad_request("x-tessera-author is not text"))?.trim();
+    let claimed =
+        v.to_str().map_err(|_| ApiErr::bad_request("x-tessera-author is not text"))?.trim();
     if claimed.chars().any(char::is_control) || claimed.len() > 200 {
-        return Err(ApiErr::bad_request("x-tessera-author must be at most 200 characters, no control characters"));
+        return Err(ApiErr::bad_request(
+            "x-tessera-author must be at most 200 characters, no control characters",
+        ));
     }
     if claimed.is_empty() || claimed == admin {
         Ok(admin.to_string())
@@ -389,14 +440,23 @@ fn author_of(admin: &str, headers: &HeaderMap) -> ApiResult<String> {
     }
 }
 
-async fn push(State(app): App, ConnectInfo(peer): Peer, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+async fn push(
+    State(app): App,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
     let admin = app.require_admin(&headers, peer, "push a policy")?;
     let author = author_of(&admin, &headers)?;
     let (status, summary) = app.push_policy(&body, &author).await?;
     Ok((status, Json(summary)).into_response())
 }
 
-async fn history(State(app): App, ConnectInfo(peer): Peer, headers: HeaderMap) -> ApiResult<Json<Vec<RevisionSummary>>> {
+async fn history(
+    State(app): App,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+) -> ApiResult<Json<Vec<RevisionSummary>>> {
     app.require_admin(&headers, peer, "read the policy history")?;
     let revs = app.store.history().await.map_err(ApiErr::store)?;
     Ok(Json(revs.iter().map(RevisionSummary::from).collect()))
@@ -409,7 +469,9 @@ async fn get_revision(
     Path(version): Path<String>,
 ) -> ApiResult<Json<SignedPolicy>> {
     app.require_admin(&headers, peer, "read a policy revision")?;
-    let v: u64 = version.parse().map_err(|_| ApiErr::bad_request(format!("{version:?} is not a version number")))?;
+    let v: u64 = version
+        .parse()
+        .map_err(|_| ApiErr::bad_request(format!("{version:?} is not a version number")))?;
     match app.store.get(v).await.map_err(ApiErr::store)? {
         Some(env) => Ok(Json(env)),
         None => Err(ApiErr::new(StatusCode::NOT_FOUND, format!("no policy revision {v}"))),
@@ -455,7 +517,8 @@ async fn latest(
     let mut resp = match &found {
         Some(p) => {
             let mut r = Response::new(Body::from(p.json.clone()));
-            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
             r
         }
         None => {
@@ -489,7 +552,11 @@ async fn report(
 ) -> ApiResult<Json<NodeRecord>> {
     app.require_node(&headers, peer, "report node status", &node, false)?;
     let r: NodeReport = json_body(&body, "node report")?;
-    for (f, v) in [("last_error", &r.last_error), ("last_rejection", &r.last_rejection), ("applied_digest", &r.applied_digest)] {
+    for (f, v) in [
+        ("last_error", &r.last_error),
+        ("last_rejection", &r.last_rejection),
+        ("applied_digest", &r.applied_digest),
+    ] {
         bounded_text(f, v)?;
     }
     if r.source.len() > 64 || r.health.len() > 64 {
@@ -519,7 +586,11 @@ fn finish_record(app: &Coordinator, mut rec: NodeRecord, now: u64) -> NodeRecord
     rec
 }
 
-async fn nodes(State(app): App, ConnectInfo(peer): Peer, headers: HeaderMap) -> ApiResult<Json<Vec<NodeRecord>>> {
+async fn nodes(
+    State(app): App,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+) -> ApiResult<Json<Vec<NodeRecord>>> {
     app.require_admin(&headers, peer, "list nodes")?;
     let mut all: std::collections::BTreeMap<String, NodeRecord> =
         app.tokens.nodes().iter().map(|n| (n.clone(), NodeRecord::unknown(n))).collect();
@@ -598,10 +669,19 @@ async fn usage_get(
     let p = query(q)?;
     let by = match p.by.as_deref() {
         None => metering::GroupBy::Org,
-        Some(s) => s.parse().map_err(|e: metering::LedgerError| ApiErr::bad_request(e.to_string()))?,
+        Some(s) => {
+            s.parse().map_err(|e: metering::LedgerError| ApiErr::bad_request(e.to_string()))?
+        }
     };
-    let only = p.node.map(|s| s.split(',').map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect());
-    let q = metering::UsageQuery { from_ms: p.from_ms, to_ms: p.to_ms, by, prices: metering::Prices::default() };
+    let only = p
+        .node
+        .map(|s| s.split(',').map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect());
+    let q = metering::UsageQuery {
+        from_ms: p.from_ms,
+        to_ms: p.to_ms,
+        by,
+        prices: metering::Prices::default(),
+    };
     Ok(Json(app.fleet_usage(q, only).await?))
 }
 
@@ -616,7 +696,11 @@ async fn usage_post(
     Ok(Json(app.fleet_usage(r.query, r.nodes).await?))
 }
 
-async fn refusals(State(app): App, ConnectInfo(peer): Peer, headers: HeaderMap) -> ApiResult<Json<Vec<RefusalRecord>>> {
+async fn refusals(
+    State(app): App,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+) -> ApiResult<Json<Vec<RefusalRecord>>> {
     app.require_admin(&headers, peer, "read the refusal log")?;
     Ok(Json(app.refusals()))
 }
@@ -633,7 +717,10 @@ pub struct RunningCoordinator {
 
 impl RunningCoordinator {
     /// Bind `listen` (port 0: any free port) and serve `coordinator` on it (plain HTTP).
-    pub async fn start(listen: SocketAddr, coordinator: Arc<Coordinator>) -> Result<RunningCoordinator, CoordinatorError> {
+    pub async fn start(
+        listen: SocketAddr,
+        coordinator: Arc<Coordinator>,
+    ) -> Result<RunningCoordinator, CoordinatorError> {
         RunningCoordinator::start_with(listen, coordinator, None).await
     }
 
@@ -644,8 +731,12 @@ impl RunningCoordinator {
         tls: Option<Arc<rustls::ServerConfig>>,
     ) -> Result<RunningCoordinator, CoordinatorError> {
         let err = |source| CoordinatorError::Listen { addr: listen, source };
-        let socket = if listen.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() }
-            .map_err(err)?;
+        let socket = if listen.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()
+        } else {
+            tokio::net::TcpSocket::new_v6()
+        }
+        .map_err(err)?;
         socket.set_reuseaddr(true).map_err(err)?;
         socket.bind(listen).map_err(err)?;
         let listener = socket.listen(LISTEN_BACKLOG).map_err(err)?;
@@ -752,7 +843,8 @@ async fn serve_tls(
         let _ = tcp.set_nodelay(true);
         let (acceptor, router, watcher) = (acceptor.clone(), router.clone(), graceful.watcher());
         tokio::spawn(async move {
-            let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+            let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
+            {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
                     debug!(%peer, "TLS handshake refused: {e}");
@@ -763,10 +855,12 @@ async fn serve_tls(
                     return;
                 }
             };
-            let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-                req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
-                tower::ServiceExt::oneshot(router.clone(), req)
-            });
+            let svc = hyper::service::service_fn(
+                move |mut req: hyper::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+                    tower::ServiceExt::oneshot(router.clone(), req)
+                },
+            );
             let conn = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
             if let Err(e) = watcher.watch(conn).await {
@@ -782,7 +876,9 @@ async fn serve_tls(
 pub async fn run(opts: ServeOptions) -> Result<(), CoordinatorError> {
     let running = RunningCoordinator::from_options(&opts).await?;
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) =
+        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
         return running.wait().await;
     };
     tokio::select! {

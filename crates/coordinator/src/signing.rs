@@ -216,7 +216,10 @@ pub fn verify(signed: &SignedPolicy, pinned: &VerifyingKey) -> Result<Verified, 
     let parsed = policy::Policy::parse(&bytes, &format!("policy version {}", signed.version))
         .map_err(|e| VerifyError::InvalidPolicy(e.to_string()))?;
     if parsed.version() != signed.version {
-        return Err(VerifyError::VersionMismatch { envelope: signed.version, policy: parsed.version() });
+        return Err(VerifyError::VersionMismatch {
+            envelope: signed.version,
+            policy: parsed.version(),
+        });
     }
     Ok(Verified {
         version: signed.version,
@@ -317,7 +320,12 @@ pub fn generate_signing_key() -> Result<SigningKey, KeyError> {
 pub fn write_signing_key(path: &Path, key: &SigningKey) -> Result<(), KeyError> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let io = |source| KeyError::Io { path: path.display().to_string(), source };
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(io)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io)?;
     f.write_all(format!("{}\n", hex::encode(key.to_bytes())).as_bytes()).map_err(io)?;
     f.sync_all().map_err(io)
 }
@@ -352,7 +360,6 @@ impl fmt::Debug for Signer {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

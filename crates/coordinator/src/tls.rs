@@ -50,7 +50,9 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsEr
         .map_err(|e| TlsError::Config(e.to_string()))?
         .with_no_client_auth()
         .with_single_cert(chain, key)
-        .map_err(|e| TlsError::Config(format!("{} does not go with its key: {e}", cert.display())))?;
+        .map_err(|e| {
+            TlsError::Config(format!("{} does not go with its key: {e}", cert.display()))
+        })?;
     Ok(Arc::new(cfg))
 }
 
@@ -83,8 +85,11 @@ mod tests {
         let e = client_config(&empty).expect_err("empty");
         assert!(e.to_string().contains("no certificate"), "{e}");
         let junk = d.path().join("junk.pem");
-        std::fs::write(&junk, "-----BEGIN CERTIFICATE-----\nnot base64!!\n-----END CERTIFICATE-----\n")
-            .expect("write");
+        std::fs::write(
+            &junk,
+            "-----BEGIN CERTIFICATE-----\nnot base64!!\n-----END CERTIFICATE-----\n",
+        )
+        .expect("write");
         let e = client_config(&junk).expect_err("junk");
         assert!(e.to_string().contains(&junk.display().to_string()), "{e}");
         let e = server_config(&empty, &missing).expect_err("server");

@@ -50,17 +50,27 @@ fn watchable(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
 }
 
 /// Runs `f` on the node under its lock, off the async threads; `None` if that failed.
-async fn on_node<T: Send + 'static>(app: &Arc<App>, f: impl FnOnce(&mut Node) -> T + Send + 'static) -> Option<T> {
+async fn on_node<T: Send + 'static>(
+    app: &Arc<App>,
+    f: impl FnOnce(&mut Node) -> T + Send + 'static,
+) -> Option<T> {
     let app = app.clone();
-    tokio::task::spawn_blocking(move || app.node.lock().ok().map(|mut n| f(&mut n))).await.ok().flatten()
+    tokio::task::spawn_blocking(move || app.node.lock().ok().map(|mut n| f(&mut n)))
+        .await
+        .ok()
+        .flatten()
 }
 
 async fn exited(app: &Arc<App>, container_id: String, pid: i32) {
     let id = container_id.clone();
     match on_node(app, move |n| n.container_exited(&id, pid)).await {
         Some(Ok(_)) => {}
-        Some(Err(e)) => warn!(container = %container_id, "closing the intervals of an exited container failed: {}", e.message),
-        None => warn!(container = %container_id, "closing the intervals of an exited container failed: node lock"),
+        Some(Err(e)) => {
+            warn!(container = %container_id, "closing the intervals of an exited container failed: {}", e.message)
+        }
+        None => {
+            warn!(container = %container_id, "closing the intervals of an exited container failed: node lock")
+        }
     }
 }
 
@@ -71,7 +81,9 @@ async fn watch(app: Arc<App>, container_id: String) {
     let fd = match pidfd_open(pid) {
         Ok(fd) => fd,
         // Already gone between the prestart and now.
-        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return exited(&app, container_id, pid).await,
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+            return exited(&app, container_id, pid).await
+        }
         Err(e) => {
             debug!(container = %container_id, pid, "no pidfd ({e}): metering stops at release");
             return;
@@ -110,9 +122,19 @@ mod tests {
         let mut child = std::process::Command::new("sleep").arg("0.2").spawn().expect("spawn");
         let fd = watchable(pidfd_open(child.id() as i32).expect("pidfd")).expect("fd");
         let t0 = std::time::Instant::now();
-        let _ = tokio::time::timeout(Duration::from_secs(10), fd.readable()).await.expect("exit seen").expect("ready");
-        assert!(t0.elapsed() >= Duration::from_millis(150), "readable before the exit: {:?}", t0.elapsed());
+        let _ = tokio::time::timeout(Duration::from_secs(10), fd.readable())
+            .await
+            .expect("exit seen")
+            .expect("ready");
+        assert!(
+            t0.elapsed() >= Duration::from_millis(150),
+            "readable before the exit: {:?}",
+            t0.elapsed()
+        );
         child.wait().expect("reap");
-        assert_eq!(pidfd_open(i32::MAX).map(drop).map_err(|e| e.raw_os_error()), Err(Some(libc::ESRCH)));
+        assert_eq!(
+            pidfd_open(i32::MAX).map(drop).map_err(|e| e.raw_os_error()),
+            Err(Some(libc::ESRCH))
+        );
     }
 }

@@ -124,7 +124,11 @@ pub struct Fleet {
 
 impl Fleet {
     /// Check the configuration against the node's name; nothing is contacted yet.
-    pub fn new(cfg: &CoordinatorConfig, node_name: &str, state_dir: &Path) -> Result<Fleet, DaemonError> {
+    pub fn new(
+        cfg: &CoordinatorConfig,
+        node_name: &str,
+        state_dir: &Path,
+    ) -> Result<Fleet, DaemonError> {
         let node_id = cfg.node_id.clone().unwrap_or_else(|| node_name.to_string());
         coordinator::validate_node_id(&node_id).map_err(|e| err(format!("--node-id: {e}")))?;
         if node_id != node_name {
@@ -139,8 +143,13 @@ impl Fleet {
         }
         let dir = fleet_dir(state_dir);
         let lkg_path = dir.join("last-known-good.json");
-        let mut agent_cfg =
-            AgentConfig::new(cfg.urls.clone(), node_id.clone(), cfg.token.trim().to_string(), cfg.trust_key, &lkg_path);
+        let mut agent_cfg = AgentConfig::new(
+            cfg.urls.clone(),
+            node_id.clone(),
+            cfg.token.trim().to_string(),
+            cfg.trust_key,
+            &lkg_path,
+        );
         agent_cfg.poll_timeout = cfg.poll_timeout;
         agent_cfg.report_every = cfg.report_every;
         agent_cfg.retry_max = cfg.retry_max.max(agent_cfg.retry_min);
@@ -202,17 +211,25 @@ impl Fleet {
                 .with_timeout(Duration::from_secs(10));
             match client.latest(0, Duration::from_secs(2)).await {
                 Ok(Some(env)) => {
-                    let verified = signing::verify(&env, &self.agent.config().trust_key).map_err(|e| {
-                        err(format!("the policy served by {url} is refused ({}): {e}", e.kind()))
-                    })?;
+                    let verified =
+                        signing::verify(&env, &self.agent.config().trust_key).map_err(|e| {
+                            err(format!(
+                                "the policy served by {url} is refused ({}): {e}",
+                                e.kind()
+                            ))
+                        })?;
                     coordinator::agent::write_last_known_good(&self.lkg_path, &verified)
                         .map_err(|e| err(e.to_string()))?;
                     info!(version = verified.version, coordinator = %url, "starting from the coordinator's policy");
-                    let mut status = AgentStatus::started_from(&verified, PolicySource::Coordinator);
+                    let mut status =
+                        AgentStatus::started_from(&verified, PolicySource::Coordinator);
                     status.coordinator = Some(url.clone());
                     status.connected = true;
                     status.last_contact_ms = Some(coordinator::now_ms());
-                    let active = ActivePolicy { policy: verified.policy, source: format!("coordinator:{url}") };
+                    let active = ActivePolicy {
+                        policy: verified.policy,
+                        source: format!("coordinator:{url}"),
+                    };
                     return Ok((active, status));
                 }
                 Ok(None) => problems.push(format!("{url} has no policy yet")),
@@ -234,16 +251,19 @@ impl Fleet {
             let status = status.clone();
             move |v: &Verified| -> Result<(), String> {
                 let url = lock(&status).coordinator.clone().unwrap_or_else(|| "unknown".into());
-                let active = ActivePolicy { policy: v.policy.clone(), source: format!("coordinator:{url}") };
+                let active =
+                    ActivePolicy { policy: v.policy.clone(), source: format!("coordinator:{url}") };
                 let apply = || -> Result<(), String> {
-                    let mut node = app.node.lock().map_err(|_| "node state lock poisoned".to_string())?;
+                    let mut node =
+                        app.node.lock().map_err(|_| "node state lock poisoned".to_string())?;
                     node.set_policy(active);
                     Ok(())
                 };
                 // The node lock may be held across a SQLite commit: leave the async
                 // worker free while waiting for it.
-                let multi_thread = tokio::runtime::Handle::try_current()
-                    .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+                let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|h| {
+                    h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+                });
                 if multi_thread {
                     tokio::task::block_in_place(apply)?;
                 } else {
@@ -258,7 +278,8 @@ impl Fleet {
         tokio::spawn(async move {
             // The agent marks itself connected when its first long poll returns, up to a
             // poll timeout from now; ask once right away so a fresh node's status is true.
-            probe(&urls, &node_id, &agent.config().token, agent.config().tls.clone(), &status).await;
+            probe(&urls, &node_id, &agent.config().token, agent.config().tls.clone(), &status)
+                .await;
             agent.run(on_policy, status).await;
         })
     }
@@ -295,7 +316,9 @@ impl Fleet {
         let mark = match load_mark(&self.mark_path) {
             Ok(m) => m,
             Err(e) => {
-                warn!("{e}; uploading every closed interval again (the coordinator counts each once)");
+                warn!(
+                    "{e}; uploading every closed interval again (the coordinator counts each once)"
+                );
                 Mark::default()
             }
         };
@@ -311,7 +334,10 @@ impl Fleet {
     }
 
     /// Upload every `usage_every` until aborted.
-    pub fn spawn_usage(&self, uploader: Arc<tokio::sync::Mutex<Uploader>>) -> tokio::task::JoinHandle<()> {
+    pub fn spawn_usage(
+        &self,
+        uploader: Arc<tokio::sync::Mutex<Uploader>>,
+    ) -> tokio::task::JoinHandle<()> {
         let every = self.usage_every;
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
@@ -377,18 +403,23 @@ fn file_start(path: &Path, p: policy::Policy) -> (ActivePolicy, AgentStatus) {
 
 async fn status_route(State((fleet, app)): State<(Arc<Fleet>, Arc<App>)>) -> Response {
     let r = tokio::task::spawn_blocking(move || {
-        let node = app.node.lock().map_err(|_| ApiError::new(ErrorCode::Internal, "tesserad: node state lock poisoned"))?;
+        let node = app.node.lock().map_err(|_| {
+            ApiError::new(ErrorCode::Internal, "tesserad: node state lock poisoned")
+        })?;
         node.status()
     })
     .await
-    .unwrap_or_else(|e| Err(ApiError::new(ErrorCode::Internal, format!("tesserad: handler failed: {e}"))));
+    .unwrap_or_else(|e| {
+        Err(ApiError::new(ErrorCode::Internal, format!("tesserad: handler failed: {e}")))
+    });
     match r {
         Ok(mut s) => {
             s.policy.coordinator = Some(fleet.snapshot());
             (StatusCode::OK, Json(s)).into_response()
         }
         Err(e) => {
-            let status = StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let status = StatusCode::from_u16(e.code.http_status())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             (status, Json(e)).into_response()
         }
     }
@@ -406,7 +437,8 @@ struct Mark {
 
 fn load_mark(path: &Path) -> Result<Mark, String> {
     match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| format!("usage upload mark {}: {e}", path.display())),
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| format!("usage upload mark {}: {e}", path.display())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Mark::default()),
         Err(e) => Err(format!("usage upload mark {}: {e}", path.display())),
     }
@@ -479,7 +511,8 @@ impl Uploader {
         lock(&self.status).pending = pending.len() as u64;
         let mut result = Ok(());
         for chunk in pending.chunks(coordinator::MAX_UPLOAD_BATCH) {
-            let intervals: Vec<metering::ClosedInterval> = chunk.iter().map(|(_, c)| c.clone()).collect();
+            let intervals: Vec<metering::ClosedInterval> =
+                chunk.iter().map(|(_, c)| c.clone()).collect();
             match self.agent.upload_usage(&intervals).await {
                 Ok(out) => {
                     if !out.conflicts.is_empty() {
@@ -493,7 +526,11 @@ impl Uploader {
                     s.last_upload_ms = Some(coordinator::now_ms());
                     drop(s);
                     if out.accepted > 0 || out.duplicates > 0 {
-                        info!(accepted = out.accepted, duplicates = out.duplicates, "fleet usage uploaded");
+                        info!(
+                            accepted = out.accepted,
+                            duplicates = out.duplicates,
+                            "fleet usage uploaded"
+                        );
                     }
                     self.sent.extend(chunk.iter().map(|(seq, _)| *seq));
                 }
@@ -542,7 +579,6 @@ fn closed(r: &metering::IntervalRecord) -> Option<metering::ClosedInterval> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -563,7 +599,11 @@ mod tests {
         let key = signing::parse_verifying_key(&"3b".repeat(32), "k");
         // Any valid point will do; fall back to a generated key.
         let key = key.unwrap_or_else(|_| signing::generate_signing_key().unwrap().verifying_key());
-        let cfg = CoordinatorConfig::new(vec!["http://127.0.0.1:1".into()], key, "secret-token-0123456789".into());
+        let cfg = CoordinatorConfig::new(
+            vec!["http://127.0.0.1:1".into()],
+            key,
+            "secret-token-0123456789".into(),
+        );
         let shown = format!("{cfg:?}");
         assert!(!shown.contains("secret-token"), "{shown}");
     }

@@ -41,7 +41,10 @@ impl std::str::FromStr for NodeSource {
             Ok(NodeSource::Nvml)
         } else if let Some(file) = s.strip_prefix("sim:") {
             if file.is_empty() {
-                return Err("`sim:` needs a node description file, e.g. sim:examples/nodes/h100x8.json".into());
+                return Err(
+                    "`sim:` needs a node description file, e.g. sim:examples/nodes/h100x8.json"
+                        .into(),
+                );
             }
             Ok(NodeSource::Sim(PathBuf::from(file)))
         } else {
@@ -117,7 +120,10 @@ pub fn now_ms() -> u64 {
 }
 
 /// Open the backend named by `source`, keeping simulated hardware state in `state_dir`.
-pub fn open_backend(source: &NodeSource, state_dir: &std::path::Path) -> Result<Box<dyn slicer::GpuBackend>, DaemonError> {
+pub fn open_backend(
+    source: &NodeSource,
+    state_dir: &std::path::Path,
+) -> Result<Box<dyn slicer::GpuBackend>, DaemonError> {
     match source {
         NodeSource::Sim(file) => slicer::SimBackend::open(file, state_dir)
             .map(|b| Box::new(b) as Box<dyn slicer::GpuBackend>)
@@ -164,7 +170,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         Arc::new(metering::SystemClock),
     )?;
     if ledger.recovered() > 0 {
-        info!(intervals = ledger.recovered(), "closed intervals left open by the last run at their last checkpoint");
+        info!(
+            intervals = ledger.recovered(),
+            "closed intervals left open by the last run at their last checkpoint"
+        );
     }
     let control = mpsd::ProcessControl::new(config.mps_control.clone());
     let mps = Arc::new(mpsd::Supervisor::new(Arc::new(control), config.state_dir.clone()));
@@ -187,7 +196,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     info!(node = %node.inventory().node, gpus = node.inventory().gpus.len(),
           policy_version = node.policy().policy.version(), policy_source = %node.policy().source, "tesserad starting");
     match node.reconcile() {
-        Ok(r) if !r.released.is_empty() => info!(released = r.released.len(), "reconciled after restart"),
+        Ok(r) if !r.released.is_empty() => {
+            info!(released = r.released.len(), "reconciled after restart")
+        }
         Ok(_) => {}
         Err(e) => warn!("reconcile at start failed: {}", e.message),
     }
@@ -206,7 +217,12 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
 
     let running: Vec<String> = node
         .allocations()
-        .map(|all| all.into_iter().filter(|a| a.state == tessera_api::AllocationState::Running).map(|a| a.container_id).collect())
+        .map(|all| {
+            all.into_iter()
+                .filter(|a| a.state == tessera_api::AllocationState::Running)
+                .map(|a| a.container_id)
+                .collect()
+        })
         .unwrap_or_default();
     let listener = server::bind_socket(&config.socket)?;
     let app = Arc::new(server::App { node: Mutex::new(node) });
@@ -327,7 +343,11 @@ fn periodic(
 }
 
 /// Run `f` on the node under its lock, logging what fails.
-fn with_node(app: &server::App, what: &str, f: impl FnOnce(&mut Node) -> Result<(), tessera_api::ApiError>) {
+fn with_node(
+    app: &server::App,
+    what: &str,
+    f: impl FnOnce(&mut Node) -> Result<(), tessera_api::ApiError>,
+) {
     match app.node.lock() {
         Ok(mut n) => {
             if let Err(e) = f(&mut n) {
@@ -364,7 +384,9 @@ fn scrub_pending(app: &server::App) {
 
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) =
+        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
         // Without signal handlers the daemon can still be stopped by SIGKILL; never exit early.
         std::future::pending::<()>().await;
         return;

@@ -68,7 +68,11 @@ pub fn judge(
             if facts.runc_state_exists || init_alive {
                 return Liveness::Alive;
             }
-            let recycled = if facts.pid_start_now.is_some() { " (its pid now names another process)" } else { "" };
+            let recycled = if facts.pid_start_now.is_some() {
+                " (its pid now names another process)"
+            } else {
+                ""
+            };
             match &facts.cgroup {
                 CgroupProcs::Count(0) => Liveness::Gone(format!(
                     "runc no longer has the container, its init exited{recycled} and no process is left in its cgroup"
@@ -100,12 +104,18 @@ pub fn judge(
 /// `cgroup_root`.
 pub fn container_cgroup(proc_root: &Path, cgroup_root: &Path, pid: i32) -> Result<String, String> {
     let file = proc_root.join(pid.to_string()).join("cgroup");
-    let text = std::fs::read_to_string(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let text = std::fs::read_to_string(&file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
     let rel = parse_proc_cgroup(&text)?;
     let procs = cgroup_root.join(&rel).join("cgroup.procs");
-    let listed = std::fs::read_to_string(&procs).map_err(|e| format!("cannot read {}: {e}", procs.display()))?;
+    let listed = std::fs::read_to_string(&procs)
+        .map_err(|e| format!("cannot read {}: {e}", procs.display()))?;
     if !listed.lines().any(|l| l.trim().parse::<i32>() == Ok(pid)) {
-        return Err(format!("pid {pid} is not in {} (its cgroup is not what {} says)", procs.display(), file.display()));
+        return Err(format!(
+            "pid {pid} is not in {} (its cgroup is not what {} says)",
+            procs.display(),
+            file.display()
+        ));
     }
     Ok(rel)
 }
@@ -116,7 +126,10 @@ pub fn parse_proc_cgroup(text: &str) -> Result<String, String> {
     let mut unified = Vec::new();
     for line in text.lines() {
         let mut parts = line.splitn(3, ':');
-        let (Some(_id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        let (Some(_id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
         if controllers.split(',').any(|c| c == "devices") {
             devices.push(format!("{controllers}{path}"));
         } else if controllers.is_empty() {
@@ -130,8 +143,13 @@ pub fn parse_proc_cgroup(text: &str) -> Result<String, String> {
         _ => return Err("more than one devices or unified cgroup is listed".into()),
     };
     let path = Path::new(&rel);
-    if path.is_absolute() || path.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
-        return Err(format!("cgroup path {} is not a plain relative path", tessera_api::untrusted(&rel)));
+    if path.is_absolute()
+        || path.components().any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return Err(format!(
+            "cgroup path {} is not a plain relative path",
+            tessera_api::untrusted(&rel)
+        ));
     }
     Ok(rel)
 }
@@ -148,14 +166,27 @@ pub fn cgroup_procs(cgroup_root: &Path, rel: &str) -> CgroupProcs {
             Ok(text) => count += text.lines().filter(|l| !l.trim().is_empty()).count(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 if dir == top && top.exists() {
-                    return CgroupProcs::Unreadable(format!("{} has no cgroup.procs", top.display()));
+                    return CgroupProcs::Unreadable(format!(
+                        "{} has no cgroup.procs",
+                        top.display()
+                    ));
                 }
                 continue; // gone (or a child removed while we looked)
             }
-            Err(e) => return CgroupProcs::Unreadable(format!("{}: {e}", dir.join("cgroup.procs").display())),
+            Err(e) => {
+                return CgroupProcs::Unreadable(format!(
+                    "{}: {e}",
+                    dir.join("cgroup.procs").display()
+                ))
+            }
         }
         if let Ok(entries) = std::fs::read_dir(&dir) {
-            todo.extend(entries.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()));
+            todo.extend(
+                entries
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path()),
+            );
         }
     }
     CgroupProcs::Count(count)
@@ -189,7 +220,9 @@ pub fn process_tree(proc_root: &Path, pid: i32) -> std::collections::BTreeSet<u3
     let mut children: std::collections::BTreeMap<u32, Vec<u32>> = std::collections::BTreeMap::new();
     if let Ok(entries) = std::fs::read_dir(proc_root) {
         for e in entries.flatten() {
-            let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+            let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
             let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
             if let Some(ppid) = parse_ppid(&stat) {
                 children.entry(ppid).or_default().push(p);
@@ -216,16 +249,21 @@ pub fn parse_ppid(stat: &str) -> Option<u32> {
 pub use tessera_api::runc_state_exists;
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     fn facts(state: bool, pid: Option<u64>, age: u64) -> Facts {
-        Facts { runc_state_exists: state, pid_start_now: pid, cgroup: CgroupProcs::NotRecorded, age_ms: age }
+        Facts {
+            runc_state_exists: state,
+            pid_start_now: pid,
+            cgroup: CgroupProcs::NotRecorded,
+            age_ms: age,
+        }
     }
 
     fn running(pid_now: Option<u64>, runc: bool, cgroup: CgroupProcs) -> Liveness {
-        let f = Facts { runc_state_exists: runc, pid_start_now: pid_now, cgroup, age_ms: 10_000_000 };
+        let f =
+            Facts { runc_state_exists: runc, pid_start_now: pid_now, cgroup, age_ms: 10_000_000 };
         judge(AllocationState::Running, Some(5), &f, 1000)
     }
 
@@ -245,17 +283,34 @@ mod tests {
         // The cgroup cannot be read: nothing is concluded.
         assert_eq!(running(None, false, Unreadable("EACCES".into())), Liveness::Alive);
         // No runc record, no process in the cgroup: gone (a recycled pid is not the init).
-        assert!(matches!(running(None, false, Count(0)), Liveness::Gone(m) if m.contains("no process is left")));
-        assert!(matches!(running(Some(9), false, Count(0)), Liveness::Gone(m) if m.contains("another process")));
+        assert!(
+            matches!(running(None, false, Count(0)), Liveness::Gone(m) if m.contains("no process is left"))
+        );
+        assert!(
+            matches!(running(Some(9), false, Count(0)), Liveness::Gone(m) if m.contains("another process"))
+        );
     }
 
     #[test]
     fn running_without_a_recorded_cgroup_follows_runc_and_the_init() {
-        assert_eq!(judge(AllocationState::Running, Some(5), &facts(true, Some(5), 0), 1000), Liveness::Alive);
-        assert_eq!(judge(AllocationState::Running, Some(5), &facts(true, None, 0), 1000), Liveness::Alive);
-        assert_eq!(judge(AllocationState::Running, None, &facts(false, Some(7), 0), 1000), Liveness::Alive);
-        assert!(matches!(judge(AllocationState::Running, Some(5), &facts(false, Some(9), 0), 1000), Liveness::Gone(m) if m.contains("another process")));
-        assert!(matches!(judge(AllocationState::Running, Some(5), &facts(false, None, 0), 1000), Liveness::Gone(m) if m.contains("no cgroup recorded")));
+        assert_eq!(
+            judge(AllocationState::Running, Some(5), &facts(true, Some(5), 0), 1000),
+            Liveness::Alive
+        );
+        assert_eq!(
+            judge(AllocationState::Running, Some(5), &facts(true, None, 0), 1000),
+            Liveness::Alive
+        );
+        assert_eq!(
+            judge(AllocationState::Running, None, &facts(false, Some(7), 0), 1000),
+            Liveness::Alive
+        );
+        assert!(
+            matches!(judge(AllocationState::Running, Some(5), &facts(false, Some(9), 0), 1000), Liveness::Gone(m) if m.contains("another process"))
+        );
+        assert!(
+            matches!(judge(AllocationState::Running, Some(5), &facts(false, None, 0), 1000), Liveness::Gone(m) if m.contains("no cgroup recorded"))
+        );
     }
 
     #[test]
@@ -263,7 +318,10 @@ mod tests {
         let v1 = "12:pids:/k8s/c1\n5:devices:/k8s/c1\n4:cpu,cpuacct:/k8s/c1\n1:name=systemd:/k8s/c1\n0::/\n";
         assert_eq!(parse_proc_cgroup(v1), Ok("devices/k8s/c1".into()));
         assert_eq!(parse_proc_cgroup("3:devices,freezer:/x\n"), Ok("devices,freezer/x".into()));
-        assert_eq!(parse_proc_cgroup("0::/system.slice/c1.scope\n"), Ok("system.slice/c1.scope".into()));
+        assert_eq!(
+            parse_proc_cgroup("0::/system.slice/c1.scope\n"),
+            Ok("system.slice/c1.scope".into())
+        );
         assert_eq!(parse_proc_cgroup("5:devices:/\n"), Ok("devices/".into()));
         // A newline in a cgroup name forges lines: two devices lines are refused.
         let forged = "5:devices:/a\n5:devices:/elsewhere\n4:memory:/a\n5:devices:/elsewhere\n";
@@ -304,16 +362,27 @@ mod tests {
         // has no cgroup filesystem at /sys/fs/cgroup, and says so).
         let me = std::process::id() as i32;
         match container_cgroup(Path::new("/proc"), Path::new("/sys/fs/cgroup"), me) {
-            Ok(rel) => assert!(matches!(cgroup_procs(Path::new("/sys/fs/cgroup"), &rel), CgroupProcs::Count(n) if n >= 1)),
+            Ok(rel) => assert!(
+                matches!(cgroup_procs(Path::new("/sys/fs/cgroup"), &rel), CgroupProcs::Count(n) if n >= 1)
+            ),
             Err(e) => assert!(e.contains("cannot read"), "{e}"),
         }
     }
 
     #[test]
     fn pending_lives_while_runc_knows_it_or_within_grace() {
-        assert_eq!(judge(AllocationState::Pending, None, &facts(true, None, 10_000_000), 1000), Liveness::Alive);
-        assert_eq!(judge(AllocationState::Pending, None, &facts(false, None, 999), 1000), Liveness::Alive);
-        assert!(matches!(judge(AllocationState::Pending, None, &facts(false, None, 1000), 1000), Liveness::Gone(_)));
+        assert_eq!(
+            judge(AllocationState::Pending, None, &facts(true, None, 10_000_000), 1000),
+            Liveness::Alive
+        );
+        assert_eq!(
+            judge(AllocationState::Pending, None, &facts(false, None, 999), 1000),
+            Liveness::Alive
+        );
+        assert!(matches!(
+            judge(AllocationState::Pending, None, &facts(false, None, 1000), 1000),
+            Liveness::Gone(_)
+        ));
     }
 
     #[test]

@@ -36,7 +36,11 @@ pub fn render(node: &NodeStatus, intervals: &[IntervalRecord]) -> String {
     for (labels, v) in totals {
         gpu_seconds.get_or_create(&labels).inc_by(v);
     }
-    registry.register("gpu_seconds", "GPU-seconds used: time x fraction of a GPU, per tenant", gpu_seconds);
+    registry.register(
+        "gpu_seconds",
+        "GPU-seconds used: time x fraction of a GPU, per tenant",
+        gpu_seconds,
+    );
 
     let allocations = Family::<Labels, Gauge>::default();
     let alloc_labels = |iso: Isolation, state: AllocationState| -> Labels {

@@ -10,9 +10,9 @@ use metering::{Class, IntervalStart, Ledger, LedgerError, UsageQuery, UsageRepor
 use policy::Policy;
 use slicer::{GpuBackend, Inventory};
 use tessera_api::{
-    untrusted, AllocateRequest, Allocation, AllocationState, ApiError, DeviceState, ErrorCode, GpuRequest, GpuStatus,
-    EventStatus, GrantedDevice, Holder, Isolation, MigInstanceStatus, MpsShareStatus, NodeStatus, PolicyInfo,
-    ReleaseRequest, ShareGrant, StartRequest,
+    untrusted, AllocateRequest, Allocation, AllocationState, ApiError, DeviceState, ErrorCode,
+    EventStatus, GpuRequest, GpuStatus, GrantedDevice, Holder, Isolation, MigInstanceStatus,
+    MpsShareStatus, NodeStatus, PolicyInfo, ReleaseRequest, ShareGrant, StartRequest,
 };
 use tracing::{info, warn};
 
@@ -34,7 +34,10 @@ pub struct HostPaths {
 
 impl Default for HostPaths {
     fn default() -> Self {
-        HostPaths { proc_root: PathBuf::from("/proc"), cgroup_root: PathBuf::from("/sys/fs/cgroup") }
+        HostPaths {
+            proc_root: PathBuf::from("/proc"),
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+        }
     }
 }
 
@@ -47,7 +50,12 @@ pub struct ActivePolicy {
 
 impl ActivePolicy {
     pub fn info(&self) -> PolicyInfo {
-        PolicyInfo { version: self.policy.version(), source: self.source.clone(), digest: self.policy.digest(), coordinator: None }
+        PolicyInfo {
+            version: self.policy.version(),
+            source: self.source.clone(),
+            digest: self.policy.digest(),
+            coordinator: None,
+        }
     }
 }
 
@@ -133,8 +141,10 @@ pub struct ReconcileReport {
 
 impl Node {
     pub fn new(p: NodeParts) -> Result<Node, String> {
-        let inventory =
-            p.backend.inventory().map_err(|e| format!("reading the GPU inventory from {}: {e}", p.backend.describe()))?;
+        let inventory = p
+            .backend
+            .inventory()
+            .map_err(|e| format!("reading the GPU inventory from {}: {e}", p.backend.describe()))?;
         Ok(Node {
             backend: p.backend,
             inventory,
@@ -180,13 +190,26 @@ impl Node {
     }
 
     /// Devices `tenant` may not be given now because of their lifecycle.
-    fn not_assignable(&self, life: &Lifecycles, tenant: &str) -> std::collections::BTreeSet<String> {
+    fn not_assignable(
+        &self,
+        life: &Lifecycles,
+        tenant: &str,
+    ) -> std::collections::BTreeSet<String> {
         let policy = self.scrub_policy();
-        life.iter().filter(|(_, (st, _))| st.can_assign(tenant, &policy).is_err()).map(|(u, _)| u.clone()).collect()
+        life.iter()
+            .filter(|(_, (st, _))| st.can_assign(tenant, &policy).is_err())
+            .map(|(u, _)| u.clone())
+            .collect()
     }
 
-    fn set_state(&mut self, uuid: &str, st: &scrub::DeviceState, report: Option<&scrub::ScrubReport>) -> Result<(), ApiError> {
-        let json = serde_json::to_string(st).map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+    fn set_state(
+        &mut self,
+        uuid: &str,
+        st: &scrub::DeviceState,
+        report: Option<&scrub::ScrubReport>,
+    ) -> Result<(), ApiError> {
+        let json = serde_json::to_string(st)
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
         let rep = report.map(|r| r.to_json_line());
         self.store.set_device_state(uuid, &json, rep.as_deref()).map_err(internal)
     }
@@ -226,15 +249,21 @@ impl Node {
     }
 
     /// Record a scrub's outcome: clean and verified → free; anything else → quarantined.
-    pub fn finish_scrub(&mut self, device: &str, result: Result<scrub::ScrubReport, scrub::ScrubError>) -> Result<scrub::DeviceState, ApiError> {
+    pub fn finish_scrub(
+        &mut self,
+        device: &str,
+        result: Result<scrub::ScrubReport, scrub::ScrubError>,
+    ) -> Result<scrub::DeviceState, ApiError> {
         self.scrubs_in_flight.remove(device);
         let policy = self.scrub_policy();
-        let current = self.lifecycle()?.remove(device).map(|(st, _)| st).unwrap_or(scrub::DeviceState::Free);
+        let current =
+            self.lifecycle()?.remove(device).map(|(st, _)| st).unwrap_or(scrub::DeviceState::Free);
         let (next, report) = match result {
             Ok(report) => (current.on_scrub_result(&report, &policy), Some(report)),
             Err(e) => (current.on_scrub_failed(&e.to_string()), None),
         };
-        let next = next.map_err(|e| ApiError::new(ErrorCode::Internal, format!("device {device}: {e}")))?;
+        let next =
+            next.map_err(|e| ApiError::new(ErrorCode::Internal, format!("device {device}: {e}")))?;
         self.set_state(device, &next, report.as_ref())?;
         let detail = match &report {
             Some(r) => format!(
@@ -264,17 +293,29 @@ impl Node {
         let Some(st @ scrub::DeviceState::Quarantined { .. }) = current else {
             return Err(ApiError::new(
                 ErrorCode::Conflict,
-                format!("device {device} is not quarantined ({})", current.as_ref().map(|s| s.name()).unwrap_or("free")),
+                format!(
+                    "device {device} is not quarantined ({})",
+                    current.as_ref().map(|s| s.name()).unwrap_or("free")
+                ),
             ));
         };
-        let next = st.unquarantine_requested().map_err(|e| ApiError::new(ErrorCode::Conflict, format!("device {device}: {e}")))?;
+        let next = st
+            .unquarantine_requested()
+            .map_err(|e| ApiError::new(ErrorCode::Conflict, format!("device {device}: {e}")))?;
         self.set_state(device, &next, None)?;
-        let _ = self.store.event("scrub", None, &format!("{device}: unquarantine requested, re-scrubbing"));
+        let _ = self.store.event(
+            "scrub",
+            None,
+            &format!("{device}: unquarantine requested, re-scrubbing"),
+        );
         Ok(self.scrub_job(device))
     }
 
     /// ` — unavailable to this tenant: GPU-x quarantined: …; MIG-y dirty after …`, or "".
-    fn unavailable_summary(life: &Lifecycles, blocked: &std::collections::BTreeSet<String>) -> String {
+    fn unavailable_summary(
+        life: &Lifecycles,
+        blocked: &std::collections::BTreeSet<String>,
+    ) -> String {
         let parts: Vec<String> = blocked
             .iter()
             .filter_map(|u| life.get(u).map(|(st, _)| format!("{u} {}", lifecycle_detail(st))))
@@ -293,9 +334,16 @@ impl Node {
             .enumerate()
             .filter_map(|(i, d)| {
                 let file = self.backend.sim_memory_file(&d.uuid)?;
-                let destination =
-                    if devices.len() == 1 { SIM_MEM_PATH.to_string() } else { format!("{SIM_MEM_PATH}{i}") };
-                Some(tessera_api::BindMount { source: file.display().to_string(), destination, read_only: false })
+                let destination = if devices.len() == 1 {
+                    SIM_MEM_PATH.to_string()
+                } else {
+                    format!("{SIM_MEM_PATH}{i}")
+                };
+                Some(tessera_api::BindMount {
+                    source: file.display().to_string(),
+                    destination,
+                    read_only: false,
+                })
             })
             .collect()
     }
@@ -371,38 +419,54 @@ impl Node {
                 .find(|g| g.mig_enabled)
                 .and_then(|g| slicer::model(&g.model))
                 .map(slicer::DemandMix::uniform)
-                .unwrap_or_else(|| slicer::DemandMix::from_weights(std::iter::empty::<(String, f64)>(), 1.0))
+                .unwrap_or_else(|| {
+                    slicer::DemandMix::from_weights(std::iter::empty::<(String, f64)>(), 1.0)
+                })
         } else {
             slicer::DemandMix::observed(&self.mig_demand)
         };
-        let decision = slicer::place(&self.inventory, busy, profile, slicer::Strategy::Best, &demand).map_err(|nofit| {
-            let err = ApiError {
-                code: ErrorCode::NoCapacity,
-                message: format!("tenant {tenant}: {nofit}"),
-                tenant: Some(tenant.to_string()),
-                request: Some(format!("mig={profile}")),
-                rule: None,
-            };
-            self.log_refusal(container_id, &err);
-            err
-        })?;
+        let decision =
+            slicer::place(&self.inventory, busy, profile, slicer::Strategy::Best, &demand)
+                .map_err(|nofit| {
+                    let err = ApiError {
+                        code: ErrorCode::NoCapacity,
+                        message: format!("tenant {tenant}: {nofit}"),
+                        tenant: Some(tenant.to_string()),
+                        request: Some(format!("mig={profile}")),
+                        rule: None,
+                    };
+                    self.log_refusal(container_id, &err);
+                    err
+                })?;
         let backend_err = |what: &str, e: slicer::BackendError| {
             ApiError::new(ErrorCode::Internal, format!("{what} for mig={profile}: {e}"))
         };
         let uuid = match decision {
             slicer::PlaceDecision::Reuse { uuid } => uuid,
             slicer::PlaceDecision::Create { gpu_index, start } => {
-                let inst = self.backend.create_instance(gpu_index, profile, start).map_err(|e| backend_err("creating an instance", e))?;
-                let _ = self.store.event("mig", Some(container_id), &format!("created {profile} at GPU {gpu_index} slot {start}: {}", inst.uuid));
+                let inst = self
+                    .backend
+                    .create_instance(gpu_index, profile, start)
+                    .map_err(|e| backend_err("creating an instance", e))?;
+                let _ = self.store.event(
+                    "mig",
+                    Some(container_id),
+                    &format!("created {profile} at GPU {gpu_index} slot {start}: {}", inst.uuid),
+                );
                 self.refresh_inventory()?;
                 inst.uuid
             }
             slicer::PlaceDecision::Defragment { destroy, gpu_index, start } => {
                 for idle in &destroy {
                     debug_assert!(!busy.contains(idle));
-                    self.backend.destroy_instance(idle).map_err(|e| backend_err("destroying an idle instance", e))?;
+                    self.backend
+                        .destroy_instance(idle)
+                        .map_err(|e| backend_err("destroying an idle instance", e))?;
                 }
-                let inst = self.backend.create_instance(gpu_index, profile, start).map_err(|e| backend_err("creating an instance", e));
+                let inst = self
+                    .backend
+                    .create_instance(gpu_index, profile, start)
+                    .map_err(|e| backend_err("creating an instance", e));
                 let _ = self.store.event(
                     "mig",
                     Some(container_id),
@@ -413,9 +477,9 @@ impl Node {
             }
         };
         *self.mig_demand.entry(profile.to_string()).or_default() += 1;
-        share::granted(&self.inventory, &uuid)
-            .map(|d| vec![d])
-            .ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("instance {uuid} is not in the inventory")))
+        share::granted(&self.inventory, &uuid).map(|d| vec![d]).ok_or_else(|| {
+            ApiError::new(ErrorCode::Internal, format!("instance {uuid} is not in the inventory"))
+        })
     }
 
     /// After a start: take over the MPS control daemons that outlived the last tesserad,
@@ -430,7 +494,12 @@ impl Node {
         let allocs = self.allocations()?;
         let granted: std::collections::BTreeSet<(String, String)> = allocs
             .iter()
-            .filter_map(|a| a.share.as_ref().filter(|s| s.kind == Isolation::Mps).map(|s| (s.device.clone(), a.container_id.clone())))
+            .filter_map(|a| {
+                a.share
+                    .as_ref()
+                    .filter(|s| s.kind == Isolation::Mps)
+                    .map(|s| (s.device.clone(), a.container_id.clone()))
+            })
             .collect();
         let mut released = 0;
         for sh in self.mps.shares() {
@@ -448,7 +517,9 @@ impl Node {
             .into_iter()
             .flat_map(|sh| sh.holders.into_iter().map(move |h| (sh.device.clone(), h)))
             .collect();
-        for a in allocs.iter().filter(|a| a.share.as_ref().is_some_and(|s| s.kind == Isolation::Mps)) {
+        for a in
+            allocs.iter().filter(|a| a.share.as_ref().is_some_and(|s| s.kind == Isolation::Mps))
+        {
             let Some(s) = &a.share else { continue };
             if !live.contains(&(s.device.clone(), a.container_id.clone())) {
                 self.mps.ensure_share(&self.share_request(a, s)).map_err(mps_err)?;
@@ -505,8 +576,10 @@ impl Node {
         for rec in self.store.all().map_err(internal)? {
             // A grant outlives its init while runc keeps the container or a process is
             // left in its cgroup; metering stopped at the init's exit and stays stopped.
-            let init_alive = rec.allocation.pid.and_then(|p| liveness::pid_start_time(&self.host.proc_root, p));
-            let init_alive = init_alive.is_some_and(|now| rec.pid_start.is_none() || rec.pid_start == Some(now));
+            let init_alive =
+                rec.allocation.pid.and_then(|p| liveness::pid_start_time(&self.host.proc_root, p));
+            let init_alive =
+                init_alive.is_some_and(|now| rec.pid_start.is_none() || rec.pid_start == Some(now));
             if rec.allocation.state == AllocationState::Running && init_alive {
                 n += self.open_intervals(&rec.allocation)?;
             }
@@ -520,8 +593,11 @@ impl Node {
     /// it is not available (MIG instances, a backend without it) get no sample at all, so
     /// reports tell "not measured" from "idle". Returns how many intervals took a sample.
     pub fn sample_utilization(&mut self) -> Result<usize, ApiError> {
-        let running: Vec<Allocation> =
-            self.allocations()?.into_iter().filter(|a| a.state == AllocationState::Running).collect();
+        let running: Vec<Allocation> = self
+            .allocations()?
+            .into_iter()
+            .filter(|a| a.state == AllocationState::Running)
+            .collect();
         let mut by_gpu: BTreeMap<String, Vec<(&Allocation, &GrantedDevice)>> = BTreeMap::new();
         for a in &running {
             for d in a.devices.iter().filter(|d| d.uuid == d.gpu_uuid) {
@@ -596,12 +672,19 @@ impl Node {
                 }
                 Some(seen) => {
                     let life = self.lifecycle()?;
-                    let devices = std::iter::once(g.uuid.clone()).chain(g.instances.iter().map(|i| i.uuid.clone()));
+                    let devices = std::iter::once(g.uuid.clone())
+                        .chain(g.instances.iter().map(|i| i.uuid.clone()));
                     for uuid in devices {
-                        let current = life.get(&uuid).map(|(st, _)| st.clone()).unwrap_or(scrub::DeviceState::Free);
+                        let current = life
+                            .get(&uuid)
+                            .map(|(st, _)| st.clone())
+                            .unwrap_or(scrub::DeviceState::Free);
                         self.set_state(&uuid, &current.on_ecc_error(count), None)?;
                     }
-                    let detail = format!("{}: quarantined: uncorrectable ECC errors rose from {seen} to {count}", g.uuid);
+                    let detail = format!(
+                        "{}: quarantined: uncorrectable ECC errors rose from {seen} to {count}",
+                        g.uuid
+                    );
                     warn!("{detail}");
                     let _ = self.store.event("ecc", None, &detail);
                     hit.push(g.uuid.clone());
@@ -620,7 +703,12 @@ impl Node {
     }
 
     /// A usage report over the ledger, priced with the policy in force.
-    pub fn usage(&self, from_ms: u64, to_ms: u64, by: metering::GroupBy) -> Result<UsageReport, ApiError> {
+    pub fn usage(
+        &self,
+        from_ms: u64,
+        to_ms: u64,
+        by: metering::GroupBy,
+    ) -> Result<UsageReport, ApiError> {
         let prices = metering::Prices {
             per_model: self
                 .policy
@@ -628,10 +716,13 @@ impl Node {
                 .prices()
                 .iter()
                 .map(|(m, p)| {
-                    (m.clone(), metering::Rate {
-                        reserved_per_gpu_hour: p.reserved_per_gpu_hour,
-                        burst_per_gpu_hour: p.burst_per_gpu_hour,
-                    })
+                    (
+                        m.clone(),
+                        metering::Rate {
+                            reserved_per_gpu_hour: p.reserved_per_gpu_hour,
+                            burst_per_gpu_hour: p.burst_per_gpu_hour,
+                        },
+                    )
                 })
                 .collect(),
         };
@@ -670,7 +761,11 @@ impl Node {
                 gpu_model: d.model.clone(),
                 device_uuid: d.uuid.clone(),
                 isolation: a.isolation,
-                mig_profile: if a.isolation == Isolation::Mig { d.mig_profile.clone() } else { None },
+                mig_profile: if a.isolation == Isolation::Mig {
+                    d.mig_profile.clone()
+                } else {
+                    None
+                },
                 fraction: self.fraction(a, d),
                 class: Class::Guaranteed,
             };
@@ -710,10 +805,10 @@ impl Node {
                 }
             }
             Some(s) => {
-                let others = self
-                    .allocations()?
-                    .iter()
-                    .any(|o| o.container_id != a.container_id && o.share.as_ref().is_some_and(|x| x.device == s.device));
+                let others = self.allocations()?.iter().any(|o| {
+                    o.container_id != a.container_id
+                        && o.share.as_ref().is_some_and(|x| x.device == s.device)
+                });
                 if !others && !quarantined.contains(&s.device) {
                     let st = scrub::DeviceState::unknown_history();
                     left.push((s.device.clone(), serde_json::to_string(&st).unwrap_or_default()));
@@ -785,7 +880,8 @@ impl Node {
             err
         })?;
 
-        if let Err(refusal) = self.policy.policy.authorize(&tenant, &request, &self.inventory.node) {
+        if let Err(refusal) = self.policy.policy.authorize(&tenant, &request, &self.inventory.node)
+        {
             let err = ApiError {
                 code: ErrorCode::Refused,
                 message: refusal.to_string(),
@@ -805,14 +901,20 @@ impl Node {
         device_use.exclusive.extend(blocked.iter().cloned());
         let lifecycle_held: std::collections::BTreeSet<String> = life.keys().cloned().collect();
         let (devices, mut injection, share) = match &request {
-            GpuRequest::Mps { percent } => self.grant_mps(&req.container_id, &tenant.path, *percent, &device_use)?,
-            GpuRequest::Shared => self.grant_shared(&req.container_id, &tenant.path, &device_use)?,
+            GpuRequest::Mps { percent } => {
+                self.grant_mps(&req.container_id, &tenant.path, *percent, &device_use)?
+            }
+            GpuRequest::Shared => {
+                self.grant_shared(&req.container_id, &tenant.path, &device_use)?
+            }
             GpuRequest::Mig { profile }
-                if self.dynamic_mig && self.policy.policy.mig_layouts(&self.inventory.node).is_empty() =>
+                if self.dynamic_mig
+                    && self.policy.policy.mig_layouts(&self.inventory.node).is_empty() =>
             {
                 let mut untouchable = device_use.busy();
                 untouchable.extend(lifecycle_held.iter().cloned());
-                let devices = self.grant_mig_dynamic(&req.container_id, &tenant.path, profile, &untouchable)?;
+                let devices =
+                    self.grant_mig_dynamic(&req.container_id, &tenant.path, profile, &untouchable)?;
                 let injection = slicer::injection(&self.inventory, &devices).map_err(|e| {
                     ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}"))
                 })?;
@@ -820,17 +922,18 @@ impl Node {
             }
             _ => {
                 let unavailable = Self::unavailable_summary(&life, &blocked);
-                let devices = slicer::choose(&self.inventory, &device_use.busy(), &request).map_err(|nofit| {
-                    let err = ApiError {
-                        code: ErrorCode::NoCapacity,
-                        message: format!("tenant {}: {nofit}{unavailable}", tenant.path),
-                        tenant: Some(tenant.path.clone()),
-                        request: Some(request.to_string()),
-                        rule: None,
-                    };
-                    self.log_refusal(&req.container_id, &err);
-                    err
-                })?;
+                let devices = slicer::choose(&self.inventory, &device_use.busy(), &request)
+                    .map_err(|nofit| {
+                        let err = ApiError {
+                            code: ErrorCode::NoCapacity,
+                            message: format!("tenant {}: {nofit}{unavailable}", tenant.path),
+                            tenant: Some(tenant.path.clone()),
+                            request: Some(request.to_string()),
+                            rule: None,
+                        };
+                        self.log_refusal(&req.container_id, &err);
+                        err
+                    })?;
                 let injection = slicer::injection(&self.inventory, &devices).map_err(|e| {
                     ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}"))
                 })?;
@@ -871,7 +974,9 @@ impl Node {
                 let _ = self.mps.release(&s.device, &allocation.tenant, &allocation.container_id);
             }
             return Err(match e {
-                StoreError::DeviceClaimed { .. } => ApiError::new(ErrorCode::Conflict, e.to_string()),
+                StoreError::DeviceClaimed { .. } => {
+                    ApiError::new(ErrorCode::Conflict, e.to_string())
+                }
                 other => internal(other),
             });
         }
@@ -907,8 +1012,12 @@ impl Node {
                 return Err(err);
             }
         };
-        let granted = share::granted(&self.inventory, &device)
-            .ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("device {device} vanished from the inventory")))?;
+        let granted = share::granted(&self.inventory, &device).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::Internal,
+                format!("device {device} vanished from the inventory"),
+            )
+        })?;
         let mem = share::memory_bytes(&self.inventory, &device).unwrap_or(0);
         let req = mpsd::ShareRequest {
             device: device.clone(),
@@ -929,7 +1038,9 @@ impl Node {
             err
         })?;
         let mut injection = slicer::injection(&self.inventory, std::slice::from_ref(&granted))
-            .map_err(|e| ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}")))?;
+            .map_err(|e| {
+                ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}"))
+            })?;
         injection.mounts.extend(handle.mounts());
         for kv in handle.env() {
             let key = kv.split('=').next().unwrap_or("").to_string();
@@ -971,10 +1082,16 @@ impl Node {
                 return Err(err);
             }
         };
-        let granted = share::granted(&self.inventory, &device)
-            .ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("device {device} vanished from the inventory")))?;
+        let granted = share::granted(&self.inventory, &device).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::Internal,
+                format!("device {device} vanished from the inventory"),
+            )
+        })?;
         let injection = slicer::injection(&self.inventory, std::slice::from_ref(&granted))
-            .map_err(|e| ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}")))?;
+            .map_err(|e| {
+                ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}"))
+            })?;
         let share = ShareGrant {
             kind: Isolation::Shared,
             device,
@@ -987,7 +1104,11 @@ impl Node {
     }
 
     /// The prestart hook confirms the container exists with this pid.
-    pub fn start(&mut self, container_id: &str, req: &StartRequest) -> Result<Allocation, ApiError> {
+    pub fn start(
+        &mut self,
+        container_id: &str,
+        req: &StartRequest,
+    ) -> Result<Allocation, ApiError> {
         validate_container_id(container_id)?;
         let rec = self.store.get(container_id).map_err(internal)?.ok_or_else(|| {
             ApiError::new(
@@ -1006,14 +1127,20 @@ impl Node {
             ));
         }
         if req.pid <= 0 {
-            return Err(ApiError::new(ErrorCode::BadRequest, format!("container {container_id}: pid {} is not a process id", req.pid)));
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                format!("container {container_id}: pid {} is not a process id", req.pid),
+            ));
         }
         if rec.allocation.state == AllocationState::Running && rec.allocation.pid == Some(req.pid) {
             return Ok(rec.allocation);
         }
         let start = liveness::pid_start_time(&self.host.proc_root, req.pid);
         if start.is_none() {
-            return Err(ApiError::new(ErrorCode::BadRequest, format!("container {container_id}: pid {} is not alive", req.pid)));
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                format!("container {container_id}: pid {} is not alive", req.pid),
+            ));
         }
         // The grant lasts while a process is in this cgroup (runc keeps the container's
         // device rules there). One that cannot be told for sure is refused: the grant
@@ -1054,7 +1181,10 @@ impl Node {
         if rec.allocation.state != AllocationState::Running || rec.allocation.pid != Some(pid) {
             return Ok(0);
         }
-        let closed = self.ledger.close_container(container_id, crate::exits::EXITED_REASON).map_err(ledger_err)?;
+        let closed = self
+            .ledger
+            .close_container(container_id, crate::exits::EXITED_REASON)
+            .map_err(ledger_err)?;
         Ok(closed.len())
     }
 
@@ -1077,7 +1207,11 @@ impl Node {
     /// nothing is released while runc still has the container in the recorded root. A
     /// refusal changes nothing, is recorded as a `release-refused` event and answered 409.
     /// Unknown ids are fine (releases race with the reconciler).
-    pub fn release_removed(&mut self, container_id: &str, req: &ReleaseRequest) -> Result<bool, ApiError> {
+    pub fn release_removed(
+        &mut self,
+        container_id: &str,
+        req: &ReleaseRequest,
+    ) -> Result<bool, ApiError> {
         validate_container_id(container_id)?;
         let Some(rec) = self.store.get(container_id).map_err(internal)? else { return Ok(false) };
         let mismatch = |what: &str, asked: &str, recorded: &str| {
@@ -1110,7 +1244,10 @@ impl Node {
 
     pub fn allocation(&self, container_id: &str) -> Result<Allocation, ApiError> {
         self.store.get(container_id).map_err(internal)?.map(|r| r.allocation).ok_or_else(|| {
-            ApiError::new(ErrorCode::NotFound, format!("no allocation for container {}", untrusted(container_id)))
+            ApiError::new(
+                ErrorCode::NotFound,
+                format!("no allocation for container {}", untrusted(container_id)),
+            )
         })
     }
 
@@ -1124,7 +1261,8 @@ impl Node {
         let mut report = ReconcileReport::default();
         for mut rec in self.store.all().map_err(internal)? {
             report.checked += 1;
-            let pid_start_now = rec.allocation.pid.and_then(|p| liveness::pid_start_time(&self.host.proc_root, p));
+            let pid_start_now =
+                rec.allocation.pid.and_then(|p| liveness::pid_start_time(&self.host.proc_root, p));
             if rec.cgroup.is_none() && rec.allocation.state == AllocationState::Running {
                 self.fill_in_cgroup(&mut rec, pid_start_now);
             }
@@ -1132,7 +1270,10 @@ impl Node {
             let facts = Facts {
                 // Read runc's record before the cgroup: a container removed in between is
                 // then seen with its cgroup already emptied by runc.
-                runc_state_exists: liveness::runc_state_exists(Path::new(&rec.runc_root), &a.container_id),
+                runc_state_exists: liveness::runc_state_exists(
+                    Path::new(&rec.runc_root),
+                    &a.container_id,
+                ),
                 pid_start_now,
                 cgroup: match &rec.cgroup {
                     Some(rel) => liveness::cgroup_procs(&self.host.cgroup_root, rel),
@@ -1140,9 +1281,12 @@ impl Node {
                 },
                 age_ms: now.saturating_sub(a.created_ms),
             };
-            if let Liveness::Gone(why) =
-                liveness::judge(a.state, rec.pid_start, &facts, self.pending_grace.as_millis() as u64)
-            {
+            if let Liveness::Gone(why) = liveness::judge(
+                a.state,
+                rec.pid_start,
+                &facts,
+                self.pending_grace.as_millis() as u64,
+            ) {
                 warn!(container = %a.container_id, tenant = %a.tenant, %why, "reconciler releases");
                 self.drop_allocation(&a.container_id, &format!("reconciler: {why}"))?;
                 report.released.push((a.container_id.clone(), why));
@@ -1161,9 +1305,13 @@ impl Node {
         match liveness::container_cgroup(&self.host.proc_root, &self.host.cgroup_root, pid) {
             Ok(cg) => match self.store.set_cgroup(&rec.allocation.container_id, &cg) {
                 Ok(()) => rec.cgroup = Some(cg),
-                Err(e) => warn!(container = %rec.allocation.container_id, "cannot record its cgroup: {e}"),
+                Err(e) => {
+                    warn!(container = %rec.allocation.container_id, "cannot record its cgroup: {e}")
+                }
             },
-            Err(e) => warn!(container = %rec.allocation.container_id, "cannot tell its cgroup: {e}"),
+            Err(e) => {
+                warn!(container = %rec.allocation.container_id, "cannot tell its cgroup: {e}")
+            }
         }
     }
 
@@ -1171,17 +1319,25 @@ impl Node {
     pub fn status(&self) -> Result<NodeStatus, ApiError> {
         let allocations = self.allocations()?;
         let mut holders: BTreeMap<&str, Holder> = BTreeMap::new();
-        let shared: std::collections::BTreeSet<&str> =
-            allocations.iter().filter_map(|a| a.share.as_ref().map(|s| s.device.as_str())).collect();
+        let shared: std::collections::BTreeSet<&str> = allocations
+            .iter()
+            .filter_map(|a| a.share.as_ref().map(|s| s.device.as_str()))
+            .collect();
         for a in allocations.iter().filter(|a| a.share.is_none()) {
             for d in &a.devices {
-                holders.insert(&d.uuid, Holder { container_id: a.container_id.clone(), tenant: a.tenant.clone() });
+                holders.insert(
+                    &d.uuid,
+                    Holder { container_id: a.container_id.clone(), tenant: a.tenant.clone() },
+                );
             }
         }
         let lifecycle = self.lifecycle()?;
         let life = |uuid: &str| -> Option<tessera_api::Lifecycle> {
             let (st, report) = lifecycle.get(uuid)?;
-            Some(tessera_api::Lifecycle { detail: lifecycle_detail(st), last_scrub: report.as_ref().map(summary) })
+            Some(tessera_api::Lifecycle {
+                detail: lifecycle_detail(st),
+                last_scrub: report.as_ref().map(summary),
+            })
         };
         let state_of = |uuid: &str, holder: &Option<Holder>| {
             if let Some((st, _)) = lifecycle.get(uuid) {
@@ -1232,7 +1388,11 @@ impl Node {
                     minor: g.minor,
                     memory_mib: g.memory_mib,
                     mig_enabled: g.mig_enabled,
-                    state: if g.mig_enabled { DeviceState::MigParent } else { state_of(&g.uuid, &holder) },
+                    state: if g.mig_enabled {
+                        DeviceState::MigParent
+                    } else {
+                        state_of(&g.uuid, &holder)
+                    },
                     holder,
                     lifecycle: life(&g.uuid),
                     instances,
@@ -1263,7 +1423,12 @@ impl Node {
             .recent_events(20)
             .map_err(internal)?
             .into_iter()
-            .map(|(ts_ms, kind, container_id, detail)| EventStatus { ts_ms, kind, container_id, detail })
+            .map(|(ts_ms, kind, container_id, detail)| EventStatus {
+                ts_ms,
+                kind,
+                container_id,
+                detail,
+            })
             .collect();
         Ok(NodeStatus {
             node: self.inventory.node.clone(),
@@ -1294,8 +1459,12 @@ fn lifecycle_detail(st: &scrub::DeviceState) -> String {
     let after = |t: &str| if t.is_empty() { "unknown tenants".to_string() } else { t.to_string() };
     match st {
         scrub::DeviceState::Free => "free".into(),
-        scrub::DeviceState::Assigned { tenant, container_id } => format!("assigned to {tenant} ({container_id})"),
-        scrub::DeviceState::Dirty { last_tenant } => format!("dirty after {}: waiting for a scrub", after(last_tenant)),
+        scrub::DeviceState::Assigned { tenant, container_id } => {
+            format!("assigned to {tenant} ({container_id})")
+        }
+        scrub::DeviceState::Dirty { last_tenant } => {
+            format!("dirty after {}: waiting for a scrub", after(last_tenant))
+        }
         scrub::DeviceState::Scrubbing { last_tenant, attempt } => {
             format!("scrubbing (attempt {attempt}) after {}", after(last_tenant))
         }
@@ -1330,7 +1499,8 @@ fn internal(e: StoreError) -> ApiError {
 
 /// runc's rule for container ids ([`tessera_api::validate_container_id`]), as a 400.
 pub fn validate_container_id(id: &str) -> Result<(), ApiError> {
-    tessera_api::validate_container_id(id).map_err(|e| ApiError::new(ErrorCode::BadRequest, e.to_string()))
+    tessera_api::validate_container_id(id)
+        .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.to_string()))
 }
 
 fn validate_abs_path(field: &str, p: &str) -> Result<(), ApiError> {
@@ -1341,12 +1511,14 @@ fn validate_abs_path(field: &str, p: &str) -> Result<(), ApiError> {
     if ok {
         Ok(())
     } else {
-        Err(ApiError::new(ErrorCode::BadRequest, format!("{field} `{}` must be an absolute path without `..`", untrusted(p))))
+        Err(ApiError::new(
+            ErrorCode::BadRequest,
+            format!("{field} `{}` must be an absolute path without `..`", untrusted(p)),
+        ))
     }
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

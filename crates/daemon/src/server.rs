@@ -16,7 +16,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
-use tessera_api::{untrusted, AllocateRequest, ApiError, ErrorCode, ReleaseRequest, StartRequest, MAX_REQUEST_BYTES};
+use tessera_api::{
+    untrusted, AllocateRequest, ApiError, ErrorCode, ReleaseRequest, StartRequest,
+    MAX_REQUEST_BYTES,
+};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::warn;
 
@@ -37,7 +40,8 @@ impl<T: Serialize> IntoResponse for Reply<T> {
         match self.0 {
             Ok(v) => (StatusCode::OK, Json(v)).into_response(),
             Err(e) => {
-                let status = StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                let status = StatusCode::from_u16(e.code.http_status())
+                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
                 (status, Json(e)).into_response()
             }
         }
@@ -51,11 +55,15 @@ where
     F: FnOnce(&mut Node) -> Result<T, ApiError> + Send + 'static,
 {
     let r = tokio::task::spawn_blocking(move || {
-        let mut node = app.node.lock().map_err(|_| ApiError::new(ErrorCode::Internal, "tesserad: node state lock poisoned"))?;
+        let mut node = app.node.lock().map_err(|_| {
+            ApiError::new(ErrorCode::Internal, "tesserad: node state lock poisoned")
+        })?;
         f(&mut node)
     })
     .await;
-    Reply(r.unwrap_or_else(|e| Err(ApiError::new(ErrorCode::Internal, format!("tesserad: handler failed: {e}")))))
+    Reply(r.unwrap_or_else(|e| {
+        Err(ApiError::new(ErrorCode::Internal, format!("tesserad: handler failed: {e}")))
+    }))
 }
 
 fn bad_json(what: &str, rejection: JsonRejection) -> ApiError {
@@ -64,11 +72,17 @@ fn bad_json(what: &str, rejection: JsonRejection) -> ApiError {
     }
     // serde names unknown fields and values as sent: shown escaped and bounded.
     let detail = rejection.body_text();
-    ApiError::new(ErrorCode::BadRequest, format!("malformed {what}: {}", untrusted(&detail).max_chars(1024)))
+    ApiError::new(
+        ErrorCode::BadRequest,
+        format!("malformed {what}: {}", untrusted(&detail).max_chars(1024)),
+    )
 }
 
 fn too_large(what: &str) -> ApiError {
-    ApiError::new(ErrorCode::BadRequest, format!("{what} is too large: tesserad accepts at most {MAX_REQUEST_BYTES} bytes"))
+    ApiError::new(
+        ErrorCode::BadRequest,
+        format!("{what} is too large: tesserad accepts at most {MAX_REQUEST_BYTES} bytes"),
+    )
 }
 
 /// The API routes.
@@ -91,14 +105,20 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 /// The parameters of `GET /v1/usage`: `from_ms`, `to_ms` (Unix ms, `[from, to)`), `by`.
-pub fn parse_usage_query(q: &BTreeMap<String, String>) -> Result<(u64, u64, metering::GroupBy), ApiError> {
+pub fn parse_usage_query(
+    q: &BTreeMap<String, String>,
+) -> Result<(u64, u64, metering::GroupBy), ApiError> {
     let bad = |m: String| ApiError::new(ErrorCode::BadRequest, m);
     if let Some(k) = q.keys().find(|k| !["from_ms", "to_ms", "by"].contains(&k.as_str())) {
-        return Err(bad(format!("unknown usage parameter `{}`: expected from_ms, to_ms, by", untrusted(k))));
+        return Err(bad(format!(
+            "unknown usage parameter `{}`: expected from_ms, to_ms, by",
+            untrusted(k)
+        )));
     }
     let ms = |k: &str| -> Result<u64, ApiError> {
         let v = q.get(k).ok_or_else(|| bad(format!("`{k}` is required (Unix milliseconds)")))?;
-        v.parse::<u64>().map_err(|_| bad(format!("`{k}` must be Unix milliseconds, got `{}`", untrusted(v))))
+        v.parse::<u64>()
+            .map_err(|_| bad(format!("`{k}` must be Unix milliseconds, got `{}`", untrusted(v))))
     };
     let (from, to) = (ms("from_ms")?, ms("to_ms")?);
     let by = match q.get("by").map(String::as_str).unwrap_or("team") {
@@ -108,7 +128,10 @@ pub fn parse_usage_query(q: &BTreeMap<String, String>) -> Result<(u64, u64, mete
         "user" => metering::GroupBy::User,
         "container" => metering::GroupBy::Container,
         other => {
-            return Err(bad(format!("`by` must be org, team, project, user or container, got `{}`", untrusted(other))))
+            return Err(bad(format!(
+                "`by` must be org, team, project, user or container, got `{}`",
+                untrusted(other)
+            )))
         }
     };
     Ok((from, to, by))
@@ -128,7 +151,8 @@ pub fn metrics_router(app: Arc<App>) -> Router {
             "/metrics",
             get(|State(app): State<Arc<App>>| async move {
                 let r = tokio::task::spawn_blocking(move || {
-                    let node = app.node.lock().map_err(|_| "node state lock poisoned".to_string())?;
+                    let node =
+                        app.node.lock().map_err(|_| "node state lock poisoned".to_string())?;
                     let status = node.status().map_err(|e| e.message)?;
                     let intervals = node.intervals().map_err(|e| e.message)?;
                     Ok::<_, String>(crate::metrics::render(&status, &intervals))
@@ -137,7 +161,10 @@ pub fn metrics_router(app: Arc<App>) -> Router {
                 match r {
                     Ok(Ok(text)) => (
                         StatusCode::OK,
-                        [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                        [(
+                            "content-type",
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
                         text,
                     )
                         .into_response(),
@@ -164,7 +191,9 @@ async fn unquarantine(State(app): State<Arc<App>>, UrlPath(uuid): UrlPath<String
         Ok(serde_json::json!({"device": job.device, "state": state, "report": report, "error": error}))
     })
     .await;
-    let r = r.unwrap_or_else(|e| Err(ApiError::new(ErrorCode::Internal, format!("unquarantine failed: {e}"))));
+    let r = r.unwrap_or_else(|e| {
+        Err(ApiError::new(ErrorCode::Internal, format!("unquarantine failed: {e}")))
+    });
     Reply(r).into_response()
 }
 
@@ -188,7 +217,10 @@ async fn one(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -> impl 
     with_node(app, move |n| n.allocation(&id)).await
 }
 
-async fn allocate(State(app): State<Arc<App>>, body: Result<Json<AllocateRequest>, JsonRejection>) -> Response {
+async fn allocate(
+    State(app): State<Arc<App>>,
+    body: Result<Json<AllocateRequest>, JsonRejection>,
+) -> Response {
     match body {
         Ok(Json(req)) => with_node(app, move |n| n.allocate(&req)).await.into_response(),
         Err(r) => Reply::<()>(Err(bad_json("allocation request", r))).into_response(),
@@ -236,14 +268,19 @@ async fn release(
         match serde_json::from_slice::<ReleaseRequest>(&body) {
             Ok(r) => r,
             Err(e) => {
-                let msg = format!("malformed release request: {}", untrusted(&e.to_string()).max_chars(1024));
+                let msg = format!(
+                    "malformed release request: {}",
+                    untrusted(&e.to_string()).max_chars(1024)
+                );
                 return Reply::<()>(Err(ApiError::new(ErrorCode::BadRequest, msg))).into_response();
             }
         }
     };
-    with_node(app, move |n| n.release_removed(&id, &req).map(|existed| serde_json::json!({"released": existed})))
-        .await
-        .into_response()
+    with_node(app, move |n| {
+        n.release_removed(&id, &req).map(|existed| serde_json::json!({"released": existed}))
+    })
+    .await
+    .into_response()
 }
 
 /// A unix listener that serves only peers whose uid is allowed (root by default), on
@@ -305,7 +342,8 @@ pub fn bind_socket(path: &Path) -> Result<UnixListener, SocketError> {
     if let Some(parent) = path.parent() {
         if !parent.as_os_str().is_empty() && !parent.exists() {
             std::fs::create_dir_all(parent).map_err(io_err)?;
-            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700)).map_err(io_err)?;
+            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700))
+                .map_err(io_err)?;
         }
     }
     match std::fs::symlink_metadata(path) {

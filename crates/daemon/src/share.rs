@@ -23,12 +23,17 @@ impl DeviceUse {
         let mut u = DeviceUse::default();
         for a in allocations {
             match &a.share {
-                Some(s) if s.kind == Isolation::Mps => u.mps.entry(s.device.clone()).or_default().push(MpsShareLoad {
-                    tenant: a.tenant.clone(),
-                    percent: s.percent.unwrap_or(100),
-                }),
+                Some(s) if s.kind == Isolation::Mps => {
+                    u.mps.entry(s.device.clone()).or_default().push(MpsShareLoad {
+                        tenant: a.tenant.clone(),
+                        percent: s.percent.unwrap_or(100),
+                    })
+                }
                 Some(s) => {
-                    let e = u.shared.entry(s.device.clone()).or_insert((0, s.domain.clone().unwrap_or_default()));
+                    let e = u
+                        .shared
+                        .entry(s.device.clone())
+                        .or_insert((0, s.domain.clone().unwrap_or_default()));
                     e.0 += 1;
                 }
                 None => u.exclusive.extend(a.devices.iter().map(|d| d.uuid.clone())),
@@ -53,7 +58,10 @@ impl DeviceUse {
         whole
             .chain(instances)
             .filter(|u| !self.exclusive.contains(*u) && !self.shared.contains_key(*u))
-            .map(|u| MpsDeviceLoad { uuid: u.clone(), shares: self.mps.get(u).cloned().unwrap_or_default() })
+            .map(|u| MpsDeviceLoad {
+                uuid: u.clone(),
+                shares: self.mps.get(u).cloned().unwrap_or_default(),
+            })
             .collect()
     }
 
@@ -61,9 +69,14 @@ impl DeviceUse {
     pub fn shared_loads(&self, inv: &Inventory, replicas: u32) -> Vec<SharedDeviceLoad> {
         inv.gpus
             .iter()
-            .filter(|g| !g.mig_enabled && !self.exclusive.contains(&g.uuid) && !self.mps.contains_key(&g.uuid))
+            .filter(|g| {
+                !g.mig_enabled
+                    && !self.exclusive.contains(&g.uuid)
+                    && !self.mps.contains_key(&g.uuid)
+            })
             .map(|g| {
-                let (used, domain) = self.shared.get(&g.uuid).cloned().unwrap_or((0, String::new()));
+                let (used, domain) =
+                    self.shared.get(&g.uuid).cloned().unwrap_or((0, String::new()));
                 SharedDeviceLoad {
                     uuid: g.uuid.clone(),
                     replicas,
@@ -89,18 +102,26 @@ pub fn memory_bytes(inv: &Inventory, uuid: &str) -> Option<u64> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use tessera_api::{AllocationState, Injection, ShareGrant};
 
     fn inv() -> Inventory {
         let dir = tempfile::tempdir().expect("tempdir");
-        let node = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/nodes/h100x8.json");
-        slicer::SimBackend::open(&node, dir.path()).and_then(|b| slicer::GpuBackend::inventory(&b)).expect("inventory")
+        let node = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/nodes/h100x8.json");
+        slicer::SimBackend::open(&node, dir.path())
+            .and_then(|b| slicer::GpuBackend::inventory(&b))
+            .expect("inventory")
     }
 
-    fn alloc(id: &str, tenant: &str, iso: Isolation, device: &str, share: Option<ShareGrant>) -> Allocation {
+    fn alloc(
+        id: &str,
+        tenant: &str,
+        iso: Isolation,
+        device: &str,
+        share: Option<ShareGrant>,
+    ) -> Allocation {
         Allocation {
             container_id: id.into(),
             tenant: tenant.into(),
@@ -126,9 +147,28 @@ mod tests {
     #[test]
     fn a_device_is_used_one_way_at_a_time() {
         let inv = inv();
-        let whole: Vec<String> = inv.gpus.iter().filter(|g| !g.mig_enabled).map(|g| g.uuid.clone()).collect();
-        let mps = |d: &str, p: u8| Some(ShareGrant { kind: Isolation::Mps, device: d.into(), percent: Some(p), mem_limit_bytes: None, domain: None, replicas: None });
-        let ts = |d: &str| Some(ShareGrant { kind: Isolation::Shared, device: d.into(), percent: None, mem_limit_bytes: None, domain: Some("nb".into()), replicas: Some(4) });
+        let whole: Vec<String> =
+            inv.gpus.iter().filter(|g| !g.mig_enabled).map(|g| g.uuid.clone()).collect();
+        let mps = |d: &str, p: u8| {
+            Some(ShareGrant {
+                kind: Isolation::Mps,
+                device: d.into(),
+                percent: Some(p),
+                mem_limit_bytes: None,
+                domain: None,
+                replicas: None,
+            })
+        };
+        let ts = |d: &str| {
+            Some(ShareGrant {
+                kind: Isolation::Shared,
+                device: d.into(),
+                percent: None,
+                mem_limit_bytes: None,
+                domain: Some("nb".into()),
+                replicas: Some(4),
+            })
+        };
         let allocs = vec![
             alloc("x", "a", Isolation::Gpu, &whole[0], None),
             alloc("m1", "a", Isolation::Mps, &whole[1], mps(&whole[1], 50)),
@@ -136,9 +176,15 @@ mod tests {
             alloc("s1", "c", Isolation::Shared, &whole[2], ts(&whole[2])),
         ];
         let u = DeviceUse::of(&allocs);
-        assert_eq!(u.busy(), [whole[0].clone(), whole[1].clone(), whole[2].clone()].into_iter().collect());
+        assert_eq!(
+            u.busy(),
+            [whole[0].clone(), whole[1].clone(), whole[2].clone()].into_iter().collect()
+        );
         let mps_loads = u.mps_loads(&inv);
-        assert!(mps_loads.iter().all(|l| l.uuid != whole[0] && l.uuid != whole[2]), "exclusive and time-sliced GPUs are no MPS candidates");
+        assert!(
+            mps_loads.iter().all(|l| l.uuid != whole[0] && l.uuid != whole[2]),
+            "exclusive and time-sliced GPUs are no MPS candidates"
+        );
         let on1 = mps_loads.iter().find(|l| l.uuid == whole[1]).expect("MPS GPU listed");
         assert_eq!(on1.used(), 75);
         let sl = u.shared_loads(&inv, 4);
@@ -154,7 +200,10 @@ mod tests {
         let g = inv.gpus.iter().find(|g| g.mig_enabled).expect("mig gpu");
         let i = &g.instances[0];
         let d = granted(&inv, &i.uuid).expect("instance");
-        assert_eq!((d.gpu_uuid.as_str(), d.mig_profile.as_deref()), (g.uuid.as_str(), Some(i.profile.as_str())));
+        assert_eq!(
+            (d.gpu_uuid.as_str(), d.mig_profile.as_deref()),
+            (g.uuid.as_str(), Some(i.profile.as_str()))
+        );
         assert_eq!(memory_bytes(&inv, &i.uuid), Some(i.memory_mib << 20));
         assert!(granted(&inv, "GPU-nope").is_none());
     }

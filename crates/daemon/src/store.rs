@@ -69,7 +69,10 @@ impl Store {
                 Ok(ok) if ok == "ok" => {}
                 Ok(detail) => return Err(StoreError::Corrupt { path: path.to_path_buf(), detail }),
                 Err(e) => {
-                    return Err(StoreError::Corrupt { path: path.to_path_buf(), detail: e.to_string() })
+                    return Err(StoreError::Corrupt {
+                        path: path.to_path_buf(),
+                        detail: e.to_string(),
+                    })
                 }
             }
         }
@@ -116,15 +119,24 @@ impl Store {
             .map_err(open_err)?;
         match found {
             None => {
-                conn.execute("INSERT INTO meta(key, value) VALUES('schema', ?1)", [SCHEMA_VERSION.to_string()])
-                    .map_err(open_err)?;
+                conn.execute(
+                    "INSERT INTO meta(key, value) VALUES('schema', ?1)",
+                    [SCHEMA_VERSION.to_string()],
+                )
+                .map_err(open_err)?;
             }
             Some(v) => {
                 let found = v.parse::<i64>().unwrap_or(-1);
                 match found {
                     SCHEMA_VERSION => {}
                     1 => migrate_1_to_2(&conn).map_err(open_err)?,
-                    _ => return Err(StoreError::Schema { path: path.to_path_buf(), found, expected: SCHEMA_VERSION }),
+                    _ => {
+                        return Err(StoreError::Schema {
+                            path: path.to_path_buf(),
+                            found,
+                            expected: SCHEMA_VERSION,
+                        })
+                    }
                 }
             }
         }
@@ -161,14 +173,24 @@ impl Store {
         // one device, and the node service keeps shared and exclusive use apart.
         for d in a.devices.iter().filter(|_| a.share.is_none()) {
             let holder: Option<String> = tx
-                .query_row("SELECT container_id FROM device_claims WHERE uuid=?1", [&d.uuid], |r| r.get(0))
+                .query_row("SELECT container_id FROM device_claims WHERE uuid=?1", [&d.uuid], |r| {
+                    r.get(0)
+                })
                 .optional()?;
             if let Some(holder) = holder {
                 return Err(StoreError::DeviceClaimed { uuid: d.uuid.clone(), holder });
             }
-            tx.execute("INSERT INTO device_claims(uuid, container_id) VALUES(?1, ?2)", params![d.uuid, a.container_id])?;
+            tx.execute(
+                "INSERT INTO device_claims(uuid, container_id) VALUES(?1, ?2)",
+                params![d.uuid, a.container_id],
+            )?;
         }
-        insert_event(&tx, "grant", Some(&a.container_id), &format!("{} {} -> {}", a.tenant, a.request, uuids(a)))?;
+        insert_event(
+            &tx,
+            "grant",
+            Some(&a.container_id),
+            &format!("{} {} -> {}", a.tenant, a.request, uuids(a)),
+        )?;
         tx.commit()?;
         Ok(())
     }
@@ -177,7 +199,10 @@ impl Store {
     /// (`kill -9`) but may roll back on power loss. Only for changes the reconciler repairs
     /// on its own: a lost start leaves a grant it judges by runc's state, a lost release
     /// leaves a grant whose container it finds gone. Grants are always `FULL`.
-    fn relaxed<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    fn relaxed<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         self.conn.execute_batch("PRAGMA synchronous=NORMAL")?;
         let r = f(self);
         let restored = self.conn.execute_batch("PRAGMA synchronous=FULL");
@@ -210,8 +235,10 @@ impl Store {
         rec.allocation.pid = Some(pid);
         rec.pid_start = pid_start;
         rec.cgroup = cgroup;
-        let body = serde_json::to_string(&rec.allocation)
-            .map_err(|e| StoreError::BadRow { container_id: container_id.clone(), detail: e.to_string() })?;
+        let body = serde_json::to_string(&rec.allocation).map_err(|e| StoreError::BadRow {
+            container_id: container_id.clone(),
+            detail: e.to_string(),
+        })?;
         let tx = self.conn.transaction()?;
         tx.execute(
             "UPDATE allocations SET body=?2, state=?3, pid=?4, pid_start=?5, cgroup=?6 WHERE container_id=?1",
@@ -246,11 +273,21 @@ impl Store {
     /// vanish together, and a release lost to power failure leaves the grant in place —
     /// held, never clean-looking — until the reconciler finds its container gone and
     /// releases it again, dirty.
-    pub fn remove_leaving(&mut self, container_id: &str, why: &str, states: &[(String, String)]) -> Result<bool, StoreError> {
+    pub fn remove_leaving(
+        &mut self,
+        container_id: &str,
+        why: &str,
+        states: &[(String, String)],
+    ) -> Result<bool, StoreError> {
         self.relaxed(|s| s.remove_inner(container_id, why, states))
     }
 
-    fn remove_inner(&mut self, container_id: &str, why: &str, states: &[(String, String)]) -> Result<bool, StoreError> {
+    fn remove_inner(
+        &mut self,
+        container_id: &str,
+        why: &str,
+        states: &[(String, String)],
+    ) -> Result<bool, StoreError> {
         let tx = self.conn.transaction()?;
         for (uuid, state) in states {
             tx.execute(
@@ -287,13 +324,19 @@ impl Store {
     /// Every claimed device uuid.
     pub fn claimed(&self) -> Result<BTreeSet<String>, StoreError> {
         let mut stmt = self.conn.prepare_cached("SELECT uuid FROM device_claims")?;
-        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<BTreeSet<_>, _>>()?;
+        let rows =
+            stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<BTreeSet<_>, _>>()?;
         Ok(rows)
     }
 
     /// Set a device's lifecycle state (JSON of `scrub::DeviceState`), and its last scrub
     /// report when given. Durable.
-    pub fn set_device_state(&mut self, uuid: &str, state: &str, last_scrub: Option<&str>) -> Result<(), StoreError> {
+    pub fn set_device_state(
+        &mut self,
+        uuid: &str,
+        state: &str,
+        last_scrub: Option<&str>,
+    ) -> Result<(), StoreError> {
         self.conn.execute(
             "INSERT INTO device_states(uuid, state, last_scrub, updated_ms) VALUES(?1, ?2, ?3, ?4)
              ON CONFLICT(uuid) DO UPDATE SET state=excluded.state,
@@ -305,9 +348,15 @@ impl Store {
 
     /// Every device with a recorded lifecycle state: uuid -> (state JSON, last scrub JSON).
     pub fn device_states(&self) -> Result<BTreeMap<String, (String, Option<String>)>, StoreError> {
-        let mut stmt = self.conn.prepare_cached("SELECT uuid, state, last_scrub FROM device_states")?;
+        let mut stmt =
+            self.conn.prepare_cached("SELECT uuid, state, last_scrub FROM device_states")?;
         let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, (r.get::<_, String>(1)?, r.get::<_, Option<String>>(2)?))))?
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    (r.get::<_, String>(1)?, r.get::<_, Option<String>>(2)?),
+                ))
+            })?
             .collect::<Result<BTreeMap<_, _>, _>>()?;
         Ok(rows)
     }
@@ -333,7 +382,12 @@ impl Store {
     }
 
     /// Append to the audit log (refusals, reconciler actions).
-    pub fn event(&mut self, kind: &str, container_id: Option<&str>, detail: &str) -> Result<(), StoreError> {
+    pub fn event(
+        &mut self,
+        kind: &str,
+        container_id: Option<&str>,
+        detail: &str,
+    ) -> Result<(), StoreError> {
         insert_event(&self.conn, kind, container_id, detail)?;
         Ok(())
     }
@@ -344,7 +398,9 @@ impl Store {
             "SELECT ts_ms, kind, container_id, detail FROM events ORDER BY id DESC LIMIT ?1",
         )?;
         let rows = stmt
-            .query_map([limit], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?, r.get(2)?, r.get(3)?)))?
+            .query_map([limit], |r| {
+                Ok((r.get::<_, i64>(0)? as u64, r.get(1)?, r.get(2)?, r.get(3)?))
+            })?
             .collect::<Result<Vec<_>, _>>()?;
         Ok(rows)
     }
@@ -359,9 +415,13 @@ fn row_tuple(r: &rusqlite::Row<'_>) -> rusqlite::Result<RowTuple> {
     Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
 }
 
-fn decode((container_id, body, runc_root, bundle, pid_start, cgroup): RowTuple) -> Result<Record, StoreError> {
-    let allocation: Allocation = serde_json::from_str(&body)
-        .map_err(|e| StoreError::BadRow { container_id: container_id.clone(), detail: e.to_string() })?;
+fn decode(
+    (container_id, body, runc_root, bundle, pid_start, cgroup): RowTuple,
+) -> Result<Record, StoreError> {
+    let allocation: Allocation = serde_json::from_str(&body).map_err(|e| StoreError::BadRow {
+        container_id: container_id.clone(),
+        detail: e.to_string(),
+    })?;
     Ok(Record { allocation, runc_root, bundle, pid_start: pid_start.map(|v| v as u64), cgroup })
 }
 
@@ -377,7 +437,12 @@ fn migrate_1_to_2(conn: &Connection) -> rusqlite::Result<()> {
     tx.commit()
 }
 
-fn insert_event(conn: &Connection, kind: &str, container_id: Option<&str>, detail: &str) -> rusqlite::Result<()> {
+fn insert_event(
+    conn: &Connection,
+    kind: &str,
+    container_id: Option<&str>,
+    detail: &str,
+) -> rusqlite::Result<()> {
     conn.execute(
         "INSERT INTO events(ts_ms, kind, container_id, detail) VALUES(?1, ?2, ?3, ?4)",
         params![crate::now_ms() as i64, kind, container_id, detail],
@@ -397,7 +462,6 @@ fn uuids(a: &Allocation) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use tessera_api::{GrantedDevice, Injection, Isolation};
@@ -450,11 +514,15 @@ mod tests {
         assert_eq!(got.allocation.pid, Some(42));
         assert_eq!(got.pid_start, Some(7));
         assert_eq!(got.cgroup.as_deref(), Some("devices/k8s/a"));
-        assert_eq!(s.claimed().expect("claimed"), ["GPU-1".to_string(), "GPU-2".to_string()].into());
+        assert_eq!(
+            s.claimed().expect("claimed"),
+            ["GPU-1".to_string(), "GPU-2".to_string()].into()
+        );
         assert!(s.remove("a", "test").expect("remove"));
         assert!(!s.remove("a", "test").expect("remove again"));
         assert!(s.claimed().expect("claimed").is_empty());
-        let kinds: Vec<String> = s.recent_events(10).expect("events").into_iter().map(|e| e.1).collect();
+        let kinds: Vec<String> =
+            s.recent_events(10).expect("events").into_iter().map(|e| e.1).collect();
         assert_eq!(kinds, ["release", "start", "grant"]);
     }
 
@@ -464,7 +532,10 @@ mod tests {
         let mut s = Store::open(&dir.path().join("state.db")).expect("open");
         s.insert(&rec("a", &["GPU-1"])).expect("insert");
         let err = s.insert(&rec("b", &["GPU-2", "GPU-1"])).unwrap_err();
-        assert!(matches!(err, StoreError::DeviceClaimed { ref holder, .. } if holder == "a"), "{err}");
+        assert!(
+            matches!(err, StoreError::DeviceClaimed { ref holder, .. } if holder == "a"),
+            "{err}"
+        );
         assert!(s.get("b").expect("get").is_none());
         assert_eq!(s.claimed().expect("claimed"), ["GPU-1".to_string()].into());
     }
@@ -533,7 +604,10 @@ mod tests {
         }
         let mut s = Store::open(&path).expect("migrated");
         let got = s.get("old").expect("get").expect("kept");
-        assert_eq!((got.pid_start, got.cgroup.as_deref(), got.allocation.devices.len()), (Some(7), None, 1));
+        assert_eq!(
+            (got.pid_start, got.cgroup.as_deref(), got.allocation.devices.len()),
+            (Some(7), None, 1)
+        );
         assert_eq!(s.claimed().expect("claimed"), ["GPU-1".to_string()].into());
         s.set_cgroup("old", "devices/x").expect("backfill");
         s.set_cgroup("old", "devices/other").expect("only once");
@@ -541,13 +615,19 @@ mod tests {
         drop(s);
         // Reopening a migrated file is a no-op; the schema says 2.
         let s = Store::open(&path).expect("reopen");
-        let v: String = s.conn.query_row("SELECT value FROM meta WHERE key='schema'", [], |r| r.get(0)).expect("meta");
+        let v: String = s
+            .conn
+            .query_row("SELECT value FROM meta WHERE key='schema'", [], |r| r.get(0))
+            .expect("meta");
         assert_eq!(v, "2");
         assert_eq!(s.get("old").expect("get").expect("kept").cgroup.as_deref(), Some("devices/x"));
         // A newer schema is refused, untouched.
         s.conn.execute("UPDATE meta SET value='3' WHERE key='schema'", []).expect("bump");
         drop(s);
-        assert!(matches!(Store::open(&path), Err(StoreError::Schema { found: 3, expected: 2, .. })));
+        assert!(matches!(
+            Store::open(&path),
+            Err(StoreError::Schema { found: 3, expected: 2, .. })
+        ));
     }
 
     #[test]
@@ -557,6 +637,9 @@ mod tests {
         std::fs::write(&path, b"this is not a database, but it is someone's data").expect("write");
         let err = Store::open(&path).unwrap_err();
         assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
-        assert_eq!(std::fs::read(&path).expect("read"), b"this is not a database, but it is someone's data");
+        assert_eq!(
+            std::fs::read(&path).expect("read"),
+            b"this is not a database, but it is someone's data"
+        );
     }
 }

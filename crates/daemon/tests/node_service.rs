@@ -1,7 +1,9 @@
 //! The node service in-process, against the real simulated backend, real SQLite and the
 //! example policy: every decision path, idempotency, exhaustion, reconciliation, restart.
 
-#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+// Integration-test crates: clippy counts their helper functions as non-test code, so
+// `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
+#![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -9,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
-use tessera_api::{AllocateRequest, ErrorCode, Isolation, ReleaseRequest, RequestSource, StartRequest};
+use tessera_api::{
+    AllocateRequest, ErrorCode, Isolation, ReleaseRequest, RequestSource, StartRequest,
+};
 use tesserad::{store::Store, ActivePolicy, HostPaths, Node, NodeParts};
 
 const POLICY: &[u8] = include_bytes!("../../../examples/policy.json");
@@ -27,10 +31,12 @@ fn node_with(state: &Path, grace: Duration, dynamic_mig: bool) -> Node {
 }
 
 fn node_on(state: &Path, grace: Duration, dynamic_mig: bool, host: HostPaths) -> Node {
-    let backend = slicer::SimBackend::open(&repo("examples/nodes/h100x8.json"), state).expect("sim");
+    let backend =
+        slicer::SimBackend::open(&repo("examples/nodes/h100x8.json"), state).expect("sim");
     let policy = policy::Policy::parse(POLICY, "examples/policy.json").expect("policy");
     let store = Store::open(&state.join("state.db")).expect("store");
-    let ledger = metering::Ledger::open(&state.join("ledger.db"), Arc::new(metering::SystemClock)).expect("ledger");
+    let ledger = metering::Ledger::open(&state.join("ledger.db"), Arc::new(metering::SystemClock))
+        .expect("ledger");
     // No MPS control binary here: MPS grants fail cleanly (tests/mps.rs runs the real flow).
     let control = mpsd::ProcessControl::new("/nonexistent/nvidia-cuda-mps-control");
     let mps = Arc::new(mpsd::Supervisor::new(Arc::new(control), state.to_path_buf()));
@@ -89,13 +95,25 @@ fn untrusted_mig_gets_one_instance_with_exactly_its_caps() {
         ("/dev/nvidia-uvm".to_string(), uvm as i64, 0),
         ("/dev/nvidia-uvm-tools".to_string(), uvm as i64, 1),
         (format!("/dev/nvidia{}", gpu.minor), 195, gpu.minor as i64),
-        (format!("/dev/nvidia-caps/nvidia-cap{}", inst.gi_cap_minor), caps as i64, inst.gi_cap_minor as i64),
-        (format!("/dev/nvidia-caps/nvidia-cap{}", inst.ci_cap_minor), caps as i64, inst.ci_cap_minor as i64),
+        (
+            format!("/dev/nvidia-caps/nvidia-cap{}", inst.gi_cap_minor),
+            caps as i64,
+            inst.gi_cap_minor as i64,
+        ),
+        (
+            format!("/dev/nvidia-caps/nvidia-cap{}", inst.ci_cap_minor),
+            caps as i64,
+            inst.ci_cap_minor as i64,
+        ),
     ]
     .into_iter()
     .collect();
     assert_eq!(got, want);
-    assert!(a.injection.env.contains(&format!("CUDA_VISIBLE_DEVICES={}", d.uuid)), "{:?}", a.injection.env);
+    assert!(
+        a.injection.env.contains(&format!("CUDA_VISIBLE_DEVICES={}", d.uuid)),
+        "{:?}",
+        a.injection.env
+    );
 }
 
 #[test]
@@ -108,7 +126,11 @@ fn untrusted_mps_and_shared_are_refused_naming_tenant_request_and_rule() {
         assert_eq!(e.tenant.as_deref(), Some("acme/untrusted/sandbox/guest"));
         assert_eq!(e.request.as_deref(), Some(request));
         assert_eq!(e.rule.as_deref(), Some("tiers.untrusted.allow"));
-        assert!(e.message.contains("acme/untrusted/sandbox/guest") && e.message.contains(request), "{}", e.message);
+        assert!(
+            e.message.contains("acme/untrusted/sandbox/guest") && e.message.contains(request),
+            "{}",
+            e.message
+        );
     }
     assert!(node.allocations().expect("list").is_empty(), "a refusal must grant nothing");
 }
@@ -130,7 +152,8 @@ fn time_sliced_replicas_stay_within_one_sharing_domain() {
     let replicas = 4; // the example policy's default
     let mut gpus = BTreeSet::new();
     for i in 0..replicas {
-        let a = node.allocate(&req(&format!("s{i}"), "team-dev", "shared")).expect("shared granted");
+        let a =
+            node.allocate(&req(&format!("s{i}"), "team-dev", "shared")).expect("shared granted");
         let s = a.share.expect("share record");
         assert_eq!(s.replicas, Some(replicas));
         gpus.insert(s.device);
@@ -199,7 +222,13 @@ fn grants_are_idempotent_by_container_id() {
 fn exhaustion_then_release_then_reuse_with_a_static_layout() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut node = node_with(dir.path(), Duration::from_secs(60), false);
-    let n = node.inventory().gpus.iter().flat_map(|g| &g.instances).filter(|i| i.profile == "1g.10gb").count();
+    let n = node
+        .inventory()
+        .gpus
+        .iter()
+        .flat_map(|g| &g.instances)
+        .filter(|i| i.profile == "1g.10gb")
+        .count();
     assert!(n >= 2, "example node needs several 1g.10gb instances");
     let mut seen = BTreeSet::new();
     for i in 0..n {
@@ -239,7 +268,10 @@ fn a_dirty_device_never_goes_to_another_tenant_before_a_verified_scrub() {
     let st = node.status().expect("status");
     let g = st.gpus.iter().find(|g| g.uuid == a0).expect("gpu");
     assert_eq!(g.state, tessera_api::DeviceState::Dirty);
-    assert!(g.lifecycle.as_ref().is_some_and(|l| l.detail.contains("acme/trusted/training/alice")), "{g:?}");
+    assert!(
+        g.lifecycle.as_ref().is_some_and(|l| l.detail.contains("acme/trusted/training/alice")),
+        "{g:?}"
+    );
     // Another tenant: refused while dirty.
     let e = node.allocate(&req("b", "team-dev", "gpu=1")).unwrap_err();
     assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
@@ -251,7 +283,8 @@ fn a_dirty_device_never_goes_to_another_tenant_before_a_verified_scrub() {
     let job = node.next_scrub().expect("next").expect("a job");
     assert_eq!(job.device, a0);
     let mem = dir.path().join("sim/mem").join(format!("{a0}.bin"));
-    let mut bad = scrub::Scrubber::scrub(&scrub::SimScrubber::single_file(&mem), &a0).expect("scrub");
+    let mut bad =
+        scrub::Scrubber::scrub(&scrub::SimScrubber::single_file(&mem), &a0).expect("scrub");
     bad.nonzero_words = 3;
     bad.ok = false;
     node.finish_scrub(&a0, Ok(bad)).expect("finish");
@@ -264,21 +297,25 @@ fn a_dirty_device_never_goes_to_another_tenant_before_a_verified_scrub() {
     assert_eq!(node.finish_scrub(&job.device, good).expect("finish"), scrub::DeviceState::Free);
     let b = node.allocate(&req("b", "team-dev", "gpu=1")).expect("clean gpu for another tenant");
     assert_eq!(b.devices[0].uuid, a0);
-    assert!(b.injection.mounts.iter().any(|m| m.destination == "/dev/tessera-sim-mem" && m.source.ends_with(&format!("{a0}.bin"))));
+    assert!(b.injection.mounts.iter().any(
+        |m| m.destination == "/dev/tessera-sim-mem" && m.source.ends_with(&format!("{a0}.bin"))
+    ));
 }
-
 
 #[test]
 fn start_confirms_only_known_containers_from_their_own_bundle() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut node = node_at(dir.path(), Duration::from_secs(60));
     let me = std::process::id() as i32;
-    let e = node.start("ghost", &StartRequest { pid: me, bundle: "/bundles/ghost".into() }).unwrap_err();
+    let e = node
+        .start("ghost", &StartRequest { pid: me, bundle: "/bundles/ghost".into() })
+        .unwrap_err();
     assert_eq!(e.code, ErrorCode::NotFound);
     node.allocate(&req("c1", "team-trusted", "gpu=1")).expect("granted");
     let e = node.start("c1", &StartRequest { pid: me, bundle: "/elsewhere".into() }).unwrap_err();
     assert_eq!(e.code, ErrorCode::Conflict);
-    let a = node.start("c1", &StartRequest { pid: me, bundle: "/bundles/c1".into() }).expect("started");
+    let a =
+        node.start("c1", &StartRequest { pid: me, bundle: "/bundles/c1".into() }).expect("started");
     assert_eq!(a.pid, Some(me));
 }
 
@@ -292,7 +329,10 @@ impl FakeHost {
         FakeHost { dir: tempfile::tempdir().expect("tempdir") }
     }
     fn paths(&self) -> HostPaths {
-        HostPaths { proc_root: self.dir.path().join("proc"), cgroup_root: self.dir.path().join("cgroup") }
+        HostPaths {
+            proc_root: self.dir.path().join("proc"),
+            cgroup_root: self.dir.path().join("cgroup"),
+        }
     }
     /// Process `pid` (start time 987654) in the container cgroup of `id`.
     fn process(&self, pid: i32, id: &str) {
@@ -300,10 +340,13 @@ impl FakeHost {
         std::fs::create_dir_all(&p).expect("mkdir");
         std::fs::write(
             p.join("stat"),
-            format!("{pid} (sh) S 1 {pid} {pid} 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10"),
+            format!(
+                "{pid} (sh) S 1 {pid} {pid} 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10"
+            ),
         )
         .expect("stat");
-        std::fs::write(p.join("cgroup"), format!("5:devices:/c/{id}\n4:memory:/c/{id}\n0::/\n")).expect("cgroup");
+        std::fs::write(p.join("cgroup"), format!("5:devices:/c/{id}\n4:memory:/c/{id}\n0::/\n"))
+            .expect("cgroup");
         self.procs(id, &[pid]);
     }
     fn exit(&self, pid: i32) {
@@ -350,13 +393,15 @@ fn reconciler_frees_what_is_gone_and_keeps_what_lives() {
     let mut r = req("stopped", "team-trusted", "gpu=1");
     r.runc_root = runc_root.display().to_string();
     node.allocate(&r).expect("granted");
-    node.start("stopped", &StartRequest { pid: 104, bundle: "/bundles/stopped".into() }).expect("started");
+    node.start("stopped", &StartRequest { pid: 104, bundle: "/bundles/stopped".into() })
+        .expect("started");
     host.exit(104);
     host.procs("stopped", &[]);
     // Pending past the grace with no runc state: released.
     node.allocate(&req("never", "team-trusted", "gpu=1")).expect("granted");
     assert_eq!(released(&mut node), ["exited", "never"].into_iter().map(String::from).collect());
-    let left: Vec<String> = node.allocations().expect("list").into_iter().map(|a| a.container_id).collect();
+    let left: Vec<String> =
+        node.allocations().expect("list").into_iter().map(|a| a.container_id).collect();
     assert_eq!(left, ["alive", "stopped", "worker"]);
     // The worker exits: released. runc deletes the stopped container: released.
     host.procs("worker", &[]);
@@ -375,8 +420,15 @@ fn a_start_whose_cgroup_cannot_be_told_is_refused() {
     host.procs("c1", &[201]);
     let e = node.start("c1", &StartRequest { pid: 200, bundle: "/bundles/c1".into() }).unwrap_err();
     assert_eq!(e.code, ErrorCode::BadRequest);
-    assert!(e.message.contains("cannot tell the cgroup") && e.message.contains("is not in"), "{}", e.message);
-    assert_eq!(node.allocation("c1").expect("still granted").state, tessera_api::AllocationState::Pending);
+    assert!(
+        e.message.contains("cannot tell the cgroup") && e.message.contains("is not in"),
+        "{}",
+        e.message
+    );
+    assert_eq!(
+        node.allocation("c1").expect("still granted").state,
+        tessera_api::AllocationState::Pending
+    );
     host.procs("c1", &[200]);
     node.start("c1", &StartRequest { pid: 200, bundle: "/bundles/c1".into() }).expect("started");
 }
@@ -392,7 +444,10 @@ fn only_the_removed_container_a_grant_was_made_for_can_release_it() {
     let mut r = req("c1", "team-trusted", "gpu=1");
     r.runc_root = root.clone();
     let before = node.allocate(&r).expect("granted");
-    let ask = |root: &str, bundle: &str| ReleaseRequest { runc_root: Some(root.into()), bundle: Some(bundle.into()) };
+    let ask = |root: &str, bundle: &str| ReleaseRequest {
+        runc_root: Some(root.into()),
+        bundle: Some(bundle.into()),
+    };
     // runc still has it: whoever asks, with the right root and bundle or nothing at all.
     for req in [ask(&root, "/bundles/c1"), ReleaseRequest::default()] {
         let e = node.release_removed("c1", &req).unwrap_err();
@@ -401,10 +456,16 @@ fn only_the_removed_container_a_grant_was_made_for_can_release_it() {
     }
     std::fs::remove_dir_all(runc_root.join("c1")).expect("rm");
     // A container of the same id in another root or bundle: refused, nothing released.
-    for req in [ask("/run/other", "/bundles/c1"), ask(&root, "/bundles/other"), ask("/run/x\ny", "/b")] {
+    for req in
+        [ask("/run/other", "/bundles/c1"), ask(&root, "/bundles/other"), ask("/run/x\ny", "/b")]
+    {
         let e = node.release_removed("c1", &req).unwrap_err();
         assert_eq!(e.code, ErrorCode::Conflict, "{e:?}");
-        assert!(e.message.contains("nothing released") && !e.message.contains('\n'), "{}", e.message);
+        assert!(
+            e.message.contains("nothing released") && !e.message.contains('\n'),
+            "{}",
+            e.message
+        );
     }
     assert_eq!(node.allocation("c1").expect("kept"), before);
     let status = node.status().expect("status");
@@ -413,7 +474,10 @@ fn only_the_removed_container_a_grant_was_made_for_can_release_it() {
     // Its own root and bundle, or an older client's empty request, once runc removed it.
     assert!(node.release_removed("c1", &ask(&root, "/bundles/c1")).expect("released"));
     assert!(!node.release_removed("c1", &ReleaseRequest::default()).expect("unknown is fine"));
-    assert_eq!(node.release_removed("../c1", &ReleaseRequest::default()).unwrap_err().code, ErrorCode::BadRequest);
+    assert_eq!(
+        node.release_removed("../c1", &ReleaseRequest::default()).unwrap_err().code,
+        ErrorCode::BadRequest
+    );
 }
 
 #[test]
@@ -452,9 +516,12 @@ fn random_grant_release_sequences_never_double_assign_and_survive_restart() {
     let held_in_status = status
         .gpus
         .iter()
-        .map(|g| g.holder.is_some() as usize + g.instances.iter().filter(|i| i.holder.is_some()).count())
+        .map(|g| {
+            g.holder.is_some() as usize + g.instances.iter().filter(|i| i.holder.is_some()).count()
+        })
         .sum::<usize>();
-    let held_in_allocs: usize = node.allocations().expect("list").iter().map(|a| a.devices.len()).sum();
+    let held_in_allocs: usize =
+        node.allocations().expect("list").iter().map(|a| a.devices.len()).sum();
     assert_eq!(held_in_status, held_in_allocs);
 }
 
@@ -466,7 +533,10 @@ fn metering_follows_start_release_and_restart() {
         let mut node = node_at(dir.path(), Duration::from_secs(60));
         node.allocate(&req("mig", "team-untrusted", "mig=3g.40gb")).expect("granted");
         node.allocate(&req("two", "team-trusted", "gpu=2")).expect("granted");
-        assert!(node.intervals().expect("intervals").is_empty(), "metering starts at start, not at grant");
+        assert!(
+            node.intervals().expect("intervals").is_empty(),
+            "metering starts at start, not at grant"
+        );
         node.start("mig", &StartRequest { pid: me, bundle: "/bundles/mig".into() }).expect("start");
         node.start("two", &StartRequest { pid: me, bundle: "/bundles/two".into() }).expect("start");
         let open = node.intervals().expect("intervals");
@@ -474,7 +544,10 @@ fn metering_follows_start_release_and_restart() {
         let mig = open.iter().find(|r| r.start.container_id == "mig").expect("mig interval");
         assert!((mig.start.fraction - 3.0 / 7.0).abs() < 1e-12, "3g = 3/7 of a GPU");
         assert_eq!(mig.start.mig_profile.as_deref(), Some("3g.40gb"));
-        assert!(open.iter().filter(|r| r.start.container_id == "two").all(|r| r.start.fraction == 1.0));
+        assert!(open
+            .iter()
+            .filter(|r| r.start.container_id == "two")
+            .all(|r| r.start.fraction == 1.0));
         node.release("two", "poststop").expect("release");
         node.checkpoint().expect("checkpoint");
     }
@@ -498,32 +571,57 @@ fn metering_follows_start_release_and_restart() {
 fn dynamic_mig_creates_instances_and_defragments_only_idle_ones() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut node = node_at(dir.path(), Duration::from_secs(60));
-    let before: BTreeSet<String> =
-        node.inventory().gpus.iter().flat_map(|g| g.instances.iter().map(|i| i.uuid.clone())).collect();
+    let before: BTreeSet<String> = node
+        .inventory()
+        .gpus
+        .iter()
+        .flat_map(|g| g.instances.iter().map(|i| i.uuid.clone()))
+        .collect();
     // Hold every existing 2g.20gb and every 1g.10gb on GPU 2, so a new 2g can only come
     // from cutting new slices.
     let mut held = BTreeSet::new();
-    let existing_2g = node.inventory().gpus.iter().flat_map(|g| &g.instances).filter(|i| i.profile == "2g.20gb").count();
+    let existing_2g = node
+        .inventory()
+        .gpus
+        .iter()
+        .flat_map(|g| &g.instances)
+        .filter(|i| i.profile == "2g.20gb")
+        .count();
     for i in 0..existing_2g {
-        let a = node.allocate(&req(&format!("h{i}"), "team-dev", "mig=2g.20gb")).expect("existing 2g");
-        assert!(before.contains(&a.devices[0].uuid), "a free instance is reused before anything is cut");
+        let a =
+            node.allocate(&req(&format!("h{i}"), "team-dev", "mig=2g.20gb")).expect("existing 2g");
+        assert!(
+            before.contains(&a.devices[0].uuid),
+            "a free instance is reused before anything is cut"
+        );
         held.insert(a.devices[0].uuid.clone());
     }
     let a = node.allocate(&req("new", "team-dev", "mig=2g.20gb")).expect("a 2g is cut on demand");
     let uuid = a.devices[0].uuid.clone();
     assert!(!before.contains(&uuid), "a fresh instance");
-    let inst = node.inventory().gpus.iter().flat_map(|g| &g.instances).find(|i| i.uuid == uuid).expect("in inventory");
+    let inst = node
+        .inventory()
+        .gpus
+        .iter()
+        .flat_map(|g| &g.instances)
+        .find(|i| i.uuid == uuid)
+        .expect("in inventory");
     assert_eq!((inst.profile.as_str(), inst.size), ("2g.20gb", 2));
     // Nothing held was touched.
-    let after: BTreeSet<String> =
-        node.inventory().gpus.iter().flat_map(|g| g.instances.iter().map(|i| i.uuid.clone())).collect();
+    let after: BTreeSet<String> = node
+        .inventory()
+        .gpus
+        .iter()
+        .flat_map(|g| g.instances.iter().map(|i| i.uuid.clone()))
+        .collect();
     assert!(held.is_subset(&after), "a held instance was destroyed");
     let events = node.status().expect("status").events;
     assert!(events.iter().any(|e| e.kind == "mig"), "{events:?}");
     // The layout stays legal on every GPU.
     for g in node.inventory().gpus.iter().filter(|g| g.mig_enabled) {
         let model = slicer::model(&g.model).expect("model");
-        let placements: Vec<(&str, u8)> = g.instances.iter().map(|i| (i.profile.as_str(), i.start)).collect();
+        let placements: Vec<(&str, u8)> =
+            g.instances.iter().map(|i| (i.profile.as_str(), i.start)).collect();
         slicer::placement_is_legal(model, &placements).expect("legal layout");
     }
     // A restart sees the new instance: hardware state lives in the state dir.
@@ -537,7 +635,9 @@ fn rising_ecc_errors_quarantine_a_gpu_and_its_instances_even_in_use() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut node = node_with(dir.path(), Duration::from_secs(60), false);
     let mig_gpu = node.inventory().gpus.iter().find(|g| g.mig_enabled).expect("mig gpu").clone();
-    let a = node.allocate(&req("busy", "team-dev", &format!("mig={}", mig_gpu.instances[0].profile))).expect("grant");
+    let a = node
+        .allocate(&req("busy", "team-dev", &format!("mig={}", mig_gpu.instances[0].profile)))
+        .expect("grant");
     assert_eq!(a.devices[0].gpu_uuid, mig_gpu.uuid);
     let ecc = dir.path().join("sim/ecc");
     std::fs::create_dir_all(&ecc).expect("ecc dir");
@@ -547,7 +647,11 @@ fn rising_ecc_errors_quarantine_a_gpu_and_its_instances_even_in_use() {
     assert_eq!(node.check_ecc().expect("check"), std::slice::from_ref(&mig_gpu.uuid));
     let st = node.status().expect("status");
     let g = st.gpus.iter().find(|g| g.uuid == mig_gpu.uuid).expect("gpu");
-    assert!(g.instances.iter().all(|i| i.state == tessera_api::DeviceState::Quarantined), "{:?}", g.instances);
+    assert!(
+        g.instances.iter().all(|i| i.state == tessera_api::DeviceState::Quarantined),
+        "{:?}",
+        g.instances
+    );
     assert!(g.instances[0].lifecycle.as_ref().is_some_and(|l| l.detail.contains("ECC")));
     // The container keeps its instance; released, the instance stays quarantined (not dirty).
     node.release("busy", "poststop").expect("release");
@@ -555,7 +659,10 @@ fn rising_ecc_errors_quarantine_a_gpu_and_its_instances_even_in_use() {
     let i = st.gpus.iter().find(|g| g.uuid == mig_gpu.uuid).expect("gpu").instances[0].clone();
     assert_eq!(i.state, tessera_api::DeviceState::Quarantined);
     let e = node.allocate(&req("next", "team-dev", &format!("mig={}", i.profile)));
-    assert!(e.map(|a| a.devices[0].uuid != i.uuid).unwrap_or(true), "a quarantined instance was handed out");
+    assert!(
+        e.map(|a| a.devices[0].uuid != i.uuid).unwrap_or(true),
+        "a quarantined instance was handed out"
+    );
     assert!(node.check_ecc().expect("again").is_empty(), "no new errors: nothing new");
 }
 
@@ -568,15 +675,25 @@ fn ecc_errors_counted_while_no_daemon_watched_are_caught_at_the_next_start() {
         let gpu = node.inventory().gpus.iter().find(|g| !g.mig_enabled).expect("whole gpu").clone();
         std::fs::create_dir_all(&ecc).expect("ecc dir");
         std::fs::write(ecc.join(&gpu.uuid), "2").expect("count");
-        assert!(node.check_ecc().expect("baseline").is_empty(), "the first reading is the baseline");
+        assert!(
+            node.check_ecc().expect("baseline").is_empty(),
+            "the first reading is the baseline"
+        );
         gpu
     };
     // tesserad is gone; the GPU counts two more uncorrectable errors.
     std::fs::write(ecc.join(&gpu.uuid), "4").expect("count");
     let mut node = node_with(dir.path(), Duration::from_secs(60), false);
-    assert_eq!(node.check_ecc().expect("check"), std::slice::from_ref(&gpu.uuid), "the rise was missed");
+    assert_eq!(
+        node.check_ecc().expect("check"),
+        std::slice::from_ref(&gpu.uuid),
+        "the rise was missed"
+    );
     let st = node.status().expect("status");
-    assert_eq!(st.gpus.iter().find(|g| g.uuid == gpu.uuid).expect("gpu").state, tessera_api::DeviceState::Quarantined);
+    assert_eq!(
+        st.gpus.iter().find(|g| g.uuid == gpu.uuid).expect("gpu").state,
+        tessera_api::DeviceState::Quarantined
+    );
     drop(node);
 
     // A driver reload resets the volatile counter: a lower count is the new baseline,
@@ -589,4 +706,3 @@ fn ecc_errors_counted_while_no_daemon_watched_are_caught_at_the_next_start() {
     let mut node = node_with(dir.path(), Duration::from_secs(60), false);
     assert_eq!(node.check_ecc().expect("rise after reset"), std::slice::from_ref(&gpu.uuid));
 }
-

@@ -416,10 +416,8 @@ impl Ledger {
                     Some(end) => (end.duration_ms, false),
                     None => (duration_ms(&rec.start_stamp(), &now), true),
                 };
-                let used_ratio = rec
-                    .utilization
-                    .as_ref()
-                    .map(|u| u.sm_percent_avg / 100.0 / rec.start.fraction);
+                let used_ratio =
+                    rec.utilization.as_ref().map(|u| u.sm_percent_avg / 100.0 / rec.start.fraction);
                 Span {
                     used_ratio,
                     start_ms: rec.start_wall_ms,
@@ -439,12 +437,17 @@ impl Ledger {
     /// One utilisation tick: for each (container, device, SM percent of the whole GPU), add
     /// a sample to its open interval; one transaction for the tick. Returns how many
     /// intervals took a sample (a container without an open interval is skipped).
-    pub fn record_utilization(&mut self, samples: &[(String, String, f64)]) -> Result<usize, LedgerError> {
+    pub fn record_utilization(
+        &mut self,
+        samples: &[(String, String, f64)],
+    ) -> Result<usize, LedgerError> {
         let tx = self.conn.transaction()?;
         let mut n = 0;
         for (container, device, sm) in samples {
             if !(sm.is_finite() && *sm >= 0.0) {
-                return Err(LedgerError::BadInterval(format!("utilisation {sm} for {container}/{device} is not a percentage")));
+                return Err(LedgerError::BadInterval(format!(
+                    "utilisation {sm} for {container}/{device} is not a percentage"
+                )));
             }
             let seq: Option<i64> = tx
                 .query_row(
@@ -509,7 +512,10 @@ impl IntervalRecord {
         match &self.end {
             Some(end) => end.gpu_seconds,
             #[allow(clippy::cast_precision_loss)]
-            None => duration_ms(&self.start_stamp(), &self.checkpoint_stamp()) as f64 / 1000.0 * self.start.fraction,
+            None => {
+                duration_ms(&self.start_stamp(), &self.checkpoint_stamp()) as f64 / 1000.0
+                    * self.start.fraction
+            }
         }
     }
 }

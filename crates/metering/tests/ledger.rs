@@ -555,7 +555,11 @@ fn utilisation_samples_accumulate_on_open_intervals_only() {
         gpu_uuid: d.into(),
         gpu_model: "H100-80GB".into(),
         device_uuid: d.into(),
-        isolation: if fraction < 1.0 { tessera_api::Isolation::Mps } else { tessera_api::Isolation::Gpu },
+        isolation: if fraction < 1.0 {
+            tessera_api::Isolation::Mps
+        } else {
+            tessera_api::Isolation::Gpu
+        },
         mig_profile: None,
         fraction,
         class: metering::Class::Guaranteed,
@@ -564,16 +568,26 @@ fn utilisation_samples_accumulate_on_open_intervals_only() {
     l.open_interval(&start("c2", "GPU-b", 1.0)).expect("open");
     for sm in [30.0, 50.0] {
         let n = l
-            .record_utilization(&[("c1".into(), "GPU-a".into(), sm), ("ghost".into(), "GPU-z".into(), 99.0)])
+            .record_utilization(&[
+                ("c1".into(), "GPU-a".into(), sm),
+                ("ghost".into(), "GPU-z".into(), 99.0),
+            ])
             .expect("tick");
         assert_eq!(n, 1, "a container without an open interval takes no sample");
     }
     clock.advance(10_000);
     l.close_container("c1", "poststop").expect("close");
-    assert!(l.record_utilization(&[("c1".into(), "GPU-a".into(), 10.0)]).expect("tick") == 0, "closed is final");
+    assert!(
+        l.record_utilization(&[("c1".into(), "GPU-a".into(), 10.0)]).expect("tick") == 0,
+        "closed is final"
+    );
     assert!(l.record_utilization(&[("c2".into(), "GPU-b".into(), f64::NAN)]).is_err());
     let recs = l.intervals().expect("intervals");
-    let u = recs.iter().find(|r| r.start.container_id == "c1").and_then(|r| r.utilization.clone()).expect("sampled");
+    let u = recs
+        .iter()
+        .find(|r| r.start.container_id == "c1")
+        .and_then(|r| r.utilization.clone())
+        .expect("sampled");
     assert_eq!((u.samples, u.sm_percent_avg), (2, 40.0));
     assert!(recs.iter().find(|r| r.start.container_id == "c2").expect("c2").utilization.is_none());
     let r = l

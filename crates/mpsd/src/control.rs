@@ -453,7 +453,12 @@ mod tests {
 
     /// A spec for device GPU-a with its dirs under `dir`.
     fn test_spec(dir: &Path) -> DaemonSpec {
-        DaemonSpec { device: "GPU-a".into(), pipe_dir: dir.join("p"), log_dir: dir.join("l"), shm_dir: None }
+        DaemonSpec {
+            device: "GPU-a".into(),
+            pipe_dir: dir.join("p"),
+            log_dir: dir.join("l"),
+            shm_dir: None,
+        }
     }
 
     /// An executable shell script `dir/name` running `body`.

@@ -184,7 +184,12 @@ fn caps(ctl: &ProcessControl, h: &ShareHandle) -> (f64, String) {
 
 /// A daemon spec with its pipe and log dirs under `root`.
 fn spec_under(root: &std::path::Path) -> DaemonSpec {
-    DaemonSpec { device: DEV.into(), pipe_dir: root.join("pipe"), log_dir: root.join("log"), shm_dir: None }
+    DaemonSpec {
+        device: DEV.into(),
+        pipe_dir: root.join("pipe"),
+        log_dir: root.join("log"),
+        shm_dir: None,
+    }
 }
 
 #[test]

@@ -63,7 +63,6 @@ mod validate;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // unwrap_err: tests that expect an error
 mod tests;
 
 use std::collections::BTreeMap;
@@ -163,7 +162,12 @@ pub struct ScrubSettings {
 
 impl Default for ScrubSettings {
     fn default() -> Self {
-        ScrubSettings { same_tenant_skip: false, min_coverage: 0.90, timeout_s: 120, max_attempts: 3 }
+        ScrubSettings {
+            same_tenant_skip: false,
+            min_coverage: 0.90,
+            timeout_s: 120,
+            max_attempts: 3,
+        }
     }
 }
 

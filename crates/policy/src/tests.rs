@@ -1067,8 +1067,14 @@ mod price_tests {
     #[test]
     fn bad_prices_and_weights_name_their_path() {
         for (extra, path) in [
-            (r#""prices": {"H100-80GB": {"reserved_per_gpu_hour": -1}}"#, "prices.H100-80GB.reserved_per_gpu_hour"),
-            (r#""prices": {"H100-80GB": {"reserved_per_gpu_hour": 1, "burst": 2}}"#, "prices.H100-80GB"),
+            (
+                r#""prices": {"H100-80GB": {"reserved_per_gpu_hour": -1}}"#,
+                "prices.H100-80GB.reserved_per_gpu_hour",
+            ),
+            (
+                r#""prices": {"H100-80GB": {"reserved_per_gpu_hour": 1, "burst": 2}}"#,
+                "prices.H100-80GB",
+            ),
             (r#""mig_weights": {"1g.10gb": 1.5}"#, "mig_weights.1g.10gb"),
             (r#""mig_weights": {"big": 0.5}"#, "mig_weights.big"),
             (r#""mig_weights": {"1g.10gb": "half"}"#, "mig_weights.1g.10gb"),
@@ -1093,7 +1099,8 @@ mod sharing_tests {
 
     #[test]
     fn domains_group_tenants_and_the_rest_share_with_themselves() {
-        let p = parse(r#""sharing": {"replicas": 3, "domains": {"notebooks": ["acme/ml"]}}"#).expect("valid");
+        let p = parse(r#""sharing": {"replicas": 3, "domains": {"notebooks": ["acme/ml"]}}"#)
+            .expect("valid");
         assert_eq!(p.shared_replicas(), 3);
         assert_eq!(p.sharing_domain("acme/ml/nb/a"), "notebooks");
         assert_eq!(p.sharing_domain("acme/ml/nb/b"), "notebooks");
@@ -1119,8 +1126,14 @@ mod sharing_tests {
             (r#""mps": {"max_percent": 101}"#, "mps.max_percent"),
             (r#""sharing": {"replicas": 0}"#, "sharing.replicas"),
             (r#""sharing": {"replicas": 2, "domains": {"d": []}}"#, "sharing.domains.d"),
-            (r#""sharing": {"replicas": 2, "domains": {"d": ["acme/nope"]}}"#, "sharing.domains.d[0]"),
-            (r#""sharing": {"replicas": 2, "domains": {"d": ["acme/ml"], "e": ["acme/ml"]}}"#, "sharing.domains.e[0]"),
+            (
+                r#""sharing": {"replicas": 2, "domains": {"d": ["acme/nope"]}}"#,
+                "sharing.domains.d[0]",
+            ),
+            (
+                r#""sharing": {"replicas": 2, "domains": {"d": ["acme/ml"], "e": ["acme/ml"]}}"#,
+                "sharing.domains.e[0]",
+            ),
             (r#""sharing": {"replicas": 2, "domain": {}}"#, "sharing"),
         ] {
             let e = parse(extra).expect_err(extra);
@@ -1153,9 +1166,18 @@ mod layout_tests {
     #[test]
     fn bad_layouts_name_their_path() {
         for (pool, path) in [
-            (r#"{"nodes": ["n"], "mig_layouts": {"V100": "all-1g"}}"#, "node_pools.p.mig_layouts.V100"),
-            (r#"{"nodes": ["n"], "mig_layouts": {"H100-80GB": "some-1g"}}"#, "node_pools.p.mig_layouts.H100-80GB"),
-            (r#"{"nodes": ["n"], "mig_layouts": {"H100-80GB": "3g.40gb@0,3g.40gb@2"}}"#, "node_pools.p.mig_layouts.H100-80GB"),
+            (
+                r#"{"nodes": ["n"], "mig_layouts": {"V100": "all-1g"}}"#,
+                "node_pools.p.mig_layouts.V100",
+            ),
+            (
+                r#"{"nodes": ["n"], "mig_layouts": {"H100-80GB": "some-1g"}}"#,
+                "node_pools.p.mig_layouts.H100-80GB",
+            ),
+            (
+                r#"{"nodes": ["n"], "mig_layouts": {"H100-80GB": "3g.40gb@0,3g.40gb@2"}}"#,
+                "node_pools.p.mig_layouts.H100-80GB",
+            ),
         ] {
             let e = parse(pool).expect_err(pool);
             assert!(e.to_string().contains(path), "{pool}: {e}");

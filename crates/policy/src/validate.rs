@@ -8,7 +8,9 @@ use serde_json::error::Category;
 use tessera_api::Isolation;
 
 use crate::raw::{Object, RawIdentityRule, RawNodePool, RawOrg, RawPolicy, RawTier, RawTiers};
-use crate::{IdentityRule, NodePattern, NodePool, Policy, PolicyError, Price, Tenant, Tiers, Trust};
+use crate::{
+    IdentityRule, NodePattern, NodePool, Policy, PolicyError, Price, Tenant, Tiers, Trust,
+};
 
 /// A semantic problem: where, and what was expected.
 #[derive(Debug)]
@@ -101,16 +103,25 @@ pub(crate) fn build(raw: RawPolicy, digest: String) -> Result<Policy, Problem> {
             Some(b) => check_rate(&format!("{at}.burst_per_gpu_hour"), b)?,
             None => reserved,
         };
-        prices.insert(model.clone(), Price { reserved_per_gpu_hour: reserved, burst_per_gpu_hour: burst });
+        prices.insert(
+            model.clone(),
+            Price { reserved_per_gpu_hour: reserved, burst_per_gpu_hour: burst },
+        );
     }
     let mut mig_weights = BTreeMap::new();
     for (profile, &w) in &raw.mig_weights.0 {
         let at = format!("mig_weights.{profile}");
         if format!("mig={profile}").parse::<tessera_api::GpuRequest>().is_err() {
-            return Err(problem(at, format!("`{profile}` is not a MIG profile name such as 1g.10gb")));
+            return Err(problem(
+                at,
+                format!("`{profile}` is not a MIG profile name such as 1g.10gb"),
+            ));
         }
         if !(w.is_finite() && w > 0.0 && w <= 1.0) {
-            return Err(problem(at, format!("weight must be a fraction of one GPU in (0, 1], got {w}")));
+            return Err(problem(
+                at,
+                format!("weight must be a fraction of one GPU in (0, 1], got {w}"),
+            ));
         }
         mig_weights.insert(profile.clone(), w);
     }
@@ -118,14 +129,22 @@ pub(crate) fn build(raw: RawPolicy, digest: String) -> Result<Policy, Problem> {
         None => 100,
         Some(m) => match u8::try_from(m.max_percent) {
             Ok(p) if (1..=100).contains(&p) => p,
-            _ => return Err(problem("mps.max_percent", format!("expected a percentage from 1 to 100, got {}", m.max_percent))),
+            _ => {
+                return Err(problem(
+                    "mps.max_percent",
+                    format!("expected a percentage from 1 to 100, got {}", m.max_percent),
+                ))
+            }
         },
     };
     let sharing = match &raw.sharing {
         None => crate::Sharing::default(),
         Some(sh) => {
             if !(1..=64).contains(&sh.replicas) {
-                return Err(problem("sharing.replicas", format!("expected 1 to 64 replicas per GPU, got {}", sh.replicas)));
+                return Err(problem(
+                    "sharing.replicas",
+                    format!("expected 1 to 64 replicas per GPU, got {}", sh.replicas),
+                ));
             }
             let mut domains = BTreeMap::new();
             let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
@@ -154,19 +173,28 @@ pub(crate) fn build(raw: RawPolicy, digest: String) -> Result<Policy, Problem> {
         }
         if let Some(c) = sc.min_coverage {
             if !(c.is_finite() && c > 0.0 && c <= 1.0) {
-                return Err(problem("scrub.min_coverage", format!("expected a fraction in (0, 1], got {c}")));
+                return Err(problem(
+                    "scrub.min_coverage",
+                    format!("expected a fraction in (0, 1], got {c}"),
+                ));
             }
             scrub.min_coverage = c;
         }
         if let Some(t) = sc.timeout_s {
             if !(1..=3600).contains(&t) {
-                return Err(problem("scrub.timeout_s", format!("expected 1 to 3600 seconds, got {t}")));
+                return Err(problem(
+                    "scrub.timeout_s",
+                    format!("expected 1 to 3600 seconds, got {t}"),
+                ));
             }
             scrub.timeout_s = t;
         }
         if let Some(m) = sc.max_attempts {
             if !(1..=10).contains(&m) {
-                return Err(problem("scrub.max_attempts", format!("expected 1 to 10 attempts, got {m}")));
+                return Err(problem(
+                    "scrub.max_attempts",
+                    format!("expected 1 to 10 attempts, got {m}"),
+                ));
             }
             scrub.max_attempts = m;
         }
@@ -431,13 +459,16 @@ fn build_pool(
         let l_at = format!("{at}.mig_layouts.{model_name}");
         let model = slicer::model(model_name).ok_or_else(|| {
             let known: Vec<&str> = slicer::catalog::MODELS.iter().map(|m| m.name).collect();
-            problem(&l_at, format!("unknown GPU model `{model_name}`: expected one of {}", known.join(", ")))
+            problem(
+                &l_at,
+                format!("unknown GPU model `{model_name}`: expected one of {}", known.join(", ")),
+            )
         })?;
         let layout: slicer::DeclaredLayout =
             text.parse().map_err(|e| problem(&l_at, format!("malformed layout `{text}`: {e}")))?;
-        layout
-            .resolve(model)
-            .map_err(|e| problem(&l_at, format!("layout `{text}` is not legal on {model_name}: {e}")))?;
+        layout.resolve(model).map_err(|e| {
+            problem(&l_at, format!("layout `{text}` is not legal on {model_name}: {e}"))
+        })?;
         mig_layouts.insert(model_name.clone(), layout);
     }
     Ok(NodePool { name: name.to_string(), nodes, tenants, mig_layouts })

@@ -166,9 +166,10 @@ impl<'de> Visitor<'de> for StrictSeed<'_> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut out = Vec::new();
-        while let Some(v) =
-            seq.next_element_seed(StrictSeed { at: format!("{}[{}]", self.at, out.len()), dup: self.dup })?
-        {
+        while let Some(v) = seq.next_element_seed(StrictSeed {
+            at: format!("{}[{}]", self.at, out.len()),
+            dup: self.dup,
+        })? {
             out.push(v);
         }
         Ok(Value::Array(out))
@@ -286,8 +287,7 @@ static MOUNT: Shape = Struct(&[
     ("gidMappings", &ID_MAPPINGS),
 ]);
 static ID_MAPPINGS: Shape = List(&ID_MAPPING);
-static ID_MAPPING: Shape =
-    Struct(&[("containerID", &LEAF), ("hostID", &LEAF), ("size", &LEAF)]);
+static ID_MAPPING: Shape = Struct(&[("containerID", &LEAF), ("hostID", &LEAF), ("size", &LEAF)]);
 static HOOKS: Shape = Struct(&[
     ("prestart", &HOOK_LIST),
     ("createRuntime", &HOOK_LIST),
@@ -404,12 +404,8 @@ static SECCOMP: Shape = Struct(&[
     ("syscalls", &SYSCALLS),
 ]);
 static SYSCALLS: Shape = List(&SYSCALL);
-static SYSCALL: Shape = Struct(&[
-    ("names", &STRINGS),
-    ("action", &LEAF),
-    ("errnoRet", &LEAF),
-    ("args", &SECCOMP_ARGS),
-]);
+static SYSCALL: Shape =
+    Struct(&[("names", &STRINGS), ("action", &LEAF), ("errnoRet", &LEAF), ("args", &SECCOMP_ARGS)]);
 static SECCOMP_ARGS: Shape = List(&SECCOMP_ARG);
 static SECCOMP_ARG: Shape =
     Struct(&[("index", &LEAF), ("value", &LEAF), ("valueTwo", &LEAF), ("op", &LEAF)]);
@@ -472,7 +468,8 @@ static WINDOWS_NETWORK: Shape = Struct(&[
     ("networkSharedContainerName", &LEAF),
     ("networkNamespace", &LEAF),
 ]);
-static VM: Shape = Struct(&[("hypervisor", &VM_PATH), ("kernel", &VM_KERNEL), ("image", &VM_IMAGE)]);
+static VM: Shape =
+    Struct(&[("hypervisor", &VM_PATH), ("kernel", &VM_KERNEL), ("image", &VM_IMAGE)]);
 static VM_PATH: Shape = Struct(&[("path", &LEAF), ("parameters", &STRINGS)]);
 static VM_KERNEL: Shape = Struct(&[("path", &LEAF), ("parameters", &STRINGS), ("initrd", &LEAF)]);
 static VM_IMAGE: Shape = Struct(&[("path", &LEAF), ("format", &LEAF)]);
@@ -507,7 +504,9 @@ fn walk(value: &Value, shape: &Shape, at: &str) -> Result<(), CanonicalError> {
                     continue;
                 }
                 let folded = go_fold(key);
-                if let Some((name, _)) = fields.iter().find(|(name, _)| name.to_ascii_lowercase() == folded) {
+                if let Some((name, _)) =
+                    fields.iter().find(|(name, _)| name.to_ascii_lowercase() == folded)
+                {
                     return Err(CanonicalError::FoldedKey {
                         at: display_at(at).to_string(),
                         key: Quoted::new(key),
@@ -589,7 +588,11 @@ impl Access {
                 _ => {
                     return Err(value_err(
                         at,
-                        format!("access {} has {}: only r, w and m exist", Quoted::new(s), Quoted::new(&c.to_string())),
+                        format!(
+                            "access {} has {}: only r, w and m exist",
+                            Quoted::new(s),
+                            Quoted::new(&c.to_string())
+                        ),
                     ))
                 }
             };
@@ -661,7 +664,11 @@ fn as_object<'a>(v: &'a Value, at: &str) -> Result<&'a Map<String, Value>, Canon
     v.as_object().ok_or_else(|| value_err(at, "expected an object"))
 }
 
-fn opt_str<'a>(obj: &'a Map<String, Value>, key: &str, at: &str) -> Result<Option<&'a str>, CanonicalError> {
+fn opt_str<'a>(
+    obj: &'a Map<String, Value>,
+    key: &str,
+    at: &str,
+) -> Result<Option<&'a str>, CanonicalError> {
     match field(obj, key) {
         None => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
@@ -670,7 +677,12 @@ fn opt_str<'a>(obj: &'a Map<String, Value>, key: &str, at: &str) -> Result<Optio
 }
 
 /// A rule number: absent, null or -1 is the wildcard; otherwise within the kernel's range.
-fn rule_number(obj: &Map<String, Value>, key: &str, max: i64, at: &str) -> Result<Option<u32>, CanonicalError> {
+fn rule_number(
+    obj: &Map<String, Value>,
+    key: &str,
+    max: i64,
+    at: &str,
+) -> Result<Option<u32>, CanonicalError> {
     let at = child(at, key);
     let Some(v) = field(obj, key) else { return Ok(None) };
     let n = v.as_i64().ok_or_else(|| value_err(&at, format!("{v} is not a 64-bit integer")))?;
@@ -704,7 +716,8 @@ impl DeviceRule {
                 ))
             }
         };
-        let access = Access::parse(opt_str(obj, "access", at)?.unwrap_or(""), &child(at, "access"))?;
+        let access =
+            Access::parse(opt_str(obj, "access", at)?.unwrap_or(""), &child(at, "access"))?;
         Ok(DeviceRule {
             allow,
             kind,
@@ -778,7 +791,10 @@ impl DeviceNode {
             t => {
                 return Err(value_err(
                     &child(at, "type"),
-                    format!("type {} is not c, u, b or p: runc refuses it", Quoted::new(t.unwrap_or(""))),
+                    format!(
+                        "type {} is not c, u, b or p: runc refuses it",
+                        Quoted::new(t.unwrap_or(""))
+                    ),
                 ))
             }
         };
@@ -786,18 +802,27 @@ impl DeviceNode {
             let at = child(at, key);
             let n = match field(obj, key) {
                 None => 0, // Go's zero value
-                Some(v) => v.as_i64().ok_or_else(|| value_err(&at, format!("{v} is not a 64-bit integer")))?,
+                Some(v) => v
+                    .as_i64()
+                    .ok_or_else(|| value_err(&at, format!("{v} is not a 64-bit integer")))?,
             };
             if (0..=max).contains(&n) {
                 Ok(n as u32)
             } else {
                 Err(value_err(
                     &at,
-                    format!("{n} is outside the kernel's range (0..={max}): mknod would truncate it"),
+                    format!(
+                        "{n} is outside the kernel's range (0..={max}): mknod would truncate it"
+                    ),
                 ))
             }
         };
-        Ok(DeviceNode { path: path.to_string(), kind, major: number("major", MAX_MAJOR)?, minor: number("minor", MAX_MINOR)? })
+        Ok(DeviceNode {
+            path: path.to_string(),
+            kind,
+            major: number("major", MAX_MAJOR)?,
+            minor: number("minor", MAX_MINOR)?,
+        })
     }
 }
 
@@ -809,7 +834,9 @@ pub fn read_list<T>(
 ) -> Result<Vec<T>, CanonicalError> {
     match v {
         None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Array(items)) => items.iter().enumerate().map(|(i, item)| read(item, &format!("{at}[{i}]"))).collect(),
+        Some(Value::Array(items)) => {
+            items.iter().enumerate().map(|(i, item)| read(item, &format!("{at}[{i}]"))).collect()
+        }
         Some(_) => Err(value_err(at, "expected an array")),
     }
 }
@@ -817,7 +844,12 @@ pub fn read_list<T>(
 /// The rules runc 1.1 appends after the config's own (`specconv.AllowedDevices`): mknod of
 /// anything, and the standard character devices.
 pub const RUNC_DEFAULT_RULES: &[DeviceRule] = &{
-    const fn allow(kind: RuleKind, major: Option<u32>, minor: Option<u32>, access: Access) -> DeviceRule {
+    const fn allow(
+        kind: RuleKind,
+        major: Option<u32>,
+        minor: Option<u32>,
+        access: Access,
+    ) -> DeviceRule {
         DeviceRule { allow: true, kind, major, minor, access }
     }
     use RuleKind::{Block, Char};
@@ -852,7 +884,9 @@ impl DeviceAccess {
     /// Applies rules in order as runc's cgroup v1 emulator does (allow-all and deny-all
     /// reset; an allow adds to an exact entry; a deny subtracts from the exact entry and
     /// may not punch a hole in a wildcard entry, which runc refuses).
-    pub fn emulate<'a>(rules: impl IntoIterator<Item = &'a DeviceRule>) -> Result<DeviceAccess, String> {
+    pub fn emulate<'a>(
+        rules: impl IntoIterator<Item = &'a DeviceRule>,
+    ) -> Result<DeviceAccess, String> {
         let mut allow_all = false;
         let mut entries: BTreeMap<(RuleKind, Option<u32>, Option<u32>), Access> = BTreeMap::new();
         for r in rules {
@@ -868,9 +902,15 @@ impl DeviceAccess {
                 let e = entries.entry(key).or_default();
                 *e = e.union(r.access);
             } else {
-                for partial in [(r.kind, None, r.minor), (r.kind, r.major, None), (r.kind, None, None)] {
-                    if partial != key && entries.get(&partial).is_some_and(|p| !p.intersect(r.access).is_empty()) {
-                        return Err(format!("rule {r} would punch a hole in a wildcard rule, which runc refuses"));
+                for partial in
+                    [(r.kind, None, r.minor), (r.kind, r.major, None), (r.kind, None, None)]
+                {
+                    if partial != key
+                        && entries.get(&partial).is_some_and(|p| !p.intersect(r.access).is_empty())
+                    {
+                        return Err(format!(
+                            "rule {r} would punch a hole in a wildcard rule, which runc refuses"
+                        ));
                     }
                 }
                 if let Some(e) = entries.get_mut(&key) {
@@ -893,9 +933,13 @@ impl DeviceAccess {
                 entries
                     .iter()
                     .filter(|((kind, major, _), access)| {
-                        *kind == RuleKind::Char && access.opens() && major.is_none_or(|m| majors.contains(&m))
+                        *kind == RuleKind::Char
+                            && access.opens()
+                            && major.is_none_or(|m| majors.contains(&m))
                     })
-                    .map(|((_, major, minor), access)| ((*major, *minor), access.intersect(Access::READ.union(Access::WRITE))))
+                    .map(|((_, major, minor), access)| {
+                        ((*major, *minor), access.intersect(Access::READ.union(Access::WRITE)))
+                    })
                     .collect(),
             ),
         }
@@ -907,7 +951,11 @@ impl DeviceAccess {
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             let bad = || format!("unreadable devices.list line {line:?}");
             let mut parts = line.split_whitespace();
-            let (kind, nums, access) = (parts.next().ok_or_else(bad)?, parts.next().ok_or_else(bad)?, parts.next().ok_or_else(bad)?);
+            let (kind, nums, access) = (
+                parts.next().ok_or_else(bad)?,
+                parts.next().ok_or_else(bad)?,
+                parts.next().ok_or_else(bad)?,
+            );
             let (ma, mi) = nums.split_once(':').ok_or_else(bad)?;
             let num = |s: &str| -> Result<Option<u32>, String> {
                 if s == "*" {
@@ -945,19 +993,28 @@ mod tests {
 
     #[test]
     fn duplicate_keys_are_refused_with_their_path() {
-        let e = parse(br#"{"linux": {"resources": {"devices": [{"allow": false, "allow": true}]}}}"#)
-            .expect_err("duplicate");
+        let e =
+            parse(br#"{"linux": {"resources": {"devices": [{"allow": false, "allow": true}]}}}"#)
+                .expect_err("duplicate");
         assert_eq!(
             e,
-            CanonicalError::DuplicateKey { at: "linux.resources.devices[0]".into(), key: Quoted::new("allow") }
+            CanonicalError::DuplicateKey {
+                at: "linux.resources.devices[0]".into(),
+                key: Quoted::new("allow")
+            }
         );
         let e = parse(br#"{"hooks": {}, "linux": {}, "hooks": {}}"#).expect_err("duplicate");
         assert!(e.to_string().starts_with("duplicate key `hooks` at `.`"), "{e}");
         // Annotations are a map: duplicates there are refused too (runc keeps the last).
-        let e = parse(br#"{"annotations": {"tessera.io/gpu": "mig=1g.10gb", "tessera.io/gpu": "gpu=8"}}"#)
-            .expect_err("duplicate");
+        let e = parse(
+            br#"{"annotations": {"tessera.io/gpu": "mig=1g.10gb", "tessera.io/gpu": "gpu=8"}}"#,
+        )
+        .expect_err("duplicate");
         assert!(e.to_string().contains("at `annotations`"), "{e}");
-        assert!(parse(br#"{"a": {"x": 1}, "b": {"x": 1}}"#).is_ok(), "same key in two objects is fine");
+        assert!(
+            parse(br#"{"a": {"x": 1}, "b": {"x": 1}}"#).is_ok(),
+            "same key in two objects is fine"
+        );
     }
 
     #[test]
@@ -973,7 +1030,11 @@ mod tests {
             (json!({"Linux": {}}), ".", "linux"),
             (json!({"LINUX": {}}), ".", "linux"),
             (json!({"linux": {"reſources": {}}}), "linux", "resources"),
-            (json!({"linux": {"resources": {"devices": [{"\u{212A}ind": 1, "Major": 1}]}}}), "linux.resources.devices[0]", "major"),
+            (
+                json!({"linux": {"resources": {"devices": [{"\u{212A}ind": 1, "Major": 1}]}}}),
+                "linux.resources.devices[0]",
+                "major",
+            ),
             (json!({"hooks": {"preſtart": []}}), "hooks", "prestart"),
             (json!({"HOOKS": {}}), ".", "hooks"),
             (json!({"root": {"PATH": "/"}}), "root", "path"),
@@ -1007,21 +1068,33 @@ mod tests {
 
     #[test]
     fn rules_read_as_runc_reads_them() {
-        let r = rule(json!({"allow": true, "type": "c", "major": -1, "minor": -1, "access": "rwm"})).expect("ok");
+        let r =
+            rule(json!({"allow": true, "type": "c", "major": -1, "minor": -1, "access": "rwm"}))
+                .expect("ok");
         assert_eq!((r.major, r.minor, r.kind), (None, None, RuleKind::Char));
         assert!(r.opens_char_major(195));
         // `a` with a major is still allow-all; so is an untyped rule.
-        for v in [json!({"allow": true, "type": "a", "major": 195, "minor": 0, "access": "r"}), json!({"allow": true, "major": 195, "access": "rw"}), json!({"allow": true, "type": "", "access": "m"})] {
+        for v in [
+            json!({"allow": true, "type": "a", "major": 195, "minor": 0, "access": "r"}),
+            json!({"allow": true, "major": 195, "access": "rw"}),
+            json!({"allow": true, "type": "", "access": "m"}),
+        ] {
             let r = rule(v).expect("ok");
             assert_eq!(r.kind, RuleKind::All);
             assert_eq!(DeviceAccess::emulate([&r]).expect("emulates"), DeviceAccess::AllowAll);
         }
         for (v, what) in [
-            (json!({"allow": true, "type": "c", "major": 4_294_967_491_i64, "access": "rw"}), "outside the kernel's range"),
+            (
+                json!({"allow": true, "type": "c", "major": 4_294_967_491_i64, "access": "rw"}),
+                "outside the kernel's range",
+            ),
             (json!({"allow": true, "type": "c", "major": 4291, "access": "rw"}), "outside"),
             (json!({"allow": true, "type": "c", "major": -2, "access": "rw"}), "outside"),
             (json!({"allow": true, "type": "c", "minor": 1_048_576, "access": "rw"}), "outside"),
-            (json!({"allow": true, "type": "c", "major": 1.5, "access": "rw"}), "not a 64-bit integer"),
+            (
+                json!({"allow": true, "type": "c", "major": 1.5, "access": "rw"}),
+                "not a 64-bit integer",
+            ),
             (json!({"allow": true, "type": "u", "major": 195, "access": "rw"}), "not a, b or c"),
             (json!({"allow": true, "type": "c", "major": 195}), "empty access"),
             (json!({"allow": true, "type": "c", "major": 195, "access": "rwx"}), "only r, w and m"),
@@ -1034,7 +1107,11 @@ mod tests {
 
     #[test]
     fn device_nodes_are_range_checked() {
-        let n = DeviceNode::from_value(&json!({"path": "/dev/x", "type": "u", "major": 195, "minor": 3}), "d").expect("ok");
+        let n = DeviceNode::from_value(
+            &json!({"path": "/dev/x", "type": "u", "major": 195, "minor": 3}),
+            "d",
+        )
+        .expect("ok");
         assert_eq!((n.kind, n.major, n.minor), (NodeKind::Char, 195, 3));
         for v in [
             json!({"path": "/dev/x", "type": "c", "major": 4291, "minor": 0}),
@@ -1062,11 +1139,15 @@ mod tests {
         let gpus = acc.gpu_openings(&[195].into()).expect("not allow-all");
         assert_eq!(gpus, BTreeMap::from([((Some(195), Some(3)), Access(3))]));
         let list = "c 195:3 rw\nc *:* m\nb *:* m\n";
-        assert_eq!(DeviceAccess::from_devices_list(list).expect("parses").gpu_openings(&[195].into()), Some(gpus));
+        assert_eq!(
+            DeviceAccess::from_devices_list(list).expect("parses").gpu_openings(&[195].into()),
+            Some(gpus)
+        );
         // Punching a hole in a wildcard is refused by runc, so by the emulator too.
         let punch = [
             rule(json!({"allow": true, "type": "c", "major": 195, "access": "rw"})).expect("r"),
-            rule(json!({"allow": false, "type": "c", "major": 195, "minor": 1, "access": "r"})).expect("r"),
+            rule(json!({"allow": false, "type": "c", "major": 195, "minor": 1, "access": "r"}))
+                .expect("r"),
         ];
         assert!(DeviceAccess::emulate(&punch).is_err());
     }
@@ -1078,5 +1159,4 @@ mod tests {
         let q = Quoted::new(&long).to_string();
         assert!(q.chars().count() < 120 && q.ends_with("[100000 bytes in all]`"), "{q}");
     }
-
 }

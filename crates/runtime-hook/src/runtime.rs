@@ -28,9 +28,9 @@ use tessera_api::{
 };
 
 use crate::args::{parse_runc_args, ArgsError, Command, GlobalOptions, RuncInvocation};
-use crate::supervise;
 use crate::request::{self, FoundRequest, RequestLookupError};
 use crate::spec::{self, HookConfig, SpecError};
+use crate::supervise;
 
 /// How long to wait on tesserad for an allocation (it may create a MIG instance).
 pub const ALLOCATE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -245,7 +245,8 @@ pub fn prepare(
         annotations,
     };
     let client = Client::new(&hooks.socket).with_timeout(ALLOCATE_TIMEOUT);
-    let allocation = client.allocate(&req).map_err(|error| fail(allocate_error(&found, &req, error)))?;
+    let allocation =
+        client.allocate(&req).map_err(|error| fail(allocate_error(&found, &req, error)))?;
     let release_req =
         ReleaseRequest { runc_root: Some(req.runc_root.clone()), bundle: Some(req.bundle.clone()) };
 
@@ -291,7 +292,9 @@ fn allocate_error(found: &FoundRequest, req: &AllocateRequest, error: ClientErro
 /// gone, and a release tesserad refuses (the grant belongs to another container) must not
 /// fail the runc command that asked.
 fn release(socket: &Path, container_id: &str, req: &ReleaseRequest) {
-    if let Err(e) = Client::new(socket).with_timeout(RELEASE_TIMEOUT).release_container(container_id, req) {
+    if let Err(e) =
+        Client::new(socket).with_timeout(RELEASE_TIMEOUT).release_container(container_id, req)
+    {
         let line = format!(
             "tessera-runtime: container {}: warning: could not release the allocation: {e}",
             untrusted(container_id)
@@ -744,7 +747,10 @@ mod tests {
             let err = prepare(&args, &f.env).expect_err("must fail");
             assert!(matches!(err.error, RuntimeError::ContainerId(_)), "{id}: {:?}", err.error);
             let msg = err.message();
-            assert!(msg.contains("is not a valid container id") && !msg.contains('\u{1b}'), "{msg}");
+            assert!(
+                msg.contains("is not a valid container id") && !msg.contains('\u{1b}'),
+                "{msg}"
+            );
         }
     }
 
@@ -777,7 +783,10 @@ mod tests {
         let msg = err.message();
         assert!(matches!(err.error, RuntimeError::RequestTooLarge { .. }), "{msg}");
         assert!(msg.contains("too large") && msg.contains("1048576"), "{msg}");
-        assert!(msg.contains("`example.com/blob`") && !msg.to_lowercase().contains("broken pipe"), "{msg}");
+        assert!(
+            msg.contains("`example.com/blob`") && !msg.to_lowercase().contains("broken pipe"),
+            "{msg}"
+        );
     }
 
     #[test]

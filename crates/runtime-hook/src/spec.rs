@@ -23,16 +23,15 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use oci_spec::runtime::{
-    HookBuilder, LinuxDeviceBuilder,
-    LinuxDeviceType, MountBuilder, Spec,
-};
+use oci_spec::runtime::{HookBuilder, LinuxDeviceBuilder, LinuxDeviceType, MountBuilder, Spec};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tessera_api::Injection;
 
-use crate::canonical::{self, CanonicalError, DeviceAccess, DeviceNode, DeviceRule, NodeKind, RuleKind};
+use crate::canonical::{
+    self, CanonicalError, DeviceAccess, DeviceNode, DeviceRule, NodeKind, RuleKind,
+};
 
 /// The bundle's config file name.
 pub const CONFIG_FILE: &str = "config.json";
@@ -197,14 +196,17 @@ pub fn check_rootfs(bundle: &Path, spec: &Value) -> Result<(), SpecError> {
     };
     let refuse = |p: &Path| SpecError::HostileRootfs {
         path: p.to_path_buf(),
-        target: std::fs::read_link(p).map(|t| t.display().to_string()).unwrap_or_else(|_| "?".into()),
+        target: std::fs::read_link(p)
+            .map(|t| t.display().to_string())
+            .unwrap_or_else(|_| "?".into()),
     };
     match lstat(&dev)? {
         Some(m) if m.file_type().is_symlink() => return Err(refuse(&dev)),
         Some(m) if m.is_dir() => {}
         _ => return Ok(()),
     }
-    let entries = std::fs::read_dir(&dev).map_err(|source| SpecError::Rootfs { path: dev.clone(), source })?;
+    let entries = std::fs::read_dir(&dev)
+        .map_err(|source| SpecError::Rootfs { path: dev.clone(), source })?;
     for entry in entries {
         let entry = entry.map_err(|source| SpecError::Rootfs { path: dev.clone(), source })?;
         if !entry.file_name().to_string_lossy().starts_with("nvidia") {
@@ -434,7 +436,10 @@ const CAPABILITY_SETS: [&str; 5] = ["bounding", "effective", "permitted", "inher
 ///   of the host's `/sys/fs/cgroup` (or of a directory below or above it) that is not read
 ///   only all the way down (`rro`, or a non-recursive `bind` with `ro`): writing the
 ///   container's pid to a parent's `cgroup.procs` leaves the device cgroup.
-fn check_cgroup_stays(root: &Map<String, Value>, linux: &Map<String, Value>) -> Result<(), SpecError> {
+fn check_cgroup_stays(
+    root: &Map<String, Value>,
+    linux: &Map<String, Value>,
+) -> Result<(), SpecError> {
     let user_ns = typed_items::<NamespaceView>(linux.get("namespaces"), "linux.namespaces")?
         .iter()
         .any(|n| n.typ == "user");
@@ -457,7 +462,10 @@ fn check_cgroup_stays(root: &Map<String, Value>, linux: &Map<String, Value>) -> 
         let at = format!("mounts[{i}]");
         let typ = m.typ.as_deref().unwrap_or("");
         if (typ == "cgroup" || typ == "cgroup2") && !opts.contains("ro") {
-            return Err(SpecError::DeviceCgroupWritable { at, why: format!("a {typ} mount without `ro`") });
+            return Err(SpecError::DeviceCgroupWritable {
+                at,
+                why: format!("a {typ} mount without `ro`"),
+            });
         }
         let bind = typ == "bind" || opts.contains("bind") || opts.contains("rbind");
         let Some(source) = m.source.as_deref().filter(|_| bind) else { continue };
@@ -466,11 +474,15 @@ fn check_cgroup_stays(root: &Map<String, Value>, linux: &Map<String, Value>) -> 
         let related = source == cgroupfs
             || source.starts_with("/sys/fs/cgroup/")
             || cgroupfs.starts_with(&format!("{}/", source.trim_end_matches('/')));
-        let read_only_all_the_way = opts.contains("rro") || (opts.contains("ro") && !opts.contains("rbind"));
+        let read_only_all_the_way =
+            opts.contains("rro") || (opts.contains("ro") && !opts.contains("rbind"));
         if related && !read_only_all_the_way {
             return Err(SpecError::DeviceCgroupWritable {
                 at,
-                why: format!("a bind mount of the host's {} that is writable below", tessera_api::untrusted(&source)),
+                why: format!(
+                    "a bind mount of the host's {} that is writable below",
+                    tessera_api::untrusted(&source)
+                ),
             });
         }
     }
@@ -623,7 +635,11 @@ pub fn apply_injection(
     };
     let mut kept: Vec<DeviceRule> = rules
         .into_iter()
-        .filter(|r| !(r.allow && r.kind == RuleKind::Char && r.major.is_some_and(|m| gpu_majors.contains(&m))))
+        .filter(|r| {
+            !(r.allow
+                && r.kind == RuleKind::Char
+                && r.major.is_some_and(|m| gpu_majors.contains(&m)))
+        })
         .collect();
     if kept.first().is_none_or(|r| r.allow || r.kind != RuleKind::All) {
         kept.insert(0, deny_all);
@@ -658,7 +674,8 @@ pub fn apply_injection(
         )));
     }
     let resources = object_entry(linux, "resources", "linux.resources")?;
-    resources.insert("devices".into(), Value::Array(kept.iter().map(DeviceRule::to_value).collect()));
+    resources
+        .insert("devices".into(), Value::Array(kept.iter().map(DeviceRule::to_value).collect()));
 
     // process.env
     let process = object_entry(root, "process", "process")?;
@@ -1045,10 +1062,7 @@ mod tests {
             let mut v = parse(RUNC_SPEC);
             v["linux"]["resources"]["devices"].as_array_mut().expect("rules").push(rule.clone());
             let err = apply_injection(&mut v, &mig_injection(), &hooks()).expect_err("must fail");
-            assert!(
-                err.to_string().starts_with("`linux.resources.devices[1]"),
-                "{rule}: {err}"
-            );
+            assert!(err.to_string().starts_with("`linux.resources.devices[1]"), "{rule}: {err}");
             assert!(check_gpu_spec(&v).is_err());
         }
         // mknod-only wildcards, block wildcards and deny rules open no GPU.

@@ -153,8 +153,12 @@ pub fn delete_hint(root: &Path, container_id: &str, annotation: &str) -> Option<
         return Some(None);
     }
     let Ok(state) = serde_json::from_slice::<serde_json::Value>(&buf) else { return Some(None) };
-    let labels: Vec<&str> =
-        state["config"]["labels"].as_array().into_iter().flatten().filter_map(|l| l.as_str()).collect();
+    let labels: Vec<&str> = state["config"]["labels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| l.as_str())
+        .collect();
     let prefix = format!("{annotation}=");
     if !labels.iter().any(|l| l.starts_with(&prefix)) {
         return None;
@@ -198,11 +202,17 @@ mod tests {
             std::fs::create_dir_all(dir).expect("mkdir");
             std::fs::write(dir.join("state.json"), text).expect("write");
         };
-        write(&root.join("gpu"), r#"{"config":{"labels":["a=b","tessera.io/allocated=MIG-1","bundle=/x"]}}"#);
+        write(
+            &root.join("gpu"),
+            r#"{"config":{"labels":["a=b","tessera.io/allocated=MIG-1","bundle=/x"]}}"#,
+        );
         write(&root.join("plain"), r#"{"config":{"labels":["bundle=/x"]}}"#);
         write(&root.join("junk"), "{not json");
         // A record outside the root, reachable only through a path in the id.
-        write(&d.path().join("evil"), r#"{"config":{"labels":["tessera.io/allocated=GPU-1","bundle=/e"]}}"#);
+        write(
+            &d.path().join("evil"),
+            r#"{"config":{"labels":["tessera.io/allocated=GPU-1","bundle=/e"]}}"#,
+        );
         let a = "tessera.io/allocated";
         assert_eq!(delete_hint(&root, "gpu", a), Some(Some("/x".into())));
         assert_eq!(delete_hint(&root, "plain", a), None);

@@ -539,7 +539,6 @@ where
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 mod tests {
 
     use super::*;
@@ -562,7 +561,10 @@ mod tests {
             .spawn()
             .and_then(|mut c| {
                 use std::io::Write;
-                c.stdin.take().expect("stdin").write_all(format!("#!/bin/sh\n{body}\n").as_bytes())?;
+                c.stdin
+                    .take()
+                    .expect("stdin")
+                    .write_all(format!("#!/bin/sh\n{body}\n").as_bytes())?;
                 c.wait()
             })
             .unwrap();

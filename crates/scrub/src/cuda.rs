@@ -754,7 +754,6 @@ impl Drop for Chunks<'_> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 mod tests {
     use super::*;
 

@@ -421,7 +421,6 @@ mod duration_secs {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 mod tests {
     use std::collections::BTreeSet;
 

@@ -230,7 +230,6 @@ $EQ_END:
 "#;
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 

@@ -185,7 +185,6 @@ pub fn human_bytes(bytes: u64) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 mod tests {
     use super::*;
 

@@ -304,7 +304,6 @@ pub(crate) fn count_words(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 mod tests {
     use std::os::unix::fs::symlink;
 

@@ -9,7 +9,8 @@ use std::process::ExitCode;
 
 use slicer::replay::{comparison_table, replay, Placement, Trace, MAPPING_DOC};
 
-const DEFAULT_TRACE: &str = "/work/shared/data/alibaba-gpu-v2023/openb_pod_list_default.csv";
+const DEFAULT_TRACE: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/alibaba-gpu-v2023/openb_pod_list_default.csv");
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

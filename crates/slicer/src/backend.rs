@@ -48,7 +48,11 @@ pub trait GpuBackend: Send + Sync + std::fmt::Debug {
     /// microseconds; 0 for everything buffered), as NVML's per-process utilisation gives it.
     /// `Ok(None)`: not available — a GPU in MIG mode (NVML accounting is off under MIG), or
     /// a backend or device without the feature.
-    fn process_utilization(&self, gpu_uuid: &str, since_us: u64) -> Result<Option<Vec<ProcessUtil>>, BackendError> {
+    fn process_utilization(
+        &self,
+        gpu_uuid: &str,
+        since_us: u64,
+    ) -> Result<Option<Vec<ProcessUtil>>, BackendError> {
         let _ = (gpu_uuid, since_us);
         Ok(None)
     }

@@ -296,7 +296,6 @@ impl fmt::Display for GpuModel {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // unwrap_err: a test that expects an error
 mod tests {
     use super::*;
 

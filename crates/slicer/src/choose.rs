@@ -70,11 +70,7 @@ fn choose_gpus(
             mig: gpus.len() - whole.len(),
         });
     }
-    Ok(free
-        .into_iter()
-        .take(asked)
-        .map(|g| Found::Gpu(g).granted())
-        .collect())
+    Ok(free.into_iter().take(asked).map(|g| Found::Gpu(g).granted()).collect())
 }
 
 fn choose_mig(

@@ -51,7 +51,8 @@ pub fn parse_ldconfig(text: &str) -> Vec<(String, PathBuf)> {
 pub fn driver_mounts(ldconfig: &[(String, PathBuf)], bin_dirs: &[PathBuf]) -> Vec<BindMount> {
     let mut libs: BTreeMap<&str, PathBuf> = BTreeMap::new();
     for (soname, path) in ldconfig {
-        if !DRIVER_LIBS.iter().any(|p| soname.starts_with(p)) || libs.contains_key(soname.as_str()) {
+        if !DRIVER_LIBS.iter().any(|p| soname.starts_with(p)) || libs.contains_key(soname.as_str())
+        {
             continue;
         }
         if let Some(real) = regular_file(path) {
@@ -76,24 +77,26 @@ fn regular_file(p: &Path) -> Option<PathBuf> {
 }
 
 fn mount(source: &Path, destination: &str) -> BindMount {
-    BindMount { source: source.display().to_string(), destination: destination.to_string(), read_only: true }
+    BindMount {
+        source: source.display().to_string(),
+        destination: destination.to_string(),
+        read_only: true,
+    }
 }
 
 /// Run the host's `ldconfig -p` and collect the driver mounts; an empty list if ldconfig
 /// cannot run (a node without the driver's libraries gets device nodes only).
 pub fn discover(ldconfig_bin: &Path, bin_dirs: &[PathBuf]) -> Vec<BindMount> {
-    let out = std::process::Command::new(ldconfig_bin)
-        .arg("-p")
-        .env_clear()
-        .output();
+    let out = std::process::Command::new(ldconfig_bin).arg("-p").env_clear().output();
     match out {
-        Ok(o) if o.status.success() => driver_mounts(&parse_ldconfig(&String::from_utf8_lossy(&o.stdout)), bin_dirs),
+        Ok(o) if o.status.success() => {
+            driver_mounts(&parse_ldconfig(&String::from_utf8_lossy(&o.stdout)), bin_dirs)
+        }
         _ => Vec::new(),
     }
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -106,7 +109,10 @@ mod tests {
             garbage line\n";
         let e = parse_ldconfig(text);
         assert_eq!(e.len(), 2);
-        assert_eq!(e[0], ("libcuda.so.1".to_string(), PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so.1")));
+        assert_eq!(
+            e[0],
+            ("libcuda.so.1".to_string(), PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so.1"))
+        );
     }
 
     #[test]

@@ -40,7 +40,10 @@ pub struct Majors {
 impl Majors {
     /// Every NVIDIA major this node has, ascending.
     pub fn all(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = [Some(self.nvidia), Some(self.nvidia_uvm), self.nvidia_caps].into_iter().flatten().collect();
+        let mut v: Vec<u32> = [Some(self.nvidia), Some(self.nvidia_uvm), self.nvidia_caps]
+            .into_iter()
+            .flatten()
+            .collect();
         v.sort_unstable();
         v.dedup();
         v
@@ -98,7 +101,11 @@ pub enum Found<'a> {
 impl MigInstance {
     /// An instance of `profile` starting at memory slot `start`, as placement planning and
     /// simulation see it before a driver creates it: GI/CI ids and cap minors still 0.
-    pub fn planned(uuid: impl Into<String>, profile: &crate::catalog::Profile, start: u8) -> MigInstance {
+    pub fn planned(
+        uuid: impl Into<String>,
+        profile: &crate::catalog::Profile,
+        start: u8,
+    ) -> MigInstance {
         MigInstance {
             uuid: uuid.into(),
             profile: profile.name.to_string(),
@@ -393,7 +400,6 @@ pub fn parse_device_minor(information: &str) -> Result<u32, ParseError> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // unwrap_err: a test that expects an error
 mod tests {
     use super::*;
 

@@ -440,7 +440,6 @@ pub fn apply_plan(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::inventory::{Gpu, Majors};

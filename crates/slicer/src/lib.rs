@@ -18,9 +18,9 @@
 
 pub mod backend;
 pub mod catalog;
-pub mod driver;
 mod choose;
 pub mod conformance;
+pub mod driver;
 mod inject;
 pub mod inventory;
 pub mod layout;
@@ -44,7 +44,6 @@ pub use replay::{replay, Placement, ReplayReport, Trace, MAPPING_DOC};
 pub use sim::SimBackend;
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // unwrap_err: a test that expects an error
 mod tests;
 #[cfg(test)]
 mod tests_mig;

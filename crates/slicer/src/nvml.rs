@@ -69,7 +69,8 @@ impl NvmlBackend {
             )));
         }
         let nvml = Nvml::init().map_err(init_error)?;
-        let bin_dirs: Vec<PathBuf> = ["/usr/bin", "/usr/local/bin", "/usr/sbin", "/bin"].iter().map(PathBuf::from).collect();
+        let bin_dirs: Vec<PathBuf> =
+            ["/usr/bin", "/usr/local/bin", "/usr/sbin", "/bin"].iter().map(PathBuf::from).collect();
         let driver_mounts = crate::driver::discover(Path::new("/sbin/ldconfig"), &bin_dirs);
         Ok(NvmlBackend {
             nvml,
@@ -170,7 +171,8 @@ impl GpuBackend for NvmlBackend {
 
     fn uncorrectable_ecc_errors(&self, gpu_uuid: &str) -> Result<Option<u64>, BackendError> {
         use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
-        let dev = self.nvml.device_by_uuid(gpu_uuid).map_err(nvml_err("nvmlDeviceGetHandleByUUID"))?;
+        let dev =
+            self.nvml.device_by_uuid(gpu_uuid).map_err(nvml_err("nvmlDeviceGetHandleByUUID"))?;
         match dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile) {
             Ok(n) => Ok(Some(n)),
             Err(NvmlError::NotSupported) => Ok(None),
@@ -183,7 +185,8 @@ impl GpuBackend for NvmlBackend {
         gpu_uuid: &str,
         since_us: u64,
     ) -> Result<Option<Vec<crate::backend::ProcessUtil>>, BackendError> {
-        let dev = self.nvml.device_by_uuid(gpu_uuid).map_err(nvml_err("nvmlDeviceGetHandleByUUID"))?;
+        let dev =
+            self.nvml.device_by_uuid(gpu_uuid).map_err(nvml_err("nvmlDeviceGetHandleByUUID"))?;
         // Under MIG, NVML has no per-process accounting: say "not available", not "idle".
         if let Ok(mode) = dev.mig_mode() {
             if mode.current == nvml_wrapper_sys::bindings::NVML_DEVICE_MIG_ENABLE {
@@ -194,7 +197,11 @@ impl GpuBackend for NvmlBackend {
             Ok(samples) => Ok(Some(
                 samples
                     .into_iter()
-                    .map(|s| crate::backend::ProcessUtil { pid: s.pid, sm_percent: s.sm_util, timestamp_us: s.timestamp })
+                    .map(|s| crate::backend::ProcessUtil {
+                        pid: s.pid,
+                        sm_percent: s.sm_util,
+                        timestamp_us: s.timestamp,
+                    })
                     .collect(),
             )),
             Err(NvmlError::NotSupported) => Ok(None),
@@ -418,7 +425,6 @@ fn hostname() -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // unwrap_err: a test that expects an error
 mod tests {
     use super::*;
 

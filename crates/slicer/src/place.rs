@@ -595,7 +595,6 @@ fn no_room(gpus: &[&Gpu], held: &BTreeSet<String>, profile: &str) -> NoFit {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 pub(crate) mod tests {
     use super::*;
     use crate::inventory::{Majors, MigInstance};
@@ -607,7 +606,12 @@ pub(crate) mod tests {
     /// An H100 instance as a driver would report it (GI 1, caps 12 and 13).
     pub(crate) fn inst(uuid: &str, profile: &str, start: u8) -> MigInstance {
         let p = h100().profile(profile).expect("profile");
-        MigInstance { gi_id: 1, gi_cap_minor: 12, ci_cap_minor: 13, ..MigInstance::planned(uuid, p, start) }
+        MigInstance {
+            gi_id: 1,
+            gi_cap_minor: 12,
+            ci_cap_minor: 13,
+            ..MigInstance::planned(uuid, p, start)
+        }
     }
 
     fn node(gpus: Vec<Vec<MigInstance>>) -> Inventory {

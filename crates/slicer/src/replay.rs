@@ -476,7 +476,9 @@ impl Cluster {
                         instances: if placement == Placement::Static {
                             let mut v: Vec<MigInstance> = balanced
                                 .iter()
-                                .map(|(p, s)| MigInstance::planned(format!("MIG-{n}-{g}-{s}"), p, *s))
+                                .map(|(p, s)| {
+                                    MigInstance::planned(format!("MIG-{n}-{g}-{s}"), p, *s)
+                                })
                                 .collect();
                             v.sort_by_key(|i| i.start);
                             v
@@ -729,7 +731,6 @@ pub fn comparison_table(reports: &[ReplayReport]) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

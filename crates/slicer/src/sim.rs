@@ -180,7 +180,11 @@ impl SimBackend {
             Some(dir) if root.is_relative() => dir.join(root),
             _ => root.clone(),
         });
-        let backend = SimBackend { node_file: node_file.to_path_buf(), sim_dir: state_dir.join("sim"), driver_root };
+        let backend = SimBackend {
+            node_file: node_file.to_path_buf(),
+            sim_dir: state_dir.join("sim"),
+            driver_root,
+        };
         let state_path = backend.state_path();
         if state_path.exists() {
             let state = backend.read_state()?;
@@ -445,8 +449,8 @@ impl GpuBackend for SimBackend {
             pid: u32,
             sm_percent: u32,
         }
-        let feed: Vec<Feed> =
-            serde_json::from_slice(&bytes).map_err(|e| BackendError::Json { path: path.clone(), message: e.to_string() })?;
+        let feed: Vec<Feed> = serde_json::from_slice(&bytes)
+            .map_err(|e| BackendError::Json { path: path.clone(), message: e.to_string() })?;
         let now_us = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
@@ -454,7 +458,11 @@ impl GpuBackend for SimBackend {
             .max(since_us + 1);
         Ok(Some(
             feed.into_iter()
-                .map(|f| crate::backend::ProcessUtil { pid: f.pid, sm_percent: f.sm_percent, timestamp_us: now_us })
+                .map(|f| crate::backend::ProcessUtil {
+                    pid: f.pid,
+                    sm_percent: f.sm_percent,
+                    timestamp_us: now_us,
+                })
                 .collect(),
         ))
     }
@@ -791,7 +799,6 @@ fn sync_dir(dir: &Path) -> Result<(), BackendError> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod util_tests {
     use super::*;
 
@@ -812,13 +819,23 @@ mod util_tests {
         )
         .unwrap();
         let all = b.process_utilization(&whole, 0).unwrap().unwrap();
-        assert_eq!(all.iter().map(|s| (s.pid, s.sm_percent)).collect::<Vec<_>>(), [(10, 40), (11, 5)]);
+        assert_eq!(
+            all.iter().map(|s| (s.pid, s.sm_percent)).collect::<Vec<_>>(),
+            [(10, 40), (11, 5)]
+        );
         let last = all[0].timestamp_us;
         let again = b.process_utilization(&whole, last).unwrap().unwrap();
-        assert!(again.iter().all(|s| s.timestamp_us > last), "every read is newer than the last seen");
-        std::fs::write(feed.join(format!("{mig}.json")), r#"[{"pid": 1, "sm_percent": 1}]"#).unwrap();
+        assert!(
+            again.iter().all(|s| s.timestamp_us > last),
+            "every read is newer than the last seen"
+        );
+        std::fs::write(feed.join(format!("{mig}.json")), r#"[{"pid": 1, "sm_percent": 1}]"#)
+            .unwrap();
         assert_eq!(b.process_utilization(&mig, 0).unwrap(), None, "MIG mode: never available");
         std::fs::write(feed.join(format!("{whole}.json")), b"{not json").unwrap();
-        assert!(b.process_utilization(&whole, 0).is_err(), "a malformed feed is an error, not silence");
+        assert!(
+            b.process_utilization(&whole, 0).is_err(),
+            "a malformed feed is an error, not silence"
+        );
     }
 }

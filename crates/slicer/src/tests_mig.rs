@@ -257,7 +257,10 @@ fn build(spec: &[GpuSpec]) -> Inventory {
             .enumerate()
             .map(|(k, (name, start))| {
                 let p = model.profile(name).expect("catalog");
-                MigInstance { gi_id: k as u32 + 1, ..MigInstance::planned(format!("MIG-{i}-{k}"), p, *start) }
+                MigInstance {
+                    gi_id: k as u32 + 1,
+                    ..MigInstance::planned(format!("MIG-{i}-{k}"), p, *start)
+                }
             })
             .collect();
         gpus.push(Gpu {
@@ -748,11 +751,11 @@ fn replay_capacity_accounting_is_exact_on_a_tiny_trace() {
 #[test]
 #[ignore = "replays the full Alibaba trace; slow in debug builds"]
 fn replay_on_the_alibaba_trace() {
-    let path = Path::new("/work/shared/data/alibaba-gpu-v2023/openb_pod_list_default.csv");
-    if !path.exists() {
-        eprintln!("{} is missing; skipping", path.display());
-        return;
-    }
+    let path = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../data/alibaba-gpu-v2023/openb_pod_list_default.csv"
+    ));
+    assert!(path.exists(), "{} is missing: the trace lives in the repository", path.display());
     let trace = Trace::load_alibaba(path).expect("trace");
     let reports: Vec<_> = Placement::ALL
         .into_iter()

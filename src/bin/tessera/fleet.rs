@@ -42,7 +42,10 @@ impl CoordinatorArgs {
     fn client(&self) -> Result<Client, String> {
         let (url, token) = self.need()?;
         let tls = match &self.coordinator_ca {
-            Some(ca) => Some(coordinator::tls::client_config(ca).map_err(|e| format!("--coordinator-ca: {e}"))?),
+            Some(ca) => Some(
+                coordinator::tls::client_config(ca)
+                    .map_err(|e| format!("--coordinator-ca: {e}"))?,
+            ),
             None => None,
         };
         Ok(Client::new(&[url], token).map_err(explain)?.with_tls(tls))
@@ -97,7 +100,8 @@ pub fn policy(cmd: PolicyFleetCmd) -> Result<(), String> {
             let client = fleet.client()?;
             let bytes = std::fs::read(&file).map_err(|e| format!("{}: {e}", file.display()))?;
             // Check here first: errors name the file and the JSON path, and nothing is sent.
-            let parsed = policy::Policy::parse(&bytes, &file.display().to_string()).map_err(|e| e.to_string())?;
+            let parsed = policy::Policy::parse(&bytes, &file.display().to_string())
+                .map_err(|e| e.to_string())?;
             let rev = block_on(client.push_policy(&bytes, author.as_deref())).map_err(explain)?;
             if rev.digest != parsed.digest() {
                 return Err(format!(
@@ -164,12 +168,22 @@ pub fn nodes(args: &NodesArgs) -> Result<(), String> {
     Ok(())
 }
 
-pub fn usage(args: &CoordinatorArgs, from_ms: u64, to_ms: u64, by: &str, json: bool, csv: bool) -> Result<(), String> {
+pub fn usage(
+    args: &CoordinatorArgs,
+    from_ms: u64,
+    to_ms: u64,
+    by: &str,
+    json: bool,
+    csv: bool,
+) -> Result<(), String> {
     let client = args.client()?;
     let by: metering::GroupBy = by.parse().map_err(|e: metering::LedgerError| e.to_string())?;
     // Price with the fleet's latest policy, as each node prices with the policy in force.
     let prices = latest_prices(&client)?;
-    let req = FleetUsageRequest { query: metering::UsageQuery { from_ms, to_ms, by, prices }, nodes: None };
+    let req = FleetUsageRequest {
+        query: metering::UsageQuery { from_ms, to_ms, by, prices },
+        nodes: None,
+    };
     let fleet = block_on(client.usage_query(&req)).map_err(explain)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&fleet).map_err(|e| e.to_string())?);
@@ -189,16 +203,20 @@ fn latest_prices(client: &Client) -> Result<metering::Prices, String> {
     };
     let env = block_on(client.get(latest)).map_err(explain)?;
     let bytes = env.policy_bytes().map_err(|e| format!("policy version {latest}: {e}"))?;
-    let p = policy::Policy::parse(&bytes, &format!("policy version {latest}")).map_err(|e| e.to_string())?;
+    let p = policy::Policy::parse(&bytes, &format!("policy version {latest}"))
+        .map_err(|e| e.to_string())?;
     Ok(metering::Prices {
         per_model: p
             .prices()
             .iter()
             .map(|(m, r)| {
-                (m.clone(), metering::Rate {
-                    reserved_per_gpu_hour: r.reserved_per_gpu_hour,
-                    burst_per_gpu_hour: r.burst_per_gpu_hour,
-                })
+                (
+                    m.clone(),
+                    metering::Rate {
+                        reserved_per_gpu_hour: r.reserved_per_gpu_hour,
+                        burst_per_gpu_hour: r.burst_per_gpu_hour,
+                    },
+                )
             })
             .collect(),
     })
@@ -215,8 +233,9 @@ fn short(digest: &str) -> &str {
 /// Columns padded to their widest cell (the last one is left ragged).
 fn table(rows: &[Vec<String>]) -> String {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> =
-        (0..cols).map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0))
+        .collect();
     let mut out = String::new();
     for r in rows {
         let mut line = String::new();
@@ -238,12 +257,23 @@ pub fn render_nodes(nodes: &[NodeRecord], now_ms: u64) -> String {
     if nodes.is_empty() {
         return "no nodes: the coordinator's tokens file names none and none has reported\n".into();
     }
-    let mut rows = vec![["NODE", "VERSION", "SOURCE", "HEALTH", "LAST CONTACT", "PROBLEM"].map(String::from).to_vec()];
+    let mut rows = vec![["NODE", "VERSION", "SOURCE", "HEALTH", "LAST CONTACT", "PROBLEM"]
+        .map(String::from)
+        .to_vec()];
     for n in nodes {
         let version = n.applied_version.map_or_else(|| "-".to_string(), |v| v.to_string());
         let contact = n.last_contact_ms.map_or_else(|| "never".to_string(), |t| ago(now_ms, t));
-        let health = if n.stale && n.last_contact_ms.is_some() { format!("{} (stale)", n.health) } else { n.health.clone() };
-        let problem = n.last_rejection.as_deref().or(n.last_error.as_deref()).unwrap_or("").replace('\n', " ");
+        let health = if n.stale && n.last_contact_ms.is_some() {
+            format!("{} (stale)", n.health)
+        } else {
+            n.health.clone()
+        };
+        let problem = n
+            .last_rejection
+            .as_deref()
+            .or(n.last_error.as_deref())
+            .unwrap_or("")
+            .replace('\n', " ");
         rows.push(vec![n.node.clone(), version, n.source.clone(), health, contact, problem]);
     }
     table(&rows)
@@ -265,9 +295,16 @@ pub fn render_history(revs: &[RevisionSummary]) -> String {
     }
     let mut sorted: Vec<&RevisionSummary> = revs.iter().collect();
     sorted.sort_by_key(|r| std::cmp::Reverse(r.version));
-    let mut rows = vec![["VERSION", "CREATED (UTC)", "SHA256", "KEY", "AUTHOR"].map(String::from).to_vec()];
+    let mut rows =
+        vec![["VERSION", "CREATED (UTC)", "SHA256", "KEY", "AUTHOR"].map(String::from).to_vec()];
     for r in sorted {
-        rows.push(vec![r.version.to_string(), tessera::timespec::format_utc(r.created_ms), short(&r.digest).to_string(), r.key_id.clone(), r.author.clone()]);
+        rows.push(vec![
+            r.version.to_string(),
+            tessera::timespec::format_utc(r.created_ms),
+            short(&r.digest).to_string(),
+            r.key_id.clone(),
+            r.author.clone(),
+        ]);
     }
     table(&rows)
 }
@@ -275,9 +312,15 @@ pub fn render_history(revs: &[RevisionSummary]) -> String {
 fn render_fleet_usage(f: &FleetUsage) -> String {
     let mut out = tessera::render::usage(&f.report);
     if !f.nodes.is_empty() {
-        let mut rows = vec![["node", "GPU-seconds", "cost", "intervals"].map(String::from).to_vec()];
+        let mut rows =
+            vec![["node", "GPU-seconds", "cost", "intervals"].map(String::from).to_vec()];
         for n in &f.nodes {
-            rows.push(vec![n.node.clone(), format!("{:.3}", n.gpu_seconds), format!("{:.4}", n.cost), n.intervals.to_string()]);
+            rows.push(vec![
+                n.node.clone(),
+                format!("{:.3}", n.gpu_seconds),
+                format!("{:.4}", n.cost),
+                n.intervals.to_string(),
+            ]);
         }
         out.push_str("\nby node (closed intervals uploaded by each node)\n");
         out.push_str(&table(&rows));
@@ -291,7 +334,10 @@ mod tests {
 
     #[test]
     fn tables_align() {
-        let t = table(&[vec!["a".into(), "bb".into(), "c".into()], vec!["ddd".into(), "e".into(), "".into()]]);
+        let t = table(&[
+            vec!["a".into(), "bb".into(), "c".into()],
+            vec!["ddd".into(), "e".into(), "".into()],
+        ]);
         assert_eq!(t, "a    bb  c\nddd  e\n");
     }
 }

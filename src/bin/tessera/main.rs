@@ -120,7 +120,8 @@ fn code(c: i32) -> ExitCode {
 fn run(cli: Cli) -> Result<(), String> {
     match cli.cmd {
         Cmd::Status { json } => {
-            let status = tessera_api::Client::new(&cli.socket).status().map_err(|e| e.to_string())?;
+            let status =
+                tessera_api::Client::new(&cli.socket).status().map_err(|e| e.to_string())?;
             if json {
                 let text = serde_json::to_string_pretty(&status).map_err(|e| e.to_string())?;
                 println!("{text}");
@@ -134,7 +135,8 @@ fn run(cli: Cli) -> Result<(), String> {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(0);
-            let from_ms = tessera::timespec::parse(&from, now).map_err(|e| format!("--from: {e}"))?;
+            let from_ms =
+                tessera::timespec::parse(&from, now).map_err(|e| format!("--from: {e}"))?;
             let to_ms = tessera::timespec::parse(&to, now).map_err(|e| format!("--to: {e}"))?;
             if fleet.coordinator.is_some() {
                 return fleet::usage(&fleet, from_ms, to_ms, &by, json, csv);
@@ -164,7 +166,10 @@ fn run(cli: Cli) -> Result<(), String> {
                 println!("{uuid}: scrubbed and verified, back in service");
                 Ok(())
             } else {
-                Err(format!("{uuid}: still {state}: {}", r["state"]["reason"].as_str().or(r["error"].as_str()).unwrap_or("scrub failed")))
+                Err(format!(
+                    "{uuid}: still {state}: {}",
+                    r["state"]["reason"].as_str().or(r["error"].as_str()).unwrap_or("scrub failed")
+                ))
             }
         }
         Cmd::Sim(args) => mig::sim(args),

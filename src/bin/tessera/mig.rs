@@ -22,10 +22,13 @@ pub enum MigCmd {
 pub fn run(socket: &Path, cmd: MigCmd) -> Result<(), String> {
     let client = tessera_api::Client::new(socket);
     let (report, json): (serde_json::Value, bool) = match cmd {
-        MigCmd::Plan { json } => (client.call::<(), _>("GET", "/v1/mig/plan", None).map_err(|e| e.to_string())?, json),
-        MigCmd::Converge { json } => {
-            (client.call::<(), _>("POST", "/v1/mig/converge", None).map_err(|e| e.to_string())?, json)
+        MigCmd::Plan { json } => {
+            (client.call::<(), _>("GET", "/v1/mig/plan", None).map_err(|e| e.to_string())?, json)
         }
+        MigCmd::Converge { json } => (
+            client.call::<(), _>("POST", "/v1/mig/converge", None).map_err(|e| e.to_string())?,
+            json,
+        ),
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
@@ -33,11 +36,17 @@ pub fn run(socket: &Path, cmd: MigCmd) -> Result<(), String> {
     }
     print!("{}", report["text"].as_str().unwrap_or(""));
     let list = |k: &str| -> Vec<String> {
-        report[k].as_array().map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect()).unwrap_or_default()
+        report[k]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+            .unwrap_or_default()
     };
     let (destroyed, created) = (list("destroyed"), list("created"));
     if !destroyed.is_empty() || !created.is_empty() {
-        println!("destroyed: {}", if destroyed.is_empty() { "-".into() } else { destroyed.join(", ") });
+        println!(
+            "destroyed: {}",
+            if destroyed.is_empty() { "-".into() } else { destroyed.join(", ") }
+        );
         println!("created:   {}", if created.is_empty() { "-".into() } else { created.join(", ") });
     }
     match report["error"].as_str() {
@@ -48,7 +57,7 @@ pub fn run(socket: &Path, cmd: MigCmd) -> Result<(), String> {
 
 #[derive(Debug, Args)]
 pub struct SimArgs {
-    /// An Alibaba GPU trace CSV (e.g. shared/data/alibaba-gpu-v2023/openb_pod_list_default.csv).
+    /// An Alibaba GPU trace CSV (e.g. data/alibaba-gpu-v2023/openb_pod_list_default.csv).
     #[arg(long)]
     trace: PathBuf,
     /// Nodes of 8 GPUs each.
@@ -76,8 +85,16 @@ pub fn sim(a: SimArgs) -> Result<(), String> {
         .map(|p| slicer::replay(&trace, a.nodes, &a.gpu, p).map_err(|e| e.to_string()))
         .collect::<Result<Vec<_>, _>>()?;
     if a.json {
-        let v = if reports.len() == 1 { serde_json::to_value(&reports[0]) } else { serde_json::to_value(&reports) };
-        println!("{}", serde_json::to_string_pretty(&v.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?);
+        let v = if reports.len() == 1 {
+            serde_json::to_value(&reports[0])
+        } else {
+            serde_json::to_value(&reports)
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v.map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?
+        );
     } else {
         print!("{}", slicer::replay::comparison_table(&reports));
         println!("\nmapping: {}", slicer::MAPPING_DOC);

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse, WatchOptions,
 };
 use tracing::{info, warn};
 
@@ -114,7 +114,9 @@ impl EtcdStore {
     pub async fn connect(endpoints: &[String], prefix: &str) -> Result<EtcdStore, StoreError> {
         let prefix = prefix.trim_end_matches('/').to_string();
         if prefix.is_empty() || !prefix.starts_with('/') {
-            return Err(StoreError::Other(format!("etcd key prefix {prefix:?} must start with '/'")));
+            return Err(StoreError::Other(format!(
+                "etcd key prefix {prefix:?} must start with '/'"
+            )));
         }
         let opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(3))
@@ -123,9 +125,9 @@ impl EtcdStore {
         let client = bounded("connect", Client::connect(endpoints, Some(opts))).await?;
         let keys = Keys { prefix: prefix.clone() };
         // etcd-client connects lazily: a request proves the cluster answers.
-        let (latest, _) = read_latest(&client, &keys)
-            .await
-            .map_err(|e| StoreError::Etcd(format!("etcd at {} does not answer: {e}", endpoints.join(","))))?;
+        let (latest, _) = read_latest(&client, &keys).await.map_err(|e| {
+            StoreError::Etcd(format!("etcd at {} does not answer: {e}", endpoints.join(",")))
+        })?;
         let publisher = Publisher::new();
         if let Some(env) = &latest {
             publisher.publish_if_newer(env);
@@ -141,12 +143,19 @@ impl EtcdStore {
 }
 
 /// The newest revision and the etcd revision it was read at.
-async fn read_latest(client: &Client, keys: &Keys) -> Result<(Option<SignedPolicy>, i64), StoreError> {
+async fn read_latest(
+    client: &Client,
+    keys: &Keys,
+) -> Result<(Option<SignedPolicy>, i64), StoreError> {
     let mut kv = client.kv_client();
-    let opts = GetOptions::new().with_prefix().with_sort(SortTarget::Key, SortOrder::Descend).with_limit(1);
+    let opts = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Key, SortOrder::Descend)
+        .with_limit(1);
     let resp = bounded("get latest", kv.get(keys.revs(), Some(opts))).await?;
     let at = resp.header().map(|h| h.revision()).unwrap_or(0);
-    let latest = resp.kvs().first().map(|kv| decode::<SignedPolicy>("revision", kv.value())).transpose()?;
+    let latest =
+        resp.kvs().first().map(|kv| decode::<SignedPolicy>("revision", kv.value())).transpose()?;
     Ok((latest, at))
 }
 
@@ -201,11 +210,18 @@ impl PolicyStore for EtcdStore {
         "etcd"
     }
 
-    fn append(&self, expected_latest: Option<u64>, rev: SignedPolicy) -> BoxFut<'_, Result<(), StoreError>> {
+    fn append(
+        &self,
+        expected_latest: Option<u64>,
+        rev: SignedPolicy,
+    ) -> BoxFut<'_, Result<(), StoreError>> {
         Box::pin(async move {
             let keys = self.keys();
             if expected_latest.is_some_and(|e| e >= rev.version) {
-                return Err(StoreError::Conflict { expected: expected_latest, actual: expected_latest });
+                return Err(StoreError::Conflict {
+                    expected: expected_latest,
+                    actual: expected_latest,
+                });
             }
             let guard = match expected_latest {
                 None => Compare::create_revision(keys.latest(), CompareOp::Equal, 0),
@@ -225,10 +241,9 @@ impl PolicyStore for EtcdStore {
                 return Ok(());
             }
             let actual = resp.op_responses().into_iter().find_map(|r| match r {
-                TxnOpResponse::Get(g) => g
-                    .kvs()
-                    .first()
-                    .and_then(|kv| std::str::from_utf8(kv.value()).ok().and_then(|s| s.parse::<u64>().ok())),
+                TxnOpResponse::Get(g) => g.kvs().first().and_then(|kv| {
+                    std::str::from_utf8(kv.value()).ok().and_then(|s| s.parse::<u64>().ok())
+                }),
                 _ => None,
             });
             Err(StoreError::Conflict { expected: expected_latest, actual })
@@ -250,7 +265,8 @@ impl PolicyStore for EtcdStore {
     fn history(&self) -> BoxFut<'_, Result<Vec<SignedPolicy>, StoreError>> {
         Box::pin(async move {
             let mut kv = self.client.kv_client();
-            let opts = GetOptions::new().with_prefix().with_sort(SortTarget::Key, SortOrder::Ascend);
+            let opts =
+                GetOptions::new().with_prefix().with_sort(SortTarget::Key, SortOrder::Ascend);
             let resp = bounded("history", kv.get(self.keys().revs(), Some(opts))).await?;
             resp.kvs().iter().map(|kv| decode("revision", kv.value())).collect()
         })
@@ -271,7 +287,8 @@ impl PolicyStore for EtcdStore {
     fn nodes(&self) -> BoxFut<'_, Result<Vec<NodeRecord>, StoreError>> {
         Box::pin(async move {
             let mut kv = self.client.kv_client();
-            let opts = GetOptions::new().with_prefix().with_sort(SortTarget::Key, SortOrder::Ascend);
+            let opts =
+                GetOptions::new().with_prefix().with_sort(SortTarget::Key, SortOrder::Ascend);
             let resp = bounded("nodes", kv.get(self.keys().nodes(), Some(opts))).await?;
             resp.kvs().iter().map(|kv| decode("node record", kv.value())).collect()
         })
@@ -302,7 +319,9 @@ impl PolicyStore for EtcdStore {
                     continue;
                 }
                 let same = resp.op_responses().into_iter().any(|r| match r {
-                    TxnOpResponse::Get(g) => g.kvs().first().is_some_and(|kv| kv.value() == body.as_slice()),
+                    TxnOpResponse::Get(g) => {
+                        g.kvs().first().is_some_and(|kv| kv.value() == body.as_slice())
+                    }
                     _ => false,
                 });
                 if same {
@@ -323,7 +342,8 @@ impl PolicyStore for EtcdStore {
         Box::pin(async move {
             let mut kv = self.client.kv_client();
             let keys = self.keys();
-            let opts = GetOptions::new().with_prefix().with_sort(SortTarget::Key, SortOrder::Ascend);
+            let opts =
+                GetOptions::new().with_prefix().with_sort(SortTarget::Key, SortOrder::Ascend);
             let resp = bounded("usage", kv.get(keys.usage_all(), Some(opts))).await?;
             let mut out = Vec::new();
             for item in resp.kvs() {

@@ -105,7 +105,11 @@ pub trait PolicyStore: Send + Sync + fmt::Debug {
 
     /// Append `rev` if the latest stored version is still `expected_latest` (`None`: no
     /// revision yet); [`StoreError::Conflict`] otherwise. Revisions are immutable.
-    fn append(&self, expected_latest: Option<u64>, rev: SignedPolicy) -> BoxFut<'_, Result<(), StoreError>>;
+    fn append(
+        &self,
+        expected_latest: Option<u64>,
+        rev: SignedPolicy,
+    ) -> BoxFut<'_, Result<(), StoreError>>;
 
     /// The newest revision.
     fn latest(&self) -> BoxFut<'_, Result<Option<SignedPolicy>, StoreError>>;
@@ -152,14 +156,23 @@ impl FromStr for StoreSpec {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if let Some(path) = s.strip_prefix("sqlite:") {
             if path.is_empty() {
-                return Err("`sqlite:` needs a database path, e.g. sqlite:/var/lib/tessera/coordinator.db".into());
+                return Err(
+                    "`sqlite:` needs a database path, e.g. sqlite:/var/lib/tessera/coordinator.db"
+                        .into(),
+                );
             }
             Ok(StoreSpec::Sqlite(path.into()))
         } else if let Some(urls) = s.strip_prefix("etcd:") {
-            let urls: Vec<String> =
-                urls.split(',').map(str::trim).filter(|u| !u.is_empty()).map(String::from).collect();
+            let urls: Vec<String> = urls
+                .split(',')
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(String::from)
+                .collect();
             if urls.is_empty() {
-                return Err("`etcd:` needs at least one endpoint, e.g. etcd:http://127.0.0.1:2379".into());
+                return Err(
+                    "`etcd:` needs at least one endpoint, e.g. etcd:http://127.0.0.1:2379".into()
+                );
             }
             Ok(StoreSpec::Etcd(urls))
         } else {

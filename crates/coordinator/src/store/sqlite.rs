@@ -87,7 +87,9 @@ impl SqliteStore {
     {
         let conn = self.conn.clone();
         tokio::task::spawn_blocking(move || {
-            let mut c = conn.lock().map_err(|_| StoreError::Other("sqlite connection lock poisoned".into()))?;
+            let mut c = conn
+                .lock()
+                .map_err(|_| StoreError::Other("sqlite connection lock poisoned".into()))?;
             f(&mut c)
         })
         .await
@@ -107,16 +109,21 @@ impl PolicyStore for SqliteStore {
         "sqlite"
     }
 
-    fn append(&self, expected_latest: Option<u64>, rev: SignedPolicy) -> BoxFut<'_, Result<(), StoreError>> {
+    fn append(
+        &self,
+        expected_latest: Option<u64>,
+        rev: SignedPolicy,
+    ) -> BoxFut<'_, Result<(), StoreError>> {
         Box::pin(async move {
             let published = rev.clone();
             self.with_conn(move |conn| {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
                 let actual: Option<i64> =
                     tx.query_row("SELECT MAX(version) FROM revisions", [], |r| r.get(0))?;
-                let actual = actual.map(u64::try_from).transpose().map_err(|_| {
-                    StoreError::Corrupt("negative version in revisions".into())
-                })?;
+                let actual = actual
+                    .map(u64::try_from)
+                    .transpose()
+                    .map_err(|_| StoreError::Corrupt("negative version in revisions".into()))?;
                 if actual != expected_latest || actual.is_some_and(|a| a >= rev.version) {
                     return Err(StoreError::Conflict { expected: expected_latest, actual });
                 }
@@ -140,9 +147,11 @@ impl PolicyStore for SqliteStore {
     fn get(&self, version: u64) -> BoxFut<'_, Result<Option<SignedPolicy>, StoreError>> {
         Box::pin(self.with_conn(move |conn| {
             let text: Option<String> = conn
-                .query_row("SELECT envelope FROM revisions WHERE version = ?1", [to_sql(version)?], |r| {
-                    r.get(0)
-                })
+                .query_row(
+                    "SELECT envelope FROM revisions WHERE version = ?1",
+                    [to_sql(version)?],
+                    |r| r.get(0),
+                )
                 .optional()?;
             text.map(|t| decode("revision", &t)).transpose()
         }))
@@ -195,8 +204,9 @@ impl PolicyStore for SqliteStore {
                     "INSERT OR IGNORE INTO usage (node, interval_id, start_ms, end_ms, body)
                      VALUES (?1, ?2, ?3, ?4, ?5)",
                 )?;
-                let mut existing =
-                    tx.prepare_cached("SELECT body FROM usage WHERE node = ?1 AND interval_id = ?2")?;
+                let mut existing = tx.prepare_cached(
+                    "SELECT body FROM usage WHERE node = ?1 AND interval_id = ?2",
+                )?;
                 for i in &intervals {
                     let body = encode(i)?;
                     let n = insert.execute(params![
@@ -209,7 +219,8 @@ impl PolicyStore for SqliteStore {
                     if n == 1 {
                         out.accepted += 1;
                     } else {
-                        let stored: String = existing.query_row(params![node, i.id.as_str()], |r| r.get(0))?;
+                        let stored: String =
+                            existing.query_row(params![node, i.id.as_str()], |r| r.get(0))?;
                         if stored == body {
                             out.duplicates += 1;
                         } else {
@@ -235,7 +246,9 @@ impl PolicyStore for SqliteStore {
                  WHERE start_ms < ?2 AND (end_ms > ?1 OR start_ms >= ?1)
                  ORDER BY node, interval_id",
             )?;
-            let rows = stmt.query_map(params![from, to], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+            let rows = stmt.query_map(params![from, to], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })?;
             rows.map(|row| {
                 let (node, body) = row?;
                 Ok((node, decode("usage interval", &body)?))
@@ -246,14 +259,14 @@ impl PolicyStore for SqliteStore {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::signing::sign;
     use ed25519_dalek::SigningKey;
 
     pub(crate) fn rev(version: u64) -> SignedPolicy {
-        let bytes = format!(r#"{{"version": {version}, "orgs": {{"acme": {{"trust": "trusted"}}}}}}"#);
+        let bytes =
+            format!(r#"{{"version": {version}, "orgs": {{"acme": {{"trust": "trusted"}}}}}}"#);
         sign(&SigningKey::from_bytes(&[7; 32]), bytes.as_bytes(), "alice", 1000 + version).unwrap()
     }
 

@@ -23,7 +23,8 @@ async fn agent_applies_pushes_keeps_last_known_good_and_reports() {
     a.push_policy(&policy(1), None).await.expect("push 1");
 
     let lkg = dir.path().join("node-a/lkg.json");
-    let agent = PolicyAgent::new(agent_config(vec![c.url()], "node-a", NODE_A, lkg.clone())).expect("agent");
+    let agent = PolicyAgent::new(agent_config(vec![c.url()], "node-a", NODE_A, lkg.clone()))
+        .expect("agent");
     let running = RunningAgent::start(agent.clone(), AgentStatus::default());
     running.wait_for("version 1", WITHIN, |s| s.applied_version == Some(1)).await;
 
@@ -34,7 +35,10 @@ async fn agent_applies_pushes_keeps_last_known_good_and_reports() {
     assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
     assert_eq!(*running.applied.lock().expect("lock"), [1, 2]);
     let s = running.status();
-    assert_eq!((s.source, s.health(), s.coordinator.as_deref()), (PolicySource::Coordinator, "ok", Some(c.url().as_str())));
+    assert_eq!(
+        (s.source, s.health(), s.coordinator.as_deref()),
+        (PolicySource::Coordinator, "ok", Some(c.url().as_str()))
+    );
 
     // Last-known-good on disk is the signed envelope of version 2.
     let kept = agent.load_last_known_good().expect("lkg").expect("some");
@@ -44,7 +48,11 @@ async fn agent_applies_pushes_keeps_last_known_good_and_reports() {
     eventually("node-a reported version 2", WITHIN, || {
         let a = a.clone();
         async move {
-            a.nodes().await.expect("nodes").iter().any(|n| n.node == "node-a" && n.applied_version == Some(2) && n.health == "ok")
+            a.nodes()
+                .await
+                .expect("nodes")
+                .iter()
+                .any(|n| n.node == "node-a" && n.applied_version == Some(2) && n.health == "ok")
         }
     })
     .await;
@@ -63,7 +71,8 @@ async fn node_keeps_enforcing_restarts_from_last_known_good_and_catches_up() {
     a.push_policy(&policy(1), None).await.expect("push 1");
     let lkg = dir.path().join("lkg.json");
     let cfg = agent_config(vec![url.clone()], "node-a", NODE_A, lkg.clone());
-    let running = RunningAgent::start(PolicyAgent::new(cfg.clone()).expect("agent"), AgentStatus::default());
+    let running =
+        RunningAgent::start(PolicyAgent::new(cfg.clone()).expect("agent"), AgentStatus::default());
     running.wait_for("version 1", WITHIN, |s| s.applied_version == Some(1)).await;
 
     // The coordinator goes away: the node keeps version 1 and says it is degraded.
@@ -78,19 +87,29 @@ async fn node_keeps_enforcing_restarts_from_last_known_good_and_catches_up() {
     let agent = PolicyAgent::new(cfg).expect("agent");
     let kept = agent.load_last_known_good().expect("verified").expect("kept");
     assert_eq!(kept.version, 1);
-    let running = RunningAgent::start(agent, AgentStatus::started_from(&kept, PolicySource::LastKnownGood));
+    let running =
+        RunningAgent::start(agent, AgentStatus::started_from(&kept, PolicySource::LastKnownGood));
     tokio::time::sleep(Duration::from_millis(400)).await;
     let s = running.status();
-    assert_eq!((s.applied_version, s.source, s.connected), (Some(1), PolicySource::LastKnownGood, false));
+    assert_eq!(
+        (s.applied_version, s.source, s.connected),
+        (Some(1), PolicySource::LastKnownGood, false)
+    );
 
     // The coordinator returns (same address, same database) with a newer policy pushed
     // while the node could not hear it: the node catches up.
     let c = start_sqlite_on(&db, addr).await;
     admin(&c.url()).push_policy(&policy(2), None).await.expect("push 2");
-    running.wait_for("caught up to 2", WITHIN, |s| s.applied_version == Some(2) && s.connected).await;
+    running
+        .wait_for("caught up to 2", WITHIN, |s| s.applied_version == Some(2) && s.connected)
+        .await;
     let s = running.status();
     assert_eq!((s.source, s.health()), (PolicySource::Coordinator, "ok"));
-    assert_eq!(*running.applied.lock().expect("lock"), [2], "version 1 came from disk, not re-applied");
+    assert_eq!(
+        *running.applied.lock().expect("lock"),
+        [2],
+        "version 1 came from disk, not re-applied"
+    );
     drop(running);
     c.shutdown().await;
 }
@@ -101,15 +120,27 @@ async fn agent_fails_over_to_the_next_coordinator() {
     let c = start_sqlite(&dir.path().join("c.db")).await;
     admin(&c.url()).push_policy(&policy(7), None).await.expect("push");
     let dead = format!("http://{}", free_addr());
-    let cfg = agent_config(vec![dead.clone(), c.url()], "node-a", NODE_A, dir.path().join("lkg.json"));
-    let running = RunningAgent::start(PolicyAgent::new(cfg).expect("agent"), AgentStatus::default());
-    running.wait_for("version 7 via the second url", WITHIN, |s| s.applied_version == Some(7)).await;
+    let cfg =
+        agent_config(vec![dead.clone(), c.url()], "node-a", NODE_A, dir.path().join("lkg.json"));
+    let running =
+        RunningAgent::start(PolicyAgent::new(cfg).expect("agent"), AgentStatus::default());
+    running
+        .wait_for("version 7 via the second url", WITHIN, |s| s.applied_version == Some(7))
+        .await;
     assert_eq!(running.status().coordinator.as_deref(), Some(c.url().as_str()));
 
     // A node whose credential the coordinator does not accept gets nothing.
-    let cfg = agent_config(vec![c.url()], "node-a", "wrong-token-0123456789", dir.path().join("lkg2.json"));
-    let refused = RunningAgent::start(PolicyAgent::new(cfg).expect("agent"), AgentStatus::default());
-    refused.wait_for("refused", WITHIN, |s| s.last_error.as_deref().is_some_and(|e| e.contains("401"))).await;
+    let cfg = agent_config(
+        vec![c.url()],
+        "node-a",
+        "wrong-token-0123456789",
+        dir.path().join("lkg2.json"),
+    );
+    let refused =
+        RunningAgent::start(PolicyAgent::new(cfg).expect("agent"), AgentStatus::default());
+    refused
+        .wait_for("refused", WITHIN, |s| s.last_error.as_deref().is_some_and(|e| e.contains("401")))
+        .await;
     assert_eq!(refused.applied_version(), None);
     drop((running, refused));
     c.shutdown().await;
@@ -156,18 +187,28 @@ async fn forged_unsigned_tampered_and_older_policies_are_refused_with_reasons() 
     let genuine = |v: u64| signing::sign(&key(), &policy(v), "alice", 1).expect("sign");
 
     set(json(&genuine(3)));
-    let cfg = agent_config(vec![format!("http://{addr}")], "node-a", NODE_A, dir.path().join("lkg.json"));
-    let running = RunningAgent::start(PolicyAgent::new(cfg).expect("agent"), AgentStatus::default());
+    let cfg =
+        agent_config(vec![format!("http://{addr}")], "node-a", NODE_A, dir.path().join("lkg.json"));
+    let running =
+        RunningAgent::start(PolicyAgent::new(cfg).expect("agent"), AgentStatus::default());
     running.wait_for("genuine version 3", WITHIN, |s| s.applied_version == Some(3)).await;
 
     let expect_rejection = |kind: &'static str, version: u64| {
         let running = &running;
         async move {
             running
-                .wait_for(kind, WITHIN, |s| s.last_rejection.as_ref().is_some_and(|r| r.kind == kind && r.version == version))
+                .wait_for(kind, WITHIN, |s| {
+                    s.last_rejection
+                        .as_ref()
+                        .is_some_and(|r| r.kind == kind && r.version == version)
+                })
                 .await;
             let s = running.status();
-            assert_eq!(s.applied_version, Some(3), "still enforcing version 3 after a {kind} offer");
+            assert_eq!(
+                s.applied_version,
+                Some(3),
+                "still enforcing version 3 after a {kind} offer"
+            );
             s.last_rejection.expect("rejection").reason
         }
     };
@@ -203,19 +244,30 @@ async fn forged_unsigned_tampered_and_older_policies_are_refused_with_reasons() 
     let why = expect_rejection("older", 2).await;
     assert!(why.contains("older or equal version"), "{why}");
     assert!(running.status().rejections >= 6);
-    assert_eq!(*running.applied.lock().expect("lock"), [3], "nothing but version 3 was ever applied");
+    assert_eq!(
+        *running.applied.lock().expect("lock"),
+        [3],
+        "nothing but version 3 was ever applied"
+    );
 
     // The reasons reached the coordinator in the node's reports.
     let reports = liar.reports.clone();
     eventually("the last refusal reported", WITHIN, || {
         let last = reports.lock().expect("lock").last().cloned();
-        async move { last.is_some_and(|r| r["last_rejection"].as_str().is_some_and(|s| s.contains("older or equal"))) }
+        async move {
+            last.is_some_and(|r| {
+                r["last_rejection"].as_str().is_some_and(|s| s.contains("older or equal"))
+            })
+        }
     })
     .await;
     let reports = liar.reports.lock().expect("lock").clone();
     for needle in ["pinned", "signature does not verify", "unsigned", "bare policy", "tampered"] {
         assert!(
-            reports.iter().any(|r| r["last_rejection"].as_str().is_some_and(|s| s.contains(needle)) && r["health"] == "degraded"),
+            reports
+                .iter()
+                .any(|r| r["last_rejection"].as_str().is_some_and(|s| s.contains(needle))
+                    && r["health"] == "degraded"),
             "no degraded report mentions {needle:?}: {reports:#?}"
         );
     }
@@ -234,7 +286,8 @@ async fn a_failed_apply_is_not_recorded_as_applied() {
     let c = start_sqlite(&dir.path().join("c.db")).await;
     admin(&c.url()).push_policy(&policy(1), None).await.expect("push");
     let lkg = dir.path().join("lkg.json");
-    let agent = PolicyAgent::new(agent_config(vec![c.url()], "node-a", NODE_A, lkg.clone())).expect("agent");
+    let agent = PolicyAgent::new(agent_config(vec![c.url()], "node-a", NODE_A, lkg.clone()))
+        .expect("agent");
     let status = Arc::new(Mutex::new(AgentStatus::default()));
     let task = tokio::spawn(agent.clone().run(|_| Err("daemon busy".to_string()), status.clone()));
     eventually("apply error", WITHIN, || {

@@ -54,8 +54,16 @@ pub async fn start_sqlite_on(db: &Path, addr: SocketAddr) -> RunningCoordinator 
     RunningCoordinator::start(addr, Coordinator::new(store, key(), tokens())).await.expect("start")
 }
 
-pub async fn start_etcd_coordinator(etcd: &Etcd, prefix: &str, addr: SocketAddr) -> RunningCoordinator {
-    let store = Arc::new(coordinator::store::EtcdStore::connect(std::slice::from_ref(&etcd.url), prefix).await.expect("etcd store"));
+pub async fn start_etcd_coordinator(
+    etcd: &Etcd,
+    prefix: &str,
+    addr: SocketAddr,
+) -> RunningCoordinator {
+    let store = Arc::new(
+        coordinator::store::EtcdStore::connect(std::slice::from_ref(&etcd.url), prefix)
+            .await
+            .expect("etcd store"),
+    );
     RunningCoordinator::start(addr, Coordinator::new(store, key(), tokens())).await.expect("start")
 }
 
@@ -106,7 +114,12 @@ impl RunningAgent {
     }
 
     /// Wait until the status satisfies `f` (panics with the status after `within`).
-    pub async fn wait_for(&self, what: &str, within: Duration, f: impl Fn(&AgentStatus) -> bool) -> Duration {
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        within: Duration,
+        f: impl Fn(&AgentStatus) -> bool,
+    ) -> Duration {
         let t0 = Instant::now();
         loop {
             let s = self.status();
@@ -142,7 +155,10 @@ where
 
 /// A free loopback port (bound and released; fine for tests).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
 
 pub fn free_addr() -> SocketAddr {
@@ -150,7 +166,13 @@ pub fn free_addr() -> SocketAddr {
 }
 
 /// One raw HTTP/1.1 request (blocking; `Connection: close`), for the auth matrix.
-pub fn raw(url: &str, method: &str, path: &str, token: Option<&str>, body: Option<&[u8]>) -> (u16, String) {
+pub fn raw(
+    url: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&[u8]>,
+) -> (u16, String) {
     let authority = url.trim_start_matches("http://");
     let mut s = TcpStream::connect(authority).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
@@ -189,11 +211,20 @@ pub fn raw(url: &str, method: &str, path: &str, token: Option<&str>, body: Optio
 }
 
 /// [`raw`] off the async runtime.
-pub async fn raw_async(url: &str, method: &str, path: &str, token: Option<&str>, body: Option<Vec<u8>>) -> (u16, String) {
-    let (url, method, path, token) = (url.to_string(), method.to_string(), path.to_string(), token.map(str::to_string));
-    tokio::task::spawn_blocking(move || raw(&url, &method, &path, token.as_deref(), body.as_deref()))
-        .await
-        .expect("raw request task")
+pub async fn raw_async(
+    url: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Vec<u8>>,
+) -> (u16, String) {
+    let (url, method, path, token) =
+        (url.to_string(), method.to_string(), path.to_string(), token.map(str::to_string));
+    tokio::task::spawn_blocking(move || {
+        raw(&url, &method, &path, token.as_deref(), body.as_deref())
+    })
+    .await
+    .expect("raw request task")
 }
 
 /// A real etcd (Debian's etcd-server) on loopback ports with its own data dir; killed
@@ -228,7 +259,8 @@ impl Etcd {
         loop {
             if let Ok(mut s) = TcpStream::connect(("127.0.0.1", client)) {
                 let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                let _ = s.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+                let _ =
+                    s.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
                 let mut buf = String::new();
                 let _ = s.read_to_string(&mut buf);
                 if buf.contains("\"health\":\"true\"") {
@@ -251,7 +283,14 @@ impl Drop for Etcd {
 }
 
 /// A closed interval of `node` for fleet usage tests.
-pub fn interval(node: &str, id: &str, tenant: &str, start_ms: u64, duration_ms: u64, fraction: f64) -> metering::ClosedInterval {
+pub fn interval(
+    node: &str,
+    id: &str,
+    tenant: &str,
+    start_ms: u64,
+    duration_ms: u64,
+    fraction: f64,
+) -> metering::ClosedInterval {
     metering::ClosedInterval {
         id: metering::IntervalId(id.to_string()),
         start: metering::IntervalStart {

@@ -20,13 +20,23 @@ async fn two_coordinators_on_one_etcd_serve_the_same_policy_and_survive_losing_e
     // Push to A; a watcher on B gets it (B's etcd watch wakes its long polls).
     let dir = tempfile::tempdir().expect("tempdir");
     let on_b = RunningAgent::start(
-        PolicyAgent::new(agent_config(vec![url_b.clone(), url_a.clone()], "node-b", NODE_B, dir.path().join("b.json")))
-            .expect("agent"),
+        PolicyAgent::new(agent_config(
+            vec![url_b.clone(), url_a.clone()],
+            "node-b",
+            NODE_B,
+            dir.path().join("b.json"),
+        ))
+        .expect("agent"),
         AgentStatus::default(),
     );
     let on_a = RunningAgent::start(
-        PolicyAgent::new(agent_config(vec![url_a.clone(), url_b.clone()], "node-a", NODE_A, dir.path().join("a.json")))
-            .expect("agent"),
+        PolicyAgent::new(agent_config(
+            vec![url_a.clone(), url_b.clone()],
+            "node-a",
+            NODE_A,
+            dir.path().join("a.json"),
+        ))
+        .expect("agent"),
         AgentStatus::default(),
     );
     on_b.wait_for("polling B", WITHIN, |s| s.connected).await;
@@ -37,8 +47,14 @@ async fn two_coordinators_on_one_etcd_serve_the_same_policy_and_survive_losing_e
     assert_eq!(on_b.status().coordinator.as_deref(), Some(url_b.as_str()));
 
     // Both serve the same history; a version pushed through one is refused as old by the other.
-    assert_eq!(admin(&url_b).history().await.expect("history B"), admin(&url_a).history().await.expect("history A"));
-    assert_eq!(admin(&url_b).push_policy(&policy_with(1, "dev"), None).await.expect_err("old").status(), Some(409));
+    assert_eq!(
+        admin(&url_b).history().await.expect("history B"),
+        admin(&url_a).history().await.expect("history A")
+    );
+    assert_eq!(
+        admin(&url_b).push_policy(&policy_with(1, "dev"), None).await.expect_err("old").status(),
+        Some(409)
+    );
 
     // Racing pushes of the same version with different content: exactly one wins.
     let (ca, cb) = (admin(&url_a), admin(&url_b));
@@ -75,7 +91,8 @@ async fn two_coordinators_on_one_etcd_serve_the_same_policy_and_survive_losing_e
         }
     })
     .await;
-    let versions: Vec<u64> = admin(&url_b).history().await.expect("history").iter().map(|r| r.version).collect();
+    let versions: Vec<u64> =
+        admin(&url_b).history().await.expect("history").iter().map(|r| r.version).collect();
     assert_eq!(versions, [1, 2, 3, 4]);
     drop((on_a, on_b));
     b.shutdown().await;
@@ -91,18 +108,26 @@ async fn etcd_usage_uploads_are_idempotent_across_coordinators() {
         interval("node-a", "node-a-e-1", "acme/ml", 1_000_000, 60_000, 1.0),
         interval("node-a", "node-a-e-2", "acme/ml", 1_000_000, 60_000, 0.5),
     ];
-    let via_a = PolicyAgent::new(agent_config(vec![a.url()], "node-a", NODE_A, dir.path().join("1"))).expect("agent");
-    let via_b = PolicyAgent::new(agent_config(vec![b.url()], "node-a", NODE_A, dir.path().join("2"))).expect("agent");
+    let via_a =
+        PolicyAgent::new(agent_config(vec![a.url()], "node-a", NODE_A, dir.path().join("1")))
+            .expect("agent");
+    let via_b =
+        PolicyAgent::new(agent_config(vec![b.url()], "node-a", NODE_A, dir.path().join("2")))
+            .expect("agent");
     assert_eq!(via_a.upload_usage(&batch).await.expect("a").accepted, 2);
     let again = via_b.upload_usage(&batch).await.expect("b");
     assert_eq!((again.accepted, again.duplicates), (0, 2), "a retry through the other coordinator");
-    let u = admin(&b.url()).usage(0, 10_000_000, metering::GroupBy::Org, None).await.expect("usage");
+    let u =
+        admin(&b.url()).usage(0, 10_000_000, metering::GroupBy::Org, None).await.expect("usage");
     assert_eq!((u.report.total.intervals, u.report.total.gpu_seconds), (2, 90.0));
 
     // Separate prefixes are separate fleets.
     let other = start_etcd_coordinator(&etcd, "/t2-other", free_addr()).await;
     assert_eq!(other.coordinator().latest_version(), None);
-    let u = admin(&other.url()).usage(0, 10_000_000, metering::GroupBy::Org, None).await.expect("usage");
+    let u = admin(&other.url())
+        .usage(0, 10_000_000, metering::GroupBy::Org, None)
+        .await
+        .expect("usage");
     assert_eq!(u.report.total.intervals, 0);
     for c in [a, b, other] {
         c.shutdown().await;
@@ -112,6 +137,8 @@ async fn etcd_usage_uploads_are_idempotent_across_coordinators() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_etcd_is_an_error_at_start() {
     let addr = free_addr();
-    let err = coordinator::store::EtcdStore::connect(&[format!("http://{addr}")], "/x").await.expect_err("no etcd");
+    let err = coordinator::store::EtcdStore::connect(&[format!("http://{addr}")], "/x")
+        .await
+        .expect_err("no etcd");
     assert!(err.to_string().contains("does not answer"), "{err}");
 }

@@ -14,9 +14,12 @@ async fn credentials_are_checked_for_every_route_and_refusals_are_recorded() {
     // Anonymous and unknown credentials: 401.
     let (s, body) = raw_async(&url, "POST", "/v1/policies", None, Some(p1.clone())).await;
     assert_eq!(s, 401, "{body}");
-    let (s, _) = raw_async(&url, "POST", "/v1/policies", Some("not-a-known-token-xxxxx"), Some(p1.clone())).await;
+    let (s, _) =
+        raw_async(&url, "POST", "/v1/policies", Some("not-a-known-token-xxxxx"), Some(p1.clone()))
+            .await;
     assert_eq!(s, 401);
-    let (s, _) = raw_async(&url, "GET", "/v1/policies/latest?newer_than=0&timeout_ms=0", None, None).await;
+    let (s, _) =
+        raw_async(&url, "GET", "/v1/policies/latest?newer_than=0&timeout_ms=0", None, None).await;
     assert_eq!(s, 401, "watching needs a credential too");
 
     // A node credential cannot push, and says who was refused and why.
@@ -43,27 +46,45 @@ async fn credentials_are_checked_for_every_route_and_refusals_are_recorded() {
         assert_eq!(s, 403, "{method} {path}: {body}");
     }
     let report = br#"{"applied_version": 1, "source": "coordinator", "health": "ok"}"#.to_vec();
-    let (s, body) = raw_async(&url, "POST", "/v1/nodes/node-b/report", Some(NODE_A), Some(report.clone())).await;
+    let (s, body) =
+        raw_async(&url, "POST", "/v1/nodes/node-b/report", Some(NODE_A), Some(report.clone()))
+            .await;
     assert_eq!(s, 403, "{body}");
     assert!(body.contains("may act only as itself"), "{body}");
-    let (s, _) = raw_async(&url, "POST", "/v1/nodes/node-b/usage", Some(NODE_A), Some(br#"{"intervals": []}"#.to_vec())).await;
+    let (s, _) = raw_async(
+        &url,
+        "POST",
+        "/v1/nodes/node-b/usage",
+        Some(NODE_A),
+        Some(br#"{"intervals": []}"#.to_vec()),
+    )
+    .await;
     assert_eq!(s, 403);
-    let (s, _) = raw_async(&url, "POST", "/v1/nodes/node-a/report", Some(ADMIN), Some(report.clone())).await;
+    let (s, _) =
+        raw_async(&url, "POST", "/v1/nodes/node-a/report", Some(ADMIN), Some(report.clone())).await;
     assert_eq!(s, 403, "admins cannot pose as a node");
-    let (s, body) = raw_async(&url, "POST", "/v1/nodes/node-a/report", Some(NODE_A), Some(report)).await;
+    let (s, body) =
+        raw_async(&url, "POST", "/v1/nodes/node-a/report", Some(NODE_A), Some(report)).await;
     assert_eq!(s, 200, "{body}");
     let (s, _) = raw_async(&url, "GET", "/v1/nodes/node-a", Some(NODE_A), None).await;
     assert_eq!(s, 200, "a node reads its own record");
-    let (s, body) = raw_async(&url, "GET", "/v1/policies/latest?newer_than=0&timeout_ms=0", Some(NODE_A), None).await;
+    let (s, body) =
+        raw_async(&url, "GET", "/v1/policies/latest?newer_than=0&timeout_ms=0", Some(NODE_A), None)
+            .await;
     assert_eq!(s, 200, "nodes watch the policy: {body}");
 
     // Every refusal is on record with who and why.
     let refusals = admin(&url).refusals().await.expect("refusals");
-    let push = refusals.iter().find(|r| r.who == "node:node-a" && r.action == "push a policy").expect("push refusal");
+    let push = refusals
+        .iter()
+        .find(|r| r.who == "node:node-a" && r.action == "push a policy")
+        .expect("push refusal");
     assert_eq!(push.status, 403);
     assert!(refusals.iter().any(|r| r.who.starts_with("anonymous (127.0.0.1:") && r.status == 401));
     assert!(refusals.iter().any(|r| r.who.starts_with("unknown credential") && r.status == 401));
-    assert!(refusals.iter().any(|r| r.who == "node:node-a" && r.why.contains("not as node \"node-b\"")));
+    assert!(refusals
+        .iter()
+        .any(|r| r.who == "node:node-a" && r.why.contains("not as node \"node-b\"")));
     assert!(refusals.iter().any(|r| r.who == "admin:alice" && r.action == "report node status"));
     assert!(refusals.len() >= 12, "{refusals:#?}");
     c.shutdown().await;
@@ -102,12 +123,16 @@ async fn pushes_are_validated_versioned_signed_and_kept() {
     let hist: Vec<u64> = a.history().await.expect("history").iter().map(|r| r.version).collect();
     assert_eq!(hist, [1, 3]);
     let env = a.get(3).await.expect("get");
-    let v = coordinator::signing::verify(&env, &key().verifying_key()).expect("signed by the coordinator key");
+    let v = coordinator::signing::verify(&env, &key().verifying_key())
+        .expect("signed by the coordinator key");
     assert_eq!(v.bytes, policy_with(3, "dev"), "the exact bytes pushed");
     assert_eq!(v.policy.digest(), r3.digest);
     assert_eq!(a.get(2).await.expect_err("none").status(), Some(404));
     let d = a.diff(1, 3).await.expect("diff");
-    assert!(d.contains("-      \"trust\": \"trusted\"") && d.contains("+      \"trust\": \"dev\""), "{d}");
+    assert!(
+        d.contains("-      \"trust\": \"trusted\"") && d.contains("+      \"trust\": \"dev\""),
+        "{d}"
+    );
     assert!(d.starts_with("--- version 1\n+++ version 3\n"), "{d}");
 
     // Restart on the same database: same history, same latest for watchers.
@@ -116,7 +141,8 @@ async fn pushes_are_validated_versioned_signed_and_kept() {
     let c = start_sqlite(&dir.path().join("c.db")).await;
     assert_eq!(c.coordinator().latest_version(), Some(3));
     assert_ne!(c.url(), url);
-    let hist: Vec<u64> = admin(&c.url()).history().await.expect("history").iter().map(|r| r.version).collect();
+    let hist: Vec<u64> =
+        admin(&c.url()).history().await.expect("history").iter().map(|r| r.version).collect();
     assert_eq!(hist, [1, 3]);
     c.shutdown().await;
 }
@@ -131,12 +157,20 @@ async fn long_polls_wake_within_milliseconds_of_a_push() {
 
     // Nothing newer: 204 after the timeout, with the latest version in a header.
     let t0 = Instant::now();
-    let (s, _) = raw_async(&url, "GET", "/v1/policies/latest?newer_than=1&timeout_ms=300", Some(NODE_A), None).await;
+    let (s, _) = raw_async(
+        &url,
+        "GET",
+        "/v1/policies/latest?newer_than=1&timeout_ms=300",
+        Some(NODE_A),
+        None,
+    )
+    .await;
     assert_eq!(s, 204);
     assert!(t0.elapsed() >= Duration::from_millis(290), "{:?}", t0.elapsed());
 
     // Older than the latest: answered at once.
-    let (s, body) = raw_async(&url, "GET", "/v1/policies/latest?newer_than=0", Some(NODE_B), None).await;
+    let (s, body) =
+        raw_async(&url, "GET", "/v1/policies/latest?newer_than=0", Some(NODE_B), None).await;
     assert_eq!(s, 200);
     let env: coordinator::SignedPolicy = serde_json::from_str(&body).expect("envelope");
     assert_eq!(env.version, 1);
@@ -146,7 +180,14 @@ async fn long_polls_wake_within_milliseconds_of_a_push() {
         .map(|_| {
             let url = url.clone();
             tokio::spawn(async move {
-                let r = raw_async(&url, "GET", "/v1/policies/latest?newer_than=1&timeout_ms=20000", Some(NODE_A), None).await;
+                let r = raw_async(
+                    &url,
+                    "GET",
+                    "/v1/policies/latest?newer_than=1&timeout_ms=20000",
+                    Some(NODE_A),
+                    None,
+                )
+                .await;
                 (r, Instant::now())
             })
         })
@@ -171,7 +212,14 @@ async fn long_polls_wake_within_milliseconds_of_a_push() {
     // Shutting down answers parked polls at once (503) so nodes move on.
     let url2 = url.clone();
     let parked = tokio::spawn(async move {
-        raw_async(&url2, "GET", "/v1/policies/latest?newer_than=2&timeout_ms=20000", Some(NODE_A), None).await
+        raw_async(
+            &url2,
+            "GET",
+            "/v1/policies/latest?newer_than=2&timeout_ms=20000",
+            Some(NODE_A),
+            None,
+        )
+        .await
     });
     eventually("1 parked poll", Duration::from_secs(10), || {
         let n = coord.waiting_watchers();
@@ -193,24 +241,36 @@ async fn nodes_listing_shows_versions_contact_and_health() {
     let report = br#"{"applied_version": 4, "applied_digest": "abc", "source": "coordinator", "health": "degraded",
                       "last_rejection": "version 5 from x: forged"}"#
         .to_vec();
-    let (s, body) = raw_async(&url, "POST", "/v1/nodes/node-a/report", Some(NODE_A), Some(report)).await;
+    let (s, body) =
+        raw_async(&url, "POST", "/v1/nodes/node-a/report", Some(NODE_A), Some(report)).await;
     assert_eq!(s, 200, "{body}");
     let nodes = admin(&url).nodes().await.expect("nodes");
     assert_eq!(nodes.len(), 2, "{nodes:#?}");
     let a = &nodes[0];
-    assert_eq!((a.node.as_str(), a.applied_version, a.health.as_str(), a.stale), ("node-a", Some(4), "degraded", false));
+    assert_eq!(
+        (a.node.as_str(), a.applied_version, a.health.as_str(), a.stale),
+        ("node-a", Some(4), "degraded", false)
+    );
     assert!(a.last_contact_ms.is_some());
     assert_eq!(a.last_rejection.as_deref(), Some("version 5 from x: forged"));
     let b = &nodes[1];
-    assert_eq!((b.node.as_str(), b.applied_version, b.health.as_str(), b.stale), ("node-b", None, "unknown", true));
+    assert_eq!(
+        (b.node.as_str(), b.applied_version, b.health.as_str(), b.stale),
+        ("node-b", None, "unknown", true)
+    );
     let table = coordinator::client::render_nodes(&nodes, coordinator::now_ms());
-    assert!(table.contains("node-a\t4\tcoordinator\tdegraded\t0s ago\tversion 5 from x: forged"), "{table}");
+    assert!(
+        table.contains("node-a\t4\tcoordinator\tdegraded\t0s ago\tversion 5 from x: forged"),
+        "{table}"
+    );
     assert!(table.contains("node-b\t-\tnone\tunknown\tnever"), "{table}");
 
     // Malformed input is a 400 with a message, not a crash.
-    let (s, body) = raw_async(&url, "POST", "/v1/nodes/node-a/report", Some(NODE_A), Some(b"{".to_vec())).await;
+    let (s, body) =
+        raw_async(&url, "POST", "/v1/nodes/node-a/report", Some(NODE_A), Some(b"{".to_vec())).await;
     assert_eq!(s, 400, "{body}");
-    let (s, body) = raw_async(&url, "GET", "/v1/policies/latest?newer_than=x", Some(NODE_A), None).await;
+    let (s, body) =
+        raw_async(&url, "GET", "/v1/policies/latest?newer_than=x", Some(NODE_A), None).await;
     assert_eq!(s, 400, "{body}");
     c.shutdown().await;
 }

@@ -24,9 +24,15 @@ fn pki(dir: &Path, name: &str) -> Pki {
     ca_params.distinguished_name.push(rcgen::DnType::CommonName, format!("{name} test CA"));
     let ca = ca_params.self_signed(&ca_key).unwrap();
     let key = rcgen::KeyPair::generate().unwrap();
-    let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+    let params =
+        rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+            .unwrap();
     let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
-    let p = Pki { ca: dir.join(format!("{name}-ca.pem")), cert: dir.join(format!("{name}-cert.pem")), key: dir.join(format!("{name}-key.pem")) };
+    let p = Pki {
+        ca: dir.join(format!("{name}-ca.pem")),
+        cert: dir.join(format!("{name}-cert.pem")),
+        key: dir.join(format!("{name}-key.pem")),
+    };
     std::fs::write(&p.ca, ca.pem()).unwrap();
     std::fs::write(&p.cert, cert.pem()).unwrap();
     std::fs::write(&p.key, key.serialize_pem()).unwrap();
@@ -36,9 +42,13 @@ fn pki(dir: &Path, name: &str) -> Pki {
 async fn start_tls(db: &Path, pki: &Pki) -> RunningCoordinator {
     let store = Arc::new(coordinator::store::SqliteStore::open(db).expect("sqlite store"));
     let tls = coordinator::tls::server_config(&pki.cert, &pki.key).expect("server tls");
-    RunningCoordinator::start_with("127.0.0.1:0".parse().unwrap(), Coordinator::new(store, key(), tokens()), Some(tls))
-        .await
-        .expect("start")
+    RunningCoordinator::start_with(
+        "127.0.0.1:0".parse().unwrap(),
+        Coordinator::new(store, key(), tokens()),
+        Some(tls),
+    )
+    .await
+    .expect("start")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,21 +70,31 @@ async fn https_coordinator_talks_only_to_clients_that_trust_its_ca() {
     assert!(e.to_string().contains("--coordinator-ca"), "{e}");
     // Another CA: the handshake fails, nothing is sent.
     let wrong = coordinator::tls::client_config(&other.ca).unwrap();
-    let e = admin(&c.url()).with_tls(Some(wrong)).push_policy(&policy(2), None).await.expect_err("wrong CA");
+    let e = admin(&c.url())
+        .with_tls(Some(wrong))
+        .push_policy(&policy(2), None)
+        .await
+        .expect_err("wrong CA");
     assert!(e.to_string().contains("TLS"), "{e}");
     // Plain HTTP to the TLS port gets no HTTP answer.
     let plain = c.url().replacen("https://", "http://", 1);
-    let e = admin(&plain).with_timeout(Duration::from_secs(5)).history().await.expect_err("plain http");
+    let e =
+        admin(&plain).with_timeout(Duration::from_secs(5)).history().await.expect_err("plain http");
     assert!(!e.to_string().contains("200"), "{e}");
     assert_eq!(a.history().await.expect("history").len(), 1, "a refused client pushed something");
 
     // A node agent over https follows pushes.
     let mut cfg = agent_config(vec![c.url()], "node-a", NODE_A, dir.path().join("lkg.json"));
     cfg.tls = Some(trusting);
-    let running = RunningAgent::start(PolicyAgent::new(cfg).expect("agent"), AgentStatus::default());
-    running.wait_for("version 1 over https", Duration::from_secs(10), |s| s.applied_version == Some(1)).await;
+    let running =
+        RunningAgent::start(PolicyAgent::new(cfg).expect("agent"), AgentStatus::default());
+    running
+        .wait_for("version 1 over https", Duration::from_secs(10), |s| s.applied_version == Some(1))
+        .await;
     a.push_policy(&policy_with(2, "dev"), None).await.expect("push 2");
-    running.wait_for("version 2 over https", Duration::from_secs(10), |s| s.applied_version == Some(2)).await;
+    running
+        .wait_for("version 2 over https", Duration::from_secs(10), |s| s.applied_version == Some(2))
+        .await;
     drop(running);
     c.shutdown().await;
 }
@@ -88,5 +108,8 @@ fn a_certificate_with_the_wrong_key_is_refused_naming_the_file() {
     assert!(e.to_string().contains("a-cert.pem"), "{e}");
     // A key file given as the certificate, and a certificate given as the key.
     assert!(coordinator::tls::server_config(&a.key, &a.key).is_err());
-    assert!(coordinator::tls::server_config(&a.cert, &a.cert).expect_err("cert as key").to_string().contains("a-cert.pem"));
+    assert!(coordinator::tls::server_config(&a.cert, &a.cert)
+        .expect_err("cert as key")
+        .to_string()
+        .contains("a-cert.pem"));
 }

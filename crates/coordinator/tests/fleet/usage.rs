@@ -16,7 +16,10 @@ const T0: u64 = 1_767_225_600_000;
 
 /// A TCP proxy to `upstream` that, for its first `drop_first` connections, lets the
 /// request through but throws the answer away and closes: the "lost response" case.
-async fn lossy_proxy(upstream: SocketAddr, drop_first: usize) -> (SocketAddr, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+async fn lossy_proxy(
+    upstream: SocketAddr,
+    drop_first: usize,
+) -> (SocketAddr, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let seen = Arc::new(AtomicUsize::new(0));
@@ -63,7 +66,12 @@ async fn uploads_retried_after_a_lost_answer_count_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let c = start_sqlite(&dir.path().join("c.db")).await;
     let (proxy, seen, proxy_task) = lossy_proxy(c.addr(), 1).await;
-    let mut cfg = agent_config(vec![format!("http://{proxy}")], "node-a", NODE_A, dir.path().join("lkg.json"));
+    let mut cfg = agent_config(
+        vec![format!("http://{proxy}")],
+        "node-a",
+        NODE_A,
+        dir.path().join("lkg.json"),
+    );
     cfg.retry_min = Duration::from_millis(20);
     let agent = PolicyAgent::new(cfg).expect("agent");
 
@@ -84,19 +92,32 @@ async fn uploads_retried_after_a_lost_answer_count_once() {
     assert_eq!((out.accepted, out.duplicates), (1, 1));
 
     // Node B uploads its own.
-    let agent_b = PolicyAgent::new(agent_config(vec![c.url()], "node-b", NODE_B, dir.path().join("b.json"))).expect("agent");
-    agent_b.upload_usage(&[interval("node-b", "node-b-x-1", "acme/ml/vision/carol", T0, HOUR, 1.0)]).await.expect("b");
+    let agent_b =
+        PolicyAgent::new(agent_config(vec![c.url()], "node-b", NODE_B, dir.path().join("b.json")))
+            .expect("agent");
+    agent_b
+        .upload_usage(&[interval("node-b", "node-b-x-1", "acme/ml/vision/carol", T0, HOUR, 1.0)])
+        .await
+        .expect("b");
 
-    let u = admin(&c.url()).usage(T0, T0 + 2 * HOUR, metering::GroupBy::Team, None).await.expect("usage");
+    let u = admin(&c.url())
+        .usage(T0, T0 + 2 * HOUR, metering::GroupBy::Team, None)
+        .await
+        .expect("usage");
     assert_eq!(u.report.total.intervals, 5, "{u:#?}");
     // 3600 + 900 + 3600 + 900 + 3600 GPU-seconds.
     assert_eq!(u.report.total.gpu_seconds, 12_600.0);
-    let groups: Vec<(&str, f64)> = u.report.rows.iter().map(|r| (r.group.as_str(), r.gpu_seconds)).collect();
+    let groups: Vec<(&str, f64)> =
+        u.report.rows.iter().map(|r| (r.group.as_str(), r.gpu_seconds)).collect();
     assert_eq!(groups, [("acme/ml", 9_000.0), ("beta/x", 3_600.0)]);
-    let nodes: Vec<(&str, f64, u64)> = u.nodes.iter().map(|n| (n.node.as_str(), n.gpu_seconds, n.intervals)).collect();
+    let nodes: Vec<(&str, f64, u64)> =
+        u.nodes.iter().map(|n| (n.node.as_str(), n.gpu_seconds, n.intervals)).collect();
     assert_eq!(nodes, [("node-a", 9_000.0, 4), ("node-b", 3_600.0, 1)]);
     // A window clips intervals; a node filter narrows.
-    let u = admin(&c.url()).usage(T0, T0 + HOUR, metering::GroupBy::Org, Some(&["node-b".to_string()])).await.expect("usage");
+    let u = admin(&c.url())
+        .usage(T0, T0 + HOUR, metering::GroupBy::Org, Some(&["node-b".to_string()]))
+        .await
+        .expect("usage");
     assert_eq!((u.report.total.gpu_seconds, u.report.total.intervals), (3_600.0, 1));
     // Prices through POST.
     let q = coordinator::FleetUsageRequest {
@@ -105,7 +126,11 @@ async fn uploads_retried_after_a_lost_answer_count_once() {
             to_ms: T0 + 2 * HOUR,
             by: metering::GroupBy::Org,
             prices: metering::Prices {
-                per_model: [("H100-80GB".to_string(), metering::Rate { reserved_per_gpu_hour: 2.0, burst_per_gpu_hour: 4.0 })].into(),
+                per_model: [(
+                    "H100-80GB".to_string(),
+                    metering::Rate { reserved_per_gpu_hour: 2.0, burst_per_gpu_hour: 4.0 },
+                )]
+                .into(),
             },
         },
         nodes: None,
@@ -119,7 +144,10 @@ async fn uploads_retried_after_a_lost_answer_count_once() {
     let out = agent.upload_usage(&[changed]).await.expect("conflict is not an error");
     assert_eq!(out.conflicts, ["node-a-abc-1"]);
     // Another node's interval is refused outright.
-    let err = agent.upload_usage(&[interval("node-b", "node-b-y-1", "acme", T0, 1, 1.0)]).await.expect_err("not its own");
+    let err = agent
+        .upload_usage(&[interval("node-b", "node-b-y-1", "acme", T0, 1, 1.0)])
+        .await
+        .expect_err("not its own");
     assert!(err.to_string().contains("only its own intervals"), "{err}");
     proxy_task.abort();
     c.shutdown().await;
