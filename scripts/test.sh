@@ -9,5 +9,5 @@ tessera_ensure_deps
 # Habits that hold themselves: an unformatted file or a lint fails the run.
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo build --locked --bins
+cargo build --locked --workspace --bins
 cargo test --workspace --locked "$@"

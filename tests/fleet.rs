@@ -33,7 +33,38 @@ use tessera_api::{
     StartRequest,
 };
 
-const COORDINATOR_BIN: &str = env!("CARGO_BIN_EXE_tessera-coordinator");
+/// The `tessera-coordinator` binary. It belongs to the `coordinator` package (the root
+/// package must not link the coordinator), so cargo sets no `CARGO_BIN_EXE_` for it here:
+/// build it once per test run into the target dir that holds `tesserad` (a no-op when it is
+/// fresh, e.g. after `cargo build --workspace --bins`) and use it from there.
+fn coordinator_bin() -> &'static str {
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let profile_dir = std::path::Path::new(TESSERAD).parent().expect("tesserad's dir");
+        let target_dir = profile_dir.parent().expect("the target dir");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev",
+            Some(p) => p,
+        };
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = Command::new(cargo)
+            .args(["build", "--quiet", "-p", "coordinator", "--bin", "tessera-coordinator"])
+            .args(["--profile", profile])
+            .arg("--target-dir")
+            .arg(target_dir)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("running cargo build -p coordinator");
+        assert!(
+            out.status.success(),
+            "cargo build -p coordinator --bin tessera-coordinator: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bin = profile_dir.join("tessera-coordinator");
+        assert!(bin.is_file(), "{} missing after the build", bin.display());
+        bin.to_str().expect("utf-8 path").to_string()
+    })
+}
 const ADMIN: &str = "admin-token-alice-0123456789abcdef";
 const NODE_A: &str = "sim-h100-a";
 const NODE_B: &str = "sim-h100-b";
@@ -63,7 +94,8 @@ impl Fleet {
     fn start() -> Option<Fleet> {
         let dir = tempfile::Builder::new().prefix("tessera-fleet-").tempdir().expect("tempdir");
         let key_file = dir.path().join("signing.key");
-        let out = run_cmd(Command::new(COORDINATOR_BIN).arg("keygen").arg("--out").arg(&key_file));
+        let out =
+            run_cmd(Command::new(coordinator_bin()).arg("keygen").arg("--out").arg(&key_file));
         out.assert_success("tessera-coordinator keygen");
         let public_key = out.stdout_str().trim().to_string();
         assert_eq!(public_key.len(), 64, "keygen prints the public key as hex: {public_key:?}");
@@ -138,7 +170,7 @@ impl Fleet {
         ];
         let proc = ChildProcess::spawn(
             name,
-            COORDINATOR_BIN,
+            coordinator_bin(),
             args,
             [("TESSERA_LOG", "info")],
             &self.log_dir(),
@@ -158,27 +190,22 @@ impl Fleet {
 
     /// Sign `version` with the coordinator's own key (for revisions the coordinator
     /// never served).
-    fn sign(&self, version: u64, untrusted_gpu: bool) -> coordinator::SignedPolicy {
-        let key = coordinator::signing::load_signing_key(&self.key_file).expect("signing key");
-        coordinator::signing::sign(
-            &key,
-            &policy_bytes(version, untrusted_gpu),
-            "alice",
-            coordinator::now_ms(),
-        )
-        .expect("sign")
+    fn sign(&self, version: u64, untrusted_gpu: bool) -> fleet::SignedPolicy {
+        let key = fleet::signing::load_signing_key(&self.key_file).expect("signing key");
+        fleet::signing::sign(&key, &policy_bytes(version, untrusted_gpu), "alice", fleet::now_ms())
+            .expect("sign")
     }
 
     /// The id of the key nodes pin.
     fn key_id(&self) -> String {
-        coordinator::signing::key_id(
-            &coordinator::signing::load_verifying_key(&self.public_key).expect("public key"),
+        fleet::signing::key_id(
+            &fleet::signing::load_verifying_key(&self.public_key).expect("public key"),
         )
     }
 
     /// Write `env` into etcd as the latest revision, as someone with write access to the
     /// store (not the coordinator) could.
-    fn inject(&self, env: &coordinator::SignedPolicy) {
+    fn inject(&self, env: &fleet::SignedPolicy) {
         let json = serde_json::to_vec(env).expect("envelope json");
         etcd_put(&self.etcd_url, &format!("/tessera-test/policy/rev/{:020}", env.version), &json);
         etcd_put(&self.etcd_url, "/tessera-test/policy/latest", env.version.to_string().as_bytes());
@@ -643,9 +670,9 @@ fn a_push_reaches_both_nodes_and_forged_unsigned_and_older_revisions_are_refused
     );
 
     // Forged: signed by another key that claims the pinned key's id, written into etcd.
-    let evil = coordinator::signing::parse_signing_key(&"66".repeat(32), "evil key").expect("key");
+    let evil = fleet::signing::parse_signing_key(&"66".repeat(32), "evil key").expect("key");
     let mut forged =
-        coordinator::signing::sign(&evil, &policy_bytes(3, true), "mallory", coordinator::now_ms())
+        fleet::signing::sign(&evil, &policy_bytes(3, true), "mallory", fleet::now_ms())
             .expect("sign");
     forged.key_id = fleet.key_id();
     fleet.inject(&forged);
@@ -704,7 +731,7 @@ fn a_push_reaches_both_nodes_and_forged_unsigned_and_older_revisions_are_refused
     }
 
     // Older: the genuine, correctly signed version 2 replayed to both nodes.
-    let old = coordinator::client::blocking::get(&c.url, ADMIN, 2).expect("version 2");
+    let old = fleet::client::blocking::get(&c.url, ADMIN, 2).expect("version 2");
     let replay = serde_json::to_vec(&old).expect("json");
     pa.replay(Some(replay.clone()));
     pb.replay(Some(replay));
@@ -893,9 +920,9 @@ fn a_node_credential_cannot_push_or_read_the_fleet() {
     assert!(out.stderr_str().contains("401"), "{}", out.stderr_str());
 
     // Nothing was stored; the refusals are logged and kept for admins.
-    let revs = coordinator::client::blocking::history(&c.url, ADMIN).expect("history");
+    let revs = fleet::client::blocking::history(&c.url, ADMIN).expect("history");
     assert_eq!(revs.iter().map(|r| r.version).collect::<Vec<_>>(), [2]);
-    let refusals = coordinator::client::blocking::refusals(&c.url, ADMIN).expect("refusals");
+    let refusals = fleet::client::blocking::refusals(&c.url, ADMIN).expect("refusals");
     assert!(
         refusals.iter().any(|r| r.who == format!("node:{NODE_A}")
             && r.action == "push a policy"
@@ -1042,9 +1069,8 @@ fn a_node_refuses_a_tampered_last_known_good_and_starts_from_a_good_one_with_no_
     assert!(log.contains("tampered") && log.contains(&lkg.display().to_string()), "{log}");
 
     // Signed by another key: refused too.
-    let evil = coordinator::signing::parse_signing_key(&"66".repeat(32), "evil key").expect("key");
-    let other =
-        coordinator::signing::sign(&evil, &policy_bytes(8, true), "mallory", 1).expect("sign");
+    let evil = fleet::signing::parse_signing_key(&"66".repeat(32), "evil key").expect("key");
+    let other = fleet::signing::sign(&evil, &policy_bytes(8, true), "mallory", 1).expect("sign");
     std::fs::write(&lkg, serde_json::to_vec(&other).expect("json")).expect("write lkg");
     a.daemon.restart();
     assert!(a.daemon.wait_exit(WITHIN).is_some_and(|e| !e.success()));
@@ -1157,7 +1183,7 @@ fn an_https_coordinator_reaches_nodes_and_admins_that_hold_its_ca() {
     ];
     let proc = ChildProcess::spawn(
         "tls-coordinator",
-        COORDINATOR_BIN,
+        coordinator_bin(),
         args,
         [("TESSERA_LOG", "info")],
         &fleet.log_dir(),

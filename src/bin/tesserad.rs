@@ -112,7 +112,7 @@ impl FleetArgs {
         let key_arg = self
             .trust_key
             .ok_or("--coordinator needs --trust-key (the coordinator's public key)")?;
-        let trust_key = coordinator::signing::load_verifying_key(&key_arg)
+        let trust_key = fleet::signing::load_verifying_key(&key_arg)
             .map_err(|e| format!("--trust-key: {e}"))?;
         let token = match self.node_token {
             Some(path) => read_token(&path)?,
@@ -125,10 +125,8 @@ impl FleetArgs {
         };
         let mut cfg = tesserad::CoordinatorConfig::new(urls, trust_key, token);
         if let Some(ca) = &self.coordinator_ca {
-            cfg.tls = Some(
-                coordinator::tls::client_config(ca)
-                    .map_err(|e| format!("--coordinator-ca: {e}"))?,
-            );
+            cfg.tls =
+                Some(fleet::tls::client_config(ca).map_err(|e| format!("--coordinator-ca: {e}"))?);
         }
         cfg.node_id = self.node_id;
         cfg.poll_timeout = Duration::from_millis(self.coordinator_poll_timeout_ms);

@@ -23,7 +23,8 @@
 //!   node token can watch the policy and report or upload usage as its own node only;
 //!   every refusal is logged (`tracing` warn with who and why) and kept in a ring that
 //!   admins read at `GET /v1/audit/refusals`.
-//! * The node side ([`agent::PolicyAgent`]): long-polls, verifies each envelope against
+//! * The node side ([`agent::PolicyAgent`], in the `fleet` crate with the wire types, the
+//!   envelope's verification and the client, so nodes build without this crate): long-polls, verifies each envelope against
 //!   the pinned public key, refuses unsigned, forged and older versions (the reason goes
 //!   into [`agent::AgentStatus`] and to the coordinator), hands the policy to the daemon,
 //!   keeps it on disk as last-known-good, reports its applied version and health, fails
@@ -53,72 +54,24 @@
 //! Plain HTTP only: TLS (and mTLS credentials) are not implemented here; run the
 //! coordinator behind a TLS-terminating proxy or on a trusted network.
 
-pub mod agent;
 pub mod auth;
-pub mod client;
-mod diff;
-mod http;
 pub mod server;
-pub mod signing;
 pub mod store;
-pub mod tls;
-mod wire;
 
-pub use agent::{AgentConfig, AgentError, AgentStatus, PolicyAgent, PolicySource};
+// The wire types, the signed envelope, the client, TLS and the node agent live in the
+// `fleet` crate (what nodes and the CLI build against); re-exported under their old paths.
+pub(crate) use fleet::validate_name;
+pub use fleet::{agent, client, signing, tls, wire};
+pub use fleet::{now_ms, validate_node_id};
+
 pub use auth::{Principal, Tokens, TokensError};
-pub use diff::{diff_labeled, diff_policies};
-pub use server::{CoordinatorError, RunningCoordinator, ServeOptions};
-pub use signing::{SignedPolicy, Verified, VerifyError};
-pub use store::{PolicyStore, StoreError, StoreSpec};
-pub use wire::{
+pub use fleet::{
+    diff_labeled, diff_policies, AgentConfig, AgentError, AgentStatus, PolicyAgent, PolicySource,
+    SignedPolicy, Verified, VerifyError,
+};
+pub use fleet::{
     ErrorBody, FleetUsage, FleetUsageRequest, NodeRecord, NodeReport, NodeUsage, RefusalRecord,
     RevisionSummary, UploadOutcome, UsageUpload, MAX_UPLOAD_BATCH,
 };
-
-/// Milliseconds since the Unix epoch (0 if the clock is before 1970).
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
-/// A node id as it appears in tokens, routes and store keys: 1 to 253 characters of
-/// `[A-Za-z0-9._-]`, not starting with `.` or `-`.
-pub fn validate_node_id(node: &str) -> Result<(), String> {
-    validate_name("node id", node)
-}
-
-/// Names that become store keys and URL segments: 1 to 253 characters of
-/// `[A-Za-z0-9._-]`, not starting with `.` or `-` (so never `.`, `..` or an option).
-pub(crate) fn validate_name(what: &str, s: &str) -> Result<(), String> {
-    if s.is_empty() || s.len() > 253 {
-        return Err(format!("{what} {s:?} must be 1 to 253 characters"));
-    }
-    if s.starts_with('.') || s.starts_with('-') {
-        return Err(format!("{what} {s:?} must not start with '.' or '-'"));
-    }
-    if let Some(c) =
-        s.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
-        return Err(format!(
-            "{what} {s:?} contains {c:?}; allowed: letters, digits, '.', '_', '-'"
-        ));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn node_ids_are_safe_names() {
-        for ok in ["node-a", "gpu01.rack3", "N_1"] {
-            assert!(validate_node_id(ok).is_ok(), "{ok}");
-        }
-        for bad in ["", ".", "..", "-x", "a/b", "a b", "é", &"x".repeat(254)] {
-            assert!(validate_node_id(bad).is_err(), "{bad:?}");
-        }
-    }
-}
+pub use server::{CoordinatorError, RunningCoordinator, ServeOptions};
+pub use store::{PolicyStore, StoreError, StoreSpec};

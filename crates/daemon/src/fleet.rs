@@ -23,13 +23,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ::fleet::signing::{self, Verified};
+use ::fleet::{AgentConfig, AgentStatus, PolicyAgent, PolicySource};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use coordinator::signing::{self, Verified};
-use coordinator::{AgentConfig, AgentStatus, PolicyAgent, PolicySource};
 use serde::{Deserialize, Serialize};
 use tessera_api::{ApiError, CoordinatorStatus, ErrorCode, PolicyRejection, UsageUploadStatus};
 use tracing::{error, info, warn};
@@ -59,7 +59,7 @@ pub struct CoordinatorConfig {
     /// How often closed ledger intervals are uploaded.
     pub usage_every: Duration,
     /// How https:// coordinators are verified (`--coordinator-ca`).
-    pub tls: Option<Arc<coordinator::tls::ClientConfig>>,
+    pub tls: Option<Arc<::fleet::tls::ClientConfig>>,
 }
 
 impl std::fmt::Debug for CoordinatorConfig {
@@ -130,7 +130,7 @@ impl Fleet {
         state_dir: &Path,
     ) -> Result<Fleet, DaemonError> {
         let node_id = cfg.node_id.clone().unwrap_or_else(|| node_name.to_string());
-        coordinator::validate_node_id(&node_id).map_err(|e| err(format!("--node-id: {e}")))?;
+        ::fleet::validate_node_id(&node_id).map_err(|e| err(format!("--node-id: {e}")))?;
         if node_id != node_name {
             return Err(err(format!(
                 "--node-id {node_id:?} differs from this node's name {node_name:?}: the ledger stamps every \
@@ -205,7 +205,7 @@ impl Fleet {
     async fn fetch_first(&self) -> Result<(ActivePolicy, AgentStatus), DaemonError> {
         let mut problems = Vec::new();
         for url in &self.urls {
-            let client = coordinator::client::Client::new(&[url], &self.agent.config().token)
+            let client = ::fleet::client::Client::new(&[url], &self.agent.config().token)
                 .map_err(|e| err(e.to_string()))?
                 .with_tls(self.agent.config().tls.clone())
                 .with_timeout(Duration::from_secs(10));
@@ -218,14 +218,14 @@ impl Fleet {
                                 e.kind()
                             ))
                         })?;
-                    coordinator::agent::write_last_known_good(&self.lkg_path, &verified)
+                    ::fleet::agent::write_last_known_good(&self.lkg_path, &verified)
                         .map_err(|e| err(e.to_string()))?;
                     info!(version = verified.version, coordinator = %url, "starting from the coordinator's policy");
                     let mut status =
                         AgentStatus::started_from(&verified, PolicySource::Coordinator);
                     status.coordinator = Some(url.clone());
                     status.connected = true;
-                    status.last_contact_ms = Some(coordinator::now_ms());
+                    status.last_contact_ms = Some(::fleet::now_ms());
                     let active = ActivePolicy {
                         policy: verified.policy,
                         source: format!("coordinator:{url}"),
@@ -365,17 +365,17 @@ async fn probe(
     urls: &[String],
     node_id: &str,
     token: &str,
-    tls: Option<Arc<coordinator::tls::ClientConfig>>,
+    tls: Option<Arc<::fleet::tls::ClientConfig>>,
     status: &Mutex<AgentStatus>,
 ) {
     for url in urls {
-        let Ok(client) = coordinator::client::Client::new(&[url], token) else { continue };
+        let Ok(client) = ::fleet::client::Client::new(&[url], token) else { continue };
         let client = client.with_tls(tls.clone());
         match client.with_timeout(Duration::from_secs(5)).node(node_id).await {
             Ok(_) => {
                 let mut s = lock(status);
                 s.connected = true;
-                s.last_contact_ms = Some(coordinator::now_ms());
+                s.last_contact_ms = Some(::fleet::now_ms());
                 s.coordinator = Some(url.clone());
                 s.last_error = None;
                 info!(coordinator = %url, "coordinator reachable");
@@ -394,7 +394,7 @@ fn file_start(path: &Path, p: policy::Policy) -> (ActivePolicy, AgentStatus) {
     let status = AgentStatus {
         applied_version: Some(p.version()),
         applied_digest: Some(p.digest()),
-        applied_at_ms: Some(coordinator::now_ms()),
+        applied_at_ms: Some(::fleet::now_ms()),
         source: PolicySource::File,
         ..AgentStatus::default()
     };
@@ -510,7 +510,7 @@ impl Uploader {
             .collect();
         lock(&self.status).pending = pending.len() as u64;
         let mut result = Ok(());
-        for chunk in pending.chunks(coordinator::MAX_UPLOAD_BATCH) {
+        for chunk in pending.chunks(::fleet::MAX_UPLOAD_BATCH) {
             let intervals: Vec<metering::ClosedInterval> =
                 chunk.iter().map(|(_, c)| c.clone()).collect();
             match self.agent.upload_usage(&intervals).await {
@@ -523,7 +523,7 @@ impl Uploader {
                     s.duplicates += out.duplicates;
                     s.conflicts += out.conflicts.len() as u64;
                     s.pending = s.pending.saturating_sub(chunk.len() as u64);
-                    s.last_upload_ms = Some(coordinator::now_ms());
+                    s.last_upload_ms = Some(::fleet::now_ms());
                     drop(s);
                     if out.accepted > 0 || out.duplicates > 0 {
                         info!(

@@ -1,13 +1,13 @@
 //! The fleet coordinator's side of the command line: policy push, history and diff,
-//! nodes, fleet-wide usage. The work is in `coordinator::client`; this file parses and
+//! nodes, fleet-wide usage. The work is in `fleet::client` (the fleet crate); this file parses and
 //! prints.
 
 use std::fmt::Write as _;
 
+use ::fleet::client::blocking::block_on;
+use ::fleet::client::{Client, ClientError};
+use ::fleet::{FleetUsage, FleetUsageRequest, NodeRecord, RevisionSummary};
 use clap::{Args, Subcommand};
-use coordinator::client::blocking::block_on;
-use coordinator::client::{Client, ClientError};
-use coordinator::{FleetUsage, FleetUsageRequest, NodeRecord, RevisionSummary};
 
 /// Where the coordinator is and who is asking.
 #[derive(Debug, Clone, Args)]
@@ -43,8 +43,7 @@ impl CoordinatorArgs {
         let (url, token) = self.need()?;
         let tls = match &self.coordinator_ca {
             Some(ca) => Some(
-                coordinator::tls::client_config(ca)
-                    .map_err(|e| format!("--coordinator-ca: {e}"))?,
+                ::fleet::tls::client_config(ca).map_err(|e| format!("--coordinator-ca: {e}"))?,
             ),
             None => None,
         };
@@ -223,7 +222,7 @@ fn latest_prices(client: &Client) -> Result<metering::Prices, String> {
 }
 
 fn now_ms() -> u64 {
-    coordinator::now_ms()
+    ::fleet::now_ms()
 }
 
 fn short(digest: &str) -> &str {

@@ -79,13 +79,14 @@ pub struct NodeRecord {
     pub last_report_ms: Option<u64>,
     /// The latest of its last report and (on the answering coordinator) its last poll.
     pub last_contact_ms: Option<u64>,
-    /// True when the node has not been heard from in [`crate::server::STALE_AFTER_MS`].
+    /// True when the node has not been heard from in `coordinator::server::STALE_AFTER_MS` (two minutes).
     #[serde(default)]
     pub stale: bool,
 }
 
 impl NodeRecord {
-    pub(crate) fn unknown(node: &str) -> Self {
+    /// A node never heard from: no applied version, health `unknown`, stale.
+    pub fn unknown(node: &str) -> Self {
         NodeRecord {
             node: node.to_string(),
             applied_version: None,

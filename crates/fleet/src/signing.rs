@@ -164,7 +164,7 @@ pub fn sign(
 }
 
 /// Sign bytes that were already parsed into `parsed` (the server validates first).
-pub(crate) fn sign_parsed(
+pub fn sign_parsed(
     key: &SigningKey,
     parsed: &policy::Policy,
     bytes: &[u8],

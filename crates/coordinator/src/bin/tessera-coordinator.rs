@@ -1,4 +1,6 @@
 //! tessera-coordinator: the fleet coordinator. Flag parsing only; see the `coordinator` crate.
+//! It lives in this package, not the root `tessera` one, so that the node's binaries never
+//! link the coordinator's server and stores (etcd-client, tonic, prost).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -59,7 +61,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    tessera::init_logging();
+    init_logging();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -67,6 +69,18 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Logs to stderr, filtered by `TESSERA_LOG` (default `info`), as the node's binaries do.
+fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 fn run(cli: Cli) -> Result<(), String> {

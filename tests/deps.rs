@@ -1,0 +1,83 @@
+//! A node builds without the fleet coordinator (issue 12): tesserad, tessera-runtime,
+//! tessera-hook and the CLI link the `fleet` crate (wire types, verification, client,
+//! agent), never `coordinator`, whose server and etcd store bring etcd-client, tonic and
+//! prost (and so protoc) into a build. Asks `cargo tree` for each node package's normal
+//! (non-dev, non-build) dependencies.
+
+use std::process::Command;
+
+/// The packages a node builds: the root package (tesserad, tessera-runtime, tessera-hook,
+/// tessera) and the library crates they are made of.
+const NODE_PACKAGES: &[&str] = &[
+    "tessera",
+    "tesserad",
+    "runtime-hook",
+    "fleet",
+    "tessera-api",
+    "policy",
+    "slicer",
+    "metering",
+    "mpsd",
+    "scrub",
+];
+
+/// Crates only the coordinator may pull in.
+fn forbidden(name: &str) -> bool {
+    matches!(name, "coordinator" | "etcd-client" | "tonic")
+        || name == "prost"
+        || name.starts_with("prost-")
+        || name.starts_with("tonic-")
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
+    cmd
+}
+
+fn tree(args: &[&str]) -> String {
+    let out = cargo().arg("tree").args(args).output().expect("running cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 from cargo tree")
+}
+
+#[test]
+fn node_packages_do_not_depend_on_the_coordinator_stack() {
+    let mut found = Vec::new();
+    for pkg in NODE_PACKAGES {
+        let listing = tree(&["-e", "normal", "-p", pkg, "--prefix", "none"]);
+        let mut bad: Vec<&str> = listing
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|name| forbidden(name))
+            .collect();
+        bad.sort_unstable();
+        bad.dedup();
+        for name in bad {
+            // Who pulls it in, for the failure message.
+            let why = tree(&["-e", "normal", "-p", pkg, "-i", name, "--depth", "3"]);
+            found.push(format!("{pkg} depends on {name}:\n{why}"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "node packages must build without the coordinator (use the `fleet` crate):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_coordinator_still_has_its_stores() {
+    // The check above is only meaningful if `cargo tree` does list these crates where they
+    // are: the coordinator's etcd store.
+    let listing = tree(&["-e", "normal", "-p", "coordinator", "--prefix", "none"]);
+    let names: Vec<&str> = listing.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    for want in ["etcd-client", "tonic", "prost", "fleet"] {
+        assert!(names.contains(&want), "coordinator's tree lacks {want}:\n{listing}");
+    }
+}
