@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::display::untrusted;
+use crate::protocol::{PROTOCOL, PROTOCOL_HEADER};
 use crate::types::{
     AllocateRequest, Allocation, ApiError, NodeStatus, ReleaseRequest, StartRequest,
 };
@@ -170,7 +171,7 @@ impl Client {
         stream.set_read_timeout(Some(self.timeout)).map_err(io)?;
         stream.set_write_timeout(Some(self.timeout)).map_err(io)?;
         let mut msg = format!(
-            "{method} {path} HTTP/1.1\r\nhost: tesserad\r\nconnection: close\r\ncontent-length: {}\r\n",
+            "{method} {path} HTTP/1.1\r\nhost: tesserad\r\nconnection: close\r\n{PROTOCOL_HEADER}: {PROTOCOL}\r\ncontent-length: {}\r\n",
             body.len()
         );
         if !body.is_empty() {
@@ -306,6 +307,7 @@ mod tests {
         assert_eq!(v, serde_json::json!({}));
         let req = String::from_utf8(h.join().expect("join")).expect("utf8");
         assert!(req.starts_with("POST /x HTTP/1.1\r\n"), "{req}");
+        assert!(req.contains(&format!("\r\ntessera-protocol: {PROTOCOL}\r\n")), "{req}");
         assert!(req.ends_with("{\"a\":1}"), "{req}");
     }
 

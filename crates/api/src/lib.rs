@@ -7,11 +7,13 @@
 
 pub mod client;
 pub mod display;
+pub mod protocol;
 pub mod request;
 pub mod types;
 
 pub use client::{Client, ClientError};
 pub use display::untrusted;
+pub use protocol::{ProtocolError, ProtocolVersion, PROTOCOL, PROTOCOL_HEADER, UNVERSIONED};
 pub use request::{GpuRequest, Isolation, RequestError};
 pub use types::*;
 

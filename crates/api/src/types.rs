@@ -1,5 +1,8 @@
-//! Wire types of the tesserad HTTP+JSON API. Every request type denies unknown fields:
-//! a typo in a client is an error, never a silently ignored setting.
+//! Wire types of the tesserad HTTP+JSON API. Every request type (a body tesserad reads)
+//! denies unknown fields: a typo in a client is an error, never a silently ignored
+//! setting. Every response type (a body tesserad sends) ignores unknown fields: a client
+//! one minor protocol version older than tesserad (see [`crate::protocol`]) still reads
+//! the answers of a daemon that added a field.
 
 use std::collections::BTreeMap;
 
@@ -65,7 +68,6 @@ pub struct ReleaseRequest {
 
 /// A device node the container gets, created by runc inside the container's /dev.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct DeviceNode {
     /// Absolute path inside the container, e.g. `/dev/nvidia-caps/nvidia-cap12`.
     pub path: String,
@@ -77,7 +79,6 @@ pub struct DeviceNode {
 
 /// A read-only bind mount from the host into the container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct BindMount {
     pub source: String,
     pub destination: String,
@@ -87,7 +88,6 @@ pub struct BindMount {
 /// What the runtime wrapper writes into the OCI spec: exactly these devices (and cgroup
 /// rules allowing exactly these), these environment variables, these mounts.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Injection {
     pub devices: Vec<DeviceNode>,
     /// `KEY=VALUE` pairs, e.g. `CUDA_VISIBLE_DEVICES=MIG-...`.
@@ -102,7 +102,6 @@ pub struct Injection {
 
 /// One device a grant covers: a whole GPU or a MIG instance.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct GrantedDevice {
     /// The UUID of what the container holds (`GPU-...` or `MIG-...`).
     pub uuid: String,
@@ -131,7 +130,6 @@ pub enum AllocationState {
 
 /// A granted allocation, as the daemon recorded it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Allocation {
     pub container_id: String,
     /// The tenant path, `org/team/project/user`.
@@ -154,7 +152,6 @@ pub struct Allocation {
 
 /// How a shared device (MPS or time-sliced) is shared by one allocation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ShareGrant {
     /// `mps` or `shared`.
     pub kind: Isolation,
@@ -176,7 +173,6 @@ pub struct ShareGrant {
 
 /// One supervised MPS control daemon in `GET /v1/status`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct MpsShareStatus {
     pub device: String,
     pub tenant: String,
@@ -196,7 +192,6 @@ pub struct MpsShareStatus {
 
 /// One line of the daemon's audit log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct EventStatus {
     pub ts_ms: u64,
     pub kind: String,
@@ -244,7 +239,6 @@ impl ErrorCode {
 
 /// The body of every non-2xx answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-#[serde(deny_unknown_fields)]
 #[error("{message}")]
 pub struct ApiError {
     pub code: ErrorCode,
@@ -286,7 +280,6 @@ pub enum DeviceState {
 
 /// Who holds a device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Holder {
     pub container_id: String,
     pub tenant: String,
@@ -294,7 +287,6 @@ pub struct Holder {
 
 /// The last scrub of a device.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ScrubSummary {
     pub ok: bool,
     pub bytes_covered: u64,
@@ -310,7 +302,6 @@ pub struct ScrubSummary {
 
 /// Why a device is not free, and its last scrub.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Lifecycle {
     /// E.g. `dirty after acme/ml/x/alice`, `quarantined: 12 non-zero words after scrub`.
     pub detail: String,
@@ -320,7 +311,6 @@ pub struct Lifecycle {
 
 /// One MIG instance in `GET /v1/status`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct MigInstanceStatus {
     pub uuid: String,
     pub profile: String,
@@ -338,7 +328,6 @@ pub struct MigInstanceStatus {
 
 /// One GPU in `GET /v1/status`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct GpuStatus {
     pub index: u32,
     pub uuid: String,
@@ -356,7 +345,6 @@ pub struct GpuStatus {
 
 /// Which policy the daemon enforces.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct PolicyInfo {
     pub version: u64,
     /// Where it came from: `file:PATH` (the `--policy` file), `last-known-good:PATH`
@@ -371,7 +359,6 @@ pub struct PolicyInfo {
 
 /// A fleet node's view of its coordinator(s) (`tesserad --coordinator`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct CoordinatorStatus {
     /// The coordinator URLs, in failover order.
     pub urls: Vec<String>,
@@ -413,7 +400,6 @@ pub struct CoordinatorStatus {
 
 /// A policy revision a node refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct PolicyRejection {
     /// The version it claimed (0 when unreadable).
     pub version: u64,
@@ -427,7 +413,6 @@ pub struct PolicyRejection {
 
 /// How a fleet node's usage uploads are going.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct UsageUploadStatus {
     /// Every closed ledger interval up to this ledger `seq` is uploaded.
     pub uploaded_through_seq: u64,
@@ -447,7 +432,6 @@ pub struct UsageUploadStatus {
 
 /// `GET /v1/status`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct NodeStatus {
     pub node: String,
     /// `sim:<file>` or `nvml`.
@@ -460,4 +444,83 @@ pub struct NodeStatus {
     /// The newest audit events, newest first.
     #[serde(default)]
     pub events: Vec<EventStatus>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn allocation_json() -> serde_json::Value {
+        json!({
+            "container_id": "c1", "tenant": "acme/ml/x/alice", "trust": "trusted",
+            "request": "mig=1g.10gb", "isolation": "mig",
+            "devices": [{"uuid": "MIG-1", "gpu_uuid": "GPU-1", "gpu_index": 0,
+                         "model": "H100-80GB", "mig_profile": "1g.10gb", "placement": [0, 1]}],
+            "injection": {"devices": [{"path": "/dev/nvidiactl", "major": 195, "minor": 255,
+                                       "file_mode": 438}],
+                          "env": ["CUDA_VISIBLE_DEVICES=MIG-1"],
+                          "mounts": [{"source": "/a", "destination": "/b", "read_only": true}],
+                          "gpu_majors": [195]},
+            "state": "pending", "created_ms": 1
+        })
+    }
+
+    /// A field a newer tesserad adds to an answer: an older client reads the rest.
+    #[test]
+    fn responses_accept_unknown_fields_at_every_level() {
+        let plain: Allocation = serde_json::from_value(allocation_json()).expect("allocation");
+        let mut v = allocation_json();
+        v["added_in_a_later_minor"] = json!({"x": 1});
+        v["devices"][0]["numa_node"] = json!(1);
+        v["injection"]["cdi_devices"] = json!(["nvidia.com/gpu=0"]);
+        v["injection"]["devices"][0]["uid"] = json!(0);
+        v["injection"]["mounts"][0]["options"] = json!(["nosuid"]);
+        assert_eq!(serde_json::from_value::<Allocation>(v).expect("with extra fields"), plain);
+
+        let e: ApiError = serde_json::from_value(json!({
+            "code": "refused", "message": "no", "rule": "tiers.untrusted", "hint": "ask"
+        }))
+        .expect("error with an extra field");
+        assert_eq!(e.rule.as_deref(), Some("tiers.untrusted"));
+
+        let s: NodeStatus = serde_json::from_value(json!({
+            "node": "n", "backend": "sim:x", "uptime_s": 3,
+            "policy": {"version": 1, "source": "file:p", "digest": "d", "signer": "k"},
+            "gpus": [{"index": 0, "uuid": "GPU-1", "model": "H100-80GB", "minor": 0,
+                      "memory_mib": 81559, "mig_enabled": false, "state": "free",
+                      "instances": [], "temperature_c": 40,
+                      "holder": {"container_id": "c", "tenant": "t", "since_ms": 1}}],
+            "allocations": [allocation_json()],
+            "events": [{"ts_ms": 1, "kind": "grant", "detail": "d", "actor": "x"}]
+        }))
+        .expect("status with extra fields");
+        assert_eq!(s.gpus[0].holder.as_ref().map(|h| h.tenant.as_str()), Some("t"));
+    }
+
+    /// A field tesserad does not know in a request is an error naming the field, never
+    /// silently ignored.
+    #[test]
+    fn requests_refuse_unknown_fields_by_name() {
+        let cases = [
+            (
+                "allocate",
+                json!({"container_id": "a", "runc_root": "/r", "bundle": "/b", "request": "gpu=1",
+                       "request_source": "annotation", "annotations": {}, "tenant": "root"}),
+                "tenant",
+            ),
+            ("start", json!({"pid": 1, "bundle": "/b", "privileged": true}), "privileged"),
+            ("release", json!({"bundle": "/b", "force": true}), "force"),
+        ];
+        for (what, body, field) in cases {
+            let err = match what {
+                "allocate" => serde_json::from_value::<AllocateRequest>(body).map(|_| ()),
+                "start" => serde_json::from_value::<StartRequest>(body).map(|_| ()),
+                _ => serde_json::from_value::<ReleaseRequest>(body).map(|_| ()),
+            }
+            .expect_err(what)
+            .to_string();
+            assert!(err.contains(&format!("unknown field `{field}`")), "{what}: {err}");
+        }
+    }
 }

@@ -18,7 +18,7 @@ use axum::{Json, Router};
 use serde::Serialize;
 use tessera_api::{
     untrusted, AllocateRequest, ApiError, ErrorCode, ReleaseRequest, StartRequest,
-    MAX_REQUEST_BYTES,
+    MAX_REQUEST_BYTES, PROTOCOL, PROTOCOL_HEADER,
 };
 use tokio::net::{UnixListener, UnixStream};
 use tracing::warn;
@@ -101,7 +101,26 @@ pub fn router(app: Arc<App>) -> Router {
             Reply::<()>(Err(ApiError::new(ErrorCode::NotFound, "no such endpoint")))
         })
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
+        .layer(axum::middleware::from_fn(protocol))
         .with_state(app)
+}
+
+/// Serves only the protocol versions this tesserad accepts ([`tessera_api::protocol`]:
+/// its own minor version and the previous one; no header is the version before the header
+/// existed), and says in every answer which version answered.
+async fn protocol(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let sent = req.headers().get_all(PROTOCOL_HEADER).iter().map(|v| v.as_bytes());
+    let mut resp = match PROTOCOL.negotiate(sent) {
+        Ok(_) => next.run(req).await,
+        Err(e) => {
+            warn!("refused an API request: {e}");
+            Reply::<()>(Err(ApiError::new(ErrorCode::BadRequest, e.to_string()))).into_response()
+        }
+    };
+    if let Ok(v) = axum::http::HeaderValue::from_str(&PROTOCOL.to_string()) {
+        resp.headers_mut().insert(PROTOCOL_HEADER, v);
+    }
+    resp
 }
 
 /// The parameters of `GET /v1/usage`: `from_ms`, `to_ms` (Unix ms, `[from, to)`), `by`.

@@ -1,0 +1,150 @@
+//! Issue 12, "one typed contract": a wrapper and hook of the previous minor protocol
+//! version (1.0: no `tessera-protocol` header) still get their grant, start and release
+//! from tesserad, with the exact bodies they send (`crates/api/testdata/protocol-1.0/`);
+//! other versions are refused, naming both; requests refuse unknown fields by name.
+
+// Integration-test crates: clippy counts their helper functions as non-test code, so
+// `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use common::node::*;
+use tessera_api::{Allocation, AllocationState, ApiError, ErrorCode, PROTOCOL};
+
+const ID: &str = "compat-1-0";
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(repo("crates/api/testdata/protocol-1.0").join(name)).expect("fixture")
+}
+
+/// One raw HTTP/1.1 exchange, as a client of protocol 1.0 (no version header) or with
+/// `version` as its `tessera-protocol` header: (status, headers, body).
+fn send(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    version: Option<&str>,
+    body: &[u8],
+) -> (u16, String, Vec<u8>) {
+    let mut s = UnixStream::connect(socket).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: tesserad\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    if !body.is_empty() {
+        head.push_str("content-type: application/json\r\n");
+    }
+    if let Some(v) = version {
+        head.push_str(&format!("tessera-protocol: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).expect("write head");
+    s.write_all(body).expect("write body");
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).expect("read");
+    let end = out.windows(4).position(|w| w == b"\r\n\r\n").expect("end of headers");
+    let head = String::from_utf8(out[..end].to_vec()).expect("utf8 head");
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status");
+    (status, head.to_ascii_lowercase(), out[end + 4..].to_vec())
+}
+
+fn node() -> Node {
+    Node::start_with(NodeOptions { pending_grace_ms: 600_000, ..Default::default() })
+}
+
+#[test]
+fn a_previous_minor_wrapper_and_hook_get_their_grant_start_and_release() {
+    let node = node();
+    let answered = format!("tessera-protocol: {PROTOCOL}");
+
+    let (status, head, body) =
+        send(&node.socket, "POST", "/v1/allocations", None, &fixture("allocate.json"));
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(status, 200, "1.0 allocate: {text}");
+    assert!(head.contains(&answered), "{head}");
+    let grant: Allocation = serde_json::from_slice(&body).expect("allocation");
+    assert_eq!((grant.container_id.as_str(), grant.request.as_str()), (ID, "gpu=1"));
+    assert_eq!(grant.tenant, "acme/trusted/training/alice");
+    assert_eq!(grant.devices.len(), 1);
+    assert!(grant.injection.env.iter().any(|e| e.starts_with("CUDA_VISIBLE_DEVICES=")));
+
+    // The hook's prestart body, its pid placeholder replaced by a live pid (this process).
+    let start = String::from_utf8(fixture("start.json")).expect("utf8");
+    assert!(start.contains("\"pid\":1,"), "{start}");
+    let start = start.replace("\"pid\":1,", &format!("\"pid\":{},", std::process::id()));
+    let (status, _, body) =
+        send(&node.socket, "POST", &format!("/v1/allocations/{ID}/start"), None, start.as_bytes());
+    assert_eq!(status, 200, "1.0 start: {}", String::from_utf8_lossy(&body));
+    let started: Allocation = serde_json::from_slice(&body).expect("allocation");
+    assert_eq!(started.state, AllocationState::Running);
+
+    let (status, _, body) = send(
+        &node.socket,
+        "DELETE",
+        &format!("/v1/allocations/{ID}"),
+        None,
+        &fixture("release.json"),
+    );
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(status, 200, "1.0 release: {text}");
+    assert!(text.contains("\"released\":true"), "{text}");
+    assert!(node.client().status().expect("status").allocations.is_empty());
+}
+
+#[test]
+fn other_versions_are_refused_naming_both_and_unknown_request_fields_by_name() {
+    let node = node();
+    let refused = |version: &str| {
+        let (status, head, body) =
+            send(&node.socket, "POST", "/v1/allocations", Some(version), &fixture("allocate.json"));
+        let e: ApiError = serde_json::from_slice(&body).expect("error object");
+        assert_eq!((status, e.code), (400, ErrorCode::BadRequest), "{version}: {}", e.message);
+        assert!(head.contains(&format!("tessera-protocol: {PROTOCOL}")), "{head}");
+        e.message
+    };
+    let future_major = format!("{}.0", PROTOCOL.major + 1);
+    let newer_minor = format!("{}.{}", PROTOCOL.major, PROTOCOL.minor + 1);
+    for v in [future_major.as_str(), newer_minor.as_str(), "0.9"] {
+        let msg = refused(v);
+        assert!(msg.contains(v) && msg.contains(&PROTOCOL.to_string()), "{v}: {msg}");
+    }
+    assert!(refused("one.two").contains("malformed tessera-protocol header"));
+    assert!(node.client().status().expect("status").allocations.is_empty(), "nothing granted");
+
+    // The current version, sent explicitly, is served (the client sends it on every call).
+    let (status, _, body) = send(
+        &node.socket,
+        "POST",
+        "/v1/allocations",
+        Some(&PROTOCOL.to_string()),
+        &fixture("allocate.json"),
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+
+    // Requests stay strict whatever the version: an unknown field is a 400 naming it.
+    let v = PROTOCOL.to_string();
+    for (method, path, body, field) in [
+        (
+            "POST",
+            format!("/v1/allocations/{ID}/start"),
+            r#"{"pid":1,"bundle":"/b","privileged":true}"#,
+            "privileged",
+        ),
+        ("DELETE", format!("/v1/allocations/{ID}"), r#"{"bundle":"/b","force":true}"#, "force"),
+    ] {
+        for version in [None, Some(v.as_str())] {
+            let (status, _, answer) = send(&node.socket, method, &path, version, body.as_bytes());
+            let e: ApiError = serde_json::from_slice(&answer).expect("error object");
+            assert_eq!(status, 400, "{method} {path}: {}", e.message);
+            assert!(e.message.contains(&format!("unknown field `{field}`")), "{}", e.message);
+        }
+    }
+    assert_eq!(node.client().status().expect("status").allocations.len(), 1);
+}
