@@ -25,6 +25,8 @@ pub struct NodeOptions {
     /// `--reconcile-interval-ms`: short by default, so tests see vanished containers soon.
     pub reconcile_interval_ms: u64,
     pub extra_args: Vec<String>,
+    /// Environment added to the daemon's (beside `TESSERA_LOG=info`), kept across restarts.
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for NodeOptions {
@@ -35,6 +37,7 @@ impl Default for NodeOptions {
             pending_grace_ms: 1500,
             reconcile_interval_ms: 200,
             extra_args: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -71,7 +74,9 @@ impl Node {
             o.pending_grace_ms.to_string(),
         ];
         args.extend(o.extra_args);
-        let daemon = fx.spawn("tesserad", TESSERAD, &args, [("TESSERA_LOG", "info")]);
+        let mut env = vec![("TESSERA_LOG".to_string(), "info".to_string())];
+        env.extend(o.env);
+        let daemon = fx.spawn("tesserad", TESSERAD, &args, env);
         assert!(
             wait_for_socket(&socket, Duration::from_secs(20)),
             "tesserad did not come up:\n{}",

@@ -19,8 +19,11 @@ use tracing::{info, warn};
 use std::sync::Arc;
 
 use crate::liveness::{self, CgroupProcs, Facts, Liveness};
-use crate::share::{self, DeviceUse};
+use crate::share::DeviceUse;
 use crate::store::{Record, Store, StoreError};
+
+mod grant;
+pub use grant::{FailAction, GrantFailpoint};
 
 /// Host locations the daemon reads, injectable for tests.
 #[derive(Debug, Clone)]
@@ -79,6 +82,8 @@ pub struct Node {
     scrubs_in_flight: std::collections::BTreeSet<String>,
     /// GPU -> the newest utilisation sample timestamp seen (µs), for NVML's "since".
     util_seen: BTreeMap<String, u64>,
+    /// Tests only: a fault between a grant's plan and its commit.
+    failpoint: Option<GrantFailpoint>,
 }
 
 /// How scrubs are run: a child process, so no CUDA state ever lives in the daemon.
@@ -159,7 +164,13 @@ impl Node {
             scrub: p.scrub,
             scrubs_in_flight: std::collections::BTreeSet::new(),
             util_seen: BTreeMap::new(),
+            failpoint: GrantFailpoint::from_env(),
         })
+    }
+
+    /// Tests: arm (or disarm) a fault between a grant's plan and its commit.
+    pub fn set_failpoint(&mut self, failpoint: Option<GrantFailpoint>) {
+        self.failpoint = failpoint;
     }
 
     fn scrub_policy(&self) -> scrub::ScrubPolicy {
@@ -400,86 +411,6 @@ impl Node {
         let _ = self.store.event("mig", None, &detail);
         self.refresh_inventory()?;
         Ok(report)
-    }
-
-    /// A MIG instance of `profile`, cut on demand: reuse a free one, else create one in
-    /// the placement that keeps the most future capacity, destroying idle instances only
-    /// when that is what makes room.
-    fn grant_mig_dynamic(
-        &mut self,
-        container_id: &str,
-        tenant: &str,
-        profile: &str,
-        busy: &std::collections::BTreeSet<String>,
-    ) -> Result<Vec<GrantedDevice>, ApiError> {
-        let demand = if self.mig_demand.is_empty() {
-            self.inventory
-                .gpus
-                .iter()
-                .find(|g| g.mig_enabled)
-                .and_then(|g| slicer::model(&g.model))
-                .map(slicer::DemandMix::uniform)
-                .unwrap_or_else(|| {
-                    slicer::DemandMix::from_weights(std::iter::empty::<(String, f64)>(), 1.0)
-                })
-        } else {
-            slicer::DemandMix::observed(&self.mig_demand)
-        };
-        let decision =
-            slicer::place(&self.inventory, busy, profile, slicer::Strategy::Best, &demand)
-                .map_err(|nofit| {
-                    let err = ApiError {
-                        code: ErrorCode::NoCapacity,
-                        message: format!("tenant {tenant}: {nofit}"),
-                        tenant: Some(tenant.to_string()),
-                        request: Some(format!("mig={profile}")),
-                        rule: None,
-                    };
-                    self.log_refusal(container_id, &err);
-                    err
-                })?;
-        let backend_err = |what: &str, e: slicer::BackendError| {
-            ApiError::new(ErrorCode::Internal, format!("{what} for mig={profile}: {e}"))
-        };
-        let uuid = match decision {
-            slicer::PlaceDecision::Reuse { uuid } => uuid,
-            slicer::PlaceDecision::Create { gpu_index, start } => {
-                let inst = self
-                    .backend
-                    .create_instance(gpu_index, profile, start)
-                    .map_err(|e| backend_err("creating an instance", e))?;
-                let _ = self.store.event(
-                    "mig",
-                    Some(container_id),
-                    &format!("created {profile} at GPU {gpu_index} slot {start}: {}", inst.uuid),
-                );
-                self.refresh_inventory()?;
-                inst.uuid
-            }
-            slicer::PlaceDecision::Defragment { destroy, gpu_index, start } => {
-                for idle in &destroy {
-                    debug_assert!(!busy.contains(idle));
-                    self.backend
-                        .destroy_instance(idle)
-                        .map_err(|e| backend_err("destroying an idle instance", e))?;
-                }
-                let inst = self
-                    .backend
-                    .create_instance(gpu_index, profile, start)
-                    .map_err(|e| backend_err("creating an instance", e));
-                let _ = self.store.event(
-                    "mig",
-                    Some(container_id),
-                    &format!("defragmented GPU {gpu_index}: destroyed idle [{}] to create {profile} at slot {start}", destroy.join(",")),
-                );
-                self.refresh_inventory()?;
-                inst?.uuid
-            }
-        };
-        *self.mig_demand.entry(profile.to_string()).or_default() += 1;
-        share::granted(&self.inventory, &uuid).map(|d| vec![d]).ok_or_else(|| {
-            ApiError::new(ErrorCode::Internal, format!("instance {uuid} is not in the inventory"))
-        })
     }
 
     /// After a start: take over the MPS control daemons that outlived the last tesserad,
@@ -893,214 +824,18 @@ impl Node {
             return Err(err);
         }
 
-        let mut device_use = DeviceUse::of(&self.allocations()?);
-        // Dirty, scrubbing and quarantined devices count as taken for this tenant (and a
-        // dirty one of this tenant too, unless the policy lets it skip the scrub).
-        let life = self.lifecycle()?;
-        let blocked = self.not_assignable(&life, &tenant.path);
-        device_use.exclusive.extend(blocked.iter().cloned());
-        let lifecycle_held: std::collections::BTreeSet<String> = life.keys().cloned().collect();
-        let (devices, mut injection, share) = match &request {
-            GpuRequest::Mps { percent } => {
-                self.grant_mps(&req.container_id, &tenant.path, *percent, &device_use)?
-            }
-            GpuRequest::Shared => {
-                self.grant_shared(&req.container_id, &tenant.path, &device_use)?
-            }
-            GpuRequest::Mig { profile }
-                if self.dynamic_mig
-                    && self.policy.policy.mig_layouts(&self.inventory.node).is_empty() =>
-            {
-                let mut untouchable = device_use.busy();
-                untouchable.extend(lifecycle_held.iter().cloned());
-                let devices =
-                    self.grant_mig_dynamic(&req.container_id, &tenant.path, profile, &untouchable)?;
-                let injection = slicer::injection(&self.inventory, &devices).map_err(|e| {
-                    ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}"))
-                })?;
-                (devices, injection, None)
-            }
-            _ => {
-                let unavailable = Self::unavailable_summary(&life, &blocked);
-                let devices = slicer::choose(&self.inventory, &device_use.busy(), &request)
-                    .map_err(|nofit| {
-                        let err = ApiError {
-                            code: ErrorCode::NoCapacity,
-                            message: format!("tenant {}: {nofit}{unavailable}", tenant.path),
-                            tenant: Some(tenant.path.clone()),
-                            request: Some(request.to_string()),
-                            rule: None,
-                        };
-                        self.log_refusal(&req.container_id, &err);
-                        err
-                    })?;
-                let injection = slicer::injection(&self.inventory, &devices).map_err(|e| {
-                    ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}"))
-                })?;
-                (devices, injection, None)
-            }
-        };
-
-        injection.mounts.extend(self.sim_memory_mounts(&devices));
-        injection.mounts.extend(self.backend.driver_mounts());
-        // A dirty device handed back to its own tenant (policy: same_tenant_skip) is the
-        // tenant's again; its dirty mark goes with the grant.
-        for d in devices.iter().filter(|d| lifecycle_held.contains(&d.uuid)) {
-            self.set_state(&d.uuid, &scrub::DeviceState::Free, None)?;
-        }
-        let allocation = Allocation {
-            container_id: req.container_id.clone(),
-            tenant: tenant.path.clone(),
+        let who = grant::Asker {
+            req,
+            request: &request,
+            tenant: &tenant.path,
             trust: tenant.trust.to_string(),
-            request: request.to_string(),
-            isolation: request.isolation(),
-            devices,
-            injection,
-            state: AllocationState::Pending,
-            pid: None,
-            created_ms: crate::now_ms(),
-            share,
         };
-        let record = Record {
-            allocation: allocation.clone(),
-            runc_root: req.runc_root.clone(),
-            bundle: req.bundle.clone(),
-            pid_start: None,
-            cgroup: None,
-        };
-        if let Err(e) = self.store.insert(&record) {
-            // Nothing was recorded: give back the MPS share this grant would have held.
-            if let Some(s) = allocation.share.as_ref().filter(|s| s.kind == Isolation::Mps) {
-                let _ = self.mps.release(&s.device, &allocation.tenant, &allocation.container_id);
+        let plan = self.plan_grant(&who).inspect_err(|err| {
+            if err.code == ErrorCode::NoCapacity {
+                self.log_refusal(&req.container_id, err);
             }
-            return Err(match e {
-                StoreError::DeviceClaimed { .. } => {
-                    ApiError::new(ErrorCode::Conflict, e.to_string())
-                }
-                other => internal(other),
-            });
-        }
-        info!(container = %allocation.container_id, tenant = %allocation.tenant, request = %allocation.request,
-              devices = ?allocation.devices.iter().map(|d| &d.uuid).collect::<Vec<_>>(), "granted");
-        Ok(allocation)
-    }
-
-    /// An MPS share: the most booked device that still fits (so shares pack and whole
-    /// devices stay free), the tenant's control daemon on it started with its caps set
-    /// before any client can connect, the pipe directory mounted into the container.
-    fn grant_mps(
-        &mut self,
-        container_id: &str,
-        tenant: &str,
-        percent: u8,
-        device_use: &DeviceUse,
-    ) -> Result<(Vec<GrantedDevice>, tessera_api::Injection, Option<ShareGrant>), ApiError> {
-        let request = format!("mps={percent}");
-        let loads = device_use.mps_loads(&self.inventory);
-        let no_fit = |message: String| ApiError {
-            code: ErrorCode::NoCapacity,
-            message,
-            tenant: Some(tenant.to_string()),
-            request: Some(request.clone()),
-            rule: None,
-        };
-        let device = match mpsd::pick_mps_device(&loads, tenant, percent) {
-            Ok(d) => d,
-            Err(nofit) => {
-                let err = no_fit(format!("tenant {tenant}: {nofit}"));
-                self.log_refusal(container_id, &err);
-                return Err(err);
-            }
-        };
-        let granted = share::granted(&self.inventory, &device).ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::Internal,
-                format!("device {device} vanished from the inventory"),
-            )
         })?;
-        let mem = share::memory_bytes(&self.inventory, &device).unwrap_or(0);
-        let req = mpsd::ShareRequest {
-            device: device.clone(),
-            tenant: tenant.to_string(),
-            holder: container_id.to_string(),
-            percent,
-            mem_limit_bytes: mpsd::mps_mem_limit_bytes(mem, percent),
-        };
-        let handle = self.mps.ensure_share(&req).map_err(|e| {
-            let err = ApiError {
-                code: ErrorCode::Internal,
-                message: format!("tenant {tenant}: cannot set up the MPS share on {device}: {e}"),
-                tenant: Some(tenant.to_string()),
-                request: Some(request.clone()),
-                rule: None,
-            };
-            self.log_refusal(container_id, &err);
-            err
-        })?;
-        let mut injection = slicer::injection(&self.inventory, std::slice::from_ref(&granted))
-            .map_err(|e| {
-                ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}"))
-            })?;
-        injection.mounts.extend(handle.mounts());
-        for kv in handle.env() {
-            let key = kv.split('=').next().unwrap_or("").to_string();
-            injection.env.retain(|e| e.split('=').next() != Some(key.as_str()));
-            injection.env.push(kv);
-        }
-        let share = ShareGrant {
-            kind: Isolation::Mps,
-            device,
-            percent: Some(percent),
-            mem_limit_bytes: Some(req.mem_limit_bytes),
-            domain: None,
-            replicas: None,
-        };
-        Ok((vec![granted], injection, Some(share)))
-    }
-
-    /// A time-sliced replica: a GPU shared only within the tenant's sharing domain.
-    fn grant_shared(
-        &mut self,
-        container_id: &str,
-        tenant: &str,
-        device_use: &DeviceUse,
-    ) -> Result<(Vec<GrantedDevice>, tessera_api::Injection, Option<ShareGrant>), ApiError> {
-        let replicas = self.policy.policy.shared_replicas();
-        let domain = self.policy.policy.sharing_domain(tenant);
-        let loads = device_use.shared_loads(&self.inventory, replicas);
-        let device = match mpsd::pick_shared_device(&loads, &domain) {
-            Ok(d) => d,
-            Err(nofit) => {
-                let err = ApiError {
-                    code: ErrorCode::NoCapacity,
-                    message: format!("tenant {tenant}: {nofit}"),
-                    tenant: Some(tenant.to_string()),
-                    request: Some("shared".into()),
-                    rule: Some("sharing".into()),
-                };
-                self.log_refusal(container_id, &err);
-                return Err(err);
-            }
-        };
-        let granted = share::granted(&self.inventory, &device).ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::Internal,
-                format!("device {device} vanished from the inventory"),
-            )
-        })?;
-        let injection = slicer::injection(&self.inventory, std::slice::from_ref(&granted))
-            .map_err(|e| {
-                ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}"))
-            })?;
-        let share = ShareGrant {
-            kind: Isolation::Shared,
-            device,
-            percent: None,
-            mem_limit_bytes: None,
-            domain: Some(domain),
-            replicas: Some(replicas),
-        };
-        Ok((vec![granted], injection, Some(share)))
+        self.apply_grant(plan)
     }
 
     /// The prestart hook confirms the container exists with this pid.

@@ -26,6 +26,18 @@ pub enum StoreError {
     BadRow { container_id: String, detail: String },
     #[error("device {uuid} is already claimed by container {holder}")]
     DeviceClaimed { uuid: String, holder: String },
+    #[error("device {uuid} changed state since the grant was planned (planned from {expected:?}, now {found:?})")]
+    StateChanged { uuid: String, expected: Option<String>, found: Option<String> },
+}
+
+/// A device-state change committed with a grant: `uuid`'s lifecycle state (JSON of
+/// `scrub::DeviceState`) goes from `from` (as read when the grant was planned; `None`: no
+/// row) to `to`. The commit refuses the whole grant if the row no longer reads `from`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateChange {
+    pub uuid: String,
+    pub from: Option<String>,
+    pub to: String,
 }
 
 /// An allocation as stored, with the bookkeeping the API does not show.
@@ -149,6 +161,12 @@ impl Store {
 
     /// Record a grant and claim its devices in one transaction.
     pub fn insert(&mut self, rec: &Record) -> Result<(), StoreError> {
+        self.insert_grant(rec, &[])
+    }
+
+    /// Record a grant, claim its devices and make the device-state changes it implies (a
+    /// dirty device going back to its own tenant) in one transaction: all of it or none.
+    pub fn insert_grant(&mut self, rec: &Record, states: &[StateChange]) -> Result<(), StoreError> {
         let a = &rec.allocation;
         let body = serde_json::to_string(a).map_err(|e| StoreError::BadRow {
             container_id: a.container_id.clone(),
@@ -183,6 +201,23 @@ impl Store {
             tx.execute(
                 "INSERT INTO device_claims(uuid, container_id) VALUES(?1, ?2)",
                 params![d.uuid, a.container_id],
+            )?;
+        }
+        for c in states {
+            let found: Option<String> = tx
+                .query_row("SELECT state FROM device_states WHERE uuid=?1", [&c.uuid], |r| r.get(0))
+                .optional()?;
+            if found != c.from {
+                return Err(StoreError::StateChanged {
+                    uuid: c.uuid.clone(),
+                    expected: c.from.clone(),
+                    found,
+                });
+            }
+            tx.execute(
+                "INSERT INTO device_states(uuid, state, updated_ms) VALUES(?1, ?2, ?3)
+                 ON CONFLICT(uuid) DO UPDATE SET state=excluded.state, updated_ms=excluded.updated_ms",
+                params![c.uuid, c.to, crate::now_ms() as i64],
             )?;
         }
         insert_event(
@@ -538,6 +573,33 @@ mod tests {
         );
         assert!(s.get("b").expect("get").is_none());
         assert_eq!(s.claimed().expect("claimed"), ["GPU-1".to_string()].into());
+    }
+
+    #[test]
+    fn a_grant_and_its_device_states_commit_together_or_not_at_all() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = Store::open(&dir.path().join("state.db")).expect("open");
+        let dirty = r#"{"dirty":{"last_tenant":"acme/t/p/u"}}"#;
+        s.set_device_state("GPU-1", dirty, None).expect("dirty");
+        s.insert(&rec("other", &["GPU-2"])).expect("insert");
+        let back = |from: &str| StateChange {
+            uuid: "GPU-1".into(),
+            from: Some(from.into()),
+            to: r#""free""#.into(),
+        };
+        // The claim fails (GPU-2 is held): the state change goes with it.
+        let err = s.insert_grant(&rec("a", &["GPU-1", "GPU-2"]), &[back(dirty)]).unwrap_err();
+        assert!(matches!(err, StoreError::DeviceClaimed { .. }), "{err}");
+        // The state is not what the plan read: nothing is granted.
+        let err = s.insert_grant(&rec("a", &["GPU-1"]), &[back(r#""free""#)]).unwrap_err();
+        assert!(matches!(err, StoreError::StateChanged { .. }), "{err}");
+        assert!(s.get("a").expect("get").is_none());
+        assert_eq!(s.device_states().expect("states")["GPU-1"].0, dirty);
+        assert_eq!(s.claimed().expect("claimed"), ["GPU-2".to_string()].into());
+        // As planned: both.
+        s.insert_grant(&rec("a", &["GPU-1"]), &[back(dirty)]).expect("grant");
+        assert!(s.get("a").expect("get").is_some());
+        assert_eq!(s.device_states().expect("states")["GPU-1"].0, r#""free""#);
     }
 
     #[test]

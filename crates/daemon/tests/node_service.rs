@@ -31,9 +31,27 @@ fn node_with(state: &Path, grace: Duration, dynamic_mig: bool) -> Node {
 }
 
 fn node_on(state: &Path, grace: Duration, dynamic_mig: bool, host: HostPaths) -> Node {
+    let policy = policy::Policy::parse(POLICY, "examples/policy.json").expect("policy");
+    node_under(state, grace, dynamic_mig, host, policy)
+}
+
+/// The example policy, but a dirty device may go back to its last tenant unscrubbed.
+fn same_tenant_skip_policy() -> policy::Policy {
+    let mut v: serde_json::Value = serde_json::from_slice(POLICY).expect("json");
+    v["scrub"] = serde_json::json!({"same_tenant_skip": true});
+    let bytes = serde_json::to_vec(&v).expect("json");
+    policy::Policy::parse(&bytes, "same-tenant-skip.json").expect("policy")
+}
+
+fn node_under(
+    state: &Path,
+    grace: Duration,
+    dynamic_mig: bool,
+    host: HostPaths,
+    policy: policy::Policy,
+) -> Node {
     let backend =
         slicer::SimBackend::open(&repo("examples/nodes/h100x8.json"), state).expect("sim");
-    let policy = policy::Policy::parse(POLICY, "examples/policy.json").expect("policy");
     let store = Store::open(&state.join("state.db")).expect("store");
     let ledger = metering::Ledger::open(&state.join("ledger.db"), Arc::new(metering::SystemClock))
         .expect("ledger");
@@ -705,4 +723,109 @@ fn ecc_errors_counted_while_no_daemon_watched_are_caught_at_the_next_start() {
     std::fs::write(ecc.join(&gpu.uuid), "1").expect("count");
     let mut node = node_with(dir.path(), Duration::from_secs(60), false);
     assert_eq!(node.check_ecc().expect("rise after reset"), std::slice::from_ref(&gpu.uuid));
+}
+
+fn device_state(node: &Node, uuid: &str) -> tessera_api::DeviceState {
+    let st = node.status().expect("status");
+    st.gpus
+        .iter()
+        .find(|g| g.uuid == uuid)
+        .map(|g| g.state)
+        .or_else(|| {
+            st.gpus.iter().flat_map(|g| &g.instances).find(|i| i.uuid == uuid).map(|i| i.state)
+        })
+        .expect("device in status")
+}
+
+/// Issue 12: a device dirty from tenant A goes back to A without a scrub
+/// (`same_tenant_skip`) only together with A's grant — a grant that fails between its plan
+/// and its commit leaves the device dirty, never free for the next tenant.
+#[test]
+fn a_grant_failing_before_its_commit_leaves_a_same_tenant_dirty_device_dirty() {
+    use tesserad::node::{FailAction, GrantFailpoint};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let grace = Duration::from_secs(60);
+    let open =
+        || node_under(dir.path(), grace, false, HostPaths::default(), same_tenant_skip_policy());
+    let mut node = open();
+    let whole = node.inventory().gpus.iter().filter(|g| !g.mig_enabled).count();
+    for i in 0..whole {
+        node.allocate(&req(&format!("a{i}"), "team-trusted", "gpu=1")).expect("whole gpu");
+    }
+    let a0 = node.allocation("a0").expect("a0").devices[0].uuid.clone();
+    node.release("a0", "container removed").expect("release");
+    assert_eq!(device_state(&node, &a0), tessera_api::DeviceState::Dirty);
+
+    // A asks again: the plan hands A its own dirty device; the commit fails.
+    node.set_failpoint(Some(GrantFailpoint { action: FailAction::Error, container_id: None }));
+    let e = node.allocate(&req("again", "team-trusted", "gpu=1")).unwrap_err();
+    assert!(e.message.contains("failpoint"), "{e:?}");
+    assert!(node.allocation("again").is_err(), "no half grant");
+    assert_eq!(device_state(&node, &a0), tessera_api::DeviceState::Dirty);
+    node.set_failpoint(None);
+    // Another tenant still cannot have it, now or after a restart.
+    let e = node.allocate(&req("b", "team-dev", "gpu=1")).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
+    drop(node);
+    let mut node = open();
+    assert_eq!(device_state(&node, &a0), tessera_api::DeviceState::Dirty);
+    assert_eq!(
+        node.allocate(&req("b", "team-dev", "gpu=1")).unwrap_err().code,
+        ErrorCode::NoCapacity
+    );
+
+    // Without the fault A gets it back, and it is dirty again when A leaves.
+    let g = node.allocate(&req("again", "team-trusted", "gpu=1")).expect("A's own device");
+    assert_eq!(g.devices[0].uuid, a0);
+    assert_eq!(device_state(&node, &a0), tessera_api::DeviceState::Assigned);
+    node.release("again", "container removed").expect("release");
+    assert_eq!(device_state(&node, &a0), tessera_api::DeviceState::Dirty);
+    assert_eq!(
+        node.allocate(&req("b", "team-dev", "gpu=1")).unwrap_err().code,
+        ErrorCode::NoCapacity
+    );
+}
+
+/// A MIG instance created for a grant whose commit then fails stays on the GPU, idle and
+/// never used (so clean), and the next request for its profile gets it.
+#[test]
+fn an_instance_created_for_a_failed_grant_is_left_idle_and_reused() {
+    use tesserad::node::{FailAction, GrantFailpoint};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    let before: BTreeSet<String> = node
+        .inventory()
+        .gpus
+        .iter()
+        .flat_map(|g| g.instances.iter().map(|i| i.uuid.clone()))
+        .collect();
+    // Every existing 2g.20gb held: a new one has to be cut.
+    let existing_2g = node
+        .inventory()
+        .gpus
+        .iter()
+        .flat_map(|g| &g.instances)
+        .filter(|i| i.profile == "2g.20gb")
+        .count();
+    for i in 0..existing_2g {
+        node.allocate(&req(&format!("h{i}"), "team-dev", "mig=2g.20gb")).expect("existing 2g");
+    }
+    node.set_failpoint(Some(GrantFailpoint {
+        action: FailAction::Error,
+        container_id: Some("m1".into()),
+    }));
+    let e = node.allocate(&req("m1", "team-dev", "mig=2g.20gb")).unwrap_err();
+    assert!(e.message.contains("failpoint"), "{e:?}");
+    assert!(node.allocation("m1").is_err(), "no half grant");
+    let created: Vec<String> = node
+        .inventory()
+        .gpus
+        .iter()
+        .flat_map(|g| g.instances.iter().map(|i| i.uuid.clone()))
+        .filter(|u| !before.contains(u))
+        .collect();
+    assert_eq!(created.len(), 1, "one instance was cut: {created:?}");
+    assert_eq!(device_state(&node, &created[0]), tessera_api::DeviceState::Free);
+    let g = node.allocate(&req("m2", "team-dev", "mig=2g.20gb")).expect("grant");
+    assert_eq!(g.devices[0].uuid, created[0], "the idle instance is reused");
 }

@@ -1,0 +1,525 @@
+//! A grant in two steps: a pure plan from a snapshot (policy, tenant, request, device
+//! lifecycles and claims), then one apply that makes the hardware changes and commits the
+//! grant with every device-state change it implies in one SQLite transaction.
+
+use std::collections::BTreeSet;
+
+use tessera_api::{
+    AllocateRequest, Allocation, AllocationState, ApiError, ErrorCode, GpuRequest, GrantedDevice,
+    Injection, Isolation, ShareGrant,
+};
+use tracing::{info, warn};
+
+use super::{internal, Lifecycles, Node};
+use crate::share::{self, DeviceUse};
+use crate::store::{Record, StateChange, StoreError};
+
+/// Who asked for what, resolved and authorised.
+#[derive(Debug, Clone)]
+pub(crate) struct Asker<'a> {
+    pub req: &'a AllocateRequest,
+    pub request: &'a GpuRequest,
+    pub tenant: &'a str,
+    pub trust: String,
+}
+
+/// What a grant will hold, decided from a snapshot; nothing is changed yet.
+#[derive(Debug, Clone)]
+pub(crate) enum Acquire {
+    /// Devices that exist now, held exclusively (`gpu=N`, `mig=P` from existing instances).
+    Devices(Vec<GrantedDevice>),
+    /// A MIG instance of `profile` cut at `gpu_index`/`start` (after destroying the idle
+    /// instances in `destroy`).
+    CutMig { profile: String, gpu_index: u32, start: u8, destroy: Vec<String> },
+    /// An MPS share on `device`: the tenant's control daemon started (caps set) in apply.
+    Mps { device: GrantedDevice, share: ShareGrant, request: mpsd::ShareRequest },
+    /// A time-sliced replica of `device`.
+    Shared { device: GrantedDevice, share: ShareGrant },
+}
+
+/// A grant decided but not yet made: what it holds, and every device-state change it
+/// implies (a dirty device handed back to its own tenant loses its dirty mark — with the
+/// grant, never before it). The injection is derived (`slicer::injection`, pure) from the
+/// devices once they exist.
+#[derive(Debug, Clone)]
+pub(crate) struct GrantPlan {
+    pub container_id: String,
+    pub tenant: String,
+    pub trust: String,
+    pub request: GpuRequest,
+    pub runc_root: String,
+    pub bundle: String,
+    pub acquire: Acquire,
+    pub states: Vec<StateChange>,
+    /// The MIG profile whose demand this grant adds to, once committed.
+    pub mig_profile: Option<String>,
+}
+
+fn injection_for(node: &Node, devices: &[GrantedDevice]) -> Result<Injection, ApiError> {
+    slicer::injection(&node.inventory, devices)
+        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}")))
+}
+
+impl Node {
+    /// Decide a grant from the current snapshot (policy, inventory, claims, lifecycles).
+    /// Changes nothing: a refusal is returned for the caller to record.
+    pub(crate) fn plan_grant(&self, who: &Asker<'_>) -> Result<GrantPlan, ApiError> {
+        let tenant = who.tenant;
+        let mut device_use = DeviceUse::of(&self.allocations()?);
+        // Dirty, scrubbing and quarantined devices count as taken for this tenant (and a
+        // dirty one of this tenant too, unless the policy lets it skip the scrub).
+        let life = self.lifecycle()?;
+        let blocked = self.not_assignable(&life, tenant);
+        device_use.exclusive.extend(blocked.iter().cloned());
+        let mut mig_profile = None;
+        let acquire = match who.request {
+            GpuRequest::Mps { percent } => self.plan_mps(tenant, who, *percent, &device_use)?,
+            GpuRequest::Shared => self.plan_shared(tenant, &device_use)?,
+            GpuRequest::Mig { profile }
+                if self.dynamic_mig
+                    && self.policy.policy.mig_layouts(&self.inventory.node).is_empty() =>
+            {
+                let mut untouchable = device_use.busy();
+                untouchable.extend(life.keys().cloned());
+                mig_profile = Some(profile.clone());
+                self.plan_mig_dynamic(tenant, profile, &untouchable)?
+            }
+            request => {
+                let unavailable = Node::unavailable_summary(&life, &blocked);
+                let devices = slicer::choose(&self.inventory, &device_use.busy(), request)
+                    .map_err(|nofit| ApiError {
+                        code: ErrorCode::NoCapacity,
+                        message: format!("tenant {tenant}: {nofit}{unavailable}"),
+                        tenant: Some(tenant.to_string()),
+                        request: Some(request.to_string()),
+                        rule: None,
+                    })?;
+                Acquire::Devices(devices)
+            }
+        };
+        let states = self.handed_back(&life, &acquire)?;
+        Ok(GrantPlan {
+            container_id: who.req.container_id.clone(),
+            tenant: tenant.to_string(),
+            trust: who.trust.clone(),
+            request: who.request.clone(),
+            runc_root: who.req.runc_root.clone(),
+            bundle: who.req.bundle.clone(),
+            acquire,
+            states,
+            mig_profile,
+        })
+    }
+
+    /// A dirty device handed back to its own tenant (policy: `same_tenant_skip`) is the
+    /// tenant's again: its dirty mark goes, in the grant's own transaction. The claim (or
+    /// share) committed with it holds the device, and its release marks it dirty again.
+    fn handed_back(
+        &self,
+        life: &Lifecycles,
+        acquire: &Acquire,
+    ) -> Result<Vec<StateChange>, ApiError> {
+        let planned: Vec<&str> = match acquire {
+            Acquire::Devices(d) => d.iter().map(|d| d.uuid.as_str()).collect(),
+            Acquire::Mps { device, .. } | Acquire::Shared { device, .. } => vec![&device.uuid],
+            // A fresh instance has no history; the idle ones destroyed for it are free.
+            Acquire::CutMig { .. } => Vec::new(),
+        };
+        let held: Vec<&str> = planned.into_iter().filter(|u| life.contains_key(*u)).collect();
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let stored = self.store.device_states().map_err(internal)?;
+        let free = serde_json::to_string(&scrub::DeviceState::Free)
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        Ok(held
+            .into_iter()
+            .map(|u| StateChange {
+                uuid: u.to_string(),
+                from: stored.get(u).map(|(st, _)| st.clone()),
+                to: free.clone(),
+            })
+            .collect())
+    }
+
+    /// A MIG instance of `profile`, cut on demand: reuse a free one, else create one in
+    /// the placement that keeps the most future capacity, destroying idle instances only
+    /// when that is what makes room.
+    fn plan_mig_dynamic(
+        &self,
+        tenant: &str,
+        profile: &str,
+        busy: &BTreeSet<String>,
+    ) -> Result<Acquire, ApiError> {
+        let demand = if self.mig_demand.is_empty() {
+            self.inventory
+                .gpus
+                .iter()
+                .find(|g| g.mig_enabled)
+                .and_then(|g| slicer::model(&g.model))
+                .map(slicer::DemandMix::uniform)
+                .unwrap_or_else(|| {
+                    slicer::DemandMix::from_weights(std::iter::empty::<(String, f64)>(), 1.0)
+                })
+        } else {
+            slicer::DemandMix::observed(&self.mig_demand)
+        };
+        let decision =
+            slicer::place(&self.inventory, busy, profile, slicer::Strategy::Best, &demand)
+                .map_err(|nofit| ApiError {
+                    code: ErrorCode::NoCapacity,
+                    message: format!("tenant {tenant}: {nofit}"),
+                    tenant: Some(tenant.to_string()),
+                    request: Some(format!("mig={profile}")),
+                    rule: None,
+                })?;
+        let profile = profile.to_string();
+        Ok(match decision {
+            slicer::PlaceDecision::Reuse { uuid } => {
+                Acquire::Devices(vec![share::granted(&self.inventory, &uuid).ok_or_else(|| {
+                    ApiError::new(
+                        ErrorCode::Internal,
+                        format!("instance {uuid} is not in the inventory"),
+                    )
+                })?])
+            }
+            slicer::PlaceDecision::Create { gpu_index, start } => {
+                Acquire::CutMig { profile, gpu_index, start, destroy: Vec::new() }
+            }
+            slicer::PlaceDecision::Defragment { destroy, gpu_index, start } => {
+                debug_assert!(destroy.iter().all(|idle| !busy.contains(idle)));
+                Acquire::CutMig { profile, gpu_index, start, destroy }
+            }
+        })
+    }
+
+    /// An MPS share: the most booked device that still fits (so shares pack and whole
+    /// devices stay free).
+    fn plan_mps(
+        &self,
+        tenant: &str,
+        who: &Asker<'_>,
+        percent: u8,
+        device_use: &DeviceUse,
+    ) -> Result<Acquire, ApiError> {
+        let loads = device_use.mps_loads(&self.inventory);
+        let device = mpsd::pick_mps_device(&loads, tenant, percent).map_err(|nofit| ApiError {
+            code: ErrorCode::NoCapacity,
+            message: format!("tenant {tenant}: {nofit}"),
+            tenant: Some(tenant.to_string()),
+            request: Some(format!("mps={percent}")),
+            rule: None,
+        })?;
+        let granted = self.granted(&device)?;
+        let mem = share::memory_bytes(&self.inventory, &device).unwrap_or(0);
+        let request = mpsd::ShareRequest {
+            device: device.clone(),
+            tenant: tenant.to_string(),
+            holder: who.req.container_id.clone(),
+            percent,
+            mem_limit_bytes: mpsd::mps_mem_limit_bytes(mem, percent),
+        };
+        let share = ShareGrant {
+            kind: Isolation::Mps,
+            device,
+            percent: Some(percent),
+            mem_limit_bytes: Some(request.mem_limit_bytes),
+            domain: None,
+            replicas: None,
+        };
+        Ok(Acquire::Mps { device: granted, share, request })
+    }
+
+    /// A time-sliced replica: a GPU shared only within the tenant's sharing domain.
+    fn plan_shared(&self, tenant: &str, device_use: &DeviceUse) -> Result<Acquire, ApiError> {
+        let replicas = self.policy.policy.shared_replicas();
+        let domain = self.policy.policy.sharing_domain(tenant);
+        let loads = device_use.shared_loads(&self.inventory, replicas);
+        let device = mpsd::pick_shared_device(&loads, &domain).map_err(|nofit| ApiError {
+            code: ErrorCode::NoCapacity,
+            message: format!("tenant {tenant}: {nofit}"),
+            tenant: Some(tenant.to_string()),
+            request: Some("shared".into()),
+            rule: Some("sharing".into()),
+        })?;
+        let granted = self.granted(&device)?;
+        let share = ShareGrant {
+            kind: Isolation::Shared,
+            device,
+            percent: None,
+            mem_limit_bytes: None,
+            domain: Some(domain),
+            replicas: Some(replicas),
+        };
+        Ok(Acquire::Shared { device: granted, share })
+    }
+
+    fn granted(&self, device: &str) -> Result<GrantedDevice, ApiError> {
+        share::granted(&self.inventory, device).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::Internal,
+                format!("device {device} vanished from the inventory"),
+            )
+        })
+    }
+
+    /// Make a planned grant: the hardware changes it needs (a MIG instance cut, an MPS
+    /// control daemon started), then one transaction with the grant, its device claims and
+    /// its device-state changes. A failed commit (or a crash before it) leaves no grant
+    /// and every device state as it was: the MPS share is given back; a MIG instance cut
+    /// for it stays on the GPU idle and unclaimed — never used by any container, so clean —
+    /// where the next request for its profile reuses it or placement may destroy it.
+    pub(crate) fn apply_grant(&mut self, plan: GrantPlan) -> Result<Allocation, ApiError> {
+        let cid = plan.container_id.clone();
+        let mut cut = None;
+        let (devices, mut injection, share) = match plan.acquire {
+            Acquire::Devices(devices) => {
+                let injection = injection_for(self, &devices)?;
+                (devices, injection, None)
+            }
+            Acquire::CutMig { ref profile, gpu_index, start, ref destroy } => {
+                let device = self.cut_mig(&cid, profile, gpu_index, start, destroy)?;
+                cut = Some(device.uuid.clone());
+                let devices = vec![device];
+                let injection = injection_for(self, &devices)?;
+                (devices, injection, None)
+            }
+            Acquire::Mps { device, share, request } => {
+                let handle = self.mps.ensure_share(&request).map_err(|e| {
+                    let err = ApiError {
+                        code: ErrorCode::Internal,
+                        message: format!(
+                            "tenant {}: cannot set up the MPS share on {}: {e}",
+                            plan.tenant, share.device
+                        ),
+                        tenant: Some(plan.tenant.clone()),
+                        request: Some(plan.request.to_string()),
+                        rule: None,
+                    };
+                    self.log_refusal(&cid, &err);
+                    err
+                })?;
+                let devices = vec![device];
+                let mut injection = injection_for(self, &devices)?;
+                injection.mounts.extend(handle.mounts());
+                for kv in handle.env() {
+                    let key = kv.split('=').next().unwrap_or("").to_string();
+                    injection.env.retain(|e| e.split('=').next() != Some(key.as_str()));
+                    injection.env.push(kv);
+                }
+                (devices, injection, Some(share))
+            }
+            Acquire::Shared { device, share } => {
+                let devices = vec![device];
+                let injection = injection_for(self, &devices)?;
+                (devices, injection, Some(share))
+            }
+        };
+        injection.mounts.extend(self.sim_memory_mounts(&devices));
+        injection.mounts.extend(self.backend.driver_mounts());
+        let allocation = Allocation {
+            container_id: cid.clone(),
+            tenant: plan.tenant,
+            trust: plan.trust,
+            request: plan.request.to_string(),
+            isolation: plan.request.isolation(),
+            devices,
+            injection,
+            state: AllocationState::Pending,
+            pid: None,
+            created_ms: crate::now_ms(),
+            share,
+        };
+        let record = Record {
+            allocation,
+            runc_root: plan.runc_root,
+            bundle: plan.bundle,
+            pid_start: None,
+            cgroup: None,
+        };
+        let committed = GrantFailpoint::hit(self.failpoint.as_ref(), &cid).and_then(|()| {
+            self.store.insert_grant(&record, &plan.states).map_err(|e| match e {
+                StoreError::DeviceClaimed { .. } | StoreError::StateChanged { .. } => {
+                    ApiError::new(ErrorCode::Conflict, e.to_string())
+                }
+                other => internal(other),
+            })
+        });
+        let allocation = record.allocation;
+        if let Err(e) = committed {
+            // Nothing was recorded: give back the MPS share this grant would have held.
+            if let Some(s) = allocation.share.as_ref().filter(|s| s.kind == Isolation::Mps) {
+                let _ = self.mps.release(&s.device, &allocation.tenant, &cid);
+            }
+            if let Some(uuid) = cut {
+                let detail = format!("{uuid} left idle: the grant it was cut for failed");
+                warn!(container = %cid, "{detail}");
+                let _ = self.store.event("mig", Some(&cid), &detail);
+            }
+            return Err(e);
+        }
+        if let Some(profile) = plan.mig_profile {
+            *self.mig_demand.entry(profile).or_default() += 1;
+        }
+        info!(container = %allocation.container_id, tenant = %allocation.tenant, request = %allocation.request,
+              devices = ?allocation.devices.iter().map(|d| &d.uuid).collect::<Vec<_>>(), "granted");
+        Ok(allocation)
+    }
+
+    /// Cut a MIG instance of `profile` (destroying the idle `destroy` first) and return it.
+    fn cut_mig(
+        &mut self,
+        container_id: &str,
+        profile: &str,
+        gpu_index: u32,
+        start: u8,
+        destroy: &[String],
+    ) -> Result<GrantedDevice, ApiError> {
+        let backend_err = |what: &str, e: slicer::BackendError| {
+            ApiError::new(ErrorCode::Internal, format!("{what} for mig={profile}: {e}"))
+        };
+        let uuid = if destroy.is_empty() {
+            let inst = self
+                .backend
+                .create_instance(gpu_index, profile, start)
+                .map_err(|e| backend_err("creating an instance", e))?;
+            let _ = self.store.event(
+                "mig",
+                Some(container_id),
+                &format!("created {profile} at GPU {gpu_index} slot {start}: {}", inst.uuid),
+            );
+            self.refresh_inventory()?;
+            inst.uuid
+        } else {
+            for idle in destroy {
+                self.backend
+                    .destroy_instance(idle)
+                    .map_err(|e| backend_err("destroying an idle instance", e))?;
+            }
+            let inst = self
+                .backend
+                .create_instance(gpu_index, profile, start)
+                .map_err(|e| backend_err("creating an instance", e));
+            let _ = self.store.event(
+                "mig",
+                Some(container_id),
+                &format!(
+                    "defragmented GPU {gpu_index}: destroyed idle [{}] to create {profile} at slot {start}",
+                    destroy.join(",")
+                ),
+            );
+            self.refresh_inventory()?;
+            inst?.uuid
+        };
+        self.granted(&uuid).map_err(|_| {
+            ApiError::new(ErrorCode::Internal, format!("instance {uuid} is not in the inventory"))
+        })
+    }
+}
+
+/// What a [`GrantFailpoint`] does when a grant reaches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailAction {
+    /// The grant fails as a failed commit would: an error, nothing recorded.
+    Error,
+    /// The daemon dies on the spot (`abort`), like a `kill -9` at that instant.
+    Abort,
+}
+
+/// A fault injected between a grant's plan (and its hardware changes) and its commit, for
+/// tests: set with [`super::Node::set_failpoint`], or in a debug build of tesserad from
+/// `TESSERA_FAILPOINT` (`grant-commit=error` or `grant-commit=abort`, optionally
+/// `@CONTAINER_ID` to hit only that container's grant). A release build ignores the
+/// variable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantFailpoint {
+    pub action: FailAction,
+    /// Only this container's grant; any grant when `None`.
+    pub container_id: Option<String>,
+}
+
+impl GrantFailpoint {
+    pub const ENV: &'static str = "TESSERA_FAILPOINT";
+
+    /// `grant-commit=error|abort[@CONTAINER_ID]`.
+    pub fn parse(s: &str) -> Result<GrantFailpoint, String> {
+        let (point, rest) =
+            s.split_once('=').ok_or_else(|| format!("{s:?}: expected grant-commit=ACTION"))?;
+        if point != "grant-commit" {
+            return Err(format!("{s:?}: unknown failpoint {point:?} (known: grant-commit)"));
+        }
+        let (action, container_id) = match rest.split_once('@') {
+            Some((a, c)) if !c.is_empty() => (a, Some(c.to_string())),
+            Some(_) => return Err(format!("{s:?}: empty container id after '@'")),
+            None => (rest, None),
+        };
+        let action = match action {
+            "error" => FailAction::Error,
+            "abort" => FailAction::Abort,
+            other => return Err(format!("{s:?}: unknown action {other:?} (error, abort)")),
+        };
+        Ok(GrantFailpoint { action, container_id })
+    }
+
+    /// The failpoint `TESSERA_FAILPOINT` names, in a debug build only.
+    pub fn from_env() -> Option<GrantFailpoint> {
+        if !cfg!(debug_assertions) {
+            return None;
+        }
+        let value = std::env::var(Self::ENV).ok()?;
+        match GrantFailpoint::parse(&value) {
+            Ok(f) => {
+                warn!("failpoint armed: {value}");
+                Some(f)
+            }
+            Err(e) => {
+                warn!("{}: {e}; no failpoint armed", Self::ENV);
+                None
+            }
+        }
+    }
+
+    /// Fail (or die) if armed for `container_id`.
+    pub(crate) fn hit(this: Option<&GrantFailpoint>, container_id: &str) -> Result<(), ApiError> {
+        let Some(f) = this else { return Ok(()) };
+        if let Some(only) = &f.container_id {
+            if only != container_id {
+                return Ok(());
+            }
+        }
+        match f.action {
+            FailAction::Error => Err(ApiError::new(
+                ErrorCode::Internal,
+                format!("container {container_id}: failpoint grant-commit: injected failure"),
+            )),
+            FailAction::Abort => {
+                warn!(container = %container_id, "failpoint grant-commit: aborting");
+                std::process::abort()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failpoints_parse() {
+        assert_eq!(
+            GrantFailpoint::parse("grant-commit=abort@c1"),
+            Ok(GrantFailpoint { action: FailAction::Abort, container_id: Some("c1".into()) })
+        );
+        assert_eq!(
+            GrantFailpoint::parse("grant-commit=error"),
+            Ok(GrantFailpoint { action: FailAction::Error, container_id: None })
+        );
+        for bad in ["grant-commit", "other=error", "grant-commit=explode", "grant-commit=error@"] {
+            assert!(GrantFailpoint::parse(bad).is_err(), "{bad}");
+        }
+        assert!(GrantFailpoint::hit(None, "c").is_ok());
+        let only = GrantFailpoint::parse("grant-commit=error@c1").expect("parse");
+        assert!(GrantFailpoint::hit(Some(&only), "c2").is_ok());
+        assert!(GrantFailpoint::hit(Some(&only), "c1").is_err());
+    }
+}
