@@ -257,9 +257,15 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let utilization = periodic(app.clone(), config.util_every, |app| {
         with_node(app, "utilisation sampling", |n| n.sample_utilization().map(drop))
     });
+    // MPS health: pings and cap read-backs run the control binary several times per share,
+    // so they run outside the node lock (grants for other devices go on meanwhile).
     let mps_health = periodic(app.clone(), config.mps_health_every, |app| {
+        let Ok(supervisor) = app.node.lock().map(|n| n.mps_supervisor()) else {
+            return error!("MPS health check: node state lock poisoned");
+        };
+        let events = supervisor.health_check_all();
         with_node(app, "MPS health check", |n| {
-            n.mps_health();
+            n.record_mps_events(&events);
             Ok(())
         })
     });

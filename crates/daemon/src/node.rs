@@ -461,9 +461,15 @@ impl Node {
     }
 
     /// Ping every MPS control daemon; restart the dead with backoff, record every crash.
-    pub fn mps_health(&mut self) -> usize {
-        let events = self.mps.health_check_all();
-        for e in &events {
+    /// The MPS supervisor, for health checks run outside the node lock (it has its own
+    /// lock; the node takes it only while holding the node lock, never the other way round).
+    pub fn mps_supervisor(&self) -> Arc<mpsd::Supervisor> {
+        Arc::clone(&self.mps)
+    }
+
+    /// Records what a health check found; returns how many events.
+    pub fn record_mps_events(&mut self, events: &[mpsd::HealthEvent]) -> usize {
+        for e in events {
             self.record_mps_event(e);
         }
         events.len()
