@@ -9,6 +9,7 @@ pub mod client;
 pub mod display;
 pub mod protocol;
 pub mod request;
+pub mod time;
 pub mod types;
 
 pub use client::{Client, ClientError};

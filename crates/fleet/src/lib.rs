@@ -34,12 +34,7 @@ pub use wire::{
 };
 
 /// Milliseconds since the Unix epoch (0 if the clock is before 1970).
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
+pub use tessera_api::time::now_ms;
 
 /// A node id as it appears in tokens, routes and store keys: 1 to 253 characters of
 /// `[A-Za-z0-9._-]`, not starting with `.` or `-`.

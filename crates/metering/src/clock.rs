@@ -5,7 +5,6 @@ use std::fmt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Where Linux publishes the id of the current boot.
 pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
@@ -45,10 +44,7 @@ pub fn read_boot_id(path: &Path) -> String {
 }
 
 fn system_wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
+    tessera_api::time::now_ms()
 }
 
 /// The real clock: `SystemTime` for wall time, `CLOCK_BOOTTIME` for monotonic time, the

@@ -20,7 +20,7 @@ use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command as Process;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use tessera_api::display::MAX_LINE_CHARS;
 use tessera_api::{
@@ -339,33 +339,9 @@ pub fn append_log(
     f.write_all(line.as_bytes())
 }
 
-/// RFC 3339 UTC time with nanoseconds, as Go's `time.RFC3339Nano`.
+/// RFC 3339 UTC time with nanoseconds, as Go's `time.RFC3339Nano` (runc's log lines).
 pub fn rfc3339(t: SystemTime) -> String {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, day) = civil_from_days(days as i64);
-    format!(
-        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_nanos()
-    )
-}
-
-/// Days since 1970-01-01 to (year, month, day) (Howard Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
+    tessera_api::time::format_rfc3339_nanos(t)
 }
 
 /// Execs runc with the original arguments; returns only if the exec failed.
@@ -459,6 +435,7 @@ mod tests {
     use super::*;
     use serde_json::{json, Value};
     use std::os::unix::net::UnixListener;
+    use std::time::UNIX_EPOCH;
 
     const RUNC_SPEC: &str = include_str!("../testdata/runc-spec.json");
 

@@ -162,7 +162,7 @@ pub fn nodes(args: &NodesArgs) -> Result<(), String> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&nodes).map_err(|e| e.to_string())?);
     } else {
-        print!("{}", render_nodes(&nodes, now_ms()));
+        print!("{}", render_nodes(&nodes, tessera_api::time::now_ms()));
     }
     Ok(())
 }
@@ -219,10 +219,6 @@ fn latest_prices(client: &Client) -> Result<metering::Prices, String> {
             })
             .collect(),
     })
-}
-
-fn now_ms() -> u64 {
-    ::fleet::now_ms()
 }
 
 fn short(digest: &str) -> &str {
