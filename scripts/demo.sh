@@ -14,7 +14,7 @@ source scripts/deps.sh
 tessera_as_root scripts/demo.sh "$@"
 tessera_ensure_deps
 
-cargo build --locked --bins -q
+cargo build --locked --workspace --bins -q
 BIN=$PWD/target/debug
 WORK=$(mktemp -d /tmp/tessera-demo.XXXXXX)
 SOCK=$WORK/tesserad.sock

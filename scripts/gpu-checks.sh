@@ -19,6 +19,9 @@ build() {
     mkdir -p "$STAGE"
     cargo build --release --bins -p tessera
     local tests
+    # slicer's unit-test binary: the ignored NVML checks run below. It also holds the
+    # backend conformance suite (slicer::conformance is compiled only into slicer's tests or
+    # with its `conformance` feature), which this script never runs: it re-cuts MIG.
     tests=$(cargo test --release -p slicer --lib --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:

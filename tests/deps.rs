@@ -3,6 +3,9 @@
 //! agent), never `coordinator`, whose server and etcd store bring etcd-client, tonic and
 //! prost (and so protoc) into a build. Asks `cargo tree` for each node package's normal
 //! (non-dev, non-build) dependencies.
+//!
+//! The policy crate is pure (issue 12): it validates declared MIG layouts against the
+//! `catalog` crate, never `slicer`, so it links no NVML.
 
 use std::process::Command;
 
@@ -15,6 +18,7 @@ const NODE_PACKAGES: &[&str] = &[
     "fleet",
     "tessera-api",
     "policy",
+    "catalog",
     "slicer",
     "metering",
     "mpsd",
@@ -80,4 +84,17 @@ fn the_coordinator_still_has_its_stores() {
     for want in ["etcd-client", "tonic", "prost", "fleet"] {
         assert!(names.contains(&want), "coordinator's tree lacks {want}:\n{listing}");
     }
+}
+
+#[test]
+fn policy_builds_without_nvml_or_slicer() {
+    let listing = tree(&["-e", "normal", "-p", "policy", "--prefix", "none"]);
+    let names: Vec<&str> = listing.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    assert!(names.contains(&"catalog"), "policy's tree lacks catalog:\n{listing}");
+    for bad in ["slicer", "nvml-wrapper", "nvml-wrapper-sys", "cudarc"] {
+        assert!(!names.contains(&bad), "policy depends on {bad}:\n{listing}");
+    }
+    // The check is only meaningful if `cargo tree` lists nvml-wrapper where it is.
+    let slicer = tree(&["-e", "normal", "-p", "slicer", "--prefix", "none"]);
+    assert!(slicer.lines().any(|l| l.starts_with("nvml-wrapper ")), "slicer's tree:\n{slicer}");
 }

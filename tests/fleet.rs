@@ -15,8 +15,6 @@
 //! earlier revision replayed by an in-test proxy between a node and the coordinator (a
 //! network attacker). The same proxy loses the answer of a usage upload.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -25,46 +23,21 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::node::{free_port, repo, Node, NodeOptions, NS};
-use common::*;
 use serde_json::Value;
 use tessera_api::{
     AllocateRequest, Allocation, ApiError, CoordinatorStatus, ErrorCode, NodeStatus, RequestSource,
     StartRequest,
 };
+use tessera_harness::node::{free_port, repo, Node, NodeOptions, NS};
+use tessera_harness::*;
 
 /// The `tessera-coordinator` binary. It belongs to the `coordinator` package (the root
-/// package must not link the coordinator), so cargo sets no `CARGO_BIN_EXE_` for it here:
-/// build it once per test run into the target dir that holds `tesserad` (a no-op when it is
-/// fresh, e.g. after `cargo build --workspace --bins`) and use it from there.
+/// package must not link the coordinator), so cargo does not build it for these tests:
+/// [`fresh_bin`] builds it once per test run into the target dir that holds `tesserad`.
 fn coordinator_bin() -> &'static str {
-    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    BIN.get_or_init(|| {
-        let profile_dir = std::path::Path::new(TESSERAD).parent().expect("tesserad's dir");
-        let target_dir = profile_dir.parent().expect("the target dir");
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev",
-            Some(p) => p,
-        };
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let out = Command::new(cargo)
-            .args(["build", "--quiet", "-p", "coordinator", "--bin", "tessera-coordinator"])
-            .args(["--profile", profile])
-            .arg("--target-dir")
-            .arg(target_dir)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .expect("running cargo build -p coordinator");
-        assert!(
-            out.status.success(),
-            "cargo build -p coordinator --bin tessera-coordinator: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let bin = profile_dir.join("tessera-coordinator");
-        assert!(bin.is_file(), "{} missing after the build", bin.display());
-        bin.to_str().expect("utf-8 path").to_string()
-    })
+    fresh_bin("tessera-coordinator")
 }
+
 const ADMIN: &str = "admin-token-alice-0123456789abcdef";
 const NODE_A: &str = "sim-h100-a";
 const NODE_B: &str = "sim-h100-b";
@@ -504,7 +477,7 @@ fn proxy_one(client: TcpStream, upstream: &str, st: &ProxyState) -> std::io::Res
 
 fn tessera(args: &[&str]) -> Output {
     run_cmd(
-        Command::new(TESSERA_CLI)
+        Command::new(tessera_cli())
             .args(args)
             .env_remove("TESSERA_COORDINATOR")
             .env_remove("TESSERA_TOKEN"),
@@ -1132,7 +1105,7 @@ fn tesserad_fleet_flags_are_checked() {
     ];
     for (extra, needle) in cases {
         let out = run_cmd(
-            Command::new(TESSERAD).args(base).args(&extra).env_remove("TESSERA_NODE_TOKEN"),
+            Command::new(tesserad()).args(base).args(&extra).env_remove("TESSERA_NODE_TOKEN"),
         );
         out.assert_failure(&format!("tesserad {extra:?}"));
         assert!(

@@ -1,10 +1,8 @@
-//! Proves the end-to-end harness (tests/common) against the real runc and containerd,
-//! with no Tessera component involved. Needs root, runc, containerd, ctr, /bin/busybox
+//! Proves the end-to-end harness (the `tessera-harness` crate) against the real runc and
+//! containerd, with no Tessera component involved. Needs root, runc, containerd, ctr, /bin/busybox
 //! and cgroup v1 with the devices controller.
 //!
 //! Run: `cargo test --test harness_selftest -- --test-threads=1`
-
-mod common;
 
 use std::fs;
 use std::os::unix::net::UnixListener;
@@ -12,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::*;
+use tessera_harness::*;
 
 /// The tokens of the `ls -l` line for `name`, e.g. `["crw-rw-rw-", "1", "root", "root",
 /// "1,", "3", ...]`.

@@ -7,15 +7,13 @@
 // `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::node::*;
-use common::*;
 use serde_json::json;
+use tessera_harness::node::*;
+use tessera_harness::*;
 
 /// The slowest reconciler: whatever is released here, the reconciler did not do it.
 fn no_reconciler() -> NodeOptions {

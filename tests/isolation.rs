@@ -7,13 +7,11 @@
 // `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::collections::BTreeSet;
 
-use common::node::*;
-use common::*;
 use serde_json::{json, Value};
+use tessera_harness::node::*;
+use tessera_harness::*;
 
 /// `c MAJOR:MINOR` entries of a devices.list with read or write access, for these majors
 /// (a `*` major counts for every major; `a *:* rwm` is returned as (-1, -1)).

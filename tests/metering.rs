@@ -5,15 +5,13 @@
 // `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::node::*;
-use common::*;
 use rand::{Rng, SeedableRng};
 use tessera_api::{AllocateRequest, RequestSource, StartRequest};
+use tessera_harness::node::*;
+use tessera_harness::*;
 
 fn usage_json(node: &Node, by: &str) -> serde_json::Value {
     let out = node.cli(&["usage", "--from", "-1h", "--to", "now", "--by", by, "--json"]);

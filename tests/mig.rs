@@ -5,14 +5,12 @@
 // `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::node::*;
-use common::*;
+use tessera_harness::node::*;
+use tessera_harness::*;
 
 /// GPU 0 in MIG mode with 3g.40gb@0 and 1g.10gb@6 (slots 4-5 and 7 free), GPU 1 whole.
 fn node_file(fx_dir: &std::path::Path) -> PathBuf {
@@ -182,7 +180,7 @@ fn sim_replays_the_trace_with_every_placement() {
         panic!("the trace is expected beside the checkout at {}", trace.display());
     }
     let out = run_cmd(
-        std::process::Command::new(TESSERA_CLI)
+        std::process::Command::new(tessera_cli())
             .args(["sim", "--nodes", "2", "--gpu", "H100-80GB", "--json", "--trace"])
             .arg(&trace),
     );

@@ -7,24 +7,25 @@
 // `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::node::*;
-use common::*;
 use mpsd::{Command, DaemonSpec, DeviceRef, MpsControl, ProcessControl};
 use tessera_api::Allocation;
+use tessera_harness::node::*;
+use tessera_harness::*;
 
-const FAKE: &str = env!("CARGO_BIN_EXE_fake-nvidia-cuda-mps-control");
+/// The MPS control test double (built once per run, whichever package holds it).
+fn fake() -> &'static str {
+    fresh_bin("fake-nvidia-cuda-mps-control")
+}
 
 fn mps_node() -> Node {
     Node::start_with(NodeOptions {
         extra_args: vec![
             "--mps-control".into(),
-            FAKE.into(),
+            fake().into(),
             "--mps-health-interval-ms".into(),
             "200".into(),
         ],
@@ -61,7 +62,7 @@ fn spec(state: &Path, a: &Allocation) -> DaemonSpec {
 
 /// (thread percentage, pinned memory limit in bytes) read back through the control protocol.
 fn caps(state: &Path, a: &Allocation) -> (f64, u64) {
-    let control = ProcessControl::new(PathBuf::from(FAKE));
+    let control = ProcessControl::new(PathBuf::from(fake()));
     let s = spec(state, a);
     let pct = control.send(&s, &Command::GetDefaultActiveThreadPercentage).expect("get thread %");
     let mem = control
@@ -242,7 +243,7 @@ fn tesserad_restarts_adopt_live_control_daemons() {
     // (tests run in parallel, each with daemons of its own).
     let state = node.state.display().to_string();
     let fakes = || {
-        processes_mentioning(FAKE)
+        processes_mentioning(fake())
             .into_iter()
             .filter(|(pid, _)| {
                 std::fs::read(format!("/proc/{pid}/environ"))
@@ -286,7 +287,7 @@ fn caps_raised_from_inside_a_container_are_set_back_within_a_health_tick() {
     let node = Node::start_with(NodeOptions {
         extra_args: vec![
             "--mps-control".into(),
-            FAKE.into(),
+            fake().into(),
             "--mps-health-interval-ms".into(),
             "200".into(),
             "--metrics".into(),
@@ -299,7 +300,7 @@ fn caps_raised_from_inside_a_container_are_set_back_within_a_health_tick() {
     let ro_bind = |src: &str, dst: &str| serde_json::json!({"destination": dst, "type": "bind", "source": src, "options": ["rbind", "ro"]});
     b.mutate(|c| {
         let mounts = c["mounts"].as_array_mut().unwrap();
-        mounts.push(ro_bind(FAKE, "/opt/mps-client"));
+        mounts.push(ro_bind(fake(), "/opt/mps-client"));
         mounts.push(ro_bind("/lib", "/lib"));
         mounts.push(ro_bind("/lib64", "/lib64"));
     })
@@ -319,7 +320,7 @@ fn caps_raised_from_inside_a_container_are_set_back_within_a_health_tick() {
     );
     out.assert_success("the control client in the container");
     assert!(!out.stdout_str().contains("Cannot find"), "{}", out.stdout_str());
-    let sent = mpsd::fake::FakeState::read(&pipe).expect("fake state").commands;
+    let sent = mps_double::FakeState::read(&pipe).expect("fake state").commands;
     assert!(sent.iter().any(|c| c == "set_default_active_thread_percentage 100"), "{sent:?}");
 
     // Within a health tick (200 ms; up to 3 s allowed on a loaded machine): 25 again.

@@ -5,8 +5,6 @@
 // `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -14,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::node::*;
-use common::*;
 use rand::{Rng, SeedableRng};
 use tessera_api::ErrorCode;
+use tessera_harness::node::*;
+use tessera_harness::*;
 
 /// (path, major, minor) of every character device under /dev in a running container.
 fn container_devices(fx: &Fixture, id: &str) -> BTreeSet<(String, i64, i64)> {
@@ -133,11 +131,11 @@ fn unsatisfiable_requests_fail_clearly() {
 #[test]
 fn containers_without_a_request_start_while_tesserad_is_down_and_gpu_requests_fail_closed() {
     let fx = Fixture::with_runtime(
-        TESSERA_RUNTIME,
+        tessera_runtime(),
         &[
             ("TESSERA_RUNC", RUNC),
             ("TESSERA_SOCKET", "/nonexistent/tesserad.sock"),
-            ("TESSERA_HOOK", TESSERA_HOOK),
+            ("TESSERA_HOOK", tessera_hook()),
         ],
     );
     let mut b = fx.bundle("plain");
@@ -410,7 +408,7 @@ fn malformed_config_state_policy_and_api_requests_get_clear_errors() {
         (&b"not json"[..], "line 1"),
         (&b"{\"ociVersion\":\"1.0.2\",\"id\":\"x\",\"status\":\"created\",\"pid\":\"12\",\"bundle\":\"/b\"}"[..], "pid"),
     ] {
-        let mut cmd = Command::new(TESSERA_HOOK);
+        let mut cmd = Command::new(tessera_hook());
         cmd.arg("prestart").env_clear().env("TESSERA_SOCKET", &node.socket);
         let out = run_with_stdin(cmd, state);
         out.assert_failure("malformed state");
@@ -421,11 +419,11 @@ fn malformed_config_state_policy_and_api_requests_get_clear_errors() {
     let bad = node.fx.path("bad-policy.json");
     std::fs::write(&bad, br#"{"version": 1, "orgs": {"acme": {"trust": "untrusted", "teams": {"x": {"trust": "trustd"}}}}, "identity": []}"#)
         .expect("write");
-    let out = run_cmd(Command::new(TESSERA_CLI).args(["policy", "validate"]).arg(&bad));
+    let out = run_cmd(Command::new(tessera_cli()).args(["policy", "validate"]).arg(&bad));
     out.assert_failure("bad policy");
     assert!(out.stderr_str().contains("orgs.acme.teams.x.trust"), "{}", out.stderr_str());
     let out = run_cmd(
-        Command::new(TESSERAD)
+        Command::new(tesserad())
             .args([
                 "--node",
                 &format!("sim:{}", repo("examples/nodes/h100x8.json").display()),
@@ -483,7 +481,7 @@ fn the_api_socket_admits_only_root() {
     assert_eq!(mode, 0o600);
 
     let as_nobody = || {
-        let mut cmd = Command::new(TESSERA_CLI);
+        let mut cmd = Command::new(tessera_cli());
         cmd.arg("--socket").arg(&node.socket).arg("status").uid(65534).gid(65534);
         run_cmd(&mut cmd)
     };
@@ -518,7 +516,7 @@ fn the_api_socket_admits_only_root() {
     std::fs::write(&file, b"precious").expect("write");
     for (path, needle) in [(&file, "not a socket"), (&node.socket, "already listening")] {
         let out = run_cmd(
-            Command::new(TESSERAD)
+            Command::new(tesserad())
                 .args([
                     "--node",
                     &format!("sim:{}", repo("examples/nodes/h100x8.json").display()),
@@ -543,8 +541,8 @@ fn containerd_runs_gpu_containers_through_tessera_runtime() {
     let ctd = Containerd::builder()
         .env("TESSERA_SOCKET", &s)
         .env("TESSERA_RUNC", RUNC)
-        .env("TESSERA_HOOK", TESSERA_HOOK)
-        .runc_binary(TESSERA_RUNTIME)
+        .env("TESSERA_HOOK", tessera_hook())
+        .runc_binary(tessera_runtime())
         .start();
     let rootfs = Rootfs::busybox(ctd.dir().join("rootfs"));
     let ns_ann = format!("{NS}=team-untrusted");

@@ -7,15 +7,13 @@
 // `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use common::node::*;
 use tessera_api::{Allocation, AllocationState, ApiError, ErrorCode, PROTOCOL};
+use tessera_harness::node::*;
 
 const ID: &str = "compat-1-0";
 

@@ -6,14 +6,12 @@
 // `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::node::*;
-use common::*;
 use tessera_api::DeviceState;
+use tessera_harness::node::*;
+use tessera_harness::*;
 
 /// One MIG instance (1g.10gb) on GPU 0 and one whole GPU: each request has exactly one
 /// device it can get, so tenant B gets exactly what tenant A had.

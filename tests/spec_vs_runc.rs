@@ -16,19 +16,17 @@
 // `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::Path;
 
-use common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use runtime_hook::canonical::{self, DeviceAccess, DeviceRule, RuleKind};
 use runtime_hook::spec::{self, HookConfig};
 use serde_json::{json, Value};
 use tessera_api::{DeviceNode, Injection};
+use tessera_harness::*;
 
 /// The simulated node's majors: nvidia, nvidia-uvm, nvidia-caps.
 const GPU_MAJORS: [u32; 3] = [195, 508, 509];

@@ -5,19 +5,18 @@
 //!   the binary reads them, and strict parsers of its answers.
 //! - [`control`]: the hardware seam, [`MpsControl`], and its one real implementation
 //!   [`ProcessControl`], which runs a control binary: the real `nvidia-cuda-mps-control`
-//!   or the test double `fake-nvidia-cuda-mps-control` (same protocol; pick by path).
+//!   or the test double `fake-nvidia-cuda-mps-control` (crate `mps-double`; same protocol;
+//!   pick by path).
 //! - [`supervisor`]: one control daemon per (device, tenant) with daemon-side caps set and
 //!   read back before any client can connect and again at every health check (set again
 //!   when they drifted), restart with backoff, crash records, degraded shares, adoption
 //!   after a tesserad restart, shutdown.
 //! - [`pure`]: which device takes an MPS share or a time-sliced replica (pure, property
 //!   tested).
-//! - [`fake`]: the TEST DOUBLE of `nvidia-cuda-mps-control` (no GPU feature).
 //! - [`layout`]: where a share lives under the state dir.
 
 pub mod clock;
 pub mod control;
-pub mod fake;
 pub mod layout;
 pub mod protocol;
 pub mod pure;

@@ -225,7 +225,7 @@ pub(crate) struct NodePool {
     /// Tenant path prefixes allowed in the pool; `None` allows every tenant.
     pub tenants: Option<Vec<String>>,
     /// GPU model -> declared MIG layout.
-    pub mig_layouts: BTreeMap<String, slicer::DeclaredLayout>,
+    pub mig_layouts: BTreeMap<String, catalog::DeclaredLayout>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -309,7 +309,7 @@ impl Policy {
 
     /// The MIG layouts declared for a node (by the first pool, in name order, that matches
     /// it and declares any). Empty: the node's MIG layout is dynamic.
-    pub fn mig_layouts(&self, node_name: &str) -> BTreeMap<String, slicer::DeclaredLayout> {
+    pub fn mig_layouts(&self, node_name: &str) -> BTreeMap<String, catalog::DeclaredLayout> {
         self.node_pools
             .iter()
             .find(|p| !p.mig_layouts.is_empty() && p.nodes.iter().any(|n| n.matches(node_name)))

@@ -457,14 +457,14 @@ fn build_pool(
     let mut mig_layouts = BTreeMap::new();
     for (model_name, text) in &raw.mig_layouts.0 {
         let l_at = format!("{at}.mig_layouts.{model_name}");
-        let model = slicer::model(model_name).ok_or_else(|| {
-            let known: Vec<&str> = slicer::catalog::MODELS.iter().map(|m| m.name).collect();
+        let model = catalog::model(model_name).ok_or_else(|| {
+            let known: Vec<&str> = catalog::MODELS.iter().map(|m| m.name).collect();
             problem(
                 &l_at,
                 format!("unknown GPU model `{model_name}`: expected one of {}", known.join(", ")),
             )
         })?;
-        let layout: slicer::DeclaredLayout =
+        let layout: catalog::DeclaredLayout =
             text.parse().map_err(|e| problem(&l_at, format!("malformed layout `{text}`: {e}")))?;
         layout.resolve(model).map_err(|e| {
             problem(&l_at, format!("layout `{text}` is not legal on {model_name}: {e}"))

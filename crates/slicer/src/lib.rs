@@ -1,24 +1,29 @@
 //! slicer: what the node's GPUs are and which share a container gets.
 //!
-//! - [`catalog`]: GPU models, MIG profiles and placement rules (pure).
+//! - [`catalog`]: GPU models, MIG profiles and placement rules, declared layouts (pure;
+//!   the `catalog` crate, re-exported).
 //! - [`inventory`]: the node's GPUs and MIG instances, and parsers of the host files they
 //!   are resolved from (`/proc/devices`, `mig-minors`).
 //! - [`backend`]: the [`GpuBackend`] hardware seam, with [`SimBackend`] (state in files)
 //!   and [`NvmlBackend`] (the driver); both create and destroy MIG instances.
-//! - [`conformance`]: one behavioural suite for backends that change MIG layouts.
+//! - `conformance`: one behavioural suite for backends that change MIG layouts; a test
+//!   tool, compiled only into slicer's own tests and with the `conformance` feature.
 //! - [`choose`](choose()): which devices a request gets (pure, deterministic).
 //! - [`place`](mod@place): where a new MIG instance goes, and which idle instances to
 //!   destroy when nothing else fits (pure, deterministic).
 //! - [`replay`](mod@replay): replays a request trace (the Alibaba GPU trace) on simulated nodes with
-//!   the real placement code, to compare placement strategies.
+//!   the real placement code, to compare placement strategies (the CLI's `tessera sim`).
 //! - [`layout`]: declared MIG layouts and the plan that converges to them without
 //!   touching instances in use (pure), and its execution on a backend.
 //! - [`injection`]: the device nodes and environment a container needs for its devices
 //!   (pure).
 
 pub mod backend;
-pub mod catalog;
+/// The GPU catalog and declared layouts live in the pure `catalog` crate (the policy crate
+/// uses it without NVML); re-exported here so `slicer::catalog::...` keeps working.
+pub use ::catalog;
 mod choose;
+#[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod driver;
 mod inject;

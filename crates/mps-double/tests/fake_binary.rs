@@ -1,10 +1,9 @@
 //! The supervisor and `ProcessControl` against real processes: the test double
 //! `fake-nvidia-cuda-mps-control` (it speaks the MPS control protocol; no GPU).
 //!
-//! The double is a binary of the root package, which this package's tests cannot build:
-//! build it first with `cargo build --bin fake-nvidia-cuda-mps-control`. The tests look
-//! for it in `$TESSERA_FAKE_MPS_CONTROL`, else `<target dir>/debug/`, and fail with that
-//! instruction when it is missing.
+//! The double is this package's binary, so cargo builds it before these tests
+//! (`CARGO_BIN_EXE_fake-nvidia-cuda-mps-control`); `$TESSERA_FAKE_MPS_CONTROL` points
+//! them at another build of it.
 //!
 //! Every test kills every process it started (the [`Reaper`] guard, also on panic): each
 //! control daemon found under its state dir and each stand-in server they started, after
@@ -15,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mpsd::fake::FakeState;
+use mps_double::FakeState;
 use mpsd::protocol::{self, Command, DeviceRef};
 use mpsd::{
     DaemonSpec, HealthEvent, ManualClock, MpsControl, MpsError, ProcessControl, Release,
@@ -28,23 +27,10 @@ const DEV2: &str = "GPU-3109aaaa-d1b3-3806-2655-ba25f02229c2";
 const BINARY_NAME: &str = "fake-nvidia-cuda-mps-control";
 
 fn fake_binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("TESSERA_FAKE_MPS_CONTROL") {
-        return PathBuf::from(p);
+    match std::env::var_os("TESSERA_FAKE_MPS_CONTROL") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_BIN_EXE_fake-nvidia-cuda-mps-control")),
     }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let target = match std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from) {
-        Some(t) if t.is_absolute() => t,
-        Some(t) => workspace.join(t),
-        None => workspace.join("target"),
-    };
-    let binary = target.join("debug").join(BINARY_NAME);
-    assert!(
-        binary.is_file(),
-        "the MPS test double {} is missing: build it first with `cargo build --bin {BINARY_NAME}` \
-         (or point TESSERA_FAKE_MPS_CONTROL at it)",
-        binary.display()
-    );
-    binary
 }
 
 /// Kills, on drop, every process of the double that a test started under its state dir.
@@ -305,7 +291,7 @@ fn a_crash_loop_marks_the_share_degraded_and_stops_restarting() {
     let r = Reaper::new();
     // The double dies 1.5 s after it is ready: long enough to take its caps, then a loop.
     let ctl =
-        Arc::new(ProcessControl::new(fake_binary()).with_env(mpsd::fake::CRASH_AFTER_ENV, "1500"));
+        Arc::new(ProcessControl::new(fake_binary()).with_env(mps_double::CRASH_AFTER_ENV, "1500"));
     let clock = Arc::new(ManualClock::new(1_000_000));
     let cfg = SupervisorConfig {
         max_restarts: 2,
@@ -476,7 +462,7 @@ fn the_double_speaks_the_protocol() {
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains(mpsd::fake::ALREADY_RUNNING));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(mps_double::ALREADY_RUNNING));
 
     // Defaults of a fresh daemon: full threads, no memory limit.
     assert_eq!(

@@ -5,9 +5,18 @@
 //! the source of truth on real hardware: the NVML backend reads placements, profile ids
 //! and instance memory from the driver; these tables drive the simulated backend, the
 //! legality checks and the tests.
+//!
+//! This crate is pure (no driver, no I/O): the policy crate validates declared layouts
+//! with it without linking NVML. `slicer` re-exports it as `slicer::catalog`.
+//!
+//! - the catalog: [`MODELS`], [`model`], [`GpuModel`], [`Profile`], [`placement_is_legal`];
+//! - [`layout`]: the [`DeclaredLayout`] a policy declares per model, parsed from text.
 
 use std::collections::BTreeMap;
 use std::fmt;
+
+pub mod layout;
+pub use layout::{DeclaredLayout, ParseLayoutError};
 
 /// Slots on the memory axis of a MIG-capable GPU.
 pub const MEMORY_SLOTS: u8 = 8;

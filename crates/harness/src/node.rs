@@ -1,19 +1,19 @@
 //! A running tesserad on the simulated H100 node, with a fixture whose runtime is
 //! tessera-runtime: the world of the end-to-end tests.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use tessera_api::Client;
 
-use super::*;
+use crate::*;
 
 /// The CRI annotation the example policy identifies tenants by.
 pub const NS: &str = "io.kubernetes.cri.sandbox-namespace";
 
 /// A path in the repository.
 pub fn repo(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
+    repo_root().join(p)
 }
 
 /// How to start the daemon.
@@ -76,7 +76,7 @@ impl Node {
         args.extend(o.extra_args);
         let mut env = vec![("TESSERA_LOG".to_string(), "info".to_string())];
         env.extend(o.env);
-        let daemon = fx.spawn("tesserad", TESSERAD, &args, env);
+        let daemon = fx.spawn("tesserad", tesserad(), &args, env);
         assert!(
             wait_for_socket(&socket, Duration::from_secs(20)),
             "tesserad did not come up:\n{}",
@@ -84,8 +84,8 @@ impl Node {
         );
         let s = socket.display().to_string();
         fx.set_runtime(
-            TESSERA_RUNTIME,
-            &[("TESSERA_RUNC", RUNC), ("TESSERA_SOCKET", &s), ("TESSERA_HOOK", TESSERA_HOOK)],
+            tessera_runtime(),
+            &[("TESSERA_RUNC", RUNC), ("TESSERA_SOCKET", &s), ("TESSERA_HOOK", tessera_hook())],
         );
         Node { fx, daemon, socket, state }
     }
@@ -131,7 +131,7 @@ impl Node {
     /// `tessera ARGS..` against this daemon.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
         run_cmd(
-            std::process::Command::new(TESSERA_CLI).arg("--socket").arg(&self.socket).args(args),
+            std::process::Command::new(tessera_cli()).arg("--socket").arg(&self.socket).args(args),
         )
     }
 }

@@ -1,7 +1,7 @@
 //! `fake-nvidia-cuda-mps-control`: a TEST DOUBLE of NVIDIA's `nvidia-cuda-mps-control`.
 //!
 //! It is not a GPU feature and shares no GPU: it speaks the documented control protocol
-//! (see [`crate::protocol`]) so the supervisor, tesserad and the end-to-end tests can run
+//! (see [`mpsd::protocol`]) so the supervisor, tesserad and the end-to-end tests can run
 //! on machines without NVIDIA's binary or a GPU. Production uses the real binary
 //! (`tesserad --mps-control /usr/bin/nvidia-cuda-mps-control`).
 //!
@@ -40,6 +40,11 @@
 //!
 //! Wording of answers that NVIDIA does not document (errors, an unset memory limit shown
 //! as `0M`) is this double's own.
+//!
+//! A crate of its own (`publish = false`), so nothing a user installs (`cargo install`,
+//! the root package's binaries) contains it. The binary keeps its name and lands in the
+//! target dir beside the others (`target/<profile>/fake-nvidia-cuda-mps-control`), where
+//! the end-to-end harness finds it; `cargo build --workspace --bins` builds it.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -50,8 +55,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::layout::{CONTROL_SOCKET, PID_FILE};
-use crate::protocol::{Command, DeviceRef, NO_DAEMON};
+use mpsd::layout::{CONTROL_SOCKET, PID_FILE};
+use mpsd::protocol::{Command, DeviceRef, NO_DAEMON};
 
 /// The state file the double keeps in its pipe dir.
 pub const STATE_FILE: &str = "fake-state.json";
@@ -621,7 +626,7 @@ fn server_standin(ppid: &str) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::MemLimit;
+    use mpsd::protocol::MemLimit;
 
     #[test]
     fn limits_are_displayed_as_the_driver_does() {

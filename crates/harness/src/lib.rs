@@ -1,7 +1,8 @@
 //! End-to-end test harness: real runc, real containerd, busybox rootfs, and a cleanup
 //! guard that leaves no process, mount, cgroup or runc container behind.
 //!
-//! Use from an integration test file with `mod common;` and `use common::*;`.
+//! A crate of its own (compiled once, not into every test binary): the root package's
+//! integration tests use it as a dev-dependency with `use tessera_harness::*;`.
 //!
 //! ```ignore
 //! let fx = Fixture::new();                       // /tmp/ts-XXXXXXXX, runc root inside it
@@ -30,7 +31,7 @@ use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{mpsc, Mutex, Once};
+use std::sync::{mpsc, Mutex, Once, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -56,11 +57,109 @@ const CLEANUP_CMD_TIMEOUT: Duration = Duration::from_secs(20);
 /// Prefix of every cgroup parent and containerd namespace the harness creates.
 pub const NAME_PREFIX: &str = "tessera-test-";
 
-/// Paths of the workspace binaries under test (built by cargo for integration tests).
-pub const TESSERA_RUNTIME: &str = env!("CARGO_BIN_EXE_tessera-runtime");
-pub const TESSERA_HOOK: &str = env!("CARGO_BIN_EXE_tessera-hook");
-pub const TESSERAD: &str = env!("CARGO_BIN_EXE_tesserad");
-pub const TESSERA_CLI: &str = env!("CARGO_BIN_EXE_tessera");
+/// `tessera-runtime`, the OCI runtime wrapper under test.
+pub fn tessera_runtime() -> &'static str {
+    bin("tessera-runtime")
+}
+
+/// `tessera-hook`, the prestart hook under test.
+pub fn tessera_hook() -> &'static str {
+    bin("tessera-hook")
+}
+
+/// `tesserad`, the node daemon under test.
+pub fn tesserad() -> &'static str {
+    bin("tesserad")
+}
+
+/// `tessera`, the CLI under test.
+pub fn tessera_cli() -> &'static str {
+    bin("tessera")
+}
+
+/// The repository root (examples/, data/ and the workspace manifest live there).
+pub fn repo_root() -> &'static Path {
+    // This crate is crates/harness.
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+/// The directory holding the workspace binaries: `$TESSERA_BIN_DIR` when set, else the
+/// profile directory the running test executable was built into (`target/<profile>/`:
+/// test executables live in its `deps/`). One way to find every binary: see [`bin`].
+pub fn bin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        if let Some(d) = std::env::var_os("TESSERA_BIN_DIR") {
+            return PathBuf::from(d);
+        }
+        let exe = std::env::current_exe().expect("the path of the running test executable");
+        let dir = exe.parent().expect("the test executable's directory");
+        match dir.file_name() {
+            Some(n) if n == "deps" => dir.parent().expect("the profile directory").to_path_buf(),
+            _ => dir.to_path_buf(),
+        }
+    })
+}
+
+/// The path of workspace binary `name` in [`bin_dir`].
+///
+/// Cargo builds the root package's binaries (`tesserad`, `tessera`, `tessera-runtime`,
+/// `tessera-hook`, `fake-nvidia-cuda-mps-control`) before running its integration tests;
+/// a binary of another package is not (see [`fresh_bin`]). Panics naming the binary and
+/// the command that builds it when it is missing.
+pub fn bin(name: &str) -> &'static str {
+    static BINS: Mutex<Vec<(String, &'static str)>> = Mutex::new(Vec::new());
+    let mut bins = BINS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, p)) = bins.iter().find(|(n, _)| n == name) {
+        return p;
+    }
+    let path = bin_dir().join(name);
+    assert!(
+        path.is_file(),
+        "workspace binary `{name}` not found at {}: build it with `cargo build --workspace \
+         --bins` (same profile as the tests), or point TESSERA_BIN_DIR at the directory \
+         holding it",
+        path.display()
+    );
+    let p: &'static str =
+        Box::leak(path.to_str().expect("a UTF-8 binary path").to_string().into_boxed_str());
+    bins.push((name.to_string(), p));
+    p
+}
+
+/// [`bin`], after building `name` once per test process with `cargo build --workspace
+/// --bin NAME` into the target dir and profile of [`bin_dir`] (a no-op when it is fresh,
+/// e.g. after `cargo build --workspace --bins`): for binaries of other packages than the
+/// root one (cargo builds only the root package's for its integration tests), which could
+/// otherwise be missing or stale. With `$TESSERA_BIN_DIR` set nothing is built.
+pub fn fresh_bin(name: &str) -> &'static str {
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if std::env::var_os("TESSERA_BIN_DIR").is_none() && !built.iter().any(|n| n == name) {
+        let profile_dir = bin_dir();
+        let target_dir = profile_dir.parent().expect("the target dir");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev",
+            Some(p) => p,
+        };
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = Command::new(cargo)
+            .args(["build", "--quiet", "--workspace", "--bin", name, "--profile", profile])
+            .arg("--target-dir")
+            .arg(target_dir)
+            .current_dir(repo_root())
+            .output()
+            .expect("running cargo build");
+        assert!(
+            out.status.success(),
+            "cargo build --workspace --bin {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        built.push(name.to_string());
+    }
+    drop(built);
+    bin(name)
+}
 
 /// Applets linked into the busybox rootfs.
 const APPLETS: &[&str] = &[
@@ -1193,7 +1292,7 @@ impl Fixture {
         Fixture::with_runtime(RUNC, &[])
     }
 
-    /// A fixture driving `bin` (e.g. [`TESSERA_RUNTIME`]) with `env` added.
+    /// A fixture driving `bin` (e.g. [`tessera_runtime`]) with `env` added.
     pub fn with_runtime(bin: impl Into<PathBuf>, env: &[(&str, &str)]) -> Fixture {
         sweep_stale_cgroups();
         let dir = short_tempdir();

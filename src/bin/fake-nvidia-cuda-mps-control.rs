@@ -1,7 +1,0 @@
-//! `fake-nvidia-cuda-mps-control`: a TEST DOUBLE of NVIDIA's `nvidia-cuda-mps-control` that
-//! speaks the documented MPS control protocol without a GPU. See `mpsd::fake` for what it
-//! does and its test-only hooks. Production uses the real binary.
-
-fn main() {
-    std::process::exit(mpsd::fake::main());
-}
