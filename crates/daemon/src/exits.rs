@@ -15,10 +15,9 @@ use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-use tracing::{debug, warn};
+use tracing::debug;
 
-use crate::node::Node;
-use crate::server::App;
+use crate::controller::{Action, Controller, Outcome};
 
 /// How often a waiting task checks that its container still holds the grant it watches
 /// (a grant released while its process lives on — a test's stand-in pid — ends the wait).
@@ -28,8 +27,8 @@ const RECHECK: Duration = Duration::from_secs(60);
 pub const EXITED_REASON: &str = "exited";
 
 /// Watch `container_id`'s init process and close its intervals when it exits.
-pub fn spawn(app: Arc<App>, container_id: String) {
-    tokio::spawn(watch(app, container_id));
+pub fn spawn(ctl: Arc<Controller>, container_id: String) {
+    tokio::spawn(watch(ctl, container_id));
 }
 
 fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
@@ -49,40 +48,27 @@ fn watchable(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
     unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(|e| e.into_parts().1)
 }
 
-/// Runs `f` on the node under its lock, off the async threads; `None` if that failed.
-async fn on_node<T: Send + 'static>(
-    app: &Arc<App>,
-    f: impl FnOnce(&mut Node) -> T + Send + 'static,
-) -> Option<T> {
-    let app = app.clone();
-    tokio::task::spawn_blocking(move || app.node.lock().ok().map(|mut n| f(&mut n)))
-        .await
-        .ok()
-        .flatten()
-}
-
-async fn exited(app: &Arc<App>, container_id: String, pid: i32) {
-    let id = container_id.clone();
-    match on_node(app, move |n| n.container_exited(&id, pid)).await {
-        Some(Ok(_)) => {}
-        Some(Err(e)) => {
-            warn!(container = %container_id, "closing the intervals of an exited container failed: {}", e.message)
-        }
-        None => {
-            warn!(container = %container_id, "closing the intervals of an exited container failed: node lock")
-        }
+/// The pid (and its start time) to watch for `container_id`, if it is running.
+async fn watch_target(ctl: &Arc<Controller>, container_id: &str) -> Option<(i32, Option<u64>)> {
+    match ctl.run(Action::ExitWatchTarget(container_id.to_string())).await {
+        Ok(Outcome::WatchTarget(t)) => t,
+        _ => None,
     }
 }
 
-async fn watch(app: Arc<App>, container_id: String) {
-    let id = container_id.clone();
-    let Some(Some(target)) = on_node(&app, move |n| n.exit_watch_target(&id)).await else { return };
+/// Close the intervals of the exited container (a failure is logged by the controller).
+async fn exited(ctl: &Arc<Controller>, container_id: String, pid: i32) {
+    let _ = ctl.run(Action::ContainerExited { container_id, pid }).await;
+}
+
+async fn watch(ctl: Arc<Controller>, container_id: String) {
+    let Some(target) = watch_target(&ctl, &container_id).await else { return };
     let (pid, start) = target;
     let fd = match pidfd_open(pid) {
         Ok(fd) => fd,
         // Already gone between the prestart and now.
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
-            return exited(&app, container_id, pid).await
+            return exited(&ctl, container_id, pid).await
         }
         Err(e) => {
             debug!(container = %container_id, pid, "no pidfd ({e}): metering stops at release");
@@ -92,7 +78,7 @@ async fn watch(app: Arc<App>, container_id: String) {
     // The pid may name a new process by now: the pidfd is the container's only if the
     // process it opened still has the recorded start time.
     if crate::liveness::pid_start_time(std::path::Path::new("/proc"), pid) != start {
-        return exited(&app, container_id, pid).await;
+        return exited(&ctl, container_id, pid).await;
     }
     let Ok(fd) = watchable(fd) else { return };
     loop {
@@ -103,14 +89,13 @@ async fn watch(app: Arc<App>, container_id: String) {
                 return;
             }
             Err(_) => {
-                let id = container_id.clone();
-                if on_node(&app, move |n| n.exit_watch_target(&id)).await != Some(Some(target)) {
+                if watch_target(&ctl, &container_id).await != Some(target) {
                     return;
                 }
             }
         }
     }
-    exited(&app, container_id, pid).await
+    exited(&ctl, container_id, pid).await
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@
 //! * **Follow**: [`coordinator::PolicyAgent`] long-polls, verifies every revision
 //!   against the pinned key and refuses unsigned, forged, tampered and older ones (the
 //!   reason goes to the log, to `GET /v1/status` and to the coordinator). An accepted
-//!   revision is swapped in under the node lock, so every decision uses either the old or
+//!   revision is swapped in by the controller (`Action::SetPolicy`) under the node lock,
+//!   so every decision uses either the old or
 //!   the new policy; allocations already granted keep their grants. The agent then keeps
 //!   the signed envelope as last-known-good.
 //! * **Usage**: every `usage_every`, the closed ledger intervals not uploaded yet go to
@@ -34,8 +35,8 @@ use serde::{Deserialize, Serialize};
 use tessera_api::{ApiError, CoordinatorStatus, ErrorCode, PolicyRejection, UsageUploadStatus};
 use tracing::{error, info, warn};
 
+use crate::controller::{Action, Controller, Outcome};
 use crate::node::ActivePolicy;
-use crate::server::App;
 use crate::DaemonError;
 
 /// How a node follows its fleet coordinator(s).
@@ -243,9 +244,9 @@ impl Fleet {
         )))
     }
 
-    /// Follow the coordinators until aborted; every accepted revision is swapped into
-    /// the node under its lock.
-    pub fn spawn_agent(&self, app: Arc<App>) -> tokio::task::JoinHandle<()> {
+    /// Follow the coordinators until aborted; every accepted revision is handed to the
+    /// controller ([`Action::SetPolicy`]), which swaps it in under the node lock.
+    pub fn spawn_agent(&self, ctl: Arc<Controller>) -> tokio::task::JoinHandle<()> {
         let status = self.status.clone();
         let on_policy = {
             let status = status.clone();
@@ -254,10 +255,7 @@ impl Fleet {
                 let active =
                     ActivePolicy { policy: v.policy.clone(), source: format!("coordinator:{url}") };
                 let apply = || -> Result<(), String> {
-                    let mut node =
-                        app.node.lock().map_err(|_| "node state lock poisoned".to_string())?;
-                    node.set_policy(active);
-                    Ok(())
+                    ctl.apply(Action::SetPolicy(Box::new(active))).map(drop).map_err(|e| e.message)
                 };
                 // The node lock may be held across a SQLite commit: leave the async
                 // worker free while waiting for it.
@@ -312,7 +310,7 @@ impl Fleet {
     }
 
     /// The usage uploader (not started).
-    pub fn uploader(&self, app: Arc<App>) -> Uploader {
+    pub fn uploader(&self, ctl: Arc<Controller>) -> Uploader {
         let mark = match load_mark(&self.mark_path) {
             Ok(m) => m,
             Err(e) => {
@@ -325,7 +323,7 @@ impl Fleet {
         lock(&self.usage).uploaded_through_seq = mark.uploaded_through_seq;
         Uploader {
             agent: self.agent.clone(),
-            app,
+            ctl,
             path: self.mark_path.clone(),
             mark,
             sent: BTreeSet::new(),
@@ -351,10 +349,10 @@ impl Fleet {
 
     /// The API router with `GET /v1/status` showing the coordinator's state too; every
     /// other route is `inner`'s.
-    pub fn router(self: &Arc<Self>, app: Arc<App>, inner: Router) -> Router {
+    pub fn router(self: &Arc<Self>, ctl: Arc<Controller>, inner: Router) -> Router {
         Router::new()
             .route("/v1/status", get(status_route))
-            .with_state((self.clone(), app))
+            .with_state((self.clone(), ctl))
             .fallback_service(inner)
     }
 }
@@ -401,21 +399,15 @@ fn file_start(path: &Path, p: policy::Policy) -> (ActivePolicy, AgentStatus) {
     (ActivePolicy { policy: p, source: format!("file:{}", path.display()) }, status)
 }
 
-async fn status_route(State((fleet, app)): State<(Arc<Fleet>, Arc<App>)>) -> Response {
-    let r = tokio::task::spawn_blocking(move || {
-        let node = app.node.lock().map_err(|_| {
-            ApiError::new(ErrorCode::Internal, "tesserad: node state lock poisoned")
-        })?;
-        node.status()
-    })
-    .await
-    .unwrap_or_else(|e| {
-        Err(ApiError::new(ErrorCode::Internal, format!("tesserad: handler failed: {e}")))
-    });
-    match r {
-        Ok(mut s) => {
+async fn status_route(State((fleet, ctl)): State<(Arc<Fleet>, Arc<Controller>)>) -> Response {
+    match ctl.run(Action::Status).await {
+        Ok(Outcome::Status(mut s)) => {
             s.policy.coordinator = Some(fleet.snapshot());
             (StatusCode::OK, Json(s)).into_response()
+        }
+        Ok(_) => {
+            let e = ApiError::new(ErrorCode::Internal, "tesserad: unexpected outcome");
+            (StatusCode::INTERNAL_SERVER_ERROR, Json(e)).into_response()
         }
         Err(e) => {
             let status = StatusCode::from_u16(e.code.http_status())
@@ -463,7 +455,7 @@ fn store_mark(path: &Path, mark: &Mark) -> Result<(), String> {
 #[derive(Debug)]
 pub struct Uploader {
     agent: PolicyAgent,
-    app: Arc<App>,
+    ctl: Arc<Controller>,
     path: PathBuf,
     mark: Mark,
     /// Seqs above the mark already uploaded in this run (an open interval below them
@@ -486,15 +478,11 @@ impl Uploader {
     }
 
     async fn upload(&mut self) -> Result<(), String> {
-        let app = self.app.clone();
-        let (ledger_id, rows) = tokio::task::spawn_blocking(move || {
-            let node = app.node.lock().map_err(|_| "node state lock poisoned".to_string())?;
-            let ledger = node.ledger();
-            let rows = ledger.intervals().map_err(|e| format!("reading the ledger: {e}"))?;
-            Ok::<_, String>((ledger.ledger_id().to_string(), rows))
-        })
-        .await
-        .map_err(|e| format!("ledger read task: {e}"))??;
+        let (ledger_id, rows) = match self.ctl.run(Action::LedgerRows).await {
+            Ok(Outcome::Ledger { ledger_id, rows }) => (ledger_id, rows),
+            Ok(other) => return Err(format!("ledger read: unexpected {other:?}")),
+            Err(e) => return Err(e.message),
+        };
         if ledger_id != self.mark.ledger_id {
             if !self.mark.ledger_id.is_empty() {
                 info!(old = %self.mark.ledger_id, new = %ledger_id, "the ledger file changed: uploading it from the start");

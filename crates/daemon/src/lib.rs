@@ -1,10 +1,13 @@
 //! `tesserad`, the Tessera node daemon, as a library: the binary only parses flags.
 //!
-//! Shape: [`server`] parses HTTP into typed requests; [`node::Node`] decides with the pure
+//! Shape: [`server`] parses HTTP into typed [`Action`]s; the one [`Controller`] applies
+//! them — and those of the periodic tasks here, the exit watcher ([`exits`]) and the fleet
+//! agent ([`fleet`]) — to the [`node::Node`] under its lock. The node decides with the pure
 //! functions of `policy` (may this tenant have this?) and `slicer` (which device?), and
-//! records the grant in [`store`] before answering; [`liveness`] tells the reconciler which
-//! containers are gone.
+//! records the grant in [`store`] before answering; its verbs are files of `node/`;
+//! [`liveness`] tells the reconciler which containers are gone.
 
+pub mod controller;
 pub mod exits;
 pub mod fleet;
 pub mod liveness;
@@ -17,11 +20,12 @@ pub mod store;
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{error, info, warn};
 
+pub use controller::{Action, Controller, Outcome};
 pub use fleet::CoordinatorConfig;
 pub use node::{ActivePolicy, HostPaths, MigReport, Node, NodeParts, ReconcileReport};
 
@@ -112,12 +116,7 @@ pub enum DaemonError {
 }
 
 /// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use tessera_api::time::now_ms;
 
 /// Open the backend named by `source`, keeping simulated hardware state in `state_dir`.
 pub fn open_backend(
@@ -177,7 +176,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     }
     let control = mpsd::ProcessControl::new(config.mps_control.clone());
     let mps = Arc::new(mpsd::Supervisor::new(Arc::new(control), config.state_dir.clone()));
-    let mut node = Node::new(NodeParts {
+    let node = Node::new(NodeParts {
         backend,
         policy: active,
         store,
@@ -195,80 +194,61 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     .map_err(DaemonError::Backend)?;
     info!(node = %node.inventory().node, gpus = node.inventory().gpus.len(),
           policy_version = node.policy().policy.version(), policy_source = %node.policy().source, "tesserad starting");
-    match node.reconcile() {
-        Ok(r) if !r.released.is_empty() => {
+    // From here on the node is the controller's: everything goes through actions.
+    let ctl = controller::Controller::new(node);
+    if let Ok(Outcome::Reconciled(r)) = ctl.apply(Action::Reconcile) {
+        if !r.released.is_empty() {
             info!(released = r.released.len(), "reconciled after restart")
         }
-        Ok(_) => {}
-        Err(e) => warn!("reconcile at start failed: {}", e.message),
     }
-    match node.resume_mps() {
-        Ok((0, 0, 0)) => {}
-        Ok((adopted, released, restarted)) => {
+    if let Ok(Outcome::MpsResumed { adopted, released, restarted }) = ctl.apply(Action::ResumeMps) {
+        if (adopted, released, restarted) != (0, 0, 0) {
             info!(adopted, released, restarted, "MPS control daemons taken over")
         }
-        Err(e) => warn!("resuming MPS supervision failed: {}", e.message),
     }
-    match node.resume_metering() {
-        Ok(0) => {}
-        Ok(n) => info!(intervals = n, "metering resumed for running containers"),
-        Err(e) => warn!("resuming metering failed: {}", e.message),
+    if let Ok(Outcome::Count(n)) = ctl.apply(Action::ResumeMetering) {
+        if n > 0 {
+            info!(intervals = n, "metering resumed for running containers")
+        }
     }
 
-    let running: Vec<String> = node
-        .allocations()
-        .map(|all| {
-            all.into_iter()
-                .filter(|a| a.state == tessera_api::AllocationState::Running)
-                .map(|a| a.container_id)
-                .collect()
-        })
-        .unwrap_or_default();
+    let running: Vec<String> = match ctl.apply(Action::Allocations) {
+        Ok(Outcome::Allocations(all)) => all
+            .into_iter()
+            .filter(|a| a.state == tessera_api::AllocationState::Running)
+            .map(|a| a.container_id)
+            .collect(),
+        _ => Vec::new(),
+    };
     let listener = server::bind_socket(&config.socket)?;
-    let app = Arc::new(server::App { node: Mutex::new(node) });
     // Containers that ran on through the restart: metering stops at their exit again.
     for id in running {
-        exits::spawn(app.clone(), id);
+        exits::spawn(ctl.clone(), id);
     }
 
     // Fleet: follow the coordinator's policy and upload closed ledger intervals.
     let (agent, usage) = match &fleet {
         Some(f) => {
             info!(coordinators = %f.snapshot().urls.join(","), "following the fleet coordinator");
-            let uploader = Arc::new(tokio::sync::Mutex::new(f.uploader(app.clone())));
-            (Some(f.spawn_agent(app.clone())), Some((f.spawn_usage(uploader.clone()), uploader)))
+            let uploader = Arc::new(tokio::sync::Mutex::new(f.uploader(ctl.clone())));
+            (Some(f.spawn_agent(ctl.clone())), Some((f.spawn_usage(uploader.clone()), uploader)))
         }
         None => (None, None),
     };
 
-    let reconciler = periodic(app.clone(), config.reconcile_every, |app| {
-        with_node(app, "reconcile", |n| {
-            n.reconcile()?;
-            n.check_ecc()?;
-            // Declared layouts converge as instances fall idle.
-            n.mig_converge().map(drop)
-        })
+    // Declared MIG layouts converge as instances fall idle; the ECC counts are read outside
+    // the node lock (see `controller`).
+    let reconciler = periodic(ctl.clone(), config.reconcile_every, || {
+        vec![Action::Reconcile, Action::CheckEcc, Action::MigConverge]
     });
-    let heartbeat = periodic(app.clone(), config.checkpoint_every, |app| {
-        with_node(app, "ledger checkpoint", |n| n.checkpoint().map(drop))
-    });
+    let heartbeat = periodic(ctl.clone(), config.checkpoint_every, || vec![Action::Checkpoint]);
     // Scrub worker: one device at a time, in a child process, outside the node lock.
-    let scrubber = periodic(app.clone(), Duration::from_millis(200), scrub_pending);
-    let utilization = periodic(app.clone(), config.util_every, |app| {
-        with_node(app, "utilisation sampling", |n| n.sample_utilization().map(drop))
-    });
+    let scrubber = periodic(ctl.clone(), Duration::from_millis(200), || vec![Action::Scrub]);
+    let utilization = periodic(ctl.clone(), config.util_every, || vec![Action::SampleUtilization]);
     // MPS health: pings and cap read-backs run the control binary several times per share,
     // so they run outside the node lock (grants for other devices go on meanwhile).
-    let mps_health = periodic(app.clone(), config.mps_health_every, |app| {
-        let Ok(supervisor) = app.node.lock().map(|n| n.mps_supervisor()) else {
-            return error!("MPS health check: node state lock poisoned");
-        };
-        let events = supervisor.health_check_all();
-        with_node(app, "MPS health check", |n| {
-            n.record_mps_events(&events);
-            Ok(())
-        })
-    });
+    let mps_health =
+        periodic(ctl.clone(), config.mps_health_every, || vec![Action::MpsHealthCheck]);
 
     let metrics = match config.metrics {
         Some(addr) => {
@@ -276,7 +256,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 .await
                 .map_err(|source| DaemonError::Metrics { addr, source })?;
             info!(%addr, "serving metrics");
-            let router = server::metrics_router(app.clone());
+            let router = server::metrics_router(ctl.clone());
             Some(tokio::spawn(async move {
                 if let Err(e) = axum::serve(listener, router).await {
                     error!("metrics server failed: {e}");
@@ -290,8 +270,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let served = axum::serve(
         server::PeerCheckedListener::new(listener, config.allowed_uids.clone()),
         match &fleet {
-            Some(f) => f.router(app.clone(), server::router(app.clone())),
-            None => server::router(app.clone()),
+            Some(f) => f.router(ctl.clone(), server::router(ctl.clone())),
+            None => server::router(ctl.clone()),
         },
     )
     .with_graceful_shutdown(shutdown_signal())
@@ -308,12 +288,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         a.abort();
     }
     // A clean stop loses no metered time: stamp every open interval one last time.
-    if let Ok(mut n) = app.node.lock() {
-        if let Err(e) = n.checkpoint() {
-            warn!("final ledger checkpoint failed: {}", e.message);
-        }
-        n.quit_idle_mps();
-    }
+    // (A failure is logged by the controller.)
+    let _ = ctl.apply(Action::Checkpoint);
+    let _ = ctl.apply(Action::QuitIdleMps);
     if let Some((task, uploader)) = usage {
         // One last upload of what closed since the last round, bounded: a coordinator
         // that does not answer gets it from the next run.
@@ -329,63 +306,26 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     served.map_err(DaemonError::Serve)
 }
 
-/// Run the blocking `job` every `every`, off the async threads; a slow run delays the next.
+/// Send the `actions` to the controller every `every`, in order, off the async threads;
+/// the first that fails ends the round (the controller logs it). A slow round delays the
+/// next.
 fn periodic(
-    app: Arc<server::App>,
+    ctl: Arc<Controller>,
     every: Duration,
-    job: fn(&server::App),
+    actions: fn() -> Vec<Action>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let app = app.clone();
-            if let Err(e) = tokio::task::spawn_blocking(move || job(&app)).await {
+            let ctl = ctl.clone();
+            let round = move || actions().into_iter().try_for_each(|a| ctl.apply(a).map(drop));
+            if let Err(e) = tokio::task::spawn_blocking(round).await {
                 error!("periodic task failed: {e}");
             }
         }
     })
-}
-
-/// Run `f` on the node under its lock, logging what fails.
-fn with_node(
-    app: &server::App,
-    what: &str,
-    f: impl FnOnce(&mut Node) -> Result<(), tessera_api::ApiError>,
-) {
-    match app.node.lock() {
-        Ok(mut n) => {
-            if let Err(e) = f(&mut n) {
-                error!("{what} failed: {}", e.message);
-            }
-        }
-        Err(_) => error!("{what}: node state lock poisoned"),
-    }
-}
-
-/// Scrub every device that needs it, one after the other.
-fn scrub_pending(app: &server::App) {
-    loop {
-        let job = match app.node.lock() {
-            Ok(mut n) => n.next_scrub(),
-            Err(_) => return,
-        };
-        let job = match job {
-            Ok(Some(job)) => job,
-            Ok(None) => return,
-            Err(e) => {
-                error!("cannot start a scrub: {}", e.message);
-                return;
-            }
-        };
-        let result = job.run();
-        if let Ok(mut n) = app.node.lock() {
-            if let Err(e) = n.finish_scrub(&job.device, result) {
-                error!("cannot record the scrub of {}: {}", job.device, e.message);
-            }
-        }
-    }
 }
 
 async fn shutdown_signal() {

@@ -1,11 +1,12 @@
-//! The HTTP+JSON API on a root-only unix socket. Handlers only parse and delegate to
-//! [`Node`]; every answer that is not 2xx carries an [`ApiError`].
+//! The HTTP+JSON API on a root-only unix socket. Handlers only parse: each request becomes
+//! an [`Action`] that the [`Controller`] applies; every answer that is not 2xx carries an
+//! [`ApiError`].
 
 use std::collections::BTreeSet;
 use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
 use std::collections::BTreeMap;
@@ -23,13 +24,7 @@ use tessera_api::{
 use tokio::net::{UnixListener, UnixStream};
 use tracing::warn;
 
-use crate::node::Node;
-
-/// Shared state of the handlers.
-#[derive(Debug)]
-pub struct App {
-    pub node: Mutex<Node>,
-}
+use crate::controller::{Action, Controller, Outcome};
 
 /// An API answer: JSON on success, an [`ApiError`] with its HTTP status otherwise.
 #[derive(Debug)]
@@ -48,22 +43,9 @@ impl<T: Serialize> IntoResponse for Reply<T> {
     }
 }
 
-/// Run `f` on the node under its lock, off the async threads (SQLite commits block).
-async fn with_node<T, F>(app: Arc<App>, f: F) -> Reply<T>
-where
-    T: Send + 'static,
-    F: FnOnce(&mut Node) -> Result<T, ApiError> + Send + 'static,
-{
-    let r = tokio::task::spawn_blocking(move || {
-        let mut node = app.node.lock().map_err(|_| {
-            ApiError::new(ErrorCode::Internal, "tesserad: node state lock poisoned")
-        })?;
-        f(&mut node)
-    })
-    .await;
-    Reply(r.unwrap_or_else(|e| {
-        Err(ApiError::new(ErrorCode::Internal, format!("tesserad: handler failed: {e}")))
-    }))
+/// Hand `action` to the controller and answer with its outcome.
+async fn act(ctl: &Arc<Controller>, action: Action) -> Response {
+    Reply(ctl.run(action).await).into_response()
 }
 
 fn bad_json(what: &str, rejection: JsonRejection) -> ApiError {
@@ -86,7 +68,7 @@ fn too_large(what: &str) -> ApiError {
 }
 
 /// The API routes.
-pub fn router(app: Arc<App>) -> Router {
+pub fn router(ctl: Arc<Controller>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { Json(serde_json::json!({"ok": true})) }))
         .route("/v1/status", get(status))
@@ -102,7 +84,7 @@ pub fn router(app: Arc<App>) -> Router {
         })
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .layer(axum::middleware::from_fn(protocol))
-        .with_state(app)
+        .with_state(ctl)
 }
 
 /// Serves only the protocol versions this tesserad accepts ([`tessera_api::protocol`]:
@@ -156,29 +138,24 @@ pub fn parse_usage_query(
     Ok((from, to, by))
 }
 
-async fn usage(State(app): State<Arc<App>>, Query(q): Query<BTreeMap<String, String>>) -> Response {
+async fn usage(
+    State(ctl): State<Arc<Controller>>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
     match parse_usage_query(&q) {
-        Ok((from, to, by)) => with_node(app, move |n| n.usage(from, to, by)).await.into_response(),
+        Ok((from_ms, to_ms, by)) => act(&ctl, Action::Usage { from_ms, to_ms, by }).await,
         Err(e) => Reply::<()>(Err(e)).into_response(),
     }
 }
 
 /// The Prometheus endpoint, served on its own TCP address (`--metrics`).
-pub fn metrics_router(app: Arc<App>) -> Router {
+pub fn metrics_router(ctl: Arc<Controller>) -> Router {
     Router::new()
         .route(
             "/metrics",
-            get(|State(app): State<Arc<App>>| async move {
-                let r = tokio::task::spawn_blocking(move || {
-                    let node =
-                        app.node.lock().map_err(|_| "node state lock poisoned".to_string())?;
-                    let status = node.status().map_err(|e| e.message)?;
-                    let intervals = node.intervals().map_err(|e| e.message)?;
-                    Ok::<_, String>(crate::metrics::render(&status, &intervals))
-                })
-                .await;
-                match r {
-                    Ok(Ok(text)) => (
+            get(|State(ctl): State<Arc<Controller>>| async move {
+                match ctl.run(Action::Metrics).await {
+                    Ok(Outcome::Metrics(text)) => (
                         StatusCode::OK,
                         [(
                             "content-type",
@@ -187,79 +164,61 @@ pub fn metrics_router(app: Arc<App>) -> Router {
                         text,
                     )
                         .into_response(),
-                    Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
-                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+                    Ok(_) => {
+                        (StatusCode::INTERNAL_SERVER_ERROR, "unexpected outcome").into_response()
+                    }
+                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.message).into_response(),
                 }
             }),
         )
-        .with_state(app)
+        .with_state(ctl)
 }
 
 /// Re-scrub a quarantined device now and answer with its new state and the scrub report.
-async fn unquarantine(State(app): State<Arc<App>>, UrlPath(uuid): UrlPath<String>) -> Response {
-    let r = tokio::task::spawn_blocking(move || {
-        let job = {
-            let mut n = app.node.lock().map_err(|_| ApiError::new(ErrorCode::Internal, "node state lock poisoned"))?;
-            n.unquarantine(&uuid)?
-        };
-        let result = job.run();
-        let report = result.as_ref().ok().cloned();
-        let error = result.as_ref().err().map(|e| e.to_string());
-        let mut n = app.node.lock().map_err(|_| ApiError::new(ErrorCode::Internal, "node state lock poisoned"))?;
-        let state = n.finish_scrub(&job.device, result)?;
-        Ok(serde_json::json!({"device": job.device, "state": state, "report": report, "error": error}))
-    })
-    .await;
-    let r = r.unwrap_or_else(|e| {
-        Err(ApiError::new(ErrorCode::Internal, format!("unquarantine failed: {e}")))
-    });
-    Reply(r).into_response()
+async fn unquarantine(
+    State(ctl): State<Arc<Controller>>,
+    UrlPath(uuid): UrlPath<String>,
+) -> Response {
+    act(&ctl, Action::Unquarantine(uuid)).await
 }
 
-async fn mig_plan(State(app): State<Arc<App>>) -> impl IntoResponse {
-    with_node(app, |n| n.mig_plan()).await
+async fn mig_plan(State(ctl): State<Arc<Controller>>) -> Response {
+    act(&ctl, Action::MigPlan).await
 }
 
-async fn mig_converge(State(app): State<Arc<App>>) -> impl IntoResponse {
-    with_node(app, |n| n.mig_converge()).await
+async fn mig_converge(State(ctl): State<Arc<Controller>>) -> Response {
+    act(&ctl, Action::MigConverge).await
 }
 
-async fn status(State(app): State<Arc<App>>) -> impl IntoResponse {
-    with_node(app, |n| n.status()).await
+async fn status(State(ctl): State<Arc<Controller>>) -> Response {
+    act(&ctl, Action::Status).await
 }
 
-async fn list(State(app): State<Arc<App>>) -> impl IntoResponse {
-    with_node(app, |n| n.allocations()).await
+async fn list(State(ctl): State<Arc<Controller>>) -> Response {
+    act(&ctl, Action::Allocations).await
 }
 
-async fn one(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -> impl IntoResponse {
-    with_node(app, move |n| n.allocation(&id)).await
+async fn one(State(ctl): State<Arc<Controller>>, UrlPath(id): UrlPath<String>) -> Response {
+    act(&ctl, Action::Allocation(id)).await
 }
 
 async fn allocate(
-    State(app): State<Arc<App>>,
+    State(ctl): State<Arc<Controller>>,
     body: Result<Json<AllocateRequest>, JsonRejection>,
 ) -> Response {
     match body {
-        Ok(Json(req)) => with_node(app, move |n| n.allocate(&req)).await.into_response(),
+        Ok(Json(req)) => act(&ctl, Action::Allocate(req)).await,
         Err(r) => Reply::<()>(Err(bad_json("allocation request", r))).into_response(),
     }
 }
 
 async fn start(
-    State(app): State<Arc<App>>,
-    UrlPath(id): UrlPath<String>,
+    State(ctl): State<Arc<Controller>>,
+    UrlPath(container_id): UrlPath<String>,
     body: Result<Json<StartRequest>, JsonRejection>,
 ) -> Response {
     match body {
-        Ok(Json(req)) => {
-            let watched = id.clone();
-            let reply = with_node(app.clone(), move |n| n.start(&id, &req)).await;
-            if reply.0.is_ok() {
-                crate::exits::spawn(app, watched);
-            }
-            reply.into_response()
-        }
+        Ok(Json(req)) => act(&ctl, Action::Start { container_id, req }).await,
         Err(r) => Reply::<()>(Err(bad_json("start request", r))).into_response(),
     }
 }
@@ -267,8 +226,8 @@ async fn start(
 /// `DELETE /v1/allocations/{id}`, with an optional [`ReleaseRequest`] body naming the
 /// container that was removed (none from older clients and the poststop hook).
 async fn release(
-    State(app): State<Arc<App>>,
-    UrlPath(id): UrlPath<String>,
+    State(ctl): State<Arc<Controller>>,
+    UrlPath(container_id): UrlPath<String>,
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     let body = match body {
@@ -295,11 +254,7 @@ async fn release(
             }
         }
     };
-    with_node(app, move |n| {
-        n.release_removed(&id, &req).map(|existed| serde_json::json!({"released": existed}))
-    })
-    .await
-    .into_response()
+    act(&ctl, Action::Release { container_id, req }).await
 }
 
 /// A unix listener that serves only peers whose uid is allowed (root by default), on

@@ -296,7 +296,7 @@ impl Node {
                         request: Some(plan.request.to_string()),
                         rule: None,
                     };
-                    self.log_refusal(&cid, &err);
+                    self.record_refusal(&cid, &err);
                     err
                 })?;
                 let devices = vec![device];

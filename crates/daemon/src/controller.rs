@@ -1,0 +1,371 @@
+//! The one controller (Firecracker's shape: a request becomes a typed [`Action`] that one
+//! controller applies). Every caller — the API handlers ([`crate::server`], [`crate::fleet`]'s
+//! status route), the periodic tasks and the start and stop of the daemon ([`crate::run`]),
+//! the exit watcher ([`crate::exits`]) and the fleet agent ([`crate::fleet`]) — sends an
+//! action; none of them touches the [`Node`] or its lock.
+//!
+//! The controller alone knows:
+//! * **the lock**: the [`Node`] lives in its mutex; every step runs under it, one at a time,
+//!   so each decide-and-record step is atomic;
+//! * **blocking work**: [`Controller::run`] applies an action on a blocking thread
+//!   (SQLite commits, /proc and runc-state reads, backend calls), never on the async workers;
+//! * **what runs outside the lock**: the actions with a slow part take what they need under
+//!   the lock, do the slow part without it, and record the result under it again —
+//!   [`Action::Scrub`] and [`Action::Unquarantine`] (the scrub child process),
+//!   [`Action::MpsHealthCheck`] (control-binary pings and cap read-backs, on the
+//!   supervisor's own lock), [`Action::CheckEcc`] and [`Action::SampleUtilization`] (NVML
+//!   queries that can hang on a GPU in a bad state, and /proc walks);
+//! * **failure logging**: every action that fails is logged here, once: internal failures
+//!   as errors, refusals (4xx) as warnings naming the action, container, tenant and rule.
+//!   Refusals of grants are also recorded as `refuse` events by the node (durable state).
+//!
+//! What a caller does after an action stays with the caller, with one exception that is
+//! part of the action: a successful [`Action::Start`] sent through [`Controller::run`]
+//! starts the exit watch of its container.
+
+use std::sync::{Arc, Mutex};
+
+use metering::{IntervalRecord, UsageReport};
+use serde::Serialize;
+use tessera_api::{
+    AllocateRequest, Allocation, ApiError, ErrorCode, NodeStatus, ReleaseRequest, StartRequest,
+};
+use tracing::{debug, error, warn};
+
+use crate::node::{ActivePolicy, MigReport, Node, ReconcileReport};
+
+/// Everything that can be asked of a node, by anyone.
+#[derive(Debug)]
+pub enum Action {
+    // The API (`server.rs`).
+    /// `POST /v1/allocations`.
+    Allocate(AllocateRequest),
+    /// `POST /v1/allocations/{id}/start` (the prestart hook); then the exit watch starts.
+    Start { container_id: String, req: StartRequest },
+    /// `DELETE /v1/allocations/{id}`: the checked release.
+    Release { container_id: String, req: ReleaseRequest },
+    /// `GET /v1/allocations/{id}`.
+    Allocation(String),
+    /// `GET /v1/allocations`; also the running containers to watch after a start.
+    Allocations,
+    /// `GET /v1/status`.
+    Status,
+    /// `GET /v1/usage`.
+    Usage { from_ms: u64, to_ms: u64, by: metering::GroupBy },
+    /// `GET /metrics`: the status and the ledger, rendered.
+    Metrics,
+    /// `GET /v1/mig/plan`.
+    MigPlan,
+    /// `POST /v1/mig/converge`; also every reconcile tick.
+    MigConverge,
+    /// `POST /v1/devices/{uuid}/unquarantine`: re-scrub (outside the lock), free on success.
+    Unquarantine(String),
+
+    // The periodic tasks (`lib.rs`).
+    /// Release the grants of vanished containers (also once at start).
+    Reconcile,
+    /// Read ECC counts (outside the lock) and quarantine GPUs whose count rose.
+    CheckEcc,
+    /// The ledger heartbeat (also once at a clean stop).
+    Checkpoint,
+    /// Per-process utilisation (read outside the lock) into the open intervals.
+    SampleUtilization,
+    /// Scrub every device that needs it, one after the other (each outside the lock).
+    Scrub,
+    /// Ping and check the caps of every MPS control daemon (outside the lock).
+    MpsHealthCheck,
+
+    // The start and stop of the daemon (`lib.rs`).
+    /// Take over the MPS control daemons of the last run.
+    ResumeMps,
+    /// Open intervals for containers that ran on through a restart.
+    ResumeMetering,
+    /// Stop the MPS control daemons without containers.
+    QuitIdleMps,
+
+    // The exit watcher (`exits.rs`).
+    /// The pid (and its start time) to watch for a running container.
+    ExitWatchTarget(String),
+    /// The container's init exited: close its intervals.
+    ContainerExited { container_id: String, pid: i32 },
+
+    // The fleet agent (`fleet.rs`).
+    /// A verified policy revision: every decision from now on uses it.
+    SetPolicy(Box<ActivePolicy>),
+    /// The ledger's id and rows, for the usage upload.
+    LedgerRows,
+}
+
+impl Action {
+    /// A short name for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::Allocate(_) => "allocate",
+            Action::Start { .. } => "start",
+            Action::Release { .. } => "release",
+            Action::Allocation(_) => "allocation",
+            Action::Allocations => "allocations",
+            Action::Status => "status",
+            Action::Usage { .. } => "usage",
+            Action::Metrics => "metrics",
+            Action::MigPlan => "mig plan",
+            Action::MigConverge => "mig converge",
+            Action::Unquarantine(_) => "unquarantine",
+            Action::Reconcile => "reconcile",
+            Action::CheckEcc => "ECC check",
+            Action::Checkpoint => "ledger checkpoint",
+            Action::SampleUtilization => "utilisation sampling",
+            Action::Scrub => "scrub",
+            Action::MpsHealthCheck => "MPS health check",
+            Action::ResumeMps => "resuming MPS supervision",
+            Action::ResumeMetering => "resuming metering",
+            Action::QuitIdleMps => "stopping idle MPS daemons",
+            Action::ExitWatchTarget(_) => "exit watch",
+            Action::ContainerExited { .. } => "closing the intervals of an exited container",
+            Action::SetPolicy(_) => "policy update",
+            Action::LedgerRows => "ledger read",
+        }
+    }
+
+    /// The container the action is about, if one.
+    pub fn container_id(&self) -> Option<&str> {
+        match self {
+            Action::Allocate(req) => Some(&req.container_id),
+            Action::Start { container_id, .. }
+            | Action::Release { container_id, .. }
+            | Action::ContainerExited { container_id, .. } => Some(container_id),
+            Action::Allocation(id) | Action::ExitWatchTarget(id) => Some(id),
+            _ => None,
+        }
+    }
+}
+
+/// What an action produced. The variants the API answers with serialise as that answer's
+/// body (untagged); the others are for the daemon's own callers and never sent.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum Outcome {
+    Allocation(Allocation),
+    Allocations(Vec<Allocation>),
+    Released {
+        released: bool,
+    },
+    Status(Box<NodeStatus>),
+    Usage(UsageReport),
+    Mig(MigReport),
+    Unquarantined(ScrubOutcome),
+    #[serde(skip)]
+    Reconciled(ReconcileReport),
+    /// ECC: the GPUs quarantined now.
+    #[serde(skip)]
+    Quarantined(Vec<String>),
+    /// How many (intervals checkpointed or sampled, devices scrubbed, events recorded,
+    /// intervals closed or resumed).
+    #[serde(skip)]
+    Count(usize),
+    #[serde(skip)]
+    MpsResumed {
+        adopted: usize,
+        released: usize,
+        restarted: usize,
+    },
+    /// The Prometheus text.
+    #[serde(skip)]
+    Metrics(String),
+    #[serde(skip)]
+    WatchTarget(Option<(i32, Option<u64>)>),
+    #[serde(skip)]
+    Ledger {
+        ledger_id: String,
+        rows: Vec<IntervalRecord>,
+    },
+    #[serde(skip)]
+    Done,
+}
+
+/// The answer to an unquarantine: the device's new state and the scrub's report or error.
+#[derive(Debug, Serialize)]
+pub struct ScrubOutcome {
+    pub device: String,
+    pub state: scrub::DeviceState,
+    pub report: Option<scrub::ScrubReport>,
+    pub error: Option<String>,
+}
+
+/// The one owner of the node lock; see the module docs.
+#[derive(Debug)]
+pub struct Controller {
+    node: Mutex<Node>,
+    /// Held through a whole MPS health round (check, then record). The supervisor restores
+    /// caps inside the check, before the node records why: a status read waits for the
+    /// round, so it never shows caps restored without the `mps` event that says so. (A
+    /// status read waited for the round anyway: it reads the supervisor, whose lock the
+    /// check holds.) Lock order: this, then the node.
+    mps_round: Mutex<()>,
+}
+
+impl Controller {
+    pub fn new(node: Node) -> Arc<Controller> {
+        Arc::new(Controller { node: Mutex::new(node), mps_round: Mutex::new(()) })
+    }
+
+    /// Apply `action` on a blocking thread. A successful [`Action::Start`] starts the exit
+    /// watch of its container.
+    pub async fn run(self: &Arc<Self>, action: Action) -> Result<Outcome, ApiError> {
+        let watch = match &action {
+            Action::Start { container_id, .. } => Some(container_id.clone()),
+            _ => None,
+        };
+        let ctl = Arc::clone(self);
+        let r = tokio::task::spawn_blocking(move || ctl.apply(action)).await.unwrap_or_else(|e| {
+            Err(ApiError::new(ErrorCode::Internal, format!("tesserad: handler failed: {e}")))
+        });
+        if let (Some(id), Ok(_)) = (watch, &r) {
+            crate::exits::spawn(Arc::clone(self), id);
+        }
+        r
+    }
+
+    /// Apply `action` on this thread (blocking: call it from a blocking thread, or where
+    /// blocking is fine — the daemon's start and stop, the fleet agent's `block_in_place`).
+    /// A failure is logged here.
+    pub fn apply(&self, action: Action) -> Result<Outcome, ApiError> {
+        let what = action.name();
+        let container = action.container_id().map(str::to_owned);
+        let r = self.dispatch(action);
+        if let Err(e) = &r {
+            log_failure(what, container.as_deref(), e);
+        }
+        r
+    }
+
+    /// One step under the node lock.
+    fn locked<T>(&self, f: impl FnOnce(&mut Node) -> Result<T, ApiError>) -> Result<T, ApiError> {
+        let mut node = self.node.lock().map_err(|_| {
+            ApiError::new(ErrorCode::Internal, "tesserad: node state lock poisoned")
+        })?;
+        f(&mut node)
+    }
+
+    fn mps_round(&self) -> std::sync::MutexGuard<'_, ()> {
+        // Guards no data: a panic elsewhere leaves it usable.
+        self.mps_round.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn dispatch(&self, action: Action) -> Result<Outcome, ApiError> {
+        use Outcome as O;
+        match action {
+            Action::Allocate(req) => self.locked(|n| n.allocate(&req)).map(O::Allocation),
+            Action::Start { container_id, req } => {
+                self.locked(|n| n.start(&container_id, &req)).map(O::Allocation)
+            }
+            Action::Release { container_id, req } => self
+                .locked(|n| n.release_removed(&container_id, &req))
+                .map(|released| O::Released { released }),
+            Action::Allocation(id) => self.locked(|n| n.allocation(&id)).map(O::Allocation),
+            Action::Allocations => self.locked(|n| n.allocations()).map(O::Allocations),
+            Action::Status => {
+                let _round = self.mps_round();
+                self.locked(|n| n.status()).map(|s| O::Status(Box::new(s)))
+            }
+            Action::Usage { from_ms, to_ms, by } => {
+                self.locked(|n| n.usage(from_ms, to_ms, by)).map(O::Usage)
+            }
+            Action::Metrics => {
+                let _round = self.mps_round();
+                self.locked(|n| Ok(crate::metrics::render(&n.status()?, &n.intervals()?)))
+                    .map(O::Metrics)
+            }
+            Action::MigPlan => self.locked(|n| n.mig_plan()).map(O::Mig),
+            Action::MigConverge => self.locked(|n| n.mig_converge()).map(O::Mig),
+            Action::Unquarantine(uuid) => self.unquarantine(&uuid).map(O::Unquarantined),
+            Action::Reconcile => self.locked(|n| n.reconcile()).map(O::Reconciled),
+            Action::CheckEcc => {
+                let probe = self.locked(|n| Ok(n.ecc_probe()))?;
+                let readings = probe.read(); // outside the lock: NVML may hang
+                self.locked(|n| n.record_ecc(readings)).map(O::Quarantined)
+            }
+            Action::Checkpoint => self.locked(|n| n.checkpoint()).map(O::Count),
+            Action::SampleUtilization => {
+                let probe = self.locked(|n| n.utilization_probe())?;
+                let samples = probe.read(); // outside the lock: NVML and /proc
+                self.locked(|n| n.record_utilization(samples)).map(O::Count)
+            }
+            Action::Scrub => self.scrub_pending().map(O::Count),
+            Action::MpsHealthCheck => {
+                // The supervisor has its own lock; the node takes it only while holding the
+                // node lock, never the other way round.
+                let _round = self.mps_round();
+                let supervisor = self.locked(|n| Ok(n.mps_supervisor()))?;
+                let events = supervisor.health_check_all(); // outside the node lock
+                self.locked(|n| Ok(n.record_mps_events(&events))).map(O::Count)
+            }
+            Action::ResumeMps => {
+                self.locked(|n| n.resume_mps()).map(|(adopted, released, restarted)| {
+                    O::MpsResumed { adopted, released, restarted }
+                })
+            }
+            Action::ResumeMetering => self.locked(|n| n.resume_metering()).map(O::Count),
+            Action::QuitIdleMps => self.locked(|n| {
+                n.quit_idle_mps();
+                Ok(O::Done)
+            }),
+            Action::ExitWatchTarget(id) => {
+                self.locked(|n| Ok(n.exit_watch_target(&id))).map(O::WatchTarget)
+            }
+            Action::ContainerExited { container_id, pid } => {
+                self.locked(|n| n.container_exited(&container_id, pid)).map(O::Count)
+            }
+            Action::SetPolicy(policy) => self.locked(|n| {
+                n.set_policy(*policy);
+                Ok(O::Done)
+            }),
+            Action::LedgerRows => self.locked(|n| {
+                let ledger = n.ledger();
+                let rows = ledger.intervals().map_err(|e| {
+                    ApiError::new(ErrorCode::Internal, format!("reading the ledger: {e}"))
+                })?;
+                Ok(O::Ledger { ledger_id: ledger.ledger_id().to_string(), rows })
+            }),
+        }
+    }
+
+    /// Scrub every device that needs it: each job is taken under the lock, run as a child
+    /// process without it, and its outcome recorded under it. Returns how many ran.
+    fn scrub_pending(&self) -> Result<usize, ApiError> {
+        let mut ran = 0;
+        while let Some(job) = self.locked(|n| n.next_scrub())? {
+            let result = job.run();
+            ran += 1;
+            if let Err(e) = self.locked(|n| n.finish_scrub(&job.device, result)) {
+                // The next device is still scrubbed.
+                log_failure("recording a scrub", Some(&job.device), &e);
+            }
+        }
+        Ok(ran)
+    }
+
+    /// Re-scrub a quarantined device (the child process outside the lock); it returns to
+    /// service only if the scrub succeeds.
+    fn unquarantine(&self, uuid: &str) -> Result<ScrubOutcome, ApiError> {
+        let job = self.locked(|n| n.unquarantine(uuid))?;
+        let result = job.run();
+        let report = result.as_ref().ok().cloned();
+        let error = result.as_ref().err().map(|e| e.to_string());
+        let state = self.locked(|n| n.finish_scrub(&job.device, result))?;
+        Ok(ScrubOutcome { device: job.device, state, report, error })
+    }
+}
+
+/// The one place failed actions are logged.
+fn log_failure(what: &str, container: Option<&str>, e: &ApiError) {
+    let container = container.unwrap_or("-");
+    match e.code {
+        ErrorCode::Internal => error!(container, "{what} failed: {}", e.message),
+        // Reads of unknown ids are routine.
+        ErrorCode::NotFound if what == "allocation" => debug!(container, "{what}: {}", e.message),
+        code => {
+            warn!(container, ?code, tenant = ?e.tenant, rule = ?e.rule, "{what} refused: {}", e.message)
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! `allocate`: parse the request, resolve the tenant, authorise, then plan and apply the
+//! grant ([`super::grant`]). Idempotent by container id.
+
+use super::{grant, internal, validate_abs_path, validate_container_id, Node};
+use tessera_api::{untrusted, AllocateRequest, Allocation, ApiError, ErrorCode, GpuRequest};
+
+impl Node {
+    /// Grant (or return the existing grant of) a container's GPU share.
+    pub fn allocate(&mut self, req: &AllocateRequest) -> Result<Allocation, ApiError> {
+        validate_container_id(&req.container_id)?;
+        validate_abs_path("runc_root", &req.runc_root)?;
+        validate_abs_path("bundle", &req.bundle)?;
+        let request: GpuRequest = req.request.parse().map_err(|e: tessera_api::RequestError| {
+            ApiError::new(ErrorCode::BadRequest, e.to_string())
+        })?;
+
+        if let Some(existing) = self.store.get(&req.container_id).map_err(internal)? {
+            // Idempotent by container id: a retried create gets the same grant.
+            let a = existing.allocation;
+            if a.request == request.to_string() && existing.bundle == req.bundle {
+                return Ok(a);
+            }
+            return Err(ApiError {
+                code: ErrorCode::Conflict,
+                message: format!(
+                    "container {} already holds a grant for {} from bundle {}; refusing {} from {}",
+                    req.container_id,
+                    a.request,
+                    untrusted(&existing.bundle),
+                    request,
+                    untrusted(&req.bundle)
+                ),
+                tenant: Some(a.tenant),
+                request: Some(request.to_string()),
+                rule: None,
+            });
+        }
+
+        let tenant = self.policy.policy.resolve_identity(&req.annotations).map_err(|e| {
+            let err = ApiError {
+                code: ErrorCode::UnknownTenant,
+                message: e.to_string(),
+                tenant: None,
+                request: Some(request.to_string()),
+                rule: Some("identity".into()),
+            };
+            self.record_refusal(&req.container_id, &err);
+            err
+        })?;
+
+        if let Err(refusal) = self.policy.policy.authorize(&tenant, &request, &self.inventory.node)
+        {
+            let err = ApiError {
+                code: ErrorCode::Refused,
+                message: refusal.to_string(),
+                tenant: Some(refusal.tenant.clone()),
+                request: Some(refusal.request.clone()),
+                rule: Some(refusal.rule.clone()),
+            };
+            self.record_refusal(&req.container_id, &err);
+            return Err(err);
+        }
+
+        let who = grant::Asker {
+            req,
+            request: &request,
+            tenant: &tenant.path,
+            trust: tenant.trust.to_string(),
+        };
+        let plan = self.plan_grant(&who).inspect_err(|err| {
+            if err.code == ErrorCode::NoCapacity {
+                self.record_refusal(&req.container_id, err);
+            }
+        })?;
+        self.apply_grant(plan)
+    }
+}

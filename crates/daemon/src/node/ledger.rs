@@ -1,0 +1,221 @@
+//! Metering: intervals opened and resumed, utilisation samples, checkpoints, usage reports.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use metering::{Class, IntervalStart, LedgerError, UsageQuery, UsageReport};
+use slicer::GpuBackend;
+use tessera_api::{
+    Allocation, AllocationState, ApiError, ErrorCode, GpuRequest, GrantedDevice, Isolation,
+};
+use tracing::warn;
+
+use super::{internal, ledger_err, Node};
+use crate::liveness;
+
+impl Node {
+    /// After a start: opening the ledger closed every interval left open at its last
+    /// checkpoint; open fresh ones for the containers that are still running. Call after
+    /// [`Node::reconcile`], so only live containers are metered (a grant whose init exited
+    /// stays unmetered while it is held). Returns how many.
+    pub fn resume_metering(&mut self) -> Result<usize, ApiError> {
+        let mut n = 0;
+        for rec in self.store.all().map_err(internal)? {
+            // A grant outlives its init while runc keeps the container or a process is
+            // left in its cgroup; metering stopped at the init's exit and stays stopped.
+            let init_alive =
+                rec.allocation.pid.and_then(|p| liveness::pid_start_time(&self.host.proc_root, p));
+            let init_alive =
+                init_alive.is_some_and(|now| rec.pid_start.is_none() || rec.pid_start == Some(now));
+            if rec.allocation.state == AllocationState::Running && init_alive {
+                n += self.open_intervals(&rec.allocation)?;
+            }
+        }
+        Ok(n)
+    }
+
+    /// One utilisation tick: for every running container on a whole GPU (exclusive, MPS or
+    /// time-sliced) whose backend reports per-process utilisation, the SM percent its
+    /// processes used (0 if none showed) goes into its open ledger interval. Devices where
+    /// it is not available (MIG instances, a backend without it) get no sample at all, so
+    /// reports tell "not measured" from "idle". Returns how many intervals took a sample.
+    /// [`Node::utilization_probe`], read and recorded in one go (for callers that hold the
+    /// node alone); the daemon reads outside its lock.
+    pub fn sample_utilization(&mut self) -> Result<usize, ApiError> {
+        let samples = self.utilization_probe()?.read();
+        self.record_utilization(samples)
+    }
+
+    /// What a utilisation tick reads: each whole GPU with running containers, from when,
+    /// and whose processes count for which interval.
+    pub fn utilization_probe(&self) -> Result<UtilProbe, ApiError> {
+        let mut gpus: BTreeMap<String, UtilGpu> = BTreeMap::new();
+        for a in self.allocations()?.into_iter().filter(|a| a.state == AllocationState::Running) {
+            for d in a.devices.iter().filter(|d| d.uuid == d.gpu_uuid) {
+                let since = self.util_seen.get(&d.gpu_uuid).copied().unwrap_or(0);
+                let gpu = gpus
+                    .entry(d.gpu_uuid.clone())
+                    .or_insert_with(|| UtilGpu { since, users: Vec::new() });
+                gpu.users.push((a.container_id.clone(), d.uuid.clone(), a.pid));
+            }
+        }
+        Ok(UtilProbe {
+            backend: Arc::clone(&self.backend),
+            proc_root: self.host.proc_root.clone(),
+            gpus,
+        })
+    }
+
+    /// Record what [`UtilProbe::read`] found: the newest sample time per GPU, and one
+    /// sample per interval still open (a container released meanwhile gets none).
+    pub fn record_utilization(&mut self, s: UtilSamples) -> Result<usize, ApiError> {
+        for (gpu, newest) in s.newest {
+            self.util_seen.insert(gpu, newest);
+        }
+        if s.batch.is_empty() {
+            return Ok(0);
+        }
+        self.ledger.record_utilization(&s.batch).map_err(ledger_err)
+    }
+
+    /// Heartbeat: stamp every open interval, bounding what a crash can lose.
+    pub fn checkpoint(&mut self) -> Result<usize, ApiError> {
+        self.ledger.checkpoint().map_err(ledger_err)
+    }
+
+    /// A usage report over the ledger, priced with the policy in force.
+    pub fn usage(
+        &self,
+        from_ms: u64,
+        to_ms: u64,
+        by: metering::GroupBy,
+    ) -> Result<UsageReport, ApiError> {
+        let prices = metering::Prices {
+            per_model: self
+                .policy
+                .policy
+                .prices()
+                .iter()
+                .map(|(m, p)| {
+                    (
+                        m.clone(),
+                        metering::Rate {
+                            reserved_per_gpu_hour: p.reserved_per_gpu_hour,
+                            burst_per_gpu_hour: p.burst_per_gpu_hour,
+                        },
+                    )
+                })
+                .collect(),
+        };
+        self.ledger.usage(&UsageQuery { from_ms, to_ms, by, prices }).map_err(|e| match e {
+            LedgerError::BadQuery(_) => ApiError::new(ErrorCode::BadRequest, e.to_string()),
+            other => ledger_err(other),
+        })
+    }
+
+    /// Every ledger interval (for metrics).
+    pub fn intervals(&self) -> Result<Vec<metering::IntervalRecord>, ApiError> {
+        self.ledger.intervals().map_err(ledger_err)
+    }
+
+    /// The fraction of a GPU one granted device is charged as.
+    pub(super) fn fraction(&self, a: &Allocation, d: &GrantedDevice) -> f64 {
+        let slices = d.mig_profile.as_deref().and_then(|p| {
+            slicer::model(&d.model).and_then(|m| m.profile(p)).map(|p| p.compute_slices)
+        });
+        let weight = d.mig_profile.as_deref().and_then(|p| self.policy.policy.mig_weight(p));
+        let mps = match a.request.parse::<GpuRequest>() {
+            Ok(GpuRequest::Mps { percent }) => Some(percent),
+            _ => None,
+        };
+        let replicas = a.share.as_ref().and_then(|s| s.replicas);
+        metering::fraction(a.isolation, slices, mps, replicas, weight)
+    }
+
+    pub(super) fn open_intervals(&mut self, a: &Allocation) -> Result<usize, ApiError> {
+        for d in &a.devices {
+            let start = IntervalStart {
+                container_id: a.container_id.clone(),
+                tenant: a.tenant.clone(),
+                node: self.inventory.node.clone(),
+                gpu_uuid: d.gpu_uuid.clone(),
+                gpu_model: d.model.clone(),
+                device_uuid: d.uuid.clone(),
+                isolation: a.isolation,
+                mig_profile: if a.isolation == Isolation::Mig {
+                    d.mig_profile.clone()
+                } else {
+                    None
+                },
+                fraction: self.fraction(a, d),
+                class: Class::Guaranteed,
+            };
+            self.ledger.open_interval(&start).map_err(ledger_err)?;
+        }
+        Ok(a.devices.len())
+    }
+}
+
+/// One GPU of a [`UtilProbe`].
+#[derive(Debug)]
+struct UtilGpu {
+    /// NVML's "since" (µs): the newest sample already taken.
+    since: u64,
+    /// (container, device, init pid) of each running container on it.
+    users: Vec<(String, String, Option<i32>)>,
+}
+
+/// What to read for a utilisation tick: taken under the node lock, read outside it.
+#[derive(Debug)]
+pub struct UtilProbe {
+    backend: Arc<dyn GpuBackend>,
+    proc_root: PathBuf,
+    gpus: BTreeMap<String, UtilGpu>,
+}
+
+/// Samples read by [`UtilProbe::read`], for [`Node::record_utilization`].
+#[derive(Debug, Default)]
+pub struct UtilSamples {
+    newest: Vec<(String, u64)>,
+    batch: Vec<(String, String, f64)>,
+}
+
+impl UtilProbe {
+    /// Ask the backend for each GPU's per-process samples and sum them over each
+    /// container's process tree (blocking: NVML and /proc; call without the node lock).
+    pub fn read(&self) -> UtilSamples {
+        let mut out = UtilSamples::default();
+        for (gpu, UtilGpu { since, users }) in &self.gpus {
+            let samples = match self.backend.process_utilization(gpu, *since) {
+                Ok(Some(s)) => s,
+                Ok(None) => continue,
+                Err(e) => {
+                    warn!(gpu = %gpu, "reading per-process utilisation failed: {e}");
+                    continue;
+                }
+            };
+            if let Some(newest) = samples.iter().map(|s| s.timestamp_us).max() {
+                out.newest.push((gpu.clone(), newest));
+            }
+            // Several samples of one pid in the period: their mean.
+            let mut per_pid: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+            for s in &samples {
+                let e = per_pid.entry(s.pid).or_default();
+                e.0 += u64::from(s.sm_percent);
+                e.1 += 1;
+            }
+            for (container, device, pid) in users {
+                let Some(pid) = *pid else { continue };
+                let tree = liveness::process_tree(&self.proc_root, pid);
+                let sm: f64 = per_pid
+                    .iter()
+                    .filter(|(p, _)| tree.contains(p))
+                    .map(|(_, (sum, n))| *sum as f64 / *n as f64)
+                    .sum();
+                out.batch.push((container.clone(), device.clone(), sm.min(100.0)));
+            }
+        }
+        out
+    }
+}
