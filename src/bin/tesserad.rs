@@ -188,7 +188,7 @@ fn main() -> ExitCode {
                 .and_then(|p| p.parent().map(|d| d.join("tessera")))
                 .unwrap_or_else(|| PathBuf::from("tessera"))
         }),
-        host: tesserad::HostPaths::default(),
+        host: std::sync::Arc::new(tesserad::LinuxHost),
         coordinator,
     };
     let rt =

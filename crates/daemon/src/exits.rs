@@ -77,7 +77,8 @@ async fn watch(ctl: Arc<Controller>, container_id: String) {
     };
     // The pid may name a new process by now: the pidfd is the container's only if the
     // process it opened still has the recorded start time.
-    if crate::liveness::pid_start_time(std::path::Path::new("/proc"), pid) != start {
+    // (Only a host whose pids are this kernel's is watched: see `Host::watches_exits`.)
+    if crate::host::Host::pid_start_time(&crate::host::LinuxHost, pid) != start {
         return exited(&ctl, container_id, pid).await;
     }
     let Ok(fd) = watchable(fd) else { return };

@@ -10,6 +10,7 @@
 pub mod controller;
 pub mod exits;
 pub mod fleet;
+pub mod host;
 pub mod liveness;
 pub mod metrics;
 pub mod node;
@@ -27,7 +28,8 @@ use tracing::{error, info, warn};
 
 pub use controller::{Action, Controller, Outcome};
 pub use fleet::CoordinatorConfig;
-pub use node::{ActivePolicy, HostPaths, MigReport, Node, NodeParts, ReconcileReport};
+pub use host::{Host, LinuxHost, TreeHost};
+pub use node::{ActivePolicy, MigReport, Node, NodeParts, ReconcileReport};
 
 /// Where the GPUs come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +85,8 @@ pub struct Config {
     pub scrub_exe: PathBuf,
     /// How often per-process GPU utilisation is sampled into the ledger.
     pub util_every: Duration,
-    pub host: HostPaths,
+    /// What the daemon reads of the machine ([`LinuxHost`] in production).
+    pub host: std::sync::Arc<dyn Host>,
     /// Follow a fleet coordinator for the policy and upload usage to it.
     pub coordinator: Option<CoordinatorConfig>,
 }

@@ -3,7 +3,7 @@
 //! decide-and-record step is atomic.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use metering::{Ledger, LedgerError};
@@ -14,6 +14,7 @@ use tracing::warn;
 
 use std::sync::Arc;
 
+use crate::host::Host;
 use crate::store::{Store, StoreError};
 
 // The node's verbs, one file each; `Node` (here) is the one owner of their state.
@@ -35,25 +36,6 @@ pub use ledger::{UtilProbe, UtilSamples};
 pub use mig::MigReport;
 pub use reconcile::ReconcileReport;
 pub use scrubbing::{ScrubJob, ScrubSetup};
-
-/// Host locations the daemon reads, injectable for tests.
-#[derive(Debug, Clone)]
-pub struct HostPaths {
-    /// Normally `/proc`.
-    pub proc_root: PathBuf,
-    /// Where the cgroup hierarchies are mounted: normally `/sys/fs/cgroup` (v1: one
-    /// directory per hierarchy, e.g. `devices/`; v2: the unified tree itself).
-    pub cgroup_root: PathBuf,
-}
-
-impl Default for HostPaths {
-    fn default() -> Self {
-        HostPaths {
-            proc_root: PathBuf::from("/proc"),
-            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
-        }
-    }
-}
 
 /// The policy in force and where it came from.
 #[derive(Debug, Clone)]
@@ -83,7 +65,7 @@ pub struct Node {
     store: Store,
     ledger: Ledger,
     mps: Arc<mpsd::Supervisor>,
-    host: HostPaths,
+    host: Arc<dyn Host>,
     pending_grace: Duration,
     /// Create and destroy MIG instances on demand (when the node's pool declares no layout).
     dynamic_mig: bool,
@@ -106,7 +88,8 @@ pub struct NodeParts {
     pub store: Store,
     pub ledger: Ledger,
     pub mps: Arc<mpsd::Supervisor>,
-    pub host: HostPaths,
+    /// What the daemon reads of the machine ([`LinuxHost`] in production).
+    pub host: Arc<dyn Host>,
     pub pending_grace: Duration,
     pub dynamic_mig: bool,
     pub scrub: ScrubSetup,

@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 use tessera_api::{
     AllocateRequest, ErrorCode, Isolation, ReleaseRequest, RequestSource, StartRequest,
 };
-use tesserad::{store::Store, ActivePolicy, HostPaths, Node, NodeParts};
+use tesserad::{store::Store, ActivePolicy, Host, LinuxHost, Node, NodeParts, TreeHost};
 
 const POLICY: &[u8] = include_bytes!("../../../examples/policy.json");
 
@@ -27,10 +27,10 @@ fn node_at(state: &Path, grace: Duration) -> Node {
 }
 
 fn node_with(state: &Path, grace: Duration, dynamic_mig: bool) -> Node {
-    node_on(state, grace, dynamic_mig, HostPaths::default())
+    node_on(state, grace, dynamic_mig, Arc::new(LinuxHost))
 }
 
-fn node_on(state: &Path, grace: Duration, dynamic_mig: bool, host: HostPaths) -> Node {
+fn node_on(state: &Path, grace: Duration, dynamic_mig: bool, host: Arc<dyn Host>) -> Node {
     let policy = policy::Policy::parse(POLICY, "examples/policy.json").expect("policy");
     node_under(state, grace, dynamic_mig, host, policy)
 }
@@ -47,7 +47,7 @@ fn node_under(
     state: &Path,
     grace: Duration,
     dynamic_mig: bool,
-    host: HostPaths,
+    host: Arc<dyn Host>,
     policy: policy::Policy,
 ) -> Node {
     let backend =
@@ -346,11 +346,11 @@ impl FakeHost {
     fn new() -> Self {
         FakeHost { dir: tempfile::tempdir().expect("tempdir") }
     }
-    fn paths(&self) -> HostPaths {
-        HostPaths {
+    fn paths(&self) -> Arc<dyn Host> {
+        Arc::new(TreeHost {
             proc_root: self.dir.path().join("proc"),
             cgroup_root: self.dir.path().join("cgroup"),
-        }
+        })
     }
     /// Process `pid` (start time 987654) in the container cgroup of `id`.
     fn process(&self, pid: i32, id: &str) {
@@ -746,7 +746,7 @@ fn a_grant_failing_before_its_commit_leaves_a_same_tenant_dirty_device_dirty() {
     let dir = tempfile::tempdir().expect("tempdir");
     let grace = Duration::from_secs(60);
     let open =
-        || node_under(dir.path(), grace, false, HostPaths::default(), same_tenant_skip_policy());
+        || node_under(dir.path(), grace, false, Arc::new(LinuxHost), same_tenant_skip_policy());
     let mut node = open();
     let whole = node.inventory().gpus.iter().filter(|g| !g.mig_enabled).count();
     for i in 0..whole {

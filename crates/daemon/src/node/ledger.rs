@@ -1,7 +1,6 @@
 //! Metering: intervals opened and resumed, utilisation samples, checkpoints, usage reports.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use metering::{Class, IntervalStart, LedgerError, UsageQuery, UsageReport};
@@ -12,7 +11,6 @@ use tessera_api::{
 use tracing::warn;
 
 use super::{internal, ledger_err, Node};
-use crate::liveness;
 
 impl Node {
     /// After a start: opening the ledger closed every interval left open at its last
@@ -24,8 +22,7 @@ impl Node {
         for rec in self.store.all().map_err(internal)? {
             // A grant outlives its init while runc keeps the container or a process is
             // left in its cgroup; metering stopped at the init's exit and stays stopped.
-            let init_alive =
-                rec.allocation.pid.and_then(|p| liveness::pid_start_time(&self.host.proc_root, p));
+            let init_alive = rec.allocation.pid.and_then(|p| self.host.pid_start_time(p));
             let init_alive =
                 init_alive.is_some_and(|now| rec.pid_start.is_none() || rec.pid_start == Some(now));
             if rec.allocation.state == AllocationState::Running && init_alive {
@@ -60,11 +57,7 @@ impl Node {
                 gpu.users.push((a.container_id.clone(), d.uuid.clone(), a.pid));
             }
         }
-        Ok(UtilProbe {
-            backend: Arc::clone(&self.backend),
-            proc_root: self.host.proc_root.clone(),
-            gpus,
-        })
+        Ok(UtilProbe { backend: Arc::clone(&self.backend), host: Arc::clone(&self.host), gpus })
     }
 
     /// Record what [`UtilProbe::read`] found: the newest sample time per GPU, and one
@@ -170,7 +163,7 @@ struct UtilGpu {
 #[derive(Debug)]
 pub struct UtilProbe {
     backend: Arc<dyn GpuBackend>,
-    proc_root: PathBuf,
+    host: Arc<dyn crate::host::Host>,
     gpus: BTreeMap<String, UtilGpu>,
 }
 
@@ -207,7 +200,7 @@ impl UtilProbe {
             }
             for (container, device, pid) in users {
                 let Some(pid) = *pid else { continue };
-                let tree = liveness::process_tree(&self.proc_root, pid);
+                let tree = self.host.process_tree(pid);
                 let sm: f64 = per_pid
                     .iter()
                     .filter(|(p, _)| tree.contains(p))

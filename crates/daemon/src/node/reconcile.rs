@@ -23,8 +23,7 @@ impl Node {
         let mut report = ReconcileReport::default();
         for mut rec in self.store.all().map_err(internal)? {
             report.checked += 1;
-            let pid_start_now =
-                rec.allocation.pid.and_then(|p| liveness::pid_start_time(&self.host.proc_root, p));
+            let pid_start_now = rec.allocation.pid.and_then(|p| self.host.pid_start_time(p));
             if rec.cgroup.is_none() && rec.allocation.state == AllocationState::Running {
                 self.fill_in_cgroup(&mut rec, pid_start_now);
             }
@@ -32,13 +31,12 @@ impl Node {
             let facts = Facts {
                 // Read runc's record before the cgroup: a container removed in between is
                 // then seen with its cgroup already emptied by runc.
-                runc_state_exists: liveness::runc_state_exists(
-                    Path::new(&rec.runc_root),
-                    &a.container_id,
-                ),
+                runc_state_exists: self
+                    .host
+                    .runc_state_exists(Path::new(&rec.runc_root), &a.container_id),
                 pid_start_now,
                 cgroup: match &rec.cgroup {
-                    Some(rel) => liveness::cgroup_procs(&self.host.cgroup_root, rel),
+                    Some(rel) => self.host.cgroup_procs(rel),
                     None => CgroupProcs::NotRecorded,
                 },
                 age_ms: now.saturating_sub(a.created_ms),
@@ -64,7 +62,7 @@ impl Node {
         if rec.pid_start.is_some_and(|then| then != now) {
             return; // the pid names another process now
         }
-        match liveness::container_cgroup(&self.host.proc_root, &self.host.cgroup_root, pid) {
+        match self.host.container_cgroup(pid) {
             Ok(cg) => match self.store.set_cgroup(&rec.allocation.container_id, &cg) {
                 Ok(()) => rec.cgroup = Some(cg),
                 Err(e) => {

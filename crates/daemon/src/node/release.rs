@@ -7,7 +7,6 @@ use tessera_api::{untrusted, ApiError, ErrorCode, Isolation, ReleaseRequest};
 use tracing::{info, warn};
 
 use super::{internal, ledger_err, validate_container_id, Node};
-use crate::liveness;
 
 impl Node {
     /// Close the container's intervals, then free its devices: in this order a crash in
@@ -95,7 +94,7 @@ impl Node {
         let refusal = match (&req.runc_root, &req.bundle) {
             (Some(root), _) if *root != rec.runc_root => Some(mismatch("runc root", root, &rec.runc_root)),
             (_, Some(bundle)) if *bundle != rec.bundle => Some(mismatch("bundle", bundle, &rec.bundle)),
-            _ if liveness::runc_state_exists(Path::new(&rec.runc_root), container_id) => Some(format!(
+            _ if self.host.runc_state_exists(Path::new(&rec.runc_root), container_id) => Some(format!(
                 "container {container_id}: runc still has it in {}; nothing released (a grant is given back once runc \
                  has removed its container)",
                 untrusted(&rec.runc_root)

@@ -5,7 +5,6 @@ use tessera_api::{untrusted, Allocation, AllocationState, ApiError, ErrorCode, S
 use tracing::info;
 
 use super::{internal, ledger_err, validate_container_id, Node};
-use crate::liveness;
 
 impl Node {
     /// The prestart hook confirms the container exists with this pid.
@@ -40,7 +39,7 @@ impl Node {
         if rec.allocation.state == AllocationState::Running && rec.allocation.pid == Some(req.pid) {
             return Ok(rec.allocation);
         }
-        let start = liveness::pid_start_time(&self.host.proc_root, req.pid);
+        let start = self.host.pid_start_time(req.pid);
         if start.is_none() {
             return Err(ApiError::new(
                 ErrorCode::BadRequest,
@@ -50,7 +49,7 @@ impl Node {
         // The grant lasts while a process is in this cgroup (runc keeps the container's
         // device rules there). One that cannot be told for sure is refused: the grant
         // could end while a process of the container still runs with the device.
-        let cgroup = liveness::container_cgroup(&self.host.proc_root, &self.host.cgroup_root, req.pid).map_err(|e| {
+        let cgroup = self.host.container_cgroup(req.pid).map_err(|e| {
             ApiError::new(
                 ErrorCode::BadRequest,
                 format!("container {container_id}: cannot tell the cgroup of pid {}: {e}; refusing to start it", req.pid),
@@ -65,10 +64,10 @@ impl Node {
     }
 
     /// What to watch for a running container's exit: its init pid and that process's start
-    /// time. `None` when it is not running, or when the host's /proc is not the real one
-    /// (a pidfd names a real process).
+    /// time. `None` when it is not running, or when the host's pids are not this kernel's
+    /// processes ([`Host::watches_exits`]: a pidfd names a real process).
     pub fn exit_watch_target(&self, container_id: &str) -> Option<(i32, Option<u64>)> {
-        if self.host.proc_root != std::path::Path::new("/proc") {
+        if !self.host.watches_exits() {
             return None;
         }
         let rec = self.store.get(container_id).ok()??;
