@@ -227,10 +227,10 @@ fn parts(n: usize, dir: &Path, socket: &Path, runc_root: &Path, ann: &[(&str, &s
     for i in 0..n {
         let id = format!("parts{i}");
         let req = tessera_api::AllocateRequest {
-            container_id: id.clone(),
+            container_id: id.parse().expect("container id"),
             runc_root: runc_root.to_string_lossy().into_owned(),
             bundle: bundle.to_string_lossy().into_owned(),
-            request: "mig=1g.10gb".into(),
+            request: tessera_api::GpuRequest::Mig { profile: "1g.10gb".into() },
             request_source: tessera_api::RequestSource::Annotation,
             annotations: std::collections::BTreeMap::clone(&annotations),
         };

@@ -526,10 +526,10 @@ fn at_version(node: &Node, version: u64, source: &str) -> NodeStatus {
 
 fn alloc_req(id: &str, ns: &str, request: &str) -> AllocateRequest {
     AllocateRequest {
-        container_id: id.into(),
+        container_id: id.parse().expect("a valid container id"),
         runc_root: "/nonexistent".into(),
         bundle: format!("/b/{id}"),
-        request: request.into(),
+        request: request.parse().expect("a well-formed request"),
         request_source: RequestSource::Annotation,
         annotations: [(NS.to_string(), ns.to_string())].into_iter().collect(),
     }

@@ -126,10 +126,10 @@ fn three_tenants_known_durations_usage_and_metrics_agree() {
 
 fn alloc_req(id: &str, request: &str) -> AllocateRequest {
     AllocateRequest {
-        container_id: id.into(),
+        container_id: id.parse().expect("a valid container id"),
         runc_root: "/nonexistent".into(),
         bundle: format!("/b/{id}"),
-        request: request.into(),
+        request: request.parse().expect("a well-formed request"),
         request_source: RequestSource::Annotation,
         annotations: [(NS.to_string(), "team-dev".to_string())].into_iter().collect(),
     }

@@ -68,7 +68,7 @@ fn a_previous_minor_wrapper_and_hook_get_their_grant_start_and_release() {
     assert_eq!(status, 200, "1.0 allocate: {text}");
     assert!(head.contains(&answered), "{head}");
     let grant: Allocation = serde_json::from_slice(&body).expect("allocation");
-    assert_eq!((grant.container_id.as_str(), grant.request.as_str()), (ID, "gpu=1"));
+    assert_eq!((grant.container_id.as_str(), grant.request.to_string().as_str()), (ID, "gpu=1"));
     assert_eq!(grant.tenant, "acme/trusted/training/alice");
     assert_eq!(grant.devices.len(), 1);
     assert!(grant.injection.env.iter().any(|e| e.starts_with("CUDA_VISIBLE_DEVICES=")));
@@ -145,4 +145,34 @@ fn other_versions_are_refused_naming_both_and_unknown_request_fields_by_name() {
         }
     }
     assert_eq!(node.client().status().expect("status").allocations.len(), 1);
+}
+
+/// The request and the container id are typed when the body is read: a malformed one is a
+/// 400 naming the field, with the value escaped, and nothing is granted.
+#[test]
+fn a_malformed_request_or_container_id_is_refused_naming_the_field() {
+    let node = node();
+    let good = String::from_utf8(fixture("allocate.json")).expect("utf8");
+    let cases = [
+        (good.replace(r#""request":"gpu=1""#, r#""request":"gpu=banana\u001b[2J""#), "request"),
+        (good.replace(r#""request":"gpu=1""#, r#""request":"tpu=1""#), "request"),
+        (
+            good.replace(r#""container_id":"compat-1-0""#, r#""container_id":"../x""#),
+            "container_id",
+        ),
+        (
+            good.replace(r#""container_id":"compat-1-0""#, r#""container_id":"a\nb""#),
+            "container_id",
+        ),
+    ];
+    for (body, field) in cases {
+        assert_ne!(body, good, "the fixture changed: {body}");
+        let (status, _, answer) =
+            send(&node.socket, "POST", "/v1/allocations", None, body.as_bytes());
+        let e: ApiError = serde_json::from_slice(&answer).expect("error object");
+        assert_eq!((status, e.code), (400, ErrorCode::BadRequest), "{body}: {}", e.message);
+        assert!(e.message.contains(&format!("{field}: ")), "{field}: {}", e.message);
+        assert!(!e.message.contains(['\n', '\u{1b}']), "{:?}", e.message);
+    }
+    assert!(node.client().status().expect("status").allocations.is_empty(), "nothing granted");
 }

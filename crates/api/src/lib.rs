@@ -7,6 +7,7 @@
 
 pub mod client;
 pub mod display;
+pub mod ids;
 pub mod protocol;
 pub mod request;
 pub mod time;
@@ -14,6 +15,7 @@ pub mod types;
 
 pub use client::{Client, ClientError};
 pub use display::untrusted;
+pub use ids::{ContainerId, DeviceUuid, InvalidDeviceUuid, InvalidTenantPath, TenantPath};
 pub use protocol::{ProtocolError, ProtocolVersion, PROTOCOL, PROTOCOL_HEADER, UNVERSIONED};
 pub use request::{GpuRequest, Isolation, RequestError};
 pub use types::*;
@@ -47,18 +49,17 @@ pub fn validate_container_id(id: &str) -> Result<(), InvalidContainerId> {
     }
 }
 
-/// runc's record of a container: `<runc_root>/<id>/state.json`. `container_id` must have
-/// passed [`validate_container_id`].
-pub fn runc_state_file(runc_root: &Path, container_id: &str) -> PathBuf {
-    runc_root.join(container_id).join("state.json")
+/// runc's record of a container: `<runc_root>/<id>/state.json` (a [`ContainerId`] names no
+/// other directory than its own).
+pub fn runc_state_file(runc_root: &Path, container_id: &ContainerId) -> PathBuf {
+    runc_root.join(container_id.as_str()).join("state.json")
 }
 
 /// Whether runc still has a record of `container_id` under `runc_root`: the test of "the
 /// container is gone" that tesserad's reconciler and tessera-runtime's release share.
 /// An invalid id is never anything's record (and is not joined to the root).
 pub fn runc_state_exists(runc_root: &Path, container_id: &str) -> bool {
-    validate_container_id(container_id).is_ok()
-        && runc_state_file(runc_root, container_id).is_file()
+    ContainerId::new(container_id).is_ok_and(|id| runc_state_file(runc_root, &id).is_file())
 }
 
 /// Where tesserad listens and where clients look for it unless told otherwise.

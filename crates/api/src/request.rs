@@ -54,7 +54,13 @@ impl FromStr for Isolation {
 }
 
 /// A parsed GPU request.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+///
+/// On the wire and in the store it is its string form (`"mig=1g.10gb"`, the form of
+/// protocol 1.0): serialised with [`fmt::Display`], deserialised with [`FromStr`], so a
+/// malformed request is refused when the body is read, with the [`RequestError`] (the
+/// value escaped), and everything after works on the typed value.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize)]
+#[serde(try_from = "String")]
 pub enum GpuRequest {
     /// `gpu=N`: N whole GPUs (1..=64).
     Gpu { count: u32 },
@@ -163,6 +169,19 @@ impl fmt::Display for GpuRequest {
     }
 }
 
+impl TryFrom<String> for GpuRequest {
+    type Error = RequestError;
+    fn try_from(raw: String) -> Result<Self, Self::Error> {
+        raw.parse()
+    }
+}
+
+impl Serialize for GpuRequest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 fn parse_bounded(v: &str, lo: u32, hi: u32) -> Option<u32> {
     if v.is_empty() || v.len() > 3 || !v.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -234,6 +253,20 @@ mod tests {
             msg.len(),
             &msg[..100]
         );
+    }
+
+    #[test]
+    fn the_wire_form_is_the_string_form() {
+        let req = GpuRequest::Mig { profile: "1g.10gb".into() };
+        assert_eq!(serde_json::to_string(&req).expect("ser"), r#""mig=1g.10gb""#);
+        assert_eq!(serde_json::from_str::<GpuRequest>(r#""mig=1g.10gb""#).expect("de"), req);
+        assert_eq!(
+            serde_json::from_str::<GpuRequest>(r#"" gpu=1 ""#).expect("de").to_string(),
+            "gpu=1"
+        );
+        let err = serde_json::from_str::<GpuRequest>(r#""mig=b\nig""#).unwrap_err().to_string();
+        assert!(err.contains("bad value `b\\nig` for `mig`"), "{err}");
+        assert!(serde_json::from_str::<GpuRequest>("{\"Gpu\":{\"count\":1}}").is_err());
     }
 
     proptest! {

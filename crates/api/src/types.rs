@@ -8,20 +8,23 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::request::Isolation;
+use crate::ids::ContainerId;
+use crate::request::{GpuRequest, Isolation};
 
 /// `POST /v1/allocations`: ask for a container's GPU share.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AllocateRequest {
-    /// The OCI container id (runc's last positional argument).
-    pub container_id: String,
+    /// The OCI container id (runc's last positional argument); one that breaks runc's rule
+    /// is refused when the body is read.
+    pub container_id: ContainerId,
     /// runc's state root (`--root`), so the daemon can tell when the container is gone.
     pub runc_root: String,
     /// The bundle directory, for the operator's eyes only.
     pub bundle: String,
-    /// The raw request, e.g. `mig=1g.10gb`.
-    pub request: String,
+    /// The request, e.g. `mig=1g.10gb` (a string on the wire: see [`GpuRequest`]); a
+    /// malformed one is refused when the body is read.
+    pub request: GpuRequest,
     /// Where the request was read from.
     pub request_source: RequestSource,
     /// Every OCI annotation of the container. The daemon reads identity only from the
@@ -136,7 +139,8 @@ pub struct Allocation {
     pub tenant: String,
     /// The tenant's trust tier.
     pub trust: String,
-    pub request: String,
+    /// What was asked (its string form on the wire and in the store, as in protocol 1.0).
+    pub request: GpuRequest,
     pub isolation: Isolation,
     pub devices: Vec<GrantedDevice>,
     pub injection: Injection,

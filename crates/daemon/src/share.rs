@@ -104,7 +104,7 @@ pub fn memory_bytes(inv: &Inventory, uuid: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_api::{AllocationState, Injection, ShareGrant};
+    use tessera_api::{AllocationState, GpuRequest, Injection, ShareGrant};
 
     fn inv() -> Inventory {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -126,7 +126,7 @@ mod tests {
             container_id: id.into(),
             tenant: tenant.into(),
             trust: "dev".into(),
-            request: String::new(),
+            request: GpuRequest::Shared,
             isolation: iso,
             devices: vec![GrantedDevice {
                 uuid: device.into(),

@@ -499,7 +499,7 @@ fn uuids(a: &Allocation) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_api::{GrantedDevice, Injection, Isolation};
+    use tessera_api::{GpuRequest, GrantedDevice, Injection, Isolation};
 
     fn rec(id: &str, uuids: &[&str]) -> Record {
         Record {
@@ -507,7 +507,7 @@ mod tests {
                 container_id: id.into(),
                 tenant: "acme/t/p/u".into(),
                 trust: "trusted".into(),
-                request: "gpu=1".into(),
+                request: GpuRequest::Gpu { count: 1 },
                 isolation: Isolation::Gpu,
                 devices: uuids
                     .iter()
@@ -690,6 +690,39 @@ mod tests {
             Store::open(&path),
             Err(StoreError::Schema { found: 3, expected: 2, .. })
         ));
+    }
+
+    /// A row written while `Allocation::request` was a string (the body exactly as that
+    /// tesserad stored it) loads with the request typed, and is written back byte for byte.
+    /// A row whose request no longer parses is a `BadRow` naming it, not a panic.
+    #[test]
+    fn rows_stored_with_a_string_request_still_load() {
+        const OLD: &str = r#"{"container_id":"old","tenant":"acme/ml/x/alice","trust":"trusted","request":"mig=1g.10gb","isolation":"mig","devices":[{"uuid":"MIG-1","gpu_uuid":"GPU-1","gpu_index":0,"model":"H100-80GB","mig_profile":"1g.10gb","placement":[0,1]}],"injection":{"devices":[],"env":["CUDA_VISIBLE_DEVICES=MIG-1"],"mounts":[]},"state":"running","pid":42,"created_ms":1}"#;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.db");
+        let s = Store::open(&path).expect("open");
+        let insert = |id: &str, body: &str| {
+            s.conn
+                .execute(
+                    "INSERT INTO allocations(container_id, body, runc_root, bundle, state, pid,
+                         created_ms) VALUES(?1, ?2, '/run/runc', '/b', 'running', 42, 1)",
+                    [id, body],
+                )
+                .expect("row");
+        };
+        insert("old", OLD);
+        let got = s.get("old").expect("get").expect("kept").allocation;
+        assert_eq!(got.request, GpuRequest::Mig { profile: "1g.10gb".into() });
+        assert_eq!(serde_json::to_string(&got).expect("json"), OLD);
+
+        insert("bad", &OLD.replace("mig=1g.10gb\"", "mig=huge\""));
+        match s.get("bad") {
+            Err(StoreError::BadRow { container_id, detail }) => {
+                assert_eq!(container_id, "bad");
+                assert!(detail.contains("bad value `huge` for `mig`"), "{detail}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -77,10 +77,10 @@ fn req(id: &str, ns: &str, request: &str) -> AllocateRequest {
     let mut annotations = BTreeMap::new();
     annotations.insert("io.kubernetes.cri.sandbox-namespace".to_string(), ns.to_string());
     AllocateRequest {
-        container_id: id.into(),
+        container_id: id.parse().expect("a valid container id"),
         runc_root: "/nonexistent/runc-root".into(),
         bundle: format!("/bundles/{id}"),
-        request: request.into(),
+        request: request.parse().expect("a well-formed request"),
         request_source: RequestSource::Annotation,
         annotations,
     }
@@ -220,8 +220,11 @@ fn requests_the_node_cannot_satisfy_fail_clearly() {
     let e = node.allocate(&req("c2", "team-trusted", "mig=9g.99gb")).unwrap_err();
     assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
     assert!(e.message.contains("9g.99gb"), "{}", e.message);
-    let e = node.allocate(&req("c3", "team-trusted", "gpu=banana")).unwrap_err();
-    assert_eq!(e.code, ErrorCode::BadRequest, "{e:?}");
+    // A malformed request never reaches the node: the body is refused when it is read.
+    let body = serde_json::json!({"container_id": "c3", "runc_root": "/r", "bundle": "/b",
+        "request": "gpu=banana", "request_source": "annotation"});
+    let e = serde_json::from_value::<AllocateRequest>(body).unwrap_err().to_string();
+    assert!(e.contains("bad value `banana` for `gpu`"), "{e}");
 }
 
 #[test]

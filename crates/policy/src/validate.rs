@@ -26,7 +26,8 @@ fn problem(path: impl Into<String>, message: impl Into<String>) -> Problem {
 const NAME_EXPECTED: &str =
     "expected 1 to 63 characters of a-z, 0-9, `_` and `-`, starting with a letter or digit";
 const TENANT_EXPECTED: &str = "expected org, org/team, org/team/project or org/team/project/user";
-const LEVELS: [&str; 4] = ["org", "team", "project", "user"];
+/// The tenant tree's levels and names are the API's ([`tessera_api::TenantPath`]).
+use tessera_api::ids::TENANT_LEVELS as LEVELS;
 
 pub(crate) fn deserialize(bytes: &[u8], file: &str) -> Result<RawPolicy, PolicyError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
@@ -57,13 +58,10 @@ fn from_json(e: serde_json::Error, path: String, file: &str) -> PolicyError {
     }
 }
 
-/// `[a-z0-9][a-z0-9_-]{0,62}`
+/// `[a-z0-9][a-z0-9_-]{0,62}`: one segment of a tenant path
+/// ([`tessera_api::ids::is_tenant_name`], the one definition).
 pub(crate) fn is_name(s: &str) -> bool {
-    let b = s.as_bytes();
-    let ok = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    (1..=63).contains(&b.len())
-        && ok(b[0])
-        && b[1..].iter().all(|&c| ok(c) || c == b'_' || c == b'-')
+    tessera_api::ids::is_tenant_name(s)
 }
 
 fn check_name(path: &str, name: &str) -> Result<(), Problem> {

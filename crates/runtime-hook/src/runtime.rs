@@ -222,7 +222,8 @@ pub fn prepare(
     let Some(found) = found else { return Ok((inv, Prepared::Passthrough)) };
 
     // A GPU container from here on: every failure stops the start.
-    tessera_api::validate_container_id(&container_id).map_err(|e| fail(e.into()))?;
+    // Checked (runc's rule) before it names the daemon's record or any path.
+    let cid = tessera_api::ContainerId::new(container_id.as_str()).map_err(|e| fail(e.into()))?;
     let config_err =
         |source: SpecError| fail(RuntimeError::Config { path: cfg.path.clone(), source });
     spec::check_gpu_spec(&cfg.value).map_err(config_err)?;
@@ -237,10 +238,10 @@ pub fn prepare(
             .ok_or_else(|| fail(RuntimeError::NotUtf8 { what, path: p.to_path_buf() }))
     };
     let req = AllocateRequest {
-        container_id: container_id.clone(),
+        container_id: cid,
         runc_root: utf8(&env.absolute(&inv.global.root), "runc root")?,
         bundle: utf8(&bundle, "bundle")?,
-        request: found.request.to_string(),
+        request: found.request.clone(),
         request_source: found.source,
         annotations,
     };

@@ -142,8 +142,8 @@ pub fn exit_code(status: ExitStatus) -> i32 {
 /// its grant until tesserad's reconciler finds it gone — later, never sooner.
 pub fn delete_hint(root: &Path, container_id: &str, annotation: &str) -> Option<Option<String>> {
     const MAX_STATE: u64 = 16 << 20;
-    tessera_api::validate_container_id(container_id).ok()?;
-    let f = match std::fs::File::open(tessera_api::runc_state_file(root, container_id)) {
+    let id = tessera_api::ContainerId::new(container_id).ok()?;
+    let f = match std::fs::File::open(tessera_api::runc_state_file(root, &id)) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
         Err(_) => return Some(None),

@@ -1,23 +1,22 @@
 //! `allocate`: parse the request, resolve the tenant, authorise, then plan and apply the
 //! grant ([`super::grant`]). Idempotent by container id.
 
-use super::{grant, internal, validate_abs_path, validate_container_id, Node};
-use tessera_api::{untrusted, AllocateRequest, Allocation, ApiError, ErrorCode, GpuRequest};
+use super::{grant, internal, validate_abs_path, Node};
+use tessera_api::{untrusted, AllocateRequest, Allocation, ApiError, ErrorCode};
 
 impl Node {
     /// Grant (or return the existing grant of) a container's GPU share.
     pub fn allocate(&mut self, req: &AllocateRequest) -> Result<Allocation, ApiError> {
-        validate_container_id(&req.container_id)?;
         validate_abs_path("runc_root", &req.runc_root)?;
         validate_abs_path("bundle", &req.bundle)?;
-        let request: GpuRequest = req.request.parse().map_err(|e: tessera_api::RequestError| {
-            ApiError::new(ErrorCode::BadRequest, e.to_string())
-        })?;
+        // The container id and the request are typed since the body was read: a malformed
+        // one never got this far.
+        let request = &req.request;
 
         if let Some(existing) = self.store.get(&req.container_id).map_err(internal)? {
             // Idempotent by container id: a retried create gets the same grant.
             let a = existing.allocation;
-            if a.request == request.to_string() && existing.bundle == req.bundle {
+            if a.request == *request && existing.bundle == req.bundle {
                 return Ok(a);
             }
             return Err(ApiError {
@@ -48,8 +47,7 @@ impl Node {
             err
         })?;
 
-        if let Err(refusal) = self.policy.policy.authorize(&tenant, &request, &self.inventory.node)
-        {
+        if let Err(refusal) = self.policy.policy.authorize(&tenant, request, &self.inventory.node) {
             let err = ApiError {
                 code: ErrorCode::Refused,
                 message: refusal.to_string(),
@@ -61,12 +59,8 @@ impl Node {
             return Err(err);
         }
 
-        let who = grant::Asker {
-            req,
-            request: &request,
-            tenant: &tenant.path,
-            trust: tenant.trust.to_string(),
-        };
+        let who =
+            grant::Asker { req, request, tenant: &tenant.path, trust: tenant.trust.to_string() };
         let plan = self.plan_grant(&who).inspect_err(|err| {
             if err.code == ErrorCode::NoCapacity {
                 self.record_refusal(&req.container_id, err);

@@ -99,7 +99,7 @@ impl Node {
         };
         let states = self.handed_back(&life, &acquire)?;
         Ok(GrantPlan {
-            container_id: who.req.container_id.clone(),
+            container_id: who.req.container_id.to_string(),
             tenant: tenant.to_string(),
             trust: who.trust.clone(),
             request: who.request.clone(),
@@ -215,7 +215,7 @@ impl Node {
         let request = mpsd::ShareRequest {
             device: device.clone(),
             tenant: tenant.to_string(),
-            holder: who.req.container_id.clone(),
+            holder: who.req.container_id.to_string(),
             percent,
             mem_limit_bytes: mpsd::mps_mem_limit_bytes(mem, percent),
         };
@@ -321,8 +321,8 @@ impl Node {
             container_id: cid.clone(),
             tenant: plan.tenant,
             trust: plan.trust,
-            request: plan.request.to_string(),
             isolation: plan.request.isolation(),
+            request: plan.request,
             devices,
             injection,
             state: AllocationState::Pending,

@@ -118,8 +118,8 @@ impl Node {
             slicer::model(&d.model).and_then(|m| m.profile(p)).map(|p| p.compute_slices)
         });
         let weight = d.mig_profile.as_deref().and_then(|p| self.policy.policy.mig_weight(p));
-        let mps = match a.request.parse::<GpuRequest>() {
-            Ok(GpuRequest::Mps { percent }) => Some(percent),
+        let mps = match a.request {
+            GpuRequest::Mps { percent } => Some(percent),
             _ => None,
         };
         let replicas = a.share.as_ref().and_then(|s| s.replicas);
