@@ -363,3 +363,45 @@ fn a_gpu_container_that_could_rewrite_its_device_cgroup_is_refused() {
     node.fx.run_detached(&b, "default");
     node.fx.delete_container("default", true).assert_success("delete");
 }
+
+/// No grant, no GPU (found by the attack helper): a container that asks for no GPU but lists
+/// another tenant's GPU node and an allow rule for it (and for nvidia-uvm) opened it: runc
+/// got the config untouched. The wrapper now removes every node and allow rule of the
+/// node's NVIDIA majors from such a container (the majors from tesserad's file beside its
+/// socket: the daemon is never asked) and refuses a character rule of any major.
+#[test]
+fn a_container_without_a_request_gets_no_gpu() {
+    let node = Node::start();
+    let victim = node.bundle("victim", "team-untrusted", Some("gpu=1"), &["sleep", "30"]);
+    node.fx.run_detached(&victim, "victim");
+    let a = node.client().allocation("victim").unwrap();
+    let gpu = a.injection.devices.iter().find(|d| d.major == 195 && d.minor < 255).unwrap().clone();
+
+    let mut b = node.bundle("thief", "team-untrusted", None, &["sleep", "30"]);
+    b.device("/dev/stolen", 'c', 195, gpu.minor)
+        .allow_device('c', Some(195), Some(gpu.minor), "rw")
+        .device("/dev/stolen-uvm", 'c', 508, 0)
+        .allow_device('c', Some(508), None, "rw")
+        .device("/dev/stolen-cap", 'c', 509, 1)
+        .allow_device('c', Some(509), Some(1), "rw")
+        .write();
+    node.fx.run_detached(&b, "thief");
+    let list = devices_list(&b.cgroups_path());
+    assert!(opened(&list, &SIM_MAJORS).is_empty(), "the thief opens GPU nodes:\n{list}");
+    let ls = node.fx.exec("thief", &["sh", "-c", "ls /dev"]).stdout_str();
+    assert!(!ls.contains("stolen"), "smuggled nodes were created: {ls}");
+    // Docker's `--device-cgroup-rule 'c *:* rwm'` without a GPU request is refused.
+    let mut w = node.bundle("wild", "team-untrusted", None, &["true"]);
+    w.allow_device('c', Some(-1), Some(-1), "rwm").write();
+    let out = node.fx.create_container(&w, "wild");
+    assert!(!out.status.success(), "started with {}", devices_list(&w.cgroups_path()));
+    assert!(out.stderr_str().contains("asked for no GPU"), "{}", out.stderr_str());
+    // A plain container is left exactly as it was.
+    let plain = node.bundle("plain", "team-untrusted", None, &["true"]);
+    let before = std::fs::read(plain.config_path()).unwrap();
+    node.fx.run_container(&plain, "plain").assert_success("plain");
+    assert_eq!(std::fs::read(plain.config_path()).unwrap(), before, "config rewritten");
+    for id in ["thief", "victim"] {
+        node.fx.delete_container(id, true).assert_success("delete");
+    }
+}

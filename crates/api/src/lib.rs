@@ -64,6 +64,55 @@ pub fn runc_state_exists(runc_root: &Path, container_id: &str) -> bool {
 
 /// Where tesserad listens and where clients look for it unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/tessera/tesserad.sock";
+
+/// Beside tesserad's socket, the node's NVIDIA character-device majors, one per line:
+/// written by tesserad at start, read by the wrapper for containers without a GPU request
+/// (which never ask the daemon) to strip GPU devices they were not granted.
+pub fn gpu_majors_path(socket: &Path) -> PathBuf {
+    let mut s = socket.as_os_str().to_owned();
+    s.push(".gpu-majors");
+    PathBuf::from(s)
+}
+
+/// Writes [`gpu_majors_path`] atomically (a file beside it, then rename), mode 0644.
+pub fn write_gpu_majors(socket: &Path, majors: &[u32]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = gpu_majors_path(socket);
+    let tmp = path.with_extension("gpu-majors.tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    let text: String = majors.iter().map(|m| format!("{m}\n")).collect();
+    f.write_all(text.as_bytes())?;
+    std::fs::rename(&tmp, &path)
+}
+
+/// Reads [`gpu_majors_path`]: the majors it lists (none when absent or unreadable; lines
+/// that are not numbers are skipped).
+pub fn read_gpu_majors(socket: &Path) -> Vec<u32> {
+    std::fs::read_to_string(gpu_majors_path(socket))
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// The character majors `/proc/devices` names `nvidia*` (none when it cannot be read).
+pub fn proc_devices_nvidia_majors(proc_devices: &Path) -> Vec<u32> {
+    let Ok(text) = std::fs::read_to_string(proc_devices) else { return Vec::new() };
+    let chars = text.split("Block devices:").next().unwrap_or("");
+    chars
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let major = it.next()?.parse().ok()?;
+            it.next().filter(|n| n.starts_with("nvidia")).map(|_| major)
+        })
+        .collect()
+}
 /// The OCI annotation that carries a container's GPU request.
 pub const REQUEST_ANNOTATION: &str = "tessera.io/gpu";
 /// The process environment variable that may carry a GPU request (a request only, never
@@ -72,6 +121,20 @@ pub const REQUEST_ENV: &str = "TESSERA_GPU";
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn gpu_majors_are_written_beside_the_socket_and_read_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sock = dir.path().join("d.sock");
+        assert!(read_gpu_majors(&sock).is_empty(), "absent: none");
+        write_gpu_majors(&sock, &[195, 508, 509]).expect("write");
+        assert_eq!(read_gpu_majors(&sock), vec![195, 508, 509]);
+        assert_eq!(gpu_majors_path(&sock), dir.path().join("d.sock.gpu-majors"));
+        let pd = dir.path().join("devices");
+        std::fs::write(&pd, "Character devices:\n  1 mem\n195 nvidia-frontend\n508 nvidia-uvm\n509 nvidia-caps\n\nBlock devices:\n195 nvidia-fake-block\n").expect("write");
+        assert_eq!(proc_devices_nvidia_majors(&pd), vec![195, 508, 509]);
+    }
+
     use super::*;
 
     #[test]

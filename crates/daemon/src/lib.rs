@@ -197,6 +197,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     .map_err(DaemonError::Backend)?;
     info!(node = %node.inventory().node, gpus = node.inventory().gpus.len(),
           policy_version = node.policy().policy.version(), policy_source = %node.policy().source, "tesserad starting");
+    let gpu_majors = node.inventory().majors.all();
     // From here on the node is the controller's: everything goes through actions.
     let ctl = controller::Controller::new(node);
     if let Ok(Outcome::Reconciled(r)) = ctl.apply(Action::Reconcile) {
@@ -224,6 +225,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         _ => Vec::new(),
     };
     let listener = server::bind_socket(&config.socket)?;
+    // For the wrapper's no-request path, which never asks the daemon: the driver's majors.
+    if let Err(e) = tessera_api::write_gpu_majors(&config.socket, &gpu_majors) {
+        warn!("cannot write {}: {e}", tessera_api::gpu_majors_path(&config.socket).display());
+    }
     // Containers that ran on through the restart: metering stops at their exit again.
     for id in running {
         exits::spawn(ctl.clone(), id);

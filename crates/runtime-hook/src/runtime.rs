@@ -219,7 +219,22 @@ pub fn prepare(
     let found = request::find_request(&cfg.value).map_err(|source| {
         fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
     })?;
-    let Some(found) = found else { return Ok((inv, Prepared::Passthrough)) };
+    let Some(found) = found else {
+        // No grant, no GPU: GPU nodes and rules the config brings are removed (the majors
+        // come from tesserad's file beside its socket and the host's /proc/devices; the
+        // daemon is never asked). A config with none is left untouched.
+        let config_err =
+            |source: SpecError| fail(RuntimeError::Config { path: cfg.path.clone(), source });
+        let socket = env.absolute(&env.socket);
+        let mut majors: std::collections::BTreeSet<u32> =
+            tessera_api::read_gpu_majors(&socket).into_iter().collect();
+        majors.extend(tessera_api::proc_devices_nvidia_majors(Path::new("/proc/devices")));
+        majors.insert(spec::NVIDIA_MAJOR as u32);
+        if spec::strip_ungranted_gpus(&mut cfg.value, &majors).map_err(config_err)? {
+            spec::save_config(&cfg).map_err(config_err)?;
+        }
+        return Ok((inv, Prepared::Passthrough));
+    };
 
     // A GPU container from here on: every failure stops the start.
     // Checked (runc's rule) before it names the daemon's record or any path.

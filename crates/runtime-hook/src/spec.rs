@@ -85,6 +85,12 @@ pub enum SpecError {
          GPUs included: a GPU container may open only the GPUs it was granted"
     )]
     AnyCharDevice { index: usize, rule: String },
+    #[error(
+        "linux.resources.devices[{index}] ({rule}) opens character devices of any major, GPUs \
+         included, and the container asked for no GPU: ask for one with tessera.io/gpu, or \
+         narrow the rule"
+    )]
+    GpuWithoutGrant { index: usize, rule: String },
     #[error("invalid injection from tesserad: {0}")]
     BadInjection(String),
     #[error("cannot write {path}: {source}")]
@@ -758,6 +764,58 @@ pub fn apply_injection(
     Ok(())
 }
 
+/// No grant, no GPU: for a container that asked for no GPU, removes every device node at an
+/// NVIDIA path or of a GPU character major (`gpu_majors`: the driver's, 195 always) and every
+/// allow rule of those majors, and refuses a character rule of any major that reads or
+/// writes (it would open GPUs). Returns whether anything was removed: a config with nothing
+/// of the GPU in it is left exactly as it was. An allow rule of type `a` (a privileged
+/// container: the node's root, whose boundary no device rule is) is left to the engine.
+pub fn strip_ungranted_gpus(
+    spec: &mut Value,
+    gpu_majors: &BTreeSet<u32>,
+) -> Result<bool, SpecError> {
+    let Some(Value::Object(linux)) = spec.get_mut("linux") else { return Ok(false) };
+    let nodes = device_nodes(linux)?;
+    let rules = device_rules(linux)?;
+    if let Some((index, r)) = rules
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.allow && r.kind == RuleKind::Char && r.major.is_none() && r.access.opens())
+    {
+        return Err(SpecError::GpuWithoutGrant { index, rule: r.to_string() });
+    }
+    let gpu_node = |d: &DeviceNode| {
+        is_nvidia_path(&d.path) || (d.kind == NodeKind::Char && gpu_majors.contains(&d.major))
+    };
+    let gpu_rule = |r: &DeviceRule| {
+        r.allow && r.kind == RuleKind::Char && r.major.is_some_and(|m| gpu_majors.contains(&m))
+    };
+    if !nodes.iter().any(gpu_node) && !rules.iter().any(gpu_rule) {
+        return Ok(false);
+    }
+    if let Some(list) = linux.get_mut("devices").and_then(Value::as_array_mut) {
+        let kept: Vec<Value> = std::mem::take(list)
+            .into_iter()
+            .zip(&nodes)
+            .filter(|(_, d)| !gpu_node(d))
+            .map(|(v, _)| v)
+            .collect();
+        *list = kept;
+    }
+    if let Some(list) =
+        linux.get_mut("resources").and_then(|r| r.get_mut("devices")).and_then(Value::as_array_mut)
+    {
+        let kept: Vec<Value> = std::mem::take(list)
+            .into_iter()
+            .zip(&rules)
+            .filter(|(_, r)| !gpu_rule(r))
+            .map(|(v, _)| v)
+            .collect();
+        *list = kept;
+    }
+    Ok(true)
+}
+
 /// Records the granted device UUIDs in the `tessera.io/allocated` annotation.
 pub fn annotate_allocation<'a>(
     spec: &mut Value,
@@ -1290,6 +1348,48 @@ mod tests {
         assert_eq!(normalize("dev/nvidia0"), "/dev/nvidia0");
         assert!(is_nvidia_path("/dev/nvidia-uvm"));
         assert!(!is_nvidia_path("/dev/fuse"));
+    }
+
+    #[test]
+    fn a_container_without_a_grant_keeps_no_gpu() {
+        let majors: BTreeSet<u32> = [195, 508, 509].into();
+        // Nothing of the GPU: untouched, byte for byte.
+        let mut v = parse(RUNC_SPEC);
+        let before = v.clone();
+        assert!(!strip_ungranted_gpus(&mut v, &majors).expect("ok"));
+        assert_eq!(v, before);
+        // Smuggled nodes and rules of every GPU major (any path) go; the rest stays.
+        v["linux"]["devices"] = json!([
+            {"path": "/dev/stolen", "type": "c", "major": 195, "minor": 3},
+            {"path": "/dev/nvidia-uvm", "type": "c", "major": 508, "minor": 0},
+            {"path": "/dev/cap", "type": "u", "major": 509, "minor": 1},
+            {"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}
+        ]);
+        v["linux"]["resources"]["devices"].as_array_mut().expect("rules").extend([
+            json!({"allow": true, "type": "c", "major": 195, "minor": 3, "access": "rw"}),
+            json!({"allow": true, "type": "c", "major": 508, "access": "rwm"}),
+            json!({"allow": true, "type": "c", "major": 10, "minor": 229, "access": "rwm"}),
+            json!({"allow": true, "type": "c", "access": "m"}),
+        ]);
+        assert!(strip_ungranted_gpus(&mut v, &majors).expect("ok"));
+        assert_eq!(
+            v["linux"]["devices"],
+            json!([{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}])
+        );
+        let rules = v["linux"]["resources"]["devices"].as_array().expect("rules");
+        assert!(
+            rules.iter().all(|r| r["major"] != json!(195) && r["major"] != json!(508)),
+            "{rules:?}"
+        );
+        assert!(rules.iter().any(|r| r["major"] == json!(10)), "other rules stay: {rules:?}");
+        // A character rule of any major that reads or writes is refused.
+        let mut v = parse(RUNC_SPEC);
+        v["linux"]["resources"]["devices"]
+            .as_array_mut()
+            .expect("rules")
+            .push(json!({"allow": true, "type": "c", "major": -1, "minor": 3, "access": "rw"}));
+        let e = strip_ungranted_gpus(&mut v, &majors).expect_err("refused");
+        assert!(matches!(e, SpecError::GpuWithoutGrant { index: 1, .. }), "{e}");
     }
 
     proptest::proptest! {
