@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::display::untrusted;
 use crate::ids::ContainerId;
 use crate::request::{GpuRequest, Isolation};
 
@@ -29,7 +30,8 @@ pub struct AllocateRequest {
     pub request_source: RequestSource,
     /// Every OCI annotation of the container. The daemon reads identity only from the
     /// annotations its policy trusts; the rest are ignored.
-    #[serde(default)]
+    /// A key given twice is refused (the identity is read from here: which one would count?).
+    #[serde(default, deserialize_with = "unique_keys")]
     pub annotations: BTreeMap<String, String>,
 }
 
@@ -450,8 +452,53 @@ pub struct NodeStatus {
     pub events: Vec<EventStatus>,
 }
 
+/// A string map whose keys must be unique: serde_json (like Go) would keep the last of two,
+/// silently; a request body is refused instead.
+fn unique_keys<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    struct Unique;
+    impl<'de> serde::de::Visitor<'de> for Unique {
+        type Value = BTreeMap<String, String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object of strings with unique keys")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some((k, v)) = map.next_entry::<String, String>()? {
+                if out.contains_key(&k) {
+                    return Err(serde::de::Error::custom(format_args!(
+                        "duplicate key `{}`",
+                        untrusted(&k)
+                    )));
+                }
+                out.insert(k, v);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Unique)
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_request_with_an_annotation_key_given_twice_is_refused() {
+        let body = r#"{"container_id":"c","runc_root":"/r","bundle":"/b","request":"gpu=1","request_source":"annotation","annotations":{"io.kubernetes.cri.sandbox-namespace":"team-trusted","io.kubernetes.cri.sandbox-namespace":"team-untrusted"}}"#;
+        let e = serde_json::from_str::<AllocateRequest>(body).expect_err("refused");
+        assert!(
+            e.to_string().contains("duplicate key `io.kubernetes.cri.sandbox-namespace`"),
+            "{e}"
+        );
+        let ok = body.replace(r#","io.kubernetes.cri.sandbox-namespace":"team-untrusted""#, "");
+        let r: AllocateRequest = serde_json::from_str(&ok).expect("unique keys parse");
+        assert_eq!(r.annotations.len(), 1);
+    }
+
     use super::*;
     use serde_json::json;
 

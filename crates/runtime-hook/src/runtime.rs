@@ -76,6 +76,9 @@ pub enum RuntimeError {
         annotation_bytes: usize,
         largest: Option<(String, usize)>,
     },
+    /// A verb that would make a container from a bundle without the wrapper's checks.
+    #[error("runc {verb} is not supported through tessera-runtime: {why}")]
+    Unsupported { verb: &'static str, why: &'static str },
     #[error("cannot exec runc `{runc}`: {source}")]
     Exec { runc: String, source: std::io::Error },
 }
@@ -197,6 +200,20 @@ pub fn prepare(
 ) -> Result<(RuncInvocation, Prepared), Box<Failure>> {
     let inv = parse_runc_args(args.get(1..).unwrap_or(&[]))
         .map_err(|e| Box::new(Failure { error: e.into(), container_id: None, global: None }))?;
+    // `restore` makes a container from a bundle's config.json like `create` does (runc
+    // 1.1 reads its devices, rules, hooks and root), but from a checkpoint: passing it
+    // through would skip every check above and every grant. Fail closed.
+    if let Command::Other { verb, args: rest } = &inv.command {
+        let help = rest.iter().any(|a| a == "-h" || a == "--help");
+        if verb == "restore" && !help {
+            let error = RuntimeError::Unsupported {
+                verb: "restore",
+                why: "a restored container would bypass Tessera's config checks and GPU grants; \
+                      checkpoint/restore of containers on a Tessera node is not supported",
+            };
+            return Err(Box::new(Failure { error, container_id: None, global: Some(inv.global) }));
+        }
+    }
     let Some(create) = inv.create_args() else { return Ok((inv, Prepared::Passthrough)) };
     let container_id = create.container_id.clone();
     let fail = |error: RuntimeError| {
@@ -540,6 +557,21 @@ mod tests {
             },
             "state": "pending", "created_ms": 1
         })
+    }
+
+    #[test]
+    fn restore_is_refused_because_it_would_bypass_the_checks() {
+        let f = Fixture::new(&json!({}));
+        for a in ["restore --bundle bundle abc", "restore -d --image-path /x -b bundle abc"] {
+            let err = prepare(&f.args(a), &f.env).expect_err("refused");
+            assert!(
+                err.message().contains("runc restore is not supported"),
+                "{a}: {}",
+                err.message()
+            );
+        }
+        let (_, p) = prepare(&f.args("restore --help"), &f.env).expect("help passes");
+        assert!(matches!(p, Prepared::Passthrough));
     }
 
     #[test]
