@@ -354,16 +354,28 @@ fn is_nvidia_path(path: &str) -> bool {
 /// every device (any allow rule of type `a`, which runc and the kernel read as allow-all
 /// whatever its numbers), or character devices of any major for reading or writing.
 fn refuse_rule(index: usize, r: &DeviceRule) -> Option<SpecError> {
-    if !r.allow {
-        return None;
+    if r.allow && r.kind == RuleKind::All {
+        Some(SpecError::AllowAll { index, rule: r.to_string() })
+    } else if opens_any_char_major(r) {
+        Some(SpecError::AnyCharDevice { index, rule: r.to_string() })
+    } else {
+        None
     }
-    match r.kind {
-        RuleKind::All => Some(SpecError::AllowAll { index, rule: r.to_string() }),
-        RuleKind::Char if r.major.is_none() && r.access.opens() => {
-            Some(SpecError::AnyCharDevice { index, rule: r.to_string() })
-        }
-        _ => None,
-    }
+}
+
+/// An allow rule that reads or writes character devices of any major (GPUs included).
+fn opens_any_char_major(r: &DeviceRule) -> bool {
+    r.allow && r.kind == RuleKind::Char && r.major.is_none() && r.access.opens()
+}
+
+/// An allow rule for a character major of the GPU.
+fn is_gpu_rule(r: &DeviceRule, gpu_majors: &BTreeSet<u32>) -> bool {
+    r.allow && r.kind == RuleKind::Char && r.major.is_some_and(|m| gpu_majors.contains(&m))
+}
+
+/// A device node at an NVIDIA path or of a GPU character major.
+fn is_gpu_node(d: &DeviceNode, gpu_majors: &BTreeSet<u32>) -> bool {
+    is_nvidia_path(&d.path) || (d.kind == NodeKind::Char && gpu_majors.contains(&d.major))
 }
 
 /// The rules of `linux.resources.devices`, read with runc's meaning.
@@ -603,10 +615,7 @@ pub fn apply_injection(
         .into_iter()
         .zip(&existing)
         .filter(|(_, d)| {
-            let nvidia = is_nvidia_path(&d.path)
-                || injected_paths.contains(&normalize(&d.path))
-                || (d.kind == NodeKind::Char && gpu_majors.contains(&d.major));
-            !nvidia
+            !(is_gpu_node(d, &gpu_majors) || injected_paths.contains(&normalize(&d.path)))
         })
         .map(|(v, _)| v)
         .collect();
@@ -625,13 +634,11 @@ pub fn apply_injection(
         devices.push(to_value(&dev)?);
     }
 
-    // linux.resources.devices: refused if a rule opens every device or any major; allow
-    // rules for a GPU major removed; every kept rule rewritten in canonical form (explicit
-    // type and access, wildcards omitted), deny-all first, then one allow per injected node.
+    // linux.resources.devices (rules that open every device or any major were refused by
+    // check_gpu_spec above): allow rules for a GPU major removed; every kept rule rewritten
+    // in canonical form (explicit type and access, wildcards omitted), deny-all first, then
+    // one allow per injected node.
     let rules = device_rules(linux)?;
-    if let Some(e) = rules.iter().enumerate().find_map(|(i, r)| refuse_rule(i, r)) {
-        return Err(e);
-    }
     let deny_all = DeviceRule {
         allow: false,
         kind: RuleKind::All,
@@ -639,14 +646,8 @@ pub fn apply_injection(
         minor: None,
         access: canonical::Access::ALL,
     };
-    let mut kept: Vec<DeviceRule> = rules
-        .into_iter()
-        .filter(|r| {
-            !(r.allow
-                && r.kind == RuleKind::Char
-                && r.major.is_some_and(|m| gpu_majors.contains(&m)))
-        })
-        .collect();
+    let mut kept: Vec<DeviceRule> =
+        rules.into_iter().filter(|r| !is_gpu_rule(r, &gpu_majors)).collect();
     if kept.first().is_none_or(|r| r.allow || r.kind != RuleKind::All) {
         kept.insert(0, deny_all);
     }
@@ -777,19 +778,11 @@ pub fn strip_ungranted_gpus(
     let Some(Value::Object(linux)) = spec.get_mut("linux") else { return Ok(false) };
     let nodes = device_nodes(linux)?;
     let rules = device_rules(linux)?;
-    if let Some((index, r)) = rules
-        .iter()
-        .enumerate()
-        .find(|(_, r)| r.allow && r.kind == RuleKind::Char && r.major.is_none() && r.access.opens())
-    {
+    if let Some((index, r)) = rules.iter().enumerate().find(|(_, r)| opens_any_char_major(r)) {
         return Err(SpecError::GpuWithoutGrant { index, rule: r.to_string() });
     }
-    let gpu_node = |d: &DeviceNode| {
-        is_nvidia_path(&d.path) || (d.kind == NodeKind::Char && gpu_majors.contains(&d.major))
-    };
-    let gpu_rule = |r: &DeviceRule| {
-        r.allow && r.kind == RuleKind::Char && r.major.is_some_and(|m| gpu_majors.contains(&m))
-    };
+    let gpu_node = |d: &DeviceNode| is_gpu_node(d, gpu_majors);
+    let gpu_rule = |r: &DeviceRule| is_gpu_rule(r, gpu_majors);
     if !nodes.iter().any(gpu_node) && !rules.iter().any(gpu_rule) {
         return Ok(false);
     }
