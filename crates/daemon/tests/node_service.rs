@@ -86,6 +86,11 @@ fn req(id: &str, ns: &str, request: &str) -> AllocateRequest {
     }
 }
 
+/// The uuids of every MIG instance the node has now.
+fn instance_uuids(node: &Node) -> BTreeSet<String> {
+    node.inventory().gpus.iter().flat_map(|g| g.instances.iter().map(|i| i.uuid.clone())).collect()
+}
+
 #[test]
 fn untrusted_mig_gets_one_instance_with_exactly_its_caps() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -592,12 +597,7 @@ fn metering_follows_start_release_and_restart() {
 fn dynamic_mig_creates_instances_and_defragments_only_idle_ones() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut node = node_at(dir.path(), Duration::from_secs(60));
-    let before: BTreeSet<String> = node
-        .inventory()
-        .gpus
-        .iter()
-        .flat_map(|g| g.instances.iter().map(|i| i.uuid.clone()))
-        .collect();
+    let before: BTreeSet<String> = instance_uuids(&node);
     // Hold every existing 2g.20gb and every 1g.10gb on GPU 2, so a new 2g can only come
     // from cutting new slices.
     let mut held = BTreeSet::new();
@@ -629,12 +629,7 @@ fn dynamic_mig_creates_instances_and_defragments_only_idle_ones() {
         .expect("in inventory");
     assert_eq!((inst.profile.as_str(), inst.size), ("2g.20gb", 2));
     // Nothing held was touched.
-    let after: BTreeSet<String> = node
-        .inventory()
-        .gpus
-        .iter()
-        .flat_map(|g| g.instances.iter().map(|i| i.uuid.clone()))
-        .collect();
+    let after: BTreeSet<String> = instance_uuids(&node);
     assert!(held.is_subset(&after), "a held instance was destroyed");
     let events = node.status().expect("status").events;
     assert!(events.iter().any(|e| e.kind == "mig"), "{events:?}");
@@ -796,12 +791,7 @@ fn an_instance_created_for_a_failed_grant_is_left_idle_and_reused() {
     use tesserad::node::{FailAction, GrantFailpoint};
     let dir = tempfile::tempdir().expect("tempdir");
     let mut node = node_at(dir.path(), Duration::from_secs(60));
-    let before: BTreeSet<String> = node
-        .inventory()
-        .gpus
-        .iter()
-        .flat_map(|g| g.instances.iter().map(|i| i.uuid.clone()))
-        .collect();
+    let before: BTreeSet<String> = instance_uuids(&node);
     // Every existing 2g.20gb held: a new one has to be cut.
     let existing_2g = node
         .inventory()
@@ -820,13 +810,7 @@ fn an_instance_created_for_a_failed_grant_is_left_idle_and_reused() {
     let e = node.allocate(&req("m1", "team-dev", "mig=2g.20gb")).unwrap_err();
     assert!(e.message.contains("failpoint"), "{e:?}");
     assert!(node.allocation("m1").is_err(), "no half grant");
-    let created: Vec<String> = node
-        .inventory()
-        .gpus
-        .iter()
-        .flat_map(|g| g.instances.iter().map(|i| i.uuid.clone()))
-        .filter(|u| !before.contains(u))
-        .collect();
+    let created: Vec<String> = instance_uuids(&node).difference(&before).cloned().collect();
     assert_eq!(created.len(), 1, "one instance was cut: {created:?}");
     assert_eq!(device_state(&node, &created[0]), tessera_api::DeviceState::Free);
     let g = node.allocate(&req("m2", "team-dev", "mig=2g.20gb")).expect("grant");
