@@ -108,7 +108,7 @@ pub fn status(s: &NodeStatus) -> String {
         let _ = writeln!(out, "\nrecent events");
         for e in s.events.iter().take(8) {
             let detail: String = e.detail.chars().take(140).collect();
-            let at = crate::timespec::format_utc(e.ts_ms);
+            let at = tessera_api::time::format_utc(e.ts_ms);
             let _ = writeln!(
                 out,
                 "  {at} {:<8} {:<20} {detail}",
@@ -127,8 +127,8 @@ pub fn usage(r: &metering::UsageReport) -> String {
         out,
         "usage by {} from {} to {}",
         r.by.as_str(),
-        crate::timespec::format_utc(r.from_ms),
-        crate::timespec::format_utc(r.to_ms)
+        tessera_api::time::format_utc(r.from_ms),
+        tessera_api::time::format_utc(r.to_ms)
     );
     let width = r.rows.iter().map(|x| x.group.len()).max().unwrap_or(5).max(5);
     let _ = writeln!(

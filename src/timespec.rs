@@ -24,7 +24,7 @@ pub fn parse(s: &str, now_ms: u64) -> Result<u64, String> {
     if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
         return s.parse::<u64>().ok().and_then(|v| v.checked_mul(1000)).ok_or_else(|| bad(s));
     }
-    rfc3339(s).ok_or_else(|| bad(s))
+    tessera_api::time::parse_rfc3339(s).ok_or_else(|| bad(s))
 }
 
 fn bad(s: &str) -> String {
@@ -33,18 +33,10 @@ fn bad(s: &str) -> String {
     )
 }
 
-fn rfc3339(s: &str) -> Option<u64> {
-    tessera_api::time::parse_rfc3339(s)
-}
-
-/// Unix milliseconds as `YYYY-MM-DDTHH:MM:SSZ`.
-pub fn format_utc(ms: u64) -> String {
-    tessera_api::time::format_utc(ms)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_api::time::format_utc;
 
     #[test]
     fn parses_every_form() {

@@ -159,7 +159,7 @@ fn read_token(path: &std::path::Path) -> Result<String, String> {
 }
 
 fn main() -> ExitCode {
-    tessera::init_logging();
+    tessera_api::init_logging();
     let a = Args::parse();
     let coordinator = match a.fleet.config() {
         Ok(c) => c,

@@ -11,6 +11,20 @@ pub mod ids;
 pub mod protocol;
 pub mod request;
 pub mod time;
+
+/// Logs of the daemons (tesserad, tessera-coordinator): to stderr, filtered by
+/// `TESSERA_LOG` (default `info`), coloured only on a terminal.
+#[cfg(feature = "logging")]
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
+}
 pub mod types;
 
 pub use client::{Client, ClientError};

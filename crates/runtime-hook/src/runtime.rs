@@ -357,7 +357,7 @@ pub fn append_log(
     msg: &str,
     now: SystemTime,
 ) -> std::io::Result<()> {
-    let time = rfc3339(now);
+    let time = tessera_api::time::format_rfc3339_nanos(now);
     let mut line = if format == Some("json") {
         serde_json::json!({"level": "error", "msg": msg, "time": time}).to_string()
     } else {
@@ -370,11 +370,6 @@ pub fn append_log(
     line.push('\n');
     let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
     f.write_all(line.as_bytes())
-}
-
-/// RFC 3339 UTC time with nanoseconds, as Go's `time.RFC3339Nano` (runc's log lines).
-pub fn rfc3339(t: SystemTime) -> String {
-    tessera_api::time::format_rfc3339_nanos(t)
 }
 
 /// Execs runc with the original arguments; returns only if the exec failed.
@@ -835,9 +830,12 @@ mod tests {
             line,
             "time=\"2023-11-14T22:13:20.000000005Z\" level=error msg=\"tessera-runtime: x \\\"y\\\"\"\n"
         );
-        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000000000Z");
         assert_eq!(
-            rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            tessera_api::time::format_rfc3339_nanos(UNIX_EPOCH),
+            "1970-01-01T00:00:00.000000000Z"
+        );
+        assert_eq!(
+            tessera_api::time::format_rfc3339_nanos(UNIX_EPOCH + Duration::from_secs(951_782_400)),
             "2000-02-29T00:00:00.000000000Z"
         );
     }

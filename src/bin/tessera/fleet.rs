@@ -295,7 +295,7 @@ pub fn render_history(revs: &[RevisionSummary]) -> String {
     for r in sorted {
         rows.push(vec![
             r.version.to_string(),
-            tessera::timespec::format_utc(r.created_ms),
+            tessera_api::time::format_utc(r.created_ms),
             short(&r.digest).to_string(),
             r.key_id.clone(),
             r.author.clone(),

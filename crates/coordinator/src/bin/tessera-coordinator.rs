@@ -61,7 +61,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    init_logging();
+    tessera_api::init_logging();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -69,18 +69,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Logs to stderr, filtered by `TESSERA_LOG` (default `info`), as the node's binaries do.
-fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
 }
 
 fn run(cli: Cli) -> Result<(), String> {
