@@ -4,7 +4,9 @@
 
 # protobuf-compiler and libprotobuf-dev (protoc's well-known types, only a recommendation
 # of protobuf-compiler, so skipped by --no-install-recommends): the coordinator's etcd client.
-TESSERA_APT_PACKAGES=(runc containerd busybox-static protobuf-compiler libprotobuf-dev etcd-server sqlite3 gcc)
+# docker.io (dockerd 20.10) and podman (4.3): tests/docker.rs and tests/podman.rs run them with
+# the runtime that `tessera setup docker` / `tessera setup podman` writes.
+TESSERA_APT_PACKAGES=(runc containerd busybox-static protobuf-compiler libprotobuf-dev etcd-server sqlite3 gcc docker.io podman systemd)
 
 # Run the calling script as root: as it is when already root, else again through sudo,
 # keeping PATH (rustup's cargo lives in the user's ~/.cargo/bin). Usage:

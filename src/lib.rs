@@ -2,4 +2,5 @@
 //! are thin: the work lives in the `crates/` libraries.
 
 pub mod render;
+pub mod setup;
 pub mod timespec;

@@ -39,6 +39,11 @@ pub fn status(s: &NodeStatus) -> String {
             "  fleet: {} as node {}, {link}, last contact {contact}, trust key {}",
             c.health, c.node_id, c.trust_key_id
         );
+        if let Some(why) = &c.source_reason {
+            // Names files the operator chose: shown escaped, like every text from outside.
+            let _ =
+                writeln!(out, "  policy source: {}", tessera_api::untrusted(why).max_chars(1024));
+        }
         if let Some(r) = &c.last_rejection {
             let _ = writeln!(
                 out,
@@ -97,7 +102,7 @@ pub fn status(s: &NodeStatus) -> String {
             let _ = writeln!(
                 out,
                 "  {:<24} {:<32} {:<12} {:<9} {devs}  ({pid})",
-                a.container_id,
+                who(a.workload.as_ref().map(|w| w.display_name()).as_deref(), &a.container_id),
                 a.tenant,
                 a.request,
                 format!("{:?}", a.state).to_lowercase()
@@ -113,11 +118,35 @@ pub fn status(s: &NodeStatus) -> String {
                 out,
                 "  {at} {:<8} {:<20} {detail}",
                 e.kind,
-                e.container_id.as_deref().unwrap_or("-")
+                match &e.container_id {
+                    Some(id) => who(e.workload.as_deref(), id),
+                    None => "-".to_string(),
+                }
             );
         }
     }
     out
+}
+
+/// A container as people know it: `namespace/pod/container (id…)` for a pod's container
+/// (the id's first 12 characters: the name is a label, the id is what runc knows), else
+/// the id.
+fn who(workload: Option<&str>, container_id: &str) -> String {
+    match workload {
+        Some(w) => {
+            let short: String = container_id.chars().take(12).collect();
+            format!("{w} ({short})")
+        }
+        None => container_id.to_string(),
+    }
+}
+
+/// `tenant (namespace/pod/container, id)` for a pod's container, `tenant (id)` otherwise.
+fn holder(h: &tessera_api::Holder) -> String {
+    match &h.workload {
+        Some(w) => format!("{} ({w}, {})", h.tenant, h.container_id),
+        None => format!("{} ({})", h.tenant, h.container_id),
+    }
 }
 
 /// A usage report as a table: group, GPU-seconds, GPU-hours, cost.
@@ -130,7 +159,11 @@ pub fn usage(r: &metering::UsageReport) -> String {
         tessera_api::time::format_utc(r.from_ms),
         tessera_api::time::format_utc(r.to_ms)
     );
-    let width = r.rows.iter().map(|x| x.group.len()).max().unwrap_or(5).max(5);
+    let label = |row: &metering::UsageRow| match &row.name {
+        Some(name) => format!("{} ({name})", row.group),
+        None => row.group.clone(),
+    };
+    let width = r.rows.iter().map(|x| label(x).len()).max().unwrap_or(5).max(5);
     let _ = writeln!(
         out,
         "{:<width$}  {:>14}  {:>10}  {:>10}  {:>9}  {:>13}",
@@ -146,7 +179,7 @@ pub fn usage(r: &metering::UsageReport) -> String {
         let _ = writeln!(
             out,
             "{:<width$}  {:>14.3}  {:>10.4}  {:>10.4}  {:>9}  {:>13}",
-            row.group,
+            label(row),
             row.gpu_seconds,
             row.gpu_seconds / 3600.0,
             row.cost,
@@ -218,7 +251,7 @@ fn gpu(out: &mut String, g: &GpuStatus, s: &NodeStatus) {
                 let _ = writeln!(out, "  {}", lifecycle(g.lifecycle.as_ref()));
             }
             (Some(h), _) => {
-                let _ = writeln!(out, "  held by {} ({})", h.tenant, h.container_id);
+                let _ = writeln!(out, "  held by {}", holder(h));
             }
             (None, Some(how)) => {
                 let _ = writeln!(out, "  {how}");
@@ -234,7 +267,7 @@ fn gpu(out: &mut String, g: &GpuStatus, s: &NodeStatus) {
     for i in &g.instances {
         let who = match (&i.holder, sharing(s, &i.uuid)) {
             _ if i.lifecycle.is_some() && i.holder.is_none() => lifecycle(i.lifecycle.as_ref()),
-            (Some(h), _) => format!("held by {} ({})", h.tenant, h.container_id),
+            (Some(h), _) => format!("held by {}", holder(h)),
             (None, Some(how)) => how,
             (None, None) => "free".into(),
         };
@@ -305,7 +338,11 @@ mod tests {
             size,
             memory_mib: 1,
             state: if held { DeviceState::Assigned } else { DeviceState::Free },
-            holder: held.then(|| Holder { container_id: "c".into(), tenant: "t".into() }),
+            holder: held.then(|| Holder {
+                container_id: "c".into(),
+                tenant: "t".into(),
+                workload: None,
+            }),
             lifecycle: None,
         }
     }
@@ -328,5 +365,35 @@ mod tests {
     #[test]
     fn slot_map_of_an_empty_gpu_is_all_dots() {
         assert_eq!(slot_map(&[]).matches('.').count(), 8);
+    }
+
+    /// A fleet node's status, as `GET /v1/status` sends it.
+    fn fleet_status(source_reason: Option<&str>) -> NodeStatus {
+        let mut v = serde_json::json!({
+            "node": "gpu01", "backend": "sim:x", "gpus": [], "allocations": [],
+            "policy": {"version": 3, "source": "last-known-good:/s/fleet/last-known-good.json",
+                       "digest": "ab", "coordinator": {
+                "urls": ["http://c:7400"], "node_id": "gpu01", "trust_key_id": "4f1c",
+                "health": "ok", "connected": true, "last_known_good": "/s/lkg.json",
+                "last_error": null}}
+        });
+        if let Some(why) = source_reason {
+            v["policy"]["coordinator"]["source_reason"] = why.into();
+        }
+        serde_json::from_value(v).expect("a status")
+    }
+
+    #[test]
+    fn status_says_why_the_policy_in_force_is_in_force() {
+        let why = "signed last-known-good version 3 is in force; the unsigned --policy file \
+                   /etc/p\x1b[2J.json (version 9) is ignored on a node that follows a fleet";
+        let text = status(&fleet_status(Some(why)));
+        let line = text.lines().find(|l| l.contains("policy source:")).expect(&text);
+        assert!(line.contains("signed last-known-good version 3 is in force"), "{line}");
+        assert!(line.contains("(version 9) is ignored"), "{line}");
+        // The file name is the operator's: a control character is shown escaped.
+        assert!(!line.contains('\x1b'), "{line:?}");
+        // Without a reason there is no such line.
+        assert!(!status(&fleet_status(None)).contains("policy source:"));
     }
 }

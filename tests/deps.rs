@@ -1,8 +1,11 @@
-//! A node builds without the fleet coordinator (issue 12): tesserad, tessera-runtime,
-//! tessera-hook and the CLI link the `fleet` crate (wire types, verification, client,
-//! agent), never `coordinator`, whose server and etcd store bring etcd-client, tonic and
-//! prost (and so protoc) into a build. Asks `cargo tree` for each node package's normal
-//! (non-dev, non-build) dependencies.
+//! A node builds without the fleet coordinator and without protoc (issues 12 and 13):
+//! tesserad, tessera-runtime, tessera-hook and the CLI link the `fleet` crate (wire types,
+//! verification, client, agent), never `coordinator`, whose server and etcd store bring
+//! etcd-client into a build; and no node package runs a code generator at build time
+//! (prost-build, tonic-build, tonic-prost-build, protoc-*): gRPC code a node needs (the
+//! kubelet device-plugin API in `device-plugin`) is generated once and checked in, so
+//! tonic and prost themselves are fine. Asks `cargo tree` for each node package's normal
+//! and build dependencies (not dev: tests may regenerate code).
 //!
 //! The policy crate is pure (issue 12): it validates declared MIG layouts against the
 //! `catalog` crate, never `slicer`, so it links no NVML.
@@ -23,15 +26,20 @@ const NODE_PACKAGES: &[&str] = &[
     "metering",
     "mpsd",
     "scrub",
+    "device-plugin",
 ];
 
-/// Crates only the coordinator may pull in.
+/// Crates no node build may pull in: the coordinator stack, and build-time code
+/// generators (which need protoc).
 fn forbidden(name: &str) -> bool {
-    matches!(name, "coordinator" | "etcd-client" | "tonic")
-        || name == "prost"
-        || name.starts_with("prost-")
-        || name.starts_with("tonic-")
+    matches!(
+        name,
+        "coordinator" | "etcd-client" | "prost-build" | "tonic-build" | "tonic-prost-build"
+    ) || name.starts_with("protoc-")
 }
+
+/// Normal and build edges: a generator runs from a build script.
+const EDGES: &str = "normal,build";
 
 fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
@@ -54,7 +62,7 @@ fn tree(args: &[&str]) -> String {
 fn node_packages_do_not_depend_on_the_coordinator_stack() {
     let mut found = Vec::new();
     for pkg in NODE_PACKAGES {
-        let listing = tree(&["-e", "normal", "-p", pkg, "--prefix", "none"]);
+        let listing = tree(&["-e", EDGES, "-p", pkg, "--prefix", "none"]);
         let mut bad: Vec<&str> = listing
             .lines()
             .filter_map(|l| l.split_whitespace().next())
@@ -64,13 +72,14 @@ fn node_packages_do_not_depend_on_the_coordinator_stack() {
         bad.dedup();
         for name in bad {
             // Who pulls it in, for the failure message.
-            let why = tree(&["-e", "normal", "-p", pkg, "-i", name, "--depth", "3"]);
+            let why = tree(&["-e", EDGES, "-p", pkg, "-i", name, "--depth", "3"]);
             found.push(format!("{pkg} depends on {name}:\n{why}"));
         }
     }
     assert!(
         found.is_empty(),
-        "node packages must build without the coordinator (use the `fleet` crate):\n{}",
+        "node packages must build without the coordinator (use the `fleet` crate) and without \
+         protoc (check generated code in):\n{}",
         found.join("\n")
     );
 }
@@ -78,11 +87,21 @@ fn node_packages_do_not_depend_on_the_coordinator_stack() {
 #[test]
 fn the_coordinator_still_has_its_stores() {
     // The check above is only meaningful if `cargo tree` does list these crates where they
-    // are: the coordinator's etcd store.
-    let listing = tree(&["-e", "normal", "-p", "coordinator", "--prefix", "none"]);
+    // are: the coordinator's etcd store, whose build script runs a code generator.
+    let listing = tree(&["-e", EDGES, "-p", "coordinator", "--prefix", "none"]);
     let names: Vec<&str> = listing.lines().filter_map(|l| l.split_whitespace().next()).collect();
-    for want in ["etcd-client", "tonic", "prost", "fleet"] {
+    for want in ["etcd-client", "fleet"] {
         assert!(names.contains(&want), "coordinator's tree lacks {want}:\n{listing}");
+    }
+    assert!(
+        names.iter().any(|n| forbidden(n) && n.ends_with("-build")),
+        "coordinator's tree shows no code generator:\n{listing}"
+    );
+    // And the device plugin links the gRPC runtime the check lets through.
+    let listing = tree(&["-e", EDGES, "-p", "device-plugin", "--prefix", "none"]);
+    let names: Vec<&str> = listing.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    for want in ["tonic", "prost"] {
+        assert!(names.contains(&want), "device-plugin's tree lacks {want}:\n{listing}");
     }
 }
 

@@ -1102,6 +1102,44 @@ fn tesserad_fleet_flags_are_checked() {
             ],
             "no policy to start from",
         ),
+        // https:// without a CA, and http:// with one (the token would go out in clear):
+        // refused at start, before anything is contacted.
+        (
+            vec![
+                "--coordinator",
+                "https://127.0.0.1:1",
+                "--trust-key",
+                key,
+                "--node-token",
+                token.to_str().expect("utf-8"),
+            ],
+            "no --coordinator-ca",
+        ),
+        (
+            vec![
+                "--coordinator",
+                "https://127.0.0.1:1,http://127.0.0.1:2",
+                "--trust-key",
+                key,
+                "--node-token",
+                token.to_str().expect("utf-8"),
+                "--coordinator-ca",
+                "/nonexistent/ca.pem",
+            ],
+            "clear text",
+        ),
+        (
+            vec![
+                "--coordinator",
+                "http://127.0.0.1:1",
+                "--trust-key",
+                key,
+                "--node-token",
+                token.to_str().expect("utf-8"),
+                "--policy-overrides-fleet",
+            ],
+            "--policy",
+        ),
     ];
     for (extra, needle) in cases {
         let out = run_cmd(

@@ -57,6 +57,11 @@ struct Args {
     /// How often every MPS control daemon is health-checked, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     mps_health_interval_ms: u64,
+    /// Serve the kubelet device-plugin API in kubelet's plugin directory (normally
+    /// /var/lib/kubelet/device-plugins): kube-scheduler then sees this node's GPUs as
+    /// tessera.io/* resources (docs/KUBERNETES.md). Off when not given.
+    #[arg(long, value_name = "DIR")]
+    device_plugin_dir: Option<PathBuf>,
     #[command(flatten)]
     fleet: FleetArgs,
 }
@@ -79,8 +84,15 @@ struct FleetArgs {
     #[arg(long, requires = "coordinator")]
     node_token: Option<PathBuf>,
     /// For https:// coordinators: the CA certificate (PEM) that signed their certificates.
+    /// Required with https:// URLs; with it, http:// URLs are refused (the node token
+    /// would cross the network in clear text).
     #[arg(long, requires = "coordinator")]
     coordinator_ca: Option<PathBuf>,
+    /// Enforce the --policy file even though this node follows a fleet: fleet revisions
+    /// are refused (and shown as such) until the flag is dropped. Without it, a node that
+    /// has a signed policy enforces only signed revisions and ignores --policy.
+    #[arg(long, requires_all = ["coordinator", "policy"])]
+    policy_overrides_fleet: bool,
     /// How long each long poll of the coordinator waits, in milliseconds.
     #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=120_000))]
     coordinator_poll_timeout_ms: u64,
@@ -109,6 +121,22 @@ impl FleetArgs {
         if urls.is_empty() {
             return Err("--coordinator: no URL given".into());
         }
+        // Refuse what would send the node token in clear text, or could never connect,
+        // before anything starts.
+        for u in &urls {
+            let lower = u.to_ascii_lowercase();
+            if lower.starts_with("https://") && self.coordinator_ca.is_none() {
+                return Err(format!(
+                    "--coordinator {u} is https:// but no --coordinator-ca FILE says which CA signed its certificate"
+                ));
+            }
+            if lower.starts_with("http://") && self.coordinator_ca.is_some() {
+                return Err(format!(
+                    "--coordinator {u} is plain http:// while --coordinator-ca is given: the node token would \
+                     cross the network in clear text; use https://"
+                ));
+            }
+        }
         let key_arg = self
             .trust_key
             .ok_or("--coordinator needs --trust-key (the coordinator's public key)")?;
@@ -129,6 +157,7 @@ impl FleetArgs {
                 Some(fleet::tls::client_config(ca).map_err(|e| format!("--coordinator-ca: {e}"))?);
         }
         cfg.node_id = self.node_id;
+        cfg.policy_overrides_fleet = self.policy_overrides_fleet;
         cfg.poll_timeout = Duration::from_millis(self.coordinator_poll_timeout_ms);
         cfg.report_every = Duration::from_millis(self.coordinator_report_interval_ms);
         cfg.retry_max = Duration::from_millis(self.coordinator_retry_max_ms);
@@ -190,6 +219,7 @@ fn main() -> ExitCode {
         }),
         host: std::sync::Arc::new(tesserad::LinuxHost),
         coordinator,
+        device_plugin_dir: a.device_plugin_dir,
     };
     let rt =
         match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {

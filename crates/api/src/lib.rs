@@ -6,6 +6,8 @@
 //! path of every GPU container, so it must not pay for an async runtime's start-up.
 
 pub mod client;
+pub mod cri;
+pub mod deviceplugin;
 pub mod display;
 pub mod ids;
 pub mod protocol;

@@ -154,6 +154,10 @@ pub struct Allocation {
     /// For MPS and time-sliced grants: the device is shared, and how.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share: Option<ShareGrant>,
+    /// The Kubernetes pod container it was granted to (from containerd's own CRI
+    /// annotations), where it is one: the names status, events and usage show.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<crate::cri::Workload>,
 }
 
 /// How a shared device (MPS or time-sliced) is shared by one allocation.
@@ -203,6 +207,9 @@ pub struct EventStatus {
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
+    /// `namespace/pod/container` of a pod's container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<String>,
     pub detail: String,
 }
 
@@ -289,6 +296,9 @@ pub enum DeviceState {
 pub struct Holder {
     pub container_id: String,
     pub tenant: String,
+    /// `namespace/pod/container` of a pod's container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<String>,
 }
 
 /// The last scrub of a device.
@@ -399,6 +409,10 @@ pub struct CoordinatorStatus {
     pub rejections: u64,
     /// Where the last applied signed policy is kept.
     pub last_known_good: String,
+    /// Why the policy source in force is the one in force (a bootstrap file until the
+    /// first signed revision, an ignored `--policy` file, `--policy-overrides-fleet`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_reason: Option<String>,
     /// Ledger intervals uploaded for fleet usage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageUploadStatus>,

@@ -10,7 +10,9 @@
 //! * **Versions are the admin's**: the coordinator never rewrites a policy's bytes (the
 //!   signature covers exactly what the admin wrote, so its digest equals
 //!   `Policy::digest()` on every node). A push whose `version` is not greater than the
-//!   latest is refused with 409; versions need not be contiguous.
+//!   latest is refused with 409; versions need not be contiguous, but are bounded
+//!   ([`fleet::check_version`]: at most 2^53 - 1 and at most 1,000,000 above the latest,
+//!   400 otherwise) so that no push can leave no version for the next.
 //! * Nodes watch with a long poll, `GET /v1/policies/latest?newer_than=N&timeout_ms=T`:
 //!   answered as soon as a version > N exists (200 with the [`SignedPolicy`] envelope),
 //!   204 after T. Every waiting poll is parked on one `tokio::sync::watch` channel that
@@ -48,7 +50,8 @@
 //! | `GET /v1/usage?from_ms=&to_ms=&by=&node=` | admin | [`FleetUsage`] |
 //! | `POST /v1/usage` | admin | [`FleetUsageRequest`] (with prices) → [`FleetUsage`] |
 //! | `GET /v1/audit/refusals` | admin | recent [`RefusalRecord`]s |
-//! | `GET /v1/health` | anyone | liveness and the latest version |
+//! | `GET /v1/health` | anyone | liveness, the store's (503 when it does not answer), the latest version |
+//! | `GET /v1/ping` | anyone | a plain answer; clients send it before any credential on a new plain-HTTP connection |
 //!
 //! Errors are `{"error": "...", "path": "orgs.acme.trust"?}` ([`ErrorBody`]).
 //! Plain HTTP only: TLS (and mTLS credentials) are not implemented here; run the

@@ -22,7 +22,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::auth::{bearer, Principal, Tokens, TokensError};
 use crate::now_ms;
-use crate::signing::{self, KeyError, SignedPolicy, Signer};
+use crate::signing::{self, KeyError, SignedPolicy, Signer, Verified};
 use crate::store::{self, LatestRx, PolicyStore, StoreError, StoreSpec};
 use crate::wire::{
     ErrorBody, FleetUsage, FleetUsageRequest, NodeRecord, NodeReport, NodeUsage, RefusalRecord,
@@ -41,6 +41,12 @@ const REFUSALS_KEPT: usize = 256;
 const MAX_REQUEST: usize = 8 << 20;
 /// Pending connections the listener queues (capped by `net.core.somaxconn`).
 const LISTEN_BACKLOG: u32 = 4096;
+/// How long `/v1/health` waits for the store.
+const HEALTH_STORE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default usage retention: intervals that ended longer ago are deleted.
+pub const DEFAULT_USAGE_RETENTION: Duration = Duration::from_secs(400 * 24 * 3600);
+/// How often retention runs.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// Why the coordinator could not start.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +76,13 @@ pub struct ServeOptions {
     pub tokens: PathBuf,
     /// Serve HTTPS with this certificate (PEM chain) and key (PEM); both or neither.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// Delete usage intervals that ended longer ago than this (checked hourly); `None`:
+    /// keep them forever.
+    pub usage_retention: Option<Duration>,
+    /// etcd: compact the cluster's history, keeping this much of it
+    /// ([`store::compaction_loop`]); `None`: never compact (the operator runs etcd's own
+    /// auto-compaction). Nothing to do on SQLite.
+    pub etcd_compaction: Option<Duration>,
 }
 
 /// The coordinator's state: store, key, credentials, and the watchers' channel.
@@ -117,9 +130,21 @@ impl ApiErr {
     fn bad_request(error: impl Into<String>) -> Self {
         ApiErr::new(StatusCode::BAD_REQUEST, error)
     }
+    /// A store failure as the client should see it: its own mistakes as 4xx, a store
+    /// that does not answer as 503, stored data that cannot be read as 500.
     fn store(e: StoreError) -> Self {
-        error!("store: {e}");
-        ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, format!("store unavailable: {e}"))
+        match e {
+            StoreError::Invalid(why) => ApiErr::bad_request(why),
+            StoreError::Conflict { .. } => ApiErr::new(StatusCode::CONFLICT, e.to_string()),
+            StoreError::Etcd(_) | StoreError::Sqlite(_) => {
+                error!("store: {e}");
+                ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, format!("store unavailable: {e}"))
+            }
+            StoreError::Corrupt(_) | StoreError::ForeignKey { .. } | StoreError::Other(_) => {
+                error!("store: {e}");
+                ApiErr::new(StatusCode::INTERNAL_SERVER_ERROR, format!("store: {e}"))
+            }
+        }
     }
 }
 
@@ -192,6 +217,7 @@ impl Coordinator {
     pub fn router(self: &Arc<Self>) -> Router {
         Router::new()
             .route("/v1/health", get(health))
+            .route("/v1/ping", get(ping))
             .route("/v1/policies", post(push).get(history))
             .route("/v1/policies/latest", get(latest))
             .route("/v1/policies/{version}", get(get_revision))
@@ -313,6 +339,16 @@ impl Coordinator {
         bytes: &[u8],
         author: &str,
     ) -> ApiResult<(StatusCode, RevisionSummary)> {
+        if bytes.len() > fleet::MAX_POLICY_BYTES {
+            return Err(ApiErr::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the policy is {} bytes; a coordinator accepts at most {} (fleet::MAX_POLICY_BYTES)",
+                    bytes.len(),
+                    fleet::MAX_POLICY_BYTES
+                ),
+            ));
+        }
         let parsed = policy::Policy::parse(bytes, "pushed policy").map_err(|e| ApiErr {
             status: StatusCode::BAD_REQUEST,
             body: ErrorBody {
@@ -321,27 +357,46 @@ impl Coordinator {
                 who: None,
             },
         })?;
+        let bad_version = |e: fleet::VersionError| {
+            let status = match e {
+                fleet::VersionError::NotNewer { .. } => StatusCode::CONFLICT,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            ApiErr {
+                status,
+                body: ErrorBody { error: e.to_string(), path: Some("version".into()), who: None },
+            }
+        };
+        // The absolute bounds first: no store is asked about a version that cannot be.
+        fleet::check_version(parsed.version(), None).or_else(|e| match e {
+            fleet::VersionError::TooFar { .. } => Ok(()),
+            e => Err(bad_version(e)),
+        })?;
         let _serial = self.push_lock.lock().await;
         for _ in 0..5 {
             let latest = self.store.latest().await.map_err(ApiErr::store)?;
             if let Some(l) = &latest {
                 if l.version == parsed.version() && l.digest == parsed.digest() {
-                    // The same push again (a retry): already done.
-                    return Ok((StatusCode::OK, RevisionSummary::from(l)));
-                }
-                if parsed.version() <= l.version {
-                    return Err(ApiErr::new(
-                        StatusCode::CONFLICT,
-                        format!(
-                            "older or equal version: the policy says version {} but the latest revision is {}; \
-                             set \"version\" above {}",
-                            parsed.version(),
-                            l.version,
-                            l.version
-                        ),
-                    ));
+                    // The same push again (a retry) is done only if the stored revision is
+                    // one this coordinator's key signed: a planted one is no success.
+                    return match signing::verify(l, &self.signer.verifying_key()) {
+                        Ok(_) => Ok((StatusCode::OK, RevisionSummary::from(l))),
+                        Err(e) => Err(ApiErr::new(
+                            StatusCode::CONFLICT,
+                            format!(
+                                "the store already holds a revision {} with these bytes, but it does not verify \
+                                 against this coordinator's key ({}: {e}); nodes refuse it. Push the policy \
+                                 again with \"version\" above {}",
+                                l.version,
+                                e.kind(),
+                                l.version
+                            ),
+                        )),
+                    };
                 }
             }
+            fleet::check_version(parsed.version(), latest.as_ref().map(|l| l.version))
+                .map_err(bad_version)?;
             let env = signing::sign_parsed(self.signer.key(), &parsed, bytes, author, now_ms());
             match self.store.append(latest.as_ref().map(|l| l.version), env.clone()).await {
                 Ok(()) => {
@@ -358,12 +413,50 @@ impl Coordinator {
         ))
     }
 
+    /// The newest revision that verifies against this coordinator's key (what nodes
+    /// enforce), and why each newer one was skipped.
+    async fn latest_verified(&self) -> ApiResult<(Option<Verified>, Vec<String>)> {
+        let key = self.signer.verifying_key();
+        let mut skipped = Vec::new();
+        let Some(latest) = self.store.latest().await.map_err(ApiErr::store)? else {
+            return Ok((None, skipped));
+        };
+        match signing::verify(&latest, &key) {
+            Ok(v) => return Ok((Some(v), skipped)),
+            Err(e) => skipped.push(format!("version {}: {}: {e}", latest.version, e.kind())),
+        }
+        let history = self.store.history().await.map_err(ApiErr::store)?;
+        for rev in history.iter().rev().filter(|r| r.version < latest.version) {
+            match signing::verify(rev, &key) {
+                Ok(v) => return Ok((Some(v), skipped)),
+                Err(e) => skipped.push(format!("version {}: {}: {e}", rev.version, e.kind())),
+            }
+        }
+        Ok((None, skipped))
+    }
+
     async fn fleet_usage(
         &self,
-        q: metering::UsageQuery,
+        mut q: metering::UsageQuery,
         only: Option<Vec<String>>,
+        price_with_policy: bool,
     ) -> ApiResult<FleetUsage> {
         q.validate().map_err(|e| ApiErr::bad_request(e.to_string()))?;
+        let (mut priced_with, mut skipped) = (None, Vec::new());
+        if price_with_policy {
+            let (verified, why) = self.latest_verified().await?;
+            for w in &why {
+                warn!("fleet usage: not pricing with {w}");
+            }
+            skipped = why;
+            q.prices = match verified {
+                Some(v) => {
+                    priced_with = Some(v.version);
+                    prices_of(&v.policy)
+                }
+                None => metering::Prices::default(),
+            };
+        }
         let rows = self.store.usage_intervals(q.from_ms, q.to_ms).await.map_err(ApiErr::store)?;
         let mut by_node: std::collections::BTreeMap<String, Vec<metering::Span>> =
             Default::default();
@@ -386,7 +479,26 @@ impl Coordinator {
                 intervals: r.total.intervals,
             });
         }
-        Ok(FleetUsage { report, nodes })
+        Ok(FleetUsage { report, nodes, priced_with, skipped })
+    }
+}
+
+/// A policy's prices as the metering roll-up takes them.
+pub fn prices_of(p: &policy::Policy) -> metering::Prices {
+    metering::Prices {
+        per_model: p
+            .prices()
+            .iter()
+            .map(|(m, r)| {
+                (
+                    m.clone(),
+                    metering::Rate {
+                        reserved_per_gpu_hour: r.reserved_per_gpu_hour,
+                        burst_per_gpu_hour: r.burst_per_gpu_hour,
+                    },
+                )
+            })
+            .collect(),
     }
 }
 
@@ -405,21 +517,42 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
 struct Health {
     ok: bool,
     store: &'static str,
+    /// Why the store did not answer (then `ok` is false and the status 503).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store_error: Option<String>,
     latest_version: Option<u64>,
     watchers: usize,
     key_id: String,
     public_key: String,
 }
 
-async fn health(State(app): App) -> Json<Health> {
-    Json(Health {
-        ok: true,
+/// A request any HTTP client can make without credentials: clients send it on each new
+/// plain-HTTP connection before any token, so a peer that does not speak plain HTTP (a
+/// TLS server behind an `http://` URL) never sees one.
+async fn ping() -> &'static str {
+    "tessera-coordinator\n"
+}
+
+/// Liveness and the store: 503 with `ok: false` and the reason when the store does not
+/// answer within 2 s (long polls still answer from memory then; pushes fail).
+async fn health(State(app): App) -> Response {
+    let store_error = match tokio::time::timeout(HEALTH_STORE_TIMEOUT, app.store.ping()).await {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some(format!("the store did not answer within {HEALTH_STORE_TIMEOUT:?}")),
+    };
+    let status =
+        if store_error.is_some() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    let body = Json(Health {
+        ok: store_error.is_none(),
         store: app.store.kind(),
+        store_error,
         latest_version: app.latest_version(),
         watchers: app.waiting_watchers(),
         key_id: app.signer.key_id().to_string(),
         public_key: signing::encode_verifying_key(&app.signer.verifying_key()),
-    })
+    });
+    (status, body).into_response()
 }
 
 /// The recorded author: the admin's name, with the `x-tessera-author` header's claim
@@ -459,7 +592,8 @@ async fn history(
 ) -> ApiResult<Json<Vec<RevisionSummary>>> {
     app.require_admin(&headers, peer, "read the policy history")?;
     let revs = app.store.history().await.map_err(ApiErr::store)?;
-    Ok(Json(revs.iter().map(RevisionSummary::from).collect()))
+    let key = app.signer.verifying_key();
+    Ok(Json(revs.iter().map(|r| RevisionSummary::checked(r, &key)).collect()))
 }
 
 async fn get_revision(
@@ -610,11 +744,9 @@ async fn node(
     app.require_node(&headers, peer, "read a node record", &node, true)?;
     let rec = app
         .store
-        .nodes()
+        .node(node.clone())
         .await
         .map_err(ApiErr::store)?
-        .into_iter()
-        .find(|r| r.node == node)
         .unwrap_or_else(|| NodeRecord::unknown(&node));
     Ok(Json(finish_record(&app, rec, now_ms())))
 }
@@ -682,7 +814,7 @@ async fn usage_get(
         by,
         prices: metering::Prices::default(),
     };
-    Ok(Json(app.fleet_usage(q, only).await?))
+    Ok(Json(app.fleet_usage(q, only, false).await?))
 }
 
 async fn usage_post(
@@ -693,7 +825,7 @@ async fn usage_post(
 ) -> ApiResult<Json<FleetUsage>> {
     app.require_admin(&headers, peer, "read fleet usage")?;
     let r: FleetUsageRequest = json_body(&body, "usage query")?;
-    Ok(Json(app.fleet_usage(r.query, r.nodes).await?))
+    Ok(Json(app.fleet_usage(r.query, r.nodes, r.price_with_policy).await?))
 }
 
 async fn refusals(
@@ -730,6 +862,10 @@ impl RunningCoordinator {
         coordinator: Arc<Coordinator>,
         tls: Option<Arc<rustls::ServerConfig>>,
     ) -> Result<RunningCoordinator, CoordinatorError> {
+        // A store that belongs to another fleet's key would serve revisions no node of
+        // ours accepts, and ours none of theirs: refuse before serving anything.
+        let public = signing::encode_verifying_key(&coordinator.signer.verifying_key());
+        coordinator.store.claim_signing_key(public).await?;
         let err = |source| CoordinatorError::Listen { addr: listen, source };
         let socket = if listen.is_ipv4() {
             tokio::net::TcpSocket::new_v4()
@@ -769,7 +905,20 @@ impl RunningCoordinator {
             None => None,
         };
         let store = store::open(&opts.store, &opts.etcd_prefix).await?;
-        RunningCoordinator::start_with(opts.listen, Coordinator::new(store, key, tokens), tls).await
+        let running = RunningCoordinator::start_with(
+            opts.listen,
+            Coordinator::new(store.clone(), key, tokens),
+            tls,
+        )
+        .await?;
+        if let Some(keep) = opts.usage_retention {
+            tokio::spawn(prune_loop(store.clone(), keep));
+        }
+        if let (Some(keep), "etcd") = (opts.etcd_compaction, store.kind()) {
+            info!(keep_s = keep.as_secs_f64(), "compacting etcd history older than the retention");
+            tokio::spawn(store::compaction_loop(store, keep));
+        }
+        Ok(running)
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -809,6 +958,24 @@ impl RunningCoordinator {
         match self.task.await {
             Ok(r) => r.map_err(CoordinatorError::Serve),
             Err(e) => Err(CoordinatorError::Serve(std::io::Error::other(e.to_string()))),
+        }
+    }
+}
+
+/// Usage retention: every hour, delete the intervals that ended more than `keep` ago.
+/// Several coordinators on one etcd may all run it (deleting is idempotent).
+async fn prune_loop(store: Arc<dyn PolicyStore>, keep: Duration) {
+    let mut tick = tokio::time::interval(PRUNE_EVERY);
+    loop {
+        tick.tick().await;
+        let keep_ms = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
+        let before = now_ms().saturating_sub(keep_ms);
+        match store.prune_usage(before).await {
+            Ok(0) => {}
+            Ok(n) => {
+                info!(intervals = n, before_ms = before, "usage retention: deleted old intervals")
+            }
+            Err(e) => warn!("usage retention: {e}"),
         }
     }
 }

@@ -14,7 +14,8 @@
 //!   [`Action::Scrub`] and [`Action::Unquarantine`] (the scrub child process),
 //!   [`Action::MpsHealthCheck`] (control-binary pings and cap read-backs, on the
 //!   supervisor's own lock), [`Action::CheckEcc`] and [`Action::SampleUtilization`] (NVML
-//!   queries that can hang on a GPU in a bad state, and /proc walks);
+//!   queries that can hang on a GPU in a bad state, and /proc walks), and
+//!   [`Action::RevokeStop`] (the grace period between SIGTERM and SIGKILL);
 //! * **failure logging**: every action that fails is logged here, once: internal failures
 //!   as errors, refusals (4xx) as warnings naming the action, container, tenant and rule.
 //!   Refusals of grants are also recorded as `refuse` events by the node (durable state).
@@ -60,6 +61,14 @@ pub enum Action {
     MigConverge,
     /// `POST /v1/devices/{uuid}/unquarantine`: re-scrub (outside the lock), free on success.
     Unquarantine(String),
+    /// `GET /v1/revoke-check`: the grants the policy in force would refuse now.
+    RevokeCheck,
+    /// `POST /v1/policy/reload` (and `SIGHUP`): read the `--policy` file again
+    /// ([`crate::reload`]).
+    ReloadPolicy,
+    /// `POST /v1/revoke-check/stop`: stop them (signals and the grace period outside the
+    /// lock); their grants are released as any grant is, once runc removed the container.
+    RevokeStop(crate::node::revoke::StopRequest),
 
     // The periodic tasks (`lib.rs`).
     /// Release the grants of vanished containers (also once at start).
@@ -94,6 +103,10 @@ pub enum Action {
     SetPolicy(Box<ActivePolicy>),
     /// The ledger's id and rows, for the usage upload.
     LedgerRows,
+
+    // The kubelet device plugin (`device_plugin.rs`).
+    /// What the node can grant now, as the device plugin counts it.
+    Capacity,
 }
 
 impl Action {
@@ -111,6 +124,9 @@ impl Action {
             Action::MigPlan => "mig plan",
             Action::MigConverge => "mig converge",
             Action::Unquarantine(_) => "unquarantine",
+            Action::RevokeCheck => "revoke check",
+            Action::RevokeStop(_) => "revoke stop",
+            Action::ReloadPolicy => "policy reload",
             Action::Reconcile => "reconcile",
             Action::CheckEcc => "ECC check",
             Action::Checkpoint => "ledger checkpoint",
@@ -124,7 +140,25 @@ impl Action {
             Action::ContainerExited { .. } => "closing the intervals of an exited container",
             Action::SetPolicy(_) => "policy update",
             Action::LedgerRows => "ledger read",
+            Action::Capacity => "capacity read",
         }
+    }
+
+    /// Whether the action may change what the node can grant (grants, MIG layout, device
+    /// lifecycles, policy): the device plugin reads the capacity again after it.
+    pub fn may_change_capacity(&self) -> bool {
+        matches!(
+            self,
+            Action::Allocate(_)
+                | Action::Release { .. }
+                | Action::MigConverge
+                | Action::Unquarantine(_)
+                | Action::Reconcile
+                | Action::CheckEcc
+                | Action::Scrub
+                | Action::SetPolicy(_)
+                | Action::ReloadPolicy
+        )
     }
 
     /// The container the action is about, if one.
@@ -154,6 +188,9 @@ pub enum Outcome {
     Usage(UsageReport),
     Mig(MigReport),
     Unquarantined(ScrubOutcome),
+    RevokeCheck(crate::node::revoke::RevokeCheck),
+    RevokeStopped(crate::node::revoke::StopReport),
+    PolicyReloaded(crate::reload::ReloadReport),
     #[serde(skip)]
     Reconciled(ReconcileReport),
     /// ECC: the GPUs quarantined now.
@@ -180,6 +217,8 @@ pub enum Outcome {
         rows: Vec<IntervalRecord>,
     },
     #[serde(skip)]
+    Capacity(Box<device_plugin::Snapshot>),
+    #[serde(skip)]
     Done,
 }
 
@@ -202,11 +241,36 @@ pub struct Controller {
     /// status read waited for the round anyway: it reads the supervisor, whose lock the
     /// check holds.) Lock order: this, then the node.
     mps_round: Mutex<()>,
+    /// Counts the actions that may have changed the node's capacity ([`Controller::changes`]).
+    changes: tokio::sync::watch::Sender<u64>,
+    /// What a policy reload reads ([`Controller::set_reload`]); unset: nothing to reload.
+    reload: std::sync::OnceLock<crate::reload::ReloadSetup>,
 }
 
 impl Controller {
     pub fn new(node: Node) -> Arc<Controller> {
-        Arc::new(Controller { node: Mutex::new(node), mps_round: Mutex::new(()) })
+        Arc::new(Controller {
+            node: Mutex::new(node),
+            mps_round: Mutex::new(()),
+            changes: tokio::sync::watch::channel(0).0,
+            reload: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Say which policy file [`Action::ReloadPolicy`] reads (once, at start; a second call
+    /// is ignored).
+    pub fn set_reload(&self, setup: crate::reload::ReloadSetup) {
+        let _ = self.reload.set(setup);
+    }
+
+    pub(crate) fn reload_setup(&self) -> Option<&crate::reload::ReloadSetup> {
+        self.reload.get()
+    }
+
+    /// Changes whenever an action may have changed what the node can grant (a grant, a
+    /// release, a MIG re-cut, a device scrubbed or quarantined, a new policy).
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     /// Apply `action` on a blocking thread. A successful [`Action::Start`] starts the exit
@@ -232,7 +296,15 @@ impl Controller {
     pub fn apply(&self, action: Action) -> Result<Outcome, ApiError> {
         let what = action.name();
         let container = action.container_id().map(str::to_owned);
+        let may_change = action.may_change_capacity();
         let r = self.dispatch(action);
+        // A round that did nothing (no device scrubbed, none quarantined) changes nothing.
+        let idle = matches!(&r, Ok(Outcome::Count(0)))
+            || matches!(&r, Ok(Outcome::Quarantined(q)) if q.is_empty())
+            || matches!(&r, Ok(Outcome::Reconciled(rep)) if rep.released.is_empty());
+        if may_change && r.is_ok() && !idle {
+            self.changes.send_modify(|n| *n = n.wrapping_add(1));
+        }
         if let Err(e) = &r {
             log_failure(what, container.as_deref(), e);
         }
@@ -240,7 +312,10 @@ impl Controller {
     }
 
     /// One step under the node lock.
-    fn locked<T>(&self, f: impl FnOnce(&mut Node) -> Result<T, ApiError>) -> Result<T, ApiError> {
+    pub(crate) fn locked<T>(
+        &self,
+        f: impl FnOnce(&mut Node) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
         let mut node = self.node.lock().map_err(|_| {
             ApiError::new(ErrorCode::Internal, "tesserad: node state lock poisoned")
         })?;
@@ -279,6 +354,9 @@ impl Controller {
             Action::MigPlan => self.locked(|n| n.mig_plan()).map(O::Mig),
             Action::MigConverge => self.locked(|n| n.mig_converge()).map(O::Mig),
             Action::Unquarantine(uuid) => self.unquarantine(&uuid).map(O::Unquarantined),
+            Action::RevokeCheck => self.locked(|n| n.revoke_check()).map(O::RevokeCheck),
+            Action::RevokeStop(req) => self.revoke_stop(&req).map(O::RevokeStopped),
+            Action::ReloadPolicy => crate::reload::reload(self).map(O::PolicyReloaded),
             Action::Reconcile => self.locked(|n| n.reconcile()).map(O::Reconciled),
             Action::CheckEcc => {
                 let probe = self.locked(|n| Ok(n.ecc_probe()))?;
@@ -320,6 +398,7 @@ impl Controller {
                 n.set_policy(*policy);
                 Ok(O::Done)
             }),
+            Action::Capacity => self.locked(|n| n.capacity()).map(|c| O::Capacity(Box::new(c))),
             Action::LedgerRows => self.locked(|n| {
                 let ledger = n.ledger();
                 let rows = ledger.intervals().map_err(|e| {
@@ -343,6 +422,24 @@ impl Controller {
             }
         }
         Ok(ran)
+    }
+
+    /// Stop the grants the policy refuses: which ones (recorded as events) under the lock,
+    /// the signals and the grace period without it, what happened recorded under it again.
+    fn revoke_stop(
+        &self,
+        req: &crate::node::revoke::StopRequest,
+    ) -> Result<crate::node::revoke::StopReport, ApiError> {
+        use crate::node::revoke;
+        let grace = revoke::grace(req)?;
+        let plan = self.locked(|n| n.revoke_targets(req))?;
+        let policy_version = plan.policy_version;
+        let stopped = revoke::stop(plan.host.as_ref(), plan.targets, grace);
+        self.locked(|n| {
+            n.record_revocations(&stopped);
+            Ok(())
+        })?;
+        Ok(revoke::StopReport { policy_version, grace_s: grace.as_secs(), stopped })
     }
 
     /// Re-scrub a quarantined device (the child process outside the lock); it returns to

@@ -61,6 +61,9 @@ pub struct CoordinatorConfig {
     pub usage_every: Duration,
     /// How https:// coordinators are verified (`--coordinator-ca`).
     pub tls: Option<Arc<::fleet::tls::ClientConfig>>,
+    /// `--policy-overrides-fleet`: the `--policy` file is in force and fleet revisions are
+    /// refused (without it, a node in a fleet enforces only signed revisions once it has one).
+    pub policy_overrides_fleet: bool,
 }
 
 impl std::fmt::Debug for CoordinatorConfig {
@@ -74,6 +77,7 @@ impl std::fmt::Debug for CoordinatorConfig {
             .field("report_every", &self.report_every)
             .field("retry_max", &self.retry_max)
             .field("usage_every", &self.usage_every)
+            .field("policy_overrides_fleet", &self.policy_overrides_fleet)
             .finish()
     }
 }
@@ -91,6 +95,7 @@ impl CoordinatorConfig {
             retry_max: Duration::from_secs(5),
             usage_every: Duration::from_secs(60),
             tls: None,
+            policy_overrides_fleet: false,
         }
     }
 }
@@ -121,6 +126,7 @@ pub struct Fleet {
     lkg_path: PathBuf,
     mark_path: PathBuf,
     usage_every: Duration,
+    local_override: bool,
 }
 
 impl Fleet {
@@ -155,6 +161,7 @@ impl Fleet {
         agent_cfg.report_every = cfg.report_every;
         agent_cfg.retry_max = cfg.retry_max.max(agent_cfg.retry_min);
         agent_cfg.tls = cfg.tls.clone();
+        agent_cfg.local_override = cfg.policy_overrides_fleet;
         let agent = PolicyAgent::new(agent_cfg).map_err(|e| err(e.to_string()))?;
         Ok(Fleet {
             agent,
@@ -166,6 +173,7 @@ impl Fleet {
             lkg_path,
             mark_path: dir.join("usage-uploaded.json"),
             usage_every: cfg.usage_every,
+            local_override: cfg.policy_overrides_fleet,
         })
     }
 
@@ -184,64 +192,73 @@ impl Fleet {
             ))
         })?;
         let (active, status) = match (lkg, from_file) {
-            (Some(kept), Some((path, p))) if p.version() > kept.version => {
-                warn!(file_version = p.version(), last_known_good = kept.version,
-                      "the --policy file is newer than the last-known-good policy: starting from the file");
-                file_start(path, p)
+            (kept, Some((path, p))) if self.local_override => {
+                warn!(file_version = p.version(), path = %path.display(),
+                      "--policy-overrides-fleet: enforcing the local policy file; fleet revisions are refused until the flag is dropped");
+                let (active, mut status) = file_start(path, p);
+                status.signed_version = kept.map(|k| k.version);
+                status.source_reason = Some(format!(
+                    "--policy-overrides-fleet: the operator put the local file {} in force over the fleet",
+                    path.display()
+                ));
+                (active, status)
             }
-            (Some(kept), _) => {
+            (Some(kept), file) => {
                 info!(version = kept.version, path = %self.lkg_path.display(), "starting from the last-known-good policy");
                 let source = format!("last-known-good:{}", self.lkg_path.display());
-                let status = AgentStatus::started_from(&kept, PolicySource::LastKnownGood);
+                let mut status = AgentStatus::started_from(&kept, PolicySource::LastKnownGood);
+                if let Some((path, p)) = file {
+                    warn!(file_version = p.version(), last_known_good = kept.version, path = %path.display(),
+                          "ignoring the unsigned --policy file: this node follows its fleet and enforces only signed \
+                           revisions (pass --policy-overrides-fleet to enforce the file instead)");
+                    status.source_reason = Some(format!(
+                        "signed last-known-good version {} is in force; the unsigned --policy file {} (version {}) \
+                         is ignored on a node that follows a fleet",
+                        kept.version,
+                        path.display(),
+                        p.version()
+                    ));
+                }
                 (ActivePolicy { policy: kept.policy, source }, status)
             }
-            (None, Some((path, p))) => file_start(path, p),
+            (None, Some((path, p))) => {
+                let (active, mut status) = file_start(path, p);
+                status.source_reason = Some(format!(
+                    "bootstrap: the unsigned --policy file {} is in force until the first signed fleet revision \
+                     (of any version) replaces it",
+                    path.display()
+                ));
+                (active, status)
+            }
             (None, None) => self.fetch_first().await?,
         };
         *lock(&self.status) = status;
         Ok(active)
     }
 
-    /// No file and no last-known-good: ask each coordinator once for its latest policy.
+    /// No file and no last-known-good: ask each coordinator once for its latest policy;
+    /// one that serves nothing usable (no answer, no policy, a revision that does not
+    /// verify) is passed over for the next.
     async fn fetch_first(&self) -> Result<(ActivePolicy, AgentStatus), DaemonError> {
-        let mut problems = Vec::new();
-        for url in &self.urls {
-            let client = ::fleet::client::Client::new(&[url], &self.agent.config().token)
-                .map_err(|e| err(e.to_string()))?
-                .with_tls(self.agent.config().tls.clone())
-                .with_timeout(Duration::from_secs(10));
-            match client.latest(0, Duration::from_secs(2)).await {
-                Ok(Some(env)) => {
-                    let verified =
-                        signing::verify(&env, &self.agent.config().trust_key).map_err(|e| {
-                            err(format!(
-                                "the policy served by {url} is refused ({}): {e}",
-                                e.kind()
-                            ))
-                        })?;
-                    ::fleet::agent::write_last_known_good(&self.lkg_path, &verified)
-                        .map_err(|e| err(e.to_string()))?;
-                    info!(version = verified.version, coordinator = %url, "starting from the coordinator's policy");
-                    let mut status =
-                        AgentStatus::started_from(&verified, PolicySource::Coordinator);
-                    status.coordinator = Some(url.clone());
-                    status.connected = true;
-                    status.last_contact_ms = Some(::fleet::now_ms());
-                    let active = ActivePolicy {
-                        policy: verified.policy,
-                        source: format!("coordinator:{url}"),
-                    };
-                    return Ok((active, status));
-                }
-                Ok(None) => problems.push(format!("{url} has no policy yet")),
-                Err(e) => problems.push(format!("{url}: {e}")),
+        match self.agent.fetch_first(Duration::from_secs(2)).await {
+            Ok((verified, url)) => {
+                ::fleet::agent::write_last_known_good(&self.lkg_path, &verified)
+                    .map_err(|e| err(e.to_string()))?;
+                info!(version = verified.version, coordinator = %url, "starting from the coordinator's policy");
+                let mut status = AgentStatus::started_from(&verified, PolicySource::Coordinator);
+                status.coordinator = Some(url.clone());
+                status.connected = true;
+                status.last_contact_ms = Some(::fleet::now_ms());
+                let active =
+                    ActivePolicy { policy: verified.policy, source: format!("coordinator:{url}") };
+                Ok((active, status))
             }
+            Err(problems) => Err(err(format!(
+                "no policy to start from: no --policy file, no last-known-good policy at {}, and no coordinator served one ({})",
+                self.lkg_path.display(),
+                problems.join("; ")
+            ))),
         }
-        Err(err(format!(
-            "no policy to start from: no --policy file, no last-known-good policy at {}, and no coordinator served one ({})",
-            self.lkg_path.display(),
-            problems.join("; ")
-        )))
     }
 
     /// Follow the coordinators until aborted; every accepted revision is handed to the
@@ -282,6 +299,15 @@ impl Fleet {
         })
     }
 
+    /// A reload of the local policy file put `version` in force ([`crate::reload`], which
+    /// allows it only while the file is the policy in force): what the node reports.
+    pub fn note_local_reload(&self, version: u64, digest: &str) {
+        let mut s = lock(&self.status);
+        s.applied_version = Some(version);
+        s.applied_digest = Some(digest.to_string());
+        s.applied_at_ms = Some(::fleet::now_ms());
+    }
+
     /// What `GET /v1/status` shows under `policy.coordinator`.
     pub fn snapshot(&self) -> CoordinatorStatus {
         let s = lock(&self.status).clone();
@@ -305,6 +331,7 @@ impl Fleet {
             }),
             rejections: s.rejections,
             last_known_good: self.lkg_path.display().to_string(),
+            source_reason: s.source_reason.clone(),
             usage: Some(lock(&self.usage).clone()),
         }
     }
@@ -580,6 +607,64 @@ mod tests {
         assert_eq!(load_mark(&p).unwrap(), m);
         std::fs::write(&p, b"{").unwrap();
         assert!(load_mark(&p).unwrap_err().contains(&p.display().to_string()));
+    }
+
+    /// A state dir with a signed last-known-good of `lkg_version` and a `--policy` file of
+    /// `file_version`.
+    fn node_with(lkg_version: u64, file_version: u64) -> (tempfile::TempDir, CoordinatorConfig) {
+        let dir = tempfile::tempdir().unwrap();
+        let key = ed25519_dalek::SigningKey::from_bytes(&[9; 32]);
+        let doc = |v: u64| format!(r#"{{"version": {v}, "orgs": {{"acme": {{"trust": "dev"}}}}}}"#);
+        let env = signing::sign(&key, doc(lkg_version).as_bytes(), "alice", 1).unwrap();
+        let verified = signing::verify(&env, &key.verifying_key()).unwrap();
+        ::fleet::agent::write_last_known_good(
+            &dir.path().join("fleet/last-known-good.json"),
+            &verified,
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("policy.json"), doc(file_version)).unwrap();
+        let cfg = CoordinatorConfig::new(
+            vec!["http://127.0.0.1:1".into()],
+            key.verifying_key(),
+            "node-token-0123456789".into(),
+        );
+        (dir, cfg)
+    }
+
+    #[tokio::test]
+    async fn a_signed_last_known_good_wins_over_a_newer_unsigned_file_unless_overridden() {
+        let (dir, mut cfg) = node_with(2, 9);
+        let file = dir.path().join("policy.json");
+        let fleet = Fleet::new(&cfg, "node-a", dir.path()).unwrap();
+        let active = fleet.initial_policy(Some(&file)).await.unwrap();
+        assert_eq!(active.policy.version(), 2, "the signed policy, not the file's version 9");
+        assert!(active.source.starts_with("last-known-good:"), "{}", active.source);
+        let snap = fleet.snapshot();
+        let why = snap.source_reason.unwrap();
+        assert!(why.contains("ignored") && why.contains("policy.json"), "{why}");
+        assert_eq!(lock(&fleet.status).signed_version, Some(2));
+
+        // The operator's flag: the file is in force and fleet revisions are refused.
+        cfg.policy_overrides_fleet = true;
+        let fleet = Fleet::new(&cfg, "node-a", dir.path()).unwrap();
+        let active = fleet.initial_policy(Some(&file)).await.unwrap();
+        assert_eq!(active.policy.version(), 9);
+        assert!(active.source.starts_with("file:"), "{}", active.source);
+        let why = fleet.snapshot().source_reason.unwrap();
+        assert!(why.contains("--policy-overrides-fleet"), "{why}");
+        assert!(fleet.agent.config().local_override);
+    }
+
+    #[tokio::test]
+    async fn an_unsigned_bootstrap_file_sets_no_signed_floor() {
+        let (dir, cfg) = node_with(1, 7);
+        std::fs::remove_file(dir.path().join("fleet/last-known-good.json")).unwrap();
+        let fleet = Fleet::new(&cfg, "node-a", dir.path()).unwrap();
+        let active = fleet.initial_policy(Some(&dir.path().join("policy.json"))).await.unwrap();
+        assert_eq!(active.policy.version(), 7);
+        let s = lock(&fleet.status).clone();
+        assert_eq!((s.applied_version, s.signed_version), (Some(7), None));
+        assert!(s.source_reason.unwrap().contains("bootstrap"));
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The host, in one place: what tesserad reads of the machine it runs on — processes
-//! (`/proc`), cgroups, runc's state root, the clock. [`Host`] is the seam; [`LinuxHost`]
-//! reads the real machine; tests implement the trait over a fixture tree with the same
-//! parsers ([`crate::liveness`]), so no code path asks "is this the real /proc?".
+//! (`/proc`), cgroups, runc's state root, the clock — and the one thing it does to it:
+//! signal a container's init ([`Host::signal`], for `revoke-check --stop`). [`Host`] is
+//! the seam; [`LinuxHost`] is the real machine; tests implement the trait over a fixture
+//! tree with the same parsers ([`crate::liveness`]), so no code path asks "is this the
+//! real /proc?".
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -32,6 +34,97 @@ pub trait Host: Send + Sync + fmt::Debug {
     /// Whether the pids this host reports are this kernel's processes, so a pidfd can watch
     /// them exit (false for a fixture: its pids name nothing).
     fn watches_exits(&self) -> bool;
+    /// Send `signal` to `pid` only if it is still the process that started at `start`
+    /// (clock ticks since boot, as [`Host::pid_start_time`] reads it). `Ok(false)`: it is
+    /// gone, or the pid names another process now; nothing was sent.
+    fn signal(&self, pid: i32, start: u64, signal: Signal) -> Result<bool, String>;
+}
+
+/// The signals tesserad sends (to a container's init, when a revoked grant is stopped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// SIGTERM: asks the process to stop (a container init without a handler ignores it).
+    Term,
+    /// SIGKILL.
+    Kill,
+}
+
+impl Signal {
+    pub fn name(self) -> &'static str {
+        match self {
+            Signal::Term => "SIGTERM",
+            Signal::Kill => "SIGKILL",
+        }
+    }
+
+    fn number(self) -> libc::c_int {
+        match self {
+            Signal::Term => libc::SIGTERM,
+            Signal::Kill => libc::SIGKILL,
+        }
+    }
+}
+
+/// Signal `pid` if it is the process that started at `start`, on the real machine. A pidfd
+/// pins the process before its start time is checked, so the signal cannot reach a process
+/// that took the pid over in between. Kernels without pidfds (< 5.3) fall back to a check
+/// then `kill(2)`, which leaves that (tiny) window open.
+fn signal_process(pid: i32, start: u64, signal: Signal) -> Result<bool, String> {
+    let started = || liveness::pid_start_time(Path::new(PROC_ROOT), pid) == Some(start);
+    let failed = |what: &str, e: std::io::Error| format!("{what} of pid {pid}: {e}");
+    // SAFETY: a plain syscall with integer arguments; it returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ESRCH) => Ok(false),
+            Some(libc::ENOSYS) => {
+                if !started() {
+                    return Ok(false);
+                }
+                // SAFETY: kill(2) takes integers and touches no memory of ours.
+                if unsafe { libc::kill(pid, signal.number()) } == 0 {
+                    Ok(true)
+                } else {
+                    let e = std::io::Error::last_os_error();
+                    match e.raw_os_error() {
+                        Some(libc::ESRCH) => Ok(false),
+                        _ => Err(failed(signal.name(), e)),
+                    }
+                }
+            }
+            _ => Err(failed("pidfd_open", e)),
+        };
+    }
+    // SAFETY: `fd` was just opened by the kernel for us and nothing else owns it; the
+    // OwnedFd closes it.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+    // The pidfd names the process that had `pid` when it was opened: if that process has
+    // the recorded start time, the signal below reaches it or nothing.
+    if !started() {
+        return Ok(false);
+    }
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    // SAFETY: pidfd_send_signal(pidfd, sig, NULL, 0): integer arguments and a null siginfo
+    // pointer, which the kernel reads as "a plain kill".
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            raw,
+            signal.number(),
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if r == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        // It exited after the check.
+        Some(libc::ESRCH) => Ok(false),
+        _ => Err(failed(signal.name(), e)),
+    }
 }
 
 /// The machine tesserad runs on: `/proc` and `/sys/fs/cgroup`.
@@ -60,11 +153,17 @@ impl Host for LinuxHost {
     fn watches_exits(&self) -> bool {
         true
     }
+    fn signal(&self, pid: i32, start: u64, signal: Signal) -> Result<bool, String> {
+        signal_process(pid, start, signal)
+    }
 }
 
 /// A host read from a directory tree laid out like the real one (`<dir>/proc/<pid>/stat`,
 /// `<dir>/cgroup/<rel>/cgroup.procs`): for tests, and for running tesserad against a
-/// recorded machine. Its pids are never watched with pidfds.
+/// recorded machine. Its pids are never watched with pidfds, and never really signalled:
+/// a signal is appended to `<proc>/<pid>/signals` (its name and a newline), and SIGKILL
+/// also removes `<proc>/<pid>` (the process is gone). What SIGTERM does is up to the
+/// fixture (a process that handles it exits: remove its directory).
 #[derive(Debug, Clone)]
 pub struct TreeHost {
     pub proc_root: PathBuf,
@@ -86,6 +185,20 @@ impl Host for TreeHost {
     }
     fn watches_exits(&self) -> bool {
         false
+    }
+    fn signal(&self, pid: i32, start: u64, signal: Signal) -> Result<bool, String> {
+        if self.pid_start_time(pid) != Some(start) {
+            return Ok(false);
+        }
+        let dir = self.proc_root.join(pid.to_string());
+        let log = dir.join("signals");
+        let io = |e: std::io::Error| format!("{}: {e}", log.display());
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&log).map_err(io)?;
+        std::io::Write::write_all(&mut f, format!("{}\n", signal.name()).as_bytes()).map_err(io)?;
+        if signal == Signal::Kill {
+            std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        Ok(true)
     }
 }
 
@@ -117,5 +230,28 @@ mod tests {
         .expect("stat");
         assert_eq!(host.pid_start_time(42), Some(987_654));
         assert!(!host.watches_exits());
+        // Signals are recorded, only for the process that started then; SIGKILL ends it.
+        assert_eq!(host.signal(42, 1, Signal::Term), Ok(false), "another start time");
+        assert_eq!(host.signal(42, 987_654, Signal::Term), Ok(true));
+        assert_eq!(std::fs::read_to_string(p.join("signals")).expect("log"), "SIGTERM\n");
+        assert_eq!(host.pid_start_time(42), Some(987_654), "SIGTERM alone ends nothing");
+        assert_eq!(host.signal(42, 987_654, Signal::Kill), Ok(true));
+        assert_eq!(host.pid_start_time(42), None);
+        assert_eq!(host.signal(42, 987_654, Signal::Kill), Ok(false), "gone");
+    }
+
+    #[test]
+    fn the_real_host_signals_only_the_process_that_started_then() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("spawn");
+        let pid = i32::try_from(child.id()).expect("pid fits");
+        let start = LinuxHost.pid_start_time(pid).expect("alive");
+        // Another start time: a recycled pid. Nothing is sent.
+        assert_eq!(LinuxHost.signal(pid, start + 1, Signal::Term), Ok(false));
+        assert!(child.try_wait().expect("wait").is_none(), "still running");
+        assert_eq!(LinuxHost.signal(pid, start, Signal::Term), Ok(true));
+        let status = child.wait().expect("wait");
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGTERM));
+        // Reaped: the pid names nothing now.
+        assert_eq!(LinuxHost.signal(pid, start, Signal::Kill), Ok(false));
     }
 }

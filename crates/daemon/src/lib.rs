@@ -8,12 +8,14 @@
 //! [`liveness`] tells the reconciler which containers are gone.
 
 pub mod controller;
+pub mod device_plugin;
 pub mod exits;
 pub mod fleet;
 pub mod host;
 pub mod liveness;
 pub mod metrics;
 pub mod node;
+pub mod reload;
 pub mod server;
 pub mod share;
 pub mod store;
@@ -89,6 +91,9 @@ pub struct Config {
     pub host: std::sync::Arc<dyn Host>,
     /// Follow a fleet coordinator for the policy and upload usage to it.
     pub coordinator: Option<CoordinatorConfig>,
+    /// Serve the kubelet device-plugin API in this directory (kubelet's
+    /// `/var/lib/kubelet/device-plugins`); off when `None`.
+    pub device_plugin_dir: Option<PathBuf>,
 }
 
 /// Why the daemon could not start or stopped.
@@ -114,6 +119,8 @@ pub enum DaemonError {
     Metrics { addr: std::net::SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Socket(#[from] server::SocketError),
+    #[error("cannot handle SIGHUP: {0}")]
+    Signal(std::io::Error),
     #[error("serving the API: {0}")]
     Serve(std::io::Error),
 }
@@ -200,6 +207,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let gpu_majors = node.inventory().majors.all();
     // From here on the node is the controller's: everything goes through actions.
     let ctl = controller::Controller::new(node);
+    ctl.set_reload(reload::ReloadSetup { file: config.policy.clone(), fleet: fleet.clone() });
+    // SIGHUP reloads the policy file (registered before the socket serves).
+    let sighup = reload::spawn_sighup(ctl.clone()).map_err(DaemonError::Signal)?;
     if let Ok(Outcome::Reconciled(r)) = ctl.apply(Action::Reconcile) {
         if !r.released.is_empty() {
             info!(released = r.released.len(), "reconciled after restart")
@@ -258,6 +268,12 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let mps_health =
         periodic(ctl.clone(), config.mps_health_every, || vec![Action::MpsHealthCheck]);
 
+    // Capacity kube-scheduler can see: the kubelet device plugin.
+    let device_plugin = config
+        .device_plugin_dir
+        .clone()
+        .map(|dir| device_plugin::DevicePlugin::start(ctl.clone(), dir));
+
     let metrics = match config.metrics {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -285,6 +301,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     .with_graceful_shutdown(shutdown_signal())
     .await;
     reconciler.abort();
+    sighup.abort();
     heartbeat.abort();
     scrubber.abort();
     utilization.abort();
@@ -294,6 +311,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     }
     if let Some(a) = agent {
         a.abort();
+    }
+    if let Some(p) = device_plugin {
+        p.stop().await;
     }
     // A clean stop loses no metered time: stamp every open interval one last time.
     // (A failure is logged by the controller.)

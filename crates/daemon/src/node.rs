@@ -19,17 +19,23 @@ use crate::store::{Store, StoreError};
 
 // The node's verbs, one file each; `Node` (here) is the one owner of their state.
 mod allocate;
+mod assignment;
+mod capacity;
 mod ecc;
 mod grant;
 mod ledger;
 mod mig;
 mod mps;
+mod pod;
 mod reconcile;
 mod release;
+pub mod revoke;
 mod scrubbing;
 mod start;
 mod status;
 
+pub use assignment::ASSIGNMENTS_FILE;
+pub use capacity::{offer, snapshot, Inputs as CapacityInputs};
 pub use ecc::{EccProbe, EccReadings};
 pub use grant::{FailAction, GrantFailpoint};
 pub use ledger::{UtilProbe, UtilSamples};

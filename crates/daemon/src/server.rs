@@ -79,6 +79,9 @@ pub fn router(ctl: Arc<Controller>) -> Router {
         .route("/v1/mig/plan", get(mig_plan))
         .route("/v1/mig/converge", post(mig_converge))
         .route("/v1/devices/{uuid}/unquarantine", post(unquarantine))
+        .route("/v1/policy/reload", post(policy_reload))
+        .route("/v1/revoke-check", get(revoke_check))
+        .route("/v1/revoke-check/stop", post(revoke_stop))
         .fallback(|| async {
             Reply::<()>(Err(ApiError::new(ErrorCode::NotFound, "no such endpoint")))
         })
@@ -122,19 +125,12 @@ pub fn parse_usage_query(
             .map_err(|_| bad(format!("`{k}` must be Unix milliseconds, got `{}`", untrusted(v))))
     };
     let (from, to) = (ms("from_ms")?, ms("to_ms")?);
-    let by = match q.get("by").map(String::as_str).unwrap_or("team") {
-        "org" => metering::GroupBy::Org,
-        "team" => metering::GroupBy::Team,
-        "project" => metering::GroupBy::Project,
-        "user" => metering::GroupBy::User,
-        "container" => metering::GroupBy::Container,
-        other => {
-            return Err(bad(format!(
-                "`by` must be org, team, project, user or container, got `{}`",
-                untrusted(other)
-            )))
-        }
-    };
+    let by = q
+        .get("by")
+        .map(String::as_str)
+        .unwrap_or("team")
+        .parse::<metering::GroupBy>()
+        .map_err(|e| bad(format!("`by`: {e}")))?;
     Ok((from, to, by))
 }
 
@@ -180,6 +176,27 @@ async fn unquarantine(
     UrlPath(uuid): UrlPath<String>,
 ) -> Response {
     act(&ctl, Action::Unquarantine(uuid)).await
+}
+
+/// Read the `--policy` file again ([`crate::reload`]); the same as `SIGHUP`.
+async fn policy_reload(State(ctl): State<Arc<Controller>>) -> Response {
+    act(&ctl, Action::ReloadPolicy).await
+}
+
+async fn revoke_check(State(ctl): State<Arc<Controller>>) -> Response {
+    act(&ctl, Action::RevokeCheck).await
+}
+
+/// Stop the refused grants (`{"grace_s": N, "containers": [..]}`, both optional): answers
+/// once every signalled init is gone or was sent SIGKILL, up to the grace period and 5 s.
+async fn revoke_stop(
+    State(ctl): State<Arc<Controller>>,
+    body: Result<Json<crate::node::revoke::StopRequest>, JsonRejection>,
+) -> Response {
+    match body {
+        Ok(Json(req)) => act(&ctl, Action::RevokeStop(req)).await,
+        Err(r) => Reply::<()>(Err(bad_json("revoke stop request", r))).into_response(),
+    }
 }
 
 async fn mig_plan(State(ctl): State<Arc<Controller>>) -> Response {

@@ -137,6 +137,7 @@ mod tests {
                 placement: None,
             }],
             injection: Injection::default(),
+            workload: None,
             state: AllocationState::Running,
             pid: None,
             created_ms: 0,

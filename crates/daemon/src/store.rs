@@ -122,7 +122,15 @@ impl Store {
                  ts_ms INTEGER NOT NULL,
                  kind TEXT NOT NULL,
                  container_id TEXT,
-                 detail TEXT NOT NULL);",
+                 detail TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS workloads(
+                 container_id TEXT PRIMARY KEY,
+                 name TEXT NOT NULL,
+                 ts_ms INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS pod_request_owners(
+                 sandbox_id TEXT PRIMARY KEY,
+                 container TEXT NOT NULL,
+                 ts_ms INTEGER NOT NULL);",
         )
         .map_err(open_err)?;
         let found: Option<String> = conn
@@ -427,24 +435,87 @@ impl Store {
         Ok(())
     }
 
-    /// The newest `limit` events, newest first.
+    /// The newest `limit` events, newest first, each with the name of its container's pod
+    /// container where one was noted ([`Store::note_workload`]).
     pub fn recent_events(&self, limit: u32) -> Result<Vec<Event>, StoreError> {
         let mut stmt = self.conn.prepare_cached(
-            "SELECT ts_ms, kind, container_id, detail FROM events ORDER BY id DESC LIMIT ?1",
+            "SELECT e.ts_ms, e.kind, e.container_id, w.name, e.detail FROM events e
+             LEFT JOIN workloads w ON w.container_id = e.container_id
+             ORDER BY e.id DESC LIMIT ?1",
         )?;
         let rows = stmt
             .query_map([limit], |r| {
-                Ok((r.get::<_, i64>(0)? as u64, r.get(1)?, r.get(2)?, r.get(3)?))
+                Ok(Event {
+                    ts_ms: r.get::<_, i64>(0)? as u64,
+                    kind: r.get(1)?,
+                    container_id: r.get(2)?,
+                    workload: r.get(3)?,
+                    detail: r.get(4)?,
+                })
             })?
             .collect::<Result<Vec<_>, _>>()?;
         Ok(rows)
+    }
+
+    /// The container of sandbox `sandbox_id` that the pod-wide request annotation belongs
+    /// to: the first that asked through it (recorded now when none has). The newest
+    /// [`MAX_WORKLOAD_NAMES`] pods are remembered.
+    pub fn pod_request_owner(
+        &mut self,
+        sandbox_id: &str,
+        container: &str,
+    ) -> Result<String, StoreError> {
+        self.conn.execute(
+            "INSERT INTO pod_request_owners(sandbox_id, container, ts_ms) VALUES(?1, ?2, ?3)
+             ON CONFLICT(sandbox_id) DO NOTHING",
+            params![sandbox_id, container, crate::now_ms() as i64],
+        )?;
+        self.conn.execute(
+            "DELETE FROM pod_request_owners WHERE sandbox_id IN
+                 (SELECT sandbox_id FROM pod_request_owners ORDER BY ts_ms DESC LIMIT -1 OFFSET ?1)",
+            [MAX_WORKLOAD_NAMES],
+        )?;
+        Ok(self.conn.query_row(
+            "SELECT container FROM pod_request_owners WHERE sandbox_id = ?1",
+            [sandbox_id],
+            |r| r.get(0),
+        )?)
+    }
+
+    /// Remembers the `namespace/pod/container` name of a container that asked for a GPU,
+    /// so its events keep a name people know after its grant is gone. The newest
+    /// [`MAX_WORKLOAD_NAMES`] are kept.
+    pub fn note_workload(&mut self, container_id: &str, name: &str) -> Result<(), StoreError> {
+        self.conn.execute(
+            "INSERT INTO workloads(container_id, name, ts_ms) VALUES(?1, ?2, ?3)
+             ON CONFLICT(container_id) DO UPDATE SET name = excluded.name, ts_ms = excluded.ts_ms",
+            params![container_id, name, crate::now_ms() as i64],
+        )?;
+        self.conn.execute(
+            "DELETE FROM workloads WHERE container_id IN
+                 (SELECT container_id FROM workloads ORDER BY ts_ms DESC LIMIT -1 OFFSET ?1)",
+            [MAX_WORKLOAD_NAMES],
+        )?;
+        Ok(())
     }
 }
 
 type RowTuple = (String, String, String, String, Option<i64>, Option<String>);
 
 /// One audit event: (ts_ms, kind, container_id, detail).
-pub type Event = (u64, String, Option<String>, String);
+/// One line of the audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub ts_ms: u64,
+    pub kind: String,
+    pub container_id: Option<String>,
+    /// `namespace/pod/container`, where the container was a pod's.
+    pub workload: Option<String>,
+    pub detail: String,
+}
+
+/// How many container names [`Store::note_workload`] keeps.
+pub const MAX_WORKLOAD_NAMES: i64 = 10_000;
 
 fn row_tuple(r: &rusqlite::Row<'_>) -> rusqlite::Result<RowTuple> {
     Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
@@ -525,6 +596,7 @@ mod tests {
                 pid: None,
                 created_ms: 1,
                 share: None,
+                workload: None,
             },
             runc_root: "/run/runc".into(),
             bundle: "/b".into(),
@@ -557,7 +629,7 @@ mod tests {
         assert!(!s.remove("a", "test").expect("remove again"));
         assert!(s.claimed().expect("claimed").is_empty());
         let kinds: Vec<String> =
-            s.recent_events(10).expect("events").into_iter().map(|e| e.1).collect();
+            s.recent_events(10).expect("events").into_iter().map(|e| e.kind).collect();
         assert_eq!(kinds, ["release", "start", "grant"]);
     }
 

@@ -816,3 +816,112 @@ fn an_instance_created_for_a_failed_grant_is_left_idle_and_reused() {
     let g = node.allocate(&req("m2", "team-dev", "mig=2g.20gb")).expect("grant");
     assert_eq!(g.devices[0].uuid, created[0], "the idle instance is reused");
 }
+
+/// `req` as containerd's CRI plugin annotates a container of pod `pod` (sandbox `sandbox`).
+fn pod_req(
+    id: &str,
+    sandbox: &str,
+    container: Option<&str>,
+    request: &str,
+    extra: &[(&str, &str)],
+) -> AllocateRequest {
+    let mut r = req(id, "team-trusted", request);
+    let a = &mut r.annotations;
+    let kind = if container.is_some() { "container" } else { "sandbox" };
+    a.insert("io.kubernetes.cri.container-type".into(), kind.into());
+    a.insert("io.kubernetes.cri.sandbox-id".into(), sandbox.into());
+    a.insert("io.kubernetes.cri.sandbox-name".into(), "trainer".into());
+    if let Some(c) = container {
+        a.insert("io.kubernetes.cri.container-name".into(), c.into());
+    }
+    for (k, v) in extra {
+        a.insert((*k).into(), (*v).into());
+    }
+    r
+}
+
+#[test]
+fn a_pod_sandbox_never_gets_a_grant_and_the_refusal_names_the_pod() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    let e = node
+        .allocate(&pod_req("sb1", "sb1", None, "gpu=1", &[("tessera.io/gpu", "gpu=1")]))
+        .expect_err("a sandbox is refused");
+    assert_eq!(e.code, ErrorCode::BadRequest);
+    assert!(e.message.contains("sandbox of pod team-trusted/trainer"), "{}", e.message);
+    assert!(node.allocations().unwrap().is_empty());
+    let status = node.status().unwrap();
+    let ev = status.events.iter().find(|e| e.kind == "refuse").expect("refusal event");
+    assert_eq!(ev.workload.as_deref(), Some("team-trusted/trainer"));
+}
+
+#[test]
+fn the_bare_pod_annotation_serves_one_container_and_refuses_the_second() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    let bare = [("tessera.io/gpu", "gpu=1")];
+    let a = node.allocate(&pod_req("c-main", "sb1", Some("main"), "gpu=1", &bare)).expect("first");
+    let w = a.workload.as_ref().expect("workload recorded");
+    assert_eq!(w.display_name(), "team-trusted/trainer/main");
+    assert_eq!(w.sandbox_id, "sb1");
+    // The same container again (a retried create): the same grant.
+    node.allocate(&pod_req("c-main", "sb1", Some("main"), "gpu=1", &bare)).expect("retry");
+    let e = node
+        .allocate(&pod_req("c-side", "sb1", Some("side"), "gpu=1", &bare))
+        .expect_err("second container refused");
+    assert_eq!(e.code, ErrorCode::Refused);
+    assert_eq!(e.rule.as_deref(), Some("pod-annotation"));
+    assert!(
+        e.message.contains("exactly one application container")
+            && e.message.contains("`main` and `side`")
+            && e.message.contains("tessera.io/gpu.<container-name>"),
+        "{}",
+        e.message
+    );
+    // The owner's grant gone (an init container that exited): the pod's other containers
+    // still may not take the bare form.
+    assert!(node.release("c-main", "test").expect("release"));
+    let e = node
+        .allocate(&pod_req("c-side2", "sb1", Some("side"), "gpu=1", &bare))
+        .expect_err("still refused once the first container is gone");
+    assert_eq!(e.rule.as_deref(), Some("pod-annotation"));
+    // The owner itself, restarted (a new container id, the same name), may.
+    node.allocate(&pod_req("c-main2", "sb1", Some("main"), "gpu=1", &bare)).expect("restart");
+    // Another pod (another sandbox) with the bare form is its own pod.
+    node.allocate(&pod_req("c-other", "sb2", Some("main"), "gpu=1", &bare)).expect("other pod");
+    // Per-container annotations: one grant per asking container of the same pod.
+    let per = [("tessera.io/gpu.a", "gpu=1"), ("tessera.io/gpu.b", "gpu=1")];
+    node.allocate(&pod_req("c-a", "sb3", Some("a"), "gpu=1", &per)).expect("a");
+    node.allocate(&pod_req("c-b", "sb3", Some("b"), "gpu=1", &per)).expect("b");
+    let status = node.status().unwrap();
+    let holders: BTreeSet<String> =
+        status.gpus.iter().filter_map(|g| g.holder.as_ref()?.workload.clone()).collect();
+    assert!(
+        holders.contains("team-trusted/trainer/a") && holders.contains("team-trusted/trainer/b"),
+        "{holders:?}"
+    );
+    let refused = status.events.iter().find(|e| e.kind == "refuse").expect("event");
+    assert_eq!(refused.workload.as_deref(), Some("team-trusted/trainer/side"));
+}
+
+#[test]
+fn incomplete_cri_annotations_name_no_pod_but_a_sandbox_is_still_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    // An earlier wrapper's body, or a client's own: served, as a container of no pod (the
+    // runtime refuses such a config before it asks; see runtime-hook's request tests).
+    let mut r = pod_req("c1", "sb1", Some("main"), "gpu=1", &[("tessera.io/gpu.main", "gpu=1")]);
+    r.annotations.insert("io.kubernetes.cri.container-type".into(), "pause".into());
+    let a = node.allocate(&r).expect("served");
+    assert_eq!(a.workload, None);
+    let mut r = pod_req("c2", "sb1", Some("main"), "gpu=1", &[]);
+    r.annotations.remove("io.kubernetes.cri.sandbox-id");
+    assert_eq!(node.allocate(&r).expect("served").workload, None);
+    // A sandbox, complete or not, never.
+    let mut r = pod_req("c3", "sb1", None, "gpu=1", &[]);
+    r.annotations.remove("io.kubernetes.cri.sandbox-name");
+    let e = node.allocate(&r).expect_err("a sandbox is refused");
+    assert_eq!(e.code, ErrorCode::BadRequest);
+    assert!(e.message.contains("never takes a GPU"), "{}", e.message);
+    assert_eq!(node.allocations().unwrap().len(), 2);
+}

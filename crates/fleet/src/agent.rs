@@ -61,6 +61,9 @@ pub struct AgentConfig {
     pub reject_hold: Duration,
     /// How `https://` coordinators are verified ([`crate::tls::client_config`]).
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// The operator's `--policy-overrides-fleet`: a local policy file is in force and
+    /// every fleet revision is refused (kind `local-override`) until the flag is dropped.
+    pub local_override: bool,
 }
 
 impl std::fmt::Debug for AgentConfig {
@@ -96,6 +99,7 @@ impl AgentConfig {
             reject_delay: Duration::from_secs(1),
             reject_hold: Duration::from_secs(60),
             tls: None,
+            local_override: false,
         }
     }
 }
@@ -143,6 +147,16 @@ pub struct Rejection {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentStatus {
     pub applied_version: Option<u64>,
+    /// The version of the last *signed* revision this node enforced (last-known-good or
+    /// received); the agent accepts only signed revisions above it. `None` while an
+    /// unsigned bootstrap file (or nothing) is in force: then any signed revision
+    /// replaces it, whatever the file's version.
+    #[serde(default)]
+    pub signed_version: Option<u64>,
+    /// Why the source in force is the one in force (`--policy-overrides-fleet`, bootstrap
+    /// file until the first signed revision, ...).
+    #[serde(default)]
+    pub source_reason: Option<String>,
     pub applied_digest: Option<String>,
     /// When the policy in force was applied (by this agent or at start).
     pub applied_at_ms: Option<u64>,
@@ -160,6 +174,10 @@ pub struct AgentStatus {
     pub connected: bool,
     /// The last `on_policy` failure, until a later version applies.
     pub apply_error: Option<String>,
+    /// When a poll last came back with nothing newer after an *older* offer: the replay
+    /// has stopped, so that refusal no longer degrades health.
+    #[serde(default)]
+    pub older_cleared_ms: Option<u64>,
 }
 
 impl AgentStatus {
@@ -168,6 +186,7 @@ impl AgentStatus {
     pub fn started_from(verified: &Verified, source: PolicySource) -> Self {
         AgentStatus {
             applied_version: Some(verified.version),
+            signed_version: Some(verified.version),
             applied_digest: Some(verified.digest.clone()),
             applied_at_ms: Some(now_ms()),
             source,
@@ -175,14 +194,23 @@ impl AgentStatus {
         }
     }
 
+    /// The refusal that is still unresolved: made since the policy in force was applied.
+    /// A refusal under `--policy-overrides-fleet` is the operator's choice, not a problem.
+    pub fn open_rejection(&self) -> Option<&Rejection> {
+        self.last_rejection.as_ref().filter(|r| {
+            r.kind != LOCAL_OVERRIDE
+                && self.applied_at_ms.is_none_or(|t| r.at_ms >= t)
+                && !(r.kind == OLDER && self.older_cleared_ms.is_some_and(|t| t >= r.at_ms))
+        })
+    }
+
     /// `ok`: connected, enforcing a policy, no apply failure, and no revision refused
-    /// since the policy in force was applied (refusing an *older* version is routine).
+    /// since the policy in force was applied. Every refusal counts, an *older* one too: a
+    /// coordinator answers a poll only with versions above the one asked for, so an older
+    /// offer is an intermediary replaying old answers while the node may fall behind.
     /// Else `degraded`.
     pub fn health(&self) -> &'static str {
-        let refused_since_apply = self
-            .last_rejection
-            .as_ref()
-            .is_some_and(|r| r.kind != "older" && self.applied_at_ms.is_none_or(|t| r.at_ms >= t));
+        let refused_since_apply = self.open_rejection().is_some();
         if self.connected
             && self.applied_version.is_some()
             && !refused_since_apply
@@ -201,13 +229,20 @@ impl AgentStatus {
             source: self.source.as_str().to_string(),
             health: self.health().to_string(),
             last_error: self.last_error.clone().or_else(|| self.apply_error.clone()),
+            // Only while unresolved: once a later policy is applied, `tessera nodes` stops
+            // showing the old refusal.
             last_rejection: self
-                .last_rejection
-                .as_ref()
+                .open_rejection()
                 .map(|r| format!("version {} from {}: {}", r.version, r.coordinator, r.reason)),
         }
     }
 }
+
+/// The rejection kind of a signed revision at or below the signed version in force.
+pub const OLDER: &str = "older";
+
+/// The rejection kind of a fleet revision refused under `--policy-overrides-fleet`.
+pub const LOCAL_OVERRIDE: &str = "local-override";
 
 /// Why an agent call failed.
 #[derive(Debug, thiserror::Error)]
@@ -255,6 +290,15 @@ impl PolicyAgent {
             .iter()
             .map(|u| Endpoint::parse(u))
             .collect::<Result<Vec<_>, _>>()?;
+        if let Some(ep) = endpoints.iter().find(|e| !e.tls && cfg.tls.is_some()) {
+            return Err(AgentError::Http(http::plain_with_ca(&ep.url)));
+        }
+        if let Some(ep) = endpoints.iter().find(|e| e.tls && cfg.tls.is_none()) {
+            return Err(AgentError::Config(format!(
+                "{} is https:// but no CA is configured to verify it (--coordinator-ca FILE)",
+                ep.url
+            )));
+        }
         let pool = http::Pool::new(cfg.tls.clone());
         Ok(PolicyAgent { cfg: Arc::new(cfg), endpoints: Arc::new(endpoints), pool })
     }
@@ -282,6 +326,59 @@ impl PolicyAgent {
             .map_err(|e| AgentError::LastKnownGood { path: path.clone(), why: e.to_string() })
     }
 
+    /// A fresh node's first policy: ask each coordinator in turn for its latest revision
+    /// (a short poll), verify it against the pinned key, and return the first that
+    /// verifies with the URL that served it. A coordinator that does not answer, has no
+    /// policy, or serves one that does not verify is passed over for the next; the error
+    /// lists what each one did.
+    pub async fn fetch_first(&self, wait: Duration) -> Result<(Verified, String), Vec<String>> {
+        let mut problems = Vec::new();
+        for ep in self.endpoints.iter() {
+            let timeout_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+            let path = format!("/v1/policies/latest?newer_than=0&timeout_ms={timeout_ms}");
+            let r = http::request(
+                &self.pool,
+                ep,
+                Method::GET,
+                &path,
+                Some(&self.cfg.token),
+                &[],
+                None,
+                wait + Duration::from_secs(10),
+            )
+            .await;
+            let body = match r {
+                Ok(r) if r.status == 200 => r.body,
+                Ok(r) if r.status == 204 => {
+                    problems.push(format!("{} has no policy yet", ep.url));
+                    continue;
+                }
+                Ok(r) => {
+                    problems.push(refused(ep, r.status, &r.body).to_string());
+                    continue;
+                }
+                Err(e) => {
+                    problems.push(format!("{}: {e}", ep.url));
+                    continue;
+                }
+            };
+            let verified = signing::parse_envelope(&body)
+                .and_then(|env| signing::verify(&env, &self.cfg.trust_key));
+            match verified {
+                Ok(v) => return Ok((v, ep.url.clone())),
+                Err(e) => {
+                    warn!(coordinator = %ep.url, kind = e.kind(), "refused the first policy: {e}; trying the next coordinator");
+                    problems.push(format!(
+                        "the policy served by {} is refused ({}): {e}",
+                        ep.url,
+                        e.kind()
+                    ));
+                }
+            }
+        }
+        Err(problems)
+    }
+
     /// Follow the coordinators forever (abort the task to stop). `status.applied_version`
     /// is the version in force when called (see [`AgentStatus::started_from`]).
     pub async fn run<F>(self, mut on_policy: F, status: Arc<Mutex<AgentStatus>>)
@@ -303,26 +400,27 @@ impl PolicyAgent {
                     Ok(()) => {
                         report_due = false;
                         last_report = Some(Instant::now());
+                        // An answered report proves this coordinator is reachable now: a
+                        // node that just failed over is connected before its long poll
+                        // (up to a poll timeout) returns.
+                        mark_connected(&status, &ep.url);
                     }
                     Err(e) => warn!(coordinator = %ep.url, "status report failed: {e}"),
                 }
             }
-            let applied = lock(&status).applied_version.unwrap_or(0);
+            // The floor is the last *signed* version in force: an unsigned bootstrap file
+            // never hides a fleet revision, whatever version it claims.
+            let applied = lock(&status).signed_version.unwrap_or(0);
             let held = hold.filter(|(_, until)| Instant::now() < *until).map_or(0, |(v, _)| v);
             match self.poll(&ep, applied.max(held)).await {
                 Ok(poll) => {
                     failed_in_round = 0;
                     backoff = self.cfg.retry_min;
-                    {
+                    mark_connected(&status, &ep.url);
+                    if matches!(poll, Poll::Nothing) {
                         let mut s = lock(&status);
-                        if !s.connected {
-                            info!(coordinator = %ep.url, "coordinator reachable");
-                        }
-                        s.connected = true;
-                        s.last_contact_ms = Some(now_ms());
-                        s.coordinator = Some(ep.url.clone());
-                        if s.last_error.as_deref().is_some_and(|e| e.starts_with("coordinator ")) {
-                            s.last_error = None;
+                        if s.last_rejection.as_ref().is_some_and(|r| r.kind == OLDER) {
+                            s.older_cleared_ms = Some(now_ms());
                         }
                     }
                     if let Poll::Offered(body) = poll {
@@ -389,12 +487,23 @@ impl PolicyAgent {
         let env = signing::parse_envelope(body).map_err(|e| reject(0, e.kind(), e.to_string()))?;
         let verified = signing::verify(&env, &self.cfg.trust_key)
             .map_err(|e| reject(env.version, e.kind(), e.to_string()))?;
+        if self.cfg.local_override {
+            return Err(reject(
+                verified.version,
+                LOCAL_OVERRIDE,
+                format!(
+                    "signed version {} not applied: --policy-overrides-fleet keeps the local policy file in force",
+                    verified.version
+                ),
+            ));
+        }
         if verified.version <= applied {
             return Err(reject(
                 verified.version,
-                "older",
+                OLDER,
                 format!(
-                    "older or equal version: offered {} but version {applied} is in force",
+                    "older or equal version: offered {} but signed version {applied} is in force (a \
+                     coordinator only offers newer ones: replayed or stale answers?)",
                     verified.version
                 ),
             ));
@@ -409,6 +518,8 @@ impl PolicyAgent {
         let lkg = write_last_known_good(&self.cfg.lkg_path, &verified);
         let mut s = lock(status);
         s.applied_version = Some(verified.version);
+        s.signed_version = Some(verified.version);
+        s.source_reason = None;
         s.applied_digest = Some(verified.digest.clone());
         s.applied_at_ms = Some(now_ms());
         s.source = PolicySource::Coordinator;
@@ -553,6 +664,19 @@ fn refused(ep: &Endpoint, status: u16, body: &[u8]) -> AgentError {
     AgentError::Refused { url: ep.url.clone(), status, error }
 }
 
+fn mark_connected(status: &Arc<Mutex<AgentStatus>>, url: &str) {
+    let mut s = lock(status);
+    if !s.connected || s.coordinator.as_deref() != Some(url) {
+        info!(coordinator = %url, "coordinator reachable");
+    }
+    s.connected = true;
+    s.last_contact_ms = Some(now_ms());
+    s.coordinator = Some(url.to_string());
+    if s.last_error.as_deref().is_some_and(|e| e.starts_with("coordinator ")) {
+        s.last_error = None;
+    }
+}
+
 fn lock(status: &Arc<Mutex<AgentStatus>>) -> std::sync::MutexGuard<'_, AgentStatus> {
     // A panic while holding the status lock leaves plain data behind: keep using it.
     status.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -663,11 +787,18 @@ mod tests {
             at_ms,
         };
         s.last_rejection = Some(rejection("older", t + 1));
-        assert_eq!(s.health(), "ok", "refusing an older version is not a problem");
+        assert_eq!(s.health(), "degraded", "an older offer is a replay: the node may fall behind");
+        assert!(s.report().last_rejection.is_some());
+        s.older_cleared_ms = Some(t + 2);
+        assert_eq!(s.health(), "ok", "a later genuine answer: the replay stopped");
+        s.last_rejection = Some(rejection("local-override", t + 3));
+        assert_eq!(s.health(), "ok", "the operator's override is no problem");
         s.last_rejection = Some(rejection("forged", t + 1));
         assert_eq!(s.health(), "degraded");
+        assert!(s.report().last_rejection.is_some_and(|r| r.contains("version 2")));
         s.applied_at_ms = Some(t + 2);
         assert_eq!(s.health(), "ok", "a policy applied since the refusal");
+        assert_eq!(s.report().last_rejection, None, "a resolved refusal is not reported");
         s.apply_error = Some("x".into());
         assert_eq!(s.health(), "degraded");
         let r = s.report();

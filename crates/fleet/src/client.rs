@@ -28,6 +28,9 @@ pub enum ClientError {
     Protocol(String),
     #[error("{0}")]
     Usage(String),
+    /// A revision that does not verify against the key it was checked with.
+    #[error("policy version {version} does not verify ({kind}): {why}; not used")]
+    Unverified { version: u64, kind: &'static str, why: String },
 }
 
 fn at(path: &Option<String>) -> String {
@@ -205,17 +208,53 @@ impl Client {
         self.call(Method::GET, &format!("/v1/policies/{version}"), &[], None).await
     }
 
-    /// One revision's policy text.
-    pub async fn policy_text(&self, version: u64) -> Result<String, ClientError> {
+    /// One revision, verified against `key` (signature, key id, digest, policy): a
+    /// revision that does not verify is an error naming why, never returned.
+    pub async fn verified(
+        &self,
+        version: u64,
+        key: &ed25519_dalek::VerifyingKey,
+    ) -> Result<crate::Verified, ClientError> {
         let env = self.get(version).await?;
-        let bytes = env.policy_bytes().map_err(|e| ClientError::Protocol(e.to_string()))?;
-        String::from_utf8(bytes)
+        crate::signing::verify(&env, key).map_err(|e| ClientError::Unverified {
+            version,
+            kind: e.kind(),
+            why: e.to_string(),
+        })
+    }
+
+    /// The public key the coordinator announces (`/v1/health`).
+    pub async fn announced_key(&self) -> Result<ed25519_dalek::VerifyingKey, ClientError> {
+        let (_, body) = self.raw(Method::GET, "/v1/health", &[], None, self.timeout).await?;
+        let v: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| ClientError::Protocol(format!("/v1/health: {e}")))?;
+        let text = v["public_key"]
+            .as_str()
+            .ok_or_else(|| ClientError::Protocol("/v1/health names no public_key".into()))?;
+        crate::signing::parse_verifying_key(text, "the coordinator's public key")
+            .map_err(|e| ClientError::Protocol(e.to_string()))
+    }
+
+    /// One revision's policy text, verified against `key`.
+    pub async fn policy_text(
+        &self,
+        version: u64,
+        key: &ed25519_dalek::VerifyingKey,
+    ) -> Result<String, ClientError> {
+        let v = self.verified(version, key).await?;
+        String::from_utf8(v.bytes)
             .map_err(|_| ClientError::Protocol(format!("version {version} is not utf-8")))
     }
 
-    /// A unified diff of revisions `a` and `b` (empty when they are the same).
-    pub async fn diff(&self, a: u64, b: u64) -> Result<String, ClientError> {
-        let (ta, tb) = (self.policy_text(a).await?, self.policy_text(b).await?);
+    /// A unified diff of revisions `a` and `b` (empty when they are the same), each
+    /// verified against `key` first.
+    pub async fn diff(
+        &self,
+        a: u64,
+        b: u64,
+        key: &ed25519_dalek::VerifyingKey,
+    ) -> Result<String, ClientError> {
+        let (ta, tb) = (self.policy_text(a, key).await?, self.policy_text(b, key).await?);
         Ok(crate::diff::diff_labeled(&format!("version {a}"), &ta, &format!("version {b}"), &tb))
     }
 
@@ -301,9 +340,15 @@ pub mod blocking {
         block_on(c.get(version))
     }
 
-    pub fn diff(url: &str, token: &str, a: u64, b: u64) -> Result<String, ClientError> {
+    pub fn diff(
+        url: &str,
+        token: &str,
+        a: u64,
+        b: u64,
+        key: &ed25519_dalek::VerifyingKey,
+    ) -> Result<String, ClientError> {
         let c = Client::new(&[url], token)?;
-        block_on(c.diff(a, b))
+        block_on(c.diff(a, b, key))
     }
 
     pub fn nodes(url: &str, token: &str) -> Result<Vec<NodeRecord>, ClientError> {

@@ -31,6 +31,10 @@ pub enum HttpError {
     Transport { addr: String, why: String },
     #[error("{addr}: no answer within {after:?}")]
     Timeout { addr: String, after: Duration },
+    /// A request that would send the bearer token in clear text to a peer that is, or
+    /// is configured as, a TLS server; nothing was sent.
+    #[error("{url}: {why}; nothing was sent")]
+    PlainText { url: String, why: String },
 }
 
 /// Where a coordinator listens, from `http[s]://host:port[/base]`.
@@ -173,12 +177,28 @@ pub(crate) async fn request(
                 Err(Failure::Failed(e)) => return Err(e),
             }
         }
-        let conn = connect(ep, pool.tls.as_ref()).await?;
-        let req = build(ep, method, path_and_query, token, extra, body)?;
+        let mut conn = connect(ep, pool.tls.as_ref()).await?;
+        if !ep.tls {
+            conn = probe_plain(conn, ep).await?;
+        }
+        let req = build(ep, method.clone(), path_and_query, token, extra, body.clone())?;
         match send(conn, req, &addr).await {
             Ok((resp, conn)) => {
                 pool.give_back(&ep.authority, conn);
                 Ok(resp)
+            }
+            // The peer answered the probe in plain HTTP and closed (`connection: close`):
+            // it speaks plain HTTP, so a new connection carries the request.
+            Err(Failure::Unsent(_)) if !ep.tls => {
+                let conn = connect(ep, pool.tls.as_ref()).await?;
+                let req = build(ep, method, path_and_query, token, extra, body)?;
+                match send(conn, req, &addr).await {
+                    Ok((resp, conn)) => {
+                        pool.give_back(&ep.authority, conn);
+                        Ok(resp)
+                    }
+                    Err(Failure::Unsent(e) | Failure::Failed(e)) => Err(e),
+                }
             }
             Err(Failure::Unsent(e) | Failure::Failed(e)) => Err(e),
         }
@@ -201,7 +221,8 @@ async fn connect(
 ) -> Result<Conn, HttpError> {
     let addr = ep.authority.clone();
     let tls = match (ep.tls, tls) {
-        (false, _) => None,
+        (false, Some(_)) => return Err(plain_with_ca(&ep.url)),
+        (false, None) => None,
         (true, Some(cfg)) => {
             let name = rustls_pki_types::ServerName::try_from(ep.host.clone()).map_err(|e| HttpError::BadUrl {
                 url: ep.url.clone(),
@@ -241,6 +262,34 @@ async fn connect(
         }
     };
     handshake(TokioIo::new(stream), addr).await
+}
+
+/// The refusal of an `http://` URL where a CA is configured.
+pub(crate) fn plain_with_ca(url: &str) -> HttpError {
+    HttpError::PlainText {
+        url: url.to_string(),
+        why:
+            "an http:// URL with a coordinator CA configured would send the bearer token in clear \
+              text; use https://"
+                .into(),
+    }
+}
+
+/// On a new plain-HTTP connection, before any credential: `GET /v1/ping` without one. A
+/// peer that does not answer it with HTTP (a TLS server behind an `http://` URL answers
+/// with a TLS alert or closes) fails here, so the token is never written to it.
+async fn probe_plain(conn: Conn, ep: &Endpoint) -> Result<Conn, HttpError> {
+    let req = build(ep, Method::GET, "/v1/ping", None, &[], None)?;
+    match send(conn, req, &ep.authority).await {
+        Ok((_, conn)) => Ok(conn),
+        Err(Failure::Unsent(e) | Failure::Failed(e)) => Err(HttpError::PlainText {
+            url: ep.url.clone(),
+            why: format!(
+                "the peer does not answer plain HTTP ({e}); if it serves TLS, use https:// with the \
+                 CA that signed its certificate"
+            ),
+        }),
+    }
 }
 
 /// HTTP/1.1 over an open stream (TCP or TLS); a task drives the connection.

@@ -29,6 +29,9 @@ pub use agent::{AgentConfig, AgentError, AgentStatus, PolicyAgent, PolicySource}
 pub use diff::{diff_labeled, diff_policies};
 pub use signing::{verify, SignedPolicy, Verified, VerifyError};
 pub use wire::{
+    check_version, VersionError, MAX_POLICY_BYTES, MAX_POLICY_VERSION, MAX_VERSION_STEP,
+};
+pub use wire::{
     ErrorBody, FleetUsage, FleetUsageRequest, NodeRecord, NodeReport, NodeUsage, RefusalRecord,
     RevisionSummary, UploadOutcome, UsageUpload, MAX_UPLOAD_BATCH,
 };

@@ -8,6 +8,64 @@ use crate::signing::SignedPolicy;
 /// Most intervals one usage upload may carry.
 pub const MAX_UPLOAD_BATCH: usize = 1000;
 
+/// The largest policy version a coordinator accepts: 2^53 - 1, the largest integer every
+/// JSON reader holds exactly (and far below SQLite's and etcd's integer limits).
+pub const MAX_POLICY_VERSION: u64 = (1 << 53) - 1;
+
+/// The most a push may move the version above the latest revision (or above 0 for the
+/// first push). Versions only move forward, so an unbounded jump (say to 2^64 - 1) would
+/// leave no version for any later push: with this step the channel outlives
+/// 9 billion pushes.
+pub const MAX_VERSION_STEP: u64 = 1_000_000;
+
+/// The largest policy document a coordinator accepts, in bytes. Its signed envelope
+/// (base64, about 1.4 MB) fits in one etcd request under etcd's default
+/// `--max-request-bytes` (1.5 MiB).
+pub const MAX_POLICY_BYTES: usize = 1 << 20;
+
+/// Whether `version` may follow `latest` (`None`: no revision yet): above it, at most
+/// [`MAX_VERSION_STEP`] above it, and at most [`MAX_POLICY_VERSION`]. The error says which
+/// bound was crossed and what to use instead.
+pub fn check_version(version: u64, latest: Option<u64>) -> Result<(), VersionError> {
+    if version == 0 {
+        return Err(VersionError::Zero);
+    }
+    if version > MAX_POLICY_VERSION {
+        return Err(VersionError::TooLarge { version });
+    }
+    let base = latest.unwrap_or(0);
+    if latest.is_some_and(|l| version <= l) {
+        return Err(VersionError::NotNewer { version, latest: base });
+    }
+    if version - base > MAX_VERSION_STEP {
+        return Err(VersionError::TooFar { version, latest });
+    }
+    Ok(())
+}
+
+/// Why a policy version cannot be pushed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VersionError {
+    #[error("version 0 is not a revision: policy versions start at 1")]
+    Zero,
+    #[error(
+        "version {version} is above the largest policy version {MAX_POLICY_VERSION} (2^53 - 1)"
+    )]
+    TooLarge { version: u64 },
+    #[error(
+        "older or equal version: the policy says version {version} but the latest revision is \
+         {latest}; set \"version\" above {latest}"
+    )]
+    NotNewer { version: u64, latest: u64 },
+    #[error(
+        "version {version} jumps more than {MAX_VERSION_STEP} above {}: versions only move forward, \
+         so a jump that large could use up the versions left for later pushes; use at most {}",
+        latest.map_or_else(|| "0 (no revision yet)".to_string(), |l| format!("the latest revision {l}")),
+        latest.unwrap_or(0) + MAX_VERSION_STEP
+    )]
+    TooFar { version: u64, latest: Option<u64> },
+}
+
 /// Every error answer: what went wrong and, for an invalid policy, where.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
@@ -27,7 +85,13 @@ pub struct RevisionSummary {
     pub author: String,
     pub created_ms: u64,
     pub digest: String,
+    /// The key id the envelope claims. Trust it only when `problem` is `None`.
     pub key_id: String,
+    /// `None`: the coordinator verified the revision against its own signing key (the key
+    /// nodes pin). Otherwise why it does not verify (`forged: ...`, `wrong-key: ...`):
+    /// nodes refuse such a revision, and it is never used for pricing or push comparisons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 impl From<&SignedPolicy> for RevisionSummary {
@@ -38,7 +102,19 @@ impl From<&SignedPolicy> for RevisionSummary {
             created_ms: s.created_ms,
             digest: s.digest.clone(),
             key_id: s.key_id.clone(),
+            problem: None,
         }
+    }
+}
+
+impl RevisionSummary {
+    /// The summary of `s` as checked against `key`: `problem` says why it does not verify.
+    pub fn checked(s: &SignedPolicy, key: &ed25519_dalek::VerifyingKey) -> Self {
+        let mut r = RevisionSummary::from(s);
+        if let Err(e) = crate::signing::verify(s, key) {
+            r.problem = Some(format!("{}: {e}", e.kind()));
+        }
+        r
     }
 }
 
@@ -130,6 +206,10 @@ pub struct FleetUsageRequest {
     /// Only these nodes (all when absent).
     #[serde(default)]
     pub nodes: Option<Vec<String>>,
+    /// Price with the newest revision that verifies against the coordinator's signing key
+    /// (the policy nodes enforce) instead of `query.prices`.
+    #[serde(default)]
+    pub price_with_policy: bool,
 }
 
 /// One node's share of a fleet report.
@@ -147,6 +227,13 @@ pub struct NodeUsage {
 pub struct FleetUsage {
     pub report: metering::UsageReport,
     pub nodes: Vec<NodeUsage>,
+    /// With `price_with_policy`: the version whose prices were used (`None`: no verified
+    /// revision, so no prices).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priced_with: Option<u64>,
+    /// Newer revisions skipped for pricing because they do not verify, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
 }
 
 /// A refused request, as kept for `GET /v1/audit/refusals`.
@@ -159,4 +246,24 @@ pub struct RefusalRecord {
     pub action: String,
     pub why: String,
     pub status: u16,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_bounded() {
+        assert_eq!(check_version(1, None), Ok(()));
+        assert_eq!(check_version(0, None), Err(VersionError::Zero));
+        assert_eq!(
+            check_version(u64::MAX, Some(3)),
+            Err(VersionError::TooLarge { version: u64::MAX })
+        );
+        assert!(matches!(check_version(3, Some(3)), Err(VersionError::NotNewer { .. })));
+        assert_eq!(check_version(MAX_VERSION_STEP, None), Ok(()));
+        let e = check_version(MAX_VERSION_STEP + 4, Some(3)).unwrap_err();
+        assert!(e.to_string().contains("use at most 1000003"), "{e}");
+        assert_eq!(check_version(MAX_POLICY_VERSION, Some(MAX_POLICY_VERSION - 1)), Ok(()));
+    }
 }

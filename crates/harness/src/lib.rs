@@ -15,6 +15,11 @@
 //! assert_no_leftovers(&fp);
 //! ```
 //!
+//! Kubernetes' path: `Containerd::builder().cri().start()` runs containerd with its CRI
+//! plugin (images imported without a registry, pods on host networking) and
+//! [`Containerd::cri`] gives a blocking CRI client ([`cri::Cri`]) that drives pods as
+//! kubelet does; see the [`cri`] module.
+//!
 //! Everything a test creates lives under one short temp dir (`/tmp/ts-XXXXXXXX`, so unix
 //! sockets fit in `sun_path`), every container cgroup under one parent
 //! (`/tessera-test-<pid>-<n>`), every runc state under `<dir>/runc-root`. Cleanup only
@@ -22,6 +27,8 @@
 //! the fixture's unique dir.
 #![allow(dead_code)]
 
+pub mod cri;
+pub mod docker;
 pub mod node;
 
 use std::ffi::{OsStr, OsString};
@@ -31,7 +38,7 @@ use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{mpsc, Mutex, Once, OnceLock};
+use std::sync::{mpsc, Arc, Mutex, Once, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -1508,12 +1515,36 @@ fn toml_str(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
+/// Makes TOML to append from the fixture dir.
+type AppendFn = dyn Fn(&Path) -> String + Send + Sync;
+/// Edits the written config: (config file, fixture dir).
+type EditFn = dyn Fn(&Path, &Path) + Send + Sync;
+
+/// A caller's hook on the containerd config: see [`ContainerdBuilder::extra_config_with`]
+/// and [`ContainerdBuilder::before_start`].
+#[derive(Clone)]
+enum ConfigHook {
+    Append(Arc<AppendFn>),
+    Edit(Arc<EditFn>),
+}
+
+impl std::fmt::Debug for ConfigHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ConfigHook::Append(_) => "ConfigHook::Append(..)",
+            ConfigHook::Edit(_) => "ConfigHook::Edit(..)",
+        })
+    }
+}
+
 /// Options for [`Containerd`].
 #[derive(Debug, Clone)]
 pub struct ContainerdBuilder {
     env: Vec<(String, String)>,
     runc_binary: String,
     extra_config: String,
+    cri: bool,
+    hooks: Vec<ConfigHook>,
 }
 
 impl ContainerdBuilder {
@@ -1534,6 +1565,33 @@ impl ContainerdBuilder {
         self.extra_config.push('\n');
         self
     }
+    /// TOML appended to the generated config, made from the fixture dir (known only at
+    /// start): e.g. a CRI runtime handler whose `options.Root` is `<dir>/runc-tessera`.
+    pub fn extra_config_with(
+        mut self,
+        f: impl Fn(&Path) -> String + Send + Sync + 'static,
+    ) -> Self {
+        self.hooks.push(ConfigHook::Append(Arc::new(f)));
+        self
+    }
+    /// Called with (config file, fixture dir) once the config is written and before
+    /// containerd starts: e.g. to run `tessera setup containerd` on the file.
+    pub fn before_start(mut self, f: impl Fn(&Path, &Path) + Send + Sync + 'static) -> Self {
+        self.hooks.push(ConfigHook::Edit(Arc::new(f)));
+        self
+    }
+    /// Enables containerd's CRI plugin ([`Containerd::cri`] connects a client): stream
+    /// server on 127.0.0.1 port 0, snapshotter overlayfs, CNI dirs in the fixture (pods
+    /// use host networking), `default_runtime_name = "runc"` with its runc root
+    /// [`Containerd::runc_root`], sandbox image [`cri::PAUSE_IMAGE`]. [`cri::BUSYBOX_IMAGE`]
+    /// and the pause image are imported into the `k8s.io` namespace before `start`
+    /// returns. Every CRI runtime handler in the final config (extra TOML included) must
+    /// set `options.Root` inside the fixture dir (start panics otherwise); those roots are
+    /// tracked by the cleanup.
+    pub fn cri(mut self) -> Self {
+        self.cri = true;
+        self
+    }
 
     /// Starts containerd on a fresh temp dir and waits until `ctr version` answers.
     pub fn start(self) -> Containerd {
@@ -1548,7 +1606,19 @@ impl ContainerdBuilder {
         cleanup.track_cgroup(&format!("/{namespace}"));
         let created_run_containerd = !Path::new("/run/containerd").exists();
 
-        let disabled: Vec<String> = DISABLED_PLUGINS.iter().map(|p| toml_str(p)).collect();
+        let disabled: Vec<String> = DISABLED_PLUGINS
+            .iter()
+            .filter(|p| !(self.cri && **p == CRI_PLUGIN))
+            .map(|p| toml_str(p))
+            .collect();
+        let mut extra = if self.cri { cri_config(&dir) } else { String::new() };
+        extra.push_str(&self.extra_config);
+        for hook in &self.hooks {
+            if let ConfigHook::Append(f) = hook {
+                extra.push_str(&f(&dir));
+                extra.push('\n');
+            }
+        }
         let config = format!(
             "version = 2\nroot = {root}\nstate = {state}\ndisabled_plugins = [{disabled}]\n\
              oom_score = 0\n\n[grpc]\n  address = {sock}\n  tcp_address = \"\"\n\n\
@@ -1558,7 +1628,6 @@ impl ContainerdBuilder {
             state = toml_str(&dir.join("state").to_string_lossy()),
             disabled = disabled.join(", "),
             sock = toml_str(&socket.to_string_lossy()),
-            extra = self.extra_config,
         );
         let config_path = dir.join("containerd.toml");
         fs::File::create(&config_path)
@@ -1566,6 +1635,17 @@ impl ContainerdBuilder {
             .expect("write containerd config");
         for sub in ["runc", "fifo", "logs"] {
             fs::create_dir_all(dir.join(sub)).expect("create containerd fixture dir");
+        }
+        for hook in &self.hooks {
+            if let ConfigHook::Edit(f) = hook {
+                f(&config_path, &dir);
+            }
+        }
+        let final_config = fs::read_to_string(&config_path).expect("read containerd config");
+        let roots = cri_runtime_roots(&final_config, &dir).unwrap_or_else(|e| panic!("{e}"));
+        for root in roots {
+            fs::create_dir_all(&root).expect("create runtime root");
+            cleanup.track_runc_root(root);
         }
 
         let process = ChildProcess::spawn(
@@ -1585,12 +1665,115 @@ impl ContainerdBuilder {
             process: Some(process),
             cleanup,
             created_run_containerd,
+            cri: self.cri,
         };
         // Stop waiting early if it died (e.g. a bad config): the log says why.
         wait_for(|| !pid_alive(pid, None) || ctd.ctr_ok(), Duration::from_secs(20));
         assert!(ctd.ctr_ok(), "containerd did not come up:\n{}", ctd.log());
+        if ctd.cri {
+            ctd.import_cri_images();
+        }
         ctd
     }
+}
+
+/// The CRI plugin's id, in [`DISABLED_PLUGINS`] unless [`ContainerdBuilder::cri`].
+const CRI_PLUGIN: &str = "io.containerd.grpc.v1.cri";
+
+/// The CRI plugin's section of the config (version 2, containerd 1.6/1.7) for a fixture
+/// in `dir`: nothing outside `dir` (the plugin's own root and state default to
+/// `<root>/io.containerd.grpc.v1.cri` and `<state>/io.containerd.grpc.v1.cri`).
+/// `restrict_oom_score_adj`: the sandbox's -998 needs CAP_SYS_RESOURCE, which test
+/// machines (containers, CI) may lack; it clamps to containerd's own score instead.
+fn cri_config(dir: &Path) -> String {
+    let p = |rel: &str| toml_str(&dir.join(rel).to_string_lossy());
+    format!(
+        "[plugins.\"{CRI_PLUGIN}\"]\n  stream_server_address = \"127.0.0.1\"\n  \
+         stream_server_port = \"0\"\n  sandbox_image = {pause}\n  enable_selinux = false\n  \
+         disable_apparmor = true\n  enable_tls_streaming = false\n  \
+         restrict_oom_score_adj = true\n\n\
+         [plugins.\"{CRI_PLUGIN}\".containerd]\n  snapshotter = \"overlayfs\"\n  \
+         default_runtime_name = \"runc\"\n  disable_snapshot_annotations = true\n\n\
+         [plugins.\"{CRI_PLUGIN}\".containerd.runtimes.runc]\n  \
+         runtime_type = \"io.containerd.runc.v2\"\n\n\
+         [plugins.\"{CRI_PLUGIN}\".containerd.runtimes.runc.options]\n  \
+         BinaryName = \"runc\"\n  Root = {runc_root}\n  SystemdCgroup = false\n\n\
+         [plugins.\"{CRI_PLUGIN}\".cni]\n  bin_dir = {cni_bin}\n  conf_dir = {cni_conf}\n\n",
+        pause = toml_str(cri::PAUSE_IMAGE),
+        runc_root = p("runc"),
+        cni_bin = p("cni/bin"),
+        cni_conf = p("cni/conf"),
+    )
+}
+
+/// The `options.Root` of every CRI runtime handler in a containerd config (version 2 or
+/// 3, table headers as `tessera setup containerd` and containerd's own dump write them).
+/// An error names a handler that has none, or one outside `dir`: its containers would
+/// live in containerd's default runc root, beyond the fixture's cleanup.
+pub fn cri_runtime_roots(config: &str, dir: &Path) -> Result<Vec<PathBuf>, String> {
+    const PREFIXES: &[&str] = &[
+        "plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.",
+        "plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.",
+    ];
+    // handler name -> Root, in order of appearance.
+    let mut handlers: Vec<(String, Option<String>)> = Vec::new();
+    let mut options_of: Option<String> = None;
+    for line in config.lines() {
+        let line = line.trim();
+        if let Some(header) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            options_of = None;
+            let header = header.trim();
+            let Some(rest) = PREFIXES.iter().find_map(|p| header.strip_prefix(p)) else {
+                continue;
+            };
+            let (name, sub) = match rest.strip_prefix('"') {
+                Some(quoted) => match quoted.split_once('"') {
+                    Some((n, sub)) => (n.to_owned(), sub.to_owned()),
+                    None => continue,
+                },
+                None => match rest.split_once('.') {
+                    Some((n, sub)) => (n.to_owned(), format!(".{sub}")),
+                    None => (rest.to_owned(), String::new()),
+                },
+            };
+            if !handlers.iter().any(|(n, _)| *n == name) {
+                handlers.push((name.clone(), None));
+            }
+            if sub == ".options" {
+                options_of = Some(name);
+            }
+        } else if let Some(h) = &options_of {
+            let Some((key, value)) = line.split_once('=') else { continue };
+            if key.trim() == "Root" {
+                let v = value.trim().trim_matches(|c| c == '"' || c == '\'');
+                if let Some(slot) = handlers.iter_mut().find(|(n, _)| n == h) {
+                    slot.1 = Some(v.to_owned());
+                }
+            }
+        }
+    }
+    handlers
+        .into_iter()
+        .map(|(name, root)| {
+            let root = root.map(PathBuf::from).ok_or_else(|| {
+                format!(
+                    "CRI runtime handler {name:?} has no options.Root: its containers would \
+                     live in containerd's default runc root, outside the fixture {}",
+                    dir.display()
+                )
+            })?;
+            if root.is_absolute() && root.starts_with(dir) && !root.to_string_lossy().contains("..")
+            {
+                Ok(root)
+            } else {
+                Err(format!(
+                    "CRI runtime handler {name:?} has options.Root {} outside the fixture {}",
+                    root.display(),
+                    dir.display()
+                ))
+            }
+        })
+        .collect()
 }
 
 /// A private containerd: root, state, socket, runc root and fifo dir all under one temp
@@ -1605,6 +1788,7 @@ pub struct Containerd {
     process: Option<ChildProcess>,
     cleanup: Cleanup,
     created_run_containerd: bool,
+    cri: bool,
 }
 
 impl Containerd {
@@ -1613,6 +1797,8 @@ impl Containerd {
             env: Vec::new(),
             runc_binary: RUNC.to_owned(),
             extra_config: String::new(),
+            cri: false,
+            hooks: Vec::new(),
         }
     }
     /// containerd with default options.
@@ -1657,9 +1843,56 @@ impl Containerd {
     }
 
     fn ctr_cmd(&self, args: &[&str]) -> Command {
+        self.ctr_cmd_in(&self.namespace, args)
+    }
+
+    fn ctr_cmd_in(&self, namespace: &str, args: &[&str]) -> Command {
         let mut cmd = Command::new(CTR);
-        cmd.arg("--address").arg(&self.socket).arg("--namespace").arg(&self.namespace).args(args);
+        cmd.arg("--address").arg(&self.socket).arg("--namespace").arg(namespace).args(args);
         cmd
+    }
+
+    /// `ctr --address S --namespace k8s.io ARGS..` (the CRI plugin's namespace).
+    pub fn ctr_k8s(&self, args: &[&str]) -> Output {
+        run_cmd(&mut self.ctr_cmd_in(cri::CRI_NAMESPACE, args))
+    }
+
+    /// A CRI client on this containerd (started with [`ContainerdBuilder::cri`]): pod log
+    /// dirs under `<dir>/pods`, pod cgroups under [`Containerd::cgroup_parent`].
+    pub fn cri(&self) -> cri::Cri {
+        assert!(self.cri, "containerd fixture started without ContainerdBuilder::cri()");
+        cri::Cri::connect(&self.socket, &self.dir.join("pods"), &self.cgroup_parent())
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.log()))
+    }
+
+    /// A runc root for a CRI runtime handler's `options.Root`: `<dir>/runc-<handler>`,
+    /// inside the fixture (tracked once the config names it).
+    pub fn runtime_root_in(dir: &Path, handler: &str) -> PathBuf {
+        dir.join(format!("runc-{handler}"))
+    }
+
+    /// Imports the harness images ([`cri::image_archive`]) into `k8s.io` and waits until
+    /// the CRI plugin sees them.
+    fn import_cri_images(&self) {
+        let archive = self.dir.join("images.tar");
+        cri::write_image_archive(&archive);
+        let a = archive.to_string_lossy();
+        self.ctr_k8s(&["images", "import", "--snapshotter", "overlayfs", &a])
+            .assert_success("ctr images import");
+        let _ = fs::remove_file(&archive);
+        let client = self.cri();
+        for image in [cri::BUSYBOX_IMAGE, cri::PAUSE_IMAGE] {
+            let seen = wait_for(
+                || matches!(client.image_status(image), Ok(Some(_))),
+                Duration::from_secs(10),
+            );
+            assert!(
+                seen,
+                "the CRI plugin does not see imported image {image}: {:?}\n{}",
+                client.image_status(image),
+                self.log()
+            );
+        }
     }
 
     /// `ctr --address S --namespace NS ARGS..`, output captured.
@@ -1736,8 +1969,9 @@ impl Containerd {
         matches!(output_timeout(&mut cmd, Duration::from_secs(5)), Ok(o) if o.status.success())
     }
 
-    fn list_ids(&self, what: &str) -> Vec<String> {
-        match output_timeout(&mut self.ctr_cmd(&[what, "ls", "-q"]), CLEANUP_CMD_TIMEOUT) {
+    fn list_ids(&self, namespace: &str, what: &str) -> Vec<String> {
+        let mut cmd = self.ctr_cmd_in(namespace, &[what, "ls", "-q"]);
+        match output_timeout(&mut cmd, CLEANUP_CMD_TIMEOUT) {
             Ok(o) if o.status.success() => o.stdout_str().lines().map(str::to_owned).collect(),
             _ => Vec::new(),
         }
@@ -1749,17 +1983,23 @@ impl Containerd {
     pub fn stop(&mut self) {
         let Some(mut process) = self.process.take() else { return };
         if process.is_running() {
-            for id in self.list_ids("tasks") {
-                let _ = output_timeout(
-                    &mut self.ctr_cmd(&["tasks", "rm", "-f", &id]),
-                    CLEANUP_CMD_TIMEOUT,
-                );
+            let mut namespaces = vec![self.namespace.clone()];
+            if self.cri {
+                namespaces.push(cri::CRI_NAMESPACE.to_owned());
             }
-            for id in self.list_ids("containers") {
-                let _ = output_timeout(
-                    &mut self.ctr_cmd(&["containers", "rm", &id]),
-                    CLEANUP_CMD_TIMEOUT,
-                );
+            for ns in &namespaces {
+                for id in self.list_ids(ns, "tasks") {
+                    let _ = output_timeout(
+                        &mut self.ctr_cmd_in(ns, &["tasks", "rm", "-f", &id]),
+                        CLEANUP_CMD_TIMEOUT,
+                    );
+                }
+                for id in self.list_ids(ns, "containers") {
+                    let _ = output_timeout(
+                        &mut self.ctr_cmd_in(ns, &["containers", "rm", &id]),
+                        CLEANUP_CMD_TIMEOUT,
+                    );
+                }
             }
         }
         process.terminate(Duration::from_secs(5));

@@ -28,6 +28,7 @@ fn start(i: u64, device: u64) -> IntervalStart {
         mig_profile: None,
         fraction: 1.0,
         class: Class::Guaranteed,
+        workload: None,
     }
 }
 

@@ -4,6 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+use tessera_api::cri::Workload;
 use tessera_api::Isolation;
 
 use crate::error::LedgerError;
@@ -77,6 +78,10 @@ pub struct IntervalStart {
     /// Share of one physical GPU, in (0, 1]: see [`crate::fraction`].
     pub fraction: f64,
     pub class: Class,
+    /// The Kubernetes pod container it belongs to, where it is one (usage by namespace and
+    /// pod). Display only: who pays is `tenant`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<Workload>,
 }
 
 impl IntervalStart {
@@ -106,6 +111,9 @@ impl IntervalStart {
                 self.fraction, self.container_id, self.device_uuid
             )));
         }
+        if let Some(w) = &self.workload {
+            validate_workload(w)?;
+        }
         if self.mig_profile.is_some() && self.isolation != Isolation::Mig {
             return Err(LedgerError::BadInterval(format!(
                 "mig_profile given for a {} grant",
@@ -114,6 +122,11 @@ impl IntervalStart {
         }
         Ok(())
     }
+}
+
+/// Checks a pod container's names as the CRI reading does ([`Workload::validate`]).
+fn validate_workload(w: &Workload) -> Result<(), LedgerError> {
+    w.validate().map_err(LedgerError::BadInterval)
 }
 
 /// Checks a tenant path: 1 to 4 non-empty `/`-separated segments, no whitespace or

@@ -85,6 +85,8 @@ CREATE TABLE intervals (
     span_end_ms   INTEGER,
     gpu_seconds   REAL,
     close_reason  TEXT,
+    -- The Kubernetes pod container (JSON of tessera_api::cri::Workload), where it is one.
+    workload      TEXT,
     CHECK ((close_reason IS NULL) = (end_wall_ms IS NULL)),
     CHECK ((close_reason IS NULL) = (span_end_ms IS NULL))
 ) STRICT;
@@ -255,6 +257,7 @@ impl Ledger {
             tx.commit()?;
         }
         conn.execute_batch(UTILIZATION_SCHEMA)?;
+        add_workload_column(&conn)?;
         let ledger_id: String =
             conn.query_row("SELECT value FROM meta WHERE key = 'ledger_id'", [], |r| r.get(0))?;
         let boot_id = clock.boot_id();
@@ -327,11 +330,19 @@ impl Ledger {
         let seq = last.unwrap_or(0) + 1;
         let id = IntervalId(format!("{}-{}-{}", s.node, ledger_id, seq));
         let (wall, mono) = (to_sql_ms(now.wall_ms)?, to_sql_ms(now.mono_ms)?);
+        let workload = s
+            .workload
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| LedgerError::BadInterval(format!("workload: {e}")))?;
         tx.prepare_cached(
             "INSERT INTO intervals (seq, id, container_id, tenant, node, gpu_uuid, gpu_model,
                  device_uuid, isolation, mig_profile, fraction, class,
-                 start_boot, start_wall_ms, start_mono_ms, ckpt_boot, ckpt_wall_ms, ckpt_mono_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?13, ?14, ?15)",
+                 start_boot, start_wall_ms, start_mono_ms, ckpt_boot, ckpt_wall_ms, ckpt_mono_ms,
+                 workload)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?13, ?14, ?15,
+                 ?16)",
         )?
         .execute(params![
             seq,
@@ -349,6 +360,7 @@ impl Ledger {
             now.boot,
             wall,
             mono,
+            workload,
         ])?;
         tx.commit()?;
         Ok(id)
@@ -427,6 +439,7 @@ impl Ledger {
                     gpu_model: rec.start.gpu_model,
                     class: rec.start.class,
                     fraction: rec.start.fraction,
+                    workload: rec.start.workload,
                     open,
                 }
             })
@@ -576,7 +589,7 @@ fn select_records(
     params: impl rusqlite::Params,
 ) -> Result<Vec<IntervalRecord>, LedgerError> {
     let sql = format!(
-        "SELECT {RECORD_COLUMNS}, u.samples, u.sm_sum FROM intervals
+        "SELECT {RECORD_COLUMNS}, u.samples, u.sm_sum, intervals.workload FROM intervals
          LEFT JOIN utilization u ON u.interval_seq = intervals.seq {filter} ORDER BY seq"
     );
     let mut stmt = conn.prepare_cached(&sql)?;
@@ -609,6 +622,7 @@ struct RawRecord {
     gpu_seconds: Option<f64>,
     close_reason: Option<String>,
     util: (Option<i64>, Option<f64>),
+    workload: Option<String>,
 }
 
 impl RawRecord {
@@ -633,6 +647,7 @@ impl RawRecord {
             gpu_seconds: r.get(22)?,
             close_reason: r.get(23)?,
             util: (r.get(24)?, r.get(25)?),
+            workload: r.get(26)?,
         })
     }
 
@@ -659,6 +674,10 @@ impl RawRecord {
             }
             (Some(_), ..) => return Err(bad("closed but its end is incomplete".into())),
         };
+        let workload = match &self.workload {
+            None => None,
+            Some(j) => Some(serde_json::from_str(j).map_err(|e| bad(format!("workload: {e}")))?),
+        };
         Ok(IntervalRecord {
             seq: ms(self.seq, "seq")?,
             start: IntervalStart {
@@ -672,6 +691,7 @@ impl RawRecord {
                 mig_profile: self.mig_profile,
                 fraction: self.fraction,
                 class,
+                workload,
             },
             start_boot_id: self.start.0,
             start_wall_ms: ms(self.start.1, "start_wall_ms")?,
@@ -690,6 +710,20 @@ impl RawRecord {
             id: IntervalId(id),
         })
     }
+}
+
+/// Ledgers written before pods were named lack the `workload` column: add it (an added
+/// nullable column changes no recorded row; their intervals read as not of a pod).
+fn add_workload_column(conn: &Connection) -> Result<(), LedgerError> {
+    let has: bool = conn.query_row(
+        "SELECT COUNT(*) > 0 FROM pragma_table_info('intervals') WHERE name = 'workload'",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has {
+        conn.execute_batch("ALTER TABLE intervals ADD COLUMN workload TEXT")?;
+    }
+    Ok(())
 }
 
 fn to_sql_ms(v: u64) -> Result<i64, LedgerError> {

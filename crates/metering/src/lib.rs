@@ -32,6 +32,7 @@
 //!     mig_profile: Some("3g.40gb".into()),
 //!     fraction: metering::fraction(Isolation::Mig, Some(3), None, None, None),
 //!     class: Class::Guaranteed,
+//!     workload: None,
 //! })?;
 //! clock.advance(70_000);
 //! ledger.checkpoint()?;

@@ -12,6 +12,7 @@ use std::fmt::Write as _;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+use tessera_api::cri::Workload;
 
 use crate::error::LedgerError;
 use crate::interval::Class;
@@ -25,12 +26,26 @@ pub enum GroupBy {
     Project,
     User,
     Container,
+    /// The Kubernetes namespace of a pod container (`-`: not a pod's).
+    Namespace,
+    /// `namespace/pod` of a pod container (`-`: not a pod's).
+    Pod,
 }
 
+/// The group of intervals that belong to no pod, by namespace or pod.
+pub const NOT_A_POD: &str = "-";
+
 impl GroupBy {
-    /// Every level, root first.
-    pub const ALL: [GroupBy; 5] =
-        [GroupBy::Org, GroupBy::Team, GroupBy::Project, GroupBy::User, GroupBy::Container];
+    /// Every level: the tenant tree root first, the container, then the pod view.
+    pub const ALL: [GroupBy; 7] = [
+        GroupBy::Org,
+        GroupBy::Team,
+        GroupBy::Project,
+        GroupBy::User,
+        GroupBy::Container,
+        GroupBy::Namespace,
+        GroupBy::Pod,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -39,6 +54,8 @@ impl GroupBy {
             GroupBy::Project => "project",
             GroupBy::User => "user",
             GroupBy::Container => "container",
+            GroupBy::Namespace => "namespace",
+            GroupBy::Pod => "pod",
         }
     }
 
@@ -49,7 +66,7 @@ impl GroupBy {
             GroupBy::Team => Some(2),
             GroupBy::Project => Some(3),
             GroupBy::User => Some(4),
-            GroupBy::Container => None,
+            GroupBy::Container | GroupBy::Namespace | GroupBy::Pod => None,
         }
     }
 
@@ -60,6 +77,17 @@ impl GroupBy {
         match self.depth() {
             Some(d) => tenant_prefix(tenant, d).to_string(),
             None => container_id.to_string(),
+        }
+    }
+
+    /// The group a span falls in at this level: [`GroupBy::key`] for the tenant levels and
+    /// the container, the pod's namespace or `namespace/pod` for the pod view.
+    pub fn key_of(self, s: &Span) -> String {
+        match (self, &s.workload) {
+            (GroupBy::Namespace, Some(w)) => w.namespace.clone(),
+            (GroupBy::Pod, Some(w)) => w.pod_name(),
+            (GroupBy::Namespace | GroupBy::Pod, None) => NOT_A_POD.to_string(),
+            _ => self.key(&s.tenant, &s.container_id),
         }
     }
 }
@@ -75,7 +103,8 @@ impl FromStr for GroupBy {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         GroupBy::ALL.into_iter().find(|g| g.as_str() == s).ok_or_else(|| {
             LedgerError::BadQuery(format!(
-                "unknown grouping `{s}`: expected org, team, project, user or container"
+                "unknown grouping `{}`: expected org, team, project, user, container, namespace or pod",
+                tessera_api::untrusted(s)
             ))
         })
     }
@@ -178,6 +207,9 @@ pub struct UsageRow {
     /// used / sampled is used-vs-reserved.
     #[serde(default)]
     pub used_gpu_seconds: f64,
+    /// By container: `namespace/pod/container` where the container was a pod's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// The total of one level of the tree: equal at every level, by construction and by check.
@@ -263,6 +295,8 @@ pub struct Span {
     /// Used / reserved: mean SM fraction of the GPU used over the fraction reserved, where
     /// utilisation was sampled.
     pub used_ratio: Option<f64>,
+    /// The pod container, where the interval is one's.
+    pub workload: Option<Workload>,
 }
 
 impl Span {
@@ -348,18 +382,22 @@ pub fn aggregate(spans: &[Span], q: &UsageQuery) -> Result<UsageReport, LedgerEr
         total.add(&acc);
         open += u64::from(s.open);
         for by in GroupBy::ALL {
-            levels
-                .entry(by)
-                .or_default()
-                .entry(by.key(&s.tenant, &s.container_id))
-                .or_default()
-                .add(&acc);
+            levels.entry(by).or_default().entry(by.key_of(s)).or_default().add(&acc);
         }
     }
 
     check_levels(&levels, &total)?;
 
+    // By container, the pod container's name beside its id.
+    let names: BTreeMap<&str, String> = spans
+        .iter()
+        .filter_map(|s| Some((s.container_id.as_str(), s.workload.as_ref()?.display_name())))
+        .collect();
     let row = |group: &str, a: &Acc| UsageRow {
+        name: match q.by {
+            GroupBy::Container => names.get(group).cloned(),
+            _ => None,
+        },
         group: group.to_string(),
         gpu_seconds: micros_to_f64(a.micro_gs),
         cost: micros_to_f64(a.micro_cost),
@@ -447,6 +485,7 @@ mod tests {
             end_ms: end,
             open: false,
             used_ratio: None,
+            workload: None,
         }
     }
 

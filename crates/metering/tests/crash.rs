@@ -58,6 +58,7 @@ fn interval_start(i: u64, d: u64) -> IntervalStart {
         mig_profile: None,
         fraction: 1.0,
         class: Class::Guaranteed,
+        workload: None,
     }
 }
 

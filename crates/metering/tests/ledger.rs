@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use common::{clock, mig, open, sha, start, T0};
 use metering::{
-    Class, GroupBy, Ledger, LedgerError, ManualClock, Prices, Rate, UsageQuery, POSTSTOP_REASON,
-    RECOVERED_REASON,
+    Class, GroupBy, IntervalStart, Ledger, LedgerError, ManualClock, Prices, Rate, UsageQuery,
+    POSTSTOP_REASON, RECOVERED_REASON,
 };
 
 fn query(from: u64, to: u64, by: GroupBy) -> UsageQuery {
@@ -563,6 +563,7 @@ fn utilisation_samples_accumulate_on_open_intervals_only() {
         mig_profile: None,
         fraction,
         class: metering::Class::Guaranteed,
+        workload: None,
     };
     l.open_interval(&start("c1", "GPU-a", 0.5)).expect("open");
     l.open_interval(&start("c2", "GPU-b", 1.0)).expect("open");
@@ -602,4 +603,87 @@ fn utilisation_samples_accumulate_on_open_intervals_only() {
     assert_eq!(c1.gpu_seconds, 5.0);
     assert_eq!(c1.sampled_gpu_seconds, 5.0);
     assert_eq!(c1.used_gpu_seconds, 4.0, "40% of the GPU used of 50% reserved: 0.8 of 5 GPU-s");
+}
+
+fn workload(ns: &str, pod: &str, container: &str) -> tessera_api::cri::Workload {
+    tessera_api::cri::Workload {
+        namespace: ns.into(),
+        pod: pod.into(),
+        pod_uid: None,
+        container: Some(container.into()),
+        sandbox_id: format!("sb-{pod}"),
+    }
+}
+
+#[test]
+fn usage_rolls_up_by_namespace_and_pod_beside_the_tenant_tree() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = clock();
+    let mut ledger = open(&dir.path().join("l.db"), &clock);
+    let pod = |c: &str, d: &str, ns: &str, p: &str, name: &str| IntervalStart {
+        workload: Some(workload(ns, p, name)),
+        ..start(c, "acme/ml/p/u", d)
+    };
+    ledger.open_interval(&pod("c1", "1", "team-a", "trainer", "main")).expect("open");
+    ledger.open_interval(&pod("c2", "2", "team-a", "trainer", "side")).expect("open");
+    ledger.open_interval(&pod("c3", "3", "team-b", "eval", "main")).expect("open");
+    ledger.open_interval(&start("c4", "acme/ml/p/u", "4")).expect("open");
+    clock.advance(10_000);
+    let by = |g: GroupBy| -> Vec<(String, f64)> {
+        let r = ledger.usage(&query(T0, T0 + 3_600_000, g)).expect("usage");
+        r.rows.into_iter().map(|row| (row.group, row.gpu_seconds)).collect()
+    };
+    assert_eq!(
+        by(GroupBy::Namespace),
+        [("-".to_string(), 10.0), ("team-a".into(), 20.0), ("team-b".into(), 10.0)]
+    );
+    assert_eq!(
+        by(GroupBy::Pod),
+        [("-".to_string(), 10.0), ("team-a/trainer".into(), 20.0), ("team-b/eval".into(), 10.0)]
+    );
+    assert_eq!(by(GroupBy::Team), [("acme/ml".to_string(), 40.0)]);
+    let r = ledger.usage(&query(T0, T0 + 3_600_000, GroupBy::Container)).expect("usage");
+    let names: Vec<(String, Option<String>)> =
+        r.rows.into_iter().map(|row| (row.group, row.name)).collect();
+    assert_eq!(
+        names,
+        [
+            ("c1".to_string(), Some("team-a/trainer/main".to_string())),
+            ("c2".into(), Some("team-a/trainer/side".into())),
+            ("c3".into(), Some("team-b/eval/main".into())),
+            ("c4".into(), None)
+        ]
+    );
+    // The workload survives the ledger's own round trip.
+    let recs = ledger.intervals().expect("records");
+    assert_eq!(recs[0].start.workload, Some(workload("team-a", "trainer", "main")));
+    assert_eq!(recs[3].start.workload, None);
+    assert_eq!("pod".parse::<GroupBy>().expect("parses"), GroupBy::Pod);
+    let bad =
+        IntervalStart { workload: Some(workload("team/a", "p", "c")), ..start("c9", "acme", "9") };
+    let e = ledger.open_interval(&bad).expect_err("a `/` in a namespace is refused");
+    assert!(e.to_string().contains("workload namespace"), "{e}");
+}
+
+#[test]
+fn a_ledger_from_before_pod_names_gains_the_column_and_keeps_its_rows() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("old.db");
+    let clock = clock();
+    {
+        let mut ledger = open(&path, &clock);
+        ledger.open_interval(&start("c1", "acme/ml", "1")).expect("open");
+    }
+    {
+        let conn = rusqlite::Connection::open(&path).expect("sqlite");
+        conn.execute_batch("ALTER TABLE intervals DROP COLUMN workload").expect("make it old");
+    }
+    let mut ledger = open(&path, &clock);
+    let recs = ledger.intervals().expect("old rows read");
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].start.workload, None);
+    let w =
+        IntervalStart { workload: Some(workload("ns", "p", "c")), ..start("c2", "acme/ml", "2") };
+    ledger.open_interval(&w).expect("new rows carry the workload");
+    assert_eq!(ledger.intervals().expect("rows")[1].start.workload, w.workload);
 }

@@ -91,6 +91,7 @@ fn build(gens: &[Gen]) -> (Ledger, Arc<ManualClock>) {
                 mig_profile: None,
                 fraction: g.fraction,
                 class: g.class,
+                workload: None,
             };
             ledger.open_interval(&s).expect("open");
         }

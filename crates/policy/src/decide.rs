@@ -25,7 +25,14 @@ impl Policy {
         &self,
         annotations: &BTreeMap<String, String>,
     ) -> Result<Tenant, IdentityError> {
+        let engine = annotations.get(crate::ENGINE_ANNOTATION);
         for (i, rule) in self.identity.iter().enumerate() {
+            // A rule limited to engines is not read for a container of another (or none).
+            if let Some(engines) = &rule.engines {
+                if !engine.is_some_and(|e| engines.contains(e)) {
+                    continue;
+                }
+            }
             let Some(value) = annotations.get(&rule.annotation) else { continue };
             let unmapped = || IdentityError::Unmapped {
                 annotation: rule.annotation.clone(),

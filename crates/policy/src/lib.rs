@@ -19,6 +19,10 @@
 //!   annotation is present decides; a value it does not map is refused rather than
 //!   guessed. With no rule's annotation present, `default_tenant` applies if set, and the
 //!   container is refused otherwise. The image's environment is never read for identity.
+//!   A rule may name `engines`: it is then read only for containers whose
+//!   [`ENGINE_ANNOTATION`] (set by tessera-runtime from its root-owned configuration file,
+//!   refused in a container's config) is one of them, so an annotation that users of
+//!   another engine can set themselves (podman's `--annotation`) decides nothing there.
 //! * **Node pools** name groups of nodes (exact names or `prefix*` globs) and may restrict
 //!   them to some subtrees of the tenant tree. A node in several pools obeys each pool's
 //!   restriction; a node in no pool has none.
@@ -216,7 +220,14 @@ pub(crate) struct IdentityRule {
     pub annotation: String,
     /// Annotation value -> tenant path (validated to exist).
     pub map: BTreeMap<String, String>,
+    /// `None`: read for every container; else only for containers whose
+    /// [`ENGINE_ANNOTATION`] (set by tessera-runtime, never by a container) is listed.
+    pub engines: Option<Vec<String>>,
 }
+
+/// The annotation tessera-runtime sets from its configuration file's `engine` (and
+/// refuses in a container's config): who ran the container, as the node's root said.
+pub const ENGINE_ANNOTATION: &str = "tessera.io/engine";
 
 #[derive(Debug, Clone)]
 pub(crate) struct NodePool {

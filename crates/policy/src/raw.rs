@@ -154,6 +154,10 @@ pub(crate) struct RawProject {
 pub(crate) struct RawIdentityRule {
     pub annotation: String,
     pub map: UniqueMap<String>,
+    /// Read only for containers of these engines (the `tessera.io/engine` annotation that
+    /// tessera-runtime sets from its root-owned configuration file).
+    #[serde(default)]
+    pub engines: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]

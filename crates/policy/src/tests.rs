@@ -314,7 +314,7 @@ fn unknown_fields_are_errors_at_every_depth() {
         (
             base_with(|v| v["identity"][0]["env"] = json!("TENANT")),
             "identity[0].env",
-            "unknown field `env`, expected `annotation` or `map`",
+            "unknown field `env`, expected one of `annotation`, `map`, `engines`",
         ),
         (
             base_with(|v| v["node_pools"]["h100"]["tenant"] = json!([])),
@@ -1183,4 +1183,58 @@ mod layout_tests {
             assert!(e.to_string().contains(path), "{pool}: {e}");
         }
     }
+}
+
+#[test]
+fn engine_limited_rules_are_read_only_for_their_engines() {
+    let p = ok(&base_with(|v| {
+        v["identity"] = json!([
+            {"annotation": NS, "engines": ["containerd-k8s"], "map": {"team-untrusted": "acme/research/sandbox/guest"}},
+            {"annotation": "tessera.io/engine", "map": {"docker-alice": "acme/platform/notebooks/bob"}}
+        ]);
+        v["default_tenant"] = json!("globex");
+    }));
+    let who = |pairs: &[(&str, &str)]| p.resolve_identity(&annotations(pairs)).map(|t| t.path);
+    // The engine annotation (tessera-runtime's, from its root-owned config) decides.
+    assert_eq!(
+        who(&[(ENGINE_ANNOTATION, "docker-alice")]).as_deref(),
+        Ok("acme/platform/notebooks/bob")
+    );
+    // The namespace rule is read only for the engine it names: a podman user's own
+    // `--annotation` is ignored there, and the default applies.
+    assert_eq!(who(&[(NS, "team-untrusted")]).as_deref(), Ok("globex"));
+    // An engine the engine rule does not map is refused, not defaulted (fail closed).
+    assert!(who(&[(NS, "team-untrusted"), (ENGINE_ANNOTATION, "podman")]).is_err());
+    assert_eq!(
+        who(&[(NS, "team-untrusted"), (ENGINE_ANNOTATION, "containerd-k8s")]).as_deref(),
+        Ok("acme/research/sandbox/guest")
+    );
+    // A rule without `engines` is read for every container, as before.
+    assert_eq!(
+        ok(&base())
+            .resolve_identity(&annotations(&[(NS, "team-dev"), (ENGINE_ANNOTATION, "x")]))
+            .map(|t| t.path)
+            .as_deref(),
+        Ok("acme/platform/notebooks/bob")
+    );
+}
+
+#[test]
+fn engine_lists_are_validated_with_their_paths() {
+    let with = |engines: Value| base_with(|v| v["identity"][0]["engines"] = engines);
+    expect_err(&with(json!([])), "invalid", "identity[0].engines", "empty list");
+    expect_err(
+        &with(json!(["ok", "Bad"])),
+        "invalid",
+        "identity[0].engines[1]",
+        "malformed engine name",
+    );
+    expect_err(
+        &with(json!(["a", "a"])),
+        "invalid",
+        "identity[0].engines[1]",
+        "duplicate engine `a`",
+    );
+    expect_err(&with(json!("a")), "schema", "identity[0].engines", "");
+    ok(&with(json!(["docker-alice", "podman.bob_2"])));
 }

@@ -387,9 +387,47 @@ fn build_identity(
         for (value, target) in &rule.map.0 {
             check_tenant_ref(&format!("{at}.map.{value}"), target, index)?;
         }
-        out.push(IdentityRule { annotation: rule.annotation.clone(), map: rule.map.0.clone() });
+        if let Some(engines) = &rule.engines {
+            if engines.is_empty() {
+                return Err(problem(
+                    format!("{at}.engines"),
+                    "empty list: a rule for no engine could never decide; remove `engines` to \
+                     read the rule for every container",
+                ));
+            }
+            for (j, e) in engines.iter().enumerate() {
+                if !valid_engine(e) {
+                    return Err(problem(
+                        format!("{at}.engines[{j}]"),
+                        format!(
+                            "malformed engine name {e:?}: expected 1 to 63 of a-z, 0-9, `.`, `_`, \
+                             `-`, starting with a letter or digit (a runtime.toml `engine`)"
+                        ),
+                    ));
+                }
+                if engines[..j].contains(e) {
+                    return Err(problem(
+                        format!("{at}.engines[{j}]"),
+                        format!("duplicate engine `{e}`"),
+                    ));
+                }
+            }
+        }
+        out.push(IdentityRule {
+            annotation: rule.annotation.clone(),
+            map: rule.map.0.clone(),
+            engines: rule.engines.clone(),
+        });
     }
     Ok(out)
+}
+
+/// tessera-runtime's rule for its configuration's `engine` (crates/runtime-hook config.rs).
+fn valid_engine(name: &str) -> bool {
+    let b = name.as_bytes();
+    (1..=63).contains(&b.len())
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(c))
 }
 
 fn parse_node_pattern(s: &str) -> Option<NodePattern> {

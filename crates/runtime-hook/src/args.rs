@@ -239,6 +239,49 @@ const KNOWN_VERBS: &[&str] = &[
     "h",
 ];
 
+/// A question `tessera-runtime` answers itself before runc's own answer follows (see
+/// [`crate::about`]): its help and its version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WrapperQuery {
+    /// `--help`, `-h`, `help`, `h`, or no arguments at all (runc prints its help then too).
+    Help,
+    /// `--version`, `-v`.
+    Version,
+}
+
+impl RuncInvocation {
+    /// Whether this asks for the wrapper's help or version: only with no verb (or the
+    /// `help` verb alone). `runc help create`, `create --help` and the like go to runc
+    /// untouched.
+    pub fn wrapper_query(&self) -> Option<WrapperQuery> {
+        match &self.command {
+            Command::None => {
+                // Go's flag package: one or two dashes; urfave/cli v1's aliases.
+                let names: Vec<&str> = self
+                    .global
+                    .unknown
+                    .iter()
+                    .filter_map(|a| a.to_str())
+                    .map(|a| a.trim_start_matches('-'))
+                    .collect();
+                if names.iter().any(|n| matches!(*n, "help" | "h")) {
+                    Some(WrapperQuery::Help)
+                } else if names.iter().any(|n| matches!(*n, "version" | "v")) {
+                    Some(WrapperQuery::Version)
+                } else if self.global == GlobalOptions::default() {
+                    Some(WrapperQuery::Help)
+                } else {
+                    None
+                }
+            }
+            Command::Other { verb, args } if args.is_empty() && (verb == "help" || verb == "h") => {
+                Some(WrapperQuery::Help)
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Parses runc's arguments (everything after argv\[0\]).
 pub fn parse_runc_args(args: &[OsString]) -> Result<RuncInvocation, ArgsError> {
     let mut global = GlobalOptions::default();
@@ -538,6 +581,32 @@ mod tests {
         assert_eq!(inv.command, Command::None);
         assert_eq!(inv.global.unknown, argv("--version"));
         assert_eq!(parse("--root /r --").expect("parses").command, Command::None);
+    }
+
+    #[test]
+    fn the_wrapper_answers_help_and_version_itself_and_nothing_else() {
+        use WrapperQuery::{Help, Version};
+        for (line, want) in [
+            ("--help", Some(Help)),
+            ("-h", Some(Help)),
+            ("--root /r --help", Some(Help)),
+            ("help", Some(Help)),
+            ("h", Some(Help)),
+            ("", Some(Help)),
+            ("--version", Some(Version)),
+            ("-v", Some(Version)),
+            ("--debug -version", Some(Version)),
+            // Verbs and their help are runc's.
+            ("help create", None),
+            ("create --help", None),
+            ("create --bundle /b x", None),
+            ("state x", None),
+            ("--root /r", None),
+            ("--root /r --", None),
+        ] {
+            let inv = parse(line).expect("parses");
+            assert_eq!(inv.wrapper_query(), want, "{line:?}");
+        }
     }
 
     #[test]

@@ -200,11 +200,26 @@ pub fn run_hook(
 
 /// Runs the hook from its argv (`tessera-hook prestart|poststop`) with `TESSERA_SOCKET` from
 /// the environment; returns the exit code.
+///
+/// Without `TESSERA_SOCKET` (tessera-runtime always writes it into the hook's entry), the
+/// runtime configuration file's `socket` applies ([`crate::config`]). Run under the name
+/// `nvidia-container-runtime-hook` (a link Docker's `--gpus` needs), it is the refusing
+/// stand-in [`crate::docker::standin_main`].
 pub fn hook_main(args: Vec<OsString>, stdin: impl Read) -> i32 {
-    let socket = std::env::var_os("TESSERA_SOCKET")
-        .filter(|s| !s.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
+    let invoked = args.first().map(std::path::Path::new).and_then(|p| p.file_name());
+    if invoked.is_some_and(|n| n == crate::docker::NVIDIA_HOOK) {
+        return crate::docker::standin_main(&args);
+    }
+    let socket = match std::env::var_os("TESSERA_SOCKET").filter(|s| !s.is_empty()) {
+        Some(s) => PathBuf::from(s),
+        None => match crate::config::ConfigSource::choose(None).load() {
+            Ok(c) => c.socket.unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET)),
+            Err(e) => {
+                eprintln!("{}", untrusted(&format!("tessera-hook: {e}")).max_chars(MAX_LINE_CHARS));
+                return 1;
+            }
+        },
+    };
     hook_main_with(args, stdin, &socket)
 }
 

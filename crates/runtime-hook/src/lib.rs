@@ -7,13 +7,20 @@
 //! - [`spec`]: config.json load/save and the injection edits ([`apply_injection`]).
 //! - [`runtime`]: the wrapper's flow ([`runtime_main`]).
 //! - [`hook`]: the prestart/poststop hook ([`hook_main`]).
+//! - [`config`]: the runtime configuration file (`/etc/tessera/runtime.toml`).
+//! - [`docker`]: `docker run --gpus` read as a request; the `nvidia-container-runtime-hook`
+//!   stand-in.
 //! - [`supervise`]: runc as a child, for the verbs after which a grant is given back.
 //!
 //! The binaries in `src/bin/` only call [`runtime_main`] and [`hook_main`] and exit with
 //! their code.
 
+pub mod about;
 pub mod args;
 pub mod canonical;
+pub mod config;
+pub mod docker;
+pub mod exec;
 pub mod hook;
 pub mod request;
 pub mod runtime;
@@ -24,7 +31,7 @@ mod test_support;
 
 pub use args::{
     parse_runc_args, ArgsError, Command, CreateArgs, CreateOptions, DeleteArgs, GlobalOptions,
-    RuncInvocation,
+    RuncInvocation, WrapperQuery,
 };
 pub use hook::{hook_main, HookError, HookState, Phase};
 pub use request::{find_request, FoundRequest, RequestLookupError};

@@ -1,17 +1,20 @@
 //! Finding a container's GPU request in its config.json.
 //!
-//! A request is the annotation [`REQUEST_ANNOTATION`] (`tessera.io/gpu`) or, failing that,
-//! `TESSERA_GPU=...` in `process.env`. It is only a request: who the container belongs to
-//! is the daemon's business (it reads the annotations its policy trusts). Nothing else in
-//! the environment counts: `NVIDIA_VISIBLE_DEVICES=all` from an image grants nothing.
+//! A request is an annotation or, failing that, `TESSERA_GPU=...` in `process.env`. Which
+//! annotation is [`tessera_api::cri::request_site`]'s call: `tessera.io/gpu` outside a pod;
+//! in a pod (containerd's CRI annotations) `tessera.io/gpu.<container-name>`, or the bare
+//! form for the whole pod, and nothing at all for the sandbox (pause) container. It is only
+//! a request: who the container belongs to is the daemon's business (it reads the
+//! annotations its policy trusts). Nothing else in the environment counts:
+//! `NVIDIA_VISIBLE_DEVICES=all` from an image grants nothing.
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::Value;
-use tessera_api::{
-    untrusted, GpuRequest, RequestError, RequestSource, REQUEST_ANNOTATION, REQUEST_ENV,
-};
+use tessera_api::cri::{self, CriError, RequestScope, RequestSite};
+use tessera_api::deviceplugin::{AssignmentError, PluginAssignment, ASSIGNMENT_ANNOTATION};
+use tessera_api::{untrusted, GpuRequest, RequestError, RequestSource, REQUEST_ENV};
 
 /// Why a config's request (or annotations) could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,6 +29,14 @@ pub enum RequestLookupError {
     Conflicting { first: String, second: String },
     #[error("malformed config at `{}`: {}", untrusted(.path), untrusted(.message))]
     Shape { path: String, message: String },
+    #[error(transparent)]
+    Pod(#[from] CriError),
+    #[error("malformed device-plugin assignment in annotation {ASSIGNMENT_ANNOTATION}: {0}")]
+    Assignment(#[from] AssignmentError),
+    #[error(
+        "two GPU requests for one container: {first} and {second}; a container asks in one place only"
+    )]
+    TwoRequests { first: String, second: String },
 }
 
 /// A GPU request found in a config.
@@ -35,19 +46,23 @@ pub struct FoundRequest {
     /// The text as written in the config.
     pub raw: String,
     pub source: RequestSource,
+    /// The annotation it was read from (`None`: the environment).
+    pub key: Option<String>,
+    /// Whom it speaks for: this container, or (the bare form on a pod) the whole pod.
+    pub scope: RequestScope,
 }
 
 impl FoundRequest {
     /// Where it was found, for messages.
     pub fn location(&self) -> String {
-        location(self.source)
+        location(self.key.as_deref())
     }
 }
 
-fn location(source: RequestSource) -> String {
-    match source {
-        RequestSource::Annotation => format!("annotation {REQUEST_ANNOTATION}"),
-        RequestSource::Env => format!("process.env {REQUEST_ENV}"),
+fn location(key: Option<&str>) -> String {
+    match key {
+        Some(key) => format!("annotation {key}"),
+        None => format!("process.env {REQUEST_ENV}"),
     }
 }
 
@@ -74,16 +89,62 @@ fn view(config: &Value) -> Result<View<'_>, RequestLookupError> {
     })
 }
 
-/// Finds the GPU request in a parsed config.json: the annotation wins over the env. A
-/// request that is present but does not parse is an error (fail closed), never "no request".
+/// Finds the GPU request in a parsed config.json: an annotation wins over the env; a pod's
+/// sandbox has none, whatever it carries. A device-plugin assignment
+/// ([`ASSIGNMENT_ANNOTATION`], set by kubelet from tesserad's Allocate) is the request of
+/// its container, and may not come with another one. A request that is present but does
+/// not parse is an error (fail closed), never "no request".
 pub fn find_request(config: &Value) -> Result<Option<FoundRequest>, RequestLookupError> {
     let v = view(config)?;
-    if let Some(raw) = v.annotations.as_ref().and_then(|a| a.get(REQUEST_ANNOTATION)) {
-        return parse(raw, RequestSource::Annotation).map(Some);
+    let annotations: BTreeMap<String, String> = v
+        .annotations
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let site = cri::request_site(&annotations)?;
+    // Read only where no annotation applies: an annotation wins over whatever is there.
+    let env = env_request(v.process.and_then(|p| p.env).unwrap_or_default());
+    if let (Some(raw), false) =
+        (annotations.get(ASSIGNMENT_ANNOTATION), matches!(site, RequestSite::Sandbox))
+    {
+        let assignment: PluginAssignment = raw.parse()?;
+        let other = match (&site, env) {
+            (RequestSite::Annotation { key, .. }, _) => Some(location(Some(key))),
+            (_, Ok(Some(_)) | Err(_)) => Some(location(None)),
+            (_, Ok(None)) => None,
+        };
+        if let Some(second) = other {
+            return Err(RequestLookupError::TwoRequests {
+                first: location(Some(ASSIGNMENT_ANNOTATION)),
+                second,
+            });
+        }
+        return Ok(Some(FoundRequest {
+            request: assignment.request()?,
+            raw: raw.clone(),
+            source: RequestSource::Annotation,
+            key: Some(ASSIGNMENT_ANNOTATION.to_owned()),
+            scope: RequestScope::Container,
+        }));
     }
+    match site {
+        RequestSite::Sandbox => Ok(None),
+        RequestSite::Annotation { key, scope } => {
+            let raw = &annotations[&key];
+            parse(raw, RequestSource::Annotation, Some(key.clone()), scope).map(Some)
+        }
+        RequestSite::None => env?
+            .map(|raw| parse(raw, RequestSource::Env, None, RequestScope::Container))
+            .transpose(),
+    }
+}
+
+/// The value of `TESSERA_GPU` in a process environment; two different ones are an error.
+fn env_request(env: Vec<&str>) -> Result<Option<&str>, RequestLookupError> {
     let prefix = concat_env_prefix();
     let mut found: Option<&str> = None;
-    for entry in v.process.and_then(|p| p.env).unwrap_or_default() {
+    for entry in env {
         let Some(value) = entry.strip_prefix(prefix.as_str()) else { continue };
         match found {
             Some(first) if first != value => {
@@ -95,20 +156,25 @@ pub fn find_request(config: &Value) -> Result<Option<FoundRequest>, RequestLooku
             _ => found = Some(value),
         }
     }
-    found.map(|raw| parse(raw, RequestSource::Env)).transpose()
+    Ok(found)
 }
 
 fn concat_env_prefix() -> String {
     format!("{REQUEST_ENV}=")
 }
 
-fn parse(raw: &str, source: RequestSource) -> Result<FoundRequest, RequestLookupError> {
+fn parse(
+    raw: &str,
+    source: RequestSource,
+    key: Option<String>,
+    scope: RequestScope,
+) -> Result<FoundRequest, RequestLookupError> {
     let request = raw.parse::<GpuRequest>().map_err(|e| RequestLookupError::Malformed {
         raw: raw.to_string(),
-        location: location(source),
+        location: location(key.as_deref()),
         source: e,
     })?;
-    Ok(FoundRequest { request, raw: raw.to_string(), source })
+    Ok(FoundRequest { request, raw: raw.to_string(), source, key, scope })
 }
 
 /// Every annotation of the config (all of them: the daemon picks the ones it trusts).
@@ -230,5 +296,86 @@ mod tests {
         assert_eq!(a.len(), 3);
         assert_eq!(a["io.kubernetes.cri.sandbox-namespace"], "team-a");
         assert!(annotations(&json!({})).expect("ok").is_empty());
+    }
+    fn pod(kind: &str, name: &str, extra: Value) -> Value {
+        let mut a = json!({
+            "io.kubernetes.cri.container-type": kind,
+            "io.kubernetes.cri.sandbox-id": "f00d",
+            "io.kubernetes.cri.sandbox-name": "trainer",
+            "io.kubernetes.cri.sandbox-namespace": "team-a",
+        });
+        if kind == "container" {
+            a["io.kubernetes.cri.container-name"] = json!(name);
+        }
+        for (k, v) in extra.as_object().expect("object") {
+            a[k] = v.clone();
+        }
+        config(a, json!(["TESSERA_GPU=gpu=1"]))
+    }
+
+    #[test]
+    fn a_sandbox_has_no_request_even_with_annotations_and_env() {
+        let c = pod("sandbox", "", json!({"tessera.io/gpu": "gpu=1", "tessera.io/gpu.x": "gpu=2"}));
+        assert_eq!(find_request(&c), Ok(None));
+    }
+
+    #[test]
+    fn pod_containers_read_their_own_annotation_then_the_pod_one() {
+        let c = pod("container", "main", json!({"tessera.io/gpu.main": "mig=1g.10gb"}));
+        let r = find_request(&c).expect("ok").expect("some");
+        assert_eq!(r.request, GpuRequest::Mig { profile: "1g.10gb".into() });
+        assert_eq!(
+            (r.location().as_str(), r.scope),
+            ("annotation tessera.io/gpu.main", RequestScope::Container)
+        );
+        // Another container of the same pod: its env request, not main's annotation.
+        let c = pod("container", "side", json!({"tessera.io/gpu.main": "mig=1g.10gb"}));
+        let r = find_request(&c).expect("ok").expect("some");
+        assert_eq!((r.source, r.scope), (RequestSource::Env, RequestScope::Container));
+        let c = pod("container", "main", json!({"tessera.io/gpu": "gpu=2"}));
+        let r = find_request(&c).expect("ok").expect("some");
+        assert_eq!((r.request, r.scope), (GpuRequest::Gpu { count: 2 }, RequestScope::Pod));
+        let c = pod("container", "main", json!({"tessera.io/gpu.main": "gpu=many"}));
+        let e = find_request(&c).expect_err("malformed").to_string();
+        assert!(e.contains("annotation tessera.io/gpu.main"), "{e}");
+        let c = pod(
+            "container",
+            "main",
+            json!({"tessera.io/gpu": "gpu=1", "tessera.io/gpu.main": "gpu=1"}),
+        );
+        assert!(matches!(
+            find_request(&c),
+            Err(RequestLookupError::Pod(CriError::MixedForms { .. }))
+        ));
+    }
+
+    #[test]
+    fn a_device_plugin_assignment_is_the_request_and_stands_alone() {
+        let assignment = "v1;tessera.io/gpu;GPU-0a1b2c3d-0000-0000-0000-000000000001";
+        let parsed: PluginAssignment = assignment.parse().expect("a valid assignment");
+        let c = pod("container", "main", json!({ASSIGNMENT_ANNOTATION: assignment}));
+        // `pod` puts TESSERA_GPU in the env: that is a second request.
+        let e = find_request(&c).expect_err("two requests").to_string();
+        assert!(
+            e.contains("annotation tessera.io/device-plugin") && e.contains("process.env"),
+            "{e}"
+        );
+        let mut c = pod("container", "main", json!({ASSIGNMENT_ANNOTATION: assignment}));
+        c["process"]["env"] = json!(["PATH=/bin"]);
+        let r = find_request(&c).expect("ok").expect("some");
+        assert_eq!(r.request, parsed.request().expect("a request"));
+        assert_eq!(r.location(), "annotation tessera.io/device-plugin");
+        let c = pod(
+            "container",
+            "main",
+            json!({ASSIGNMENT_ANNOTATION: assignment, "tessera.io/gpu.main": "gpu=1"}),
+        );
+        let e = find_request(&c).expect_err("two requests").to_string();
+        assert!(e.contains("tessera.io/gpu.main"), "{e}");
+        let c = pod("container", "main", json!({ASSIGNMENT_ANNOTATION: "v9;x;y"}));
+        assert!(matches!(find_request(&c), Err(RequestLookupError::Assignment(_))));
+        // The sandbox: nothing, even with an assignment.
+        let c = pod("sandbox", "", json!({ASSIGNMENT_ANNOTATION: assignment}));
+        assert_eq!(find_request(&c), Ok(None));
     }
 }

@@ -28,6 +28,8 @@ use tessera_api::{
 };
 
 use crate::args::{parse_runc_args, ArgsError, Command, GlobalOptions, RuncInvocation};
+use crate::config::{ConfigError, ConfigSource, RuntimeConfig, ENGINE_ANNOTATION};
+use crate::docker::{self, DockerError};
 use crate::request::{self, FoundRequest, RequestLookupError};
 use crate::spec::{self, HookConfig, SpecError};
 use crate::supervise;
@@ -81,6 +83,17 @@ pub enum RuntimeError {
     Unsupported { verb: &'static str, why: &'static str },
     #[error("cannot exec runc `{runc}`: {source}")]
     Exec { runc: String, source: std::io::Error },
+    #[error(transparent)]
+    RuntimeConfig(#[from] ConfigError),
+    #[error(transparent)]
+    Docker(#[from] DockerError),
+    /// An annotation only tessera-runtime sets, found in a container's config.
+    #[error(
+        "annotation {ENGINE_ANNOTATION} is set by tessera-runtime from its configuration file, \
+         never by a container's config (found `{}`)",
+        untrusted(.0)
+    )]
+    ForgedEngine(String),
 }
 
 fn largest_annotation(largest: &Option<(String, usize)>) -> String {
@@ -108,28 +121,41 @@ fn daemon_message(request: &str, error: &ClientError) -> String {
     }
 }
 
-/// Where the wrapper finds runc, the daemon and the hook (from `TESSERA_*`).
+/// Where the wrapper finds runc, the daemon and the hook: `TESSERA_*` over the runtime
+/// configuration file ([`crate::config`]) over the defaults.
 #[derive(Debug, Clone)]
 pub struct RuntimeEnv {
-    /// `TESSERA_RUNC`, default `runc` (looked up on PATH).
+    /// `TESSERA_RUNC`, else the file's `runc`, default `runc` (looked up on PATH).
     pub runc: OsString,
-    /// `TESSERA_SOCKET`, default [`DEFAULT_SOCKET`].
+    /// `TESSERA_SOCKET`, else the file's `socket`, default [`DEFAULT_SOCKET`].
     pub socket: PathBuf,
-    /// `TESSERA_HOOK`; when absent, `tessera-hook` next to the current executable.
+    /// `TESSERA_HOOK`, else the file's `hook`; when absent, `tessera-hook` next to the
+    /// current executable.
     pub hook: Option<PathBuf>,
     /// The working directory (runc's default bundle; base of relative paths).
     pub cwd: PathBuf,
+    /// The file's `log`: failure lines are appended there too.
+    pub log: Option<PathBuf>,
+    /// The file's `engine`: sent to tesserad as [`ENGINE_ANNOTATION`] (never from env).
+    pub engine: Option<String>,
 }
 
 impl RuntimeEnv {
-    /// Reads the process environment.
-    pub fn from_process() -> Result<Self, RuntimeError> {
+    /// Reads the process environment, over the configuration file's settings.
+    pub fn from_process(config: &RuntimeConfig) -> Result<Self, RuntimeError> {
         let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
         Ok(RuntimeEnv {
-            runc: var("TESSERA_RUNC").unwrap_or_else(|| "runc".into()),
-            socket: var("TESSERA_SOCKET").map_or_else(|| DEFAULT_SOCKET.into(), PathBuf::from),
-            hook: var("TESSERA_HOOK").map(PathBuf::from),
+            runc: var("TESSERA_RUNC")
+                .or_else(|| config.runc.clone())
+                .unwrap_or_else(|| "runc".into()),
+            socket: var("TESSERA_SOCKET")
+                .map(PathBuf::from)
+                .or_else(|| config.socket.clone())
+                .unwrap_or_else(|| DEFAULT_SOCKET.into()),
+            hook: var("TESSERA_HOOK").map(PathBuf::from).or_else(|| config.hook.clone()),
             cwd: std::env::current_dir().map_err(RuntimeError::Cwd)?,
+            log: config.log.clone(),
+            engine: config.engine.clone(),
         })
     }
 
@@ -233,9 +259,48 @@ pub fn prepare(
     // runc (or tesserad) is asked to do anything with it.
     spec::check_rootfs(&bundle, &cfg.value)
         .map_err(|source| fail(RuntimeError::Config { path: cfg.path.clone(), source }))?;
+    spec::check_systemd_properties(&cfg.value)
+        .map_err(|source| fail(RuntimeError::Config { path: cfg.path.clone(), source }))?;
     let found = request::find_request(&cfg.value).map_err(|source| {
         fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
     })?;
+    // dockerd's `--gpus` (its NVIDIA hook and NVIDIA_VISIBLE_DEVICES) is a request too; the
+    // hook itself never runs (crate::docker).
+    let docker_gpus = docker::find_docker_gpus(&cfg.value).map_err(|e| fail(e.into()))?;
+    let docker_hook_removed =
+        docker::remove_nvidia_hooks(&mut cfg.value).map_err(|e| fail(e.into()))?;
+    let found = match (found, docker_gpus) {
+        (Some(found), Some(_)) => {
+            let source = RequestLookupError::TwoRequests {
+                first: found.location(),
+                second: format!("docker --gpus ({})", docker::VISIBLE_DEVICES),
+            };
+            return Err(fail(RuntimeError::Request {
+                path: cfg.path.clone(),
+                source: Box::new(source),
+            }));
+        }
+        (Some(found), None) => Some(found),
+        (None, Some(gpus)) => {
+            let socket = env.absolute(&env.socket);
+            let node_gpus = || {
+                Client::new(&socket)
+                    .with_timeout(RELEASE_TIMEOUT)
+                    .status()
+                    .map(|s| s.gpus.len() as u32)
+                    .map_err(|e| format!("cannot count the node's GPUs: {e}"))
+            };
+            let request = gpus.request(node_gpus).map_err(|e| fail(e.into()))?;
+            Some(FoundRequest {
+                raw: request.to_string(),
+                request,
+                source: tessera_api::RequestSource::Env,
+                key: None,
+                scope: tessera_api::cri::RequestScope::Container,
+            })
+        }
+        (None, None) => None,
+    };
     let Some(found) = found else {
         // No grant, no GPU: GPU nodes and rules the config brings are removed (the majors
         // come from tesserad's file beside its socket and the host's /proc/devices; the
@@ -247,7 +312,9 @@ pub fn prepare(
             tessera_api::read_gpu_majors(&socket).into_iter().collect();
         majors.extend(tessera_api::proc_devices_nvidia_majors(Path::new("/proc/devices")));
         majors.insert(spec::NVIDIA_MAJOR as u32);
-        if spec::strip_ungranted_gpus(&mut cfg.value, &majors).map_err(config_err)? {
+        if spec::strip_ungranted_gpus(&mut cfg.value, &majors).map_err(config_err)?
+            || docker_hook_removed
+        {
             spec::save_config(&cfg).map_err(config_err)?;
         }
         return Ok((inv, Prepared::Passthrough));
@@ -261,9 +328,17 @@ pub fn prepare(
     spec::check_gpu_spec(&cfg.value).map_err(config_err)?;
     let hooks =
         HookConfig { path: env.hook_path().map_err(fail)?, socket: env.absolute(&env.socket) };
-    let annotations = request::annotations(&cfg.value).map_err(|source| {
+    let mut annotations = request::annotations(&cfg.value).map_err(|source| {
         fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
     })?;
+    // The engine is the runtime's to say (its root-owned configuration file), never the
+    // container's: a config that names one is refused, whatever this runtime's setting.
+    if let Some(forged) = annotations.get(ENGINE_ANNOTATION) {
+        return Err(fail(RuntimeError::ForgedEngine(forged.clone())));
+    }
+    if let Some(engine) = &env.engine {
+        annotations.insert(ENGINE_ANNOTATION.to_owned(), engine.clone());
+    }
     let utf8 = |p: &Path, what: &'static str| {
         p.to_str()
             .map(str::to_string)
@@ -349,6 +424,16 @@ pub fn report(f: &Failure) {
     }
 }
 
+/// [`report`], and the line appended to the runtime configuration's `log` too.
+fn report_to(env: &RuntimeEnv, f: &Failure) {
+    report(f);
+    if let Some(log) = &env.log {
+        if let Err(e) = append_log(log, None, &f.message(), SystemTime::now()) {
+            eprintln!("tessera-runtime: cannot write to {}: {e}", log.display());
+        }
+    }
+}
+
 /// Appends one error line in runc's log format: JSON (`{"level","msg","time"}`) or
 /// logrus text.
 pub fn append_log(
@@ -382,14 +467,19 @@ pub fn exec_runc(env: &RuntimeEnv, args: &[OsString]) -> std::io::Error {
 /// as a child ([`supervise`]) and gives the grant back once runc has no record of the
 /// container (a foreground run that ended, a create runc refused, a delete). Returns the
 /// exit code for those, and for failures.
-pub fn runtime_main(args: Vec<OsString>) -> i32 {
-    let env = match RuntimeEnv::from_process() {
+pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
+    let env = match crate::config::take_config_arg(&mut args)
+        .and_then(|arg| ConfigSource::choose(arg).load())
+        .map_err(RuntimeError::from)
+        .and_then(|config| RuntimeEnv::from_process(&config))
+    {
         Ok(e) => e,
         Err(error) => {
             report(&Failure { error, container_id: None, global: None });
             return 1;
         }
     };
+    let report = |f: &Failure| report_to(&env, f);
     let (inv, prepared) = match prepare(&args, &env) {
         Ok(p) => p,
         Err(f) => {
@@ -441,6 +531,13 @@ pub fn runtime_main(args: Vec<OsString>) -> i32 {
             }
         };
     }
+    // An exec into a GPU container: the new process learns its share as the init did.
+    let args = match &inv.command {
+        Command::Other { verb, args: rest } if verb == "exec" => {
+            crate::exec::with_grant_env(&root, &args, args.len() - rest.len() - 1)
+        }
+        _ => args,
+    };
     let source = exec_runc(&env, &args);
     let container_id = match &prepared {
         Prepared::Injected { container_id, release: req, .. } => {
@@ -489,6 +586,8 @@ mod tests {
                 socket: dir.path().join("d.sock"),
                 hook: Some(hook),
                 cwd: dir.path().to_path_buf(),
+                log: None,
+                engine: None,
             };
             Fixture { dir, env }
         }
@@ -654,6 +753,80 @@ mod tests {
             json!([format!("TESSERA_SOCKET={}", f.env.socket.display())])
         );
         assert_eq!(c["hooks"].get("poststop"), None, "the wrapper releases, not a hook");
+    }
+
+    fn docker_gpus_config(visible: &str) -> Value {
+        let mut c = gpu_config(json!({}), json!(["PATH=/bin", visible]));
+        c["hooks"] = json!({"prestart": [{
+            "path": "/usr/local/bin/nvidia-container-runtime-hook",
+            "args": ["nvidia-container-runtime-hook", "prestart"], "env": ["PATH=/usr/bin"]
+        }]});
+        c
+    }
+
+    #[test]
+    fn docker_gpus_is_a_request_and_its_hook_never_runs() {
+        let f = Fixture::new(&docker_gpus_config("NVIDIA_VISIBLE_DEVICES=0,1"));
+        let h = f.serve(vec![http("201 Created", &allocation())]);
+        prepare(&f.args("create --bundle bundle abc"), &f.env).expect("prepares");
+        let body = body_of(&h.join().expect("join")[0]);
+        assert_eq!((&body["request"], &body["request_source"]), (&json!("gpu=2"), &json!("env")));
+        let hooks = f.config()["hooks"]["prestart"].clone();
+        assert_eq!(hooks.as_array().map(Vec::len), Some(1), "{hooks}");
+        assert_eq!(hooks[0]["args"], json!(["tessera-hook", "prestart"]));
+    }
+
+    #[test]
+    fn docker_gpus_all_asks_the_node_how_many() {
+        let f = Fixture::new(&docker_gpus_config("NVIDIA_VISIBLE_DEVICES=all"));
+        let status = json!({"node": "n", "backend": "sim", "allocations": [],
+            "policy": {"version": 1, "digest": "x", "source": "f"},
+            "gpus": []});
+        let h = f.serve(vec![http("200 OK", &status)]);
+        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("no GPUs");
+        assert!(h.join().expect("join")[0].starts_with("GET /v1/status"));
+        assert!(err.message().contains("--gpus all"), "{}", err.message());
+    }
+
+    #[test]
+    fn docker_gpus_with_another_request_or_pinned_devices_is_refused() {
+        let mut c = docker_gpus_config("NVIDIA_VISIBLE_DEVICES=0");
+        c["annotations"] = json!({"tessera.io/gpu": "mig=1g.10gb"});
+        let f = Fixture::new(&c);
+        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("two");
+        assert!(err.message().contains("two GPU requests"), "{}", err.message());
+        let f = Fixture::new(&docker_gpus_config("NVIDIA_VISIBLE_DEVICES=3"));
+        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("pinned");
+        assert!(err.message().contains("by count"), "{}", err.message());
+    }
+
+    #[test]
+    fn docker_hook_without_devices_is_removed_and_passes_through() {
+        let f = Fixture::new(&docker_gpus_config("X=1"));
+        let (_, p) = prepare(&f.args("create --bundle bundle abc"), &f.env).expect("prepares");
+        assert!(matches!(p, Prepared::Passthrough));
+        assert_eq!(f.config()["hooks"]["prestart"], json!([]));
+    }
+
+    #[test]
+    fn the_engine_comes_from_the_runtime_config_never_the_container() {
+        let f = Fixture::new(&gpu_config(json!({"tessera.io/gpu": "gpu=1"}), json!([])));
+        let mut env = f.env.clone();
+        env.engine = Some("docker-alice".into());
+        let h = f.serve(vec![http("201 Created", &allocation())]);
+        prepare(&f.args("create --bundle bundle abc"), &env).expect("prepares");
+        let body = body_of(&h.join().expect("join")[0]);
+        assert_eq!(body["annotations"]["tessera.io/engine"], json!("docker-alice"));
+        // A config naming an engine is refused, with or without the runtime's own.
+        let forged =
+            gpu_config(json!({"tessera.io/gpu": "gpu=1", "tessera.io/engine": "root"}), json!([]));
+        for engine in [None, Some("docker-alice".to_string())] {
+            let f = Fixture::new(&forged);
+            let mut env = f.env.clone();
+            env.engine = engine;
+            let err = prepare(&f.args("create --bundle bundle abc"), &env).expect_err("forged");
+            assert!(err.message().contains("never by a container's config"), "{}", err.message());
+        }
     }
 
     #[test]

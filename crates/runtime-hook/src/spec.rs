@@ -73,6 +73,14 @@ pub enum SpecError {
     Shape { path: String, message: String },
     #[error("config has no `linux` section: a GPU container needs Linux devices and cgroup device rules")]
     NoLinux,
+    #[error(
+        "annotation `{}` would set the systemd unit property `{}` of the container's cgroup \
+         (runc passes `org.systemd.property.*` to systemd with the systemd cgroup driver): device \
+         access is decided by runc's device rules and Tessera's grants, never by an annotation",
+        tessera_api::untrusted(.key),
+        tessera_api::untrusted(.property)
+    )]
+    DeviceProperty { key: String, property: String },
     #[error("config has no `process` section")]
     NoProcess,
     #[error(
@@ -169,6 +177,31 @@ pub fn load_config(bundle: &Path) -> Result<LoadedConfig, SpecError> {
 /// opened or executed.
 ///
 /// The rootfs checked is the one runc uses: runc takes `filepath.Join(bundle, root.path)`,
+/// The prefix of annotations runc (with the systemd cgroup driver) turns into properties of
+/// the container's systemd scope unit.
+pub const SYSTEMD_PROPERTY_PREFIX: &str = "org.systemd.property.";
+
+/// Refuses, in every config, an annotation that would set a systemd unit property deciding
+/// device access (`DeviceAllow`, `DevicePolicy`, and BPF programs, which is how systemd
+/// enforces device rules on cgroup v2) or handing the cgroup subtree to the container
+/// (`Delegate`). With the cgroupfs driver runc ignores them; refusing them everywhere keeps
+/// a node's device isolation independent of its cgroup driver.
+pub fn check_systemd_properties(spec: &Value) -> Result<(), SpecError> {
+    let Some(Value::Object(annotations)) = spec.get("annotations") else { return Ok(()) };
+    for key in annotations.keys() {
+        let Some(property) = key.strip_prefix(SYSTEMD_PROPERTY_PREFIX) else { continue };
+        let denied =
+            property.starts_with("Device") || property.starts_with("BPF") || property == "Delegate";
+        if denied {
+            return Err(SpecError::DeviceProperty {
+                key: key.clone(),
+                property: property.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// which cleans `..` lexically where the kernel would resolve it through links, and an empty
 /// or null path is the bundle directory itself. Neither has a legitimate use, so both are
 /// refused rather than modelled.
@@ -1475,5 +1508,22 @@ mod rootfs_tests {
         std::fs::create_dir_all(dir.path().join("rootfs")).expect("mkdir");
         check_rootfs(dir.path(), &spec_with_root("rootfs")).expect("no /dev");
         check_rootfs(dir.path(), &serde_json::json!({})).expect("no root");
+    }
+
+    #[test]
+    fn systemd_properties_that_decide_device_access_are_refused_in_every_config() {
+        for key in [
+            "org.systemd.property.DeviceAllow",
+            "org.systemd.property.DevicePolicy",
+            "org.systemd.property.BPFProgram",
+            "org.systemd.property.Delegate",
+        ] {
+            let v = serde_json::json!({"annotations": {key: "'/dev/nvidia0 rw'"}});
+            let e = check_systemd_properties(&v).expect_err(key).to_string();
+            assert!(e.contains(key) && e.contains("never by an annotation"), "{e}");
+        }
+        let ok = serde_json::json!({"annotations": {"org.systemd.property.TimeoutStopUSec": "uint64 5000000", "x": "y"}});
+        check_systemd_properties(&ok).expect("other properties pass");
+        check_systemd_properties(&serde_json::json!({})).expect("no annotations");
     }
 }

@@ -163,7 +163,10 @@ pub fn delete_hint(root: &Path, container_id: &str, annotation: &str) -> Option<
     if !labels.iter().any(|l| l.starts_with(&prefix)) {
         return None;
     }
-    Some(labels.iter().find_map(|l| l.strip_prefix("bundle=")).map(str::to_string))
+    // runc writes every annotation as a `key=value` label, then its own `bundle=<dir>`
+    // last, and reads them back into a map (the last wins): an annotation named `bundle`
+    // comes first and never names the bundle.
+    Some(labels.iter().rev().find_map(|l| l.strip_prefix("bundle=")).map(str::to_string))
 }
 
 #[cfg(test)]

@@ -11,8 +11,11 @@
 //! - [`choose`](choose()): which devices a request gets (pure, deterministic).
 //! - [`place`](mod@place): where a new MIG instance goes, and which idle instances to
 //!   destroy when nothing else fits (pure, deterministic).
+//! - [`pack`](mod@pack): where a request goes on a node across whole GPUs, MIG, MPS and
+//!   time-slicing at once, scored by expected fragmentation (FGD; pure, deterministic).
 //! - [`replay`](mod@replay): replays a request trace (the Alibaba GPU trace) on simulated nodes with
 //!   the real placement code, to compare placement strategies (the CLI's `tessera sim`).
+//! - [`tracegen`]: seeded synthetic traces of other request mixes (the replay's family).
 //! - [`layout`]: declared MIG layouts and the plan that converges to them without
 //!   touching instances in use (pure), and its execution on a backend.
 //! - [`injection`]: the device nodes and environment a container needs for its devices
@@ -30,9 +33,11 @@ mod inject;
 pub mod inventory;
 pub mod layout;
 pub mod nvml;
+pub mod pack;
 pub mod place;
 pub mod replay;
 pub mod sim;
+pub mod tracegen;
 
 pub use backend::{BackendError, GpuBackend, ProcessUtil};
 pub use catalog::{model, placement_is_legal, GpuModel, LayoutError, Profile};
@@ -45,7 +50,10 @@ pub use inventory::{
 pub use layout::{apply_plan, plan, DeclaredLayout, LayoutPlan};
 pub use nvml::NvmlBackend;
 pub use place::{place, place_scored, DemandMix, PlaceDecision, Scored, Strategy};
-pub use replay::{replay, Placement, ReplayReport, Trace, MAPPING_DOC};
+pub use replay::{
+    replay, replay_with, Fractions, Placement, Queue, ReplayConfig, ReplayReport, SimTenant,
+    Tenants, Trace, MAPPING_DOC,
+};
 pub use sim::SimBackend;
 
 #[cfg(test)]

@@ -177,7 +177,7 @@ pub(crate) fn slot_mask(start: u8, size: u8) -> u8 {
 
 /// What one GPU holds, as the engine counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Occupancy {
+pub struct Occupancy {
     /// Memory slots in use.
     pub(crate) mask: u8,
     /// Instances per profile, by catalog index.

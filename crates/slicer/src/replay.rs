@@ -4,13 +4,16 @@
 //!
 //! Event-driven: arrivals and departures sorted by time (departures first at equal
 //! times; a request that lasts zero seconds leaves right after the arrivals of its
-//! instant). A request that does not fit when it arrives is rejected; there is no queue.
-//! Everything is in memory: no file and no backend is touched.
+//! instant). A request that does not fit when it arrives is rejected, or waits in a queue
+//! ([`Queue`]). Best and first-fit place through [`crate::pack`] (whole GPUs, MIG, and
+//! with tier-aware [`Fractions`] MPS and time-slicing). Everything is in memory: no file
+//! and no backend is touched.
 //!
 //! See [`MAPPING_DOC`] for how trace rows become requests, and [`Placement`] for the four
 //! strategies compared.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -23,7 +26,11 @@ use crate::catalog::{self, GpuModel, Profile, COMPUTE_SLICES};
 use crate::choose::choose;
 use crate::inventory::{Gpu, Inventory, Majors, MigInstance};
 use crate::layout::DeclaredLayout;
-use crate::place::{better, place_scored, DemandMix, PlaceDecision, Strategy};
+use crate::pack::{
+    self, pack_cluster, Allow, Ask, Choice, DemandCounter, GpuUse, PackMix, PackNode, Rules,
+    UNITS_PER_GPU,
+};
+use crate::place::{better, Strategy};
 
 /// How trace rows become requests; the same text as the documentation of
 /// [`map_request`]. `tessera sim` prints it with its results.
@@ -43,8 +50,8 @@ scheduled_time are ignored (the replay is the scheduler). Files without time col
 (openb_pod_list_multigpu50.csv) get synthetic times: row i arrives at 120*i s and lasts \
 a log-uniform 100 s to 100,000 s drawn from an FNV-1a hash of the pod name.
 - Allocation: a MIG request holds its instance's compute slices, a whole GPU 7 slices, \
-for its duration; capacity is 7 slices per GPU over the span from the first arrival to \
-the last departure.";
+for its duration (an MPS share of p% 7p/100 slices); capacity is 7 slices per GPU over \
+the span from the first arrival to the last departure.";
 
 /// GPUs per simulated node.
 pub const GPUS_PER_NODE: u32 = 8;
@@ -155,13 +162,19 @@ impl Trace {
 
 /// A log-uniform duration between 100 s and 100,000 s, from a hash of the name.
 fn synthetic_duration(name: &str) -> u64 {
+    let h = fnv1a64(name.as_bytes());
+    let u = (h >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
+    10f64.powf(2.0 + 3.0 * u).round() as u64
+}
+
+/// FNV-1a, 64 bits: stable across Rust versions and platforms.
+pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in name.bytes() {
+    for &b in bytes {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    let u = (h >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
-    10f64.powf(2.0 + 3.0 * u).round() as u64
+    h
 }
 
 /// What a trace row asks for on a given GPU model.
@@ -261,11 +274,163 @@ impl FromStr for Placement {
     }
 }
 
+/// How fractions (`num_gpu = 1`, `0 < gpu_milli < 1000`) may be served in a replay.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fractions {
+    /// Every row is allowed whole GPUs and MIG only: a fraction takes the smallest MIG
+    /// profile that covers it (the mapping in [`MAPPING_DOC`]).
+    Mig,
+    /// Each row's tenant (see [`Tenants`]) decides: MPS and time-slicing where its tier
+    /// allows them (`tessera sim --policy`).
+    Tiers(Tenants),
+}
+
+impl Fractions {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Fractions::Mig => "mig",
+            Fractions::Tiers(_) => "tiers",
+        }
+    }
+}
+
+/// One tenant of a replay: what its tier allows and its sharing domain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimTenant {
+    /// Where the mapping found it (the tenant path for `tessera sim --policy`).
+    pub key: String,
+    /// The tenant path.
+    pub tenant: String,
+    pub allow: Allow,
+    /// Its sharing domain (time-slicing shares a GPU only within one).
+    pub domain: String,
+}
+
+/// The tenants trace rows are mapped to, and the policy's node-wide rules.
+///
+/// Mapping: the trace has no tenant column, so row `name` belongs to tenant
+/// `tenants[fnv1a64(name) % tenants.len()]`, the list in the order given. `tessera sim
+/// --policy FILE` lists the leaves of the policy's tenant tree (tenants with no tenant
+/// below them: the ones containers run as) sorted by path; what each may use is what
+/// `Policy::authorize` answers for `gpu=1`, `mig=1g.10gb`, `mps=1` and `shared` on node
+/// `sim-replay`, its domain `Policy::sharing_domain`. Deterministic, and every tenant
+/// gets about the same share of rows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tenants {
+    pub tenants: Vec<SimTenant>,
+    pub rules: Rules,
+}
+
+impl Tenants {
+    /// The tenant of the row called `name` (None: no tenants).
+    pub fn of(&self, name: &str) -> Option<usize> {
+        let n = self.tenants.len() as u64;
+        (n > 0).then(|| (fnv1a64(name.as_bytes()) % n) as usize)
+    }
+
+    /// The tenants of `examples/policy.json` as `tessera sim --policy` maps them: the
+    /// leaves of its tenant tree sorted by path (bob and dave dev, alice and carol
+    /// trusted, guest untrusted; untrusted: gpu, mig; trusted: + mps; dev: + shared),
+    /// `mps.max_percent` 75, 4 replicas, sharing domain `notebooks` for
+    /// `acme/dev/notebooks`, `tenant:PATH` for every other tenant.
+    pub fn example() -> Tenants {
+        let untrusted = Allow::MIG_ONLY;
+        let trusted = Allow { mps: true, ..untrusted };
+        let dev = Allow { shared: true, ..trusted };
+        let t = |tenant: &str, allow: Allow, domain: Option<&str>| SimTenant {
+            key: tenant.into(),
+            tenant: tenant.into(),
+            allow,
+            domain: domain.map_or_else(|| format!("tenant:{tenant}"), str::to_string),
+        };
+        Tenants {
+            tenants: vec![
+                t("acme/dev/notebooks/bob", dev, Some("notebooks")),
+                t("acme/dev/scratch/dave", dev, None),
+                t("acme/trusted/training/alice", trusted, None),
+                t("acme/trusted/training/carol", trusted, None),
+                t("acme/untrusted/sandbox/guest", untrusted, None),
+            ],
+            rules: Rules { mps_max_percent: 75, replicas: 4 },
+        }
+    }
+}
+
+/// What happens to a request that does not fit when it arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Queue {
+    /// Rejected at once.
+    Drop,
+    /// Waits up to `max_wait_s` seconds; after every departure the waiting requests are
+    /// tried in arrival order (a later one that fits goes ahead of an earlier one that
+    /// does not). Admitted, it runs its full duration from then; not admitted in time, it
+    /// is rejected.
+    Wait { max_wait_s: u64 },
+}
+
+/// One replay's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayConfig {
+    pub nodes: u32,
+    pub model: String,
+    pub placement: Placement,
+    pub fractions: Fractions,
+    pub queue: Queue,
+}
+
+impl ReplayConfig {
+    /// MIG-only fractions, no queue: what `tessera sim` measured before tiers and queues.
+    pub fn mig(nodes: u32, model: &str, placement: Placement) -> ReplayConfig {
+        ReplayConfig {
+            nodes,
+            model: model.to_string(),
+            placement,
+            fractions: Fractions::Mig,
+            queue: Queue::Drop,
+        }
+    }
+}
+
+/// Distribution of a per-event quantity.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Dist {
+    pub count: u64,
+    pub mean: f64,
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Dist {
+    fn of(mut v: Vec<f64>) -> Dist {
+        if v.is_empty() {
+            return Dist::default();
+        }
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)];
+        Dist {
+            count: v.len() as u64,
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+            p50: at(0.5),
+            p99: at(0.99),
+            max: v[v.len() - 1],
+        }
+    }
+}
+
 /// The outcome of one replay.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReplayReport {
     pub trace: String,
     pub placement: Placement,
+    /// `mig` or `tiers` ([`Fractions`]).
+    pub fractions: String,
+    /// The queue's longest wait in seconds; None: drop on arrival.
+    pub max_wait_s: Option<u64>,
     pub nodes: u32,
     pub gpus: u32,
     pub model: String,
@@ -276,7 +441,7 @@ pub struct ReplayReport {
     pub admitted: u64,
     pub rejected: u64,
     /// Compute-slice-seconds held by admitted requests (what they were given: a whole
-    /// GPU is 7 slices even for a small request).
+    /// GPU is 7 slices even for a small request; an MPS share of p% is 7p/100 slices).
     pub slice_seconds_allocated: u64,
     /// 7 slices × GPUs × (last departure − first arrival).
     pub slice_seconds_capacity: u64,
@@ -285,19 +450,39 @@ pub struct ReplayReport {
     /// Compute-slice-seconds every replayed request asked for (mapped profile or whole
     /// GPUs × duration), admitted or not.
     pub slice_seconds_requested: u64,
-    /// Compute-slice-seconds admitted requests asked for (less than allocated when a
-    /// request got more than it needed).
+    /// Compute-slice-seconds admitted requests asked for, by the MIG mapping.
     pub slice_seconds_admitted_demand: u64,
-    /// Placement decisions made (one per replayed request).
+    /// Requested GPU fraction × seconds of every replayed request, in milli-GPU-seconds
+    /// (`num_gpu × 1000` for whole GPUs, `gpu_milli` for a fraction).
+    pub demand_requested: u64,
+    /// The same for admitted requests: the demand actually served.
+    pub demand_admitted: u64,
+    /// Highest demand running at once, as a fraction of the GPUs (1.0 = every GPU's
+    /// whole capacity asked for and served).
+    pub demand_peak: f64,
+    /// Mean demand running while some request waited (a queue only): the cluster's
+    /// allocated demand at contention. None without a queue or without contention.
+    pub demand_at_contention: Option<f64>,
+    /// Placement decisions made (one per replayed request, plus queue retries).
     pub decisions: u64,
     /// Decisions per second of wall time spent deciding (machine-dependent).
     pub decisions_per_sec: f64,
     pub admitted_by_kind: BTreeMap<String, u64>,
     pub rejected_by_kind: BTreeMap<String, u64>,
+    /// How admitted requests were served: `gpu`, `mig`, `mps`, `shared`.
+    pub admitted_by_share: BTreeMap<String, u64>,
     /// Rejections while the cluster had at least the request's compute slices free in
     /// total: refused by fragmentation (or by the placement's rules), not by capacity.
     /// What a better placement could at most win back.
     pub rejected_with_free_slices: u64,
+    /// At each request that did not fit on arrival (a rejection, or the start of a wait):
+    /// the free capacity, none of which could serve it, as a fraction of the cluster.
+    pub fragmentation_at_rejection: Dist,
+    /// Rows the policy lets use no kind of GPU share for their request.
+    pub refused_by_policy: u64,
+    /// Requests that waited (a queue only), and their waits in seconds (admitted ones).
+    pub queued: u64,
+    pub wait_s: Dist,
     pub synthetic_times: bool,
 }
 
@@ -308,16 +493,24 @@ pub enum ReplayError {
     UnknownModel { model: String, known: String },
     #[error("a replay needs at least one node")]
     NoNodes,
+    #[error("a tier-aware replay needs at least one tenant")]
+    NoTenants,
 }
 
-/// Replay `trace` on `nodes` nodes of [`GPUS_PER_NODE`] GPUs of `model` with `placement`.
+/// Replay `trace` on `nodes` nodes of [`GPUS_PER_NODE`] GPUs of `model` with `placement`,
+/// MIG-only fractions, no queue.
 pub fn replay(
     trace: &Trace,
     nodes: u32,
     model: &str,
     placement: Placement,
 ) -> Result<ReplayReport, ReplayError> {
-    replay_observed(trace, nodes, model, placement, &mut |_| {})
+    replay_with(trace, &ReplayConfig::mig(nodes, model, placement))
+}
+
+/// Replay `trace` with `config`.
+pub fn replay_with(trace: &Trace, config: &ReplayConfig) -> Result<ReplayReport, ReplayError> {
+    replay_observed(trace, config, &mut |_| {})
 }
 
 /// What the replay shows an observer after each event (tests check invariants here).
@@ -326,17 +519,23 @@ pub fn replay(
 pub(crate) struct Observation<'a> {
     pub nodes: &'a [Inventory],
     pub held: &'a [BTreeSet<String>],
-    /// Compute slices held right now.
-    pub slices_held: u64,
+    /// The packer's view (best and first-fit).
+    pub packs: &'a [PackNode],
+    /// Capacity units (1/7000 GPU) held right now.
+    pub units_held: u64,
+    /// Demand (milli-GPU) running right now.
+    pub demand_running: u64,
     /// The request just rejected, if the event was a rejection.
     pub rejected: Option<Mapped>,
+    pub waiting: usize,
 }
 
 /// A live grant.
 #[derive(Debug)]
 enum Grant {
-    Mig { node: usize, uuid: String, destroy: bool },
+    Mig { node: usize, uuid: String },
     Whole { node: usize, gpus: Vec<String> },
+    Pack { node: usize, choice: Choice, ask: Ask, uuid: Option<String> },
 }
 
 struct Cluster {
@@ -344,55 +543,110 @@ struct Cluster {
     model: &'static GpuModel,
     nodes: Vec<Inventory>,
     held: Vec<BTreeSet<String>>,
-    counts: BTreeMap<String, u64>,
-    whole_profile: &'static str,
+    packs: Vec<PackNode>,
+    counter: DemandCounter,
+    mix: PackMix,
+    /// (node, GPU) → the 7g instance standing for a GPU that serves MPS or time-slicing,
+    /// in the inventory mirror.
+    mode_instance: BTreeMap<(usize, u32), String>,
     created: u64,
+}
+
+/// One request as replayed: its row, mapping and ask.
+#[derive(Debug, Clone, Copy)]
+struct Req {
+    mapped: Mapped,
+    ask: Option<Ask>,
+    duration: u64,
 }
 
 pub(crate) fn replay_observed(
     trace: &Trace,
-    nodes: u32,
-    model_name: &str,
-    placement: Placement,
+    config: &ReplayConfig,
     observe: &mut dyn FnMut(Observation<'_>),
 ) -> Result<ReplayReport, ReplayError> {
-    let model = catalog::model(model_name).ok_or_else(|| ReplayError::UnknownModel {
-        model: model_name.to_string(),
+    let model = catalog::model(&config.model).ok_or_else(|| ReplayError::UnknownModel {
+        model: config.model.clone(),
         known: catalog::model_names().collect::<Vec<_>>().join(", "),
     })?;
+    let nodes = config.nodes;
     if nodes == 0 {
         return Err(ReplayError::NoNodes);
     }
-    let mut cluster = Cluster::new(model, nodes, placement);
-    let mapped: Vec<Mapped> =
-        trace.requests.iter().map(|r| map_request(model, r.num_gpu, r.gpu_milli)).collect();
-
-    // (time, kind, request): departures (0) before arrivals (1) at the same instant,
-    // zero-length requests leave (2) after the arrivals of their instant.
-    let mut events: Vec<(u64, u8, usize)> = Vec::new();
-    let (mut first, mut last) = (u64::MAX, 0u64);
-    let mut requested = 0u64;
-    for (i, (r, m)) in trace.requests.iter().zip(&mapped).enumerate() {
-        if *m == Mapped::CpuOnly {
-            continue;
+    let placement = config.placement;
+    let (rules, tenants) = match &config.fractions {
+        Fractions::Mig => (Rules::default(), None),
+        Fractions::Tiers(t) if t.tenants.is_empty() => return Err(ReplayError::NoTenants),
+        Fractions::Tiers(t) => (t.rules, Some(t)),
+    };
+    let mut domains: BTreeMap<&str, u32> = BTreeMap::new();
+    if let Some(t) = tenants {
+        for st in &t.tenants {
+            let next = domains.len() as u32;
+            domains.entry(st.domain.as_str()).or_insert(next);
         }
-        events.push((r.arrival, 1, i));
-        events.push((r.departure, if r.departure > r.arrival { 0 } else { 2 }, i));
-        first = first.min(r.arrival);
-        last = last.max(r.departure);
-        requested = requested.saturating_add(m.slices().saturating_mul(r.departure - r.arrival));
     }
-    events.sort_unstable();
+    let mut cluster = Cluster::new(model, nodes, placement, rules);
+    let reqs: Vec<Req> = trace
+        .requests
+        .iter()
+        .map(|r| {
+            let mapped = map_request(model, r.num_gpu, r.gpu_milli);
+            let ask = (mapped != Mapped::CpuOnly).then(|| {
+                let (allow, tenant, domain) = match tenants
+                    .and_then(|t| t.of(&r.name).map(|i| (t, i)))
+                {
+                    Some((t, i)) => {
+                        let st = &t.tenants[i];
+                        (st.allow, i as u32, domains.get(st.domain.as_str()).copied().unwrap_or(0))
+                    }
+                    None => (Allow::MIG_ONLY, 0, 0),
+                };
+                let whole = r.num_gpu >= 2 || r.gpu_milli == 0 || r.gpu_milli >= 1000;
+                Ask {
+                    gpus: r.num_gpu,
+                    milli: if whole { 1000 } else { r.gpu_milli },
+                    allow,
+                    tenant,
+                    domain,
+                }
+            });
+            Req { mapped, ask, duration: r.departure - r.arrival }
+        })
+        .collect();
 
-    let mut live: BTreeMap<usize, Grant> = BTreeMap::new();
+    // Events (time, kind, request): departures (0) before arrivals (1) at the same
+    // instant, zero-length requests leave (2) after the arrivals of their instant, waits
+    // expire (3) last.
+    let mut events: BinaryHeap<Reverse<(u64, u8, usize)>> = BinaryHeap::new();
+    let (mut first, mut last_trace) = (u64::MAX, 0u64);
+    let (mut requested, mut demand_requested) = (0u64, 0u64);
+    for (i, (r, q)) in trace.requests.iter().zip(&reqs).enumerate() {
+        let Some(ask) = q.ask else { continue };
+        events.push(Reverse((r.arrival, 1, i)));
+        first = first.min(r.arrival);
+        last_trace = last_trace.max(r.departure);
+        requested = requested.saturating_add(q.mapped.slices().saturating_mul(q.duration));
+        demand_requested =
+            demand_requested.saturating_add(ask.demand_milli().saturating_mul(q.duration));
+    }
+
+    let mut live: BTreeMap<usize, (Grant, u64, u64)> = BTreeMap::new();
+    let gpus = nodes.saturating_mul(GPUS_PER_NODE);
+    let capacity_units = u64::from(gpus) * UNITS_PER_GPU;
     let mut report = ReplayReport {
         trace: trace.source.clone(),
         placement,
+        fractions: config.fractions.label().to_string(),
+        max_wait_s: match config.queue {
+            Queue::Drop => None,
+            Queue::Wait { max_wait_s } => Some(max_wait_s),
+        },
         nodes,
-        gpus: nodes.saturating_mul(GPUS_PER_NODE),
+        gpus,
         model: model.name.to_string(),
         requests: trace.requests.len() as u64,
-        skipped: mapped.iter().filter(|m| **m == Mapped::CpuOnly).count() as u64,
+        skipped: reqs.iter().filter(|q| q.ask.is_none()).count() as u64,
         admitted: 0,
         rejected: 0,
         slice_seconds_allocated: 0,
@@ -400,58 +654,127 @@ pub(crate) fn replay_observed(
         utilisation: 0.0,
         slice_seconds_requested: requested,
         slice_seconds_admitted_demand: 0,
+        demand_requested,
+        demand_admitted: 0,
+        demand_peak: 0.0,
+        demand_at_contention: None,
         decisions: 0,
         decisions_per_sec: 0.0,
         admitted_by_kind: BTreeMap::new(),
         rejected_by_kind: BTreeMap::new(),
+        admitted_by_share: BTreeMap::new(),
         rejected_with_free_slices: 0,
+        fragmentation_at_rejection: Dist::default(),
+        refused_by_policy: 0,
+        queued: 0,
+        wait_s: Dist::default(),
         synthetic_times: trace.synthetic_times,
     };
-    let mut slices_held = 0u64;
+    let mut st = Running::default();
+    let mut frag = Vec::new();
+    let mut waits = Vec::new();
+    // Waiting requests in arrival order: (arrival, request).
+    let mut waiting: BTreeSet<(u64, usize)> = BTreeSet::new();
     let mut deciding = std::time::Duration::ZERO;
-    for (_, kind, i) in events {
-        let (r, m) = (&trace.requests[i], mapped[i]);
+    let mut now = first;
+    let (mut contended_time, mut contended_demand) = (0u64, 0u128);
+    while let Some(Reverse((t, kind, i))) = events.pop() {
+        if !waiting.is_empty() {
+            contended_time += t - now;
+            contended_demand += u128::from(st.demand) * u128::from(t - now);
+        }
+        now = t;
+        let (r, q) = (&trace.requests[i], reqs[i]);
         let mut rejected = None;
-        if kind == 1 {
-            let t0 = Instant::now();
-            let grant = cluster.admit(m);
-            deciding += t0.elapsed();
-            report.decisions += 1;
-            match grant {
-                Some((grant, slices)) => {
-                    report.admitted += 1;
-                    *report.admitted_by_kind.entry(m.label()).or_default() += 1;
-                    let duration = r.departure - r.arrival;
-                    report.slice_seconds_allocated =
-                        report.slice_seconds_allocated.saturating_add(slices * duration);
-                    report.slice_seconds_admitted_demand =
-                        report.slice_seconds_admitted_demand.saturating_add(m.slices() * duration);
-                    slices_held += slices;
-                    live.insert(i, grant);
-                }
-                None => {
-                    report.rejected += 1;
-                    *report.rejected_by_kind.entry(m.label()).or_default() += 1;
-                    let free = u64::from(report.gpus) * u64::from(COMPUTE_SLICES) - slices_held;
-                    if free >= m.slices() {
+        match kind {
+            1 => {
+                let Some(ask) = q.ask else { continue };
+                let t0 = Instant::now();
+                let grant = cluster.admit(q.mapped, &ask, true);
+                deciding += t0.elapsed();
+                report.decisions += 1;
+                if let Some(g) = grant {
+                    st.admit(&mut report, &mut live, &mut events, i, &q, &ask, g, t);
+                } else {
+                    let allowed = cluster.policy_allows(&ask);
+                    if !allowed {
+                        report.refused_by_policy += 1;
+                    }
+                    let free = capacity_units - st.units;
+                    frag.push(free as f64 / capacity_units as f64);
+                    if free >= q.mapped.slices() * 1000 {
                         report.rejected_with_free_slices += 1;
                     }
-                    rejected = Some(m);
+                    match config.queue {
+                        Queue::Wait { max_wait_s } if allowed => {
+                            report.queued += 1;
+                            waiting.insert((r.arrival, i));
+                            events.push(Reverse((t.saturating_add(max_wait_s), 3, i)));
+                        }
+                        _ => rejected = Some(reject(&mut report, &q)),
+                    }
                 }
             }
-        } else if let Some(grant) = live.remove(&i) {
-            slices_held -= cluster.release(grant);
+            3 => {
+                if waiting.remove(&(r.arrival, i)) {
+                    rejected = Some(reject(&mut report, &q));
+                }
+            }
+            _ => {
+                if let Some((grant, units, demand)) = live.remove(&i) {
+                    cluster.release(grant);
+                    st.units -= units;
+                    st.demand -= demand;
+                    st.last_departure = st.last_departure.max(t);
+                }
+                // Try the waiting requests, oldest first.
+                let mut admitted_now = Vec::new();
+                for &(arrival, w) in &waiting {
+                    let Some(ask) = reqs[w].ask else { continue };
+                    if !cluster.might_fit(&ask) {
+                        continue;
+                    }
+                    let t0 = Instant::now();
+                    let grant = cluster.admit(reqs[w].mapped, &ask, false);
+                    deciding += t0.elapsed();
+                    report.decisions += 1;
+                    if let Some(g) = grant {
+                        st.admit(&mut report, &mut live, &mut events, w, &reqs[w], &ask, g, t);
+                        waits.push((t - arrival) as f64);
+                        admitted_now.push((arrival, w));
+                    }
+                }
+                for k in admitted_now {
+                    waiting.remove(&k);
+                }
+            }
         }
-        observe(Observation { nodes: &cluster.nodes, held: &cluster.held, slices_held, rejected });
+        observe(Observation {
+            nodes: &cluster.nodes,
+            held: &cluster.held,
+            packs: &cluster.packs,
+            units_held: st.units,
+            demand_running: st.demand,
+            rejected,
+            waiting: waiting.len(),
+        });
     }
-    let span = last.saturating_sub(first);
-    report.slice_seconds_capacity = u64::from(report.gpus)
-        * u64::from(COMPUTE_SLICES)
-        * if first == u64::MAX { 0 } else { span };
+    let peak = st.peak;
+    let last = st.last_departure.max(last_trace);
+    let span = if first == u64::MAX { 0 } else { last.saturating_sub(first) };
+    report.slice_seconds_allocated = u64::try_from(st.unit_seconds / 1000).unwrap_or(u64::MAX);
+    report.slice_seconds_capacity = u64::from(gpus) * u64::from(COMPUTE_SLICES) * span;
     if report.slice_seconds_capacity > 0 {
         report.utilisation =
             report.slice_seconds_allocated as f64 / report.slice_seconds_capacity as f64;
     }
+    report.demand_peak = peak as f64 / (f64::from(gpus) * 1000.0);
+    if contended_time > 0 {
+        report.demand_at_contention =
+            Some(contended_demand as f64 / contended_time as f64 / (f64::from(gpus) * 1000.0));
+    }
+    report.fragmentation_at_rejection = Dist::of(frag);
+    report.wait_s = Dist::of(waits);
     let secs = deciding.as_secs_f64();
     if secs > 0.0 {
         report.decisions_per_sec = report.decisions as f64 / secs;
@@ -459,8 +782,57 @@ pub(crate) fn replay_observed(
     Ok(report)
 }
 
+/// What is running: capacity units and demand held, the peak, unit-seconds granted.
+#[derive(Debug, Default)]
+struct Running {
+    units: u64,
+    demand: u64,
+    peak: u64,
+    unit_seconds: u128,
+    last_departure: u64,
+}
+
+impl Running {
+    /// Record an admission at `start` and schedule its departure.
+    #[allow(clippy::too_many_arguments)]
+    fn admit(
+        &mut self,
+        report: &mut ReplayReport,
+        live: &mut BTreeMap<usize, (Grant, u64, u64)>,
+        events: &mut BinaryHeap<Reverse<(u64, u8, usize)>>,
+        i: usize,
+        q: &Req,
+        ask: &Ask,
+        (grant, units, share): (Grant, u64, &'static str),
+        start: u64,
+    ) {
+        report.admitted += 1;
+        *report.admitted_by_kind.entry(q.mapped.label()).or_default() += 1;
+        *report.admitted_by_share.entry(share.to_string()).or_default() += 1;
+        report.slice_seconds_admitted_demand = report
+            .slice_seconds_admitted_demand
+            .saturating_add(q.mapped.slices().saturating_mul(q.duration));
+        let demand = ask.demand_milli();
+        report.demand_admitted =
+            report.demand_admitted.saturating_add(demand.saturating_mul(q.duration));
+        self.unit_seconds += u128::from(units) * u128::from(q.duration);
+        self.units += units;
+        self.demand += demand;
+        self.peak = self.peak.max(self.demand);
+        let end = start.saturating_add(q.duration);
+        events.push(Reverse((end, if q.duration > 0 { 0 } else { 2 }, i)));
+        live.insert(i, (grant, units, demand));
+    }
+}
+
+fn reject(report: &mut ReplayReport, q: &Req) -> Mapped {
+    report.rejected += 1;
+    *report.rejected_by_kind.entry(q.mapped.label()).or_default() += 1;
+    q.mapped
+}
+
 impl Cluster {
-    fn new(model: &'static GpuModel, nodes: u32, placement: Placement) -> Cluster {
+    fn new(model: &'static GpuModel, nodes: u32, placement: Placement, rules: Rules) -> Cluster {
         let balanced = DeclaredLayout::AllBalanced.resolve(model).unwrap_or_default();
         let inventories = (0..nodes)
             .map(|n| Inventory {
@@ -490,82 +862,123 @@ impl Cluster {
                 majors: Majors { nvidia: 195, nvidia_uvm: 508, nvidia_caps: Some(509) },
             })
             .collect::<Vec<_>>();
-        let whole_profile = model
-            .profiles
-            .iter()
-            .max_by_key(|p| (p.compute_slices, p.size))
-            .map_or("7g", |p| p.name);
         Cluster {
             placement,
             model,
             held: vec![BTreeSet::new(); inventories.len()],
             nodes: inventories,
-            counts: BTreeMap::new(),
-            whole_profile,
+            packs: (0..nodes).map(|_| PackNode::new(model, GPUS_PER_NODE, rules)).collect(),
+            counter: DemandCounter::default(),
+            mix: PackMix::default(),
+            mode_instance: BTreeMap::new(),
             created: 0,
         }
     }
 
-    /// Serve a request if it fits: the grant and the compute slices it holds.
-    fn admit(&mut self, m: Mapped) -> Option<(Grant, u64)> {
+    /// Serve a request if it fits: the grant, the capacity units it holds and how it is
+    /// served. `arrival`: count it in the demand mix (not again when a queue retries it).
+    fn admit(&mut self, m: Mapped, ask: &Ask, arrival: bool) -> Option<(Grant, u64, &'static str)> {
         match (self.placement, m) {
             (_, Mapped::CpuOnly) => None,
             (Placement::Whole, Mapped::Mig(_)) => self.whole_unsliced(1),
             (Placement::Whole, Mapped::Whole(n)) => self.whole_unsliced(n),
             (Placement::Static, Mapped::Mig(p)) => self.static_instance(p),
             (Placement::Static, Mapped::Whole(_)) => None,
-            (Placement::Best | Placement::FirstFit, Mapped::Whole(n)) => {
-                *self.counts.entry(self.whole_profile.to_string()).or_default() += u64::from(n);
-                self.whole_empty_mig(n)
-            }
-            (Placement::Best | Placement::FirstFit, Mapped::Mig(p)) => {
-                *self.counts.entry(p.name.to_string()).or_default() += 1;
-                self.dynamic(p)
+            (Placement::Best | Placement::FirstFit, _) => {
+                if arrival {
+                    self.counter.record(self.model, ask);
+                    if self.placement == Placement::Best {
+                        self.mix = self.counter.mix();
+                    }
+                }
+                self.packed(ask)
             }
         }
     }
 
+    /// Whether the policy lets `ask` use any kind of share (best and first-fit; static
+    /// and whole serve every row alike).
+    fn policy_allows(&self, ask: &Ask) -> bool {
+        match self.placement {
+            Placement::Static | Placement::Whole => true,
+            Placement::Best | Placement::FirstFit => {
+                let a = ask.allow;
+                if ask.is_whole() {
+                    a.gpu || a.mig
+                } else {
+                    a.gpu || a.mig || a.mps || a.shared
+                }
+            }
+        }
+    }
+
+    /// A cheap necessary condition for `ask` to fit now (queue retries skip the rest).
+    fn might_fit(&self, ask: &Ask) -> bool {
+        match self.placement {
+            Placement::Static | Placement::Whole => true,
+            Placement::Best | Placement::FirstFit => self.packs.iter().any(|n| {
+                if ask.is_whole() {
+                    n.free_gpus() >= ask.gpus.max(1)
+                } else {
+                    let need = u64::from(ask.milli) * 7;
+                    n.gpus.iter().any(|g| pack::free_units(g) >= need)
+                }
+            }),
+        }
+    }
+
+    /// Best and first-fit: the packer's choice, mirrored into the inventories.
+    fn packed(&mut self, ask: &Ask) -> Option<(Grant, u64, &'static str)> {
+        let strategy =
+            if self.placement == Placement::Best { Strategy::Best } else { Strategy::FirstFit };
+        let (node, pick) = pack_cluster(&self.packs, ask, strategy, &self.mix)?;
+        let choice = pick.choice;
+        let units = choice.units(self.model, ask);
+        if !self.packs[node].apply(&choice, ask) {
+            return None;
+        }
+        let mut uuid = None;
+        match &choice {
+            Choice::Whole { gpus } => {
+                for g in gpus {
+                    self.held[node].insert(format!("GPU-{node}-{g}"));
+                }
+            }
+            Choice::Mig { gpu, profile, start } => {
+                let p = self.model.profile(profile)?;
+                let u = self.create(node, *gpu, p, *start)?;
+                self.held[node].insert(u.clone());
+                uuid = Some(u);
+            }
+            Choice::Mps { gpu, .. } | Choice::Shared { gpu } => {
+                if !self.mode_instance.contains_key(&(node, *gpu)) {
+                    let full =
+                        self.model.profiles.iter().max_by_key(|p| (p.compute_slices, p.size))?;
+                    let u = self.create(node, *gpu, full, 0)?;
+                    self.held[node].insert(u.clone());
+                    self.mode_instance.insert((node, *gpu), u);
+                }
+            }
+        }
+        let kind = choice.kind();
+        Some((Grant::Pack { node, choice, ask: *ask, uuid }, units, kind))
+    }
+
     /// Whole GPUs of MIG-off nodes, through the daemon's own `choose`.
-    fn whole_unsliced(&mut self, n: u32) -> Option<(Grant, u64)> {
+    fn whole_unsliced(&mut self, n: u32) -> Option<(Grant, u64, &'static str)> {
         let req = GpuRequest::Gpu { count: n };
         for (node, inv) in self.nodes.iter().enumerate() {
             if let Ok(devices) = choose(inv, &self.held[node], &req) {
                 let gpus: Vec<String> = devices.into_iter().map(|d| d.uuid).collect();
                 self.held[node].extend(gpus.iter().cloned());
-                return Some((
-                    Grant::Whole { node, gpus },
-                    u64::from(n) * u64::from(COMPUTE_SLICES),
-                ));
-            }
-        }
-        None
-    }
-
-    /// Whole GPUs of MIG nodes: GPUs with no instance, lowest node and index first.
-    fn whole_empty_mig(&mut self, n: u32) -> Option<(Grant, u64)> {
-        let want = usize::try_from(n).unwrap_or(usize::MAX);
-        for (node, inv) in self.nodes.iter().enumerate() {
-            let held = &self.held[node];
-            let empty: Vec<String> = inv
-                .gpus
-                .iter()
-                .filter(|g| g.instances.is_empty() && !held.contains(&g.uuid))
-                .map(|g| g.uuid.clone())
-                .take(want)
-                .collect();
-            if empty.len() == want {
-                self.held[node].extend(empty.iter().cloned());
-                return Some((
-                    Grant::Whole { node, gpus: empty },
-                    u64::from(n) * u64::from(COMPUTE_SLICES),
-                ));
+                return Some((Grant::Whole { node, gpus }, u64::from(n) * UNITS_PER_GPU, "gpu"));
             }
         }
         None
     }
 
     /// The smallest free instance of the static layout that holds `p`.
-    fn static_instance(&mut self, p: &'static Profile) -> Option<(Grant, u64)> {
+    fn static_instance(&mut self, p: &'static Profile) -> Option<(Grant, u64, &'static str)> {
         // (compute slices, size, node, GPU index, start): smallest instance first.
         type Key = (u8, u8, usize, u32, u8);
         let mut best: Option<(Key, String, u64)> = None;
@@ -581,51 +994,14 @@ impl Cluster {
                     }
                     let key = (ip.compute_slices, ip.size, node, g.index, i.start);
                     if better(&key, best.as_ref().map(|b| &b.0)) {
-                        best = Some((key, i.uuid.clone(), u64::from(ip.compute_slices)));
+                        best = Some((key, i.uuid.clone(), u64::from(ip.compute_slices) * 1000));
                     }
                 }
             }
         }
-        let ((_, _, node, _, _), uuid, slices) = best?;
+        let ((_, _, node, _, _), uuid, units) = best?;
         self.held[node].insert(uuid.clone());
-        Some((Grant::Mig { node, uuid, destroy: false }, slices))
-    }
-
-    /// An instance placed by the real engine, created on demand.
-    fn dynamic(&mut self, p: &'static Profile) -> Option<(Grant, u64)> {
-        let strategy =
-            if self.placement == Placement::Best { Strategy::Best } else { Strategy::FirstFit };
-        let mix = match strategy {
-            Strategy::Best => DemandMix::observed(&self.counts),
-            Strategy::FirstFit => DemandMix::uniform(self.model),
-        };
-        let mut chosen: Option<((i64, u32, usize), PlaceDecision)> = None;
-        for (node, inv) in self.nodes.iter().enumerate() {
-            let Ok(s) = place_scored(inv, &self.held[node], p.name, strategy, &mix) else {
-                continue;
-            };
-            if strategy == Strategy::FirstFit {
-                chosen = Some(((0, 0, node), s.decision));
-                break;
-            }
-            let key = (s.loss, s.free_slots, node);
-            if better(&key, chosen.as_ref().map(|c| &c.0)) {
-                chosen = Some((key, s.decision));
-            }
-        }
-        let ((_, _, node), decision) = chosen?;
-        let uuid = match decision {
-            PlaceDecision::Reuse { uuid } => uuid,
-            PlaceDecision::Create { gpu_index, start } => self.create(node, gpu_index, p, start)?,
-            PlaceDecision::Defragment { destroy, gpu_index, start } => {
-                for u in &destroy {
-                    self.destroy(node, u);
-                }
-                self.create(node, gpu_index, p, start)?
-            }
-        };
-        self.held[node].insert(uuid.clone());
-        Some((Grant::Mig { node, uuid, destroy: true }, u64::from(p.compute_slices)))
+        Some((Grant::Mig { node, uuid }, units, "mig"))
     }
 
     fn create(
@@ -651,28 +1027,42 @@ impl Cluster {
         }
     }
 
-    /// Give a grant back; the compute slices it held.
-    fn release(&mut self, grant: Grant) -> u64 {
+    /// Give a grant back.
+    fn release(&mut self, grant: Grant) {
         match grant {
-            Grant::Mig { node, uuid, destroy } => {
+            Grant::Mig { node, uuid } => {
                 self.held[node].remove(&uuid);
-                let slices = self.nodes[node]
-                    .gpus
-                    .iter()
-                    .flat_map(|g| &g.instances)
-                    .find(|i| i.uuid == uuid)
-                    .and_then(|i| self.model.profile(&i.profile))
-                    .map_or(0, |p| u64::from(p.compute_slices));
-                if destroy {
-                    self.destroy(node, &uuid);
-                }
-                slices
             }
             Grant::Whole { node, gpus } => {
                 for g in &gpus {
                     self.held[node].remove(g);
                 }
-                gpus.len() as u64 * u64::from(COMPUTE_SLICES)
+            }
+            Grant::Pack { node, choice, ask, uuid } => {
+                self.packs[node].release(&choice, &ask);
+                match &choice {
+                    Choice::Whole { gpus } => {
+                        for g in gpus {
+                            self.held[node].remove(&format!("GPU-{node}-{g}"));
+                        }
+                    }
+                    Choice::Mig { .. } => {
+                        if let Some(u) = uuid {
+                            self.held[node].remove(&u);
+                            self.destroy(node, &u);
+                        }
+                    }
+                    Choice::Mps { gpu, .. } | Choice::Shared { gpu } => {
+                        let free =
+                            matches!(self.packs[node].gpus.get(*gpu as usize), Some(GpuUse::Free));
+                        if free {
+                            if let Some(u) = self.mode_instance.remove(&(node, *gpu)) {
+                                self.held[node].remove(&u);
+                                self.destroy(node, &u);
+                            }
+                        }
+                    }
+                }
             }
         }
     }

@@ -21,6 +21,10 @@ pub struct CoordinatorArgs {
     /// For an https:// coordinator: the CA certificate (PEM) that signed its certificate.
     #[arg(long, env = "TESSERA_COORDINATOR_CA")]
     pub coordinator_ca: Option<std::path::PathBuf>,
+    /// Verify revisions (policy diff) against this public key (hex, base64 or a file)
+    /// instead of the key the coordinator announces at /v1/health.
+    #[arg(long, env = "TESSERA_TRUST_KEY")]
+    pub trust_key: Option<String>,
 }
 
 impl CoordinatorArgs {
@@ -48,6 +52,16 @@ impl CoordinatorArgs {
             None => None,
         };
         Ok(Client::new(&[url], token).map_err(explain)?.with_tls(tls))
+    }
+
+    /// The key revisions are verified against: `--trust-key`, else the coordinator's own.
+    fn key(&self, client: &Client) -> Result<::fleet::signing::VerifyingKey, String> {
+        match &self.trust_key {
+            Some(k) => {
+                ::fleet::signing::load_verifying_key(k).map_err(|e| format!("--trust-key: {e}"))
+            }
+            None => block_on(client.announced_key()).map_err(explain),
+        }
     }
 }
 
@@ -133,7 +147,9 @@ pub fn policy(cmd: PolicyFleetCmd) -> Result<(), String> {
             Ok(())
         }
         PolicyFleetCmd::Diff { a, b, fleet } => {
-            let diff = block_on(fleet.client()?.diff(a, b)).map_err(explain)?;
+            let client = fleet.client()?;
+            let key = fleet.key(&client)?;
+            let diff = block_on(client.diff(a, b, &key)).map_err(explain)?;
             if diff.is_empty() {
                 println!("versions {a} and {b} are identical");
             } else {
@@ -177,13 +193,17 @@ pub fn usage(
 ) -> Result<(), String> {
     let client = args.client()?;
     let by: metering::GroupBy = by.parse().map_err(|e: metering::LedgerError| e.to_string())?;
-    // Price with the fleet's latest policy, as each node prices with the policy in force.
-    let prices = latest_prices(&client)?;
+    // Priced by the coordinator with the newest revision that verifies against its signing
+    // key (the policy nodes enforce), as each node prices with the policy in force.
     let req = FleetUsageRequest {
-        query: metering::UsageQuery { from_ms, to_ms, by, prices },
+        query: metering::UsageQuery { from_ms, to_ms, by, prices: metering::Prices::default() },
         nodes: None,
+        price_with_policy: true,
     };
     let fleet = block_on(client.usage_query(&req)).map_err(explain)?;
+    for s in &fleet.skipped {
+        eprintln!("tessera: not priced with policy {s}");
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&fleet).map_err(|e| e.to_string())?);
     } else if csv {
@@ -192,33 +212,6 @@ pub fn usage(
         print!("{}", render_fleet_usage(&fleet));
     }
     Ok(())
-}
-
-/// The prices of the latest pushed policy (none before the first push).
-fn latest_prices(client: &Client) -> Result<metering::Prices, String> {
-    let revs = block_on(client.history()).map_err(explain)?;
-    let Some(latest) = revs.iter().map(|r| r.version).max() else {
-        return Ok(metering::Prices::default());
-    };
-    let env = block_on(client.get(latest)).map_err(explain)?;
-    let bytes = env.policy_bytes().map_err(|e| format!("policy version {latest}: {e}"))?;
-    let p = policy::Policy::parse(&bytes, &format!("policy version {latest}"))
-        .map_err(|e| e.to_string())?;
-    Ok(metering::Prices {
-        per_model: p
-            .prices()
-            .iter()
-            .map(|(m, r)| {
-                (
-                    m.clone(),
-                    metering::Rate {
-                        reserved_per_gpu_hour: r.reserved_per_gpu_hour,
-                        burst_per_gpu_hour: r.burst_per_gpu_hour,
-                    },
-                )
-            })
-            .collect(),
-    })
 }
 
 fn short(digest: &str) -> &str {
@@ -297,7 +290,14 @@ pub fn render_history(revs: &[RevisionSummary]) -> String {
             r.version.to_string(),
             tessera_api::time::format_utc(r.created_ms),
             short(&r.digest).to_string(),
-            r.key_id.clone(),
+            match &r.problem {
+                None => r.key_id.clone(),
+                Some(p) => format!(
+                    "UNVERIFIED ({}; claims {})",
+                    p.split(':').next().unwrap_or("refused"),
+                    if r.key_id.is_empty() { "no key" } else { r.key_id.as_str() }
+                ),
+            },
             r.author.clone(),
         ]);
     }

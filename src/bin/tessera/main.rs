@@ -5,8 +5,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod cdi;
 mod fleet;
 mod mig;
+mod revoke;
+mod setup;
 
 /// Tessera: GPU sharing on one node.
 #[derive(Debug, Parser)]
@@ -35,8 +38,9 @@ enum Cmd {
         /// End of the window (exclusive).
         #[arg(long, default_value = "now", allow_hyphen_values = true)]
         to: String,
-        /// Level of the tenant tree to group by.
-        #[arg(long, default_value = "team", value_parser = ["org", "team", "project", "user", "container"])]
+        /// Group by a level of the tenant tree (org, team, project, user), the container,
+        /// or the Kubernetes namespace or pod (`-` groups what ran outside pods).
+        #[arg(long, default_value = "team", value_parser = ["org", "team", "project", "user", "container", "namespace", "pod"])]
         by: String,
         /// Print JSON (stable: the same ledger and query give the same bytes).
         #[arg(long, conflicts_with = "csv")]
@@ -75,10 +79,27 @@ enum Cmd {
         #[command(subcommand)]
         cmd: DeviceCmd,
     },
+    /// CDI devices (`tessera.io/gpu=...`) that are Tessera requests.
+    Cdi {
+        #[command(subcommand)]
+        cmd: cdi::CdiCmd,
+    },
+    /// Configure a container engine to run containers through tessera-runtime.
+    Setup {
+        #[command(subcommand)]
+        cmd: setup::SetupCmd,
+    },
     /// Policy files.
     Policy {
         #[command(subcommand)]
         cmd: PolicyCmd,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) for tessera.
+    Completions { shell: clap_complete::Shell },
+    /// Write tessera's man pages (tessera.1 and one per subcommand) into a directory.
+    Man {
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
     },
 }
 
@@ -92,6 +113,13 @@ enum DeviceCmd {
 enum PolicyCmd {
     /// Check a policy file; every error names its JSON path.
     Validate { file: PathBuf },
+    /// Make tesserad read its --policy file again (as SIGHUP does); a file that does not
+    /// validate changes nothing, and neither does a reload on a fleet node whose signed
+    /// policy is in force (the answer says why).
+    Reload,
+    /// The running grants the policy in force would refuse now (tenant, request, rule,
+    /// why); `--stop` stops them (SIGTERM, SIGKILL after `--grace` seconds).
+    RevokeCheck(revoke::RevokeArgs),
     #[command(flatten)]
     Fleet(fleet::PolicyFleetCmd),
 }
@@ -110,6 +138,22 @@ fn main() -> ExitCode {
             eprintln!("tessera: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A device UUID goes into the URL path: only the characters of `GPU-…`/`MIG-…` UUIDs,
+/// so nothing the daemon would read as another path is ever sent.
+fn check_device_uuid(uuid: &str) -> Result<(), String> {
+    let ok = !uuid.is_empty()
+        && uuid.len() <= 128
+        && uuid.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "unknown device {}: not a device UUID (GPU-… or MIG-…, see `tessera status`)",
+            tessera_api::untrusted(uuid).max_chars(128)
+        ))
     }
 }
 
@@ -158,6 +202,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::Mig { cmd } => mig::run(&cli.socket, cmd),
         Cmd::Scrub { .. } | Cmd::GpuBench { .. } => Ok(()),
         Cmd::Device { cmd: DeviceCmd::Unquarantine { uuid } } => {
+            check_device_uuid(&uuid)?;
             let r: serde_json::Value = tessera_api::Client::new(&cli.socket)
                 .call::<(), _>("POST", &format!("/v1/devices/{uuid}/unquarantine"), None)
                 .map_err(|e| e.to_string())?;
@@ -173,7 +218,46 @@ fn run(cli: Cli) -> Result<(), String> {
             }
         }
         Cmd::Sim(args) => mig::sim(args),
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory as _;
+            // Into memory first: clap_complete panics on a write error (a closed pipe).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "tessera", &mut script);
+            use std::io::Write as _;
+            match std::io::stdout().write_all(&script) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.to_string()),
+                _ => Ok(()),
+            }
+        }
+        Cmd::Man { out } => {
+            use clap::CommandFactory as _;
+            std::fs::create_dir_all(&out).map_err(|e| format!("--out {}: {e}", out.display()))?;
+            clap_mangen::generate_to(Cli::command(), &out)
+                .map_err(|e| format!("writing man pages to {}: {e}", out.display()))?;
+            println!("man pages written to {}", out.display());
+            Ok(())
+        }
+        Cmd::Setup { cmd } => setup::run(cmd),
+        Cmd::Cdi { cmd } => cdi::run(&cli.socket, cmd),
         Cmd::Policy { cmd: PolicyCmd::Fleet(cmd) } => fleet::policy(cmd),
+        Cmd::Policy { cmd: PolicyCmd::RevokeCheck(args) } => revoke::run(&cli.socket, args),
+        Cmd::Policy { cmd: PolicyCmd::Reload } => {
+            let r: tesserad::reload::ReloadReport = tessera_api::Client::new(&cli.socket)
+                .call::<(), _>("POST", "/v1/policy/reload", None)
+                .map_err(|e| e.to_string())?;
+            if r.changed {
+                println!(
+                    "{}: policy version {} in force (was {}), sha256 {}",
+                    r.file, r.current.version, r.previous.version, r.current.digest
+                );
+            } else {
+                println!(
+                    "{}: unchanged, policy version {} in force (sha256 {})",
+                    r.file, r.current.version, r.current.digest
+                );
+            }
+            Ok(())
+        }
         Cmd::Policy { cmd: PolicyCmd::Validate { file } } => {
             let p = policy::Policy::load(&file).map_err(|e| e.to_string())?;
             println!(

@@ -43,6 +43,15 @@ enum Cmd {
         /// The private key (PEM) of --tls-cert.
         #[arg(long, requires = "tls_cert")]
         tls_key: Option<PathBuf>,
+        /// Delete uploaded usage intervals that ended more than this many days ago (checked
+        /// hourly); 0 keeps them forever.
+        #[arg(long, default_value_t = 400)]
+        usage_retention_days: u64,
+        /// etcd: compact the cluster's history (every key's old values; compaction is
+        /// cluster-wide), keeping the revisions of the last this many seconds. 0 never
+        /// compacts: then run etcd with --auto-compaction-mode/--auto-compaction-retention.
+        #[arg(long, default_value_t = coordinator::store::DEFAULT_HISTORY_RETENTION.as_secs())]
+        etcd_compaction_retention_s: u64,
     },
     /// Write a new signing key (mode 0600, never overwrites) and print its public key,
     /// which nodes pin with `tesserad --trust-key`.
@@ -74,10 +83,32 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<(), String> {
     use coordinator::signing;
     match cli.cmd {
-        Cmd::Serve { listen, store, etcd_prefix, signing_key, tokens, tls_cert, tls_key } => {
+        Cmd::Serve {
+            listen,
+            store,
+            etcd_prefix,
+            signing_key,
+            tokens,
+            tls_cert,
+            tls_key,
+            usage_retention_days,
+            etcd_compaction_retention_s,
+        } => {
             let tls = tls_cert.zip(tls_key);
-            let opts =
-                coordinator::ServeOptions { listen, store, etcd_prefix, signing_key, tokens, tls };
+            let usage_retention = (usage_retention_days > 0).then(|| {
+                std::time::Duration::from_secs(usage_retention_days.saturating_mul(24 * 3600))
+            });
+            let opts = coordinator::ServeOptions {
+                listen,
+                store,
+                etcd_prefix,
+                signing_key,
+                tokens,
+                tls,
+                usage_retention,
+                etcd_compaction: (etcd_compaction_retention_s > 0)
+                    .then(|| std::time::Duration::from_secs(etcd_compaction_retention_s)),
+            };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()

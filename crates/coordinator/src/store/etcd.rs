@@ -4,32 +4,47 @@
 //!
 //! | key | value |
 //! |---|---|
+//! | `{p}/fleet/signing-key` | the fleet's public key (hex): a coordinator with another key refuses to start |
 //! | `{p}/policy/latest` | the latest version, decimal |
 //! | `{p}/policy/rev/{version:020}` | the revision's envelope (JSON); never rewritten |
 //! | `{p}/nodes/{node}` | the node's [`NodeRecord`] (JSON) |
-//! | `{p}/usage/{node}/{interval id}` | a closed interval (JSON); created once |
+//! | `{p}/usage-id/{node}/{interval id}` | the interval's `usage-end` key; created once (one id, one interval) |
+//! | `{p}/usage-end/{end ms:020}/{node}/{interval id}` | the closed interval (JSON) |
+//!
+//! Every read of many keys is paged ([`super::PAGE_REVISIONS`], [`super::PAGE_NODES`],
+//! [`super::PAGE_USAGE`] keys per request, all pages at one etcd revision) and every value
+//! is bounded, so no answer comes near the client's message limit ([`super::MAX_MESSAGE`])
+//! however large the fleet grows. Usage is keyed by the time an interval ends, so a usage
+//! query reads only the intervals that end at or after the window's start, and retention
+//! ([`PolicyStore::prune_usage`]) deletes whole ranges of old ones.
 //!
 //! An append is one transaction: if `latest` still holds the version the pusher saw
 //! (or does not exist yet) and the revision key does not exist, put both. Each
 //! coordinator keeps an etcd watch on `{p}/policy/rev/` (from the revision it read the
 //! latest at, so nothing is missed) and publishes every newer envelope to its long polls;
-//! the watch is re-established with backoff when etcd goes away.
+//! the watch is re-established with backoff when etcd goes away (or its start revision was
+//! compacted away, [`super::compaction`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KvClient, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use tracing::{info, warn};
 
-use super::{check_interval, BoxFut, LatestRx, PolicyStore, Publisher, StoreError};
+use super::{
+    check_interval, check_revision, in_window, span_end, BoxFut, LatestRx, PolicyStore, Publisher,
+    StoreError, MAX_MESSAGE, MAX_NODE_RECORD_BYTES, PAGE_NODES, PAGE_REVISIONS, PAGE_USAGE,
+};
 use crate::signing::SignedPolicy;
 use crate::wire::{NodeRecord, UploadOutcome};
 
 /// Bound on every unary etcd call.
 const OP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Intervals inserted per transaction (two puts each; etcd's default `--max-txn-ops` is 128).
+const USAGE_TXN: usize = 50;
 
 /// The etcd store.
 #[derive(Clone)]
@@ -99,11 +114,69 @@ impl Keys {
     fn node(&self, node: &str) -> String {
         format!("{}/nodes/{node}", self.prefix)
     }
-    fn usage_all(&self) -> String {
-        format!("{}/usage/", self.prefix)
+    fn signing_key(&self) -> String {
+        format!("{}/fleet/signing-key", self.prefix)
     }
-    fn usage(&self, node: &str, id: &str) -> String {
-        format!("{}/usage/{node}/{id}", self.prefix)
+    fn usage_id(&self, node: &str, id: &str) -> String {
+        format!("{}/usage-id/{node}/{id}", self.prefix)
+    }
+    fn usage_ends(&self) -> String {
+        format!("{}/usage-end/", self.prefix)
+    }
+    fn usage_end_from(&self, end_ms: u64) -> String {
+        format!("{}/usage-end/{end_ms:020}/", self.prefix)
+    }
+    fn usage_end(&self, end_ms: u64, node: &str, id: &str) -> String {
+        format!("{}/usage-end/{end_ms:020}/{node}/{id}", self.prefix)
+    }
+}
+
+/// The end of the key range of every key starting with `prefix` (etcd's convention).
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// Read every key in `[start, end)` in pages of `page` keys, all at the etcd revision of
+/// the first page, handing each to `f` in key order.
+async fn range_paged(
+    kv: &mut KvClient,
+    what: &str,
+    start: Vec<u8>,
+    end: Vec<u8>,
+    page: i64,
+    mut f: impl FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    let mut from = start;
+    let mut at: Option<i64> = None;
+    loop {
+        let mut opts = GetOptions::new()
+            .with_range(end.clone())
+            .with_limit(page)
+            .with_sort(SortTarget::Key, SortOrder::Ascend);
+        if let Some(rev) = at {
+            opts = opts.with_revision(rev);
+        }
+        let resp = bounded(what, kv.get(from.clone(), Some(opts))).await?;
+        if at.is_none() {
+            at = resp.header().map(|h| h.revision());
+        }
+        for item in resp.kvs() {
+            f(item.key(), item.value())?;
+        }
+        match resp.kvs().last() {
+            Some(last) if resp.more() => {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => return Ok(()),
+        }
     }
 }
 
@@ -123,6 +196,8 @@ impl EtcdStore {
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
             .with_keep_alive_while_idle(true);
         let client = bounded("connect", Client::connect(endpoints, Some(opts))).await?;
+        // Pages are bounded far below this (see the module docs); the default 4 MiB would
+        // be the only limit a growing fleet could meet.
         let keys = Keys { prefix: prefix.clone() };
         // etcd-client connects lazily: a request proves the cluster answers.
         let (latest, _) = read_latest(&client, &keys).await.map_err(|e| {
@@ -140,6 +215,14 @@ impl EtcdStore {
     fn keys(&self) -> Keys {
         Keys { prefix: self.prefix.clone() }
     }
+
+    fn kv(&self) -> KvClient {
+        kv_of(&self.client)
+    }
+}
+
+fn kv_of(client: &Client) -> KvClient {
+    client.kv_client().max_decoding_message_size(MAX_MESSAGE)
 }
 
 /// The newest revision and the etcd revision it was read at.
@@ -147,7 +230,7 @@ async fn read_latest(
     client: &Client,
     keys: &Keys,
 ) -> Result<(Option<SignedPolicy>, i64), StoreError> {
-    let mut kv = client.kv_client();
+    let mut kv = kv_of(client);
     let opts = GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Key, SortOrder::Descend)
@@ -176,7 +259,7 @@ async fn watch_once(client: &Client, keys: &Keys, publisher: &Publisher) -> Resu
     if let Some(env) = &latest {
         publisher.publish_if_newer(env);
     }
-    let mut wc = client.watch_client();
+    let mut wc = client.watch_client().max_decoding_message_size(MAX_MESSAGE);
     let opts = WatchOptions::new().with_prefix().with_start_revision(at + 1);
     let mut stream = bounded("watch", wc.watch(keys.revs(), Some(opts))).await?;
     while let Some(msg) = stream.message().await.map_err(etcd_err)? {
@@ -217,6 +300,8 @@ impl PolicyStore for EtcdStore {
     ) -> BoxFut<'_, Result<(), StoreError>> {
         Box::pin(async move {
             let keys = self.keys();
+            let body = encode(&rev)?;
+            check_revision(&rev, body.len())?;
             if expected_latest.is_some_and(|e| e >= rev.version) {
                 return Err(StoreError::Conflict {
                     expected: expected_latest,
@@ -231,10 +316,10 @@ impl PolicyStore for EtcdStore {
                 .when([guard, Compare::create_revision(keys.rev(rev.version), CompareOp::Equal, 0)])
                 .and_then([
                     TxnOp::put(keys.latest(), rev.version.to_string(), None),
-                    TxnOp::put(keys.rev(rev.version), encode(&rev)?, None),
+                    TxnOp::put(keys.rev(rev.version), body, None),
                 ])
                 .or_else([TxnOp::get(keys.latest(), None)]);
-            let mut kv = self.client.kv_client();
+            let mut kv = self.kv();
             let resp = bounded("append", kv.txn(txn)).await?;
             if resp.succeeded() {
                 self.publisher.publish_if_newer(&rev);
@@ -256,7 +341,7 @@ impl PolicyStore for EtcdStore {
 
     fn get(&self, version: u64) -> BoxFut<'_, Result<Option<SignedPolicy>, StoreError>> {
         Box::pin(async move {
-            let mut kv = self.client.kv_client();
+            let mut kv = self.kv();
             let resp = bounded("get revision", kv.get(self.keys().rev(version), None)).await?;
             resp.kvs().first().map(|kv| decode("revision", kv.value())).transpose()
         })
@@ -264,11 +349,21 @@ impl PolicyStore for EtcdStore {
 
     fn history(&self) -> BoxFut<'_, Result<Vec<SignedPolicy>, StoreError>> {
         Box::pin(async move {
-            let mut kv = self.client.kv_client();
-            let opts =
-                GetOptions::new().with_prefix().with_sort(SortTarget::Key, SortOrder::Ascend);
-            let resp = bounded("history", kv.get(self.keys().revs(), Some(opts))).await?;
-            resp.kvs().iter().map(|kv| decode("revision", kv.value())).collect()
+            let revs = self.keys().revs();
+            let mut out = Vec::new();
+            range_paged(
+                &mut self.kv(),
+                "history",
+                revs.clone().into_bytes(),
+                prefix_end(&revs),
+                PAGE_REVISIONS,
+                |_, v| {
+                    out.push(decode("revision", v)?);
+                    Ok(())
+                },
+            )
+            .await?;
+            Ok(out)
         })
     }
 
@@ -278,19 +373,45 @@ impl PolicyStore for EtcdStore {
 
     fn put_node(&self, rec: NodeRecord) -> BoxFut<'_, Result<(), StoreError>> {
         Box::pin(async move {
-            let mut kv = self.client.kv_client();
-            bounded("put node", kv.put(self.keys().node(&rec.node), encode(&rec)?, None)).await?;
+            let body = encode(&rec)?;
+            if body.len() > MAX_NODE_RECORD_BYTES {
+                return Err(StoreError::Invalid(format!(
+                    "the record of node {} is {} bytes; at most {MAX_NODE_RECORD_BYTES}",
+                    rec.node,
+                    body.len()
+                )));
+            }
+            let mut kv = self.kv();
+            bounded("put node", kv.put(self.keys().node(&rec.node), body, None)).await?;
             Ok(())
         })
     }
 
     fn nodes(&self) -> BoxFut<'_, Result<Vec<NodeRecord>, StoreError>> {
         Box::pin(async move {
-            let mut kv = self.client.kv_client();
-            let opts =
-                GetOptions::new().with_prefix().with_sort(SortTarget::Key, SortOrder::Ascend);
-            let resp = bounded("nodes", kv.get(self.keys().nodes(), Some(opts))).await?;
-            resp.kvs().iter().map(|kv| decode("node record", kv.value())).collect()
+            let nodes = self.keys().nodes();
+            let mut out = Vec::new();
+            range_paged(
+                &mut self.kv(),
+                "nodes",
+                nodes.clone().into_bytes(),
+                prefix_end(&nodes),
+                PAGE_NODES,
+                |_, v| {
+                    out.push(decode("node record", v)?);
+                    Ok(())
+                },
+            )
+            .await?;
+            Ok(out)
+        })
+    }
+
+    fn node(&self, node: String) -> BoxFut<'_, Result<Option<NodeRecord>, StoreError>> {
+        Box::pin(async move {
+            let mut kv = self.kv();
+            let resp = bounded("get node", kv.get(self.keys().node(&node), None)).await?;
+            resp.kvs().first().map(|kv| decode("node record", kv.value())).transpose()
         })
     }
 
@@ -301,33 +422,31 @@ impl PolicyStore for EtcdStore {
     ) -> BoxFut<'_, Result<UploadOutcome, StoreError>> {
         Box::pin(async move {
             for i in &intervals {
-                check_interval(&node, i).map_err(StoreError::Other)?;
+                check_interval(&node, i).map_err(StoreError::Invalid)?;
             }
             let keys = self.keys();
             let mut out = UploadOutcome::default();
-            let mut kv = self.client.kv_client();
-            for i in &intervals {
-                let key = keys.usage(&node, i.id.as_str());
-                let body = encode(i)?;
-                let txn = Txn::new()
-                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                    .and_then([TxnOp::put(key.clone(), body.clone(), None)])
-                    .or_else([TxnOp::get(key, None)]);
-                let resp = bounded("insert usage", kv.txn(txn)).await?;
+            let mut kv = self.kv();
+            for chunk in intervals.chunks(USAGE_TXN) {
+                // The common case, new intervals: one transaction for the whole chunk.
+                let mut guards = Vec::with_capacity(chunk.len());
+                let mut puts = Vec::with_capacity(chunk.len() * 2);
+                for i in chunk {
+                    let id_key = keys.usage_id(&node, i.id.as_str());
+                    let end_key = keys.usage_end(span_end(i), &node, i.id.as_str());
+                    guards.push(Compare::create_revision(id_key.clone(), CompareOp::Equal, 0));
+                    puts.push(TxnOp::put(id_key, end_key.clone(), None));
+                    puts.push(TxnOp::put(end_key, encode(i)?, None));
+                }
+                let resp =
+                    bounded("insert usage", kv.txn(Txn::new().when(guards).and_then(puts))).await?;
                 if resp.succeeded() {
-                    out.accepted += 1;
+                    out.accepted += chunk.len() as u64;
                     continue;
                 }
-                let same = resp.op_responses().into_iter().any(|r| match r {
-                    TxnOpResponse::Get(g) => {
-                        g.kvs().first().is_some_and(|kv| kv.value() == body.as_slice())
-                    }
-                    _ => false,
-                });
-                if same {
-                    out.duplicates += 1;
-                } else {
-                    out.conflicts.push(i.id.to_string());
+                // Some are stored already (a retried upload): one at a time.
+                for i in chunk {
+                    self.insert_one(&mut kv, &keys, &node, i, &mut out).await?;
                 }
             }
             Ok(out)
@@ -340,26 +459,200 @@ impl PolicyStore for EtcdStore {
         to_ms: u64,
     ) -> BoxFut<'_, Result<Vec<(String, metering::ClosedInterval)>, StoreError>> {
         Box::pin(async move {
-            let mut kv = self.client.kv_client();
             let keys = self.keys();
-            let opts =
-                GetOptions::new().with_prefix().with_sort(SortTarget::Key, SortOrder::Ascend);
-            let resp = bounded("usage", kv.get(keys.usage_all(), Some(opts))).await?;
+            let ends = keys.usage_ends();
             let mut out = Vec::new();
-            for item in resp.kvs() {
-                let key = String::from_utf8_lossy(item.key());
-                let node = key
-                    .strip_prefix(&keys.usage_all())
-                    .and_then(|rest| rest.split('/').next())
-                    .ok_or_else(|| StoreError::Corrupt(format!("usage key {key}")))?
-                    .to_string();
-                let i: metering::ClosedInterval = decode("usage interval", item.value())?;
-                let end = super::span_end(&i);
-                if i.start_wall_ms < to_ms && (end > from_ms || i.start_wall_ms >= from_ms) {
-                    out.push((node, i));
-                }
-            }
+            // Intervals that end before the window cannot touch it: start at `from_ms`.
+            range_paged(
+                &mut self.kv(),
+                "usage",
+                keys.usage_end_from(from_ms).into_bytes(),
+                prefix_end(&ends),
+                PAGE_USAGE,
+                |k, v| {
+                    let key = String::from_utf8_lossy(k);
+                    let node = key
+                        .strip_prefix(&ends)
+                        .and_then(|rest| rest.split('/').nth(1))
+                        .ok_or_else(|| StoreError::Corrupt(format!("usage key {key}")))?
+                        .to_string();
+                    let i: metering::ClosedInterval = decode("usage interval", v)?;
+                    if in_window(&i, from_ms, to_ms) {
+                        out.push((node, i));
+                    }
+                    Ok(())
+                },
+            )
+            .await?;
+            out.sort_by(|(na, a), (nb, b)| (na, &a.id.0).cmp(&(nb, &b.id.0)));
             Ok(out)
         })
+    }
+
+    fn prune_usage(&self, before_ms: u64) -> BoxFut<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let keys = self.keys();
+            let ends = keys.usage_ends();
+            let mut kv = self.kv();
+            let mut pruned = 0u64;
+            loop {
+                // One page of the oldest intervals at a time: their id keys and themselves.
+                let opts = GetOptions::new()
+                    .with_range(keys.usage_end_from(before_ms).into_bytes())
+                    .with_limit(PAGE_USAGE)
+                    .with_keys_only();
+                let resp = bounded("prune usage", kv.get(ends.clone(), Some(opts))).await?;
+                if resp.kvs().is_empty() {
+                    return Ok(pruned);
+                }
+                let mut dels = Vec::new();
+                for item in resp.kvs() {
+                    let key = String::from_utf8_lossy(item.key()).into_owned();
+                    let mut parts = key.strip_prefix(&ends).unwrap_or_default().splitn(3, '/');
+                    let (_end, node, id) = (parts.next(), parts.next(), parts.next());
+                    if let (Some(node), Some(id)) = (node, id) {
+                        dels.push(TxnOp::delete(keys.usage_id(node, id), None));
+                    }
+                    dels.push(TxnOp::delete(key, None));
+                }
+                for ops in dels.chunks(100) {
+                    bounded("prune usage", kv.txn(Txn::new().and_then(ops.to_vec()))).await?;
+                }
+                pruned += resp.kvs().len() as u64;
+            }
+        })
+    }
+
+    fn ping(&self) -> BoxFut<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut kv = self.kv();
+            bounded("ping", kv.get(self.keys().latest(), None)).await?;
+            Ok(())
+        })
+    }
+
+    fn revision(&self) -> BoxFut<'_, Result<Option<i64>, StoreError>> {
+        Box::pin(async move {
+            let mut kv = self.kv();
+            let opts = GetOptions::new().with_count_only();
+            let resp =
+                bounded("read the revision", kv.get(self.keys().latest(), Some(opts))).await?;
+            let header = resp
+                .header()
+                .ok_or_else(|| StoreError::Etcd("an answer without a header".into()))?;
+            Ok(Some(header.revision()))
+        })
+    }
+
+    fn compact(&self, revision: i64) -> BoxFut<'_, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut kv = self.kv();
+            match tokio::time::timeout(OP_TIMEOUT, kv.compact(revision, None)).await {
+                Ok(Ok(_)) => Ok(true),
+                // etcd's ErrCompacted: another coordinator got there first.
+                Ok(Err(e)) if e.to_string().contains("required revision has been compacted") => {
+                    Ok(false)
+                }
+                Ok(Err(e)) => Err(etcd_err(e)),
+                Err(_) => Err(StoreError::Etcd(format!(
+                    "compact to revision {revision}: no answer from etcd in {OP_TIMEOUT:?}"
+                ))),
+            }
+        })
+    }
+
+    fn claim_signing_key(&self, public_key: String) -> BoxFut<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let keys = self.keys();
+            let mut kv = self.kv();
+            let ours = key_id_of_hex(&public_key)?;
+            let resp = bounded("read the fleet key", kv.get(keys.signing_key(), None)).await?;
+            if let Some(stored) = resp.kvs().first() {
+                let stored = String::from_utf8_lossy(stored.value()).trim().to_string();
+                if stored != public_key {
+                    return Err(StoreError::ForeignKey { stored: key_id_of_hex(&stored)?, ours });
+                }
+                return Ok(());
+            }
+            // Not bound yet: a store with revisions belongs to the key its latest claims.
+            let (latest, _) = read_latest(&self.client, &keys).await?;
+            if let Some(l) = latest.filter(|l| !l.key_id.is_empty() && l.key_id != ours) {
+                return Err(StoreError::ForeignKey { stored: l.key_id, ours });
+            }
+            let txn = Txn::new()
+                .when([Compare::create_revision(keys.signing_key(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(keys.signing_key(), public_key.clone(), None)])
+                .or_else([TxnOp::get(keys.signing_key(), None)]);
+            let resp = bounded("bind the fleet key", kv.txn(txn)).await?;
+            if resp.succeeded() {
+                info!(prefix = %self.prefix, key_id = %ours, "etcd prefix bound to this fleet signing key");
+                return Ok(());
+            }
+            // Another coordinator bound it meanwhile.
+            let stored = resp.op_responses().into_iter().find_map(|r| match r {
+                TxnOpResponse::Get(g) => {
+                    g.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).trim().to_string())
+                }
+                _ => None,
+            });
+            match stored {
+                Some(s) if s == public_key => Ok(()),
+                Some(s) => Err(StoreError::ForeignKey { stored: key_id_of_hex(&s)?, ours }),
+                None => Err(StoreError::Etcd("binding the fleet key: no answer".into())),
+            }
+        })
+    }
+}
+
+/// The key id of a hex public key.
+fn key_id_of_hex(hex_key: &str) -> Result<String, StoreError> {
+    crate::signing::parse_verifying_key(hex_key, "the fleet signing key in the store")
+        .map(|k| crate::signing::key_id(&k))
+        .map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+impl EtcdStore {
+    /// Insert one interval unless its id is stored; a stored one is a duplicate when its
+    /// content is the same, else a conflict (the first upload is kept).
+    async fn insert_one(
+        &self,
+        kv: &mut KvClient,
+        keys: &Keys,
+        node: &str,
+        i: &metering::ClosedInterval,
+        out: &mut UploadOutcome,
+    ) -> Result<(), StoreError> {
+        let id_key = keys.usage_id(node, i.id.as_str());
+        let end_key = keys.usage_end(span_end(i), node, i.id.as_str());
+        let body = encode(i)?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(id_key.clone(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(id_key.clone(), end_key.clone(), None),
+                TxnOp::put(end_key, body.clone(), None),
+            ])
+            .or_else([TxnOp::get(id_key, None)]);
+        let resp = bounded("insert usage", kv.txn(txn)).await?;
+        if resp.succeeded() {
+            out.accepted += 1;
+            return Ok(());
+        }
+        let stored_at = resp.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+            _ => None,
+        });
+        let same = match stored_at {
+            Some(at) => {
+                let resp = bounded("read usage", kv.get(at, None)).await?;
+                resp.kvs().first().is_some_and(|kv| kv.value() == body.as_slice())
+            }
+            None => false,
+        };
+        if same {
+            out.duplicates += 1;
+        } else {
+            out.conflicts.push(i.id.to_string());
+        }
+        Ok(())
     }
 }

@@ -6,6 +6,7 @@
 //! from an etcd watch on its policy prefix (so a push through any coordinator wakes the
 //! long polls of all of them).
 
+mod compaction;
 mod etcd;
 mod sqlite;
 
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::watch;
 
+pub use compaction::{compaction_loop, sample_every, Schedule, DEFAULT_HISTORY_RETENTION};
 pub use etcd::EtcdStore;
 pub use sqlite::SqliteStore;
 
@@ -39,8 +41,60 @@ pub enum StoreError {
     Etcd(String),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// What was asked of the store is not allowed (a version out of bounds, an
+    /// oversized revision or interval): the caller's mistake, answered 400/413.
+    #[error("{0}")]
+    Invalid(String),
+    /// The store belongs to a fleet whose revisions another signing key made.
+    #[error(
+        "this store holds the revisions of a fleet signed by key {stored}, but this coordinator signs \
+         with key {ours}: nodes pinning the fleet's key would refuse everything it signs. Start it with \
+         the fleet's signing key, or give it its own store (another --etcd-prefix or SQLite file)"
+    )]
+    ForeignKey { stored: String, ours: String },
     #[error("store: {0}")]
     Other(String),
+}
+
+/// Largest stored usage interval (its JSON), so that a page of [`PAGE_USAGE`] intervals
+/// stays far below the etcd client's message limit ([`MAX_MESSAGE`]).
+pub const MAX_INTERVAL_BYTES: usize = 16 << 10;
+/// Largest stored node record (its JSON): the report's text fields are bounded to
+/// 4096 bytes each, so a record is at most about 13 KB.
+pub const MAX_NODE_RECORD_BYTES: usize = 16 << 10;
+/// Largest stored revision envelope: a [`fleet::MAX_POLICY_BYTES`] policy in base64 plus
+/// the envelope's fields.
+pub const MAX_ENVELOPE_BYTES: usize = fleet::MAX_POLICY_BYTES / 3 * 4 + 8 + (16 << 10);
+/// Keys read per etcd range request: revisions, node records, usage intervals.
+pub const PAGE_REVISIONS: i64 = 16;
+pub const PAGE_NODES: i64 = 1000;
+pub const PAGE_USAGE: i64 = 1000;
+/// The etcd client's largest accepted message (etcd-client's default is 4 MiB). Every
+/// read is paged so that a page is at most a third of it, whatever the store holds:
+/// 16 envelopes (≤ 23 MB), 1000 node records (≤ 16 MB), 1000 intervals (≤ 16 MB).
+pub const MAX_MESSAGE: usize = 64 << 20;
+const _: () = assert!(PAGE_REVISIONS as usize * MAX_ENVELOPE_BYTES <= MAX_MESSAGE / 2);
+const _: () = assert!(PAGE_NODES as usize * MAX_NODE_RECORD_BYTES <= MAX_MESSAGE / 2);
+const _: () = assert!(PAGE_USAGE as usize * MAX_INTERVAL_BYTES <= MAX_MESSAGE / 2);
+
+/// Checks a revision before it is stored: a version within [`fleet::MAX_POLICY_VERSION`]
+/// and an envelope within [`MAX_ENVELOPE_BYTES`] (both stores, whoever calls them).
+pub(crate) fn check_revision(rev: &SignedPolicy, encoded_len: usize) -> Result<(), StoreError> {
+    if rev.version == 0 || rev.version > fleet::MAX_POLICY_VERSION {
+        return Err(StoreError::Invalid(format!(
+            "revision version {} is outside 1..={}",
+            rev.version,
+            fleet::MAX_POLICY_VERSION
+        )));
+    }
+    if encoded_len > MAX_ENVELOPE_BYTES {
+        return Err(StoreError::Invalid(format!(
+            "revision {} is {encoded_len} bytes; at most {MAX_ENVELOPE_BYTES} are stored (policies up to {} bytes)",
+            rev.version,
+            fleet::MAX_POLICY_BYTES
+        )));
+    }
+    Ok(())
 }
 
 /// The latest revision as published to watchers: the envelope and its JSON, serialized
@@ -126,8 +180,31 @@ pub trait PolicyStore: Send + Sync + fmt::Debug {
     /// Store a node's record (replacing the previous one).
     fn put_node(&self, rec: NodeRecord) -> BoxFut<'_, Result<(), StoreError>>;
 
-    /// Every stored node record, sorted by node.
+    /// Every stored node record, sorted by node (read in pages).
     fn nodes(&self) -> BoxFut<'_, Result<Vec<NodeRecord>, StoreError>>;
+
+    /// One node's record.
+    fn node(&self, node: String) -> BoxFut<'_, Result<Option<NodeRecord>, StoreError>>;
+
+    /// Delete the usage intervals that ended before `before_ms` (retention); how many.
+    fn prune_usage(&self, before_ms: u64) -> BoxFut<'_, Result<u64, StoreError>>;
+
+    /// A cheap request that proves the store answers (for `/v1/health`).
+    fn ping(&self) -> BoxFut<'_, Result<(), StoreError>>;
+
+    /// etcd: the cluster's current revision, the head of its history; `None` for a store
+    /// that keeps no history (SQLite), which [`compaction_loop`] then leaves alone.
+    fn revision(&self) -> BoxFut<'_, Result<Option<i64>, StoreError>>;
+
+    /// etcd: drop the history before `revision` ([`compaction_loop`]); `Ok(false)` when the
+    /// cluster is compacted that far already (by another coordinator).
+    fn compact(&self, revision: i64) -> BoxFut<'_, Result<bool, StoreError>>;
+
+    /// Bind the store to the fleet signing key `public_key` (hex) on first use, or check
+    /// that it is the key the store is bound to: [`StoreError::ForeignKey`] otherwise. A
+    /// store without the binding but with revisions is bound to the key its latest
+    /// revision claims.
+    fn claim_signing_key(&self, public_key: String) -> BoxFut<'_, Result<(), StoreError>>;
 
     /// Insert intervals of `node`, each at most once by id (insert-or-ignore).
     fn insert_usage(
@@ -136,12 +213,18 @@ pub trait PolicyStore: Send + Sync + fmt::Debug {
         intervals: Vec<metering::ClosedInterval>,
     ) -> BoxFut<'_, Result<UploadOutcome, StoreError>>;
 
-    /// Every stored interval that may touch `[from_ms, to_ms)`, with its node.
+    /// Every stored interval that touches `[from_ms, to_ms)` (it starts before `to_ms` and
+    /// ends after `from_ms`, or starts in the window), with its node, sorted by node and id.
     fn usage_intervals(
         &self,
         from_ms: u64,
         to_ms: u64,
     ) -> BoxFut<'_, Result<Vec<(String, metering::ClosedInterval)>, StoreError>>;
+}
+
+/// Whether a stored interval touches `[from_ms, to_ms)` (the SQLite query's condition).
+pub(crate) fn in_window(i: &metering::ClosedInterval, from_ms: u64, to_ms: u64) -> bool {
+    i.start_wall_ms < to_ms && (span_end(i) > from_ms || i.start_wall_ms >= from_ms)
 }
 
 /// Which store to open: `sqlite:PATH` or `etcd:URL[,URL...]`.
@@ -204,6 +287,7 @@ pub(crate) fn span_of(i: &metering::ClosedInterval) -> metering::Span {
         // Uploaded intervals do not carry utilisation samples (yet): fleet reports show
         // GPU-seconds and cost, used-vs-reserved only per node.
         used_ratio: None,
+        workload: i.start.workload.clone(),
     }
 }
 
@@ -230,6 +314,13 @@ pub(crate) fn check_interval(node: &str, i: &metering::ClosedInterval) -> Result
     }
     if i64::try_from(span_end(i)).is_err() {
         return Err(format!("interval {} ends beyond the representable time range", i.id));
+    }
+    let size = serde_json::to_vec(i).map(|b| b.len()).unwrap_or(usize::MAX);
+    if size > MAX_INTERVAL_BYTES {
+        return Err(format!(
+            "interval {} is {size} bytes of JSON; at most {MAX_INTERVAL_BYTES}",
+            i.id
+        ));
     }
     Ok(())
 }

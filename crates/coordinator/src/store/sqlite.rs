@@ -8,7 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use super::{check_interval, span_end, BoxFut, LatestRx, PolicyStore, Publisher, StoreError};
+use super::{
+    check_interval, check_revision, span_end, BoxFut, LatestRx, PolicyStore, Publisher, StoreError,
+    MAX_NODE_RECORD_BYTES,
+};
 use crate::signing::SignedPolicy;
 use crate::wire::{NodeRecord, UploadOutcome};
 
@@ -34,6 +37,11 @@ CREATE TABLE IF NOT EXISTS usage (
     PRIMARY KEY (node, interval_id)
 );
 CREATE INDEX IF NOT EXISTS usage_by_start ON usage (start_ms);
+CREATE INDEX IF NOT EXISTS usage_by_end ON usage (end_ms);
+CREATE TABLE IF NOT EXISTS meta (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 ";
 
 /// The SQLite store.
@@ -45,7 +53,8 @@ pub struct SqliteStore {
 }
 
 fn to_sql(v: u64) -> Result<i64, StoreError> {
-    i64::try_from(v).map_err(|_| StoreError::Other(format!("{v} is beyond SQLite's integer range")))
+    i64::try_from(v)
+        .map_err(|_| StoreError::Invalid(format!("{v} is beyond SQLite's integer range")))
 }
 
 fn decode<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T, StoreError> {
@@ -116,6 +125,8 @@ impl PolicyStore for SqliteStore {
     ) -> BoxFut<'_, Result<(), StoreError>> {
         Box::pin(async move {
             let published = rev.clone();
+            let body = encode(&rev)?;
+            check_revision(&rev, body.len())?;
             self.with_conn(move |conn| {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
                 let actual: Option<i64> =
@@ -129,7 +140,7 @@ impl PolicyStore for SqliteStore {
                 }
                 tx.execute(
                     "INSERT INTO revisions (version, envelope) VALUES (?1, ?2)",
-                    params![to_sql(rev.version)?, encode(&rev)?],
+                    params![to_sql(rev.version)?, body],
                 )?;
                 tx.commit()?;
                 Ok(())
@@ -171,11 +182,74 @@ impl PolicyStore for SqliteStore {
 
     fn put_node(&self, rec: NodeRecord) -> BoxFut<'_, Result<(), StoreError>> {
         Box::pin(self.with_conn(move |conn| {
+            let body = encode(&rec)?;
+            if body.len() > MAX_NODE_RECORD_BYTES {
+                return Err(StoreError::Invalid(format!(
+                    "the record of node {} is {} bytes; at most {MAX_NODE_RECORD_BYTES}",
+                    rec.node,
+                    body.len()
+                )));
+            }
             conn.execute(
                 "INSERT INTO nodes (node, record) VALUES (?1, ?2)
                  ON CONFLICT (node) DO UPDATE SET record = excluded.record",
-                params![rec.node, encode(&rec)?],
+                params![rec.node, body],
             )?;
+            Ok(())
+        }))
+    }
+
+    fn node(&self, node: String) -> BoxFut<'_, Result<Option<NodeRecord>, StoreError>> {
+        Box::pin(self.with_conn(move |conn| {
+            let text: Option<String> = conn
+                .query_row("SELECT record FROM nodes WHERE node = ?1", [node], |r| r.get(0))
+                .optional()?;
+            text.map(|t| decode("node record", &t)).transpose()
+        }))
+    }
+
+    fn prune_usage(&self, before_ms: u64) -> BoxFut<'_, Result<u64, StoreError>> {
+        Box::pin(self.with_conn(move |conn| {
+            let n = conn.execute("DELETE FROM usage WHERE end_ms < ?1", [to_sql(before_ms)?])?;
+            Ok(n as u64)
+        }))
+    }
+
+    fn ping(&self) -> BoxFut<'_, Result<(), StoreError>> {
+        Box::pin(self.with_conn(|conn| {
+            conn.query_row("SELECT 1", [], |_| Ok(()))?;
+            Ok(())
+        }))
+    }
+
+    // SQLite keeps no history of deleted or replaced rows: nothing to compact.
+    fn revision(&self) -> BoxFut<'_, Result<Option<i64>, StoreError>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    fn compact(&self, _revision: i64) -> BoxFut<'_, Result<bool, StoreError>> {
+        Box::pin(async { Ok(false) })
+    }
+
+    fn claim_signing_key(&self, public_key: String) -> BoxFut<'_, Result<(), StoreError>> {
+        Box::pin(self.with_conn(move |conn| {
+            let ours = key_id_of_hex(&public_key)?;
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let stored: Option<String> = tx
+                .query_row("SELECT value FROM meta WHERE name = 'signing-key'", [], |r| r.get(0))
+                .optional()?;
+            match stored {
+                Some(s) if s.trim() == public_key => return Ok(()),
+                Some(s) => {
+                    return Err(StoreError::ForeignKey { stored: key_id_of_hex(s.trim())?, ours })
+                }
+                None => {}
+            }
+            if let Some(l) = latest_in(&tx)?.filter(|l| !l.key_id.is_empty() && l.key_id != ours) {
+                return Err(StoreError::ForeignKey { stored: l.key_id, ours });
+            }
+            tx.execute("INSERT INTO meta (name, value) VALUES ('signing-key', ?1)", [public_key])?;
+            tx.commit()?;
             Ok(())
         }))
     }
@@ -195,7 +269,7 @@ impl PolicyStore for SqliteStore {
     ) -> BoxFut<'_, Result<UploadOutcome, StoreError>> {
         Box::pin(self.with_conn(move |conn| {
             for i in &intervals {
-                check_interval(&node, i).map_err(StoreError::Other)?;
+                check_interval(&node, i).map_err(StoreError::Invalid)?;
             }
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let mut out = UploadOutcome::default();
@@ -256,6 +330,13 @@ impl PolicyStore for SqliteStore {
             .collect()
         }))
     }
+}
+
+/// The key id of a hex public key.
+fn key_id_of_hex(hex_key: &str) -> Result<String, StoreError> {
+    crate::signing::parse_verifying_key(hex_key, "the fleet signing key in the store")
+        .map(|k| crate::signing::key_id(&k))
+        .map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
 #[cfg(test)]

@@ -304,6 +304,7 @@ pub fn interval(
             mig_profile: None,
             fraction,
             class: metering::Class::Guaranteed,
+            workload: None,
         },
         start_wall_ms: start_ms,
         end_wall_ms: start_ms + duration_ms,

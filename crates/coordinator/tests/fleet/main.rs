@@ -7,7 +7,10 @@
 
 mod agent;
 mod common;
+mod compaction;
 mod etcd;
+mod hardening;
+mod scale;
 mod server;
 mod tls;
 mod usage;

@@ -128,7 +128,7 @@ async fn pushes_are_validated_versioned_signed_and_kept() {
     assert_eq!(v.bytes, policy_with(3, "dev"), "the exact bytes pushed");
     assert_eq!(v.policy.digest(), r3.digest);
     assert_eq!(a.get(2).await.expect_err("none").status(), Some(404));
-    let d = a.diff(1, 3).await.expect("diff");
+    let d = a.diff(1, 3, &key().verifying_key()).await.expect("diff");
     assert!(
         d.contains("-      \"trust\": \"trusted\"") && d.contains("+      \"trust\": \"dev\""),
         "{d}"

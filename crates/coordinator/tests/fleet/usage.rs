@@ -46,10 +46,27 @@ async fn lossy_proxy(
                             }
                         }
                     };
-                    let mut answer = [0u8; 16];
+                    // Relay the answer to the client's credential-less `GET /v1/ping`
+                    // (sent first on every new plain connection), then lose the next.
+                    let answer = async {
+                        let mut relayed = Vec::new();
+                        let mut chunk = [0u8; 4096];
+                        while !String::from_utf8_lossy(&relayed).contains("tessera-coordinator\n") {
+                            match ur.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(k) => {
+                                    relayed.extend_from_slice(&chunk[..k]);
+                                    if cw.write_all(&chunk[..k]).await.is_err() {
+                                        return;
+                                    }
+                                }
+                            }
+                        }
+                        let _ = ur.read(&mut chunk).await;
+                    };
                     tokio::select! {
                         _ = forward => {}
-                        _ = ur.read(&mut answer) => {}
+                        _ = answer => {}
                     }
                     let _ = cw.shutdown().await;
                 } else {
@@ -134,6 +151,7 @@ async fn uploads_retried_after_a_lost_answer_count_once() {
             },
         },
         nodes: None,
+        price_with_policy: false,
     };
     let u = admin(&c.url()).usage_query(&q).await.expect("priced");
     assert_eq!(u.report.total.cost, 7.0, "3.5 GPU-hours at 2.0");

@@ -12,6 +12,8 @@ impl Node {
         // The container id and the request are typed since the body was read: a malformed
         // one never got this far.
         let request = &req.request;
+        // The devices kubelet chose, when the device plugin assigned them (`assignment.rs`).
+        let assigned = self.plugin_assignment(req)?;
 
         if let Some(existing) = self.store.get(&req.container_id).map_err(internal)? {
             // Idempotent by container id: a retried create gets the same grant.
@@ -34,6 +36,10 @@ impl Node {
                 rule: None,
             });
         }
+
+        // Which pod container asks (containerd's own annotations), and the bare form's
+        // one-application-container rule.
+        let workload = self.pod_container(req)?;
 
         let tenant = self.policy.policy.resolve_identity(&req.annotations).map_err(|e| {
             let err = ApiError {
@@ -59,13 +65,25 @@ impl Node {
             return Err(err);
         }
 
-        let who =
-            grant::Asker { req, request, tenant: &tenant.path, trust: tenant.trust.to_string() };
-        let plan = self.plan_grant(&who).inspect_err(|err| {
+        let who = grant::Asker {
+            req,
+            request,
+            tenant: &tenant.path,
+            trust: tenant.trust.to_string(),
+            workload,
+        };
+        let planned = match &assigned {
+            Some(a) => self.plan_assigned(&who, a),
+            None => self.plan_grant(&who),
+        };
+        let plan = planned.inspect_err(|err| {
             if err.code == ErrorCode::NoCapacity {
                 self.record_refusal(&req.container_id, err);
             }
         })?;
+        if let Some(a) = &assigned {
+            self.record_assignment(&req.container_id, a)?;
+        }
         self.apply_grant(plan)
     }
 }

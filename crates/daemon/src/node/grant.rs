@@ -21,6 +21,8 @@ pub(crate) struct Asker<'a> {
     pub request: &'a GpuRequest,
     pub tenant: &'a str,
     pub trust: String,
+    /// The pod container it asks for, where it is one.
+    pub workload: Option<tessera_api::cri::Workload>,
 }
 
 /// What a grant will hold, decided from a snapshot; nothing is changed yet.
@@ -53,6 +55,7 @@ pub(crate) struct GrantPlan {
     pub states: Vec<StateChange>,
     /// The MIG profile whose demand this grant adds to, once committed.
     pub mig_profile: Option<String>,
+    pub workload: Option<tessera_api::cri::Workload>,
 }
 
 fn injection_for(node: &Node, devices: &[GrantedDevice]) -> Result<Injection, ApiError> {
@@ -73,12 +76,11 @@ impl Node {
         device_use.exclusive.extend(blocked.iter().cloned());
         let mut mig_profile = None;
         let acquire = match who.request {
-            GpuRequest::Mps { percent } => self.plan_mps(tenant, who, *percent, &device_use)?,
-            GpuRequest::Shared => self.plan_shared(tenant, &device_use)?,
-            GpuRequest::Mig { profile }
-                if self.dynamic_mig
-                    && self.policy.policy.mig_layouts(&self.inventory.node).is_empty() =>
-            {
+            GpuRequest::Mps { percent } => {
+                self.plan_mps(tenant, who, *percent, &device_use, None)?
+            }
+            GpuRequest::Shared => self.plan_shared(tenant, &device_use, None)?,
+            GpuRequest::Mig { profile } if self.mig_is_dynamic() => {
                 let mut untouchable = device_use.busy();
                 untouchable.extend(life.keys().cloned());
                 mig_profile = Some(profile.clone());
@@ -97,7 +99,20 @@ impl Node {
                 Acquire::Devices(devices)
             }
         };
-        let states = self.handed_back(&life, &acquire)?;
+        self.finish_plan(who, &life, acquire, mig_profile)
+    }
+
+    /// The plan of `who`'s grant once what it holds is decided (here, or on the devices
+    /// kubelet assigned: `assignment.rs`).
+    pub(super) fn finish_plan(
+        &self,
+        who: &Asker<'_>,
+        life: &Lifecycles,
+        acquire: Acquire,
+        mig_profile: Option<String>,
+    ) -> Result<GrantPlan, ApiError> {
+        let tenant = who.tenant;
+        let states = self.handed_back(life, &acquire)?;
         Ok(GrantPlan {
             container_id: who.req.container_id.to_string(),
             tenant: tenant.to_string(),
@@ -108,6 +123,7 @@ impl Node {
             acquire,
             states,
             mig_profile,
+            workload: who.workload.clone(),
         })
     }
 
@@ -194,15 +210,17 @@ impl Node {
     }
 
     /// An MPS share: the most booked device that still fits (so shares pack and whole
-    /// devices stay free).
-    fn plan_mps(
+    /// devices stay free); on device `only` when given (kubelet's choice).
+    pub(super) fn plan_mps(
         &self,
         tenant: &str,
         who: &Asker<'_>,
         percent: u8,
         device_use: &DeviceUse,
+        only: Option<&str>,
     ) -> Result<Acquire, ApiError> {
-        let loads = device_use.mps_loads(&self.inventory);
+        let mut loads = device_use.mps_loads(&self.inventory);
+        loads.retain(|l| only.is_none_or(|u| l.uuid == u));
         let device = mpsd::pick_mps_device(&loads, tenant, percent).map_err(|nofit| ApiError {
             code: ErrorCode::NoCapacity,
             message: format!("tenant {tenant}: {nofit}"),
@@ -230,11 +248,18 @@ impl Node {
         Ok(Acquire::Mps { device: granted, share, request })
     }
 
-    /// A time-sliced replica: a GPU shared only within the tenant's sharing domain.
-    fn plan_shared(&self, tenant: &str, device_use: &DeviceUse) -> Result<Acquire, ApiError> {
+    /// A time-sliced replica: a GPU shared only within the tenant's sharing domain; on
+    /// device `only` when given (kubelet's choice).
+    pub(super) fn plan_shared(
+        &self,
+        tenant: &str,
+        device_use: &DeviceUse,
+        only: Option<&str>,
+    ) -> Result<Acquire, ApiError> {
         let replicas = self.policy.policy.shared_replicas();
         let domain = self.policy.policy.sharing_domain(tenant);
-        let loads = device_use.shared_loads(&self.inventory, replicas);
+        let mut loads = device_use.shared_loads(&self.inventory, replicas);
+        loads.retain(|l| only.is_none_or(|u| l.uuid == u));
         let device = mpsd::pick_shared_device(&loads, &domain).map_err(|nofit| ApiError {
             code: ErrorCode::NoCapacity,
             message: format!("tenant {tenant}: {nofit}"),
@@ -329,6 +354,7 @@ impl Node {
             pid: None,
             created_ms: crate::now_ms(),
             share,
+            workload: plan.workload,
         };
         let record = Record {
             allocation,

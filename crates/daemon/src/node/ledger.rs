@@ -143,6 +143,7 @@ impl Node {
                 },
                 fraction: self.fraction(a, d),
                 class: Class::Guaranteed,
+                workload: a.workload.clone(),
             };
             self.ledger.open_interval(&start).map_err(ledger_err)?;
         }

@@ -106,6 +106,22 @@ impl Node {
     /// service only if that scrub succeeds.
     pub fn unquarantine(&mut self, device: &str) -> Result<ScrubJob, ApiError> {
         let current = self.lifecycle()?.remove(device).map(|(st, _)| st);
+        // A UUID the node has never heard of is unknown, not "free": neither a GPU or MIG
+        // instance of the inventory nor a device with a recorded lifecycle.
+        let inventory = self.inventory();
+        let known = inventory
+            .gpus
+            .iter()
+            .any(|g| g.uuid == device || g.instances.iter().any(|i| i.uuid == device));
+        if current.is_none() && !known {
+            return Err(ApiError::new(
+                ErrorCode::NotFound,
+                format!(
+                    "unknown device {}: this node has no GPU or MIG instance with that UUID (see `tessera status`)",
+                    tessera_api::untrusted(device).max_chars(128)
+                ),
+            ));
+        }
         let Some(st @ scrub::DeviceState::Quarantined { .. }) = current else {
             return Err(ApiError::new(
                 ErrorCode::Conflict,

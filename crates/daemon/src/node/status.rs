@@ -34,7 +34,11 @@ impl Node {
             for d in &a.devices {
                 holders.insert(
                     &d.uuid,
-                    Holder { container_id: a.container_id.clone(), tenant: a.tenant.clone() },
+                    Holder {
+                        container_id: a.container_id.clone(),
+                        tenant: a.tenant.clone(),
+                        workload: a.workload.as_ref().map(|w| w.display_name()),
+                    },
                 );
             }
         }
@@ -130,11 +134,12 @@ impl Node {
             .recent_events(20)
             .map_err(internal)?
             .into_iter()
-            .map(|(ts_ms, kind, container_id, detail)| EventStatus {
-                ts_ms,
-                kind,
-                container_id,
-                detail,
+            .map(|e| EventStatus {
+                ts_ms: e.ts_ms,
+                kind: e.kind,
+                container_id: e.container_id,
+                workload: e.workload,
+                detail: e.detail,
             })
             .collect();
         Ok(NodeStatus {

@@ -30,6 +30,7 @@ pub fn start(container: &str, tenant: &str, device: &str) -> IntervalStart {
         mig_profile: None,
         fraction: 1.0,
         class: Class::Guaranteed,
+        workload: None,
     }
 }
 

@@ -1,0 +1,179 @@
+//! The policy reference (docs/POLICY.md) and the JSON Schema (schemas/policy.schema.json)
+//! against the parser: every field the parser accepts is documented and in the schema,
+//! and nothing else is; the example policies validate against the schema.
+//!
+//! The parser's fields are asked of the parser itself: an unknown field at each object's
+//! path makes serde list the fields that object accepts (`deny_unknown_fields`).
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+fn repo(p: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(p)
+}
+
+/// Every object of the policy: its documented path, and a policy with an unknown field
+/// `zz_probe` in that object (`@` marks where).
+const OBJECTS: &[(&str, &str)] = &[
+    ("", r#"{"version": 1, "orgs": {}, @}"#),
+    ("tiers", r#"{"version": 1, "orgs": {}, "tiers": {@}}"#),
+    ("tiers.<tier>", r#"{"version": 1, "orgs": {}, "tiers": {"dev": {@}}}"#),
+    ("orgs.<org>", r#"{"version": 1, "orgs": {"a": {@}}}"#),
+    ("orgs.<org>.teams.<team>", r#"{"version": 1, "orgs": {"a": {"teams": {"t": {@}}}}}"#),
+    (
+        "orgs.<org>.teams.<team>.projects.<project>",
+        r#"{"version": 1, "orgs": {"a": {"teams": {"t": {"projects": {"p": {@}}}}}}}"#,
+    ),
+    ("identity[]", r#"{"version": 1, "orgs": {}, "identity": [{@}]}"#),
+    ("node_pools.<pool>", r#"{"version": 1, "orgs": {}, "node_pools": {"p": {@}}}"#),
+    ("prices.<model>", r#"{"version": 1, "orgs": {}, "prices": {"m": {@}}}"#),
+    ("mps", r#"{"version": 1, "orgs": {}, "mps": {@}}"#),
+    ("sharing", r#"{"version": 1, "orgs": {}, "sharing": {@}}"#),
+    ("scrub", r#"{"version": 1, "orgs": {}, "scrub": {@}}"#),
+];
+
+/// The fields serde says the object at `probe`'s `@` accepts.
+fn accepted(probe: &str) -> BTreeSet<String> {
+    let doc = probe.replace('@', r#""zz_probe": 1"#);
+    let err = policy::Policy::parse(doc.as_bytes(), "probe.json").unwrap_err().to_string();
+    let list = err
+        .split_once("unknown field `zz_probe`, expected ")
+        .unwrap_or_else(|| panic!("{probe}: not an unknown-field error: {err}"))
+        .1;
+    let list = list.strip_prefix("one of ").unwrap_or(list);
+    list.split('`').skip(1).step_by(2).map(str::to_string).collect()
+}
+
+/// Every field path the parser accepts, as docs/POLICY.md writes them.
+fn parser_fields() -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (path, probe) in OBJECTS {
+        let fields = accepted(probe);
+        assert!(!fields.is_empty(), "{path}: no fields");
+        for f in fields {
+            out.insert(if path.is_empty() { f } else { format!("{path}.{f}") });
+        }
+    }
+    out
+}
+
+/// The field paths in docs/POLICY.md's tables: the first cell of each row.
+fn documented_fields() -> BTreeSet<String> {
+    let text = std::fs::read_to_string(repo("docs/POLICY.md")).unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once('`'))
+        .map(|(field, _)| field.to_string())
+        .collect()
+}
+
+#[test]
+fn the_reference_documents_exactly_the_fields_the_parser_accepts() {
+    let parser = parser_fields();
+    let docs = documented_fields();
+    let missing: Vec<_> = parser.difference(&docs).collect();
+    let extra: Vec<_> = docs.difference(&parser).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "docs/POLICY.md is out of step with crates/policy/src/raw.rs:\n  accepted but not \
+         documented: {missing:?}\n  documented but not accepted: {extra:?}"
+    );
+    // The fields a user once found only in a validation error.
+    for f in ["default_tenant", "mig_weights", "scrub.min_coverage", "identity[].engines"] {
+        assert!(docs.contains(f), "{f}");
+    }
+}
+
+fn schema() -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(repo("schemas/policy.schema.json")).unwrap())
+        .unwrap()
+}
+
+/// The schema object at a documented path (`<tier>` is each tier, checked through `dev`;
+/// another `<name>` steps into a map's values, `[]` into a list's items).
+fn schema_at<'a>(mut node: &'a serde_json::Value, path: &str) -> &'a serde_json::Value {
+    if path.is_empty() {
+        return node;
+    }
+    for step in path.split('.') {
+        let (name, list) = match step.strip_suffix("[]") {
+            Some(n) => (n, true),
+            None => (step, false),
+        };
+        node = if name == "<tier>" {
+            &node["properties"]["dev"]
+        } else if name.starts_with('<') {
+            &node["additionalProperties"]
+        } else {
+            &node["properties"][name]
+        };
+        if list {
+            node = &node["items"];
+        }
+        assert!(node.is_object(), "schema has nothing at {path} ({step})");
+    }
+    node
+}
+
+#[test]
+fn the_schema_has_exactly_the_parsers_fields_and_refuses_others() {
+    let schema = schema();
+    for (path, probe) in OBJECTS {
+        let node = schema_at(&schema, path);
+        let props: BTreeSet<String> =
+            node["properties"].as_object().unwrap().keys().cloned().collect();
+        assert_eq!(props, accepted(probe), "schema properties at `{path}`");
+        assert_eq!(node["additionalProperties"], false, "`{path}` must refuse unknown fields");
+    }
+    // Each tier has the same shape as `dev`.
+    let tiers = &schema["properties"]["tiers"]["properties"];
+    assert_eq!(tiers["untrusted"], tiers["dev"]);
+    assert_eq!(tiers["trusted"], tiers["dev"]);
+}
+
+#[test]
+fn the_example_policies_validate_against_the_schema_and_broken_ones_do_not() {
+    let validator = jsonschema::validator_for(&schema()).unwrap();
+    let mut examples = Vec::new();
+    for dir in ["examples", "tests/testdata"] {
+        let Ok(entries) = std::fs::read_dir(repo(dir)) else { continue };
+        for e in entries.flatten() {
+            let p = e.path();
+            let name = p.file_name().unwrap().to_string_lossy().to_string();
+            if name.contains("policy") && name.ends_with(".json") {
+                examples.push(p);
+            }
+        }
+    }
+    assert!(examples.iter().any(|p| p.ends_with("examples/policy.json")), "{examples:?}");
+    for p in &examples {
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        // What the parser accepts, the schema accepts.
+        if policy::Policy::load(p).is_ok() {
+            let errors: Vec<String> = validator.iter_errors(&doc).map(|e| e.to_string()).collect();
+            assert!(errors.is_empty(), "{}: {errors:?}", p.display());
+        }
+    }
+    let good: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(repo("examples/policy.json")).unwrap())
+            .unwrap();
+    for (what, edit) in [
+        ("a typo", r#"{"verison": 2}"#),
+        ("a trust level", r#"{"orgs": {"acme": {"trust": "root"}}}"#),
+        ("mps over 100 %", r#"{"mps": {"max_percent": 101}}"#),
+        ("version 0", r#"{"version": 0}"#),
+        ("a scrub field typo", r#"{"scrub": {"timeout": 5}}"#),
+    ] {
+        let mut bad = good.clone();
+        let edit: serde_json::Map<String, serde_json::Value> = serde_json::from_str(edit).unwrap();
+        for (k, v) in edit {
+            bad[k] = v;
+        }
+        assert!(!validator.is_valid(&bad), "the schema accepts {what}");
+        let text = serde_json::to_vec(&bad).unwrap();
+        assert!(policy::Policy::parse(&text, "bad.json").is_err(), "the parser accepts {what}");
+    }
+}

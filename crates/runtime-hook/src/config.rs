@@ -1,0 +1,319 @@
+//! The runtime configuration file, `/etc/tessera/runtime.toml`: where tessera-runtime and
+//! tessera-hook find tesserad, runc and the hook, where the wrapper logs its failures, and
+//! which engine it runs for. No engine has to pass environment to its runtime (Docker's
+//! daemon.json and podman's containers.conf cannot).
+//!
+//! ```toml
+//! socket = "/run/tessera/tesserad.sock"   # tesserad's API socket
+//! runc = "/usr/sbin/runc"                 # absolute, or a bare name looked up on PATH
+//! hook = "/usr/local/bin/tessera-hook"    # default: tessera-hook beside tessera-runtime
+//! log = "/var/log/tessera/runtime.log"    # failures appended here too (optional)
+//! engine = "docker-alice"                 # identity: see docs/SECURITY.md (optional)
+//! ```
+//!
+//! Precedence, highest first: `TESSERA_SOCKET` / `TESSERA_RUNC` / `TESSERA_HOOK` (set and
+//! not empty), then the file, then the built-in defaults. `engine` and `log` come from the
+//! file only. Which file: `--tessera-config PATH` as tessera-runtime's first argument (what
+//! `tessera setup docker --runtime-config` writes as daemon.json `runtimeArgs`), else
+//! `TESSERA_RUNTIME_CONFIG`, else [`DEFAULT_CONFIG`]. A file named by the argument or the
+//! variable must exist; the default one may be absent (all defaults). The file is parsed
+//! strictly: an unknown key, a value of the wrong type or a relative path is an error
+//! naming the file and the key, and the wrapper then refuses to run (fail closed).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use tessera_api::untrusted;
+use toml_edit::{DocumentMut, Item, Value};
+
+/// The configuration file read when nothing names another one.
+pub const DEFAULT_CONFIG: &str = "/etc/tessera/runtime.toml";
+/// The environment variable naming another file (tests, per-engine setups).
+pub const CONFIG_ENV: &str = "TESSERA_RUNTIME_CONFIG";
+/// tessera-runtime's own first argument naming the file (Docker's `runtimeArgs`).
+pub const CONFIG_ARG: &str = "--tessera-config";
+/// The annotation tessera-runtime sends tesserad with its configuration's `engine` (a
+/// config.json that carries it is refused). A policy identity rule may map it to tenants,
+/// and rules may be limited to engines (`identity[].engines`): see crates/policy.
+pub const ENGINE_ANNOTATION: &str = "tessera.io/engine";
+/// The largest configuration file read (it is a handful of lines).
+pub const MAX_CONFIG_BYTES: u64 = 64 * 1024;
+
+/// Why the configuration file cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("runtime config {path}: cannot read: {message}")]
+    Read { path: String, message: String },
+    #[error("runtime config {path}: larger than {MAX_CONFIG_BYTES} bytes")]
+    TooLarge { path: String },
+    #[error("runtime config {path}: not valid TOML: {}", untrusted(.message))]
+    Parse { path: String, message: String },
+    #[error(
+        "runtime config {path}: unknown key `{}`: expected socket, runc, hook, log or engine",
+        untrusted(.key)
+    )]
+    UnknownKey { path: String, key: String },
+    #[error("runtime config {path}: `{key}` must be a string")]
+    NotAString { path: String, key: &'static str },
+    #[error("runtime config {path}: `{key}` = {}: {why}", untrusted(.value))]
+    Invalid { path: String, key: &'static str, value: String, why: &'static str },
+    #[error("{CONFIG_ARG} needs a file: `{CONFIG_ARG} PATH` or `{CONFIG_ARG}=PATH`")]
+    MissingArgValue,
+}
+
+/// The file's settings; `None` where the file does not say.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimeConfig {
+    /// The file read (`None`: the default file was absent).
+    pub source: Option<PathBuf>,
+    pub socket: Option<PathBuf>,
+    pub runc: Option<OsString>,
+    pub hook: Option<PathBuf>,
+    pub log: Option<PathBuf>,
+    pub engine: Option<String>,
+}
+
+/// Where the configuration comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigSource {
+    /// Named explicitly (argument or variable): it must exist.
+    Named(PathBuf),
+    /// [`DEFAULT_CONFIG`] (or a test's stand-in): absent means defaults.
+    Default(PathBuf),
+}
+
+impl ConfigSource {
+    /// Picks the file from the process environment; `arg` is a `--tessera-config` value.
+    pub fn choose(arg: Option<PathBuf>) -> ConfigSource {
+        match arg
+            .or_else(|| std::env::var_os(CONFIG_ENV).filter(|v| !v.is_empty()).map(PathBuf::from))
+        {
+            Some(p) => ConfigSource::Named(p),
+            None => ConfigSource::Default(PathBuf::from(DEFAULT_CONFIG)),
+        }
+    }
+
+    /// Reads and parses the chosen file.
+    pub fn load(&self) -> Result<RuntimeConfig, ConfigError> {
+        let (path, must_exist) = match self {
+            ConfigSource::Named(p) => (p, true),
+            ConfigSource::Default(p) => (p, false),
+        };
+        let shown = path.display().to_string();
+        let read_err =
+            |e: std::io::Error| ConfigError::Read { path: shown.clone(), message: e.to_string() };
+        let meta = match std::fs::metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !must_exist => {
+                return Ok(RuntimeConfig::default())
+            }
+            Err(e) => return Err(read_err(e)),
+        };
+        if meta.len() > MAX_CONFIG_BYTES {
+            return Err(ConfigError::TooLarge { path: shown });
+        }
+        let text = std::fs::read_to_string(path).map_err(read_err)?;
+        let mut cfg = parse(&text, &shown)?;
+        cfg.source = Some(path.clone());
+        Ok(cfg)
+    }
+}
+
+/// Takes a leading `--tessera-config PATH` (or `=PATH`) off tessera-runtime's argv
+/// (argv\[0\] kept). Only the first argument is looked at: runc's own flags come after.
+pub fn take_config_arg(args: &mut Vec<OsString>) -> Result<Option<PathBuf>, ConfigError> {
+    let Some(first) = args.get(1).and_then(|a| a.to_str()).map(str::to_owned) else {
+        return Ok(None);
+    };
+    if first == CONFIG_ARG {
+        if args.len() < 3 || args[2].is_empty() {
+            return Err(ConfigError::MissingArgValue);
+        }
+        let path = PathBuf::from(args.remove(2));
+        args.remove(1);
+        return Ok(Some(path));
+    }
+    match first.strip_prefix(CONFIG_ARG).and_then(|r| r.strip_prefix('=')) {
+        Some("") => Err(ConfigError::MissingArgValue),
+        Some(p) => {
+            let path = PathBuf::from(p);
+            args.remove(1);
+            Ok(Some(path))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Parses the file's text; `path` is only for messages.
+pub fn parse(text: &str, path: &str) -> Result<RuntimeConfig, ConfigError> {
+    let doc: DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| ConfigError::Parse {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })?;
+    let mut cfg = RuntimeConfig::default();
+    for (key, item) in doc.as_table().iter() {
+        let key: &'static str = match key {
+            "socket" => "socket",
+            "runc" => "runc",
+            "hook" => "hook",
+            "log" => "log",
+            "engine" => "engine",
+            other => {
+                return Err(ConfigError::UnknownKey {
+                    path: path.to_owned(),
+                    key: other.to_owned(),
+                })
+            }
+        };
+        let value = match item {
+            Item::Value(Value::String(s)) => s.value().clone(),
+            _ => return Err(ConfigError::NotAString { path: path.to_owned(), key }),
+        };
+        let invalid = |why: &'static str| ConfigError::Invalid {
+            path: path.to_owned(),
+            key,
+            value: value.clone(),
+            why,
+        };
+        if value.is_empty() {
+            return Err(invalid("empty"));
+        }
+        if value.contains('\0') {
+            return Err(invalid("contains a NUL byte"));
+        }
+        let absolute = |v: &str| {
+            if Path::new(v).is_absolute() {
+                Ok(PathBuf::from(v))
+            } else {
+                Err(invalid("not an absolute path"))
+            }
+        };
+        match key {
+            "socket" => cfg.socket = Some(absolute(&value)?),
+            "hook" => cfg.hook = Some(absolute(&value)?),
+            "log" => cfg.log = Some(absolute(&value)?),
+            "runc" => {
+                if value.contains('/') && !Path::new(&value).is_absolute() {
+                    return Err(invalid(
+                        "a path must be absolute (a bare name is looked up on PATH)",
+                    ));
+                }
+                cfg.runc = Some(OsString::from(value.clone()));
+            }
+            _ => {
+                if !valid_engine(&value) {
+                    return Err(invalid(
+                        "an engine name is 1 to 63 of a-z, 0-9, `.`, `_` and `-`, starting with a letter or digit",
+                    ));
+                }
+                cfg.engine = Some(value.clone());
+            }
+        }
+    }
+    Ok(cfg)
+}
+
+/// `[a-z0-9][a-z0-9._-]{0,62}`: a name that is also a valid annotation value and file name.
+pub fn valid_engine(name: &str) -> bool {
+    let b = name.as_bytes();
+    (1..=63).contains(&b.len())
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<OsString> {
+        s.split_whitespace().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn every_key_is_read() {
+        let c = parse(
+            "# node\nsocket = \"/run/t/d.sock\"\nrunc = \"/usr/sbin/runc\"\nhook = '/opt/t/tessera-hook'\n\
+             log = \"/var/log/t.log\"\nengine = \"docker-alice\"\n",
+            "/etc/tessera/runtime.toml",
+        )
+        .expect("parses");
+        assert_eq!(c.socket.as_deref(), Some(Path::new("/run/t/d.sock")));
+        assert_eq!(c.runc.as_deref(), Some(std::ffi::OsStr::new("/usr/sbin/runc")));
+        assert_eq!(c.hook.as_deref(), Some(Path::new("/opt/t/tessera-hook")));
+        assert_eq!(c.log.as_deref(), Some(Path::new("/var/log/t.log")));
+        assert_eq!(c.engine.as_deref(), Some("docker-alice"));
+        assert_eq!(parse("", "f").expect("empty"), RuntimeConfig::default());
+        assert_eq!(parse("runc = \"runc\"", "f").expect("bare").runc, Some("runc".into()));
+    }
+
+    #[test]
+    fn strict_errors_name_the_file_and_the_key() {
+        let cases = [
+            ("sockt = \"/x\"", "runtime config /e/r.toml: unknown key `sockt`"),
+            ("[socket]\npath = \"/x\"", "`socket` must be a string"),
+            ("socket = 3", "`socket` must be a string"),
+            ("socket = \"run/x\"", "`socket` = run/x: not an absolute path"),
+            ("hook = \"\"", "`hook` = : empty"),
+            ("runc = \"bin/runc\"", "`runc` = bin/runc: a path must be absolute"),
+            ("engine = \"Alice\"", "`engine` = Alice: an engine name is"),
+            ("engine = \"a/b\"", "`engine` = a/b: an engine name is"),
+            ("socket = \"/a\"\nsocket = \"/b\"", "runtime config /e/r.toml: not valid TOML"),
+            ("socket = \"/a\u{1b}[2J\" = ", "not valid TOML"),
+        ];
+        for (text, want) in cases {
+            let e = parse(text, "/e/r.toml").expect_err(text).to_string();
+            assert!(e.contains(want), "{text:?}: {e}");
+            assert!(e.contains("/e/r.toml") && !e.contains('\u{1b}'), "{text:?}: {e}");
+        }
+        let e = parse("x\u{1b}[2J = \"1\"", "f").expect_err("escaped");
+        assert!(!e.to_string().contains('\u{1b}'), "{e}");
+    }
+
+    #[test]
+    fn engine_names() {
+        for ok in ["a", "docker-alice", "0", "podman.bob_2", &"a".repeat(63)] {
+            assert!(valid_engine(ok), "{ok}");
+        }
+        for bad in ["", "-a", ".a", "A", "a b", "a/b", "a=b", &"a".repeat(64), "é"] {
+            assert!(!valid_engine(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn named_file_must_exist_default_may_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let missing = dir.path().join("none.toml");
+        assert_eq!(
+            ConfigSource::Default(missing.clone()).load().expect("absent default"),
+            RuntimeConfig::default()
+        );
+        let e = ConfigSource::Named(missing.clone()).load().expect_err("named must exist");
+        assert!(e.to_string().contains("none.toml: cannot read"), "{e}");
+        let f = dir.path().join("r.toml");
+        std::fs::write(&f, "engine = \"e1\"\n").expect("write");
+        let c = ConfigSource::Named(f.clone()).load().expect("loads");
+        assert_eq!((c.engine.as_deref(), c.source.as_deref()), (Some("e1"), Some(f.as_path())));
+        std::fs::write(&f, vec![b'#'; MAX_CONFIG_BYTES as usize + 1]).expect("write");
+        let e = ConfigSource::Default(f).load().expect_err("too large");
+        assert!(matches!(e, ConfigError::TooLarge { .. }), "{e}");
+    }
+
+    #[test]
+    fn the_config_argument_is_taken_off_argv() {
+        let mut a = args("rt --tessera-config /e/r.toml --root /r create x");
+        assert_eq!(take_config_arg(&mut a), Ok(Some(PathBuf::from("/e/r.toml"))));
+        assert_eq!(a, args("rt --root /r create x"));
+        let mut a = args("rt --tessera-config=/e/r.toml state x");
+        assert_eq!(take_config_arg(&mut a), Ok(Some(PathBuf::from("/e/r.toml"))));
+        assert_eq!(a, args("rt state x"));
+        // Only as the first argument: later it is runc's (and an error there).
+        let mut a = args("rt --root /r --tessera-config /x state x");
+        assert_eq!(take_config_arg(&mut a), Ok(None));
+        assert_eq!(a.len(), 7);
+        for bad in ["rt --tessera-config", "rt --tessera-config="] {
+            assert_eq!(take_config_arg(&mut args(bad)), Err(ConfigError::MissingArgValue), "{bad}");
+        }
+        let mut a = args("rt");
+        assert_eq!(take_config_arg(&mut a), Ok(None));
+    }
+}

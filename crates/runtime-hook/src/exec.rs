@@ -1,0 +1,348 @@
+//! `runc exec` into a GPU container: the new process gets what CUDA needs to find the
+//! container's share (`CUDA_VISIBLE_DEVICES`, the MPS pipe directory, ...), as the
+//! container's init did.
+//!
+//! Engines build an exec'd process from their own copy of the container's spec (CRI
+//! ExecSync, `docker exec`, `ctr task exec`), not from the config.json tessera-runtime
+//! rewrote, so without this the process sees the granted devices but not which they are.
+//! The values come from the bundle's config.json that runc's record of the container
+//! names (both host-side: the container cannot write them). This is convenience, never
+//! access: what a process may open is decided by the cgroup's device rules, which exec
+//! does not change. Anything unreadable leaves the exec as it was.
+
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::spec;
+use crate::supervise;
+
+/// The environment a grant puts into a container, which an exec'd process gets too.
+pub const GRANT_ENV: &[&str] = &[
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_MPS_PIPE_DIRECTORY",
+    "CUDA_MPS_LOG_DIRECTORY",
+];
+
+/// The largest config.json or process.json read.
+const MAX_JSON: u64 = 16 << 20;
+
+/// `runc exec` options that take a value (runc 1.1), short and long.
+const VALUE_FLAGS: &[&str] = &[
+    "--console-socket",
+    "--cwd",
+    "--env",
+    "-e",
+    "--user",
+    "-u",
+    "--additional-gids",
+    "-g",
+    "--process",
+    "-p",
+    "--apparmor",
+    "--process-label",
+    "--pid-file",
+    "--cap",
+    "-c",
+    "--preserve-fds",
+    "--cgroup",
+    "--pidfd-socket",
+];
+
+/// Where an exec's process is described: a `--process` file, or the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecArgs {
+    /// `--process FILE`.
+    pub process: Option<PathBuf>,
+    /// The container id.
+    pub container_id: String,
+    /// Where the container id is in the exec's arguments.
+    pub id_index: usize,
+    /// Where flags may be added: before a `--`, else before the container id.
+    pub flags_end: usize,
+}
+
+/// Reads `runc exec`'s arguments (those after the verb). `None` when there is no
+/// container id (runc will say what is wrong).
+pub fn parse_exec(args: &[OsString]) -> Option<ExecArgs> {
+    let mut process = None;
+    let mut i = 0;
+    let mut flags_end = None;
+    while i < args.len() {
+        let a = args[i].to_str()?;
+        if a == "--" {
+            flags_end = Some(i);
+            i += 1;
+            break;
+        }
+        if !a.starts_with('-') || a == "-" {
+            break;
+        }
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) => (f, Some(v)),
+            None => (a, None),
+        };
+        if VALUE_FLAGS.contains(&flag) {
+            let value = match inline {
+                Some(v) => OsString::from(v),
+                None => {
+                    i += 1;
+                    args.get(i)?.clone()
+                }
+            };
+            if matches!(flag, "--process" | "-p") {
+                process = Some(PathBuf::from(value));
+            }
+        }
+        i += 1;
+    }
+    let container_id = args.get(i)?.to_str()?.to_owned();
+    Some(ExecArgs { process, container_id, id_index: i, flags_end: flags_end.unwrap_or(i) })
+}
+
+/// The grant's environment of container `id` under runc root `root`: the [`GRANT_ENV`]
+/// entries of its bundle's config.json, for a container tessera-runtime gave a grant
+/// (its record carries `tessera.io/allocated`). Empty otherwise.
+pub fn grant_env(root: &Path, id: &str) -> Vec<String> {
+    let Some(Some(bundle)) = supervise::delete_hint(root, id, spec::ALLOCATED_ANNOTATION) else {
+        return Vec::new();
+    };
+    let Some(config) = read_json(&Path::new(&bundle).join("config.json")) else {
+        return Vec::new();
+    };
+    config["process"]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter(|e| GRANT_ENV.contains(&e.split('=').next().unwrap_or("")))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A regular file's JSON, opened without following a final symlink and without blocking
+/// on a FIFO; anything else is `None`.
+fn read_json(path: &Path) -> Option<Value> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut buf = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_JSON), &mut buf).ok()?;
+    serde_json::from_slice(&buf).ok()
+}
+
+/// `env` with each of `grant` set (replacing an entry of the same key).
+fn merged(env: &[String], grant: &[String]) -> Vec<String> {
+    let key = |e: &str| e.split('=').next().unwrap_or("").to_owned();
+    let granted: Vec<String> = grant.iter().map(|g| key(g)).collect();
+    env.iter()
+        .filter(|e| !granted.contains(&key(e)))
+        .cloned()
+        .chain(grant.iter().cloned())
+        .collect()
+}
+
+/// Rewrites a `--process` file's `env` to carry `grant`.
+fn rewrite_process_file(path: &Path, grant: &[String]) -> std::io::Result<()> {
+    let mut p = read_json(path)
+        .filter(Value::is_object)
+        .ok_or_else(|| std::io::Error::other("not a process object"))?;
+    let env: Vec<String> = p["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect();
+    p["env"] = Value::from(merged(&env, grant));
+    let text = serde_json::to_vec(&p).map_err(std::io::Error::other)?;
+    std::fs::write(path, text)
+}
+
+/// The arguments to exec runc with for `runc [global] exec EXEC_ARGS`, `args` being the
+/// whole argv and `exec_at` the index of the verb: unchanged, except that a GPU
+/// container's exec gets its grant's environment (in its `--process` file, or as `--env`
+/// flags before the container id).
+pub fn with_grant_env(root: &Path, args: &[OsString], exec_at: usize) -> Vec<OsString> {
+    let rest = args.get(exec_at + 1..).unwrap_or(&[]);
+    let Some(exec) = parse_exec(rest) else { return args.to_vec() };
+    let grant = grant_env(root, &exec.container_id);
+    if grant.is_empty() {
+        return args.to_vec();
+    }
+    match &exec.process {
+        Some(file) => {
+            // Unreadable or unwritable: runc reads it next and says what is wrong.
+            let _ = rewrite_process_file(file, &grant);
+            args.to_vec()
+        }
+        None => {
+            let at = exec_at + 1 + exec.flags_end;
+            let mut out: Vec<OsString> = args[..at].to_vec();
+            for g in &grant {
+                out.push(OsStr::new("--env").to_owned());
+                out.push(OsString::from(g));
+            }
+            out.extend_from_slice(&args[at..]);
+            out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(s: &str) -> Vec<OsString> {
+        s.split_whitespace().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn exec_arguments_as_runc_reads_them() {
+        let e = parse_exec(&os("--process /tmp/p.json --detach --pid-file /p c1")).unwrap();
+        assert_eq!(e.process, Some(PathBuf::from("/tmp/p.json")));
+        assert_eq!((e.container_id.as_str(), e.id_index), ("c1", 5));
+        let e = parse_exec(&os("-e A=1 --tty --user=1000 c2 sh -c true")).unwrap();
+        assert_eq!((e.process, e.container_id.as_str(), e.id_index), (None, "c2", 4));
+        let e = parse_exec(&os("-p=/x c3")).unwrap();
+        assert_eq!(e.process, Some(PathBuf::from("/x")));
+        let e = parse_exec(&os("-t -- c4 sh")).unwrap();
+        assert_eq!((e.container_id.as_str(), e.id_index, e.flags_end), ("c4", 2, 1));
+        assert_eq!(parse_exec(&os("--pidfd-socket /s c5")).unwrap().container_id, "c5");
+        assert_eq!(parse_exec(&os("--tty")), None);
+        assert_eq!(parse_exec(&os("--cwd")), None);
+    }
+
+    #[test]
+    fn the_grant_replaces_what_the_exec_asked_for_those_keys_only() {
+        let env = vec!["PATH=/bin".to_string(), "CUDA_VISIBLE_DEVICES=0,1,2".to_string()];
+        let grant = vec!["CUDA_VISIBLE_DEVICES=MIG-a".to_string()];
+        assert_eq!(merged(&env, &grant), ["PATH=/bin", "CUDA_VISIBLE_DEVICES=MIG-a"]);
+    }
+
+    #[test]
+    fn a_gpu_containers_exec_gets_the_grant_env_and_others_are_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let bundle = dir.path().join("bundle");
+        std::fs::create_dir_all(root.join("gpu")).unwrap();
+        std::fs::create_dir_all(root.join("plain")).unwrap();
+        std::fs::create_dir_all(&bundle).unwrap();
+        let state = |labels: Vec<String>| serde_json::json!({"config": {"labels": labels}});
+        std::fs::write(
+            root.join("gpu/state.json"),
+            state(vec![
+                format!("bundle={}", bundle.display()),
+                "tessera.io/allocated=MIG-a".into(),
+            ])
+            .to_string(),
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("plain/state.json"),
+            state(vec![format!("bundle={}", bundle.display())]).to_string(),
+        )
+        .unwrap();
+        std::fs::write(
+            bundle.join("config.json"),
+            serde_json::json!({"process": {"env": ["PATH=/bin", "CUDA_VISIBLE_DEVICES=MIG-a", "NVIDIA_VISIBLE_DEVICES=MIG-a", "SECRET=x"]}})
+                .to_string(),
+        )
+        .unwrap();
+        assert_eq!(
+            grant_env(&root, "gpu"),
+            ["CUDA_VISIBLE_DEVICES=MIG-a", "NVIDIA_VISIBLE_DEVICES=MIG-a"]
+        );
+        assert!(grant_env(&root, "plain").is_empty());
+        assert!(grant_env(&root, "missing").is_empty());
+        assert!(grant_env(&root, "../gpu").is_empty(), "an id runc refuses is never joined");
+
+        let process = dir.path().join("process.json");
+        std::fs::write(
+            &process,
+            r#"{"args": ["nvidia-smi"], "env": ["PATH=/usr/bin"], "cwd": "/"}"#,
+        )
+        .unwrap();
+        let args = os(&format!(
+            "runc --root {} exec --process {} --detach gpu",
+            root.display(),
+            process.display()
+        ));
+        assert_eq!(with_grant_env(&root, &args, 3), args, "the arguments stay");
+        let p: Value = serde_json::from_slice(&std::fs::read(&process).unwrap()).unwrap();
+        assert_eq!(
+            p["env"],
+            serde_json::json!([
+                "PATH=/usr/bin",
+                "CUDA_VISIBLE_DEVICES=MIG-a",
+                "NVIDIA_VISIBLE_DEVICES=MIG-a"
+            ])
+        );
+        assert_eq!(p["args"], serde_json::json!(["nvidia-smi"]));
+
+        let args = os("runc exec -t gpu sh");
+        let out = with_grant_env(&root, &args, 1);
+        assert_eq!(
+            out,
+            os("runc exec -t --env CUDA_VISIBLE_DEVICES=MIG-a --env NVIDIA_VISIBLE_DEVICES=MIG-a gpu sh")
+        );
+        let args = os("runc exec -t -- gpu sh");
+        assert_eq!(
+            with_grant_env(&root, &args, 1),
+            os("runc exec -t --env CUDA_VISIBLE_DEVICES=MIG-a --env NVIDIA_VISIBLE_DEVICES=MIG-a -- gpu sh")
+        );
+        let args = os("runc exec -t plain sh");
+        assert_eq!(with_grant_env(&root, &args, 1), args);
+
+        // A process file that is JSON but no object is left for runc to refuse.
+        std::fs::write(&process, "[1, 2]").unwrap();
+        let args = os(&format!("runc exec --process {} gpu", process.display()));
+        assert_eq!(with_grant_env(&root, &args, 1), args);
+        assert_eq!(std::fs::read_to_string(&process).unwrap(), "[1, 2]");
+    }
+
+    #[test]
+    fn an_annotation_named_bundle_never_redirects_the_read() {
+        // runc labels: every annotation as key=value, then its own bundle= last.
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let (real, evil) = (dir.path().join("real"), dir.path().join("evil"));
+        for d in [root.join("c"), real.clone(), evil.clone()] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let labels = vec![
+            format!("bundle={}", evil.display()),
+            "tessera.io/allocated=x".to_string(),
+            format!("bundle={}", real.display()),
+        ];
+        std::fs::write(
+            root.join("c/state.json"),
+            serde_json::json!({"config": {"labels": labels}}).to_string(),
+        )
+        .unwrap();
+        let cfg = |v: &str| {
+            serde_json::json!({"process": {"env": [format!("CUDA_VISIBLE_DEVICES={v}")]}})
+                .to_string()
+        };
+        std::fs::write(real.join("config.json"), cfg("REAL")).unwrap();
+        std::fs::write(evil.join("config.json"), cfg("LEAKED")).unwrap();
+        assert_eq!(grant_env(&root, "c"), ["CUDA_VISIBLE_DEVICES=REAL"]);
+        // A FIFO or a symlink where config.json should be: nothing, at once.
+        std::fs::remove_file(real.join("config.json")).unwrap();
+        let fifo = std::ffi::CString::new(real.join("config.json").to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert!(grant_env(&root, "c").is_empty());
+        std::fs::remove_file(real.join("config.json")).unwrap();
+        std::os::unix::fs::symlink(evil.join("config.json"), real.join("config.json")).unwrap();
+        assert!(grant_env(&root, "c").is_empty());
+    }
+}

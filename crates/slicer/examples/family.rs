@@ -1,0 +1,92 @@
+//! `best` against `first-fit` (and static, whole) on the whole trace family: the three
+//! Alibaba pod lists and the generated mixes, at 1, 2, 4 and 8 nodes of 8 H100-80GB,
+//! with MIG-only and tier-aware fractions, dropping on arrival and with a queue.
+//!
+//! `cargo run -p slicer --release --example family -- [REQUESTS] [SEED] [MAX_WAIT_S]`
+//! (defaults 3000, 1, 3600). One line per (trace, nodes, fractions, queue); the columns
+//! are admitted requests and admitted demand (GPU-hours) of best and first-fit.
+
+use std::path::Path;
+
+use slicer::replay::{replay_with, Fractions, Placement, Queue, ReplayConfig, Tenants, Trace};
+use slicer::tracegen::{generate, Mix, DEFAULT_LOAD_GPUS};
+
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/alibaba-gpu-v2023");
+
+fn main() -> Result<(), String> {
+    let args: Vec<u64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let n = args.first().copied().unwrap_or(3000) as usize;
+    let seed = args.get(1).copied().unwrap_or(1);
+    let max_wait_s = args.get(2).copied().unwrap_or(3600);
+    let mut traces = Vec::new();
+    let shared = if n >= 1000 { 3 } else { 0 };
+    for f in [
+        "openb_pod_list_default.csv",
+        "openb_pod_list_gpushare100.csv",
+        "openb_pod_list_multigpu50.csv",
+    ]
+    .into_iter()
+    .take(shared)
+    {
+        traces.push(Trace::load_alibaba(&Path::new(DATA).join(f)).map_err(|e| e.to_string())?);
+    }
+    for mix in Mix::ALL {
+        traces.push(generate(mix, n, seed, DEFAULT_LOAD_GPUS));
+    }
+    println!(
+        "{:<44} {:>2} {:<5} {:<5} | {:>6} {:>6} {:>7} | {:>9} {:>9} {:>7} | {:>5} {:>5} {:>5} {:>5}",
+        "trace", "n", "frac", "queue", "best", "ff", "d adm", "best GPUh", "ff GPUh", "d dem",
+        "peakB", "peakF", "contB", "contF"
+    );
+    let (mut cells, mut losses, mut wins) = (0, 0, 0);
+    for t in &traces {
+        for nodes in [1u32, 2, 4, 8] {
+            for fractions in [Fractions::Mig, Fractions::Tiers(Tenants::example())] {
+                for queue in [Queue::Drop, Queue::Wait { max_wait_s }] {
+                    let run = |placement| {
+                        let c = ReplayConfig {
+                            nodes,
+                            model: "H100-80GB".into(),
+                            placement,
+                            fractions: fractions.clone(),
+                            queue,
+                        };
+                        replay_with(t, &c).map_err(|e| e.to_string())
+                    };
+                    let (b, f) = (run(Placement::Best)?, run(Placement::FirstFit)?);
+                    let gh = |d: u64| d as f64 / 1000.0 / 3600.0;
+                    cells += 1;
+                    if b.admitted < f.admitted || b.demand_admitted < f.demand_admitted {
+                        losses += 1;
+                    }
+                    if b.admitted > f.admitted || b.demand_admitted > f.demand_admitted {
+                        wins += 1;
+                    }
+                    let pct =
+                        |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}", v * 100.0));
+                    println!(
+                        "{:<44} {:>2} {:<5} {:<5} | {:>6} {:>6} {:>+7} | {:>9.0} {:>9.0} {:>+6.1}% | {:>5.1} {:>5.1} {:>5} {:>5}",
+                        t.source,
+                        nodes,
+                        fractions.label(),
+                        if queue == Queue::Drop { "drop" } else { "wait" },
+                        b.admitted,
+                        f.admitted,
+                        b.admitted as i64 - f.admitted as i64,
+                        gh(b.demand_admitted),
+                        gh(f.demand_admitted),
+                        (b.demand_admitted as f64 / f.demand_admitted.max(1) as f64 - 1.0) * 100.0,
+                        b.demand_peak * 100.0,
+                        f.demand_peak * 100.0,
+                        pct(b.demand_at_contention),
+                        pct(f.demand_at_contention),
+                    );
+                }
+            }
+        }
+    }
+    println!(
+        "cells {cells}: best loses on admitted or demand in {losses}, wins on either in {wins}"
+    );
+    Ok(())
+}

@@ -1,0 +1,319 @@
+//! `tessera setup ENGINE`: reads the engine's configuration, edits it with
+//! [`tessera::setup`], prints the diff (`--dry-run`) or backs the file up and writes it.
+
+use std::fs;
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+use tessera::setup::{self, ContainerdOptions};
+
+#[derive(Debug, Subcommand)]
+pub enum SetupCmd {
+    /// Add a `tessera` runtime handler to containerd's CRI plugin (config version 2 for
+    /// containerd 1.6/1.7, 3 for 2.x) and print the matching RuntimeClass. Idempotent.
+    Containerd(ContainerdArgs),
+    /// Add a `tessera` runtime to Docker's daemon.json (`docker run --runtime tessera`),
+    /// keeping every other key. Idempotent.
+    Docker(EngineArgs),
+    /// Add a `tessera` runtime to podman's containers.conf (`podman run --runtime tessera`).
+    /// Idempotent.
+    Podman(EngineArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EngineArgs {
+    /// The engine's configuration file (created when absent) [default:
+    /// /etc/docker/daemon.json, /etc/containers/containers.conf].
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The runtime's name (`--runtime NAME`).
+    #[arg(long, default_value = "tessera")]
+    name: String,
+    /// tessera-runtime's absolute path [default: beside this `tessera`, else
+    /// /usr/local/bin/tessera-runtime].
+    #[arg(long)]
+    runtime_path: Option<PathBuf>,
+    /// Docker only: a tessera-runtime configuration file for this engine (daemon.json
+    /// `runtimeArgs`), e.g. one naming its `engine` for identity [default: none, so
+    /// /etc/tessera/runtime.toml].
+    #[arg(long)]
+    runtime_config: Option<PathBuf>,
+    /// Make it the engine's default runtime.
+    #[arg(long)]
+    set_default: bool,
+    /// Print the change as a unified diff and write nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ContainerdArgs {
+    /// containerd's configuration file (created when absent).
+    #[arg(long, default_value = "/etc/containerd/config.toml")]
+    config: PathBuf,
+    /// The runtime handler (and RuntimeClass) name.
+    #[arg(long, default_value = "tessera")]
+    handler: String,
+    /// tessera-runtime's absolute path [default: beside this `tessera`, else
+    /// /usr/local/bin/tessera-runtime].
+    #[arg(long)]
+    runtime_path: Option<PathBuf>,
+    /// Make the handler containerd's default runtime (pods without a RuntimeClass too).
+    #[arg(long)]
+    set_default: bool,
+    /// The config version for a new or empty file: 2 (containerd 1.6, 1.7) or 3 (2.x).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(i64).range(2..=3))]
+    config_version: i64,
+    /// Print the change as a unified diff and write nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+fn default_runtime_path() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("tessera-runtime")))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("/usr/local/bin/tessera-runtime"))
+}
+
+pub fn run(cmd: SetupCmd) -> Result<(), String> {
+    match cmd {
+        SetupCmd::Containerd(a) => containerd(a),
+        SetupCmd::Docker(a) => engine(Engine::Docker, a),
+        SetupCmd::Podman(a) => engine(Engine::Podman, a),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Engine {
+    Docker,
+    Podman,
+}
+
+fn engine(which: Engine, a: EngineArgs) -> Result<(), String> {
+    let (default_config, restart) = match which {
+        Engine::Docker => ("/etc/docker/daemon.json", "systemctl restart docker"),
+        Engine::Podman => (
+            "/etc/containers/containers.conf",
+            "nothing to restart: podman reads it on every command",
+        ),
+    };
+    let config = a.config.unwrap_or_else(|| PathBuf::from(default_config));
+    let shown = config.display().to_string();
+    let text = match fs::read_to_string(&config) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("cannot read {shown}: {e}")),
+    };
+    let runtime_path = a.runtime_path.unwrap_or_else(default_runtime_path);
+    let opts = setup::EngineOptions {
+        name: a.name.clone(),
+        runtime_path: runtime_path.to_string_lossy().into_owned(),
+        runtime_config: a.runtime_config.as_ref().map(|p| p.to_string_lossy().into_owned()),
+        set_default: a.set_default,
+    };
+    let edit = match which {
+        Engine::Docker => setup::docker(&text, &shown, &opts),
+        Engine::Podman => setup::podman(&text, &shown, &opts),
+    }
+    .map_err(|e| e.to_string())?;
+    if a.dry_run {
+        if edit.changed() {
+            print!("{}", edit.diff(&shown));
+        } else {
+            println!("{shown}: already set up for runtime `{}`; nothing to change", a.name);
+        }
+        return Ok(());
+    }
+    if !edit.changed() {
+        println!("{shown}: already set up for runtime `{}`; nothing changed", a.name);
+    } else {
+        match write_with_backup(&config, &edit.after)? {
+            Some(b) => println!("{shown}: wrote runtime `{}` (backup: {})", a.name, b.display()),
+            None => println!("{shown}: wrote runtime `{}` (new file)", a.name),
+        }
+        println!("to apply it: {restart}");
+    }
+    if !Path::new(&runtime_path).is_file() {
+        eprintln!(
+            "warning: {} does not exist yet; install tessera-runtime there before containers use it",
+            runtime_path.display()
+        );
+    }
+    if let Some(c) = a.runtime_config.as_ref().filter(|c| !c.is_file()) {
+        eprintln!("warning: runtime config {} does not exist yet; tessera-runtime refuses to run without it", c.display());
+    }
+    if which == Engine::Docker {
+        println!(
+            "`docker run --gpus` needs an executable named nvidia-container-runtime-hook on dockerd's PATH \
+             when dockerd starts, e.g.: ln -s {} /usr/local/bin/nvidia-container-runtime-hook",
+            runtime_path.with_file_name("tessera-hook").display()
+        );
+    }
+    Ok(())
+}
+
+/// The file to edit: a symlinked config is edited where it points (replacing the link
+/// with a regular file would leave the file the engine reads unchanged).
+fn resolve(path: &Path) -> Result<PathBuf, String> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => fs::canonicalize(path)
+            .map_err(|e| format!("{} is a symlink that cannot be followed: {e}", path.display())),
+        _ => Ok(path.to_path_buf()),
+    }
+}
+
+/// containerd's own reading of `config` (`containerd --config FILE config dump`), or
+/// `None` where no containerd binary is on PATH.
+fn containerd_dump(config: &Path) -> Result<Option<String>, String> {
+    let out = match std::process::Command::new("containerd")
+        .arg("--config")
+        .arg(config)
+        .args(["config", "dump"])
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot run containerd config dump: {e}")),
+    };
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "containerd cannot read {}: {}",
+            config.display(),
+            tessera_api::untrusted(err.trim())
+        ));
+    }
+    Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()))
+}
+
+fn containerd(a: ContainerdArgs) -> Result<(), String> {
+    let config = resolve(&a.config)?;
+    let a = ContainerdArgs { config, ..a };
+    let shown = a.config.display().to_string();
+    let text = match fs::read_to_string(&a.config) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("cannot read {shown}: {e}")),
+    };
+    let runtime_path = a.runtime_path.unwrap_or_else(default_runtime_path);
+    let opts = ContainerdOptions {
+        handler: a.handler.clone(),
+        runtime_path: runtime_path.to_string_lossy().into_owned(),
+        set_default: a.set_default,
+        empty_version: a.config_version,
+    };
+    let edit = setup::containerd(&text, &shown, &opts).map_err(|e| e.to_string())?;
+    if a.dry_run {
+        if edit.changed() {
+            print!("{}", edit.diff(&shown));
+        } else {
+            println!(
+                "{shown}: already set up for runtime handler `{}`; nothing to change",
+                a.handler
+            );
+        }
+        return Ok(());
+    }
+    if !edit.changed() {
+        println!("{shown}: already set up for runtime handler `{}`; nothing changed", a.handler);
+    } else {
+        let backup = write_with_backup(&a.config, &edit.after)?;
+        // What containerd makes of the file (its `imports` merged): if that is not the
+        // handler as written, put the original back.
+        let verdict = containerd_dump(&a.config).and_then(|dump| match dump {
+            Some(d) => {
+                setup::check_dump(&d, &shown, &opts, edit.version).map_err(|e| e.to_string())
+            }
+            None => {
+                eprintln!("note: no containerd on PATH; the result was not read back through it");
+                Ok(())
+            }
+        });
+        if let Err(e) = verdict {
+            let restored = match &backup {
+                Some(b) => fs::copy(b, &a.config).map(drop),
+                None => fs::remove_file(&a.config),
+            };
+            return Err(match restored {
+                Ok(()) => format!("{e}; {shown} was restored"),
+                Err(r) => format!("{e}; restoring {shown} failed too: {r}"),
+            });
+        }
+        match backup {
+            Some(b) => {
+                println!("{shown}: wrote runtime handler `{}` (backup: {})", a.handler, b.display())
+            }
+            None => println!("{shown}: wrote runtime handler `{}` (new file)", a.handler),
+        }
+        println!("restart containerd to apply it: systemctl restart containerd");
+    }
+    if !Path::new(&runtime_path).is_file() {
+        eprintln!(
+            "warning: {} does not exist yet; install tessera-runtime there before pods use the handler",
+            runtime_path.display()
+        );
+    }
+    println!("\n# The RuntimeClass that selects it (kubectl apply -f -):");
+    print!("{}", setup::runtime_class(&a.handler));
+    Ok(())
+}
+
+/// Copies `path` to a new `<file>.tessera-backup-<unix seconds>[-N]`, never over an
+/// earlier backup.
+fn backup_copy(path: &Path) -> Result<PathBuf, String> {
+    let stamp = tessera_api::time::now_ms() / 1000;
+    for n in 0..1000 {
+        let mut b = path.as_os_str().to_owned();
+        b.push(format!(".tessera-backup-{stamp}"));
+        if n > 0 {
+            b.push(format!("-{n}"));
+        }
+        let b = PathBuf::from(b);
+        let mut out = match fs::OpenOptions::new().write(true).create_new(true).open(&b) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(format!("cannot create backup {}: {e}", b.display())),
+        };
+        let copied = fs::File::open(path)
+            .and_then(|mut src| std::io::copy(&mut src, &mut out))
+            .and_then(|_| out.sync_all());
+        return copied.map(|()| b.clone()).map_err(|e| {
+            let _ = fs::remove_file(&b);
+            format!("cannot back {} up to {}: {e}", path.display(), b.display())
+        });
+    }
+    Err(format!("cannot find a free backup name beside {}", path.display()))
+}
+
+/// Copies the file (when it exists) to a new backup ([`backup_copy`]), then
+/// replaces it atomically (same mode), and returns the backup's path.
+fn write_with_backup(path: &Path, text: &str) -> Result<Option<PathBuf>, String> {
+    let shown = path.display();
+    let mode = fs::metadata(path).map(|m| m.permissions().mode() & 0o7777).ok();
+    let backup = match mode {
+        Some(_) => Some(backup_copy(path)?),
+        None => None,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tessera-tmp");
+    let tmp = PathBuf::from(tmp);
+    let write = || -> std::io::Result<()> {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.set_permissions(fs::Permissions::from_mode(mode.unwrap_or(0o644)))?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        format!("cannot write {shown}: {e}")
+    })?;
+    Ok(backup)
+}

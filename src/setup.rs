@@ -1,0 +1,879 @@
+//! `tessera setup`: what an engine's configuration needs to run containers through
+//! tessera-runtime, as a pure edit of the configuration text (the command line reads,
+//! backs up and writes the file).
+//!
+//! containerd: a CRI runtime handler (`tessera` by default) of type
+//! `io.containerd.runc.v2` whose `BinaryName` is tessera-runtime, which passes through the
+//! pod annotations that carry GPU requests (`tessera.io/gpu*`) and the container annotation
+//! the device plugin's Allocate sets (`tessera.io/device-plugin`). Config version 2
+//! (containerd 1.6, 1.7) and 3 (2.x). Everything else in the file is kept as written.
+//!
+//! Docker: daemon.json's `runtimes.tessera.path` (and `runtimeArgs` naming a runtime
+//! configuration file), every other key kept in order ([`docker`]). podman: containers.conf's
+//! `[engine.runtimes] tessera = [PATH]` ([`podman`]).
+
+use std::fmt;
+
+use tessera_api::deviceplugin::ASSIGNMENT_ANNOTATION;
+use tessera_api::untrusted;
+use toml_edit::{value, Array, DocumentMut, Item, Table};
+
+/// The pod annotation pattern a handler passes through (containerd matches with Go's
+/// `path.Match`: `*` does not cross a `/`): `tessera.io/gpu` and `tessera.io/gpu.<name>`.
+pub const POD_ANNOTATIONS: &str = "tessera.io/gpu*";
+
+/// Why a configuration cannot be set up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SetupError {
+    #[error("{path} is not valid TOML: {}", untrusted(.message))]
+    Parse { path: String, message: String },
+    #[error("{path} is not valid JSON: {}", untrusted(.message))]
+    ParseJson { path: String, message: String },
+    #[error(
+        "{path} has no `version` key: containerd 1.x reads that as a version 1 configuration, \
+         which Tessera does not edit; convert it first with `containerd config migrate > NEW` \
+         (containerd 1.7 and later) or add the runtime by hand"
+    )]
+    VersionOne { path: String },
+    #[error("{path}: `version` is {}; expected 2 (containerd 1.6, 1.7) or 3 (containerd 2.x)", untrusted(.found))]
+    UnknownVersion { path: String, found: String },
+    #[error("{path}: `{key}` is a {found}, expected a table")]
+    NotATable { path: String, key: String, found: String },
+    #[error("{path}: `{key}` is not an array of strings")]
+    NotStrings { path: String, key: String },
+    #[error(
+        "{path}: pod_annotations pattern `{}` of runtime `{handler}` passes `{ASSIGNMENT_ANNOTATION}` \
+         from pod annotations, so a pod author could forge a device-plugin assignment; \
+         remove it (Tessera needs only `{POD_ANNOTATIONS}`)",
+        untrusted(.pattern)
+    )]
+    ForgeablePattern { path: String, handler: String, pattern: String },
+    #[error("invalid option: {0}")]
+    Option(String),
+    #[error(
+        "containerd reads {path} differently from what was written: {what} (an `imports` file \
+         may override the handler; `containerd --config {path} config dump` shows what containerd sees)"
+    )]
+    Overridden { path: String, what: String },
+}
+
+/// What `tessera setup containerd` writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerdOptions {
+    /// The runtime handler's name (the RuntimeClass `handler`).
+    pub handler: String,
+    /// tessera-runtime, absolute.
+    pub runtime_path: String,
+    /// Make the handler containerd's default runtime.
+    pub set_default: bool,
+    /// The config version to write into an empty file (2 or 3).
+    pub empty_version: i64,
+}
+
+/// The text before and after an edit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edit {
+    pub before: String,
+    pub after: String,
+    /// The config version edited (2 or 3; 0 for Docker's and podman's files, which have none).
+    pub version: i64,
+}
+
+impl Edit {
+    pub fn changed(&self) -> bool {
+        self.before != self.after
+    }
+    /// A unified diff of the edit, with `path` in its headers.
+    pub fn diff(&self, path: &str) -> String {
+        similar::TextDiff::from_lines(&self.before, &self.after)
+            .unified_diff()
+            .header(path, path)
+            .to_string()
+    }
+}
+
+impl fmt::Display for Edit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.after)
+    }
+}
+
+/// The CRI plugin's table of a config version.
+fn cri_plugin(version: i64) -> &'static str {
+    if version >= 3 {
+        "io.containerd.cri.v1.runtime"
+    } else {
+        "io.containerd.grpc.v1.cri"
+    }
+}
+
+/// Go's `path.Match` for the patterns containerd takes: `*` (any run of non-`/`), `?`
+/// (one non-`/`), and literal characters; a `[` class is treated as matching (the
+/// conservative answer for a safety check).
+fn go_path_match(pattern: &[u8], name: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => name.is_empty(),
+        Some((b'*', rest)) => (0..=name.len())
+            .take_while(|&i| i == 0 || name[i - 1] != b'/')
+            .any(|i| go_path_match(rest, &name[i..])),
+        Some((b'?', rest)) => {
+            matches!(name.split_first(), Some((c, tail)) if *c != b'/' && go_path_match(rest, tail))
+        }
+        Some((b'[', _)) => true,
+        Some((b'\\', rest)) if !rest.is_empty() => {
+            matches!(name.split_first(), Some((c, tail)) if *c == rest[0] && go_path_match(&rest[1..], tail))
+        }
+        Some((p, rest)) => {
+            matches!(name.split_first(), Some((c, tail)) if c == p && go_path_match(rest, tail))
+        }
+    }
+}
+
+/// Refuses a `pod_annotations` pattern of `handler` that passes [`ASSIGNMENT_ANNOTATION`]
+/// from pod annotations.
+fn refuse_forgeable(patterns: &[String], path: &str, handler: &str) -> Result<(), SetupError> {
+    match patterns.iter().find(|p| go_path_match(p.as_bytes(), ASSIGNMENT_ANNOTATION.as_bytes())) {
+        Some(bad) => Err(SetupError::ForgeablePattern {
+            path: path.to_owned(),
+            handler: handler.to_owned(),
+            pattern: bad.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Walks (creating as implicit tables) `keys` under `root`.
+fn table_at<'a>(
+    root: &'a mut Table,
+    keys: &[&str],
+    path: &str,
+) -> Result<&'a mut Table, SetupError> {
+    let mut t = root;
+    let mut seen = String::new();
+    for key in keys {
+        if !seen.is_empty() {
+            seen.push('.');
+        }
+        seen.push_str(key);
+        let item = t.entry(key).or_insert_with(|| {
+            let mut new = Table::new();
+            new.set_implicit(true);
+            Item::Table(new)
+        });
+        let found = item.type_name().to_string();
+        t = item.as_table_mut().ok_or_else(|| SetupError::NotATable {
+            path: path.to_owned(),
+            key: seen.clone(),
+            found,
+        })?;
+    }
+    Ok(t)
+}
+
+/// Adds `wanted` to the string array `key` of `t` (created if absent), keeping what is
+/// there; returns the array's strings.
+fn ensure_in_array(
+    t: &mut Table,
+    key: &str,
+    wanted: &str,
+    path: &str,
+    shown: &str,
+) -> Result<Vec<String>, SetupError> {
+    let item = t.entry(key).or_insert_with(|| value(Array::new()));
+    let not_strings = || SetupError::NotStrings { path: path.to_owned(), key: shown.to_owned() };
+    let arr = item.as_array_mut().ok_or_else(not_strings)?;
+    let mut have = Vec::new();
+    for v in arr.iter() {
+        have.push(v.as_str().ok_or_else(not_strings)?.to_owned());
+    }
+    if !have.iter().any(|h| h == wanted) {
+        arr.push(wanted);
+        have.push(wanted.to_owned());
+    }
+    Ok(have)
+}
+
+fn valid_handler(h: &str) -> bool {
+    !h.is_empty()
+        && h.len() <= 63
+        && h.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !h.starts_with('-')
+        && !h.ends_with('-')
+}
+
+/// Edits a containerd configuration (`text` of the file at `path`, empty when absent).
+/// Idempotent: editing the result again changes nothing.
+pub fn containerd(text: &str, path: &str, opts: &ContainerdOptions) -> Result<Edit, SetupError> {
+    if !valid_handler(&opts.handler) {
+        return Err(SetupError::Option(format!(
+            "handler `{}` is not a RuntimeClass handler name (a DNS label: a-z, 0-9, `-`)",
+            untrusted(&opts.handler)
+        )));
+    }
+    if !opts.runtime_path.starts_with('/') || opts.runtime_path.contains(['\n', '\r', '"']) {
+        return Err(SetupError::Option(format!(
+            "runtime path `{}` must be an absolute path",
+            untrusted(&opts.runtime_path)
+        )));
+    }
+    let mut doc: DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| {
+        SetupError::Parse { path: path.to_owned(), message: e.to_string() }
+    })?;
+    let version = match doc.get("version") {
+        Some(v) => match v.as_integer() {
+            Some(n @ (2 | 3)) => n,
+            _ => {
+                return Err(SetupError::UnknownVersion {
+                    path: path.to_owned(),
+                    found: v.to_string().trim().to_owned(),
+                })
+            }
+        },
+        None if doc.as_table().is_empty() => {
+            if !matches!(opts.empty_version, 2 | 3) {
+                return Err(SetupError::Option(format!(
+                    "config version {} is not 2 or 3",
+                    opts.empty_version
+                )));
+            }
+            let mut fresh = DocumentMut::new();
+            fresh.insert("version", value(opts.empty_version));
+            doc = fresh;
+            opts.empty_version
+        }
+        None => return Err(SetupError::VersionOne { path: path.to_owned() }),
+    };
+    let plugin = cri_plugin(version);
+    let containerd = table_at(doc.as_table_mut(), &["plugins", plugin, "containerd"], path)?;
+    // The options of the runc runtime this handler stands beside (cgroup driver, ...),
+    // which tessera-runtime passes on to runc.
+    let inherited: Vec<(String, Item)> = containerd
+        .get("runtimes")
+        .and_then(|r| r.get("runc"))
+        .and_then(|r| r.get("options"))
+        .and_then(Item::as_table)
+        .map(|t| {
+            t.iter()
+                .filter(|(k, _)| !matches!(*k, "BinaryName" | "Root"))
+                .map(|(k, v)| (k.to_owned(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    if opts.set_default {
+        containerd.insert("default_runtime_name", value(&opts.handler));
+    }
+    let shown = format!("plugins.\"{plugin}\".containerd.runtimes.{}", opts.handler);
+    let runtime = table_at(containerd, &["runtimes", &opts.handler], path)?;
+    runtime.set_implicit(false);
+    if runtime.get("runtime_type").and_then(Item::as_str) != Some("io.containerd.runc.v2") {
+        runtime.insert("runtime_type", value("io.containerd.runc.v2"));
+    }
+    let pods = ensure_in_array(
+        runtime,
+        "pod_annotations",
+        POD_ANNOTATIONS,
+        path,
+        &format!("{shown}.pod_annotations"),
+    )?;
+    refuse_forgeable(&pods, path, &opts.handler)?;
+    ensure_in_array(
+        runtime,
+        "container_annotations",
+        ASSIGNMENT_ANNOTATION,
+        path,
+        &format!("{shown}.container_annotations"),
+    )?;
+    let options = table_at(runtime, &["options"], path)?;
+    options.set_implicit(false);
+    if options.get("BinaryName").and_then(Item::as_str) != Some(opts.runtime_path.as_str()) {
+        options.insert("BinaryName", value(&opts.runtime_path));
+    }
+    for (k, v) in inherited {
+        if !options.contains_key(&k) {
+            options.insert(&k, v);
+        }
+    }
+    Ok(Edit { before: text.to_owned(), after: doc.to_string(), version })
+}
+
+/// Checks containerd's own reading of the file (`containerd --config FILE config dump`,
+/// which merges its `imports`): the handler is there as [`containerd`] wrote it, and no
+/// pattern in its `pod_annotations` passes [`ASSIGNMENT_ANNOTATION`] from pods.
+pub fn check_dump(
+    dump: &str,
+    path: &str,
+    opts: &ContainerdOptions,
+    version: i64,
+) -> Result<(), SetupError> {
+    let over = |what: String| SetupError::Overridden { path: path.to_owned(), what };
+    let doc: DocumentMut = dump.parse().map_err(|e: toml_edit::TomlError| {
+        over(format!("its dump is not TOML ({})", untrusted(&e.to_string())))
+    })?;
+    let rt = doc
+        .get("plugins")
+        .and_then(|p| p.get(cri_plugin(version)))
+        .and_then(|p| p.get("containerd"))
+        .and_then(|c| c.get("runtimes"))
+        .and_then(|r| r.get(&opts.handler))
+        .ok_or_else(|| over(format!("there is no runtime handler `{}`", opts.handler)))?;
+    let strings = |key: &str| -> Vec<String> {
+        rt.get(key)
+            .and_then(Item::as_array)
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default()
+    };
+    let binary = rt.get("options").and_then(|o| o.get("BinaryName")).and_then(Item::as_str);
+    if binary != Some(opts.runtime_path.as_str()) {
+        return Err(over(format!(
+            "its BinaryName is {}",
+            binary.map_or_else(|| "unset".to_owned(), |b| format!("`{}`", untrusted(b)))
+        )));
+    }
+    if rt.get("runtime_type").and_then(Item::as_str) != Some("io.containerd.runc.v2") {
+        return Err(over("its runtime_type is not io.containerd.runc.v2".into()));
+    }
+    let pods = strings("pod_annotations");
+    if !pods.iter().any(|p| p == POD_ANNOTATIONS) {
+        return Err(over(format!("its pod_annotations lack `{POD_ANNOTATIONS}`")));
+    }
+    refuse_forgeable(&pods, path, &opts.handler)?;
+    if !strings("container_annotations").iter().any(|c| c == ASSIGNMENT_ANNOTATION) {
+        return Err(over(format!("its container_annotations lack `{ASSIGNMENT_ANNOTATION}`")));
+    }
+    Ok(())
+}
+
+/// The RuntimeClass that selects `handler`.
+pub fn runtime_class(handler: &str) -> String {
+    format!(
+        "apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata:\n  name: {handler}\nhandler: {handler}\n"
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// Docker and podman.
+
+/// What `tessera setup docker` and `tessera setup podman` write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// The runtime's name (`docker run --runtime NAME`, `podman --runtime NAME`).
+    pub name: String,
+    /// tessera-runtime, absolute.
+    pub runtime_path: String,
+    /// Docker only: a runtime configuration file for this engine's tessera-runtime,
+    /// passed as `runtimeArgs: ["--tessera-config", PATH]` (podman's runtimes take no
+    /// arguments).
+    pub runtime_config: Option<String>,
+    /// Make it the engine's default runtime (`default-runtime`, `[engine] runtime`).
+    pub set_default: bool,
+}
+
+fn check_engine_options(o: &EngineOptions) -> Result<(), SetupError> {
+    if !valid_handler(&o.name) {
+        return Err(SetupError::Option(format!(
+            "runtime name `{}` must be 1 to 63 of a-z, 0-9 and `-`",
+            untrusted(&o.name)
+        )));
+    }
+    for (what, p) in std::iter::once(("runtime path", &o.runtime_path))
+        .chain(o.runtime_config.iter().map(|c| ("runtime config", c)))
+    {
+        if !p.starts_with('/') || p.contains(|c: char| c.is_control()) {
+            return Err(SetupError::Option(format!(
+                "{what} `{}` must be an absolute path",
+                untrusted(p)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A JSON value that keeps its objects' key order (daemon.json is the operator's file:
+/// every other key stays where and as it was; serde_json's map would sort them).
+#[derive(Debug, Clone, PartialEq)]
+enum Json {
+    Object(Vec<(String, Json)>),
+    Array(Vec<Json>),
+    Scalar(serde_json::Value),
+}
+
+impl<'de> serde::Deserialize<'de> for Json {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{Error, MapAccess, SeqAccess, Visitor};
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Json;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_bool<E: Error>(self, v: bool) -> Result<Json, E> {
+                Ok(Json::Scalar(v.into()))
+            }
+            fn visit_i64<E: Error>(self, v: i64) -> Result<Json, E> {
+                Ok(Json::Scalar(v.into()))
+            }
+            fn visit_u64<E: Error>(self, v: u64) -> Result<Json, E> {
+                Ok(Json::Scalar(v.into()))
+            }
+            fn visit_f64<E: Error>(self, v: f64) -> Result<Json, E> {
+                Ok(Json::Scalar(v.into()))
+            }
+            fn visit_str<E: Error>(self, v: &str) -> Result<Json, E> {
+                Ok(Json::Scalar(v.into()))
+            }
+            fn visit_unit<E: Error>(self) -> Result<Json, E> {
+                Ok(Json::Scalar(serde_json::Value::Null))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Json, A::Error> {
+                let mut out = Vec::new();
+                while let Some(v) = a.next_element()? {
+                    out.push(v);
+                }
+                Ok(Json::Array(out))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Json, A::Error> {
+                let mut out: Vec<(String, Json)> = Vec::new();
+                while let Some(k) = a.next_key::<String>()? {
+                    if out.iter().any(|(have, _)| *have == k) {
+                        return Err(A::Error::custom(format!(
+                            "duplicate key `{}` (dockerd would silently keep the last)",
+                            untrusted(&k)
+                        )));
+                    }
+                    let v = a.next_value()?;
+                    out.push((k, v));
+                }
+                Ok(Json::Object(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl Json {
+    fn type_name(&self) -> &'static str {
+        match self {
+            Json::Object(_) => "object",
+            Json::Array(_) => "array",
+            Json::Scalar(serde_json::Value::String(_)) => "string",
+            Json::Scalar(serde_json::Value::Null) => "null",
+            Json::Scalar(serde_json::Value::Bool(_)) => "boolean",
+            Json::Scalar(_) => "number",
+        }
+    }
+    fn string(s: &str) -> Json {
+        Json::Scalar(s.into())
+    }
+    fn get_mut(&mut self, key: &str) -> Option<&mut Json> {
+        match self {
+            Json::Object(o) => o.iter_mut().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+    /// Sets `key` (in place when present, else appended); `self` must be an object.
+    fn set(&mut self, key: &str, v: Json) {
+        if let Json::Object(o) = self {
+            match o.iter_mut().find(|(k, _)| k == key) {
+                Some((_, slot)) => *slot = v,
+                None => o.push((key.to_owned(), v)),
+            }
+        }
+    }
+    /// Pretty text, two-space indent, as `dockerd`'s documentation shows daemon.json.
+    fn write(&self, out: &mut String, indent: usize) {
+        let pad = |n: usize| "  ".repeat(n);
+        match self {
+            Json::Scalar(v) => out.push_str(&v.to_string()),
+            Json::Array(a) if a.is_empty() => out.push_str("[]"),
+            Json::Object(o) if o.is_empty() => out.push_str("{}"),
+            Json::Array(a) => {
+                out.push_str("[\n");
+                for (i, v) in a.iter().enumerate() {
+                    out.push_str(&pad(indent + 1));
+                    v.write(out, indent + 1);
+                    out.push_str(if i + 1 < a.len() { ",\n" } else { "\n" });
+                }
+                out.push_str(&pad(indent));
+                out.push(']');
+            }
+            Json::Object(o) => {
+                out.push_str("{\n");
+                for (i, (k, v)) in o.iter().enumerate() {
+                    out.push_str(&pad(indent + 1));
+                    out.push_str(&serde_json::Value::from(k.as_str()).to_string());
+                    out.push_str(": ");
+                    v.write(out, indent + 1);
+                    out.push_str(if i + 1 < o.len() { ",\n" } else { "\n" });
+                }
+                out.push_str(&pad(indent));
+                out.push('}');
+            }
+        }
+    }
+}
+
+/// Edits Docker's daemon.json (`text` of the file at `path`, empty when absent): adds
+/// `runtimes.NAME = {"path": tessera-runtime[, "runtimeArgs": ["--tessera-config", FILE]]}`
+/// and, with `set_default`, `"default-runtime": NAME`. Every other key is kept, in order.
+/// Idempotent: editing the result again changes nothing.
+pub fn docker(text: &str, path: &str, opts: &EngineOptions) -> Result<Edit, SetupError> {
+    check_engine_options(opts)?;
+    let mut doc: Json = if text.trim().is_empty() {
+        Json::Object(Vec::new())
+    } else {
+        serde_json::from_str(text)
+            .map_err(|e| SetupError::ParseJson { path: path.to_owned(), message: e.to_string() })?
+    };
+    let not_object = |key: &str, found: &Json| SetupError::NotATable {
+        path: path.to_owned(),
+        key: key.to_owned(),
+        found: found.type_name().to_owned(),
+    };
+    if !matches!(doc, Json::Object(_)) {
+        return Err(not_object("(the document)", &doc));
+    }
+    let mut runtime = vec![("path".to_owned(), Json::string(&opts.runtime_path))];
+    if let Some(cfg) = &opts.runtime_config {
+        let args = vec![Json::string(runtime_hook::config::CONFIG_ARG), Json::string(cfg)];
+        runtime.push(("runtimeArgs".to_owned(), Json::Array(args)));
+    }
+    if doc.get_mut("runtimes").is_none() {
+        doc.set("runtimes", Json::Object(Vec::new()));
+    }
+    let runtimes = doc.get_mut("runtimes").expect("just set");
+    if !matches!(runtimes, Json::Object(_)) {
+        return Err(not_object("runtimes", runtimes));
+    }
+    runtimes.set(&opts.name, Json::Object(runtime));
+    if opts.set_default {
+        doc.set("default-runtime", Json::string(&opts.name));
+    }
+    let mut after = String::new();
+    doc.write(&mut after, 0);
+    after.push('\n');
+    // An unchanged document keeps its bytes (idempotent even when written differently).
+    let before_doc: Option<Json> = serde_json::from_str(text).ok();
+    let after = if before_doc.as_ref() == Some(&doc) { text.to_owned() } else { after };
+    Ok(Edit { before: text.to_owned(), after, version: 0 })
+}
+
+/// Edits podman's containers.conf (`text` of the file at `path`, empty when absent): adds
+/// `[engine.runtimes] NAME = [tessera-runtime]` and, with `set_default`, `[engine]
+/// runtime = NAME`. Everything else is kept as written. Idempotent.
+pub fn podman(text: &str, path: &str, opts: &EngineOptions) -> Result<Edit, SetupError> {
+    check_engine_options(opts)?;
+    if opts.runtime_config.is_some() {
+        return Err(SetupError::Option(
+            "podman passes its runtimes no arguments: give this engine's tessera-runtime its own \
+             configuration with a wrapper script (docs/INSTALL.md, podman) or use /etc/tessera/runtime.toml"
+                .into(),
+        ));
+    }
+    let mut doc: DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| {
+        SetupError::Parse { path: path.to_owned(), message: e.to_string() }
+    })?;
+    let engine = table_at(doc.as_table_mut(), &["engine"], path)?;
+    engine.set_implicit(false);
+    if opts.set_default && engine.get("runtime").and_then(Item::as_str) != Some(opts.name.as_str())
+    {
+        engine.insert("runtime", value(&opts.name));
+    }
+    let runtimes = table_at(engine, &["runtimes"], path)?;
+    runtimes.set_implicit(false);
+    let have: Option<Vec<&str>> = runtimes
+        .get(&opts.name)
+        .and_then(Item::as_array)
+        .map(|a| a.iter().filter_map(|v| v.as_str()).collect());
+    if have.as_deref() != Some(&[opts.runtime_path.as_str()][..]) {
+        let mut a = Array::new();
+        a.push(opts.runtime_path.as_str());
+        runtimes.insert(&opts.name, value(a));
+    }
+    Ok(Edit { before: text.to_owned(), after: doc.to_string(), version: 0 })
+}
+
+#[cfg(test)]
+mod engine_tests {
+    use super::*;
+
+    fn opts() -> EngineOptions {
+        EngineOptions {
+            name: "tessera".into(),
+            runtime_path: "/usr/local/bin/tessera-runtime".into(),
+            runtime_config: None,
+            set_default: false,
+        }
+    }
+
+    #[test]
+    fn docker_adds_the_runtime_and_keeps_every_other_key_in_order() {
+        let text = "{\n  \"log-driver\": \"journald\",\n  \"runtimes\": {\"crun\": {\"path\": \"/usr/bin/crun\"}},\n  \"debug\": true,\n  \"max-concurrent-downloads\": 2.5\n}\n";
+        let e = docker(text, "/etc/docker/daemon.json", &opts()).expect("edits");
+        assert_eq!(
+            e.after,
+            "{\n  \"log-driver\": \"journald\",\n  \"runtimes\": {\n    \"crun\": {\n      \"path\": \"/usr/bin/crun\"\n    },\n    \"tessera\": {\n      \"path\": \"/usr/local/bin/tessera-runtime\"\n    }\n  },\n  \"debug\": true,\n  \"max-concurrent-downloads\": 2.5\n}\n"
+        );
+        let again = docker(&e.after, "f", &opts()).expect("again");
+        assert!(!again.changed(), "{}", again.diff("f"));
+        assert!(
+            e.diff("/etc/docker/daemon.json").contains("+    \"tessera\": {"),
+            "{}",
+            e.diff("x")
+        );
+    }
+
+    #[test]
+    fn docker_empty_file_default_runtime_and_config_argument() {
+        let mut o = opts();
+        o.set_default = true;
+        o.runtime_config = Some("/etc/tessera/runtime-docker.toml".into());
+        let e = docker("", "f", &o).expect("edits");
+        let v: serde_json::Value = serde_json::from_str(&e.after).expect("json");
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "runtimes": {"tessera": {"path": "/usr/local/bin/tessera-runtime",
+                    "runtimeArgs": ["--tessera-config", "/etc/tessera/runtime-docker.toml"]}},
+                "default-runtime": "tessera"
+            })
+        );
+        assert!(!docker(&e.after, "f", &o).expect("again").changed());
+        // A changed path replaces the old entry, keeping its place.
+        o.runtime_path = "/opt/tessera/tessera-runtime".into();
+        let e2 = docker(&e.after, "f", &o).expect("update");
+        assert!(e2.changed() && e2.after.contains("/opt/tessera/tessera-runtime"));
+        assert!(!e2.after.contains("/usr/local/bin/tessera-runtime"));
+    }
+
+    #[test]
+    fn docker_refuses_what_it_cannot_edit() {
+        let cases = [
+            ("[1]", "`(the document)` is a array"),
+            ("{\"runtimes\": []}", "`runtimes` is a array"),
+            ("{\"a\": 1, \"a\": 2}", "duplicate key `a`"),
+            ("{\"a\": ", "f is not valid JSON: EOF while parsing"),
+        ];
+        for (text, want) in cases {
+            let e = docker(text, "f", &opts()).expect_err(text).to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+        let mut o = opts();
+        o.runtime_path = "tessera-runtime".into();
+        assert!(docker("", "f", &o).is_err());
+        let mut o = opts();
+        o.name = "Tessera".into();
+        assert!(docker("", "f", &o).is_err());
+    }
+
+    #[test]
+    fn podman_adds_the_runtime_and_keeps_the_rest() {
+        let text = "# site settings\n[containers]\nlog_driver = \"k8s-file\"\n\n[engine]\nevents_logger = \"file\"\n\n[engine.runtimes]\ncrun = [\"/usr/bin/crun\"]\n";
+        let e = podman(text, "/etc/containers/containers.conf", &opts()).expect("edits");
+        assert_eq!(
+            e.after,
+            format!("{text}tessera = [\"/usr/local/bin/tessera-runtime\"]\n"),
+            "{}",
+            e.diff("x")
+        );
+        assert!(!podman(&e.after, "f", &opts()).expect("again").changed());
+        let mut o = opts();
+        o.set_default = true;
+        let e = podman("", "f", &o).expect("empty");
+        let doc: DocumentMut = e.after.parse().expect("toml");
+        assert_eq!(doc["engine"]["runtime"].as_str(), Some("tessera"));
+        assert_eq!(
+            doc["engine"]["runtimes"]["tessera"]
+                .as_array()
+                .and_then(|a| a.get(0))
+                .and_then(|v| v.as_str()),
+            Some("/usr/local/bin/tessera-runtime")
+        );
+        assert!(!podman(&e.after, "f", &o).expect("again").changed());
+        let e = podman("engine = 1\n", "f", &opts()).expect_err("not a table");
+        assert!(e.to_string().contains("`engine` is a integer"), "{e}");
+        let mut o = opts();
+        o.runtime_config = Some("/x".into());
+        assert!(podman("", "f", &o).expect_err("no args").to_string().contains("wrapper"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> ContainerdOptions {
+        ContainerdOptions {
+            handler: "tessera".into(),
+            runtime_path: "/usr/local/bin/tessera-runtime".into(),
+            set_default: false,
+            empty_version: 2,
+        }
+    }
+
+    const V2: &str = r#"version = 2
+root = "/var/lib/containerd"
+
+# keep me
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "registry.k8s.io/pause:3.6"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      default_runtime_name = "runc"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          BinaryName = ""
+          SystemdCgroup = true
+"#;
+
+    fn parsed(s: &str) -> toml_edit::DocumentMut {
+        s.parse().expect("valid toml out")
+    }
+
+    #[test]
+    fn a_v2_config_gains_the_handler_and_keeps_the_rest() {
+        let e = containerd(V2, "/etc/containerd/config.toml", &opts()).expect("edit");
+        assert!(e.changed());
+        assert_eq!(e.version, 2);
+        assert!(e.after.contains("# keep me"), "{}", e.after);
+        assert!(e.after.contains("sandbox_image = \"registry.k8s.io/pause:3.6\""));
+        let d = parsed(&e.after);
+        let rt = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["tessera"];
+        assert_eq!(rt["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
+        assert_eq!(rt["options"]["BinaryName"].as_str(), Some("/usr/local/bin/tessera-runtime"));
+        assert_eq!(
+            rt["options"]["SystemdCgroup"].as_bool(),
+            Some(true),
+            "runc's options inherited"
+        );
+        assert_eq!(
+            rt["pod_annotations"].as_array().unwrap().get(0).unwrap().as_str(),
+            Some(POD_ANNOTATIONS)
+        );
+        assert_eq!(
+            rt["container_annotations"].as_array().unwrap().get(0).unwrap().as_str(),
+            Some(ASSIGNMENT_ANNOTATION)
+        );
+        let d0 = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["default_runtime_name"];
+        assert_eq!(d0.as_str(), Some("runc"), "not the default unless asked");
+        let diff = e.diff("/etc/containerd/config.toml");
+        assert!(
+            diff.contains("+++ /etc/containerd/config.toml") && diff.contains("+BinaryName"),
+            "{diff}"
+        );
+    }
+
+    #[test]
+    fn twice_is_once() {
+        for (text, version) in [(V2, 2), ("", 2), ("", 3), ("version = 3\n", 3)] {
+            let o = ContainerdOptions { empty_version: version, ..opts() };
+            let first = containerd(text, "c.toml", &o).expect("first");
+            let second = containerd(&first.after, "c.toml", &o).expect("second");
+            assert!(!second.changed(), "second run changed:\n{}", second.diff("c.toml"));
+            assert_eq!(first.version, version);
+        }
+    }
+
+    #[test]
+    fn an_empty_file_gets_a_version_and_v3_uses_the_new_plugin_name() {
+        let e =
+            containerd("", "c.toml", &ContainerdOptions { empty_version: 3, ..opts() }).unwrap();
+        let d = parsed(&e.after);
+        assert_eq!(d["version"].as_integer(), Some(3));
+        let rt = &d["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["tessera"];
+        assert_eq!(rt["options"]["BinaryName"].as_str(), Some("/usr/local/bin/tessera-runtime"));
+        let e = containerd("", "c.toml", &opts()).unwrap();
+        assert!(e.after.starts_with("version = 2\n"), "{}", e.after);
+        assert!(
+            e.after.contains("[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.tessera]"),
+            "{}",
+            e.after
+        );
+    }
+
+    #[test]
+    fn existing_annotation_lists_are_extended_and_set_default_works() {
+        let text = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.tessera]\n  pod_annotations = [\"example.com/x\"]\n";
+        let e =
+            containerd(text, "c.toml", &ContainerdOptions { set_default: true, ..opts() }).unwrap();
+        let d = parsed(&e.after);
+        let c = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"];
+        let pods: Vec<&str> = c["runtimes"]["tessera"]["pod_annotations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert_eq!(pods, ["example.com/x", POD_ANNOTATIONS]);
+        assert_eq!(c["default_runtime_name"].as_str(), Some("tessera"));
+    }
+
+    #[test]
+    fn refusals_name_the_file_and_the_problem() {
+        let e = containerd("root = \"/x\"\n", "/etc/c.toml", &opts()).unwrap_err().to_string();
+        assert!(e.contains("/etc/c.toml") && e.contains("version 1"), "{e}");
+        let e = containerd("version = 7\n", "c.toml", &opts()).unwrap_err().to_string();
+        assert!(e.contains("`version` is 7"), "{e}");
+        let e =
+            containerd("version = 2\nplugins = 3\n", "c.toml", &opts()).unwrap_err().to_string();
+        assert!(e.contains("`plugins` is a integer") || e.contains("`plugins` is a"), "{e}");
+        let e = containerd("version = [\n", "c.toml", &opts()).unwrap_err().to_string();
+        assert!(e.contains("c.toml is not valid TOML"), "{e}");
+        let bad = ContainerdOptions { handler: "Tessera!".into(), ..opts() };
+        assert!(containerd("", "c.toml", &bad).unwrap_err().to_string().contains("handler"));
+        let bad = ContainerdOptions { runtime_path: "tessera-runtime".into(), ..opts() };
+        assert!(containerd("", "c.toml", &bad).unwrap_err().to_string().contains("absolute"));
+    }
+
+    #[test]
+    fn a_pod_annotation_pattern_that_passes_the_assignment_is_refused() {
+        for pattern in [
+            "tessera.io/*",
+            "tessera.io/device-*",
+            "tessera.io/device-plugin",
+            "tessera.io/?evice-plugin",
+        ] {
+            let text = format!(
+                "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.tessera]\n  pod_annotations = [\"{pattern}\"]\n"
+            );
+            let e = containerd(&text, "c.toml", &opts()).unwrap_err();
+            assert!(matches!(e, SetupError::ForgeablePattern { .. }), "{pattern}: {e}");
+        }
+        for pattern in ["*", "tessera.io/gpu*", "*/gpu", "example.com/*"] {
+            assert!(
+                !go_path_match(pattern.as_bytes(), ASSIGNMENT_ANNOTATION.as_bytes()),
+                "{pattern}"
+            );
+        }
+        assert!(go_path_match(b"tessera.io/gpu*", b"tessera.io/gpu.main"));
+        assert!(go_path_match(b"tessera.io/gpu*", b"tessera.io/gpu"));
+        assert!(!go_path_match(b"*", b"a/b"));
+    }
+
+    #[test]
+    fn containerds_reading_is_checked_against_what_was_written() {
+        let o = opts();
+        let e = containerd("", "c.toml", &o).unwrap();
+        check_dump(&e.after, "c.toml", &o, 2).expect("what was written reads back");
+        // An import that replaced the handler's table.
+        let replaced = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.tessera]\n  pod_annotations = [\"tessera.io/*\"]\n";
+        let err = check_dump(replaced, "c.toml", &o, 2).unwrap_err().to_string();
+        assert!(err.contains("BinaryName is unset") && err.contains("config dump"), "{err}");
+        let forged =
+            e.after.replace("\"tessera.io/gpu*\"", "\"tessera.io/gpu*\", \"tessera.io/*\"");
+        assert!(matches!(
+            check_dump(&forged, "c.toml", &o, 2),
+            Err(SetupError::ForgeablePattern { .. })
+        ));
+        assert!(check_dump("version = 2\n", "c.toml", &o, 2)
+            .unwrap_err()
+            .to_string()
+            .contains("no runtime handler"));
+    }
+
+    #[test]
+    fn the_runtime_class_names_the_handler() {
+        let rc = runtime_class("tessera");
+        assert!(rc.contains("kind: RuntimeClass") && rc.contains("handler: tessera"));
+    }
+}

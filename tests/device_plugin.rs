@@ -1,0 +1,438 @@
+//! Issue 13, capacity the scheduler can see: tesserad's kubelet device plugin against a
+//! kubelet stand-in that speaks the real protobuf API (k8s.io/kubelet's
+//! deviceplugin/v1beta1: a `Registration` server on a temp `kubelet.sock`, `ListAndWatch`,
+//! `GetPreferredAllocation` and `Allocate` on the plugin's sockets), a real tesserad on a
+//! simulated node (one H100 in MIG mode, three whole) and real runc containers under
+//! tessera-runtime.
+
+// Integration-test crates: clippy counts their helper functions as non-test code, so
+// `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use device_plugin::server::{connect, socket_name};
+use device_plugin::v1beta1 as api;
+use tessera_api::deviceplugin::ASSIGNMENT_ANNOTATION;
+use tessera_harness::node::*;
+use tessera_harness::*;
+use tokio::runtime::Runtime;
+use tokio::sync::watch;
+
+const GPU: &str = "tessera.io/gpu";
+const MPS: &str = "tessera.io/mps";
+const SHARED: &str = "tessera.io/shared";
+const MIG_1G: &str = "tessera.io/mig-1g.10gb";
+const MIG_3G: &str = "tessera.io/mig-3g.40gb";
+const MIG_4G: &str = "tessera.io/mig-4g.40gb";
+const MIG_7G: &str = "tessera.io/mig-7g.80gb";
+
+/// Every resource an H100 node offers under the example policy (all four kinds allowed
+/// to some tier; the H100's seven MIG profiles).
+const RESOURCES: [&str; 10] = [
+    GPU,
+    MPS,
+    SHARED,
+    MIG_1G,
+    "tessera.io/mig-1g.10gb-me",
+    "tessera.io/mig-1g.20gb",
+    "tessera.io/mig-2g.20gb",
+    MIG_3G,
+    MIG_4G,
+    MIG_7G,
+];
+
+/// kubelet's registration service: records every request.
+#[derive(Debug, Clone, Default)]
+struct Registrations(Arc<Mutex<Vec<api::RegisterRequest>>>);
+
+#[tonic::async_trait]
+impl api::registration_server::Registration for Registrations {
+    async fn register(
+        &self,
+        request: tonic::Request<api::RegisterRequest>,
+    ) -> Result<tonic::Response<api::Empty>, tonic::Status> {
+        self.0.lock().unwrap().push(request.into_inner());
+        Ok(tonic::Response::new(api::Empty {}))
+    }
+}
+
+/// A kubelet stand-in on `<dir>/kubelet.sock`.
+struct Kubelet {
+    registrations: Registrations,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Kubelet {
+    fn start(rt: &Runtime, dir: &Path) -> Kubelet {
+        let sock = dir.join("kubelet.sock");
+        let _ = std::fs::remove_file(&sock);
+        let listener = {
+            let _in = rt.enter();
+            tokio::net::UnixListener::bind(&sock).unwrap()
+        };
+        let registrations = Registrations::default();
+        let (stop, mut stopped) = watch::channel(false);
+        let service = api::registration_server::RegistrationServer::new(registrations.clone());
+        let task = rt.spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(listener),
+                    async move {
+                        let _ = stopped.wait_for(|s| *s).await;
+                    },
+                )
+                .await
+                .unwrap();
+        });
+        Kubelet { registrations, stop, task }
+    }
+
+    /// Resource name -> how many times it registered.
+    fn registered(&self) -> BTreeMap<String, usize> {
+        let mut m = BTreeMap::new();
+        for r in self.registrations.0.lock().unwrap().iter() {
+            *m.entry(r.resource_name.clone()).or_default() += 1;
+        }
+        m
+    }
+
+    fn stop(self, rt: &Runtime) {
+        let _ = self.stop.send(true);
+        self.task.abort();
+        let _ = rt.block_on(self.task);
+    }
+}
+
+/// The last list each watched resource sent: id -> health.
+type Lists = Arc<Mutex<BTreeMap<String, BTreeMap<String, String>>>>;
+
+/// Follows `ListAndWatch` of `resource` as kubelet does, connecting again whenever the
+/// stream ends (tesserad restarted, the endpoint was started again).
+fn watch_lists(rt: &Runtime, dir: &Path, resource: &str, lists: &Lists) {
+    let (sock, resource, lists) =
+        (dir.join(socket_name(resource)), resource.to_string(), lists.clone());
+    rt.spawn(async move {
+        loop {
+            if let Ok(channel) = connect(&sock).await {
+                let mut client = api::device_plugin_client::DevicePluginClient::new(channel);
+                if let Ok(stream) = client.list_and_watch(api::Empty {}).await {
+                    let mut stream = stream.into_inner();
+                    while let Ok(Some(msg)) = stream.message().await {
+                        let list = msg.devices.into_iter().map(|d| (d.id, d.health)).collect();
+                        lists.lock().unwrap().insert(resource.clone(), list);
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+}
+
+/// Healthy ids of `resource` in the last list, or None before the first.
+fn healthy(lists: &Lists, resource: &str) -> Option<BTreeSet<String>> {
+    lists.lock().unwrap().get(resource).map(|l| {
+        l.iter().filter(|(_, h)| h.as_str() == "Healthy").map(|(id, _)| id.clone()).collect()
+    })
+}
+
+fn listed(lists: &Lists, resource: &str) -> BTreeSet<String> {
+    lists.lock().unwrap().get(resource).map(|l| l.keys().cloned().collect()).unwrap_or_default()
+}
+
+/// Waits until `cond` holds of the lists; panics with them otherwise. Prints how long
+/// it took (the test's phases, for a slow run).
+fn wait_lists(lists: &Lists, what: &str, cond: impl Fn(&Lists) -> bool) {
+    let t = std::time::Instant::now();
+    let seen = wait_for(|| cond(lists), Duration::from_secs(10));
+    eprintln!("{what}: {} ms", t.elapsed().as_millis());
+    if !seen {
+        let summary: BTreeMap<String, (usize, usize)> = lists
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(r, l)| (r.clone(), (l.len(), l.values().filter(|h| *h == "Healthy").count())))
+            .collect();
+        panic!("{what}: not seen in 10 s; (listed, healthy) per resource: {summary:?}");
+    }
+}
+
+fn count(lists: &Lists, resource: &str) -> usize {
+    healthy(lists, resource).map_or(usize::MAX, |h| h.len())
+}
+
+fn plugin(
+    rt: &Runtime,
+    dir: &Path,
+    resource: &str,
+) -> api::device_plugin_client::DevicePluginClient<tonic::transport::Channel> {
+    let channel = rt.block_on(connect(&dir.join(socket_name(resource)))).unwrap();
+    api::device_plugin_client::DevicePluginClient::new(channel)
+}
+
+/// kubelet's `Allocate` for one container: the annotation, or the refusal's message.
+fn allocate(rt: &Runtime, dir: &Path, resource: &str, ids: &[String]) -> Result<String, String> {
+    let mut c = plugin(rt, dir, resource);
+    let req = api::AllocateRequest {
+        container_requests: vec![api::ContainerAllocateRequest { devices_ids: ids.to_vec() }],
+    };
+    match rt.block_on(c.allocate(req)) {
+        Ok(resp) => {
+            let resp = resp.into_inner();
+            assert_eq!(resp.container_responses.len(), 1);
+            let r = &resp.container_responses[0];
+            assert!(
+                r.devices.is_empty()
+                    && r.mounts.is_empty()
+                    && r.envs.is_empty()
+                    && r.cdi_devices.is_empty(),
+                "Allocate hands out no devices, mounts or env: tesserad injects at create: {r:?}"
+            );
+            assert_eq!(r.annotations.len(), 1, "{r:?}");
+            Ok(r.annotations[ASSIGNMENT_ANNOTATION].clone())
+        }
+        Err(status) => {
+            assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+            Err(status.message().to_string())
+        }
+    }
+}
+
+/// A container of the tenant behind `ns` carrying kubelet's `assignment`; create's output.
+fn create_assigned(node: &Node, id: &str, ns: &str, assignment: &str) -> std::process::Output {
+    let mut b = node.bundle(id, ns, None, &["sleep", "300"]);
+    b.annotation(ASSIGNMENT_ANNOTATION, assignment).write();
+    let out = node.fx.create_container(&b, id);
+    if out.status.success() {
+        node.fx.start_container(id).assert_success("runc start");
+    }
+    out
+}
+
+/// Stops the MPS control daemons at the end whatever happens: they are daemons, and their
+/// command line does not name the fixture.
+struct KillOnDrop(Vec<u32>);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            terminate_pid(*pid as i32, None, Duration::from_secs(2));
+        }
+    }
+}
+
+fn node_file(dir: &Path) -> PathBuf {
+    let p = dir.join("dp-node.json");
+    std::fs::write(
+        &p,
+        r#"{"node": "sim-dp-0", "gpus": [
+            {"model": "H100-80GB", "mig": []},
+            {"model": "H100-80GB"}, {"model": "H100-80GB"}, {"model": "H100-80GB"}]}"#,
+    )
+    .unwrap();
+    p
+}
+
+#[test]
+fn kubelet_sees_what_the_node_can_grant_and_grants_land_on_kubelets_devices() {
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let files = short_tempdir();
+    let dir = files.join("dp");
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubelet = Kubelet::start(&rt, &dir);
+    let mut node = Node::start_with(NodeOptions {
+        node_file: node_file(&files),
+        extra_args: vec![
+            "--device-plugin-dir".into(),
+            dir.display().to_string(),
+            "--mps-control".into(),
+            fresh_bin("fake-nvidia-cuda-mps-control").into(),
+        ],
+        ..Default::default()
+    });
+    node.fx.cleanup().track_dir(&files);
+    let gpus: Vec<String> =
+        node.client().status().unwrap().gpus.into_iter().map(|g| g.uuid).collect();
+    let (g1, g2, g3) = (gpus[1].clone(), gpus[2].clone(), gpus[3].clone());
+    let mig_gpu = gpus[0].clone();
+
+    // Registration: every resource, once, with the API version and its own endpoint.
+    assert!(
+        wait_for(|| kubelet.registered().len() == RESOURCES.len(), Duration::from_secs(10)),
+        "registered: {:?}\n{}",
+        kubelet.registered(),
+        node.daemon.stderr()
+    );
+    assert_eq!(
+        kubelet.registered().keys().map(String::as_str).collect::<BTreeSet<_>>(),
+        RESOURCES.into()
+    );
+    for r in kubelet.registrations.0.lock().unwrap().iter() {
+        assert_eq!(r.version, "v1beta1");
+        assert_eq!(r.endpoint, socket_name(&r.resource_name));
+        assert!(dir.join(&r.endpoint).exists(), "{} is served", r.endpoint);
+        let o = r.options.unwrap();
+        assert!(o.get_preferred_allocation_available && !o.pre_start_required);
+    }
+
+    let lists: Lists = Arc::default();
+    for r in [GPU, MPS, SHARED, MIG_1G, MIG_3G, MIG_4G, MIG_7G] {
+        watch_lists(&rt, &dir, r, &lists);
+    }
+    // Before any grant: three whole GPUs, 300 MPS percent, 3 x 4 replicas, every
+    // placement of the empty MIG GPU.
+    wait_lists(&lists, "the empty node", |l| {
+        count(l, GPU) == 3
+            && count(l, MPS) == 300
+            && count(l, SHARED) == 12
+            && count(l, MIG_1G) == 7
+            && count(l, MIG_7G) == 1
+    });
+    assert_eq!(healthy(&lists, GPU).unwrap(), [g1.clone(), g2.clone(), g3.clone()].into());
+
+    // A grant outside kubelet (an annotation request) takes GPU 1: unhealthy, not gone.
+    let b = node.bundle("outside", "team-untrusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "outside");
+    assert_eq!(node.client().allocation("outside").unwrap().devices[0].uuid, g1);
+    wait_lists(&lists, "GPU 1 taken outside kubelet", |l| {
+        count(l, GPU) == 2 && count(l, MPS) == 200 && count(l, SHARED) == 8
+    });
+    assert!(listed(&lists, GPU).contains(&g1), "listed unhealthy, kubelet's capacity unchanged");
+
+    // kubelet picks GPU 3 (the node alone would have picked GPU 2): Allocate answers the
+    // annotation only, and the grant made with it is on GPU 3.
+    let ann = allocate(&rt, &dir, GPU, std::slice::from_ref(&g3)).unwrap();
+    assert_eq!(ann, format!("v1;tessera.io/gpu;{g3}"));
+    create_assigned(&node, "kube-gpu", "team-untrusted", &ann).assert_success("create kube-gpu");
+    let a = node.client().allocation("kube-gpu").unwrap();
+    assert_eq!(a.devices.iter().map(|d| d.uuid.as_str()).collect::<Vec<_>>(), [g3.as_str()]);
+    wait_lists(&lists, "GPU 3 kubelet's", |l| {
+        healthy(l, GPU).is_some_and(|h| h == [g2.clone(), g3.clone()].into())
+            && count(l, MPS) == 100
+    });
+
+    // What cannot be one grant, or is not free, is refused at Allocate, naming it.
+    let e = allocate(&rt, &dir, GPU, std::slice::from_ref(&g1)).unwrap_err();
+    assert!(e.contains(&g1) && e.contains("not free"), "{e}");
+    let spread = [format!("{g2}:mps:0"), format!("{g3}:mps:1")];
+    let e = allocate(&rt, &dir, MPS, &spread).unwrap_err();
+    assert!(e.contains("different GPUs"), "{e}");
+    // A forged assignment naming a busy GPU is refused at create, naming the device.
+    let out =
+        create_assigned(&node, "forged", "team-untrusted", &format!("v1;tessera.io/gpu;{g1}"));
+    assert!(!out.status.success(), "a busy GPU is no grant");
+    assert!(
+        out.stderr_str().contains(&g1) && out.stderr_str().contains("in use"),
+        "{}",
+        out.stderr_str()
+    );
+
+    // MPS: the preferred 25 percent stay on one GPU; the grant is that GPU's share.
+    let available: Vec<String> = healthy(&lists, MPS).unwrap().into_iter().collect();
+    let mut c = plugin(&rt, &dir, MPS);
+    let pref = rt
+        .block_on(c.get_preferred_allocation(api::PreferredAllocationRequest {
+            container_requests: vec![api::ContainerPreferredAllocationRequest {
+                available_device_i_ds: available,
+                must_include_device_i_ds: Vec::new(),
+                allocation_size: 25,
+            }],
+        }))
+        .unwrap()
+        .into_inner();
+    let ids = pref.container_responses[0].device_i_ds.clone();
+    assert_eq!(ids.len(), 25);
+    assert!(ids.iter().all(|id| id.starts_with(&format!("{g2}:mps:"))), "{ids:?}");
+    let ann = allocate(&rt, &dir, MPS, &ids).unwrap();
+    assert_eq!(ann, format!("v1;tessera.io/mps;{}", ids.join(",")));
+    create_assigned(&node, "kube-mps", "team-trusted", &ann).assert_success("create kube-mps");
+    let mps_daemons: Vec<u32> =
+        node.client().status().unwrap().mps_shares.iter().filter_map(|s| s.pid).collect();
+    let _stop_mps = KillOnDrop(mps_daemons);
+    let a = node.client().allocation("kube-mps").unwrap();
+    let share = a.share.unwrap();
+    assert_eq!((share.device.as_str(), share.percent), (g2.as_str(), Some(25)));
+    wait_lists(&lists, "GPU 2 serving MPS", |l| {
+        count(l, GPU) == 1
+            && count(l, SHARED) == 0
+            && healthy(l, MPS)
+                .is_some_and(|h| h.len() == 100 && ids.iter().all(|id| h.contains(id)))
+    });
+    // The policy still decides: an untrusted tenant gets no MPS, whatever kubelet assigned.
+    let more: Vec<String> = (50..60).map(|u| format!("{g2}:mps:{u}")).collect();
+    let ann_untrusted = allocate(&rt, &dir, MPS, &more).unwrap();
+    let out = create_assigned(&node, "untrusted-mps", "team-untrusted", &ann_untrusted);
+    assert!(!out.status.success());
+    assert!(out.stderr_str().contains("tiers.untrusted.allow"), "{}", out.stderr_str());
+
+    // MIG: kubelet's placement is cut exactly there; the placements it consumed are
+    // withdrawn from every profile.
+    let placement = format!("{mig_gpu}:mig:3g.40gb:4");
+    let ann = allocate(&rt, &dir, MIG_3G, std::slice::from_ref(&placement)).unwrap();
+    create_assigned(&node, "kube-mig", "team-untrusted", &ann).assert_success("create kube-mig");
+    let d = node.client().allocation("kube-mig").unwrap().devices[0].clone();
+    assert_eq!((d.mig_profile.as_deref(), d.placement), (Some("3g.40gb"), Some((4, 4))));
+    wait_lists(&lists, "the 3g.40gb cut at slot 4", |l| {
+        listed(l, MIG_7G).is_empty()
+            && listed(l, MIG_1G).len() == 4
+            && count(l, MIG_4G) == 1
+            && healthy(l, MIG_3G).is_some_and(|h| {
+                h == [placement.clone(), format!("{mig_gpu}:mig:3g.40gb:0")].into()
+            })
+    });
+
+    // tesserad restarts (kill -9): every resource registers again, and kubelet's ids are
+    // still kubelet's.
+    node.crash_and_restart();
+    assert!(
+        wait_for(|| kubelet.registered().values().all(|n| *n >= 2), Duration::from_secs(10)),
+        "registered after the restart: {:?}",
+        kubelet.registered()
+    );
+    lists.lock().unwrap().clear();
+    wait_lists(&lists, "the lists after the restart", |l| {
+        healthy(l, GPU).is_some_and(|h| h == [g3.clone()].into())
+            && healthy(l, MPS)
+                .is_some_and(|h| h.len() == 100 && ids.iter().all(|id| h.contains(id)))
+            && healthy(l, MIG_3G).is_some_and(|h| h.contains(&placement))
+    });
+
+    // kubelet restarts: a new kubelet.sock (and its plugin sockets deleted) -> registered
+    // again, endpoints back.
+    kubelet.stop(&rt);
+    std::fs::remove_file(dir.join(socket_name(GPU))).unwrap();
+    let kubelet = Kubelet::start(&rt, &dir);
+    assert!(
+        wait_for(|| kubelet.registered().len() == RESOURCES.len(), Duration::from_secs(10)),
+        "registered with the new kubelet: {:?}",
+        kubelet.registered()
+    );
+    assert!(dir.join(socket_name(GPU)).exists(), "the deleted endpoint is served again");
+    lists.lock().unwrap().clear();
+    wait_lists(&lists, "the lists from the new endpoints", |l| count(l, GPU) == 1);
+
+    // The MPS container goes: its share is given back, GPU 2 is whole again once scrubbed.
+    node.fx.kill_container("kube-mps", "KILL").assert_success("kill");
+    assert!(wait_for(
+        || node.fx.status("kube-mps").as_deref() == Some("stopped"),
+        Duration::from_secs(10)
+    ));
+    node.fx.delete_container("kube-mps", false).assert_success("delete");
+    wait_lists(&lists, "GPU 2 free again", |l| {
+        healthy(l, GPU).is_some_and(|h| h.contains(&g2)) && count(l, SHARED) == 4
+    });
+    // A time-slice replica kubelet picks on GPU 2 is that GPU's.
+    let ann = allocate(&rt, &dir, SHARED, &[format!("{g2}:shared:1")]).unwrap();
+    create_assigned(&node, "kube-shared", "team-dev", &ann).assert_success("create kube-shared");
+    let share = node.client().allocation("kube-shared").unwrap().share.unwrap();
+    assert_eq!((share.kind, share.device.as_str()), (tessera_api::Isolation::Shared, g2.as_str()));
+    wait_lists(&lists, "GPU 2 time-sliced", |l| {
+        healthy(l, GPU).is_some_and(|h| h == [g3.clone()].into()) && count(l, SHARED) == 4
+    });
+    kubelet.stop(&rt);
+}

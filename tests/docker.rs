@@ -1,0 +1,205 @@
+//! Docker as its users run it: Debian's dockerd 20.10 with the runtimes `tessera setup
+//! docker` writes (no environment on dockerd but PATH, which holds the
+//! `nvidia-container-runtime-hook` link `--gpus` needs), an image from `docker import`,
+//! tesserad on the simulated H100 node.
+//!
+//! - `docker run --runtime tessera --gpus 1` gets a grant for the default tenant, which is
+//!   given back when the container stops;
+//! - a second runtime (`tessera-alice`, its own runtime config naming `engine =
+//!   "docker-alice"`) is a second tenant, by the policy's engine identity rule;
+//! - `--device` of an NVIDIA node without a request does not reach it (plain runc, the
+//!   control, does);
+//! - `--gpus` on plain runc fails (the stand-in hook refuses) instead of running GPU-less.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tessera_harness::docker::{Dockerd, DOCKER_IMAGE};
+use tessera_harness::node::{repo, Node, NodeOptions};
+use tessera_harness::*;
+
+const DEFAULT_TENANT: &str = "acme/untrusted/sandbox/guest";
+const ALICE: &str = "acme/trusted/training/alice";
+
+/// The example policy, plus the identity a shared Docker host needs: the engine rule and
+/// a default tenant.
+fn policy(dir: &Path) -> std::path::PathBuf {
+    let mut p: Value =
+        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).expect("policy"))
+            .expect("json");
+    p["identity"]
+        .as_array_mut()
+        .expect("identity")
+        .insert(0, json!({"annotation": "tessera.io/engine", "map": {"docker-alice": ALICE}}));
+    p["default_tenant"] = json!(DEFAULT_TENANT);
+    let f = dir.join("policy.json");
+    std::fs::write(&f, serde_json::to_vec_pretty(&p).expect("json")).expect("write policy");
+    f
+}
+
+fn setup_docker(config: &Path, name: &str, runtime_config: &Path) {
+    let out = run_cmd(
+        Command::new(tessera_cli())
+            .args(["setup", "docker", "--config"])
+            .arg(config)
+            .args(["--name", name, "--runtime-path", tessera_runtime(), "--runtime-config"])
+            .arg(runtime_config),
+    );
+    out.assert_success("tessera setup docker");
+}
+
+fn write_runtime_config(path: &Path, socket: &Path, engine: Option<&str>) {
+    let mut t = format!(
+        "socket = \"{}\"\nrunc = \"/usr/sbin/runc\"\nhook = \"{}\"\n",
+        socket.display(),
+        tessera_hook()
+    );
+    if let Some(e) = engine {
+        t.push_str(&format!("engine = \"{e}\"\n"));
+    }
+    std::fs::write(path, t).expect("runtime config");
+}
+
+/// (full container id prefix, tenant, request) of every allocation.
+fn allocations(node: &Node) -> Vec<(String, String, String)> {
+    node.client()
+        .status()
+        .expect("status")
+        .allocations
+        .iter()
+        .map(|a| (a.container_id.to_string(), a.tenant.clone(), a.request.to_string()))
+        .collect()
+}
+
+#[test]
+fn docker_gpus_identity_and_no_grant_no_gpu() {
+    let node_dir = tempfile::tempdir().expect("tempdir");
+    let node =
+        Node::start_with(NodeOptions { policy: policy(node_dir.path()), ..Default::default() });
+    let socket = node.socket.clone();
+    let d = Dockerd::start(|config, dir| {
+        let plain = dir.join("runtime.toml");
+        let alice = dir.join("runtime-alice.toml");
+        write_runtime_config(&plain, &socket, None);
+        write_runtime_config(&alice, &socket, Some("docker-alice"));
+        setup_docker(config, "tessera", &plain);
+        setup_docker(config, "tessera-alice", &alice);
+        // Idempotent: a second run changes nothing.
+        let again = run_cmd(
+            Command::new(tessera_cli())
+                .args(["setup", "docker", "--dry-run", "--config"])
+                .arg(config)
+                .args(["--runtime-path", tessera_runtime(), "--runtime-config"])
+                .arg(&plain),
+        );
+        assert!(again.stdout_str().contains("nothing to change"), "{}", again.stdout_str());
+    });
+
+    // --gpus 1: a grant for the default tenant, the share's env in the container.
+    let run = d.docker(&[
+        "run",
+        "-d",
+        "--runtime",
+        "tessera",
+        "--gpus",
+        "1",
+        DOCKER_IMAGE,
+        "sh",
+        "-c",
+        "env; sleep 60",
+    ]);
+    run.assert_success("docker run --gpus 1");
+    let id = run.stdout_str().trim().to_owned();
+    let a = allocations(&node);
+    assert_eq!(a, vec![(id.clone(), DEFAULT_TENANT.to_owned(), "gpu=1".to_owned())], "{}", d.log());
+    assert!(
+        wait_for(
+            || d.docker(&["logs", &id]).stdout_str().contains("CUDA_VISIBLE_DEVICES=GPU-"),
+            Duration::from_secs(10)
+        ),
+        "{}",
+        d.docker(&["logs", &id]).stdout_str()
+    );
+    // Released at stop.
+    d.docker(&["stop", "-t", "1", &id]).assert_success("docker stop");
+    assert!(
+        wait_for(|| allocations(&node).is_empty(), Duration::from_secs(10)),
+        "{:?}",
+        allocations(&node)
+    );
+
+    // The second runtime's config names its engine: the policy maps it to alice.
+    let run = d.docker(&[
+        "run",
+        "-d",
+        "--runtime",
+        "tessera-alice",
+        "--gpus",
+        "2",
+        DOCKER_IMAGE,
+        "sleep",
+        "60",
+    ]);
+    run.assert_success("docker run --gpus 2");
+    let id = run.stdout_str().trim().to_owned();
+    assert_eq!(allocations(&node), vec![(id.clone(), ALICE.to_owned(), "gpu=2".to_owned())]);
+    d.docker(&["rm", "-f", &id]).assert_success("docker rm -f");
+    assert!(wait_for(|| allocations(&node).is_empty(), Duration::from_secs(10)));
+
+    // A container may not name its own engine (Docker 20.10 has no --annotation; a label
+    // is not an annotation, so it cannot even try): pinned devices are refused.
+    let pinned = d.docker(&[
+        "run",
+        "--rm",
+        "--runtime",
+        "tessera",
+        "--gpus",
+        "\"device=3\"",
+        DOCKER_IMAGE,
+        "true",
+    ]);
+    assert!(!pinned.status.success());
+    assert!(
+        pinned.stderr_str().contains("Tessera grants GPUs by count"),
+        "{}",
+        pinned.stderr_str()
+    );
+
+    // No grant, no GPU: an NVIDIA device node passed with --device does not reach the
+    // container through tessera; plain runc (the control) lets it through.
+    let dev = d.dir().join("nvidia5");
+    let made = run_cmd(Command::new("mknod").arg(&dev).args(["c", "195", "5"]));
+    made.assert_success("mknod");
+    let device = format!("{}:/dev/nvidia5", dev.display());
+    let probe = "ls /dev/nvidia5 2>&1; cat /sys/fs/cgroup/devices/devices.list";
+    for (runtime, reaches) in [("runc", true), ("tessera", false)] {
+        let out = d.docker(&[
+            "run",
+            "--rm",
+            "--runtime",
+            runtime,
+            "--device",
+            &device,
+            DOCKER_IMAGE,
+            "sh",
+            "-c",
+            probe,
+        ]);
+        out.assert_success(&format!("docker run --device ({runtime})"));
+        let text = out.stdout_str();
+        let has_node = !text.contains("No such file");
+        let has_rule = text.lines().any(|l| l.starts_with("c 195:5 ") || l == "a *:* rwm");
+        assert_eq!((has_node, has_rule), (reaches, reaches), "{runtime}:\n{text}");
+    }
+    assert!(allocations(&node).is_empty());
+
+    // --gpus on plain runc: dockerd runs the stand-in hook, which refuses.
+    let plain =
+        d.docker(&["run", "--rm", "--runtime", "runc", "--gpus", "1", DOCKER_IMAGE, "true"]);
+    assert!(!plain.status.success(), "{}", plain.stdout_str());
+    assert!(plain.stderr_str().contains("--runtime tessera"), "{}", plain.stderr_str());
+    drop(d);
+    drop(node);
+}

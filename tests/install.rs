@@ -1,0 +1,295 @@
+//! Issue 14, items 7 and 8: Tessera as a node component — the policy reloaded by SIGHUP
+//! and `tessera policy reload`, the binaries' own `--help`/`--version`, unknown ids
+//! reported as unknown, the systemd units (`systemd-analyze verify`), the set of binaries
+//! `cargo install` puts on a node, shell completions and man pages.
+
+// Integration-test crates: clippy counts their helper functions as non-test code, so
+// `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use tessera_harness::node::*;
+use tessera_harness::*;
+
+/// examples/policy.json with its version set to `version`, written to `path`.
+fn write_policy(path: &Path, version: u64) {
+    let text = std::fs::read_to_string(repo("examples/policy.json")).unwrap();
+    let mut doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    doc["version"] = version.into();
+    std::fs::write(path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+}
+
+fn policy_version(node: &Node) -> u64 {
+    node.client().status().expect("status").policy.version
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn sighup_and_tessera_policy_reload_read_the_file_again_and_a_broken_one_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.json");
+    write_policy(&file, 10);
+    let mut node = Node::start_with(NodeOptions { policy: file.clone(), ..NodeOptions::default() });
+    assert_eq!(policy_version(&node), 10);
+    let pid = nix::unistd::Pid::from_raw(node.daemon.pid() as i32);
+    let hup = || nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+
+    // SIGHUP: the new version is in force, and the daemon lives on.
+    write_policy(&file, 11);
+    hup();
+    assert!(
+        wait_for(|| policy_version(&node) == 11, Duration::from_secs(10)),
+        "SIGHUP did not reload the policy:\n{}",
+        node.daemon.stderr()
+    );
+    let status = node.client().status().unwrap();
+    assert_eq!(status.policy.source, format!("file:{}", file.display()));
+
+    // A broken file: the old policy stays, the error is logged with the file's JSON path.
+    let text_of = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, text_of.replacen("\"version\": 11", "\"version\": \"twelve\"", 1))
+        .unwrap();
+    hup();
+    assert!(
+        wait_for(
+            || node.daemon.stderr().contains("policy reload refused"),
+            Duration::from_secs(10)
+        ),
+        "no reload error logged:\n{}",
+        node.daemon.stderr()
+    );
+    let log = node.daemon.stderr();
+    let line = log.lines().rev().find(|l| l.contains("policy reload refused")).unwrap();
+    assert!(line.contains("version") && line.contains("unchanged"), "{line}");
+    assert_eq!(policy_version(&node), 11, "the old policy stays in force");
+    assert!(node.daemon.is_running(), "SIGHUP must never stop tesserad");
+
+    // The same over the API: the error comes back to the operator, non-zero exit.
+    let out = node.cli(&["policy", "reload"]);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(err.contains("400") && err.contains("policy.json"), "{err}");
+    assert!(err.contains("the policy in force is unchanged"), "{err}");
+    assert_eq!(policy_version(&node), 11);
+
+    // Fixed: `tessera policy reload` puts it in force and says so.
+    write_policy(&file, 12);
+    let out = node.cli(&["policy", "reload"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(said.contains("policy version 12 in force (was 11)"), "{said}");
+    assert_eq!(policy_version(&node), 12);
+    // Again without a change: nothing changes, and that is said too.
+    let out = node.cli(&["policy", "reload"]);
+    assert!(text(&out.stdout).contains("unchanged, policy version 12"), "{out:?}");
+}
+
+#[test]
+fn an_unknown_device_uuid_is_reported_unknown_not_free() {
+    let node = Node::start();
+    let out = node.cli(&["device", "unquarantine", "GPU-nope"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("404") && err.contains("unknown device GPU-nope"), "{err}");
+    assert!(!err.contains("free"), "{err}");
+
+    // A real, free GPU is still "not quarantined (free)".
+    let gpu = node.client().status().unwrap().gpus[0].uuid.clone();
+    let out = node.cli(&["device", "unquarantine", &gpu]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("409") && err.contains("is not quarantined (free)"), "{err}");
+
+    // Not a UUID at all: refused before anything goes into a URL.
+    let out = node.cli(&["device", "unquarantine", "../status"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("not a device UUID"), "{out:?}");
+
+    // An unknown container id is unknown too.
+    let err = node.client().allocation("no-such-container").unwrap_err();
+    assert_eq!(err.api_error().map(|e| e.code), Some(tessera_api::ErrorCode::NotFound), "{err}");
+}
+
+#[test]
+fn the_runtime_and_the_hook_answer_help_and_version_themselves() {
+    let runtime = |args: &[&str], runc: &str| {
+        run_cmd(Command::new(tessera_runtime()).args(args).env("TESSERA_RUNC", runc))
+    };
+    // --version: the wrapper's line, then runc's (what `docker info` reads).
+    let out = runtime(&["--version"], RUNC);
+    assert!(out.status.success(), "{out:?}");
+    let v = text(&out.stdout);
+    let ours = v.find(&format!("tessera-runtime version {}", env!("CARGO_PKG_VERSION")));
+    let runc = v.find("runc version");
+    assert!(ours.is_some() && runc.is_some() && ours < runc, "{v}");
+    assert!(v.contains("commit:"), "{v}");
+
+    // --help: what the wrapper does, then runc's own help.
+    for flag in ["--help", "-h", "help"] {
+        let out = runtime(&[flag], RUNC);
+        assert!(out.status.success(), "{flag}: {out:?}");
+        let h = text(&out.stdout);
+        assert!(h.contains("a runc-compatible OCI runtime"), "{flag}: {h}");
+        assert!(h.contains("TESSERA_SOCKET") && h.contains("runc's own help"), "{h}");
+        assert!(h.contains("runc - Open Container Initiative runtime"), "{flag}: {h}");
+    }
+    // A verb's help is runc's alone.
+    let out = runtime(&["create", "--help"], RUNC);
+    assert!(!text(&out.stdout).contains("a runc-compatible OCI runtime"), "{out:?}");
+    // No runc: the wrapper's answer, then the reason, exit 1.
+    let out = runtime(&["--version"], "/nonexistent/runc");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).contains("tessera-runtime version"));
+    assert!(text(&out.stderr).contains("cannot run runc `/nonexistent/runc`"), "{out:?}");
+
+    for flag in ["--help", "-h", "help"] {
+        let out = run_cmd(Command::new(tessera_hook()).arg(flag));
+        assert!(out.status.success(), "{flag}: {out:?}");
+        assert!(text(&out.stdout).contains("tessera-hook prestart|poststop"), "{out:?}");
+    }
+    let out = run_cmd(Command::new(tessera_hook()).arg("--version"));
+    assert!(out.status.success());
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("tessera-hook version {}", env!("CARGO_PKG_VERSION"))
+    );
+    // A phase it does not know is still an error.
+    let out = run_cmd(Command::new(tessera_hook()).arg("prestop"));
+    assert!(!out.status.success());
+}
+
+/// The unit files with `/usr/local/bin/` pointed at the binaries under test (verify
+/// checks that every ExecStart binary exists and is executable).
+fn units_for_verify(dir: &Path) -> Vec<std::path::PathBuf> {
+    let bins = format!("{}/", bin_dir().display());
+    ["tesserad.service", "tessera-coordinator.service"]
+        .iter()
+        .map(|name| {
+            let unit = std::fs::read_to_string(repo(&format!("packaging/systemd/{name}"))).unwrap();
+            assert!(unit.contains("ExecStart=/usr/local/bin/"), "{name}: installed path");
+            let path = dir.join(name);
+            std::fs::write(&path, unit.replace("/usr/local/bin/", &bins)).unwrap();
+            path
+        })
+        .collect()
+}
+
+#[test]
+fn the_systemd_units_verify_and_name_only_flags_the_binaries_have() {
+    let Ok(version) = Command::new("systemd-analyze").arg("--version").output() else {
+        eprintln!("SKIPPED: systemd-analyze is not installed (apt-get install systemd)");
+        return;
+    };
+    assert!(version.status.success());
+    // The coordinator's binary is another package's: built by `cargo build --workspace`.
+    let _ = (tesserad(), bin("tessera-coordinator"));
+    let dir = tempfile::tempdir().unwrap();
+    let units = units_for_verify(dir.path());
+    let out = run_cmd(Command::new("systemd-analyze").arg("verify").arg("--man=no").args(&units));
+    // verify exits 0 on unknown keys and bad values, and says so on stderr: both count.
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "systemd-analyze verify:\n{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+
+    // Every flag in an ExecStart is one the binary accepts.
+    for (unit, bin_name, sub) in [
+        ("tesserad.service", "tesserad", None),
+        ("tessera-coordinator.service", "tessera-coordinator", Some("serve")),
+    ] {
+        let text_of = std::fs::read_to_string(repo(&format!("packaging/systemd/{unit}"))).unwrap();
+        let exec = text_of.lines().find_map(|l| l.strip_prefix("ExecStart=")).unwrap();
+        let mut cmd = Command::new(bin(bin_name));
+        cmd.args(sub).arg("--help");
+        let help = text(&run_cmd(&mut cmd).stdout);
+        for flag in exec.split_whitespace().filter(|w| w.starts_with("--")) {
+            assert!(help.contains(&format!("{flag} ")), "{unit}: {bin_name} has no {flag}");
+        }
+    }
+    // The policy reload is SIGHUP, and restarts leave the MPS control daemons running.
+    let unit = std::fs::read_to_string(repo("packaging/systemd/tesserad.service")).unwrap();
+    for line in ["ExecReload=/bin/kill -HUP $MAINPID", "KillMode=process", "Restart=on-failure"] {
+        assert!(unit.lines().any(|l| l == line), "tesserad.service lacks {line}");
+    }
+    for dir in
+        ["ConfigurationDirectory=tessera", "StateDirectory=tessera", "RuntimeDirectory=tessera"]
+    {
+        assert!(unit.lines().any(|l| l == dir), "tesserad.service lacks {dir}");
+    }
+}
+
+/// What `cargo install --path .` puts on a node: exactly the node's four binaries, and no
+/// test double (mps-double's fake nvidia-cuda-mps-control, the harness) among the root
+/// package's normal or build dependencies. `cargo metadata` answers in about a second; a
+/// real `cargo install` (docs/INSTALL.md) builds everything again.
+#[test]
+fn cargo_install_installs_the_node_binaries_and_no_test_double() {
+    let out = run_cmd(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["metadata", "--format-version", "1", "--no-deps", "--offline"]),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let root = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "tessera")
+        .expect("the root package");
+    let bins: std::collections::BTreeSet<&str> = root["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["kind"].as_array().unwrap().iter().any(|k| k == "bin"))
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    let want: std::collections::BTreeSet<&str> =
+        ["tesserad", "tessera-runtime", "tessera-hook", "tessera"].into();
+    assert_eq!(bins, want, "the binaries `cargo install --path .` installs");
+    for dep in root["dependencies"].as_array().unwrap() {
+        let name = dep["name"].as_str().unwrap();
+        if matches!(name, "mps-double" | "tessera-harness") {
+            assert_eq!(dep["kind"], "dev", "{name} must stay a dev-dependency: {dep}");
+        }
+    }
+    // The test double's own package is never published or installed with Tessera.
+    let double = meta["packages"].as_array().unwrap().iter().find(|p| p["name"] == "mps-double");
+    assert_eq!(double.unwrap()["publish"], serde_json::json!([]), "mps-double: publish = false");
+}
+
+#[test]
+fn completions_and_man_pages_come_from_the_cli_definitions() {
+    let cli = |args: &[&str]| run_cmd(Command::new(tessera_cli()).args(args));
+    for (shell, marker) in [
+        ("bash", "complete -F _tessera"),
+        ("zsh", "#compdef tessera"),
+        ("fish", "complete -c tessera"),
+    ] {
+        let out = cli(&["completions", shell]);
+        assert!(out.status.success(), "{shell}: {out:?}");
+        let script = text(&out.stdout);
+        assert!(script.contains(marker), "{shell}: {}", &script[..script.len().min(300)]);
+        // Generated from the definitions: the newest subcommands are there.
+        assert!(script.contains("reload") && script.contains("unquarantine"), "{shell}");
+    }
+    assert!(!cli(&["completions", "tcsh"]).status.success());
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = cli(&["man", "--out", &dir.path().display().to_string()]);
+    assert!(out.status.success(), "{out:?}");
+    let page = std::fs::read_to_string(dir.path().join("tessera-policy-reload.1")).unwrap();
+    assert!(page.starts_with(".ie") || page.contains(".TH"), "roff: {page}");
+    assert!(page.contains("SIGHUP"), "{page}");
+    for name in ["tessera.1", "tessera-device-unquarantine.1", "tessera-completions.1"] {
+        assert!(dir.path().join(name).is_file(), "{name}");
+    }
+}

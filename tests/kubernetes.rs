@@ -1,0 +1,469 @@
+//! Kubernetes through the CRI as kubelet drives it: containerd 1.6's own CRI plugin,
+//! started by the test with the runtime handler `tessera setup containerd` writes, real
+//! pods through a CRI gRPC client (RunPodSandbox, CreateContainer, StartContainer,
+//! StopContainer, RemoveContainer, StopPodSandbox, RemovePodSandbox), runc under
+//! tessera-runtime, tesserad on a simulated 8×H100 node.
+//!
+//! What is checked is what the enforcing parts did: the config.json containerd handed the
+//! runtime (its devices), what the container sees (`/dev`, its environment), and tesserad's
+//! grants, events and ledger.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use tessera_harness::cri::*;
+use tessera_harness::node::*;
+use tessera_harness::*;
+
+/// `tessera setup containerd` on the fixture's own config, then the runc root the fixture
+/// wants for the handler (the only line the setup does not write).
+fn setup_handler(config: &Path, dir: &Path) {
+    let out = run_cmd(
+        Command::new(tessera_cli())
+            .args(["setup", "containerd", "--config"])
+            .arg(config)
+            .arg("--runtime-path")
+            .arg(tessera_runtime()),
+    );
+    out.assert_success("tessera setup containerd");
+    assert!(out.stdout_str().contains("handler: tessera"), "{}", out.stdout_str());
+    let text = std::fs::read_to_string(config).unwrap();
+    let mut doc: toml_edit::DocumentMut = text.parse().unwrap();
+    doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["tessera"]["options"]
+        ["Root"] = toml_edit::value(
+        Containerd::runtime_root_in(dir, "tessera").to_string_lossy().into_owned(),
+    );
+    std::fs::write(config, doc.to_string()).unwrap();
+}
+
+struct Cluster {
+    node: Node,
+    ctd: Containerd,
+    cri: Cri,
+}
+
+fn cluster() -> Cluster {
+    cluster_with(setup_handler)
+}
+
+/// tesserad, and containerd with the CRI plugin whose config `edit` prepares.
+fn cluster_with(edit: impl Fn(&Path, &Path) + Send + Sync + 'static) -> Cluster {
+    let node = Node::start();
+    let ctd = Containerd::builder()
+        .cri()
+        .env("TESSERA_SOCKET", &node.socket.display().to_string())
+        .env("TESSERA_RUNC", RUNC)
+        .env("TESSERA_HOOK", tessera_hook())
+        .before_start(edit)
+        .start();
+    let cri = ctd.cri();
+    Cluster { node, ctd, cri }
+}
+
+impl Cluster {
+    fn pod(&self, name: &str, ns: &str, annotations: &[(&str, &str)]) -> (PodSpec, String) {
+        let mut pod = PodSpec::new(name, ns).handler("tessera");
+        for (k, v) in annotations {
+            pod = pod.annotation(k, v);
+        }
+        let id =
+            self.cri.run_pod_sandbox(&pod).unwrap_or_else(|e| panic!("{e}\n{}", self.ctd.log()));
+        (pod, id)
+    }
+
+    /// CreateContainer + StartContainer (containerd 1.6 runs the runtime's `create` in
+    /// StartContainer), the container sleeping.
+    fn start(&self, pod_id: &str, pod: &PodSpec, name: &str) -> Result<String, CriError> {
+        let c = ContainerSpec::new(name).command(&["sh", "-c", "sleep 300"]);
+        let id = self.cri.create_container(pod_id, pod, &c)?;
+        self.cri.start_container(&id).map(|()| id)
+    }
+
+    /// The config.json containerd gave the runtime for `id`.
+    fn config(&self, id: &str) -> serde_json::Value {
+        let p = self
+            .ctd
+            .dir()
+            .join("state/io.containerd.runtime.v2.task/k8s.io")
+            .join(id)
+            .join("config.json");
+        serde_json::from_slice(
+            &std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+        )
+        .unwrap()
+    }
+
+    fn allocations(&self) -> Vec<tessera_api::Allocation> {
+        self.node.client().status().unwrap().allocations
+    }
+
+    fn teardown(&self, pod_id: &str) {
+        for c in self.cri.list_containers(Some(pod_id)).unwrap() {
+            self.cri.stop_container(&c.id, 0).unwrap();
+            self.cri.remove_container(&c.id).unwrap();
+        }
+        self.cri.stop_pod_sandbox(pod_id).unwrap();
+        self.cri.remove_pod_sandbox(pod_id).unwrap();
+    }
+}
+
+/// The (major, minor) of every NVIDIA device node in a config (majors 195 and the sim
+/// node's uvm/caps majors).
+fn nvidia_devices(config: &serde_json::Value) -> BTreeSet<(i64, i64)> {
+    config["linux"]["devices"]
+        .as_array()
+        .map(|d| {
+            d.iter()
+                .filter(|n| n["path"].as_str().is_some_and(|p| p.starts_with("/dev/nvidia")))
+                .map(|n| (n["major"].as_i64().unwrap(), n["minor"].as_i64().unwrap()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn exec(c: &Cluster, id: &str, script: &str) -> String {
+    let out = c.cri.exec_sync(id, &["sh", "-c", script], 10).unwrap();
+    assert_eq!(out.exit_code, 0, "{script}: {}", out.stderr);
+    out.stdout
+}
+
+#[test]
+fn a_one_container_pod_gets_exactly_one_mig_instance_and_its_sandbox_none() {
+    let c = cluster();
+    let (pod, pod_id) = c.pod("trainer", "team-untrusted", &[("tessera.io/gpu", "mig=1g.10gb")]);
+    // The sandbox carried the pod annotation (containerd passes it through) and got nothing.
+    let sandbox = c.config(&pod_id);
+    assert_eq!(sandbox["annotations"]["tessera.io/gpu"], "mig=1g.10gb", "passed through");
+    assert_eq!(sandbox["annotations"]["io.kubernetes.cri.container-type"], "sandbox");
+    assert!(nvidia_devices(&sandbox).is_empty(), "sandbox got devices: {sandbox}");
+    assert!(c.allocations().is_empty(), "a grant for the sandbox");
+
+    let id = c.start(&pod_id, &pod, "main").unwrap_or_else(|e| panic!("{e}"));
+    let allocs = c.allocations();
+    assert_eq!(allocs.len(), 1, "{allocs:?}");
+    let a = &allocs[0];
+    assert_eq!(a.container_id, id);
+    assert_eq!(a.devices.len(), 1);
+    assert!(a.devices[0].uuid.starts_with("MIG-"), "{:?}", a.devices);
+    assert_eq!(a.tenant, "acme/untrusted/sandbox/guest");
+    let w = a.workload.as_ref().expect("pod names recorded");
+    assert_eq!(w.display_name(), "team-untrusted/trainer/main");
+    assert_eq!(w.sandbox_id, pod_id);
+    // What runc was given, and what the container sees: the instance's devices only.
+    let want: BTreeSet<(i64, i64)> =
+        a.injection.devices.iter().map(|d| (d.major, d.minor)).collect();
+    assert_eq!(nvidia_devices(&c.config(&id)), want);
+    assert_eq!(exec(&c, &id, "ls /dev/nvidia-caps | wc -l").trim(), "2");
+    assert_eq!(exec(&c, &id, "ls /dev | grep -c '^nvidia[0-9]'").trim(), "1");
+    let env = exec(&c, &id, "echo $CUDA_VISIBLE_DEVICES");
+    assert_eq!(env.trim(), a.devices[0].uuid, "exec'd processes find their share");
+
+    // The names people know, in status.
+    let text = String::from_utf8_lossy(&c.node.cli(&["status"]).stdout).into_owned();
+    assert!(text.contains("team-untrusted/trainer/main"), "{text}");
+
+    // StopContainer, RemoveContainer, StopPodSandbox, RemovePodSandbox: the grant is back.
+    c.teardown(&pod_id);
+    let client = c.node.client();
+    assert!(
+        wait_for(
+            || client.status().map(|s| s.allocations.is_empty()).unwrap_or(false),
+            Duration::from_secs(15)
+        ),
+        "grant not released: {:?}",
+        c.allocations()
+    );
+    // Usage by pod and by container names the pod.
+    let out = c.node.cli(&["usage", "--by", "pod", "--from", "-1h", "--json"]);
+    out.assert_success("usage by pod");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let groups: Vec<&str> =
+        r["rows"].as_array().unwrap().iter().filter_map(|x| x["group"].as_str()).collect();
+    assert_eq!(groups, ["team-untrusted/trainer"], "{r}");
+    let out = c.node.cli(&["usage", "--by", "container", "--from", "-1h"]);
+    let text = out.stdout_str();
+    assert!(text.contains(&format!("{id} (team-untrusted/trainer/main)")), "{text}");
+    let out = c.node.cli(&["usage", "--by", "namespace", "--from", "-1h", "--csv"]);
+    assert!(out.stdout_str().contains("\nteam-untrusted,"), "{}", out.stdout_str());
+    let fp = c.ctd.footprint();
+    drop(c);
+    assert_no_leftovers(&fp);
+}
+
+#[test]
+fn per_container_annotations_give_one_grant_per_asking_container_and_none_to_the_rest() {
+    let c = cluster();
+    let (pod, pod_id) = c.pod(
+        "mixed",
+        "team-trusted",
+        &[("tessera.io/gpu.learner", "gpu=1"), ("tessera.io/gpu.actor", "mig=1g.10gb")],
+    );
+    let learner = c.start(&pod_id, &pod, "learner").unwrap_or_else(|e| panic!("{e}"));
+    let actor = c.start(&pod_id, &pod, "actor").unwrap_or_else(|e| panic!("{e}"));
+    let logger = c.start(&pod_id, &pod, "logger").unwrap_or_else(|e| panic!("{e}"));
+    let allocs = c.allocations();
+    let by_id = |id: &str| allocs.iter().find(|a| a.container_id == id);
+    assert_eq!(allocs.len(), 2, "{allocs:?}");
+    assert_eq!(by_id(&learner).unwrap().request.to_string(), "gpu=1");
+    assert_eq!(by_id(&actor).unwrap().request.to_string(), "mig=1g.10gb");
+    assert!(by_id(&logger).is_none());
+    assert!(nvidia_devices(&c.config(&logger)).is_empty(), "the container that asked nothing");
+    assert!(nvidia_devices(&c.config(&pod_id)).is_empty(), "the sandbox");
+    assert_eq!(exec(&c, &logger, "ls /dev | grep -c nvidia || true").trim(), "0");
+    let names: BTreeSet<String> =
+        allocs.iter().map(|a| a.workload.as_ref().unwrap().display_name()).collect();
+    assert_eq!(
+        names,
+        ["team-trusted/mixed/actor".to_string(), "team-trusted/mixed/learner".into()].into()
+    );
+    c.teardown(&pod_id);
+    let client = c.node.client();
+    assert!(wait_for(
+        || client.status().map(|s| s.allocations.is_empty()).unwrap_or(false),
+        Duration::from_secs(15)
+    ));
+}
+
+#[test]
+fn a_bare_annotation_on_a_two_container_pod_is_refused_with_the_per_container_form() {
+    let c = cluster();
+    let (pod, pod_id) = c.pod("two", "team-trusted", &[("tessera.io/gpu", "gpu=1")]);
+    c.start(&pod_id, &pod, "first").unwrap_or_else(|e| panic!("{e}"));
+    let err = c.start(&pod_id, &pod, "second").expect_err("the second container is refused");
+    let msg = err.message();
+    assert!(
+        msg.contains("exactly one application container")
+            && msg.contains("tessera.io/gpu.<container-name>"),
+        "{msg}"
+    );
+    assert_eq!(c.allocations().len(), 1);
+    let status = c.node.client().status().unwrap();
+    assert!(
+        status.events.iter().any(|e| e.kind == "refuse"
+            && e.workload.as_deref() == Some("team-trusted/two/second")),
+        "{:?}",
+        status.events
+    );
+    c.teardown(&pod_id);
+}
+
+#[test]
+fn an_untrusted_namespace_asking_mps_is_refused_naming_the_rule() {
+    let c = cluster();
+    let (pod, pod_id) = c.pod("mps", "team-untrusted", &[("tessera.io/gpu.main", "mps=25")]);
+    let err = c.start(&pod_id, &pod, "main").expect_err("refused");
+    assert!(err.message().contains("tiers.untrusted.allow"), "{err}");
+    assert!(c.allocations().is_empty());
+    c.teardown(&pod_id);
+}
+
+#[test]
+fn a_pod_author_cannot_choose_the_tenant_or_the_container_type() {
+    // A handler that passes every pod annotation: containerd still writes its own
+    // io.kubernetes.cri.* annotations last, so a pod author's copies never count.
+    let c = cluster_with(|config, dir| {
+        setup_handler(config, dir);
+        let text = std::fs::read_to_string(config).unwrap();
+        let mut doc: toml_edit::DocumentMut = text.parse().unwrap();
+        let mut all = toml_edit::Array::new();
+        all.push("*");
+        all.push("tessera.io/gpu*");
+        all.push("io.kubernetes.cri.*");
+        doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["tessera"]
+            ["pod_annotations"] = toml_edit::value(all);
+        std::fs::write(config, doc.to_string()).unwrap();
+    });
+    let (pod, pod_id) = c.pod(
+        "forger",
+        "team-untrusted",
+        &[
+            ("tessera.io/gpu.main", "gpu=1"),
+            ("io.kubernetes.cri.sandbox-namespace", "team-dev"),
+            ("io.kubernetes.cri.container-type", "sandbox"),
+            ("io.kubernetes.cri.container-name", "other"),
+        ],
+    );
+    let id = c.start(&pod_id, &pod, "main").unwrap_or_else(|e| panic!("{e}"));
+    let cfg = c.config(&id);
+    assert_eq!(cfg["annotations"]["io.kubernetes.cri.sandbox-namespace"], "team-untrusted");
+    assert_eq!(cfg["annotations"]["io.kubernetes.cri.container-type"], "container");
+    let allocs = c.allocations();
+    assert_eq!(allocs.len(), 1, "{allocs:?}");
+    assert_eq!(allocs[0].tenant, "acme/untrusted/sandbox/guest", "the namespace decides");
+    assert_eq!(allocs[0].workload.as_ref().unwrap().display_name(), "team-untrusted/forger/main");
+    let sandbox = c.config(&pod_id);
+    assert_eq!(sandbox["annotations"]["io.kubernetes.cri.container-type"], "sandbox");
+    assert_eq!(sandbox["annotations"]["io.kubernetes.cri.sandbox-namespace"], "team-untrusted");
+    assert!(nvidia_devices(&sandbox).is_empty(), "sandbox got devices: {sandbox}");
+    c.teardown(&pod_id);
+}
+
+fn setup_cli(config: &Path, extra: &[&str]) -> std::process::Output {
+    run_cmd(
+        Command::new(tessera_cli())
+            .args(["setup", "containerd", "--config"])
+            .arg(config)
+            .args(["--runtime-path", "/usr/local/bin/tessera-runtime"])
+            .args(extra),
+    )
+}
+
+/// `containerd --config FILE config dump`: containerd's own reading of the file.
+fn containerd_reads(config: &Path) -> String {
+    let out =
+        run_cmd(Command::new("containerd").arg("--config").arg(config).args(["config", "dump"]));
+    out.assert_success("containerd config dump");
+    out.stdout_str()
+}
+
+#[test]
+fn setup_containerd_edits_the_default_config_and_an_empty_one_once() {
+    let dir = short_tempdir();
+    let cleanup = Cleanup::new();
+    cleanup.track_dir(&dir);
+    let default = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/testdata/containerd-1.6-default.toml");
+    for (name, original) in [
+        ("default.toml", std::fs::read_to_string(&default).unwrap()),
+        ("empty.toml", String::new()),
+    ] {
+        let config = dir.join(name);
+        std::fs::write(&config, &original).unwrap();
+        // --dry-run: a diff, and the file untouched.
+        let out = setup_cli(&config, &["--dry-run"]);
+        out.assert_success("dry run");
+        assert!(
+            out.stdout_str().contains("+BinaryName = \"/usr/local/bin/tessera-runtime\""),
+            "{}",
+            out.stdout_str()
+        );
+        assert_eq!(std::fs::read_to_string(&config).unwrap(), original);
+        // The real run: a backup of the original, the handler written.
+        let out = setup_cli(&config, &[]);
+        out.assert_success("setup");
+        assert!(out.stdout_str().contains("kind: RuntimeClass"), "{}", out.stdout_str());
+        let backups: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                e.file_name().to_string_lossy().starts_with(&format!("{name}.tessera-backup-"))
+            })
+            .collect();
+        assert_eq!(backups.len(), 1, "one backup of {name}");
+        assert_eq!(std::fs::read_to_string(backups[0].path()).unwrap(), original);
+        let after = std::fs::read_to_string(&config).unwrap();
+        // Everything else kept as written: the original's lines, in order, are a
+        // subsequence of the result's.
+        let mut rest = after.lines();
+        let lost: Vec<&str> =
+            original.lines().filter(|l| !rest.by_ref().any(|r| r == *l)).collect();
+        assert!(lost.is_empty(), "lines lost or moved: {lost:?}");
+        // Twice is once: nothing changes, no new backup.
+        let out = setup_cli(&config, &[]);
+        out.assert_success("second setup");
+        assert!(out.stdout_str().contains("nothing changed"), "{}", out.stdout_str());
+        assert_eq!(std::fs::read_to_string(&config).unwrap(), after);
+        let out = setup_cli(&config, &["--dry-run"]);
+        assert!(out.stdout_str().contains("nothing to change"), "{}", out.stdout_str());
+        // containerd reads the result as Tessera means it.
+        let dump = containerd_reads(&config);
+        let d: toml_edit::DocumentMut = dump.parse().unwrap();
+        let rt = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["tessera"];
+        assert_eq!(rt["runtime_type"].as_str(), Some("io.containerd.runc.v2"), "{dump}");
+        assert_eq!(
+            rt["options"]["BinaryName"].as_str(),
+            Some("/usr/local/bin/tessera-runtime"),
+            "{dump}"
+        );
+        let pods: Vec<&str> =
+            rt["pod_annotations"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+        assert_eq!(pods, ["tessera.io/gpu*"], "{dump}");
+        let ctrs: Vec<&str> = rt["container_annotations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert_eq!(ctrs, ["tessera.io/device-plugin"], "{dump}");
+    }
+    // Two handlers in the same second: two backups, none over the other.
+    let two = dir.join("two.toml");
+    std::fs::write(&two, "version = 2\n").unwrap();
+    setup_cli(&two, &["--handler", "a"]).assert_success("handler a");
+    setup_cli(&two, &["--handler", "b"]).assert_success("handler b");
+    let backups: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("two.toml.tessera-backup-"))
+        .collect();
+    assert_eq!(backups.len(), 2, "{backups:?}");
+    let contents: BTreeSet<String> =
+        backups.iter().map(|b| std::fs::read_to_string(dir.join(b)).unwrap()).collect();
+    assert!(contents.contains("version = 2\n"), "the original survives: {contents:?}");
+    // A symlinked config is edited where it points, and stays a link.
+    let target = dir.join("real.toml");
+    std::fs::write(&target, "version = 2\n").unwrap();
+    let link = dir.join("link.toml");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    setup_cli(&link, &[]).assert_success("through a symlink");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert!(std::fs::read_to_string(&target).unwrap().contains("tessera-runtime"));
+    // An import that replaces the handler: containerd's own reading disagrees, so the
+    // command fails and the original is back.
+    let imported = dir.join("imp.d");
+    std::fs::create_dir_all(&imported).unwrap();
+    std::fs::write(
+        imported.join("tessera.toml"),
+        "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.tessera]\n  pod_annotations = [\"tessera.io/*\"]\n",
+    )
+    .unwrap();
+    let main = dir.join("imp.toml");
+    let original = format!("version = 2\nimports = [\"{}/*.toml\"]\n", imported.display());
+    std::fs::write(&main, &original).unwrap();
+    let out = setup_cli(&main, &[]);
+    out.assert_failure("an import overrides the handler");
+    assert!(
+        out.stderr_str().contains("reads") && out.stderr_str().contains("was restored"),
+        "{}",
+        out.stderr_str()
+    );
+    assert_eq!(std::fs::read_to_string(&main).unwrap(), original);
+    // A version 1 file is refused, untouched, with the way out.
+    let v1 = dir.join("v1.toml");
+    std::fs::write(&v1, "root = \"/var/lib/containerd\"\n").unwrap();
+    let out = setup_cli(&v1, &[]);
+    out.assert_failure("version 1");
+    assert!(out.stderr_str().contains("containerd config migrate"), "{}", out.stderr_str());
+    assert_eq!(std::fs::read_to_string(&v1).unwrap(), "root = \"/var/lib/containerd\"\n");
+}
+
+#[test]
+fn a_kubelet_assignment_reaches_the_runtime_as_a_container_annotation_and_never_from_the_pod() {
+    let c = cluster();
+    let gpus = c.node.client().status().unwrap().gpus;
+    let target = gpus.iter().rev().find(|g| !g.mig_enabled).expect("a whole GPU").uuid.clone();
+    let assignment = format!("v1;tessera.io/gpu;{target}");
+    let key = tessera_api::deviceplugin::ASSIGNMENT_ANNOTATION;
+    // As kubelet sets it, from the device plugin's Allocate: a container annotation, which
+    // the handler's container_annotations pass through.
+    let (pod, pod_id) = c.pod("assigned", "team-trusted", &[]);
+    let spec =
+        ContainerSpec::new("main").command(&["sh", "-c", "sleep 300"]).annotation(key, &assignment);
+    let id = c.cri.create_container(&pod_id, &pod, &spec).unwrap();
+    c.cri.start_container(&id).unwrap_or_else(|e| panic!("{e}"));
+    let allocs = c.allocations();
+    assert_eq!(allocs.len(), 1, "{allocs:?}");
+    assert_eq!(allocs[0].devices[0].uuid, target, "the grant is on kubelet's device");
+    // The same text as a pod annotation never reaches the runtime: no grant.
+    let (pod2, pod2_id) = c.pod("forged", "team-trusted", &[(key, &assignment)]);
+    let id2 = c.start(&pod2_id, &pod2, "main").unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.config(&id2)["annotations"].get(key).is_none(), "passed through from the pod");
+    assert_eq!(c.allocations().len(), 1);
+    c.teardown(&pod_id);
+    c.teardown(&pod2_id);
+}
