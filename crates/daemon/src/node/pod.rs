@@ -12,9 +12,9 @@ use tracing::warn;
 use super::Node;
 
 impl Node {
-    /// The pod container `req` comes from (`None`: not a CRI container). Refuses a
-    /// sandbox, malformed CRI annotations, and a second container asking through the bare
-    /// pod annotation. Every refusal is recorded as an event.
+    /// The pod container `req` comes from (`None`: not a CRI container, or one whose CRI
+    /// annotations are incomplete). Refuses a sandbox, and a second container asking
+    /// through the bare pod annotation. Every refusal is recorded as an event.
     pub(super) fn pod_container(
         &mut self,
         req: &AllocateRequest,
@@ -30,40 +30,38 @@ impl Node {
             node.record_refusal(&req.container_id, &err);
             err
         };
+        let read = PodContainer::from_annotations(&req.annotations);
+        if let Ok(Some(pc)) = &read {
+            if let Err(e) = self.store.note_workload(&req.container_id, &pc.workload.display_name())
+            {
+                warn!("cannot note the pod name of {}: {e}", req.container_id);
+            }
+        }
+        // A sandbox never takes a grant, whatever else its annotations say.
+        if req.annotations.get(cri::CONTAINER_TYPE).map(String::as_str) == Some(cri::TYPE_SANDBOX) {
+            let get = |k: &str| req.annotations.get(k).map_or("?", String::as_str);
+            let msg = format!(
+                "container {} is the sandbox of pod {}/{}: a pod's sandbox never takes a GPU",
+                req.container_id,
+                tessera_api::untrusted(get(cri::SANDBOX_NAMESPACE)),
+                tessera_api::untrusted(get(cri::SANDBOX_NAME))
+            );
+            return Err(refuse(self, ErrorCode::BadRequest, "pod", msg));
+        }
         // tessera-runtime refuses a config whose CRI annotations are malformed before it
         // asks (fail closed where the request is read). Here they only name the
         // container: a body without a complete set (an earlier wrapper's, a client's own)
         // is served as a container of no pod.
-        let pc = match PodContainer::from_annotations(&req.annotations) {
+        let pc = match read {
             Ok(Some(pc)) => pc,
             Ok(None) => return Ok(None),
             Err(e) => {
-                if req.annotations.get(cri::CONTAINER_TYPE).map(String::as_str)
-                    == Some(cri::TYPE_SANDBOX)
-                {
-                    let msg = format!(
-                        "container {} is a pod's sandbox ({e}): a pod's sandbox never takes a GPU",
-                        req.container_id
-                    );
-                    return Err(refuse(self, ErrorCode::BadRequest, "pod", msg));
-                }
                 warn!("container {}: served as no pod's: {e}", req.container_id);
                 return Ok(None);
             }
         };
-        if let Err(e) = self.store.note_workload(&req.container_id, &pc.workload.display_name()) {
-            warn!("cannot note the pod name of {}: {e}", req.container_id);
-        }
-        let name = match &pc.role {
-            Role::Sandbox => {
-                let msg = format!(
-                    "container {} is the sandbox of pod {}: a pod's sandbox never takes a GPU",
-                    req.container_id,
-                    pc.workload.pod_name()
-                );
-                return Err(refuse(self, ErrorCode::BadRequest, "pod", msg));
-            }
-            Role::Container(name) => name.clone(),
+        let Role::Container(name) = pc.role else {
+            return Err(ApiError::new(ErrorCode::Internal, "a sandbox passed the sandbox check"));
         };
         if req.request_source != RequestSource::Annotation {
             return Ok(Some(pc.workload));
