@@ -565,7 +565,9 @@ pub fn podman(text: &str, path: &str, opts: &EngineOptions) -> Result<Edit, Setu
     if opts.runtime_config.is_some() {
         return Err(SetupError::Option(
             "podman passes its runtimes no arguments: give this engine's tessera-runtime its own \
-             configuration with a wrapper script (docs/INSTALL.md, podman) or use /etc/tessera/runtime.toml"
+             configuration as a link beside it (`ln -s tessera-runtime DIR/NAME`, the file \
+             DIR/NAME.toml, then `--runtime-path DIR/NAME`; docs/INSTALL.md, podman), or use \
+             /etc/tessera/runtime.toml"
                 .into(),
         ));
     }
@@ -693,7 +695,7 @@ mod engine_tests {
         assert!(e.to_string().contains("`engine` is a integer"), "{e}");
         let mut o = opts();
         o.runtime_config = Some("/x".into());
-        assert!(podman("", "f", &o).expect_err("no args").to_string().contains("wrapper"));
+        assert!(podman("", "f", &o).expect_err("no args").to_string().contains("DIR/NAME.toml"));
     }
 }
 

@@ -17,7 +17,9 @@ fn about(mut args: Vec<std::ffi::OsString>) -> Option<i32> {
     let file = take_config_arg(&mut args).ok()?;
     let query = runtime_hook::parse_runc_args(args.get(1..)?).ok()?.wrapper_query()?;
     // A broken configuration file is runtime_main's to report; help still answers.
-    let config = ConfigSource::choose(file).load().unwrap_or_default();
+    let config = ConfigSource::choose_beside(file, args.first().map(|a| a.as_os_str()))
+        .load()
+        .unwrap_or_default();
     let runc =
         runtime_hook::RuntimeEnv::from_process(&config).map_or_else(|_| "runc".into(), |e| e.runc);
     Some(runtime_hook::about::runtime_answer(query, env!("CARGO_PKG_VERSION"), &runc))

@@ -62,6 +62,11 @@ struct Args {
     /// tessera.io/* resources (docs/KUBERNETES.md). Off when not given.
     #[arg(long, value_name = "DIR")]
     device_plugin_dir: Option<PathBuf>,
+    /// Keep a CDI spec (kind tessera.io/gpu, one device per request the node and the policy
+    /// offer) in DIR/tessera.yaml: written at start and rewritten when the policy or the MIG
+    /// layout changes (podman 4.3 reads /etc/cdi and /var/run/cdi). Off when not given.
+    #[arg(long, value_name = "DIR")]
+    cdi_spec_dir: Option<PathBuf>,
     #[command(flatten)]
     fleet: FleetArgs,
 }
@@ -220,6 +225,7 @@ fn main() -> ExitCode {
         host: std::sync::Arc::new(tesserad::LinuxHost),
         coordinator,
         device_plugin_dir: a.device_plugin_dir,
+        cdi_spec_dir: a.cdi_spec_dir,
     };
     let rt =
         match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {

@@ -7,6 +7,7 @@
 //! records the grant in [`store`] before answering; its verbs are files of `node/`;
 //! [`liveness`] tells the reconciler which containers are gone.
 
+pub mod cdi;
 pub mod controller;
 pub mod device_plugin;
 pub mod exits;
@@ -94,6 +95,9 @@ pub struct Config {
     /// Serve the kubelet device-plugin API in this directory (kubelet's
     /// `/var/lib/kubelet/device-plugins`); off when `None`.
     pub device_plugin_dir: Option<PathBuf>,
+    /// Keep a CDI spec of the node's requests in `DIR/tessera.yaml` ([`cdi`]); off when
+    /// `None`.
+    pub cdi_spec_dir: Option<PathBuf>,
 }
 
 /// Why the daemon could not start or stopped.
@@ -234,6 +238,13 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             .collect(),
         _ => Vec::new(),
     };
+    // CDI users' device names: written before the socket is bound, then kept current.
+    let cdi = config.cdi_spec_dir.clone().map(|dir| {
+        if let Err(e) = cdi::write_now(&ctl, &dir) {
+            warn!("{e}; retried on the next change");
+        }
+        cdi::spawn(ctl.clone(), dir)
+    });
     let listener = server::bind_socket(&config.socket)?;
     // For the wrapper's no-request path, which never asks the daemon: the driver's majors.
     if let Err(e) = tessera_api::write_gpu_majors(&config.socket, &gpu_majors) {
@@ -311,6 +322,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     }
     if let Some(a) = agent {
         a.abort();
+    }
+    if let Some(c) = cdi {
+        c.abort();
     }
     if let Some(p) = device_plugin {
         p.stop().await;

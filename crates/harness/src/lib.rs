@@ -30,6 +30,7 @@
 pub mod cri;
 pub mod docker;
 pub mod node;
+pub mod podman;
 
 use std::ffi::{OsStr, OsString};
 use std::fs;

@@ -27,8 +27,10 @@ environment), tesserad is asked for a grant, the grant is written into the bundl
 config.json, and runc runs it; any other container and verb goes to runc unchanged
 (GPU device nodes and rules in a container without a grant are removed first).
 
-Configuration: {config_arg} FILE (first argument), else ${config_env}, else {config}
-(socket, runc, hook, log); the environment overrides the file:
+Configuration: {config_arg} FILE (first argument), else ${config_env}, else the file
+beside this program's path (argv[0] + `.toml`, for a link run by an engine that passes no
+arguments), else {config} (socket, runc, hook, log, engine); the environment overrides
+the file:
   TESSERA_RUNC    the runc binary (default: `runc` on PATH)
   TESSERA_SOCKET  tesserad's API socket (default: {socket})
   TESSERA_HOOK    the prestart hook (default: tessera-hook beside this binary)

@@ -15,8 +15,13 @@
 //! not empty), then the file, then the built-in defaults. `engine` and `log` come from the
 //! file only. Which file: `--tessera-config PATH` as tessera-runtime's first argument (what
 //! `tessera setup docker --runtime-config` writes as daemon.json `runtimeArgs`), else
-//! `TESSERA_RUNTIME_CONFIG`, else [`DEFAULT_CONFIG`]. A file named by the argument or the
-//! variable must exist; the default one may be absent (all defaults). The file is parsed
+//! `TESSERA_RUNTIME_CONFIG`, else the file beside the path tessera-runtime was run as
+//! (argv\[0\] + `.toml`, when argv\[0\] is absolute and that file exists: for engines that
+//! pass their runtimes neither arguments nor environment, such as podman, a link
+//! `/usr/local/lib/tessera/podman-alice -> tessera-runtime` reads
+//! `/usr/local/lib/tessera/podman-alice.toml`; see [`ConfigSource::choose_beside`]), else
+//! [`DEFAULT_CONFIG`]. A file named by the argument or the variable, or found beside
+//! argv\[0\], must be read; the default one may be absent (all defaults). The file is parsed
 //! strictly: an unknown key, a value of the wrong type or a relative path is an error
 //! naming the file and the key, and the wrapper then refuses to run (fail closed).
 
@@ -93,6 +98,21 @@ impl ConfigSource {
         }
     }
 
+    /// [`ConfigSource::choose`], with one more place before the default: `ARGV0.toml`,
+    /// where `argv0` is the absolute path tessera-runtime was run as (a link's own path,
+    /// not its target) and that file exists. Whoever can run tessera-runtime with an argv\[0\]
+    /// of their choosing can set `TESSERA_RUNTIME_CONFIG` as well: this gives nobody a file
+    /// they could not name already. A relative argv\[0\] (a PATH lookup) is not used.
+    pub fn choose_beside(arg: Option<PathBuf>, argv0: Option<&std::ffi::OsStr>) -> ConfigSource {
+        match ConfigSource::choose(arg) {
+            ConfigSource::Default(d) => match argv0.and_then(beside) {
+                Some(f) => ConfigSource::Named(f),
+                None => ConfigSource::Default(d),
+            },
+            named => named,
+        }
+    }
+
     /// Reads and parses the chosen file.
     pub fn load(&self) -> Result<RuntimeConfig, ConfigError> {
         let (path, must_exist) = match self {
@@ -117,6 +137,19 @@ impl ConfigSource {
         cfg.source = Some(path.clone());
         Ok(cfg)
     }
+}
+
+/// `ARGV0.toml` when `argv0` is absolute and that file exists (any kind: a directory there
+/// is an error when read, not a silent default).
+fn beside(argv0: &std::ffi::OsStr) -> Option<PathBuf> {
+    let p = Path::new(argv0);
+    if !p.is_absolute() || p.file_name().is_none() {
+        return None;
+    }
+    let mut f = argv0.to_owned();
+    f.push(".toml");
+    let f = PathBuf::from(f);
+    f.symlink_metadata().is_ok().then_some(f)
 }
 
 /// Takes a leading `--tessera-config PATH` (or `=PATH`) off tessera-runtime's argv
@@ -296,6 +329,41 @@ mod tests {
         std::fs::write(&f, vec![b'#'; MAX_CONFIG_BYTES as usize + 1]).expect("write");
         let e = ConfigSource::Default(f).load().expect_err("too large");
         assert!(matches!(e, ConfigError::TooLarge { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_file_beside_argv0_comes_after_the_argument_and_before_the_default() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let exe = dir.path().join("podman-alice");
+        let beside_file = dir.path().join("podman-alice.toml");
+        let exe_os = exe.as_os_str();
+        if std::env::var_os(CONFIG_ENV).is_some() {
+            return; // the variable would win over the file beside argv[0]
+        }
+        // Absent: the default, as before.
+        assert!(matches!(
+            ConfigSource::choose_beside(None, Some(exe_os)),
+            ConfigSource::Default(_)
+        ));
+        std::fs::write(&beside_file, "engine = \"podman-alice\"\n").expect("write");
+        let chosen = ConfigSource::choose_beside(None, Some(exe_os));
+        assert_eq!(chosen, ConfigSource::Named(beside_file.clone()));
+        assert_eq!(chosen.load().expect("loads").engine.as_deref(), Some("podman-alice"));
+        // The argument still wins; a relative argv[0] is never used.
+        let other = dir.path().join("other.toml");
+        assert_eq!(
+            ConfigSource::choose_beside(Some(other.clone()), Some(exe_os)),
+            ConfigSource::Named(other)
+        );
+        assert!(matches!(
+            ConfigSource::choose_beside(None, Some(std::ffi::OsStr::new("podman-alice"))),
+            ConfigSource::Default(_)
+        ));
+        // Something there that is not a readable file is an error, not the default.
+        std::fs::remove_file(&beside_file).expect("rm");
+        std::fs::create_dir(&beside_file).expect("mkdir");
+        let e = ConfigSource::choose_beside(None, Some(exe_os)).load().expect_err("a dir");
+        assert!(e.to_string().contains("podman-alice.toml: cannot read"), "{e}");
     }
 
     #[test]

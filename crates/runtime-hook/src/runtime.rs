@@ -468,8 +468,9 @@ pub fn exec_runc(env: &RuntimeEnv, args: &[OsString]) -> std::io::Error {
 /// container (a foreground run that ended, a create runc refused, a delete). Returns the
 /// exit code for those, and for failures.
 pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
+    let argv0 = args.first().cloned();
     let env = match crate::config::take_config_arg(&mut args)
-        .and_then(|arg| ConfigSource::choose(arg).load())
+        .and_then(|arg| ConfigSource::choose_beside(arg, argv0.as_deref()).load())
         .map_err(RuntimeError::from)
         .and_then(|config| RuntimeEnv::from_process(&config))
     {
