@@ -378,9 +378,13 @@ fn check_engine_options(o: &EngineOptions) -> Result<(), SetupError> {
     for (what, p) in std::iter::once(("runtime path", &o.runtime_path))
         .chain(o.runtime_config.iter().map(|c| ("runtime config", c)))
     {
-        if !p.starts_with('/') || p.contains(|c: char| c.is_control()) {
+        // dockerd 20.10 writes a runtime with `runtimeArgs` into a shell script, unquoted:
+        // a space or a `;` there would be a second word or a second command.
+        let plain = p.bytes().all(|b| b.is_ascii_alphanumeric() || b"/._+-".contains(&b));
+        if !p.starts_with('/') || !plain {
             return Err(SetupError::Option(format!(
-                "{what} `{}` must be an absolute path",
+                "{what} `{}` must be an absolute path of letters, digits and `/._+-` \
+                 (dockerd writes it unquoted into a shell script)",
                 untrusted(p)
             )));
         }
@@ -533,9 +537,20 @@ pub fn docker(text: &str, path: &str, opts: &EngineOptions) -> Result<Edit, Setu
         return Err(not_object("(the document)", &doc));
     }
     let mut runtime = vec![("path".to_owned(), Json::string(&opts.runtime_path))];
-    if let Some(cfg) = &opts.runtime_config {
-        let args = vec![Json::string(runtime_hook::config::CONFIG_ARG), Json::string(cfg)];
-        runtime.push(("runtimeArgs".to_owned(), Json::Array(args)));
+    // Without --runtime-config, the runtime keeps the configuration it was given before (it
+    // may name the engine a tenant is read from): re-running setup never drops it.
+    let kept_args = doc
+        .get_mut("runtimes")
+        .and_then(|r| r.get_mut(&opts.name))
+        .and_then(|r| r.get_mut("runtimeArgs"))
+        .cloned();
+    match (&opts.runtime_config, kept_args) {
+        (Some(cfg), _) => {
+            let args = vec![Json::string(runtime_hook::config::CONFIG_ARG), Json::string(cfg)];
+            runtime.push(("runtimeArgs".to_owned(), Json::Array(args)));
+        }
+        (None, Some(args)) => runtime.push(("runtimeArgs".to_owned(), args)),
+        (None, None) => {}
     }
     if doc.get_mut("runtimes").is_none() {
         doc.set("runtimes", Json::Object(Vec::new()));
@@ -877,5 +892,30 @@ root = "/var/lib/containerd"
     fn the_runtime_class_names_the_handler() {
         let rc = runtime_class("tessera");
         assert!(rc.contains("kind: RuntimeClass") && rc.contains("handler: tessera"));
+    }
+
+    #[test]
+    fn docker_setup_keeps_a_runtimes_config_and_refuses_shell_words_in_paths() {
+        let named = EngineOptions {
+            name: "tessera-alice".into(),
+            runtime_path: "/usr/local/bin/tessera-runtime".into(),
+            runtime_config: Some("/etc/tessera/runtime-alice.toml".into()),
+            set_default: false,
+        };
+        let first = docker("", "d.json", &named).unwrap();
+        let again = docker(
+            &first.after,
+            "d.json",
+            &EngineOptions { runtime_config: None, ..named.clone() },
+        )
+        .unwrap();
+        assert!(!again.changed(), "the runtime's config was dropped:\n{}", again.diff("d.json"));
+        for bad in
+            ["/etc/tessera/runtime alice.toml", "/etc/x;touch /tmp/p.toml", "/etc/$(id).toml"]
+        {
+            let o = EngineOptions { runtime_config: Some(bad.into()), ..named.clone() };
+            let e = docker("", "d.json", &o).unwrap_err().to_string();
+            assert!(e.contains("unquoted"), "{bad}: {e}");
+        }
     }
 }

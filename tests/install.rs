@@ -188,7 +188,7 @@ fn the_systemd_units_verify_and_name_only_flags_the_binaries_have() {
     };
     assert!(version.status.success());
     // The coordinator's binary is another package's: built by `cargo build --workspace`.
-    let _ = (tesserad(), bin("tessera-coordinator"));
+    let _ = (tesserad(), fresh_bin("tessera-coordinator"));
     let dir = tempfile::tempdir().unwrap();
     let units = units_for_verify(dir.path());
     let out = run_cmd(Command::new("systemd-analyze").arg("verify").arg("--man=no").args(&units));
@@ -292,4 +292,32 @@ fn completions_and_man_pages_come_from_the_cli_definitions() {
     for name in ["tessera.1", "tessera-device-unquarantine.1", "tessera-completions.1"] {
         assert!(dir.path().join(name).is_file(), "{name}");
     }
+}
+
+#[test]
+fn a_sighup_during_start_up_is_not_the_daemons_end() {
+    // A second tesserad on the same state dir waits (up to 10 s) for the first one's lock:
+    // a start-up that is slow for a while. A `systemctl reload` then must not end it.
+    let node = Node::start();
+    let mut second = std::process::Command::new(tesserad())
+        .arg("--node")
+        .arg(format!("sim:{}", repo("examples/nodes/h100x8.json").display()))
+        .arg("--policy")
+        .arg(repo("examples/policy.json"))
+        .arg("--state-dir")
+        .arg(&node.state)
+        .arg("--socket")
+        .arg(node.state.join("second.sock"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let pid = nix::unistd::Pid::from_raw(second.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let alive = second.try_wait().unwrap().is_none();
+    let _ = second.kill();
+    let status = second.wait().unwrap();
+    assert!(alive, "tesserad died of a SIGHUP during start-up: {status:?}");
 }

@@ -405,3 +405,48 @@ fn a_container_without_a_request_gets_no_gpu() {
         node.fx.delete_container(id, true).assert_success("delete");
     }
 }
+
+#[test]
+fn nvidia_toolkit_hooks_never_run_in_a_tessera_container() {
+    // The NVIDIA toolkit's hooks.d entry (podman, CRI-O) mounts devices and writes the
+    // devices cgroup itself, after every check of Tessera's: refused, GPU or not, whatever
+    // it is called on this host.
+    let node = Node::start();
+    let dir = node.fx.path("nvidia-hooks");
+    std::fs::create_dir_all(&dir).unwrap();
+    let marker = dir.join("ran");
+    let toolkit = dir.join("nvidia-container-toolkit");
+    std::fs::write(&toolkit, format!("#!/bin/sh\ntouch {}\n", marker.display())).unwrap();
+    std::fs::set_permissions(&toolkit, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .unwrap();
+    let alias = dir.join("innocent-hook");
+    std::os::unix::fs::symlink(&toolkit, &alias).unwrap();
+    for (id, hook, request) in [
+        ("tk-plain", &toolkit, None),
+        ("tk-gpu", &toolkit, Some("gpu=1")),
+        ("tk-alias", &alias, None),
+    ] {
+        let mut b = node.bundle(id, "team-trusted", request, &["true"]);
+        let path = hook.to_str().unwrap();
+        b.hook("prestart", path, &[path, "prestart"], &[]).write();
+        let out = node.fx.run_container(&b, id);
+        out.assert_failure("a config with NVIDIA's hook");
+        assert!(out.stderr_str().contains("is NVIDIA's"), "{id}: {}", out.stderr_str());
+    }
+    assert!(!marker.exists(), "the toolkit hook ran");
+    assert!(node.client().status().unwrap().allocations.is_empty());
+}
+
+#[test]
+fn an_engine_annotation_in_a_config_is_refused_with_or_without_a_request() {
+    // `tessera.io/engine` is what tessera-runtime's root-owned configuration says, never
+    // what a config author writes.
+    let node = Node::start();
+    for (id, request) in [("eng-plain", None), ("eng-gpu", Some("gpu=1"))] {
+        let mut b = node.bundle(id, "team-trusted", request, &["true"]);
+        b.annotation("tessera.io/engine", "docker-alice").write();
+        let out = node.fx.run_container(&b, id);
+        out.assert_failure("a forged engine");
+        assert!(out.stderr_str().contains("tessera.io/engine"), "{id}: {}", out.stderr_str());
+    }
+}

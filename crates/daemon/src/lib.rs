@@ -149,6 +149,8 @@ pub fn open_backend(
 
 /// Start the daemon and serve until SIGTERM or SIGINT.
 pub async fn run(config: Config) -> Result<(), DaemonError> {
+    // Before anything slow: from here on a SIGHUP is a reload, never the daemon's end.
+    let hup = reload::catch_sighup().map_err(DaemonError::Signal)?;
     let state_err = |source| DaemonError::StateDir { path: config.state_dir.clone(), source };
     std::fs::create_dir_all(&config.state_dir).map_err(state_err)?;
     // One daemon per state dir: the lock is held for the life of the process.
@@ -212,8 +214,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // From here on the node is the controller's: everything goes through actions.
     let ctl = controller::Controller::new(node);
     ctl.set_reload(reload::ReloadSetup { file: config.policy.clone(), fleet: fleet.clone() });
-    // SIGHUP reloads the policy file (registered before the socket serves).
-    let sighup = reload::spawn_sighup(ctl.clone()).map_err(DaemonError::Signal)?;
+    // SIGHUP reloads the policy file (caught since start, served before the socket is).
+    let sighup = reload::spawn_sighup(ctl.clone(), hup);
     if let Ok(Outcome::Reconciled(r)) = ctl.apply(Action::Reconcile) {
         if !r.released.is_empty() {
             info!(released = r.released.len(), "reconciled after restart")

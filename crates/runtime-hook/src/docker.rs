@@ -39,6 +39,59 @@ pub enum DockerError {
     Bad { value: String, why: String },
     #[error("docker --gpus all: {0}")]
     All(String),
+    #[error(
+        "{phase} hook `{}` is NVIDIA's ({name}): it would give the container devices and cgroup \
+         rules outside Tessera's grant; remove the NVIDIA container toolkit's hook configuration \
+         (for podman and CRI-O: oci-nvidia-hook.json in the hooks.d directories) from this node",
+        untrusted(.path)
+    )]
+    ForeignNvidiaHook { phase: String, path: String, name: &'static str },
+}
+
+/// NVIDIA binaries that, run as an OCI hook, give a container GPUs on their own terms:
+/// never allowed to run in a Tessera container. `nvidia-container-runtime-hook` is also
+/// dockerd's `--gpus` marker, which Tessera translates ([`find_docker_gpus`]) and removes.
+pub const NVIDIA_HOOK_BINARIES: &[&str] = &[
+    NVIDIA_HOOK,
+    "nvidia-container-toolkit",
+    "nvidia-container-cli",
+    "nvidia-ctk",
+    "nvidia-cdi-hook",
+];
+
+/// The NVIDIA binary a hook path is, by its own name or (a link) by what it resolves to on
+/// this host, where hooks run.
+fn nvidia_binary(path: &str) -> Option<&'static str> {
+    let base = |p: &str| p.rsplit('/').next().map(str::to_owned);
+    let mut names = vec![base(path)];
+    if let Ok(target) = std::fs::canonicalize(path) {
+        names.push(target.to_str().and_then(base));
+    }
+    names.into_iter().flatten().find_map(|n| NVIDIA_HOOK_BINARIES.iter().copied().find(|b| *b == n))
+}
+
+/// Refuses a config with an NVIDIA hook other than dockerd's `--gpus` marker, in any phase:
+/// such a hook (the toolkit's `hooks.d` entry, or a link to one) mounts devices and writes
+/// the devices cgroup itself, after every check of Tessera's.
+pub fn refuse_foreign_nvidia_hooks(config: &Value) -> Result<(), DockerError> {
+    let Some(Value::Object(hooks)) = config.get("hooks") else { return Ok(()) };
+    for (phase, list) in hooks {
+        for h in list.as_array().into_iter().flatten() {
+            let Some(path) = h.get("path").and_then(Value::as_str) else { continue };
+            match nvidia_binary(path) {
+                None => {}
+                Some(NVIDIA_HOOK) if path.rsplit('/').next() == Some(NVIDIA_HOOK) => {}
+                Some(name) => {
+                    return Err(DockerError::ForeignNvidiaHook {
+                        phase: phase.clone(),
+                        path: path.to_owned(),
+                        name,
+                    })
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What `--gpus` asked for.
@@ -292,5 +345,36 @@ mod tests {
         assert_eq!(standin_main(&a("nvidia-container-runtime-hook prestart")), 1);
         assert_eq!(standin_main(&a("nvidia-container-runtime-hook")), 1);
         assert_eq!(standin_main(&a("nvidia-container-runtime-hook --version")), 0);
+    }
+
+    #[test]
+    fn nvidia_hooks_other_than_dockers_marker_are_refused_in_every_phase() {
+        for (phase, path) in [
+            ("prestart", "/usr/bin/nvidia-container-toolkit"),
+            ("createRuntime", "nvidia-ctk"),
+            ("createContainer", "/usr/local/bin/nvidia-container-cli"),
+            ("poststart", "/opt/nvidia-cdi-hook"),
+        ] {
+            let v = serde_json::json!({"hooks": {phase: [{"path": path, "args": ["x"]}]}});
+            let e = refuse_foreign_nvidia_hooks(&v).expect_err(path).to_string();
+            assert!(
+                e.contains(path) && e.contains(phase) && e.contains("oci-nvidia-hook.json"),
+                "{e}"
+            );
+        }
+        // A link named otherwise that resolves to the toolkit.
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("nvidia-container-toolkit");
+        std::fs::write(&real, "#!/bin/sh\n").unwrap();
+        let link = dir.path().join("innocent");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let v = serde_json::json!({"hooks": {"prestart": [{"path": link.to_str().unwrap()}]}});
+        assert!(refuse_foreign_nvidia_hooks(&v).is_err(), "a link to the toolkit");
+        // dockerd's marker passes here (it is translated and removed); other hooks pass.
+        let ok = serde_json::json!({"hooks": {"prestart": [
+            {"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["nvidia-container-runtime-hook", "prestart"]},
+            {"path": "/usr/local/bin/tessera-hook"}
+        ]}});
+        refuse_foreign_nvidia_hooks(&ok).expect("marker and others pass");
     }
 }

@@ -261,12 +261,31 @@ pub fn prepare(
         .map_err(|source| fail(RuntimeError::Config { path: cfg.path.clone(), source }))?;
     spec::check_systemd_properties(&cfg.value)
         .map_err(|source| fail(RuntimeError::Config { path: cfg.path.clone(), source }))?;
+    // NVIDIA's own hooks (the toolkit's hooks.d entry) would give devices on their own
+    // terms after every check here: refused in every config.
+    docker::refuse_foreign_nvidia_hooks(&cfg.value).map_err(|e| fail(e.into()))?;
+    let mut annotations = request::annotations(&cfg.value).map_err(|source| {
+        fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
+    })?;
+    // The engine is the runtime's to say (its root-owned configuration file), never the
+    // container's: a config that names one is refused, GPU or not, whatever this runtime's
+    // setting.
+    if let Some(forged) = annotations.get(ENGINE_ANNOTATION) {
+        return Err(fail(RuntimeError::ForgedEngine(forged.clone())));
+    }
     let found = request::find_request(&cfg.value).map_err(|source| {
         fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
     })?;
     // dockerd's `--gpus` (its NVIDIA hook and NVIDIA_VISIBLE_DEVICES) is a request too; the
-    // hook itself never runs (crate::docker).
-    let docker_gpus = docker::find_docker_gpus(&cfg.value).map_err(|e| fail(e.into()))?;
+    // hook itself never runs (crate::docker). A pod's sandbox asks nothing, this way either.
+    let sandbox = matches!(
+        tessera_api::cri::request_site(&annotations),
+        Ok(tessera_api::cri::RequestSite::Sandbox)
+    );
+    let docker_gpus = match sandbox {
+        true => None,
+        false => docker::find_docker_gpus(&cfg.value).map_err(|e| fail(e.into()))?,
+    };
     let docker_hook_removed =
         docker::remove_nvidia_hooks(&mut cfg.value).map_err(|e| fail(e.into()))?;
     let found = match (found, docker_gpus) {
@@ -287,7 +306,8 @@ pub fn prepare(
                 Client::new(&socket)
                     .with_timeout(RELEASE_TIMEOUT)
                     .status()
-                    .map(|s| s.gpus.len() as u32)
+                    // Whole GPUs: one in MIG mode is no `gpu=N` unit.
+                    .map(|s| s.gpus.iter().filter(|g| !g.mig_enabled).count() as u32)
                     .map_err(|e| format!("cannot count the node's GPUs: {e}"))
             };
             let request = gpus.request(node_gpus).map_err(|e| fail(e.into()))?;
@@ -328,14 +348,6 @@ pub fn prepare(
     spec::check_gpu_spec(&cfg.value).map_err(config_err)?;
     let hooks =
         HookConfig { path: env.hook_path().map_err(fail)?, socket: env.absolute(&env.socket) };
-    let mut annotations = request::annotations(&cfg.value).map_err(|source| {
-        fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
-    })?;
-    // The engine is the runtime's to say (its root-owned configuration file), never the
-    // container's: a config that names one is refused, whatever this runtime's setting.
-    if let Some(forged) = annotations.get(ENGINE_ANNOTATION) {
-        return Err(fail(RuntimeError::ForgedEngine(forged.clone())));
-    }
     if let Some(engine) = &env.engine {
         annotations.insert(ENGINE_ANNOTATION.to_owned(), engine.clone());
     }

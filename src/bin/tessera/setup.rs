@@ -101,7 +101,7 @@ fn engine(which: Engine, a: EngineArgs) -> Result<(), String> {
             "nothing to restart: podman reads it on every command",
         ),
     };
-    let config = a.config.unwrap_or_else(|| PathBuf::from(default_config));
+    let config = resolve(&a.config.unwrap_or_else(|| PathBuf::from(default_config)))?;
     let shown = config.display().to_string();
     let text = match fs::read_to_string(&config) {
         Ok(t) => t,
