@@ -5,7 +5,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::process::Command;
 use std::time::Duration;
 
 use tessera_harness::node::*;
@@ -19,18 +18,7 @@ fn ctr_runs_a_gpu_container_through_the_runtime_config_with_no_environment() {
     cleanup.track_dir(&dir);
     let link = dir.join("tessera-runtime");
     std::os::unix::fs::symlink(tessera_runtime(), &link).unwrap();
-    let runc = run_cmd(Command::new("sh").args(["-c", "command -v runc"]));
-    let runc = runc.stdout_str().trim().to_string();
-    assert!(runc.starts_with('/'), "runc on PATH: {runc}");
-    std::fs::write(
-        dir.join("tessera-runtime.toml"),
-        format!(
-            "socket = \"{}\"\nrunc = \"{runc}\"\nhook = \"{}\"\n",
-            node.socket.display(),
-            tessera_hook()
-        ),
-    )
-    .unwrap();
+    std::fs::write(dir.join("tessera-runtime.toml"), node.runtime_config(None)).unwrap();
     // No .env(...): containerd, its shims and so tessera-runtime get no TESSERA_* variable.
     let ctd = Containerd::builder().runc_binary(&link).start();
     let rootfs = Rootfs::busybox(ctd.dir().join("rootfs"));

@@ -50,40 +50,18 @@ fn setup_docker(config: &Path, name: &str, runtime_config: &Path) {
     out.assert_success("tessera setup docker");
 }
 
-fn write_runtime_config(path: &Path, socket: &Path, engine: Option<&str>) {
-    let mut t = format!(
-        "socket = \"{}\"\nrunc = \"/usr/sbin/runc\"\nhook = \"{}\"\n",
-        socket.display(),
-        tessera_hook()
-    );
-    if let Some(e) = engine {
-        t.push_str(&format!("engine = \"{e}\"\n"));
-    }
-    std::fs::write(path, t).expect("runtime config");
-}
-
-/// (full container id prefix, tenant, request) of every allocation.
-fn allocations(node: &Node) -> Vec<(String, String, String)> {
-    node.client()
-        .status()
-        .expect("status")
-        .allocations
-        .iter()
-        .map(|a| (a.container_id.to_string(), a.tenant.clone(), a.request.to_string()))
-        .collect()
-}
-
 #[test]
 fn docker_gpus_identity_and_no_grant_no_gpu() {
     let node_dir = tempfile::tempdir().expect("tempdir");
     let node =
         Node::start_with(NodeOptions { policy: policy(node_dir.path()), ..Default::default() });
-    let socket = node.socket.clone();
+    let (plain_text, alice_text) =
+        (node.runtime_config(None), node.runtime_config(Some("docker-alice")));
     let d = Dockerd::start(|config, dir| {
         let plain = dir.join("runtime.toml");
         let alice = dir.join("runtime-alice.toml");
-        write_runtime_config(&plain, &socket, None);
-        write_runtime_config(&alice, &socket, Some("docker-alice"));
+        std::fs::write(&plain, &plain_text).expect("runtime config");
+        std::fs::write(&alice, &alice_text).expect("runtime config");
         setup_docker(config, "tessera", &plain);
         setup_docker(config, "tessera-alice", &alice);
         // Idempotent: a second run changes nothing.
@@ -112,7 +90,7 @@ fn docker_gpus_identity_and_no_grant_no_gpu() {
     ]);
     run.assert_success("docker run --gpus 1");
     let id = run.stdout_str().trim().to_owned();
-    let a = allocations(&node);
+    let a = node.grants();
     assert_eq!(a, vec![(id.clone(), DEFAULT_TENANT.to_owned(), "gpu=1".to_owned())], "{}", d.log());
     assert!(
         wait_for(
@@ -124,11 +102,7 @@ fn docker_gpus_identity_and_no_grant_no_gpu() {
     );
     // Released at stop.
     d.docker(&["stop", "-t", "1", &id]).assert_success("docker stop");
-    assert!(
-        wait_for(|| allocations(&node).is_empty(), Duration::from_secs(10)),
-        "{:?}",
-        allocations(&node)
-    );
+    assert!(wait_for(|| node.grants().is_empty(), Duration::from_secs(10)), "{:?}", node.grants());
 
     // The second runtime's config names its engine: the policy maps it to alice.
     let run = d.docker(&[
@@ -144,9 +118,9 @@ fn docker_gpus_identity_and_no_grant_no_gpu() {
     ]);
     run.assert_success("docker run --gpus 2");
     let id = run.stdout_str().trim().to_owned();
-    assert_eq!(allocations(&node), vec![(id.clone(), ALICE.to_owned(), "gpu=2".to_owned())]);
+    assert_eq!(node.grants(), vec![(id.clone(), ALICE.to_owned(), "gpu=2".to_owned())]);
     d.docker(&["rm", "-f", &id]).assert_success("docker rm -f");
-    assert!(wait_for(|| allocations(&node).is_empty(), Duration::from_secs(10)));
+    assert!(wait_for(|| node.grants().is_empty(), Duration::from_secs(10)));
 
     // A container may not name its own engine (Docker 20.10 has no --annotation; a label
     // is not an annotation, so it cannot even try): pinned devices are refused.
@@ -193,7 +167,7 @@ fn docker_gpus_identity_and_no_grant_no_gpu() {
         let has_rule = text.lines().any(|l| l.starts_with("c 195:5 ") || l == "a *:* rwm");
         assert_eq!((has_node, has_rule), (reaches, reaches), "{runtime}:\n{text}");
     }
-    assert!(allocations(&node).is_empty());
+    assert!(node.grants().is_empty());
 
     // --gpus on plain runc: dockerd runs the stand-in hook, which refuses.
     let plain =

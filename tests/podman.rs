@@ -44,17 +44,10 @@ fn policy(dir: &Path) -> PathBuf {
 
 /// A runtime link in the fixture dir, its configuration beside it, and `tessera setup
 /// podman` naming it; the one without an engine is podman's default runtime.
-fn add_runtime(conf: &Path, dir: &Path, socket: &Path, name: &str, engine: Option<&str>) {
+fn add_runtime(conf: &Path, dir: &Path, node: &Node, name: &str, engine: Option<&str>) {
     let link = Podman::runtime_link(dir, name);
-    let mut text = format!(
-        "socket = \"{}\"\nrunc = \"/usr/sbin/runc\"\nhook = \"{}\"\n",
-        socket.display(),
-        tessera_hook()
-    );
-    if let Some(e) = engine {
-        text.push_str(&format!("engine = \"{e}\"\n"));
-    }
-    std::fs::write(Podman::runtime_config_of(&link), text).expect("runtime config");
+    std::fs::write(Podman::runtime_config_of(&link), node.runtime_config(engine))
+        .expect("runtime config");
     let mut cmd = Command::new(tessera_cli());
     cmd.args(["setup", "podman", "--config"]).arg(conf).args(["--name", name, "--runtime-path"]);
     cmd.arg(&link);
@@ -64,26 +57,14 @@ fn add_runtime(conf: &Path, dir: &Path, socket: &Path, name: &str, engine: Optio
     run_cmd(&mut cmd).assert_success("tessera setup podman");
 }
 
-/// (container id, tenant, request) of every allocation.
-fn allocations(node: &Node) -> Vec<(String, String, String)> {
-    node.client()
-        .status()
-        .expect("status")
-        .allocations
-        .iter()
-        .map(|a| (a.container_id.to_string(), a.tenant.clone(), a.request.to_string()))
-        .collect()
-}
-
 #[test]
 fn podman_cdi_devices_identity_and_gpus_noop() {
     let node_dir = tempfile::tempdir().expect("tempdir");
     let node =
         Node::start_with(NodeOptions { policy: policy(node_dir.path()), ..Default::default() });
-    let socket = node.socket.clone();
     let mut p = Podman::start(|conf, dir| {
-        add_runtime(conf, dir, &socket, "tessera", None);
-        add_runtime(conf, dir, &socket, "tessera-alice", Some("podman-alice"));
+        add_runtime(conf, dir, &node, "tessera", None);
+        add_runtime(conf, dir, &node, "tessera-alice", Some("podman-alice"));
         let again = run_cmd(
             Command::new(tessera_cli())
                 .args(["setup", "podman", "--dry-run", "--config"])
@@ -118,7 +99,7 @@ fn podman_cdi_devices_identity_and_gpus_noop() {
     ]);
     run.assert_success("podman run --device tessera.io/gpu=mig-1g.10gb");
     let id = run.stdout_str().trim().to_owned();
-    assert_eq!(allocations(&node), vec![(id.clone(), GUEST.to_owned(), "mig=1g.10gb".to_owned())]);
+    assert_eq!(node.grants(), vec![(id.clone(), GUEST.to_owned(), "mig=1g.10gb".to_owned())]);
     let a = node.client().allocation(&id).expect("allocation");
     let uuid = a.devices[0].uuid.clone();
     assert!(uuid.starts_with("MIG-"), "{uuid}");
@@ -158,11 +139,7 @@ fn podman_cdi_devices_identity_and_gpus_noop() {
     assert_eq!(holder.as_deref(), Some(id.as_str()));
     // Removed: given back.
     p.podman(&["rm", "-f", "-t", "0", &id]).assert_success("podman rm -f");
-    assert!(
-        wait_for(|| allocations(&node).is_empty(), Duration::from_secs(10)),
-        "{:?}",
-        allocations(&node)
-    );
+    assert!(wait_for(|| node.grants().is_empty(), Duration::from_secs(10)), "{:?}", node.grants());
 
     // The second runtime's configuration names its engine: the policy maps it to alice.
     let run = p.podman(&[
@@ -178,9 +155,9 @@ fn podman_cdi_devices_identity_and_gpus_noop() {
     ]);
     run.assert_success("podman run --runtime tessera-alice");
     let id = run.stdout_str().trim().to_owned();
-    assert_eq!(allocations(&node), vec![(id.clone(), ALICE.to_owned(), "gpu=1".to_owned())]);
+    assert_eq!(node.grants(), vec![(id.clone(), ALICE.to_owned(), "gpu=1".to_owned())]);
     p.podman(&["rm", "-f", "-t", "0", &id]).assert_success("podman rm -f");
-    assert!(wait_for(|| allocations(&node).is_empty(), Duration::from_secs(10)));
+    assert!(wait_for(|| node.grants().is_empty(), Duration::from_secs(10)));
 
     // (b) --gpus: podman 4.3 accepts it and does nothing (`podman run --help`: "This is a
     // Docker specific option and is a NOOP"): no grant, no NVIDIA node, no CUDA env.
@@ -196,7 +173,7 @@ fn podman_cdi_devices_identity_and_gpus_noop() {
     ]);
     run.assert_success("podman run --gpus 1");
     let id = run.stdout_str().trim().to_owned();
-    assert!(allocations(&node).is_empty(), "{:?}", allocations(&node));
+    assert!(node.grants().is_empty(), "{:?}", node.grants());
     assert!(
         wait_for(
             || p.podman(&["logs", &id]).stdout_str().contains("CUDA="),
@@ -226,7 +203,7 @@ fn podman_cdi_devices_identity_and_gpus_noop() {
     let err = refused.stderr_str();
     let reason = format!("tenant {GUEST} (trust untrusted) may not use mps isolation");
     assert!(err.contains(&reason) && err.contains("rule tiers.untrusted.allow"), "{err}");
-    assert!(allocations(&node).is_empty(), "{:?}", allocations(&node));
+    assert!(node.grants().is_empty(), "{:?}", node.grants());
 
     drop(p);
     assert_no_leftovers(&fp);

@@ -128,6 +128,35 @@ impl Node {
         b
     }
 
+    /// (container id, tenant, request) of every allocation the daemon holds now.
+    pub fn grants(&self) -> Vec<(String, String, String)> {
+        self.client()
+            .status()
+            .expect("status")
+            .allocations
+            .iter()
+            .map(|a| (a.container_id.to_string(), a.tenant.clone(), a.request.to_string()))
+            .collect()
+    }
+
+    /// A tessera-runtime configuration file's text (docs/INSTALL.md) for this daemon: its
+    /// socket, runc as found on PATH (absolute, as the file requires), the hook under test,
+    /// and `engine` when given.
+    pub fn runtime_config(&self, engine: Option<&str>) -> String {
+        let runc = crate::run_cmd(Command::new("sh").args(["-c", "command -v runc"]));
+        let runc = String::from_utf8_lossy(&runc.stdout).trim().to_string();
+        assert!(runc.starts_with('/'), "runc on PATH, absolute: `{runc}`");
+        let mut t = format!(
+            "socket = \"{}\"\nrunc = \"{runc}\"\nhook = \"{}\"\n",
+            self.socket.display(),
+            crate::tessera_hook()
+        );
+        if let Some(e) = engine {
+            t.push_str(&format!("engine = \"{e}\"\n"));
+        }
+        t
+    }
+
     /// `tessera ARGS..` against this daemon.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
         run_cmd(
