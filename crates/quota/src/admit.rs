@@ -1,0 +1,266 @@
+//! Hierarchical admission: may `tenant` have `request` now, and as what.
+//!
+//! Usage is kept per tenant path in two parts, what was admitted within guarantees and
+//! what was borrowed; a path's usage is the sum over itself and everything under it, so
+//! every grant counts against every ancestor.
+//!
+//! For each resource of the request, the quotas on the tenant's chain (itself and its
+//! ancestors) that bound it decide, innermost first:
+//!
+//! 1. **Ceiling**: the path's whole usage (guaranteed + borrowed) plus the request must stay
+//!    within every ceiling on the chain, or the request is refused, naming the path and the
+//!    resource. A user's ceiling holds whatever its team's guarantee allows, and a
+//!    project's borrowing counts against its team's ceiling.
+//! 2. **Guarantee**: the request is *guaranteed* when, for every resource it asks that the
+//!    chain bounds, some quota on the chain guarantees that resource and every guarantee on
+//!    the chain still holds the path's guaranteed usage plus the request. Otherwise it is
+//!    *borrowed* (a tenant with no guarantee at all only ever borrows). Borrowed usage is
+//!    never counted against a guarantee.
+//! 3. **Capacity**: a guaranteed request takes free capacity, and where borrowed work of
+//!    other tenants holds what it needs, the answer is [`Decision::Reclaim`]. A borrowed
+//!    request takes free capacity except what other paths' lending limits keep back of
+//!    their unused guarantees; otherwise it waits ([`Decision::Wait`]). The capacity bounds
+//!    every GPU model (a model it lacks, it has none of) and CPU and memory only where it
+//!    names them.
+
+use std::collections::BTreeMap;
+
+use tessera_api::untrusted;
+
+use crate::amount::{Resource, Resources};
+use crate::spec::{is_within, QuotaTree};
+
+/// How admitted work counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Class {
+    /// Within the guarantees of its chain: never reclaimed.
+    Guaranteed,
+    /// Above a guarantee: runs on capacity lent by others, priced at the burst price, and
+    /// may be reclaimed.
+    Borrowed,
+}
+
+/// What one tenant path holds directly (not counting paths under it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    pub guaranteed: Resources,
+    pub borrowed: Resources,
+}
+
+impl Held {
+    /// Guaranteed plus borrowed.
+    pub fn total(&self) -> Resources {
+        self.guaranteed.plus(&self.borrowed)
+    }
+}
+
+/// Usage by tenant path, as the fleet's books say.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    by_tenant: BTreeMap<String, Held>,
+}
+
+impl Usage {
+    /// Nothing in use.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records `resources` admitted to `tenant` as `class`.
+    pub fn add(&mut self, tenant: &str, class: Class, resources: &Resources) {
+        let held = self.by_tenant.entry(tenant.to_string()).or_default();
+        match class {
+            Class::Guaranteed => held.guaranteed.add(resources),
+            Class::Borrowed => held.borrowed.add(resources),
+        }
+    }
+
+    /// Gives back `resources` that `tenant` held as `class`.
+    pub fn release(&mut self, tenant: &str, class: Class, resources: &Resources) {
+        if let Some(held) = self.by_tenant.get_mut(tenant) {
+            match class {
+                Class::Guaranteed => held.guaranteed.sub(resources),
+                Class::Borrowed => held.borrowed.sub(resources),
+            }
+        }
+    }
+
+    /// What `path` and every path under it hold.
+    pub fn of(&self, path: &str) -> Held {
+        let mut out = Held::default();
+        for (t, held) in &self.by_tenant {
+            if is_within(t, path) {
+                out.guaranteed.add(&held.guaranteed);
+                out.borrowed.add(&held.borrowed);
+            }
+        }
+        out
+    }
+
+    /// What every tenant holds.
+    pub fn total(&self) -> Held {
+        let mut out = Held::default();
+        for held in self.by_tenant.values() {
+            out.guaranteed.add(&held.guaranteed);
+            out.borrowed.add(&held.borrowed);
+        }
+        out
+    }
+
+    /// Every tenant path that holds something directly.
+    pub fn tenants(&self) -> impl Iterator<Item = (&str, &Held)> {
+        self.by_tenant.iter().map(|(t, h)| (t.as_str(), h))
+    }
+}
+
+/// A request refused because it would cross a ceiling.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "tenant {} asks for {}: that would take quota path {path} to {} of {}, above its ceiling of {} \
+     (quotas.{path}.{}.ceiling)",
+    untrusted(tenant),
+    untrusted(&requested.to_string()),
+    resource.show(in_use + requested.get(resource)),
+    resource,
+    resource.show(*ceiling),
+    resource.spec_path()
+)]
+pub struct CeilingRefusal {
+    /// The tenant that asked.
+    pub tenant: String,
+    /// What it asked for.
+    pub requested: Resources,
+    /// The quota path whose ceiling would be crossed (the tenant or an ancestor).
+    pub path: String,
+    /// The resource that would cross it.
+    pub resource: Resource,
+    /// The ceiling, in the resource's unit.
+    pub ceiling: u64,
+    /// What the path holds now (guaranteed + borrowed), in the resource's unit.
+    pub in_use: u64,
+}
+
+/// The answer to one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Admit, counted as `class`. `over` names, for borrowed work, the quota path and
+    /// resource whose guarantee it goes beyond (`None` where the chain guarantees nothing).
+    Admit { class: Class, over: Option<(String, Resource)> },
+    /// Within guarantee, but the capacity is lent out: reclaim at least `short` from other
+    /// tenants' borrowed work ([`crate::choose_victims`]), then admit as guaranteed.
+    Reclaim { short: Resources },
+    /// Not now: the capacity (or, for borrowed work, the lendable capacity) is short of
+    /// `short`. The request joins the fair queue ([`crate::fair_order`]).
+    Wait { class: Class, short: Resources },
+    /// Never, at today's usage: a ceiling would be crossed.
+    Refuse(CeilingRefusal),
+}
+
+/// Decides `request` for `tenant` against `tree`, the fleet's `capacity` and its `usage`.
+/// Pure: the caller records an admitted request with [`Usage::add`].
+pub fn admit(
+    tree: &QuotaTree,
+    capacity: &Resources,
+    usage: &Usage,
+    tenant: &str,
+    request: &Resources,
+) -> Decision {
+    let mut guaranteed = true;
+    let mut over = None;
+    let mut any_guarantee = false;
+    for (resource, amount) in request.iter() {
+        let mut bounded = false;
+        let mut guarantee_here = false;
+        for quota in tree.chain(tenant) {
+            let Some(limit) = quota.limits.get(resource) else { continue };
+            bounded = true;
+            let held = usage.of(&quota.path);
+            if let Some(ceiling) = limit.ceiling {
+                let in_use = held.total().get(resource);
+                if in_use.saturating_add(amount) > ceiling {
+                    return Decision::Refuse(CeilingRefusal {
+                        tenant: tenant.to_string(),
+                        requested: request.clone(),
+                        path: quota.path.clone(),
+                        resource: resource.clone(),
+                        ceiling,
+                        in_use,
+                    });
+                }
+            }
+            if let Some(g) = limit.guarantee {
+                guarantee_here = true;
+                if held.guaranteed.get(resource).saturating_add(amount) > g && over.is_none() {
+                    over = Some((quota.path.clone(), resource.clone()));
+                }
+            }
+        }
+        any_guarantee |= guarantee_here;
+        if bounded && !guarantee_here {
+            guaranteed = false;
+        }
+    }
+    let class = if guaranteed && any_guarantee && over.is_none() {
+        Class::Guaranteed
+    } else {
+        Class::Borrowed
+    };
+    // The fleet's capacity bounds every GPU model (one it lacks is one it has none of) and
+    // CPU and memory only where it names them (else the nodes bound them).
+    let request = &request.only(|r| matches!(r, Resource::Gpu(_)) || capacity.get(r) > 0);
+    let free = capacity.minus(&usage.total().total());
+    match class {
+        Class::Guaranteed => {
+            if request.fits_in(&free) {
+                return Decision::Admit { class, over: None };
+            }
+            let lent = usage
+                .tenants()
+                .filter(|(t, _)| !is_within(t, tenant))
+                .fold(Resources::new(), |acc, (_, h)| acc.plus(&h.borrowed));
+            let short = request.minus(&free);
+            if short.fits_in(&lent) {
+                Decision::Reclaim { short }
+            } else {
+                Decision::Wait { class, short }
+            }
+        }
+        Class::Borrowed => {
+            let lendable = free.minus(&withheld(tree, usage, tenant));
+            if request.fits_in(&lendable) {
+                Decision::Admit { class, over }
+            } else {
+                Decision::Wait { class, short: request.minus(&lendable) }
+            }
+        }
+    }
+}
+
+/// What other paths' lending limits keep back from a borrower in `tenant`: for each
+/// resource, over the outermost quotas outside `tenant`'s chain and subtree that set a
+/// lending limit of it, their unused guarantee beyond the lending limit.
+pub fn withheld(tree: &QuotaTree, usage: &Usage, tenant: &str) -> Resources {
+    let mut out = Resources::new();
+    for quota in tree.iter() {
+        if is_within(tenant, &quota.path) || is_within(&quota.path, tenant) {
+            continue;
+        }
+        for (resource, limit) in &quota.limits {
+            let (Some(g), Some(lend)) = (limit.guarantee, limit.lending_limit) else { continue };
+            // The outermost: no ancestor (outside the tenant's chain) also sets one.
+            let outer = crate::spec::chain(&quota.path).skip(1).any(|p| {
+                !is_within(tenant, p)
+                    && tree
+                        .get(p)
+                        .and_then(|q| q.limits.get(resource))
+                        .is_some_and(|l| l.lending_limit.is_some())
+            });
+            if outer {
+                continue;
+            }
+            let unused = g.saturating_sub(usage.of(&quota.path).guaranteed.get(resource));
+            out.add(&Resources::new().with(resource.clone(), unused.saturating_sub(lend)));
+        }
+    }
+    out
+}

@@ -1,0 +1,89 @@
+//! Dominant resource fairness (Ghodsi et al., NSDI 2011) over GPUs, CPU and memory, and the
+//! fair queue order built on it.
+
+use std::cmp::Ordering;
+
+use crate::admit::Usage;
+use crate::amount::{Resource, Resources};
+use crate::spec::QuotaTree;
+
+/// The largest share of `capacity` that `held` takes of any one resource (0 for a resource
+/// the capacity does not have). In `[0, ∞)`; 1 is the whole of the dominant resource.
+pub fn dominant_share(held: &Resources, capacity: &Resources) -> f64 {
+    held.iter()
+        .filter_map(|(r, a)| {
+            let cap = capacity.get(r);
+            (cap > 0).then(|| a as f64 / cap as f64)
+        })
+        .fold(0.0, f64::max)
+}
+
+/// How far `tenant` is below its guarantees, as a dominant share of `capacity`: for each
+/// resource some quota on its chain guarantees, the least guarantee left on the chain
+/// (guarantee − guaranteed usage, never below zero); then the largest share of those.
+/// 0 for a tenant with no guarantee.
+pub fn guarantee_headroom(
+    tree: &QuotaTree,
+    capacity: &Resources,
+    usage: &Usage,
+    tenant: &str,
+) -> f64 {
+    let mut left: std::collections::BTreeMap<Resource, u64> = Default::default();
+    for quota in tree.chain(tenant) {
+        let held = usage.of(&quota.path).guaranteed;
+        for (resource, limit) in &quota.limits {
+            if let Some(g) = limit.guarantee {
+                let here = g.saturating_sub(held.get(resource));
+                let slot = left.entry(resource.clone()).or_insert(u64::MAX);
+                *slot = (*slot).min(here);
+            }
+        }
+    }
+    let left = left.into_iter().fold(Resources::new(), |acc, (r, a)| acc.with(r, a));
+    dominant_share(&left, capacity)
+}
+
+/// A request waiting for capacity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    /// The request's id (a container, a gang).
+    pub id: String,
+    /// The tenant path that asked.
+    pub tenant: String,
+    /// What it asked for.
+    pub resources: Resources,
+    /// When it first asked (any monotonic unit: seconds, a sequence number).
+    pub arrived: u64,
+}
+
+/// The order in which freed capacity goes to waiting requests (indices into `waiting`):
+/// first the tenant furthest below its guarantee ([`guarantee_headroom`]), then the lowest
+/// dominant share of what the tenant holds ([`dominant_share`] of its whole usage), then the
+/// earliest arrival, then the id.
+pub fn fair_order(
+    tree: &QuotaTree,
+    capacity: &Resources,
+    usage: &Usage,
+    waiting: &[Waiting],
+) -> Vec<usize> {
+    let keys: Vec<(f64, f64)> = waiting
+        .iter()
+        .map(|w| {
+            (
+                guarantee_headroom(tree, capacity, usage, &w.tenant),
+                dominant_share(&usage.of(&w.tenant).total(), capacity),
+            )
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..waiting.len()).collect();
+    order.sort_by(|&a, &b| {
+        keys[b]
+            .0
+            .total_cmp(&keys[a].0)
+            .then(keys[a].1.total_cmp(&keys[b].1))
+            .then(waiting[a].arrived.cmp(&waiting[b].arrived))
+            .then_with(|| waiting[a].id.cmp(&waiting[b].id))
+            .then(Ordering::Equal)
+    });
+    order
+}

@@ -1,0 +1,146 @@
+//! Generated cases: admission keeps every ceiling and every guarantee, whatever the order
+//! of requests and releases; victims free what is short, only borrowed work, gangs whole.
+
+use proptest::prelude::*;
+
+use crate::*;
+
+const H100: &str = "H100-80GB";
+const PATHS: &[&str] = &["acme", "acme/a", "acme/b", "acme/a/p", "acme/a/p/u", "acme/b/q"];
+
+/// A random valid tree: each path may get a GPU guarantee and a ceiling (in quarter GPUs);
+/// invalid combinations (children above parents) are dropped by validation itself.
+fn arb_tree() -> impl Strategy<Value = QuotaTree> {
+    prop::collection::vec((any::<bool>(), 0u64..=40, 0u64..=40, any::<bool>()), PATHS.len())
+        .prop_filter_map("valid", |limits| {
+            let mut entries = Vec::new();
+            for ((on, g, extra, has_g), path) in limits.iter().zip(PATHS) {
+                if !on {
+                    continue;
+                }
+                let g = *g as f64 / 4.0;
+                let c = g + *extra as f64 / 4.0;
+                let body = if *has_g {
+                    format!(r#"{{"guarantee": {g}, "ceiling": {c}}}"#)
+                } else {
+                    format!(r#"{{"ceiling": {c}}}"#)
+                };
+                entries.push(format!(r#""{path}": {{"gpus": {{"{H100}": {body}}}}}"#));
+            }
+            let spec: QuotaSpec =
+                serde_json::from_str(&format!("{{{}}}", entries.join(","))).ok()?;
+            spec.validate("quotas", |t| PATHS.contains(&t)).ok()
+        })
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Ask { tenant: usize, quarters: u64 },
+    Release { nth: usize },
+}
+
+fn arb_ops() -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(
+        prop_oneof![
+            3 => (0..PATHS.len(), 1u64..=12).prop_map(|(tenant, quarters)| Op::Ask { tenant, quarters }),
+            1 => any::<usize>().prop_map(|nth| Op::Release { nth }),
+        ],
+        1..60,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn admission_never_crosses_a_ceiling_nor_counts_borrowed_as_guaranteed(
+        tree in arb_tree(),
+        fleet_gpus in 1u64..=24,
+        ops in arb_ops(),
+    ) {
+        let fleet = Resources::new().with_gpus(H100, fleet_gpus);
+        let gpu = Resource::gpu(H100);
+        let mut usage = Usage::new();
+        let mut held: Vec<(&str, Class, Resources)> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Ask { tenant, quarters } => {
+                    let tenant = PATHS[tenant];
+                    let req = Resources::new().with(gpu.clone(), quarters * MICRO_PER_GPU / 4);
+                    if let Decision::Admit { class, .. } = admit(&tree, &fleet, &usage, tenant, &req) {
+                        usage.add(tenant, class, &req);
+                        held.push((tenant, class, req));
+                    }
+                }
+                Op::Release { nth } => {
+                    if !held.is_empty() {
+                        let (t, c, r) = held.remove(nth % held.len());
+                        usage.release(t, c, &r);
+                    }
+                }
+            }
+            prop_assert!(usage.total().total().fits_in(&fleet), "capacity crossed");
+            for q in tree.iter() {
+                let l = q.limits[&gpu];
+                let of = usage.of(&q.path);
+                if let Some(c) = l.ceiling {
+                    prop_assert!(of.total().get(&gpu) <= c, "ceiling of {} crossed", q.path);
+                }
+                if let Some(g) = l.guarantee {
+                    prop_assert!(of.guaranteed.get(&gpu) <= g, "guarantee of {} overcounted", q.path);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn victims_cover_the_shortfall_with_borrowed_units_and_whole_gangs(
+        items in prop::collection::vec((0usize..4, 1u64..=4, any::<bool>(), 0u64..100, prop::option::of(0u8..3)), 0..20),
+        short in 1u64..=12,
+    ) {
+        let tenants = ["acme/a", "acme/b", "acme/b/q", "org-c"];
+        let running: Vec<Running> = items
+            .iter()
+            .enumerate()
+            .map(|(i, &(t, n, borrowed, started, gang))| Running {
+                id: format!("c{i}"),
+                tenant: tenants[t].into(),
+                resources: Resources::new().with_gpus(H100, n),
+                class: if borrowed { Class::Borrowed } else { Class::Guaranteed },
+                started,
+                // Gangs do not cross tenants.
+                gang: gang.map(|g| format!("{}-{g}", tenants[t])),
+            })
+            .collect();
+        let fleet = Resources::new().with_gpus(H100, 64);
+        let need = Resources::new().with_gpus(H100, short);
+        let gang_of = |r: &Running| r.gang.clone();
+        // What could be taken at most: every unit with a borrowed member, outside acme/a.
+        let takeable: u64 = running
+            .iter()
+            .filter(|r| !is_within(&r.tenant, "acme/a"))
+            .filter(|r| r.class == Class::Borrowed
+                || gang_of(r).is_some_and(|g| running.iter().any(|o| o.gang.as_ref() == Some(&g) && o.class == Class::Borrowed)))
+            .map(|r| r.resources.get(&Resource::gpu(H100)))
+            .sum();
+        match choose_victims(&running, &fleet, "acme/a", &need) {
+            None => prop_assert!(takeable < short * MICRO_PER_GPU),
+            Some(v) => {
+                let chosen: Vec<&Running> = running.iter().filter(|r| v.contains(&r.id)).collect();
+                prop_assert_eq!(chosen.len(), v.len(), "no duplicates");
+                let freed: u64 = chosen.iter().map(|r| r.resources.get(&Resource::gpu(H100))).sum();
+                prop_assert!(freed >= short * MICRO_PER_GPU);
+                for r in &chosen {
+                    prop_assert!(!is_within(&r.tenant, "acme/a"));
+                    if let Some(g) = &r.gang {
+                        for o in running.iter().filter(|o| o.gang.as_ref() == Some(g)) {
+                            prop_assert!(v.contains(&o.id), "gang {} split", g);
+                        }
+                    } else {
+                        prop_assert_eq!(r.class, Class::Borrowed);
+                    }
+                }
+            }
+        }
+    }
+}

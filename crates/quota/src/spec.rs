@@ -1,0 +1,376 @@
+//! The `quotas` section as written ([`QuotaSpec`], serde) and its validation into a
+//! [`QuotaTree`], with errors that name the JSON path of the offending value
+//! (`quotas.acme/ml.gpus.H100-80GB.ceiling`), as `crates/policy` reports its own.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use tessera_api::untrusted;
+
+use crate::amount::{Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
+
+/// The grace period between SIGTERM and SIGKILL when none is written.
+pub const DEFAULT_GRACE_PERIOD_S: u64 = 30;
+/// The longest grace period a quota may set.
+pub const MAX_GRACE_PERIOD_S: u64 = 3_600;
+/// The largest amount a limit may name, in its unit (GPUs, cores, GiB).
+pub const MAX_LIMIT: f64 = 1_000_000.0;
+
+/// The policy's `quotas` section as written: tenant path → its quota. Duplicate keys are
+/// refused (serde_json would keep the last one silently).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(transparent)]
+pub struct QuotaSpec(pub UniqueMap<QuotaEntry>);
+
+/// One tenant path's quota as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaEntry {
+    /// GPU catalog model → limits in GPU-equivalents.
+    #[serde(default)]
+    pub gpus: UniqueMap<Limits>,
+    /// Limits in CPU cores.
+    #[serde(default)]
+    pub cpu_cores: Option<Limits>,
+    /// Limits in GiB of memory.
+    #[serde(default)]
+    pub memory_gib: Option<Limits>,
+    /// Seconds between SIGTERM and SIGKILL when this path's borrowed work is reclaimed
+    /// (default: the nearest ancestor's, else [`DEFAULT_GRACE_PERIOD_S`]).
+    #[serde(default)]
+    pub grace_period_s: Option<u64>,
+}
+
+/// The limits on one resource, in its unit as written (GPUs, cores, GiB).
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// What this path is always given when it asks (default: nothing of its own).
+    #[serde(default)]
+    pub guarantee: Option<f64>,
+    /// What this path may never exceed, borrowed or not (default: no limit here).
+    #[serde(default)]
+    pub ceiling: Option<f64>,
+    /// How much of the unused guarantee others may borrow (default: all of it).
+    #[serde(default)]
+    pub lending_limit: Option<f64>,
+}
+
+/// Why a `quotas` section is not valid: where (the JSON path) and what.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct SpecError {
+    /// The JSON path of the offending value, from the policy's root.
+    pub path: String,
+    /// What is wrong there.
+    pub message: String,
+}
+
+fn err(path: impl Into<String>, message: impl Into<String>) -> SpecError {
+    SpecError { path: path.into(), message: message.into() }
+}
+
+/// One resource's validated limits, in the resource's unit (micro-GPUs, millicores, MiB).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limit {
+    pub guarantee: Option<u64>,
+    pub ceiling: Option<u64>,
+    pub lending_limit: Option<u64>,
+}
+
+/// One tenant path's validated quota.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quota {
+    /// The tenant path (`acme/ml`).
+    pub path: String,
+    /// Resource → its limits; resources not named are not bounded at this path.
+    pub limits: BTreeMap<Resource, Limit>,
+    /// Seconds between SIGTERM and SIGKILL (inherited, else the default).
+    pub grace_period_s: u64,
+}
+
+impl Quota {
+    /// The guarantees this path sets.
+    pub fn guarantees(&self) -> Resources {
+        self.limits
+            .iter()
+            .filter_map(|(r, l)| l.guarantee.map(|g| (r, g)))
+            .fold(Resources::new(), |acc, (r, g)| acc.with(r.clone(), g))
+    }
+}
+
+/// A validated `quotas` section: the quota of every path that has one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QuotaTree {
+    quotas: BTreeMap<String, Quota>,
+}
+
+/// `path` and its ancestors, innermost first: `a/b/c`, `a/b`, `a`.
+pub fn chain(path: &str) -> impl Iterator<Item = &str> {
+    let mut next = Some(path);
+    std::iter::from_fn(move || {
+        let here = next?;
+        next = here.rfind('/').map(|i| &here[..i]);
+        Some(here)
+    })
+}
+
+/// Whether `path` is `ancestor` or inside it.
+pub fn is_within(path: &str, ancestor: &str) -> bool {
+    path == ancestor
+        || (path.len() > ancestor.len()
+            && path.starts_with(ancestor)
+            && path.as_bytes()[ancestor.len()] == b'/')
+}
+
+impl QuotaTree {
+    /// The quota set on exactly `path`.
+    pub fn get(&self, path: &str) -> Option<&Quota> {
+        self.quotas.get(path)
+    }
+
+    /// Every quota, by path.
+    pub fn iter(&self) -> impl Iterator<Item = &Quota> {
+        self.quotas.values()
+    }
+
+    /// The quotas on `tenant` and its ancestors, innermost first.
+    pub fn chain<'a>(&'a self, tenant: &'a str) -> impl Iterator<Item = &'a Quota> + 'a {
+        chain(tenant).filter_map(move |p| self.quotas.get(p))
+    }
+
+    /// The grace period for reclaiming `tenant`'s work: the innermost quota's on its chain.
+    pub fn grace_period_s(&self, tenant: &str) -> u64 {
+        self.chain(tenant).next().map_or(DEFAULT_GRACE_PERIOD_S, |q| q.grace_period_s)
+    }
+}
+
+impl QuotaSpec {
+    /// Validates the section found at JSON path `at` (`quotas` in a policy).
+    /// `tenant_exists` says whether a tenant path is a node of the policy's tenant tree.
+    ///
+    /// Checks: every key is a tenant path of the tree; every GPU model is a catalog model;
+    /// every amount is a finite number in `[0, 1e6]`; a ceiling is at least the guarantee;
+    /// a lending limit is at most the guarantee (and needs one); and the guarantees of a
+    /// path's nearest descendants that set one fit in its guarantee (or, where it sets
+    /// none, in its ceiling).
+    pub fn validate(
+        &self,
+        at: &str,
+        tenant_exists: impl Fn(&str) -> bool,
+    ) -> Result<QuotaTree, SpecError> {
+        let mut quotas = BTreeMap::new();
+        for (key, entry) in &self.0 .0 {
+            let here = format!("{at}.{}", untrusted(key));
+            if tessera_api::TenantPath::new(key.as_str()).is_err() {
+                return Err(err(
+                    &here,
+                    format!(
+                        "`{}` is not a tenant path: expected org[/team[/project[/user]]], \
+                         each {}",
+                        untrusted(key),
+                        tessera_api::ids::TENANT_NAME_EXPECTED
+                    ),
+                ));
+            }
+            if !tenant_exists(key) {
+                return Err(err(
+                    &here,
+                    format!(
+                        "no tenant `{key}` in orgs: a quota must name a node of the tenant tree"
+                    ),
+                ));
+            }
+            let mut limits = BTreeMap::new();
+            for (model, l) in &entry.gpus.0 {
+                let l_at = format!("{here}.gpus.{}", untrusted(model));
+                if catalog::model(model).is_none() {
+                    let known: Vec<&str> = catalog::model_names().collect();
+                    return Err(err(
+                        l_at,
+                        format!(
+                            "unknown GPU model `{}`: expected one of {}",
+                            untrusted(model),
+                            known.join(", ")
+                        ),
+                    ));
+                }
+                limits.insert(Resource::gpu(model), limit(&l_at, l, MICRO_PER_GPU as f64)?);
+            }
+            if let Some(l) = &entry.cpu_cores {
+                limits.insert(
+                    Resource::Cpu,
+                    limit(&format!("{here}.cpu_cores"), l, MILLI_PER_CORE as f64)?,
+                );
+            }
+            if let Some(l) = &entry.memory_gib {
+                limits.insert(
+                    Resource::Memory,
+                    limit(&format!("{here}.memory_gib"), l, MIB_PER_GIB as f64)?,
+                );
+            }
+            if let Some(g) = entry.grace_period_s {
+                if g > MAX_GRACE_PERIOD_S {
+                    return Err(err(
+                        format!("{here}.grace_period_s"),
+                        format!("expected 0 to {MAX_GRACE_PERIOD_S} seconds, got {g}"),
+                    ));
+                }
+            }
+            quotas.insert(key.clone(), (limits, entry.grace_period_s));
+        }
+        // Grace periods are inherited: parents come before children in path order.
+        let mut tree = QuotaTree::default();
+        for (path, (limits, grace)) in quotas {
+            let grace_period_s = grace.unwrap_or_else(|| tree.grace_period_s(&path));
+            tree.quotas.insert(path.clone(), Quota { path, limits, grace_period_s });
+        }
+        check_nesting(&tree, at)?;
+        Ok(tree)
+    }
+}
+
+/// One resource's limits in its unit (`per` of them to one as written).
+fn limit(at: &str, l: &Limits, per: f64) -> Result<Limit, SpecError> {
+    let amount = |name: &str, v: Option<f64>| -> Result<Option<u64>, SpecError> {
+        match v {
+            None => Ok(None),
+            Some(v) if v.is_finite() && (0.0..=MAX_LIMIT).contains(&v) => {
+                // Exact for every value a person writes with up to 6 decimals.
+                Ok(Some((v * per).round() as u64))
+            }
+            Some(v) => Err(err(
+                format!("{at}.{name}"),
+                format!("expected a number from 0 to {MAX_LIMIT}, got {v}"),
+            )),
+        }
+    };
+    let out = Limit {
+        guarantee: amount("guarantee", l.guarantee)?,
+        ceiling: amount("ceiling", l.ceiling)?,
+        lending_limit: amount("lending_limit", l.lending_limit)?,
+    };
+    if out.guarantee.is_none() && out.ceiling.is_none() {
+        return Err(err(at, "expected a guarantee, a ceiling or both"));
+    }
+    if let (Some(g), Some(c)) = (out.guarantee, out.ceiling) {
+        if c < g {
+            return Err(err(
+                format!("{at}.ceiling"),
+                format!(
+                    "the ceiling ({}) is below the guarantee ({}): a ceiling must be at least \
+                     the guarantee",
+                    fmt_num(l.ceiling),
+                    fmt_num(l.guarantee)
+                ),
+            ));
+        }
+    }
+    match (out.lending_limit, out.guarantee) {
+        (Some(_), None) => Err(err(
+            format!("{at}.lending_limit"),
+            "a lending limit needs a guarantee to lend from",
+        )),
+        (Some(lend), Some(g)) if lend > g => Err(err(
+            format!("{at}.lending_limit"),
+            format!(
+                "the lending limit ({}) is above the guarantee ({}): only a guarantee can be lent",
+                fmt_num(l.lending_limit),
+                fmt_num(l.guarantee)
+            ),
+        )),
+        _ => Ok(out),
+    }
+}
+
+fn fmt_num(v: Option<f64>) -> String {
+    v.map_or_else(String::new, |v| v.to_string())
+}
+
+/// Children's guarantees fit in their parent's: for every path P and resource r that P
+/// bounds, the guarantees of P's nearest descendants that set a guarantee of r sum to at
+/// most P's guarantee of r, or its ceiling where it sets no guarantee.
+fn check_nesting(tree: &QuotaTree, at: &str) -> Result<(), SpecError> {
+    for parent in tree.iter() {
+        for (resource, limit) in &parent.limits {
+            let (bound, what) = match (limit.guarantee, limit.ceiling) {
+                (Some(g), _) => (g, "guarantee"),
+                (None, Some(c)) => (c, "ceiling"),
+                (None, None) => continue,
+            };
+            let nearest: Vec<(&str, u64)> = tree
+                .iter()
+                .filter(|d| d.path != parent.path && is_within(&d.path, &parent.path))
+                .filter_map(|d| {
+                    let g = d.limits.get(resource)?.guarantee?;
+                    // Nearest: no quota strictly between sets a guarantee of this resource.
+                    let shadowed =
+                        chain(&d.path).skip(1).take_while(|p| *p != parent.path).any(|p| {
+                            tree.get(p)
+                                .and_then(|q| q.limits.get(resource))
+                                .is_some_and(|l| l.guarantee.is_some())
+                        });
+                    (!shadowed).then_some((d.path.as_str(), g))
+                })
+                .collect();
+            let sum: u64 = nearest.iter().map(|(_, g)| g).sum();
+            if sum > bound {
+                let parts: Vec<String> =
+                    nearest.iter().map(|(p, g)| format!("{p} {}", resource.show(*g))).collect();
+                return Err(err(
+                    format!("{at}.{}.{}.{what}", parent.path, resource.spec_path()),
+                    format!(
+                        "the guarantees under {} sum to {} ({}), more than its {what} of {}: \
+                         children's guarantees must fit in their parent's",
+                        parent.path,
+                        resource.show(sum),
+                        parts.join(", "),
+                        resource.show(bound)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A JSON object read into a sorted map, refusing duplicate keys.
+#[derive(Debug, Clone)]
+pub struct UniqueMap<V>(pub BTreeMap<String, V>);
+
+impl<V> Default for UniqueMap<V> {
+    fn default() -> Self {
+        UniqueMap(BTreeMap::new())
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for UniqueMap<V> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(UniqueMapVisitor(PhantomData))
+    }
+}
+
+struct UniqueMapVisitor<V>(PhantomData<V>);
+
+impl<'de, V: Deserialize<'de>> Visitor<'de> for UniqueMapVisitor<V> {
+    type Value = UniqueMap<V>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+        let mut out = BTreeMap::new();
+        while let Some(key) = access.next_key::<String>()? {
+            if out.contains_key(&key) {
+                return Err(de::Error::custom(format_args!("duplicate key `{}`", untrusted(&key))));
+            }
+            let value = access.next_value()?;
+            out.insert(key, value);
+        }
+        Ok(UniqueMap(out))
+    }
+}

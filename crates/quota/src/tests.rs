@@ -1,0 +1,486 @@
+//! Unit tests: validation with paths, hierarchical admission, DRF, the fair queue and
+//! reclaim victims.
+
+use crate::*;
+
+const H100: &str = "H100-80GB";
+
+const TENANTS: &[&str] = &[
+    "acme",
+    "acme/a",
+    "acme/b",
+    "acme/ml",
+    "acme/ml/vision",
+    "acme/ml/vision/alice",
+    "acme/ml/vision/bob",
+    "acme/ml/speech",
+    "org-a",
+    "org-b",
+];
+
+fn tree(json: &str) -> QuotaTree {
+    try_tree(json).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn try_tree(json: &str) -> Result<QuotaTree, SpecError> {
+    let spec: QuotaSpec = serde_json::from_str(json).expect("json of the spec's shape");
+    spec.validate("quotas", |t| TENANTS.contains(&t))
+}
+
+fn gpus(n: u64) -> Resources {
+    Resources::new().with_gpus(H100, n)
+}
+
+fn invalid(json: &str) -> SpecError {
+    try_tree(json).expect_err("invalid")
+}
+
+// --- validation ---------------------------------------------------------------------------
+
+#[test]
+fn a_valid_spec_becomes_a_tree_with_units_and_inherited_grace() {
+    let t = tree(
+        r#"{"acme": {"gpus": {"H100-80GB": {"guarantee": 8, "ceiling": 16}},
+                     "cpu_cores": {"guarantee": 1.5}, "memory_gib": {"ceiling": 2},
+                     "grace_period_s": 90},
+            "acme/ml": {"gpus": {"H100-80GB": {"guarantee": 0.5, "lending_limit": 0.25}}},
+            "acme/a": {"gpus": {"H100-80GB": {"ceiling": 1}}, "grace_period_s": 5}}"#,
+    );
+    let acme = t.get("acme").expect("acme");
+    assert_eq!(
+        acme.limits[&Resource::gpu(H100)],
+        Limit { guarantee: Some(8_000_000), ceiling: Some(16_000_000), lending_limit: None }
+    );
+    assert_eq!(acme.limits[&Resource::Cpu].guarantee, Some(1_500));
+    assert_eq!(acme.limits[&Resource::Memory].ceiling, Some(2_048));
+    assert_eq!(
+        t.get("acme/ml").expect("ml").limits[&Resource::gpu(H100)].lending_limit,
+        Some(250_000)
+    );
+    assert_eq!(t.grace_period_s("acme/ml/vision/alice"), 90, "inherited from acme");
+    assert_eq!(t.grace_period_s("acme/a"), 5);
+    assert_eq!(t.grace_period_s("org-a"), DEFAULT_GRACE_PERIOD_S);
+    let chain: Vec<&str> = t.chain("acme/ml/vision/alice").map(|q| q.path.as_str()).collect();
+    assert_eq!(chain, ["acme/ml", "acme"]);
+}
+
+#[test]
+fn validation_names_the_path_of_each_problem() {
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            r#"{"acme": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 2}}}}"#,
+            "quotas.acme.gpus.H100-80GB.ceiling",
+            "below the guarantee",
+        ),
+        (
+            r#"{"acme": {"gpus": {"B200": {"guarantee": 4}}}}"#,
+            "quotas.acme.gpus.B200",
+            "unknown GPU model `B200`: expected one of A100-40GB, A100-80GB, H100-80GB, H200-141GB",
+        ),
+        (
+            r#"{"acme": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+                "acme/a": {"gpus": {"H100-80GB": {"guarantee": 3}}},
+                "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}}}"#,
+            "quotas.acme.gpus.H100-80GB.guarantee",
+            "the guarantees under acme sum to 5 H100-80GB GPUs (acme/a 3 H100-80GB GPUs, acme/b 2 H100-80GB GPUs), more than its guarantee of 4",
+        ),
+        (
+            // With no guarantee of its own, the parent's ceiling bounds its children's.
+            r#"{"acme/ml": {"cpu_cores": {"ceiling": 4}},
+                "acme/ml/vision/alice": {"cpu_cores": {"guarantee": 3}},
+                "acme/ml/speech": {"cpu_cores": {"guarantee": 2}}}"#,
+            "quotas.acme/ml.cpu_cores.ceiling",
+            "sum to 5 CPU cores",
+        ),
+        (
+            r#"{"acme/nope": {"gpus": {"H100-80GB": {"guarantee": 1}}}}"#,
+            "quotas.acme/nope",
+            "no tenant `acme/nope`",
+        ),
+        (
+            r#"{"Acme\n": {"gpus": {"H100-80GB": {"guarantee": 1}}}}"#,
+            "quotas.Acme\\n",
+            "is not a tenant path",
+        ),
+        (
+            r#"{"acme": {"memory_gib": {"guarantee": -1}}}"#,
+            "quotas.acme.memory_gib.guarantee",
+            "expected a number from 0 to 1000000, got -1",
+        ),
+        (r#"{"acme": {"cpu_cores": {}}}"#, "quotas.acme.cpu_cores", "a guarantee, a ceiling or both"),
+        (
+            r#"{"acme": {"gpus": {"H100-80GB": {"guarantee": 1, "lending_limit": 2}}}}"#,
+            "quotas.acme.gpus.H100-80GB.lending_limit",
+            "above the guarantee",
+        ),
+        (
+            r#"{"acme": {"gpus": {"H100-80GB": {"ceiling": 1, "lending_limit": 1}}}}"#,
+            "quotas.acme.gpus.H100-80GB.lending_limit",
+            "needs a guarantee",
+        ),
+        (
+            r#"{"acme": {"grace_period_s": 3601}}"#,
+            "quotas.acme.grace_period_s",
+            "expected 0 to 3600 seconds",
+        ),
+    ];
+    for (json, path, message) in cases {
+        let e = invalid(json);
+        assert_eq!(&e.path, path, "{json}: {e}");
+        assert!(e.message.contains(message), "{json}: {e}");
+        assert!(!e.to_string().contains('\n'), "{e}");
+    }
+}
+
+#[test]
+fn nested_guarantees_are_checked_against_the_nearest_guarantee_only() {
+    // vision's 2 sits inside ml's 3, which sits inside acme's 3: valid. alice + bob (2)
+    // are checked against vision, not also against ml or acme.
+    tree(
+        r#"{"acme": {"gpus": {"H100-80GB": {"guarantee": 3}}},
+            "acme/ml": {"gpus": {"H100-80GB": {"guarantee": 3}}},
+            "acme/ml/vision": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+            "acme/ml/vision/alice": {"gpus": {"H100-80GB": {"guarantee": 1}}},
+            "acme/ml/vision/bob": {"gpus": {"H100-80GB": {"guarantee": 1}}},
+            "acme/ml/speech": {"gpus": {"H100-80GB": {"guarantee": 1}}}}"#,
+    );
+    let e = invalid(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"guarantee": 3}}},
+            "acme/ml/vision": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+            "acme/ml/speech": {"gpus": {"H100-80GB": {"guarantee": 1.5}}}}"#,
+    );
+    assert_eq!(e.path, "quotas.acme/ml.gpus.H100-80GB.guarantee");
+}
+
+#[test]
+fn the_shape_refuses_unknown_fields_and_duplicate_keys() {
+    for json in [
+        r#"{"acme": {"gpu": {}}}"#,
+        r#"{"acme": {"gpus": {"H100-80GB": {"guarantee": 1, "limit": 2}}}}"#,
+        r#"{"acme": {}, "acme": {}}"#,
+        r#"{"acme": {"gpus": {"H100-80GB": {"ceiling": 1}, "H100-80GB": {"ceiling": 2}}}}"#,
+    ] {
+        assert!(serde_json::from_str::<QuotaSpec>(json).is_err(), "{json}");
+    }
+    let e = serde_json::from_str::<QuotaSpec>(r#"{"acme": {}, "acme": {}}"#).unwrap_err();
+    assert!(e.to_string().contains("duplicate key `acme`"), "{e}");
+}
+
+// --- admission ----------------------------------------------------------------------------
+
+fn team_ab() -> QuotaTree {
+    tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}}}}"#,
+    )
+}
+
+#[test]
+fn the_acceptance_scenario_b_borrows_to_its_ceiling_and_a_reclaims() {
+    let t = team_ab();
+    let fleet = gpus(16);
+    let mut usage = Usage::new();
+    let mut running = Vec::new();
+    // B fills 12, one GPU at a time: 4 guaranteed, then 8 borrowed.
+    for i in 0..12u64 {
+        let d = admit(&t, &fleet, &usage, "acme/b", &gpus(1));
+        let class = match d {
+            Decision::Admit { class, ref over } => {
+                if i >= 4 {
+                    assert_eq!(over, &Some(("acme/b".into(), Resource::gpu(H100))));
+                }
+                class
+            }
+            other => panic!("{i}: {other:?}"),
+        };
+        assert_eq!(class, if i < 4 { Class::Guaranteed } else { Class::Borrowed }, "{i}");
+        usage.add("acme/b", class, &gpus(1));
+        running.push(Running {
+            id: format!("b{i}"),
+            tenant: "acme/b".into(),
+            resources: gpus(1),
+            class,
+            started: i,
+            gang: None,
+        });
+    }
+    // The 13th crosses B's ceiling, naming the path and the resource.
+    match admit(&t, &fleet, &usage, "acme/b", &gpus(1)) {
+        Decision::Refuse(r) => {
+            assert_eq!(
+                (r.path.as_str(), &r.resource, r.in_use),
+                ("acme/b", &Resource::gpu(H100), 12_000_000)
+            );
+            let msg = r.to_string();
+            assert!(msg.contains("above its ceiling of 12 H100-80GB GPUs"), "{msg}");
+            assert!(msg.contains("quotas.acme/b.gpus.H100-80GB.ceiling"), "{msg}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A asks for its 4: 16 - 12 = 4 are free, so it is admitted at once.
+    assert_eq!(
+        admit(&t, &fleet, &usage, "acme/a", &gpus(4)),
+        Decision::Admit { class: Class::Guaranteed, over: None }
+    );
+    // With a 12-GPU fleet instead, the capacity is lent out: reclaim 4 from B's youngest.
+    let small = gpus(12);
+    let short = match admit(&t, &small, &usage, "acme/a", &gpus(4)) {
+        Decision::Reclaim { short } => short,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(short, gpus(4));
+    let victims = choose_victims(&running, &small, "acme/a", &short).expect("enough borrowed");
+    assert_eq!(victims, ["b11", "b10", "b9", "b8"]);
+    for v in &victims {
+        let r = running.iter().find(|r| &r.id == v).expect("known");
+        usage.release(&r.tenant, r.class, &r.resources);
+    }
+    assert_eq!(usage.of("acme/b").guaranteed, gpus(4), "B never drops below its guarantee");
+    assert_eq!(
+        admit(&t, &small, &usage, "acme/a", &gpus(4)),
+        Decision::Admit { class: Class::Guaranteed, over: None }
+    );
+}
+
+#[test]
+fn a_user_ceiling_under_a_team_guarantee_holds() {
+    let t = tree(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/ml/vision/alice": {"gpus": {"H100-80GB": {"ceiling": 2}}}}"#,
+    );
+    let fleet = gpus(16);
+    let mut usage = Usage::new();
+    assert_eq!(
+        admit(&t, &fleet, &usage, "acme/ml/vision/alice", &gpus(2)),
+        Decision::Admit { class: Class::Guaranteed, over: None }
+    );
+    usage.add("acme/ml/vision/alice", Class::Guaranteed, &gpus(2));
+    match admit(&t, &fleet, &usage, "acme/ml/vision/alice", &gpus(1)) {
+        Decision::Refuse(r) => assert_eq!(r.path, "acme/ml/vision/alice"),
+        other => panic!("the team's guarantee has room, the user's ceiling does not: {other:?}"),
+    }
+    // bob, under the same team, still gets the rest of the team's guarantee.
+    assert_eq!(
+        admit(&t, &fleet, &usage, "acme/ml/vision/bob", &gpus(2)),
+        Decision::Admit { class: Class::Guaranteed, over: None }
+    );
+}
+
+#[test]
+fn a_projects_borrowing_counts_against_its_teams_ceiling() {
+    let t = tree(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 6}}},
+            "acme/ml/vision": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 8}}}}"#,
+    );
+    let fleet = gpus(16);
+    let mut usage = Usage::new();
+    usage.add("acme/ml/vision/alice", Class::Guaranteed, &gpus(2));
+    // Above vision's guarantee: borrowed, though the team's guarantee has room.
+    match admit(&t, &fleet, &usage, "acme/ml/vision/alice", &gpus(3)) {
+        Decision::Admit { class: Class::Borrowed, over } => {
+            assert_eq!(over, Some(("acme/ml/vision".into(), Resource::gpu(H100))));
+        }
+        other => panic!("{other:?}"),
+    }
+    usage.add("acme/ml/vision/alice", Class::Borrowed, &gpus(3));
+    usage.add("acme/ml/speech", Class::Guaranteed, &gpus(1));
+    // vision holds 5 (ceiling 8) but the team holds 6 = its ceiling.
+    match admit(&t, &fleet, &usage, "acme/ml/vision/bob", &gpus(1)) {
+        Decision::Refuse(r) => {
+            assert_eq!((r.path.as_str(), r.ceiling, r.in_use), ("acme/ml", 6_000_000, 6_000_000));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn borrowed_work_never_counts_against_a_guarantee() {
+    let t = team_ab();
+    let fleet = gpus(16);
+    let mut usage = Usage::new();
+    usage.add("acme/b", Class::Borrowed, &gpus(8));
+    // Eight borrowed GPUs leave B's whole guarantee for guaranteed work.
+    assert_eq!(
+        admit(&t, &fleet, &usage, "acme/b", &gpus(4)),
+        Decision::Admit { class: Class::Guaranteed, over: None }
+    );
+}
+
+#[test]
+fn a_tenant_without_a_guarantee_only_borrows_and_lending_limits_keep_capacity_back() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 6, "lending_limit": 2}}},
+            "acme/b": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    let fleet = gpus(8);
+    let usage = Usage::new();
+    // A lends at most 2 of its idle 6: B may borrow the 2 unguaranteed GPUs + 2.
+    assert_eq!(withheld(&t, &usage, "acme/b"), gpus(4));
+    assert!(matches!(
+        admit(&t, &fleet, &usage, "acme/b", &gpus(4)),
+        Decision::Admit { class: Class::Borrowed, over: None }
+    ));
+    assert_eq!(
+        admit(&t, &fleet, &usage, "acme/b", &gpus(5)),
+        Decision::Wait { class: Class::Borrowed, short: gpus(1) }
+    );
+    // Unquota'd CPU does not make A's GPU request borrowed.
+    let req = gpus(1).with_cpu_milli(4_000);
+    assert_eq!(
+        admit(&t, &fleet, &usage, "acme/a", &req),
+        Decision::Admit { class: Class::Guaranteed, over: None }
+    );
+}
+
+#[test]
+fn a_guaranteed_request_waits_when_the_capacity_is_held_by_guaranteed_work() {
+    let t = team_ab();
+    let fleet = gpus(6);
+    let mut usage = Usage::new();
+    usage.add("acme/b", Class::Guaranteed, &gpus(4));
+    usage.add("acme/b", Class::Borrowed, &gpus(1));
+    // 1 free, 1 borrowed: 3 short of 4 cannot be reclaimed.
+    assert_eq!(
+        admit(&t, &fleet, &usage, "acme/a", &gpus(4)),
+        Decision::Wait { class: Class::Guaranteed, short: gpus(3) }
+    );
+    assert_eq!(admit(&t, &fleet, &usage, "acme/a", &gpus(2)), Decision::Reclaim { short: gpus(1) });
+}
+
+#[test]
+fn mig_and_mps_fractions_count_as_the_fraction_they_are() {
+    let t = tree(r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 1, "ceiling": 1}}}}"#);
+    let fleet = gpus(1);
+    let mut usage = Usage::new();
+    let slice = Resources::new().with(Resource::gpu(H100), gpu_micro(1.0 / 7.0).expect("ok"));
+    for i in 0..7 {
+        let d = admit(&t, &fleet, &usage, "acme/a", &slice);
+        assert_eq!(d, Decision::Admit { class: Class::Guaranteed, over: None }, "slice {i}");
+        usage.add("acme/a", Class::Guaranteed, &slice);
+    }
+    let mps = Resources::new().with(Resource::gpu(H100), gpu_micro(0.25).expect("ok"));
+    assert!(matches!(admit(&t, &fleet, &usage, "acme/a", &mps), Decision::Refuse(_)));
+}
+
+// --- DRF and the fair queue --------------------------------------------------------------
+
+#[test]
+fn drf_the_papers_example_a_gets_three_tasks_and_b_two() {
+    // Ghodsi et al. 2011, section 4: 9 CPUs, 18 GB; A's tasks <1 CPU, 4 GB>, B's <3 CPU, 1 GB>.
+    let t = QuotaTree::default();
+    let fleet = Resources::new().with_cpu_milli(9_000).with_memory_mib(18 * MIB_PER_GIB);
+    let a_task = Resources::new().with_cpu_milli(1_000).with_memory_mib(4 * MIB_PER_GIB);
+    let b_task = Resources::new().with_cpu_milli(3_000).with_memory_mib(MIB_PER_GIB);
+    // Both always asking: more tasks waiting than could ever fit, B's arriving first.
+    let waiting: Vec<Waiting> = (0..10u64)
+        .flat_map(|i| {
+            [
+                Waiting {
+                    id: format!("b{i}"),
+                    tenant: "org-b".into(),
+                    resources: b_task.clone(),
+                    arrived: 2 * i,
+                },
+                Waiting {
+                    id: format!("a{i}"),
+                    tenant: "org-a".into(),
+                    resources: a_task.clone(),
+                    arrived: 2 * i + 1,
+                },
+            ]
+        })
+        .collect();
+    let mut usage = Usage::new();
+    let out = allocate(&t, &fleet, &mut usage, &waiting);
+    let count = |who: &str| out.admitted.iter().filter(|(i, _)| waiting[*i].tenant == who).count();
+    assert_eq!((count("org-a"), count("org-b")), (3, 2), "{out:?}");
+    // Equal dominant shares: A 12/18 of memory, B 6/9 of CPU.
+    let a = dominant_share(&usage.of("org-a").total(), &fleet);
+    let b = dominant_share(&usage.of("org-b").total(), &fleet);
+    assert!((a - 2.0 / 3.0).abs() < 1e-9 && (b - 2.0 / 3.0).abs() < 1e-9, "{a} {b}");
+    // The order of admissions alternates by lowest dominant share.
+    let order: Vec<&str> = out.admitted.iter().map(|(i, _)| waiting[*i].id.as_str()).collect();
+    assert_eq!(order, ["b0", "a0", "a1", "b1", "a2"]);
+    assert!(out.reclaim.is_empty() && out.refused.is_empty());
+}
+
+#[test]
+fn the_queue_serves_the_tenant_furthest_below_its_guarantee_first() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
+    );
+    let fleet = gpus(16);
+    let mut usage = Usage::new();
+    usage.add("acme/a", Class::Guaranteed, &gpus(3));
+    usage.add("acme/b", Class::Guaranteed, &gpus(1));
+    let w = |id: &str, tenant: &str, arrived| Waiting {
+        id: id.into(),
+        tenant: tenant.into(),
+        resources: gpus(1),
+        arrived,
+    };
+    let waiting =
+        [w("x", "org-a", 0), w("a1", "acme/a", 1), w("b1", "acme/b", 2), w("b0", "acme/b", 1)];
+    // b (3 left) before a (1 left) before org-a (no guarantee); arrival within a tenant.
+    assert_eq!(fair_order(&t, &fleet, &usage, &waiting), [3, 2, 1, 0]);
+    // Equal headroom: lowest dominant share first.
+    usage.add("org-b", Class::Borrowed, &gpus(2));
+    let waiting = [w("y", "org-b", 0), w("x", "org-a", 5)];
+    assert_eq!(fair_order(&t, &fleet, &usage, &waiting), [1, 0]);
+}
+
+// --- reclaim ------------------------------------------------------------------------------
+
+fn run(id: &str, tenant: &str, n: u64, class: Class, started: u64, gang: Option<&str>) -> Running {
+    Running {
+        id: id.into(),
+        tenant: tenant.into(),
+        resources: gpus(n),
+        class,
+        started,
+        gang: gang.map(str::to_string),
+    }
+}
+
+#[test]
+fn victims_come_from_the_tenant_furthest_above_its_share_youngest_first() {
+    let fleet = gpus(16);
+    let running = [
+        run("g1", "acme/b", 1, Class::Guaranteed, 0, None),
+        run("b1", "acme/b", 1, Class::Borrowed, 1, None),
+        run("b2", "acme/b", 1, Class::Borrowed, 2, None),
+        run("b3", "acme/b", 1, Class::Borrowed, 3, None),
+        run("c1", "acme/ml", 1, Class::Borrowed, 9, None),
+        run("own", "acme/a/x", 1, Class::Borrowed, 10, None),
+    ];
+    // B borrows 3, ml 1: B's youngest, then B again (2 > 1), then a tie at 1 each: acme/b by
+    // name before acme/ml; never the guaranteed g1 nor the claimant's own work.
+    assert_eq!(choose_victims(&running, &fleet, "acme/a", &gpus(1)), Some(vec!["b3".into()]));
+    assert_eq!(
+        choose_victims(&running, &fleet, "acme/a", &gpus(4)),
+        Some(vec!["b3".into(), "b2".into(), "b1".into(), "c1".into()])
+    );
+    assert_eq!(choose_victims(&running, &fleet, "acme/a", &gpus(5)), None, "not enough borrowed");
+    // Work holding none of what is short is never taken.
+    let cpu_only = [Running {
+        resources: Resources::new().with_cpu_milli(1_000),
+        ..run("cpu", "acme/b", 0, Class::Borrowed, 99, None)
+    }];
+    assert_eq!(choose_victims(&cpu_only, &fleet, "acme/a", &gpus(1)), None);
+}
+
+#[test]
+fn a_gang_is_preempted_whole() {
+    let fleet = gpus(16);
+    let running = [
+        run("solo", "acme/b", 1, Class::Borrowed, 1, None),
+        run("g-0", "acme/ml", 1, Class::Borrowed, 5, Some("train")),
+        run("g-1", "acme/ml", 1, Class::Guaranteed, 5, Some("train")),
+        run("g-2", "acme/ml", 1, Class::Borrowed, 6, Some("train")),
+        run("g-3", "acme/ml", 1, Class::Borrowed, 6, Some("train")),
+    ];
+    // ml borrows 3 (the gang) > b's 1: one GPU short takes the whole gang of 4.
+    let v = choose_victims(&running, &fleet, "acme/a", &gpus(1)).expect("victims");
+    assert_eq!(v, ["g-0", "g-1", "g-2", "g-3"]);
+}
