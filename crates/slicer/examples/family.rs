@@ -39,6 +39,7 @@ fn main() -> Result<(), String> {
         "peakB", "peakF", "contB", "contF"
     );
     let (mut cells, mut losses, mut wins) = (0, 0, 0);
+    let (mut count_losses, mut demand_losses, mut strict) = (0, 0, 0);
     for t in &traces {
         for nodes in [1u32, 2, 4, 8] {
             for fractions in [Fractions::Mig, Fractions::Tiers(Tenants::example())] {
@@ -62,6 +63,13 @@ fn main() -> Result<(), String> {
                     if b.admitted > f.admitted || b.demand_admitted > f.demand_admitted {
                         wins += 1;
                     }
+                    count_losses += usize::from(b.admitted < f.admitted);
+                    demand_losses += usize::from(b.demand_admitted < f.demand_admitted);
+                    strict += usize::from(
+                        b.admitted >= f.admitted
+                            && b.demand_admitted >= f.demand_admitted
+                            && (b.admitted > f.admitted || b.demand_admitted > f.demand_admitted),
+                    );
                     let pct =
                         |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}", v * 100.0));
                     println!(
@@ -86,7 +94,8 @@ fn main() -> Result<(), String> {
         }
     }
     println!(
-        "cells {cells}: best loses on admitted or demand in {losses}, wins on either in {wins}"
+        "cells {cells}: best loses on admitted or demand in {losses} (admitted {count_losses}, \
+         demand {demand_losses}), wins on either in {wins}, strictly better on both in {strict}"
     );
     Ok(())
 }

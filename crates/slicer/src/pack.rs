@@ -39,15 +39,27 @@
 //! GPU for a class is its free capacity minus what the class can use; its expected
 //! fragmentation weighs classes by how often they were seen.
 //!
-//! A choice's **loss** is the weighted usable capacity it removes from the node:
-//! `Σ_c count(c) × (usable_c(before) − usable_c(after))`. That is FGD's increase of
-//! expected fragmentation plus the capacity the choice takes, so among choices that take
-//! the same capacity (every MIG placement of one profile, every whole-GPU set) it is
-//! exactly FGD's order, and across kinds a share that takes less than a rounded-up MIG
-//! profile is not rewarded for the waste. Best takes the smallest loss; ties: the GPU
-//! with the least free capacity (pack partly used GPUs first), then the lowest GPU index,
-//! then the kind (MIG, MPS, time-slice, whole), then the lowest start slot. Across nodes:
-//! the smallest loss, then the node with the least free capacity, then the lowest index.
+//! A choice's **loss** ([`Loss`]) is what it removes from the node's usable capacity for
+//! the seen demand, counted two ways and compared in this order:
+//!
+//! 1. `requests`: `Σ_c count(c) × (fit_c(before) − fit_c(after))`, where `fit_c` is how
+//!    many requests of class `c` still fit (usable capacity divided by the class's size):
+//!    the requests of the seen mix the choice makes unservable. Counting requests, not
+//!    units, keeps room for many small requests instead of a few large ones (with the
+//!    node rule below, fewer cells of the trace family lose requests to first-fit; see
+//!    docs/PERFORMANCE.md for the numbers, and for the cells that still do).
+//! 2. `units`: `Σ_c count(c) × (usable_c(before) − usable_c(after))`: FGD's increase of
+//!    expected fragmentation plus the capacity the choice takes, so among choices that
+//!    take the same capacity (every MIG placement of one profile, every whole-GPU set) it
+//!    is exactly FGD's order, and across kinds a share that takes less than a rounded-up
+//!    MIG profile is not rewarded for the waste.
+//!
+//! Best takes the smallest loss; ties: the GPU with the least free capacity (pack partly
+//! used GPUs first), then the lowest GPU index, then the kind (MIG, MPS, time-slice,
+//! whole), then the lowest start slot. Across nodes: the lowest node where the request
+//! fits at all (nodes filled in order keep the later ones empty for whole-node requests;
+//! comparing nodes by loss admitted fewer requests on the family, see
+//! docs/PERFORMANCE.md), with its best choice.
 //!
 //! [`Strategy::FirstFit`]: the lowest GPU where the request fits, in the kind order above
 //! (MIG at its lowest free start slot); across nodes, the first node with a fit. It
@@ -206,11 +218,41 @@ impl Choice {
     }
 }
 
-/// A choice and its loss (in weighted units; see the module documentation).
+/// What a choice removes from the node for the seen demand, compared requests first
+/// (see the module documentation).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Loss {
+    /// Weighted requests of the seen classes that no longer fit.
+    pub requests: i64,
+    /// Weighted usable capacity units removed.
+    pub units: i64,
+}
+
+impl std::ops::Add for Loss {
+    type Output = Loss;
+    fn add(self, o: Loss) -> Loss {
+        Loss {
+            requests: self.requests.saturating_add(o.requests),
+            units: self.units.saturating_add(o.units),
+        }
+    }
+}
+
+impl std::ops::Sub for Loss {
+    type Output = Loss;
+    fn sub(self, o: Loss) -> Loss {
+        Loss {
+            requests: self.requests.saturating_sub(o.requests),
+            units: self.units.saturating_sub(o.units),
+        }
+    }
+}
+
+/// A choice and its loss (first-fit: zero).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pick {
     pub choice: Choice,
-    pub loss: i64,
+    pub loss: Loss,
 }
 
 /// The MPS percent for a fraction: `ceil(milli / 10)`, 1 to 100.
@@ -541,26 +583,37 @@ fn usable_whole(free: u32, k: u32) -> u64 {
     u64::from(free / k * k) * UNITS_PER_GPU
 }
 
-/// Σ_class weight × usable over fraction classes, for one GPU.
-fn gpu_score(node: &PackNode, g: &GpuUse, mix: &PackMix) -> i64 {
-    let mut s: u64 = 0;
+/// Σ_class weight × (requests that fit, usable units) over fraction classes, for one GPU.
+fn gpu_score(node: &PackNode, g: &GpuUse, mix: &PackMix) -> Loss {
+    let (mut n, mut s): (u64, u64) = (0, 0);
     for &(c, w) in &mix.classes {
         if let Class::Frac { profile, milli, allow } = c {
-            s = s.saturating_add(w.saturating_mul(usable_frac(node, g, profile, milli, allow)));
+            let usable = usable_frac(node, g, profile, milli, allow);
+            n = n.saturating_add(w.saturating_mul(usable / (u64::from(milli) * 7).max(1)));
+            s = s.saturating_add(w.saturating_mul(usable));
         }
     }
-    i64::try_from(s).unwrap_or(i64::MAX)
+    score(n, s)
 }
 
-/// Σ over whole classes for a node with `free` free GPUs.
-fn whole_score(free: u32, mix: &PackMix) -> i64 {
-    let mut s: u64 = 0;
+/// The same over whole classes, for a node with `free` free GPUs.
+fn whole_score(free: u32, mix: &PackMix) -> Loss {
+    let (mut n, mut s): (u64, u64) = (0, 0);
     for &(c, w) in &mix.classes {
         if let Class::Whole(k) = c {
-            s = s.saturating_add(w.saturating_mul(usable_whole(free, k)));
+            let usable = usable_whole(free, k);
+            n = n.saturating_add(w.saturating_mul(usable / (u64::from(k.max(1)) * UNITS_PER_GPU)));
+            s = s.saturating_add(w.saturating_mul(usable));
         }
     }
-    i64::try_from(s).unwrap_or(i64::MAX)
+    score(n, s)
+}
+
+fn score(requests: u64, units: u64) -> Loss {
+    Loss {
+        requests: i64::try_from(requests).unwrap_or(i64::MAX),
+        units: i64::try_from(units).unwrap_or(i64::MAX),
+    }
 }
 
 /// Order of kinds at equal loss (and first-fit's order on one GPU): MIG, MPS,
@@ -656,7 +709,7 @@ fn candidates(node: &PackNode, ask: &Ask) -> Vec<Choice> {
 
 /// The loss of `choice` on `node` (see the module documentation): only the GPUs it
 /// touches change, so only they are scored again.
-fn loss_of(node: &PackNode, choice: &Choice, ask: &Ask, mix: &PackMix) -> i64 {
+fn loss_of(node: &PackNode, choice: &Choice, ask: &Ask, mix: &PackMix) -> Loss {
     let touched = touched(choice);
     let mut trial = PackNode {
         model: node.model,
@@ -666,14 +719,14 @@ fn loss_of(node: &PackNode, choice: &Choice, ask: &Ask, mix: &PackMix) -> i64 {
     let mut local = choice.clone();
     relabel(&mut local, &touched);
     trial.apply(&local, ask);
-    let mut loss = 0i64;
+    let mut loss = Loss::default();
     for (g, after) in touched.iter().zip(&trial.gpus) {
-        loss += gpu_score(node, &node.gpus[*g as usize], mix) - gpu_score(node, after, mix);
+        loss = loss + (gpu_score(node, &node.gpus[*g as usize], mix) - gpu_score(node, after, mix));
     }
     let free = node.free_gpus();
     let taken = touched.iter().filter(|&&g| matches!(node.gpus[g as usize], GpuUse::Free)).count();
     let free_after = free - taken as u32 + trial.free_gpus();
-    loss + whole_score(free, mix) - whole_score(free_after, mix)
+    loss + (whole_score(free, mix) - whole_score(free_after, mix))
 }
 
 /// The GPUs a choice touches.
@@ -700,14 +753,14 @@ fn relabel(choice: &mut Choice, touched: &[u32]) {
 }
 
 /// Tie-break key within a node: loss, the GPU's free units, GPU, kind, start.
-type NodeKey = (i64, u64, u32, u8, u8);
+type NodeKey = (Loss, u64, u32, u8, u8);
 
 /// The best choice for `ask` on `node` by `strategy` (None: nothing fits).
 pub fn pack(node: &PackNode, ask: &Ask, strategy: Strategy, mix: &PackMix) -> Option<Pick> {
     let cands = candidates(node, ask);
     let mps_first = prefers_mps(node, ask);
     if strategy == Strategy::FirstFit {
-        return cands.into_iter().next().map(|choice| Pick { choice, loss: 0 });
+        return cands.into_iter().next().map(|choice| Pick { choice, loss: Loss::default() });
     }
     let mut best: Option<(NodeKey, Choice)> = None;
     for c in cands {
@@ -723,26 +776,16 @@ pub fn pack(node: &PackNode, ask: &Ask, strategy: Strategy, mix: &PackMix) -> Op
     best.map(|((loss, ..), choice)| Pick { choice, loss })
 }
 
-/// The best node and choice for `ask` among `nodes`: Best by loss, then the node with
-/// the least free capacity, then the lowest index; FirstFit the first node with a fit.
+/// The node and choice for `ask` among `nodes`: the lowest node where it fits, with that
+/// node's choice by `strategy` (see the module documentation for why Best does not
+/// compare nodes by loss).
 pub fn pack_cluster(
     nodes: &[PackNode],
     ask: &Ask,
     strategy: Strategy,
     mix: &PackMix,
 ) -> Option<(usize, Pick)> {
-    let mut best: Option<((i64, u64, usize), Pick)> = None;
-    for (n, node) in nodes.iter().enumerate() {
-        let Some(pick) = pack(node, ask, strategy, mix) else { continue };
-        if strategy == Strategy::FirstFit {
-            return Some((n, pick));
-        }
-        let key = (pick.loss, node.free_units(), n);
-        if crate::place::better(&key, best.as_ref().map(|b| &b.0)) {
-            best = Some((key, pick));
-        }
-    }
-    best.map(|((_, _, n), pick)| (n, pick))
+    nodes.iter().enumerate().find_map(|(n, node)| pack(node, ask, strategy, mix).map(|p| (n, p)))
 }
 
 #[cfg(test)]
@@ -823,6 +866,32 @@ mod tests {
         );
         let three_whole = Ask { gpus: 3, ..whole };
         assert_eq!(pack(&node, &three_whole, Strategy::Best, &mix), None);
+    }
+
+    #[test]
+    fn best_fills_nodes_in_order_and_counts_requests_first() {
+        let three = ask(400, Allow::MIG_ONLY, 0);
+        let whole = Ask { gpus: 1, milli: 1000, allow: Allow::MIG_ONLY, tenant: 0, domain: 0 };
+        let mix = mix_of(&[three, whole, whole]);
+        let empty = PackNode::new(h100(), 8, Rules::default());
+        let mut used = empty.clone();
+        assert!(used.apply(&Choice::Mig { gpu: 0, profile: "3g.40gb".into(), start: 4 }, &three));
+        // On the used node the 3g completes GPU 0 and costs no whole GPU: a smaller loss.
+        let on_used = pack(&used, &three, Strategy::Best, &mix).expect("fits");
+        let on_empty = pack(&empty, &three, Strategy::Best, &mix).expect("fits");
+        assert_eq!(on_used.choice, Choice::Mig { gpu: 0, profile: "3g.40gb".into(), start: 0 });
+        assert!(on_used.loss < on_empty.loss, "{on_used:?} {on_empty:?}");
+        assert_eq!(on_used.loss.requests, 1, "one 3g of one seen fits no more");
+        // Nodes are filled in order: the first node where it fits, with its best choice.
+        let nodes = [empty.clone(), used.clone()];
+        let (n, p) = pack_cluster(&nodes, &three, Strategy::Best, &mix).expect("fits");
+        assert_eq!((n, p), (0, on_empty));
+        let nodes = [used, empty];
+        assert_eq!(pack_cluster(&nodes, &three, Strategy::Best, &mix).map(|x| x.0), Some(0));
+        // Requests before units: losses compare lexicographically.
+        let a = Loss { requests: 1, units: 9_000_000 };
+        assert!(a < Loss { requests: 2, units: 0 });
+        assert_eq!(a - a, Loss::default());
     }
 
     #[test]

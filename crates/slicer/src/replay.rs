@@ -231,7 +231,7 @@ pub fn map_request(model: &GpuModel, num_gpu: u32, gpu_milli: u32) -> Mapped {
 pub enum Placement {
     /// MIG GPUs, instances created on demand where [`Strategy::Best`] puts them (weights:
     /// the demand observed so far in the replay, whole GPUs counted as the 7g profile),
-    /// destroyed when released; nodes compared by the same loss (then the fuller node).
+    /// destroyed when released; the lowest node where the request fits ([`crate::pack`]).
     Best,
     /// As `best`, but each instance at the lowest free start slot of the lowest GPU of
     /// the lowest node that has one ([`Strategy::FirstFit`]).
