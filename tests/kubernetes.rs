@@ -467,3 +467,56 @@ fn a_kubelet_assignment_reaches_the_runtime_as_a_container_annotation_and_never_
     c.teardown(&pod_id);
     c.teardown(&pod2_id);
 }
+
+#[test]
+fn an_init_container_owns_the_bare_form_and_the_app_container_is_refused_after_it_exits() {
+    // kubelet runs a pod's init container to its end before the app container: both carry
+    // the pod's bare annotation, and the first to ask owns it for the pod's life.
+    let c = cluster();
+    let (pod, pod_id) = c.pod("staged", "team-trusted", &[("tessera.io/gpu", "gpu=1")]);
+    let init = ContainerSpec::new("init").command(&["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]);
+    let init_id = c.cri.create_container(&pod_id, &pod, &init).unwrap();
+    c.cri.start_container(&init_id).unwrap_or_else(|e| panic!("{e}"));
+    c.cri
+        .wait_container_state(
+            &init_id,
+            v1::ContainerState::ContainerExited,
+            Duration::from_secs(15),
+        )
+        .unwrap();
+    assert!(c.cri.container_output(&pod, &init).trim().starts_with("GPU-"), "the init had its GPU");
+    c.cri.remove_container(&init_id).unwrap();
+    let client = c.node.client();
+    assert!(wait_for(
+        || client.status().map(|s| s.allocations.is_empty()).unwrap_or(false),
+        Duration::from_secs(15)
+    ));
+    let err = c.start(&pod_id, &pod, "main").expect_err("the app container is refused");
+    assert!(err.message().contains("containers `init` and `main`"), "{err}");
+    c.teardown(&pod_id);
+}
+
+#[test]
+fn a_pod_mixing_both_forms_is_refused_and_env_requests_are_per_container() {
+    let c = cluster();
+    let (pod, pod_id) = c.pod(
+        "mixed-forms",
+        "team-trusted",
+        &[("tessera.io/gpu", "gpu=1"), ("tessera.io/gpu.main", "gpu=1")],
+    );
+    let err = c.start(&pod_id, &pod, "main").expect_err("both forms");
+    assert!(err.message().contains("use only the per-container form"), "{err}");
+    c.teardown(&pod_id);
+    // No annotation: TESSERA_GPU in one container's env asks for that container alone.
+    let (pod, pod_id) = c.pod("env", "team-trusted", &[]);
+    let asks =
+        ContainerSpec::new("asks").command(&["sh", "-c", "sleep 300"]).env("TESSERA_GPU", "gpu=1");
+    let asks_id = c.cri.create_container(&pod_id, &pod, &asks).unwrap();
+    c.cri.start_container(&asks_id).unwrap_or_else(|e| panic!("{e}"));
+    let other = c.start(&pod_id, &pod, "other").unwrap_or_else(|e| panic!("{e}"));
+    let allocs = c.allocations();
+    assert_eq!(allocs.len(), 1, "{allocs:?}");
+    assert_eq!(allocs[0].container_id, asks_id);
+    assert!(nvidia_devices(&c.config(&other)).is_empty());
+    c.teardown(&pod_id);
+}
