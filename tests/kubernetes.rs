@@ -520,3 +520,41 @@ fn a_pod_mixing_both_forms_is_refused_and_env_requests_are_per_container() {
     assert!(nvidia_devices(&c.config(&other)).is_empty());
     c.teardown(&pod_id);
 }
+
+/// Pod start through the CRI, runc's handler against `tessera` (no GPU, and a MIG
+/// instance), for docs/PERFORMANCE.md: `cargo test --release --test kubernetes
+/// pod_start_latency -- --ignored --nocapture`. A measurement, not a check: it asserts only
+/// that every pod started.
+#[test]
+#[ignore]
+fn pod_start_latency() {
+    const PODS: usize = 20;
+    let c = cluster();
+    let mut rows = Vec::new();
+    for (label, handler, annotation) in [
+        ("runc handler, no request", "runc", None),
+        ("tessera handler, no request", "tessera", None),
+        ("tessera handler, mig=1g.10gb", "tessera", Some(("tessera.io/gpu", "mig=1g.10gb"))),
+    ] {
+        let mut ms = Vec::new();
+        for i in 0..PODS {
+            let mut pod =
+                PodSpec::new(&format!("lat-{handler}-{i}"), "team-untrusted").handler(handler);
+            if let Some((k, v)) = annotation {
+                pod = pod.annotation(k, v);
+            }
+            let t = std::time::Instant::now();
+            let pod_id = c.cri.run_pod_sandbox(&pod).unwrap();
+            let spec = ContainerSpec::new("main").command(&["sh", "-c", "sleep 300"]);
+            let id = c.cri.create_container(&pod_id, &pod, &spec).unwrap();
+            c.cri.start_container(&id).unwrap();
+            ms.push(t.elapsed().as_secs_f64() * 1000.0);
+            c.teardown(&pod_id);
+        }
+        ms.sort_by(f64::total_cmp);
+        rows.push((label, ms[PODS / 2], ms[PODS * 9 / 10]));
+    }
+    for (label, p50, p90) in rows {
+        println!("{label:32} p50 {p50:7.1} ms  p90 {p90:7.1} ms  ({PODS} pods)");
+    }
+}
