@@ -13,6 +13,7 @@ pub mod ids;
 pub mod protocol;
 pub mod request;
 pub mod time;
+pub mod unique;
 
 /// Logs of the daemons (tesserad, tessera-coordinator): to stderr, filtered by
 /// `TESSERA_LOG` (default `info`), coloured only on a terminal.
@@ -35,6 +36,7 @@ pub use ids::{ContainerId, DeviceUuid, InvalidDeviceUuid, InvalidTenantPath, Ten
 pub use protocol::{ProtocolError, ProtocolVersion, PROTOCOL, PROTOCOL_HEADER, UNVERSIONED};
 pub use request::{GpuRequest, Isolation, RequestError};
 pub use types::*;
+pub use unique::UniqueMap;
 
 use std::path::{Path, PathBuf};
 

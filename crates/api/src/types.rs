@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::display::untrusted;
 use crate::ids::ContainerId;
 use crate::request::{GpuRequest, Isolation};
 
@@ -471,30 +470,7 @@ pub struct NodeStatus {
 fn unique_keys<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<BTreeMap<String, String>, D::Error> {
-    struct Unique;
-    impl<'de> serde::de::Visitor<'de> for Unique {
-        type Value = BTreeMap<String, String>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("an object of strings with unique keys")
-        }
-        fn visit_map<A: serde::de::MapAccess<'de>>(
-            self,
-            mut map: A,
-        ) -> Result<Self::Value, A::Error> {
-            let mut out = BTreeMap::new();
-            while let Some((k, v)) = map.next_entry::<String, String>()? {
-                if out.contains_key(&k) {
-                    return Err(serde::de::Error::custom(format_args!(
-                        "duplicate key `{}`",
-                        untrusted(&k)
-                    )));
-                }
-                out.insert(k, v);
-            }
-            Ok(out)
-        }
-    }
-    d.deserialize_map(Unique)
+    <crate::UniqueMap<String> as Deserialize>::deserialize(d).map(|m| m.0)
 }
 
 #[cfg(test)]

@@ -2,12 +2,11 @@
 //! Every struct denies unknown fields and every map denies duplicate keys, so a typo is
 //! an error at its path rather than a silent default.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
 
 use serde::de::value::MapAccessDeserializer;
-use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use std::ops::Deref;
 use tessera_api::Isolation;
@@ -171,58 +170,9 @@ pub(crate) struct RawNodePool {
     pub mig_layouts: UniqueMap<String>,
 }
 
-/// A JSON object read into a sorted map, refusing duplicate keys. serde_json would
-/// otherwise keep the last of two `"acme"` orgs without a word.
-#[derive(Debug)]
-pub(crate) struct UniqueMap<V>(pub BTreeMap<String, V>);
-
-impl<V> Default for UniqueMap<V> {
-    fn default() -> Self {
-        UniqueMap(BTreeMap::new())
-    }
-}
-
-impl<'de, V: Deserialize<'de>> Deserialize<'de> for UniqueMap<V> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(UniqueMapVisitor(PhantomData))
-    }
-}
-
-struct UniqueMapVisitor<V>(PhantomData<V>);
-
-impl<'de, V: Deserialize<'de>> Visitor<'de> for UniqueMapVisitor<V> {
-    type Value = UniqueMap<V>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
-        let mut out = BTreeMap::new();
-        while let Some(key) = access.next_key::<String>()? {
-            if out.contains_key(&key) {
-                // Fail while reading the value, so the error's path ends in the key.
-                let message = format!("duplicate key `{key}`: each name may appear once");
-                access.next_value_seed(Reject(message))?;
-                continue;
-            }
-            let value = access.next_value()?;
-            out.insert(key, value);
-        }
-        Ok(UniqueMap(out))
-    }
-}
-
-/// A seed that fails with its message instead of reading a value.
-struct Reject(String);
-
-impl<'de> DeserializeSeed<'de> for Reject {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, _deserializer: D) -> Result<(), D::Error> {
-        Err(de::Error::custom(self.0))
-    }
-}
+/// A JSON object read into a sorted map, refusing duplicate keys (one definition for
+/// every reader of documents: [`tessera_api::UniqueMap`]).
+pub(crate) use tessera_api::UniqueMap;
 
 /// A struct that may only be written as a JSON object. serde's derived impls also accept
 /// an array of the fields in order (`"acme": ["dev"]`), a second spelling nobody should

@@ -3,10 +3,7 @@
 //! (`quotas.acme/ml.gpus.H100-80GB.ceiling`), as `crates/policy` reports its own.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::marker::PhantomData;
 
-use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use tessera_api::untrusted;
 
@@ -338,39 +335,4 @@ fn check_nesting(tree: &QuotaTree, at: &str) -> Result<(), SpecError> {
 }
 
 /// A JSON object read into a sorted map, refusing duplicate keys.
-#[derive(Debug, Clone)]
-pub struct UniqueMap<V>(pub BTreeMap<String, V>);
-
-impl<V> Default for UniqueMap<V> {
-    fn default() -> Self {
-        UniqueMap(BTreeMap::new())
-    }
-}
-
-impl<'de, V: Deserialize<'de>> Deserialize<'de> for UniqueMap<V> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(UniqueMapVisitor(PhantomData))
-    }
-}
-
-struct UniqueMapVisitor<V>(PhantomData<V>);
-
-impl<'de, V: Deserialize<'de>> Visitor<'de> for UniqueMapVisitor<V> {
-    type Value = UniqueMap<V>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
-        let mut out = BTreeMap::new();
-        while let Some(key) = access.next_key::<String>()? {
-            if out.contains_key(&key) {
-                return Err(de::Error::custom(format_args!("duplicate key `{}`", untrusted(&key))));
-            }
-            let value = access.next_value()?;
-            out.insert(key, value);
-        }
-        Ok(UniqueMap(out))
-    }
-}
+pub use tessera_api::UniqueMap;
