@@ -334,19 +334,7 @@ impl PolicyAgent {
     pub async fn fetch_first(&self, wait: Duration) -> Result<(Verified, String), Vec<String>> {
         let mut problems = Vec::new();
         for ep in self.endpoints.iter() {
-            let timeout_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
-            let path = format!("/v1/policies/latest?newer_than=0&timeout_ms={timeout_ms}");
-            let r = http::request(
-                &self.pool,
-                ep,
-                Method::GET,
-                &path,
-                Some(&self.cfg.token),
-                &[],
-                None,
-                wait + Duration::from_secs(10),
-            )
-            .await;
+            let r = self.latest(ep, 0, wait).await;
             let body = match r {
                 Ok(r) if r.status == 200 => r.body,
                 Ok(r) if r.status == 204 => {
@@ -533,10 +521,17 @@ impl PolicyAgent {
         Ok(())
     }
 
-    async fn poll(&self, ep: &Endpoint, newer_than: u64) -> Result<Poll, AgentError> {
-        let timeout_ms = u64::try_from(self.cfg.poll_timeout.as_millis()).unwrap_or(u64::MAX);
+    /// `GET /v1/policies/latest`, long-polled for `wait`: a revision newer than
+    /// `newer_than`, or 204 once `wait` has passed without one.
+    async fn latest(
+        &self,
+        ep: &Endpoint,
+        newer_than: u64,
+        wait: Duration,
+    ) -> Result<http::Response, http::HttpError> {
+        let timeout_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
         let path = format!("/v1/policies/latest?newer_than={newer_than}&timeout_ms={timeout_ms}");
-        let r = http::request(
+        http::request(
             &self.pool,
             ep,
             Method::GET,
@@ -544,9 +539,13 @@ impl PolicyAgent {
             Some(&self.cfg.token),
             &[],
             None,
-            self.cfg.poll_timeout + Duration::from_secs(10),
+            wait + Duration::from_secs(10),
         )
-        .await?;
+        .await
+    }
+
+    async fn poll(&self, ep: &Endpoint, newer_than: u64) -> Result<Poll, AgentError> {
+        let r = self.latest(ep, newer_than, self.cfg.poll_timeout).await?;
         match r.status {
             200 => Ok(Poll::Offered(r.body)),
             204 => Ok(Poll::Nothing),
