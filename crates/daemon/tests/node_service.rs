@@ -86,6 +86,11 @@ fn req(id: &str, ns: &str, request: &str) -> AllocateRequest {
     }
 }
 
+/// How many MIG instances of `profile` the node has now.
+fn instances_of(node: &Node, profile: &str) -> usize {
+    node.inventory().gpus.iter().flat_map(|g| &g.instances).filter(|i| i.profile == profile).count()
+}
+
 /// The uuids of every MIG instance the node has now.
 fn instance_uuids(node: &Node) -> BTreeSet<String> {
     node.inventory().gpus.iter().flat_map(|g| g.instances.iter().map(|i| i.uuid.clone())).collect()
@@ -601,13 +606,7 @@ fn dynamic_mig_creates_instances_and_defragments_only_idle_ones() {
     // Hold every existing 2g.20gb and every 1g.10gb on GPU 2, so a new 2g can only come
     // from cutting new slices.
     let mut held = BTreeSet::new();
-    let existing_2g = node
-        .inventory()
-        .gpus
-        .iter()
-        .flat_map(|g| &g.instances)
-        .filter(|i| i.profile == "2g.20gb")
-        .count();
+    let existing_2g = instances_of(&node, "2g.20gb");
     for i in 0..existing_2g {
         let a =
             node.allocate(&req(&format!("h{i}"), "team-dev", "mig=2g.20gb")).expect("existing 2g");
@@ -793,13 +792,7 @@ fn an_instance_created_for_a_failed_grant_is_left_idle_and_reused() {
     let mut node = node_at(dir.path(), Duration::from_secs(60));
     let before: BTreeSet<String> = instance_uuids(&node);
     // Every existing 2g.20gb held: a new one has to be cut.
-    let existing_2g = node
-        .inventory()
-        .gpus
-        .iter()
-        .flat_map(|g| &g.instances)
-        .filter(|i| i.profile == "2g.20gb")
-        .count();
+    let existing_2g = instances_of(&node, "2g.20gb");
     for i in 0..existing_2g {
         node.allocate(&req(&format!("h{i}"), "team-dev", "mig=2g.20gb")).expect("existing 2g");
     }
