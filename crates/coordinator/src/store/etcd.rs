@@ -36,7 +36,7 @@ use tracing::{info, warn};
 
 use super::{
     check_interval, check_revision, in_window, span_end, BoxFut, LatestRx, PolicyStore, Publisher,
-    StoreError, MAX_MESSAGE, MAX_NODE_RECORD_BYTES, PAGE_NODES, PAGE_REVISIONS, PAGE_USAGE,
+    StoreError, MAX_MESSAGE, PAGE_NODES, PAGE_REVISIONS, PAGE_USAGE,
 };
 use crate::signing::SignedPolicy;
 use crate::wire::{NodeRecord, UploadOutcome};
@@ -373,14 +373,7 @@ impl PolicyStore for EtcdStore {
 
     fn put_node(&self, rec: NodeRecord) -> BoxFut<'_, Result<(), StoreError>> {
         Box::pin(async move {
-            let body = encode(&rec)?;
-            if body.len() > MAX_NODE_RECORD_BYTES {
-                return Err(StoreError::Invalid(format!(
-                    "the record of node {} is {} bytes; at most {MAX_NODE_RECORD_BYTES}",
-                    rec.node,
-                    body.len()
-                )));
-            }
+            let body = super::node_record_json(&rec)?.into_bytes();
             let mut kv = self.kv();
             bounded("put node", kv.put(self.keys().node(&rec.node), body, None)).await?;
             Ok(())

@@ -62,6 +62,20 @@ pub const MAX_INTERVAL_BYTES: usize = 16 << 10;
 /// Largest stored node record (its JSON): the report's text fields are bounded to
 /// 4096 bytes each, so a record is at most about 13 KB.
 pub const MAX_NODE_RECORD_BYTES: usize = 16 << 10;
+/// A node record's stored JSON, refused (naming the node) beyond [`MAX_NODE_RECORD_BYTES`]:
+/// the one check both stores make before they write.
+pub(crate) fn node_record_json(rec: &NodeRecord) -> Result<String, StoreError> {
+    let body = serde_json::to_string(rec).map_err(|e| StoreError::Other(format!("encode: {e}")))?;
+    if body.len() > MAX_NODE_RECORD_BYTES {
+        return Err(StoreError::Invalid(format!(
+            "the record of node {} is {} bytes; at most {MAX_NODE_RECORD_BYTES}",
+            rec.node,
+            body.len()
+        )));
+    }
+    Ok(body)
+}
+
 /// Largest stored revision envelope: a [`fleet::MAX_POLICY_BYTES`] policy in base64 plus
 /// the envelope's fields.
 pub const MAX_ENVELOPE_BYTES: usize = fleet::MAX_POLICY_BYTES / 3 * 4 + 8 + (16 << 10);

@@ -10,7 +10,6 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{
     check_interval, check_revision, span_end, BoxFut, LatestRx, PolicyStore, Publisher, StoreError,
-    MAX_NODE_RECORD_BYTES,
 };
 use crate::signing::SignedPolicy;
 use crate::wire::{NodeRecord, UploadOutcome};
@@ -182,14 +181,7 @@ impl PolicyStore for SqliteStore {
 
     fn put_node(&self, rec: NodeRecord) -> BoxFut<'_, Result<(), StoreError>> {
         Box::pin(self.with_conn(move |conn| {
-            let body = encode(&rec)?;
-            if body.len() > MAX_NODE_RECORD_BYTES {
-                return Err(StoreError::Invalid(format!(
-                    "the record of node {} is {} bytes; at most {MAX_NODE_RECORD_BYTES}",
-                    rec.node,
-                    body.len()
-                )));
-            }
+            let body = super::node_record_json(&rec)?;
             conn.execute(
                 "INSERT INTO nodes (node, record) VALUES (?1, ?2)
                  ON CONFLICT (node) DO UPDATE SET record = excluded.record",
