@@ -130,7 +130,9 @@ impl Store {
              CREATE TABLE IF NOT EXISTS pod_request_owners(
                  sandbox_id TEXT PRIMARY KEY,
                  container TEXT NOT NULL,
-                 ts_ms INTEGER NOT NULL);",
+                 ts_ms INTEGER NOT NULL);
+             CREATE INDEX IF NOT EXISTS workloads_ts ON workloads(ts_ms);
+             CREATE INDEX IF NOT EXISTS pod_request_owners_ts ON pod_request_owners(ts_ms);",
         )
         .map_err(open_err)?;
         let found: Option<String> = conn
@@ -470,16 +472,25 @@ impl Store {
              ON CONFLICT(sandbox_id) DO NOTHING",
             params![sandbox_id, container, crate::now_ms() as i64],
         )?;
-        self.conn.execute(
-            "DELETE FROM pod_request_owners WHERE sandbox_id IN
-                 (SELECT sandbox_id FROM pod_request_owners ORDER BY ts_ms DESC LIMIT -1 OFFSET ?1)",
-            [MAX_WORKLOAD_NAMES],
-        )?;
+        self.keep_newest("pod_request_owners", "sandbox_id")?;
         Ok(self.conn.query_row(
             "SELECT container FROM pod_request_owners WHERE sandbox_id = ?1",
             [sandbox_id],
             |r| r.get(0),
         )?)
+    }
+
+    /// Keeps the newest [`MAX_WORKLOAD_NAMES`] rows of one of the name tables (by `ts_ms`,
+    /// which each has an index on, so this walks the index, never sorts the table).
+    fn keep_newest(&mut self, table: &'static str, key: &'static str) -> Result<(), StoreError> {
+        self.conn.execute(
+            &format!(
+                "DELETE FROM {table} WHERE {key} IN
+                     (SELECT {key} FROM {table} ORDER BY ts_ms DESC LIMIT -1 OFFSET ?1)"
+            ),
+            [MAX_WORKLOAD_NAMES],
+        )?;
+        Ok(())
     }
 
     /// Remembers the `namespace/pod/container` name of a container that asked for a GPU,
@@ -491,11 +502,7 @@ impl Store {
              ON CONFLICT(container_id) DO UPDATE SET name = excluded.name, ts_ms = excluded.ts_ms",
             params![container_id, name, crate::now_ms() as i64],
         )?;
-        self.conn.execute(
-            "DELETE FROM workloads WHERE container_id IN
-                 (SELECT container_id FROM workloads ORDER BY ts_ms DESC LIMIT -1 OFFSET ?1)",
-            [MAX_WORKLOAD_NAMES],
-        )?;
+        self.keep_newest("workloads", "container_id")?;
         Ok(())
     }
 }
@@ -808,5 +815,31 @@ mod tests {
             std::fs::read(&path).expect("read"),
             b"this is not a database, but it is someone's data"
         );
+    }
+
+    #[test]
+    fn the_name_tables_keep_the_newest_rows_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = Store::open(&dir.path().join("s.db")).expect("open");
+        {
+            let tx = s.conn.transaction().expect("tx");
+            for i in 0..MAX_WORKLOAD_NAMES + 5 {
+                tx.execute(
+                    "INSERT INTO workloads(container_id, name, ts_ms) VALUES(?1, 'ns/p/c', ?2)",
+                    params![format!("c{i}"), i],
+                )
+                .expect("insert");
+            }
+            tx.commit().expect("commit");
+        }
+        s.note_workload("newest", "ns/p/n").expect("note");
+        let count: i64 =
+            s.conn.query_row("SELECT COUNT(*) FROM workloads", [], |r| r.get(0)).expect("count");
+        assert_eq!(count, MAX_WORKLOAD_NAMES);
+        let oldest_left: i64 =
+            s.conn.query_row("SELECT MIN(ts_ms) FROM workloads", [], |r| r.get(0)).expect("min");
+        assert_eq!(oldest_left, 6, "the six oldest went");
+        assert_eq!(s.pod_request_owner("sb", "a").expect("owner"), "a");
+        assert_eq!(s.pod_request_owner("sb", "b").expect("owner"), "a", "the first stays");
     }
 }
