@@ -22,7 +22,10 @@ pub mod client;
 mod diff;
 mod http;
 pub mod signing;
+
 pub mod tls;
+/// The quota protocol's bodies (defined beside the model in the `quota` crate).
+pub use quota::wire as quota;
 pub mod wire;
 
 pub use agent::{AgentConfig, AgentError, AgentStatus, PolicyAgent, PolicySource};

@@ -150,7 +150,17 @@ pub struct Policy {
     pub(crate) mps_max_percent: u8,
     pub(crate) sharing: Sharing,
     pub(crate) scrub: ScrubSettings,
+    /// Fleet quotas (`quotas`), validated against the tenant tree and the catalog; empty
+    /// when the policy sets none.
+    pub(crate) quotas: quota::QuotaTree,
+    /// How long a gang's first member waits for the rest (`gangs.timeout_s`).
+    pub(crate) gang_timeout_s: u64,
 }
+
+/// How long a gang waits for all its members when the policy does not say.
+pub const DEFAULT_GANG_TIMEOUT_S: u64 = 60;
+/// The longest `gangs.timeout_s` accepted.
+pub const MAX_GANG_TIMEOUT_S: u64 = 3600;
 
 /// How devices are scrubbed between tenants.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -353,6 +363,20 @@ impl Policy {
             .find(|(_, prefixes)| prefixes.iter().any(|p| decide::is_path_prefix(p, tenant)))
             .map(|(name, _)| name.clone())
             .unwrap_or_else(|| format!("tenant:{tenant}"))
+    }
+
+    pub fn quotas(&self) -> &quota::QuotaTree {
+        &self.quotas
+    }
+
+    /// Whether the policy sets any quota (then every GPU grant is admitted by the fleet).
+    pub fn has_quotas(&self) -> bool {
+        self.quotas.iter().next().is_some()
+    }
+
+    /// Seconds a gang's first member waits for the rest before all are refused.
+    pub fn gang_timeout_s(&self) -> u64 {
+        self.gang_timeout_s
     }
 
     pub fn default_tenant(&self) -> Option<&str> {

@@ -38,6 +38,18 @@ pub(crate) struct RawPolicy {
     pub sharing: Option<Object<RawSharing>>,
     #[serde(default)]
     pub scrub: Option<Object<RawScrub>>,
+    /// Fleet quotas per tenant path (docs/QUOTAS.md): parsed by the `quota` crate.
+    #[serde(default)]
+    pub quotas: Option<quota::QuotaSpec>,
+    #[serde(default)]
+    pub gangs: Option<Object<RawGangs>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawGangs {
+    #[serde(default)]
+    pub timeout_s: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

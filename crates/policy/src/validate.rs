@@ -197,7 +197,25 @@ pub(crate) fn build(raw: RawPolicy, digest: String) -> Result<Policy, Problem> {
             scrub.max_attempts = m;
         }
     }
+    let quotas = match &raw.quotas {
+        None => quota::QuotaTree::default(),
+        Some(spec) => spec
+            .validate("quotas", |t| index.contains_key(t))
+            .map_err(|e| problem(e.path, e.message))?,
+    };
+    let mut gang_timeout_s = crate::DEFAULT_GANG_TIMEOUT_S;
+    if let Some(t) = raw.gangs.as_ref().and_then(|g| g.timeout_s) {
+        if !(1..=crate::MAX_GANG_TIMEOUT_S).contains(&t) {
+            return Err(problem(
+                "gangs.timeout_s",
+                format!("expected 1 to {} seconds, got {t}", crate::MAX_GANG_TIMEOUT_S),
+            ));
+        }
+        gang_timeout_s = t;
+    }
     Ok(Policy {
+        quotas,
+        gang_timeout_s,
         scrub,
         mps_max_percent,
         sharing,

@@ -63,6 +63,7 @@ mod amount;
 mod drf;
 mod reclaim;
 mod spec;
+pub mod wire;
 
 #[cfg(test)]
 mod proptests;

@@ -1,0 +1,289 @@
+//! The quota protocol between a node and the coordinator (serde types; `fleet` re-exports
+//! them as `fleet::quota`) (docs/QUOTAS.md "The fleet").
+//!
+//! * `POST /v1/nodes/{node}/quota/admit` ([`AdmitRequest`] → [`AdmitAnswer`]): one GPU
+//!   grant asks to count against its tenant's quota paths, fleet-wide. A gang member's call
+//!   is held until the whole gang has arrived (or the policy's `gangs.timeout_s`).
+//! * `POST /v1/nodes/{node}/quota/release` ([`ReleaseRequest`]): a grant ended (or was
+//!   never made after an admission).
+//! * `POST /v1/nodes/{node}/quota/sync` ([`SyncRequest`] → [`SyncAnswer`]): every
+//!   [`SYNC_INTERVAL`] the node sends everything it holds (the books follow the nodes:
+//!   what a node does not list, after a short grace for admissions still in flight, is
+//!   gone) and the leases it holds; the answer renews its leases and names the containers
+//!   it must stop for a reclaim.
+//! * `GET /v1/quota/status` ([`QuotaStatus`]): the tree, for `tessera quota status`.
+//!
+//! Amounts travel in the `quota` crate's fixed point: micro-GPUs per catalog model,
+//! millicores, MiB.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// How often a node syncs its holdings and leases.
+pub const SYNC_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Most holdings one sync may carry (a node holds one per GPU container).
+pub const MAX_SYNC_HOLDINGS: usize = 10_000;
+
+/// Resources in the `quota` crate's units.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Amounts {
+    /// Catalog model → micro-GPUs (1 GPU = 1,000,000).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gpus: BTreeMap<String, u64>,
+    /// Millicores.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cpu_milli: u64,
+    /// MiB.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub memory_mib: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl Amounts {
+    pub fn to_resources(&self) -> crate::Resources {
+        let mut r = crate::Resources::new();
+        for (model, micro) in &self.gpus {
+            r = r.with(crate::Resource::gpu(model), *micro);
+        }
+        r.with_cpu_milli(self.cpu_milli).with_memory_mib(self.memory_mib)
+    }
+
+    pub fn from_resources(r: &crate::Resources) -> Amounts {
+        let mut a = Amounts::default();
+        for (res, n) in r.iter() {
+            match res {
+                crate::Resource::Gpu(model) => {
+                    a.gpus.insert(model.clone(), n);
+                }
+                crate::Resource::Cpu => a.cpu_milli = n,
+                crate::Resource::Memory => a.memory_mib = n,
+            }
+        }
+        a
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.gpus.values().all(|n| *n == 0) && self.cpu_milli == 0 && self.memory_mib == 0
+    }
+}
+
+/// Whether a grant runs within its tenant's guarantees or on borrowed capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuotaClass {
+    Guaranteed,
+    Borrowed,
+}
+
+impl QuotaClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuotaClass::Guaranteed => "guaranteed",
+            QuotaClass::Borrowed => "borrowed",
+        }
+    }
+}
+
+impl From<crate::Class> for QuotaClass {
+    fn from(c: crate::Class) -> Self {
+        match c {
+            crate::Class::Guaranteed => QuotaClass::Guaranteed,
+            crate::Class::Borrowed => QuotaClass::Borrowed,
+        }
+    }
+}
+
+impl From<QuotaClass> for crate::Class {
+    fn from(c: QuotaClass) -> Self {
+        match c {
+            QuotaClass::Guaranteed => crate::Class::Guaranteed,
+            QuotaClass::Borrowed => crate::Class::Borrowed,
+        }
+    }
+}
+
+/// A container's place in a gang (`tessera.io/gang`, `tessera.io/gang-size`). Gang names
+/// are scoped by tenant: two tenants' gangs of one name are two gangs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GangRef {
+    pub name: String,
+    pub size: u32,
+}
+
+/// The most members a gang may have.
+pub const MAX_GANG_SIZE: u32 = 1024;
+
+/// `POST /v1/nodes/{node}/quota/admit`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmitRequest {
+    pub container_id: String,
+    /// The tenant path the node's policy resolved.
+    pub tenant: String,
+    pub amounts: Amounts,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<GangRef>,
+    /// The node could not place the request on its own devices: the capacity there is
+    /// held. A request within its tenant's guarantees may then reclaim borrowed work on
+    /// this node.
+    #[serde(default)]
+    pub short_on_node: bool,
+    /// `namespace/pod/container` where the container is a pod's, for status and events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<String>,
+}
+
+/// The coordinator's answer to an [`AdmitRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AdmitAnswer {
+    /// Counted in the books: the node may grant it.
+    Admitted {
+        class: QuotaClass,
+        /// For borrowed work: the quota path and resource whose guarantee it goes beyond.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        over: Option<String>,
+    },
+    /// Within the tenant's guarantees, but the capacity is lent out: these containers are
+    /// being stopped (SIGTERM, grace, SIGKILL) and what they free is held for the tenant.
+    /// The node refuses the create with `message`; a retry after `retry_after_s` is
+    /// granted.
+    Reclaiming { retry_after_s: u64, victims: Vec<Victim>, message: String },
+    /// Not admitted: `message` says why (a ceiling, with its policy path in `rule`; a gang
+    /// that did not assemble in time; capacity held for a waiting tenant ahead in the fair
+    /// queue).
+    Refused {
+        message: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rule: Option<String>,
+    },
+}
+
+/// A container a reclaim stops.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Victim {
+    pub node: String,
+    pub container_id: String,
+    pub tenant: String,
+    /// SIGTERM → SIGKILL, from the victim's quota path (`grace_period_s`).
+    pub grace_s: u64,
+    /// Who reclaimed and why, for the node's event.
+    pub reason: String,
+}
+
+/// `POST /v1/nodes/{node}/quota/release`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    pub container_id: String,
+}
+
+/// One GPU grant a node holds, as the books count it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Holding {
+    pub container_id: String,
+    pub tenant: String,
+    pub amounts: Amounts,
+    pub class: QuotaClass,
+    /// When the grant was made (ms since the epoch): youngest is reclaimed first.
+    pub started_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<String>,
+    /// Admitted by the node alone under its lease while the coordinator was unreachable.
+    #[serde(default)]
+    pub under_lease: bool,
+}
+
+/// What a node may admit on its own, as guaranteed work of `path`, while it cannot reach
+/// the coordinator: its guaranteed holdings under `path` on this node may total up to
+/// `amounts`. The coordinator books every lease as used guarantee of `path` until the node
+/// returns it, so leases never take a path past its guarantee (nor, guarantees fitting
+/// under ceilings, past a ceiling).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lease {
+    pub path: String,
+    pub amounts: Amounts,
+}
+
+/// `POST /v1/nodes/{node}/quota/sync`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyncRequest {
+    /// What the node has: whole GPUs per model (micro-GPUs), CPU, memory.
+    pub capacity: Amounts,
+    pub holdings: Vec<Holding>,
+    /// The leases the node holds now (a coordinator that restarted adopts them).
+    pub leases: Vec<Lease>,
+}
+
+/// The answer to a [`SyncRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyncAnswer {
+    /// The node's leases from now on (replacing those it held).
+    pub leases: Vec<Lease>,
+    /// A lease is good for this long after the sync that carried it was *sent* (the node's
+    /// clock); the coordinator reuses an unreachable node's leases only after this plus a
+    /// margin on its own clock.
+    pub lease_ttl_s: u64,
+    /// Containers of this node a reclaim stops.
+    pub preempt: Vec<Victim>,
+}
+
+/// One quota path and resource in `GET /v1/quota/status`. Amounts in the resource's fixed
+/// point unit (`unit`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathStatus {
+    pub path: String,
+    /// `gpus.H100-80GB`, `cpu_cores`, `memory_gib`.
+    pub resource: String,
+    /// `micro-GPU`, `millicore`, `MiB`.
+    pub unit: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guarantee: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceiling: Option<u64>,
+    /// Guaranteed plus borrowed, this path and everything under it.
+    pub in_use: u64,
+    pub borrowed: u64,
+    /// Unused guarantee others hold as borrowed work (at most the lending limit).
+    pub lent: u64,
+    /// Held by leases on nodes beyond what the nodes use.
+    pub leased: u64,
+    /// Requests of this path's subtree waiting in the fair queue.
+    pub waiting: u64,
+    /// The subtree's dominant share of the fleet (DRF), 0..1.
+    pub dominant_share: f64,
+}
+
+/// `GET /v1/quota/status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaStatus {
+    /// The policy version whose quotas are in force.
+    pub policy_version: u64,
+    /// The fleet's capacity as the nodes reported it.
+    pub capacity: Amounts,
+    pub paths: Vec<PathStatus>,
+    /// Whether every node known to the store has synced since the coordinator started
+    /// (until then admissions are answered 503 and nodes use their leases).
+    pub books_ready: bool,
+    /// Node → ms since the epoch of its last sync.
+    pub nodes: BTreeMap<String, u64>,
+    /// Containers being stopped by a reclaim.
+    pub preempting: Vec<Victim>,
+}
