@@ -18,7 +18,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -28,129 +28,40 @@ use tessera_api::{
     AllocateRequest, Allocation, ApiError, CoordinatorStatus, ErrorCode, NodeStatus, RequestSource,
     StartRequest,
 };
-use tessera_harness::node::{free_port, repo, Node, NodeOptions, NS};
+use tessera_harness::fleet_fixture::{
+    coordinator_bin, http, node_token, tessera, Coordinator, FleetFixture, ADMIN_TOKEN as ADMIN,
+    WITHIN,
+};
+use tessera_harness::node::{free_port, repo, Node, NS};
 use tessera_harness::*;
 
-/// The `tessera-coordinator` binary. It belongs to the `coordinator` package (the root
-/// package must not link the coordinator), so cargo does not build it for these tests:
-/// [`fresh_bin`] builds it once per test run into the target dir that holds `tesserad`.
-fn coordinator_bin() -> &'static str {
-    fresh_bin("tessera-coordinator")
-}
-
-const ADMIN: &str = "admin-token-alice-0123456789abcdef";
 const NODE_A: &str = "sim-h100-a";
 const NODE_B: &str = "sim-h100-b";
-const WITHIN: Duration = Duration::from_secs(30);
-
-fn node_token(node: &str) -> String {
-    format!("node-token-{node}-0123456789abcdef")
-}
 
 // ---------------------------------------------------------------------------------------
-// The fleet: keys, credentials, etcd, coordinators
+// The fleet: the harness's fixture (keys, credentials, etcd, coordinators), plus the
+// policies and forgeries these tests need
 // ---------------------------------------------------------------------------------------
 
-/// Keys, tokens, policies and etcd, in one temp dir; etcd is killed by pid on drop.
-struct Fleet {
-    dir: tempfile::TempDir,
-    key_file: PathBuf,
-    public_key: String,
-    tokens_file: PathBuf,
-    etcd_url: String,
-    // Dropped last (fields drop in order): nothing that uses etcd outlives it.
-    _etcd: ChildProcess,
+/// The harness's fleet with nodes A and B, and this file's policies.
+struct Fleet(FleetFixture);
+
+impl std::ops::Deref for Fleet {
+    type Target = FleetFixture;
+    fn deref(&self) -> &FleetFixture {
+        &self.0
+    }
 }
 
 impl Fleet {
     /// Coordinator, etcd and keys on loopback; fails (never skips) without etcd.
     fn start() -> Option<Fleet> {
-        let dir = tempfile::Builder::new().prefix("tessera-fleet-").tempdir().expect("tempdir");
-        let key_file = dir.path().join("signing.key");
-        let out =
-            run_cmd(Command::new(coordinator_bin()).arg("keygen").arg("--out").arg(&key_file));
-        out.assert_success("tessera-coordinator keygen");
-        let public_key = out.stdout_str().trim().to_string();
-        assert_eq!(public_key.len(), 64, "keygen prints the public key as hex: {public_key:?}");
-        let tokens_file = dir.path().join("tokens.json");
-        let tokens = serde_json::json!({
-            "admins": {"alice": ADMIN},
-            "nodes": {NODE_A: node_token(NODE_A), NODE_B: node_token(NODE_B)},
-        });
-        std::fs::write(&tokens_file, tokens.to_string()).expect("tokens file");
-
-        let (client, peer) = (free_port(), free_port());
-        let etcd_url = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let data = dir.path().join("etcd-data");
-        let etcd = ChildProcess::spawn(
-            "etcd",
-            "etcd",
-            [
-                "--name".to_string(),
-                "t".into(),
-                "--data-dir".into(),
-                data.display().to_string(),
-                "--listen-client-urls".into(),
-                etcd_url.clone(),
-                "--advertise-client-urls".into(),
-                etcd_url.clone(),
-                "--listen-peer-urls".into(),
-                peer_url.clone(),
-                "--initial-advertise-peer-urls".into(),
-                peer_url.clone(),
-                "--initial-cluster".into(),
-                format!("t={peer_url}"),
-                "--initial-cluster-state".into(),
-                "new".into(),
-            ],
-            std::iter::empty::<(&str, &str)>(),
-            &dir.path().join("logs"),
-        );
-        let healthy = wait_for(
-            || {
-                http(&etcd_url, "GET", "/health", None, None)
-                    .is_some_and(|(s, b)| s == 200 && b.contains("true"))
-            },
-            Duration::from_secs(30),
-        );
-        assert!(healthy, "etcd did not become healthy:\n{}", etcd.stderr());
-        Some(Fleet { dir, key_file, public_key, tokens_file, etcd_url, _etcd: etcd })
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-
-    fn log_dir(&self) -> PathBuf {
-        self.path("logs")
+        Some(Fleet(FleetFixture::launch(&[NODE_A, NODE_B])))
     }
 
     /// A coordinator on `addr` over this fleet's etcd.
     fn coordinator(&self, name: &str, addr: SocketAddr) -> Coordinator {
-        let args = [
-            "serve".to_string(),
-            "--listen".into(),
-            addr.to_string(),
-            "--store".into(),
-            format!("etcd:{}", self.etcd_url),
-            "--etcd-prefix".into(),
-            "/tessera-test".into(),
-            "--signing-key".into(),
-            self.key_file.display().to_string(),
-            "--tokens".into(),
-            self.tokens_file.display().to_string(),
-        ];
-        let proc = ChildProcess::spawn(
-            name,
-            coordinator_bin(),
-            args,
-            [("TESSERA_LOG", "info")],
-            &self.log_dir(),
-        );
-        let c = Coordinator { proc, url: format!("http://{addr}") };
-        c.wait_healthy();
-        c
+        self.0.coordinator(name, addr, &[])
     }
 
     /// A policy file: the example policy at `version`; `untrusted_gpu: false` takes whole
@@ -190,61 +101,12 @@ impl Fleet {
     }
 
     fn node_with(&self, name: &str, coordinators: &str, extra: &[&str]) -> Node {
-        let mut desc: Value = serde_json::from_slice(
-            &std::fs::read(repo("examples/nodes/h100x8.json")).expect("node file"),
-        )
-        .expect("json");
-        desc["node"] = Value::from(name);
-        let node_file = self.path(&format!("{name}.json"));
-        std::fs::write(&node_file, desc.to_string()).expect("node file");
-        let token_file = self.path(&format!("{name}.token"));
-        std::fs::write(&token_file, format!("{}\n", node_token(name))).expect("token file");
-        std::fs::set_permissions(&token_file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .expect("chmod");
-        let mut extra_args: Vec<String> = [
-            "--coordinator",
-            coordinators,
-            "--trust-key",
-            &self.public_key,
-            "--node-token",
-            &token_file.display().to_string(),
-            "--coordinator-poll-timeout-ms",
-            "2000",
-            "--coordinator-report-interval-ms",
-            "300",
-            "--coordinator-retry-max-ms",
-            "300",
-            "--usage-upload-interval-ms",
-            "300",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        extra_args.extend(extra.iter().map(|s| s.to_string()));
-        Node::start_with(NodeOptions {
-            // The bootstrap policy: version 1, untrusted may have whole GPUs.
-            policy: self.policy(1, true),
-            node_file,
-            pending_grace_ms: 600_000,
-            extra_args,
-            ..NodeOptions::default()
-        })
-    }
-
-    /// `tessera ARGS..` with the admin token.
-    fn admin(&self, coordinators: &str, args: &[&str]) -> Output {
-        tessera(&[args, &["--coordinator", coordinators, "--token", ADMIN]].concat())
+        // The bootstrap policy: version 1, untrusted may have whole GPUs.
+        self.0.node(name, coordinators, &self.policy(1, true), extra)
     }
 
     fn push(&self, coordinators: &str, version: u64, untrusted_gpu: bool) {
-        let file = self.policy(version, untrusted_gpu);
-        let out = self.admin(coordinators, &["policy", "push", &file.display().to_string()]);
-        out.assert_success("tessera policy push");
-        assert!(
-            out.stdout_str().contains(&format!("pushed policy version {version}")),
-            "{}",
-            out.stdout_str()
-        );
+        self.push_file(coordinators, &self.policy(version, untrusted_gpu), version);
     }
 }
 
@@ -260,70 +122,9 @@ fn policy_bytes(version: u64, untrusted_gpu: bool) -> Vec<u8> {
     serde_json::to_vec_pretty(&p).expect("policy json")
 }
 
-struct Coordinator {
-    proc: ChildProcess,
-    url: String,
-}
-
-impl Coordinator {
-    fn wait_healthy(&self) {
-        let ok = wait_for(
-            || http(&self.url, "GET", "/v1/health", None, None).is_some_and(|(s, _)| s == 200),
-            WITHIN,
-        );
-        assert!(
-            ok,
-            "{} did not come up at {}:\n{}",
-            self.proc.name(),
-            self.url,
-            self.proc.stderr()
-        );
-    }
-    /// A crash.
-    fn kill9(&mut self) {
-        self.proc.kill9();
-    }
-    /// SIGTERM: long polls are answered 503 so nodes move on at once.
-    fn stop(&mut self) {
-        self.proc.terminate(Duration::from_secs(10));
-    }
-    /// Start again on the same address and store.
-    fn restart(&mut self) {
-        self.proc.restart();
-        self.wait_healthy();
-    }
-}
-
 // ---------------------------------------------------------------------------------------
-// HTTP by hand (etcd's JSON gateway, health checks) and the proxy
+// HTTP by hand (etcd's JSON gateway) and the proxy
 // ---------------------------------------------------------------------------------------
-
-/// One HTTP/1.1 request with `Connection: close`; `None` when nothing answered.
-fn http(
-    url: &str,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<&[u8]>,
-) -> Option<(u16, String)> {
-    let authority = url.trim_start_matches("http://");
-    let mut s = TcpStream::connect(authority).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    let body = body.unwrap_or(b"");
-    let mut req = format!("{method} {path} HTTP/1.1\r\nhost: {authority}\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
-    if let Some(t) = token {
-        req.push_str(&format!("authorization: Bearer {t}\r\n"));
-    }
-    req.push_str("content-type: application/json\r\n\r\n");
-    s.write_all(req.as_bytes()).ok()?;
-    s.write_all(body).ok()?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).ok()?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n")?;
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    Some((status, rest.to_string()))
-}
 
 fn b64(bytes: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -474,15 +275,6 @@ fn proxy_one(client: TcpStream, upstream: &str, st: &ProxyState) -> std::io::Res
 // ---------------------------------------------------------------------------------------
 // Nodes: status, decisions, the CLI
 // ---------------------------------------------------------------------------------------
-
-fn tessera(args: &[&str]) -> Output {
-    run_cmd(
-        Command::new(tessera_cli())
-            .args(args)
-            .env_remove("TESSERA_COORDINATOR")
-            .env_remove("TESSERA_TOKEN"),
-    )
-}
 
 fn status(node: &Node) -> NodeStatus {
     node.client().status().expect("tesserad status")

@@ -30,6 +30,7 @@
 pub mod codegen;
 pub mod cri;
 pub mod docker;
+pub mod fleet_fixture;
 pub mod node;
 pub mod podman;
 
