@@ -144,10 +144,23 @@ impl FleetFixture {
     /// A tesserad on a simulated 8×H100 node named `name` (examples/nodes/h100x8.json),
     /// bootstrapped from `policy` and following `coordinators`, with `extra` arguments.
     pub fn node(&self, name: &str, coordinators: &str, policy: &Path, extra: &[&str]) -> Node {
-        let mut desc: Value = serde_json::from_slice(
+        let desc: Value = serde_json::from_slice(
             &std::fs::read(repo("examples/nodes/h100x8.json")).expect("node file"),
         )
         .expect("json");
+        self.node_described(name, desc, coordinators, policy, extra)
+    }
+
+    /// [`FleetFixture::node`] on the simulated node `desc` (a `sim:` node file's JSON; its
+    /// `node` is set to `name`).
+    pub fn node_described(
+        &self,
+        name: &str,
+        mut desc: Value,
+        coordinators: &str,
+        policy: &Path,
+        extra: &[&str],
+    ) -> Node {
         desc["node"] = Value::from(name);
         let node_file = self.path(&format!("{name}.json"));
         std::fs::write(&node_file, desc.to_string()).expect("node file");
