@@ -75,6 +75,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use tessera_api::display::MAX_LINE_CHARS;
+use tessera_api::untrusted;
 
 pub use error::{IdentityError, PolicyError, Refusal};
 pub use tessera_api::{GpuRequest, Isolation};
@@ -159,8 +161,9 @@ pub struct Policy {
 
 /// How long a gang waits for all its members when the policy does not say.
 pub const DEFAULT_GANG_TIMEOUT_S: u64 = 60;
-/// The longest `gangs.timeout_s` accepted.
-pub const MAX_GANG_TIMEOUT_S: u64 = 3600;
+/// The longest `gangs.timeout_s` accepted: a gang member's container create blocks while
+/// it waits for the rest, and ten minutes is the most a create may reasonably wait.
+pub const MAX_GANG_TIMEOUT_S: u64 = 600;
 
 /// How devices are scrubbed between tenants.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -270,10 +273,13 @@ impl Policy {
     pub fn parse(bytes: &[u8], source: &str) -> Result<Policy, PolicyError> {
         let raw = validate::deserialize(bytes, source)?;
         let digest = hex::encode(Sha256::digest(bytes));
+        // Names in paths and messages are the file's own text: shown escaped and bounded
+        // (a no-op on text a check already showed with `untrusted`).
+        let shown = |text: &str| untrusted(text).max_chars(MAX_LINE_CHARS).to_string();
         validate::build(raw, digest).map_err(|p| PolicyError::Invalid {
             file: source.to_string(),
-            path: p.path,
-            message: p.message,
+            path: shown(&p.path),
+            message: shown(&p.message),
         })
     }
 
@@ -316,7 +322,6 @@ impl Policy {
         self.identity.iter().map(|r| r.annotation.as_str()).collect()
     }
 
-    /// The tenant for containers that no identity rule matches, if any.
     /// Prices per GPU model, as declared (models without a price are free in reports).
     pub fn prices(&self) -> &BTreeMap<String, Price> {
         &self.prices
@@ -365,6 +370,8 @@ impl Policy {
             .unwrap_or_else(|| format!("tenant:{tenant}"))
     }
 
+    /// The fleet quotas (`quotas`), validated against the tenant tree and the GPU catalog;
+    /// an empty tree when the policy sets none.
     pub fn quotas(&self) -> &quota::QuotaTree {
         &self.quotas
     }
@@ -374,11 +381,13 @@ impl Policy {
         self.quotas.iter().next().is_some()
     }
 
-    /// Seconds a gang's first member waits for the rest before all are refused.
+    /// Seconds a gang's first member waits for the rest before all are refused
+    /// (`gangs.timeout_s`; [`DEFAULT_GANG_TIMEOUT_S`] unless set).
     pub fn gang_timeout_s(&self) -> u64 {
         self.gang_timeout_s
     }
 
+    /// The tenant for containers that no identity rule matches, if any.
     pub fn default_tenant(&self) -> Option<&str> {
         self.default_tenant.as_deref()
     }

@@ -1238,3 +1238,338 @@ fn engine_lists_are_validated_with_their_paths() {
     expect_err(&with(json!("a")), "schema", "identity[0].engines", "");
     ok(&with(json!(["docker-alice", "podman.bob_2"])));
 }
+
+// ---------------------------------------------------------------- quotas and gangs
+
+/// `base()` with a `quotas` section.
+fn with_quotas(quotas: Value) -> Value {
+    base_with(|v| v["quotas"] = quotas)
+}
+
+/// The GPU resource of the H100 model, which most cases bound.
+fn h100() -> quota::Resource {
+    quota::Resource::gpu("H100-80GB")
+}
+
+#[test]
+fn a_quotas_section_parses_into_the_tree_with_inherited_grace_periods() {
+    let p = ok(&base_with(|v| {
+        v["quotas"] = json!({
+            "acme": {"gpus": {"H100-80GB": {"guarantee": 16, "ceiling": 16}}, "grace_period_s": 120},
+            "acme/research": {
+                "gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12, "lending_limit": 2},
+                         "A100-40GB": {"ceiling": 0.5}},
+                "cpu_cores": {"guarantee": 64, "ceiling": 128},
+                "memory_gib": {"ceiling": 1024}
+            },
+            "acme/research/sandbox/guest": {"gpus": {"H100-80GB": {"ceiling": 2}}, "grace_period_s": 0},
+            "globex": {"cpu_cores": {"guarantee": 0.5}}
+        });
+        v["gangs"] = json!({"timeout_s": 600});
+    }));
+    assert!(p.has_quotas());
+    assert_eq!(p.gang_timeout_s(), 600);
+    assert_eq!(MAX_GANG_TIMEOUT_S, 600);
+    let q = p.quotas();
+    let paths: Vec<&str> = q.iter().map(|x| x.path.as_str()).collect();
+    assert_eq!(paths, ["acme", "acme/research", "acme/research/sandbox/guest", "globex"]);
+    let research = q.get("acme/research").expect("acme/research has a quota");
+    let micro = quota::MICRO_PER_GPU;
+    assert_eq!(
+        research.limits[&h100()],
+        quota::Limit {
+            guarantee: Some(4 * micro),
+            ceiling: Some(12 * micro),
+            lending_limit: Some(2 * micro)
+        }
+    );
+    assert_eq!(research.limits[&quota::Resource::gpu("A100-40GB")].ceiling, Some(micro / 2));
+    assert_eq!(
+        research.limits[&quota::Resource::Cpu],
+        quota::Limit { guarantee: Some(64_000), ceiling: Some(128_000), lending_limit: None }
+    );
+    assert_eq!(research.limits[&quota::Resource::Memory].ceiling, Some(1024 * 1024));
+    assert_eq!(research.limits.len(), 4, "{research:?}");
+    assert_eq!(q.get("globex").expect("globex").limits[&quota::Resource::Cpu].guarantee, Some(500));
+    // The chain of a user, innermost first; a grant counts against each.
+    let chain: Vec<&str> =
+        q.chain("acme/research/sandbox/guest").map(|x| x.path.as_str()).collect();
+    assert_eq!(chain, ["acme/research/sandbox/guest", "acme/research", "acme"]);
+    assert!(q.get("acme/platform").is_none());
+    // Grace periods: set, inherited from the nearest ancestor, or the default.
+    assert_eq!(q.grace_period_s("acme"), 120);
+    assert_eq!(q.grace_period_s("acme/research"), 120);
+    assert_eq!(q.grace_period_s("acme/research/vetted/carol"), 120);
+    assert_eq!(q.grace_period_s("acme/research/sandbox/guest"), 0);
+    assert_eq!(q.grace_period_s("globex"), quota::DEFAULT_GRACE_PERIOD_S);
+}
+
+#[test]
+fn without_quotas_or_gangs_the_defaults_hold() {
+    for v in [
+        base(),
+        base_with(|v| v["quotas"] = json!({})),
+        base_with(|v| v["gangs"] = json!({})),
+        base_with(|v| v["quotas"] = json!({"acme": {}})),
+    ] {
+        let p = ok(&v);
+        assert_eq!(p.gang_timeout_s(), DEFAULT_GANG_TIMEOUT_S);
+        assert_eq!(DEFAULT_GANG_TIMEOUT_S, 60);
+        // An entry that bounds nothing is a quota that bounds nothing.
+        assert!(p.quotas().iter().all(|q| q.limits.is_empty()), "{v}");
+        assert_eq!(p.has_quotas(), v["quotas"].get("acme").is_some(), "{v}");
+    }
+    assert!(!ok(&base()).has_quotas());
+    assert_eq!(ok(&base()).quotas(), &quota::QuotaTree::default());
+}
+
+#[test]
+fn quota_errors_name_their_json_path() {
+    let h100 = |limits: Value| json!({"gpus": {"H100-80GB": limits}});
+    let cases: Vec<(Value, &str, &str, &str)> = vec![
+        // Keys: tenant paths of the tree.
+        (
+            json!({"acme/nope": h100(json!({"ceiling": 1}))}),
+            "invalid",
+            "quotas.acme/nope",
+            "no tenant `acme/nope` in orgs: a quota must name a node of the tenant tree",
+        ),
+        (
+            json!({"Acme": {}}),
+            "invalid",
+            "quotas.Acme",
+            "`Acme` is not a tenant path: expected org[/team[/project[/user]]]",
+        ),
+        (json!({"acme/": {}}), "invalid", "quotas.acme/", "is not a tenant path"),
+        (json!({"a/b/c/d/e": {}}), "invalid", "quotas.a/b/c/d/e", "is not a tenant path"),
+        // GPU models: the catalog's.
+        (
+            json!({"acme": {"gpus": {"B200": {"ceiling": 1}}}}),
+            "invalid",
+            "quotas.acme.gpus.B200",
+            "unknown GPU model `B200`: expected one of A100-40GB, A100-80GB, H100-80GB, \
+             H200-141GB",
+        ),
+        // Amounts and their order.
+        (
+            json!({"acme": h100(json!({"guarantee": 4, "ceiling": 2}))}),
+            "invalid",
+            "quotas.acme.gpus.H100-80GB.ceiling",
+            "the ceiling (2) is below the guarantee (4): a ceiling must be at least the \
+             guarantee",
+        ),
+        (
+            json!({"acme": {"memory_gib": {"guarantee": 8, "lending_limit": 9}}}),
+            "invalid",
+            "quotas.acme.memory_gib.lending_limit",
+            "the lending limit (9) is above the guarantee (8)",
+        ),
+        (
+            json!({"acme": h100(json!({"ceiling": 8, "lending_limit": 1}))}),
+            "invalid",
+            "quotas.acme.gpus.H100-80GB.lending_limit",
+            "a lending limit needs a guarantee to lend from",
+        ),
+        (
+            json!({"acme": {"cpu_cores": {}}}),
+            "invalid",
+            "quotas.acme.cpu_cores",
+            "expected a guarantee, a ceiling or both",
+        ),
+        (
+            json!({"acme": {"cpu_cores": {"ceiling": 1_000_001}}}),
+            "invalid",
+            "quotas.acme.cpu_cores.ceiling",
+            "expected a number from 0 to 1000000, got 1000001",
+        ),
+        (
+            json!({"acme": h100(json!({"guarantee": -0.5}))}),
+            "invalid",
+            "quotas.acme.gpus.H100-80GB.guarantee",
+            "expected a number from 0 to 1000000, got -0.5",
+        ),
+        (
+            json!({"acme": {"grace_period_s": 3601}}),
+            "invalid",
+            "quotas.acme.grace_period_s",
+            "expected 0 to 3600 seconds, got 3601",
+        ),
+        // Children's guarantees fit in their parent's guarantee, else its ceiling.
+        (
+            json!({
+                "acme": h100(json!({"guarantee": 4})),
+                "acme/research": h100(json!({"guarantee": 3})),
+                "acme/platform": h100(json!({"guarantee": 2}))
+            }),
+            "invalid",
+            "quotas.acme.gpus.H100-80GB.guarantee",
+            "the guarantees under acme sum to 5 H100-80GB GPUs (acme/platform 2 H100-80GB \
+             GPUs, acme/research 3 H100-80GB GPUs), more than its guarantee of 4 H100-80GB \
+             GPUs: children's guarantees must fit in their parent's",
+        ),
+        (
+            json!({
+                "acme": {"cpu_cores": {"ceiling": 8}},
+                "acme/research/sandbox/guest": {"cpu_cores": {"guarantee": 8.5}}
+            }),
+            "invalid",
+            "quotas.acme.cpu_cores.ceiling",
+            "the guarantees under acme sum to 8.5 CPU cores",
+        ),
+        // The shape: unknown fields, wrong types, the array spelling of an object.
+        (
+            json!({"acme": {"gpu": {}}}),
+            "schema",
+            "quotas.acme.gpu",
+            "unknown field `gpu`, expected one of `gpus`, `cpu_cores`, `memory_gib`, \
+             `grace_period_s`",
+        ),
+        (
+            json!({"acme": h100(json!({"ceiling": 1, "burst": 2}))}),
+            "schema",
+            "quotas.acme.gpus.H100-80GB.burst",
+            "unknown field `burst`, expected one of `guarantee`, `ceiling`, `lending_limit`",
+        ),
+        (json!({"acme": [{}, null, null, 60]}), "schema", "quotas.acme", "expected an object"),
+        (json!({"acme": {"cpu_cores": [1, 2]}}), "schema", "quotas.acme.cpu_cores", "an object"),
+        (json!({"acme": h100(json!("all"))}), "schema", "quotas.acme.gpus.H100-80GB", "object"),
+        (
+            json!({"acme": {"grace_period_s": 1.5}}),
+            "schema",
+            "quotas.acme.grace_period_s",
+            "invalid type: floating point `1.5`",
+        ),
+        (
+            json!({"acme": h100(json!({"ceiling": "4"}))}),
+            "schema",
+            "quotas.acme.gpus.H100-80GB.ceiling",
+            "invalid type: string \"4\", expected f64",
+        ),
+        (json!(["acme"]), "schema", "quotas", "expected an object"),
+    ];
+    for (quotas, kind, path, message) in cases {
+        expect_err(&with_quotas(quotas), kind, path, message);
+    }
+}
+
+#[test]
+fn a_key_given_twice_in_quotas_is_refused_at_its_path() {
+    let doc = |quotas: &str| {
+        format!(r#"{{"version": 1, "orgs": {{"acme": {{"trust": "dev"}}}}, "quotas": {quotas}}}"#)
+    };
+    for (quotas, path, message) in [
+        (
+            r#"{"acme": {"cpu_cores": {"ceiling": 1}}, "acme": {"cpu_cores": {"ceiling": 2}}}"#,
+            "quotas.acme",
+            "duplicate key `acme`: each name may appear once",
+        ),
+        (
+            r#"{"acme": {"gpus": {"H100-80GB": {"ceiling": 1}, "H100-80GB": {"ceiling": 2}}}}"#,
+            "quotas.acme.gpus.H100-80GB",
+            "duplicate key `H100-80GB`",
+        ),
+        (
+            r#"{"acme": {"cpu_cores": {"ceiling": 1, "ceiling": 2}}}"#,
+            // serde finds a field given twice at the end of its object.
+            "quotas.acme.cpu_cores",
+            "duplicate field `ceiling`",
+        ),
+    ] {
+        let e = Policy::parse(doc(quotas).as_bytes(), "policy.json").unwrap_err();
+        assert!(matches!(e, PolicyError::Schema { .. }), "{e}");
+        assert_eq!(e.json_path(), Some(path), "{e}");
+        assert!(e.message().contains(message), "{e}");
+    }
+}
+
+#[test]
+fn gang_timeouts_are_bounded() {
+    let with = |gangs: Value| base_with(|v| v["gangs"] = gangs);
+    for t in [1, 60, 599, MAX_GANG_TIMEOUT_S] {
+        assert_eq!(ok(&with(json!({"timeout_s": t}))).gang_timeout_s(), t);
+    }
+    expect_err(
+        &with(json!({"timeout_s": 0})),
+        "invalid",
+        "gangs.timeout_s",
+        "expected 1 to 600 seconds, got 0",
+    );
+    expect_err(
+        &with(json!({"timeout_s": 601})),
+        "invalid",
+        "gangs.timeout_s",
+        "expected 1 to 600 seconds, got 601",
+    );
+    expect_err(
+        &with(json!({"timeout_s": 3600})),
+        "invalid",
+        "gangs.timeout_s",
+        "expected 1 to 600 seconds, got 3600",
+    );
+    expect_err(&with(json!({"timeout_s": -1})), "schema", "gangs.timeout_s", "invalid value");
+    expect_err(
+        &with(json!({"timeout": 5})),
+        "schema",
+        "gangs.timeout",
+        "unknown field `timeout`, expected `timeout_s`",
+    );
+    expect_err(&with(json!([60])), "schema", "gangs", "expected an object");
+}
+
+/// The error is one line of printable text, at most `max` characters.
+#[track_caller]
+fn assert_shown_safely(e: &PolicyError, max: usize) -> String {
+    let shown = e.to_string();
+    assert!(!shown.chars().any(char::is_control), "{shown:?}");
+    assert!(shown.chars().count() <= max, "{} characters: {shown}", shown.chars().count());
+    shown
+}
+
+#[test]
+fn hostile_keys_in_quotas_are_shown_escaped_and_bounded() {
+    let long = "a".repeat(10_000);
+    let ansi = "acme\n\u{1b}[2J";
+
+    // A key that is no tenant path (the quota crate's check).
+    let e = parse_value(&with_quotas(json!({ &long: {} }))).unwrap_err();
+    let cut = format!("quotas.{}…[10000 bytes in all]", "a".repeat(256));
+    assert_eq!(e.json_path(), Some(cut.as_str()));
+    assert!(e.message().contains("is not a tenant path"), "{e}");
+    assert_shown_safely(&e, 1_000);
+    let e = parse_value(&with_quotas(json!({ ansi: {} }))).unwrap_err();
+    assert_eq!(e.json_path(), Some("quotas.acme\\n\\u{1b}[2J"));
+    assert!(assert_shown_safely(&e, 1_000).contains("`acme\\n\\u{1b}[2J` is not a tenant path"));
+
+    // A GPU model that is not the catalog's.
+    let model = format!("H100\u{1b}[31m\r\n{long}");
+    let e = parse_value(&with_quotas(json!({"acme": {"gpus": { &model: {"ceiling": 1}}}})))
+        .unwrap_err();
+    assert!(e.json_path().is_some_and(|p| p.starts_with("quotas.acme.gpus.H100\\u{1b}[31m\\r\\n")));
+    assert!(assert_shown_safely(&e, 1_000).contains("unknown GPU model"));
+
+    // Structural errors (serde's) under a hostile key: the tracked path and the field
+    // name serde quotes back.
+    let e = parse_value(&with_quotas(json!({ ansi: {"zz": 1} }))).unwrap_err();
+    assert!(matches!(e, PolicyError::Schema { .. }), "{e}");
+    assert_eq!(e.json_path(), Some("quotas.acme\\n\\u{1b}[2J.zz"));
+    assert_shown_safely(&e, 1_000);
+    let field = format!("zz\u{1b}[2J\n{long}");
+    let e = parse_value(&with_quotas(json!({"acme": { &field: 1 }}))).unwrap_err();
+    assert!(e.message().starts_with("unknown field `zz\\u{1b}[2J\\n"), "{e}");
+    assert_shown_safely(&e, 2_000);
+    let e = parse_value(&with_quotas(json!({ &long: {"gpus": 7} }))).unwrap_err();
+    assert!(e.json_path().is_some_and(|p| p.ends_with("…[10000 bytes in all].gpus")), "{e}");
+    assert_shown_safely(&e, 1_000);
+    let text = format!(
+        r#"{{"version": 1, "orgs": {{"acme": {{"trust": "dev"}}}},
+            "quotas": {{"{long}\u001b": {{}}, "{long}\u001b": {{}}}}}}"#
+    );
+    let e = Policy::parse(text.as_bytes(), "policy.json").unwrap_err();
+    assert!(e.message().contains("duplicate key"), "{e}");
+    assert_shown_safely(&e, 1_500);
+
+    // Elsewhere in the policy too: an org name is the file's own text.
+    let e = parse_value(&base_with(|v| v["orgs"][ansi] = json!({"trust": "dev"}))).unwrap_err();
+    assert_eq!(e.json_path(), Some("orgs.acme\\n\\u{1b}[2J"));
+    assert_shown_safely(&e, 1_000);
+}

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::error::Category;
-use tessera_api::Isolation;
+use tessera_api::{untrusted, Isolation};
 
 use crate::raw::{Object, RawIdentityRule, RawNodePool, RawOrg, RawPolicy, RawTier, RawTiers};
 use crate::{
@@ -32,23 +32,49 @@ use tessera_api::ids::TENANT_LEVELS as LEVELS;
 pub(crate) fn deserialize(bytes: &[u8], file: &str) -> Result<RawPolicy, PolicyError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let raw: Object<RawPolicy> = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        // Drop the `?` segments serde_path_to_error writes where it lost track (inside a
-        // value that never finished parsing).
-        let path =
-            path.split('.').filter(|s| *s != "?" && !s.is_empty()).collect::<Vec<_>>().join(".");
+        let path = shown_path(e.path());
         from_json(e.into_inner(), path, file)
     })?;
     de.end().map_err(|e| from_json(e, String::new(), file))?;
     Ok(raw.0)
 }
 
+/// The JSON path serde_path_to_error tracked, as the semantic checks write theirs
+/// (`orgs.acme.teams`, `identity[0].map`), each key shown with [`untrusted`] (a key is
+/// whatever the file says: a newline or ESC in it is escaped, a 10,000-character key cut).
+/// The segments where it lost track (inside a value that never finished parsing) are left
+/// out.
+fn shown_path(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for segment in path {
+        match segment {
+            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(&untrusted(key).to_string());
+            }
+            Segment::Unknown => {}
+        }
+    }
+    out
+}
+
+/// The longest message a structural error shows: serde's own (an unknown field and the
+/// fields expected, a wrong type) are a few hundred characters; the rest is the file's
+/// text quoted back.
+const MAX_SCHEMA_MESSAGE_CHARS: usize = 1024;
+
 fn from_json(e: serde_json::Error, path: String, file: &str) -> PolicyError {
     let (line, column) = (e.line(), e.column());
     let full = e.to_string();
-    // serde_json appends the position; we report it in our own words.
-    let message =
-        full.strip_suffix(&format!(" at line {line} column {column}")).unwrap_or(&full).to_string();
+    // serde_json appends the position; we report it in our own words. serde quotes the
+    // offending text back (`unknown field `…``, `invalid type: string "…"`): escaped and
+    // bounded like any text from the file.
+    let message = full.strip_suffix(&format!(" at line {line} column {column}")).unwrap_or(&full);
+    let message = untrusted(message).max_chars(MAX_SCHEMA_MESSAGE_CHARS).to_string();
     let file = file.to_string();
     match e.classify() {
         Category::Data => PolicyError::Schema { file, path, line, column, message },

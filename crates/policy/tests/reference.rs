@@ -32,6 +32,20 @@ const OBJECTS: &[(&str, &str)] = &[
     ("mps", r#"{"version": 1, "orgs": {}, "mps": {@}}"#),
     ("sharing", r#"{"version": 1, "orgs": {}, "sharing": {@}}"#),
     ("scrub", r#"{"version": 1, "orgs": {}, "scrub": {@}}"#),
+    ("quotas.<tenant>", r#"{"version": 1, "orgs": {}, "quotas": {"a": {@}}}"#),
+    (
+        "quotas.<tenant>.gpus.<model>",
+        r#"{"version": 1, "orgs": {}, "quotas": {"a": {"gpus": {"m": {@}}}}}"#,
+    ),
+    (
+        "quotas.<tenant>.cpu_cores",
+        r#"{"version": 1, "orgs": {}, "quotas": {"a": {"cpu_cores": {@}}}}"#,
+    ),
+    (
+        "quotas.<tenant>.memory_gib",
+        r#"{"version": 1, "orgs": {}, "quotas": {"a": {"memory_gib": {@}}}}"#,
+    ),
+    ("gangs", r#"{"version": 1, "orgs": {}, "gangs": {@}}"#),
 ];
 
 /// The fields serde says the object at `probe`'s `@` accepts.
@@ -81,7 +95,15 @@ fn the_reference_documents_exactly_the_fields_the_parser_accepts() {
          documented: {missing:?}\n  documented but not accepted: {extra:?}"
     );
     // The fields a user once found only in a validation error.
-    for f in ["default_tenant", "mig_weights", "scrub.min_coverage", "identity[].engines"] {
+    for f in [
+        "default_tenant",
+        "mig_weights",
+        "scrub.min_coverage",
+        "identity[].engines",
+        "quotas.<tenant>.gpus.<model>.lending_limit",
+        "quotas.<tenant>.grace_period_s",
+        "gangs.timeout_s",
+    ] {
         assert!(docs.contains(f), "{f}");
     }
 }
@@ -176,4 +198,164 @@ fn the_example_policies_validate_against_the_schema_and_broken_ones_do_not() {
         let text = serde_json::to_vec(&bad).unwrap();
         assert!(policy::Policy::parse(&text, "bad.json").is_err(), "the parser accepts {what}");
     }
+}
+
+/// `examples/policy.json` with `edit`'s top-level fields replaced.
+fn example_with(edit: serde_json::Value) -> serde_json::Value {
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(repo("examples/policy.json")).unwrap())
+            .unwrap();
+    for (k, v) in edit.as_object().unwrap() {
+        doc[k] = v.clone();
+    }
+    doc
+}
+
+/// A `quotas` section with every field, on the example policy's tenants.
+fn full_quotas() -> serde_json::Value {
+    serde_json::json!({
+        "quotas": {
+            "acme": {
+                "gpus": {
+                    "H100-80GB": {"guarantee": 16, "ceiling": 24, "lending_limit": 8},
+                    "A100-40GB": {"ceiling": 1000000}
+                },
+                "cpu_cores": {"guarantee": 256, "ceiling": 512, "lending_limit": 0},
+                "memory_gib": {"guarantee": 2048, "ceiling": 4096, "lending_limit": 1024},
+                "grace_period_s": 3600
+            },
+            "acme/trusted": {
+                "gpus": {"H100-80GB": {"guarantee": 8, "ceiling": 16}},
+                "memory_gib": {"ceiling": 512}
+            },
+            "acme/trusted/training/alice": {
+                "gpus": {"H100-80GB": {"ceiling": 0.5}, "H200-141GB": {"ceiling": 0.25}},
+                "cpu_cores": {"guarantee": 0.5},
+                "grace_period_s": 0
+            },
+            "acme/dev": {"gpus": {"A100-80GB": {"guarantee": 0.142857}}}
+        },
+        "gangs": {"timeout_s": 600}
+    })
+}
+
+#[test]
+fn a_full_quotas_section_validates_and_broken_ones_do_not() {
+    let validator = jsonschema::validator_for(&schema()).unwrap();
+    let good = example_with(full_quotas());
+    let errors: Vec<String> = validator.iter_errors(&good).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "the schema refuses a full quotas section: {errors:?}");
+    let text = serde_json::to_vec(&good).unwrap();
+    let parsed = policy::Policy::parse(&text, "good.json").unwrap();
+    assert_eq!(parsed.quotas().iter().count(), 4);
+    assert_eq!(parsed.gang_timeout_s(), 600);
+
+    // Each edit replaces `quotas` (or `gangs`): both the schema and the parser refuse it.
+    for (what, edit) in [
+        ("an unknown field in a quota entry", r#"{"quotas": {"acme": {"gpu": {}}}}"#),
+        (
+            "an unknown field in a GPU model's limits",
+            r#"{"quotas": {"acme": {"gpus": {"H100-80GB": {"ceiling": 1, "burst": 2}}}}}"#,
+        ),
+        (
+            "an unknown field in the CPU limits",
+            r#"{"quotas": {"acme": {"cpu_cores": {"ceiling": 1, "limit": 2}}}}"#,
+        ),
+        (
+            "an unknown field in the memory limits",
+            r#"{"quotas": {"acme": {"memory_gib": {"ceiling": 1, "min": 0}}}}"#,
+        ),
+        ("an unknown GPU model", r#"{"quotas": {"acme": {"gpus": {"B200": {"ceiling": 1}}}}}"#),
+        ("a key that is no tenant path", r#"{"quotas": {"Acme": {}}}"#),
+        ("a tenant path too deep", r#"{"quotas": {"a/b/c/d/e": {}}}"#),
+        ("a negative amount", r#"{"quotas": {"acme": {"cpu_cores": {"guarantee": -1}}}}"#),
+        ("an amount above 1e6", r#"{"quotas": {"acme": {"cpu_cores": {"ceiling": 1000001}}}}"#),
+        ("neither guarantee nor ceiling", r#"{"quotas": {"acme": {"memory_gib": {}}}}"#),
+        (
+            "a lending limit without a guarantee",
+            r#"{"quotas": {"acme": {"memory_gib": {"ceiling": 4, "lending_limit": 1}}}}"#,
+        ),
+        ("a grace period above the bound", r#"{"quotas": {"acme": {"grace_period_s": 3601}}}"#),
+        ("a fractional grace period", r#"{"quotas": {"acme": {"grace_period_s": 1.5}}}"#),
+        ("a quota entry as an array", r#"{"quotas": {"acme": [{}, null, null, 60]}}"#),
+        ("limits as an array", r#"{"quotas": {"acme": {"cpu_cores": [1, 2]}}}"#),
+        ("quotas as an array", r#"{"quotas": []}"#),
+        ("a gang timeout of 0", r#"{"gangs": {"timeout_s": 0}}"#),
+        ("a gang timeout above 600 s", r#"{"gangs": {"timeout_s": 601}}"#),
+        ("an unknown field in gangs", r#"{"gangs": {"timeout": 5}}"#),
+    ] {
+        let bad = example_with(serde_json::from_str(edit).unwrap());
+        assert!(!validator.is_valid(&bad), "the schema accepts {what}");
+        let text = serde_json::to_vec(&bad).unwrap();
+        assert!(policy::Policy::parse(&text, "bad.json").is_err(), "the parser accepts {what}");
+    }
+}
+
+#[test]
+fn the_schemas_quota_and_gang_bounds_are_the_crates() {
+    let schema = schema();
+    let entry = schema_at(&schema, "quotas.<tenant>");
+    // GPU models: exactly the catalog's.
+    let models: BTreeSet<&str> = entry["properties"]["gpus"]["propertyNames"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap())
+        .collect();
+    assert_eq!(models, catalog::model_names().collect::<BTreeSet<_>>());
+    // The bounds the parser checks.
+    let grace = &entry["properties"]["grace_period_s"];
+    assert_eq!(
+        (grace["minimum"].as_u64(), grace["maximum"].as_u64()),
+        (Some(0), Some(quota::MAX_GRACE_PERIOD_S))
+    );
+    let gangs = &schema_at(&schema, "gangs")["properties"]["timeout_s"];
+    assert_eq!(
+        (gangs["minimum"].as_u64(), gangs["maximum"].as_u64()),
+        (Some(1), Some(policy::MAX_GANG_TIMEOUT_S))
+    );
+    // The three resources' limits share one shape (their descriptions name the unit).
+    let shape = |path: &str| {
+        let mut node = schema_at(&schema, path).clone();
+        for field in ["guarantee", "ceiling", "lending_limit"] {
+            node["properties"][field].as_object_mut().unwrap().remove("description");
+        }
+        node
+    };
+    assert_eq!(shape("quotas.<tenant>.cpu_cores"), shape("quotas.<tenant>.gpus.<model>"));
+    assert_eq!(shape("quotas.<tenant>.memory_gib"), shape("quotas.<tenant>.gpus.<model>"));
+    // Quota keys: the schema's pattern is the API's tenant path.
+    let keys = jsonschema::validator_for(&entry_keys(&schema)).unwrap();
+    for key in [
+        "acme",
+        "acme/ml",
+        "a/b/c/d",
+        "a_b-c/0",
+        "a/b/c/d/e",
+        "Acme",
+        "acme/",
+        "/acme",
+        "-a",
+        "_a",
+        "a//b",
+        "a b",
+        "acme\n",
+    ]
+    .into_iter()
+    .map(String::from)
+    .chain(["a".repeat(63), "a".repeat(64)])
+    {
+        assert_eq!(
+            keys.is_valid(&serde_json::json!(key)),
+            tessera_api::TenantPath::new(key.as_str()).is_ok(),
+            "{key:?}"
+        );
+    }
+}
+
+/// The schema of a quota key (`quotas`' `propertyNames`).
+fn entry_keys(schema: &serde_json::Value) -> serde_json::Value {
+    let keys = schema["properties"]["quotas"]["propertyNames"].clone();
+    assert!(keys.is_object(), "quotas has no propertyNames");
+    keys
 }

@@ -3,7 +3,11 @@
 //! (`quotas.acme/ml.gpus.H100-80GB.ceiling`), as `crates/policy` reports its own.
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
 
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use tessera_api::untrusted;
 
@@ -22,9 +26,10 @@ pub const MAX_LIMIT: f64 = 1_000_000.0;
 #[serde(transparent)]
 pub struct QuotaSpec(pub UniqueMap<QuotaEntry>);
 
-/// One tenant path's quota as written.
+/// One tenant path's quota as written: a JSON object only, never serde's array of the
+/// fields in order.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, remote = "Self")]
 pub struct QuotaEntry {
     /// GPU catalog model → limits in GPU-equivalents.
     #[serde(default)]
@@ -41,9 +46,10 @@ pub struct QuotaEntry {
     pub grace_period_s: Option<u64>,
 }
 
-/// The limits on one resource, in its unit as written (GPUs, cores, GiB).
+/// The limits on one resource, in its unit as written (GPUs, cores, GiB): a JSON object
+/// only, never serde's array of the fields in order.
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, remote = "Self")]
 pub struct Limits {
     /// What this path is always given when it asks (default: nothing of its own).
     #[serde(default)]
@@ -54,6 +60,54 @@ pub struct Limits {
     /// How much of the unused guarantee others may borrow (default: all of it).
     #[serde(default)]
     pub lending_limit: Option<f64>,
+}
+
+/// A struct read only from a JSON object. serde's derived impls also accept an array of the
+/// fields in order (`"acme": [{}, null, null, 60]`), a second spelling that the policy
+/// refuses everywhere else (and its JSON Schema does not describe); the derive with
+/// `remote = "Self"` gives the fields' reader as an inherent function, and the trait impl
+/// hands it only a map.
+trait FromFields<'de>: Sized {
+    /// The derived reader of the struct's fields.
+    fn from_fields<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error>;
+}
+
+struct ObjectOf<T>(PhantomData<T>);
+
+impl<'de, T: FromFields<'de>> Visitor<'de> for ObjectOf<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, access: A) -> Result<T, A::Error> {
+        T::from_fields(MapAccessDeserializer::new(access))
+    }
+}
+
+impl<'de> FromFields<'de> for QuotaEntry {
+    fn from_fields<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        QuotaEntry::deserialize(deserializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for QuotaEntry {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(ObjectOf(PhantomData))
+    }
+}
+
+impl<'de> FromFields<'de> for Limits {
+    fn from_fields<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Limits::deserialize(deserializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Limits {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(ObjectOf(PhantomData))
+    }
 }
 
 /// Why a `quotas` section is not valid: where (the JSON path) and what.
