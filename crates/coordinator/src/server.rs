@@ -83,6 +83,8 @@ pub struct ServeOptions {
     /// ([`store::compaction_loop`]); `None`: never compact (the operator runs etcd's own
     /// auto-compaction). Nothing to do on SQLite.
     pub etcd_compaction: Option<Duration>,
+    /// How long a quota lease handed to a node is good for ([`crate::quota`]).
+    pub quota_lease_ttl: Duration,
 }
 
 /// The coordinator's state: store, key, credentials, and the watchers' channel.
@@ -95,9 +97,11 @@ pub struct Coordinator {
     contacts: Mutex<HashMap<String, u64>>,
     refusals: Mutex<VecDeque<RefusalRecord>>,
     waiting: AtomicUsize,
-    closing: watch::Sender<bool>,
+    pub(crate) closing: watch::Sender<bool>,
     /// Serializes this coordinator's own pushes (the store's CAS handles other coordinators).
     push_lock: tokio::sync::Mutex<()>,
+    /// Fleet quotas: the books and what wakes waiting gang members.
+    pub(crate) quota: crate::quota::QuotaState,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -124,15 +128,15 @@ impl ApiErr {
     pub fn body(&self) -> &ErrorBody {
         &self.body
     }
-    fn new(status: StatusCode, error: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, error: impl Into<String>) -> Self {
         ApiErr { status, body: ErrorBody { error: error.into(), path: None, who: None } }
     }
-    fn bad_request(error: impl Into<String>) -> Self {
+    pub(crate) fn bad_request(error: impl Into<String>) -> Self {
         ApiErr::new(StatusCode::BAD_REQUEST, error)
     }
     /// A store failure as the client should see it: its own mistakes as 4xx, a store
     /// that does not answer as 503, stored data that cannot be read as 500.
-    fn store(e: StoreError) -> Self {
+    pub(crate) fn store(e: StoreError) -> Self {
         match e {
             StoreError::Invalid(why) => ApiErr::bad_request(why),
             StoreError::Conflict { .. } => ApiErr::new(StatusCode::CONFLICT, e.to_string()),
@@ -174,6 +178,16 @@ impl Drop for Waiting<'_> {
 
 impl Coordinator {
     pub fn new(store: Arc<dyn PolicyStore>, key: SigningKey, tokens: Tokens) -> Arc<Coordinator> {
+        Coordinator::with_quota_lease_ttl(store, key, tokens, crate::quota::DEFAULT_LEASE_TTL)
+    }
+
+    /// As [`Coordinator::new`], handing quota leases good for `lease_ttl`.
+    pub fn with_quota_lease_ttl(
+        store: Arc<dyn PolicyStore>,
+        key: SigningKey,
+        tokens: Tokens,
+        lease_ttl: Duration,
+    ) -> Arc<Coordinator> {
         let latest = store.subscribe();
         let (closing, _) = watch::channel(false);
         Arc::new(Coordinator {
@@ -186,6 +200,7 @@ impl Coordinator {
             waiting: AtomicUsize::new(0),
             closing,
             push_lock: tokio::sync::Mutex::new(()),
+            quota: crate::quota::QuotaState::new(lease_ttl),
         })
     }
 
@@ -227,6 +242,12 @@ impl Coordinator {
             .route("/v1/nodes/{node}/usage", post(upload_usage))
             .route("/v1/usage", get(usage_get).post(usage_post))
             .route("/v1/audit/refusals", get(refusals))
+            .route("/v1/nodes/{node}/quota/admit", post(crate::quota::admit))
+            .route("/v1/nodes/{node}/quota/release", post(crate::quota::release))
+            .route("/v1/nodes/{node}/quota/sync", post(crate::quota::sync))
+            .route("/v1/quota/status", get(crate::quota::status))
+            .route("/v1/quota/events", get(crate::quota::events))
+            .route("/metrics", get(crate::quota::metrics))
             .layer(DefaultBodyLimit::max(MAX_REQUEST))
             .with_state(self.clone())
     }
@@ -275,7 +296,7 @@ impl Coordinator {
         }
     }
 
-    fn require_admin(
+    pub(crate) fn require_admin(
         &self,
         headers: &HeaderMap,
         peer: SocketAddr,
@@ -293,7 +314,7 @@ impl Coordinator {
     }
 
     /// Only the node itself; admins too when `admin_ok`.
-    fn require_node(
+    pub(crate) fn require_node(
         &self,
         headers: &HeaderMap,
         peer: SocketAddr,
@@ -322,7 +343,7 @@ impl Coordinator {
         }
     }
 
-    fn touch(&self, node: &str) {
+    pub(crate) fn touch(&self, node: &str) {
         if let Ok(mut c) = self.contacts.lock() {
             c.insert(node.to_string(), now_ms());
         }
@@ -330,6 +351,14 @@ impl Coordinator {
 
     fn contact(&self, node: &str) -> Option<u64> {
         self.contacts.lock().ok().and_then(|c| c.get(node).copied())
+    }
+
+    /// Every node heard from by this coordinator, with when.
+    pub(crate) fn contacts(&self) -> Vec<(String, u64)> {
+        self.contacts
+            .lock()
+            .map(|c| c.iter().map(|(n, t)| (n.clone(), *t)).collect())
+            .unwrap_or_default()
     }
 
     /// Validate, sign and append a pushed policy.
@@ -415,7 +444,7 @@ impl Coordinator {
 
     /// The newest revision that verifies against this coordinator's key (what nodes
     /// enforce), and why each newer one was skipped.
-    async fn latest_verified(&self) -> ApiResult<(Option<Verified>, Vec<String>)> {
+    pub(crate) async fn latest_verified(&self) -> ApiResult<(Option<Verified>, Vec<String>)> {
         let key = self.signer.verifying_key();
         let mut skipped = Vec::new();
         let Some(latest) = self.store.latest().await.map_err(ApiErr::store)? else {
@@ -502,10 +531,10 @@ pub fn prices_of(p: &policy::Policy) -> metering::Prices {
     }
 }
 
-type App = State<Arc<Coordinator>>;
-type Peer = ConnectInfo<SocketAddr>;
+pub(crate) type App = State<Arc<Coordinator>>;
+pub(crate) type Peer = ConnectInfo<SocketAddr>;
 
-fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> ApiResult<T> {
+pub(crate) fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> ApiResult<T> {
     serde_json::from_slice(body).map_err(|e| ApiErr::bad_request(format!("{what}: {e}")))
 }
 
@@ -907,7 +936,7 @@ impl RunningCoordinator {
         let store = store::open(&opts.store, &opts.etcd_prefix).await?;
         let running = RunningCoordinator::start_with(
             opts.listen,
-            Coordinator::new(store.clone(), key, tokens),
+            Coordinator::with_quota_lease_ttl(store.clone(), key, tokens, opts.quota_lease_ttl),
             tls,
         )
         .await?;

@@ -302,6 +302,75 @@ impl Client {
     pub async fn health(&self) -> Result<serde_json::Value, ClientError> {
         self.call(Method::GET, "/v1/health", &[], None).await
     }
+
+    /// The error of a non-2xx answer.
+    fn api_error(status: u16, body: &[u8]) -> ClientError {
+        let error = serde_json::from_slice::<ErrorBody>(body).unwrap_or_else(|_| ErrorBody {
+            error: String::from_utf8_lossy(&body[..body.len().min(500)]).into_owned(),
+            path: None,
+            who: None,
+        });
+        ClientError::Api { status, error }
+    }
+
+    /// Fleet quotas: ask the coordinator to count one GPU grant of `node` (its node
+    /// credential). A gang member's call is held until the gang is complete or the policy's
+    /// `gangs.timeout_s` passed: give `timeout` beyond that. While the coordinator rebuilds
+    /// its books after a restart it answers 503 (`ClientError::Api { status: 503, .. }`):
+    /// the node then decides under its leases.
+    pub async fn quota_admit(
+        &self,
+        node: &str,
+        req: &crate::quota::AdmitRequest,
+        timeout: Duration,
+    ) -> Result<crate::quota::AdmitAnswer, ClientError> {
+        crate::validate_node_id(node).map_err(ClientError::Usage)?;
+        let path = format!("/v1/nodes/{node}/quota/admit");
+        let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let (status, body) = self.raw(Method::POST, &path, &[], Some(body), timeout).await?;
+        if !(200..300).contains(&status) {
+            return Err(Client::api_error(status, &body));
+        }
+        serde_json::from_slice(&body).map_err(|e| ClientError::Protocol(format!("{path}: {e}")))
+    }
+
+    /// Fleet quotas: a grant of `node` ended (or was never made after an admission).
+    pub async fn quota_release(
+        &self,
+        node: &str,
+        req: &crate::quota::ReleaseRequest,
+    ) -> Result<(), ClientError> {
+        crate::validate_node_id(node).map_err(ClientError::Usage)?;
+        let path = format!("/v1/nodes/{node}/quota/release");
+        let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let (status, body) = self.raw(Method::POST, &path, &[], Some(body), self.timeout).await?;
+        if !(200..300).contains(&status) {
+            return Err(Client::api_error(status, &body));
+        }
+        Ok(())
+    }
+
+    /// Fleet quotas: what `node` holds and the leases it has; the answer renews its leases
+    /// and names the containers a reclaim stops.
+    pub async fn quota_sync(
+        &self,
+        node: &str,
+        req: &crate::quota::SyncRequest,
+    ) -> Result<crate::quota::SyncAnswer, ClientError> {
+        crate::validate_node_id(node).map_err(ClientError::Usage)?;
+        let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.call(Method::POST, &format!("/v1/nodes/{node}/quota/sync"), &[], Some(body)).await
+    }
+
+    /// Fleet quotas: the tree, the nodes, the reclaims in progress (admin).
+    pub async fn quota_status(&self) -> Result<crate::quota::QuotaStatus, ClientError> {
+        self.call(Method::GET, "/v1/quota/status", &[], None).await
+    }
+
+    /// Fleet quotas: recent borrows, reclaims, preemptions, refusals, oldest first (admin).
+    pub async fn quota_events(&self) -> Result<Vec<crate::quota::QuotaEvent>, ClientError> {
+        self.call(Method::GET, "/v1/quota/events", &[], None).await
+    }
 }
 
 /// Synchronous wrappers: each call runs on a private current-thread runtime. Do not call
@@ -380,6 +449,19 @@ pub mod blocking {
     pub fn refusals(url: &str, token: &str) -> Result<Vec<RefusalRecord>, ClientError> {
         let c = Client::new(&[url], token)?;
         block_on(c.refusals())
+    }
+
+    pub fn quota_status(url: &str, token: &str) -> Result<crate::quota::QuotaStatus, ClientError> {
+        let c = Client::new(&[url], token)?;
+        block_on(c.quota_status())
+    }
+
+    pub fn quota_events(
+        url: &str,
+        token: &str,
+    ) -> Result<Vec<crate::quota::QuotaEvent>, ClientError> {
+        let c = Client::new(&[url], token)?;
+        block_on(c.quota_events())
     }
 }
 

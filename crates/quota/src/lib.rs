@@ -60,8 +60,10 @@
 
 mod admit;
 mod amount;
+pub mod books;
 mod drf;
 mod reclaim;
+pub mod sim;
 mod spec;
 pub mod wire;
 

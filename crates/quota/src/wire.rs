@@ -12,6 +12,8 @@
 //!   gone) and the leases it holds; the answer renews its leases and names the containers
 //!   it must stop for a reclaim.
 //! * `GET /v1/quota/status` ([`QuotaStatus`]): the tree, for `tessera quota status`.
+//! * `GET /v1/quota/events` ([`QuotaEvent`] list, oldest first): borrows, reclaims,
+//!   preemptions, refusals, expired leases, gangs.
 //!
 //! Amounts travel in the `quota` crate's fixed point: micro-GPUs per catalog model,
 //! millicores, MiB.
@@ -139,6 +141,17 @@ pub struct AdmitRequest {
     /// `namespace/pod/container` where the container is a pod's, for status and events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<String>,
+    /// This node holds grants it admitted on its own under its leases that no sync the
+    /// coordinator answered has listed yet (it was cut off and has not synced since). The
+    /// coordinator then counts the node's whole leases as used: it cannot know how much of
+    /// them that work took. Otherwise (the default) the node's own lease absorbs its
+    /// guaranteed work.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub unsynced_lease_grants: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// The coordinator's answer to an [`AdmitRequest`].
@@ -286,4 +299,58 @@ pub struct QuotaStatus {
     pub nodes: BTreeMap<String, u64>,
     /// Containers being stopped by a reclaim.
     pub preempting: Vec<Victim>,
+}
+
+/// What a [`QuotaEvent`] records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QuotaEventKind {
+    /// Work admitted beyond a guarantee (borrowed).
+    Borrow,
+    /// A reclaim started for a tenant within its guarantee.
+    Reclaim,
+    /// A container chosen as a reclaim victim.
+    Preempt,
+    /// A request refused (a ceiling, the fair queue, no capacity, a gang).
+    Refuse,
+    /// A node silent beyond its lease TTL can admit nothing more under its leases.
+    LeaseExpired,
+    /// A gang admitted whole.
+    GangAdmitted,
+    /// A gang that did not assemble within `gangs.timeout_s`: refused, reservation released.
+    GangTimeout,
+}
+
+impl QuotaEventKind {
+    /// The kind as the wire writes it (`lease-expired`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuotaEventKind::Borrow => "borrow",
+            QuotaEventKind::Reclaim => "reclaim",
+            QuotaEventKind::Preempt => "preempt",
+            QuotaEventKind::Refuse => "refuse",
+            QuotaEventKind::LeaseExpired => "lease-expired",
+            QuotaEventKind::GangAdmitted => "gang-admitted",
+            QuotaEventKind::GangTimeout => "gang-timeout",
+        }
+    }
+}
+
+/// One quota event (`GET /v1/quota/events`, oldest first): every borrow, reclaim and
+/// preemption with its reason, refusals, leases that expired, gangs admitted or timed out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaEvent {
+    /// When (ms since the epoch, the coordinator's clock).
+    pub ts_ms: u64,
+    pub kind: QuotaEventKind,
+    /// The tenant path concerned (the claimant of a reclaim, the victim's of a preemption).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    /// Why, in words.
+    pub reason: String,
 }

@@ -43,7 +43,7 @@ impl CoordinatorArgs {
     }
 
     /// A client of the coordinator(s), verifying https:// ones against `--coordinator-ca`.
-    fn client(&self) -> Result<Client, String> {
+    pub(crate) fn client(&self) -> Result<Client, String> {
         let (url, token) = self.need()?;
         let tls = match &self.coordinator_ca {
             Some(ca) => Some(
@@ -99,7 +99,7 @@ pub enum PolicyFleetCmd {
 }
 
 /// Say what a coordinator error means for the person at the terminal.
-fn explain(e: ClientError) -> String {
+pub(crate) fn explain(e: ClientError) -> String {
     match e.status() {
         Some(401) => format!("{e} (the token is not known to the coordinator)"),
         Some(403) => format!("{e} (this needs an admin token)"),
@@ -219,7 +219,7 @@ fn short(digest: &str) -> &str {
 }
 
 /// Columns padded to their widest cell (the last one is left ragged).
-fn table(rows: &[Vec<String>]) -> String {
+pub(crate) fn table(rows: &[Vec<String>]) -> String {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0))
@@ -267,7 +267,7 @@ pub fn render_nodes(nodes: &[NodeRecord], now_ms: u64) -> String {
     table(&rows)
 }
 
-fn ago(now_ms: u64, t: u64) -> String {
+pub(crate) fn ago(now_ms: u64, t: u64) -> String {
     let s = now_ms.saturating_sub(t) / 1000;
     match s {
         0..=119 => format!("{s}s ago"),

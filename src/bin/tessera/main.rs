@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod cdi;
 mod fleet;
 mod mig;
+mod quota;
 mod revoke;
 mod setup;
 
@@ -54,6 +55,12 @@ enum Cmd {
     },
     /// Every node known to the fleet coordinator: applied policy version, last contact, health.
     Nodes(fleet::NodesArgs),
+    /// Fleet quotas on the coordinator: `status` (the quota tree, nodes, reclaims),
+    /// `events` (borrows, reclaims, preemptions, refusals).
+    Quota {
+        #[command(subcommand)]
+        cmd: quota::QuotaCmd,
+    },
     /// The node's MIG layout against the one its pool declares.
     Mig {
         #[command(subcommand)]
@@ -199,6 +206,7 @@ fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Cmd::Nodes(args) => fleet::nodes(&args),
+        Cmd::Quota { cmd } => quota::run(cmd),
         Cmd::Mig { cmd } => mig::run(&cli.socket, cmd),
         Cmd::Scrub { .. } | Cmd::GpuBench { .. } => Ok(()),
         Cmd::Device { cmd: DeviceCmd::Unquarantine { uuid } } => {

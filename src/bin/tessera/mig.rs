@@ -1,5 +1,6 @@
 //! `tessera mig plan|converge` (the node's MIG layout against the declared one) and
-//! `tessera sim` (replay a GPU-cluster trace through the real placement code).
+//! `tessera sim` (replay a GPU-cluster trace through the real placement code, or with
+//! `--quota-modes` through the fleet simulator of `quota::sim`).
 
 use std::path::{Path, PathBuf};
 
@@ -58,7 +59,11 @@ pub fn run(socket: &Path, cmd: MigCmd) -> Result<(), String> {
 #[derive(Debug, Args)]
 pub struct SimArgs {
     /// An Alibaba GPU trace CSV (e.g. data/alibaba-gpu-v2023/openb_pod_list_default.csv).
-    #[arg(long, conflicts_with = "generate", required_unless_present = "generate")]
+    #[arg(
+        long,
+        conflicts_with = "generate",
+        required_unless_present_any = ["generate", "scenario"]
+    )]
     trace: Option<PathBuf>,
     /// A generated trace instead: alibaba-like, mid-whole-bursty, small-shares, multi-gpu
     /// or uniform (seeded; see `slicer::tracegen`).
@@ -80,12 +85,28 @@ pub struct SimArgs {
     #[arg(long, default_value = "all")]
     placement: String,
     /// Tier-aware fractions: each row's tenant from this policy (MPS and time-slicing
-    /// where its tier allows them). Without it every fraction is MIG or whole.
+    /// where its tier allows them). Without it every fraction is MIG or whole. With
+    /// --quota-modes: the tenant tree and `quotas` to simulate.
     #[arg(long)]
     policy: Option<PathBuf>,
     /// Requests that do not fit wait up to this many seconds (default: rejected at once).
     #[arg(long)]
     queue: Option<u64>,
+    /// Fleet quotas: run the trace through static partitions (one per guarantee, no
+    /// borrowing), one FIFO queue (no quotas, EASY backfill) and Tessera's quotas
+    /// (borrowing, the fair queue, reclaim after the grace period) side by side, every
+    /// request waiting until it runs (needs --policy). Rows go to the leaves of the
+    /// policy's tenant tree that have a quota on their chain, sorted by path: row `name`
+    /// to leaf number FNV-1a-64(name) mod their count. A row asks num_gpu whole GPUs, or
+    /// gpu_milli/1000 of one GPU when num_gpu = 1 and 0 < gpu_milli < 1000 (num_gpu = 0:
+    /// skipped), from creation_time for deletion_time - creation_time seconds.
+    #[arg(long, requires = "policy", conflicts_with_all = ["queue", "placement", "scenario"])]
+    quota_modes: bool,
+    /// A built-in scenario instead of a trace: `drf`, the DRF paper's example (one node of
+    /// 9 CPUs and 18 GB; A's tasks <1 CPU, 4 GB>, B's <3 CPU, 1 GB>, both always asking)
+    /// under Tessera's fair queue with no quota.
+    #[arg(long, conflicts_with_all = ["trace", "generate", "policy", "queue", "placement"])]
+    scenario: Option<String>,
     #[arg(long)]
     json: bool,
 }
@@ -128,6 +149,9 @@ fn tenants_of(policy: &policy::Policy) -> slicer::Tenants {
 }
 
 pub fn sim(a: SimArgs) -> Result<(), String> {
+    if let Some(name) = &a.scenario {
+        return scenario(name, a.json);
+    }
     let trace = match (&a.trace, &a.generate) {
         (Some(path), _) => slicer::Trace::load_alibaba(path).map_err(|e| e.to_string())?,
         (None, Some(mix)) => slicer::tracegen::generate(
@@ -138,6 +162,9 @@ pub fn sim(a: SimArgs) -> Result<(), String> {
         ),
         (None, None) => return Err("give --trace FILE or --generate MIX".into()),
     };
+    if a.quota_modes {
+        return quota_modes(&a, &trace);
+    }
     let placements: Vec<slicer::Placement> = if a.placement == "all" {
         slicer::Placement::ALL.to_vec()
     } else {
@@ -200,6 +227,199 @@ pub fn sim(a: SimArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// How `tessera sim --quota-modes` turns trace rows into jobs; printed with its results.
+const QUOTA_MAPPING_DOC: &str = "\
+Mapping of trace rows to jobs (--quota-modes):
+- Tenants: the leaves of the policy's tenant tree that have a quota on their chain, sorted \
+by path; row `name` belongs to leaf number FNV-1a-64(name) mod their count (the hash the \
+replay uses for tiers), so each gets about the same share of rows.
+- num_gpu = 0: CPU-only; skipped. num_gpu >= 2, or gpu_milli = 0 or >= 1000: num_gpu whole \
+GPUs on one node. num_gpu = 1 with 0 < gpu_milli < 1000: gpu_milli/1000 of one GPU (a \
+fraction of one GPU's bin). CPU and memory are not simulated.
+- It arrives at creation_time and runs deletion_time - creation_time seconds once started \
+(again in full after a preemption); it waits until it runs. The horizon is the trace's \
+end (latest deletion_time).";
+
+/// FNV-1a, 64 bits (the hash `slicer::replay` maps rows with).
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The tenants trace rows go to under --quota-modes: the leaves of the tenant tree with a
+/// quota on their chain, sorted by path.
+fn quota_tenants(policy: &policy::Policy) -> Vec<String> {
+    let all = policy.tenants();
+    let mut leaves: Vec<String> = all
+        .iter()
+        .filter(|t| !all.iter().any(|o| o.path.starts_with(&format!("{}/", t.path))))
+        .filter(|t| policy.quotas().chain(&t.path).next().is_some())
+        .map(|t| t.path.clone())
+        .collect();
+    leaves.sort();
+    leaves
+}
+
+/// The trace's GPU rows as jobs on `model` ([`QUOTA_MAPPING_DOC`]), and how many rows
+/// were skipped (no GPU).
+fn quota_jobs(
+    trace: &slicer::Trace,
+    tenants: &[String],
+    model: &str,
+) -> (Vec<quota::sim::Job>, usize) {
+    let mut skipped = 0;
+    let mut jobs = Vec::with_capacity(trace.requests.len());
+    for r in &trace.requests {
+        if r.num_gpu == 0 || tenants.is_empty() {
+            skipped += 1;
+            continue;
+        }
+        let micro = if r.num_gpu >= 2 || r.gpu_milli == 0 || r.gpu_milli >= 1000 {
+            u64::from(r.num_gpu) * quota::MICRO_PER_GPU
+        } else {
+            u64::from(r.gpu_milli) * (quota::MICRO_PER_GPU / 1000)
+        };
+        let pick = fnv1a64(r.name.as_bytes()) % tenants.len() as u64;
+        jobs.push(quota::sim::Job {
+            id: r.name.clone(),
+            tenant: tenants[usize::try_from(pick).unwrap_or(0)].clone(),
+            arrival_s: r.arrival,
+            duration_s: r.departure.saturating_sub(r.arrival),
+            resources: quota::Resources::new().with(quota::Resource::gpu(model), micro),
+            gang: None,
+        });
+    }
+    (jobs, skipped)
+}
+
+/// `tenant`'s GPU quota as people read it: the innermost limits on its chain.
+fn quota_text(tree: &quota::QuotaTree, tenant: &str, model: &str) -> String {
+    let gpu = quota::Resource::gpu(model);
+    let show = |v: Option<u64>| v.map(|m| gpu.show(m).replace(&format!(" {model} GPUs"), ""));
+    let mut parts = Vec::new();
+    for q in tree.chain(tenant) {
+        let Some(l) = q.limits.get(&gpu) else { continue };
+        let mut here = Vec::new();
+        if let Some(g) = show(l.guarantee) {
+            here.push(format!("guarantee {g}"));
+        }
+        if let Some(c) = show(l.ceiling) {
+            here.push(format!("ceiling {c}"));
+        }
+        if let Some(x) = show(l.lending_limit) {
+            here.push(format!("lending limit {x}"));
+        }
+        parts.push(format!("{} ({})", q.path, here.join(", ")));
+    }
+    if parts.is_empty() {
+        "no GPU quota".into()
+    } else {
+        format!("{}; grace {} s", parts.join(" < "), tree.grace_period_s(tenant))
+    }
+}
+
+fn quota_modes(a: &SimArgs, trace: &slicer::Trace) -> Result<(), String> {
+    let path = a.policy.as_ref().ok_or("--quota-modes needs --policy FILE")?;
+    let policy = policy::Policy::load(path).map_err(|e| e.to_string())?;
+    if slicer::catalog::model(&a.gpu).is_none() {
+        let known: Vec<&str> = slicer::catalog::model_names().collect();
+        return Err(format!(
+            "--gpu {}: unknown GPU model, expected one of {}",
+            tessera_api::untrusted(&a.gpu),
+            known.join(", ")
+        ));
+    }
+    let tenants = quota_tenants(&policy);
+    if tenants.is_empty() {
+        return Err(format!(
+            "{}: no leaf tenant has a quota on its chain: --quota-modes needs a `quotas` section",
+            path.display()
+        ));
+    }
+    let (jobs, skipped) = quota_jobs(trace, &tenants, &a.gpu);
+    let fleet = quota::sim::Fleet {
+        nodes: a.nodes,
+        gpus_per_node: slicer::replay::GPUS_PER_NODE,
+        model: a.gpu.clone(),
+        cpu_milli_per_node: None,
+        memory_mib_per_node: None,
+    };
+    let reports =
+        quota::sim::run_modes(&jobs, &fleet, policy.quotas(), None).map_err(|e| e.to_string())?;
+    let rows = |t: &str| jobs.iter().filter(|j| j.tenant == t).count();
+    if a.json {
+        let tenants: Vec<serde_json::Value> = tenants
+            .iter()
+            .map(|t| {
+                serde_json::json!({
+                    "tenant": t,
+                    "rows": rows(t),
+                    "quota": quota_text(policy.quotas(), t, &a.gpu),
+                })
+            })
+            .collect();
+        let v = serde_json::json!({
+            "trace": trace.source,
+            "rows_skipped": skipped,
+            "mapping": QUOTA_MAPPING_DOC,
+            "tenants": tenants,
+            "reports": reports,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+        return Ok(());
+    }
+    println!(
+        "{}: {} jobs ({} rows without GPU skipped) on {} nodes x {} {}",
+        trace.source,
+        jobs.len(),
+        skipped,
+        a.nodes,
+        slicer::replay::GPUS_PER_NODE,
+        a.gpu
+    );
+    print!("{}", quota::sim::comparison_table(&reports));
+    if let Some(st) = reports.iter().find(|r| r.mode == quota::sim::Mode::Static) {
+        let parts: Vec<String> =
+            st.partitions.iter().map(|p| format!("{} {} GPUs", p.owner, p.gpus)).collect();
+        println!("\nstatic partitions: {}", parts.join(", "));
+    }
+    println!("\ntenants (rows: trace rows mapped to it):");
+    for t in &tenants {
+        println!("  {t}: {} rows; {}", rows(t), quota_text(policy.quotas(), t, &a.gpu));
+    }
+    println!("\n{QUOTA_MAPPING_DOC}");
+    Ok(())
+}
+
+fn scenario(name: &str, json: bool) -> Result<(), String> {
+    if name != "drf" {
+        return Err(format!(
+            "--scenario {}: unknown scenario, expected drf",
+            tessera_api::untrusted(name)
+        ));
+    }
+    let s = quota::sim::drf_example();
+    let report = quota::sim::run(&s.jobs, &s.fleet, &s.tree, quota::sim::Mode::Quotas, s.horizon_s)
+        .map_err(|e| e.to_string())?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+        return Ok(());
+    }
+    println!(
+        "DRF (Ghodsi et al. 2011, section 4): one node of 9 CPUs and 18 GB; drf/a's tasks ask \
+         <1 CPU, 4 GB>, drf/b's <3 CPU, 1 GB>, {} each waiting from t=0 (1,000 s each); no \
+         quota, so the fair queue is pure DRF. At t={} s:",
+        quota::sim::DRF_BACKLOG,
+        s.horizon_s.unwrap_or(0)
+    );
+    print!("{}", quota::sim::tenant_table(&report));
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,5 +430,52 @@ mod tests {
         let policy = policy::Policy::load(&path).expect("example policy");
         // The same list, in the same order (the row-to-tenant hash depends on it).
         assert_eq!(tenants_of(&policy), slicer::Tenants::example());
+    }
+
+    #[test]
+    fn the_quota_sim_example_has_four_teams_whose_guarantees_fill_two_nodes() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quota-sim.json");
+        let policy = policy::Policy::load(&path).expect("example policy");
+        let tenants = quota_tenants(&policy);
+        assert_eq!(tenants, ["acme/explore", "acme/inference", "acme/research", "acme/training"]);
+        let gpu = quota::Resource::gpu("H100-80GB");
+        let guarantees: u64 = policy
+            .quotas()
+            .iter()
+            .filter_map(|q| q.limits.get(&gpu).and_then(|l| l.guarantee))
+            .sum();
+        assert_eq!(guarantees, 2 * u64::from(slicer::replay::GPUS_PER_NODE) * quota::MICRO_PER_GPU);
+        let explore = quota_text(policy.quotas(), "acme/explore", "H100-80GB");
+        assert_eq!(explore, "acme/explore (ceiling 8); grace 30 s");
+    }
+
+    #[test]
+    fn trace_rows_map_to_jobs_by_name_hash_whole_gpus_and_fractions() {
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        let csv = "name,num_gpu,gpu_milli,creation_time,deletion_time\n\
+                   p0,0,0,0,10\np1,1,1000,5,15\np2,1,460,6,7\np3,8,0,9,9\np4,2,500,1,3\n";
+        let trace = slicer::Trace::parse_alibaba("t.csv", csv).expect("parses");
+        let tenants = vec!["o/a".to_string(), "o/b".to_string(), "o/c".to_string()];
+        let (jobs, skipped) = quota_jobs(&trace, &tenants, "H100-80GB");
+        assert_eq!(skipped, 1);
+        let gpu = quota::Resource::gpu("H100-80GB");
+        let got: Vec<(&str, u64, u64, u64)> = jobs
+            .iter()
+            .map(|j| (j.id.as_str(), j.resources.get(&gpu), j.arrival_s, j.duration_s))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("p1", 1_000_000, 5, 10),
+                ("p2", 460_000, 6, 1),
+                ("p3", 8_000_000, 9, 0),
+                ("p4", 2_000_000, 1, 2),
+            ]
+        );
+        for j in &jobs {
+            let want = &tenants[(fnv1a64(j.id.as_bytes()) % 3) as usize];
+            assert_eq!(&j.tenant, want);
+        }
     }
 }

@@ -52,6 +52,10 @@ enum Cmd {
         /// compacts: then run etcd with --auto-compaction-mode/--auto-compaction-retention.
         #[arg(long, default_value_t = coordinator::store::DEFAULT_HISTORY_RETENTION.as_secs())]
         etcd_compaction_retention_s: u64,
+        /// Fleet quotas: how long a lease handed to a node is good for (the node admits
+        /// work within guarantees on its own under it while it cannot reach a coordinator).
+        #[arg(long, default_value_t = coordinator::quota::DEFAULT_LEASE_TTL.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86_400))]
+        quota_lease_ttl_s: u64,
     },
     /// Write a new signing key (mode 0600, never overwrites) and print its public key,
     /// which nodes pin with `tesserad --trust-key`.
@@ -93,6 +97,7 @@ fn run(cli: Cli) -> Result<(), String> {
             tls_key,
             usage_retention_days,
             etcd_compaction_retention_s,
+            quota_lease_ttl_s,
         } => {
             let tls = tls_cert.zip(tls_key);
             let usage_retention = (usage_retention_days > 0).then(|| {
@@ -108,6 +113,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 usage_retention,
                 etcd_compaction: (etcd_compaction_retention_s > 0)
                     .then(|| std::time::Duration::from_secs(etcd_compaction_retention_s)),
+                quota_lease_ttl: std::time::Duration::from_secs(quota_lease_ttl_s),
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

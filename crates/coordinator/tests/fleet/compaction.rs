@@ -50,6 +50,7 @@ async fn serve(
         tls: None,
         usage_retention: None,
         etcd_compaction: compaction,
+        quota_lease_ttl: coordinator::quota::DEFAULT_LEASE_TTL,
     };
     coordinator::RunningCoordinator::from_options(&opts).await.expect("coordinator")
 }

@@ -1,0 +1,1715 @@
+//! The coordinator's quota books (docs/QUOTAS.md, "The fleet"): what every node holds,
+//! what was admitted and not yet seen in a sync, reclaims in progress, the fair queue,
+//! gangs assembling, the nodes' leases, and the quota events. Pure: no I/O, no clock (every
+//! method takes `now_ms`), no async; the coordinator keeps one [`Books`] behind a mutex and
+//! answers the protocol of [`crate::wire`] with it.
+//!
+//! # What a decision counts
+//!
+//! The usage a decision sees is every node's holdings (as its last sync listed them), the
+//! admissions not yet seen in a sync ([`PENDING_GRACE_MS`]), the capacity held for a
+//! claimant while its reclaim runs, the reservations of gangs assembling, and the **lease
+//! phantoms**: for each node `n`, quota path `P` with a guarantee of resource `r`, the part
+//! of `n`'s lease that `n` does not use, `max(0, lease_n(P, r) − h_n(P, r))` (`h_n`: the
+//! guaranteed holdings of `P`'s subtree that `n` listed in its last sync, which is what
+//! `n` itself counts under its lease), booked as guaranteed usage of `P`. An admission not
+//! yet listed does not shrink the phantom: until `n` lists it, `n` could fill its lease on
+//! its own beside it. Phantoms of nested paths are netted (a project's unused lease is
+//! also its team's: it is booked once, at the project, and the team books only what its
+//! own lease adds beyond its projects'), and they take no physical capacity (the capacity
+//! a decision sees grows by them), so a guarantee held by leases can still be lent.
+//!
+//! A request of node `N` is decided first with `N`'s own phantoms left out (its lease
+//! absorbs its guaranteed work); a request found guaranteed is admitted; one found borrowed
+//! is decided again with `N`'s phantoms in, so that no ceiling can be crossed even if `N`
+//! later loses the coordinator and admits work under its lease. A node that admitted work
+//! under its leases and has not synced since says so
+//! ([`AdmitRequest::unsynced_lease_grants`]): its phantoms then stay in (the books cannot
+//! know how much of its leases that work took).
+//!
+//! # Leases
+//!
+//! At each sync (at most every [`LEASE_RECOMPUTE_MS`]), for each quota path `P` with a
+//! guarantee `G` of `r`, node `n`'s lease is `min(h_n + room, max(h_n, share_n))` with
+//! `share_n = G · capacity_n(r) / capacity(r)` and `room = G − Σ_{m≠n} (u_m + max(0,
+//! lease_m − h_m)) − u_n` (saturating; `u`: every guaranteed use on the node, its listed
+//! holdings, admissions not listed yet, capacity held for a claimant), so that
+//! `Σ_n (u_n + max(0, lease_n − h_n)) ≤ G` always, and with it `Σ_n max(g_n, lease_n) ≤ G`
+//! for what the nodes really hold; it is also cut so that no ceiling on `P`'s chain would
+//! be crossed by the booked usage (phantoms included). A node's lease counts as the larger of what was last
+//! issued and what the node last reported holding (an answer may be lost). A node silent
+//! for longer than the lease TTL plus [`LEASE_MARGIN_MS`] can admit nothing more under its
+//! leases (a `lease-expired` event says so), but what it may have admitted under them is
+//! not known until it syncs: its holdings *and* its leases' unused part stay booked until
+//! then (or until an operator removes the node). After a restart the books adopt the
+//! leases each node reports and issue no new lease room until every node known to the
+//! coordinator has synced ([`Books::ready`]).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use tessera_api::untrusted;
+
+use crate::admit::{admit as decide_quota, Class, Decision, Usage};
+use crate::amount::{Resource, Resources};
+use crate::drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
+use crate::reclaim::{choose_victims, Running};
+use crate::spec::{chain, is_within, QuotaTree};
+use crate::wire::{
+    AdmitAnswer, AdmitRequest, Amounts, Holding, Lease, PathStatus, QuotaClass, QuotaEvent,
+    QuotaEventKind, QuotaStatus, SyncAnswer, SyncRequest, Victim,
+};
+
+/// How long an admission not yet listed by its node's sync stays booked.
+pub const PENDING_GRACE_MS: u64 = 15_000;
+/// How long a waiting entry of the fair queue lasts after its last retry.
+pub const WAITING_TTL_MS: u64 = 120_000;
+/// Quota events kept (the oldest go first).
+pub const EVENTS_KEPT: usize = 1_000;
+/// Beyond its lease TTL, how long the books wait for a silent node before its leases go
+/// (clock skew and rate between the node and the coordinator).
+pub const LEASE_MARGIN_MS: u64 = 10_000;
+/// Added to the longest victim grace period in a reclaim's `retry_after_s`.
+pub const RETRY_SLACK_S: u64 = 2;
+/// How long capacity stays held for a claimant after its retry was due (or after the
+/// victims were gone, whichever is later).
+pub const HOLD_SLACK_MS: u64 = 30_000;
+/// How long a gang's answers are kept for members that ask again.
+pub const OUTCOME_KEPT_MS: u64 = 60_000;
+/// A node's leases are computed again at most this often (each sync renews them).
+pub const LEASE_RECOMPUTE_MS: u64 = 5_000;
+
+/// `(node, container)`, `(node, tenant)` or `(tenant, gang name)`.
+type Key = (String, String);
+
+/// One container the books count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    tenant: String,
+    resources: Resources,
+    class: Class,
+    started_ms: u64,
+    gang: Option<String>,
+}
+
+impl Entry {
+    fn of_holding(h: &Holding) -> Entry {
+        Entry {
+            tenant: h.tenant.clone(),
+            resources: h.amounts.to_resources(),
+            class: h.class.into(),
+            started_ms: h.started_ms,
+            gang: h.gang.clone(),
+        }
+    }
+}
+
+/// What the books know of one node (made by its first sync).
+#[derive(Debug, Clone, Default)]
+struct NodeBook {
+    capacity: Resources,
+    holdings: BTreeMap<String, Entry>,
+    /// Leases last issued to the node, by quota path.
+    issued: BTreeMap<String, Resources>,
+    /// Leases the node said it held at its last sync.
+    reported: BTreeMap<String, Resources>,
+    last_sync_ms: u64,
+    /// When `issued` was last computed (`None`: adopted, never computed).
+    computed_ms: Option<u64>,
+    /// The lease-expired event was recorded for the current silence.
+    expiry_noted: bool,
+}
+
+impl NodeBook {
+    /// The lease of each path as booked: the larger of issued and reported, per resource.
+    fn booked_leases(&self) -> BTreeMap<String, Resources> {
+        let mut out = self.issued.clone();
+        for (path, r) in &self.reported {
+            let slot = out.entry(path.clone()).or_default();
+            *slot = max_each(slot, r);
+        }
+        out
+    }
+}
+
+/// An admission not yet seen in its node's sync.
+#[derive(Debug, Clone)]
+struct Pending {
+    entry: Entry,
+    over: Option<String>,
+}
+
+/// A reclaim in progress: victims being stopped, capacity held for the claimant.
+#[derive(Debug, Clone)]
+struct Reclaim {
+    resources: Resources,
+    victims: Vec<Victim>,
+    started_ms: u64,
+    retry_after_s: u64,
+    /// When the last victim was gone.
+    freed_ms: Option<u64>,
+    message: String,
+}
+
+impl Reclaim {
+    fn hold_until(&self) -> u64 {
+        let due = self.started_ms.saturating_add(self.retry_after_s.saturating_mul(1000));
+        due.max(self.freed_ms.unwrap_or(0)).saturating_add(HOLD_SLACK_MS)
+    }
+}
+
+/// A request refused for capacity, waiting in the fair queue.
+#[derive(Debug, Clone)]
+struct WaitEntry {
+    tenant: String,
+    resources: Resources,
+    arrived_ms: u64,
+    last_seen_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+struct GangMember {
+    node: String,
+    container: String,
+    resources: Resources,
+    /// Its node's lease may absorb it ([`AdmitRequest::unsynced_lease_grants`] not set).
+    absorb: bool,
+}
+
+/// A gang assembling: its whole amount is reserved from the first arrival.
+#[derive(Debug, Clone)]
+struct Gang {
+    size: u32,
+    reserved: Resources,
+    class: Class,
+    first_ms: u64,
+    timeout_s: u64,
+    members: Vec<GangMember>,
+}
+
+impl Gang {
+    fn deadline_ms(&self) -> u64 {
+        self.first_ms.saturating_add(self.timeout_s.saturating_mul(1000))
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Outcome {
+    answer: AdmitAnswer,
+    expires_ms: u64,
+}
+
+/// What a gang member's arrival gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GangArrival {
+    /// The answer now (the gang is complete, or this member is refused).
+    Answer(AdmitAnswer),
+    /// Wait for the rest of the gang until `deadline_ms`, then ask [`Books::gang_poll`].
+    Wait { deadline_ms: u64 },
+}
+
+/// Counters since the books started, by tenant path.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Reclaims started, by claimant.
+    pub reclaims: BTreeMap<String, u64>,
+    /// Containers chosen as reclaim victims, by the victim's tenant.
+    pub preemptions: BTreeMap<String, u64>,
+}
+
+/// The books are not ready: some node known to the coordinator has not synced since the
+/// books started.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the coordinator is rebuilding its quota books: {synced} of {known} nodes have synced \
+     (waiting for {}); nodes admit within their leases meanwhile",
+    missing.join(", ")
+)]
+pub struct NotReady {
+    pub synced: usize,
+    pub known: usize,
+    /// Up to 10 of the nodes not synced yet.
+    pub missing: Vec<String>,
+}
+
+/// The books of fleet quotas. See the module documentation.
+#[derive(Debug, Clone)]
+pub struct Books {
+    lease_ttl_s: u64,
+    started_ms: u64,
+    nodes: BTreeMap<String, NodeBook>,
+    pending: BTreeMap<Key, Pending>,
+    reclaims: BTreeMap<Key, Reclaim>,
+    waiting: BTreeMap<Key, WaitEntry>,
+    gangs: BTreeMap<Key, Gang>,
+    outcomes: BTreeMap<Key, Outcome>,
+    events: VecDeque<QuotaEvent>,
+    ready: bool,
+    counters: Counters,
+    /// The tree the leases were last computed with (a new one recomputes them all).
+    tree_seen: Option<QuotaTree>,
+}
+
+fn max_each(a: &Resources, b: &Resources) -> Resources {
+    let mut out = a.clone();
+    for (r, n) in b.iter() {
+        let have = out.get(r);
+        if n > have {
+            out.add(&Resources::new().with(r.clone(), n - have));
+        }
+    }
+    out
+}
+
+fn times(r: &Resources, n: u32) -> Resources {
+    r.iter().fold(Resources::new(), |acc, (res, a)| {
+        acc.with(res.clone(), a.saturating_mul(u64::from(n)))
+    })
+}
+
+fn set(r: &Resources, res: &Resource, amount: u64) -> Resources {
+    let mut out = r.only(|x| x != res);
+    out.add(&Resources::new().with(res.clone(), amount));
+    out
+}
+
+/// The policy path of a limit: `quotas.acme/b.gpus.H100-80GB.ceiling`.
+fn rule(path: &str, resource: &Resource, field: &str) -> String {
+    format!("quotas.{path}.{}.{field}", resource.spec_path())
+}
+
+fn unit(resource: &Resource) -> &'static str {
+    match resource {
+        Resource::Gpu(_) => "micro-GPU",
+        Resource::Cpu => "millicore",
+        Resource::Memory => "MiB",
+    }
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// Phantoms of one node's leases, netted over nested paths. For each leased path `P` and
+/// each resource `P` guarantees, `avail(P) = max(0, lease − g)`: what the node may still
+/// admit there on its own. Booked at `P` is `avail(P)` less the `avail` of its nearest
+/// leased descendants (never below zero). So within every leased path's subtree the booked
+/// phantoms total at least its `avail`, which bounds what the node can add there, and a
+/// descendant's part does not depend on its ancestors' (a release elsewhere in the team,
+/// which lets the node add more to the project, finds the project's part booked already:
+/// phantoms never grow by more than what a release frees).
+fn phantoms_of(
+    tree: &QuotaTree,
+    leases: &BTreeMap<String, Resources>,
+    guaranteed: &Usage,
+) -> BTreeMap<String, Resources> {
+    let guarantees = |p: &str, r: &Resource| {
+        tree.get(p).and_then(|q| q.limits.get(r)).is_some_and(|l| l.guarantee.is_some())
+    };
+    let mut avail: BTreeMap<&str, Resources> = BTreeMap::new();
+    for (path, lease) in leases {
+        let Some(q) = tree.get(path) else { continue };
+        let held = guaranteed.of(path).guaranteed;
+        let mut a = Resources::new();
+        for (res, limit) in &q.limits {
+            if limit.guarantee.is_some() {
+                a.add(
+                    &Resources::new()
+                        .with(res.clone(), lease.get(res).saturating_sub(held.get(res))),
+                );
+            }
+        }
+        avail.insert(path.as_str(), a);
+    }
+    let mut out = BTreeMap::new();
+    for (path, a) in &avail {
+        let mut booked = Resources::new();
+        for (res, amount) in a.iter() {
+            let below: u64 = avail
+                .iter()
+                .filter(|(d, _)| *d != path && is_within(d, path))
+                .filter(|(d, _)| {
+                    chain(d).skip(1).find(|x| avail.contains_key(x) && guarantees(x, res))
+                        == Some(*path)
+                })
+                .map(|(_, da)| da.get(res))
+                .fold(0u64, u64::saturating_add);
+            booked.add(&Resources::new().with(res.clone(), amount.saturating_sub(below)));
+        }
+        if !booked.is_empty() {
+            out.insert((*path).to_string(), booked);
+        }
+    }
+    out
+}
+
+impl Books {
+    /// Empty books, started at `now_ms`; leases issued are good for `lease_ttl_s` after the
+    /// sync that carried them.
+    pub fn new(lease_ttl_s: u64, now_ms: u64) -> Books {
+        Books {
+            lease_ttl_s,
+            started_ms: now_ms,
+            nodes: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            reclaims: BTreeMap::new(),
+            waiting: BTreeMap::new(),
+            gangs: BTreeMap::new(),
+            outcomes: BTreeMap::new(),
+            events: VecDeque::new(),
+            ready: false,
+            counters: Counters::default(),
+            tree_seen: None,
+        }
+    }
+
+    /// The lease lifetime the books issue.
+    pub fn lease_ttl_s(&self) -> u64 {
+        self.lease_ttl_s
+    }
+
+    /// Whether every node in `known_nodes` (those the coordinator heard from within the
+    /// lease TTL) has synced since the books started, or the books are older than the lease
+    /// TTL plus [`LEASE_MARGIN_MS`] (every lease issued before they started has expired by
+    /// then, so a node that has not synced cannot be admitting under one). Once true it
+    /// stays true. Until then admissions must not be decided (nodes use their leases) and
+    /// no lease grows.
+    pub fn ready<'a>(
+        &mut self,
+        known_nodes: impl IntoIterator<Item = &'a str>,
+        now: u64,
+    ) -> Result<(), NotReady> {
+        if self.ready {
+            return Ok(());
+        }
+        let known: BTreeSet<&str> = known_nodes.into_iter().collect();
+        let missing: Vec<String> =
+            known.iter().filter(|n| !self.nodes.contains_key(**n)).map(|n| n.to_string()).collect();
+        let limit = self.lease_ttl_s.saturating_mul(1000).saturating_add(LEASE_MARGIN_MS);
+        if missing.is_empty() || now.saturating_sub(self.started_ms) > limit {
+            self.ready = true;
+            return Ok(());
+        }
+        Err(NotReady {
+            synced: known.len() - missing.len(),
+            known: known.len(),
+            missing: missing.into_iter().take(10).collect(),
+        })
+    }
+
+    /// Whether [`Books::ready`] has said yes.
+    pub fn is_ready(&self) -> bool {
+        self.ready
+    }
+
+    /// Recent quota events, oldest first.
+    pub fn events(&self) -> Vec<QuotaEvent> {
+        self.events.iter().cloned().collect()
+    }
+
+    /// Reclaims and preemptions since the books started.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    fn event(
+        &mut self,
+        now: u64,
+        kind: QuotaEventKind,
+        tenant: Option<&str>,
+        node: Option<&str>,
+        container: Option<&str>,
+        reason: String,
+    ) {
+        if self.events.len() >= EVENTS_KEPT {
+            self.events.pop_front();
+        }
+        self.events.push_back(QuotaEvent {
+            ts_ms: now,
+            kind,
+            tenant: tenant.map(str::to_string),
+            node: node.map(str::to_string),
+            container_id: container.map(str::to_string),
+            reason,
+        });
+    }
+
+    /// A new tree makes every node's leases due for computing again.
+    fn observe_tree(&mut self, tree: &QuotaTree) {
+        if self.tree_seen.as_ref() != Some(tree) {
+            self.tree_seen = Some(tree.clone());
+            for nb in self.nodes.values_mut() {
+                if nb.computed_ms.is_some() {
+                    nb.computed_ms = Some(0);
+                }
+            }
+        }
+    }
+
+    /// Expiry: waiting entries, holds, leases of silent nodes, gangs past their deadline,
+    /// kept gang answers. Every entry point calls it.
+    pub fn tick(&mut self, now: u64) {
+        self.waiting.retain(|_, w| now <= w.last_seen_ms.saturating_add(WAITING_TTL_MS));
+        self.reclaims.retain(|_, r| now <= r.hold_until());
+        self.outcomes.retain(|_, o| now <= o.expires_ms);
+        let limit = self.lease_ttl_s.saturating_mul(1000).saturating_add(LEASE_MARGIN_MS);
+        let mut expired = Vec::new();
+        for (node, nb) in &mut self.nodes {
+            let silent = now.saturating_sub(nb.last_sync_ms);
+            if silent > limit && !nb.expiry_noted && !nb.booked_leases().is_empty() {
+                nb.expiry_noted = true;
+                let paths: Vec<String> = nb.booked_leases().into_keys().collect();
+                expired.push((node.clone(), paths, silent));
+            }
+        }
+        for (node, paths, silent) in expired {
+            self.event(
+                now,
+                QuotaEventKind::LeaseExpired,
+                None,
+                Some(&node),
+                None,
+                format!(
+                    "node {node} has not synced for {} s (lease TTL {} s + {} s margin): its \
+                     leases of {} admit nothing more there; what it may have admitted under \
+                     them stays booked with its holdings until it syncs again",
+                    silent / 1000,
+                    self.lease_ttl_s,
+                    LEASE_MARGIN_MS / 1000,
+                    paths.join(", ")
+                ),
+            );
+        }
+        let due: Vec<Key> = self
+            .gangs
+            .iter()
+            .filter(|(_, g)| now > g.deadline_ms())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due {
+            let Some(g) = self.gangs.remove(&key) else { continue };
+            let message = format!(
+                "gang {}/{}: {} of {} members arrived within {} s (gangs.timeout_s); a gang is \
+                 admitted whole or not at all, and its reservation is released",
+                key.0,
+                untrusted(&key.1),
+                g.members.len(),
+                g.size,
+                g.timeout_s
+            );
+            for m in &g.members {
+                self.outcomes.insert(
+                    (m.node.clone(), m.container.clone()),
+                    Outcome {
+                        answer: AdmitAnswer::Refused {
+                            message: message.clone(),
+                            rule: Some("gangs.timeout_s".into()),
+                        },
+                        expires_ms: now.saturating_add(OUTCOME_KEPT_MS),
+                    },
+                );
+            }
+            self.event(now, QuotaEventKind::GangTimeout, Some(&key.0), None, None, message);
+        }
+    }
+
+    /// The fleet's capacity: what every node reported.
+    pub fn capacity(&self) -> Resources {
+        self.nodes.values().fold(Resources::new(), |acc, n| acc.plus(&n.capacity))
+    }
+
+    /// Real usage: holdings, pending admissions, capacity held for claimants, gang
+    /// reservations (no lease phantoms).
+    fn real_usage(&self) -> Usage {
+        let mut u = Usage::new();
+        for nb in self.nodes.values() {
+            for e in nb.holdings.values() {
+                u.add(&e.tenant, e.class, &e.resources);
+            }
+        }
+        for p in self.pending.values() {
+            u.add(&p.entry.tenant, p.entry.class, &p.entry.resources);
+        }
+        for ((_, tenant), r) in &self.reclaims {
+            u.add(tenant, Class::Guaranteed, &r.resources);
+        }
+        for ((tenant, _), g) in &self.gangs {
+            u.add(tenant, g.class, &g.reserved);
+        }
+        u
+    }
+
+    /// Guaranteed work on `node` (holdings, pending admissions, capacity held for a
+    /// claimant there), by tenant: what a lease on `node` absorbs.
+    fn node_guaranteed(&self, node: &str) -> Usage {
+        let mut u = Usage::new();
+        if let Some(nb) = self.nodes.get(node) {
+            for e in nb.holdings.values().filter(|e| e.class == Class::Guaranteed) {
+                u.add(&e.tenant, Class::Guaranteed, &e.resources);
+            }
+        }
+        for ((n, _), p) in &self.pending {
+            if n == node && p.entry.class == Class::Guaranteed {
+                u.add(&p.entry.tenant, Class::Guaranteed, &p.entry.resources);
+            }
+        }
+        for ((n, tenant), r) in &self.reclaims {
+            if n == node {
+                u.add(tenant, Class::Guaranteed, &r.resources);
+            }
+        }
+        u
+    }
+
+    /// Guaranteed holdings `node` listed in its sync, by tenant: what the node itself
+    /// counts under its leases. Admissions it has not listed yet (and capacity held for a
+    /// claimant there) are not: the node may fill its lease on its own beside them.
+    fn node_leased_base(&self, node: &str) -> Usage {
+        let mut u = Usage::new();
+        if let Some(nb) = self.nodes.get(node) {
+            for e in nb.holdings.values().filter(|e| e.class == Class::Guaranteed) {
+                u.add(&e.tenant, Class::Guaranteed, &e.resources);
+            }
+        }
+        u
+    }
+
+    /// Everything on `node` (holdings, pending, holds), for its free capacity.
+    fn node_used(&self, node: &str) -> Resources {
+        let mut used = Resources::new();
+        if let Some(nb) = self.nodes.get(node) {
+            for e in nb.holdings.values() {
+                used.add(&e.resources);
+            }
+        }
+        for ((n, _), p) in &self.pending {
+            if n == node {
+                used.add(&p.entry.resources);
+            }
+        }
+        for ((n, _), r) in &self.reclaims {
+            if n == node {
+                used.add(&r.resources);
+            }
+        }
+        used
+    }
+
+    /// What `node` has free by the books, in the resources its capacity names (and every
+    /// GPU model).
+    fn node_free(&self, node: &str) -> Resources {
+        let cap = self.nodes.get(node).map(|n| n.capacity.clone()).unwrap_or_default();
+        cap.minus(&self.node_used(node))
+    }
+
+    fn phantoms(&self, tree: &QuotaTree, node: &str) -> BTreeMap<String, Resources> {
+        match self.nodes.get(node) {
+            Some(nb) => phantoms_of(tree, &nb.booked_leases(), &self.node_leased_base(node)),
+            None => BTreeMap::new(),
+        }
+    }
+
+    /// The usage a decision sees: real usage plus every node's lease phantoms except
+    /// `exclude`'s; and the phantoms' total, which takes no physical capacity.
+    fn booked(&self, tree: &QuotaTree, exclude: Option<&str>) -> (Usage, Resources) {
+        let mut u = self.real_usage();
+        let mut total = Resources::new();
+        for node in self.nodes.keys() {
+            if Some(node.as_str()) == exclude {
+                continue;
+            }
+            for (path, r) in self.phantoms(tree, node) {
+                u.add(&path, Class::Guaranteed, &r);
+                total.add(&r);
+            }
+        }
+        (u, total)
+    }
+
+    /// Every node's phantoms booked: what the proptests and the ceilings see.
+    pub fn booked_usage(&self, tree: &QuotaTree) -> Usage {
+        self.booked(tree, None).0
+    }
+
+    /// The two-pass decision of a request from `node` (module docs). `absorb`: `node`'s
+    /// own lease may absorb the request (false when the node holds grants admitted under
+    /// its leases that the books have not seen: then one pass, every phantom in).
+    fn decide(
+        &self,
+        tree: &QuotaTree,
+        node: &str,
+        tenant: &str,
+        r: &Resources,
+        absorb: bool,
+    ) -> Decision {
+        let cap = self.capacity();
+        let (own_out, ph) = self.booked(tree, absorb.then_some(node));
+        let first = decide_quota(tree, &cap.plus(&ph), &own_out, tenant, r);
+        match first {
+            Decision::Admit { class: Class::Borrowed, .. } => {
+                let (all, ph) = self.booked(tree, None);
+                decide_quota(tree, &cap.plus(&ph), &all, tenant, r)
+            }
+            d => d,
+        }
+    }
+
+    /// The answer already given to `(node, container)`, if it was admitted.
+    fn admitted_answer(&self, key: &Key) -> Option<AdmitAnswer> {
+        if let Some(p) = self.pending.get(key) {
+            return Some(AdmitAnswer::Admitted {
+                class: p.entry.class.into(),
+                over: p.over.clone(),
+            });
+        }
+        let e = self.nodes.get(&key.0)?.holdings.get(&key.1)?;
+        Some(AdmitAnswer::Admitted { class: e.class.into(), over: None })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &mut self,
+        node: &str,
+        container: &str,
+        tenant: &str,
+        r: &Resources,
+        class: Class,
+        over: Option<String>,
+        gang: Option<String>,
+        now: u64,
+    ) {
+        let key = (node.to_string(), container.to_string());
+        self.pending.insert(
+            key.clone(),
+            Pending {
+                entry: Entry {
+                    tenant: tenant.to_string(),
+                    resources: r.clone(),
+                    class,
+                    started_ms: now,
+                    gang,
+                },
+                over,
+            },
+        );
+        if self.waiting.remove(&key).is_none() {
+            // A retry under another container id (kubelet makes a new one): the tenant's
+            // oldest entry of the same request on this node.
+            let same = self
+                .waiting
+                .iter()
+                .filter(|((n, _), w)| n == node && w.tenant == tenant && &w.resources == r)
+                .min_by_key(|(_, w)| w.arrived_ms)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = same {
+                self.waiting.remove(&k);
+            }
+        }
+    }
+
+    /// Decides one GPU grant that is not a gang member's (gang members go through
+    /// [`Books::gang_arrive`]). The caller checked [`Books::ready`] and validated `req`.
+    pub fn admit(
+        &mut self,
+        tree: &QuotaTree,
+        node: &str,
+        req: &AdmitRequest,
+        now: u64,
+    ) -> AdmitAnswer {
+        self.observe_tree(tree);
+        self.tick(now);
+        let key = (node.to_string(), req.container_id.clone());
+        if let Some(a) = self.admitted_answer(&key) {
+            return a;
+        }
+        let r = req.amounts.to_resources();
+        let tenant = req.tenant.as_str();
+        if tree.iter().next().is_none() {
+            // No quotas: count it (status stays useful) and never refuse.
+            self.record(node, &req.container_id, tenant, &r, Class::Guaranteed, None, None, now);
+            return AdmitAnswer::Admitted { class: QuotaClass::Guaranteed, over: None };
+        }
+        let hold = (node.to_string(), tenant.to_string());
+        if let Some(rc) = self.reclaims.get(&hold) {
+            if req.short_on_node {
+                // Still short: the victims are stopping, or gone and their devices not
+                // free yet (scrubbed first). The capacity stays held; ask again.
+                let due = rc.started_ms.saturating_add(rc.retry_after_s.saturating_mul(1000));
+                let (left_s, state) = match rc.freed_ms {
+                    None => (due.saturating_sub(now).div_ceil(1000).max(1), "in progress"),
+                    Some(_) => (RETRY_SLACK_S, "victims gone, their devices not free yet"),
+                };
+                return AdmitAnswer::Reclaiming {
+                    retry_after_s: left_s,
+                    victims: rc.victims.clone(),
+                    message: format!(
+                        "{} ({state}, since {}); retry after {left_s} s",
+                        rc.message,
+                        tessera_api::time::format_utc(rc.started_ms)
+                    ),
+                };
+            }
+        }
+        if req.short_on_node {
+            return self.admit_short(tree, node, req, &r, now);
+        }
+        // The victims are gone: the capacity held is this tenant's now, if it is admitted.
+        let held = match self.reclaims.get(&hold) {
+            Some(rc) if rc.freed_ms.is_some() => self.reclaims.remove(&hold),
+            _ => None,
+        };
+        let answer = self.admit_placed(tree, node, req, &r, held.is_some(), now);
+        if let Some(h) = held {
+            if !matches!(answer, AdmitAnswer::Admitted { .. }) {
+                self.reclaims.entry(hold).or_insert(h);
+            }
+        }
+        answer
+    }
+
+    /// A request the node can place: decided, checked against the fair queue (unless the
+    /// capacity was held for it by a reclaim) and recorded.
+    fn admit_placed(
+        &mut self,
+        tree: &QuotaTree,
+        node: &str,
+        req: &AdmitRequest,
+        r: &Resources,
+        held_for_it: bool,
+        now: u64,
+    ) -> AdmitAnswer {
+        let tenant = req.tenant.as_str();
+        match self.decide(tree, node, tenant, r, !req.unsynced_lease_grants) {
+            Decision::Admit { class, over } => {
+                if !held_for_it {
+                    if let Some(refusal) = self.fair_queue_blocks(tree, node, tenant, r, now) {
+                        self.event(
+                            now,
+                            QuotaEventKind::Refuse,
+                            Some(tenant),
+                            Some(node),
+                            Some(&req.container_id),
+                            refusal.clone(),
+                        );
+                        return AdmitAnswer::Refused { message: refusal, rule: None };
+                    }
+                }
+                let over = over.map(|(p, res)| rule(&p, &res, "guarantee"));
+                self.record(node, &req.container_id, tenant, r, class, over.clone(), None, now);
+                if class == Class::Borrowed {
+                    self.event(
+                        now,
+                        QuotaEventKind::Borrow,
+                        Some(tenant),
+                        Some(node),
+                        Some(&req.container_id),
+                        format!(
+                            "{} runs borrowed (beyond {}), priced at the burst price and \
+                             reclaimable",
+                            r,
+                            over.as_deref().unwrap_or("its chain's guarantees")
+                        ),
+                    );
+                }
+                AdmitAnswer::Admitted { class: class.into(), over }
+            }
+            Decision::Refuse(c) => self.refuse_ceiling(node, &req.container_id, c, now),
+            Decision::Reclaim { short } => {
+                // The node can place it; the fleet's books are short: reclaim anywhere.
+                match self.start_reclaim(tree, node, tenant, r, &short, None, now) {
+                    Some(a) => a,
+                    None => self.queue(tree, node, req, r, None, now),
+                }
+            }
+            Decision::Wait { short, .. } => self.queue(tree, node, req, r, Some(&short), now),
+        }
+    }
+
+    /// A request the node could not place: reclaim borrowed work on that node if the
+    /// request is within its tenant's guarantees, else wait in the fair queue.
+    fn admit_short(
+        &mut self,
+        tree: &QuotaTree,
+        node: &str,
+        req: &AdmitRequest,
+        r: &Resources,
+        now: u64,
+    ) -> AdmitAnswer {
+        let tenant = req.tenant.as_str();
+        let absorb = !req.unsynced_lease_grants;
+        let (usage, _) = self.booked(tree, absorb.then_some(node));
+        // The quota view only: a capacity that holds exactly what is used and asked.
+        let view = usage.total().total().plus(r);
+        match decide_quota(tree, &view, &usage, tenant, r) {
+            Decision::Refuse(c) => return self.refuse_ceiling(node, &req.container_id, c, now),
+            Decision::Admit { class: Class::Guaranteed, .. } => {
+                let short = self.node_short(node, r);
+                if let Some(a) = self.start_reclaim(tree, node, tenant, r, &short, Some(node), now)
+                {
+                    return a;
+                }
+            }
+            _ => {
+                if let Decision::Refuse(c) = self.decide(tree, node, tenant, r, absorb) {
+                    return self.refuse_ceiling(node, &req.container_id, c, now);
+                }
+            }
+        }
+        self.queue(tree, node, req, r, None, now)
+    }
+
+    /// What `node` lacks for `r` by the books; when the books see room the node does not
+    /// (its devices are fragmented), the GPUs of `r`.
+    fn node_short(&self, node: &str, r: &Resources) -> Resources {
+        let cap = self.nodes.get(node).map(|n| n.capacity.clone()).unwrap_or_default();
+        let relevant = r.only(|x| matches!(x, Resource::Gpu(_)) || cap.get(x) > 0);
+        let short = relevant.minus(&self.node_free(node));
+        if !short.is_empty() {
+            return short;
+        }
+        let gpus = r.only(|x| matches!(x, Resource::Gpu(_)));
+        if gpus.is_empty() {
+            r.clone()
+        } else {
+            gpus
+        }
+    }
+
+    fn refuse_ceiling(
+        &mut self,
+        node: &str,
+        container: &str,
+        c: crate::CeilingRefusal,
+        now: u64,
+    ) -> AdmitAnswer {
+        let message = c.to_string();
+        self.event(
+            now,
+            QuotaEventKind::Refuse,
+            Some(&c.tenant),
+            Some(node),
+            Some(container),
+            message.clone(),
+        );
+        AdmitAnswer::Refused { message, rule: Some(rule(&c.path, &c.resource, "ceiling")) }
+    }
+
+    /// Victims for `claimant` among borrowed holdings on `on` (every node: `None`) of
+    /// tenants outside its subtree; a victim in a gang brings every member of the gang on
+    /// every node. Starts the reclaim and answers it, or `None` if nothing can be taken.
+    #[allow(clippy::too_many_arguments)]
+    fn start_reclaim(
+        &mut self,
+        tree: &QuotaTree,
+        node: &str,
+        claimant: &str,
+        r: &Resources,
+        short: &Resources,
+        on: Option<&str>,
+        now: u64,
+    ) -> Option<AdmitAnswer> {
+        if short.is_empty() {
+            return None;
+        }
+        let mut refs: Vec<(String, String)> = Vec::new();
+        let mut running = Vec::new();
+        for (n, nb) in &self.nodes {
+            if on.is_some_and(|o| o != n) {
+                continue;
+            }
+            for (c, e) in &nb.holdings {
+                running.push(Running {
+                    id: refs.len().to_string(),
+                    tenant: e.tenant.clone(),
+                    resources: e.resources.clone(),
+                    class: e.class,
+                    started: e.started_ms,
+                    gang: e.gang.as_ref().map(|g| format!("{}:{g}", e.tenant)),
+                });
+                refs.push((n.clone(), c.clone()));
+            }
+        }
+        let chosen = choose_victims(&running, &self.capacity(), claimant, short)?;
+        if chosen.is_empty() {
+            return None;
+        }
+        let mut picked: BTreeSet<(String, String)> = BTreeSet::new();
+        let mut gangs: BTreeSet<(String, String)> = BTreeSet::new();
+        for id in &chosen {
+            let Some(k) = id.parse::<usize>().ok().and_then(|i| refs.get(i)) else { continue };
+            if let Some(e) = self.nodes.get(&k.0).and_then(|nb| nb.holdings.get(&k.1)) {
+                if let Some(g) = &e.gang {
+                    gangs.insert((e.tenant.clone(), g.clone()));
+                }
+            }
+            picked.insert(k.clone());
+        }
+        for (n, nb) in &self.nodes {
+            for (c, e) in &nb.holdings {
+                if let Some(g) = &e.gang {
+                    if gangs.contains(&(e.tenant.clone(), g.clone())) {
+                        picked.insert((n.clone(), c.clone()));
+                    }
+                }
+            }
+        }
+        let mut victims = Vec::new();
+        let mut tenants: BTreeSet<String> = BTreeSet::new();
+        for (n, c) in &picked {
+            let Some(e) = self.nodes.get(n).and_then(|nb| nb.holdings.get(c)) else { continue };
+            let grace_s = tree.grace_period_s(&e.tenant);
+            tenants.insert(e.tenant.clone());
+            victims.push(Victim {
+                node: n.clone(),
+                container_id: c.clone(),
+                tenant: e.tenant.clone(),
+                grace_s,
+                reason: format!(
+                    "reclaimed for {claimant}, which asks {r} within its guarantee on node \
+                     {node}: {} runs {} on borrowed capacity{}",
+                    e.tenant,
+                    e.resources,
+                    e.gang
+                        .as_ref()
+                        .map(|g| format!(" (gang {}, stopped whole)", untrusted(g)))
+                        .unwrap_or_default()
+                ),
+            });
+        }
+        let grace = victims.iter().map(|v| v.grace_s).max().unwrap_or(0);
+        let retry_after_s = grace.saturating_add(RETRY_SLACK_S);
+        let where_ = match on {
+            Some(n) => format!("on node {n}"),
+            None => {
+                let ns: BTreeSet<&str> = victims.iter().map(|v| v.node.as_str()).collect();
+                format!("on nodes {}", ns.into_iter().collect::<Vec<_>>().join(", "))
+            }
+        };
+        let message = format!(
+            "reclaiming: stopping {} of {} {where_} (grace {grace} s) to return {claimant} its \
+             guarantee",
+            plural(victims.len(), "borrowed container", "borrowed containers"),
+            tenants.iter().cloned().collect::<Vec<_>>().join(", ")
+        );
+        self.reclaims.insert(
+            (node.to_string(), claimant.to_string()),
+            Reclaim {
+                resources: r.clone(),
+                victims: victims.clone(),
+                started_ms: now,
+                retry_after_s,
+                freed_ms: None,
+                message: message.clone(),
+            },
+        );
+        *self.counters.reclaims.entry(claimant.to_string()).or_default() += 1;
+        self.event(now, QuotaEventKind::Reclaim, Some(claimant), Some(node), None, message.clone());
+        for v in &victims {
+            *self.counters.preemptions.entry(v.tenant.clone()).or_default() += 1;
+            self.event(
+                now,
+                QuotaEventKind::Preempt,
+                Some(&v.tenant),
+                Some(&v.node),
+                Some(&v.container_id),
+                format!("{} (SIGTERM, SIGKILL after {} s)", v.reason, v.grace_s),
+            );
+        }
+        Some(AdmitAnswer::Reclaiming {
+            retry_after_s,
+            victims,
+            message: format!("{message}; retry after {retry_after_s} s"),
+        })
+    }
+
+    /// Refuses for capacity and keeps the request in the fair queue.
+    fn queue(
+        &mut self,
+        tree: &QuotaTree,
+        node: &str,
+        req: &AdmitRequest,
+        r: &Resources,
+        fleet_short: Option<&Resources>,
+        now: u64,
+    ) -> AdmitAnswer {
+        let key = (node.to_string(), req.container_id.clone());
+        let entry = self.waiting.entry(key).or_insert_with(|| WaitEntry {
+            tenant: req.tenant.clone(),
+            resources: r.clone(),
+            arrived_ms: now,
+            last_seen_ms: now,
+        });
+        entry.last_seen_ms = now;
+        let since = entry.arrived_ms;
+        let here: Vec<(&Key, &WaitEntry)> =
+            self.waiting.iter().filter(|((n, _), _)| n == node).collect();
+        let list: Vec<Waiting> = here
+            .iter()
+            .map(|((_, c), w)| Waiting {
+                id: c.clone(),
+                tenant: w.tenant.clone(),
+                resources: w.resources.clone(),
+                arrived: w.arrived_ms,
+            })
+            .collect();
+        let order = fair_order(tree, &self.capacity(), &self.real_usage(), &list);
+        let position = order
+            .iter()
+            .position(|&i| list[i].id == req.container_id)
+            .map_or(list.len(), |p| p + 1);
+        let what = match fleet_short {
+            Some(s) => format!("no capacity in the fleet's books for {r} (short of {s})"),
+            None => format!("no capacity on node {node} for {r}"),
+        };
+        let message = format!(
+            "{what}: waiting in the fair queue since {} (position {position} of {}); retry",
+            tessera_api::time::format_utc(since),
+            list.len()
+        );
+        self.event(
+            now,
+            QuotaEventKind::Refuse,
+            Some(&req.tenant),
+            Some(node),
+            Some(&req.container_id),
+            message.clone(),
+        );
+        AdmitAnswer::Refused { message, rule: None }
+    }
+
+    /// Whether a waiting request of another tenant on `node` ranks ahead of `tenant` and
+    /// would be denied by this grant: the message that says so.
+    fn fair_queue_blocks(
+        &self,
+        tree: &QuotaTree,
+        node: &str,
+        tenant: &str,
+        r: &Resources,
+        now: u64,
+    ) -> Option<String> {
+        let others: Vec<(&Key, &WaitEntry)> = self
+            .waiting
+            .iter()
+            .filter(|((n, _), w)| n == node && w.tenant != tenant)
+            .filter(|(_, w)| now <= w.last_seen_ms.saturating_add(WAITING_TTL_MS))
+            .collect();
+        if others.is_empty() {
+            return None;
+        }
+        let mut list: Vec<Waiting> = others
+            .iter()
+            .map(|((_, c), w)| Waiting {
+                id: c.clone(),
+                tenant: w.tenant.clone(),
+                resources: w.resources.clone(),
+                arrived: w.arrived_ms,
+            })
+            .collect();
+        let me = list.len();
+        list.push(Waiting {
+            id: String::new(),
+            tenant: tenant.to_string(),
+            resources: r.clone(),
+            arrived: now,
+        });
+        let cap = self.capacity();
+        let usage = self.real_usage();
+        let node_cap = self.nodes.get(node).map(|n| n.capacity.clone()).unwrap_or_default();
+        let relevant =
+            |x: &Resources| x.only(|res| matches!(res, Resource::Gpu(_)) || node_cap.get(res) > 0);
+        let free = relevant(&self.node_free(node));
+        let after = free.minus(r);
+        for i in fair_order(tree, &cap, &usage, &list) {
+            if i == me {
+                return None;
+            }
+            let w = &list[i];
+            let need = relevant(&w.resources);
+            if need.fits_in(&after) || !(need.fits_in(&free) || need.fits_in(r)) {
+                continue;
+            }
+            let (hw, ht) = (
+                guarantee_headroom(tree, &cap, &usage, &w.tenant),
+                guarantee_headroom(tree, &cap, &usage, tenant),
+            );
+            let why = if hw > ht {
+                format!(
+                    "it is further below its guarantee ({hw:.2} of the fleet's dominant \
+                     resource left, {tenant} {ht:.2})"
+                )
+            } else {
+                format!(
+                    "it holds a lower dominant share ({:.2} of the fleet, {tenant} {:.2})",
+                    dominant_share(&usage.of(&w.tenant).total(), &cap),
+                    dominant_share(&usage.of(tenant).total(), &cap)
+                )
+            };
+            return Some(format!(
+                "capacity on node {node} is kept for tenant {}, waiting in the fair queue since \
+                 {} for {}: {why}; retry",
+                w.tenant,
+                tessera_api::time::format_utc(w.arrived),
+                w.resources
+            ));
+        }
+        None
+    }
+
+    /// A gang member arrives. The first member reserves the whole gang (`size` × its
+    /// amounts) or is refused at once; the last one completes it, and then every member is
+    /// admitted (each with its class) or, if any would not be, all are refused. The caller
+    /// validated `req` (it has a `gang`).
+    pub fn gang_arrive(
+        &mut self,
+        tree: &QuotaTree,
+        node: &str,
+        req: &AdmitRequest,
+        timeout_s: u64,
+        now: u64,
+    ) -> GangArrival {
+        self.observe_tree(tree);
+        self.tick(now);
+        let key = (node.to_string(), req.container_id.clone());
+        if let Some(a) = self.admitted_answer(&key) {
+            return GangArrival::Answer(a);
+        }
+        if let Some(o) = self.outcomes.get(&key) {
+            return GangArrival::Answer(o.answer.clone());
+        }
+        let Some(g) = &req.gang else {
+            return GangArrival::Answer(self.admit(tree, node, req, now));
+        };
+        let tenant = req.tenant.as_str();
+        let name = format!("{tenant}/{}", untrusted(&g.name));
+        let gkey = (tenant.to_string(), g.name.clone());
+        let r = req.amounts.to_resources();
+        let member = GangMember {
+            node: node.to_string(),
+            container: req.container_id.clone(),
+            resources: r.clone(),
+            absorb: !req.unsynced_lease_grants,
+        };
+        if let Some(gang) = self.gangs.get_mut(&gkey) {
+            let refused =
+                |message: String| GangArrival::Answer(AdmitAnswer::Refused { message, rule: None });
+            if gang.size != g.size {
+                return refused(format!(
+                    "gang {name} has {} members (tessera.io/gang-size of its first member); \
+                     container {} says {}: every member must name the same size",
+                    gang.size,
+                    untrusted(&req.container_id),
+                    g.size
+                ));
+            }
+            if gang.members.iter().any(|m| m.node == node && m.container == req.container_id) {
+                return GangArrival::Wait { deadline_ms: gang.deadline_ms() };
+            }
+            if gang.members.len() >= gang.size as usize {
+                return refused(format!(
+                    "gang {name} already has all its {} members; container {} is one too many",
+                    gang.size,
+                    untrusted(&req.container_id)
+                ));
+            }
+            gang.members.push(member);
+            if gang.members.len() < gang.size as usize {
+                return GangArrival::Wait { deadline_ms: gang.deadline_ms() };
+            }
+            self.complete_gang(tree, &gkey, now);
+            return match self.outcomes.get(&key) {
+                Some(o) => GangArrival::Answer(o.answer.clone()),
+                None => GangArrival::Answer(AdmitAnswer::Refused {
+                    message: format!("gang {name}: completed without an answer for this member"),
+                    rule: None,
+                }),
+            };
+        }
+        let whole = times(&r, g.size);
+        let class = if tree.iter().next().is_none() {
+            Class::Guaranteed
+        } else {
+            match self.decide(tree, node, tenant, &whole, !req.unsynced_lease_grants) {
+                Decision::Admit { class, .. } => class,
+                Decision::Refuse(c) => {
+                    let message = format!("gang {name} of {} members: {c}", g.size);
+                    self.event(
+                        now,
+                        QuotaEventKind::Refuse,
+                        Some(tenant),
+                        Some(node),
+                        Some(&req.container_id),
+                        message.clone(),
+                    );
+                    return GangArrival::Answer(AdmitAnswer::Refused {
+                        message,
+                        rule: Some(rule(&c.path, &c.resource, "ceiling")),
+                    });
+                }
+                Decision::Reclaim { short } | Decision::Wait { short, .. } => {
+                    let message = format!(
+                        "gang {name}: its {} members need {whole}, which the fleet cannot hold \
+                         now (short of {short}); a gang is admitted whole or not at all",
+                        g.size
+                    );
+                    self.event(
+                        now,
+                        QuotaEventKind::Refuse,
+                        Some(tenant),
+                        Some(node),
+                        Some(&req.container_id),
+                        message.clone(),
+                    );
+                    return GangArrival::Answer(AdmitAnswer::Refused { message, rule: None });
+                }
+            }
+        };
+        self.gangs.insert(
+            gkey.clone(),
+            Gang {
+                size: g.size,
+                reserved: whole,
+                class,
+                first_ms: now,
+                timeout_s,
+                members: vec![member],
+            },
+        );
+        if g.size <= 1 {
+            self.complete_gang(tree, &gkey, now);
+            if let Some(o) = self.outcomes.get(&key) {
+                return GangArrival::Answer(o.answer.clone());
+            }
+        }
+        GangArrival::Wait { deadline_ms: now.saturating_add(timeout_s.saturating_mul(1000)) }
+    }
+
+    /// Every member is here: release the reservation and admit them one by one; if one
+    /// would not be admitted, none is.
+    fn complete_gang(&mut self, tree: &QuotaTree, gkey: &Key, now: u64) {
+        let Some(gang) = self.gangs.remove(gkey) else { return };
+        let (tenant, gname) = gkey;
+        let name = format!("{tenant}/{}", untrusted(gname));
+        let mut admitted: Vec<(Key, Class, Option<String>)> = Vec::new();
+        let mut failure = None;
+        for m in &gang.members {
+            let d = if tree.iter().next().is_none() {
+                Decision::Admit { class: Class::Guaranteed, over: None }
+            } else {
+                self.decide(tree, &m.node, tenant, &m.resources, m.absorb)
+            };
+            match d {
+                Decision::Admit { class, over } => {
+                    let over = over.map(|(p, res)| rule(&p, &res, "guarantee"));
+                    self.record(
+                        &m.node,
+                        &m.container,
+                        tenant,
+                        &m.resources,
+                        class,
+                        over.clone(),
+                        Some(gname.clone()),
+                        now,
+                    );
+                    admitted.push(((m.node.clone(), m.container.clone()), class, over));
+                }
+                Decision::Refuse(c) => {
+                    failure = Some((m, c.to_string(), Some(rule(&c.path, &c.resource, "ceiling"))));
+                    break;
+                }
+                Decision::Reclaim { short } | Decision::Wait { short, .. } => {
+                    failure = Some((
+                        m,
+                        format!("no capacity for {} (short of {short})", m.resources),
+                        None,
+                    ));
+                    break;
+                }
+            }
+        }
+        let expires_ms = now.saturating_add(OUTCOME_KEPT_MS);
+        if let Some((m, why, rule)) = failure {
+            for (k, _, _) in &admitted {
+                self.pending.remove(k);
+            }
+            let message = format!(
+                "gang {name}: all {} members arrived, but member {} on node {} would not be \
+                 admitted: {why}; a gang is admitted whole or not at all",
+                gang.size,
+                untrusted(&m.container),
+                m.node
+            );
+            for m in &gang.members {
+                self.outcomes.insert(
+                    (m.node.clone(), m.container.clone()),
+                    Outcome {
+                        answer: AdmitAnswer::Refused {
+                            message: message.clone(),
+                            rule: rule.clone(),
+                        },
+                        expires_ms,
+                    },
+                );
+            }
+            self.event(now, QuotaEventKind::Refuse, Some(tenant), None, None, message);
+            return;
+        }
+        let nodes: BTreeSet<&str> = gang.members.iter().map(|m| m.node.as_str()).collect();
+        let borrowed = admitted.iter().filter(|(_, c, _)| *c == Class::Borrowed).count();
+        for (k, class, over) in admitted {
+            self.outcomes.insert(
+                k,
+                Outcome { answer: AdmitAnswer::Admitted { class: class.into(), over }, expires_ms },
+            );
+        }
+        self.event(
+            now,
+            QuotaEventKind::GangAdmitted,
+            Some(tenant),
+            None,
+            None,
+            format!(
+                "gang {name}: all {} members admitted on {} ({} borrowed), {} s after the first \
+                 arrived",
+                gang.size,
+                plural(nodes.len(), "node", "nodes"),
+                borrowed,
+                now.saturating_sub(gang.first_ms) / 1000
+            ),
+        );
+    }
+
+    /// The answer of a gang member that waits: `None` while its gang assembles.
+    pub fn gang_poll(&mut self, node: &str, container: &str, now: u64) -> Option<AdmitAnswer> {
+        self.tick(now);
+        let key = (node.to_string(), container.to_string());
+        if let Some(a) = self.admitted_answer(&key) {
+            return Some(a);
+        }
+        if let Some(o) = self.outcomes.get(&key) {
+            return Some(o.answer.clone());
+        }
+        let waiting = self
+            .gangs
+            .values()
+            .any(|g| g.members.iter().any(|m| m.node == node && m.container == container));
+        if waiting {
+            None
+        } else {
+            Some(AdmitAnswer::Refused {
+                message: format!(
+                    "container {} on node {node} no longer waits in a gang (released)",
+                    untrusted(container)
+                ),
+                rule: None,
+            })
+        }
+    }
+
+    /// A grant ended (or was never made after an admission): it leaves the books at once.
+    /// Whether the books held it.
+    pub fn release(&mut self, node: &str, container: &str, now: u64) -> bool {
+        self.tick(now);
+        let key = (node.to_string(), container.to_string());
+        let mut found = self.pending.remove(&key).is_some();
+        if let Some(nb) = self.nodes.get_mut(node) {
+            found |= nb.holdings.remove(container).is_some();
+        }
+        found |= self.waiting.remove(&key).is_some();
+        for g in self.gangs.values_mut() {
+            let before = g.members.len();
+            g.members.retain(|m| !(m.node == node && m.container == container));
+            found |= g.members.len() != before;
+        }
+        self.update_reclaims(now);
+        found
+    }
+
+    /// Victims no longer held end their part of a reclaim.
+    fn update_reclaims(&mut self, now: u64) {
+        let nodes = &self.nodes;
+        let pending = &self.pending;
+        for r in self.reclaims.values_mut() {
+            if r.freed_ms.is_some() {
+                continue;
+            }
+            let running = r.victims.iter().any(|v| {
+                nodes.get(&v.node).is_some_and(|nb| nb.holdings.contains_key(&v.container_id))
+                    || pending.contains_key(&(v.node.clone(), v.container_id.clone()))
+            });
+            if !running {
+                r.freed_ms = Some(now);
+            }
+        }
+    }
+
+    /// A node's sync: its holdings replace the books' view of it (admissions younger than
+    /// [`PENDING_GRACE_MS`] that it does not list yet stay), its leases are renewed (and
+    /// recomputed), and the answer names its containers a reclaim stops. The caller
+    /// validated `req`.
+    pub fn sync(
+        &mut self,
+        tree: &QuotaTree,
+        node: &str,
+        req: &SyncRequest,
+        now: u64,
+    ) -> SyncAnswer {
+        self.observe_tree(tree);
+        if let Some(nb) = self.nodes.get_mut(node) {
+            // Heard from now: not silent.
+            nb.last_sync_ms = now;
+            nb.expiry_noted = false;
+        }
+        self.tick(now);
+        let first = !self.nodes.contains_key(node);
+        let leased_paths: BTreeSet<&str> = tree
+            .iter()
+            .filter(|q| q.limits.values().any(|l| l.guarantee.is_some()))
+            .map(|q| q.path.as_str())
+            .collect();
+        let reported: BTreeMap<String, Resources> = req
+            .leases
+            .iter()
+            .filter(|l| leased_paths.contains(l.path.as_str()))
+            .map(|l| (l.path.clone(), l.amounts.to_resources()))
+            .collect();
+        {
+            let nb = self.nodes.entry(node.to_string()).or_default();
+            nb.capacity = req.capacity.to_resources();
+            nb.holdings = req
+                .holdings
+                .iter()
+                .map(|h| (h.container_id.clone(), Entry::of_holding(h)))
+                .collect();
+            nb.reported = reported;
+            if first {
+                // Adopted: issued before this coordinator's books started.
+                nb.issued = nb.reported.clone();
+            }
+            nb.last_sync_ms = now;
+            nb.expiry_noted = false;
+        }
+        let held: BTreeSet<&str> = req.holdings.iter().map(|h| h.container_id.as_str()).collect();
+        self.pending.retain(|(n, c), p| {
+            n != node
+                || (!held.contains(c.as_str())
+                    && now.saturating_sub(p.entry.started_ms) <= PENDING_GRACE_MS)
+        });
+        self.waiting.retain(|(n, c), _| n != node || !held.contains(c.as_str()));
+        self.update_reclaims(now);
+        let due = self.nodes.get(node).is_some_and(|nb| {
+            nb.computed_ms.is_none_or(|t| now.saturating_sub(t) >= LEASE_RECOMPUTE_MS)
+        });
+        if self.ready && (due || first) {
+            let issued = self.issue_leases(tree, node);
+            if let Some(nb) = self.nodes.get_mut(node) {
+                nb.issued = issued;
+                nb.computed_ms = Some(now);
+            }
+        }
+        let leases = self
+            .nodes
+            .get(node)
+            .map(|nb| {
+                nb.issued
+                    .iter()
+                    .map(|(p, r)| Lease { path: p.clone(), amounts: Amounts::from_resources(r) })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let preempt = self
+            .reclaims
+            .values()
+            .filter(|r| r.freed_ms.is_none())
+            .flat_map(|r| r.victims.iter())
+            .filter(|v| v.node == node && held.contains(v.container_id.as_str()))
+            .cloned()
+            .collect();
+        SyncAnswer { leases, lease_ttl_s: self.lease_ttl_s, preempt }
+    }
+
+    /// `node`'s leases by the rule of the module documentation.
+    fn issue_leases(&self, tree: &QuotaTree, node: &str) -> BTreeMap<String, Resources> {
+        let fleet_cap = self.capacity();
+        let node_cap = self.nodes.get(node).map(|n| n.capacity.clone()).unwrap_or_default();
+        // g_n: what the node counts under its leases; all_n: every guaranteed use there.
+        let g_n = self.node_leased_base(node);
+        let all_n = self.node_guaranteed(node);
+        // Booked usage without this node's phantoms, and what each other node counts for:
+        // all its guaranteed use plus its leases' unused part.
+        let (base, _) = self.booked(tree, Some(node));
+        let others: Vec<(Usage, Usage, BTreeMap<String, Resources>)> = self
+            .nodes
+            .iter()
+            .filter(|(n, _)| n.as_str() != node)
+            .map(|(n, nb)| (self.node_guaranteed(n), self.node_leased_base(n), nb.booked_leases()))
+            .collect();
+        let mut new: BTreeMap<String, Resources> = BTreeMap::new();
+        for q in tree.iter() {
+            let mut l = Resources::new();
+            for (res, limit) in &q.limits {
+                if limit.guarantee.is_some() {
+                    l.add(&Resources::new().with(res.clone(), g_n.of(&q.path).guaranteed.get(res)));
+                }
+            }
+            if q.limits.values().any(|l| l.guarantee.is_some()) {
+                new.insert(q.path.clone(), l);
+            }
+        }
+        for q in tree.iter() {
+            for (res, limit) in &q.limits {
+                let Some(guarantee) = limit.guarantee else { continue };
+                let g = g_n.of(&q.path).guaranteed.get(res);
+                let fleet = fleet_cap.get(res);
+                let share = if fleet == 0 {
+                    0
+                } else {
+                    let s =
+                        u128::from(guarantee) * u128::from(node_cap.get(res)) / u128::from(fleet);
+                    u64::try_from(s).unwrap_or(u64::MAX)
+                };
+                let elsewhere = others
+                    .iter()
+                    .map(|(all, base, lm)| {
+                        let leased = lm.get(&q.path).map_or(0, |r| r.get(res));
+                        let unused = leased.saturating_sub(base.of(&q.path).guaranteed.get(res));
+                        all.of(&q.path).guaranteed.get(res).saturating_add(unused)
+                    })
+                    .fold(0u64, u64::saturating_add);
+                let all = all_n.of(&q.path).guaranteed.get(res);
+                let room = guarantee.saturating_sub(elsewhere).saturating_sub(all);
+                let mut lease = g.saturating_add(room).min(g.max(share));
+                // No ceiling on the chain may be crossed by the booked usage: cut the lease
+                // by the excess (each unit of lease books at most one unit anywhere), and to
+                // `g` (nothing to lend on its own) if that is not enough.
+                let mut tries = 0;
+                while lease > g {
+                    let excess = self.ceiling_excess(tree, &base, &new, &g_n, &q.path, res, lease);
+                    if excess == 0 {
+                        break;
+                    }
+                    tries += 1;
+                    lease = if tries >= 4 { g } else { lease.saturating_sub(excess).max(g) };
+                }
+                if let Some(t) = new.get_mut(&q.path) {
+                    *t = set(t, res, lease);
+                }
+            }
+        }
+        new
+    }
+
+    /// By how much the booked usage would cross a ceiling on `path`'s chain if `node`'s
+    /// lease of `path` were `lease` of `res` (its other leases as in `leases`).
+    #[allow(clippy::too_many_arguments)]
+    fn ceiling_excess(
+        &self,
+        tree: &QuotaTree,
+        base: &Usage,
+        leases: &BTreeMap<String, Resources>,
+        g_n: &Usage,
+        path: &str,
+        res: &Resource,
+        lease: u64,
+    ) -> u64 {
+        let mut trial = leases.clone();
+        if let Some(t) = trial.get_mut(path) {
+            *t = set(t, res, lease);
+        }
+        let ph = phantoms_of(tree, &trial, g_n);
+        let mut excess = 0u64;
+        for cq in tree.chain(path) {
+            let Some(c) = cq.limits.get(res).and_then(|l| l.ceiling) else { continue };
+            let mine = ph
+                .iter()
+                .filter(|(p, _)| is_within(p, &cq.path))
+                .map(|(_, r)| r.get(res))
+                .fold(0u64, u64::saturating_add);
+            let booked = base.of(&cq.path).total().get(res).saturating_add(mine);
+            excess = excess.max(booked.saturating_sub(c));
+        }
+        excess
+    }
+
+    /// `GET /v1/quota/status`.
+    pub fn status(&mut self, tree: &QuotaTree, policy_version: u64, now: u64) -> QuotaStatus {
+        self.tick(now);
+        let capacity = self.capacity();
+        let real = self.real_usage();
+        let per_node: Vec<(Usage, BTreeMap<String, Resources>)> = self
+            .nodes
+            .iter()
+            .map(|(n, nb)| (self.node_leased_base(n), nb.booked_leases()))
+            .collect();
+        let mut paths = Vec::new();
+        for q in tree.iter() {
+            let held = real.of(&q.path);
+            let share = dominant_share(&held.total(), &capacity);
+            for (res, limit) in &q.limits {
+                let lent = match limit.guarantee {
+                    Some(g) => {
+                        let unused = g.saturating_sub(held.guaranteed.get(res));
+                        let lendable = limit.lending_limit.map_or(unused, |l| unused.min(l));
+                        let outside: u64 = real
+                            .tenants()
+                            .filter(|(t, _)| !is_within(t, &q.path) && !is_within(&q.path, t))
+                            .map(|(_, h)| h.borrowed.get(res))
+                            .fold(0, u64::saturating_add);
+                        lendable.min(outside)
+                    }
+                    None => 0,
+                };
+                let leased = if limit.guarantee.is_some() {
+                    per_node
+                        .iter()
+                        .map(|(g, l)| {
+                            let lease = l.get(&q.path).map_or(0, |r| r.get(res));
+                            lease.saturating_sub(g.of(&q.path).guaranteed.get(res))
+                        })
+                        .fold(0, u64::saturating_add)
+                } else {
+                    0
+                };
+                let waiting = self
+                    .waiting
+                    .values()
+                    .filter(|w| is_within(&w.tenant, &q.path))
+                    .map(|w| w.resources.get(res))
+                    .fold(0, u64::saturating_add);
+                paths.push(PathStatus {
+                    path: q.path.clone(),
+                    resource: res.spec_path(),
+                    unit: unit(res).to_string(),
+                    guarantee: limit.guarantee,
+                    ceiling: limit.ceiling,
+                    in_use: held.total().get(res),
+                    borrowed: held.borrowed.get(res),
+                    lent,
+                    leased,
+                    waiting,
+                    dominant_share: share,
+                });
+            }
+        }
+        let preempting = self
+            .reclaims
+            .values()
+            .filter(|r| r.freed_ms.is_none())
+            .flat_map(|r| r.victims.iter())
+            .filter(|v| {
+                self.nodes.get(&v.node).is_some_and(|nb| nb.holdings.contains_key(&v.container_id))
+            })
+            .cloned()
+            .collect();
+        QuotaStatus {
+            policy_version,
+            capacity: Amounts::from_resources(&capacity),
+            paths,
+            books_ready: self.ready,
+            nodes: self.nodes.iter().map(|(n, nb)| (n.clone(), nb.last_sync_ms)).collect(),
+            preempting,
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "books_tests.rs"]
+mod tests;

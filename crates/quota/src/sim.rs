@@ -1,0 +1,2153 @@
+//! A deterministic, event-driven simulator of a GPU fleet under three admission regimes,
+//! run side by side on one list of jobs (`tessera sim --quota-modes`; docs/QUOTAS.md, The
+//! simulator). Pure: no clock, no I/O; the same input gives the same [`Report`].
+//!
+//! # Input
+//!
+//! [`Job`]s (tenant path, arrival, duration, resources: GPUs of the fleet's one model in
+//! micro-GPUs, optional CPU and memory, an optional gang), a [`Fleet`] (N nodes of G GPUs,
+//! optional CPU and memory per node), a [`QuotaTree`] and a [`Mode`]. Jobs of one gang run
+//! as one unit: admitted, placed, preempted and restarted together, for the longest
+//! member's duration; the gang arrives when its last member does.
+//!
+//! # Placement
+//!
+//! Per-GPU bins in micro-GPUs, first fit over nodes in order: a job of k whole GPUs takes k
+//! wholly free GPUs of one node; a fraction (less than one GPU) takes part of the first
+//! GPU with enough left; CPU and memory, where the fleet names them, must fit on the node.
+//! A job that could not be placed on an empty fleet (or, in [`Mode::Static`], its empty
+//! partition), or whose request alone crosses a ceiling ([`Mode::Quotas`]), is refused at
+//! arrival; every other job waits until it runs.
+//!
+//! # Modes
+//!
+//! - [`Mode::Static`]: every quota path that guarantees GPUs of the fleet's model owns a
+//!   fixed partition of whole GPUs: its guarantee less its nearest guaranteed descendants'
+//!   (floored to whole GPUs). Whole nodes go first, in path order; the rest, largest first,
+//!   to the first node with room, else split over the nodes with the most room. A job runs
+//!   in the partition of the innermost path on its chain that has one; tenants with no
+//!   guarantee on their chain share the GPUs left over (none where the guarantees cover
+//!   the fleet). Nothing is lent. Each partition queues as [`Mode::Fifo`] does.
+//! - [`Mode::Fifo`]: one queue for the whole fleet in arrival order; teams and quotas are
+//!   ignored. What Slurm users expect from its default (priority order with the backfill
+//!   scheduler): EASY backfill with exact run times. The head of the queue, when it does
+//!   not fit, gets a reservation at the earliest time it would fit as running jobs end;
+//!   a later job starts now only if it fits now and ends by then.
+//! - [`Mode::Quotas`]: Tessera's rules. Each waiting request is decided by
+//!   [`crate::admit`] (ceilings, guarantees, borrowing, lending limits); the queue is
+//!   served in [`crate::fair_order`], recomputed after each admission, skipping what does
+//!   not fit, as [`crate::allocate`] does, but placing each admission on the bins (one that
+//!   fits the books but not the bins waits). A request within guarantee that finds its
+//!   capacity lent out ([`Decision::Reclaim`]), or that fits the books but not the bins,
+//!   reclaims: on each node (the whole fleet for a gang) the borrowed work of other
+//!   tenants is ordered by [`crate::choose_victims`], the shortest prefix after which the
+//!   request fits is taken (less any victim it does not need), and the node with the
+//!   fewest victims wins (then the fewest GPU-seconds lost, then the lowest index). The
+//!   victims get their tenant's grace period ([`QuotaTree::grace_period_s`]) and are then
+//!   stopped: their work is lost, and they go back to the queue with their original
+//!   arrival time, to restart from zero. The claimant's capacity is held for it (booked
+//!   and placed at once) and it starts when the last victim is gone. A request that would
+//!   cross a ceiling at today's usage waits (the books refuse it; the simulator keeps it
+//!   queued until usage falls).
+//!
+//! # Metrics ([`Report`])
+//!
+//! The span runs from the first arrival to the horizon (by default the trace's own end:
+//! the latest arrival plus duration); what still runs there is counted up to it.
+//!
+//! - **utilisation**: GPU-seconds held (lost work included) / (GPUs × span); **useful
+//!   utilisation** leaves out the work preemptions lost.
+//! - **borrowed GPU-seconds**: held by work admitted as [`Class::Borrowed`] (quotas only;
+//!   0 under static partitions; none under FIFO, which has no guarantees to go beyond).
+//! - **preemptions**: jobs stopped by a reclaim, and the GPU-seconds they had run (lost);
+//!   the reclaims are counted by cause: the books (capacity lent out) or placement (the
+//!   books admit the request but no node has room for it).
+//! - **owner wait p50/p99**: for requests *within their tenant's guarantee when they
+//!   arrived* — the tenant's outstanding work (running or waiting) plus the request fits
+//!   every guarantee on its chain, and some quota on the chain guarantees each resource it
+//!   asks that the chain bounds — the time from arrival to first start, nearest rank. One
+//!   still waiting at the horizon counts with its wait so far (a lower bound).
+//! - **fairness**: Jain's index, (Σx)² / (n·Σx²), over the *entities* (the innermost path
+//!   on a tenant's chain that guarantees GPUs; a tenant with none is its own entity) with a
+//!   non-zero entitlement, of x = useful GPU-seconds received (held less lost) /
+//!   entitlement. Entitlement over the span: first min(demand, guarantee × span) (scaled
+//!   down if the guarantees exceed the fleet), then the capacity left divided max-min
+//!   fairly (equal water-filling) over the demand left. Demand: each job's GPUs × its
+//!   duration, cut at the horizon, refused jobs included. 1 is every entity receiving the
+//!   same fraction of its entitlement. It is a whole-span figure: it does not see who
+//!   waited when.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::fmt::{self, Write as _};
+
+use serde::Serialize;
+use tessera_api::untrusted;
+
+use crate::admit::{admit, Class, Decision, Usage};
+use crate::amount::{Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
+use crate::drf::{dominant_share, fair_order, Waiting};
+use crate::reclaim::{choose_victims, Running};
+use crate::spec::{chain, is_within, QuotaTree};
+
+/// One job of the input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    /// Unique among the jobs.
+    pub id: String,
+    /// The tenant path it is charged to.
+    pub tenant: String,
+    /// Seconds.
+    pub arrival_s: u64,
+    /// Seconds it runs once started (again in full after a preemption).
+    pub duration_s: u64,
+    /// GPUs of the fleet's model in micro-GPUs (a whole number of GPUs, or less than one),
+    /// and optionally CPU and memory.
+    pub resources: Resources,
+    /// Its gang (`tessera.io/gang`): the jobs of one gang run as one unit.
+    pub gang: Option<String>,
+}
+
+/// The simulated fleet: identical nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fleet {
+    /// Nodes (at least one).
+    pub nodes: u32,
+    /// GPUs of each node (0 for a CPU-only fleet).
+    pub gpus_per_node: u32,
+    /// The catalog model of every GPU (`H100-80GB`).
+    pub model: String,
+    /// CPU per node in millicores; `None`: not simulated (jobs' CPU never limits).
+    pub cpu_milli_per_node: Option<u64>,
+    /// Memory per node in MiB; `None`: not simulated.
+    pub memory_mib_per_node: Option<u64>,
+}
+
+impl Fleet {
+    /// What the whole fleet has, as the quota books count it.
+    pub fn capacity(&self) -> Resources {
+        let n = u64::from(self.nodes);
+        let mut c = Resources::new()
+            .with_gpus(&self.model, n.saturating_mul(u64::from(self.gpus_per_node)));
+        if let Some(cpu) = self.cpu_milli_per_node {
+            c = c.with_cpu_milli(cpu.saturating_mul(n));
+        }
+        if let Some(mem) = self.memory_mib_per_node {
+            c = c.with_memory_mib(mem.saturating_mul(n));
+        }
+        c
+    }
+}
+
+/// How the simulated fleet admits work (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// A fixed partition per guarantee; no borrowing.
+    Static,
+    /// One queue in arrival order with EASY backfill; no quotas.
+    Fifo,
+    /// Tessera's quotas: guarantees, borrowing, the fair queue and reclaim.
+    Quotas,
+}
+
+impl Mode {
+    /// The three, in the order they are compared.
+    pub const ALL: [Mode; 3] = [Mode::Static, Mode::Fifo, Mode::Quotas];
+
+    /// `static`, `fifo`, `quotas`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::Static => "static",
+            Mode::Fifo => "fifo",
+            Mode::Quotas => "quotas",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// Why the simulator refused its input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SimError {
+    /// The fleet has no node.
+    #[error("the fleet has no node: give at least one")]
+    NoNode,
+    /// A job asks for GPUs of a model the fleet does not have.
+    #[error(
+        "job {}: asks for GPUs of model {}, but the fleet's GPUs are {}",
+        untrusted(id),
+        untrusted(model),
+        untrusted(fleet)
+    )]
+    OtherModel { id: String, model: String, fleet: String },
+    /// A job asks for more than one GPU, but not a whole number of GPUs.
+    #[error(
+        "job {}: asks for {} GPUs: more than one GPU must be a whole number of GPUs",
+        untrusted(id),
+        *micro as f64 / MICRO_PER_GPU as f64
+    )]
+    PartialGpus {
+        id: String,
+        /// What it asks, in micro-GPUs.
+        micro: u64,
+    },
+    /// Two jobs share an id.
+    #[error("job id {} is given twice: ids must be unique", untrusted(id))]
+    DuplicateId { id: String },
+    /// The jobs of one gang are charged to different tenants.
+    #[error(
+        "gang {}: job {} is charged to {} but job {} to {}: a gang belongs to one tenant",
+        untrusted(gang),
+        untrusted(id),
+        untrusted(tenant),
+        untrusted(first),
+        untrusted(first_tenant)
+    )]
+    GangTenants { gang: String, id: String, tenant: String, first: String, first_tenant: String },
+}
+
+/// One job's fate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The job's id (a gang member's is `GANG#i`, i its place among the gang's jobs in
+    /// the input).
+    pub id: String,
+    /// When it first started (`None`: never, or refused).
+    pub first_start_s: Option<u64>,
+    /// Times it was preempted.
+    pub preempted: u32,
+    /// Refused at arrival (never placeable, or over a ceiling on its own).
+    pub refused: bool,
+    /// Within its tenant's guarantee when it arrived.
+    pub owner: bool,
+}
+
+/// What a tenant held at the horizon.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct HeldAtEnd {
+    /// GPUs of the fleet's model.
+    pub gpus: f64,
+    /// CPU cores.
+    pub cpu_cores: f64,
+    /// Memory in MiB.
+    pub memory_mib: u64,
+}
+
+/// One tenant's figures.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TenantReport {
+    /// The tenant path.
+    pub tenant: String,
+    /// Jobs that arrived by the horizon.
+    pub jobs: u64,
+    /// Refused at arrival.
+    pub refused: u64,
+    /// Ran to the end.
+    pub finished: u64,
+    /// Running at the horizon.
+    pub running_at_end: u64,
+    /// Waiting at the horizon.
+    pub waiting_at_end: u64,
+    /// GPUs × duration of its jobs, each cut at the horizon (refused jobs included).
+    pub demand_gpu_seconds: f64,
+    /// Held, lost work included.
+    pub gpu_seconds: f64,
+    /// Held by work admitted as borrowed (quotas mode).
+    pub borrowed_gpu_seconds: f64,
+    /// Held by work later preempted (lost).
+    pub lost_gpu_seconds: f64,
+    /// Its jobs stopped by reclaims.
+    pub preempted: u64,
+    /// What its running jobs held at the horizon.
+    pub held_at_end: HeldAtEnd,
+    /// [`dominant_share`] of what it held at the horizon.
+    pub dominant_share_at_end: f64,
+}
+
+/// One fairness entity's entitlement and what it received.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FairShare {
+    /// The path whose guarantee it is, or a tenant without one.
+    pub entity: String,
+    /// Its own guarantee (less its guaranteed descendants'), GPUs.
+    pub guarantee_gpus: f64,
+    /// Its tenants' demand ([`TenantReport::demand_gpu_seconds`]).
+    pub demand_gpu_seconds: f64,
+    /// What it is entitled to over the span (module documentation).
+    pub entitled_gpu_seconds: f64,
+    /// Held less lost.
+    pub received_gpu_seconds: f64,
+}
+
+/// One static partition.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Partition {
+    /// The quota path that owns it, or `(remainder)`.
+    pub owner: String,
+    /// Its own guarantee in GPUs (0 for the remainder).
+    pub guarantee_gpus: f64,
+    /// Whole GPUs it got.
+    pub gpus: u32,
+}
+
+/// The outcome of one simulation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// The mode simulated.
+    pub mode: Mode,
+    /// The fleet: nodes, GPUs per node, GPU model.
+    pub nodes: u32,
+    /// GPUs of each node.
+    pub gpus_per_node: u32,
+    /// The GPU model.
+    pub model: String,
+    /// First arrival to the horizon.
+    pub span_s: u64,
+    /// Jobs that arrived by the horizon.
+    pub jobs: u64,
+    /// Jobs that ran to the end.
+    pub finished: u64,
+    /// Jobs running at the horizon.
+    pub running_at_end: u64,
+    /// Jobs waiting at the horizon (a claimant in its victims' grace period included).
+    pub waiting_at_end: u64,
+    /// Jobs refused at arrival.
+    pub refused: u64,
+    /// GPU-seconds held, lost work included.
+    pub gpu_seconds: f64,
+    /// [`Report::gpu_seconds`] / (GPUs × span).
+    pub utilisation: f64,
+    /// GPU-seconds held less those lost to preemptions, over GPUs × span.
+    pub useful_utilisation: f64,
+    /// `None` in FIFO mode (no guarantees to borrow beyond).
+    pub borrowed_gpu_seconds: Option<f64>,
+    /// Jobs stopped by reclaims (a job stopped twice counts twice).
+    pub preemptions: u64,
+    /// GPU-seconds those jobs had run, lost.
+    pub lost_gpu_seconds: f64,
+    /// Requests within guarantee that preempted borrowed work because their capacity
+    /// was lent out ([`Decision::Reclaim`]).
+    pub reclaims_for_quota: u64,
+    /// Requests within guarantee that preempted borrowed work because the books admitted
+    /// them but no node had room (fragmentation).
+    pub reclaims_for_placement: u64,
+    /// Requests within their tenant's guarantee at arrival.
+    pub owner_requests: u64,
+    /// Of those, not started by the horizon (their wait so far is counted).
+    pub owner_unstarted: u64,
+    /// Their wait from arrival to first start, seconds, nearest rank (`None`: none).
+    pub owner_wait_p50_s: Option<u64>,
+    /// See [`Report::owner_wait_p50_s`].
+    pub owner_wait_p99_s: Option<u64>,
+    /// Every job's wait (arrival to first start), same rules.
+    pub wait_p50_s: Option<u64>,
+    /// See [`Report::wait_p50_s`].
+    pub wait_p99_s: Option<u64>,
+    /// Jain's index (module documentation); `None` when no entity is entitled to GPUs.
+    pub fairness: Option<f64>,
+    /// The entities the index is over.
+    pub fair_shares: Vec<FairShare>,
+    /// Static mode's partitions (empty in the others).
+    pub partitions: Vec<Partition>,
+    /// Per tenant, by path.
+    pub tenants: Vec<TenantReport>,
+    /// Per job, in (arrival, id) order; not serialised.
+    #[serde(skip)]
+    pub outcomes: Vec<Outcome>,
+}
+
+/// An input with its horizon.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// The jobs.
+    pub jobs: Vec<Job>,
+    /// The fleet they run on.
+    pub fleet: Fleet,
+    /// The quotas.
+    pub tree: QuotaTree,
+    /// Where to stop (default: the latest arrival plus duration).
+    pub horizon_s: Option<u64>,
+}
+
+/// Tasks each tenant has waiting in [`drf_example`]: more than ever fit.
+pub const DRF_BACKLOG: usize = 10;
+
+/// The example of the DRF paper (Ghodsi et al., NSDI 2011, section 4): one node of 9 CPUs
+/// and 18 GB, no GPU, no quota (so the fair queue is pure DRF); tenant `drf/a`'s tasks ask
+/// ⟨1 CPU, 4 GB⟩, `drf/b`'s ⟨3 CPU, 1 GB⟩, [`DRF_BACKLOG`] each, all at time 0 for 1,000 s;
+/// the horizon is at 500 s. Run in [`Mode::Quotas`], A holds 3 tasks and B 2, each with a
+/// dominant share of 2/3.
+pub fn drf_example() -> Scenario {
+    let task = |i: usize, who: &str, cpu: u64, gib: u64| Job {
+        id: format!("{who}{i:02}"),
+        tenant: format!("drf/{who}"),
+        arrival_s: 0,
+        duration_s: 1_000,
+        resources: Resources::new()
+            .with_cpu_milli(cpu * MILLI_PER_CORE)
+            .with_memory_mib(gib * MIB_PER_GIB),
+        gang: None,
+    };
+    let jobs = (0..DRF_BACKLOG).flat_map(|i| [task(i, "a", 1, 4), task(i, "b", 3, 1)]).collect();
+    Scenario {
+        jobs,
+        fleet: Fleet {
+            nodes: 1,
+            gpus_per_node: 0,
+            model: "H100-80GB".into(),
+            cpu_milli_per_node: Some(9 * MILLI_PER_CORE),
+            memory_mib_per_node: Some(18 * MIB_PER_GIB),
+        },
+        tree: QuotaTree::default(),
+        horizon_s: Some(500),
+    }
+}
+
+/// Runs every mode of [`Mode::ALL`] on the same input.
+pub fn run_modes(
+    jobs: &[Job],
+    fleet: &Fleet,
+    tree: &QuotaTree,
+    horizon_s: Option<u64>,
+) -> Result<Vec<Report>, SimError> {
+    Mode::ALL.iter().map(|&m| run(jobs, fleet, tree, m, horizon_s)).collect()
+}
+
+/// Simulates `jobs` on `fleet` under `tree` in `mode` until `horizon_s` (default: the
+/// latest arrival plus duration).
+pub fn run(
+    jobs: &[Job],
+    fleet: &Fleet,
+    tree: &QuotaTree,
+    mode: Mode,
+    horizon_s: Option<u64>,
+) -> Result<Report, SimError> {
+    let units = units_of(jobs, fleet)?;
+    let mut sim = Sim::new(units, fleet, tree, mode, horizon_s);
+    sim.run();
+    Ok(sim.report())
+}
+
+// --- units ---------------------------------------------------------------------------------
+
+/// What one job needs of one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Member {
+    gpu: i64,
+    cpu: i64,
+    mem: i64,
+}
+
+/// A job, or a whole gang: what is admitted, placed and preempted as one.
+#[derive(Debug, Clone)]
+struct Unit {
+    id: String,
+    tenant: String,
+    /// Indices of its jobs in the input.
+    jobs: Vec<usize>,
+    members: Vec<Member>,
+    resources: Resources,
+    gpu: u64,
+    arrival: u64,
+    duration: u64,
+    key: Key,
+}
+
+/// Requests of one tenant with the same key are interchangeable but for their order.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Key {
+    One(Member),
+    Gang(String),
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn units_of(jobs: &[Job], fleet: &Fleet) -> Result<Vec<Unit>, SimError> {
+    if fleet.nodes == 0 {
+        return Err(SimError::NoNode);
+    }
+    let mut seen = BTreeSet::new();
+    let mut members = Vec::with_capacity(jobs.len());
+    for j in jobs {
+        if !seen.insert(j.id.as_str()) {
+            return Err(SimError::DuplicateId { id: j.id.clone() });
+        }
+        let mut gpu = 0;
+        for (r, a) in j.resources.iter() {
+            if let Resource::Gpu(model) = r {
+                if *model != fleet.model {
+                    return Err(SimError::OtherModel {
+                        id: j.id.clone(),
+                        model: model.clone(),
+                        fleet: fleet.model.clone(),
+                    });
+                }
+                if a > MICRO_PER_GPU && a % MICRO_PER_GPU != 0 {
+                    return Err(SimError::PartialGpus { id: j.id.clone(), micro: a });
+                }
+                gpu = a;
+            }
+        }
+        members.push(Member {
+            gpu: to_i64(gpu),
+            cpu: to_i64(j.resources.get(&Resource::Cpu)),
+            mem: to_i64(j.resources.get(&Resource::Memory)),
+        });
+    }
+    let mut units = Vec::new();
+    let mut gangs: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, j) in jobs.iter().enumerate() {
+        let gpu = j.resources.get(&Resource::gpu(&fleet.model));
+        match &j.gang {
+            None => units.push(Unit {
+                id: j.id.clone(),
+                tenant: j.tenant.clone(),
+                jobs: vec![i],
+                members: vec![members[i]],
+                resources: j.resources.clone(),
+                gpu,
+                arrival: j.arrival_s,
+                duration: j.duration_s,
+                key: Key::One(members[i]),
+            }),
+            Some(g) => {
+                if let Some(&u) = gangs.get(g.as_str()) {
+                    let unit: &mut Unit = &mut units[u];
+                    if unit.tenant != j.tenant {
+                        return Err(SimError::GangTenants {
+                            gang: g.clone(),
+                            id: j.id.clone(),
+                            tenant: j.tenant.clone(),
+                            first: jobs[unit.jobs[0]].id.clone(),
+                            first_tenant: unit.tenant.clone(),
+                        });
+                    }
+                    unit.jobs.push(i);
+                    unit.members.push(members[i]);
+                    unit.resources.add(&j.resources);
+                    unit.gpu = unit.gpu.saturating_add(gpu);
+                    unit.arrival = unit.arrival.max(j.arrival_s);
+                    unit.duration = unit.duration.max(j.duration_s);
+                } else {
+                    gangs.insert(g, units.len());
+                    units.push(Unit {
+                        id: format!("gang {g}"),
+                        tenant: j.tenant.clone(),
+                        jobs: vec![i],
+                        members: vec![members[i]],
+                        resources: j.resources.clone(),
+                        gpu,
+                        arrival: j.arrival_s,
+                        duration: j.duration_s,
+                        key: Key::Gang(g.clone()),
+                    });
+                }
+            }
+        }
+    }
+    // Index order is (arrival, id) order: the queues' order and every tie-break.
+    units.sort_by(|a, b| a.arrival.cmp(&b.arrival).then_with(|| a.id.cmp(&b.id)));
+    Ok(units)
+}
+
+// --- bins ----------------------------------------------------------------------------------
+
+const WHOLE: i64 = MICRO_PER_GPU as i64;
+
+/// Where one member runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Slot {
+    node: usize,
+    gpus: Vec<(usize, i64)>,
+    cpu: i64,
+    mem: i64,
+}
+
+/// Free capacity per node and GPU. Signed: a claimant's reservation is placed at once on
+/// capacity its victims still hold during their grace period.
+#[derive(Debug, Clone)]
+struct Bins {
+    gpu: Vec<Vec<i64>>,
+    /// Partition of each GPU (static mode; 0 otherwise).
+    part: Vec<Vec<usize>>,
+    cpu: Option<Vec<i64>>,
+    mem: Option<Vec<i64>>,
+}
+
+impl Bins {
+    fn new(fleet: &Fleet) -> Bins {
+        let n = fleet.nodes as usize;
+        let g = fleet.gpus_per_node as usize;
+        Bins {
+            gpu: vec![vec![WHOLE; g]; n],
+            part: vec![vec![0; g]; n],
+            cpu: fleet.cpu_milli_per_node.map(|c| vec![to_i64(c); n]),
+            mem: fleet.memory_mib_per_node.map(|m| vec![to_i64(m); n]),
+        }
+    }
+
+    /// First fit for one member, in partition `part` (any if `None`), on `node` (any if
+    /// `None`).
+    fn find(&self, m: &Member, part: Option<usize>, node: Option<usize>) -> Option<Slot> {
+        let nodes = match node {
+            Some(n) => n..n + 1,
+            None => 0..self.gpu.len(),
+        };
+        for n in nodes {
+            if self.cpu.as_ref().is_some_and(|c| c[n] < m.cpu)
+                || self.mem.as_ref().is_some_and(|c| c[n] < m.mem)
+            {
+                continue;
+            }
+            let ok = |g: usize| match part {
+                Some(p) => self.part[n][g] == p,
+                None => true,
+            };
+            let free = &self.gpu[n];
+            let gpus = if m.gpu == 0 {
+                Vec::new()
+            } else if m.gpu >= WHOLE {
+                let k = usize::try_from(m.gpu / WHOLE).unwrap_or(usize::MAX);
+                let whole: Vec<(usize, i64)> = (0..free.len())
+                    .filter(|&g| ok(g) && free[g] == WHOLE)
+                    .take(k)
+                    .map(|g| (g, WHOLE))
+                    .collect();
+                if whole.len() < k {
+                    continue;
+                }
+                whole
+            } else {
+                match (0..free.len()).find(|&g| ok(g) && free[g] >= m.gpu) {
+                    Some(g) => vec![(g, m.gpu)],
+                    None => continue,
+                }
+            };
+            return Some(Slot { node: n, gpus, cpu: m.cpu, mem: m.mem });
+        }
+        None
+    }
+
+    fn take(&mut self, s: &Slot) {
+        for &(g, a) in &s.gpus {
+            self.gpu[s.node][g] -= a;
+        }
+        if let Some(c) = &mut self.cpu {
+            c[s.node] -= s.cpu;
+        }
+        if let Some(c) = &mut self.mem {
+            c[s.node] -= s.mem;
+        }
+    }
+
+    fn give(&mut self, s: &Slot) {
+        for &(g, a) in &s.gpus {
+            self.gpu[s.node][g] += a;
+        }
+        if let Some(c) = &mut self.cpu {
+            c[s.node] += s.cpu;
+        }
+        if let Some(c) = &mut self.mem {
+            c[s.node] += s.mem;
+        }
+    }
+
+    /// Places every member (taking the capacity) or none.
+    fn place(
+        &mut self,
+        members: &[Member],
+        part: Option<usize>,
+        node: Option<usize>,
+    ) -> Option<Vec<Slot>> {
+        let mut slots = Vec::with_capacity(members.len());
+        for m in members {
+            match self.find(m, part, node) {
+                Some(s) => {
+                    self.take(&s);
+                    slots.push(s);
+                }
+                None => {
+                    for s in &slots {
+                        self.give(s);
+                    }
+                    return None;
+                }
+            }
+        }
+        Some(slots)
+    }
+
+    /// Where every member would go, without taking anything.
+    fn fit(
+        &self,
+        members: &[Member],
+        part: Option<usize>,
+        node: Option<usize>,
+    ) -> Option<Vec<Slot>> {
+        if let [m] = members {
+            return self.find(m, part, node).map(|s| vec![s]);
+        }
+        self.clone().place(members, part, node)
+    }
+
+    /// Whether some GPU of `part` has anything free.
+    fn any_gpu_free(&self, part: Option<usize>) -> bool {
+        self.gpu.iter().enumerate().any(|(n, gpus)| {
+            gpus.iter().enumerate().any(|(g, &f)| {
+                f > 0
+                    && match part {
+                        Some(p) => self.part[n][g] == p,
+                        None => true,
+                    }
+            })
+        })
+    }
+}
+
+// --- static partitions ---------------------------------------------------------------------
+
+/// The GPU guarantee `path` keeps for itself: its guarantee less those of its nearest
+/// descendants that set one.
+fn own_guarantee(tree: &QuotaTree, gpu: &Resource, path: &str) -> u64 {
+    let g = |p: &str| tree.get(p).and_then(|q| q.limits.get(gpu)).and_then(|l| l.guarantee);
+    let Some(mine) = g(path) else { return 0 };
+    let below: u64 = tree
+        .iter()
+        .filter(|d| d.path != path && is_within(&d.path, path))
+        .filter(|d| {
+            g(&d.path).is_some()
+                && !chain(&d.path).skip(1).take_while(|p| *p != path).any(|p| g(p).is_some())
+        })
+        .filter_map(|d| g(&d.path))
+        .sum();
+    mine.saturating_sub(below)
+}
+
+/// The innermost path on `tenant`'s chain that guarantees `gpu`.
+fn guarantor<'t>(tree: &'t QuotaTree, gpu: &Resource, tenant: &str) -> Option<&'t str> {
+    chain(tenant)
+        .filter_map(|p| tree.get(p))
+        .find(|q| q.limits.get(gpu).is_some_and(|l| l.guarantee.is_some()))
+        .map(|q| q.path.as_str())
+}
+
+/// The partitions (the remainder last) and each GPU's partition.
+fn partitions(tree: &QuotaTree, fleet: &Fleet) -> (Vec<Partition>, Vec<Vec<usize>>) {
+    let gpu = Resource::gpu(&fleet.model);
+    let mut parts: Vec<Partition> = tree
+        .iter()
+        .filter(|q| q.limits.get(&gpu).is_some_and(|l| l.guarantee.is_some()))
+        .map(|q| {
+            let own = own_guarantee(tree, &gpu, &q.path);
+            Partition {
+                owner: q.path.clone(),
+                guarantee_gpus: own as f64 / MICRO_PER_GPU as f64,
+                gpus: 0,
+            }
+        })
+        .collect();
+    let mut left: Vec<u64> =
+        parts.iter().map(|p| own_guarantee(tree, &gpu, &p.owner) / MICRO_PER_GPU).collect();
+    let remainder = parts.len();
+    let n = fleet.nodes as usize;
+    let per = fleet.gpus_per_node as usize;
+    let mut of = vec![vec![remainder; per]; n];
+    let room =
+        |of: &Vec<Vec<usize>>, node: usize| of[node].iter().filter(|&&p| p == remainder).count();
+    let assign = |of: &mut Vec<Vec<usize>>, node: usize, p: usize, k: usize| {
+        for slot in of[node].iter_mut().filter(|s| **s == remainder).take(k) {
+            *slot = p;
+        }
+    };
+    // Whole nodes first, in path order.
+    if per > 0 {
+        for (p, need) in left.iter_mut().enumerate() {
+            while *need >= per as u64 {
+                let Some(node) = (0..n).find(|&i| room(&of, i) == per) else { break };
+                assign(&mut of, node, p, per);
+                *need -= per as u64;
+            }
+        }
+    }
+    // Then the rest, largest first: the first node with room, else split.
+    let mut rest: Vec<usize> = (0..parts.len()).filter(|&p| left[p] > 0).collect();
+    rest.sort_by(|&a, &b| left[b].cmp(&left[a]).then(a.cmp(&b)));
+    for p in rest {
+        let need = usize::try_from(left[p]).unwrap_or(usize::MAX);
+        if let Some(node) = (0..n).find(|&i| room(&of, i) >= need) {
+            assign(&mut of, node, p, need);
+            continue;
+        }
+        let mut need = need;
+        while need > 0 {
+            let Some(node) =
+                (0..n).filter(|&i| room(&of, i) > 0).max_by_key(|&i| (room(&of, i), Reverse(i)))
+            else {
+                break;
+            };
+            let k = room(&of, node).min(need);
+            assign(&mut of, node, p, k);
+            need -= k;
+        }
+    }
+    let mut counts = vec![0u32; parts.len() + 1];
+    for row in &of {
+        for &p in row {
+            counts[p] += 1;
+        }
+    }
+    for (p, part) in parts.iter_mut().enumerate() {
+        part.gpus = counts[p];
+    }
+    parts.push(Partition {
+        owner: "(remainder)".into(),
+        guarantee_gpus: 0.0,
+        gpus: counts[remainder],
+    });
+    (parts, of)
+}
+
+// --- the simulation ------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    NotYet,
+    Waiting,
+    /// Booked and placed for a claimant whose victims are in their grace period.
+    Reserved,
+    Running,
+    /// Chosen as a victim: runs until its grace period ends.
+    Terminating,
+    Done,
+    Refused,
+}
+
+#[derive(Debug, Clone)]
+struct State {
+    phase: Phase,
+    epoch: u32,
+    start: u64,
+    first_start: Option<u64>,
+    class: Class,
+    slots: Vec<Slot>,
+    owner: bool,
+    preempted: u32,
+}
+
+// Event kinds, in the order they are handled at one instant.
+const END: u8 = 0;
+const KILL: u8 = 1;
+const BEGIN: u8 = 2;
+const ARRIVE: u8 = 3;
+
+/// The victims that clear room for a claimant, where it then goes, and the choice's key:
+/// (victims, GPU-seconds they lose, node).
+#[derive(Debug)]
+struct Clearing {
+    victims: Vec<usize>,
+    slots: Vec<Slot>,
+    key: (usize, u128, usize),
+}
+
+/// Why a request within guarantee reclaims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    /// The books: its capacity is lent out ([`Decision::Reclaim`]).
+    Books,
+    /// The bins: the books admit it, but no node has room for it.
+    Placement,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Acc {
+    jobs: u64,
+    refused: u64,
+    finished: u64,
+    demand: u128,
+    held: u128,
+    borrowed: u128,
+    lost: u128,
+    preempted: u64,
+}
+
+#[derive(Debug)]
+struct Sim<'a> {
+    mode: Mode,
+    tree: &'a QuotaTree,
+    fleet: &'a Fleet,
+    capacity: Resources,
+    units: Vec<Unit>,
+    st: Vec<State>,
+    bins: Bins,
+    empty: Bins,
+    /// Static: each unit's partition; the queue it waits in.
+    part_of: Vec<Option<usize>>,
+    queue_of: Vec<usize>,
+    partitions: Vec<Partition>,
+    events: BinaryHeap<Reverse<(u64, u8, usize, u32)>>,
+    /// The quota books (quotas mode).
+    usage: Usage,
+    /// Everything that arrived and is not done, as guaranteed (owner classification).
+    outstanding: Usage,
+    running: BTreeSet<usize>,
+    fair_q: BTreeMap<(String, Key), BTreeSet<usize>>,
+    fifo_q: Vec<BTreeSet<usize>>,
+    t0: u64,
+    horizon: u64,
+    acc: BTreeMap<String, Acc>,
+    preemptions: u64,
+    /// Claims served by preemption: (for the books, for placement).
+    reclaims: (u64, u64),
+}
+
+impl<'a> Sim<'a> {
+    fn new(
+        units: Vec<Unit>,
+        fleet: &'a Fleet,
+        tree: &'a QuotaTree,
+        mode: Mode,
+        horizon_s: Option<u64>,
+    ) -> Sim<'a> {
+        let gpu = Resource::gpu(&fleet.model);
+        let mut bins = Bins::new(fleet);
+        let (partitions, part_of, queues) = match mode {
+            Mode::Static => {
+                let (parts, of) = partitions(tree, fleet);
+                bins.part = of;
+                let index: BTreeMap<&str, usize> =
+                    parts.iter().enumerate().map(|(i, p)| (p.owner.as_str(), i)).collect();
+                let remainder = parts.len() - 1;
+                let part_of = units
+                    .iter()
+                    .map(|u| {
+                        Some(
+                            guarantor(tree, &gpu, &u.tenant)
+                                .and_then(|p| index.get(p).copied())
+                                .unwrap_or(remainder),
+                        )
+                    })
+                    .collect();
+                let n = parts.len();
+                (parts, part_of, n)
+            }
+            Mode::Fifo | Mode::Quotas => (Vec::new(), vec![None; units.len()], 1),
+        };
+        let queue_of = part_of.iter().map(|p: &Option<usize>| p.unwrap_or(0)).collect();
+        let t0 = units.iter().map(|u| u.arrival).min().unwrap_or(0);
+        let end = units.iter().map(|u| u.arrival.saturating_add(u.duration)).max().unwrap_or(0);
+        let horizon = horizon_s.unwrap_or(end).max(t0);
+        let mut events = BinaryHeap::new();
+        for (i, u) in units.iter().enumerate() {
+            events.push(Reverse((u.arrival, ARRIVE, i, 0)));
+        }
+        let st = units
+            .iter()
+            .map(|_| State {
+                phase: Phase::NotYet,
+                epoch: 0,
+                start: 0,
+                first_start: None,
+                class: Class::Guaranteed,
+                slots: Vec::new(),
+                owner: false,
+                preempted: 0,
+            })
+            .collect();
+        let empty = bins.clone();
+        Sim {
+            mode,
+            tree,
+            fleet,
+            capacity: fleet.capacity(),
+            units,
+            st,
+            bins,
+            empty,
+            part_of,
+            queue_of,
+            partitions,
+            events,
+            usage: Usage::new(),
+            outstanding: Usage::new(),
+            running: BTreeSet::new(),
+            fair_q: BTreeMap::new(),
+            fifo_q: vec![BTreeSet::new(); queues],
+            t0,
+            horizon,
+            acc: BTreeMap::new(),
+            preemptions: 0,
+            reclaims: (0, 0),
+        }
+    }
+
+    fn run(&mut self) {
+        while let Some(&Reverse((t, ..))) = self.events.peek() {
+            if t > self.horizon {
+                break;
+            }
+            while let Some(&Reverse((at, kind, u, epoch))) = self.events.peek() {
+                if at != t {
+                    break;
+                }
+                self.events.pop();
+                match kind {
+                    END => self.end(u, epoch, t),
+                    KILL => self.kill(u, epoch, t),
+                    BEGIN => self.begin(u, epoch, t),
+                    _ => self.arrive(u, t),
+                }
+            }
+            match self.mode {
+                Mode::Quotas => self.pass_quotas(t),
+                Mode::Static | Mode::Fifo => {
+                    for q in 0..self.fifo_q.len() {
+                        self.pass_fifo(q, t);
+                    }
+                }
+            }
+        }
+        // What still runs is counted up to the horizon.
+        let running: Vec<usize> = self.running.iter().copied().collect();
+        for u in running {
+            self.accrue(u, self.horizon, false);
+        }
+    }
+
+    fn acc(&mut self, tenant: &str) -> &mut Acc {
+        self.acc.entry(tenant.to_string()).or_default()
+    }
+
+    fn enqueue(&mut self, u: usize) {
+        let unit = &self.units[u];
+        match self.mode {
+            Mode::Quotas => {
+                self.fair_q.entry((unit.tenant.clone(), unit.key.clone())).or_default().insert(u);
+            }
+            Mode::Static | Mode::Fifo => {
+                self.fifo_q[self.queue_of[u]].insert(u);
+            }
+        }
+    }
+
+    fn dequeue(&mut self, u: usize) {
+        let unit = &self.units[u];
+        match self.mode {
+            Mode::Quotas => {
+                let k = (unit.tenant.clone(), unit.key.clone());
+                if let Some(q) = self.fair_q.get_mut(&k) {
+                    q.remove(&u);
+                    if q.is_empty() {
+                        self.fair_q.remove(&k);
+                    }
+                }
+            }
+            Mode::Static | Mode::Fifo => {
+                self.fifo_q[self.queue_of[u]].remove(&u);
+            }
+        }
+    }
+
+    fn arrive(&mut self, u: usize, t: u64) {
+        let unit = &self.units[u];
+        let (tenant, jobs) = (unit.tenant.clone(), unit.jobs.len() as u64);
+        let cut = unit.duration.min(self.horizon.saturating_sub(t));
+        let demand = u128::from(unit.gpu) * u128::from(cut);
+        let over_ceiling = self.mode == Mode::Quotas
+            && matches!(
+                admit(self.tree, &self.capacity, &Usage::new(), &unit.tenant, &unit.resources),
+                Decision::Refuse(_)
+            );
+        let never = over_ceiling || self.empty.fit(&unit.members, self.part_of[u], None).is_none();
+        let a = self.acc(&tenant);
+        a.jobs += jobs;
+        a.demand += demand;
+        if never {
+            a.refused += jobs;
+            self.st[u].phase = Phase::Refused;
+            return;
+        }
+        let unit = &self.units[u];
+        self.st[u].owner =
+            within_guarantee(self.tree, &self.outstanding, &unit.tenant, &unit.resources);
+        self.outstanding.add(&unit.tenant, Class::Guaranteed, &unit.resources);
+        self.st[u].phase = Phase::Waiting;
+        self.enqueue(u);
+    }
+
+    fn start(&mut self, u: usize, slots: Vec<Slot>, class: Class, t: u64) {
+        self.dequeue(u);
+        for s in &slots {
+            self.bins.take(s);
+        }
+        if self.mode == Mode::Quotas {
+            self.usage.add(&self.units[u].tenant, class, &self.units[u].resources);
+        }
+        let st = &mut self.st[u];
+        st.phase = Phase::Running;
+        st.epoch += 1;
+        st.start = t;
+        st.first_start.get_or_insert(t);
+        st.class = class;
+        st.slots = slots;
+        let epoch = st.epoch;
+        self.running.insert(u);
+        self.events.push(Reverse((t.saturating_add(self.units[u].duration), END, u, epoch)));
+    }
+
+    /// Books and places `u` now; it starts at `begin`.
+    fn reserve(&mut self, u: usize, slots: Vec<Slot>, t: u64, begin: u64) {
+        self.dequeue(u);
+        for s in &slots {
+            self.bins.take(s);
+        }
+        self.usage.add(&self.units[u].tenant, Class::Guaranteed, &self.units[u].resources);
+        let st = &mut self.st[u];
+        st.phase = Phase::Reserved;
+        st.epoch += 1;
+        st.class = Class::Guaranteed;
+        st.slots = slots;
+        let epoch = st.epoch;
+        self.events.push(Reverse((begin.max(t), BEGIN, u, epoch)));
+    }
+
+    fn begin(&mut self, u: usize, epoch: u32, t: u64) {
+        let st = &mut self.st[u];
+        if st.phase != Phase::Reserved || st.epoch != epoch {
+            return;
+        }
+        st.phase = Phase::Running;
+        st.start = t;
+        st.first_start.get_or_insert(t);
+        self.running.insert(u);
+        self.events.push(Reverse((t.saturating_add(self.units[u].duration), END, u, epoch)));
+    }
+
+    /// Counts `u`'s GPU-seconds from its start to `until` (cut at the horizon).
+    fn accrue(&mut self, u: usize, until: u64, lost: bool) {
+        let secs = until.min(self.horizon).saturating_sub(self.st[u].start);
+        let gs = u128::from(self.units[u].gpu) * u128::from(secs);
+        let borrowed = self.mode == Mode::Quotas && self.st[u].class == Class::Borrowed;
+        let tenant = self.units[u].tenant.clone();
+        let a = self.acc(&tenant);
+        a.held += gs;
+        if borrowed {
+            a.borrowed += gs;
+        }
+        if lost {
+            a.lost += gs;
+        }
+    }
+
+    /// Stops `u` (ended or killed) and gives its capacity back.
+    fn stop(&mut self, u: usize, t: u64, lost: bool) {
+        self.accrue(u, t, lost);
+        let slots = std::mem::take(&mut self.st[u].slots);
+        for s in &slots {
+            self.bins.give(s);
+        }
+        if self.mode == Mode::Quotas {
+            self.usage.release(&self.units[u].tenant, self.st[u].class, &self.units[u].resources);
+        }
+        self.running.remove(&u);
+    }
+
+    fn end(&mut self, u: usize, epoch: u32, t: u64) {
+        let st = &self.st[u];
+        if st.epoch != epoch || !matches!(st.phase, Phase::Running | Phase::Terminating) {
+            return;
+        }
+        self.stop(u, t, false);
+        self.st[u].phase = Phase::Done;
+        let unit = &self.units[u];
+        self.outstanding.release(&unit.tenant, Class::Guaranteed, &unit.resources);
+        let (tenant, jobs) = (unit.tenant.clone(), unit.jobs.len() as u64);
+        self.acc(&tenant).finished += jobs;
+    }
+
+    fn kill(&mut self, u: usize, epoch: u32, t: u64) {
+        let st = &self.st[u];
+        if st.epoch != epoch || st.phase != Phase::Terminating {
+            return;
+        }
+        self.stop(u, t, true);
+        let jobs = self.units[u].jobs.len() as u64;
+        let st = &mut self.st[u];
+        st.phase = Phase::Waiting;
+        st.preempted += 1;
+        self.preemptions += jobs;
+        let tenant = self.units[u].tenant.clone();
+        self.acc(&tenant).preempted += jobs;
+        self.enqueue(u);
+    }
+
+    // --- FIFO and static: arrival order with EASY backfill --------------------------------
+
+    fn pass_fifo(&mut self, q: usize, t: u64) {
+        let mut queue = std::mem::take(&mut self.fifo_q[q]);
+        while let Some(&head) = queue.first() {
+            let part = self.part_of[head];
+            if let Some(slots) = self.bins.fit(&self.units[head].members, part, None) {
+                queue.remove(&head);
+                self.start(head, slots, Class::Guaranteed, t);
+                continue;
+            }
+            // The head waits for its reservation; later jobs that fit now and end by then
+            // go first. A shape that does not fit now fits no later job of this pass.
+            let shadow = self.shadow(head, part);
+            let shapes =
+                queue.iter().skip(1).map(|&v| &self.units[v].key).collect::<BTreeSet<_>>().len();
+            let mut failed: BTreeSet<Key> = BTreeSet::new();
+            let mut started = Vec::new();
+            let mut gpu_free = self.bins.any_gpu_free(part);
+            for &v in queue.iter().skip(1) {
+                if failed.len() == shapes {
+                    break;
+                }
+                let unit = &self.units[v];
+                if t.saturating_add(unit.duration) > shadow || failed.contains(&unit.key) {
+                    continue;
+                }
+                let slots = if unit.gpu > 0 && !gpu_free {
+                    None
+                } else {
+                    self.bins.fit(&unit.members, part, None)
+                };
+                match slots {
+                    Some(slots) => {
+                        self.start(v, slots, Class::Guaranteed, t);
+                        started.push(v);
+                        gpu_free = self.bins.any_gpu_free(part);
+                    }
+                    None => {
+                        failed.insert(unit.key.clone());
+                    }
+                }
+            }
+            for v in started {
+                queue.remove(&v);
+            }
+            break;
+        }
+        // Nothing joins a queue during a pass; kept in case.
+        let joined = std::mem::replace(&mut self.fifo_q[q], queue);
+        self.fifo_q[q].extend(joined);
+    }
+
+    /// When `head` would fit if nothing else started: the running work's ends in order.
+    fn shadow(&self, head: usize, part: Option<usize>) -> u64 {
+        let mut ends: Vec<(u64, usize)> = self
+            .running
+            .iter()
+            .map(|&v| (self.st[v].start.saturating_add(self.units[v].duration), v))
+            .collect();
+        ends.sort_unstable();
+        let mut scratch = self.bins.clone();
+        let members = &self.units[head].members;
+        let mut i = 0;
+        while i < ends.len() {
+            let at = ends[i].0;
+            while i < ends.len() && ends[i].0 == at {
+                for s in &self.st[ends[i].1].slots {
+                    scratch.give(s);
+                }
+                i += 1;
+            }
+            if scratch.fit(members, part, None).is_some() {
+                return at;
+            }
+        }
+        u64::MAX
+    }
+
+    // --- quotas: admit, the fair queue, reclaim -------------------------------------------
+
+    fn pass_quotas(&mut self, t: u64) {
+        let mut no_reclaim: BTreeSet<usize> = BTreeSet::new();
+        loop {
+            // Only the first of each tenant's interchangeable requests can be decided
+            // differently from the rest: the same decision, the same placement.
+            let heads: Vec<usize> =
+                self.fair_q.values().filter_map(|s| s.first().copied()).collect();
+            if heads.is_empty() {
+                return;
+            }
+            let waiting: Vec<Waiting> = heads
+                .iter()
+                .map(|&u| {
+                    let unit = &self.units[u];
+                    Waiting {
+                        id: unit.id.clone(),
+                        tenant: unit.tenant.clone(),
+                        resources: unit.resources.clone(),
+                        arrived: unit.arrival,
+                    }
+                })
+                .collect();
+            let order = fair_order(self.tree, &self.capacity, &self.usage, &waiting);
+            let mut progressed = false;
+            for i in order {
+                let u = heads[i];
+                let unit = &self.units[u];
+                let claim = match admit(
+                    self.tree,
+                    &self.capacity,
+                    &self.usage,
+                    &unit.tenant,
+                    &unit.resources,
+                ) {
+                    Decision::Admit { class, .. } => {
+                        if let Some(slots) = self.bins.fit(&unit.members, None, None) {
+                            self.start(u, slots, class, t);
+                            progressed = true;
+                            break;
+                        }
+                        (class == Class::Guaranteed).then_some(Cause::Placement)
+                    }
+                    Decision::Reclaim { .. } => Some(Cause::Books),
+                    Decision::Wait { .. } | Decision::Refuse(_) => None,
+                };
+                if let Some(cause) = claim.filter(|_| !no_reclaim.contains(&u)) {
+                    if self.reclaim(u, t, cause) {
+                        progressed = true;
+                        break;
+                    }
+                    no_reclaim.insert(u);
+                }
+            }
+            if !progressed {
+                return;
+            }
+        }
+    }
+
+    /// Stops borrowed work so that `u`, within guarantee, fits; reserves it. False if no
+    /// node (or, for a gang, the fleet) can be cleared for it.
+    fn reclaim(&mut self, u: usize, t: u64, cause: Cause) -> bool {
+        let unit = &self.units[u];
+        let scopes: Vec<Option<usize>> = if unit.members.len() == 1 {
+            (0..self.fleet.nodes as usize).map(Some).collect()
+        } else {
+            vec![None]
+        };
+        // (victims, slots, (victim count, GPU-seconds lost, node))
+        let mut best: Option<Clearing> = None;
+        for scope in scopes {
+            let candidates: Vec<Running> = self
+                .running
+                .iter()
+                .filter(|&&v| {
+                    let s = &self.st[v];
+                    s.phase == Phase::Running
+                        && s.class == Class::Borrowed
+                        && !is_within(&self.units[v].tenant, &unit.tenant)
+                        && match scope {
+                            Some(n) => s.slots.iter().any(|sl| sl.node == n),
+                            None => true,
+                        }
+                })
+                .map(|&v| Running {
+                    id: v.to_string(),
+                    tenant: self.units[v].tenant.clone(),
+                    resources: self.units[v].resources.clone(),
+                    class: Class::Borrowed,
+                    started: self.st[v].start,
+                    gang: None,
+                })
+                .collect();
+            if candidates.is_empty() {
+                continue;
+            }
+            let all = candidates.iter().fold(Resources::new(), |acc, r| acc.plus(&r.resources));
+            let Some(order) = choose_victims(&candidates, &self.capacity, &unit.tenant, &all)
+            else {
+                continue;
+            };
+            let order: Vec<usize> = order.iter().filter_map(|id| id.parse().ok()).collect();
+            let mut scratch = self.bins.clone();
+            let mut taken = Vec::new();
+            let mut fits = false;
+            for v in order {
+                for s in &self.st[v].slots {
+                    scratch.give(s);
+                }
+                taken.push(v);
+                if scratch.fit(&unit.members, None, scope).is_some() {
+                    fits = true;
+                    break;
+                }
+            }
+            if !fits {
+                continue;
+            }
+            // Spare the victims it does not need.
+            let mut needed = Vec::new();
+            for &v in &taken {
+                for s in &self.st[v].slots {
+                    scratch.take(s);
+                }
+                if scratch.fit(&unit.members, None, scope).is_some() {
+                    continue;
+                }
+                for s in &self.st[v].slots {
+                    scratch.give(s);
+                }
+                needed.push(v);
+            }
+            let Some(slots) = scratch.fit(&unit.members, None, scope) else { continue };
+            let lost: u128 = needed
+                .iter()
+                .map(|&v| {
+                    u128::from(self.units[v].gpu) * u128::from(t.saturating_sub(self.st[v].start))
+                })
+                .sum();
+            let key = (needed.len(), lost, scope.unwrap_or(0));
+            if best.as_ref().is_some_and(|b| b.key <= key) {
+                continue;
+            }
+            best = Some(Clearing { victims: needed, slots, key });
+        }
+        let Some(Clearing { victims, slots, .. }) = best else { return false };
+        match cause {
+            Cause::Books => self.reclaims.0 += 1,
+            Cause::Placement => self.reclaims.1 += 1,
+        }
+        let mut begin = t;
+        for v in victims {
+            let kill_at = t.saturating_add(self.tree.grace_period_s(&self.units[v].tenant));
+            begin = begin.max(kill_at);
+            let st = &mut self.st[v];
+            st.phase = Phase::Terminating;
+            let epoch = st.epoch;
+            self.events.push(Reverse((kill_at, KILL, v, epoch)));
+        }
+        self.reserve(u, slots, t, begin);
+        true
+    }
+
+    // --- the report ------------------------------------------------------------------------
+
+    fn report(&self) -> Report {
+        let gs = |micro_s: u128| micro_s as f64 / MICRO_PER_GPU as f64;
+        let span = self.horizon.saturating_sub(self.t0);
+        let cap_gpus = u64::from(self.fleet.nodes) * u64::from(self.fleet.gpus_per_node);
+        let mut tenants: BTreeMap<String, TenantReport> = self
+            .acc
+            .iter()
+            .map(|(t, a)| {
+                (
+                    t.clone(),
+                    TenantReport {
+                        tenant: t.clone(),
+                        jobs: a.jobs,
+                        refused: a.refused,
+                        finished: a.finished,
+                        demand_gpu_seconds: gs(a.demand),
+                        gpu_seconds: gs(a.held),
+                        borrowed_gpu_seconds: gs(a.borrowed),
+                        lost_gpu_seconds: gs(a.lost),
+                        preempted: a.preempted,
+                        ..TenantReport::default()
+                    },
+                )
+            })
+            .collect();
+        let mut held_end: BTreeMap<&str, Resources> = BTreeMap::new();
+        let mut owner_waits = Vec::new();
+        let mut waits = Vec::new();
+        let mut owner_unstarted = 0;
+        let mut outcomes = Vec::new();
+        for (u, unit) in self.units.iter().enumerate() {
+            let st = &self.st[u];
+            let jobs = unit.jobs.len() as u64;
+            if let Some(tr) = tenants.get_mut(&unit.tenant) {
+                match st.phase {
+                    Phase::Running | Phase::Terminating => {
+                        tr.running_at_end += jobs;
+                        held_end.entry(&unit.tenant).or_default().add(&unit.resources);
+                    }
+                    Phase::Waiting | Phase::Reserved => tr.waiting_at_end += jobs,
+                    Phase::NotYet | Phase::Done | Phase::Refused => {}
+                }
+            }
+            if !matches!(st.phase, Phase::NotYet | Phase::Refused) {
+                let wait = st.first_start.unwrap_or(self.horizon).saturating_sub(unit.arrival);
+                waits.push(wait);
+                if st.owner {
+                    owner_waits.push(wait);
+                    if st.first_start.is_none() {
+                        owner_unstarted += 1;
+                    }
+                }
+            }
+            for &j in &unit.jobs {
+                outcomes.push(Outcome {
+                    id: self.job_id(u, j),
+                    first_start_s: st.first_start,
+                    preempted: st.preempted,
+                    refused: st.phase == Phase::Refused,
+                    owner: st.owner,
+                });
+            }
+        }
+        for (t, held) in held_end {
+            if let Some(tr) = tenants.get_mut(t) {
+                tr.held_at_end = HeldAtEnd {
+                    gpus: gs(u128::from(held.get(&Resource::gpu(&self.fleet.model)))),
+                    cpu_cores: held.get(&Resource::Cpu) as f64 / MILLI_PER_CORE as f64,
+                    memory_mib: held.get(&Resource::Memory),
+                };
+                tr.dominant_share_at_end = dominant_share(&held, &self.capacity);
+            }
+        }
+        let sum = |f: fn(&Acc) -> u128| self.acc.values().map(f).sum::<u128>();
+        let sum_n = |f: fn(&TenantReport) -> u64| tenants.values().map(f).sum::<u64>();
+        let held = gs(sum(|a| a.held));
+        let lost = gs(sum(|a| a.lost));
+        let denom = cap_gpus as f64 * span as f64;
+        let (fairness, fair_shares) = self.fairness(span);
+        Report {
+            mode: self.mode,
+            nodes: self.fleet.nodes,
+            gpus_per_node: self.fleet.gpus_per_node,
+            model: self.fleet.model.clone(),
+            span_s: span,
+            jobs: sum_n(|t| t.jobs),
+            finished: sum_n(|t| t.finished),
+            running_at_end: sum_n(|t| t.running_at_end),
+            waiting_at_end: sum_n(|t| t.waiting_at_end),
+            refused: sum_n(|t| t.refused),
+            gpu_seconds: held,
+            utilisation: if denom > 0.0 { held / denom } else { 0.0 },
+            useful_utilisation: if denom > 0.0 { (held - lost) / denom } else { 0.0 },
+            borrowed_gpu_seconds: (self.mode != Mode::Fifo).then(|| gs(sum(|a| a.borrowed))),
+            preemptions: self.preemptions,
+            lost_gpu_seconds: lost,
+            reclaims_for_quota: self.reclaims.0,
+            reclaims_for_placement: self.reclaims.1,
+            owner_requests: owner_waits.len() as u64,
+            owner_unstarted,
+            owner_wait_p50_s: percentile(&mut owner_waits, 50),
+            owner_wait_p99_s: percentile(&mut owner_waits, 99),
+            wait_p50_s: percentile(&mut waits, 50),
+            wait_p99_s: percentile(&mut waits, 99),
+            fairness,
+            fair_shares,
+            partitions: self.partitions.clone(),
+            tenants: tenants.into_values().collect(),
+            outcomes,
+        }
+    }
+
+    fn job_id(&self, u: usize, j: usize) -> String {
+        let unit = &self.units[u];
+        match &unit.key {
+            Key::One(_) => unit.id.clone(),
+            Key::Gang(g) => format!("{g}#{}", unit.jobs.iter().position(|&x| x == j).unwrap_or(0)),
+        }
+    }
+
+    /// Jain's index over entities of received / entitled (module documentation).
+    fn fairness(&self, span: u64) -> (Option<f64>, Vec<FairShare>) {
+        let gpu = Resource::gpu(&self.fleet.model);
+        let per_gpu = MICRO_PER_GPU as f64;
+        let mut by: BTreeMap<String, (f64, f64, f64)> = BTreeMap::new(); // guarantee, demand, received
+        for (tenant, a) in &self.acc {
+            let entity = guarantor(self.tree, &gpu, tenant).unwrap_or(tenant).to_string();
+            let g = own_guarantee(self.tree, &gpu, &entity) as f64 / per_gpu;
+            let slot = by.entry(entity).or_insert((g, 0.0, 0.0));
+            slot.1 += a.demand as f64 / per_gpu;
+            slot.2 += a.held.saturating_sub(a.lost) as f64 / per_gpu;
+        }
+        let cap = f64::from(self.fleet.nodes) * f64::from(self.fleet.gpus_per_node) * span as f64;
+        let mut base: Vec<f64> = by.values().map(|&(g, d, _)| d.min(g * span as f64)).collect();
+        let total: f64 = base.iter().sum();
+        if total > cap && total > 0.0 {
+            for b in &mut base {
+                *b *= cap / total;
+            }
+        }
+        let demand: Vec<f64> = by.values().map(|v| v.1).collect();
+        let extra = water_fill((cap - base.iter().sum::<f64>()).max(0.0), &demand, &base);
+        let shares: Vec<FairShare> = by
+            .iter()
+            .enumerate()
+            .map(|(i, (e, &(g, d, r)))| FairShare {
+                entity: e.clone(),
+                guarantee_gpus: g,
+                demand_gpu_seconds: d,
+                entitled_gpu_seconds: base[i] + extra[i],
+                received_gpu_seconds: r,
+            })
+            .collect();
+        let x: Vec<f64> = shares
+            .iter()
+            .filter(|s| s.entitled_gpu_seconds > 0.0)
+            .map(|s| s.received_gpu_seconds / s.entitled_gpu_seconds)
+            .collect();
+        let (s1, s2) = x.iter().fold((0.0, 0.0), |(a, b), v| (a + v, b + v * v));
+        let jain = if x.is_empty() {
+            None
+        } else if s2 == 0.0 {
+            Some(1.0)
+        } else {
+            Some(s1 * s1 / (x.len() as f64 * s2))
+        };
+        (jain, shares)
+    }
+}
+
+/// Equal max-min division of `amount` over what each still wants (`want - have`).
+fn water_fill(mut amount: f64, want: &[f64], have: &[f64]) -> Vec<f64> {
+    let mut out = vec![0.0; want.len()];
+    let mut open: Vec<usize> = (0..want.len()).filter(|&i| want[i] - have[i] > 0.0).collect();
+    while amount > 0.0 && !open.is_empty() {
+        let each = amount / open.len() as f64;
+        let mut next = Vec::new();
+        let mut used = 0.0;
+        for &i in &open {
+            let room = want[i] - have[i] - out[i];
+            if room <= each {
+                out[i] += room;
+                used += room;
+            } else {
+                out[i] += each;
+                used += each;
+                next.push(i);
+            }
+        }
+        amount -= used;
+        if next.len() == open.len() {
+            break;
+        }
+        open = next;
+    }
+    out
+}
+
+/// Nearest-rank percentile.
+fn percentile(v: &mut [u64], p: u64) -> Option<u64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable();
+    let n = v.len() as u64;
+    let rank = (p * n).div_ceil(100).max(1);
+    v.get(usize::try_from(rank - 1).unwrap_or(0)).copied()
+}
+
+/// Whether `request` of `tenant` fits in its guarantees on top of `outstanding`: some
+/// quota on the chain guarantees each requested resource the chain bounds (at least one),
+/// and every guarantee on the chain holds the path's outstanding work plus the request.
+fn within_guarantee(
+    tree: &QuotaTree,
+    outstanding: &Usage,
+    tenant: &str,
+    request: &Resources,
+) -> bool {
+    let mut any = false;
+    for (resource, amount) in request.iter() {
+        let mut bounded = false;
+        let mut guaranteed = false;
+        for quota in tree.chain(tenant) {
+            let Some(limit) = quota.limits.get(resource) else { continue };
+            bounded = true;
+            if let Some(g) = limit.guarantee {
+                guaranteed = true;
+                let held = outstanding.of(&quota.path).guaranteed.get(resource);
+                if held.saturating_add(amount) > g {
+                    return false;
+                }
+            }
+        }
+        if bounded && !guaranteed {
+            return false;
+        }
+        any |= guaranteed;
+    }
+    any
+}
+
+// --- text ----------------------------------------------------------------------------------
+
+fn hours(gs: f64) -> String {
+    format!("{:.1}", gs / 3600.0)
+}
+
+fn opt_s(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".into(), |s| s.to_string())
+}
+
+/// A table row: its label and its cell for one report.
+type Row = (&'static str, Box<dyn Fn(&Report) -> String>);
+
+/// The reports side by side: one column per mode.
+pub fn comparison_table(reports: &[Report]) -> String {
+    let rows: Vec<Row> = vec![
+        ("utilisation", Box::new(|r: &Report| format!("{:.1}%", r.utilisation * 100.0))),
+        (
+            "useful utilisation",
+            Box::new(|r: &Report| format!("{:.1}%", r.useful_utilisation * 100.0)),
+        ),
+        ("GPU-hours held", Box::new(|r: &Report| hours(r.gpu_seconds))),
+        (
+            "borrowed GPU-hours",
+            Box::new(|r: &Report| r.borrowed_gpu_seconds.map_or_else(|| "n/a".into(), hours)),
+        ),
+        ("preemptions (jobs)", Box::new(|r: &Report| r.preemptions.to_string())),
+        ("GPU-hours lost to them", Box::new(|r: &Report| hours(r.lost_gpu_seconds))),
+        (
+            "reclaims: quota / placement",
+            Box::new(|r: &Report| {
+                format!("{} / {}", r.reclaims_for_quota, r.reclaims_for_placement)
+            }),
+        ),
+        ("owner requests", Box::new(|r: &Report| r.owner_requests.to_string())),
+        (
+            "owner wait p50 / p99 (s)",
+            Box::new(|r: &Report| {
+                format!("{} / {}", opt_s(r.owner_wait_p50_s), opt_s(r.owner_wait_p99_s))
+            }),
+        ),
+        ("owners unstarted at end", Box::new(|r: &Report| r.owner_unstarted.to_string())),
+        (
+            "any job wait p50 / p99 (s)",
+            Box::new(|r: &Report| format!("{} / {}", opt_s(r.wait_p50_s), opt_s(r.wait_p99_s))),
+        ),
+        (
+            "fairness (Jain)",
+            Box::new(|r: &Report| r.fairness.map_or_else(|| "-".into(), |f| format!("{f:.3}"))),
+        ),
+        ("jobs", Box::new(|r: &Report| r.jobs.to_string())),
+        (
+            "finished / running / waiting",
+            Box::new(|r: &Report| {
+                format!("{} / {} / {}", r.finished, r.running_at_end, r.waiting_at_end)
+            }),
+        ),
+        ("refused", Box::new(|r: &Report| r.refused.to_string())),
+    ];
+    let label_w = rows.iter().map(|(l, _)| l.len()).max().unwrap_or(0);
+    let cells: Vec<Vec<String>> =
+        rows.iter().map(|(_, f)| reports.iter().map(f).collect()).collect();
+    let mut col_w: Vec<usize> = reports.iter().map(|r| r.mode.label().len()).collect();
+    for row in &cells {
+        for (i, c) in row.iter().enumerate() {
+            col_w[i] = col_w[i].max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let _ = write!(out, "{:label_w$}", "");
+    for (r, w) in reports.iter().zip(&col_w) {
+        let _ = write!(out, "  {:>w$}", r.mode.label());
+    }
+    out.push('\n');
+    for ((label, _), row) in rows.iter().zip(&cells) {
+        let _ = write!(out, "{label:label_w$}");
+        for (c, w) in row.iter().zip(&col_w) {
+            let _ = write!(out, "  {c:>w$}");
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Per tenant: jobs running at the horizon, what they held, their dominant share.
+pub fn tenant_table(report: &Report) -> String {
+    let mut out = format!(
+        "{:<16} {:>8} {:>8} {:>9} {:>11} {:>15}\n",
+        "tenant", "running", "waiting", "CPU cores", "memory MiB", "dominant share"
+    );
+    for t in &report.tenants {
+        let _ = writeln!(
+            out,
+            "{:<16} {:>8} {:>8} {:>9} {:>11} {:>15.3}",
+            untrusted(&t.tenant).to_string(),
+            t.running_at_end,
+            t.waiting_at_end,
+            t.held_at_end.cpu_cores,
+            t.held_at_end.memory_mib,
+            t.dominant_share_at_end
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::QuotaSpec;
+
+    const H100: &str = "H100-80GB";
+
+    fn tree(json: &str) -> QuotaTree {
+        let spec: QuotaSpec = serde_json::from_str(json).expect("the spec's shape");
+        spec.validate("quotas", |_| true).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn fleet(nodes: u32, gpus: u32) -> Fleet {
+        Fleet {
+            nodes,
+            gpus_per_node: gpus,
+            model: H100.into(),
+            cpu_milli_per_node: None,
+            memory_mib_per_node: None,
+        }
+    }
+
+    fn job(id: &str, tenant: &str, arrival_s: u64, duration_s: u64, gpus: u64) -> Job {
+        Job {
+            id: id.into(),
+            tenant: tenant.into(),
+            arrival_s,
+            duration_s,
+            resources: Resources::new().with_gpus(H100, gpus),
+            gang: None,
+        }
+    }
+
+    fn start(r: &Report, id: &str) -> Option<u64> {
+        r.outcomes
+            .iter()
+            .find(|o| o.id == id)
+            .unwrap_or_else(|| panic!("no job {id}"))
+            .first_start_s
+    }
+
+    fn tenant<'r>(r: &'r Report, name: &str) -> &'r TenantReport {
+        r.tenants.iter().find(|t| t.tenant == name).unwrap_or_else(|| panic!("no tenant {name}"))
+    }
+
+    fn two_teams() -> QuotaTree {
+        tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+                "t/b": {"gpus": {"H100-80GB": {"guarantee": 2}}, "grace_period_s": 45}}"#,
+        )
+    }
+
+    #[test]
+    fn drf_the_papers_example_in_the_simulator_a_runs_three_tasks_and_b_two() {
+        let s = drf_example();
+        let r = run(&s.jobs, &s.fleet, &s.tree, Mode::Quotas, s.horizon_s).expect("runs");
+        let (a, b) = (tenant(&r, "drf/a"), tenant(&r, "drf/b"));
+        assert_eq!((a.running_at_end, b.running_at_end), (3, 2), "{r:#?}");
+        assert_eq!((a.waiting_at_end, b.waiting_at_end), (7, 8));
+        assert_eq!((a.held_at_end.cpu_cores, a.held_at_end.memory_mib), (3.0, 12 * 1024));
+        assert_eq!((b.held_at_end.cpu_cores, b.held_at_end.memory_mib), (6.0, 2 * 1024));
+        // Equal dominant shares: A 12/18 of memory, B 6/9 of CPU.
+        for t in [a, b] {
+            assert!((t.dominant_share_at_end - 2.0 / 3.0).abs() < 1e-9, "{t:?}");
+        }
+        assert_eq!((r.preemptions, r.refused, r.finished), (0, 0, 0));
+    }
+
+    #[test]
+    fn static_partitions_never_lend_an_idle_teams_gpus() {
+        // Team a is idle; team b has 4 one-GPU jobs on a 4-GPU node, guarantee 2 each.
+        let jobs: Vec<Job> = (0..4).map(|i| job(&format!("b{i}"), "t/b", 0, 100, 1)).collect();
+        let (t, f) = (two_teams(), fleet(1, 4));
+        let stat = run(&jobs, &f, &t, Mode::Static, Some(300)).expect("runs");
+        let starts: Vec<Option<u64>> = (0..4).map(|i| start(&stat, &format!("b{i}"))).collect();
+        assert_eq!(starts, [Some(0), Some(0), Some(100), Some(100)]);
+        assert_eq!(stat.borrowed_gpu_seconds, Some(0.0));
+        assert_eq!(stat.partitions.iter().map(|p| p.gpus).collect::<Vec<_>>(), [2, 2, 0]);
+        assert!((stat.utilisation - 400.0 / 1200.0).abs() < 1e-9, "{}", stat.utilisation);
+        // Quotas lend a's guarantee to b: two of b's jobs borrow, all start at once.
+        let quotas = run(&jobs, &f, &t, Mode::Quotas, Some(300)).expect("runs");
+        assert!((0..4).all(|i| start(&quotas, &format!("b{i}")) == Some(0)));
+        assert_eq!(quotas.borrowed_gpu_seconds, Some(200.0));
+        assert_eq!(quotas.preemptions, 0);
+        // FIFO has no guarantees: nothing is borrowed, so it reports none.
+        let fifo = run(&jobs, &f, &t, Mode::Fifo, Some(300)).expect("runs");
+        assert_eq!(fifo.borrowed_gpu_seconds, None);
+        assert!((0..4).all(|i| start(&fifo, &format!("b{i}")) == Some(0)));
+        // b's first two jobs were within its guarantee; the last two were not.
+        assert_eq!(stat.owner_requests, 2);
+        assert_eq!((stat.wait_p50_s, stat.wait_p99_s), (Some(0), Some(100)));
+    }
+
+    #[test]
+    fn quotas_lend_then_reclaim_and_the_owner_waits_the_borrowers_grace_period() {
+        let mut jobs: Vec<Job> = (0..4).map(|i| job(&format!("b{i}"), "t/b", 0, 1000, 1)).collect();
+        jobs.extend((0..2).map(|i| job(&format!("a{i}"), "t/a", 100, 100, 1)));
+        let (t, f) = (two_teams(), fleet(1, 4));
+        let r = run(&jobs, &f, &t, Mode::Quotas, Some(1300)).expect("runs");
+        // b borrowed a's two GPUs; a asks for them back at 100 and gets them after b's
+        // grace period of 45 s.
+        assert_eq!((start(&r, "a0"), start(&r, "a1")), (Some(145), Some(145)));
+        assert_eq!(r.preemptions, 2);
+        assert_eq!((r.reclaims_for_quota, r.reclaims_for_placement), (2, 0));
+        assert_eq!(r.lost_gpu_seconds, 2.0 * 145.0);
+        let victims: Vec<&Outcome> = r.outcomes.iter().filter(|o| o.preempted > 0).collect();
+        assert_eq!(victims.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["b2", "b3"]);
+        // They restart from zero when a is done, and finish.
+        assert_eq!(r.finished, 6);
+        assert_eq!(tenant(&r, "t/b").borrowed_gpu_seconds, 2.0 * 145.0 + 2.0 * 1000.0);
+        // Owners: b0, b1 (no wait) and a0, a1 (the grace period).
+        assert_eq!(r.owner_requests, 4);
+        assert_eq!((r.owner_wait_p50_s, r.owner_wait_p99_s), (Some(0), Some(45)));
+        // Static: a's partition was idle, a starts at once, b's last two wait for its own.
+        let s = run(&jobs, &f, &t, Mode::Static, Some(1300)).expect("runs");
+        assert_eq!((start(&s, "a0"), start(&s, "b2")), (Some(100), Some(1000)));
+        assert_eq!(s.owner_wait_p99_s, Some(0));
+        // FIFO: a waits behind all of b's work.
+        let q = run(&jobs, &f, &t, Mode::Fifo, Some(1300)).expect("runs");
+        assert_eq!((start(&q, "a0"), start(&q, "a1")), (Some(1000), Some(1000)));
+        assert_eq!(q.owner_wait_p99_s, Some(900));
+    }
+
+    #[test]
+    fn fifo_ignores_teams_and_backfills_only_what_ends_before_the_heads_reservation() {
+        let jobs = [
+            job("j1", "t/b", 0, 100, 2),
+            job("j2", "t/a", 1, 10, 4), // the head: waits for j1 (reservation at 100)
+            job("j3", "t/b", 2, 50, 1), // ends at 52: backfilled
+            job("j4", "t/a", 3, 200, 1), // would end at 203: waits
+        ];
+        let (t, f) = (two_teams(), fleet(1, 4));
+        let r = run(&jobs, &f, &t, Mode::Fifo, None).expect("runs");
+        let starts: Vec<Option<u64>> =
+            ["j1", "j2", "j3", "j4"].iter().map(|j| start(&r, j)).collect();
+        assert_eq!(starts, [Some(0), Some(100), Some(2), Some(110)]);
+        // Team a's 4-GPU job runs under FIFO; static partitions of 2 GPUs refuse it.
+        let s = run(&jobs, &f, &t, Mode::Static, None).expect("runs");
+        assert_eq!(s.refused, 1);
+        assert!(s.outcomes.iter().any(|o| o.id == "j2" && o.refused));
+    }
+
+    #[test]
+    fn a_gang_is_placed_preempted_and_restarted_whole() {
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+                "t/b": {"gpus": {"H100-80GB": {"ceiling": 4}}}}"#,
+        );
+        let f = fleet(2, 2);
+        let mut g0 = job("g0", "t/b", 0, 1000, 2);
+        let mut g1 = job("g1", "t/b", 0, 1000, 2);
+        g0.gang = Some("train".into());
+        g1.gang = Some("train".into());
+        let jobs = [g0, g1, job("a0", "t/a", 10, 10, 2)];
+        let r = run(&jobs, &f, &t, Mode::Quotas, Some(1100)).expect("runs");
+        // The gang took both nodes (borrowed: b has no guarantee); a's claim stops both
+        // members after the default grace period.
+        assert_eq!(start(&r, "a0"), Some(10 + DEFAULT_GRACE));
+        assert_eq!(r.preemptions, 2);
+        assert_eq!(r.lost_gpu_seconds, 4.0 * (10 + DEFAULT_GRACE) as f64);
+        for id in ["train#0", "train#1"] {
+            let o = r.outcomes.iter().find(|o| o.id == id).expect("member");
+            assert_eq!((o.first_start_s, o.preempted), (Some(0), 1), "{o:?}");
+        }
+        assert_eq!(r.finished, 3, "{r:#?}");
+        // A gang of another tenant's members is refused.
+        let mut other = job("g2", "t/a", 0, 1, 1);
+        other.gang = Some("train".into());
+        let err = run(&[jobs[0].clone(), other], &f, &t, Mode::Quotas, None).expect_err("refused");
+        assert!(err.to_string().contains("a gang belongs to one tenant"), "{err}");
+    }
+
+    #[test]
+    fn a_guaranteed_request_the_bins_cannot_place_reclaims_for_placement() {
+        // Three borrowed 0.6-GPU jobs leave 1.2 GPUs free but no whole GPU.
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 1}}},
+                "t/c": {"gpus": {"H100-80GB": {"ceiling": 3}}}}"#,
+        );
+        let frac = |id: &str| Job {
+            resources: Resources::new().with(Resource::gpu(H100), 600_000),
+            ..job(id, "t/c", 0, 1000, 0)
+        };
+        let jobs = [frac("c0"), frac("c1"), frac("c2"), job("a0", "t/a", 10, 10, 1)];
+        let r = run(&jobs, &fleet(1, 3), &t, Mode::Quotas, Some(2000)).expect("runs");
+        assert_eq!((r.reclaims_for_quota, r.reclaims_for_placement), (0, 1));
+        assert_eq!(r.preemptions, 1);
+        assert_eq!(start(&r, "a0"), Some(10 + DEFAULT_GRACE));
+        assert!(r.useful_utilisation < r.utilisation);
+        // FIFO lets a wait until a fraction ends.
+        let q = run(&jobs, &fleet(1, 3), &t, Mode::Fifo, Some(2000)).expect("runs");
+        assert_eq!(start(&q, "a0"), Some(1000));
+    }
+
+    const DEFAULT_GRACE: u64 = crate::spec::DEFAULT_GRACE_PERIOD_S;
+
+    #[test]
+    fn partitions_take_whole_nodes_first_then_the_largest_rest_and_nest() {
+        let t = tree(
+            r#"{"acme/training":  {"gpus": {"H100-80GB": {"guarantee": 6, "ceiling": 16}}},
+                "acme/inference": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+                "acme/research":  {"gpus": {"H100-80GB": {"guarantee": 2}}},
+                "acme/explore":   {"gpus": {"H100-80GB": {"ceiling": 8}}}}"#,
+        );
+        let (parts, of) = partitions(&t, &fleet(2, 8));
+        let sizes: Vec<(&str, u32)> = parts.iter().map(|p| (p.owner.as_str(), p.gpus)).collect();
+        assert_eq!(
+            sizes,
+            [("acme/inference", 4), ("acme/research", 2), ("acme/training", 6), ("(remainder)", 4)]
+        );
+        // training (6) and research (2) share node 0; inference and the remainder node 1.
+        assert_eq!(of[0], [2, 2, 2, 2, 2, 2, 1, 1]);
+        assert_eq!(of[1], [0, 0, 0, 0, 3, 3, 3, 3]);
+        // A team's partition is its guarantee less its guaranteed children's.
+        let nested = tree(
+            r#"{"acme": {"gpus": {"H100-80GB": {"guarantee": 12}}},
+                "acme/a": {"gpus": {"H100-80GB": {"guarantee": 6}}},
+                "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
+        );
+        let (parts, _) = partitions(&nested, &fleet(2, 8));
+        let sizes: Vec<(&str, u32)> = parts.iter().map(|p| (p.owner.as_str(), p.gpus)).collect();
+        assert_eq!(sizes, [("acme", 2), ("acme/a", 6), ("acme/b", 4), ("(remainder)", 4)]);
+    }
+
+    #[test]
+    fn fairness_is_jains_index_of_received_over_entitled() {
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 1}}},
+                "t/b": {"gpus": {"H100-80GB": {"guarantee": 1}}}}"#,
+        );
+        let f = fleet(1, 2);
+        // Both teams get their guarantee's worth: 1.
+        let even = [job("a", "t/a", 0, 100, 1), job("b", "t/b", 0, 100, 1)];
+        let r = run(&even, &f, &t, Mode::Fifo, Some(100)).expect("runs");
+        assert_eq!(r.fairness, Some(1.0));
+        assert!((r.utilisation - 1.0).abs() < 1e-9);
+        // b's 2-GPU job holds the node; a (entitled to 99 GPU-seconds) gets nothing: x_a =
+        // 0, so the index is 1/2 whatever b's x.
+        let skewed = [job("b", "t/b", 0, 100, 2), job("a", "t/a", 1, 99, 1)];
+        let r = run(&skewed, &f, &t, Mode::Fifo, Some(100)).expect("runs");
+        assert_eq!(r.fairness, Some(0.5), "{:?}", r.fair_shares);
+        let a = r.fair_shares.iter().find(|s| s.entity == "t/a").expect("a");
+        assert_eq!((a.demand_gpu_seconds, a.entitled_gpu_seconds), (99.0, 99.0));
+        let b = r.fair_shares.iter().find(|s| s.entity == "t/b").expect("b");
+        assert_eq!((b.entitled_gpu_seconds, b.received_gpu_seconds), (101.0, 200.0));
+    }
+
+    /// A pseudo-random mix: whole GPUs and fractions, three tenants (one borrow-only).
+    fn mix(n: u64) -> Vec<Job> {
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        (0..n)
+            .map(|i| {
+                let tenant = ["t/a", "t/b", "t/c"][(next() % 3) as usize];
+                let micro = match next() % 6 {
+                    0 => 4 * MICRO_PER_GPU,
+                    1 | 2 => MICRO_PER_GPU,
+                    3 => 2 * MICRO_PER_GPU,
+                    _ => 100_000 * (1 + next() % 9),
+                };
+                Job {
+                    id: format!("j{i:04}"),
+                    tenant: tenant.into(),
+                    arrival_s: i * 7 + next() % 20,
+                    duration_s: 10 + next() % 400,
+                    resources: Resources::new().with(Resource::gpu(H100), micro),
+                    gang: None,
+                }
+            })
+            .collect()
+    }
+
+    fn mix_tree() -> QuotaTree {
+        tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 3, "ceiling": 8}}},
+                "t/b": {"gpus": {"H100-80GB": {"guarantee": 3, "lending_limit": 2}}},
+                "t/c": {"gpus": {"H100-80GB": {"ceiling": 4}}, "grace_period_s": 5}}"#,
+        )
+    }
+
+    #[test]
+    fn the_same_input_in_any_order_gives_the_same_reports() {
+        let jobs = mix(400);
+        let (t, f) = (mix_tree(), fleet(2, 4));
+        let first = run_modes(&jobs, &f, &t, None).expect("runs");
+        let mut reversed = jobs.clone();
+        reversed.reverse();
+        assert_eq!(first, run_modes(&jobs, &f, &t, None).expect("runs"));
+        assert_eq!(first, run_modes(&reversed, &f, &t, None).expect("runs"));
+    }
+
+    #[test]
+    fn every_mode_accounts_for_every_job_and_stays_within_the_fleet() {
+        let jobs = mix(400);
+        let (t, f) = (mix_tree(), fleet(2, 4));
+        let reports = run_modes(&jobs, &f, &t, None).expect("runs");
+        for r in &reports {
+            let m = r.mode;
+            assert_eq!(r.jobs, 400, "{m}");
+            assert_eq!(r.finished + r.running_at_end + r.waiting_at_end + r.refused, r.jobs, "{m}");
+            assert!(r.utilisation > 0.0 && r.utilisation <= 1.0, "{m}: {}", r.utilisation);
+            assert!(r.lost_gpu_seconds <= r.gpu_seconds, "{m}");
+            let f = r.fairness.expect("entitled entities");
+            assert!(f > 0.0 && f <= 1.0 + 1e-12, "{m}: {f}");
+            let held: f64 = r.tenants.iter().map(|t| t.gpu_seconds).sum();
+            assert!((held - r.gpu_seconds).abs() < 1e-6, "{m}");
+            match m {
+                Mode::Static => {
+                    assert_eq!((r.borrowed_gpu_seconds, r.preemptions), (Some(0.0), 0));
+                    // c has no guarantee, and the guarantees cover 6 of the 8 GPUs.
+                    assert_eq!(r.partitions.last().map(|p| p.gpus), Some(2));
+                }
+                Mode::Fifo => assert_eq!((r.borrowed_gpu_seconds, r.preemptions), (None, 0)),
+                Mode::Quotas => {
+                    let b = r.borrowed_gpu_seconds.expect("quotas borrow");
+                    assert!(b > 0.0 && b <= r.gpu_seconds, "{b}");
+                    // c borrows only: all it held was borrowed.
+                    let c = tenant(r, "t/c");
+                    assert_eq!(c.borrowed_gpu_seconds, c.gpu_seconds);
+                }
+            }
+        }
+        // The 4-GPU jobs of c never fit its ceiling of 4 alongside others, but alone they
+        // do: none is refused under quotas; under static, c's remainder of 2 GPUs refuses
+        // them.
+        assert_eq!(reports[2].refused, 0);
+        assert!(reports[0].refused > 0);
+    }
+
+    #[test]
+    fn bad_input_is_refused_with_the_job_named() {
+        let (t, f) = (two_teams(), fleet(1, 4));
+        let mut other = job("x", "t/a", 0, 1, 1);
+        other.resources = Resources::new().with_gpus("A100-40GB", 1);
+        let err = run(&[other], &f, &t, Mode::Fifo, None).expect_err("refused").to_string();
+        assert!(
+            err.contains("job x") && err.contains("A100-40GB") && err.contains("H100-80GB"),
+            "{err}"
+        );
+        let mut partial = job("y", "t/a", 0, 1, 1);
+        partial.resources = Resources::new().with(Resource::gpu(H100), 1_500_000);
+        let err = run(&[partial], &f, &t, Mode::Fifo, None).expect_err("refused").to_string();
+        assert!(err.contains("job y: asks for 1.5 GPUs"), "{err}");
+        let twice = [job("z", "t/a", 0, 1, 1), job("z", "t/b", 0, 1, 1)];
+        let err = run(&twice, &f, &t, Mode::Fifo, None).expect_err("refused").to_string();
+        assert!(err.contains("job id z is given twice"), "{err}");
+        let err = run(&[], &fleet(0, 8), &t, Mode::Fifo, None).expect_err("refused");
+        assert_eq!(err, SimError::NoNode);
+        // A job bigger than a node waits for nothing: refused at arrival, in every mode.
+        for m in Mode::ALL {
+            let r = run(&[job("big", "t/a", 0, 1, 8)], &f, &t, m, None).expect("runs");
+            assert_eq!((r.refused, r.waiting_at_end), (1, 0), "{m}");
+        }
+    }
+
+    #[test]
+    fn the_table_shows_the_modes_side_by_side() {
+        let s = drf_example();
+        let reports = run_modes(&s.jobs, &s.fleet, &s.tree, s.horizon_s).expect("runs");
+        let table = comparison_table(&reports);
+        let head = table.lines().next().expect("a header");
+        assert!(head.contains("static") && head.contains("fifo") && head.contains("quotas"));
+        assert!(table.contains("owner wait p50 / p99 (s)"), "{table}");
+        let tenants = tenant_table(&reports[2]);
+        assert!(tenants.lines().any(|l| l.starts_with("drf/a") && l.contains(" 3 ")), "{tenants}");
+    }
+}

@@ -1,0 +1,304 @@
+//! `tessera quota status|events`: the fleet coordinator's quota books for the operator.
+//! The work is in `fleet::client`; this file parses and prints.
+
+use std::path::PathBuf;
+
+use ::fleet::client::blocking::block_on;
+use ::fleet::quota::{PathStatus, QuotaEvent, QuotaStatus};
+use clap::{Args, Subcommand};
+
+use crate::fleet::{ago, explain, table, CoordinatorArgs};
+
+// The units the wire names (`PathStatus::unit`): micro-GPUs, millicores, MiB.
+const MICRO_PER_GPU: u64 = 1_000_000;
+const MILLI_PER_CORE: u64 = 1_000;
+const MIB_PER_GIB: u64 = 1_024;
+
+/// Where the coordinator is, and the admin credential (`--token`, or `--token-file`).
+#[derive(Debug, Clone, Args)]
+pub struct QuotaArgs {
+    #[command(flatten)]
+    pub fleet: CoordinatorArgs,
+    /// Read the admin token from this file (instead of --token / TESSERA_TOKEN, which
+    /// shows in the process list).
+    #[arg(long, conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
+    /// Print the coordinator's JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Fleet quotas on the coordinator.
+#[derive(Debug, Subcommand)]
+pub enum QuotaCmd {
+    /// Every quota path and resource: guarantee, ceiling, in use, borrowed, lent, leased,
+    /// waiting, dominant share; the nodes' last syncs; reclaims in progress.
+    Status(QuotaArgs),
+    /// Recent borrows, reclaims, preemptions (with the reason), refusals, expired leases
+    /// and gangs, oldest first.
+    Events(QuotaArgs),
+}
+
+impl QuotaArgs {
+    fn client(&self) -> Result<::fleet::client::Client, String> {
+        let mut fleet = self.fleet.clone();
+        if let Some(f) = &self.token_file {
+            let text = std::fs::read_to_string(f)
+                .map_err(|e| format!("--token-file {}: {e}", f.display()))?;
+            let token = text.trim();
+            if token.is_empty() {
+                return Err(format!("--token-file {}: the file is empty", f.display()));
+            }
+            fleet.token = Some(token.to_string());
+        }
+        fleet.client()
+    }
+}
+
+pub fn run(cmd: QuotaCmd) -> Result<(), String> {
+    match cmd {
+        QuotaCmd::Status(args) => {
+            let st = block_on(args.client()?.quota_status()).map_err(explain)?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&st).map_err(|e| e.to_string())?);
+            } else {
+                print!("{}", render_status(&st, tessera_api::time::now_ms()));
+            }
+            Ok(())
+        }
+        QuotaCmd::Events(args) => {
+            let ev = block_on(args.client()?.quota_events()).map_err(explain)?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&ev).map_err(|e| e.to_string())?);
+            } else {
+                print!("{}", render_events(&ev));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `value / per` with up to 2 decimals, trailing zeros dropped.
+fn two_places(value: u64, per: u64) -> String {
+    let hundredths = (u128::from(value) * 100 / u128::from(per.max(1))) as u64;
+    let (whole, frac) = (hundredths / 100, hundredths % 100);
+    match frac {
+        0 => whole.to_string(),
+        f if f % 10 == 0 => format!("{whole}.{}", f / 10),
+        f => format!("{whole}.{f:02}"),
+    }
+}
+
+/// An amount in the resource's unit for people: GPUs, cores, GiB.
+fn amount(p: &PathStatus, v: u64) -> String {
+    let per = match p.unit.as_str() {
+        "micro-GPU" => MICRO_PER_GPU,
+        "millicore" => MILLI_PER_CORE,
+        _ => MIB_PER_GIB,
+    };
+    two_places(v, per)
+}
+
+/// `gpus.H100-80GB` → `H100-80GB GPUs`, `cpu_cores` → `CPU cores`, `memory_gib` → `GiB`.
+fn resource_name(resource: &str) -> String {
+    match resource.strip_prefix("gpus.") {
+        Some(model) => format!("{model} GPUs"),
+        None if resource == "cpu_cores" => "CPU cores".into(),
+        None => "memory GiB".into(),
+    }
+}
+
+/// `tessera quota status`: the tree (children indented under parents), then the nodes and
+/// the reclaims in progress.
+pub fn render_status(st: &QuotaStatus, now_ms: u64) -> String {
+    let mut out = format!(
+        "quotas of policy version {}; books {}\n",
+        st.policy_version,
+        if st.books_ready {
+            "ready"
+        } else {
+            "REBUILDING (not every known node has synced since the coordinator started; nodes admit within their leases)"
+        }
+    );
+    let mut cap: Vec<String> = st
+        .capacity
+        .gpus
+        .iter()
+        .map(|(m, n)| format!("{} {m} GPUs", two_places(*n, MICRO_PER_GPU)))
+        .collect();
+    if st.capacity.cpu_milli > 0 {
+        cap.push(format!("{} CPU cores", two_places(st.capacity.cpu_milli, MILLI_PER_CORE)));
+    }
+    if st.capacity.memory_mib > 0 {
+        cap.push(format!("{} GiB", two_places(st.capacity.memory_mib, MIB_PER_GIB)));
+    }
+    out.push_str(&format!(
+        "fleet capacity: {}\n\n",
+        if cap.is_empty() { "none reported".to_string() } else { cap.join(", ") }
+    ));
+    if st.paths.is_empty() {
+        out.push_str("no quotas in the policy in force\n");
+    } else {
+        let mut rows = vec![[
+            "QUOTA PATH",
+            "RESOURCE",
+            "GUARANTEE",
+            "CEILING",
+            "IN USE",
+            "BORROWED",
+            "LENT",
+            "LEASED",
+            "WAITING",
+            "DOMINANT SHARE",
+        ]
+        .map(String::from)
+        .to_vec()];
+        let mut last = "";
+        for p in &st.paths {
+            let depth = p.path.matches('/').count();
+            let name = if p.path == last {
+                String::new()
+            } else {
+                format!("{}{}", "  ".repeat(depth), p.path)
+            };
+            last = &p.path;
+            rows.push(vec![
+                name,
+                resource_name(&p.resource),
+                p.guarantee.map_or_else(|| "-".into(), |g| amount(p, g)),
+                p.ceiling.map_or_else(|| "-".into(), |c| amount(p, c)),
+                amount(p, p.in_use),
+                amount(p, p.borrowed),
+                amount(p, p.lent),
+                amount(p, p.leased),
+                amount(p, p.waiting),
+                format!("{:.2}", p.dominant_share),
+            ]);
+        }
+        out.push_str(&table(&rows));
+    }
+    out.push('\n');
+    if st.nodes.is_empty() {
+        out.push_str("no node has synced since the coordinator started\n");
+    } else {
+        let mut rows = vec![["NODE", "LAST SYNC"].map(String::from).to_vec()];
+        for (n, t) in &st.nodes {
+            rows.push(vec![n.clone(), ago(now_ms, *t)]);
+        }
+        out.push_str(&table(&rows));
+    }
+    if !st.preempting.is_empty() {
+        out.push_str("\nreclaims in progress (containers being stopped)\n");
+        let mut rows =
+            vec![["NODE", "CONTAINER", "TENANT", "GRACE", "WHY"].map(String::from).to_vec()];
+        for v in &st.preempting {
+            rows.push(vec![
+                v.node.clone(),
+                v.container_id.clone(),
+                v.tenant.clone(),
+                format!("{} s", v.grace_s),
+                v.reason.replace('\n', " "),
+            ]);
+        }
+        out.push_str(&table(&rows));
+    }
+    out
+}
+
+/// `tessera quota events`.
+pub fn render_events(ev: &[QuotaEvent]) -> String {
+    if ev.is_empty() {
+        return "no quota events since the coordinator started\n".into();
+    }
+    let mut rows = vec![["TIME (UTC)", "KIND", "TENANT", "NODE", "CONTAINER", "REASON"]
+        .map(String::from)
+        .to_vec()];
+    for e in ev {
+        rows.push(vec![
+            tessera_api::time::format_utc(e.ts_ms),
+            e.kind.as_str().to_string(),
+            e.tenant.clone().unwrap_or_else(|| "-".into()),
+            e.node.clone().unwrap_or_else(|| "-".into()),
+            e.container_id.clone().unwrap_or_else(|| "-".into()),
+            e.reason.replace('\n', " "),
+        ]);
+    }
+    table(&rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(path: &str, resource: &str, unit: &str, g: Option<u64>, in_use: u64) -> PathStatus {
+        PathStatus {
+            path: path.into(),
+            resource: resource.into(),
+            unit: unit.into(),
+            guarantee: g,
+            ceiling: None,
+            in_use,
+            borrowed: 0,
+            lent: 0,
+            leased: 0,
+            waiting: 0,
+            dominant_share: 0.125,
+        }
+    }
+
+    #[test]
+    fn amounts_show_in_gpus_cores_and_gib_with_two_decimals() {
+        assert_eq!(two_places(1_500_000, 1_000_000), "1.5");
+        assert_eq!(two_places(142_857, 1_000_000), "0.14");
+        assert_eq!(two_places(4_000_000, 1_000_000), "4");
+        assert_eq!(two_places(2_250, 1_000), "2.25");
+        assert_eq!(two_places(1_536, 1_024), "1.5");
+    }
+
+    #[test]
+    fn status_is_a_tree_with_nodes_and_reclaims() {
+        let st = QuotaStatus {
+            policy_version: 4,
+            capacity: ::fleet::quota::Amounts {
+                gpus: [("H100-80GB".to_string(), 16_000_000)].into(),
+                ..Default::default()
+            },
+            paths: vec![
+                row("acme", "gpus.H100-80GB", "micro-GPU", Some(8_000_000), 2_500_000),
+                row("acme/ml", "gpus.H100-80GB", "micro-GPU", None, 1_000_000),
+                row("acme/ml", "cpu_cores", "millicore", Some(64_000), 1_500),
+            ],
+            books_ready: false,
+            nodes: [("n1".to_string(), 90_000)].into(),
+            preempting: vec![::fleet::quota::Victim {
+                node: "n1".into(),
+                container_id: "c7".into(),
+                tenant: "acme/b".into(),
+                grace_s: 30,
+                reason: "reclaimed for acme/a".into(),
+            }],
+        };
+        let text = render_status(&st, 100_000);
+        assert!(text.starts_with("quotas of policy version 4; books REBUILDING"), "{text}");
+        assert!(text.contains("fleet capacity: 16 H100-80GB GPUs\n"), "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        let acme = lines.iter().find(|l| l.starts_with("acme ")).expect("acme row");
+        assert!(
+            acme.contains("H100-80GB GPUs") && acme.contains(" 8 ") && acme.contains(" 2.5 "),
+            "{acme}"
+        );
+        assert!(lines.iter().any(|l| l.starts_with("  acme/ml ")), "{text}");
+        let cpu = lines.iter().find(|l| l.contains("CPU cores")).expect("cpu row");
+        assert!(
+            cpu.trim_start().starts_with("CPU cores")
+                && cpu.contains(" 64 ")
+                && cpu.contains(" 1.5 "),
+            "{cpu}"
+        );
+        assert!(text.contains("n1    10s ago"), "{text}");
+        assert!(
+            text.contains("reclaims in progress") && text.contains("c7") && text.contains("30 s"),
+            "{text}"
+        );
+    }
+}
