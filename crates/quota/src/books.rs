@@ -77,6 +77,15 @@ pub const HOLD_SLACK_MS: u64 = 30_000;
 pub const OUTCOME_KEPT_MS: u64 = 60_000;
 /// A node's leases are computed again at most this often (each sync renews them).
 pub const LEASE_RECOMPUTE_MS: u64 = 5_000;
+/// How long a recalled path's leases stay cut to what each node holds (no spare to admit
+/// alone) after the last request that found its guarantee leased to other nodes.
+pub const LEASE_RECALL_MS: u64 = 60_000;
+/// What a request that found its guarantee leased elsewhere is told to wait: the other
+/// nodes' next sync carries the cut lease, the one after reports it (two sync intervals).
+pub const LEASE_RECALL_RETRY_S: u64 = 3;
+/// A node that synced within this long takes a recall at its next sync; one silent
+/// longer may be cut off and using its lease, so its lease is not waited for.
+pub const RECALL_LIVE_MS: u64 = 5_000;
 
 /// `(node, container)`, `(node, tenant)` or `(tenant, gang name)`.
 type Key = (String, String);
@@ -247,6 +256,8 @@ pub struct Books {
     counters: Counters,
     /// The tree the leases were last computed with (a new one recomputes them all).
     tree_seen: Option<QuotaTree>,
+    /// Quota paths whose leases are recalled (cut to what each node holds) until then.
+    recalled: BTreeMap<String, u64>,
 }
 
 fn max_each(a: &Resources, b: &Resources) -> Resources {
@@ -359,6 +370,7 @@ impl Books {
             ready: false,
             counters: Counters::default(),
             tree_seen: None,
+            recalled: BTreeMap::new(),
         }
     }
 
@@ -451,6 +463,7 @@ impl Books {
         self.waiting.retain(|_, w| now <= w.last_seen_ms.saturating_add(WAITING_TTL_MS));
         self.reclaims.retain(|_, r| now <= r.hold_until());
         self.outcomes.retain(|_, o| now <= o.expires_ms);
+        self.recalled.retain(|_, until| now <= *until);
         let limit = self.lease_ttl_s.saturating_mul(1000).saturating_add(LEASE_MARGIN_MS);
         let mut expired = Vec::new();
         for (node, nb) in &mut self.nodes {
@@ -778,7 +791,15 @@ impl Books {
         now: u64,
     ) -> AdmitAnswer {
         let tenant = req.tenant.as_str();
-        match self.decide(tree, node, tenant, r, !req.unsynced_lease_grants) {
+        let decision = self.decide(tree, node, tenant, r, !req.unsynced_lease_grants);
+        if matches!(decision, Decision::Admit { class: Class::Borrowed, .. } | Decision::Refuse(_))
+        {
+            // Within its guarantees but for other nodes' unused leases: recall them.
+            if let Some(a) = self.recall_leases(tree, node, req, r, now) {
+                return a;
+            }
+        }
+        match decision {
             Decision::Admit { class, over } => {
                 if !held_for_it {
                     if let Some(refusal) = self.fair_queue_blocks(tree, node, tenant, r, now) {
@@ -839,6 +860,9 @@ impl Books {
         let (usage, _) = self.booked(tree, absorb.then_some(node));
         // The quota view only: a capacity that holds exactly what is used and asked.
         let view = usage.total().total().plus(r);
+        if let Some(a) = self.recall_leases(tree, node, req, r, now) {
+            return a;
+        }
         match decide_quota(tree, &view, &usage, tenant, r) {
             Decision::Refuse(c) => return self.refuse_ceiling(node, &req.container_id, c, now),
             Decision::Admit { class: Class::Guaranteed, .. } => {
@@ -855,6 +879,106 @@ impl Books {
             }
         }
         self.queue(tree, node, req, r, None, now)
+    }
+
+    /// Whether `tenant`'s request `r` from `node` is within its guarantees by what is
+    /// really used (holdings, pending admissions, held capacity, gang reservations), yet
+    /// not within them once other nodes' unused leases are booked: their leases hold the
+    /// guarantee it needs.
+    fn lease_bound(&self, tree: &QuotaTree, node: &str, tenant: &str, r: &Resources) -> bool {
+        let real = self.real_usage();
+        let view = real.total().total().plus(r);
+        if !matches!(
+            decide_quota(tree, &view, &real, tenant, r),
+            Decision::Admit { class: Class::Guaranteed, .. }
+        ) {
+            return false;
+        }
+        let (booked, _) = self.booked(tree, Some(node));
+        let view = booked.total().total().plus(r);
+        !matches!(
+            decide_quota(tree, &view, &booked, tenant, r),
+            Decision::Admit { class: Class::Guaranteed, .. }
+        )
+    }
+
+    /// A request within its tenant's guarantees whose guarantee is held by other nodes'
+    /// unused leases ([`Books::lease_bound`]): the leases of the guaranteed paths on its
+    /// chain are recalled (cut to what each node holds at its next sync, for
+    /// [`LEASE_RECALL_MS`]) and the request is told to retry once the nodes have taken
+    /// the cut. `None` when its guarantee is not held by leases.
+    fn recall_leases(
+        &mut self,
+        tree: &QuotaTree,
+        node: &str,
+        req: &AdmitRequest,
+        r: &Resources,
+        now: u64,
+    ) -> Option<AdmitAnswer> {
+        let tenant = req.tenant.as_str();
+        if !self.lease_bound(tree, node, tenant, r) {
+            return None;
+        }
+        let paths: Vec<String> = tree
+            .chain(tenant)
+            .filter(|q| {
+                r.iter().any(|(res, _)| q.limits.get(res).is_some_and(|l| l.guarantee.is_some()))
+            })
+            .map(|q| q.path.clone())
+            .collect();
+        let holders: Vec<String> = self
+            .nodes
+            .keys()
+            .filter(|n| n.as_str() != node)
+            .filter(|n| {
+                self.nodes
+                    .get(n.as_str())
+                    .is_some_and(|nb| now.saturating_sub(nb.last_sync_ms) <= RECALL_LIVE_MS)
+            })
+            .filter(|n| {
+                let ph = self.phantoms(tree, n);
+                paths.iter().any(|p| ph.get(p).is_some_and(|x| !x.is_empty()))
+            })
+            .cloned()
+            .collect();
+        if holders.is_empty() {
+            // Held by silent nodes only: waiting would not free it; the request is
+            // decided as it stands (borrowed, or refused at a ceiling).
+            return None;
+        }
+        for p in &paths {
+            self.recalled.insert(p.clone(), now.saturating_add(LEASE_RECALL_MS));
+        }
+        for n in &holders {
+            if let Some(nb) = self.nodes.get_mut(n) {
+                nb.computed_ms = None;
+            }
+        }
+        let message = format!(
+            "{r} for {} is within its guarantees ({}), but that guarantee is leased to {} \
+             (for admitting work on their own if cut off from the coordinator); the leases \
+             are recalled; retry after {LEASE_RECALL_RETRY_S} s",
+            untrusted(tenant),
+            paths.join(", "),
+            if holders.is_empty() {
+                "other nodes".to_string()
+            } else {
+                format!("node {}", holders.join(", node "))
+            },
+        );
+        self.event(
+            now,
+            QuotaEventKind::Reclaim,
+            Some(tenant),
+            Some(node),
+            Some(&req.container_id),
+            message.clone(),
+        );
+        Some(AdmitAnswer::Reclaiming {
+            retry_after_s: LEASE_RECALL_RETRY_S,
+            victims: Vec::new(),
+            message,
+        })
     }
 
     /// What `node` lacks for `r` by the books; when the books see room the node does not
@@ -1576,7 +1700,13 @@ impl Books {
                     .fold(0u64, u64::saturating_add);
                 let all = all_n.of(&q.path).guaranteed.get(res);
                 let room = guarantee.saturating_sub(elsewhere).saturating_sub(all);
-                let mut lease = g.saturating_add(room).min(g.max(share));
+                let mut lease = if self.recalled.contains_key(&q.path) {
+                    // Recalled: nothing spare to admit alone (the guarantee is wanted
+                    // elsewhere).
+                    g
+                } else {
+                    g.saturating_add(room).min(g.max(share))
+                };
                 // No ceiling on the chain may be crossed by the booked usage: cut the lease
                 // by the excess (each unit of lease books at most one unit anywhere), and to
                 // `g` (nothing to lend on its own) if that is not enough.

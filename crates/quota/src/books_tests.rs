@@ -208,6 +208,38 @@ fn start(t: &QuotaTree, nodes: &mut [Node], b: &mut Books, now: u64) {
     }
 }
 
+/// Admits `req` on `nodes[n]`, and while the answer recalls leases (a reclaim with no
+/// victim) syncs every node twice, a second apart, and asks again, as a node told to retry
+/// would. Returns how many recalls it took; panics on anything but an admission.
+fn admit_retrying(
+    nodes: &mut [Node],
+    n: usize,
+    b: &mut Books,
+    t: &QuotaTree,
+    req: &AdmitRequest,
+    now: &mut u64,
+) -> u32 {
+    for recalls in 0..5 {
+        match nodes[n].admit(b, t, req.clone(), *now) {
+            AdmitAnswer::Reclaiming { victims, message, retry_after_s } if victims.is_empty() => {
+                assert!(message.contains("leases are recalled"), "{message}");
+                assert_eq!(retry_after_s, crate::books::LEASE_RECALL_RETRY_S);
+                for _ in 0..2 {
+                    *now += 1_000;
+                    for x in nodes.iter_mut() {
+                        x.sync(b, t, *now);
+                    }
+                }
+            }
+            a => {
+                admitted(&a);
+                return recalls;
+            }
+        }
+    }
+    panic!("{}: the leases were never recalled", req.container_id)
+}
+
 fn admitted(a: &AdmitAnswer) -> QuotaClass {
     match a {
         AdmitAnswer::Admitted { class, .. } => *class,
@@ -234,13 +266,23 @@ fn a_tenant_within_its_guarantee_reclaims_the_youngest_borrowed_work_on_its_node
     let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
     let mut now = 1_000_000;
     start(&t, &mut nodes, &mut b, now);
-    // B fills 12: node 1 full, 4 on node 2.
+    // B fills 12: node 1 full, 4 on node 2. B's 3rd on node 1 is within B's guarantee,
+    // which node 2's lease holds: the lease is recalled and the retry is guaranteed.
+    let mut recalls = 0;
     for i in 0..12 {
         now += 1_000;
         let n = if i < 8 { 0 } else { 1 };
-        admitted(&nodes[n].admit(&mut b, &t, ask(&format!("b{i}"), "acme/b", 1), now));
+        let req = ask(&format!("b{i}"), "acme/b", 1);
+        recalls += admit_retrying(&mut nodes, n, &mut b, &t, &req, &mut now);
         nodes[n].sync(&mut b, &t, now);
     }
+    assert_eq!(recalls, 1, "one recall of node 2's lease of B");
+    let classes: Vec<QuotaClass> = nodes[0].holdings.iter().map(|h| h.class).collect();
+    assert_eq!(
+        classes.iter().filter(|c| **c == QuotaClass::Guaranteed).count(),
+        4,
+        "B's guarantee all on node 1, where B asked first: {classes:?}"
+    );
     for n in nodes.iter_mut() {
         n.sync(&mut b, &t, now);
     }
