@@ -4,7 +4,10 @@
 //!
 //! `cargo run -p slicer --release --example family -- [REQUESTS] [SEED] [MAX_WAIT_S]`
 //! (defaults 3000, 1, 3600). One line per (trace, nodes, fractions, queue); the columns
-//! are admitted requests and admitted demand (GPU-hours) of best and first-fit.
+//! are admitted requests and admitted demand (GPU-hours) of best and first-fit, and the
+//! outcome, exact (the printed figures are rounded): `requests`, `demand` or
+//! `requests+demand` where best admits less than first-fit, `better` where it is at least
+//! as good on both and strictly better on one, `equal` where both are the same.
 
 use std::path::Path;
 
@@ -34,9 +37,9 @@ fn main() -> Result<(), String> {
         traces.push(generate(mix, n, seed, DEFAULT_LOAD_GPUS));
     }
     println!(
-        "{:<44} {:>2} {:<5} {:<5} | {:>6} {:>6} {:>7} | {:>9} {:>9} {:>7} | {:>5} {:>5} {:>5} {:>5}",
+        "{:<44} {:>2} {:<5} {:<5} | {:>6} {:>6} {:>7} | {:>9} {:>9} {:>7} | {:>5} {:>5} {:>5} {:>5} | {:<7}",
         "trace", "n", "frac", "queue", "best", "ff", "d adm", "best GPUh", "ff GPUh", "d dem",
-        "peakB", "peakF", "contB", "contF"
+        "peakB", "peakF", "contB", "contF", "outcome"
     );
     let (mut cells, mut losses, mut wins) = (0, 0, 0);
     let (mut count_losses, mut demand_losses, mut strict) = (0, 0, 0);
@@ -72,8 +75,22 @@ fn main() -> Result<(), String> {
                     );
                     let pct =
                         |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}", v * 100.0));
+                    // Exact, unlike the rounded figures (see the module documentation).
+                    let outcome =
+                        match (b.admitted < f.admitted, b.demand_admitted < f.demand_admitted) {
+                            (true, true) => "requests+demand",
+                            (true, false) => "requests",
+                            (false, true) => "demand",
+                            (false, false)
+                                if b.admitted > f.admitted
+                                    || b.demand_admitted > f.demand_admitted =>
+                            {
+                                "better"
+                            }
+                            (false, false) => "equal",
+                        };
                     println!(
-                        "{:<44} {:>2} {:<5} {:<5} | {:>6} {:>6} {:>+7} | {:>9.0} {:>9.0} {:>+6.1}% | {:>5.1} {:>5.1} {:>5} {:>5}",
+                        "{:<44} {:>2} {:<5} {:<5} | {:>6} {:>6} {:>+7} | {:>9.0} {:>9.0} {:>+6.1}% | {:>5.1} {:>5.1} {:>5} {:>5} | {}",
                         t.source,
                         nodes,
                         fractions.label(),
@@ -88,6 +105,7 @@ fn main() -> Result<(), String> {
                         f.demand_peak * 100.0,
                         pct(b.demand_at_contention),
                         pct(f.demand_at_contention),
+                        outcome,
                     );
                 }
             }

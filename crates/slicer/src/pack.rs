@@ -39,6 +39,16 @@
 //! GPU for a class is its free capacity minus what the class can use; its expected
 //! fragmentation weighs classes by how often they were seen.
 //!
+//! **Per asker for MPS and time-slicing.** What an MPS or time-sliced GPU can still take
+//! depends on who asks: a tenant holds one percent per MPS GPU, and a time-sliced GPU
+//! serves one sharing domain. A class that may use either keeps who asked for it (tenant
+//! and sharing domain, the [`MAX_ASKERS`] most frequent; the rest together, as a tenant on
+//! no GPU and in no GPU's domain), and its usable capacity is summed per asker: an MPS GPU
+//! where that tenant already holds another percent, or a GPU time-sliced for another
+//! domain, serves that asker nothing, as [`PackNode::apply`] would refuse it. Counting that
+//! room as usable for everyone (as before) let best fill GPUs with shares the waiting
+//! tenants could not add to; see docs/PERFORMANCE.md for what the change did.
+//!
 //! A choice's **loss** ([`Loss`]) is what it removes from the node's usable capacity for
 //! the seen demand, counted two ways and compared in this order:
 //!
@@ -66,7 +76,8 @@
 //! applies the same MPS-first rule, so the two differ only in placement.
 //!
 //! Cost: one decision evaluates every GPU and MIG start slot against every class (at most
-//! [`MAX_CLASSES`]); on 8 GPUs that is a few hundred integer operations.
+//! [`MAX_CLASSES`], and for MPS and time-slicing at most [`MAX_ASKERS`] + 1 askers per
+//! class); on 8 GPUs that is a few thousand integer operations.
 
 use std::collections::BTreeMap;
 
@@ -79,6 +90,9 @@ use crate::place::{Occupancy, Strategy};
 pub const UNITS_PER_GPU: u64 = 7000;
 /// Most classes a [`PackMix`] keeps (the most frequent ones).
 pub const MAX_CLASSES: usize = 24;
+/// Most (tenant, sharing domain) pairs a class of a [`PackMix`] tells apart (the most
+/// frequent ones; the rest are counted together).
+pub const MAX_ASKERS: usize = 8;
 
 /// The isolation kinds a tenant may use (its tier's `allow` list, as the policy says).
 #[derive(
@@ -279,10 +293,24 @@ enum Class {
     Frac { profile: usize, milli: u32, allow: Allow },
 }
 
+/// Who asked for a class that may use MPS or time-slicing, and how often: the MPS rule
+/// (one percent per tenant per GPU) and the time-slicing rule (one sharing domain per GPU)
+/// depend on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Asker {
+    /// (tenant, sharing domain); None: the tenants beyond [`MAX_ASKERS`], counted together
+    /// as a tenant present on no GPU (and in no GPU's sharing domain).
+    who: Option<(u32, u32)>,
+    count: u64,
+}
+
 /// The demand a node has seen, as weighted classes. Build it with [`DemandCounter`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PackMix {
     classes: Vec<(Class, u64)>,
+    /// Per class, aligned with `classes`: its askers when it may use MPS or time-slicing
+    /// (their counts sum to the class's), empty otherwise.
+    askers: Vec<Vec<Asker>>,
 }
 
 impl PackMix {
@@ -303,6 +331,9 @@ pub struct DemandCounter {
     whole: BTreeMap<u32, u64>,
     /// (profile index, allow) → (count, sum of milli).
     frac: BTreeMap<(usize, Allow), (u64, u64)>,
+    /// (profile index, allow) → (tenant, domain) → count, for kinds that may use MPS or
+    /// time-slicing.
+    askers: BTreeMap<(usize, Allow), BTreeMap<(u32, u32), u64>>,
 }
 
 impl DemandCounter {
@@ -314,11 +345,21 @@ impl DemandCounter {
             let e = self.frac.entry((pi, ask.allow)).or_default();
             e.0 += 1;
             e.1 += u64::from(ask.milli);
+            if ask.allow.mps || ask.allow.shared {
+                *self
+                    .askers
+                    .entry((pi, ask.allow))
+                    .or_default()
+                    .entry((ask.tenant, ask.domain))
+                    .or_default() += 1;
+            }
         }
     }
 
     /// The mix: every class with its count; the [`MAX_CLASSES`] most frequent when there
-    /// are more (ties: the class order).
+    /// are more (ties: the class order). A class that may use MPS or time-slicing keeps its
+    /// [`MAX_ASKERS`] most frequent (tenant, domain) pairs (ties: the lower pair), the rest
+    /// counted together.
     pub fn mix(&self) -> PackMix {
         let mut classes: Vec<(Class, u64)> = self
             .whole
@@ -334,7 +375,23 @@ impl DemandCounter {
             classes.truncate(MAX_CLASSES);
             classes.sort();
         }
-        PackMix { classes }
+        let askers = classes
+            .iter()
+            .map(|&(c, n)| {
+                let Class::Frac { profile, allow, .. } = c else { return Vec::new() };
+                let Some(by) = self.askers.get(&(profile, allow)) else { return Vec::new() };
+                let mut v: Vec<Asker> =
+                    by.iter().map(|(&who, &count)| Asker { who: Some(who), count }).collect();
+                v.sort_by(|a, b| b.count.cmp(&a.count).then(a.who.cmp(&b.who)));
+                v.truncate(MAX_ASKERS);
+                let kept: u64 = v.iter().map(|a| a.count).sum();
+                if kept < n {
+                    v.push(Asker { who: None, count: n - kept });
+                }
+                v
+            })
+            .collect();
+        PackMix { classes, askers }
     }
 }
 
@@ -535,9 +592,9 @@ fn shared_fits(g: Option<&GpuUse>, ask: &Ask, replicas: u32) -> bool {
     }
 }
 
-/// Usable units of a GPU for one fraction class (see the module documentation).
-fn usable_frac(node: &PackNode, g: &GpuUse, profile: usize, milli: u32, allow: Allow) -> u64 {
-    let size = u64::from(milli) * 7;
+/// Requests of a fraction class that fit on a GPU as MIG instances (or as a whole GPU
+/// when that is all the class may use): the same for every tenant.
+fn mig_fits(node: &PackNode, g: &GpuUse, profile: usize, allow: Allow) -> u64 {
     let mut n = 0u64;
     if allow.mig {
         if let Some(p) = node.model.profiles.get(profile) {
@@ -546,15 +603,42 @@ fn usable_frac(node: &PackNode, g: &GpuUse, profile: usize, milli: u32, allow: A
                 GpuUse::Mig(o) => o.capacity(p, profile),
                 _ => 0,
             };
-            n = n.max(u64::from(cap));
+            n = u64::from(cap);
         }
     }
+    if allow.gpu && !allow.mig && !allow.mps && !allow.shared && matches!(g, GpuUse::Free) {
+        n = n.max(1);
+    }
+    n
+}
+
+/// Requests of a fraction class asked by `who` (see [`Asker`]) that fit on a GPU as MPS
+/// shares or time-sliced replicas, by the rules `apply` enforces: an MPS GPU where the
+/// tenant already holds another percent, or a time-sliced GPU of another sharing domain,
+/// serves it nothing.
+fn mps_or_shared_fits(
+    node: &PackNode,
+    g: &GpuUse,
+    milli: u32,
+    allow: Allow,
+    who: Option<(u32, u32)>,
+) -> u64 {
+    let mut n = 0u64;
     if allow.mps {
         let pct = u32::from(mps_percent(milli));
         if pct <= u32::from(node.rules.mps_max_percent) {
             let left = match g {
                 GpuUse::Free => 100,
-                GpuUse::Mps { used, .. } => 100u32.saturating_sub(*used),
+                GpuUse::Mps { used, shares } => {
+                    let other_percent = who.is_some_and(|(t, _)| {
+                        shares.iter().any(|s| s.tenant == t && u32::from(s.percent) != pct)
+                    });
+                    if other_percent {
+                        0
+                    } else {
+                        100u32.saturating_sub(*used)
+                    }
+                }
                 _ => 0,
             };
             n = n.max(u64::from(left / pct));
@@ -564,17 +648,16 @@ fn usable_frac(node: &PackNode, g: &GpuUse, profile: usize, milli: u32, allow: A
         let r = node.rules.replicas;
         let (slots, room) = match g {
             GpuUse::Free => (r, 1000),
-            GpuUse::Shared { count, milli: m, .. } => {
+            GpuUse::Shared { domain, count, milli: m }
+                if who.is_some_and(|(_, d)| d == *domain) =>
+            {
                 (r.saturating_sub(*count), 1000 - m.min(&1000))
             }
             _ => (0, 0),
         };
         n = n.max(u64::from(slots.min(room / milli.max(1))));
     }
-    if allow.gpu && !allow.mig && !allow.mps && !allow.shared && matches!(g, GpuUse::Free) {
-        n = n.max(1);
-    }
-    n * size
+    n
 }
 
 /// Usable units of the node's free GPUs for `k` whole GPUs.
@@ -583,15 +666,29 @@ fn usable_whole(free: u32, k: u32) -> u64 {
     u64::from(free / k * k) * UNITS_PER_GPU
 }
 
-/// Σ_class weight × (requests that fit, usable units) over fraction classes, for one GPU.
+/// Σ_class weight × (requests that fit, usable units) over fraction classes, for one GPU;
+/// a class that may use MPS or time-slicing is counted per asker.
 fn gpu_score(node: &PackNode, g: &GpuUse, mix: &PackMix) -> Loss {
     let (mut n, mut s): (u64, u64) = (0, 0);
-    for &(c, w) in &mix.classes {
-        if let Class::Frac { profile, milli, allow } = c {
-            let usable = usable_frac(node, g, profile, milli, allow);
-            n = n.saturating_add(w.saturating_mul(usable / (u64::from(milli) * 7).max(1)));
-            s = s.saturating_add(w.saturating_mul(usable));
-        }
+    for (i, &(c, w)) in mix.classes.iter().enumerate() {
+        let Class::Frac { profile, milli, allow } = c else { continue };
+        let size = u64::from(milli) * 7;
+        let mig = mig_fits(node, g, profile, allow);
+        let fit = |who| {
+            if allow.mps || allow.shared {
+                mig.max(mps_or_shared_fits(node, g, milli, allow, who))
+            } else {
+                mig
+            }
+        };
+        let fits: u64 = match mix.askers.get(i).map(Vec::as_slice) {
+            Some(askers) if !askers.is_empty() => askers
+                .iter()
+                .fold(0u64, |acc, a| acc.saturating_add(a.count.saturating_mul(fit(a.who)))),
+            _ => w.saturating_mul(fit(None)),
+        };
+        n = n.saturating_add(fits);
+        s = s.saturating_add(fits.saturating_mul(size));
     }
     score(n, s)
 }
@@ -841,6 +938,41 @@ mod tests {
             pack(&node, &again, Strategy::Best, &mix).map(|p| p.choice),
             Some(Choice::Mps { gpu: 1, .. })
         ));
+    }
+
+    #[test]
+    fn mps_and_time_slice_room_counts_per_asker() {
+        // GPU 0 serves tenant 2's 30%, GPU 1 tenant 1's 30%: both have 70% left.
+        let mut node = PackNode::new(h100(), 2, Rules::default());
+        assert!(node.apply(&Choice::Mps { gpu: 0, percent: 30 }, &ask(300, TRUSTED, 2)));
+        assert!(node.apply(&Choice::Mps { gpu: 1, percent: 30 }, &ask(300, TRUSTED, 1)));
+        // Tenant 1 keeps asking for 25%: it cannot add another percent to GPU 1, so only
+        // GPU 0's room serves it, and a newcomer's 40% goes to GPU 1 (a GPU blind to the
+        // tenant rule would see two equal GPUs and take GPU 0, the lower).
+        let newcomer = ask(400, TRUSTED, 3);
+        let mut asks = vec![ask(250, TRUSTED, 1); 5];
+        asks.push(newcomer);
+        let mix = mix_of(&asks);
+        let p = pack(&node, &newcomer, Strategy::Best, &mix).expect("fits");
+        assert_eq!(p.choice, Choice::Mps { gpu: 1, percent: 40 });
+        assert_eq!(p.loss.requests, 1, "only the newcomer's own class loses a fit");
+        assert_eq!(
+            pack(&node, &newcomer, Strategy::FirstFit, &mix).map(|p| p.choice),
+            Some(Choice::Mps { gpu: 0, percent: 40 })
+        );
+        // A time-sliced GPU serves its own sharing domain only.
+        let dev = Allow { gpu: true, mig: false, mps: false, shared: true };
+        let sliced = GpuUse::Shared { domain: 5, count: 1, milli: 300 };
+        let in_domain = |d: u32| mix_of(&[Ask { domain: d, ..ask(200, dev, 0) }; 3]);
+        assert_eq!(gpu_score(&node, &sliced, &in_domain(5)).requests, 3 * 3, "3 more fit");
+        assert_eq!(gpu_score(&node, &sliced, &in_domain(6)), Loss::default());
+        assert!(gpu_score(&node, &GpuUse::Free, &in_domain(6)).requests > 0);
+        // Beyond MAX_ASKERS pairs, the rest count together: every request still counts.
+        let many: Vec<Ask> =
+            (0..MAX_ASKERS as u32 + 4).map(|t| Ask { domain: t, ..ask(200, dev, t) }).collect();
+        let mix = mix_of(&many);
+        assert_eq!(mix.askers[0].len(), MAX_ASKERS + 1);
+        assert_eq!(mix.askers[0].iter().map(|a| a.count).sum::<u64>(), many.len() as u64);
     }
 
     #[test]

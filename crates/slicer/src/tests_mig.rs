@@ -836,8 +836,10 @@ fn config(
 
 /// Best against first-fit over the small family: what holds, summed over every mix and
 /// node count, in each mode (MIG-only or tier-aware, drop or queue): more demand and more
-/// requests admitted, and more demand in most cells (see docs/PERFORMANCE.md for the
-/// per-trace table, where best does not win every cell).
+/// requests admitted, and more demand in most cells. Per cell, best is *not* at least as
+/// good as first-fit on both in every cell (see docs/PERFORMANCE.md for the cells that
+/// lose and the full table); what holds in every cell is checked by
+/// [`best_never_falls_far_behind_first_fit_in_any_cell_of_the_family`].
 #[test]
 fn best_admits_more_demand_than_first_fit_over_the_family() {
     let family = small_family();
@@ -872,6 +874,57 @@ fn best_admits_more_demand_than_first_fit_over_the_family() {
                 "tiers {tiers} {queue:?}: best wins demand in {wins}/{cells}"
             );
         }
+    }
+}
+
+/// The per-cell statement that holds on the small family (80 cells: 5 mixes, 1/2/4/8
+/// nodes, MIG-only or tier-aware, drop or queue). `best` >= first-fit on both admitted
+/// requests and admitted demand does not hold in every cell: a placement that does not
+/// know durations trades some small requests for larger ones on a saturated node, and the
+/// other way round, and two placements' admissions diverge after their first different
+/// choice (docs/PERFORMANCE.md has the cells and the measurements). What holds in every
+/// cell: best admits at least 80% of first-fit's requests and 85% of its demand, and on
+/// at least one of the two it is at least 96% of first-fit's (no cell where it is far
+/// behind on both at once).
+#[test]
+fn best_never_falls_far_behind_first_fit_in_any_cell_of_the_family() {
+    let family = small_family();
+    let mut cells = Vec::new();
+    for t in &family {
+        for nodes in [1u32, 2, 4, 8] {
+            for tiers in [false, true] {
+                for queue in [replay::Queue::Drop, replay::Queue::Wait { max_wait_s: 3600 }] {
+                    let run = |p| {
+                        replay::replay_with(t, &config(nodes, p, tiers, queue)).expect("replay")
+                    };
+                    let (b, f) = (run(Placement::Best), run(Placement::FirstFit));
+                    let ratio = |x: u64, y: u64| x as f64 / y.max(1) as f64;
+                    let r = ratio(b.admitted, f.admitted);
+                    let d = ratio(b.demand_admitted, f.demand_admitted);
+                    let name = format!("{} {nodes} nodes tiers={tiers} {queue:?}", t.source);
+                    cells.push((name, r, d));
+                }
+            }
+        }
+    }
+    assert_eq!(cells.len(), 80);
+    let losing: Vec<String> = cells
+        .iter()
+        .filter(|(_, r, d)| *r < 1.0 || *d < 1.0)
+        .map(|(n, r, d)| {
+            format!("{n}: requests {:+.1}%, demand {:+.1}%", (r - 1.0) * 100.0, (d - 1.0) * 100.0)
+        })
+        .collect();
+    println!("best behind first-fit in {} of 80 cells:\n{}", losing.len(), losing.join("\n"));
+    for (name, r, d) in &cells {
+        assert!(*r >= 0.80, "{name}: best admits {:.1}% of first-fit's requests", r * 100.0);
+        assert!(*d >= 0.85, "{name}: best admits {:.1}% of first-fit's demand", d * 100.0);
+        assert!(
+            r.max(*d) >= 0.96,
+            "{name}: best behind on both: requests {:.1}%, demand {:.1}%",
+            r * 100.0,
+            d * 100.0
+        );
     }
 }
 
