@@ -233,6 +233,7 @@ fn parts(n: usize, dir: &Path, socket: &Path, runc_root: &Path, ann: &[(&str, &s
             request: tessera_api::GpuRequest::Mig { profile: "1g.10gb".into() },
             request_source: tessera_api::RequestSource::Annotation,
             annotations: std::collections::BTreeMap::clone(&annotations),
+            limits: None,
         };
         alloc.push(timed(&mut || {
             client.allocate(&req).expect("allocate");

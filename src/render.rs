@@ -101,11 +101,12 @@ pub fn status(s: &NodeStatus) -> String {
             let pid = a.pid.map(|p| format!("pid {p}")).unwrap_or_else(|| "not started".into());
             let _ = writeln!(
                 out,
-                "  {:<24} {:<32} {:<12} {:<9} {devs}  ({pid})",
+                "  {:<24} {:<32} {:<12} {:<9} {devs}  ({pid}){}",
                 who(a.workload.as_ref().map(|w| w.display_name()).as_deref(), &a.container_id),
                 a.tenant,
                 a.request,
-                format!("{:?}", a.state).to_lowercase()
+                format!("{:?}", a.state).to_lowercase(),
+                quota_mark(a.quota.as_deref())
             );
         }
     }
@@ -126,6 +127,22 @@ pub fn status(s: &NodeStatus) -> String {
         }
     }
     out
+}
+
+/// `  borrowed beyond P (burst price, reclaimable)` for borrowed work, `  guaranteed under
+/// lease` for work a node admitted alone; else nothing.
+fn quota_mark(mark: Option<&tessera_api::QuotaMark>) -> String {
+    match mark {
+        Some(m) if m.class == tessera_api::QuotaClass::Borrowed => format!(
+            "  borrowed{} (burst price, reclaimable)",
+            m.over
+                .as_deref()
+                .map(|o| format!(" beyond {}", tessera_api::untrusted(o)))
+                .unwrap_or_default()
+        ),
+        Some(m) if m.under_lease => "  guaranteed under lease".into(),
+        _ => String::new(),
+    }
 }
 
 /// A container as people know it: `namespace/pod/container (id…)` for a pod's container
@@ -381,6 +398,42 @@ mod tests {
             v["policy"]["coordinator"]["source_reason"] = why.into();
         }
         serde_json::from_value(v).expect("a status")
+    }
+
+    #[test]
+    fn borrowed_grants_are_shown_as_such() {
+        let mut s = fleet_status(None);
+        let grant = |id: &str, quota: serde_json::Value| -> tessera_api::Allocation {
+            let mut v = serde_json::json!({
+                "container_id": id, "tenant": "acme/dev/notebooks/bob", "trust": "dev",
+                "request": "gpu=1", "isolation": "gpu", "devices": [],
+                "injection": {"devices": [], "env": [], "mounts": []},
+                "state": "running", "pid": 7, "created_ms": 1
+            });
+            if !quota.is_null() {
+                v["quota"] = quota;
+            }
+            serde_json::from_value(v).expect("an allocation")
+        };
+        s.allocations = vec![
+            grant(
+                "lent",
+                serde_json::json!({"class": "borrowed",
+                "over": "quotas.acme/dev.gpus.H100-80GB.guarantee"}),
+            ),
+            grant("leased", serde_json::json!({"class": "guaranteed", "under_lease": true})),
+            grant("plain", serde_json::Value::Null),
+        ];
+        let text = status(&s);
+        let line = |id: &str| text.lines().find(|l| l.contains(id)).expect(&text).to_string();
+        assert!(
+            line("lent").ends_with(
+                "borrowed beyond quotas.acme/dev.gpus.H100-80GB.guarantee (burst price, reclaimable)"
+            ),
+            "{text}"
+        );
+        assert!(line("leased").ends_with("guaranteed under lease"), "{text}");
+        assert!(line("plain").ends_with("(pid 7)"), "{text}");
     }
 
     #[test]

@@ -324,6 +324,7 @@ fn alloc_req(id: &str, ns: &str, request: &str) -> AllocateRequest {
         request: request.parse().expect("a well-formed request"),
         request_source: RequestSource::Annotation,
         annotations: [(NS.to_string(), ns.to_string())].into_iter().collect(),
+        limits: None,
     }
 }
 

@@ -132,6 +132,7 @@ fn alloc_req(id: &str, request: &str) -> AllocateRequest {
         request: request.parse().expect("a well-formed request"),
         request_source: RequestSource::Annotation,
         annotations: [(NS.to_string(), "team-dev".to_string())].into_iter().collect(),
+        limits: None,
     }
 }
 

@@ -107,6 +107,10 @@ struct FleetArgs {
     /// Longest wait between rounds of unreachable coordinators, in milliseconds.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..))]
     coordinator_retry_max_ms: u64,
+    /// Under a policy with quotas, sync this node's quota holdings and leases with the
+    /// coordinator this often, in milliseconds (tests shorten it).
+    #[arg(long, default_value_t = fleet::quota::SYNC_INTERVAL.as_millis() as u64, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    quota_sync_interval_ms: u64,
     /// Upload closed ledger intervals to the coordinator this often, in milliseconds.
     #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(100..))]
     usage_upload_interval_ms: u64,
@@ -167,6 +171,7 @@ impl FleetArgs {
         cfg.report_every = Duration::from_millis(self.coordinator_report_interval_ms);
         cfg.retry_max = Duration::from_millis(self.coordinator_retry_max_ms);
         cfg.usage_every = Duration::from_millis(self.usage_upload_interval_ms);
+        cfg.quota_sync_every = Duration::from_millis(self.quota_sync_interval_ms);
         Ok(Some(cfg))
     }
 }

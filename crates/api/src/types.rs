@@ -32,6 +32,56 @@ pub struct AllocateRequest {
     /// A key given twice is refused (the identity is read from here: which one would count?).
     #[serde(default, deserialize_with = "unique_keys")]
     pub annotations: BTreeMap<String, String>,
+    /// The container's CPU and memory limits from its OCI spec, which a policy with fleet
+    /// quotas counts against the tenant's `cpu_cores` and `memory_gib`. Absent from older
+    /// clients (and for a container without limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ContainerLimits>,
+}
+
+/// The annotation that names a container's gang: its members are admitted by the fleet's
+/// quotas whole or not at all. A name of 1 to 253 characters of `[A-Za-z0-9._-]`, not
+/// starting with `.` or `-`; it needs [`GANG_SIZE_ANNOTATION`].
+pub const GANG_ANNOTATION: &str = "tessera.io/gang";
+/// The annotation that says how many members a gang ([`GANG_ANNOTATION`]) has.
+pub const GANG_SIZE_ANNOTATION: &str = "tessera.io/gang-size";
+
+/// A container's resource limits as its OCI spec sets them (`linux.resources`), in the
+/// units fleet quotas count: millicores and MiB.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContainerLimits {
+    /// `cpu.quota × 1000 / cpu.period`, rounded up; `None`: no CPU limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_milli: Option<u64>,
+    /// `memory.limit` in MiB, rounded up; `None`: no memory limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+}
+
+impl ContainerLimits {
+    /// The largest CPU limit accepted: a million cores (a quota's largest amount).
+    pub const MAX_CPU_MILLI: u64 = 1_000_000_000;
+    /// The largest memory limit accepted: a million GiB (a quota's largest amount).
+    pub const MAX_MEMORY_MIB: u64 = 1_024_000_000;
+
+    /// Whether both limits are within [`Self::MAX_CPU_MILLI`] and [`Self::MAX_MEMORY_MIB`];
+    /// the error names the field and the bound.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(c) = self.cpu_milli.filter(|c| *c > Self::MAX_CPU_MILLI) {
+            return Err(format!(
+                "limits.cpu_milli {c} is above the largest CPU limit, {} millicores",
+                Self::MAX_CPU_MILLI
+            ));
+        }
+        if let Some(m) = self.memory_mib.filter(|m| *m > Self::MAX_MEMORY_MIB) {
+            return Err(format!(
+                "limits.memory_mib {m} is above the largest memory limit, {} MiB",
+                Self::MAX_MEMORY_MIB
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Where a GPU request was found in the container's config.
@@ -157,6 +207,65 @@ pub struct Allocation {
     /// annotations), where it is one: the names status, events and usage show.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<crate::cri::Workload>,
+    /// How the grant counts against its tenant's fleet quotas, under a policy that sets
+    /// them (absent otherwise, and in grants recorded before quotas existed). Boxed: most
+    /// grants have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<Box<QuotaMark>>,
+}
+
+/// Whether a grant runs within its tenant's quota guarantees or on borrowed capacity (the
+/// wire form of the fleet's quota protocol: `guaranteed`, `borrowed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuotaClass {
+    /// Within every guarantee on the tenant's chain: never reclaimed.
+    Guaranteed,
+    /// Beyond a guarantee, on capacity others lend: priced at the burst price, and
+    /// stopped (SIGTERM, grace, SIGKILL) when the lender asks for it back.
+    Borrowed,
+}
+
+impl QuotaClass {
+    /// `guaranteed` or `borrowed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuotaClass::Guaranteed => "guaranteed",
+            QuotaClass::Borrowed => "borrowed",
+        }
+    }
+}
+
+/// How one grant counts against its tenant's fleet quotas, and what it counts as.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaMark {
+    pub class: QuotaClass,
+    /// For borrowed work: the quota path and resource whose guarantee it goes beyond.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub over: Option<String>,
+    /// Admitted by the node alone, under its lease, while the coordinator was unreachable.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub under_lease: bool,
+    /// What the grant counts as: catalog model → micro-GPUs (1 GPU = 1,000,000).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gpus: BTreeMap<String, u64>,
+    /// Millicores (from the container's CPU limit).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cpu_milli: u64,
+    /// MiB (from the container's memory limit).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub memory_mib: u64,
+    /// The gang ([`GANG_ANNOTATION`]) it belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<String>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// How a shared device (MPS or time-sliced) is shared by one allocation.
@@ -232,6 +341,11 @@ pub enum ErrorCode {
     Conflict,
     /// The daemon failed; nothing was granted.
     Internal,
+    /// The request is within its tenant's quota guarantees, but the capacity is lent out:
+    /// borrowed work is being stopped to free it, and a retry after the time the message
+    /// names is granted. Sent as 503 (Service Unavailable: retry later), as
+    /// [`ErrorCode::NoCapacity`] is.
+    Reclaiming,
 }
 
 impl ErrorCode {
@@ -242,7 +356,7 @@ impl ErrorCode {
             ErrorCode::UnknownTenant | ErrorCode::Refused => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::Conflict => 409,
-            ErrorCode::NoCapacity => 503,
+            ErrorCode::NoCapacity | ErrorCode::Reclaiming => 503,
             ErrorCode::NotSupported => 501,
             ErrorCode::Internal => 500,
         }
@@ -537,6 +651,55 @@ mod tests {
         }))
         .expect("status with extra fields");
         assert_eq!(s.gpus[0].holder.as_ref().map(|h| h.tenant.as_str()), Some("t"));
+    }
+
+    /// Limits are optional (older clients send none), strict (a field of them nobody knows
+    /// is refused) and bounded.
+    #[test]
+    fn container_limits_are_optional_strict_and_bounded() {
+        let base = json!({"container_id": "a", "runc_root": "/r", "bundle": "/b", "request": "gpu=1",
+                          "request_source": "annotation", "annotations": {}});
+        let r: AllocateRequest = serde_json::from_value(base.clone()).expect("no limits");
+        assert_eq!(r.limits, None);
+        assert!(
+            !serde_json::to_string(&r).expect("json").contains("limits"),
+            "not sent when absent"
+        );
+        let mut v = base.clone();
+        v["limits"] = json!({"cpu_milli": 1500});
+        let r: AllocateRequest = serde_json::from_value(v).expect("limits");
+        assert_eq!(r.limits, Some(ContainerLimits { cpu_milli: Some(1500), memory_mib: None }));
+        let mut v = base;
+        v["limits"] = json!({"cpu_milli": 1, "gpus": 3});
+        let e = serde_json::from_value::<AllocateRequest>(v).expect_err("unknown field");
+        assert!(e.to_string().contains("unknown field `gpus`"), "{e}");
+        let ok = ContainerLimits {
+            cpu_milli: Some(ContainerLimits::MAX_CPU_MILLI),
+            memory_mib: Some(ContainerLimits::MAX_MEMORY_MIB),
+        };
+        assert_eq!(ok.validate(), Ok(()));
+        let e =
+            ContainerLimits { memory_mib: Some(u64::MAX), ..ok }.validate().expect_err("bounded");
+        assert!(e.contains("limits.memory_mib"), "{e}");
+    }
+
+    /// Grants recorded before quotas read without a mark; a mark round-trips, and its
+    /// class is spelled as the fleet's quota protocol spells it.
+    #[test]
+    fn the_quota_mark_is_optional_and_round_trips() {
+        let plain: Allocation = serde_json::from_value(allocation_json()).expect("allocation");
+        assert_eq!(plain.quota, None);
+        assert!(!serde_json::to_string(&plain).expect("json").contains("quota"));
+        let mut v = allocation_json();
+        v["quota"] = json!({"class": "borrowed", "over": "quotas.acme.gpus.H100-80GB.guarantee",
+                            "gpus": {"H100-80GB": 142_857}, "gang": "g"});
+        let a: Allocation = serde_json::from_value(v.clone()).expect("marked");
+        let m = a.quota.clone().expect("mark");
+        assert_eq!((m.class, m.under_lease, m.cpu_milli), (QuotaClass::Borrowed, false, 0));
+        assert_eq!(serde_json::to_value(&a).expect("json")["quota"], v["quota"]);
+        assert_eq!(QuotaClass::Guaranteed.as_str(), "guaranteed");
+        assert_eq!(ErrorCode::Reclaiming.http_status(), 503);
+        assert_eq!(serde_json::to_value(ErrorCode::Reclaiming).expect("json"), json!("reclaiming"));
     }
 
     /// A field tesserad does not know in a request is an error naming the field, never

@@ -15,7 +15,10 @@
 //!   [`Action::MpsHealthCheck`] (control-binary pings and cap read-backs, on the
 //!   supervisor's own lock), [`Action::CheckEcc`] and [`Action::SampleUtilization`] (NVML
 //!   queries that can hang on a GPU in a bad state, and /proc walks), and
-//!   [`Action::RevokeStop`] (the grace period between SIGTERM and SIGKILL);
+//!   [`Action::RevokeStop`] (the grace period between SIGTERM and SIGKILL), and
+//!   [`Action::Allocate`] under a policy with fleet quotas (the admission by the
+//!   coordinator, or the node's own books: [`crate::quota`]; the stops of a reclaim run on
+//!   threads of their own);
 //! * **failure logging**: every action that fails is logged here, once: internal failures
 //!   as errors, refusals (4xx) as warnings naming the action, container, tenant and rule.
 //!   Refusals of grants are also recorded as `refuse` events by the node (durable state).
@@ -24,16 +27,19 @@
 //! part of the action: a successful [`Action::Start`] sent through [`Controller::run`]
 //! starts the exit watch of its container.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use metering::{IntervalRecord, UsageReport};
 use serde::Serialize;
 use tessera_api::{
-    AllocateRequest, Allocation, ApiError, ErrorCode, NodeStatus, ReleaseRequest, StartRequest,
+    untrusted, AllocateRequest, Allocation, ApiError, ErrorCode, NodeStatus, ReleaseRequest,
+    StartRequest,
 };
 use tracing::{debug, error, warn};
 
-use crate::node::{ActivePolicy, MigReport, Node, ReconcileReport};
+use crate::node::{ActivePolicy, Admission, MigReport, Node, Prepared, QuotaMode, ReconcileReport};
+use crate::quota::{self, QuotaGate, Verdict};
 
 /// Everything that can be asked of a node, by anyone.
 #[derive(Debug)]
@@ -107,6 +113,13 @@ pub enum Action {
     // The kubelet device plugin (`device_plugin.rs`).
     /// What the node can grant now, as the device plugin counts it.
     Capacity,
+
+    // The fleet-quota sync (`quota.rs`).
+    /// The node's capacity and quota-marked grants, for a sync.
+    QuotaSnapshot,
+    /// Stop the containers a coordinator's reclaim names (this node's borrowed grants
+    /// only; signals and grace periods on threads of their own).
+    QuotaPreempt(Vec<fleet::quota::Victim>),
 }
 
 impl Action {
@@ -141,6 +154,8 @@ impl Action {
             Action::SetPolicy(_) => "policy update",
             Action::LedgerRows => "ledger read",
             Action::Capacity => "capacity read",
+            Action::QuotaSnapshot => "quota snapshot",
+            Action::QuotaPreempt(_) => "quota preemption",
         }
     }
 
@@ -218,6 +233,10 @@ pub enum Outcome {
     },
     #[serde(skip)]
     Capacity(Box<device_plugin::Snapshot>),
+    /// What a fleet-quota sync sends (its leases are added by the gate), and the quotas in
+    /// force; `None`: the policy sets no quotas.
+    #[serde(skip)]
+    QuotaSnapshot(Option<Box<(fleet::quota::SyncRequest, ::quota::QuotaTree, Instant)>>),
     #[serde(skip)]
     Done,
 }
@@ -245,16 +264,28 @@ pub struct Controller {
     changes: tokio::sync::watch::Sender<u64>,
     /// What a policy reload reads ([`Controller::set_reload`]); unset: nothing to reload.
     reload: std::sync::OnceLock<crate::reload::ReloadSetup>,
+    /// The fleet-quota gate ([`Controller::set_quota`]); unset: grants as without quotas.
+    quota: std::sync::OnceLock<Arc<QuotaGate>>,
+    /// This controller, for the threads a reclaim's stops run on.
+    me: Weak<Controller>,
 }
 
 impl Controller {
     pub fn new(node: Node) -> Arc<Controller> {
-        Arc::new(Controller {
+        Arc::new_cyclic(|me| Controller {
             node: Mutex::new(node),
             mps_round: Mutex::new(()),
             changes: tokio::sync::watch::channel(0).0,
             reload: std::sync::OnceLock::new(),
+            quota: std::sync::OnceLock::new(),
+            me: me.clone(),
         })
+    }
+
+    /// Put grants through the fleet's quotas when the policy sets them (once, at start; a
+    /// second call is ignored).
+    pub fn set_quota(&self, gate: Arc<QuotaGate>) {
+        let _ = self.quota.set(gate);
     }
 
     /// Say which policy file [`Action::ReloadPolicy`] reads (once, at start; a second call
@@ -298,6 +329,9 @@ impl Controller {
         let container = action.container_id().map(str::to_owned);
         let may_change = action.may_change_capacity();
         let r = self.dispatch(action);
+        if may_change {
+            self.report_quota_releases();
+        }
         // A round that did nothing (no device scrubbed, none quarantined) changes nothing.
         let idle = matches!(&r, Ok(Outcome::Count(0)))
             || matches!(&r, Ok(Outcome::Quarantined(q)) if q.is_empty())
@@ -330,7 +364,7 @@ impl Controller {
     fn dispatch(&self, action: Action) -> Result<Outcome, ApiError> {
         use Outcome as O;
         match action {
-            Action::Allocate(req) => self.locked(|n| n.allocate(&req)).map(O::Allocation),
+            Action::Allocate(req) => self.allocate(&req).map(O::Allocation),
             Action::Start { container_id, req } => {
                 self.locked(|n| n.start(&container_id, &req)).map(O::Allocation)
             }
@@ -399,6 +433,10 @@ impl Controller {
                 Ok(O::Done)
             }),
             Action::Capacity => self.locked(|n| n.capacity()).map(|c| O::Capacity(Box::new(c))),
+            Action::QuotaSnapshot => {
+                self.quota_snapshot().map(|r| O::QuotaSnapshot(r.map(Box::new)))
+            }
+            Action::QuotaPreempt(victims) => self.preempt(&victims, None).map(O::Count),
             Action::LedgerRows => self.locked(|n| {
                 let ledger = n.ledger();
                 let rows = ledger.intervals().map_err(|e| {
@@ -440,6 +478,177 @@ impl Controller {
             Ok(())
         })?;
         Ok(revoke::StopReport { policy_version, grace_s: grace.as_secs(), stopped })
+    }
+
+    /// A grant, through the fleet's quotas where the policy sets them: the checks and the
+    /// plan under the lock, the coordinator's admission without it (a gang member's call
+    /// may wait for its gang), the plan again and the grant under it (docs/QUOTAS.md).
+    fn allocate(&self, req: &AllocateRequest) -> Result<Allocation, ApiError> {
+        let Some(gate) = self.quota.get() else {
+            return self.locked(|n| n.allocate(req));
+        };
+        let ask = match self.locked(|n| n.prepare_allocate(req, QuotaMode::On))? {
+            Prepared::Granted(a) => return Ok(*a),
+            Prepared::Ask(ask) => ask,
+        };
+        if !gate.has_coordinator() {
+            // The node's own books see its holdings as they are before each decision (a
+            // reclaim picks its victims among them).
+            if let Some((snap, tree, _)) = self.quota_snapshot()? {
+                let victims = gate.sync_local(&snap, &tree);
+                if !victims.is_empty() {
+                    self.preempt(&victims, None)?;
+                }
+            }
+        }
+        let cid = req.container_id.as_str();
+        let refuse = |err: ApiError| -> Result<Allocation, ApiError> {
+            self.locked(|n| {
+                n.record_quota_refusal(cid, &err);
+                Ok(())
+            })?;
+            Err(err)
+        };
+        match gate.ask(&ask.admit, &ask.tree, ask.gang_timeout_s) {
+            Verdict::Admitted { class, over } => {
+                let admitted = Admission::Fleet { class, over };
+                let r = self.locked(|n| n.finish_allocate(req, &ask.admit, &admitted));
+                if r.is_err() {
+                    // Counted, never granted: the books give it back.
+                    gate.release(cid);
+                }
+                r
+            }
+            Verdict::Unreachable { since_ms, why } => match ask.no_capacity {
+                // Nothing here to grant, and no coordinator to reclaim for it.
+                Some(e) => refuse(e),
+                None => {
+                    let lease = Admission::Lease { leases: gate, since_ms, why };
+                    self.locked(|n| n.finish_allocate(req, &ask.admit, &lease))
+                }
+            },
+            Verdict::Refused { message, rule } => {
+                let mut err = quota::refused_error(&ask.admit.tenant, &ask.request, &message, rule);
+                if let Some(here) = &ask.no_capacity {
+                    // Why this node could not place it, too.
+                    err.message = format!("{}; on this node: {}", err.message, here.message);
+                }
+                refuse(err)
+            }
+            Verdict::Failed { message } => refuse(ApiError {
+                code: ErrorCode::Internal,
+                message: format!(
+                    "tenant {}: the quota coordinator could not admit the grant: {}; nothing granted",
+                    ask.admit.tenant,
+                    untrusted(&message).max_chars(512)
+                ),
+                tenant: Some(ask.admit.tenant.clone()),
+                request: Some(ask.request.to_string()),
+                rule: Some("quotas".into()),
+            }),
+            Verdict::Reclaiming { retry_after_s, victims, message } => {
+                let wait = Duration::from_secs(retry_after_s.min(quota::MAX_RETRY_AFTER_S));
+                let until = Instant::now() + wait + quota::HOLD_MARGIN;
+                if let Err(e) = self.preempt(&victims, Some((&ask.admit.tenant, until))) {
+                    log_failure("quota preemption", Some(cid), &e);
+                }
+                refuse(ApiError {
+                    code: ErrorCode::Reclaiming,
+                    message: untrusted(&message).max_chars(1024).to_string(),
+                    tenant: Some(ask.admit.tenant.clone()),
+                    request: Some(ask.request.to_string()),
+                    rule: Some("quotas".into()),
+                })
+            }
+        }
+    }
+
+    /// Stop the `victims` of a reclaim that are this node's borrowed grants: which ones
+    /// (recorded as `preempt` events, and their devices held for `hold_for`'s tenant until
+    /// its time) under the lock; the signals and grace periods on threads of their own
+    /// (grouped by grace period), each recording what it did under the lock when done.
+    /// Returns how many stops started.
+    fn preempt(
+        &self,
+        victims: &[fleet::quota::Victim],
+        hold_for: Option<(&str, Instant)>,
+    ) -> Result<usize, ApiError> {
+        let Some(gate) = self.quota.get() else { return Ok(0) };
+        let node = gate.node();
+        // Under the node lock: no two preemptions pick the same container.
+        let plan = self.locked(|n| {
+            let plan = n.preempt_targets(node, victims, &gate.stopping(), hold_for)?;
+            gate.start_stopping(&plan.containers());
+            Ok(plan)
+        })?;
+        let Some(me) = self.me.upgrade() else { return Ok(0) };
+        let mut started = 0;
+        for (grace, targets) in plan.groups {
+            let ids: Vec<String> = targets.iter().map(|t| t.refused.container_id.clone()).collect();
+            let (ctl, host, stops) = (me.clone(), plan.host.clone(), gate.clone());
+            let cgroups = plan.cgroups.clone();
+            let n = targets.len();
+            let spawned = std::thread::Builder::new().name("tessera-preempt".into()).spawn({
+                let ids = ids.clone();
+                move || {
+                    let stopped = crate::node::revoke::stop(host.as_ref(), targets, grace);
+                    // What no longer runs is given back at once: the claimant is waiting.
+                    let empty = crate::node::emptied(
+                        host.as_ref(),
+                        &stopped,
+                        &cgroups,
+                        crate::node::EMPTY_WAIT,
+                        Duration::from_millis(100),
+                    );
+                    let released = ctl.locked(|n| {
+                        n.record_preemptions(&stopped);
+                        let released = n.release_preempted(&empty);
+                        Ok((released, n.take_quota_released()))
+                    });
+                    match released {
+                        Ok((released, to_books)) => {
+                            for id in to_books {
+                                stops.release(&id);
+                            }
+                            if !released.is_empty() {
+                                ctl.changes.send_modify(|n| *n = n.wrapping_add(1));
+                            }
+                        }
+                        Err(e) => log_failure("recording a preemption", None, &e),
+                    }
+                    stops.done_stopping(&ids);
+                }
+            });
+            match spawned {
+                Ok(_) => started += n,
+                Err(e) => {
+                    gate.done_stopping(&ids);
+                    error!("cannot start a thread to stop {ids:?} for a quota reclaim: {e}");
+                }
+            }
+        }
+        Ok(started)
+    }
+
+    /// The node's capacity and quota-marked grants, the quotas in force and when it was
+    /// taken (`None`: the policy sets no quotas).
+    fn quota_snapshot(
+        &self,
+    ) -> Result<Option<(fleet::quota::SyncRequest, ::quota::QuotaTree, Instant)>, ApiError> {
+        self.locked(|n| {
+            let taken = Instant::now();
+            Ok(n.quota_snapshot()?.map(|r| (r, n.policy().policy.quotas().clone(), taken)))
+        })
+    }
+
+    /// Tell the books about quota-marked grants released since the last call.
+    fn report_quota_releases(&self) {
+        let Some(gate) = self.quota.get() else { return };
+        if let Ok(released) = self.locked(|n| Ok(n.take_quota_released())) {
+            for id in released {
+                gate.release(&id);
+            }
+        }
     }
 
     /// Re-scrub a quarantined device (the child process outside the lock); it returns to

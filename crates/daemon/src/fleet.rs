@@ -64,6 +64,9 @@ pub struct CoordinatorConfig {
     /// `--policy-overrides-fleet`: the `--policy` file is in force and fleet revisions are
     /// refused (without it, a node in a fleet enforces only signed revisions once it has one).
     pub policy_overrides_fleet: bool,
+    /// How often the node syncs its quota holdings and leases (under a policy with
+    /// quotas; default [`::fleet::quota::SYNC_INTERVAL`]).
+    pub quota_sync_every: Duration,
 }
 
 impl std::fmt::Debug for CoordinatorConfig {
@@ -78,6 +81,7 @@ impl std::fmt::Debug for CoordinatorConfig {
             .field("retry_max", &self.retry_max)
             .field("usage_every", &self.usage_every)
             .field("policy_overrides_fleet", &self.policy_overrides_fleet)
+            .field("quota_sync_every", &self.quota_sync_every)
             .finish()
     }
 }
@@ -96,6 +100,7 @@ impl CoordinatorConfig {
             usage_every: Duration::from_secs(60),
             tls: None,
             policy_overrides_fleet: false,
+            quota_sync_every: ::fleet::quota::SYNC_INTERVAL,
         }
     }
 }
@@ -127,6 +132,7 @@ pub struct Fleet {
     mark_path: PathBuf,
     usage_every: Duration,
     local_override: bool,
+    quota_sync_every: Duration,
 }
 
 impl Fleet {
@@ -174,6 +180,7 @@ impl Fleet {
             mark_path: dir.join("usage-uploaded.json"),
             usage_every: cfg.usage_every,
             local_override: cfg.policy_overrides_fleet,
+            quota_sync_every: cfg.quota_sync_every.max(Duration::from_millis(10)),
         })
     }
 
@@ -297,6 +304,21 @@ impl Fleet {
                 .await;
             agent.run(on_policy, status).await;
         })
+    }
+
+    /// The quota protocol's link to the coordinators: their URLs (in failover order), this
+    /// node's id, token and TLS.
+    pub fn quota_link(&self) -> Result<crate::quota::Link, DaemonError> {
+        let cfg = self.agent.config();
+        let client = ::fleet::client::Client::new(&self.urls, &cfg.token)
+            .map_err(|e| err(format!("quota link: {e}")))?
+            .with_tls(cfg.tls.clone());
+        Ok(crate::quota::Link::new(client, self.node_id.clone()))
+    }
+
+    /// How often the quota sync runs.
+    pub fn quota_sync_every(&self) -> Duration {
+        self.quota_sync_every
     }
 
     /// A reload of the local policy file put `version` in force ([`crate::reload`], which

@@ -16,6 +16,7 @@ pub mod host;
 pub mod liveness;
 pub mod metrics;
 pub mod node;
+pub mod quota;
 pub mod reload;
 pub mod server;
 pub mod share;
@@ -211,9 +212,19 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     info!(node = %node.inventory().node, gpus = node.inventory().gpus.len(),
           policy_version = node.policy().policy.version(), policy_source = %node.policy().source, "tesserad starting");
     let gpu_majors = node.inventory().majors.all();
+    let node_name = node.inventory().node.clone();
     // From here on the node is the controller's: everything goes through actions.
     let ctl = controller::Controller::new(node);
     ctl.set_reload(reload::ReloadSetup { file: config.policy.clone(), fleet: fleet.clone() });
+    // Fleet quotas: grants under a policy with `quotas` are admitted by the coordinator
+    // (or, while it is unreachable, within this node's leases).
+    // Without a coordinator, the node is its own fleet: books of its own count its grants.
+    let authority = match &fleet {
+        Some(f) => crate::quota::Authority::Coordinator(f.quota_link()?),
+        None => crate::quota::Authority::local(&node_name),
+    };
+    let quota_gate = crate::quota::QuotaGate::new(authority, Some(&config.state_dir));
+    ctl.set_quota(quota_gate.clone());
     // SIGHUP reloads the policy file (caught since start, served before the socket is).
     let sighup = reload::spawn_sighup(ctl.clone(), hup);
     if let Ok(Outcome::Reconciled(r)) = ctl.apply(Action::Reconcile) {
@@ -224,6 +235,13 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     if let Ok(Outcome::MpsResumed { adopted, released, restarted }) = ctl.apply(Action::ResumeMps) {
         if (adopted, released, restarted) != (0, 0, 0) {
             info!(adopted, released, restarted, "MPS control daemons taken over")
+        }
+    }
+    // Grants a previous run admitted under its leases: unsynced until a sync is answered
+    // (the coordinator counts this node's whole leases as used meanwhile).
+    if let Ok(Outcome::QuotaSnapshot(Some(snap))) = ctl.apply(Action::QuotaSnapshot) {
+        for h in snap.0.holdings.iter().filter(|h| h.under_lease) {
+            quota_gate.note_lease_grant(&h.container_id);
         }
     }
     if let Ok(Outcome::Count(n)) = ctl.apply(Action::ResumeMetering) {
@@ -257,7 +275,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         exits::spawn(ctl.clone(), id);
     }
 
-    // Fleet: follow the coordinator's policy and upload closed ledger intervals.
+    // Fleet: follow the coordinator's policy and upload closed ledger intervals. Under a
+    // policy with quotas, sync the node's holdings (and leases) with the books that admit
+    // its grants.
     let (agent, usage) = match &fleet {
         Some(f) => {
             info!(coordinators = %f.snapshot().urls.join(","), "following the fleet coordinator");
@@ -266,6 +286,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         }
         None => (None, None),
     };
+    let sync_every = fleet.as_ref().map_or(::fleet::quota::SYNC_INTERVAL, |f| f.quota_sync_every());
+    let quota_sync = crate::quota::spawn_sync(ctl.clone(), quota_gate.clone(), sync_every);
 
     // Declared MIG layouts converge as instances fall idle; the ECC counts are read outside
     // the node lock (see `controller`).
@@ -325,6 +347,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     if let Some(a) = agent {
         a.abort();
     }
+    quota_sync.abort();
     if let Some(c) = cdi {
         c.abort();
     }

@@ -27,6 +27,7 @@ mod ledger;
 mod mig;
 mod mps;
 mod pod;
+mod quota;
 mod reconcile;
 mod release;
 pub mod revoke;
@@ -34,12 +35,15 @@ mod scrubbing;
 mod start;
 mod status;
 
+pub use allocate::QuotaMode;
+pub(crate) use allocate::{Admission, Prepared};
 pub use assignment::ASSIGNMENTS_FILE;
 pub use capacity::{offer, snapshot, Inputs as CapacityInputs};
 pub use ecc::{EccProbe, EccReadings};
 pub use grant::{FailAction, GrantFailpoint};
 pub use ledger::{UtilProbe, UtilSamples};
 pub use mig::MigReport;
+pub use quota::{emptied, DeviceHold, PreemptPlan, EMPTY_WAIT};
 pub use reconcile::ReconcileReport;
 pub use scrubbing::{ScrubJob, ScrubSetup};
 
@@ -84,6 +88,11 @@ pub struct Node {
     util_seen: BTreeMap<String, u64>,
     /// Tests only: a fault between a grant's plan and its commit.
     failpoint: Option<GrantFailpoint>,
+    /// Devices kept for a fleet-quota reclaim's claimant ([`DeviceHold`]).
+    quota_holds: BTreeMap<String, DeviceHold>,
+    /// Containers whose quota-marked grants were released, not yet reported to the
+    /// coordinator.
+    quota_released: Vec<String>,
 }
 
 /// Everything a [`Node`] is made of.
@@ -122,6 +131,8 @@ impl Node {
             scrubs_in_flight: std::collections::BTreeSet::new(),
             util_seen: BTreeMap::new(),
             failpoint: GrantFailpoint::from_env(),
+            quota_holds: BTreeMap::new(),
+            quota_released: Vec::new(),
         })
     }
 
@@ -157,17 +168,21 @@ impl Node {
         Ok(out)
     }
 
-    /// Devices `tenant` may not be given now because of their lifecycle.
+    /// Devices `tenant` may not be given now: because of their lifecycle, or because a
+    /// fleet-quota reclaim keeps them for another tenant.
     fn not_assignable(
         &self,
         life: &Lifecycles,
         tenant: &str,
     ) -> std::collections::BTreeSet<String> {
         let policy = self.scrub_policy();
-        life.iter()
+        let mut out: std::collections::BTreeSet<String> = life
+            .iter()
             .filter(|(_, (st, _))| st.can_assign(tenant, &policy).is_err())
             .map(|(u, _)| u.clone())
-            .collect()
+            .collect();
+        out.extend(self.held_for_others(tenant));
+        out
     }
 
     fn set_state(
@@ -184,12 +199,16 @@ impl Node {
 
     /// ` — unavailable to this tenant: GPU-x quarantined: …; MIG-y dirty after …`, or "".
     fn unavailable_summary(
+        &self,
         life: &Lifecycles,
         blocked: &std::collections::BTreeSet<String>,
     ) -> String {
         let parts: Vec<String> = blocked
             .iter()
-            .filter_map(|u| life.get(u).map(|(st, _)| format!("{u} {}", lifecycle_detail(st))))
+            .filter_map(|u| match life.get(u) {
+                Some((st, _)) => Some(format!("{u} {}", lifecycle_detail(st))),
+                None => self.hold_detail(u).map(|h| format!("{u} {h}")),
+            })
             .collect();
         if parts.is_empty() {
             String::new()

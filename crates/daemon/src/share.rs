@@ -138,6 +138,7 @@ mod tests {
             }],
             injection: Injection::default(),
             workload: None,
+            quota: None,
             state: AllocationState::Running,
             pid: None,
             created_ms: 0,

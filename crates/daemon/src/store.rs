@@ -604,6 +604,7 @@ mod tests {
                 created_ms: 1,
                 share: None,
                 workload: None,
+                quota: None,
             },
             runc_root: "/run/runc".into(),
             bundle: "/b".into(),

@@ -83,6 +83,7 @@ fn req(id: &str, ns: &str, request: &str) -> AllocateRequest {
         request: request.parse().expect("a well-formed request"),
         request_source: RequestSource::Annotation,
         annotations,
+        limits: None,
     }
 }
 

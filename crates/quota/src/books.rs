@@ -881,32 +881,46 @@ impl Books {
         self.queue(tree, node, req, r, None, now)
     }
 
-    /// Whether `tenant`'s request `r` from `node` is within its guarantees by what is
-    /// really used (holdings, pending admissions, held capacity, gang reservations), yet
-    /// not within them once other nodes' unused leases are booked: their leases hold the
-    /// guarantee it needs.
-    fn lease_bound(&self, tree: &QuotaTree, node: &str, tenant: &str, r: &Resources) -> bool {
+    /// Whether unused leases alone stand between `tenant`'s request `r` from `node` and a
+    /// better answer: by what is really used (holdings, pending admissions, held capacity,
+    /// gang reservations) it is within its guarantees, or at least under every ceiling, but
+    /// once the nodes' unused leases are booked it is borrowed, or refused at a ceiling.
+    /// (The asking node's own lease counts too where the decision counts it: for borrowed
+    /// work, and for a node that admitted work under its leases it has not synced yet.)
+    fn lease_bound(
+        &self,
+        tree: &QuotaTree,
+        node: &str,
+        tenant: &str,
+        r: &Resources,
+        absorb: bool,
+    ) -> bool {
         let real = self.real_usage();
         let view = real.total().total().plus(r);
-        if !matches!(
-            decide_quota(tree, &view, &real, tenant, r),
-            Decision::Admit { class: Class::Guaranteed, .. }
-        ) {
-            return false;
+        let by_use = decide_quota(tree, &view, &real, tenant, r);
+        let booked_view = |exclude: Option<&str>| {
+            let (booked, _) = self.booked(tree, exclude);
+            let view = booked.total().total().plus(r);
+            decide_quota(tree, &view, &booked, tenant, r)
+        };
+        match by_use {
+            Decision::Admit { class: Class::Guaranteed, .. } => !matches!(
+                booked_view(absorb.then_some(node)),
+                Decision::Admit { class: Class::Guaranteed, .. }
+            ),
+            Decision::Admit { class: Class::Borrowed, .. } => {
+                matches!(booked_view(None), Decision::Refuse(_))
+            }
+            _ => false,
         }
-        let (booked, _) = self.booked(tree, Some(node));
-        let view = booked.total().total().plus(r);
-        !matches!(
-            decide_quota(tree, &view, &booked, tenant, r),
-            Decision::Admit { class: Class::Guaranteed, .. }
-        )
     }
 
-    /// A request within its tenant's guarantees whose guarantee is held by other nodes'
-    /// unused leases ([`Books::lease_bound`]): the leases of the guaranteed paths on its
-    /// chain are recalled (cut to what each node holds at its next sync, for
-    /// [`LEASE_RECALL_MS`]) and the request is told to retry once the nodes have taken
-    /// the cut. `None` when its guarantee is not held by leases.
+    /// A request that unused leases alone keep from its guarantees or under its ceilings
+    /// ([`Books::lease_bound`]): the leases of the guaranteed paths on its chain are
+    /// recalled (cut at each live node's next sync to what it holds, for
+    /// [`LEASE_RECALL_MS`]) and the request is told to retry once the nodes have taken the
+    /// cut. `None` when leases are not what stands in its way, or only silent nodes hold
+    /// them.
     fn recall_leases(
         &mut self,
         tree: &QuotaTree,
@@ -916,7 +930,7 @@ impl Books {
         now: u64,
     ) -> Option<AdmitAnswer> {
         let tenant = req.tenant.as_str();
-        if !self.lease_bound(tree, node, tenant, r) {
+        if !self.lease_bound(tree, node, tenant, r, !req.unsynced_lease_grants) {
             return None;
         }
         let paths: Vec<String> = tree
@@ -929,7 +943,6 @@ impl Books {
         let holders: Vec<String> = self
             .nodes
             .keys()
-            .filter(|n| n.as_str() != node)
             .filter(|n| {
                 self.nodes
                     .get(n.as_str())
@@ -941,9 +954,29 @@ impl Books {
             })
             .cloned()
             .collect();
-        if holders.is_empty() {
-            // Held by silent nodes only: waiting would not free it; the request is
-            // decided as it stands (borrowed, or refused at a ceiling).
+        // Only the leases of live nodes can be recalled: with theirs gone and the silent
+        // nodes' still booked, would the request be better off? If not, waiting frees
+        // nothing and it is decided as it stands (borrowed, or refused at a ceiling).
+        let mut without_live = self.real_usage();
+        for n in self.nodes.keys() {
+            if holders.contains(n) || (n == node && !req.unsynced_lease_grants) {
+                continue;
+            }
+            for (path, x) in self.phantoms(tree, n) {
+                without_live.add(&path, Class::Guaranteed, &x);
+            }
+        }
+        let view = without_live.total().total().plus(r);
+        let real = self.real_usage();
+        let real_view = real.total().total().plus(r);
+        let better = |d: &Decision| match d {
+            Decision::Admit { class: Class::Guaranteed, .. } => 2,
+            Decision::Admit { .. } => 1,
+            _ => 0,
+        };
+        let best = better(&decide_quota(tree, &real_view, &real, tenant, r));
+        if holders.is_empty() || better(&decide_quota(tree, &view, &without_live, tenant, r)) < best
+        {
             return None;
         }
         for p in &paths {
@@ -955,16 +988,12 @@ impl Books {
             }
         }
         let message = format!(
-            "{r} for {} is within its guarantees ({}), but that guarantee is leased to {} \
-             (for admitting work on their own if cut off from the coordinator); the leases \
-             are recalled; retry after {LEASE_RECALL_RETRY_S} s",
+            "{r} for {} is held back only by unused leases of {} on node {} (kept for \
+             admitting guaranteed work there if a node is cut off from the coordinator); the \
+             leases are recalled; retry after {LEASE_RECALL_RETRY_S} s",
             untrusted(tenant),
             paths.join(", "),
-            if holders.is_empty() {
-                "other nodes".to_string()
-            } else {
-                format!("node {}", holders.join(", node "))
-            },
+            holders.join(", node "),
         );
         self.event(
             now,

@@ -2,6 +2,7 @@
 //!
 //! - [`args`]: runc's argv, parsed like runc does ([`parse_runc_args`]).
 //! - [`request`]: the GPU request in a config.json ([`find_request`]).
+//! - [`limits`]: a GPU container's CPU and memory limits, for the fleet's quotas.
 //! - [`canonical`]: config.json as runc reads it (Go's key folding, duplicates, device
 //!   numbers): one view on which every decision is made.
 //! - [`spec`]: config.json load/save and the injection edits ([`apply_injection`]).
@@ -22,6 +23,7 @@ pub mod config;
 pub mod docker;
 pub mod exec;
 pub mod hook;
+pub mod limits;
 pub mod request;
 pub mod runtime;
 pub mod spec;

@@ -34,8 +34,14 @@ use crate::request::{self, FoundRequest, RequestLookupError};
 use crate::spec::{self, HookConfig, SpecError};
 use crate::supervise;
 
-/// How long to wait on tesserad for an allocation (it may create a MIG instance).
+/// How long to wait on tesserad for an allocation (it may create a MIG instance, and ask
+/// the fleet's quota coordinator).
 pub const ALLOCATE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long to wait for the allocation of a gang member (`tessera.io/gang`): tesserad's
+/// call to the quota coordinator is held until the whole gang has arrived, up to the
+/// policy's `gangs.timeout_s` (at most 600 s) and tesserad's margin of 10 s; 50 s more
+/// for the rest of the allocation.
+pub const GANG_ALLOCATE_TIMEOUT: Duration = Duration::from_secs(600 + 10 + 50);
 /// How long to wait on tesserad to release an allocation after a failed start.
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The hook binary's name, looked for next to the wrapper unless `TESSERA_HOOK` says.
@@ -62,6 +68,9 @@ pub enum RuntimeError {
     NotUtf8 { what: &'static str, path: PathBuf },
     #[error("tessera-hook not found at {path} (set TESSERA_HOOK): {source}")]
     Hook { path: PathBuf, source: std::io::Error },
+    /// The container's CPU or memory limit cannot be read.
+    #[error("{}: {source}", untrusted(&path.to_string_lossy()))]
+    Limits { path: PathBuf, source: crate::limits::LimitsError },
     /// The daemon refused or could not be reached; nothing was granted.
     #[error("{}", daemon_message(.request, .error))]
     Allocate { request: String, error: Box<ClientError> },
@@ -356,6 +365,10 @@ pub fn prepare(
             .map(str::to_string)
             .ok_or_else(|| fail(RuntimeError::NotUtf8 { what, path: p.to_path_buf() }))
     };
+    // What the fleet's quotas count besides the GPU (a policy without quotas ignores it).
+    let limits = crate::limits::limits_of(&cfg.value)
+        .map_err(|source| fail(RuntimeError::Limits { path: cfg.path.clone(), source }))?;
+    let timeout = allocate_timeout(&annotations);
     let req = AllocateRequest {
         container_id: cid,
         runc_root: utf8(&env.absolute(&inv.global.root), "runc root")?,
@@ -363,8 +376,9 @@ pub fn prepare(
         request: found.request.clone(),
         request_source: found.source,
         annotations,
+        limits,
     };
-    let client = Client::new(&hooks.socket).with_timeout(ALLOCATE_TIMEOUT);
+    let client = Client::new(&hooks.socket).with_timeout(timeout);
     let allocation =
         client.allocate(&req).map_err(|error| fail(allocate_error(&found, &req, error)))?;
     let release_req =
@@ -387,6 +401,15 @@ pub fn prepare(
         inv,
         Prepared::Injected { container_id, allocation: Box::new(allocation), release: release_req },
     ))
+}
+
+/// How long to wait for tesserad's answer: a gang member's admission waits for its gang.
+pub fn allocate_timeout(annotations: &std::collections::BTreeMap<String, String>) -> Duration {
+    if annotations.contains_key(tessera_api::GANG_ANNOTATION) {
+        GANG_ALLOCATE_TIMEOUT
+    } else {
+        ALLOCATE_TIMEOUT
+    }
 }
 
 fn allocate_error(found: &FoundRequest, req: &AllocateRequest, error: ClientError) -> RuntimeError {
@@ -851,6 +874,37 @@ mod tests {
         assert_eq!(body["request"], json!("mps=25"));
         assert_eq!(body["request_source"], json!("env"));
         assert_eq!(body["runc_root"], json!("/run/runc"));
+    }
+
+    #[test]
+    fn limits_are_sent_and_a_malformed_one_stops_before_the_daemon() {
+        let mut cfg = gpu_config(json!({"tessera.io/gpu": "gpu=1"}), json!(["PATH=/bin"]));
+        cfg["linux"]["resources"]["cpu"] = json!({"quota": 150_000, "period": 100_000});
+        cfg["linux"]["resources"]["memory"] = json!({"limit": 3_221_225_472_i64});
+        let f = Fixture::new(&cfg);
+        let h = f.serve(vec![http("201 Created", &allocation())]);
+        prepare(&f.args("create --bundle bundle abc"), &f.env).expect("prepares");
+        let body = body_of(&h.join().expect("join")[0]);
+        assert_eq!(body["limits"], json!({"cpu_milli": 1500, "memory_mib": 3072}));
+
+        cfg["linux"]["resources"]["cpu"] = json!({"quota": "1500m"});
+        let f = Fixture::new(&cfg);
+        // No daemon listens: a request that got as far as asking would fail otherwise.
+        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("refused");
+        let msg = err.message();
+        assert!(msg.contains("linux.resources.cpu.quota") && msg.contains("config.json"), "{msg}");
+    }
+
+    #[test]
+    fn a_gang_member_waits_for_its_gang() {
+        let mut a = std::collections::BTreeMap::new();
+        assert_eq!(allocate_timeout(&a), ALLOCATE_TIMEOUT);
+        a.insert(tessera_api::GANG_ANNOTATION.to_string(), "g".to_string());
+        assert_eq!(allocate_timeout(&a), GANG_ALLOCATE_TIMEOUT);
+        // The longest gang timeout a policy may set, tesserad's margin on it, and time to
+        // spare for the rest of the grant.
+        let policy_max = Duration::from_secs(policy::MAX_GANG_TIMEOUT_S);
+        assert!(GANG_ALLOCATE_TIMEOUT >= policy_max + Duration::from_secs(10) + ALLOCATE_TIMEOUT);
     }
 
     #[test]

@@ -1,12 +1,94 @@
 //! `allocate`: parse the request, resolve the tenant, authorise, then plan and apply the
 //! grant ([`super::grant`]). Idempotent by container id.
+//!
+//! Under a policy with fleet quotas, the controller splits it in two steps around the
+//! coordinator's answer (asked without the node lock): [`Node::prepare_allocate`] (up to
+//! the plan, and what to ask) and [`Node::finish_allocate`] (the plan again, on the state
+//! of then, made with the quota mark).
 
 use super::{grant, internal, validate_abs_path, Node};
-use tessera_api::{untrusted, AllocateRequest, Allocation, ApiError, ErrorCode};
+use crate::quota;
+use tessera_api::deviceplugin::PluginAssignment;
+use tessera_api::{
+    untrusted, AllocateRequest, Allocation, ApiError, ErrorCode, QuotaClass, QuotaMark,
+};
+
+/// A request past its checks: who asks, for which pod container, on which assigned devices.
+#[derive(Debug)]
+pub(crate) struct Checked {
+    tenant: policy::Tenant,
+    workload: Option<tessera_api::cri::Workload>,
+    assigned: Option<PluginAssignment>,
+}
+
+/// What the checks found.
+#[derive(Debug)]
+pub(crate) enum Resolved {
+    /// The container holds this grant already (idempotent by container id).
+    Existing(Box<Allocation>),
+    /// A new grant to plan.
+    New(Checked),
+}
+
+/// Whether grants go through the fleet's quotas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaMode {
+    /// Grant as without quotas (no gate: a node without the daemon's quota set-up).
+    Off,
+    /// Under a policy that sets quotas, ask before granting (a request this node cannot
+    /// place asks too: it may reclaim borrowed work here).
+    On,
+}
+
+/// What [`Node::prepare_allocate`] decided.
+#[derive(Debug)]
+pub(crate) enum Prepared {
+    /// Done: the grant the container holds, or made now (no quota applies).
+    Granted(Box<Allocation>),
+    /// Quotas apply: ask the fleet, then [`Node::finish_allocate`].
+    Ask(Box<QuotaAsk>),
+}
+
+/// What a grant asks of the fleet's quotas.
+#[derive(Debug, Clone)]
+pub(crate) struct QuotaAsk {
+    pub admit: fleet::quota::AdmitRequest,
+    /// The policy's quotas (the node's own books decide with them when no coordinator
+    /// is configured).
+    pub tree: ::quota::QuotaTree,
+    /// The policy's gang timeout, for a gang member's wait.
+    pub gang_timeout_s: u64,
+    /// The request, for messages.
+    pub request: tessera_api::GpuRequest,
+    /// The node could not place it: the refusal it gets unless the coordinator reclaims.
+    pub no_capacity: Option<ApiError>,
+}
+
+/// How the fleet admitted a grant.
+#[derive(Debug, Clone)]
+pub(crate) enum Admission<'a> {
+    /// The coordinator counted it as `class`.
+    Fleet { class: QuotaClass, over: Option<String> },
+    /// The coordinator is unreachable: this node's lease decides (under the lock, on the
+    /// node's holdings of then). `since_ms` and `why`: since when, and why.
+    Lease { leases: &'a crate::quota::QuotaGate, since_ms: u64, why: String },
+}
 
 impl Node {
-    /// Grant (or return the existing grant of) a container's GPU share.
+    /// Grant (or return the existing grant of) a container's GPU share, as without quotas.
     pub fn allocate(&mut self, req: &AllocateRequest) -> Result<Allocation, ApiError> {
+        let checked = match self.check_allocate(req)? {
+            Resolved::Existing(a) => return Ok(*a),
+            Resolved::New(c) => c,
+        };
+        let plan =
+            self.plan_checked(req, &checked).inspect_err(|e| self.record_no_capacity(req, e))?;
+        self.commit_checked(req, &checked, plan)
+    }
+
+    /// Everything [`Node::allocate`] does before the plan: the request checked, the
+    /// existing grant found, the tenant resolved and authorised. Refusals are recorded.
+    fn check_allocate(&mut self, req: &AllocateRequest) -> Result<Resolved, ApiError> {
         validate_abs_path("runc_root", &req.runc_root)?;
         validate_abs_path("bundle", &req.bundle)?;
         // The container id and the request are typed since the body was read: a malformed
@@ -19,7 +101,7 @@ impl Node {
             // Idempotent by container id: a retried create gets the same grant.
             let a = existing.allocation;
             if a.request == *request && existing.bundle == req.bundle {
-                return Ok(a);
+                return Ok(Resolved::Existing(Box::new(a)));
             }
             return Err(ApiError {
                 code: ErrorCode::Conflict,
@@ -64,26 +146,264 @@ impl Node {
             self.record_refusal(&req.container_id, &err);
             return Err(err);
         }
+        Ok(Resolved::New(Checked { tenant, workload, assigned }))
+    }
 
-        let who = grant::Asker {
+    fn asker<'a>(&self, req: &'a AllocateRequest, c: &'a Checked) -> grant::Asker<'a> {
+        grant::Asker {
             req,
-            request,
-            tenant: &tenant.path,
-            trust: tenant.trust.to_string(),
-            workload,
-        };
-        let planned = match &assigned {
+            request: &req.request,
+            tenant: &c.tenant.path,
+            trust: c.tenant.trust.to_string(),
+            workload: c.workload.clone(),
+        }
+    }
+
+    /// The plan of a checked request (on kubelet's devices where it assigned them).
+    fn plan_checked(
+        &self,
+        req: &AllocateRequest,
+        c: &Checked,
+    ) -> Result<grant::GrantPlan, ApiError> {
+        let who = self.asker(req, c);
+        match &c.assigned {
             Some(a) => self.plan_assigned(&who, a),
             None => self.plan_grant(&who),
-        };
-        let plan = planned.inspect_err(|err| {
-            if err.code == ErrorCode::NoCapacity {
-                self.record_refusal(&req.container_id, err);
-            }
-        })?;
-        if let Some(a) = &assigned {
+        }
+    }
+
+    fn record_no_capacity(&mut self, req: &AllocateRequest, err: &ApiError) {
+        if err.code == ErrorCode::NoCapacity {
+            self.record_refusal(&req.container_id, err);
+        }
+    }
+
+    /// Make a planned grant (recording kubelet's assignment first, where there is one).
+    fn commit_checked(
+        &mut self,
+        req: &AllocateRequest,
+        c: &Checked,
+        plan: grant::GrantPlan,
+    ) -> Result<Allocation, ApiError> {
+        if let Some(a) = &c.assigned {
             self.record_assignment(&req.container_id, a)?;
         }
         self.apply_grant(plan)
+    }
+
+    /// The first step of a grant under the fleet's quotas: the checks and the plan. Where
+    /// no quota applies (`mode` off, or a policy without quotas), the grant is made here.
+    /// Otherwise the answer says what to ask; a request this node cannot place asks with
+    /// `short_on_node` (it may reclaim borrowed work here), unless no GPU of this node
+    /// could ever serve it.
+    pub(crate) fn prepare_allocate(
+        &mut self,
+        req: &AllocateRequest,
+        mode: QuotaMode,
+    ) -> Result<Prepared, ApiError> {
+        let checked = match self.check_allocate(req)? {
+            Resolved::Existing(a) => return Ok(Prepared::Granted(a)),
+            Resolved::New(c) => c,
+        };
+        if mode == QuotaMode::Off || !self.policy.policy.has_quotas() {
+            let plan = self
+                .plan_checked(req, &checked)
+                .inspect_err(|e| self.record_no_capacity(req, e))?;
+            return self
+                .commit_checked(req, &checked, plan)
+                .map(|a| Prepared::Granted(Box::new(a)));
+        }
+        match self.plan_checked(req, &checked) {
+            Ok(plan) => {
+                let admit = self.admit_request(req, &checked, Some(&plan), false)?;
+                Ok(Prepared::Ask(Box::new(self.ask_of(req, admit, None))))
+            }
+            Err(e) if e.code == ErrorCode::NoCapacity => {
+                let admit = match self.admit_request(req, &checked, None, true) {
+                    Ok(a) => a,
+                    Err(_) => {
+                        // Nothing here could serve it: the node's own refusal stands.
+                        self.record_no_capacity(req, &e);
+                        return Err(e);
+                    }
+                };
+                Ok(Prepared::Ask(Box::new(self.ask_of(req, admit, Some(e)))))
+            }
+            Err(e) => {
+                self.record_no_capacity(req, &e);
+                Err(e)
+            }
+        }
+    }
+
+    fn ask_of(
+        &self,
+        req: &AllocateRequest,
+        admit: fleet::quota::AdmitRequest,
+        no_capacity: Option<ApiError>,
+    ) -> QuotaAsk {
+        QuotaAsk {
+            admit,
+            tree: self.policy.policy.quotas().clone(),
+            gang_timeout_s: self.policy.policy.gang_timeout_s(),
+            request: req.request.clone(),
+            no_capacity,
+        }
+    }
+
+    /// What to ask the coordinator for `req`: its amounts (on the planned devices, or,
+    /// without a plan, on the model this node has most of for it), its gang, its limits.
+    /// A malformed gang annotation or limit is refused (and recorded).
+    fn admit_request(
+        &mut self,
+        req: &AllocateRequest,
+        c: &Checked,
+        plan: Option<&grant::GrantPlan>,
+        short_on_node: bool,
+    ) -> Result<fleet::quota::AdmitRequest, ApiError> {
+        let bad = |node: &mut Node, e: quota::QuotaError, rule: &str| {
+            let err = ApiError {
+                code: ErrorCode::BadRequest,
+                message: format!("container {}: {e}", req.container_id),
+                tenant: Some(c.tenant.path.clone()),
+                request: Some(req.request.to_string()),
+                rule: Some(rule.to_string()),
+            };
+            node.record_refusal(&req.container_id, &err);
+            err
+        };
+        let gang = quota::gang_of(&req.annotations).map_err(|e| bad(self, e, "gang"))?;
+        let limits =
+            quota::checked_limits(req.limits.as_ref()).map_err(|e| bad(self, e, "limits"))?;
+        let models: Vec<String> = match plan {
+            Some(p) => self.planned_models(p),
+            None => {
+                let m = quota::likely_model(&self.inventory, &req.request).ok_or_else(|| {
+                    ApiError::new(ErrorCode::NoCapacity, "no GPU of this node serves the request")
+                })?;
+                vec![m; quota::device_count(&req.request)]
+            }
+        };
+        let refs: Vec<&str> = models.iter().map(String::as_str).collect();
+        let gpus = quota::gpu_amounts(&req.request, &refs, self.policy.policy.shared_replicas())
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        Ok(fleet::quota::AdmitRequest {
+            container_id: req.container_id.to_string(),
+            tenant: c.tenant.path.clone(),
+            amounts: quota::amounts(&gpus, &limits),
+            gang,
+            short_on_node,
+            workload: c.workload.as_ref().map(|w| w.display_name()),
+            // The gate says (it knows what this node admitted alone).
+            unsynced_lease_grants: false,
+        })
+    }
+
+    /// The catalog model of each device a plan holds.
+    fn planned_models(&self, plan: &grant::GrantPlan) -> Vec<String> {
+        use grant::Acquire;
+        match &plan.acquire {
+            Acquire::Devices(d) => d.iter().map(|d| d.model.clone()).collect(),
+            Acquire::CutMig { gpu_index, .. } => self
+                .inventory
+                .gpus
+                .iter()
+                .filter(|g| g.index == *gpu_index)
+                .map(|g| g.model.clone())
+                .collect(),
+            Acquire::Mps { device, .. } | Acquire::Shared { device, .. } => {
+                vec![device.model.clone()]
+            }
+        }
+    }
+
+    /// The second step: the checks and the plan again on the state of now, then the grant
+    /// with its quota mark. What the coordinator admitted (`asked`) must still be what the
+    /// grant counts as (a policy or plan that changed meanwhile is a conflict: ask again).
+    /// Under a lease ([`Admission::Lease`]), the lease is checked here, on this node's
+    /// holdings of now, so two requests cannot both take its last part.
+    pub(crate) fn finish_allocate(
+        &mut self,
+        req: &AllocateRequest,
+        asked: &fleet::quota::AdmitRequest,
+        admission: &Admission<'_>,
+    ) -> Result<Allocation, ApiError> {
+        let checked = match self.check_allocate(req)? {
+            Resolved::Existing(a) => return Ok(*a),
+            Resolved::New(c) => c,
+        };
+        let plan =
+            self.plan_checked(req, &checked).inspect_err(|e| self.record_no_capacity(req, e))?;
+        if !self.policy.policy.has_quotas() {
+            // The policy dropped its quotas meanwhile: a grant as without them.
+            return self.commit_checked(req, &checked, plan);
+        }
+        let now = self.admit_request(req, &checked, Some(&plan), false)?;
+        if now.tenant != asked.tenant || now.amounts != asked.amounts || now.gang != asked.gang {
+            let err = ApiError {
+                code: ErrorCode::Conflict,
+                message: format!(
+                    "container {}: the grant changed while the coordinator admitted it (tenant {} with {:?} \
+                     admitted, tenant {} with {:?} now); ask again",
+                    req.container_id, asked.tenant, asked.amounts, now.tenant, now.amounts
+                ),
+                tenant: Some(now.tenant.clone()),
+                request: Some(req.request.to_string()),
+                rule: Some("quotas".into()),
+            };
+            self.record_refusal(&req.container_id, &err);
+            return Err(err);
+        }
+        let (class, over, under_lease) = match admission {
+            Admission::Fleet { class, over } => (*class, over.clone(), false),
+            Admission::Lease { leases, since_ms, why } => {
+                let guaranteed_here = self.guaranteed_here()?;
+                let tree = self.policy.policy.quotas();
+                let request = now.amounts.to_resources();
+                let verdict = leases.with_leases(|held| {
+                    quota::lease_admits(tree, &now.tenant, &request, held, &guaranteed_here)
+                });
+                if let Err(why_not) = verdict {
+                    let err = ApiError {
+                        code: ErrorCode::Refused,
+                        message: format!(
+                            "tenant {} asks for {request}: the quota coordinator is unreachable since {} ({}), and \
+                             while it is, this node admits only work within guarantees its lease covers: {why_not}",
+                            now.tenant,
+                            tessera_api::time::format_utc(*since_ms),
+                            untrusted(why).max_chars(256),
+                        ),
+                        tenant: Some(now.tenant.clone()),
+                        request: Some(req.request.to_string()),
+                        rule: Some("quotas".into()),
+                    };
+                    self.record_refusal(&req.container_id, &err);
+                    return Err(err);
+                }
+                (QuotaClass::Guaranteed, None, true)
+            }
+        };
+        let mark = QuotaMark {
+            class,
+            over,
+            under_lease,
+            gpus: now.amounts.gpus.clone(),
+            cpu_milli: now.amounts.cpu_milli,
+            memory_mib: now.amounts.memory_mib,
+            gang: now.gang.as_ref().map(|g| g.name.clone()),
+        };
+        let mut plan = plan;
+        plan.quota = Some(Box::new(mark));
+        let granted = self.commit_checked(req, &checked, plan)?;
+        if let Admission::Lease { leases, .. } = admission {
+            // Under the node lock, with the grant: a sync's snapshot is before or after both.
+            leases.note_lease_grant(&granted.container_id);
+        }
+        Ok(granted)
+    }
+
+    /// Record a refusal the fleet's quotas decided (the coordinator's, a reclaim's).
+    pub(crate) fn record_quota_refusal(&mut self, container_id: &str, err: &ApiError) {
+        self.record_refusal(container_id, err);
     }
 }

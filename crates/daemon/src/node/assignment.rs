@@ -224,8 +224,10 @@ impl Node {
         }
         let in_use = |uuid: &str| -> Option<String> {
             let why = if blocked.contains(uuid) {
-                life.get(uuid)
-                    .map_or("not available".to_string(), |(st, _)| super::lifecycle_detail(st))
+                match life.get(uuid) {
+                    Some((st, _)) => super::lifecycle_detail(st),
+                    None => self.hold_detail(uuid).unwrap_or_else(|| "not available".to_string()),
+                }
             } else if device_use.exclusive.contains(uuid) {
                 "in use by another container".to_string()
             } else if device_use.mps.contains_key(uuid) {
@@ -438,6 +440,7 @@ mod tests {
                 replicas: None,
             }),
             workload: None,
+            quota: None,
         }
     }
 

@@ -56,6 +56,8 @@ pub(crate) struct GrantPlan {
     /// The MIG profile whose demand this grant adds to, once committed.
     pub mig_profile: Option<String>,
     pub workload: Option<tessera_api::cri::Workload>,
+    /// How the grant counts against fleet quotas (`None`: no quota applies).
+    pub quota: Option<Box<tessera_api::QuotaMark>>,
 }
 
 fn injection_for(node: &Node, devices: &[GrantedDevice]) -> Result<Injection, ApiError> {
@@ -87,7 +89,7 @@ impl Node {
                 self.plan_mig_dynamic(tenant, profile, &untouchable)?
             }
             request => {
-                let unavailable = Node::unavailable_summary(&life, &blocked);
+                let unavailable = self.unavailable_summary(&life, &blocked);
                 let devices = slicer::choose(&self.inventory, &device_use.busy(), request)
                     .map_err(|nofit| ApiError {
                         code: ErrorCode::NoCapacity,
@@ -124,6 +126,7 @@ impl Node {
             states,
             mig_profile,
             workload: who.workload.clone(),
+            quota: None,
         })
     }
 
@@ -355,6 +358,7 @@ impl Node {
             created_ms: crate::now_ms(),
             share,
             workload: plan.workload,
+            quota: plan.quota,
         };
         let record = Record {
             allocation,
@@ -387,8 +391,22 @@ impl Node {
         if let Some(profile) = plan.mig_profile {
             *self.mig_demand.entry(profile).or_default() += 1;
         }
+        if let Some(mark) = &allocation.quota {
+            self.holds_used(&allocation.tenant, &crate::quota::held_devices(&allocation));
+            if mark.class == tessera_api::QuotaClass::Borrowed {
+                let detail = format!(
+                    "borrowed: beyond the guarantee of {} (tenant {}); priced at the burst price and reclaimable",
+                    mark.over.as_deref().unwrap_or("its quotas"),
+                    allocation.tenant
+                );
+                if let Err(e) = self.store.event("borrow", Some(&cid), &detail) {
+                    warn!("cannot record a borrowed grant: {e}");
+                }
+            }
+        }
         info!(container = %allocation.container_id, tenant = %allocation.tenant, request = %allocation.request,
-              devices = ?allocation.devices.iter().map(|d| &d.uuid).collect::<Vec<_>>(), "granted");
+              devices = ?allocation.devices.iter().map(|d| &d.uuid).collect::<Vec<_>>(),
+              quota = allocation.quota.as_ref().map_or("-", |m| m.class.as_str()), "granted");
         Ok(allocation)
     }
 

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use metering::{Class, IntervalStart, LedgerError, UsageQuery, UsageReport};
+use metering::{IntervalStart, LedgerError, UsageQuery, UsageReport};
 use slicer::GpuBackend;
 use tessera_api::{
     Allocation, AllocationState, ApiError, ErrorCode, GpuRequest, GrantedDevice, Isolation,
@@ -142,7 +142,8 @@ impl Node {
                     None
                 },
                 fraction: self.fraction(a, d),
-                class: Class::Guaranteed,
+                // Borrowed work is metered at the burst price.
+                class: crate::quota::ledger_class(a.quota.as_deref()),
                 workload: a.workload.clone(),
             };
             self.ledger.open_interval(&start).map_err(ledger_err)?;

@@ -54,7 +54,12 @@ impl Node {
                 }
             }
         }
-        self.store.remove_leaving(container_id, why, &left).map_err(internal)
+        let removed = self.store.remove_leaving(container_id, why, &left).map_err(internal)?;
+        if removed && a.quota.is_some() {
+            // The coordinator's books learn it from the controller (outside the lock).
+            self.quota_released.push(container_id.to_string());
+        }
+        Ok(removed)
     }
 
     /// Free a container's devices, unchecked: for callers in this process that know the
