@@ -1,0 +1,329 @@
+//! Issue 15 end to end, with real processes on loopback: etcd, `tessera-coordinator` on
+//! it, two tesserad on simulated 8×H100 nodes (16 GPUs in all), and runc containers
+//! created through tessera-runtime.
+//!
+//! * Team A (`acme/trusted`) has a guarantee of 4 GPUs; team B (`acme/dev`) a guarantee
+//!   of 4 and a ceiling of 12. B fills 12 (its 13th is refused at the ceiling); A asks for
+//!   4 on the node B filled: B's youngest borrowed containers there get SIGTERM (their
+//!   trap writes it down), the one that ignores it is killed after B's grace period, A's
+//!   containers start on retry, B never drops below its 4 guaranteed, and the ledger
+//!   prices B's borrowed time at the burst price.
+//! * A gang of 4 over the 2 nodes starts whole; a gang that never completes is refused
+//!   whole after `gangs.timeout_s`; a reclaim takes a whole gang.
+//! * A user's ceiling under its team's guarantee holds.
+//! * The coordinator killed: work within guarantees is still admitted (leases), borrowing
+//!   is refused with a message that says why, no ceiling is crossed; when it returns, its
+//!   books agree with the nodes.
+
+// Integration-test crates: clippy counts their helper functions as non-test code, so
+// `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tessera_harness::fleet_fixture::{http, Coordinator, FleetFixture, ADMIN_TOKEN};
+use tessera_harness::node::{repo, Node};
+use tessera_harness::*;
+
+const QA: &str = "quota-a";
+const QB: &str = "quota-b";
+/// B's grace period between SIGTERM and SIGKILL.
+const GRACE_S: u64 = 3;
+/// Team A (trusted): alice.
+const A_NS: &str = "team-trusted";
+/// Team B (dev): bob.
+const B_NS: &str = "team-dev";
+/// Also team B: dave, whose own ceiling is 1 GPU.
+const DAVE_NS: &str = "team-scratch";
+/// No quota at all: the untrusted team only borrows.
+const U_NS: &str = "team-untrusted";
+
+/// The example policy with the quotas of the acceptance.
+fn policy(version: u64, gang_timeout_s: u64) -> Vec<u8> {
+    let mut p: Value =
+        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).unwrap()).unwrap();
+    p["version"] = version.into();
+    p["quotas"] = json!({
+        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+        "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}},
+                     "grace_period_s": GRACE_S},
+        "acme/dev/scratch/dave": {"gpus": {"H100-80GB": {"ceiling": 1}}},
+    });
+    p["gangs"] = json!({"timeout_s": gang_timeout_s});
+    serde_json::to_vec_pretty(&p).unwrap()
+}
+
+/// Eight whole H100s (no MIG layout), named `name` by the fixture.
+fn eight_h100() -> Value {
+    let gpus: Vec<Value> = (0..8).map(|_| json!({"model": "H100-80GB"})).collect();
+    json!({
+        "node": "unnamed",
+        "majors": {"nvidia_uvm": 508, "nvidia_caps": 509},
+        "sim_memory_bytes": 65536,
+        "gpus": gpus,
+    })
+}
+
+struct QuotaFleet {
+    fx: FleetFixture,
+    coordinator: Coordinator,
+    a: Node,
+    b: Node,
+}
+
+impl QuotaFleet {
+    fn start(gang_timeout_s: u64, lease_ttl_s: u64) -> QuotaFleet {
+        let fx = FleetFixture::launch(&[QA, QB]);
+        let ttl = lease_ttl_s.to_string();
+        let coordinator =
+            fx.coordinator_on_free_port("coordinator", &["--quota-lease-ttl-s", &ttl]);
+        let file = fx.path("policy-v1.json");
+        std::fs::write(&file, policy(1, gang_timeout_s)).unwrap();
+        fx.push_file(&coordinator.url, &file, 1);
+        let a = fx.node_described(QA, eight_h100(), &coordinator.url, &file, &[]);
+        let b = fx.node_described(QB, eight_h100(), &coordinator.url, &file, &[]);
+        let f = QuotaFleet { fx, coordinator, a, b };
+        f.wait_status("both nodes synced and the books ready", |s| {
+            s["books_ready"] == true && s["nodes"].get(QA).is_some() && s["nodes"].get(QB).is_some()
+        });
+        f
+    }
+
+    /// `GET /v1/quota/status` as the admin.
+    fn status(&self) -> Option<Value> {
+        let (code, body) =
+            http(&self.coordinator.url, "GET", "/v1/quota/status", Some(ADMIN_TOKEN), None)?;
+        (code == 200).then(|| serde_json::from_str(&body).unwrap())
+    }
+
+    fn wait_status(&self, what: &str, f: impl Fn(&Value) -> bool) -> Value {
+        let t0 = Instant::now();
+        loop {
+            if let Some(s) = self.status() {
+                if f(&s) {
+                    return s;
+                }
+                assert!(t0.elapsed() < Duration::from_secs(30), "never {what}: {s:#}");
+            } else {
+                assert!(t0.elapsed() < Duration::from_secs(30), "no quota status ({what})");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The row of `path` / H100 GPUs in the quota status.
+    fn gpus_of(&self, s: &Value, path: &str) -> Value {
+        s["paths"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["path"] == path && r["resource"] == "gpus.H100-80GB")
+            .cloned()
+            .unwrap_or_else(|| panic!("no row for {path} in {s:#}"))
+    }
+}
+
+/// A shell loop that says it is ready, then on SIGTERM runs `on_term`.
+fn looping(on_term: &str) -> Vec<String> {
+    let script = format!("trap '{on_term}' TERM; echo ready; while true; do sleep 0.1; done");
+    vec!["sh".into(), "-c".into(), script]
+}
+
+/// Create and start `id` (one whole GPU for the tenant behind `ns`), or the error
+/// tessera-runtime gave (the container is then gone).
+fn try_run(
+    node: &Node,
+    id: &str,
+    ns: &str,
+    on_term: &str,
+    extra: &[(&str, &str)],
+) -> Result<(), String> {
+    let script = looping(on_term);
+    let argv: Vec<&str> = script.iter().map(String::as_str).collect();
+    let mut b = node.bundle(id, ns, Some("gpu=1"), &argv);
+    for (k, v) in extra {
+        b.annotation(k, v);
+    }
+    b.write();
+    let out = node.fx.create_container(&b, id);
+    if !out.status.success() {
+        node.fx.delete_container(id, true);
+        return Err(format!("{}{}", out.stdout_str(), out.stderr_str()));
+    }
+    node.fx.start_container(id).assert_success("runc start");
+    assert!(
+        wait_for(|| node.fx.container_output(id).0.contains("ready"), Duration::from_secs(10)),
+        "{id} did not start: {:?}",
+        node.fx.container_output(id)
+    );
+    Ok(())
+}
+
+/// [`try_run`], retried as kubelet would while the answer says "retry after N s" (a
+/// reclaim, or leases being recalled); returns the answers that asked to retry.
+fn run_retrying(node: &Node, id: &str, ns: &str, on_term: &str) -> Vec<String> {
+    let t0 = Instant::now();
+    let mut asked = Vec::new();
+    loop {
+        match try_run(node, id, ns, on_term, &[]) {
+            Ok(()) => return asked,
+            Err(e) => {
+                let wait = retry_after(&e).unwrap_or_else(|| panic!("{id}: {e}"));
+                asked.push(e);
+                assert!(t0.elapsed() < Duration::from_secs(90), "never got {id}: {asked:#?}");
+                std::thread::sleep(Duration::from_secs(wait.min(2)));
+            }
+        }
+    }
+}
+
+/// The seconds a "retry after N s" message asks for.
+fn retry_after(msg: &str) -> Option<u64> {
+    let i = msg.find("retry after ")?;
+    msg[i + "retry after ".len()..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// The node's allocations as JSON (the daemon's status).
+fn allocations(node: &Node) -> Vec<Value> {
+    let s = node.client().status().expect("status");
+    serde_json::to_value(&s.allocations).unwrap().as_array().unwrap().clone()
+}
+
+fn class_of(node: &Node, id: &str) -> Option<String> {
+    allocations(node)
+        .iter()
+        .find(|a| a["container_id"] == id)
+        .and_then(|a| a["quota"]["class"].as_str().map(str::to_string))
+}
+
+#[test]
+fn a_returning_owner_reclaims_its_guarantee_from_the_youngest_borrowed_work_gracefully() {
+    let f = QuotaFleet::start(30, 60);
+
+    // B fills 12: 8 on node A, 4 on node B, a little apart so ages differ. The youngest on
+    // node A ignores SIGTERM.
+    let mut b_ids = Vec::new();
+    for i in 1..=12 {
+        let id = format!("b{i:02}");
+        let node = if i <= 8 { &f.a } else { &f.b };
+        let on_term = if i == 8 { "echo ignoring-SIGTERM" } else { "echo got-SIGTERM; exit 0" };
+        run_retrying(node, &id, B_NS, on_term);
+        b_ids.push(id);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let s = f.wait_status("B's 12 counted", |s| {
+        f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(12_000_000)
+    });
+    let b_row = f.gpus_of(&s, "acme/dev");
+    assert_eq!(b_row["borrowed"].as_u64(), Some(8_000_000), "{s:#}");
+    // The 13th is refused at the ceiling, naming it.
+    let e = try_run(&f.b, "b13", B_NS, "exit 0", &[]).expect_err("B above its ceiling");
+    assert!(e.contains("quotas.acme/dev.gpus.H100-80GB.ceiling"), "{e}");
+    // Borrowed grants are marked as such on the node.
+    let borrowed_on_a: Vec<String> = (1..=8)
+        .map(|i| format!("b{i:02}"))
+        .filter(|id| class_of(&f.a, id).as_deref() == Some("borrowed"))
+        .collect();
+    assert!(
+        borrowed_on_a.len() >= 4,
+        "at least 4 of B's 8 on node A are borrowed: {borrowed_on_a:?}"
+    );
+
+    // A asks for 4 on node A, which B filled. Each create is answered "reclaiming, retry
+    // after N s" until a victim is gone; retried as kubelet would.
+    let mut asked = Vec::new();
+    for i in 1..=4 {
+        asked.extend(run_retrying(&f.a, &format!("a{i}"), A_NS, "exit 0"));
+    }
+    assert!(
+        asked.iter().any(|e| e.contains("reclaiming: stopping 1 borrowed container of acme/dev")),
+        "{asked:#?}"
+    );
+    assert!(!asked.is_empty(), "A's first create had to wait for a reclaim");
+
+    // The victims: B's four youngest on node A, all borrowed.
+    let victims = ["b05", "b06", "b07", "b08"];
+    for id in ["b05", "b06", "b07"] {
+        let (out, _) = f.a.fx.container_output(id);
+        assert!(out.contains("got-SIGTERM"), "{id} was asked to stop: {out}");
+    }
+    let (out, _) = f.a.fx.container_output("b08");
+    assert!(out.contains("ignoring-SIGTERM"), "b08 got SIGTERM first: {out}");
+    for id in victims {
+        assert_ne!(f.a.fx.status(id).as_deref(), Some("running"), "{id} was stopped");
+    }
+    for id in ["b01", "b02", "b03", "b04"] {
+        assert_eq!(f.a.fx.status(id).as_deref(), Some("running"), "{id} (older) kept running");
+    }
+    for i in 9..=12 {
+        let id = format!("b{i:02}");
+        assert_eq!(
+            f.b.fx.status(&id).as_deref(),
+            Some("running"),
+            "{id} on the other node kept running"
+        );
+    }
+    for i in 1..=4 {
+        assert_eq!(class_of(&f.a, &format!("a{i}")).as_deref(), Some("guaranteed"));
+    }
+    // B never below its guarantee: 8 left, at least 4 of them guaranteed.
+    let s = f.wait_status("the books after the reclaim", |s| {
+        f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(8_000_000)
+            && f.gpus_of(s, "acme/trusted")["in_use"].as_u64() == Some(4_000_000)
+    });
+    let b_row = f.gpus_of(&s, "acme/dev");
+    let guaranteed = b_row["in_use"].as_u64().unwrap() - b_row["borrowed"].as_u64().unwrap();
+    assert!(guaranteed >= 4_000_000, "{b_row:#}");
+
+    // How each victim's stop went, from node A's log (one line per stop, with its
+    // outcome): the stubborn one was killed after the grace period, the others left at
+    // SIGTERM.
+    let log = f.a.daemon.stderr();
+    let stop_of = |id: &str| {
+        log.lines()
+            .find(|l| {
+                l.contains("preempted borrowed grant") && l.contains(&format!("container={id} "))
+            })
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no preemption of {id} in the log:\n{log}"))
+    };
+    assert!(stop_of("b08").contains("outcome=Killed"), "{}", stop_of("b08"));
+    for id in ["b05", "b06", "b07"] {
+        assert!(stop_of(id).contains("outcome=Terminated"), "{id}: {}", stop_of(id));
+    }
+
+    // The ledger: B's borrowed time at the burst price (1.0/h; reserved is 2.5/h).
+    for id in victims {
+        f.a.fx.delete_container(id, true);
+    }
+    let usage = f.a.cli(&["usage", "--from", "-1h", "--by", "container", "--json"]);
+    usage.assert_success("tessera usage");
+    let u: Value = serde_json::from_slice(&usage.stdout).unwrap();
+    let rows = u["rows"].as_array().cloned().unwrap_or_default();
+    let rate = |id: &str| {
+        let r = rows.iter().find(|r| r["group"].as_str().is_some_and(|g| g.contains(id)));
+        let r = r.unwrap_or_else(|| panic!("no usage row for {id}: {u:#}"));
+        r["cost"].as_f64().unwrap() / r["gpu_seconds"].as_f64().unwrap() * 3600.0
+    };
+    // Costs are kept to a millionth: the rate within 1%.
+    assert!(
+        (rate("b08") - 1.0).abs() < 0.01,
+        "b08 borrowed: burst price, got {} in {u:#}",
+        rate("b08")
+    );
+    assert!(
+        (rate("b01") - 2.5).abs() < 0.025,
+        "b01 guaranteed: reserved price, got {}",
+        rate("b01")
+    );
+
+    for (node, ids) in [(&f.a, &b_ids[..8]), (&f.b, &b_ids[8..])] {
+        for id in ids {
+            node.fx.delete_container(id, true);
+        }
+    }
+    for id in ["a1", "a2", "a3", "a4"] {
+        f.a.fx.delete_container(id, true);
+    }
+}
