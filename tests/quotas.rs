@@ -39,13 +39,13 @@ const DAVE_NS: &str = "team-scratch";
 /// No quota at all: the untrusted team only borrows.
 const U_NS: &str = "team-untrusted";
 
-/// The example policy with the quotas of the acceptance.
-fn policy(version: u64, gang_timeout_s: u64) -> Vec<u8> {
+/// The example policy with the quotas of the acceptance (A's guarantee `a_guarantee`).
+fn policy(version: u64, gang_timeout_s: u64, a_guarantee: u64) -> Vec<u8> {
     let mut p: Value =
         serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).unwrap()).unwrap();
     p["version"] = version.into();
     p["quotas"] = json!({
-        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": a_guarantee}}},
         "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}},
                      "grace_period_s": GRACE_S},
         "acme/dev/scratch/dave": {"gpus": {"H100-80GB": {"ceiling": 1}}},
@@ -66,24 +66,24 @@ fn eight_h100() -> Value {
 }
 
 struct QuotaFleet {
-    fx: FleetFixture,
+    _fx: FleetFixture,
     coordinator: Coordinator,
     a: Node,
     b: Node,
 }
 
 impl QuotaFleet {
-    fn start(gang_timeout_s: u64, lease_ttl_s: u64) -> QuotaFleet {
+    fn start(gang_timeout_s: u64, lease_ttl_s: u64, a_guarantee: u64) -> QuotaFleet {
         let fx = FleetFixture::launch(&[QA, QB]);
         let ttl = lease_ttl_s.to_string();
         let coordinator =
             fx.coordinator_on_free_port("coordinator", &["--quota-lease-ttl-s", &ttl]);
         let file = fx.path("policy-v1.json");
-        std::fs::write(&file, policy(1, gang_timeout_s)).unwrap();
+        std::fs::write(&file, policy(1, gang_timeout_s, a_guarantee)).unwrap();
         fx.push_file(&coordinator.url, &file, 1);
         let a = fx.node_described(QA, eight_h100(), &coordinator.url, &file, &[]);
         let b = fx.node_described(QB, eight_h100(), &coordinator.url, &file, &[]);
-        let f = QuotaFleet { fx, coordinator, a, b };
+        let f = QuotaFleet { _fx: fx, coordinator, a, b };
         f.wait_status("both nodes synced and the books ready", |s| {
             s["books_ready"] == true && s["nodes"].get(QA).is_some() && s["nodes"].get(QB).is_some()
         });
@@ -199,7 +199,7 @@ fn class_of(node: &Node, id: &str) -> Option<String> {
 
 #[test]
 fn a_returning_owner_reclaims_its_guarantee_from_the_youngest_borrowed_work_gracefully() {
-    let f = QuotaFleet::start(30, 60);
+    let f = QuotaFleet::start(30, 60, 4);
 
     // B fills 12: 8 on node A, 4 on node B, a little apart so ages differ. The youngest on
     // node A ignores SIGTERM.
@@ -325,5 +325,166 @@ fn a_returning_owner_reclaims_its_guarantee_from_the_youngest_borrowed_work_grac
     }
     for id in ["a1", "a2", "a3", "a4"] {
         f.a.fx.delete_container(id, true);
+    }
+}
+
+/// Create `id` as a member of gang `gang` of `size` on `node` (a whole GPU for the tenant
+/// behind `ns`), on its own thread: the create blocks until the gang is whole. Returns how
+/// long the create took and its outcome.
+fn gang_member<'a>(
+    scope: &'a std::thread::Scope<'a, '_>,
+    node: &'a Node,
+    id: &'a str,
+    ns: &'a str,
+    gang: &'a str,
+    size: &'a str,
+) -> std::thread::ScopedJoinHandle<'a, (Duration, Result<(), String>)> {
+    scope.spawn(move || {
+        let t0 = Instant::now();
+        let r = try_run(
+            node,
+            id,
+            ns,
+            "echo got-SIGTERM; exit 0",
+            &[("tessera.io/gang", gang), ("tessera.io/gang-size", size)],
+        );
+        (t0.elapsed(), r)
+    })
+}
+
+#[test]
+fn a_gang_over_two_nodes_starts_whole_or_not_at_all_and_a_reclaim_takes_it_whole() {
+    // A's guarantee is 8 here: A fills node A's free GPUs as guaranteed work.
+    let f = QuotaFleet::start(4, 60, 8);
+
+    // A gang of 4 of the untrusted team (no quota: borrowed), 2 members per node. Three
+    // arrive at once, the fourth 2 s later: nobody starts before the fourth arrives.
+    let started = std::thread::scope(|s| {
+        let first: Vec<_> = [(&f.a, "g1-0"), (&f.a, "g1-1"), (&f.b, "g1-2")]
+            .into_iter()
+            .map(|(node, id)| gang_member(s, node, id, U_NS, "g1", "4"))
+            .collect();
+        std::thread::sleep(Duration::from_secs(2));
+        let last = gang_member(s, &f.b, "g1-3", U_NS, "g1", "4");
+        let mut all: Vec<_> = first.into_iter().map(|h| h.join().unwrap()).collect();
+        all.push(last.join().unwrap());
+        all
+    });
+    for (i, (took, r)) in started.iter().enumerate() {
+        r.as_ref().unwrap_or_else(|e| panic!("member {i}: {e}"));
+        if i < 3 {
+            assert!(
+                *took >= Duration::from_millis(1500),
+                "member {i} waited for the fourth: {took:?}"
+            );
+        }
+    }
+    for (node, id) in [(&f.a, "g1-0"), (&f.a, "g1-1"), (&f.b, "g1-2"), (&f.b, "g1-3")] {
+        assert_eq!(class_of(node, id).as_deref(), Some("borrowed"), "{id}");
+    }
+
+    // A gang of 4 of which 3 come: all 3 refused after gangs.timeout_s (4 s), nothing left.
+    let partial = std::thread::scope(|s| {
+        let hs: Vec<_> = [(&f.a, "g2-0"), (&f.b, "g2-1"), (&f.b, "g2-2")]
+            .into_iter()
+            .map(|(node, id)| gang_member(s, node, id, U_NS, "g2", "4"))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    });
+    for (took, r) in &partial {
+        let e = r.as_ref().expect_err("an incomplete gang is refused");
+        assert!(e.contains("3 of 4 members arrived within 4 s"), "{e}");
+        assert!(*took >= Duration::from_secs(3), "refused at the timeout, not before: {took:?}");
+    }
+    for (node, id) in [(&f.a, "g2-0"), (&f.b, "g2-1"), (&f.b, "g2-2")] {
+        assert!(class_of(node, id).is_none(), "{id} holds no grant");
+    }
+
+    // A fills node A's other 6 GPUs (guaranteed), then asks for a 7th there: the only
+    // borrowed work on node A is the gang's, and the reclaim takes the whole gang, its
+    // members on node B too.
+    for i in 1..=6 {
+        run_retrying(&f.a, &format!("a{i}"), A_NS, "exit 0");
+    }
+    let asked = run_retrying(&f.a, "a7", A_NS, "exit 0");
+    assert!(asked.iter().any(|e| e.contains("reclaiming")), "{asked:#?}");
+    for (node, id) in [(&f.a, "g1-0"), (&f.a, "g1-1"), (&f.b, "g1-2"), (&f.b, "g1-3")] {
+        assert!(
+            wait_for(
+                || node.fx.container_output(id).0.contains("got-SIGTERM"),
+                Duration::from_secs(20)
+            ),
+            "{id} was stopped with the gang: {:?}",
+            node.fx.container_output(id)
+        );
+        assert!(
+            wait_for(|| node.fx.status(id).as_deref() != Some("running"), Duration::from_secs(20)),
+            "{id} stopped"
+        );
+    }
+    assert_eq!(class_of(&f.a, "a7").as_deref(), Some("guaranteed"));
+
+    for (node, id) in [(&f.a, "g1-0"), (&f.a, "g1-1"), (&f.b, "g1-2"), (&f.b, "g1-3")] {
+        node.fx.delete_container(id, true);
+    }
+    for i in 1..=7 {
+        f.a.fx.delete_container(&format!("a{i}"), true);
+    }
+}
+
+#[test]
+fn with_the_coordinator_killed_guaranteed_work_runs_under_leases_and_the_books_agree_after() {
+    let mut f = QuotaFleet::start(30, 120, 4);
+    // Leases are issued at the syncs after the books are ready: A's and B's guarantees of
+    // 4 split by node capacity, 2 per node.
+    f.wait_status("leases issued on both nodes", |s| {
+        f.gpus_of(s, "acme/trusted")["leased"].as_u64() == Some(4_000_000)
+            && f.gpus_of(s, "acme/dev")["leased"].as_u64() == Some(4_000_000)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    run_retrying(&f.b, "b1", B_NS, "exit 0");
+
+    f.coordinator.kill9();
+
+    // Within guarantees, under node A's lease of A's guarantee (2): admitted, marked.
+    for id in ["a1", "a2"] {
+        try_run(&f.a, id, A_NS, "exit 0", &[]).unwrap_or_else(|e| panic!("{id}: {e}"));
+        let a = allocations(&f.a).into_iter().find(|a| a["container_id"] == id).unwrap();
+        assert_eq!(a["quota"]["class"], "guaranteed", "{a:#}");
+        assert_eq!(a["quota"]["under_lease"], true, "{a:#}");
+    }
+    // Beyond the lease: refused, saying why.
+    let e = try_run(&f.a, "a3", A_NS, "exit 0", &[]).expect_err("beyond the lease");
+    assert!(e.contains("unreachable") && e.contains("acme/trusted"), "{e}");
+    // B on node B: its lease there is 2, b1 holds 1 of it.
+    try_run(&f.b, "b2", B_NS, "exit 0", &[]).unwrap_or_else(|e| panic!("b2: {e}"));
+    let e = try_run(&f.b, "b3", B_NS, "exit 0", &[]).expect_err("B's borrowing");
+    assert!(e.contains("unreachable"), "{e}");
+    // Work no quota guarantees (borrowing) and a ceiling-only chain: refused, saying why.
+    let e = try_run(&f.b, "u1", U_NS, "exit 0", &[]).expect_err("borrowing offline");
+    assert!(e.contains("unreachable") && e.contains("borrowed"), "{e}");
+    let e = try_run(&f.b, "d1", DAVE_NS, "exit 0", &[]).expect_err("a ceiling offline");
+    assert!(e.contains("quotas.acme/dev/scratch/dave"), "{e}");
+
+    // The coordinator returns: its books are rebuilt from the nodes and agree with them.
+    f.coordinator.restart();
+    let s = f.wait_status("the books rebuilt from both nodes", |s| {
+        s["books_ready"] == true
+            && f.gpus_of(s, "acme/trusted")["in_use"].as_u64() == Some(2_000_000)
+            && f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(2_000_000)
+    });
+    assert_eq!(f.gpus_of(&s, "acme/trusted")["borrowed"].as_u64(), Some(0), "{s:#}");
+    // Connected again: A's third is admitted; dave's first is, his second crosses his own
+    // ceiling under his team's guarantee.
+    run_retrying(&f.a, "a3", A_NS, "exit 0");
+    run_retrying(&f.b, "d1", DAVE_NS, "exit 0");
+    let e = try_run(&f.b, "d2", DAVE_NS, "exit 0", &[]).expect_err("dave's ceiling");
+    assert!(e.contains("quotas.acme/dev/scratch/dave.gpus.H100-80GB.ceiling"), "{e}");
+
+    for id in ["a1", "a2", "a3"] {
+        f.a.fx.delete_container(id, true);
+    }
+    for id in ["b1", "b2", "d1"] {
+        f.b.fx.delete_container(id, true);
     }
 }
