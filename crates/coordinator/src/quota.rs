@@ -337,6 +337,9 @@ pub(crate) async fn admit(
     }
     let Some(gang) = &req.gang else {
         let answer = app.quota.books()?.admit(tree, &node, &req, now_ms());
+        // A claimant within its guarantee may have released a gang's reservation: its
+        // waiting members learn it now.
+        app.quota.wake();
         log_answer(&node, &req, &answer);
         return Ok(Json(answer));
     };

@@ -211,14 +211,35 @@ async fn admissions_syncs_releases_and_a_reclaim_over_http() {
 
     // B fills node A (8) and 4 of node B: 4 guaranteed, 8 borrowed; the 13th crosses its
     // ceiling.
-    for i in 0..8 {
-        a.admit(ask(&format!("b{i}"), "acme/b", 1)).await.unwrap();
-        a.sync().await;
+    // B's 3rd on node A is within its guarantee, which node B's lease holds: the lease is
+    // recalled ("retry after 3 s", no victim), and the retry after both nodes synced twice
+    // (the cut carried, then reported) is guaranteed.
+    let mut recalls = 0;
+    for i in 0..12 {
+        let req = ask(&format!("b{i}"), "acme/b", 1);
+        loop {
+            let node = if i < 8 { &mut a } else { &mut b };
+            match node.admit(req.clone()).await.unwrap() {
+                AdmitAnswer::Reclaiming { victims, message, .. } if victims.is_empty() => {
+                    assert!(message.contains("leases are recalled"), "{message}");
+                    recalls += 1;
+                    assert!(recalls < 5, "the leases were never recalled: {message}");
+                    for _ in 0..2 {
+                        a.sync().await;
+                        b.sync().await;
+                    }
+                }
+                AdmitAnswer::Admitted { .. } => break,
+                other => panic!("b{i}: {other:?}"),
+            }
+        }
+        if i < 8 {
+            a.sync().await
+        } else {
+            b.sync().await
+        };
     }
-    for i in 8..12 {
-        b.admit(ask(&format!("b{i}"), "acme/b", 1)).await.unwrap();
-        b.sync().await;
-    }
+    assert_eq!(recalls, 1, "one recall of node B's lease of acme/b");
     let borrowed =
         a.holdings.iter().chain(&b.holdings).filter(|h| h.class == QuotaClass::Borrowed).count();
     assert_eq!(borrowed, 8);

@@ -513,8 +513,10 @@ impl Controller {
             Verdict::Admitted { class, over } => {
                 let admitted = Admission::Fleet { class, over };
                 let r = self.locked(|n| n.finish_allocate(req, &ask.admit, &admitted));
-                if r.is_err() {
-                    // Counted, never granted: the books give it back.
+                // Counted, never granted: the books give it back — unless this node holds
+                // a grant of that id after all (a create of the same id that raced this
+                // one and won: its grant is the one the books count).
+                if r.is_err() && self.locked(|n| Ok(n.allocation(cid).is_err())).unwrap_or(false) {
                     gate.release(cid);
                 }
                 r

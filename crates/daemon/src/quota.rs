@@ -91,6 +91,19 @@ pub enum QuotaError {
     /// The container's limits are out of bounds.
     #[error("{0}")]
     Limits(String),
+    /// A quota on the tenant's chain bounds CPU or memory and the container sets no limit
+    /// of it: it would count as nothing against that quota.
+    #[error(
+        "quota path {path} bounds {what} (quotas.{path}.{field}): the container must set a \
+         {what} limit ({oci}; in Kubernetes, resources.limits.{k8s}) to be counted against it"
+    )]
+    Unlimited {
+        path: String,
+        what: &'static str,
+        field: &'static str,
+        oci: &'static str,
+        k8s: &'static str,
+    },
     /// What a share of a GPU counts as could not be computed.
     #[error("cannot count {request} on {model} against quotas: its fraction {fraction} is not in [0, 1]")]
     Fraction { request: String, model: String, fraction: String },
@@ -168,6 +181,42 @@ pub fn checked_limits(limits: Option<&ContainerLimits>) -> Result<ContainerLimit
     let l = limits.copied().unwrap_or_default();
     l.validate().map_err(QuotaError::Limits)?;
     Ok(l)
+}
+
+/// Refuses a container without a CPU (memory) limit when a quota on `tenant`'s chain
+/// bounds CPU (memory): unlimited, it would count as nothing and slip under the ceiling.
+pub fn require_limits(
+    tree: &QuotaTree,
+    tenant: &str,
+    limits: &ContainerLimits,
+) -> Result<(), QuotaError> {
+    let checks = [
+        (
+            quota::Resource::Cpu,
+            limits.cpu_milli,
+            "CPU",
+            "cpu_cores",
+            "linux.resources.cpu.quota and .period",
+            "cpu",
+        ),
+        (
+            quota::Resource::Memory,
+            limits.memory_mib,
+            "memory",
+            "memory_gib",
+            "linux.resources.memory.limit",
+            "memory",
+        ),
+    ];
+    for (resource, set, what, field, oci, k8s) in checks {
+        if set.is_some_and(|n| n > 0) {
+            continue;
+        }
+        if let Some(q) = tree.chain(tenant).find(|q| q.limits.contains_key(&resource)) {
+            return Err(QuotaError::Unlimited { path: q.path.clone(), what, field, oci, k8s });
+        }
+    }
+    Ok(())
 }
 
 /// The wire amounts of a grant.
@@ -664,7 +713,8 @@ impl QuotaGate {
         book.leases = leases;
         book.ttl_s = ttl_s;
         // On disk when they change, and often enough that a restart finds them in force.
-        let stale = sent_ms.saturating_sub(book.written_sent_ms) >= (ttl_s * 1000 / 3).max(1000);
+        let stale = sent_ms.saturating_sub(book.written_sent_ms)
+            >= (ttl_s.saturating_mul(1000) / 3).max(1000);
         if changed || stale {
             if let Some(p) = &self.lease_path {
                 let f = LeaseFile { leases: book.leases.clone(), lease_ttl_s: ttl_s, sent_ms };

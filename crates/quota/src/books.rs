@@ -63,6 +63,9 @@ use crate::wire::{
 pub const PENDING_GRACE_MS: u64 = 15_000;
 /// How long a waiting entry of the fair queue lasts after its last retry.
 pub const WAITING_TTL_MS: u64 = 120_000;
+/// Requests of one tenant that wait in the fair queue of one node at most (a tenant that
+/// asks under ever new container ids keeps no more places than this).
+pub const MAX_WAITING_PER_TENANT: usize = 64;
 /// Quota events kept (the oldest go first).
 pub const EVENTS_KEPT: usize = 1_000;
 /// Beyond its lease TTL, how long the books wait for a silent node before its leases go
@@ -204,6 +207,9 @@ impl Gang {
 #[derive(Debug, Clone)]
 struct Outcome {
     answer: AdmitAnswer,
+    /// The member's tenant and amounts: only the same request gets the answer again.
+    tenant: String,
+    resources: Resources,
     expires_ms: u64,
 }
 
@@ -298,6 +304,47 @@ fn unit(resource: &Resource) -> &'static str {
 
 fn plural(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The refusal of a request (`asked`: tenant, amounts) under the id `key` that the books
+/// answered for another request (`tenant`, `resources`); `None` if it is the same one.
+fn other_request(
+    key: &Key,
+    tenant: &str,
+    resources: &Resources,
+    asked: (&str, &Resources),
+) -> Option<AdmitAnswer> {
+    if asked == (tenant, resources) {
+        return None;
+    }
+    Some(AdmitAnswer::Refused {
+        message: format!(
+            "container {} on node {} already stands for a request of {tenant} for \
+             {resources}; a request of {} for {} under the same id is refused: a container id \
+             counts once until its grant is released",
+            untrusted(&key.1).max_chars(128),
+            key.0,
+            untrusted(asked.0).max_chars(128),
+            asked.1
+        ),
+        rule: None,
+    })
+}
+
+/// The refusal of a request under the id `key` that waits as a member of gang `gang`
+/// (`(tenant, name)`), other than that member's own request.
+fn waits_in_gang(key: &Key, gang: &Key) -> AdmitAnswer {
+    AdmitAnswer::Refused {
+        message: format!(
+            "container {} on node {} waits in gang {}/{} with another request; a container id \
+             counts once until its grant is released",
+            untrusted(&key.1).max_chars(128),
+            key.0,
+            gang.0,
+            untrusted(&gang.1)
+        ),
+        rule: None,
+    }
 }
 
 /// Phantoms of one node's leases, netted over nested paths. For each leased path `P` and
@@ -517,6 +564,8 @@ impl Books {
                             message: message.clone(),
                             rule: Some("gangs.timeout_s".into()),
                         },
+                        tenant: key.0.clone(),
+                        resources: m.resources.clone(),
                         expires_ms: now.saturating_add(OUTCOME_KEPT_MS),
                     },
                 );
@@ -666,16 +715,19 @@ impl Books {
         }
     }
 
-    /// The answer already given to `(node, container)`, if it was admitted.
-    fn admitted_answer(&self, key: &Key) -> Option<AdmitAnswer> {
-        if let Some(p) = self.pending.get(key) {
-            return Some(AdmitAnswer::Admitted {
-                class: p.entry.class.into(),
-                over: p.over.clone(),
-            });
+    /// The answer already given to `(node, container)`, if it was admitted. With `asked`
+    /// (the tenant and amounts of a request under that id now): a request that is not the
+    /// admitted one is refused, never handed the admission (two creates of one id raced,
+    /// or an id reused before its release reached the books).
+    fn admitted_answer(&self, key: &Key, asked: Option<(&str, &Resources)>) -> Option<AdmitAnswer> {
+        let (e, over) = match self.pending.get(key) {
+            Some(p) => (&p.entry, p.over.clone()),
+            None => (self.nodes.get(&key.0)?.holdings.get(&key.1)?, None),
+        };
+        if let Some(mismatch) = asked.and_then(|a| other_request(key, &e.tenant, &e.resources, a)) {
+            return Some(mismatch);
         }
-        let e = self.nodes.get(&key.0)?.holdings.get(&key.1)?;
-        Some(AdmitAnswer::Admitted { class: e.class.into(), over: None })
+        Some(AdmitAnswer::Admitted { class: e.class.into(), over })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -731,11 +783,14 @@ impl Books {
         self.observe_tree(tree);
         self.tick(now);
         let key = (node.to_string(), req.container_id.clone());
-        if let Some(a) = self.admitted_answer(&key) {
-            return a;
-        }
         let r = req.amounts.to_resources();
         let tenant = req.tenant.as_str();
+        if let Some(a) = self.admitted_answer(&key, Some((tenant, &r))) {
+            return a;
+        }
+        if let Some((k, _, _)) = self.waiting_member(&key, &r) {
+            return waits_in_gang(&key, &k);
+        }
         if tree.iter().next().is_none() {
             // No quotas: count it (status stays useful) and never refuse.
             self.record(node, &req.container_id, tenant, &r, Class::Guaranteed, None, None, now);
@@ -835,6 +890,11 @@ impl Books {
             }
             Decision::Refuse(c) => self.refuse_ceiling(node, &req.container_id, c, now),
             Decision::Reclaim { short } => {
+                // Borrowed reservations of gangs still assembling run nothing: they give
+                // way first, and the request is decided again without them.
+                if self.yield_gangs(tenant, &short, now) {
+                    return self.admit_placed(tree, node, req, r, held_for_it, now);
+                }
                 // The node can place it; the fleet's books are short: reclaim anywhere.
                 match self.start_reclaim(tree, node, tenant, r, &short, None, now) {
                     Some(a) => a,
@@ -1174,6 +1234,54 @@ impl Books {
         })
     }
 
+    /// Releases the borrowed reservations of gangs still assembling, of tenants outside
+    /// `claimant`'s subtree, that hold what `short` lacks (youngest first, until it is
+    /// covered): their members are refused. A reservation is not running work, so it never
+    /// keeps a guarantee from its owner. Whether any was released.
+    fn yield_gangs(&mut self, claimant: &str, short: &Resources, now: u64) -> bool {
+        let mut candidates: Vec<(u64, Key)> = self
+            .gangs
+            .iter()
+            .filter(|((t, _), g)| g.class == Class::Borrowed && !is_within(t, claimant))
+            .filter(|(_, g)| short.iter().any(|(res, _)| g.reserved.get(res) > 0))
+            .map(|(k, g)| (g.first_ms, k.clone()))
+            .collect();
+        candidates.sort_by(|a, b| b.cmp(a));
+        let mut left = short.clone();
+        let mut any = false;
+        for (_, key) in candidates {
+            if left.is_empty() {
+                break;
+            }
+            let Some(g) = self.gangs.remove(&key) else { continue };
+            left.sub(&g.reserved);
+            any = true;
+            let message = format!(
+                "gang {}/{}: its borrowed reservation of {} ({} of {} members arrived) is \
+                 released for {claimant}, which asks within its guarantee; a gang is admitted \
+                 whole or not at all",
+                key.0,
+                untrusted(&key.1),
+                g.reserved,
+                g.members.len(),
+                g.size
+            );
+            for m in &g.members {
+                self.outcomes.insert(
+                    (m.node.clone(), m.container.clone()),
+                    Outcome {
+                        answer: AdmitAnswer::Refused { message: message.clone(), rule: None },
+                        tenant: key.0.clone(),
+                        resources: m.resources.clone(),
+                        expires_ms: now.saturating_add(OUTCOME_KEPT_MS),
+                    },
+                );
+            }
+            self.event(now, QuotaEventKind::Refuse, Some(&key.0), None, None, message);
+        }
+        any
+    }
+
     /// Refuses for capacity and keeps the request in the fair queue.
     fn queue(
         &mut self,
@@ -1185,6 +1293,20 @@ impl Books {
         now: u64,
     ) -> AdmitAnswer {
         let key = (node.to_string(), req.container_id.clone());
+        let what = match fleet_short {
+            Some(s) => format!("no capacity in the fleet's books for {r} (short of {s})"),
+            None => format!("no capacity on node {node} for {r}"),
+        };
+        let places =
+            self.waiting.iter().filter(|((n, _), w)| n == node && w.tenant == req.tenant).count();
+        if places >= MAX_WAITING_PER_TENANT && !self.waiting.contains_key(&key) {
+            let message = format!(
+                "{what}: not queued: tenant {} has {places} requests waiting on node {node} \
+                 already (at most {MAX_WAITING_PER_TENANT}); retry",
+                req.tenant
+            );
+            return AdmitAnswer::Refused { message, rule: None };
+        }
         let entry = self.waiting.entry(key).or_insert_with(|| WaitEntry {
             tenant: req.tenant.clone(),
             resources: r.clone(),
@@ -1209,10 +1331,6 @@ impl Books {
             .iter()
             .position(|&i| list[i].id == req.container_id)
             .map_or(list.len(), |p| p + 1);
-        let what = match fleet_short {
-            Some(s) => format!("no capacity in the fleet's books for {r} (short of {s})"),
-            None => format!("no capacity on node {node} for {r}"),
-        };
         let message = format!(
             "{what}: waiting in the fair queue since {} (position {position} of {}); retry",
             tessera_api::time::format_utc(since),
@@ -1322,19 +1440,29 @@ impl Books {
         self.observe_tree(tree);
         self.tick(now);
         let key = (node.to_string(), req.container_id.clone());
-        if let Some(a) = self.admitted_answer(&key) {
+        let tenant = req.tenant.as_str();
+        let r = req.amounts.to_resources();
+        if let Some(a) = self.admitted_answer(&key, Some((tenant, &r))) {
             return GangArrival::Answer(a);
         }
         if let Some(o) = self.outcomes.get(&key) {
-            return GangArrival::Answer(o.answer.clone());
+            let a = other_request(&key, &o.tenant, &o.resources, (tenant, &r));
+            return GangArrival::Answer(a.unwrap_or_else(|| o.answer.clone()));
         }
         let Some(g) = &req.gang else {
             return GangArrival::Answer(self.admit(tree, node, req, now));
         };
-        let tenant = req.tenant.as_str();
         let name = format!("{tenant}/{}", untrusted(&g.name));
         let gkey = (tenant.to_string(), g.name.clone());
-        let r = req.amounts.to_resources();
+        if let Some((k, deadline_ms, same)) = self.waiting_member(&key, &r) {
+            // A retry of a waiting member waits on; another request under its id is refused.
+            let size = self.gangs.get(&k).map(|x| x.size);
+            return if same && k == gkey && size == Some(g.size) {
+                GangArrival::Wait { deadline_ms }
+            } else {
+                GangArrival::Answer(waits_in_gang(&key, &k))
+            };
+        }
         let member = GangMember {
             node: node.to_string(),
             container: req.container_id.clone(),
@@ -1352,9 +1480,6 @@ impl Books {
                     untrusted(&req.container_id),
                     g.size
                 ));
-            }
-            if gang.members.iter().any(|m| m.node == node && m.container == req.container_id) {
-                return GangArrival::Wait { deadline_ms: gang.deadline_ms() };
             }
             if gang.members.len() >= gang.size as usize {
                 return refused(format!(
@@ -1498,6 +1623,8 @@ impl Books {
                             message: message.clone(),
                             rule: rule.clone(),
                         },
+                        tenant: tenant.clone(),
+                        resources: m.resources.clone(),
                         expires_ms,
                     },
                 );
@@ -1507,10 +1634,15 @@ impl Books {
         }
         let nodes: BTreeSet<&str> = gang.members.iter().map(|m| m.node.as_str()).collect();
         let borrowed = admitted.iter().filter(|(_, c, _)| *c == Class::Borrowed).count();
-        for (k, class, over) in admitted {
+        for (m, (k, class, over)) in gang.members.iter().zip(admitted) {
             self.outcomes.insert(
                 k,
-                Outcome { answer: AdmitAnswer::Admitted { class: class.into(), over }, expires_ms },
+                Outcome {
+                    answer: AdmitAnswer::Admitted { class: class.into(), over },
+                    tenant: tenant.clone(),
+                    resources: m.resources.clone(),
+                    expires_ms,
+                },
             );
         }
         self.event(
@@ -1530,11 +1662,20 @@ impl Books {
         );
     }
 
+    /// The gang `key` (`(node, container)`) waits in as a member, its deadline, and
+    /// whether the member asked for `r`.
+    fn waiting_member(&self, key: &Key, r: &Resources) -> Option<(Key, u64, bool)> {
+        self.gangs.iter().find_map(|(k, g)| {
+            let m = g.members.iter().find(|m| m.node == key.0 && m.container == key.1)?;
+            Some((k.clone(), g.deadline_ms(), &m.resources == r))
+        })
+    }
+
     /// The answer of a gang member that waits: `None` while its gang assembles.
     pub fn gang_poll(&mut self, node: &str, container: &str, now: u64) -> Option<AdmitAnswer> {
         self.tick(now);
         let key = (node.to_string(), container.to_string());
-        if let Some(a) = self.admitted_answer(&key) {
+        if let Some(a) = self.admitted_answer(&key, None) {
             return Some(a);
         }
         if let Some(o) = self.outcomes.get(&key) {
@@ -1566,6 +1707,8 @@ impl Books {
         if let Some(nb) = self.nodes.get_mut(node) {
             found |= nb.holdings.remove(container).is_some();
         }
+        // A gang's kept answer goes too: the id may come back as another container.
+        found |= self.outcomes.remove(&key).is_some();
         found |= self.waiting.remove(&key).is_some();
         for g in self.gangs.values_mut() {
             let before = g.members.len();

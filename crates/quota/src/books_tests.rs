@@ -830,6 +830,143 @@ fn a_silent_node_stops_renewing_but_its_leases_and_holdings_stay_booked() {
     ));
 }
 
+// --- hostile tenants: container ids reused or raced, gangs that never assemble ------------
+
+fn at_once(g: GangArrival) -> AdmitAnswer {
+    match g {
+        GangArrival::Answer(a) => a,
+        other => panic!("expected an answer at once, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_second_request_under_an_admitted_container_id_is_not_admitted_by_the_first() {
+    let t = tree(AB);
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8)];
+    let now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    admitted(&b.admit(&t, "n1", &ask("c", "acme/b", 1), now));
+    // Two creates of one id raced: the second asks for 13 GPUs (past B's ceiling of 12),
+    // or for another tenant. Neither rides on the first's admission.
+    let (msg, rule) = refused(&b.admit(&t, "n1", &ask("c", "acme/b", 13), now + 1));
+    assert_eq!(rule, None, "{msg}");
+    assert!(msg.contains("container c on node n1 already stands for a request of acme/b"), "{msg}");
+    refused(&b.admit(&t, "n1", &ask("c", "acme/a", 1), now + 1));
+    refused(&at_once(b.gang_arrive(
+        &t,
+        "n1",
+        &in_gang(ask("c", "acme/b", 13), "g", 1),
+        60,
+        now + 1,
+    )));
+    // Listed in a sync, the same.
+    nodes[0].hold(&ask("c", "acme/b", 1), QuotaClass::Guaranteed, false, now);
+    nodes[0].sync(&mut b, &t, now + 2);
+    refused(&b.admit(&t, "n1", &ask("c", "acme/b", 13), now + 3));
+    // The same request again is the same admission, counted once.
+    admitted(&b.admit(&t, "n1", &ask("c", "acme/b", 1), now + 3));
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (1, 0));
+}
+
+#[test]
+fn a_gang_members_container_id_reused_after_its_release_is_decided_again() {
+    let t = tree(AB);
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8)];
+    let now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    let a = at_once(b.gang_arrive(&t, "n1", &in_gang(ask("m0", "acme/b", 1), "g", 1), 60, now));
+    assert_eq!(admitted(&a), QuotaClass::Guaranteed);
+    nodes[0].hold(&in_gang(ask("m0", "acme/b", 1), "g", 1), QuotaClass::Guaranteed, false, now);
+    nodes[0].sync(&mut b, &t, now + 1);
+    // Deleted, then created again under the same id asking for 13 GPUs: past B's
+    // ceiling of 12, refused, not handed the gang's kept answer.
+    nodes[0].stop("m0");
+    assert!(b.release("n1", "m0", now + 2));
+    let again =
+        at_once(b.gang_arrive(&t, "n1", &in_gang(ask("m0", "acme/b", 13), "h", 1), 60, now + 3));
+    assert_eq!(refused(&again).1.as_deref(), Some("quotas.acme/b.gpus.H100-80GB.ceiling"));
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (0, 0));
+}
+
+#[test]
+fn a_waiting_gang_members_id_answers_only_its_own_request() {
+    let t = tree(AB);
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8)];
+    let now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    let g = b.gang_arrive(&t, "n1", &in_gang(ask("m0", "acme/b", 1), "g", 2), 60, now);
+    assert!(matches!(g, GangArrival::Wait { .. }), "{g:?}");
+    // The same id again while it waits: the same request waits on; any other is refused
+    // (asking for more, without the gang, in another gang, for another tenant).
+    let g = b.gang_arrive(&t, "n1", &in_gang(ask("m0", "acme/b", 1), "g", 2), 60, now + 1);
+    assert!(matches!(g, GangArrival::Wait { .. }), "{g:?}");
+    for (req, what) in [
+        (in_gang(ask("m0", "acme/b", 6), "g", 2), "more"),
+        (in_gang(ask("m0", "acme/b", 1), "other", 2), "another gang"),
+        (in_gang(ask("m0", "acme/a", 1), "g", 2), "another tenant"),
+    ] {
+        let (msg, _) = refused(&at_once(b.gang_arrive(&t, "n1", &req, 60, now + 2)));
+        assert!(msg.contains("container m0 on node n1 waits in gang acme/b/g"), "{what}: {msg}");
+    }
+    let (msg, _) = refused(&b.admit(&t, "n1", &ask("m0", "acme/b", 3), now + 2));
+    assert!(msg.contains("waits in gang acme/b/g"), "{msg}");
+    // The gang completes with what its members asked: 2 GPUs in all.
+    let last =
+        at_once(b.gang_arrive(&t, "n1", &in_gang(ask("m1", "acme/b", 1), "g", 2), 60, now + 3));
+    admitted(&last);
+    admitted(&b.gang_poll("n1", "m0", now + 4).expect("answered"));
+    let (g, br) = gpus_of(&b.real_usage().of("acme/b"));
+    assert_eq!(g + br, 2);
+    assert_eq!(gpus_of(&b.real_usage().of("acme/a")), (0, 0));
+}
+
+#[test]
+fn a_tenant_cannot_flood_the_fair_queue_with_container_ids() {
+    let t = tree(AB);
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8)];
+    let now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    for (i, tenant) in ["acme/a", "acme/b"].into_iter().enumerate() {
+        let req = ask(&format!("full{i}"), tenant, 4);
+        admitted(&nodes[0].admit_synced(&mut b, &t, req, now));
+    }
+    // A tenant with no quota asks again and again under new ids, each a little different.
+    for i in 0..500u64 {
+        let mut req = ask(&format!("c{i}"), "acme/c", 1);
+        req.amounts.memory_mib = i + 1;
+        refused(&b.admit(&t, "n1", &req, now + i));
+    }
+    let queued = b.waiting.values().filter(|w| w.tenant == "acme/c").count();
+    assert_eq!(queued, MAX_WAITING_PER_TENANT);
+    // What is past the bound is refused, saying so.
+    let (msg, _) = refused(&b.admit(&t, "n1", &ask("c-last", "acme/c", 1), now + 600));
+    assert!(msg.contains("not queued"), "{msg}");
+}
+
+#[test]
+fn a_borrowed_gang_that_never_assembles_does_not_keep_a_guarantee_from_its_owner() {
+    let t = tree(AB);
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8)];
+    let now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    // B reserves the whole fleet (8, borrowed beyond its guarantee of 4) with a gang whose
+    // other members never come.
+    let g = b.gang_arrive(&t, "n1", &in_gang(ask("hog0", "acme/b", 2), "hog", 4), 600, now);
+    assert!(matches!(g, GangArrival::Wait { .. }), "{g:?}");
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (0, 8));
+    // A asks within its guarantee: the reservation gives way, A is admitted.
+    let a = nodes[0].admit(&mut b, &t, ask("a0", "acme/a", 2), now + 1_000);
+    assert_eq!(admitted(&a), QuotaClass::Guaranteed);
+    let (msg, _) = refused(&b.gang_poll("n1", "hog0", now + 1_001).expect("answered"));
+    assert!(msg.contains("gang acme/b/hog") && msg.contains("acme/a"), "{msg}");
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (0, 0));
+}
+
 // --- generated cases: leases never let a guarantee or a ceiling be crossed ------------------
 
 const PATHS: &[&str] =

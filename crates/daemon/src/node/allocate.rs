@@ -275,6 +275,8 @@ impl Node {
         let gang = quota::gang_of(&req.annotations).map_err(|e| bad(self, e, "gang"))?;
         let limits =
             quota::checked_limits(req.limits.as_ref()).map_err(|e| bad(self, e, "limits"))?;
+        quota::require_limits(self.policy.policy.quotas(), &c.tenant.path, &limits)
+            .map_err(|e| bad(self, e, "limits"))?;
         let models: Vec<String> = match plan {
             Some(p) => self.planned_models(p),
             None => {

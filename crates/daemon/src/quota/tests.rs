@@ -385,3 +385,41 @@ async fn lease_grants_are_unsynced_until_a_sync_after_them_is_answered() {
     gate.synced(Instant::now(), &BTreeSet::new());
     assert!(!gate.unsynced_lease_grants());
 }
+
+#[tokio::test]
+async fn a_lease_lifetime_past_any_clock_is_cut_never_overflowed() {
+    let gate = QuotaGate::new(Authority::local("n"), None);
+    let lease = Lease { path: "acme".into(), amounts: Amounts::default() };
+    gate.renew(vec![lease], u64::MAX, Instant::now(), tessera_api::time::now_ms());
+    assert_eq!(gate.leases().len(), 1, "in force, for at most MAX_LEASE_TTL");
+}
+
+// ---- limits a quota needs ------------------------------------------------------------------
+
+#[test]
+fn a_container_without_a_cpu_or_memory_limit_is_refused_where_its_chain_bounds_that() {
+    let t = tree(json!({
+        "acme/ml": {"cpu_cores": {"ceiling": 8}},
+        "acme/ml/vision": {"memory_gib": {"guarantee": 16}},
+        "acme/web": {"gpus": {H100: {"guarantee": 1}}},
+    }));
+    let none = ContainerLimits::default();
+    let cpu_only = ContainerLimits { cpu_milli: Some(500), memory_mib: None };
+    let both = ContainerLimits { cpu_milli: Some(500), memory_mib: Some(1024) };
+    // CPU bounded at the team: no CPU limit is refused, naming the quota and the fix.
+    let e = require_limits(&t, "acme/ml/train", &none).expect_err("no CPU limit");
+    let msg = e.to_string();
+    assert!(msg.starts_with("quota path acme/ml bounds CPU (quotas.acme/ml.cpu_cores)"), "{msg}");
+    assert!(msg.contains("resources.limits.cpu"), "{msg}");
+    assert!(require_limits(&t, "acme/ml/train", &cpu_only).is_ok());
+    // Memory bounded at the project too.
+    let e = require_limits(&t, "acme/ml/vision/alice", &cpu_only).expect_err("no memory limit");
+    assert!(e.to_string().contains("quotas.acme/ml/vision.memory_gib"), "{e}");
+    assert!(require_limits(&t, "acme/ml/vision/alice", &both).is_ok());
+    // A zero limit counts as none.
+    let zero = ContainerLimits { cpu_milli: Some(0), memory_mib: Some(1024) };
+    assert!(require_limits(&t, "acme/ml/vision/alice", &zero).is_err());
+    // GPU-only quotas ask nothing of the container's limits.
+    assert!(require_limits(&t, "acme/web/site", &none).is_ok());
+    assert!(require_limits(&t, "other", &none).is_ok());
+}
