@@ -4,17 +4,31 @@
 //! once runc has removed the container), interleaved in one run so all three see the
 //! same machine.
 //!
-//! Needs root, runc and busybox-static. `cargo bench --bench runtime_overhead [-- N]`.
+//! Then (issue 15) what fleet-quota admission adds to a GPU container's start: `gpu=1`
+//! on a simulated 8×H100 node without MIG through three tesserads, (a) the policy without
+//! quotas, (b) with quotas and the node keeping its own books, (c) with quotas following a
+//! `tessera-coordinator` on loopback (etcd-backed, tessera-harness's fleet fixture),
+//! interleaved the same way; the admit round trip alone (client → coordinator); and each
+//! daemon's grant round trip alone.
+//!
+//! Needs root, runc, busybox-static and etcd.
+//! `cargo bench --bench runtime_overhead [-- N] [--quota-only]` (`--quota-only`: only the
+//! issue 15 part).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use tessera_harness::fleet_fixture::{node_token, FleetFixture, ADMIN_TOKEN};
+use tessera_harness::ChildProcess;
 
 const RUNTIME: &str = env!("CARGO_BIN_EXE_tessera-runtime");
 const HOOK: &str = env!("CARGO_BIN_EXE_tessera-hook");
 const DAEMON: &str = env!("CARGO_BIN_EXE_tesserad");
 /// Pause before each timed run, so background work of the previous one is over.
 const SETTLE_MS: u64 = 30;
+/// The annotation the example policy reads the tenant from.
+const NAMESPACE_KEY: &str = "io.kubernetes.cri.sandbox-namespace";
 
 struct Bench {
     dir: PathBuf,
@@ -92,7 +106,9 @@ fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
 }
 
 fn main() {
-    let n: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(200);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let n: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(200);
+    let quota_only = args.iter().any(|a| a == "--quota-only");
     if unsafe_is_not_root() {
         eprintln!("runtime_overhead: needs root (real runc containers); skipped");
         return;
@@ -109,6 +125,22 @@ fn main() {
         std::fs::create_dir_all(rootfs.join(d)).expect("rootfs dir");
     }
     std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).expect("busybox");
+    let root = dir.join("runc-root");
+    if !quota_only {
+        wrapper_paths(n, &mut bench, &rootfs, &root);
+        // Its daemon is idle from here on: stopped, so the next part has the machine.
+        if let Some(mut d) = bench.daemon.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+    }
+    quota_paths(n, &dir, &rootfs, &bench.cgroup, &root);
+}
+
+/// Issue 2's paths: plain runc, tessera-runtime without a request, with `mig=1g.10gb`;
+/// then [`parts`].
+fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
+    let dir = bench.dir.clone();
     let socket = dir.join("d.sock");
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let daemon = Command::new(DAEMON)
@@ -130,37 +162,13 @@ fn main() {
         std::thread::sleep(Duration::from_millis(20));
     }
 
-    let root = dir.join("runc-root");
+    let cgroup = bench.cgroup.clone();
     let run = |bin: &str, kind: &str, i: usize, ann: &[(&str, &str)]| -> f64 {
         let id = format!("{kind}{i}");
         let bundle = dir.join("bundles").join(&id);
-        std::fs::create_dir_all(&bundle).expect("bundle");
-        std::fs::write(bundle.join("config.json"), config(&rootfs, &bench.cgroup, &id, ann))
-            .expect("config");
-        let start = Instant::now();
-        let status = Command::new(bin)
-            .arg("--root")
-            .arg(&root)
-            .args(["run", "--bundle"])
-            .arg(&bundle)
-            .arg(&id)
-            .env("TESSERA_RUNC", "runc")
-            .env("TESSERA_SOCKET", &socket)
-            .env("TESSERA_HOOK", HOOK)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .status()
-            .expect("run");
-        let ms = start.elapsed().as_secs_f64() * 1e3;
-        assert!(status.success(), "{kind} run {i} failed");
-        let _ = std::fs::remove_dir_all(&bundle);
-        ms
+        runc_run(bin, root, &bundle, &config(rootfs, &cgroup, &id, ann), &socket, &id)
     };
-    let gpu_ann = [
-        ("io.kubernetes.cri.sandbox-namespace", "team-untrusted"),
-        ("tessera.io/gpu", "mig=1g.10gb"),
-    ];
+    let gpu_ann = [(NAMESPACE_KEY, "team-untrusted"), ("tessera.io/gpu", "mig=1g.10gb")];
     // Warm caches (binaries, page cache, SQLite) before measuring.
     for i in 0..5 {
         run("runc", "w", i, &[]);
@@ -204,7 +212,33 @@ fn main() {
     println!("| tessera-runtime, mig=1g.10gb (grant + hooks) | {gp50:.2} | {gp99:.2} | {gmean:.2} | {:.3} |", gp50 / pp50);
     println!("\nadded latency, paired per iteration (ms): no request p50 {dn50:.2} p99 {dn99:.2}; MIG request p50 {dg50:.2} p99 {dg99:.2}");
 
-    parts(n, &dir, &socket, &root, &gpu_ann);
+    parts(n, &dir, &socket, root, &gpu_ann);
+}
+
+/// `BIN --root ROOT run --bundle BUNDLE ID` of `config` (tessera-runtime asks the daemon on
+/// `socket`; plain runc ignores it): the milliseconds it took. The bundle is removed after.
+fn runc_run(bin: &str, root: &Path, bundle: &Path, config: &str, socket: &Path, id: &str) -> f64 {
+    std::fs::create_dir_all(bundle).expect("bundle");
+    std::fs::write(bundle.join("config.json"), config).expect("config");
+    let start = Instant::now();
+    let status = Command::new(bin)
+        .arg("--root")
+        .arg(root)
+        .args(["run", "--bundle"])
+        .arg(bundle)
+        .arg(id)
+        .env("TESSERA_RUNC", "runc")
+        .env("TESSERA_SOCKET", socket)
+        .env("TESSERA_HOOK", HOOK)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .status()
+        .expect("run");
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    assert!(status.success(), "run of {id} failed");
+    let _ = std::fs::remove_dir_all(bundle);
+    ms
 }
 
 /// The GPU path by parts, each timed alone (so runc's jitter is not in them): the three
@@ -284,6 +318,353 @@ fn parts(n: usize, dir: &Path, socket: &Path, runc_root: &Path, ann: &[(&str, &s
         let (p50, p99, _) = stats(v);
         println!("| {name} | {p50:.3} | {p99:.3} |");
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 15: what fleet-quota admission adds to a GPU container's start.
+// ---------------------------------------------------------------------------------------
+
+/// The tenant of the quota paths: namespace `team-trusted` is acme/trusted/training/alice,
+/// whose team is guaranteed [`QUOTA_GUARANTEE`] H100s: one GPU at a time stays within it,
+/// so no request borrows and none reclaims.
+const QUOTA_NS: &str = "team-trusted";
+const QUOTA_TENANT: &str = "acme/trusted/training/alice";
+const QUOTA_PATH: &str = "acme/trusted";
+const QUOTA_GUARANTEE: u64 = 4;
+const H100: &str = "H100-80GB";
+
+/// One tesserad of the quota comparison, on its own simulated 8×H100 node (no MIG).
+struct QuotaDaemon {
+    /// `a`, `b` or `c`: container ids of its runs start with `q{label}`.
+    label: &'static str,
+    what: &'static str,
+    socket: PathBuf,
+    client: tessera_api::Client,
+    proc: ChildProcess,
+}
+
+/// A simulated node of eight whole H100s named `name`.
+fn eight_h100(name: &str) -> serde_json::Value {
+    let gpus: Vec<serde_json::Value> = (0..8).map(|_| serde_json::json!({"model": H100})).collect();
+    serde_json::json!({
+        "node": name,
+        "majors": {"nvidia_uvm": 508, "nvidia_caps": 509},
+        "sim_memory_bytes": 65536,
+        "gpus": gpus,
+    })
+}
+
+/// examples/policy.json, with or without a `quotas` section for acme/trusted.
+fn quota_policy(repo: &Path, with_quotas: bool) -> serde_json::Value {
+    let text = std::fs::read(repo.join("examples/policy.json")).expect("examples/policy.json");
+    let mut p: serde_json::Value = serde_json::from_slice(&text).expect("policy json");
+    if with_quotas {
+        p["quotas"] = serde_json::json!({
+            QUOTA_PATH: {"gpus": {H100: {"guarantee": QUOTA_GUARANTEE, "ceiling": 8}}}
+        });
+    }
+    p
+}
+
+/// A tesserad on `node` (written to `dir` as a `sim:` file) with `policy`, its own state
+/// dir and socket, `extra` arguments (the coordinator's, for path c); logs in `dir/logs`.
+fn quota_daemon(
+    label: &'static str,
+    what: &'static str,
+    dir: &Path,
+    node: &str,
+    policy: &Path,
+    extra: &[String],
+) -> QuotaDaemon {
+    let node_file = dir.join(format!("{node}.json"));
+    std::fs::write(&node_file, eight_h100(node).to_string()).expect("node file");
+    let socket = dir.join(format!("{label}.sock"));
+    let mut args = vec![
+        "--node".to_string(),
+        format!("sim:{}", node_file.display()),
+        "--policy".into(),
+        policy.display().to_string(),
+        "--state-dir".into(),
+        dir.join(format!("state-{label}")).display().to_string(),
+        "--socket".into(),
+        socket.display().to_string(),
+    ];
+    args.extend(extra.iter().cloned());
+    let proc = ChildProcess::spawn(
+        &format!("tesserad-{label}"),
+        DAEMON,
+        args,
+        [("TESSERA_LOG", "warn")],
+        &dir.join("logs"),
+    );
+    let t0 = Instant::now();
+    while !socket.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "tesserad {label} did not open {}:\n{}",
+            socket.display(),
+            proc.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client = tessera_api::Client::new(&socket).with_timeout(Duration::from_secs(30));
+    QuotaDaemon { label, what, socket, client, proc }
+}
+
+/// The three quota paths (a: no quotas; b: quotas, the node's own books; c: quotas, a
+/// coordinator on loopback over etcd) interleaved, then the admit round trip alone, then
+/// each daemon's grant round trip alone. `n` of each.
+fn quota_paths(n: usize, dir: &Path, rootfs: &Path, cgroup: &str, root: &Path) {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let qdir = dir.join("quota");
+    std::fs::create_dir_all(&qdir).expect("quota dir");
+    let plain_policy = qdir.join("policy-no-quotas.json");
+    let quota_policy_file = qdir.join("policy-quotas.json");
+    std::fs::write(&plain_policy, quota_policy(repo, false).to_string()).expect("policy");
+    std::fs::write(&quota_policy_file, quota_policy(repo, true).to_string()).expect("policy");
+
+    // Path c's fleet: etcd, keys and tokens (tessera-harness's fixture), one coordinator on
+    // loopback, the quota policy pushed as version 1 (the same file c boots from).
+    let node_c = "sim-h100-quota-c";
+    let fx = FleetFixture::launch(&[node_c]);
+    let coordinator = fx.coordinator_on_free_port("coordinator", &[]);
+    fx.push_file(&coordinator.url, &quota_policy_file, 1);
+    let token_file = qdir.join("c.token");
+    std::fs::write(&token_file, format!("{}\n", node_token(node_c))).expect("token file");
+    std::fs::set_permissions(&token_file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod token");
+    let fleet_args: Vec<String> = vec![
+        "--coordinator".into(),
+        coordinator.url.clone(),
+        "--trust-key".into(),
+        fx.public_key.clone(),
+        "--node-token".into(),
+        token_file.display().to_string(),
+    ];
+
+    let daemons = [
+        quota_daemon("a", "policy without quotas", &qdir, "sim-h100-quota-a", &plain_policy, &[]),
+        quota_daemon(
+            "b",
+            "quotas, the node's own books",
+            &qdir,
+            "sim-h100-quota-b",
+            &quota_policy_file,
+            &[],
+        ),
+        quota_daemon(
+            "c",
+            "quotas, coordinator on loopback (etcd)",
+            &qdir,
+            node_c,
+            &quota_policy_file,
+            &fleet_args,
+        ),
+    ];
+
+    // The coordinator answers admissions only once the books heard from every node.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
+    let admin = fleet::client::Client::new(&[&coordinator.url], ADMIN_TOKEN)
+        .expect("admin client")
+        .with_timeout(Duration::from_secs(10));
+    let t0 = Instant::now();
+    loop {
+        match rt.block_on(admin.quota_status()) {
+            Ok(s) if s.books_ready && s.nodes.contains_key(node_c) => break,
+            r => assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the coordinator's books never became ready with {node_c}: {r:?}\n{}",
+                daemons[2].proc.stderr()
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let ann = [(NAMESPACE_KEY, QUOTA_NS), ("tessera.io/gpu", "gpu=1")];
+    let run = |d: &QuotaDaemon, id: &str| -> f64 {
+        let bundle = dir.join("bundles").join(id);
+        runc_run(RUNTIME, root, &bundle, &config(rootfs, cgroup, id, &ann), &d.socket, id)
+    };
+    for i in 0..5 {
+        for d in &daemons {
+            run(d, &format!("qw{}{i}", d.label));
+        }
+    }
+    let mut e2e: [Vec<f64>; 3] = Default::default();
+    let mut rtt = Vec::new();
+    let probe = fleet::client::Client::new(&[&coordinator.url], &node_token(node_c))
+        .expect("node client")
+        .with_timeout(Duration::from_secs(10));
+    let admit = |id: &str| fleet::quota::AdmitRequest {
+        container_id: id.to_string(),
+        tenant: QUOTA_TENANT.to_string(),
+        amounts: fleet::quota::Amounts {
+            gpus: [(H100.to_string(), 1_000_000)].into_iter().collect(),
+            cpu_milli: 0,
+            memory_mib: 0,
+        },
+        gang: None,
+        short_on_node: false,
+        workload: None,
+        unsynced_lease_grants: false,
+    };
+    for i in 0..n {
+        // The same discipline as the paths above: the order turns every iteration, each
+        // run after a settle pause.
+        for k in 0..3 {
+            std::thread::sleep(Duration::from_millis(SETTLE_MS));
+            let p = (i + k) % 3;
+            let d = &daemons[p];
+            e2e[p].push(run(d, &format!("q{}{i}", d.label)));
+        }
+        // The admit round trip alone, as node c asks it (its token, a pooled keep-alive
+        // connection), for a container that node never runs, given back at once.
+        std::thread::sleep(Duration::from_millis(SETTLE_MS));
+        let req = admit(&format!("rtt{i}"));
+        let t = Instant::now();
+        let answer = rt.block_on(probe.quota_admit(node_c, &req, Duration::from_secs(5)));
+        rtt.push(t.elapsed().as_secs_f64() * 1e3);
+        match answer {
+            Ok(fleet::quota::AdmitAnswer::Admitted {
+                class: fleet::quota::QuotaClass::Guaranteed,
+                ..
+            }) => {}
+            other => panic!("admit round trip {i}: expected a guaranteed admission, got {other:?}"),
+        }
+        let rel = fleet::quota::ReleaseRequest { container_id: req.container_id.clone() };
+        rt.block_on(probe.quota_release(node_c, &rel)).expect("quota release");
+    }
+
+    // Each daemon's grant round trip alone (`POST /v1/allocations`, gpu=1), the grant's
+    // quota mark checked outside the timing, released at once.
+    let annotations: std::collections::BTreeMap<String, String> =
+        ann.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let bundle = dir.join("quota-parts-bundle");
+    std::fs::create_dir_all(&bundle).expect("bundle");
+    let mut grant: [Vec<f64>; 3] = Default::default();
+    for i in 0..n {
+        for k in 0..3 {
+            let p = (i + k) % 3;
+            let d = &daemons[p];
+            let id = format!("qg{}{i}", d.label);
+            let req = tessera_api::AllocateRequest {
+                container_id: id.parse().expect("container id"),
+                runc_root: root.to_string_lossy().into_owned(),
+                bundle: bundle.to_string_lossy().into_owned(),
+                request: tessera_api::GpuRequest::Gpu { count: 1 },
+                request_source: tessera_api::RequestSource::Annotation,
+                annotations: annotations.clone(),
+                limits: None,
+            };
+            std::thread::sleep(Duration::from_millis(SETTLE_MS));
+            let t = Instant::now();
+            let a = d.client.allocate(&req).expect("allocate gpu=1");
+            grant[p].push(t.elapsed().as_secs_f64() * 1e3);
+            let class = a.quota.as_ref().map(|m| (m.class, m.under_lease));
+            let expected = match d.label {
+                "a" => None,
+                _ => Some((tessera_api::QuotaClass::Guaranteed, false)),
+            };
+            assert_eq!(class, expected, "path {} ({}): grant {id}'s quota mark", d.label, d.what);
+            d.client.release(&id).expect("release");
+        }
+    }
+
+    // Every container of path c was admitted by the coordinator (not by a lease), and the
+    // books are flat again: nothing held on any node, nothing counted for the tenant.
+    let log = coordinator.proc.stderr();
+    let mut admits: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for l in log.lines().filter(|l| l.contains("quota admitted")) {
+        if let Some(id) = l.split_whitespace().find_map(|w| w.strip_prefix("container=")) {
+            *admits.entry(id).or_default() += 1;
+        }
+    }
+    let once_each = (0..n).filter(|i| admits.get(format!("qc{i}").as_str()) == Some(&1)).count();
+    let t0 = Instant::now();
+    let in_use = loop {
+        let s = rt.block_on(admin.quota_status()).expect("quota status");
+        let used: u64 = s.paths.iter().filter(|r| r.path == QUOTA_PATH).map(|r| r.in_use).sum();
+        if used == 0 || t0.elapsed() > Duration::from_secs(10) {
+            break used;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for d in &daemons {
+        let held = d.client.status().expect("status").allocations.len();
+        assert_eq!(held, 0, "path {}: grants left after the benchmark", d.label);
+    }
+
+    let stats3 = |v: &[f64]| stats(v.to_vec());
+    println!(
+        "\nGPU container start (gpu=1, whole H100, simulated 8xH100 node without MIG, tenant \
+         {QUOTA_TENANT} within its guarantee of {QUOTA_GUARANTEE}), {n} interleaved runs each (ms)\n"
+    );
+    println!("| path | p50 | p99 | mean |");
+    println!("|---|---|---|---|");
+    for (d, v) in daemons.iter().zip(&e2e) {
+        let (p50, p99, mean) = stats3(v);
+        println!("| ({}) tessera-runtime, {} | {p50:.2} | {p99:.2} | {mean:.2} |", d.label, d.what);
+    }
+    let diff = |x: &[f64], y: &[f64]| -> Vec<f64> { x.iter().zip(y).map(|(a, b)| a - b).collect() };
+    println!("\nadded latency, paired per iteration (ms; ± the 95% interval of the mean)\n");
+    println!("| difference | p50 | p99 | mean |");
+    println!("|---|---|---|---|");
+    for (name, x, y) in [
+        ("(b) - (a): quotas, own books", &e2e[1], &e2e[0]),
+        ("(c) - (a): quotas, coordinator", &e2e[2], &e2e[0]),
+        ("(c) - (b): coordinator vs own books", &e2e[2], &e2e[1]),
+    ] {
+        let d = diff(x, y);
+        let ci = ci95(&d);
+        let (p50, p99, mean) = stats(d);
+        println!("| {name} | {p50:.2} | {p99:.2} | {mean:.2} ± {ci:.2} |");
+    }
+    println!("\nround trips alone, {n} each, every one after a {SETTLE_MS} ms pause (ms)\n");
+    println!("| round trip | p50 | p99 | mean |");
+    println!("|---|---|---|---|");
+    let (r50, r99, rmean) = stats3(&rtt);
+    println!("| POST /v1/nodes/{{node}}/quota/admit (client -> coordinator, loopback) | {r50:.3} | {r99:.3} | {rmean:.3} |");
+    for (d, v) in daemons.iter().zip(&grant) {
+        let (p50, p99, mean) = stats3(v);
+        println!(
+            "| ({}) POST /v1/allocations gpu=1, {} | {p50:.3} | {p99:.3} | {mean:.3} |",
+            d.label, d.what
+        );
+    }
+    println!("\ngrant round trip, paired per iteration (ms; ± the 95% interval of the mean)\n");
+    println!("| difference | p50 | p99 | mean |");
+    println!("|---|---|---|---|");
+    for (name, x, y) in [("(b) - (a)", &grant[1], &grant[0]), ("(c) - (a)", &grant[2], &grant[0])] {
+        let d = diff(x, y);
+        let ci = ci95(&d);
+        let (p50, p99, mean) = stats(d);
+        println!("| {name} | {p50:.3} | {p99:.3} | {mean:.3} ± {ci:.3} |");
+    }
+    let (c50, _, _) = stats(diff(&e2e[2], &e2e[0]));
+    let (g50, _, _) = stats(diff(&grant[2], &grant[0]));
+    println!(
+        "\nacceptance (at most one round trip added): start (c) - (a) p50 {c50:.2} ms, grant \
+         (c) - (a) p50 {g50:.3} ms, against the admit round trip p50 {r50:.3} ms"
+    );
+    println!(
+        "checks: {once_each} of path c's {n} timed containers admitted by exactly one \
+         admission in the coordinator's log; tenant path {QUOTA_PATH} holds {in_use} micro-GPUs \
+         in the coordinator's books at the end; no grant left on any node"
+    );
+    assert_eq!(once_each, n, "each path c container was admitted by the coordinator, once");
+    assert_eq!(in_use, 0, "the coordinator's books are flat at the end");
+    drop(daemons);
+}
+
+/// Half the width of the normal 95% interval of the mean of `v` (1.96 standard errors).
+fn ci95(v: &[f64]) -> f64 {
+    let n = v.len() as f64;
+    if v.len() < 2 {
+        return f64::NAN;
+    }
+    let mean = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    1.96 * (var / n).sqrt()
 }
 
 fn unsafe_is_not_root() -> bool {
