@@ -424,22 +424,6 @@ pub fn ledger_class(mark: Option<&tessera_api::QuotaMark>) -> metering::Class {
     }
 }
 
-/// `quota::Class` of the wire.
-pub fn api_class(c: ::fleet::quota::QuotaClass) -> QuotaClass {
-    match c {
-        ::fleet::quota::QuotaClass::Guaranteed => QuotaClass::Guaranteed,
-        ::fleet::quota::QuotaClass::Borrowed => QuotaClass::Borrowed,
-    }
-}
-
-/// The wire class of a mark.
-pub fn wire_class(c: QuotaClass) -> ::fleet::quota::QuotaClass {
-    match c {
-        QuotaClass::Guaranteed => ::fleet::quota::QuotaClass::Guaranteed,
-        QuotaClass::Borrowed => ::fleet::quota::QuotaClass::Borrowed,
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // The gate: the coordinator round trips, the leases, the clock.
 // ---------------------------------------------------------------------------------------
@@ -819,9 +803,7 @@ impl QuotaGate {
 /// The controller's view of an answer.
 fn verdict(answer: AdmitAnswer) -> Verdict {
     match answer {
-        AdmitAnswer::Admitted { class, over } => {
-            Verdict::Admitted { class: api_class(class), over }
-        }
+        AdmitAnswer::Admitted { class, over } => Verdict::Admitted { class, over },
         AdmitAnswer::Reclaiming { retry_after_s, victims, message } => {
             Verdict::Reclaiming { retry_after_s, victims, message }
         }

@@ -972,27 +972,9 @@ fn a_borrowed_gang_that_never_assembles_does_not_keep_a_guarantee_from_its_owner
 const PATHS: &[&str] =
     &["acme", "acme/a", "acme/b", "acme/ml", "acme/ml/vision", "acme/ml/vision/alice"];
 
+/// A random valid tree over [`PATHS`], in half GPUs up to 8 GPUs.
 fn arb_tree() -> impl Strategy<Value = QuotaTree> {
-    prop::collection::vec((any::<bool>(), 0u64..=16, 0u64..=16, any::<bool>()), PATHS.len())
-        .prop_filter_map("valid", |limits| {
-            let mut entries = Vec::new();
-            for ((on, g, extra, has_g), path) in limits.iter().zip(PATHS) {
-                if !on {
-                    continue;
-                }
-                let g = *g as f64 / 2.0;
-                let c = g + *extra as f64 / 2.0;
-                let body = if *has_g {
-                    format!(r#"{{"guarantee": {g}, "ceiling": {c}}}"#)
-                } else {
-                    format!(r#"{{"ceiling": {c}}}"#)
-                };
-                entries.push(format!(r#""{path}": {{"gpus": {{"{H100}": {body}}}}}"#));
-            }
-            let spec: QuotaSpec =
-                serde_json::from_str(&format!("{{{}}}", entries.join(","))).ok()?;
-            spec.validate("quotas", |t| PATHS.contains(&t)).ok()
-        })
+    crate::proptests::arb_tree_in(PATHS, 2, 16)
 }
 
 #[derive(Debug, Clone)]

@@ -11,15 +11,26 @@ const PATHS: &[&str] = &["acme", "acme/a", "acme/b", "acme/a/p", "acme/a/p/u", "
 /// A random valid tree: each path may get a GPU guarantee and a ceiling (in quarter GPUs);
 /// invalid combinations (children above parents) are dropped by validation itself.
 fn arb_tree() -> impl Strategy<Value = QuotaTree> {
-    prop::collection::vec((any::<bool>(), 0u64..=40, 0u64..=40, any::<bool>()), PATHS.len())
-        .prop_filter_map("valid", |limits| {
+    arb_tree_in(PATHS, 4, 40)
+}
+
+/// A random valid tree over `paths`: each path may get a guarantee and a ceiling of H100s,
+/// each a whole number of `1/steps` GPUs up to `max_steps` of them; invalid combinations
+/// (children above parents) are dropped by validation itself.
+pub(crate) fn arb_tree_in(
+    paths: &'static [&'static str],
+    steps: u64,
+    max_steps: u64,
+) -> impl Strategy<Value = QuotaTree> {
+    prop::collection::vec((any::<bool>(), 0..=max_steps, 0..=max_steps, any::<bool>()), paths.len())
+        .prop_filter_map("valid", move |limits| {
             let mut entries = Vec::new();
-            for ((on, g, extra, has_g), path) in limits.iter().zip(PATHS) {
+            for ((on, g, extra, has_g), path) in limits.iter().zip(paths) {
                 if !on {
                     continue;
                 }
-                let g = *g as f64 / 4.0;
-                let c = g + *extra as f64 / 4.0;
+                let g = *g as f64 / steps as f64;
+                let c = g + *extra as f64 / steps as f64;
                 let body = if *has_g {
                     format!(r#"{{"guarantee": {g}, "ceiling": {c}}}"#)
                 } else {
@@ -29,7 +40,7 @@ fn arb_tree() -> impl Strategy<Value = QuotaTree> {
             }
             let spec: QuotaSpec =
                 serde_json::from_str(&format!("{{{}}}", entries.join(","))).ok()?;
-            spec.validate("quotas", |t| PATHS.contains(&t)).ok()
+            spec.validate("quotas", |t| paths.contains(&t)).ok()
         })
 }
 

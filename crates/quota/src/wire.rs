@@ -76,22 +76,9 @@ impl Amounts {
     }
 }
 
-/// Whether a grant runs within its tenant's guarantees or on borrowed capacity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum QuotaClass {
-    Guaranteed,
-    Borrowed,
-}
-
-impl QuotaClass {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            QuotaClass::Guaranteed => "guaranteed",
-            QuotaClass::Borrowed => "borrowed",
-        }
-    }
-}
+/// Whether a grant runs within its tenant's guarantees or on borrowed capacity: the
+/// node's grant mark and the protocol share one type.
+pub use tessera_api::QuotaClass;
 
 impl From<crate::Class> for QuotaClass {
     fn from(c: crate::Class) -> Self {

@@ -152,7 +152,7 @@ impl Node {
                     container_id: a.container_id.clone(),
                     tenant: a.tenant.clone(),
                     amounts: quota::mark_amounts(m),
-                    class: quota::wire_class(m.class),
+                    class: m.class,
                     started_ms: a.created_ms,
                     gang: m.gang.clone(),
                     workload: a.workload.as_ref().map(|w| w.display_name()),
