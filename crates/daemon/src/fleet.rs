@@ -328,6 +328,7 @@ impl Fleet {
         s.applied_version = Some(version);
         s.applied_digest = Some(digest.to_string());
         s.applied_at_ms = Some(::fleet::now_ms());
+        s.rejections_at_apply = s.rejections;
     }
 
     /// What `GET /v1/status` shows under `policy.coordinator`.

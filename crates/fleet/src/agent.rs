@@ -166,6 +166,10 @@ pub struct AgentStatus {
     pub last_rejection: Option<Rejection>,
     /// How many revisions were refused since start.
     pub rejections: u64,
+    /// `rejections` when the policy in force was applied: a refusal since then is still
+    /// open even within the same millisecond as the apply, and one before it is not.
+    #[serde(default)]
+    pub rejections_at_apply: u64,
     /// The last time a coordinator answered.
     pub last_contact_ms: Option<u64>,
     /// The coordinator URL last used.
@@ -199,7 +203,8 @@ impl AgentStatus {
     pub fn open_rejection(&self) -> Option<&Rejection> {
         self.last_rejection.as_ref().filter(|r| {
             r.kind != LOCAL_OVERRIDE
-                && self.applied_at_ms.is_none_or(|t| r.at_ms >= t)
+                && (self.rejections > self.rejections_at_apply
+                    || self.applied_at_ms.is_none_or(|t| r.at_ms > t))
                 && !(r.kind == OLDER && self.older_cleared_ms.is_some_and(|t| t >= r.at_ms))
         })
     }
@@ -510,6 +515,7 @@ impl PolicyAgent {
         s.source_reason = None;
         s.applied_digest = Some(verified.digest.clone());
         s.applied_at_ms = Some(now_ms());
+        s.rejections_at_apply = s.rejections;
         s.source = PolicySource::Coordinator;
         s.apply_error = None;
         s.last_error = None;
@@ -794,6 +800,14 @@ mod tests {
         assert_eq!(s.health(), "ok", "the operator's override is no problem");
         s.last_rejection = Some(rejection("forged", t + 1));
         assert_eq!(s.health(), "degraded");
+        // Within the apply's own millisecond, the order decides: a refusal counted before
+        // the apply is resolved by it, one counted after is open.
+        let (at_apply, last) = (s.rejections_at_apply, s.last_rejection.clone());
+        s.last_rejection = Some(rejection("forged", t));
+        assert_eq!(s.health(), "ok", "refused before the apply, in the same millisecond");
+        s.rejections = s.rejections_at_apply + 1;
+        assert_eq!(s.health(), "degraded", "refused after the apply, in the same millisecond");
+        (s.rejections, s.rejections_at_apply, s.last_rejection) = (at_apply, at_apply, last);
         assert!(s.report().last_rejection.is_some_and(|r| r.contains("version 2")));
         s.applied_at_ms = Some(t + 2);
         assert_eq!(s.health(), "ok", "a policy applied since the refusal");

@@ -272,10 +272,26 @@ async fn forged_unsigned_tampered_and_older_policies_are_refused_with_reasons() 
         );
     }
 
-    // A genuine newer version is still taken at once.
+    // A genuine newer version is still taken at once, and the node reports itself healthy
+    // with it. (Read from the report the agent sends right after the apply: this liar keeps
+    // serving version 8 whatever the poll asks for, so the agent's next poll refuses it as
+    // older — a replay, rightly degraded — and the live status may already say so.)
     set(json(&genuine(8)));
     running.wait_for("version 8", WITHIN, |s| s.applied_version == Some(8)).await;
-    assert_eq!(running.status().health(), "ok");
+    eventually("a report of version 8", WITHIN, || {
+        let any = liar.reports.lock().expect("lock").iter().any(|r| r["applied_version"] == 8);
+        async move { any }
+    })
+    .await;
+    let first_with_8 = liar
+        .reports
+        .lock()
+        .expect("lock")
+        .iter()
+        .find(|r| r["applied_version"] == 8)
+        .cloned()
+        .expect("a report of version 8");
+    assert_eq!(first_with_8["health"], "ok", "{first_with_8:#}");
     drop(running);
     server.abort();
 }
