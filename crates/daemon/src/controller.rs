@@ -474,7 +474,7 @@ impl Controller {
         let policy_version = plan.policy_version;
         let stopped = revoke::stop(plan.host.as_ref(), plan.targets, grace);
         self.locked(|n| {
-            n.record_revocations(&stopped);
+            n.record_stops(revoke::StopCause::Revoked, &stopped);
             Ok(())
         })?;
         Ok(revoke::StopReport { policy_version, grace_s: grace.as_secs(), stopped })
@@ -603,7 +603,7 @@ impl Controller {
                         Duration::from_millis(100),
                     );
                     let released = ctl.locked(|n| {
-                        n.record_preemptions(&stopped);
+                        n.record_stops(crate::node::revoke::StopCause::Preempted, &stopped);
                         let released = n.release_preempted(&empty);
                         Ok((released, n.take_quota_released()))
                     });

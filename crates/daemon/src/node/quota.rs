@@ -293,19 +293,6 @@ impl Node {
         }
         out
     }
-
-    /// Record what a reclaim's stop did, one `preempt` event per container.
-    pub(crate) fn record_preemptions(&mut self, stopped: &[Stopped]) {
-        for s in stopped {
-            let r = &s.refused;
-            warn!(container = %r.container_id, tenant = %r.tenant, request = %r.request,
-                  outcome = ?s.outcome, "preempted borrowed grant: {}", s.detail);
-            let detail = format!("{:?}: {}", s.outcome, s.detail);
-            if let Err(e) = self.store.event("preempt", Some(&r.container_id), &detail) {
-                warn!("cannot record a preemption: {e}");
-            }
-        }
-    }
 }
 
 #[cfg(test)]

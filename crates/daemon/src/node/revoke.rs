@@ -156,6 +156,32 @@ pub struct Target {
     pub pid_start: Option<u64>,
 }
 
+/// Why grants were stopped: the policy in force refuses them (`revoke-check --stop`), or
+/// a quota reclaim took them (borrowed work).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopCause {
+    Revoked,
+    Preempted,
+}
+
+impl StopCause {
+    /// The event kind recorded for each stop.
+    pub fn event(self) -> &'static str {
+        match self {
+            StopCause::Revoked => "revoke",
+            StopCause::Preempted => "preempt",
+        }
+    }
+
+    /// The log line's words.
+    fn what(self) -> &'static str {
+        match self {
+            StopCause::Revoked => "revoked grant",
+            StopCause::Preempted => "preempted borrowed grant",
+        }
+    }
+}
+
 /// What a stop signals, taken under the node lock and carried out without it ([`stop`]).
 #[derive(Debug)]
 pub struct StopPlan {
@@ -356,15 +382,16 @@ impl Node {
         Ok(StopPlan { targets, host: self.host.clone(), policy_version: version })
     }
 
-    /// Record what a stop did, one `revoke` event per container (and a log line).
-    pub fn record_revocations(&mut self, stopped: &[Stopped]) {
+    /// Record what a stop did: one event per container (`revoke` or `preempt`, with the
+    /// outcome) and a log line.
+    pub fn record_stops(&mut self, cause: StopCause, stopped: &[Stopped]) {
         for s in stopped {
             let r = &s.refused;
             warn!(container = %r.container_id, tenant = %r.tenant, request = %r.request, rule = %r.rule,
-                  outcome = ?s.outcome, "revoked grant: {}", s.detail);
+                  outcome = ?s.outcome, "{}: {}", cause.what(), s.detail);
             let detail = format!("{:?}: {}", s.outcome, s.detail);
-            if let Err(e) = self.store.event("revoke", Some(&r.container_id), &detail) {
-                warn!("cannot record a revocation: {e}");
+            if let Err(e) = self.store.event(cause.event(), Some(&r.container_id), &detail) {
+                warn!("cannot record a stop ({}): {e}", cause.event());
             }
         }
     }
