@@ -9,33 +9,12 @@
 //! `requests+demand` where best admits less than first-fit, `better` where it is at least
 //! as good on both and strictly better on one, `equal` where both are the same.
 
-use std::path::Path;
+use slicer::replay::{replay_with, Fractions, Placement, Queue, ReplayConfig, Tenants};
 
-use slicer::replay::{replay_with, Fractions, Placement, Queue, ReplayConfig, Tenants, Trace};
-use slicer::tracegen::{generate, Mix, DEFAULT_LOAD_GPUS};
-
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/alibaba-gpu-v2023");
+mod common;
 
 fn main() -> Result<(), String> {
-    let args: Vec<u64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-    let n = args.first().copied().unwrap_or(3000) as usize;
-    let seed = args.get(1).copied().unwrap_or(1);
-    let max_wait_s = args.get(2).copied().unwrap_or(3600);
-    let mut traces = Vec::new();
-    let shared = if n >= 1000 { 3 } else { 0 };
-    for f in [
-        "openb_pod_list_default.csv",
-        "openb_pod_list_gpushare100.csv",
-        "openb_pod_list_multigpu50.csv",
-    ]
-    .into_iter()
-    .take(shared)
-    {
-        traces.push(Trace::load_alibaba(&Path::new(DATA).join(f)).map_err(|e| e.to_string())?);
-    }
-    for mix in Mix::ALL {
-        traces.push(generate(mix, n, seed, DEFAULT_LOAD_GPUS));
-    }
+    let (max_wait_s, traces) = common::args_and_family()?;
     println!(
         "{:<44} {:>2} {:<5} {:<5} | {:>6} {:>6} {:>7} | {:>9} {:>9} {:>7} | {:>5} {:>5} {:>5} {:>5} | {:<7}",
         "trace", "n", "frac", "queue", "best", "ff", "d adm", "best GPUh", "ff GPUh", "d dem",

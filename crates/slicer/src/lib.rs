@@ -16,11 +16,15 @@
 //! - [`replay`](mod@replay): replays a request trace (the Alibaba GPU trace) on simulated nodes with
 //!   the real placement code, to compare placement strategies (the CLI's `tessera sim`).
 //! - [`tracegen`]: seeded synthetic traces of other request mixes (the replay's family).
+//! - [`adversary`]: for any two placements whose starts differ on a trace, a trace on
+//!   which the first admits fewer requests than the second (why no placement beats
+//!   first-fit on every trace without being first-fit).
 //! - [`layout`]: declared MIG layouts and the plan that converges to them without
 //!   touching instances in use (pure), and its execution on a backend.
 //! - [`injection`]: the device nodes and environment a container needs for its devices
 //!   (pure).
 
+pub mod adversary;
 pub mod backend;
 /// The GPU catalog and declared layouts live in the pure `catalog` crate (the policy crate
 /// uses it without NVML); re-exported here so `slicer::catalog::...` keeps working.
@@ -58,5 +62,7 @@ pub use sim::SimBackend;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_adversary;
 #[cfg(test)]
 mod tests_mig;

@@ -528,6 +528,10 @@ pub(crate) struct Observation<'a> {
     /// The request just rejected, if the event was a rejection.
     pub rejected: Option<Mapped>,
     pub waiting: usize,
+    /// The event's time, in trace seconds.
+    pub time: u64,
+    /// The requests (trace indices) started by this event.
+    pub started: &'a [usize],
 }
 
 /// A live grant.
@@ -686,6 +690,7 @@ pub(crate) fn replay_observed(
         now = t;
         let (r, q) = (&trace.requests[i], reqs[i]);
         let mut rejected = None;
+        let mut started = Vec::new();
         match kind {
             1 => {
                 let Some(ask) = q.ask else { continue };
@@ -695,6 +700,7 @@ pub(crate) fn replay_observed(
                 report.decisions += 1;
                 if let Some(g) = grant {
                     st.admit(&mut report, &mut live, &mut events, i, &q, &ask, g, t);
+                    started.push(i);
                 } else {
                     let allowed = cluster.policy_allows(&ask);
                     if !allowed {
@@ -746,6 +752,7 @@ pub(crate) fn replay_observed(
                 }
                 for k in admitted_now {
                     waiting.remove(&k);
+                    started.push(k.1);
                 }
             }
         }
@@ -757,6 +764,8 @@ pub(crate) fn replay_observed(
             demand_running: st.demand,
             rejected,
             waiting: waiting.len(),
+            time: t,
+            started: &started,
         });
     }
     let peak = st.peak;

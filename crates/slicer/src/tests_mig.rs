@@ -809,10 +809,7 @@ fn the_default_trace_outlier_is_its_months_long_rows() {
 
 /// The small family: every generated mix, 400 requests, at 1, 2, 4 and 8 nodes.
 fn small_family() -> Vec<Trace> {
-    crate::tracegen::Mix::ALL
-        .into_iter()
-        .map(|m| crate::tracegen::generate(m, 400, 11, crate::tracegen::DEFAULT_LOAD_GPUS))
-        .collect()
+    crate::tracegen::family(None, 400, 11).expect("generated traces only")
 }
 
 fn config(

@@ -9,9 +9,17 @@
 //! fraction), so one to four 8-GPU nodes contend and eight barely do at the default 40.
 
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
 
-use crate::replay::{Trace, TraceRequest};
+use crate::replay::{Trace, TraceError, TraceRequest};
+
+/// The shared Alibaba pod lists of the family, in `data/alibaba-gpu-v2023`.
+pub const SHARED_LISTS: [&str; 3] = [
+    "openb_pod_list_default.csv",
+    "openb_pod_list_gpushare100.csv",
+    "openb_pod_list_multigpu50.csv",
+];
 
 /// Shortest and longest duration, seconds.
 const DURATION_S: (f64, f64) = (600.0, 86_400.0);
@@ -160,6 +168,19 @@ impl Rng {
     fn exp(&mut self, mean: f64) -> f64 {
         -mean * (1.0 - self.unit()).ln()
     }
+}
+
+/// The trace family the placements are compared on: the [`SHARED_LISTS`] read from
+/// `shared_dir` (None: without them), then every [`Mix`] with `n` requests from `seed`.
+pub fn family(shared_dir: Option<&Path>, n: usize, seed: u64) -> Result<Vec<Trace>, TraceError> {
+    let mut traces = Vec::new();
+    if let Some(dir) = shared_dir {
+        for f in SHARED_LISTS {
+            traces.push(Trace::load_alibaba(&dir.join(f))?);
+        }
+    }
+    traces.extend(Mix::ALL.into_iter().map(|mix| generate(mix, n, seed, DEFAULT_LOAD_GPUS)));
+    Ok(traces)
 }
 
 /// `n` requests of `mix` from `seed`, keeping `load_gpus` GPUs of demand running on
