@@ -16,8 +16,8 @@
 //! - [`replay`](mod@replay): replays a request trace (the Alibaba GPU trace) on simulated nodes with
 //!   the real placement code, to compare placement strategies (the CLI's `tessera sim`).
 //! - [`tracegen`]: seeded synthetic traces of other request mixes (the replay's family).
-//! - [`adversary`]: for any two placements whose starts differ on a trace, a trace on
-//!   which the first admits fewer requests than the second (why no placement beats
+//! - [`adversary`]: for any two placements whose starts differ on a trace (with a bounded
+//!   wait), a trace on which the first admits fewer requests than the second (why no placement beats
 //!   first-fit on every trace without being first-fit).
 //! - [`layout`]: declared MIG layouts and the plan that converges to them without
 //!   touching instances in use (pure), and its execution on a backend.
@@ -64,5 +64,7 @@ pub use sim::SimBackend;
 mod tests;
 #[cfg(test)]
 mod tests_adversary;
+#[cfg(test)]
+mod tests_adversary_attack;
 #[cfg(test)]
 mod tests_mig;

@@ -772,7 +772,8 @@ pub(crate) fn replay_observed(
     let last = st.last_departure.max(last_trace);
     let span = if first == u64::MAX { 0 } else { last.saturating_sub(first) };
     report.slice_seconds_allocated = u64::try_from(st.unit_seconds / 1000).unwrap_or(u64::MAX);
-    report.slice_seconds_capacity = u64::from(gpus) * u64::from(COMPUTE_SLICES) * span;
+    report.slice_seconds_capacity =
+        (u64::from(gpus) * u64::from(COMPUTE_SLICES)).saturating_mul(span);
     if report.slice_seconds_capacity > 0 {
         report.utilisation =
             report.slice_seconds_allocated as f64 / report.slice_seconds_capacity as f64;

@@ -146,3 +146,13 @@ fn a_replay_error_is_reported_not_hidden() {
         Err(AdversaryError::Replay(replay::ReplayError::UnknownModel { .. }))
     ));
 }
+
+#[test]
+fn a_trace_too_long_for_the_capacity_counter_saturates_it() {
+    // 4e17 s × 56 compute slices passes u64::MAX: the capacity saturates, never panics.
+    let t = trace(vec![row("long", 1, 1000, 0, 400_000_000_000_000_000)]);
+    let r =
+        replay::replay_with(&t, &config(1, Placement::Best, false, Queue::Drop)).expect("replay");
+    assert_eq!(r.admitted, 1);
+    assert_eq!(r.slice_seconds_capacity, u64::MAX);
+}
