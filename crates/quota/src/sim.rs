@@ -458,6 +458,23 @@ struct Unit {
     key: Key,
 }
 
+impl Unit {
+    /// A unit of job `j` (input index `i`) alone so far: a job, or a gang's first member.
+    fn first(j: &Job, i: usize, member: Member, gpu: u64, id: String, key: Key) -> Unit {
+        Unit {
+            id,
+            tenant: j.tenant.clone(),
+            jobs: vec![i],
+            members: vec![member],
+            resources: j.resources.clone(),
+            gpu,
+            arrival: j.arrival_s,
+            duration: j.duration_s,
+            key,
+        }
+    }
+}
+
 /// Requests of one tenant with the same key are interchangeable but for their order.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Key {
@@ -506,17 +523,9 @@ fn units_of(jobs: &[Job], fleet: &Fleet) -> Result<Vec<Unit>, SimError> {
     for (i, j) in jobs.iter().enumerate() {
         let gpu = j.resources.get(&Resource::gpu(&fleet.model));
         match &j.gang {
-            None => units.push(Unit {
-                id: j.id.clone(),
-                tenant: j.tenant.clone(),
-                jobs: vec![i],
-                members: vec![members[i]],
-                resources: j.resources.clone(),
-                gpu,
-                arrival: j.arrival_s,
-                duration: j.duration_s,
-                key: Key::One(members[i]),
-            }),
+            None => {
+                units.push(Unit::first(j, i, members[i], gpu, j.id.clone(), Key::One(members[i])))
+            }
             Some(g) => {
                 if let Some(&u) = gangs.get(g.as_str()) {
                     let unit: &mut Unit = &mut units[u];
@@ -537,17 +546,8 @@ fn units_of(jobs: &[Job], fleet: &Fleet) -> Result<Vec<Unit>, SimError> {
                     unit.duration = unit.duration.max(j.duration_s);
                 } else {
                     gangs.insert(g, units.len());
-                    units.push(Unit {
-                        id: format!("gang {g}"),
-                        tenant: j.tenant.clone(),
-                        jobs: vec![i],
-                        members: vec![members[i]],
-                        resources: j.resources.clone(),
-                        gpu,
-                        arrival: j.arrival_s,
-                        duration: j.duration_s,
-                        key: Key::Gang(g.clone()),
-                    });
+                    let (id, key) = (format!("gang {g}"), Key::Gang(g.clone()));
+                    units.push(Unit::first(j, i, members[i], gpu, id, key));
                 }
             }
         }
