@@ -219,20 +219,8 @@ impl Node {
                 .iter()
                 .find(|r| r.allocation.container_id == a.container_id)
                 .and_then(|r| r.pid_start);
-            let target = Target {
-                refused: Refused {
-                    container_id: a.container_id.clone(),
-                    tenant: a.tenant.clone(),
-                    trust: a.trust.clone(),
-                    request: a.request.to_string(),
-                    state: a.state,
-                    pid: a.pid,
-                    workload: a.workload.clone(),
-                    rule: "quotas".into(),
-                    message: v.reason.clone(),
-                },
-                pid_start,
-            };
+            let target =
+                Target { refused: Refused::of(&a, "quotas".into(), v.reason.clone()), pid_start };
             match groups.iter_mut().find(|(g, _)| *g == grace) {
                 Some((_, ts)) => ts.push(target),
                 None => groups.push((grace, vec![target])),

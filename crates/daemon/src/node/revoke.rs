@@ -56,6 +56,23 @@ pub struct Refused {
     pub message: String,
 }
 
+impl Refused {
+    /// Grant `a`, refused by `rule` with `message`.
+    pub(crate) fn of(a: &Allocation, rule: String, message: String) -> Refused {
+        Refused {
+            container_id: a.container_id.clone(),
+            tenant: a.tenant.clone(),
+            trust: a.trust.clone(),
+            request: a.request.to_string(),
+            state: a.state,
+            pid: a.pid,
+            workload: a.workload.clone(),
+            rule,
+            message,
+        }
+    }
+}
+
 /// `GET /v1/revoke-check`: the answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RevokeCheck {
@@ -131,17 +148,7 @@ pub fn refused(policy: &Policy, node: &str, grants: &[Allocation]) -> Vec<Refuse
                 .tenant(&a.tenant)
                 .unwrap_or_else(|| Tenant { path: a.tenant.clone(), trust });
             let refusal = policy.authorize(&tenant, &a.request, node).err()?;
-            Some(Refused {
-                container_id: a.container_id.clone(),
-                tenant: a.tenant.clone(),
-                trust: a.trust.clone(),
-                request: a.request.to_string(),
-                state: a.state,
-                pid: a.pid,
-                workload: a.workload.clone(),
-                rule: refusal.rule,
-                message: refusal.message,
-            })
+            Some(Refused::of(a, refusal.rule, refusal.message))
         })
         .collect();
     out.sort_by(|a, b| a.container_id.cmp(&b.container_id));
