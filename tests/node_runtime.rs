@@ -303,7 +303,7 @@ fn hostile_rootfs_and_image_env_cannot_reach_the_host() {
 
 #[test]
 fn no_device_is_ever_held_twice_across_200_cycles_with_kill9_and_none_leaks() {
-    let mut node = Node::start_with(NodeOptions { pending_grace_ms: 500, ..Default::default() });
+    let mut node = Node::start();
     let mut rng = rand::rngs::StdRng::seed_from_u64(2026);
     let requests = ["mig=1g.10gb", "mig=2g.20gb", "gpu=1", "mig=3g.40gb"];
     let namespaces = ["team-untrusted", "team-trusted", "team-dev"];
@@ -385,6 +385,36 @@ fn restart_keeps_live_grants_and_frees_those_whose_containers_vanished() {
     let gone = wait_for(|| c.allocation("goes").is_err(), Duration::from_secs(10));
     assert!(gone, "grant of a container deleted while tesserad was down was not reclaimed");
     assert_eq!(c.allocation("stays").expect("live grant kept"), before);
+}
+
+#[test]
+fn a_create_slower_than_many_reconciler_ticks_keeps_its_grant_and_starts() {
+    // The prestart hook answers 2 s after the grant (a create on a loaded machine): ten
+    // reconciler ticks see the grant pending with no state.json in runc's root yet.
+    let mut node = Node::start();
+    let slow_hook = node.fx.path("slow-hook");
+    std::fs::write(
+        &slow_hook,
+        format!("#!/bin/sh\n/bin/sleep 2\nexec {} \"$@\"\n", tessera_hook()),
+    )
+    .expect("write slow hook");
+    std::fs::set_permissions(&slow_hook, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let socket = node.socket.display().to_string();
+    let hook = slow_hook.display().to_string();
+    node.fx.set_runtime(
+        tessera_runtime(),
+        &[("TESSERA_RUNC", RUNC), ("TESSERA_SOCKET", &socket), ("TESSERA_HOOK", &hook)],
+    );
+    let b = node.bundle("slow", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    let started = std::time::Instant::now();
+    let pid = node.fx.run_detached(&b, "slow");
+    assert!(started.elapsed() >= Duration::from_secs(2), "the slow hook did not run");
+    let a = node.client().allocation("slow").expect("grant kept through the slow create");
+    assert_eq!(a.state, tessera_api::AllocationState::Running);
+    assert_eq!(a.pid, Some(pid));
+    node.fx.delete_container("slow", true).assert_success("delete");
+    let e = node.client().allocation("slow").unwrap_err();
+    assert_eq!(e.api_error().map(|e| e.code), Some(ErrorCode::NotFound), "{e}");
 }
 
 #[test]

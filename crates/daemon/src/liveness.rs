@@ -51,7 +51,10 @@ pub enum CgroupProcs {
 ///   these holds. A grant with no recorded cgroup (schema 1) is gone when runc has no
 ///   container and its init has exited.
 /// - Pending (granted, not yet confirmed by the prestart hook): alive while runc knows the
-///   container, or while younger than `grace_ms` (runc creates its state after we answer).
+///   container, or while younger than `grace_ms`. runc (1.1) writes `state.json` only
+///   after the prestart hooks ran, so during a create (our answer, runc's set-up, the
+///   hook's confirm) only the grace keeps the grant: it must outlast the slowest create
+///   (tesserad's default is 60 s).
 pub fn judge(
     state: AllocationState,
     recorded_pid_start: Option<u64>,

@@ -21,6 +21,16 @@ pub fn repo(p: &str) -> PathBuf {
 pub struct NodeOptions {
     pub policy: PathBuf,
     pub node_file: PathBuf,
+    /// `--pending-grace-ms`: by default tesserad's own (60 s), so the reconciler's clock
+    /// never decides a create. A GPU container's grant is pending from tesserad's answer to
+    /// the wrapper until the prestart hook confirms it, and runc (1.1) writes the container's
+    /// `state.json` only after its prestart hooks ran: until the confirm, nothing but this
+    /// grace keeps the grant from the reconciler. That window (the wrapper's config edit,
+    /// runc's start-up, cgroup and mount set-up, the hook's start) measured 40–100 ms idle
+    /// and up to 333 ms with both cores of a 2-core machine busy; the 1.5 s this default
+    /// once was raced it on a loaded CI runner (the create failed in its prestart hook:
+    /// "has no GPU allocation on this node"). A test about reclaiming never-started grants
+    /// sets a short grace itself.
     pub pending_grace_ms: u64,
     /// `--reconcile-interval-ms`: short by default, so tests see vanished containers soon.
     pub reconcile_interval_ms: u64,
@@ -34,7 +44,7 @@ impl Default for NodeOptions {
         NodeOptions {
             policy: repo("examples/policy.json"),
             node_file: repo("examples/nodes/h100x8.json"),
-            pending_grace_ms: 1500,
+            pending_grace_ms: 60_000,
             reconcile_interval_ms: 200,
             extra_args: Vec::new(),
             env: Vec::new(),
