@@ -195,7 +195,11 @@ pub fn punish(
     // Up to `t`, as it was; then nothing starts until `x`, where everything departs but
     // the held request.
     let (mut requests, held_row) = truncated(trace, t, x, &ours_at, &rival_at, held);
-    let cut = Trace { requests: requests.clone(), ..trace.clone() };
+    let cut = Trace {
+        source: trace.source.clone(),
+        requests: requests.clone(),
+        synthetic_times: trace.synthetic_times,
+    };
     let n_ours = started_at_t(&starts(&cut, config)?);
     let n_rival = started_at_t(&starts(&cut, &rival_config)?);
     let case = match held {
