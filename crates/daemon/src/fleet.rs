@@ -478,27 +478,12 @@ struct Mark {
 }
 
 fn load_mark(path: &Path) -> Result<Mark, String> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| format!("usage upload mark {}: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Mark::default()),
-        Err(e) => Err(format!("usage upload mark {}: {e}", path.display())),
-    }
+    Ok(crate::durable::load_json(path, "usage upload mark")?.unwrap_or_default())
 }
 
-/// Write the mark: temporary file, fsync, rename, fsync the directory.
+/// Write the mark durably.
 fn store_mark(path: &Path, mark: &Mark) -> Result<(), String> {
-    use std::io::Write as _;
-    let what = |e: std::io::Error| format!("usage upload mark {}: {e}", path.display());
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(what)?;
-    let json = serde_json::to_vec(mark).map_err(|e| e.to_string())?;
-    let tmp = path.with_extension("json.tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(what)?;
-    f.write_all(&json).and_then(|()| f.sync_all()).map_err(what)?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(what)?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(what)
+    crate::durable::store_json(path, "usage upload mark", mark)
 }
 
 /// Uploads closed ledger intervals to the coordinator.

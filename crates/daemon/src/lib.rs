@@ -10,6 +10,7 @@
 pub mod cdi;
 pub mod controller;
 pub mod device_plugin;
+mod durable;
 pub mod exits;
 pub mod fleet;
 pub mod host;

@@ -874,28 +874,12 @@ fn restored_expiry(f: &LeaseFile, now_ms: u64, now: Instant) -> Option<Instant> 
 }
 
 fn load_leases(path: &Path) -> Result<Option<LeaseFile>, String> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| format!("quota leases {}: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("quota leases {}: {e}", path.display())),
-    }
+    crate::durable::load_json(path, "quota leases")
 }
 
-/// Write the leases: temporary file, fsync, rename, fsync the directory.
+/// Write the leases durably.
 fn store_leases(path: &Path, f: &LeaseFile) -> Result<(), String> {
-    use std::io::Write as _;
-    let what = |e: std::io::Error| format!("quota leases {}: {e}", path.display());
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(what)?;
-    let json = serde_json::to_vec(f).map_err(|e| e.to_string())?;
-    let tmp = path.with_extension("json.tmp");
-    let mut file = std::fs::File::create(&tmp).map_err(what)?;
-    file.write_all(&json).and_then(|()| file.sync_all()).map_err(what)?;
-    drop(file);
-    std::fs::rename(&tmp, path).map_err(what)?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(what)
+    crate::durable::store_json(path, "quota leases", f)
 }
 
 /// The node's capacity as a sync reports it: every GPU of the inventory as one whole GPU

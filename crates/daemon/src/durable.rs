@@ -1,0 +1,35 @@
+//! Small JSON state files that must survive a crash: read (absent is not an error) and
+//! written whole (temporary file, fsync, rename, fsync the directory), so a reader sees
+//! the old file or the new one, never a torn one. Errors name the file and what it holds.
+
+use std::io::Write as _;
+use std::path::Path;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// The value in `path`, or None where there is no such file. `what` names it in errors
+/// (`quota leases`, `usage upload mark`).
+pub(crate) fn load_json<T: DeserializeOwned>(path: &Path, what: &str) -> Result<Option<T>, String> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| format!("{what} {}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{what} {}: {e}", path.display())),
+    }
+}
+
+/// Write `value` to `path` durably (see the module documentation).
+pub(crate) fn store_json<T: Serialize>(path: &Path, what: &str, value: &T) -> Result<(), String> {
+    let err = |e: std::io::Error| format!("{what} {}: {e}", path.display());
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let json = serde_json::to_vec(value).map_err(|e| e.to_string())?;
+    let tmp = path.with_extension("json.tmp");
+    let mut file = std::fs::File::create(&tmp).map_err(err)?;
+    file.write_all(&json).and_then(|()| file.sync_all()).map_err(err)?;
+    drop(file);
+    std::fs::rename(&tmp, path).map_err(err)?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err)
+}
