@@ -510,8 +510,17 @@ fn the_api_socket_admits_only_root() {
     let mode = std::fs::metadata(&node.socket).expect("socket").permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
 
+    // uid 65534 must be able to run the CLI wherever the checkout is (a clone under a
+    // 0700 directory, as `mktemp -d` makes, would refuse it the binary, not the socket):
+    // a copy in a directory anyone may enter.
+    let bin_dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod bin dir");
+    let cli = bin_dir.path().join("tessera");
+    std::fs::copy(tessera_cli(), &cli).expect("copy the CLI");
+    std::fs::set_permissions(&cli, std::fs::Permissions::from_mode(0o755)).expect("chmod cli");
     let as_nobody = || {
-        let mut cmd = Command::new(tessera_cli());
+        let mut cmd = Command::new(&cli);
         cmd.arg("--socket").arg(&node.socket).arg("status").uid(65534).gid(65534);
         run_cmd(&mut cmd)
     };
