@@ -317,10 +317,14 @@ fn at_version(node: &Node, version: u64, source: &str) -> NodeStatus {
 }
 
 fn alloc_req(id: &str, ns: &str, request: &str) -> AllocateRequest {
+    alloc_req_in(id, ns, request, &format!("/b/{id}"))
+}
+
+fn alloc_req_in(id: &str, ns: &str, request: &str, bundle: &str) -> AllocateRequest {
     AllocateRequest {
         container_id: id.parse().expect("a valid container id"),
         runc_root: "/nonexistent".into(),
-        bundle: format!("/b/{id}"),
+        bundle: bundle.into(),
         request: request.parse().expect("a well-formed request"),
         request_source: RequestSource::Annotation,
         annotations: [(NS.to_string(), ns.to_string())].into_iter().collect(),
@@ -349,12 +353,14 @@ fn assert_untrusted_gpu_refused(node: &Node, id: &str) {
         .expect("the trusted tier still gets a GPU");
 }
 
-/// A granted, running allocation (its "container" is this test process).
-fn hold(node: &Node, id: &str, ns: &str, request: &str) -> Allocation {
+/// A granted, running allocation, and its "container" (a stand-in init: the grant lasts
+/// while it lives).
+fn hold(node: &Node, id: &str, ns: &str, request: &str) -> (Allocation, FakeContainer) {
     let c = node.client();
-    c.allocate(&alloc_req(id, ns, request)).expect("allocate");
-    c.start(id, &StartRequest { pid: std::process::id() as i32, bundle: format!("/b/{id}") })
-        .expect("start")
+    let init = node.fx.fake_container(id);
+    c.allocate(&alloc_req_in(id, ns, request, &init.bundle_str())).expect("allocate");
+    let a = c.start(id, &StartRequest { pid: init.pid, bundle: init.bundle_str() }).expect("start");
+    (a, init)
 }
 
 fn lkg_source(node: &Node) -> String {
@@ -407,7 +413,7 @@ fn a_push_reaches_both_nodes_and_forged_unsigned_and_older_revisions_are_refused
         assert_eq!(fleet_of(&s).current.as_deref(), Some(p.url.as_str()));
     }
     // Under version 1 the untrusted tier may hold a whole GPU: one does, and keeps it.
-    let held = hold(&a, "held-u", "team-untrusted", "gpu=1");
+    let (held, _held_init) = hold(&a, "held-u", "team-untrusted", "gpu=1");
 
     // A push reaches both nodes.
     let t0 = Instant::now();
@@ -702,8 +708,9 @@ fn a_node_credential_cannot_push_or_read_the_fleet() {
 fn run_containers(node: &Node, prefix: &str, n: usize, ms: u64) {
     for i in 0..n {
         let id = format!("{prefix}{i}");
-        hold(node, &id, "team-trusted", "gpu=1");
+        let (_, init) = hold(node, &id, "team-trusted", "gpu=1");
         std::thread::sleep(Duration::from_millis(ms));
+        drop(init); // the container is gone: its release is granted
         node.client().release(&id).expect("release");
     }
 }

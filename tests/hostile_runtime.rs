@@ -211,10 +211,18 @@ fn a_forged_label_on_a_plain_container_releases_nothing_and_its_delete_needs_no_
 /// shares the pod's) whose init starts a worker and exits at once. Returns (init pid,
 /// the container's devices cgroup dir).
 fn start_leaving_a_worker(node: &Node, id: &str) -> (i32, PathBuf) {
+    // A pod's sandbox holds the pid namespace its containers join (Kubernetes'
+    // shareProcessNamespace): a container's init exiting leaves its other processes running.
+    let sandbox_id = format!("{id}-sandbox");
+    let sandbox = node.bundle(&sandbox_id, "team-trusted", None, &["sleep", "300"]);
+    let sandbox_pid = node.fx.run_detached(&sandbox, &sandbox_id);
     let mut b = node.bundle(id, "team-trusted", Some("gpu=1"), &["sh", "-c", "sleep 300 & exit 0"]);
     b.mutate(|c| {
-        let ns = c["linux"]["namespaces"].as_array_mut().unwrap();
-        ns.retain(|n| n["type"] != "pid");
+        for n in c["linux"]["namespaces"].as_array_mut().unwrap() {
+            if n["type"] == "pid" {
+                n["path"] = json!(format!("/proc/{sandbox_pid}/ns/pid"));
+            }
+        }
     })
     .write();
     node.fx.create_container(&b, id).assert_success("create");

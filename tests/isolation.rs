@@ -312,14 +312,14 @@ fn a_gpu_container_that_could_rewrite_its_device_cgroup_is_refused() {
             Box::new(|c: &mut Value| {
                 c["mounts"].as_array_mut().unwrap().push(json!({"destination": "/hostcg", "type": "bind", "source": "/sys/fs/cgroup", "options": ["rbind", "rw"]}))
             }),
-            "bind mount",
+            "an rbind of /sys/fs/cgroup brings",
         ),
         (
             "hostsys-rbind-ro",
             Box::new(|c: &mut Value| {
                 c["mounts"].as_array_mut().unwrap().push(json!({"destination": "/hostsys", "type": "bind", "source": "/sys", "options": ["rbind", "ro"]}))
             }),
-            "bind mount",
+            "an rbind of /sys brings",
         ),
         (
             "cgroup-rw",

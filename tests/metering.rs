@@ -124,11 +124,11 @@ fn three_tenants_known_durations_usage_and_metrics_agree() {
     );
 }
 
-fn alloc_req(id: &str, request: &str) -> AllocateRequest {
+fn alloc_req_in(id: &str, request: &str, bundle: &str) -> AllocateRequest {
     AllocateRequest {
         container_id: id.parse().expect("a valid container id"),
         runc_root: "/nonexistent".into(),
-        bundle: format!("/b/{id}"),
+        bundle: bundle.into(),
         request: request.parse().expect("a well-formed request"),
         request_source: RequestSource::Annotation,
         annotations: [(NS.to_string(), "team-dev".to_string())].into_iter().collect(),
@@ -171,7 +171,6 @@ fn kill9_during_1000_interval_events_counts_every_interval_exactly_once() {
         ],
         ..Default::default()
     });
-    let me = std::process::id() as i32; // a live pid for every "container"
     let requests = ["gpu=1", "mig=1g.10gb", "mig=2g.20gb", "gpu=2"];
     let mut rng = rand::rngs::StdRng::seed_from_u64(6);
     let mut kills = 0;
@@ -181,20 +180,22 @@ fn kill9_during_1000_interval_events_counts_every_interval_exactly_once() {
         let id = format!("m{i}");
         let r = requests[i % requests.len()];
         let c = node.client();
-        retry("allocate", || c.allocate(&alloc_req(&id, r)));
+        let init = node.fx.fake_container(&id);
+        retry("allocate", || c.allocate(&alloc_req_in(&id, r, &init.bundle_str())));
         if Instant::now() >= next_kill {
             node.crash_and_restart();
             kills += 1;
             next_kill = Instant::now() + Duration::from_millis(rng.gen_range(50..400));
         }
         let c = node.client();
-        retry("start", || c.start(&id, &StartRequest { pid: me, bundle: format!("/b/{id}") }));
+        retry("start", || c.start(&id, &StartRequest { pid: init.pid, bundle: init.bundle_str() }));
         if Instant::now() >= next_kill {
             node.crash_and_restart();
             kills += 1;
             next_kill = Instant::now() + Duration::from_millis(rng.gen_range(50..400));
         }
         let c = node.client();
+        drop(init); // the container is gone: its release is granted
         retry("release", || c.release(&id));
     }
     assert!(kills >= 5, "only {kills} kills: the test did not exercise crashes");

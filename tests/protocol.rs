@@ -62,8 +62,18 @@ fn a_previous_minor_wrapper_and_hook_get_their_grant_start_and_release() {
     let node = node();
     let answered = format!("tessera-protocol: {PROTOCOL}");
 
+    // The fixtures' bundle, replaced by a stand-in container's (its init, in namespaces and
+    // a cgroup of its own, is what the prestart confirmation checks).
+    let init = node.fx.fake_container(ID);
+    let bundle = "/run/containerd/io.containerd.runtime.v2.task/k8s.io/compat-1-0";
+    let fake_bundle = init.bundle_str();
+    let ours = |name: &str| {
+        let text = String::from_utf8(fixture(name)).expect("utf8");
+        assert!(text.contains(bundle), "{text}");
+        text.replace(bundle, &fake_bundle)
+    };
     let (status, head, body) =
-        send(&node.socket, "POST", "/v1/allocations", None, &fixture("allocate.json"));
+        send(&node.socket, "POST", "/v1/allocations", None, ours("allocate.json").as_bytes());
     let text = String::from_utf8_lossy(&body);
     assert_eq!(status, 200, "1.0 allocate: {text}");
     assert!(head.contains(&answered), "{head}");
@@ -73,22 +83,23 @@ fn a_previous_minor_wrapper_and_hook_get_their_grant_start_and_release() {
     assert_eq!(grant.devices.len(), 1);
     assert!(grant.injection.env.iter().any(|e| e.starts_with("CUDA_VISIBLE_DEVICES=")));
 
-    // The hook's prestart body, its pid placeholder replaced by a live pid (this process).
-    let start = String::from_utf8(fixture("start.json")).expect("utf8");
+    // The hook's prestart body, its pid placeholder replaced by the stand-in's.
+    let start = ours("start.json");
     assert!(start.contains("\"pid\":1,"), "{start}");
-    let start = start.replace("\"pid\":1,", &format!("\"pid\":{},", std::process::id()));
+    let start = start.replace("\"pid\":1,", &format!("\"pid\":{},", init.pid));
     let (status, _, body) =
         send(&node.socket, "POST", &format!("/v1/allocations/{ID}/start"), None, start.as_bytes());
     assert_eq!(status, 200, "1.0 start: {}", String::from_utf8_lossy(&body));
     let started: Allocation = serde_json::from_slice(&body).expect("allocation");
     assert_eq!(started.state, AllocationState::Running);
 
+    drop(init); // the container is gone
     let (status, _, body) = send(
         &node.socket,
         "DELETE",
         &format!("/v1/allocations/{ID}"),
         None,
-        &fixture("release.json"),
+        ours("release.json").as_bytes(),
     );
     let text = String::from_utf8_lossy(&body);
     assert_eq!(status, 200, "1.0 release: {text}");

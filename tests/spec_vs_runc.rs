@@ -401,3 +401,184 @@ fn what_tessera_decides_is_what_runc_enforces() {
     assert!(accepted >= CASES / 4, "too few accepted for the property to mean much: {accepted}");
     assert!(nontrivial >= 5, "too few accepted configs with rules of their own: {nontrivial}");
 }
+
+/// Issue 23, the property for mounts: what Tessera decides about a GPU container's mounts is
+/// what runc and the kernel make of them.
+///
+/// Generated mount lists (seeded: `SPEC_VS_RUNC_SEED`) mix every type runc treats apart
+/// (bind under any `type`, `cgroup`, `cgroup2`, `sysfs`, `tmpfs`), options in any order with
+/// duplicates (`ro`/`rw`, `bind`/`rbind`, `rro`/`rrw`, `remount`, propagation), and sources
+/// spelled every way the kernel resolves: links (in the fixture and inside the bundle,
+/// relative to it), `..`, `/proc/self/root`, and parents of the cgroup mount point (bind
+/// and rbind). Tessera's decision is the wrapper's checks and then tesserad's reading of
+/// the mounts runc made (the prestart check, here on the created container's table). For
+/// every config both accept, real runc runs it and a probe inside the container opens for
+/// writing a control file of every cgroup hierarchy and sysfs it can see (a read-only
+/// view refuses the open with EROFS; nothing is written) and opens every GPU node: no
+/// hierarchy may be writable, and the GPU nodes it can open must be exactly the granted
+/// ones.
+#[test]
+fn the_mounts_tessera_accepts_give_no_writable_cgroup_or_sysfs_in_runc() {
+    const MOUNT_CASES: usize = 128;
+    let fx = Fixture::new();
+    let marker = fx.path("hook-ran");
+    let hook = fx.path("hook.sh");
+    fs::write(&hook, format!("#!/bin/sh\ncat > /dev/null\necho \"$1\" >> {}\n", marker.display()))
+        .unwrap();
+    fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let hooks = HookConfig { path: hook.clone(), socket: fx.path("unused.sock") };
+    let inj = mig_injection();
+    // Spellings that lead to the host's cgroups (or not) through links.
+    let link = fx.path("cglink");
+    std::os::unix::fs::symlink("/sys/fs/cgroup", &link).unwrap();
+    let plain = fx.path("plain");
+    fs::create_dir_all(&plain).unwrap();
+    let link = link.display().to_string();
+    let sources: Vec<String> = vec![
+        "/sys/fs/cgroup".into(),
+        "/sys/fs/cgroup/devices".into(),
+        "/sys/fs/cgroup/cpu".into(),
+        "/sys/fs".into(),
+        "/sys".into(),
+        "/proc/self/root/sys/fs/cgroup/devices".into(),
+        "/sys/fs/cgroup/../cgroup/devices".into(),
+        format!("{link}/devices"),
+        link.clone(),
+        "bundle-link".into(),
+        "bundle-link/../devices".into(),
+        plain.display().to_string(),
+        plain.display().to_string(),
+        "/etc".into(),
+        "rootfs/m0".into(),
+    ];
+    let types = ["bind", "bind", "bind", "none", "cgroup", "cgroup2", "sysfs", "tmpfs"];
+    let options = [
+        "bind", "rbind", "ro", "ro", "ro", "rw", "rro", "rro", "rrw", "nosuid", "nodev",
+        "rprivate", "private",
+    ];
+    // Rarer: each refused outright, so a few suffice.
+    let hazards = ["remount", "rslave", "shared"];
+    let facts = runtime_hook::mounts::LinuxHostFacts::read().unwrap();
+    let seed: u64 =
+        std::env::var("SPEC_VS_RUNC_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(23);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (mut accepted, mut refused, mut at_prestart, mut runc_refused, mut views) = (0, 0, 0, 0, 0);
+    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+    let probe = "awk '{for(i=7;i<=NF;i++) if($i==\"-\"){print $5, $(i+1)}}' /proc/self/mountinfo | \
+                 while read -r mp t; do \
+                   case $t in \
+                     cgroup|cgroup2) f=\"$mp/cgroup.procs\";; \
+                     sysfs) f=$(find \"$mp\" -maxdepth 3 -name uevent -type f 2>/dev/null | head -n 1);; \
+                     *) continue;; \
+                   esac; \
+                   [ -n \"$f\" ] && [ -f \"$f\" ] || continue; echo \"V $mp\"; \
+                   if (exec 3>>\"$f\") 2>/dev/null; then echo \"W $mp $t\"; fi; \
+                 done; \
+                 for d in /dev/nvidia* /dev/nvidia-caps/*; do \
+                   [ -c \"$d\" ] || continue; \
+                   e=$( (exec 3<\"$d\") 2>&1 ) && { echo \"O $d\"; continue; }; \
+                   case $e in *'not permitted'*) ;; *) echo \"O $d\";; esac; \
+                 done";
+    for case in 0..MOUNT_CASES {
+        let id = format!("m{case}");
+        let mut b = fx.bundle(&id);
+        b.args(&["sleep", "30"]);
+        std::os::unix::fs::symlink("/sys/fs/cgroup", b.dir().join("bundle-link")).unwrap();
+        let n = rng.gen_range(1..3);
+        let mut mounts = Vec::new();
+        for i in 0..n {
+            let typ = *pick(&mut rng, &types);
+            let mut opts: Vec<&str> = (0..rng.gen_range(0..5))
+                .map(|_| {
+                    if rng.gen_bool(0.04) {
+                        *pick(&mut rng, &hazards)
+                    } else {
+                        *pick(&mut rng, &options)
+                    }
+                })
+                .collect();
+            // Mostly with the flag that makes it one (without it runc mounts a filesystem
+            // called "bind", which does not exist).
+            if typ == "bind" && rng.gen_bool(0.8) {
+                let at = rng.gen_range(0..=opts.len());
+                opts.insert(at, if rng.gen_bool(0.5) { "bind" } else { "rbind" });
+            }
+            let source = pick(&mut rng, &sources).clone();
+            mounts.push(json!({"destination": format!("/m{i}"), "type": typ, "source": source,
+                               "options": opts}));
+        }
+        let root_prop = *pick(
+            &mut rng,
+            &[None, None, None, None, None, None, None, None, Some("rslave"), Some("rprivate")],
+        );
+        b.mutate(|c| {
+            c["mounts"].as_array_mut().unwrap().extend(mounts.clone());
+            if let Some(p) = root_prop {
+                c["linux"]["rootfsPropagation"] = json!(p);
+            }
+        });
+        let raw = serde_json::to_string(b.config()).unwrap();
+        let label = format!("case {case} (seed {seed}): mounts {mounts:?}, root {root_prop:?}");
+        let decided = (|| -> Result<Value, spec::SpecError> {
+            let mut v = spec::parse_config(&b.config_path(), raw.as_bytes())?;
+            spec::check_rootfs(b.dir(), &v)?;
+            spec::check_gpu_spec(&v)?;
+            spec::check_host_facts(b.dir(), &v, &facts)?;
+            spec::apply_injection(&mut v, &inj, &hooks)?;
+            Ok(v)
+        })();
+        let v = match decided {
+            Err(e) => {
+                refused += 1;
+                let msg = e.to_string();
+                assert!(msg.len() < 600 && !msg.contains('\n'), "bounded, one line: {msg}");
+                let class = msg.split(": ").nth(1).unwrap_or("?").chars().take(40).collect();
+                *reasons.entry(class).or_insert(0) += 1;
+                continue;
+            }
+            Ok(v) => v,
+        };
+        fs::write(b.config_path(), serde_json::to_vec(&v).unwrap()).unwrap();
+        let out = fx.create_container(&b, &id);
+        if !out.status.success() {
+            // runc refuses some mounts for reasons of its own (a `bind` type without the
+            // flag, a missing source): nothing runs.
+            runc_refused += 1;
+            if std::env::var_os("SPEC_VS_RUNC_VERBOSE").is_some() {
+                eprintln!("{label}\nrunc: {}", out.stderr_str());
+            }
+            continue;
+        }
+        let pid = fx.container_pid(&id).expect("created container has a pid");
+        // tesserad's check at prestart, on the table runc made.
+        let table = tessera_api::mountinfo::parse(
+            &fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap(),
+        )
+        .unwrap();
+        if !tessera_api::mountinfo::findings(&table).is_empty() {
+            at_prestart += 1;
+            fx.delete_container(&id, true).assert_success("delete");
+            continue;
+        }
+        accepted += 1;
+        fx.start_container(&id).assert_success("start");
+        let seen = fx.exec(&id, &["sh", "-c", probe]);
+        seen.assert_success("probe");
+        let seen = String::from_utf8_lossy(&seen.stdout).to_string();
+        views += seen.lines().filter(|l| l.starts_with("V ")).count();
+        let writable: Vec<&str> = seen.lines().filter(|l| l.starts_with("W ")).collect();
+        assert!(writable.is_empty(), "{label}\nwritable inside: {writable:?}\nmounts: {table:?}");
+        let opened: BTreeSet<String> =
+            seen.lines().filter_map(|l| l.strip_prefix("O ")).map(str::to_string).collect();
+        let granted: BTreeSet<String> = inj.devices.iter().map(|d| d.path.clone()).collect();
+        assert_eq!(opened, granted, "{label}\nGPU nodes the container opens");
+        fx.delete_container(&id, true).assert_success("delete");
+    }
+    eprintln!(
+        "{MOUNT_CASES} mount cases: {accepted} accepted and probed ({views} cgroup/sysfs views \
+         seen read-only), {refused} refused by the wrapper, {at_prestart} at prestart, \
+         {runc_refused} refused by runc: {reasons:?}"
+    );
+    assert!(accepted >= MOUNT_CASES / 8, "too few accepted for the property to mean much");
+    assert!(views >= accepted, "every accepted container sees at least one read-only view");
+}

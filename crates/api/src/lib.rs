@@ -5,11 +5,13 @@
 //! The client is deliberately tiny and synchronous: `tessera-runtime` sits on the start
 //! path of every GPU container, so it must not pay for an async runtime's start-up.
 
+pub mod cgroup;
 pub mod client;
 pub mod cri;
 pub mod deviceplugin;
 pub mod display;
 pub mod ids;
+pub mod mountinfo;
 pub mod protocol;
 pub mod request;
 pub mod time;
@@ -94,10 +96,19 @@ pub fn gpu_majors_path(socket: &Path) -> PathBuf {
 
 /// Writes [`gpu_majors_path`] atomically (a file beside it, then rename), mode 0644.
 pub fn write_gpu_majors(socket: &Path, majors: &[u32]) -> std::io::Result<()> {
+    let text: String = majors.iter().map(|m| format!("{m}\n")).collect();
+    write_beside(&gpu_majors_path(socket), text.as_bytes())
+}
+
+/// Replaces `path` atomically with `bytes`, mode 0644: a new file beside it (never through
+/// a link), then rename. Not fsynced: the files written so (beside tesserad's socket) are
+/// derived state that tesserad writes again at start.
+pub fn write_beside(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let path = gpu_majors_path(socket);
-    let tmp = path.with_extension("gpu-majors.tmp");
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -105,9 +116,8 @@ pub fn write_gpu_majors(socket: &Path, majors: &[u32]) -> std::io::Result<()> {
         .mode(0o644)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)?;
-    let text: String = majors.iter().map(|m| format!("{m}\n")).collect();
-    f.write_all(text.as_bytes())?;
-    std::fs::rename(&tmp, &path)
+    f.write_all(bytes)?;
+    std::fs::rename(&tmp, path)
 }
 
 /// Reads [`gpu_majors_path`]: the majors it lists (none when absent or unreadable; lines

@@ -577,6 +577,10 @@ pub struct NodeStatus {
     /// The newest audit events, newest first.
     #[serde(default)]
     pub events: Vec<EventStatus>,
+    /// Reconciler passes completed since tesserad started: what a caller waits on to know
+    /// that the reconciler has looked at the node again.
+    #[serde(default)]
+    pub reconcile_passes: u64,
 }
 
 /// A string map whose keys must be unique: serde_json (like Go) would keep the last of two,

@@ -34,6 +34,25 @@ pub trait Host: Send + Sync + fmt::Debug {
     /// Whether the pids this host reports are this kernel's processes, so a pidfd can watch
     /// them exit (false for a fixture: its pids name nothing).
     fn watches_exits(&self) -> bool;
+    /// The mounts a container keeps, as the kernel lists them (`/proc/<pid>/mountinfo` of
+    /// its init at the prestart hook): those at or below its root, the bundle's
+    /// `root.path` (runc hooks run before `pivot_root`, when the namespace still holds
+    /// the host's mounts, which `pivot_root` then drops), each mount point shown as the
+    /// container will see it. What a GPU container may not hold is judged on these
+    /// ([`tessera_api::mountinfo::findings`]).
+    fn container_mounts(
+        &self,
+        pid: i32,
+        bundle: &Path,
+    ) -> Result<Vec<tessera_api::mountinfo::MountEntry>, String>;
+    /// The processes in cgroup `rel` (and below it) that are not of the container whose
+    /// init is `init`: in another pid namespace than the init's (every process of a
+    /// container, `runc exec` ones included, is in its pid namespace). Each with its start
+    /// time, for [`Host::signal`].
+    fn cgroup_intruders(&self, rel: &str, init: i32) -> Vec<(i32, u64)>;
+    /// The namespaces (`mnt`, `pid`) that `pid` shares with tesserad itself: a GPU
+    /// container in the host's mount or pid namespace sees the host's cgroups.
+    fn shared_namespaces(&self, pid: i32) -> Result<Vec<&'static str>, String>;
     /// Send `signal` to `pid` only if it is still the process that started at `start`
     /// (clock ticks since boot, as [`Host::pid_start_time`] reads it). `Ok(false)`: it is
     /// gone, or the pid names another process now; nothing was sent.
@@ -153,9 +172,72 @@ impl Host for LinuxHost {
     fn watches_exits(&self) -> bool {
         true
     }
+    fn container_mounts(
+        &self,
+        pid: i32,
+        bundle: &Path,
+    ) -> Result<Vec<tessera_api::mountinfo::MountEntry>, String> {
+        let root = container_root(bundle)?;
+        let all = read_mount_table(&Path::new(PROC_ROOT).join(pid.to_string()).join("mountinfo"))?;
+        Ok(tessera_api::mountinfo::below(all, &root))
+    }
+    fn cgroup_intruders(&self, rel: &str, init: i32) -> Vec<(i32, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let proc = Path::new(PROC_ROOT);
+        let pidns = |pid: i32| {
+            std::fs::metadata(proc.join(pid.to_string()).join("ns/pid")).ok().map(|m| m.ino())
+        };
+        let Some(theirs) = pidns(init) else { return Vec::new() };
+        liveness::cgroup_pids(Path::new(CGROUP_ROOT), rel)
+            .into_iter()
+            .filter(|&p| pidns(p).is_some_and(|ns| ns != theirs))
+            .filter_map(|p| Some((p, liveness::pid_start_time(proc, p)?)))
+            .collect()
+    }
+    fn shared_namespaces(&self, pid: i32) -> Result<Vec<&'static str>, String> {
+        use std::os::unix::fs::MetadataExt;
+        let mut shared = Vec::new();
+        for ns in ["mnt", "pid"] {
+            let theirs = Path::new(PROC_ROOT).join(pid.to_string()).join("ns").join(ns);
+            let ours = Path::new(PROC_ROOT).join("self/ns").join(ns);
+            let ino = |p: &Path| {
+                std::fs::metadata(p)
+                    .map(|m| (m.dev(), m.ino()))
+                    .map_err(|e| format!("cannot read {}: {e}", p.display()))
+            };
+            if ino(&theirs)? == ino(&ours)? {
+                shared.push(ns);
+            }
+        }
+        Ok(shared)
+    }
     fn signal(&self, pid: i32, start: u64, signal: Signal) -> Result<bool, String> {
         signal_process(pid, start, signal)
     }
+}
+
+/// The root a container's runc uses: the bundle's `root.path` (joined to the bundle when
+/// relative, as runc does), resolved by the kernel. The config is the one tessera-runtime
+/// checked and wrote; one that cannot be read is an error.
+fn container_root(bundle: &Path) -> Result<PathBuf, String> {
+    let file = bundle.join("config.json");
+    let bytes = std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let root = v
+        .pointer("/root/path")
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| format!("{} has no root.path", file.display()))?;
+    let root = bundle.join(root);
+    std::fs::canonicalize(&root).map_err(|e| format!("cannot resolve {}: {e}", root.display()))
+}
+
+/// Reads and parses a mountinfo file; unreadable or malformed is an error (a table that
+/// cannot be read is never judged clean).
+fn read_mount_table(file: &Path) -> Result<Vec<tessera_api::mountinfo::MountEntry>, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    tessera_api::mountinfo::parse(&text).map_err(|e| format!("{}: {e}", file.display()))
 }
 
 /// A host read from a directory tree laid out like the real one (`<dir>/proc/<pid>/stat`,
@@ -185,6 +267,28 @@ impl Host for TreeHost {
     }
     fn watches_exits(&self) -> bool {
         false
+    }
+    /// `<proc>/<pid>/mountinfo` where the fixture has one (all of it: a fixture's table is
+    /// the container's); none is an empty table.
+    fn container_mounts(
+        &self,
+        pid: i32,
+        _bundle: &Path,
+    ) -> Result<Vec<tessera_api::mountinfo::MountEntry>, String> {
+        let file = self.proc_root.join(pid.to_string()).join("mountinfo");
+        if file.exists() {
+            read_mount_table(&file)
+        } else {
+            Ok(Vec::new())
+        }
+    }
+    /// A fixture has no pid namespaces to tell apart.
+    fn cgroup_intruders(&self, _rel: &str, _init: i32) -> Vec<(i32, u64)> {
+        Vec::new()
+    }
+    /// A fixture's processes share nothing with this one.
+    fn shared_namespaces(&self, _pid: i32) -> Result<Vec<&'static str>, String> {
+        Ok(Vec::new())
     }
     fn signal(&self, pid: i32, start: u64, signal: Signal) -> Result<bool, String> {
         if self.pid_start_time(pid) != Some(start) {

@@ -194,7 +194,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     }
     let control = mpsd::ProcessControl::new(config.mps_control.clone());
     let mps = Arc::new(mpsd::Supervisor::new(Arc::new(control), config.state_dir.clone()));
-    let node = Node::new(NodeParts {
+    let mut node = Node::new(NodeParts {
         backend,
         policy: active,
         store,
@@ -210,6 +210,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         },
     })
     .map_err(DaemonError::Backend)?;
+    // For the wrapper, which refuses a container in a grant's cgroup without asking.
+    node.list_grant_cgroups_in(tessera_api::cgroup::grant_cgroups_path(&config.socket));
     info!(node = %node.inventory().node, gpus = node.inventory().gpus.len(),
           policy_version = node.policy().policy.version(), policy_source = %node.policy().source, "tesserad starting");
     let gpu_majors = node.inventory().majors.all();

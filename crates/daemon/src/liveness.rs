@@ -124,37 +124,27 @@ pub fn container_cgroup(proc_root: &Path, cgroup_root: &Path, pid: i32) -> Resul
 }
 
 /// The device-rule cgroup in a `/proc/<pid>/cgroup` text (see [`container_cgroup`]).
-pub fn parse_proc_cgroup(text: &str) -> Result<String, String> {
-    let mut devices = Vec::new();
-    let mut unified = Vec::new();
-    for line in text.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(_id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        if controllers.split(',').any(|c| c == "devices") {
-            devices.push(format!("{controllers}{path}"));
-        } else if controllers.is_empty() {
-            unified.push(path.trim_start_matches('/').to_string());
+pub use tessera_api::cgroup::parse_proc_cgroup;
+
+/// The processes in cgroup `rel` under `cgroup_root` and in every cgroup below it (none
+/// for a cgroup that cannot be read).
+pub fn cgroup_pids(cgroup_root: &Path, rel: &str) -> Vec<i32> {
+    let mut todo: Vec<PathBuf> = vec![cgroup_root.join(rel)];
+    let mut out = Vec::new();
+    while let Some(dir) = todo.pop() {
+        if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+            out.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+        }
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            todo.extend(
+                entries
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path()),
+            );
         }
     }
-    let rel = match (devices.len(), unified.len()) {
-        (1, _) => devices.remove(0),
-        (0, 1) => unified.remove(0),
-        (0, 0) => return Err("no devices (cgroup v1) or unified (v2) cgroup is listed".into()),
-        _ => return Err("more than one devices or unified cgroup is listed".into()),
-    };
-    let path = Path::new(&rel);
-    if path.is_absolute()
-        || path.components().any(|c| !matches!(c, std::path::Component::Normal(_)))
-    {
-        return Err(format!(
-            "cgroup path {} is not a plain relative path",
-            tessera_api::untrusted(&rel)
-        ));
-    }
-    Ok(rel)
+    out
 }
 
 /// How many processes are in the cgroup `rel` under `cgroup_root` and in every cgroup

@@ -93,6 +93,11 @@ pub struct Node {
     /// Containers whose quota-marked grants were released, not yet reported to the
     /// coordinator.
     quota_released: Vec<String>,
+    /// Where the cgroups of the running grants are listed for tessera-runtime
+    /// ([`tessera_api::cgroup::grant_cgroups_path`]; none in tests without a socket).
+    grant_cgroups_file: Option<std::path::PathBuf>,
+    /// Reconciler passes completed ([`tessera_api::NodeStatus::reconcile_passes`]).
+    reconcile_passes: u64,
 }
 
 /// Everything a [`Node`] is made of.
@@ -133,6 +138,8 @@ impl Node {
             failpoint: GrantFailpoint::from_env(),
             quota_holds: BTreeMap::new(),
             quota_released: Vec::new(),
+            grant_cgroups_file: None,
+            reconcile_passes: 0,
         })
     }
 

@@ -74,12 +74,16 @@ fn node_under(
 }
 
 fn req(id: &str, ns: &str, request: &str) -> AllocateRequest {
+    req_in(id, ns, request, &format!("/bundles/{id}"))
+}
+
+fn req_in(id: &str, ns: &str, request: &str, bundle: &str) -> AllocateRequest {
     let mut annotations = BTreeMap::new();
     annotations.insert("io.kubernetes.cri.sandbox-namespace".to_string(), ns.to_string());
     AllocateRequest {
         container_id: id.parse().expect("a valid container id"),
         runc_root: "/nonexistent/runc-root".into(),
-        bundle: format!("/bundles/{id}"),
+        bundle: bundle.into(),
         request: request.parse().expect("a well-formed request"),
         request_source: RequestSource::Annotation,
         annotations,
@@ -338,17 +342,26 @@ fn a_dirty_device_never_goes_to_another_tenant_before_a_verified_scrub() {
 fn start_confirms_only_known_containers_from_their_own_bundle() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut node = node_at(dir.path(), Duration::from_secs(60));
-    let me = std::process::id() as i32;
+    let fx = tessera_harness::Fixture::new();
+    let init = fx.fake_container("c1");
     let e = node
-        .start("ghost", &StartRequest { pid: me, bundle: "/bundles/ghost".into() })
+        .start("ghost", &StartRequest { pid: init.pid, bundle: "/bundles/ghost".into() })
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::NotFound);
-    node.allocate(&req("c1", "team-trusted", "gpu=1")).expect("granted");
-    let e = node.start("c1", &StartRequest { pid: me, bundle: "/elsewhere".into() }).unwrap_err();
+    node.allocate(&req_in("c1", "team-trusted", "gpu=1", &init.bundle_str())).expect("granted");
+    let e =
+        node.start("c1", &StartRequest { pid: init.pid, bundle: "/elsewhere".into() }).unwrap_err();
     assert_eq!(e.code, ErrorCode::Conflict);
-    let a =
-        node.start("c1", &StartRequest { pid: me, bundle: "/bundles/c1".into() }).expect("started");
-    assert_eq!(a.pid, Some(me));
+    let a = node
+        .start("c1", &StartRequest { pid: init.pid, bundle: init.bundle_str() })
+        .expect("started");
+    assert_eq!(a.pid, Some(init.pid));
+    // This process is no container: the host's namespaces, a cgroup of many processes.
+    let me = std::process::id() as i32;
+    node.allocate(&req("c2", "team-trusted", "gpu=1")).expect("granted");
+    let e = node.start("c2", &StartRequest { pid: me, bundle: "/bundles/c2".into() }).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Refused, "{e:?}");
+    assert!(e.message.contains("the host's mnt and pid namespace"), "{e:?}");
 }
 
 /// A host made of files: `/proc/<pid>/{stat,cgroup}` and cgroup v1 `devices/c/<id>`.
@@ -560,17 +573,22 @@ fn random_grant_release_sequences_never_double_assign_and_survive_restart() {
 #[test]
 fn metering_follows_start_release_and_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let me = std::process::id() as i32;
+    let fx = tessera_harness::Fixture::new();
+    let (mig_init, two_init) = (fx.fake_container("mig"), fx.fake_container("two"));
     {
         let mut node = node_at(dir.path(), Duration::from_secs(60));
-        node.allocate(&req("mig", "team-untrusted", "mig=3g.40gb")).expect("granted");
-        node.allocate(&req("two", "team-trusted", "gpu=2")).expect("granted");
+        node.allocate(&req_in("mig", "team-untrusted", "mig=3g.40gb", &mig_init.bundle_str()))
+            .expect("granted");
+        node.allocate(&req_in("two", "team-trusted", "gpu=2", &two_init.bundle_str()))
+            .expect("granted");
         assert!(
             node.intervals().expect("intervals").is_empty(),
             "metering starts at start, not at grant"
         );
-        node.start("mig", &StartRequest { pid: me, bundle: "/bundles/mig".into() }).expect("start");
-        node.start("two", &StartRequest { pid: me, bundle: "/bundles/two".into() }).expect("start");
+        for (id, init) in [("mig", &mig_init), ("two", &two_init)] {
+            node.start(id, &StartRequest { pid: init.pid, bundle: init.bundle_str() })
+                .expect("start");
+        }
         let open = node.intervals().expect("intervals");
         assert_eq!(open.len(), 3, "one interval per device");
         let mig = open.iter().find(|r| r.start.container_id == "mig").expect("mig interval");

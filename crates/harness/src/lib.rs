@@ -1474,6 +1474,51 @@ impl Fixture {
         self.container_pid(id).expect("running container has a pid")
     }
 
+    /// A stand-in for a container's init, for tests that drive tesserad's API without
+    /// runc: a process in mount and pid namespaces of its own (`unshare`), alone in a
+    /// cgroup of its own (`<cgroup_parent>/fake-<id>`, every hierarchy), and a bundle
+    /// whose config.json names its root — what tesserad's prestart confirmation checks of
+    /// a container. Killed (with its namespaces) when dropped.
+    pub fn fake_container(&self, id: &str) -> FakeContainer {
+        let bundle = self.dir.join("fake").join(id);
+        fs::create_dir_all(bundle.join("rootfs")).expect("fake bundle");
+        fs::write(bundle.join("config.json"), r#"{"root": {"path": "rootfs"}}"#)
+            .expect("fake config");
+        let mut unshare = Command::new("unshare")
+            .args(["--mount", "--pid", "--fork", "--kill-child", "sleep", "3600"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn unshare");
+        self.cleanup.track_pid(unshare.id());
+        let children = format!("/proc/{0}/task/{0}/children", unshare.id());
+        let mut pid = None;
+        let found = wait_for(
+            || {
+                pid = fs::read_to_string(&children)
+                    .ok()
+                    .and_then(|t| t.split_whitespace().next()?.parse::<i32>().ok());
+                pid.is_some()
+            },
+            Duration::from_secs(10),
+        );
+        if !found {
+            let _ = unshare.kill();
+            panic!("unshare started no child");
+        }
+        let pid = pid.expect("found");
+        let cgroup = format!("{}/fake-{id}", self.cgroup_parent());
+        self.cleanup.track_cgroup(&cgroup);
+        for m in cgroup_mounts() {
+            let dir = m.join(cgroup_rel(&cgroup));
+            if fs::create_dir_all(&dir).is_ok() {
+                let _ = fs::write(dir.join("cgroup.procs"), pid.to_string());
+            }
+        }
+        FakeContainer { pid, bundle, unshare }
+    }
+
     /// Starts a daemon with logs in `log_dir()`; its PID is also tracked by the cleanup.
     pub fn spawn<A, S, E, K, V>(
         &self,
@@ -1492,6 +1537,34 @@ impl Fixture {
         let cp = ChildProcess::spawn(name, program, args, env, &self.log_dir());
         self.cleanup.track_pid(cp.pid());
         cp
+    }
+}
+
+/// See [`Fixture::fake_container`].
+#[derive(Debug)]
+pub struct FakeContainer {
+    /// The stand-in init's pid (in the host's pid namespace).
+    pub pid: i32,
+    /// Its bundle: `config.json` naming `rootfs`.
+    pub bundle: PathBuf,
+    unshare: Child,
+}
+
+impl FakeContainer {
+    /// The bundle as the hook sends it.
+    pub fn bundle_str(&self) -> String {
+        self.bundle.display().to_string()
+    }
+}
+
+impl Drop for FakeContainer {
+    fn drop(&mut self) {
+        // The stand-in first, so that unshare (its parent) reaps it: a zombie is still
+        // listed in its cgroup, and a release checks the cgroup is empty.
+        kill9(self.pid);
+        let _ = wait_child(&mut self.unshare, Duration::from_secs(5));
+        let _ = self.unshare.kill();
+        let _ = self.unshare.wait();
     }
 }
 

@@ -24,6 +24,7 @@ pub mod docker;
 pub mod exec;
 pub mod hook;
 pub mod limits;
+pub mod mounts;
 pub mod request;
 pub mod runtime;
 pub mod spec;

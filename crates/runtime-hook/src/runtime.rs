@@ -270,6 +270,9 @@ pub fn prepare(
         .map_err(|source| fail(RuntimeError::Config { path: cfg.path.clone(), source }))?;
     spec::check_systemd_properties(&cfg.value)
         .map_err(|source| fail(RuntimeError::Config { path: cfg.path.clone(), source }))?;
+    // Every container: none joins the cgroup of a running GPU grant (tesserad's list beside
+    // its socket; the daemon is never asked).
+    check_cgroup_is_free(env, &inv, &cfg, &container_id).map_err(|e| fail(*e))?;
     // NVIDIA's own hooks (the toolkit's hooks.d entry) would give devices on their own
     // terms after every check here: refused in every config.
     docker::refuse_foreign_nvidia_hooks(&cfg.value).map_err(|e| fail(e.into()))?;
@@ -355,6 +358,8 @@ pub fn prepare(
     let config_err =
         |source: SpecError| fail(RuntimeError::Config { path: cfg.path.clone(), source });
     spec::check_gpu_spec(&cfg.value).map_err(config_err)?;
+    let host = crate::mounts::LinuxHostFacts::read().map_err(|e| config_err(e.into()))?;
+    spec::check_host_facts(&bundle, &cfg.value, &host).map_err(config_err)?;
     let hooks =
         HookConfig { path: env.hook_path().map_err(fail)?, socket: env.absolute(&env.socket) };
     if let Some(engine) = &env.engine {
@@ -401,6 +406,41 @@ pub fn prepare(
         inv,
         Prepared::Injected { container_id, allocation: Box::new(allocation), release: release_req },
     ))
+}
+
+/// [`spec::check_cgroup_is_free`] with tesserad's list and this process's cgroup. No list
+/// (no tesserad has run) or an empty one decides nothing; a list that cannot be read, or a
+/// cgroup of this process that cannot be told, refuses (fail closed: grants exist).
+fn check_cgroup_is_free(
+    env: &RuntimeEnv,
+    inv: &RuncInvocation,
+    cfg: &spec::LoadedConfig,
+    container_id: &str,
+) -> Result<(), Box<RuntimeError>> {
+    let config =
+        |source: SpecError| Box::new(RuntimeError::Config { path: cfg.path.clone(), source });
+    let list = tessera_api::cgroup::grant_cgroups_path(&env.absolute(&env.socket));
+    let grants = match tessera_api::cgroup::read_grant_cgroups(&env.absolute(&env.socket)) {
+        Ok(Some(g)) if !g.is_empty() => g,
+        Ok(_) => return Ok(()),
+        Err(e) => {
+            return Err(config(SpecError::CgroupTaken {
+                at: "linux.cgroupsPath".into(),
+                why: format!(
+                    "cannot read tesserad's list of GPU grant cgroups {}: {e}",
+                    list.display()
+                ),
+            }))
+        }
+    };
+    let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| {
+        config(SpecError::CgroupTaken {
+            at: "linux.cgroupsPath".into(),
+            why: format!("cannot read /proc/self/cgroup: {e}"),
+        })
+    })?;
+    spec::check_cgroup_is_free(&cfg.value, container_id, inv.global.systemd_cgroup, &own, &grants)
+        .map_err(config)
 }
 
 /// How long to wait for tesserad's answer: a gang member's admission waits for its gang.

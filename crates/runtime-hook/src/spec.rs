@@ -48,6 +48,45 @@ pub const NVIDIA_MAJOR: i64 = 195;
 /// `/dev/nvidia-uvm`, `/dev/nvidia-caps/...`).
 pub const NVIDIA_PATH_PREFIX: &str = "/dev/nvidia";
 
+/// Refuses a container (any container, GPU or not) that runc would put into the cgroup of
+/// a running GPU grant or below it: its processes would keep that grant's device rules —
+/// another tenant's GPU, open while the grant's own container runs and after it is gone.
+/// `grants` is tesserad's list beside its socket; `systemd` runc's `--systemd-cgroup`;
+/// `own_proc_cgroup` the `/proc/self/cgroup` text of this process, which runs runc (a
+/// relative `cgroupsPath` is below its cgroup).
+pub fn check_cgroup_is_free(
+    spec: &Value,
+    container_id: &str,
+    systemd: bool,
+    own_proc_cgroup: &str,
+    grants: &[String],
+) -> Result<(), SpecError> {
+    if grants.is_empty() {
+        return Ok(());
+    }
+    let path = match spec.pointer("/linux/cgroupsPath") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(p)) => Some(p.as_str()),
+        Some(_) => return Err(shape("linux.cgroupsPath", "expected a string")),
+    };
+    let at = "linux.cgroupsPath".to_string();
+    let cgroup = tessera_api::cgroup::runc_cgroup(path, container_id, systemd, own_proc_cgroup)
+        .map_err(|why| SpecError::CgroupTaken { at: at.clone(), why })?;
+    if let Some(g) = grants.iter().find(|g| tessera_api::cgroup::within(&cgroup, g)) {
+        return Err(SpecError::CgroupTaken {
+            at,
+            why: format!(
+                "runc would put the container in cgroup {}, {} the cgroup of a running GPU \
+                 container ({}); a container's cgroup must be its own",
+                tessera_api::untrusted(&cgroup),
+                if cgroup == *g { "which is" } else { "below" },
+                tessera_api::untrusted(g)
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Why config.json could not be read, edited or written.
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
@@ -116,6 +155,12 @@ pub enum SpecError {
     /// Something that lets the container change its own devices cgroup after runc set it.
     #[error("{at}: {why}: a GPU container could rewrite its own device rules and open every GPU")]
     DeviceCgroupWritable { at: String, why: String },
+    /// A container that would join the cgroup of a running GPU grant.
+    #[error("{at}: {why}")]
+    CgroupTaken { at: String, why: String },
+    /// A GPU container's mounts, as runc will make them ([`crate::mounts`]).
+    #[error(transparent)]
+    Mount(#[from] crate::mounts::MountError),
 }
 
 fn shape(path: impl Into<String>, message: impl Into<String>) -> SpecError {
@@ -430,12 +475,6 @@ fn device_nodes(linux: &Map<String, Value>) -> Result<Vec<DeviceNode>, SpecError
 #[derive(Deserialize)]
 struct MountView {
     destination: String,
-    #[serde(default, rename = "type")]
-    typ: Option<String>,
-    #[serde(default)]
-    source: Option<String>,
-    #[serde(default)]
-    options: Option<Vec<String>>,
 }
 
 /// Just what is read of a namespace.
@@ -443,6 +482,8 @@ struct MountView {
 struct NamespaceView {
     #[serde(rename = "type")]
     typ: String,
+    #[serde(default)]
+    path: Option<String>,
 }
 
 /// Just what is read of a hook.
@@ -472,29 +513,34 @@ pub fn check_gpu_spec(spec: &Value) -> Result<(), SpecError> {
     if let Some(e) = rules.iter().enumerate().find_map(|(i, r)| refuse_rule(i, r)) {
         return Err(e);
     }
-    check_cgroup_stays(root, linux)
+    check_cgroup_stays(spec, root, linux)
 }
 
 /// The capability sets runc applies.
 const CAPABILITY_SETS: [&str; 5] = ["bounding", "effective", "permitted", "inheritable", "ambient"];
 
 /// Refuses what would let the container change its devices cgroup after runc set it (the
-/// device rules decided above then mean nothing):
-/// - `CAP_SYS_ADMIN` in any capability set without a user namespace: it mounts the
+/// device rules decided above then mean nothing), or reach the host's cgroups another way:
+/// - `CAP_SYS_ADMIN` in any capability set without a new user namespace: it mounts the
 ///   cgroup hierarchy (or remounts a read-only one) and writes `devices.allow`, which the
 ///   kernel checks against `CAP_SYS_ADMIN` in the initial user namespace only;
-/// - a writable cgroup filesystem: a `cgroup`/`cgroup2` mount without `ro`, or a bind mount
-///   of the host's `/sys/fs/cgroup` (or of a directory below or above it) that is not read
-///   only all the way down (`rro`, or a non-recursive `bind` with `ro`): writing the
-///   container's pid to a parent's `cgroup.procs` leaves the device cgroup.
+/// - no mount namespace of its own (none, or one joined by path): runc would make the
+///   container's mounts in a namespace others use, and the container would see theirs;
+/// - no pid namespace: `/proc/<pid>/root` of another container's process leads into that
+///   container's mounts (a writable cgroupfs of a container without a GPU among them);
+/// - any mount whose options leave a cgroup hierarchy or sysfs writable, remount an
+///   earlier mount, or let later mounts propagate in ([`crate::mounts::check_options`];
+///   bind sources are judged where the kernel resolves them, [`crate::mounts::check_sources`]).
 fn check_cgroup_stays(
+    spec: &Value,
     root: &Map<String, Value>,
     linux: &Map<String, Value>,
 ) -> Result<(), SpecError> {
-    let user_ns = typed_items::<NamespaceView>(linux.get("namespaces"), "linux.namespaces")?
-        .iter()
-        .any(|n| n.typ == "user");
-    if !user_ns {
+    let namespaces = typed_items::<NamespaceView>(linux.get("namespaces"), "linux.namespaces")?;
+    let new_ns = |typ: &str| {
+        namespaces.iter().any(|n| n.typ == typ && n.path.as_deref().unwrap_or("").is_empty())
+    };
+    if !new_ns("user") {
         if let Some(Value::Object(caps)) = root.get("process").and_then(|p| p.get("capabilities")) {
             for set in CAPABILITY_SETS {
                 let at = format!("process.capabilities.{set}");
@@ -502,37 +548,60 @@ fn check_cgroup_stays(
                 if names.iter().any(|c| c == "CAP_SYS_ADMIN") {
                     return Err(SpecError::DeviceCgroupWritable {
                         at,
-                        why: "CAP_SYS_ADMIN without a user namespace".into(),
+                        why: "CAP_SYS_ADMIN without a user namespace of its own".into(),
                     });
                 }
             }
         }
     }
-    for (i, m) in typed_items::<MountView>(root.get("mounts"), "mounts")?.iter().enumerate() {
-        let opts: BTreeSet<&str> = m.options.iter().flatten().map(String::as_str).collect();
-        let at = format!("mounts[{i}]");
-        let typ = m.typ.as_deref().unwrap_or("");
-        if (typ == "cgroup" || typ == "cgroup2") && !opts.contains("ro") {
+    if !new_ns("mount") {
+        return Err(SpecError::DeviceCgroupWritable {
+            at: "linux.namespaces".into(),
+            why: "no mount namespace of its own (runc would mount into a namespace others use, \
+                  and the container would see their mounts)"
+                .into(),
+        });
+    }
+    if !namespaces.iter().any(|n| n.typ == "pid") {
+        return Err(SpecError::DeviceCgroupWritable {
+            at: "linux.namespaces".into(),
+            why: "the host's pid namespace (/proc/<pid>/root of another container's process \
+                  leads into that container's mounts)"
+                .into(),
+        });
+    }
+    crate::mounts::check_options(spec)?;
+    Ok(())
+}
+
+/// What a GPU container's config means on this host, judged with the kernel's facts: its
+/// bind mounts where the kernel resolves them ([`crate::mounts::check_sources`]), and a pid
+/// namespace joined by path that is not the host's own.
+pub fn check_host_facts(
+    bundle: &Path,
+    spec: &Value,
+    host: &dyn crate::mounts::HostFacts,
+) -> Result<(), SpecError> {
+    let root = match spec.pointer("/root/path") {
+        Some(Value::String(p)) => bundle.join(p),
+        _ => bundle.join("rootfs"),
+    };
+    crate::mounts::check_sources(spec, bundle, &root, host)?;
+    let namespaces =
+        typed_items::<NamespaceView>(spec.pointer("/linux/namespaces"), "linux.namespaces")?;
+    let same = |a: &Path, b: &Path| match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    };
+    for (i, n) in namespaces.iter().enumerate() {
+        let Some(path) = n.path.as_deref().filter(|p| !p.is_empty()) else { continue };
+        if n.typ == "pid" && same(Path::new(path), Path::new("/proc/self/ns/pid")) {
             return Err(SpecError::DeviceCgroupWritable {
-                at,
-                why: format!("a {typ} mount without `ro`"),
-            });
-        }
-        let bind = typ == "bind" || opts.contains("bind") || opts.contains("rbind");
-        let Some(source) = m.source.as_deref().filter(|_| bind) else { continue };
-        let source = normalize(source);
-        let cgroupfs = "/sys/fs/cgroup";
-        let related = source == cgroupfs
-            || source.starts_with("/sys/fs/cgroup/")
-            || cgroupfs.starts_with(&format!("{}/", source.trim_end_matches('/')));
-        let read_only_all_the_way =
-            opts.contains("rro") || (opts.contains("ro") && !opts.contains("rbind"));
-        if related && !read_only_all_the_way {
-            return Err(SpecError::DeviceCgroupWritable {
-                at,
+                at: format!("linux.namespaces[{i}]"),
                 why: format!(
-                    "a bind mount of the host's {} that is writable below",
-                    tessera_api::untrusted(&source)
+                    "{} is the host's pid namespace (/proc/<pid>/root of another container's \
+                     process leads into that container's mounts)",
+                    tessera_api::untrusted(path)
                 ),
             });
         }
@@ -624,6 +693,9 @@ pub fn apply_injection(
 ) -> Result<(), SpecError> {
     validate_injection(inj, hooks)?;
     check_gpu_spec(spec)?;
+    // No mount made outside after the checks reaches the container (runc's default is
+    // rslave).
+    crate::mounts::make_private(spec)?;
     let hook_path = utf8(&hooks.path, "hook path")?;
     let socket = utf8(&hooks.socket, "socket path")?;
     let root =
@@ -989,7 +1061,10 @@ mod tests {
             let linux = o["linux"].as_object_mut().expect("linux");
             linux.remove("devices");
             linux["resources"].as_object_mut().expect("resources").remove("devices");
+            // Mount propagation made private (runc's default is rslave).
+            linux.remove("rootfsPropagation");
         }
+        assert_eq!(v["linux"]["rootfsPropagation"], "rprivate");
         assert_eq!(rest, rest_before);
     }
 
@@ -1164,7 +1239,8 @@ mod tests {
 
     #[test]
     fn missing_sections_are_created_or_refused() {
-        let mut v = json!({"ociVersion": "1.0.2", "process": {"args": ["sh"]}, "linux": {}});
+        let mut v = json!({"ociVersion": "1.0.2", "process": {"args": ["sh"]},
+                           "linux": {"namespaces": [{"type": "pid"}, {"type": "mount"}]}});
         apply_injection(&mut v, &mig_injection(), &hooks()).expect("applies");
         // No deny-all rule existed: one is put first.
         assert_eq!(

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use tessera_api::{AllocationState, ApiError};
+use tessera_api::{untrusted, AllocationState, ApiError};
 use tracing::warn;
 
 use super::{internal, Node};
@@ -41,6 +41,34 @@ impl Node {
                 },
                 age_ms: now.saturating_sub(a.created_ms),
             };
+            // While the container's init runs, its cgroup is its own: a process of another
+            // pid namespace there (another container that got in, as a race between two
+            // creates could let it) has the grant's device rules and is killed.
+            if let (AllocationState::Running, Some(pid), Some(cg), true) = (
+                a.state,
+                a.pid,
+                rec.cgroup.as_deref(),
+                pid_start_now.is_some() && pid_start_now == rec.pid_start,
+            ) {
+                for (intruder, start) in self.host.cgroup_intruders(cg, pid) {
+                    let killed = self.host.signal(intruder, start, crate::host::Signal::Kill);
+                    let detail = format!(
+                        "pid {intruder} in the grant's cgroup {} is not the container's (another pid namespace): {}",
+                        untrusted(cg),
+                        match &killed {
+                            Ok(true) => "killed".to_string(),
+                            Ok(false) => "gone before it was killed".to_string(),
+                            Err(e) => format!("cannot kill it: {e}"),
+                        }
+                    );
+                    warn!(container = %a.container_id, tenant = %a.tenant, "{detail}");
+                    if let Err(e) =
+                        self.store.event("cgroup-intruder", Some(&a.container_id), &detail)
+                    {
+                        warn!("cannot record a cgroup intruder: {e}");
+                    }
+                }
+            }
             if let Liveness::Gone(why) = liveness::judge(
                 a.state,
                 rec.pid_start,
@@ -52,6 +80,7 @@ impl Node {
                 report.released.push((a.container_id.clone(), why));
             }
         }
+        self.reconcile_passes += 1;
         Ok(report)
     }
 

@@ -7,6 +7,7 @@ use tessera_api::{untrusted, ApiError, ErrorCode, Isolation, ReleaseRequest};
 use tracing::{info, warn};
 
 use super::{internal, ledger_err, validate_container_id, Node};
+use crate::liveness::CgroupProcs;
 
 impl Node {
     /// Close the container's intervals, then free its devices: in this order a crash in
@@ -55,6 +56,9 @@ impl Node {
             }
         }
         let removed = self.store.remove_leaving(container_id, why, &left).map_err(internal)?;
+        if rec.cgroup.is_some() {
+            self.write_grant_cgroups();
+        }
         if removed && a.quota.is_some() {
             // The coordinator's books learn it from the controller (outside the lock).
             self.quota_released.push(container_id.to_string());
@@ -104,7 +108,22 @@ impl Node {
                  has removed its container)",
                 untrusted(&rec.runc_root)
             )),
-            _ => None,
+            // A process left in the grant's cgroup (another container that joined it, a
+            // worker of a shared pid namespace) keeps the device rules there: the device
+            // stays held until the reconciler sees the cgroup empty.
+            _ => match rec.cgroup.as_deref().map(|cg| (cg, self.host.cgroup_procs(cg))) {
+                Some((cg, CgroupProcs::Count(n))) if n > 0 => Some(format!(
+                    "container {container_id}: its cgroup {} still holds {n} process(es), which keep its device \
+                     rules; nothing released (the grant ends once the cgroup is empty)",
+                    untrusted(cg)
+                )),
+                Some((cg, CgroupProcs::Unreadable(e))) => Some(format!(
+                    "container {container_id}: cannot tell whether its cgroup {} is empty ({}); nothing released",
+                    untrusted(cg),
+                    untrusted(&e)
+                )),
+                _ => None,
+            },
         };
         if let Some(message) = refusal {
             // Logged by the controller, with every refused action.

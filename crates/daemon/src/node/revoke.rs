@@ -574,6 +574,19 @@ mod tests {
         fn watches_exits(&self) -> bool {
             false
         }
+        fn container_mounts(
+            &self,
+            _pid: i32,
+            _bundle: &std::path::Path,
+        ) -> Result<Vec<tessera_api::mountinfo::MountEntry>, String> {
+            Ok(Vec::new())
+        }
+        fn shared_namespaces(&self, _pid: i32) -> Result<Vec<&'static str>, String> {
+            Ok(Vec::new())
+        }
+        fn cgroup_intruders(&self, _rel: &str, _init: i32) -> Vec<(i32, u64)> {
+            Vec::new()
+        }
         fn signal(&self, pid: i32, start: u64, signal: Signal) -> Result<bool, String> {
             let mut p = self.0.lock().expect("lock");
             if p.live.get(&pid).map(|x| x.0) != Some(start) {

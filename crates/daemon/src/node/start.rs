@@ -1,6 +1,9 @@
 //! `start` (the prestart hook confirms the container's pid and bundle) and the init's exit:
 //! what the exit watcher ([`crate::exits`]) watches and what it closes.
 
+use std::path::Path;
+
+use tessera_api::mountinfo;
 use tessera_api::{untrusted, Allocation, AllocationState, ApiError, ErrorCode, StartRequest};
 use tracing::info;
 
@@ -55,12 +58,109 @@ impl Node {
                 format!("container {container_id}: cannot tell the cgroup of pid {}: {e}; refusing to start it", req.pid),
             )
         })?;
+        if let Err(why) =
+            self.container_is_its_own(container_id, req.pid, &cgroup, Path::new(&rec.bundle))
+        {
+            let message = format!("container {container_id}: {why}; refusing to start it");
+            if let Err(e) = self.store.event("isolation", Some(container_id), &message) {
+                tracing::warn!("cannot record an isolation refusal: {e}");
+            }
+            return Err(ApiError::new(ErrorCode::Refused, message));
+        }
         let rec = self.store.set_running(rec, req.pid, start, Some(cgroup)).map_err(internal)?;
+        self.write_grant_cgroups();
         // Metering starts when the container does. Recorded after the pid, so a crash in
         // between is repaired by resume_metering on restart.
         self.open_intervals(&rec.allocation)?;
         info!(container = %container_id, pid = req.pid, "started");
         Ok(rec.allocation)
+    }
+
+    /// Whether a GPU container about to start is isolated as its grant assumes, judged on
+    /// what the kernel made of its config (runc made every mount and its cgroup before the
+    /// prestart hook; nothing of the container has run yet):
+    /// - its mounts hold no writable cgroup hierarchy or sysfs and receive no mounts made
+    ///   outside ([`mountinfo::findings`]), and it shares neither the host's mount nor
+    ///   its pid namespace;
+    /// - its cgroup is its own: it holds the container's init and nothing else, and is
+    ///   neither another grant's cgroup nor above or below one (a process that shares it
+    ///   keeps its device rules after the grant ends, and its CPU limit is another's).
+    fn container_is_its_own(
+        &self,
+        container_id: &str,
+        pid: i32,
+        cgroup: &str,
+        bundle: &Path,
+    ) -> Result<(), String> {
+        let shared = self.host.shared_namespaces(pid)?;
+        if !shared.is_empty() {
+            return Err(format!(
+                "it runs in the host's {} namespace (it would see the host's cgroups)",
+                shared.join(" and ")
+            ));
+        }
+        let table = self.host.container_mounts(pid, bundle)?;
+        if let Some(f) = mountinfo::findings(&table).first() {
+            return Err(format!("its mounts as runc made them: {f}"));
+        }
+        match self.host.cgroup_procs(cgroup) {
+            crate::liveness::CgroupProcs::Count(1) => {}
+            crate::liveness::CgroupProcs::Count(n) => {
+                return Err(format!(
+                    "its cgroup {} holds {} other process(es) of another container; a GPU \
+                     container's cgroup must be its own",
+                    untrusted(cgroup),
+                    n.saturating_sub(1)
+                ))
+            }
+            crate::liveness::CgroupProcs::Unreadable(e) => {
+                return Err(format!("cannot read its cgroup {}: {e}", untrusted(cgroup)))
+            }
+            crate::liveness::CgroupProcs::NotRecorded => {}
+        }
+        let within = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}/"));
+        for other in self.store.all().map_err(|e| e.to_string())? {
+            if other.allocation.container_id == container_id {
+                continue;
+            }
+            if let Some(theirs) = other.cgroup.as_deref() {
+                if within(cgroup, theirs) || within(theirs, cgroup) {
+                    return Err(format!(
+                        "its cgroup {} is, or is nested with, the cgroup of another GPU \
+                         container ({}); a GPU container's cgroup must be its own",
+                        untrusted(cgroup),
+                        untrusted(theirs)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// List the cgroups of the running grants in `file` from now on (written at once,
+    /// then after every start and release).
+    pub fn list_grant_cgroups_in(&mut self, file: std::path::PathBuf) {
+        self.grant_cgroups_file = Some(file);
+        self.write_grant_cgroups();
+    }
+
+    /// Writes the list of the running grants' cgroups, if this node keeps one. A failure is
+    /// logged: the wrapper then misses the newest grant, and tesserad's prestart check and
+    /// the reconciler still stand.
+    pub(super) fn write_grant_cgroups(&self) {
+        let Some(file) = &self.grant_cgroups_file else { return };
+        let cgroups: Vec<String> = match self.store.all() {
+            Ok(all) => all.into_iter().filter_map(|r| r.cgroup).collect(),
+            Err(e) => {
+                tracing::warn!("cannot list the grants' cgroups: {e}");
+                return;
+            }
+        };
+        if let Err(e) =
+            tessera_api::cgroup::write_grant_cgroups(file, cgroups.iter().map(String::as_str))
+        {
+            tracing::warn!(file = %file.display(), "cannot list the grants' cgroups: {e}");
+        }
     }
 
     /// What to watch for a running container's exit: its init pid and that process's start

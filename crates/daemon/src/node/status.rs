@@ -150,6 +150,7 @@ impl Node {
             allocations,
             mps_shares,
             events,
+            reconcile_passes: self.reconcile_passes,
         })
     }
 }

@@ -1,0 +1,236 @@
+//! Which cgroup holds a container's device rules, in one form for tesserad and
+//! tessera-runtime: relative to the cgroup mount root, `<controllers>/<path>` on cgroup v1
+//! (`devices/kubepods/pod1/c1`), `<path>` on v2.
+//!
+//! tesserad records the cgroup of every running GPU grant ([`parse_proc_cgroup`] of the
+//! container's init at prestart) and lists them beside its socket
+//! ([`write_grant_cgroups`]); tessera-runtime computes where runc 1.1 will put a new
+//! container ([`runc_cgroup`]) and refuses one that would join a grant's cgroup or one
+//! below it — a process there keeps the grant's device rules (docs/SECURITY.md, "A
+//! container's cgroup is its own").
+
+use std::path::{Component, Path, PathBuf};
+
+use crate::untrusted;
+
+/// The device-rule cgroup in a `/proc/<pid>/cgroup` text: the v1 line whose controllers
+/// include `devices`, else the v2 (`0::`) line.
+pub fn parse_proc_cgroup(text: &str) -> Result<String, String> {
+    let (prefix, path) = device_hierarchy(text)?;
+    let rel = if prefix.is_empty() {
+        path.trim_start_matches('/').to_string()
+    } else {
+        format!("{prefix}{path}")
+    };
+    let p = Path::new(&rel);
+    if p.is_absolute() || p.components().any(|c| !matches!(c, Component::Normal(_))) {
+        return Err(format!("cgroup path {} is not a plain relative path", untrusted(&rel)));
+    }
+    Ok(rel)
+}
+
+/// The device hierarchy's line of a `/proc/<pid>/cgroup` text: (`<controllers>` for v1 or
+/// `""` for v2, the cgroup path as listed).
+fn device_hierarchy(text: &str) -> Result<(String, String), String> {
+    let mut devices = Vec::new();
+    let mut unified = Vec::new();
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        if controllers.split(',').any(|c| c == "devices") {
+            devices.push((controllers.to_string(), path.to_string()));
+        } else if controllers.is_empty() {
+            unified.push((String::new(), path.to_string()));
+        }
+    }
+    match (devices.len(), unified.len()) {
+        (1, _) => Ok(devices.remove(0)),
+        (0, 1) => Ok(unified.remove(0)),
+        (0, 0) => Err("no devices (cgroup v1) or unified (v2) cgroup is listed".into()),
+        _ => Err("more than one devices or unified cgroup is listed".into()),
+    }
+}
+
+/// runc's `CleanPath`: `filepath.Clean`, and a relative path cannot climb above its base.
+fn clean(path: &str) -> (bool, PathBuf) {
+    let absolute = path.starts_with('/');
+    let mut out = PathBuf::new();
+    for c in Path::new(path).components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            Component::ParentDir => {
+                out.pop();
+            }
+            _ => {}
+        }
+    }
+    (absolute, out)
+}
+
+/// systemd's slice expansion (`a-b.slice` is `/a.slice/a-b.slice`), as runc's
+/// `ExpandSlice`.
+fn expand_slice(slice: &str) -> Result<PathBuf, String> {
+    let bad = || format!("invalid systemd slice name {}", untrusted(slice));
+    let name = slice.strip_suffix(".slice").filter(|n| !n.is_empty()).ok_or_else(bad)?;
+    if slice.contains('/') {
+        return Err(bad());
+    }
+    if name == "-" {
+        return Ok(PathBuf::new());
+    }
+    let mut path = PathBuf::new();
+    let mut prefix = String::new();
+    for component in name.split('-') {
+        if component.is_empty() {
+            return Err(bad());
+        }
+        path.push(format!("{prefix}{component}.slice"));
+        prefix.push_str(component);
+        prefix.push('-');
+    }
+    Ok(path)
+}
+
+/// Where runc 1.1 puts a new container's device cgroup, in [`parse_proc_cgroup`]'s form:
+/// from `linux.cgroupsPath` (absent or empty: the container id), the cgroup driver
+/// (`systemd`: `slice:prefix:name`), and the `/proc/self/cgroup` text of the process that
+/// runs runc (a relative path is below its cgroup).
+pub fn runc_cgroup(
+    cgroups_path: Option<&str>,
+    container_id: &str,
+    systemd: bool,
+    own_proc_cgroup: &str,
+) -> Result<String, String> {
+    let (prefix, own) = device_hierarchy(own_proc_cgroup)?;
+    let path: PathBuf = if systemd {
+        let (slice, unit) = match cgroups_path.filter(|p| !p.is_empty()) {
+            None => ("system.slice".to_string(), format!("runc-{container_id}.scope")),
+            Some(p) => {
+                let parts: Vec<&str> = p.split(':').collect();
+                let [slice, scope_prefix, name] = parts[..] else {
+                    return Err(format!(
+                        "linux.cgroupsPath {} is not slice:prefix:name (the systemd driver's form)",
+                        untrusted(p)
+                    ));
+                };
+                let slice = if slice.is_empty() { "system.slice" } else { slice };
+                let unit = if name.ends_with(".slice") {
+                    name.to_string()
+                } else if scope_prefix.is_empty() {
+                    format!("{name}.scope")
+                } else {
+                    format!("{scope_prefix}-{name}.scope")
+                };
+                (slice.to_string(), unit)
+            }
+        };
+        expand_slice(&slice)?.join(unit)
+    } else {
+        let p = cgroups_path.filter(|p| !p.is_empty()).unwrap_or(container_id);
+        match clean(p) {
+            (true, abs) => abs,
+            (false, rel) => clean(&own).1.join(rel),
+        }
+    };
+    let path = path.to_string_lossy().into_owned();
+    Ok(if prefix.is_empty() { path } else { format!("{prefix}/{path}") })
+}
+
+/// Whether cgroup `a` is `b` or below it (both in [`parse_proc_cgroup`]'s form).
+pub fn within(a: &str, b: &str) -> bool {
+    Path::new(a).starts_with(Path::new(b))
+}
+
+/// Beside tesserad's socket: the cgroups of the running GPU grants, one per line.
+pub fn grant_cgroups_path(socket: &Path) -> PathBuf {
+    let mut s = socket.as_os_str().to_owned();
+    s.push(".grant-cgroups");
+    PathBuf::from(s)
+}
+
+/// Writes the list (at [`grant_cgroups_path`]) atomically: a file beside it, then rename,
+/// mode 0644.
+pub fn write_grant_cgroups<'a>(
+    list: &Path,
+    cgroups: impl IntoIterator<Item = &'a str>,
+) -> std::io::Result<()> {
+    let text: String = cgroups.into_iter().map(|c| format!("{c}\n")).collect();
+    crate::write_beside(list, text.as_bytes())
+}
+
+/// Reads [`grant_cgroups_path`]: `None` when there is no file (no tesserad has written
+/// one), the cgroups it lists otherwise.
+pub fn read_grant_cgroups(socket: &Path) -> std::io::Result<Option<Vec<String>>> {
+    match std::fs::read_to_string(grant_cgroups_path(socket)) {
+        Ok(t) => Ok(Some(t.lines().filter(|l| !l.is_empty()).map(str::to_string).collect())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const V1: &str = "5:devices:/user.slice\n4:memory:/m\n0::/\n";
+    const V2: &str = "0::/user.slice/session-1.scope\n";
+
+    #[test]
+    fn the_device_cgroup_is_read_from_proc() {
+        assert_eq!(parse_proc_cgroup("5:devices:/a/b\n0::/\n").as_deref(), Ok("devices/a/b"));
+        assert_eq!(parse_proc_cgroup("3:cpu,devices:/a\n").as_deref(), Ok("cpu,devices/a"));
+        assert_eq!(parse_proc_cgroup("0::/a/b\n").as_deref(), Ok("a/b"));
+        assert!(parse_proc_cgroup("1:cpu:/a\n").is_err());
+        assert!(parse_proc_cgroup("5:devices:/a/../b\n").is_err());
+    }
+
+    #[test]
+    fn cgroupfs_paths_are_placed_as_runc_places_them() {
+        let at = |p: Option<&str>, own: &str| runc_cgroup(p, "c1", false, own).expect("path");
+        assert_eq!(at(Some("/tessera/c1"), V1), "devices/tessera/c1");
+        assert_eq!(at(Some("/a/../b//c/"), V1), "devices/b/c");
+        // Relative: below the caller's own cgroup, and `..` cannot climb out of it.
+        assert_eq!(at(Some("x"), V1), "devices/user.slice/x");
+        assert_eq!(at(Some("../../x"), V1), "devices/user.slice/x");
+        // None: the container id, relative.
+        assert_eq!(at(None, V1), "devices/user.slice/c1");
+        assert_eq!(at(Some("/k/c"), V2), "k/c");
+        assert_eq!(at(None, V2), "user.slice/session-1.scope/c1");
+    }
+
+    #[test]
+    fn systemd_paths_expand_their_slice() {
+        let at = |p: Option<&str>| runc_cgroup(p, "c1", true, V1).expect("path");
+        assert_eq!(at(None), "devices/system.slice/runc-c1.scope");
+        assert_eq!(
+            at(Some("kubepods-besteffort.slice:cri-containerd:abc")),
+            "devices/kubepods.slice/kubepods-besteffort.slice/cri-containerd-abc.scope"
+        );
+        assert_eq!(at(Some("-.slice::x.slice")), "devices/x.slice");
+        assert!(runc_cgroup(Some("a:b"), "c1", true, V1).is_err());
+        assert!(runc_cgroup(Some("a--b.slice:p:n"), "c1", true, V1).is_err());
+    }
+
+    #[test]
+    fn within_is_by_component() {
+        assert!(within("devices/a/b", "devices/a"));
+        assert!(within("devices/a", "devices/a"));
+        assert!(!within("devices/ab", "devices/a"));
+    }
+
+    #[test]
+    fn the_file_is_written_beside_the_socket_and_read_back() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let socket = dir.path().join("t.sock");
+        assert_eq!(read_grant_cgroups(&socket).expect("read"), None);
+        write_grant_cgroups(&grant_cgroups_path(&socket), ["devices/a", "devices/b c"])
+            .expect("write");
+        assert_eq!(
+            read_grant_cgroups(&socket).expect("read"),
+            Some(vec!["devices/a".to_string(), "devices/b c".to_string()])
+        );
+    }
+}
