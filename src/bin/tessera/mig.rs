@@ -1,6 +1,6 @@
 //! `tessera mig plan|converge` (the node's MIG layout against the declared one) and
 //! `tessera sim` (replay a GPU-cluster trace through the real placement code, or with
-//! `--quota-modes` through the fleet simulator of `quota::sim`).
+//! `--quota-modes` through the fleet simulator of `lab::quota_sim`).
 
 use std::path::{Path, PathBuf};
 
@@ -66,7 +66,7 @@ pub struct SimArgs {
     )]
     trace: Option<PathBuf>,
     /// A generated trace instead: alibaba-like, mid-whole-bursty, small-shares, multi-gpu
-    /// or uniform (seeded; see `slicer::tracegen`).
+    /// or uniform (seeded; see `lab::tracegen`).
     #[arg(long)]
     generate: Option<String>,
     /// Requests of a generated trace.
@@ -116,7 +116,7 @@ const SIM_NODE: &str = "sim-replay";
 
 /// The replay's tenants from a policy: every leaf of its tenant tree (sorted by path),
 /// each with what `Policy::authorize` lets it use on [`SIM_NODE`] and its sharing domain.
-fn tenants_of(policy: &policy::Policy) -> slicer::Tenants {
+fn tenants_of(policy: &policy::Policy) -> lab::Tenants {
     let all = policy.tenants();
     let mut leaves: Vec<&policy::Tenant> = all
         .iter()
@@ -127,10 +127,10 @@ fn tenants_of(policy: &policy::Policy) -> slicer::Tenants {
         |t: &policy::Tenant, r: tessera_api::GpuRequest| policy.authorize(t, &r, SIM_NODE).is_ok();
     let tenants = leaves
         .into_iter()
-        .map(|t| slicer::SimTenant {
+        .map(|t| lab::SimTenant {
             key: t.path.clone(),
             tenant: t.path.clone(),
-            allow: slicer::pack::Allow {
+            allow: lab::pack::Allow {
                 gpu: may(t, tessera_api::GpuRequest::Gpu { count: 1 }),
                 mig: may(t, tessera_api::GpuRequest::Mig { profile: "1g.10gb".into() }),
                 mps: may(t, tessera_api::GpuRequest::Mps { percent: 1 }),
@@ -139,9 +139,9 @@ fn tenants_of(policy: &policy::Policy) -> slicer::Tenants {
             domain: policy.sharing_domain(&t.path),
         })
         .collect();
-    slicer::Tenants {
+    lab::Tenants {
         tenants,
-        rules: slicer::pack::Rules {
+        rules: lab::pack::Rules {
             mps_max_percent: policy.mps_max_percent(),
             replicas: policy.shared_replicas(),
         },
@@ -153,20 +153,20 @@ pub fn sim(a: SimArgs) -> Result<(), String> {
         return scenario(name, a.json);
     }
     let trace = match (&a.trace, &a.generate) {
-        (Some(path), _) => slicer::Trace::load_alibaba(path).map_err(|e| e.to_string())?,
-        (None, Some(mix)) => slicer::tracegen::generate(
+        (Some(path), _) => lab::Trace::load_alibaba(path).map_err(|e| e.to_string())?,
+        (None, Some(mix)) => lab::tracegen::generate(
             mix.parse()?,
             a.requests,
             a.seed,
-            slicer::tracegen::DEFAULT_LOAD_GPUS,
+            lab::tracegen::DEFAULT_LOAD_GPUS,
         ),
         (None, None) => return Err("give --trace FILE or --generate MIX".into()),
     };
     if a.quota_modes {
         return quota_modes(&a, &trace);
     }
-    let placements: Vec<slicer::Placement> = if a.placement == "all" {
-        slicer::Placement::ALL.to_vec()
+    let placements: Vec<lab::Placement> = if a.placement == "all" {
+        lab::Placement::ALL.to_vec()
     } else {
         vec![a.placement.parse()?]
     };
@@ -177,25 +177,25 @@ pub fn sim(a: SimArgs) -> Result<(), String> {
             if tenants.tenants.is_empty() {
                 return Err(format!("{}: the policy has no tenant", path.display()));
             }
-            slicer::Fractions::Tiers(tenants)
+            lab::Fractions::Tiers(tenants)
         }
-        None => slicer::Fractions::Mig,
+        None => lab::Fractions::Mig,
     };
     let queue = match a.queue {
-        Some(max_wait_s) => slicer::Queue::Wait { max_wait_s },
-        None => slicer::Queue::Drop,
+        Some(max_wait_s) => lab::Queue::Wait { max_wait_s },
+        None => lab::Queue::Drop,
     };
     let reports = placements
         .into_iter()
         .map(|placement| {
-            let config = slicer::ReplayConfig {
+            let config = lab::ReplayConfig {
                 nodes: a.nodes,
                 model: a.gpu.clone(),
                 placement,
                 fractions: fractions.clone(),
                 queue,
             };
-            slicer::replay_with(&trace, &config).map_err(|e| e.to_string())
+            lab::replay_with(&trace, &config).map_err(|e| e.to_string())
         })
         .collect::<Result<Vec<_>, _>>()?;
     if a.json {
@@ -210,9 +210,9 @@ pub fn sim(a: SimArgs) -> Result<(), String> {
                 .map_err(|e| e.to_string())?
         );
     } else {
-        print!("{}", slicer::replay::comparison_table(&reports));
-        println!("\nmapping: {}", slicer::MAPPING_DOC);
-        if let slicer::Fractions::Tiers(t) = &fractions {
+        print!("{}", lab::replay::comparison_table(&reports));
+        println!("\nmapping: {}", lab::MAPPING_DOC);
+        if let lab::Fractions::Tiers(t) = &fractions {
             println!("tenants (row name hashed onto them, FNV-1a mod {}):", t.tenants.len());
             for st in &t.tenants {
                 println!(
@@ -240,7 +240,7 @@ fraction of one GPU's bin). CPU and memory are not simulated.
 (again in full after a preemption); it waits until it runs. The horizon is the trace's \
 end (latest deletion_time).";
 
-/// FNV-1a, 64 bits (the hash `slicer::replay` maps rows with).
+/// FNV-1a, 64 bits (the hash `lab::replay` maps rows with).
 fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in bytes {
@@ -267,10 +267,10 @@ fn quota_tenants(policy: &policy::Policy) -> Vec<String> {
 /// The trace's GPU rows as jobs on `model` ([`QUOTA_MAPPING_DOC`]), and how many rows
 /// were skipped (no GPU).
 fn quota_jobs(
-    trace: &slicer::Trace,
+    trace: &lab::Trace,
     tenants: &[String],
     model: &str,
-) -> (Vec<quota::sim::Job>, usize) {
+) -> (Vec<lab::quota_sim::Job>, usize) {
     let mut skipped = 0;
     let mut jobs = Vec::with_capacity(trace.requests.len());
     for r in &trace.requests {
@@ -284,7 +284,7 @@ fn quota_jobs(
             u64::from(r.gpu_milli) * (quota::MICRO_PER_GPU / 1000)
         };
         let pick = fnv1a64(r.name.as_bytes()) % tenants.len() as u64;
-        jobs.push(quota::sim::Job {
+        jobs.push(lab::quota_sim::Job {
             id: r.name.clone(),
             tenant: tenants[usize::try_from(pick).unwrap_or(0)].clone(),
             arrival_s: r.arrival,
@@ -322,7 +322,7 @@ fn quota_text(tree: &quota::QuotaTree, tenant: &str, model: &str) -> String {
     }
 }
 
-fn quota_modes(a: &SimArgs, trace: &slicer::Trace) -> Result<(), String> {
+fn quota_modes(a: &SimArgs, trace: &lab::Trace) -> Result<(), String> {
     let path = a.policy.as_ref().ok_or("--quota-modes needs --policy FILE")?;
     let policy = policy::Policy::load(path).map_err(|e| e.to_string())?;
     if slicer::catalog::model(&a.gpu).is_none() {
@@ -341,15 +341,15 @@ fn quota_modes(a: &SimArgs, trace: &slicer::Trace) -> Result<(), String> {
         ));
     }
     let (jobs, skipped) = quota_jobs(trace, &tenants, &a.gpu);
-    let fleet = quota::sim::Fleet {
+    let fleet = lab::quota_sim::Fleet {
         nodes: a.nodes,
-        gpus_per_node: slicer::replay::GPUS_PER_NODE,
+        gpus_per_node: lab::replay::GPUS_PER_NODE,
         model: a.gpu.clone(),
         cpu_milli_per_node: None,
         memory_mib_per_node: None,
     };
-    let reports =
-        quota::sim::run_modes(&jobs, &fleet, policy.quotas(), None).map_err(|e| e.to_string())?;
+    let reports = lab::quota_sim::run_modes(&jobs, &fleet, policy.quotas(), None)
+        .map_err(|e| e.to_string())?;
     let rows = |t: &str| jobs.iter().filter(|j| j.tenant == t).count();
     if a.json {
         let tenants: Vec<serde_json::Value> = tenants
@@ -378,11 +378,11 @@ fn quota_modes(a: &SimArgs, trace: &slicer::Trace) -> Result<(), String> {
         jobs.len(),
         skipped,
         a.nodes,
-        slicer::replay::GPUS_PER_NODE,
+        lab::replay::GPUS_PER_NODE,
         a.gpu
     );
-    print!("{}", quota::sim::comparison_table(&reports));
-    if let Some(st) = reports.iter().find(|r| r.mode == quota::sim::Mode::Static) {
+    print!("{}", lab::quota_sim::comparison_table(&reports));
+    if let Some(st) = reports.iter().find(|r| r.mode == lab::quota_sim::Mode::Static) {
         let parts: Vec<String> =
             st.partitions.iter().map(|p| format!("{} {} GPUs", p.owner, p.gpus)).collect();
         println!("\nstatic partitions: {}", parts.join(", "));
@@ -402,9 +402,10 @@ fn scenario(name: &str, json: bool) -> Result<(), String> {
             tessera_api::untrusted(name)
         ));
     }
-    let s = quota::sim::drf_example();
-    let report = quota::sim::run(&s.jobs, &s.fleet, &s.tree, quota::sim::Mode::Quotas, s.horizon_s)
-        .map_err(|e| e.to_string())?;
+    let s = lab::quota_sim::drf_example();
+    let report =
+        lab::quota_sim::run(&s.jobs, &s.fleet, &s.tree, lab::quota_sim::Mode::Quotas, s.horizon_s)
+            .map_err(|e| e.to_string())?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
         return Ok(());
@@ -413,10 +414,10 @@ fn scenario(name: &str, json: bool) -> Result<(), String> {
         "DRF (Ghodsi et al. 2011, section 4): one node of 9 CPUs and 18 GB; drf/a's tasks ask \
          <1 CPU, 4 GB>, drf/b's <3 CPU, 1 GB>, {} each waiting from t=0 (1,000 s each); no \
          quota, so the fair queue is pure DRF. At t={} s:",
-        quota::sim::DRF_BACKLOG,
+        lab::quota_sim::DRF_BACKLOG,
         s.horizon_s.unwrap_or(0)
     );
-    print!("{}", quota::sim::tenant_table(&report));
+    print!("{}", lab::quota_sim::tenant_table(&report));
     Ok(())
 }
 
@@ -429,7 +430,7 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/policy.json");
         let policy = policy::Policy::load(&path).expect("example policy");
         // The same list, in the same order (the row-to-tenant hash depends on it).
-        assert_eq!(tenants_of(&policy), slicer::Tenants::example());
+        assert_eq!(tenants_of(&policy), lab::Tenants::example());
     }
 
     #[test]
@@ -444,7 +445,7 @@ mod tests {
             .iter()
             .filter_map(|q| q.limits.get(&gpu).and_then(|l| l.guarantee))
             .sum();
-        assert_eq!(guarantees, 2 * u64::from(slicer::replay::GPUS_PER_NODE) * quota::MICRO_PER_GPU);
+        assert_eq!(guarantees, 2 * u64::from(lab::replay::GPUS_PER_NODE) * quota::MICRO_PER_GPU);
         let explore = quota_text(policy.quotas(), "acme/explore", "H100-80GB");
         assert_eq!(explore, "acme/explore (ceiling 8); grace 30 s");
     }
@@ -455,7 +456,7 @@ mod tests {
         assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
         let csv = "name,num_gpu,gpu_milli,creation_time,deletion_time\n\
                    p0,0,0,0,10\np1,1,1000,5,15\np2,1,460,6,7\np3,8,0,9,9\np4,2,500,1,3\n";
-        let trace = slicer::Trace::parse_alibaba("t.csv", csv).expect("parses");
+        let trace = lab::Trace::parse_alibaba("t.csv", csv).expect("parses");
         let tenants = vec!["o/a".to_string(), "o/b".to_string(), "o/c".to_string()];
         let (jobs, skipped) = quota_jobs(&trace, &tenants, "H100-80GB");
         assert_eq!(skipped, 1);

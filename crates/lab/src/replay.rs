@@ -20,17 +20,18 @@ use std::str::FromStr;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
+use slicer::fnv1a64;
 use tessera_api::GpuRequest;
 
-use crate::catalog::{self, GpuModel, Profile, COMPUTE_SLICES};
-use crate::choose::choose;
-use crate::inventory::{Gpu, Inventory, Majors, MigInstance};
-use crate::layout::DeclaredLayout;
 use crate::pack::{
     self, pack_cluster, Allow, Ask, Choice, DemandCounter, GpuUse, PackMix, PackNode, Rules,
     UNITS_PER_GPU,
 };
-use crate::place::{better, Strategy};
+use slicer::catalog::{self, GpuModel, Profile, COMPUTE_SLICES};
+use slicer::choose;
+use slicer::inventory::{Gpu, Inventory, Majors, MigInstance};
+use slicer::layout::DeclaredLayout;
+use slicer::place::{better, Strategy};
 
 /// How trace rows become requests; the same text as the documentation of
 /// [`map_request`]. `tessera sim` prints it with its results.
@@ -165,16 +166,6 @@ fn synthetic_duration(name: &str) -> u64 {
     let h = fnv1a64(name.as_bytes());
     let u = (h >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
     10f64.powf(2.0 + 3.0 * u).round() as u64
-}
-
-/// FNV-1a, 64 bits: stable across Rust versions and platforms.
-pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
 }
 
 /// What a trace row asks for on a given GPU model.
