@@ -9,6 +9,10 @@
 //!
 //! The policy crate is pure (issue 12): it validates declared MIG layouts against the
 //! `catalog` crate, never `slicer`, so it links no NVML.
+//!
+//! The lab (issue 24: the trace replay, the packer, the adversary, the trace generators and
+//! the quota simulator, `crates/lab`) is linked by no node or coordinator binary: `tessera
+//! sim` runs the lab's own binary, `tessera-sim`.
 
 use std::process::Command;
 
@@ -116,4 +120,59 @@ fn policy_builds_without_nvml_or_slicer() {
     // The check is only meaningful if `cargo tree` lists nvml-wrapper where it is.
     let slicer = tree(&["-e", "normal", "-p", "slicer", "--prefix", "none"]);
     assert!(slicer.lines().any(|l| l.starts_with("nvml-wrapper ")), "slicer's tree:\n{slicer}");
+}
+
+/// `cargo metadata` of the workspace (its own packages only).
+fn metadata() -> serde_json::Value {
+    let out = cargo()
+        .args(["metadata", "--format-version", "1", "--no-deps", "--locked"])
+        .output()
+        .expect("running cargo metadata");
+    assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("cargo metadata's JSON")
+}
+
+/// The package that builds binary `bin`, from `cargo metadata` (so a binary moving to
+/// another package is followed, not missed).
+fn package_of_bin(meta: &serde_json::Value, bin: &str) -> String {
+    let packages = meta["packages"].as_array().expect("packages");
+    let mut found = packages.iter().filter(|p| {
+        p["targets"].as_array().is_some_and(|ts| {
+            ts.iter().any(|t| {
+                t["name"] == bin
+                    && t["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "bin"))
+            })
+        })
+    });
+    let pkg = found.next().unwrap_or_else(|| panic!("no package builds a binary `{bin}`"));
+    assert!(found.next().is_none(), "two packages build a binary `{bin}`");
+    pkg["name"].as_str().expect("a package name").to_string()
+}
+
+#[test]
+fn no_node_or_coordinator_binary_links_the_lab() {
+    let meta = metadata();
+    let mut found = Vec::new();
+    for bin in ["tesserad", "tessera-runtime", "tessera-hook", "tessera", "tessera-coordinator"] {
+        let pkg = package_of_bin(&meta, bin);
+        let listing = tree(&["-e", EDGES, "-p", &pkg, "--prefix", "none"]);
+        if listing.lines().any(|l| l.split_whitespace().next() == Some("lab")) {
+            let why = tree(&["-e", EDGES, "-p", &pkg, "-i", "lab", "--depth", "3"]);
+            found.push(format!("{bin} (package {pkg}) links lab:\n{why}"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the lab is research: no node or coordinator binary may link it (tessera sim runs \
+         tessera-sim):\n{}",
+        found.join("\n")
+    );
+    // The check is only meaningful if `cargo tree` lists the lab where it is: its own
+    // binary's package, built on slicer and quota.
+    assert_eq!(package_of_bin(&meta, "tessera-sim"), "lab");
+    let listing = tree(&["-e", "normal", "-p", "lab", "--prefix", "none"]);
+    let names: Vec<&str> = listing.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    for want in ["lab", "slicer", "quota"] {
+        assert!(names.contains(&want), "lab's tree lacks {want}:\n{listing}");
+    }
 }

@@ -13,8 +13,10 @@
 //!   placement beats first-fit on every trace without being first-fit).
 //! - [`quota_sim`]: the fleet under static partitions, one FIFO queue with backfill and
 //!   Tessera's quotas side by side (`tessera sim --quota-modes`).
+//! - [`cli`]: `tessera sim` itself (the `tessera-sim` binary, which `tessera sim` runs).
 
 pub mod adversary;
+pub mod cli;
 pub mod pack;
 pub mod quota_sim;
 pub mod replay;
