@@ -10,7 +10,8 @@ use clap::Parser;
 
 use crate::pack::{Allow, Rules};
 use crate::quota_sim;
-use crate::replay::{self, Fractions, Placement, Queue, ReplayConfig, SimTenant, Tenants, Trace};
+use crate::replay::Trace;
+use crate::replay::{self, Fractions, Placement, Queue, ReplayConfig, RowAsk, SimTenant, Tenants};
 use crate::tracegen;
 
 /// Replay a GPU-cluster trace through the real placement code (no daemon needed).
@@ -190,16 +191,6 @@ fraction of one GPU's bin). CPU and memory are not simulated.
 (again in full after a preemption); it waits until it runs. The horizon is the trace's \
 end (latest deletion_time).";
 
-/// FNV-1a, 64 bits (the hash `lab::replay` maps rows with).
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
 /// The tenants trace rows go to under --quota-modes: the leaves of the tenant tree with a
 /// quota on their chain, sorted by path.
 pub fn quota_tenants(policy: &policy::Policy) -> Vec<String> {
@@ -220,19 +211,18 @@ pub fn quota_jobs(trace: &Trace, tenants: &[String], model: &str) -> (Vec<quota_
     let mut skipped = 0;
     let mut jobs = Vec::with_capacity(trace.requests.len());
     for r in &trace.requests {
-        if r.num_gpu == 0 || tenants.is_empty() {
+        let micro = match r.ask() {
+            RowAsk::CpuOnly => None,
+            RowAsk::Whole(n) => Some(u64::from(n) * quota::MICRO_PER_GPU),
+            RowAsk::Fraction(milli) => Some(u64::from(milli) * (quota::MICRO_PER_GPU / 1000)),
+        };
+        let (Some(micro), Some(owner)) = (micro, replay::row_owner(&r.name, tenants.len())) else {
             skipped += 1;
             continue;
-        }
-        let micro = if r.num_gpu >= 2 || r.gpu_milli == 0 || r.gpu_milli >= 1000 {
-            u64::from(r.num_gpu) * quota::MICRO_PER_GPU
-        } else {
-            u64::from(r.gpu_milli) * (quota::MICRO_PER_GPU / 1000)
         };
-        let pick = fnv1a64(r.name.as_bytes()) % tenants.len() as u64;
         jobs.push(quota_sim::Job {
             id: r.name.clone(),
-            tenant: tenants[usize::try_from(pick).unwrap_or(0)].clone(),
+            tenant: tenants[owner].clone(),
             arrival_s: r.arrival,
             duration_s: r.departure.saturating_sub(r.arrival),
             resources: quota::Resources::new().with(quota::Resource::gpu(model), micro),
@@ -399,8 +389,8 @@ mod tests {
 
     #[test]
     fn trace_rows_map_to_jobs_by_name_hash_whole_gpus_and_fractions() {
-        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(slicer::fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(slicer::fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
         let csv = "name,num_gpu,gpu_milli,creation_time,deletion_time\n\
                    p0,0,0,0,10\np1,1,1000,5,15\np2,1,460,6,7\np3,8,0,9,9\np4,2,500,1,3\n";
         let trace = Trace::parse_alibaba("t.csv", csv).expect("parses");
@@ -422,7 +412,7 @@ mod tests {
             ]
         );
         for j in &jobs {
-            let want = &tenants[(fnv1a64(j.id.as_bytes()) % 3) as usize];
+            let want = &tenants[(slicer::fnv1a64(j.id.as_bytes()) % 3) as usize];
             assert_eq!(&j.tenant, want);
         }
     }
