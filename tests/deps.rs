@@ -9,7 +9,12 @@
 //!
 //! The policy crate is pure (issue 12): it validates declared MIG layouts against the
 //! `catalog` crate, never `slicer`, so it links no NVML.
+//!
+//! The lab (issue 24: the trace replay, the packer, the adversary, the trace generators and
+//! the quota simulator, `crates/lab`) is linked by no node or coordinator binary: `tessera
+//! sim` runs the lab's own binary, `tessera-sim`.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
 /// The packages a node builds: the root package (tesserad, tessera-runtime, tessera-hook,
@@ -116,4 +121,154 @@ fn policy_builds_without_nvml_or_slicer() {
     // The check is only meaningful if `cargo tree` lists nvml-wrapper where it is.
     let slicer = tree(&["-e", "normal", "-p", "slicer", "--prefix", "none"]);
     assert!(slicer.lines().any(|l| l.starts_with("nvml-wrapper ")), "slicer's tree:\n{slicer}");
+}
+
+/// `cargo metadata` of the workspace (its own packages only).
+fn metadata() -> serde_json::Value {
+    let out = cargo()
+        .args(["metadata", "--format-version", "1", "--no-deps", "--locked"])
+        .output()
+        .expect("running cargo metadata");
+    assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("cargo metadata's JSON")
+}
+
+/// The package that builds binary `bin`, from `cargo metadata` (so a binary moving to
+/// another package is followed, not missed).
+fn package_of_bin(meta: &serde_json::Value, bin: &str) -> String {
+    let packages = meta["packages"].as_array().expect("packages");
+    let mut found = packages.iter().filter(|p| {
+        p["targets"].as_array().is_some_and(|ts| {
+            ts.iter().any(|t| {
+                t["name"] == bin
+                    && t["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "bin"))
+            })
+        })
+    });
+    let pkg = found.next().unwrap_or_else(|| panic!("no package builds a binary `{bin}`"));
+    assert!(found.next().is_none(), "two packages build a binary `{bin}`");
+    pkg["name"].as_str().expect("a package name").to_string()
+}
+
+#[test]
+fn no_node_or_coordinator_binary_links_the_lab() {
+    let meta = metadata();
+    let mut found = Vec::new();
+    for bin in ["tesserad", "tessera-runtime", "tessera-hook", "tessera", "tessera-coordinator"] {
+        let pkg = package_of_bin(&meta, bin);
+        let listing = tree(&["-e", EDGES, "-p", &pkg, "--prefix", "none"]);
+        if listing.lines().any(|l| l.split_whitespace().next() == Some("lab")) {
+            let why = tree(&["-e", EDGES, "-p", &pkg, "-i", "lab", "--depth", "3"]);
+            found.push(format!("{bin} (package {pkg}) links lab:\n{why}"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the lab is research: no node or coordinator binary may link it (tessera sim runs \
+         tessera-sim):\n{}",
+        found.join("\n")
+    );
+    // The check is only meaningful if `cargo tree` lists the lab where it is: its own
+    // binary's package, built on slicer and quota.
+    assert_eq!(package_of_bin(&meta, "tessera-sim"), "lab");
+    let listing = tree(&["-e", "normal", "-p", "lab", "--prefix", "none"]);
+    let names: Vec<&str> = listing.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    for want in ["lab", "slicer", "quota"] {
+        assert!(names.contains(&want), "lab's tree lacks {want}:\n{listing}");
+    }
+}
+
+/// The crate graph block of docs/ARCHITECTURE.md: crate → its workspace dependencies.
+/// One line per crate, `NAME ─▶ DEP, DEP, ...` or `NAME` alone for a leaf; text in
+/// parentheses is commentary, and so is a leading `test only:`.
+fn documented_graph(doc: &str) -> Result<BTreeMap<String, BTreeSet<String>>, String> {
+    let start = doc.find("The crate graph").ok_or("no `The crate graph` paragraph")?;
+    let open =
+        doc[start..].find("```\n").ok_or("no code block after `The crate graph`")? + start + 4;
+    let close = doc[open..].find("```").ok_or("the crate graph's block is not closed")? + open;
+    let mut graph = BTreeMap::new();
+    for (n, line) in doc[open..close].lines().enumerate() {
+        let mut text = String::new();
+        let mut depth = 0usize;
+        for ch in line.chars() {
+            match ch {
+                '(' => depth += 1,
+                ')' => depth = depth.saturating_sub(1),
+                _ if depth == 0 => text.push(ch),
+                _ => {}
+            }
+        }
+        let text = text.trim();
+        let text = text.strip_prefix("test only:").unwrap_or(text).trim();
+        if text.is_empty() {
+            continue;
+        }
+        let (name, deps) = match text.split_once('─') {
+            Some((name, rest)) => {
+                let rest =
+                    rest.strip_prefix('▶').ok_or(format!("line {}: `─` without `▶`", n + 1))?;
+                let deps: BTreeSet<String> = rest
+                    .split(',')
+                    .map(|d| d.trim().to_string())
+                    .filter(|d| !d.is_empty())
+                    .collect();
+                (name.trim(), deps)
+            }
+            None => (text, BTreeSet::new()),
+        };
+        if name.contains(char::is_whitespace)
+            || deps.iter().any(|d| d.contains(char::is_whitespace))
+        {
+            return Err(format!("line {}: not `crate ─▶ dep, dep`: {line}", n + 1));
+        }
+        if graph.insert(name.to_string(), deps).is_some() {
+            return Err(format!("line {}: {name} is listed twice", n + 1));
+        }
+    }
+    Ok(graph)
+}
+
+/// Normal dependencies between the workspace's packages, from `cargo metadata`.
+fn metadata_graph(meta: &serde_json::Value) -> BTreeMap<String, BTreeSet<String>> {
+    let packages = meta["packages"].as_array().expect("packages");
+    let ours: BTreeSet<&str> = packages.iter().filter_map(|p| p["name"].as_str()).collect();
+    packages
+        .iter()
+        .map(|p| {
+            let deps = p["dependencies"]
+                .as_array()
+                .expect("dependencies")
+                .iter()
+                .filter(|d| d["kind"].is_null()) // normal, not dev or build
+                .filter_map(|d| d["name"].as_str())
+                .filter(|d| ours.contains(d))
+                .map(str::to_string)
+                .collect();
+            (p["name"].as_str().expect("a package name").to_string(), deps)
+        })
+        .collect()
+}
+
+#[test]
+fn the_crate_graph_in_architecture_md_is_cargo_metadatas() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/ARCHITECTURE.md");
+    let doc = std::fs::read_to_string(path).expect("docs/ARCHITECTURE.md");
+    let documented = documented_graph(&doc).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let actual = metadata_graph(&metadata());
+    let mut wrong = Vec::new();
+    for (name, deps) in &actual {
+        match documented.get(name) {
+            None => wrong.push(format!("{name} is not in the graph (it depends on {deps:?})")),
+            Some(d) if d != deps => wrong.push(format!(
+                "{name}: the graph says {d:?}, cargo metadata {deps:?} (missing {:?}, extra {:?})",
+                deps.difference(d).collect::<Vec<_>>(),
+                d.difference(deps).collect::<Vec<_>>()
+            )),
+            Some(_) => {}
+        }
+    }
+    for name in documented.keys().filter(|n| !actual.contains_key(*n)) {
+        wrong.push(format!("{name} is in the graph but is no workspace package"));
+    }
+    assert!(wrong.is_empty(), "{path}, the crate graph:\n{}", wrong.join("\n"));
 }

@@ -179,6 +179,8 @@ fn sim_replays_the_trace_with_every_placement() {
     if !trace.exists() {
         panic!("the trace is expected beside the checkout at {}", trace.display());
     }
+    // `tessera sim` runs the lab's binary beside it (crates/lab, not a root-package bin).
+    fresh_bin("tessera-sim");
     let out = run_cmd(
         std::process::Command::new(tessera_cli())
             .args(["sim", "--nodes", "2", "--gpu", "H100-80GB", "--json", "--trace"])
@@ -210,4 +212,21 @@ fn sim_replays_the_trace_with_every_placement() {
         admitted("best"),
         admitted("static")
     );
+}
+
+#[test]
+fn sim_without_the_lab_binary_beside_tessera_names_where_it_looked() {
+    // A link to the CLI in a directory of its own (same file system: the target dir), so
+    // no `tessera-sim` is beside it; `tessera sim` must say so, not run anything else.
+    let dir = tempfile::tempdir_in(bin_dir()).expect("tempdir in the target dir");
+    let cli = dir.path().join("tessera");
+    std::fs::hard_link(tessera_cli(), &cli)
+        .or_else(|_| std::fs::copy(tessera_cli(), &cli).map(|_| ()))
+        .expect("a link to the CLI");
+    let out = run_cmd(std::process::Command::new(&cli).args(["sim", "--scenario", "drf"]));
+    assert!(!out.status.success(), "tessera sim ran without tessera-sim: {}", out.stdout_str());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let want = format!("{} not found", dir.path().join("tessera-sim").display());
+    assert!(err.contains(&want), "stderr lacks `{want}`: {err}");
+    assert!(err.contains("cargo install --path crates/lab"), "no install hint: {err}");
 }

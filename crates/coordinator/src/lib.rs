@@ -59,7 +59,10 @@
 //! Plain HTTP only: TLS (and mTLS credentials) are not implemented here; run the
 //! coordinator behind a TLS-terminating proxy or on a trusted network.
 
+mod app;
 pub mod auth;
+mod books;
+mod http;
 pub mod quota;
 pub mod server;
 pub mod store;

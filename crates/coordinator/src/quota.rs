@@ -1,6 +1,8 @@
 //! Fleet quotas on the coordinator (docs/QUOTAS.md, "The fleet"): the routes of the quota
 //! protocol ([`fleet::quota`]) over the pure [`quota::books::Books`], which the coordinator
-//! keeps behind a mutex (never held across an await).
+//! keeps behind a mutex (never held across an await; [`QuotaState`], in `books.rs`). A
+//! route module: it uses the state it is handed (`app`) and the plumbing (`http`), never
+//! the other route module (`server`, which mounts these routes).
 //!
 //! | route | who | what |
 //! |---|---|---|
@@ -17,7 +19,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -29,17 +31,16 @@ use fleet::quota::{
     AdmitAnswer, AdmitRequest, Amounts, Holding, QuotaEvent, QuotaStatus, ReleaseRequest,
     SyncAnswer, SyncRequest, MAX_GANG_SIZE, MAX_SYNC_HOLDINGS,
 };
-use quota::books::{Books, GangArrival};
+use quota::books::GangArrival;
 use quota::{Resource, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
 use tessera_api::untrusted;
-use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::app::{App, Coordinator};
+pub use crate::books::{QuotaState, DEFAULT_LEASE_TTL};
+use crate::http::{json_body, ApiErr, ApiResult, Peer};
 use crate::now_ms;
-use crate::server::{json_body, ApiErr, ApiResult, App, Coordinator, Peer};
 
-/// How long a lease is good for by default (`--quota-lease-ttl-s`).
-pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(300);
 /// The most GPUs of one model a single grant may ask for.
 pub const MAX_GRANT_GPUS: u64 = 1_024;
 /// The most GPUs of one model a node may report.
@@ -54,52 +55,6 @@ pub const MAX_SYNC_LEASES: usize = 10_000;
 const MAX_WORKLOAD_BYTES: usize = 512;
 /// Extra time a waiting gang member gives the gang's deadline before asking again.
 const GANG_POLL_SLACK: Duration = Duration::from_millis(20);
-
-/// The policy whose quotas are in force, parsed once per revision.
-#[derive(Debug)]
-struct InForce {
-    /// The watch channel's latest version when this was found.
-    seen: Option<u64>,
-    policy: Option<(u64, Arc<policy::Policy>)>,
-}
-
-/// The coordinator's quota state: the books, the channel that wakes waiting gang members,
-/// the quotas in force.
-#[derive(Debug)]
-pub struct QuotaState {
-    books: Mutex<Books>,
-    changed: watch::Sender<u64>,
-    in_force: tokio::sync::Mutex<InForce>,
-    lease_ttl: Duration,
-}
-
-impl QuotaState {
-    /// Empty books issuing leases good for `lease_ttl`.
-    pub fn new(lease_ttl: Duration) -> QuotaState {
-        let (changed, _) = watch::channel(0);
-        QuotaState {
-            books: Mutex::new(Books::new(lease_ttl.as_secs(), now_ms())),
-            changed,
-            in_force: tokio::sync::Mutex::new(InForce { seen: None, policy: None }),
-            lease_ttl,
-        }
-    }
-
-    /// The lease lifetime handed to nodes.
-    pub fn lease_ttl(&self) -> Duration {
-        self.lease_ttl
-    }
-
-    fn books(&self) -> ApiResult<MutexGuard<'_, Books>> {
-        self.books.lock().map_err(|_| {
-            ApiErr::new(StatusCode::INTERNAL_SERVER_ERROR, "the quota books' lock is poisoned")
-        })
-    }
-
-    fn wake(&self) {
-        self.changed.send_modify(|n| *n = n.wrapping_add(1));
-    }
-}
 
 /// The policy in force (`None`: none pushed, or none verifies).
 async fn in_force(app: &Coordinator) -> ApiResult<Option<(u64, Arc<policy::Policy>)>> {

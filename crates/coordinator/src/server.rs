@@ -1,11 +1,13 @@
-//! The coordinator's HTTP server (axum): parse and authenticate each request, then act
-//! on the store. See the crate docs for the routes.
+//! The coordinator's HTTP server (axum): the routes of policies, nodes, usage and the
+//! audit log (parse and authenticate each request, then act on the store), the router
+//! with every route (the quota routes are `quota`'s), and the serving loop (plain or TLS).
+//! See the crate docs for the routes. Route modules depend on `app` (the state they are
+//! handed) and `http` (the plumbing), never on each other: this one mounts `quota`'s.
 
-use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -15,18 +17,20 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use ed25519_dalek::SigningKey;
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
-use crate::auth::{bearer, Principal, Tokens, TokensError};
+use crate::app::App;
+pub use crate::app::Coordinator;
+use crate::auth::{Principal, Tokens, TokensError};
+use crate::http::{json_body, query, Peer};
+pub use crate::http::{ApiErr, ApiResult};
 use crate::now_ms;
-use crate::signing::{self, KeyError, SignedPolicy, Signer, Verified};
-use crate::store::{self, LatestRx, PolicyStore, StoreError, StoreSpec};
+use crate::signing::{self, KeyError, SignedPolicy};
+use crate::store::{self, PolicyStore, StoreError, StoreSpec};
 use crate::wire::{
-    ErrorBody, FleetUsage, FleetUsageRequest, NodeRecord, NodeReport, NodeUsage, RefusalRecord,
-    RevisionSummary, UploadOutcome, UsageUpload, MAX_UPLOAD_BATCH,
+    FleetUsage, FleetUsageRequest, NodeRecord, NodeReport, RefusalRecord, RevisionSummary,
+    UploadOutcome, UsageUpload, MAX_UPLOAD_BATCH,
 };
 
 /// A node not heard from for this long is listed as stale.
@@ -35,8 +39,6 @@ pub const STALE_AFTER_MS: u64 = 120_000;
 pub const DEFAULT_POLL_MS: u64 = 30_000;
 /// The longest a long poll may wait.
 pub const MAX_POLL_MS: u64 = 120_000;
-/// Refusals kept for `GET /v1/audit/refusals`.
-const REFUSALS_KEPT: usize = 256;
 /// Largest request body.
 const MAX_REQUEST: usize = 8 << 20;
 /// Pending connections the listener queues (capped by `net.core.somaxconn`).
@@ -87,146 +89,7 @@ pub struct ServeOptions {
     pub quota_lease_ttl: Duration,
 }
 
-/// The coordinator's state: store, key, credentials, and the watchers' channel.
-pub struct Coordinator {
-    store: Arc<dyn PolicyStore>,
-    latest: LatestRx,
-    signer: Signer,
-    tokens: Tokens,
-    /// Node → last poll or report on this coordinator (not persisted: reports are).
-    contacts: Mutex<HashMap<String, u64>>,
-    refusals: Mutex<VecDeque<RefusalRecord>>,
-    waiting: AtomicUsize,
-    pub(crate) closing: watch::Sender<bool>,
-    /// Serializes this coordinator's own pushes (the store's CAS handles other coordinators).
-    push_lock: tokio::sync::Mutex<()>,
-    /// Fleet quotas: the books and what wakes waiting gang members.
-    pub(crate) quota: crate::quota::QuotaState,
-}
-
-impl std::fmt::Debug for Coordinator {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Coordinator")
-            .field("store", &self.store.kind())
-            .field("key_id", &self.signer.key_id())
-            .field("waiting", &self.waiting_watchers())
-            .finish_non_exhaustive()
-    }
-}
-
-/// An error answer: an HTTP status and an [`ErrorBody`].
-#[derive(Debug)]
-pub struct ApiErr {
-    status: StatusCode,
-    body: ErrorBody,
-}
-
-impl ApiErr {
-    pub fn status(&self) -> u16 {
-        self.status.as_u16()
-    }
-    pub fn body(&self) -> &ErrorBody {
-        &self.body
-    }
-    pub(crate) fn new(status: StatusCode, error: impl Into<String>) -> Self {
-        ApiErr { status, body: ErrorBody { error: error.into(), path: None, who: None } }
-    }
-    pub(crate) fn bad_request(error: impl Into<String>) -> Self {
-        ApiErr::new(StatusCode::BAD_REQUEST, error)
-    }
-    /// A store failure as the client should see it: its own mistakes as 4xx, a store
-    /// that does not answer as 503, stored data that cannot be read as 500.
-    pub(crate) fn store(e: StoreError) -> Self {
-        match e {
-            StoreError::Invalid(why) => ApiErr::bad_request(why),
-            StoreError::Conflict { .. } => ApiErr::new(StatusCode::CONFLICT, e.to_string()),
-            StoreError::Etcd(_) | StoreError::Sqlite(_) => {
-                error!("store: {e}");
-                ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, format!("store unavailable: {e}"))
-            }
-            StoreError::Corrupt(_) | StoreError::ForeignKey { .. } | StoreError::Other(_) => {
-                error!("store: {e}");
-                ApiErr::new(StatusCode::INTERNAL_SERVER_ERROR, format!("store: {e}"))
-            }
-        }
-    }
-}
-
-impl IntoResponse for ApiErr {
-    fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
-    }
-}
-
-pub type ApiResult<T> = Result<T, ApiErr>;
-
-/// Counts a long poll while it waits.
-struct Waiting<'a>(&'a AtomicUsize);
-
-impl<'a> Waiting<'a> {
-    fn new(n: &'a AtomicUsize) -> Self {
-        n.fetch_add(1, Ordering::Relaxed);
-        Waiting(n)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 impl Coordinator {
-    pub fn new(store: Arc<dyn PolicyStore>, key: SigningKey, tokens: Tokens) -> Arc<Coordinator> {
-        Coordinator::with_quota_lease_ttl(store, key, tokens, crate::quota::DEFAULT_LEASE_TTL)
-    }
-
-    /// As [`Coordinator::new`], handing quota leases good for `lease_ttl`.
-    pub fn with_quota_lease_ttl(
-        store: Arc<dyn PolicyStore>,
-        key: SigningKey,
-        tokens: Tokens,
-        lease_ttl: Duration,
-    ) -> Arc<Coordinator> {
-        let latest = store.subscribe();
-        let (closing, _) = watch::channel(false);
-        Arc::new(Coordinator {
-            store,
-            latest,
-            signer: Signer::new(key),
-            tokens,
-            contacts: Mutex::new(HashMap::new()),
-            refusals: Mutex::new(VecDeque::new()),
-            waiting: AtomicUsize::new(0),
-            closing,
-            push_lock: tokio::sync::Mutex::new(()),
-            quota: crate::quota::QuotaState::new(lease_ttl),
-        })
-    }
-
-    /// Long polls waiting right now.
-    pub fn waiting_watchers(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
-    }
-
-    /// The latest version watchers see.
-    pub fn latest_version(&self) -> Option<u64> {
-        self.latest.borrow().as_ref().map(|p| p.envelope.version)
-    }
-
-    pub fn store(&self) -> &Arc<dyn PolicyStore> {
-        &self.store
-    }
-
-    pub fn verifying_key(&self) -> ed25519_dalek::VerifyingKey {
-        self.signer.verifying_key()
-    }
-
-    /// Recent refusals, oldest first.
-    pub fn refusals(&self) -> Vec<RefusalRecord> {
-        self.refusals.lock().map(|r| r.iter().cloned().collect()).unwrap_or_default()
-    }
-
     /// The axum router (needs `ConnectInfo<SocketAddr>`: serve it with
     /// `into_make_service_with_connect_info`).
     pub fn router(self: &Arc<Self>) -> Router {
@@ -251,295 +114,22 @@ impl Coordinator {
             .layer(DefaultBodyLimit::max(MAX_REQUEST))
             .with_state(self.clone())
     }
+}
 
-    fn refuse(&self, who: String, action: &str, why: String, status: StatusCode) -> ApiErr {
-        warn!(who = %who, action = %action, why = %why, status = status.as_u16(), "request refused");
-        let rec = RefusalRecord {
-            time_ms: now_ms(),
-            who: who.clone(),
-            action: action.to_string(),
-            why: why.clone(),
-            status: status.as_u16(),
-        };
-        if let Ok(mut r) = self.refusals.lock() {
-            if r.len() >= REFUSALS_KEPT {
-                r.pop_front();
-            }
-            r.push_back(rec);
-        }
-        ApiErr { status, body: ErrorBody { error: why, path: None, who: Some(who) } }
-    }
+/// Counts a long poll while it waits.
+struct Waiting<'a>(&'a AtomicUsize);
 
-    fn authenticate(
-        &self,
-        headers: &HeaderMap,
-        peer: SocketAddr,
-        action: &str,
-    ) -> ApiResult<Principal> {
-        let Some(value) = headers.get(header::AUTHORIZATION) else {
-            return Err(self.refuse(
-                format!("anonymous ({peer})"),
-                action,
-                "missing credentials: send Authorization: Bearer <token>".into(),
-                StatusCode::UNAUTHORIZED,
-            ));
-        };
-        let token = value.to_str().ok().and_then(bearer);
-        match token.and_then(|t| self.tokens.authenticate(t)) {
-            Some(p) => Ok(p),
-            None => Err(self.refuse(
-                format!("unknown credential ({peer})"),
-                action,
-                "the bearer token is not one this coordinator knows".into(),
-                StatusCode::UNAUTHORIZED,
-            )),
-        }
-    }
-
-    pub(crate) fn require_admin(
-        &self,
-        headers: &HeaderMap,
-        peer: SocketAddr,
-        action: &str,
-    ) -> ApiResult<String> {
-        match self.authenticate(headers, peer, action)? {
-            Principal::Admin(name) => Ok(name),
-            p @ Principal::Node(_) => Err(self.refuse(
-                p.to_string(),
-                action,
-                format!("{action} needs an admin credential; {p} holds a node credential"),
-                StatusCode::FORBIDDEN,
-            )),
-        }
-    }
-
-    /// Only the node itself; admins too when `admin_ok`.
-    pub(crate) fn require_node(
-        &self,
-        headers: &HeaderMap,
-        peer: SocketAddr,
-        action: &str,
-        node: &str,
-        admin_ok: bool,
-    ) -> ApiResult<Principal> {
-        let p = self.authenticate(headers, peer, action)?;
-        match &p {
-            Principal::Node(n) if n == node => Ok(p),
-            Principal::Admin(_) if admin_ok => Ok(p),
-            Principal::Node(_) => Err(self.refuse(
-                p.to_string(),
-                action,
-                format!("{p} may act only as itself, not as node {node:?}"),
-                StatusCode::FORBIDDEN,
-            )),
-            Principal::Admin(_) => Err(self.refuse(
-                p.to_string(),
-                action,
-                format!(
-                    "{action} needs the credential of node {node:?}; admins cannot act as a node"
-                ),
-                StatusCode::FORBIDDEN,
-            )),
-        }
-    }
-
-    pub(crate) fn touch(&self, node: &str) {
-        if let Ok(mut c) = self.contacts.lock() {
-            c.insert(node.to_string(), now_ms());
-        }
-    }
-
-    fn contact(&self, node: &str) -> Option<u64> {
-        self.contacts.lock().ok().and_then(|c| c.get(node).copied())
-    }
-
-    /// Every node heard from by this coordinator, with when.
-    pub(crate) fn contacts(&self) -> Vec<(String, u64)> {
-        self.contacts
-            .lock()
-            .map(|c| c.iter().map(|(n, t)| (n.clone(), *t)).collect())
-            .unwrap_or_default()
-    }
-
-    /// Validate, sign and append a pushed policy.
-    /// (201 when a revision was added, 200 when it was already the latest.)
-    pub async fn push_policy(
-        &self,
-        bytes: &[u8],
-        author: &str,
-    ) -> ApiResult<(StatusCode, RevisionSummary)> {
-        if bytes.len() > fleet::MAX_POLICY_BYTES {
-            return Err(ApiErr::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "the policy is {} bytes; a coordinator accepts at most {} (fleet::MAX_POLICY_BYTES)",
-                    bytes.len(),
-                    fleet::MAX_POLICY_BYTES
-                ),
-            ));
-        }
-        let parsed = policy::Policy::parse(bytes, "pushed policy").map_err(|e| ApiErr {
-            status: StatusCode::BAD_REQUEST,
-            body: ErrorBody {
-                error: e.to_string(),
-                path: e.json_path().map(str::to_string),
-                who: None,
-            },
-        })?;
-        let bad_version = |e: fleet::VersionError| {
-            let status = match e {
-                fleet::VersionError::NotNewer { .. } => StatusCode::CONFLICT,
-                _ => StatusCode::BAD_REQUEST,
-            };
-            ApiErr {
-                status,
-                body: ErrorBody { error: e.to_string(), path: Some("version".into()), who: None },
-            }
-        };
-        // The absolute bounds first: no store is asked about a version that cannot be.
-        fleet::check_version(parsed.version(), None).or_else(|e| match e {
-            fleet::VersionError::TooFar { .. } => Ok(()),
-            e => Err(bad_version(e)),
-        })?;
-        let _serial = self.push_lock.lock().await;
-        for _ in 0..5 {
-            let latest = self.store.latest().await.map_err(ApiErr::store)?;
-            if let Some(l) = &latest {
-                if l.version == parsed.version() && l.digest == parsed.digest() {
-                    // The same push again (a retry) is done only if the stored revision is
-                    // one this coordinator's key signed: a planted one is no success.
-                    return match signing::verify(l, &self.signer.verifying_key()) {
-                        Ok(_) => Ok((StatusCode::OK, RevisionSummary::from(l))),
-                        Err(e) => Err(ApiErr::new(
-                            StatusCode::CONFLICT,
-                            format!(
-                                "the store already holds a revision {} with these bytes, but it does not verify \
-                                 against this coordinator's key ({}: {e}); nodes refuse it. Push the policy \
-                                 again with \"version\" above {}",
-                                l.version,
-                                e.kind(),
-                                l.version
-                            ),
-                        )),
-                    };
-                }
-            }
-            fleet::check_version(parsed.version(), latest.as_ref().map(|l| l.version))
-                .map_err(bad_version)?;
-            let env = signing::sign_parsed(self.signer.key(), &parsed, bytes, author, now_ms());
-            match self.store.append(latest.as_ref().map(|l| l.version), env.clone()).await {
-                Ok(()) => {
-                    info!(version = env.version, author = %env.author, digest = %env.digest, "policy pushed");
-                    return Ok((StatusCode::CREATED, RevisionSummary::from(&env)));
-                }
-                Err(StoreError::Conflict { .. }) => continue,
-                Err(e) => return Err(ApiErr::store(e)),
-            }
-        }
-        Err(ApiErr::new(
-            StatusCode::CONFLICT,
-            "another coordinator kept pushing at the same time; retry",
-        ))
-    }
-
-    /// The newest revision that verifies against this coordinator's key (what nodes
-    /// enforce), and why each newer one was skipped.
-    pub(crate) async fn latest_verified(&self) -> ApiResult<(Option<Verified>, Vec<String>)> {
-        let key = self.signer.verifying_key();
-        let mut skipped = Vec::new();
-        let Some(latest) = self.store.latest().await.map_err(ApiErr::store)? else {
-            return Ok((None, skipped));
-        };
-        match signing::verify(&latest, &key) {
-            Ok(v) => return Ok((Some(v), skipped)),
-            Err(e) => skipped.push(format!("version {}: {}: {e}", latest.version, e.kind())),
-        }
-        let history = self.store.history().await.map_err(ApiErr::store)?;
-        for rev in history.iter().rev().filter(|r| r.version < latest.version) {
-            match signing::verify(rev, &key) {
-                Ok(v) => return Ok((Some(v), skipped)),
-                Err(e) => skipped.push(format!("version {}: {}: {e}", rev.version, e.kind())),
-            }
-        }
-        Ok((None, skipped))
-    }
-
-    async fn fleet_usage(
-        &self,
-        mut q: metering::UsageQuery,
-        only: Option<Vec<String>>,
-        price_with_policy: bool,
-    ) -> ApiResult<FleetUsage> {
-        q.validate().map_err(|e| ApiErr::bad_request(e.to_string()))?;
-        let (mut priced_with, mut skipped) = (None, Vec::new());
-        if price_with_policy {
-            let (verified, why) = self.latest_verified().await?;
-            for w in &why {
-                warn!("fleet usage: not pricing with {w}");
-            }
-            skipped = why;
-            q.prices = match verified {
-                Some(v) => {
-                    priced_with = Some(v.version);
-                    prices_of(&v.policy)
-                }
-                None => metering::Prices::default(),
-            };
-        }
-        let rows = self.store.usage_intervals(q.from_ms, q.to_ms).await.map_err(ApiErr::store)?;
-        let mut by_node: std::collections::BTreeMap<String, Vec<metering::Span>> =
-            Default::default();
-        for (node, i) in &rows {
-            if only.as_ref().is_none_or(|o| o.contains(node)) {
-                by_node.entry(node.clone()).or_default().push(store::span_of(i));
-            }
-        }
-        let all: Vec<metering::Span> = by_node.values().flatten().cloned().collect();
-        let report = metering::aggregate(&all, &q)
-            .map_err(|e| ApiErr::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-        let mut nodes = Vec::with_capacity(by_node.len());
-        for (node, spans) in &by_node {
-            let r = metering::aggregate(spans, &q)
-                .map_err(|e| ApiErr::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-            nodes.push(NodeUsage {
-                node: node.clone(),
-                gpu_seconds: r.total.gpu_seconds,
-                cost: r.total.cost,
-                intervals: r.total.intervals,
-            });
-        }
-        Ok(FleetUsage { report, nodes, priced_with, skipped })
+impl<'a> Waiting<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        Waiting(n)
     }
 }
 
-/// A policy's prices as the metering roll-up takes them.
-pub fn prices_of(p: &policy::Policy) -> metering::Prices {
-    metering::Prices {
-        per_model: p
-            .prices()
-            .iter()
-            .map(|(m, r)| {
-                (
-                    m.clone(),
-                    metering::Rate {
-                        reserved_per_gpu_hour: r.reserved_per_gpu_hour,
-                        burst_per_gpu_hour: r.burst_per_gpu_hour,
-                    },
-                )
-            })
-            .collect(),
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
-}
-
-pub(crate) type App = State<Arc<Coordinator>>;
-pub(crate) type Peer = ConnectInfo<SocketAddr>;
-
-pub(crate) fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> ApiResult<T> {
-    serde_json::from_slice(body).map_err(|e| ApiErr::bad_request(format!("{what}: {e}")))
-}
-
-fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
-    q.map(|Query(v)| v).map_err(|e| ApiErr::bad_request(e.body_text()))
 }
 
 #[derive(Debug, Serialize)]

@@ -63,7 +63,6 @@ mod amount;
 pub mod books;
 mod drf;
 mod reclaim;
-pub mod sim;
 mod spec;
 pub mod wire;
 

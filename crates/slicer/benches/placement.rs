@@ -3,9 +3,8 @@
 //! `cargo bench -p slicer --bench placement`. Criterion reports means per fill level;
 //! then a manual loop times 10,000 single decisions over every fill level and request
 //! profile and prints p50 / p99 / max, failing (exit 1) if p99 is 100 µs or more. The
-//! packer (`slicer::pack`: whole GPUs, MIG, MPS and time-slicing scored together) gets
-//! the same: criterion means per fill level and 10,000 timed decisions, `place` being the
-//! in-run baseline.
+//! packer's bench (whole GPUs, MIG, MPS and time-slicing scored together, with `place` as
+//! its in-run baseline) is the lab crate's: `cargo bench -p lab --bench pack`.
 
 use std::collections::BTreeSet;
 use std::hint::black_box;
@@ -15,7 +14,6 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 use slicer::catalog;
 use slicer::inventory::{Gpu, Inventory, Majors, MigInstance};
-use slicer::pack::{pack, Allow, Ask, DemandCounter, PackMix, PackNode, Rules};
 use slicer::place::{place, DemandMix, PlaceDecision, Strategy};
 
 const MODEL: &str = "H100-80GB";
@@ -133,49 +131,6 @@ fn scenarios() -> Vec<(String, Inventory, BTreeSet<String>)> {
     out
 }
 
-/// A random request of the tier-aware replay: fractions and whole GPUs, three tiers.
-fn random_ask(rng: &mut Rng) -> Ask {
-    const TIERS: [Allow; 3] = [
-        Allow::MIG_ONLY,
-        Allow { gpu: true, mig: true, mps: true, shared: false },
-        Allow { gpu: true, mig: true, mps: true, shared: true },
-    ];
-    let allow = TIERS[(rng.next() % 3) as usize];
-    let tenant = (rng.next() % 5) as u32;
-    let (gpus, milli) = match rng.next() % 10 {
-        0..=5 => (1, 50 + (rng.next() % 900) as u32),
-        6..=8 => (1, 1000),
-        _ => (1 << (rng.next() % 4), 1000),
-    };
-    Ask { gpus, milli, allow, tenant, domain: tenant }
-}
-
-/// An 8x H100 packer node filled by Best decisions until `fill` of its capacity is
-/// taken, and the demand mix seen while filling.
-fn pack_filled(fill: f64, seed: u64) -> (PackNode, PackMix) {
-    let Some(model) = catalog::model(MODEL) else {
-        return (
-            PackNode::new(slicer::catalog::MODELS.first().expect("a model"), 8, Rules::default()),
-            PackMix::default(),
-        );
-    };
-    let mut node = PackNode::new(model, 8, Rules { mps_max_percent: 75, replicas: 4 });
-    let mut counter = DemandCounter::default();
-    let mut rng = Rng(seed);
-    for _ in 0..10_000 {
-        let used = 1.0 - node.free_units() as f64 / (8.0 * 7000.0);
-        if used >= fill {
-            break;
-        }
-        let ask = random_ask(&mut rng);
-        counter.record(model, &ask);
-        if let Some(p) = pack(&node, &ask, Strategy::Best, &counter.mix()) {
-            node.apply(&p.choice, &ask);
-        }
-    }
-    (node, counter.mix())
-}
-
 fn bench(c: &mut Criterion) {
     let Some(model) = catalog::model(MODEL) else { return };
     let mix = DemandMix::uniform(model);
@@ -188,55 +143,6 @@ fn bench(c: &mut Criterion) {
         }
     }
     group.finish();
-    let mut group = c.benchmark_group("pack/8xH100");
-    for fill in [0.0, 0.5, 0.9] {
-        let (node, mix) = pack_filled(fill, 0xbeef);
-        let mut rng = Rng(0x1234);
-        let asks: Vec<Ask> = (0..64).map(|_| random_ask(&mut rng)).collect();
-        group.bench_function(format!("fill{:.0}%/64-asks", fill * 100.0), |b| {
-            b.iter(|| {
-                for a in &asks {
-                    black_box(pack(black_box(&node), a, Strategy::Best, &mix));
-                }
-            })
-        });
-    }
-    group.finish();
-}
-
-/// 10,000 single packer decisions (whole GPUs, MIG, MPS and time-slicing scored
-/// together), each timed, with `place` (MIG only) timed in the same loop as the baseline.
-fn pack_percentiles() -> bool {
-    let nodes: Vec<(PackNode, PackMix)> = [0.0, 0.25, 0.5, 0.75, 0.9, 1.0]
-        .iter()
-        .map(|&f| pack_filled(f, 0x5eed + (f * 100.0) as u64))
-        .collect();
-    let mut rng = Rng(0xfade);
-    let mut samples = Vec::with_capacity(10_000);
-    let mut fits = 0usize;
-    for _ in 0..10_000u64 {
-        let (node, mix) = &nodes[(rng.next() % nodes.len() as u64) as usize];
-        let ask = random_ask(&mut rng);
-        let t = Instant::now();
-        let d = pack(black_box(node), black_box(&ask), Strategy::Best, mix);
-        samples.push(t.elapsed());
-        fits += usize::from(d.is_some());
-    }
-    samples.sort_unstable();
-    let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
-    let (p50, p99, max) = (at(0.50), at(0.99), at(1.0));
-    println!(
-        "pack decisions on 8x {MODEL}: n={} p50={:.1} us p99={:.1} us max={:.1} us (fit {}); \
-         p99 limit {} us: {}",
-        samples.len(),
-        p50.as_secs_f64() * 1e6,
-        p99.as_secs_f64() * 1e6,
-        max.as_secs_f64() * 1e6,
-        fits,
-        P99_LIMIT.as_micros(),
-        if p99 < P99_LIMIT { "PASS" } else { "FAIL" }
-    );
-    p99 < P99_LIMIT
 }
 
 /// 10,000 single decisions, each timed: random scenario, random profile, both
@@ -288,8 +194,7 @@ fn main() -> ExitCode {
     let mut c = Criterion::default().configure_from_args();
     bench(&mut c);
     c.final_summary();
-    let placed = percentiles();
-    if pack_percentiles() && placed {
+    if percentiles() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

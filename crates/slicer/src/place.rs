@@ -153,8 +153,9 @@ impl DemandMix {
     }
 }
 
-/// Whether `key` beats the best so far (none yet: it does).
-pub(crate) fn better<K: Ord>(key: &K, best: Option<&K>) -> bool {
+/// Whether `key` beats the best so far (none yet: it does): the tie rule every scored
+/// decision shares (the lowest key wins; the first of equal keys stays).
+pub fn better<K: Ord>(key: &K, best: Option<&K>) -> bool {
     match best {
         None => true,
         Some(b) => key < b,
@@ -189,7 +190,8 @@ pub struct Occupancy {
 }
 
 impl Occupancy {
-    pub(crate) fn add(&mut self, p: &Profile, index: usize, start: u8) {
+    /// Records an instance of `p` (catalog index `index`) at `start`.
+    pub fn add(&mut self, p: &Profile, index: usize, start: u8) {
         self.mask |= slot_mask(start, p.size);
         if let Some(c) = self.counts.get_mut(index) {
             *c = c.saturating_add(1);
@@ -198,7 +200,8 @@ impl Occupancy {
         self.media = self.media.saturating_add(u8::from(p.is_media_extension()));
     }
 
-    pub(crate) fn remove(&mut self, p: &Profile, index: usize, start: u8) {
+    /// Forgets an instance of `p` (catalog index `index`) at `start`.
+    pub fn remove(&mut self, p: &Profile, index: usize, start: u8) {
         self.mask &= !slot_mask(start, p.size);
         if let Some(c) = self.counts.get_mut(index) {
             *c = c.saturating_sub(1);
@@ -209,7 +212,7 @@ impl Occupancy {
 
     /// Whether `p` (catalog index `index`) can be added at `start`: a legal start, free
     /// slots, under its instance limit, the +me limit and the compute slices.
-    pub(crate) fn fits(&self, p: &Profile, index: usize, start: u8) -> bool {
+    pub fn fits(&self, p: &Profile, index: usize, start: u8) -> bool {
         p.starts.contains(&start)
             && self.mask & slot_mask(start, p.size) == 0
             && self.counts.get(index).is_some_and(|&c| c < p.max_instances)
@@ -219,7 +222,7 @@ impl Occupancy {
 
     /// How many more instances of `p` fit (its legal placements are pairwise disjoint,
     /// so counting free ones is exact).
-    pub(crate) fn capacity(&self, p: &Profile, index: usize) -> u32 {
+    pub fn capacity(&self, p: &Profile, index: usize) -> u32 {
         if p.is_media_extension() && self.media > 0 {
             return 0;
         }
@@ -237,6 +240,16 @@ impl Occupancy {
     /// Free memory slots.
     pub(crate) fn free_slots(&self) -> u32 {
         self.mask.count_zeros()
+    }
+
+    /// No instance: every memory slot is free.
+    pub fn is_empty(&self) -> bool {
+        self.mask == 0
+    }
+
+    /// Compute slices in use.
+    pub fn compute_slices(&self) -> u8 {
+        self.compute
     }
 }
 

@@ -39,6 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::{cap_minors, read_majors, read_mig_minors, BackendError, GpuBackend};
 use crate::catalog::{self, placement_is_legal};
+use crate::hash::fnv1a64;
 use crate::inventory::{
     render_mig_minors, render_proc_devices, Gpu, Inventory, Majors, MigInstance, CAP_GIS_PER_GPU,
     NVIDIA_MAJOR,
@@ -743,15 +744,6 @@ fn sim_uuid(prefix: &str, key: &str) -> String {
         &hex[16..20],
         &hex[20..32]
     )
-}
-
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
 }
 
 fn tmp_path(path: &Path) -> PathBuf {

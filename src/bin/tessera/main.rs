@@ -1,5 +1,6 @@
 //! tessera: the operator's command line. Flag parsing and printing only.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -11,6 +12,7 @@ mod mig;
 mod quota;
 mod revoke;
 mod setup;
+mod sim;
 
 /// Tessera: GPU sharing on one node.
 #[derive(Debug, Parser)]
@@ -66,8 +68,14 @@ enum Cmd {
         #[command(subcommand)]
         cmd: mig::MigCmd,
     },
-    /// Replay a GPU-cluster trace through the real placement code (no daemon needed).
-    Sim(mig::SimArgs),
+    /// Replay a GPU-cluster trace through the real placement code, or run the fleet quota
+    /// simulator (no daemon needed): runs `tessera-sim`, the lab's binary, installed beside
+    /// tessera; `tessera sim --help` lists its options.
+    #[command(disable_help_flag = true)]
+    Sim {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
     /// Zero and verify one device's memory (run by tesserad in a child process):
     /// `--device UUID [--json] [--sim-mem FILE] [--sim-faults FILE] [--reserve-mib N]`.
     #[command(disable_help_flag = true)]
@@ -225,7 +233,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 ))
             }
         }
-        Cmd::Sim(args) => mig::sim(args),
+        Cmd::Sim { args } => sim::exec(args),
         Cmd::Completions { shell } => {
             use clap::CommandFactory as _;
             // Into memory first: clap_complete panics on a write error (a closed pipe).

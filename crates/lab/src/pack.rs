@@ -83,8 +83,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::{GpuModel, Profile, COMPUTE_SLICES};
-use crate::place::{Occupancy, Strategy};
+use slicer::catalog::{GpuModel, Profile, COMPUTE_SLICES};
+use slicer::place::{Occupancy, Strategy};
 
 /// Capacity units per GPU: 7 compute slices × 1000.
 pub const UNITS_PER_GPU: u64 = 7000;
@@ -492,7 +492,7 @@ impl PackNode {
                 if let Some(g) = self.gpus.get_mut(*gpu as usize) {
                     if let GpuUse::Mig(occ) = g {
                         occ.remove(p, pi, *start);
-                        if occ.mask == 0 {
+                        if occ.is_empty() {
                             *g = GpuUse::Free;
                         }
                     }
@@ -565,7 +565,7 @@ pub(crate) fn free_units(g: &GpuUse) -> u64 {
     match g {
         GpuUse::Free => UNITS_PER_GPU,
         GpuUse::Whole => 0,
-        GpuUse::Mig(o) => u64::from(COMPUTE_SLICES.saturating_sub(o.compute)) * 1000,
+        GpuUse::Mig(o) => u64::from(COMPUTE_SLICES.saturating_sub(o.compute_slices())) * 1000,
         GpuUse::Mps { used, .. } => u64::from(100u32.saturating_sub(*used)) * 70,
         GpuUse::Shared { milli, .. } => u64::from(1000u32.saturating_sub(*milli)) * 7,
     }
@@ -866,7 +866,7 @@ pub fn pack(node: &PackNode, ask: &Ask, strategy: Strategy, mix: &PackMix) -> Op
         let gpu_free = node.gpus.get(first as usize).map_or(0, free_units);
         let start = if let Choice::Mig { start, .. } = c { start } else { 0 };
         let key = (loss, gpu_free, first, kind_rank(&c, mps_first), start);
-        if crate::place::better(&key, best.as_ref().map(|b| &b.0)) {
+        if slicer::place::better(&key, best.as_ref().map(|b| &b.0)) {
             best = Some((key, c));
         }
     }
@@ -888,7 +888,7 @@ pub fn pack_cluster(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog;
+    use slicer::catalog;
 
     fn h100() -> &'static GpuModel {
         catalog::model("H100-80GB").expect("h100")

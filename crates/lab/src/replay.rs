@@ -20,17 +20,18 @@ use std::str::FromStr;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
+use slicer::fnv1a64;
 use tessera_api::GpuRequest;
 
-use crate::catalog::{self, GpuModel, Profile, COMPUTE_SLICES};
-use crate::choose::choose;
-use crate::inventory::{Gpu, Inventory, Majors, MigInstance};
-use crate::layout::DeclaredLayout;
 use crate::pack::{
     self, pack_cluster, Allow, Ask, Choice, DemandCounter, GpuUse, PackMix, PackNode, Rules,
     UNITS_PER_GPU,
 };
-use crate::place::{better, Strategy};
+use slicer::catalog::{self, GpuModel, Profile, COMPUTE_SLICES};
+use slicer::choose;
+use slicer::inventory::{Gpu, Inventory, Majors, MigInstance};
+use slicer::layout::DeclaredLayout;
+use slicer::place::{better, Strategy};
 
 /// How trace rows become requests; the same text as the documentation of
 /// [`map_request`]. `tessera sim` prints it with its results.
@@ -167,14 +168,44 @@ fn synthetic_duration(name: &str) -> u64 {
     10f64.powf(2.0 + 3.0 * u).round() as u64
 }
 
-/// FNV-1a, 64 bits: stable across Rust versions and platforms.
-pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+/// What a trace row asks for, on any GPU model: the one reading of `num_gpu` and
+/// `gpu_milli` that the replay ([`map_request`], [`MAPPING_DOC`]) and the quota simulator's
+/// jobs (`tessera sim --quota-modes`, [`crate::cli::quota_jobs`]) share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowAsk {
+    /// `num_gpu = 0`: no GPU.
+    CpuOnly,
+    /// This many whole GPUs on one node: `num_gpu >= 2`, or `gpu_milli` 0 or at least 1000.
+    Whole(u32),
+    /// `num_gpu = 1` with `0 < gpu_milli < 1000`: this share of one GPU, in thousandths.
+    Fraction(u32),
+}
+
+impl RowAsk {
+    pub fn of(num_gpu: u32, gpu_milli: u32) -> RowAsk {
+        if num_gpu == 0 {
+            RowAsk::CpuOnly
+        } else if num_gpu >= 2 || gpu_milli == 0 || gpu_milli >= 1000 {
+            RowAsk::Whole(num_gpu)
+        } else {
+            RowAsk::Fraction(gpu_milli)
+        }
     }
-    h
+}
+
+impl TraceRequest {
+    /// What this row asks for ([`RowAsk::of`]).
+    pub fn ask(&self) -> RowAsk {
+        RowAsk::of(self.num_gpu, self.gpu_milli)
+    }
+}
+
+/// The owner of the row called `name` among `n` tenants (None: no tenants): number
+/// FNV-1a-64(name) mod n, the mapping every replay and simulation of a trace shares (the
+/// trace has no tenant column).
+pub fn row_owner(name: &str, n: usize) -> Option<usize> {
+    let n = u64::try_from(n).ok().filter(|&n| n > 0)?;
+    usize::try_from(fnv1a64(name.as_bytes()) % n).ok()
 }
 
 /// What a trace row asks for on a given GPU model.
@@ -210,12 +241,11 @@ impl Mapped {
 
 /// Map a trace row to a request on `model`; the rules are [`MAPPING_DOC`].
 pub fn map_request(model: &GpuModel, num_gpu: u32, gpu_milli: u32) -> Mapped {
-    if num_gpu == 0 {
-        return Mapped::CpuOnly;
-    }
-    if num_gpu >= 2 || gpu_milli == 0 || gpu_milli >= 1000 {
-        return Mapped::Whole(num_gpu);
-    }
+    let gpu_milli = match RowAsk::of(num_gpu, gpu_milli) {
+        RowAsk::CpuOnly => return Mapped::CpuOnly,
+        RowAsk::Whole(n) => return Mapped::Whole(n),
+        RowAsk::Fraction(milli) => milli,
+    };
     let need = u64::from(gpu_milli) * u64::from(COMPUTE_SLICES);
     model
         .profiles
@@ -327,8 +357,7 @@ pub struct Tenants {
 impl Tenants {
     /// The tenant of the row called `name` (None: no tenants).
     pub fn of(&self, name: &str) -> Option<usize> {
-        let n = self.tenants.len() as u64;
-        (n > 0).then(|| (fnv1a64(name.as_bytes()) % n) as usize)
+        row_owner(name, self.tenants.len())
     }
 
     /// The tenants of `examples/policy.json` as `tessera sim --policy` maps them: the
@@ -596,7 +625,12 @@ pub(crate) fn replay_observed(
         .iter()
         .map(|r| {
             let mapped = map_request(model, r.num_gpu, r.gpu_milli);
-            let ask = (mapped != Mapped::CpuOnly).then(|| {
+            let shape = match r.ask() {
+                RowAsk::CpuOnly => None,
+                RowAsk::Whole(n) => Some((n, 1000)),
+                RowAsk::Fraction(milli) => Some((1, milli)),
+            };
+            let ask = shape.map(|(gpus, milli)| {
                 let (allow, tenant, domain) = match tenants
                     .and_then(|t| t.of(&r.name).map(|i| (t, i)))
                 {
@@ -606,14 +640,7 @@ pub(crate) fn replay_observed(
                     }
                     None => (Allow::MIG_ONLY, 0, 0),
                 };
-                let whole = r.num_gpu >= 2 || r.gpu_milli == 0 || r.gpu_milli >= 1000;
-                Ask {
-                    gpus: r.num_gpu,
-                    milli: if whole { 1000 } else { r.gpu_milli },
-                    allow,
-                    tenant,
-                    domain,
-                }
+                Ask { gpus, milli, allow, tenant, domain }
             });
             Req { mapped, ask, duration: r.departure - r.arrival }
         })
@@ -1161,6 +1188,29 @@ mod tests {
         assert_eq!(name(2, 500), "gpu=2");
         assert_eq!(name(1, 0), "gpu=1");
         assert!(MAPPING_DOC.contains("<= 142 -> 1g.10gb, <= 285 -> 2g.20gb"));
+    }
+
+    #[test]
+    fn one_reading_of_a_row_for_the_replay_and_the_quota_simulator() {
+        let m = h100();
+        for num_gpu in [0, 1, 2, 3, 8] {
+            for milli in [0, 1, 142, 500, 999, 1000, 1001, 4000] {
+                let ask = RowAsk::of(num_gpu, milli);
+                match (ask, map_request(m, num_gpu, milli)) {
+                    (RowAsk::CpuOnly, Mapped::CpuOnly) => assert_eq!(num_gpu, 0),
+                    (RowAsk::Whole(n), Mapped::Whole(w)) => assert_eq!((n, w), (num_gpu, num_gpu)),
+                    (RowAsk::Fraction(f), Mapped::Mig(p)) => {
+                        assert_eq!((num_gpu, f), (1, milli));
+                        assert!(u64::from(p.compute_slices) * 1000 >= u64::from(f) * 7);
+                    }
+                    (a, b) => panic!("({num_gpu}, {milli}): {a:?} but the replay maps {b:?}"),
+                }
+            }
+        }
+        assert_eq!(row_owner("p1", 0), None);
+        assert_eq!(row_owner("a", 3), Some((0xaf63_dc4c_8601_ec8c_u64 % 3) as usize));
+        let t = Tenants::example();
+        assert_eq!(t.of("p7"), row_owner("p7", t.tenants.len()));
     }
 
     #[test]

@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use slicer::replay::Trace;
-use slicer::tracegen::family;
+use lab::replay::Trace;
+use lab::tracegen::family;
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/alibaba-gpu-v2023");
 

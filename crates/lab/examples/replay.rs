@@ -1,13 +1,13 @@
 //! The four-placement comparison on a trace, as `tessera sim` will print it.
 //!
-//! `cargo run -p slicer --release --example replay -- [TRACE] [NODES...] [--json]`
+//! `cargo run -p lab --release --example replay -- [TRACE] [NODES...] [--json]`
 //! (defaults: the Alibaba default pod list and 8 nodes of 8 H100-80GB). Several node
 //! counts print one table each.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use slicer::replay::{comparison_table, replay, Placement, Trace, MAPPING_DOC};
+use lab::replay::{comparison_table, replay, Placement, Trace, MAPPING_DOC};
 
 const DEFAULT_TRACE: &str =
     concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/alibaba-gpu-v2023/openb_pod_list_default.csv");

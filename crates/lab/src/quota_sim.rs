@@ -34,13 +34,13 @@
 //!   not fit, gets a reservation at the earliest time it would fit as running jobs end;
 //!   a later job starts now only if it fits now and ends by then.
 //! - [`Mode::Quotas`]: Tessera's rules. Each waiting request is decided by
-//!   [`crate::admit`] (ceilings, guarantees, borrowing, lending limits); the queue is
-//!   served in [`crate::fair_order`], recomputed after each admission, skipping what does
-//!   not fit, as [`crate::allocate`] does, but placing each admission on the bins (one that
+//!   [`quota::admit`] (ceilings, guarantees, borrowing, lending limits); the queue is
+//!   served in [`quota::fair_order`], recomputed after each admission, skipping what does
+//!   not fit, as [`quota::allocate`] does, but placing each admission on the bins (one that
 //!   fits the books but not the bins waits). A request within guarantee that finds its
 //!   capacity lent out ([`Decision::Reclaim`]), or that fits the books but not the bins,
 //!   reclaims: on each node (the whole fleet for a gang) the borrowed work of other
-//!   tenants is ordered by [`crate::choose_victims`], the shortest prefix after which the
+//!   tenants is ordered by [`quota::choose_victims`], the shortest prefix after which the
 //!   request fits is taken (less any victim it does not need), and the node with the
 //!   fewest victims wins (then the fewest GPU-seconds lost, then the lowest index). The
 //!   victims get their tenant's grace period ([`QuotaTree::grace_period_s`]) and are then
@@ -84,11 +84,9 @@ use std::fmt::{self, Write as _};
 use serde::Serialize;
 use tessera_api::untrusted;
 
-use crate::admit::{admit, Class, Decision, Usage};
-use crate::amount::{Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
-use crate::drf::{dominant_share, fair_order, Waiting};
-use crate::reclaim::{choose_victims, Running};
-use crate::spec::{chain, is_within, QuotaTree};
+use quota::{admit, chain, choose_victims, dominant_share, fair_order, is_within};
+use quota::{Class, Decision, QuotaTree, Running, Usage, Waiting};
+use quota::{Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
 
 /// One job of the input.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1782,7 +1780,7 @@ pub fn tenant_table(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::QuotaSpec;
+    use quota::QuotaSpec;
 
     const H100: &str = "H100-80GB";
 
@@ -1973,7 +1971,7 @@ mod tests {
         assert_eq!(start(&q, "a0"), Some(1000));
     }
 
-    const DEFAULT_GRACE: u64 = crate::spec::DEFAULT_GRACE_PERIOD_S;
+    const DEFAULT_GRACE: u64 = quota::DEFAULT_GRACE_PERIOD_S;
 
     #[test]
     fn partitions_take_whole_nodes_first_then_the_largest_rest_and_nest() {

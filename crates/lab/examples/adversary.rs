@@ -1,14 +1,14 @@
-//! The adversary ([`slicer::adversary`]) over the trace family of `examples/family.rs`: for
+//! The adversary ([`lab::adversary`]) over the trace family of `examples/family.rs`: for
 //! every cell (trace, nodes, fractions, queue) where `best` and `first-fit` start different
 //! requests, a trace on which best admits fewer requests than first-fit and one on which
 //! first-fit admits fewer than best, each replayed to check it.
 //!
-//! `cargo run -p slicer --release --example adversary -- [REQUESTS] [SEED] [MAX_WAIT_S]`
+//! `cargo run -p lab --release --example adversary -- [REQUESTS] [SEED] [MAX_WAIT_S]`
 //! (defaults 3000, 1, 3600). One line per cell: the divergence (seconds into the trace),
 //! then per direction the case, the punishing trace's length and both admitted counts.
 
-use slicer::adversary::{punish, Case, Punishment};
-use slicer::replay::{Fractions, Placement, Queue, ReplayConfig, Tenants};
+use lab::adversary::{punish, Case, Punishment};
+use lab::replay::{Fractions, Placement, Queue, ReplayConfig, Tenants};
 
 mod common;
 

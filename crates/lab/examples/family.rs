@@ -2,14 +2,14 @@
 //! Alibaba pod lists and the generated mixes, at 1, 2, 4 and 8 nodes of 8 H100-80GB,
 //! with MIG-only and tier-aware fractions, dropping on arrival and with a queue.
 //!
-//! `cargo run -p slicer --release --example family -- [REQUESTS] [SEED] [MAX_WAIT_S]`
+//! `cargo run -p lab --release --example family -- [REQUESTS] [SEED] [MAX_WAIT_S]`
 //! (defaults 3000, 1, 3600). One line per (trace, nodes, fractions, queue); the columns
 //! are admitted requests and admitted demand (GPU-hours) of best and first-fit, and the
 //! outcome, exact (the printed figures are rounded): `requests`, `demand` or
 //! `requests+demand` where best admits less than first-fit, `better` where it is at least
 //! as good on both and strictly better on one, `equal` where both are the same.
 
-use slicer::replay::{replay_with, Fractions, Placement, Queue, ReplayConfig, Tenants};
+use lab::replay::{replay_with, Fractions, Placement, Queue, ReplayConfig, Tenants};
 
 mod common;
 

@@ -67,11 +67,11 @@
 //! `P` really admits fewer (an error otherwise), so every use checks the claim on the
 //! replay itself.
 
-use crate::catalog::COMPUTE_SLICES;
-use crate::layout::DeclaredLayout;
 use crate::pack::Allow;
 use crate::replay::{self, Fractions, Mapped, Placement, Queue, ReplayConfig, ReplayError};
 use crate::replay::{ReplayReport, Tenants, Trace, TraceRequest, GPUS_PER_NODE};
+use slicer::catalog::COMPUTE_SLICES;
+use slicer::layout::DeclaredLayout;
 
 /// Why no punishing trace was returned.
 #[derive(Debug, thiserror::Error)]
@@ -311,7 +311,7 @@ impl Flood {
         let packs = |p: Placement| matches!(p, Placement::Best | Placement::FirstFit);
         let against_static = rival == Placement::Static;
         let per_node: Vec<(u32, u32)> = if against_static {
-            let model = crate::catalog::model(&config.model)
+            let model = slicer::catalog::model(&config.model)
                 .ok_or_else(|| no_flood("unknown GPU model"))?;
             let layout = DeclaredLayout::AllBalanced
                 .resolve(model)

@@ -1,0 +1,35 @@
+//! lab: Tessera's research on placement and quotas, built on the public decisions of the
+//! production crates (`slicer`'s `choose`, `place`, inventory and catalog; `quota`'s
+//! admission, fair queue and reclaim) and linked by no node or coordinator package
+//! (`tests/deps.rs`). `tessera sim` runs it.
+//!
+//! - [`pack`](mod@pack): where a request goes on a node across whole GPUs, MIG, MPS and
+//!   time-slicing at once, scored by expected fragmentation (FGD; pure, deterministic).
+//! - [`replay`](mod@replay): replays a request trace (the Alibaba GPU trace) on simulated
+//!   nodes with the real placement code, to compare placement strategies.
+//! - [`tracegen`]: seeded synthetic traces of other request mixes (the replay's family).
+//! - [`adversary`]: for any two placements whose starts differ on a trace (with a bounded
+//!   wait), a trace on which the first admits fewer requests than the second (why no
+//!   placement beats first-fit on every trace without being first-fit).
+//! - [`quota_sim`]: the fleet under static partitions, one FIFO queue with backfill and
+//!   Tessera's quotas side by side (`tessera sim --quota-modes`).
+//! - [`cli`]: `tessera sim` itself (the `tessera-sim` binary, which `tessera sim` runs).
+
+pub mod adversary;
+pub mod cli;
+pub mod pack;
+pub mod quota_sim;
+pub mod replay;
+pub mod tracegen;
+
+pub use replay::{
+    replay, replay_with, Fractions, Placement, Queue, ReplayConfig, ReplayReport, SimTenant,
+    Tenants, Trace, MAPPING_DOC,
+};
+
+#[cfg(test)]
+mod tests_adversary;
+#[cfg(test)]
+mod tests_adversary_attack;
+#[cfg(test)]
+mod tests_replay;
