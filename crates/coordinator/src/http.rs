@@ -43,7 +43,9 @@ impl ApiErr {
     pub(crate) fn store(e: StoreError) -> Self {
         match e {
             StoreError::Invalid(why) => ApiErr::bad_request(why),
-            StoreError::Conflict { .. } => ApiErr::new(StatusCode::CONFLICT, e.to_string()),
+            StoreError::Conflict { .. } | StoreError::Occupied { .. } => {
+                ApiErr::new(StatusCode::CONFLICT, e.to_string())
+            }
             StoreError::Etcd(_) | StoreError::Sqlite(_) => {
                 error!("store: {e}");
                 ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, format!("store unavailable: {e}"))

@@ -225,20 +225,77 @@ fn kv_of(client: &Client) -> KvClient {
     client.kv_client().max_decoding_message_size(MAX_MESSAGE)
 }
 
-/// The newest revision and the etcd revision it was read at.
+/// The version a revision key names (`{p}/policy/rev/{version:020}`).
+fn version_of_key(keys: &Keys, key: &[u8]) -> Option<u64> {
+    std::str::from_utf8(key).ok()?.strip_prefix(&keys.revs())?.parse().ok()
+}
+
+/// A revision read under `key`: the envelope, or `None` (with a warning) when it is not
+/// the revision of the version its key names (a copy under another key: planted or
+/// corrupt, never used).
+fn own_revision(keys: &Keys, key: &[u8], value: &[u8]) -> Result<Option<SignedPolicy>, StoreError> {
+    let env: SignedPolicy = decode("revision", value)?;
+    let named = version_of_key(keys, key);
+    if named == Some(env.version) {
+        return Ok(Some(env));
+    }
+    warn!(
+        key = %String::from_utf8_lossy(key),
+        version = env.version,
+        "an etcd revision key holds a revision of another version: planted or corrupt; not used"
+    );
+    Ok(None)
+}
+
+/// The newest revision and the etcd revision it was read at: the revision `policy/latest`
+/// names (every append moves both in one transaction), so a copy of an older revision put
+/// under a higher key is never taken for the latest (before issue 28 it was, and every push
+/// then lost its compare-and-set on `policy/latest` forever). A store without the pointer
+/// (none was ever appended through it) is read by its highest key that holds its own
+/// revision.
 async fn read_latest(
     client: &Client,
     keys: &Keys,
 ) -> Result<(Option<SignedPolicy>, i64), StoreError> {
     let mut kv = kv_of(client);
-    let opts = GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Key, SortOrder::Descend)
-        .with_limit(1);
-    let resp = bounded("get latest", kv.get(keys.revs(), Some(opts))).await?;
+    let resp = bounded("get latest", kv.get(keys.latest(), None)).await?;
     let at = resp.header().map(|h| h.revision()).unwrap_or(0);
-    let latest =
-        resp.kvs().first().map(|kv| decode::<SignedPolicy>("revision", kv.value())).transpose()?;
+    if let Some(pointer) = resp.kvs().first() {
+        let version: u64 = std::str::from_utf8(pointer.value())
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| StoreError::Corrupt(format!("{} is not a version", keys.latest())))?;
+        let opts = GetOptions::new().with_revision(at);
+        let resp = bounded("get latest", kv.get(keys.rev(version), Some(opts))).await?;
+        let Some(item) = resp.kvs().first() else {
+            return Err(StoreError::Corrupt(format!(
+                "{} names version {version}, which the store does not hold",
+                keys.latest()
+            )));
+        };
+        return match own_revision(keys, item.key(), item.value())? {
+            Some(env) => Ok((Some(env), at)),
+            None => Err(super::misplaced(
+                version,
+                decode::<SignedPolicy>("revision", item.value())?.version,
+            )),
+        };
+    }
+    let mut latest = None;
+    range_paged(
+        &mut kv,
+        "get latest",
+        keys.revs().into_bytes(),
+        prefix_end(&keys.revs()),
+        PAGE_REVISIONS,
+        |k, v| {
+            if let Some(env) = own_revision(keys, k, v)? {
+                latest = Some(env);
+            }
+            Ok(())
+        },
+    )
+    .await?;
     Ok((latest, at))
 }
 
@@ -275,12 +332,13 @@ async fn watch_once(client: &Client, keys: &Keys, publisher: &Publisher) -> Resu
                 continue;
             }
             let Some(kv) = ev.kv() else { continue };
-            match decode::<SignedPolicy>("watched revision", kv.value()) {
-                Ok(env) => {
+            match own_revision(keys, kv.key(), kv.value()) {
+                Ok(Some(env)) => {
                     if publisher.publish_if_newer(&env) {
                         info!(version = env.version, "new policy revision from etcd");
                     }
                 }
+                Ok(None) => {}
                 Err(e) => warn!("{e}"),
             }
         }
@@ -318,19 +376,33 @@ impl PolicyStore for EtcdStore {
                     TxnOp::put(keys.latest(), rev.version.to_string(), None),
                     TxnOp::put(keys.rev(rev.version), body, None),
                 ])
-                .or_else([TxnOp::get(keys.latest(), None)]);
+                .or_else([
+                    TxnOp::get(keys.latest(), None),
+                    TxnOp::get(keys.rev(rev.version), None),
+                ]);
             let mut kv = self.kv();
             let resp = bounded("append", kv.txn(txn)).await?;
             if resp.succeeded() {
                 self.publisher.publish_if_newer(&rev);
                 return Ok(());
             }
-            let actual = resp.op_responses().into_iter().find_map(|r| match r {
-                TxnOpResponse::Get(g) => g.kvs().first().and_then(|kv| {
-                    std::str::from_utf8(kv.value()).ok().and_then(|s| s.parse::<u64>().ok())
-                }),
+            let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
+                TxnOpResponse::Get(g) => Some(g),
                 _ => None,
             });
+            let actual = gets.next().and_then(|g| {
+                g.kvs().first().and_then(|kv| {
+                    std::str::from_utf8(kv.value()).ok().and_then(|s| s.parse::<u64>().ok())
+                })
+            });
+            if actual == expected_latest {
+                // The pointer is as the pusher saw it: the version's key is taken.
+                if let Some(held) = gets.next().and_then(|g| g.kvs().first().cloned()) {
+                    let holds =
+                        decode::<SignedPolicy>("revision", held.value()).ok().map(|e| e.version);
+                    return Err(StoreError::Occupied { key: rev.version, holds });
+                }
+            }
             Err(StoreError::Conflict { expected: expected_latest, actual })
         })
     }
@@ -343,13 +415,19 @@ impl PolicyStore for EtcdStore {
         Box::pin(async move {
             let mut kv = self.kv();
             let resp = bounded("get revision", kv.get(self.keys().rev(version), None)).await?;
-            resp.kvs().first().map(|kv| decode("revision", kv.value())).transpose()
+            let Some(item) = resp.kvs().first() else { return Ok(None) };
+            let env: SignedPolicy = decode("revision", item.value())?;
+            if env.version != version {
+                return Err(super::misplaced(version, env.version));
+            }
+            Ok(Some(env))
         })
     }
 
     fn history(&self) -> BoxFut<'_, Result<Vec<SignedPolicy>, StoreError>> {
         Box::pin(async move {
-            let revs = self.keys().revs();
+            let keys = self.keys();
+            let revs = keys.revs();
             let mut out = Vec::new();
             range_paged(
                 &mut self.kv(),
@@ -357,8 +435,8 @@ impl PolicyStore for EtcdStore {
                 revs.clone().into_bytes(),
                 prefix_end(&revs),
                 PAGE_REVISIONS,
-                |_, v| {
-                    out.push(decode("revision", v)?);
+                |k, v| {
+                    out.extend(own_revision(&keys, k, v)?);
                     Ok(())
                 },
             )

@@ -52,8 +52,26 @@ pub enum StoreError {
          the fleet's signing key, or give it its own store (another --etcd-prefix or SQLite file)"
     )]
     ForeignKey { stored: String, ours: String },
+    /// The key of the version being appended already holds a revision of another version
+    /// (`holds`; `None`: unreadable): a copy planted or corrupted there.
+    #[error(
+        "the store already holds, under version {key}, a revision that is not version {key} \
+         ({}): planted or corrupt, it is never used, but that key cannot be written. Push the \
+         policy again with a \"version\" above {key}",
+        holds.map_or_else(|| "unreadable".to_string(), |v| format!("it says version {v}"))
+    )]
+    Occupied { key: u64, holds: Option<u64> },
     #[error("store: {0}")]
     Other(String),
+}
+
+/// A revision read under `key` that is the revision of `version`: a copy planted (or
+/// corrupted) under another key. Reading it by its key answers this.
+pub(crate) fn misplaced(key: u64, version: u64) -> StoreError {
+    StoreError::Corrupt(format!(
+        "the store's key {key} holds a revision of version {version}, not of version {key}: \
+         planted or corrupt; it is never served or used"
+    ))
 }
 
 /// Largest stored usage interval (its JSON), so that a page of [`PAGE_USAGE`] intervals

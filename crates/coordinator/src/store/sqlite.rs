@@ -105,11 +105,37 @@ impl SqliteStore {
     }
 }
 
+/// A stored row as a revision: the envelope, or `None` (with a warning) when it is not the
+/// revision of its own version (a copy under another key: planted or corrupt, never used).
+fn own_revision(version: i64, text: &str) -> Result<Option<SignedPolicy>, StoreError> {
+    let env: SignedPolicy = decode("revision", text)?;
+    if i64::try_from(env.version).ok() == Some(version) {
+        return Ok(Some(env));
+    }
+    tracing::warn!(
+        key = version,
+        version = env.version,
+        "the revisions table holds under version {version} a revision of version {}: planted or \
+         corrupt; not used",
+        env.version
+    );
+    Ok(None)
+}
+
+/// The latest revision: the highest row that holds the revision of its own version. A copy
+/// of an older revision under a higher key is passed over (before issue 28 it was taken for
+/// the latest, and every push then lost its compare-and-set against the real one forever).
 fn latest_in(conn: &Connection) -> Result<Option<SignedPolicy>, StoreError> {
-    let text: Option<String> = conn
-        .query_row("SELECT envelope FROM revisions ORDER BY version DESC LIMIT 1", [], |r| r.get(0))
-        .optional()?;
-    text.map(|t| decode("revision", &t)).transpose()
+    let mut stmt =
+        conn.prepare_cached("SELECT version, envelope FROM revisions ORDER BY version DESC")?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let (version, text): (i64, String) = (row.get(0)?, row.get(1)?);
+        if let Some(env) = own_revision(version, &text)? {
+            return Ok(Some(env));
+        }
+    }
+    Ok(None)
 }
 
 impl PolicyStore for SqliteStore {
@@ -128,14 +154,20 @@ impl PolicyStore for SqliteStore {
             check_revision(&rev, body.len())?;
             self.with_conn(move |conn| {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let actual: Option<i64> =
-                    tx.query_row("SELECT MAX(version) FROM revisions", [], |r| r.get(0))?;
-                let actual = actual
-                    .map(u64::try_from)
-                    .transpose()
-                    .map_err(|_| StoreError::Corrupt("negative version in revisions".into()))?;
+                let actual = latest_in(&tx)?.map(|l| l.version);
                 if actual != expected_latest || actual.is_some_and(|a| a >= rev.version) {
                     return Err(StoreError::Conflict { expected: expected_latest, actual });
+                }
+                let occupied: Option<String> = tx
+                    .query_row(
+                        "SELECT envelope FROM revisions WHERE version = ?1",
+                        [to_sql(rev.version)?],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                if let Some(text) = occupied {
+                    let holds = decode::<SignedPolicy>("revision", &text).map(|e| e.version).ok();
+                    return Err(StoreError::Occupied { key: rev.version, holds });
                 }
                 tx.execute(
                     "INSERT INTO revisions (version, envelope) VALUES (?1, ?2)",
@@ -163,15 +195,26 @@ impl PolicyStore for SqliteStore {
                     |r| r.get(0),
                 )
                 .optional()?;
-            text.map(|t| decode("revision", &t)).transpose()
+            let Some(text) = text else { return Ok(None) };
+            let env: SignedPolicy = decode("revision", &text)?;
+            if env.version != version {
+                return Err(super::misplaced(version, env.version));
+            }
+            Ok(Some(env))
         }))
     }
 
     fn history(&self) -> BoxFut<'_, Result<Vec<SignedPolicy>, StoreError>> {
         Box::pin(self.with_conn(|conn| {
-            let mut stmt = conn.prepare("SELECT envelope FROM revisions ORDER BY version")?;
-            let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
-            rows.map(|t| decode("revision", &t?)).collect()
+            let mut stmt =
+                conn.prepare("SELECT version, envelope FROM revisions ORDER BY version")?;
+            let rows = stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (version, text) = row?;
+                out.extend(own_revision(version, &text)?);
+            }
+            Ok(out)
         }))
     }
 

@@ -291,3 +291,75 @@ async fn a_fresh_node_tries_the_next_coordinator_after_a_bad_answer() {
         c.shutdown().await;
     }
 }
+
+/// Issue 28: a genuine revision (signed by the fleet's key) copied under a higher store key
+/// — the SQLite row of version 99, etcd's `policy/rev/…099` — used to wedge the channel:
+/// the stores took the highest key for the latest revision, the push checked its version
+/// against the copy's and compare-and-set against the real latest, lost, and after five
+/// tries answered `409: another coordinator kept pushing at the same time; retry` to every
+/// push, forever. The latest is now the revision the store's own record of it names (etcd's
+/// `policy/latest`; SQLite's highest row whose revision is its own version): pushes work,
+/// and the misplaced copy is never served nor used; reading it by its key says what it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_genuine_older_revision_planted_under_a_higher_key_does_not_wedge_pushes() {
+    async fn check(url: &str, c: &RunningCoordinator, store: &str) {
+        for v in [5, 6] {
+            let r = admin(url).push_policy(&policy(v), None).await;
+            let r = r.unwrap_or_else(|e| panic!("{store}: push {v} after the plant: {e}"));
+            assert_eq!(r.version, v, "{store}");
+        }
+        assert_eq!(c.coordinator().latest_version(), Some(6), "{store}: watchers see 6");
+        let got = admin(url).latest(4, Duration::from_secs(2)).await.expect("poll");
+        assert_eq!(got.map(|e| e.version), Some(6), "{store}: a long poll is answered with 6");
+        let h: Vec<u64> =
+            admin(url).history().await.expect("history").iter().map(|r| r.version).collect();
+        assert_eq!(h, vec![1, 2, 3, 5, 6], "{store}: the copy is not in the history");
+        let (status, body) = raw_status(url, "GET", "/v1/policies/99", None).await;
+        assert_eq!(status, 500, "{store}: {body}");
+        assert!(body.contains("key 99") && body.contains("version 1"), "{store}: {body}");
+        // The copy's own key cannot be pushed: the answer says why and what to do.
+        let e = admin(url).push_policy(&policy(99), None).await.expect_err("key 99 is taken");
+        assert_eq!(e.status(), Some(409), "{store}: {e}");
+        let text = e.to_string();
+        assert!(text.contains("under version 99") && text.contains("above 99"), "{store}: {text}");
+        admin(url).push_policy(&policy(100), None).await.expect("a version above the copy");
+        assert_eq!(c.coordinator().latest_version(), Some(100), "{store}");
+    }
+    // SQLite: the copy written as row 99 by someone with the database file.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("c.db");
+    let c = start_sqlite(&db).await;
+    let url = c.url();
+    for v in 1..=3 {
+        admin(&url).push_policy(&policy(v), None).await.expect("push");
+    }
+    let one = c.coordinator().store().get(1).await.expect("get").expect("revision 1");
+    let conn = rusqlite::Connection::open(&db).expect("open");
+    conn.execute(
+        "INSERT INTO revisions (version, envelope) VALUES (99, ?1)",
+        [serde_json::to_string(&one).expect("json")],
+    )
+    .expect("plant");
+    drop(conn);
+    check(&url, &c, "sqlite").await;
+    c.shutdown().await;
+
+    // etcd: the copy put under `policy/rev/{99:020}`, `policy/latest` untouched.
+    let Some(etcd) = Etcd::start() else { return };
+    let c = start_etcd_coordinator(&etcd, "/p28", free_addr()).await;
+    let url = c.url();
+    for v in 1..=3 {
+        admin(&url).push_policy(&policy(v), None).await.expect("push");
+    }
+    let one = c.coordinator().store().get(1).await.expect("get").expect("revision 1");
+    let mut raw = etcd_client::Client::connect([etcd.url.as_str()], None).await.expect("etcd");
+    raw.put(format!("/p28/policy/rev/{:020}", 99), serde_json::to_vec(&one).expect("json"), None)
+        .await
+        .expect("plant");
+    check(&url, &c, "etcd").await;
+    // A coordinator started on the planted store reads the same latest.
+    let d = start_etcd_coordinator(&etcd, "/p28", free_addr()).await;
+    assert_eq!(d.coordinator().latest_version(), Some(100));
+    d.shutdown().await;
+    c.shutdown().await;
+}
