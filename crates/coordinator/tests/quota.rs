@@ -163,6 +163,7 @@ impl Node {
             capacity: gpus(8),
             holdings: self.holdings.clone(),
             leases: self.leases.clone(),
+            stopping: vec![],
         };
         let a = self.client.quota_sync(self.name, &req).await.unwrap();
         self.leases = a.leases.clone();
@@ -375,14 +376,19 @@ async fn admissions_syncs_releases_and_a_reclaim_over_http() {
     let e = a.client.quota_admit("node-a", &bad_gang, Duration::from_secs(5)).await.unwrap_err();
     assert!(e.to_string().contains("gang name"), "{e}");
     let h = a.holdings[0].clone();
-    let too_many =
-        SyncRequest { capacity: gpus(8), holdings: vec![h; MAX_SYNC_HOLDINGS + 1], leases: vec![] };
+    let too_many = SyncRequest {
+        capacity: gpus(8),
+        holdings: vec![h; MAX_SYNC_HOLDINGS + 1],
+        leases: vec![],
+        stopping: vec![],
+    };
     let e = a.client.quota_sync("node-a", &too_many).await.unwrap_err();
     assert_eq!(api_status(&e), 413, "{e}");
     let twice = SyncRequest {
         capacity: gpus(8),
         holdings: vec![a.holdings[0].clone(), a.holdings[0].clone()],
         leases: vec![],
+        stopping: vec![],
     };
     let e = a.client.quota_sync("node-a", &twice).await.unwrap_err();
     assert!(e.to_string().contains("listed twice"), "{e}");

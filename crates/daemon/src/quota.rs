@@ -770,6 +770,16 @@ impl QuotaGate {
             Authority::Local { .. } => return Ok(self.sync_local(&req, tree)),
         };
         req.leases = self.leases();
+        // Victims being stopped (grace running): a coordinator that took over meanwhile
+        // must not take another victim for the same claim.
+        let stopping = self.stopping();
+        req.stopping = req
+            .holdings
+            .iter()
+            .map(|h| &h.container_id)
+            .filter(|c| stopping.contains(*c))
+            .cloned()
+            .collect();
         if req.holdings.len() > ::fleet::quota::MAX_SYNC_HOLDINGS {
             warn!(
                 holdings = req.holdings.len(),

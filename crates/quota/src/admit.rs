@@ -54,10 +54,36 @@ impl Held {
     }
 }
 
-/// Usage by tenant path, as the fleet's books say.
+/// Usage by tenant path, as the fleet's books say. Kept per tenant and, for every path on a
+/// tenant's chain, for the path's whole subtree, so that [`Usage::of`] is a lookup (the
+/// fleet's books ask it for every quota on a chain of every decision): O(depth) to add or
+/// release, O(log paths) to read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Usage {
     by_tenant: BTreeMap<String, Held>,
+    /// Path → what it and every path under it hold (every prefix of every tenant).
+    subtree: BTreeMap<String, Held>,
+    total: Held,
+}
+
+fn add_held(h: &mut Held, class: Class, r: &Resources) {
+    match class {
+        Class::Guaranteed => h.guaranteed.add(r),
+        Class::Borrowed => h.borrowed.add(r),
+    }
+}
+
+fn sub_held(h: &mut Held, class: Class, r: &Resources) {
+    match class {
+        Class::Guaranteed => h.guaranteed.sub(r),
+        Class::Borrowed => h.borrowed.sub(r),
+    }
+}
+
+impl Held {
+    fn is_empty(&self) -> bool {
+        self.guaranteed.is_empty() && self.borrowed.is_empty()
+    }
 }
 
 impl Usage {
@@ -68,43 +94,47 @@ impl Usage {
 
     /// Records `resources` admitted to `tenant` as `class`.
     pub fn add(&mut self, tenant: &str, class: Class, resources: &Resources) {
-        let held = self.by_tenant.entry(tenant.to_string()).or_default();
-        match class {
-            Class::Guaranteed => held.guaranteed.add(resources),
-            Class::Borrowed => held.borrowed.add(resources),
+        if resources.is_empty() {
+            return;
         }
+        add_held(self.by_tenant.entry(tenant.to_string()).or_default(), class, resources);
+        for p in crate::spec::chain(tenant) {
+            add_held(self.subtree.entry(p.to_string()).or_default(), class, resources);
+        }
+        add_held(&mut self.total, class, resources);
     }
 
-    /// Gives back `resources` that `tenant` held as `class`.
+    /// Gives back `resources` that `tenant` held as `class` (at most what it holds).
     pub fn release(&mut self, tenant: &str, class: Class, resources: &Resources) {
-        if let Some(held) = self.by_tenant.get_mut(tenant) {
-            match class {
-                Class::Guaranteed => held.guaranteed.sub(resources),
-                Class::Borrowed => held.borrowed.sub(resources),
+        let Some(held) = self.by_tenant.get_mut(tenant) else { return };
+        let before = held.clone();
+        sub_held(held, class, resources);
+        let gone = match class {
+            Class::Guaranteed => before.guaranteed.minus(&held.guaranteed),
+            Class::Borrowed => before.borrowed.minus(&held.borrowed),
+        };
+        if held.is_empty() {
+            self.by_tenant.remove(tenant);
+        }
+        for p in crate::spec::chain(tenant) {
+            if let Some(h) = self.subtree.get_mut(p) {
+                sub_held(h, class, &gone);
+                if h.is_empty() {
+                    self.subtree.remove(p);
+                }
             }
         }
+        sub_held(&mut self.total, class, &gone);
     }
 
     /// What `path` and every path under it hold.
     pub fn of(&self, path: &str) -> Held {
-        let mut out = Held::default();
-        for (t, held) in &self.by_tenant {
-            if is_within(t, path) {
-                out.guaranteed.add(&held.guaranteed);
-                out.borrowed.add(&held.borrowed);
-            }
-        }
-        out
+        self.subtree.get(path).cloned().unwrap_or_default()
     }
 
     /// What every tenant holds.
     pub fn total(&self) -> Held {
-        let mut out = Held::default();
-        for held in self.by_tenant.values() {
-            out.guaranteed.add(&held.guaranteed);
-            out.borrowed.add(&held.borrowed);
-        }
-        out
+        self.total.clone()
     }
 
     /// Every tenant path that holds something directly.

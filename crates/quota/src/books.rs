@@ -29,23 +29,43 @@
 //!
 //! # Leases
 //!
-//! At each sync (at most every [`LEASE_RECOMPUTE_MS`]), for each quota path `P` with a
-//! guarantee `G` of `r`, node `n`'s lease is `min(h_n + room, max(h_n, share_n))` with
-//! `share_n = G · capacity_n(r) / capacity(r)` and `room = G − Σ_{m≠n} (u_m + max(0,
-//! lease_m − h_m)) − u_n` (saturating; `u`: every guaranteed use on the node, its listed
-//! holdings, admissions not listed yet, capacity held for a claimant), so that
-//! `Σ_n (u_n + max(0, lease_n − h_n)) ≤ G` always, and with it `Σ_n max(g_n, lease_n) ≤ G`
-//! for what the nodes really hold; it is also cut so that no ceiling on `P`'s chain would
-//! be crossed by the booked usage (phantoms included). A node's lease counts as the larger of what was last
-//! issued and what the node last reported holding (an answer may be lost). A node silent
-//! for longer than the lease TTL plus [`LEASE_MARGIN_MS`] can admit nothing more under its
-//! leases (a `lease-expired` event says so), but what it may have admitted under them is
-//! not known until it syncs: its holdings *and* its leases' unused part stay booked until
-//! then (or until an operator removes the node). After a restart the books adopt the
-//! leases each node reports and issue no new lease room until every node known to the
-//! coordinator has synced ([`Books::ready`]).
+//! At each sync (at most every [`LEASE_RECOMPUTE_MS`], and only when anything changed since
+//! they were last computed), for each quota path `P` with a guarantee `G` of `r`, node
+//! `n`'s lease is `min(h_n + room, max(h_n, share_n))` with `share_n = G · capacity_n(r) /
+//! capacity(r)` rounded down to whole units (GPUs, cores, GiB: a share below one unit leases
+//! nothing spare, so a fleet of thousands of nodes is not covered in lease dust that books
+//! the whole guarantee and admits nothing) and `room = G − Σ_{m≠n} (u_m + max(0, lease_m −
+//! h_m)) − u_n` (saturating; `u`: every guaranteed use on the node, its listed holdings,
+//! admissions not listed yet, capacity held for a claimant), so that `Σ_n (u_n + max(0,
+//! lease_n − h_n)) ≤ G` always, and with it `Σ_n max(g_n, lease_n) ≤ G` for what the nodes
+//! really hold; it is also cut so that no ceiling on `P`'s chain would be crossed by the
+//! booked usage (phantoms included). A node's lease counts as the larger of what was last
+//! issued and what the node last reported holding (an answer may be lost).
+//!
+//! # Silent nodes
+//!
+//! A node silent for longer than the lease TTL plus a margin ([`LEASE_MARGIN_MS`], or the
+//! TTL where that is shorter) has no lease left to admit anything under: it is presumed dead
+//! and leaves the books ([`Books::remove_node`], a `node-removed` event): its holdings, its
+//! admissions not listed yet and its leases are no longer counted. An operator can remove a
+//! node at once the same way. A node that was only cut off and syncs again comes back as a
+//! new one: what it lists is counted again (and can take a path past a ceiling: the books
+//! then admit nothing more there until it is under).
+//!
+//! # Restarts and failover
+//!
+//! Books that lost their state (a coordinator without a store restarted) adopt the leases
+//! each node reports and issue no new lease room until every node known to the coordinator
+//! has synced ([`Books::ready`]). Books kept in a store (`books_state.rs`) are taken over by
+//! the next coordinator that decides ([`Books::restore`]) and are ready at once.
+//!
+//! # Cost
+//!
+//! Every decision and lease computation reads running totals (`books_totals.rs`): nothing
+//! walks the fleet's nodes per request.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use tessera_api::untrusted;
 
@@ -127,8 +147,15 @@ struct NodeBook {
     last_sync_ms: u64,
     /// When `issued` was last computed (`None`: adopted, never computed).
     computed_ms: Option<u64>,
-    /// The lease-expired event was recorded for the current silence.
-    expiry_noted: bool,
+    /// The books' generation when `issued` was last computed: unchanged since, the leases
+    /// would come out the same.
+    computed_gen: u64,
+    /// Containers the node is stopping for a reclaim (its last sync said so).
+    stopping: BTreeSet<String>,
+    /// The issued leases as last handed out for storing ([`Books::take_changes`]).
+    durable_issued: BTreeMap<String, Resources>,
+    /// What it adds to the totals (`books_totals.rs`).
+    agg: totals::NodeAgg,
 }
 
 impl NodeBook {
@@ -222,6 +249,21 @@ pub enum GangArrival {
     Wait { deadline_ms: u64 },
 }
 
+/// What [`Books::remove_node`] took out of the books.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemovedNode {
+    /// Holdings of its last sync.
+    pub holdings: usize,
+    /// Admissions it had not listed yet.
+    pub pending: usize,
+    /// What its holdings held.
+    pub held: Amounts,
+    /// The paths it held leases of.
+    pub leases: Vec<String>,
+    /// When it last synced (ms since the epoch, the coordinator's clock).
+    pub last_sync_ms: u64,
+}
+
 /// Counters since the books started, by tenant path.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Counters {
@@ -261,9 +303,26 @@ pub struct Books {
     ready: bool,
     counters: Counters,
     /// The tree the leases were last computed with (a new one recomputes them all).
-    tree_seen: Option<QuotaTree>,
+    tree: Option<Arc<QuotaTree>>,
     /// Quota paths whose leases are recalled (cut to what each node holds) until then.
     recalled: BTreeMap<String, u64>,
+    /// Running totals and indexes (`books_totals.rs`).
+    totals: totals::Totals,
+    /// Moves with every change the leases depend on.
+    generation: u64,
+    /// Borrowed holdings, `(node, container)`: the only candidates of a fleet-wide reclaim.
+    borrowed_idx: BTreeSet<Key>,
+    /// `(tenant, gang)` → its members' holdings, `(node, container)`.
+    gang_idx: BTreeMap<Key, BTreeSet<Key>>,
+    /// Nodes that said they are stopping containers for a reclaim.
+    stopping_idx: BTreeSet<String>,
+    /// `(last sync, node)`, oldest first: the silent nodes are at the front.
+    silence: BTreeSet<(u64, String)>,
+    /// Nothing in the waiting queue, the holds, the kept answers or the recalls expires
+    /// before this (so `tick` does not walk them on every call).
+    next_expiry_ms: u64,
+    /// What changed since [`Books::take_changes`] (`books_state.rs`).
+    changes: state::Changes,
 }
 
 fn max_each(a: &Resources, b: &Resources) -> Resources {
@@ -416,8 +475,16 @@ impl Books {
             events: VecDeque::new(),
             ready: false,
             counters: Counters::default(),
-            tree_seen: None,
+            tree: None,
             recalled: BTreeMap::new(),
+            totals: totals::Totals::default(),
+            generation: 0,
+            borrowed_idx: BTreeSet::new(),
+            gang_idx: BTreeMap::new(),
+            stopping_idx: BTreeSet::new(),
+            silence: BTreeSet::new(),
+            next_expiry_ms: u64::MAX,
+            changes: state::Changes::default(),
         }
     }
 
@@ -443,7 +510,7 @@ impl Books {
         let known: BTreeSet<&str> = known_nodes.into_iter().collect();
         let missing: Vec<String> =
             known.iter().filter(|n| !self.nodes.contains_key(**n)).map(|n| n.to_string()).collect();
-        let limit = self.lease_ttl_s.saturating_mul(1000).saturating_add(LEASE_MARGIN_MS);
+        let limit = self.lease_ttl_s.saturating_mul(1000).saturating_add(self.lease_margin_ms());
         if missing.is_empty() || now.saturating_sub(self.started_ms) > limit {
             self.ready = true;
             return Ok(());
@@ -492,52 +559,51 @@ impl Books {
         });
     }
 
-    /// A new tree makes every node's leases due for computing again.
+    /// A new tree makes every node's leases due for computing again (and changes which
+    /// paths have guarantees: every node's part of the totals is computed again).
     fn observe_tree(&mut self, tree: &QuotaTree) {
-        if self.tree_seen.as_ref() != Some(tree) {
-            self.tree_seen = Some(tree.clone());
+        if self.tree.as_deref() != Some(tree) {
+            self.tree = Some(Arc::new(tree.clone()));
             for nb in self.nodes.values_mut() {
                 if nb.computed_ms.is_some() {
                     nb.computed_ms = Some(0);
                 }
             }
+            self.generation = self.generation.wrapping_add(1);
+            self.refresh_all();
         }
     }
 
-    /// Expiry: waiting entries, holds, leases of silent nodes, gangs past their deadline,
-    /// kept gang answers. Every entry point calls it.
+    /// How long past a node's lease TTL the books wait before it leaves them (clock rate
+    /// between the node and the coordinator): [`LEASE_MARGIN_MS`], or the TTL where that is
+    /// shorter.
+    fn lease_margin_ms(&self) -> u64 {
+        LEASE_MARGIN_MS.min(self.lease_ttl_s.saturating_mul(1000))
+    }
+
+    /// Expiry: waiting entries, holds, kept gang answers and recalls (when one is due),
+    /// nodes silent past their lease's end (they leave the books), gangs past their
+    /// deadline. Every entry point calls it.
     pub fn tick(&mut self, now: u64) {
-        self.waiting.retain(|_, w| now <= w.last_seen_ms.saturating_add(WAITING_TTL_MS));
-        self.reclaims.retain(|_, r| now <= r.hold_until());
-        self.outcomes.retain(|_, o| now <= o.expires_ms);
-        self.recalled.retain(|_, until| now <= *until);
-        let limit = self.lease_ttl_s.saturating_mul(1000).saturating_add(LEASE_MARGIN_MS);
-        let mut expired = Vec::new();
-        for (node, nb) in &mut self.nodes {
-            let silent = now.saturating_sub(nb.last_sync_ms);
-            if silent > limit && !nb.expiry_noted && !nb.booked_leases().is_empty() {
-                nb.expiry_noted = true;
-                let paths: Vec<String> = nb.booked_leases().into_keys().collect();
-                expired.push((node.clone(), paths, silent));
-            }
+        if now >= self.next_expiry_ms {
+            self.sweep(now);
         }
-        for (node, paths, silent) in expired {
-            self.event(
-                now,
-                QuotaEventKind::LeaseExpired,
-                None,
-                Some(&node),
-                None,
-                format!(
-                    "node {node} has not synced for {} s (lease TTL {} s + {} s margin): its \
-                     leases of {} admit nothing more there; what it may have admitted under \
-                     them stays booked with its holdings until it syncs again",
-                    silent / 1000,
-                    self.lease_ttl_s,
-                    LEASE_MARGIN_MS / 1000,
-                    paths.join(", ")
-                ),
+        let limit = self.lease_ttl_s.saturating_mul(1000).saturating_add(self.lease_margin_ms());
+        while let Some((last, node)) = self.silence.first().cloned() {
+            let silent = now.saturating_sub(last);
+            if silent <= limit {
+                break;
+            }
+            let why = format!(
+                "it has not synced for {} s (lease TTL {} s + {} s margin): its leases have run \
+                 out, so it admits nothing on its own any more",
+                silent / 1000,
+                self.lease_ttl_s,
+                self.lease_margin_ms() / 1000
             );
+            if self.remove_node(&node, now, &why).is_none() {
+                self.silence.remove(&(last, node));
+            }
         }
         let due: Vec<Key> = self
             .gangs
@@ -546,7 +612,7 @@ impl Books {
             .map(|(k, _)| k.clone())
             .collect();
         for key in due {
-            let Some(g) = self.gangs.remove(&key) else { continue };
+            let Some(g) = self.remove_gang(&key) else { continue };
             let message = format!(
                 "gang {}/{}: {} of {} members arrived within {} s (gangs.timeout_s); a gang is \
                  admitted whole or not at all, and its reservation is released",
@@ -557,7 +623,7 @@ impl Books {
                 g.timeout_s
             );
             for m in &g.members {
-                self.outcomes.insert(
+                self.keep_outcome(
                     (m.node.clone(), m.container.clone()),
                     Outcome {
                         answer: AdmitAnswer::Refused {
@@ -574,114 +640,97 @@ impl Books {
         }
     }
 
+    /// Drops what expired: waiting entries, holds, kept answers, recalls; and notes when
+    /// the next of them expires.
+    fn sweep(&mut self, now: u64) {
+        self.waiting.retain(|_, w| now <= w.last_seen_ms.saturating_add(WAITING_TTL_MS));
+        let gone: Vec<Key> = self
+            .reclaims
+            .iter()
+            .filter(|(_, r)| now > r.hold_until())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in gone {
+            self.remove_reclaim(&k);
+        }
+        self.outcomes.retain(|_, o| now <= o.expires_ms);
+        let recalls = self.recalled.len();
+        self.recalled.retain(|_, until| now <= *until);
+        if recalls != self.recalled.len() {
+            self.generation = self.generation.wrapping_add(1);
+        }
+        let next = self
+            .waiting
+            .values()
+            .map(|w| w.last_seen_ms.saturating_add(WAITING_TTL_MS))
+            .chain(self.reclaims.values().map(Reclaim::hold_until))
+            .chain(self.outcomes.values().map(|o| o.expires_ms))
+            .chain(self.recalled.values().copied())
+            .min();
+        self.next_expiry_ms = next.map_or(u64::MAX, |t| t.saturating_add(1));
+    }
+
+    /// Something new expires at `at`: the next sweep is due then at the latest.
+    fn expires_at(&mut self, at: u64) {
+        self.next_expiry_ms = self.next_expiry_ms.min(at.saturating_add(1));
+    }
+
+    fn keep_outcome(&mut self, key: Key, o: Outcome) {
+        self.expires_at(o.expires_ms);
+        self.outcomes.insert(key, o);
+    }
+
     /// The fleet's capacity: what every node reported.
     pub fn capacity(&self) -> Resources {
-        self.nodes.values().fold(Resources::new(), |acc, n| acc.plus(&n.capacity))
+        self.totals.capacity.clone()
     }
 
     /// Real usage: holdings, pending admissions, capacity held for claimants, gang
     /// reservations (no lease phantoms).
     fn real_usage(&self) -> Usage {
-        let mut u = Usage::new();
-        for nb in self.nodes.values() {
-            for e in nb.holdings.values() {
-                u.add(&e.tenant, e.class, &e.resources);
-            }
-        }
-        for p in self.pending.values() {
-            u.add(&p.entry.tenant, p.entry.class, &p.entry.resources);
-        }
-        for ((_, tenant), r) in &self.reclaims {
-            u.add(tenant, Class::Guaranteed, &r.resources);
-        }
-        for ((tenant, _), g) in &self.gangs {
-            u.add(tenant, g.class, &g.reserved);
-        }
-        u
+        self.totals.real.clone()
     }
 
     /// Guaranteed work on `node` (holdings, pending admissions, capacity held for a
     /// claimant there), by tenant: what a lease on `node` absorbs.
     fn node_guaranteed(&self, node: &str) -> Usage {
-        let mut u = Usage::new();
-        if let Some(nb) = self.nodes.get(node) {
-            for e in nb.holdings.values().filter(|e| e.class == Class::Guaranteed) {
-                u.add(&e.tenant, Class::Guaranteed, &e.resources);
-            }
-        }
-        for ((n, _), p) in &self.pending {
-            if n == node && p.entry.class == Class::Guaranteed {
-                u.add(&p.entry.tenant, Class::Guaranteed, &p.entry.resources);
-            }
-        }
-        for ((n, tenant), r) in &self.reclaims {
-            if n == node {
-                u.add(tenant, Class::Guaranteed, &r.resources);
-            }
-        }
-        u
+        self.nodes.get(node).map(|nb| nb.agg.all.clone()).unwrap_or_default()
     }
 
     /// Guaranteed holdings `node` listed in its sync, by tenant: what the node itself
     /// counts under its leases. Admissions it has not listed yet (and capacity held for a
     /// claimant there) are not: the node may fill its lease on its own beside them.
     fn node_leased_base(&self, node: &str) -> Usage {
-        let mut u = Usage::new();
-        if let Some(nb) = self.nodes.get(node) {
-            for e in nb.holdings.values().filter(|e| e.class == Class::Guaranteed) {
-                u.add(&e.tenant, Class::Guaranteed, &e.resources);
-            }
-        }
-        u
-    }
-
-    /// Everything on `node` (holdings, pending, holds), for its free capacity.
-    fn node_used(&self, node: &str) -> Resources {
-        let mut used = Resources::new();
-        if let Some(nb) = self.nodes.get(node) {
-            for e in nb.holdings.values() {
-                used.add(&e.resources);
-            }
-        }
-        for ((n, _), p) in &self.pending {
-            if n == node {
-                used.add(&p.entry.resources);
-            }
-        }
-        for ((n, _), r) in &self.reclaims {
-            if n == node {
-                used.add(&r.resources);
-            }
-        }
-        used
+        self.nodes.get(node).map(|nb| nb.agg.base.clone()).unwrap_or_default()
     }
 
     /// What `node` has free by the books, in the resources its capacity names (and every
     /// GPU model).
     fn node_free(&self, node: &str) -> Resources {
-        let cap = self.nodes.get(node).map(|n| n.capacity.clone()).unwrap_or_default();
-        cap.minus(&self.node_used(node))
+        match self.nodes.get(node) {
+            Some(nb) => nb.capacity.minus(&nb.agg.used),
+            None => Resources::new(),
+        }
     }
 
-    fn phantoms(&self, tree: &QuotaTree, node: &str) -> BTreeMap<String, Resources> {
-        match self.nodes.get(node) {
-            Some(nb) => phantoms_of(tree, &nb.booked_leases(), &self.node_leased_base(node)),
-            None => BTreeMap::new(),
-        }
+    /// `node`'s lease phantoms (under the tree the books last saw: every entry point shows
+    /// them the tree first).
+    fn phantoms(&self, _tree: &QuotaTree, node: &str) -> BTreeMap<String, Resources> {
+        self.nodes.get(node).map(|nb| nb.agg.phantoms.clone()).unwrap_or_default()
     }
 
     /// The usage a decision sees: real usage plus every node's lease phantoms except
     /// `exclude`'s; and the phantoms' total, which takes no physical capacity.
-    fn booked(&self, tree: &QuotaTree, exclude: Option<&str>) -> (Usage, Resources) {
+    fn booked(&self, _tree: &QuotaTree, exclude: Option<&str>) -> (Usage, Resources) {
         let mut u = self.real_usage();
-        let mut total = Resources::new();
-        for node in self.nodes.keys() {
-            if Some(node.as_str()) == exclude {
-                continue;
-            }
-            for (path, r) in self.phantoms(tree, node) {
-                u.add(&path, Class::Guaranteed, &r);
-                total.add(&r);
+        for (path, r) in &self.totals.phantoms {
+            u.add(path, Class::Guaranteed, r);
+        }
+        let mut total = self.totals.phantom_total.clone();
+        if let Some(nb) = exclude.and_then(|n| self.nodes.get(n)) {
+            for (path, r) in &nb.agg.phantoms {
+                u.release(path, Class::Guaranteed, r);
+                total.sub(r);
             }
         }
         (u, total)
@@ -743,7 +792,7 @@ impl Books {
         now: u64,
     ) {
         let key = (node.to_string(), container.to_string());
-        self.pending.insert(
+        self.insert_pending(
             key.clone(),
             Pending {
                 entry: Entry {
@@ -759,10 +808,8 @@ impl Books {
         if self.waiting.remove(&key).is_none() {
             // A retry under another container id (kubelet makes a new one): the tenant's
             // oldest entry of the same request on this node.
-            let same = self
-                .waiting
-                .iter()
-                .filter(|((n, _), w)| n == node && w.tenant == tenant && &w.resources == r)
+            let same = totals::on_node(&self.waiting, node)
+                .filter(|(_, w)| w.tenant == tenant && &w.resources == r)
                 .min_by_key(|(_, w)| w.arrived_ms)
                 .map(|(k, _)| k.clone());
             if let Some(k) = same {
@@ -822,13 +869,14 @@ impl Books {
         }
         // The victims are gone: the capacity held is this tenant's now, if it is admitted.
         let held = match self.reclaims.get(&hold) {
-            Some(rc) if rc.freed_ms.is_some() => self.reclaims.remove(&hold),
+            Some(rc) if rc.freed_ms.is_some() => self.remove_reclaim(&hold),
             _ => None,
         };
         let answer = self.admit_placed(tree, node, req, &r, held.is_some(), now);
         if let Some(h) = held {
-            if !matches!(answer, AdmitAnswer::Admitted { .. }) {
-                self.reclaims.entry(hold).or_insert(h);
+            if !matches!(answer, AdmitAnswer::Admitted { .. }) && !self.reclaims.contains_key(&hold)
+            {
+                self.insert_reclaim(hold, h, false);
             }
         }
         answer
@@ -1000,30 +1048,30 @@ impl Books {
             })
             .map(|q| q.path.clone())
             .collect();
-        let holders: Vec<String> = self
-            .nodes
-            .keys()
+        // The nodes whose phantom on one of the paths is not empty (the totals' index),
+        // those that synced lately.
+        let holders: Vec<String> = paths
+            .iter()
+            .filter_map(|p| self.totals.holders.get(p))
+            .flatten()
+            .collect::<BTreeSet<&String>>()
+            .into_iter()
             .filter(|n| {
                 self.nodes
                     .get(n.as_str())
                     .is_some_and(|nb| now.saturating_sub(nb.last_sync_ms) <= RECALL_LIVE_MS)
-            })
-            .filter(|n| {
-                let ph = self.phantoms(tree, n);
-                paths.iter().any(|p| ph.get(p).is_some_and(|x| !x.is_empty()))
             })
             .cloned()
             .collect();
         // Only the leases of live nodes can be recalled: with theirs gone and the silent
         // nodes' still booked, would the request be better off? If not, waiting frees
         // nothing and it is decided as it stands (borrowed, or refused at a ceiling).
-        let mut without_live = self.real_usage();
-        for n in self.nodes.keys() {
-            if holders.contains(n) || (n == node && !req.unsynced_lease_grants) {
-                continue;
-            }
+        let (mut without_live, _) = self.booked(tree, None);
+        let own = (!req.unsynced_lease_grants && !holders.iter().any(|h| h == node))
+            .then(|| node.to_string());
+        for n in holders.iter().chain(own.iter()) {
             for (path, x) in self.phantoms(tree, n) {
-                without_live.add(&path, Class::Guaranteed, &x);
+                without_live.release(&path, Class::Guaranteed, &x);
             }
         }
         let view = without_live.total().total().plus(r);
@@ -1041,19 +1089,25 @@ impl Books {
         }
         for p in &paths {
             self.recalled.insert(p.clone(), now.saturating_add(LEASE_RECALL_MS));
+            self.expires_at(now.saturating_add(LEASE_RECALL_MS));
         }
+        self.generation = self.generation.wrapping_add(1);
         for n in &holders {
             if let Some(nb) = self.nodes.get_mut(n) {
                 nb.computed_ms = None;
             }
         }
+        // At fleet size the holders are many: the message names ten.
+        let mut named = holders.iter().take(10).cloned().collect::<Vec<_>>().join(", node ");
+        if holders.len() > 10 {
+            named.push_str(&format!(" and {} more nodes", holders.len() - 10));
+        }
         let message = format!(
-            "{r} for {} is held back only by unused leases of {} on node {} (kept for \
+            "{r} for {} is held back only by unused leases of {} on node {named} (kept for \
              admitting guaranteed work there if a node is cut off from the coordinator); the \
              leases are recalled; retry after {LEASE_RECALL_RETRY_S} s",
             untrusted(tenant),
             paths.join(", "),
-            holders.join(", node "),
         );
         self.event(
             now,
@@ -1123,23 +1177,48 @@ impl Books {
         if short.is_empty() {
             return None;
         }
+        if let Some(a) = self.await_stopping(tree, node, claimant, r, short, on, now) {
+            return Some(a);
+        }
+        // The candidates: on one node, its holdings; fleet-wide, the borrowed holdings and
+        // every member of their gangs (the indexes; only borrowed work is ever taken, and a
+        // gang with a borrowed member is taken whole). Containers their node is stopping
+        // already are not taken again.
+        let candidates: Vec<Key> = match on {
+            Some(n) => self
+                .nodes
+                .get(n)
+                .map(|nb| nb.holdings.keys().map(|c| (n.to_string(), c.clone())).collect())
+                .unwrap_or_default(),
+            None => {
+                let mut set: BTreeSet<Key> = self.borrowed_idx.clone();
+                for k in &self.borrowed_idx {
+                    let gang = self.nodes.get(&k.0).and_then(|nb| nb.holdings.get(&k.1));
+                    if let Some(e) = gang.filter(|e| e.gang.is_some()) {
+                        let gk = (e.tenant.clone(), e.gang.clone().unwrap_or_default());
+                        set.extend(self.gang_idx.get(&gk).into_iter().flatten().cloned());
+                    }
+                }
+                set.into_iter().collect()
+            }
+        };
         let mut refs: Vec<(String, String)> = Vec::new();
         let mut running = Vec::new();
-        for (n, nb) in &self.nodes {
-            if on.is_some_and(|o| o != n) {
+        for (n, c) in candidates {
+            let Some(nb) = self.nodes.get(&n) else { continue };
+            let Some(e) = nb.holdings.get(&c) else { continue };
+            if nb.stopping.contains(&c) {
                 continue;
             }
-            for (c, e) in &nb.holdings {
-                running.push(Running {
-                    id: refs.len().to_string(),
-                    tenant: e.tenant.clone(),
-                    resources: e.resources.clone(),
-                    class: e.class,
-                    started: e.started_ms,
-                    gang: e.gang.as_ref().map(|g| format!("{}:{g}", e.tenant)),
-                });
-                refs.push((n.clone(), c.clone()));
-            }
+            running.push(Running {
+                id: format!("{:010}", refs.len()),
+                tenant: e.tenant.clone(),
+                resources: e.resources.clone(),
+                class: e.class,
+                started: e.started_ms,
+                gang: e.gang.as_ref().map(|g| format!("{}:{g}", e.tenant)),
+            });
+            refs.push((n, c));
         }
         let chosen = choose_victims(&running, &self.capacity(), claimant, short)?;
         if chosen.is_empty() {
@@ -1156,14 +1235,8 @@ impl Books {
             }
             picked.insert(k.clone());
         }
-        for (n, nb) in &self.nodes {
-            for (c, e) in &nb.holdings {
-                if let Some(g) = &e.gang {
-                    if gangs.contains(&(e.tenant.clone(), g.clone())) {
-                        picked.insert((n.clone(), c.clone()));
-                    }
-                }
-            }
+        for g in &gangs {
+            picked.extend(self.gang_idx.get(g).into_iter().flatten().cloned());
         }
         let mut victims = Vec::new();
         let mut tenants: BTreeSet<String> = BTreeSet::new();
@@ -1203,7 +1276,7 @@ impl Books {
             plural(victims.len(), "borrowed container", "borrowed containers"),
             tenants.iter().cloned().collect::<Vec<_>>().join(", ")
         );
-        self.reclaims.insert(
+        self.insert_reclaim(
             (node.to_string(), claimant.to_string()),
             Reclaim {
                 resources: r.clone(),
@@ -1213,6 +1286,7 @@ impl Books {
                 freed_ms: None,
                 message: message.clone(),
             },
+            true,
         );
         *self.counters.reclaims.entry(claimant.to_string()).or_default() += 1;
         self.event(now, QuotaEventKind::Reclaim, Some(claimant), Some(node), None, message.clone());
@@ -1227,6 +1301,82 @@ impl Books {
                 format!("{} (SIGTERM, SIGKILL after {} s)", v.reason, v.grace_s),
             );
         }
+        Some(AdmitAnswer::Reclaiming {
+            retry_after_s,
+            victims,
+            message: format!("{message}; retry after {retry_after_s} s"),
+        })
+    }
+
+    /// A claim whose shortfall the containers its node is stopping already will free (a
+    /// reclaim whose books were lost, in a coordinator restarted during the victims' grace
+    /// period: their node's sync says they are stopping): the claim waits for them, and no
+    /// second victim is taken. `None` when they do not cover it.
+    #[allow(clippy::too_many_arguments)]
+    fn await_stopping(
+        &mut self,
+        tree: &QuotaTree,
+        node: &str,
+        claimant: &str,
+        r: &Resources,
+        short: &Resources,
+        on: Option<&str>,
+        now: u64,
+    ) -> Option<AdmitAnswer> {
+        let mut freeing = Resources::new();
+        let mut victims = Vec::new();
+        for n in &self.stopping_idx {
+            let Some(nb) = self.nodes.get(n).filter(|_| on.is_none_or(|o| o == n)) else {
+                continue;
+            };
+            for c in &nb.stopping {
+                let Some(e) = nb.holdings.get(c) else { continue };
+                if e.class != Class::Borrowed || is_within(&e.tenant, claimant) {
+                    continue;
+                }
+                freeing.add(&e.resources);
+                victims.push(Victim {
+                    node: n.clone(),
+                    container_id: c.clone(),
+                    tenant: e.tenant.clone(),
+                    grace_s: tree.grace_period_s(&e.tenant),
+                    reason: format!(
+                        "already stopping for a reclaim; {claimant}, which asks {r} within its \
+                         guarantee on node {node}, waits for it"
+                    ),
+                });
+            }
+        }
+        if victims.is_empty() || !short.fits_in(&freeing) {
+            return None;
+        }
+        let grace = victims.iter().map(|v| v.grace_s).max().unwrap_or(0);
+        let retry_after_s = grace.saturating_add(RETRY_SLACK_S);
+        let message = format!(
+            "reclaiming: waiting for {} of {} already stopping (grace up to {grace} s) to \
+             return {claimant} its guarantee; no other work is taken",
+            plural(victims.len(), "borrowed container", "borrowed containers"),
+            victims
+                .iter()
+                .map(|v| v.tenant.as_str())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        self.insert_reclaim(
+            (node.to_string(), claimant.to_string()),
+            Reclaim {
+                resources: r.clone(),
+                victims: victims.clone(),
+                started_ms: now,
+                retry_after_s,
+                freed_ms: None,
+                message: message.clone(),
+            },
+            true,
+        );
+        self.event(now, QuotaEventKind::Reclaim, Some(claimant), Some(node), None, message.clone());
         Some(AdmitAnswer::Reclaiming {
             retry_after_s,
             victims,
@@ -1253,7 +1403,7 @@ impl Books {
             if left.is_empty() {
                 break;
             }
-            let Some(g) = self.gangs.remove(&key) else { continue };
+            let Some(g) = self.remove_gang(&key) else { continue };
             left.sub(&g.reserved);
             any = true;
             let message = format!(
@@ -1267,7 +1417,7 @@ impl Books {
                 g.size
             );
             for m in &g.members {
-                self.outcomes.insert(
+                self.keep_outcome(
                     (m.node.clone(), m.container.clone()),
                     Outcome {
                         answer: AdmitAnswer::Refused { message: message.clone(), rule: None },
@@ -1298,7 +1448,7 @@ impl Books {
             None => format!("no capacity on node {node} for {r}"),
         };
         let places =
-            self.waiting.iter().filter(|((n, _), w)| n == node && w.tenant == req.tenant).count();
+            totals::on_node(&self.waiting, node).filter(|(_, w)| w.tenant == req.tenant).count();
         if places >= MAX_WAITING_PER_TENANT && !self.waiting.contains_key(&key) {
             let message = format!(
                 "{what}: not queued: tenant {} has {places} requests waiting on node {node} \
@@ -1314,9 +1464,10 @@ impl Books {
             last_seen_ms: now,
         });
         entry.last_seen_ms = now;
+        self.expires_at(now.saturating_add(WAITING_TTL_MS));
+        let entry = &self.waiting[&(node.to_string(), req.container_id.clone())];
         let since = entry.arrived_ms;
-        let here: Vec<(&Key, &WaitEntry)> =
-            self.waiting.iter().filter(|((n, _), _)| n == node).collect();
+        let here: Vec<(&Key, &WaitEntry)> = totals::on_node(&self.waiting, node).collect();
         let list: Vec<Waiting> = here
             .iter()
             .map(|((_, c), w)| Waiting {
@@ -1357,10 +1508,8 @@ impl Books {
         r: &Resources,
         now: u64,
     ) -> Option<String> {
-        let others: Vec<(&Key, &WaitEntry)> = self
-            .waiting
-            .iter()
-            .filter(|((n, _), w)| n == node && w.tenant != tenant)
+        let others: Vec<(&Key, &WaitEntry)> = totals::on_node(&self.waiting, node)
+            .filter(|(_, w)| w.tenant != tenant)
             .filter(|(_, w)| now <= w.last_seen_ms.saturating_add(WAITING_TTL_MS))
             .collect();
         if others.is_empty() {
@@ -1540,7 +1689,7 @@ impl Books {
                 }
             }
         };
-        self.gangs.insert(
+        self.insert_gang(
             gkey.clone(),
             Gang {
                 size: g.size,
@@ -1563,7 +1712,7 @@ impl Books {
     /// Every member is here: release the reservation and admit them one by one; if one
     /// would not be admitted, none is.
     fn complete_gang(&mut self, tree: &QuotaTree, gkey: &Key, now: u64) {
-        let Some(gang) = self.gangs.remove(gkey) else { return };
+        let Some(gang) = self.remove_gang(gkey) else { return };
         let (tenant, gname) = gkey;
         let name = format!("{tenant}/{}", untrusted(gname));
         let mut admitted: Vec<(Key, Class, Option<String>)> = Vec::new();
@@ -1606,7 +1755,7 @@ impl Books {
         let expires_ms = now.saturating_add(OUTCOME_KEPT_MS);
         if let Some((m, why, rule)) = failure {
             for (k, _, _) in &admitted {
-                self.pending.remove(k);
+                self.remove_pending(k);
             }
             let message = format!(
                 "gang {name}: all {} members arrived, but member {} on node {} would not be \
@@ -1616,7 +1765,7 @@ impl Books {
                 m.node
             );
             for m in &gang.members {
-                self.outcomes.insert(
+                self.keep_outcome(
                     (m.node.clone(), m.container.clone()),
                     Outcome {
                         answer: AdmitAnswer::Refused {
@@ -1635,7 +1784,7 @@ impl Books {
         let nodes: BTreeSet<&str> = gang.members.iter().map(|m| m.node.as_str()).collect();
         let borrowed = admitted.iter().filter(|(_, c, _)| *c == Class::Borrowed).count();
         for (m, (k, class, over)) in gang.members.iter().zip(admitted) {
-            self.outcomes.insert(
+            self.keep_outcome(
                 k,
                 Outcome {
                     answer: AdmitAnswer::Admitted { class: class.into(), over },
@@ -1703,10 +1852,8 @@ impl Books {
     pub fn release(&mut self, node: &str, container: &str, now: u64) -> bool {
         self.tick(now);
         let key = (node.to_string(), container.to_string());
-        let mut found = self.pending.remove(&key).is_some();
-        if let Some(nb) = self.nodes.get_mut(node) {
-            found |= nb.holdings.remove(container).is_some();
-        }
+        let mut found = self.remove_pending(&key).is_some();
+        found |= self.remove_holding(node, container);
         // A gang's kept answer goes too: the id may come back as another container.
         found |= self.outcomes.remove(&key).is_some();
         found |= self.waiting.remove(&key).is_some();
@@ -1723,7 +1870,8 @@ impl Books {
     fn update_reclaims(&mut self, now: u64) {
         let nodes = &self.nodes;
         let pending = &self.pending;
-        for r in self.reclaims.values_mut() {
+        let mut freed = Vec::new();
+        for (k, r) in self.reclaims.iter_mut() {
             if r.freed_ms.is_some() {
                 continue;
             }
@@ -1733,14 +1881,90 @@ impl Books {
             });
             if !running {
                 r.freed_ms = Some(now);
+                freed.push((k.clone(), r.hold_until()));
             }
         }
+        for (k, until) in freed {
+            self.changes.reclaim(&k, false);
+            self.expires_at(until);
+        }
+    }
+
+    /// Takes `node` out of the books (`why`: for the event): its capacity, holdings, pending
+    /// admissions, holds for claimants there, waiting requests, gang members, leases. Its
+    /// victims of reclaims elsewhere count as gone. What was removed, or `None` if the books
+    /// did not know it. A node that syncs again comes back as a new one.
+    pub fn remove_node(&mut self, node: &str, now: u64, why: &str) -> Option<RemovedNode> {
+        let nb = self.nodes.remove(node)?;
+        self.silence.remove(&(nb.last_sync_ms, node.to_string()));
+        self.stopping_idx.remove(node);
+        self.totals.capacity.sub(&nb.capacity);
+        let mut held = Resources::new();
+        for (c, e) in &nb.holdings {
+            held.add(&e.resources);
+            self.unindex_holding(node, c, e);
+        }
+        totals::replace_part(&mut self.totals, node, &nb.agg, &totals::NodeAgg::default());
+        self.generation = self.generation.wrapping_add(1);
+        let keys: Vec<Key> = totals::on_node(&self.pending, node).map(|(k, _)| k.clone()).collect();
+        let pending = keys.len();
+        for k in keys {
+            self.remove_pending(&k);
+        }
+        let keys: Vec<Key> =
+            totals::on_node(&self.reclaims, node).map(|(k, _)| k.clone()).collect();
+        for k in keys {
+            self.remove_reclaim(&k);
+        }
+        let keys: Vec<Key> = totals::on_node(&self.waiting, node).map(|(k, _)| k.clone()).collect();
+        for k in keys {
+            self.waiting.remove(&k);
+        }
+        let keys: Vec<Key> =
+            totals::on_node(&self.outcomes, node).map(|(k, _)| k.clone()).collect();
+        for k in keys {
+            self.outcomes.remove(&k);
+        }
+        for g in self.gangs.values_mut() {
+            g.members.retain(|m| m.node != node);
+        }
+        self.update_reclaims(now);
+        self.changes.node(node);
+        let leases: Vec<String> = nb.booked_leases().into_keys().collect();
+        let removed = RemovedNode {
+            holdings: nb.holdings.len(),
+            pending,
+            held: Amounts::from_resources(&held),
+            leases: leases.clone(),
+            last_sync_ms: nb.last_sync_ms,
+        };
+        self.event(
+            now,
+            QuotaEventKind::NodeRemoved,
+            None,
+            Some(node),
+            None,
+            format!(
+                "node {node} leaves the books: {why}. No longer counted: {} ({held}), {} \
+                 admission(s) it had not listed yet{}. If it syncs again, what it lists then is \
+                 counted again",
+                plural(nb.holdings.len(), "holding", "holdings"),
+                pending,
+                if leases.is_empty() {
+                    String::new()
+                } else {
+                    format!(", and its leases of {}", leases.join(", "))
+                }
+            ),
+        );
+        Some(removed)
     }
 
     /// A node's sync: its holdings replace the books' view of it (admissions younger than
     /// [`PENDING_GRACE_MS`] that it does not list yet stay), its leases are renewed (and
-    /// recomputed), and the answer names its containers a reclaim stops. The caller
-    /// validated `req`.
+    /// recomputed when anything changed since they were), and the answer names its
+    /// containers a reclaim stops. The caller validated `req`. A sync that changes nothing
+    /// costs a comparison of what it lists with what the books hold.
     pub fn sync(
         &mut self,
         tree: &QuotaTree,
@@ -1751,54 +1975,106 @@ impl Books {
         self.observe_tree(tree);
         if let Some(nb) = self.nodes.get_mut(node) {
             // Heard from now: not silent.
+            self.silence.remove(&(nb.last_sync_ms, node.to_string()));
             nb.last_sync_ms = now;
-            nb.expiry_noted = false;
+            self.silence.insert((now, node.to_string()));
         }
         self.tick(now);
         let first = !self.nodes.contains_key(node);
-        let leased_paths: BTreeSet<&str> = tree
-            .iter()
-            .filter(|q| q.limits.values().any(|l| l.guarantee.is_some()))
-            .map(|q| q.path.as_str())
-            .collect();
         let reported: BTreeMap<String, Resources> = req
             .leases
             .iter()
-            .filter(|l| leased_paths.contains(l.path.as_str()))
+            .filter(|l| {
+                tree.get(&l.path).is_some_and(|q| q.limits.values().any(|x| x.guarantee.is_some()))
+            })
             .map(|l| (l.path.clone(), l.amounts.to_resources()))
             .collect();
-        {
-            let nb = self.nodes.entry(node.to_string()).or_default();
-            nb.capacity = req.capacity.to_resources();
-            nb.holdings = req
-                .holdings
-                .iter()
-                .map(|h| (h.container_id.clone(), Entry::of_holding(h)))
-                .collect();
-            nb.reported = reported;
-            if first {
-                // Adopted: issued before this coordinator's books started.
-                nb.issued = nb.reported.clone();
-            }
-            nb.last_sync_ms = now;
-            nb.expiry_noted = false;
+        let capacity = req.capacity.to_resources();
+        let stopping: BTreeSet<String> = req.stopping.iter().cloned().collect();
+        if first {
+            self.nodes.insert(
+                node.to_string(),
+                NodeBook {
+                    // Adopted: issued before this coordinator's books started.
+                    issued: reported.clone(),
+                    last_sync_ms: now,
+                    ..NodeBook::default()
+                },
+            );
+            self.silence.insert((now, node.to_string()));
+            self.changes.node(node);
         }
+        let mut changed = first;
+        if let Some(nb) = self.nodes.get_mut(node) {
+            if nb.capacity != capacity {
+                self.totals.capacity.sub(&nb.capacity);
+                self.totals.capacity.add(&capacity);
+                nb.capacity = capacity;
+                self.generation = self.generation.wrapping_add(1);
+                changed = true;
+            }
+            if nb.reported != reported {
+                nb.reported = reported;
+                changed = true;
+            }
+            if nb.stopping != stopping {
+                if stopping.is_empty() {
+                    self.stopping_idx.remove(node);
+                } else {
+                    self.stopping_idx.insert(node.to_string());
+                }
+                nb.stopping = stopping;
+                changed = true;
+            }
+        }
+        let listed: BTreeMap<String, Entry> =
+            req.holdings.iter().map(|h| (h.container_id.clone(), Entry::of_holding(h))).collect();
+        changed |= self.set_holdings(node, listed);
         let held: BTreeSet<&str> = req.holdings.iter().map(|h| h.container_id.as_str()).collect();
-        self.pending.retain(|(n, c), p| {
-            n != node
-                || (!held.contains(c.as_str())
-                    && now.saturating_sub(p.entry.started_ms) <= PENDING_GRACE_MS)
-        });
-        self.waiting.retain(|(n, c), _| n != node || !held.contains(c.as_str()));
-        self.update_reclaims(now);
+        let gone: Vec<Key> = totals::on_node(&self.pending, node)
+            .filter(|((_, c), p)| {
+                held.contains(c.as_str())
+                    || now.saturating_sub(p.entry.started_ms) > PENDING_GRACE_MS
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in gone {
+            self.remove_pending(&k);
+        }
+        let gone: Vec<Key> = totals::on_node(&self.waiting, node)
+            .filter(|((_, c), _)| held.contains(c.as_str()))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in gone {
+            self.waiting.remove(&k);
+        }
+        if changed {
+            self.changes.node(node);
+            self.refresh_node(node);
+        }
+        if !self.reclaims.is_empty() {
+            self.update_reclaims(now);
+        }
+        let generation = self.generation;
         let due = self.nodes.get(node).is_some_and(|nb| {
-            nb.computed_ms.is_none_or(|t| now.saturating_sub(t) >= LEASE_RECOMPUTE_MS)
+            nb.computed_ms.is_none_or(|t| {
+                now.saturating_sub(t) >= LEASE_RECOMPUTE_MS && nb.computed_gen != generation
+            })
         });
         if self.ready && (due || first) {
             let issued = self.issue_leases(tree, node);
+            let mut grew = false;
             if let Some(nb) = self.nodes.get_mut(node) {
+                grew = nb.issued != issued;
                 nb.issued = issued;
                 nb.computed_ms = Some(now);
+            }
+            if grew {
+                self.changes.node(node);
+                self.refresh_node(node);
+            }
+            if let Some(nb) = self.nodes.get_mut(node) {
+                nb.computed_gen = self.generation;
             }
         }
         let leases = self
@@ -1829,15 +2105,11 @@ impl Books {
         // g_n: what the node counts under its leases; all_n: every guaranteed use there.
         let g_n = self.node_leased_base(node);
         let all_n = self.node_guaranteed(node);
-        // Booked usage without this node's phantoms, and what each other node counts for:
-        // all its guaranteed use plus its leases' unused part.
-        let (base, _) = self.booked(tree, Some(node));
-        let others: Vec<(Usage, Usage, BTreeMap<String, Resources>)> = self
-            .nodes
-            .iter()
-            .filter(|(n, _)| n.as_str() != node)
-            .map(|(n, nb)| (self.node_guaranteed(n), self.node_leased_base(n), nb.booked_leases()))
-            .collect();
+        // Booked usage without this node's phantoms (only where a ceiling must be checked),
+        // and what the other nodes count for: all their guaranteed use plus their leases'
+        // unused part (the totals less this node's part).
+        let mut base: Option<Usage> = None;
+        let own = self.nodes.get(node).map(|nb| nb.agg.contrib.clone()).unwrap_or_default();
         let mut new: BTreeMap<String, Resources> = BTreeMap::new();
         for q in tree.iter() {
             let mut l = Resources::new();
@@ -1860,16 +2132,11 @@ impl Books {
                 } else {
                     let s =
                         u128::from(guarantee) * u128::from(node_cap.get(res)) / u128::from(fleet);
-                    u64::try_from(s).unwrap_or(u64::MAX)
+                    totals::whole_units(res, u64::try_from(s).unwrap_or(u64::MAX))
                 };
-                let elsewhere = others
-                    .iter()
-                    .map(|(all, base, lm)| {
-                        let leased = lm.get(&q.path).map_or(0, |r| r.get(res));
-                        let unused = leased.saturating_sub(base.of(&q.path).guaranteed.get(res));
-                        all.of(&q.path).guaranteed.get(res).saturating_add(unused)
-                    })
-                    .fold(0u64, u64::saturating_add);
+                let contrib =
+                    |m: &BTreeMap<String, Resources>| m.get(&q.path).map_or(0, |r| r.get(res));
+                let elsewhere = contrib(&self.totals.contrib).saturating_sub(contrib(&own));
                 let all = all_n.of(&q.path).guaranteed.get(res);
                 let room = guarantee.saturating_sub(elsewhere).saturating_sub(all);
                 let mut lease = if self.recalled.contains_key(&q.path) {
@@ -1884,7 +2151,8 @@ impl Books {
                 // `g` (nothing to lend on its own) if that is not enough.
                 let mut tries = 0;
                 while lease > g {
-                    let excess = self.ceiling_excess(tree, &base, &new, &g_n, &q.path, res, lease);
+                    let base = base.get_or_insert_with(|| self.booked(tree, Some(node)).0);
+                    let excess = self.ceiling_excess(tree, base, &new, &g_n, &q.path, res, lease);
                     if excess == 0 {
                         break;
                     }
@@ -1933,14 +2201,10 @@ impl Books {
 
     /// `GET /v1/quota/status`.
     pub fn status(&mut self, tree: &QuotaTree, policy_version: u64, now: u64) -> QuotaStatus {
+        self.observe_tree(tree);
         self.tick(now);
         let capacity = self.capacity();
-        let real = self.real_usage();
-        let per_node: Vec<(Usage, BTreeMap<String, Resources>)> = self
-            .nodes
-            .iter()
-            .map(|(n, nb)| (self.node_leased_base(n), nb.booked_leases()))
-            .collect();
+        let real = &self.totals.real;
         let mut paths = Vec::new();
         for q in tree.iter() {
             let held = real.of(&q.path);
@@ -1960,13 +2224,7 @@ impl Books {
                     None => 0,
                 };
                 let leased = if limit.guarantee.is_some() {
-                    per_node
-                        .iter()
-                        .map(|(g, l)| {
-                            let lease = l.get(&q.path).map_or(0, |r| r.get(res));
-                            lease.saturating_sub(g.of(&q.path).guaranteed.get(res))
-                        })
-                        .fold(0, u64::saturating_add)
+                    self.totals.unused.get(&q.path).map_or(0, |r| r.get(res))
                 } else {
                     0
                 };
@@ -2012,6 +2270,10 @@ impl Books {
     }
 }
 
+#[path = "books_state.rs"]
+pub mod state;
 #[cfg(test)]
 #[path = "books_tests.rs"]
 mod tests;
+#[path = "books_totals.rs"]
+mod totals;

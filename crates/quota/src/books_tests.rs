@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
+use super::state::{BooksState, StateOp};
 use super::*;
 use crate::wire::{GangRef, ReleaseRequest};
 use crate::{QuotaSpec, MICRO_PER_GPU};
@@ -70,6 +71,8 @@ struct Node {
     lease_until: u64,
     /// It admitted under its leases since its last answered sync.
     unsynced_lease_grants: bool,
+    /// Victims it is stopping (SIGTERM sent, grace running): still held.
+    stopping: Vec<String>,
 }
 
 impl Node {
@@ -81,6 +84,7 @@ impl Node {
             leases: Vec::new(),
             lease_until: 0,
             unsynced_lease_grants: false,
+            stopping: Vec::new(),
         }
     }
 
@@ -147,12 +151,14 @@ impl Node {
             capacity: gpu_amounts(self.capacity_micro),
             holdings: self.holdings.clone(),
             leases: self.leases.clone(),
+            stopping: self.stopping.clone(),
         }
     }
 
     /// Syncs; keeps the leases answered and stops the victims named (at once).
     fn sync(&mut self, b: &mut Books, t: &QuotaTree, now: u64) -> SyncAnswer {
         let a = b.sync(t, &self.name, &self.request(), now);
+        b.check_totals().unwrap_or_else(|e| panic!("after {}'s sync: {e}", self.name));
         self.unsynced_lease_grants = false;
         self.leases = a.leases.clone();
         self.lease_until = now + a.lease_ttl_s * 1000;
@@ -793,7 +799,7 @@ fn after_a_restart_the_books_wait_for_every_known_node_and_adopt_their_leases() 
 }
 
 #[test]
-fn a_silent_node_stops_renewing_but_its_leases_and_holdings_stay_booked() {
+fn a_silent_node_leaves_the_books_at_its_leases_end_and_counts_again_when_it_syncs() {
     let t = tree(AB);
     let mut b = Books::new(60, 1_000_000);
     let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
@@ -801,33 +807,191 @@ fn a_silent_node_stops_renewing_but_its_leases_and_holdings_stay_booked() {
     start(&t, &mut nodes, &mut b, now);
     admitted(&nodes[1].admit(&mut b, &t, ask("b0", "acme/b", 1), now));
     nodes[1].sync(&mut b, &t, now);
-    let later = now + 60_000 + LEASE_MARGIN_MS + 1;
+    // Until its lease's end (TTL + margin after its last sync) the silent node is counted,
+    // its unused leases too.
+    let end = now + 60_000 + LEASE_MARGIN_MS;
+    nodes[0].sync(&mut b, &t, end);
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (1, 0));
+    assert!(b.events().iter().all(|e| e.kind != QuotaEventKind::NodeRemoved));
+    let row = b.status(&t, 1, end).paths.into_iter().find(|p| p.path == "acme/a").expect("row");
+    assert_eq!(row.leased, 4 * MICRO_PER_GPU, "n2's unused lease of A is still booked");
+    // A millisecond later it has left the books, with an event that says what went.
+    let later = end + 1;
     nodes[0].sync(&mut b, &t, later);
+    b.check_totals().expect("totals");
     let st = b.status(&t, 1, later);
+    assert!(!st.nodes.contains_key("n2"), "{:?}", st.nodes);
     let events = b.events();
     let ev: Vec<&QuotaEvent> =
-        events.iter().filter(|e| e.kind == QuotaEventKind::LeaseExpired).collect();
+        events.iter().filter(|e| e.kind == QuotaEventKind::NodeRemoved).collect();
     assert_eq!(ev.len(), 1);
     assert_eq!(ev[0].node.as_deref(), Some("n2"));
     assert!(
-        ev[0].reason.contains("stays booked with its holdings until it syncs again"),
+        ev[0].reason.contains("has not synced for 70 s (lease TTL 60 s + 10 s margin)")
+            && ev[0].reason.contains("1 holding (1 H100-80GB GPUs)")
+            && ev[0].reason.contains("its leases of acme/a, acme/b"),
         "{}",
         ev[0].reason
     );
-    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (1, 0));
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (0, 0));
+    assert_eq!(b.capacity(), Resources::new().with_gpus(H100, 8), "only n1's GPUs");
     let row = st.paths.iter().find(|p| p.path == "acme/a").expect("row");
-    assert_eq!(row.leased, 4 * MICRO_PER_GPU, "n2's unused lease of A is still booked");
-    // A's guaranteed work on node 1 can take n1's lease (2) and what is left (0).
-    for i in 0..2 {
+    assert_eq!(row.leased, 2 * MICRO_PER_GPU, "n2's lease is gone, n1's own unused 2 stay");
+    // A's guaranteed work on node 1 can take the whole guarantee now.
+    for i in 0..4 {
         assert_eq!(
             admitted(&nodes[0].admit(&mut b, &t, ask(&format!("a{i}"), "acme/a", 1), later)),
             QuotaClass::Guaranteed
         );
     }
-    assert!(matches!(
-        nodes[0].admit(&mut b, &t, ask("a2", "acme/a", 1), later),
-        AdmitAnswer::Admitted { class: QuotaClass::Borrowed, .. }
-    ));
+    // The node was only cut off: its next sync counts what it lists again.
+    nodes[1].sync(&mut b, &t, later + 1);
+    b.check_totals().expect("totals");
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (1, 0));
+    assert!(b.status(&t, 1, later + 1).nodes.contains_key("n2"));
+}
+
+#[test]
+fn an_operator_removes_a_node_at_once_with_what_it_held() {
+    let t = tree(AB);
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
+    let now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    admitted(&nodes[1].admit(&mut b, &t, ask("b0", "acme/b", 1), now));
+    nodes[1].sync(&mut b, &t, now);
+    admitted(&nodes[1].admit(&mut b, &t, ask("b1", "acme/b", 1), now));
+    let r = b.remove_node("n2", now + 5, "removed by admin alice").expect("known");
+    assert_eq!((r.holdings, r.pending), (1, 1));
+    assert_eq!(r.held, gpu_amounts(MICRO_PER_GPU));
+    assert_eq!(r.leases, vec!["acme/a".to_string(), "acme/b".to_string()]);
+    b.check_totals().expect("totals");
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (0, 0));
+    let ev = b.events().into_iter().rev().find(|e| e.kind == QuotaEventKind::NodeRemoved);
+    assert!(ev.is_some_and(|e| e.reason.contains("removed by admin alice")));
+    assert!(b.remove_node("n2", now + 6, "again").is_none(), "unknown now");
+}
+
+/// Node 1 full: B's 4 guaranteed and 4 borrowed; A asks for one GPU there and B's youngest
+/// is chosen; the node starts stopping it (its grace period runs, it still holds the GPU).
+fn reclaim_under_way(t: &QuotaTree, b: &mut Books, nodes: &mut [Node; 2], now: u64) -> Victim {
+    start(t, nodes, b, now);
+    let mut at = now;
+    for i in 0..8 {
+        admit_retrying(nodes, 0, b, t, &ask(&format!("b{i}"), "acme/b", 1), &mut at);
+        at += 10;
+    }
+    for n in nodes.iter_mut() {
+        n.sync(b, t, at);
+    }
+    let victims = match nodes[0].admit(b, t, short(ask("a0", "acme/a", 1)), at) {
+        AdmitAnswer::Reclaiming { victims, .. } => victims,
+        other => panic!("expected a reclaim, got {other:?}"),
+    };
+    assert_eq!(victims.len(), 1, "{victims:?}");
+    assert_eq!(victims[0].container_id, "b7", "the youngest borrowed");
+    nodes[0].stopping.push(victims[0].container_id.clone());
+    victims[0].clone()
+}
+
+#[test]
+fn a_coordinator_restarted_during_a_victims_grace_takes_no_second_victim() {
+    // Books without a store (a coordinator on SQLite, a node alone): the restarted books
+    // know from the node's sync which containers it is stopping.
+    let t = tree(AB);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
+    let mut b = Books::new(300, 1_000_000);
+    let v = reclaim_under_way(&t, &mut b, &mut nodes, 1_000_000);
+    let now = 1_002_000;
+    let mut b = Books::new(300, now);
+    start(&t, &mut nodes, &mut b, now);
+    b.check_totals().expect("totals");
+    for retry in 0..3 {
+        match nodes[0].admit(&mut b, &t, short(ask("a0", "acme/a", 1)), now + retry * 1_000) {
+            AdmitAnswer::Reclaiming { victims, message, .. } => {
+                assert_eq!(
+                    victims,
+                    vec![Victim { reason: victims[0].reason.clone(), ..v.clone() }]
+                );
+                assert!(
+                    message.contains("already stopping")
+                        && message.contains("no other work is taken"),
+                    "{message}"
+                );
+            }
+            other => panic!("retry {retry}: expected to wait for b7, got {other:?}"),
+        }
+    }
+    assert!(
+        b.events().iter().all(|e| e.kind != QuotaEventKind::Preempt),
+        "no preemption after the restart: {:#?}",
+        b.events()
+    );
+    // b7 is gone: A's retry is admitted, guaranteed.
+    nodes[0].stopping.clear();
+    nodes[0].stop("b7");
+    nodes[0].sync(&mut b, &t, now + 5_000);
+    assert_eq!(
+        admitted(&nodes[0].admit(&mut b, &t, ask("a0", "acme/a", 1), now + 5_001)),
+        QuotaClass::Guaranteed
+    );
+
+    // Books taken over from the store: the reclaim itself is there.
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
+    let mut b = Books::new(300, 1_000_000);
+    b.track_changes(true);
+    let v = reclaim_under_way(&t, &mut b, &mut nodes, 1_000_000);
+    let _ = b.take_changes();
+    let now = 1_002_000;
+    let mut b = Books::restore(300, now, b.state(), &t);
+    b.check_totals().expect("totals");
+    match nodes[0].admit(&mut b, &t, short(ask("a0", "acme/a", 1)), now) {
+        AdmitAnswer::Reclaiming { victims, message, .. } => {
+            assert_eq!(victims, vec![v]);
+            assert!(message.contains("in progress"), "{message}");
+        }
+        other => panic!("expected the same reclaim, got {other:?}"),
+    }
+    assert!(b.events().is_empty(), "{:#?}", b.events());
+}
+
+#[test]
+fn the_durable_state_hands_out_urgent_writes_for_admissions_reclaims_and_grown_leases() {
+    let t = tree(AB);
+    let mut b = Books::new(300, 1_000_000);
+    b.track_changes(true);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
+    let now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    let cs = b.take_changes();
+    assert!(cs.urgent, "leases issued for the first time are stored before they are handed out");
+    assert_eq!(cs.ops.iter().filter(|o| matches!(o, StateOp::PutNode { .. })).count(), 2);
+    // The next sync reports the leases the node took (a change, stored lazily); one that
+    // changes nothing writes nothing.
+    nodes[0].sync(&mut b, &t, now + 100);
+    assert!(!b.take_changes().urgent);
+    nodes[0].sync(&mut b, &t, now + 150);
+    assert_eq!(b.take_changes(), state::Changeset::default());
+    // An admission: written before it is answered.
+    let a = b.admit(&t, "n1", &ask("a0", "acme/a", 1), now + 200);
+    assert_eq!(admitted(&a), QuotaClass::Guaranteed);
+    let cs = b.take_changes();
+    assert!(cs.urgent);
+    assert!(matches!(&cs.ops[..], [StateOp::PutPending(p)] if p.container_id == "a0"), "{cs:?}");
+    // Its node lists it: the holding and the pending's end, lazily.
+    nodes[0].hold(&ask("a0", "acme/a", 1), QuotaClass::Guaranteed, false, now + 200);
+    nodes[0].sync(&mut b, &t, now + 300);
+    let cs = b.take_changes();
+    assert!(!cs.urgent, "{cs:?}");
+    assert!(cs
+        .ops
+        .iter()
+        .any(|o| matches!(o, StateOp::DelPending { container_id, .. } if container_id == "a0")));
+    assert!(cs.ops.iter().any(|o| matches!(o, StateOp::PutNode { node, state } if node == "n1" && state.holdings.len() == 1)));
+    // Without tracking, nothing is kept.
+    b.track_changes(false);
+    b.admit(&t, "n1", &ask("a1", "acme/a", 1), now + 400);
+    assert_eq!(b.take_changes(), state::Changeset::default());
 }
 
 // --- hostile tenants: container ids reused or raced, gangs that never assemble ------------
@@ -979,13 +1143,34 @@ fn arb_tree() -> impl Strategy<Value = QuotaTree> {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Ask { node: usize, tenant: usize, halves: u64 },
-    Sync { node: usize, lose_answer: bool },
-    Release { node: usize, nth: usize },
-    Cut { node: usize },
-    Mend { node: usize },
-    Wait { secs: u64 },
+    Ask {
+        node: usize,
+        tenant: usize,
+        halves: u64,
+    },
+    Sync {
+        node: usize,
+        lose_answer: bool,
+    },
+    Release {
+        node: usize,
+        nth: usize,
+    },
+    Cut {
+        node: usize,
+    },
+    Mend {
+        node: usize,
+    },
+    Wait {
+        secs: u64,
+    },
     Restart,
+    /// Another coordinator takes the books over from the durable state (the changes
+    /// handed out as urgent, and the others unless `lose_lazy`).
+    Failover {
+        lose_lazy: bool,
+    },
 }
 
 fn arb_ops() -> impl Strategy<Value = Vec<Op>> {
@@ -998,9 +1183,42 @@ fn arb_ops() -> impl Strategy<Value = Vec<Op>> {
             1 => (0..3usize).prop_map(|node| Op::Mend { node }),
             1 => (1u64..=40).prop_map(|secs| Op::Wait { secs }),
             1 => Just(Op::Restart),
+            1 => any::<bool>().prop_map(|lose_lazy| Op::Failover { lose_lazy }),
         ],
         1..80,
     )
+}
+
+/// Applies `ops` to `store` as the coordinator's store does.
+fn apply(store: &mut BooksState, ops: impl IntoIterator<Item = StateOp>) {
+    for op in ops {
+        match op {
+            StateOp::PutNode { node, state } => {
+                store.nodes.insert(node, state);
+            }
+            StateOp::DelNode { node } => {
+                store.nodes.remove(&node);
+            }
+            StateOp::PutPending(p) => {
+                store.pending.retain(|x| (&x.node, &x.container_id) != (&p.node, &p.container_id));
+                store.pending.push(p);
+                store
+                    .pending
+                    .sort_by(|a, b| (&a.node, &a.container_id).cmp(&(&b.node, &b.container_id)));
+            }
+            StateOp::DelPending { node, container_id } => {
+                store.pending.retain(|x| (&x.node, &x.container_id) != (&node, &container_id));
+            }
+            StateOp::PutReclaim(r) => {
+                store.reclaims.retain(|x| (&x.node, &x.tenant) != (&r.node, &r.tenant));
+                store.reclaims.push(r);
+                store.reclaims.sort_by(|a, b| (&a.node, &a.tenant).cmp(&(&b.node, &b.tenant)));
+            }
+            StateOp::DelReclaim { node, tenant } => {
+                store.reclaims.retain(|x| (&x.node, &x.tenant) != (&node, &tenant));
+            }
+        }
+    }
 }
 
 /// What the nodes hold (the truth, not the books) never takes a path past its ceiling, and
@@ -1052,9 +1270,18 @@ proptest! {
         let mut b = Books::new(ttl_s, 1_000_000);
         let mut nodes = [Node::new("n1", 4), Node::new("n2", 4), Node::new("n3", 4)];
         let mut up = [true; 3];
+        // A node cut off past its lease's end is presumed dead (it leaves the books): in
+        // this model it is, and never comes back (one that does is the unit test above).
+        let mut dead = [false; 3];
+        let margin = (ttl_s * 1000).min(LEASE_MARGIN_MS);
         let mut contact = [0u64; 3];
         let mut now = 1_000_000u64;
         let mut seq = 0u64;
+        // The durable books as a store would hold them: urgent changes are stored before
+        // the answer, lazy ones may be lost when the coordinator goes.
+        b.track_changes(true);
+        let mut store = BooksState::default();
+        let mut lazy: Vec<StateOp> = Vec::new();
         for n in 0..3 {
             nodes[n].sync(&mut b, &t, now);
             contact[n] = now;
@@ -1106,20 +1333,73 @@ proptest! {
                     }
                 }
                 Op::Cut { node } => up[node] = false,
-                Op::Mend { node } => up[node] = true,
-                Op::Wait { secs } => now += secs * 1000,
+                Op::Mend { node } => {
+                    // Back in touch: its next sync is within a second (here: at once).
+                    if !up[node] && !dead[node] {
+                        up[node] = true;
+                        let a = nodes[node].sync(&mut b, &t, now);
+                        contact[node] = now;
+                        for v in a.preempt {
+                            nodes[node].stop(&v.container_id);
+                        }
+                    }
+                }
+                Op::Wait { secs } => {
+                    // A node in touch syncs every second (here: every 5 s): it is never
+                    // silent long enough to leave the books.
+                    let end = now + secs * 1000;
+                    while now < end {
+                        now = (now + 5_000).min(end);
+                        for n in (0..3).filter(|&n| up[n]) {
+                            let a = nodes[n].sync(&mut b, &t, now);
+                            contact[n] = now;
+                            for v in a.preempt {
+                                nodes[n].stop(&v.container_id);
+                            }
+                        }
+                    }
+                }
                 Op::Restart => {
                     // Nodes cut off across a restart are not modelled (docs: a node
                     // partitioned beyond its lease TTL across a restart is unknown to the
                     // rebuilt books); every node syncs right after.
-                    if up.iter().all(|u| *u) {
+                    if (0..3).all(|n| up[n] || dead[n]) {
                         b = Books::new(ttl_s, now);
-                        for n in 0..3 {
+                        b.track_changes(true);
+                        for n in (0..3).filter(|&n| up[n]) {
                             nodes[n].sync(&mut b, &t, now);
                             contact[n] = now;
                         }
+                        let _ = b.take_changes();
+                        store = b.state();
+                        lazy.clear();
                     }
                 }
+                Op::Failover { lose_lazy } => {
+                    if lose_lazy {
+                        lazy.clear();
+                    } else {
+                        apply(&mut store, lazy.drain(..));
+                    }
+                    b = Books::restore(ttl_s, now, store.clone(), &t);
+                    b.track_changes(true);
+                }
+            }
+            for n in 0..3 {
+                if !up[n] && !dead[n] && now.saturating_sub(contact[n]) >= ttl_s * 1000 + margin {
+                    dead[n] = true;
+                    nodes[n].holdings.clear();
+                    nodes[n].leases.clear();
+                }
+            }
+            b.check_totals().map_err(TestCaseError::fail)?;
+            let cs = b.take_changes();
+            lazy.extend(cs.ops);
+            if cs.urgent {
+                apply(&mut store, lazy.drain(..));
+            }
+            if lazy.is_empty() {
+                prop_assert_eq!(&store, &b.state(), "the stored changes are the books' state");
             }
             check_truth(&t, &nodes, now)?;
             // The books never count less than the nodes hold, once rebuilt.

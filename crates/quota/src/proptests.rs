@@ -155,3 +155,40 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// `Usage` keeps every path's subtree total as it goes (issue 28): what `of` reads is
+    /// what summing the tenants within the path gives, after any adds and releases (a
+    /// release of more than is held gives back only what is held).
+    #[test]
+    fn usage_subtree_totals_are_the_sums_over_the_tenants_within(
+        ops in prop::collection::vec((0..PATHS.len(), any::<bool>(), any::<bool>(), 0u64..5), 0..60)
+    ) {
+        let mut u = Usage::new();
+        for (tenant, add, guaranteed, n) in ops {
+            let class = if guaranteed { Class::Guaranteed } else { Class::Borrowed };
+            let r = Resources::new().with_gpus(H100, n);
+            if add {
+                u.add(PATHS[tenant], class, &r);
+            } else {
+                u.release(PATHS[tenant], class, &r);
+            }
+        }
+        for path in PATHS.iter().chain(["acme/ab", "acme/a/p/u/x", "other"].iter()) {
+            let mut sum = Held::default();
+            for (t, h) in u.tenants() {
+                if is_within(t, path) {
+                    sum.guaranteed.add(&h.guaranteed);
+                    sum.borrowed.add(&h.borrowed);
+                }
+            }
+            prop_assert_eq!(u.of(path), sum, "{}", path);
+        }
+        let mut all = Held::default();
+        for (_, h) in u.tenants() {
+            all.guaranteed.add(&h.guaranteed);
+            all.borrowed.add(&h.borrowed);
+        }
+        prop_assert_eq!(u.total(), all);
+    }
+}

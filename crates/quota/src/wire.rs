@@ -227,6 +227,11 @@ pub struct SyncRequest {
     pub holdings: Vec<Holding>,
     /// The leases the node holds now (a coordinator that restarted adopts them).
     pub leases: Vec<Lease>,
+    /// Containers the node is stopping for a reclaim (SIGTERM sent, grace running): never
+    /// taken again as victims, and a coordinator that took over during their grace period
+    /// knows they are on their way out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stopping: Vec<String>,
 }
 
 /// The answer to a [`SyncRequest`].
@@ -306,6 +311,8 @@ pub enum QuotaEventKind {
     GangAdmitted,
     /// A gang that did not assemble within `gangs.timeout_s`: refused, reservation released.
     GangTimeout,
+    /// A node left the books: silent past its lease's end, or removed by an operator.
+    NodeRemoved,
 }
 
 impl QuotaEventKind {
@@ -319,6 +326,7 @@ impl QuotaEventKind {
             QuotaEventKind::LeaseExpired => "lease-expired",
             QuotaEventKind::GangAdmitted => "gang-admitted",
             QuotaEventKind::GangTimeout => "gang-timeout",
+            QuotaEventKind::NodeRemoved => "node-removed",
         }
     }
 }

@@ -164,6 +164,7 @@ impl Node {
             capacity: quota::capacity(&self.inventory),
             holdings,
             leases: Vec::new(),
+            stopping: Vec::new(),
         }))
     }
 

@@ -1,0 +1,325 @@
+//! The books' durable state (issue 28, docs/QUOTAS.md "Books every coordinator shares"):
+//! what a coordinator that takes over the books needs to decide at once without ever
+//! counting less than the nodes may hold. Pure: the coordinator writes it to etcd (in
+//! transactions fenced by its leadership) and reads it back when it becomes the leader.
+//!
+//! * Each node the books know: its capacity, the holdings of its last sync that changed
+//!   anything, the leases issued to it and those it reported, the containers it is
+//!   stopping.
+//! * Every admission answered and not yet listed by its node (pending).
+//! * Every reclaim in progress: its claimant, the capacity held for it, its victims and
+//!   their grace, so that a new leader takes no second victim for the same claim.
+//!
+//! What is kept is a superset of what the nodes may hold: an admission or a reclaim is
+//! written before it is answered; a lease that grows is written before the answer that
+//! carries it; everything else (a sync's holdings, a release, a lease that shrinks) may be
+//! written later, and until it is the stored state counts more, never less. The books mark
+//! what changed ([`Changes`]) and [`Books::take_changes`] hands it out as [`StateOp`]s,
+//! saying whether the answer must wait for them (`urgent`). Books restored from it
+//! ([`Books::restore`]) are ready at once.
+//!
+//! Not kept (rebuilt or lost at a change of leader, never to anyone's loss of a guarantee
+//! or crossing of a ceiling): the fair queue (requests ask again), gangs still assembling
+//! (their members' long polls end; they ask again), kept gang answers, lease recalls,
+//! events and counters.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Books, Entry, Key, NodeBook, Pending, Reclaim};
+use crate::amount::Resources;
+use crate::spec::QuotaTree;
+use crate::wire::{Amounts, Holding, Lease, QuotaClass, Victim};
+
+/// One node as the durable books keep it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeState {
+    pub capacity: Amounts,
+    pub holdings: Vec<Holding>,
+    /// Leases last issued to the node.
+    pub issued: Vec<Lease>,
+    /// Leases the node said it held at its last sync.
+    pub reported: Vec<Lease>,
+    /// Containers it is stopping for a reclaim.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stopping: Vec<String>,
+}
+
+/// An admission answered and not yet listed by its node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PendingState {
+    pub node: String,
+    pub container_id: String,
+    pub tenant: String,
+    pub amounts: Amounts,
+    pub class: QuotaClass,
+    pub started_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub over: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<String>,
+}
+
+/// A reclaim in progress: capacity held on `node` for `tenant`, its victims.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReclaimState {
+    pub node: String,
+    pub tenant: String,
+    pub amounts: Amounts,
+    pub victims: Vec<Victim>,
+    pub started_ms: u64,
+    pub retry_after_s: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freed_ms: Option<u64>,
+    pub message: String,
+}
+
+/// Everything the durable books hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BooksState {
+    pub nodes: BTreeMap<String, NodeState>,
+    pub pending: Vec<PendingState>,
+    pub reclaims: Vec<ReclaimState>,
+}
+
+/// One change to the durable books.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateOp {
+    PutNode { node: String, state: NodeState },
+    DelNode { node: String },
+    PutPending(PendingState),
+    DelPending { node: String, container_id: String },
+    PutReclaim(ReclaimState),
+    DelReclaim { node: String, tenant: String },
+}
+
+/// What [`Books::take_changes`] hands out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changeset {
+    pub ops: Vec<StateOp>,
+    /// The answer of the call that made these changes must wait until they are stored: an
+    /// admission, a reclaim, a lease grown beyond what is stored, a node removed.
+    pub urgent: bool,
+}
+
+/// What changed since the last [`Books::take_changes`] (only while tracking is on).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Changes {
+    pub(super) on: bool,
+    pub(super) nodes: BTreeSet<String>,
+    pub(super) pending: BTreeSet<Key>,
+    pub(super) reclaims: BTreeSet<Key>,
+    pub(super) urgent: bool,
+}
+
+impl Changes {
+    pub(super) fn node(&mut self, node: &str) {
+        if self.on {
+            self.nodes.insert(node.to_string());
+        }
+    }
+    pub(super) fn pending(&mut self, key: &Key, urgent: bool) {
+        if self.on {
+            self.pending.insert(key.clone());
+            self.urgent |= urgent;
+        }
+    }
+    pub(super) fn reclaim(&mut self, key: &Key, urgent: bool) {
+        if self.on {
+            self.reclaims.insert(key.clone());
+            self.urgent |= urgent;
+        }
+    }
+}
+
+fn leases_of(m: &BTreeMap<String, Resources>) -> Vec<Lease> {
+    m.iter().map(|(p, r)| Lease { path: p.clone(), amounts: Amounts::from_resources(r) }).collect()
+}
+
+fn leases_from(v: &[Lease]) -> BTreeMap<String, Resources> {
+    v.iter().map(|l| (l.path.clone(), l.amounts.to_resources())).collect()
+}
+
+fn holding_of(container: &str, e: &Entry) -> Holding {
+    Holding {
+        container_id: container.to_string(),
+        tenant: e.tenant.clone(),
+        amounts: Amounts::from_resources(&e.resources),
+        class: e.class.into(),
+        started_ms: e.started_ms,
+        gang: e.gang.clone(),
+        workload: None,
+        under_lease: false,
+    }
+}
+
+/// Whether `a` holds more than `b` of some resource on some path.
+fn grew(a: &BTreeMap<String, Resources>, b: &BTreeMap<String, Resources>) -> bool {
+    a.iter().any(|(p, r)| !r.fits_in(&b.get(p).cloned().unwrap_or_default()))
+}
+
+impl NodeBook {
+    fn state(&self) -> NodeState {
+        NodeState {
+            capacity: Amounts::from_resources(&self.capacity),
+            holdings: self.holdings.iter().map(|(c, e)| holding_of(c, e)).collect(),
+            issued: leases_of(&self.issued),
+            reported: leases_of(&self.reported),
+            stopping: self.stopping.iter().cloned().collect(),
+        }
+    }
+}
+
+impl Pending {
+    fn state(&self, key: &Key) -> PendingState {
+        PendingState {
+            node: key.0.clone(),
+            container_id: key.1.clone(),
+            tenant: self.entry.tenant.clone(),
+            amounts: Amounts::from_resources(&self.entry.resources),
+            class: self.entry.class.into(),
+            started_ms: self.entry.started_ms,
+            over: self.over.clone(),
+            gang: self.entry.gang.clone(),
+        }
+    }
+}
+
+impl Reclaim {
+    fn state(&self, key: &Key) -> ReclaimState {
+        ReclaimState {
+            node: key.0.clone(),
+            tenant: key.1.clone(),
+            amounts: Amounts::from_resources(&self.resources),
+            victims: self.victims.clone(),
+            started_ms: self.started_ms,
+            retry_after_s: self.retry_after_s,
+            freed_ms: self.freed_ms,
+            message: self.message.clone(),
+        }
+    }
+}
+
+impl Books {
+    /// Start (or stop) marking what changes for [`Books::take_changes`]. Off by default:
+    /// books nobody stores (a node's own, a coordinator without etcd) keep no marks.
+    pub fn track_changes(&mut self, on: bool) {
+        self.changes = Changes { on, ..Changes::default() };
+    }
+
+    /// What changed since the last call, as writes to the durable books, and whether the
+    /// answer of the call that changed them must wait for them to be stored.
+    pub fn take_changes(&mut self) -> Changeset {
+        let c = std::mem::replace(&mut self.changes, Changes { on: true, ..Changes::default() });
+        if !c.on {
+            self.changes.on = false;
+            return Changeset::default();
+        }
+        let mut out = Changeset { ops: Vec::new(), urgent: c.urgent };
+        for node in c.nodes {
+            match self.nodes.get_mut(&node) {
+                Some(nb) => {
+                    out.urgent |= grew(&nb.issued, &nb.durable_issued);
+                    nb.durable_issued = nb.issued.clone();
+                    out.ops.push(StateOp::PutNode { state: nb.state(), node });
+                }
+                None => out.ops.push(StateOp::DelNode { node }),
+            }
+        }
+        for key in c.pending {
+            match self.pending.get(&key) {
+                Some(p) => out.ops.push(StateOp::PutPending(p.state(&key))),
+                None => out.ops.push(StateOp::DelPending { node: key.0, container_id: key.1 }),
+            }
+        }
+        for key in c.reclaims {
+            match self.reclaims.get(&key) {
+                Some(r) => out.ops.push(StateOp::PutReclaim(r.state(&key))),
+                None => out.ops.push(StateOp::DelReclaim { node: key.0, tenant: key.1 }),
+            }
+        }
+        out
+    }
+
+    /// Everything the durable books would hold now (what [`Books::take_changes`] has
+    /// handed out, applied to an empty store, comes to this).
+    pub fn state(&self) -> BooksState {
+        BooksState {
+            nodes: self.nodes.iter().map(|(n, nb)| (n.clone(), nb.state())).collect(),
+            pending: self.pending.iter().map(|(k, p)| p.state(k)).collect(),
+            reclaims: self.reclaims.iter().map(|(k, r)| r.state(k)).collect(),
+        }
+    }
+
+    /// Books taken over from `state` at `now` by a coordinator that has just become the
+    /// one that decides: ready at once (the state counts at least what the nodes may hold),
+    /// every node counted as heard from now (its silence starts with these books), every
+    /// lease due for computing at its node's next sync. `tree`: the quotas in force.
+    pub fn restore(lease_ttl_s: u64, now: u64, state: BooksState, tree: &QuotaTree) -> Books {
+        let mut b = Books::new(lease_ttl_s, now);
+        b.ready = true;
+        b.tree = Some(std::sync::Arc::new(tree.clone()));
+        for (node, ns) in state.nodes {
+            let holdings: BTreeMap<String, Entry> = ns
+                .holdings
+                .iter()
+                .map(|h| (h.container_id.clone(), Entry::of_holding(h)))
+                .collect();
+            for (c, e) in &holdings {
+                b.index_holding(&node, c, e);
+            }
+            let issued = leases_from(&ns.issued);
+            let nb = NodeBook {
+                capacity: ns.capacity.to_resources(),
+                holdings,
+                durable_issued: issued.clone(),
+                issued,
+                reported: leases_from(&ns.reported),
+                last_sync_ms: now,
+                computed_ms: None,
+                stopping: ns.stopping.into_iter().collect(),
+                ..NodeBook::default()
+            };
+            b.totals.capacity.add(&nb.capacity);
+            b.silence.insert((now, node.clone()));
+            if !nb.stopping.is_empty() {
+                b.stopping_idx.insert(node.clone());
+            }
+            b.nodes.insert(node, nb);
+        }
+        for p in state.pending {
+            let entry = Entry {
+                tenant: p.tenant,
+                resources: p.amounts.to_resources(),
+                class: p.class.into(),
+                started_ms: p.started_ms,
+                gang: p.gang,
+            };
+            b.real_add(&entry.tenant, entry.class, &entry.resources);
+            b.pending.insert((p.node, p.container_id), Pending { entry, over: p.over });
+        }
+        for r in state.reclaims {
+            let resources = r.amounts.to_resources();
+            b.real_add(&r.tenant, crate::Class::Guaranteed, &resources);
+            b.next_expiry_ms = 0;
+            b.reclaims.insert(
+                (r.node, r.tenant),
+                Reclaim {
+                    resources,
+                    victims: r.victims,
+                    started_ms: r.started_ms,
+                    retry_after_s: r.retry_after_s,
+                    freed_ms: r.freed_ms,
+                    message: r.message,
+                },
+            );
+        }
+        b.refresh_all();
+        b
+    }
+}
