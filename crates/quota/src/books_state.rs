@@ -32,11 +32,14 @@ use crate::amount::Resources;
 use crate::spec::QuotaTree;
 use crate::wire::{Amounts, Holding, Lease, QuotaClass, Victim};
 
-/// One node as the durable books keep it.
+/// One node as the durable books keep it. Its holdings are kept one by one
+/// ([`StateOp::PutHolding`]): a sync that changes one holding writes one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeState {
     pub capacity: Amounts,
+    /// Empty in [`StateOp::PutNode`]; the holdings of the node in [`BooksState`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holdings: Vec<Holding>,
     /// Leases last issued to the node.
     pub issued: Vec<Lease>,
@@ -90,12 +93,33 @@ pub struct BooksState {
 /// One change to the durable books.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StateOp {
-    PutNode { node: String, state: NodeState },
-    DelNode { node: String },
+    /// The node's record, without its holdings.
+    PutNode {
+        node: String,
+        state: NodeState,
+    },
+    /// The node and all its holdings.
+    DelNode {
+        node: String,
+    },
+    PutHolding {
+        node: String,
+        holding: Holding,
+    },
+    DelHolding {
+        node: String,
+        container_id: String,
+    },
     PutPending(PendingState),
-    DelPending { node: String, container_id: String },
+    DelPending {
+        node: String,
+        container_id: String,
+    },
     PutReclaim(ReclaimState),
-    DelReclaim { node: String, tenant: String },
+    DelReclaim {
+        node: String,
+        tenant: String,
+    },
 }
 
 /// What [`Books::take_changes`] hands out.
@@ -112,6 +136,7 @@ pub struct Changeset {
 pub(super) struct Changes {
     pub(super) on: bool,
     pub(super) nodes: BTreeSet<String>,
+    pub(super) holdings: BTreeSet<Key>,
     pub(super) pending: BTreeSet<Key>,
     pub(super) reclaims: BTreeSet<Key>,
     pub(super) urgent: bool,
@@ -121,6 +146,11 @@ impl Changes {
     pub(super) fn node(&mut self, node: &str) {
         if self.on {
             self.nodes.insert(node.to_string());
+        }
+    }
+    pub(super) fn holding(&mut self, key: Key) {
+        if self.on {
+            self.holdings.insert(key);
         }
     }
     pub(super) fn pending(&mut self, key: &Key, urgent: bool) {
@@ -164,10 +194,14 @@ fn grew(a: &BTreeMap<String, Resources>, b: &BTreeMap<String, Resources>) -> boo
 }
 
 impl NodeBook {
-    fn state(&self) -> NodeState {
+    fn state(&self, with_holdings: bool) -> NodeState {
         NodeState {
             capacity: Amounts::from_resources(&self.capacity),
-            holdings: self.holdings.iter().map(|(c, e)| holding_of(c, e)).collect(),
+            holdings: if with_holdings {
+                self.holdings.iter().map(|(c, e)| holding_of(c, e)).collect()
+            } else {
+                Vec::new()
+            },
             issued: leases_of(&self.issued),
             reported: leases_of(&self.reported),
             stopping: self.stopping.iter().cloned().collect(),
@@ -226,9 +260,21 @@ impl Books {
                 Some(nb) => {
                     out.urgent |= grew(&nb.issued, &nb.durable_issued);
                     nb.durable_issued = nb.issued.clone();
-                    out.ops.push(StateOp::PutNode { state: nb.state(), node });
+                    out.ops.push(StateOp::PutNode { state: nb.state(false), node });
                 }
                 None => out.ops.push(StateOp::DelNode { node }),
+            }
+        }
+        for (node, container_id) in c.holdings {
+            let held = self.nodes.get(&node).and_then(|nb| nb.holdings.get(&container_id));
+            match held {
+                Some(e) => {
+                    let holding = holding_of(&container_id, e);
+                    out.ops.push(StateOp::PutHolding { node, holding });
+                }
+                // Gone with its node: the node's deletion takes its holdings.
+                None if !self.nodes.contains_key(&node) => {}
+                None => out.ops.push(StateOp::DelHolding { node, container_id }),
             }
         }
         for key in c.pending {
@@ -250,7 +296,7 @@ impl Books {
     /// handed out, applied to an empty store, comes to this).
     pub fn state(&self) -> BooksState {
         BooksState {
-            nodes: self.nodes.iter().map(|(n, nb)| (n.clone(), nb.state())).collect(),
+            nodes: self.nodes.iter().map(|(n, nb)| (n.clone(), nb.state(true))).collect(),
             pending: self.pending.iter().map(|(k, p)| p.state(k)).collect(),
             reclaims: self.reclaims.iter().map(|(k, r)| r.state(k)).collect(),
         }

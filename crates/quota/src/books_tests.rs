@@ -987,7 +987,7 @@ fn the_durable_state_hands_out_urgent_writes_for_admissions_reclaims_and_grown_l
         .ops
         .iter()
         .any(|o| matches!(o, StateOp::DelPending { container_id, .. } if container_id == "a0")));
-    assert!(cs.ops.iter().any(|o| matches!(o, StateOp::PutNode { node, state } if node == "n1" && state.holdings.len() == 1)));
+    assert!(cs.ops.iter().any(|o| matches!(o, StateOp::PutHolding { node, holding } if node == "n1" && holding.container_id == "a0")));
     // Without tracking, nothing is kept.
     b.track_changes(false);
     b.admit(&t, "n1", &ask("a1", "acme/a", 1), now + 400);
@@ -1193,11 +1193,25 @@ fn arb_ops() -> impl Strategy<Value = Vec<Op>> {
 fn apply(store: &mut BooksState, ops: impl IntoIterator<Item = StateOp>) {
     for op in ops {
         match op {
-            StateOp::PutNode { node, state } => {
+            StateOp::PutNode { node, mut state } => {
+                assert!(state.holdings.is_empty(), "holdings go one by one");
+                state.holdings =
+                    store.nodes.get(&node).map(|n| n.holdings.clone()).unwrap_or_default();
                 store.nodes.insert(node, state);
             }
             StateOp::DelNode { node } => {
                 store.nodes.remove(&node);
+            }
+            StateOp::PutHolding { node, holding } => {
+                let n = store.nodes.get_mut(&node).expect("a holding's node is stored first");
+                n.holdings.retain(|h| h.container_id != holding.container_id);
+                n.holdings.push(holding);
+                n.holdings.sort_by(|a, b| a.container_id.cmp(&b.container_id));
+            }
+            StateOp::DelHolding { node, container_id } => {
+                if let Some(n) = store.nodes.get_mut(&node) {
+                    n.holdings.retain(|h| h.container_id != container_id);
+                }
             }
             StateOp::PutPending(p) => {
                 store.pending.retain(|x| (&x.node, &x.container_id) != (&p.node, &p.container_id));

@@ -168,6 +168,7 @@ impl Books {
     pub(super) fn index_holding(&mut self, node: &str, container: &str, e: &Entry) {
         self.real_add(&e.tenant, e.class, &e.resources);
         let key = (node.to_string(), container.to_string());
+        self.changes.holding(key.clone());
         if e.class == Class::Borrowed {
             self.borrowed_idx.insert(key.clone());
         }
@@ -180,6 +181,7 @@ impl Books {
     pub(super) fn unindex_holding(&mut self, node: &str, container: &str, e: &Entry) {
         self.real_release(&e.tenant, e.class, &e.resources);
         let key = (node.to_string(), container.to_string());
+        self.changes.holding(key.clone());
         self.borrowed_idx.remove(&key);
         if let Some(g) = &e.gang {
             let gk = (e.tenant.clone(), g.clone());
