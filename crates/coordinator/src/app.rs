@@ -69,7 +69,21 @@ impl Coordinator {
         tokens: Tokens,
         lease_ttl: Duration,
     ) -> Arc<Coordinator> {
+        let opts = crate::books::QuotaOptions { lease_ttl, ..Default::default() };
+        Coordinator::with_quota(store, key, tokens, opts)
+    }
+
+    /// As [`Coordinator::new`], taking part in fleet quotas as `opts` say: on a store that
+    /// coordinators share (etcd) the books are kept there and decided by the one the
+    /// election makes leader; on SQLite this coordinator decides alone.
+    pub fn with_quota(
+        store: Arc<dyn PolicyStore>,
+        key: SigningKey,
+        tokens: Tokens,
+        opts: crate::books::QuotaOptions,
+    ) -> Arc<Coordinator> {
         let latest = store.subscribe();
+        let backend = store.quota_backend();
         let (closing, _) = watch::channel(false);
         Arc::new(Coordinator {
             store,
@@ -81,7 +95,7 @@ impl Coordinator {
             waiting: AtomicUsize::new(0),
             closing,
             push_lock: tokio::sync::Mutex::new(()),
-            quota: QuotaState::new(lease_ttl),
+            quota: QuotaState::with(opts, backend),
         })
     }
 

@@ -46,6 +46,9 @@ impl ApiErr {
             StoreError::Conflict { .. } | StoreError::Occupied { .. } => {
                 ApiErr::new(StatusCode::CONFLICT, e.to_string())
             }
+            StoreError::Deposed(_) => {
+                ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, format!("{e}; ask again"))
+            }
             StoreError::Etcd(_) | StoreError::Sqlite(_) => {
                 error!("store: {e}");
                 ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, format!("store unavailable: {e}"))

@@ -63,6 +63,7 @@ mod app;
 pub mod auth;
 mod books;
 mod http;
+pub mod leader;
 pub mod quota;
 pub mod server;
 pub mod store;

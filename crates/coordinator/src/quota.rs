@@ -24,22 +24,24 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use fleet::quota::{
-    AdmitAnswer, AdmitRequest, Amounts, Holding, QuotaEvent, QuotaStatus, ReleaseRequest,
-    SyncAnswer, SyncRequest, MAX_GANG_SIZE, MAX_SYNC_HOLDINGS,
+    AdmitAnswer, AdmitRequest, Amounts, Authority, CoordinatorInfo, Holding, NodeRemoval,
+    QuotaStatus, ReleaseRequest, SyncRequest, MAX_GANG_SIZE, MAX_SYNC_HOLDINGS,
 };
-use quota::books::GangArrival;
+use quota::books::{Books, GangArrival};
 use quota::{Resource, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
 use tessera_api::untrusted;
 use tracing::{info, warn};
 
 use crate::app::{App, Coordinator};
-pub use crate::books::{QuotaState, DEFAULT_LEASE_TTL};
+pub use crate::books::{QuotaOptions, QuotaState, DEFAULT_LEADER_TTL, DEFAULT_LEASE_TTL};
 use crate::http::{json_body, ApiErr, ApiResult, Peer};
+use crate::leader::{judge_authority, Journal, Judgement, Stored};
 use crate::now_ms;
+use crate::store::Role;
 
 /// The most GPUs of one model a single grant may ask for.
 pub const MAX_GRANT_GPUS: u64 = 1_024;
@@ -105,12 +107,12 @@ async fn known_nodes(app: &Coordinator) -> ApiResult<Vec<String>> {
 
 /// 503 while the books are rebuilt (every known node has not synced yet).
 async fn check_ready(app: &Coordinator) -> ApiResult<()> {
-    if app.quota.books()?.is_ready() {
+    if app.quota.cell()?.books.is_ready() {
         return Ok(());
     }
     let known = known_nodes(app).await?;
-    let mut books = app.quota.books()?;
-    books
+    let mut cell = app.quota.cell()?;
+    cell.books
         .ready(known.iter().map(String::as_str), now_ms())
         .map_err(|e| ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))
 }
@@ -267,7 +269,357 @@ fn check_sync(req: &SyncRequest) -> ApiResult<()> {
         check_tenant(&what, &l.path, &None)?;
         check_amounts(&what, &l.amounts, MAX_NODE_GPUS)?;
     }
+    if req.stopping.len() > MAX_SYNC_HOLDINGS {
+        return Err(ApiErr::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "quota sync: {} containers stopping; at most {MAX_SYNC_HOLDINGS}",
+                req.stopping.len()
+            ),
+        ));
+    }
+    for (i, c) in req.stopping.iter().enumerate() {
+        check_container(&format!("quota sync: stopping[{i}]"), c)?;
+    }
+    if let Some(a) = &req.last_authority {
+        if a.url.len() > MAX_AUTHORITY_BYTES
+            || a.scope.len() > MAX_AUTHORITY_BYTES
+            || a.url.chars().chain(a.scope.chars()).any(char::is_control)
+        {
+            return Err(ApiErr::bad_request(format!(
+                "quota sync: last_authority's url and scope must be at most {MAX_AUTHORITY_BYTES} bytes without control characters"
+            )));
+        }
+    }
     Ok(())
+}
+
+/// The longest URL or scope a node may report of the coordinator that answered it.
+const MAX_AUTHORITY_BYTES: usize = 2048;
+
+// --- leadership ---------------------------------------------------------------------------
+
+/// How long a quota call waits for the election (or a takeover) to say who decides before
+/// it is answered 503.
+pub const DECIDER_WAIT: Duration = Duration::from_secs(2);
+/// How long a call passed on to the leader may take (a gang member's: its gang timeout
+/// plus this).
+const RELAY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The header that marks a call passed on by another coordinator (never passed on again).
+const RELAYED_BY: &str = "x-tessera-relayed-by";
+
+/// Start taking part in quotas on `url`: alone (a store of one coordinator: this one
+/// decides, its books in memory) or in the election on the shared store, following its
+/// outcome (taking the books over when elected, dropping them when not).
+pub(crate) fn start(app: &Arc<Coordinator>, url: String) {
+    let _ = app.quota.url.set(url.clone());
+    let Some(backend) = app.quota.backend.clone() else {
+        let scope = format!("memory:{}", crate::store::fresh_id(&url));
+        app.quota.role.send_replace(app.quota.alone(now_ms(), scope));
+        return;
+    };
+    let me = crate::store::Candidate { url, since_ms: now_ms() };
+    let (role, ttl) = (app.quota.role.clone(), app.quota.opts.leader_ttl);
+    let campaign = tokio::spawn(async move { backend.campaign(me, ttl, role).await });
+    let follow = tokio::spawn(follow_leadership(Arc::downgrade(app)));
+    if let Ok(mut tasks) = app.quota.tasks.lock() {
+        tasks.extend([campaign, follow]);
+    }
+}
+
+/// Stop taking part: no more campaigning, and a leadership held is given up at once (its
+/// lease revoked), so another coordinator decides without waiting for it to run out.
+pub(crate) async fn stop(app: &Arc<Coordinator>) {
+    if let Ok(mut tasks) = app.quota.tasks.lock() {
+        for t in tasks.drain(..) {
+            t.abort();
+        }
+    }
+    let role = app.quota.role.send_replace(Role::Follower { leader: None });
+    drop_books(app);
+    if let (Role::Leader { fence, .. }, Some(b)) = (role, app.quota.backend.clone()) {
+        b.resign(fence).await;
+    }
+}
+
+/// Follows the election's outcome until the coordinator goes.
+async fn follow_leadership(app: std::sync::Weak<Coordinator>) {
+    let Some(mut rx) = app.upgrade().map(|a| a.quota.role.subscribe()) else { return };
+    loop {
+        let role = rx.borrow_and_update().clone();
+        let Some(a) = app.upgrade() else { return };
+        match role {
+            Role::Leader { authority, fence, .. } => take_over(&a, &authority, fence, &rx).await,
+            Role::Follower { .. } => drop_books(&a),
+            Role::Alone { .. } => {}
+        }
+        drop(a);
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Elected: read the stored books and decide from them (ready at once: they count at least
+/// what the nodes may hold). Retried until it works or the leadership ends.
+async fn take_over(
+    app: &Arc<Coordinator>,
+    authority: &Authority,
+    fence: crate::store::Fence,
+    rx: &tokio::sync::watch::Receiver<Role>,
+) {
+    let Some(backend) = app.quota.backend.clone() else { return };
+    let t0 = std::time::Instant::now();
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if rx.has_changed().unwrap_or(true) {
+            return;
+        }
+        let loaded = async {
+            let state = backend.load_books().await.map_err(|e| e.to_string())?;
+            let policy = in_force(app).await.map_err(|e| e.body().error.clone())?;
+            Ok::<_, String>((state, policy))
+        };
+        match loaded.await {
+            Ok((state, policy)) => {
+                let Ok(mut cell) = app.quota.cell() else { return };
+                let current = matches!(&*app.quota.role.borrow(),
+                    Role::Leader { authority: a, .. } if a.term == authority.term);
+                if !current {
+                    return;
+                }
+                let (nodes, pending, reclaims) =
+                    (state.nodes.len(), state.pending.len(), state.reclaims.len());
+                cell.books = Books::restore(
+                    app.quota.lease_ttl.as_secs(),
+                    now_ms(),
+                    state,
+                    tree_of(&policy),
+                );
+                cell.books.track_changes(true);
+                let weak = Arc::downgrade(app);
+                cell.journal = Some(Journal::start(backend.clone(), fence.clone(), move |e| {
+                    if let Some(app) = weak.upgrade() {
+                        step_down(&app, &e.to_string());
+                    }
+                }));
+                cell.term = Some(authority.term);
+                drop(cell);
+                app.quota.took_over();
+                app.quota.wake();
+                info!(
+                    term = authority.term,
+                    nodes,
+                    pending,
+                    reclaims,
+                    took_ms = t0.elapsed().as_millis() as u64,
+                    "took the quota books over; deciding"
+                );
+                return;
+            }
+            Err(e) => {
+                warn!("taking the quota books over: {e}; again in {backoff:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// Stop deciding at once (a write of the books failed, or a node was answered by a later
+/// leader) and give the leadership up, so that a coordinator that can decides.
+fn step_down(app: &Arc<Coordinator>, why: &str) {
+    let role = app.quota.role();
+    let Role::Leader { fence, .. } = role else { return };
+    warn!("this coordinator stops deciding quotas: {why}");
+    app.quota.warn(
+        "stepped-down",
+        format!(
+            "this coordinator stopped deciding quotas at {}: {}",
+            tessera_api::time::format_utc(now_ms()),
+            untrusted(why).max_chars(300)
+        ),
+    );
+    app.quota.role.send_replace(Role::Follower { leader: None });
+    drop_books(app);
+    if let Some(b) = app.quota.backend.clone() {
+        tokio::spawn(async move { b.resign(fence).await });
+    }
+}
+
+/// Not deciding: the books go (the next leader has them in the store).
+fn drop_books(app: &Arc<Coordinator>) {
+    if let Ok(mut cell) = app.quota.cell() {
+        if cell.term.is_some() || cell.journal.is_some() {
+            cell.books = Books::new(app.quota.lease_ttl.as_secs(), now_ms());
+            cell.term = None;
+            cell.journal = None;
+        }
+    }
+    app.quota.wake();
+}
+
+/// Who answers a quota call here.
+enum Gate {
+    /// This coordinator decides (as `Authority`).
+    Decide(Authority),
+    /// The coordinator that decides is another: pass the call on to it.
+    Relay(Authority),
+}
+
+/// Who answers a quota call now: this coordinator when it decides (with its books taken
+/// over), else the leader; waits up to [`DECIDER_WAIT`] for an election or a takeover under
+/// way, then 503 (nodes fall back on their leases and ask again).
+async fn gate(app: &Coordinator, headers: &HeaderMap) -> ApiResult<Gate> {
+    let deadline = tokio::time::Instant::now() + DECIDER_WAIT;
+    let mut role_rx = app.quota.role.subscribe();
+    let mut changed = app.quota.changed.subscribe();
+    loop {
+        let role = role_rx.borrow_and_update().clone();
+        let waiting_for = match role {
+            Role::Alone { authority } => return Ok(Gate::Decide(authority)),
+            Role::Leader { authority, valid_until, .. } => {
+                if crate::store::mono_ms() >= valid_until.load(std::sync::atomic::Ordering::SeqCst)
+                {
+                    "this coordinator's leadership to be renewed or to end".to_string()
+                } else if app.quota.cell()?.term == Some(authority.term) {
+                    return Ok(Gate::Decide(authority));
+                } else {
+                    "this coordinator to take the books over".to_string()
+                }
+            }
+            Role::Follower { leader: Some(l) } => {
+                if headers.contains_key(RELAYED_BY) {
+                    return Err(ApiErr::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "this coordinator does not decide quotas ({} does) and does not pass on a call passed on to it; ask again",
+                            l.url
+                        ),
+                    ));
+                }
+                return Ok(Gate::Relay(l));
+            }
+            Role::Follower { leader: None } => {
+                "an election of the coordinator that decides".to_string()
+            }
+        };
+        tokio::select! {
+            r = role_rx.changed() => { if r.is_err() { return Err(unavailable(&waiting_for)); } }
+            _ = changed.changed() => {}
+            _ = tokio::time::sleep_until(deadline) => return Err(unavailable(&waiting_for)),
+        }
+    }
+}
+
+fn unavailable(waiting_for: &str) -> ApiErr {
+    ApiErr::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "no coordinator decides quotas now: waiting for {waiting_for} (at most {} s); nodes admit within their leases meanwhile; ask again",
+            DECIDER_WAIT.as_secs()
+        ),
+    )
+}
+
+/// The books, checked to be those of `authority`'s leadership (they may have gone since
+/// the gate).
+fn deciding<'a>(
+    app: &'a Coordinator,
+    authority: &Authority,
+) -> ApiResult<std::sync::MutexGuard<'a, crate::books::Cell>> {
+    let cell = app.quota.cell()?;
+    if authority.term > 0 && cell.term != Some(authority.term) {
+        return Err(ApiErr::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this coordinator stopped deciding quotas just now; ask again",
+        ));
+    }
+    Ok(cell)
+}
+
+/// Waits until the changes a decision made are stored (a leader's journal); 503 when they
+/// could not be (the coordinator has stopped deciding: the answer is never given).
+async fn stored(s: Option<Stored>) -> ApiResult<()> {
+    let Some(s) = s else { return Ok(()) };
+    match s.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(ApiErr::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the quota books could not be stored ({}); this coordinator no longer decides; ask again", untrusted(&e).max_chars(300)),
+        )),
+        Err(_) => Err(ApiErr::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the quota books' journal stopped; ask again",
+        )),
+    }
+}
+
+/// Pass a call on to `leader` with the caller's own credential, answering what it answers.
+async fn relay(
+    app: &Coordinator,
+    leader: &Authority,
+    method: Method,
+    path: &str,
+    headers: &HeaderMap,
+    body: Option<Vec<u8>>,
+    timeout: Duration,
+) -> ApiResult<Response> {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::auth::bearer)
+        .ok_or_else(|| ApiErr::new(StatusCode::UNAUTHORIZED, "missing credentials"))?
+        .to_string();
+    let client = {
+        let mut peer = app.quota.peer.lock().map_err(|_| {
+            ApiErr::new(StatusCode::INTERNAL_SERVER_ERROR, "the peer client's lock is poisoned")
+        })?;
+        match &*peer {
+            Some((url, c)) if url == &leader.url => c.clone(),
+            _ => {
+                if leader.url.starts_with("https://") && app.quota.opts.peer_tls.is_none() {
+                    return Err(ApiErr::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "the coordinator that decides quotas is {}, served over TLS, and this coordinator has no CA to check it with: start it with --peer-ca FILE",
+                            leader.url
+                        ),
+                    ));
+                }
+                let c = fleet::client::Client::new(&[leader.url.as_str()], "")
+                    .map_err(|e| {
+                        ApiErr::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("the leader's URL {}: {e}", leader.url),
+                        )
+                    })?
+                    .with_tls(app.quota.opts.peer_tls.clone());
+                *peer = Some((leader.url.clone(), c.clone()));
+                c
+            }
+        }
+    };
+    let me = app.quota.url.get().cloned().unwrap_or_default();
+    let r = client.relay(method, path, &token, &[(RELAYED_BY, me)], body, timeout).await;
+    app.quota.counters.relayed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    match r {
+        Ok((status, body)) => {
+            let mut resp = Response::new(axum::body::Body::from(body));
+            *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            Ok(resp)
+        }
+        Err(e) => Err(ApiErr::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the coordinator that decides quotas, {}, does not answer ({}); ask again",
+                leader.url,
+                untrusted(&e.to_string()).max_chars(300)
+            ),
+        )),
+    }
 }
 
 // --- handlers ----------------------------------------------------------------------------
@@ -279,36 +631,58 @@ pub(crate) async fn admit(
     headers: HeaderMap,
     Path(node): Path<String>,
     body: Bytes,
-) -> ApiResult<Json<AdmitAnswer>> {
+) -> ApiResult<Response> {
     app.require_node(&headers, peer, "ask a quota admission", &node, false)?;
     app.touch(&node);
     let req: AdmitRequest = json_body(&body, "quota admission")?;
     let policy = in_force(&app).await?;
     check_admit(&req, &policy)?;
+    let timeout_s =
+        policy.as_ref().map_or(policy::DEFAULT_GANG_TIMEOUT_S, |(_, p)| p.gang_timeout_s());
+    let authority = match gate(&app, &headers).await? {
+        Gate::Decide(a) => a,
+        Gate::Relay(leader) => {
+            let wait = match req.gang {
+                Some(_) => Duration::from_secs(timeout_s) + RELAY_TIMEOUT,
+                None => RELAY_TIMEOUT,
+            };
+            let path = format!("/v1/nodes/{node}/quota/admit");
+            return relay(&app, &leader, Method::POST, &path, &headers, Some(body.to_vec()), wait)
+                .await;
+        }
+    };
     let tree = tree_of(&policy);
     let has_quotas = tree.iter().next().is_some();
-    if has_quotas {
+    if has_quotas && authority.term == 0 {
         check_ready(&app).await?;
     }
     let Some(gang) = &req.gang else {
-        let answer = app.quota.books()?.admit(tree, &node, &req, now_ms());
+        let (answer, changes) = {
+            let mut cell = deciding(&app, &authority)?;
+            let a = cell.books.admit(tree, &node, &req, now_ms());
+            (a, cell.store_changes())
+        };
         // A claimant within its guarantee may have released a gang's reservation: its
         // waiting members learn it now.
         app.quota.wake();
+        stored(changes).await?;
         log_answer(&node, &req, &answer);
-        return Ok(Json(answer));
+        return Ok(Json(answer).into_response());
     };
-    let timeout_s =
-        policy.as_ref().map_or(policy::DEFAULT_GANG_TIMEOUT_S, |(_, p)| p.gang_timeout_s());
     // Subscribed before arriving: a completion after the arrival is never missed.
     let mut changed = app.quota.changed.subscribe();
     let mut closing = app.closing.subscribe();
-    let arrival = app.quota.books()?.gang_arrive(tree, &node, &req, timeout_s, now_ms());
+    let (arrival, changes) = {
+        let mut cell = deciding(&app, &authority)?;
+        let a = cell.books.gang_arrive(tree, &node, &req, timeout_s, now_ms());
+        (a, cell.store_changes())
+    };
     let mut deadline_ms = match arrival {
         GangArrival::Answer(a) => {
             app.quota.wake();
+            stored(changes).await?;
             log_answer(&node, &req, &a);
-            return Ok(Json(a));
+            return Ok(Json(a).into_response());
         }
         GangArrival::Wait { deadline_ms } => deadline_ms,
     };
@@ -327,11 +701,24 @@ pub(crate) async fn admit(
             }
         }
         let now = now_ms();
-        let polled = app.quota.books()?.gang_poll(&node, &req.container_id, now);
+        let (polled, barrier) = {
+            let mut cell = deciding(&app, &authority)?;
+            let p = cell.books.gang_poll(&node, &req.container_id, now);
+            // The member that completed the gang stored the admissions: what was queued
+            // before this answer is stored before it is given.
+            let b = match (&p, &cell.journal) {
+                (Some(_), Some(j)) => {
+                    j.submit(quota::books::state::Changeset { ops: Vec::new(), urgent: true })
+                }
+                _ => None,
+            };
+            (p, b)
+        };
         if let Some(a) = polled {
             app.quota.wake();
+            stored(barrier).await?;
             log_answer(&node, &req, &a);
-            return Ok(Json(a));
+            return Ok(Json(a).into_response());
         }
         if now > deadline_ms {
             // Not answered past the deadline: the gang restarted under this member (its
@@ -362,17 +749,38 @@ pub(crate) async fn release(
     headers: HeaderMap,
     Path(node): Path<String>,
     body: Bytes,
-) -> ApiResult<StatusCode> {
+) -> ApiResult<Response> {
     app.require_node(&headers, peer, "release a quota grant", &node, false)?;
     app.touch(&node);
     let req: ReleaseRequest = json_body(&body, "quota release")?;
     check_container("quota release", &req.container_id)?;
-    let found = app.quota.books()?.release(&node, &req.container_id, now_ms());
+    let authority = match gate(&app, &headers).await? {
+        Gate::Decide(a) => a,
+        Gate::Relay(leader) => {
+            let path = format!("/v1/nodes/{node}/quota/release");
+            return relay(
+                &app,
+                &leader,
+                Method::POST,
+                &path,
+                &headers,
+                Some(body.to_vec()),
+                RELAY_TIMEOUT,
+            )
+            .await;
+        }
+    };
+    let (found, changes) = {
+        let mut cell = deciding(&app, &authority)?;
+        let f = cell.books.release(&node, &req.container_id, now_ms());
+        (f, cell.store_changes())
+    };
     app.quota.wake();
+    stored(changes).await?;
     if found {
         info!(node = %node, container = %req.container_id, "quota grant released");
     }
-    Ok(StatusCode::NO_CONTENT)
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// `POST /v1/nodes/{node}/quota/sync`.
@@ -382,21 +790,124 @@ pub(crate) async fn sync(
     headers: HeaderMap,
     Path(node): Path<String>,
     body: Bytes,
-) -> ApiResult<Json<SyncAnswer>> {
+) -> ApiResult<Response> {
     app.require_node(&headers, peer, "sync quota holdings", &node, false)?;
     app.touch(&node);
     let req: SyncRequest = json_body(&body, "quota sync")?;
     check_sync(&req)?;
+    let authority = match gate(&app, &headers).await? {
+        Gate::Decide(a) => a,
+        Gate::Relay(leader) => {
+            let path = format!("/v1/nodes/{node}/quota/sync");
+            return relay(
+                &app,
+                &leader,
+                Method::POST,
+                &path,
+                &headers,
+                Some(body.to_vec()),
+                RELAY_TIMEOUT,
+            )
+            .await;
+        }
+    };
     let policy = in_force(&app).await?;
-    let answer = app.quota.books()?.sync(tree_of(&policy), &node, &req, now_ms());
+    let judged = req.last_authority.as_ref().map(|s| (judge_authority(&authority, s), s));
+    if let Some((Judgement::Deposed, seen)) = &judged {
+        step_down(
+            &app,
+            &format!(
+                "node {node} was answered by a later leader, {} (term {})",
+                seen.url, seen.term
+            ),
+        );
+        return Err(ApiErr::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this coordinator no longer decides quotas; ask again",
+        ));
+    }
+    let (mut answer, changes) = {
+        let mut cell = deciding(&app, &authority)?;
+        let a = cell.books.sync(tree_of(&policy), &node, &req, now_ms());
+        (a, cell.store_changes())
+    };
+    if let Some((Judgement::SplitBrain, seen)) = &judged {
+        app.quota.counters.split_brain.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let text = format!(
+            "split brain: node {node} was answered {} ms before its last sync by coordinator {} (books {}, term {}), which decides quotas too; this coordinator ({}, books {}) decides for the same nodes: every ceiling and guarantee may be counted twice. Give every coordinator of the fleet the same etcd and --etcd-prefix, or stop the other",
+            seen.age_ms,
+            untrusted(&seen.url).max_chars(200),
+            untrusted(&seen.scope).max_chars(100),
+            seen.term,
+            authority.url,
+            authority.scope
+        );
+        warn!("{text}");
+        app.quota.warn(&format!("split-brain:{}", seen.url), text);
+    }
+    stored(changes).await?;
     // The first syncs after a restart may complete the books.
-    if !app.quota.books()?.is_ready() {
+    if authority.term == 0 && !app.quota.cell()?.books.is_ready() {
         let _ = check_ready(&app).await;
     }
     if !answer.preempt.is_empty() {
         info!(node = %node, victims = answer.preempt.len(), "quota sync: the node must stop reclaim victims");
     }
-    Ok(Json(answer))
+    answer.authority = Some(authority);
+    Ok(Json(answer).into_response())
+}
+
+/// `DELETE /v1/quota/nodes/{node}` (admin, `tessera quota node-remove`): the node leaves
+/// the books at once.
+pub(crate) async fn remove_node(
+    State(app): App,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(node): Path<String>,
+) -> ApiResult<Response> {
+    let admin = app.require_admin(&headers, peer, "remove a node from the quota books")?;
+    crate::validate_node_id(&node).map_err(ApiErr::bad_request)?;
+    let authority = match gate(&app, &headers).await? {
+        Gate::Decide(a) => a,
+        Gate::Relay(leader) => {
+            let path = format!("/v1/quota/nodes/{node}");
+            return relay(&app, &leader, Method::DELETE, &path, &headers, None, RELAY_TIMEOUT)
+                .await;
+        }
+    };
+    let now = now_ms();
+    let why = format!("removed by admin {admin} (tessera quota node-remove)");
+    let (removed, changes) = {
+        let mut cell = deciding(&app, &authority)?;
+        let r = cell.books.remove_node(&node, now, &why);
+        (r, cell.store_changes())
+    };
+    app.quota.wake();
+    stored(changes).await?;
+    let Some(r) = removed else {
+        return Err(ApiErr::new(
+            StatusCode::NOT_FOUND,
+            format!("node {node} is not in the quota books (never synced, or removed already)"),
+        ));
+    };
+    let silent_ms = now.saturating_sub(r.last_sync_ms);
+    let warning = (silent_ms < app.quota.lease_ttl.as_millis() as u64).then(|| {
+        format!(
+            "node {node} synced {} s ago: its lease may still be in force; if it is alive it admits under it while cut off, and its next sync brings it back into the books",
+            silent_ms / 1000
+        )
+    });
+    warn!(node = %node, admin = %admin, holdings = r.holdings, pending = r.pending, "node removed from the quota books by an operator");
+    let out = NodeRemoval {
+        node,
+        holdings: r.holdings as u64,
+        pending: r.pending as u64,
+        held: r.held,
+        leases: r.leases,
+        last_sync_ms: r.last_sync_ms,
+        warning,
+    };
+    Ok(Json(out).into_response())
 }
 
 /// `GET /v1/quota/status`.
@@ -404,18 +915,68 @@ pub(crate) async fn status(
     State(app): App,
     ConnectInfo(peer): Peer,
     headers: HeaderMap,
-) -> ApiResult<Json<QuotaStatus>> {
+) -> ApiResult<Response> {
     app.require_admin(&headers, peer, "read the quota status")?;
-    Ok(Json(status_now(&app).await?))
+    match gate(&app, &headers).await? {
+        Gate::Decide(a) => Ok(Json(status_now(&app, &a).await?).into_response()),
+        Gate::Relay(leader) => {
+            let r = relay(
+                &app,
+                &leader,
+                Method::GET,
+                "/v1/quota/status",
+                &headers,
+                None,
+                RELAY_TIMEOUT,
+            )
+            .await?;
+            if r.status() != StatusCode::OK {
+                return Ok(r);
+            }
+            // Say which coordinator passed it on.
+            let bytes =
+                axum::body::to_bytes(r.into_body(), MAX_STATUS_BYTES).await.map_err(|e| {
+                    ApiErr::new(StatusCode::BAD_GATEWAY, format!("the leader's status: {e}"))
+                })?;
+            let mut st: QuotaStatus = json_body(&bytes, "the leader's quota status")?;
+            st.via = app.quota.url.get().cloned();
+            Ok(Json(st).into_response())
+        }
+    }
 }
 
-async fn status_now(app: &Coordinator) -> ApiResult<QuotaStatus> {
+/// The largest quota status passed on from the leader.
+const MAX_STATUS_BYTES: usize = 64 << 20;
+
+async fn status_now(app: &Coordinator, authority: &Authority) -> ApiResult<QuotaStatus> {
     let policy = in_force(app).await?;
-    if !app.quota.books()?.is_ready() {
+    if authority.term == 0 && !app.quota.cell()?.books.is_ready() {
         let _ = check_ready(app).await;
     }
     let version = policy.as_ref().map_or(0, |(v, _)| *v);
-    let st = app.quota.books()?.status(tree_of(&policy), version, now_ms());
+    let mut st = deciding(app, authority)?.books.status(tree_of(&policy), version, now_ms());
+    st.authority = Some(authority.clone());
+    if let Some(b) = &app.quota.backend {
+        match tokio::time::timeout(Duration::from_secs(2), b.coordinators()).await {
+            Ok(Ok(cs)) => {
+                st.coordinators = cs
+                    .into_iter()
+                    .map(|(c, rev)| CoordinatorInfo {
+                        leader: u64::try_from(rev).ok() == Some(authority.term),
+                        url: c.url,
+                        since_ms: c.since_ms,
+                    })
+                    .collect();
+            }
+            Ok(Err(e)) => {
+                app.quota.warn("coordinators", format!("the election could not be read: {e}"))
+            }
+            Err(_) => {
+                app.quota.warn("coordinators", "the election could not be read within 2 s".into())
+            }
+        }
+    }
+    st.warnings = app.quota.warnings().0;
     Ok(st)
 }
 
@@ -424,27 +985,71 @@ pub(crate) async fn events(
     State(app): App,
     ConnectInfo(peer): Peer,
     headers: HeaderMap,
-) -> ApiResult<Json<Vec<QuotaEvent>>> {
+) -> ApiResult<Response> {
     app.require_admin(&headers, peer, "read the quota events")?;
-    Ok(Json(app.quota.books()?.events()))
+    match gate(&app, &headers).await? {
+        Gate::Decide(a) => Ok(Json(deciding(&app, &a)?.books.events()).into_response()),
+        Gate::Relay(leader) => {
+            relay(&app, &leader, Method::GET, "/v1/quota/events", &headers, None, RELAY_TIMEOUT)
+                .await
+        }
+    }
 }
 
-/// `GET /metrics`.
+/// `GET /metrics`: the books' gauges where this coordinator decides; everywhere, its part
+/// in the election (leader or not, calls passed on, split brain).
 pub(crate) async fn metrics(
     State(app): App,
     ConnectInfo(peer): Peer,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     app.require_admin(&headers, peer, "read the metrics")?;
-    let st = status_now(&app).await?;
-    let counters = app.quota.books()?.counters().clone();
-    let text = render_metrics(&st, &counters);
+    let role = app.quota.role();
+    let mut text = String::new();
+    let deciding_now = match &role {
+        Role::Alone { authority } => Some(authority.clone()),
+        Role::Leader { authority, .. } if app.quota.cell()?.term == Some(authority.term) => {
+            Some(authority.clone())
+        }
+        _ => None,
+    };
+    if let Some(a) = &deciding_now {
+        let st = status_now(&app, a).await?;
+        let counters = app.quota.cell()?.books.counters().clone();
+        text.push_str(&render_metrics(&st, &counters));
+    }
+    text.push_str(&render_role_metrics(&app.quota, &role, deciding_now.is_some()));
     let mut resp = text.into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
     Ok(resp)
+}
+
+/// This coordinator's part in the election, as Prometheus text.
+fn render_role_metrics(q: &crate::books::QuotaState, role: &Role, deciding: bool) -> String {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut out = String::new();
+    let url = escape_label(q.url.get().map_or("", String::as_str));
+    let (term, since) = match role.authority() {
+        Some(a) if deciding => (a.term, a.since_ms as f64 / 1000.0),
+        _ => (0, 0.0),
+    };
+    for (name, kind, help, value) in [
+        ("leader", "gauge", "Whether this coordinator decides the quota books (1) or not (0)", f64::from(u8::from(deciding))),
+        ("leader_term", "gauge", "The term (etcd revision) of this coordinator's leadership; 0 when it does not lead or is alone", term as f64),
+        ("leader_since_seconds", "gauge", "Since when this coordinator decides (Unix seconds); 0 when it does not", since),
+        ("split_brain", "gauge", "Whether a coordinator of other books answered a node this one decides for within the last minute (1)", f64::from(u8::from(q.split_brain_now()))),
+        ("split_brain_syncs_total", "counter", "Syncs whose node was last answered by a coordinator of other books", q.counters.split_brain.load(Relaxed) as f64),
+        ("relayed_total", "counter", "Quota calls passed on to the coordinator that decides", q.counters.relayed.load(Relaxed) as f64),
+        ("takeovers_total", "counter", "Leaderships of the quota books this coordinator took over", q.counters.takeovers.load(Relaxed) as f64),
+    ] {
+        let _ = writeln!(out, "# HELP tessera_quota_{name} {help}.");
+        let _ = writeln!(out, "# TYPE tessera_quota_{name} {kind}");
+        let _ = writeln!(out, "tessera_quota_{name}{{coordinator=\"{url}\"}} {value}");
+    }
+    out
 }
 
 // --- Prometheus text ---------------------------------------------------------------------
@@ -584,6 +1189,10 @@ mod tests {
             books_ready: true,
             nodes: Default::default(),
             preempting: vec![],
+            authority: None,
+            coordinators: vec![],
+            via: None,
+            warnings: vec![],
         };
         let mut c = quota::books::Counters::default();
         c.reclaims.insert("acme/a".into(), 2);

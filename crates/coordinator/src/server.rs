@@ -87,6 +87,15 @@ pub struct ServeOptions {
     pub etcd_compaction: Option<Duration>,
     /// How long a quota lease handed to a node is good for ([`crate::quota`]).
     pub quota_lease_ttl: Duration,
+    /// The TTL of the etcd lease by which one coordinator decides the quota books
+    /// ([`crate::quota::DEFAULT_LEADER_TTL`]).
+    pub quota_leader_ttl: Duration,
+    /// This coordinator's URL as the other coordinators reach it (default: from the
+    /// listen address, the host name where that is unspecified).
+    pub advertise_url: Option<String>,
+    /// The CA other coordinators' certificates are checked against when quota calls are
+    /// passed on to an `https://` leader.
+    pub peer_ca: Option<PathBuf>,
 }
 
 impl Coordinator {
@@ -110,6 +119,7 @@ impl Coordinator {
             .route("/v1/nodes/{node}/quota/sync", post(crate::quota::sync))
             .route("/v1/quota/status", get(crate::quota::status))
             .route("/v1/quota/events", get(crate::quota::events))
+            .route("/v1/quota/nodes/{node}", axum::routing::delete(crate::quota::remove_node))
             .route("/metrics", get(crate::quota::metrics))
             .layer(DefaultBodyLimit::max(MAX_REQUEST))
             .with_state(self.clone())
@@ -511,7 +521,12 @@ impl RunningCoordinator {
             }
             Some(cfg) => tokio::spawn(serve_tls(listener, coordinator.router(), cfg, stopped)),
         };
-        info!(%addr, tls = https, store = coordinator.store.kind(), key_id = %coordinator.signer.key_id(), "coordinator listening");
+        let url = match &coordinator.quota.opts.advertise_url {
+            Some(u) => u.clone(),
+            None => advertised(addr, https),
+        };
+        crate::quota::start(&coordinator, url.clone());
+        info!(%addr, tls = https, store = coordinator.store.kind(), key_id = %coordinator.signer.key_id(), advertise = %url, "coordinator listening");
         Ok(RunningCoordinator { addr, tls: https, coordinator, stop: Some(stop), task })
     }
 
@@ -524,9 +539,19 @@ impl RunningCoordinator {
             None => None,
         };
         let store = store::open(&opts.store, &opts.etcd_prefix).await?;
+        let peer_tls = match &opts.peer_ca {
+            Some(ca) => Some(crate::tls::client_config(ca)?),
+            None => None,
+        };
+        let quota = crate::quota::QuotaOptions {
+            lease_ttl: opts.quota_lease_ttl,
+            leader_ttl: opts.quota_leader_ttl,
+            advertise_url: opts.advertise_url.clone(),
+            peer_tls,
+        };
         let running = RunningCoordinator::start_with(
             opts.listen,
-            Coordinator::with_quota_lease_ttl(store.clone(), key, tokens, opts.quota_lease_ttl),
+            Coordinator::with_quota(store.clone(), key, tokens, quota),
             tls,
         )
         .await?;
@@ -556,6 +581,8 @@ impl RunningCoordinator {
     /// Stop: end every long poll with 503 (so nodes fail over at once), stop accepting,
     /// finish what is in flight (at most 5 s).
     pub async fn shutdown(mut self) {
+        // The quota books go to another coordinator at once, not when the lease runs out.
+        crate::quota::stop(&self.coordinator).await;
         self.coordinator.closing.send_replace(true);
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -579,6 +606,26 @@ impl RunningCoordinator {
             Err(e) => Err(CoordinatorError::Serve(std::io::Error::other(e.to_string()))),
         }
     }
+}
+
+/// The URL other coordinators reach this one at, from the address it listens on: the host
+/// name where the address is unspecified (`0.0.0.0`).
+fn advertised(addr: SocketAddr, https: bool) -> String {
+    let scheme = if https { "https" } else { "http" };
+    if !addr.ip().is_unspecified() {
+        return format!("{scheme}://{addr}");
+    }
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into the buffer it is given,
+    // which lives across the call.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let host = if rc == 0 {
+        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "localhost".to_string()
+    };
+    format!("{scheme}://{host}:{}", addr.port())
 }
 
 /// Usage retention: every hour, delete the intervals that ended more than `keep` ago.

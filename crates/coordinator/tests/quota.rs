@@ -164,6 +164,7 @@ impl Node {
             holdings: self.holdings.clone(),
             leases: self.leases.clone(),
             stopping: vec![],
+            last_authority: None,
         };
         let a = self.client.quota_sync(self.name, &req).await.unwrap();
         self.leases = a.leases.clone();
@@ -381,6 +382,7 @@ async fn admissions_syncs_releases_and_a_reclaim_over_http() {
         holdings: vec![h; MAX_SYNC_HOLDINGS + 1],
         leases: vec![],
         stopping: vec![],
+        last_authority: None,
     };
     let e = a.client.quota_sync("node-a", &too_many).await.unwrap_err();
     assert_eq!(api_status(&e), 413, "{e}");
@@ -389,6 +391,7 @@ async fn admissions_syncs_releases_and_a_reclaim_over_http() {
         holdings: vec![a.holdings[0].clone(), a.holdings[0].clone()],
         leases: vec![],
         stopping: vec![],
+        last_authority: None,
     };
     let e = a.client.quota_sync("node-a", &twice).await.unwrap_err();
     assert!(e.to_string().contains("listed twice"), "{e}");

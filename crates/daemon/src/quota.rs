@@ -57,6 +57,9 @@ pub const ADMIT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const GANG_ADMIT_MARGIN: Duration = Duration::from_secs(10);
 /// How long a release or a sync may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// A failed sync is tried again after this (a coordinator failing over, or the next
+/// leader being elected, answers within a second or two).
+pub const SYNC_RETRY: Duration = Duration::from_millis(200);
 /// Devices freed by a reclaim stay held for the claimant this long after the retry the
 /// coordinator named is due.
 pub const HOLD_MARGIN: Duration = Duration::from_secs(30);
@@ -500,6 +503,8 @@ struct LeaseBook {
     written_sent_ms: u64,
     /// Since when (Unix ms) and why the coordinator has not answered; `None`: it did.
     unreachable: Option<(u64, String)>,
+    /// The coordinator that decided the last sync answer, and when that answer came.
+    authority: Option<(::fleet::quota::Authority, Instant)>,
 }
 
 /// The leases as kept on disk: the sync that carried them was sent at `sent_ms` (wall
@@ -770,6 +775,13 @@ impl QuotaGate {
             Authority::Local { .. } => return Ok(self.sync_local(&req, tree)),
         };
         req.leases = self.leases();
+        req.last_authority =
+            lock(&self.leases).authority.as_ref().map(|(a, at)| ::fleet::quota::SeenAuthority {
+                url: a.url.clone(),
+                term: a.term,
+                scope: a.scope.clone(),
+                age_ms: u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX),
+            });
         // Victims being stopped (grace running): a coordinator that took over meanwhile
         // must not take another victim for the same claim.
         let stopping = self.stopping();
@@ -796,6 +808,13 @@ impl QuotaGate {
                 let listed: BTreeSet<&str> =
                     req.holdings.iter().map(|h| h.container_id.as_str()).collect();
                 self.synced(taken, &listed);
+                if let Some(a) = answer.authority {
+                    let mut book = lock(&self.leases);
+                    if book.authority.as_ref().is_none_or(|(b, _)| *b != a) {
+                        info!(coordinator = %a.url, term = a.term, "quota books decided by this coordinator now");
+                    }
+                    book.authority = Some((a, Instant::now()));
+                }
                 self.renew(answer.leases, answer.lease_ttl_s, sent, sent_ms);
                 Ok(answer.preempt)
             }
@@ -927,11 +946,11 @@ pub fn spawn_sync(
     every: Duration,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next = tokio::time::Instant::now();
         let mut failing = false;
         loop {
-            tick.tick().await;
+            tokio::time::sleep_until(next).await;
+            next = tokio::time::Instant::now() + every;
             let (req, tree, taken) = match ctl.run(crate::Action::QuotaSnapshot).await {
                 Ok(crate::Outcome::QuotaSnapshot(Some(snap))) => *snap,
                 // No quotas in the policy: nothing to sync.
@@ -946,11 +965,17 @@ pub fn spawn_sync(
                         let _ = ctl.run(crate::Action::QuotaPreempt(victims)).await;
                     }
                 }
-                Err(e) if !failing => {
-                    failing = true;
-                    warn!("quota sync failed: {e}; retried every {:?}", every);
+                Err(e) => {
+                    // Failing over: the next coordinator (or the next leader, elected within
+                    // seconds) is asked again soon, not a whole interval later.
+                    next = tokio::time::Instant::now() + every.min(SYNC_RETRY);
+                    if !failing {
+                        failing = true;
+                        warn!("quota sync failed: {e}; retried every {:?}", every.min(SYNC_RETRY));
+                    } else {
+                        debug!("quota sync failed: {e}");
+                    }
                 }
-                Err(e) => debug!("quota sync failed: {e}"),
             }
         }
     })

@@ -58,6 +58,10 @@ pub struct Client {
     pool: http::Pool,
     token: String,
     timeout: Duration,
+    /// The endpoint that answered last (shared by clones): calls start there, so a client
+    /// that failed over keeps using the coordinator that answers instead of trying the dead
+    /// one first every time.
+    preferred: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl std::fmt::Debug for Client {
@@ -91,6 +95,7 @@ impl Client {
             pool: http::Pool::default(),
             token: token.to_string(),
             timeout: Duration::from_secs(30),
+            preferred: Default::default(),
         })
     }
 
@@ -115,28 +120,75 @@ impl Client {
         body: Option<Vec<u8>>,
         timeout: Duration,
     ) -> Result<(u16, bytes::Bytes), ClientError> {
+        self.send(method, path, &self.token, extra, body, timeout, false).await
+    }
+
+    /// One request to the coordinators, starting with the one that answered last and
+    /// moving on to the next when one gives no HTTP answer (or, with `unavailable_moves_on`,
+    /// answers 502, 503 or 504: it is stopping, or cannot reach the coordinator that
+    /// decides); the last answer or error when none does better.
+    #[allow(clippy::too_many_arguments)]
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        token: &str,
+        extra: &[(&'static str, String)],
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+        unavailable_moves_on: bool,
+    ) -> Result<(u16, bytes::Bytes), ClientError> {
+        use std::sync::atomic::Ordering;
+        let n = self.endpoints.len();
+        let first = self.preferred.load(Ordering::Relaxed) % n.max(1);
         let mut last = None;
-        for ep in &self.endpoints {
+        let mut unavailable = None;
+        for i in (0..n).map(|k| (first + k) % n) {
+            let ep = &self.endpoints[i];
             match http::request(
                 &self.pool,
                 ep,
                 method.clone(),
                 path,
-                Some(&self.token),
+                Some(token),
                 extra,
                 body.clone(),
                 timeout,
             )
             .await
             {
-                Ok(r) => return Ok((r.status, r.body)),
+                Ok(r) if unavailable_moves_on && (502..=504).contains(&r.status) => {
+                    unavailable = Some((r.status, r.body));
+                }
+                Ok(r) => {
+                    self.preferred.store(i, Ordering::Relaxed);
+                    return Ok((r.status, r.body));
+                }
                 Err(e) => last = Some(e),
             }
+        }
+        if let Some(answer) = unavailable {
+            return Ok(answer);
         }
         Err(last.map_or_else(
             || ClientError::Usage("no coordinator url given".into()),
             ClientError::Http,
         ))
+    }
+
+    /// Passes a request on with another caller's bearer `token` (a coordinator handing a
+    /// node's quota call to the coordinator that decides): the answer's status and body
+    /// whatever the status, or no HTTP answer.
+    pub async fn relay(
+        &self,
+        method: Method,
+        path: &str,
+        token: &str,
+        extra: &[(&'static str, String)],
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<(u16, bytes::Bytes), ClientError> {
+        self.send(method, path, token, extra, body, timeout, false).await
     }
 
     async fn call<T: DeserializeOwned>(
@@ -327,7 +379,8 @@ impl Client {
         crate::validate_node_id(node).map_err(ClientError::Usage)?;
         let path = format!("/v1/nodes/{node}/quota/admit");
         let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let (status, body) = self.raw(Method::POST, &path, &[], Some(body), timeout).await?;
+        let (status, body) =
+            self.send(Method::POST, &path, &self.token, &[], Some(body), timeout, true).await?;
         if !(200..300).contains(&status) {
             return Err(Client::api_error(status, &body));
         }
@@ -343,7 +396,9 @@ impl Client {
         crate::validate_node_id(node).map_err(ClientError::Usage)?;
         let path = format!("/v1/nodes/{node}/quota/release");
         let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let (status, body) = self.raw(Method::POST, &path, &[], Some(body), self.timeout).await?;
+        let (status, body) = self
+            .send(Method::POST, &path, &self.token, &[], Some(body), self.timeout, true)
+            .await?;
         if !(200..300).contains(&status) {
             return Err(Client::api_error(status, &body));
         }
@@ -359,7 +414,23 @@ impl Client {
     ) -> Result<crate::quota::SyncAnswer, ClientError> {
         crate::validate_node_id(node).map_err(ClientError::Usage)?;
         let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        self.call(Method::POST, &format!("/v1/nodes/{node}/quota/sync"), &[], Some(body)).await
+        let path = format!("/v1/nodes/{node}/quota/sync");
+        let (status, body) = self
+            .send(Method::POST, &path, &self.token, &[], Some(body), self.timeout, true)
+            .await?;
+        if !(200..300).contains(&status) {
+            return Err(Client::api_error(status, &body));
+        }
+        serde_json::from_slice(&body).map_err(|e| ClientError::Protocol(format!("{path}: {e}")))
+    }
+
+    /// Fleet quotas: take `node` out of the books at once (admin): what was removed.
+    pub async fn quota_remove_node(
+        &self,
+        node: &str,
+    ) -> Result<crate::quota::NodeRemoval, ClientError> {
+        crate::validate_node_id(node).map_err(ClientError::Usage)?;
+        self.call(Method::DELETE, &format!("/v1/quota/nodes/{node}"), &[], None).await
     }
 
     /// Fleet quotas: the tree, the nodes, the reclaims in progress (admin).

@@ -2095,7 +2095,7 @@ impl Books {
             .filter(|v| v.node == node && held.contains(v.container_id.as_str()))
             .cloned()
             .collect();
-        SyncAnswer { leases, lease_ttl_s: self.lease_ttl_s, preempt }
+        SyncAnswer { leases, lease_ttl_s: self.lease_ttl_s, preempt, authority: None }
     }
 
     /// `node`'s leases by the rule of the module documentation.
@@ -2266,6 +2266,10 @@ impl Books {
             books_ready: self.ready,
             nodes: self.nodes.iter().map(|(n, nb)| (n.clone(), nb.last_sync_ms)).collect(),
             preempting,
+            authority: None,
+            coordinators: Vec::new(),
+            via: None,
+            warnings: Vec::new(),
         }
     }
 }

@@ -152,6 +152,7 @@ impl Node {
             holdings: self.holdings.clone(),
             leases: self.leases.clone(),
             stopping: self.stopping.clone(),
+            last_authority: None,
         }
     }
 

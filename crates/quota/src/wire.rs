@@ -232,6 +232,52 @@ pub struct SyncRequest {
     /// knows they are on their way out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stopping: Vec<String>,
+    /// The coordinator that answered this node's last sync, and how long ago: a coordinator
+    /// that decides sees from it whether another one decides for the same nodes too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_authority: Option<SeenAuthority>,
+}
+
+/// Which coordinator decides the fleet's quotas: the one elected through etcd (the others
+/// pass quota calls on to it), or a coordinator alone on its own store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Authority {
+    /// Its URL as the other coordinators reach it (`--advertise-url`).
+    pub url: String,
+    /// Its term: the etcd revision its leadership began at, the fencing token of every
+    /// write it makes to the books; 0 for a coordinator alone (no election).
+    pub term: u64,
+    /// Since when it decides (ms since the epoch, its clock).
+    pub since_ms: u64,
+    /// Which books it keeps: `etcd:ID` (every coordinator on one etcd prefix shares them),
+    /// `memory:ID` for a coordinator alone. Two authorities of different books deciding
+    /// for one node is split brain.
+    #[serde(default)]
+    pub scope: String,
+}
+
+/// An [`Authority`] as a node last saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeenAuthority {
+    pub url: String,
+    pub term: u64,
+    #[serde(default)]
+    pub scope: String,
+    /// How long before this sync the answer naming it came (ms).
+    pub age_ms: u64,
+}
+
+/// A coordinator taking part in the election of the one that decides quotas.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoordinatorInfo {
+    pub url: String,
+    /// Since when it campaigns (ms since the epoch, its clock).
+    pub since_ms: u64,
+    /// Whether it decides.
+    pub leader: bool,
 }
 
 /// The answer to a [`SyncRequest`].
@@ -246,6 +292,9 @@ pub struct SyncAnswer {
     pub lease_ttl_s: u64,
     /// Containers of this node a reclaim stops.
     pub preempt: Vec<Victim>,
+    /// The coordinator that decided this answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<Authority>,
 }
 
 /// One quota path and resource in `GET /v1/quota/status`. Amounts in the resource's fixed
@@ -291,6 +340,19 @@ pub struct QuotaStatus {
     pub nodes: BTreeMap<String, u64>,
     /// Containers being stopped by a reclaim.
     pub preempting: Vec<Victim>,
+    /// The coordinator that decides (and answered this status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<Authority>,
+    /// Every coordinator in the election (etcd), the one that decides marked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub coordinators: Vec<CoordinatorInfo>,
+    /// The coordinator a follower passed this request on from, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
+    /// What an operator should know now: another coordinator deciding for the same nodes
+    /// (split brain), a store that does not take the books' writes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// What a [`QuotaEvent`] records.
@@ -348,4 +410,26 @@ pub struct QuotaEvent {
     pub container_id: Option<String>,
     /// Why, in words.
     pub reason: String,
+}
+
+/// `DELETE /v1/quota/nodes/{node}` (admin, `tessera quota node-remove`): what left the
+/// books with the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeRemoval {
+    pub node: String,
+    /// Holdings of its last sync.
+    pub holdings: u64,
+    /// Admissions it had not listed yet.
+    pub pending: u64,
+    /// What its holdings held.
+    pub held: Amounts,
+    /// The quota paths it held leases of.
+    pub leases: Vec<String>,
+    /// When it last synced (ms since the epoch).
+    pub last_sync_ms: u64,
+    /// What the operator should know: a node that synced lately is alive, and comes back
+    /// at its next sync.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
 }

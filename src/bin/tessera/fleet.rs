@@ -174,11 +174,15 @@ pub struct NodesArgs {
 }
 
 pub fn nodes(args: &NodesArgs) -> Result<(), String> {
-    let nodes = block_on(args.fleet.client()?.nodes()).map_err(explain)?;
+    let client = args.fleet.client()?;
+    let nodes = block_on(client.nodes()).map_err(explain)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&nodes).map_err(|e| e.to_string())?);
     } else {
-        print!("{}", render_nodes(&nodes, tessera_api::time::now_ms()));
+        // The quota books' view (who decides, each node's last sync), when there are any.
+        let quota = block_on(client.quota_status()).ok();
+        let now = tessera_api::time::now_ms();
+        print!("{}", render_nodes(&nodes, quota.as_ref(), now));
     }
     Ok(())
 }
@@ -240,14 +244,24 @@ pub(crate) fn table(rows: &[Vec<String>]) -> String {
     out
 }
 
-/// `tessera nodes`: node, applied version, where it came from, health, last contact, problem.
-pub fn render_nodes(nodes: &[NodeRecord], now_ms: u64) -> String {
+/// `tessera nodes`: node, applied version, where it came from, health, last contact, last
+/// quota sync (with the books' view: who decides them), problem.
+pub fn render_nodes(
+    nodes: &[NodeRecord],
+    quota: Option<&::fleet::quota::QuotaStatus>,
+    now_ms: u64,
+) -> String {
     if nodes.is_empty() {
         return "no nodes: the coordinator's tokens file names none and none has reported\n".into();
     }
-    let mut rows = vec![["NODE", "VERSION", "SOURCE", "HEALTH", "LAST CONTACT", "PROBLEM"]
-        .map(String::from)
-        .to_vec()];
+    let mut header = String::new();
+    if let Some(q) = quota {
+        header = crate::quota::render_authority(q, now_ms);
+    }
+    let mut rows =
+        vec![["NODE", "VERSION", "SOURCE", "HEALTH", "LAST CONTACT", "QUOTA SYNC", "PROBLEM"]
+            .map(String::from)
+            .to_vec()];
     for n in nodes {
         let version = n.applied_version.map_or_else(|| "-".to_string(), |v| v.to_string());
         let contact = n.last_contact_ms.map_or_else(|| "never".to_string(), |t| ago(now_ms, t));
@@ -262,9 +276,23 @@ pub fn render_nodes(nodes: &[NodeRecord], now_ms: u64) -> String {
             .or(n.last_error.as_deref())
             .unwrap_or("")
             .replace('\n', " ");
-        rows.push(vec![n.node.clone(), version, n.source.clone(), health, contact, problem]);
+        let synced = match quota {
+            None => "-".to_string(),
+            Some(q) => {
+                q.nodes.get(&n.node).map_or_else(|| "not in the books".into(), |t| ago(now_ms, *t))
+            }
+        };
+        rows.push(vec![
+            n.node.clone(),
+            version,
+            n.source.clone(),
+            health,
+            contact,
+            synced,
+            problem,
+        ]);
     }
-    table(&rows)
+    header + &table(&rows)
 }
 
 pub(crate) fn ago(now_ms: u64, t: u64) -> String {

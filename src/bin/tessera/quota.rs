@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use ::fleet::client::blocking::block_on;
-use ::fleet::quota::{PathStatus, QuotaEvent, QuotaStatus};
+use ::fleet::quota::{NodeRemoval, PathStatus, QuotaEvent, QuotaStatus};
 use clap::{Args, Subcommand};
 
 use crate::fleet::{ago, explain, table, CoordinatorArgs};
@@ -34,9 +34,18 @@ pub enum QuotaCmd {
     /// Every quota path and resource: guarantee, ceiling, in use, borrowed, lent, leased,
     /// waiting, dominant share; the nodes' last syncs; reclaims in progress.
     Status(QuotaArgs),
-    /// Recent borrows, reclaims, preemptions (with the reason), refusals, expired leases
+    /// Recent borrows, reclaims, preemptions (with the reason), refusals, nodes removed
     /// and gangs, oldest first.
     Events(QuotaArgs),
+    /// Take a node out of the quota books at once (a dead node, before its lease runs out):
+    /// its holdings, admissions not yet listed and leases are no longer counted. A node
+    /// that is alive comes back at its next sync.
+    NodeRemove {
+        /// The node's id.
+        node: String,
+        #[command(flatten)]
+        args: QuotaArgs,
+    },
 }
 
 impl QuotaArgs {
@@ -75,7 +84,85 @@ pub fn run(cmd: QuotaCmd) -> Result<(), String> {
             }
             Ok(())
         }
+        QuotaCmd::NodeRemove { node, args } => {
+            let r = block_on(args.client()?.quota_remove_node(&node)).map_err(explain)?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&r).map_err(|e| e.to_string())?);
+            } else {
+                print!("{}", render_removal(&r, tessera_api::time::now_ms()));
+            }
+            Ok(())
+        }
     }
+}
+
+/// `tessera quota node-remove`.
+pub fn render_removal(r: &NodeRemoval, now_ms: u64) -> String {
+    let mut held: Vec<String> = r
+        .held
+        .gpus
+        .iter()
+        .map(|(m, n)| format!("{} {m} GPUs", two_places(*n, MICRO_PER_GPU)))
+        .collect();
+    if r.held.cpu_milli > 0 {
+        held.push(format!("{} CPU cores", two_places(r.held.cpu_milli, MILLI_PER_CORE)));
+    }
+    if r.held.memory_mib > 0 {
+        held.push(format!("{} GiB", two_places(r.held.memory_mib, MIB_PER_GIB)));
+    }
+    let mut out = format!(
+        "node {} left the quota books (last sync {}): {} holding(s) ({}), {} admission(s) not yet listed{}\n",
+        r.node,
+        ago(now_ms, r.last_sync_ms),
+        r.holdings,
+        if held.is_empty() { "nothing".to_string() } else { held.join(", ") },
+        r.pending,
+        if r.leases.is_empty() {
+            String::new()
+        } else {
+            format!(", leases of {}", r.leases.join(", "))
+        }
+    );
+    if let Some(w) = &r.warning {
+        out.push_str(&format!("warning: {w}\n"));
+    }
+    out
+}
+
+/// Who decides the books, and through which coordinator this answer came.
+pub fn render_authority(st: &QuotaStatus, now_ms: u64) -> String {
+    let mut out = String::new();
+    match &st.authority {
+        Some(a) if a.term == 0 => out.push_str(&format!(
+            "decided by coordinator {} alone (no election: its books are in its memory), since {} ({})\n",
+            a.url,
+            tessera_api::time::format_utc(a.since_ms),
+            ago(now_ms, a.since_ms)
+        )),
+        Some(a) => out.push_str(&format!(
+            "decided by coordinator {} (elected through etcd, term {}), since {} ({})\n",
+            a.url,
+            a.term,
+            tessera_api::time::format_utc(a.since_ms),
+            ago(now_ms, a.since_ms)
+        )),
+        None => {}
+    }
+    if let Some(v) = &st.via {
+        out.push_str(&format!("answered through coordinator {v}, which passes quota calls on\n"));
+    }
+    if !st.coordinators.is_empty() {
+        let list: Vec<String> = st
+            .coordinators
+            .iter()
+            .map(|c| format!("{}{}", c.url, if c.leader { " (decides)" } else { " (standby)" }))
+            .collect();
+        out.push_str(&format!("coordinators in the election: {}\n", list.join(", ")));
+    }
+    for w in &st.warnings {
+        out.push_str(&format!("WARNING: {}\n", w.replace('\n', " ")));
+    }
+    out
 }
 
 /// `value / per` with up to 2 decimals, trailing zeros dropped.
@@ -132,6 +219,7 @@ pub fn render_status(st: &QuotaStatus, now_ms: u64) -> String {
     if st.capacity.memory_mib > 0 {
         cap.push(format!("{} GiB", two_places(st.capacity.memory_mib, MIB_PER_GIB)));
     }
+    out.push_str(&render_authority(st, now_ms));
     out.push_str(&format!(
         "fleet capacity: {}\n\n",
         if cap.is_empty() { "none reported".to_string() } else { cap.join(", ") }
@@ -277,6 +365,10 @@ mod tests {
                 grace_s: 30,
                 reason: "reclaimed for acme/a".into(),
             }],
+            authority: None,
+            coordinators: vec![],
+            via: None,
+            warnings: vec![],
         };
         let text = render_status(&st, 100_000);
         assert!(text.starts_with("quotas of policy version 4; books REBUILDING"), "{text}");

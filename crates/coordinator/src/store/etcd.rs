@@ -52,6 +52,7 @@ pub struct EtcdStore {
     client: Client,
     prefix: String,
     publisher: Publisher,
+    quota: Arc<super::election::EtcdQuota>,
     _watch: Arc<AbortOnDrop>,
 }
 
@@ -132,7 +133,7 @@ impl Keys {
 }
 
 /// The end of the key range of every key starting with `prefix` (etcd's convention).
-fn prefix_end(prefix: &str) -> Vec<u8> {
+pub(super) fn prefix_end(prefix: &str) -> Vec<u8> {
     let mut end = prefix.as_bytes().to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {
@@ -209,7 +210,8 @@ impl EtcdStore {
         }
         let task = tokio::spawn(watch_loop(client.clone(), keys, publisher.clone()));
         info!(endpoints = %endpoints.join(","), prefix = %prefix, latest = ?latest.map(|l| l.version), "etcd store ready");
-        Ok(EtcdStore { client, prefix, publisher, _watch: Arc::new(AbortOnDrop(task)) })
+        let quota = Arc::new(super::election::EtcdQuota::new(client.clone(), prefix.clone()));
+        Ok(EtcdStore { client, prefix, publisher, quota, _watch: Arc::new(AbortOnDrop(task)) })
     }
 
     fn keys(&self) -> Keys {
@@ -349,6 +351,10 @@ async fn watch_once(client: &Client, keys: &Keys, publisher: &Publisher) -> Resu
 impl PolicyStore for EtcdStore {
     fn kind(&self) -> &'static str {
         "etcd"
+    }
+
+    fn quota_backend(&self) -> Option<Arc<dyn super::QuotaBackend>> {
+        Some(self.quota.clone())
     }
 
     fn append(

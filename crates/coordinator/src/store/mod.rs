@@ -7,6 +7,7 @@
 //! long polls of all of them).
 
 mod compaction;
+mod election;
 mod etcd;
 mod sqlite;
 
@@ -20,6 +21,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 pub use compaction::{compaction_loop, sample_every, Schedule, DEFAULT_HISTORY_RETENTION};
+pub use election::{BOOKS_PAGE, MAX_BOOKS_TXN_BYTES, MAX_BOOKS_TXN_OPS};
 pub use etcd::EtcdStore;
 pub use sqlite::SqliteStore;
 
@@ -61,6 +63,10 @@ pub enum StoreError {
         holds.map_or_else(|| "unreadable".to_string(), |v| format!("it says version {v}"))
     )]
     Occupied { key: u64, holds: Option<u64> },
+    /// A write to the quota books fenced by a leadership this coordinator no longer holds
+    /// (its election key is gone: its lease expired or was revoked).
+    #[error("this coordinator no longer decides quotas: {0}")]
+    Deposed(String),
     #[error("store: {0}")]
     Other(String),
 }
@@ -238,6 +244,12 @@ pub trait PolicyStore: Send + Sync + fmt::Debug {
     /// revision claims.
     fn claim_signing_key(&self, public_key: String) -> BoxFut<'_, Result<(), StoreError>>;
 
+    /// The quota books and the election, on a store that coordinators share (etcd); `None`
+    /// on a store of one coordinator (SQLite), whose books live in its memory.
+    fn quota_backend(&self) -> Option<Arc<dyn QuotaBackend>> {
+        None
+    }
+
     /// Insert intervals of `node`, each at most once by id (insert-or-ignore).
     fn insert_usage(
         &self,
@@ -257,6 +269,112 @@ pub trait PolicyStore: Send + Sync + fmt::Debug {
 /// Whether a stored interval touches `[from_ms, to_ms)` (the SQLite query's condition).
 pub(crate) fn in_window(i: &metering::ClosedInterval, from_ms: u64, to_ms: u64) -> bool {
     i.start_wall_ms < to_ms && (span_end(i) > from_ms || i.start_wall_ms >= from_ms)
+}
+
+/// Who decides the fleet's quota books, as the election says (docs/QUOTAS.md, "Books
+/// every coordinator shares").
+#[derive(Debug, Clone)]
+pub enum Role {
+    /// Not elected; `leader`: the coordinator that is, when one is.
+    Follower { leader: Option<fleet::quota::Authority> },
+    /// This coordinator decides: every write to the books is fenced by `fence`, and it
+    /// decides only while [`mono_ms`] is below `valid_until` (its etcd lease cannot have run
+    /// out before then: every keep-alive answered moves it to when that keep-alive was
+    /// sent plus the lease's TTL).
+    Leader {
+        authority: fleet::quota::Authority,
+        fence: Fence,
+        valid_until: Arc<std::sync::atomic::AtomicU64>,
+    },
+    /// Alone on a store without an election (SQLite): decides, nothing to fence.
+    Alone { authority: fleet::quota::Authority },
+}
+
+impl Role {
+    /// The coordinator that decides, when known.
+    pub fn authority(&self) -> Option<&fleet::quota::Authority> {
+        match self {
+            Role::Follower { leader } => leader.as_ref(),
+            Role::Leader { authority, .. } | Role::Alone { authority } => Some(authority),
+        }
+    }
+}
+
+/// A leadership's fencing token: the election key and the etcd revision it was created at
+/// (a write is made only if that key still exists with that revision).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub key: String,
+    pub revision: i64,
+    pub lease: i64,
+}
+
+/// Milliseconds on this process's monotonic clock.
+pub fn mono_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let start = START.get_or_init(std::time::Instant::now);
+    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A coordinator as it campaigns: what the others learn of it from the election key.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Candidate {
+    /// Its URL as the other coordinators reach it.
+    pub url: String,
+    /// When it started campaigning (ms since the epoch).
+    pub since_ms: u64,
+}
+
+/// The quota books kept in a store that coordinators share, and the election of the one
+/// coordinator that decides (etcd; `PolicyStore::quota_backend`).
+pub trait QuotaBackend: Send + Sync + fmt::Debug {
+    /// Campaign as `me` until the process ends, publishing the outcome on `role`: grant a
+    /// lease of `ttl` (etcd's minimum where larger), put the election key under it, keep it
+    /// alive; the candidate whose key is oldest leads. When a leadership ends (the lease
+    /// lost, etcd gone) `role` says so at once and a new campaign starts.
+    fn campaign(
+        &self,
+        me: Candidate,
+        ttl: std::time::Duration,
+        role: Arc<tokio::sync::watch::Sender<Role>>,
+    ) -> BoxFut<'_, ()>;
+
+    /// Give up a leadership at once (revoke its lease): another coordinator takes over
+    /// without waiting for the lease to run out.
+    fn resign(&self, fence: Fence) -> BoxFut<'_, ()>;
+
+    /// The stored books, read at one revision.
+    fn load_books(&self) -> BoxFut<'_, Result<quota::books::state::BooksState, StoreError>>;
+
+    /// Store `ops` in order, each transaction fenced by `fence`: [`StoreError::Deposed`]
+    /// when the leadership is gone.
+    fn commit_books(
+        &self,
+        fence: Fence,
+        ops: Vec<quota::books::state::StateOp>,
+    ) -> BoxFut<'_, Result<(), StoreError>>;
+
+    /// Every coordinator campaigning now, oldest first (the first one leads).
+    fn coordinators(&self) -> BoxFut<'_, Result<Vec<(Candidate, i64)>, StoreError>>;
+
+    /// The books' identity (`etcd:ID`): made once per prefix by the first coordinator that
+    /// asks, the same for every coordinator sharing it.
+    fn scope(&self) -> BoxFut<'_, Result<String, StoreError>>;
+}
+
+/// An identity nobody else has (a coordinator alone: `memory:ID`; a new etcd prefix's
+/// books): 128 bits from the clock, the process and `salt`.
+pub(crate) fn fresh_id(salt: &str) -> String {
+    use sha2::{Digest as _, Sha256};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let stack = 0u8;
+    let digest = Sha256::digest(
+        format!("{nanos}/{}/{salt}/{:p}/{}", std::process::id(), &stack, mono_ms()).as_bytes(),
+    );
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Which store to open: `sqlite:PATH` or `etcd:URL[,URL...]`.

@@ -239,6 +239,12 @@ impl Etcd {
     /// A real etcd on loopback ports; without etcd installed the test fails (it is never
     /// skipped: a test that passes without running is no test).
     pub fn start() -> Option<Etcd> {
+        Etcd::start_with(&[])
+    }
+
+    /// [`Etcd::start`] with `extra` arguments (e.g. a shorter `--election-timeout`, which
+    /// lowers the shortest lease etcd grants to 3/2 of it).
+    pub fn start_with(extra: &[&str]) -> Option<Etcd> {
         let dir = tempfile::tempdir().expect("tempdir");
         let (client, peer) = (free_port(), free_port());
         let url = format!("http://127.0.0.1:{client}");
@@ -250,6 +256,7 @@ impl Etcd {
             .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
             .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
             .args(["--initial-cluster", &format!("t={peer_url}"), "--initial-cluster-state", "new"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()
@@ -312,4 +319,15 @@ pub fn interval(
         gpu_seconds: duration_ms as f64 / 1000.0 * fraction,
         reason: "poststop".into(),
     }
+}
+
+/// The status of `GET path` without credentials, or `None` when nothing answers.
+pub fn raw_try(url: &str, path: &str) -> Option<u16> {
+    let authority = url.trim_start_matches("http://");
+    let mut s = TcpStream::connect(authority).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nhost: {authority}\r\nconnection: close\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    buf.split(' ').nth(1)?.parse().ok()
 }

@@ -165,6 +165,7 @@ impl Node {
             holdings,
             leases: Vec::new(),
             stopping: Vec::new(),
+            last_authority: None,
         }))
     }
 

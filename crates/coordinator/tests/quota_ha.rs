@@ -1,0 +1,387 @@
+//! Issue 28: the quota books shared by every coordinator on one etcd. Three real
+//! `tessera-coordinator` processes on a real etcd (short election timeout: leases of 1 s),
+//! two nodes played over HTTP, each speaking to other coordinators:
+//!
+//! * one coordinator decides; the others pass node calls on to it, so a ceiling holds
+//!   whichever coordinator each node uses;
+//! * `kill -9` of the one that decides during a reclaim's grace period, with admissions
+//!   answered and not yet synced: another decides within 2 s, counts those admissions, and
+//!   answers the claimant's retry with the same victim (no second one);
+//! * a leader deposed by etcd (its lease revoked while it runs) stops deciding;
+//! * an operator removes a node at once; a node silent past its lease's end leaves the
+//!   books with an event;
+//! * a write fenced by a leadership that is gone fails.
+
+// Integration-test crates: clippy counts their helper functions as non-test code, so
+// `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+#[path = "fleet/common.rs"]
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{free_addr, Etcd, ADMIN, NODE_A, NODE_B};
+use coordinator::client::{Client, ClientError};
+use coordinator::store::{Fence, PolicyStore};
+use fleet::quota::{
+    AdmitAnswer, AdmitRequest, Amounts, Holding, QuotaClass, QuotaEventKind, QuotaStatus,
+    SyncRequest,
+};
+
+const H100: &str = "H100-80GB";
+const MICRO: u64 = 1_000_000;
+const PREFIX: &str = "/ha";
+
+/// A `tessera-coordinator serve` child on etcd; killed (by pid) when dropped.
+struct Coord {
+    child: Child,
+    url: String,
+    log: PathBuf,
+}
+
+impl Coord {
+    fn start(dir: &Path, etcd: &str, addr: SocketAddr) -> Coord {
+        let key = dir.join("coordinator.key");
+        if !key.exists() {
+            coordinator::signing::write_signing_key(&key, &common::key()).expect("key file");
+        }
+        let tokens = dir.join("tokens.json");
+        std::fs::write(
+            &tokens,
+            format!(
+                r#"{{"admins": {{"alice": "{ADMIN}"}}, "nodes": {{"node-a": "{NODE_A}", "node-b": "{NODE_B}"}}}}"#
+            ),
+        )
+        .expect("tokens");
+        let log = dir.join(format!("coordinator-{}.log", addr.port()));
+        let child = Command::new(env!("CARGO_BIN_EXE_tessera-coordinator"))
+            .arg("serve")
+            .args(["--listen", &addr.to_string()])
+            .args(["--store", &format!("etcd:{etcd}"), "--etcd-prefix", PREFIX])
+            .arg("--signing-key")
+            .arg(&key)
+            .arg("--tokens")
+            .arg(&tokens)
+            .args(["--usage-retention-days", "0", "--etcd-compaction-retention-s", "0"])
+            .args(["--quota-lease-ttl-s", "3", "--quota-leader-ttl-s", "1"])
+            .env("TESSERA_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("spawn tessera-coordinator");
+        let c = Coord { child, url: format!("http://{addr}"), log };
+        let t0 = Instant::now();
+        while common::raw_try(&c.url, "/v1/ping") != Some(200) {
+            assert!(t0.elapsed() < Duration::from_secs(20), "did not start: {}", c.log_text());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        c
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Coord {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// acme/a guarantees 4 GPUs; acme/b has a ceiling of 6 and no guarantee (all it runs is
+/// borrowed); acme/c has no quota (it only borrows).
+fn policy() -> Vec<u8> {
+    br#"{"version": 1,
+        "orgs": {"acme": {"trust": "trusted", "teams": {"a": {}, "b": {}, "c": {}}}},
+        "default_tenant": "acme/a",
+        "quotas": {"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+                   "acme/b": {"gpus": {"H100-80GB": {"ceiling": 6}}, "grace_period_s": 60}}}"#
+        .to_vec()
+}
+
+fn ask(container: &str, tenant: &str) -> AdmitRequest {
+    AdmitRequest {
+        container_id: container.into(),
+        tenant: tenant.into(),
+        amounts: Amounts { gpus: [(H100.to_string(), MICRO)].into(), ..Amounts::default() },
+        gang: None,
+        short_on_node: false,
+        workload: None,
+        unsynced_lease_grants: false,
+    }
+}
+
+/// A node's side of the protocol: what it holds (granted at once when admitted).
+struct Node {
+    name: &'static str,
+    client: Client,
+    holdings: Vec<Holding>,
+}
+
+impl Node {
+    fn new(urls: &[&str], name: &'static str, token: &str) -> Node {
+        Node { name, client: Client::new(urls, token).unwrap(), holdings: vec![] }
+    }
+
+    async fn admit(&mut self, req: AdmitRequest) -> Result<AdmitAnswer, ClientError> {
+        let a = self.client.quota_admit(self.name, &req, Duration::from_secs(10)).await?;
+        if let AdmitAnswer::Admitted { class, .. } = &a {
+            self.holdings.push(Holding {
+                container_id: req.container_id.clone(),
+                tenant: req.tenant.clone(),
+                amounts: req.amounts.clone(),
+                class: *class,
+                started_ms: fleet::now_ms() + self.holdings.len() as u64,
+                gang: None,
+                workload: None,
+                under_lease: false,
+            });
+        }
+        Ok(a)
+    }
+
+    async fn sync(&mut self) -> fleet::quota::SyncAnswer {
+        let req = SyncRequest {
+            capacity: Amounts {
+                gpus: [(H100.to_string(), 8 * MICRO)].into(),
+                ..Amounts::default()
+            },
+            holdings: self.holdings.clone(),
+            leases: vec![],
+            stopping: vec![],
+            last_authority: None,
+        };
+        self.client.quota_sync(self.name, &req).await.unwrap()
+    }
+}
+
+fn admitted(a: &AdmitAnswer) -> QuotaClass {
+    match a {
+        AdmitAnswer::Admitted { class, .. } => *class,
+        other => panic!("expected an admission, got {other:?}"),
+    }
+}
+
+fn ceiling_refused(a: &AdmitAnswer) {
+    match a {
+        AdmitAnswer::Refused { rule, .. } => {
+            assert_eq!(rule.as_deref(), Some("quotas.acme/b.gpus.H100-80GB.ceiling"), "{a:?}")
+        }
+        other => panic!("expected acme/b's ceiling, got {other:?}"),
+    }
+}
+
+async fn status(url: &str) -> Option<QuotaStatus> {
+    Client::new(&[url], ADMIN).unwrap().quota_status().await.ok()
+}
+
+async fn wait_status(url: &str, what: &str, f: impl Fn(&QuotaStatus) -> bool) -> QuotaStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = status(url).await {
+            if f(&s) {
+                return s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "never {what}: {s:#?}");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "no quota status from {url} ({what})");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn in_use(s: &QuotaStatus, path: &str) -> u64 {
+    s.paths.iter().find(|p| p.path == path).map_or(0, |p| p.in_use) / MICRO
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_coordinators_decide_as_one_through_kill_deposition_and_removals() {
+    let etcd = Etcd::start_with(&["--election-timeout", "500", "--heartbeat-interval", "50"])
+        .expect("etcd");
+    let dir = tempfile::tempdir().unwrap();
+    let mut cs: Vec<Coord> =
+        (0..3).map(|_| Coord::start(dir.path(), &etcd.url, free_addr())).collect();
+    let urls: Vec<String> = cs.iter().map(|c| c.url.clone()).collect();
+    let all: Vec<&str> = urls.iter().map(String::as_str).collect();
+    Client::new(&all, ADMIN).unwrap().push_policy(&policy(), None).await.unwrap();
+
+    // One decides, and every coordinator says which.
+    let st = wait_status(&urls[0], "a coordinator deciding", |s| {
+        s.authority.is_some() && s.coordinators.len() == 3
+    })
+    .await;
+    let leader = st.authority.clone().unwrap();
+    let li = urls.iter().position(|u| *u == leader.url).expect("the leader is one of the three");
+    let (f1, f2) = ((li + 1) % 3, (li + 2) % 3);
+    for u in &urls {
+        let s =
+            wait_status(u, "the same authority", |s| s.authority.as_ref() == Some(&leader)).await;
+        assert_eq!(s.via.is_some(), *u != leader.url, "{u}: {s:#?}");
+        assert_eq!(s.coordinators.iter().filter(|c| c.leader).count(), 1);
+    }
+
+    // Node A uses the leader first (then f1), node B only f2: split across coordinators.
+    let mut a = Node::new(&[urls[li].as_str(), urls[f1].as_str()], "node-a", NODE_A);
+    let mut b = Node::new(&[urls[f2].as_str()], "node-b", NODE_B);
+    assert_eq!(a.sync().await.authority, Some(leader.clone()));
+    assert_eq!(b.sync().await.authority, Some(leader.clone()), "passed on to the leader");
+
+    // acme/b up to its ceiling of 6 from both nodes; a 7th is refused through either.
+    for i in 1..=4 {
+        admitted(&a.admit(ask(&format!("b{i}"), "acme/b")).await.unwrap());
+    }
+    for i in 5..=6 {
+        admitted(&b.admit(ask(&format!("b{i}"), "acme/b")).await.unwrap());
+    }
+    ceiling_refused(&a.admit(ask("b7", "acme/b")).await.unwrap());
+    ceiling_refused(&b.admit(ask("b8", "acme/b")).await.unwrap());
+    a.sync().await;
+    b.sync().await;
+
+    // Admitted and not synced yet: A's a1 and C's three on node A, which is then full.
+    assert_eq!(admitted(&a.admit(ask("a1", "acme/a")).await.unwrap()), QuotaClass::Guaranteed);
+    for i in 1..=3 {
+        assert_eq!(
+            admitted(&a.admit(ask(&format!("c{i}"), "acme/c")).await.unwrap()),
+            QuotaClass::Borrowed
+        );
+    }
+    // A's next on node A must reclaim: one borrowed container of acme/b (grace 60 s).
+    let mut claim = ask("a3", "acme/a");
+    claim.short_on_node = true;
+    let victims = match a.admit(claim.clone()).await.unwrap() {
+        AdmitAnswer::Reclaiming { victims, .. } => victims,
+        other => panic!("expected a reclaim, got {other:?}"),
+    };
+    assert_eq!(victims.len(), 1, "{victims:?}");
+    assert_eq!((victims[0].node.as_str(), victims[0].tenant.as_str()), ("node-a", "acme/b"));
+
+    // kill -9 of the coordinator that decides, during the victim's grace period.
+    cs[li].kill9();
+    let killed = Instant::now();
+    // The first admission after it: node B asks (for work only a coordinator admits,
+    // borrowed) until one does.
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match b.admit(ask("c4", "acme/c")).await {
+            Ok(AdmitAnswer::Admitted { .. }) => break,
+            Ok(other) => panic!("c4: {other:?}"),
+            Err(e) => assert!(matches!(e.status(), Some(503) | None), "c4: {e}"),
+        }
+        assert!(killed.elapsed() < Duration::from_secs(10), "no admission after the kill");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first_admission = killed.elapsed();
+    eprintln!("first admission {first_admission:?} after kill -9 of the leader ({tries} tries)");
+    if std::env::var("HA_DEBUG").is_ok() {
+        for c in &cs {
+            eprintln!(
+                "==== {}
+{}",
+                c.url,
+                c.log_text()
+            );
+        }
+    }
+    assert!(first_admission <= Duration::from_secs(2), "{first_admission:?}");
+
+    // The new leader counts what the old one admitted and nobody has synced: a1, c1..c3.
+    let st = status(&urls[f1]).await.unwrap();
+    let new_leader = st.authority.clone().unwrap();
+    assert_ne!(new_leader.url, leader.url);
+    assert!(new_leader.term > leader.term, "{new_leader:?} after {leader:?}");
+    assert_eq!(in_use(&st, "acme/a"), 2, "a1 (never synced), the GPU held for a3: {st:#?}");
+    assert_eq!(in_use(&st, "acme/b"), 6);
+    // Node A fails over to f1; the ceiling still holds through every coordinator.
+    ceiling_refused(&a.admit(ask("b9", "acme/b")).await.unwrap());
+    ceiling_refused(&b.admit(ask("b10", "acme/b")).await.unwrap());
+    // The claimant's retry finds the same reclaim: the same victim, no second one.
+    match a.admit(claim.clone()).await.unwrap() {
+        AdmitAnswer::Reclaiming { victims: again, message, .. } => {
+            assert_eq!(again, victims);
+            assert!(message.contains("in progress"), "{message}");
+        }
+        other => panic!("expected the same reclaim, got {other:?}"),
+    }
+    let events = Client::new(&[urls[f1].as_str()], ADMIN).unwrap().quota_events().await.unwrap();
+    assert!(
+        events.iter().all(|e| e.kind != QuotaEventKind::Preempt),
+        "the new leader chose no victim: {events:#?}"
+    );
+    a.sync().await;
+    b.sync().await;
+
+    // etcd deposes the leader while it runs (its lease revoked): it stops deciding, the
+    // last coordinator takes over, and the books still hold.
+    let mut raw = etcd_client::Client::connect([etcd.url.as_str()], None).await.unwrap();
+    let opts = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_sort(etcd_client::SortTarget::Create, etcd_client::SortOrder::Ascend)
+        .with_limit(1);
+    let resp = raw.get(format!("{PREFIX}/quota/leader/"), Some(opts)).await.unwrap();
+    let lease = resp.kvs()[0].lease();
+    raw.lease_revoke(lease).await.unwrap();
+    let deposed = new_leader.url.clone();
+    let st = wait_status(&deposed, "another coordinator deciding", |s| {
+        s.authority.as_ref().is_some_and(|x| x.term > new_leader.term) && s.via.is_some()
+    })
+    .await;
+    let third = st.authority.clone().unwrap();
+    assert_eq!(in_use(&st, "acme/b"), 6);
+    assert_eq!(in_use(&st, "acme/a"), 2);
+    ceiling_refused(&a.admit(ask("b11", "acme/b")).await.unwrap());
+    let c = Client::new(&[deposed.as_str()], ADMIN).unwrap();
+
+    // An operator removes node B at once (through any coordinator).
+    let r = c.quota_remove_node("node-b").await.unwrap();
+    assert_eq!((r.node.as_str(), r.holdings), ("node-b", 3), "b5, b6, c4: {r:?}");
+    assert!(r.warning.is_some_and(|w| w.contains("synced")), "node B synced lately");
+    let st = status(&third.url).await.unwrap();
+    assert!(!st.nodes.contains_key("node-b"), "{:?}", st.nodes);
+    assert_eq!(in_use(&st, "acme/b"), 4);
+    let e = c.quota_remove_node("node-b").await.unwrap_err();
+    assert_eq!(e.status(), Some(404), "{e}");
+
+    // Node A goes silent: past its lease's end (3 s + 3 s margin) it leaves the books.
+    let silent = Instant::now();
+    let st = wait_status(&third.url, "node A removed", |s| !s.nodes.contains_key("node-a")).await;
+    let took = silent.elapsed();
+    assert!(took >= Duration::from_secs(5) && took < Duration::from_secs(12), "{took:?}");
+    assert_eq!(in_use(&st, "acme/b"), 0);
+    let events = Client::new(&[third.url.as_str()], ADMIN).unwrap().quota_events().await.unwrap();
+    let removed: Vec<_> = events.iter().filter(|e| e.kind == QuotaEventKind::NodeRemoved).collect();
+    assert_eq!(removed.len(), 2, "{removed:#?}");
+    assert!(removed.iter().any(|e| e.reason.contains("removed by admin alice")));
+    assert!(removed
+        .iter()
+        .any(|e| e.node.as_deref() == Some("node-a")
+            && e.reason.contains("lease TTL 3 s + 3 s margin")));
+    drop(cs);
+}
+
+/// A write fenced by a leadership that is gone is refused by etcd, and nothing of it is
+/// stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_fenced_by_a_leadership_that_is_gone_stores_nothing() {
+    let etcd = Etcd::start().expect("etcd");
+    let store = coordinator::store::EtcdStore::connect(std::slice::from_ref(&etcd.url), "/fence")
+        .await
+        .unwrap();
+    let books = store.quota_backend().expect("etcd keeps the books");
+    let op = quota::books::state::StateOp::DelNode { node: "n1".into() };
+    let gone = Fence { key: "/fence/quota/leader/0000000000000001".into(), revision: 7, lease: 1 };
+    let e = books.commit_books(gone, vec![op]).await.unwrap_err();
+    assert!(matches!(e, coordinator::StoreError::Deposed(_)), "{e}");
+    assert!(e.to_string().contains("no longer decides quotas"), "{e}");
+    assert_eq!(books.load_books().await.unwrap(), Default::default());
+}
