@@ -488,3 +488,295 @@ fn with_the_coordinator_killed_guaranteed_work_runs_under_leases_and_the_books_a
         f.b.fx.delete_container(id, true);
     }
 }
+
+// --- issue 28: the books shared by every coordinator, through failover -------------------
+
+const N1: &str = "quota-n1";
+const N2: &str = "quota-n2";
+const N3: &str = "quota-n3";
+/// The untrusted team's grace period: its reclaimed work gets this long after SIGTERM.
+const U_GRACE_S: u64 = 8;
+
+/// dev: guarantee 2, ceiling 4; trusted: guarantee 4; untrusted: borrows only, grace 8 s.
+fn shared_policy() -> Vec<u8> {
+    let mut p: Value =
+        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).unwrap()).unwrap();
+    p["version"] = 1.into();
+    p["quotas"] = json!({
+        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+        "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 4}}},
+        "acme/untrusted": {"gpus": {"H100-80GB": {"ceiling": 24}}, "grace_period_s": U_GRACE_S},
+    });
+    serde_json::to_vec_pretty(&p).unwrap()
+}
+
+/// Per tenant path on one node, from `tessera status --json`: (GPUs, guaranteed GPUs).
+fn held_by_tenant(node: &Node) -> Option<Vec<(String, u64, u64)>> {
+    let out = node.cli(&["status", "--json"]);
+    if !out.status.success() {
+        return None;
+    }
+    let s: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let mut rows = Vec::new();
+    for a in s["allocations"].as_array()? {
+        let Some(q) = a.get("quota").filter(|q| !q.is_null()) else { continue };
+        let micro: u64 = q["gpus"].as_object()?.values().filter_map(Value::as_u64).sum();
+        let g = if q["class"] == "guaranteed" { micro } else { 0 };
+        rows.push((a["tenant"].as_str()?.to_string(), micro, g));
+    }
+    Some(rows)
+}
+
+/// `GET /v1/quota/status` through `url`.
+fn status_at(url: &str) -> Option<Value> {
+    let (code, body) = http(url, "GET", "/v1/quota/status", Some(ADMIN_TOKEN), None)?;
+    (code == 200).then(|| serde_json::from_str(&body).ok()).flatten()
+}
+
+fn wait_status_at(url: &str, what: &str, f: impl Fn(&Value) -> bool) -> Value {
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = status_at(url) {
+            if f(&s) {
+                return s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "never {what}: {s:#}");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "no quota status at {url} ({what})");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn three_coordinators_keep_one_set_of_books_through_kill_9_failover_and_dead_nodes() {
+    // etcd's shortest lease is 3/2 of its election timeout: leaders hold 1 s leases.
+    let fx = FleetFixture::launch_with(
+        &[N1, N2, N3],
+        &["--election-timeout", "500", "--heartbeat-interval", "50"],
+    );
+    let coord_args = ["--quota-lease-ttl-s", "4", "--quota-leader-ttl-s", "1"];
+    let mut cs: Vec<Coordinator> = (1..=3)
+        .map(|i| fx.coordinator_on_free_port(&format!("coordinator-{i}"), &coord_args))
+        .collect();
+    let urls: Vec<String> = cs.iter().map(|c| c.url.clone()).collect();
+    let file = fx.path("policy-shared.json");
+    std::fs::write(&file, shared_policy()).unwrap();
+    fx.push_file(&urls[0], &file, 1);
+    // Nodes split across the coordinators: each lists them in another order.
+    let order = |i: usize| (0..3).map(|k| urls[(i + k) % 3].clone()).collect::<Vec<_>>().join(",");
+    let n1 = fx.node_described(N1, eight_h100(), &order(0), &file, &[]);
+    let n2 = fx.node_described(N2, eight_h100(), &order(1), &file, &[]);
+    let n3 = fx.node_described(N3, eight_h100(), &order(2), &file, &[]);
+    let st = wait_status_at(&urls[1], "three nodes synced with the one that decides", |s| {
+        s["authority"]["term"].as_u64().is_some_and(|t| t > 0)
+            && [N1, N2, N3].iter().all(|n| s["nodes"].get(n).is_some())
+    });
+    let leader = st["authority"]["url"].as_str().unwrap().to_string();
+    let term = st["authority"]["term"].as_u64().unwrap();
+    let li = urls.iter().position(|u| *u == leader).unwrap();
+
+    // dev at its ceiling (4) over n2 and n3; trusted at 3 of its guarantee of 4 on n1;
+    // untrusted borrows the rest of n1 (the only borrowed work there), its youngest
+    // ignoring SIGTERM.
+    for (node, id) in [(&n2, "d1"), (&n3, "d2"), (&n2, "d3"), (&n3, "d4")] {
+        run_retrying(node, id, B_NS, "exit 0");
+    }
+    for id in ["t1", "t2", "t3"] {
+        run_retrying(&n1, id, A_NS, "exit 0");
+    }
+    for (id, on_term) in [
+        ("u1", "echo got-SIGTERM; exit 0"),
+        ("u2", "echo got-SIGTERM; exit 0"),
+        ("u3", "echo got-SIGTERM; exit 0"),
+        ("u4", "echo got-SIGTERM; exit 0"),
+        ("u5", "echo ignoring-SIGTERM"),
+    ] {
+        run_retrying(&n1, id, U_NS, on_term);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let e = try_run(&n2, "d5", B_NS, "exit 0", &[]).expect_err("dev at its ceiling");
+    assert!(e.contains("quotas.acme/dev.gpus.H100-80GB.ceiling"), "{e}");
+
+    // From now on: every node sampled every 0.5 s, and dev asking on every node.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    /// Stops the sampler and the contenders however the scope ends (a failed assertion
+    /// included: the scope waits for them before it unwinds).
+    struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let nodes = [&n1, &n2, &n3];
+    let (samples, violations, contended) = std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        let sampler = s.spawn(|| {
+            let (mut samples, mut bad) = (0u32, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t0 = Instant::now();
+                let all: Option<Vec<_>> = nodes.iter().map(|n| held_by_tenant(n)).collect();
+                if let Some(all) = all {
+                    samples += 1;
+                    let sum = |path: &str, guaranteed: bool| -> u64 {
+                        all.iter()
+                            .flatten()
+                            .filter(|(t, _, _)| t == path || t.starts_with(&format!("{path}/")))
+                            .map(|(_, m, g)| if guaranteed { *g } else { *m })
+                            .sum::<u64>()
+                            / 1_000_000
+                    };
+                    let (dev, dev_g, trusted_g) =
+                        (sum("acme/dev", false), sum("acme/dev", true), sum("acme/trusted", true));
+                    if dev > 4 || dev_g > 2 || trusted_g > 4 {
+                        bad.push(format!(
+                            "sample {samples}: dev {dev} (ceiling 4), dev guaranteed {dev_g} \
+                             (guarantee 2), trusted guaranteed {trusted_g} (guarantee 4)"
+                        ));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(500).saturating_sub(t0.elapsed()));
+            }
+            (samples, bad)
+        });
+        let contenders: Vec<_> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let stop = &stop;
+                s.spawn(move || {
+                    let mut tries = 0u32;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        tries += 1;
+                        let id = format!("x{i}-{tries}");
+                        if try_run(n, &id, B_NS, "exit 0", &[]).is_ok() {
+                            // Admitted beyond the ceiling: the sampler sees it; keep it.
+                            continue;
+                        }
+                        std::thread::sleep(Duration::from_millis(300));
+                    }
+                    tries
+                })
+            })
+            .collect();
+
+        // trusted's 4th on n1 (full): the youngest borrowed container there is reclaimed
+        // (u5: it ignores SIGTERM, so it holds its GPU for the whole grace period).
+        // (The first answers may recall other nodes' unused leases of trusted's guarantee:
+        // asked again after the "retry after" each names, as kubelet would.)
+        let t0 = Instant::now();
+        let e = loop {
+            let e = try_run(&n1, "t4", A_NS, "exit 0", &[]).expect_err("n1 is full");
+            if !e.contains("the leases are recalled") {
+                break e;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "{e}");
+            std::thread::sleep(Duration::from_secs(retry_after(&e).unwrap_or(1).min(2)));
+        };
+        assert!(e.contains("reclaiming: stopping 1 borrowed container of acme/untrusted"), "{e}");
+        assert!(
+            wait_for(
+                || n1.fx.container_output("u5").0.contains("ignoring-SIGTERM"),
+                Duration::from_secs(10)
+            ),
+            "u5, the youngest, got SIGTERM"
+        );
+
+        // kill -9 of the coordinator that decides, during u5's grace period.
+        cs[li].kill9();
+        let killed = Instant::now();
+        let killed_ms = tessera_api::time::now_ms();
+        // The first admission after it: borrowed work (only a coordinator admits it).
+        let mut probe = 0;
+        let first = loop {
+            probe += 1;
+            let id = format!("p{probe}");
+            match try_run(&n3, &id, U_NS, "exit 0", &[]) {
+                Ok(()) => break killed.elapsed(),
+                Err(e) => assert!(e.contains("unreachable") || e.contains("decides"), "{id}: {e}"),
+            }
+            assert!(killed.elapsed() < Duration::from_secs(20), "no admission after the kill");
+        };
+        let taken_over = status_at(&urls[(li + 1) % 3])
+            .and_then(|s| s["authority"]["since_ms"].as_u64())
+            .map_or(-1, |t| t as i64 - killed_ms as i64);
+        eprintln!(
+            "first admission {first:?} after kill -9 of {leader} ({probe} tries); the next \
+             leader decides from {taken_over} ms after the kill"
+        );
+        assert!(first <= Duration::from_secs(2), "first admission {first:?} after the kill");
+
+        // trusted's retry: the same reclaim (no second victim), then admitted when u5 is
+        // gone after its grace.
+        let asked = run_retrying(&n1, "t4", A_NS, "exit 0");
+        assert!(
+            asked.iter().all(|e| e.contains("(in progress, since") || e.contains("victims gone")),
+            "the same reclaim, no new victim: {asked:#?}"
+        );
+        assert_eq!(class_of(&n1, "t4").as_deref(), Some("guaranteed"));
+        for id in ["u1", "u2", "u3", "u4"] {
+            let (out, _) = n1.fx.container_output(id);
+            assert!(!out.contains("got-SIGTERM"), "{id} was not a victim: {out}");
+            assert_eq!(n1.fx.status(id).as_deref(), Some("running"), "{id}");
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let tries: Vec<u32> = contenders.into_iter().map(|h| h.join().unwrap()).collect();
+        let (samples, bad) = sampler.join().unwrap();
+        (samples, bad, tries)
+    });
+    assert!(violations.is_empty(), "{violations:#?}");
+    assert!(samples >= 10, "{samples} samples");
+    assert!(contended.iter().all(|t| *t >= 3), "dev asked on every node: {contended:?}");
+
+    // Another coordinator decides, says so, and chose no victim of its own.
+    let alive: Vec<&String> = urls.iter().filter(|u| **u != leader).collect();
+    let st = wait_status_at(alive[0], "a new leader", |s| {
+        s["authority"]["term"].as_u64().is_some_and(|t| t > term)
+    });
+    let new_leader = st["authority"]["url"].as_str().unwrap().to_string();
+    let events = fx.admin(&new_leader, &["quota", "events", "--json"]);
+    events.assert_success("tessera quota events");
+    let events: Value = serde_json::from_slice(&events.stdout).unwrap();
+    assert!(
+        events.as_array().unwrap().iter().all(|e| e["kind"] != "preempt"),
+        "the new leader took no victim: {events:#}"
+    );
+    let out = fx.admin(alive[1], &["quota", "status"]);
+    out.assert_success("tessera quota status");
+    let text = out.stdout_str();
+    assert!(
+        text.contains(&format!("decided by coordinator {new_leader} (elected through etcd")),
+        "{text}"
+    );
+
+    // Dead nodes: n2 and n3 crash. The operator removes n2 at once; n3 leaves the books at
+    // its lease's end (4 s + 4 s margin after its last sync).
+    let (mut n2, mut n3) = (n2, n3);
+    n2.daemon.kill9();
+    n3.daemon.kill9();
+    let crashed = Instant::now();
+    let out = fx.admin(alive[1], &["quota", "node-remove", N2]);
+    out.assert_success("tessera quota node-remove");
+    assert!(
+        out.stdout_str().contains(&format!("node {N2} left the quota books")),
+        "{}",
+        out.stdout_str()
+    );
+    let st = status_at(&new_leader).unwrap();
+    assert!(st["nodes"].get(N2).is_none(), "removed at once: {st:#}");
+    assert!(st["nodes"].get(N3).is_some(), "n3 still counted: {st:#}");
+    let st = wait_status_at(&new_leader, "n3 gone", |s| s["nodes"].get(N3).is_none());
+    let gone = crashed.elapsed();
+    assert!(gone >= Duration::from_secs(6) && gone < Duration::from_secs(15), "{gone:?}");
+    assert!(st["nodes"].get(N1).is_some());
+    let out = fx.admin(&new_leader, &["quota", "events", "--json"]);
+    let events: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let removed: Vec<&Value> =
+        events.as_array().unwrap().iter().filter(|e| e["kind"] == "node-removed").collect();
+    assert_eq!(removed.len(), 2, "{removed:#?}");
+    let nodes_table = fx.admin(alive[0], &["nodes"]);
+    nodes_table.assert_success("tessera nodes");
+    let t = nodes_table.stdout_str();
+    assert!(t.contains("QUOTA SYNC") && t.contains("not in the books"), "{t}");
+    drop(cs);
+}

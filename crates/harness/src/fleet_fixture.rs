@@ -48,6 +48,12 @@ impl FleetFixture {
     /// etcd and keys on loopback, with node tokens for `nodes`; fails (never skips) without
     /// etcd.
     pub fn launch(nodes: &[&str]) -> FleetFixture {
+        FleetFixture::launch_with(nodes, &[])
+    }
+
+    /// [`FleetFixture::launch`] with `etcd_args` added to etcd's command line (e.g. a
+    /// shorter `--election-timeout`: etcd's shortest lease is 3/2 of it).
+    pub fn launch_with(nodes: &[&str], etcd_args: &[&str]) -> FleetFixture {
         let dir = tempfile::Builder::new().prefix("tessera-fleet-").tempdir().expect("tempdir");
         let key_file = dir.path().join("signing.key");
         let out =
@@ -85,7 +91,9 @@ impl FleetFixture {
                 format!("t={peer_url}"),
                 "--initial-cluster-state".into(),
                 "new".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(etcd_args.iter().map(|a| a.to_string())),
             std::iter::empty::<(&str, &str)>(),
             &dir.path().join("logs"),
         );
