@@ -10,7 +10,10 @@
 //! * a leader deposed by etcd (its lease revoked while it runs) stops deciding;
 //! * an operator removes a node at once; a node silent past its lease's end leaves the
 //!   books with an event;
-//! * a write fenced by a leadership that is gone fails.
+//! * a write fenced by a leadership that is gone fails;
+//! * a coordinator of other books (a second etcd prefix, a coordinator on SQLite) that
+//!   decides for a node the elected one decides for warns of split brain: a log line, a
+//!   `warnings` entry of the quota status, `tessera_quota_split_brain 1`.
 
 // Integration-test crates: clippy counts their helper functions as non-test code, so
 // `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
@@ -45,6 +48,17 @@ struct Coord {
 
 impl Coord {
     fn start(dir: &Path, etcd: &str, addr: SocketAddr) -> Coord {
+        let store = [
+            "--store".to_string(),
+            format!("etcd:{etcd}"),
+            "--etcd-prefix".to_string(),
+            PREFIX.to_string(),
+        ];
+        Coord::start_on(dir, &store, addr)
+    }
+
+    /// On the store `store` names (`--store …` and its options).
+    fn start_on(dir: &Path, store: &[String], addr: SocketAddr) -> Coord {
         let key = dir.join("coordinator.key");
         if !key.exists() {
             coordinator::signing::write_signing_key(&key, &common::key()).expect("key file");
@@ -61,7 +75,7 @@ impl Coord {
         let child = Command::new(env!("CARGO_BIN_EXE_tessera-coordinator"))
             .arg("serve")
             .args(["--listen", &addr.to_string()])
-            .args(["--store", &format!("etcd:{etcd}"), "--etcd-prefix", PREFIX])
+            .args(store)
             .arg("--signing-key")
             .arg(&key)
             .arg("--tokens")
@@ -384,4 +398,67 @@ async fn a_write_fenced_by_a_leadership_that_is_gone_stores_nothing() {
     assert!(matches!(e, coordinator::StoreError::Deposed(_)), "{e}");
     assert!(e.to_string().contains("no longer decides quotas"), "{e}");
     assert_eq!(books.load_books().await.unwrap(), Default::default());
+}
+
+/// Two coordinators that keep different books (one elected on etcd, one alone on SQLite)
+/// answering the same node: each, told by the node's sync who answered it last, warns of
+/// split brain in its log, its quota status and its metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinators_of_different_books_answering_one_node_warn_of_split_brain() {
+    let etcd = Etcd::start().expect("etcd");
+    let dir = tempfile::tempdir().unwrap();
+    let elected = Coord::start(dir.path(), &etcd.url, free_addr());
+    let db = dir.path().join("alone.db");
+    let store = ["--store".to_string(), format!("sqlite:{}", db.display())];
+    let alone = Coord::start_on(dir.path(), &store, free_addr());
+    for c in [&elected, &alone] {
+        Client::new(&[c.url.as_str()], ADMIN).unwrap().push_policy(&policy(), None).await.unwrap();
+    }
+    wait_status(&elected.url, "the elected coordinator deciding", |s| {
+        s.authority.as_ref().is_some_and(|a| a.term > 0)
+    })
+    .await;
+    let seen = |a: &fleet::quota::Authority| fleet::quota::SeenAuthority {
+        url: a.url.clone(),
+        term: a.term,
+        scope: a.scope.clone(),
+        age_ms: 300,
+    };
+    let sync = |last: Option<fleet::quota::SeenAuthority>| SyncRequest {
+        capacity: Amounts { gpus: [(H100.to_string(), 8 * MICRO)].into(), ..Amounts::default() },
+        holdings: vec![],
+        leases: vec![],
+        stopping: vec![],
+        last_authority: last,
+    };
+    let on_elected = Client::new(&[elected.url.as_str()], NODE_A).unwrap();
+    let on_alone = Client::new(&[alone.url.as_str()], NODE_A).unwrap();
+    let first = on_elected.quota_sync("node-a", &sync(None)).await.unwrap();
+    let by_elected = first.authority.expect("the answer names its authority");
+    // The node fails over to the coordinator alone, and says who answered it last.
+    let second = on_alone.quota_sync("node-a", &sync(Some(seen(&by_elected)))).await.unwrap();
+    let by_alone = second.authority.expect("the answer names its authority");
+    assert_eq!(by_alone.term, 0, "alone: {by_alone:?}");
+    assert_ne!(by_alone.scope, by_elected.scope);
+    // And back.
+    on_elected.quota_sync("node-a", &sync(Some(seen(&by_alone)))).await.unwrap();
+    for (c, other) in [(&alone, &by_elected), (&elected, &by_alone)] {
+        let st = status(&c.url).await.unwrap();
+        assert!(
+            st.warnings.iter().any(|w| w.contains("split brain") && w.contains(&other.url)),
+            "{}: {:?}",
+            c.url,
+            st.warnings
+        );
+        let (code, metrics) = common::raw(&c.url, "GET", "/metrics", Some(ADMIN), None);
+        assert_eq!(code, 200, "{metrics}");
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("tessera_quota_split_brain{") && l.ends_with(" 1")),
+            "{}: {metrics}",
+            c.url
+        );
+        assert!(c.log_text().contains("split brain"), "{}", c.log_text());
+    }
 }
