@@ -14,7 +14,8 @@
 //! Measured over `TESSERA_BENCH_SECONDS` after every node has synced once: syncs due and
 //! answered (and how late), admission latency from the moment it was due, the longest any
 //! node went without a sync answered, the CPU of the coordinator(s), etcd and this load
-//! generator (so the generator's own cost is seen), and the coordinator's memory.
+//! generator (so the generator's own cost is seen), etcd's write transactions per second,
+//! and the coordinator's memory.
 //!
 //! `TESSERA_BENCH_FOLLOWERS=2` runs two more coordinators and spreads the nodes over all
 //! three (a third each): the followers pass the calls on to the leader.
@@ -587,6 +588,7 @@ async fn run_one(
     // The window.
     let cpu0: Vec<f64> = pids.iter().map(|p| cpu_of(*p)).collect();
     let (etcd0, gen0) = (cpu_of(etcd_pid), self_cpu());
+    let rev0 = etcd_revision(&etcd.url).await;
     let w0 = Instant::now();
     measuring.store(true, Ordering::Relaxed);
     let mut stalest = Duration::ZERO;
@@ -604,6 +606,7 @@ async fn run_one(
     let wall = w0.elapsed().as_secs_f64();
     let cpus: Vec<f64> = pids.iter().zip(&cpu0).map(|(p, c0)| (cpu_of(*p) - c0) / wall).collect();
     let etcd_cpu = (cpu_of(etcd_pid) - etcd0) / wall;
+    let commits = (etcd_revision(&etcd.url).await - rev0) as f64 / wall;
     let gen_cpu = (self_cpu() - gen0) / wall;
     let rss = rss_mib(pids[0]);
     // Let the answers in flight land before reading the counters.
@@ -619,7 +622,7 @@ async fn run_one(
     al.sort();
     let coord_cpu: Vec<String> = cpus.iter().map(|c| format!("{c:.2}")).collect();
     let line = format!(
-        "| {n} | {} | {}/{} ({} failed, {} later than 1 s) | {} / {} / {} | {}/{} ({} failed; {} admitted, {} refused, {} reclaiming) | {} / {} / {} | {} | {} | {etcd_cpu:.2} | {gen_cpu:.2} | {rss:.0} | {:.1} |",
+        "| {n} | {} | {}/{} ({} failed, {} later than 1 s) | {} / {} / {} | {}/{} ({} failed; {} admitted, {} refused, {} reclaiming) | {} / {} / {} | {} | {} | {etcd_cpu:.2} | {commits:.0} | {gen_cpu:.2} | {rss:.0} | {:.1} |",
         if followers > 0 { format!("1 + {followers} followers") } else { "1".into() },
         load(&stats.syncs_ok),
         load(&stats.syncs_due),
@@ -672,8 +675,8 @@ fn main() {
     println!(
         "quota_fleet bench: {cpus} cpus; coordinator {bin}; {admits} admits/s; {seconds} s window; {connections} connections; etcd pid {etcd_pid}"
     );
-    println!("| nodes | coordinators | syncs answered / due | sync ms p50 / p99 / max | admits answered / due | admit ms p50 / p99 / max | stalest node ms | coordinator CPU (cores) | etcd CPU | generator CPU | coordinator RSS MiB | warm-up s |");
-    println!("|---:|---|---|---|---|---|---:|---|---:|---:|---:|---:|");
+    println!("| nodes | coordinators | syncs answered / due | sync ms p50 / p99 / max | admits answered / due | admit ms p50 / p99 / max | stalest node ms | coordinator CPU (cores) | etcd CPU | etcd writes/s | generator CPU | coordinator RSS MiB | warm-up s |");
+    println!("|---:|---|---|---|---|---|---:|---|---:|---:|---:|---:|---:|");
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     for n in nodes {
@@ -690,6 +693,14 @@ fn main() {
         ));
         println!("{}", o.line);
     }
+}
+
+/// etcd's revision now: it moves by one for every committed write transaction (the books'
+/// journal's commits, policy and node records), not for lease keep-alives.
+async fn etcd_revision(url: &str) -> i64 {
+    let mut c = etcd_client::Client::connect([url], None).await.unwrap();
+    let r = c.get("/", None).await.unwrap();
+    r.header().map_or(0, |h| h.revision())
 }
 
 /// The pid of the etcd listening at `url` (the fixture keeps it to itself).
