@@ -31,6 +31,7 @@ use fleet::quota::{
     AdmitAnswer, AdmitRequest, Amounts, Authority, CoordinatorInfo, Holding, NodeRemoval,
     QuotaStatus, ReleaseRequest, SyncRequest, MAX_GANG_SIZE, MAX_SYNC_HOLDINGS,
 };
+use quota::books::state::BooksState;
 use quota::books::{Books, GangArrival};
 use quota::{Resource, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
 use tessera_api::untrusted;
@@ -390,12 +391,16 @@ async fn take_over(
                 }
                 let (nodes, pending, reclaims) =
                     (state.nodes.len(), state.pending.len(), state.reclaims.len());
-                cell.books = Books::restore(
-                    app.quota.lease_ttl.as_secs(),
-                    now_ms(),
-                    state,
-                    tree_of(&policy),
-                );
+                cell.books = if state == BooksState::default() {
+                    // The first leader of an empty store: nothing to take over. Its books
+                    // are rebuilt from the nodes' syncs as a coordinator alone does (ready
+                    // once every known node has synced, or at most TTL + 10 s): leases
+                    // handed out before every node has reported its capacity would give
+                    // the first to sync the whole guarantee and the others nothing.
+                    Books::new(app.quota.lease_ttl.as_secs(), now_ms())
+                } else {
+                    Books::restore(app.quota.lease_ttl.as_secs(), now_ms(), state, tree_of(&policy))
+                };
                 cell.books.track_changes(true);
                 let weak = Arc::downgrade(app);
                 cell.journal = Some(Journal::start(backend.clone(), fence.clone(), move |e| {
@@ -653,7 +658,9 @@ pub(crate) async fn admit(
     };
     let tree = tree_of(&policy);
     let has_quotas = tree.iter().next().is_some();
-    if has_quotas && authority.term == 0 {
+    if has_quotas {
+        // Books restored from the store are ready at once; books started afresh (alone, or
+        // the first leader of an empty store) wait for the known nodes.
         check_ready(&app).await?;
     }
     let Some(gang) = &req.gang else {
@@ -847,7 +854,7 @@ pub(crate) async fn sync(
     }
     stored(changes).await?;
     // The first syncs after a restart may complete the books.
-    if authority.term == 0 && !app.quota.cell()?.books.is_ready() {
+    if !app.quota.cell()?.books.is_ready() {
         let _ = check_ready(&app).await;
     }
     if !answer.preempt.is_empty() {
@@ -950,7 +957,7 @@ const MAX_STATUS_BYTES: usize = 64 << 20;
 
 async fn status_now(app: &Coordinator, authority: &Authority) -> ApiResult<QuotaStatus> {
     let policy = in_force(app).await?;
-    if authority.term == 0 && !app.quota.cell()?.books.is_ready() {
+    if !app.quota.cell()?.books.is_ready() {
         let _ = check_ready(app).await;
     }
     let version = policy.as_ref().map_or(0, |(v, _)| *v);
