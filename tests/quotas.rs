@@ -778,5 +778,10 @@ fn three_coordinators_keep_one_set_of_books_through_kill_9_failover_and_dead_nod
     nodes_table.assert_success("tessera nodes");
     let t = nodes_table.stdout_str();
     assert!(t.contains("QUOTA SYNC") && t.contains("not in the books"), "{t}");
+    assert!(t.starts_with("NODE"), "the table first: {t}");
+    assert!(
+        t.contains(&format!("decided by coordinator {new_leader} (elected through etcd")),
+        "{t}"
+    );
     drop(cs);
 }

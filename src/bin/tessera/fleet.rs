@@ -180,7 +180,8 @@ pub fn nodes(args: &NodesArgs) -> Result<(), String> {
         println!("{}", serde_json::to_string_pretty(&nodes).map_err(|e| e.to_string())?);
     } else {
         // The quota books' view (who decides, each node's last sync), when there are any.
-        let quota = block_on(client.quota_status()).ok();
+        // Without quotas in force nodes do not sync: nothing to show.
+        let quota = block_on(client.quota_status()).ok().filter(|q| !q.paths.is_empty());
         let now = tessera_api::time::now_ms();
         print!("{}", render_nodes(&nodes, quota.as_ref(), now));
     }
@@ -245,7 +246,7 @@ pub(crate) fn table(rows: &[Vec<String>]) -> String {
 }
 
 /// `tessera nodes`: node, applied version, where it came from, health, last contact, last
-/// quota sync (with the books' view: who decides them), problem.
+/// quota sync, problem; then, when there are quota books, who decides them.
 pub fn render_nodes(
     nodes: &[NodeRecord],
     quota: Option<&::fleet::quota::QuotaStatus>,
@@ -292,7 +293,8 @@ pub fn render_nodes(
             problem,
         ]);
     }
-    header + &table(&rows)
+    // The table first (scripts read it from its header line), then who decides.
+    table(&rows) + &header
 }
 
 pub(crate) fn ago(now_ms: u64, t: u64) -> String {
