@@ -441,14 +441,16 @@ fn kubelet_sees_what_the_node_can_grant_and_grants_land_on_kubelets_devices() {
     });
 
     // tesserad restarts (kill -9): every resource registers again, and kubelet's ids are
-    // still kubelet's.
+    // still kubelet's. The lists are forgotten before the kill (nothing changes on the node
+    // now, so nothing more comes from the old daemon): what is seen after is the new one's,
+    // however early its first list arrives (ListAndWatch sends a list only when it changes).
+    lists.lock().unwrap().clear();
     node.crash_and_restart();
     assert!(
         wait_for(|| kubelet.registered().values().all(|n| *n >= 2), Duration::from_secs(10)),
         "registered after the restart: {:?}",
         kubelet.registered()
     );
-    lists.lock().unwrap().clear();
     wait_lists(&lists, "the lists after the restart", |l| {
         healthy(l, GPU).is_some_and(|h| h == [g3.clone()].into())
             && healthy(l, MPS)
@@ -458,6 +460,7 @@ fn kubelet_sees_what_the_node_can_grant_and_grants_land_on_kubelets_devices() {
 
     // kubelet restarts: a new kubelet.sock (and its plugin sockets deleted) -> registered
     // again, endpoints back.
+    lists.lock().unwrap().clear();
     kubelet.stop(&rt);
     std::fs::remove_file(dir.join(socket_name(GPU))).unwrap();
     let kubelet = Kubelet::start(&rt, &dir);
@@ -467,7 +470,6 @@ fn kubelet_sees_what_the_node_can_grant_and_grants_land_on_kubelets_devices() {
         kubelet.registered()
     );
     assert!(dir.join(socket_name(GPU)).exists(), "the deleted endpoint is served again");
-    lists.lock().unwrap().clear();
     wait_lists(&lists, "the lists from the new endpoints", |l| count(l, GPU) == 1);
 
     // The MPS container goes: its share is given back, GPU 2 is whole again once scrubbed.
