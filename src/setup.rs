@@ -3,10 +3,13 @@
 //! backs up and writes the file).
 //!
 //! containerd: a CRI runtime handler (`tessera` by default) of type
-//! `io.containerd.runc.v2` whose `BinaryName` is tessera-runtime, which passes through the
-//! pod annotations that carry GPU requests (`tessera.io/gpu*`) and the container annotation
-//! the device plugin's Allocate sets (`tessera.io/device-plugin`). Config version 2
-//! (containerd 1.6, 1.7) and 3 (2.x). Everything else in the file is kept as written.
+//! `io.containerd.runc.v2` whose `BinaryName` is a link to tessera-runtime
+//! ([`kubelet_link`]: `<runtime dir>/containerd-<handler>`) with the handler's own runtime
+//! configuration beside it ([`kubelet_runtime_config`]: `kubelet = true`, the mark of the
+//! engine kubelet drives), which passes through the pod annotations that carry GPU
+//! requests (`tessera.io/gpu*`) and the container annotation the device plugin's Allocate
+//! sets (`tessera.io/device-plugin`). Config version 2 (containerd 1.6, 1.7) and 3 (2.x).
+//! Everything else in the file is kept as written.
 //!
 //! Docker: daemon.json's `runtimes.tessera.path` (and `runtimeArgs` naming a runtime
 //! configuration file), every other key kept in order ([`docker`]). podman: containers.conf's
@@ -341,6 +344,53 @@ pub fn check_dump(
         return Err(over(format!("its container_annotations lack `{ASSIGNMENT_ANNOTATION}`")));
     }
     Ok(())
+}
+
+/// The link to tessera-runtime that containerd's CRI handler `handler` runs
+/// (`BinaryName`), in `runtime_dir`: tessera-runtime run as `<dir>/containerd-<handler>`
+/// reads `<dir>/containerd-<handler>.toml`, the handler's own runtime configuration.
+pub fn kubelet_link(runtime_dir: &str, handler: &str) -> String {
+    format!("{}/containerd-{handler}", runtime_dir.trim_end_matches('/'))
+}
+
+/// The comment a new handler configuration starts with.
+const KUBELET_CONFIG_HEADER: &str = "\
+# tessera-runtime's configuration for containerd's CRI handler (kubelet's engine),
+# written by `tessera setup containerd`. `kubelet = true` lets the device plugin's
+# assignment (tessera.io/device-plugin) be honoured for pods' containers; no other
+# engine may read this file. See tessera-runtime --help for the other keys.
+";
+
+/// Edits the CRI handler's runtime configuration (`text` of the file at `path`; empty when
+/// absent, or `base`, the node's default configuration, to start from): `kubelet = true`
+/// set, every other key kept. The result must be a configuration tessera-runtime reads.
+/// Idempotent.
+pub fn kubelet_runtime_config(
+    text: &str,
+    path: &str,
+    base: Option<&str>,
+) -> Result<Edit, SetupError> {
+    let start = match (text.trim().is_empty(), base) {
+        (true, Some(b)) => format!("{KUBELET_CONFIG_HEADER}{b}"),
+        (true, None) => KUBELET_CONFIG_HEADER.to_string(),
+        (false, _) => text.to_string(),
+    };
+    let mut doc: DocumentMut = start.parse().map_err(|e: toml_edit::TomlError| {
+        SetupError::Parse { path: path.to_owned(), message: e.to_string() }
+    })?;
+    let after = match doc.get("kubelet") {
+        Some(k) if k.as_bool() == Some(true) => start,
+        // Set where it is, keeping its comments.
+        Some(_) => {
+            doc.insert("kubelet", value(true));
+            doc.to_string()
+        }
+        // Appended as a line of its own (an insert would go before the comments).
+        None if start.is_empty() || start.ends_with('\n') => format!("{start}kubelet = true\n"),
+        None => format!("{start}\nkubelet = true\n"),
+    };
+    runtime_hook::config::parse(&after, path).map_err(|e| SetupError::Option(e.to_string()))?;
+    Ok(Edit { before: text.to_owned(), after, version: 0 })
 }
 
 /// The RuntimeClass that selects `handler`.
@@ -745,6 +795,39 @@ root = "/var/lib/containerd"
 
     fn parsed(s: &str) -> toml_edit::DocumentMut {
         s.parse().expect("valid toml out")
+    }
+
+    #[test]
+    fn the_handlers_runtime_config_marks_the_kubelet_engine_and_keeps_the_rest() {
+        let e = kubelet_runtime_config("", "/l/containerd-tessera.toml", None).expect("new");
+        assert!(e.after.starts_with("# tessera-runtime's configuration"), "{}", e.after);
+        assert!(e.after.ends_with("kubelet = true\n"), "{}", e.after);
+        let cfg = runtime_hook::config::parse(&e.after, "f").expect("reads");
+        assert!(cfg.kubelet);
+        // Twice is once.
+        let again = kubelet_runtime_config(&e.after, "f", None).expect("again");
+        assert!(!again.changed());
+        // A new file starts from the node's default configuration (socket, runc, ...).
+        let base = "socket = \"/run/t/d.sock\"\nengine = \"containerd-k8s\"\n";
+        let e = kubelet_runtime_config("", "f", Some(base)).expect("seeded");
+        let cfg = runtime_hook::config::parse(&e.after, "f").expect("reads");
+        assert_eq!(cfg.socket.as_deref(), Some(std::path::Path::new("/run/t/d.sock")));
+        assert_eq!((cfg.engine.as_deref(), cfg.kubelet), (Some("containerd-k8s"), true));
+        // An existing file keeps every key; `kubelet = false` is turned on.
+        let e = kubelet_runtime_config(
+            "# mine\nlog = \"/var/log/t.log\"\nkubelet = false\n",
+            "f",
+            Some(base),
+        )
+        .expect("edit");
+        assert_eq!(e.after, "# mine\nlog = \"/var/log/t.log\"\nkubelet = true\n");
+        // Something tessera-runtime would refuse is refused here, untouched.
+        let e = kubelet_runtime_config("sockt = \"/x\"\n", "f", None).expect_err("unknown key");
+        assert!(e.to_string().contains("unknown key `sockt`"), "{e}");
+        assert_eq!(
+            kubelet_link("/usr/local/lib/tessera/", "tessera"),
+            "/usr/local/lib/tessera/containerd-tessera"
+        );
     }
 
     #[test]

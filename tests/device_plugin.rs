@@ -4,6 +4,12 @@
 //! `GetPreferredAllocation` and `Allocate` on the plugin's sockets), a real tesserad on a
 //! simulated node (one H100 in MIG mode, three whole) and real runc containers under
 //! tessera-runtime.
+//!
+//! Issue 23, kubelet's word only from kubelet: the containers that carry kubelet's
+//! assignment are created as containerd's CRI plugin creates them for kubelet (the
+//! runtime configuration `tessera setup containerd` writes beside the handler's link,
+//! `kubelet = true`, and containerd's `io.kubernetes.cri.*` annotations); the same
+//! annotation written by a plain config author, forged or replayed, is refused.
 
 // Integration-test crates: clippy counts their helper functions as non-test code, so
 // `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
@@ -203,15 +209,71 @@ fn allocate(rt: &Runtime, dir: &Path, resource: &str, ids: &[String]) -> Result<
     }
 }
 
-/// A container of the tenant behind `ns` carrying kubelet's `assignment`; create's output.
-fn create_assigned(node: &Node, id: &str, ns: &str, assignment: &str) -> std::process::Output {
+/// tessera-runtime as containerd's CRI handler runs it for kubelet: with the runtime
+/// configuration `tessera setup containerd` writes beside the handler's link
+/// (`kubelet = true`) when `kubelet`, else as any other engine (no configuration file).
+fn runtime_as(node: &mut Node, files: &Path, kubelet: bool) {
+    let socket = node.socket.display().to_string();
+    let mut env = vec![
+        ("TESSERA_RUNC", RUNC),
+        ("TESSERA_SOCKET", socket.as_str()),
+        ("TESSERA_HOOK", tessera_hook()),
+    ];
+    let config = files.join("containerd-tessera.toml");
+    std::fs::write(&config, "kubelet = true\n").unwrap();
+    let config = config.display().to_string();
+    if kubelet {
+        env.push(("TESSERA_RUNTIME_CONFIG", config.as_str()));
+    }
+    node.fx.set_runtime(tessera_runtime(), &env);
+}
+
+/// A bundle of the tenant behind `ns` as containerd's CRI plugin writes it for container
+/// `container` of pod `pod` (its own `io.kubernetes.cri.*` annotations), carrying
+/// kubelet's `assignment`.
+fn pod_bundle(
+    node: &Node,
+    id: &str,
+    ns: &str,
+    pod: &str,
+    container: &str,
+    assignment: &str,
+) -> Bundle {
     let mut b = node.bundle(id, ns, None, &["sleep", "300"]);
-    b.annotation(ASSIGNMENT_ANNOTATION, assignment).write();
-    let out = node.fx.create_container(&b, id);
+    b.annotation(ASSIGNMENT_ANNOTATION, assignment)
+        .annotation("io.kubernetes.cri.container-type", "container")
+        .annotation("io.kubernetes.cri.container-name", container)
+        .annotation("io.kubernetes.cri.sandbox-name", pod)
+        .annotation("io.kubernetes.cri.sandbox-id", &format!("sandbox-{pod}"))
+        .write();
+    b
+}
+
+fn create_and_start(node: &Node, b: &Bundle, id: &str) -> std::process::Output {
+    let out = node.fx.create_container(b, id);
     if out.status.success() {
         node.fx.start_container(id).assert_success("runc start");
     }
     out
+}
+
+/// Container `main` of pod `id` of the tenant behind `ns`, carrying kubelet's
+/// `assignment`; create's output.
+fn create_assigned(node: &Node, id: &str, ns: &str, assignment: &str) -> std::process::Output {
+    create_and_start(node, &pod_bundle(node, id, ns, id, "main", assignment), id)
+}
+
+/// `v2;<assignment's resource and ids>;<token>`: what Allocate answers.
+fn assert_issued(annotation: &str, assignment: &str) {
+    let token = annotation
+        .strip_prefix(&format!("v2{}", assignment.strip_prefix("v1").unwrap()))
+        .and_then(|t| t.strip_prefix(';'))
+        .unwrap_or_else(|| panic!("{annotation} is not {assignment} with a token"));
+    assert!(
+        token.len() == 32
+            && token.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+        "token {token:?}"
+    );
 }
 
 /// Stops the MPS control daemons at the end whatever happens: they are daemons, and their
@@ -256,6 +318,7 @@ fn kubelet_sees_what_the_node_can_grant_and_grants_land_on_kubelets_devices() {
         ..Default::default()
     });
     node.fx.cleanup().track_dir(&files);
+    runtime_as(&mut node, &files, true);
     let gpus: Vec<String> =
         node.client().status().unwrap().gpus.into_iter().map(|g| g.uuid).collect();
     let (g1, g2, g3) = (gpus[1].clone(), gpus[2].clone(), gpus[3].clone());
@@ -307,7 +370,7 @@ fn kubelet_sees_what_the_node_can_grant_and_grants_land_on_kubelets_devices() {
     // kubelet picks GPU 3 (the node alone would have picked GPU 2): Allocate answers the
     // annotation only, and the grant made with it is on GPU 3.
     let ann = allocate(&rt, &dir, GPU, std::slice::from_ref(&g3)).unwrap();
-    assert_eq!(ann, format!("v1;tessera.io/gpu;{g3}"));
+    assert_issued(&ann, &format!("v1;tessera.io/gpu;{g3}"));
     create_assigned(&node, "kube-gpu", "team-untrusted", &ann).assert_success("create kube-gpu");
     let a = node.client().allocation("kube-gpu").unwrap();
     assert_eq!(a.devices.iter().map(|d| d.uuid.as_str()).collect::<Vec<_>>(), [g3.as_str()]);
@@ -322,15 +385,6 @@ fn kubelet_sees_what_the_node_can_grant_and_grants_land_on_kubelets_devices() {
     let spread = [format!("{g2}:mps:0"), format!("{g3}:mps:1")];
     let e = allocate(&rt, &dir, MPS, &spread).unwrap_err();
     assert!(e.contains("different GPUs"), "{e}");
-    // A forged assignment naming a busy GPU is refused at create, naming the device.
-    let out =
-        create_assigned(&node, "forged", "team-untrusted", &format!("v1;tessera.io/gpu;{g1}"));
-    assert!(!out.status.success(), "a busy GPU is no grant");
-    assert!(
-        out.stderr_str().contains(&g1) && out.stderr_str().contains("in use"),
-        "{}",
-        out.stderr_str()
-    );
 
     // MPS: the preferred 25 percent stay on one GPU; the grant is that GPU's share.
     let available: Vec<String> = healthy(&lists, MPS).unwrap().into_iter().collect();
@@ -349,7 +403,7 @@ fn kubelet_sees_what_the_node_can_grant_and_grants_land_on_kubelets_devices() {
     assert_eq!(ids.len(), 25);
     assert!(ids.iter().all(|id| id.starts_with(&format!("{g2}:mps:"))), "{ids:?}");
     let ann = allocate(&rt, &dir, MPS, &ids).unwrap();
-    assert_eq!(ann, format!("v1;tessera.io/mps;{}", ids.join(",")));
+    assert_issued(&ann, &format!("v1;tessera.io/mps;{}", ids.join(",")));
     create_assigned(&node, "kube-mps", "team-trusted", &ann).assert_success("create kube-mps");
     let mps_daemons: Vec<u32> =
         node.client().status().unwrap().mps_shares.iter().filter_map(|s| s.pid).collect();
@@ -387,14 +441,16 @@ fn kubelet_sees_what_the_node_can_grant_and_grants_land_on_kubelets_devices() {
     });
 
     // tesserad restarts (kill -9): every resource registers again, and kubelet's ids are
-    // still kubelet's.
+    // still kubelet's. The lists are forgotten before the kill (nothing changes on the node
+    // now, so nothing more comes from the old daemon): what is seen after is the new one's,
+    // however early its first list arrives (ListAndWatch sends a list only when it changes).
+    lists.lock().unwrap().clear();
     node.crash_and_restart();
     assert!(
         wait_for(|| kubelet.registered().values().all(|n| *n >= 2), Duration::from_secs(10)),
         "registered after the restart: {:?}",
         kubelet.registered()
     );
-    lists.lock().unwrap().clear();
     wait_lists(&lists, "the lists after the restart", |l| {
         healthy(l, GPU).is_some_and(|h| h == [g3.clone()].into())
             && healthy(l, MPS)
@@ -404,6 +460,7 @@ fn kubelet_sees_what_the_node_can_grant_and_grants_land_on_kubelets_devices() {
 
     // kubelet restarts: a new kubelet.sock (and its plugin sockets deleted) -> registered
     // again, endpoints back.
+    lists.lock().unwrap().clear();
     kubelet.stop(&rt);
     std::fs::remove_file(dir.join(socket_name(GPU))).unwrap();
     let kubelet = Kubelet::start(&rt, &dir);
@@ -413,7 +470,6 @@ fn kubelet_sees_what_the_node_can_grant_and_grants_land_on_kubelets_devices() {
         kubelet.registered()
     );
     assert!(dir.join(socket_name(GPU)).exists(), "the deleted endpoint is served again");
-    lists.lock().unwrap().clear();
     wait_lists(&lists, "the lists from the new endpoints", |l| count(l, GPU) == 1);
 
     // The MPS container goes: its share is given back, GPU 2 is whole again once scrubbed.
@@ -435,4 +491,98 @@ fn kubelet_sees_what_the_node_can_grant_and_grants_land_on_kubelets_devices() {
         healthy(l, GPU).is_some_and(|h| h == [g3.clone()].into()) && count(l, SHARED) == 4
     });
     kubelet.stop(&rt);
+}
+
+/// Every MIG instance of the node now.
+fn instances(node: &Node) -> BTreeSet<String> {
+    let s = node.client().status().unwrap();
+    s.gpus.iter().flat_map(|g| g.instances.iter().map(|i| i.uuid.clone())).collect()
+}
+
+/// Issue 23, item 4: `tessera.io/device-plugin` written by a config author (plain runc,
+/// ctr, podman, a dockerd `--annotation`: any engine but kubelet's) pinned a GPU, destroyed
+/// idle MIG instances for the cut it named and was recorded as kubelet's. Now refused by
+/// tessera-runtime for where it comes from, by tesserad for its token (forged, or replayed
+/// by another pod); nothing recorded, nothing destroyed.
+#[test]
+fn a_kubelet_assignment_written_by_a_config_author_or_replayed_is_refused_and_changes_nothing() {
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let files = short_tempdir();
+    let dir = files.join("dp");
+    std::fs::create_dir_all(&dir).unwrap();
+    // The example 8×H100 node: GPU 0 in MIG mode with idle instances (3g.40gb at 0,
+    // 2g.20gb at 4, 1g.10gb at 6).
+    let mut node = Node::start_with(NodeOptions {
+        extra_args: vec!["--device-plugin-dir".into(), dir.display().to_string()],
+        ..Default::default()
+    });
+    node.fx.cleanup().track_dir(&files);
+    let status = node.client().status().unwrap();
+    let mig0 = status.gpus[0].clone();
+    assert!(mig0.mig_enabled && mig0.instances.len() == 3, "{mig0:?}");
+    let pinned = status.gpus.iter().rev().find(|g| !g.mig_enabled).unwrap().uuid.clone();
+    let before = instances(&node);
+    let recorded = node.state.join("device-plugin-assignments.json");
+    let forged = [
+        ("pin", format!("v1;tessera.io/gpu;{pinned}")),
+        ("cut", format!("v1;tessera.io/mig-7g.80gb;{}:mig:7g.80gb:0", mig0.uuid)),
+        ("pin-token", format!("v2;tessera.io/gpu;{pinned};0123456789abcdef0123456789abcdef")),
+    ];
+
+    // Any engine but kubelet's, with or without CRI annotations of the author's own.
+    runtime_as(&mut node, &files, false);
+    for (id, text) in &forged {
+        let mut plain = node.bundle(id, "team-untrusted", None, &["sleep", "300"]);
+        plain.annotation(ASSIGNMENT_ANNOTATION, text).write();
+        let in_pod = pod_bundle(&node, &format!("{id}-pod"), "team-untrusted", "p", "main", text);
+        for (b, cid) in [(&plain, id.to_string()), (&in_pod, format!("{id}-pod"))] {
+            let out = node.fx.create_container(b, &cid);
+            let err = out.stderr_str();
+            assert!(!out.status.success(), "{cid}: a config author's assignment was honoured");
+            assert!(
+                err.contains("annotation tessera.io/device-plugin is kubelet's")
+                    && err.contains("is not the kubelet engine's"),
+                "{cid}: {err}"
+            );
+        }
+    }
+    // The kubelet engine itself: tesserad wants a token it issued.
+    runtime_as(&mut node, &files, true);
+    for ((id, text), why) in forged.iter().zip([
+        "carries no token",
+        "carries no token",
+        "was not issued by this node's device plugin",
+    ]) {
+        let cid = format!("{id}-kubelet");
+        let out = create_assigned(&node, &cid, "team-untrusted", text);
+        assert!(!out.status.success(), "{cid}: a forged assignment was honoured");
+        assert!(out.stderr_str().contains(why), "{cid}: {}", out.stderr_str());
+    }
+    assert!(node.grants().is_empty(), "{:?}", node.grants());
+    assert_eq!(instances(&node), before, "an idle MIG instance was destroyed");
+    assert!(!recorded.exists(), "recorded: {:?}", std::fs::read_to_string(&recorded));
+
+    // kubelet's own: Allocate, then the container; the same annotation in another pod (or
+    // in the same pod container while the first holds its grant) is a replay.
+    assert!(wait_for(|| dir.join(socket_name(GPU)).exists(), Duration::from_secs(10)));
+    let ann = allocate(&rt, &dir, GPU, std::slice::from_ref(&pinned)).unwrap();
+    create_assigned(&node, "kube-a", "team-untrusted", &ann).assert_success("kubelet's create");
+    assert_eq!(node.client().allocation("kube-a").unwrap().devices[0].uuid, pinned);
+    for (cid, pod, why) in [
+        ("replay", "other-pod", "was used by pod container team-untrusted/kube-a/main"),
+        ("kube-a-again", "kube-a", "is held by container kube-a's grant"),
+    ] {
+        let out = create_and_start(
+            &node,
+            &pod_bundle(&node, cid, "team-untrusted", pod, "main", &ann),
+            cid,
+        );
+        assert!(!out.status.success(), "{cid}: a replayed token was honoured");
+        assert!(out.stderr_str().contains(why), "{cid}: {}", out.stderr_str());
+    }
+    let text = std::fs::read_to_string(&recorded).unwrap();
+    let map: BTreeMap<String, String> = serde_json::from_str(&text).unwrap();
+    assert_eq!(map.keys().collect::<Vec<_>>(), ["kube-a"], "{text}");
+    assert_eq!(instances(&node), before);
 }

@@ -19,18 +19,23 @@ use tessera_harness::cri::*;
 use tessera_harness::node::*;
 use tessera_harness::*;
 
-/// `tessera setup containerd` on the fixture's own config, then the runc root the fixture
-/// wants for the handler (the only line the setup does not write).
+/// `tessera setup containerd` on the fixture's own config (the handler's link and its
+/// runtime configuration in the fixture's dir), then the runc root the fixture wants for
+/// the handler (the only line the setup does not write).
 fn setup_handler(config: &Path, dir: &Path) {
     let out = run_cmd(
         Command::new(tessera_cli())
             .args(["setup", "containerd", "--config"])
             .arg(config)
             .arg("--runtime-path")
-            .arg(tessera_runtime()),
+            .arg(tessera_runtime())
+            .arg("--runtime-dir")
+            .arg(dir.join("tessera-runtime")),
     );
     out.assert_success("tessera setup containerd");
     assert!(out.stdout_str().contains("handler: tessera"), "{}", out.stdout_str());
+    let own = std::fs::read_to_string(dir.join("tessera-runtime/containerd-tessera.toml")).unwrap();
+    assert!(own.contains("kubelet = true"), "{own}");
     let text = std::fs::read_to_string(config).unwrap();
     let mut doc: toml_edit::DocumentMut = text.parse().unwrap();
     doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["tessera"]["options"]
@@ -52,7 +57,12 @@ fn cluster() -> Cluster {
 
 /// tesserad, and containerd with the CRI plugin whose config `edit` prepares.
 fn cluster_with(edit: impl Fn(&Path, &Path) + Send + Sync + 'static) -> Cluster {
-    let node = Node::start();
+    cluster_on(NodeOptions::default(), edit)
+}
+
+/// [`cluster_with`] on a tesserad started with `opts`.
+fn cluster_on(opts: NodeOptions, edit: impl Fn(&Path, &Path) + Send + Sync + 'static) -> Cluster {
+    let node = Node::start_with(opts);
     let ctd = Containerd::builder()
         .cri()
         .env("TESSERA_SOCKET", &node.socket.display().to_string())
@@ -303,11 +313,13 @@ fn a_pod_author_cannot_choose_the_tenant_or_the_container_type() {
 }
 
 fn setup_cli(config: &Path, extra: &[&str]) -> std::process::Output {
+    let runtime_dir = PathBuf::from(format!("{}.lib", config.display()));
     run_cmd(
         Command::new(tessera_cli())
             .args(["setup", "containerd", "--config"])
             .arg(config)
-            .args(["--runtime-path", "/usr/local/bin/tessera-runtime"])
+            .args(["--runtime-path", "/usr/local/bin/tessera-runtime", "--runtime-dir"])
+            .arg(&runtime_dir)
             .args(extra),
     )
 }
@@ -333,19 +345,32 @@ fn setup_containerd_edits_the_default_config_and_an_empty_one_once() {
     ] {
         let config = dir.join(name);
         std::fs::write(&config, &original).unwrap();
-        // --dry-run: a diff, and the file untouched.
+        let link = dir.join(format!("{name}.lib/containerd-tessera"));
+        let link_toml = dir.join(format!("{name}.lib/containerd-tessera.toml"));
+        // --dry-run: a diff, and the file untouched; no link, no runtime configuration.
         let out = setup_cli(&config, &["--dry-run"]);
         out.assert_success("dry run");
         assert!(
-            out.stdout_str().contains("+BinaryName = \"/usr/local/bin/tessera-runtime\""),
+            out.stdout_str().contains(&format!("+BinaryName = \"{}\"", link.display()))
+                && out.stdout_str().contains("+kubelet = true")
+                && out.stdout_str().contains("would link"),
             "{}",
             out.stdout_str()
         );
         assert_eq!(std::fs::read_to_string(&config).unwrap(), original);
+        assert!(std::fs::symlink_metadata(&link).is_err() && !link_toml.exists());
         // The real run: a backup of the original, the handler written.
         let out = setup_cli(&config, &[]);
         out.assert_success("setup");
         assert!(out.stdout_str().contains("kind: RuntimeClass"), "{}", out.stdout_str());
+        // The handler runs a link to tessera-runtime, which reads the configuration beside
+        // it: the kubelet engine's, which no other engine reads.
+        assert_eq!(
+            std::fs::read_link(&link).unwrap(),
+            PathBuf::from("/usr/local/bin/tessera-runtime")
+        );
+        let own = std::fs::read_to_string(&link_toml).unwrap();
+        assert!(own.ends_with("kubelet = true\n"), "{own}");
         let backups: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()
             .filter_map(|e| e.ok())
@@ -374,11 +399,7 @@ fn setup_containerd_edits_the_default_config_and_an_empty_one_once() {
         let d: toml_edit::DocumentMut = dump.parse().unwrap();
         let rt = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["tessera"];
         assert_eq!(rt["runtime_type"].as_str(), Some("io.containerd.runc.v2"), "{dump}");
-        assert_eq!(
-            rt["options"]["BinaryName"].as_str(),
-            Some("/usr/local/bin/tessera-runtime"),
-            "{dump}"
-        );
+        assert_eq!(rt["options"]["BinaryName"].as_str(), Some(link.to_str().unwrap()), "{dump}");
         let pods: Vec<&str> =
             rt["pod_annotations"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
         assert_eq!(pods, ["tessera.io/gpu*"], "{dump}");
@@ -412,7 +433,7 @@ fn setup_containerd_edits_the_default_config_and_an_empty_one_once() {
     std::os::unix::fs::symlink(&target, &link).unwrap();
     setup_cli(&link, &[]).assert_success("through a symlink");
     assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
-    assert!(std::fs::read_to_string(&target).unwrap().contains("tessera-runtime"));
+    assert!(std::fs::read_to_string(&target).unwrap().contains("containerd-tessera"));
     // An import that replaces the handler: containerd's own reading disagrees, so the
     // command fails and the original is back.
     let imported = dir.join("imp.d");
@@ -442,15 +463,46 @@ fn setup_containerd_edits_the_default_config_and_an_empty_one_once() {
     assert_eq!(std::fs::read_to_string(&v1).unwrap(), "root = \"/var/lib/containerd\"\n");
 }
 
+/// kubelet's `Allocate` of `ids` of `resource` on the device plugin's socket in `dir`:
+/// the annotation it answers.
+fn kubelet_allocate(dir: &Path, resource: &str, ids: &[String]) -> String {
+    use device_plugin::v1beta1 as api;
+    let socket = dir.join(device_plugin::server::socket_name(resource));
+    assert!(wait_for(|| socket.exists(), Duration::from_secs(10)), "{}", socket.display());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let channel = device_plugin::server::connect(&socket).await.unwrap();
+        let mut client = api::device_plugin_client::DevicePluginClient::new(channel);
+        let req = api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest { devices_ids: ids.to_vec() }],
+        };
+        let resp = client.allocate(req).await.unwrap().into_inner();
+        resp.container_responses[0].annotations[tessera_api::deviceplugin::ASSIGNMENT_ANNOTATION]
+            .clone()
+    })
+}
+
 #[test]
 fn a_kubelet_assignment_reaches_the_runtime_as_a_container_annotation_and_never_from_the_pod() {
-    let c = cluster();
+    let files = short_tempdir();
+    let dp = files.join("dp");
+    std::fs::create_dir_all(&dp).unwrap();
+    let c = cluster_on(
+        NodeOptions {
+            extra_args: vec!["--device-plugin-dir".into(), dp.display().to_string()],
+            ..Default::default()
+        },
+        setup_handler,
+    );
+    c.node.fx.cleanup().track_dir(&files);
     let gpus = c.node.client().status().unwrap().gpus;
     let target = gpus.iter().rev().find(|g| !g.mig_enabled).expect("a whole GPU").uuid.clone();
-    let assignment = format!("v1;tessera.io/gpu;{target}");
     let key = tessera_api::deviceplugin::ASSIGNMENT_ANNOTATION;
-    // As kubelet sets it, from the device plugin's Allocate: a container annotation, which
-    // the handler's container_annotations pass through.
+    // As kubelet sets it, from the device plugin's Allocate (a token tesserad issued): a
+    // container annotation, which the handler's container_annotations pass through, read
+    // by tessera-runtime under the handler's own configuration (`kubelet = true`).
+    let assignment = kubelet_allocate(&dp, "tessera.io/gpu", std::slice::from_ref(&target));
+    assert!(assignment.starts_with(&format!("v2;tessera.io/gpu;{target};")), "{assignment}");
     let (pod, pod_id) = c.pod("assigned", "team-trusted", &[]);
     let spec =
         ContainerSpec::new("main").command(&["sh", "-c", "sleep 300"]).annotation(key, &assignment);
@@ -459,6 +511,18 @@ fn a_kubelet_assignment_reaches_the_runtime_as_a_container_annotation_and_never_
     let allocs = c.allocations();
     assert_eq!(allocs.len(), 1, "{allocs:?}");
     assert_eq!(allocs[0].devices[0].uuid, target, "the grant is on kubelet's device");
+    // The same annotation in another pod's container (a replay) is refused by tesserad.
+    let (pod3, pod3_id) = c.pod("replayed", "team-trusted", &[]);
+    let spec =
+        ContainerSpec::new("main").command(&["sh", "-c", "sleep 300"]).annotation(key, &assignment);
+    let id3 = c.cri.create_container(&pod3_id, &pod3, &spec).unwrap();
+    let err = c.cri.start_container(&id3).expect_err("a replayed token");
+    assert!(
+        err.message().contains("was used by pod container team-trusted/assigned/main"),
+        "{err}"
+    );
+    assert_eq!(c.allocations().len(), 1);
+    c.teardown(&pod3_id);
     // The same text as a pod annotation never reaches the runtime: no grant.
     let (pod2, pod2_id) = c.pod("forged", "team-trusted", &[(key, &assignment)]);
     let id2 = c.start(&pod2_id, &pod2, "main").unwrap_or_else(|e| panic!("{e}"));

@@ -113,6 +113,8 @@ pub enum Action {
     // The kubelet device plugin (`device_plugin.rs`).
     /// What the node can grant now, as the device plugin counts it.
     Capacity,
+    /// `Allocate`'s assignments: record a token for each before kubelet gets them.
+    IssueAssignments(Vec<tessera_api::deviceplugin::PluginAssignment>),
 
     // The fleet-quota sync (`quota.rs`).
     /// The node's capacity and quota-marked grants, for a sync.
@@ -154,6 +156,7 @@ impl Action {
             Action::SetPolicy(_) => "policy update",
             Action::LedgerRows => "ledger read",
             Action::Capacity => "capacity read",
+            Action::IssueAssignments(_) => "device-plugin token issue",
             Action::QuotaSnapshot => "quota snapshot",
             Action::QuotaPreempt(_) => "quota preemption",
         }
@@ -233,6 +236,9 @@ pub enum Outcome {
     },
     #[serde(skip)]
     Capacity(Box<device_plugin::Snapshot>),
+    /// `Allocate`'s assignments with their recorded tokens.
+    #[serde(skip)]
+    Issued(Vec<tessera_api::deviceplugin::IssuedAssignment>),
     /// What a fleet-quota sync sends (its leases are added by the gate), and the quotas in
     /// force; `None`: the policy sets no quotas.
     #[serde(skip)]
@@ -433,6 +439,9 @@ impl Controller {
                 Ok(O::Done)
             }),
             Action::Capacity => self.locked(|n| n.capacity()).map(|c| O::Capacity(Box::new(c))),
+            Action::IssueAssignments(made) => {
+                self.locked(|n| n.issue_assignments(&made)).map(O::Issued)
+            }
             Action::QuotaSnapshot => {
                 self.quota_snapshot().map(|r| O::QuotaSnapshot(r.map(Box::new)))
             }

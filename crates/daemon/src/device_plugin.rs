@@ -6,13 +6,17 @@
 //! ([`Action::Capacity`], pure [`crate::node::snapshot`]) and handed to the plugin, which
 //! sends kubelet the lists that changed.
 //!
+//! `Allocate`'s assignments get their tokens from the node ([`Action::IssueAssignments`],
+//! recorded durably before kubelet gets the answer: `node/tokens.rs`).
+//!
 //! Off unless `--device-plugin-dir DIR` is given (see `docs/KUBERNETES.md`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use device_plugin::{Config, Plugin};
+use device_plugin::{Config, Issuer, Plugin};
+use tessera_api::deviceplugin::{IssuedAssignment, PluginAssignment};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -36,7 +40,8 @@ impl DevicePlugin {
     /// Starts the plugin in kubelet's plugin directory `dir`.
     pub fn start(ctl: Arc<Controller>, dir: PathBuf) -> DevicePlugin {
         info!(dir = %dir.display(), "serving the kubelet device-plugin API");
-        let plugin = Plugin::new(Config::new(dir));
+        let issuer = Arc::new(NodeIssuer(ctl.clone()));
+        let plugin = Plugin::new(Config::new(dir), issuer);
         let (stop, stopped) = watch::channel(false);
         let follow = tokio::spawn(follow(ctl, plugin.clone()));
         let serve = tokio::spawn(plugin.clone().serve(stopped));
@@ -54,6 +59,20 @@ impl DevicePlugin {
         let _ = self.stop.send(true);
         if tokio::time::timeout(Duration::from_secs(5), self.serve).await.is_err() {
             warn!("the device plugin did not stop in 5 s");
+        }
+    }
+}
+
+/// The node issues `Allocate`'s tokens, under its lock.
+#[derive(Debug)]
+struct NodeIssuer(Arc<Controller>);
+
+impl Issuer for NodeIssuer {
+    fn issue(&self, made: &[PluginAssignment]) -> Result<Vec<IssuedAssignment>, String> {
+        match self.0.apply(Action::IssueAssignments(made.to_vec())) {
+            Ok(Outcome::Issued(issued)) => Ok(issued),
+            Ok(_) => Err("tesserad answered something else than tokens".into()),
+            Err(e) => Err(e.message),
         }
     }
 }

@@ -22,12 +22,33 @@ pub(crate) fn load_json<T: DeserializeOwned>(path: &Path, what: &str) -> Result<
 
 /// Write `value` to `path` durably (see the module documentation).
 pub(crate) fn store_json<T: Serialize>(path: &Path, what: &str, value: &T) -> Result<(), String> {
+    store(path, what, value, false)
+}
+
+/// [`store_json`] for a file of secrets: created anew with mode 0600 (never through a link
+/// left where the temporary file goes), so only root reads it whatever the umask.
+pub(crate) fn store_private_json<T: Serialize>(
+    path: &Path,
+    what: &str,
+    value: &T,
+) -> Result<(), String> {
+    store(path, what, value, true)
+}
+
+fn store<T: Serialize>(path: &Path, what: &str, value: &T, private: bool) -> Result<(), String> {
+    use std::os::unix::fs::OpenOptionsExt as _;
     let err = |e: std::io::Error| format!("{what} {}: {e}", path.display());
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(err)?;
     let json = serde_json::to_vec(value).map_err(|e| e.to_string())?;
     let tmp = path.with_extension("json.tmp");
-    let mut file = std::fs::File::create(&tmp).map_err(err)?;
+    let mut file = if private {
+        let _ = std::fs::remove_file(&tmp);
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)
+    } else {
+        std::fs::File::create(&tmp)
+    }
+    .map_err(err)?;
     file.write_all(&json).and_then(|()| file.sync_all()).map_err(err)?;
     drop(file);
     std::fs::rename(&tmp, path).map_err(err)?;

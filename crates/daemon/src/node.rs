@@ -34,6 +34,7 @@ pub mod revoke;
 mod scrubbing;
 mod start;
 mod status;
+mod tokens;
 
 pub use allocate::QuotaMode;
 pub(crate) use allocate::{Admission, Prepared};
@@ -46,6 +47,7 @@ pub use mig::MigReport;
 pub use quota::{emptied, DeviceHold, PreemptPlan, EMPTY_WAIT};
 pub use reconcile::ReconcileReport;
 pub use scrubbing::{ScrubJob, ScrubSetup};
+pub use tokens::{TokenBook, TOKENS_FILE};
 
 /// The policy in force and where it came from.
 #[derive(Debug, Clone)]

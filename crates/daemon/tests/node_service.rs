@@ -937,3 +937,156 @@ fn incomplete_cri_annotations_name_no_pod_but_a_sandbox_is_still_refused() {
     assert!(e.message.contains("never takes a GPU"), "{}", e.message);
     assert_eq!(node.allocations().unwrap().len(), 2);
 }
+
+/// A pod container's request carrying kubelet's assignment annotation `annotation`.
+fn kubelet_req(
+    id: &str,
+    pod: &str,
+    container: &str,
+    request: &str,
+    annotation: &str,
+) -> AllocateRequest {
+    let key = tessera_api::deviceplugin::ASSIGNMENT_ANNOTATION;
+    let mut r = pod_req(id, &format!("sb-{pod}"), Some(container), request, &[(key, annotation)]);
+    r.annotations.insert("io.kubernetes.cri.sandbox-name".into(), pod.into());
+    r
+}
+
+fn assignments_file(state: &Path) -> String {
+    std::fs::read_to_string(state.join(tesserad::node::ASSIGNMENTS_FILE)).unwrap_or_default()
+}
+
+fn issue(node: &Node, text: &str) -> String {
+    let a: tessera_api::deviceplugin::PluginAssignment = text.parse().expect("assignment");
+    let issued = node.issue_assignments(std::slice::from_ref(&a)).expect("issued");
+    assert_eq!(issued.len(), 1);
+    issued[0].to_string()
+}
+
+#[test]
+fn a_kubelet_assignment_is_honoured_only_with_a_token_this_node_issued_and_only_for_its_pod() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    let gpus: Vec<String> =
+        node.inventory().gpus.iter().filter(|g| !g.mig_enabled).map(|g| g.uuid.clone()).collect();
+    let (g1, g2) = (&gpus[0], &gpus[1]);
+    let refused = |node: &mut Node, r: &AllocateRequest, want: &str| {
+        let e = node.allocate(r).expect_err(want);
+        assert_eq!(e.code, ErrorCode::BadRequest, "{want}: {e:?}");
+        assert_eq!(e.rule.as_deref(), Some("tessera.io/device-plugin"), "{want}: {e:?}");
+        assert!(
+            e.message.contains("annotation tessera.io/device-plugin") && e.message.contains(want),
+            "{want}: {}",
+            e.message
+        );
+    };
+    // Forged: an assignment without a token, and one with a token nobody issued.
+    refused(
+        &mut node,
+        &kubelet_req("f1", "p1", "main", "gpu=1", &format!("v1;tessera.io/gpu;{g1}")),
+        "carries no token",
+    );
+    let forged = format!("v2;tessera.io/gpu;{g1};0123456789abcdef0123456789abcdef");
+    refused(
+        &mut node,
+        &kubelet_req("f2", "p1", "main", "gpu=1", &forged),
+        "not issued by this node",
+    );
+    // A token issued for GPU 1, presented for GPU 2 (or for both).
+    let issued = issue(&node, &format!("v1;tessera.io/gpu;{g1}"));
+    let token = issued.rsplit(';').next().unwrap().to_string();
+    let moved = format!("v2;tessera.io/gpu;{g2};{token}");
+    refused(&mut node, &kubelet_req("f3", "p1", "main", "gpu=1", &moved), "was issued for");
+    // The genuine one, for a container of no pod: refused.
+    let mut plain = req("f4", "team-trusted", "gpu=1");
+    plain.annotations.insert("tessera.io/device-plugin".into(), issued.clone());
+    refused(&mut node, &plain, "no pod container's CRI annotations");
+    assert!(node.allocations().unwrap().is_empty(), "nothing forged was granted");
+    assert_eq!(assignments_file(dir.path()), "", "nothing forged was recorded");
+    let events = node.status().unwrap().events;
+    assert_eq!(events.iter().filter(|e| e.kind == "refuse").count(), 4, "{events:?}");
+
+    // The tokens are root's alone.
+    use std::os::unix::fs::PermissionsExt as _;
+    let tokens = std::fs::metadata(dir.path().join(tesserad::node::TOKENS_FILE)).unwrap();
+    assert_eq!(tokens.permissions().mode() & 0o777, 0o600);
+    // The genuine one survives a restart between Allocate and create, and is granted.
+    drop(node);
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    let a = node.allocate(&kubelet_req("k1", "p1", "main", "gpu=1", &issued)).expect("genuine");
+    assert_eq!(a.devices[0].uuid, *g1);
+    assert!(assignments_file(dir.path()).contains("\"k1\""), "{}", assignments_file(dir.path()));
+    // Replayed: by another pod, by another container of the pod, by the same pod container
+    // while its grant lives.
+    refused(
+        &mut node,
+        &kubelet_req("r1", "p2", "main", "gpu=1", &issued),
+        "was used by pod container team-trusted/p1/main",
+    );
+    refused(
+        &mut node,
+        &kubelet_req("r2", "p1", "side", "gpu=1", &issued),
+        "was used by pod container",
+    );
+    let e = node.allocate(&kubelet_req("r3", "p1", "main", "gpu=1", &issued)).expect_err("held");
+    assert!(e.message.contains("is held by container k1's grant"), "{}", e.message);
+    assert!(!assignments_file(dir.path()).contains("\"r"), "{}", assignments_file(dir.path()));
+    // A retried create of k1 gets its grant; once it is gone, kubelet's restart of the
+    // same pod container (a new id, the same annotation) is served.
+    node.allocate(&kubelet_req("k1", "p1", "main", "gpu=1", &issued)).expect("idempotent");
+    assert!(node.release("k1", "test").expect("release"));
+    let a = node.allocate(&kubelet_req("k2", "p1", "main", "gpu=1", &issued));
+    // GPU 1 is dirty after k1 (no scrub binary here): the token passed, the device did not.
+    let e = a.expect_err("dirty");
+    assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
+    assert!(e.message.contains(g1.as_str()), "{}", e.message);
+}
+
+#[test]
+fn a_kubelet_placement_never_destroys_an_idle_instance_a_plain_request_would_leave() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    // GPU 0 holds an idle 3g.40gb at slot 0; idle 1g.10gb instances exist elsewhere.
+    let g0 = node.inventory().gpus[0].clone();
+    let three = g0.instances.iter().find(|i| i.profile == "3g.40gb" && i.start == 0).unwrap();
+    let three = three.uuid.clone();
+    let placement = format!("v1;tessera.io/mig-1g.10gb;{}:mig:1g.10gb:0", g0.uuid);
+    let issued = issue(&node, &placement);
+    let e = node
+        .allocate(&kubelet_req("k1", "p1", "main", "mig=1g.10gb", &issued))
+        .expect_err("a plain mig=1g.10gb reuses a free instance instead");
+    assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
+    assert!(
+        e.message.contains(&format!("would destroy idle instance {three}"))
+            && e.message.contains("a plain mig=1g.10gb request would reuse free instance"),
+        "{}",
+        e.message
+    );
+    assert!(instance_uuids(&node).contains(&three), "the idle 3g.40gb was destroyed");
+    assert_eq!(assignments_file(dir.path()), "");
+    // Take every free 1g.10gb and the free slot a plain request would cut one on: now a
+    // plain request would destroy idle instances too, and kubelet's placement is cut.
+    let mut n = 0;
+    while slicer::place(
+        node.inventory(),
+        &node
+            .allocations()
+            .unwrap()
+            .iter()
+            .flat_map(|a| a.devices.iter().map(|d| d.uuid.clone()))
+            .collect(),
+        "1g.10gb",
+        slicer::Strategy::FirstFit,
+        &slicer::DemandMix::from_weights(std::iter::empty::<(String, f64)>(), 1.0),
+    )
+    .is_ok_and(|d| !matches!(d, slicer::PlaceDecision::Defragment { .. }))
+    {
+        node.allocate(&req(&format!("h{n}"), "team-dev", "mig=1g.10gb")).expect("plain 1g");
+        n += 1;
+        assert!(n < 32, "runaway");
+    }
+    assert!(n >= 10, "{n} plain 1g.10gb grants");
+    let a = node.allocate(&kubelet_req("k1", "p1", "main", "mig=1g.10gb", &issued)).expect("cut");
+    assert_eq!(a.devices[0].placement, Some((0, 1)));
+    assert!(!instance_uuids(&node).contains(&three), "destroyed for it, as a plain request would");
+}

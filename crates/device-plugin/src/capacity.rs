@@ -23,6 +23,10 @@
 //!   where MIG is dynamic, every placement (`GPU-…:mig:<profile>:<start>`) that could be
 //!   cut now: its slots hold only idle instances (destroyed for it) and the instances left
 //!   plus the new one form a legal layout (`catalog::placement_is_legal`). A placement
+//!   whose cut would destroy an idle instance is listed only while a plain `mig=<profile>`
+//!   request would destroy one too: while no idle instance of the profile (which a plain
+//!   request reuses) and no placement on free slots (where it cuts) is left on the node.
+//!   tesserad refuses such a cut at create as well (`assignment.rs`). A placement
 //!   that a cut on the GPU has made impossible is withdrawn (not listed), not unhealthy:
 //!   it is no device any more.
 //!
@@ -216,11 +220,39 @@ pub fn advertise(
         }
     }
     if offer.mig {
+        let plain = served_without_destroying(&gpus, snapshot.dynamic_mig);
         for g in gpus.iter().filter(|g| g.mig_enabled) {
-            mig_devices(g, snapshot.dynamic_mig, &held, &mut out);
+            mig_devices(g, snapshot.dynamic_mig, &held, &plain, &mut out);
         }
     }
     out
+}
+
+/// The MIG profiles a plain `mig=<profile>` request would get without destroying anything:
+/// an idle instance of the profile (it is reused) or, where MIG is dynamic, a placement
+/// whose slots are free (it is cut there), on a GPU anyone may have now.
+fn served_without_destroying(gpus: &[GpuState], dynamic: bool) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for g in gpus.iter().filter(|g| g.mig_enabled && !g.blocked) {
+        for i in g.instances.iter().filter(|i| i.usage == InstanceUse::Idle) {
+            out.insert(i.profile.clone());
+        }
+        let Some(m) = catalog::model(&g.model).filter(|_| dynamic) else { continue };
+        for p in m.profiles {
+            if p.starts.iter().any(|&start| {
+                cuttable(g, m, p, start) && overlapping(g, p.size, start).next().is_none()
+            }) {
+                out.insert(p.name.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The instances of `g` in the slots of a `size`-slot placement at `start`.
+fn overlapping(g: &GpuState, size: u8, start: u8) -> impl Iterator<Item = &InstanceState> {
+    let end = start.saturating_add(size);
+    g.instances.iter().filter(move |i| i.start < end && start < i.start.saturating_add(i.size))
 }
 
 /// Ids of one GPU's units (MPS percent, replicas): kubelet's stay healthy, and `free` of
@@ -245,8 +277,16 @@ fn units(
     list
 }
 
-/// The MIG devices of one GPU: its instances, and (dynamic MIG) its cuttable placements.
-fn mig_devices(g: &GpuState, dynamic: bool, held: &BTreeSet<String>, out: &mut Advertised) {
+/// The MIG devices of one GPU: its instances, and (dynamic MIG) its cuttable placements;
+/// one that destroys idle instances only for a profile not in `plain` (see
+/// [`served_without_destroying`]).
+fn mig_devices(
+    g: &GpuState,
+    dynamic: bool,
+    held: &BTreeSet<String>,
+    plain: &BTreeSet<String>,
+    out: &mut Advertised,
+) {
     let model = catalog::model(&g.model);
     // Every profile the GPU offers has an endpoint, listed empty when nothing is there.
     if let Some(m) = model {
@@ -267,8 +307,9 @@ fn mig_devices(g: &GpuState, dynamic: bool, held: &BTreeSet<String>, out: &mut A
     }
     let (Some(m), true, false) = (model, dynamic, g.blocked) else { return };
     for p in m.profiles {
+        let destroys = |start: u8| overlapping(g, p.size, start).next().is_some();
         for &start in p.starts {
-            if cuttable(g, m, p, start) {
+            if cuttable(g, m, p, start) && !(destroys(start) && plain.contains(p.name)) {
                 let id =
                     DeviceId::Placement { gpu: g.uuid.clone(), profile: p.name.to_string(), start }
                         .to_string();
@@ -699,16 +740,37 @@ mod tests {
     }
 
     #[test]
-    fn idle_instances_are_offered_and_do_not_hide_placements_over_them() {
+    fn idle_instances_are_offered_and_hide_placements_over_them_while_a_plain_request_would_not_destroy(
+    ) {
         let idle = [("MIG-1", "3g.40gb", 0, InstanceUse::Idle)];
         let a = advertise(&snap(vec![mig("GPU-m", &idle)]), &[], NONE);
         assert_eq!(healthy(&a, "tessera.io/mig-3g.40gb"), ["MIG-1", "GPU-m:mig:3g.40gb:4"]);
+        // 1g.10gb has free slots 4 to 6: the placements over idle MIG-1 are not offered
+        // (a plain mig=1g.10gb would cut on a free slot, not destroy MIG-1).
         assert_eq!(
-            listed(&a, "tessera.io/mig-1g.10gb").len(),
-            7,
-            "cut after destroying idle MIG-1"
+            listed(&a, "tessera.io/mig-1g.10gb"),
+            ["GPU-m:mig:1g.10gb:4", "GPU-m:mig:1g.10gb:5", "GPU-m:mig:1g.10gb:6"]
         );
-        assert_eq!(listed(&a, "tessera.io/mig-7g.80gb").len(), 1);
+        // 7g.80gb and 4g.40gb have nowhere else: a plain request destroys MIG-1 too.
+        assert_eq!(listed(&a, "tessera.io/mig-7g.80gb"), ["GPU-m:mig:7g.80gb:0"]);
+        assert_eq!(listed(&a, "tessera.io/mig-4g.40gb"), ["GPU-m:mig:4g.40gb:0"]);
+        // A free instance of the profile anywhere (here on a second GPU) is what a plain
+        // request reuses: no placement that destroys is offered for it.
+        let two = snap(vec![
+            mig("GPU-m", &idle),
+            mig("GPU-n", &[("MIG-7", "7g.80gb", 0, InstanceUse::Idle)]),
+        ]);
+        let a = advertise(&two, &[], NONE);
+        assert_eq!(listed(&a, "tessera.io/mig-7g.80gb"), ["MIG-7"]);
+        let e =
+            check_allocate(&two, &[], "tessera.io/mig-7g.80gb", &["GPU-m:mig:7g.80gb:0".into()])
+                .unwrap_err();
+        assert!(matches!(e, AllocateError::Unknown { .. }), "{e}");
+        // Once MIG-7 is taken, destroying is what a plain request does too.
+        let mut taken = two.clone();
+        taken.gpus[1].instances[0].usage = InstanceUse::Busy;
+        let a = advertise(&taken, &[], NONE);
+        assert!(listed(&a, "tessera.io/mig-7g.80gb").contains(&"GPU-m:mig:7g.80gb:0".into()));
         // A dirty instance is neither granted nor destroyed.
         let dirty = [("MIG-1", "3g.40gb", 0, InstanceUse::Blocked)];
         let a = advertise(&snap(vec![mig("GPU-m", &dirty)]), &[], NONE);

@@ -20,7 +20,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
-use tessera_api::deviceplugin::{PluginAssignment, ASSIGNMENT_ANNOTATION, RESOURCE_DOMAIN};
+use tessera_api::deviceplugin::{
+    IssuedAssignment, PluginAssignment, ASSIGNMENT_ANNOTATION, RESOURCE_DOMAIN,
+};
 use tessera_api::untrusted;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch};
@@ -70,6 +72,16 @@ pub enum PluginError {
     RegisterTimeout { resource: String, path: PathBuf, timeout: Duration },
 }
 
+/// Where `Allocate`'s assignments become unforgeable: tesserad records each with a fresh
+/// random token, durably, before the answer goes to kubelet, and honours an assignment at
+/// create only with a token it issued for exactly those ids. Blocking (called on a
+/// blocking thread).
+pub trait Issuer: Send + Sync + std::fmt::Debug {
+    /// Records `made` (one assignment per container of an `Allocate`), each with its own
+    /// new token; all or nothing. The error says why nothing was issued.
+    fn issue(&self, made: &[PluginAssignment]) -> Result<Vec<IssuedAssignment>, String>;
+}
+
 /// The most released kubelet assignments remembered (see [`capacity::advertise`]'s `prefer`).
 const MAX_RECENT: usize = 256;
 
@@ -93,12 +105,14 @@ pub struct Plugin {
     config: Config,
     state: Mutex<State>,
     lists: watch::Sender<Arc<Advertised>>,
+    issuer: Arc<dyn Issuer>,
 }
 
 impl Plugin {
-    pub fn new(config: Config) -> Arc<Plugin> {
+    /// The plugin whose `Allocate` answers carry the tokens `issuer` records.
+    pub fn new(config: Config, issuer: Arc<dyn Issuer>) -> Arc<Plugin> {
         let (lists, _) = watch::channel(Arc::new(Advertised::new()));
-        Arc::new(Plugin { config, state: Mutex::new(State::default()), lists })
+        Arc::new(Plugin { config, state: Mutex::new(State::default()), lists, issuer })
     }
 
     pub fn config(&self) -> &Config {
@@ -197,6 +211,58 @@ impl Plugin {
         }
         self.publish(&mut st);
         Ok(made)
+    }
+
+    /// Drops the reservations of `made` (an `Allocate` whose tokens could not be issued:
+    /// kubelet got no answer to hold them with).
+    pub fn cancel(&self, made: &[PluginAssignment]) {
+        let mut st = self.state();
+        let before = st.reservations.len();
+        st.reservations.retain(|(r, _)| !made.contains(r));
+        if st.reservations.len() != before {
+            self.publish(&mut st);
+        }
+    }
+
+    /// [`Plugin::allocate`], then the tokens from the [`Issuer`]: what `Allocate` answers.
+    /// Nothing is answered (and nothing stays reserved) unless every token was recorded.
+    pub async fn allocate_issued(
+        &self,
+        resource: &str,
+        containers: &[Vec<String>],
+    ) -> Result<Vec<IssuedAssignment>, Status> {
+        let made = self.allocate(resource, containers).map_err(|e| {
+            warn!(resource, "Allocate refused: {e}");
+            Status::failed_precondition(format!(
+                "tessera: {}",
+                untrusted(&e.to_string()).max_chars(1024)
+            ))
+        })?;
+        let issuer = self.issuer.clone();
+        let asked = made.clone();
+        let issued = tokio::task::spawn_blocking(move || issuer.issue(&asked))
+            .await
+            .unwrap_or_else(|e| Err(format!("the token issuer failed: {e}")));
+        match issued {
+            Ok(issued)
+                if issued.len() == made.len()
+                    && issued.iter().zip(&made).all(|(i, a)| i.assignment() == a) =>
+            {
+                Ok(issued)
+            }
+            Ok(_) => {
+                self.cancel(&made);
+                Err(Status::internal("tessera: the tokens issued are not the assignments made"))
+            }
+            Err(e) => {
+                self.cancel(&made);
+                warn!(resource, "Allocate failed: no token recorded: {e}");
+                Err(Status::unavailable(format!(
+                    "tessera: cannot record the assignment's token: {}",
+                    untrusted(&e).max_chars(1024)
+                )))
+            }
+        }
     }
 
     /// Keeps the endpoints up until `shutdown` turns true (or its sender goes), then
@@ -481,17 +547,13 @@ impl api::device_plugin_server::DevicePlugin for Service {
     ) -> Result<Response<api::AllocateResponse>, Status> {
         let containers: Vec<Vec<String>> =
             request.into_inner().container_requests.into_iter().map(|c| c.devices_ids).collect();
-        let made = self.plugin.allocate(&self.resource, &containers).map_err(|e| {
-            warn!(resource = %self.resource, "Allocate refused: {e}");
-            Status::failed_precondition(format!(
-                "tessera: {}",
-                untrusted(&e.to_string()).max_chars(1024)
-            ))
-        })?;
-        let container_responses = made
+        let issued = self.plugin.allocate_issued(&self.resource, &containers).await?;
+        let container_responses = issued
             .iter()
             .map(|a| {
-                info!(resource = %self.resource, assignment = %a, "Allocate");
+                // The assignment and the token's first digits only: logs are not where
+                // kubelet's tokens should be read from.
+                info!(resource = %self.resource, assignment = %a.assignment(), token = %a.token().short(), "Allocate");
                 api::ContainerAllocateResponse {
                     annotations: [(ASSIGNMENT_ANNOTATION.to_string(), a.to_string())].into(),
                     ..Default::default()

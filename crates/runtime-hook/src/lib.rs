@@ -37,6 +37,8 @@ pub use args::{
     RuncInvocation, WrapperQuery,
 };
 pub use hook::{hook_main, HookError, HookState, Phase};
-pub use request::{find_request, FoundRequest, RequestLookupError};
+pub use request::{
+    check_assignment_source, find_request, EngineSource, FoundRequest, RequestLookupError,
+};
 pub use runtime::{runtime_main, RuntimeEnv, RuntimeError};
 pub use spec::{apply_injection, HookConfig, SpecError};

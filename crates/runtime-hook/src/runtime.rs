@@ -147,6 +147,9 @@ pub struct RuntimeEnv {
     pub log: Option<PathBuf>,
     /// The file's `engine`: sent to tesserad as [`ENGINE_ANNOTATION`] (never from env).
     pub engine: Option<String>,
+    /// The file read and its `kubelet` (never from env): whether the device plugin's
+    /// assignment may be honoured ([`request::check_assignment_source`]).
+    pub source: request::EngineSource,
 }
 
 impl RuntimeEnv {
@@ -165,6 +168,10 @@ impl RuntimeEnv {
             cwd: std::env::current_dir().map_err(RuntimeError::Cwd)?,
             log: config.log.clone(),
             engine: config.engine.clone(),
+            source: request::EngineSource {
+                config: config.source.clone(),
+                kubelet: config.kubelet,
+            },
         })
     }
 
@@ -285,6 +292,11 @@ pub fn prepare(
     if let Some(forged) = annotations.get(ENGINE_ANNOTATION) {
         return Err(fail(RuntimeError::ForgedEngine(forged.clone())));
     }
+    // The device plugin's assignment is kubelet's word: only from the engine kubelet
+    // drives, for a pod's container (tesserad also wants the token it issued).
+    request::check_assignment_source(&annotations, &env.source).map_err(|source| {
+        fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
+    })?;
     let found = request::find_request(&cfg.value).map_err(|source| {
         fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
     })?;
@@ -664,6 +676,7 @@ mod tests {
                 cwd: dir.path().to_path_buf(),
                 log: None,
                 engine: None,
+                source: request::EngineSource { config: None, kubelet: false },
             };
             Fixture { dir, env }
         }
@@ -742,6 +755,36 @@ mod tests {
         }
         let (_, p) = prepare(&f.args("restore --help"), &f.env).expect("help passes");
         assert!(matches!(p, Prepared::Passthrough));
+    }
+
+    #[test]
+    fn a_device_plugin_assignment_from_any_engine_but_kubelets_is_refused_before_the_daemon() {
+        let pod = json!({
+            "io.kubernetes.cri.container-type": "container",
+            "io.kubernetes.cri.container-name": "main",
+            "io.kubernetes.cri.sandbox-id": "f00d",
+            "io.kubernetes.cri.sandbox-name": "p",
+            "io.kubernetes.cri.sandbox-namespace": "team-a",
+            "tessera.io/device-plugin":
+                "v2;tessera.io/gpu;GPU-1;0123456789abcdef0123456789abcdef",
+        });
+        // No daemon listens: the refusal is the wrapper's own, before anything is asked.
+        let f = Fixture::new(&gpu_config(pod.clone(), json!([])));
+        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("refused");
+        assert!(
+            err.message().contains("annotation tessera.io/device-plugin is kubelet's")
+                && err.message().contains("is not the kubelet engine's"),
+            "{}",
+            err.message()
+        );
+        // The kubelet engine's configuration, a pod's container: it asks tesserad.
+        let mut f = Fixture::new(&gpu_config(pod, json!([])));
+        f.env.source = request::EngineSource { config: Some("/k.toml".into()), kubelet: true };
+        let daemon = f.serve(vec![http("200 OK", &allocation())]);
+        let (_, p) = prepare(&f.args("create --bundle bundle abc"), &f.env).expect("asks");
+        assert!(matches!(p, Prepared::Injected { .. }));
+        let sent = body_of(&daemon.join().expect("daemon")[0]);
+        assert_eq!(sent["request"], "gpu=1");
     }
 
     #[test]

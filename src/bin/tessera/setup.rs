@@ -12,7 +12,10 @@ use tessera::setup::{self, ContainerdOptions};
 #[derive(Debug, Subcommand)]
 pub enum SetupCmd {
     /// Add a `tessera` runtime handler to containerd's CRI plugin (config version 2 for
-    /// containerd 1.6/1.7, 3 for 2.x) and print the matching RuntimeClass. Idempotent.
+    /// containerd 1.6/1.7, 3 for 2.x): its `BinaryName` a link `containerd-<handler>` to
+    /// tessera-runtime in the runtime directory, with the handler's own runtime
+    /// configuration beside it (`kubelet = true`). Prints the matching RuntimeClass.
+    /// Idempotent.
     Containerd(ContainerdArgs),
     /// Add a `tessera` runtime to Docker's daemon.json (`docker run --runtime tessera`),
     /// keeping every other key. Idempotent.
@@ -60,6 +63,11 @@ pub struct ContainerdArgs {
     /// /usr/local/bin/tessera-runtime].
     #[arg(long)]
     runtime_path: Option<PathBuf>,
+    /// Where the handler's link to tessera-runtime (`containerd-<handler>`) and its
+    /// runtime configuration (`containerd-<handler>.toml`, `kubelet = true`) go; root's
+    /// alone. A new configuration starts from /etc/tessera/runtime.toml when that exists.
+    #[arg(long, default_value = "/usr/local/lib/tessera")]
+    runtime_dir: PathBuf,
     /// Make the handler containerd's default runtime (pods without a RuntimeClass too).
     #[arg(long)]
     set_default: bool,
@@ -190,6 +198,86 @@ fn containerd_dump(config: &Path) -> Result<Option<String>, String> {
     Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()))
 }
 
+/// The handler's link and its runtime configuration, as they are to be.
+struct KubeletRuntime {
+    link: PathBuf,
+    target: PathBuf,
+    config: PathBuf,
+    edit: setup::Edit,
+}
+
+impl KubeletRuntime {
+    fn plan(dir: &Path, handler: &str, target: &Path) -> Result<KubeletRuntime, String> {
+        if !dir.is_absolute() {
+            return Err(format!("--runtime-dir {} must be an absolute path", dir.display()));
+        }
+        let link = PathBuf::from(setup::kubelet_link(&dir.to_string_lossy(), handler));
+        let mut config = link.clone().into_os_string();
+        config.push(".toml");
+        let config = PathBuf::from(config);
+        let shown = config.display().to_string();
+        let text = match fs::read_to_string(&config) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(format!("cannot read {shown}: {e}")),
+        };
+        let base = match text.is_empty() {
+            true => fs::read_to_string(runtime_hook::config::DEFAULT_CONFIG).ok(),
+            false => None,
+        };
+        let edit = setup::kubelet_runtime_config(&text, &shown, base.as_deref())
+            .map_err(|e| e.to_string())?;
+        Ok(KubeletRuntime { link, target: target.to_path_buf(), config, edit })
+    }
+
+    /// The link as it is now: `Ok(true)` when it already points at the target.
+    fn link_is_current(&self) -> Result<bool, String> {
+        match fs::symlink_metadata(&self.link) {
+            Ok(m) if m.file_type().is_symlink() => {
+                Ok(fs::read_link(&self.link).ok().as_deref() == Some(self.target.as_path()))
+            }
+            Ok(_) => Err(format!(
+                "{} exists and is not a link: not replacing it (remove it, or choose another --runtime-dir)",
+                self.link.display()
+            )),
+            Err(_) => Ok(false),
+        }
+    }
+
+    fn dry_run(&self) -> Result<(), String> {
+        if !self.link_is_current()? {
+            println!("would link {} -> {}", self.link.display(), self.target.display());
+        }
+        if self.edit.changed() {
+            print!("{}", self.edit.diff(&self.config.display().to_string()));
+        }
+        Ok(())
+    }
+
+    fn write(&self) -> Result<(), String> {
+        let dir = self.link.parent().unwrap_or(Path::new("/"));
+        fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        if !self.link_is_current()? {
+            let mut tmp = self.link.clone().into_os_string();
+            tmp.push(".tessera-tmp");
+            let tmp = PathBuf::from(tmp);
+            let _ = fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(&self.target, &tmp)
+                .and_then(|()| fs::rename(&tmp, &self.link))
+                .map_err(|e| format!("cannot link {}: {e}", self.link.display()))?;
+            println!("linked {} -> {}", self.link.display(), self.target.display());
+        }
+        if self.edit.changed() {
+            write_with_backup(&self.config, &self.edit.after)?;
+            println!(
+                "{}: wrote `kubelet = true` (the CRI handler's runtime configuration)",
+                self.config.display()
+            );
+        }
+        Ok(())
+    }
+}
+
 fn containerd(a: ContainerdArgs) -> Result<(), String> {
     let config = resolve(&a.config)?;
     let a = ContainerdArgs { config, ..a };
@@ -199,15 +287,19 @@ fn containerd(a: ContainerdArgs) -> Result<(), String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(format!("cannot read {shown}: {e}")),
     };
-    let runtime_path = a.runtime_path.unwrap_or_else(default_runtime_path);
+    let runtime_path = a.runtime_path.clone().unwrap_or_else(default_runtime_path);
+    // containerd runs the link; tessera-runtime, run as it, reads the configuration beside
+    // it: the kubelet engine's, which no other engine reads.
+    let kubelet = KubeletRuntime::plan(&a.runtime_dir, &a.handler, &runtime_path)?;
     let opts = ContainerdOptions {
         handler: a.handler.clone(),
-        runtime_path: runtime_path.to_string_lossy().into_owned(),
+        runtime_path: kubelet.link.to_string_lossy().into_owned(),
         set_default: a.set_default,
         empty_version: a.config_version,
     };
     let edit = setup::containerd(&text, &shown, &opts).map_err(|e| e.to_string())?;
     if a.dry_run {
+        kubelet.dry_run()?;
         if edit.changed() {
             print!("{}", edit.diff(&shown));
         } else {
@@ -218,6 +310,7 @@ fn containerd(a: ContainerdArgs) -> Result<(), String> {
         }
         return Ok(());
     }
+    kubelet.write()?;
     if !edit.changed() {
         println!("{shown}: already set up for runtime handler `{}`; nothing changed", a.handler);
     } else {

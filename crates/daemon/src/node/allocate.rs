@@ -8,7 +8,7 @@
 
 use super::{grant, internal, validate_abs_path, Node};
 use crate::quota;
-use tessera_api::deviceplugin::PluginAssignment;
+use tessera_api::deviceplugin::IssuedAssignment;
 use tessera_api::{
     untrusted, AllocateRequest, Allocation, ApiError, ErrorCode, QuotaClass, QuotaMark,
 };
@@ -18,7 +18,8 @@ use tessera_api::{
 pub(crate) struct Checked {
     tenant: policy::Tenant,
     workload: Option<tessera_api::cri::Workload>,
-    assigned: Option<PluginAssignment>,
+    /// Kubelet's assignment, its token checked.
+    assigned: Option<Box<IssuedAssignment>>,
 }
 
 /// What the checks found.
@@ -146,7 +147,7 @@ impl Node {
             self.record_refusal(&req.container_id, &err);
             return Err(err);
         }
-        Ok(Resolved::New(Checked { tenant, workload, assigned }))
+        Ok(Resolved::New(Checked { tenant, workload, assigned: assigned.map(Box::new) }))
     }
 
     fn asker<'a>(&self, req: &'a AllocateRequest, c: &'a Checked) -> grant::Asker<'a> {
@@ -167,7 +168,7 @@ impl Node {
     ) -> Result<grant::GrantPlan, ApiError> {
         let who = self.asker(req, c);
         match &c.assigned {
-            Some(a) => self.plan_assigned(&who, a),
+            Some(a) => self.plan_assigned(&who, a.assignment()),
             None => self.plan_grant(&who),
         }
     }
@@ -178,7 +179,8 @@ impl Node {
         }
     }
 
-    /// Make a planned grant (recording kubelet's assignment first, where there is one).
+    /// Make a planned grant (recording kubelet's assignment and the use of its token
+    /// first, where there is one: checked in this same lock section).
     fn commit_checked(
         &mut self,
         req: &AllocateRequest,
@@ -186,7 +188,8 @@ impl Node {
         plan: grant::GrantPlan,
     ) -> Result<Allocation, ApiError> {
         if let Some(a) = &c.assigned {
-            self.record_assignment(&req.container_id, a)?;
+            self.bind_token(req, a)?;
+            self.record_assignment(&req.container_id, a.assignment())?;
         }
         self.apply_grant(plan)
     }

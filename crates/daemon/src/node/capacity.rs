@@ -18,6 +18,9 @@ impl Node {
     /// The node's capacity as the device plugin counts it.
     pub fn capacity(&self) -> Result<Snapshot, ApiError> {
         let allocations = self.allocations()?;
+        // Read every 2 s while the plugin runs: the tokens of live kubelet grants are kept
+        // ahead of their expiry here (written only when that is due).
+        self.tidy_tokens(&allocations);
         let unavailable: BTreeSet<String> = self.lifecycle()?.into_keys().collect();
         let kubelet = self.kubelet_assignments(&allocations).into_iter().map(|(_, a)| a).collect();
         Ok(snapshot(&Inputs {
