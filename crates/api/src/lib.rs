@@ -10,6 +10,7 @@ pub mod client;
 pub mod cri;
 pub mod deviceplugin;
 pub mod display;
+pub mod durable;
 pub mod ids;
 pub mod mountinfo;
 pub mod protocol;
@@ -100,24 +101,11 @@ pub fn write_gpu_majors(socket: &Path, majors: &[u32]) -> std::io::Result<()> {
     write_beside(&gpu_majors_path(socket), text.as_bytes())
 }
 
-/// Replaces `path` atomically with `bytes`, mode 0644: a new file beside it (never through
-/// a link), then rename. Not fsynced: the files written so (beside tesserad's socket) are
-/// derived state that tesserad writes again at start.
+/// Replaces `path` with `bytes`, mode 0644, atomically for readers but not fsynced: the
+/// files written so (beside tesserad's socket) are derived state that tesserad writes
+/// again at start ([`durable::replace`] with [`durable::Sync::Rename`]).
 pub fn write_beside(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    f.write_all(bytes)?;
-    std::fs::rename(&tmp, path)
+    durable::replace(path, bytes, 0o644, durable::Sync::Rename)
 }
 
 /// Reads [`gpu_majors_path`]: the majors it lists (none when absent or unreadable; lines

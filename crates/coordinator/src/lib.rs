@@ -56,8 +56,8 @@
 //! | `GET /v1/ping` | anyone | a plain answer; clients send it before any credential on a new plain-HTTP connection |
 //!
 //! Errors are `{"error": "...", "path": "orgs.acme.trust"?}` ([`ErrorBody`]).
-//! Plain HTTP only: TLS (and mTLS credentials) are not implemented here; run the
-//! coordinator behind a TLS-terminating proxy or on a trusted network.
+//! HTTP or HTTPS (`--tls-cert`/`--tls-key`: rustls, [`fleet::tls`]); nodes trust one CA
+//! file (docs/FLEET.md, TLS).
 
 mod app;
 pub mod auth;

@@ -138,15 +138,13 @@ pub fn write_if_changed(path: &Path, yaml: &str) -> Result<bool, CdiError> {
     if std::fs::read_to_string(path).ok().as_deref() == Some(yaml) {
         return Ok(false);
     }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(err)?;
-    }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tessera-tmp");
-    std::fs::write(&tmp, yaml).and_then(|()| std::fs::rename(&tmp, path)).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        err(e)
-    })?;
+    tessera_api::durable::replace(
+        path,
+        yaml.as_bytes(),
+        0o644,
+        tessera_api::durable::Sync::Durable,
+    )
+    .map_err(err)?;
     Ok(true)
 }
 

@@ -390,12 +390,22 @@ fn periodic(
         loop {
             tick.tick().await;
             let ctl = ctl.clone();
-            let round = move || actions().into_iter().try_for_each(|a| ctl.apply(a).map(drop));
+            let round = move || run_round(actions(), |a| ctl.apply(a));
             if let Err(e) = tokio::task::spawn_blocking(round).await {
                 error!("periodic task failed: {e}");
             }
         }
     })
+}
+
+/// Runs every action of a periodic round, each on its own: one that fails (the controller
+/// has logged why) does not keep the next from running — a failing reconcile never pauses
+/// the ECC check and its quarantines. Returns how many failed.
+fn run_round(
+    actions: Vec<Action>,
+    mut apply: impl FnMut(Action) -> Result<Outcome, tessera_api::ApiError>,
+) -> usize {
+    actions.into_iter().map(&mut apply).filter(Result::is_err).count()
 }
 
 async fn shutdown_signal() {
@@ -410,5 +420,30 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {},
         _ = int.recv() => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 24: the reconcile tick ran `Reconcile`, `CheckEcc`, `MigConverge` with
+    /// `try_for_each`, so a failing reconcile skipped the ECC check for that tick.
+    #[test]
+    fn a_failing_reconcile_still_runs_the_ecc_check() {
+        let mut ran = Vec::new();
+        let failed =
+            run_round(vec![Action::Reconcile, Action::CheckEcc, Action::MigConverge], |a| {
+                ran.push(a.name());
+                match a {
+                    Action::Reconcile => Err(tessera_api::ApiError::new(
+                        tessera_api::ErrorCode::Internal,
+                        "the store is locked",
+                    )),
+                    _ => Ok(Outcome::Count(0)),
+                }
+            });
+        assert_eq!(failed, 1);
+        assert_eq!(ran, vec!["reconcile", "ECC check", "mig converge"]);
     }
 }

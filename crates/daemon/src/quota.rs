@@ -144,13 +144,15 @@ pub fn gang_of(annotations: &BTreeMap<String, String>) -> Result<Option<GangRef>
 
 /// What a GPU grant counts as: for each device it holds (`models`, one entry per device:
 /// `gpu=N` holds N), the fraction of a GPU metering charges for it without the policy's
-/// billing weights (a whole GPU 1, a MIG instance its compute slices / 7, `mps=P` P / 100,
-/// a time-sliced replica 1 / `replicas`), floored to a micro-GPU ([`quota::gpu_micro`]),
-/// summed per catalog model.
+/// billing weights (a whole GPU 1, a MIG instance its compute slices / 7 or the policy's
+/// `mig_weights` for its profile — what the ledger bills —, `mps=P` P / 100, a time-sliced
+/// replica 1 / `replicas`), floored to a micro-GPU ([`quota::gpu_micro`]), summed per
+/// catalog model.
 pub fn gpu_amounts(
     request: &GpuRequest,
     models: &[&str],
     replicas: u32,
+    mig_weight: Option<f64>,
 ) -> Result<BTreeMap<String, u64>, QuotaError> {
     let mut out: BTreeMap<String, u64> = BTreeMap::new();
     for model in models {
@@ -164,7 +166,9 @@ pub fn gpu_amounts(
             GpuRequest::Mps { percent } => (None, Some(*percent), None),
             GpuRequest::Shared => (None, None, Some(replicas)),
         };
-        let f = metering::fraction(request.isolation(), slices, mps, reps, None);
+        // The fraction metering bills, the policy's weight of a MIG profile included.
+        let weight = mig_weight.filter(|_| matches!(request, GpuRequest::Mig { .. }));
+        let f = metering::fraction(request.isolation(), slices, mps, reps, weight);
         let micro = quota::gpu_micro(f).ok_or_else(|| QuotaError::Fraction {
             request: request.to_string(),
             model: untrusted(model).to_string(),

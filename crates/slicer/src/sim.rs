@@ -32,7 +32,6 @@
 //! the driver's sake.
 
 use std::fs::{self, File};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -746,34 +745,16 @@ fn sim_uuid(prefix: &str, key: &str) -> String {
     )
 }
 
-fn tmp_path(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
-}
-
 /// Write `bytes` to `path` atomically: a temporary file in the same directory, fsync,
 /// rename over `path`, fsync the directory.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), BackendError> {
-    let tmp = tmp_path(path);
-    let result = (|| {
-        let mut f = File::create(&tmp).map_err(BackendError::io(&tmp))?;
-        f.write_all(bytes).map_err(BackendError::io(&tmp))?;
-        f.sync_all().map_err(BackendError::io(&tmp))?;
-        fs::rename(&tmp, path).map_err(BackendError::io(path))
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result?;
-    if let Some(dir) = path.parent() {
-        sync_dir(dir)?;
-    }
-    Ok(())
+    tessera_api::durable::replace(path, bytes, 0o644, tessera_api::durable::Sync::Durable)
+        .map_err(BackendError::io(path))
 }
 
 /// Create `path` as `len` zero bytes, atomically.
 fn create_zeroed(path: &Path, len: u64) -> Result<(), BackendError> {
-    let tmp = tmp_path(path);
+    let tmp = tessera_api::durable::temp_path(path);
     let result = (|| {
         let f = File::create(&tmp).map_err(BackendError::io(&tmp))?;
         f.set_len(len).map_err(BackendError::io(&tmp))?;

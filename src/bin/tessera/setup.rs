@@ -2,7 +2,6 @@
 //! [`tessera::setup`], prints the diff (`--dry-run`) or backs the file up and writes it.
 
 use std::fs;
-use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
@@ -391,22 +390,13 @@ fn write_with_backup(path: &Path, text: &str) -> Result<Option<PathBuf>, String>
         Some(_) => Some(backup_copy(path)?),
         None => None,
     };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tessera-tmp");
-    let tmp = PathBuf::from(tmp);
-    let write = || -> std::io::Result<()> {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.set_permissions(fs::Permissions::from_mode(mode.unwrap_or(0o644)))?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        format!("cannot write {shown}: {e}")
-    })?;
+    // The engine's config keeps its mode.
+    tessera_api::durable::replace(
+        path,
+        text.as_bytes(),
+        mode.unwrap_or(0o644),
+        tessera_api::durable::Sync::Durable,
+    )
+    .map_err(|e| format!("cannot write {shown}: {e}"))?;
     Ok(backup)
 }

@@ -290,8 +290,13 @@ impl Node {
             }
         };
         let refs: Vec<&str> = models.iter().map(String::as_str).collect();
-        let gpus = quota::gpu_amounts(&req.request, &refs, self.policy.policy.shared_replicas())
-            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        let weight = match &req.request {
+            tessera_api::GpuRequest::Mig { profile } => self.policy.policy.mig_weight(profile),
+            _ => None,
+        };
+        let gpus =
+            quota::gpu_amounts(&req.request, &refs, self.policy.policy.shared_replicas(), weight)
+                .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
         Ok(fleet::quota::AdmitRequest {
             container_id: req.container_id.to_string(),
             tenant: c.tenant.path.clone(),

@@ -179,19 +179,8 @@ impl Node {
         map.insert(container_id.to_string(), a.to_string());
         let path = self.assignments_path();
         let write = || -> std::io::Result<()> {
-            use std::io::Write;
-            use std::os::unix::fs::OpenOptionsExt;
-            let tmp = path.with_extension("json.tmp");
-            let _ = std::fs::remove_file(&tmp);
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&tmp)?;
-            f.write_all(&serde_json::to_vec_pretty(&map).map_err(std::io::Error::other)?)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)
+            let json = serde_json::to_vec_pretty(&map).map_err(std::io::Error::other)?;
+            tessera_api::durable::replace(&path, &json, 0o600, tessera_api::durable::Sync::Durable)
         };
         write().map_err(|e| {
             ApiError::new(
