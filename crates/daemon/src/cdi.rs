@@ -150,13 +150,11 @@ pub fn write_if_changed(path: &Path, yaml: &str) -> Result<bool, CdiError> {
 
 /// tesserad's spec for its node and the policy in force now.
 fn current_spec(ctl: &Controller) -> Result<(String, usize), CdiError> {
-    let status = match ctl.apply(Action::Status) {
-        Ok(Outcome::Status(s)) => *s,
+    let (status, policy) = match ctl.apply(Action::CdiInputs) {
+        Ok(Outcome::CdiInputs(inputs)) => *inputs,
         Ok(_) => return Err(CdiError::Node("unexpected answer to a status read".into())),
         Err(e) => return Err(CdiError::Node(e.to_string())),
     };
-    let policy =
-        ctl.locked(|n| Ok(n.policy().policy.clone())).map_err(|e| CdiError::Node(e.to_string()))?;
     let offer = Offer::new(&status, Some(&policy));
     let header = format!(
         "tesserad, node {}, policy version {} ({})",

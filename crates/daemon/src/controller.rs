@@ -23,9 +23,11 @@
 //!   as errors, refusals (4xx) as warnings naming the action, container, tenant and rule.
 //!   Refusals of grants are also recorded as `refuse` events by the node (durable state).
 //!
-//! What a caller does after an action stays with the caller, with one exception that is
-//! part of the action: a successful [`Action::Start`] sent through [`Controller::run`]
-//! starts the exit watch of its container.
+//! What a caller does after an action stays with the caller (the API starts the exit watch
+//! of a container whose [`Action::Start`] succeeded: [`crate::server`]). The controller
+//! names no module that calls it: drivers (the API, the exit watcher, the fleet agent,
+//! the signal handlers, the device plugin, CDI) sit above it, the node below
+//! (`tests/modules.rs`).
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -70,7 +72,7 @@ pub enum Action {
     /// `GET /v1/revoke-check`: the grants the policy in force would refuse now.
     RevokeCheck,
     /// `POST /v1/policy/reload` (and `SIGHUP`): read the `--policy` file again
-    /// ([`crate::reload`]).
+    /// ([`crate::policy_reload`]).
     ReloadPolicy,
     /// `POST /v1/revoke-check/stop`: stop them (signals and the grace period outside the
     /// lock); their grants are released as any grant is, once runc removed the container.
@@ -110,6 +112,10 @@ pub enum Action {
     /// The ledger's id and rows, for the usage upload.
     LedgerRows,
 
+    // The CDI spec (`cdi.rs`).
+    /// The node's status and the policy in force, read in one step.
+    CdiInputs,
+
     // The kubelet device plugin (`device_plugin.rs`).
     /// What the node can grant now, as the device plugin counts it.
     Capacity,
@@ -134,6 +140,7 @@ impl Action {
             Action::Allocation(_) => "allocation",
             Action::Allocations => "allocations",
             Action::Status => "status",
+            Action::CdiInputs => "CDI inputs",
             Action::Usage { .. } => "usage",
             Action::Metrics => "metrics",
             Action::MigPlan => "mig plan",
@@ -208,7 +215,7 @@ pub enum Outcome {
     Unquarantined(ScrubOutcome),
     RevokeCheck(crate::node::revoke::RevokeCheck),
     RevokeStopped(crate::node::revoke::StopReport),
-    PolicyReloaded(crate::reload::ReloadReport),
+    PolicyReloaded(crate::policy_reload::ReloadReport),
     #[serde(skip)]
     Reconciled(ReconcileReport),
     /// ECC: the GPUs quarantined now.
@@ -236,6 +243,9 @@ pub enum Outcome {
     },
     #[serde(skip)]
     Capacity(Box<device_plugin::Snapshot>),
+    /// The node's status and the policy in force at one instant.
+    #[serde(skip)]
+    CdiInputs(Box<(NodeStatus, policy::Policy)>),
     /// `Allocate`'s assignments with their recorded tokens.
     #[serde(skip)]
     Issued(Vec<tessera_api::deviceplugin::IssuedAssignment>),
@@ -269,7 +279,7 @@ pub struct Controller {
     /// Counts the actions that may have changed the node's capacity ([`Controller::changes`]).
     changes: tokio::sync::watch::Sender<u64>,
     /// What a policy reload reads ([`Controller::set_reload`]); unset: nothing to reload.
-    reload: std::sync::OnceLock<crate::reload::ReloadSetup>,
+    reload: std::sync::OnceLock<crate::policy_reload::ReloadSetup>,
     /// The fleet-quota gate ([`Controller::set_quota`]); unset: grants as without quotas.
     quota: std::sync::OnceLock<Arc<QuotaGate>>,
     /// This controller, for the threads a reclaim's stops run on.
@@ -296,12 +306,38 @@ impl Controller {
 
     /// Say which policy file [`Action::ReloadPolicy`] reads (once, at start; a second call
     /// is ignored).
-    pub fn set_reload(&self, setup: crate::reload::ReloadSetup) {
+    pub fn set_reload(&self, setup: crate::policy_reload::ReloadSetup) {
         let _ = self.reload.set(setup);
     }
 
-    pub(crate) fn reload_setup(&self) -> Option<&crate::reload::ReloadSetup> {
-        self.reload.get()
+    /// [`Action::ReloadPolicy`], in two steps ([`crate::policy_reload`]): which file, and
+    /// whether a reload may change anything, answered under the lock before the file is
+    /// read (a fleet node says why a reload changes nothing even when the file is broken);
+    /// the file read and validated outside the lock; then the check again and the swap, as
+    /// one step (a fleet revision may have come meanwhile). A failure is logged by `apply`.
+    fn reload_policy(&self) -> Result<crate::policy_reload::ReloadReport, ApiError> {
+        use crate::policy_reload::{file_source, load, log_reloaded, reloadable};
+        use crate::policy_reload::{PolicyVersion, ReloadReport};
+        let setup = self.reload.get();
+        let file =
+            self.locked(|n| reloadable(setup, n.policy()).map(std::path::Path::to_path_buf))?;
+        let policy = load(&file)?;
+        self.locked(|n| {
+            reloadable(setup, n.policy())?;
+            let before = n.policy();
+            let previous =
+                PolicyVersion { version: before.policy.version(), digest: before.policy.digest() };
+            let current = PolicyVersion { version: policy.version(), digest: policy.digest() };
+            let changed = previous.digest != current.digest;
+            n.set_policy(crate::node::ActivePolicy { policy, source: file_source(&file) });
+            if let Some(fleet) = setup.and_then(|s| s.fleet.as_ref()) {
+                fleet.note_local_reload(current.version, &current.digest);
+            }
+            let report =
+                ReloadReport { file: file.display().to_string(), previous, current, changed };
+            log_reloaded(&report);
+            Ok(report)
+        })
     }
 
     /// Changes whenever an action may have changed what the node can grant (a grant, a
@@ -310,21 +346,12 @@ impl Controller {
         self.changes.subscribe()
     }
 
-    /// Apply `action` on a blocking thread. A successful [`Action::Start`] starts the exit
-    /// watch of its container.
+    /// Apply `action` on a blocking thread.
     pub async fn run(self: &Arc<Self>, action: Action) -> Result<Outcome, ApiError> {
-        let watch = match &action {
-            Action::Start { container_id, .. } => Some(container_id.clone()),
-            _ => None,
-        };
         let ctl = Arc::clone(self);
-        let r = tokio::task::spawn_blocking(move || ctl.apply(action)).await.unwrap_or_else(|e| {
+        tokio::task::spawn_blocking(move || ctl.apply(action)).await.unwrap_or_else(|e| {
             Err(ApiError::new(ErrorCode::Internal, format!("tesserad: handler failed: {e}")))
-        });
-        if let (Some(id), Ok(_)) = (watch, &r) {
-            crate::exits::spawn(Arc::clone(self), id);
-        }
-        r
+        })
     }
 
     /// Apply `action` on this thread (blocking: call it from a blocking thread, or where
@@ -383,6 +410,12 @@ impl Controller {
                 let _round = self.mps_round();
                 self.locked(|n| n.status()).map(|s| O::Status(Box::new(s)))
             }
+            Action::CdiInputs => {
+                let _round = self.mps_round();
+                self.locked(|n| {
+                    Ok(O::CdiInputs(Box::new((n.status()?, n.policy().policy.clone()))))
+                })
+            }
             Action::Usage { from_ms, to_ms, by } => {
                 self.locked(|n| n.usage(from_ms, to_ms, by)).map(O::Usage)
             }
@@ -396,7 +429,7 @@ impl Controller {
             Action::Unquarantine(uuid) => self.unquarantine(&uuid).map(O::Unquarantined),
             Action::RevokeCheck => self.locked(|n| n.revoke_check()).map(O::RevokeCheck),
             Action::RevokeStop(req) => self.revoke_stop(&req).map(O::RevokeStopped),
-            Action::ReloadPolicy => crate::reload::reload(self).map(O::PolicyReloaded),
+            Action::ReloadPolicy => self.reload_policy().map(O::PolicyReloaded),
             Action::Reconcile => self.locked(|n| n.reconcile()).map(O::Reconciled),
             Action::CheckEcc => {
                 let probe = self.locked(|n| Ok(n.ecc_probe()))?;

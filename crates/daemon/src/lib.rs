@@ -17,6 +17,7 @@ pub mod host;
 pub mod liveness;
 pub mod metrics;
 pub mod node;
+pub mod policy_reload;
 pub mod quota;
 pub mod reload;
 pub mod server;
@@ -218,7 +219,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let node_name = node.inventory().node.clone();
     // From here on the node is the controller's: everything goes through actions.
     let ctl = controller::Controller::new(node);
-    ctl.set_reload(reload::ReloadSetup { file: config.policy.clone(), fleet: fleet.clone() });
+    ctl.set_reload(policy_reload::ReloadSetup {
+        file: config.policy.clone(),
+        fleet: fleet.clone().map(|f| f as Arc<dyn policy_reload::FleetPolicy>),
+    });
     // Fleet quotas: grants under a policy with `quotas` are admitted by the coordinator
     // (or, while it is unreachable, within this node's leases).
     // Without a coordinator, the node is its own fleet: books of its own count its grants.

@@ -47,6 +47,10 @@ pub use mig::MigReport;
 pub use quota::{emptied, DeviceHold, PreemptPlan, EMPTY_WAIT};
 pub use reconcile::ReconcileReport;
 pub use scrubbing::{ScrubJob, ScrubSetup};
+
+/// The ledger's close reason for intervals closed at the container init's exit (the exit
+/// watcher, [`crate::exits`], reports it).
+pub const EXITED_REASON: &str = "exited";
 pub use tokens::{TokenBook, TOKENS_FILE};
 
 /// The policy in force and where it came from.

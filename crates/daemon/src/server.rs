@@ -234,10 +234,16 @@ async fn start(
     UrlPath(container_id): UrlPath<String>,
     body: Result<Json<StartRequest>, JsonRejection>,
 ) -> Response {
-    match body {
-        Ok(Json(req)) => act(&ctl, Action::Start { container_id, req }).await,
-        Err(r) => Reply::<()>(Err(bad_json("start request", r))).into_response(),
+    let req = match body {
+        Ok(Json(req)) => req,
+        Err(r) => return Reply::<()>(Err(bad_json("start request", r))).into_response(),
+    };
+    let r = ctl.run(Action::Start { container_id: container_id.clone(), req }).await;
+    // Metering stops at the init's exit: its watch starts with the container.
+    if r.is_ok() {
+        crate::exits::spawn(Arc::clone(&ctl), container_id);
     }
+    Reply(r).into_response()
 }
 
 /// `DELETE /v1/allocations/{id}`, with an optional [`ReleaseRequest`] body naming the

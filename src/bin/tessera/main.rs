@@ -258,7 +258,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::Policy { cmd: PolicyCmd::Fleet(cmd) } => fleet::policy(cmd),
         Cmd::Policy { cmd: PolicyCmd::RevokeCheck(args) } => revoke::run(&cli.socket, args),
         Cmd::Policy { cmd: PolicyCmd::Reload } => {
-            let r: tesserad::reload::ReloadReport = tessera_api::Client::new(&cli.socket)
+            let r: tesserad::policy_reload::ReloadReport = tessera_api::Client::new(&cli.socket)
                 .call::<(), _>("POST", "/v1/policy/reload", None)
                 .map_err(|e| e.to_string())?;
             if r.changed {

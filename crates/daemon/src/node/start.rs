@@ -185,10 +185,8 @@ impl Node {
         if rec.allocation.state != AllocationState::Running || rec.allocation.pid != Some(pid) {
             return Ok(0);
         }
-        let closed = self
-            .ledger
-            .close_container(container_id, crate::exits::EXITED_REASON)
-            .map_err(ledger_err)?;
+        let closed =
+            self.ledger.close_container(container_id, super::EXITED_REASON).map_err(ledger_err)?;
         Ok(closed.len())
     }
 }
