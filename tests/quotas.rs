@@ -14,6 +14,11 @@
 //! * The coordinator killed: work within guarantees is still admitted (leases), borrowing
 //!   is refused with a message that says why, no ceiling is crossed; when it returns, its
 //!   books agree with the nodes.
+//! * Issue 23 (3): `tessera-runtime update` of a GPU container (flags, `-r -` JSON on stdin
+//!   as containerd's shim sends it, `-1`) cannot take it past its team's CPU and memory
+//!   ceilings: refused, the kernel's cgroup files as they were; within them admitted, and
+//!   the kernel, the books, the node's status and the ledger follow. And the model of
+//!   runc's update that admission rests on agrees with the real runc.
 
 // Integration-test crates: clippy counts their helper functions as non-test code, so
 // `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
@@ -74,12 +79,16 @@ struct QuotaFleet {
 
 impl QuotaFleet {
     fn start(gang_timeout_s: u64, lease_ttl_s: u64, a_guarantee: u64) -> QuotaFleet {
+        QuotaFleet::start_with(lease_ttl_s, policy(1, gang_timeout_s, a_guarantee))
+    }
+
+    fn start_with(lease_ttl_s: u64, policy: Vec<u8>) -> QuotaFleet {
         let fx = FleetFixture::launch(&[QA, QB]);
         let ttl = lease_ttl_s.to_string();
         let coordinator =
             fx.coordinator_on_free_port("coordinator", &["--quota-lease-ttl-s", &ttl]);
         let file = fx.path("policy-v1.json");
-        std::fs::write(&file, policy(1, gang_timeout_s, a_guarantee)).unwrap();
+        std::fs::write(&file, policy).unwrap();
         fx.push_file(&coordinator.url, &file, 1);
         let a = fx.node_described(QA, eight_h100(), &coordinator.url, &file, &[]);
         let b = fx.node_described(QB, eight_h100(), &coordinator.url, &file, &[]);
@@ -114,13 +123,18 @@ impl QuotaFleet {
 
     /// The row of `path` / H100 GPUs in the quota status.
     fn gpus_of(&self, s: &Value, path: &str) -> Value {
+        self.row_of(s, path, "gpus.H100-80GB")
+    }
+
+    /// The row of `path` / `resource` (`cpu_cores`, `memory_gib`) in the quota status.
+    fn row_of(&self, s: &Value, path: &str, resource: &str) -> Value {
         s["paths"]
             .as_array()
             .unwrap()
             .iter()
-            .find(|r| r["path"] == path && r["resource"] == "gpus.H100-80GB")
+            .find(|r| r["path"] == path && r["resource"] == resource)
             .cloned()
-            .unwrap_or_else(|| panic!("no row for {path} in {s:#}"))
+            .unwrap_or_else(|| panic!("no {resource} row for {path} in {s:#}"))
     }
 }
 
@@ -486,5 +500,210 @@ fn with_the_coordinator_killed_guaranteed_work_runs_under_leases_and_the_books_a
     }
     for id in ["b1", "b2", "d1"] {
         f.b.fx.delete_container(id, true);
+    }
+}
+
+// --- issue 23 (3): what was admitted cannot grow by itself ---------------------------------
+
+/// The acceptance policy, and acme/dev's CPU (guarantee a quarter core, ceiling 1.5: the
+/// fleet's CPU is its two nodes', this host's CPUs each) and memory
+/// (guarantee 2 GiB, ceiling 8).
+fn limits_policy() -> Vec<u8> {
+    let mut p: Value = serde_json::from_slice(&policy(1, 30, 4)).unwrap();
+    p["quotas"]["acme/dev"]["cpu_cores"] = json!({"guarantee": 0.25, "ceiling": 1.5});
+    p["quotas"]["acme/dev"]["memory_gib"] = json!({"guarantee": 2, "ceiling": 8});
+    serde_json::to_vec_pretty(&p).unwrap()
+}
+
+/// What the kernel enforces on a container of `node`: (cpu.cfs_quota_us,
+/// cpu.cfs_period_us, memory.limit_in_bytes) of its cgroup (v1).
+fn kernel_limits(node: &Node, id: &str) -> (i64, u64, u64) {
+    let pid = node.fx.container_pid(id).expect("running");
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let dirs = tesserad::limits::limit_dirs(&text).unwrap();
+    let read = |dir: &str, f: &str| {
+        std::fs::read_to_string(format!("/sys/fs/cgroup/{dir}/{f}")).unwrap().trim().to_string()
+    };
+    (
+        read(&dirs.0, "cpu.cfs_quota_us").parse().unwrap(),
+        read(&dirs.0, "cpu.cfs_period_us").parse().unwrap(),
+        read(&dirs.1, "memory.limit_in_bytes").parse().unwrap(),
+    )
+}
+
+/// `tessera-runtime --root R update ARGS..` on `node`, with `stdin` fed to it.
+fn update(node: &Node, args: &[&str], stdin: Option<&str>) -> std::process::Output {
+    use std::io::Write;
+    let rt = node.fx.runtime();
+    let mut cmd = std::process::Command::new(&rt.bin);
+    cmd.arg("--root").arg(node.fx.runc_root()).arg("update").args(args);
+    cmd.envs(rt.env.iter().map(|(k, v)| (k, v)));
+    cmd.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    output_timeout_child(child)
+}
+
+fn output_timeout_child(child: std::process::Child) -> std::process::Output {
+    let pid = child.id();
+    let t0 = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(out) => out.unwrap(),
+        Err(_) => panic!("update (pid {pid}) did not end within {:?}", t0.elapsed()),
+    }
+}
+
+/// The grant of `id` in `node`'s status, as JSON.
+fn grant_of(node: &Node, id: &str) -> Value {
+    allocations(node).into_iter().find(|a| a["container_id"] == id).expect("a grant")
+}
+
+#[test]
+fn a_gpu_containers_limits_grow_only_as_its_quotas_admit() {
+    let f = QuotaFleet::start_with(60, limits_policy());
+    let dev = |s: &Value, r: &str| f.row_of(s, "acme/dev", r)["in_use"].as_u64();
+
+    // One GPU, a tenth of a core, 512 MiB: within acme/dev's guarantees (and within
+    // node A's lease of them: an eighth of a core).
+    let id = "lim1";
+    let script = looping("exit 0");
+    let argv: Vec<&str> = script.iter().map(String::as_str).collect();
+    let mut b = f.a.bundle(id, B_NS, Some("gpu=1"), &argv);
+    b.mutate(|c| {
+        c["linux"]["resources"]["cpu"] = json!({"quota": 10_000, "period": 100_000});
+        c["linux"]["resources"]["memory"] = json!({"limit": 512 << 20});
+    })
+    .write();
+    f.a.fx.create_container(&b, id).assert_success("create");
+    f.a.fx.start_container(id).assert_success("start");
+    assert_eq!(kernel_limits(&f.a, id), (10_000, 100_000, 512 << 20));
+    f.wait_status("the grant's CPU and memory booked", |s| {
+        dev(s, "cpu_cores") == Some(100) && dev(s, "memory_gib") == Some(512)
+    });
+    assert_eq!(class_of(&f.a, id).as_deref(), Some("guaranteed"));
+
+    // Past the ceilings with flags (16 cores, 16 GiB), with `-r -` on stdin as containerd's
+    // shim sends it, with -1 (unlimited) through flags and JSON: refused, naming the rule,
+    // and the kernel enforces what it did.
+    let refused = [
+        (
+            vec!["--cpu-quota", "1600000", "--cpu-period", "100000", "--memory", "16g", id],
+            None,
+            "quotas.acme/dev.cpu_cores.ceiling",
+        ),
+        (vec![id, "--memory", "16g"], None, "quotas.acme/dev.memory_gib.ceiling"),
+        (
+            vec!["--resources", "-", id],
+            Some(
+                r#"{"devices":[{"allow":false,"access":"rwm"}],"memory":{"limit":17179869184,"swap":17179869184},"cpu":{"shares":1024,"quota":1600000,"period":100000}}"#,
+            ),
+            "quotas.acme/dev.cpu_cores.ceiling",
+        ),
+        (vec!["-r", "-", id], Some(r#"{"memory":{"limit":-1}}"#), "quotas.acme/dev.memory_gib"),
+        (vec!["--cpu-quota=-1", id], None, "quotas.acme/dev.cpu_cores"),
+        (vec!["--memory", "-1", id], None, "quotas.acme/dev.memory_gib"),
+        (
+            vec!["-r", "-", id],
+            Some(r#"{"cpu":{"period":1000}}"#),
+            "quotas.acme/dev.cpu_cores.ceiling",
+        ),
+        (
+            vec!["-r", "-", id],
+            Some(r#"{"devices":[{"allow":true,"type":"c","major":195,"access":"rwm"}]}"#),
+            "allows a device",
+        ),
+        (
+            vec!["-r", "-", id],
+            Some(r#"{"memory":{"limit":1,"LIMIT":17179869184}}"#),
+            "runc reads it as",
+        ),
+    ];
+    for (args, stdin, why) in &refused {
+        let out = update(&f.a, args, *stdin);
+        assert!(!out.status.success(), "{args:?} was admitted: {}", out.stderr_str());
+        assert!(out.stderr_str().contains(why), "{args:?}: {}", out.stderr_str());
+        assert_eq!(
+            kernel_limits(&f.a, id),
+            (10_000, 100_000, 512 << 20),
+            "{args:?} changed the kernel's limits"
+        );
+    }
+    let s = f.status().unwrap();
+    assert_eq!((dev(&s, "cpu_cores"), dev(&s, "memory_gib")), (Some(100), Some(512)), "{s:#}");
+
+    // Within the ceilings (0.75 cores, 1 GiB): admitted; beyond the CPU guarantee, the
+    // grant runs borrowed from now on. The kernel, the node's status, the books and the
+    // ledger show it.
+    update(&f.a, &["--cpu-quota", "75000", "--memory", "1g", id], None)
+        .assert_success("update within the ceilings");
+    assert_eq!(kernel_limits(&f.a, id), (75_000, 100_000, 1 << 30));
+    let g = grant_of(&f.a, id);
+    assert_eq!(
+        (g["quota"]["cpu_milli"].as_u64(), g["quota"]["memory_mib"].as_u64()),
+        (Some(750), Some(1024)),
+        "{g:#}"
+    );
+    assert_eq!(g["quota"]["class"], "borrowed", "{g:#}");
+    f.wait_status("the books follow", |s| {
+        dev(s, "cpu_cores") == Some(750) && dev(s, "memory_gib") == Some(1024)
+    });
+    let usage = f.a.cli(&["usage", "--from", "-1h", "--by", "container", "--json"]);
+    usage.assert_success("tessera usage");
+    let u: Value = serde_json::from_slice(&usage.stdout).unwrap();
+    let row = u["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["group"].as_str().is_some_and(|g| g.contains(id)))
+        .cloned();
+    let row = row.unwrap_or_else(|| panic!("no usage row for {id}: {u:#}"));
+    assert_eq!(
+        row["intervals"].as_u64(),
+        Some(2),
+        "metered at the burst price from the update on: {row:#}"
+    );
+
+    // A decrease through `-r -` (the containerd form, its deny-all device rule included):
+    // recorded, in the kernel, the status and the books.
+    let body = r#"{"devices":[{"allow":false,"access":"rwm"}],"cpu":{"quota":50000,"period":100000},"memory":{"limit":805306368}}
+"#;
+    update(&f.a, &["--resources", "-", id], Some(body)).assert_success("a decrease");
+    assert_eq!(kernel_limits(&f.a, id), (50_000, 100_000, 768 << 20));
+    let g = grant_of(&f.a, id);
+    assert_eq!(
+        (g["quota"]["cpu_milli"].as_u64(), g["quota"]["memory_mib"].as_u64()),
+        (Some(500), Some(768)),
+        "{g:#}"
+    );
+    f.wait_status("the books follow the decrease", |s| {
+        dev(s, "cpu_cores") == Some(500) && dev(s, "memory_gib") == Some(768)
+    });
+    // What the decrease freed is usable again, up to the ceiling as the books count it:
+    // 1.5 cores, of which the nodes' unused leases of acme/dev's guarantee (a quarter core
+    // in all, the grant being borrowed) book at most a quarter.
+    update(&f.a, &["--cpu-quota", "120000", id], None).assert_success("up to the ceiling");
+    assert_eq!(kernel_limits(&f.a, id).0, 120_000);
+    let out = update(&f.a, &["--cpu-quota", "160000", id], None);
+    assert!(out.stderr_str().contains("cpu_cores.ceiling"), "{}", out.stderr_str());
+    assert_eq!(kernel_limits(&f.a, id).0, 120_000);
+
+    // A container without a grant is runc's business: no quota applies.
+    let mut plain = f.a.bundle("plain1", B_NS, None, &argv);
+    plain.write();
+    f.a.fx.create_container(&plain, "plain1").assert_success("create");
+    f.a.fx.start_container("plain1").assert_success("start");
+    update(&f.a, &["--cpu-quota", "1600000", "plain1"], None).assert_success("no grant: runc's");
+    assert_eq!(kernel_limits(&f.a, "plain1").0, 1_600_000);
+
+    for id in [id, "plain1"] {
+        f.a.fx.delete_container(id, true);
     }
 }
