@@ -707,3 +707,145 @@ fn a_gpu_containers_limits_grow_only_as_its_quotas_admit() {
         f.a.fx.delete_container(id, true);
     }
 }
+
+/// What tesserad's model of runc 1.1's `update` (the wrapper's reading of the update, then
+/// `tesserad::limits::after_update` from what the kernel enforces and runc recorded)
+/// predicts is what the real runc leaves in the kernel, over generated updates of a plain
+/// container: flags in every spelling and order, duplicates, `-1`, memory sizes, a quota or
+/// a period alone (runc takes the other from its record), and `--resources -` JSON. A
+/// case the wrapper refuses is not checked (it never reaches runc); a case runc fails is
+/// checked to leave the limits as they were.
+#[test]
+fn the_update_model_agrees_with_runc() {
+    use rand::{Rng, SeedableRng};
+    use runtime_hook::update as u;
+    let fx = Fixture::new();
+    let id = "model1";
+    let mut b = fx.bundle(id);
+    b.args(&["sh", "-c", "while true; do sleep 1; done"]).write();
+    fx.run_detached(&b, id);
+    let pid = fx.container_pid(id).unwrap();
+    let kernel = || {
+        let (k, v) = tesserad::limits::read_limits(
+            std::path::Path::new("/proc"),
+            std::path::Path::new("/sys/fs/cgroup"),
+            pid,
+        )
+        .unwrap();
+        assert_eq!(v, tesserad::limits::CgroupVersion::V1, "this host's cgroups");
+        k
+    };
+    let runc_update = |args: &[String], stdin: Option<&str>| {
+        use std::io::Write;
+        let mut cmd = std::process::Command::new(RUNC);
+        cmd.arg("--root").arg(fx.runc_root()).arg("update").args(args);
+        cmd.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+        drop(input);
+        output_timeout_child(child)
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(
+        std::env::var("SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(23),
+    );
+    let quotas = ["-1", "0", "1000", "20000", "50000", "150000", "+30000", "7e3"];
+    let periods = ["0", "1000", "50000", "100000", "250000"];
+    let memories = ["-1", "0", "256m", "1g", "1.5g", "768M", "805306368", "640 MiB", "0.5k"];
+    let (mut checked, mut runc_failed) = (0, 0);
+    for case in 0..std::env::var("CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(60) {
+        // A known start: both CPU values and memory set, and recorded by runc.
+        let base = [("20000", "100000", "512m"), ("50000", "50000", "1g"), ("-1", "100000", "-1")]
+            [rng.gen_range(0..3)];
+        let reset =
+            format!("--cpu-quota={} --cpu-period={} --memory={} {id}", base.0, base.1, base.2);
+        let reset: Vec<String> = reset.split(' ').map(str::to_string).collect();
+        runc_update(&reset, None).assert_success("reset");
+        let before = kernel();
+        let (args, stdin): (Vec<String>, Option<String>) = if rng.gen_bool(0.3) {
+            let mut cpu = serde_json::Map::new();
+            if rng.gen_bool(0.6) {
+                let q = [-1, 20_000, 150_000][rng.gen_range(0..3)];
+                cpu.insert("quota".into(), json!(q));
+            }
+            if rng.gen_bool(0.6) {
+                let p = [1_000, 50_000, 100_000][rng.gen_range(0..3)];
+                cpu.insert("period".into(), json!(p));
+            }
+            let mut r = json!({"cpu": cpu});
+            if rng.gen_bool(0.6) {
+                let m = [-1_i64, 268_435_456, 1 << 30][rng.gen_range(0..3)];
+                r["memory"] = json!({ "limit": m });
+            }
+            let flag = ["--resources", "-r", "--resources=-"][rng.gen_range(0..3)];
+            let mut a: Vec<String> = flag.split('=').map(str::to_string).collect();
+            if flag.contains('=') {
+                a = vec![flag.to_string()];
+            }
+            if rng.gen_bool(0.5) {
+                a.push(id.into());
+            } else {
+                a.insert(0, id.into());
+            }
+            (a, Some(r.to_string()))
+        } else {
+            let mut a: Vec<String> = Vec::new();
+            for _ in 0..rng.gen_range(1..5) {
+                let (name, pool): (&str, &[&str]) = match rng.gen_range(0..3) {
+                    0 => ("cpu-quota", &quotas),
+                    1 => ("cpu-period", &periods),
+                    _ => ("memory", &memories),
+                };
+                let v = pool[rng.gen_range(0..pool.len())];
+                let dash = if rng.gen_bool(0.5) { "--" } else { "-" };
+                if v.contains(' ') || rng.gen_bool(0.5) {
+                    a.push(format!("{dash}{name}={v}"));
+                } else {
+                    a.push(format!("{dash}{name}"));
+                    a.push(v.to_string());
+                }
+            }
+            let at = rng.gen_range(0..=a.len());
+            // The id only where it is not taken as a flag's value.
+            if at == 0 || a[at - 1].contains('=') || !a[at - 1].starts_with('-') {
+                a.insert(at, id.into());
+            } else {
+                a.push(id.into());
+            }
+            (a, None)
+        };
+        let os: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+        let model = u::parse_args(&os).ok().and_then(|p| {
+            (p.container_id() == Some(id)).then_some(())?;
+            let mut req = match (p.resources(), &stdin) {
+                (Some(_), Some(s)) => u::resources_values(s.as_bytes()).ok()?,
+                (None, _) => u::flag_values(&p).ok()?,
+                (Some(_), None) => return None,
+            };
+            req.recorded = u::recorded_limits(&fx.runc_root(), id);
+            tesserad::limits::after_update(tesserad::limits::CgroupVersion::V1, &before, &req).ok()
+        });
+        let out = runc_update(&args, stdin.as_deref());
+        let after = kernel();
+        let Some(model) = model else { continue };
+        if out.status.success() {
+            assert_eq!(
+                after, model,
+                "case {case}: runc update {args:?} (stdin {stdin:?}) from {before:?}: the model \
+                 says {model:?}, the kernel holds {after:?}"
+            );
+            checked += 1;
+        } else {
+            assert_eq!(after, before, "case {case}: a failed update {args:?} changed the limits");
+            runc_failed += 1;
+        }
+    }
+    eprintln!("MODEL checked {checked}, runc failed {runc_failed}");
+    assert!(
+        checked >= 25,
+        "only {checked} cases reached runc and succeeded ({runc_failed} failed)"
+    );
+    fx.delete_container(id, true);
+}
