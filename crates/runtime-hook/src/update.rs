@@ -411,16 +411,13 @@ pub fn resources_values(bytes: &[u8]) -> Result<UpdateRequest, UpdateError> {
 
 /// The update's container id candidates, for telling whether any is a GPU container
 /// before anything is refused: every positional argument of the update's arguments as the
-/// parser reads them, or, when they cannot be read, every argument that could be one.
+/// parser reads them, or, when they cannot be read (runc may still read them: a value
+/// that is not UTF-8 is fine to Go), every argument (an id may start with `-`; one that
+/// is not UTF-8 is no id runc accepts).
 pub fn id_candidates(args: &[OsString]) -> Vec<String> {
     match parse_args(args) {
         Ok(a) => a.positional,
-        Err(_) => args
-            .iter()
-            .filter_map(|a| a.to_str())
-            .filter(|a| !a.starts_with('-'))
-            .map(str::to_string)
-            .collect(),
+        Err(_) => args.iter().filter_map(|a| a.to_str()).map(str::to_string).collect(),
     }
 }
 
@@ -619,6 +616,23 @@ mod tests {
         }
         let e = resources_values(br#"{"unified": {"\u001b[2J": "1"}}"#).expect_err("unified");
         assert!(!e.to_string().contains('\u{1b}'), "{e}");
+    }
+
+    #[test]
+    fn an_update_the_parser_cannot_read_names_every_argument_as_a_possible_id() {
+        use std::os::unix::ffi::OsStringExt;
+        // Go reads a value that is not UTF-8; this parser refuses it. The GPU container
+        // `-gpu` must still be looked at.
+        let args = vec![
+            OsString::from("--cpuset-mems"),
+            OsString::from_vec(vec![0xff]),
+            OsString::from("--cpu-quota"),
+            OsString::from("1600000"),
+            OsString::from("--"),
+            OsString::from("-gpu"),
+        ];
+        assert!(parse_args(&args).is_err());
+        assert!(id_candidates(&args).contains(&"-gpu".to_string()));
     }
 
     #[test]
