@@ -637,18 +637,15 @@ impl Controller {
             }
             Verdict::Refused { message, rule } => {
                 let mut err = quota::refused_error(&step.tenant, &grant_request, &message, rule);
-                err.message = format!(
-                    "container {container_id}: update of its limits refused: {}",
-                    err.message
-                );
+                err.message = format!("update of its limits refused: {}", err.message);
                 return refuse(err);
             }
             Verdict::Failed { message } | Verdict::Reclaiming { message, .. } => {
                 return refuse(ApiError {
                     code: ErrorCode::Internal,
                     message: format!(
-                        "container {container_id}: the quota coordinator could not admit the update of its \
-                         limits: {}; nothing changed",
+                        "the quota coordinator could not admit the update of its limits: {}; nothing \
+                         changed",
                         untrusted(&message).max_chars(512)
                     ),
                     tenant: Some(step.tenant.clone()),

@@ -204,7 +204,7 @@ impl Node {
                 self,
                 ErrorCode::Conflict,
                 None,
-                format!("container {container_id}: another update of its limits is in progress (for {age} s); retry"),
+                format!("another update of its limits is in progress (for {age} s); retry"),
             ));
         }
         let (before, version) = self.kernel_limits(&rec).map_err(|e| {
@@ -212,18 +212,15 @@ impl Node {
                 self,
                 ErrorCode::Conflict,
                 None,
-                format!("container {container_id}: cannot read the limits the kernel enforces on it: {e}; refusing the update"),
+                format!(
+                    "cannot read the limits the kernel enforces on it: {e}; refusing the update"
+                ),
             )
         })?;
         let after = limits::after_update(version, &before, req)
             .and_then(|l| limits::counted(&l))
             .map_err(|e| {
-            refuse(
-                self,
-                ErrorCode::BadRequest,
-                Some("limits"),
-                format!("container {container_id}: {e}; refusing the update"),
-            )
+            refuse(self, ErrorCode::BadRequest, Some("limits"), format!("{e}; refusing the update"))
         })?;
         // What the kernel enforces now, counted (beyond what a quota counts: unlimited).
         let now = limits::counted(&before).unwrap_or_default();
@@ -244,14 +241,8 @@ impl Node {
             // No quotas count it: nothing to admit.
             return Ok(UpdatePlan::Step(Box::new(step)));
         };
-        quota::require_limits(&step.tree, &a.tenant, &after).map_err(|e| {
-            refuse(
-                self,
-                ErrorCode::BadRequest,
-                Some("limits"),
-                format!("container {container_id}: {e}"),
-            )
-        })?;
+        quota::require_limits(&step.tree, &a.tenant, &after)
+            .map_err(|e| refuse(self, ErrorCode::BadRequest, Some("limits"), e.to_string()))?;
         // A raise is what grows beyond both what the books count and what the kernel
         // enforces now (an update that lowers a limit the kernel already held above the
         // books asks nothing; `done` records what is enforced then).
@@ -290,7 +281,7 @@ impl Node {
         let Some(rec) = rec.filter(|r| r.allocation.quota.as_deref() == step.mark.as_ref()) else {
             return Err(ApiError::new(
                 ErrorCode::Conflict,
-                format!("container {id}: its grant changed while the update was admitted; retry"),
+                "its grant changed while the update was admitted; retry".to_string(),
             ));
         };
         let mut mark = step.mark.clone();
