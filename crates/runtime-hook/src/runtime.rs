@@ -1350,6 +1350,88 @@ mod tests {
         assert!(err.message().contains("symbolic link"), "{}", err.message());
     }
 
+    /// A runc root holding container `id` whose record carries `labels`.
+    fn runc_record(dir: &Path, id: &str, labels: &[&str]) -> PathBuf {
+        let root = dir.join("runc-root");
+        std::fs::create_dir_all(root.join(id)).expect("mkdir");
+        let state = json!({"config": {"labels": labels,
+            "cgroups": {"cpu_quota": 50_000, "cpu_period": 100_000, "memory": 0}}});
+        std::fs::write(root.join(id).join("state.json"), state.to_string()).expect("state");
+        root
+    }
+
+    #[test]
+    fn an_update_of_a_container_without_the_label_is_runcs_and_asks_nobody() {
+        let f = Fixture::new(&json!({}));
+        let root = runc_record(f.dir.path(), "plain", &["bundle=/b"]);
+        let args = f.args(&format!("--root {} update --cpu-quota 1600000 plain", root.display()));
+        let global = GlobalOptions { root, ..GlobalOptions::default() };
+        // No daemon listens: asking would fail the update.
+        assert_eq!(update(&f.env, &args, 3, &global, &|_| panic!("nothing to report")), None);
+    }
+
+    #[test]
+    fn an_update_of_a_gpu_container_is_asked_first_and_refused_without_runc() {
+        let f = Fixture::new(&json!({}));
+        let root = runc_record(f.dir.path(), "gpu", &["tessera.io/allocated=MIG-1", "bundle=/b"]);
+        let reports = std::cell::RefCell::new(Vec::new());
+        let report = |x: &Failure| reports.borrow_mut().push(x.message());
+        let global = GlobalOptions { root: root.clone(), ..GlobalOptions::default() };
+        let line = |tail: &str| f.args(&format!("--root {} update {tail}", root.display()));
+
+        // What the daemon is asked: runc's values, the root, what runc recorded.
+        let refusal = json!({"code": "refused", "message": "update of its limits refused: past the ceiling",
+                             "rule": "quotas.acme/dev.cpu_cores.ceiling"});
+        let h = f.serve(vec![http("403 Forbidden", &refusal)]);
+        let args = line("--cpu-period 1000 gpu");
+        assert_eq!(update(&f.env, &args, 3, &global, &report), Some(1));
+        let req = h.join().expect("join");
+        assert!(req[0].starts_with("POST /v1/allocations/gpu/update HTTP/1.1"), "{}", req[0]);
+        assert_eq!(
+            body_of(&req[0]),
+            json!({"runc_root": root.to_str().expect("utf8"), "cpu_quota": 0, "cpu_period": 1000,
+                   "memory_limit": 0,
+                   "recorded": {"cpu_quota": 50_000, "cpu_period": 100_000, "memory": 0}})
+        );
+        let msg = reports.borrow().last().cloned().expect("reported");
+        assert!(msg.contains("past the ceiling") && msg.contains("cpu_cores.ceiling"), "{msg}");
+
+        // A daemon without the route (an older tesserad): refused, never passed to runc
+        // (runc here does not exist: running it would report that instead).
+        std::fs::remove_file(&f.env.socket).expect("rm socket");
+        let h = f.serve(vec![http(
+            "404 Not Found",
+            &json!({"code": "not_found", "message": "no such endpoint"}),
+        )]);
+        assert_eq!(update(&f.env, &line("--memory 16g gpu"), 3, &global, &report), Some(1));
+        h.join().expect("join");
+        let msg = reports.borrow().last().cloned().expect("reported");
+        assert!(msg.contains("no such endpoint"), "{msg}");
+        // No daemon at all: refused.
+        std::fs::remove_file(&f.env.socket).expect("rm socket");
+        assert_eq!(update(&f.env, &line("--memory 16g gpu"), 3, &global, &report), Some(1));
+        let msg = reports.borrow().last().cloned().expect("reported");
+        assert!(msg.contains("cannot reach tesserad"), "{msg}");
+        // Refused before the daemon: what it cannot read as runc does, and device rules.
+        for (tail, why) in [
+            ("--cpu-quota 1 --cpu-quota=x gpu", "cpu-quota"),
+            ("--nope gpu", "flag provided but not defined"),
+            ("gpu other", "exactly one container id"),
+        ] {
+            assert_eq!(update(&f.env, &line(tail), 3, &global, &report), Some(1), "{tail}");
+            let msg = reports.borrow().last().cloned().expect("reported");
+            assert!(msg.contains(why), "{tail}: {msg}");
+        }
+        let file = f.dir.path().join("r.json");
+        std::fs::write(&file, r#"{"devices": [{"allow": true, "access": "rwm"}]}"#).expect("write");
+        let args = line(&format!("-r {} gpu", file.display()));
+        assert_eq!(update(&f.env, &args, 3, &global, &report), Some(1));
+        let msg = reports.borrow().last().cloned().expect("reported");
+        assert!(msg.contains("allows a device"), "{msg}");
+        // --help is runc's.
+        assert_eq!(update(&f.env, &line("--help gpu"), 3, &global, &report), None);
+    }
+
     #[test]
     fn text_log_format_and_time() {
         let dir = tempfile::tempdir().expect("tempdir");
