@@ -130,8 +130,21 @@ pub fn status(s: &NodeStatus) -> String {
 }
 
 /// `  borrowed beyond P (burst price, reclaimable)` for borrowed work, `  guaranteed under
-/// lease` for work a node admitted alone; else nothing.
+/// lease` for work a node admitted alone; else nothing. Before it, the CPU and memory the
+/// grant counts against its quotas, where it counts any (`  CPU 0.75 cores, 1024 MiB`).
 fn quota_mark(mark: Option<&tessera_api::QuotaMark>) -> String {
+    let limits = match mark {
+        Some(m) if m.cpu_milli > 0 || m.memory_mib > 0 => {
+            let cores = format!("{}.{:03}", m.cpu_milli / 1000, m.cpu_milli % 1000);
+            let cores = cores.trim_end_matches('0').trim_end_matches('.');
+            format!("  CPU {cores} cores, {} MiB", m.memory_mib)
+        }
+        _ => String::new(),
+    };
+    limits + &quota_class(mark)
+}
+
+fn quota_class(mark: Option<&tessera_api::QuotaMark>) -> String {
     match mark {
         Some(m) if m.class == tessera_api::QuotaClass::Borrowed => format!(
             "  borrowed{} (burst price, reclaimable)",
@@ -422,6 +435,10 @@ mod tests {
                 "over": "quotas.acme/dev.gpus.H100-80GB.guarantee"}),
             ),
             grant("leased", serde_json::json!({"class": "guaranteed", "under_lease": true})),
+            grant(
+                "limited",
+                serde_json::json!({"class": "guaranteed", "cpu_milli": 750, "memory_mib": 1024}),
+            ),
             grant("plain", serde_json::Value::Null),
         ];
         let text = status(&s);
@@ -433,6 +450,7 @@ mod tests {
             "{text}"
         );
         assert!(line("leased").ends_with("guaranteed under lease"), "{text}");
+        assert!(line("limited").ends_with("(pid 7)  CPU 0.75 cores, 1024 MiB"), "{text}");
         assert!(line("plain").ends_with("(pid 7)"), "{text}");
     }
 

@@ -177,3 +177,83 @@ fn docker_gpus_identity_and_no_grant_no_gpu() {
     drop(d);
     drop(node);
 }
+
+/// Issue 23 (3): `docker update` (dockerd → containerd's shim → `tessera-runtime update
+/// --resources -`) of a GPU container cannot take it past its team's CPU and memory
+/// ceilings: refused with Tessera's message, the kernel's limits as they were; within them
+/// applied, and the grant counts the new amounts.
+#[test]
+fn docker_update_of_a_gpu_container_stays_within_its_quotas() {
+    let node_dir = tempfile::tempdir().expect("tempdir");
+    let file = policy(node_dir.path());
+    let mut p: Value = serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("json");
+    p["quotas"] = json!({"acme/untrusted": {
+        "cpu_cores": {"guarantee": 1, "ceiling": 1},
+        "memory_gib": {"guarantee": 2, "ceiling": 2}
+    }});
+    std::fs::write(&file, serde_json::to_vec_pretty(&p).expect("json")).expect("write policy");
+    let node = Node::start_with(NodeOptions { policy: file, ..Default::default() });
+    let text = node.runtime_config(None);
+    let d = Dockerd::start(|config, dir| {
+        let rc = dir.join("runtime.toml");
+        std::fs::write(&rc, &text).expect("runtime config");
+        setup_docker(config, "tessera", &rc);
+    });
+    let run = d.docker(&[
+        "run",
+        "-d",
+        "--runtime",
+        "tessera",
+        "--gpus",
+        "1",
+        "--cpus",
+        "0.5",
+        "--memory",
+        "512m",
+        DOCKER_IMAGE,
+        "sleep",
+        "60",
+    ]);
+    run.assert_success("docker run --gpus 1 --cpus 0.5 --memory 512m");
+    let id = run.stdout_str().trim().to_owned();
+    let cg = d.container_cgroup(&id);
+    let kernel = || {
+        let read = |f: &str| {
+            std::fs::read_to_string(format!("/sys/fs/cgroup/{f}"))
+                .expect("cgroup file")
+                .trim()
+                .to_string()
+        };
+        (
+            read(&format!("cpu{cg}/cpu.cfs_quota_us")),
+            read(&format!("memory{cg}/memory.limit_in_bytes")),
+        )
+    };
+    let limited = ("50000".to_string(), (512u64 << 20).to_string());
+    assert_eq!(kernel(), limited);
+    let mark = || {
+        let s = node.client().status().expect("status");
+        let a = s.allocations.iter().find(|a| a.container_id == id).expect("a grant").clone();
+        let m = a.quota.expect("marked");
+        (m.cpu_milli, m.memory_mib)
+    };
+    assert_eq!(mark(), (500, 512));
+
+    let up = d.docker(&["update", "--cpus", "2", "--memory", "4g", "--memory-swap", "8g", &id]);
+    assert!(!up.status.success(), "docker update past the ceilings was applied:\n{}", d.log());
+    assert!(
+        up.stderr_str().contains("quotas.acme/untrusted.cpu_cores.ceiling"),
+        "{}",
+        up.stderr_str()
+    );
+    assert_eq!(kernel(), limited, "the kernel's limits as they were");
+    assert_eq!(mark(), (500, 512));
+
+    let ok = d.docker(&["update", "--cpus", "1", "--memory", "1g", "--memory-swap", "2g", &id]);
+    ok.assert_success("docker update within the ceilings");
+    assert_eq!(kernel(), ("100000".to_string(), (1u64 << 30).to_string()));
+    assert_eq!(mark(), (1000, 1024));
+    d.docker(&["rm", "-f", &id]).assert_success("docker rm -f");
+    drop(d);
+    drop(node);
+}

@@ -1,7 +1,8 @@
 //! Kubernetes through the CRI as kubelet drives it: containerd 1.6's own CRI plugin,
 //! started by the test with the runtime handler `tessera setup containerd` writes, real
 //! pods through a CRI gRPC client (RunPodSandbox, CreateContainer, StartContainer,
-//! StopContainer, RemoveContainer, StopPodSandbox, RemovePodSandbox), runc under
+//! UpdateContainerResources, StopContainer, RemoveContainer, StopPodSandbox,
+//! RemovePodSandbox), runc under
 //! tessera-runtime, tesserad on a simulated 8×H100 node.
 //!
 //! What is checked is what the enforcing parts did: the config.json containerd handed the
@@ -621,4 +622,79 @@ fn pod_start_latency() {
     for (label, p50, p90) in rows {
         println!("{label:32} p50 {p50:7.1} ms  p90 {p90:7.1} ms  ({PODS} pods)");
     }
+}
+
+/// Issue 23 (3): kubelet's in-place resize (CRI `UpdateContainerResources` → containerd 1.6
+/// → its shim's `runc update --resources -`) of a GPU container is decided by the
+/// container's quotas: past the team's CPU ceiling the CRI call fails with Tessera's
+/// message and the kernel's limits stay; within it the resize is applied and counted.
+#[test]
+fn an_in_place_resize_of_a_gpu_container_is_held_to_its_quotas() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).unwrap()).unwrap();
+    p["quotas"] = serde_json::json!({"acme/untrusted": {
+        "cpu_cores": {"guarantee": 1, "ceiling": 1},
+        "memory_gib": {"guarantee": 1, "ceiling": 1}
+    }});
+    let policy = dir.path().join("policy.json");
+    std::fs::write(&policy, serde_json::to_vec(&p).unwrap()).unwrap();
+    let node = Node::start_with(NodeOptions { policy, ..NodeOptions::default() });
+    let ctd = Containerd::builder()
+        .cri()
+        .env("TESSERA_SOCKET", &node.socket.display().to_string())
+        .env("TESSERA_RUNC", RUNC)
+        .env("TESSERA_HOOK", tessera_hook())
+        .before_start(setup_handler)
+        .start();
+    let cri = ctd.cri();
+    let pod = PodSpec::new("resize", "team-untrusted")
+        .handler("tessera")
+        .annotation("tessera.io/gpu", "mig=1g.10gb");
+    let pod_id = cri.run_pod_sandbox(&pod).unwrap_or_else(|e| panic!("{e}\n{}", ctd.log()));
+    // A Burstable container as kubelet sends it: 0.2 cores, 256 MiB.
+    let mut config =
+        cri.container_config(&pod, &ContainerSpec::new("main").command(&["sleep", "300"]));
+    let resources = |quota: i64, memory: i64| v1::LinuxContainerResources {
+        cpu_period: 100_000,
+        cpu_quota: quota,
+        cpu_shares: 204,
+        memory_limit_in_bytes: memory,
+        oom_score_adj: 999,
+        ..Default::default()
+    };
+    config.linux.as_mut().unwrap().resources = Some(resources(20_000, 256 << 20));
+    let id = cri.create_container_raw(&pod_id, config, cri.sandbox_config(&pod)).unwrap();
+    cri.start_container(&id).unwrap_or_else(|e| panic!("{e}\n{}", ctd.log()));
+    let grant = || node.client().allocation(&id).unwrap();
+    let pid = grant().pid.expect("started");
+    let kernel = || {
+        let (k, _) =
+            tesserad::limits::read_limits(Path::new("/proc"), Path::new("/sys/fs/cgroup"), pid)
+                .unwrap();
+        (k.cpu_quota, k.memory)
+    };
+    assert_eq!(kernel(), (Some(20_000), Some(256 << 20)));
+
+    let e = cri
+        .update_container_resources(&id, resources(200_000, 512 << 20))
+        .expect_err("past the ceiling");
+    assert!(e.message().contains("quotas.acme/untrusted.cpu_cores.ceiling"), "{e}");
+    assert_eq!(kernel(), (Some(20_000), Some(256 << 20)), "the kernel's limits as they were");
+
+    cri.update_container_resources(&id, resources(50_000, 512 << 20))
+        .unwrap_or_else(|e| panic!("within the ceilings: {e}\n{}", ctd.log()));
+    assert_eq!(kernel(), (Some(50_000), Some(512 << 20)));
+    let m = grant().quota.expect("marked");
+    assert_eq!((m.cpu_milli, m.memory_mib), (500, 512));
+
+    cri.stop_container(&id, 0).unwrap();
+    cri.remove_container(&id).unwrap();
+    cri.stop_pod_sandbox(&pod_id).unwrap();
+    cri.remove_pod_sandbox(&pod_id).unwrap();
+    let fp = ctd.footprint();
+    drop(cri);
+    drop(ctd);
+    drop(node);
+    assert_no_leftovers(&fp);
 }

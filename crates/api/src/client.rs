@@ -12,7 +12,8 @@ use serde::Serialize;
 use crate::display::untrusted;
 use crate::protocol::{PROTOCOL, PROTOCOL_HEADER};
 use crate::types::{
-    AllocateRequest, Allocation, ApiError, NodeStatus, ReleaseRequest, StartRequest,
+    AllocateRequest, Allocation, ApiError, NodeStatus, ReleaseRequest, StartRequest, UpdateAnswer,
+    UpdateDone, UpdateRequest,
 };
 use crate::MAX_REQUEST_BYTES;
 
@@ -106,6 +107,28 @@ impl Client {
         let path = format!("/v1/allocations/{}", encode_segment(container_id));
         let _: serde_json::Value = self.call("DELETE", &path, Some(req))?;
         Ok(())
+    }
+
+    /// Ask before `runc update` of a container: tesserad admits what the update will make
+    /// its CPU and memory limits (a container without a grant here: `grant: false`).
+    pub fn update(
+        &self,
+        container_id: &str,
+        req: &UpdateRequest,
+    ) -> Result<UpdateAnswer, ClientError> {
+        let path = format!("/v1/allocations/{}/update", encode_segment(container_id));
+        self.call("POST", &path, Some(req))
+    }
+
+    /// `runc update` of a container ended: tesserad records what the kernel enforces (or
+    /// asks for the limits of before to be set back).
+    pub fn update_done(
+        &self,
+        container_id: &str,
+        req: &UpdateDone,
+    ) -> Result<UpdateAnswer, ClientError> {
+        let path = format!("/v1/allocations/{}/update/done", encode_segment(container_id));
+        self.call("POST", &path, Some(req))
     }
 
     pub fn allocation(&self, container_id: &str) -> Result<Allocation, ClientError> {

@@ -11,6 +11,8 @@
 //!   (SQLite commits, /proc and runc-state reads, backend calls), never on the async workers;
 //! * **what runs outside the lock**: the actions with a slow part take what they need under
 //!   the lock, do the slow part without it, and record the result under it again —
+//!   [`Action::Update`] under a policy with fleet quotas (a raise's admission by the
+//!   books),
 //!   [`Action::Scrub`] and [`Action::Unquarantine`] (the scrub child process),
 //!   [`Action::MpsHealthCheck`] (control-binary pings and cap read-backs, on the
 //!   supervisor's own lock), [`Action::CheckEcc`] and [`Action::SampleUtilization`] (NVML
@@ -36,7 +38,7 @@ use metering::{IntervalRecord, UsageReport};
 use serde::Serialize;
 use tessera_api::{
     untrusted, AllocateRequest, Allocation, ApiError, ErrorCode, NodeStatus, ReleaseRequest,
-    StartRequest,
+    StartRequest, UpdateAnswer, UpdateDone, UpdateRequest,
 };
 use tracing::{debug, error, warn};
 
@@ -53,6 +55,13 @@ pub enum Action {
     Start { container_id: String, req: StartRequest },
     /// `DELETE /v1/allocations/{id}`: the checked release.
     Release { container_id: String, req: ReleaseRequest },
+    /// `POST /v1/allocations/{id}/update`: tessera-runtime asks before `runc update` of a
+    /// container's CPU or memory limits; a raise is admitted by the fleet's quotas
+    /// (without the lock), as a new grant is.
+    Update { container_id: String, req: UpdateRequest },
+    /// `POST /v1/allocations/{id}/update/done`: `runc update` ended; the kernel's limits
+    /// are recorded (or the limits of before asked back).
+    UpdateDone { container_id: String, req: UpdateDone },
     /// `GET /v1/allocations/{id}`.
     Allocation(String),
     /// `GET /v1/allocations`; also the running containers to watch after a start.
@@ -137,6 +146,8 @@ impl Action {
             Action::Allocate(_) => "allocate",
             Action::Start { .. } => "start",
             Action::Release { .. } => "release",
+            Action::Update { .. } => "update",
+            Action::UpdateDone { .. } => "update done",
             Action::Allocation(_) => "allocation",
             Action::Allocations => "allocations",
             Action::Status => "status",
@@ -192,6 +203,8 @@ impl Action {
             Action::Allocate(req) => Some(&req.container_id),
             Action::Start { container_id, .. }
             | Action::Release { container_id, .. }
+            | Action::Update { container_id, .. }
+            | Action::UpdateDone { container_id, .. }
             | Action::ContainerExited { container_id, .. } => Some(container_id),
             Action::Allocation(id) | Action::ExitWatchTarget(id) => Some(id),
             _ => None,
@@ -209,6 +222,7 @@ pub enum Outcome {
     Released {
         released: bool,
     },
+    Update(UpdateAnswer),
     Status(Box<NodeStatus>),
     Usage(UsageReport),
     Mig(MigReport),
@@ -404,6 +418,12 @@ impl Controller {
             Action::Release { container_id, req } => self
                 .locked(|n| n.release_removed(&container_id, &req))
                 .map(|released| O::Released { released }),
+            Action::Update { container_id, req } => self.update(&container_id, &req).map(O::Update),
+            Action::UpdateDone { container_id, req } => {
+                let (answer, to_books) = self.locked(|n| n.finish_update(&container_id, &req))?;
+                self.tell_books(to_books);
+                Ok(O::Update(answer))
+            }
             Action::Allocation(id) => self.locked(|n| n.allocation(&id)).map(O::Allocation),
             Action::Allocations => self.locked(|n| n.allocations()).map(O::Allocations),
             Action::Status => {
@@ -430,7 +450,13 @@ impl Controller {
             Action::RevokeCheck => self.locked(|n| n.revoke_check()).map(O::RevokeCheck),
             Action::RevokeStop(req) => self.revoke_stop(&req).map(O::RevokeStopped),
             Action::ReloadPolicy => self.reload_policy().map(O::PolicyReloaded),
-            Action::Reconcile => self.locked(|n| n.reconcile()).map(O::Reconciled),
+            Action::Reconcile => {
+                let (report, to_books) = self.locked(|n| Ok((n.reconcile()?, n.check_limits())))?;
+                for r in to_books {
+                    self.tell_books(Some(r));
+                }
+                Ok(O::Reconciled(report))
+            }
             Action::CheckEcc => {
                 let probe = self.locked(|n| Ok(n.ecc_probe()))?;
                 let readings = probe.read(); // outside the lock: NVML may hang
@@ -604,6 +630,85 @@ impl Controller {
                     rule: Some("quotas".into()),
                 })
             }
+        }
+    }
+
+    /// An update of a container's limits (`runc update`): planned under the lock, a raise
+    /// admitted by the books without it (as a new grant is: the node's own books synced
+    /// first, or the coordinator, or this node's lease while it is unreachable), begun
+    /// under it again. A raise the books admitted that cannot begin is given back.
+    fn update(&self, container_id: &str, req: &UpdateRequest) -> Result<UpdateAnswer, ApiError> {
+        use crate::node::{UpdateAdmission, UpdatePlan};
+        let step = match self.locked(|n| n.plan_update(container_id, req))? {
+            UpdatePlan::NoGrant => return Ok(UpdateAnswer::default()),
+            UpdatePlan::Step(s) => s,
+        };
+        let gate = self.quota.get();
+        let (Some(resize), Some(gate)) = (&step.resize, gate) else {
+            return self.locked(|n| n.begin_update(&step, &UpdateAdmission::None));
+        };
+        if !gate.has_coordinator() {
+            if let Some((snap, tree, _)) = self.quota_snapshot()? {
+                let victims = gate.sync_local(&snap, &tree);
+                if !victims.is_empty() {
+                    self.preempt(&victims, None)?;
+                }
+            }
+        }
+        let refuse = |err: ApiError| -> Result<UpdateAnswer, ApiError> {
+            self.locked(|n| {
+                n.record_quota_refusal(container_id, &err);
+                Ok(())
+            })?;
+            Err(err)
+        };
+        let grant_request = self.locked(|n| Ok(n.allocation(container_id)?.request))?;
+        let admission = match gate.resize(resize, &step.tree) {
+            Verdict::Admitted { class, over } => UpdateAdmission::Fleet { class, over },
+            Verdict::Unreachable { since_ms, why } => {
+                UpdateAdmission::Lease { leases: gate, since_ms, why }
+            }
+            Verdict::Refused { message, rule } => {
+                let mut err = quota::refused_error(&step.tenant, &grant_request, &message, rule);
+                err.message = format!("update of its limits refused: {}", err.message);
+                return refuse(err);
+            }
+            Verdict::Failed { message } | Verdict::Reclaiming { message, .. } => {
+                return refuse(ApiError {
+                    code: ErrorCode::Internal,
+                    message: format!(
+                        "the quota coordinator could not admit the update of its limits: {}; nothing \
+                         changed",
+                        untrusted(&message).max_chars(512)
+                    ),
+                    tenant: Some(step.tenant.clone()),
+                    request: Some(grant_request.to_string()),
+                    rule: Some("quotas".into()),
+                })
+            }
+        };
+        let r = self.locked(|n| n.begin_update(&step, &admission));
+        if r.is_err() {
+            if let (UpdateAdmission::Fleet { .. }, Some(mark)) = (&admission, &step.mark) {
+                // Counted, never begun: the books count the grant as before.
+                gate.resized(
+                    fleet::quota::ResizeRequest {
+                        amounts: quota::mark_amounts(mark),
+                        ..resize.clone()
+                    },
+                    &step.tree,
+                );
+            }
+        }
+        r
+    }
+
+    /// Tell the books what a grant counts after an update (best effort; the sync carries
+    /// it too).
+    fn tell_books(&self, resize: Option<fleet::quota::ResizeRequest>) {
+        let (Some(resize), Some(gate)) = (resize, self.quota.get()) else { return };
+        if let Ok(tree) = self.locked(|n| Ok(n.policy().policy.quotas().clone())) {
+            gate.resized(resize, &tree);
         }
     }
 

@@ -23,6 +23,15 @@ pub trait Host: Send + Sync + fmt::Debug {
     fn container_cgroup(&self, pid: i32) -> Result<String, String>;
     /// How many processes are in cgroup `rel` and below it.
     fn cgroup_procs(&self, rel: &str) -> CgroupProcs;
+    /// The CPU and memory limits the kernel enforces on `pid`'s own cgroups
+    /// ([`crate::limits::read_limits`]). A host that cannot tell says why.
+    fn cgroup_limits(
+        &self,
+        pid: i32,
+    ) -> Result<(tessera_api::KernelLimits, crate::limits::CgroupVersion), String> {
+        let _ = pid;
+        Err("this host does not read cgroup limits".into())
+    }
     /// Whether runc has a record of container `id` under `runc_root`.
     fn runc_state_exists(&self, runc_root: &Path, id: &str) -> bool {
         tessera_api::runc_state_exists(runc_root, id)
@@ -169,6 +178,12 @@ impl Host for LinuxHost {
     fn cgroup_procs(&self, rel: &str) -> CgroupProcs {
         liveness::cgroup_procs(Path::new(CGROUP_ROOT), rel)
     }
+    fn cgroup_limits(
+        &self,
+        pid: i32,
+    ) -> Result<(tessera_api::KernelLimits, crate::limits::CgroupVersion), String> {
+        crate::limits::read_limits(Path::new(PROC_ROOT), Path::new(CGROUP_ROOT), pid)
+    }
     fn watches_exits(&self) -> bool {
         true
     }
@@ -264,6 +279,12 @@ impl Host for TreeHost {
     }
     fn cgroup_procs(&self, rel: &str) -> CgroupProcs {
         liveness::cgroup_procs(&self.cgroup_root, rel)
+    }
+    fn cgroup_limits(
+        &self,
+        pid: i32,
+    ) -> Result<(tessera_api::KernelLimits, crate::limits::CgroupVersion), String> {
+        crate::limits::read_limits(&self.proc_root, &self.cgroup_root, pid)
     }
     fn watches_exits(&self) -> bool {
         false

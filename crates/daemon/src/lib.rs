@@ -14,6 +14,7 @@ mod durable;
 pub mod exits;
 pub mod fleet;
 pub mod host;
+pub mod limits;
 pub mod liveness;
 pub mod metrics;
 pub mod node;

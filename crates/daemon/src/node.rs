@@ -35,6 +35,7 @@ mod scrubbing;
 mod start;
 mod status;
 mod tokens;
+mod update;
 
 pub use allocate::QuotaMode;
 pub(crate) use allocate::{Admission, Prepared};
@@ -52,6 +53,8 @@ pub use scrubbing::{ScrubJob, ScrubSetup};
 /// watcher, [`crate::exits`], reports it).
 pub const EXITED_REASON: &str = "exited";
 pub use tokens::{TokenBook, TOKENS_FILE};
+pub(crate) use update::{UpdateAdmission, UpdatePlan};
+pub use update::{UpdateInFlight, UPDATE_WAIT};
 
 /// The policy in force and where it came from.
 #[derive(Debug, Clone)]
@@ -104,6 +107,8 @@ pub struct Node {
     grant_cgroups_file: Option<std::path::PathBuf>,
     /// Reconciler passes completed ([`tessera_api::NodeStatus::reconcile_passes`]).
     reconcile_passes: u64,
+    /// Updates of containers' limits admitted and not yet done (`runc update`).
+    updates: BTreeMap<String, UpdateInFlight>,
 }
 
 /// Everything a [`Node`] is made of.
@@ -146,6 +151,7 @@ impl Node {
             quota_released: Vec::new(),
             grant_cgroups_file: None,
             reconcile_passes: 0,
+            updates: BTreeMap::new(),
         })
     }
 

@@ -31,6 +31,7 @@ pub mod spec;
 pub mod supervise;
 #[cfg(test)]
 mod test_support;
+pub mod update;
 
 pub use args::{
     parse_runc_args, ArgsError, Command, CreateArgs, CreateOptions, DeleteArgs, GlobalOptions,

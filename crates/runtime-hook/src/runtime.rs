@@ -14,6 +14,13 @@
 //! The path without a GPU request never contacts the daemon (an outage must not break
 //! containers that do not use GPUs): parse argv, read and parse config.json once, look
 //! for a request, exec.
+//!
+//! `update` of a GPU container ([`crate::update`]): the update is read as runc reads it,
+//! tesserad admits what it makes the container's CPU and memory limits (a raise through
+//! the fleet's quotas, as a new grant), runc runs as a child (fed the resources JSON that
+//! was read and checked, never the caller's file again), and tesserad records what the
+//! kernel enforces then (or asks for the limits of before back, which the wrapper sets).
+//! An update of any other container is exec'd untouched, with no daemon contact.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -96,6 +103,19 @@ pub enum RuntimeError {
     RuntimeConfig(#[from] ConfigError),
     #[error(transparent)]
     Docker(#[from] DockerError),
+    /// An update of a GPU container that cannot be read as runc reads it, or that asks for
+    /// what a GPU container never gets.
+    #[error(transparent)]
+    Update(#[from] crate::update::UpdateError),
+    /// `runc update --resources FILE`: the file.
+    #[error("runc update --resources {}: {source}", untrusted(&path.to_string_lossy()))]
+    UpdateResources { path: PathBuf, source: std::io::Error },
+    /// tesserad refused the update, or could not be asked.
+    #[error("{}", update_message(.0))]
+    UpdateRefused(Box<ClientError>),
+    /// After runc's update the kernel enforced more than was admitted.
+    #[error("{0}")]
+    UpdateUndone(String),
     /// An annotation only tessera-runtime sets, found in a container's config.
     #[error(
         "annotation {ENGINE_ANNOTATION} is set by tessera-runtime from its configuration file, \
@@ -127,6 +147,31 @@ fn daemon_message(request: &str, error: &ClientError) -> String {
             format!("{} ({})", api.message, extra.join(", "))
         }
         None => format!("GPU request {request} not granted: {error}"),
+    }
+}
+
+/// `<daemon message> (tenant T, request R, rule P)`, or why tesserad could not be asked.
+fn update_message(error: &ClientError) -> String {
+    match error.api_error() {
+        Some(api) => {
+            let mut extra = Vec::new();
+            if let Some(t) = &api.tenant {
+                extra.push(format!("tenant {t}"));
+            }
+            if let Some(r) = &api.request {
+                extra.push(format!("request {r}"));
+            }
+            if let Some(r) = &api.rule {
+                extra.push(format!("rule {r}"));
+            }
+            match extra.is_empty() {
+                true => api.message.clone(),
+                false => format!("{} ({})", api.message, extra.join(", ")),
+            }
+        }
+        None => format!(
+            "the update of a GPU container's limits was not admitted (nothing changed): {error}"
+        ),
     }
 }
 
@@ -577,6 +622,14 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
     };
     let root = env.absolute(&inv.global.root);
     let socket = env.absolute(&env.socket);
+    if let Command::Other { verb, args: rest } = &inv.command {
+        if verb == "update" {
+            let verb_at = args.len() - rest.len() - 1;
+            if let Some(code) = update(&env, &args, verb_at, &inv.global, &report) {
+                return code;
+            }
+        }
+    }
     let release_after = match (&inv.command, &prepared) {
         // create, run (foreground or detached) of a GPU container.
         (_, Prepared::Injected { container_id, release, .. }) => {
@@ -641,6 +694,161 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
         global: Some(inv.global),
     });
     1
+}
+
+/// `runc update` (module docs): `None` passes it to runc untouched (no container of its
+/// arguments is a GPU container, or it asks for help); otherwise the exit code.
+fn update(
+    env: &RuntimeEnv,
+    args: &[OsString],
+    verb_at: usize,
+    global: &GlobalOptions,
+    report: &dyn Fn(&Failure),
+) -> Option<i32> {
+    use crate::update as u;
+    let root = env.absolute(&global.root);
+    let rest = &args[verb_at + 1..];
+    // A GPU container's runc record carries the label tessera-runtime wrote: a hint (the
+    // daemon decides), so updates of other containers never need the daemon.
+    let hinted: Vec<String> = u::id_candidates(rest)
+        .into_iter()
+        .filter(|id| supervise::delete_hint(&root, id, spec::ALLOCATED_ANNOTATION).is_some())
+        .collect();
+    let first = hinted.first()?.clone();
+    let fail = |error: RuntimeError, id: &str| {
+        report(&Failure {
+            error,
+            container_id: Some(id.to_string()),
+            global: Some(global.clone()),
+        });
+        Some(1)
+    };
+    let parsed = match u::parse_args(rest) {
+        Ok(p) => p,
+        Err(e) => return fail(e.into(), &first),
+    };
+    if parsed.help {
+        return None;
+    }
+    let Some(id) = parsed.container_id().map(str::to_string) else {
+        let e = u::UpdateError::Args(format!(
+            "`update` takes exactly one container id, got {}",
+            parsed.positional.len()
+        ));
+        return fail(e.into(), &first);
+    };
+    // The resources, read once: runc is fed these bytes, never the caller's file again.
+    let input = match parsed.resources() {
+        None => None,
+        Some(source) => {
+            let read = |r: &mut dyn std::io::Read| {
+                let mut buf = Vec::new();
+                std::io::Read::read_to_end(
+                    &mut std::io::Read::take(r, u::MAX_RESOURCES_BYTES as u64 + 1),
+                    &mut buf,
+                )
+                .map(|_| buf)
+            };
+            let bytes = match source {
+                "-" => read(&mut std::io::stdin().lock()),
+                path => std::fs::File::open(env.absolute(Path::new(path)))
+                    .and_then(|mut f| read(&mut f)),
+            };
+            match bytes {
+                Ok(b) if b.len() > u::MAX_RESOURCES_BYTES => {
+                    let e = u::UpdateError::Resources(format!(
+                        "more than {} bytes",
+                        u::MAX_RESOURCES_BYTES
+                    ));
+                    return fail(e.into(), &id);
+                }
+                Ok(b) => Some(b),
+                Err(source) => {
+                    let path = PathBuf::from(parsed.resources().unwrap_or("-"));
+                    return fail(RuntimeError::UpdateResources { path, source }, &id);
+                }
+            }
+        }
+    };
+    let values = match &input {
+        Some(bytes) => u::resources_values(bytes),
+        None => u::flag_values(&parsed),
+    };
+    let mut req = match values {
+        Ok(v) => v,
+        Err(e) => return fail(e.into(), &id),
+    };
+    let Some(root_text) = root.to_str() else {
+        return fail(RuntimeError::NotUtf8 { what: "runc root", path: root.clone() }, &id);
+    };
+    req.runc_root = root_text.to_string();
+    req.recorded = u::recorded_limits(&root, &id);
+    let socket = env.absolute(&env.socket);
+    let client = Client::new(&socket).with_timeout(ALLOCATE_TIMEOUT);
+    let answer = match client.update(&id, &req) {
+        Ok(a) => a,
+        Err(e) => return fail(RuntimeError::UpdateRefused(Box::new(e)), &id),
+    };
+    // runc's command: the caller's, or with the resources read, `update --resources - ID`.
+    let global_args = &args[1..verb_at];
+    let argv: Vec<OsString> = match &input {
+        Some(_) => u::resources_argv(global_args, &id),
+        None => args[1..].to_vec(),
+    };
+    let status = supervise::run_forwarding_input(&env.runc, &argv, input);
+    if !answer.grant {
+        // Not a GPU container after all (a label the config wrote): runc's business.
+        return Some(match status {
+            Ok(st) => supervise::exit_code(st),
+            Err(source) => {
+                let runc = env.runc.to_string_lossy().into_owned();
+                fail(RuntimeError::Exec { runc, source }, &id).unwrap_or(1)
+            }
+        });
+    }
+    let succeeded = status.as_ref().is_ok_and(|st| st.success());
+    let done = |restored: bool| {
+        let d = tessera_api::UpdateDone {
+            runc_root: req.runc_root.clone(),
+            runc_succeeded: succeeded,
+            restored,
+        };
+        Client::new(&socket).with_timeout(RELEASE_TIMEOUT).update_done(&id, &d)
+    };
+    match done(false) {
+        Ok(a) => {
+            if let Some(before) = a.restore {
+                let restore = supervise::run_forwarding_input(
+                    &env.runc,
+                    &u::resources_argv(global_args, &id),
+                    Some(u::restore_json(&before)),
+                );
+                let set_back = restore.as_ref().is_ok_and(|st| st.success());
+                let _ = done(true);
+                let why = a.message.unwrap_or_default();
+                let msg = match set_back {
+                    true => format!("{why}; the limits of before were set back"),
+                    false => format!("{why}; setting the limits of before back failed"),
+                };
+                return fail(RuntimeError::UpdateUndone(msg), &id);
+            }
+        }
+        Err(e) => {
+            // tesserad's reconciler finishes the update from what the kernel enforces.
+            let line = format!(
+                "tessera-runtime: container {}: warning: could not tell tesserad the update ended: {e}",
+                untrusted(&id)
+            );
+            eprintln!("{}", untrusted(&line).max_chars(MAX_LINE_CHARS));
+        }
+    }
+    Some(match status {
+        Ok(st) => supervise::exit_code(st),
+        Err(source) => {
+            let runc = env.runc.to_string_lossy().into_owned();
+            fail(RuntimeError::Exec { runc, source }, &id).unwrap_or(1)
+        }
+    })
 }
 
 #[cfg(test)]
@@ -1140,6 +1348,88 @@ mod tests {
         std::os::unix::fs::symlink("real.json", b.join("config.json")).expect("ln");
         let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("must fail");
         assert!(err.message().contains("symbolic link"), "{}", err.message());
+    }
+
+    /// A runc root holding container `id` whose record carries `labels`.
+    fn runc_record(dir: &Path, id: &str, labels: &[&str]) -> PathBuf {
+        let root = dir.join("runc-root");
+        std::fs::create_dir_all(root.join(id)).expect("mkdir");
+        let state = json!({"config": {"labels": labels,
+            "cgroups": {"cpu_quota": 50_000, "cpu_period": 100_000, "memory": 0}}});
+        std::fs::write(root.join(id).join("state.json"), state.to_string()).expect("state");
+        root
+    }
+
+    #[test]
+    fn an_update_of_a_container_without_the_label_is_runcs_and_asks_nobody() {
+        let f = Fixture::new(&json!({}));
+        let root = runc_record(f.dir.path(), "plain", &["bundle=/b"]);
+        let args = f.args(&format!("--root {} update --cpu-quota 1600000 plain", root.display()));
+        let global = GlobalOptions { root, ..GlobalOptions::default() };
+        // No daemon listens: asking would fail the update.
+        assert_eq!(update(&f.env, &args, 3, &global, &|_| panic!("nothing to report")), None);
+    }
+
+    #[test]
+    fn an_update_of_a_gpu_container_is_asked_first_and_refused_without_runc() {
+        let f = Fixture::new(&json!({}));
+        let root = runc_record(f.dir.path(), "gpu", &["tessera.io/allocated=MIG-1", "bundle=/b"]);
+        let reports = std::cell::RefCell::new(Vec::new());
+        let report = |x: &Failure| reports.borrow_mut().push(x.message());
+        let global = GlobalOptions { root: root.clone(), ..GlobalOptions::default() };
+        let line = |tail: &str| f.args(&format!("--root {} update {tail}", root.display()));
+
+        // What the daemon is asked: runc's values, the root, what runc recorded.
+        let refusal = json!({"code": "refused", "message": "update of its limits refused: past the ceiling",
+                             "rule": "quotas.acme/dev.cpu_cores.ceiling"});
+        let h = f.serve(vec![http("403 Forbidden", &refusal)]);
+        let args = line("--cpu-period 1000 gpu");
+        assert_eq!(update(&f.env, &args, 3, &global, &report), Some(1));
+        let req = h.join().expect("join");
+        assert!(req[0].starts_with("POST /v1/allocations/gpu/update HTTP/1.1"), "{}", req[0]);
+        assert_eq!(
+            body_of(&req[0]),
+            json!({"runc_root": root.to_str().expect("utf8"), "cpu_quota": 0, "cpu_period": 1000,
+                   "memory_limit": 0,
+                   "recorded": {"cpu_quota": 50_000, "cpu_period": 100_000, "memory": 0}})
+        );
+        let msg = reports.borrow().last().cloned().expect("reported");
+        assert!(msg.contains("past the ceiling") && msg.contains("cpu_cores.ceiling"), "{msg}");
+
+        // A daemon without the route (an older tesserad): refused, never passed to runc
+        // (runc here does not exist: running it would report that instead).
+        std::fs::remove_file(&f.env.socket).expect("rm socket");
+        let h = f.serve(vec![http(
+            "404 Not Found",
+            &json!({"code": "not_found", "message": "no such endpoint"}),
+        )]);
+        assert_eq!(update(&f.env, &line("--memory 16g gpu"), 3, &global, &report), Some(1));
+        h.join().expect("join");
+        let msg = reports.borrow().last().cloned().expect("reported");
+        assert!(msg.contains("no such endpoint"), "{msg}");
+        // No daemon at all: refused.
+        std::fs::remove_file(&f.env.socket).expect("rm socket");
+        assert_eq!(update(&f.env, &line("--memory 16g gpu"), 3, &global, &report), Some(1));
+        let msg = reports.borrow().last().cloned().expect("reported");
+        assert!(msg.contains("cannot reach tesserad"), "{msg}");
+        // Refused before the daemon: what it cannot read as runc does, and device rules.
+        for (tail, why) in [
+            ("--cpu-quota 1 --cpu-quota=x gpu", "cpu-quota"),
+            ("--nope gpu", "flag provided but not defined"),
+            ("gpu other", "exactly one container id"),
+        ] {
+            assert_eq!(update(&f.env, &line(tail), 3, &global, &report), Some(1), "{tail}");
+            let msg = reports.borrow().last().cloned().expect("reported");
+            assert!(msg.contains(why), "{tail}: {msg}");
+        }
+        let file = f.dir.path().join("r.json");
+        std::fs::write(&file, r#"{"devices": [{"allow": true, "access": "rwm"}]}"#).expect("write");
+        let args = line(&format!("-r {} gpu", file.display()));
+        assert_eq!(update(&f.env, &args, 3, &global, &report), Some(1));
+        let msg = reports.borrow().last().cloned().expect("reported");
+        assert!(msg.contains("allows a device"), "{msg}");
+        // --help is runc's.
+        assert_eq!(update(&f.env, &line("--help gpu"), 3, &global, &report), None);
     }
 
     #[test]
