@@ -515,6 +515,46 @@ fn limits_policy() -> Vec<u8> {
     serde_json::to_vec_pretty(&p).unwrap()
 }
 
+/// Issue 23 (2), the CPU instance: a GPU container in a cgroup whose CPU period another
+/// container set (and left behind) was admitted at 0.1 core while the kernel gave it 10.
+/// The kernel's limits are checked at the prestart confirmation: more than admitted is
+/// refused there, with the values; the grant is given back.
+#[test]
+fn a_gpu_container_given_more_cpu_by_its_cgroup_than_admitted_is_refused_at_prestart() {
+    let fx = Fixture::new();
+    let file = fx.path("limits-policy.json");
+    std::fs::write(&file, limits_policy()).unwrap();
+    let node = tessera_harness::node::Node::start_with(tessera_harness::node::NodeOptions {
+        policy: file,
+        ..Default::default()
+    });
+    let mut b = node.bundle("fast", B_NS, Some("gpu=1"), &["sleep", "30"]);
+    // What a container that set its period to 1 ms and was never deleted left behind.
+    let cg = b.cgroups_path();
+    let cpu = std::path::Path::new(CGROUP_ROOT).join("cpu").join(cg.trim_start_matches('/'));
+    std::fs::create_dir_all(&cpu).unwrap();
+    node.fx.cleanup().track_cgroup(&cg);
+    std::fs::write(cpu.join("cpu.cfs_period_us"), "1000").unwrap();
+    // 10 ms of quota, no period: the wrapper counts it over the kernel's default 100 ms.
+    b.mutate(|c| {
+        c["linux"]["resources"]["cpu"] = json!({"quota": 10000});
+        c["linux"]["resources"]["memory"] = json!({"limit": 536870912});
+    })
+    .write();
+    let out = node.fx.create_container(&b, "fast");
+    let ran = out.status.success();
+    if ran {
+        let _ = node.fx.delete_container("fast", true);
+    }
+    assert!(!ran, "started with 10 cores admitted as 0.1");
+    let err = out.stderr_str();
+    assert!(
+        err.contains("10000 millicores") && err.contains("more than the 100 it was admitted with"),
+        "{err}"
+    );
+    assert!(wait_for(|| node.grants().is_empty(), Duration::from_secs(10)), "{:?}", node.grants());
+}
+
 /// What the kernel enforces on a container of `node`: (cpu.cfs_quota_us,
 /// cpu.cfs_period_us, memory.limit_in_bytes) of its cgroup (v1).
 fn kernel_limits(node: &Node, id: &str) -> (i64, u64, u64) {

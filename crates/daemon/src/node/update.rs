@@ -158,7 +158,7 @@ impl Node {
     /// What a bounded resource counts when the kernel leaves it unlimited: the host's
     /// whole CPU or memory (the most it can use); an unbounded one counts nothing, as at
     /// create.
-    fn unlimited_counts(&self, tenant: &str, l: &ContainerLimits) -> (u64, u64) {
+    pub(super) fn unlimited_counts(&self, tenant: &str, l: &ContainerLimits) -> (u64, u64) {
         let tree = self.policy.policy.quotas();
         let bounded = |r: ::quota::Resource| tree.chain(tenant).any(|q| q.limits.contains_key(&r));
         let host = quota::capacity(&self.inventory);
