@@ -116,6 +116,9 @@ pub enum RuntimeError {
     /// After runc's update the kernel enforced more than was admitted.
     #[error("{0}")]
     UpdateUndone(String),
+    /// An exec that would give its process what the container's create was refused.
+    #[error(transparent)]
+    ExecRefused(#[from] crate::exec::ExecError),
     /// An annotation only tessera-runtime sets, found in a container's config.
     #[error(
         "annotation {ENGINE_ANNOTATION} is set by tessera-runtime from its configuration file, \
@@ -672,9 +675,17 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
             }
         };
     }
-    // An exec into a GPU container: the new process learns its share as the init did.
+    // An exec: checked as its container's create was (every container's sub-cgroup, a GPU
+    // container's capabilities); into a GPU container the new process learns its share as
+    // the init did.
     let args = match &inv.command {
         Command::Other { verb, args: rest } if verb == "exec" => {
+            let help = rest.iter().any(|a| a == "-h" || a == "--help");
+            if let (false, Err(e)) = (help, crate::exec::check_exec(&root, rest)) {
+                let container_id = crate::exec::parse_exec(rest).map(|e| e.container_id);
+                report(&Failure { error: e.into(), container_id, global: Some(inv.global) });
+                return 1;
+            }
             crate::exec::with_grant_env(&root, &args, args.len() - rest.len() - 1)
         }
         _ => args,
