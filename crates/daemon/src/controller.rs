@@ -92,6 +92,9 @@ pub enum Action {
     Reconcile,
     /// Read ECC counts (outside the lock) and quarantine GPUs whose count rose.
     CheckEcc,
+    /// Drain XID events (outside the lock), quarantine what each reached, tell and (by
+    /// policy) stop the holders.
+    CheckFaults,
     /// The ledger heartbeat (also once at a clean stop).
     Checkpoint,
     /// Per-process utilisation (read outside the lock) into the open intervals.
@@ -162,6 +165,7 @@ impl Action {
             Action::ReloadPolicy => "policy reload",
             Action::Reconcile => "reconcile",
             Action::CheckEcc => "ECC check",
+            Action::CheckFaults => "XID fault check",
             Action::Checkpoint => "ledger checkpoint",
             Action::SampleUtilization => "utilisation sampling",
             Action::Scrub => "scrub",
@@ -191,6 +195,7 @@ impl Action {
                 | Action::Unquarantine(_)
                 | Action::Reconcile
                 | Action::CheckEcc
+                | Action::CheckFaults
                 | Action::Scrub
                 | Action::SetPolicy(_)
                 | Action::ReloadPolicy
@@ -462,6 +467,18 @@ impl Controller {
                 let readings = probe.read(); // outside the lock: NVML may hang
                 self.locked(|n| n.record_ecc(readings)).map(O::Quarantined)
             }
+            Action::CheckFaults => {
+                let probe = self.locked(|n| Ok(n.fault_probe()))?;
+                let readings = probe.read(); // outside the lock: NVML's event set
+                let report = self.locked(|n| n.record_faults(readings))?;
+                let quarantined = report.quarantined.clone();
+                self.stop_in_background(
+                    crate::node::revoke::StopCause::Fault,
+                    report.stop,
+                    report.grace,
+                );
+                Ok(O::Quarantined(quarantined))
+            }
             Action::Checkpoint => self.locked(|n| n.checkpoint()).map(O::Count),
             Action::SampleUtilization => {
                 let probe = self.locked(|n| n.utilization_probe())?;
@@ -528,6 +545,35 @@ impl Controller {
             }
         }
         Ok(ran)
+    }
+
+    /// Stop `targets` (SIGTERM, `grace`, SIGKILL) on a thread of their own, recording what
+    /// happened as `cause`'s events under the lock when done. Nothing is released here: the
+    /// grants go when runc has removed the containers, as every grant does.
+    fn stop_in_background(
+        &self,
+        cause: crate::node::revoke::StopCause,
+        targets: Vec<crate::node::revoke::Target>,
+        grace: Duration,
+    ) {
+        if targets.is_empty() {
+            return;
+        }
+        let Some(me) = self.me.upgrade() else { return };
+        let Ok(host) = self.locked(|n| Ok(n.host())) else { return };
+        let ids: Vec<String> = targets.iter().map(|t| t.refused.container_id.clone()).collect();
+        let spawned = std::thread::Builder::new().name("tessera-stop".into()).spawn(move || {
+            let stopped = crate::node::revoke::stop(host.as_ref(), targets, grace);
+            if let Err(e) = me.locked(|n| {
+                n.record_stops(cause, &stopped);
+                Ok(())
+            }) {
+                log_failure("recording a stop", None, &e);
+            }
+        });
+        if let Err(e) = spawned {
+            error!("cannot start a thread to stop {ids:?} ({}): {e}", cause.event());
+        }
     }
 
     /// Stop the grants the policy refuses: which ones (recorded as events) under the lock,

@@ -300,7 +300,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // Declared MIG layouts converge as instances fall idle; the ECC counts are read outside
     // the node lock (see `controller`).
     let reconciler = periodic(ctl.clone(), config.reconcile_every, || {
-        vec![Action::Reconcile, Action::CheckEcc, Action::MigConverge]
+        vec![Action::Reconcile, Action::CheckEcc, Action::CheckFaults, Action::MigConverge]
     });
     let heartbeat = periodic(ctl.clone(), config.checkpoint_every, || vec![Action::Checkpoint]);
     // Scrub worker: one device at a time, in a child process, outside the node lock.

@@ -22,6 +22,7 @@ mod allocate;
 mod assignment;
 mod capacity;
 mod ecc;
+mod faults;
 mod grant;
 mod ledger;
 mod mig;
@@ -42,6 +43,7 @@ pub(crate) use allocate::{Admission, Prepared};
 pub use assignment::ASSIGNMENTS_FILE;
 pub use capacity::{offer, snapshot, Inputs as CapacityInputs};
 pub use ecc::{EccProbe, EccReadings};
+pub use faults::{FaultProbe, FaultReadings, FaultReport};
 pub use grant::{FailAction, GrantFailpoint};
 pub use ledger::{UtilProbe, UtilSamples};
 pub use mig::MigReport;
@@ -255,6 +257,11 @@ impl Node {
                 })
             })
             .collect()
+    }
+
+    /// What the node reads of the machine and signals through.
+    pub fn host(&self) -> Arc<dyn Host> {
+        Arc::clone(&self.host)
     }
 
     pub fn inventory(&self) -> &Inventory {

@@ -43,6 +43,12 @@ pub(crate) struct RawPolicy {
     pub quotas: Option<quota::QuotaSpec>,
     #[serde(default)]
     pub gangs: Option<Object<RawGangs>>,
+    #[serde(default)]
+    pub faults: Option<Object<crate::health::RawFaults>>,
+    #[serde(default)]
+    pub topology: Option<Object<crate::health::RawTopology>>,
+    #[serde(default)]
+    pub interference: Option<Object<crate::health::RawInterference>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -239,7 +239,14 @@ pub(crate) fn build(raw: RawPolicy, digest: String) -> Result<Policy, Problem> {
         }
         gang_timeout_s = t;
     }
+    let faults = crate::health::build_faults(raw.faults.as_ref())?;
+    let topology = crate::health::build_topology(raw.topology.as_ref());
+    let interference =
+        crate::health::build_interference(raw.interference.as_ref(), |t| index.contains_key(t))?;
     Ok(Policy {
+        faults,
+        topology,
+        interference,
         quotas,
         gang_timeout_s,
         scrub,

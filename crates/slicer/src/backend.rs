@@ -64,6 +64,26 @@ pub trait GpuBackend: Send + Sync + std::fmt::Debug {
         Ok(None)
     }
 
+    /// The node's GPU topology (NVLink domains, NUMA nodes, local CPUs). Empty where the
+    /// backend cannot tell.
+    fn topology(&self) -> Result<crate::topology::Topology, BackendError> {
+        Ok(crate::topology::Topology::default())
+    }
+
+    /// The XID error events the driver reported since the last call, oldest first (drained:
+    /// each is returned once). Never blocks. Backends without an event source answer none.
+    fn xid_events(&self) -> Result<Vec<crate::xid::XidEvent>, BackendError> {
+        Ok(Vec::new())
+    }
+
+    /// The health check a quarantined device must pass before it may return to service:
+    /// `Ok(None)` when the device (GPU or MIG instance) reads healthy, `Ok(Some(why))` when
+    /// it does not (retired pages or row remaps pending, a GPU lost).
+    fn device_health(&self, uuid: &str) -> Result<Option<String>, BackendError> {
+        let _ = uuid;
+        Ok(None)
+    }
+
     /// The host's driver files every GPU container gets (read-only bind mounts); none for
     /// simulated hardware.
     fn driver_mounts(&self) -> Vec<tessera_api::BindMount> {

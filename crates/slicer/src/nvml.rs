@@ -11,7 +11,9 @@
 //! `nvml-wrapper-sys` functions, taken as the `Result` fields of the loaded library (the
 //! method forms panic on a missing symbol) and wrapped once here.
 
+mod faults;
 pub mod mig;
+pub mod topology;
 
 pub use mig::{compare_with_catalog, CatalogComparison, DriverProfile};
 
@@ -43,7 +45,11 @@ const MIB: u64 = 1024 * 1024;
 /// the driver afresh.
 #[derive(Debug)]
 pub struct NvmlBackend {
-    nvml: Nvml,
+    /// Leaked at open: the library stays loaded for the life of the process, so the event
+    /// set and GPM samples kept here may borrow it for `'static`.
+    nvml: &'static Nvml,
+    /// The XID event set, created on the first read (`nvml/faults.rs`).
+    events: std::sync::Mutex<Option<nvml_wrapper::event::EventSet<'static>>>,
     node: String,
     /// The driver's user-space files, found once at start (`ldconfig -p`).
     driver_mounts: Vec<tessera_api::BindMount>,
@@ -68,12 +74,13 @@ impl NvmlBackend {
                 proc_driver_dir.display()
             )));
         }
-        let nvml = Nvml::init().map_err(init_error)?;
+        let nvml: &'static Nvml = Box::leak(Box::new(Nvml::init().map_err(init_error)?));
         let bin_dirs: Vec<PathBuf> =
             ["/usr/bin", "/usr/local/bin", "/usr/sbin", "/bin"].iter().map(PathBuf::from).collect();
         let driver_mounts = crate::driver::discover(Path::new("/sbin/ldconfig"), &bin_dirs);
         Ok(NvmlBackend {
             nvml,
+            events: std::sync::Mutex::new(None),
             node: hostname(),
             driver_mounts,
             proc_driver_dir: proc_driver_dir.to_path_buf(),
@@ -167,6 +174,18 @@ impl GpuBackend for NvmlBackend {
 
     fn driver_mounts(&self) -> Vec<tessera_api::BindMount> {
         self.driver_mounts.clone()
+    }
+
+    fn xid_events(&self) -> Result<Vec<crate::xid::XidEvent>, BackendError> {
+        self.read_xids()
+    }
+
+    fn device_health(&self, uuid: &str) -> Result<Option<String>, BackendError> {
+        self.health_of(uuid)
+    }
+
+    fn topology(&self) -> Result<crate::topology::Topology, BackendError> {
+        self.read_topology()
     }
 
     fn uncorrectable_ecc_errors(&self, gpu_uuid: &str) -> Result<Option<u64>, BackendError> {
