@@ -586,3 +586,96 @@ fn a_kubelet_assignment_written_by_a_config_author_or_replayed_is_refused_and_ch
     assert_eq!(map.keys().collect::<Vec<_>>(), ["kube-a"], "{text}");
     assert_eq!(instances(&node), before);
 }
+
+/// Queues an XID event on the simulated node, as the driver would report it
+/// (`<state>/sim/xid/<name>.json`, written whole: a temp file renamed into place).
+fn inject_xid(node: &Node, gpu: &str, xid: u64, gi: Option<u32>) {
+    let dir = node.state.join("sim/xid");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut ev = serde_json::json!({"gpu_uuid": gpu, "xid": xid});
+    if let Some(gi) = gi {
+        ev["gi_id"] = gi.into();
+        ev["ci_id"] = 0.into();
+    }
+    let name = format!("{}-{xid}", unique_name());
+    let tmp = dir.join(format!("{name}.tmp"));
+    std::fs::write(&tmp, ev.to_string()).unwrap();
+    std::fs::rename(&tmp, dir.join(format!("{name}.json"))).unwrap();
+}
+
+/// Issue 26: an XID on a MIG instance quarantines exactly that instance — kubelet sees it
+/// unhealthy, the CDI spec drops the profile only it offered, no grant lands there — and
+/// an uncontained one the whole GPU; the holder on it is told.
+#[test]
+fn an_xid_quarantines_exactly_its_scope_for_kubelet_cdi_and_grants() {
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let files = short_tempdir();
+    let (dir, cdi) = (files.join("dp"), files.join("cdi"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let node_file = files.join("xid-node.json");
+    std::fs::write(
+        &node_file,
+        r#"{"node": "sim-xid-0", "gpus": [
+            {"model": "H100-80GB", "mig": [{"profile": "1g.10gb", "start": 0},
+                {"profile": "1g.10gb", "start": 1}, {"profile": "3g.40gb", "start": 4}]},
+            {"model": "H100-80GB"}, {"model": "H100-80GB"}]}"#,
+    )
+    .unwrap();
+    let _kubelet = Kubelet::start(&rt, &dir);
+    let node = Node::start_with(NodeOptions {
+        node_file,
+        extra_args: vec![
+            "--no-dynamic-mig".into(),
+            "--device-plugin-dir".into(),
+            dir.display().to_string(),
+            "--cdi-spec-dir".into(),
+            cdi.display().to_string(),
+        ],
+        ..Default::default()
+    });
+    node.fx.cleanup().track_dir(&files);
+    let st = node.client().status().unwrap();
+    let mig_gpu = st.gpus[0].clone();
+    let three = mig_gpu.instances.iter().find(|i| i.profile == "3g.40gb").unwrap().clone();
+    let lists: Lists = Arc::default();
+    for r in [GPU, MIG_1G, MIG_3G] {
+        watch_lists(&rt, &dir, r, &lists);
+    }
+    wait_lists(&lists, "the healthy node", |l| {
+        count(l, GPU) == 2 && count(l, MIG_1G) == 2 && count(l, MIG_3G) == 1
+    });
+    let spec = || std::fs::read_to_string(cdi.join("tessera.yaml")).unwrap_or_default();
+    assert!(spec().contains("mig-3g.40gb") && spec().contains("mig-1g.10gb"), "{}", spec());
+
+    // A holder on the MIG GPU (an annotation request: unhealthy to kubelet, not gone).
+    let b = node.bundle("held", "team-untrusted", Some("mig=1g.10gb"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "held");
+    wait_lists(&lists, "the held instance", |l| count(l, MIG_1G) == 1);
+
+    // XID 94 (contained) on the 3g instance: it alone.
+    inject_xid(&node, &mig_gpu.uuid, 94, Some(three.gi_id));
+    wait_lists(&lists, "the 3g instance quarantined", |l| {
+        count(l, MIG_3G) == 0 && listed(l, MIG_3G).contains(&three.uuid)
+    });
+    assert!(wait_for(|| !spec().contains("mig-3g.40gb"), Duration::from_secs(10)), "{}", spec());
+    assert!(spec().contains("mig-1g.10gb"), "the other instances still offer theirs");
+    assert_eq!((count(&lists, MIG_1G), count(&lists, GPU)), (1, 2), "nothing else changed");
+    let b = node.bundle("on-3g", "team-untrusted", Some("mig=3g.40gb"), &["true"]);
+    let out = node.fx.run_container(&b, "on-3g");
+    out.assert_failure("a grant on the quarantined instance");
+    assert!(out.stderr_str().contains("quarantined"), "{}", out.stderr_str());
+
+    // XID 95 (uncontained) on the GPU: all of it; the holder is told; the others stay.
+    inject_xid(&node, &mig_gpu.uuid, 95, None);
+    wait_lists(&lists, "the whole MIG GPU quarantined", |l| count(l, MIG_1G) == 0);
+    assert!(wait_for(|| !spec().contains("mig-"), Duration::from_secs(10)), "{}", spec());
+    assert_eq!(count(&lists, GPU), 2, "the other GPUs stay healthy");
+    let st = node.client().status().unwrap();
+    assert!(st.gpus[0].instances.iter().all(|i| i.state == tessera_api::DeviceState::Quarantined));
+    let told = st.events.iter().any(|e| {
+        e.kind == "xid" && e.container_id.as_deref() == Some("held") && e.detail.contains("XID 95")
+    });
+    assert!(told, "the holder is told: {:?}", st.events);
+    assert!(node.fx.status("held").as_deref() == Some("running"), "told, not stopped (policy)");
+}

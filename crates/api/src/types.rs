@@ -295,6 +295,43 @@ pub struct Allocation {
     /// grants have none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<Box<QuotaMark>>,
+    /// Where a multi-GPU grant sits in the node's topology, in words (`NVLink domain 1,
+    /// NUMA node 0`); absent where the node's topology is unknown or the grant is not of
+    /// whole GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<String>,
+    /// What the container declared itself (`tessera.io/class`) or its tenant's policy
+    /// default: latency-sensitive containers are protected from interference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<WorkloadClass>,
+}
+
+/// What a container says it is, for interference detection (`tessera.io/class`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkloadClass {
+    /// Latency-sensitive: protected when a co-tenant degrades it.
+    Latency,
+    /// Throughput work: never a victim, may be an aggressor.
+    Batch,
+}
+
+impl WorkloadClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkloadClass::Latency => "latency",
+            WorkloadClass::Batch => "batch",
+        }
+    }
+
+    /// The class an annotation value names (exactly `latency` or `batch`).
+    pub fn parse(s: &str) -> Option<WorkloadClass> {
+        match s {
+            "latency" => Some(WorkloadClass::Latency),
+            "batch" => Some(WorkloadClass::Batch),
+            _ => None,
+        }
+    }
 }
 
 /// Whether a grant runs within its tenant's quota guarantees or on borrowed capacity (the

@@ -39,33 +39,7 @@ pub struct TopologySettings {
     pub pin_cpus: bool,
 }
 
-/// What a container says it is, for interference detection (`tessera.io/class`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WorkloadClass {
-    /// Latency-sensitive: protected when a co-tenant degrades it.
-    Latency,
-    /// Throughput work: never a victim, may be an aggressor.
-    Batch,
-}
-
-impl WorkloadClass {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WorkloadClass::Latency => "latency",
-            WorkloadClass::Batch => "batch",
-        }
-    }
-
-    /// The class an annotation value names (exactly `latency` or `batch`).
-    pub fn parse(s: &str) -> Option<WorkloadClass> {
-        match s {
-            "latency" => Some(WorkloadClass::Latency),
-            "batch" => Some(WorkloadClass::Batch),
-            _ => None,
-        }
-    }
-}
+pub use tessera_api::WorkloadClass;
 
 /// The annotation a container declares its class with.
 pub const CLASS_ANNOTATION: &str = "tessera.io/class";

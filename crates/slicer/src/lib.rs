@@ -15,6 +15,7 @@
 //!   touching instances in use (pure), and its execution on a backend.
 //! - [`injection`]: the device nodes and environment a container needs for its devices
 //!   (pure).
+//! - [`telemetry`]: what the backend measures of devices and processes.
 //! - [`topology`]: NVLink domains, NUMA nodes, and the multi-GPU choice that keeps them
 //!   together (pure).
 //! - [`xid`]: which devices an XID error takes out of service (pure).
@@ -39,6 +40,7 @@ pub mod layout;
 pub mod nvml;
 pub mod place;
 pub mod sim;
+pub mod telemetry;
 pub mod topology;
 pub mod xid;
 
@@ -55,6 +57,7 @@ pub use layout::{apply_plan, plan, DeclaredLayout, LayoutPlan};
 pub use nvml::NvmlBackend;
 pub use place::{place, place_scored, DemandMix, PlaceDecision, Scored, Strategy};
 pub use sim::SimBackend;
+pub use telemetry::{DeviceTelemetry, ProcessTelemetry};
 pub use topology::{GpuTopology, Placement, Topology};
 pub use xid::{XidEvent, XidScope};
 

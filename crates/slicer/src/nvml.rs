@@ -13,6 +13,7 @@
 
 mod faults;
 pub mod mig;
+mod telemetry;
 pub mod topology;
 
 pub use mig::{compare_with_catalog, CatalogComparison, DriverProfile};
@@ -50,6 +51,8 @@ pub struct NvmlBackend {
     nvml: &'static Nvml,
     /// The XID event set, created on the first read (`nvml/faults.rs`).
     events: std::sync::Mutex<Option<nvml_wrapper::event::EventSet<'static>>>,
+    /// The last GPM sample of each device (`nvml/telemetry.rs`).
+    gpm: telemetry::GpmSamples,
     node: String,
     /// The driver's user-space files, found once at start (`ldconfig -p`).
     driver_mounts: Vec<tessera_api::BindMount>,
@@ -81,6 +84,7 @@ impl NvmlBackend {
         Ok(NvmlBackend {
             nvml,
             events: std::sync::Mutex::new(None),
+            gpm: std::sync::Mutex::new(std::collections::HashMap::new()),
             node: hostname(),
             driver_mounts,
             proc_driver_dir: proc_driver_dir.to_path_buf(),
@@ -186,6 +190,21 @@ impl GpuBackend for NvmlBackend {
 
     fn topology(&self) -> Result<crate::topology::Topology, BackendError> {
         self.read_topology()
+    }
+
+    fn device_telemetry(
+        &self,
+        gpu_uuid: &str,
+    ) -> Result<Vec<crate::telemetry::DeviceTelemetry>, BackendError> {
+        self.read_device_telemetry(gpu_uuid)
+    }
+
+    fn process_telemetry(
+        &self,
+        gpu_uuid: &str,
+        since_us: u64,
+    ) -> Result<Option<Vec<crate::telemetry::ProcessTelemetry>>, BackendError> {
+        self.read_process_telemetry(gpu_uuid, since_us)
     }
 
     fn uncorrectable_ecc_errors(&self, gpu_uuid: &str) -> Result<Option<u64>, BackendError> {

@@ -9,6 +9,8 @@
 //! - `mem/<uuid>.bin`: the device memory of each assignable device (each MIG instance on a
 //!   MIG GPU, else the GPU), `sim_memory_bytes` long, zero-filled at first.
 //!
+//! - `load/`, `mps-caps/`: what runs on each device and its MPS caps, for the contention
+//!   model ([`set_load`]; `sim/telemetry.rs`).
 //! - `xid/`, `health/`: simulated faults ([`inject_xid`], [`set_health`]; `sim/faults.rs`).
 //! - `lock`: taken (flock, exclusive) around every change, so concurrent creates and
 //!   destroys from threads or processes never lose an update.
@@ -33,8 +35,10 @@
 //! the driver's sake.
 
 mod faults;
+mod telemetry;
 
 pub use faults::{inject_xid, set_health, MAX_EVENTS_PER_READ};
+pub use telemetry::{set_load, LoadEntry, MAX_LOAD_ENTRIES};
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -446,6 +450,71 @@ impl GpuBackend for SimBackend {
         })
     }
 
+    /// The contention model over `<sim>/load/` ([`set_load`]): the GPU (a MIG GPU's
+    /// activity is its instances', weighted by their memory slots), then each instance.
+    fn device_telemetry(
+        &self,
+        gpu_uuid: &str,
+    ) -> Result<Vec<crate::telemetry::DeviceTelemetry>, BackendError> {
+        let state = self.read_state()?;
+        let Some(gpu) = state.gpus.iter().find(|g| g.uuid == gpu_uuid) else {
+            return Ok(Vec::new());
+        };
+        if !gpu.mig_enabled {
+            let mut t = telemetry::device(&self.sim_dir, &gpu.uuid, &gpu.uuid)?;
+            t.ecc_uncorrected = self.uncorrectable_ecc_errors(&gpu.uuid)?;
+            t.ecc_corrected = Some(0);
+            return Ok(vec![t]);
+        }
+        let mut instances = Vec::new();
+        let (mut sm, mut bw) = (0.0, 0.0);
+        for i in &gpu.instances {
+            let t = telemetry::device(&self.sim_dir, &i.uuid, &gpu.uuid)?;
+            let w = f64::from(i.size) / f64::from(crate::catalog::MEMORY_SLOTS);
+            sm += t.sm_active.unwrap_or(0.0) * w;
+            bw += t.dram_active.unwrap_or(0.0) * w;
+            instances.push(t);
+        }
+        let mut g = telemetry::with_activity(&gpu.uuid, &gpu.uuid, sm.min(1.0), bw.min(1.0));
+        g.ecc_uncorrected = self.uncorrectable_ecc_errors(&gpu.uuid)?;
+        g.ecc_corrected = Some(0);
+        Ok(std::iter::once(g).chain(instances).collect())
+    }
+
+    /// The model's per-process figures (none under MIG, as under NVML); without a load
+    /// file, the utilisation feed.
+    fn process_telemetry(
+        &self,
+        gpu_uuid: &str,
+        since_us: u64,
+    ) -> Result<Option<Vec<crate::telemetry::ProcessTelemetry>>, BackendError> {
+        let state = self.read_state()?;
+        if state.gpus.iter().any(|g| g.uuid == gpu_uuid && g.mig_enabled) {
+            return Ok(None);
+        }
+        match telemetry::modelled(&self.sim_dir, gpu_uuid)? {
+            Some(m) => Ok(Some(
+                m.into_iter()
+                    .map(|(pid, a)| crate::telemetry::ProcessTelemetry { pid, sm: a.sm, mem: a.bw })
+                    .collect(),
+            )),
+            None => Ok(self.process_utilization(gpu_uuid, since_us)?.map(|samples| {
+                samples
+                    .into_iter()
+                    .map(|s| crate::telemetry::ProcessTelemetry {
+                        pid: s.pid,
+                        sm: f64::from(s.sm_percent.min(100)) / 100.0,
+                        mem: 0.0,
+                    })
+                    .collect()
+            })),
+        }
+    }
+
+    fn model_mps_caps(&self, uuid: &str, caps: &[(u32, u8)]) -> Result<(), BackendError> {
+        telemetry::write_caps(&self.sim_dir, uuid, caps)
+    }
+
     /// Pending events of `<sim>/xid/` ([`inject_xid`]), each handed out once.
     fn xid_events(&self) -> Result<Vec<crate::xid::XidEvent>, BackendError> {
         faults::drain_xids(&self.sim_dir)
@@ -505,9 +574,31 @@ impl GpuBackend for SimBackend {
             return Ok(None);
         }
         let path = self.sim_dir.join("util").join(format!("{gpu_uuid}.json"));
+        let now = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_micros() as u64)
+                .unwrap_or(0)
+                .max(since_us + 1)
+        };
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            // No feed: what the contention model gives each process, where a load is set.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let Some(m) = telemetry::modelled(&self.sim_dir, gpu_uuid)? else {
+                    return Ok(None);
+                };
+                let at = now();
+                return Ok(Some(
+                    m.into_iter()
+                        .map(|(pid, a)| crate::backend::ProcessUtil {
+                            pid,
+                            sm_percent: (a.sm * 100.0).round() as u32,
+                            timestamp_us: at,
+                        })
+                        .collect(),
+                ));
+            }
             Err(source) => return Err(BackendError::Io { path, source }),
         };
         #[derive(serde::Deserialize)]
