@@ -15,6 +15,7 @@ pub mod ids;
 pub mod mountinfo;
 pub mod protocol;
 pub mod request;
+pub mod telemetry;
 pub mod time;
 pub mod unique;
 

@@ -101,6 +101,11 @@ pub enum Action {
     SampleUtilization,
     /// Scrub every device that needs it, one after the other (each outside the lock).
     Scrub,
+    /// Device and per-process telemetry (read outside the lock), mapped to containers; the
+    /// interference detector's sample, and its throttles and stops (outside the lock).
+    SampleTelemetry,
+    /// `GET /v1/telemetry`: the last sample.
+    Telemetry,
     /// Ping and check the caps of every MPS control daemon (outside the lock).
     MpsHealthCheck,
 
@@ -169,6 +174,8 @@ impl Action {
             Action::Checkpoint => "ledger checkpoint",
             Action::SampleUtilization => "utilisation sampling",
             Action::Scrub => "scrub",
+            Action::SampleTelemetry => "telemetry sampling",
+            Action::Telemetry => "telemetry read",
             Action::MpsHealthCheck => "MPS health check",
             Action::ResumeMps => "resuming MPS supervision",
             Action::ResumeMetering => "resuming metering",
@@ -253,6 +260,7 @@ pub enum Outcome {
     /// The Prometheus text.
     #[serde(skip)]
     Metrics(String),
+    Telemetry(Box<tessera_api::telemetry::NodeTelemetry>),
     #[serde(skip)]
     WatchTarget(Option<(i32, Option<u64>)>),
     #[serde(skip)]
@@ -446,8 +454,11 @@ impl Controller {
             }
             Action::Metrics => {
                 let _round = self.mps_round();
-                self.locked(|n| Ok(crate::metrics::render(&n.status()?, &n.intervals()?)))
-                    .map(O::Metrics)
+                self.locked(|n| {
+                    Ok(crate::metrics::render(&n.status()?, &n.intervals()?)
+                        + &crate::metrics::render_telemetry(&n.telemetry_metrics()))
+                })
+                .map(O::Metrics)
             }
             Action::MigPlan => self.locked(|n| n.mig_plan()).map(O::Mig),
             Action::MigConverge => self.locked(|n| n.mig_converge()).map(O::Mig),
@@ -486,6 +497,8 @@ impl Controller {
                 self.locked(|n| n.record_utilization(samples)).map(O::Count)
             }
             Action::Scrub => self.scrub_pending().map(O::Count),
+            Action::SampleTelemetry => self.sample_telemetry().map(O::Count),
+            Action::Telemetry => self.locked(|n| Ok(O::Telemetry(Box::new(n.telemetry())))),
             Action::MpsHealthCheck => {
                 // The supervisor has its own lock; the node takes it only while holding the
                 // node lock, never the other way round.
@@ -545,6 +558,40 @@ impl Controller {
             }
         }
         Ok(ran)
+    }
+
+    /// One telemetry tick: the probe under the lock, the reads without it, the record (and
+    /// the interference detector) under it; then the throttles on the MPS supervisor's own
+    /// lock and the stops on threads of their own, each recorded as an event. Returns how
+    /// many steps were carried out.
+    fn sample_telemetry(&self) -> Result<usize, ApiError> {
+        use interference::Step;
+        let probe = self.locked(|n| n.telemetry_probe())?;
+        let readings = probe.read(); // outside the lock: NVML and /proc
+        let steps = self.locked(|n| n.record_telemetry(readings))?;
+        if steps.is_empty() {
+            return Ok(0);
+        }
+        let supervisor = self.locked(|n| Ok(n.mps_supervisor()))?;
+        let done: Vec<(Step, Result<u8, String>)> = steps
+            .into_iter()
+            .map(|step| {
+                let result = match &step {
+                    Step::Throttle { incident, to_percent, .. } => supervisor
+                        .throttle(&incident.device, &incident.aggressor_tenant, *to_percent)
+                        .map_err(|e| e.to_string()),
+                    _ => Ok(0),
+                };
+                (step, result)
+            })
+            .collect();
+        let n = done.len();
+        let (stop, grace) = self.locked(|n| {
+            let grace = Duration::from_secs(n.policy().policy.interference().stop_grace_s);
+            Ok((n.record_interference_steps(done)?, grace))
+        })?;
+        self.stop_in_background(crate::node::revoke::StopCause::Interference, stop, grace);
+        Ok(n)
     }
 
     /// Stop `targets` (SIGTERM, `grace`, SIGKILL) on a thread of their own, recording what

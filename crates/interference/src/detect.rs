@@ -169,6 +169,18 @@ impl Detector {
         Detector { thresholds, watches: BTreeMap::new() }
     }
 
+    /// Forget every streak and open incident but keep the solo baselines: while the
+    /// controller is off the detector still learns what each share gets alone, so that,
+    /// switched on, it judges contention that began while it was off.
+    pub fn forget_alarms(&mut self) {
+        for w in self.watches.values_mut() {
+            w.degraded = 0;
+            w.healthy = 0;
+            w.open = false;
+            w.since_open = 0;
+        }
+    }
+
     /// The incidents open now, by (device, victim).
     pub fn open(&self) -> impl Iterator<Item = (&str, &str)> {
         self.watches.iter().filter(|(_, w)| w.open).map(|((d, v), _)| (d.as_str(), v.as_str()))

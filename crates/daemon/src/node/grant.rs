@@ -383,6 +383,24 @@ impl Node {
         };
         injection.mounts.extend(self.sim_memory_mounts(&devices));
         injection.mounts.extend(self.backend.driver_mounts());
+        if plan.class == Some(tessera_api::WorkloadClass::Latency) {
+            // Its own latency report (docs/GPU-HEALTH.md, Reporting latency): one file of
+            // its own, bind-mounted read-write; the daemon reads it without following links.
+            let report = self.report_file(&cid);
+            create_report(&report).map_err(|e| {
+                ApiError::new(
+                    ErrorCode::Internal,
+                    format!("latency report {}: {e}", report.display()),
+                )
+            })?;
+            injection.mounts.push(tessera_api::BindMount {
+                source: report.display().to_string(),
+                destination: super::REPORT_PATH.into(),
+                read_only: false,
+            });
+            injection.env.retain(|e| !e.starts_with(&format!("{}=", super::REPORT_ENV)));
+            injection.env.push(format!("{}={}", super::REPORT_ENV, super::REPORT_PATH));
+        }
         let allocation = Allocation {
             container_id: cid.clone(),
             tenant: plan.tenant,
@@ -613,4 +631,25 @@ mod tests {
         assert!(GrantFailpoint::hit(Some(&only), "c2").is_ok());
         assert!(GrantFailpoint::hit(Some(&only), "c1").is_err());
     }
+}
+
+/// An empty report file the container may write (mode 0666: its user is unknown), in a
+/// directory only root enters; a file already there (a retried grant) is emptied, and a
+/// link or anything else found in its place refused.
+fn create_report(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    }
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o666)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    f.set_permissions(std::fs::Permissions::from_mode(0o666))
 }

@@ -824,7 +824,10 @@ fn a_throttled_share_keeps_its_lowered_cap_through_health_checks_and_adoption() 
     // Raised behind its back: set back to the throttled cap, not the booking.
     w.sim.send(&spec_of(&a), &Command::SetDefaultActiveThreadPercentage(75)).expect("raise");
     let ev = w.sup.health_check_all();
-    assert!(matches!(&ev[..], [HealthEvent::CapDrift { detail, .. }] if detail.contains("reads 75, not 37")), "{ev:?}");
+    assert!(
+        matches!(&ev[..], [HealthEvent::CapDrift { detail, .. }] if detail.contains("reads 75, not 37")),
+        "{ev:?}"
+    );
     let again = w.another_supervisor();
     again.adopt_existing().expect("adopt");
     let st = again.shares().into_iter().find(|s| s.tenant == "acme/a").expect("share");
