@@ -679,3 +679,92 @@ fn an_xid_quarantines_exactly_its_scope_for_kubelet_cdi_and_grants() {
     assert!(told, "the holder is told: {:?}", st.events);
     assert!(node.fx.status("held").as_deref() == Some("running"), "told, not stopped (policy)");
 }
+
+/// The first list kubelet gets for `resource`: id -> the NUMA nodes in its `TopologyInfo`.
+fn numa_of(rt: &Runtime, dir: &Path, resource: &str) -> BTreeMap<String, Vec<i64>> {
+    let mut c = plugin(rt, dir, resource);
+    let mut stream = rt.block_on(c.list_and_watch(api::Empty {})).unwrap().into_inner();
+    let first = rt.block_on(stream.message()).unwrap().unwrap();
+    first
+        .devices
+        .into_iter()
+        .map(|d| {
+            (d.id, d.topology.map(|t| t.nodes.iter().map(|n| n.id).collect()).unwrap_or_default())
+        })
+        .collect()
+}
+
+/// Issue 26, topology: on a node of two NVLink pairs on two NUMA nodes, kubelet sees each
+/// GPU's NUMA node; `gpu=2` lands on a pair and says so in the grant; the container's CPU
+/// set follows its GPUs (`topology.pin_cpus`); another tenant is kept out of an NVLink
+/// domain one tenant holds a GPU of (`topology.isolate_nvlink_domains`).
+#[test]
+fn gpu_2_lands_on_an_nvlink_pair_kubelet_sees_numa_nodes_and_cpus_follow_the_gpus() {
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let files = short_tempdir();
+    let dir = files.join("dp");
+    std::fs::create_dir_all(&dir).unwrap();
+    // The host's highest online CPU stands for the second NUMA node's CPUs.
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    let last: u32 = online.trim().rsplit(['-', ',']).next().unwrap().parse().unwrap();
+    let node_file = files.join("topo-node.json");
+    std::fs::write(
+        &node_file,
+        format!(
+            r#"{{"node": "sim-topo-0", "gpus": [
+            {{"model": "H100-80GB", "nvlink": [1], "numa_node": 0, "cpus": "0"}},
+            {{"model": "H100-80GB", "nvlink": [0], "numa_node": 0, "cpus": "0"}},
+            {{"model": "H100-80GB", "nvlink": [3], "numa_node": 1, "cpus": "{last}"}},
+            {{"model": "H100-80GB", "nvlink": [2], "numa_node": 1, "cpus": "{last}"}}]}}"#
+        ),
+    )
+    .unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).unwrap()).unwrap();
+    v["topology"] = serde_json::json!({"pin_cpus": true, "isolate_nvlink_domains": true});
+    let policy = files.join("policy.json");
+    std::fs::write(&policy, v.to_string()).unwrap();
+    let _kubelet = Kubelet::start(&rt, &dir);
+    let node = Node::start_with(NodeOptions {
+        policy,
+        node_file,
+        extra_args: vec!["--device-plugin-dir".into(), dir.display().to_string()],
+        ..Default::default()
+    });
+    node.fx.cleanup().track_dir(&files);
+    let gpus: Vec<String> =
+        node.client().status().unwrap().gpus.into_iter().map(|g| g.uuid).collect();
+    assert!(wait_for(|| dir.join(socket_name(GPU)).exists(), Duration::from_secs(10)));
+    let numa = numa_of(&rt, &dir, GPU);
+    let want: BTreeMap<String, Vec<i64>> =
+        gpus.iter().zip([0, 0, 1, 1]).map(|(g, n)| (g.clone(), vec![n])).collect();
+    assert_eq!(numa, want, "kubelet's TopologyInfo");
+    let mps = numa_of(&rt, &dir, MPS);
+    assert_eq!(mps[&format!("{}:mps:42", gpus[3])], [1], "every id of a GPU carries it");
+
+    // One GPU, then two: the two land on the whole pair (first-fit would take GPUs 1, 2).
+    let b = node.bundle("one", "team-untrusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "one");
+    assert_eq!(node.client().allocation("one").unwrap().devices[0].uuid, gpus[0]);
+    let b = node.bundle("two", "team-untrusted", Some("gpu=2"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "two");
+    let a = node.client().allocation("two").unwrap();
+    let got: Vec<&str> = a.devices.iter().map(|d| d.uuid.as_str()).collect();
+    assert_eq!(got, [gpus[2].as_str(), gpus[3].as_str()], "an NVLink pair");
+    assert_eq!(a.topology.as_deref(), Some("NVLink domain 1, NUMA node 1"), "the grant says so");
+    let status = node.fx.exec("two", &["cat", "/proc/self/status"]);
+    status.assert_success("exec");
+    let cpus = status
+        .stdout_str()
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:").map(|v| v.trim().to_string()))
+        .unwrap();
+    assert_eq!(cpus, last.to_string(), "the CPU set follows the GPUs");
+
+    // Another tenant: GPU 1 is free, but its NVLink domain holds the first tenant's GPU 0.
+    let b = node.bundle("three", "team-dev", Some("gpu=1"), &["true"]);
+    let out = node.fx.run_container(&b, "three");
+    out.assert_failure("kept out of the other tenant's NVLink domain");
+    assert!(out.stderr_str().contains("isolate_nvlink_domains"), "{}", out.stderr_str());
+}

@@ -7,6 +7,7 @@
 
 pub mod cgroup;
 pub mod client;
+pub mod cpulist;
 pub mod cri;
 pub mod deviceplugin;
 pub mod display;

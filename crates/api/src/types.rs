@@ -235,6 +235,18 @@ pub struct Injection {
     /// allow rule of these majors from the config, whatever the grant is.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_majors: Vec<i64>,
+    /// The CPUs and memory nodes close to the granted GPUs (`topology.pin_cpus`):
+    /// tessera-runtime writes them into `linux.resources.cpu`. Absent: left as configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpuset: Option<CpuSet>,
+}
+
+/// A CPU set and its memory nodes, as Linux CPU lists (`0-15`, `0`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuSet {
+    pub cpus: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mems: Option<String>,
 }
 
 /// One device a grant covers: a whole GPU or a MIG instance.

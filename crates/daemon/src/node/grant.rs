@@ -383,6 +383,9 @@ impl Node {
         };
         injection.mounts.extend(self.sim_memory_mounts(&devices));
         injection.mounts.extend(self.backend.driver_mounts());
+        if self.policy.policy.topology().pin_cpus {
+            injection.cpuset = self.cpuset_of(&devices);
+        }
         if plan.class == Some(tessera_api::WorkloadClass::Latency) {
             // Its own latency report (docs/GPU-HEALTH.md, Reporting latency): one file of
             // its own, bind-mounted read-write; the daemon reads it without following links.
@@ -473,6 +476,30 @@ impl Node {
               devices = ?allocation.devices.iter().map(|d| &d.uuid).collect::<Vec<_>>(),
               quota = allocation.quota.as_ref().map_or("-", |m| m.class.as_str()), "granted");
         Ok(allocation)
+    }
+
+    /// The CPUs and memory nodes close to `devices`' GPUs that the host has online
+    /// (`topology.pin_cpus`); `None` where the topology or the host cannot say, or they
+    /// share none.
+    fn cpuset_of(&self, devices: &[GrantedDevice]) -> Option<tessera_api::CpuSet> {
+        use tessera_api::cpulist::{intersect, parse_cpulist, render_cpulist};
+        let (online, nodes) = self.host.cpu_layout()?;
+        let mut cpus = Vec::new();
+        let mut mems = Vec::new();
+        for d in devices {
+            let t = self.topology.of(&d.gpu_uuid)?;
+            cpus.extend(parse_cpulist(t.cpus.as_deref()?).ok()?);
+            mems.extend(t.numa_node);
+        }
+        let cpus = intersect(&online, &cpus);
+        if cpus.is_empty() {
+            return None;
+        }
+        let mems = intersect(&nodes, &mems);
+        Some(tessera_api::CpuSet {
+            cpus: render_cpulist(&cpus),
+            mems: (!mems.is_empty()).then(|| render_cpulist(&mems)),
+        })
     }
 
     /// Cut a MIG instance of `profile` (destroying the idle `destroy` first) and return it.
