@@ -217,7 +217,7 @@ fn a_noisy_neighbour_is_detected_throttled_and_its_victim_hardened_and_a_solo_gp
     assert!(took < Duration::from_secs(5), "detected in {took:?}");
     eprintln!("interference detected {} ms after the controller was enabled", took.as_millis());
     assert!(
-        wait_for(|| daemon_threads(&node, &device, &a.tenant) == 37.0, Duration::from_secs(5)),
+        wait_for(|| daemon_threads(&node, &device, &a.tenant) == 48.0, Duration::from_secs(5)),
         "the aggressor's cap was not lowered daemon-side: {}",
         daemon_threads(&node, &device, &a.tenant)
     );
@@ -244,7 +244,7 @@ fn a_noisy_neighbour_is_detected_throttled_and_its_victim_hardened_and_a_solo_gp
     assert!(
         events
             .iter()
-            .any(|e| e.starts_with("aggressor step throttle") && e.contains("from 75 to 37")),
+            .any(|e| e.starts_with("aggressor step throttle") && e.contains("from 75 to 48")),
         "{events:?}"
     );
     assert!(events.iter().any(|e| e.contains("step anti-affinity")), "{events:?}");

@@ -4,8 +4,9 @@
 //! device:
 //!
 //! * **Baseline.** While `V` is the only active share of the device (others idle or
-//!   absent), its achieved SM use (and its own latency, where it reports one) is its solo
-//!   baseline (a moving average). A share that never ran alone has none and raises nothing:
+//!   absent), or the device is not saturated (every share gets what it asks), its achieved
+//!   SM use (and its own latency, where it reports one) is its solo baseline (a moving
+//!   average). A share that never ran uncontended has none and raises nothing:
 //!   interference is a regression that follows a co-tenant's arrival.
 //! * **Degraded** when, with a baseline, its throughput share — its SM use over the
 //!   baseline, or, where it reports its latency, baseline latency over latency now — is
@@ -207,8 +208,10 @@ impl Detector {
             let key = (s.device.clone(), v.id.clone());
             let w = self.watches.entry(key.clone()).or_default();
             let others: Vec<&&ShareSample> = active.iter().filter(|x| x.id != v.id).collect();
-            if others.is_empty() {
-                // Alone (or with idle co-tenants): its solo baseline.
+            let uncontended = s.bw < t.saturation && s.sm < t.saturation;
+            if others.is_empty() || uncontended {
+                // Alone (or with idle co-tenants), or on a device nothing saturates: what it
+                // gets is what it asks, its solo baseline.
                 if v.active() {
                     w.baseline_sm = Some(ewma(w.baseline_sm, v.sm));
                     if let Some(l) = v.latency_ms.filter(|l| l.is_finite() && *l > 0.0) {

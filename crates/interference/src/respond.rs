@@ -1,8 +1,9 @@
 //! The answer to an incident, in steps by policy (pure):
 //!
-//! 1. **throttle**: the aggressor's MPS active thread percentage times
-//!    `throttle_factor_percent`, never below `min_percent` (only an MPS aggressor has one);
-//!    again every `confirm` samples the incident persists, down to `min_percent`;
+//! 1. **throttle**: the aggressor's MPS active thread percentage lowered just enough to
+//!    end the saturation ([`throttle_target`]), but in one step never below
+//!    `throttle_factor_percent` of what it was, nor below `min_percent` (only an MPS
+//!    aggressor has one); again every `confirm` samples the incident persists;
 //! 2. **anti-affinity**: the two tenants are kept apart by later placements (when they are
 //!    two tenants);
 //! 3. **harden**: the victim's next start is granted a MIG instance (or a whole GPU) where
@@ -74,6 +75,41 @@ impl Step {
     }
 }
 
+/// What the saturated resource's summed use is brought to by a throttle: just under the
+/// device, so the victim gets what it asks while the aggressor keeps the rest.
+pub const THROTTLE_TARGET_USE: f64 = 0.98;
+
+/// The MPS thread percentage that ends an incident's saturation, from its evidence alone.
+/// Every share of a saturated device slows by the same factor (the victim's share `k` of
+/// its solo throughput, `contention` assumption 3), so the shares ask `1/k` of the
+/// saturated resource and the aggressor `a/k` (`a` its use now); taking `1/k -`
+/// [`THROTTLE_TARGET_USE`] off the aggressor's ask means scaling its rate by
+/// `f = 1 - (1/k - target) / (a/k)`, and its rate follows its SM cap: the new cap is `f`
+/// of the SMs it would use uncontended (`sm/k`, at most its cap now). Bounded by
+/// `throttle_factor_percent` of `from` (one step lowers that much at most) and
+/// `min_percent`; `None` when that would not lower it (or throttling is off).
+pub fn throttle_target(incident: &Incident, from: u8, s: &Settings) -> Option<u8> {
+    if s.throttle_factor_percent == 0 || from <= s.min_percent {
+        return None;
+    }
+    let k = if incident.share.is_finite() { incident.share.clamp(0.05, 1.0) } else { 1.0 };
+    let used = match incident.signal {
+        crate::detect::Signal::MemoryBandwidth => incident.aggressor_bw,
+        crate::detect::Signal::Sm => incident.aggressor_sm,
+    };
+    let asks = used / k;
+    let f = if asks > 0.0 {
+        ((asks - (1.0 / k - THROTTLE_TARGET_USE)) / asks).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let solo_sm = (incident.aggressor_sm / k * 100.0).min(f64::from(from));
+    let target = (solo_sm * f).round();
+    let floor = (f64::from(from) * f64::from(s.throttle_factor_percent) / 100.0).ceil();
+    let to = target.max(floor).max(f64::from(s.min_percent)).min(100.0) as u8;
+    (to < from).then_some(to)
+}
+
 /// What was done for each open incident (so a stop is sent once).
 #[derive(Debug, Clone, Default)]
 pub struct Responder {
@@ -92,17 +128,8 @@ impl Responder {
         let s = self.settings;
         let throttle = |incident: &Incident| -> Option<Step> {
             let from = cap_of(&incident.aggressor)?;
-            if s.throttle_factor_percent == 0 || from <= s.min_percent {
-                return None;
-            }
-            let to = (u32::from(from) * u32::from(s.throttle_factor_percent) / 100)
-                .max(u32::from(s.min_percent));
-            let to = u8::try_from(to).unwrap_or(s.min_percent);
-            (to < from).then(|| Step::Throttle {
-                incident: incident.clone(),
-                from_percent: from,
-                to_percent: to,
-            })
+            let to = throttle_target(incident, from, &s)?;
+            Some(Step::Throttle { incident: incident.clone(), from_percent: from, to_percent: to })
         };
         match finding {
             Finding::Opened(incident) => {
@@ -166,12 +193,19 @@ mod tests {
         let steps = r.steps(&Finding::Opened(incident()), |_| Some(75));
         let names: Vec<&str> = steps.iter().map(Step::name).collect();
         assert_eq!(names, ["throttle", "anti-affinity", "harden"]);
-        assert!(matches!(steps[0], Step::Throttle { from_percent: 75, to_percent: 37, .. }));
+        // Share 0.7, the aggressor at 0.7 of SM and bandwidth: it asks 1.0 of each, the
+        // device 1/0.7; 1/0.7 - 0.98 must go: its rate x 0.551, so 41 of its 75.
+        assert!(matches!(steps[0], Step::Throttle { from_percent: 75, to_percent: 41, .. }));
         assert!(r
-            .steps(&Finding::Persists { incident: incident(), samples: 1 }, |_| Some(37))
+            .steps(&Finding::Persists { incident: incident(), samples: 1 }, |_| Some(41))
             .is_empty());
-        let again = r.steps(&Finding::Persists { incident: incident(), samples: 3 }, |_| Some(37));
-        assert!(matches!(again[..], [Step::Throttle { to_percent: 18, .. }]));
+        let again = r.steps(&Finding::Persists { incident: incident(), samples: 3 }, |_| Some(41));
+        assert!(matches!(again[..], [Step::Throttle { to_percent: 23, .. }]), "{again:?}");
+        // One step lowers it by `throttle_factor_percent` at most.
+        let mut deep = incident();
+        deep.share = 0.3;
+        let to = throttle_target(&deep, 80, &Settings::default());
+        assert_eq!(to, Some(40), "bounded by half");
         let stop = r.steps(&Finding::Persists { incident: incident(), samples: 4 }, |_| Some(18));
         assert_eq!(stop.iter().map(Step::name).collect::<Vec<_>>(), ["stop"]);
         assert!(
@@ -191,5 +225,23 @@ mod tests {
         let steps = r.steps(&Finding::Opened(same), |_| Some(15));
         assert!(matches!(steps[0], Step::Throttle { to_percent: 10, .. }));
         assert!(!steps.iter().any(|s| s.name() == "anti-affinity"), "one tenant: no pair");
+    }
+
+    #[test]
+    fn the_throttle_ends_the_saturation_in_the_model() {
+        use crate::contention::{share_device, Demand, Load};
+        // The end-to-end test's case: victim (0.25 SM, 0.5 bandwidth, cap 25), aggressor
+        // (1.0, 1.0, cap 75).
+        let v = Load { demand: Demand { sm: 0.25, bw: 0.5 }, cap: 0.25 };
+        let a = |cap: f64| Load { demand: Demand { sm: 1.0, bw: 1.0 }, cap };
+        let before = share_device(&[v, a(0.75)]);
+        let mut i = incident();
+        i.share = before[0].share_of_solo();
+        i.aggressor_sm = before[1].sm;
+        i.aggressor_bw = before[1].bw;
+        let to = throttle_target(&i, 75, &Settings::default()).expect("lowered");
+        assert_eq!(to, 48);
+        let after = share_device(&[v, a(f64::from(to) / 100.0)]);
+        assert!(after[0].share_of_solo() >= 0.99, "to {to}: {:?}", after[0]);
     }
 }

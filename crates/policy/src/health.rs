@@ -61,8 +61,9 @@ pub struct InterferenceSettings {
     pub confirm_samples: u32,
     /// Consecutive healthy samples before an alarm clears.
     pub clear_samples: u32,
-    /// Step 1: the aggressor's MPS active thread percentage is multiplied by this percent
-    /// (0: no throttle step)...
+    /// Step 1 lowers the aggressor's MPS active thread percentage just enough to end the
+    /// saturation (`interference::respond::throttle_target`), but one step never below
+    /// this percent of what it was (0: no throttle step)...
     pub throttle_factor_percent: u8,
     /// ...but never set below this.
     pub min_percent: u8,
