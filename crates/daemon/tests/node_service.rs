@@ -1192,3 +1192,40 @@ fn an_uncontained_xid_takes_the_whole_gpu_and_the_policy_may_stop_its_holders() 
     assert_eq!(report.stop[0].refused.rule, "faults.stop_holders");
     assert_eq!(device_state(&node, &gpu), tessera_api::DeviceState::Quarantined);
 }
+
+/// Issue 26: the class annotation is exactly `latency` or `batch`; anything else is
+/// refused naming the annotation, its value escaped and cut; a latency container gets its
+/// own report file.
+#[test]
+fn a_hostile_class_annotation_is_refused_and_a_latency_container_gets_its_report_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    for bad in ["latency\n[fake] granted", "Latency", &"x".repeat(10_000)] {
+        let mut r = req("c1", "team-trusted", "gpu=1");
+        r.annotations.insert("tessera.io/class".into(), bad.to_string());
+        let e = node.allocate(&r).expect_err("refused");
+        assert_eq!(e.code, ErrorCode::BadRequest, "{e:?}");
+        assert!(e.message.contains("tessera.io/class"), "{}", e.message);
+        assert!(!e.message.contains('\n') && e.message.len() < 400, "{}", e.message);
+        assert_eq!(e.rule.as_deref(), Some("interference.classes"));
+    }
+    let mut r = req("c1", "team-trusted", "gpu=1");
+    r.annotations.insert("tessera.io/class".into(), "latency".into());
+    let a = node.allocate(&r).expect("granted");
+    assert_eq!(a.class, Some(tessera_api::WorkloadClass::Latency));
+    let m = a
+        .injection
+        .mounts
+        .iter()
+        .find(|m| m.destination == "/run/tessera/latency_ms")
+        .expect("mount");
+    assert!(!m.read_only);
+    let meta = std::fs::symlink_metadata(&m.source).expect("report file");
+    assert!(meta.is_file());
+    assert!(a.injection.env.contains(&"TESSERA_LATENCY_FILE=/run/tessera/latency_ms".to_string()));
+    node.release("c1", "test").expect("release");
+    assert!(!std::path::Path::new(&m.source).exists(), "the report goes with the grant");
+    let b = node.allocate(&req("c2", "team-trusted", "gpu=1")).expect("granted");
+    assert_eq!(b.class, Some(tessera_api::WorkloadClass::Batch), "undeclared: batch");
+    assert!(b.injection.mounts.iter().all(|m| m.destination != "/run/tessera/latency_ms"));
+}

@@ -522,6 +522,50 @@ mod tests {
         println!("{}", compare_with_catalog(&profiles));
     }
 
+    /// Issue 26, read-only; run where a GPU is lent:
+    /// `cargo test -p slicer -- --ignored --nocapture nvml_telemetry_topology_and_events`.
+    /// Two telemetry reads 1 s apart (the second has GPM figures on Hopper), per-process
+    /// utilisation, the topology, each device's health, and the XID event set drained for
+    /// 2 s (registration is read-only; nothing is injected).
+    #[test]
+    #[ignore = "needs an NVIDIA GPU and driver"]
+    fn nvml_telemetry_topology_and_events() {
+        let backend = NvmlBackend::open_default().expect("open nvml");
+        let inv = backend.inventory().expect("inventory");
+        let topo = backend.topology().expect("topology");
+        println!("topology: {}", serde_json::to_string_pretty(&topo).expect("json"));
+        for gpu in &inv.gpus {
+            let first = backend.device_telemetry(&gpu.uuid).expect("telemetry");
+            println!("first read: {}", serde_json::to_string(&first).expect("json"));
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        for gpu in &inv.gpus {
+            let t = backend.device_telemetry(&gpu.uuid).expect("telemetry");
+            println!("{}: {}", gpu.uuid, serde_json::to_string_pretty(&t).expect("json"));
+            assert!(!t.is_empty() && t[0].uuid == gpu.uuid);
+            let p = backend.process_telemetry(&gpu.uuid, 0).expect("processes");
+            println!("{} processes: {p:?}", gpu.uuid);
+            println!(
+                "{} health: {:?}",
+                gpu.uuid,
+                backend.device_health(&gpu.uuid).expect("health")
+            );
+            for i in &gpu.instances {
+                println!(
+                    "{} health: {:?}",
+                    i.uuid,
+                    backend.device_health(&i.uuid).expect("health")
+                );
+            }
+        }
+        let mut events = Vec::new();
+        for _ in 0..20 {
+            events.extend(backend.xid_events().expect("xid events"));
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        println!("XID events in 2 s: {events:?}");
+    }
+
     /// Run on a machine with a GPU: `cargo test -p slicer -- --ignored --nocapture nvml_prints`.
     #[test]
     #[ignore = "needs an NVIDIA GPU and driver"]
