@@ -229,7 +229,8 @@ impl Action {
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum Outcome {
-    Allocation(Allocation),
+    /// Boxed: an allocation is the largest answer by far.
+    Allocation(Box<Allocation>),
     Allocations(Vec<Allocation>),
     Released {
         released: bool,
@@ -424,9 +425,9 @@ impl Controller {
     fn dispatch(&self, action: Action) -> Result<Outcome, ApiError> {
         use Outcome as O;
         match action {
-            Action::Allocate(req) => self.allocate(&req).map(O::Allocation),
+            Action::Allocate(req) => self.allocate(&req).map(|a| O::Allocation(Box::new(a))),
             Action::Start { container_id, req } => {
-                self.locked(|n| n.start(&container_id, &req)).map(O::Allocation)
+                self.locked(|n| n.start(&container_id, &req)).map(|a| O::Allocation(Box::new(a)))
             }
             Action::Release { container_id, req } => self
                 .locked(|n| n.release_removed(&container_id, &req))
@@ -437,7 +438,9 @@ impl Controller {
                 self.tell_books(to_books);
                 Ok(O::Update(answer))
             }
-            Action::Allocation(id) => self.locked(|n| n.allocation(&id)).map(O::Allocation),
+            Action::Allocation(id) => {
+                self.locked(|n| n.allocation(&id)).map(|a| O::Allocation(Box::new(a)))
+            }
             Action::Allocations => self.locked(|n| n.allocations()).map(O::Allocations),
             Action::Status => {
                 let _round = self.mps_round();

@@ -102,6 +102,9 @@ pub fn render(node: &NodeStatus, intervals: &[IntervalRecord]) -> String {
     out
 }
 
+/// A device's GPU index, model, and MIG profile and GPU-instance id where it is one.
+pub type DeviceLabels = (u32, String, Option<(String, u32)>);
+
 /// What [`render_telemetry`] exports: the last telemetry sample, what the node knows of
 /// each device, and the interference incidents counted since start.
 #[derive(Debug, Clone, Default)]
@@ -109,7 +112,7 @@ pub struct TelemetryMetrics {
     pub hostname: String,
     pub telemetry: Option<tessera_api::telemetry::NodeTelemetry>,
     /// Device uuid -> (GPU index, model, MIG profile and GPU-instance id where MIG).
-    pub devices: BTreeMap<String, (u32, String, Option<(String, u32)>)>,
+    pub devices: BTreeMap<String, DeviceLabels>,
     /// Container id -> its pod container (namespace, pod, container), where it is one.
     pub pods: BTreeMap<String, (String, String, String)>,
     /// (device, victim, aggressor, signal) -> incidents opened since start.

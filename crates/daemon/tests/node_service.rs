@@ -1120,7 +1120,7 @@ fn an_xid_quarantines_exactly_what_it_reached() {
     // XID 94 on the held instance: exactly it.
     slicer::sim::inject_xid(dir.path(), &xid(94, Some(target.gi_id))).unwrap();
     let report = node.check_faults().unwrap();
-    assert_eq!(report.quarantined, [target.uuid.clone()]);
+    assert_eq!(report.quarantined, std::slice::from_ref(&target.uuid));
     assert!(report.stop.is_empty(), "faults.stop_holders is off: told, not stopped");
     for i in &gpu.instances {
         let want = if i.uuid == target.uuid { Quarantined } else { Free };
@@ -1183,7 +1183,7 @@ fn an_uncontained_xid_takes_the_whole_gpu_and_the_policy_may_stop_its_holders() 
     )
     .unwrap();
     let report = node.check_faults().unwrap();
-    assert_eq!(report.quarantined, [gpu.clone()]);
+    assert_eq!(report.quarantined, std::slice::from_ref(&gpu));
     assert_eq!(report.grace, Duration::from_secs(1));
     assert_eq!(
         report.stop.iter().map(|t| t.refused.container_id.as_str()).collect::<Vec<_>>(),

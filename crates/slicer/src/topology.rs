@@ -117,6 +117,9 @@ pub fn domains_from_links(
 
 pub use tessera_api::cpulist::{parse_cpulist, render_cpulist, CpuListError, MAX_CPU};
 
+/// (NVLink domain, NUMA node): how [`pick`] groups free GPUs.
+type GroupKey = (Option<u32>, Option<u32>);
+
 /// How a set of GPUs sits in the node, as a grant says it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
@@ -144,8 +147,8 @@ pub fn pick<'a>(
     let domain = |g: &Gpu| topo.domain(&g.uuid);
     let numa = |g: &Gpu| topo.numa(&g.uuid);
     // Groups of free GPUs by a key; the best that fits: fewest members, then lowest index.
-    let best = |key: &dyn Fn(&Gpu) -> Option<(Option<u32>, Option<u32>)>| {
-        let mut groups: BTreeMap<(Option<u32>, Option<u32>), Vec<&'a Gpu>> = BTreeMap::new();
+    let best = |key: &dyn Fn(&Gpu) -> Option<GroupKey>| {
+        let mut groups: BTreeMap<GroupKey, Vec<&'a Gpu>> = BTreeMap::new();
         for g in free {
             if let Some(k) = key(g) {
                 groups.entry(k).or_default().push(g);

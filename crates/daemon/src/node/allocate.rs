@@ -34,7 +34,7 @@ pub(crate) enum Resolved {
     /// The container holds this grant already (idempotent by container id).
     Existing(Box<Allocation>),
     /// A new grant to plan.
-    New(Checked),
+    New(Box<Checked>),
 }
 
 /// Whether grants go through the fleet's quotas.
@@ -86,7 +86,7 @@ impl Node {
     pub fn allocate(&mut self, req: &AllocateRequest) -> Result<Allocation, ApiError> {
         let checked = match self.check_allocate(req)? {
             Resolved::Existing(a) => return Ok(*a),
-            Resolved::New(c) => c,
+            Resolved::New(c) => *c,
         };
         let plan =
             self.plan_checked(req, &checked).inspect_err(|e| self.record_no_capacity(req, e))?;
@@ -168,14 +168,14 @@ impl Node {
         } else {
             None
         };
-        Ok(Resolved::New(Checked {
+        Ok(Resolved::New(Box::new(Checked {
             tenant,
             workload,
             assigned: assigned.map(Box::new),
             class,
             workload_key,
             hardened,
-        }))
+        })))
     }
 
     fn asker<'a>(&self, req: &'a AllocateRequest, c: &'a Checked) -> grant::Asker<'a> {
@@ -251,7 +251,7 @@ impl Node {
     ) -> Result<Prepared, ApiError> {
         let checked = match self.check_allocate(req)? {
             Resolved::Existing(a) => return Ok(Prepared::Granted(a)),
-            Resolved::New(c) => c,
+            Resolved::New(c) => *c,
         };
         if mode == QuotaMode::Off || !self.policy.policy.has_quotas() {
             let plan = self
@@ -385,7 +385,7 @@ impl Node {
     ) -> Result<Allocation, ApiError> {
         let checked = match self.check_allocate(req)? {
             Resolved::Existing(a) => return Ok(*a),
-            Resolved::New(c) => c,
+            Resolved::New(c) => *c,
         };
         let plan =
             self.plan_checked(req, &checked).inspect_err(|e| self.record_no_capacity(req, e))?;

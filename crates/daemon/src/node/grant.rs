@@ -636,6 +636,27 @@ impl GrantFailpoint {
     }
 }
 
+/// An empty report file the container may write (mode 0666: its user is unknown), in a
+/// directory only root enters; a file already there (a retried grant) is emptied, and a
+/// link or anything else found in its place refused.
+fn create_report(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    }
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o666)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    f.set_permissions(std::fs::Permissions::from_mode(0o666))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -658,25 +679,4 @@ mod tests {
         assert!(GrantFailpoint::hit(Some(&only), "c2").is_ok());
         assert!(GrantFailpoint::hit(Some(&only), "c1").is_err());
     }
-}
-
-/// An empty report file the container may write (mode 0666: its user is unknown), in a
-/// directory only root enters; a file already there (a retried grant) is emptied, and a
-/// link or anything else found in its place refused.
-fn create_report(path: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-    if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
-    }
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o666)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    f.set_permissions(std::fs::Permissions::from_mode(0o666))
 }
