@@ -353,6 +353,78 @@ pub fn slot_map(instances: &[MigInstanceStatus]) -> String {
     line.trim_end().to_string()
 }
 
+/// `tessera top`: each device's activity, then who uses it, then open interference
+/// incidents. Tenant, pod and container names come from outside: shown escaped.
+pub fn top(t: &tessera_api::telemetry::NodeTelemetry) -> String {
+    let mut out = String::new();
+    let esc = |v: &str| tessera_api::untrusted(v).max_chars(64).to_string();
+    let pct = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{:.0}%", v * 100.0));
+    let _ = writeln!(out, "node {}   telemetry sample {} at {} ms", t.node, t.samples, t.at_ms);
+    if t.samples == 0 {
+        let _ = writeln!(out, "no telemetry sample yet");
+        return out;
+    }
+    for d in &t.devices {
+        let kind = if d.uuid == d.gpu_uuid { "GPU" } else { "  MIG" };
+        let power = d.power_watts.map_or_else(|| "-".to_string(), |w| format!("{w:.0} W"));
+        let clocks = match (d.sm_clock_mhz, d.mem_clock_mhz) {
+            (Some(s), Some(m)) => format!("{s}/{m} MHz"),
+            _ => "-".to_string(),
+        };
+        let throttle = if d.throttle_reasons.is_empty() {
+            String::new()
+        } else {
+            format!("  throttled: {}", d.throttle_reasons.join(","))
+        };
+        let _ = writeln!(
+            out,
+            "{kind} {}  SM {:>4}  mem-bw {:>4}  {power:>6}  {clocks}  ({:?}){throttle}",
+            d.uuid,
+            pct(d.sm_active),
+            pct(d.dram_active),
+            d.source
+        );
+        for c in t.containers.iter().filter(|c| c.device == d.uuid) {
+            let who = c.workload.as_deref().map_or_else(|| esc(&c.container_id), esc);
+            let mut extra = String::new();
+            if let Some(th) = c.mps_threads {
+                let _ = write!(extra, "  mps threads {th}%");
+            }
+            if let Some(l) = c.latency_ms {
+                let _ = write!(extra, "  latency {l:.1} ms");
+            }
+            let _ = writeln!(
+                out,
+                "      {:<28} {:<36} {:<6} {:<7} SM {:>4}  mem {:>4}{extra}",
+                who,
+                esc(&c.tenant),
+                c.isolation.as_str(),
+                c.class.map_or("-", |k| k.as_str()),
+                pct(c.sm),
+                pct(c.mem)
+            );
+        }
+    }
+    if !t.incidents.is_empty() {
+        let _ = writeln!(out, "interference:");
+        for i in &t.incidents {
+            let _ = writeln!(
+                out,
+                "  {}: {} ({}) at {:.0}% of solo, degraded by {} ({}) through {}; steps: {}",
+                i.device,
+                esc(&i.victim),
+                esc(&i.victim_tenant),
+                i.share * 100.0,
+                esc(&i.aggressor),
+                esc(&i.aggressor_tenant),
+                i.signal,
+                if i.steps.is_empty() { "none yet".to_string() } else { i.steps.join(", ") }
+            );
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -586,3 +586,185 @@ fn a_kubelet_assignment_written_by_a_config_author_or_replayed_is_refused_and_ch
     assert_eq!(map.keys().collect::<Vec<_>>(), ["kube-a"], "{text}");
     assert_eq!(instances(&node), before);
 }
+
+/// Queues an XID event on the simulated node, as the driver would report it
+/// (`<state>/sim/xid/<name>.json`, written whole: a temp file renamed into place).
+fn inject_xid(node: &Node, gpu: &str, xid: u64, gi: Option<u32>) {
+    let dir = node.state.join("sim/xid");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut ev = serde_json::json!({"gpu_uuid": gpu, "xid": xid});
+    if let Some(gi) = gi {
+        ev["gi_id"] = gi.into();
+        ev["ci_id"] = 0.into();
+    }
+    let name = format!("{}-{xid}", unique_name());
+    let tmp = dir.join(format!("{name}.tmp"));
+    std::fs::write(&tmp, ev.to_string()).unwrap();
+    std::fs::rename(&tmp, dir.join(format!("{name}.json"))).unwrap();
+}
+
+/// Issue 26: an XID on a MIG instance quarantines exactly that instance — kubelet sees it
+/// unhealthy, the CDI spec drops the profile only it offered, no grant lands there — and
+/// an uncontained one the whole GPU; the holder on it is told.
+#[test]
+fn an_xid_quarantines_exactly_its_scope_for_kubelet_cdi_and_grants() {
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let files = short_tempdir();
+    let (dir, cdi) = (files.join("dp"), files.join("cdi"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let node_file = files.join("xid-node.json");
+    std::fs::write(
+        &node_file,
+        r#"{"node": "sim-xid-0", "gpus": [
+            {"model": "H100-80GB", "mig": [{"profile": "1g.10gb", "start": 0},
+                {"profile": "1g.10gb", "start": 1}, {"profile": "3g.40gb", "start": 4}]},
+            {"model": "H100-80GB"}, {"model": "H100-80GB"}]}"#,
+    )
+    .unwrap();
+    let _kubelet = Kubelet::start(&rt, &dir);
+    let node = Node::start_with(NodeOptions {
+        node_file,
+        extra_args: vec![
+            "--no-dynamic-mig".into(),
+            "--device-plugin-dir".into(),
+            dir.display().to_string(),
+            "--cdi-spec-dir".into(),
+            cdi.display().to_string(),
+        ],
+        ..Default::default()
+    });
+    node.fx.cleanup().track_dir(&files);
+    let st = node.client().status().unwrap();
+    let mig_gpu = st.gpus[0].clone();
+    let three = mig_gpu.instances.iter().find(|i| i.profile == "3g.40gb").unwrap().clone();
+    let lists: Lists = Arc::default();
+    for r in [GPU, MIG_1G, MIG_3G] {
+        watch_lists(&rt, &dir, r, &lists);
+    }
+    wait_lists(&lists, "the healthy node", |l| {
+        count(l, GPU) == 2 && count(l, MIG_1G) == 2 && count(l, MIG_3G) == 1
+    });
+    let spec = || std::fs::read_to_string(cdi.join("tessera.yaml")).unwrap_or_default();
+    assert!(spec().contains("mig-3g.40gb") && spec().contains("mig-1g.10gb"), "{}", spec());
+
+    // A holder on the MIG GPU (an annotation request: unhealthy to kubelet, not gone).
+    let b = node.bundle("held", "team-untrusted", Some("mig=1g.10gb"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "held");
+    wait_lists(&lists, "the held instance", |l| count(l, MIG_1G) == 1);
+
+    // XID 94 (contained) on the 3g instance: it alone.
+    inject_xid(&node, &mig_gpu.uuid, 94, Some(three.gi_id));
+    wait_lists(&lists, "the 3g instance quarantined", |l| {
+        count(l, MIG_3G) == 0 && listed(l, MIG_3G).contains(&three.uuid)
+    });
+    assert!(wait_for(|| !spec().contains("mig-3g.40gb"), Duration::from_secs(10)), "{}", spec());
+    assert!(spec().contains("mig-1g.10gb"), "the other instances still offer theirs");
+    assert_eq!((count(&lists, MIG_1G), count(&lists, GPU)), (1, 2), "nothing else changed");
+    let b = node.bundle("on-3g", "team-untrusted", Some("mig=3g.40gb"), &["true"]);
+    let out = node.fx.run_container(&b, "on-3g");
+    out.assert_failure("a grant on the quarantined instance");
+    assert!(out.stderr_str().contains("quarantined"), "{}", out.stderr_str());
+
+    // XID 95 (uncontained) on the GPU: all of it; the holder is told; the others stay.
+    inject_xid(&node, &mig_gpu.uuid, 95, None);
+    wait_lists(&lists, "the whole MIG GPU quarantined", |l| count(l, MIG_1G) == 0);
+    assert!(wait_for(|| !spec().contains("mig-"), Duration::from_secs(10)), "{}", spec());
+    assert_eq!(count(&lists, GPU), 2, "the other GPUs stay healthy");
+    let st = node.client().status().unwrap();
+    assert!(st.gpus[0].instances.iter().all(|i| i.state == tessera_api::DeviceState::Quarantined));
+    let told = st.events.iter().any(|e| {
+        e.kind == "xid" && e.container_id.as_deref() == Some("held") && e.detail.contains("XID 95")
+    });
+    assert!(told, "the holder is told: {:?}", st.events);
+    assert!(node.fx.status("held").as_deref() == Some("running"), "told, not stopped (policy)");
+}
+
+/// The first list kubelet gets for `resource`: id -> the NUMA nodes in its `TopologyInfo`.
+fn numa_of(rt: &Runtime, dir: &Path, resource: &str) -> BTreeMap<String, Vec<i64>> {
+    let mut c = plugin(rt, dir, resource);
+    let mut stream = rt.block_on(c.list_and_watch(api::Empty {})).unwrap().into_inner();
+    let first = rt.block_on(stream.message()).unwrap().unwrap();
+    first
+        .devices
+        .into_iter()
+        .map(|d| {
+            (d.id, d.topology.map(|t| t.nodes.iter().map(|n| n.id).collect()).unwrap_or_default())
+        })
+        .collect()
+}
+
+/// Issue 26, topology: on a node of two NVLink pairs on two NUMA nodes, kubelet sees each
+/// GPU's NUMA node; `gpu=2` lands on a pair and says so in the grant; the container's CPU
+/// set follows its GPUs (`topology.pin_cpus`); another tenant is kept out of an NVLink
+/// domain one tenant holds a GPU of (`topology.isolate_nvlink_domains`).
+#[test]
+fn gpu_2_lands_on_an_nvlink_pair_kubelet_sees_numa_nodes_and_cpus_follow_the_gpus() {
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let files = short_tempdir();
+    let dir = files.join("dp");
+    std::fs::create_dir_all(&dir).unwrap();
+    // The host's highest online CPU stands for the second NUMA node's CPUs.
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    let last: u32 = online.trim().rsplit(['-', ',']).next().unwrap().parse().unwrap();
+    let node_file = files.join("topo-node.json");
+    std::fs::write(
+        &node_file,
+        format!(
+            r#"{{"node": "sim-topo-0", "gpus": [
+            {{"model": "H100-80GB", "nvlink": [1], "numa_node": 0, "cpus": "0"}},
+            {{"model": "H100-80GB", "nvlink": [0], "numa_node": 0, "cpus": "0"}},
+            {{"model": "H100-80GB", "nvlink": [3], "numa_node": 1, "cpus": "{last}"}},
+            {{"model": "H100-80GB", "nvlink": [2], "numa_node": 1, "cpus": "{last}"}}]}}"#
+        ),
+    )
+    .unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).unwrap()).unwrap();
+    v["topology"] = serde_json::json!({"pin_cpus": true, "isolate_nvlink_domains": true});
+    let policy = files.join("policy.json");
+    std::fs::write(&policy, v.to_string()).unwrap();
+    let _kubelet = Kubelet::start(&rt, &dir);
+    let node = Node::start_with(NodeOptions {
+        policy,
+        node_file,
+        extra_args: vec!["--device-plugin-dir".into(), dir.display().to_string()],
+        ..Default::default()
+    });
+    node.fx.cleanup().track_dir(&files);
+    let gpus: Vec<String> =
+        node.client().status().unwrap().gpus.into_iter().map(|g| g.uuid).collect();
+    assert!(wait_for(|| dir.join(socket_name(GPU)).exists(), Duration::from_secs(10)));
+    let numa = numa_of(&rt, &dir, GPU);
+    let want: BTreeMap<String, Vec<i64>> =
+        gpus.iter().zip([0, 0, 1, 1]).map(|(g, n)| (g.clone(), vec![n])).collect();
+    assert_eq!(numa, want, "kubelet's TopologyInfo");
+    let mps = numa_of(&rt, &dir, MPS);
+    assert_eq!(mps[&format!("{}:mps:42", gpus[3])], [1], "every id of a GPU carries it");
+
+    // One GPU, then two: the two land on the whole pair (first-fit would take GPUs 1, 2).
+    let b = node.bundle("one", "team-untrusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "one");
+    assert_eq!(node.client().allocation("one").unwrap().devices[0].uuid, gpus[0]);
+    let b = node.bundle("two", "team-untrusted", Some("gpu=2"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "two");
+    let a = node.client().allocation("two").unwrap();
+    let got: Vec<&str> = a.devices.iter().map(|d| d.uuid.as_str()).collect();
+    assert_eq!(got, [gpus[2].as_str(), gpus[3].as_str()], "an NVLink pair");
+    assert_eq!(a.topology.as_deref(), Some("NVLink domain 1, NUMA node 1"), "the grant says so");
+    let status = node.fx.exec("two", &["cat", "/proc/self/status"]);
+    status.assert_success("exec");
+    let cpus = status
+        .stdout_str()
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:").map(|v| v.trim().to_string()))
+        .unwrap();
+    assert_eq!(cpus, last.to_string(), "the CPU set follows the GPUs");
+
+    // Another tenant: GPU 1 is free, but its NVLink domain holds the first tenant's GPU 0.
+    let b = node.bundle("three", "team-dev", Some("gpu=1"), &["true"]);
+    let out = node.fx.run_container(&b, "three");
+    out.assert_failure("kept out of the other tenant's NVLink domain");
+    assert!(out.stderr_str().contains("isolate_nvlink_domains"), "{}", out.stderr_str());
+}

@@ -143,6 +143,11 @@ impl Client {
         self.call::<(), _>("GET", "/v1/status", None)
     }
 
+    /// `GET /v1/telemetry`: the node's devices and who uses what on each now.
+    pub fn telemetry(&self) -> Result<crate::telemetry::NodeTelemetry, ClientError> {
+        self.call::<(), _>("GET", "/v1/telemetry", None)
+    }
+
     /// Send one request and decode a JSON answer; non-2xx answers become `ClientError::Api`.
     pub fn call<B: Serialize, T: DeserializeOwned>(
         &self,

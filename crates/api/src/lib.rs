@@ -7,6 +7,7 @@
 
 pub mod cgroup;
 pub mod client;
+pub mod cpulist;
 pub mod cri;
 pub mod deviceplugin;
 pub mod display;
@@ -15,6 +16,7 @@ pub mod ids;
 pub mod mountinfo;
 pub mod protocol;
 pub mod request;
+pub mod telemetry;
 pub mod time;
 pub mod unique;
 

@@ -235,6 +235,18 @@ pub struct Injection {
     /// allow rule of these majors from the config, whatever the grant is.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_majors: Vec<i64>,
+    /// The CPUs and memory nodes close to the granted GPUs (`topology.pin_cpus`):
+    /// tessera-runtime writes them into `linux.resources.cpu`. Absent: left as configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpuset: Option<CpuSet>,
+}
+
+/// A CPU set and its memory nodes, as Linux CPU lists (`0-15`, `0`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuSet {
+    pub cpus: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mems: Option<String>,
 }
 
 /// One device a grant covers: a whole GPU or a MIG instance.
@@ -295,6 +307,43 @@ pub struct Allocation {
     /// grants have none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<Box<QuotaMark>>,
+    /// Where a multi-GPU grant sits in the node's topology, in words (`NVLink domain 1,
+    /// NUMA node 0`); absent where the node's topology is unknown or the grant is not of
+    /// whole GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<String>,
+    /// What the container declared itself (`tessera.io/class`) or its tenant's policy
+    /// default: latency-sensitive containers are protected from interference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<WorkloadClass>,
+}
+
+/// What a container says it is, for interference detection (`tessera.io/class`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkloadClass {
+    /// Latency-sensitive: protected when a co-tenant degrades it.
+    Latency,
+    /// Throughput work: never a victim, may be an aggressor.
+    Batch,
+}
+
+impl WorkloadClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkloadClass::Latency => "latency",
+            WorkloadClass::Batch => "batch",
+        }
+    }
+
+    /// The class an annotation value names (exactly `latency` or `batch`).
+    pub fn parse(s: &str) -> Option<WorkloadClass> {
+        match s {
+            "latency" => Some(WorkloadClass::Latency),
+            "batch" => Some(WorkloadClass::Batch),
+            _ => None,
+        }
+    }
 }
 
 /// Whether a grant runs within its tenant's quota guarantees or on borrowed capacity (the

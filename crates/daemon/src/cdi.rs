@@ -54,13 +54,23 @@ pub struct Offer {
 }
 
 impl Offer {
+    /// What `status` offers under `policy`. A quarantined device offers nothing: a GPU
+    /// quarantined (by ECC, an XID or a failed scrub) is not counted, and a MIG profile is
+    /// named only while an instance of it is not quarantined (so an XID that takes the
+    /// last instance of a profile drops `mig-<profile>` from the spec).
     pub fn new(status: &NodeStatus, policy: Option<&policy::Policy>) -> Offer {
-        let mig_profiles = status
-            .gpus
-            .iter()
-            .flat_map(|g| g.instances.iter().map(|i| i.profile.clone()))
+        let healthy = status.gpus.iter().filter(|g| !gpu_quarantined(g));
+        let mig_profiles = healthy
+            .clone()
+            .flat_map(|g| {
+                g.instances
+                    .iter()
+                    .filter(|i| i.state != tessera_api::DeviceState::Quarantined)
+                    .map(|i| i.profile.clone())
+            })
             .filter(|p| valid_name(&format!("mig-{p}")))
             .collect();
+        let gpus = healthy.count() as u32;
         let (allowed, mps_max_percent) = match policy {
             Some(p) => (
                 [policy::Trust::Untrusted, policy::Trust::Trusted, policy::Trust::Dev]
@@ -71,7 +81,7 @@ impl Offer {
             ),
             None => (Isolation::ALL.into_iter().collect(), 100),
         };
-        Offer { gpus: status.gpus.len() as u32, mig_profiles, allowed, mps_max_percent }
+        Offer { gpus, mig_profiles, allowed, mps_max_percent }
     }
 
     /// (CDI device name, Tessera request), in a stable order.
@@ -99,6 +109,13 @@ impl Offer {
         }
         out
     }
+}
+
+/// Whether the GPU itself is quarantined. A GPU in MIG mode shows `mig-parent` as its
+/// state, so its lifecycle (`quarantined: <reason>`, `node::lifecycle_detail`) says it.
+fn gpu_quarantined(g: &tessera_api::GpuStatus) -> bool {
+    g.state == tessera_api::DeviceState::Quarantined
+        || g.lifecycle.as_ref().is_some_and(|l| l.detail.starts_with("quarantined"))
 }
 
 /// CDI's device name rule: a letter or digit, then letters, digits, `_ . : -`.
@@ -254,6 +271,63 @@ mod tests {
             request.parse::<tessera_api::GpuRequest>().unwrap_or_else(|e| panic!("{request}: {e}"));
         }
         assert!(!valid_name("-x") && !valid_name("a/b") && !valid_name(""));
+    }
+
+    /// Issue 26: a quarantined device offers nothing (the spec drops what only it offered).
+    #[test]
+    fn quarantined_devices_offer_nothing() {
+        let inst = |uuid: &str, profile: &str, state: &str| {
+            serde_json::json!({"uuid": uuid, "profile": profile, "gi_id": 1, "ci_id": 0,
+                "start": 0, "size": 1, "memory_mib": 1, "state": state})
+        };
+        let gpu = |uuid: &str, mig: bool, state: &str, detail: Option<&str>, instances| {
+            let mut g = serde_json::json!({"index": 0, "uuid": uuid, "model": "H100-80GB",
+                "minor": 0, "memory_mib": 1, "mig_enabled": mig, "state": state,
+                "instances": instances});
+            if let Some(d) = detail {
+                g["lifecycle"] = serde_json::json!({ "detail": d });
+            }
+            g
+        };
+        let status = |gpus: Vec<serde_json::Value>| -> NodeStatus {
+            serde_json::from_value(serde_json::json!({"node": "n", "backend": "sim",
+                "policy": {"version": 1, "source": "f", "digest": "d"},
+                "gpus": gpus, "allocations": []}))
+            .expect("status")
+        };
+        let mig = |a: &str, b: &str| vec![inst("MIG-a", "1g.10gb", a), inst("MIG-b", "3g.40gb", b)];
+        let before = Offer::new(
+            &status(vec![
+                gpu("GPU-m", true, "migparent", None, mig("free", "free")),
+                gpu("GPU-w", false, "free", None, vec![]),
+            ]),
+            None,
+        );
+        assert_eq!(before.gpus, 2);
+        assert_eq!(before.mig_profiles, ["1g.10gb".to_string(), "3g.40gb".into()].into());
+        // XID 94 on MIG-b: its profile goes; XID 48 on GPU-w: one GPU less.
+        let after = Offer::new(
+            &status(vec![
+                gpu("GPU-m", true, "migparent", None, mig("free", "quarantined")),
+                gpu("GPU-w", false, "quarantined", Some("quarantined: XID 48"), vec![]),
+            ]),
+            None,
+        );
+        assert_eq!(after.gpus, 1);
+        assert_eq!(after.mig_profiles, ["1g.10gb".to_string()].into());
+        // The MIG GPU quarantined whole: nothing of it.
+        let whole = Offer::new(
+            &status(vec![gpu(
+                "GPU-m",
+                true,
+                "migparent",
+                Some("quarantined: XID 95"),
+                mig("quarantined", "quarantined"),
+            )]),
+            None,
+        );
+        assert_eq!((whole.gpus, whole.mig_profiles.len()), (0, 0));
+        assert!(whole.devices().is_empty());
     }
 
     #[test]

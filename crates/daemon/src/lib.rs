@@ -92,6 +92,8 @@ pub struct Config {
     pub scrub_exe: PathBuf,
     /// How often per-process GPU utilisation is sampled into the ledger.
     pub util_every: Duration,
+    /// How often device and per-container telemetry is read and interference judged.
+    pub telemetry_every: Duration,
     /// What the daemon reads of the machine ([`LinuxHost`] in production).
     pub host: std::sync::Arc<dyn Host>,
     /// Follow a fleet coordinator for the policy and upload usage to it.
@@ -300,12 +302,14 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // Declared MIG layouts converge as instances fall idle; the ECC counts are read outside
     // the node lock (see `controller`).
     let reconciler = periodic(ctl.clone(), config.reconcile_every, || {
-        vec![Action::Reconcile, Action::CheckEcc, Action::MigConverge]
+        vec![Action::Reconcile, Action::CheckEcc, Action::CheckFaults, Action::MigConverge]
     });
     let heartbeat = periodic(ctl.clone(), config.checkpoint_every, || vec![Action::Checkpoint]);
     // Scrub worker: one device at a time, in a child process, outside the node lock.
     let scrubber = periodic(ctl.clone(), Duration::from_millis(200), || vec![Action::Scrub]);
     let utilization = periodic(ctl.clone(), config.util_every, || vec![Action::SampleUtilization]);
+    // Telemetry per container and the interference controller: the reads outside the lock.
+    let telemetry = periodic(ctl.clone(), config.telemetry_every, || vec![Action::SampleTelemetry]);
     // MPS health: pings and cap read-backs run the control binary several times per share,
     // so they run outside the node lock (grants for other devices go on meanwhile).
     let mps_health =
@@ -348,6 +352,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     heartbeat.abort();
     scrubber.abort();
     utilization.abort();
+    telemetry.abort();
     mps_health.abort();
     if let Some(m) = metrics {
         m.abort();

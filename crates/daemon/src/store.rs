@@ -631,6 +631,8 @@ mod tests {
                 share: None,
                 workload: None,
                 quota: None,
+                topology: None,
+                class: None,
             },
             runc_root: "/run/runc".into(),
             bundle: "/b".into(),

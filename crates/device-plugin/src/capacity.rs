@@ -114,6 +114,9 @@ pub struct GpuState {
     pub usage: Usage,
     /// MIG on: its instances.
     pub instances: Vec<InstanceState>,
+    /// The NUMA node of its PCI device, where known: every id of the GPU carries it to
+    /// kubelet (`TopologyInfo`), for the topology manager.
+    pub numa_node: Option<u32>,
 }
 
 /// What the node can grant, as the device plugin needs it; built by tesserad under its
@@ -139,6 +142,8 @@ pub type Reservation = PluginAssignment;
 pub struct Device {
     pub id: String,
     pub healthy: bool,
+    /// The NUMA node of its GPU, where known.
+    pub numa: Option<u32>,
 }
 
 impl Device {
@@ -173,6 +178,7 @@ pub fn advertise(
             let list = whole
                 .iter()
                 .map(|g| Device {
+                    numa: g.numa_node,
                     id: g.uuid.to_string(),
                     healthy: held.contains(g.uuid.as_str())
                         || (g.usage == Usage::Free && !g.blocked),
@@ -194,7 +200,7 @@ pub fn advertise(
                     };
                     let ids = (0..MPS_UNITS)
                         .map(|unit| DeviceId::MpsUnit { gpu: g.uuid.clone(), unit }.to_string());
-                    units(ids, free, &held, prefer)
+                    units(ids, free, &held, prefer, g.numa_node)
                 })
                 .collect();
             out.insert(RESOURCE_MPS.to_string(), list);
@@ -213,7 +219,7 @@ pub fn advertise(
                     let ids = (0..replicas).map(|replica| {
                         DeviceId::Replica { gpu: g.uuid.clone(), replica }.to_string()
                     });
-                    units(ids, free, &held, prefer)
+                    units(ids, free, &held, prefer, g.numa_node)
                 })
                 .collect();
             out.insert(RESOURCE_SHARED.to_string(), list);
@@ -263,8 +269,10 @@ fn units(
     free: u32,
     held: &BTreeSet<String>,
     prefer: &BTreeSet<String>,
+    numa: Option<u32>,
 ) -> Vec<Device> {
-    let mut list: Vec<Device> = ids.map(|id| Device { healthy: held.contains(&id), id }).collect();
+    let mut list: Vec<Device> =
+        ids.map(|id| Device { healthy: held.contains(&id), id, numa }).collect();
     let mut left = free;
     for preferred_pass in [true, false] {
         for d in list.iter_mut().filter(|d| !d.healthy) {
@@ -301,9 +309,11 @@ fn mig_devices(
         // An instance cut for a placement kubelet holds keeps that id.
         let id = if held.contains(&placement) { placement } else { i.uuid.clone() };
         let healthy = held.contains(&id) || (i.usage == InstanceUse::Idle && !g.blocked);
-        out.entry(PluginResource::Mig(i.profile.clone()).name())
-            .or_default()
-            .push(Device { id, healthy });
+        out.entry(PluginResource::Mig(i.profile.clone()).name()).or_default().push(Device {
+            id,
+            healthy,
+            numa: g.numa_node,
+        });
     }
     let (Some(m), true, false) = (model, dynamic, g.blocked) else { return };
     for p in m.profiles {
@@ -315,7 +325,7 @@ fn mig_devices(
                         .to_string();
                 out.entry(PluginResource::Mig(p.name.to_string()).name())
                     .or_default()
-                    .push(Device { id, healthy: true });
+                    .push(Device { id, healthy: true, numa: g.numa_node });
             }
         }
     }
@@ -574,6 +584,7 @@ mod tests {
             mig_enabled: false,
             usage,
             instances: Vec::new(),
+            numa_node: None,
         }
     }
 
@@ -595,6 +606,7 @@ mod tests {
                     usage: *usage,
                 })
                 .collect(),
+            numa_node: None,
         }
     }
 
@@ -622,6 +634,23 @@ mod tests {
     }
 
     const NONE: &BTreeSet<String> = &BTreeSet::new();
+
+    #[test]
+    fn every_id_of_a_gpu_carries_its_numa_node() {
+        let mut a = whole("GPU-a", Usage::Free);
+        a.numa_node = Some(1);
+        let mut m = mig("GPU-m", &[("MIG-1", "3g.40gb", 0, InstanceUse::Idle)]);
+        m.numa_node = Some(0);
+        let adv = advertise(&snap(vec![a, m, whole("GPU-b", Usage::Free)]), &[], NONE);
+        let numa =
+            |r: &str, id: &str| adv[r].iter().find(|d| d.id == id).map(|d| d.numa).expect("listed");
+        assert_eq!(numa(RESOURCE_GPU, "GPU-a"), Some(1));
+        assert_eq!(numa(RESOURCE_GPU, "GPU-b"), None, "unknown stays unknown");
+        assert_eq!(numa(RESOURCE_MPS, "GPU-a:mps:7"), Some(1));
+        assert_eq!(numa(RESOURCE_SHARED, "GPU-a:shared:0"), Some(1));
+        assert_eq!(numa("tessera.io/mig-3g.40gb", "MIG-1"), Some(0));
+        assert_eq!(numa("tessera.io/mig-1g.10gb", "GPU-m:mig:1g.10gb:4"), Some(0));
+    }
 
     #[test]
     fn a_free_gpu_is_offered_whole_as_mps_percent_and_as_replicas() {

@@ -476,7 +476,9 @@ fn to_api(list: &[capacity::Device]) -> api::ListAndWatchResponse {
             .map(|d| api::Device {
                 id: d.id.clone(),
                 health: d.health().to_string(),
-                topology: None,
+                topology: d
+                    .numa
+                    .map(|n| api::TopologyInfo { nodes: vec![api::NumaNode { id: i64::from(n) }] }),
             })
             .collect(),
     }

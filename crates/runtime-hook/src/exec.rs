@@ -32,6 +32,8 @@ pub const GRANT_ENV: &[&str] = &[
     "NVIDIA_VISIBLE_DEVICES",
     "CUDA_MPS_PIPE_DIRECTORY",
     "CUDA_MPS_LOG_DIRECTORY",
+    // Where a latency-sensitive container reports its own latency (docs/GPU-HEALTH.md).
+    "TESSERA_LATENCY_FILE",
 ];
 
 /// The largest config.json or process.json read.

@@ -393,6 +393,46 @@ fn typed_items<T: DeserializeOwned>(v: Option<&Value>, at: &str) -> Result<Vec<T
 }
 
 /// The object under `key`, created if absent or null.
+/// The grant's CPU set and memory nodes (`topology.pin_cpus`): written where the config
+/// sets none; where it sets its own (kubelet's CPU manager), their intersection, or its own
+/// unchanged when the two share nothing (a pin never leaves a container without a CPU).
+fn pin_cpuset(
+    resources: &mut Map<String, Value>,
+    pin: &tessera_api::CpuSet,
+) -> Result<(), SpecError> {
+    use tessera_api::cpulist::{intersect, parse_cpulist, render_cpulist};
+    let bad =
+        |e: tessera_api::cpulist::CpuListError| SpecError::BadInjection(format!("cpuset: {e}"));
+    let cpus = parse_cpulist(&pin.cpus).map_err(bad)?;
+    let mems = pin.mems.as_deref().map(parse_cpulist).transpose().map_err(bad)?;
+    let cpu = object_entry(resources, "cpu", "linux.resources.cpu")?;
+    let mut merge = |key: &str, want: &[u32]| -> Result<(), SpecError> {
+        let at = format!("linux.resources.cpu.{key}");
+        let have = match cpu.get(key) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.trim().is_empty() => None,
+            Some(Value::String(s)) => {
+                Some(parse_cpulist(s).map_err(|e| shape(&at, e.to_string()))?)
+            }
+            Some(_) => return Err(shape(&at, "expected a string")),
+        };
+        let set = match have {
+            None => want.to_vec(),
+            Some(h) => match intersect(&h, want) {
+                i if i.is_empty() => return Ok(()),
+                i => i,
+            },
+        };
+        cpu.insert(key.to_string(), Value::String(render_cpulist(&set)));
+        Ok(())
+    };
+    merge("cpus", &cpus)?;
+    if let Some(m) = mems {
+        merge("mems", &m)?;
+    }
+    Ok(())
+}
+
 fn object_entry<'a>(
     parent: &'a mut Map<String, Value>,
     key: &str,
@@ -890,6 +930,9 @@ pub fn apply_injection(
     let resources = object_entry(linux, "resources", "linux.resources")?;
     resources
         .insert("devices".into(), Value::Array(kept.iter().map(DeviceRule::to_value).collect()));
+    if let Some(pin) = &inj.cpuset {
+        pin_cpuset(resources, pin)?;
+    }
 
     // process.env
     let process = object_entry(root, "process", "process")?;
@@ -1084,7 +1127,28 @@ mod tests {
                 read_only: true,
             }],
             gpu_majors: vec![195, 237, 508],
+            cpuset: None,
         }
+    }
+
+    /// Issue 26: `topology.pin_cpus`: the grant's CPUs and memory nodes, merged with what
+    /// the config sets (kubelet's CPU manager), never leaving it without a CPU.
+    #[test]
+    fn the_cpuset_follows_the_gpus_and_meets_the_configs_own() {
+        let mut inj = mig_injection();
+        inj.cpuset = Some(tessera_api::CpuSet { cpus: "16-31".into(), mems: Some("1".into()) });
+        let mut v = parse(RUNC_SPEC);
+        apply_injection(&mut v, &inj, &hooks()).expect("applies");
+        assert_eq!(v["linux"]["resources"]["cpu"]["cpus"], "16-31");
+        assert_eq!(v["linux"]["resources"]["cpu"]["mems"], "1");
+        let mut v = parse(RUNC_SPEC);
+        v["linux"]["resources"]["cpu"] = json!({"cpus": "0-3,20-23", "mems": "0"});
+        apply_injection(&mut v, &inj, &hooks()).expect("applies");
+        assert_eq!(v["linux"]["resources"]["cpu"]["cpus"], "20-23", "the intersection");
+        assert_eq!(v["linux"]["resources"]["cpu"]["mems"], "0", "disjoint: the config's own");
+        inj.cpuset = Some(tessera_api::CpuSet { cpus: "0-x".into(), mems: None });
+        let e = apply_injection(&mut parse(RUNC_SPEC), &inj, &hooks()).expect_err("bad list");
+        assert!(e.to_string().contains("cpuset"), "{e}");
     }
 
     fn parse(s: &str) -> Value {

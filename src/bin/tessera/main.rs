@@ -33,6 +33,16 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Who uses what on each GPU now: device activity (SM, memory bandwidth, power, clocks,
+    /// throttle reasons) and each container's share, with open interference incidents.
+    Top {
+        /// Print the daemon's JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Redraw every N seconds until interrupted.
+        #[arg(long, value_name = "SECONDS")]
+        watch: Option<u64>,
+    },
     /// GPU-seconds and cost per group, from the node's ledger.
     Usage {
         /// Start of the window: now, -2h, Unix seconds or 2026-11-21T12:00:00Z.
@@ -188,6 +198,26 @@ fn run(cli: Cli) -> Result<(), String> {
                 print!("{}", tessera::render::status(&status));
             }
             Ok(())
+        }
+        Cmd::Top { json, watch } => {
+            let client = tessera_api::Client::new(&cli.socket);
+            loop {
+                let t = client.telemetry().map_err(|e| e.to_string())?;
+                if json {
+                    let text = serde_json::to_string_pretty(&t).map_err(|e| e.to_string())?;
+                    println!("{text}");
+                } else {
+                    if watch.is_some() {
+                        // Clear the screen and go home, as `watch` does.
+                        print!("\x1b[2J\x1b[H");
+                    }
+                    print!("{}", tessera::render::top(&t));
+                }
+                match watch {
+                    Some(s) => std::thread::sleep(std::time::Duration::from_secs(s.clamp(1, 3600))),
+                    None => return Ok(()),
+                }
+            }
         }
         Cmd::Usage { from, to, by, json, csv, fleet } => {
             let now = std::time::SystemTime::now()

@@ -20,6 +20,12 @@ pub(crate) struct Checked {
     workload: Option<tessera_api::cri::Workload>,
     /// Kubelet's assignment, its token checked.
     assigned: Option<Box<IssuedAssignment>>,
+    /// What it declared itself (or its tenant's default).
+    class: tessera_api::WorkloadClass,
+    /// Its identity across restarts (`interference::workload_key`).
+    workload_key: String,
+    /// What the interference controller hardened its request to, if it did.
+    hardened: Option<tessera_api::GpuRequest>,
 }
 
 /// What the checks found.
@@ -28,7 +34,7 @@ pub(crate) enum Resolved {
     /// The container holds this grant already (idempotent by container id).
     Existing(Box<Allocation>),
     /// A new grant to plan.
-    New(Checked),
+    New(Box<Checked>),
 }
 
 /// Whether grants go through the fleet's quotas.
@@ -80,7 +86,7 @@ impl Node {
     pub fn allocate(&mut self, req: &AllocateRequest) -> Result<Allocation, ApiError> {
         let checked = match self.check_allocate(req)? {
             Resolved::Existing(a) => return Ok(*a),
-            Resolved::New(c) => c,
+            Resolved::New(c) => *c,
         };
         let plan =
             self.plan_checked(req, &checked).inspect_err(|e| self.record_no_capacity(req, e))?;
@@ -147,7 +153,29 @@ impl Node {
             self.record_refusal(&req.container_id, &err);
             return Err(err);
         }
-        Ok(Resolved::New(Checked { tenant, workload, assigned: assigned.map(Box::new) }))
+        let class = self.class_of(&tenant.path, &req.annotations).map_err(|mut err| {
+            err.tenant = Some(tenant.path.clone());
+            err.request = Some(request.to_string());
+            err.rule = Some("interference.classes".into());
+            self.record_refusal(&req.container_id, &err);
+            err
+        })?;
+        let workload_key =
+            super::interference::workload_key(workload.as_ref(), req.container_id.as_str());
+        // Kubelet's own choice of devices is not second-guessed.
+        let hardened = if assigned.is_none() {
+            self.hardened_request(&tenant, &workload_key, request)
+        } else {
+            None
+        };
+        Ok(Resolved::New(Box::new(Checked {
+            tenant,
+            workload,
+            assigned: assigned.map(Box::new),
+            class,
+            workload_key,
+            hardened,
+        })))
     }
 
     fn asker<'a>(&self, req: &'a AllocateRequest, c: &'a Checked) -> grant::Asker<'a> {
@@ -157,6 +185,8 @@ impl Node {
             tenant: &c.tenant.path,
             trust: c.tenant.trust.to_string(),
             workload: c.workload.clone(),
+            class: Some(c.class),
+            workload_key: Some(c.workload_key.clone()),
         }
     }
 
@@ -169,7 +199,18 @@ impl Node {
         let who = self.asker(req, c);
         match &c.assigned {
             Some(a) => self.plan_assigned(&who, a.assignment()),
-            None => self.plan_grant(&who),
+            None => {
+                // A hardened victim gets the MIG instance or whole GPU if the node has one
+                // free, else what it asked for.
+                if let Some(h) = &c.hardened {
+                    let hardened = grant::Asker { request: h, ..who.clone() };
+                    match self.plan_grant(&hardened) {
+                        Err(e) if e.code == ErrorCode::NoCapacity => {}
+                        other => return other,
+                    }
+                }
+                self.plan_grant(&who)
+            }
         }
     }
 
@@ -191,7 +232,11 @@ impl Node {
             self.bind_token(req, a)?;
             self.record_assignment(&req.container_id, a.assignment())?;
         }
-        self.apply_grant(plan)
+        let a = self.apply_grant(plan)?;
+        if a.isolation != req.request.isolation() {
+            self.hardened_granted(&a, &c.workload_key);
+        }
+        Ok(a)
     }
 
     /// The first step of a grant under the fleet's quotas: the checks and the plan. Where
@@ -206,7 +251,7 @@ impl Node {
     ) -> Result<Prepared, ApiError> {
         let checked = match self.check_allocate(req)? {
             Resolved::Existing(a) => return Ok(Prepared::Granted(a)),
-            Resolved::New(c) => c,
+            Resolved::New(c) => *c,
         };
         if mode == QuotaMode::Off || !self.policy.policy.has_quotas() {
             let plan = self
@@ -340,7 +385,7 @@ impl Node {
     ) -> Result<Allocation, ApiError> {
         let checked = match self.check_allocate(req)? {
             Resolved::Existing(a) => return Ok(*a),
-            Resolved::New(c) => c,
+            Resolved::New(c) => *c,
         };
         let plan =
             self.plan_checked(req, &checked).inspect_err(|e| self.record_no_capacity(req, e))?;

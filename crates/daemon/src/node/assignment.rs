@@ -483,6 +483,8 @@ mod tests {
             }),
             workload: None,
             quota: None,
+            topology: None,
+            class: None,
         }
     }
 

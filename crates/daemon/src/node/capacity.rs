@@ -30,6 +30,7 @@ impl Node {
             kubelet,
             policy: &self.policy.policy,
             dynamic_mig: self.mig_is_dynamic(),
+            topology: &self.topology,
         }))
     }
 
@@ -51,6 +52,8 @@ pub struct Inputs<'a> {
     pub kubelet: Vec<PluginAssignment>,
     pub policy: &'a Policy,
     pub dynamic_mig: bool,
+    /// The GPUs' NUMA nodes, for kubelet's topology manager.
+    pub topology: &'a slicer::Topology,
 }
 
 /// The plugin's snapshot of the node: every GPU with its use (whole GPUs) or its
@@ -94,6 +97,7 @@ pub fn snapshot(i: &Inputs<'_>) -> Snapshot {
                 })
                 .collect();
             Some(GpuState {
+                numa_node: i.topology.numa(&g.uuid),
                 uuid,
                 model: g.model.clone(),
                 blocked: i.unavailable.contains(&g.uuid),
@@ -186,6 +190,7 @@ mod tests {
             kubelet: Vec::new(),
             policy: &p,
             dynamic_mig: true,
+            topology: &slicer::Topology::default(),
         });
         let by = |u: &str| s.gpus.iter().find(|g| g.uuid.as_str() == u).expect("gpu");
         assert_eq!(by(&whole[0].uuid).usage, Usage::Mps { percent: 30 });
