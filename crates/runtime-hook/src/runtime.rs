@@ -101,6 +101,11 @@ pub enum RuntimeError {
     Exec { runc: String, source: std::io::Error },
     #[error(transparent)]
     RuntimeConfig(#[from] ConfigError),
+    /// A GPU request while the runtime configuration cannot be read.
+    #[error(
+        "GPU request refused: {0}; fix that file (containers without a GPU request still run)"
+    )]
+    BrokenConfig(ConfigError),
     #[error(transparent)]
     Docker(#[from] DockerError),
     /// An update of a GPU container that cannot be read as runc reads it, or that asks for
@@ -198,6 +203,9 @@ pub struct RuntimeEnv {
     /// The file read and its `kubelet` (never from env): whether the device plugin's
     /// assignment may be honoured ([`request::check_assignment_source`]).
     pub source: request::EngineSource,
+    /// Why the runtime configuration could not be read: every GPU request is refused with
+    /// it (containers without one still run, on what [`crate::config::salvage`] kept).
+    pub config_error: Option<ConfigError>,
 }
 
 impl RuntimeEnv {
@@ -220,6 +228,7 @@ impl RuntimeEnv {
                 config: config.source.clone(),
                 kubelet: config.kubelet,
             },
+            config_error: None,
         })
     }
 
@@ -343,7 +352,12 @@ pub fn prepare(
     // The device plugin's assignment is kubelet's word: only from the engine kubelet
     // drives, for a pod's container (tesserad also wants the token it issued).
     request::check_assignment_source(&annotations, &env.source).map_err(|source| {
-        fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
+        match &env.config_error {
+            Some(e) => fail(RuntimeError::BrokenConfig(e.clone())),
+            None => {
+                fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
+            }
+        }
     })?;
     let found = request::find_request(&cfg.value).map_err(|source| {
         fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
@@ -372,6 +386,10 @@ pub fn prepare(
             }));
         }
         (Some(found), None) => Some(found),
+        (None, Some(_)) if env.config_error.is_some() => {
+            let e = env.config_error.clone().expect("checked");
+            return Err(fail(RuntimeError::BrokenConfig(e)));
+        }
         (None, Some(gpus)) => {
             let socket = env.absolute(&env.socket);
             let node_gpus = || {
@@ -393,6 +411,11 @@ pub fn prepare(
         }
         (None, None) => None,
     };
+    // A runtime configuration that cannot be read decides no grant: the request fails
+    // with its sentence, where the engine shows it (runc's --log).
+    if let (Some(_), Some(e)) = (&found, &env.config_error) {
+        return Err(fail(RuntimeError::BrokenConfig(e.clone())));
+    }
     let Some(found) = found else {
         // No grant, no GPU: GPU nodes and rules the config brings are removed (the majors
         // come from tesserad's file beside its socket and the host's /proc/devices; the
@@ -604,14 +627,22 @@ pub fn exec_runc(env: &RuntimeEnv, args: &[OsString]) -> std::io::Error {
 /// exit code for those, and for failures.
 pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
     let argv0 = args.first().cloned();
-    let env = match crate::config::take_config_arg(&mut args)
-        .and_then(|arg| ConfigSource::choose_beside(arg, argv0.as_deref()).load())
-        .map_err(RuntimeError::from)
-        .and_then(|config| RuntimeEnv::from_process(&config))
-    {
+    // A configuration that cannot be read fails GPU requests only (with its sentence, in
+    // runc's --log where the engine reads errors); the rest runs on what can be salvaged.
+    let loaded = crate::config::take_config_arg(&mut args).map(|arg| {
+        let source = ConfigSource::choose_beside(arg, argv0.as_deref());
+        match source.load() {
+            Ok(config) => (config, None),
+            Err(e) => (crate::config::salvage(&source), Some(e)),
+        }
+    });
+    let env = match loaded.map_err(RuntimeError::from).and_then(|(config, error)| {
+        RuntimeEnv::from_process(&config).map(|env| RuntimeEnv { config_error: error, ..env })
+    }) {
         Ok(e) => e,
         Err(error) => {
-            report(&Failure { error, container_id: None, global: None });
+            let global = parse_runc_args(args.get(1..).unwrap_or(&[])).ok().map(|i| i.global);
+            report(&Failure { error, container_id: None, global });
             return 1;
         }
     };
@@ -896,6 +927,7 @@ mod tests {
                 log: None,
                 engine: None,
                 source: request::EngineSource { config: None, kubelet: false },
+                config_error: None,
             };
             Fixture { dir, env }
         }
@@ -1236,6 +1268,47 @@ mod tests {
         assert_eq!(v["level"], json!("error"));
         assert_eq!(v["msg"], json!(err.message()));
         assert!(v["time"].as_str().is_some_and(|t| t.ends_with('Z') && t.len() == 30), "{v}");
+    }
+
+    /// A runtime.toml tessera-runtime cannot read: a GPU request fails with its sentence,
+    /// in runc's --log as the engine reads it (no daemon asked); a container without one
+    /// goes on.
+    #[test]
+    fn a_broken_runtime_config_fails_only_gpu_requests_and_says_so_in_runcs_log() {
+        let broken = ConfigError::UnknownKey {
+            path: "/etc/tessera/runtime.toml".into(),
+            key: "sockt".into(),
+        };
+        for cfg in [
+            gpu_config(json!({"tessera.io/gpu": "gpu=1"}), json!([])),
+            docker_gpus_config("NVIDIA_VISIBLE_DEVICES=all"),
+        ] {
+            let f = Fixture::new(&cfg);
+            let mut env = f.env.clone();
+            env.config_error = Some(broken.clone());
+            let log = f.dir.path().join("log.json");
+            let args = f.args(&format!(
+                "--log {} --log-format json create --bundle bundle abc",
+                log.display()
+            ));
+            let err = prepare(&args, &env).expect_err("refused");
+            assert_eq!(
+                err.message(),
+                "tessera-runtime: container abc: GPU request refused: runtime config /etc/tessera/runtime.toml: \
+                 unknown key `sockt`: expected socket, runc, hook, log, engine or kubelet; fix that file \
+                 (containers without a GPU request still run)"
+            );
+            report(&err);
+            let v: Value = serde_json::from_str(std::fs::read_to_string(&log).expect("log").trim())
+                .expect("json");
+            assert_eq!(v["msg"], json!(err.message()));
+        }
+        let f = Fixture::new(&gpu_config(json!({}), json!(["PATH=/bin"])));
+        let mut env = f.env.clone();
+        env.config_error = Some(broken);
+        let (_, p) =
+            prepare(&f.args("create --bundle bundle abc"), &env).expect("no request: runs");
+        assert!(matches!(p, Prepared::Passthrough));
     }
 
     #[test]
