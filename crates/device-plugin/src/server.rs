@@ -388,9 +388,16 @@ impl Running {
         let task = tokio::spawn(async move {
             let served = Server::builder()
                 .add_service(api::device_plugin_server::DevicePluginServer::new(service))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                    let _ = until.wait_for(|s| *s).await;
-                })
+                // Each connection read through FixAuthority: kubelets before 1.26 send the
+                // socket's path as `:authority`, which h2 alone refuses.
+                .serve_with_incoming_shutdown(
+                    tokio_stream::StreamExt::map(UnixListenerStream::new(listener), |c| {
+                        c.map(crate::authority::FixAuthority::new)
+                    }),
+                    async move {
+                        let _ = until.wait_for(|s| *s).await;
+                    },
+                )
                 .await;
             if let Err(e) = served {
                 warn!("device-plugin endpoint stopped: {e}");
