@@ -616,6 +616,24 @@ fn a_kubelet_assignment_written_by_a_config_author_or_replayed_is_refused_and_ch
         ..Default::default()
     });
     node.fx.cleanup().track_dir(&files);
+    // No kubelet yet: said so. No MPS control daemon here (no --mps-control, none on
+    // PATH): no MPS endpoint, while the others are served.
+    assert!(
+        wait_for(|| dir.join(socket_name(GPU)).exists(), Duration::from_secs(10)),
+        "{}",
+        node.daemon.stderr()
+    );
+    assert!(
+        wait_for(|| node.daemon.stderr().contains("waiting for kubelet"), Duration::from_secs(10)),
+        "{}",
+        node.daemon.stderr()
+    );
+    assert!(!dir.join(socket_name(MPS)).exists(), "MPS offered without a control daemon");
+    assert!(
+        node.daemon.stderr().contains("tessera.io/mps is not advertised"),
+        "{}",
+        node.daemon.stderr()
+    );
     let status = node.client().status().unwrap();
     let mig0 = status.gpus[0].clone();
     assert!(mig0.mig_enabled && mig0.instances.len() == 3, "{mig0:?}");

@@ -371,7 +371,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let device_plugin = config
         .device_plugin_dir
         .clone()
-        .map(|dir| device_plugin::DevicePlugin::start(ctl.clone(), dir));
+        .map(|dir| device_plugin::DevicePlugin::start(ctl.clone(), dir, &config.mps_control));
 
     let metrics = match config.metrics {
         Some(addr) => {

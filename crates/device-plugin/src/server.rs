@@ -271,6 +271,8 @@ impl Plugin {
         let kubelet = self.config.dir.join(KUBELET_SOCKET);
         let mut endpoints: BTreeMap<String, Running> = BTreeMap::new();
         let mut kubelet_id: Option<FileId> = None;
+        // Said once while kubelet.sock is absent, again after it was there.
+        let mut said_waiting = false;
         let mut lists = self.subscribe();
         let mut tick = tokio::time::interval(self.config.poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -314,8 +316,16 @@ impl Plugin {
                 }
             }
             if kubelet_id.is_none() {
+                if !said_waiting {
+                    said_waiting = true;
+                    info!(
+                        socket = %kubelet.display(),
+                        "waiting for kubelet: its registration socket is not there yet (is kubelet running, with this plugin directory?)"
+                    );
+                }
                 continue;
             }
+            said_waiting = false;
             for (resource, ep) in endpoints.iter_mut().filter(|(_, ep)| !ep.registered) {
                 match register(&kubelet, resource, &ep.name).await {
                     Ok(()) => {
