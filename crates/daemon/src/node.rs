@@ -109,7 +109,13 @@ pub struct Node {
     reconcile_passes: u64,
     /// Updates of containers' limits admitted and not yet done (`runc update`).
     updates: BTreeMap<String, UpdateInFlight>,
+    /// The last device-plugin assignments whose token a create presented (for the
+    /// plugin: their reservations hold nothing any more).
+    presented: std::collections::VecDeque<tessera_api::deviceplugin::PluginAssignment>,
 }
+
+/// How many presented assignments [`Node`] remembers for the device plugin.
+const MAX_PRESENTED: usize = 256;
 
 /// Everything a [`Node`] is made of.
 #[derive(Debug)]
@@ -152,6 +158,7 @@ impl Node {
             grant_cgroups_file: None,
             reconcile_passes: 0,
             updates: BTreeMap::new(),
+            presented: std::collections::VecDeque::new(),
         })
     }
 

@@ -131,7 +131,9 @@ impl Plugin {
         let mut st = self.state();
         let live: BTreeSet<&String> =
             snapshot.kubelet.iter().flat_map(|a| a.device_ids().iter()).collect();
-        st.reservations.retain(|(r, _)| !r.device_ids().iter().any(|id| live.contains(id)));
+        st.reservations.retain(|(r, _)| {
+            !r.device_ids().iter().any(|id| live.contains(id)) && !snapshot.presented.contains(r)
+        });
         st.recent.retain(|r| !r.device_ids().iter().any(|id| live.contains(id)));
         if let Some(old) = st.snapshot.take() {
             for gone in old.kubelet.into_iter().filter(|a| !snapshot.kubelet.contains(a)) {
@@ -585,5 +587,59 @@ impl api::device_plugin_server::DevicePlugin for Service {
         _: Request<api::PreStartContainerRequest>,
     ) -> Result<Response<api::PreStartContainerResponse>, Status> {
         Ok(Response::new(api::PreStartContainerResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capacity::{GpuState, Offer, Usage};
+
+    #[derive(Debug)]
+    struct Tokens;
+    impl Issuer for Tokens {
+        fn issue(&self, _: &[PluginAssignment]) -> Result<Vec<IssuedAssignment>, String> {
+            Err("not used".into())
+        }
+    }
+
+    fn snapshot(presented: Vec<PluginAssignment>) -> Snapshot {
+        let gpu = |u: &str| GpuState {
+            uuid: tessera_api::DeviceUuid::new(u).expect("uuid"),
+            model: "H100-80GB".into(),
+            blocked: false,
+            mig_enabled: false,
+            usage: Usage::Free,
+            instances: Vec::new(),
+        };
+        Snapshot {
+            offer: Offer { gpu: true, mig: false, mps: true, shared: false },
+            replicas: 4,
+            dynamic_mig: false,
+            gpus: vec![gpu("GPU-a"), gpu("GPU-b")],
+            kubelet: Vec::new(),
+            presented,
+        }
+    }
+
+    /// Healthy MPS percent: a GPU reserved whole serves none.
+    fn healthy(p: &Plugin) -> usize {
+        p.advertised()["tessera.io/mps"].iter().filter(|d| d.healthy).count()
+    }
+
+    /// A pod refused at create (its token presented, no grant) or deleted after its grant
+    /// came and went between two reads: its ids are back at the next read, not after the
+    /// reservation's 10 minutes.
+    #[test]
+    fn a_presented_assignment_holds_its_ids_no_longer() {
+        let p = Plugin::new(Config::new("/nonexistent"), Arc::new(Tokens));
+        p.update(snapshot(Vec::new()));
+        assert_eq!(healthy(&p), 200);
+        let made = p.allocate("tessera.io/gpu", &[vec!["GPU-a".to_string()]]).expect("allocate");
+        assert_eq!(healthy(&p), 100, "reserved until its grant comes");
+        p.update(snapshot(Vec::new()));
+        assert_eq!(healthy(&p), 100, "still reserved: no create yet");
+        p.update(snapshot(made));
+        assert_eq!(healthy(&p), 200, "presented: back at once");
     }
 }
