@@ -54,13 +54,26 @@ pub struct Offer {
 }
 
 impl Offer {
+    /// What a request can be granted here: `gpu`/`gpu-N`/`all` up to the GPUs not in MIG
+    /// mode (what `docker --gpus all` counts too), `mig-<profile>` for every profile of a
+    /// MIG-mode GPU's model where MIG is cut on demand (no layout declared for the node),
+    /// else for the instances the declared layout made — whatever is cut at the moment.
     pub fn new(status: &NodeStatus, policy: Option<&policy::Policy>) -> Offer {
-        let mig_profiles = status
+        let dynamic = policy.is_none_or(|p| p.mig_layouts(&status.node).is_empty());
+        let mut mig_profiles: BTreeSet<String> = status
             .gpus
             .iter()
             .flat_map(|g| g.instances.iter().map(|i| i.profile.clone()))
-            .filter(|p| valid_name(&format!("mig-{p}")))
             .collect();
+        if dynamic {
+            for g in status.gpus.iter().filter(|g| g.mig_enabled) {
+                if let Some(m) = slicer::catalog::model(&g.model) {
+                    mig_profiles.extend(m.profiles.iter().map(|p| p.name.to_string()));
+                }
+            }
+        }
+        let mig_profiles =
+            mig_profiles.into_iter().filter(|p| valid_name(&mig_device_name(p))).collect();
         let (allowed, mps_max_percent) = match policy {
             Some(p) => (
                 [policy::Trust::Untrusted, policy::Trust::Trusted, policy::Trust::Dev]
@@ -71,7 +84,8 @@ impl Offer {
             ),
             None => (Isolation::ALL.into_iter().collect(), 100),
         };
-        Offer { gpus: status.gpus.len() as u32, mig_profiles, allowed, mps_max_percent }
+        let gpus = status.gpus.iter().filter(|g| !g.mig_enabled).count() as u32;
+        Offer { gpus, mig_profiles, allowed, mps_max_percent }
     }
 
     /// (CDI device name, Tessera request), in a stable order.
@@ -86,7 +100,7 @@ impl Offer {
         }
         if self.allowed.contains(&Isolation::Mig) {
             for p in &self.mig_profiles {
-                out.push((format!("mig-{p}"), format!("mig={p}")));
+                out.push((mig_device_name(p), format!("mig={p}")));
             }
         }
         if self.allowed.contains(&Isolation::Mps) && self.gpus > 0 {
@@ -99,6 +113,12 @@ impl Offer {
         }
         out
     }
+}
+
+/// The CDI device of a MIG profile: `mig-1g.10gb`; a `+me` profile is written `-me`
+/// (`mig-1g.10gb-me`: CDI names have no `+`), as its Kubernetes resource is.
+pub fn mig_device_name(profile: &str) -> String {
+    format!("mig-{}", profile.replace('+', "-"))
 }
 
 /// CDI's device name rule: a letter or digit, then letters, digits, `_ . : -`.
@@ -254,6 +274,42 @@ mod tests {
             request.parse::<tessera_api::GpuRequest>().unwrap_or_else(|e| panic!("{request}: {e}"));
         }
         assert!(!valid_name("-x") && !valid_name("a/b") && !valid_name(""));
+    }
+
+    /// Only what can be granted: no `gpu-N` past the GPUs that are not in MIG mode (`all`
+    /// is their count, as for `docker --gpus all`), and every MIG profile the node can cut
+    /// (not only the ones cut now), `+me` written `-me`.
+    #[test]
+    fn only_grantable_names_and_every_cuttable_profile() {
+        let status: NodeStatus = serde_json::from_value(serde_json::json!({
+            "node": "n1", "backend": "sim", "allocations": [],
+            "policy": {"version": 1, "digest": "x", "source": "f"},
+            "gpus": [
+                {"index": 0, "uuid": "GPU-0", "model": "H100-80GB", "minor": 0, "memory_mib": 81920,
+                 "mig_enabled": true, "state": "free", "instances": [
+                    {"uuid": "MIG-1", "profile": "3g.40gb", "gi_id": 1, "ci_id": 0, "start": 0, "size": 4,
+                     "memory_mib": 40192, "state": "free"}]},
+                {"index": 1, "uuid": "GPU-1", "model": "H100-80GB", "minor": 1, "memory_mib": 81920,
+                 "mig_enabled": false, "state": "free", "instances": []},
+                {"index": 2, "uuid": "GPU-2", "model": "H100-80GB", "minor": 2, "memory_mib": 81920,
+                 "mig_enabled": false, "state": "free", "instances": []}
+            ]
+        }))
+        .expect("status");
+        let o = Offer::new(&status, None);
+        let names: Vec<String> = o.devices().into_iter().map(|(n, r)| format!("{n}:{r}")).collect();
+        assert!(
+            names.contains(&"all:gpu=2".to_string()) && names.contains(&"gpu-2:gpu=2".to_string()),
+            "{names:?}"
+        );
+        assert!(!names.iter().any(|n| n.starts_with("gpu-3")), "{names:?}");
+        for p in ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"] {
+            assert!(names.contains(&format!("mig-{p}:mig={p}")), "{p}: {names:?}");
+        }
+        assert!(names.contains(&"mig-1g.10gb-me:mig=1g.10gb+me".to_string()), "{names:?}");
+        for (_, request) in o.devices() {
+            request.parse::<tessera_api::GpuRequest>().unwrap_or_else(|e| panic!("{request}: {e}"));
+        }
     }
 
     #[test]
