@@ -698,3 +698,87 @@ fn an_in_place_resize_of_a_gpu_container_is_held_to_its_quotas() {
     drop(node);
     assert_no_leftovers(&fp);
 }
+
+/// A node that ran nvidia-container-toolkit (its runtime containerd's CRI default),
+/// configured only by `tessera setup containerd --replace-nvidia`: NVIDIA's handler is
+/// gone and every pod, RuntimeClass or not, runs through tessera-runtime, so its GPU
+/// request is Tessera's to grant.
+#[test]
+fn a_node_set_up_from_nvidia_toolkit_runs_every_pod_through_tessera() {
+    let c = cluster_with(|config, dir| {
+        let nct = dir.join("nvidia-container-runtime");
+        std::fs::write(&nct, "#!/bin/sh\nexec runc \"$@\"\n").unwrap();
+        run_cmd(Command::new("chmod").arg("755").arg(&nct)).assert_success("chmod");
+        let mut doc: toml_edit::DocumentMut =
+            std::fs::read_to_string(config).unwrap().parse().unwrap();
+        let ctd = &mut doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"];
+        ctd["default_runtime_name"] = toml_edit::value("nvidia");
+        let mut rt = toml_edit::Table::new();
+        rt["runtime_type"] = toml_edit::value("io.containerd.runc.v2");
+        let mut opts = toml_edit::Table::new();
+        opts["BinaryName"] = toml_edit::value(nct.to_string_lossy().into_owned());
+        opts["Root"] = toml_edit::value(
+            Containerd::runtime_root_in(dir, "nvidia").to_string_lossy().into_owned(),
+        );
+        rt["options"] = toml_edit::Item::Table(opts);
+        ctd["runtimes"]["nvidia"] = toml_edit::Item::Table(rt);
+        std::fs::write(config, doc.to_string()).unwrap();
+        let empty = dir.join("no-nvidia-files");
+        std::fs::create_dir_all(&empty).unwrap();
+        let setup = |extra: &[&str]| {
+            run_cmd(
+                Command::new(tessera_cli())
+                    .args(["setup", "containerd", "--config"])
+                    .arg(config)
+                    .arg("--runtime-path")
+                    .arg(tessera_runtime())
+                    .arg("--runtime-dir")
+                    .arg(dir.join("tessera-runtime"))
+                    .arg("--cdi-dir")
+                    .arg(&empty)
+                    .arg("--hooks-dir")
+                    .arg(&empty)
+                    .args(extra),
+            )
+        };
+        let out = setup(&["--dry-run"]);
+        out.assert_success("dry run");
+        assert!(
+            out.stderr_str().contains("default_runtime_name `nvidia`")
+                && out.stderr_str().contains("--replace-nvidia"),
+            "{}",
+            out.stderr_str()
+        );
+        let out = setup(&["--replace-nvidia"]);
+        out.assert_success("setup containerd --replace-nvidia");
+        assert!(out.stdout_str().contains("disabled"), "{}", out.stdout_str());
+        // The fixture's own runc root for the handler, as setup_handler does.
+        let mut doc: toml_edit::DocumentMut =
+            std::fs::read_to_string(config).unwrap().parse().unwrap();
+        let ctd = &mut doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"];
+        assert_eq!(ctd["default_runtime_name"].as_str(), Some("tessera"));
+        assert!(ctd["runtimes"].get("nvidia").is_none());
+        ctd["runtimes"]["tessera"]["options"]["Root"] = toml_edit::value(
+            Containerd::runtime_root_in(dir, "tessera").to_string_lossy().into_owned(),
+        );
+        std::fs::write(config, doc.to_string()).unwrap();
+    });
+    // No RuntimeClass: the default handler, Tessera's now.
+    let pod = PodSpec::new("plain", "team-untrusted").annotation("tessera.io/gpu", "gpu=1");
+    let pod_id = c.cri.run_pod_sandbox(&pod).unwrap_or_else(|e| panic!("{e}\n{}", c.ctd.log()));
+    let id = c.start(&pod_id, &pod, "main").unwrap_or_else(|e| panic!("{e}"));
+    let allocs = c.allocations();
+    assert_eq!(allocs.len(), 1, "{allocs:?}");
+    assert_eq!(
+        (allocs[0].container_id.as_str(), allocs[0].request.to_string()),
+        (id.as_str(), "gpu=1".into())
+    );
+    // NVIDIA's handler is gone.
+    let nvidia = PodSpec::new("nv", "team-untrusted").handler("nvidia");
+    let e = c.cri.run_pod_sandbox(&nvidia).expect_err("no nvidia handler");
+    assert!(e.to_string().contains("nvidia"), "{e}");
+    c.teardown(&pod_id);
+    let fp = c.ctd.footprint();
+    drop(c);
+    assert_no_leftovers(&fp);
+}
