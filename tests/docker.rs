@@ -355,6 +355,18 @@ fn a_node_set_up_from_nvidia_toolkit_gives_gpus_only_through_tessera() {
     assert_eq!(node.grants(), vec![(id.clone(), DEFAULT_TENANT.to_owned(), "gpu=1".to_owned())]);
     d.docker(&["rm", "-f", &id]).assert_success("docker rm -f");
     assert!(wait_for(|| node.grants().is_empty(), Duration::from_secs(10)));
+    // An image's (here -e) NVIDIA_VISIBLE_DEVICES grants nothing, and docker run says so.
+    let out = docker_run(&d, None, &["-e", "NVIDIA_VISIBLE_DEVICES=all", DOCKER_IMAGE, "true"]);
+    out.assert_success("NVIDIA_VISIBLE_DEVICES alone");
+    assert!(
+        out.stderr_str().contains(
+            "warning: NVIDIA_VISIBLE_DEVICES=all in this container's environment grants nothing"
+        ),
+        "docker run's own output:\n{}{}",
+        out.stdout_str(),
+        out.stderr_str()
+    );
+    assert!(node.grants().is_empty());
     // NVIDIA's runtime is gone.
     let out = docker_run(&d, Some("nvidia"), &["--gpus", "1", DOCKER_IMAGE, "true"]);
     assert!(!out.status.success(), "{}", out.stdout_str());

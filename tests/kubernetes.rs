@@ -216,8 +216,28 @@ fn per_container_annotations_give_one_grant_per_asking_container_and_none_to_the
     let learner = c.start(&pod_id, &pod, "learner").unwrap_or_else(|e| panic!("{e}"));
     let actor = c.start(&pod_id, &pod, "actor").unwrap_or_else(|e| panic!("{e}"));
     let logger = c.start(&pod_id, &pod, "logger").unwrap_or_else(|e| panic!("{e}"));
+    // A container whose name the annotation misspells asks for nothing, and its log says
+    // so (the runtime's stderr is the container's while runc creates it); the others' do not.
+    let lerner = c.start(&pod_id, &pod, "lerner").unwrap_or_else(|e| panic!("{e}"));
+    let log = |name: &str| c.cri.container_output(&pod, &ContainerSpec::new(name));
+    assert!(
+        wait_for(
+            || {
+                log("lerner").contains("warning: annotation tessera.io/gpu.learner asks for a container named `learner`, and this one is `lerner`")
+            },
+            Duration::from_secs(5)
+        ),
+        "{}",
+        log("lerner")
+    );
+    assert!(
+        !log("logger").contains("warning") && !log("learner").contains("warning"),
+        "{}",
+        log("logger")
+    );
     let allocs = c.allocations();
     let by_id = |id: &str| allocs.iter().find(|a| a.container_id == id);
+    assert!(by_id(&lerner).is_none());
     assert_eq!(allocs.len(), 2, "{allocs:?}");
     assert_eq!(by_id(&learner).unwrap().request.to_string(), "gpu=1");
     assert_eq!(by_id(&actor).unwrap().request.to_string(), "mig=1g.10gb");

@@ -417,6 +417,17 @@ pub fn prepare(
         return Err(fail(RuntimeError::BrokenConfig(e.clone())));
     }
     let Some(found) = found else {
+        // What looks as if it meant a GPU and asks none: said where the person who started
+        // the container reads it (runc create's stderr is the container's own).
+        if !sandbox {
+            for hint in request::hints(&cfg.value, &annotations) {
+                let line = format!(
+                    "tessera-runtime: container {}: warning: {hint}",
+                    untrusted(&container_id)
+                );
+                eprintln!("{}", untrusted(&line).max_chars(MAX_LINE_CHARS));
+            }
+        }
         // No grant, no GPU: GPU nodes and rules the config brings are removed (the majors
         // come from tesserad's file beside its socket and the host's /proc/devices; the
         // daemon is never asked). A config with none is left untouched.
