@@ -122,24 +122,49 @@ fn docker_gpus_identity_and_no_grant_no_gpu() {
     d.docker(&["rm", "-f", &id]).assert_success("docker rm -f");
     assert!(wait_for(|| node.grants().is_empty(), Duration::from_secs(10)));
 
-    // A container may not name its own engine (Docker 20.10 has no --annotation; a label
-    // is not an annotation, so it cannot even try): pinned devices are refused.
-    let pinned = d.docker(&[
+    // Particular GPUs: exactly those while free and allowed, else refused with the reason,
+    // never other GPUs.
+    let status = node.client().status().expect("status");
+    let g3 = status.gpus.iter().find(|g| g.index == 3).expect("GPU 3").uuid.clone();
+    assert!(status.gpus[0].mig_enabled, "the example node's GPU 0 is in MIG mode");
+    let run = d.docker(&[
         "run",
-        "--rm",
+        "-d",
         "--runtime",
         "tessera",
         "--gpus",
         "\"device=3\"",
         DOCKER_IMAGE,
-        "true",
+        "sleep",
+        "60",
     ]);
-    assert!(!pinned.status.success());
-    assert!(
-        pinned.stderr_str().contains("Tessera grants GPUs by count"),
-        "{}",
-        pinned.stderr_str()
-    );
+    run.assert_success("docker run --gpus device=3");
+    let pinned_id = run.stdout_str().trim().to_owned();
+    let a = node.client().allocation(&pinned_id).expect("allocation");
+    assert_eq!(a.devices.iter().map(|x| x.uuid.clone()).collect::<Vec<_>>(), [g3.clone()]);
+    for (list, why) in [
+        (
+            format!("\"device={g3}\""),
+            format!("pinned GPU {g3} (tessera.io/gpu): in use by another container"),
+        ),
+        (format!("\"device={}\"", status.gpus[0].uuid), "the GPU is in MIG mode".to_string()),
+        ("\"device=42\"".to_string(), "no GPU 42 on this node".to_string()),
+    ] {
+        let out = d.docker(&[
+            "run",
+            "--rm",
+            "--runtime",
+            "tessera",
+            "--gpus",
+            &list,
+            DOCKER_IMAGE,
+            "true",
+        ]);
+        assert!(!out.status.success(), "{list}");
+        assert!(out.stderr_str().contains(&why), "{list}: {}", out.stderr_str());
+    }
+    d.docker(&["rm", "-f", &pinned_id]).assert_success("docker rm -f");
+    assert!(wait_for(|| node.grants().is_empty(), Duration::from_secs(10)));
 
     // No grant, no GPU: an NVIDIA device node passed with --device does not reach the
     // container through tessera; plain runc (the control) lets it through.

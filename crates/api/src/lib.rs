@@ -131,6 +131,11 @@ pub fn proc_devices_nvidia_majors(proc_devices: &Path) -> Vec<u32> {
 }
 /// The OCI annotation that carries a container's GPU request.
 pub const REQUEST_ANNOTATION: &str = "tessera.io/gpu";
+/// The GPUs a `gpu=N` request pins (`docker run --gpus '"device=3,GPU-…"'`): GPU indices
+/// or uuids, comma-separated, N of them. Set by tessera-runtime only (a config that
+/// carries it is refused); tesserad grants exactly those GPUs when they are free and the
+/// tenant may have them, or refuses naming the one that is not.
+pub const PINNED_ANNOTATION: &str = "tessera.io/gpus-pinned";
 /// The process environment variable that may carry a GPU request (a request only, never
 /// an identity: the image controls its environment).
 pub const REQUEST_ENV: &str = "TESSERA_GPU";

@@ -131,6 +131,14 @@ pub enum RuntimeError {
         untrusted(.0)
     )]
     ForgedEngine(String),
+    /// The pins only tessera-runtime sets (from `docker --gpus "device=…"`).
+    #[error(
+        "annotation {} is set by tessera-runtime from `docker run --gpus '\"device=…\"'`, never \
+         by a container's config (found `{}`)",
+        tessera_api::PINNED_ANNOTATION,
+        untrusted(.0)
+    )]
+    ForgedPins(String),
 }
 
 fn largest_annotation(largest: &Option<(String, usize)>) -> String {
@@ -349,6 +357,9 @@ pub fn prepare(
     if let Some(forged) = annotations.get(ENGINE_ANNOTATION) {
         return Err(fail(RuntimeError::ForgedEngine(forged.clone())));
     }
+    if let Some(forged) = annotations.get(tessera_api::PINNED_ANNOTATION) {
+        return Err(fail(RuntimeError::ForgedPins(forged.clone())));
+    }
     // The device plugin's assignment is kubelet's word: only from the engine kubelet
     // drives, for a pod's container (tesserad also wants the token it issued).
     request::check_assignment_source(&annotations, &env.source).map_err(|source| {
@@ -401,6 +412,10 @@ pub fn prepare(
                     .map_err(|e| format!("cannot count the node's GPUs: {e}"))
             };
             let request = gpus.request(node_gpus).map_err(|e| fail(e.into()))?;
+            // Particular GPUs: tesserad grants exactly those, or refuses naming one.
+            if let docker::DockerGpus::Devices(ids) = &gpus {
+                annotations.insert(tessera_api::PINNED_ANNOTATION.to_owned(), ids.join(","));
+            }
             Some(FoundRequest {
                 raw: request.to_string(),
                 request,
@@ -1176,9 +1191,19 @@ mod tests {
         let f = Fixture::new(&c);
         let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("two");
         assert!(err.message().contains("two GPU requests"), "{}", err.message());
-        let f = Fixture::new(&docker_gpus_config("NVIDIA_VISIBLE_DEVICES=3"));
-        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("pinned");
-        assert!(err.message().contains("by count"), "{}", err.message());
+        // Particular GPUs: the request, and the pins for tesserad.
+        let f = Fixture::new(&docker_gpus_config("NVIDIA_VISIBLE_DEVICES=3,GPU-a"));
+        let h = f.serve(vec![http("201 Created", &allocation())]);
+        prepare(&f.args("create --bundle bundle abc"), &f.env).expect("pinned");
+        let body = body_of(&h.join().expect("join")[0]);
+        assert_eq!(body["request"], json!("gpu=2"));
+        assert_eq!(body["annotations"]["tessera.io/gpus-pinned"], json!("3,GPU-a"));
+        // Pins in a config are the author's, never the runtime's.
+        let mut c = gpu_config(json!({"tessera.io/gpus-pinned": "0"}), json!([]));
+        c["annotations"]["tessera.io/gpu"] = json!("gpu=1");
+        let f = Fixture::new(&c);
+        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("forged");
+        assert!(err.message().contains("never by a container's config"), "{}", err.message());
     }
 
     #[test]
