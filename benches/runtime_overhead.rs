@@ -12,8 +12,9 @@
 //! daemon's grant round trip alone.
 //!
 //! Needs root, runc, busybox-static and etcd.
-//! `cargo bench --bench runtime_overhead [-- N] [--quota-only]` (`--quota-only`: only the
-//! issue 15 part).
+//! `cargo bench --bench runtime_overhead [-- N] [--quota-only|--wrapper-only]`
+//! (`--quota-only`: only the issue 15 part; `--wrapper-only`: all but it). The wrapper part
+//! times a single `runc run` and (issue 29) the create/start/delete sequence a shim drives.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -109,6 +110,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let n: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(200);
     let quota_only = args.iter().any(|a| a == "--quota-only");
+    let wrapper_only = args.iter().any(|a| a == "--wrapper-only");
     if unsafe_is_not_root() {
         eprintln!("runtime_overhead: needs root (real runc containers); skipped");
         return;
@@ -134,7 +136,9 @@ fn main() {
             let _ = d.wait();
         }
     }
-    quota_paths(n, &dir, &rootfs, &bench.cgroup, &root);
+    if !wrapper_only {
+        quota_paths(n, &dir, &rootfs, &bench.cgroup, &root);
+    }
 }
 
 /// Issue 2's paths: plain runc, tessera-runtime without a request, with `mig=1g.10gb`;
@@ -212,7 +216,81 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
     println!("| tessera-runtime, mig=1g.10gb (grant + hooks) | {gp50:.2} | {gp99:.2} | {gmean:.2} | {:.3} |", gp50 / pp50);
     println!("\nadded latency, paired per iteration (ms): no request p50 {dn50:.2} p99 {dn99:.2}; MIG request p50 {dg50:.2} p99 {dg99:.2}");
 
+    // The sequence a containerd shim drives: `create`, `start`, `delete --force`, three
+    // processes of BIN each time (the wrapper's work is in create and delete).
+    let seq = |bin: &str, kind: &str, i: usize, ann: &[(&str, &str)]| -> f64 {
+        let id = format!("{kind}{i}");
+        let bundle = dir.join("bundles").join(&id);
+        shim_sequence(bin, root, &bundle, &config(rootfs, &cgroup, &id, ann), &socket, &id)
+    };
+    for i in 0..5 {
+        seq("runc", "sw", i, &[]);
+        seq(RUNTIME, "sg", i, &gpu_ann);
+    }
+    let (mut plain, mut gpu, mut d_gpu) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let (mut p, mut g) = (0.0, 0.0);
+        for k in 0..2 {
+            std::thread::sleep(Duration::from_millis(SETTLE_MS));
+            match (i + k) % 2 {
+                0 => p = seq("runc", "sp", i, &[]),
+                _ => g = seq(RUNTIME, "sg", i, &gpu_ann),
+            }
+        }
+        plain.push(p);
+        gpu.push(g);
+        d_gpu.push(g - p);
+    }
+    let (pp50, pp99, _) = stats(plain);
+    let (gp50, gp99, _) = stats(gpu);
+    let (dg50, dg99, _) = stats(d_gpu);
+    println!(
+        "\ncreate, start, delete --force (a shim's sequence), {n} interleaved runs each (ms)\n"
+    );
+    println!("| path | p50 | p99 |");
+    println!("|---|---|---|");
+    println!("| plain runc | {pp50:.2} | {pp99:.2} |");
+    println!("| tessera-runtime, mig=1g.10gb | {gp50:.2} | {gp99:.2} |");
+    println!("\nadded latency of the sequence, paired per iteration (ms): MIG request p50 {dg50:.2} p99 {dg99:.2}");
+
     parts(n, &dir, &socket, root, &gpu_ann);
+}
+
+/// `BIN create`, `BIN start`, `BIN delete --force` of `config`, as a containerd shim runs
+/// them (each its own process; the container runs `true`): the milliseconds all three took.
+fn shim_sequence(
+    bin: &str,
+    root: &Path,
+    bundle: &Path,
+    config: &str,
+    socket: &Path,
+    id: &str,
+) -> f64 {
+    std::fs::create_dir_all(bundle).expect("bundle");
+    std::fs::write(bundle.join("config.json"), config).expect("config");
+    let call = |args: &[&str]| {
+        let status = Command::new(bin)
+            .arg("--root")
+            .arg(root)
+            .args(args)
+            .env("TESSERA_RUNC", "runc")
+            .env("TESSERA_SOCKET", socket)
+            .env("TESSERA_HOOK", HOOK)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .status()
+            .expect("run");
+        assert!(status.success(), "{args:?} of {id} failed");
+    };
+    let b = bundle.to_string_lossy().into_owned();
+    let start = Instant::now();
+    call(&["create", "--bundle", &b, id]);
+    call(&["start", id]);
+    call(&["delete", "--force", id]);
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let _ = std::fs::remove_dir_all(bundle);
+    ms
 }
 
 /// `BIN --root ROOT run --bundle BUNDLE ID` of `config` (tessera-runtime asks the daemon on

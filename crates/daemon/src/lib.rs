@@ -273,6 +273,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     info!(node = %node.inventory().node, gpus = node.inventory().gpus.len(),
           policy_version = node.policy().policy.version(), policy_source = %node.policy().source, "tesserad starting");
     let gpu_majors = node.inventory().majors.all();
+    let whole_gpus = node.inventory().gpus.iter().filter(|g| !g.mig_enabled).count() as u32;
     let node_name = node.inventory().node.clone();
     // From here on the node is the controller's: everything goes through actions.
     let ctl = controller::Controller::new(node);
@@ -333,6 +334,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // For the wrapper's no-request path, which never asks the daemon: the driver's majors.
     if let Err(e) = tessera_api::write_gpu_majors(&config.socket, &gpu_majors) {
         warn!("cannot write {}: {e}", tessera_api::gpu_majors_path(&config.socket).display());
+    }
+    // For `docker --gpus all`: how many GPUs that is, without a round trip.
+    if let Err(e) = tessera_api::write_whole_gpus(&config.socket, whole_gpus) {
+        warn!("cannot write {}: {e}", tessera_api::whole_gpus_path(&config.socket).display());
     }
     // Containers that ran on through the restart: metering stops at their exit again.
     for id in running {

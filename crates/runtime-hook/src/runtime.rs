@@ -404,6 +404,10 @@ pub fn prepare(
         (None, Some(gpus)) => {
             let socket = env.absolute(&env.socket);
             let node_gpus = || {
+                // tesserad's count beside its socket; asked only where there is none.
+                if let Some(n) = tessera_api::read_whole_gpus(&socket) {
+                    return Ok(n);
+                }
                 Client::new(&socket)
                     .with_timeout(RELEASE_TIMEOUT)
                     .status()
@@ -1182,6 +1186,21 @@ mod tests {
         let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("no GPUs");
         assert!(h.join().expect("join")[0].starts_with("GET /v1/status"));
         assert!(err.message().contains("--gpus all"), "{}", err.message());
+    }
+
+    #[test]
+    fn docker_gpus_all_reads_tesserads_count_without_a_round_trip() {
+        let f = Fixture::new(&docker_gpus_config("NVIDIA_VISIBLE_DEVICES=all"));
+        tessera_api::write_whole_gpus(&f.env.socket, 7).expect("write");
+        let h = f.serve(vec![http("201 Created", &allocation())]);
+        prepare(&f.args("create --bundle bundle abc"), &f.env).expect("prepares");
+        let reqs = h.join().expect("join");
+        assert!(
+            reqs[0].starts_with("POST /v1/allocations "),
+            "one round trip, the grant: {}",
+            reqs[0]
+        );
+        assert_eq!(body_of(&reqs[0])["request"], json!("gpu=7"));
     }
 
     #[test]
