@@ -806,3 +806,82 @@ fn a_node_set_up_from_nvidia_toolkit_runs_every_pod_through_tessera() {
     drop(c);
     assert_no_leftovers(&fp);
 }
+
+/// INSTALL's hardening followed halfway, both ways: `tessera setup containerd` runs
+/// `tessera doctor`'s check on what it would write and refuses, writing nothing; the
+/// message says what to change. With the cure in place it writes.
+#[test]
+fn setup_containerd_refuses_the_identity_traps() {
+    let dir = short_tempdir();
+    let cleanup = Cleanup::new();
+    cleanup.track_dir(&dir);
+    let example: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).unwrap()).unwrap();
+    let write_policy = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut p = example.clone();
+        edit(&mut p);
+        let f = dir.join(name);
+        std::fs::write(&f, serde_json::to_vec_pretty(&p).unwrap()).unwrap();
+        f
+    };
+    let engine_first = write_policy("engine-first.json", &|p| {
+        p["identity"].as_array_mut().unwrap().insert(
+            0,
+            serde_json::json!({"annotation": "tessera.io/engine", "map": {"docker-alice": "acme/trusted/training/alice"}}),
+        );
+    });
+    let cri_limited = write_policy("cri-limited.json", &|p| {
+        p["identity"][0]["engines"] = serde_json::json!(["containerd-k8s"]);
+    });
+    let config = dir.join("config.toml");
+    let runtime_dir = dir.join("rt");
+    std::fs::create_dir_all(&runtime_dir).unwrap();
+    let handler_toml = runtime_dir.join("containerd-tessera.toml");
+    let setup = |policy: &Path| {
+        run_cmd(
+            Command::new(tessera_cli())
+                .args(["setup", "containerd", "--config"])
+                .arg(&config)
+                .args(["--runtime-path", "/usr/local/bin/tessera-runtime", "--runtime-dir"])
+                .arg(&runtime_dir)
+                .arg("--policy")
+                .arg(policy)
+                .arg("--cdi-dir")
+                .arg(&dir)
+                .arg("--hooks-dir")
+                .arg(&dir),
+        )
+    };
+    // The handler names its engine; an engine rule without `engines` reads it first.
+    std::fs::write(&config, "version = 2\n").unwrap();
+    std::fs::write(&handler_toml, "engine = \"containerd-k8s\"\n").unwrap();
+    let out = setup(&engine_first);
+    out.assert_failure("an engine rule that refuses every pod");
+    let err = out.stderr_str();
+    assert!(
+        err.contains("does not map `containerd-k8s`")
+            && err.contains("\"engines\": [\"docker-alice\"]"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), "version = 2\n", "nothing written");
+    assert!(std::fs::symlink_metadata(runtime_dir.join("containerd-tessera")).is_err(), "no link");
+    // The reverse: the CRI rule limited to an engine the handler does not name.
+    std::fs::remove_file(&handler_toml).unwrap();
+    let out = setup(&cri_limited);
+    out.assert_failure("pods billed to the default tenant");
+    assert!(
+        out.stderr_str().contains("billed to the default tenant acme/untrusted/sandbox/guest")
+            && out.stderr_str().contains("add `engine = \"containerd-k8s\"`"),
+        "{}",
+        out.stderr_str()
+    );
+    // The cure: the handler names the engine the rule is limited to.
+    std::fs::write(&handler_toml, "engine = \"containerd-k8s\"\n").unwrap();
+    let out = setup(&cri_limited);
+    out.assert_success("setup with the cure");
+    assert!(
+        out.stdout_str().contains("doctor: containerd runtime `tessera`"),
+        "{}",
+        out.stdout_str()
+    );
+}
