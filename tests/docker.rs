@@ -141,7 +141,7 @@ fn docker_gpus_identity_and_no_grant_no_gpu() {
     run.assert_success("docker run --gpus device=3");
     let pinned_id = run.stdout_str().trim().to_owned();
     let a = node.client().allocation(&pinned_id).expect("allocation");
-    assert_eq!(a.devices.iter().map(|x| x.uuid.clone()).collect::<Vec<_>>(), [g3.clone()]);
+    assert_eq!(a.devices.iter().map(|x| x.uuid.as_str()).collect::<Vec<_>>(), [g3.as_str()]);
     for (list, why) in [
         (
             format!("\"device={g3}\""),

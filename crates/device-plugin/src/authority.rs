@@ -363,10 +363,13 @@ pub fn huffman_decode(raw: &[u8]) -> Result<Vec<u8>, RewriteError> {
     Ok(out)
 }
 
+/// One header field: name and value, as bytes.
+type Header = (Vec<u8>, Vec<u8>);
+
 /// The HPACK decoder's dynamic table (RFC 7541 §2.3.2, §4).
 #[derive(Debug)]
 struct Table {
-    entries: VecDeque<(Vec<u8>, Vec<u8>)>,
+    entries: VecDeque<Header>,
     size: usize,
     max: usize,
 }
@@ -376,7 +379,7 @@ impl Table {
         Table { entries: VecDeque::new(), size: 0, max }
     }
 
-    fn get(&self, index: usize) -> Result<(Vec<u8>, Vec<u8>), RewriteError> {
+    fn get(&self, index: usize) -> Result<Header, RewriteError> {
         match index {
             0 => Err(RewriteError::Hpack("index 0")),
             i if i <= STATIC.len() => {
@@ -407,7 +410,7 @@ impl Table {
         }
     }
 
-    fn decode(&mut self, mut b: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, RewriteError> {
+    fn decode(&mut self, mut b: &[u8]) -> Result<Vec<Header>, RewriteError> {
         let mut out = Vec::new();
         while let Some(&first) = b.first() {
             if first & 0x80 != 0 {
