@@ -3,9 +3,17 @@
 //! Read by `tessera doctor` (which of them are Tessera's, and what configuration each
 //! reads) and `tessera setup --replace-nvidia` (which are NVIDIA's). Pure: text in.
 
+use tessera_api::untrusted;
 use toml_edit::{DocumentMut, Item};
 
-use crate::setup::SetupError;
+/// Why an engine's configuration cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineConfigError {
+    #[error("{path} is not valid TOML: {}", untrusted(.message))]
+    Toml { path: String, message: String },
+    #[error("{path} is not valid JSON: {}", untrusted(.message))]
+    Json { path: String, message: String },
+}
 
 /// One runtime an engine may run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,12 +35,12 @@ pub fn is_nvidia_runtime(binary: &str) -> bool {
 
 /// Docker's daemon.json (empty: none). The default runtime is `default-runtime`, `runc`
 /// when unset.
-pub fn docker(text: &str, path: &str) -> Result<Vec<Configured>, SetupError> {
+pub fn docker(text: &str, path: &str) -> Result<Vec<Configured>, EngineConfigError> {
     if text.trim().is_empty() {
         return Ok(Vec::new());
     }
     let v: serde_json::Value = serde_json::from_str(text)
-        .map_err(|e| SetupError::ParseJson { path: path.to_owned(), message: e.to_string() })?;
+        .map_err(|e| EngineConfigError::Json { path: path.to_owned(), message: e.to_string() })?;
     let default = v.get("default-runtime").and_then(|d| d.as_str()).unwrap_or("runc");
     let mut out = Vec::new();
     if let Some(rts) = v.get("runtimes").and_then(|r| r.as_object()) {
@@ -50,10 +58,9 @@ pub fn docker(text: &str, path: &str) -> Result<Vec<Configured>, SetupError> {
 }
 
 /// podman's containers.conf (empty: none): `[engine.runtimes]`, default `[engine] runtime`.
-pub fn podman(text: &str, path: &str) -> Result<Vec<Configured>, SetupError> {
-    let doc: DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| SetupError::Parse {
-        path: path.to_owned(),
-        message: e.to_string(),
+pub fn podman(text: &str, path: &str) -> Result<Vec<Configured>, EngineConfigError> {
+    let doc: DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| {
+        EngineConfigError::Toml { path: path.to_owned(), message: e.to_string() }
     })?;
     let engine = doc.get("engine");
     let default = engine.and_then(|e| e.get("runtime")).and_then(Item::as_str).unwrap_or("crun");
@@ -78,10 +85,9 @@ pub fn podman(text: &str, path: &str) -> Result<Vec<Configured>, SetupError> {
 
 /// containerd's config.toml (version 2 or 3; empty: none): the CRI plugin's runtimes with
 /// their `options.BinaryName` (empty: runc), default `default_runtime_name`.
-pub fn containerd(text: &str, path: &str) -> Result<Vec<Configured>, SetupError> {
-    let doc: DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| SetupError::Parse {
-        path: path.to_owned(),
-        message: e.to_string(),
+pub fn containerd(text: &str, path: &str) -> Result<Vec<Configured>, EngineConfigError> {
+    let doc: DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| {
+        EngineConfigError::Toml { path: path.to_owned(), message: e.to_string() }
     })?;
     let plugin = match doc.get("version").and_then(Item::as_integer) {
         Some(3) => "io.containerd.cri.v1.runtime",

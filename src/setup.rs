@@ -60,6 +60,19 @@ pub enum SetupError {
     Overridden { path: String, what: String },
 }
 
+impl From<crate::engines::EngineConfigError> for SetupError {
+    fn from(e: crate::engines::EngineConfigError) -> Self {
+        match e {
+            crate::engines::EngineConfigError::Toml { path, message } => {
+                SetupError::Parse { path, message }
+            }
+            crate::engines::EngineConfigError::Json { path, message } => {
+                SetupError::ParseJson { path, message }
+            }
+        }
+    }
+}
+
 /// What `tessera setup containerd` writes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerdOptions {

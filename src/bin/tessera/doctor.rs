@@ -247,7 +247,7 @@ pub fn report(a: &DoctorArgs, socket: &Path) -> Result<doctor::Report, String> {
     let policy = find_policy(a.checks.policy.as_deref(), socket)?;
     let mut runtimes = Vec::new();
     let mut nvidia = Vec::new();
-    type Reader = fn(&str, &str) -> Result<Vec<Configured>, tessera::setup::SetupError>;
+    type Reader = fn(&str, &str) -> Result<Vec<Configured>, engines::EngineConfigError>;
     let engines: [(Engine, &Path, Reader); 3] = [
         (Engine::Docker, &a.docker_config, engines::docker),
         (Engine::Podman, &a.podman_config, engines::podman),
