@@ -20,7 +20,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use device_plugin::server::{connect, socket_name};
+use device_plugin::authority::Rewriter;
+use device_plugin::server::socket_name;
 use device_plugin::v1beta1 as api;
 use tessera_api::deviceplugin::ASSIGNMENT_ANNOTATION;
 use tessera_harness::node::*;
@@ -50,6 +51,103 @@ const RESOURCES: [&str; 10] = [
     MIG_4G,
     MIG_7G,
 ];
+
+/// What every kubelet before 1.26 sends as `:authority` to a plugin: the socket's path
+/// (grpc-go dialing a bare path; kubernetes#112597 made it `localhost` in 1.26).
+const KUBELET_AUTHORITY: &[u8] = b"/var/lib/kubelet/device-plugins/tessera-gpu.sock";
+
+fn as_kubelet_before_1_26(name: &[u8], _: &[u8]) -> Option<Vec<u8>> {
+    (name == b":authority").then(|| KUBELET_AUTHORITY.to_vec())
+}
+
+/// The stand-in's side of a plugin connection, as a kubelet of 1.20 writes it: the
+/// request headers re-encoded with the socket's path as `:authority`.
+struct AsOldKubelet {
+    inner: tokio::net::UnixStream,
+    rewriter: Rewriter,
+    sent: usize,
+}
+
+impl AsOldKubelet {
+    fn drain(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        use tokio::io::AsyncWrite;
+        while self.sent < self.rewriter.output().len() {
+            let out = &self.rewriter.output()[self.sent..];
+            match std::pin::Pin::new(&mut self.inner).poll_write(cx, out) {
+                std::task::Poll::Ready(Ok(n)) => self.sent += n,
+                std::task::Poll::Ready(Err(e)) => return std::task::Poll::Ready(Err(e)),
+                std::task::Poll::Pending => return std::task::Poll::Pending,
+            }
+        }
+        self.rewriter.output().clear();
+        self.sent = 0;
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncRead for AsOldKubelet {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for AsOldKubelet {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.drain(cx)?.is_pending() {
+            return std::task::Poll::Pending;
+        }
+        self.rewriter.feed(buf)?;
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.drain(cx)?.is_pending() {
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.drain(cx)?.is_pending() {
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A gRPC channel to a plugin socket as kubelet 1.20 opens it (see [`AsOldKubelet`]).
+async fn connect_as_kubelet(
+    path: &Path,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let p = path.to_path_buf();
+    tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_timeout(Duration::from_secs(5))
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let p = p.clone();
+            async move {
+                let inner = tokio::net::UnixStream::connect(p).await?;
+                let s = AsOldKubelet {
+                    inner,
+                    rewriter: Rewriter::new(as_kubelet_before_1_26),
+                    sent: 0,
+                };
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+}
 
 /// kubelet's registration service: records every request.
 #[derive(Debug, Clone, Default)]
@@ -125,7 +223,7 @@ fn watch_lists(rt: &Runtime, dir: &Path, resource: &str, lists: &Lists) {
         (dir.join(socket_name(resource)), resource.to_string(), lists.clone());
     rt.spawn(async move {
         loop {
-            if let Ok(channel) = connect(&sock).await {
+            if let Ok(channel) = connect_as_kubelet(&sock).await {
                 let mut client = api::device_plugin_client::DevicePluginClient::new(channel);
                 if let Ok(stream) = client.list_and_watch(api::Empty {}).await {
                     let mut stream = stream.into_inner();
@@ -177,7 +275,7 @@ fn plugin(
     dir: &Path,
     resource: &str,
 ) -> api::device_plugin_client::DevicePluginClient<tonic::transport::Channel> {
-    let channel = rt.block_on(connect(&dir.join(socket_name(resource)))).unwrap();
+    let channel = rt.block_on(connect_as_kubelet(&dir.join(socket_name(resource)))).unwrap();
     api::device_plugin_client::DevicePluginClient::new(channel)
 }
 
@@ -518,6 +616,24 @@ fn a_kubelet_assignment_written_by_a_config_author_or_replayed_is_refused_and_ch
         ..Default::default()
     });
     node.fx.cleanup().track_dir(&files);
+    // No kubelet yet: said so. No MPS control daemon here (no --mps-control, none on
+    // PATH): no MPS endpoint, while the others are served.
+    assert!(
+        wait_for(|| dir.join(socket_name(GPU)).exists(), Duration::from_secs(10)),
+        "{}",
+        node.daemon.stderr()
+    );
+    assert!(
+        wait_for(|| node.daemon.stderr().contains("waiting for kubelet"), Duration::from_secs(10)),
+        "{}",
+        node.daemon.stderr()
+    );
+    assert!(!dir.join(socket_name(MPS)).exists(), "MPS offered without a control daemon");
+    assert!(
+        node.daemon.stderr().contains("tessera.io/mps is not advertised"),
+        "{}",
+        node.daemon.stderr()
+    );
     let status = node.client().status().unwrap();
     let mig0 = status.gpus[0].clone();
     assert!(mig0.mig_enabled && mig0.instances.len() == 3, "{mig0:?}");
@@ -740,8 +856,10 @@ fn gpu_2_lands_on_an_nvlink_pair_kubelet_sees_numa_nodes_and_cpus_follow_the_gpu
     let want: BTreeMap<String, Vec<i64>> =
         gpus.iter().zip([0, 0, 1, 1]).map(|(g, n)| (g.clone(), vec![n])).collect();
     assert_eq!(numa, want, "kubelet's TopologyInfo");
-    let mps = numa_of(&rt, &dir, MPS);
-    assert_eq!(mps[&format!("{}:mps:42", gpus[3])], [1], "every id of a GPU carries it");
+    // (No MPS here: it is advertised only where the MPS control binary exists.)
+    assert!(!dir.join(socket_name(MPS)).exists(), "MPS without its control binary");
+    let shared = numa_of(&rt, &dir, SHARED);
+    assert_eq!(shared[&format!("{}:shared:0", gpus[3])], [1], "every id of a GPU carries it");
 
     // One GPU, then two: the two land on the whole pair (first-fit would take GPUs 1, 2).
     let b = node.bundle("one", "team-untrusted", Some("gpu=1"), &["sleep", "300"]);

@@ -713,6 +713,12 @@ pub struct NodeStatus {
     /// that the reconciler has looked at the node again.
     #[serde(default)]
     pub reconcile_passes: u64,
+    /// Whether MIG instances are cut on demand here (tesserad without `--no-dynamic-mig`
+    /// and no layout declared for the node): then every profile of a MIG-mode GPU's model
+    /// can be granted, else only the instances already cut. Absent (an older tesserad):
+    /// only what is cut.
+    #[serde(default)]
+    pub mig_cut_on_demand: bool,
 }
 
 /// A string map whose keys must be unique: serde_json (like Go) would keep the last of two,

@@ -54,23 +54,35 @@ pub struct Offer {
 }
 
 impl Offer {
-    /// What `status` offers under `policy`. A quarantined device offers nothing: a GPU
-    /// quarantined (by ECC, an XID or a failed scrub) is not counted, and a MIG profile is
-    /// named only while an instance of it is not quarantined (so an XID that takes the
-    /// last instance of a profile drops `mig-<profile>` from the spec).
+    /// What a request can be granted here: `gpu`/`gpu-N`/`all` up to the healthy GPUs not
+    /// in MIG mode (what `docker --gpus all` counts too), `mig-<profile>` for every profile
+    /// of a healthy MIG-mode GPU's model where MIG is cut on demand
+    /// ([`NodeStatus::mig_cut_on_demand`]), else for the instances cut now. A quarantined device offers nothing: a GPU quarantined (by ECC, an XID or a
+    /// failed scrub) is not counted, and a cut instance's profile is named only while an
+    /// instance of it is not quarantined (so an XID that takes the last instance of a
+    /// declared layout's profile drops `mig-<profile>` from the spec).
     pub fn new(status: &NodeStatus, policy: Option<&policy::Policy>) -> Offer {
-        let healthy = status.gpus.iter().filter(|g| !gpu_quarantined(g));
-        let mig_profiles = healthy
-            .clone()
+        let dynamic = status.mig_cut_on_demand;
+        let healthy: Vec<&tessera_api::GpuStatus> =
+            status.gpus.iter().filter(|g| !gpu_quarantined(g)).collect();
+        let mut mig_profiles: BTreeSet<String> = healthy
+            .iter()
             .flat_map(|g| {
                 g.instances
                     .iter()
                     .filter(|i| i.state != tessera_api::DeviceState::Quarantined)
                     .map(|i| i.profile.clone())
             })
-            .filter(|p| valid_name(&format!("mig-{p}")))
             .collect();
-        let gpus = healthy.count() as u32;
+        if dynamic {
+            for g in healthy.iter().filter(|g| g.mig_enabled) {
+                if let Some(m) = slicer::catalog::model(&g.model) {
+                    mig_profiles.extend(m.profiles.iter().map(|p| p.name.to_string()));
+                }
+            }
+        }
+        let mig_profiles =
+            mig_profiles.into_iter().filter(|p| valid_name(&mig_device_name(p))).collect();
         let (allowed, mps_max_percent) = match policy {
             Some(p) => (
                 [policy::Trust::Untrusted, policy::Trust::Trusted, policy::Trust::Dev]
@@ -81,6 +93,7 @@ impl Offer {
             ),
             None => (Isolation::ALL.into_iter().collect(), 100),
         };
+        let gpus = healthy.iter().filter(|g| !g.mig_enabled).count() as u32;
         Offer { gpus, mig_profiles, allowed, mps_max_percent }
     }
 
@@ -96,7 +109,7 @@ impl Offer {
         }
         if self.allowed.contains(&Isolation::Mig) {
             for p in &self.mig_profiles {
-                out.push((format!("mig-{p}"), format!("mig={p}")));
+                out.push((mig_device_name(p), format!("mig={p}")));
             }
         }
         if self.allowed.contains(&Isolation::Mps) && self.gpus > 0 {
@@ -116,6 +129,12 @@ impl Offer {
 fn gpu_quarantined(g: &tessera_api::GpuStatus) -> bool {
     g.state == tessera_api::DeviceState::Quarantined
         || g.lifecycle.as_ref().is_some_and(|l| l.detail.starts_with("quarantined"))
+}
+
+/// The CDI device of a MIG profile: `mig-1g.10gb`; a `+me` profile is written `-me`
+/// (`mig-1g.10gb-me`: CDI names have no `+`), as its Kubernetes resource is.
+pub fn mig_device_name(profile: &str) -> String {
+    format!("mig-{}", profile.replace('+', "-"))
 }
 
 /// CDI's device name rule: a letter or digit, then letters, digits, `_ . : -`.
@@ -303,9 +322,11 @@ mod tests {
             ]),
             None,
         );
-        assert_eq!(before.gpus, 2);
+        // Instances cut by a declared layout (not on demand); `gpu`/`all` count the GPU
+        // not in MIG mode.
+        assert_eq!(before.gpus, 1);
         assert_eq!(before.mig_profiles, ["1g.10gb".to_string(), "3g.40gb".into()].into());
-        // XID 94 on MIG-b: its profile goes; XID 48 on GPU-w: one GPU less.
+        // XID 94 on MIG-b: its profile goes; XID 48 on GPU-w: no whole GPU left.
         let after = Offer::new(
             &status(vec![
                 gpu("GPU-m", true, "migparent", None, mig("free", "quarantined")),
@@ -313,8 +334,9 @@ mod tests {
             ]),
             None,
         );
-        assert_eq!(after.gpus, 1);
+        assert_eq!(after.gpus, 0);
         assert_eq!(after.mig_profiles, ["1g.10gb".to_string()].into());
+        assert!(!after.devices().iter().any(|(n, _)| n == "gpu" || n == "all"));
         // The MIG GPU quarantined whole: nothing of it.
         let whole = Offer::new(
             &status(vec![gpu(
@@ -328,6 +350,42 @@ mod tests {
         );
         assert_eq!((whole.gpus, whole.mig_profiles.len()), (0, 0));
         assert!(whole.devices().is_empty());
+    }
+
+    /// Only what can be granted: no `gpu-N` past the GPUs that are not in MIG mode (`all`
+    /// is their count, as for `docker --gpus all`), and every MIG profile the node can cut
+    /// (not only the ones cut now), `+me` written `-me`.
+    #[test]
+    fn only_grantable_names_and_every_cuttable_profile() {
+        let status: NodeStatus = serde_json::from_value(serde_json::json!({
+            "node": "n1", "backend": "sim", "allocations": [], "mig_cut_on_demand": true,
+            "policy": {"version": 1, "digest": "x", "source": "f"},
+            "gpus": [
+                {"index": 0, "uuid": "GPU-0", "model": "H100-80GB", "minor": 0, "memory_mib": 81920,
+                 "mig_enabled": true, "state": "free", "instances": [
+                    {"uuid": "MIG-1", "profile": "3g.40gb", "gi_id": 1, "ci_id": 0, "start": 0, "size": 4,
+                     "memory_mib": 40192, "state": "free"}]},
+                {"index": 1, "uuid": "GPU-1", "model": "H100-80GB", "minor": 1, "memory_mib": 81920,
+                 "mig_enabled": false, "state": "free", "instances": []},
+                {"index": 2, "uuid": "GPU-2", "model": "H100-80GB", "minor": 2, "memory_mib": 81920,
+                 "mig_enabled": false, "state": "free", "instances": []}
+            ]
+        }))
+        .expect("status");
+        let o = Offer::new(&status, None);
+        let names: Vec<String> = o.devices().into_iter().map(|(n, r)| format!("{n}:{r}")).collect();
+        assert!(
+            names.contains(&"all:gpu=2".to_string()) && names.contains(&"gpu-2:gpu=2".to_string()),
+            "{names:?}"
+        );
+        assert!(!names.iter().any(|n| n.starts_with("gpu-3")), "{names:?}");
+        for p in ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"] {
+            assert!(names.contains(&format!("mig-{p}:mig={p}")), "{p}: {names:?}");
+        }
+        assert!(names.contains(&"mig-1g.10gb-me:mig=1g.10gb+me".to_string()), "{names:?}");
+        for (_, request) in o.devices() {
+            request.parse::<tessera_api::GpuRequest>().unwrap_or_else(|e| panic!("{request}: {e}"));
+        }
     }
 
     #[test]

@@ -120,7 +120,13 @@ pub struct Node {
     telemetry: tessera_api::telemetry::NodeTelemetry,
     /// Interference detection, its open incidents and marks (`node/interference.rs`).
     interference: interference::InterferenceState,
+    /// The last device-plugin assignments whose token a create presented (for the
+    /// plugin: their reservations hold nothing any more).
+    presented: std::collections::VecDeque<tessera_api::deviceplugin::PluginAssignment>,
 }
+
+/// How many presented assignments [`Node`] remembers for the device plugin.
+const MAX_PRESENTED: usize = 256;
 
 /// Everything a [`Node`] is made of.
 #[derive(Debug)]
@@ -184,6 +190,7 @@ impl Node {
             grant_cgroups_file: None,
             reconcile_passes: 0,
             updates: BTreeMap::new(),
+            presented: std::collections::VecDeque::new(),
         })
     }
 

@@ -213,12 +213,13 @@ fn identity_comes_only_from_trusted_annotations() {
     r.annotations.insert("tessera.io/trust".into(), "dev".into());
     let e = node.allocate(&r).unwrap_err();
     assert_eq!(e.tenant.as_deref(), Some("acme/untrusted/sandbox/guest"));
-    // Without the trusted annotation nobody is identified: refused, fail closed.
-    let mut r = req("c2", "x", "gpu=1");
+    // Without the trusted annotation: the policy's default tenant (untrusted), whatever
+    // else the config says.
+    let mut r = req("c2", "x", "mps=25");
     r.annotations.clear();
     r.annotations.insert("tessera.io/tenant".into(), "acme/trusted/training/alice".into());
     let e = node.allocate(&r).unwrap_err();
-    assert_eq!(e.code, ErrorCode::UnknownTenant, "{e:?}");
+    assert_eq!(e.tenant.as_deref(), Some("acme/untrusted/sandbox/guest"), "{e:?}");
     // A namespace that is not mapped is refused too.
     let e = node.allocate(&req("c3", "team-nobody", "gpu=1")).unwrap_err();
     assert_eq!(e.code, ErrorCode::UnknownTenant, "{e:?}");

@@ -132,6 +132,11 @@ pub struct Snapshot {
     pub gpus: Vec<GpuState>,
     /// The assignments of the live grants made through the plugin: the ids kubelet holds.
     pub kubelet: Vec<PluginAssignment>,
+    /// Assignments whose token a container's create has presented since tesserad started
+    /// (granted, or refused after the token was verified): their `Allocate` is answered,
+    /// so a reservation of them holds nothing any more (a refused or deleted pod's ids are
+    /// back in allocatable at once, not after the reservation's 10 minutes).
+    pub presented: Vec<PluginAssignment>,
 }
 
 /// An `Allocate` whose grant is not made yet: its ids count as taken.
@@ -318,8 +323,16 @@ fn mig_devices(
     let (Some(m), true, false) = (model, dynamic, g.blocked) else { return };
     for p in m.profiles {
         let destroys = |start: u8| overlapping(g, p.size, start).next().is_some();
+        // No more placements than instances of the profile can exist on the GPU (a `+me`
+        // profile: one, whatever its seven placements), less those it has.
+        let have = g.instances.iter().filter(|i| i.profile == p.name).count();
+        let mut room = usize::from(p.max_instances).saturating_sub(have);
         for &start in p.starts {
+            if room == 0 {
+                break;
+            }
             if cuttable(g, m, p, start) && !(destroys(start) && plain.contains(p.name)) {
+                room -= 1;
                 let id =
                     DeviceId::Placement { gpu: g.uuid.clone(), profile: p.name.to_string(), start }
                         .to_string();
@@ -611,7 +624,14 @@ mod tests {
     }
 
     fn snap(gpus: Vec<GpuState>) -> Snapshot {
-        Snapshot { offer: ALL, replicas: 4, dynamic_mig: true, gpus, kubelet: Vec::new() }
+        Snapshot {
+            offer: ALL,
+            replicas: 4,
+            dynamic_mig: true,
+            gpus,
+            kubelet: Vec::new(),
+            presented: Vec::new(),
+        }
     }
 
     fn assignment(resource: &str, ids: &[&str]) -> PluginAssignment {
@@ -744,7 +764,8 @@ mod tests {
                 n("4g.40gb"),
                 n("7g.80gb")
             ],
-            [7, 7, 4, 3, 2, 1, 1]
+            // A `+me` profile exists at most once per GPU: one placement, not seven.
+            [7, 1, 4, 3, 2, 1, 1]
         );
         assert_eq!(listed(&a, "tessera.io/mig-7g.80gb"), ["GPU-m:mig:7g.80gb:0"]);
         assert!(!a.contains_key(RESOURCE_GPU), "a MIG GPU is never offered whole");

@@ -332,6 +332,14 @@ impl Policy {
         self.identity.iter().map(|r| r.annotation.as_str()).collect()
     }
 
+    /// The identity rules in order, as (annotation, value -> tenant map, `engines`): what
+    /// `tessera doctor` explains [`Policy::resolve_identity`]'s decisions with.
+    pub fn identity_rules(
+        &self,
+    ) -> impl Iterator<Item = (&str, &BTreeMap<String, String>, Option<&[String]>)> {
+        self.identity.iter().map(|r| (r.annotation.as_str(), &r.map, r.engines.as_deref()))
+    }
+
     /// Prices per GPU model, as declared (models without a price are free in reports).
     pub fn prices(&self) -> &BTreeMap<String, Price> {
         &self.prices

@@ -6,11 +6,12 @@
 //! the plan, and what to ask) and [`Node::finish_allocate`] (the plan again, on the state
 //! of then, made with the quota mark).
 
+use super::assignment::Pick;
 use super::{grant, internal, validate_abs_path, Node};
 use crate::quota;
-use tessera_api::deviceplugin::IssuedAssignment;
+use tessera_api::deviceplugin::{IssuedAssignment, PluginAssignment, RESOURCE_GPU};
 use tessera_api::{
-    untrusted, AllocateRequest, Allocation, ApiError, ErrorCode, QuotaClass, QuotaMark,
+    untrusted, AllocateRequest, Allocation, ApiError, ErrorCode, GpuRequest, QuotaClass, QuotaMark,
 };
 
 /// A request past its checks: who asks, for which pod container, on which assigned devices.
@@ -26,6 +27,8 @@ pub(crate) struct Checked {
     workload_key: String,
     /// What the interference controller hardened its request to, if it did.
     hardened: Option<tessera_api::GpuRequest>,
+    /// The GPUs tessera-runtime pinned (`docker --gpus '"device=…"'`), as uuids.
+    pinned: Option<PluginAssignment>,
 }
 
 /// What the checks found.
@@ -162,8 +165,9 @@ impl Node {
         })?;
         let workload_key =
             super::interference::workload_key(workload.as_ref(), req.container_id.as_str());
-        // Kubelet's own choice of devices is not second-guessed.
-        let hardened = if assigned.is_none() {
+        let pinned = self.pinned_gpus(req, assigned.is_some())?;
+        // Kubelet's or the user's own choice of devices is not second-guessed.
+        let hardened = if assigned.is_none() && pinned.is_none() {
             self.hardened_request(&tenant, &workload_key, request)
         } else {
             None
@@ -175,7 +179,56 @@ impl Node {
             class,
             workload_key,
             hardened,
+            pinned,
         })))
+    }
+
+    /// The GPUs a `gpu=N` request pins ([`tessera_api::PINNED_ANNOTATION`]: indices or
+    /// uuids, N of them), as this node's uuids; `None` without pins. A pin that names no
+    /// GPU here, or pins with another request, are refused (400).
+    fn pinned_gpus(
+        &self,
+        req: &AllocateRequest,
+        kubelet: bool,
+    ) -> Result<Option<PluginAssignment>, ApiError> {
+        let Some(raw) = req.annotations.get(tessera_api::PINNED_ANNOTATION) else {
+            return Ok(None);
+        };
+        let bad = |why: String| ApiError {
+            code: ErrorCode::BadRequest,
+            message: format!(
+                "container {}: pinned GPUs `{}`: {why}",
+                req.container_id,
+                untrusted(raw).max_chars(256)
+            ),
+            tenant: None,
+            request: Some(req.request.to_string()),
+            rule: Some(tessera_api::PINNED_ANNOTATION.to_string()),
+        };
+        let GpuRequest::Gpu { count } = req.request else {
+            return Err(bad(format!("only a gpu=N request pins GPUs, not {}", req.request)));
+        };
+        if kubelet {
+            return Err(bad("a device-plugin assignment names its devices already".into()));
+        }
+        let mut uuids = Vec::new();
+        for pin in raw.split(',') {
+            let gpu = match pin.parse::<u32>() {
+                Ok(i) => self.inventory.gpus.iter().find(|g| g.index == i),
+                Err(_) => self.inventory.gpus.iter().find(|g| g.uuid == pin),
+            };
+            let Some(gpu) = gpu else {
+                return Err(bad(format!(
+                    "no GPU {} on this node (`tessera status` lists them)",
+                    untrusted(pin).max_chars(128)
+                )));
+            };
+            uuids.push(gpu.uuid.clone());
+        }
+        if uuids.len() != count as usize {
+            return Err(bad(format!("{} GPUs pinned for gpu={count}", uuids.len())));
+        }
+        PluginAssignment::new(RESOURCE_GPU, uuids).map(Some).map_err(|e| bad(e.to_string()))
     }
 
     fn asker<'a>(&self, req: &'a AllocateRequest, c: &'a Checked) -> grant::Asker<'a> {
@@ -197,9 +250,10 @@ impl Node {
         c: &Checked,
     ) -> Result<grant::GrantPlan, ApiError> {
         let who = self.asker(req, c);
-        match &c.assigned {
-            Some(a) => self.plan_assigned(&who, a.assignment()),
-            None => {
+        match (&c.assigned, &c.pinned) {
+            (Some(a), _) => self.plan_assigned(&who, a.assignment(), Pick::Kubelet),
+            (None, Some(p)) => self.plan_assigned(&who, p, Pick::Pinned),
+            (None, None) => {
                 // A hardened victim gets the MIG instance or whole GPU if the node has one
                 // free, else what it asked for.
                 if let Some(h) = &c.hardened {

@@ -28,6 +28,7 @@ impl Node {
             allocations: &allocations,
             unavailable: &unavailable,
             kubelet,
+            presented: self.presented.iter().cloned().collect(),
             policy: &self.policy.policy,
             dynamic_mig: self.mig_is_dynamic(),
             topology: &self.topology,
@@ -50,6 +51,8 @@ pub struct Inputs<'a> {
     pub unavailable: &'a BTreeSet<String>,
     /// The assignments of the live grants made through the device plugin.
     pub kubelet: Vec<PluginAssignment>,
+    /// Assignments whose token a create presented (see [`Snapshot::presented`]).
+    pub presented: Vec<PluginAssignment>,
     pub policy: &'a Policy,
     pub dynamic_mig: bool,
     /// The GPUs' NUMA nodes, for kubelet's topology manager.
@@ -113,6 +116,7 @@ pub fn snapshot(i: &Inputs<'_>) -> Snapshot {
         dynamic_mig: i.dynamic_mig,
         gpus,
         kubelet: i.kubelet.clone(),
+        presented: i.presented.clone(),
     }
 }
 
@@ -188,6 +192,7 @@ mod tests {
             allocations: &[a, b],
             unavailable: &unavailable,
             kubelet: Vec::new(),
+            presented: Vec::new(),
             policy: &p,
             dynamic_mig: true,
             topology: &slicer::Topology::default(),
