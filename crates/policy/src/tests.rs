@@ -132,7 +132,8 @@ fn example_policy_parses_and_decides() {
         ]
     );
     assert_eq!(p.identity_annotations(), [NS]);
-    assert_eq!(p.default_tenant(), None);
+    // Docker and podman runs (no identity annotation) land on the guest, as shipped.
+    assert_eq!(p.default_tenant(), Some("acme/untrusted/sandbox/guest"));
     let who = |ns: &str| p.resolve_identity(&annotations(&[(NS, ns)])).expect("identity");
     let guest = who("team-untrusted");
     let alice = who("team-trusted");
