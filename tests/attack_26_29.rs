@@ -151,6 +151,20 @@ fn daemon_threads(node: &Node, device: &str, tenant: &str) -> f64 {
 /// cannot, but saturating the device is also the attacker's to do.
 #[test]
 fn a_latency_tenant_that_saturates_the_gpu_itself_cannot_frame_a_quiet_co_tenant() {
+    framing(true);
+}
+
+/// The same without any report: the liar's SM use falls from its baseline 50% to 10%
+/// (its own doing: it launches smaller kernels) while it saturates the bandwidth itself;
+/// the share read from SM use is below `min_share` and the bystander is named.
+#[test]
+fn a_tenant_that_starves_its_own_kernels_cannot_frame_a_quiet_co_tenant() {
+    framing(false);
+}
+
+/// The framing attack; `report`: through latency reports (SM use held), else through the
+/// liar's own SM use.
+fn framing(report: bool) {
     let files = short_tempdir();
     std::fs::create_dir_all(&files).unwrap();
     let node =
@@ -175,17 +189,23 @@ fn a_latency_tenant_that_saturates_the_gpu_itself_cannot_frame_a_quiet_co_tenant
 
     // Baseline: the liar alone in effect (the bystander idle), nothing saturated, 1 ms.
     set_load(&node, &device, &[(lpid, 0.5, 0.5), (bpid, 0.0, 0.0)]);
-    node.fx
-        .exec("liar", &["sh", "-c", "echo 1 > \"$TESSERA_LATENCY_FILE\""])
-        .assert_success("report 1 ms");
+    if report {
+        node.fx
+            .exec("liar", &["sh", "-c", "echo 1 > \"$TESSERA_LATENCY_FILE\""])
+            .assert_success("report 1 ms");
+    }
     wait_samples(&node, 4);
 
     // The attack: the liar saturates the bandwidth itself and reports 500 ms; the
     // bystander wakes up a little (2% SM, 2% bandwidth).
-    set_load(&node, &device, &[(lpid, 0.5, 0.95), (bpid, 0.02, 0.02)]);
-    node.fx
-        .exec("liar", &["sh", "-c", "echo 500 > \"$TESSERA_LATENCY_FILE\""])
-        .assert_success("report 500 ms");
+    if report {
+        set_load(&node, &device, &[(lpid, 0.5, 0.95), (bpid, 0.02, 0.02)]);
+        node.fx
+            .exec("liar", &["sh", "-c", "echo 500 > \"$TESSERA_LATENCY_FILE\""])
+            .assert_success("report 500 ms");
+    } else {
+        set_load(&node, &device, &[(lpid, 0.1, 0.95), (bpid, 0.02, 0.02)]);
+    }
     wait_samples(&node, u64::from(CONFIRM) * 4);
 
     let t = node.client().telemetry().unwrap();
@@ -553,5 +573,42 @@ fn tenant_values_reach_runcs_log_as_one_escaped_line() {
             out.stderr_str()
         );
         assert!(node.client().allocation(&id).is_err(), "no grant");
+    }
+}
+
+/// Held: the latency report's mount point is resolved by runc inside the rootfs. An image
+/// whose `/run` is a link out of its rootfs (`/../../../../../../tmp/<name>`, absolute, and
+/// a relative one) gets the report file inside its own rootfs (runc's secure join): its
+/// report reaches tesserad's file, and nothing is made on the host at the link's target.
+#[test]
+fn a_link_in_the_image_cannot_move_the_latency_report_mount_onto_the_host() {
+    let files = short_tempdir();
+    std::fs::create_dir_all(&files).unwrap();
+    let node = start_mps_node(&files, 2, serde_json::json!({}));
+    let mut daemons = KillOnDrop(Vec::new());
+    let name = format!("atk3-escape-{}", unique_name());
+    let host = std::path::PathBuf::from("/tmp").join(&name);
+    node.fx.cleanup().track_dir(&host);
+    for (id, target) in [
+        ("link-abs", format!("/../../../../../../../../tmp/{name}")),
+        ("link-rel", format!("../../../../../../../../tmp/{name}")),
+    ] {
+        let mut b = node.bundle(id, "team-dev", Some("mps=10"), &["sleep", "300"]);
+        b.annotation("tessera.io/class", "latency").write();
+        let run = b.rootfs().join("run");
+        let _ = std::fs::remove_dir_all(&run);
+        std::os::unix::fs::symlink(&target, &run).unwrap();
+        let out = node.fx.create_container(&b, id);
+        daemons.0.extend(node.client().status().unwrap().mps_shares.iter().filter_map(|s| s.pid));
+        let made = host.exists();
+        out.assert_success("create");
+        node.fx.start_container(id).assert_success("start");
+        node.fx
+            .exec(id, &["sh", "-c", "echo 3 > \"$TESSERA_LATENCY_FILE\""])
+            .assert_success("the workload reports");
+        let got = std::fs::read_to_string(node.state.join("reports").join(id)).unwrap();
+        node.fx.delete_container(id, true);
+        assert_eq!(got.trim(), "3", "{id}: the report reached tesserad's own file");
+        assert!(!made, "{id}: the report mount made {} on the host", host.display());
     }
 }
