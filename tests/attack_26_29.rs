@@ -543,36 +543,57 @@ fn hostile_pins_are_refused_and_leave_no_grant() {
 fn tenant_values_reach_runcs_log_as_one_escaped_line() {
     let node = Node::start();
     let evil = "1\n{\"level\":\"info\",\"msg\":\"granted\"}\u{1b}[2J\u{7}\r";
-    for format in ["json", "text"] {
-        let id = format!("log-{format}");
-        let log = node.fx.path(&format!("runc-{format}.log"));
-        let mut b = node.bundle(&id, "team-dev", Some("gpu=1"), &["true"]);
-        b.annotation(tessera_api::PINNED_ANNOTATION, evil).write();
-        let dir = b.dir().display().to_string();
-        let l = log.display().to_string();
-        let out = node
-            .fx
-            .runc(&["--log", &l, "--log-format", format, "create", "--bundle", &dir, &id], &[]);
-        out.assert_failure("a forged pin annotation is refused");
-        let text = std::fs::read_to_string(&log).unwrap();
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 1, "{format}: one line: {text:?}");
-        assert!(
-            !text.trim_end_matches('\n').chars().any(|c| c.is_control()),
-            "{format}: a control character in runc's log: {text:?}"
-        );
-        if format == "json" {
-            let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
-            assert_eq!(v["level"], "error", "{text}");
-        } else {
-            assert!(lines[0].contains("level=error") && !lines[0].contains("level=info"), "{text}");
+    // Where a config author puts it: a forged pin annotation (refused by the wrapper), the
+    // class annotation (refused by tesserad, its answer relayed), dockerd's
+    // NVIDIA_VISIBLE_DEVICES (refused by the wrapper's parser).
+    let sources: [(&str, fn(&mut Bundle, &str)); 3] = [
+        ("pin", |b, v| {
+            b.annotation("tessera.io/gpu", "gpu=1").annotation(tessera_api::PINNED_ANNOTATION, v);
+        }),
+        ("class", |b, v| {
+            b.annotation("tessera.io/gpu", "gpu=1").annotation("tessera.io/class", v);
+        }),
+        ("nvd", |b, v| {
+            b.hook("prestart", "/usr/bin/nvidia-container-runtime-hook", &["prestart"], &[])
+                .env(&format!("NVIDIA_VISIBLE_DEVICES=GPU-{v}"));
+        }),
+    ];
+    for (source, put) in sources {
+        for format in ["json", "text"] {
+            let id = format!("log-{source}-{format}");
+            let log = node.fx.path(&format!("runc-{source}-{format}.log"));
+            let mut b = node.bundle(&id, "team-dev", None, &["true"]);
+            put(&mut b, evil);
+            b.write();
+            let dir = b.dir().display().to_string();
+            let l = log.display().to_string();
+            let out = node
+                .fx
+                .runc(&["--log", &l, "--log-format", format, "create", "--bundle", &dir, &id], &[]);
+            out.assert_failure("a hostile value is refused");
+            let text = std::fs::read_to_string(&log).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            assert_eq!(lines.len(), 1, "{id}: one line: {text:?}");
+            assert!(
+                !text.trim_end_matches('\n').chars().any(|c| c.is_control()),
+                "{id}: a control character in runc's log: {text:?}"
+            );
+            if format == "json" {
+                let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+                assert_eq!(v["level"], "error", "{text}");
+            } else {
+                assert!(
+                    lines[0].starts_with("time=") && lines[0].contains(" level=error msg=\""),
+                    "{text}"
+                );
+            }
+            assert!(
+                !out.stderr_str().contains('\u{1b}'),
+                "{id}: a raw escape on stderr: {:?}",
+                out.stderr_str()
+            );
+            assert!(node.client().allocation(&id).is_err(), "{id}: no grant");
         }
-        assert!(
-            !out.stderr_str().contains('\u{1b}'),
-            "{format}: a raw escape on stderr: {:?}",
-            out.stderr_str()
-        );
-        assert!(node.client().allocation(&id).is_err(), "no grant");
     }
 }
 
