@@ -535,6 +535,9 @@ fn hostile_pins_are_refused_and_leave_no_grant() {
     assert!(got_through.is_empty(), "pins granted: {got_through:#?}");
 }
 
+/// Puts a hostile value into a bundle's config.
+type Put = fn(&mut Bundle, &str);
+
 /// Held: what a config author controls reaches runc's `--log` (where dockerd and containerd
 /// read the error) as one well-formed line: a forged pin annotation carrying a newline, a
 /// JSON object of its own and terminal escapes is one `error` entry, JSON or logrus text,
@@ -546,7 +549,7 @@ fn tenant_values_reach_runcs_log_as_one_escaped_line() {
     // Where a config author puts it: a forged pin annotation (refused by the wrapper), the
     // class annotation (refused by tesserad, its answer relayed), dockerd's
     // NVIDIA_VISIBLE_DEVICES (refused by the wrapper's parser).
-    let sources: [(&str, fn(&mut Bundle, &str)); 3] = [
+    let sources: [(&str, Put); 3] = [
         ("pin", |b, v| {
             b.annotation("tessera.io/gpu", "gpu=1").annotation(tessera_api::PINNED_ANNOTATION, v);
         }),
