@@ -425,7 +425,7 @@ fn a_pinned_gpu_is_kept_out_of_another_tenants_nvlink_domain() {
 /// (held: the container gets its GPUs' CPU). An update through tessera-runtime —
 /// `runc update --cpuset-cpus` / `--cpuset-mems` (and `docker update --cpuset-cpus`) — is
 /// admitted for CPU quota and memory only, so the container moves onto every CPU of the
-/// host, those local to another tenant's GPUs included.
+/// host, those local to another tenant's GPUs included (flag and `-r` JSON spellings).
 #[test]
 fn the_cpu_set_that_follows_the_gpus_cannot_be_widened_by_an_update() {
     let files = short_tempdir();
@@ -450,15 +450,25 @@ fn the_cpu_set_that_follows_the_gpus_cannot_be_widened_by_an_update() {
     };
     assert_eq!(allowed(), "0", "at create the CPU set follows the GPU (held)");
     let all = format!("0-{last}");
-    let up = node.fx.runc(&["update", "--cpuset-cpus", &all, "cpus"], &[]);
-    let now = allowed();
-    assert_eq!(
-        now,
-        "0",
-        "an update widened the GPU container's CPU set from its GPUs' CPU 0 to {now} \
-         (update exit {:?}: {})",
-        up.status.code(),
-        up.stderr_str().trim()
+    let resources = files.join("resources.json");
+    std::fs::write(&resources, serde_json::json!({"cpu": {"cpus": all}}).to_string()).unwrap();
+    let r = resources.display().to_string();
+    let mut widened = Vec::new();
+    for args in [
+        vec!["update", "--cpuset-cpus", all.as_str(), "cpus"],
+        vec!["update", "-r", r.as_str(), "cpus"],
+    ] {
+        let up = node.fx.runc(&args, &[]);
+        let now = allowed();
+        if now != "0" {
+            widened.push(format!("`{}` (exit {:?}): CPUs {now}", args.join(" "), up.status.code()));
+            // Narrowed back for the next spelling (a narrowing is never refused).
+            node.fx.runc(&["update", "--cpuset-cpus", "0", "cpus"], &[]).assert_success("narrow");
+        }
+    }
+    assert!(
+        widened.is_empty(),
+        "updates widened the GPU container's CPU set from its GPUs' CPU 0: {widened:#?}"
     );
 }
 
