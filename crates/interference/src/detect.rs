@@ -11,9 +11,15 @@
 //! * **Degraded** when, with a baseline, its throughput share — its SM use over the
 //!   baseline, or, where it reports its latency, baseline latency over latency now — is
 //!   below `min_share`, the device is saturated (memory bandwidth or SM activity at or
-//!   above `saturation`), and another share is active: the **aggressor** is the active
-//!   co-tenant using most of the saturated resource (the **signal**: `memory-bandwidth` or
-//!   `sm`). One active share alone never raises anything.
+//!   above `saturation`), **and the co-tenants are what saturates it**, judged on their
+//!   measured use alone: their summed use of the resource is at least what the victim's
+//!   baseline leaves free (`saturation` less its solo use), and the **aggressor** — the
+//!   co-tenant using most of it (the **signal**: `memory-bandwidth` or `sm`) — uses at
+//!   least [`MATERIAL`] of the device. What the victim does itself (saturating the device
+//!   with its own work, starving its own kernels, reporting a high latency) decides
+//!   whether it is hurt, never who is to blame: a co-tenant whose measured use could not
+//!   have taken what the victim needs is never named. One active share alone never
+//!   raises anything.
 //! * **Hysteresis**: `confirm` degraded samples in a row open an incident; `clear` healthy
 //!   samples in a row close it.
 //!
@@ -41,6 +47,10 @@ impl Default for Thresholds {
 
 /// Below this SM + bandwidth use a share counts as idle.
 pub const ACTIVE: f64 = 0.02;
+/// The least use of the saturated resource (a fraction of the device, measured) that makes
+/// a co-tenant an aggressor: below it a co-tenant cannot be what starves a victim, however
+/// the victim behaves (docs/GPU-HEALTH.md, "Who can be named").
+pub const MATERIAL: f64 = 0.2;
 /// Weight of a new solo sample in the baseline.
 const BASELINE_ALPHA: f64 = 0.3;
 
@@ -107,6 +117,10 @@ pub struct Incident {
     pub share: f64,
     /// Whether `share` comes from the victim's own latency reports.
     pub from_latency: bool,
+    /// Whether the victim's measured SM use (not only its report) is below `min_share` of
+    /// its baseline: a stop needs it (a report alone never stops anyone).
+    #[serde(default)]
+    pub measured: bool,
     /// The device's activity and the aggressor's use (fractions).
     pub device_sm: f64,
     pub device_bw: f64,
@@ -151,6 +165,7 @@ pub enum Finding {
 #[derive(Debug, Clone, Default)]
 struct Watch {
     baseline_sm: Option<f64>,
+    baseline_bw: Option<f64>,
     baseline_latency: Option<f64>,
     degraded: u32,
     healthy: u32,
@@ -214,6 +229,7 @@ impl Detector {
                 // gets is what it asks, its solo baseline.
                 if v.active() {
                     w.baseline_sm = Some(ewma(w.baseline_sm, v.sm));
+                    w.baseline_bw = Some(ewma(w.baseline_bw, v.bw));
                     if let Some(l) = v.latency_ms.filter(|l| l.is_finite() && *l > 0.0) {
                         w.baseline_latency = Some(ewma(w.baseline_latency, l));
                     }
@@ -221,41 +237,29 @@ impl Detector {
                 healthy(w, t, &key, &mut out);
                 continue;
             }
+            let measured = w.baseline_sm.filter(|b| *b > 0.0).map(|b| v.sm / b);
             let share = match (v.latency_ms, w.baseline_latency) {
                 (Some(now), Some(base)) if now.is_finite() && now > 0.0 => Some((base / now, true)),
-                _ => w.baseline_sm.filter(|b| *b > 0.0).map(|b| (v.sm / b, false)),
+                _ => measured.map(|m| (m, false)),
             };
-            let signal = if s.bw >= t.saturation {
-                Some(Signal::MemoryBandwidth)
-            } else if s.sm >= t.saturation {
-                Some(Signal::Sm)
-            } else {
-                None
-            };
-            let degraded = match (share, signal) {
-                (Some((share, from_latency)), Some(signal)) if share < t.min_share => {
-                    let use_of = |x: &ShareSample| match signal {
-                        Signal::MemoryBandwidth => x.bw,
-                        Signal::Sm => x.sm,
-                    };
-                    others
-                        .iter()
-                        .max_by(|a, b| use_of(a).total_cmp(&use_of(b)).then(b.id.cmp(&a.id)))
-                        .map(|a| Incident {
-                            device: s.device.clone(),
-                            victim: v.id.clone(),
-                            victim_tenant: v.tenant.clone(),
-                            aggressor: a.id.clone(),
-                            aggressor_tenant: a.tenant.clone(),
-                            signal,
-                            share: share.clamp(0.0, 1.0),
-                            from_latency,
-                            device_sm: s.sm,
-                            device_bw: s.bw,
-                            aggressor_sm: a.sm,
-                            aggressor_bw: a.bw,
-                            at_ms: s.at_ms,
-                        })
+            let degraded = match share {
+                Some((share, from_latency)) if share < t.min_share => {
+                    culprit(s, v, w, t).map(|(signal, a)| Incident {
+                        device: s.device.clone(),
+                        victim: v.id.clone(),
+                        victim_tenant: v.tenant.clone(),
+                        aggressor: a.id.clone(),
+                        aggressor_tenant: a.tenant.clone(),
+                        signal,
+                        share: share.clamp(0.0, 1.0),
+                        from_latency,
+                        measured: measured.is_some_and(|m| m < t.min_share),
+                        device_sm: s.sm,
+                        device_bw: s.bw,
+                        aggressor_sm: a.sm,
+                        aggressor_bw: a.bw,
+                        at_ms: s.at_ms,
+                    })
                 }
                 _ => None,
             };
@@ -277,6 +281,40 @@ impl Detector {
         }
         out
     }
+}
+
+/// The saturated resource and the co-tenant that saturates it, judged on the co-tenants'
+/// measured use: the device saturated on it, the co-tenants' summed use at least what the
+/// victim's solo baseline leaves free of it (so the victim's own excess cannot make it),
+/// and the biggest of them using at least [`MATERIAL`]. Bandwidth is judged first.
+fn culprit<'a>(
+    s: &'a DeviceSample,
+    v: &ShareSample,
+    w: &Watch,
+    t: Thresholds,
+) -> Option<(Signal, &'a ShareSample)> {
+    let others = || s.shares.iter().filter(|x| x.id != v.id && x.active());
+    [
+        (
+            Signal::MemoryBandwidth,
+            s.bw,
+            w.baseline_bw,
+            (|x: &ShareSample| x.bw) as fn(&ShareSample) -> f64,
+        ),
+        (Signal::Sm, s.sm, w.baseline_sm, |x: &ShareSample| x.sm),
+    ]
+    .into_iter()
+    .find_map(|(signal, device, baseline, use_of)| {
+        if device < t.saturation {
+            return None;
+        }
+        let theirs: f64 = others().map(use_of).sum();
+        if theirs + baseline.unwrap_or(0.0) < t.saturation {
+            return None;
+        }
+        let a = others().max_by(|a, b| use_of(a).total_cmp(&use_of(b)).then(b.id.cmp(&a.id)))?;
+        (use_of(a) >= MATERIAL).then_some((signal, a))
+    })
 }
 
 fn ewma(old: Option<f64>, new: f64) -> f64 {
@@ -379,5 +417,44 @@ mod tests {
         let f = d.observe(&sample(1, 0.95, 0.95, vec![v, share("a", false, 0.65, 0.65)]));
         let Some(Finding::Opened(i)) = f.first() else { panic!("{f:?}") };
         assert!(i.from_latency && (i.share - 0.5).abs() < 1e-9, "{i:?}");
+    }
+
+    /// Victim framing: a latency share that saturates the device itself (or starves its
+    /// own kernels, or reports a high latency) never names a co-tenant whose measured use
+    /// could not have taken what it needs; the same co-tenant using a material part of
+    /// what the victim's baseline leaves free is named.
+    #[test]
+    fn a_victim_cannot_frame_a_quiet_co_tenant() {
+        let liar = |sm, bw, l| {
+            let mut v = share("v", true, sm, bw);
+            v.latency_ms = Some(l);
+            v
+        };
+        for (sm, l) in [(0.5, 500.0), (0.1, 1.0)] {
+            let mut d = Detector::new(Thresholds { confirm: 1, ..Thresholds::default() });
+            let base = sample(0, 0.5, 0.5, vec![liar(0.5, 0.5, 1.0), share("b", false, 0.0, 0.0)]);
+            assert!(d.observe(&base).is_empty());
+            for i in 1..10 {
+                // It saturates the bandwidth itself; the bystander uses 2%.
+                let s = sample(
+                    i,
+                    sm + 0.02,
+                    0.97,
+                    vec![liar(sm, 0.95, l), share("b", false, 0.02, 0.02)],
+                );
+                assert!(d.observe(&s).is_empty(), "{sm} {l}: sample {i}");
+            }
+        }
+        // A baseline learnt saturating the device alone does not lower the bar below
+        // `MATERIAL`.
+        let mut d = Detector::new(Thresholds { confirm: 1, ..Thresholds::default() });
+        d.observe(&sample(0, 0.5, 0.95, vec![liar(0.5, 0.95, 1.0)]));
+        let s = sample(1, 0.6, 1.0, vec![liar(0.1, 0.85, 500.0), share("b", false, 0.1, 0.15)]);
+        assert!(d.observe(&s).is_empty());
+        // What the co-tenant really takes opens it; on its report alone it is not measured.
+        let s = sample(2, 0.6, 1.0, vec![liar(0.5, 0.7, 500.0), share("b", false, 0.1, 0.3)]);
+        let f = d.observe(&s);
+        let Some(Finding::Opened(i)) = f.first() else { panic!("{f:?}") };
+        assert_eq!((i.aggressor.as_str(), i.from_latency, i.measured), ("b", true, false));
     }
 }

@@ -9,7 +9,10 @@
 //! 3. **harden**: the victim's next start is granted a MIG instance (or a whole GPU) where
 //!    its tier allows;
 //! 4. **stop**: the aggressor is stopped (SIGTERM, grace, SIGKILL) once the incident still
-//!    holds `stop_after` samples after it opened; never without `stop_after`.
+//!    holds `stop_after` samples after it opened; never without `stop_after`, and only on
+//!    measured evidence: the aggressor's use (every incident has it) and the victim's
+//!    measured SM use below `min_share` of its baseline in that sample
+//!    ([`Incident::measured`]); a victim's latency report alone never stops anyone.
 //!
 //! Steps 1-3 are taken when the incident opens. Caps lowered stay lowered when it clears:
 //! raising them would bring it back.
@@ -149,6 +152,7 @@ impl Responder {
                 }
                 let key = (incident.device.clone(), incident.victim.clone());
                 if s.stop_after.is_some_and(|n| *samples >= n)
+                    && incident.measured
                     && self.stopped.get(&key) != Some(&incident.aggressor)
                 {
                     self.stopped.insert(key, incident.aggressor.clone());
@@ -179,6 +183,7 @@ mod tests {
             signal: Signal::MemoryBandwidth,
             share: 0.7,
             from_latency: false,
+            measured: true,
             device_sm: 1.0,
             device_bw: 1.0,
             aggressor_sm: 0.7,
@@ -206,6 +211,12 @@ mod tests {
         deep.share = 0.3;
         let to = throttle_target(&deep, 80, &Settings::default());
         assert_eq!(to, Some(40), "bounded by half");
+        // A degradation seen only in the victim's own report stops nobody.
+        let mut reported = incident();
+        (reported.from_latency, reported.measured) = (true, false);
+        assert!(r
+            .steps(&Finding::Persists { incident: reported, samples: 4 }, |_| Some(18))
+            .is_empty());
         let stop = r.steps(&Finding::Persists { incident: incident(), samples: 4 }, |_| Some(18));
         assert_eq!(stop.iter().map(Step::name).collect::<Vec<_>>(), ["stop"]);
         assert!(
