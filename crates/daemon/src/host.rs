@@ -16,8 +16,10 @@ pub trait Host: Send + Sync + fmt::Debug {
     /// Start time (clock ticks since boot) of `pid`, or `None` if it is not alive (a
     /// zombie counts as gone).
     fn pid_start_time(&self, pid: i32) -> Option<u64>;
-    /// `pid` and every process descending from it.
-    fn process_tree(&self, pid: i32) -> BTreeSet<u32>;
+    /// The processes of a container whose init is `init` and whose grant recorded
+    /// `cgroup` ([`liveness::container_processes`]: the cgroup's, else the init's tree):
+    /// the one mapping of processes to containers, for telemetry and metering.
+    fn container_processes(&self, init: Option<i32>, cgroup: Option<&str>) -> BTreeSet<u32>;
     /// The cgroup holding `pid`'s device rules, relative to the cgroup mount root, checked
     /// to list `pid` ([`liveness::container_cgroup`]).
     fn container_cgroup(&self, pid: i32) -> Result<String, String>;
@@ -186,8 +188,8 @@ impl Host for LinuxHost {
     fn pid_start_time(&self, pid: i32) -> Option<u64> {
         liveness::pid_start_time(Path::new(PROC_ROOT), pid)
     }
-    fn process_tree(&self, pid: i32) -> BTreeSet<u32> {
-        liveness::process_tree(Path::new(PROC_ROOT), pid)
+    fn container_processes(&self, init: Option<i32>, cgroup: Option<&str>) -> BTreeSet<u32> {
+        liveness::container_processes(Path::new(PROC_ROOT), Path::new(CGROUP_ROOT), init, cgroup)
     }
     fn container_cgroup(&self, pid: i32) -> Result<String, String> {
         liveness::container_cgroup(Path::new(PROC_ROOT), Path::new(CGROUP_ROOT), pid)
@@ -288,8 +290,8 @@ impl Host for TreeHost {
     fn pid_start_time(&self, pid: i32) -> Option<u64> {
         liveness::pid_start_time(&self.proc_root, pid)
     }
-    fn process_tree(&self, pid: i32) -> BTreeSet<u32> {
-        liveness::process_tree(&self.proc_root, pid)
+    fn container_processes(&self, init: Option<i32>, cgroup: Option<&str>) -> BTreeSet<u32> {
+        liveness::container_processes(&self.proc_root, &self.cgroup_root, init, cgroup)
     }
     fn container_cgroup(&self, pid: i32) -> Result<String, String> {
         liveness::container_cgroup(&self.proc_root, &self.cgroup_root, pid)
@@ -352,7 +354,7 @@ mod tests {
     fn the_real_host_sees_this_process() {
         let me = i32::try_from(std::process::id()).expect("pid fits");
         assert!(LinuxHost.pid_start_time(me).is_some());
-        assert!(LinuxHost.process_tree(me).contains(&std::process::id()));
+        assert!(LinuxHost.container_processes(Some(me), None).contains(&std::process::id()));
         assert!(LinuxHost.watches_exits());
     }
 

@@ -48,13 +48,20 @@ impl Node {
     /// and whose processes count for which interval.
     pub fn utilization_probe(&self) -> Result<UtilProbe, ApiError> {
         let mut gpus: BTreeMap<String, UtilGpu> = BTreeMap::new();
-        for a in self.allocations()?.into_iter().filter(|a| a.state == AllocationState::Running) {
+        let records = self.store.all().map_err(internal)?;
+        for r in records.iter().filter(|r| r.allocation.state == AllocationState::Running) {
+            let a = &r.allocation;
             for d in a.devices.iter().filter(|d| d.uuid == d.gpu_uuid) {
                 let since = self.util_seen.get(&d.gpu_uuid).copied().unwrap_or(0);
                 let gpu = gpus
                     .entry(d.gpu_uuid.clone())
                     .or_insert_with(|| UtilGpu { since, users: Vec::new() });
-                gpu.users.push((a.container_id.clone(), d.uuid.clone(), a.pid));
+                gpu.users.push(UtilUser {
+                    container: a.container_id.clone(),
+                    device: d.uuid.clone(),
+                    pid: a.pid,
+                    cgroup: r.cgroup.clone(),
+                });
             }
         }
         Ok(UtilProbe { backend: Arc::clone(&self.backend), host: Arc::clone(&self.host), gpus })
@@ -157,8 +164,18 @@ impl Node {
 struct UtilGpu {
     /// NVML's "since" (µs): the newest sample already taken.
     since: u64,
-    /// (container, device, init pid) of each running container on it.
-    users: Vec<(String, String, Option<i32>)>,
+    /// Each running container on it.
+    users: Vec<UtilUser>,
+}
+
+/// One running container of a [`UtilGpu`]: its interval's device, and what maps processes
+/// to it ([`crate::host::Host::container_processes`]).
+#[derive(Debug)]
+struct UtilUser {
+    container: String,
+    device: String,
+    pid: Option<i32>,
+    cgroup: Option<String>,
 }
 
 /// What to read for a utilisation tick: taken under the node lock, read outside it.
@@ -178,7 +195,7 @@ pub struct UtilSamples {
 
 impl UtilProbe {
     /// Ask the backend for each GPU's per-process samples and sum them over each
-    /// container's process tree (blocking: NVML and /proc; call without the node lock).
+    /// container's processes (those of its grant's cgroup) (blocking: NVML and /proc; call without the node lock).
     pub fn read(&self) -> UtilSamples {
         let mut out = UtilSamples::default();
         for (gpu, UtilGpu { since, users }) in &self.gpus {
@@ -200,15 +217,17 @@ impl UtilProbe {
                 e.0 += u64::from(s.sm_percent);
                 e.1 += 1;
             }
-            for (container, device, pid) in users {
-                let Some(pid) = *pid else { continue };
-                let tree = self.host.process_tree(pid);
+            for u in users {
+                if u.pid.is_none() {
+                    continue;
+                }
+                let procs = self.host.container_processes(u.pid, u.cgroup.as_deref());
                 let sm: f64 = per_pid
                     .iter()
-                    .filter(|(p, _)| tree.contains(p))
+                    .filter(|(p, _)| procs.contains(p))
                     .map(|(_, (sum, n))| *sum as f64 / *n as f64)
                     .sum();
-                out.batch.push((container.clone(), device.clone(), sm.min(100.0)));
+                out.batch.push((u.container.clone(), u.device.clone(), sm.min(100.0)));
             }
         }
         out

@@ -570,7 +570,7 @@ mod tests {
         fn pid_start_time(&self, pid: i32) -> Option<u64> {
             self.0.lock().expect("lock").live.get(&pid).map(|p| p.0)
         }
-        fn process_tree(&self, _pid: i32) -> BTreeSet<u32> {
+        fn container_processes(&self, _init: Option<i32>, _cg: Option<&str>) -> BTreeSet<u32> {
             BTreeSet::new()
         }
         fn container_cgroup(&self, _pid: i32) -> Result<String, String> {

@@ -1,8 +1,9 @@
 //! Telemetry per container: every `--telemetry-interval-ms` the backend is asked what each
 //! GPU and MIG instance does and what each process on a whole GPU uses
 //! ([`TelemetryProbe::read`], outside the node lock: NVML and /proc); the node maps the
-//! processes to containers through each container's process tree (its init pid and
-//! descendants) and so to tenants and pods, keeps the result for `GET /v1/telemetry`,
+//! processes to containers through each grant's recorded cgroup (every process runc put
+//! there, `runc exec` ones included: [`crate::host::Host::container_processes`], which
+//! metering uses too) and so to tenants and pods, keeps the result for `GET /v1/telemetry`,
 //! `/metrics` and `tessera top`, and hands the shared devices' samples to the interference
 //! detector ([`Node::record_telemetry`]).
 //!
@@ -29,6 +30,8 @@ const MAX_REPORT_BYTES: usize = 64;
 struct User {
     container_id: String,
     pid: Option<i32>,
+    /// Its grant's recorded cgroup (what maps processes to it).
+    cgroup: Option<String>,
     /// The device it holds or shares.
     device: String,
     gpu: String,
@@ -66,7 +69,10 @@ impl TelemetryProbe {
         let trees: BTreeMap<&str, std::collections::BTreeSet<u32>> = self
             .users
             .iter()
-            .filter_map(|u| u.pid.map(|p| (u.container_id.as_str(), self.host.process_tree(p))))
+            .filter(|u| u.pid.is_some())
+            .map(|u| {
+                (u.container_id.as_str(), self.host.container_processes(u.pid, u.cgroup.as_deref()))
+            })
             .collect();
         for u in &self.users {
             if let (Some(t), Some(tree)) = (u.mps_threads, trees.get(u.container_id.as_str())) {
@@ -153,10 +159,12 @@ impl Node {
             .map(|s| ((s.device, s.tenant), if s.threads == 0 { s.percent } else { s.threads }))
             .collect();
         let users = self
-            .allocations()?
+            .store
+            .all()
+            .map_err(super::internal)?
             .into_iter()
-            .filter(|a| a.state == AllocationState::Running)
-            .flat_map(|a| self.users_of(&a, &threads))
+            .filter(|r| r.allocation.state == AllocationState::Running)
+            .flat_map(|r| self.users_of(&r.allocation, r.cgroup.as_deref(), &threads))
             .collect();
         Ok(TelemetryProbe {
             backend: Arc::clone(&self.backend),
@@ -166,7 +174,12 @@ impl Node {
         })
     }
 
-    fn users_of(&self, a: &Allocation, threads: &BTreeMap<(String, String), u8>) -> Vec<User> {
+    fn users_of(
+        &self,
+        a: &Allocation,
+        cgroup: Option<&str>,
+        threads: &BTreeMap<(String, String), u8>,
+    ) -> Vec<User> {
         let report = (a.class == Some(tessera_api::WorkloadClass::Latency))
             .then(|| self.report_file(&a.container_id));
         a.devices
@@ -174,6 +187,7 @@ impl Node {
             .map(|d| User {
                 container_id: a.container_id.clone(),
                 pid: a.pid,
+                cgroup: cgroup.map(str::to_string),
                 device: d.uuid.clone(),
                 gpu: d.gpu_uuid.clone(),
                 mps_threads: (a.isolation == Isolation::Mps)
