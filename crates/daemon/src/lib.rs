@@ -21,6 +21,7 @@ pub mod node;
 pub mod policy_reload;
 pub mod quota;
 pub mod reload;
+pub mod report_fs;
 pub mod server;
 pub mod share;
 pub mod store;

@@ -167,7 +167,7 @@ impl Node {
             containers: Vec::new(),
             incidents: Vec::new(),
         };
-        Ok(Node {
+        let node = Node {
             topology,
             telemetry,
             interference,
@@ -191,7 +191,30 @@ impl Node {
             reconcile_passes: 0,
             updates: BTreeMap::new(),
             presented: std::collections::VecDeque::new(),
-        })
+        };
+        node.sweep_reports();
+        Ok(node)
+    }
+
+    /// At startup: the latency report files (and their tmpfs mounts) of containers no
+    /// longer recorded go ([`crate::report_fs::sweep`]); a recorded one's stays, in use.
+    fn sweep_reports(&self) {
+        let dir = self.report_file("x");
+        let Some(dir) = dir.parent() else { return };
+        let keep: std::collections::BTreeSet<String> = match self.store.all() {
+            Ok(all) => all
+                .into_iter()
+                .filter(|r| r.allocation.class == Some(tessera_api::WorkloadClass::Latency))
+                .map(|r| r.allocation.container_id)
+                .collect(),
+            Err(e) => {
+                warn!("cannot list the grants to sweep the latency reports: {e}");
+                return;
+            }
+        };
+        for e in crate::report_fs::sweep(dir, |id| keep.contains(id)) {
+            warn!("cannot remove a stale latency report: {e}");
+        }
     }
 
     /// Tests: arm (or disarm) a fault between a grant's plan and its commit.

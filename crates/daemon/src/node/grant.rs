@@ -388,9 +388,11 @@ impl Node {
         }
         if plan.class == Some(tessera_api::WorkloadClass::Latency) {
             // Its own latency report (docs/GPU-HEALTH.md, Reporting latency): one file of
-            // its own, bind-mounted read-write; the daemon reads it without following links.
+            // its own on a one-page tmpfs of its own (`report_fs`: the kernel bounds what
+            // it writes), bind-mounted read-write; the daemon reads it without following
+            // links.
             let report = self.report_file(&cid);
-            create_report(&report).map_err(|e| {
+            crate::report_fs::create(&report).map_err(|e| {
                 ApiError::new(
                     ErrorCode::Internal,
                     format!("latency report {}: {e}", report.display()),
@@ -634,27 +636,6 @@ impl GrantFailpoint {
             }
         }
     }
-}
-
-/// An empty report file the container may write (mode 0666: its user is unknown), in a
-/// directory only root enters; a file already there (a retried grant) is emptied, and a
-/// link or anything else found in its place refused.
-fn create_report(path: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-    if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
-    }
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o666)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    f.set_permissions(std::fs::Permissions::from_mode(0o666))
 }
 
 #[cfg(test)]
