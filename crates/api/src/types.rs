@@ -144,11 +144,18 @@ pub struct UpdateRequest {
     /// where the record cannot be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recorded: Option<RecordedLimits>,
+    /// `--cpuset-cpus` / `cpu.cpus`: the CPU list the update sets (absent or empty:
+    /// unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpuset_cpus: Option<String>,
+    /// `--cpuset-mems` / `cpu.mems`: the memory nodes the update sets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpuset_mems: Option<String>,
 }
 
 /// The CPU and memory values runc's record of a container holds (`config.cgroups` of its
 /// `state.json`: `cpu_quota`, `cpu_period`, `memory`); `0` is "not set".
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RecordedLimits {
     #[serde(default)]
@@ -157,6 +164,12 @@ pub struct RecordedLimits {
     pub cpu_period: u64,
     #[serde(default)]
     pub memory: i64,
+    /// `cpuset_cpus`: the CPU list runc set (empty: none).
+    #[serde(default)]
+    pub cpuset_cpus: String,
+    /// `cpuset_mems`: the memory nodes runc set (empty: none).
+    #[serde(default)]
+    pub cpuset_mems: String,
 }
 
 /// `POST /v1/allocations/{id}/update/done`: runc's `update` ended (with this outcome).

@@ -188,7 +188,7 @@ pub fn after_update(
     update: &UpdateRequest,
 ) -> Result<KernelLimits, String> {
     let (q, p) = (update.cpu_quota, update.cpu_period);
-    let recorded = update.recorded.unwrap_or_default();
+    let recorded = update.recorded.clone().unwrap_or_default();
     // update.go: both or neither as given; one given, the other as runc recorded it.
     let (config_q, config_p) = match (q != 0, p != 0) {
         (false, false) => (0, 0),
@@ -277,6 +277,28 @@ pub fn exceeds(now: &ContainerLimits, admitted: &ContainerLimits) -> bool {
     more(now.cpu_milli, admitted.cpu_milli) || more(now.memory_mib, admitted.memory_mib)
 }
 
+/// Whether an update's CPU list (or memory nodes) `asked` keeps a container whose grant
+/// pins its CPUs to its GPUs' (`topology.pin_cpus`) within what it may have: the pinned
+/// set `pin`, or what runc set before (`recorded`, empty when runc set none). An update
+/// may narrow the set, never widen it; `Err` says which entries are outside both.
+pub fn check_cpuset(what: &str, asked: &str, pin: &str, recorded: &str) -> Result<(), String> {
+    use tessera_api::cpulist::parse_cpulist;
+    let asked_set = parse_cpulist(asked)
+        .map_err(|e| format!("{what} `{}`: {e}", untrusted(asked).max_chars(64)))?;
+    let within = |base: &str| {
+        !base.trim().is_empty()
+            && parse_cpulist(base).is_ok_and(|b| asked_set.iter().all(|c| b.contains(c)))
+    };
+    if within(pin) || within(recorded) {
+        return Ok(());
+    }
+    let have = if recorded.trim().is_empty() { pin } else { recorded };
+    Err(format!(
+        "{what} `{}` is wider than the set its grant pins to its GPUs ({pin}) and what it has          ({have}): an update may narrow it, never widen it",
+        untrusted(asked).max_chars(64)
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,7 +313,12 @@ mod tests {
             cpu_quota: q,
             cpu_period: p,
             memory_limit: m,
-            recorded: Some(RecordedLimits { cpu_quota: 50_000, cpu_period: 100_000, memory: 0 }),
+            recorded: Some(RecordedLimits {
+                cpu_quota: 50_000,
+                cpu_period: 100_000,
+                ..Default::default()
+            }),
+            ..Default::default()
         }
     }
 
@@ -390,5 +417,18 @@ mod tests {
         assert!(exceeds(&l(Some(1001), Some(10)), &admitted));
         assert!(exceeds(&l(Some(10), None), &admitted));
         assert!(!exceeds(&l(None, None), &l(None, None)), "nothing admitted bounds nothing");
+    }
+
+    #[test]
+    fn a_pinned_cpu_set_may_narrow_never_widen() {
+        assert_eq!(check_cpuset("cpus", "0", "0-1", "0-1"), Ok(()));
+        assert_eq!(check_cpuset("cpus", "1", "0-1", ""), Ok(()));
+        // Narrowed at create (kubelet's set met the pin): its own set is kept as a bound.
+        assert_eq!(check_cpuset("cpus", "3", "0-1", "3"), Ok(()));
+        let e = check_cpuset("cpus", "0-1", "0", "0").expect_err("wider");
+        assert!(e.contains("`0-1` is wider") && e.contains("(0)"), "{e}");
+        assert!(check_cpuset("cpus", "0,7", "0", "").is_err());
+        let e = check_cpuset("mems", "x\u{1b}", "0", "0").expect_err("unreadable");
+        assert!(e.starts_with("mems `x") && !e.contains('\u{1b}'), "{e}");
     }
 }

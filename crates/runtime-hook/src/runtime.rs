@@ -1530,7 +1530,8 @@ mod tests {
             body_of(&req[0]),
             json!({"runc_root": root.to_str().expect("utf8"), "cpu_quota": 0, "cpu_period": 1000,
                    "memory_limit": 0,
-                   "recorded": {"cpu_quota": 50_000, "cpu_period": 100_000, "memory": 0}})
+                   "recorded": {"cpu_quota": 50_000, "cpu_period": 100_000, "memory": 0,
+                                "cpuset_cpus": "", "cpuset_mems": ""}})
         );
         let msg = reports.borrow().last().cloned().expect("reported");
         assert!(msg.contains("past the ceiling") && msg.contains("cpu_cores.ceiling"), "{msg}");

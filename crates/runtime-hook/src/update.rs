@@ -324,6 +324,8 @@ pub fn flag_values(args: &UpdateArgs) -> Result<UpdateRequest, UpdateError> {
         out.memory_limit =
             if v == "-1" { -1 } else { ram_in_bytes(v).ok_or_else(|| value_err("memory", v))? };
     }
+    out.cpuset_cpus = get("cpuset-cpus").cloned();
+    out.cpuset_mems = get("cpuset-mems").cloned();
     Ok(out)
 }
 
@@ -426,6 +428,20 @@ pub fn resources_values(bytes: &[u8]) -> Result<UpdateRequest, UpdateError> {
     if let Some(l) = int(memory, "memory", "limit", false)? {
         out.memory_limit = l as i64;
     }
+    // `cpus` and `mems` are Go strings: `null` leaves them empty (unchanged), anything
+    // but a string is a decoding error to runc.
+    for (key, slot) in [("cpus", &mut out.cpuset_cpus), ("mems", &mut out.cpuset_mems)] {
+        match cpu.and_then(|m| m.get(key)) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(v)) => *slot = Some(v.clone()).filter(|v| !v.is_empty()),
+            Some(v) => {
+                return Err(bad(format!(
+                    "`cpu.{key}`: {} is not a string",
+                    untrusted(&v.to_string()).max_chars(64)
+                )))
+            }
+        }
+    }
     Ok(out)
 }
 
@@ -456,6 +472,8 @@ pub fn recorded_limits(root: &std::path::Path, id: &str) -> Option<RecordedLimit
         cpu_quota: cg["cpu_quota"].as_i64().unwrap_or(0),
         cpu_period: cg["cpu_period"].as_u64().unwrap_or(0),
         memory: cg["memory"].as_i64().unwrap_or(0),
+        cpuset_cpus: cg["cpuset_cpus"].as_str().unwrap_or_default().to_string(),
+        cpuset_mems: cg["cpuset_mems"].as_str().unwrap_or_default().to_string(),
     })
 }
 
@@ -594,6 +612,17 @@ mod tests {
         }
         // Beyond int64: Go's conversion gives the smallest int64 (a negative limit).
         assert_eq!(ram_in_bytes("99999999999p"), Some(i64::MIN));
+    }
+
+    #[test]
+    fn cpu_sets_are_read_from_flags_and_json() {
+        let v = values("--cpuset-cpus 0-3 --cpuset-mems=1 c");
+        assert_eq!((v.cpuset_cpus.as_deref(), v.cpuset_mems.as_deref()), (Some("0-3"), Some("1")));
+        assert_eq!(values("--cpuset-cpus= c").cpuset_cpus, None, "empty: unchanged");
+        let j = resources_values(br#"{"cpu": {"cpus": "0,2", "mems": null}}"#).expect("json");
+        assert_eq!((j.cpuset_cpus.as_deref(), j.cpuset_mems), (Some("0,2"), None));
+        let e = resources_values(br#"{"cpu": {"cpus": 3}}"#).expect_err("not a string");
+        assert!(e.to_string().contains("`cpu.cpus`: 3 is not a string"), "{e}");
     }
 
     #[test]

@@ -215,8 +215,11 @@ impl Node {
         let allocations = self.allocations()?;
         let mut device_use = DeviceUse::of(&allocations);
         let life = self.lifecycle()?;
-        let blocked = self.not_assignable(&life, tenant);
+        // The same exclusions as a plain request's: the device's state, and where others
+        // run (an NVLink domain another tenant holds a GPU of, anti-affine co-tenants).
+        let super::grant::Excluded { blocked, fenced } = self.excluded_for(&life, who)?;
         device_use.exclusive.extend(blocked.iter().cloned());
+        device_use.exclusive.extend(fenced.iter().cloned());
         // What a plain request may not touch (as `plan_grant` counts it).
         let mut untouchable = device_use.busy();
         untouchable.extend(life.keys().cloned());
@@ -251,6 +254,10 @@ impl Node {
                     Some((st, _)) => super::lifecycle_detail(st),
                     None => self.hold_detail(uuid).unwrap_or_else(|| "not available".to_string()),
                 }
+            } else if fenced.contains(uuid) {
+                "kept from this tenant by where others run (topology.isolate_nvlink_domains, \
+                 interference anti-affinity)"
+                    .to_string()
             } else if device_use.exclusive.contains(uuid) {
                 "in use by another container".to_string()
             } else if device_use.mps.contains_key(uuid) {

@@ -79,6 +79,17 @@ fn injection_for(node: &Node, devices: &[GrantedDevice]) -> Result<Injection, Ap
         .map_err(|e| ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}")))
 }
 
+/// Devices a tenant may not be given now ([`Node::excluded_for`]).
+pub(super) struct Excluded {
+    /// Dirty, scrubbing and quarantined devices (and a dirty one of this tenant too,
+    /// unless the policy lets it skip the scrub).
+    pub blocked: BTreeSet<String>,
+    /// Whole GPUs and shared devices kept from it by where others run:
+    /// `topology.isolate_nvlink_domains` and the interference controller's anti-affinity
+    /// ([`Node::fenced_for`]).
+    pub fenced: BTreeSet<String>,
+}
+
 impl Node {
     /// Decide a grant from the current snapshot (policy, inventory, claims, lifecycles).
     /// Changes nothing: a refusal is returned for the caller to record.
@@ -88,11 +99,8 @@ impl Node {
         // Dirty, scrubbing and quarantined devices count as taken for this tenant (and a
         // dirty one of this tenant too, unless the policy lets it skip the scrub).
         let life = self.lifecycle()?;
-        let blocked = self.not_assignable(&life, tenant);
+        let Excluded { blocked, fenced } = self.excluded_for(&life, who)?;
         device_use.exclusive.extend(blocked.iter().cloned());
-        // Whole GPUs this tenant may not have now because of where others sit:
-        // `topology.isolate_nvlink_domains` and the interference controller's anti-affinity.
-        let fenced = self.fenced_for(tenant, who.workload_key.as_deref())?;
         device_use.exclusive.extend(fenced.iter().cloned());
         let mut mig_profile = None;
         let mut placement = None;
@@ -137,6 +145,20 @@ impl Node {
         let mut plan = self.finish_plan(who, &life, acquire, mig_profile)?;
         plan.placement = placement;
         Ok(plan)
+    }
+
+    /// What `who` may not be given now, whoever picks the devices — tesserad's placement
+    /// ([`Node::plan_grant`]), kubelet's assignment or a user's pin
+    /// ([`Node::plan_assigned`]): one check for every path, so no path skips a rule.
+    pub(super) fn excluded_for(
+        &self,
+        life: &Lifecycles,
+        who: &Asker<'_>,
+    ) -> Result<Excluded, ApiError> {
+        Ok(Excluded {
+            blocked: self.not_assignable(life, who.tenant),
+            fenced: self.fenced_for(who.tenant, who.workload_key.as_deref())?,
+        })
     }
 
     /// The plan of `who`'s grant once what it holds is decided (here, or on the devices

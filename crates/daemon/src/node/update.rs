@@ -207,6 +207,37 @@ impl Node {
                 format!("another update of its limits is in progress (for {age} s); retry"),
             ));
         }
+        // Where the grant pins the CPU set to its GPUs, an update may narrow it only.
+        if let Some(pin) = &a.injection.cpuset {
+            let recorded = req.recorded.as_ref();
+            let checks = [
+                (
+                    "cpuset-cpus",
+                    &req.cpuset_cpus,
+                    Some(&pin.cpus),
+                    recorded.map(|r| &r.cpuset_cpus),
+                ),
+                (
+                    "cpuset-mems",
+                    &req.cpuset_mems,
+                    pin.mems.as_ref(),
+                    recorded.map(|r| &r.cpuset_mems),
+                ),
+            ];
+            for (what, asked, pinned, had) in checks {
+                let (Some(asked), Some(pinned)) = (asked, pinned) else { continue };
+                let had = had.map_or("", String::as_str);
+                if let Err(why) = limits::check_cpuset(what, asked, pinned, had) {
+                    let message = format!("{why} (topology.pin_cpus); refusing the update");
+                    return Err(refuse(
+                        self,
+                        ErrorCode::BadRequest,
+                        Some("topology.pin_cpus"),
+                        message,
+                    ));
+                }
+            }
+        }
         let (before, version) = self.kernel_limits(&rec).map_err(|e| {
             refuse(
                 self,
@@ -681,7 +712,7 @@ mod tests {
             cpu_quota: quota,
             cpu_period: 0,
             memory_limit: memory,
-            recorded: None,
+            ..Default::default()
         }
     }
 
