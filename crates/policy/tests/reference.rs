@@ -46,6 +46,7 @@ const OBJECTS: &[(&str, &str)] = &[
         r#"{"version": 1, "orgs": {}, "quotas": {"a": {"memory_gib": {@}}}}"#,
     ),
     ("gangs", r#"{"version": 1, "orgs": {}, "gangs": {@}}"#),
+    ("billing", r#"{"version": 1, "orgs": {}, "billing": {@}}"#),
 ];
 
 /// The fields serde says the object at `probe`'s `@` accepts.
