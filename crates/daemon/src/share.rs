@@ -143,6 +143,7 @@ mod tests {
             pid: None,
             created_ms: 0,
             share,
+            nvlink_domain: None,
         }
     }
 

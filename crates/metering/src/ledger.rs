@@ -668,6 +668,7 @@ impl Ledger {
             closed_rows,
             open_rows: records.values().filter(|r| r.end.is_none()).count() as u64,
             problems,
+            remote: None,
         })
     }
 
@@ -839,6 +840,9 @@ pub struct ChainReport {
     /// In chain order; empty when every link verifies. The first is the first row a bill
     /// cannot rest on.
     pub problems: Vec<ChainBreak>,
+    /// What it was compared with beyond the file (a fleet node: the coordinator's copy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<String>,
 }
 
 impl ChainReport {

@@ -483,6 +483,7 @@ mod tests {
             }),
             workload: None,
             quota: None,
+            nvlink_domain: None,
         }
     }
 

@@ -359,6 +359,9 @@ impl Node {
             share,
             workload: plan.workload,
             quota: plan.quota,
+            // The placement fills it where it knows the node's topology (the NVLink domain
+            // of a multi-GPU grant); the ledger prices the topology premium from it.
+            nvlink_domain: None,
         };
         let record = Record {
             allocation,
