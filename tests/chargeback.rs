@@ -67,6 +67,8 @@ struct Fleet {
     coordinator: Coordinator,
     a: Node,
     b: Node,
+    /// Node A's Prometheus endpoint.
+    metrics: String,
 }
 
 impl Fleet {
@@ -77,9 +79,11 @@ impl Fleet {
         std::fs::write(&file, policy()).unwrap();
         fx.push_file(&coordinator.url, &file, 1);
         let util = ["--util-interval-ms", "100"];
-        let a = fx.node_described(NA, eight_h100(), &coordinator.url, &file, &util);
+        let metrics = format!("127.0.0.1:{}", tessera_harness::node::free_port());
+        let with_metrics = ["--util-interval-ms", "100", "--metrics", &metrics];
+        let a = fx.node_described(NA, eight_h100(), &coordinator.url, &file, &with_metrics);
         let b = fx.node_described(NB, eight_h100(), &coordinator.url, &file, &util);
-        let f = Fleet { fx, coordinator, a, b };
+        let f = Fleet { fx, coordinator, a, b, metrics: format!("http://{metrics}") };
         let ready = wait_for(
             || {
                 f.admin_get("/v1/quota/status").is_some_and(|s| {
@@ -205,6 +209,40 @@ fn bill_and_prove(fleet: &Fleet) -> String {
     assert!(under_driven(&r, "busy").is_none(), "a GPU driven at 90% is not under-driven: {r:#}");
     let table = a.cli(&["usage", "--from", "-1h", "--by", "container"]).stdout_str();
     assert!(table.contains("under-driven") && table.contains("1g.10gb instance"), "{table}");
+    // Prometheus: held against driven, and the under-driven GPU with the profile that fits.
+    // /metrics reads open intervals as of their last checkpoint (<= 5 s behind the report
+    // above): wait until the checkpoint carries the samples.
+    let scrape = || {
+        let (code, text) = http(&fleet.metrics, "GET", "/metrics", None, None).unwrap();
+        assert_eq!(code, 200, "{text}");
+        text
+    };
+    let series = |text: &str, name: &str, container: &str| -> Option<String> {
+        let c = format!("container=\"{container}\"");
+        text.lines().find(|l| l.starts_with(name) && l.contains(&c)).map(str::to_string)
+    };
+    let value = |line: &str| line.rsplit(' ').next().unwrap().parse::<f64>().unwrap();
+    let driven = |text: &str, c: &str| {
+        series(text, "tessera_gpu_seconds_driven_total{", c).map_or(0.0, |l| value(&l))
+    };
+    let checkpointed = wait_for(
+        || {
+            let text = scrape();
+            series(&text, "tessera_underdriven_gpu{", "light").is_some()
+                && driven(&text, "busy") > 0.0
+        },
+        Duration::from_secs(30),
+    );
+    let text = scrape();
+    assert!(checkpointed, "/metrics never showed the light GPU under-driven:\n{text}");
+    let light_line = series(&text, "tessera_underdriven_gpu{", "light").unwrap();
+    assert!(light_line.contains("fits=\"1g.10gb\"") && value(&light_line) == 1.0, "{light_line}");
+    assert!(series(&text, "tessera_underdriven_gpu{", "busy").is_none(), "{text}");
+    let sampled =
+        |c: &str| series(&text, "tessera_gpu_seconds_sampled_total{", c).map_or(0.0, |l| value(&l));
+    // Driven against held: busy (90%) drives most of what it holds, light (4%) little.
+    assert!(driven(&text, "busy") > 0.3 * sampled("busy"), "{text}");
+    assert!(sampled("light") > 0.0 && driven(&text, "light") < 0.1 * sampled("light"), "{text}");
 
     // B's work is borrowed (acme/dev has a ceiling, no guarantee): the burst rate. Run one
     // more on node B, then stop everything.
@@ -349,18 +387,37 @@ fn bill_and_prove(fleet: &Fleet) -> String {
     let (code, body) = http(&url, "POST", &path, Some(&node_token(NA)), Some(&replay)).unwrap();
     assert_eq!(code, 409, "{body}");
     assert!(body.contains("replayed"), "{body}");
-    // Forged: node B's key (its operator holds it, and A's token leaked) signing as node A.
+    // Forged: node B's key (its operator holds it, and A's token leaked) signing, as node A,
+    // a made-up run (a copy of A's last one under a new id) that extends A's chain exactly
+    // where the coordinator holds it: the links recompute and the segment is next, so only
+    // the signature stops it.
     let b_key = fleet::signing::load_signing_key(&b.state.join("fleet/node.key")).unwrap();
     let forger = fleet::signing::Signer::new(b_key);
-    let mut fake = seg.intervals.clone();
-    let last = fake.len() - 1;
-    fake[last].gpu_seconds *= 10.0;
+    let head = a_proof.heads.iter().find(|h| h.ledger_id == seg.signed.ledger_id).unwrap();
+    let last = a_proof.segments.iter().flat_map(|s| &s.intervals).last().unwrap();
+    let seq = head.seq + 1;
+    let mut made_up = last.clone();
+    made_up.id = metering::IntervalId(format!("{NA}-{}-{}", seg.signed.ledger_id, 1000 + seq));
+    made_up.start.container_id = "made-up".into();
+    let hash = made_up.expected_hash(&head.hash, seq);
+    made_up.chain = Some(metering::ChainLink { seq, prev: head.hash.clone(), hash });
+    let fake = vec![made_up];
     let forged = fleet::proof::sign_segment(&forger, NA, &seg.signed.ledger_id, &fake).unwrap();
-    let body_bytes =
-        serde_json::to_vec(&fleet::UsageUpload { intervals: fake, segment: Some(forged) }).unwrap();
-    let (code, body) = http(&url, "POST", &path, Some(&node_token(NA)), Some(&body_bytes)).unwrap();
-    assert_eq!(code, 403, "{body}");
-    assert!(body.contains("wrong-key") || body.contains("forged"), "{body}");
+    // Once naming B's key (wrong-key), once claiming A's key id (forged: the signature is
+    // what is checked, not the name of the key).
+    let mut claims_a = forged.clone();
+    claims_a.key_id = seg.signed.key_id.clone();
+    for (segment, kind) in [(forged, "wrong-key"), (claims_a, "forged")] {
+        let body_bytes = serde_json::to_vec(&fleet::UsageUpload {
+            intervals: fake.clone(),
+            segment: Some(segment),
+        })
+        .unwrap();
+        let (code, body) =
+            http(&url, "POST", &path, Some(&node_token(NA)), Some(&body_bytes)).unwrap();
+        assert_eq!(code, 403, "{kind}: {body}");
+        assert!(body.contains(kind), "{kind}: {body}");
+    }
     let after = f(&fleet.fleet_usage("team")["report"]["total"], "gpu_seconds");
     assert_eq!(after, before, "nothing refused was counted");
     let refusals = fleet.admin_get("/v1/audit/refusals").unwrap();
@@ -372,7 +429,7 @@ fn bill_and_prove(fleet: &Fleet) -> String {
         .filter_map(|r| r["why"].as_str()?.split(':').next())
         .collect();
     assert!(
-        kinds.contains(&"replayed-or-out-of-order") && kinds.contains(&"wrong-key"),
+        ["replayed-or-out-of-order", "wrong-key", "forged"].iter().all(|k| kinds.contains(k)),
         "{refusals:#}"
     );
 

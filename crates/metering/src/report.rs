@@ -612,7 +612,11 @@ pub fn aggregate(spans: &[Span], q: &UsageQuery) -> Result<UsageReport, LedgerEr
     // The floors: each path's own guarantee over [from, min(to, as_of)).
     let floor_end = q.to_ms.min(terms.as_of_ms.unwrap_or(q.to_ms));
     let floor_ms = u128::from(floor_end.saturating_sub(q.from_ms));
-    for ((path, model), own) in terms.own_floors() {
+    let own_floors = terms.own_floors();
+    // Where floors stop matters only where there are floors: a report without any stays
+    // byte-identical from one query to the next.
+    let floors_until_ms = (terms.bill_floors && !own_floors.is_empty()).then_some(floor_end);
+    for ((path, model), own) in own_floors {
         let used = floor_used.remove(&(path.clone(), model.clone())).unwrap_or(0);
         // micro-GPUs x ms / 1000 = micro-GPU-seconds.
         let floor_gs = if terms.bill_floors { u128::from(own) * floor_ms / 1000 } else { 0 };
@@ -701,7 +705,7 @@ pub fn aggregate(spans: &[Span], q: &UsageQuery) -> Result<UsageReport, LedgerEr
         open_intervals: open,
         unpriced_models: unpriced.into_iter().collect(),
         floors_billed: terms.bill_floors,
-        floors_until_ms: terms.bill_floors.then_some(floor_end),
+        floors_until_ms,
         preempted: terms.preempted,
         under_driven: crate::idle::under_driven(spans, q.from_ms, q.to_ms),
     })
