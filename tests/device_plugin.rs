@@ -20,7 +20,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use device_plugin::server::{connect, socket_name};
+use device_plugin::authority::Rewriter;
+use device_plugin::server::socket_name;
 use device_plugin::v1beta1 as api;
 use tessera_api::deviceplugin::ASSIGNMENT_ANNOTATION;
 use tessera_harness::node::*;
@@ -50,6 +51,103 @@ const RESOURCES: [&str; 10] = [
     MIG_4G,
     MIG_7G,
 ];
+
+/// What every kubelet before 1.26 sends as `:authority` to a plugin: the socket's path
+/// (grpc-go dialing a bare path; kubernetes#112597 made it `localhost` in 1.26).
+const KUBELET_AUTHORITY: &[u8] = b"/var/lib/kubelet/device-plugins/tessera-gpu.sock";
+
+fn as_kubelet_before_1_26(name: &[u8], _: &[u8]) -> Option<Vec<u8>> {
+    (name == b":authority").then(|| KUBELET_AUTHORITY.to_vec())
+}
+
+/// The stand-in's side of a plugin connection, as a kubelet of 1.20 writes it: the
+/// request headers re-encoded with the socket's path as `:authority`.
+struct AsOldKubelet {
+    inner: tokio::net::UnixStream,
+    rewriter: Rewriter,
+    sent: usize,
+}
+
+impl AsOldKubelet {
+    fn drain(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        use tokio::io::AsyncWrite;
+        while self.sent < self.rewriter.output().len() {
+            let out = &self.rewriter.output()[self.sent..];
+            match std::pin::Pin::new(&mut self.inner).poll_write(cx, out) {
+                std::task::Poll::Ready(Ok(n)) => self.sent += n,
+                std::task::Poll::Ready(Err(e)) => return std::task::Poll::Ready(Err(e)),
+                std::task::Poll::Pending => return std::task::Poll::Pending,
+            }
+        }
+        self.rewriter.output().clear();
+        self.sent = 0;
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncRead for AsOldKubelet {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for AsOldKubelet {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.drain(cx)?.is_pending() {
+            return std::task::Poll::Pending;
+        }
+        self.rewriter.feed(buf)?;
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.drain(cx)?.is_pending() {
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.drain(cx)?.is_pending() {
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A gRPC channel to a plugin socket as kubelet 1.20 opens it (see [`AsOldKubelet`]).
+async fn connect_as_kubelet(
+    path: &Path,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let p = path.to_path_buf();
+    tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_timeout(Duration::from_secs(5))
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let p = p.clone();
+            async move {
+                let inner = tokio::net::UnixStream::connect(p).await?;
+                let s = AsOldKubelet {
+                    inner,
+                    rewriter: Rewriter::new(as_kubelet_before_1_26),
+                    sent: 0,
+                };
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+}
 
 /// kubelet's registration service: records every request.
 #[derive(Debug, Clone, Default)]
@@ -125,7 +223,7 @@ fn watch_lists(rt: &Runtime, dir: &Path, resource: &str, lists: &Lists) {
         (dir.join(socket_name(resource)), resource.to_string(), lists.clone());
     rt.spawn(async move {
         loop {
-            if let Ok(channel) = connect(&sock).await {
+            if let Ok(channel) = connect_as_kubelet(&sock).await {
                 let mut client = api::device_plugin_client::DevicePluginClient::new(channel);
                 if let Ok(stream) = client.list_and_watch(api::Empty {}).await {
                     let mut stream = stream.into_inner();
@@ -177,7 +275,7 @@ fn plugin(
     dir: &Path,
     resource: &str,
 ) -> api::device_plugin_client::DevicePluginClient<tonic::transport::Channel> {
-    let channel = rt.block_on(connect(&dir.join(socket_name(resource)))).unwrap();
+    let channel = rt.block_on(connect_as_kubelet(&dir.join(socket_name(resource)))).unwrap();
     api::device_plugin_client::DevicePluginClient::new(channel)
 }
 
@@ -518,6 +616,24 @@ fn a_kubelet_assignment_written_by_a_config_author_or_replayed_is_refused_and_ch
         ..Default::default()
     });
     node.fx.cleanup().track_dir(&files);
+    // No kubelet yet: said so. No MPS control daemon here (no --mps-control, none on
+    // PATH): no MPS endpoint, while the others are served.
+    assert!(
+        wait_for(|| dir.join(socket_name(GPU)).exists(), Duration::from_secs(10)),
+        "{}",
+        node.daemon.stderr()
+    );
+    assert!(
+        wait_for(|| node.daemon.stderr().contains("waiting for kubelet"), Duration::from_secs(10)),
+        "{}",
+        node.daemon.stderr()
+    );
+    assert!(!dir.join(socket_name(MPS)).exists(), "MPS offered without a control daemon");
+    assert!(
+        node.daemon.stderr().contains("tessera.io/mps is not advertised"),
+        "{}",
+        node.daemon.stderr()
+    );
     let status = node.client().status().unwrap();
     let mig0 = status.gpus[0].clone();
     assert!(mig0.mig_enabled && mig0.instances.len() == 3, "{mig0:?}");
@@ -585,4 +701,188 @@ fn a_kubelet_assignment_written_by_a_config_author_or_replayed_is_refused_and_ch
     let map: BTreeMap<String, String> = serde_json::from_str(&text).unwrap();
     assert_eq!(map.keys().collect::<Vec<_>>(), ["kube-a"], "{text}");
     assert_eq!(instances(&node), before);
+}
+
+/// Queues an XID event on the simulated node, as the driver would report it
+/// (`<state>/sim/xid/<name>.json`, written whole: a temp file renamed into place).
+fn inject_xid(node: &Node, gpu: &str, xid: u64, gi: Option<u32>) {
+    let dir = node.state.join("sim/xid");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut ev = serde_json::json!({"gpu_uuid": gpu, "xid": xid});
+    if let Some(gi) = gi {
+        ev["gi_id"] = gi.into();
+        ev["ci_id"] = 0.into();
+    }
+    let name = format!("{}-{xid}", unique_name());
+    let tmp = dir.join(format!("{name}.tmp"));
+    std::fs::write(&tmp, ev.to_string()).unwrap();
+    std::fs::rename(&tmp, dir.join(format!("{name}.json"))).unwrap();
+}
+
+/// Issue 26: an XID on a MIG instance quarantines exactly that instance — kubelet sees it
+/// unhealthy, the CDI spec drops the profile only it offered, no grant lands there — and
+/// an uncontained one the whole GPU; the holder on it is told.
+#[test]
+fn an_xid_quarantines_exactly_its_scope_for_kubelet_cdi_and_grants() {
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let files = short_tempdir();
+    let (dir, cdi) = (files.join("dp"), files.join("cdi"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let node_file = files.join("xid-node.json");
+    std::fs::write(
+        &node_file,
+        r#"{"node": "sim-xid-0", "gpus": [
+            {"model": "H100-80GB", "mig": [{"profile": "1g.10gb", "start": 0},
+                {"profile": "1g.10gb", "start": 1}, {"profile": "3g.40gb", "start": 4}]},
+            {"model": "H100-80GB"}, {"model": "H100-80GB"}]}"#,
+    )
+    .unwrap();
+    let _kubelet = Kubelet::start(&rt, &dir);
+    let node = Node::start_with(NodeOptions {
+        node_file,
+        extra_args: vec![
+            "--no-dynamic-mig".into(),
+            "--device-plugin-dir".into(),
+            dir.display().to_string(),
+            "--cdi-spec-dir".into(),
+            cdi.display().to_string(),
+        ],
+        ..Default::default()
+    });
+    node.fx.cleanup().track_dir(&files);
+    let st = node.client().status().unwrap();
+    let mig_gpu = st.gpus[0].clone();
+    let three = mig_gpu.instances.iter().find(|i| i.profile == "3g.40gb").unwrap().clone();
+    let lists: Lists = Arc::default();
+    for r in [GPU, MIG_1G, MIG_3G] {
+        watch_lists(&rt, &dir, r, &lists);
+    }
+    wait_lists(&lists, "the healthy node", |l| {
+        count(l, GPU) == 2 && count(l, MIG_1G) == 2 && count(l, MIG_3G) == 1
+    });
+    let spec = || std::fs::read_to_string(cdi.join("tessera.yaml")).unwrap_or_default();
+    assert!(spec().contains("mig-3g.40gb") && spec().contains("mig-1g.10gb"), "{}", spec());
+
+    // A holder on the MIG GPU (an annotation request: unhealthy to kubelet, not gone).
+    let b = node.bundle("held", "team-untrusted", Some("mig=1g.10gb"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "held");
+    wait_lists(&lists, "the held instance", |l| count(l, MIG_1G) == 1);
+
+    // XID 94 (contained) on the 3g instance: it alone.
+    inject_xid(&node, &mig_gpu.uuid, 94, Some(three.gi_id));
+    wait_lists(&lists, "the 3g instance quarantined", |l| {
+        count(l, MIG_3G) == 0 && listed(l, MIG_3G).contains(&three.uuid)
+    });
+    assert!(wait_for(|| !spec().contains("mig-3g.40gb"), Duration::from_secs(10)), "{}", spec());
+    assert!(spec().contains("mig-1g.10gb"), "the other instances still offer theirs");
+    assert_eq!((count(&lists, MIG_1G), count(&lists, GPU)), (1, 2), "nothing else changed");
+    let b = node.bundle("on-3g", "team-untrusted", Some("mig=3g.40gb"), &["true"]);
+    let out = node.fx.run_container(&b, "on-3g");
+    out.assert_failure("a grant on the quarantined instance");
+    assert!(out.stderr_str().contains("quarantined"), "{}", out.stderr_str());
+
+    // XID 95 (uncontained) on the GPU: all of it; the holder is told; the others stay.
+    inject_xid(&node, &mig_gpu.uuid, 95, None);
+    wait_lists(&lists, "the whole MIG GPU quarantined", |l| count(l, MIG_1G) == 0);
+    assert!(wait_for(|| !spec().contains("mig-"), Duration::from_secs(10)), "{}", spec());
+    assert_eq!(count(&lists, GPU), 2, "the other GPUs stay healthy");
+    let st = node.client().status().unwrap();
+    assert!(st.gpus[0].instances.iter().all(|i| i.state == tessera_api::DeviceState::Quarantined));
+    let told = st.events.iter().any(|e| {
+        e.kind == "xid" && e.container_id.as_deref() == Some("held") && e.detail.contains("XID 95")
+    });
+    assert!(told, "the holder is told: {:?}", st.events);
+    assert!(node.fx.status("held").as_deref() == Some("running"), "told, not stopped (policy)");
+}
+
+/// The first list kubelet gets for `resource`: id -> the NUMA nodes in its `TopologyInfo`.
+fn numa_of(rt: &Runtime, dir: &Path, resource: &str) -> BTreeMap<String, Vec<i64>> {
+    let mut c = plugin(rt, dir, resource);
+    let mut stream = rt.block_on(c.list_and_watch(api::Empty {})).unwrap().into_inner();
+    let first = rt.block_on(stream.message()).unwrap().unwrap();
+    first
+        .devices
+        .into_iter()
+        .map(|d| {
+            (d.id, d.topology.map(|t| t.nodes.iter().map(|n| n.id).collect()).unwrap_or_default())
+        })
+        .collect()
+}
+
+/// Issue 26, topology: on a node of two NVLink pairs on two NUMA nodes, kubelet sees each
+/// GPU's NUMA node; `gpu=2` lands on a pair and says so in the grant; the container's CPU
+/// set follows its GPUs (`topology.pin_cpus`); another tenant is kept out of an NVLink
+/// domain one tenant holds a GPU of (`topology.isolate_nvlink_domains`).
+#[test]
+fn gpu_2_lands_on_an_nvlink_pair_kubelet_sees_numa_nodes_and_cpus_follow_the_gpus() {
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let files = short_tempdir();
+    let dir = files.join("dp");
+    std::fs::create_dir_all(&dir).unwrap();
+    // The host's highest online CPU stands for the second NUMA node's CPUs.
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    let last: u32 = online.trim().rsplit(['-', ',']).next().unwrap().parse().unwrap();
+    let node_file = files.join("topo-node.json");
+    std::fs::write(
+        &node_file,
+        format!(
+            r#"{{"node": "sim-topo-0", "gpus": [
+            {{"model": "H100-80GB", "nvlink": [1], "numa_node": 0, "cpus": "0"}},
+            {{"model": "H100-80GB", "nvlink": [0], "numa_node": 0, "cpus": "0"}},
+            {{"model": "H100-80GB", "nvlink": [3], "numa_node": 1, "cpus": "{last}"}},
+            {{"model": "H100-80GB", "nvlink": [2], "numa_node": 1, "cpus": "{last}"}}]}}"#
+        ),
+    )
+    .unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).unwrap()).unwrap();
+    v["topology"] = serde_json::json!({"pin_cpus": true, "isolate_nvlink_domains": true});
+    let policy = files.join("policy.json");
+    std::fs::write(&policy, v.to_string()).unwrap();
+    let _kubelet = Kubelet::start(&rt, &dir);
+    let node = Node::start_with(NodeOptions {
+        policy,
+        node_file,
+        extra_args: vec!["--device-plugin-dir".into(), dir.display().to_string()],
+        ..Default::default()
+    });
+    node.fx.cleanup().track_dir(&files);
+    let gpus: Vec<String> =
+        node.client().status().unwrap().gpus.into_iter().map(|g| g.uuid).collect();
+    assert!(wait_for(|| dir.join(socket_name(GPU)).exists(), Duration::from_secs(10)));
+    let numa = numa_of(&rt, &dir, GPU);
+    let want: BTreeMap<String, Vec<i64>> =
+        gpus.iter().zip([0, 0, 1, 1]).map(|(g, n)| (g.clone(), vec![n])).collect();
+    assert_eq!(numa, want, "kubelet's TopologyInfo");
+    // (No MPS here: it is advertised only where the MPS control binary exists.)
+    assert!(!dir.join(socket_name(MPS)).exists(), "MPS without its control binary");
+    let shared = numa_of(&rt, &dir, SHARED);
+    assert_eq!(shared[&format!("{}:shared:0", gpus[3])], [1], "every id of a GPU carries it");
+
+    // One GPU, then two: the two land on the whole pair (first-fit would take GPUs 1, 2).
+    let b = node.bundle("one", "team-untrusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "one");
+    assert_eq!(node.client().allocation("one").unwrap().devices[0].uuid, gpus[0]);
+    let b = node.bundle("two", "team-untrusted", Some("gpu=2"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "two");
+    let a = node.client().allocation("two").unwrap();
+    let got: Vec<&str> = a.devices.iter().map(|d| d.uuid.as_str()).collect();
+    assert_eq!(got, [gpus[2].as_str(), gpus[3].as_str()], "an NVLink pair");
+    assert_eq!(a.topology.as_deref(), Some("NVLink domain 1, NUMA node 1"), "the grant says so");
+    let status = node.fx.exec("two", &["cat", "/proc/self/status"]);
+    status.assert_success("exec");
+    let cpus = status
+        .stdout_str()
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:").map(|v| v.trim().to_string()))
+        .unwrap();
+    assert_eq!(cpus, last.to_string(), "the CPU set follows the GPUs");
+
+    // Another tenant: GPU 1 is free, but its NVLink domain holds the first tenant's GPU 0.
+    let b = node.bundle("three", "team-dev", Some("gpu=1"), &["true"]);
+    let out = node.fx.run_container(&b, "three");
+    out.assert_failure("kept out of the other tenant's NVLink domain");
+    assert!(out.stderr_str().contains("isolate_nvlink_domains"), "{}", out.stderr_str());
 }

@@ -216,8 +216,28 @@ fn per_container_annotations_give_one_grant_per_asking_container_and_none_to_the
     let learner = c.start(&pod_id, &pod, "learner").unwrap_or_else(|e| panic!("{e}"));
     let actor = c.start(&pod_id, &pod, "actor").unwrap_or_else(|e| panic!("{e}"));
     let logger = c.start(&pod_id, &pod, "logger").unwrap_or_else(|e| panic!("{e}"));
+    // A container whose name the annotation misspells asks for nothing, and its log says
+    // so (the runtime's stderr is the container's while runc creates it); the others' do not.
+    let lerner = c.start(&pod_id, &pod, "lerner").unwrap_or_else(|e| panic!("{e}"));
+    let log = |name: &str| c.cri.container_output(&pod, &ContainerSpec::new(name));
+    assert!(
+        wait_for(
+            || {
+                log("lerner").contains("warning: annotation tessera.io/gpu.learner asks for a container named `learner`, and this one is `lerner`")
+            },
+            Duration::from_secs(5)
+        ),
+        "{}",
+        log("lerner")
+    );
+    assert!(
+        !log("logger").contains("warning") && !log("learner").contains("warning"),
+        "{}",
+        log("logger")
+    );
     let allocs = c.allocations();
     let by_id = |id: &str| allocs.iter().find(|a| a.container_id == id);
+    assert!(by_id(&lerner).is_none());
     assert_eq!(allocs.len(), 2, "{allocs:?}");
     assert_eq!(by_id(&learner).unwrap().request.to_string(), "gpu=1");
     assert_eq!(by_id(&actor).unwrap().request.to_string(), "mig=1g.10gb");
@@ -266,7 +286,11 @@ fn a_bare_annotation_on_a_two_container_pod_is_refused_with_the_per_container_fo
 fn an_untrusted_namespace_asking_mps_is_refused_naming_the_rule() {
     let c = cluster();
     let (pod, pod_id) = c.pod("mps", "team-untrusted", &[("tessera.io/gpu.main", "mps=25")]);
-    let err = c.start(&pod_id, &pod, "main").expect_err("refused");
+    // containerd 1.6's CreateContainer runs no runtime: the refusal comes from
+    // StartContainer (kubelet shows RunContainerError; docs/KUBERNETES.md).
+    let spec = ContainerSpec::new("main").command(&["sh", "-c", "sleep 300"]);
+    let id = c.cri.create_container(&pod_id, &pod, &spec).expect("CreateContainer");
+    let err = c.cri.start_container(&id).expect_err("refused at StartContainer");
     assert!(err.message().contains("tiers.untrusted.allow"), "{err}");
     assert!(c.allocations().is_empty());
     c.teardown(&pod_id);
@@ -697,4 +721,167 @@ fn an_in_place_resize_of_a_gpu_container_is_held_to_its_quotas() {
     drop(ctd);
     drop(node);
     assert_no_leftovers(&fp);
+}
+
+/// A node that ran nvidia-container-toolkit (its runtime containerd's CRI default),
+/// configured only by `tessera setup containerd --replace-nvidia`: NVIDIA's handler is
+/// gone and every pod, RuntimeClass or not, runs through tessera-runtime, so its GPU
+/// request is Tessera's to grant.
+#[test]
+fn a_node_set_up_from_nvidia_toolkit_runs_every_pod_through_tessera() {
+    let c = cluster_with(|config, dir| {
+        let nct = dir.join("nvidia-container-runtime");
+        std::fs::write(&nct, "#!/bin/sh\nexec runc \"$@\"\n").unwrap();
+        run_cmd(Command::new("chmod").arg("755").arg(&nct)).assert_success("chmod");
+        let mut doc: toml_edit::DocumentMut =
+            std::fs::read_to_string(config).unwrap().parse().unwrap();
+        let ctd = &mut doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"];
+        ctd["default_runtime_name"] = toml_edit::value("nvidia");
+        let mut rt = toml_edit::Table::new();
+        rt["runtime_type"] = toml_edit::value("io.containerd.runc.v2");
+        let mut opts = toml_edit::Table::new();
+        opts["BinaryName"] = toml_edit::value(nct.to_string_lossy().into_owned());
+        opts["Root"] = toml_edit::value(
+            Containerd::runtime_root_in(dir, "nvidia").to_string_lossy().into_owned(),
+        );
+        rt["options"] = toml_edit::Item::Table(opts);
+        ctd["runtimes"]["nvidia"] = toml_edit::Item::Table(rt);
+        std::fs::write(config, doc.to_string()).unwrap();
+        let empty = dir.join("no-nvidia-files");
+        std::fs::create_dir_all(&empty).unwrap();
+        let setup = |extra: &[&str]| {
+            run_cmd(
+                Command::new(tessera_cli())
+                    .args(["setup", "containerd", "--config"])
+                    .arg(config)
+                    .arg("--runtime-path")
+                    .arg(tessera_runtime())
+                    .arg("--runtime-dir")
+                    .arg(dir.join("tessera-runtime"))
+                    .arg("--cdi-dir")
+                    .arg(&empty)
+                    .arg("--hooks-dir")
+                    .arg(&empty)
+                    .args(extra),
+            )
+        };
+        let out = setup(&["--dry-run"]);
+        out.assert_success("dry run");
+        assert!(
+            out.stderr_str().contains("default_runtime_name `nvidia`")
+                && out.stderr_str().contains("--replace-nvidia"),
+            "{}",
+            out.stderr_str()
+        );
+        let out = setup(&["--replace-nvidia"]);
+        out.assert_success("setup containerd --replace-nvidia");
+        assert!(out.stdout_str().contains("disabled"), "{}", out.stdout_str());
+        // The fixture's own runc root for the handler, as setup_handler does.
+        let mut doc: toml_edit::DocumentMut =
+            std::fs::read_to_string(config).unwrap().parse().unwrap();
+        let ctd = &mut doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"];
+        assert_eq!(ctd["default_runtime_name"].as_str(), Some("tessera"));
+        assert!(ctd["runtimes"].get("nvidia").is_none());
+        ctd["runtimes"]["tessera"]["options"]["Root"] = toml_edit::value(
+            Containerd::runtime_root_in(dir, "tessera").to_string_lossy().into_owned(),
+        );
+        std::fs::write(config, doc.to_string()).unwrap();
+    });
+    // No RuntimeClass: the default handler, Tessera's now.
+    let pod = PodSpec::new("plain", "team-untrusted").annotation("tessera.io/gpu", "gpu=1");
+    let pod_id = c.cri.run_pod_sandbox(&pod).unwrap_or_else(|e| panic!("{e}\n{}", c.ctd.log()));
+    let id = c.start(&pod_id, &pod, "main").unwrap_or_else(|e| panic!("{e}"));
+    let allocs = c.allocations();
+    assert_eq!(allocs.len(), 1, "{allocs:?}");
+    assert_eq!(
+        (allocs[0].container_id.as_str(), allocs[0].request.to_string()),
+        (id.as_str(), "gpu=1".into())
+    );
+    // NVIDIA's handler is gone.
+    let nvidia = PodSpec::new("nv", "team-untrusted").handler("nvidia");
+    let e = c.cri.run_pod_sandbox(&nvidia).expect_err("no nvidia handler");
+    assert!(e.to_string().contains("nvidia"), "{e}");
+    c.teardown(&pod_id);
+    let fp = c.ctd.footprint();
+    drop(c);
+    assert_no_leftovers(&fp);
+}
+
+/// INSTALL's hardening followed halfway, both ways: `tessera setup containerd` runs
+/// `tessera doctor`'s check on what it would write and refuses, writing nothing; the
+/// message says what to change. With the cure in place it writes.
+#[test]
+fn setup_containerd_refuses_the_identity_traps() {
+    let dir = short_tempdir();
+    let cleanup = Cleanup::new();
+    cleanup.track_dir(&dir);
+    let example: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).unwrap()).unwrap();
+    let write_policy = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut p = example.clone();
+        edit(&mut p);
+        let f = dir.join(name);
+        std::fs::write(&f, serde_json::to_vec_pretty(&p).unwrap()).unwrap();
+        f
+    };
+    let engine_first = write_policy("engine-first.json", &|p| {
+        p["identity"].as_array_mut().unwrap().insert(
+            0,
+            serde_json::json!({"annotation": "tessera.io/engine", "map": {"docker-alice": "acme/trusted/training/alice"}}),
+        );
+    });
+    let cri_limited = write_policy("cri-limited.json", &|p| {
+        p["identity"][0]["engines"] = serde_json::json!(["containerd-k8s"]);
+    });
+    let config = dir.join("config.toml");
+    let runtime_dir = dir.join("rt");
+    std::fs::create_dir_all(&runtime_dir).unwrap();
+    let handler_toml = runtime_dir.join("containerd-tessera.toml");
+    let setup = |policy: &Path| {
+        run_cmd(
+            Command::new(tessera_cli())
+                .args(["setup", "containerd", "--config"])
+                .arg(&config)
+                .args(["--runtime-path", "/usr/local/bin/tessera-runtime", "--runtime-dir"])
+                .arg(&runtime_dir)
+                .arg("--policy")
+                .arg(policy)
+                .arg("--cdi-dir")
+                .arg(&dir)
+                .arg("--hooks-dir")
+                .arg(&dir),
+        )
+    };
+    // The handler names its engine; an engine rule without `engines` reads it first.
+    std::fs::write(&config, "version = 2\n").unwrap();
+    std::fs::write(&handler_toml, "engine = \"containerd-k8s\"\n").unwrap();
+    let out = setup(&engine_first);
+    out.assert_failure("an engine rule that refuses every pod");
+    let err = out.stderr_str();
+    assert!(
+        err.contains("does not map `containerd-k8s`")
+            && err.contains("\"engines\": [\"docker-alice\"]"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), "version = 2\n", "nothing written");
+    assert!(std::fs::symlink_metadata(runtime_dir.join("containerd-tessera")).is_err(), "no link");
+    // The reverse: the CRI rule limited to an engine the handler does not name.
+    std::fs::remove_file(&handler_toml).unwrap();
+    let out = setup(&cri_limited);
+    out.assert_failure("pods billed to the default tenant");
+    assert!(
+        out.stderr_str().contains("billed to the default tenant acme/untrusted/sandbox/guest")
+            && out.stderr_str().contains("add `engine = \"containerd-k8s\"`"),
+        "{}",
+        out.stderr_str()
+    );
+    // The cure: the handler names the engine the rule is limited to.
+    std::fs::write(&handler_toml, "engine = \"containerd-k8s\"\n").unwrap();
+    let out = setup(&cri_limited);
+    out.assert_success("setup with the cure");
+    assert!(
+        out.stdout_str().contains("doctor: containerd runtime `tessera`"),
+        "{}",
+        out.stdout_str()
+    );
 }

@@ -131,7 +131,7 @@ fn hostile_cases() -> Vec<(&'static str, Edit, &'static str)> {
             Box::new(|c: &mut Value, _| {
                 c["linux"]["namespaces"].as_array_mut().unwrap().retain(|n| n["type"] != "pid")
             }),
-            "the host's pid namespace",
+            "no pid namespace of its own",
         ),
         (
             "pid-ns-of-the-host",
@@ -142,7 +142,7 @@ fn hostile_cases() -> Vec<(&'static str, Edit, &'static str)> {
                     }
                 }
             }),
-            "the host's pid namespace",
+            "no pid namespace of its own",
         ),
     ]
 }

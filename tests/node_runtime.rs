@@ -187,17 +187,18 @@ fn untrusted_annotations_and_image_env_cannot_change_the_tenant() {
     out.assert_failure("spoofed identity");
     assert!(out.stderr_str().contains("acme/untrusted/sandbox/guest"), "{}", out.stderr_str());
 
-    // No trusted annotation at all: nobody is identified, and the env does not help.
+    // No trusted annotation at all: the policy's default tenant (untrusted), whatever the
+    // env says.
     let mut b = node.fx.bundle("anon");
     b.args(&["true"])
-        .env("TESSERA_GPU=gpu=1")
+        .env("TESSERA_GPU=mps=25")
         .env("TESSERA_TENANT=acme/trusted/training/alice")
         .write();
     let out = node.fx.run_container(&b, "anon");
     out.assert_failure("unidentified container");
     assert!(
-        out.stderr_str().contains(NS),
-        "should say which annotation identifies tenants:\n{}",
+        out.stderr_str().contains("tenant acme/untrusted/sandbox/guest (trust untrusted)"),
+        "should land on the default tenant:\n{}",
         out.stderr_str()
     );
 

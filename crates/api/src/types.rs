@@ -235,6 +235,18 @@ pub struct Injection {
     /// allow rule of these majors from the config, whatever the grant is.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_majors: Vec<i64>,
+    /// The CPUs and memory nodes close to the granted GPUs (`topology.pin_cpus`):
+    /// tessera-runtime writes them into `linux.resources.cpu`. Absent: left as configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpuset: Option<CpuSet>,
+}
+
+/// A CPU set and its memory nodes, as Linux CPU lists (`0-15`, `0`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuSet {
+    pub cpus: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mems: Option<String>,
 }
 
 /// One device a grant covers: a whole GPU or a MIG instance.
@@ -301,6 +313,43 @@ pub struct Allocation {
     /// topology premium (`prices.<model>.nvlink_premium_per_gpu_hour`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvlink_domain: Option<u32>,
+    /// Where a multi-GPU grant sits in the node's topology, in words (`NVLink domain 1,
+    /// NUMA node 0`); absent where the node's topology is unknown or the grant is not of
+    /// whole GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<String>,
+    /// What the container declared itself (`tessera.io/class`) or its tenant's policy
+    /// default: latency-sensitive containers are protected from interference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<WorkloadClass>,
+}
+
+/// What a container says it is, for interference detection (`tessera.io/class`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkloadClass {
+    /// Latency-sensitive: protected when a co-tenant degrades it.
+    Latency,
+    /// Throughput work: never a victim, may be an aggressor.
+    Batch,
+}
+
+impl WorkloadClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkloadClass::Latency => "latency",
+            WorkloadClass::Batch => "batch",
+        }
+    }
+
+    /// The class an annotation value names (exactly `latency` or `batch`).
+    pub fn parse(s: &str) -> Option<WorkloadClass> {
+        match s {
+            "latency" => Some(WorkloadClass::Latency),
+            "batch" => Some(WorkloadClass::Batch),
+            _ => None,
+        }
+    }
 }
 
 /// Whether a grant runs within its tenant's quota guarantees or on borrowed capacity (the
@@ -671,6 +720,12 @@ pub struct NodeStatus {
     /// that the reconciler has looked at the node again.
     #[serde(default)]
     pub reconcile_passes: u64,
+    /// Whether MIG instances are cut on demand here (tesserad without `--no-dynamic-mig`
+    /// and no layout declared for the node): then every profile of a MIG-mode GPU's model
+    /// can be granted, else only the instances already cut. Absent (an older tesserad):
+    /// only what is cut.
+    #[serde(default)]
+    pub mig_cut_on_demand: bool,
     /// The node's own key, which signs its usage uploads (`STATE/fleet/node.key`): what the
     /// operator pins at the coordinator (`tessera nodes register-key NODE PUBLIC_KEY`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

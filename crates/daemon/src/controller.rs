@@ -92,12 +92,20 @@ pub enum Action {
     Reconcile,
     /// Read ECC counts (outside the lock) and quarantine GPUs whose count rose.
     CheckEcc,
+    /// Drain XID events (outside the lock), quarantine what each reached, tell and (by
+    /// policy) stop the holders.
+    CheckFaults,
     /// The ledger heartbeat (also once at a clean stop).
     Checkpoint,
     /// Per-process utilisation (read outside the lock) into the open intervals.
     SampleUtilization,
     /// Scrub every device that needs it, one after the other (each outside the lock).
     Scrub,
+    /// Device and per-process telemetry (read outside the lock), mapped to containers; the
+    /// interference detector's sample, and its throttles and stops (outside the lock).
+    SampleTelemetry,
+    /// `GET /v1/telemetry`: the last sample.
+    Telemetry,
     /// Ping and check the caps of every MPS control daemon (outside the lock).
     MpsHealthCheck,
 
@@ -165,9 +173,12 @@ impl Action {
             Action::ReloadPolicy => "policy reload",
             Action::Reconcile => "reconcile",
             Action::CheckEcc => "ECC check",
+            Action::CheckFaults => "XID fault check",
             Action::Checkpoint => "ledger checkpoint",
             Action::SampleUtilization => "utilisation sampling",
             Action::Scrub => "scrub",
+            Action::SampleTelemetry => "telemetry sampling",
+            Action::Telemetry => "telemetry read",
             Action::MpsHealthCheck => "MPS health check",
             Action::ResumeMps => "resuming MPS supervision",
             Action::ResumeMetering => "resuming metering",
@@ -195,6 +206,7 @@ impl Action {
                 | Action::Unquarantine(_)
                 | Action::Reconcile
                 | Action::CheckEcc
+                | Action::CheckFaults
                 | Action::Scrub
                 | Action::SetPolicy(_)
                 | Action::ReloadPolicy
@@ -221,7 +233,8 @@ impl Action {
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum Outcome {
-    Allocation(Allocation),
+    /// Boxed: an allocation is the largest answer by far.
+    Allocation(Box<Allocation>),
     Allocations(Vec<Allocation>),
     Released {
         released: bool,
@@ -252,6 +265,7 @@ pub enum Outcome {
     /// The Prometheus text.
     #[serde(skip)]
     Metrics(String),
+    Telemetry(Box<tessera_api::telemetry::NodeTelemetry>),
     #[serde(skip)]
     WatchTarget(Option<(i32, Option<u64>)>),
     #[serde(skip)]
@@ -417,9 +431,9 @@ impl Controller {
     fn dispatch(&self, action: Action) -> Result<Outcome, ApiError> {
         use Outcome as O;
         match action {
-            Action::Allocate(req) => self.allocate(&req).map(O::Allocation),
+            Action::Allocate(req) => self.allocate(&req).map(|a| O::Allocation(Box::new(a))),
             Action::Start { container_id, req } => {
-                self.locked(|n| n.start(&container_id, &req)).map(O::Allocation)
+                self.locked(|n| n.start(&container_id, &req)).map(|a| O::Allocation(Box::new(a)))
             }
             Action::Release { container_id, req } => self
                 .locked(|n| n.release_removed(&container_id, &req))
@@ -430,7 +444,9 @@ impl Controller {
                 self.tell_books(to_books);
                 Ok(O::Update(answer))
             }
-            Action::Allocation(id) => self.locked(|n| n.allocation(&id)).map(O::Allocation),
+            Action::Allocation(id) => {
+                self.locked(|n| n.allocation(&id)).map(|a| O::Allocation(Box::new(a)))
+            }
             Action::Allocations => self.locked(|n| n.allocations()).map(O::Allocations),
             Action::Status => {
                 let _round = self.mps_round();
@@ -447,8 +463,11 @@ impl Controller {
             }
             Action::Metrics => {
                 let _round = self.mps_round();
-                self.locked(|n| Ok(crate::metrics::render(&n.status()?, &n.intervals()?)))
-                    .map(O::Metrics)
+                self.locked(|n| {
+                    Ok(crate::metrics::render(&n.status()?, &n.intervals()?)
+                        + &crate::metrics::render_telemetry(&n.telemetry_metrics()))
+                })
+                .map(O::Metrics)
             }
             Action::MigPlan => self.locked(|n| n.mig_plan()).map(O::Mig),
             Action::MigConverge => self.locked(|n| n.mig_converge()).map(O::Mig),
@@ -468,6 +487,18 @@ impl Controller {
                 let readings = probe.read(); // outside the lock: NVML may hang
                 self.locked(|n| n.record_ecc(readings)).map(O::Quarantined)
             }
+            Action::CheckFaults => {
+                let probe = self.locked(|n| Ok(n.fault_probe()))?;
+                let readings = probe.read(); // outside the lock: NVML's event set
+                let report = self.locked(|n| n.record_faults(readings))?;
+                let quarantined = report.quarantined.clone();
+                self.stop_in_background(
+                    crate::node::revoke::StopCause::Fault,
+                    report.stop,
+                    report.grace,
+                );
+                Ok(O::Quarantined(quarantined))
+            }
             Action::Checkpoint => self.locked(|n| n.checkpoint()).map(O::Count),
             Action::SampleUtilization => {
                 let probe = self.locked(|n| n.utilization_probe())?;
@@ -475,6 +506,8 @@ impl Controller {
                 self.locked(|n| n.record_utilization(samples)).map(O::Count)
             }
             Action::Scrub => self.scrub_pending().map(O::Count),
+            Action::SampleTelemetry => self.sample_telemetry().map(O::Count),
+            Action::Telemetry => self.locked(|n| Ok(O::Telemetry(Box::new(n.telemetry())))),
             Action::MpsHealthCheck => {
                 // The supervisor has its own lock; the node takes it only while holding the
                 // node lock, never the other way round.
@@ -534,6 +567,69 @@ impl Controller {
             }
         }
         Ok(ran)
+    }
+
+    /// One telemetry tick: the probe under the lock, the reads without it, the record (and
+    /// the interference detector) under it; then the throttles on the MPS supervisor's own
+    /// lock and the stops on threads of their own, each recorded as an event. Returns how
+    /// many steps were carried out.
+    fn sample_telemetry(&self) -> Result<usize, ApiError> {
+        use interference::Step;
+        let probe = self.locked(|n| n.telemetry_probe())?;
+        let readings = probe.read(); // outside the lock: NVML and /proc
+        let steps = self.locked(|n| n.record_telemetry(readings))?;
+        if steps.is_empty() {
+            return Ok(0);
+        }
+        let supervisor = self.locked(|n| Ok(n.mps_supervisor()))?;
+        let done: Vec<(Step, Result<u8, String>)> = steps
+            .into_iter()
+            .map(|step| {
+                let result = match &step {
+                    Step::Throttle { incident, to_percent, .. } => supervisor
+                        .throttle(&incident.device, &incident.aggressor_tenant, *to_percent)
+                        .map_err(|e| e.to_string()),
+                    _ => Ok(0),
+                };
+                (step, result)
+            })
+            .collect();
+        let n = done.len();
+        let (stop, grace) = self.locked(|n| {
+            let grace = Duration::from_secs(n.policy().policy.interference().stop_grace_s);
+            Ok((n.record_interference_steps(done)?, grace))
+        })?;
+        self.stop_in_background(crate::node::revoke::StopCause::Interference, stop, grace);
+        Ok(n)
+    }
+
+    /// Stop `targets` (SIGTERM, `grace`, SIGKILL) on a thread of their own, recording what
+    /// happened as `cause`'s events under the lock when done. Nothing is released here: the
+    /// grants go when runc has removed the containers, as every grant does.
+    fn stop_in_background(
+        &self,
+        cause: crate::node::revoke::StopCause,
+        targets: Vec<crate::node::revoke::Target>,
+        grace: Duration,
+    ) {
+        if targets.is_empty() {
+            return;
+        }
+        let Some(me) = self.me.upgrade() else { return };
+        let Ok(host) = self.locked(|n| Ok(n.host())) else { return };
+        let ids: Vec<String> = targets.iter().map(|t| t.refused.container_id.clone()).collect();
+        let spawned = std::thread::Builder::new().name("tessera-stop".into()).spawn(move || {
+            let stopped = crate::node::revoke::stop(host.as_ref(), targets, grace);
+            if let Err(e) = me.locked(|n| {
+                n.record_stops(cause, &stopped);
+                Ok(())
+            }) {
+                log_failure("recording a stop", None, &e);
+            }
+        });
+        if let Err(e) = spawned {
+            error!("cannot start a thread to stop {ids:?} ({}): {e}", cause.event());
+        }
     }
 
     /// Stop the grants the policy refuses: which ones (recorded as events) under the lock,

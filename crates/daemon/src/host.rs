@@ -36,6 +36,12 @@ pub trait Host: Send + Sync + fmt::Debug {
     fn runc_state_exists(&self, runc_root: &Path, id: &str) -> bool {
         tessera_api::runc_state_exists(runc_root, id)
     }
+    /// The host's online CPUs and NUMA nodes (`/sys/devices/system/{cpu,node}/online`),
+    /// for a grant's CPU set (`topology.pin_cpus`); `None` where it cannot tell (then
+    /// nothing is pinned).
+    fn cpu_layout(&self) -> Option<(Vec<u32>, Vec<u32>)> {
+        None
+    }
     /// Unix milliseconds now.
     fn now_ms(&self) -> u64 {
         tessera_api::time::now_ms()
@@ -166,6 +172,17 @@ pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 pub const PROC_ROOT: &str = "/proc";
 
 impl Host for LinuxHost {
+    fn cpu_layout(&self) -> Option<(Vec<u32>, Vec<u32>)> {
+        let read = |p: &str| {
+            std::fs::read_to_string(p)
+                .ok()
+                .and_then(|t| tessera_api::cpulist::parse_cpulist(&t).ok())
+        };
+        let cpus = read("/sys/devices/system/cpu/online")?;
+        // A kernel without NUMA has no node directory: one node, 0.
+        let nodes = read("/sys/devices/system/node/online").unwrap_or_else(|| vec![0]);
+        Some((cpus, nodes))
+    }
     fn pid_start_time(&self, pid: i32) -> Option<u64> {
         liveness::pid_start_time(Path::new(PROC_ROOT), pid)
     }

@@ -72,6 +72,7 @@ pub fn router(ctl: Arc<Controller>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { Json(serde_json::json!({"ok": true})) }))
         .route("/v1/status", get(status))
+        .route("/v1/telemetry", get(telemetry))
         .route("/v1/allocations", post(allocate).get(list))
         .route("/v1/allocations/{id}", get(one).delete(release))
         .route("/v1/allocations/{id}/start", post(start))
@@ -217,6 +218,10 @@ async fn mig_converge(State(ctl): State<Arc<Controller>>) -> Response {
 
 async fn status(State(ctl): State<Arc<Controller>>) -> Response {
     act(&ctl, Action::Status).await
+}
+
+async fn telemetry(State(ctl): State<Arc<Controller>>) -> Response {
+    act(&ctl, Action::Telemetry).await
 }
 
 async fn list(State(ctl): State<Arc<Controller>>) -> Response {

@@ -632,6 +632,8 @@ mod tests {
                 workload: None,
                 quota: None,
                 nvlink_domain: None,
+                topology: None,
+                class: None,
             },
             runc_root: "/run/runc".into(),
             bundle: "/b".into(),

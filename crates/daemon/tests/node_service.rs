@@ -213,12 +213,13 @@ fn identity_comes_only_from_trusted_annotations() {
     r.annotations.insert("tessera.io/trust".into(), "dev".into());
     let e = node.allocate(&r).unwrap_err();
     assert_eq!(e.tenant.as_deref(), Some("acme/untrusted/sandbox/guest"));
-    // Without the trusted annotation nobody is identified: refused, fail closed.
-    let mut r = req("c2", "x", "gpu=1");
+    // Without the trusted annotation: the policy's default tenant (untrusted), whatever
+    // else the config says.
+    let mut r = req("c2", "x", "mps=25");
     r.annotations.clear();
     r.annotations.insert("tessera.io/tenant".into(), "acme/trusted/training/alice".into());
     let e = node.allocate(&r).unwrap_err();
-    assert_eq!(e.code, ErrorCode::UnknownTenant, "{e:?}");
+    assert_eq!(e.tenant.as_deref(), Some("acme/untrusted/sandbox/guest"), "{e:?}");
     // A namespace that is not mapped is refused too.
     let e = node.allocate(&req("c3", "team-nobody", "gpu=1")).unwrap_err();
     assert_eq!(e.code, ErrorCode::UnknownTenant, "{e:?}");
@@ -1089,4 +1090,143 @@ fn a_kubelet_placement_never_destroys_an_idle_instance_a_plain_request_would_lea
     let a = node.allocate(&kubelet_req("k1", "p1", "main", "mig=1g.10gb", &issued)).expect("cut");
     assert_eq!(a.devices[0].placement, Some((0, 1)));
     assert!(!instance_uuids(&node).contains(&three), "destroyed for it, as a plain request would");
+}
+
+/// Issue 26: an XID quarantines exactly what it reached — a contained ECC error (XID 94)
+/// the MIG instance it names, an uncontained one (XID 95) the GPU and all its instances,
+/// an instance the inventory lacks the whole GPU (fail closed), an application XID
+/// nothing — holders are told, no grant lands there, and only a passing health check lets
+/// an unquarantine re-scrub it.
+#[test]
+fn an_xid_quarantines_exactly_what_it_reached() {
+    use tessera_api::DeviceState::{Free, Quarantined};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_with(dir.path(), Duration::from_secs(60), false);
+    let gpu = node.inventory().gpus.iter().find(|g| g.mig_enabled).expect("mig gpu").clone();
+    let target = gpu.instances[1].clone();
+    let held = node.allocate(&req("held", "team-dev", &format!("mig={}", target.profile))).unwrap();
+    assert_eq!(held.devices[0].uuid, target.uuid, "the lowest instance of its profile");
+    let xid = |xid, gi: Option<u32>| slicer::XidEvent {
+        gpu_uuid: gpu.uuid.clone(),
+        xid,
+        gi_id: gi,
+        ci_id: gi.map(|_| 0),
+    };
+
+    // An application fault: told, nothing quarantined.
+    slicer::sim::inject_xid(dir.path(), &xid(43, Some(target.gi_id))).unwrap();
+    assert!(node.check_faults().unwrap().quarantined.is_empty());
+    assert_eq!(device_state(&node, &target.uuid), tessera_api::DeviceState::Assigned);
+
+    // XID 94 on the held instance: exactly it.
+    slicer::sim::inject_xid(dir.path(), &xid(94, Some(target.gi_id))).unwrap();
+    let report = node.check_faults().unwrap();
+    assert_eq!(report.quarantined, std::slice::from_ref(&target.uuid));
+    assert!(report.stop.is_empty(), "faults.stop_holders is off: told, not stopped");
+    for i in &gpu.instances {
+        let want = if i.uuid == target.uuid { Quarantined } else { Free };
+        assert_eq!(device_state(&node, &i.uuid), want, "{} ({})", i.uuid, i.profile);
+    }
+    let st = node.status().unwrap();
+    let told = st
+        .events
+        .iter()
+        .find(|e| e.kind == "xid" && e.container_id.as_deref() == Some("held"))
+        .expect("the holder is told");
+    assert!(told.detail.contains("XID 94") && told.detail.contains("quarantined"), "{told:?}");
+    // Released, it stays quarantined; a request for its profile lands elsewhere or nowhere.
+    node.release("held", "test").unwrap();
+    assert_eq!(device_state(&node, &target.uuid), Quarantined);
+    if let Ok(a) = node.allocate(&req("next", "team-dev", &format!("mig={}", target.profile))) {
+        assert_ne!(a.devices[0].uuid, target.uuid, "a grant landed on a quarantined instance");
+    }
+
+    // An instance the node does not have: fail closed, the whole GPU.
+    slicer::sim::inject_xid(dir.path(), &xid(94, Some(13))).unwrap();
+    let report = node.check_faults().unwrap();
+    let whole: BTreeSet<String> = std::iter::once(gpu.uuid.clone())
+        .chain(gpu.instances.iter().map(|i| i.uuid.clone()))
+        .collect();
+    assert_eq!(report.quarantined.iter().cloned().collect::<BTreeSet<_>>(), whole);
+    for i in &gpu.instances {
+        assert_eq!(device_state(&node, &i.uuid), Quarantined, "{}", i.uuid);
+    }
+
+    // The health check gates the unquarantine; a healthy device is re-scrubbed.
+    slicer::sim::set_health(dir.path(), &gpu.uuid, Some("rows pending remapping")).unwrap();
+    let e = node.unquarantine(&target.uuid).expect_err("unhealthy GPU");
+    assert_eq!(e.code, ErrorCode::Conflict);
+    assert!(e.message.contains("rows pending remapping"), "{}", e.message);
+    assert_eq!(device_state(&node, &target.uuid), Quarantined);
+    slicer::sim::set_health(dir.path(), &gpu.uuid, None).unwrap();
+    let job = node.unquarantine(&target.uuid).expect("healthy: re-scrubbed");
+    assert_eq!(job.device, target.uuid);
+    assert_eq!(device_state(&node, &target.uuid), tessera_api::DeviceState::Scrubbing);
+}
+
+/// Issue 26: XID 95 (uncontained) on a whole GPU takes it; with `faults.stop_holders` its
+/// running holder is a stop target.
+#[test]
+fn an_uncontained_xid_takes_the_whole_gpu_and_the_policy_may_stop_its_holders() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut v: serde_json::Value = serde_json::from_slice(POLICY).expect("json");
+    v["faults"] = serde_json::json!({"stop_holders": true, "grace_s": 1});
+    let policy = policy::Policy::parse(&serde_json::to_vec(&v).unwrap(), "faults.json").unwrap();
+    let host = FakeHost::new();
+    let mut node = node_under(dir.path(), Duration::from_secs(60), false, host.paths(), policy);
+    let a = node.allocate(&req("w", "team-dev", "gpu=1")).unwrap();
+    let gpu = a.devices[0].uuid.clone();
+    host.process(4242, "w");
+    node.start("w", &StartRequest { pid: 4242, bundle: "/bundles/w".into() }).unwrap();
+    slicer::sim::inject_xid(
+        dir.path(),
+        &slicer::XidEvent { gpu_uuid: gpu.clone(), xid: 95, gi_id: None, ci_id: None },
+    )
+    .unwrap();
+    let report = node.check_faults().unwrap();
+    assert_eq!(report.quarantined, std::slice::from_ref(&gpu));
+    assert_eq!(report.grace, Duration::from_secs(1));
+    assert_eq!(
+        report.stop.iter().map(|t| t.refused.container_id.as_str()).collect::<Vec<_>>(),
+        ["w"]
+    );
+    assert_eq!(report.stop[0].refused.rule, "faults.stop_holders");
+    assert_eq!(device_state(&node, &gpu), tessera_api::DeviceState::Quarantined);
+}
+
+/// Issue 26: the class annotation is exactly `latency` or `batch`; anything else is
+/// refused naming the annotation, its value escaped and cut; a latency container gets its
+/// own report file.
+#[test]
+fn a_hostile_class_annotation_is_refused_and_a_latency_container_gets_its_report_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    for bad in ["latency\n[fake] granted", "Latency", &"x".repeat(10_000)] {
+        let mut r = req("c1", "team-trusted", "gpu=1");
+        r.annotations.insert("tessera.io/class".into(), bad.to_string());
+        let e = node.allocate(&r).expect_err("refused");
+        assert_eq!(e.code, ErrorCode::BadRequest, "{e:?}");
+        assert!(e.message.contains("tessera.io/class"), "{}", e.message);
+        assert!(!e.message.contains('\n') && e.message.len() < 400, "{}", e.message);
+        assert_eq!(e.rule.as_deref(), Some("interference.classes"));
+    }
+    let mut r = req("c1", "team-trusted", "gpu=1");
+    r.annotations.insert("tessera.io/class".into(), "latency".into());
+    let a = node.allocate(&r).expect("granted");
+    assert_eq!(a.class, Some(tessera_api::WorkloadClass::Latency));
+    let m = a
+        .injection
+        .mounts
+        .iter()
+        .find(|m| m.destination == "/run/tessera/latency_ms")
+        .expect("mount");
+    assert!(!m.read_only);
+    let meta = std::fs::symlink_metadata(&m.source).expect("report file");
+    assert!(meta.is_file());
+    assert!(a.injection.env.contains(&"TESSERA_LATENCY_FILE=/run/tessera/latency_ms".to_string()));
+    node.release("c1", "test").expect("release");
+    assert!(!std::path::Path::new(&m.source).exists(), "the report goes with the grant");
+    let b = node.allocate(&req("c2", "team-trusted", "gpu=1")).expect("granted");
+    assert_eq!(b.class, Some(tessera_api::WorkloadClass::Batch), "undeclared: batch");
+    assert!(b.injection.mounts.iter().all(|m| m.destination != "/run/tessera/latency_ms"));
 }

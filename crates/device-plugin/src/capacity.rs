@@ -114,6 +114,9 @@ pub struct GpuState {
     pub usage: Usage,
     /// MIG on: its instances.
     pub instances: Vec<InstanceState>,
+    /// The NUMA node of its PCI device, where known: every id of the GPU carries it to
+    /// kubelet (`TopologyInfo`), for the topology manager.
+    pub numa_node: Option<u32>,
 }
 
 /// What the node can grant, as the device plugin needs it; built by tesserad under its
@@ -129,6 +132,11 @@ pub struct Snapshot {
     pub gpus: Vec<GpuState>,
     /// The assignments of the live grants made through the plugin: the ids kubelet holds.
     pub kubelet: Vec<PluginAssignment>,
+    /// Assignments whose token a container's create has presented since tesserad started
+    /// (granted, or refused after the token was verified): their `Allocate` is answered,
+    /// so a reservation of them holds nothing any more (a refused or deleted pod's ids are
+    /// back in allocatable at once, not after the reservation's 10 minutes).
+    pub presented: Vec<PluginAssignment>,
 }
 
 /// An `Allocate` whose grant is not made yet: its ids count as taken.
@@ -139,6 +147,8 @@ pub type Reservation = PluginAssignment;
 pub struct Device {
     pub id: String,
     pub healthy: bool,
+    /// The NUMA node of its GPU, where known.
+    pub numa: Option<u32>,
 }
 
 impl Device {
@@ -173,6 +183,7 @@ pub fn advertise(
             let list = whole
                 .iter()
                 .map(|g| Device {
+                    numa: g.numa_node,
                     id: g.uuid.to_string(),
                     healthy: held.contains(g.uuid.as_str())
                         || (g.usage == Usage::Free && !g.blocked),
@@ -194,7 +205,7 @@ pub fn advertise(
                     };
                     let ids = (0..MPS_UNITS)
                         .map(|unit| DeviceId::MpsUnit { gpu: g.uuid.clone(), unit }.to_string());
-                    units(ids, free, &held, prefer)
+                    units(ids, free, &held, prefer, g.numa_node)
                 })
                 .collect();
             out.insert(RESOURCE_MPS.to_string(), list);
@@ -213,7 +224,7 @@ pub fn advertise(
                     let ids = (0..replicas).map(|replica| {
                         DeviceId::Replica { gpu: g.uuid.clone(), replica }.to_string()
                     });
-                    units(ids, free, &held, prefer)
+                    units(ids, free, &held, prefer, g.numa_node)
                 })
                 .collect();
             out.insert(RESOURCE_SHARED.to_string(), list);
@@ -263,8 +274,10 @@ fn units(
     free: u32,
     held: &BTreeSet<String>,
     prefer: &BTreeSet<String>,
+    numa: Option<u32>,
 ) -> Vec<Device> {
-    let mut list: Vec<Device> = ids.map(|id| Device { healthy: held.contains(&id), id }).collect();
+    let mut list: Vec<Device> =
+        ids.map(|id| Device { healthy: held.contains(&id), id, numa }).collect();
     let mut left = free;
     for preferred_pass in [true, false] {
         for d in list.iter_mut().filter(|d| !d.healthy) {
@@ -301,21 +314,31 @@ fn mig_devices(
         // An instance cut for a placement kubelet holds keeps that id.
         let id = if held.contains(&placement) { placement } else { i.uuid.clone() };
         let healthy = held.contains(&id) || (i.usage == InstanceUse::Idle && !g.blocked);
-        out.entry(PluginResource::Mig(i.profile.clone()).name())
-            .or_default()
-            .push(Device { id, healthy });
+        out.entry(PluginResource::Mig(i.profile.clone()).name()).or_default().push(Device {
+            id,
+            healthy,
+            numa: g.numa_node,
+        });
     }
     let (Some(m), true, false) = (model, dynamic, g.blocked) else { return };
     for p in m.profiles {
         let destroys = |start: u8| overlapping(g, p.size, start).next().is_some();
+        // No more placements than instances of the profile can exist on the GPU (a `+me`
+        // profile: one, whatever its seven placements), less those it has.
+        let have = g.instances.iter().filter(|i| i.profile == p.name).count();
+        let mut room = usize::from(p.max_instances).saturating_sub(have);
         for &start in p.starts {
+            if room == 0 {
+                break;
+            }
             if cuttable(g, m, p, start) && !(destroys(start) && plain.contains(p.name)) {
+                room -= 1;
                 let id =
                     DeviceId::Placement { gpu: g.uuid.clone(), profile: p.name.to_string(), start }
                         .to_string();
                 out.entry(PluginResource::Mig(p.name.to_string()).name())
                     .or_default()
-                    .push(Device { id, healthy: true });
+                    .push(Device { id, healthy: true, numa: g.numa_node });
             }
         }
     }
@@ -574,6 +597,7 @@ mod tests {
             mig_enabled: false,
             usage,
             instances: Vec::new(),
+            numa_node: None,
         }
     }
 
@@ -595,11 +619,19 @@ mod tests {
                     usage: *usage,
                 })
                 .collect(),
+            numa_node: None,
         }
     }
 
     fn snap(gpus: Vec<GpuState>) -> Snapshot {
-        Snapshot { offer: ALL, replicas: 4, dynamic_mig: true, gpus, kubelet: Vec::new() }
+        Snapshot {
+            offer: ALL,
+            replicas: 4,
+            dynamic_mig: true,
+            gpus,
+            kubelet: Vec::new(),
+            presented: Vec::new(),
+        }
     }
 
     fn assignment(resource: &str, ids: &[&str]) -> PluginAssignment {
@@ -622,6 +654,23 @@ mod tests {
     }
 
     const NONE: &BTreeSet<String> = &BTreeSet::new();
+
+    #[test]
+    fn every_id_of_a_gpu_carries_its_numa_node() {
+        let mut a = whole("GPU-a", Usage::Free);
+        a.numa_node = Some(1);
+        let mut m = mig("GPU-m", &[("MIG-1", "3g.40gb", 0, InstanceUse::Idle)]);
+        m.numa_node = Some(0);
+        let adv = advertise(&snap(vec![a, m, whole("GPU-b", Usage::Free)]), &[], NONE);
+        let numa =
+            |r: &str, id: &str| adv[r].iter().find(|d| d.id == id).map(|d| d.numa).expect("listed");
+        assert_eq!(numa(RESOURCE_GPU, "GPU-a"), Some(1));
+        assert_eq!(numa(RESOURCE_GPU, "GPU-b"), None, "unknown stays unknown");
+        assert_eq!(numa(RESOURCE_MPS, "GPU-a:mps:7"), Some(1));
+        assert_eq!(numa(RESOURCE_SHARED, "GPU-a:shared:0"), Some(1));
+        assert_eq!(numa("tessera.io/mig-3g.40gb", "MIG-1"), Some(0));
+        assert_eq!(numa("tessera.io/mig-1g.10gb", "GPU-m:mig:1g.10gb:4"), Some(0));
+    }
 
     #[test]
     fn a_free_gpu_is_offered_whole_as_mps_percent_and_as_replicas() {
@@ -715,7 +764,8 @@ mod tests {
                 n("4g.40gb"),
                 n("7g.80gb")
             ],
-            [7, 7, 4, 3, 2, 1, 1]
+            // A `+me` profile exists at most once per GPU: one placement, not seven.
+            [7, 1, 4, 3, 2, 1, 1]
         );
         assert_eq!(listed(&a, "tessera.io/mig-7g.80gb"), ["GPU-m:mig:7g.80gb:0"]);
         assert!(!a.contains_key(RESOURCE_GPU), "a MIG GPU is never offered whole");

@@ -15,7 +15,9 @@
 //! tesserad recorded for it ([`Issuer`]); tessera-runtime turns it into the request,
 //! tesserad makes the grant on exactly those devices, only with a token it issued.
 
+pub mod authority;
 pub mod capacity;
+mod hpack_table;
 pub mod server;
 
 /// The generated kubelet device-plugin API (do not edit: regenerate, see `tests/codegen.rs`).

@@ -131,7 +131,9 @@ impl Plugin {
         let mut st = self.state();
         let live: BTreeSet<&String> =
             snapshot.kubelet.iter().flat_map(|a| a.device_ids().iter()).collect();
-        st.reservations.retain(|(r, _)| !r.device_ids().iter().any(|id| live.contains(id)));
+        st.reservations.retain(|(r, _)| {
+            !r.device_ids().iter().any(|id| live.contains(id)) && !snapshot.presented.contains(r)
+        });
         st.recent.retain(|r| !r.device_ids().iter().any(|id| live.contains(id)));
         if let Some(old) = st.snapshot.take() {
             for gone in old.kubelet.into_iter().filter(|a| !snapshot.kubelet.contains(a)) {
@@ -271,6 +273,8 @@ impl Plugin {
         let kubelet = self.config.dir.join(KUBELET_SOCKET);
         let mut endpoints: BTreeMap<String, Running> = BTreeMap::new();
         let mut kubelet_id: Option<FileId> = None;
+        // Said once while kubelet.sock is absent, again after it was there.
+        let mut said_waiting = false;
         let mut lists = self.subscribe();
         let mut tick = tokio::time::interval(self.config.poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -314,8 +318,16 @@ impl Plugin {
                 }
             }
             if kubelet_id.is_none() {
+                if !said_waiting {
+                    said_waiting = true;
+                    info!(
+                        socket = %kubelet.display(),
+                        "waiting for kubelet: its registration socket is not there yet (is kubelet running, with this plugin directory?)"
+                    );
+                }
                 continue;
             }
+            said_waiting = false;
             for (resource, ep) in endpoints.iter_mut().filter(|(_, ep)| !ep.registered) {
                 match register(&kubelet, resource, &ep.name).await {
                     Ok(()) => {
@@ -388,9 +400,16 @@ impl Running {
         let task = tokio::spawn(async move {
             let served = Server::builder()
                 .add_service(api::device_plugin_server::DevicePluginServer::new(service))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                    let _ = until.wait_for(|s| *s).await;
-                })
+                // Each connection read through FixAuthority: kubelets before 1.26 send the
+                // socket's path as `:authority`, which h2 alone refuses.
+                .serve_with_incoming_shutdown(
+                    tokio_stream::StreamExt::map(UnixListenerStream::new(listener), |c| {
+                        c.map(crate::authority::FixAuthority::new)
+                    }),
+                    async move {
+                        let _ = until.wait_for(|s| *s).await;
+                    },
+                )
                 .await;
             if let Err(e) = served {
                 warn!("device-plugin endpoint stopped: {e}");
@@ -476,7 +495,9 @@ fn to_api(list: &[capacity::Device]) -> api::ListAndWatchResponse {
             .map(|d| api::Device {
                 id: d.id.clone(),
                 health: d.health().to_string(),
-                topology: None,
+                topology: d
+                    .numa
+                    .map(|n| api::TopologyInfo { nodes: vec![api::NumaNode { id: i64::from(n) }] }),
             })
             .collect(),
     }
@@ -568,5 +589,60 @@ impl api::device_plugin_server::DevicePlugin for Service {
         _: Request<api::PreStartContainerRequest>,
     ) -> Result<Response<api::PreStartContainerResponse>, Status> {
         Ok(Response::new(api::PreStartContainerResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capacity::{GpuState, Offer, Usage};
+
+    #[derive(Debug)]
+    struct Tokens;
+    impl Issuer for Tokens {
+        fn issue(&self, _: &[PluginAssignment]) -> Result<Vec<IssuedAssignment>, String> {
+            Err("not used".into())
+        }
+    }
+
+    fn snapshot(presented: Vec<PluginAssignment>) -> Snapshot {
+        let gpu = |u: &str| GpuState {
+            uuid: tessera_api::DeviceUuid::new(u).expect("uuid"),
+            model: "H100-80GB".into(),
+            blocked: false,
+            mig_enabled: false,
+            usage: Usage::Free,
+            instances: Vec::new(),
+            numa_node: None,
+        };
+        Snapshot {
+            offer: Offer { gpu: true, mig: false, mps: true, shared: false },
+            replicas: 4,
+            dynamic_mig: false,
+            gpus: vec![gpu("GPU-a"), gpu("GPU-b")],
+            kubelet: Vec::new(),
+            presented,
+        }
+    }
+
+    /// Healthy MPS percent: a GPU reserved whole serves none.
+    fn healthy(p: &Plugin) -> usize {
+        p.advertised()["tessera.io/mps"].iter().filter(|d| d.healthy).count()
+    }
+
+    /// A pod refused at create (its token presented, no grant) or deleted after its grant
+    /// came and went between two reads: its ids are back at the next read, not after the
+    /// reservation's 10 minutes.
+    #[test]
+    fn a_presented_assignment_holds_its_ids_no_longer() {
+        let p = Plugin::new(Config::new("/nonexistent"), Arc::new(Tokens));
+        p.update(snapshot(Vec::new()));
+        assert_eq!(healthy(&p), 200);
+        let made = p.allocate("tessera.io/gpu", &[vec!["GPU-a".to_string()]]).expect("allocate");
+        assert_eq!(healthy(&p), 100, "reserved until its grant comes");
+        p.update(snapshot(Vec::new()));
+        assert_eq!(healthy(&p), 100, "still reserved: no create yet");
+        p.update(snapshot(made));
+        assert_eq!(healthy(&p), 200, "presented: back at once");
     }
 }

@@ -154,6 +154,10 @@ pub struct ShareRecord {
     /// Set when the share stopped restarting after a crash loop.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub degraded: Option<String>,
+    /// The active thread percentage the interference controller lowered the share's caps
+    /// to (below `percent`, which stays its booking); absent: `percent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<u8>,
 }
 
 /// Read a share record; None if there is none.

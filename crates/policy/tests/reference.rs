@@ -47,6 +47,9 @@ const OBJECTS: &[(&str, &str)] = &[
     ),
     ("gangs", r#"{"version": 1, "orgs": {}, "gangs": {@}}"#),
     ("billing", r#"{"version": 1, "orgs": {}, "billing": {@}}"#),
+    ("faults", r#"{"version": 1, "orgs": {}, "faults": {@}}"#),
+    ("topology", r#"{"version": 1, "orgs": {}, "topology": {@}}"#),
+    ("interference", r#"{"version": 1, "orgs": {}, "interference": {@}}"#),
 ];
 
 /// The fields serde says the object at `probe`'s `@` accepts.

@@ -160,6 +160,37 @@ impl ConfigSource {
     }
 }
 
+/// What tessera-runtime still uses of a configuration it cannot read
+/// ([`ConfigSource::load`] failed): the keys it would read that hold a valid value
+/// (`socket`, `runc`, `hook`, `log`) — so containers without a GPU request still run with
+/// the node's runc, and are still checked against the GPU grants listed beside the socket —
+/// and nothing that decides a grant (`engine`, `kubelet`): GPU requests are refused with
+/// the configuration's error.
+pub fn salvage(source: &ConfigSource) -> RuntimeConfig {
+    let path = match source {
+        ConfigSource::Named(p) | ConfigSource::Default(p) => p,
+    };
+    let small = std::fs::metadata(path).is_ok_and(|m| m.len() <= MAX_CONFIG_BYTES);
+    let Some(text) = small.then(|| std::fs::read_to_string(path).ok()).flatten() else {
+        return RuntimeConfig::default();
+    };
+    let Ok(doc) = text.parse::<DocumentMut>() else { return RuntimeConfig::default() };
+    let mut cfg = RuntimeConfig::default();
+    for key in ["socket", "runc", "hook", "log"] {
+        let Some(item) = doc.get(key) else { continue };
+        // Each key alone, as `parse` reads it: a valid value is kept.
+        let mut one = DocumentMut::new();
+        one.insert(key, item.clone());
+        if let Ok(c) = parse(&one.to_string(), "") {
+            cfg.socket = cfg.socket.or(c.socket);
+            cfg.runc = cfg.runc.or(c.runc);
+            cfg.hook = cfg.hook.or(c.hook);
+            cfg.log = cfg.log.or(c.log);
+        }
+    }
+    cfg
+}
+
 /// `ARGV0.toml` when `argv0` is absolute and that file exists (any kind: a directory there
 /// is an error when read, not a silent default).
 fn beside(argv0: &std::ffi::OsStr) -> Option<PathBuf> {
@@ -335,6 +366,30 @@ mod tests {
         }
         let e = parse("x\u{1b}[2J = \"1\"", "f").expect_err("escaped");
         assert!(!e.to_string().contains('\u{1b}'), "{e}");
+    }
+
+    #[test]
+    fn a_broken_file_keeps_its_valid_paths_and_nothing_that_decides_a_grant() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("r.toml");
+        std::fs::write(
+            &f,
+            "sockt = \"/typo\"\nsocket = \"/run/t.sock\"\nrunc = \"/usr/sbin/runc\"\nhook = \"rel\"\n\
+             engine = \"docker-alice\"\nkubelet = true\n",
+        )
+        .expect("write");
+        let src = ConfigSource::Named(f.clone());
+        assert!(src.load().is_err());
+        let c = salvage(&src);
+        assert_eq!(c.socket.as_deref(), Some(Path::new("/run/t.sock")));
+        assert_eq!(c.runc.as_deref(), Some(std::ffi::OsStr::new("/usr/sbin/runc")));
+        assert_eq!((c.hook, c.engine, c.kubelet), (None, None, false));
+        std::fs::write(&f, "socket = [").expect("write");
+        assert_eq!(salvage(&src), RuntimeConfig::default());
+        assert_eq!(
+            salvage(&ConfigSource::Named(dir.path().join("none"))),
+            RuntimeConfig::default()
+        );
     }
 
     #[test]

@@ -242,6 +242,58 @@ fn parse(
     Ok(FoundRequest { request, raw: raw.to_string(), source, key, scope })
 }
 
+/// What in a config that asks for no GPU looks as if it meant to (each a sentence for the
+/// person who started it): `NVIDIA_VISIBLE_DEVICES` naming devices (NVIDIA's toolkit read
+/// it; an image's `ENV` or `-e` is no request here), and in a pod's container a
+/// `tessera.io/gpu.<name>` whose name is this container's misspelt (at most two edits
+/// away). tessera-runtime prints them on its stderr, which is the container's own while
+/// runc creates it: `docker run`, `docker logs`, `podman logs` and `kubectl logs` show them.
+pub fn hints(config: &Value, annotations: &BTreeMap<String, String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let env = view(config).ok().and_then(|v| v.process.and_then(|p| p.env)).unwrap_or_default();
+    let visible = env.iter().rev().find_map(|e| e.strip_prefix("NVIDIA_VISIBLE_DEVICES="));
+    if let Some(v) = visible.filter(|v| !matches!(v.trim(), "" | "void" | "none")) {
+        out.push(format!(
+            "NVIDIA_VISIBLE_DEVICES={} in this container's environment grants nothing on a Tessera node \
+             (no GPU, no device); ask with `--gpus N` (Docker), a CDI device `tessera.io/gpu=…`, the \
+             annotation tessera.io/gpu or TESSERA_GPU",
+            untrusted(v).max_chars(64)
+        ));
+    }
+    if let Ok(Some(pc)) = cri::PodContainer::from_annotations(annotations) {
+        if let cri::Role::Container(name) = &pc.role {
+            let prefix = format!("{}.", tessera_api::REQUEST_ANNOTATION);
+            for key in annotations.keys() {
+                let Some(other) = key.strip_prefix(&prefix) else { continue };
+                if other != name.as_str() && edit_distance(other, name) <= 2 {
+                    out.push(format!(
+                        "annotation {} asks for a container named `{}`, and this one is `{}`: it \
+                         asks for nothing (a misspelt container name?)",
+                        untrusted(key).max_chars(80),
+                        untrusted(other).max_chars(63),
+                        untrusted(name).max_chars(63)
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Levenshtein distance of two short names (bounded: names are at most 253 bytes).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
 /// Every annotation of the config (all of them: the daemon picks the ones it trusts).
 pub fn annotations(config: &Value) -> Result<BTreeMap<String, String>, RequestLookupError> {
     Ok(view(config)?
@@ -256,6 +308,42 @@ pub fn annotations(config: &Value) -> Result<BTreeMap<String, String>, RequestLo
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn hints_that_grant_nothing_are_said() {
+        let c = json!({"process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"]}});
+        let h = hints(&c, &BTreeMap::new());
+        assert_eq!(h.len(), 1);
+        assert!(h[0].starts_with(
+            "NVIDIA_VISIBLE_DEVICES=all in this container's environment grants nothing"
+        ));
+        for quiet in ["void", "none", ""] {
+            let c = json!({"process": {"env": [format!("NVIDIA_VISIBLE_DEVICES={quiet}")]}});
+            assert!(hints(&c, &BTreeMap::new()).is_empty(), "{quiet}");
+        }
+        let pod = |name: &str, extra: &[(&str, &str)]| {
+            let mut a: BTreeMap<String, String> = [
+                ("io.kubernetes.cri.container-type", "container"),
+                ("io.kubernetes.cri.container-name", name),
+                ("io.kubernetes.cri.sandbox-id", "s1"),
+                ("io.kubernetes.cri.sandbox-name", "p"),
+                ("io.kubernetes.cri.sandbox-namespace", "ns"),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            a.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            a
+        };
+        let h = hints(&json!({}), &pod("main", &[("tessera.io/gpu.mian", "gpu=1")]));
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h[0].contains("`mian`, and this one is `main`"), "{}", h[0]);
+        // A sidecar beside the asking container is not told off.
+        assert!(
+            hints(&json!({}), &pod("log-shipper", &[("tessera.io/gpu.main", "gpu=1")])).is_empty()
+        );
+        assert_eq!(edit_distance("trainer", "trianer"), 2);
+    }
 
     fn config(annotations: Value, env: Value) -> Value {
         json!({

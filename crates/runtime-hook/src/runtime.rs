@@ -101,6 +101,11 @@ pub enum RuntimeError {
     Exec { runc: String, source: std::io::Error },
     #[error(transparent)]
     RuntimeConfig(#[from] ConfigError),
+    /// A GPU request while the runtime configuration cannot be read.
+    #[error(
+        "GPU request refused: {0}; fix that file (containers without a GPU request still run)"
+    )]
+    BrokenConfig(ConfigError),
     #[error(transparent)]
     Docker(#[from] DockerError),
     /// An update of a GPU container that cannot be read as runc reads it, or that asks for
@@ -116,6 +121,9 @@ pub enum RuntimeError {
     /// After runc's update the kernel enforced more than was admitted.
     #[error("{0}")]
     UpdateUndone(String),
+    /// An exec that would give its process what the container's create was refused.
+    #[error(transparent)]
+    ExecRefused(#[from] crate::exec::ExecError),
     /// An annotation only tessera-runtime sets, found in a container's config.
     #[error(
         "annotation {ENGINE_ANNOTATION} is set by tessera-runtime from its configuration file, \
@@ -123,6 +131,14 @@ pub enum RuntimeError {
         untrusted(.0)
     )]
     ForgedEngine(String),
+    /// The pins only tessera-runtime sets (from `docker --gpus "device=…"`).
+    #[error(
+        "annotation {} is set by tessera-runtime from `docker run --gpus '\"device=…\"'`, never \
+         by a container's config (found `{}`)",
+        tessera_api::PINNED_ANNOTATION,
+        untrusted(.0)
+    )]
+    ForgedPins(String),
 }
 
 fn largest_annotation(largest: &Option<(String, usize)>) -> String {
@@ -195,6 +211,9 @@ pub struct RuntimeEnv {
     /// The file read and its `kubelet` (never from env): whether the device plugin's
     /// assignment may be honoured ([`request::check_assignment_source`]).
     pub source: request::EngineSource,
+    /// Why the runtime configuration could not be read: every GPU request is refused with
+    /// it (containers without one still run, on what [`crate::config::salvage`] kept).
+    pub config_error: Option<ConfigError>,
 }
 
 impl RuntimeEnv {
@@ -217,6 +236,7 @@ impl RuntimeEnv {
                 config: config.source.clone(),
                 kubelet: config.kubelet,
             },
+            config_error: None,
         })
     }
 
@@ -337,10 +357,18 @@ pub fn prepare(
     if let Some(forged) = annotations.get(ENGINE_ANNOTATION) {
         return Err(fail(RuntimeError::ForgedEngine(forged.clone())));
     }
+    if let Some(forged) = annotations.get(tessera_api::PINNED_ANNOTATION) {
+        return Err(fail(RuntimeError::ForgedPins(forged.clone())));
+    }
     // The device plugin's assignment is kubelet's word: only from the engine kubelet
     // drives, for a pod's container (tesserad also wants the token it issued).
     request::check_assignment_source(&annotations, &env.source).map_err(|source| {
-        fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
+        match &env.config_error {
+            Some(e) => fail(RuntimeError::BrokenConfig(e.clone())),
+            None => {
+                fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
+            }
+        }
     })?;
     let found = request::find_request(&cfg.value).map_err(|source| {
         fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
@@ -369,9 +397,17 @@ pub fn prepare(
             }));
         }
         (Some(found), None) => Some(found),
+        (None, Some(_)) if env.config_error.is_some() => {
+            let e = env.config_error.clone().expect("checked");
+            return Err(fail(RuntimeError::BrokenConfig(e)));
+        }
         (None, Some(gpus)) => {
             let socket = env.absolute(&env.socket);
             let node_gpus = || {
+                // tesserad's count beside its socket; asked only where there is none.
+                if let Some(n) = tessera_api::read_whole_gpus(&socket) {
+                    return Ok(n);
+                }
                 Client::new(&socket)
                     .with_timeout(RELEASE_TIMEOUT)
                     .status()
@@ -380,6 +416,10 @@ pub fn prepare(
                     .map_err(|e| format!("cannot count the node's GPUs: {e}"))
             };
             let request = gpus.request(node_gpus).map_err(|e| fail(e.into()))?;
+            // Particular GPUs: tesserad grants exactly those, or refuses naming one.
+            if let docker::DockerGpus::Devices(ids) = &gpus {
+                annotations.insert(tessera_api::PINNED_ANNOTATION.to_owned(), ids.join(","));
+            }
             Some(FoundRequest {
                 raw: request.to_string(),
                 request,
@@ -390,7 +430,23 @@ pub fn prepare(
         }
         (None, None) => None,
     };
+    // A runtime configuration that cannot be read decides no grant: the request fails
+    // with its sentence, where the engine shows it (runc's --log).
+    if let (Some(_), Some(e)) = (&found, &env.config_error) {
+        return Err(fail(RuntimeError::BrokenConfig(e.clone())));
+    }
     let Some(found) = found else {
+        // What looks as if it meant a GPU and asks none: said where the person who started
+        // the container reads it (runc create's stderr is the container's own).
+        if !sandbox {
+            for hint in request::hints(&cfg.value, &annotations) {
+                let line = format!(
+                    "tessera-runtime: container {}: warning: {hint}",
+                    untrusted(&container_id)
+                );
+                eprintln!("{}", untrusted(&line).max_chars(MAX_LINE_CHARS));
+            }
+        }
         // No grant, no GPU: GPU nodes and rules the config brings are removed (the majors
         // come from tesserad's file beside its socket and the host's /proc/devices; the
         // daemon is never asked). A config with none is left untouched.
@@ -601,14 +657,22 @@ pub fn exec_runc(env: &RuntimeEnv, args: &[OsString]) -> std::io::Error {
 /// exit code for those, and for failures.
 pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
     let argv0 = args.first().cloned();
-    let env = match crate::config::take_config_arg(&mut args)
-        .and_then(|arg| ConfigSource::choose_beside(arg, argv0.as_deref()).load())
-        .map_err(RuntimeError::from)
-        .and_then(|config| RuntimeEnv::from_process(&config))
-    {
+    // A configuration that cannot be read fails GPU requests only (with its sentence, in
+    // runc's --log where the engine reads errors); the rest runs on what can be salvaged.
+    let loaded = crate::config::take_config_arg(&mut args).map(|arg| {
+        let source = ConfigSource::choose_beside(arg, argv0.as_deref());
+        match source.load() {
+            Ok(config) => (config, None),
+            Err(e) => (crate::config::salvage(&source), Some(e)),
+        }
+    });
+    let env = match loaded.map_err(RuntimeError::from).and_then(|(config, error)| {
+        RuntimeEnv::from_process(&config).map(|env| RuntimeEnv { config_error: error, ..env })
+    }) {
         Ok(e) => e,
         Err(error) => {
-            report(&Failure { error, container_id: None, global: None });
+            let global = parse_runc_args(args.get(1..).unwrap_or(&[])).ok().map(|i| i.global);
+            report(&Failure { error, container_id: None, global });
             return 1;
         }
     };
@@ -672,9 +736,17 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
             }
         };
     }
-    // An exec into a GPU container: the new process learns its share as the init did.
+    // An exec: checked as its container's create was (every container's sub-cgroup, a GPU
+    // container's capabilities); into a GPU container the new process learns its share as
+    // the init did.
     let args = match &inv.command {
         Command::Other { verb, args: rest } if verb == "exec" => {
+            let help = rest.iter().any(|a| a == "-h" || a == "--help");
+            if let (false, Err(e)) = (help, crate::exec::check_exec(&root, rest)) {
+                let container_id = crate::exec::parse_exec(rest).map(|e| e.container_id);
+                report(&Failure { error: e.into(), container_id, global: Some(inv.global) });
+                return 1;
+            }
             crate::exec::with_grant_env(&root, &args, args.len() - rest.len() - 1)
         }
         _ => args,
@@ -885,6 +957,7 @@ mod tests {
                 log: None,
                 engine: None,
                 source: request::EngineSource { config: None, kubelet: false },
+                config_error: None,
             };
             Fixture { dir, env }
         }
@@ -1116,15 +1189,40 @@ mod tests {
     }
 
     #[test]
+    fn docker_gpus_all_reads_tesserads_count_without_a_round_trip() {
+        let f = Fixture::new(&docker_gpus_config("NVIDIA_VISIBLE_DEVICES=all"));
+        tessera_api::write_whole_gpus(&f.env.socket, 7).expect("write");
+        let h = f.serve(vec![http("201 Created", &allocation())]);
+        prepare(&f.args("create --bundle bundle abc"), &f.env).expect("prepares");
+        let reqs = h.join().expect("join");
+        assert!(
+            reqs[0].starts_with("POST /v1/allocations "),
+            "one round trip, the grant: {}",
+            reqs[0]
+        );
+        assert_eq!(body_of(&reqs[0])["request"], json!("gpu=7"));
+    }
+
+    #[test]
     fn docker_gpus_with_another_request_or_pinned_devices_is_refused() {
         let mut c = docker_gpus_config("NVIDIA_VISIBLE_DEVICES=0");
         c["annotations"] = json!({"tessera.io/gpu": "mig=1g.10gb"});
         let f = Fixture::new(&c);
         let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("two");
         assert!(err.message().contains("two GPU requests"), "{}", err.message());
-        let f = Fixture::new(&docker_gpus_config("NVIDIA_VISIBLE_DEVICES=3"));
-        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("pinned");
-        assert!(err.message().contains("by count"), "{}", err.message());
+        // Particular GPUs: the request, and the pins for tesserad.
+        let f = Fixture::new(&docker_gpus_config("NVIDIA_VISIBLE_DEVICES=3,GPU-a"));
+        let h = f.serve(vec![http("201 Created", &allocation())]);
+        prepare(&f.args("create --bundle bundle abc"), &f.env).expect("pinned");
+        let body = body_of(&h.join().expect("join")[0]);
+        assert_eq!(body["request"], json!("gpu=2"));
+        assert_eq!(body["annotations"]["tessera.io/gpus-pinned"], json!("3,GPU-a"));
+        // Pins in a config are the author's, never the runtime's.
+        let mut c = gpu_config(json!({"tessera.io/gpus-pinned": "0"}), json!([]));
+        c["annotations"]["tessera.io/gpu"] = json!("gpu=1");
+        let f = Fixture::new(&c);
+        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("forged");
+        assert!(err.message().contains("never by a container's config"), "{}", err.message());
     }
 
     #[test]
@@ -1225,6 +1323,47 @@ mod tests {
         assert_eq!(v["level"], json!("error"));
         assert_eq!(v["msg"], json!(err.message()));
         assert!(v["time"].as_str().is_some_and(|t| t.ends_with('Z') && t.len() == 30), "{v}");
+    }
+
+    /// A runtime.toml tessera-runtime cannot read: a GPU request fails with its sentence,
+    /// in runc's --log as the engine reads it (no daemon asked); a container without one
+    /// goes on.
+    #[test]
+    fn a_broken_runtime_config_fails_only_gpu_requests_and_says_so_in_runcs_log() {
+        let broken = ConfigError::UnknownKey {
+            path: "/etc/tessera/runtime.toml".into(),
+            key: "sockt".into(),
+        };
+        for cfg in [
+            gpu_config(json!({"tessera.io/gpu": "gpu=1"}), json!([])),
+            docker_gpus_config("NVIDIA_VISIBLE_DEVICES=all"),
+        ] {
+            let f = Fixture::new(&cfg);
+            let mut env = f.env.clone();
+            env.config_error = Some(broken.clone());
+            let log = f.dir.path().join("log.json");
+            let args = f.args(&format!(
+                "--log {} --log-format json create --bundle bundle abc",
+                log.display()
+            ));
+            let err = prepare(&args, &env).expect_err("refused");
+            assert_eq!(
+                err.message(),
+                "tessera-runtime: container abc: GPU request refused: runtime config /etc/tessera/runtime.toml: \
+                 unknown key `sockt`: expected socket, runc, hook, log, engine or kubelet; fix that file \
+                 (containers without a GPU request still run)"
+            );
+            report(&err);
+            let v: Value = serde_json::from_str(std::fs::read_to_string(&log).expect("log").trim())
+                .expect("json");
+            assert_eq!(v["msg"], json!(err.message()));
+        }
+        let f = Fixture::new(&gpu_config(json!({}), json!(["PATH=/bin"])));
+        let mut env = f.env.clone();
+        env.config_error = Some(broken);
+        let (_, p) =
+            prepare(&f.args("create --bundle bundle abc"), &env).expect("no request: runs");
+        assert!(matches!(p, Prepared::Passthrough));
     }
 
     #[test]

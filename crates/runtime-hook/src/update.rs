@@ -301,6 +301,18 @@ pub fn ram_in_bytes(s: &str) -> Option<i64> {
 /// and the memory limit, 0 where not given.
 pub fn flag_values(args: &UpdateArgs) -> Result<UpdateRequest, UpdateError> {
     let get = |k: &str| args.values.get(k).filter(|v| !v.is_empty());
+    // Real-time CPU is outside CFS bandwidth: a GPU container never gets any (as at create).
+    for flag in ["cpu-rt-period", "cpu-rt-runtime"] {
+        if let Some(v) = get(flag).filter(|v| !v.trim_start_matches(['+', '0']).is_empty()) {
+            return Err(UpdateError::Value {
+                flag,
+                value: format!("`{}`", untrusted(v).max_chars(64)),
+                why: "real-time CPU time is not bounded by the CPU quota a GPU container was \
+                      admitted with; GPU containers get none"
+                    .into(),
+            });
+        }
+    }
     let mut out = UpdateRequest::default();
     if let Some(v) = get("cpu-period") {
         out.cpu_period = go_uint10(v).ok_or_else(|| value_err("cpu-period", v))?;
@@ -396,6 +408,14 @@ pub fn resources_values(bytes: &[u8]) -> Result<UpdateRequest, UpdateError> {
     };
     let cpu = section("cpu")?;
     let memory = section("memory")?;
+    for key in ["realtimeRuntime", "realtimePeriod"] {
+        if int(cpu, "cpu", key, key == "realtimePeriod")?.is_some_and(|v| v != 0) {
+            return Err(bad(format!(
+                "`cpu.{key}`: real-time CPU time is not bounded by the CPU quota a GPU container \
+                 was admitted with; GPU containers get none"
+            )));
+        }
+    }
     let mut out = UpdateRequest::default();
     if let Some(q) = int(cpu, "cpu", "quota", false)? {
         out.cpu_quota = q as i64;

@@ -63,6 +63,15 @@ pub fn granted_as(a: &PluginAssignment, g: &Allocation) -> bool {
     }
 }
 
+/// Who chose the devices of a grant planned on exactly them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pick {
+    /// kubelet, through the device plugin's `Allocate` (and its token).
+    Kubelet,
+    /// The container's author, pinning GPUs (`docker --gpus '"device=…"'`).
+    Pinned,
+}
+
 impl Node {
     fn assignments_path(&self) -> PathBuf {
         self.store.path().with_file_name(ASSIGNMENTS_FILE)
@@ -193,12 +202,14 @@ impl Node {
         })
     }
 
-    /// Plans a grant on exactly the devices of `a` (see the module documentation).
+    /// Plans a grant on exactly the devices of `a` (see the module documentation), which
+    /// `pick` says who chose.
     /// Changes nothing; a refusal names the device.
     pub(super) fn plan_assigned(
         &self,
         who: &Asker<'_>,
         a: &PluginAssignment,
+        pick: Pick,
     ) -> Result<GrantPlan, ApiError> {
         let tenant = who.tenant;
         let allocations = self.allocations()?;
@@ -209,15 +220,16 @@ impl Node {
         // What a plain request may not touch (as `plan_grant` counts it).
         let mut untouchable = device_use.busy();
         untouchable.extend(life.keys().cloned());
+        let (what, rule) = match pick {
+            Pick::Kubelet => ("device-plugin device", ASSIGNMENT_ANNOTATION),
+            Pick::Pinned => ("pinned GPU", tessera_api::PINNED_ANNOTATION),
+        };
         let refuse = |id: &str, why: String| ApiError {
             code: ErrorCode::NoCapacity,
-            message: format!(
-                "tenant {tenant}: device-plugin device {id} ({}): {why}",
-                a.resource()
-            ),
+            message: format!("tenant {tenant}: {what} {id} ({}): {why}", a.resource()),
             tenant: Some(tenant.to_string()),
             request: Some(who.request.to_string()),
-            rule: Some(ASSIGNMENT_ANNOTATION.to_string()),
+            rule: Some(rule.to_string()),
         };
         // Ids another live kubelet grant holds (MPS percent and replicas are not devices:
         // only the ids tell them apart).
@@ -484,6 +496,8 @@ mod tests {
             workload: None,
             quota: None,
             nvlink_domain: None,
+            topology: None,
+            class: None,
         }
     }
 

@@ -622,7 +622,7 @@ mod tests {
             // Grants a millisecond apart: "youngest" is well defined.
             std::thread::sleep(Duration::from_millis(3));
             match r {
-                Ok(Outcome::Allocation(a)) => Ok(a),
+                Ok(Outcome::Allocation(a)) => Ok(*a),
                 Ok(other) => panic!("{other:?}"),
                 Err(e) => Err(e),
             }
@@ -708,7 +708,7 @@ mod tests {
         ));
         ctl.set_quota(QuotaGate::new(crate::quota::Authority::local("sim-h100-0"), None));
         let a = match ctl.apply(Action::Allocate(req("m1", "team-dev", "mig=1g.10gb"))) {
-            Ok(Outcome::Allocation(a)) => a,
+            Ok(Outcome::Allocation(a)) => *a,
             other => panic!("{other:?}"),
         };
         let counted = a.quota.as_ref().and_then(|m| m.gpus.get(H100).copied());
@@ -756,7 +756,7 @@ mod tests {
         let allocate = |id: &str, ns: &str, request: &str| match ctl
             .apply(Action::Allocate(req(id, ns, request)))
         {
-            Ok(Outcome::Allocation(a)) => Ok(a),
+            Ok(Outcome::Allocation(a)) => Ok(*a),
             Ok(other) => panic!("{other:?}"),
             Err(e) => Err(e),
         };

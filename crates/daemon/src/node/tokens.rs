@@ -288,6 +288,10 @@ impl Node {
         let verdict =
             self.load_tokens()?
                 .check(now, issued, holder.as_ref(), &req.container_id, &|c| live.contains(c));
+        if verdict.is_ok() {
+            // kubelet's Allocate is answered by this create, granted or refused after.
+            self.note_presented(issued.assignment());
+        }
         verdict.map_err(|why| {
             let err = ApiError {
                 code: ErrorCode::BadRequest,
@@ -304,6 +308,16 @@ impl Node {
             self.record_refusal(&req.container_id, &err);
             err
         })
+    }
+
+    /// Remembers that a create presented `a`'s verified token ([`MAX_PRESENTED`] kept).
+    fn note_presented(&mut self, a: &PluginAssignment) {
+        if !self.presented.contains(a) {
+            self.presented.push_back(a.clone());
+        }
+        while self.presented.len() > super::MAX_PRESENTED {
+            self.presented.pop_front();
+        }
     }
 
     /// Records that `req`'s grant is made with `issued`'s token (checked by
