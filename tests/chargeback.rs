@@ -5,7 +5,9 @@
 //! * Two prices: team A (`acme/trusted`, chargeback) holds a guarantee of 4 and runs
 //!   nothing: the fleet's bill for the hour charges it the floor, 4 GPU-hours at the
 //!   reserved 2.5 = 10.0, all of it idle. Team B (`acme/dev`, showback) has only a ceiling:
-//!   its containers run borrowed and are billed their GPU-seconds at the burst rate 1.0.
+//!   its containers run borrowed and are billed their GPU-seconds at the burst rate 1.0;
+//!   a 2-GPU grant the placement puts inside one NVLink domain (the simulated nodes have
+//!   NVLink pairs) pays the topology premium 0.5 per GPU-hour on top, single GPUs do not.
 //!   The billing window is the query's (`--from -1h --to now`): a floor is billed over the
 //!   window asked for, up to the time the bill is made, so no test waits an hour.
 //! * The idle made visible: a container holding a whole GPU at 4% simulated SM appears in
@@ -51,9 +53,10 @@ fn policy() -> Vec<u8> {
     serde_json::to_vec_pretty(&p).unwrap()
 }
 
-/// Eight whole H100s.
+/// Eight whole H100s, NVLink pairs (0,1) (2,3) (4,5) (6,7).
 fn eight_h100() -> Value {
-    let gpus: Vec<Value> = (0..8).map(|_| json!({"model": "H100-80GB"})).collect();
+    let gpus: Vec<Value> =
+        (0..8).map(|i| json!({"model": "H100-80GB", "nvlink": [i ^ 1]})).collect();
     json!({
         "node": "unnamed",
         "majors": {"nvidia_uvm": 508, "nvidia_caps": 509},
@@ -125,9 +128,10 @@ fn f(v: &Value, k: &str) -> f64 {
     v[k].as_f64().unwrap_or_else(|| panic!("no number {k} in {v:#}"))
 }
 
-/// Create and start `id` (a whole GPU for the tenant behind `ns`), running until killed.
-fn run(node: &Node, id: &str, ns: &str) -> i32 {
-    let b = node.bundle(id, ns, Some("gpu=1"), &["sh", "-c", "while true; do sleep 0.1; done"]);
+/// Create and start `id` (`gpus` whole GPUs for the tenant behind `ns`), running until killed.
+fn run(node: &Node, id: &str, ns: &str, gpus: u32) -> i32 {
+    let req = format!("gpu={gpus}");
+    let b = node.bundle(id, ns, Some(&req), &["sh", "-c", "while true; do sleep 0.1; done"]);
     node.fx.run_detached(&b, id)
 }
 
@@ -142,15 +146,19 @@ fn under_driven<'a>(report: &'a Value, container: &str) -> Option<&'a Value> {
     report["under_driven"].as_array()?.iter().find(|s| s["container_id"] == container)
 }
 
-/// Every closed interval of `node` is uploaded (its chain up to the ledger's head).
+/// Every interval of `node` is closed (its containers' exits seen) and uploaded: the
+/// coordinator holds its chain up to the last link (a fresh ledger: one link per interval).
 fn wait_uploaded(node: &Node) {
     let done = wait_for(
         || {
+            let r = node_usage(node);
+            let closed = r["total"]["intervals"].as_u64().unwrap();
+            if r["open_intervals"] != 0 || closed == 0 {
+                return false;
+            }
             let s = node.client().status().unwrap();
             let u = s.policy.coordinator.and_then(|c| c.usage);
-            u.is_some_and(|u| {
-                u.pending == 0 && u.uploaded_through_seq > 0 && u.last_error.is_none()
-            })
+            u.is_some_and(|u| u.uploaded_through_seq == closed && u.last_error.is_none())
         },
         Duration::from_secs(30),
     );
@@ -174,8 +182,8 @@ fn bill_and_prove(fleet: &Fleet) -> String {
     let (a, b) = (&fleet.a, &fleet.b);
 
     // --- The idle made visible: two whole GPUs on node A, driven at 4% and at 90%. ---
-    let light = run(a, "light", B_NS);
-    let busy = run(a, "busy", B_NS);
+    let light = run(a, "light", B_NS, 1);
+    let busy = run(a, "busy", B_NS, 1);
     let feed = a.state.join("sim/util");
     std::fs::create_dir_all(&feed).unwrap();
     for (id, pid, sm) in [("light", light, 4), ("busy", busy, 90)] {
@@ -245,9 +253,16 @@ fn bill_and_prove(fleet: &Fleet) -> String {
     assert!(sampled("light") > 0.0 && driven(&text, "light") < 0.1 * sampled("light"), "{text}");
 
     // B's work is borrowed (acme/dev has a ceiling, no guarantee): the burst rate. Run one
-    // more on node B, then stop everything.
-    run(b, "other", B_NS);
-    for (node, id) in [(a, "light"), (a, "busy"), (b, "other")] {
+    // more on node B, and a 2-GPU grant the placement puts inside one NVLink domain (the
+    // topology premium), then stop everything.
+    run(b, "other", B_NS, 1);
+    run(b, "pair", B_NS, 2);
+    let pair = b.client().allocation("pair").unwrap();
+    assert_eq!(pair.devices.len(), 2, "{pair:#?}");
+    let domain = pair.nvlink_domain.unwrap_or_else(|| panic!("no NVLink domain: {pair:#?}"));
+    let note = pair.topology.clone().unwrap_or_default();
+    assert!(note.starts_with(&format!("NVLink domain {domain}")), "{pair:#?}");
+    for (node, id) in [(a, "light"), (a, "busy"), (b, "other"), (b, "pair")] {
         assert_eq!(
             node.client().allocation(id).unwrap().quota.map(|q| q.class),
             Some(tessera_api::QuotaClass::Borrowed),
@@ -271,17 +286,49 @@ fn bill_and_prove(fleet: &Fleet) -> String {
     let dev = row(report, "acme/dev");
     let burst = f(dev, "burst_gpu_seconds");
     assert!(burst > 0.0 && burst == f(dev, "gpu_seconds"), "all of B's work borrowed: {dev:#}");
-    // By hand: GPU-seconds / 3600 x 1.0, kept to a millionth.
-    let by_hand = (burst * 1e6 / 3600.0).round() / 1e6;
-    assert!((f(dev, "burst_cost") - by_hand).abs() < 2e-6, "{dev:#}");
-    assert_eq!(
-        (f(dev, "cost"), f(dev, "showback_cost")),
-        (f(dev, "burst_cost"), f(dev, "burst_cost"))
+    // Each interval's amount is rounded once to a millionth: by hand, within half a
+    // millionth per interval.
+    let within = 0.5e-6 * f(dev, "intervals") + 1e-9;
+    // By hand: GPU-seconds / 3600 x 1.0.
+    let by_hand = burst / 3600.0 * 1.0;
+    assert!((f(dev, "burst_cost") - by_hand).abs() <= within, "{dev:#}");
+    // The topology premium: the 2-GPU grant inside one NVLink domain, both devices, and
+    // nothing else (the single GPUs carry none): GPU-seconds / 3600 x 0.5 on top.
+    let by_container = fleet.fleet_usage("container");
+    let rows = &by_container["report"];
+    let pair_gs = f(row(rows, "pair"), "gpu_seconds");
+    assert!(pair_gs > 0.0 && f(row(rows, "pair"), "intervals") == 2.0, "{rows:#}");
+    assert_eq!(f(dev, "premium_gpu_seconds"), pair_gs, "{dev:#}");
+    for single in ["light", "busy", "other"] {
+        assert_eq!(f(row(rows, single), "premium_gpu_seconds"), 0.0, "{single}: {rows:#}");
+    }
+    let premium_by_hand = pair_gs / 3600.0 * 0.5;
+    assert!((f(dev, "premium_cost") - premium_by_hand).abs() <= within, "{dev:#}");
+    assert!(f(dev, "premium_cost") > 0.0, "{dev:#}");
+    let pair = row(rows, "pair");
+    assert!(
+        (f(pair, "cost") - pair_gs / 3600.0 * (1.0 + 0.5)).abs() <= 2.5e-6,
+        "the pair pays burst and premium: {pair:#}"
     );
+    assert!(
+        (f(dev, "cost") - (f(dev, "burst_cost") + f(dev, "premium_cost"))).abs() < 1e-9,
+        "{dev:#}"
+    );
+    assert_eq!(f(dev, "showback_cost"), f(dev, "cost"), "acme/dev is shown, not charged");
+    assert_eq!(f(dev, "chargeback_cost"), 0.0);
     assert_eq!(f(dev, "floor_cost"), 0.0, "no guarantee, no floor");
     assert!((f(&report["total"], "cost") - (10.0 + f(dev, "cost"))).abs() < 1e-9, "{report:#}");
+    eprintln!(
+        "bill: acme/trusted floor {} GPU-s, cost {} (charged); acme/dev burst {} GPU-s, cost {}, premium {} GPU-s, cost {} (shown); total {}",
+        f(trusted, "floor_gpu_seconds"),
+        f(trusted, "cost"),
+        burst,
+        f(dev, "burst_cost"),
+        pair_gs,
+        f(dev, "premium_cost"),
+        f(&report["total"], "cost")
+    );
     // The fleet view has the nodes' utilisation: the light GPU is named there too.
-    let by_container = fleet.fleet_usage("container");
     let s = under_driven(&by_container["report"], "light")
         .unwrap_or_else(|| panic!("{by_container:#}"));
     assert_eq!(s["fits"], "1g.10gb");
