@@ -57,7 +57,7 @@ pub fn status(s: &NodeStatus) -> String {
         if let Some(u) = &c.usage {
             let _ = writeln!(
                 out,
-                "  usage uploads: through ledger seq {}, {} pending, {} accepted, {} duplicates{}",
+                "  usage uploads: through chain seq {}, {} pending, {} accepted, {} duplicates{}",
                 u.uploaded_through_seq,
                 u.pending,
                 u.accepted,
@@ -65,6 +65,13 @@ pub fn status(s: &NodeStatus) -> String {
                 u.last_error.as_deref().map(|e| format!(", last error: {e}")).unwrap_or_default()
             );
         }
+    }
+    if let Some(k) = &s.node_key {
+        let _ = writeln!(
+            out,
+            "node key {} (id {}): signs this node's usage uploads",
+            k.public_key, k.key_id
+        );
     }
     let held = s.allocations.len();
     let _ = writeln!(
@@ -260,8 +267,17 @@ pub fn usage(r: &metering::UsageReport) -> String {
     let width = r.rows.iter().map(|x| label(x).len()).max().unwrap_or(5).max(5);
     let _ = writeln!(
         out,
-        "{:<width$}  {:>14}  {:>10}  {:>10}  {:>9}  {:>13}",
-        "group", "GPU-seconds", "GPU-hours", "cost", "intervals", "used/reserved"
+        "{:<width$}  {:>14}  {:>10}  {:>10}  {:>9}  {:>13}  {:>12}  {:>10}  {:>10}  {:>9}",
+        "group",
+        "GPU-seconds",
+        "GPU-hours",
+        "cost",
+        "intervals",
+        "used/reserved",
+        "floor GPU-h",
+        "floor idle",
+        "burst cost",
+        "premium"
     );
     for row in r.rows.iter().chain(std::iter::once(&r.total)) {
         // Only where utilisation was sampled (whole GPUs with NVML; never MIG).
@@ -270,15 +286,61 @@ pub fn usage(r: &metering::UsageReport) -> String {
         } else {
             "-".to_string()
         };
+        let idle = if row.floor_gpu_seconds > 0.0 {
+            format!("{:.0}%", 100.0 * row.floor_idle_gpu_seconds / row.floor_gpu_seconds)
+        } else {
+            "-".to_string()
+        };
         let _ = writeln!(
             out,
-            "{:<width$}  {:>14.3}  {:>10.4}  {:>10.4}  {:>9}  {:>13}",
+            "{:<width$}  {:>14.3}  {:>10.4}  {:>10.4}  {:>9}  {:>13}  {:>12.4}  {:>10}  {:>10.4}  {:>9.4}",
             label(row),
             row.gpu_seconds,
             row.gpu_seconds / 3600.0,
             row.cost,
             row.intervals,
-            used
+            used,
+            row.floor_gpu_seconds / 3600.0,
+            idle,
+            row.burst_cost,
+            row.premium_cost
+        );
+    }
+    let t = &r.total;
+    if t.chargeback_cost > 0.0 || t.showback_cost > 0.0 {
+        let _ = writeln!(
+            out,
+            "charged (chargeback) {:.4}, shown only (showback) {:.4}",
+            t.chargeback_cost, t.showback_cost
+        );
+    }
+    if r.floors_billed {
+        let _ = writeln!(
+            out,
+            "floors: each quota path's own guarantee billed at the reserved rate{}, used or not",
+            r.floors_until_ms
+                .filter(|u| *u < r.to_ms)
+                .map(|u| format!(" up to {}", tessera_api::time::format_utc(u)))
+                .unwrap_or_default()
+        );
+    } else if t.in_floor_gpu_seconds > 0.0 {
+        let _ = writeln!(
+            out,
+            "{:.3} GPU-seconds ran inside guarantees: their floors are billed once, in the fleet's report (tessera usage --coordinator)",
+            t.in_floor_gpu_seconds
+        );
+    }
+    if t.preempted_gpu_seconds > 0.0 {
+        let _ = writeln!(
+            out,
+            "lost to preemption: {:.3} GPU-seconds, worth {:.4}, {}",
+            t.preempted_gpu_seconds,
+            t.preempted_cost,
+            match r.preempted {
+                metering::Preempted::Bill => "billed (billing.preempted: bill)".to_string(),
+                metering::Preempted::Waive =>
+                    format!("not billed: {:.4} waived (billing.preempted: waive)", t.waived_cost),
+            }
         );
     }
     if r.open_intervals > 0 {
@@ -287,6 +349,13 @@ pub fn usage(r: &metering::UsageReport) -> String {
     if !r.unpriced_models.is_empty() {
         let _ =
             writeln!(out, "no price in the policy for: {} (cost 0)", r.unpriced_models.join(", "));
+    }
+    if !r.under_driven.is_empty() {
+        let _ = writeln!(out, "\nunder-driven (right-sizing suggestions)");
+        for s in &r.under_driven {
+            let who = s.name.as_deref().unwrap_or(&s.container_id);
+            let _ = writeln!(out, "  {who} ({}, {}): {}", s.tenant, s.device_uuid, s.message);
+        }
     }
     out
 }

@@ -122,7 +122,9 @@ fn three_tenants_known_durations_usage_and_metrics_agree() {
     assert!(table.contains("acme/trusted") && table.contains("TOTAL"), "{table}");
     let csv = node.cli(&["usage", "--from", "-1h", "--by", "org", "--csv"]).stdout_str();
     assert!(
-        csv.starts_with("group,gpu_seconds,cost,intervals\n") && csv.contains("\nTOTAL,"),
+        csv.starts_with(&format!("{}\n", metering::CSV_HEADER))
+            && csv.starts_with("group,gpu_seconds,cost,intervals,")
+            && csv.contains("\nTOTAL,"),
         "{csv}"
     );
 }

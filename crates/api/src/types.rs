@@ -320,6 +320,12 @@ pub struct Allocation {
     /// grants have none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<Box<QuotaMark>>,
+    /// The NVLink domain all the devices of a multi-GPU grant sit in, as the placement
+    /// found it (absent: one device, devices in no common domain, or a node whose
+    /// topology is unknown). The ledger records it: such grants carry the policy's
+    /// topology premium (`prices.<model>.nvlink_premium_per_gpu_hour`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain: Option<u32>,
     /// Where a multi-GPU grant sits in the node's topology, in words (`NVLink domain 1,
     /// NUMA node 0`); absent where the node's topology is unknown or the grant is not of
     /// whole GPUs.
@@ -692,7 +698,8 @@ pub struct PolicyRejection {
 /// How a fleet node's usage uploads are going.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageUploadStatus {
-    /// Every closed ledger interval up to this ledger `seq` is uploaded.
+    /// Every closed ledger interval up to this position of the ledger's hash chain is
+    /// uploaded (and the coordinator holds the chain up to here).
     pub uploaded_through_seq: u64,
     /// Closed intervals not uploaded yet.
     pub pending: u64,
@@ -732,6 +739,19 @@ pub struct NodeStatus {
     /// only what is cut.
     #[serde(default)]
     pub mig_cut_on_demand: bool,
+    /// The node's own key, which signs its usage uploads (`STATE/fleet/node.key`): what the
+    /// operator pins at the coordinator (`tessera nodes register-key NODE PUBLIC_KEY`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_key: Option<NodeKeyInfo>,
+}
+
+/// A node's public key, as `tessera status --json` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeKeyInfo {
+    /// ed25519, 64 hex digits.
+    pub public_key: String,
+    /// The first 16 hex digits of its SHA-256.
+    pub key_id: String,
 }
 
 /// A string map whose keys must be unique: serde_json (like Go) would keep the last of two,

@@ -31,9 +31,12 @@
 //!   into [`agent::AgentStatus`] and to the coordinator), hands the policy to the daemon,
 //!   keeps it on disk as last-known-good, reports its applied version and health, fails
 //!   over between coordinator URLs, uploads ledger intervals idempotently.
-//! * Fleet usage: nodes upload closed ledger intervals keyed by (node, interval id);
-//!   a retried upload never counts twice. `GET /v1/usage` rolls them up with
-//!   [`metering::aggregate`], the same pure function a node's own report uses.
+//! * Fleet usage: nodes upload closed ledger intervals keyed by (node, interval id), each
+//!   upload a segment of the node's hash chain signed with the node's key, stored only if
+//!   it verifies against the key the operator pinned and extends the chain held
+//!   ([`usage`], [`fleet::proof`]); a retried upload never counts twice. `GET /v1/usage`
+//!   rolls them up with [`metering::aggregate`], the same pure function a node's own report
+//!   uses; priced, it bills floors, bursts and the topology premium.
 //!
 //! # HTTP API
 //!
@@ -46,8 +49,11 @@
 //! | `POST /v1/nodes/{node}/report` | that node | [`NodeReport`] |
 //! | `GET /v1/nodes` | admin | [`NodeRecord`] list |
 //! | `GET /v1/nodes/{node}` | admin, that node | one [`NodeRecord`] |
-//! | `POST /v1/nodes/{node}/usage` | that node | [`UsageUpload`] → [`UploadOutcome`] |
+//! | `POST /v1/nodes/{node}/usage` | that node | a signed [`UsageUpload`] → [`UploadOutcome`] ([`usage`]) |
+//! | `GET /v1/nodes/{node}/usage/head?ledger_id=` | admin, that node | the newest chain link stored ([`usage`]) |
+//! | `PUT /v1/nodes/{node}/key`, `GET /v1/nodes/{node}/key` | admin (GET: that node too) | pin a node's public key ([`usage`]) |
 //! | `GET /v1/usage?from_ms=&to_ms=&by=&node=` | admin | [`FleetUsage`] |
+//! | `GET /v1/usage/export?from_ms=&to_ms=&by=&node=` | admin | a bill with its proofs ([`fleet::proof::BillExport`]) |
 //! | `POST /v1/usage` | admin | [`FleetUsageRequest`] (with prices) → [`FleetUsage`] |
 //! | `GET /v1/audit/refusals` | admin | recent [`RefusalRecord`]s |
 //! | `POST /v1/nodes/{node}/quota/admit`, `/quota/release`, `/quota/resize`, `/quota/sync` | that node | fleet quotas ([`quota`]) |
@@ -66,6 +72,7 @@ mod http;
 pub mod quota;
 pub mod server;
 pub mod store;
+pub mod usage;
 
 // The wire types, the signed envelope, the client, TLS and the node agent live in the
 // `fleet` crate (what nodes and the CLI build against); re-exported under their old paths.

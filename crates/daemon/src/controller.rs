@@ -34,7 +34,7 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use metering::{IntervalRecord, UsageReport};
+use metering::UsageReport;
 use serde::Serialize;
 use tessera_api::{
     untrusted, AllocateRequest, Allocation, ApiError, ErrorCode, NodeStatus, ReleaseRequest,
@@ -126,8 +126,11 @@ pub enum Action {
     // The fleet agent (`fleet.rs`).
     /// A verified policy revision: every decision from now on uses it.
     SetPolicy(Box<ActivePolicy>),
-    /// The ledger's id and rows, for the usage upload.
-    LedgerRows,
+    /// The ledger's chain head and the closed intervals after chain seq `after` (at most
+    /// `limit`), for the usage upload.
+    LedgerChain { after: u64, limit: usize },
+    /// `GET /v1/usage/verify`: recompute the ledger's hash chain.
+    VerifyLedger,
 
     // The CDI spec (`cdi.rs`).
     /// The node's status and the policy in force, read in one step.
@@ -183,7 +186,8 @@ impl Action {
             Action::ExitWatchTarget(_) => "exit watch",
             Action::ContainerExited { .. } => "closing the intervals of an exited container",
             Action::SetPolicy(_) => "policy update",
-            Action::LedgerRows => "ledger read",
+            Action::LedgerChain { .. } => "ledger read",
+            Action::VerifyLedger => "ledger verification",
             Action::Capacity => "capacity read",
             Action::IssueAssignments(_) => "device-plugin token issue",
             Action::QuotaSnapshot => "quota snapshot",
@@ -265,10 +269,12 @@ pub enum Outcome {
     #[serde(skip)]
     WatchTarget(Option<(i32, Option<u64>)>),
     #[serde(skip)]
-    Ledger {
-        ledger_id: String,
-        rows: Vec<IntervalRecord>,
+    /// The ledger's chain head and closed intervals after a chain seq.
+    Chain {
+        head: metering::ChainHead,
+        intervals: Vec<metering::ClosedInterval>,
     },
+    ChainReport(Box<metering::ChainReport>),
     #[serde(skip)]
     Capacity(Box<device_plugin::Snapshot>),
     /// The node's status and the policy in force at one instant.
@@ -538,13 +544,13 @@ impl Controller {
                 self.quota_snapshot().map(|r| O::QuotaSnapshot(r.map(Box::new)))
             }
             Action::QuotaPreempt(victims) => self.preempt(&victims, None).map(O::Count),
-            Action::LedgerRows => self.locked(|n| {
-                let ledger = n.ledger();
-                let rows = ledger.intervals().map_err(|e| {
-                    ApiError::new(ErrorCode::Internal, format!("reading the ledger: {e}"))
-                })?;
-                Ok(O::Ledger { ledger_id: ledger.ledger_id().to_string(), rows })
+            Action::LedgerChain { after, limit } => self.locked(|n| {
+                let (head, intervals) = n.chained_after(after, limit)?;
+                Ok(O::Chain { head, intervals })
             }),
+            Action::VerifyLedger => {
+                self.locked(|n| n.verify_chain()).map(|r| O::ChainReport(Box::new(r)))
+            }
         }
     }
 

@@ -126,6 +126,8 @@ pub enum DaemonError {
     NoPolicy,
     #[error("coordinator: {0}")]
     Coordinator(String),
+    #[error("node key: {0}")]
+    NodeKey(String),
     #[error("gpu backend: {0}")]
     Backend(String),
     #[error(transparent)]
@@ -229,6 +231,18 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     }
 
     let backend = open_backend(&config.node, &config.state_dir)?;
+    // The node's own key, made at the first start: it signs the usage this node uploads;
+    // the operator pins its public half at the coordinator.
+    let key_path = ::fleet::proof::node_key_path(&config.state_dir);
+    let (node_key, made) = ::fleet::proof::load_or_create_node_key(&key_path)
+        .map_err(|e| DaemonError::NodeKey(e.to_string()))?;
+    let public_key = ::fleet::signing::encode_verifying_key(&node_key.verifying_key());
+    if made {
+        info!(path = %key_path.display(), key_id = %node_key.key_id(), public_key = %public_key,
+              "made this node's usage signing key; pin it at the coordinator: tessera nodes register-key NODE {public_key}");
+    } else {
+        info!(key_id = %node_key.key_id(), public_key = %public_key, "node usage signing key");
+    }
     let (active, fleet) = match &config.coordinator {
         None => {
             let path = config.policy.as_ref().ok_or(DaemonError::NoPolicy)?;
@@ -237,7 +251,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         }
         Some(cc) => {
             let name = backend.inventory().map_err(|e| DaemonError::Backend(e.to_string()))?.node;
-            let fleet = fleet::Fleet::new(cc, &name, &config.state_dir)?;
+            let mut cc = cc.clone();
+            cc.node_key = Some(node_key.clone());
+            let fleet = fleet::Fleet::new(&cc, &name, &config.state_dir)?;
             let active = fleet.initial_policy(config.policy.as_deref()).await?;
             (active, Some(Arc::new(fleet)))
         }
@@ -271,6 +287,13 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         },
     })
     .map_err(DaemonError::Backend)?;
+    node.set_identity(
+        Some(tessera_api::NodeKeyInfo {
+            public_key: public_key.clone(),
+            key_id: node_key.key_id().to_string(),
+        }),
+        fleet.is_some(),
+    );
     // For the wrapper, which refuses a container in a grant's cgroup without asking.
     node.list_grant_cgroups_in(tessera_api::cgroup::grant_cgroups_path(&config.socket));
     info!(node = %node.inventory().node, gpus = node.inventory().gpus.len(),

@@ -91,6 +91,74 @@ pub fn render(node: &NodeStatus, intervals: &[IntervalRecord]) -> String {
         cap_drift,
     );
 
+    // Held against driven, per tenant and container: GPU-seconds of the intervals whose
+    // utilisation was sampled, and what their processes drove of them (mean SM use x time).
+    let held = Family::<Labels, Counter<f64, AtomicU64>>::default();
+    let driven = Family::<Labels, Counter<f64, AtomicU64>>::default();
+    let mut sums: BTreeMap<Labels, (f64, f64)> = BTreeMap::new();
+    for r in intervals {
+        let Some(u) = &r.utilization else { continue };
+        let labels = vec![
+            ("tenant".to_string(), r.start.tenant.clone()),
+            ("container".to_string(), r.start.container_id.clone()),
+        ];
+        let gs = r.accrued_gpu_seconds();
+        let e = sums.entry(labels).or_default();
+        e.0 += gs;
+        e.1 += gs * (u.sm_percent_avg / 100.0 / r.start.fraction).min(1.0);
+    }
+    for (labels, (h, d)) in sums {
+        held.get_or_create(&labels).inc_by(h);
+        driven.get_or_create(&labels).inc_by(d);
+    }
+    registry.register(
+        "gpu_seconds_sampled",
+        "GPU-seconds held by intervals whose per-process utilisation was sampled (whole GPUs; never MIG)",
+        held,
+    );
+    registry.register(
+        "gpu_seconds_driven",
+        "Of the sampled GPU-seconds, what the container's processes drove (mean SM use x time)",
+        driven,
+    );
+
+    // Whole GPUs held far below what they offer over the last day, and the MIG profile
+    // that fits (metering::idle): one series per container and device, value 1.
+    let underdriven = Family::<Labels, Gauge>::default();
+    let now = tessera_api::time::now_ms();
+    let day = now.saturating_sub(24 * 3_600_000);
+    let spans: Vec<metering::Span> = intervals
+        .iter()
+        .map(|r| {
+            let (end, open) = match &r.end {
+                Some(e) => (r.start_wall_ms.saturating_add(e.duration_ms), false),
+                None => (r.checkpoint_wall_ms.max(r.start_wall_ms), true),
+            };
+            metering::Span::new(
+                r.start.clone(),
+                r.start_wall_ms,
+                end - r.start_wall_ms,
+                open,
+                r.utilization.as_ref(),
+                r.preempted_ms.is_some(),
+            )
+        })
+        .collect();
+    for s in metering::idle::under_driven(&spans, day, now.max(day + 1)) {
+        let labels = vec![
+            ("tenant".to_string(), s.tenant),
+            ("container".to_string(), s.container_id),
+            ("device".to_string(), s.device_uuid),
+            ("fits".to_string(), s.fits),
+        ];
+        underdriven.get_or_create(&labels).set(1);
+    }
+    registry.register(
+        "underdriven_gpu",
+        "A whole GPU held in the last 24 h whose peak SM use (x 1.25) fits the MIG profile `fits`",
+        underdriven,
+    );
+
     let open = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
     open.set(intervals.iter().filter(|r| r.end.is_none()).count() as i64);
     registry.register("open_intervals", "Ledger intervals currently open", open);

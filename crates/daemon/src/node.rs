@@ -114,6 +114,11 @@ pub struct Node {
     reconcile_passes: u64,
     /// Updates of containers' limits admitted and not yet done (`runc update`).
     updates: BTreeMap<String, UpdateInFlight>,
+    /// The node's own key (it signs the usage uploads), as status shows it.
+    node_key: Option<tessera_api::NodeKeyInfo>,
+    /// Whether the node follows a fleet coordinator: then its reports bill no floors (the
+    /// guarantees are the fleet's, billed once in the coordinator's report).
+    in_fleet: bool,
     /// The GPUs' NVLink domains and NUMA nodes (read once at start).
     topology: slicer::Topology,
     /// The last telemetry sample (`node/telemetry.rs`).
@@ -190,6 +195,8 @@ impl Node {
             grant_cgroups_file: None,
             reconcile_passes: 0,
             updates: BTreeMap::new(),
+            node_key: None,
+            in_fleet: false,
             presented: std::collections::VecDeque::new(),
         };
         node.sweep_reports();
@@ -215,6 +222,13 @@ impl Node {
         for e in crate::report_fs::sweep(dir, |id| keep.contains(id)) {
             warn!("cannot remove a stale latency report: {e}");
         }
+    }
+
+    /// The node's key (shown in status) and whether it follows a fleet coordinator (its
+    /// reports then bill no floors).
+    pub fn set_identity(&mut self, node_key: Option<tessera_api::NodeKeyInfo>, in_fleet: bool) {
+        self.node_key = node_key;
+        self.in_fleet = in_fleet;
     }
 
     /// Tests: arm (or disarm) a fault between a grant's plan and its commit.

@@ -79,6 +79,7 @@ pub fn router(ctl: Arc<Controller>) -> Router {
         .route("/v1/allocations/{id}/update", post(update))
         .route("/v1/allocations/{id}/update/done", post(update_done))
         .route("/v1/usage", get(usage))
+        .route("/v1/usage/verify", get(verify_usage))
         .route("/v1/mig/plan", get(mig_plan))
         .route("/v1/mig/converge", post(mig_converge))
         .route("/v1/devices/{uuid}/unquarantine", post(unquarantine))
@@ -145,6 +146,11 @@ async fn usage(
         Ok((from_ms, to_ms, by)) => act(&ctl, Action::Usage { from_ms, to_ms, by }).await,
         Err(e) => Reply::<()>(Err(e)).into_response(),
     }
+}
+
+/// `GET /v1/usage/verify`: the ledger's hash chain recomputed ([`metering::ChainReport`]).
+async fn verify_usage(State(ctl): State<Arc<Controller>>) -> Response {
+    act(&ctl, Action::VerifyLedger).await
 }
 
 /// The Prometheus endpoint, served on its own TCP address (`--metrics`).

@@ -145,6 +145,7 @@ mod tests {
             pid: None,
             created_ms: 0,
             share,
+            nvlink_domain: None,
         }
     }
 

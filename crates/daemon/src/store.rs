@@ -631,6 +631,7 @@ mod tests {
                 share: None,
                 workload: None,
                 quota: None,
+                nvlink_domain: None,
                 topology: None,
                 class: None,
             },

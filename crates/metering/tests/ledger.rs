@@ -12,15 +12,12 @@ use metering::{
 };
 
 fn query(from: u64, to: u64, by: GroupBy) -> UsageQuery {
-    UsageQuery { from_ms: from, to_ms: to, by, prices: Prices::default() }
+    UsageQuery::new(from, to, by, Prices::default())
 }
 
 fn prices() -> Prices {
     let mut per_model = BTreeMap::new();
-    per_model.insert(
-        "H100-80GB".to_string(),
-        Rate { reserved_per_gpu_hour: 2.0, burst_per_gpu_hour: 0.5 },
-    );
+    per_model.insert("H100-80GB".to_string(), Rate::new(2.0, 0.5));
     Prices { per_model }
 }
 
@@ -318,7 +315,8 @@ fn repeated_queries_are_byte_identical() {
         let mut sorted = groups.clone();
         sorted.sort();
         assert_eq!(groups, sorted);
-        assert!(csv.starts_with("group,gpu_seconds,cost,intervals\n"));
+        assert!(csv.starts_with(&format!("{}\n", metering::CSV_HEADER)));
+        assert!(metering::CSV_HEADER.starts_with("group,gpu_seconds,cost,intervals,"));
         assert!(csv.lines().last().expect("total").starts_with("TOTAL,"));
     }
     // Reopening the file (recovering the still-open intervals at the checkpoint) then
@@ -350,9 +348,7 @@ fn bad_queries_say_what_is_wrong() {
     assert!(matches!(l.usage(&query(T0 + 1, T0, GroupBy::Org)), Err(LedgerError::BadQuery(_))));
     assert!(matches!(l.usage(&query(0, u64::MAX, GroupBy::Org)), Err(LedgerError::BadQuery(_))));
     let mut q = query(T0, T0 + 1, GroupBy::Org);
-    q.prices
-        .per_model
-        .insert("X".into(), Rate { reserved_per_gpu_hour: f64::NAN, burst_per_gpu_hour: 1.0 });
+    q.prices.per_model.insert("X".into(), Rate::new(f64::NAN, 1.0));
     assert!(matches!(l.usage(&q), Err(LedgerError::BadQuery(_))));
     // Unknown fields in a query are an error, not a silent default.
     let parsed: Result<UsageQuery, _> =
@@ -564,6 +560,7 @@ fn utilisation_samples_accumulate_on_open_intervals_only() {
         fraction,
         class: metering::Class::Guaranteed,
         workload: None,
+        nvlink_domain: None,
     };
     l.open_interval(&start("c1", "GPU-a", 0.5)).expect("open");
     l.open_interval(&start("c2", "GPU-b", 1.0)).expect("open");
@@ -592,12 +589,12 @@ fn utilisation_samples_accumulate_on_open_intervals_only() {
     assert_eq!((u.samples, u.sm_percent_avg), (2, 40.0));
     assert!(recs.iter().find(|r| r.start.container_id == "c2").expect("c2").utilization.is_none());
     let r = l
-        .usage(&metering::UsageQuery {
-            from_ms: 1_767_225_600_000,
-            to_ms: 1_767_225_610_000,
-            by: metering::GroupBy::Container,
-            prices: Default::default(),
-        })
+        .usage(&metering::UsageQuery::new(
+            1_767_225_600_000,
+            1_767_225_610_000,
+            metering::GroupBy::Container,
+            Default::default(),
+        ))
         .expect("usage");
     let c1 = r.rows.iter().find(|x| x.group == "c1").expect("c1");
     assert_eq!(c1.gpu_seconds, 5.0);
@@ -749,7 +746,8 @@ fn cells_that_a_spreadsheet_would_run_as_formulas_are_escaped() {
         let (cell, rest) = first_csv_cell(line);
         let id = cell.strip_prefix('\'').expect("the quote prefix");
         seen.push(id.to_string());
-        assert_eq!(rest.split(',').count(), 3, "three numbers after the cell: {line:?}");
+        let numbers = metering::CSV_HEADER.split(',').count() - 1;
+        assert_eq!(rest.split(',').count(), numbers, "only numbers after the cell: {line:?}");
     }
     seen.sort();
     let mut want: Vec<String> = hostile.iter().map(|s| s.to_string()).collect();

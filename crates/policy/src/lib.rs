@@ -59,6 +59,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod billing;
 mod decide;
 mod error;
 mod health;
@@ -79,6 +80,7 @@ use sha2::{Digest, Sha256};
 use tessera_api::display::MAX_LINE_CHARS;
 use tessera_api::untrusted;
 
+pub use billing::{Billing, BillingMode, PreemptedWork};
 pub use error::{IdentityError, PolicyError, Refusal};
 pub use health::{
     FaultSettings, InterferenceSettings, TopologySettings, WorkloadClass, CLASS_ANNOTATION,
@@ -161,6 +163,8 @@ pub struct Policy {
     pub(crate) quotas: quota::QuotaTree,
     /// How long a gang's first member waits for the rest (`gangs.timeout_s`).
     pub(crate) gang_timeout_s: u64,
+    /// Showback or chargeback per path, preempted work (`billing`).
+    pub(crate) billing: Billing,
     /// What an XID fault does beyond the quarantine (`faults`).
     pub(crate) faults: FaultSettings,
     /// How topology shapes placement (`topology`).
@@ -219,6 +223,8 @@ pub struct Price {
     pub reserved_per_gpu_hour: f64,
     /// Borrowed idle capacity above the guarantee.
     pub burst_per_gpu_hour: f64,
+    /// Added per GPU-hour of a multi-GPU grant inside one NVLink domain.
+    pub nvlink_premium_per_gpu_hour: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -403,6 +409,12 @@ impl Policy {
     /// (`gangs.timeout_s`; [`DEFAULT_GANG_TIMEOUT_S`] unless set).
     pub fn gang_timeout_s(&self) -> u64 {
         self.gang_timeout_s
+    }
+
+    /// The `billing` section (defaults when absent: showback everywhere, preempted work
+    /// billed).
+    pub fn billing(&self) -> &Billing {
+        &self.billing
     }
 
     /// What an XID fault does beyond the quarantine (`faults`).

@@ -43,6 +43,9 @@ pub(crate) struct RawPolicy {
     pub quotas: Option<quota::QuotaSpec>,
     #[serde(default)]
     pub gangs: Option<Object<RawGangs>>,
+    /// Showback or chargeback per path, preempted work (docs/CHARGEBACK.md).
+    #[serde(default)]
+    pub billing: Option<Object<crate::billing::RawBilling>>,
     #[serde(default)]
     pub faults: Option<Object<RawFaults>>,
     #[serde(default)]
@@ -95,6 +98,9 @@ pub(crate) struct RawPrice {
     /// Defaults to the reserved rate.
     #[serde(default)]
     pub burst_per_gpu_hour: Option<f64>,
+    /// Added per GPU-hour of a multi-GPU grant inside one NVLink domain (default 0).
+    #[serde(default)]
+    pub nvlink_premium_per_gpu_hour: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]

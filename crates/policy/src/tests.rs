@@ -1079,9 +1079,81 @@ mod price_tests {
             (r#""mig_weights": {"1g.10gb": 1.5}"#, "mig_weights.1g.10gb"),
             (r#""mig_weights": {"big": 0.5}"#, "mig_weights.big"),
             (r#""mig_weights": {"1g.10gb": "half"}"#, "mig_weights.1g.10gb"),
+            (
+                r#""prices": {"H100-80GB": {"reserved_per_gpu_hour": 1, "nvlink_premium_per_gpu_hour": -0.5}}"#,
+                "prices.H100-80GB.nvlink_premium_per_gpu_hour",
+            ),
         ] {
             let e = parse(extra).expect_err(extra);
             assert!(e.to_string().contains(path), "{extra}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_topology_premium_defaults_to_nothing() {
+        let p = parse(r#""prices": {"H100-80GB": {"reserved_per_gpu_hour": 2.5, "nvlink_premium_per_gpu_hour": 0.5}, "A100-40GB": {"reserved_per_gpu_hour": 1}}"#)
+            .expect("valid");
+        assert_eq!(p.prices()["H100-80GB"].nvlink_premium_per_gpu_hour, 0.5);
+        assert_eq!(p.prices()["A100-40GB"].nvlink_premium_per_gpu_hour, 0.0);
+    }
+}
+
+#[cfg(test)]
+mod billing_tests {
+    use crate::{BillingMode, Policy, PreemptedWork};
+
+    const BASE: &str = r#""version": 1, "orgs": {"acme": {"trust": "trusted", "teams": {
+        "ml": {"projects": {"cv": {"users": ["alice"]}}}, "lab": {}}}}"#;
+
+    fn parse(extra: &str) -> Result<Policy, crate::PolicyError> {
+        Policy::parse(format!("{{{BASE}, {extra}}}").as_bytes(), "p.json")
+    }
+
+    #[test]
+    fn modes_are_per_path_inherited_and_default_to_showback() {
+        let none = Policy::parse(format!("{{{BASE}}}").as_bytes(), "p.json").expect("valid");
+        assert_eq!(none.billing().mode_of("acme/ml"), BillingMode::Showback);
+        assert_eq!(none.billing().preempted, PreemptedWork::Bill);
+        let p = parse(
+            r#""billing": {"default_mode": "chargeback", "modes": {"acme/lab": "showback", "acme/ml/cv": "chargeback"}, "preempted": "waive"}"#,
+        )
+        .expect("valid");
+        let b = p.billing();
+        assert_eq!(b.mode_of("acme/lab"), BillingMode::Showback);
+        assert_eq!(b.mode_of("acme/ml/cv/alice"), BillingMode::Chargeback);
+        assert_eq!(b.mode_of("acme/ml"), BillingMode::Chargeback, "the default");
+        assert_eq!(b.preempted, PreemptedWork::Waive);
+    }
+
+    #[test]
+    fn bad_billing_names_its_path() {
+        for (extra, path, what) in [
+            (
+                r#""billing": {"modes": {"acme/nope": "chargeback"}}"#,
+                "billing.modes.acme/nope",
+                "no team `nope`",
+            ),
+            (
+                r#""billing": {"modes": {"Acme": "chargeback"}}"#,
+                "billing.modes.Acme",
+                "malformed tenant path",
+            ),
+            (
+                r#""billing": {"modes": {"acme": "charge"}}"#,
+                "billing.modes.acme",
+                "unknown variant `charge`",
+            ),
+            (r#""billing": {"default_mode": 1}"#, "billing.default_mode", "expected"),
+            (r#""billing": {"preempted": "free"}"#, "billing.preempted", "`bill`"),
+            (r#""billing": {"mode": "chargeback"}"#, "billing", "unknown field `mode`"),
+            (
+                r#""billing": {"modes": {"acme": "showback", "acme": "chargeback"}}"#,
+                "billing.modes",
+                "duplicate",
+            ),
+        ] {
+            let e = parse(extra).expect_err(extra).to_string();
+            assert!(e.contains(path) && e.contains(what), "{extra}: {e}");
         }
     }
 }

@@ -127,9 +127,17 @@ pub(crate) fn build(raw: RawPolicy, digest: String) -> Result<Policy, Problem> {
             Some(b) => check_rate(&format!("{at}.burst_per_gpu_hour"), b)?,
             None => reserved,
         };
+        let premium = match p.nvlink_premium_per_gpu_hour {
+            Some(n) => check_rate(&format!("{at}.nvlink_premium_per_gpu_hour"), n)?,
+            None => 0.0,
+        };
         prices.insert(
             model.clone(),
-            Price { reserved_per_gpu_hour: reserved, burst_per_gpu_hour: burst },
+            Price {
+                reserved_per_gpu_hour: reserved,
+                burst_per_gpu_hour: burst,
+                nvlink_premium_per_gpu_hour: premium,
+            },
         );
     }
     let mut mig_weights = BTreeMap::new();
@@ -239,10 +247,15 @@ pub(crate) fn build(raw: RawPolicy, digest: String) -> Result<Policy, Problem> {
         }
         gang_timeout_s = t;
     }
+    let billing = match &raw.billing {
+        None => crate::billing::Billing::default(),
+        Some(b) => b.build(|at, tenant| check_tenant_ref(at, tenant, &index))?,
+    };
     let faults = build_faults(raw.faults.as_ref())?;
     let topology = build_topology(raw.topology.as_ref());
     let interference = build_interference(raw.interference.as_ref(), |t| index.contains_key(t))?;
     Ok(Policy {
+        billing,
         faults,
         topology,
         interference,

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bill;
 mod cdi;
 mod doctor;
 mod fleet;
@@ -65,7 +66,10 @@ enum Cmd {
         #[arg(long, value_name = "SECONDS")]
         watch: Option<u64>,
     },
-    /// GPU-seconds and cost per group, from the node's ledger.
+    /// GPU-seconds and the bill per group (floors, bursts, the topology premium, idle),
+    /// from the node's ledger or, with --coordinator, the fleet's; --verify checks the
+    /// ledger's hash chain (node) or the bill against its signed intervals and policy
+    /// (fleet, or offline with --file); --export writes the bill with its proofs.
     Usage {
         /// Start of the window: now, -2h, Unix seconds or 2026-11-21T12:00:00Z.
         #[arg(long, default_value = "-24h", allow_hyphen_values = true)]
@@ -83,6 +87,24 @@ enum Cmd {
         /// Print CSV.
         #[arg(long)]
         csv: bool,
+        /// Verify instead of report: the node's ledger (its hash chain, and the
+        /// coordinator's copy on a fleet node); with --coordinator the fleet's bill for the
+        /// window; with --file an exported bill, offline. Exits 1 naming the first row
+        /// that does not verify.
+        #[arg(long)]
+        verify: bool,
+        /// With --verify: an exported bill (`--export FILE.json`) to check offline.
+        #[arg(long, requires = "verify", value_name = "FILE")]
+        file: Option<PathBuf>,
+        /// Pin a node's public key for --verify (NODE=KEY, KEY as hex, base64 or a file);
+        /// nodes not pinned are checked against the key the bill names.
+        #[arg(long = "node-key", value_name = "NODE=KEY", requires = "verify")]
+        node_keys: Vec<String>,
+        /// With --coordinator: write the fleet's bill with everything it rests on (the signed
+        /// policy revision, every node's signed chain segments) to FILE: JSON, or CSV with
+        /// the revision and chain heads in `#` lines for a name ending in .csv.
+        #[arg(long, value_name = "FILE", conflicts_with = "verify")]
+        export: Option<PathBuf>,
         /// Ask a fleet coordinator for fleet-wide usage instead of this node's ledger.
         #[command(flatten)]
         fleet: fleet::CoordinatorArgs,
@@ -281,7 +303,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 }
             }
         }
-        Cmd::Usage { from, to, by, json, csv, fleet } => {
+        Cmd::Usage { from, to, by, json, csv, verify, file, node_keys, export, fleet } => {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)
@@ -289,8 +311,34 @@ fn run(cli: Cli) -> Result<(), String> {
             let from_ms =
                 tessera::timespec::parse(&from, now).map_err(|e| format!("--from: {e}"))?;
             let to_ms = tessera::timespec::parse(&to, now).map_err(|e| format!("--to: {e}"))?;
+            if let Some(path) = file {
+                return bill::verify(&fleet, &bill::read(&path)?, &node_keys, json);
+            }
             if fleet.coordinator.is_some() {
+                if verify {
+                    let export = bill::fetch(&fleet, from_ms, to_ms, &by)?;
+                    return bill::verify(&fleet, &export, &node_keys, json);
+                }
+                if let Some(path) = export {
+                    let bill = bill::fetch(&fleet, from_ms, to_ms, &by)?;
+                    bill::write(&bill, &path)?;
+                    println!(
+                        "wrote the bill ({} intervals of {} nodes, total cost {:.6}) with its proofs to {}; check it with: tessera usage --verify --file {}",
+                        bill.report.total.intervals,
+                        bill.nodes.len(),
+                        bill.report.total.cost,
+                        path.display(),
+                        path.display()
+                    );
+                    return Ok(());
+                }
                 return fleet::usage(&fleet, from_ms, to_ms, &by, json, csv);
+            }
+            if verify {
+                return bill::verify_node(&socket, json);
+            }
+            if export.is_some() {
+                return Err("--export needs --coordinator: a bill with its proofs is the fleet's (a node's ledger is checked with --verify)".into());
             }
             let path = format!("/v1/usage?from_ms={from_ms}&to_ms={to_ms}&by={by}");
             let report: metering::UsageReport = tessera_api::Client::new(&socket)

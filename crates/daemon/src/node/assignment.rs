@@ -502,6 +502,7 @@ mod tests {
             }),
             workload: None,
             quota: None,
+            nvlink_domain: None,
             topology: None,
             class: None,
         }

@@ -442,6 +442,9 @@ impl Node {
             share,
             workload: plan.workload,
             quota: plan.quota,
+            // The NVLink domain the placement put a multi-GPU grant in (the ledger prices
+            // the topology premium from it; one device never carries it: node/ledger.rs).
+            nvlink_domain: plan.placement.as_ref().and_then(|p| p.nvlink_domain),
             topology: plan.placement.as_ref().map(|p| p.note.clone()),
             class: plan.class,
         };

@@ -84,34 +84,43 @@ impl Node {
         self.ledger.checkpoint().map_err(ledger_err)
     }
 
-    /// A usage report over the ledger, priced with the policy in force.
+    /// A usage report over the ledger, billed with the policy in force: its prices, its
+    /// billing modes, and (only where the node is its own fleet) its floors, up to now.
     pub fn usage(
         &self,
         from_ms: u64,
         to_ms: u64,
         by: metering::GroupBy,
     ) -> Result<UsageReport, ApiError> {
-        let prices = metering::Prices {
-            per_model: self
-                .policy
-                .policy
-                .prices()
-                .iter()
-                .map(|(m, p)| {
-                    (
-                        m.clone(),
-                        metering::Rate {
-                            reserved_per_gpu_hour: p.reserved_per_gpu_hour,
-                            burst_per_gpu_hour: p.burst_per_gpu_hour,
-                        },
-                    )
-                })
-                .collect(),
+        let policy = &self.policy.policy;
+        let q = UsageQuery {
+            from_ms,
+            to_ms,
+            by,
+            prices: ::fleet::billing::prices_of(policy),
+            terms: ::fleet::billing::terms_of(policy, !self.in_fleet, Some(crate::now_ms())),
         };
-        self.ledger.usage(&UsageQuery { from_ms, to_ms, by, prices }).map_err(|e| match e {
+        self.ledger.usage(&q).map_err(|e| match e {
             LedgerError::BadQuery(_) => ApiError::new(ErrorCode::BadRequest, e.to_string()),
             other => ledger_err(other),
         })
+    }
+
+    /// The ledger's own check of its hash chain ([`metering::Ledger::verify_chain`]).
+    pub fn verify_chain(&self) -> Result<metering::ChainReport, ApiError> {
+        self.ledger.verify_chain().map_err(ledger_err)
+    }
+
+    /// The ledger's id, its chain head, and closed intervals after chain seq `after` (at
+    /// most `limit`), for the usage upload.
+    pub fn chained_after(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> Result<(metering::ChainHead, Vec<metering::ClosedInterval>), ApiError> {
+        let head = self.ledger.chain_head().map_err(ledger_err)?;
+        let rows = self.ledger.chained_after(after, limit).map_err(ledger_err)?;
+        Ok((head, rows))
     }
 
     /// Every ledger interval (for metrics).
@@ -152,6 +161,8 @@ impl Node {
                 // Borrowed work is metered at the burst price.
                 class: crate::quota::ledger_class(a.quota.as_deref()),
                 workload: a.workload.clone(),
+                // The topology premium: only a grant of several devices in one domain.
+                nvlink_domain: a.nvlink_domain.filter(|_| a.devices.len() > 1),
             };
             self.ledger.open_interval(&start).map_err(ledger_err)?;
         }

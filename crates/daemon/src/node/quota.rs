@@ -214,6 +214,10 @@ impl Node {
             if let Err(e) = self.store.event("preempt", Some(&a.container_id), &detail) {
                 warn!("cannot record a preemption: {e}");
             }
+            // Its ledger intervals: work lost to preemption (`billing.preempted`).
+            if let Err(e) = self.ledger.mark_preempted(&a.container_id) {
+                warn!(container = %a.container_id, "cannot mark its intervals preempted: {e}");
+            }
             held.extend(quota::held_devices(&a));
             let pid_start = records
                 .iter()
