@@ -62,6 +62,12 @@ pub struct SimArgs {
     /// skipped), from creation_time for deletion_time - creation_time seconds.
     #[arg(long, requires = "policy", conflicts_with_all = ["queue", "placement", "scenario"])]
     pub quota_modes: bool,
+    /// With --quota-modes: the share of jobs (0 to 1) that write a checkpoint on SIGTERM
+    /// (`tessera.io/preemption: checkpoint`) and resume from it after a preemption; the
+    /// others restart from zero. A row checkpoints when FNV-1a-64 of `checkpoint:` and its
+    /// name, mod 1,000,000, is below the share times 1,000,000.
+    #[arg(long, default_value_t = 0.0, requires = "quota_modes")]
+    pub checkpoint_fraction: f64,
     /// A built-in scenario instead of a trace: `drf`, the DRF paper's example (one node of
     /// 9 CPUs and 18 GB; A's tasks <1 CPU, 4 GB>, B's <3 CPU, 1 GB>, both always asking)
     /// under Tessera's fair queue with no quota.
@@ -205,9 +211,22 @@ pub fn quota_tenants(policy: &policy::Policy) -> Vec<String> {
     leaves
 }
 
-/// The trace's GPU rows as jobs on `model` ([`QUOTA_MAPPING_DOC`]), and how many rows
-/// were skipped (no GPU).
-pub fn quota_jobs(trace: &Trace, tenants: &[String], model: &str) -> (Vec<quota_sim::Job>, usize) {
+/// Whether the job of trace row `name` checkpoints when `fraction` of the jobs do: a hash
+/// of the name (FNV-1a-64 of `checkpoint:` and the name) below `fraction` of its range, so
+/// the same rows checkpoint in every mode and run, and raising the fraction only adds rows.
+pub fn checkpoints(name: &str, fraction: f64) -> bool {
+    let h = slicer::fnv1a64(format!("checkpoint:{name}").as_bytes());
+    ((h % 1_000_000) as f64) < fraction * 1_000_000.0
+}
+
+/// The trace's GPU rows as jobs on `model` ([`QUOTA_MAPPING_DOC`]), the `checkpoint_fraction`
+/// of them (by [`checkpoints`]) checkpointing, and how many rows were skipped (no GPU).
+pub fn quota_jobs(
+    trace: &Trace,
+    tenants: &[String],
+    model: &str,
+    checkpoint_fraction: f64,
+) -> (Vec<quota_sim::Job>, usize) {
     let mut skipped = 0;
     let mut jobs = Vec::with_capacity(trace.requests.len());
     for r in &trace.requests {
@@ -227,6 +246,7 @@ pub fn quota_jobs(trace: &Trace, tenants: &[String], model: &str) -> (Vec<quota_
             duration_s: r.departure.saturating_sub(r.arrival),
             resources: quota::Resources::new().with(quota::Resource::gpu(model), micro),
             gang: None,
+            checkpoints: checkpoints(&r.name, checkpoint_fraction),
         });
     }
     (jobs, skipped)
@@ -276,7 +296,13 @@ fn quota_modes(a: &SimArgs, trace: &Trace) -> Result<String, String> {
             path.display()
         ));
     }
-    let (jobs, skipped) = quota_jobs(trace, &tenants, &a.gpu);
+    if !(0.0..=1.0).contains(&a.checkpoint_fraction) {
+        return Err(format!(
+            "--checkpoint-fraction {}: expected a share of the jobs from 0 to 1",
+            a.checkpoint_fraction
+        ));
+    }
+    let (jobs, skipped) = quota_jobs(trace, &tenants, &a.gpu, a.checkpoint_fraction);
     let fleet = quota_sim::Fleet {
         nodes: a.nodes,
         gpus_per_node: replay::GPUS_PER_NODE,
@@ -395,7 +421,7 @@ mod tests {
                    p0,0,0,0,10\np1,1,1000,5,15\np2,1,460,6,7\np3,8,0,9,9\np4,2,500,1,3\n";
         let trace = Trace::parse_alibaba("t.csv", csv).expect("parses");
         let tenants = vec!["o/a".to_string(), "o/b".to_string(), "o/c".to_string()];
-        let (jobs, skipped) = quota_jobs(&trace, &tenants, "H100-80GB");
+        let (jobs, skipped) = quota_jobs(&trace, &tenants, "H100-80GB", 0.0);
         assert_eq!(skipped, 1);
         let gpu = quota::Resource::gpu("H100-80GB");
         let got: Vec<(&str, u64, u64, u64)> = jobs

@@ -13,7 +13,10 @@
 //!    project's borrowing counts against its team's ceiling.
 //! 2. **Guarantee**: the request is *guaranteed* when, for every resource it asks that the
 //!    chain bounds, some quota on the chain guarantees that resource and every guarantee on
-//!    the chain still holds the path's guaranteed usage plus the request. Otherwise it is
+//!    the chain still holds the path's guaranteed usage plus the request, counting as used
+//!    the unused guarantees of that path's other guaranteed children ([`set_aside`]: a
+//!    child's guarantee is set aside for it inside its parent's, and only the parent's
+//!    remainder is shared by the tenants under no guaranteed child). Otherwise it is
 //!    *borrowed* (a tenant with no guarantee at all only ever borrows). Borrowed usage is
 //!    never counted against a guarantee.
 //! 3. **Capacity**: a guaranteed request takes free capacity, and where borrowed work of
@@ -190,7 +193,10 @@ pub fn admit(
             }
             if let Some(g) = limit.guarantee {
                 guarantee_here = true;
-                if held.guaranteed.get(resource).saturating_add(amount) > g && over.is_none() {
+                let kept = set_aside(tree, usage, &quota.path, resource, tenant);
+                if held.guaranteed.get(resource).saturating_add(kept).saturating_add(amount) > g
+                    && over.is_none()
+                {
                     over = Some((quota.path.clone(), resource.clone()));
                 }
             }
@@ -234,6 +240,29 @@ pub fn admit(
             }
         }
     }
+}
+
+/// What `path`'s guarantee of `resource` keeps for its other children (Kueue's nominal
+/// quota, the design's tree): for each nearest descendant of `path` that guarantees
+/// `resource` and is not on `tenant`'s chain, the part of its guarantee it does not use
+/// (its guarantee less its subtree's guaranteed usage, never below zero). A tenant of
+/// `path` counts it as used: only `path`'s remainder (its guarantee less its guaranteed
+/// children's) is shared by the tenants under no guaranteed child, and a child's
+/// guarantee is there for it whoever else asks.
+pub fn set_aside(
+    tree: &QuotaTree,
+    usage: &Usage,
+    path: &str,
+    resource: &Resource,
+    tenant: &str,
+) -> u64 {
+    tree.guaranteed_children(path, resource)
+        .filter(|c| !is_within(tenant, &c.path))
+        .map(|c| {
+            let g = c.limits.get(resource).and_then(|l| l.guarantee).unwrap_or(0);
+            g.saturating_sub(usage.of(&c.path).guaranteed.get(resource))
+        })
+        .fold(0u64, u64::saturating_add)
 }
 
 /// What other paths' lending limits keep back from a borrower in `tenant`: for each

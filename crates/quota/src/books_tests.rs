@@ -39,6 +39,7 @@ fn ask(container: &str, tenant: &str, gpus: u64) -> AdmitRequest {
         amounts: gpu_amounts(gpus * MICRO_PER_GPU),
         gang: None,
         short_on_node: false,
+        checkpoint: false,
         workload: None,
         unsynced_lease_grants: false,
     }
@@ -139,6 +140,7 @@ impl Node {
             gang: req.gang.as_ref().map(|g| g.name.clone()),
             workload: None,
             under_lease,
+            checkpoint: req.checkpoint,
         });
     }
 
@@ -402,15 +404,23 @@ fn a_victim_in_a_gang_takes_the_whole_gang_on_every_node() {
     for n in nodes.iter_mut() {
         n.sync(&mut b, &t, now);
     }
+    // Before anything is reclaimed, a copy of the books for the second case below.
+    let mut b2 = b.clone();
     // A asks for 2 on node 1 (node 2's lease holds the other 2 of its guarantee): the
     // youngest borrowed units, only as many as are short; the gang stays.
     let a = nodes[0].admit(&mut b, &t, ask("a0", "acme/a", 2), now);
     let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("{a:?}") };
     let ids: Vec<&str> = victims.iter().map(|v| v.container_id.as_str()).collect();
     assert_eq!(ids, ["x2", "x3"]);
+    // A second claim is not handed the victims the first is stopping already.
+    let again = b.admit(&t, "n1", &short(ask("a1", "acme/a", 2)), now);
+    assert!(
+        !matches!(&again, AdmitAnswer::Reclaiming { victims, .. }
+            if victims.iter().any(|v| v.container_id == "x2" || v.container_id == "x3")),
+        "{again:?}"
+    );
     // Asking for 6 on node 1 (another tenant within its guarantee) needs the gang too:
     // all four members, two of them on node 2.
-    let mut b2 = b.clone();
     let t2 = tree(
         r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
             "acme/c": {"gpus": {"H100-80GB": {"guarantee": 6}}},
@@ -435,7 +445,7 @@ fn a_victim_in_a_gang_takes_the_whole_gang_on_every_node() {
         ]
     );
     assert!(message.contains("stopping 8 borrowed containers of acme/b on node n1"), "{message}");
-    assert!(victims.iter().any(|v| v.reason.contains("gang train, stopped whole")));
+    assert!(victims.iter().any(|v| v.reason.contains("gang acme/b/train, stopped whole")));
 }
 
 // --- ceilings through the hierarchy -------------------------------------------------------

@@ -305,6 +305,7 @@ fn victim(node: &str, id: &str, tenant: &str) -> Victim {
         tenant: tenant.into(),
         grace_s: 5,
         reason: "acme/a reclaims its guarantee".into(),
+        requeue: String::new(),
     }
 }
 
