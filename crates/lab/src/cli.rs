@@ -22,7 +22,7 @@ pub struct SimArgs {
     #[arg(
         long,
         conflicts_with = "generate",
-        required_unless_present_any = ["generate", "scenario"]
+        required_unless_present_any = ["generate", "scenario", "quota_family"]
     )]
     pub trace: Option<PathBuf>,
     /// A generated trace instead: alibaba-like, mid-whole-bursty, small-shares, multi-gpu
@@ -66,8 +66,23 @@ pub struct SimArgs {
     /// (`tessera.io/preemption: checkpoint`) and resume from it after a preemption; the
     /// others restart from zero. A row checkpoints when FNV-1a-64 of `checkpoint:` and its
     /// name, mod 1,000,000, is below the share times 1,000,000.
-    #[arg(long, default_value_t = 0.0, requires = "quota_modes")]
+    #[arg(long, default_value_t = 0.0)]
     pub checkpoint_fraction: f64,
+    /// The quota acceptance table (needs --policy): FIFO with backfill against quotas on
+    /// the three shared pod lists (from --data, default data/alibaba-gpu-v2023) and the
+    /// generated mixes (--requests, --seed) at 2 and 4 nodes, each cell judged against
+    /// the promises (useful utilisation at least 95% of FIFO's, owner wait p99 at most
+    /// 300 s) and, where one is not kept, what accounts for it (`lab::quota_table`). In
+    /// Markdown; takes tens of seconds in a release build.
+    #[arg(
+        long,
+        requires = "policy",
+        conflicts_with_all = ["trace", "generate", "quota_modes", "queue", "placement", "scenario"]
+    )]
+    pub quota_family: bool,
+    /// Where --quota-family finds the shared pod lists.
+    #[arg(long, default_value = "data/alibaba-gpu-v2023")]
+    pub data: PathBuf,
     /// A built-in scenario instead of a trace: `drf`, the DRF paper's example (one node of
     /// 9 CPUs and 18 GB; A's tasks <1 CPU, 4 GB>, B's <3 CPU, 1 GB>, both always asking)
     /// under Tessera's fair queue with no quota.
@@ -122,6 +137,15 @@ fn to_json(v: &impl serde::Serialize) -> Result<String, String> {
 pub fn run(a: &SimArgs) -> Result<String, String> {
     if let Some(name) = &a.scenario {
         return scenario(name, a.json);
+    }
+    if !(0.0..=1.0).contains(&a.checkpoint_fraction) {
+        return Err(format!(
+            "--checkpoint-fraction {}: expected a share of the jobs from 0 to 1",
+            a.checkpoint_fraction
+        ));
+    }
+    if a.quota_family {
+        return quota_family(a);
     }
     let trace = match (&a.trace, &a.generate) {
         (Some(path), _) => Trace::load_alibaba(path).map_err(|e| e.to_string())?,
@@ -296,12 +320,6 @@ fn quota_modes(a: &SimArgs, trace: &Trace) -> Result<String, String> {
             path.display()
         ));
     }
-    if !(0.0..=1.0).contains(&a.checkpoint_fraction) {
-        return Err(format!(
-            "--checkpoint-fraction {}: expected a share of the jobs from 0 to 1",
-            a.checkpoint_fraction
-        ));
-    }
     let (jobs, skipped) = quota_jobs(trace, &tenants, &a.gpu, a.checkpoint_fraction);
     let fleet = quota_sim::Fleet {
         nodes: a.nodes,
@@ -354,6 +372,42 @@ fn quota_modes(a: &SimArgs, trace: &Trace) -> Result<String, String> {
     }
     let _ = writeln!(out, "\n{QUOTA_MAPPING_DOC}");
     Ok(out)
+}
+
+/// `--quota-family`: the acceptance table ([`crate::quota_table`]).
+fn quota_family(a: &SimArgs) -> Result<String, String> {
+    let path = a.policy.as_ref().ok_or("--quota-family needs --policy FILE")?;
+    let policy = policy::Policy::load(path).map_err(|e| e.to_string())?;
+    let traces = tracegen::family(Some(&a.data), a.requests, a.seed).map_err(|e| e.to_string())?;
+    let mut cells = Vec::new();
+    for t in &traces {
+        for nodes in crate::quota_table::NODES {
+            cells.push(crate::quota_table::cell(t, nodes, &policy, &a.gpu, a.checkpoint_fraction)?);
+        }
+    }
+    if a.json {
+        let rows: Vec<serde_json::Value> = cells
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "trace": c.trace, "nodes": c.nodes,
+                    "checkpoint_fraction": c.checkpoint_fraction,
+                    "ratio": c.ratio(), "accounted_ratio": c.accounted_ratio(),
+                    "utilisation": c.utilisation().label(), "owner_wait": c.owner_wait().label(),
+                    "fifo": c.fifo, "quotas": c.quotas,
+                })
+            })
+            .collect();
+        return to_json(&rows);
+    }
+    Ok(format!(
+        "{} (checkpointing: {:.0}% of the jobs; generated mixes: {} requests, seed {})\n\n{}",
+        path.display(),
+        a.checkpoint_fraction * 100.0,
+        a.requests,
+        a.seed,
+        crate::quota_table::markdown(&cells)
+    ))
 }
 
 fn scenario(name: &str, json: bool) -> Result<String, String> {

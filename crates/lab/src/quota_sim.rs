@@ -380,6 +380,10 @@ pub struct Report {
     /// Per job, in (arrival, id) order; not serialised.
     #[serde(skip)]
     pub outcomes: Vec<Outcome>,
+    /// Every owner request's wait, and the same less its time blocked by guaranteed work
+    /// (seconds, sorted), for pooling cells; not serialised.
+    #[serde(skip)]
+    pub owner_waits_s: (Vec<u64>, Vec<u64>),
 }
 
 /// An input with its horizon.
@@ -1282,7 +1286,15 @@ impl<'a> Sim<'a> {
         self.units[u].duration.saturating_sub(self.st[u].progress)
     }
 
+    /// An owner request leaves the queue: the time since it was last seen blocked counts.
+    fn unblock(&mut self, u: usize, t: u64) {
+        if let Some((since, true)) = self.st[u].checked.take() {
+            self.st[u].blocked_s += t.saturating_sub(since);
+        }
+    }
+
     fn start(&mut self, u: usize, slots: Vec<Slot>, class: Class, t: u64) {
+        self.unblock(u, t);
         self.dequeue(u);
         for s in &slots {
             self.bins.take(s);
@@ -1305,6 +1317,7 @@ impl<'a> Sim<'a> {
 
     /// Books and places `u` now; it starts at `begin`.
     fn reserve(&mut self, u: usize, slots: Vec<Slot>, t: u64, begin: u64) {
+        self.unblock(u, t);
         self.dequeue(u);
         for s in &slots {
             self.bins.take(s);
@@ -1671,7 +1684,8 @@ impl<'a> Sim<'a> {
             }
             let mut scratch = self.bins.clone();
             for &v in &self.running {
-                if self.st[v].class == Class::Borrowed || self.st[v].phase == Phase::Terminating {
+                // A victim's capacity is its claimant's already (placed at once).
+                if self.st[v].class == Class::Borrowed && self.st[v].phase == Phase::Running {
                     for s in &self.st[v].slots {
                         scratch.give(s);
                     }
@@ -1929,6 +1943,12 @@ impl<'a> Sim<'a> {
             reclaims_for_placement: self.reclaims.1,
             owner_requests: owner_waits.len() as u64,
             owner_unstarted,
+            owner_waits_s: {
+                let (mut a, mut b) = (owner_waits.clone(), unblocked_waits.clone());
+                a.sort_unstable();
+                b.sort_unstable();
+                (a, b)
+            },
             owner_wait_p50_s: percentile(&mut owner_waits, 50),
             owner_wait_p99_s: percentile(&mut owner_waits, 99),
             owners_blocked,
@@ -2029,8 +2049,8 @@ fn water_fill(mut amount: f64, want: &[f64], have: &[f64]) -> Vec<f64> {
     out
 }
 
-/// Nearest-rank percentile.
-fn percentile(v: &mut [u64], p: u64) -> Option<u64> {
+/// Nearest-rank percentile (sorts `v`).
+pub fn percentile(v: &mut [u64], p: u64) -> Option<u64> {
     if v.is_empty() {
         return None;
     }
