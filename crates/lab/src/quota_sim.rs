@@ -1632,13 +1632,13 @@ impl<'a> Sim<'a> {
                             progressed = true;
                             break;
                         }
-                        (class == Class::Guaranteed).then_some(Cause::Placement)
+                        (class == Class::Guaranteed).then_some((Cause::Placement, None))
                     }
-                    Decision::Reclaim { .. } => Some(Cause::Books),
+                    Decision::Reclaim { under, .. } => Some((Cause::Books, under)),
                     Decision::Wait { .. } | Decision::Refuse(_) => None,
                 };
-                if let Some(cause) = claim.filter(|_| !no_reclaim.contains(&u)) {
-                    if self.reclaim(u, t, cause) {
+                if let Some((cause, under)) = claim.filter(|_| !no_reclaim.contains(&u)) {
+                    if self.reclaim(u, t, cause, under.as_deref()) {
                         progressed = true;
                         break;
                     }
@@ -1702,7 +1702,7 @@ impl<'a> Sim<'a> {
     /// the cheapest clearing wins. A claim that is not owed ([`quota::owed`]) goes ahead
     /// only if its victims lose no more than its waiting has cost
     /// ([`quota::worth_reclaiming`]). False if nothing is stopped.
-    fn reclaim(&mut self, u: usize, t: u64, cause: Cause) -> bool {
+    fn reclaim(&mut self, u: usize, t: u64, cause: Cause, under: Option<&str>) -> bool {
         let unit = &self.units[u];
         let scopes: Vec<Option<usize>> = if unit.members.len() == 1 {
             (0..self.fleet.nodes as usize).map(Some).collect()
@@ -1720,6 +1720,7 @@ impl<'a> Sim<'a> {
                     let s = &self.st[v];
                     s.phase == Phase::Running
                         && s.class == Class::Borrowed
+                        && under.is_none_or(|p| is_within(&self.units[v].tenant, p))
                         && match scope {
                             Some(n) => s.slots.iter().any(|sl| sl.node == n),
                             None => true,

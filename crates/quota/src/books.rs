@@ -189,6 +189,8 @@ struct Claim<'a> {
     short: &'a Resources,
     /// Victims only on this node (`None`: anywhere).
     on: Option<&'a str>,
+    /// Victims only charged inside this path (its ceiling is full).
+    under: Option<&'a str>,
     ask: Ask,
     req: &'a AdmitRequest,
 }
@@ -1091,14 +1093,16 @@ impl Books {
                 AdmitAnswer::Admitted { class: class.into(), over }
             }
             Decision::Refuse(c) => self.refuse_ceiling(node, &req.container_id, c, now),
-            Decision::Reclaim { short } => {
+            Decision::Reclaim { short, under } => {
                 // Borrowed reservations of gangs still assembling run nothing: they give
                 // way first, and the request is decided again without them.
                 if self.yield_gangs(tenant, &short, now) {
                     return self.admit_placed(tree, node, req, r, held_for_it, ask, now);
                 }
-                // The node can place it; the fleet's books are short: reclaim anywhere.
-                let claim = Claim { node, tenant, r, short: &short, on: None, ask, req };
+                // The node can place it; the fleet's books (or a ceiling on its chain,
+                // `under`) are short: reclaim anywhere (under that path).
+                let under = under.as_deref();
+                let claim = Claim { node, tenant, r, short: &short, on: None, under, ask, req };
                 match self.start_reclaim(tree, &claim, now) {
                     Reclaimed::Started(a) => a,
                     Reclaimed::Not(why) => self.queue(tree, node, req, r, None, why, now),
@@ -1148,7 +1152,24 @@ impl Books {
             Decision::Refuse(c) => return self.refuse_ceiling(node, &req.container_id, c, now),
             Decision::Admit { class: Class::Guaranteed, .. } => {
                 let short = self.node_short(node, r);
-                let claim = Claim { node, tenant, r, short: &short, on: Some(node), ask, req };
+                let on = Some(node);
+                let claim = Claim { node, tenant, r, short: &short, on, under: None, ask, req };
+                match self.start_reclaim(tree, &claim, now) {
+                    Reclaimed::Started(a) => return a,
+                    Reclaimed::Not(why) => return self.queue(tree, node, req, r, None, why, now),
+                }
+            }
+            Decision::Reclaim { short, under: Some(under) } => {
+                // A ceiling on its chain is full of others' borrowed work, and the node is
+                // short too: reclaim here, inside that path, what both need.
+                let mut need = self.node_short(node, r);
+                for (res, a) in short.iter() {
+                    let more = a.saturating_sub(need.get(res));
+                    need.add(&Resources::new().with(res.clone(), more));
+                }
+                let on = Some(node);
+                let under = Some(under.as_str());
+                let claim = Claim { node, tenant, r, short: &need, on, under, ask, req };
                 match self.start_reclaim(tree, &claim, now) {
                     Reclaimed::Started(a) => return a,
                     Reclaimed::Not(why) => return self.queue(tree, node, req, r, None, why, now),
@@ -1335,7 +1356,7 @@ impl Books {
     /// lose no more than its waiting has cost ([`worth_reclaiming`]). Starts the reclaim
     /// and answers it, or says why not.
     fn start_reclaim(&mut self, tree: &QuotaTree, claim: &Claim<'_>, now: u64) -> Reclaimed {
-        let Claim { node, tenant: claimant, r, short, on, ask, req } = *claim;
+        let Claim { node, tenant: claimant, r, short, on, under, ask, req } = *claim;
         if short.is_empty() {
             return Reclaimed::Not(None);
         }
@@ -1353,7 +1374,9 @@ impl Books {
                 continue;
             }
             for (c, e) in &nb.holdings {
-                if stopping.contains(&(n.as_str(), c.as_str())) {
+                if stopping.contains(&(n.as_str(), c.as_str()))
+                    || under.is_some_and(|p| !is_within(&e.tenant, p))
+                {
                     continue;
                 }
                 running.push(Running {
@@ -1825,7 +1848,7 @@ impl Books {
                         rule: Some(rule(&c.path, &c.resource, "ceiling")),
                     });
                 }
-                Decision::Reclaim { short } | Decision::Wait { short, .. } => {
+                Decision::Reclaim { short, .. } | Decision::Wait { short, .. } => {
                     let message = format!(
                         "gang {name}: its {} members need {whole}, which the fleet cannot hold \
                          now (short of {short}); a gang is admitted whole or not at all",
@@ -1900,7 +1923,7 @@ impl Books {
                     failure = Some((m, c.to_string(), Some(rule(&c.path, &c.resource, "ceiling"))));
                     break;
                 }
-                Decision::Reclaim { short } | Decision::Wait { short, .. } => {
+                Decision::Reclaim { short, .. } | Decision::Wait { short, .. } => {
                     failure = Some((
                         m,
                         format!("no capacity for {} (short of {short})", m.resources),

@@ -124,7 +124,7 @@ pub fn allocate(
                     admitted = true;
                     break;
                 }
-                Decision::Reclaim { short } => {
+                Decision::Reclaim { short, .. } => {
                     out.reclaim.push((i, short));
                     open[i] = false;
                 }

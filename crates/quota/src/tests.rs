@@ -16,6 +16,12 @@ const TENANTS: &[&str] = &[
     "acme/ml/speech",
     "org-a",
     "org-b",
+    "acme/trusted",
+    "acme/trusted/training/alice",
+    "acme/dev",
+    "acme/dev/notebooks/bob",
+    "acme/untrusted",
+    "acme/untrusted/sandbox/guest",
 ];
 
 fn tree(json: &str) -> QuotaTree {
@@ -226,7 +232,7 @@ fn the_acceptance_scenario_b_borrows_to_its_ceiling_and_a_reclaims() {
     // With a 12-GPU fleet instead, the capacity is lent out: reclaim 4 from B's youngest.
     let small = gpus(12);
     let short = match admit(&t, &small, &usage, "acme/a", &gpus(4)) {
-        Decision::Reclaim { short } => short,
+        Decision::Reclaim { short, .. } => short,
         other => panic!("{other:?}"),
     };
     assert_eq!(short, gpus(4));
@@ -245,6 +251,59 @@ fn the_acceptance_scenario_b_borrows_to_its_ceiling_and_a_reclaims() {
         admit(&t, &small, &usage, "acme/a", &gpus(4)),
         Decision::Admit { class: Class::Guaranteed, over: None }
     );
+}
+
+#[test]
+fn a_childs_guarantee_is_set_aside_inside_its_parents_and_reclaimed_under_a_full_ceiling() {
+    // The issue's hierarchy: acme guarantees 12 (ceiling 12), its teams trusted and dev 4
+    // each; the guest's team has no quota of its own.
+    let t = tree(
+        r#"{"acme": {"gpus": {"H100-80GB": {"guarantee": 12, "ceiling": 12}}},
+            "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
+    );
+    let (fleet, guest) = (gpus(16), "acme/untrusted/sandbox/guest");
+    let mut usage = Usage::new();
+    // The guest gets acme's remainder (12 - 4 - 4) as guaranteed, the rest borrowed.
+    for i in 0..12 {
+        let class = match admit(&t, &fleet, &usage, guest, &gpus(1)) {
+            Decision::Admit { class, .. } => class,
+            other => panic!("{i}: {other:?}"),
+        };
+        assert_eq!(class, if i < 4 { Class::Guaranteed } else { Class::Borrowed }, "{i}");
+        usage.add(guest, class, &gpus(1));
+    }
+    assert_eq!(set_aside(&t, &usage, "acme", &Resource::gpu(H100), guest), 8_000_000);
+    // Acme is at its ceiling of 12; dev's 2 are within dev's guarantee (acme's keeps 4 for
+    // it): guaranteed, by reclaiming 2 of the guest's borrowed GPUs under acme's ceiling.
+    assert_eq!(
+        admit(&t, &fleet, &usage, "acme/dev/notebooks/bob", &gpus(2)),
+        Decision::Reclaim { short: gpus(2), under: Some("acme".into()) }
+    );
+    usage.release(guest, Class::Borrowed, &gpus(2));
+    assert_eq!(
+        admit(&t, &fleet, &usage, "acme/dev/notebooks/bob", &gpus(2)),
+        Decision::Admit { class: Class::Guaranteed, over: None }
+    );
+    usage.add("acme/dev/notebooks/bob", Class::Guaranteed, &gpus(2));
+    // Alice the same within trusted's 4.
+    assert_eq!(
+        admit(&t, &fleet, &usage, "acme/trusted/training/alice", &gpus(1)),
+        Decision::Reclaim { short: gpus(1), under: Some("acme".into()) }
+    );
+    // The guest asking more is refused at acme's ceiling: it borrows, it never reclaims.
+    assert!(
+        matches!(admit(&t, &fleet, &usage, guest, &gpus(1)), Decision::Refuse(r) if r.path == "acme")
+    );
+    // Dev beyond its own guarantee borrows: at the ceiling, refused, never a reclaim.
+    usage.add("acme/dev/notebooks/bob", Class::Guaranteed, &gpus(2));
+    assert!(matches!(
+        admit(&t, &fleet, &usage, "acme/dev/notebooks/bob", &gpus(1)),
+        Decision::Refuse(r) if r.path == "acme"
+    ));
+    // Without the set-aside the guest's 12 would all have been guaranteed: before this
+    // change dev's request was borrowed, or refused at the ceiling.
+    assert_eq!(usage.of(guest).guaranteed, gpus(4));
 }
 
 #[test]
@@ -349,7 +408,10 @@ fn a_guaranteed_request_waits_when_the_capacity_is_held_by_guaranteed_work() {
         admit(&t, &fleet, &usage, "acme/a", &gpus(4)),
         Decision::Wait { class: Class::Guaranteed, short: gpus(3) }
     );
-    assert_eq!(admit(&t, &fleet, &usage, "acme/a", &gpus(2)), Decision::Reclaim { short: gpus(1) });
+    assert_eq!(
+        admit(&t, &fleet, &usage, "acme/a", &gpus(2)),
+        Decision::Reclaim { short: gpus(1), under: None }
+    );
 }
 
 #[test]
