@@ -829,7 +829,21 @@ impl Books {
         r: &Resources,
         absorb: bool,
     ) -> Decision {
-        let cap = self.capacity();
+        self.decide_with(tree, node, tenant, r, absorb, &Resources::new())
+    }
+
+    /// [`Books::decide`] with `extra` capacity: what a claim's reclaim holds for it while
+    /// its victims, gone from the node that asks, are still listed.
+    fn decide_with(
+        &self,
+        tree: &QuotaTree,
+        node: &str,
+        tenant: &str,
+        r: &Resources,
+        absorb: bool,
+        extra: &Resources,
+    ) -> Decision {
+        let cap = self.capacity().plus(extra);
         let (own_out, ph) = self.booked(tree, absorb.then_some(node));
         let first = decide_quota(tree, &cap.plus(&ph), &own_out, tenant, r);
         match first {
@@ -961,13 +975,21 @@ impl Books {
             let freed = |k: &ClaimKey, rc: &Reclaim| {
                 k.0 == hold.0 && k.1 == hold.1 && rc.freed_ms.is_some() && r.fits_in(&rc.resources)
             };
+            // The claim's own hold even while its victims are still listed (issue 27): the
+            // node places it, so what they held there is free; the hold's resources are
+            // then added to the capacity it is decided on (they are still counted as the
+            // victims' usage until the node's next sync drops them).
             let key = match self.reclaims.get(&hold) {
-                Some(rc) if rc.freed_ms.is_some() => Some(hold.clone()),
-                Some(_) => None,
+                Some(_) => Some(hold.clone()),
                 None => self.reclaims.iter().find(|(k, rc)| freed(k, rc)).map(|(k, _)| k.clone()),
             };
             let held = key.and_then(|k| self.reclaims.remove(&k).map(|h| (k, h)));
-            let answer = self.admit_placed(tree, node, req, &r, held.is_some(), ask, now);
+            let extra = match &held {
+                Some((_, h)) if h.freed_ms.is_none() => h.resources.clone(),
+                _ => Resources::new(),
+            };
+            let answer =
+                self.admit_placed(tree, node, req, &r, held.as_ref().map(|_| &extra), ask, now);
             if let Some((k, h)) = held {
                 if !matches!(answer, AdmitAnswer::Admitted { .. }) {
                     self.reclaims.entry(k).or_insert(h);
@@ -1025,18 +1047,21 @@ impl Books {
 
     /// A request the node can place: decided, checked against the fair queue (unless the
     /// capacity was held for it by a reclaim) and recorded.
+    #[allow(clippy::too_many_arguments)] // the admission's context, passed on as it is
     fn admit_placed(
         &mut self,
         tree: &QuotaTree,
         node: &str,
         req: &AdmitRequest,
         r: &Resources,
-        held_for_it: bool,
+        held: Option<&Resources>,
         ask: Ask,
         now: u64,
     ) -> AdmitAnswer {
         let tenant = req.tenant.as_str();
-        let decision = self.decide(tree, node, tenant, r, !req.unsynced_lease_grants);
+        let held_for_it = held.is_some();
+        let extra = held.cloned().unwrap_or_default();
+        let decision = self.decide_with(tree, node, tenant, r, !req.unsynced_lease_grants, &extra);
         if matches!(decision, Decision::Admit { class: Class::Borrowed, .. } | Decision::Refuse(_))
         {
             // Within its guarantees but for other nodes' unused leases: recall them.
@@ -1097,7 +1122,7 @@ impl Books {
                 // Borrowed reservations of gangs still assembling run nothing: they give
                 // way first, and the request is decided again without them.
                 if self.yield_gangs(tenant, &short, now) {
-                    return self.admit_placed(tree, node, req, r, held_for_it, ask, now);
+                    return self.admit_placed(tree, node, req, r, held, ask, now);
                 }
                 // The node can place it; the fleet's books (or a ceiling on its chain,
                 // `under`) are short: reclaim anywhere (under that path).
@@ -1236,10 +1261,24 @@ impl Books {
         if !self.lease_bound(tree, node, tenant, r, !req.unsynced_lease_grants) {
             return None;
         }
-        let paths: Vec<String> = tree
+        // The guaranteed paths on its chain, and those under a ceiling on its chain (their
+        // unused leases count against that ceiling: a child's lease keeps its parent's
+        // ceiling from lending what the child does not use).
+        let guarantees = |q: &crate::Quota| {
+            r.iter().any(|(res, _)| q.limits.get(res).is_some_and(|l| l.guarantee.is_some()))
+        };
+        let ceilings: Vec<&str> = tree
             .chain(tenant)
             .filter(|q| {
-                r.iter().any(|(res, _)| q.limits.get(res).is_some_and(|l| l.guarantee.is_some()))
+                r.iter().any(|(res, _)| q.limits.get(res).is_some_and(|l| l.ceiling.is_some()))
+            })
+            .map(|q| q.path.as_str())
+            .collect();
+        let paths: Vec<String> = tree
+            .iter()
+            .filter(|q| guarantees(q))
+            .filter(|q| {
+                is_within(tenant, &q.path) || ceilings.iter().any(|c| is_within(&q.path, c))
             })
             .map(|q| q.path.clone())
             .collect();
@@ -1601,6 +1640,7 @@ impl Books {
     }
 
     /// Refuses for capacity and keeps the request in the fair queue.
+    #[allow(clippy::too_many_arguments)] // the admission's context, as `admit_placed` has it
     fn queue(
         &mut self,
         tree: &QuotaTree,

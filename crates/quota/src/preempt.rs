@@ -28,11 +28,12 @@ pub fn owed(
 ) -> bool {
     let mut u = usage.clone();
     u.add(tenant, Class::Guaranteed, ahead);
-    // A capacity that holds everything: only the quotas decide.
+    // A capacity that holds everything: only the quotas decide. A reclaim can then only be
+    // one under a ceiling that others' borrowed work fills: still within its guarantee.
     let view = u.total().total().plus(request);
     matches!(
         admit(tree, &view, &u, tenant, request),
-        Decision::Admit { class: Class::Guaranteed, .. }
+        Decision::Admit { class: Class::Guaranteed, .. } | Decision::Reclaim { .. }
     )
 }
 

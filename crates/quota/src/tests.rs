@@ -274,6 +274,11 @@ fn a_childs_guarantee_is_set_aside_inside_its_parents_and_reclaimed_under_a_full
         usage.add(guest, class, &gpus(1));
     }
     assert_eq!(set_aside(&t, &usage, "acme", &Resource::gpu(H100), guest), 8_000_000);
+    // Owed (it reclaims at once): a request within its guarantee under a ceiling that
+    // others' borrowed work fills. (Without it, dev's 2nd waited as "not owed now".)
+    let none = Resources::new();
+    assert!(crate::owed(&t, &usage, "acme/dev/notebooks/bob", &gpus(2), &none));
+    assert!(!crate::owed(&t, &usage, guest, &gpus(1), &none), "the guest only borrows now");
     // Acme is at its ceiling of 12; dev's 2 are within dev's guarantee (acme's keeps 4 for
     // it): guaranteed, by reclaiming 2 of the guest's borrowed GPUs under acme's ceiling.
     assert_eq!(
