@@ -1147,7 +1147,9 @@ impl Books {
         let left_s = (q.until_ms - now).div_ceil(1000);
         let path = tree.chain(&req.tenant).next().map_or("(none)", |q| q.path.as_str());
         Some(format!(
-            "{} was preempted {} (last at {}); it may borrow again after its requeue backoff              (quotas.{path}.requeue_backoff_s, doubled with each preemption): retry after              {left_s} s",
+            "{} was preempted {} (last at {}); it may borrow again after its requeue backoff \
+             (quotas.{path}.requeue_backoff_s, doubled with each preemption): retry after \
+             {left_s} s",
             untrusted(&claim_of(req)).max_chars(128),
             plural(q.preemptions as usize, "time", "times"),
             tessera_api::time::format_utc(q.last_ms)
