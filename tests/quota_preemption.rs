@@ -505,7 +505,13 @@ fn a_checkpointing_container_gets_sigterm_writes_its_checkpoint_and_is_requeued_
     f.a.fx.delete_container("c1", true);
     let asked = run_retrying(&f.b, "c1", BOB, write, &checkpoint, POLL, LONG);
     assert!(
-        asked.iter().any(|e| e.contains("was preempted 1 time") && e.contains("requeue backoff")),
+        asked.iter().any(|e| {
+            e.contains("was preempted 1 time")
+            && e.contains(
+                "it may borrow again after its requeue backoff (quotas.acme/dev.requeue_backoff_s, \
+                 doubled with each preemption): retry after"
+            )
+        }),
         "{asked:#?}"
     );
     assert_eq!(class_of(&f.b, "c1").as_deref(), Some("borrowed"));

@@ -12,7 +12,7 @@
 //!
 //! # Placement
 //!
-//! Per-GPU bins in micro-GPUs, first fit over nodes in order: a job of k whole GPUs takes k
+//! Per-GPU bins in micro-GPUs, over nodes in order: a job of k whole GPUs takes k
 //! wholly free GPUs of one node; a fraction (less than one GPU) takes part of the first
 //! GPU with enough left; CPU and memory, where the fleet names them, must fit on the node.
 //! A job that could not be placed on an empty fleet (or, in [`Mode::Static`], its empty
@@ -37,16 +37,22 @@
 //!   [`quota::admit`] (ceilings, guarantees, borrowing, lending limits); the queue is
 //!   served in [`quota::fair_order`], recomputed after each admission, skipping what does
 //!   not fit, as [`quota::allocate`] does, but placing each admission on the bins (one that
-//!   fits the books but not the bins waits). A request within guarantee that finds its
-//!   capacity lent out ([`Decision::Reclaim`]), or that fits the books but not the bins,
-//!   reclaims: on each node (the whole fleet for a gang) the borrowed work of other
-//!   tenants is ordered by [`quota::choose_victims`], the shortest prefix after which the
-//!   request fits is taken (less any victim it does not need), and the node with the
-//!   fewest victims wins (then the fewest GPU-seconds lost, then the lowest index). The
-//!   victims get their tenant's grace period ([`QuotaTree::grace_period_s`]) and are then
-//!   stopped: their work is lost, and they go back to the queue with their original
-//!   arrival time, to restart from zero. The claimant's capacity is held for it (booked
-//!   and placed at once) and it starts when the last victim is gone. A request that would
+//!   fits the books but not the bins waits). Placement keeps homes (the static layout,
+//!   GPU by GPU): guaranteed work in its home first, borrowed work first where no home is,
+//!   never on GPUs whose home owner's guaranteed work uses them. A request within guarantee
+//!   that finds its capacity lent out ([`Decision::Reclaim`], also under a full ceiling),
+//!   or that fits the books but not the bins, reclaims: on each node (the whole fleet for
+//!   a gang) the borrowed work of other tenants is taken cheapest first by the work it
+//!   would lose ([`quota::victim_order`]; work within its `min_runtime_s` is protected and
+//!   the request is woken when that ends) until the request fits, less any victim it does
+//!   not need, and the cheapest clearing wins. An owed request ([`quota::owed`]) reclaims
+//!   at once, another only when [`quota::worth_reclaiming`] lets it. The victims get their
+//!   tenant's grace period ([`QuotaTree::grace_period_s`]) and are then stopped and go
+//!   back to the queue with their original arrival time: a job that checkpoints
+//!   ([`Job::checkpoints`]) resumes from the SIGTERM, the others restart from zero; the
+//!   requeue backoff ([`QuotaTree::requeue_backoff_s`]) keeps a victim from borrowing
+//!   again until it ends. The claimant's capacity is held for it (booked and placed at
+//!   once) and it starts when the last victim is gone. A request that would
 //!   cross a ceiling at today's usage waits (the books refuse it; the simulator keeps it
 //!   queued until usage falls).
 //!
@@ -2343,6 +2349,50 @@ mod tests {
         let q = run(&jobs, &f, &t, Mode::Fifo, Some(1300)).expect("runs");
         assert_eq!((start(&q, "a0"), start(&q, "a1")), (Some(1000), Some(1000)));
         assert_eq!(q.owner_wait_p99_s, Some(900));
+    }
+
+    #[test]
+    fn a_checkpointing_victim_is_taken_first_loses_its_grace_period_and_resumes() {
+        // b's 4 jobs of 1000 s fill the node, two of them borrowed: b2 checkpoints, b3
+        // does not. a asks for 1 GPU at 100: b2 is the cheaper victim (it loses its grace
+        // period of 45 s, b3 would lose 100 s).
+        let mut jobs: Vec<Job> = (0..4).map(|i| job(&format!("b{i}"), "t/b", 0, 1000, 1)).collect();
+        jobs[2].checkpoints = true;
+        jobs.push(job("a0", "t/a", 100, 100, 1));
+        let (t, f) = (two_teams(), fleet(1, 4));
+        let r = run(&jobs, &f, &t, Mode::Quotas, Some(2000)).expect("runs");
+        assert_eq!(start(&r, "a0"), Some(145));
+        let victims: Vec<&str> =
+            r.outcomes.iter().filter(|o| o.preempted > 0).map(|o| o.id.as_str()).collect();
+        assert_eq!(victims, ["b2"]);
+        assert_eq!((r.preemptions, r.preemptions_checkpointing), (1, 1));
+        assert_eq!(r.lost_gpu_seconds, 45.0, "only the grace period is lost");
+        assert_eq!(r.lost_checkpointing_gpu_seconds, 45.0);
+        // Resumed from its checkpoint, b2 runs its last 900 s once a0 is done: everything
+        // finishes before the horizon.
+        assert_eq!(r.finished, 5);
+        // Restart from zero instead (nobody checkpoints): b3 is taken (the youngest of
+        // equals) and loses all 145 s it had run.
+        jobs[2].checkpoints = false;
+        let r = run(&jobs, &f, &t, Mode::Quotas, Some(2000)).expect("runs");
+        assert_eq!((r.preemptions, r.preemptions_checkpointing), (1, 0));
+        assert_eq!(r.lost_gpu_seconds, 145.0);
+    }
+
+    #[test]
+    fn borrowed_work_within_its_minimum_run_time_is_reclaimed_only_when_it_ends() {
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+                "t/b": {"gpus": {"H100-80GB": {"guarantee": 2}}, "grace_period_s": 45,
+                        "min_runtime_s": 300}}"#,
+        );
+        let mut jobs: Vec<Job> = (0..4).map(|i| job(&format!("b{i}"), "t/b", 0, 1000, 1)).collect();
+        jobs.push(job("a0", "t/a", 100, 100, 1));
+        let r = run(&jobs, &fleet(1, 4), &t, Mode::Quotas, Some(2000)).expect("runs");
+        // b's borrowed work is protected until 300; then its grace period.
+        assert_eq!(start(&r, "a0"), Some(345));
+        assert_eq!(r.preemptions, 1);
+        assert_eq!((r.owner_wait_p50_s, r.owner_wait_p99_s), (Some(0), Some(245)));
     }
 
     #[test]

@@ -12,8 +12,11 @@
 //!
 //! # What accounts for a shortfall ([`Verdict::Accounted`])
 //!
-//! No online policy keeps both promises on every trace (`lab::quota_adversary` builds the
-//! traces and checks them on the simulator), so a cell that misses one says what it cost:
+//! The two promises pull against each other: capacity lent to work that does not
+//! checkpoint is returned to its owner within seconds only by losing the borrower's work,
+//! and lending none leaves it idle. This is an accounting, not a proof that no policy could
+//! do better (no adversary for quotas is built): a cell that misses a promise says what it
+//! cost:
 //!
 //! - utilisation: the work lost to reclaims for *owed* requests (they reclaim at once,
 //!   whatever the victims lose: the price of serving a guarantee in seconds on capacity
