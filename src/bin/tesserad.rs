@@ -51,6 +51,10 @@ struct Args {
     /// How often per-process GPU utilisation (where NVML offers it) is sampled, in ms.
     #[arg(long, default_value_t = 5000)]
     util_interval_ms: u64,
+    /// How often device and per-container telemetry is read (and interference judged),
+    /// in ms.
+    #[arg(long, default_value_t = 1000)]
+    telemetry_interval_ms: u64,
     /// The binary that scrubs a device in a child process (`tessera scrub`); default:
     /// `tessera` beside this tesserad.
     #[arg(long)]
@@ -226,6 +230,7 @@ fn main() -> ExitCode {
         mps_health_every: Duration::from_millis(a.mps_health_interval_ms.max(100)),
         dynamic_mig: !a.no_dynamic_mig,
         util_every: Duration::from_millis(a.util_interval_ms.max(100)),
+        telemetry_every: Duration::from_millis(a.telemetry_interval_ms.max(100)),
         scrub_exe: a.scrub_exe.unwrap_or_else(|| {
             std::env::current_exe()
                 .ok()

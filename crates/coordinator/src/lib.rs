@@ -50,14 +50,14 @@
 //! | `GET /v1/usage?from_ms=&to_ms=&by=&node=` | admin | [`FleetUsage`] |
 //! | `POST /v1/usage` | admin | [`FleetUsageRequest`] (with prices) → [`FleetUsage`] |
 //! | `GET /v1/audit/refusals` | admin | recent [`RefusalRecord`]s |
-//! | `POST /v1/nodes/{node}/quota/admit`, `/quota/release`, `/quota/sync` | that node | fleet quotas ([`quota`]) |
+//! | `POST /v1/nodes/{node}/quota/admit`, `/quota/release`, `/quota/resize`, `/quota/sync` | that node | fleet quotas ([`quota`]) |
 //! | `GET /v1/quota/status`, `GET /v1/quota/events`, `GET /metrics` | admin | quota books, events, Prometheus gauges ([`quota`]) |
 //! | `GET /v1/health` | anyone | liveness, the store's (503 when it does not answer), the latest version |
 //! | `GET /v1/ping` | anyone | a plain answer; clients send it before any credential on a new plain-HTTP connection |
 //!
 //! Errors are `{"error": "...", "path": "orgs.acme.trust"?}` ([`ErrorBody`]).
-//! Plain HTTP only: TLS (and mTLS credentials) are not implemented here; run the
-//! coordinator behind a TLS-terminating proxy or on a trusted network.
+//! HTTP or HTTPS (`--tls-cert`/`--tls-key`: rustls, [`fleet::tls`]); nodes trust one CA
+//! file (docs/FLEET.md, TLS).
 
 mod app;
 pub mod auth;

@@ -8,6 +8,7 @@
 //! |---|---|---|
 //! | `POST /v1/nodes/{node}/quota/admit` | that node | [`AdmitRequest`] → [`AdmitAnswer`]; a gang member's call is held until the gang is complete or `gangs.timeout_s` passed; 503 while the books are rebuilt after a restart |
 //! | `POST /v1/nodes/{node}/quota/release` | that node | [`ReleaseRequest`] → 204 |
+//! | `POST /v1/nodes/{node}/quota/resize` | that node | [`ResizeRequest`] → [`AdmitAnswer`] (admitted or refused); 503 while the books are rebuilt |
 //! | `POST /v1/nodes/{node}/quota/sync` | that node | [`SyncRequest`] → [`SyncAnswer`] |
 //! | `GET /v1/quota/status` | admin | [`QuotaStatus`] |
 //! | `GET /v1/quota/events` | admin | [`QuotaEvent`] list, oldest first |
@@ -29,7 +30,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use fleet::quota::{
     AdmitAnswer, AdmitRequest, Amounts, Holding, QuotaEvent, QuotaStatus, ReleaseRequest,
-    SyncAnswer, SyncRequest, MAX_GANG_SIZE, MAX_SYNC_HOLDINGS,
+    ResizeRequest, SyncAnswer, SyncRequest, MAX_GANG_SIZE, MAX_SYNC_HOLDINGS,
 };
 use quota::books::GangArrival;
 use quota::{Resource, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
@@ -353,6 +354,41 @@ fn log_answer(node: &str, req: &AdmitRequest, a: &AdmitAnswer) {
             info!(node = %node, container = %req.container_id, tenant = %req.tenant, rule = ?rule, "quota refused: {message}")
         }
     }
+}
+
+/// `POST /v1/nodes/{node}/quota/resize`: a grant's amounts change (`runc update`).
+pub(crate) async fn resize(
+    State(app): App,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(node): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<AdmitAnswer>> {
+    app.require_node(&headers, peer, "ask a quota resize", &node, false)?;
+    app.touch(&node);
+    let req: ResizeRequest = json_body(&body, "quota resize")?;
+    let what = "quota resize";
+    check_container(what, &req.container_id)?;
+    // A tenant the policy in force no longer names still holds what it holds.
+    check_tenant(what, &req.tenant, &None)?;
+    check_amounts(what, &req.amounts, MAX_GRANT_GPUS)?;
+    let policy = in_force(&app).await?;
+    let tree = tree_of(&policy);
+    if tree.iter().next().is_some() {
+        check_ready(&app).await?;
+    }
+    let answer = app.quota.books()?.resize(tree, &node, &req, now_ms());
+    app.quota.wake();
+    match &answer {
+        AdmitAnswer::Admitted { class, .. } => {
+            info!(node = %node, container = %req.container_id, tenant = %req.tenant, class = class.as_str(), "quota resize admitted")
+        }
+        AdmitAnswer::Refused { message, rule } => {
+            info!(node = %node, container = %req.container_id, tenant = %req.tenant, rule = ?rule, "quota resize refused: {message}")
+        }
+        AdmitAnswer::Reclaiming { .. } => {}
+    }
+    Ok(Json(answer))
 }
 
 /// `POST /v1/nodes/{node}/quota/release`.

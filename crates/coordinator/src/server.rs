@@ -107,6 +107,7 @@ impl Coordinator {
             .route("/v1/audit/refusals", get(refusals))
             .route("/v1/nodes/{node}/quota/admit", post(crate::quota::admit))
             .route("/v1/nodes/{node}/quota/release", post(crate::quota::release))
+            .route("/v1/nodes/{node}/quota/resize", post(crate::quota::resize))
             .route("/v1/nodes/{node}/quota/sync", post(crate::quota::sync))
             .route("/v1/quota/status", get(crate::quota::status))
             .route("/v1/quota/events", get(crate::quota::events))

@@ -321,16 +321,6 @@ impl Fleet {
         self.quota_sync_every
     }
 
-    /// A reload of the local policy file put `version` in force ([`crate::reload`], which
-    /// allows it only while the file is the policy in force): what the node reports.
-    pub fn note_local_reload(&self, version: u64, digest: &str) {
-        let mut s = lock(&self.status);
-        s.applied_version = Some(version);
-        s.applied_digest = Some(digest.to_string());
-        s.applied_at_ms = Some(::fleet::now_ms());
-        s.rejections_at_apply = s.rejections;
-    }
-
     /// What `GET /v1/status` shows under `policy.coordinator`.
     pub fn snapshot(&self) -> CoordinatorStatus {
         let s = lock(&self.status).clone();
@@ -599,6 +589,22 @@ fn closed(r: &metering::IntervalRecord) -> Option<metering::ClosedInterval> {
         gpu_seconds: end.gpu_seconds,
         reason: end.reason.clone(),
     })
+}
+
+/// A reload of the local policy file ([`crate::policy_reload`], which allows it only while
+/// the file is the policy in force) against the fleet's view of the policy in force.
+impl crate::policy_reload::FleetPolicy for Fleet {
+    fn source_reason(&self) -> Option<String> {
+        self.snapshot().source_reason
+    }
+    /// What the node reports: `version` is in force.
+    fn note_local_reload(&self, version: u64, digest: &str) {
+        let mut s = lock(&self.status);
+        s.applied_version = Some(version);
+        s.applied_digest = Some(digest.to_string());
+        s.applied_at_ms = Some(::fleet::now_ms());
+        s.rejections_at_apply = s.rejections;
+    }
 }
 
 #[cfg(test)]

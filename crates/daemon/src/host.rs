@@ -23,9 +23,24 @@ pub trait Host: Send + Sync + fmt::Debug {
     fn container_cgroup(&self, pid: i32) -> Result<String, String>;
     /// How many processes are in cgroup `rel` and below it.
     fn cgroup_procs(&self, rel: &str) -> CgroupProcs;
+    /// The CPU and memory limits the kernel enforces on `pid`'s own cgroups
+    /// ([`crate::limits::read_limits`]). A host that cannot tell says why.
+    fn cgroup_limits(
+        &self,
+        pid: i32,
+    ) -> Result<(tessera_api::KernelLimits, crate::limits::CgroupVersion), String> {
+        let _ = pid;
+        Err("this host does not read cgroup limits".into())
+    }
     /// Whether runc has a record of container `id` under `runc_root`.
     fn runc_state_exists(&self, runc_root: &Path, id: &str) -> bool {
         tessera_api::runc_state_exists(runc_root, id)
+    }
+    /// The host's online CPUs and NUMA nodes (`/sys/devices/system/{cpu,node}/online`),
+    /// for a grant's CPU set (`topology.pin_cpus`); `None` where it cannot tell (then
+    /// nothing is pinned).
+    fn cpu_layout(&self) -> Option<(Vec<u32>, Vec<u32>)> {
+        None
     }
     /// Unix milliseconds now.
     fn now_ms(&self) -> u64 {
@@ -157,6 +172,17 @@ pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 pub const PROC_ROOT: &str = "/proc";
 
 impl Host for LinuxHost {
+    fn cpu_layout(&self) -> Option<(Vec<u32>, Vec<u32>)> {
+        let read = |p: &str| {
+            std::fs::read_to_string(p)
+                .ok()
+                .and_then(|t| tessera_api::cpulist::parse_cpulist(&t).ok())
+        };
+        let cpus = read("/sys/devices/system/cpu/online")?;
+        // A kernel without NUMA has no node directory: one node, 0.
+        let nodes = read("/sys/devices/system/node/online").unwrap_or_else(|| vec![0]);
+        Some((cpus, nodes))
+    }
     fn pid_start_time(&self, pid: i32) -> Option<u64> {
         liveness::pid_start_time(Path::new(PROC_ROOT), pid)
     }
@@ -168,6 +194,12 @@ impl Host for LinuxHost {
     }
     fn cgroup_procs(&self, rel: &str) -> CgroupProcs {
         liveness::cgroup_procs(Path::new(CGROUP_ROOT), rel)
+    }
+    fn cgroup_limits(
+        &self,
+        pid: i32,
+    ) -> Result<(tessera_api::KernelLimits, crate::limits::CgroupVersion), String> {
+        crate::limits::read_limits(Path::new(PROC_ROOT), Path::new(CGROUP_ROOT), pid)
     }
     fn watches_exits(&self) -> bool {
         true
@@ -264,6 +296,12 @@ impl Host for TreeHost {
     }
     fn cgroup_procs(&self, rel: &str) -> CgroupProcs {
         liveness::cgroup_procs(&self.cgroup_root, rel)
+    }
+    fn cgroup_limits(
+        &self,
+        pid: i32,
+    ) -> Result<(tessera_api::KernelLimits, crate::limits::CgroupVersion), String> {
+        crate::limits::read_limits(&self.proc_root, &self.cgroup_root, pid)
     }
     fn watches_exits(&self) -> bool {
         false

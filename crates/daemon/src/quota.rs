@@ -39,7 +39,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ::fleet::quota::{AdmitAnswer, AdmitRequest, Amounts, GangRef, Lease, Victim, MAX_GANG_SIZE};
+use ::fleet::quota::{
+    AdmitAnswer, AdmitRequest, Amounts, GangRef, Lease, ResizeRequest, Victim, MAX_GANG_SIZE,
+};
 use quota::books::{Books, GangArrival};
 use quota::{QuotaTree, Resources};
 use serde::{Deserialize, Serialize};
@@ -162,13 +164,15 @@ pub fn checkpoints(annotations: &BTreeMap<String, String>) -> Result<bool, Quota
 
 /// What a GPU grant counts as: for each device it holds (`models`, one entry per device:
 /// `gpu=N` holds N), the fraction of a GPU metering charges for it without the policy's
-/// billing weights (a whole GPU 1, a MIG instance its compute slices / 7, `mps=P` P / 100,
-/// a time-sliced replica 1 / `replicas`), floored to a micro-GPU ([`quota::gpu_micro`]),
-/// summed per catalog model.
+/// billing weights (a whole GPU 1, a MIG instance its compute slices / 7 or the policy's
+/// `mig_weights` for its profile — what the ledger bills —, `mps=P` P / 100, a time-sliced
+/// replica 1 / `replicas`), floored to a micro-GPU ([`quota::gpu_micro`]), summed per
+/// catalog model.
 pub fn gpu_amounts(
     request: &GpuRequest,
     models: &[&str],
     replicas: u32,
+    mig_weight: Option<f64>,
 ) -> Result<BTreeMap<String, u64>, QuotaError> {
     let mut out: BTreeMap<String, u64> = BTreeMap::new();
     for model in models {
@@ -182,7 +186,9 @@ pub fn gpu_amounts(
             GpuRequest::Mps { percent } => (None, Some(*percent), None),
             GpuRequest::Shared => (None, None, Some(replicas)),
         };
-        let f = metering::fraction(request.isolation(), slices, mps, reps, None);
+        // The fraction metering bills, the policy's weight of a MIG profile included.
+        let weight = mig_weight.filter(|_| matches!(request, GpuRequest::Mig { .. }));
+        let f = metering::fraction(request.isolation(), slices, mps, reps, weight);
         let micro = quota::gpu_micro(f).ok_or_else(|| QuotaError::Fraction {
             request: request.to_string(),
             model: untrusted(model).to_string(),
@@ -661,6 +667,59 @@ impl QuotaGate {
             let req = ::fleet::quota::ReleaseRequest { container_id: id.clone() };
             if let Err(e) = client.quota_release(&node, &req).await {
                 debug!(container = %id, "quota release not delivered ({e}); the next sync repairs it");
+            }
+        });
+    }
+
+    /// Ask the books to count `req`'s amounts for a grant from now on (a `runc update` of
+    /// its container raises its CPU or memory limit; blocking: call from a blocking
+    /// thread). Answered as an admission is, never `Reclaiming`.
+    pub fn resize(&self, req: &ResizeRequest, tree: &QuotaTree) -> Verdict {
+        let link = match &self.authority {
+            Authority::Coordinator(link) => link,
+            Authority::Local { node, books } => {
+                let now = tessera_api::time::now_ms();
+                return verdict(lock(books).resize(tree, node, req, now));
+            }
+        };
+        let req =
+            &ResizeRequest { unsynced_lease_grants: self.unsynced_lease_grants(), ..req.clone() };
+        let (client, node) = (&link.client, &link.node);
+        let r = self
+            .handle
+            .block_on(async move { client.quota_resize(node, req, ADMIT_TIMEOUT).await });
+        match r {
+            Ok(answer) => {
+                self.reached();
+                verdict(answer)
+            }
+            Err(e) if unreachable(&e) => {
+                let why = e.to_string();
+                let since_ms = self.unreached(&why);
+                Verdict::Unreachable { since_ms, why }
+            }
+            Err(e) => {
+                self.reached();
+                Verdict::Failed { message: e.to_string() }
+            }
+        }
+    }
+
+    /// Tell the books what a grant counts after its update ended (a decrease, or the raise
+    /// given back): to a coordinator spawned, best effort (the next sync carries it too).
+    pub fn resized(&self, req: ResizeRequest, tree: &QuotaTree) {
+        let link = match &self.authority {
+            Authority::Coordinator(link) => link,
+            Authority::Local { node, books } => {
+                lock(books).resize(tree, node, &req, tessera_api::time::now_ms());
+                return;
+            }
+        };
+        let client = link.client.clone().with_timeout(CALL_TIMEOUT);
+        let node = link.node.clone();
+        self.handle.spawn(async move {
+            if let Err(e) = client.quota_resize(&node, &req, CALL_TIMEOUT).await {
+                debug!(container = %req.container_id, "quota resize not delivered ({e}); the next sync carries it");
             }
         });
     }

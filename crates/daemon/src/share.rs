@@ -139,6 +139,8 @@ mod tests {
             injection: Injection::default(),
             workload: None,
             quota: None,
+            topology: None,
+            class: None,
             state: AllocationState::Running,
             pid: None,
             created_ms: 0,

@@ -701,27 +701,10 @@ impl ElapsedExt for Option<Instant> {
 /// rename it over the old one, fsync the directory. A crash leaves the old or the new
 /// file, never a torn one.
 pub fn write_last_known_good(path: &Path, verified: &Verified) -> Result<(), AgentError> {
-    use std::io::Write as _;
     let err = |why: String| AgentError::LastKnownGood { path: path.to_path_buf(), why };
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| err(format!("create {}: {e}", dir.display())))?;
     let json = serde_json::to_vec_pretty(&verified.envelope).map_err(|e| err(e.to_string()))?;
-    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
-    let mut f =
-        std::fs::File::create(&tmp).map_err(|e| err(format!("create {}: {e}", tmp.display())))?;
-    f.write_all(&json)
-        .and_then(|()| f.sync_all())
-        .map_err(|e| err(format!("write {}: {e}", tmp.display())))?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        err(format!("rename into place: {e}"))
-    })?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| err(format!("fsync {}: {e}", dir.display())))?;
-    Ok(())
+    tessera_api::durable::replace(path, &json, 0o644, tessera_api::durable::Sync::Durable)
+        .map_err(|e| err(format!("write: {e}")))
 }
 
 #[cfg(test)]

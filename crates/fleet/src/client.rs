@@ -334,6 +334,25 @@ impl Client {
         serde_json::from_slice(&body).map_err(|e| ClientError::Protocol(format!("{path}: {e}")))
     }
 
+    /// Fleet quotas: a grant of `node` counts new amounts from now on (`runc update` of its
+    /// container's CPU or memory limit): admitted (with its class from now on) or refused.
+    /// 503 while the books are rebuilt, as for [`Client::quota_admit`].
+    pub async fn quota_resize(
+        &self,
+        node: &str,
+        req: &crate::quota::ResizeRequest,
+        timeout: Duration,
+    ) -> Result<crate::quota::AdmitAnswer, ClientError> {
+        crate::validate_node_id(node).map_err(ClientError::Usage)?;
+        let path = format!("/v1/nodes/{node}/quota/resize");
+        let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let (status, body) = self.raw(Method::POST, &path, &[], Some(body), timeout).await?;
+        if !(200..300).contains(&status) {
+            return Err(Client::api_error(status, &body));
+        }
+        serde_json::from_slice(&body).map_err(|e| ClientError::Protocol(format!("{path}: {e}")))
+    }
+
     /// Fleet quotas: a grant of `node` ended (or was never made after an admission).
     pub async fn quota_release(
         &self,

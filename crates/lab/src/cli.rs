@@ -85,7 +85,9 @@ pub struct SimArgs {
     pub data: PathBuf,
     /// A built-in scenario instead of a trace: `drf`, the DRF paper's example (one node of
     /// 9 CPUs and 18 GB; A's tasks <1 CPU, 4 GB>, B's <3 CPU, 1 GB>, both always asking)
-    /// under Tessera's fair queue with no quota.
+    /// under Tessera's fair queue with no quota; `interference`, latency services and
+    /// bandwidth-heavy batch jobs on MPS GPUs without and with the interference controller
+    /// (`lab::contention_sim`, 5 seeds of 8 hours).
     #[arg(long, conflicts_with_all = ["trace", "generate", "policy", "queue", "placement"])]
     pub scenario: Option<String>,
     #[arg(long)]
@@ -411,9 +413,13 @@ fn quota_family(a: &SimArgs) -> Result<String, String> {
 }
 
 fn scenario(name: &str, json: bool) -> Result<String, String> {
+    if name == "interference" {
+        let f = crate::contention_sim::family(5, 8);
+        return if json { to_json(&f) } else { Ok(crate::contention_sim::table(&f)) };
+    }
     if name != "drf" {
         return Err(format!(
-            "--scenario {}: unknown scenario, expected drf",
+            "--scenario {}: unknown scenario, expected drf or interference",
             tessera_api::untrusted(name)
         ));
     }

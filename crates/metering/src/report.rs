@@ -253,7 +253,9 @@ impl UsageReport {
     }
 
     /// CSV: header `group,gpu_seconds,cost,intervals`, one line per row, then `TOTAL`.
-    /// Numbers have exactly six decimals.
+    /// Numbers have exactly six decimals. The group is written by
+    /// [`tessera_api::display::csv_cell`]: a group that a spreadsheet would run as a
+    /// formula (a container id `+1`, `-2+3`) is a quoted cell that starts with `'`.
     pub fn to_csv(&self) -> String {
         let mut out = String::from("group,gpu_seconds,cost,intervals\n");
         for row in self.rows.iter().chain(std::iter::once(&self.total)) {
@@ -261,21 +263,13 @@ impl UsageReport {
             let _ = writeln!(
                 out,
                 "{},{:.6},{:.6},{}",
-                csv_field(&row.group),
+                tessera_api::display::csv_cell(&row.group),
                 row.gpu_seconds,
                 row.cost,
                 row.intervals
             );
         }
         out
-    }
-}
-
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
     }
 }
 
@@ -572,6 +566,28 @@ mod tests {
             .insert("H100".into(), Rate { reserved_per_gpu_hour: -1.0, burst_per_gpu_hour: 1.0 });
         assert!(matches!(aggregate(&[], &bad), Err(LedgerError::BadQuery(_))));
         assert!(matches!("node".parse::<GroupBy>(), Err(LedgerError::BadQuery(_))));
+    }
+
+    #[test]
+    fn csv_groups_that_start_a_formula_are_escaped_even_with_control_characters() {
+        // The ledger refuses control characters in ids; the report escapes them anyway.
+        let spans = [
+            span("a", "\t=1+1", 0, 1_000, 1.0),
+            span("a", "\r=1+1", 0, 1_000, 1.0),
+            span("a", "+1", 0, 1_000, 1.0),
+        ];
+        let csv = aggregate(&spans, &q(0, 1_000, GroupBy::Container)).expect("report").to_csv();
+        assert_eq!(
+            csv,
+            "group,gpu_seconds,cost,intervals\n\
+             \"'\t=1+1\",1.000000,0.000000,1\n\
+             \"'\r=1+1\",1.000000,0.000000,1\n\
+             \"'+1\",1.000000,0.000000,1\n\
+             TOTAL,3.000000,0.000000,3\n"
+        );
+        // Outside pods, `-` groups by namespace: a cell that starts with `-` is escaped too.
+        let csv = aggregate(&spans[2..], &q(0, 1_000, GroupBy::Namespace)).expect("r").to_csv();
+        assert!(csv.contains("\n\"'-\",1.000000,"), "{csv}");
     }
 
     #[test]

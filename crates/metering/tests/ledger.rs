@@ -687,3 +687,75 @@ fn a_ledger_from_before_pod_names_gains_the_column_and_keeps_its_rows() {
     ledger.open_interval(&w).expect("new rows carry the workload");
     assert_eq!(ledger.intervals().expect("rows")[1].start.workload, w.workload);
 }
+
+/// Reads one CSV cell as a spreadsheet would (RFC 4180 quoting), returning the cell and
+/// the rest of the line after its comma.
+fn first_csv_cell(line: &str) -> (String, &str) {
+    let Some(quoted) = line.strip_prefix('"') else {
+        return match line.split_once(',') {
+            Some((cell, rest)) => (cell.to_string(), rest),
+            None => (line.to_string(), ""),
+        };
+    };
+    let mut cell = String::new();
+    let mut chars = quoted.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        if c == '"' {
+            if chars.peek().map(|(_, n)| *n) == Some('"') {
+                cell.push('"');
+                chars.next();
+                continue;
+            }
+            let rest = &quoted[i + 1..];
+            return (cell, rest.strip_prefix(',').unwrap_or(rest));
+        }
+        cell.push(c);
+    }
+    panic!("unterminated quoted cell in {line:?}");
+}
+
+#[test]
+fn cells_that_a_spreadsheet_would_run_as_formulas_are_escaped() {
+    // Container ids are the group of `--by container`; runc's id rule admits a leading
+    // `+` or `-` (the other characters come from anywhere else a cell is filled from; the
+    // ledger refuses control characters, so the tab and CR variants are the helper's
+    // unit tests, `display::tests::csv_cells_never_start_a_formula`).
+    let hostile = [
+        "=cmd|' /C calc'!A0",
+        "+cmd|' /C calc'!A0",
+        "-2+3+cmd|' /C calc'!A0",
+        "@SUM(1+1)*cmd|' /C calc'!A0",
+        "=\"quoted\",1",
+        "+1",
+        "-1",
+    ];
+    let c = clock();
+    let mut l = Ledger::open_in_memory(c.clone()).expect("open");
+    for (i, id) in hostile.iter().enumerate() {
+        l.open_interval(&start(id, "acme/ml/cv/alice", &i.to_string())).expect("open");
+    }
+    c.advance(10_000);
+    for id in hostile {
+        l.close_container(id, POSTSTOP_REASON).expect("close");
+    }
+    let csv = l.usage(&query(T0, T0 + 10_000, GroupBy::Container)).expect("usage").to_csv();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), hostile.len() + 2, "header, one line per id, total:\n{csv:?}");
+    let mut seen = Vec::new();
+    for line in &lines[1..lines.len() - 1] {
+        // The line starts a quoted cell whose text starts with `'`: a spreadsheet shows
+        // it as text and runs nothing.
+        assert!(line.starts_with("\"'"), "a formula cell: {line:?}");
+        let (cell, rest) = first_csv_cell(line);
+        let id = cell.strip_prefix('\'').expect("the quote prefix");
+        seen.push(id.to_string());
+        assert_eq!(rest.split(',').count(), 3, "three numbers after the cell: {line:?}");
+    }
+    seen.sort();
+    let mut want: Vec<String> = hostile.iter().map(|s| s.to_string()).collect();
+    want.sort();
+    assert_eq!(seen, want, "every id comes back whole after its prefix");
+    // The same helper is the only CSV cell writer: plain cells stay as they were.
+    assert_eq!(tessera_api::display::csv_cell("acme/ml"), "acme/ml");
+    assert_eq!(tessera_api::display::csv_cell("a,b"), "\"a,b\"");
+}

@@ -132,7 +132,8 @@ fn example_policy_parses_and_decides() {
         ]
     );
     assert_eq!(p.identity_annotations(), [NS]);
-    assert_eq!(p.default_tenant(), None);
+    // Docker and podman runs (no identity annotation) land on the guest, as shipped.
+    assert_eq!(p.default_tenant(), Some("acme/untrusted/sandbox/guest"));
     let who = |ns: &str| p.resolve_identity(&annotations(&[(NS, ns)])).expect("identity");
     let guest = who("team-untrusted");
     let alice = who("team-trusted");
@@ -1572,4 +1573,69 @@ fn hostile_keys_in_quotas_are_shown_escaped_and_bounded() {
     let e = parse_value(&base_with(|v| v["orgs"][ansi] = json!({"trust": "dev"}))).unwrap_err();
     assert_eq!(e.json_path(), Some("orgs.acme\\n\\u{1b}[2J"));
     assert_shown_safely(&e, 1_000);
+}
+
+/// Issue 26: the node-health sections, their defaults, and errors at their paths.
+#[test]
+fn faults_topology_and_interference_are_read_and_checked() {
+    let p = ok(&base());
+    assert_eq!(p.faults(), &FaultSettings::default());
+    assert!(p.interference().enabled && !p.topology().pin_cpus);
+    let p = ok(&base_with(|v| {
+        v["faults"] = json!({"ignore_xids": [92, 92], "stop_holders": true, "grace_s": 5});
+        v["topology"] = json!({"isolate_nvlink_domains": true});
+        v["interference"] = json!({"classes": {"acme/platform": "latency", "acme": "batch"},
+            "stop_after_samples": 6});
+    }));
+    assert_eq!(p.faults().ignore_xids, [92]);
+    assert!(p.faults().stop_holders && p.topology().isolate_nvlink_domains);
+    let i = p.interference();
+    assert_eq!(i.stop_after_samples, Some(6));
+    use tessera_api::WorkloadClass::{Batch, Latency};
+    assert_eq!(i.class_of("acme/platform/notebooks/bob", None), Latency, "longest prefix");
+    assert_eq!(i.class_of("acme/research/sandbox/guest", None), Batch);
+    assert_eq!(i.class_of("acme/platform/notebooks/bob", Some(Batch)), Batch, "declared wins");
+    assert_eq!(i.class_of("globex", None), Batch, "unlisted");
+    expect_err(
+        &base_with(|v| v["faults"] = json!({"ignore_xids": [95]})),
+        "invalid",
+        "faults.ignore_xids[0]",
+        "XID 95 is a hardware fault",
+    );
+    expect_err(
+        &base_with(|v| v["faults"] = json!({"grace_s": 301})),
+        "invalid",
+        "faults.grace_s",
+        "expected 0 to 300 seconds",
+    );
+    expect_err(
+        &base_with(|v| v["interference"] = json!({"classes": {"nobody": "latency"}})),
+        "invalid",
+        "interference.classes.nobody",
+        "is no tenant",
+    );
+    expect_err(
+        &base_with(|v| v["interference"] = json!({"classes": {"acme": "fast"}})),
+        "schema",
+        "interference.classes.acme",
+        "unknown variant `fast`",
+    );
+    expect_err(
+        &base_with(|v| v["interference"] = json!({"min_share": 1.5})),
+        "invalid",
+        "interference.min_share",
+        "expected a fraction in (0, 1)",
+    );
+    expect_err(
+        &base_with(|v| v["interference"] = json!({"throttle_factor_percent": 100})),
+        "invalid",
+        "interference.throttle_factor_percent",
+        "0 (no throttle) to 99",
+    );
+    expect_err(
+        &base_with(|v| v["topology"] = json!({"pin": true})),
+        "schema",
+        "topology.pin",
+        "unknown field `pin`",
+    );
 }

@@ -57,7 +57,7 @@ use crate::reclaim::{choose_victims, NoVictims, Running};
 use crate::spec::{chain, is_within, QuotaTree};
 use crate::wire::{
     AdmitAnswer, AdmitRequest, Amounts, Holding, Lease, PathStatus, QuotaClass, QuotaEvent,
-    QuotaEventKind, QuotaStatus, SyncAnswer, SyncRequest, Victim,
+    QuotaEventKind, QuotaStatus, ResizeRequest, SyncAnswer, SyncRequest, Victim,
 };
 
 /// How long an admission not yet listed by its node's sync stays booked.
@@ -364,6 +364,10 @@ pub struct Books {
     tree_seen: Option<QuotaTree>,
     /// Quota paths whose leases are recalled (cut to what each node holds) until then.
     recalled: BTreeMap<String, u64>,
+    /// Grants resized ([`Books::resize`]) within [`PENDING_GRACE_MS`], with when: a sync
+    /// whose snapshot predates the resize lists the old amounts, so until the node lists
+    /// the new ones its holding counts the larger of both.
+    resized: BTreeMap<Key, (Entry, u64)>,
 }
 
 fn max_each(a: &Resources, b: &Resources) -> Resources {
@@ -530,6 +534,7 @@ impl Books {
             counters: Counters::default(),
             tree_seen: None,
             recalled: BTreeMap::new(),
+            resized: BTreeMap::new(),
         }
     }
 
@@ -637,6 +642,7 @@ impl Books {
         }
         self.outcomes.retain(|_, o| now <= o.expires_ms);
         self.recalled.retain(|_, until| now <= *until);
+        self.resized.retain(|_, (_, at)| now.saturating_sub(*at) <= PENDING_GRACE_MS);
         let limit = self.lease_ttl_s.saturating_mul(1000).saturating_add(LEASE_MARGIN_MS);
         let mut expired = Vec::new();
         for (node, nb) in &mut self.nodes {
@@ -2070,6 +2076,189 @@ impl Books {
         }
     }
 
+    /// The grant of `req.container_id` on `node` counts `req.amounts` from now on (its
+    /// container's CPU or memory limit changed: `runc update`, Kubernetes' in-place resize).
+    ///
+    /// A resize that raises any amount is decided as a new request of the new amounts with
+    /// the grant's old amounts given back first (the same two-pass decision as
+    /// [`Books::admit`], phantoms and ceilings included): admitted with the class that
+    /// decision gives (work that grows beyond its guarantee runs borrowed from now on), or
+    /// refused at a ceiling naming it, or refused when the fleet has no free capacity for
+    /// the raise (a resize never reclaims, never queues). A resize that raises nothing is
+    /// recorded at once, with the grant's class unchanged. A grant the books do not hold
+    /// yet (admitted under a lease, not synced) is counted from now on as an admission.
+    /// The caller checked [`Books::ready`] and validated `req`.
+    pub fn resize(
+        &mut self,
+        tree: &QuotaTree,
+        node: &str,
+        req: &ResizeRequest,
+        now: u64,
+    ) -> AdmitAnswer {
+        self.observe_tree(tree);
+        self.tick(now);
+        let key = (node.to_string(), req.container_id.clone());
+        let tenant = req.tenant.as_str();
+        let new = req.amounts.to_resources();
+        let (current, over_now) = match self.pending.get(&key) {
+            Some(p) => (Some(p.entry.clone()), p.over.clone()),
+            None => (
+                self.nodes.get(node).and_then(|nb| nb.holdings.get(&req.container_id)).cloned(),
+                None,
+            ),
+        };
+        if let Some(e) = &current {
+            if e.tenant != tenant {
+                return AdmitAnswer::Refused {
+                    message: format!(
+                        "container {} on node {node} is a grant of {}, not of {}; its resize is \
+                         refused",
+                        untrusted(&req.container_id).max_chars(128),
+                        e.tenant,
+                        untrusted(tenant).max_chars(128)
+                    ),
+                    rule: None,
+                };
+            }
+        }
+        let old = current.as_ref().map(|e| e.resources.clone()).unwrap_or_default();
+        let grows = new.iter().any(|(r, n)| n > old.get(r));
+        let (class, over) = if !grows || tree.iter().next().is_none() {
+            (current.as_ref().map_or(Class::Guaranteed, |e| e.class), over_now)
+        } else {
+            // Decided without the grant's own amounts: they are given back first.
+            let taken = self.take_entry(&key);
+            let decision = self.decide(tree, node, tenant, &new, !req.unsynced_lease_grants);
+            self.put_entry(&key, taken);
+            match decision {
+                Decision::Admit { class, over } => {
+                    (class, over.map(|(p, res)| rule(&p, &res, "guarantee")))
+                }
+                Decision::Refuse(c) => return self.refuse_ceiling(node, &req.container_id, c, now),
+                Decision::Reclaim { short, .. } | Decision::Wait { short, .. } => {
+                    let message = format!(
+                        "{} for {} (a resize of container {} from {old}) does not fit: the fleet \
+                         is short of {short} (a resize reclaims nothing and does not wait); \
+                         retry once capacity is free",
+                        new,
+                        untrusted(tenant).max_chars(128),
+                        untrusted(&req.container_id).max_chars(128),
+                    );
+                    self.event(
+                        now,
+                        QuotaEventKind::Refuse,
+                        Some(tenant),
+                        Some(node),
+                        Some(&req.container_id),
+                        message.clone(),
+                    );
+                    return AdmitAnswer::Refused { message, rule: None };
+                }
+            }
+        };
+        let entry = Entry {
+            tenant: tenant.to_string(),
+            resources: new.clone(),
+            class,
+            started_ms: current.as_ref().map_or(now, |e| e.started_ms),
+            gang: current.as_ref().and_then(|e| e.gang.clone()),
+            // A resize keeps what the grant said of itself (issue 27's fields).
+            checkpoint: current.as_ref().is_some_and(|e| e.checkpoint),
+            workload: current.as_ref().and_then(|e| e.workload.clone()),
+        };
+        let in_holdings =
+            self.nodes.get(node).is_some_and(|nb| nb.holdings.contains_key(&req.container_id));
+        if in_holdings {
+            if let Some(nb) = self.nodes.get_mut(node) {
+                nb.holdings.insert(req.container_id.clone(), entry.clone());
+            }
+        } else {
+            self.pending.insert(key.clone(), Pending { entry: entry.clone(), over: over.clone() });
+        }
+        self.resized.insert(key, (entry, now));
+        if new != old {
+            let was = current.as_ref().map_or(Class::Guaranteed, |e| e.class);
+            let class_note = match (was, class) {
+                (Class::Guaranteed, Class::Borrowed) => format!(
+                    "; it runs borrowed from now on (beyond {}), priced at the burst price and \
+                     reclaimable",
+                    over.as_deref().unwrap_or("its chain's guarantees")
+                ),
+                (Class::Borrowed, Class::Guaranteed) => {
+                    "; it runs within its guarantees from now on".to_string()
+                }
+                _ => String::new(),
+            };
+            self.event(
+                now,
+                QuotaEventKind::Resize,
+                Some(tenant),
+                Some(node),
+                Some(&req.container_id),
+                format!("resized from {old} to {new}{class_note}"),
+            );
+        }
+        AdmitAnswer::Admitted { class: class.into(), over }
+    }
+
+    /// Takes the entry of `key` out of the books (pending or held), for a decision
+    /// without it; [`Books::put_entry`] puts it back.
+    fn take_entry(&mut self, key: &Key) -> Option<(Entry, Option<Option<String>>)> {
+        if let Some(p) = self.pending.remove(key) {
+            return Some((p.entry, Some(p.over)));
+        }
+        let nb = self.nodes.get_mut(&key.0)?;
+        nb.holdings.remove(&key.1).map(|e| (e, None))
+    }
+
+    fn put_entry(&mut self, key: &Key, taken: Option<(Entry, Option<Option<String>>)>) {
+        match taken {
+            None => {}
+            Some((entry, Some(over))) => {
+                self.pending.insert(key.clone(), Pending { entry, over });
+            }
+            Some((entry, None)) => {
+                if let Some(nb) = self.nodes.get_mut(&key.0) {
+                    nb.holdings.insert(key.1.clone(), entry);
+                }
+            }
+        }
+    }
+
+    /// After a sync of `node` replaced its holdings: a grant resized within
+    /// [`PENDING_GRACE_MS`] counts the larger of what the node listed and what the resize
+    /// recorded, until the node lists the resized amounts (its snapshot may predate the
+    /// resize). A resized grant the node no longer lists, and has no pending admission, is
+    /// gone.
+    fn protect_resized(&mut self, node: &str, now: u64) {
+        let keys: Vec<Key> = self.resized.keys().filter(|(n, _)| n == node).cloned().collect();
+        for key in keys {
+            let Some((entry, at)) = self.resized.get(&key).cloned() else { continue };
+            let listed = self.nodes.get(node).and_then(|nb| nb.holdings.get(&key.1)).cloned();
+            match listed {
+                _ if now.saturating_sub(at) > PENDING_GRACE_MS => {
+                    self.resized.remove(&key);
+                }
+                None => {
+                    if !self.pending.contains_key(&key) {
+                        self.resized.remove(&key);
+                    }
+                }
+                Some(l) if l.resources == entry.resources && l.class == entry.class => {
+                    self.resized.remove(&key);
+                }
+                Some(l) => {
+                    let kept =
+                        Entry { resources: max_each(&l.resources, &entry.resources), ..entry };
+                    if let Some(nb) = self.nodes.get_mut(node) {
+                        nb.holdings
+                            .insert(key.1.clone(), Entry { started_ms: l.started_ms, ..kept });
+                    }
+                }
+            }
+        }
+    }
+
     /// A grant ended (or was never made after an admission): it leaves the books at once.
     /// Whether the books held it.
     pub fn release(&mut self, node: &str, container: &str, now: u64) -> bool {
@@ -2079,6 +2268,7 @@ impl Books {
         if let Some(nb) = self.nodes.get_mut(node) {
             found |= nb.holdings.remove(container).is_some();
         }
+        self.resized.remove(&key);
         // A gang's kept answer goes too: the id may come back as another container.
         found |= self.outcomes.remove(&key).is_some();
         found |= self.waiting.remove(&key).is_some();
@@ -2162,6 +2352,7 @@ impl Books {
                     && now.saturating_sub(p.entry.started_ms) <= PENDING_GRACE_MS)
         });
         self.waiting.retain(|(n, c), _| n != node || !held.contains(c.as_str()));
+        self.protect_resized(node, now);
         self.update_reclaims(now);
         let due = self.nodes.get(node).is_some_and(|nb| {
             nb.computed_ms.is_none_or(|t| now.saturating_sub(t) >= LEASE_RECOMPUTE_MS)

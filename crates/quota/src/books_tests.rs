@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::*;
-use crate::wire::{GangRef, ReleaseRequest};
+use crate::wire::{GangRef, ReleaseRequest, ResizeRequest};
 use crate::{QuotaSpec, MICRO_PER_GPU};
 
 const H100: &str = "H100-80GB";
@@ -690,6 +690,115 @@ fn an_admission_survives_a_sync_that_lacks_it_for_the_pending_grace_only() {
     assert!(b.release("n1", &rel.container_id, now + 22_000));
     assert_eq!(gpus_of(&b.real_usage().of("acme/a")), (0, 0));
     assert!(!b.release("n1", "p1", now + 22_000), "released twice: nothing the second time");
+}
+
+/// CPU of `acme/b`: guaranteed, borrowed (millicores).
+fn cpu_of(b: &Books, path: &str) -> (u64, u64) {
+    let u = b.real_usage().of(path);
+    (u.guaranteed.get(&Resource::Cpu), u.borrowed.get(&Resource::Cpu))
+}
+
+fn resize_to(container: &str, tenant: &str, gpus: u64, cpu_milli: u64) -> ResizeRequest {
+    ResizeRequest {
+        container_id: container.into(),
+        tenant: tenant.into(),
+        amounts: Amounts { cpu_milli, memory_mib: 512, ..gpu_amounts(gpus * MICRO_PER_GPU) },
+        unsynced_lease_grants: false,
+    }
+}
+
+#[test]
+fn a_resize_is_decided_as_a_request_of_the_new_amounts_and_the_books_follow_it() {
+    let t = tree(
+        r#"{"acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}},
+                       "cpu_cores": {"guarantee": 1, "ceiling": 4}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    let mut req = ask("c1", "acme/b", 1);
+    req.amounts.cpu_milli = 500;
+    req.amounts.memory_mib = 512;
+    assert_eq!(admitted(&nodes[0].admit_synced(&mut b, &t, req, now)), QuotaClass::Guaranteed);
+    assert_eq!(cpu_of(&b, "acme/b"), (500, 0));
+
+    // Past the ceiling: refused naming it, the books as they were.
+    let (msg, rule) = refused(&b.resize(&t, "n1", &resize_to("c1", "acme/b", 1, 16_000), now));
+    assert_eq!(rule.as_deref(), Some("quotas.acme/b.cpu_cores.ceiling"), "{msg}");
+    assert!(msg.contains("16 CPU cores"), "{msg}");
+    assert_eq!(cpu_of(&b, "acme/b"), (500, 0));
+    // The ceiling counts the grant once: 4 cores in all is within it (its old half core
+    // is given back first), beyond the guarantee of 1: borrowed from now on.
+    let a = b.resize(&t, "n1", &resize_to("c1", "acme/b", 1, 4_000), now);
+    let AdmitAnswer::Admitted { class: QuotaClass::Borrowed, over: Some(over) } = &a else {
+        panic!("{a:?}")
+    };
+    assert!(over.starts_with("quotas.acme/b.") && over.ends_with(".guarantee"), "{over}");
+    assert_eq!(cpu_of(&b, "acme/b"), (0, 4_000));
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (0, 1), "the whole grant is borrowed");
+    let ev = b.events();
+    let e = ev.iter().rev().find(|e| e.kind == QuotaEventKind::Resize).expect("a resize event");
+    assert!(e.reason.contains("runs borrowed from now on"), "{}", e.reason);
+    // A sync whose snapshot predates the resize lists the old amounts: the raise stays
+    // booked until the node lists it.
+    now += 1_000;
+    nodes[0].sync(&mut b, &t, now);
+    assert_eq!(cpu_of(&b, "acme/b"), (0, 4_000), "a stale listing does not undo the raise");
+    let mut c2 = ask("c2", "acme/b", 1);
+    c2.amounts.cpu_milli = 1;
+    let (msg, _) = refused(&nodes[0].admit(&mut b, &t, c2.clone(), now));
+    assert!(msg.contains("cpu_cores.ceiling"), "{msg}");
+    // The node lists the new amounts and class.
+    nodes[0].holdings[0].amounts.cpu_milli = 4_000;
+    nodes[0].holdings[0].class = QuotaClass::Borrowed;
+    now += 1_000;
+    nodes[0].sync(&mut b, &t, now);
+    assert_eq!(cpu_of(&b, "acme/b"), (0, 4_000));
+    // A decrease is recorded at once, its class kept; the room it frees is usable.
+    let a = b.resize(&t, "n1", &resize_to("c1", "acme/b", 1, 250), now);
+    assert_eq!(a, AdmitAnswer::Admitted { class: QuotaClass::Borrowed, over: None });
+    assert_eq!(cpu_of(&b, "acme/b"), (0, 250));
+    admitted(&nodes[0].admit(&mut b, &t, c2, now));
+    // Another tenant's name on the grant: refused.
+    let (msg, _) = refused(&b.resize(&t, "n1", &resize_to("c1", "acme/a", 1, 250), now));
+    assert!(msg.contains("is a grant of acme/b"), "{msg}");
+    // Released: the resize protection goes with it.
+    assert!(b.release("n1", "c1", now));
+    nodes[0].stop("c1");
+    nodes[0].sync(&mut b, &t, now + 1_000);
+    assert_eq!(cpu_of(&b, "acme/b").0 + cpu_of(&b, "acme/b").1, 1, "only c2 left");
+}
+
+#[test]
+fn a_resize_that_needs_capacity_the_fleet_lacks_is_refused_and_reclaims_nothing() {
+    let t = tree(AB);
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8)];
+    let now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    // The node reports 4 cores; acme/a holds 1 of them, acme/b's borrowed work 3.
+    let sync = |b: &mut Books, n: &Node, now: u64| {
+        let mut r = n.request();
+        r.capacity.cpu_milli = 4_000;
+        b.sync(&t, "n1", &r, now);
+    };
+    let mut a1 = ask("a1", "acme/a", 1);
+    a1.amounts.cpu_milli = 1_000;
+    admitted(&nodes[0].admit(&mut b, &t, a1, now));
+    for i in 0..5 {
+        let mut r = ask(&format!("b{i}"), "acme/b", 1);
+        r.amounts.cpu_milli = if i == 4 { 3_000 } else { 0 };
+        admitted(&nodes[0].admit(&mut b, &t, r, now));
+    }
+    sync(&mut b, &nodes[0], now);
+    let mut up = resize_to("a1", "acme/a", 1, 2_000);
+    up.amounts.memory_mib = 0;
+    let (msg, rule) = refused(&b.resize(&t, "n1", &up, now));
+    assert_eq!(rule, None);
+    assert!(msg.contains("short of") && msg.contains("reclaims nothing"), "{msg}");
+    assert!(b.reclaims.is_empty(), "no reclaim started for a resize");
+    assert_eq!(cpu_of(&b, "acme/a"), (1_000, 0));
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Fleet quotas: hierarchical guarantees and ceilings, borrowing, dominant resource
 //! fairness, the fair queue order and the choice of reclaim victims. Pure: no I/O, no
-//! clock, no async. The coordinator and the nodes will wire it in (docs/QUOTAS.md says what
-//! is built and what is planned).
+//! clock, no async. The coordinator's books (`crates/coordinator`) and every tesserad's
+//! quota gate (`crates/daemon`) decide with it (docs/QUOTAS.md says what is built).
 //!
 //! # The model
 //!
@@ -22,7 +22,7 @@
 //!
 //! # The `quotas` section
 //!
-//! [`QuotaSpec`] is the shape proposed for the policy's `quotas` section: tenant path →
+//! [`QuotaSpec`] is the policy's `quotas` section: tenant path →
 //! quota; unknown fields and duplicate keys are refused.
 //!
 //! ```json

@@ -6,6 +6,10 @@
 //!   is held until the whole gang has arrived (or the policy's `gangs.timeout_s`).
 //! * `POST /v1/nodes/{node}/quota/release` ([`ReleaseRequest`]): a grant ended (or was
 //!   never made after an admission).
+//! * `POST /v1/nodes/{node}/quota/resize` ([`ResizeRequest`] → [`AdmitAnswer`], never
+//!   `Reclaiming`): a grant's amounts change (`runc update` of its container's CPU or
+//!   memory limit). A raise is decided as a new request of the new amounts with the old
+//!   ones given back first; a decrease is recorded.
 //! * `POST /v1/nodes/{node}/quota/sync` ([`SyncRequest`] → [`SyncAnswer`]): every
 //!   [`SYNC_INTERVAL`] the node sends everything it holds (the books follow the nodes:
 //!   what a node does not list, after a short grace for admissions still in flight, is
@@ -196,6 +200,24 @@ pub struct ReleaseRequest {
     pub container_id: String,
 }
 
+/// `POST /v1/nodes/{node}/quota/resize`: the grant of `container_id` counts `amounts` from
+/// now on (its container's CPU or memory limit changes: `runc update`, Kubernetes'
+/// in-place resize). Answered with [`AdmitAnswer::Admitted`] (with the class the grant
+/// runs as from now on) or [`AdmitAnswer::Refused`]; never `Reclaiming` (a resize stops
+/// nobody).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeRequest {
+    pub container_id: String,
+    /// The grant's tenant (as recorded; a holding of another tenant is refused).
+    pub tenant: String,
+    /// Everything the grant counts from now on (its GPUs as before).
+    pub amounts: Amounts,
+    /// As in [`AdmitRequest::unsynced_lease_grants`].
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub unsynced_lease_grants: bool,
+}
+
 /// One GPU grant a node holds, as the books count it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -336,6 +358,8 @@ pub enum QuotaEventKind {
     GangAdmitted,
     /// A gang that did not assemble within `gangs.timeout_s`: refused, reservation released.
     GangTimeout,
+    /// A grant's amounts changed (its container's CPU or memory limit: `runc update`).
+    Resize,
 }
 
 impl QuotaEventKind {
@@ -349,6 +373,7 @@ impl QuotaEventKind {
             QuotaEventKind::LeaseExpired => "lease-expired",
             QuotaEventKind::GangAdmitted => "gang-admitted",
             QuotaEventKind::GangTimeout => "gang-timeout",
+            QuotaEventKind::Resize => "resize",
         }
     }
 }

@@ -56,6 +56,14 @@ impl Node {
             }
         }
         let removed = self.store.remove_leaving(container_id, why, &left).map_err(internal)?;
+        if removed && a.class == Some(tessera_api::WorkloadClass::Latency) {
+            let report = self.report_file(container_id);
+            if let Err(e) = std::fs::remove_file(&report) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    warn!(container = %container_id, "removing {}: {e}", report.display());
+                }
+            }
+        }
         if rec.cgroup.is_some() {
             self.write_grant_cgroups();
         }

@@ -169,6 +169,10 @@ pub struct Target {
 pub enum StopCause {
     Revoked,
     Preempted,
+    /// The device is quarantined by an XID fault and the policy stops its holders.
+    Fault,
+    /// The aggressor of an interference the earlier steps did not end.
+    Interference,
 }
 
 impl StopCause {
@@ -177,6 +181,8 @@ impl StopCause {
         match self {
             StopCause::Revoked => "revoke",
             StopCause::Preempted => "preempt",
+            StopCause::Fault => "xid",
+            StopCause::Interference => "interference",
         }
     }
 
@@ -185,6 +191,8 @@ impl StopCause {
         match self {
             StopCause::Revoked => "revoked grant",
             StopCause::Preempted => "preempted borrowed grant",
+            StopCause::Fault => "stopped holder of a faulty device",
+            StopCause::Interference => "stopped interfering grant",
         }
     }
 }

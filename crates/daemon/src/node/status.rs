@@ -151,6 +151,7 @@ impl Node {
             mps_shares,
             events,
             reconcile_passes: self.reconcile_passes,
+            mig_cut_on_demand: self.mig_is_dynamic(),
         })
     }
 }

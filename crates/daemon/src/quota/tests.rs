@@ -20,7 +20,7 @@ const GPU: u64 = quota::MICRO_PER_GPU;
 
 fn amounts_of(request: &str, models: &[&str], replicas: u32) -> BTreeMap<String, u64> {
     let r: GpuRequest = request.parse().expect("request");
-    gpu_amounts(&r, models, replicas).expect("amounts")
+    gpu_amounts(&r, models, replicas, None).expect("amounts")
 }
 
 #[test]
