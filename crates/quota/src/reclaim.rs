@@ -116,9 +116,11 @@ pub fn victim_order(
             checkpoints,
             started_ms,
         };
-        let until_ms =
-            started_ms.saturating_add(tree.min_runtime_s(&c.tenant).saturating_mul(1000));
-        if now_ms < until_ms {
+        let min_runtime_s = tree.min_runtime_s(&c.tenant);
+        let until_ms = started_ms.saturating_add(min_runtime_s.saturating_mul(1000));
+        // Without a minimum run time nothing is protected, even work whose start lies
+        // after `now_ms` (a node's clock ahead of the books').
+        if min_runtime_s > 0 && now_ms < until_ms {
             protected.push(Protected { candidate: c, until_ms });
         } else {
             open.push((key.clone(), c));

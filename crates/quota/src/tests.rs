@@ -606,6 +606,16 @@ fn borrowed_work_within_its_minimum_run_time_is_protected_until_it_ends() {
     );
     let v = choose_victims(&running, &t, &fleet, "acme/a", &gpus(1), 1_040_000).expect("free");
     assert_eq!(ids(&v), ["c1"]);
+    // Without a minimum run time nothing is protected, not even work whose start is after
+    // the books' now (a node's clock ahead): b's two at equal cost, the youngest first.
+    // (Before, b2 was "protected" until its start and b1 taken:
+    // crates/coordinator/tests/quota.rs saw the wrong victim now and then.)
+    let running = [
+        run("b1", "acme/b", 1, Class::Borrowed, 999, None),
+        run("b2", "acme/b", 1, Class::Borrowed, 1001, None),
+    ];
+    let v = choose_victims(&running, &t, &fleet, "acme/a", &gpus(1), 1_000_000).expect("b's");
+    assert_eq!(ids(&v), ["b2"]);
 }
 
 #[test]
