@@ -667,6 +667,7 @@ fn quota_paths(n: usize, dir: &Path, rootfs: &Path, cgroup: &str, root: &Path) {
         },
         gang: None,
         short_on_node: false,
+        checkpoint: false,
         workload: None,
         unsynced_lease_grants: false,
     };

@@ -41,7 +41,8 @@ struct Args {
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9400).
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
-    /// The MPS control binary.
+    /// The MPS control binary: an absolute path, or a bare name looked up in PATH (a
+    /// relative path with a directory is refused: it runs from `/`).
     #[arg(long, default_value = "nvidia-cuda-mps-control")]
     mps_control: PathBuf,
     /// Never create or destroy MIG instances on demand (only declared layouts change them).
@@ -211,6 +212,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Err(e) = mpsd::check_binary(&a.mps_control) {
+        eprintln!("tesserad: --mps-control {e}");
+        return ExitCode::FAILURE;
+    }
     let config = tesserad::Config {
         node: a.node,
         policy: a.policy,

@@ -45,6 +45,12 @@ pub struct AllocateRequest {
 pub const GANG_ANNOTATION: &str = "tessera.io/gang";
 /// The annotation that says how many members a gang ([`GANG_ANNOTATION`]) has.
 pub const GANG_SIZE_ANNOTATION: &str = "tessera.io/gang-size";
+/// The annotation by which a container says what a quota reclaim should expect of it:
+/// [`PREEMPTION_CHECKPOINT`] (it writes a checkpoint when it gets SIGTERM, within its
+/// grace period, and resumes from it when it runs again).
+pub const PREEMPTION_ANNOTATION: &str = "tessera.io/preemption";
+/// The one value of [`PREEMPTION_ANNOTATION`].
+pub const PREEMPTION_CHECKPOINT: &str = "checkpoint";
 
 /// A container's resource limits as its OCI spec sets them (`linux.resources`), in the
 /// units fleet quotas count: millicores and MiB.
@@ -409,6 +415,9 @@ pub struct QuotaMark {
     /// The gang ([`GANG_ANNOTATION`]) it belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang: Option<String>,
+    /// It writes a checkpoint on SIGTERM ([`PREEMPTION_ANNOTATION`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub checkpoint: bool,
 }
 
 fn is_false(b: &bool) -> bool {

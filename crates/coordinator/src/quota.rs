@@ -514,7 +514,7 @@ fn natural(resource: &str, amount: u64) -> f64 {
 /// The Prometheus text of the quota gauges and counters.
 pub fn render_metrics(st: &QuotaStatus, counters: &quota::books::Counters) -> String {
     type Pick = fn(&fleet::quota::PathStatus) -> Option<f64>;
-    let gauges: [(&str, &str, Pick); 8] = [
+    let gauges: [(&str, &str, Pick); 12] = [
         ("guarantee", "What the quota path is always given when it asks", |p| {
             p.guarantee.map(|g| natural(&p.resource, g))
         }),
@@ -539,13 +539,35 @@ pub fn render_metrics(st: &QuotaStatus, counters: &quota::books::Counters) -> St
         ("dominant_share", "The subtree's dominant share of the fleet (DRF), 0 to 1", |p| {
             Some(p.dominant_share)
         }),
+        (
+            "lost_seconds",
+            "Work of the subtree lost to preemption since the coordinator started: the \
+             resource times the seconds its victims had run (the grace period for work that \
+             checkpoints)",
+            |p| Some(natural(&p.resource, p.lost)),
+        ),
+        ("preemptions_last_hour", "Containers of the subtree preempted in the last hour", |p| {
+            Some(p.preemptions_last_hour as f64)
+        }),
+        (
+            "owner_wait_p50_seconds",
+            "Median wait of the subtree's owed requests (within guarantee counting the tenant's \
+             own requests ahead), first ask to admission",
+            |p| p.owner_wait_p50_ms.map(|ms| ms as f64 / 1000.0),
+        ),
+        (
+            "owner_wait_p99_seconds",
+            "99th percentile wait of the subtree's owed requests, first ask to admission",
+            |p| p.owner_wait_p99_ms.map(|ms| ms as f64 / 1000.0),
+        ),
     ];
     let mut out = String::new();
     for (name, help, pick) in gauges {
-        let unit = if name == "dominant_share" {
-            ""
-        } else {
-            " (GPUs for gpus.*, cores for cpu_cores, GiB for memory_gib)"
+        let unit = match name {
+            "dominant_share" | "preemptions_last_hour" => "",
+            n if n.starts_with("owner_wait") => "",
+            "lost_seconds" => " (GPU-seconds for gpus.*, core-seconds, GiB-seconds)",
+            _ => " (GPUs for gpus.*, cores for cpu_cores, GiB for memory_gib)",
         };
         let _ = writeln!(out, "# HELP tessera_quota_{name} {help}{unit}.");
         let _ = writeln!(out, "# TYPE tessera_quota_{name} gauge");
@@ -616,6 +638,11 @@ mod tests {
                 leased: 1_000_000,
                 waiting: 0,
                 dominant_share: 0.25,
+                lost: 90 * MICRO_PER_GPU,
+                preemptions_last_hour: 3,
+                owner_wait_p50_ms: Some(1_500),
+                owner_wait_p99_ms: Some(32_000),
+                waiting_why: vec![],
             }],
             books_ready: true,
             nodes: Default::default(),
@@ -630,6 +657,9 @@ mod tests {
             "tessera_quota_leased{path=\"acme/b\",resource=\"gpus.H100-80GB\"} 1",
             "tessera_quota_dominant_share{path=\"acme/b\",resource=\"gpus.H100-80GB\"} 0.25",
             "tessera_quota_reclaims_total{path=\"acme/a\"} 2",
+            "tessera_quota_lost_seconds{path=\"acme/b\",resource=\"gpus.H100-80GB\"} 90",
+            "tessera_quota_preemptions_last_hour{path=\"acme/b\",resource=\"gpus.H100-80GB\"} 3",
+            "tessera_quota_owner_wait_p99_seconds{path=\"acme/b\",resource=\"gpus.H100-80GB\"} 32",
             "# TYPE tessera_quota_preemptions_total counter",
             "tessera_quota_books_ready 1",
         ] {

@@ -318,6 +318,12 @@ pub struct Controller {
     quota: std::sync::OnceLock<Arc<QuotaGate>>,
     /// This controller, for the threads a reclaim's stops run on.
     me: Weak<Controller>,
+    /// One quota admission at a time per tenant (not a gang member's): its plan, the
+    /// coordinator's answer and the grant, so that two of a tenant's requests never both
+    /// plan the one device a reclaim freed for that tenant and one of them then fails
+    /// after it was admitted ([`Controller::admission_turn`]). Lock order: a turn, then
+    /// the node.
+    admitting: Mutex<std::collections::BTreeMap<String, Arc<Mutex<()>>>>,
 }
 
 impl Controller {
@@ -329,6 +335,7 @@ impl Controller {
             reload: std::sync::OnceLock::new(),
             quota: std::sync::OnceLock::new(),
             me: me.clone(),
+            admitting: Mutex::new(std::collections::BTreeMap::new()),
         })
     }
 
@@ -657,6 +664,16 @@ impl Controller {
         let Some(gate) = self.quota.get() else {
             return self.locked(|n| n.allocate(req));
         };
+        // A gang member's ask may wait for its gang (its members come in parallel): no turn.
+        let turn = match quota::gang_of(&req.annotations) {
+            Ok(None) => {
+                self.locked(|n| Ok(n.policy().policy.resolve_identity(&req.annotations).ok()))?
+            }
+            _ => None,
+        }
+        .map(|tenant| self.admission_turn(&tenant.path));
+        let _turn =
+            turn.as_ref().map(|t| t.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         let ask = match self.locked(|n| n.prepare_allocate(req, QuotaMode::On))? {
             Prepared::Granted(a) => return Ok(*a),
             Prepared::Ask(ask) => ask,
@@ -733,6 +750,14 @@ impl Controller {
                 })
             }
         }
+    }
+
+    /// The lock that gives `tenant`'s quota admissions their turn on this node (kept while
+    /// anyone holds it; others are dropped as a new one is made).
+    fn admission_turn(&self, tenant: &str) -> Arc<Mutex<()>> {
+        let mut turns = self.admitting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        turns.retain(|_, t| Arc::strong_count(t) > 1);
+        turns.entry(tenant.to_string()).or_default().clone()
     }
 
     /// An update of a container's limits (`runc update`): planned under the lock, a raise

@@ -47,7 +47,7 @@ use quota::{QuotaTree, Resources};
 use serde::{Deserialize, Serialize};
 use tessera_api::{
     untrusted, Allocation, ApiError, ContainerLimits, ErrorCode, GpuRequest, QuotaClass,
-    GANG_ANNOTATION, GANG_SIZE_ANNOTATION,
+    GANG_ANNOTATION, GANG_SIZE_ANNOTATION, PREEMPTION_ANNOTATION, PREEMPTION_CHECKPOINT,
 };
 use tracing::{debug, info, warn};
 
@@ -90,6 +90,13 @@ pub enum QuotaError {
         untrusted(.0).max_chars(32)
     )]
     GangSize(String),
+    #[error(
+        "annotation {PREEMPTION_ANNOTATION} `{}` is not understood: the one value is \
+         `{PREEMPTION_CHECKPOINT}` (the container writes a checkpoint on SIGTERM, within its \
+         grace period)",
+        untrusted(.0).max_chars(32)
+    )]
+    Preemption(String),
     /// The container's limits are out of bounds.
     #[error("{0}")]
     Limits(String),
@@ -141,6 +148,17 @@ pub fn gang_of(annotations: &BTreeMap<String, String>) -> Result<Option<GangRef>
             Ok(Some(GangRef { name: name.clone(), size: n }))
         }
         _ => Err(QuotaError::GangSize(size.clone())),
+    }
+}
+
+/// Whether a container says it writes a checkpoint on SIGTERM: [`PREEMPTION_ANNOTATION`]
+/// set to [`PREEMPTION_CHECKPOINT`]; absent: no; any other value is refused, so a typo
+/// never silently loses a checkpoint.
+pub fn checkpoints(annotations: &BTreeMap<String, String>) -> Result<bool, QuotaError> {
+    match annotations.get(PREEMPTION_ANNOTATION) {
+        None => Ok(false),
+        Some(v) if v == PREEMPTION_CHECKPOINT => Ok(true),
+        Some(v) => Err(QuotaError::Preemption(v.clone())),
     }
 }
 

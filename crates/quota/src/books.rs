@@ -52,7 +52,8 @@ use tessera_api::untrusted;
 use crate::admit::{admit as decide_quota, Class, Decision, Usage};
 use crate::amount::{Resource, Resources};
 use crate::drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
-use crate::reclaim::{choose_victims, Running};
+use crate::preempt::{owed, worth_reclaiming};
+use crate::reclaim::{choose_victims, NoVictims, Running};
 use crate::spec::{chain, is_within, QuotaTree};
 use crate::wire::{
     AdmitAnswer, AdmitRequest, Amounts, Holding, Lease, PathStatus, QuotaClass, QuotaEvent,
@@ -92,6 +93,20 @@ pub const RECALL_LIVE_MS: u64 = 5_000;
 
 /// `(node, container)`, `(node, tenant)` or `(tenant, gang name)`.
 type Key = (String, String);
+/// A reclaim's claim: `(node, tenant, claim)`, the claim being the request's workload
+/// (`namespace/pod/container`, the same across kubelet's retries) or else its container id.
+/// Each claim has its own reclaim, so the pods of one job reclaim together.
+type ClaimKey = (String, String, String);
+
+/// How long preemptions count towards a path's preemptions per hour.
+pub const PREEMPTION_WINDOW_MS: u64 = 3_600_000;
+/// Owner waits kept per tenant for the status's p50 and p99.
+pub const OWNER_WAITS_KEPT: usize = 256;
+
+/// The claim of a request ([`ClaimKey`]'s third part).
+fn claim_of(req: &AdmitRequest) -> String {
+    req.workload.clone().unwrap_or_else(|| req.container_id.clone())
+}
 
 /// One container the books count.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +116,10 @@ struct Entry {
     class: Class,
     started_ms: u64,
     gang: Option<String>,
+    /// It writes a checkpoint on SIGTERM.
+    checkpoint: bool,
+    /// Its workload (`namespace/pod/container`), what a requeue backoff is kept for.
+    workload: Option<String>,
 }
 
 impl Entry {
@@ -111,6 +130,8 @@ impl Entry {
             class: h.class.into(),
             started_ms: h.started_ms,
             gang: h.gang.clone(),
+            checkpoint: h.checkpoint,
+            workload: h.workload.clone(),
         }
     }
 }
@@ -141,6 +162,53 @@ impl NodeBook {
         }
         out
     }
+}
+
+/// What a recorded grant carries besides its amounts: its gang, whether it checkpoints,
+/// its workload.
+#[derive(Debug, Clone, Default)]
+struct Meta {
+    gang: Option<String>,
+    checkpoint: bool,
+    workload: Option<String>,
+}
+
+impl Meta {
+    fn of(req: &AdmitRequest, gang: Option<String>) -> Meta {
+        Meta { gang, checkpoint: req.checkpoint, workload: req.workload.clone() }
+    }
+}
+
+/// A request that may reclaim: who asks what, where.
+#[derive(Debug, Clone, Copy)]
+struct Claim<'a> {
+    node: &'a str,
+    tenant: &'a str,
+    r: &'a Resources,
+    /// What to free.
+    short: &'a Resources,
+    /// Victims only on this node (`None`: anywhere).
+    on: Option<&'a str>,
+    /// Victims only charged inside this path (its ceiling is full).
+    under: Option<&'a str>,
+    ask: Ask,
+    req: &'a AdmitRequest,
+}
+
+/// What [`Books::start_reclaim`] did.
+#[derive(Debug)]
+enum Reclaimed {
+    /// Victims are being stopped: the answer.
+    Started(AdmitAnswer),
+    /// Nothing was stopped: why, where there is more to say than "no capacity".
+    Not(Option<String>),
+}
+
+/// A request's first ask: when, and whether it was owed then.
+#[derive(Debug, Clone, Copy)]
+struct Ask {
+    owed: bool,
+    asked_ms: u64,
 }
 
 /// An admission not yet seen in its node's sync.
@@ -176,6 +244,8 @@ struct WaitEntry {
     resources: Resources,
     arrived_ms: u64,
     last_seen_ms: u64,
+    /// Why it waits (its last answer), for the status.
+    why: String,
 }
 
 #[derive(Debug, Clone)]
@@ -185,6 +255,8 @@ struct GangMember {
     resources: Resources,
     /// Its node's lease may absorb it ([`AdmitRequest::unsynced_lease_grants`] not set).
     absorb: bool,
+    checkpoint: bool,
+    workload: Option<String>,
 }
 
 /// A gang assembling: its whole amount is reserved from the first arrival.
@@ -231,6 +303,27 @@ pub struct Counters {
     pub preemptions: BTreeMap<String, u64>,
 }
 
+/// What preemption cost one tenant, and how long its owed requests waited.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Cost {
+    /// When its containers were chosen as victims, within [`PREEMPTION_WINDOW_MS`].
+    preempted_ms: VecDeque<u64>,
+    /// Work lost to preemption: each resource × the seconds the victims had run (for work
+    /// that checkpoints, its grace period), in the resource's unit × seconds.
+    lost: BTreeMap<Resource, u128>,
+    /// The last [`OWNER_WAITS_KEPT`] waits of owed requests, first ask to admission, ms.
+    owner_waits: VecDeque<u64>,
+}
+
+/// Work preempted and when it may borrow again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Requeue {
+    preemptions: u32,
+    last_ms: u64,
+    /// When the requeue backoff ends.
+    until_ms: u64,
+}
+
 /// The books are not ready: some node known to the coordinator has not synced since the
 /// books started.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -253,8 +346,15 @@ pub struct Books {
     started_ms: u64,
     nodes: BTreeMap<String, NodeBook>,
     pending: BTreeMap<Key, Pending>,
-    reclaims: BTreeMap<Key, Reclaim>,
+    reclaims: BTreeMap<ClaimKey, Reclaim>,
     waiting: BTreeMap<Key, WaitEntry>,
+    /// Preemption's cost and owner waits, by tenant.
+    costs: BTreeMap<String, Cost>,
+    /// Preempted work by `(tenant, workload or container)`: its requeue backoff.
+    requeues: BTreeMap<Key, Requeue>,
+    /// Claims answered something other than admitted, `(node, tenant, claim)` → when they
+    /// first asked and whether they were owed then (for the owner waits).
+    first_asks: BTreeMap<ClaimKey, (u64, bool)>,
     gangs: BTreeMap<Key, Gang>,
     outcomes: BTreeMap<Key, Outcome>,
     events: VecDeque<QuotaEvent>,
@@ -304,6 +404,15 @@ fn unit(resource: &Resource) -> &'static str {
         Resource::Cpu => "millicore",
         Resource::Memory => "MiB",
     }
+}
+
+/// The `p`th percentile of sorted `v`, nearest rank.
+fn nearest_rank(v: &[u64], p: usize) -> Option<u64> {
+    if v.is_empty() {
+        return None;
+    }
+    let rank = (p * v.len()).div_ceil(100).max(1);
+    v.get(rank - 1).copied()
 }
 
 fn plural(n: usize, one: &str, many: &str) -> String {
@@ -415,6 +524,9 @@ impl Books {
             pending: BTreeMap::new(),
             reclaims: BTreeMap::new(),
             waiting: BTreeMap::new(),
+            costs: BTreeMap::new(),
+            requeues: BTreeMap::new(),
+            first_asks: BTreeMap::new(),
             gangs: BTreeMap::new(),
             outcomes: BTreeMap::new(),
             events: VecDeque::new(),
@@ -514,6 +626,20 @@ impl Books {
     pub fn tick(&mut self, now: u64) {
         self.waiting.retain(|_, w| now <= w.last_seen_ms.saturating_add(WAITING_TTL_MS));
         self.reclaims.retain(|_, r| now <= r.hold_until());
+        // A requeue's count is forgotten once the work has stayed unpreempted for as long
+        // as the longest backoff; first asks go with the waiting entries' lifetime.
+        let keep = crate::spec::MAX_REQUEUE_BACKOFF_S.saturating_mul(2000);
+        self.requeues.retain(|_, q| now <= q.last_ms.saturating_add(keep).max(q.until_ms));
+        self.first_asks.retain(|_, (t, _)| now <= t.saturating_add(WAITING_TTL_MS * 30));
+        for c in self.costs.values_mut() {
+            while c
+                .preempted_ms
+                .front()
+                .is_some_and(|t| now > t.saturating_add(PREEMPTION_WINDOW_MS))
+            {
+                c.preempted_ms.pop_front();
+            }
+        }
         self.outcomes.retain(|_, o| now <= o.expires_ms);
         self.recalled.retain(|_, until| now <= *until);
         self.resized.retain(|_, (_, at)| now.saturating_sub(*at) <= PENDING_GRACE_MS);
@@ -597,7 +723,7 @@ impl Books {
         for p in self.pending.values() {
             u.add(&p.entry.tenant, p.entry.class, &p.entry.resources);
         }
-        for ((_, tenant), r) in &self.reclaims {
+        for ((_, tenant, _), r) in &self.reclaims {
             u.add(tenant, Class::Guaranteed, &r.resources);
         }
         for ((tenant, _), g) in &self.gangs {
@@ -620,7 +746,7 @@ impl Books {
                 u.add(&p.entry.tenant, Class::Guaranteed, &p.entry.resources);
             }
         }
-        for ((n, tenant), r) in &self.reclaims {
+        for ((n, tenant, _), r) in &self.reclaims {
             if n == node {
                 u.add(tenant, Class::Guaranteed, &r.resources);
             }
@@ -654,7 +780,7 @@ impl Books {
                 used.add(&p.entry.resources);
             }
         }
-        for ((n, _), r) in &self.reclaims {
+        for ((n, _, _), r) in &self.reclaims {
             if n == node {
                 used.add(&r.resources);
             }
@@ -709,7 +835,21 @@ impl Books {
         r: &Resources,
         absorb: bool,
     ) -> Decision {
-        let cap = self.capacity();
+        self.decide_with(tree, node, tenant, r, absorb, &Resources::new())
+    }
+
+    /// [`Books::decide`] with `extra` capacity: what a claim's reclaim holds for it while
+    /// its victims, gone from the node that asks, are still listed.
+    fn decide_with(
+        &self,
+        tree: &QuotaTree,
+        node: &str,
+        tenant: &str,
+        r: &Resources,
+        absorb: bool,
+        extra: &Resources,
+    ) -> Decision {
+        let cap = self.capacity().plus(extra);
         let (own_out, ph) = self.booked(tree, absorb.then_some(node));
         let first = decide_quota(tree, &cap.plus(&ph), &own_out, tenant, r);
         match first {
@@ -745,7 +885,7 @@ impl Books {
         r: &Resources,
         class: Class,
         over: Option<String>,
-        gang: Option<String>,
+        meta: Meta,
         now: u64,
     ) {
         let key = (node.to_string(), container.to_string());
@@ -757,7 +897,9 @@ impl Books {
                     resources: r.clone(),
                     class,
                     started_ms: now,
-                    gang,
+                    gang: meta.gang,
+                    checkpoint: meta.checkpoint,
+                    workload: meta.workload,
                 },
                 over,
             },
@@ -799,10 +941,11 @@ impl Books {
         }
         if tree.iter().next().is_none() {
             // No quotas: count it (status stays useful) and never refuse.
-            self.record(node, &req.container_id, tenant, &r, Class::Guaranteed, None, None, now);
+            let meta = Meta::of(req, None);
+            self.record(node, &req.container_id, tenant, &r, Class::Guaranteed, None, meta, now);
             return AdmitAnswer::Admitted { class: QuotaClass::Guaranteed, over: None };
         }
-        let hold = (node.to_string(), tenant.to_string());
+        let hold = (node.to_string(), tenant.to_string(), claim_of(req));
         if let Some(rc) = self.reclaims.get(&hold) {
             if req.short_on_node {
                 // Still short: the victims are stopping, or gone and their devices not
@@ -823,36 +966,108 @@ impl Books {
                 };
             }
         }
-        if req.short_on_node {
-            return self.admit_short(tree, node, req, &r, now);
-        }
-        // The victims are gone: the capacity held is this tenant's now, if it is admitted.
-        let held = match self.reclaims.get(&hold) {
-            Some(rc) if rc.freed_ms.is_some() => self.reclaims.remove(&hold),
-            _ => None,
+        // Owed when it first asked: its wait counts as an owner's, and it may reclaim at once.
+        let (asked_ms, owed_then) = match self.first_asks.get(&hold) {
+            Some(&first) => first,
+            None => (now, self.is_owed(tree, node, req, &r, now)),
         };
-        let answer = self.admit_placed(tree, node, req, &r, held.is_some(), now);
-        if let Some(h) = held {
-            if !matches!(answer, AdmitAnswer::Admitted { .. }) {
-                self.reclaims.entry(hold).or_insert(h);
+        let ask = Ask { owed: owed_then, asked_ms };
+        let answer = if req.short_on_node {
+            self.admit_short(tree, node, req, &r, ask, now)
+        } else {
+            // The victims are gone: the capacity held is this claim's now (or, if it has
+            // none, one held for another claim of its tenant on this node that holds as
+            // much), if it is admitted.
+            let freed = |k: &ClaimKey, rc: &Reclaim| {
+                k.0 == hold.0 && k.1 == hold.1 && rc.freed_ms.is_some() && r.fits_in(&rc.resources)
+            };
+            // The claim's own hold even while its victims are still listed (issue 27): the
+            // node places it, so what they held there is free; the hold's resources are
+            // then added to the capacity it is decided on (they are still counted as the
+            // victims' usage until the node's next sync drops them).
+            let key = match self.reclaims.get(&hold) {
+                Some(_) => Some(hold.clone()),
+                None => self.reclaims.iter().find(|(k, rc)| freed(k, rc)).map(|(k, _)| k.clone()),
+            };
+            let held = key.and_then(|k| self.reclaims.remove(&k).map(|h| (k, h)));
+            let extra = match &held {
+                Some((_, h)) if h.freed_ms.is_none() => h.resources.clone(),
+                _ => Resources::new(),
+            };
+            let answer =
+                self.admit_placed(tree, node, req, &r, held.as_ref().map(|_| &extra), ask, now);
+            if let Some((k, h)) = held {
+                if !matches!(answer, AdmitAnswer::Admitted { .. }) {
+                    self.reclaims.entry(k).or_insert(h);
+                }
             }
-        }
+            answer
+        };
+        self.note_ask(&hold, tenant, &answer, ask, now);
         answer
+    }
+
+    /// Whether `req` from `node` is owed now ([`crate::owed`]): its tenant's requests
+    /// waiting before it on any node count as its guaranteed usage.
+    fn is_owed(
+        &self,
+        tree: &QuotaTree,
+        node: &str,
+        req: &AdmitRequest,
+        r: &Resources,
+        now: u64,
+    ) -> bool {
+        let me = (node.to_string(), req.container_id.clone());
+        let since = self.waiting.get(&me).map_or(now, |w| w.arrived_ms);
+        let ahead = self
+            .waiting
+            .iter()
+            .filter(|(k, w)| **k != me && w.tenant == req.tenant && w.arrived_ms < since)
+            .fold(Resources::new(), |acc, (_, w)| acc.plus(&w.resources));
+        owed(tree, &self.real_usage(), &req.tenant, r, &ahead)
+    }
+
+    /// Keeps the owner waits: an owed claim admitted adds its wait (first ask to now); a
+    /// claim not admitted is remembered from its first ask.
+    fn note_ask(
+        &mut self,
+        claim: &ClaimKey,
+        tenant: &str,
+        answer: &AdmitAnswer,
+        ask: Ask,
+        now: u64,
+    ) {
+        if matches!(answer, AdmitAnswer::Admitted { .. }) {
+            self.first_asks.remove(claim);
+            if ask.owed {
+                let waits = &mut self.costs.entry(tenant.to_string()).or_default().owner_waits;
+                if waits.len() >= OWNER_WAITS_KEPT {
+                    waits.pop_front();
+                }
+                waits.push_back(now.saturating_sub(ask.asked_ms));
+            }
+        } else {
+            self.first_asks.entry(claim.clone()).or_insert((ask.asked_ms, ask.owed));
+        }
     }
 
     /// A request the node can place: decided, checked against the fair queue (unless the
     /// capacity was held for it by a reclaim) and recorded.
+    #[allow(clippy::too_many_arguments)] // the admission's context, passed on as it is
     fn admit_placed(
         &mut self,
         tree: &QuotaTree,
         node: &str,
         req: &AdmitRequest,
         r: &Resources,
-        held_for_it: bool,
+        held: Option<&Resources>,
+        ask: Ask,
         now: u64,
     ) -> AdmitAnswer {
         let tenant = req.tenant.as_str();
-        let decision = self.decide(tree, node, tenant, r, !req.unsynced_lease_grants);
+        let held_for_it = held.is_some();
+        let extra = held.cloned().unwrap_or_default();
+        let decision = self.decide_with(tree, node, tenant, r, !req.unsynced_lease_grants, &extra);
         if matches!(decision, Decision::Admit { class: Class::Borrowed, .. } | Decision::Refuse(_))
         {
             // Within its guarantees but for other nodes' unused leases: recall them.
@@ -876,7 +1091,21 @@ impl Books {
                     }
                 }
                 let over = over.map(|(p, res)| rule(&p, &res, "guarantee"));
-                self.record(node, &req.container_id, tenant, r, class, over.clone(), None, now);
+                if class == Class::Borrowed {
+                    if let Some(refusal) = self.in_backoff(tree, req, now) {
+                        self.event(
+                            now,
+                            QuotaEventKind::Refuse,
+                            Some(tenant),
+                            Some(node),
+                            Some(&req.container_id),
+                            refusal.clone(),
+                        );
+                        return AdmitAnswer::Refused { message: refusal, rule: None };
+                    }
+                }
+                let meta = Meta::of(req, None);
+                self.record(node, &req.container_id, tenant, r, class, over.clone(), meta, now);
                 if class == Class::Borrowed {
                     self.event(
                         now,
@@ -895,20 +1124,42 @@ impl Books {
                 AdmitAnswer::Admitted { class: class.into(), over }
             }
             Decision::Refuse(c) => self.refuse_ceiling(node, &req.container_id, c, now),
-            Decision::Reclaim { short } => {
+            Decision::Reclaim { short, under } => {
                 // Borrowed reservations of gangs still assembling run nothing: they give
                 // way first, and the request is decided again without them.
                 if self.yield_gangs(tenant, &short, now) {
-                    return self.admit_placed(tree, node, req, r, held_for_it, now);
+                    return self.admit_placed(tree, node, req, r, held, ask, now);
                 }
-                // The node can place it; the fleet's books are short: reclaim anywhere.
-                match self.start_reclaim(tree, node, tenant, r, &short, None, now) {
-                    Some(a) => a,
-                    None => self.queue(tree, node, req, r, None, now),
+                // The node can place it; the fleet's books (or a ceiling on its chain,
+                // `under`) are short: reclaim anywhere (under that path).
+                let under = under.as_deref();
+                let claim = Claim { node, tenant, r, short: &short, on: None, under, ask, req };
+                match self.start_reclaim(tree, &claim, now) {
+                    Reclaimed::Started(a) => a,
+                    Reclaimed::Not(why) => self.queue(tree, node, req, r, None, why, now),
                 }
             }
-            Decision::Wait { short, .. } => self.queue(tree, node, req, r, Some(&short), now),
+            Decision::Wait { short, .. } => self.queue(tree, node, req, r, Some(&short), None, now),
         }
+    }
+
+    /// A refusal if `req`'s work was preempted and its requeue backoff has not ended: it
+    /// may not borrow again before then.
+    fn in_backoff(&self, tree: &QuotaTree, req: &AdmitRequest, now: u64) -> Option<String> {
+        let q = self.requeues.get(&(req.tenant.clone(), claim_of(req)))?;
+        if now >= q.until_ms {
+            return None;
+        }
+        let left_s = (q.until_ms - now).div_ceil(1000);
+        let path = tree.chain(&req.tenant).next().map_or("(none)", |q| q.path.as_str());
+        Some(format!(
+            "{} was preempted {} (last at {}); it may borrow again after its requeue backoff \
+             (quotas.{path}.requeue_backoff_s, doubled with each preemption): retry after \
+             {left_s} s",
+            untrusted(&claim_of(req)).max_chars(128),
+            plural(q.preemptions as usize, "time", "times"),
+            tessera_api::time::format_utc(q.last_ms)
+        ))
     }
 
     /// A request the node could not place: reclaim borrowed work on that node if the
@@ -919,6 +1170,7 @@ impl Books {
         node: &str,
         req: &AdmitRequest,
         r: &Resources,
+        ask: Ask,
         now: u64,
     ) -> AdmitAnswer {
         let tenant = req.tenant.as_str();
@@ -933,9 +1185,27 @@ impl Books {
             Decision::Refuse(c) => return self.refuse_ceiling(node, &req.container_id, c, now),
             Decision::Admit { class: Class::Guaranteed, .. } => {
                 let short = self.node_short(node, r);
-                if let Some(a) = self.start_reclaim(tree, node, tenant, r, &short, Some(node), now)
-                {
-                    return a;
+                let on = Some(node);
+                let claim = Claim { node, tenant, r, short: &short, on, under: None, ask, req };
+                match self.start_reclaim(tree, &claim, now) {
+                    Reclaimed::Started(a) => return a,
+                    Reclaimed::Not(why) => return self.queue(tree, node, req, r, None, why, now),
+                }
+            }
+            Decision::Reclaim { short, under: Some(under) } => {
+                // A ceiling on its chain is full of others' borrowed work, and the node is
+                // short too: reclaim here, inside that path, what both need.
+                let mut need = self.node_short(node, r);
+                for (res, a) in short.iter() {
+                    let more = a.saturating_sub(need.get(res));
+                    need.add(&Resources::new().with(res.clone(), more));
+                }
+                let on = Some(node);
+                let under = Some(under.as_str());
+                let claim = Claim { node, tenant, r, short: &need, on, under, ask, req };
+                match self.start_reclaim(tree, &claim, now) {
+                    Reclaimed::Started(a) => return a,
+                    Reclaimed::Not(why) => return self.queue(tree, node, req, r, None, why, now),
                 }
             }
             _ => {
@@ -944,7 +1214,7 @@ impl Books {
                 }
             }
         }
-        self.queue(tree, node, req, r, None, now)
+        self.queue(tree, node, req, r, None, None, now)
     }
 
     /// Whether unused leases alone stand between `tenant`'s request `r` from `node` and a
@@ -999,10 +1269,24 @@ impl Books {
         if !self.lease_bound(tree, node, tenant, r, !req.unsynced_lease_grants) {
             return None;
         }
-        let paths: Vec<String> = tree
+        // The guaranteed paths on its chain, and those under a ceiling on its chain (their
+        // unused leases count against that ceiling: a child's lease keeps its parent's
+        // ceiling from lending what the child does not use).
+        let guarantees = |q: &crate::Quota| {
+            r.iter().any(|(res, _)| q.limits.get(res).is_some_and(|l| l.guarantee.is_some()))
+        };
+        let ceilings: Vec<&str> = tree
             .chain(tenant)
             .filter(|q| {
-                r.iter().any(|(res, _)| q.limits.get(res).is_some_and(|l| l.guarantee.is_some()))
+                r.iter().any(|(res, _)| q.limits.get(res).is_some_and(|l| l.ceiling.is_some()))
+            })
+            .map(|q| q.path.as_str())
+            .collect();
+        let paths: Vec<String> = tree
+            .iter()
+            .filter(|q| guarantees(q))
+            .filter(|q| {
+                is_within(tenant, &q.path) || ceilings.iter().any(|c| is_within(&q.path, c))
             })
             .map(|q| q.path.clone())
             .collect();
@@ -1112,23 +1396,24 @@ impl Books {
         AdmitAnswer::Refused { message, rule: Some(rule(&c.path, &c.resource, "ceiling")) }
     }
 
-    /// Victims for `claimant` among borrowed holdings on `on` (every node: `None`) of
-    /// tenants outside its subtree; a victim in a gang brings every member of the gang on
-    /// every node. Starts the reclaim and answers it, or `None` if nothing can be taken.
-    #[allow(clippy::too_many_arguments)]
-    fn start_reclaim(
-        &mut self,
-        tree: &QuotaTree,
-        node: &str,
-        claimant: &str,
-        r: &Resources,
-        short: &Resources,
-        on: Option<&str>,
-        now: u64,
-    ) -> Option<AdmitAnswer> {
+    /// Victims for the claim among borrowed holdings on `claim.on` (every node: `None`) of
+    /// tenants outside its subtree, not already being stopped by another reclaim, chosen by
+    /// the work they would lose ([`choose_victims`]); a victim in a gang brings every member
+    /// of the gang on every node. A claim that is not owed goes ahead only if the victims
+    /// lose no more than its waiting has cost ([`worth_reclaiming`]). Starts the reclaim
+    /// and answers it, or says why not.
+    fn start_reclaim(&mut self, tree: &QuotaTree, claim: &Claim<'_>, now: u64) -> Reclaimed {
+        let Claim { node, tenant: claimant, r, short, on, under, ask, req } = *claim;
         if short.is_empty() {
-            return None;
+            return Reclaimed::Not(None);
         }
+        let stopping: BTreeSet<(&str, &str)> = self
+            .reclaims
+            .values()
+            .filter(|rc| rc.freed_ms.is_none())
+            .flat_map(|rc| rc.victims.iter())
+            .map(|v| (v.node.as_str(), v.container_id.as_str()))
+            .collect();
         let mut refs: Vec<(String, String)> = Vec::new();
         let mut running = Vec::new();
         for (n, nb) in &self.nodes {
@@ -1136,47 +1421,81 @@ impl Books {
                 continue;
             }
             for (c, e) in &nb.holdings {
+                if stopping.contains(&(n.as_str(), c.as_str()))
+                    || under.is_some_and(|p| !is_within(&e.tenant, p))
+                {
+                    continue;
+                }
                 running.push(Running {
                     id: refs.len().to_string(),
                     tenant: e.tenant.clone(),
                     resources: e.resources.clone(),
                     class: e.class,
-                    started: e.started_ms,
-                    gang: e.gang.as_ref().map(|g| format!("{}:{g}", e.tenant)),
+                    started_ms: e.started_ms,
+                    gang: e.gang.as_ref().map(|g| format!("{}/{g}", e.tenant)),
+                    checkpoints: e.checkpoint,
                 });
                 refs.push((n.clone(), c.clone()));
             }
         }
-        let chosen = choose_victims(&running, &self.capacity(), claimant, short)?;
-        if chosen.is_empty() {
-            return None;
-        }
-        let mut picked: BTreeSet<(String, String)> = BTreeSet::new();
-        let mut gangs: BTreeSet<(String, String)> = BTreeSet::new();
-        for id in &chosen {
-            let Some(k) = id.parse::<usize>().ok().and_then(|i| refs.get(i)) else { continue };
-            if let Some(e) = self.nodes.get(&k.0).and_then(|nb| nb.holdings.get(&k.1)) {
-                if let Some(g) = &e.gang {
-                    gangs.insert((e.tenant.clone(), g.clone()));
-                }
+        let capacity = self.capacity();
+        let chosen = match choose_victims(&running, tree, &capacity, claimant, short, now) {
+            Ok(v) => v,
+            Err(NoVictims::Short) => return Reclaimed::Not(None),
+            Err(NoVictims::Protected { until_ms }) => {
+                let left_s = until_ms.saturating_sub(now).div_ceil(1000).max(1);
+                return Reclaimed::Not(Some(format!(
+                    "the borrowed work it would reclaim is within its minimum run time \
+                     (min_runtime_s) for {left_s} s more; retry after {left_s} s"
+                )));
             }
-            picked.insert(k.clone());
+        };
+        let waited_s = now.saturating_sub(ask.asked_ms) / 1000;
+        if !worth_reclaiming(ask.owed, chosen.cost, waited_s, dominant_share(r, &capacity)) {
+            return Reclaimed::Not(Some(format!(
+                "not owed now (its tenant's requests waiting before it fill its guarantee), \
+                 so it reclaims only when the borrowed work would lose no more than it has \
+                 waited ({waited_s} s so far); it waits for capacity to free"
+            )));
+        }
+        let mut picked: BTreeMap<(String, String), String> = BTreeMap::new();
+        let mut gangs: BTreeMap<(String, String), String> = BTreeMap::new();
+        for c in &chosen.chosen {
+            for id in &c.candidate.ids {
+                let Some(k) = id.parse::<usize>().ok().and_then(|i| refs.get(i)) else { continue };
+                if let Some(e) = self.nodes.get(&k.0).and_then(|nb| nb.holdings.get(&k.1)) {
+                    if let Some(g) = &e.gang {
+                        gangs.insert((e.tenant.clone(), g.clone()), c.why.clone());
+                    }
+                }
+                picked.insert(k.clone(), c.why.clone());
+            }
         }
         for (n, nb) in &self.nodes {
             for (c, e) in &nb.holdings {
-                if let Some(g) = &e.gang {
-                    if gangs.contains(&(e.tenant.clone(), g.clone())) {
-                        picked.insert((n.clone(), c.clone()));
-                    }
+                if let Some(why) =
+                    e.gang.as_ref().and_then(|g| gangs.get(&(e.tenant.clone(), g.clone())))
+                {
+                    picked.entry((n.clone(), c.clone())).or_insert_with(|| why.clone());
                 }
             }
         }
         let mut victims = Vec::new();
         let mut tenants: BTreeSet<String> = BTreeSet::new();
-        for (n, c) in &picked {
+        let mut preempted: Vec<(String, Option<String>, String, Resources, u64, bool)> = Vec::new();
+        for ((n, c), why) in &picked {
             let Some(e) = self.nodes.get(n).and_then(|nb| nb.holdings.get(c)) else { continue };
             let grace_s = tree.grace_period_s(&e.tenant);
             tenants.insert(e.tenant.clone());
+            let ran_s = now.saturating_sub(e.started_ms) / 1000;
+            preempted.push((
+                e.tenant.clone(),
+                e.workload.clone(),
+                c.clone(),
+                e.resources.clone(),
+                if e.checkpoint { ran_s.min(grace_s) } else { ran_s },
+                e.checkpoint,
+            ));
             victims.push(Victim {
                 node: n.clone(),
                 container_id: c.clone(),
@@ -1184,15 +1503,55 @@ impl Books {
                 grace_s,
                 reason: format!(
                     "reclaimed for {claimant}, which asks {r} within its guarantee on node \
-                     {node}: {} runs {} on borrowed capacity{}",
+                     {node} ({}): {} runs {} on borrowed capacity; {why}",
+                    if ask.owed { "owed: at once" } else { "after waiting as long as it loses" },
                     e.tenant,
                     e.resources,
-                    e.gang
-                        .as_ref()
-                        .map(|g| format!(" (gang {}, stopped whole)", untrusted(g)))
-                        .unwrap_or_default()
                 ),
+                requeue: String::new(),
             });
+        }
+        // What preemption costs each victim's tenant, and when each victim may borrow again.
+        for (v, (tenant, workload, container, resources, lost_s, checkpoint)) in
+            victims.iter_mut().zip(preempted)
+        {
+            let cost = self.costs.entry(tenant.clone()).or_default();
+            cost.preempted_ms.push_back(now);
+            for (res, amount) in resources.iter() {
+                let slot = cost.lost.entry(res.clone()).or_default();
+                *slot = slot.saturating_add(u128::from(amount) * u128::from(lost_s));
+            }
+            let key = (tenant.clone(), workload.unwrap_or(container));
+            let q = self.requeues.entry(key).or_insert(Requeue {
+                preemptions: 0,
+                last_ms: now,
+                until_ms: now,
+            });
+            q.preemptions = q.preemptions.saturating_add(1);
+            q.last_ms = now;
+            let backoff_s = tree.requeue_backoff_s(&tenant, q.preemptions);
+            let stopped_ms = now.saturating_add(v.grace_s.saturating_mul(1000));
+            q.until_ms = stopped_ms.saturating_add(backoff_s.saturating_mul(1000));
+            let path = tree.chain(&tenant).next().map_or("(none)", |q| q.path.as_str());
+            let when = if backoff_s == 0 {
+                "it may ask again as soon as it is stopped (no requeue backoff)".to_string()
+            } else {
+                format!(
+                    "it may borrow again from {} ({backoff_s} s after it is stopped: \
+                     quotas.{path}.requeue_backoff_s, doubled for each of its {} preemptions)",
+                    tessera_api::time::format_utc(q.until_ms),
+                    q.preemptions
+                )
+            };
+            v.requeue = if checkpoint {
+                format!(
+                    "checkpointing: SIGTERM now, {} s to write its checkpoint, then it resumes \
+                     from it when it runs again; {when}",
+                    v.grace_s
+                )
+            } else {
+                format!("no checkpoint: it restarts from zero; {when}")
+            };
         }
         let grace = victims.iter().map(|v| v.grace_s).max().unwrap_or(0);
         let retry_after_s = grace.saturating_add(RETRY_SLACK_S);
@@ -1210,7 +1569,7 @@ impl Books {
             tenants.iter().cloned().collect::<Vec<_>>().join(", ")
         );
         self.reclaims.insert(
-            (node.to_string(), claimant.to_string()),
+            (node.to_string(), claimant.to_string(), claim_of(req)),
             Reclaim {
                 resources: r.clone(),
                 victims: victims.clone(),
@@ -1230,10 +1589,10 @@ impl Books {
                 Some(&v.tenant),
                 Some(&v.node),
                 Some(&v.container_id),
-                format!("{} (SIGTERM, SIGKILL after {} s)", v.reason, v.grace_s),
+                format!("{} (SIGTERM, SIGKILL after {} s); {}", v.reason, v.grace_s, v.requeue),
             );
         }
-        Some(AdmitAnswer::Reclaiming {
+        Reclaimed::Started(AdmitAnswer::Reclaiming {
             retry_after_s,
             victims,
             message: format!("{message}; retry after {retry_after_s} s"),
@@ -1289,6 +1648,7 @@ impl Books {
     }
 
     /// Refuses for capacity and keeps the request in the fair queue.
+    #[allow(clippy::too_many_arguments)] // the admission's context, as `admit_placed` has it
     fn queue(
         &mut self,
         tree: &QuotaTree,
@@ -1296,13 +1656,17 @@ impl Books {
         req: &AdmitRequest,
         r: &Resources,
         fleet_short: Option<&Resources>,
+        why: Option<String>,
         now: u64,
     ) -> AdmitAnswer {
         let key = (node.to_string(), req.container_id.clone());
-        let what = match fleet_short {
+        let mut what = match fleet_short {
             Some(s) => format!("no capacity in the fleet's books for {r} (short of {s})"),
             None => format!("no capacity on node {node} for {r}"),
         };
+        if let Some(why) = why {
+            what = format!("{what}; {why}");
+        }
         let places =
             self.waiting.iter().filter(|((n, _), w)| n == node && w.tenant == req.tenant).count();
         if places >= MAX_WAITING_PER_TENANT && !self.waiting.contains_key(&key) {
@@ -1318,8 +1682,10 @@ impl Books {
             resources: r.clone(),
             arrived_ms: now,
             last_seen_ms: now,
+            why: String::new(),
         });
         entry.last_seen_ms = now;
+        entry.why.clone_from(&what);
         let since = entry.arrived_ms;
         let here: Vec<(&Key, &WaitEntry)> =
             self.waiting.iter().filter(|((n, _), _)| n == node).collect();
@@ -1474,6 +1840,8 @@ impl Books {
             container: req.container_id.clone(),
             resources: r.clone(),
             absorb: !req.unsynced_lease_grants,
+            checkpoint: req.checkpoint,
+            workload: req.workload.clone(),
         };
         if let Some(gang) = self.gangs.get_mut(&gkey) {
             let refused =
@@ -1528,7 +1896,7 @@ impl Books {
                         rule: Some(rule(&c.path, &c.resource, "ceiling")),
                     });
                 }
-                Decision::Reclaim { short } | Decision::Wait { short, .. } => {
+                Decision::Reclaim { short, .. } | Decision::Wait { short, .. } => {
                     let message = format!(
                         "gang {name}: its {} members need {whole}, which the fleet cannot hold \
                          now (short of {short}); a gang is admitted whole or not at all",
@@ -1590,7 +1958,11 @@ impl Books {
                         &m.resources,
                         class,
                         over.clone(),
-                        Some(gname.clone()),
+                        Meta {
+                            gang: Some(gname.clone()),
+                            checkpoint: m.checkpoint,
+                            workload: m.workload.clone(),
+                        },
                         now,
                     );
                     admitted.push(((m.node.clone(), m.container.clone()), class, over));
@@ -1599,7 +1971,7 @@ impl Books {
                     failure = Some((m, c.to_string(), Some(rule(&c.path, &c.resource, "ceiling"))));
                     break;
                 }
-                Decision::Reclaim { short } | Decision::Wait { short, .. } => {
+                Decision::Reclaim { short, .. } | Decision::Wait { short, .. } => {
                     failure = Some((
                         m,
                         format!("no capacity for {} (short of {short})", m.resources),
@@ -1763,7 +2135,7 @@ impl Books {
                     (class, over.map(|(p, res)| rule(&p, &res, "guarantee")))
                 }
                 Decision::Refuse(c) => return self.refuse_ceiling(node, &req.container_id, c, now),
-                Decision::Reclaim { short } | Decision::Wait { short, .. } => {
+                Decision::Reclaim { short, .. } | Decision::Wait { short, .. } => {
                     let message = format!(
                         "{} for {} (a resize of container {} from {old}) does not fit: the fleet \
                          is short of {short} (a resize reclaims nothing and does not wait); \
@@ -1790,6 +2162,9 @@ impl Books {
             class,
             started_ms: current.as_ref().map_or(now, |e| e.started_ms),
             gang: current.as_ref().and_then(|e| e.gang.clone()),
+            // A resize keeps what the grant said of itself (issue 27's fields).
+            checkpoint: current.as_ref().is_some_and(|e| e.checkpoint),
+            workload: current.as_ref().and_then(|e| e.workload.clone()),
         };
         let in_holdings =
             self.nodes.get(node).is_some_and(|nb| nb.holdings.contains_key(&req.container_id));
@@ -2164,6 +2539,25 @@ impl Books {
                     .filter(|w| is_within(&w.tenant, &q.path))
                     .map(|w| w.resources.get(res))
                     .fold(0, u64::saturating_add);
+                let costs: Vec<&Cost> = self
+                    .costs
+                    .iter()
+                    .filter(|(t, _)| is_within(t, &q.path))
+                    .map(|(_, c)| c)
+                    .collect();
+                let lost = costs
+                    .iter()
+                    .map(|c| c.lost.get(res).copied().unwrap_or(0))
+                    .fold(0u128, u128::saturating_add);
+                let mut waits: Vec<u64> =
+                    costs.iter().flat_map(|c| c.owner_waits.iter().copied()).collect();
+                waits.sort_unstable();
+                let mut why: Vec<String> = Vec::new();
+                for w in self.waiting.values().filter(|w| is_within(&w.tenant, &q.path)) {
+                    if why.len() < 3 && !w.why.is_empty() && !why.contains(&w.why) {
+                        why.push(w.why.clone());
+                    }
+                }
                 paths.push(PathStatus {
                     path: q.path.clone(),
                     resource: res.spec_path(),
@@ -2176,6 +2570,11 @@ impl Books {
                     leased,
                     waiting,
                     dominant_share: share,
+                    lost: u64::try_from(lost).unwrap_or(u64::MAX),
+                    preemptions_last_hour: costs.iter().map(|c| c.preempted_ms.len() as u64).sum(),
+                    owner_wait_p50_ms: nearest_rank(&waits, 50),
+                    owner_wait_p99_ms: nearest_rank(&waits, 99),
+                    waiting_why: why,
                 });
             }
         }

@@ -39,6 +39,7 @@ fn ask(container: &str, tenant: &str, gpus: u64) -> AdmitRequest {
         amounts: gpu_amounts(gpus * MICRO_PER_GPU),
         gang: None,
         short_on_node: false,
+        checkpoint: false,
         workload: None,
         unsynced_lease_grants: false,
     }
@@ -139,6 +140,7 @@ impl Node {
             gang: req.gang.as_ref().map(|g| g.name.clone()),
             workload: None,
             under_lease,
+            checkpoint: req.checkpoint,
         });
     }
 
@@ -362,6 +364,56 @@ fn a_tenant_within_its_guarantee_reclaims_the_youngest_borrowed_work_on_its_node
 
 const DEFAULT_GRACE: u64 = crate::DEFAULT_GRACE_PERIOD_S;
 
+/// A claim whose node places it before the books have heard that its victims are gone
+/// (the node stopped them and freed their devices, and has not synced since): the
+/// capacity its reclaim holds is its own, so it is admitted at once and nobody else is
+/// preempted for it. (Without the hold counting while the victims are still listed, the
+/// books saw the fleet short and queued it: "no capacity in the fleet's books for 1
+/// H100-80GB GPUs (short of 1 H100-80GB GPUs): waiting in the fair queue".)
+#[test]
+fn a_claim_placed_before_its_victims_leave_the_books_is_admitted_on_its_held_capacity() {
+    let t = tree(AB);
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    for i in 0..12 {
+        now += 1_000;
+        let n = if i < 8 { 0 } else { 1 };
+        admit_retrying(&mut nodes, n, &mut b, &t, &ask(&format!("b{i}"), "acme/b", 1), &mut now);
+        nodes[n].sync(&mut b, &t, now);
+    }
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    // A takes 3 of its guarantee on node 2, then asks on node 1, full of B's work.
+    for i in 0..3 {
+        now += 1_000;
+        admit_retrying(
+            &mut nodes,
+            1,
+            &mut b,
+            &t,
+            &ask(&format!("a-n2-{i}"), "acme/a", 1),
+            &mut now,
+        );
+    }
+    nodes[1].sync(&mut b, &t, now);
+    now += 1_000;
+    let a = nodes[0].admit(&mut b, &t, ask("a0", "acme/a", 1), now);
+    let AdmitAnswer::Reclaiming { victims, .. } = a else {
+        panic!("expected a reclaim, got {a:?}")
+    };
+    assert_eq!(victims.len(), 1, "{victims:?}");
+    // The node stops the victim and places the claim before its next sync.
+    nodes[0].stop(&victims[0].container_id);
+    now += 2_000;
+    let again = b.admit(&t, "n1", &ask("a0", "acme/a", 1), now);
+    assert_eq!(admitted(&again), QuotaClass::Guaranteed, "{again:?}");
+    assert_eq!(b.counters().preemptions.get("acme/b"), Some(&1), "one victim, not two");
+    assert_eq!(gpus_of(&b.real_usage().of("acme/a")).0, 4);
+}
+
 #[test]
 fn a_victim_in_a_gang_takes_the_whole_gang_on_every_node() {
     let t = tree(AB);
@@ -402,15 +454,23 @@ fn a_victim_in_a_gang_takes_the_whole_gang_on_every_node() {
     for n in nodes.iter_mut() {
         n.sync(&mut b, &t, now);
     }
+    // Before anything is reclaimed, a copy of the books for the second case below.
+    let mut b2 = b.clone();
     // A asks for 2 on node 1 (node 2's lease holds the other 2 of its guarantee): the
     // youngest borrowed units, only as many as are short; the gang stays.
     let a = nodes[0].admit(&mut b, &t, ask("a0", "acme/a", 2), now);
     let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("{a:?}") };
     let ids: Vec<&str> = victims.iter().map(|v| v.container_id.as_str()).collect();
     assert_eq!(ids, ["x2", "x3"]);
+    // A second claim is not handed the victims the first is stopping already.
+    let again = b.admit(&t, "n1", &short(ask("a1", "acme/a", 2)), now);
+    assert!(
+        !matches!(&again, AdmitAnswer::Reclaiming { victims, .. }
+            if victims.iter().any(|v| v.container_id == "x2" || v.container_id == "x3")),
+        "{again:?}"
+    );
     // Asking for 6 on node 1 (another tenant within its guarantee) needs the gang too:
     // all four members, two of them on node 2.
-    let mut b2 = b.clone();
     let t2 = tree(
         r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
             "acme/c": {"gpus": {"H100-80GB": {"guarantee": 6}}},
@@ -435,7 +495,7 @@ fn a_victim_in_a_gang_takes_the_whole_gang_on_every_node() {
         ]
     );
     assert!(message.contains("stopping 8 borrowed containers of acme/b on node n1"), "{message}");
-    assert!(victims.iter().any(|v| v.reason.contains("gang train, stopped whole")));
+    assert!(victims.iter().any(|v| v.reason.contains("gang acme/b/train, stopped whole")));
 }
 
 // --- ceilings through the hierarchy -------------------------------------------------------

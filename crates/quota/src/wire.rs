@@ -132,6 +132,11 @@ pub struct AdmitRequest {
     /// `namespace/pod/container` where the container is a pod's, for status and events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<String>,
+    /// The container writes a checkpoint when it gets SIGTERM
+    /// (`tessera.io/preemption: checkpoint`): a reclaim that stops it loses only its grace
+    /// period, so such work is taken before work that would lose more.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub checkpoint: bool,
     /// This node holds grants it admitted on its own under its leases that no sync the
     /// coordinator answered has listed yet (it was cut off and has not synced since). The
     /// coordinator then counts the node's whole leases as used: it cannot know how much of
@@ -182,6 +187,10 @@ pub struct Victim {
     pub grace_s: u64,
     /// Who reclaimed and why, for the node's event.
     pub reason: String,
+    /// What its owner should expect (for the node's event and `tessera status`): a
+    /// checkpoint to write within the grace period, and when the work may run again.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub requeue: String,
 }
 
 /// `POST /v1/nodes/{node}/quota/release`.
@@ -226,6 +235,9 @@ pub struct Holding {
     /// Admitted by the node alone under its lease while the coordinator was unreachable.
     #[serde(default)]
     pub under_lease: bool,
+    /// It writes a checkpoint on SIGTERM (`tessera.io/preemption: checkpoint`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub checkpoint: bool,
 }
 
 /// What a node may admit on its own, as guaranteed work of `path`, while it cannot reach
@@ -290,6 +302,24 @@ pub struct PathStatus {
     pub waiting: u64,
     /// The subtree's dominant share of the fleet (DRF), 0..1.
     pub dominant_share: f64,
+    /// Work of the subtree lost to preemption since the books started: this resource ×
+    /// the seconds its victims had run (for work that checkpoints, its grace period), in
+    /// `unit` × seconds.
+    #[serde(default)]
+    pub lost: u64,
+    /// Containers of the subtree preempted in the last hour.
+    #[serde(default)]
+    pub preemptions_last_hour: u64,
+    /// How long the subtree's owed requests (within guarantee counting the tenant's own
+    /// requests ahead, [`crate::owed`]) waited from their first ask to admission, over the
+    /// last ones kept, ms: the median and the 99th percentile (nearest rank).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_wait_p50_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_wait_p99_ms: Option<u64>,
+    /// Why the subtree's requests wait (their last answers, up to 3 distinct).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_why: Vec<String>,
 }
 
 /// `GET /v1/quota/status`.

@@ -375,6 +375,8 @@ impl Node {
             err
         };
         let gang = quota::gang_of(&req.annotations).map_err(|e| bad(self, e, "gang"))?;
+        let checkpoint =
+            quota::checkpoints(&req.annotations).map_err(|e| bad(self, e, "preemption"))?;
         let limits =
             quota::checked_limits(req.limits.as_ref()).map_err(|e| bad(self, e, "limits"))?;
         quota::require_limits(self.policy.policy.quotas(), &c.tenant.path, &limits)
@@ -402,6 +404,7 @@ impl Node {
             amounts: quota::amounts(&gpus, &limits),
             gang,
             short_on_node,
+            checkpoint,
             workload: c.workload.as_ref().map(|w| w.display_name()),
             // The gate says (it knows what this node admitted alone).
             unsynced_lease_grants: false,
@@ -500,6 +503,7 @@ impl Node {
             cpu_milli: now.amounts.cpu_milli,
             memory_mib: now.amounts.memory_mib,
             gang: now.gang.as_ref().map(|g| g.name.clone()),
+            checkpoint: now.checkpoint,
         };
         let mut plan = plan;
         plan.quota = Some(Box::new(mark));

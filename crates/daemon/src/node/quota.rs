@@ -157,6 +157,7 @@ impl Node {
                     gang: m.gang.clone(),
                     workload: a.workload.as_ref().map(|w| w.display_name()),
                     under_lease: m.under_lease,
+                    checkpoint: m.checkpoint,
                 })
             })
             .collect();
@@ -206,8 +207,13 @@ impl Node {
         let mut held = Vec::new();
         for (v, a) in stop {
             let grace = Duration::from_secs(v.grace_s.min(::quota::MAX_GRACE_PERIOD_S));
+            let requeue = if v.requeue.is_empty() {
+                String::new()
+            } else {
+                format!("; requeue: {}", tessera_api::untrusted(&v.requeue).max_chars(512))
+            };
             let detail = format!(
-                "stopping borrowed work for a quota reclaim: {}: SIGTERM, SIGKILL after {} s",
+                "stopping borrowed work for a quota reclaim: {}: SIGTERM, SIGKILL after {} s{requeue}",
                 tessera_api::untrusted(&v.reason).max_chars(512),
                 grace.as_secs()
             );
@@ -427,6 +433,7 @@ mod tests {
                 cpu_milli: 1500,
                 memory_mib: 1024,
                 gang: Some("g1".into()),
+                checkpoint: false,
             }))
         );
         assert!(kinds(&n).contains(&("borrow".into(), "c1".into())), "{:?}", kinds(&n));
@@ -511,6 +518,7 @@ mod tests {
             tenant: BOB.into(),
             grace_s: 7,
             reason: format!("{ALICE} reclaims its guarantee of 2 H100-80GB GPUs"),
+            requeue: String::new(),
         };
         let until = Instant::now() + Duration::from_secs(60);
         let plan = n
