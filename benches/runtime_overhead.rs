@@ -12,8 +12,9 @@
 //! daemon's grant round trip alone.
 //!
 //! Needs root, runc, busybox-static and etcd.
-//! `cargo bench --bench runtime_overhead [-- N] [--quota-only]` (`--quota-only`: only the
-//! issue 15 part).
+//! `cargo bench --bench runtime_overhead [-- N] [--quota-only|--wrapper-only]`
+//! (`--quota-only`: only the issue 15 part; `--wrapper-only`: all but it). The wrapper part
+//! times a single `runc run` and (issue 29) the create/start/delete sequence a shim drives.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -109,6 +110,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let n: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(200);
     let quota_only = args.iter().any(|a| a == "--quota-only");
+    let wrapper_only = args.iter().any(|a| a == "--wrapper-only");
     if unsafe_is_not_root() {
         eprintln!("runtime_overhead: needs root (real runc containers); skipped");
         return;
@@ -134,7 +136,9 @@ fn main() {
             let _ = d.wait();
         }
     }
-    quota_paths(n, &dir, &rootfs, &bench.cgroup, &root);
+    if !wrapper_only {
+        quota_paths(n, &dir, &rootfs, &bench.cgroup, &root);
+    }
 }
 
 /// Issue 2's paths: plain runc, tessera-runtime without a request, with `mig=1g.10gb`;
@@ -175,27 +179,74 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
         run(RUNTIME, "wn", i, &[]);
         run(RUNTIME, "wg", i, &gpu_ann);
     }
-    let (mut plain, mut nogpu, mut gpu) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut d_nogpu, mut d_gpu) = (Vec::new(), Vec::new());
+    // runc's own share of the GPU path: the config tessera-runtime hands runc for a MIG
+    // container (its device nodes, rules, mounts, env), with `/bin/true` as the prestart
+    // hook, run by plain runc.
+    let injected = {
+        let id = "inj";
+        let bundle = dir.join("bundles").join(id);
+        std::fs::create_dir_all(&bundle).expect("bundle");
+        std::fs::write(bundle.join("config.json"), config(rootfs, &cgroup, id, &gpu_ann))
+            .expect("config");
+        let rt = |args: &[&str]| {
+            let st = Command::new(RUNTIME)
+                .arg("--root")
+                .arg(root)
+                .args(args)
+                .env("TESSERA_RUNC", "runc")
+                .env("TESSERA_SOCKET", &socket)
+                .env("TESSERA_HOOK", HOOK)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .status()
+                .expect("tessera-runtime");
+            assert!(st.success(), "{args:?}");
+        };
+        rt(&["create", "--bundle", &bundle.to_string_lossy(), id]);
+        let mut c: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(bundle.join("config.json")).expect("read"))
+                .expect("json");
+        rt(&["delete", "--force", id]);
+        let _ = std::fs::remove_dir_all(&bundle);
+        for h in c["hooks"]["prestart"].as_array_mut().expect("the prestart hook") {
+            h["path"] = "/bin/true".into();
+            h["args"] = serde_json::json!(["true"]);
+        }
+        c
+    };
+    let run_injected = |i: usize| -> f64 {
+        let id = format!("i{i}");
+        let mut c = injected.clone();
+        c["linux"]["cgroupsPath"] = format!("{cgroup}/{id}").into();
+        let bundle = dir.join("bundles").join(&id);
+        runc_run("runc", root, &bundle, &c.to_string(), &socket, &id)
+    };
+    let (mut plain, mut nogpu, mut gpu, mut inj) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut d_nogpu, mut d_gpu, mut d_inj) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
         // The order turns each iteration, and each run starts on a settled machine (the
         // scrub child a GPU release sets off, ~2 ms, is over): no path is always the one
         // that runs right after the GPU container's background work.
-        let (mut p, mut w, mut g) = (0.0, 0.0, 0.0);
-        for k in 0..3 {
+        let (mut p, mut w, mut g, mut j) = (0.0, 0.0, 0.0, 0.0);
+        for k in 0..4 {
             std::thread::sleep(Duration::from_millis(SETTLE_MS));
-            match (i + k) % 3 {
+            match (i + k) % 4 {
                 0 => p = run("runc", "p", i, &[]),
                 1 => w = run(RUNTIME, "n", i, &[]),
-                _ => g = run(RUNTIME, "g", i, &gpu_ann),
+                2 => g = run(RUNTIME, "g", i, &gpu_ann),
+                _ => j = run_injected(i),
             }
         }
         plain.push(p);
         nogpu.push(w);
         gpu.push(g);
+        inj.push(j);
         d_nogpu.push(w - p);
         d_gpu.push(g - p);
+        d_inj.push(j - p);
     }
+    let (ip50, ip99, imean) = stats(inj);
+    let (di50, di99, _) = stats(d_inj);
     let (pp50, pp99, pmean) = stats(plain);
     let (np50, np99, nmean) = stats(nogpu);
     let (gp50, gp99, gmean) = stats(gpu);
@@ -210,9 +261,85 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
         np50 / pp50
     );
     println!("| tessera-runtime, mig=1g.10gb (grant + hooks) | {gp50:.2} | {gp99:.2} | {gmean:.2} | {:.3} |", gp50 / pp50);
+    println!("| plain runc, the config tessera-runtime writes for mig=1g.10gb, hook /bin/true | {ip50:.2} | {ip99:.2} | {imean:.2} | {:.3} |", ip50 / pp50);
     println!("\nadded latency, paired per iteration (ms): no request p50 {dn50:.2} p99 {dn99:.2}; MIG request p50 {dg50:.2} p99 {dg99:.2}");
+    println!("of which runc's own work on the injected config (devices, mounts, a hook): p50 {di50:.2} p99 {di99:.2}");
 
-    parts(n, &dir, &socket, root, &gpu_ann);
+    // The sequence a containerd shim drives: `create`, `start`, `delete --force`, three
+    // processes of BIN each time (the wrapper's work is in create and delete).
+    let seq = |bin: &str, kind: &str, i: usize, ann: &[(&str, &str)]| -> f64 {
+        let id = format!("{kind}{i}");
+        let bundle = dir.join("bundles").join(&id);
+        shim_sequence(bin, root, &bundle, &config(rootfs, &cgroup, &id, ann), &socket, &id)
+    };
+    for i in 0..5 {
+        seq("runc", "sw", i, &[]);
+        seq(RUNTIME, "sg", i, &gpu_ann);
+    }
+    let (mut plain, mut gpu, mut d_gpu) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let (mut p, mut g) = (0.0, 0.0);
+        for k in 0..2 {
+            std::thread::sleep(Duration::from_millis(SETTLE_MS));
+            match (i + k) % 2 {
+                0 => p = seq("runc", "sp", i, &[]),
+                _ => g = seq(RUNTIME, "sg", i, &gpu_ann),
+            }
+        }
+        plain.push(p);
+        gpu.push(g);
+        d_gpu.push(g - p);
+    }
+    let (pp50, pp99, _) = stats(plain);
+    let (gp50, gp99, _) = stats(gpu);
+    let (dg50, dg99, _) = stats(d_gpu);
+    println!(
+        "\ncreate, start, delete --force (a shim's sequence), {n} interleaved runs each (ms)\n"
+    );
+    println!("| path | p50 | p99 |");
+    println!("|---|---|---|");
+    println!("| plain runc | {pp50:.2} | {pp99:.2} |");
+    println!("| tessera-runtime, mig=1g.10gb | {gp50:.2} | {gp99:.2} |");
+    println!("\nadded latency of the sequence, paired per iteration (ms): MIG request p50 {dg50:.2} p99 {dg99:.2}");
+
+    parts(n, &dir, &socket, root, &gpu_ann, rootfs, &cgroup);
+}
+
+/// `BIN create`, `BIN start`, `BIN delete --force` of `config`, as a containerd shim runs
+/// them (each its own process; the container runs `true`): the milliseconds all three took.
+fn shim_sequence(
+    bin: &str,
+    root: &Path,
+    bundle: &Path,
+    config: &str,
+    socket: &Path,
+    id: &str,
+) -> f64 {
+    std::fs::create_dir_all(bundle).expect("bundle");
+    std::fs::write(bundle.join("config.json"), config).expect("config");
+    let call = |args: &[&str]| {
+        let status = Command::new(bin)
+            .arg("--root")
+            .arg(root)
+            .args(args)
+            .env("TESSERA_RUNC", "runc")
+            .env("TESSERA_SOCKET", socket)
+            .env("TESSERA_HOOK", HOOK)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .status()
+            .expect("run");
+        assert!(status.success(), "{args:?} of {id} failed");
+    };
+    let b = bundle.to_string_lossy().into_owned();
+    let start = Instant::now();
+    call(&["create", "--bundle", &b, id]);
+    call(&["start", id]);
+    call(&["delete", "--force", id]);
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let _ = std::fs::remove_dir_all(bundle);
+    ms
 }
 
 /// `BIN --root ROOT run --bundle BUNDLE ID` of `config` (tessera-runtime asks the daemon on
@@ -245,11 +372,35 @@ fn runc_run(bin: &str, root: &Path, bundle: &Path, config: &str, socket: &Path, 
 /// daemon round trips a GPU container makes, each after the daemon has been idle (as it is
 /// between container events), and the start cost of the wrapper and of the hook process
 /// against `/bin/true`.
-fn parts(n: usize, dir: &Path, socket: &Path, runc_root: &Path, ann: &[(&str, &str)]) {
+fn parts(
+    n: usize,
+    dir: &Path,
+    socket: &Path,
+    runc_root: &Path,
+    ann: &[(&str, &str)],
+    rootfs: &Path,
+    cgroup: &str,
+) {
     let client = tessera_api::Client::new(socket).with_timeout(Duration::from_secs(30));
     let bundle = dir.join("parts-bundle");
     std::fs::create_dir_all(&bundle).expect("bundle");
+    let bundle = std::fs::canonicalize(&bundle).expect("bundle");
     let annotations = ann.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    // A created container keeps the stdio runc was given: only `state`'s is read.
+    let runc = |args: &[&str]| {
+        let capture = args.first() == Some(&"state");
+        let out = Command::new("runc")
+            .arg("--root")
+            .arg(runc_root)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(if capture { Stdio::piped() } else { Stdio::null() })
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("runc");
+        assert!(out.status.success(), "runc {args:?}");
+        out.stdout
+    };
     let timed = |f: &mut dyn FnMut()| {
         std::thread::sleep(Duration::from_millis(SETTLE_MS));
         let t = Instant::now();
@@ -272,13 +423,24 @@ fn parts(n: usize, dir: &Path, socket: &Path, runc_root: &Path, ann: &[(&str, &s
         alloc.push(timed(&mut || {
             client.allocate(&req).expect("allocate");
         }));
+        // The prestart hook's call names a container's init: a real one (plain runc,
+        // created and not started), as tesserad checks its namespaces and mounts.
+        let mut plain: serde_json::Value =
+            serde_json::from_str(&config(rootfs, cgroup, &id, &[])).expect("json");
+        // What tessera-runtime gives a GPU container: no mount propagation from the host.
+        plain["linux"]["rootfsPropagation"] = "rprivate".into();
+        std::fs::write(bundle.join("config.json"), plain.to_string()).expect("config");
+        runc(&["create", "--bundle", &bundle.to_string_lossy(), &id]);
+        let state: serde_json::Value =
+            serde_json::from_slice(&runc(&["state", &id])).expect("state");
         let sreq = tessera_api::StartRequest {
-            pid: std::process::id() as i32,
+            pid: state["pid"].as_i64().expect("pid") as i32,
             bundle: bundle.to_string_lossy().into_owned(),
         };
         start.push(timed(&mut || {
             client.start(&id, &sreq).expect("start");
         }));
+        runc(&["delete", "--force", &id]);
         release.push(timed(&mut || client.release(&id).expect("release")));
         health.push(timed(&mut || {
             client.raw("GET", "/healthz", None).expect("healthz");
@@ -505,6 +667,7 @@ fn quota_paths(n: usize, dir: &Path, rootfs: &Path, cgroup: &str, root: &Path) {
         },
         gang: None,
         short_on_node: false,
+        checkpoint: false,
         workload: None,
         unsynced_lease_grants: false,
     };

@@ -6,7 +6,8 @@
 #   bash scripts/gpu-checks.sh run [DIR]      # there (carry .gpu): results in DIR, else $OUT
 #
 # Read-only for the GPU's configuration: it never changes MIG mode or layout, never resets
-# the GPU, never changes persistence or compute mode. It allocates, memsets and runs
+# the GPU, never changes persistence or compute mode, clocks or power limits (the telemetry,
+# topology and XID-event steps 07-09 only read). It allocates, memsets and runs
 # kernels (the scrub and its benchmark), and starts an MPS control daemon on a pipe
 # directory of its own only if nvidia-cuda-mps-control is installed.
 set -uo pipefail
@@ -101,6 +102,12 @@ run() {
     step 04-leak-without-scrub bash -c "'$STAGE/tessera' gpu-bench fill 0xDEADBEEF --device $uuid && '$STAGE/tessera' gpu-bench count 0xDEADBEEF --device $uuid"
     step 05-leak-with-scrub bash -c "'$STAGE/tessera' gpu-bench fill 0xDEADBEEF --device $uuid && '$STAGE/tessera' scrub --device $uuid --json && '$STAGE/tessera' gpu-bench count 0xDEADBEEF --device $uuid --expect-zero"
     step 06-mps-protocol mps_probe
+    # Issue 26, read-only: NVML telemetry (GPM where Hopper), per-process utilisation,
+    # topology, device health and the XID event set (drained, never injected); and what
+    # nvidia-smi says of the same, to compare.
+    step 07-telemetry-topology-events "$STAGE/slicer-tests" --ignored --nocapture --test-threads 1 nvml_telemetry_topology_and_events
+    step 08-smi-topology bash -c 'nvidia-smi topo -m; for b in /sys/bus/pci/devices/*; do [ -e "$b/numa_node" ] && grep -qi 0x10de "$b/vendor" 2>/dev/null && echo "$(basename "$b") numa $(cat "$b/numa_node") cpus $(cat "$b/local_cpulist")"; done'
+    step 09-smi-telemetry bash -c 'nvidia-smi --query-gpu=index,uuid,utilization.gpu,utilization.memory,power.draw,clocks.sm,clocks.mem,ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total,pcie.link.gen.current --format=csv; nvidia-smi --query-gpu=clocks_event_reasons.active --format=csv || nvidia-smi --query-gpu=clocks_throttle_reasons.active --format=csv; nvidia-smi nvlink --status; nvidia-smi -q -d ROW_REMAPPER,PAGE_RETIREMENT'
     echo "results in $DIR"
 }
 

@@ -57,7 +57,7 @@ pub fn status(s: &NodeStatus) -> String {
         if let Some(u) = &c.usage {
             let _ = writeln!(
                 out,
-                "  usage uploads: through ledger seq {}, {} pending, {} accepted, {} duplicates{}",
+                "  usage uploads: through chain seq {}, {} pending, {} accepted, {} duplicates{}",
                 u.uploaded_through_seq,
                 u.pending,
                 u.accepted,
@@ -65,6 +65,13 @@ pub fn status(s: &NodeStatus) -> String {
                 u.last_error.as_deref().map(|e| format!(", last error: {e}")).unwrap_or_default()
             );
         }
+    }
+    if let Some(k) = &s.node_key {
+        let _ = writeln!(
+            out,
+            "node key {} (id {}): signs this node's usage uploads",
+            k.public_key, k.key_id
+        );
     }
     let held = s.allocations.len();
     let _ = writeln!(
@@ -96,42 +103,119 @@ pub fn status(s: &NodeStatus) -> String {
     }
     if !s.allocations.is_empty() {
         let _ = writeln!(out, "\nallocations");
-        for a in &s.allocations {
-            let devs = a.devices.iter().map(|d| d.uuid.as_str()).collect::<Vec<_>>().join(",");
-            let pid = a.pid.map(|p| format!("pid {p}")).unwrap_or_else(|| "not started".into());
+        // Columns as wide as their widest cell: a long pod name or tenant moves the rest
+        // of every row, not just its own.
+        let rows: Vec<[String; 5]> = s
+            .allocations
+            .iter()
+            .map(|a| {
+                let devs = a.devices.iter().map(|d| d.uuid.as_str()).collect::<Vec<_>>().join(",");
+                let pid = a.pid.map(|p| format!("pid {p}")).unwrap_or_else(|| "not started".into());
+                [
+                    who(a.workload.as_ref().map(|w| w.display_name()).as_deref(), &a.container_id),
+                    a.tenant.clone(),
+                    a.request.to_string(),
+                    format!("{:?}", a.state).to_lowercase(),
+                    format!("{devs}  ({pid}){}", quota_mark(a.quota.as_deref())),
+                ]
+            })
+            .collect();
+        let w = widths(&rows);
+        for r in &rows {
             let _ = writeln!(
                 out,
-                "  {:<24} {:<32} {:<12} {:<9} {devs}  ({pid}){}",
-                who(a.workload.as_ref().map(|w| w.display_name()).as_deref(), &a.container_id),
-                a.tenant,
-                a.request,
-                format!("{:?}", a.state).to_lowercase(),
-                quota_mark(a.quota.as_deref())
+                "  {:<w0$} {:<w1$} {:<w2$} {:<w3$} {}",
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                w0 = w[0],
+                w1 = w[1],
+                w2 = w[2],
+                w3 = w[3]
             );
         }
     }
     if !s.events.is_empty() {
         let _ = writeln!(out, "\nrecent events");
-        for e in s.events.iter().take(8) {
-            let detail: String = e.detail.chars().take(140).collect();
-            let at = tessera_api::time::format_utc(e.ts_ms);
+        let rows: Vec<[String; 4]> = s
+            .events
+            .iter()
+            .take(8)
+            .map(|e| {
+                [
+                    tessera_api::time::format_utc(e.ts_ms),
+                    e.kind.to_string(),
+                    match &e.container_id {
+                        Some(id) => who(e.workload.as_deref(), id),
+                        None => "-".to_string(),
+                    },
+                    cut_at_word(&e.detail, EVENT_DETAIL_CHARS),
+                ]
+            })
+            .collect();
+        let w = widths(&rows);
+        for r in &rows {
             let _ = writeln!(
                 out,
-                "  {at} {:<8} {:<20} {detail}",
-                e.kind,
-                match &e.container_id {
-                    Some(id) => who(e.workload.as_deref(), id),
-                    None => "-".to_string(),
-                }
+                "  {} {:<w1$} {:<w2$} {}",
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                w1 = w[1],
+                w2 = w[2]
             );
         }
     }
     out
 }
 
+/// The most characters of an event's detail `status` shows.
+const EVENT_DETAIL_CHARS: usize = 160;
+
+/// Each column's width: its widest cell, in characters.
+fn widths<const N: usize>(rows: &[[String; N]]) -> [usize; N] {
+    let mut w = [0; N];
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    w
+}
+
+/// `text` whole when it fits in `max` characters, else cut at the last space before
+/// the limit (mid-word only for a word longer than the limit) with `…`.
+fn cut_at_word(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let head: String = text.chars().take(max.saturating_sub(1)).collect();
+    let cut = match head.rfind(' ') {
+        Some(i) if i > 0 => head[..i].trim_end(),
+        _ => head.as_str(),
+    };
+    format!("{cut}…")
+}
+
 /// `  borrowed beyond P (burst price, reclaimable)` for borrowed work, `  guaranteed under
-/// lease` for work a node admitted alone; else nothing.
+/// lease` for work a node admitted alone; else nothing. Before it, the CPU and memory the
+/// grant counts against its quotas, where it counts any (`  CPU 0.75 cores, 1024 MiB`).
 fn quota_mark(mark: Option<&tessera_api::QuotaMark>) -> String {
+    let limits = match mark {
+        Some(m) if m.cpu_milli > 0 || m.memory_mib > 0 => {
+            let cores = format!("{}.{:03}", m.cpu_milli / 1000, m.cpu_milli % 1000);
+            let cores = cores.trim_end_matches('0').trim_end_matches('.');
+            format!("  CPU {cores} cores, {} MiB", m.memory_mib)
+        }
+        _ => String::new(),
+    };
+    limits + &quota_class(mark)
+}
+
+fn quota_class(mark: Option<&tessera_api::QuotaMark>) -> String {
     match mark {
         Some(m) if m.class == tessera_api::QuotaClass::Borrowed => format!(
             "  borrowed{} (burst price, reclaimable)",
@@ -183,8 +267,17 @@ pub fn usage(r: &metering::UsageReport) -> String {
     let width = r.rows.iter().map(|x| label(x).len()).max().unwrap_or(5).max(5);
     let _ = writeln!(
         out,
-        "{:<width$}  {:>14}  {:>10}  {:>10}  {:>9}  {:>13}",
-        "group", "GPU-seconds", "GPU-hours", "cost", "intervals", "used/reserved"
+        "{:<width$}  {:>14}  {:>10}  {:>10}  {:>9}  {:>13}  {:>12}  {:>10}  {:>10}  {:>9}",
+        "group",
+        "GPU-seconds",
+        "GPU-hours",
+        "cost",
+        "intervals",
+        "used/reserved",
+        "floor GPU-h",
+        "floor idle",
+        "burst cost",
+        "premium"
     );
     for row in r.rows.iter().chain(std::iter::once(&r.total)) {
         // Only where utilisation was sampled (whole GPUs with NVML; never MIG).
@@ -193,15 +286,61 @@ pub fn usage(r: &metering::UsageReport) -> String {
         } else {
             "-".to_string()
         };
+        let idle = if row.floor_gpu_seconds > 0.0 {
+            format!("{:.0}%", 100.0 * row.floor_idle_gpu_seconds / row.floor_gpu_seconds)
+        } else {
+            "-".to_string()
+        };
         let _ = writeln!(
             out,
-            "{:<width$}  {:>14.3}  {:>10.4}  {:>10.4}  {:>9}  {:>13}",
+            "{:<width$}  {:>14.3}  {:>10.4}  {:>10.4}  {:>9}  {:>13}  {:>12.4}  {:>10}  {:>10.4}  {:>9.4}",
             label(row),
             row.gpu_seconds,
             row.gpu_seconds / 3600.0,
             row.cost,
             row.intervals,
-            used
+            used,
+            row.floor_gpu_seconds / 3600.0,
+            idle,
+            row.burst_cost,
+            row.premium_cost
+        );
+    }
+    let t = &r.total;
+    if t.chargeback_cost > 0.0 || t.showback_cost > 0.0 {
+        let _ = writeln!(
+            out,
+            "charged (chargeback) {:.4}, shown only (showback) {:.4}",
+            t.chargeback_cost, t.showback_cost
+        );
+    }
+    if r.floors_billed {
+        let _ = writeln!(
+            out,
+            "floors: each quota path's own guarantee billed at the reserved rate{}, used or not",
+            r.floors_until_ms
+                .filter(|u| *u < r.to_ms)
+                .map(|u| format!(" up to {}", tessera_api::time::format_utc(u)))
+                .unwrap_or_default()
+        );
+    } else if t.in_floor_gpu_seconds > 0.0 {
+        let _ = writeln!(
+            out,
+            "{:.3} GPU-seconds ran inside guarantees: their floors are billed once, in the fleet's report (tessera usage --coordinator)",
+            t.in_floor_gpu_seconds
+        );
+    }
+    if t.preempted_gpu_seconds > 0.0 {
+        let _ = writeln!(
+            out,
+            "lost to preemption: {:.3} GPU-seconds, worth {:.4}, {}",
+            t.preempted_gpu_seconds,
+            t.preempted_cost,
+            match r.preempted {
+                metering::Preempted::Bill => "billed (billing.preempted: bill)".to_string(),
+                metering::Preempted::Waive =>
+                    format!("not billed: {:.4} waived (billing.preempted: waive)", t.waived_cost),
+            }
         );
     }
     if r.open_intervals > 0 {
@@ -210,6 +349,13 @@ pub fn usage(r: &metering::UsageReport) -> String {
     if !r.unpriced_models.is_empty() {
         let _ =
             writeln!(out, "no price in the policy for: {} (cost 0)", r.unpriced_models.join(", "));
+    }
+    if !r.under_driven.is_empty() {
+        let _ = writeln!(out, "\nunder-driven (right-sizing suggestions)");
+        for s in &r.under_driven {
+            let who = s.name.as_deref().unwrap_or(&s.container_id);
+            let _ = writeln!(out, "  {who} ({}, {}): {}", s.tenant, s.device_uuid, s.message);
+        }
     }
     out
 }
@@ -340,6 +486,78 @@ pub fn slot_map(instances: &[MigInstanceStatus]) -> String {
     line.trim_end().to_string()
 }
 
+/// `tessera top`: each device's activity, then who uses it, then open interference
+/// incidents. Tenant, pod and container names come from outside: shown escaped.
+pub fn top(t: &tessera_api::telemetry::NodeTelemetry) -> String {
+    let mut out = String::new();
+    let esc = |v: &str| tessera_api::untrusted(v).max_chars(64).to_string();
+    let pct = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{:.0}%", v * 100.0));
+    let _ = writeln!(out, "node {}   telemetry sample {} at {} ms", t.node, t.samples, t.at_ms);
+    if t.samples == 0 {
+        let _ = writeln!(out, "no telemetry sample yet");
+        return out;
+    }
+    for d in &t.devices {
+        let kind = if d.uuid == d.gpu_uuid { "GPU" } else { "  MIG" };
+        let power = d.power_watts.map_or_else(|| "-".to_string(), |w| format!("{w:.0} W"));
+        let clocks = match (d.sm_clock_mhz, d.mem_clock_mhz) {
+            (Some(s), Some(m)) => format!("{s}/{m} MHz"),
+            _ => "-".to_string(),
+        };
+        let throttle = if d.throttle_reasons.is_empty() {
+            String::new()
+        } else {
+            format!("  throttled: {}", d.throttle_reasons.join(","))
+        };
+        let _ = writeln!(
+            out,
+            "{kind} {}  SM {:>4}  mem-bw {:>4}  {power:>6}  {clocks}  ({:?}){throttle}",
+            d.uuid,
+            pct(d.sm_active),
+            pct(d.dram_active),
+            d.source
+        );
+        for c in t.containers.iter().filter(|c| c.device == d.uuid) {
+            let who = c.workload.as_deref().map_or_else(|| esc(&c.container_id), esc);
+            let mut extra = String::new();
+            if let Some(th) = c.mps_threads {
+                let _ = write!(extra, "  mps threads {th}%");
+            }
+            if let Some(l) = c.latency_ms {
+                let _ = write!(extra, "  latency {l:.1} ms");
+            }
+            let _ = writeln!(
+                out,
+                "      {:<28} {:<36} {:<6} {:<7} SM {:>4}  mem {:>4}{extra}",
+                who,
+                esc(&c.tenant),
+                c.isolation.as_str(),
+                c.class.map_or("-", |k| k.as_str()),
+                pct(c.sm),
+                pct(c.mem)
+            );
+        }
+    }
+    if !t.incidents.is_empty() {
+        let _ = writeln!(out, "interference:");
+        for i in &t.incidents {
+            let _ = writeln!(
+                out,
+                "  {}: {} ({}) at {:.0}% of solo, degraded by {} ({}) through {}; steps: {}",
+                i.device,
+                esc(&i.victim),
+                esc(&i.victim_tenant),
+                i.share * 100.0,
+                esc(&i.aggressor),
+                esc(&i.aggressor_tenant),
+                i.signal,
+                if i.steps.is_empty() { "none yet".to_string() } else { i.steps.join(", ") }
+            );
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,6 +640,10 @@ mod tests {
                 "over": "quotas.acme/dev.gpus.H100-80GB.guarantee"}),
             ),
             grant("leased", serde_json::json!({"class": "guaranteed", "under_lease": true})),
+            grant(
+                "limited",
+                serde_json::json!({"class": "guaranteed", "cpu_milli": 750, "memory_mib": 1024}),
+            ),
             grant("plain", serde_json::Value::Null),
         ];
         let text = status(&s);
@@ -433,7 +655,61 @@ mod tests {
             "{text}"
         );
         assert!(line("leased").ends_with("guaranteed under lease"), "{text}");
+        assert!(line("limited").ends_with("(pid 7)  CPU 0.75 cores, 1024 MiB"), "{text}");
         assert!(line("plain").ends_with("(pid 7)"), "{text}");
+    }
+
+    #[test]
+    fn status_rows_line_up_and_events_are_cut_between_words() {
+        let mut s = fleet_status(None);
+        let grant = |id: &str, tenant: &str, workload: serde_json::Value| {
+            let mut v = serde_json::json!({
+                "container_id": id, "tenant": tenant, "trust": "dev", "request": "mig=1g.10gb",
+                "isolation": "mig", "devices": [], "injection": {"devices": [], "env": [], "mounts": []},
+                "state": "running", "pid": 7, "created_ms": 1
+            });
+            if !workload.is_null() {
+                v["workload"] = workload;
+            }
+            serde_json::from_value::<tessera_api::Allocation>(v).expect("an allocation")
+        };
+        s.allocations = vec![
+            grant("a", "acme/x", serde_json::Value::Null),
+            grant(
+                "0123456789abcdef0123",
+                "acme/a-rather-long-team-name/with-a-project/and-a-user",
+                serde_json::json!({"namespace": "team-with-a-long-namespace", "pod": "trainer-7c9f8d-abcde", "container": "main", "sandbox_id": "s1"}),
+            ),
+        ];
+        let long = "refused: tenant acme/untrusted/sandbox/guest (trust untrusted) may not use mps isolation (request mps=50): tiers.untrusted.allow permits gpu, mig only and nothing else here";
+        s.events = vec![
+            tessera_api::EventStatus {
+                ts_ms: 1,
+                kind: "refuse".into(),
+                container_id: Some("x".into()),
+                workload: None,
+                detail: long.into(),
+            },
+            tessera_api::EventStatus {
+                ts_ms: 2,
+                kind: "grant".into(),
+                container_id: None,
+                workload: None,
+                detail: "short".into(),
+            },
+        ];
+        let text = status(&s);
+        let rows: Vec<&str> = text.lines().filter(|l| l.contains("mig=1g.10gb")).collect();
+        assert_eq!(rows.len(), 2, "{text}");
+        let col = |l: &str, what: &str| l.find(what).expect(l);
+        assert_eq!(col(rows[0], "mig=1g.10gb"), col(rows[1], "mig=1g.10gb"), "{text}");
+        assert_eq!(col(rows[0], "acme/"), col(rows[1], "acme/"), "{text}");
+        let ev: Vec<&str> =
+            text.lines().filter(|l| l.contains("refuse") || l.contains("grant ")).collect();
+        assert_eq!(col(ev[0], "refused:"), col(ev[1], "short"), "{text}");
+        assert!(ev[0].ends_with("permits gpu, mig only and…"), "{}", ev[0]);
+        assert_eq!(cut_at_word("abc def", 7), "abc def");
+        assert_eq!(cut_at_word("abcdefghij", 5), "abcd…");
     }
 
     #[test]

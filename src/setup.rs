@@ -3,10 +3,13 @@
 //! backs up and writes the file).
 //!
 //! containerd: a CRI runtime handler (`tessera` by default) of type
-//! `io.containerd.runc.v2` whose `BinaryName` is tessera-runtime, which passes through the
-//! pod annotations that carry GPU requests (`tessera.io/gpu*`) and the container annotation
-//! the device plugin's Allocate sets (`tessera.io/device-plugin`). Config version 2
-//! (containerd 1.6, 1.7) and 3 (2.x). Everything else in the file is kept as written.
+//! `io.containerd.runc.v2` whose `BinaryName` is a link to tessera-runtime
+//! ([`kubelet_link`]: `<runtime dir>/containerd-<handler>`) with the handler's own runtime
+//! configuration beside it ([`kubelet_runtime_config`]: `kubelet = true`, the mark of the
+//! engine kubelet drives), which passes through the pod annotations that carry GPU
+//! requests (`tessera.io/gpu*`) and the container annotation the device plugin's Allocate
+//! sets (`tessera.io/device-plugin`). Config version 2 (containerd 1.6, 1.7) and 3 (2.x).
+//! Everything else in the file is kept as written.
 //!
 //! Docker: daemon.json's `runtimes.tessera.path` (and `runtimeArgs` naming a runtime
 //! configuration file), every other key kept in order ([`docker`]). podman: containers.conf's
@@ -55,6 +58,19 @@ pub enum SetupError {
          may override the handler; `containerd --config {path} config dump` shows what containerd sees)"
     )]
     Overridden { path: String, what: String },
+}
+
+impl From<crate::engines::EngineConfigError> for SetupError {
+    fn from(e: crate::engines::EngineConfigError) -> Self {
+        match e {
+            crate::engines::EngineConfigError::Toml { path, message } => {
+                SetupError::Parse { path, message }
+            }
+            crate::engines::EngineConfigError::Json { path, message } => {
+                SetupError::ParseJson { path, message }
+            }
+        }
+    }
 }
 
 /// What `tessera setup containerd` writes.
@@ -254,7 +270,7 @@ pub fn containerd(text: &str, path: &str, opts: &ContainerdOptions) -> Result<Ed
         .and_then(Item::as_table)
         .map(|t| {
             t.iter()
-                .filter(|(k, _)| !matches!(*k, "BinaryName" | "Root"))
+                .filter(|(k, _)| *k != "BinaryName")
                 .map(|(k, v)| (k.to_owned(), v.clone()))
                 .collect()
         })
@@ -341,6 +357,69 @@ pub fn check_dump(
         return Err(over(format!("its container_annotations lack `{ASSIGNMENT_ANNOTATION}`")));
     }
     Ok(())
+}
+
+/// The link to tessera-runtime that containerd's CRI handler `handler` runs
+/// (`BinaryName`), in `runtime_dir`: tessera-runtime run as `<dir>/containerd-<handler>`
+/// reads `<dir>/containerd-<handler>.toml`, the handler's own runtime configuration.
+pub fn kubelet_link(runtime_dir: &str, handler: &str) -> String {
+    format!("{}/containerd-{handler}", runtime_dir.trim_end_matches('/'))
+}
+
+/// The comment a new handler configuration starts with.
+const KUBELET_CONFIG_HEADER: &str = "\
+# tessera-runtime's configuration for containerd's CRI handler (kubelet's engine),
+# written by `tessera setup containerd`. `kubelet = true` lets the device plugin's
+# assignment (tessera.io/device-plugin) be honoured for pods' containers; no other
+# engine may read this file. See tessera-runtime --help for the other keys.
+";
+
+/// Edits the CRI handler's runtime configuration (`text` of the file at `path`; empty when
+/// absent, or `base`, the node's default configuration, to start from): `kubelet = true`
+/// set, every other key kept. The result must be a configuration tessera-runtime reads.
+/// Idempotent.
+pub fn kubelet_runtime_config(
+    text: &str,
+    path: &str,
+    base: Option<&str>,
+    socket: Option<&str>,
+) -> Result<Edit, SetupError> {
+    let start = match (text.trim().is_empty(), base) {
+        (true, Some(b)) => format!("{KUBELET_CONFIG_HEADER}{b}"),
+        (true, None) => KUBELET_CONFIG_HEADER.to_string(),
+        (false, _) => text.to_string(),
+    };
+    let mut doc: DocumentMut = start.parse().map_err(|e: toml_edit::TomlError| {
+        SetupError::Parse { path: path.to_owned(), message: e.to_string() }
+    })?;
+    let after = match doc.get("kubelet") {
+        Some(k) if k.as_bool() == Some(true) => start,
+        // Set where it is, keeping its comments.
+        Some(_) => {
+            doc.insert("kubelet", value(true));
+            doc.to_string()
+        }
+        // Appended as a line of its own (an insert would go before the comments).
+        None if start.is_empty() || start.ends_with('\n') => format!("{start}kubelet = true\n"),
+        None => format!("{start}\nkubelet = true\n"),
+    };
+    // `tessera --socket S setup containerd`: the handler asks that tesserad.
+    let after = match socket {
+        Some(sock) => {
+            let mut doc: DocumentMut = after.parse().map_err(|e: toml_edit::TomlError| {
+                SetupError::Parse { path: path.to_owned(), message: e.to_string() }
+            })?;
+            if doc.get("socket").and_then(Item::as_str) == Some(sock) {
+                after
+            } else {
+                doc.insert("socket", value(sock));
+                doc.to_string()
+            }
+        }
+        None => after,
+    };
+    runtime_hook::config::parse(&after, path).map_err(|e| SetupError::Option(e.to_string()))?;
+    Ok(Edit { before: text.to_owned(), after, version: 0 })
 }
 
 /// The RuntimeClass that selects `handler`.
@@ -572,6 +651,148 @@ pub fn docker(text: &str, path: &str, opts: &EngineOptions) -> Result<Edit, Setu
     Ok(Edit { before: text.to_owned(), after, version: 0 })
 }
 
+/// NVIDIA's container toolkit in an engine's configuration, found or taken out: each
+/// line says what and where (`runtimes.nvidia (nvidia-container-runtime)`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NvidiaFound {
+    pub lines: Vec<String>,
+}
+
+/// Takes NVIDIA's runtimes out of Docker's daemon.json (`runtimes.X` whose path is an
+/// `nvidia-container-runtime*`); a `default-runtime` naming one becomes `tessera_name`.
+/// With `apply` false only says what it would do (the text is unchanged).
+pub fn docker_nvidia(
+    text: &str,
+    path: &str,
+    tessera_name: &str,
+    apply: bool,
+) -> Result<(Edit, NvidiaFound), SetupError> {
+    let unchanged = Edit { before: text.to_owned(), after: text.to_owned(), version: 0 };
+    if text.trim().is_empty() {
+        return Ok((unchanged, NvidiaFound::default()));
+    }
+    let mut doc: Json = serde_json::from_str(text)
+        .map_err(|e| SetupError::ParseJson { path: path.to_owned(), message: e.to_string() })?;
+    let mut found = NvidiaFound::default();
+    let mut removed = Vec::new();
+    if let Some(Json::Object(rts)) = doc.get_mut("runtimes") {
+        for (name, rt) in rts.iter() {
+            let bin = match rt {
+                Json::Object(o) => o.iter().find(|(k, _)| k == "path").and_then(|(_, v)| match v {
+                    Json::Scalar(serde_json::Value::String(s)) => Some(s.clone()),
+                    _ => None,
+                }),
+                _ => None,
+            };
+            if let Some(b) = bin.filter(|b| crate::engines::is_nvidia_runtime(b)) {
+                found.lines.push(format!("{path}: runtimes.{name} ({})", untrusted(&b)));
+                removed.push(name.clone());
+            }
+        }
+        rts.retain(|(k, _)| !removed.contains(k));
+    }
+    let default = match doc.get_mut("default-runtime") {
+        Some(Json::Scalar(serde_json::Value::String(d))) => Some(d.clone()),
+        _ => None,
+    };
+    if let Some(d) = default.filter(|d| removed.contains(d)) {
+        found.lines.push(format!(
+            "{path}: default-runtime `{d}` (becomes `{tessera_name}`: containers asking nothing get \
+             no GPU, GPU requests go through Tessera)"
+        ));
+        doc.set("default-runtime", Json::string(tessera_name));
+    }
+    if !apply || found.lines.is_empty() {
+        return Ok((unchanged, found));
+    }
+    let mut after = String::new();
+    doc.write(&mut after, 0);
+    after.push('\n');
+    Ok((Edit { before: text.to_owned(), after, version: 0 }, found))
+}
+
+/// Takes NVIDIA's runtimes out of podman's containers.conf (`[engine.runtimes] X` whose
+/// first path is an `nvidia-container-runtime*`); an `[engine] runtime` naming one
+/// becomes `tessera_name`. With `apply` false only says what it would do.
+pub fn podman_nvidia(
+    text: &str,
+    path: &str,
+    tessera_name: &str,
+    apply: bool,
+) -> Result<(Edit, NvidiaFound), SetupError> {
+    let mut doc: DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| {
+        SetupError::Parse { path: path.to_owned(), message: e.to_string() }
+    })?;
+    let mut found = NvidiaFound::default();
+    let nvidia: Vec<(String, String)> = crate::engines::podman(text, path)?
+        .into_iter()
+        .filter(|r| crate::engines::is_nvidia_runtime(&r.binary))
+        .map(|r| (r.name, r.binary))
+        .collect();
+    let Some(engine) = doc.get_mut("engine").and_then(Item::as_table_like_mut) else {
+        return Ok((Edit { before: text.to_owned(), after: text.to_owned(), version: 0 }, found));
+    };
+    if let Some(rts) = engine.get_mut("runtimes").and_then(Item::as_table_like_mut) {
+        for (name, bin) in &nvidia {
+            found.lines.push(format!("{path}: [engine.runtimes] {name} ({})", untrusted(bin)));
+            rts.remove(name);
+        }
+    }
+    let default = engine.get("runtime").and_then(Item::as_str).map(str::to_owned);
+    if let Some(d) = default.filter(|d| nvidia.iter().any(|(n, _)| n == d)) {
+        found.lines.push(format!("{path}: [engine] runtime `{d}` (becomes `{tessera_name}`)"));
+        engine.insert("runtime", value(tessera_name));
+    }
+    let after = if apply { doc.to_string() } else { text.to_owned() };
+    Ok((Edit { before: text.to_owned(), after, version: 0 }, found))
+}
+
+/// Takes NVIDIA's runtimes out of containerd's CRI plugin (`runtimes.X` whose
+/// `options.BinaryName` is an `nvidia-container-runtime*`); a `default_runtime_name`
+/// naming one becomes `tessera_handler`. With `apply` false only says what it would do.
+pub fn containerd_nvidia(
+    text: &str,
+    path: &str,
+    tessera_handler: &str,
+    apply: bool,
+) -> Result<(Edit, NvidiaFound), SetupError> {
+    let mut doc: DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| {
+        SetupError::Parse { path: path.to_owned(), message: e.to_string() }
+    })?;
+    let mut found = NvidiaFound::default();
+    let nvidia: Vec<(String, String)> = crate::engines::containerd(text, path)?
+        .into_iter()
+        .filter(|r| crate::engines::is_nvidia_runtime(&r.binary))
+        .map(|r| (r.name, r.binary))
+        .collect();
+    let plugin = cri_plugin(doc.get("version").and_then(Item::as_integer).unwrap_or(2));
+    let shown = format!("plugins.\"{plugin}\".containerd");
+    let c = doc
+        .get_mut("plugins")
+        .and_then(|p| p.get_mut(plugin))
+        .and_then(|p| p.get_mut("containerd"))
+        .and_then(Item::as_table_like_mut);
+    let Some(c) = c else {
+        return Ok((Edit { before: text.to_owned(), after: text.to_owned(), version: 0 }, found));
+    };
+    if let Some(rts) = c.get_mut("runtimes").and_then(Item::as_table_like_mut) {
+        for (name, bin) in &nvidia {
+            found.lines.push(format!("{path}: {shown}.runtimes.{name} ({})", untrusted(bin)));
+            rts.remove(name);
+        }
+    }
+    let default = c.get("default_runtime_name").and_then(Item::as_str).map(str::to_owned);
+    if let Some(d) = default.filter(|d| nvidia.iter().any(|(n, _)| n == d)) {
+        found.lines.push(format!(
+            "{path}: {shown}.default_runtime_name `{d}` (becomes `{tessera_handler}`: every pod runs \
+             through tessera-runtime, and asks for GPUs through Tessera)"
+        ));
+        c.insert("default_runtime_name", value(tessera_handler));
+    }
+    let after = if apply { doc.to_string() } else { text.to_owned() };
+    Ok((Edit { before: text.to_owned(), after, version: 0 }, found))
+}
+
 /// Edits podman's containers.conf (`text` of the file at `path`, empty when absent): adds
 /// `[engine.runtimes] NAME = [tessera-runtime]` and, with `set_default`, `[engine]
 /// runtime = NAME`. Everything else is kept as written. Idempotent.
@@ -683,6 +904,38 @@ mod engine_tests {
     }
 
     #[test]
+    fn docker_and_podman_lose_nvidias_runtimes_only_when_asked() {
+        let nct = "{\n  \"default-runtime\": \"nvidia\",\n  \"runtimes\": {\n    \"nvidia\": {\n      \"path\": \"nvidia-container-runtime\",\n      \"runtimeArgs\": []\n    }\n  },\n  \"log-driver\": \"journald\"\n}\n";
+        let e = docker(nct, "d.json", &opts()).expect("edit");
+        let (same, found) = docker_nvidia(&e.after, "d.json", "tessera", false).expect("look");
+        assert_eq!(
+            (same.after.as_str(), found.lines.len()),
+            (e.after.as_str(), 2),
+            "{:?}",
+            found.lines
+        );
+        let (out, _) = docker_nvidia(&e.after, "d.json", "tessera", true).expect("replace");
+        let v: serde_json::Value = serde_json::from_str(&out.after).expect("json");
+        assert_eq!(
+            v,
+            serde_json::json!({"default-runtime": "tessera", "log-driver": "journald",
+                "runtimes": {"tessera": {"path": "/usr/local/bin/tessera-runtime"}}})
+        );
+        assert!(out.after.find("default-runtime") < out.after.find("log-driver"), "order kept");
+        let conf = "[engine]\nruntime = \"nvidia\"\n[engine.runtimes]\nnvidia = [\"/usr/bin/nvidia-container-runtime\"]\ncrun = [\"/usr/bin/crun\"]\n";
+        let e = podman(conf, "c.conf", &opts()).expect("edit");
+        let (out, found) = podman_nvidia(&e.after, "c.conf", "tessera", true).expect("replace");
+        assert_eq!(found.lines.len(), 2, "{:?}", found.lines);
+        let d: DocumentMut = out.after.parse().expect("toml");
+        assert_eq!(d["engine"]["runtime"].as_str(), Some("tessera"));
+        assert!(d["engine"]["runtimes"].get("nvidia").is_none());
+        assert!(
+            d["engine"]["runtimes"].get("crun").is_some()
+                && d["engine"]["runtimes"].get("tessera").is_some()
+        );
+    }
+
+    #[test]
     fn podman_adds_the_runtime_and_keeps_the_rest() {
         let text = "# site settings\n[containers]\nlog_driver = \"k8s-file\"\n\n[engine]\nevents_logger = \"file\"\n\n[engine.runtimes]\ncrun = [\"/usr/bin/crun\"]\n";
         let e = podman(text, "/etc/containers/containers.conf", &opts()).expect("edits");
@@ -741,10 +994,46 @@ root = "/var/lib/containerd"
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
           BinaryName = ""
           SystemdCgroup = true
+          Root = "/run/containerd/runc-k8s"
 "#;
 
     fn parsed(s: &str) -> toml_edit::DocumentMut {
         s.parse().expect("valid toml out")
+    }
+
+    #[test]
+    fn the_handlers_runtime_config_marks_the_kubelet_engine_and_keeps_the_rest() {
+        let e = kubelet_runtime_config("", "/l/containerd-tessera.toml", None, None).expect("new");
+        assert!(e.after.starts_with("# tessera-runtime's configuration"), "{}", e.after);
+        assert!(e.after.ends_with("kubelet = true\n"), "{}", e.after);
+        let cfg = runtime_hook::config::parse(&e.after, "f").expect("reads");
+        assert!(cfg.kubelet);
+        // Twice is once.
+        let again = kubelet_runtime_config(&e.after, "f", None, None).expect("again");
+        assert!(!again.changed());
+        // A new file starts from the node's default configuration (socket, runc, ...).
+        let base = "socket = \"/run/t/d.sock\"\nengine = \"containerd-k8s\"\n";
+        let e = kubelet_runtime_config("", "f", Some(base), None).expect("seeded");
+        let cfg = runtime_hook::config::parse(&e.after, "f").expect("reads");
+        assert_eq!(cfg.socket.as_deref(), Some(std::path::Path::new("/run/t/d.sock")));
+        assert_eq!((cfg.engine.as_deref(), cfg.kubelet), (Some("containerd-k8s"), true));
+        // An existing file keeps every key; `kubelet = false` is turned on.
+        let e = kubelet_runtime_config(
+            "# mine\nlog = \"/var/log/t.log\"\nkubelet = false\n",
+            "f",
+            Some(base),
+            None,
+        )
+        .expect("edit");
+        assert_eq!(e.after, "# mine\nlog = \"/var/log/t.log\"\nkubelet = true\n");
+        // Something tessera-runtime would refuse is refused here, untouched.
+        let e =
+            kubelet_runtime_config("sockt = \"/x\"\n", "f", None, None).expect_err("unknown key");
+        assert!(e.to_string().contains("unknown key `sockt`"), "{e}");
+        assert_eq!(
+            kubelet_link("/usr/local/lib/tessera/", "tessera"),
+            "/usr/local/lib/tessera/containerd-tessera"
+        );
     }
 
     #[test]
@@ -763,6 +1052,8 @@ root = "/var/lib/containerd"
             Some(true),
             "runc's options inherited"
         );
+        // runc's state root too: the handler's containers live where runc's do.
+        assert_eq!(rt["options"]["Root"].as_str(), Some("/run/containerd/runc-k8s"));
         assert_eq!(
             rt["pod_annotations"].as_array().unwrap().get(0).unwrap().as_str(),
             Some(POD_ANNOTATIONS)
@@ -886,6 +1177,59 @@ root = "/var/lib/containerd"
             .unwrap_err()
             .to_string()
             .contains("no runtime handler"));
+    }
+
+    #[test]
+    fn the_socket_given_to_setup_is_the_handlers() {
+        let e = kubelet_runtime_config(
+            "",
+            "f",
+            Some("socket = \"/run/a.sock\"\n"),
+            Some("/run/b.sock"),
+        )
+        .expect("socket");
+        let cfg = runtime_hook::config::parse(&e.after, "f").expect("reads");
+        assert_eq!(cfg.socket.as_deref(), Some(std::path::Path::new("/run/b.sock")));
+        assert!(cfg.kubelet);
+        let again =
+            kubelet_runtime_config(&e.after, "f", None, Some("/run/b.sock")).expect("again");
+        assert!(!again.changed(), "{}", again.diff("f"));
+    }
+
+    /// An NVIDIA container toolkit node: its runtime, made the default.
+    const NCT_CONTAINERD: &str = r#"version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  default_runtime_name = "nvidia"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+      BinaryName = "/usr/bin/nvidia-container-runtime"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+"#;
+
+    #[test]
+    fn nvidias_runtime_and_default_are_found_and_taken_out_only_when_asked() {
+        let e = containerd(NCT_CONTAINERD, "c.toml", &opts()).expect("edit");
+        // Found, not changed.
+        let (kept, found) = containerd_nvidia(&e.after, "c.toml", "tessera", false).expect("look");
+        assert_eq!(kept.after, e.after);
+        assert_eq!(found.lines.len(), 2, "{:?}", found.lines);
+        assert!(found.lines[0].contains("runtimes.nvidia (/usr/bin/nvidia-container-runtime)"));
+        assert!(found.lines[1].contains("default_runtime_name `nvidia` (becomes `tessera`"));
+        // Taken out: the handler is the default, runc stays.
+        let (out, _) = containerd_nvidia(&e.after, "c.toml", "tessera", true).expect("replace");
+        let d = parsed(&out.after);
+        let c = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"];
+        assert_eq!(c["default_runtime_name"].as_str(), Some("tessera"));
+        assert!(c["runtimes"].get("nvidia").is_none() && c["runtimes"].get("runc").is_some());
+        assert!(c["runtimes"].get("tessera").is_some());
+        let (again, found) =
+            containerd_nvidia(&out.after, "c.toml", "tessera", true).expect("again");
+        assert!(
+            found.lines.is_empty()
+                && !Edit { before: out.after.clone(), after: again.after, version: 2 }.changed()
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Kubernetes through the CRI as kubelet drives it: containerd 1.6's own CRI plugin,
 //! started by the test with the runtime handler `tessera setup containerd` writes, real
 //! pods through a CRI gRPC client (RunPodSandbox, CreateContainer, StartContainer,
-//! StopContainer, RemoveContainer, StopPodSandbox, RemovePodSandbox), runc under
+//! UpdateContainerResources, StopContainer, RemoveContainer, StopPodSandbox,
+//! RemovePodSandbox), runc under
 //! tessera-runtime, tesserad on a simulated 8×H100 node.
 //!
 //! What is checked is what the enforcing parts did: the config.json containerd handed the
@@ -19,18 +20,23 @@ use tessera_harness::cri::*;
 use tessera_harness::node::*;
 use tessera_harness::*;
 
-/// `tessera setup containerd` on the fixture's own config, then the runc root the fixture
-/// wants for the handler (the only line the setup does not write).
+/// `tessera setup containerd` on the fixture's own config (the handler's link and its
+/// runtime configuration in the fixture's dir), then the runc root the fixture wants for
+/// the handler (the only line the setup does not write).
 fn setup_handler(config: &Path, dir: &Path) {
     let out = run_cmd(
         Command::new(tessera_cli())
             .args(["setup", "containerd", "--config"])
             .arg(config)
             .arg("--runtime-path")
-            .arg(tessera_runtime()),
+            .arg(tessera_runtime())
+            .arg("--runtime-dir")
+            .arg(dir.join("tessera-runtime")),
     );
     out.assert_success("tessera setup containerd");
     assert!(out.stdout_str().contains("handler: tessera"), "{}", out.stdout_str());
+    let own = std::fs::read_to_string(dir.join("tessera-runtime/containerd-tessera.toml")).unwrap();
+    assert!(own.contains("kubelet = true"), "{own}");
     let text = std::fs::read_to_string(config).unwrap();
     let mut doc: toml_edit::DocumentMut = text.parse().unwrap();
     doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["tessera"]["options"]
@@ -52,7 +58,12 @@ fn cluster() -> Cluster {
 
 /// tesserad, and containerd with the CRI plugin whose config `edit` prepares.
 fn cluster_with(edit: impl Fn(&Path, &Path) + Send + Sync + 'static) -> Cluster {
-    let node = Node::start();
+    cluster_on(NodeOptions::default(), edit)
+}
+
+/// [`cluster_with`] on a tesserad started with `opts`.
+fn cluster_on(opts: NodeOptions, edit: impl Fn(&Path, &Path) + Send + Sync + 'static) -> Cluster {
+    let node = Node::start_with(opts);
     let ctd = Containerd::builder()
         .cri()
         .env("TESSERA_SOCKET", &node.socket.display().to_string())
@@ -205,8 +216,28 @@ fn per_container_annotations_give_one_grant_per_asking_container_and_none_to_the
     let learner = c.start(&pod_id, &pod, "learner").unwrap_or_else(|e| panic!("{e}"));
     let actor = c.start(&pod_id, &pod, "actor").unwrap_or_else(|e| panic!("{e}"));
     let logger = c.start(&pod_id, &pod, "logger").unwrap_or_else(|e| panic!("{e}"));
+    // A container whose name the annotation misspells asks for nothing, and its log says
+    // so (the runtime's stderr is the container's while runc creates it); the others' do not.
+    let lerner = c.start(&pod_id, &pod, "lerner").unwrap_or_else(|e| panic!("{e}"));
+    let log = |name: &str| c.cri.container_output(&pod, &ContainerSpec::new(name));
+    assert!(
+        wait_for(
+            || {
+                log("lerner").contains("warning: annotation tessera.io/gpu.learner asks for a container named `learner`, and this one is `lerner`")
+            },
+            Duration::from_secs(5)
+        ),
+        "{}",
+        log("lerner")
+    );
+    assert!(
+        !log("logger").contains("warning") && !log("learner").contains("warning"),
+        "{}",
+        log("logger")
+    );
     let allocs = c.allocations();
     let by_id = |id: &str| allocs.iter().find(|a| a.container_id == id);
+    assert!(by_id(&lerner).is_none());
     assert_eq!(allocs.len(), 2, "{allocs:?}");
     assert_eq!(by_id(&learner).unwrap().request.to_string(), "gpu=1");
     assert_eq!(by_id(&actor).unwrap().request.to_string(), "mig=1g.10gb");
@@ -255,7 +286,11 @@ fn a_bare_annotation_on_a_two_container_pod_is_refused_with_the_per_container_fo
 fn an_untrusted_namespace_asking_mps_is_refused_naming_the_rule() {
     let c = cluster();
     let (pod, pod_id) = c.pod("mps", "team-untrusted", &[("tessera.io/gpu.main", "mps=25")]);
-    let err = c.start(&pod_id, &pod, "main").expect_err("refused");
+    // containerd 1.6's CreateContainer runs no runtime: the refusal comes from
+    // StartContainer (kubelet shows RunContainerError; docs/KUBERNETES.md).
+    let spec = ContainerSpec::new("main").command(&["sh", "-c", "sleep 300"]);
+    let id = c.cri.create_container(&pod_id, &pod, &spec).expect("CreateContainer");
+    let err = c.cri.start_container(&id).expect_err("refused at StartContainer");
     assert!(err.message().contains("tiers.untrusted.allow"), "{err}");
     assert!(c.allocations().is_empty());
     c.teardown(&pod_id);
@@ -303,11 +338,13 @@ fn a_pod_author_cannot_choose_the_tenant_or_the_container_type() {
 }
 
 fn setup_cli(config: &Path, extra: &[&str]) -> std::process::Output {
+    let runtime_dir = PathBuf::from(format!("{}.lib", config.display()));
     run_cmd(
         Command::new(tessera_cli())
             .args(["setup", "containerd", "--config"])
             .arg(config)
-            .args(["--runtime-path", "/usr/local/bin/tessera-runtime"])
+            .args(["--runtime-path", "/usr/local/bin/tessera-runtime", "--runtime-dir"])
+            .arg(&runtime_dir)
             .args(extra),
     )
 }
@@ -333,19 +370,32 @@ fn setup_containerd_edits_the_default_config_and_an_empty_one_once() {
     ] {
         let config = dir.join(name);
         std::fs::write(&config, &original).unwrap();
-        // --dry-run: a diff, and the file untouched.
+        let link = dir.join(format!("{name}.lib/containerd-tessera"));
+        let link_toml = dir.join(format!("{name}.lib/containerd-tessera.toml"));
+        // --dry-run: a diff, and the file untouched; no link, no runtime configuration.
         let out = setup_cli(&config, &["--dry-run"]);
         out.assert_success("dry run");
         assert!(
-            out.stdout_str().contains("+BinaryName = \"/usr/local/bin/tessera-runtime\""),
+            out.stdout_str().contains(&format!("+BinaryName = \"{}\"", link.display()))
+                && out.stdout_str().contains("+kubelet = true")
+                && out.stdout_str().contains("would link"),
             "{}",
             out.stdout_str()
         );
         assert_eq!(std::fs::read_to_string(&config).unwrap(), original);
+        assert!(std::fs::symlink_metadata(&link).is_err() && !link_toml.exists());
         // The real run: a backup of the original, the handler written.
         let out = setup_cli(&config, &[]);
         out.assert_success("setup");
         assert!(out.stdout_str().contains("kind: RuntimeClass"), "{}", out.stdout_str());
+        // The handler runs a link to tessera-runtime, which reads the configuration beside
+        // it: the kubelet engine's, which no other engine reads.
+        assert_eq!(
+            std::fs::read_link(&link).unwrap(),
+            PathBuf::from("/usr/local/bin/tessera-runtime")
+        );
+        let own = std::fs::read_to_string(&link_toml).unwrap();
+        assert!(own.ends_with("kubelet = true\n"), "{own}");
         let backups: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()
             .filter_map(|e| e.ok())
@@ -374,11 +424,7 @@ fn setup_containerd_edits_the_default_config_and_an_empty_one_once() {
         let d: toml_edit::DocumentMut = dump.parse().unwrap();
         let rt = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["tessera"];
         assert_eq!(rt["runtime_type"].as_str(), Some("io.containerd.runc.v2"), "{dump}");
-        assert_eq!(
-            rt["options"]["BinaryName"].as_str(),
-            Some("/usr/local/bin/tessera-runtime"),
-            "{dump}"
-        );
+        assert_eq!(rt["options"]["BinaryName"].as_str(), Some(link.to_str().unwrap()), "{dump}");
         let pods: Vec<&str> =
             rt["pod_annotations"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
         assert_eq!(pods, ["tessera.io/gpu*"], "{dump}");
@@ -412,7 +458,7 @@ fn setup_containerd_edits_the_default_config_and_an_empty_one_once() {
     std::os::unix::fs::symlink(&target, &link).unwrap();
     setup_cli(&link, &[]).assert_success("through a symlink");
     assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
-    assert!(std::fs::read_to_string(&target).unwrap().contains("tessera-runtime"));
+    assert!(std::fs::read_to_string(&target).unwrap().contains("containerd-tessera"));
     // An import that replaces the handler: containerd's own reading disagrees, so the
     // command fails and the original is back.
     let imported = dir.join("imp.d");
@@ -442,15 +488,46 @@ fn setup_containerd_edits_the_default_config_and_an_empty_one_once() {
     assert_eq!(std::fs::read_to_string(&v1).unwrap(), "root = \"/var/lib/containerd\"\n");
 }
 
+/// kubelet's `Allocate` of `ids` of `resource` on the device plugin's socket in `dir`:
+/// the annotation it answers.
+fn kubelet_allocate(dir: &Path, resource: &str, ids: &[String]) -> String {
+    use device_plugin::v1beta1 as api;
+    let socket = dir.join(device_plugin::server::socket_name(resource));
+    assert!(wait_for(|| socket.exists(), Duration::from_secs(10)), "{}", socket.display());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let channel = device_plugin::server::connect(&socket).await.unwrap();
+        let mut client = api::device_plugin_client::DevicePluginClient::new(channel);
+        let req = api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest { devices_ids: ids.to_vec() }],
+        };
+        let resp = client.allocate(req).await.unwrap().into_inner();
+        resp.container_responses[0].annotations[tessera_api::deviceplugin::ASSIGNMENT_ANNOTATION]
+            .clone()
+    })
+}
+
 #[test]
 fn a_kubelet_assignment_reaches_the_runtime_as_a_container_annotation_and_never_from_the_pod() {
-    let c = cluster();
+    let files = short_tempdir();
+    let dp = files.join("dp");
+    std::fs::create_dir_all(&dp).unwrap();
+    let c = cluster_on(
+        NodeOptions {
+            extra_args: vec!["--device-plugin-dir".into(), dp.display().to_string()],
+            ..Default::default()
+        },
+        setup_handler,
+    );
+    c.node.fx.cleanup().track_dir(&files);
     let gpus = c.node.client().status().unwrap().gpus;
     let target = gpus.iter().rev().find(|g| !g.mig_enabled).expect("a whole GPU").uuid.clone();
-    let assignment = format!("v1;tessera.io/gpu;{target}");
     let key = tessera_api::deviceplugin::ASSIGNMENT_ANNOTATION;
-    // As kubelet sets it, from the device plugin's Allocate: a container annotation, which
-    // the handler's container_annotations pass through.
+    // As kubelet sets it, from the device plugin's Allocate (a token tesserad issued): a
+    // container annotation, which the handler's container_annotations pass through, read
+    // by tessera-runtime under the handler's own configuration (`kubelet = true`).
+    let assignment = kubelet_allocate(&dp, "tessera.io/gpu", std::slice::from_ref(&target));
+    assert!(assignment.starts_with(&format!("v2;tessera.io/gpu;{target};")), "{assignment}");
     let (pod, pod_id) = c.pod("assigned", "team-trusted", &[]);
     let spec =
         ContainerSpec::new("main").command(&["sh", "-c", "sleep 300"]).annotation(key, &assignment);
@@ -459,6 +536,18 @@ fn a_kubelet_assignment_reaches_the_runtime_as_a_container_annotation_and_never_
     let allocs = c.allocations();
     assert_eq!(allocs.len(), 1, "{allocs:?}");
     assert_eq!(allocs[0].devices[0].uuid, target, "the grant is on kubelet's device");
+    // The same annotation in another pod's container (a replay) is refused by tesserad.
+    let (pod3, pod3_id) = c.pod("replayed", "team-trusted", &[]);
+    let spec =
+        ContainerSpec::new("main").command(&["sh", "-c", "sleep 300"]).annotation(key, &assignment);
+    let id3 = c.cri.create_container(&pod3_id, &pod3, &spec).unwrap();
+    let err = c.cri.start_container(&id3).expect_err("a replayed token");
+    assert!(
+        err.message().contains("was used by pod container team-trusted/assigned/main"),
+        "{err}"
+    );
+    assert_eq!(c.allocations().len(), 1);
+    c.teardown(&pod3_id);
     // The same text as a pod annotation never reaches the runtime: no grant.
     let (pod2, pod2_id) = c.pod("forged", "team-trusted", &[(key, &assignment)]);
     let id2 = c.start(&pod2_id, &pod2, "main").unwrap_or_else(|e| panic!("{e}"));
@@ -557,4 +646,242 @@ fn pod_start_latency() {
     for (label, p50, p90) in rows {
         println!("{label:32} p50 {p50:7.1} ms  p90 {p90:7.1} ms  ({PODS} pods)");
     }
+}
+
+/// Issue 23 (3): kubelet's in-place resize (CRI `UpdateContainerResources` → containerd 1.6
+/// → its shim's `runc update --resources -`) of a GPU container is decided by the
+/// container's quotas: past the team's CPU ceiling the CRI call fails with Tessera's
+/// message and the kernel's limits stay; within it the resize is applied and counted.
+#[test]
+fn an_in_place_resize_of_a_gpu_container_is_held_to_its_quotas() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).unwrap()).unwrap();
+    p["quotas"] = serde_json::json!({"acme/untrusted": {
+        "cpu_cores": {"guarantee": 1, "ceiling": 1},
+        "memory_gib": {"guarantee": 1, "ceiling": 1}
+    }});
+    let policy = dir.path().join("policy.json");
+    std::fs::write(&policy, serde_json::to_vec(&p).unwrap()).unwrap();
+    let node = Node::start_with(NodeOptions { policy, ..NodeOptions::default() });
+    let ctd = Containerd::builder()
+        .cri()
+        .env("TESSERA_SOCKET", &node.socket.display().to_string())
+        .env("TESSERA_RUNC", RUNC)
+        .env("TESSERA_HOOK", tessera_hook())
+        .before_start(setup_handler)
+        .start();
+    let cri = ctd.cri();
+    let pod = PodSpec::new("resize", "team-untrusted")
+        .handler("tessera")
+        .annotation("tessera.io/gpu", "mig=1g.10gb");
+    let pod_id = cri.run_pod_sandbox(&pod).unwrap_or_else(|e| panic!("{e}\n{}", ctd.log()));
+    // A Burstable container as kubelet sends it: 0.2 cores, 256 MiB.
+    let mut config =
+        cri.container_config(&pod, &ContainerSpec::new("main").command(&["sleep", "300"]));
+    let resources = |quota: i64, memory: i64| v1::LinuxContainerResources {
+        cpu_period: 100_000,
+        cpu_quota: quota,
+        cpu_shares: 204,
+        memory_limit_in_bytes: memory,
+        oom_score_adj: 999,
+        ..Default::default()
+    };
+    config.linux.as_mut().unwrap().resources = Some(resources(20_000, 256 << 20));
+    let id = cri.create_container_raw(&pod_id, config, cri.sandbox_config(&pod)).unwrap();
+    cri.start_container(&id).unwrap_or_else(|e| panic!("{e}\n{}", ctd.log()));
+    let grant = || node.client().allocation(&id).unwrap();
+    let pid = grant().pid.expect("started");
+    let kernel = || {
+        let (k, _) =
+            tesserad::limits::read_limits(Path::new("/proc"), Path::new("/sys/fs/cgroup"), pid)
+                .unwrap();
+        (k.cpu_quota, k.memory)
+    };
+    assert_eq!(kernel(), (Some(20_000), Some(256 << 20)));
+
+    let e = cri
+        .update_container_resources(&id, resources(200_000, 512 << 20))
+        .expect_err("past the ceiling");
+    assert!(e.message().contains("quotas.acme/untrusted.cpu_cores.ceiling"), "{e}");
+    assert_eq!(kernel(), (Some(20_000), Some(256 << 20)), "the kernel's limits as they were");
+
+    cri.update_container_resources(&id, resources(50_000, 512 << 20))
+        .unwrap_or_else(|e| panic!("within the ceilings: {e}\n{}", ctd.log()));
+    assert_eq!(kernel(), (Some(50_000), Some(512 << 20)));
+    let m = grant().quota.expect("marked");
+    assert_eq!((m.cpu_milli, m.memory_mib), (500, 512));
+
+    cri.stop_container(&id, 0).unwrap();
+    cri.remove_container(&id).unwrap();
+    cri.stop_pod_sandbox(&pod_id).unwrap();
+    cri.remove_pod_sandbox(&pod_id).unwrap();
+    let fp = ctd.footprint();
+    drop(cri);
+    drop(ctd);
+    drop(node);
+    assert_no_leftovers(&fp);
+}
+
+/// A node that ran nvidia-container-toolkit (its runtime containerd's CRI default),
+/// configured only by `tessera setup containerd --replace-nvidia`: NVIDIA's handler is
+/// gone and every pod, RuntimeClass or not, runs through tessera-runtime, so its GPU
+/// request is Tessera's to grant.
+#[test]
+fn a_node_set_up_from_nvidia_toolkit_runs_every_pod_through_tessera() {
+    let c = cluster_with(|config, dir| {
+        let nct = dir.join("nvidia-container-runtime");
+        std::fs::write(&nct, "#!/bin/sh\nexec runc \"$@\"\n").unwrap();
+        run_cmd(Command::new("chmod").arg("755").arg(&nct)).assert_success("chmod");
+        let mut doc: toml_edit::DocumentMut =
+            std::fs::read_to_string(config).unwrap().parse().unwrap();
+        let ctd = &mut doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"];
+        ctd["default_runtime_name"] = toml_edit::value("nvidia");
+        let mut rt = toml_edit::Table::new();
+        rt["runtime_type"] = toml_edit::value("io.containerd.runc.v2");
+        let mut opts = toml_edit::Table::new();
+        opts["BinaryName"] = toml_edit::value(nct.to_string_lossy().into_owned());
+        opts["Root"] = toml_edit::value(
+            Containerd::runtime_root_in(dir, "nvidia").to_string_lossy().into_owned(),
+        );
+        rt["options"] = toml_edit::Item::Table(opts);
+        ctd["runtimes"]["nvidia"] = toml_edit::Item::Table(rt);
+        std::fs::write(config, doc.to_string()).unwrap();
+        let empty = dir.join("no-nvidia-files");
+        std::fs::create_dir_all(&empty).unwrap();
+        let setup = |extra: &[&str]| {
+            run_cmd(
+                Command::new(tessera_cli())
+                    .args(["setup", "containerd", "--config"])
+                    .arg(config)
+                    .arg("--runtime-path")
+                    .arg(tessera_runtime())
+                    .arg("--runtime-dir")
+                    .arg(dir.join("tessera-runtime"))
+                    .arg("--cdi-dir")
+                    .arg(&empty)
+                    .arg("--hooks-dir")
+                    .arg(&empty)
+                    .args(extra),
+            )
+        };
+        let out = setup(&["--dry-run"]);
+        out.assert_success("dry run");
+        assert!(
+            out.stderr_str().contains("default_runtime_name `nvidia`")
+                && out.stderr_str().contains("--replace-nvidia"),
+            "{}",
+            out.stderr_str()
+        );
+        let out = setup(&["--replace-nvidia"]);
+        out.assert_success("setup containerd --replace-nvidia");
+        assert!(out.stdout_str().contains("disabled"), "{}", out.stdout_str());
+        // The fixture's own runc root for the handler, as setup_handler does.
+        let mut doc: toml_edit::DocumentMut =
+            std::fs::read_to_string(config).unwrap().parse().unwrap();
+        let ctd = &mut doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"];
+        assert_eq!(ctd["default_runtime_name"].as_str(), Some("tessera"));
+        assert!(ctd["runtimes"].get("nvidia").is_none());
+        ctd["runtimes"]["tessera"]["options"]["Root"] = toml_edit::value(
+            Containerd::runtime_root_in(dir, "tessera").to_string_lossy().into_owned(),
+        );
+        std::fs::write(config, doc.to_string()).unwrap();
+    });
+    // No RuntimeClass: the default handler, Tessera's now.
+    let pod = PodSpec::new("plain", "team-untrusted").annotation("tessera.io/gpu", "gpu=1");
+    let pod_id = c.cri.run_pod_sandbox(&pod).unwrap_or_else(|e| panic!("{e}\n{}", c.ctd.log()));
+    let id = c.start(&pod_id, &pod, "main").unwrap_or_else(|e| panic!("{e}"));
+    let allocs = c.allocations();
+    assert_eq!(allocs.len(), 1, "{allocs:?}");
+    assert_eq!(
+        (allocs[0].container_id.as_str(), allocs[0].request.to_string()),
+        (id.as_str(), "gpu=1".into())
+    );
+    // NVIDIA's handler is gone.
+    let nvidia = PodSpec::new("nv", "team-untrusted").handler("nvidia");
+    let e = c.cri.run_pod_sandbox(&nvidia).expect_err("no nvidia handler");
+    assert!(e.to_string().contains("nvidia"), "{e}");
+    c.teardown(&pod_id);
+    let fp = c.ctd.footprint();
+    drop(c);
+    assert_no_leftovers(&fp);
+}
+
+/// INSTALL's hardening followed halfway, both ways: `tessera setup containerd` runs
+/// `tessera doctor`'s check on what it would write and refuses, writing nothing; the
+/// message says what to change. With the cure in place it writes.
+#[test]
+fn setup_containerd_refuses_the_identity_traps() {
+    let dir = short_tempdir();
+    let cleanup = Cleanup::new();
+    cleanup.track_dir(&dir);
+    let example: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).unwrap()).unwrap();
+    let write_policy = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut p = example.clone();
+        edit(&mut p);
+        let f = dir.join(name);
+        std::fs::write(&f, serde_json::to_vec_pretty(&p).unwrap()).unwrap();
+        f
+    };
+    let engine_first = write_policy("engine-first.json", &|p| {
+        p["identity"].as_array_mut().unwrap().insert(
+            0,
+            serde_json::json!({"annotation": "tessera.io/engine", "map": {"docker-alice": "acme/trusted/training/alice"}}),
+        );
+    });
+    let cri_limited = write_policy("cri-limited.json", &|p| {
+        p["identity"][0]["engines"] = serde_json::json!(["containerd-k8s"]);
+    });
+    let config = dir.join("config.toml");
+    let runtime_dir = dir.join("rt");
+    std::fs::create_dir_all(&runtime_dir).unwrap();
+    let handler_toml = runtime_dir.join("containerd-tessera.toml");
+    let setup = |policy: &Path| {
+        run_cmd(
+            Command::new(tessera_cli())
+                .args(["setup", "containerd", "--config"])
+                .arg(&config)
+                .args(["--runtime-path", "/usr/local/bin/tessera-runtime", "--runtime-dir"])
+                .arg(&runtime_dir)
+                .arg("--policy")
+                .arg(policy)
+                .arg("--cdi-dir")
+                .arg(&dir)
+                .arg("--hooks-dir")
+                .arg(&dir),
+        )
+    };
+    // The handler names its engine; an engine rule without `engines` reads it first.
+    std::fs::write(&config, "version = 2\n").unwrap();
+    std::fs::write(&handler_toml, "engine = \"containerd-k8s\"\n").unwrap();
+    let out = setup(&engine_first);
+    out.assert_failure("an engine rule that refuses every pod");
+    let err = out.stderr_str();
+    assert!(
+        err.contains("does not map `containerd-k8s`")
+            && err.contains("\"engines\": [\"docker-alice\"]"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), "version = 2\n", "nothing written");
+    assert!(std::fs::symlink_metadata(runtime_dir.join("containerd-tessera")).is_err(), "no link");
+    // The reverse: the CRI rule limited to an engine the handler does not name.
+    std::fs::remove_file(&handler_toml).unwrap();
+    let out = setup(&cri_limited);
+    out.assert_failure("pods billed to the default tenant");
+    assert!(
+        out.stderr_str().contains("billed to the default tenant acme/untrusted/sandbox/guest")
+            && out.stderr_str().contains("add `engine = \"containerd-k8s\"`"),
+        "{}",
+        out.stderr_str()
+    );
+    // The cure: the handler names the engine the rule is limited to.
+    std::fs::write(&handler_toml, "engine = \"containerd-k8s\"\n").unwrap();
+    let out = setup(&cri_limited);
+    out.assert_success("setup with the cure");
+    assert!(
+        out.stdout_str().contains("doctor: containerd runtime `tessera`"),
+        "{}",
+        out.stdout_str()
+    );
 }

@@ -361,3 +361,39 @@ fn caps_raised_from_inside_a_container_are_set_back_within_a_health_tick() {
         "daemon {daemon} still runs"
     );
 }
+
+/// tesserad given `--mps-control` as a relative path with a directory in it (which the
+/// control processes, run from `/`, would resolve elsewhere) refuses to start, naming the
+/// path and what to give instead, and never opens its socket.
+#[test]
+fn tesserad_refuses_a_relative_mps_control_path_at_start_naming_it() {
+    let fx = Fixture::new();
+    let socket = fx.socket_path("d.sock");
+    let mut child = std::process::Command::new(tesserad())
+        .args(["--node", &format!("sim:{}", repo("examples/nodes/h100x8.json").display())])
+        .args(["--policy", &repo("examples/policy.json").display().to_string()])
+        .args(["--state-dir", &fx.path("state").display().to_string()])
+        .args(["--socket", &socket.display().to_string()])
+        .args(["--mps-control", "bin/fake-nvidia-cuda-mps-control"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exited = wait_for(|| matches!(child.try_wait(), Ok(Some(_))), Duration::from_secs(10));
+    if !exited {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(exited, "tesserad started with a relative --mps-control:\n{stderr}");
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "--mps-control bin/fake-nvidia-cuda-mps-control: a relative path; the MPS control \
+             binary runs with `/` as its working directory"
+        ) && stderr.contains("give an absolute path"),
+        "{stderr}"
+    );
+    assert!(!socket.exists(), "no socket opened");
+}

@@ -156,6 +156,18 @@ fn containers_without_a_request_start_while_tesserad_is_down_and_gpu_requests_fa
     out.assert_failure("GPU request with tesserad down");
     assert!(out.stderr_str().contains("cannot reach tesserad"), "{}", out.stderr_str());
     assert!(fx.state("gpu").is_none());
+
+    // `update` of a container without a grant is runc's alone: no daemon needed.
+    let mut b = fx.bundle("plain2");
+    b.args(&["sh", "-c", "while true; do sleep 1; done"]).write();
+    let pid = fx.run_detached(&b, "plain2");
+    fx.runc(&["update", "--cpu-quota", "30000", "--memory", "64m", "plain2"], &[])
+        .assert_success("an update with tesserad down");
+    let (k, _) =
+        tesserad::limits::read_limits(Path::new("/proc"), Path::new("/sys/fs/cgroup"), pid)
+            .expect("limits");
+    assert_eq!((k.cpu_quota, k.memory), (Some(30_000), Some(64 << 20)));
+    fx.delete_container("plain2", true).assert_success("delete");
 }
 
 #[test]
@@ -175,17 +187,18 @@ fn untrusted_annotations_and_image_env_cannot_change_the_tenant() {
     out.assert_failure("spoofed identity");
     assert!(out.stderr_str().contains("acme/untrusted/sandbox/guest"), "{}", out.stderr_str());
 
-    // No trusted annotation at all: nobody is identified, and the env does not help.
+    // No trusted annotation at all: the policy's default tenant (untrusted), whatever the
+    // env says.
     let mut b = node.fx.bundle("anon");
     b.args(&["true"])
-        .env("TESSERA_GPU=gpu=1")
+        .env("TESSERA_GPU=mps=25")
         .env("TESSERA_TENANT=acme/trusted/training/alice")
         .write();
     let out = node.fx.run_container(&b, "anon");
     out.assert_failure("unidentified container");
     assert!(
-        out.stderr_str().contains(NS),
-        "should say which annotation identifies tenants:\n{}",
+        out.stderr_str().contains("tenant acme/untrusted/sandbox/guest (trust untrusted)"),
+        "should land on the default tenant:\n{}",
         out.stderr_str()
     );
 

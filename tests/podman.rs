@@ -256,3 +256,118 @@ fn tesserad_keeps_its_cdi_spec_current() {
     assert!(devices(&second).contains(&"\"mig-1g.10gb\"".to_owned()), "{second}");
     drop(node);
 }
+
+/// A node that ran nvidia-container-toolkit: its CDI spec (`nvidia.com/gpu=all`, here an
+/// NVIDIA device node made for the test) reaches a GPU through plain runc, never through
+/// Tessera (no grant, no GPU); `tessera setup podman` warns of it, and with
+/// `--replace-nvidia` disables it (renamed, the backup being the file itself) and says
+/// so; then no runtime resolves it, and `tessera doctor` finds nothing of NVIDIA's.
+#[test]
+fn nvidias_cdi_spec_is_found_and_disabled_by_setup() {
+    let node_dir = tempfile::tempdir().expect("tempdir");
+    let node =
+        Node::start_with(NodeOptions { policy: policy(node_dir.path()), ..Default::default() });
+    let mut p = Podman::start(|conf, dir| add_runtime(conf, dir, &node, "tessera", None));
+    // NVIDIA's spec, kept in a directory of the test's and linked into /var/run/cdi (the
+    // only place podman 4.3 reads besides /etc/cdi): setup is pointed at that directory,
+    // so no spec of this machine's own is touched.
+    let nct = p.dir().join("nct-cdi");
+    std::fs::create_dir(&nct).expect("mkdir");
+    let dev = p.dir().join("nvidia5");
+    run_cmd(Command::new("mknod").arg(&dev).args(["c", "195", "5"])).assert_success("mknod");
+    let spec = nct.join("nvidia.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "cdiVersion: \"0.5.0\"\nkind: \"nvidia.com/gpu\"\ndevices:\n  - name: \"all\"\n    containerEdits:\n      \
+             deviceNodes:\n        - path: \"/dev/nvidia5\"\n          hostPath: \"{}\"\ncontainerEdits: {{}}\n",
+            dev.display()
+        ),
+    )
+    .expect("spec");
+    let link = p.cdi_spec_path();
+    std::os::unix::fs::symlink(&spec, &link).expect("link the spec");
+    let probe = |runtime: &str| {
+        p.podman(&[
+            "run",
+            "--rm",
+            "--runtime",
+            runtime,
+            "--device",
+            "nvidia.com/gpu=all",
+            PODMAN_IMAGE,
+            "sh",
+            "-c",
+            "ls /dev/nvidia5 2>&1; true",
+        ])
+    };
+    // NVIDIA's device through plain runc; none through Tessera, which grants nothing here.
+    let out = probe("runc");
+    out.assert_success("runc with NVIDIA's CDI device");
+    assert!(!out.stdout_str().contains("No such file"), "{}", out.stdout_str());
+    let out = probe("tessera");
+    out.assert_success("tessera with NVIDIA's CDI device");
+    assert!(out.stdout_str().contains("No such file"), "{}", out.stdout_str());
+    assert!(node.grants().is_empty());
+
+    let setup = |extra: &[&str]| {
+        let link = Podman::runtime_link(p.dir(), "tessera");
+        let mut c = Command::new(tessera_cli());
+        c.args(["setup", "podman", "--config"]).arg(p.containers_conf());
+        c.arg("--runtime-path").arg(&link).arg("--set-default").arg("--cdi-dir").arg(&nct);
+        c.arg("--hooks-dir").arg(&nct).args(extra);
+        run_cmd(&mut c)
+    };
+    let out = setup(&[]);
+    out.assert_success("setup podman");
+    assert!(
+        out.stderr_str().contains(&format!("{} (NVIDIA CDI spec)", spec.display()))
+            && out.stderr_str().contains("--replace-nvidia"),
+        "{}",
+        out.stderr_str()
+    );
+    assert!(spec.exists(), "warned of, not touched");
+    let out = setup(&["--replace-nvidia"]);
+    out.assert_success("setup podman --replace-nvidia");
+    assert!(
+        out.stdout_str().contains(&format!("disabled {} (NVIDIA CDI spec)", spec.display())),
+        "{}",
+        out.stdout_str()
+    );
+    assert!(!spec.exists());
+    let kept: Vec<_> = std::fs::read_dir(&nct)
+        .expect("read")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("nvidia.yaml.tessera-disabled-"))
+        .collect();
+    assert_eq!(kept.len(), 1, "the spec kept as its own backup");
+    let out = probe("runc");
+    out.assert_failure("NVIDIA's CDI device after --replace-nvidia");
+    let out = run_cmd(
+        Command::new(tessera_cli())
+            .args(["doctor", "--podman-config"])
+            .arg(p.containers_conf())
+            .args([
+                "--docker-config",
+                "/nonexistent/d.json",
+                "--containerd-config",
+                "/nonexistent/c.toml",
+                "--policy",
+            ])
+            .arg(policy(node_dir.path()))
+            .arg("--cdi-dir")
+            .arg(&nct)
+            .arg("--hooks-dir")
+            .arg(&nct),
+    );
+    out.assert_success("doctor after setup");
+    assert!(
+        out.stdout_str().contains("ok      podman runtime `tessera` (the default)")
+            && !out.stdout_str().contains("NVIDIA"),
+        "{}",
+        out.stdout_str()
+    );
+    drop(p);
+    drop(node);
+}

@@ -239,6 +239,7 @@ fn mig_injection() -> Injection {
         env: vec!["CUDA_VISIBLE_DEVICES=MIG-test".into()],
         mounts: Vec::new(),
         gpu_majors: GPU_MAJORS.iter().map(|&m| i64::from(m)).collect(),
+        cpuset: None,
     }
 }
 

@@ -41,7 +41,8 @@ struct Args {
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9400).
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
-    /// The MPS control binary.
+    /// The MPS control binary: an absolute path, or a bare name looked up in PATH (a
+    /// relative path with a directory is refused: it runs from `/`).
     #[arg(long, default_value = "nvidia-cuda-mps-control")]
     mps_control: PathBuf,
     /// Never create or destroy MIG instances on demand (only declared layouts change them).
@@ -50,6 +51,10 @@ struct Args {
     /// How often per-process GPU utilisation (where NVML offers it) is sampled, in ms.
     #[arg(long, default_value_t = 5000)]
     util_interval_ms: u64,
+    /// How often device and per-container telemetry is read (and interference judged),
+    /// in ms.
+    #[arg(long, default_value_t = 1000)]
+    telemetry_interval_ms: u64,
     /// The binary that scrubs a device in a child process (`tessera scrub`); default:
     /// `tessera` beside this tesserad.
     #[arg(long)]
@@ -207,6 +212,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Err(e) = mpsd::check_binary(&a.mps_control) {
+        eprintln!("tesserad: --mps-control {e}");
+        return ExitCode::FAILURE;
+    }
     let config = tesserad::Config {
         node: a.node,
         policy: a.policy,
@@ -221,6 +230,7 @@ fn main() -> ExitCode {
         mps_health_every: Duration::from_millis(a.mps_health_interval_ms.max(100)),
         dynamic_mig: !a.no_dynamic_mig,
         util_every: Duration::from_millis(a.util_interval_ms.max(100)),
+        telemetry_every: Duration::from_millis(a.telemetry_interval_ms.max(100)),
         scrub_exe: a.scrub_exe.unwrap_or_else(|| {
             std::env::current_exe()
                 .ok()

@@ -12,7 +12,8 @@ use serde::Serialize;
 use crate::display::untrusted;
 use crate::protocol::{PROTOCOL, PROTOCOL_HEADER};
 use crate::types::{
-    AllocateRequest, Allocation, ApiError, NodeStatus, ReleaseRequest, StartRequest,
+    AllocateRequest, Allocation, ApiError, NodeStatus, ReleaseRequest, StartRequest, UpdateAnswer,
+    UpdateDone, UpdateRequest,
 };
 use crate::MAX_REQUEST_BYTES;
 
@@ -22,7 +23,7 @@ const MAX_RESPONSE: usize = 16 << 20;
 /// Why a call to tesserad failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot reach tesserad at {path}: {source}")]
+    #[error("cannot reach tesserad at {path}: {source}{}", connect_hint(.source))]
     Connect { path: PathBuf, source: std::io::Error },
     #[error("i/o with tesserad at {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
@@ -33,6 +34,24 @@ pub enum ClientError {
     /// Not sent: tesserad refuses bodies over [`MAX_REQUEST_BYTES`].
     #[error("{what} is too large: {size} bytes, and tesserad accepts at most {limit} bytes")]
     TooLarge { what: String, size: usize, limit: usize },
+}
+
+/// What a person can do about a connection that failed this way.
+fn connect_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => {
+            " (is tesserad running? `systemctl status tesserad`; another socket: --socket or \
+             TESSERA_SOCKET)"
+        }
+        std::io::ErrorKind::ConnectionRefused => {
+            " (the socket is there but nothing listens: tesserad stopped; `systemctl status \
+             tesserad`)"
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            " (the socket is root's alone: run this as root, e.g. with sudo)"
+        }
+        _ => "",
+    }
 }
 
 impl ClientError {
@@ -108,6 +127,28 @@ impl Client {
         Ok(())
     }
 
+    /// Ask before `runc update` of a container: tesserad admits what the update will make
+    /// its CPU and memory limits (a container without a grant here: `grant: false`).
+    pub fn update(
+        &self,
+        container_id: &str,
+        req: &UpdateRequest,
+    ) -> Result<UpdateAnswer, ClientError> {
+        let path = format!("/v1/allocations/{}/update", encode_segment(container_id));
+        self.call("POST", &path, Some(req))
+    }
+
+    /// `runc update` of a container ended: tesserad records what the kernel enforces (or
+    /// asks for the limits of before to be set back).
+    pub fn update_done(
+        &self,
+        container_id: &str,
+        req: &UpdateDone,
+    ) -> Result<UpdateAnswer, ClientError> {
+        let path = format!("/v1/allocations/{}/update/done", encode_segment(container_id));
+        self.call("POST", &path, Some(req))
+    }
+
     pub fn allocation(&self, container_id: &str) -> Result<Allocation, ClientError> {
         self.call::<(), _>(
             "GET",
@@ -118,6 +159,11 @@ impl Client {
 
     pub fn status(&self) -> Result<NodeStatus, ClientError> {
         self.call::<(), _>("GET", "/v1/status", None)
+    }
+
+    /// `GET /v1/telemetry`: the node's devices and who uses what on each now.
+    pub fn telemetry(&self) -> Result<crate::telemetry::NodeTelemetry, ClientError> {
+        self.call::<(), _>("GET", "/v1/telemetry", None)
     }
 
     /// Send one request and decode a JSON answer; non-2xx answers become `ClientError::Api`.
@@ -296,6 +342,19 @@ mod tests {
             req
         });
         (dir, path, h)
+    }
+
+    #[test]
+    fn a_connection_that_fails_says_what_to_check() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let absent = dir.path().join("none.sock");
+        let e = Client::new(&absent).status().expect_err("no socket").to_string();
+        assert!(e.contains("cannot reach tesserad") && e.contains("is tesserad running?"), "{e}");
+        // A socket file nobody listens on: refused.
+        let stale = dir.path().join("stale.sock");
+        drop(UnixListener::bind(&stale).expect("bind"));
+        let e = Client::new(&stale).status().expect_err("refused").to_string();
+        assert!(e.contains("nothing listens"), "{e}");
     }
 
     #[test]

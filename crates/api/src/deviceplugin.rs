@@ -9,11 +9,19 @@
 //! the container's request ([`PluginAssignment::request`]) and tesserad makes the grant on
 //! exactly those devices.
 //!
-//! The text form is `v1;<resource>;<id>[,<id>…]`, for example
+//! The text form of an assignment is `v1;<resource>;<id>[,<id>…]`, for example
 //! `v1;tessera.io/mps;GPU-1:mps:0,GPU-1:mps:1`: versioned (an unknown version is refused,
 //! not guessed at), bounded ([`MAX_ASSIGNMENT_BYTES`], [`MAX_DEVICE_IDS`],
 //! [`MAX_DEVICE_ID_BYTES`]), and strict (no spaces, no empty or repeated id, every id a
-//! [`DeviceId`] of the kind its resource serves).
+//! [`DeviceId`] of the kind its resource serves). tesserad records assignments in this
+//! form.
+//!
+//! The annotation is an [`IssuedAssignment`]: `v2;<resource>;<id>[,<id>…];<token>`, the
+//! assignment and the [`AssignmentToken`] (128 random bits, 32 lowercase hex digits) that
+//! tesserad recorded for it when its `Allocate` answered. Anyone who writes a config can
+//! write the annotation; only kubelet (through the plugin's root-only sockets) is handed a
+//! token, and tesserad honours an assignment only with a token it issued for exactly those
+//! ids. A `v1` annotation (no token) is refused.
 //!
 //! Device ids ([`DeviceId`]) name what kubelet counts: a whole GPU by its uuid, a MIG
 //! instance by its uuid, a MIG instance not cut yet by its placement
@@ -30,8 +38,14 @@ use crate::request::GpuRequest;
 /// The container annotation the device plugin's `Allocate` returns.
 pub const ASSIGNMENT_ANNOTATION: &str = "tessera.io/device-plugin";
 
-/// The version prefix of the text form this build writes and reads.
+/// The version prefix of an assignment's text form (as recorded by tesserad).
 pub const ASSIGNMENT_VERSION: &str = "v1";
+
+/// The version prefix of the annotation: an assignment with its token.
+pub const ANNOTATION_VERSION: &str = "v2";
+
+/// Hex digits of an [`AssignmentToken`] (128 bits).
+pub const TOKEN_HEX_DIGITS: usize = 32;
 
 /// The longest assignment text read.
 pub const MAX_ASSIGNMENT_BYTES: usize = 16 * 1024;
@@ -164,6 +178,17 @@ pub enum AssignmentError {
     DuplicateDevice(String),
     #[error("{count} devices of {resource} are not one grant: expected {expected}")]
     Count { resource: String, count: usize, expected: &'static str },
+    #[error(
+        "device-plugin assignment `{}` carries no token: only an assignment that tesserad's own Allocate \
+         issued ({ANNOTATION_VERSION};<resource>;<ids>;<token>) is honoured",
+        untrusted(.0)
+    )]
+    NoToken(String),
+    #[error(
+        "device-plugin token `{}` is not a token (expected {TOKEN_HEX_DIGITS} lowercase hex digits)",
+        untrusted(.0)
+    )]
+    BadToken(String),
 }
 
 /// The resource and the device ids kubelet chose for one container.
@@ -411,6 +436,123 @@ impl FromStr for PluginAssignment {
     }
 }
 
+/// The token tesserad issues with an assignment: 128 random bits as 32 lowercase hex
+/// digits. Shown in full only by [`IssuedAssignment`]'s text (the annotation);
+/// [`AssignmentToken::short`] and `Debug` show its first 8 digits.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AssignmentToken(String);
+
+impl AssignmentToken {
+    /// The token of 16 random bytes.
+    pub fn from_bytes(bytes: [u8; 16]) -> AssignmentToken {
+        use fmt::Write as _;
+        let mut hex = String::with_capacity(TOKEN_HEX_DIGITS);
+        for b in bytes {
+            let _ = write!(hex, "{b:02x}");
+        }
+        AssignmentToken(hex)
+    }
+
+    /// The 32 hex digits.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Its first 8 digits and `…`, for messages and logs.
+    pub fn short(&self) -> String {
+        format!("{}…", &self.0[..8])
+    }
+}
+
+impl fmt::Debug for AssignmentToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AssignmentToken({})", self.short())
+    }
+}
+
+impl FromStr for AssignmentToken {
+    type Err = AssignmentError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let hex = |b: u8| b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
+        if s.len() == TOKEN_HEX_DIGITS && s.bytes().all(hex) {
+            Ok(AssignmentToken(s.to_string()))
+        } else {
+            Err(AssignmentError::BadToken(s.to_string()))
+        }
+    }
+}
+
+/// What `Allocate` puts in the annotation: the assignment and its token
+/// (`v2;<resource>;<id>[,<id>…];<token>`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IssuedAssignment {
+    assignment: PluginAssignment,
+    token: AssignmentToken,
+}
+
+impl IssuedAssignment {
+    pub fn new(assignment: PluginAssignment, token: AssignmentToken) -> IssuedAssignment {
+        IssuedAssignment { assignment, token }
+    }
+
+    pub fn assignment(&self) -> &PluginAssignment {
+        &self.assignment
+    }
+
+    pub fn token(&self) -> &AssignmentToken {
+        &self.token
+    }
+}
+
+impl fmt::Display for IssuedAssignment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let a = &self.assignment;
+        write!(
+            f,
+            "{ANNOTATION_VERSION};{};{};{}",
+            a.resource,
+            a.device_ids.join(","),
+            self.token.as_str()
+        )
+    }
+}
+
+impl FromStr for IssuedAssignment {
+    type Err = AssignmentError;
+
+    /// Strict as [`PluginAssignment`]'s form; a `v1` text (no token) is
+    /// [`AssignmentError::NoToken`].
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.len() > MAX_ASSIGNMENT_BYTES {
+            return Err(AssignmentError::TooLong(s.len()));
+        }
+        match s.split_once(';') {
+            Some((ASSIGNMENT_VERSION, _)) => {
+                // Say it is tokenless only of a text that is an assignment otherwise.
+                s.parse::<PluginAssignment>()?;
+                return Err(AssignmentError::NoToken(s.to_string()));
+            }
+            Some((ANNOTATION_VERSION, _)) => {}
+            Some((v, _)) if v.starts_with('v') => {
+                return Err(AssignmentError::Version(v.to_string()))
+            }
+            _ => return Err(AssignmentError::Syntax(s.to_string())),
+        }
+        let Some((body, token)) = s.rsplit_once(';') else {
+            return Err(AssignmentError::Syntax(s.to_string()));
+        };
+        // `v2;<resource>;<ids>` is `v1;<resource>;<ids>` and the token after it.
+        let rest = &body[ANNOTATION_VERSION.len()..];
+        let assignment = format!("{ASSIGNMENT_VERSION}{rest}")
+            .parse::<PluginAssignment>()
+            .map_err(|e| match e {
+                AssignmentError::Syntax(_) => AssignmentError::Syntax(s.to_string()),
+                other => other,
+            })?;
+        Ok(IssuedAssignment { assignment, token: token.parse()? })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -590,6 +732,63 @@ mod tests {
             PluginAssignment::new("tessera.io/gpu", Vec::new()),
             Err(AssignmentError::NoDevices)
         );
+    }
+
+    const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn the_annotation_is_the_assignment_and_its_token() {
+        let a = PluginAssignment::new("tessera.io/mps", ids(&["GPU-1:mps:0", "GPU-1:mps:1"]))
+            .expect("valid");
+        let token = AssignmentToken::from_bytes([
+            0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab,
+            0xcd, 0xef,
+        ]);
+        assert_eq!(token.as_str(), TOKEN);
+        assert_eq!(format!("{token:?}"), "AssignmentToken(01234567…)", "no full token in logs");
+        let issued = IssuedAssignment::new(a.clone(), token.clone());
+        let text = issued.to_string();
+        assert_eq!(text, format!("v2;tessera.io/mps;GPU-1:mps:0,GPU-1:mps:1;{TOKEN}"));
+        assert_eq!(text.parse::<IssuedAssignment>(), Ok(issued.clone()));
+        assert_eq!((issued.assignment(), issued.token()), (&a, &token));
+        // The recorded form stays v1, and still parses.
+        assert_eq!(a.to_string(), "v1;tessera.io/mps;GPU-1:mps:0,GPU-1:mps:1");
+    }
+
+    #[test]
+    fn an_annotation_without_a_good_token_is_refused() {
+        let err = |s: &str| s.parse::<IssuedAssignment>().unwrap_err();
+        // v1: an assignment, but no token.
+        let e = err("v1;tessera.io/gpu;GPU-1");
+        assert!(matches!(e, AssignmentError::NoToken(_)), "{e}");
+        assert!(e.to_string().contains("carries no token"), "{e}");
+        // A v1 text that is no assignment says what is wrong with it first.
+        assert!(matches!(err("v1;tessera.io/tpu;GPU-1"), AssignmentError::UnknownResource(_)));
+        for bad_token in [
+            "",
+            "0123456789abcdef0123456789abcde",
+            "0123456789abcdef0123456789abcdef0",
+            "0123456789ABCDEF0123456789ABCDEF",
+            "0123456789abcdef0123456789abcdeg",
+            " 123456789abcdef0123456789abcdef",
+        ] {
+            let e = err(&format!("v2;tessera.io/gpu;GPU-1;{bad_token}"));
+            assert!(matches!(e, AssignmentError::BadToken(_)), "{bad_token:?}: {e}");
+        }
+        assert!(matches!(err("v2;tessera.io/gpu;GPU-1"), AssignmentError::Syntax(_)));
+        assert!(matches!(
+            err(&format!("v2;tessera.io/gpu;GPU-1;x;{TOKEN}")),
+            AssignmentError::Syntax(_)
+        ));
+        assert!(matches!(
+            err(&format!("v2;tessera.io/gpu;GPU-1,GPU-1;{TOKEN}")),
+            AssignmentError::DuplicateDevice(_)
+        ));
+        assert!(matches!(err(&format!("v3;x;y;{TOKEN}")), AssignmentError::Version(_)));
+        assert!(matches!(err("junk"), AssignmentError::Syntax(_)));
+        let e = err(&format!("v2;tessera.io/gpu;GPU-1;{}\n", &TOKEN[1..]));
+        assert!(!e.to_string().contains('\n'), "{e}");
+        assert!(matches!(err(&"v2;".repeat(10_000)), AssignmentError::TooLong(_)));
     }
 
     #[test]

@@ -10,8 +10,35 @@
 //!
 //! Backslashes are not escaped: showing text twice (a field, then the line it is part of)
 //! changes nothing the second time, and no escape can produce a control character.
+//!
+//! Text written into a CSV cell goes through [`csv_cell`], the one CSV cell writer: a
+//! spreadsheet runs a cell that starts with `=`, `+`, `-`, `@`, a tab or a CR as a formula.
 
+use std::borrow::Cow;
 use std::fmt;
+
+/// The characters that make a spreadsheet read a cell as a formula when one starts it
+/// (OWASP, "CSV Injection").
+pub const CSV_FORMULA_STARTS: [char; 6] = ['=', '+', '-', '@', '\t', '\r'];
+
+/// `text` as one CSV cell (RFC 4180) that no spreadsheet runs: a cell starting with one
+/// of [`CSV_FORMULA_STARTS`] gets a leading `'` (shown as text, and the text is all there
+/// after it), and a cell holding that prefix, a `,`, a `"`, a CR or a LF is quoted with
+/// every `"` doubled. Anything else is written as it is.
+pub fn csv_cell(text: &str) -> Cow<'_, str> {
+    let formula = text.starts_with(CSV_FORMULA_STARTS);
+    if !formula && !text.contains([',', '"', '\n', '\r']) {
+        return Cow::Borrowed(text);
+    }
+    let mut cell = String::with_capacity(text.len() + 4);
+    cell.push('"');
+    if formula {
+        cell.push('\'');
+    }
+    cell.push_str(&text.replace('"', "\"\""));
+    cell.push('"');
+    Cow::Owned(cell)
+}
 
 /// How many characters of one untrusted value a message shows.
 pub const MAX_UNTRUSTED_CHARS: usize = 256;
@@ -126,6 +153,31 @@ mod tests {
         assert!(shown.chars().count() <= MAX_UNTRUSTED_CHARS + 30, "{}", shown.len());
         assert!(!shown.contains('\n'));
         assert_eq!(untrusted("abcdef").max_chars(3).to_string(), "abc…[6 bytes in all]");
+    }
+
+    #[test]
+    fn csv_cells_never_start_a_formula() {
+        let cases = [
+            ("=cmd|' /C calc'!A0", "\"'=cmd|' /C calc'!A0\""),
+            ("+cmd|' /C calc'!A0", "\"'+cmd|' /C calc'!A0\""),
+            ("-2+3+cmd|' /C calc'!A0", "\"'-2+3+cmd|' /C calc'!A0\""),
+            ("@SUM(1+1)*cmd|' /C calc'!A0", "\"'@SUM(1+1)*cmd|' /C calc'!A0\""),
+            ("\t=1+1", "\"'\t=1+1\""),
+            ("\r=1+1", "\"'\r=1+1\""),
+            ("=\"a\",b", "\"'=\"\"a\"\",b\""),
+            ("-", "\"'-\""),
+        ];
+        for (text, cell) in cases {
+            assert_eq!(csv_cell(text), cell, "{text:?}");
+            assert!(!csv_cell(text).starts_with(CSV_FORMULA_STARTS), "{text:?}");
+        }
+        // Plain cells are as they were; cells that need quoting only are quoted.
+        for plain in ["acme/ml/cv", "team-a/trainer", "c1", "TOTAL", "", "a=b", "x-1"] {
+            assert_eq!(csv_cell(plain), plain);
+        }
+        assert_eq!(csv_cell("a,b"), "\"a,b\"");
+        assert_eq!(csv_cell("say \"hi\""), "\"say \"\"hi\"\"\"");
+        assert_eq!(csv_cell("two\nlines"), "\"two\nlines\"");
     }
 
     #[test]

@@ -7,13 +7,16 @@
 
 pub mod cgroup;
 pub mod client;
+pub mod cpulist;
 pub mod cri;
 pub mod deviceplugin;
 pub mod display;
+pub mod durable;
 pub mod ids;
 pub mod mountinfo;
 pub mod protocol;
 pub mod request;
+pub mod telemetry;
 pub mod time;
 pub mod unique;
 
@@ -100,24 +103,31 @@ pub fn write_gpu_majors(socket: &Path, majors: &[u32]) -> std::io::Result<()> {
     write_beside(&gpu_majors_path(socket), text.as_bytes())
 }
 
-/// Replaces `path` atomically with `bytes`, mode 0644: a new file beside it (never through
-/// a link), then rename. Not fsynced: the files written so (beside tesserad's socket) are
-/// derived state that tesserad writes again at start.
+/// Replaces `path` with `bytes`, mode 0644, atomically for readers but not fsynced: the
+/// files written so (beside tesserad's socket) are derived state that tesserad writes
+/// again at start ([`durable::replace`] with [`durable::Sync::Rename`]).
 pub fn write_beside(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    f.write_all(bytes)?;
-    std::fs::rename(&tmp, path)
+    durable::replace(path, bytes, 0o644, durable::Sync::Rename)
+}
+
+/// Beside tesserad's socket, how many GPUs of the node are not in MIG mode (what `gpu=N`
+/// can have; `docker --gpus all` and the CDI `all` mean that many): written by tesserad at
+/// start (MIG mode is set by the operator, and read once per tesserad), read by the
+/// wrapper so that `--gpus all` costs no round trip of its own.
+pub fn whole_gpus_path(socket: &Path) -> PathBuf {
+    let mut s = socket.as_os_str().to_owned();
+    s.push(".whole-gpus");
+    PathBuf::from(s)
+}
+
+/// Writes [`whole_gpus_path`] (see [`write_beside`]).
+pub fn write_whole_gpus(socket: &Path, count: u32) -> std::io::Result<()> {
+    write_beside(&whole_gpus_path(socket), format!("{count}\n").as_bytes())
+}
+
+/// Reads [`whole_gpus_path`]; `None` when absent or not a number (ask tesserad then).
+pub fn read_whole_gpus(socket: &Path) -> Option<u32> {
+    std::fs::read_to_string(whole_gpus_path(socket)).ok()?.trim().parse().ok()
 }
 
 /// Reads [`gpu_majors_path`]: the majors it lists (none when absent or unreadable; lines
@@ -143,6 +153,11 @@ pub fn proc_devices_nvidia_majors(proc_devices: &Path) -> Vec<u32> {
 }
 /// The OCI annotation that carries a container's GPU request.
 pub const REQUEST_ANNOTATION: &str = "tessera.io/gpu";
+/// The GPUs a `gpu=N` request pins (`docker run --gpus '"device=3,GPU-…"'`): GPU indices
+/// or uuids, comma-separated, N of them. Set by tessera-runtime only (a config that
+/// carries it is refused); tesserad grants exactly those GPUs when they are free and the
+/// tenant may have them, or refuses naming the one that is not.
+pub const PINNED_ANNOTATION: &str = "tessera.io/gpus-pinned";
 /// The process environment variable that may carry a GPU request (a request only, never
 /// an identity: the image controls its environment).
 pub const REQUEST_ENV: &str = "TESSERA_GPU";

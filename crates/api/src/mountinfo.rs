@@ -150,6 +150,9 @@ pub enum Finding {
     /// A mount that later mounts made outside the container reach (propagation), so what
     /// was checked at start is not what the container will see.
     Propagated { mount_point: String, tag: String },
+    /// A procfs elsewhere than `/proc`: a bind of another pid namespace's (the host's),
+    /// whose `/proc/<pid>/root` leads into other processes' mounts.
+    Procfs { mount_point: String },
 }
 
 impl fmt::Display for Finding {
@@ -169,6 +172,12 @@ impl fmt::Display for Finding {
                  another tenant's GPU",
                 u(mount_point),
                 u(root)
+            ),
+            Finding::Procfs { mount_point } => write!(
+                f,
+                "{} is a procfs other than the container's /proc: /proc/<pid>/root of the \
+                 processes it shows leads into their mounts",
+                u(mount_point)
             ),
             Finding::Propagated { mount_point, tag } => write!(
                 f,
@@ -196,6 +205,8 @@ pub fn findings(entries: &[MountEntry]) -> Vec<Finding> {
                 mount_point: e.mount_point.clone(),
                 root: e.root.clone(),
             });
+        } else if e.fstype == "proc" && !std::path::Path::new(&e.mount_point).starts_with("/proc") {
+            out.push(Finding::Procfs { mount_point: e.mount_point.clone() });
         }
         if let Some(tag) = e.receives_propagation() {
             out.push(Finding::Propagated {
@@ -264,6 +275,7 @@ mod tests {
                 Finding::WritableCgroup { .. } => "cgroup",
                 Finding::WritableSysfs { .. } => "sysfs",
                 Finding::Propagated { .. } => "propagated",
+                Finding::Procfs { .. } => "procfs",
             })
             .collect();
         assert!(kinds.contains(&"cgroup") && kinds.contains(&"sysfs"), "{kinds:?}");
@@ -282,6 +294,14 @@ mod tests {
 104 103 0:31 /c1 /sys/fs/cgroup/devices ro,nosuid,nodev,noexec,relatime - cgroup cgroup rw,devices
 ";
         assert_eq!(findings(&parse(t).expect("parses")), vec![]);
+        // The container's /proc and runc's binds below it are its own.
+        let procs = "106 100 0:51 /sys /proc/sys ro - proc proc rw\n";
+        assert_eq!(findings(&parse(procs).expect("parses")), vec![]);
+        let host_proc = "107 100 0:5 / /host/proc ro - proc proc rw\n";
+        assert_eq!(
+            findings(&parse(host_proc).expect("parses")),
+            vec![Finding::Procfs { mount_point: "/host/proc".into() }]
+        );
         // A read-only superblock under a read-write mount is not writable either.
         let sb_ro = "105 100 0:54 / /x rw - cgroup2 cgroup2 ro\n";
         assert_eq!(findings(&parse(sb_ro).expect("parses")), vec![]);

@@ -45,6 +45,12 @@ pub struct AllocateRequest {
 pub const GANG_ANNOTATION: &str = "tessera.io/gang";
 /// The annotation that says how many members a gang ([`GANG_ANNOTATION`]) has.
 pub const GANG_SIZE_ANNOTATION: &str = "tessera.io/gang-size";
+/// The annotation by which a container says what a quota reclaim should expect of it:
+/// [`PREEMPTION_CHECKPOINT`] (it writes a checkpoint when it gets SIGTERM, within its
+/// grace period, and resumes from it when it runs again).
+pub const PREEMPTION_ANNOTATION: &str = "tessera.io/preemption";
+/// The one value of [`PREEMPTION_ANNOTATION`].
+pub const PREEMPTION_CHECKPOINT: &str = "checkpoint";
 
 /// A container's resource limits as its OCI spec sets them (`linux.resources`), in the
 /// units fleet quotas count: millicores and MiB.
@@ -120,6 +126,102 @@ pub struct ReleaseRequest {
     pub bundle: Option<String>,
 }
 
+/// `POST /v1/allocations/{id}/update`: tessera-runtime asks before it runs `runc update` on
+/// a container. The values are what runc 1.1 will read from the update (its flags, or the
+/// `--resources` JSON): `0` leaves a value as it is (runc writes nothing for it), `-1` (any
+/// negative quota) is unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateRequest {
+    /// runc's state root (`--root`) of the container being updated: a grant made for a
+    /// container of that id in another root is not this container's.
+    pub runc_root: String,
+    /// `--cpu-quota` / `cpu.quota`: µs per period.
+    #[serde(default)]
+    pub cpu_quota: i64,
+    /// `--cpu-period` / `cpu.period`: µs.
+    #[serde(default)]
+    pub cpu_period: u64,
+    /// `--memory` / `memory.limit`: bytes.
+    #[serde(default)]
+    pub memory_limit: i64,
+    /// What runc's record of the container (its `state.json`) holds: runc 1.1 writes the
+    /// recorded quota (period) with an update that sets only the period (quota). Absent
+    /// where the record cannot be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded: Option<RecordedLimits>,
+    /// `--cpuset-cpus` / `cpu.cpus`: the CPU list the update sets (absent or empty:
+    /// unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpuset_cpus: Option<String>,
+    /// `--cpuset-mems` / `cpu.mems`: the memory nodes the update sets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpuset_mems: Option<String>,
+}
+
+/// The CPU and memory values runc's record of a container holds (`config.cgroups` of its
+/// `state.json`: `cpu_quota`, `cpu_period`, `memory`); `0` is "not set".
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordedLimits {
+    #[serde(default)]
+    pub cpu_quota: i64,
+    #[serde(default)]
+    pub cpu_period: u64,
+    #[serde(default)]
+    pub memory: i64,
+    /// `cpuset_cpus`: the CPU list runc set (empty: none).
+    #[serde(default)]
+    pub cpuset_cpus: String,
+    /// `cpuset_mems`: the memory nodes runc set (empty: none).
+    #[serde(default)]
+    pub cpuset_mems: String,
+}
+
+/// `POST /v1/allocations/{id}/update/done`: runc's `update` ended (with this outcome).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateDone {
+    pub runc_root: String,
+    /// runc exited 0.
+    pub runc_succeeded: bool,
+    /// The limits of before were set back as the answer to a first `done` asked
+    /// ([`UpdateAnswer::restore`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub restored: bool,
+}
+
+/// The answer to an [`UpdateRequest`] or an [`UpdateDone`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpdateAnswer {
+    /// Whether this node holds a grant for the container (in that runc root). `false`:
+    /// the update is runc's business alone.
+    pub grant: bool,
+    /// The CPU and memory limits the grant counts from now on (to an update: what it will
+    /// make them, as admitted; to `done`: what the kernel enforces).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ContainerLimits>,
+    /// To `done`: the kernel enforces more than was admitted; set these limits (those of
+    /// before the update) back with `runc update`, then say `done` again with `restored`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<KernelLimits>,
+    /// What happened, for the caller's log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// A cgroup's CPU and memory limits as the kernel enforces them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelLimits {
+    /// CFS quota in µs per period; `None`: unlimited.
+    pub cpu_quota: Option<u64>,
+    /// CFS period in µs.
+    pub cpu_period: u64,
+    /// Memory limit in bytes; `None`: unlimited.
+    pub memory: Option<u64>,
+}
+
 /// A device node the container gets, created by runc inside the container's /dev.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct DeviceNode {
@@ -152,6 +254,18 @@ pub struct Injection {
     /// allow rule of these majors from the config, whatever the grant is.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_majors: Vec<i64>,
+    /// The CPUs and memory nodes close to the granted GPUs (`topology.pin_cpus`):
+    /// tessera-runtime writes them into `linux.resources.cpu`. Absent: left as configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpuset: Option<CpuSet>,
+}
+
+/// A CPU set and its memory nodes, as Linux CPU lists (`0-15`, `0`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuSet {
+    pub cpus: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mems: Option<String>,
 }
 
 /// One device a grant covers: a whole GPU or a MIG instance.
@@ -212,6 +326,49 @@ pub struct Allocation {
     /// grants have none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<Box<QuotaMark>>,
+    /// The NVLink domain all the devices of a multi-GPU grant sit in, as the placement
+    /// found it (absent: one device, devices in no common domain, or a node whose
+    /// topology is unknown). The ledger records it: such grants carry the policy's
+    /// topology premium (`prices.<model>.nvlink_premium_per_gpu_hour`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain: Option<u32>,
+    /// Where a multi-GPU grant sits in the node's topology, in words (`NVLink domain 1,
+    /// NUMA node 0`); absent where the node's topology is unknown or the grant is not of
+    /// whole GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<String>,
+    /// What the container declared itself (`tessera.io/class`) or its tenant's policy
+    /// default: latency-sensitive containers are protected from interference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<WorkloadClass>,
+}
+
+/// What a container says it is, for interference detection (`tessera.io/class`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkloadClass {
+    /// Latency-sensitive: protected when a co-tenant degrades it.
+    Latency,
+    /// Throughput work: never a victim, may be an aggressor.
+    Batch,
+}
+
+impl WorkloadClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkloadClass::Latency => "latency",
+            WorkloadClass::Batch => "batch",
+        }
+    }
+
+    /// The class an annotation value names (exactly `latency` or `batch`).
+    pub fn parse(s: &str) -> Option<WorkloadClass> {
+        match s {
+            "latency" => Some(WorkloadClass::Latency),
+            "batch" => Some(WorkloadClass::Batch),
+            _ => None,
+        }
+    }
 }
 
 /// Whether a grant runs within its tenant's quota guarantees or on borrowed capacity (the
@@ -258,6 +415,9 @@ pub struct QuotaMark {
     /// The gang ([`GANG_ANNOTATION`]) it belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang: Option<String>,
+    /// It writes a checkpoint on SIGTERM ([`PREEMPTION_ANNOTATION`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub checkpoint: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -547,7 +707,8 @@ pub struct PolicyRejection {
 /// How a fleet node's usage uploads are going.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageUploadStatus {
-    /// Every closed ledger interval up to this ledger `seq` is uploaded.
+    /// Every closed ledger interval up to this position of the ledger's hash chain is
+    /// uploaded (and the coordinator holds the chain up to here).
     pub uploaded_through_seq: u64,
     /// Closed intervals not uploaded yet.
     pub pending: u64,
@@ -581,6 +742,25 @@ pub struct NodeStatus {
     /// that the reconciler has looked at the node again.
     #[serde(default)]
     pub reconcile_passes: u64,
+    /// Whether MIG instances are cut on demand here (tesserad without `--no-dynamic-mig`
+    /// and no layout declared for the node): then every profile of a MIG-mode GPU's model
+    /// can be granted, else only the instances already cut. Absent (an older tesserad):
+    /// only what is cut.
+    #[serde(default)]
+    pub mig_cut_on_demand: bool,
+    /// The node's own key, which signs its usage uploads (`STATE/fleet/node.key`): what the
+    /// operator pins at the coordinator (`tessera nodes register-key NODE PUBLIC_KEY`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_key: Option<NodeKeyInfo>,
+}
+
+/// A node's public key, as `tessera status --json` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeKeyInfo {
+    /// ed25519, 64 hex digits.
+    pub public_key: String,
+    /// The first 16 hex digits of its SHA-256.
+    pub key_id: String,
 }
 
 /// A string map whose keys must be unique: serde_json (like Go) would keep the last of two,

@@ -347,6 +347,7 @@ async fn run_one(
                         gang: None,
                         workload: None,
                         under_lease: false,
+                        checkpoint: false,
                     })
                     .collect();
                 Mutex::new(NodeState { holdings, leases: Vec::new(), last_ok: None })
@@ -510,6 +511,7 @@ async fn run_one(
                     short_on_node: false,
                     workload: None,
                     unsynced_lease_grants: false,
+                    checkpoint: false,
                 };
                 let counted = measuring.load(Ordering::Relaxed);
                 if counted {
@@ -561,6 +563,7 @@ async fn run_one(
                                 gang: None,
                                 workload: None,
                                 under_lease: false,
+                                checkpoint: false,
                             });
                             releases.lock().unwrap().push_back((
                                 Instant::now() + LIFETIME,

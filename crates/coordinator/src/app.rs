@@ -122,7 +122,14 @@ impl Coordinator {
         self.refusals.lock().map(|r| r.iter().cloned().collect()).unwrap_or_default()
     }
 
-    fn refuse(&self, who: String, action: &str, why: String, status: StatusCode) -> ApiErr {
+    /// Refuse a request: logged, kept for `GET /v1/audit/refusals`, answered `status`.
+    pub(crate) fn refuse(
+        &self,
+        who: String,
+        action: &str,
+        why: String,
+        status: StatusCode,
+    ) -> ApiErr {
         warn!(who = %who, action = %action, why = %why, status = status.as_u16(), "request refused");
         let rec = RefusalRecord {
             time_ms: now_ms(),
@@ -336,28 +343,52 @@ impl Coordinator {
         Ok((None, skipped))
     }
 
-    pub(crate) async fn fleet_usage(
+    /// `q` priced with the newest revision that verifies against this coordinator's key
+    /// (the policy nodes enforce): its prices, its floors (billed up to `now_ms`), its
+    /// billing modes. Also that revision's envelope and version, and why newer ones were
+    /// skipped. Without a verified revision nothing is priced.
+    pub(crate) async fn priced_query(
         &self,
         mut q: metering::UsageQuery,
+        now_ms: u64,
+    ) -> ApiResult<(metering::UsageQuery, Option<crate::SignedPolicy>, Option<u64>, Vec<String>)>
+    {
+        q.validate().map_err(|e| ApiErr::bad_request(e.to_string()))?;
+        let (verified, skipped) = self.latest_verified().await?;
+        Ok(match verified {
+            Some(v) => {
+                q.prices = fleet::billing::prices_of(&v.policy);
+                q.terms = fleet::billing::terms_of(&v.policy, true, Some(now_ms));
+                (q, Some(v.envelope), Some(v.version), skipped)
+            }
+            None => {
+                q.prices = metering::Prices::default();
+                q.terms = metering::Terms {
+                    bill_floors: true,
+                    as_of_ms: Some(now_ms),
+                    ..metering::Terms::default()
+                };
+                (q, None, None, skipped)
+            }
+        })
+    }
+
+    pub(crate) async fn fleet_usage(
+        &self,
+        q: metering::UsageQuery,
         only: Option<Vec<String>>,
         price_with_policy: bool,
     ) -> ApiResult<FleetUsage> {
         q.validate().map_err(|e| ApiErr::bad_request(e.to_string()))?;
-        let (mut priced_with, mut skipped) = (None, Vec::new());
-        if price_with_policy {
-            let (verified, why) = self.latest_verified().await?;
+        let (q, priced_with, skipped) = if price_with_policy {
+            let (q, _, version, why) = self.priced_query(q, now_ms()).await?;
             for w in &why {
                 warn!("fleet usage: not pricing with {w}");
             }
-            skipped = why;
-            q.prices = match verified {
-                Some(v) => {
-                    priced_with = Some(v.version);
-                    prices_of(&v.policy)
-                }
-                None => metering::Prices::default(),
-            };
-        }
+            (q, version, why)
+        } else {
+            (q, None, Vec::new())
+        };
         let rows = self.store.usage_intervals(q.from_ms, q.to_ms).await.map_err(ApiErr::store)?;
         let mut by_node: std::collections::BTreeMap<String, Vec<metering::Span>> =
             Default::default();
@@ -369,9 +400,14 @@ impl Coordinator {
         let all: Vec<metering::Span> = by_node.values().flatten().cloned().collect();
         let report = metering::aggregate(&all, &q)
             .map_err(|e| ApiErr::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        // Each node's share: its containers' consumption (the floors are the fleet's).
+        let node_query = metering::UsageQuery {
+            terms: metering::Terms { bill_floors: false, ..q.terms.clone() },
+            ..q.clone()
+        };
         let mut nodes = Vec::with_capacity(by_node.len());
         for (node, spans) in &by_node {
-            let r = metering::aggregate(spans, &q)
+            let r = metering::aggregate(spans, &node_query)
                 .map_err(|e| ApiErr::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
             nodes.push(NodeUsage {
                 node: node.clone(),
@@ -381,24 +417,5 @@ impl Coordinator {
             });
         }
         Ok(FleetUsage { report, nodes, priced_with, skipped })
-    }
-}
-
-/// A policy's prices as the metering roll-up takes them.
-pub fn prices_of(p: &policy::Policy) -> metering::Prices {
-    metering::Prices {
-        per_model: p
-            .prices()
-            .iter()
-            .map(|(m, r)| {
-                (
-                    m.clone(),
-                    metering::Rate {
-                        reserved_per_gpu_hour: r.reserved_per_gpu_hour,
-                        burst_per_gpu_hour: r.burst_per_gpu_hour,
-                    },
-                )
-            })
-            .collect(),
     }
 }

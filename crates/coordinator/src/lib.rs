@@ -31,9 +31,12 @@
 //!   into [`agent::AgentStatus`] and to the coordinator), hands the policy to the daemon,
 //!   keeps it on disk as last-known-good, reports its applied version and health, fails
 //!   over between coordinator URLs, uploads ledger intervals idempotently.
-//! * Fleet usage: nodes upload closed ledger intervals keyed by (node, interval id);
-//!   a retried upload never counts twice. `GET /v1/usage` rolls them up with
-//!   [`metering::aggregate`], the same pure function a node's own report uses.
+//! * Fleet usage: nodes upload closed ledger intervals keyed by (node, interval id), each
+//!   upload a segment of the node's hash chain signed with the node's key, stored only if
+//!   it verifies against the key the operator pinned and extends the chain held
+//!   ([`usage`], [`fleet::proof`]); a retried upload never counts twice. `GET /v1/usage`
+//!   rolls them up with [`metering::aggregate`], the same pure function a node's own report
+//!   uses; priced, it bills floors, bursts and the topology premium.
 //!
 //! # HTTP API
 //!
@@ -46,18 +49,21 @@
 //! | `POST /v1/nodes/{node}/report` | that node | [`NodeReport`] |
 //! | `GET /v1/nodes` | admin | [`NodeRecord`] list |
 //! | `GET /v1/nodes/{node}` | admin, that node | one [`NodeRecord`] |
-//! | `POST /v1/nodes/{node}/usage` | that node | [`UsageUpload`] → [`UploadOutcome`] |
+//! | `POST /v1/nodes/{node}/usage` | that node | a signed [`UsageUpload`] → [`UploadOutcome`] ([`usage`]) |
+//! | `GET /v1/nodes/{node}/usage/head?ledger_id=` | admin, that node | the newest chain link stored ([`usage`]) |
+//! | `PUT /v1/nodes/{node}/key`, `GET /v1/nodes/{node}/key` | admin (GET: that node too) | pin a node's public key ([`usage`]) |
 //! | `GET /v1/usage?from_ms=&to_ms=&by=&node=` | admin | [`FleetUsage`] |
+//! | `GET /v1/usage/export?from_ms=&to_ms=&by=&node=` | admin | a bill with its proofs ([`fleet::proof::BillExport`]) |
 //! | `POST /v1/usage` | admin | [`FleetUsageRequest`] (with prices) → [`FleetUsage`] |
 //! | `GET /v1/audit/refusals` | admin | recent [`RefusalRecord`]s |
-//! | `POST /v1/nodes/{node}/quota/admit`, `/quota/release`, `/quota/sync` | that node | fleet quotas ([`quota`]) |
+//! | `POST /v1/nodes/{node}/quota/admit`, `/quota/release`, `/quota/resize`, `/quota/sync` | that node | fleet quotas ([`quota`]) |
 //! | `GET /v1/quota/status`, `GET /v1/quota/events`, `GET /metrics` | admin | quota books, events, Prometheus gauges ([`quota`]) |
 //! | `GET /v1/health` | anyone | liveness, the store's (503 when it does not answer), the latest version |
 //! | `GET /v1/ping` | anyone | a plain answer; clients send it before any credential on a new plain-HTTP connection |
 //!
 //! Errors are `{"error": "...", "path": "orgs.acme.trust"?}` ([`ErrorBody`]).
-//! Plain HTTP only: TLS (and mTLS credentials) are not implemented here; run the
-//! coordinator behind a TLS-terminating proxy or on a trusted network.
+//! HTTP or HTTPS (`--tls-cert`/`--tls-key`: rustls, [`fleet::tls`]); nodes trust one CA
+//! file (docs/FLEET.md, TLS).
 
 mod app;
 pub mod auth;
@@ -67,6 +73,7 @@ pub mod leader;
 pub mod quota;
 pub mod server;
 pub mod store;
+pub mod usage;
 
 // The wire types, the signed envelope, the client, TLS and the node agent live in the
 // `fleet` crate (what nodes and the CLI build against); re-exported under their old paths.

@@ -8,6 +8,7 @@
 //! |---|---|---|
 //! | `POST /v1/nodes/{node}/quota/admit` | that node | [`AdmitRequest`] → [`AdmitAnswer`]; a gang member's call is held until the gang is complete or `gangs.timeout_s` passed; 503 while the books are rebuilt after a restart |
 //! | `POST /v1/nodes/{node}/quota/release` | that node | [`ReleaseRequest`] → 204 |
+//! | `POST /v1/nodes/{node}/quota/resize` | that node | [`ResizeRequest`] → [`AdmitAnswer`] (admitted or refused); 503 while the books are rebuilt |
 //! | `POST /v1/nodes/{node}/quota/sync` | that node | [`SyncRequest`] → [`SyncAnswer`] |
 //! | `GET /v1/quota/status` | admin | [`QuotaStatus`] |
 //! | `GET /v1/quota/events` | admin | [`QuotaEvent`] list, oldest first |
@@ -29,7 +30,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use fleet::quota::{
     AdmitAnswer, AdmitRequest, Amounts, Authority, CoordinatorInfo, Holding, NodeRemoval,
-    QuotaStatus, ReleaseRequest, SyncRequest, MAX_GANG_SIZE, MAX_SYNC_HOLDINGS,
+    QuotaStatus, ReleaseRequest, ResizeRequest, SyncRequest, MAX_GANG_SIZE, MAX_SYNC_HOLDINGS,
 };
 use quota::books::state::BooksState;
 use quota::books::{Books, GangArrival};
@@ -749,6 +750,64 @@ fn log_answer(node: &str, req: &AdmitRequest, a: &AdmitAnswer) {
     }
 }
 
+/// `POST /v1/nodes/{node}/quota/resize`: a grant's amounts change (`runc update`).
+pub(crate) async fn resize(
+    State(app): App,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(node): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    app.require_node(&headers, peer, "ask a quota resize", &node, false)?;
+    app.touch(&node);
+    let req: ResizeRequest = json_body(&body, "quota resize")?;
+    let what = "quota resize";
+    check_container(what, &req.container_id)?;
+    // A tenant the policy in force no longer names still holds what it holds.
+    check_tenant(what, &req.tenant, &None)?;
+    check_amounts(what, &req.amounts, MAX_GRANT_GPUS)?;
+    // Decided by the coordinator that decides (issue 28), as an admission is.
+    let authority = match gate(&app, &headers).await? {
+        Gate::Decide(a) => a,
+        Gate::Relay(leader) => {
+            let path = format!("/v1/nodes/{node}/quota/resize");
+            return relay(
+                &app,
+                &leader,
+                Method::POST,
+                &path,
+                &headers,
+                Some(body.to_vec()),
+                RELAY_TIMEOUT,
+            )
+            .await;
+        }
+    };
+    let policy = in_force(&app).await?;
+    let tree = tree_of(&policy);
+    if tree.iter().next().is_some() {
+        check_ready(&app).await?;
+    }
+    let (answer, changes) = {
+        let mut cell = deciding(&app, &authority)?;
+        let a = cell.books.resize(tree, &node, &req, now_ms());
+        (a, cell.store_changes())
+    };
+    app.quota.wake();
+    // A raise is stored before it is answered (a new leader counts it).
+    stored(changes).await?;
+    match &answer {
+        AdmitAnswer::Admitted { class, .. } => {
+            info!(node = %node, container = %req.container_id, tenant = %req.tenant, class = class.as_str(), "quota resize admitted")
+        }
+        AdmitAnswer::Refused { message, rule } => {
+            info!(node = %node, container = %req.container_id, tenant = %req.tenant, rule = ?rule, "quota resize refused: {message}")
+        }
+        AdmitAnswer::Reclaiming { .. } => {}
+    }
+    Ok(Json(answer).into_response())
+}
+
 /// `POST /v1/nodes/{node}/quota/release`.
 pub(crate) async fn release(
     State(app): App,
@@ -1090,7 +1149,7 @@ fn natural(resource: &str, amount: u64) -> f64 {
 /// The Prometheus text of the quota gauges and counters.
 pub fn render_metrics(st: &QuotaStatus, counters: &quota::books::Counters) -> String {
     type Pick = fn(&fleet::quota::PathStatus) -> Option<f64>;
-    let gauges: [(&str, &str, Pick); 8] = [
+    let gauges: [(&str, &str, Pick); 12] = [
         ("guarantee", "What the quota path is always given when it asks", |p| {
             p.guarantee.map(|g| natural(&p.resource, g))
         }),
@@ -1115,13 +1174,35 @@ pub fn render_metrics(st: &QuotaStatus, counters: &quota::books::Counters) -> St
         ("dominant_share", "The subtree's dominant share of the fleet (DRF), 0 to 1", |p| {
             Some(p.dominant_share)
         }),
+        (
+            "lost_seconds",
+            "Work of the subtree lost to preemption since the coordinator started: the \
+             resource times the seconds its victims had run (the grace period for work that \
+             checkpoints)",
+            |p| Some(natural(&p.resource, p.lost)),
+        ),
+        ("preemptions_last_hour", "Containers of the subtree preempted in the last hour", |p| {
+            Some(p.preemptions_last_hour as f64)
+        }),
+        (
+            "owner_wait_p50_seconds",
+            "Median wait of the subtree's owed requests (within guarantee counting the tenant's \
+             own requests ahead), first ask to admission",
+            |p| p.owner_wait_p50_ms.map(|ms| ms as f64 / 1000.0),
+        ),
+        (
+            "owner_wait_p99_seconds",
+            "99th percentile wait of the subtree's owed requests, first ask to admission",
+            |p| p.owner_wait_p99_ms.map(|ms| ms as f64 / 1000.0),
+        ),
     ];
     let mut out = String::new();
     for (name, help, pick) in gauges {
-        let unit = if name == "dominant_share" {
-            ""
-        } else {
-            " (GPUs for gpus.*, cores for cpu_cores, GiB for memory_gib)"
+        let unit = match name {
+            "dominant_share" | "preemptions_last_hour" => "",
+            n if n.starts_with("owner_wait") => "",
+            "lost_seconds" => " (GPU-seconds for gpus.*, core-seconds, GiB-seconds)",
+            _ => " (GPUs for gpus.*, cores for cpu_cores, GiB for memory_gib)",
         };
         let _ = writeln!(out, "# HELP tessera_quota_{name} {help}{unit}.");
         let _ = writeln!(out, "# TYPE tessera_quota_{name} gauge");
@@ -1192,6 +1273,11 @@ mod tests {
                 leased: 1_000_000,
                 waiting: 0,
                 dominant_share: 0.25,
+                lost: 90 * MICRO_PER_GPU,
+                preemptions_last_hour: 3,
+                owner_wait_p50_ms: Some(1_500),
+                owner_wait_p99_ms: Some(32_000),
+                waiting_why: vec![],
             }],
             books_ready: true,
             nodes: Default::default(),
@@ -1210,6 +1296,9 @@ mod tests {
             "tessera_quota_leased{path=\"acme/b\",resource=\"gpus.H100-80GB\"} 1",
             "tessera_quota_dominant_share{path=\"acme/b\",resource=\"gpus.H100-80GB\"} 0.25",
             "tessera_quota_reclaims_total{path=\"acme/a\"} 2",
+            "tessera_quota_lost_seconds{path=\"acme/b\",resource=\"gpus.H100-80GB\"} 90",
+            "tessera_quota_preemptions_last_hour{path=\"acme/b\",resource=\"gpus.H100-80GB\"} 3",
+            "tessera_quota_owner_wait_p99_seconds{path=\"acme/b\",resource=\"gpus.H100-80GB\"} 32",
             "# TYPE tessera_quota_preemptions_total counter",
             "tessera_quota_books_ready 1",
         ] {

@@ -30,7 +30,6 @@ use crate::signing::{self, KeyError, SignedPolicy};
 use crate::store::{self, PolicyStore, StoreError, StoreSpec};
 use crate::wire::{
     FleetUsage, FleetUsageRequest, NodeRecord, NodeReport, RefusalRecord, RevisionSummary,
-    UploadOutcome, UsageUpload, MAX_UPLOAD_BATCH,
 };
 
 /// A node not heard from for this long is listed as stale.
@@ -111,11 +110,18 @@ impl Coordinator {
             .route("/v1/nodes", get(nodes))
             .route("/v1/nodes/{node}", get(node))
             .route("/v1/nodes/{node}/report", post(report))
-            .route("/v1/nodes/{node}/usage", post(upload_usage))
+            .route("/v1/nodes/{node}/usage", post(crate::usage::upload))
+            .route("/v1/nodes/{node}/usage/head", get(crate::usage::usage_head))
+            .route(
+                "/v1/nodes/{node}/key",
+                get(crate::usage::get_key).put(crate::usage::register_key),
+            )
             .route("/v1/usage", get(usage_get).post(usage_post))
+            .route("/v1/usage/export", get(crate::usage::export))
             .route("/v1/audit/refusals", get(refusals))
             .route("/v1/nodes/{node}/quota/admit", post(crate::quota::admit))
             .route("/v1/nodes/{node}/quota/release", post(crate::quota::release))
+            .route("/v1/nodes/{node}/quota/resize", post(crate::quota::resize))
             .route("/v1/nodes/{node}/quota/sync", post(crate::quota::sync))
             .route("/v1/quota/status", get(crate::quota::status))
             .route("/v1/quota/events", get(crate::quota::events))
@@ -380,34 +386,6 @@ async fn node(
     Ok(Json(finish_record(&app, rec, now_ms())))
 }
 
-async fn upload_usage(
-    State(app): App,
-    ConnectInfo(peer): Peer,
-    headers: HeaderMap,
-    Path(node): Path<String>,
-    body: Bytes,
-) -> ApiResult<Json<UploadOutcome>> {
-    app.require_node(&headers, peer, "upload usage", &node, false)?;
-    let up: UsageUpload = json_body(&body, "usage upload")?;
-    if up.intervals.len() > MAX_UPLOAD_BATCH {
-        return Err(ApiErr::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("{} intervals in one upload; at most {MAX_UPLOAD_BATCH}", up.intervals.len()),
-        ));
-    }
-    for i in &up.intervals {
-        store::check_interval(&node, i).map_err(ApiErr::bad_request)?;
-    }
-    app.touch(&node);
-    let n = up.intervals.len();
-    let out = app.store.insert_usage(node.clone(), up.intervals).await.map_err(ApiErr::store)?;
-    if !out.conflicts.is_empty() {
-        warn!(node = %node, conflicts = ?out.conflicts, "usage upload: ids already stored with other content; kept the first");
-    }
-    info!(node = %node, intervals = n, accepted = out.accepted, duplicates = out.duplicates, "usage uploaded");
-    Ok(Json(out))
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct UsageParams {
@@ -437,12 +415,7 @@ async fn usage_get(
     let only = p
         .node
         .map(|s| s.split(',').map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect());
-    let q = metering::UsageQuery {
-        from_ms: p.from_ms,
-        to_ms: p.to_ms,
-        by,
-        prices: metering::Prices::default(),
-    };
+    let q = metering::UsageQuery::new(p.from_ms, p.to_ms, by, metering::Prices::default());
     Ok(Json(app.fleet_usage(q, only, false).await?))
 }
 

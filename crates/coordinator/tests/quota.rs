@@ -123,7 +123,8 @@ fn ask(container: &str, tenant: &str, n: u64) -> AdmitRequest {
         amounts: gpus(n),
         gang: None,
         short_on_node: false,
-        workload: Some("default/pod/main".into()),
+        checkpoint: false,
+        workload: Some(format!("default/{container}/main")),
         unsynced_lease_grants: false,
     }
 }
@@ -153,6 +154,7 @@ impl Node {
                 gang: req.gang.as_ref().map(|g| g.name.clone()),
                 workload: req.workload.clone(),
                 under_lease: false,
+                checkpoint: req.checkpoint,
             });
         }
         Ok(a)

@@ -132,6 +132,7 @@ fn ask(container: &str, tenant: &str) -> AdmitRequest {
         short_on_node: false,
         workload: None,
         unsynced_lease_grants: false,
+        checkpoint: false,
     }
 }
 
@@ -159,6 +160,7 @@ impl Node {
                 gang: None,
                 workload: None,
                 under_lease: false,
+                checkpoint: false,
             });
         }
         Ok(a)
@@ -258,6 +260,17 @@ async fn three_coordinators_decide_as_one_through_kill_deposition_and_removals()
     }
     ceiling_refused(&a.admit(ask("b7", "acme/b")).await.unwrap());
     ceiling_refused(&b.admit(ask("b8", "acme/b")).await.unwrap());
+    // A resize (runc update) goes through the same books: b5 grown to 2 GPUs through the
+    // follower node B uses would take acme/b to 7.
+    let grow = fleet::quota::ResizeRequest {
+        container_id: "b5".into(),
+        tenant: "acme/b".into(),
+        amounts: Amounts { gpus: [(H100.to_string(), 2 * MICRO)].into(), ..Amounts::default() },
+        unsynced_lease_grants: false,
+    };
+    ceiling_refused(
+        &b.client.quota_resize("node-b", &grow, Duration::from_secs(10)).await.unwrap(),
+    );
     a.sync().await;
     b.sync().await;
 

@@ -54,13 +54,35 @@ pub struct Offer {
 }
 
 impl Offer {
+    /// What a request can be granted here: `gpu`/`gpu-N`/`all` up to the healthy GPUs not
+    /// in MIG mode (what `docker --gpus all` counts too), `mig-<profile>` for every profile
+    /// of a healthy MIG-mode GPU's model where MIG is cut on demand
+    /// ([`NodeStatus::mig_cut_on_demand`]), else for the instances cut now. A quarantined device offers nothing: a GPU quarantined (by ECC, an XID or a
+    /// failed scrub) is not counted, and a cut instance's profile is named only while an
+    /// instance of it is not quarantined (so an XID that takes the last instance of a
+    /// declared layout's profile drops `mig-<profile>` from the spec).
     pub fn new(status: &NodeStatus, policy: Option<&policy::Policy>) -> Offer {
-        let mig_profiles = status
-            .gpus
+        let dynamic = status.mig_cut_on_demand;
+        let healthy: Vec<&tessera_api::GpuStatus> =
+            status.gpus.iter().filter(|g| !gpu_quarantined(g)).collect();
+        let mut mig_profiles: BTreeSet<String> = healthy
             .iter()
-            .flat_map(|g| g.instances.iter().map(|i| i.profile.clone()))
-            .filter(|p| valid_name(&format!("mig-{p}")))
+            .flat_map(|g| {
+                g.instances
+                    .iter()
+                    .filter(|i| i.state != tessera_api::DeviceState::Quarantined)
+                    .map(|i| i.profile.clone())
+            })
             .collect();
+        if dynamic {
+            for g in healthy.iter().filter(|g| g.mig_enabled) {
+                if let Some(m) = slicer::catalog::model(&g.model) {
+                    mig_profiles.extend(m.profiles.iter().map(|p| p.name.to_string()));
+                }
+            }
+        }
+        let mig_profiles =
+            mig_profiles.into_iter().filter(|p| valid_name(&mig_device_name(p))).collect();
         let (allowed, mps_max_percent) = match policy {
             Some(p) => (
                 [policy::Trust::Untrusted, policy::Trust::Trusted, policy::Trust::Dev]
@@ -71,7 +93,8 @@ impl Offer {
             ),
             None => (Isolation::ALL.into_iter().collect(), 100),
         };
-        Offer { gpus: status.gpus.len() as u32, mig_profiles, allowed, mps_max_percent }
+        let gpus = healthy.iter().filter(|g| !g.mig_enabled).count() as u32;
+        Offer { gpus, mig_profiles, allowed, mps_max_percent }
     }
 
     /// (CDI device name, Tessera request), in a stable order.
@@ -86,7 +109,7 @@ impl Offer {
         }
         if self.allowed.contains(&Isolation::Mig) {
             for p in &self.mig_profiles {
-                out.push((format!("mig-{p}"), format!("mig={p}")));
+                out.push((mig_device_name(p), format!("mig={p}")));
             }
         }
         if self.allowed.contains(&Isolation::Mps) && self.gpus > 0 {
@@ -99,6 +122,19 @@ impl Offer {
         }
         out
     }
+}
+
+/// Whether the GPU itself is quarantined. A GPU in MIG mode shows `mig-parent` as its
+/// state, so its lifecycle (`quarantined: <reason>`, `node::lifecycle_detail`) says it.
+fn gpu_quarantined(g: &tessera_api::GpuStatus) -> bool {
+    g.state == tessera_api::DeviceState::Quarantined
+        || g.lifecycle.as_ref().is_some_and(|l| l.detail.starts_with("quarantined"))
+}
+
+/// The CDI device of a MIG profile: `mig-1g.10gb`; a `+me` profile is written `-me`
+/// (`mig-1g.10gb-me`: CDI names have no `+`), as its Kubernetes resource is.
+pub fn mig_device_name(profile: &str) -> String {
+    format!("mig-{}", profile.replace('+', "-"))
 }
 
 /// CDI's device name rule: a letter or digit, then letters, digits, `_ . : -`.
@@ -138,27 +174,23 @@ pub fn write_if_changed(path: &Path, yaml: &str) -> Result<bool, CdiError> {
     if std::fs::read_to_string(path).ok().as_deref() == Some(yaml) {
         return Ok(false);
     }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(err)?;
-    }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tessera-tmp");
-    std::fs::write(&tmp, yaml).and_then(|()| std::fs::rename(&tmp, path)).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        err(e)
-    })?;
+    tessera_api::durable::replace(
+        path,
+        yaml.as_bytes(),
+        0o644,
+        tessera_api::durable::Sync::Durable,
+    )
+    .map_err(err)?;
     Ok(true)
 }
 
 /// tesserad's spec for its node and the policy in force now.
 fn current_spec(ctl: &Controller) -> Result<(String, usize), CdiError> {
-    let status = match ctl.apply(Action::Status) {
-        Ok(Outcome::Status(s)) => *s,
+    let (status, policy) = match ctl.apply(Action::CdiInputs) {
+        Ok(Outcome::CdiInputs(inputs)) => *inputs,
         Ok(_) => return Err(CdiError::Node("unexpected answer to a status read".into())),
         Err(e) => return Err(CdiError::Node(e.to_string())),
     };
-    let policy =
-        ctl.locked(|n| Ok(n.policy().policy.clone())).map_err(|e| CdiError::Node(e.to_string()))?;
     let offer = Offer::new(&status, Some(&policy));
     let header = format!(
         "tesserad, node {}, policy version {} ({})",
@@ -258,6 +290,102 @@ mod tests {
             request.parse::<tessera_api::GpuRequest>().unwrap_or_else(|e| panic!("{request}: {e}"));
         }
         assert!(!valid_name("-x") && !valid_name("a/b") && !valid_name(""));
+    }
+
+    /// Issue 26: a quarantined device offers nothing (the spec drops what only it offered).
+    #[test]
+    fn quarantined_devices_offer_nothing() {
+        let inst = |uuid: &str, profile: &str, state: &str| {
+            serde_json::json!({"uuid": uuid, "profile": profile, "gi_id": 1, "ci_id": 0,
+                "start": 0, "size": 1, "memory_mib": 1, "state": state})
+        };
+        let gpu = |uuid: &str, mig: bool, state: &str, detail: Option<&str>, instances| {
+            let mut g = serde_json::json!({"index": 0, "uuid": uuid, "model": "H100-80GB",
+                "minor": 0, "memory_mib": 1, "mig_enabled": mig, "state": state,
+                "instances": instances});
+            if let Some(d) = detail {
+                g["lifecycle"] = serde_json::json!({ "detail": d });
+            }
+            g
+        };
+        let status = |gpus: Vec<serde_json::Value>| -> NodeStatus {
+            serde_json::from_value(serde_json::json!({"node": "n", "backend": "sim",
+                "policy": {"version": 1, "source": "f", "digest": "d"},
+                "gpus": gpus, "allocations": []}))
+            .expect("status")
+        };
+        let mig = |a: &str, b: &str| vec![inst("MIG-a", "1g.10gb", a), inst("MIG-b", "3g.40gb", b)];
+        let before = Offer::new(
+            &status(vec![
+                gpu("GPU-m", true, "migparent", None, mig("free", "free")),
+                gpu("GPU-w", false, "free", None, vec![]),
+            ]),
+            None,
+        );
+        // Instances cut by a declared layout (not on demand); `gpu`/`all` count the GPU
+        // not in MIG mode.
+        assert_eq!(before.gpus, 1);
+        assert_eq!(before.mig_profiles, ["1g.10gb".to_string(), "3g.40gb".into()].into());
+        // XID 94 on MIG-b: its profile goes; XID 48 on GPU-w: no whole GPU left.
+        let after = Offer::new(
+            &status(vec![
+                gpu("GPU-m", true, "migparent", None, mig("free", "quarantined")),
+                gpu("GPU-w", false, "quarantined", Some("quarantined: XID 48"), vec![]),
+            ]),
+            None,
+        );
+        assert_eq!(after.gpus, 0);
+        assert_eq!(after.mig_profiles, ["1g.10gb".to_string()].into());
+        assert!(!after.devices().iter().any(|(n, _)| n == "gpu" || n == "all"));
+        // The MIG GPU quarantined whole: nothing of it.
+        let whole = Offer::new(
+            &status(vec![gpu(
+                "GPU-m",
+                true,
+                "migparent",
+                Some("quarantined: XID 95"),
+                mig("quarantined", "quarantined"),
+            )]),
+            None,
+        );
+        assert_eq!((whole.gpus, whole.mig_profiles.len()), (0, 0));
+        assert!(whole.devices().is_empty());
+    }
+
+    /// Only what can be granted: no `gpu-N` past the GPUs that are not in MIG mode (`all`
+    /// is their count, as for `docker --gpus all`), and every MIG profile the node can cut
+    /// (not only the ones cut now), `+me` written `-me`.
+    #[test]
+    fn only_grantable_names_and_every_cuttable_profile() {
+        let status: NodeStatus = serde_json::from_value(serde_json::json!({
+            "node": "n1", "backend": "sim", "allocations": [], "mig_cut_on_demand": true,
+            "policy": {"version": 1, "digest": "x", "source": "f"},
+            "gpus": [
+                {"index": 0, "uuid": "GPU-0", "model": "H100-80GB", "minor": 0, "memory_mib": 81920,
+                 "mig_enabled": true, "state": "free", "instances": [
+                    {"uuid": "MIG-1", "profile": "3g.40gb", "gi_id": 1, "ci_id": 0, "start": 0, "size": 4,
+                     "memory_mib": 40192, "state": "free"}]},
+                {"index": 1, "uuid": "GPU-1", "model": "H100-80GB", "minor": 1, "memory_mib": 81920,
+                 "mig_enabled": false, "state": "free", "instances": []},
+                {"index": 2, "uuid": "GPU-2", "model": "H100-80GB", "minor": 2, "memory_mib": 81920,
+                 "mig_enabled": false, "state": "free", "instances": []}
+            ]
+        }))
+        .expect("status");
+        let o = Offer::new(&status, None);
+        let names: Vec<String> = o.devices().into_iter().map(|(n, r)| format!("{n}:{r}")).collect();
+        assert!(
+            names.contains(&"all:gpu=2".to_string()) && names.contains(&"gpu-2:gpu=2".to_string()),
+            "{names:?}"
+        );
+        assert!(!names.iter().any(|n| n.starts_with("gpu-3")), "{names:?}");
+        for p in ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"] {
+            assert!(names.contains(&format!("mig-{p}:mig={p}")), "{p}: {names:?}");
+        }
+        assert!(names.contains(&"mig-1g.10gb-me:mig=1g.10gb+me".to_string()), "{names:?}");
+        for (_, request) in o.devices() {
+            request.parse::<tessera_api::GpuRequest>().unwrap_or_else(|e| panic!("{request}: {e}"));
+        }
     }
 
     #[test]

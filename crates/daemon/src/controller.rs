@@ -11,6 +11,8 @@
 //!   (SQLite commits, /proc and runc-state reads, backend calls), never on the async workers;
 //! * **what runs outside the lock**: the actions with a slow part take what they need under
 //!   the lock, do the slow part without it, and record the result under it again —
+//!   [`Action::Update`] under a policy with fleet quotas (a raise's admission by the
+//!   books),
 //!   [`Action::Scrub`] and [`Action::Unquarantine`] (the scrub child process),
 //!   [`Action::MpsHealthCheck`] (control-binary pings and cap read-backs, on the
 //!   supervisor's own lock), [`Action::CheckEcc`] and [`Action::SampleUtilization`] (NVML
@@ -23,18 +25,20 @@
 //!   as errors, refusals (4xx) as warnings naming the action, container, tenant and rule.
 //!   Refusals of grants are also recorded as `refuse` events by the node (durable state).
 //!
-//! What a caller does after an action stays with the caller, with one exception that is
-//! part of the action: a successful [`Action::Start`] sent through [`Controller::run`]
-//! starts the exit watch of its container.
+//! What a caller does after an action stays with the caller (the API starts the exit watch
+//! of a container whose [`Action::Start`] succeeded: [`crate::server`]). The controller
+//! names no module that calls it: drivers (the API, the exit watcher, the fleet agent,
+//! the signal handlers, the device plugin, CDI) sit above it, the node below
+//! (`tests/modules.rs`).
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use metering::{IntervalRecord, UsageReport};
+use metering::UsageReport;
 use serde::Serialize;
 use tessera_api::{
     untrusted, AllocateRequest, Allocation, ApiError, ErrorCode, NodeStatus, ReleaseRequest,
-    StartRequest,
+    StartRequest, UpdateAnswer, UpdateDone, UpdateRequest,
 };
 use tracing::{debug, error, warn};
 
@@ -51,6 +55,13 @@ pub enum Action {
     Start { container_id: String, req: StartRequest },
     /// `DELETE /v1/allocations/{id}`: the checked release.
     Release { container_id: String, req: ReleaseRequest },
+    /// `POST /v1/allocations/{id}/update`: tessera-runtime asks before `runc update` of a
+    /// container's CPU or memory limits; a raise is admitted by the fleet's quotas
+    /// (without the lock), as a new grant is.
+    Update { container_id: String, req: UpdateRequest },
+    /// `POST /v1/allocations/{id}/update/done`: `runc update` ended; the kernel's limits
+    /// are recorded (or the limits of before asked back).
+    UpdateDone { container_id: String, req: UpdateDone },
     /// `GET /v1/allocations/{id}`.
     Allocation(String),
     /// `GET /v1/allocations`; also the running containers to watch after a start.
@@ -70,7 +81,7 @@ pub enum Action {
     /// `GET /v1/revoke-check`: the grants the policy in force would refuse now.
     RevokeCheck,
     /// `POST /v1/policy/reload` (and `SIGHUP`): read the `--policy` file again
-    /// ([`crate::reload`]).
+    /// ([`crate::policy_reload`]).
     ReloadPolicy,
     /// `POST /v1/revoke-check/stop`: stop them (signals and the grace period outside the
     /// lock); their grants are released as any grant is, once runc removed the container.
@@ -81,12 +92,20 @@ pub enum Action {
     Reconcile,
     /// Read ECC counts (outside the lock) and quarantine GPUs whose count rose.
     CheckEcc,
+    /// Drain XID events (outside the lock), quarantine what each reached, tell and (by
+    /// policy) stop the holders.
+    CheckFaults,
     /// The ledger heartbeat (also once at a clean stop).
     Checkpoint,
     /// Per-process utilisation (read outside the lock) into the open intervals.
     SampleUtilization,
     /// Scrub every device that needs it, one after the other (each outside the lock).
     Scrub,
+    /// Device and per-process telemetry (read outside the lock), mapped to containers; the
+    /// interference detector's sample, and its throttles and stops (outside the lock).
+    SampleTelemetry,
+    /// `GET /v1/telemetry`: the last sample.
+    Telemetry,
     /// Ping and check the caps of every MPS control daemon (outside the lock).
     MpsHealthCheck,
 
@@ -107,12 +126,21 @@ pub enum Action {
     // The fleet agent (`fleet.rs`).
     /// A verified policy revision: every decision from now on uses it.
     SetPolicy(Box<ActivePolicy>),
-    /// The ledger's id and rows, for the usage upload.
-    LedgerRows,
+    /// The ledger's chain head and the closed intervals after chain seq `after` (at most
+    /// `limit`), for the usage upload.
+    LedgerChain { after: u64, limit: usize },
+    /// `GET /v1/usage/verify`: recompute the ledger's hash chain.
+    VerifyLedger,
+
+    // The CDI spec (`cdi.rs`).
+    /// The node's status and the policy in force, read in one step.
+    CdiInputs,
 
     // The kubelet device plugin (`device_plugin.rs`).
     /// What the node can grant now, as the device plugin counts it.
     Capacity,
+    /// `Allocate`'s assignments: record a token for each before kubelet gets them.
+    IssueAssignments(Vec<tessera_api::deviceplugin::PluginAssignment>),
 
     // The fleet-quota sync (`quota.rs`).
     /// The node's capacity and quota-marked grants, for a sync.
@@ -129,9 +157,12 @@ impl Action {
             Action::Allocate(_) => "allocate",
             Action::Start { .. } => "start",
             Action::Release { .. } => "release",
+            Action::Update { .. } => "update",
+            Action::UpdateDone { .. } => "update done",
             Action::Allocation(_) => "allocation",
             Action::Allocations => "allocations",
             Action::Status => "status",
+            Action::CdiInputs => "CDI inputs",
             Action::Usage { .. } => "usage",
             Action::Metrics => "metrics",
             Action::MigPlan => "mig plan",
@@ -142,9 +173,12 @@ impl Action {
             Action::ReloadPolicy => "policy reload",
             Action::Reconcile => "reconcile",
             Action::CheckEcc => "ECC check",
+            Action::CheckFaults => "XID fault check",
             Action::Checkpoint => "ledger checkpoint",
             Action::SampleUtilization => "utilisation sampling",
             Action::Scrub => "scrub",
+            Action::SampleTelemetry => "telemetry sampling",
+            Action::Telemetry => "telemetry read",
             Action::MpsHealthCheck => "MPS health check",
             Action::ResumeMps => "resuming MPS supervision",
             Action::ResumeMetering => "resuming metering",
@@ -152,8 +186,10 @@ impl Action {
             Action::ExitWatchTarget(_) => "exit watch",
             Action::ContainerExited { .. } => "closing the intervals of an exited container",
             Action::SetPolicy(_) => "policy update",
-            Action::LedgerRows => "ledger read",
+            Action::LedgerChain { .. } => "ledger read",
+            Action::VerifyLedger => "ledger verification",
             Action::Capacity => "capacity read",
+            Action::IssueAssignments(_) => "device-plugin token issue",
             Action::QuotaSnapshot => "quota snapshot",
             Action::QuotaPreempt(_) => "quota preemption",
         }
@@ -170,6 +206,7 @@ impl Action {
                 | Action::Unquarantine(_)
                 | Action::Reconcile
                 | Action::CheckEcc
+                | Action::CheckFaults
                 | Action::Scrub
                 | Action::SetPolicy(_)
                 | Action::ReloadPolicy
@@ -182,6 +219,8 @@ impl Action {
             Action::Allocate(req) => Some(&req.container_id),
             Action::Start { container_id, .. }
             | Action::Release { container_id, .. }
+            | Action::Update { container_id, .. }
+            | Action::UpdateDone { container_id, .. }
             | Action::ContainerExited { container_id, .. } => Some(container_id),
             Action::Allocation(id) | Action::ExitWatchTarget(id) => Some(id),
             _ => None,
@@ -194,18 +233,20 @@ impl Action {
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum Outcome {
-    Allocation(Allocation),
+    /// Boxed: an allocation is the largest answer by far.
+    Allocation(Box<Allocation>),
     Allocations(Vec<Allocation>),
     Released {
         released: bool,
     },
+    Update(UpdateAnswer),
     Status(Box<NodeStatus>),
     Usage(UsageReport),
     Mig(MigReport),
     Unquarantined(ScrubOutcome),
     RevokeCheck(crate::node::revoke::RevokeCheck),
     RevokeStopped(crate::node::revoke::StopReport),
-    PolicyReloaded(crate::reload::ReloadReport),
+    PolicyReloaded(crate::policy_reload::ReloadReport),
     #[serde(skip)]
     Reconciled(ReconcileReport),
     /// ECC: the GPUs quarantined now.
@@ -224,15 +265,24 @@ pub enum Outcome {
     /// The Prometheus text.
     #[serde(skip)]
     Metrics(String),
+    Telemetry(Box<tessera_api::telemetry::NodeTelemetry>),
     #[serde(skip)]
     WatchTarget(Option<(i32, Option<u64>)>),
     #[serde(skip)]
-    Ledger {
-        ledger_id: String,
-        rows: Vec<IntervalRecord>,
+    /// The ledger's chain head and closed intervals after a chain seq.
+    Chain {
+        head: metering::ChainHead,
+        intervals: Vec<metering::ClosedInterval>,
     },
+    ChainReport(Box<metering::ChainReport>),
     #[serde(skip)]
     Capacity(Box<device_plugin::Snapshot>),
+    /// The node's status and the policy in force at one instant.
+    #[serde(skip)]
+    CdiInputs(Box<(NodeStatus, policy::Policy)>),
+    /// `Allocate`'s assignments with their recorded tokens.
+    #[serde(skip)]
+    Issued(Vec<tessera_api::deviceplugin::IssuedAssignment>),
     /// What a fleet-quota sync sends (its leases are added by the gate), and the quotas in
     /// force; `None`: the policy sets no quotas.
     #[serde(skip)]
@@ -263,11 +313,17 @@ pub struct Controller {
     /// Counts the actions that may have changed the node's capacity ([`Controller::changes`]).
     changes: tokio::sync::watch::Sender<u64>,
     /// What a policy reload reads ([`Controller::set_reload`]); unset: nothing to reload.
-    reload: std::sync::OnceLock<crate::reload::ReloadSetup>,
+    reload: std::sync::OnceLock<crate::policy_reload::ReloadSetup>,
     /// The fleet-quota gate ([`Controller::set_quota`]); unset: grants as without quotas.
     quota: std::sync::OnceLock<Arc<QuotaGate>>,
     /// This controller, for the threads a reclaim's stops run on.
     me: Weak<Controller>,
+    /// One quota admission at a time per tenant (not a gang member's): its plan, the
+    /// coordinator's answer and the grant, so that two of a tenant's requests never both
+    /// plan the one device a reclaim freed for that tenant and one of them then fails
+    /// after it was admitted ([`Controller::admission_turn`]). Lock order: a turn, then
+    /// the node.
+    admitting: Mutex<std::collections::BTreeMap<String, Arc<Mutex<()>>>>,
 }
 
 impl Controller {
@@ -279,6 +335,7 @@ impl Controller {
             reload: std::sync::OnceLock::new(),
             quota: std::sync::OnceLock::new(),
             me: me.clone(),
+            admitting: Mutex::new(std::collections::BTreeMap::new()),
         })
     }
 
@@ -290,12 +347,38 @@ impl Controller {
 
     /// Say which policy file [`Action::ReloadPolicy`] reads (once, at start; a second call
     /// is ignored).
-    pub fn set_reload(&self, setup: crate::reload::ReloadSetup) {
+    pub fn set_reload(&self, setup: crate::policy_reload::ReloadSetup) {
         let _ = self.reload.set(setup);
     }
 
-    pub(crate) fn reload_setup(&self) -> Option<&crate::reload::ReloadSetup> {
-        self.reload.get()
+    /// [`Action::ReloadPolicy`], in two steps ([`crate::policy_reload`]): which file, and
+    /// whether a reload may change anything, answered under the lock before the file is
+    /// read (a fleet node says why a reload changes nothing even when the file is broken);
+    /// the file read and validated outside the lock; then the check again and the swap, as
+    /// one step (a fleet revision may have come meanwhile). A failure is logged by `apply`.
+    fn reload_policy(&self) -> Result<crate::policy_reload::ReloadReport, ApiError> {
+        use crate::policy_reload::{file_source, load, log_reloaded, reloadable};
+        use crate::policy_reload::{PolicyVersion, ReloadReport};
+        let setup = self.reload.get();
+        let file =
+            self.locked(|n| reloadable(setup, n.policy()).map(std::path::Path::to_path_buf))?;
+        let policy = load(&file)?;
+        self.locked(|n| {
+            reloadable(setup, n.policy())?;
+            let before = n.policy();
+            let previous =
+                PolicyVersion { version: before.policy.version(), digest: before.policy.digest() };
+            let current = PolicyVersion { version: policy.version(), digest: policy.digest() };
+            let changed = previous.digest != current.digest;
+            n.set_policy(crate::node::ActivePolicy { policy, source: file_source(&file) });
+            if let Some(fleet) = setup.and_then(|s| s.fleet.as_ref()) {
+                fleet.note_local_reload(current.version, &current.digest);
+            }
+            let report =
+                ReloadReport { file: file.display().to_string(), previous, current, changed };
+            log_reloaded(&report);
+            Ok(report)
+        })
     }
 
     /// Changes whenever an action may have changed what the node can grant (a grant, a
@@ -304,21 +387,12 @@ impl Controller {
         self.changes.subscribe()
     }
 
-    /// Apply `action` on a blocking thread. A successful [`Action::Start`] starts the exit
-    /// watch of its container.
+    /// Apply `action` on a blocking thread.
     pub async fn run(self: &Arc<Self>, action: Action) -> Result<Outcome, ApiError> {
-        let watch = match &action {
-            Action::Start { container_id, .. } => Some(container_id.clone()),
-            _ => None,
-        };
         let ctl = Arc::clone(self);
-        let r = tokio::task::spawn_blocking(move || ctl.apply(action)).await.unwrap_or_else(|e| {
+        tokio::task::spawn_blocking(move || ctl.apply(action)).await.unwrap_or_else(|e| {
             Err(ApiError::new(ErrorCode::Internal, format!("tesserad: handler failed: {e}")))
-        });
-        if let (Some(id), Ok(_)) = (watch, &r) {
-            crate::exits::spawn(Arc::clone(self), id);
-        }
-        r
+        })
     }
 
     /// Apply `action` on this thread (blocking: call it from a blocking thread, or where
@@ -364,38 +438,73 @@ impl Controller {
     fn dispatch(&self, action: Action) -> Result<Outcome, ApiError> {
         use Outcome as O;
         match action {
-            Action::Allocate(req) => self.allocate(&req).map(O::Allocation),
+            Action::Allocate(req) => self.allocate(&req).map(|a| O::Allocation(Box::new(a))),
             Action::Start { container_id, req } => {
-                self.locked(|n| n.start(&container_id, &req)).map(O::Allocation)
+                self.locked(|n| n.start(&container_id, &req)).map(|a| O::Allocation(Box::new(a)))
             }
             Action::Release { container_id, req } => self
                 .locked(|n| n.release_removed(&container_id, &req))
                 .map(|released| O::Released { released }),
-            Action::Allocation(id) => self.locked(|n| n.allocation(&id)).map(O::Allocation),
+            Action::Update { container_id, req } => self.update(&container_id, &req).map(O::Update),
+            Action::UpdateDone { container_id, req } => {
+                let (answer, to_books) = self.locked(|n| n.finish_update(&container_id, &req))?;
+                self.tell_books(to_books);
+                Ok(O::Update(answer))
+            }
+            Action::Allocation(id) => {
+                self.locked(|n| n.allocation(&id)).map(|a| O::Allocation(Box::new(a)))
+            }
             Action::Allocations => self.locked(|n| n.allocations()).map(O::Allocations),
             Action::Status => {
                 let _round = self.mps_round();
                 self.locked(|n| n.status()).map(|s| O::Status(Box::new(s)))
+            }
+            Action::CdiInputs => {
+                let _round = self.mps_round();
+                self.locked(|n| {
+                    Ok(O::CdiInputs(Box::new((n.status()?, n.policy().policy.clone()))))
+                })
             }
             Action::Usage { from_ms, to_ms, by } => {
                 self.locked(|n| n.usage(from_ms, to_ms, by)).map(O::Usage)
             }
             Action::Metrics => {
                 let _round = self.mps_round();
-                self.locked(|n| Ok(crate::metrics::render(&n.status()?, &n.intervals()?)))
-                    .map(O::Metrics)
+                self.locked(|n| {
+                    Ok(crate::metrics::render(&n.status()?, &n.intervals()?)
+                        + &crate::metrics::render_telemetry(&n.telemetry_metrics()))
+                })
+                .map(O::Metrics)
             }
             Action::MigPlan => self.locked(|n| n.mig_plan()).map(O::Mig),
             Action::MigConverge => self.locked(|n| n.mig_converge()).map(O::Mig),
             Action::Unquarantine(uuid) => self.unquarantine(&uuid).map(O::Unquarantined),
             Action::RevokeCheck => self.locked(|n| n.revoke_check()).map(O::RevokeCheck),
             Action::RevokeStop(req) => self.revoke_stop(&req).map(O::RevokeStopped),
-            Action::ReloadPolicy => crate::reload::reload(self).map(O::PolicyReloaded),
-            Action::Reconcile => self.locked(|n| n.reconcile()).map(O::Reconciled),
+            Action::ReloadPolicy => self.reload_policy().map(O::PolicyReloaded),
+            Action::Reconcile => {
+                let (report, to_books) = self.locked(|n| Ok((n.reconcile()?, n.check_limits())))?;
+                for r in to_books {
+                    self.tell_books(Some(r));
+                }
+                Ok(O::Reconciled(report))
+            }
             Action::CheckEcc => {
                 let probe = self.locked(|n| Ok(n.ecc_probe()))?;
                 let readings = probe.read(); // outside the lock: NVML may hang
                 self.locked(|n| n.record_ecc(readings)).map(O::Quarantined)
+            }
+            Action::CheckFaults => {
+                let probe = self.locked(|n| Ok(n.fault_probe()))?;
+                let readings = probe.read(); // outside the lock: NVML's event set
+                let report = self.locked(|n| n.record_faults(readings))?;
+                let quarantined = report.quarantined.clone();
+                self.stop_in_background(
+                    crate::node::revoke::StopCause::Fault,
+                    report.stop,
+                    report.grace,
+                );
+                Ok(O::Quarantined(quarantined))
             }
             Action::Checkpoint => self.locked(|n| n.checkpoint()).map(O::Count),
             Action::SampleUtilization => {
@@ -404,6 +513,8 @@ impl Controller {
                 self.locked(|n| n.record_utilization(samples)).map(O::Count)
             }
             Action::Scrub => self.scrub_pending().map(O::Count),
+            Action::SampleTelemetry => self.sample_telemetry().map(O::Count),
+            Action::Telemetry => self.locked(|n| Ok(O::Telemetry(Box::new(n.telemetry())))),
             Action::MpsHealthCheck => {
                 // The supervisor has its own lock; the node takes it only while holding the
                 // node lock, never the other way round.
@@ -433,17 +544,20 @@ impl Controller {
                 Ok(O::Done)
             }),
             Action::Capacity => self.locked(|n| n.capacity()).map(|c| O::Capacity(Box::new(c))),
+            Action::IssueAssignments(made) => {
+                self.locked(|n| n.issue_assignments(&made)).map(O::Issued)
+            }
             Action::QuotaSnapshot => {
                 self.quota_snapshot().map(|r| O::QuotaSnapshot(r.map(Box::new)))
             }
             Action::QuotaPreempt(victims) => self.preempt(&victims, None).map(O::Count),
-            Action::LedgerRows => self.locked(|n| {
-                let ledger = n.ledger();
-                let rows = ledger.intervals().map_err(|e| {
-                    ApiError::new(ErrorCode::Internal, format!("reading the ledger: {e}"))
-                })?;
-                Ok(O::Ledger { ledger_id: ledger.ledger_id().to_string(), rows })
+            Action::LedgerChain { after, limit } => self.locked(|n| {
+                let (head, intervals) = n.chained_after(after, limit)?;
+                Ok(O::Chain { head, intervals })
             }),
+            Action::VerifyLedger => {
+                self.locked(|n| n.verify_chain()).map(|r| O::ChainReport(Box::new(r)))
+            }
         }
     }
 
@@ -460,6 +574,69 @@ impl Controller {
             }
         }
         Ok(ran)
+    }
+
+    /// One telemetry tick: the probe under the lock, the reads without it, the record (and
+    /// the interference detector) under it; then the throttles on the MPS supervisor's own
+    /// lock and the stops on threads of their own, each recorded as an event. Returns how
+    /// many steps were carried out.
+    fn sample_telemetry(&self) -> Result<usize, ApiError> {
+        use interference::Step;
+        let probe = self.locked(|n| n.telemetry_probe())?;
+        let readings = probe.read(); // outside the lock: NVML and /proc
+        let steps = self.locked(|n| n.record_telemetry(readings))?;
+        if steps.is_empty() {
+            return Ok(0);
+        }
+        let supervisor = self.locked(|n| Ok(n.mps_supervisor()))?;
+        let done: Vec<(Step, Result<u8, String>)> = steps
+            .into_iter()
+            .map(|step| {
+                let result = match &step {
+                    Step::Throttle { incident, to_percent, .. } => supervisor
+                        .throttle(&incident.device, &incident.aggressor_tenant, *to_percent)
+                        .map_err(|e| e.to_string()),
+                    _ => Ok(0),
+                };
+                (step, result)
+            })
+            .collect();
+        let n = done.len();
+        let (stop, grace) = self.locked(|n| {
+            let grace = Duration::from_secs(n.policy().policy.interference().stop_grace_s);
+            Ok((n.record_interference_steps(done)?, grace))
+        })?;
+        self.stop_in_background(crate::node::revoke::StopCause::Interference, stop, grace);
+        Ok(n)
+    }
+
+    /// Stop `targets` (SIGTERM, `grace`, SIGKILL) on a thread of their own, recording what
+    /// happened as `cause`'s events under the lock when done. Nothing is released here: the
+    /// grants go when runc has removed the containers, as every grant does.
+    fn stop_in_background(
+        &self,
+        cause: crate::node::revoke::StopCause,
+        targets: Vec<crate::node::revoke::Target>,
+        grace: Duration,
+    ) {
+        if targets.is_empty() {
+            return;
+        }
+        let Some(me) = self.me.upgrade() else { return };
+        let Ok(host) = self.locked(|n| Ok(n.host())) else { return };
+        let ids: Vec<String> = targets.iter().map(|t| t.refused.container_id.clone()).collect();
+        let spawned = std::thread::Builder::new().name("tessera-stop".into()).spawn(move || {
+            let stopped = crate::node::revoke::stop(host.as_ref(), targets, grace);
+            if let Err(e) = me.locked(|n| {
+                n.record_stops(cause, &stopped);
+                Ok(())
+            }) {
+                log_failure("recording a stop", None, &e);
+            }
+        });
+        if let Err(e) = spawned {
+            error!("cannot start a thread to stop {ids:?} ({}): {e}", cause.event());
+        }
     }
 
     /// Stop the grants the policy refuses: which ones (recorded as events) under the lock,
@@ -487,6 +664,16 @@ impl Controller {
         let Some(gate) = self.quota.get() else {
             return self.locked(|n| n.allocate(req));
         };
+        // A gang member's ask may wait for its gang (its members come in parallel): no turn.
+        let turn = match quota::gang_of(&req.annotations) {
+            Ok(None) => {
+                self.locked(|n| Ok(n.policy().policy.resolve_identity(&req.annotations).ok()))?
+            }
+            _ => None,
+        }
+        .map(|tenant| self.admission_turn(&tenant.path));
+        let _turn =
+            turn.as_ref().map(|t| t.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         let ask = match self.locked(|n| n.prepare_allocate(req, QuotaMode::On))? {
             Prepared::Granted(a) => return Ok(*a),
             Prepared::Ask(ask) => ask,
@@ -562,6 +749,93 @@ impl Controller {
                     rule: Some("quotas".into()),
                 })
             }
+        }
+    }
+
+    /// The lock that gives `tenant`'s quota admissions their turn on this node (kept while
+    /// anyone holds it; others are dropped as a new one is made).
+    fn admission_turn(&self, tenant: &str) -> Arc<Mutex<()>> {
+        let mut turns = self.admitting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        turns.retain(|_, t| Arc::strong_count(t) > 1);
+        turns.entry(tenant.to_string()).or_default().clone()
+    }
+
+    /// An update of a container's limits (`runc update`): planned under the lock, a raise
+    /// admitted by the books without it (as a new grant is: the node's own books synced
+    /// first, or the coordinator, or this node's lease while it is unreachable), begun
+    /// under it again. A raise the books admitted that cannot begin is given back.
+    fn update(&self, container_id: &str, req: &UpdateRequest) -> Result<UpdateAnswer, ApiError> {
+        use crate::node::{UpdateAdmission, UpdatePlan};
+        let step = match self.locked(|n| n.plan_update(container_id, req))? {
+            UpdatePlan::NoGrant => return Ok(UpdateAnswer::default()),
+            UpdatePlan::Step(s) => s,
+        };
+        let gate = self.quota.get();
+        let (Some(resize), Some(gate)) = (&step.resize, gate) else {
+            return self.locked(|n| n.begin_update(&step, &UpdateAdmission::None));
+        };
+        if !gate.has_coordinator() {
+            if let Some((snap, tree, _)) = self.quota_snapshot()? {
+                let victims = gate.sync_local(&snap, &tree);
+                if !victims.is_empty() {
+                    self.preempt(&victims, None)?;
+                }
+            }
+        }
+        let refuse = |err: ApiError| -> Result<UpdateAnswer, ApiError> {
+            self.locked(|n| {
+                n.record_quota_refusal(container_id, &err);
+                Ok(())
+            })?;
+            Err(err)
+        };
+        let grant_request = self.locked(|n| Ok(n.allocation(container_id)?.request))?;
+        let admission = match gate.resize(resize, &step.tree) {
+            Verdict::Admitted { class, over } => UpdateAdmission::Fleet { class, over },
+            Verdict::Unreachable { since_ms, why } => {
+                UpdateAdmission::Lease { leases: gate, since_ms, why }
+            }
+            Verdict::Refused { message, rule } => {
+                let mut err = quota::refused_error(&step.tenant, &grant_request, &message, rule);
+                err.message = format!("update of its limits refused: {}", err.message);
+                return refuse(err);
+            }
+            Verdict::Failed { message } | Verdict::Reclaiming { message, .. } => {
+                return refuse(ApiError {
+                    code: ErrorCode::Internal,
+                    message: format!(
+                        "the quota coordinator could not admit the update of its limits: {}; nothing \
+                         changed",
+                        untrusted(&message).max_chars(512)
+                    ),
+                    tenant: Some(step.tenant.clone()),
+                    request: Some(grant_request.to_string()),
+                    rule: Some("quotas".into()),
+                })
+            }
+        };
+        let r = self.locked(|n| n.begin_update(&step, &admission));
+        if r.is_err() {
+            if let (UpdateAdmission::Fleet { .. }, Some(mark)) = (&admission, &step.mark) {
+                // Counted, never begun: the books count the grant as before.
+                gate.resized(
+                    fleet::quota::ResizeRequest {
+                        amounts: quota::mark_amounts(mark),
+                        ..resize.clone()
+                    },
+                    &step.tree,
+                );
+            }
+        }
+        r
+    }
+
+    /// Tell the books what a grant counts after an update (best effort; the sync carries
+    /// it too).
+    fn tell_books(&self, resize: Option<fleet::quota::ResizeRequest>) {
+        let (Some(resize), Some(gate)) = (resize, self.quota.get()) else { return };
+        if let Ok(tree) = self.locked(|n| Ok(n.policy().policy.quotas().clone())) {
+            gate.resized(resize, &tree);
         }
     }
 

@@ -6,13 +6,17 @@
 //! ([`Action::Capacity`], pure [`crate::node::snapshot`]) and handed to the plugin, which
 //! sends kubelet the lists that changed.
 //!
+//! `Allocate`'s assignments get their tokens from the node ([`Action::IssueAssignments`],
+//! recorded durably before kubelet gets the answer: `node/tokens.rs`).
+//!
 //! Off unless `--device-plugin-dir DIR` is given (see `docs/KUBERNETES.md`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use device_plugin::{Config, Plugin};
+use device_plugin::{Config, Issuer, Plugin};
+use tessera_api::deviceplugin::{IssuedAssignment, PluginAssignment};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -33,12 +37,21 @@ pub struct DevicePlugin {
 }
 
 impl DevicePlugin {
-    /// Starts the plugin in kubelet's plugin directory `dir`.
-    pub fn start(ctl: Arc<Controller>, dir: PathBuf) -> DevicePlugin {
+    /// Starts the plugin in kubelet's plugin directory `dir`. MPS is advertised only where
+    /// `mps_control` (tesserad's `--mps-control`) exists: a share needs its daemon.
+    pub fn start(ctl: Arc<Controller>, dir: PathBuf, mps_control: &Path) -> DevicePlugin {
         info!(dir = %dir.display(), "serving the kubelet device-plugin API");
-        let plugin = Plugin::new(Config::new(dir));
+        let mps = executable(mps_control);
+        if !mps {
+            info!(
+                control = %mps_control.display(),
+                "tessera.io/mps is not advertised: no MPS control daemon here (--mps-control)"
+            );
+        }
+        let issuer = Arc::new(NodeIssuer(ctl.clone()));
+        let plugin = Plugin::new(Config::new(dir), issuer);
         let (stop, stopped) = watch::channel(false);
-        let follow = tokio::spawn(follow(ctl, plugin.clone()));
+        let follow = tokio::spawn(follow(ctl, plugin.clone(), mps));
         let serve = tokio::spawn(plugin.clone().serve(stopped));
         DevicePlugin { plugin, stop, serve, follow }
     }
@@ -58,15 +71,44 @@ impl DevicePlugin {
     }
 }
 
-/// Hands the node's capacity to the plugin after every change, and every [`RESYNC`].
-async fn follow(ctl: Arc<Controller>, plugin: Arc<Plugin>) {
+/// The node issues `Allocate`'s tokens, under its lock.
+#[derive(Debug)]
+struct NodeIssuer(Arc<Controller>);
+
+impl Issuer for NodeIssuer {
+    fn issue(&self, made: &[PluginAssignment]) -> Result<Vec<IssuedAssignment>, String> {
+        match self.0.apply(Action::IssueAssignments(made.to_vec())) {
+            Ok(Outcome::Issued(issued)) => Ok(issued),
+            Ok(_) => Err("tesserad answered something else than tokens".into()),
+            Err(e) => Err(e.message),
+        }
+    }
+}
+
+/// Whether `p` names an executable file: as a path, or a bare name on `PATH`.
+fn executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    let is_exe = |f: &Path| {
+        std::fs::metadata(f).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if p.components().count() > 1 || p.is_absolute() {
+        return is_exe(p);
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|d| is_exe(&d.join(p))))
+}
+
+/// Hands the node's capacity to the plugin after every change, and every [`RESYNC`]
+/// (without MPS where no control daemon can run).
+async fn follow(ctl: Arc<Controller>, plugin: Arc<Plugin>, mps: bool) {
     let mut changes = ctl.changes();
     let mut failing = false;
     loop {
         let c = ctl.clone();
         match tokio::task::spawn_blocking(move || c.apply(Action::Capacity)).await {
-            Ok(Ok(Outcome::Capacity(snapshot))) => {
+            Ok(Ok(Outcome::Capacity(mut snapshot))) => {
                 failing = false;
+                snapshot.offer.mps &= mps;
                 plugin.update(*snapshot);
             }
             // The controller logged the failure; say once that the lists are stale.

@@ -2,7 +2,6 @@
 //! written whole (temporary file, fsync, rename, fsync the directory), so a reader sees
 //! the old file or the new one, never a torn one. Errors name the file and what it holds.
 
-use std::io::Write as _;
 use std::path::Path;
 
 use serde::de::DeserializeOwned;
@@ -22,14 +21,22 @@ pub(crate) fn load_json<T: DeserializeOwned>(path: &Path, what: &str) -> Result<
 
 /// Write `value` to `path` durably (see the module documentation).
 pub(crate) fn store_json<T: Serialize>(path: &Path, what: &str, value: &T) -> Result<(), String> {
-    let err = |e: std::io::Error| format!("{what} {}: {e}", path.display());
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(err)?;
+    store(path, what, value, false)
+}
+
+/// [`store_json`] for a file of secrets: created anew with mode 0600 (never through a link
+/// left where the temporary file goes), so only root reads it whatever the umask.
+pub(crate) fn store_private_json<T: Serialize>(
+    path: &Path,
+    what: &str,
+    value: &T,
+) -> Result<(), String> {
+    store(path, what, value, true)
+}
+
+fn store<T: Serialize>(path: &Path, what: &str, value: &T, private: bool) -> Result<(), String> {
     let json = serde_json::to_vec(value).map_err(|e| e.to_string())?;
-    let tmp = path.with_extension("json.tmp");
-    let mut file = std::fs::File::create(&tmp).map_err(err)?;
-    file.write_all(&json).and_then(|()| file.sync_all()).map_err(err)?;
-    drop(file);
-    std::fs::rename(&tmp, path).map_err(err)?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err)
+    let mode = if private { 0o600 } else { 0o644 };
+    tessera_api::durable::replace(path, &json, mode, tessera_api::durable::Sync::Durable)
+        .map_err(|e| format!("{what} {}: {e}", path.display()))
 }

@@ -24,7 +24,7 @@ use crate::controller::{Action, Controller, Outcome};
 const RECHECK: Duration = Duration::from_secs(60);
 
 /// The ledger's close reason for intervals closed at the process's exit.
-pub const EXITED_REASON: &str = "exited";
+pub use crate::node::EXITED_REASON;
 
 /// Watch `container_id`'s init process and close its intervals when it exits.
 pub fn spawn(ctl: Arc<Controller>, container_id: String) {

@@ -14,12 +14,15 @@
 //!   the new policy; allocations already granted keep their grants. The agent then keeps
 //!   the signed envelope as last-known-good.
 //! * **Usage**: every `usage_every`, the closed ledger intervals not uploaded yet go to
-//!   the coordinator, which stores each interval id once: a batch whose answer was lost
-//!   and is sent again counts once. The high-water mark (every closed interval up to this
-//!   ledger `seq` is uploaded) is kept in the state dir with the ledger's id, so a
-//!   restart resends at most what was above it (again counted once).
+//!   the coordinator in chain order, each batch a segment of the ledger's hash chain
+//!   signed with the node's key (`STATE/fleet/node.key`; [`::fleet::proof`]). The
+//!   coordinator stores a segment only if it extends the chain it holds: a batch whose
+//!   answer was lost and is sent again is refused as a replay and counted once (the
+//!   uploader asks for the coordinator's head). The high-water mark (every closed interval
+//!   up to this chain seq is uploaded) is kept in the state dir with the ledger's id; after
+//!   a start, and after any refusal, the coordinator's head for the ledger decides where
+//!   the next upload starts.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -67,6 +70,9 @@ pub struct CoordinatorConfig {
     /// How often the node syncs its quota holdings and leases (under a policy with
     /// quotas; default [`::fleet::quota::SYNC_INTERVAL`]).
     pub quota_sync_every: Duration,
+    /// The node's own key, which signs its usage uploads (the daemon loads or makes
+    /// `STATE/fleet/node.key` at start).
+    pub node_key: Option<signing::Signer>,
 }
 
 impl std::fmt::Debug for CoordinatorConfig {
@@ -101,6 +107,7 @@ impl CoordinatorConfig {
             tls: None,
             policy_overrides_fleet: false,
             quota_sync_every: ::fleet::quota::SYNC_INTERVAL,
+            node_key: None,
         }
     }
 }
@@ -168,6 +175,7 @@ impl Fleet {
         agent_cfg.retry_max = cfg.retry_max.max(agent_cfg.retry_min);
         agent_cfg.tls = cfg.tls.clone();
         agent_cfg.local_override = cfg.policy_overrides_fleet;
+        agent_cfg.node_key = cfg.node_key.clone();
         let agent = PolicyAgent::new(agent_cfg).map_err(|e| err(e.to_string()))?;
         Ok(Fleet {
             agent,
@@ -321,16 +329,6 @@ impl Fleet {
         self.quota_sync_every
     }
 
-    /// A reload of the local policy file put `version` in force ([`crate::reload`], which
-    /// allows it only while the file is the policy in force): what the node reports.
-    pub fn note_local_reload(&self, version: u64, digest: &str) {
-        let mut s = lock(&self.status);
-        s.applied_version = Some(version);
-        s.applied_digest = Some(digest.to_string());
-        s.applied_at_ms = Some(::fleet::now_ms());
-        s.rejections_at_apply = s.rejections;
-    }
-
     /// What `GET /v1/status` shows under `policy.coordinator`.
     pub fn snapshot(&self) -> CoordinatorStatus {
         let s = lock(&self.status).clone();
@@ -376,7 +374,7 @@ impl Fleet {
             ctl,
             path: self.mark_path.clone(),
             mark,
-            sent: BTreeSet::new(),
+            synced: false,
             status: self.usage.clone(),
         }
     }
@@ -402,6 +400,7 @@ impl Fleet {
     pub fn router(self: &Arc<Self>, ctl: Arc<Controller>, inner: Router) -> Router {
         Router::new()
             .route("/v1/status", get(status_route))
+            .route("/v1/usage/verify", get(verify_route))
             .with_state((self.clone(), ctl))
             .fallback_service(inner)
     }
@@ -467,13 +466,86 @@ async fn status_route(State((fleet, ctl)): State<(Arc<Fleet>, Arc<Controller>)>)
     }
 }
 
+/// `GET /v1/usage/verify` on a fleet node: the ledger's own chain check, then its chain
+/// against the coordinator's copy (what the node signed and the coordinator stored): the
+/// link the coordinator holds last must be the local link at that seq.
+async fn verify_route(State((fleet, ctl)): State<(Arc<Fleet>, Arc<Controller>)>) -> Response {
+    let reply = |r: Result<Outcome, ApiError>| match r {
+        Ok(o) => (StatusCode::OK, Json(o)).into_response(),
+        Err(e) => {
+            let status = StatusCode::from_u16(e.code.http_status())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            (status, Json(e)).into_response()
+        }
+    };
+    let mut report = match ctl.run(Action::VerifyLedger).await {
+        Ok(Outcome::ChainReport(r)) => *r,
+        other => return reply(other),
+    };
+    let held = match fleet.agent.usage_head(&report.ledger_id).await {
+        Ok(h) => h,
+        Err(e) => {
+            report.remote = Some(format!("not compared with the coordinator's copy: {e}"));
+            return reply(Ok(Outcome::ChainReport(Box::new(report))));
+        }
+    };
+    let problem = |chain_seq, interval: String, why: String| metering::ChainBreak {
+        chain_seq,
+        interval,
+        why,
+    };
+    if held.seq > report.head.seq {
+        report.problems.push(problem(
+            report.head.seq + 1,
+            "-".into(),
+            format!(
+                "the coordinator holds this ledger's chain up to seq {}, signed by this node, but the local ledger ends at seq {}: rows were cut off",
+                held.seq, report.head.seq
+            ),
+        ));
+    } else if held.seq > 0 {
+        match ctl.run(Action::LedgerChain { after: held.seq - 1, limit: 1 }).await {
+            Ok(Outcome::Chain { intervals, .. }) => {
+                let local =
+                    intervals.first().and_then(|i| i.chain.clone().map(|l| (i.id.to_string(), l)));
+                match local {
+                    Some((_, l)) if l.seq == held.seq && l.hash == held.hash => {}
+                    Some((id, l)) => report.problems.push(problem(
+                        held.seq,
+                        id,
+                        format!(
+                            "the coordinator holds link {} as {} (signed by this node when uploaded), the local ledger has {}: the local chain was rewritten",
+                            held.seq,
+                            metering::chain::short(&held.hash),
+                            metering::chain::short(&l.hash)
+                        ),
+                    )),
+                    None => report.problems.push(problem(
+                        held.seq,
+                        "-".into(),
+                        "the local ledger has no link at the seq the coordinator holds last".into(),
+                    )),
+                }
+            }
+            other => return reply(other),
+        }
+    }
+    report.problems.sort_by_key(|p| if p.chain_seq == 0 { u64::MAX } else { p.chain_seq });
+    report.remote = Some(format!(
+        "the coordinator holds this ledger up to chain seq {} ({})",
+        held.seq,
+        metering::chain::short(&held.hash)
+    ));
+    reply(Ok(Outcome::ChainReport(Box::new(report))))
+}
+
 /// The usage high-water mark, kept in the state dir.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Mark {
     /// The ledger file the mark is about (a replaced ledger starts over).
     ledger_id: String,
-    /// Every closed interval with `seq` up to this is uploaded.
+    /// Every closed interval up to this chain seq is uploaded.
     uploaded_through_seq: u64,
 }
 
@@ -486,16 +558,19 @@ fn store_mark(path: &Path, mark: &Mark) -> Result<(), String> {
     crate::durable::store_json(path, "usage upload mark", mark)
 }
 
-/// Uploads closed ledger intervals to the coordinator.
+/// Intervals read from the ledger per upload round (several signed batches).
+const READ_BATCH: usize = 4 * ::fleet::MAX_UPLOAD_BATCH;
+
+/// Uploads closed ledger intervals to the coordinator, in chain order, signed.
 #[derive(Debug)]
 pub struct Uploader {
     agent: PolicyAgent,
     ctl: Arc<Controller>,
     path: PathBuf,
     mark: Mark,
-    /// Seqs above the mark already uploaded in this run (an open interval below them
-    /// holds the mark back).
-    sent: BTreeSet<u64>,
+    /// Whether the mark was checked against the coordinator's head for this ledger (after
+    /// a start, a new ledger, or a refusal it is asked again).
+    synced: bool,
     status: Arc<Mutex<UsageUploadStatus>>,
 }
 
@@ -512,93 +587,106 @@ impl Uploader {
         }
     }
 
-    async fn upload(&mut self) -> Result<(), String> {
-        let (ledger_id, rows) = match self.ctl.run(Action::LedgerRows).await {
-            Ok(Outcome::Ledger { ledger_id, rows }) => (ledger_id, rows),
-            Ok(other) => return Err(format!("ledger read: unexpected {other:?}")),
-            Err(e) => return Err(e.message),
-        };
-        if ledger_id != self.mark.ledger_id {
-            if !self.mark.ledger_id.is_empty() {
-                info!(old = %self.mark.ledger_id, new = %ledger_id, "the ledger file changed: uploading it from the start");
-            }
-            self.mark = Mark { ledger_id, uploaded_through_seq: 0 };
-            self.sent.clear();
+    async fn chain_after(
+        &self,
+        after: u64,
+    ) -> Result<(metering::ChainHead, Vec<metering::ClosedInterval>), String> {
+        match self.ctl.run(Action::LedgerChain { after, limit: READ_BATCH }).await {
+            Ok(Outcome::Chain { head, intervals }) => Ok((head, intervals)),
+            Ok(other) => Err(format!("ledger read: unexpected {other:?}")),
+            Err(e) => Err(e.message),
         }
-        let through = self.mark.uploaded_through_seq;
-        let pending: Vec<(u64, metering::ClosedInterval)> = rows
-            .iter()
-            .filter(|r| r.seq > through && !self.sent.contains(&r.seq))
-            .filter_map(|r| closed(r).map(|c| (r.seq, c)))
-            .collect();
-        lock(&self.status).pending = pending.len() as u64;
-        let mut result = Ok(());
-        for chunk in pending.chunks(::fleet::MAX_UPLOAD_BATCH) {
-            let intervals: Vec<metering::ClosedInterval> =
-                chunk.iter().map(|(_, c)| c.clone()).collect();
-            match self.agent.upload_usage(&intervals).await {
+    }
+
+    async fn upload(&mut self) -> Result<(), String> {
+        loop {
+            let (head, intervals) = self.chain_after(self.mark.uploaded_through_seq).await?;
+            if head.ledger_id != self.mark.ledger_id {
+                if !self.mark.ledger_id.is_empty() {
+                    info!(old = %self.mark.ledger_id, new = %head.ledger_id, "the ledger file changed: uploading its chain from the start");
+                }
+                self.mark = Mark { ledger_id: head.ledger_id.clone(), uploaded_through_seq: 0 };
+                self.synced = false;
+                continue;
+            }
+            if !self.synced {
+                // Where the coordinator's copy of this ledger's chain ends.
+                let held = self
+                    .agent
+                    .usage_head(&head.ledger_id)
+                    .await
+                    .map_err(|e| format!("asking the coordinator for its chain head: {e}"))?;
+                if held.seq > head.seq {
+                    return Err(format!(
+                        "the coordinator holds ledger {} up to chain seq {} but the local ledger ends at seq {}:                          the ledger file was replaced or cut back (run `tessera usage --verify`)",
+                        head.ledger_id, held.seq, head.seq
+                    ));
+                }
+                self.synced = true;
+                if held.seq != self.mark.uploaded_through_seq {
+                    info!(ledger = %head.ledger_id, local = self.mark.uploaded_through_seq, coordinator = held.seq, "usage upload mark set to the coordinator's chain head");
+                    self.set_mark(held.seq);
+                    continue;
+                }
+            }
+            lock(&self.status).pending = head.seq.saturating_sub(self.mark.uploaded_through_seq);
+            let Some(last) = intervals.last().and_then(|i| i.chain.as_ref()).map(|l| l.seq) else {
+                return Ok(());
+            };
+            match self.agent.upload_usage(&head.ledger_id, &intervals).await {
                 Ok(out) => {
                     if !out.conflicts.is_empty() {
-                        error!(ids = ?out.conflicts, "the coordinator already holds these interval ids with other content; it kept the first upload");
+                        error!(ids = ?out.conflicts, "the coordinator already holds these interval ids with other content");
                     }
                     let mut s = lock(&self.status);
                     s.accepted += out.accepted;
                     s.duplicates += out.duplicates;
                     s.conflicts += out.conflicts.len() as u64;
-                    s.pending = s.pending.saturating_sub(chunk.len() as u64);
                     s.last_upload_ms = Some(::fleet::now_ms());
                     drop(s);
                     if out.accepted > 0 || out.duplicates > 0 {
                         info!(
                             accepted = out.accepted,
                             duplicates = out.duplicates,
+                            through = last,
                             "fleet usage uploaded"
                         );
                     }
-                    self.sent.extend(chunk.iter().map(|(seq, _)| *seq));
+                    self.set_mark(last);
                 }
                 Err(e) => {
-                    result = Err(e.to_string());
-                    break;
+                    // Refused or unanswered: ask the coordinator's head again next time.
+                    self.synced = false;
+                    return Err(e.to_string());
                 }
             }
         }
-        // The mark moves over every row that is closed and uploaded, up to the first that
-        // is not (open, or failed to upload).
-        let mut mark = through;
-        for r in rows.iter().filter(|r| r.seq > through) {
-            if r.end.is_some() && self.sent.contains(&r.seq) {
-                mark = r.seq;
-            } else {
-                break;
-            }
+    }
+
+    fn set_mark(&mut self, seq: u64) {
+        self.mark.uploaded_through_seq = seq;
+        lock(&self.status).uploaded_through_seq = seq;
+        if let Err(e) = store_mark(&self.path, &self.mark) {
+            // Not fatal: after a restart the coordinator's head decides where to start.
+            warn!("{e}");
         }
-        if mark != through {
-            self.sent.retain(|s| *s > mark);
-            self.mark.uploaded_through_seq = mark;
-            lock(&self.status).uploaded_through_seq = mark;
-            if let Err(e) = store_mark(&self.path, &self.mark) {
-                // Not fatal: after a restart the intervals above the old mark are sent
-                // again and counted once.
-                warn!("{e}");
-            }
-        }
-        result
     }
 }
 
-/// A closed ledger row as uploaded (`None` while open).
-fn closed(r: &metering::IntervalRecord) -> Option<metering::ClosedInterval> {
-    let end = r.end.as_ref()?;
-    Some(metering::ClosedInterval {
-        id: r.id.clone(),
-        start: r.start.clone(),
-        start_wall_ms: r.start_wall_ms,
-        end_wall_ms: end.wall_ms,
-        duration_ms: end.duration_ms,
-        gpu_seconds: end.gpu_seconds,
-        reason: end.reason.clone(),
-    })
+/// A reload of the local policy file ([`crate::policy_reload`], which allows it only while
+/// the file is the policy in force) against the fleet's view of the policy in force.
+impl crate::policy_reload::FleetPolicy for Fleet {
+    fn source_reason(&self) -> Option<String> {
+        self.snapshot().source_reason
+    }
+    /// What the node reports: `version` is in force.
+    fn note_local_reload(&self, version: u64, digest: &str) {
+        let mut s = lock(&self.status);
+        s.applied_version = Some(version);
+        s.applied_digest = Some(digest.to_string());
+        s.applied_at_ms = Some(::fleet::now_ms());
+        s.rejections_at_apply = s.rejections;
+    }
 }
 
 #[cfg(test)]

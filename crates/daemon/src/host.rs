@@ -16,16 +16,33 @@ pub trait Host: Send + Sync + fmt::Debug {
     /// Start time (clock ticks since boot) of `pid`, or `None` if it is not alive (a
     /// zombie counts as gone).
     fn pid_start_time(&self, pid: i32) -> Option<u64>;
-    /// `pid` and every process descending from it.
-    fn process_tree(&self, pid: i32) -> BTreeSet<u32>;
+    /// The processes of a container whose init is `init` and whose grant recorded
+    /// `cgroup` ([`liveness::container_processes`]: the cgroup's, else the init's tree):
+    /// the one mapping of processes to containers, for telemetry and metering.
+    fn container_processes(&self, init: Option<i32>, cgroup: Option<&str>) -> BTreeSet<u32>;
     /// The cgroup holding `pid`'s device rules, relative to the cgroup mount root, checked
     /// to list `pid` ([`liveness::container_cgroup`]).
     fn container_cgroup(&self, pid: i32) -> Result<String, String>;
     /// How many processes are in cgroup `rel` and below it.
     fn cgroup_procs(&self, rel: &str) -> CgroupProcs;
+    /// The CPU and memory limits the kernel enforces on `pid`'s own cgroups
+    /// ([`crate::limits::read_limits`]). A host that cannot tell says why.
+    fn cgroup_limits(
+        &self,
+        pid: i32,
+    ) -> Result<(tessera_api::KernelLimits, crate::limits::CgroupVersion), String> {
+        let _ = pid;
+        Err("this host does not read cgroup limits".into())
+    }
     /// Whether runc has a record of container `id` under `runc_root`.
     fn runc_state_exists(&self, runc_root: &Path, id: &str) -> bool {
         tessera_api::runc_state_exists(runc_root, id)
+    }
+    /// The host's online CPUs and NUMA nodes (`/sys/devices/system/{cpu,node}/online`),
+    /// for a grant's CPU set (`topology.pin_cpus`); `None` where it cannot tell (then
+    /// nothing is pinned).
+    fn cpu_layout(&self) -> Option<(Vec<u32>, Vec<u32>)> {
+        None
     }
     /// Unix milliseconds now.
     fn now_ms(&self) -> u64 {
@@ -157,17 +174,34 @@ pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 pub const PROC_ROOT: &str = "/proc";
 
 impl Host for LinuxHost {
+    fn cpu_layout(&self) -> Option<(Vec<u32>, Vec<u32>)> {
+        let read = |p: &str| {
+            std::fs::read_to_string(p)
+                .ok()
+                .and_then(|t| tessera_api::cpulist::parse_cpulist(&t).ok())
+        };
+        let cpus = read("/sys/devices/system/cpu/online")?;
+        // A kernel without NUMA has no node directory: one node, 0.
+        let nodes = read("/sys/devices/system/node/online").unwrap_or_else(|| vec![0]);
+        Some((cpus, nodes))
+    }
     fn pid_start_time(&self, pid: i32) -> Option<u64> {
         liveness::pid_start_time(Path::new(PROC_ROOT), pid)
     }
-    fn process_tree(&self, pid: i32) -> BTreeSet<u32> {
-        liveness::process_tree(Path::new(PROC_ROOT), pid)
+    fn container_processes(&self, init: Option<i32>, cgroup: Option<&str>) -> BTreeSet<u32> {
+        liveness::container_processes(Path::new(PROC_ROOT), Path::new(CGROUP_ROOT), init, cgroup)
     }
     fn container_cgroup(&self, pid: i32) -> Result<String, String> {
         liveness::container_cgroup(Path::new(PROC_ROOT), Path::new(CGROUP_ROOT), pid)
     }
     fn cgroup_procs(&self, rel: &str) -> CgroupProcs {
         liveness::cgroup_procs(Path::new(CGROUP_ROOT), rel)
+    }
+    fn cgroup_limits(
+        &self,
+        pid: i32,
+    ) -> Result<(tessera_api::KernelLimits, crate::limits::CgroupVersion), String> {
+        crate::limits::read_limits(Path::new(PROC_ROOT), Path::new(CGROUP_ROOT), pid)
     }
     fn watches_exits(&self) -> bool {
         true
@@ -256,14 +290,20 @@ impl Host for TreeHost {
     fn pid_start_time(&self, pid: i32) -> Option<u64> {
         liveness::pid_start_time(&self.proc_root, pid)
     }
-    fn process_tree(&self, pid: i32) -> BTreeSet<u32> {
-        liveness::process_tree(&self.proc_root, pid)
+    fn container_processes(&self, init: Option<i32>, cgroup: Option<&str>) -> BTreeSet<u32> {
+        liveness::container_processes(&self.proc_root, &self.cgroup_root, init, cgroup)
     }
     fn container_cgroup(&self, pid: i32) -> Result<String, String> {
         liveness::container_cgroup(&self.proc_root, &self.cgroup_root, pid)
     }
     fn cgroup_procs(&self, rel: &str) -> CgroupProcs {
         liveness::cgroup_procs(&self.cgroup_root, rel)
+    }
+    fn cgroup_limits(
+        &self,
+        pid: i32,
+    ) -> Result<(tessera_api::KernelLimits, crate::limits::CgroupVersion), String> {
+        crate::limits::read_limits(&self.proc_root, &self.cgroup_root, pid)
     }
     fn watches_exits(&self) -> bool {
         false
@@ -314,7 +354,7 @@ mod tests {
     fn the_real_host_sees_this_process() {
         let me = i32::try_from(std::process::id()).expect("pid fits");
         assert!(LinuxHost.pid_start_time(me).is_some());
-        assert!(LinuxHost.process_tree(me).contains(&std::process::id()));
+        assert!(LinuxHost.container_processes(Some(me), None).contains(&std::process::id()));
         assert!(LinuxHost.watches_exits());
     }
 

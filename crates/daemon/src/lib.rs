@@ -14,17 +14,20 @@ mod durable;
 pub mod exits;
 pub mod fleet;
 pub mod host;
+pub mod limits;
 pub mod liveness;
 pub mod metrics;
 pub mod node;
+pub mod policy_reload;
 pub mod quota;
 pub mod reload;
+pub mod report_fs;
 pub mod server;
 pub mod share;
 pub mod store;
 
 use std::collections::BTreeSet;
-use std::fs::File;
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,6 +93,8 @@ pub struct Config {
     pub scrub_exe: PathBuf,
     /// How often per-process GPU utilisation is sampled into the ledger.
     pub util_every: Duration,
+    /// How often device and per-container telemetry is read and interference judged.
+    pub telemetry_every: Duration,
     /// What the daemon reads of the machine ([`LinuxHost`] in production).
     pub host: std::sync::Arc<dyn Host>,
     /// Follow a fleet coordinator for the policy and upload usage to it.
@@ -109,12 +114,20 @@ pub enum DaemonError {
     StateDir { path: PathBuf, source: std::io::Error },
     #[error("state dir {0} is in use by another tesserad")]
     Locked(PathBuf),
+    #[error(
+        "state dir {} is in use by another tesserad (pid {pid}): one tesserad per state dir \
+         (stop it first, or give this one another --state-dir)",
+        dir.display()
+    )]
+    InUse { dir: PathBuf, pid: u32 },
     #[error("policy: {0}")]
     Policy(#[from] policy::PolicyError),
     #[error("no policy: give --policy FILE, or --coordinator with --trust-key")]
     NoPolicy,
     #[error("coordinator: {0}")]
     Coordinator(String),
+    #[error("node key: {0}")]
+    NodeKey(String),
     #[error("gpu backend: {0}")]
     Backend(String),
     #[error(transparent)]
@@ -149,25 +162,87 @@ pub fn open_backend(
     }
 }
 
+/// The pid a live tesserad wrote into the state dir's lock file, if that process runs.
+fn lock_holder(lock: &std::path::Path) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(lock).ok()?.trim().parse().ok()?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    (comm.trim() == "tesserad").then_some(pid)
+}
+
+/// Creates `path` mode 0600 if absent, or makes it 0600 (SQLite creates its databases
+/// with the umask's mode, and its -wal and -shm files with the database's).
+fn private_file(path: &std::path::Path) -> std::io::Result<()> {
+    std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).open(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+}
+
 /// Start the daemon and serve until SIGTERM or SIGINT.
 pub async fn run(config: Config) -> Result<(), DaemonError> {
     // Before anything slow: from here on a SIGHUP is a reload, never the daemon's end.
     let hup = reload::catch_sighup().map_err(DaemonError::Signal)?;
     let state_err = |source| DaemonError::StateDir { path: config.state_dir.clone(), source };
     std::fs::create_dir_all(&config.state_dir).map_err(state_err)?;
-    // One daemon per state dir: the lock is held for the life of the process.
-    let lock = File::create(config.state_dir.join("tesserad.lock")).map_err(state_err)?;
-    // Wait a little for the lock: a predecessor just killed may still have a child between
-    // fork and exec holding a copy of its descriptor (a restart races with that).
+    // Grants, tenants and usage: root's alone (INSTALL.md: 0700), whoever created the dir.
+    std::fs::set_permissions(&config.state_dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(state_err)?;
+    // One daemon per state dir: the lock is held for the life of the process, and names
+    // its holder.
+    let lock_path = config.state_dir.join("tesserad.lock");
+    let mut lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&lock_path)
+        .map_err(state_err)?;
+    // Wait a little for the lock only while no live tesserad holds it: a predecessor just
+    // killed may still have a child between fork and exec holding a copy of its descriptor
+    // (a restart races with that). A live holder is said at once.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut said = false;
     while lock.try_lock().is_err() {
+        let holder = lock_holder(&lock_path);
+        if let Some(pid) = holder.filter(|p| *p != std::process::id()) {
+            return Err(DaemonError::InUse { dir: config.state_dir.clone(), pid });
+        }
+        if !said {
+            said = true;
+            warn!(
+                state_dir = %config.state_dir.display(),
+                "the state dir's lock is held by no live tesserad (a child of the last one?): waiting up to 10 s"
+            );
+        }
         if std::time::Instant::now() >= deadline {
             return Err(DaemonError::Locked(config.state_dir.clone()));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    {
+        use std::io::{Seek as _, Write as _};
+        let written = lock
+            .set_len(0)
+            .and_then(|()| lock.seek(std::io::SeekFrom::Start(0)))
+            .and_then(|_| writeln!(lock, "{}", std::process::id()));
+        written.map_err(state_err)?;
+    }
+    for db in ["state.db", "ledger.db"] {
+        private_file(&config.state_dir.join(db)).map_err(state_err)?;
+    }
 
     let backend = open_backend(&config.node, &config.state_dir)?;
+    // The node's own key, made at the first start: it signs the usage this node uploads;
+    // the operator pins its public half at the coordinator.
+    let key_path = ::fleet::proof::node_key_path(&config.state_dir);
+    let (node_key, made) = ::fleet::proof::load_or_create_node_key(&key_path)
+        .map_err(|e| DaemonError::NodeKey(e.to_string()))?;
+    let public_key = ::fleet::signing::encode_verifying_key(&node_key.verifying_key());
+    if made {
+        info!(path = %key_path.display(), key_id = %node_key.key_id(), public_key = %public_key,
+              "made this node's usage signing key; pin it at the coordinator: tessera nodes register-key NODE {public_key}");
+    } else {
+        info!(key_id = %node_key.key_id(), public_key = %public_key, "node usage signing key");
+    }
     let (active, fleet) = match &config.coordinator {
         None => {
             let path = config.policy.as_ref().ok_or(DaemonError::NoPolicy)?;
@@ -176,7 +251,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         }
         Some(cc) => {
             let name = backend.inventory().map_err(|e| DaemonError::Backend(e.to_string()))?.node;
-            let fleet = fleet::Fleet::new(cc, &name, &config.state_dir)?;
+            let mut cc = cc.clone();
+            cc.node_key = Some(node_key.clone());
+            let fleet = fleet::Fleet::new(&cc, &name, &config.state_dir)?;
             let active = fleet.initial_policy(config.policy.as_deref()).await?;
             (active, Some(Arc::new(fleet)))
         }
@@ -210,15 +287,26 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         },
     })
     .map_err(DaemonError::Backend)?;
+    node.set_identity(
+        Some(tessera_api::NodeKeyInfo {
+            public_key: public_key.clone(),
+            key_id: node_key.key_id().to_string(),
+        }),
+        fleet.is_some(),
+    );
     // For the wrapper, which refuses a container in a grant's cgroup without asking.
     node.list_grant_cgroups_in(tessera_api::cgroup::grant_cgroups_path(&config.socket));
     info!(node = %node.inventory().node, gpus = node.inventory().gpus.len(),
           policy_version = node.policy().policy.version(), policy_source = %node.policy().source, "tesserad starting");
     let gpu_majors = node.inventory().majors.all();
+    let whole_gpus = node.inventory().gpus.iter().filter(|g| !g.mig_enabled).count() as u32;
     let node_name = node.inventory().node.clone();
     // From here on the node is the controller's: everything goes through actions.
     let ctl = controller::Controller::new(node);
-    ctl.set_reload(reload::ReloadSetup { file: config.policy.clone(), fleet: fleet.clone() });
+    ctl.set_reload(policy_reload::ReloadSetup {
+        file: config.policy.clone(),
+        fleet: fleet.clone().map(|f| f as Arc<dyn policy_reload::FleetPolicy>),
+    });
     // Fleet quotas: grants under a policy with `quotas` are admitted by the coordinator
     // (or, while it is unreachable, within this node's leases).
     // Without a coordinator, the node is its own fleet: books of its own count its grants.
@@ -273,6 +361,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     if let Err(e) = tessera_api::write_gpu_majors(&config.socket, &gpu_majors) {
         warn!("cannot write {}: {e}", tessera_api::gpu_majors_path(&config.socket).display());
     }
+    // For `docker --gpus all`: how many GPUs that is, without a round trip.
+    if let Err(e) = tessera_api::write_whole_gpus(&config.socket, whole_gpus) {
+        warn!("cannot write {}: {e}", tessera_api::whole_gpus_path(&config.socket).display());
+    }
     // Containers that ran on through the restart: metering stops at their exit again.
     for id in running {
         exits::spawn(ctl.clone(), id);
@@ -295,12 +387,14 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // Declared MIG layouts converge as instances fall idle; the ECC counts are read outside
     // the node lock (see `controller`).
     let reconciler = periodic(ctl.clone(), config.reconcile_every, || {
-        vec![Action::Reconcile, Action::CheckEcc, Action::MigConverge]
+        vec![Action::Reconcile, Action::CheckEcc, Action::CheckFaults, Action::MigConverge]
     });
     let heartbeat = periodic(ctl.clone(), config.checkpoint_every, || vec![Action::Checkpoint]);
     // Scrub worker: one device at a time, in a child process, outside the node lock.
     let scrubber = periodic(ctl.clone(), Duration::from_millis(200), || vec![Action::Scrub]);
     let utilization = periodic(ctl.clone(), config.util_every, || vec![Action::SampleUtilization]);
+    // Telemetry per container and the interference controller: the reads outside the lock.
+    let telemetry = periodic(ctl.clone(), config.telemetry_every, || vec![Action::SampleTelemetry]);
     // MPS health: pings and cap read-backs run the control binary several times per share,
     // so they run outside the node lock (grants for other devices go on meanwhile).
     let mps_health =
@@ -310,7 +404,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let device_plugin = config
         .device_plugin_dir
         .clone()
-        .map(|dir| device_plugin::DevicePlugin::start(ctl.clone(), dir));
+        .map(|dir| device_plugin::DevicePlugin::start(ctl.clone(), dir, &config.mps_control));
 
     let metrics = match config.metrics {
         Some(addr) => {
@@ -343,6 +437,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     heartbeat.abort();
     scrubber.abort();
     utilization.abort();
+    telemetry.abort();
     mps_health.abort();
     if let Some(m) = metrics {
         m.abort();
@@ -390,12 +485,22 @@ fn periodic(
         loop {
             tick.tick().await;
             let ctl = ctl.clone();
-            let round = move || actions().into_iter().try_for_each(|a| ctl.apply(a).map(drop));
+            let round = move || run_round(actions(), |a| ctl.apply(a));
             if let Err(e) = tokio::task::spawn_blocking(round).await {
                 error!("periodic task failed: {e}");
             }
         }
     })
+}
+
+/// Runs every action of a periodic round, each on its own: one that fails (the controller
+/// has logged why) does not keep the next from running — a failing reconcile never pauses
+/// the ECC check and its quarantines. Returns how many failed.
+fn run_round(
+    actions: Vec<Action>,
+    mut apply: impl FnMut(Action) -> Result<Outcome, tessera_api::ApiError>,
+) -> usize {
+    actions.into_iter().map(&mut apply).filter(Result::is_err).count()
 }
 
 async fn shutdown_signal() {
@@ -410,5 +515,30 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {},
         _ = int.recv() => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 24: the reconcile tick ran `Reconcile`, `CheckEcc`, `MigConverge` with
+    /// `try_for_each`, so a failing reconcile skipped the ECC check for that tick.
+    #[test]
+    fn a_failing_reconcile_still_runs_the_ecc_check() {
+        let mut ran = Vec::new();
+        let failed =
+            run_round(vec![Action::Reconcile, Action::CheckEcc, Action::MigConverge], |a| {
+                ran.push(a.name());
+                match a {
+                    Action::Reconcile => Err(tessera_api::ApiError::new(
+                        tessera_api::ErrorCode::Internal,
+                        "the store is locked",
+                    )),
+                    _ => Ok(Outcome::Count(0)),
+                }
+            });
+        assert_eq!(failed, 1);
+        assert_eq!(ran, vec!["reconcile", "ECC check", "mig converge"]);
     }
 }

@@ -207,6 +207,27 @@ pub fn parse_start_time(stat: &str) -> Option<u64> {
     fields.nth(18)?.parse().ok()
 }
 
+/// The processes of a container, for telemetry and per-process metering alike: every
+/// process in its grant's recorded `cgroup` and the cgroups below it (what runc put there:
+/// its init, the init's descendants and the processes `runc exec` started, which descend
+/// from no process of the container), read from `cgroup_root`; a grant recorded without
+/// its cgroup (none is read before prestart) falls back to the init's process tree.
+pub fn container_processes(
+    proc_root: &Path,
+    cgroup_root: &Path,
+    init: Option<i32>,
+    cgroup: Option<&str>,
+) -> std::collections::BTreeSet<u32> {
+    match (cgroup, init) {
+        (Some(rel), _) => cgroup_pids(cgroup_root, rel)
+            .into_iter()
+            .filter_map(|p| u32::try_from(p).ok())
+            .collect(),
+        (None, Some(pid)) => process_tree(proc_root, pid),
+        (None, None) => std::collections::BTreeSet::new(),
+    }
+}
+
 /// `pid` and every process descending from it (a container's processes, from its init),
 /// read from `proc_root`.
 pub fn process_tree(proc_root: &Path, pid: i32) -> std::collections::BTreeSet<u32> {
@@ -385,6 +406,30 @@ mod tests {
         let zombie = "1234 (x) Z 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 0 0";
         assert_eq!(parse_start_time(zombie), None);
         assert_eq!(parse_start_time("garbage"), None);
+    }
+
+    #[test]
+    fn a_containers_processes_are_its_cgroups_not_its_inits_descendants() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (proc_root, cg_root) = (dir.path().join("proc"), dir.path().join("cgroup"));
+        // Init 10 with a child 11; 20 was started by `runc exec` (its parent is on the host)
+        // and sits in the container's cgroup (and 21 in a child cgroup of it).
+        for (pid, ppid) in [(10, 1), (11, 10), (20, 99), (21, 99)] {
+            std::fs::create_dir_all(proc_root.join(pid.to_string())).expect("mkdir");
+            std::fs::write(
+                proc_root.join(format!("{pid}/stat")),
+                format!("{pid} (x) S {ppid} 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0"),
+            )
+            .expect("write");
+        }
+        std::fs::create_dir_all(cg_root.join("k8s/c1/sub")).expect("mkdir");
+        std::fs::write(cg_root.join("k8s/c1/cgroup.procs"), "10\n11\n20\n").expect("write");
+        std::fs::write(cg_root.join("k8s/c1/sub/cgroup.procs"), "21\n").expect("write");
+        let by_cgroup = container_processes(&proc_root, &cg_root, Some(10), Some("k8s/c1"));
+        assert_eq!(by_cgroup.into_iter().collect::<Vec<_>>(), [10, 11, 20, 21]);
+        let by_tree = container_processes(&proc_root, &cg_root, Some(10), None);
+        assert_eq!(by_tree.into_iter().collect::<Vec<_>>(), [10, 11], "no cgroup recorded");
+        assert!(container_processes(&proc_root, &cg_root, None, None).is_empty());
     }
 
     #[test]

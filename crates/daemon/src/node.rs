@@ -22,7 +22,9 @@ mod allocate;
 mod assignment;
 mod capacity;
 mod ecc;
+mod faults;
 mod grant;
+pub mod interference;
 mod ledger;
 mod mig;
 mod mps;
@@ -34,18 +36,30 @@ pub mod revoke;
 mod scrubbing;
 mod start;
 mod status;
+mod telemetry;
+mod tokens;
+mod update;
 
 pub use allocate::QuotaMode;
 pub(crate) use allocate::{Admission, Prepared};
 pub use assignment::ASSIGNMENTS_FILE;
 pub use capacity::{offer, snapshot, Inputs as CapacityInputs};
 pub use ecc::{EccProbe, EccReadings};
+pub use faults::{FaultProbe, FaultReadings, FaultReport};
 pub use grant::{FailAction, GrantFailpoint};
 pub use ledger::{UtilProbe, UtilSamples};
 pub use mig::MigReport;
 pub use quota::{emptied, DeviceHold, PreemptPlan, EMPTY_WAIT};
 pub use reconcile::ReconcileReport;
 pub use scrubbing::{ScrubJob, ScrubSetup};
+pub use telemetry::{read_report, TelemetryProbe, TelemetryReadings, REPORT_ENV, REPORT_PATH};
+
+/// The ledger's close reason for intervals closed at the container init's exit (the exit
+/// watcher, [`crate::exits`], reports it).
+pub const EXITED_REASON: &str = "exited";
+pub use tokens::{TokenBook, TOKENS_FILE};
+pub(crate) use update::{UpdateAdmission, UpdatePlan};
+pub use update::{UpdateInFlight, UPDATE_WAIT};
 
 /// The policy in force and where it came from.
 #[derive(Debug, Clone)]
@@ -98,7 +112,26 @@ pub struct Node {
     grant_cgroups_file: Option<std::path::PathBuf>,
     /// Reconciler passes completed ([`tessera_api::NodeStatus::reconcile_passes`]).
     reconcile_passes: u64,
+    /// Updates of containers' limits admitted and not yet done (`runc update`).
+    updates: BTreeMap<String, UpdateInFlight>,
+    /// The node's own key (it signs the usage uploads), as status shows it.
+    node_key: Option<tessera_api::NodeKeyInfo>,
+    /// Whether the node follows a fleet coordinator: then its reports bill no floors (the
+    /// guarantees are the fleet's, billed once in the coordinator's report).
+    in_fleet: bool,
+    /// The GPUs' NVLink domains and NUMA nodes (read once at start).
+    topology: slicer::Topology,
+    /// The last telemetry sample (`node/telemetry.rs`).
+    telemetry: tessera_api::telemetry::NodeTelemetry,
+    /// Interference detection, its open incidents and marks (`node/interference.rs`).
+    interference: interference::InterferenceState,
+    /// The last device-plugin assignments whose token a create presented (for the
+    /// plugin: their reservations hold nothing any more).
+    presented: std::collections::VecDeque<tessera_api::deviceplugin::PluginAssignment>,
 }
+
+/// How many presented assignments [`Node`] remembers for the device plugin.
+const MAX_PRESENTED: usize = 256;
 
 /// Everything a [`Node`] is made of.
 #[derive(Debug)]
@@ -121,7 +154,28 @@ impl Node {
             .backend
             .inventory()
             .map_err(|e| format!("reading the GPU inventory from {}: {e}", p.backend.describe()))?;
-        Ok(Node {
+        let topology = p.backend.topology().unwrap_or_else(|e| {
+            warn!(
+                "reading the GPU topology from {}: {e}; placing without it",
+                p.backend.describe()
+            );
+            slicer::Topology::default()
+        });
+        let interference = interference::InterferenceState::load(
+            &p.store.path().with_file_name(interference::MARKS_FILE),
+        );
+        let telemetry = tessera_api::telemetry::NodeTelemetry {
+            node: inventory.node.clone(),
+            at_ms: 0,
+            samples: 0,
+            devices: Vec::new(),
+            containers: Vec::new(),
+            incidents: Vec::new(),
+        };
+        let node = Node {
+            topology,
+            telemetry,
+            interference,
             backend: Arc::from(p.backend),
             inventory,
             policy: p.policy,
@@ -140,7 +194,41 @@ impl Node {
             quota_released: Vec::new(),
             grant_cgroups_file: None,
             reconcile_passes: 0,
-        })
+            updates: BTreeMap::new(),
+            node_key: None,
+            in_fleet: false,
+            presented: std::collections::VecDeque::new(),
+        };
+        node.sweep_reports();
+        Ok(node)
+    }
+
+    /// At startup: the latency report files (and their tmpfs mounts) of containers no
+    /// longer recorded go ([`crate::report_fs::sweep`]); a recorded one's stays, in use.
+    fn sweep_reports(&self) {
+        let dir = self.report_file("x");
+        let Some(dir) = dir.parent() else { return };
+        let keep: std::collections::BTreeSet<String> = match self.store.all() {
+            Ok(all) => all
+                .into_iter()
+                .filter(|r| r.allocation.class == Some(tessera_api::WorkloadClass::Latency))
+                .map(|r| r.allocation.container_id)
+                .collect(),
+            Err(e) => {
+                warn!("cannot list the grants to sweep the latency reports: {e}");
+                return;
+            }
+        };
+        for e in crate::report_fs::sweep(dir, |id| keep.contains(id)) {
+            warn!("cannot remove a stale latency report: {e}");
+        }
+    }
+
+    /// The node's key (shown in status) and whether it follows a fleet coordinator (its
+    /// reports then bill no floors).
+    pub fn set_identity(&mut self, node_key: Option<tessera_api::NodeKeyInfo>, in_fleet: bool) {
+        self.node_key = node_key;
+        self.in_fleet = in_fleet;
     }
 
     /// Tests: arm (or disarm) a fault between a grant's plan and its commit.
@@ -243,6 +331,16 @@ impl Node {
                 })
             })
             .collect()
+    }
+
+    /// What the node reads of the machine and signals through.
+    pub fn host(&self) -> Arc<dyn Host> {
+        Arc::clone(&self.host)
+    }
+
+    /// The GPUs' NVLink domains, NUMA nodes and local CPUs.
+    pub fn topology(&self) -> &slicer::Topology {
+        &self.topology
     }
 
     pub fn inventory(&self) -> &Inventory {

@@ -39,13 +39,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ::fleet::quota::{AdmitAnswer, AdmitRequest, Amounts, GangRef, Lease, Victim, MAX_GANG_SIZE};
+use ::fleet::quota::{
+    AdmitAnswer, AdmitRequest, Amounts, GangRef, Lease, ResizeRequest, Victim, MAX_GANG_SIZE,
+};
 use quota::books::{Books, GangArrival};
 use quota::{QuotaTree, Resources};
 use serde::{Deserialize, Serialize};
 use tessera_api::{
     untrusted, Allocation, ApiError, ContainerLimits, ErrorCode, GpuRequest, QuotaClass,
-    GANG_ANNOTATION, GANG_SIZE_ANNOTATION,
+    GANG_ANNOTATION, GANG_SIZE_ANNOTATION, PREEMPTION_ANNOTATION, PREEMPTION_CHECKPOINT,
 };
 use tracing::{debug, info, warn};
 
@@ -91,6 +93,13 @@ pub enum QuotaError {
         untrusted(.0).max_chars(32)
     )]
     GangSize(String),
+    #[error(
+        "annotation {PREEMPTION_ANNOTATION} `{}` is not understood: the one value is \
+         `{PREEMPTION_CHECKPOINT}` (the container writes a checkpoint on SIGTERM, within its \
+         grace period)",
+        untrusted(.0).max_chars(32)
+    )]
+    Preemption(String),
     /// The container's limits are out of bounds.
     #[error("{0}")]
     Limits(String),
@@ -145,15 +154,28 @@ pub fn gang_of(annotations: &BTreeMap<String, String>) -> Result<Option<GangRef>
     }
 }
 
+/// Whether a container says it writes a checkpoint on SIGTERM: [`PREEMPTION_ANNOTATION`]
+/// set to [`PREEMPTION_CHECKPOINT`]; absent: no; any other value is refused, so a typo
+/// never silently loses a checkpoint.
+pub fn checkpoints(annotations: &BTreeMap<String, String>) -> Result<bool, QuotaError> {
+    match annotations.get(PREEMPTION_ANNOTATION) {
+        None => Ok(false),
+        Some(v) if v == PREEMPTION_CHECKPOINT => Ok(true),
+        Some(v) => Err(QuotaError::Preemption(v.clone())),
+    }
+}
+
 /// What a GPU grant counts as: for each device it holds (`models`, one entry per device:
 /// `gpu=N` holds N), the fraction of a GPU metering charges for it without the policy's
-/// billing weights (a whole GPU 1, a MIG instance its compute slices / 7, `mps=P` P / 100,
-/// a time-sliced replica 1 / `replicas`), floored to a micro-GPU ([`quota::gpu_micro`]),
-/// summed per catalog model.
+/// billing weights (a whole GPU 1, a MIG instance its compute slices / 7 or the policy's
+/// `mig_weights` for its profile — what the ledger bills —, `mps=P` P / 100, a time-sliced
+/// replica 1 / `replicas`), floored to a micro-GPU ([`quota::gpu_micro`]), summed per
+/// catalog model.
 pub fn gpu_amounts(
     request: &GpuRequest,
     models: &[&str],
     replicas: u32,
+    mig_weight: Option<f64>,
 ) -> Result<BTreeMap<String, u64>, QuotaError> {
     let mut out: BTreeMap<String, u64> = BTreeMap::new();
     for model in models {
@@ -167,7 +189,9 @@ pub fn gpu_amounts(
             GpuRequest::Mps { percent } => (None, Some(*percent), None),
             GpuRequest::Shared => (None, None, Some(replicas)),
         };
-        let f = metering::fraction(request.isolation(), slices, mps, reps, None);
+        // The fraction metering bills, the policy's weight of a MIG profile included.
+        let weight = mig_weight.filter(|_| matches!(request, GpuRequest::Mig { .. }));
+        let f = metering::fraction(request.isolation(), slices, mps, reps, weight);
         let micro = quota::gpu_micro(f).ok_or_else(|| QuotaError::Fraction {
             request: request.to_string(),
             model: untrusted(model).to_string(),
@@ -648,6 +672,59 @@ impl QuotaGate {
             let req = ::fleet::quota::ReleaseRequest { container_id: id.clone() };
             if let Err(e) = client.quota_release(&node, &req).await {
                 debug!(container = %id, "quota release not delivered ({e}); the next sync repairs it");
+            }
+        });
+    }
+
+    /// Ask the books to count `req`'s amounts for a grant from now on (a `runc update` of
+    /// its container raises its CPU or memory limit; blocking: call from a blocking
+    /// thread). Answered as an admission is, never `Reclaiming`.
+    pub fn resize(&self, req: &ResizeRequest, tree: &QuotaTree) -> Verdict {
+        let link = match &self.authority {
+            Authority::Coordinator(link) => link,
+            Authority::Local { node, books } => {
+                let now = tessera_api::time::now_ms();
+                return verdict(lock(books).resize(tree, node, req, now));
+            }
+        };
+        let req =
+            &ResizeRequest { unsynced_lease_grants: self.unsynced_lease_grants(), ..req.clone() };
+        let (client, node) = (&link.client, &link.node);
+        let r = self
+            .handle
+            .block_on(async move { client.quota_resize(node, req, ADMIT_TIMEOUT).await });
+        match r {
+            Ok(answer) => {
+                self.reached();
+                verdict(answer)
+            }
+            Err(e) if unreachable(&e) => {
+                let why = e.to_string();
+                let since_ms = self.unreached(&why);
+                Verdict::Unreachable { since_ms, why }
+            }
+            Err(e) => {
+                self.reached();
+                Verdict::Failed { message: e.to_string() }
+            }
+        }
+    }
+
+    /// Tell the books what a grant counts after its update ended (a decrease, or the raise
+    /// given back): to a coordinator spawned, best effort (the next sync carries it too).
+    pub fn resized(&self, req: ResizeRequest, tree: &QuotaTree) {
+        let link = match &self.authority {
+            Authority::Coordinator(link) => link,
+            Authority::Local { node, books } => {
+                lock(books).resize(tree, node, &req, tessera_api::time::now_ms());
+                return;
+            }
+        };
+        let client = link.client.clone().with_timeout(CALL_TIMEOUT);
+        let node = link.node.clone();
+        self.handle.spawn(async move {
+            if let Err(e) = client.quota_resize(&node, &req, CALL_TIMEOUT).await {
+                debug!(container = %req.container_id, "quota resize not delivered ({e}); the next sync carries it");
             }
         });
     }

@@ -18,8 +18,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 use tessera_api::{
-    untrusted, AllocateRequest, ApiError, ErrorCode, ReleaseRequest, StartRequest,
-    MAX_REQUEST_BYTES, PROTOCOL, PROTOCOL_HEADER,
+    untrusted, AllocateRequest, ApiError, ErrorCode, ReleaseRequest, StartRequest, UpdateDone,
+    UpdateRequest, MAX_REQUEST_BYTES, PROTOCOL, PROTOCOL_HEADER,
 };
 use tokio::net::{UnixListener, UnixStream};
 use tracing::warn;
@@ -72,10 +72,14 @@ pub fn router(ctl: Arc<Controller>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { Json(serde_json::json!({"ok": true})) }))
         .route("/v1/status", get(status))
+        .route("/v1/telemetry", get(telemetry))
         .route("/v1/allocations", post(allocate).get(list))
         .route("/v1/allocations/{id}", get(one).delete(release))
         .route("/v1/allocations/{id}/start", post(start))
+        .route("/v1/allocations/{id}/update", post(update))
+        .route("/v1/allocations/{id}/update/done", post(update_done))
         .route("/v1/usage", get(usage))
+        .route("/v1/usage/verify", get(verify_usage))
         .route("/v1/mig/plan", get(mig_plan))
         .route("/v1/mig/converge", post(mig_converge))
         .route("/v1/devices/{uuid}/unquarantine", post(unquarantine))
@@ -142,6 +146,11 @@ async fn usage(
         Ok((from_ms, to_ms, by)) => act(&ctl, Action::Usage { from_ms, to_ms, by }).await,
         Err(e) => Reply::<()>(Err(e)).into_response(),
     }
+}
+
+/// `GET /v1/usage/verify`: the ledger's hash chain recomputed ([`metering::ChainReport`]).
+async fn verify_usage(State(ctl): State<Arc<Controller>>) -> Response {
+    act(&ctl, Action::VerifyLedger).await
 }
 
 /// The Prometheus endpoint, served on its own TCP address (`--metrics`).
@@ -211,6 +220,10 @@ async fn status(State(ctl): State<Arc<Controller>>) -> Response {
     act(&ctl, Action::Status).await
 }
 
+async fn telemetry(State(ctl): State<Arc<Controller>>) -> Response {
+    act(&ctl, Action::Telemetry).await
+}
+
 async fn list(State(ctl): State<Arc<Controller>>) -> Response {
     act(&ctl, Action::Allocations).await
 }
@@ -234,9 +247,39 @@ async fn start(
     UrlPath(container_id): UrlPath<String>,
     body: Result<Json<StartRequest>, JsonRejection>,
 ) -> Response {
+    let req = match body {
+        Ok(Json(req)) => req,
+        Err(r) => return Reply::<()>(Err(bad_json("start request", r))).into_response(),
+    };
+    let r = ctl.run(Action::Start { container_id: container_id.clone(), req }).await;
+    // Metering stops at the init's exit: its watch starts with the container.
+    if r.is_ok() {
+        crate::exits::spawn(Arc::clone(&ctl), container_id);
+    }
+    Reply(r).into_response()
+}
+
+/// `POST /v1/allocations/{id}/update`: before `runc update` of a container.
+async fn update(
+    State(ctl): State<Arc<Controller>>,
+    UrlPath(container_id): UrlPath<String>,
+    body: Result<Json<UpdateRequest>, JsonRejection>,
+) -> Response {
     match body {
-        Ok(Json(req)) => act(&ctl, Action::Start { container_id, req }).await,
-        Err(r) => Reply::<()>(Err(bad_json("start request", r))).into_response(),
+        Ok(Json(req)) => act(&ctl, Action::Update { container_id, req }).await,
+        Err(r) => Reply::<()>(Err(bad_json("update request", r))).into_response(),
+    }
+}
+
+/// `POST /v1/allocations/{id}/update/done`: `runc update` of a container ended.
+async fn update_done(
+    State(ctl): State<Arc<Controller>>,
+    UrlPath(container_id): UrlPath<String>,
+    body: Result<Json<UpdateDone>, JsonRejection>,
+) -> Response {
+    match body {
+        Ok(Json(req)) => act(&ctl, Action::UpdateDone { container_id, req }).await,
+        Err(r) => Reply::<()>(Err(bad_json("update done", r))).into_response(),
     }
 }
 

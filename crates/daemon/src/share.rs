@@ -139,10 +139,13 @@ mod tests {
             injection: Injection::default(),
             workload: None,
             quota: None,
+            topology: None,
+            class: None,
             state: AllocationState::Running,
             pid: None,
             created_ms: 0,
             share,
+            nvlink_domain: None,
         }
     }
 

@@ -298,6 +298,32 @@ impl Store {
         Ok(rec)
     }
 
+    /// Record what a grant counts against its tenant's quotas from now on (its CPU or
+    /// memory limit changed: `runc update`), with an event of `kind` saying so, in one
+    /// transaction (durable). Returns whether the grant exists.
+    pub fn set_quota_mark(
+        &mut self,
+        container_id: &str,
+        mark: Option<&tessera_api::QuotaMark>,
+        kind: &str,
+        detail: &str,
+    ) -> Result<bool, StoreError> {
+        let Some(mut rec) = self.get(container_id)? else { return Ok(false) };
+        rec.allocation.quota = mark.cloned().map(Box::new);
+        let body = serde_json::to_string(&rec.allocation).map_err(|e| StoreError::BadRow {
+            container_id: container_id.to_string(),
+            detail: e.to_string(),
+        })?;
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "UPDATE allocations SET body=?2 WHERE container_id=?1",
+            params![container_id, body],
+        )?;
+        insert_event(&tx, kind, Some(container_id), detail)?;
+        tx.commit()?;
+        Ok(true)
+    }
+
     /// Record the cgroup of a running grant recorded without one (schema 1), found from its
     /// still-live init process. Durable.
     pub fn set_cgroup(&mut self, container_id: &str, cgroup: &str) -> Result<(), StoreError> {
@@ -605,6 +631,9 @@ mod tests {
                 share: None,
                 workload: None,
                 quota: None,
+                nvlink_domain: None,
+                topology: None,
+                class: None,
             },
             runc_root: "/run/runc".into(),
             bundle: "/b".into(),

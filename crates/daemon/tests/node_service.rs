@@ -213,12 +213,13 @@ fn identity_comes_only_from_trusted_annotations() {
     r.annotations.insert("tessera.io/trust".into(), "dev".into());
     let e = node.allocate(&r).unwrap_err();
     assert_eq!(e.tenant.as_deref(), Some("acme/untrusted/sandbox/guest"));
-    // Without the trusted annotation nobody is identified: refused, fail closed.
-    let mut r = req("c2", "x", "gpu=1");
+    // Without the trusted annotation: the policy's default tenant (untrusted), whatever
+    // else the config says.
+    let mut r = req("c2", "x", "mps=25");
     r.annotations.clear();
     r.annotations.insert("tessera.io/tenant".into(), "acme/trusted/training/alice".into());
     let e = node.allocate(&r).unwrap_err();
-    assert_eq!(e.code, ErrorCode::UnknownTenant, "{e:?}");
+    assert_eq!(e.tenant.as_deref(), Some("acme/untrusted/sandbox/guest"), "{e:?}");
     // A namespace that is not mapped is refused too.
     let e = node.allocate(&req("c3", "team-nobody", "gpu=1")).unwrap_err();
     assert_eq!(e.code, ErrorCode::UnknownTenant, "{e:?}");
@@ -936,4 +937,296 @@ fn incomplete_cri_annotations_name_no_pod_but_a_sandbox_is_still_refused() {
     assert_eq!(e.code, ErrorCode::BadRequest);
     assert!(e.message.contains("never takes a GPU"), "{}", e.message);
     assert_eq!(node.allocations().unwrap().len(), 2);
+}
+
+/// A pod container's request carrying kubelet's assignment annotation `annotation`.
+fn kubelet_req(
+    id: &str,
+    pod: &str,
+    container: &str,
+    request: &str,
+    annotation: &str,
+) -> AllocateRequest {
+    let key = tessera_api::deviceplugin::ASSIGNMENT_ANNOTATION;
+    let mut r = pod_req(id, &format!("sb-{pod}"), Some(container), request, &[(key, annotation)]);
+    r.annotations.insert("io.kubernetes.cri.sandbox-name".into(), pod.into());
+    r
+}
+
+fn assignments_file(state: &Path) -> String {
+    std::fs::read_to_string(state.join(tesserad::node::ASSIGNMENTS_FILE)).unwrap_or_default()
+}
+
+fn issue(node: &Node, text: &str) -> String {
+    let a: tessera_api::deviceplugin::PluginAssignment = text.parse().expect("assignment");
+    let issued = node.issue_assignments(std::slice::from_ref(&a)).expect("issued");
+    assert_eq!(issued.len(), 1);
+    issued[0].to_string()
+}
+
+#[test]
+fn a_kubelet_assignment_is_honoured_only_with_a_token_this_node_issued_and_only_for_its_pod() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    let gpus: Vec<String> =
+        node.inventory().gpus.iter().filter(|g| !g.mig_enabled).map(|g| g.uuid.clone()).collect();
+    let (g1, g2) = (&gpus[0], &gpus[1]);
+    let refused = |node: &mut Node, r: &AllocateRequest, want: &str| {
+        let e = node.allocate(r).expect_err(want);
+        assert_eq!(e.code, ErrorCode::BadRequest, "{want}: {e:?}");
+        assert_eq!(e.rule.as_deref(), Some("tessera.io/device-plugin"), "{want}: {e:?}");
+        assert!(
+            e.message.contains("annotation tessera.io/device-plugin") && e.message.contains(want),
+            "{want}: {}",
+            e.message
+        );
+    };
+    // Forged: an assignment without a token, and one with a token nobody issued.
+    refused(
+        &mut node,
+        &kubelet_req("f1", "p1", "main", "gpu=1", &format!("v1;tessera.io/gpu;{g1}")),
+        "carries no token",
+    );
+    let forged = format!("v2;tessera.io/gpu;{g1};0123456789abcdef0123456789abcdef");
+    refused(
+        &mut node,
+        &kubelet_req("f2", "p1", "main", "gpu=1", &forged),
+        "not issued by this node",
+    );
+    // A token issued for GPU 1, presented for GPU 2 (or for both).
+    let issued = issue(&node, &format!("v1;tessera.io/gpu;{g1}"));
+    let token = issued.rsplit(';').next().unwrap().to_string();
+    let moved = format!("v2;tessera.io/gpu;{g2};{token}");
+    refused(&mut node, &kubelet_req("f3", "p1", "main", "gpu=1", &moved), "was issued for");
+    // The genuine one, for a container of no pod: refused.
+    let mut plain = req("f4", "team-trusted", "gpu=1");
+    plain.annotations.insert("tessera.io/device-plugin".into(), issued.clone());
+    refused(&mut node, &plain, "no pod container's CRI annotations");
+    assert!(node.allocations().unwrap().is_empty(), "nothing forged was granted");
+    assert_eq!(assignments_file(dir.path()), "", "nothing forged was recorded");
+    let events = node.status().unwrap().events;
+    assert_eq!(events.iter().filter(|e| e.kind == "refuse").count(), 4, "{events:?}");
+
+    // The tokens are root's alone.
+    use std::os::unix::fs::PermissionsExt as _;
+    let tokens = std::fs::metadata(dir.path().join(tesserad::node::TOKENS_FILE)).unwrap();
+    assert_eq!(tokens.permissions().mode() & 0o777, 0o600);
+    // The genuine one survives a restart between Allocate and create, and is granted.
+    drop(node);
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    let a = node.allocate(&kubelet_req("k1", "p1", "main", "gpu=1", &issued)).expect("genuine");
+    assert_eq!(a.devices[0].uuid, *g1);
+    assert!(assignments_file(dir.path()).contains("\"k1\""), "{}", assignments_file(dir.path()));
+    // Replayed: by another pod, by another container of the pod, by the same pod container
+    // while its grant lives.
+    refused(
+        &mut node,
+        &kubelet_req("r1", "p2", "main", "gpu=1", &issued),
+        "was used by pod container team-trusted/p1/main",
+    );
+    refused(
+        &mut node,
+        &kubelet_req("r2", "p1", "side", "gpu=1", &issued),
+        "was used by pod container",
+    );
+    let e = node.allocate(&kubelet_req("r3", "p1", "main", "gpu=1", &issued)).expect_err("held");
+    assert!(e.message.contains("is held by container k1's grant"), "{}", e.message);
+    assert!(!assignments_file(dir.path()).contains("\"r"), "{}", assignments_file(dir.path()));
+    // A retried create of k1 gets its grant; once it is gone, kubelet's restart of the
+    // same pod container (a new id, the same annotation) is served.
+    node.allocate(&kubelet_req("k1", "p1", "main", "gpu=1", &issued)).expect("idempotent");
+    assert!(node.release("k1", "test").expect("release"));
+    let a = node.allocate(&kubelet_req("k2", "p1", "main", "gpu=1", &issued));
+    // GPU 1 is dirty after k1 (no scrub binary here): the token passed, the device did not.
+    let e = a.expect_err("dirty");
+    assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
+    assert!(e.message.contains(g1.as_str()), "{}", e.message);
+}
+
+#[test]
+fn a_kubelet_placement_never_destroys_an_idle_instance_a_plain_request_would_leave() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    // GPU 0 holds an idle 3g.40gb at slot 0; idle 1g.10gb instances exist elsewhere.
+    let g0 = node.inventory().gpus[0].clone();
+    let three = g0.instances.iter().find(|i| i.profile == "3g.40gb" && i.start == 0).unwrap();
+    let three = three.uuid.clone();
+    let placement = format!("v1;tessera.io/mig-1g.10gb;{}:mig:1g.10gb:0", g0.uuid);
+    let issued = issue(&node, &placement);
+    let e = node
+        .allocate(&kubelet_req("k1", "p1", "main", "mig=1g.10gb", &issued))
+        .expect_err("a plain mig=1g.10gb reuses a free instance instead");
+    assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
+    assert!(
+        e.message.contains(&format!("would destroy idle instance {three}"))
+            && e.message.contains("a plain mig=1g.10gb request would reuse free instance"),
+        "{}",
+        e.message
+    );
+    assert!(instance_uuids(&node).contains(&three), "the idle 3g.40gb was destroyed");
+    assert_eq!(assignments_file(dir.path()), "");
+    // Take every free 1g.10gb and the free slot a plain request would cut one on: now a
+    // plain request would destroy idle instances too, and kubelet's placement is cut.
+    let mut n = 0;
+    while slicer::place(
+        node.inventory(),
+        &node
+            .allocations()
+            .unwrap()
+            .iter()
+            .flat_map(|a| a.devices.iter().map(|d| d.uuid.clone()))
+            .collect(),
+        "1g.10gb",
+        slicer::Strategy::FirstFit,
+        &slicer::DemandMix::from_weights(std::iter::empty::<(String, f64)>(), 1.0),
+    )
+    .is_ok_and(|d| !matches!(d, slicer::PlaceDecision::Defragment { .. }))
+    {
+        node.allocate(&req(&format!("h{n}"), "team-dev", "mig=1g.10gb")).expect("plain 1g");
+        n += 1;
+        assert!(n < 32, "runaway");
+    }
+    assert!(n >= 10, "{n} plain 1g.10gb grants");
+    let a = node.allocate(&kubelet_req("k1", "p1", "main", "mig=1g.10gb", &issued)).expect("cut");
+    assert_eq!(a.devices[0].placement, Some((0, 1)));
+    assert!(!instance_uuids(&node).contains(&three), "destroyed for it, as a plain request would");
+}
+
+/// Issue 26: an XID quarantines exactly what it reached — a contained ECC error (XID 94)
+/// the MIG instance it names, an uncontained one (XID 95) the GPU and all its instances,
+/// an instance the inventory lacks the whole GPU (fail closed), an application XID
+/// nothing — holders are told, no grant lands there, and only a passing health check lets
+/// an unquarantine re-scrub it.
+#[test]
+fn an_xid_quarantines_exactly_what_it_reached() {
+    use tessera_api::DeviceState::{Free, Quarantined};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_with(dir.path(), Duration::from_secs(60), false);
+    let gpu = node.inventory().gpus.iter().find(|g| g.mig_enabled).expect("mig gpu").clone();
+    let target = gpu.instances[1].clone();
+    let held = node.allocate(&req("held", "team-dev", &format!("mig={}", target.profile))).unwrap();
+    assert_eq!(held.devices[0].uuid, target.uuid, "the lowest instance of its profile");
+    let xid = |xid, gi: Option<u32>| slicer::XidEvent {
+        gpu_uuid: gpu.uuid.clone(),
+        xid,
+        gi_id: gi,
+        ci_id: gi.map(|_| 0),
+    };
+
+    // An application fault: told, nothing quarantined.
+    slicer::sim::inject_xid(dir.path(), &xid(43, Some(target.gi_id))).unwrap();
+    assert!(node.check_faults().unwrap().quarantined.is_empty());
+    assert_eq!(device_state(&node, &target.uuid), tessera_api::DeviceState::Assigned);
+
+    // XID 94 on the held instance: exactly it.
+    slicer::sim::inject_xid(dir.path(), &xid(94, Some(target.gi_id))).unwrap();
+    let report = node.check_faults().unwrap();
+    assert_eq!(report.quarantined, std::slice::from_ref(&target.uuid));
+    assert!(report.stop.is_empty(), "faults.stop_holders is off: told, not stopped");
+    for i in &gpu.instances {
+        let want = if i.uuid == target.uuid { Quarantined } else { Free };
+        assert_eq!(device_state(&node, &i.uuid), want, "{} ({})", i.uuid, i.profile);
+    }
+    let st = node.status().unwrap();
+    let told = st
+        .events
+        .iter()
+        .find(|e| e.kind == "xid" && e.container_id.as_deref() == Some("held"))
+        .expect("the holder is told");
+    assert!(told.detail.contains("XID 94") && told.detail.contains("quarantined"), "{told:?}");
+    // Released, it stays quarantined; a request for its profile lands elsewhere or nowhere.
+    node.release("held", "test").unwrap();
+    assert_eq!(device_state(&node, &target.uuid), Quarantined);
+    if let Ok(a) = node.allocate(&req("next", "team-dev", &format!("mig={}", target.profile))) {
+        assert_ne!(a.devices[0].uuid, target.uuid, "a grant landed on a quarantined instance");
+    }
+
+    // An instance the node does not have: fail closed, the whole GPU.
+    slicer::sim::inject_xid(dir.path(), &xid(94, Some(13))).unwrap();
+    let report = node.check_faults().unwrap();
+    let whole: BTreeSet<String> = std::iter::once(gpu.uuid.clone())
+        .chain(gpu.instances.iter().map(|i| i.uuid.clone()))
+        .collect();
+    assert_eq!(report.quarantined.iter().cloned().collect::<BTreeSet<_>>(), whole);
+    for i in &gpu.instances {
+        assert_eq!(device_state(&node, &i.uuid), Quarantined, "{}", i.uuid);
+    }
+
+    // The health check gates the unquarantine; a healthy device is re-scrubbed.
+    slicer::sim::set_health(dir.path(), &gpu.uuid, Some("rows pending remapping")).unwrap();
+    let e = node.unquarantine(&target.uuid).expect_err("unhealthy GPU");
+    assert_eq!(e.code, ErrorCode::Conflict);
+    assert!(e.message.contains("rows pending remapping"), "{}", e.message);
+    assert_eq!(device_state(&node, &target.uuid), Quarantined);
+    slicer::sim::set_health(dir.path(), &gpu.uuid, None).unwrap();
+    let job = node.unquarantine(&target.uuid).expect("healthy: re-scrubbed");
+    assert_eq!(job.device, target.uuid);
+    assert_eq!(device_state(&node, &target.uuid), tessera_api::DeviceState::Scrubbing);
+}
+
+/// Issue 26: XID 95 (uncontained) on a whole GPU takes it; with `faults.stop_holders` its
+/// running holder is a stop target.
+#[test]
+fn an_uncontained_xid_takes_the_whole_gpu_and_the_policy_may_stop_its_holders() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut v: serde_json::Value = serde_json::from_slice(POLICY).expect("json");
+    v["faults"] = serde_json::json!({"stop_holders": true, "grace_s": 1});
+    let policy = policy::Policy::parse(&serde_json::to_vec(&v).unwrap(), "faults.json").unwrap();
+    let host = FakeHost::new();
+    let mut node = node_under(dir.path(), Duration::from_secs(60), false, host.paths(), policy);
+    let a = node.allocate(&req("w", "team-dev", "gpu=1")).unwrap();
+    let gpu = a.devices[0].uuid.clone();
+    host.process(4242, "w");
+    node.start("w", &StartRequest { pid: 4242, bundle: "/bundles/w".into() }).unwrap();
+    slicer::sim::inject_xid(
+        dir.path(),
+        &slicer::XidEvent { gpu_uuid: gpu.clone(), xid: 95, gi_id: None, ci_id: None },
+    )
+    .unwrap();
+    let report = node.check_faults().unwrap();
+    assert_eq!(report.quarantined, std::slice::from_ref(&gpu));
+    assert_eq!(report.grace, Duration::from_secs(1));
+    assert_eq!(
+        report.stop.iter().map(|t| t.refused.container_id.as_str()).collect::<Vec<_>>(),
+        ["w"]
+    );
+    assert_eq!(report.stop[0].refused.rule, "faults.stop_holders");
+    assert_eq!(device_state(&node, &gpu), tessera_api::DeviceState::Quarantined);
+}
+
+/// Issue 26: the class annotation is exactly `latency` or `batch`; anything else is
+/// refused naming the annotation, its value escaped and cut; a latency container gets its
+/// own report file.
+#[test]
+fn a_hostile_class_annotation_is_refused_and_a_latency_container_gets_its_report_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(60));
+    for bad in ["latency\n[fake] granted", "Latency", &"x".repeat(10_000)] {
+        let mut r = req("c1", "team-trusted", "gpu=1");
+        r.annotations.insert("tessera.io/class".into(), bad.to_string());
+        let e = node.allocate(&r).expect_err("refused");
+        assert_eq!(e.code, ErrorCode::BadRequest, "{e:?}");
+        assert!(e.message.contains("tessera.io/class"), "{}", e.message);
+        assert!(!e.message.contains('\n') && e.message.len() < 400, "{}", e.message);
+        assert_eq!(e.rule.as_deref(), Some("interference.classes"));
+    }
+    let mut r = req("c1", "team-trusted", "gpu=1");
+    r.annotations.insert("tessera.io/class".into(), "latency".into());
+    let a = node.allocate(&r).expect("granted");
+    assert_eq!(a.class, Some(tessera_api::WorkloadClass::Latency));
+    let m = a
+        .injection
+        .mounts
+        .iter()
+        .find(|m| m.destination == "/run/tessera/latency_ms")
+        .expect("mount");
+    assert!(!m.read_only);
+    let meta = std::fs::symlink_metadata(&m.source).expect("report file");
+    assert!(meta.is_file());
+    assert!(a.injection.env.contains(&"TESSERA_LATENCY_FILE=/run/tessera/latency_ms".to_string()));
+    node.release("c1", "test").expect("release");
+    assert!(!std::path::Path::new(&m.source).exists(), "the report goes with the grant");
+    let b = node.allocate(&req("c2", "team-trusted", "gpu=1")).expect("granted");
+    assert_eq!(b.class, Some(tessera_api::WorkloadClass::Batch), "undeclared: batch");
+    assert!(b.injection.mounts.iter().all(|m| m.destination != "/run/tessera/latency_ms"));
 }

@@ -23,6 +23,10 @@
 //!   where MIG is dynamic, every placement (`GPU-…:mig:<profile>:<start>`) that could be
 //!   cut now: its slots hold only idle instances (destroyed for it) and the instances left
 //!   plus the new one form a legal layout (`catalog::placement_is_legal`). A placement
+//!   whose cut would destroy an idle instance is listed only while a plain `mig=<profile>`
+//!   request would destroy one too: while no idle instance of the profile (which a plain
+//!   request reuses) and no placement on free slots (where it cuts) is left on the node.
+//!   tesserad refuses such a cut at create as well (`assignment.rs`). A placement
 //!   that a cut on the GPU has made impossible is withdrawn (not listed), not unhealthy:
 //!   it is no device any more.
 //!
@@ -110,6 +114,9 @@ pub struct GpuState {
     pub usage: Usage,
     /// MIG on: its instances.
     pub instances: Vec<InstanceState>,
+    /// The NUMA node of its PCI device, where known: every id of the GPU carries it to
+    /// kubelet (`TopologyInfo`), for the topology manager.
+    pub numa_node: Option<u32>,
 }
 
 /// What the node can grant, as the device plugin needs it; built by tesserad under its
@@ -125,6 +132,11 @@ pub struct Snapshot {
     pub gpus: Vec<GpuState>,
     /// The assignments of the live grants made through the plugin: the ids kubelet holds.
     pub kubelet: Vec<PluginAssignment>,
+    /// Assignments whose token a container's create has presented since tesserad started
+    /// (granted, or refused after the token was verified): their `Allocate` is answered,
+    /// so a reservation of them holds nothing any more (a refused or deleted pod's ids are
+    /// back in allocatable at once, not after the reservation's 10 minutes).
+    pub presented: Vec<PluginAssignment>,
 }
 
 /// An `Allocate` whose grant is not made yet: its ids count as taken.
@@ -135,6 +147,8 @@ pub type Reservation = PluginAssignment;
 pub struct Device {
     pub id: String,
     pub healthy: bool,
+    /// The NUMA node of its GPU, where known.
+    pub numa: Option<u32>,
 }
 
 impl Device {
@@ -169,6 +183,7 @@ pub fn advertise(
             let list = whole
                 .iter()
                 .map(|g| Device {
+                    numa: g.numa_node,
                     id: g.uuid.to_string(),
                     healthy: held.contains(g.uuid.as_str())
                         || (g.usage == Usage::Free && !g.blocked),
@@ -190,7 +205,7 @@ pub fn advertise(
                     };
                     let ids = (0..MPS_UNITS)
                         .map(|unit| DeviceId::MpsUnit { gpu: g.uuid.clone(), unit }.to_string());
-                    units(ids, free, &held, prefer)
+                    units(ids, free, &held, prefer, g.numa_node)
                 })
                 .collect();
             out.insert(RESOURCE_MPS.to_string(), list);
@@ -209,18 +224,46 @@ pub fn advertise(
                     let ids = (0..replicas).map(|replica| {
                         DeviceId::Replica { gpu: g.uuid.clone(), replica }.to_string()
                     });
-                    units(ids, free, &held, prefer)
+                    units(ids, free, &held, prefer, g.numa_node)
                 })
                 .collect();
             out.insert(RESOURCE_SHARED.to_string(), list);
         }
     }
     if offer.mig {
+        let plain = served_without_destroying(&gpus, snapshot.dynamic_mig);
         for g in gpus.iter().filter(|g| g.mig_enabled) {
-            mig_devices(g, snapshot.dynamic_mig, &held, &mut out);
+            mig_devices(g, snapshot.dynamic_mig, &held, &plain, &mut out);
         }
     }
     out
+}
+
+/// The MIG profiles a plain `mig=<profile>` request would get without destroying anything:
+/// an idle instance of the profile (it is reused) or, where MIG is dynamic, a placement
+/// whose slots are free (it is cut there), on a GPU anyone may have now.
+fn served_without_destroying(gpus: &[GpuState], dynamic: bool) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for g in gpus.iter().filter(|g| g.mig_enabled && !g.blocked) {
+        for i in g.instances.iter().filter(|i| i.usage == InstanceUse::Idle) {
+            out.insert(i.profile.clone());
+        }
+        let Some(m) = catalog::model(&g.model).filter(|_| dynamic) else { continue };
+        for p in m.profiles {
+            if p.starts.iter().any(|&start| {
+                cuttable(g, m, p, start) && overlapping(g, p.size, start).next().is_none()
+            }) {
+                out.insert(p.name.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The instances of `g` in the slots of a `size`-slot placement at `start`.
+fn overlapping(g: &GpuState, size: u8, start: u8) -> impl Iterator<Item = &InstanceState> {
+    let end = start.saturating_add(size);
+    g.instances.iter().filter(move |i| i.start < end && start < i.start.saturating_add(i.size))
 }
 
 /// Ids of one GPU's units (MPS percent, replicas): kubelet's stay healthy, and `free` of
@@ -231,8 +274,10 @@ fn units(
     free: u32,
     held: &BTreeSet<String>,
     prefer: &BTreeSet<String>,
+    numa: Option<u32>,
 ) -> Vec<Device> {
-    let mut list: Vec<Device> = ids.map(|id| Device { healthy: held.contains(&id), id }).collect();
+    let mut list: Vec<Device> =
+        ids.map(|id| Device { healthy: held.contains(&id), id, numa }).collect();
     let mut left = free;
     for preferred_pass in [true, false] {
         for d in list.iter_mut().filter(|d| !d.healthy) {
@@ -245,8 +290,16 @@ fn units(
     list
 }
 
-/// The MIG devices of one GPU: its instances, and (dynamic MIG) its cuttable placements.
-fn mig_devices(g: &GpuState, dynamic: bool, held: &BTreeSet<String>, out: &mut Advertised) {
+/// The MIG devices of one GPU: its instances, and (dynamic MIG) its cuttable placements;
+/// one that destroys idle instances only for a profile not in `plain` (see
+/// [`served_without_destroying`]).
+fn mig_devices(
+    g: &GpuState,
+    dynamic: bool,
+    held: &BTreeSet<String>,
+    plain: &BTreeSet<String>,
+    out: &mut Advertised,
+) {
     let model = catalog::model(&g.model);
     // Every profile the GPU offers has an endpoint, listed empty when nothing is there.
     if let Some(m) = model {
@@ -261,20 +314,31 @@ fn mig_devices(g: &GpuState, dynamic: bool, held: &BTreeSet<String>, out: &mut A
         // An instance cut for a placement kubelet holds keeps that id.
         let id = if held.contains(&placement) { placement } else { i.uuid.clone() };
         let healthy = held.contains(&id) || (i.usage == InstanceUse::Idle && !g.blocked);
-        out.entry(PluginResource::Mig(i.profile.clone()).name())
-            .or_default()
-            .push(Device { id, healthy });
+        out.entry(PluginResource::Mig(i.profile.clone()).name()).or_default().push(Device {
+            id,
+            healthy,
+            numa: g.numa_node,
+        });
     }
     let (Some(m), true, false) = (model, dynamic, g.blocked) else { return };
     for p in m.profiles {
+        let destroys = |start: u8| overlapping(g, p.size, start).next().is_some();
+        // No more placements than instances of the profile can exist on the GPU (a `+me`
+        // profile: one, whatever its seven placements), less those it has.
+        let have = g.instances.iter().filter(|i| i.profile == p.name).count();
+        let mut room = usize::from(p.max_instances).saturating_sub(have);
         for &start in p.starts {
-            if cuttable(g, m, p, start) {
+            if room == 0 {
+                break;
+            }
+            if cuttable(g, m, p, start) && !(destroys(start) && plain.contains(p.name)) {
+                room -= 1;
                 let id =
                     DeviceId::Placement { gpu: g.uuid.clone(), profile: p.name.to_string(), start }
                         .to_string();
                 out.entry(PluginResource::Mig(p.name.to_string()).name())
                     .or_default()
-                    .push(Device { id, healthy: true });
+                    .push(Device { id, healthy: true, numa: g.numa_node });
             }
         }
     }
@@ -533,6 +597,7 @@ mod tests {
             mig_enabled: false,
             usage,
             instances: Vec::new(),
+            numa_node: None,
         }
     }
 
@@ -554,11 +619,19 @@ mod tests {
                     usage: *usage,
                 })
                 .collect(),
+            numa_node: None,
         }
     }
 
     fn snap(gpus: Vec<GpuState>) -> Snapshot {
-        Snapshot { offer: ALL, replicas: 4, dynamic_mig: true, gpus, kubelet: Vec::new() }
+        Snapshot {
+            offer: ALL,
+            replicas: 4,
+            dynamic_mig: true,
+            gpus,
+            kubelet: Vec::new(),
+            presented: Vec::new(),
+        }
     }
 
     fn assignment(resource: &str, ids: &[&str]) -> PluginAssignment {
@@ -581,6 +654,23 @@ mod tests {
     }
 
     const NONE: &BTreeSet<String> = &BTreeSet::new();
+
+    #[test]
+    fn every_id_of_a_gpu_carries_its_numa_node() {
+        let mut a = whole("GPU-a", Usage::Free);
+        a.numa_node = Some(1);
+        let mut m = mig("GPU-m", &[("MIG-1", "3g.40gb", 0, InstanceUse::Idle)]);
+        m.numa_node = Some(0);
+        let adv = advertise(&snap(vec![a, m, whole("GPU-b", Usage::Free)]), &[], NONE);
+        let numa =
+            |r: &str, id: &str| adv[r].iter().find(|d| d.id == id).map(|d| d.numa).expect("listed");
+        assert_eq!(numa(RESOURCE_GPU, "GPU-a"), Some(1));
+        assert_eq!(numa(RESOURCE_GPU, "GPU-b"), None, "unknown stays unknown");
+        assert_eq!(numa(RESOURCE_MPS, "GPU-a:mps:7"), Some(1));
+        assert_eq!(numa(RESOURCE_SHARED, "GPU-a:shared:0"), Some(1));
+        assert_eq!(numa("tessera.io/mig-3g.40gb", "MIG-1"), Some(0));
+        assert_eq!(numa("tessera.io/mig-1g.10gb", "GPU-m:mig:1g.10gb:4"), Some(0));
+    }
 
     #[test]
     fn a_free_gpu_is_offered_whole_as_mps_percent_and_as_replicas() {
@@ -674,7 +764,8 @@ mod tests {
                 n("4g.40gb"),
                 n("7g.80gb")
             ],
-            [7, 7, 4, 3, 2, 1, 1]
+            // A `+me` profile exists at most once per GPU: one placement, not seven.
+            [7, 1, 4, 3, 2, 1, 1]
         );
         assert_eq!(listed(&a, "tessera.io/mig-7g.80gb"), ["GPU-m:mig:7g.80gb:0"]);
         assert!(!a.contains_key(RESOURCE_GPU), "a MIG GPU is never offered whole");
@@ -699,16 +790,37 @@ mod tests {
     }
 
     #[test]
-    fn idle_instances_are_offered_and_do_not_hide_placements_over_them() {
+    fn idle_instances_are_offered_and_hide_placements_over_them_while_a_plain_request_would_not_destroy(
+    ) {
         let idle = [("MIG-1", "3g.40gb", 0, InstanceUse::Idle)];
         let a = advertise(&snap(vec![mig("GPU-m", &idle)]), &[], NONE);
         assert_eq!(healthy(&a, "tessera.io/mig-3g.40gb"), ["MIG-1", "GPU-m:mig:3g.40gb:4"]);
+        // 1g.10gb has free slots 4 to 6: the placements over idle MIG-1 are not offered
+        // (a plain mig=1g.10gb would cut on a free slot, not destroy MIG-1).
         assert_eq!(
-            listed(&a, "tessera.io/mig-1g.10gb").len(),
-            7,
-            "cut after destroying idle MIG-1"
+            listed(&a, "tessera.io/mig-1g.10gb"),
+            ["GPU-m:mig:1g.10gb:4", "GPU-m:mig:1g.10gb:5", "GPU-m:mig:1g.10gb:6"]
         );
-        assert_eq!(listed(&a, "tessera.io/mig-7g.80gb").len(), 1);
+        // 7g.80gb and 4g.40gb have nowhere else: a plain request destroys MIG-1 too.
+        assert_eq!(listed(&a, "tessera.io/mig-7g.80gb"), ["GPU-m:mig:7g.80gb:0"]);
+        assert_eq!(listed(&a, "tessera.io/mig-4g.40gb"), ["GPU-m:mig:4g.40gb:0"]);
+        // A free instance of the profile anywhere (here on a second GPU) is what a plain
+        // request reuses: no placement that destroys is offered for it.
+        let two = snap(vec![
+            mig("GPU-m", &idle),
+            mig("GPU-n", &[("MIG-7", "7g.80gb", 0, InstanceUse::Idle)]),
+        ]);
+        let a = advertise(&two, &[], NONE);
+        assert_eq!(listed(&a, "tessera.io/mig-7g.80gb"), ["MIG-7"]);
+        let e =
+            check_allocate(&two, &[], "tessera.io/mig-7g.80gb", &["GPU-m:mig:7g.80gb:0".into()])
+                .unwrap_err();
+        assert!(matches!(e, AllocateError::Unknown { .. }), "{e}");
+        // Once MIG-7 is taken, destroying is what a plain request does too.
+        let mut taken = two.clone();
+        taken.gpus[1].instances[0].usage = InstanceUse::Busy;
+        let a = advertise(&taken, &[], NONE);
+        assert!(listed(&a, "tessera.io/mig-7g.80gb").contains(&"GPU-m:mig:7g.80gb:0".into()));
         // A dirty instance is neither granted nor destroyed.
         let dirty = [("MIG-1", "3g.40gb", 0, InstanceUse::Blocked)];
         let a = advertise(&snap(vec![mig("GPU-m", &dirty)]), &[], NONE);

@@ -11,10 +11,13 @@
 //!   registration with kubelet, re-registration after a kubelet restart.
 //!
 //! What a container is given is the annotation
-//! [`tessera_api::deviceplugin::ASSIGNMENT_ANNOTATION`]; tessera-runtime turns it into the
-//! request, tesserad makes the grant on exactly those devices.
+//! [`tessera_api::deviceplugin::ASSIGNMENT_ANNOTATION`]: the assignment and the token
+//! tesserad recorded for it ([`Issuer`]); tessera-runtime turns it into the request,
+//! tesserad makes the grant on exactly those devices, only with a token it issued.
 
+pub mod authority;
 pub mod capacity;
+mod hpack_table;
 pub mod server;
 
 /// The generated kubelet device-plugin API (do not edit: regenerate, see `tests/codegen.rs`).
@@ -33,7 +36,7 @@ pub use capacity::{
     advertise, check_allocate, preferred, Advertised, AllocateError, Device, GpuState,
     InstanceState, InstanceUse, Offer, Reservation, Snapshot, Usage,
 };
-pub use server::{Config, Plugin, PluginError};
+pub use server::{Config, Issuer, Plugin, PluginError};
 
 /// The API version kubelet is told (`Version` in kubelet's constants.go).
 pub const API_VERSION: &str = "v1beta1";

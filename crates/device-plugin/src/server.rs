@@ -20,7 +20,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
-use tessera_api::deviceplugin::{PluginAssignment, ASSIGNMENT_ANNOTATION, RESOURCE_DOMAIN};
+use tessera_api::deviceplugin::{
+    IssuedAssignment, PluginAssignment, ASSIGNMENT_ANNOTATION, RESOURCE_DOMAIN,
+};
 use tessera_api::untrusted;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch};
@@ -70,6 +72,16 @@ pub enum PluginError {
     RegisterTimeout { resource: String, path: PathBuf, timeout: Duration },
 }
 
+/// Where `Allocate`'s assignments become unforgeable: tesserad records each with a fresh
+/// random token, durably, before the answer goes to kubelet, and honours an assignment at
+/// create only with a token it issued for exactly those ids. Blocking (called on a
+/// blocking thread).
+pub trait Issuer: Send + Sync + std::fmt::Debug {
+    /// Records `made` (one assignment per container of an `Allocate`), each with its own
+    /// new token; all or nothing. The error says why nothing was issued.
+    fn issue(&self, made: &[PluginAssignment]) -> Result<Vec<IssuedAssignment>, String>;
+}
+
 /// The most released kubelet assignments remembered (see [`capacity::advertise`]'s `prefer`).
 const MAX_RECENT: usize = 256;
 
@@ -93,12 +105,14 @@ pub struct Plugin {
     config: Config,
     state: Mutex<State>,
     lists: watch::Sender<Arc<Advertised>>,
+    issuer: Arc<dyn Issuer>,
 }
 
 impl Plugin {
-    pub fn new(config: Config) -> Arc<Plugin> {
+    /// The plugin whose `Allocate` answers carry the tokens `issuer` records.
+    pub fn new(config: Config, issuer: Arc<dyn Issuer>) -> Arc<Plugin> {
         let (lists, _) = watch::channel(Arc::new(Advertised::new()));
-        Arc::new(Plugin { config, state: Mutex::new(State::default()), lists })
+        Arc::new(Plugin { config, state: Mutex::new(State::default()), lists, issuer })
     }
 
     pub fn config(&self) -> &Config {
@@ -117,7 +131,9 @@ impl Plugin {
         let mut st = self.state();
         let live: BTreeSet<&String> =
             snapshot.kubelet.iter().flat_map(|a| a.device_ids().iter()).collect();
-        st.reservations.retain(|(r, _)| !r.device_ids().iter().any(|id| live.contains(id)));
+        st.reservations.retain(|(r, _)| {
+            !r.device_ids().iter().any(|id| live.contains(id)) && !snapshot.presented.contains(r)
+        });
         st.recent.retain(|r| !r.device_ids().iter().any(|id| live.contains(id)));
         if let Some(old) = st.snapshot.take() {
             for gone in old.kubelet.into_iter().filter(|a| !snapshot.kubelet.contains(a)) {
@@ -199,12 +215,66 @@ impl Plugin {
         Ok(made)
     }
 
+    /// Drops the reservations of `made` (an `Allocate` whose tokens could not be issued:
+    /// kubelet got no answer to hold them with).
+    pub fn cancel(&self, made: &[PluginAssignment]) {
+        let mut st = self.state();
+        let before = st.reservations.len();
+        st.reservations.retain(|(r, _)| !made.contains(r));
+        if st.reservations.len() != before {
+            self.publish(&mut st);
+        }
+    }
+
+    /// [`Plugin::allocate`], then the tokens from the [`Issuer`]: what `Allocate` answers.
+    /// Nothing is answered (and nothing stays reserved) unless every token was recorded.
+    pub async fn allocate_issued(
+        &self,
+        resource: &str,
+        containers: &[Vec<String>],
+    ) -> Result<Vec<IssuedAssignment>, Status> {
+        let made = self.allocate(resource, containers).map_err(|e| {
+            warn!(resource, "Allocate refused: {e}");
+            Status::failed_precondition(format!(
+                "tessera: {}",
+                untrusted(&e.to_string()).max_chars(1024)
+            ))
+        })?;
+        let issuer = self.issuer.clone();
+        let asked = made.clone();
+        let issued = tokio::task::spawn_blocking(move || issuer.issue(&asked))
+            .await
+            .unwrap_or_else(|e| Err(format!("the token issuer failed: {e}")));
+        match issued {
+            Ok(issued)
+                if issued.len() == made.len()
+                    && issued.iter().zip(&made).all(|(i, a)| i.assignment() == a) =>
+            {
+                Ok(issued)
+            }
+            Ok(_) => {
+                self.cancel(&made);
+                Err(Status::internal("tessera: the tokens issued are not the assignments made"))
+            }
+            Err(e) => {
+                self.cancel(&made);
+                warn!(resource, "Allocate failed: no token recorded: {e}");
+                Err(Status::unavailable(format!(
+                    "tessera: cannot record the assignment's token: {}",
+                    untrusted(&e).max_chars(1024)
+                )))
+            }
+        }
+    }
+
     /// Keeps the endpoints up until `shutdown` turns true (or its sender goes), then
     /// stops them and removes their sockets.
     pub async fn serve(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let kubelet = self.config.dir.join(KUBELET_SOCKET);
         let mut endpoints: BTreeMap<String, Running> = BTreeMap::new();
         let mut kubelet_id: Option<FileId> = None;
+        // Said once while kubelet.sock is absent, again after it was there.
+        let mut said_waiting = false;
         let mut lists = self.subscribe();
         let mut tick = tokio::time::interval(self.config.poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -248,8 +318,16 @@ impl Plugin {
                 }
             }
             if kubelet_id.is_none() {
+                if !said_waiting {
+                    said_waiting = true;
+                    info!(
+                        socket = %kubelet.display(),
+                        "waiting for kubelet: its registration socket is not there yet (is kubelet running, with this plugin directory?)"
+                    );
+                }
                 continue;
             }
+            said_waiting = false;
             for (resource, ep) in endpoints.iter_mut().filter(|(_, ep)| !ep.registered) {
                 match register(&kubelet, resource, &ep.name).await {
                     Ok(()) => {
@@ -322,9 +400,16 @@ impl Running {
         let task = tokio::spawn(async move {
             let served = Server::builder()
                 .add_service(api::device_plugin_server::DevicePluginServer::new(service))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                    let _ = until.wait_for(|s| *s).await;
-                })
+                // Each connection read through FixAuthority: kubelets before 1.26 send the
+                // socket's path as `:authority`, which h2 alone refuses.
+                .serve_with_incoming_shutdown(
+                    tokio_stream::StreamExt::map(UnixListenerStream::new(listener), |c| {
+                        c.map(crate::authority::FixAuthority::new)
+                    }),
+                    async move {
+                        let _ = until.wait_for(|s| *s).await;
+                    },
+                )
                 .await;
             if let Err(e) = served {
                 warn!("device-plugin endpoint stopped: {e}");
@@ -410,7 +495,9 @@ fn to_api(list: &[capacity::Device]) -> api::ListAndWatchResponse {
             .map(|d| api::Device {
                 id: d.id.clone(),
                 health: d.health().to_string(),
-                topology: None,
+                topology: d
+                    .numa
+                    .map(|n| api::TopologyInfo { nodes: vec![api::NumaNode { id: i64::from(n) }] }),
             })
             .collect(),
     }
@@ -481,17 +568,13 @@ impl api::device_plugin_server::DevicePlugin for Service {
     ) -> Result<Response<api::AllocateResponse>, Status> {
         let containers: Vec<Vec<String>> =
             request.into_inner().container_requests.into_iter().map(|c| c.devices_ids).collect();
-        let made = self.plugin.allocate(&self.resource, &containers).map_err(|e| {
-            warn!(resource = %self.resource, "Allocate refused: {e}");
-            Status::failed_precondition(format!(
-                "tessera: {}",
-                untrusted(&e.to_string()).max_chars(1024)
-            ))
-        })?;
-        let container_responses = made
+        let issued = self.plugin.allocate_issued(&self.resource, &containers).await?;
+        let container_responses = issued
             .iter()
             .map(|a| {
-                info!(resource = %self.resource, assignment = %a, "Allocate");
+                // The assignment and the token's first digits only: logs are not where
+                // kubelet's tokens should be read from.
+                info!(resource = %self.resource, assignment = %a.assignment(), token = %a.token().short(), "Allocate");
                 api::ContainerAllocateResponse {
                     annotations: [(ASSIGNMENT_ANNOTATION.to_string(), a.to_string())].into(),
                     ..Default::default()
@@ -506,5 +589,60 @@ impl api::device_plugin_server::DevicePlugin for Service {
         _: Request<api::PreStartContainerRequest>,
     ) -> Result<Response<api::PreStartContainerResponse>, Status> {
         Ok(Response::new(api::PreStartContainerResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capacity::{GpuState, Offer, Usage};
+
+    #[derive(Debug)]
+    struct Tokens;
+    impl Issuer for Tokens {
+        fn issue(&self, _: &[PluginAssignment]) -> Result<Vec<IssuedAssignment>, String> {
+            Err("not used".into())
+        }
+    }
+
+    fn snapshot(presented: Vec<PluginAssignment>) -> Snapshot {
+        let gpu = |u: &str| GpuState {
+            uuid: tessera_api::DeviceUuid::new(u).expect("uuid"),
+            model: "H100-80GB".into(),
+            blocked: false,
+            mig_enabled: false,
+            usage: Usage::Free,
+            instances: Vec::new(),
+            numa_node: None,
+        };
+        Snapshot {
+            offer: Offer { gpu: true, mig: false, mps: true, shared: false },
+            replicas: 4,
+            dynamic_mig: false,
+            gpus: vec![gpu("GPU-a"), gpu("GPU-b")],
+            kubelet: Vec::new(),
+            presented,
+        }
+    }
+
+    /// Healthy MPS percent: a GPU reserved whole serves none.
+    fn healthy(p: &Plugin) -> usize {
+        p.advertised()["tessera.io/mps"].iter().filter(|d| d.healthy).count()
+    }
+
+    /// A pod refused at create (its token presented, no grant) or deleted after its grant
+    /// came and went between two reads: its ids are back at the next read, not after the
+    /// reservation's 10 minutes.
+    #[test]
+    fn a_presented_assignment_holds_its_ids_no_longer() {
+        let p = Plugin::new(Config::new("/nonexistent"), Arc::new(Tokens));
+        p.update(snapshot(Vec::new()));
+        assert_eq!(healthy(&p), 200);
+        let made = p.allocate("tessera.io/gpu", &[vec!["GPU-a".to_string()]]).expect("allocate");
+        assert_eq!(healthy(&p), 100, "reserved until its grant comes");
+        p.update(snapshot(Vec::new()));
+        assert_eq!(healthy(&p), 100, "still reserved: no create yet");
+        p.update(snapshot(made));
+        assert_eq!(healthy(&p), 200, "presented: back at once");
     }
 }

@@ -32,8 +32,9 @@ use tracing::{info, warn};
 
 use crate::http::{self, Endpoint, HttpError};
 use crate::now_ms;
-use crate::signing::{self, key_id, Verified};
+use crate::signing::{self, key_id, Signer, Verified};
 use crate::wire::{ErrorBody, NodeReport, UploadOutcome, UsageUpload, MAX_UPLOAD_BATCH};
+use metering::chain::ChainHead;
 
 /// How the agent follows the coordinator.
 #[derive(Clone)]
@@ -64,6 +65,9 @@ pub struct AgentConfig {
     /// The operator's `--policy-overrides-fleet`: a local policy file is in force and
     /// every fleet revision is refused (kind `local-override`) until the flag is dropped.
     pub local_override: bool,
+    /// The node's own key, which signs every usage upload ([`crate::proof`]); without it
+    /// usage cannot be uploaded.
+    pub node_key: Option<Signer>,
 }
 
 impl std::fmt::Debug for AgentConfig {
@@ -100,6 +104,7 @@ impl AgentConfig {
             reject_hold: Duration::from_secs(60),
             tls: None,
             local_override: false,
+            node_key: None,
         }
     }
 }
@@ -593,30 +598,100 @@ impl PolicyAgent {
         Err(last.unwrap_or_else(|| AgentError::Config("no coordinator url".into())))
     }
 
-    /// Upload closed ledger intervals, in batches, retrying each batch (up to 4 rounds over
-    /// every coordinator) when no answer or a 5xx comes back. Safe to repeat: the
-    /// coordinator stores each interval id once, so a batch whose answer was lost and is
-    /// sent again counts once (the retry reports them as duplicates).
+    /// Upload consecutive links of ledger `ledger_id`'s chain (closed intervals in chain
+    /// order, extending what the coordinator holds), in batches, each signed with the node
+    /// key; a batch that gets no answer or a 5xx is retried (up to 4 rounds over every
+    /// coordinator). A batch that was stored although its answer was lost comes back as
+    /// "replayed": the agent then asks the coordinator for its head and counts what the
+    /// head covers as duplicates, sending only the rest. Safe to repeat.
     pub async fn upload_usage(
         &self,
+        ledger_id: &str,
         intervals: &[metering::ClosedInterval],
     ) -> Result<UploadOutcome, AgentError> {
         let mut total = UploadOutcome::default();
-        for chunk in intervals.chunks(MAX_UPLOAD_BATCH) {
-            let out = self.upload_batch(chunk).await?;
-            total.accepted += out.accepted;
-            total.duplicates += out.duplicates;
-            total.conflicts.extend(out.conflicts);
+        let mut rest = intervals;
+        while !rest.is_empty() {
+            let chunk = &rest[..rest.len().min(MAX_UPLOAD_BATCH)];
+            match self.upload_batch(ledger_id, chunk).await {
+                Ok(out) => {
+                    total.accepted += out.accepted;
+                    total.duplicates += out.duplicates;
+                    total.conflicts.extend(out.conflicts);
+                    rest = &rest[chunk.len()..];
+                }
+                Err(AgentError::Refused { status: 409, .. }) => {
+                    // Stored before (a lost answer, or an earlier run): skip what the
+                    // coordinator's head covers, send the rest after it.
+                    let head = self.usage_head(ledger_id).await?;
+                    let covered = rest
+                        .iter()
+                        .take_while(|i| i.chain.as_ref().is_some_and(|l| l.seq <= head.seq))
+                        .count();
+                    let first = rest[0].chain.as_ref().map_or(0, |l| l.seq);
+                    if covered == 0 {
+                        return Err(AgentError::Protocol {
+                            url: self.cfg.coordinator_urls.join(","),
+                            why: format!(
+                                "the coordinator holds ledger {ledger_id} up to chain seq {} but this upload starts at seq {first}: links before it are missing",
+                                head.seq
+                            ),
+                        });
+                    }
+                    total.duplicates += covered as u64;
+                    rest = &rest[covered..];
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(total)
     }
 
+    /// The newest link of `ledger_id` the coordinator holds for this node (seq 0 and the
+    /// genesis hash when it holds none).
+    pub async fn usage_head(&self, ledger_id: &str) -> Result<ChainHead, AgentError> {
+        crate::validate_name("ledger id", ledger_id).map_err(AgentError::Config)?;
+        let path = format!("/v1/nodes/{}/usage/head?ledger_id={ledger_id}", self.cfg.node_id);
+        let mut last = None;
+        for ep in self.endpoints.iter() {
+            let r = http::request(
+                &self.pool,
+                ep,
+                Method::GET,
+                &path,
+                Some(&self.cfg.token),
+                &[],
+                None,
+                Duration::from_secs(10),
+            )
+            .await;
+            match r {
+                Ok(r) if r.status == 200 => {
+                    return serde_json::from_slice(&r.body).map_err(|e| AgentError::Protocol {
+                        url: ep.url.clone(),
+                        why: e.to_string(),
+                    })
+                }
+                Ok(r) => last = Some(refused(ep, r.status, &r.body)),
+                Err(e) => last = Some(AgentError::Http(e)),
+            }
+        }
+        Err(last.unwrap_or_else(|| AgentError::Config("no coordinator url".into())))
+    }
+
     async fn upload_batch(
         &self,
+        ledger_id: &str,
         chunk: &[metering::ClosedInterval],
     ) -> Result<UploadOutcome, AgentError> {
-        let body = serde_json::to_vec(&UsageUpload { intervals: chunk.to_vec() })
+        let signer = self.cfg.node_key.as_ref().ok_or_else(|| {
+            AgentError::Config("no node key: usage uploads are signed with the node's key".into())
+        })?;
+        let segment = crate::proof::sign_segment(signer, &self.cfg.node_id, ledger_id, chunk)
             .map_err(|e| AgentError::Config(e.to_string()))?;
+        let body =
+            serde_json::to_vec(&UsageUpload { intervals: chunk.to_vec(), segment: Some(segment) })
+                .map_err(|e| AgentError::Config(e.to_string()))?;
         let path = format!("/v1/nodes/{}/usage", self.cfg.node_id);
         let mut backoff = self.cfg.retry_min;
         let mut last = None;
@@ -701,27 +776,10 @@ impl ElapsedExt for Option<Instant> {
 /// rename it over the old one, fsync the directory. A crash leaves the old or the new
 /// file, never a torn one.
 pub fn write_last_known_good(path: &Path, verified: &Verified) -> Result<(), AgentError> {
-    use std::io::Write as _;
     let err = |why: String| AgentError::LastKnownGood { path: path.to_path_buf(), why };
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| err(format!("create {}: {e}", dir.display())))?;
     let json = serde_json::to_vec_pretty(&verified.envelope).map_err(|e| err(e.to_string()))?;
-    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
-    let mut f =
-        std::fs::File::create(&tmp).map_err(|e| err(format!("create {}: {e}", tmp.display())))?;
-    f.write_all(&json)
-        .and_then(|()| f.sync_all())
-        .map_err(|e| err(format!("write {}: {e}", tmp.display())))?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        err(format!("rename into place: {e}"))
-    })?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| err(format!("fsync {}: {e}", dir.display())))?;
-    Ok(())
+    tessera_api::durable::replace(path, &json, 0o644, tessera_api::durable::Sync::Durable)
+        .map_err(|e| err(format!("write: {e}")))
 }
 
 #[cfg(test)]

@@ -345,6 +345,60 @@ impl Client {
         self.call(Method::POST, "/v1/usage", &[], Some(body)).await
     }
 
+    /// Pin `node`'s public key (hex or base64) at the coordinator (admin); `replace` to
+    /// change a key already pinned.
+    pub async fn register_node_key(
+        &self,
+        node: &str,
+        public_key: &str,
+        replace: bool,
+    ) -> Result<crate::proof::NodeKeyRecord, ClientError> {
+        crate::validate_node_id(node).map_err(ClientError::Usage)?;
+        let body = serde_json::to_vec(&crate::wire::RegisterNodeKey {
+            public_key: public_key.to_string(),
+            replace,
+        })
+        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.call(Method::PUT, &format!("/v1/nodes/{node}/key"), &[], Some(body)).await
+    }
+
+    /// The key pinned for `node`.
+    pub async fn node_key(&self, node: &str) -> Result<crate::proof::NodeKeyRecord, ClientError> {
+        crate::validate_node_id(node).map_err(ClientError::Usage)?;
+        self.call(Method::GET, &format!("/v1/nodes/{node}/key"), &[], None).await
+    }
+
+    /// The newest link of `node`'s ledger `ledger_id` the coordinator holds.
+    pub async fn usage_head(
+        &self,
+        node: &str,
+        ledger_id: &str,
+    ) -> Result<metering::ChainHead, ClientError> {
+        crate::validate_node_id(node).map_err(ClientError::Usage)?;
+        crate::validate_name("ledger id", ledger_id).map_err(ClientError::Usage)?;
+        let path = format!("/v1/nodes/{node}/usage/head?ledger_id={ledger_id}");
+        self.call(Method::GET, &path, &[], None).await
+    }
+
+    /// The fleet's bill for `[from_ms, to_ms)` grouped `by`, with the signed segments and
+    /// policy revision it rests on ([`crate::proof::verify_bill`] checks it).
+    pub async fn usage_export(
+        &self,
+        from_ms: u64,
+        to_ms: u64,
+        by: metering::GroupBy,
+        nodes: Option<&[String]>,
+    ) -> Result<crate::proof::BillExport, ClientError> {
+        let mut path = format!("/v1/usage/export?from_ms={from_ms}&to_ms={to_ms}&by={by}");
+        if let Some(ns) = nodes {
+            for n in ns {
+                crate::validate_node_id(n).map_err(ClientError::Usage)?;
+            }
+            path.push_str(&format!("&node={}", ns.join(",")));
+        }
+        self.call(Method::GET, &path, &[], None).await
+    }
+
     /// Recent refused requests (who, what, why).
     pub async fn refusals(&self) -> Result<Vec<RefusalRecord>, ClientError> {
         self.call(Method::GET, "/v1/audit/refusals", &[], None).await
@@ -379,6 +433,28 @@ impl Client {
         crate::validate_node_id(node).map_err(ClientError::Usage)?;
         let path = format!("/v1/nodes/{node}/quota/admit");
         let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let (status, body) =
+            self.send(Method::POST, &path, &self.token, &[], Some(body), timeout, true).await?;
+        if !(200..300).contains(&status) {
+            return Err(Client::api_error(status, &body));
+        }
+        serde_json::from_slice(&body).map_err(|e| ClientError::Protocol(format!("{path}: {e}")))
+    }
+
+    /// Fleet quotas: a grant of `node` counts new amounts from now on (`runc update` of its
+    /// container's CPU or memory limit): admitted (with its class from now on) or refused.
+    /// 503 while the books are rebuilt, as for [`Client::quota_admit`].
+    pub async fn quota_resize(
+        &self,
+        node: &str,
+        req: &crate::quota::ResizeRequest,
+        timeout: Duration,
+    ) -> Result<crate::quota::AdmitAnswer, ClientError> {
+        crate::validate_node_id(node).map_err(ClientError::Usage)?;
+        let path = format!("/v1/nodes/{node}/quota/resize");
+        let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        // As an admission: a coordinator that cannot reach the one that decides (502/503/504)
+        // is passed over for the next.
         let (status, body) =
             self.send(Method::POST, &path, &self.token, &[], Some(body), timeout, true).await?;
         if !(200..300).contains(&status) {

@@ -18,9 +18,11 @@
 //! The coordinator's routes and semantics are documented in the `coordinator` crate.
 
 pub mod agent;
+pub mod billing;
 pub mod client;
 mod diff;
 mod http;
+pub mod proof;
 pub mod signing;
 
 pub mod tls;
@@ -36,7 +38,7 @@ pub use wire::{
 };
 pub use wire::{
     ErrorBody, FleetUsage, FleetUsageRequest, NodeRecord, NodeReport, NodeUsage, RefusalRecord,
-    RevisionSummary, UploadOutcome, UsageUpload, MAX_UPLOAD_BATCH,
+    RegisterNodeKey, RevisionSummary, UploadOutcome, UsageUpload, MAX_UPLOAD_BATCH,
 };
 
 /// Milliseconds since the Unix epoch (0 if the clock is before 1970).

@@ -178,11 +178,26 @@ impl NodeRecord {
     }
 }
 
-/// A batch of closed ledger intervals from one node.
+/// A batch of closed ledger intervals from one node: consecutive links of one ledger's
+/// chain, and the node's signature over them ([`crate::proof`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UsageUpload {
     pub intervals: Vec<metering::ClosedInterval>,
+    /// The node's signature over the segment; an upload without one is refused.
+    #[serde(default)]
+    pub segment: Option<crate::proof::SignedSegment>,
+}
+
+/// `PUT /v1/nodes/{node}/key`: pin a node's public key (admin).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterNodeKey {
+    /// The node's ed25519 public key, 64 hex digits or base64.
+    pub public_key: String,
+    /// Replace a different key already registered (a node whose key was lost or rotated).
+    #[serde(default)]
+    pub replace: bool,
 }
 
 /// What an upload did. A retry of a batch whose answer was lost reports the intervals

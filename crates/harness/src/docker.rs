@@ -41,7 +41,7 @@ impl Dockerd {
         let cgroup_parent = format!("/{}", unique_name());
         cleanup.track_cgroup(&cgroup_parent);
         let exec = dir.join("exec");
-        for rt in ["runc", "tessera", "tessera-alice"] {
+        for rt in ["runc", "tessera", "tessera-alice", "tessera-typo", "nvidia"] {
             cleanup.track_runc_root(exec.join(format!("runtime-{rt}")).join("moby"));
         }
         let socket = dir.join("docker.sock");

@@ -196,12 +196,34 @@ impl FleetFixture {
         .map(|s| s.to_string())
         .collect();
         extra_args.extend(extra.iter().map(|s| s.to_string()));
-        Node::start_with(NodeOptions {
+        let node = Node::start_with(NodeOptions {
             policy: policy.to_path_buf(),
             node_file,
             pending_grace_ms: 600_000,
             extra_args,
             ..NodeOptions::default()
+        });
+        // The operator's step: pin the node's usage signing key at the coordinator (best
+        // effort: a test whose coordinator is not up yet pins it with `register_key`).
+        self.register_key(coordinators, &node);
+        node
+    }
+
+    /// The node's public usage signing key, as its status shows it.
+    pub fn node_key(node: &Node) -> String {
+        let s = node.client().status().expect("node status");
+        s.node_key.expect("the node shows its key").public_key
+    }
+
+    /// Pin `node`'s key at the first of `coordinators` that answers (as an admin would with
+    /// `tessera nodes register-key`); whether one did.
+    pub fn register_key(&self, coordinators: &str, node: &Node) -> bool {
+        let name = node.client().status().expect("node status").node;
+        let body = serde_json::json!({"public_key": Self::node_key(node)}).to_string();
+        coordinators.split(',').map(str::trim).filter(|u| !u.is_empty()).any(|url| {
+            let path = format!("/v1/nodes/{name}/key");
+            http(url, "PUT", &path, Some(ADMIN_TOKEN), Some(body.as_bytes()))
+                .is_some_and(|(s, _)| s == 200 || s == 201)
         })
     }
 

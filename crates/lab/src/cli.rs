@@ -22,7 +22,7 @@ pub struct SimArgs {
     #[arg(
         long,
         conflicts_with = "generate",
-        required_unless_present_any = ["generate", "scenario"]
+        required_unless_present_any = ["generate", "scenario", "quota_family"]
     )]
     pub trace: Option<PathBuf>,
     /// A generated trace instead: alibaba-like, mid-whole-bursty, small-shares, multi-gpu
@@ -62,9 +62,32 @@ pub struct SimArgs {
     /// skipped), from creation_time for deletion_time - creation_time seconds.
     #[arg(long, requires = "policy", conflicts_with_all = ["queue", "placement", "scenario"])]
     pub quota_modes: bool,
+    /// With --quota-modes: the share of jobs (0 to 1) that write a checkpoint on SIGTERM
+    /// (`tessera.io/preemption: checkpoint`) and resume from it after a preemption; the
+    /// others restart from zero. A row checkpoints when FNV-1a-64 of `checkpoint:` and its
+    /// name, mod 1,000,000, is below the share times 1,000,000.
+    #[arg(long, default_value_t = 0.0)]
+    pub checkpoint_fraction: f64,
+    /// The quota acceptance table (needs --policy): FIFO with backfill against quotas on
+    /// the three shared pod lists (from --data, default data/alibaba-gpu-v2023) and the
+    /// generated mixes (--requests, --seed) at 2 and 4 nodes, each cell judged against
+    /// the promises (useful utilisation at least 95% of FIFO's, owner wait p99 at most
+    /// 300 s) and, where one is not kept, what accounts for it (`lab::quota_table`). In
+    /// Markdown; takes tens of seconds in a release build.
+    #[arg(
+        long,
+        requires = "policy",
+        conflicts_with_all = ["trace", "generate", "quota_modes", "queue", "placement", "scenario"]
+    )]
+    pub quota_family: bool,
+    /// Where --quota-family finds the shared pod lists.
+    #[arg(long, default_value = "data/alibaba-gpu-v2023")]
+    pub data: PathBuf,
     /// A built-in scenario instead of a trace: `drf`, the DRF paper's example (one node of
     /// 9 CPUs and 18 GB; A's tasks <1 CPU, 4 GB>, B's <3 CPU, 1 GB>, both always asking)
-    /// under Tessera's fair queue with no quota.
+    /// under Tessera's fair queue with no quota; `interference`, latency services and
+    /// bandwidth-heavy batch jobs on MPS GPUs without and with the interference controller
+    /// (`lab::contention_sim`, 5 seeds of 8 hours).
     #[arg(long, conflicts_with_all = ["trace", "generate", "policy", "queue", "placement"])]
     pub scenario: Option<String>,
     #[arg(long)]
@@ -116,6 +139,15 @@ fn to_json(v: &impl serde::Serialize) -> Result<String, String> {
 pub fn run(a: &SimArgs) -> Result<String, String> {
     if let Some(name) = &a.scenario {
         return scenario(name, a.json);
+    }
+    if !(0.0..=1.0).contains(&a.checkpoint_fraction) {
+        return Err(format!(
+            "--checkpoint-fraction {}: expected a share of the jobs from 0 to 1",
+            a.checkpoint_fraction
+        ));
+    }
+    if a.quota_family {
+        return quota_family(a);
     }
     let trace = match (&a.trace, &a.generate) {
         (Some(path), _) => Trace::load_alibaba(path).map_err(|e| e.to_string())?,
@@ -205,9 +237,22 @@ pub fn quota_tenants(policy: &policy::Policy) -> Vec<String> {
     leaves
 }
 
-/// The trace's GPU rows as jobs on `model` ([`QUOTA_MAPPING_DOC`]), and how many rows
-/// were skipped (no GPU).
-pub fn quota_jobs(trace: &Trace, tenants: &[String], model: &str) -> (Vec<quota_sim::Job>, usize) {
+/// Whether the job of trace row `name` checkpoints when `fraction` of the jobs do: a hash
+/// of the name (FNV-1a-64 of `checkpoint:` and the name) below `fraction` of its range, so
+/// the same rows checkpoint in every mode and run, and raising the fraction only adds rows.
+pub fn checkpoints(name: &str, fraction: f64) -> bool {
+    let h = slicer::fnv1a64(format!("checkpoint:{name}").as_bytes());
+    ((h % 1_000_000) as f64) < fraction * 1_000_000.0
+}
+
+/// The trace's GPU rows as jobs on `model` ([`QUOTA_MAPPING_DOC`]), the `checkpoint_fraction`
+/// of them (by [`checkpoints`]) checkpointing, and how many rows were skipped (no GPU).
+pub fn quota_jobs(
+    trace: &Trace,
+    tenants: &[String],
+    model: &str,
+    checkpoint_fraction: f64,
+) -> (Vec<quota_sim::Job>, usize) {
     let mut skipped = 0;
     let mut jobs = Vec::with_capacity(trace.requests.len());
     for r in &trace.requests {
@@ -227,6 +272,7 @@ pub fn quota_jobs(trace: &Trace, tenants: &[String], model: &str) -> (Vec<quota_
             duration_s: r.departure.saturating_sub(r.arrival),
             resources: quota::Resources::new().with(quota::Resource::gpu(model), micro),
             gang: None,
+            checkpoints: checkpoints(&r.name, checkpoint_fraction),
         });
     }
     (jobs, skipped)
@@ -276,7 +322,7 @@ fn quota_modes(a: &SimArgs, trace: &Trace) -> Result<String, String> {
             path.display()
         ));
     }
-    let (jobs, skipped) = quota_jobs(trace, &tenants, &a.gpu);
+    let (jobs, skipped) = quota_jobs(trace, &tenants, &a.gpu, a.checkpoint_fraction);
     let fleet = quota_sim::Fleet {
         nodes: a.nodes,
         gpus_per_node: replay::GPUS_PER_NODE,
@@ -330,10 +376,50 @@ fn quota_modes(a: &SimArgs, trace: &Trace) -> Result<String, String> {
     Ok(out)
 }
 
+/// `--quota-family`: the acceptance table ([`crate::quota_table`]).
+fn quota_family(a: &SimArgs) -> Result<String, String> {
+    let path = a.policy.as_ref().ok_or("--quota-family needs --policy FILE")?;
+    let policy = policy::Policy::load(path).map_err(|e| e.to_string())?;
+    let traces = tracegen::family(Some(&a.data), a.requests, a.seed).map_err(|e| e.to_string())?;
+    let mut cells = Vec::new();
+    for t in &traces {
+        for nodes in crate::quota_table::NODES {
+            cells.push(crate::quota_table::cell(t, nodes, &policy, &a.gpu, a.checkpoint_fraction)?);
+        }
+    }
+    if a.json {
+        let rows: Vec<serde_json::Value> = cells
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "trace": c.trace, "nodes": c.nodes,
+                    "checkpoint_fraction": c.checkpoint_fraction,
+                    "ratio": c.ratio(), "accounted_ratio": c.accounted_ratio(),
+                    "utilisation": c.utilisation().label(), "owner_wait": c.owner_wait().label(),
+                    "fifo": c.fifo, "quotas": c.quotas,
+                })
+            })
+            .collect();
+        return to_json(&rows);
+    }
+    Ok(format!(
+        "{} (checkpointing: {:.0}% of the jobs; generated mixes: {} requests, seed {})\n\n{}",
+        path.display(),
+        a.checkpoint_fraction * 100.0,
+        a.requests,
+        a.seed,
+        crate::quota_table::markdown(&cells)
+    ))
+}
+
 fn scenario(name: &str, json: bool) -> Result<String, String> {
+    if name == "interference" {
+        let f = crate::contention_sim::family(5, 8);
+        return if json { to_json(&f) } else { Ok(crate::contention_sim::table(&f)) };
+    }
     if name != "drf" {
         return Err(format!(
-            "--scenario {}: unknown scenario, expected drf",
+            "--scenario {}: unknown scenario, expected drf or interference",
             tessera_api::untrusted(name)
         ));
     }
@@ -395,7 +481,7 @@ mod tests {
                    p0,0,0,0,10\np1,1,1000,5,15\np2,1,460,6,7\np3,8,0,9,9\np4,2,500,1,3\n";
         let trace = Trace::parse_alibaba("t.csv", csv).expect("parses");
         let tenants = vec!["o/a".to_string(), "o/b".to_string(), "o/c".to_string()];
-        let (jobs, skipped) = quota_jobs(&trace, &tenants, "H100-80GB");
+        let (jobs, skipped) = quota_jobs(&trace, &tenants, "H100-80GB", 0.0);
         assert_eq!(skipped, 1);
         let gpu = quota::Resource::gpu("H100-80GB");
         let got: Vec<(&str, u64, u64, u64)> = jobs

@@ -13,12 +13,19 @@
 //!   placement beats first-fit on every trace without being first-fit).
 //! - [`quota_sim`]: the fleet under static partitions, one FIFO queue with backfill and
 //!   Tessera's quotas side by side (`tessera sim --quota-modes`).
+//! - [`quota_table`]: FIFO against quotas on every cell of a trace family, each judged
+//!   against the quota promises (`tessera sim --quota-family`).
+//! - [`contention_sim`]: latency services and bandwidth-heavy batch jobs on MPS GPUs through
+//!   the contention model, without and with the interference controller
+//!   (`tessera sim --scenario interference`).
 //! - [`cli`]: `tessera sim` itself (the `tessera-sim` binary, which `tessera sim` runs).
 
 pub mod adversary;
 pub mod cli;
+pub mod contention_sim;
 pub mod pack;
 pub mod quota_sim;
+pub mod quota_table;
 pub mod replay;
 pub mod tracegen;
 

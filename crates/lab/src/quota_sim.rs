@@ -12,7 +12,7 @@
 //!
 //! # Placement
 //!
-//! Per-GPU bins in micro-GPUs, first fit over nodes in order: a job of k whole GPUs takes k
+//! Per-GPU bins in micro-GPUs, over nodes in order: a job of k whole GPUs takes k
 //! wholly free GPUs of one node; a fraction (less than one GPU) takes part of the first
 //! GPU with enough left; CPU and memory, where the fleet names them, must fit on the node.
 //! A job that could not be placed on an empty fleet (or, in [`Mode::Static`], its empty
@@ -37,16 +37,22 @@
 //!   [`quota::admit`] (ceilings, guarantees, borrowing, lending limits); the queue is
 //!   served in [`quota::fair_order`], recomputed after each admission, skipping what does
 //!   not fit, as [`quota::allocate`] does, but placing each admission on the bins (one that
-//!   fits the books but not the bins waits). A request within guarantee that finds its
-//!   capacity lent out ([`Decision::Reclaim`]), or that fits the books but not the bins,
-//!   reclaims: on each node (the whole fleet for a gang) the borrowed work of other
-//!   tenants is ordered by [`quota::choose_victims`], the shortest prefix after which the
-//!   request fits is taken (less any victim it does not need), and the node with the
-//!   fewest victims wins (then the fewest GPU-seconds lost, then the lowest index). The
-//!   victims get their tenant's grace period ([`QuotaTree::grace_period_s`]) and are then
-//!   stopped: their work is lost, and they go back to the queue with their original
-//!   arrival time, to restart from zero. The claimant's capacity is held for it (booked
-//!   and placed at once) and it starts when the last victim is gone. A request that would
+//!   fits the books but not the bins waits). Placement keeps homes (the static layout,
+//!   GPU by GPU): guaranteed work in its home first, borrowed work first where no home is,
+//!   never on GPUs whose home owner's guaranteed work uses them. A request within guarantee
+//!   that finds its capacity lent out ([`Decision::Reclaim`], also under a full ceiling),
+//!   or that fits the books but not the bins, reclaims: on each node (the whole fleet for
+//!   a gang) the borrowed work of other tenants is taken cheapest first by the work it
+//!   would lose ([`quota::victim_order`]; work within its `min_runtime_s` is protected and
+//!   the request is woken when that ends) until the request fits, less any victim it does
+//!   not need, and the cheapest clearing wins. An owed request ([`quota::owed`]) reclaims
+//!   at once, another only when [`quota::worth_reclaiming`] lets it. The victims get their
+//!   tenant's grace period ([`QuotaTree::grace_period_s`]) and are then stopped and go
+//!   back to the queue with their original arrival time: a job that checkpoints
+//!   ([`Job::checkpoints`]) resumes from the SIGTERM, the others restart from zero; the
+//!   requeue backoff ([`QuotaTree::requeue_backoff_s`]) keeps a victim from borrowing
+//!   again until it ends. The claimant's capacity is held for it (booked and placed at
+//!   once) and it starts when the last victim is gone. A request that would
 //!   cross a ceiling at today's usage waits (the books refuse it; the simulator keeps it
 //!   queued until usage falls).
 //!
@@ -84,8 +90,8 @@ use std::fmt::{self, Write as _};
 use serde::Serialize;
 use tessera_api::untrusted;
 
-use quota::{admit, chain, choose_victims, dominant_share, fair_order, is_within};
-use quota::{Class, Decision, QuotaTree, Running, Usage, Waiting};
+use quota::{admit, chain, dominant_share, fair_order, is_within, owed, victim_order};
+use quota::{worth_reclaiming, Class, Decision, QuotaTree, Running, Usage, Waiting};
 use quota::{Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
 
 /// One job of the input.
@@ -104,6 +110,10 @@ pub struct Job {
     pub resources: Resources,
     /// Its gang (`tessera.io/gang`): the jobs of one gang run as one unit.
     pub gang: Option<String>,
+    /// It writes a checkpoint on SIGTERM (`tessera.io/preemption: checkpoint`): preempted,
+    /// it keeps the work done up to the SIGTERM and resumes from there (a gang checkpoints
+    /// only if every member does).
+    pub checkpoints: bool,
 }
 
 /// The simulated fleet: identical nodes.
@@ -326,8 +336,20 @@ pub struct Report {
     pub borrowed_gpu_seconds: Option<f64>,
     /// Jobs stopped by reclaims (a job stopped twice counts twice).
     pub preemptions: u64,
-    /// GPU-seconds those jobs had run, lost.
+    /// GPU-seconds those jobs had run, lost (for work that checkpoints: its grace
+    /// periods, spent writing the checkpoint).
     pub lost_gpu_seconds: f64,
+    /// Of [`Report::preemptions`]: jobs that checkpoint (they resume from the checkpoint).
+    pub preemptions_checkpointing: u64,
+    /// Of [`Report::lost_gpu_seconds`]: lost by jobs that checkpoint.
+    pub lost_checkpointing_gpu_seconds: f64,
+    /// Of [`Report::lost_gpu_seconds`]: lost by the victims of owed claims (requests
+    /// within guarantee counting their tenant's requests ahead, [`quota::owed`]), which
+    /// reclaim at once whatever it costs: the price of the guarantee's promise.
+    pub lost_owed_gpu_seconds: f64,
+    /// GPU-seconds of idle GPUs while requests waited only because a ceiling would be
+    /// crossed (at most what those requests asked): capacity a ceiling kept unused.
+    pub ceiling_idle_gpu_seconds: f64,
     /// Requests within guarantee that preempted borrowed work because their capacity
     /// was lent out ([`Decision::Reclaim`]).
     pub reclaims_for_quota: u64,
@@ -342,6 +364,13 @@ pub struct Report {
     pub owner_wait_p50_s: Option<u64>,
     /// See [`Report::owner_wait_p50_s`].
     pub owner_wait_p99_s: Option<u64>,
+    /// Owner requests that, for some of their wait, fitted on no node even with every
+    /// borrowed unit stopped: the guaranteed work running (other tenants', and their
+    /// tenant's own, in the shapes it was placed) kept them out, and no reclaim could.
+    pub owners_blocked: u64,
+    /// The owner wait p99 with that time left out (what the quota rules, not the
+    /// guaranteed work's shape, made them wait).
+    pub owner_wait_unblocked_p99_s: Option<u64>,
     /// Every job's wait (arrival to first start), same rules.
     pub wait_p50_s: Option<u64>,
     /// See [`Report::wait_p50_s`].
@@ -357,6 +386,10 @@ pub struct Report {
     /// Per job, in (arrival, id) order; not serialised.
     #[serde(skip)]
     pub outcomes: Vec<Outcome>,
+    /// Every owner request's wait, and the same less its time blocked by guaranteed work
+    /// (seconds, sorted), for pooling cells; not serialised.
+    #[serde(skip)]
+    pub owner_waits_s: (Vec<u64>, Vec<u64>),
 }
 
 /// An input with its horizon.
@@ -390,6 +423,7 @@ pub fn drf_example() -> Scenario {
             .with_cpu_milli(cpu * MILLI_PER_CORE)
             .with_memory_mib(gib * MIB_PER_GIB),
         gang: None,
+        checkpoints: false,
     };
     let jobs = (0..DRF_BACKLOG).flat_map(|i| [task(i, "a", 1, 4), task(i, "b", 3, 1)]).collect();
     Scenario {
@@ -454,6 +488,7 @@ struct Unit {
     arrival: u64,
     duration: u64,
     key: Key,
+    checkpoints: bool,
 }
 
 impl Unit {
@@ -469,6 +504,7 @@ impl Unit {
             arrival: j.arrival_s,
             duration: j.duration_s,
             key,
+            checkpoints: j.checkpoints,
         }
     }
 }
@@ -542,6 +578,7 @@ fn units_of(jobs: &[Job], fleet: &Fleet) -> Result<Vec<Unit>, SimError> {
                     unit.gpu = unit.gpu.saturating_add(gpu);
                     unit.arrival = unit.arrival.max(j.arrival_s);
                     unit.duration = unit.duration.max(j.duration_s);
+                    unit.checkpoints &= j.checkpoints;
                 } else {
                     gangs.insert(g, units.len());
                     let (id, key) = (format!("gang {g}"), Key::Gang(g.clone()));
@@ -567,6 +604,10 @@ struct Slot {
     cpu: i64,
     mem: i64,
 }
+
+/// Where a member may go under [`Mode::Quotas`]: a rank per GPU of each node, lower is
+/// better; `None`: not there.
+type Ranks = Vec<Vec<Option<u32>>>;
 
 /// Free capacity per node and GPU. Signed: a claimant's reservation is placed at once on
 /// capacity its victims still hold during their grace period.
@@ -693,6 +734,97 @@ impl Bins {
             return self.find(m, part, node).map(|s| vec![s]);
         }
         self.clone().place(members, part, node)
+    }
+
+    /// The best place for one member by `ranks` (on `node` if given): a fraction on the
+    /// allowed GPU of the lowest rank, then the least room left after it (best fit), then
+    /// the lowest index; k whole GPUs on the node whose k best wholly free allowed GPUs have
+    /// the lowest rank sum, then the lowest index. CPU and memory must fit on the node.
+    fn find_ranked(&self, m: &Member, node: Option<usize>, ranks: &Ranks) -> Option<Slot> {
+        let nodes = match node {
+            Some(n) => n..n + 1,
+            None => 0..self.gpu.len(),
+        };
+        let mut best: Option<((u64, i64, usize), Slot)> = None;
+        for n in nodes {
+            if self.cpu.as_ref().is_some_and(|c| c[n] < m.cpu)
+                || self.mem.as_ref().is_some_and(|c| c[n] < m.mem)
+            {
+                continue;
+            }
+            let free = &self.gpu[n];
+            let rank = &ranks[n];
+            let slot = |gpus| Slot { node: n, gpus, cpu: m.cpu, mem: m.mem };
+            let (key, gpus) = if m.gpu == 0 {
+                ((0, 0, n), Vec::new())
+            } else if m.gpu >= WHOLE {
+                let k = usize::try_from(m.gpu / WHOLE).unwrap_or(usize::MAX);
+                let mut open: Vec<(u32, usize)> = (0..free.len())
+                    .filter(|&g| free[g] == WHOLE)
+                    .filter_map(|g| rank[g].map(|r| (r, g)))
+                    .collect();
+                if open.len() < k {
+                    continue;
+                }
+                open.sort_unstable();
+                open.truncate(k);
+                let sum = open.iter().map(|&(r, _)| u64::from(r)).sum();
+                let mut gpus: Vec<(usize, i64)> = open.iter().map(|&(_, g)| (g, WHOLE)).collect();
+                gpus.sort_unstable();
+                ((sum, 0, n), gpus)
+            } else {
+                let pick = (0..free.len())
+                    .filter(|&g| free[g] >= m.gpu)
+                    .filter_map(|g| rank[g].map(|r| ((u64::from(r), free[g] - m.gpu, g), g)))
+                    .min();
+                match pick {
+                    Some(((r, left, _), g)) => ((r, left, n), vec![(g, m.gpu)]),
+                    None => continue,
+                }
+            };
+            if best.as_ref().is_none_or(|(k, _)| key < *k) {
+                best = Some((key, slot(gpus)));
+            }
+        }
+        best.map(|(_, s)| s)
+    }
+
+    /// Places every member by `ranks` (taking the capacity), or none.
+    fn place_ranked(
+        &mut self,
+        members: &[Member],
+        node: Option<usize>,
+        ranks: &Ranks,
+    ) -> Option<Vec<Slot>> {
+        let mut slots = Vec::with_capacity(members.len());
+        for m in members {
+            match self.find_ranked(m, node, ranks) {
+                Some(s) => {
+                    self.take(&s);
+                    slots.push(s);
+                }
+                None => {
+                    for s in &slots {
+                        self.give(s);
+                    }
+                    return None;
+                }
+            }
+        }
+        Some(slots)
+    }
+
+    /// Where every member would go by `ranks`, without taking anything.
+    fn fit_ranked(
+        &self,
+        members: &[Member],
+        node: Option<usize>,
+        ranks: &Ranks,
+    ) -> Option<Vec<Slot>> {
+        if let [m] = members {
+            return self.find_ranked(m, node, ranks).map(|s| vec![s]);
+        }
+        self.clone().place_ranked(members, node, ranks)
     }
 
     /// Whether some GPU of `part` has anything free.
@@ -836,7 +968,23 @@ struct State {
     class: Class,
     slots: Vec<Slot>,
     owner: bool,
+    /// Owed when it arrived ([`quota::owed`]: its tenant's guaranteed usage and waiting
+    /// requests plus it fit the guarantee): it reclaims at once.
+    owed: bool,
     preempted: u32,
+    /// Seconds of work kept by checkpoints (a checkpointing unit resumes from here).
+    progress: u64,
+    /// When it got SIGTERM as a victim.
+    term_at: Option<u64>,
+    /// The victims of its reclaim lose work for an owed claim (the guarantee's price).
+    owed_claim: bool,
+    /// It may not borrow before this (the requeue backoff).
+    backoff_until: u64,
+    /// An owner request's wait during which no node could hold it even with every
+    /// borrowed unit stopped (guaranteed work's shape alone kept it out), seconds; and
+    /// the last time that was looked at, with what was seen.
+    blocked_s: u64,
+    checked: Option<(u64, bool)>,
 }
 
 // Event kinds, in the order they are handled at one instant.
@@ -844,14 +992,18 @@ const END: u8 = 0;
 const KILL: u8 = 1;
 const BEGIN: u8 = 2;
 const ARRIVE: u8 = 3;
+/// Nothing changes; the queue is looked at again (a minimum run time or a requeue backoff
+/// ends).
+const WAKE: u8 = 4;
 
 /// The victims that clear room for a claimant, where it then goes, and the choice's key:
-/// (victims, GPU-seconds they lose, node).
+/// (dominant-share seconds they lose, victims, node).
 #[derive(Debug)]
 struct Clearing {
     victims: Vec<usize>,
     slots: Vec<Slot>,
-    key: (usize, u128, usize),
+    cost: f64,
+    key: (usize, usize),
 }
 
 /// Why a request within guarantee reclaims.
@@ -873,6 +1025,11 @@ struct Acc {
     borrowed: u128,
     lost: u128,
     preempted: u64,
+    /// Of `lost` and `preempted`: by work that checkpoints.
+    lost_checkpointing: u128,
+    preempted_checkpointing: u64,
+    /// Of `lost`: by victims of owed claims.
+    lost_owed: u128,
 }
 
 #[derive(Debug)]
@@ -889,12 +1046,19 @@ struct Sim<'a> {
     part_of: Vec<Option<usize>>,
     queue_of: Vec<usize>,
     partitions: Vec<Partition>,
+    /// Quotas: the homes (the static layout: whole GPUs per guarantee, each GPU's home,
+    /// the remainder last) and each unit's home.
+    homes: Vec<Vec<usize>>,
+    home_parts: Vec<Partition>,
+    home_of: Vec<usize>,
     events: BinaryHeap<Reverse<(u64, u8, usize, u32)>>,
     /// The quota books (quotas mode).
     usage: Usage,
     /// Everything that arrived and is not done, as guaranteed (owner classification).
     outstanding: Usage,
     running: BTreeSet<usize>,
+    /// Claimants booked and placed, waiting for their victims.
+    reserved: BTreeSet<usize>,
     fair_q: BTreeMap<(String, Key), BTreeSet<usize>>,
     fifo_q: Vec<BTreeSet<usize>>,
     t0: u64,
@@ -903,6 +1067,11 @@ struct Sim<'a> {
     preemptions: u64,
     /// Claims served by preemption: (for the books, for placement).
     reclaims: (u64, u64),
+    /// Quotas: micro-GPU-seconds of idle GPUs while requests waited only for a ceiling
+    /// (at most what they asked), and the rate since `last_t`.
+    ceiling_idle: u128,
+    ceiling_rate: u64,
+    last_t: u64,
 }
 
 impl<'a> Sim<'a> {
@@ -937,6 +1106,17 @@ impl<'a> Sim<'a> {
             }
             Mode::Fifo | Mode::Quotas => (Vec::new(), vec![None; units.len()], 1),
         };
+        let (home_parts, homes) = self::partitions(tree, fleet);
+        let index: BTreeMap<&str, usize> =
+            home_parts.iter().enumerate().map(|(i, p)| (p.owner.as_str(), i)).collect();
+        let home_of = units
+            .iter()
+            .map(|u| {
+                guarantor(tree, &gpu, &u.tenant)
+                    .and_then(|p| index.get(p).copied())
+                    .unwrap_or(home_parts.len() - 1)
+            })
+            .collect();
         let queue_of = part_of.iter().map(|p: &Option<usize>| p.unwrap_or(0)).collect();
         let t0 = units.iter().map(|u| u.arrival).min().unwrap_or(0);
         let end = units.iter().map(|u| u.arrival.saturating_add(u.duration)).max().unwrap_or(0);
@@ -955,7 +1135,14 @@ impl<'a> Sim<'a> {
                 class: Class::Guaranteed,
                 slots: Vec::new(),
                 owner: false,
+                owed: false,
                 preempted: 0,
+                progress: 0,
+                term_at: None,
+                owed_claim: false,
+                backoff_until: 0,
+                blocked_s: 0,
+                checked: None,
             })
             .collect();
         let empty = bins.clone();
@@ -971,10 +1158,14 @@ impl<'a> Sim<'a> {
             part_of,
             queue_of,
             partitions,
+            homes,
+            home_parts,
+            home_of,
             events,
             usage: Usage::new(),
             outstanding: Usage::new(),
             running: BTreeSet::new(),
+            reserved: BTreeSet::new(),
             fair_q: BTreeMap::new(),
             fifo_q: vec![BTreeSet::new(); queues],
             t0,
@@ -982,6 +1173,9 @@ impl<'a> Sim<'a> {
             acc: BTreeMap::new(),
             preemptions: 0,
             reclaims: (0, 0),
+            ceiling_idle: 0,
+            ceiling_rate: 0,
+            last_t: t0,
         }
     }
 
@@ -990,6 +1184,8 @@ impl<'a> Sim<'a> {
             if t > self.horizon {
                 break;
             }
+            self.ceiling_idle += u128::from(self.ceiling_rate) * u128::from(t - self.last_t);
+            self.last_t = t;
             while let Some(&Reverse((at, kind, u, epoch))) = self.events.peek() {
                 if at != t {
                     break;
@@ -999,7 +1195,8 @@ impl<'a> Sim<'a> {
                     END => self.end(u, epoch, t),
                     KILL => self.kill(u, epoch, t),
                     BEGIN => self.begin(u, epoch, t),
-                    _ => self.arrive(u, t),
+                    ARRIVE => self.arrive(u, t),
+                    _ => {}
                 }
             }
             match self.mode {
@@ -1011,6 +1208,8 @@ impl<'a> Sim<'a> {
                 }
             }
         }
+        self.ceiling_idle +=
+            u128::from(self.ceiling_rate) * u128::from(self.horizon.saturating_sub(self.last_t));
         // What still runs is counted up to the horizon.
         let running: Vec<usize> = self.running.iter().copied().collect();
         for u in running {
@@ -1074,12 +1273,34 @@ impl<'a> Sim<'a> {
         let unit = &self.units[u];
         self.st[u].owner =
             within_guarantee(self.tree, &self.outstanding, &unit.tenant, &unit.resources);
+        if self.mode == Mode::Quotas {
+            let ahead = self
+                .fair_q
+                .iter()
+                .filter(|((tenant, _), _)| *tenant == unit.tenant)
+                .flat_map(|(_, q)| q.iter())
+                .fold(Resources::new(), |acc, &v| acc.plus(&self.units[v].resources));
+            self.st[u].owed = owed(self.tree, &self.usage, &unit.tenant, &unit.resources, &ahead);
+        }
         self.outstanding.add(&unit.tenant, Class::Guaranteed, &unit.resources);
         self.st[u].phase = Phase::Waiting;
         self.enqueue(u);
     }
 
+    /// Seconds `u` still has to run: its duration less what checkpoints kept.
+    fn remaining(&self, u: usize) -> u64 {
+        self.units[u].duration.saturating_sub(self.st[u].progress)
+    }
+
+    /// An owner request leaves the queue: the time since it was last seen blocked counts.
+    fn unblock(&mut self, u: usize, t: u64) {
+        if let Some((since, true)) = self.st[u].checked.take() {
+            self.st[u].blocked_s += t.saturating_sub(since);
+        }
+    }
+
     fn start(&mut self, u: usize, slots: Vec<Slot>, class: Class, t: u64) {
+        self.unblock(u, t);
         self.dequeue(u);
         for s in &slots {
             self.bins.take(s);
@@ -1087,6 +1308,7 @@ impl<'a> Sim<'a> {
         if self.mode == Mode::Quotas {
             self.usage.add(&self.units[u].tenant, class, &self.units[u].resources);
         }
+        let end = t.saturating_add(self.remaining(u));
         let st = &mut self.st[u];
         st.phase = Phase::Running;
         st.epoch += 1;
@@ -1096,11 +1318,12 @@ impl<'a> Sim<'a> {
         st.slots = slots;
         let epoch = st.epoch;
         self.running.insert(u);
-        self.events.push(Reverse((t.saturating_add(self.units[u].duration), END, u, epoch)));
+        self.events.push(Reverse((end, END, u, epoch)));
     }
 
     /// Books and places `u` now; it starts at `begin`.
     fn reserve(&mut self, u: usize, slots: Vec<Slot>, t: u64, begin: u64) {
+        self.unblock(u, t);
         self.dequeue(u);
         for s in &slots {
             self.bins.take(s);
@@ -1112,10 +1335,12 @@ impl<'a> Sim<'a> {
         st.class = Class::Guaranteed;
         st.slots = slots;
         let epoch = st.epoch;
+        self.reserved.insert(u);
         self.events.push(Reverse((begin.max(t), BEGIN, u, epoch)));
     }
 
     fn begin(&mut self, u: usize, epoch: u32, t: u64) {
+        let end = t.saturating_add(self.remaining(u));
         let st = &mut self.st[u];
         if st.phase != Phase::Reserved || st.epoch != epoch {
             return;
@@ -1123,29 +1348,44 @@ impl<'a> Sim<'a> {
         st.phase = Phase::Running;
         st.start = t;
         st.first_start.get_or_insert(t);
+        self.reserved.remove(&u);
         self.running.insert(u);
-        self.events.push(Reverse((t.saturating_add(self.units[u].duration), END, u, epoch)));
+        self.events.push(Reverse((end, END, u, epoch)));
     }
 
-    /// Counts `u`'s GPU-seconds from its start to `until` (cut at the horizon).
-    fn accrue(&mut self, u: usize, until: u64, lost: bool) {
+    /// Counts `u`'s GPU-seconds from its start to `until` (cut at the horizon); with
+    /// `lost`, those after `keep` seconds of it are lost (all of them when `keep` is 0).
+    fn accrue_keeping(&mut self, u: usize, until: u64, lost: bool, keep: u64) {
         let secs = until.min(self.horizon).saturating_sub(self.st[u].start);
-        let gs = u128::from(self.units[u].gpu) * u128::from(secs);
+        let g = u128::from(self.units[u].gpu);
+        let gs = g * u128::from(secs);
         let borrowed = self.mode == Mode::Quotas && self.st[u].class == Class::Borrowed;
-        let tenant = self.units[u].tenant.clone();
+        let (tenant, checkpoints) = (self.units[u].tenant.clone(), self.units[u].checkpoints);
+        let owed = self.st[u].owed_claim;
         let a = self.acc(&tenant);
         a.held += gs;
         if borrowed {
             a.borrowed += gs;
         }
         if lost {
-            a.lost += gs;
+            let l = g * u128::from(secs.saturating_sub(keep));
+            a.lost += l;
+            if checkpoints {
+                a.lost_checkpointing += l;
+            }
+            if owed {
+                a.lost_owed += l;
+            }
         }
     }
 
+    fn accrue(&mut self, u: usize, until: u64, lost: bool) {
+        self.accrue_keeping(u, until, lost, 0);
+    }
+
     /// Stops `u` (ended or killed) and gives its capacity back.
-    fn stop(&mut self, u: usize, t: u64, lost: bool) {
-        self.accrue(u, t, lost);
+    fn stop(&mut self, u: usize, t: u64, lost: bool, keep: u64) {
+        self.accrue_keeping(u, t, lost, keep);
         let slots = std::mem::take(&mut self.st[u].slots);
         for s in &slots {
             self.bins.give(s);
@@ -1161,7 +1401,7 @@ impl<'a> Sim<'a> {
         if st.epoch != epoch || !matches!(st.phase, Phase::Running | Phase::Terminating) {
             return;
         }
-        self.stop(u, t, false);
+        self.stop(u, t, false, 0);
         self.st[u].phase = Phase::Done;
         let unit = &self.units[u];
         self.outstanding.release(&unit.tenant, Class::Guaranteed, &unit.resources);
@@ -1169,19 +1409,39 @@ impl<'a> Sim<'a> {
         self.acc(&tenant).finished += jobs;
     }
 
+    /// A victim's grace period is over: it stops. Work that checkpoints keeps what it had
+    /// done when it got SIGTERM (the grace period went into writing the checkpoint); the
+    /// rest lose all they ran. It goes back to the queue, with its requeue backoff.
     fn kill(&mut self, u: usize, epoch: u32, t: u64) {
         let st = &self.st[u];
         if st.epoch != epoch || st.phase != Phase::Terminating {
             return;
         }
-        self.stop(u, t, true);
+        let kept = match (self.units[u].checkpoints, st.term_at) {
+            (true, Some(term)) => term.saturating_sub(st.start),
+            _ => 0,
+        };
+        self.stop(u, t, true, kept);
         let jobs = self.units[u].jobs.len() as u64;
+        let tenant = self.units[u].tenant.clone();
+        let checkpoints = self.units[u].checkpoints;
         let st = &mut self.st[u];
         st.phase = Phase::Waiting;
         st.preempted += 1;
+        st.progress = st.progress.saturating_add(kept);
+        st.term_at = None;
+        st.owed_claim = false;
+        let backoff = self.tree.requeue_backoff_s(&tenant, st.preempted);
+        st.backoff_until = t.saturating_add(backoff);
+        if backoff > 0 {
+            self.events.push(Reverse((st.backoff_until, WAKE, u, 0)));
+        }
         self.preemptions += jobs;
-        let tenant = self.units[u].tenant.clone();
-        self.acc(&tenant).preempted += jobs;
+        let a = self.acc(&tenant);
+        a.preempted += jobs;
+        if checkpoints {
+            a.preempted_checkpointing += jobs;
+        }
         self.enqueue(u);
     }
 
@@ -1266,6 +1526,72 @@ impl<'a> Sim<'a> {
 
     // --- quotas: admit, the fair queue, reclaim -------------------------------------------
 
+    /// Where `u`'s work may go when it runs as `class` (module documentation, Placement):
+    /// guaranteed work in its home first (GPUs its home's guaranteed work already uses,
+    /// then the rest of the home), then the GPUs of no home, then other homes, those whose
+    /// owner uses least of its guarantee first; borrowed work first where no home is, then
+    /// in other homes by the same order but never on a GPU their owner's guaranteed work
+    /// uses, its own home last.
+    fn ranks(&self, u: usize, class: Class) -> Ranks {
+        let remainder = self.home_parts.len() - 1;
+        let own = self.home_of[u];
+        let gpu = Resource::gpu(&self.fleet.model);
+        // Homes by their owner's unused guarantee, most unused first.
+        let mut order: Vec<(u64, usize)> = (0..remainder)
+            .map(|p| {
+                let path = &self.home_parts[p].owner;
+                let g = self
+                    .tree
+                    .get(path)
+                    .and_then(|q| q.limits.get(&gpu))
+                    .and_then(|l| l.guarantee)
+                    .unwrap_or(0);
+                (g.saturating_sub(self.usage.of(path).guaranteed.get(&gpu)), p)
+            })
+            .collect();
+        order.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut by_home = vec![0u32; remainder + 1];
+        for (i, &(_, p)) in order.iter().enumerate() {
+            by_home[p] = 3 + i as u32;
+        }
+        // GPUs the guaranteed work of their own home uses.
+        let n = self.fleet.nodes as usize;
+        let g = self.fleet.gpus_per_node as usize;
+        let mut touched = vec![vec![false; g]; n];
+        for &v in self.running.iter().chain(&self.reserved) {
+            let st = &self.st[v];
+            if st.class == Class::Guaranteed {
+                for sl in &st.slots {
+                    for &(gi, _) in &sl.gpus {
+                        if self.homes[sl.node][gi] == self.home_of[v] {
+                            touched[sl.node][gi] = true;
+                        }
+                    }
+                }
+            }
+        }
+        (0..n)
+            .map(|node| {
+                (0..g)
+                    .map(|gi| {
+                        let home = self.homes[node][gi];
+                        match class {
+                            Class::Guaranteed if home == own && own != remainder => {
+                                Some(u32::from(!touched[node][gi]))
+                            }
+                            Class::Guaranteed if home == remainder => Some(2),
+                            Class::Guaranteed => Some(by_home[home]),
+                            Class::Borrowed if home == remainder => Some(0),
+                            Class::Borrowed if touched[node][gi] => None,
+                            Class::Borrowed if home == own => Some(u32::MAX),
+                            Class::Borrowed => Some(by_home[home]),
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
     fn pass_quotas(&mut self, t: u64) {
         let mut no_reclaim: BTreeSet<usize> = BTreeSet::new();
         loop {
@@ -1274,7 +1600,7 @@ impl<'a> Sim<'a> {
             let heads: Vec<usize> =
                 self.fair_q.values().filter_map(|s| s.first().copied()).collect();
             if heads.is_empty() {
-                return;
+                break;
             }
             let waiting: Vec<Waiting> = heads
                 .iter()
@@ -1301,18 +1627,24 @@ impl<'a> Sim<'a> {
                     &unit.resources,
                 ) {
                     Decision::Admit { class, .. } => {
-                        if let Some(slots) = self.bins.fit(&unit.members, None, None) {
+                        if class == Class::Borrowed && self.st[u].backoff_until > t {
+                            continue;
+                        }
+                        let ranks = self.ranks(u, class);
+                        if let Some(slots) =
+                            self.bins.fit_ranked(&self.units[u].members, None, &ranks)
+                        {
                             self.start(u, slots, class, t);
                             progressed = true;
                             break;
                         }
-                        (class == Class::Guaranteed).then_some(Cause::Placement)
+                        (class == Class::Guaranteed).then_some((Cause::Placement, None))
                     }
-                    Decision::Reclaim { .. } => Some(Cause::Books),
+                    Decision::Reclaim { under, .. } => Some((Cause::Books, under)),
                     Decision::Wait { .. } | Decision::Refuse(_) => None,
                 };
-                if let Some(cause) = claim.filter(|_| !no_reclaim.contains(&u)) {
-                    if self.reclaim(u, t, cause) {
+                if let Some((cause, under)) = claim.filter(|_| !no_reclaim.contains(&u)) {
+                    if self.reclaim(u, t, cause, under.as_deref()) {
                         progressed = true;
                         break;
                     }
@@ -1320,22 +1652,72 @@ impl<'a> Sim<'a> {
                 }
             }
             if !progressed {
-                return;
+                break;
             }
+        }
+        self.note_waiting(t);
+    }
+
+    /// After a pass: the owner requests still waiting (was each one out of every node even
+    /// with all borrowed work gone?), and the idle GPUs that requests waiting only for a
+    /// ceiling could have used.
+    fn note_waiting(&mut self, t: u64) {
+        let heads: Vec<usize> = self.fair_q.values().filter_map(|s| s.first().copied()).collect();
+        let mut blocked = 0u64;
+        for &u in &heads {
+            let unit = &self.units[u];
+            if matches!(
+                admit(self.tree, &self.capacity, &self.usage, &unit.tenant, &unit.resources),
+                Decision::Refuse(_)
+            ) {
+                blocked = blocked.saturating_add(unit.gpu);
+            }
+        }
+        let held: u64 = self.running.iter().map(|&v| self.units[v].gpu).sum();
+        let idle = self.capacity.get(&Resource::gpu(&self.fleet.model)).saturating_sub(held);
+        self.ceiling_rate = blocked.min(idle);
+        let owners: Vec<usize> = self
+            .fair_q
+            .values()
+            .flat_map(|s| s.iter().copied())
+            .filter(|&u| self.st[u].owner && self.st[u].first_start.is_none())
+            .collect();
+        for u in owners {
+            if let Some((since, was)) = self.st[u].checked {
+                if was {
+                    self.st[u].blocked_s += t - since;
+                }
+            }
+            let mut scratch = self.bins.clone();
+            for &v in &self.running {
+                // A victim's capacity is its claimant's already (placed at once).
+                if self.st[v].class == Class::Borrowed && self.st[v].phase == Phase::Running {
+                    for s in &self.st[v].slots {
+                        scratch.give(s);
+                    }
+                }
+            }
+            let out = scratch.fit(&self.units[u].members, None, None).is_none();
+            self.st[u].checked = Some((t, out));
         }
     }
 
-    /// Stops borrowed work so that `u`, within guarantee, fits; reserves it. False if no
-    /// node (or, for a gang, the fleet) can be cleared for it.
-    fn reclaim(&mut self, u: usize, t: u64, cause: Cause) -> bool {
+    /// Stops borrowed work so that `u`, within guarantee, fits; reserves it. Victims are
+    /// taken cheapest first by the work they would lose ([`quota::victim_order`]) on each
+    /// node (the whole fleet for a gang) until `u` fits, less those it then does not need;
+    /// the cheapest clearing wins. A claim that is not owed ([`quota::owed`]) goes ahead
+    /// only if its victims lose no more than its waiting has cost
+    /// ([`quota::worth_reclaiming`]). False if nothing is stopped.
+    fn reclaim(&mut self, u: usize, t: u64, cause: Cause, under: Option<&str>) -> bool {
         let unit = &self.units[u];
         let scopes: Vec<Option<usize>> = if unit.members.len() == 1 {
             (0..self.fleet.nodes as usize).map(Some).collect()
         } else {
             vec![None]
         };
-        // (victims, slots, (victim count, GPU-seconds lost, node))
+        let ranks = self.ranks(u, Class::Guaranteed);
         let mut best: Option<Clearing> = None;
+        let mut wake: Option<u64> = None;
         for scope in scopes {
             let candidates: Vec<Running> = self
                 .running
@@ -1344,7 +1726,7 @@ impl<'a> Sim<'a> {
                     let s = &self.st[v];
                     s.phase == Phase::Running
                         && s.class == Class::Borrowed
-                        && !is_within(&self.units[v].tenant, &unit.tenant)
+                        && under.is_none_or(|p| is_within(&self.units[v].tenant, p))
                         && match scope {
                             Some(n) => s.slots.iter().any(|sl| sl.node == n),
                             None => true,
@@ -1355,19 +1737,21 @@ impl<'a> Sim<'a> {
                     tenant: self.units[v].tenant.clone(),
                     resources: self.units[v].resources.clone(),
                     class: Class::Borrowed,
-                    started: self.st[v].start,
+                    started_ms: self.st[v].start.saturating_mul(1000),
                     gang: None,
+                    checkpoints: self.units[v].checkpoints,
                 })
                 .collect();
             if candidates.is_empty() {
                 continue;
             }
-            let all = candidates.iter().fold(Resources::new(), |acc, r| acc.plus(&r.resources));
-            let Some(order) = choose_victims(&candidates, &self.capacity, &unit.tenant, &all)
-            else {
-                continue;
-            };
-            let order: Vec<usize> = order.iter().filter_map(|id| id.parse().ok()).collect();
+            let now_ms = t.saturating_mul(1000);
+            let (order, protected) =
+                victim_order(&candidates, self.tree, &self.capacity, &unit.tenant, now_ms);
+            let cost_of: BTreeMap<usize, f64> =
+                order.iter().filter_map(|c| Some((c.ids.first()?.parse().ok()?, c.cost))).collect();
+            let order: Vec<usize> =
+                order.iter().filter_map(|c| c.ids.first()?.parse().ok()).collect();
             let mut scratch = self.bins.clone();
             let mut taken = Vec::new();
             let mut fits = false;
@@ -1376,42 +1760,61 @@ impl<'a> Sim<'a> {
                     scratch.give(s);
                 }
                 taken.push(v);
-                if scratch.fit(&unit.members, None, scope).is_some() {
+                if scratch.fit_ranked(&unit.members, scope, &ranks).is_some() {
                     fits = true;
                     break;
                 }
             }
             if !fits {
+                // Would the protected ones make room, and when are they free to take?
+                for p in &protected {
+                    for id in &p.candidate.ids {
+                        if let Ok(v) = id.parse::<usize>() {
+                            for s in &self.st[v].slots {
+                                scratch.give(s);
+                            }
+                        }
+                    }
+                    if scratch.fit_ranked(&unit.members, scope, &ranks).is_some() {
+                        let at = p.until_ms.div_ceil(1000);
+                        wake = Some(wake.map_or(at, |w: u64| w.min(at)));
+                        break;
+                    }
+                }
                 continue;
             }
-            // Spare the victims it does not need.
-            let mut needed = Vec::new();
-            for &v in &taken {
+            // Spare, dearest first, the victims it does not need.
+            let mut needed = taken.clone();
+            for &v in taken.iter().rev() {
                 for s in &self.st[v].slots {
                     scratch.take(s);
                 }
-                if scratch.fit(&unit.members, None, scope).is_some() {
-                    continue;
+                if scratch.fit_ranked(&unit.members, scope, &ranks).is_some() {
+                    needed.retain(|&x| x != v);
+                } else {
+                    for s in &self.st[v].slots {
+                        scratch.give(s);
+                    }
                 }
-                for s in &self.st[v].slots {
-                    scratch.give(s);
-                }
-                needed.push(v);
             }
-            let Some(slots) = scratch.fit(&unit.members, None, scope) else { continue };
-            let lost: u128 = needed
-                .iter()
-                .map(|&v| {
-                    u128::from(self.units[v].gpu) * u128::from(t.saturating_sub(self.st[v].start))
-                })
-                .sum();
-            let key = (needed.len(), lost, scope.unwrap_or(0));
-            if best.as_ref().is_some_and(|b| b.key <= key) {
+            let Some(slots) = scratch.fit_ranked(&unit.members, scope, &ranks) else { continue };
+            let cost: f64 = needed.iter().map(|v| cost_of.get(v).copied().unwrap_or(0.0)).sum();
+            let key = (needed.len(), scope.unwrap_or(0));
+            if best.as_ref().is_some_and(|b| b.cost < cost || (b.cost == cost && b.key <= key)) {
                 continue;
             }
-            best = Some(Clearing { victims: needed, slots, key });
+            best = Some(Clearing { victims: needed, slots, cost, key });
         }
-        let Some(Clearing { victims, slots, .. }) = best else { return false };
+        if let Some(at) = wake.filter(|_| best.is_none()) {
+            self.events.push(Reverse((at.max(t + 1), WAKE, u, 0)));
+        }
+        let Some(Clearing { victims, slots, cost, .. }) = best else { return false };
+        let owed_now = self.st[u].owed;
+        let waited = t.saturating_sub(unit.arrival);
+        let share = dominant_share(&unit.resources, &self.capacity);
+        if !worth_reclaiming(owed_now, cost, waited, share) {
+            return false;
+        }
         match cause {
             Cause::Books => self.reclaims.0 += 1,
             Cause::Placement => self.reclaims.1 += 1,
@@ -1422,6 +1825,8 @@ impl<'a> Sim<'a> {
             begin = begin.max(kill_at);
             let st = &mut self.st[v];
             st.phase = Phase::Terminating;
+            st.term_at = Some(t);
+            st.owed_claim = owed_now;
             let epoch = st.epoch;
             self.events.push(Reverse((kill_at, KILL, v, epoch)));
         }
@@ -1458,6 +1863,8 @@ impl<'a> Sim<'a> {
             .collect();
         let mut held_end: BTreeMap<&str, Resources> = BTreeMap::new();
         let mut owner_waits = Vec::new();
+        let mut unblocked_waits = Vec::new();
+        let mut owners_blocked = 0;
         let mut waits = Vec::new();
         let mut owner_unstarted = 0;
         let mut outcomes = Vec::new();
@@ -1479,6 +1886,12 @@ impl<'a> Sim<'a> {
                 waits.push(wait);
                 if st.owner {
                     owner_waits.push(wait);
+                    let mut blocked = st.blocked_s;
+                    if let (None, Some((since, true))) = (st.first_start, st.checked) {
+                        blocked += self.horizon.saturating_sub(since);
+                    }
+                    unblocked_waits.push(wait.saturating_sub(blocked));
+                    owners_blocked += u64::from(blocked > 0);
                     if st.first_start.is_none() {
                         owner_unstarted += 1;
                     }
@@ -1508,6 +1921,8 @@ impl<'a> Sim<'a> {
         let sum_n = |f: fn(&TenantReport) -> u64| tenants.values().map(f).sum::<u64>();
         let held = gs(sum(|a| a.held));
         let lost = gs(sum(|a| a.lost));
+        let preemptions_checkpointing =
+            self.acc.values().map(|a| a.preempted_checkpointing).sum::<u64>();
         let denom = cap_gpus as f64 * span as f64;
         let (fairness, fair_shares) = self.fairness(span);
         Report {
@@ -1527,12 +1942,24 @@ impl<'a> Sim<'a> {
             borrowed_gpu_seconds: (self.mode != Mode::Fifo).then(|| gs(sum(|a| a.borrowed))),
             preemptions: self.preemptions,
             lost_gpu_seconds: lost,
+            preemptions_checkpointing,
+            lost_checkpointing_gpu_seconds: gs(sum(|a| a.lost_checkpointing)),
+            lost_owed_gpu_seconds: gs(sum(|a| a.lost_owed)),
+            ceiling_idle_gpu_seconds: gs(self.ceiling_idle),
             reclaims_for_quota: self.reclaims.0,
             reclaims_for_placement: self.reclaims.1,
             owner_requests: owner_waits.len() as u64,
             owner_unstarted,
+            owner_waits_s: {
+                let (mut a, mut b) = (owner_waits.clone(), unblocked_waits.clone());
+                a.sort_unstable();
+                b.sort_unstable();
+                (a, b)
+            },
             owner_wait_p50_s: percentile(&mut owner_waits, 50),
             owner_wait_p99_s: percentile(&mut owner_waits, 99),
+            owners_blocked,
+            owner_wait_unblocked_p99_s: percentile(&mut unblocked_waits, 99),
             wait_p50_s: percentile(&mut waits, 50),
             wait_p99_s: percentile(&mut waits, 99),
             fairness,
@@ -1629,8 +2056,8 @@ fn water_fill(mut amount: f64, want: &[f64], have: &[f64]) -> Vec<f64> {
     out
 }
 
-/// Nearest-rank percentile.
-fn percentile(v: &mut [u64], p: u64) -> Option<u64> {
+/// Nearest-rank percentile (sorts `v`).
+pub fn percentile(v: &mut [u64], p: u64) -> Option<u64> {
     if v.is_empty() {
         return None;
     }
@@ -1698,8 +2125,25 @@ pub fn comparison_table(reports: &[Report]) -> String {
             "borrowed GPU-hours",
             Box::new(|r: &Report| r.borrowed_gpu_seconds.map_or_else(|| "n/a".into(), hours)),
         ),
-        ("preemptions (jobs)", Box::new(|r: &Report| r.preemptions.to_string())),
-        ("GPU-hours lost to them", Box::new(|r: &Report| hours(r.lost_gpu_seconds))),
+        (
+            "preemptions (jobs): all / checkpointing",
+            Box::new(|r: &Report| format!("{} / {}", r.preemptions, r.preemptions_checkpointing)),
+        ),
+        (
+            "GPU-hours lost: all / checkpointing",
+            Box::new(|r: &Report| {
+                format!(
+                    "{} / {}",
+                    hours(r.lost_gpu_seconds),
+                    hours(r.lost_checkpointing_gpu_seconds)
+                )
+            }),
+        ),
+        ("GPU-hours lost to owed reclaims", Box::new(|r: &Report| hours(r.lost_owed_gpu_seconds))),
+        (
+            "GPU-hours idle behind a ceiling",
+            Box::new(|r: &Report| hours(r.ceiling_idle_gpu_seconds)),
+        ),
         (
             "reclaims: quota / placement",
             Box::new(|r: &Report| {
@@ -1714,6 +2158,12 @@ pub fn comparison_table(reports: &[Report]) -> String {
             }),
         ),
         ("owners unstarted at end", Box::new(|r: &Report| r.owner_unstarted.to_string())),
+        (
+            "owners blocked by guaranteed work / p99 without (s)",
+            Box::new(|r: &Report| {
+                format!("{} / {}", r.owners_blocked, opt_s(r.owner_wait_unblocked_p99_s))
+            }),
+        ),
         (
             "any job wait p50 / p99 (s)",
             Box::new(|r: &Report| format!("{} / {}", opt_s(r.wait_p50_s), opt_s(r.wait_p99_s))),
@@ -1807,6 +2257,7 @@ mod tests {
             duration_s,
             resources: Resources::new().with_gpus(H100, gpus),
             gang: None,
+            checkpoints: false,
         }
     }
 
@@ -1898,6 +2349,50 @@ mod tests {
         let q = run(&jobs, &f, &t, Mode::Fifo, Some(1300)).expect("runs");
         assert_eq!((start(&q, "a0"), start(&q, "a1")), (Some(1000), Some(1000)));
         assert_eq!(q.owner_wait_p99_s, Some(900));
+    }
+
+    #[test]
+    fn a_checkpointing_victim_is_taken_first_loses_its_grace_period_and_resumes() {
+        // b's 4 jobs of 1000 s fill the node, two of them borrowed: b2 checkpoints, b3
+        // does not. a asks for 1 GPU at 100: b2 is the cheaper victim (it loses its grace
+        // period of 45 s, b3 would lose 100 s).
+        let mut jobs: Vec<Job> = (0..4).map(|i| job(&format!("b{i}"), "t/b", 0, 1000, 1)).collect();
+        jobs[2].checkpoints = true;
+        jobs.push(job("a0", "t/a", 100, 100, 1));
+        let (t, f) = (two_teams(), fleet(1, 4));
+        let r = run(&jobs, &f, &t, Mode::Quotas, Some(2000)).expect("runs");
+        assert_eq!(start(&r, "a0"), Some(145));
+        let victims: Vec<&str> =
+            r.outcomes.iter().filter(|o| o.preempted > 0).map(|o| o.id.as_str()).collect();
+        assert_eq!(victims, ["b2"]);
+        assert_eq!((r.preemptions, r.preemptions_checkpointing), (1, 1));
+        assert_eq!(r.lost_gpu_seconds, 45.0, "only the grace period is lost");
+        assert_eq!(r.lost_checkpointing_gpu_seconds, 45.0);
+        // Resumed from its checkpoint, b2 runs its last 900 s once a0 is done: everything
+        // finishes before the horizon.
+        assert_eq!(r.finished, 5);
+        // Restart from zero instead (nobody checkpoints): b3 is taken (the youngest of
+        // equals) and loses all 145 s it had run.
+        jobs[2].checkpoints = false;
+        let r = run(&jobs, &f, &t, Mode::Quotas, Some(2000)).expect("runs");
+        assert_eq!((r.preemptions, r.preemptions_checkpointing), (1, 0));
+        assert_eq!(r.lost_gpu_seconds, 145.0);
+    }
+
+    #[test]
+    fn borrowed_work_within_its_minimum_run_time_is_reclaimed_only_when_it_ends() {
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+                "t/b": {"gpus": {"H100-80GB": {"guarantee": 2}}, "grace_period_s": 45,
+                        "min_runtime_s": 300}}"#,
+        );
+        let mut jobs: Vec<Job> = (0..4).map(|i| job(&format!("b{i}"), "t/b", 0, 1000, 1)).collect();
+        jobs.push(job("a0", "t/a", 100, 100, 1));
+        let r = run(&jobs, &fleet(1, 4), &t, Mode::Quotas, Some(2000)).expect("runs");
+        // b's borrowed work is protected until 300; then its grace period.
+        assert_eq!(start(&r, "a0"), Some(345));
+        assert_eq!(r.preemptions, 1);
+        assert_eq!((r.owner_wait_p50_s, r.owner_wait_p99_s), (Some(0), Some(245)));
     }
 
     #[test]
@@ -2049,6 +2544,7 @@ mod tests {
                     duration_s: 10 + next() % 400,
                     resources: Resources::new().with(Resource::gpu(H100), micro),
                     gang: None,
+                    checkpoints: false,
                 }
             })
             .collect()

@@ -29,6 +29,7 @@ fn start(i: u64, device: u64) -> IntervalStart {
         fraction: 1.0,
         class: Class::Guaranteed,
         workload: None,
+        nvlink_domain: None,
     }
 }
 
@@ -126,12 +127,7 @@ fn checkpoints(dir: &Path, open: u64, rounds: usize) -> Stats {
 }
 
 fn reports(l: &Ledger, rounds: usize) -> (Stats, u64) {
-    let q = UsageQuery {
-        from_ms: 0,
-        to_ms: i64::MAX as u64,
-        by: GroupBy::User,
-        prices: Prices::default(),
-    };
+    let q = UsageQuery::new(0, i64::MAX as u64, GroupBy::User, Prices::default());
     let mut lat = Vec::with_capacity(rounds);
     let mut n = 0;
     let t0 = Instant::now();

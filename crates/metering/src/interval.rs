@@ -82,6 +82,12 @@ pub struct IntervalStart {
     /// pod). Display only: who pays is `tenant`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<Workload>,
+    /// The NVLink domain every device of the container's multi-GPU grant sits in, as the
+    /// placement recorded it in the grant (`None`: a single device, devices in no common
+    /// domain, or a node whose topology is unknown). Such intervals carry the policy's
+    /// topology premium (`prices.<model>.nvlink_premium_per_gpu_hour`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain: Option<u32>,
 }
 
 impl IntervalStart {
@@ -172,7 +178,9 @@ impl fmt::Display for IntervalId {
     }
 }
 
-/// An interval as closed by [`crate::Ledger::close_container`] (or by recovery).
+/// An interval as closed by [`crate::Ledger::close_container`] (or by recovery): what a
+/// node uploads, and what its place in the node's hash chain covers
+/// ([`ClosedInterval::canonical`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClosedInterval {
     pub id: IntervalId,
@@ -184,6 +192,21 @@ pub struct ClosedInterval {
     /// duration in seconds x fraction, unrounded.
     pub gpu_seconds: f64,
     pub reason: String,
+    /// A quota reclaim stopped it ([`crate::Ledger::mark_preempted`]): its work is reported
+    /// as lost to preemption.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub preempted: bool,
+    /// What the utilisation sampler saw of it (whole GPUs only; never MIG).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization: Option<Utilization>,
+    /// Its link in the node's hash chain (`None`: an interval from before chains, or one
+    /// built by hand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<crate::chain::ChainLink>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// One ledger row, open or closed, with every stored timestamp.
@@ -204,6 +227,31 @@ pub struct IntervalRecord {
     /// `None` where no sample was taken (not available, or not sampled yet).
     #[serde(default)]
     pub utilization: Option<Utilization>,
+    /// When a quota reclaim chose it as a victim (Unix ms), if one did while it was open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted_ms: Option<u64>,
+    /// Its link in the hash chain, once closed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<crate::chain::ChainLink>,
+}
+
+impl IntervalRecord {
+    /// The row as a closed interval (what is chained and uploaded); `None` while open.
+    pub fn closed(&self) -> Option<ClosedInterval> {
+        let end = self.end.as_ref()?;
+        Some(ClosedInterval {
+            id: self.id.clone(),
+            start: self.start.clone(),
+            start_wall_ms: self.start_wall_ms,
+            end_wall_ms: end.wall_ms,
+            duration_ms: end.duration_ms,
+            gpu_seconds: end.gpu_seconds,
+            reason: end.reason.clone(),
+            preempted: self.preempted_ms.is_some(),
+            utilization: self.utilization.clone(),
+            chain: self.chain.clone(),
+        })
+    }
 }
 
 /// What the utilisation sampler saw of an interval (where NVML offers it: whole GPUs,
@@ -213,6 +261,9 @@ pub struct Utilization {
     pub samples: u64,
     /// Mean SM percent of the whole GPU used by the container's processes.
     pub sm_percent_avg: f64,
+    /// The highest sample (`None` for samples recorded before peaks were kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_percent_max: Option<f64>,
 }
 
 /// How and when an interval was closed.

@@ -23,6 +23,15 @@
 //!
 //! SQL triggers refuse any change to a closed row and any delete, so an interval is
 //! closed at most once even if the code above had a bug.
+//!
+//! # The file proves itself
+//!
+//! Every interval is chained when it closes, in the same transaction ([`crate::chain`]):
+//! the `chain` table holds, in close order, each closed row's link (sha256 of the previous
+//! link and the row's canonical encoding). [`Ledger::verify_chain`] recomputes every link
+//! and names the first row that does not verify: a row edited after it closed, a row or
+//! a link deleted, rows reordered. Ledgers of schema 1 are chained (in `seq` order) the
+//! first time this build opens them.
 
 use std::fs;
 use std::io::Read;
@@ -37,6 +46,7 @@ use rusqlite::{
 use sha2::{Digest, Sha256};
 use tessera_api::Isolation;
 
+use crate::chain::{short, ChainBreak, ChainHead, ChainLink};
 use crate::clock::Clock;
 use crate::error::LedgerError;
 use crate::interval::{
@@ -46,7 +56,7 @@ use crate::interval::{
 use crate::report::{aggregate, Span, UsageQuery, UsageReport};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 /// `PRAGMA application_id` of a ledger file: "TSMT".
 pub const APPLICATION_ID: i32 = 0x5453_4D54;
 
@@ -129,6 +139,33 @@ CREATE TRIGGER IF NOT EXISTS utilization_open_only_update BEFORE UPDATE ON utili
     WHEN (SELECT close_reason FROM intervals WHERE seq = OLD.interval_seq) IS NOT NULL
 BEGIN
     SELECT RAISE(ABORT, 'metering: interval already closed');
+END;
+";
+
+/// Schema 2: the hash chain (one append-only link per closed interval, in close order), the
+/// topology premium's NVLink domain, the preemption mark, utilisation peaks.
+const CHAIN_SCHEMA: &str = r"
+CREATE TABLE IF NOT EXISTS chain (
+    chain_seq    INTEGER PRIMARY KEY NOT NULL,
+    interval_seq INTEGER NOT NULL UNIQUE,
+    prev_hash    TEXT NOT NULL,
+    hash         TEXT NOT NULL
+) STRICT;
+
+CREATE TRIGGER IF NOT EXISTS chain_links_are_final BEFORE UPDATE ON chain
+BEGIN
+    SELECT RAISE(ABORT, 'metering: chain links are never changed');
+END;
+
+CREATE TRIGGER IF NOT EXISTS chain_append_only BEFORE DELETE ON chain
+BEGIN
+    SELECT RAISE(ABORT, 'metering: chain links are never deleted');
+END;
+
+CREATE TRIGGER IF NOT EXISTS chain_links_closed_rows BEFORE INSERT ON chain
+    WHEN (SELECT close_reason FROM intervals WHERE seq = NEW.interval_seq) IS NULL
+BEGIN
+    SELECT RAISE(ABORT, 'metering: only closed intervals are chained');
 END;
 ";
 
@@ -257,9 +294,10 @@ impl Ledger {
             tx.commit()?;
         }
         conn.execute_batch(UTILIZATION_SCHEMA)?;
-        add_workload_column(&conn)?;
+        add_column(&conn, "intervals", "workload", "TEXT")?;
         let ledger_id: String =
             conn.query_row("SELECT value FROM meta WHERE key = 'ledger_id'", [], |r| r.get(0))?;
+        migrate_to_chain(&mut conn, &ledger_id)?;
         let boot_id = clock.boot_id();
         let mut ledger =
             Ledger { conn, clock, boot_id, ledger_id, path: path.to_path_buf(), recovered: 0 };
@@ -295,7 +333,7 @@ impl Ledger {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let open = select_records(&tx, "WHERE close_reason IS NULL", [])?;
         for rec in &open {
-            close_row(&tx, rec, &rec.checkpoint_stamp(), RECOVERED_REASON)?;
+            close_row(&tx, &self.ledger_id, rec, &rec.checkpoint_stamp(), RECOVERED_REASON)?;
         }
         tx.commit()?;
         Ok(open.len())
@@ -340,9 +378,9 @@ impl Ledger {
             "INSERT INTO intervals (seq, id, container_id, tenant, node, gpu_uuid, gpu_model,
                  device_uuid, isolation, mig_profile, fraction, class,
                  start_boot, start_wall_ms, start_mono_ms, ckpt_boot, ckpt_wall_ms, ckpt_mono_ms,
-                 workload)
+                 workload, nvlink_domain)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?13, ?14, ?15,
-                 ?16)",
+                 ?16, ?17)",
         )?
         .execute(params![
             seq,
@@ -361,6 +399,7 @@ impl Ledger {
             wall,
             mono,
             workload,
+            s.nvlink_domain,
         ])?;
         tx.commit()?;
         Ok(id)
@@ -388,7 +427,7 @@ impl Ledger {
         }
         let closed = open
             .iter()
-            .map(|rec| close_row(&tx, rec, &now, reason))
+            .map(|rec| close_row(&tx, &self.ledger_id, rec, &now, reason))
             .collect::<Result<Vec<_>, _>>()?;
         tx.commit()?;
         Ok(closed)
@@ -428,20 +467,14 @@ impl Ledger {
                     Some(end) => (end.duration_ms, false),
                     None => (duration_ms(&rec.start_stamp(), &now), true),
                 };
-                let used_ratio =
-                    rec.utilization.as_ref().map(|u| u.sm_percent_avg / 100.0 / rec.start.fraction);
-                Span {
-                    used_ratio,
-                    start_ms: rec.start_wall_ms,
-                    end_ms: rec.start_wall_ms.saturating_add(duration),
-                    container_id: rec.start.container_id,
-                    tenant: rec.start.tenant,
-                    gpu_model: rec.start.gpu_model,
-                    class: rec.start.class,
-                    fraction: rec.start.fraction,
-                    workload: rec.start.workload,
+                Span::new(
+                    rec.start,
+                    rec.start_wall_ms,
+                    duration,
                     open,
-                }
+                    rec.utilization.as_ref(),
+                    rec.preempted_ms.is_some(),
+                )
             })
             .collect();
         aggregate(&spans, q)
@@ -471,8 +504,10 @@ impl Ledger {
                 .optional()?;
             if let Some(seq) = seq {
                 tx.execute(
-                    "INSERT INTO utilization (interval_seq, samples, sm_sum) VALUES (?1, 1, ?2)
-                     ON CONFLICT(interval_seq) DO UPDATE SET samples = samples + 1, sm_sum = sm_sum + excluded.sm_sum",
+                    "INSERT INTO utilization (interval_seq, samples, sm_sum, sm_max) VALUES (?1, 1, ?2, ?2)
+                     ON CONFLICT(interval_seq) DO UPDATE SET samples = samples + 1,
+                         sm_sum = sm_sum + excluded.sm_sum,
+                         sm_max = CASE WHEN sm_max IS NULL THEN NULL ELSE max(sm_max, excluded.sm_sum) END",
                     params![seq, sm],
                 )?;
                 n += 1;
@@ -480,6 +515,161 @@ impl Ledger {
         }
         tx.commit()?;
         Ok(n)
+    }
+
+    /// Marks the open intervals of a container as stopped by a quota reclaim (its work is
+    /// then reported as lost to preemption; whether it is billed is the policy's
+    /// `billing.preempted`). Returns how many were marked; a container with nothing open
+    /// marks nothing. The mark is part of what the chain covers once the interval closes.
+    pub fn mark_preempted(&mut self, container_id: &str) -> Result<usize, LedgerError> {
+        let now = to_sql_ms(self.clock.wall_ms())?;
+        let n = self.conn.execute(
+            "UPDATE intervals SET preempted_ms = ?1
+             WHERE container_id = ?2 AND close_reason IS NULL AND preempted_ms IS NULL",
+            params![now, container_id],
+        )?;
+        Ok(n)
+    }
+
+    /// The newest link of the chain (seq 0 and the genesis hash while nothing is closed).
+    pub fn chain_head(&self) -> Result<ChainHead, LedgerError> {
+        let head: Option<(i64, String)> = self
+            .conn
+            .query_row(
+                "SELECT chain_seq, hash FROM chain ORDER BY chain_seq DESC LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        Ok(match head {
+            None => ChainHead::empty(&self.ledger_id),
+            Some((seq, hash)) => ChainHead {
+                ledger_id: self.ledger_id.clone(),
+                seq: u64::try_from(seq).unwrap_or(0),
+                hash,
+            },
+        })
+    }
+
+    /// Closed intervals with chain seq above `after`, in chain order, at most `limit`, as
+    /// stored (links not recomputed: whoever receives them does that).
+    pub fn chained_after(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<ClosedInterval>, LedgerError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let recs = select_records_ordered(
+            &self.conn,
+            "WHERE c.chain_seq > ?1",
+            "c.chain_seq LIMIT ?2",
+            params![to_sql_ms(after)?, limit],
+        )?;
+        Ok(recs.iter().filter_map(IntervalRecord::closed).collect())
+    }
+
+    /// Recomputes every link of the chain from the rows and reports the first row that
+    /// does not verify (and up to [`MAX_PROBLEMS`] in all): a link whose row was edited
+    /// after it closed, a link or a row deleted, links out of order, a closed row that is
+    /// in no link.
+    pub fn verify_chain(&self) -> Result<ChainReport, LedgerError> {
+        let mut problems = Vec::new();
+        let mut note = |p: ChainBreak| {
+            if problems.len() < MAX_PROBLEMS {
+                problems.push(p);
+            }
+        };
+        let links: Vec<(i64, i64, String, String)> = {
+            let mut stmt = self.conn.prepare(
+                "SELECT chain_seq, interval_seq, prev_hash, hash FROM chain ORDER BY chain_seq",
+            )?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let records: std::collections::BTreeMap<u64, IntervalRecord> =
+            select_records(&self.conn, "", [])?.into_iter().map(|r| (r.seq, r)).collect();
+        let (mut expected, mut prev) = (1u64, crate::chain::genesis(&self.ledger_id));
+        let mut chained = std::collections::BTreeSet::new();
+        for (chain_seq, interval_seq, link_prev, link_hash) in &links {
+            let chain_seq = u64::try_from(*chain_seq).unwrap_or(0);
+            let interval_seq = u64::try_from(*interval_seq).unwrap_or(0);
+            chained.insert(interval_seq);
+            let rec = records.get(&interval_seq);
+            let id = rec.map_or_else(|| "-".to_string(), |r| r.id.as_str().to_string());
+            if chain_seq != expected {
+                note(ChainBreak {
+                    chain_seq: expected,
+                    interval: "-".into(),
+                    why: format!(
+                        "links {expected} to {} are missing: the chain jumps to {chain_seq} (deleted links)",
+                        chain_seq.saturating_sub(1)
+                    ),
+                });
+            }
+            if *link_prev != prev {
+                note(ChainBreak {
+                    chain_seq,
+                    interval: id.clone(),
+                    why: format!(
+                        "it names {} as the previous hash, but the link before it is {}",
+                        short(link_prev),
+                        short(&prev)
+                    ),
+                });
+            }
+            match rec.and_then(|r| r.closed().map(|c| (r, c))) {
+                None if rec.is_none() => note(ChainBreak {
+                    chain_seq,
+                    interval: id.clone(),
+                    why: format!(
+                        "it names ledger row {interval_seq}, which the file no longer holds (a row was deleted)"
+                    ),
+                }),
+                None => note(ChainBreak {
+                    chain_seq,
+                    interval: id.clone(),
+                    why: "it names a row that is open again (its close was undone)".into(),
+                }),
+                Some((_, c)) => {
+                    let actual = c.expected_hash(link_prev, chain_seq);
+                    if actual != *link_hash {
+                        note(ChainBreak {
+                            chain_seq,
+                            interval: id.clone(),
+                            why: format!(
+                                "the row hashes to {} but its link says {}: it was changed after it closed",
+                                short(&actual),
+                                short(link_hash)
+                            ),
+                        });
+                    }
+                }
+            }
+            expected = chain_seq + 1;
+            prev = link_hash.clone();
+        }
+        let mut closed_rows = 0u64;
+        for r in records.values().filter(|r| r.end.is_some()) {
+            closed_rows += 1;
+            if !chained.contains(&r.seq) {
+                note(ChainBreak {
+                    chain_seq: 0,
+                    interval: r.id.as_str().to_string(),
+                    why: "the row is closed but no link holds it (its link was deleted)".into(),
+                });
+            }
+        }
+        problems.sort_by_key(|p| if p.chain_seq == 0 { u64::MAX } else { p.chain_seq });
+        let head = self.chain_head()?;
+        Ok(ChainReport {
+            ledger_id: self.ledger_id.clone(),
+            head,
+            links: links.len() as u64,
+            closed_rows,
+            open_rows: records.values().filter(|r| r.end.is_none()).count() as u64,
+            problems,
+            remote: None,
+        })
     }
 
     /// Every interval, in open order.
@@ -533,10 +723,11 @@ impl IntervalRecord {
     }
 }
 
-/// Closes one open row at `end`. The `close_reason IS NULL` guard plus the trigger make
-/// a second close impossible.
+/// Closes one open row at `end` and chains it. The `close_reason IS NULL` guard plus the
+/// trigger make a second close impossible.
 fn close_row(
     conn: &Connection,
+    ledger_id: &str,
     rec: &IntervalRecord,
     end: &Stamp,
     reason: &str,
@@ -567,7 +758,7 @@ fn close_row(
             rec.id
         )));
     }
-    Ok(ClosedInterval {
+    let mut closed = ClosedInterval {
         id: rec.id.clone(),
         start: rec.start.clone(),
         start_wall_ms: rec.start_wall_ms,
@@ -575,10 +766,92 @@ fn close_row(
         duration_ms: duration,
         gpu_seconds,
         reason: reason.to_string(),
-    })
+        preempted: rec.preempted_ms.is_some(),
+        utilization: rec.utilization.clone(),
+        chain: None,
+    };
+    append_link(conn, ledger_id, rec.seq, &mut closed)?;
+    Ok(closed)
 }
 
-const RECORD_COLUMNS: &str = "seq, id, container_id, tenant, node, gpu_uuid, gpu_model,
+/// Appends `closed` (ledger row `interval_seq`) to the chain, after its newest link.
+fn append_link(
+    conn: &Connection,
+    ledger_id: &str,
+    interval_seq: u64,
+    closed: &mut ClosedInterval,
+) -> Result<(), LedgerError> {
+    let head: Option<(i64, String)> = conn
+        .prepare_cached("SELECT chain_seq, hash FROM chain ORDER BY chain_seq DESC LIMIT 1")?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let (seq, prev) = match head {
+        Some((s, h)) => (u64::try_from(s).unwrap_or(0) + 1, h),
+        None => (1, crate::chain::genesis(ledger_id)),
+    };
+    let hash = closed.expected_hash(&prev, seq);
+    conn.prepare_cached(
+        "INSERT INTO chain (chain_seq, interval_seq, prev_hash, hash) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![to_sql_ms(seq)?, to_sql_ms(interval_seq)?, prev, hash])?;
+    closed.chain = Some(ChainLink { seq, prev, hash });
+    Ok(())
+}
+
+/// Brings a ledger to schema 2 (idempotent): the columns and tables of the chain, the
+/// topology premium, preemption and peaks; on a schema-1 ledger, every closed row chained
+/// in `seq` order. One transaction.
+fn migrate_to_chain(conn: &mut Connection, ledger_id: &str) -> Result<(), LedgerError> {
+    add_column(conn, "intervals", "nvlink_domain", "INTEGER")?;
+    add_column(conn, "intervals", "preempted_ms", "INTEGER")?;
+    add_column(conn, "utilization", "sm_max", "REAL")?;
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch(CHAIN_SCHEMA)?;
+    if version < SCHEMA_VERSION {
+        let unchained = select_records(
+            &tx,
+            "WHERE close_reason IS NOT NULL AND intervals.seq NOT IN (SELECT interval_seq FROM chain)",
+            [],
+        )?;
+        for rec in &unchained {
+            if let Some(mut closed) = rec.closed() {
+                append_link(&tx, ledger_id, rec.seq, &mut closed)?;
+            }
+        }
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// The most problems [`Ledger::verify_chain`] lists (the first is what matters).
+pub const MAX_PROBLEMS: usize = 20;
+
+/// What [`Ledger::verify_chain`] found.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChainReport {
+    pub ledger_id: String,
+    /// The newest link as stored.
+    pub head: ChainHead,
+    pub links: u64,
+    pub closed_rows: u64,
+    pub open_rows: u64,
+    /// In chain order; empty when every link verifies. The first is the first row a bill
+    /// cannot rest on.
+    pub problems: Vec<ChainBreak>,
+    /// What it was compared with beyond the file (a fleet node: the coordinator's copy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<String>,
+}
+
+impl ChainReport {
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+const RECORD_COLUMNS: &str = "intervals.seq, id, container_id, tenant, node, gpu_uuid, gpu_model,
     device_uuid, isolation, mig_profile, fraction, class,
     start_boot, start_wall_ms, start_mono_ms, ckpt_boot, ckpt_wall_ms, ckpt_mono_ms,
     end_boot, end_wall_ms, end_mono_ms, duration_ms, gpu_seconds, close_reason";
@@ -588,9 +861,24 @@ fn select_records(
     filter: &str,
     params: impl rusqlite::Params,
 ) -> Result<Vec<IntervalRecord>, LedgerError> {
+    select_records_ordered(conn, filter, "intervals.seq", params)
+}
+
+/// Rows with their utilisation and chain link (`c`), filtered and ordered as given.
+fn select_records_ordered(
+    conn: &Connection,
+    filter: &str,
+    order: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<IntervalRecord>, LedgerError> {
     let sql = format!(
-        "SELECT {RECORD_COLUMNS}, u.samples, u.sm_sum, intervals.workload FROM intervals
-         LEFT JOIN utilization u ON u.interval_seq = intervals.seq {filter} ORDER BY seq"
+        "SELECT {RECORD_COLUMNS}, u.samples, u.sm_sum, intervals.workload,
+             intervals.nvlink_domain, intervals.preempted_ms, u.sm_max,
+             c.chain_seq, c.prev_hash, c.hash
+         FROM intervals
+         LEFT JOIN utilization u ON u.interval_seq = intervals.seq
+         LEFT JOIN chain c ON c.interval_seq = intervals.seq
+         {filter} ORDER BY {order}"
     );
     let mut stmt = conn.prepare_cached(&sql)?;
     let rows = stmt.query_map(params, RawRecord::from_row)?;
@@ -621,8 +909,11 @@ struct RawRecord {
     duration_ms: Option<i64>,
     gpu_seconds: Option<f64>,
     close_reason: Option<String>,
-    util: (Option<i64>, Option<f64>),
+    util: (Option<i64>, Option<f64>, Option<f64>),
     workload: Option<String>,
+    nvlink_domain: Option<i64>,
+    preempted_ms: Option<i64>,
+    chain: (Option<i64>, Option<String>, Option<String>),
 }
 
 impl RawRecord {
@@ -646,8 +937,11 @@ impl RawRecord {
             duration_ms: r.get(21)?,
             gpu_seconds: r.get(22)?,
             close_reason: r.get(23)?,
-            util: (r.get(24)?, r.get(25)?),
+            util: (r.get(24)?, r.get(25)?, r.get(29)?),
             workload: r.get(26)?,
+            nvlink_domain: r.get(27)?,
+            preempted_ms: r.get(28)?,
+            chain: (r.get(30)?, r.get(31)?, r.get(32)?),
         })
     }
 
@@ -678,6 +972,18 @@ impl RawRecord {
             None => None,
             Some(j) => Some(serde_json::from_str(j).map_err(|e| bad(format!("workload: {e}")))?),
         };
+        let nvlink_domain = self
+            .nvlink_domain
+            .map(|d| {
+                u32::try_from(d).map_err(|_| bad(format!("nvlink_domain {d} is out of range")))
+            })
+            .transpose()?;
+        let chain = match self.chain {
+            (Some(seq), Some(prev), Some(hash)) => {
+                Some(ChainLink { seq: ms(seq, "chain_seq")?, prev, hash })
+            }
+            _ => None,
+        };
         Ok(IntervalRecord {
             seq: ms(self.seq, "seq")?,
             start: IntervalStart {
@@ -692,6 +998,7 @@ impl RawRecord {
                 fraction: self.fraction,
                 class,
                 workload,
+                nvlink_domain,
             },
             start_boot_id: self.start.0,
             start_wall_ms: ms(self.start.1, "start_wall_ms")?,
@@ -701,27 +1008,34 @@ impl RawRecord {
             checkpoint_mono_ms: ms(self.ckpt.2, "ckpt_mono_ms")?,
             end,
             utilization: match self.util {
-                (Some(samples), Some(sum)) if samples > 0 => Some(crate::interval::Utilization {
-                    samples: ms(samples, "utilization samples")?,
-                    sm_percent_avg: sum / samples as f64,
-                }),
+                (Some(samples), Some(sum), max) if samples > 0 => {
+                    Some(crate::interval::Utilization {
+                        samples: ms(samples, "utilization samples")?,
+                        #[allow(clippy::cast_precision_loss)]
+                        sm_percent_avg: sum / samples as f64,
+                        sm_percent_max: max,
+                    })
+                }
                 _ => None,
             },
+            preempted_ms: self.preempted_ms.map(|p| ms(p, "preempted_ms")).transpose()?,
+            chain,
             id: IntervalId(id),
         })
     }
 }
 
-/// Ledgers written before pods were named lack the `workload` column: add it (an added
-/// nullable column changes no recorded row; their intervals read as not of a pod).
-fn add_workload_column(conn: &Connection) -> Result<(), LedgerError> {
+/// Older ledgers lack columns added since (`workload`, `nvlink_domain`, `preempted_ms`,
+/// `sm_max`): add them (an added nullable column changes no recorded row; their intervals
+/// read as not of a pod, no premium, not preempted, peak unknown).
+fn add_column(conn: &Connection, table: &str, column: &str, decl: &str) -> Result<(), LedgerError> {
     let has: bool = conn.query_row(
-        "SELECT COUNT(*) > 0 FROM pragma_table_info('intervals') WHERE name = 'workload'",
-        [],
+        &format!("SELECT COUNT(*) > 0 FROM pragma_table_info('{table}') WHERE name = ?1"),
+        [column],
         |r| r.get(0),
     )?;
     if !has {
-        conn.execute_batch("ALTER TABLE intervals ADD COLUMN workload TEXT")?;
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
     }
     Ok(())
 }

@@ -9,8 +9,12 @@
 //! - Durations are monotonic (CLOCK_BOOTTIME) deltas within one boot, wall deltas across
 //!   boots; GPU-seconds = duration x [`fraction()`] of the device.
 //! - [`Ledger::usage`] clips intervals to a window, groups them by a level of the tenant
-//!   tree and prices them by GPU model and [`Class`]; [`UsageReport::to_json`] and
-//!   [`UsageReport::to_csv`] are byte-stable.
+//!   tree and bills them ([`bill`]: floors by reservation, bursts by consumption, the
+//!   topology premium, showback or chargeback per path); [`UsageReport::to_json`] and
+//!   [`UsageReport::to_csv`] are byte-stable. [`idle`] names the whole GPUs held far below
+//!   what they offer, with the MIG profile that fits.
+//! - Closed intervals form a hash chain ([`chain`]); [`Ledger::verify_chain`] names the
+//!   first row that does not verify.
 //! - Time comes only from the [`Clock`] seam: [`SystemClock`] in the daemon,
 //!   [`ManualClock`] in tests.
 //!
@@ -33,37 +37,47 @@
 //!     fraction: metering::fraction(Isolation::Mig, Some(3), None, None, None),
 //!     class: Class::Guaranteed,
 //!     workload: None,
+//!     nvlink_domain: None,
 //! })?;
 //! clock.advance(70_000);
 //! ledger.checkpoint()?;
 //! let closed = ledger.close_container("c1", "poststop")?;
 //! assert_eq!(closed[0].gpu_seconds, 30.0); // 70 s x 3/7
-//! let report = ledger.usage(&UsageQuery {
-//!     from_ms: 1_767_225_600_000,
-//!     to_ms: 1_767_225_600_000 + 3_600_000,
-//!     by: GroupBy::Team,
-//!     prices: Prices::default(),
-//! })?;
+//! let report = ledger.usage(&UsageQuery::new(
+//!     1_767_225_600_000,
+//!     1_767_225_600_000 + 3_600_000,
+//!     GroupBy::Team,
+//!     Prices::default(),
+//! ))?;
 //! assert_eq!(report.rows[0].group, "acme/ml");
 //! assert_eq!(report.total.gpu_seconds, 30.0);
 //! # Ok::<(), metering::LedgerError>(())
 //! ```
 
+pub mod bill;
+pub mod chain;
 mod clock;
 mod error;
 mod fraction;
+pub mod idle;
 mod interval;
 mod ledger;
 mod report;
 
+pub use bill::{Mode, Preempted, Terms};
+pub use chain::{ChainBreak, ChainHead, ChainLink};
 pub use clock::{read_boot_id, Clock, ManualClock, SystemClock, BOOT_ID_PATH};
 pub use error::LedgerError;
 pub use fraction::{fraction, try_fraction, FractionError, MIG_SLICES_PER_GPU};
+pub use idle::Suggestion;
 pub use interval::{
     validate_tenant, Class, ClosedInterval, IntervalEnd, IntervalId, IntervalRecord, IntervalStart,
-    MAX_TENANT_SEGMENTS, POSTSTOP_REASON, RECOVERED_REASON,
+    Utilization, MAX_TENANT_SEGMENTS, POSTSTOP_REASON, RECOVERED_REASON,
 };
-pub use ledger::{Ledger, LedgerOptions, Synchronous, APPLICATION_ID, SCHEMA_VERSION};
+pub use ledger::{
+    ChainReport, Ledger, LedgerOptions, Synchronous, APPLICATION_ID, MAX_PROBLEMS, SCHEMA_VERSION,
+};
 pub use report::{
-    aggregate, GroupBy, LevelTotal, Prices, Rate, Span, UsageQuery, UsageReport, UsageRow,
+    aggregate, floor_group, GroupBy, LevelTotal, Prices, Rate, Span, UsageQuery, UsageReport,
+    UsageRow, CSV_HEADER,
 };

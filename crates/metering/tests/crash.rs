@@ -59,6 +59,7 @@ fn interval_start(i: u64, d: u64) -> IntervalStart {
         fraction: 1.0,
         class: Class::Guaranteed,
         workload: None,
+        nvlink_domain: None,
     }
 }
 
@@ -273,12 +274,7 @@ fn real_kills_never_lose_or_double_count_intervals() {
     assert!(recovered_reported <= recovered_intervals);
 
     // Totals reconcile: the report equals the sum of the closed intervals, at every level.
-    let q = |by| UsageQuery {
-        from_ms: T0,
-        to_ms: T0 + (EVENTS + 1) * STEP_MS,
-        by,
-        prices: Prices::default(),
-    };
+    let q = |by| UsageQuery::new(T0, T0 + (EVENTS + 1) * STEP_MS, by, Prices::default());
     let want_s = want_ms as f64 / 1000.0;
     for by in GroupBy::ALL {
         let r = l.usage(&q(by)).expect("usage");

@@ -12,15 +12,12 @@ use metering::{
 };
 
 fn query(from: u64, to: u64, by: GroupBy) -> UsageQuery {
-    UsageQuery { from_ms: from, to_ms: to, by, prices: Prices::default() }
+    UsageQuery::new(from, to, by, Prices::default())
 }
 
 fn prices() -> Prices {
     let mut per_model = BTreeMap::new();
-    per_model.insert(
-        "H100-80GB".to_string(),
-        Rate { reserved_per_gpu_hour: 2.0, burst_per_gpu_hour: 0.5 },
-    );
+    per_model.insert("H100-80GB".to_string(), Rate::new(2.0, 0.5));
     Prices { per_model }
 }
 
@@ -318,7 +315,8 @@ fn repeated_queries_are_byte_identical() {
         let mut sorted = groups.clone();
         sorted.sort();
         assert_eq!(groups, sorted);
-        assert!(csv.starts_with("group,gpu_seconds,cost,intervals\n"));
+        assert!(csv.starts_with(&format!("{}\n", metering::CSV_HEADER)));
+        assert!(metering::CSV_HEADER.starts_with("group,gpu_seconds,cost,intervals,"));
         assert!(csv.lines().last().expect("total").starts_with("TOTAL,"));
     }
     // Reopening the file (recovering the still-open intervals at the checkpoint) then
@@ -350,9 +348,7 @@ fn bad_queries_say_what_is_wrong() {
     assert!(matches!(l.usage(&query(T0 + 1, T0, GroupBy::Org)), Err(LedgerError::BadQuery(_))));
     assert!(matches!(l.usage(&query(0, u64::MAX, GroupBy::Org)), Err(LedgerError::BadQuery(_))));
     let mut q = query(T0, T0 + 1, GroupBy::Org);
-    q.prices
-        .per_model
-        .insert("X".into(), Rate { reserved_per_gpu_hour: f64::NAN, burst_per_gpu_hour: 1.0 });
+    q.prices.per_model.insert("X".into(), Rate::new(f64::NAN, 1.0));
     assert!(matches!(l.usage(&q), Err(LedgerError::BadQuery(_))));
     // Unknown fields in a query are an error, not a silent default.
     let parsed: Result<UsageQuery, _> =
@@ -564,6 +560,7 @@ fn utilisation_samples_accumulate_on_open_intervals_only() {
         fraction,
         class: metering::Class::Guaranteed,
         workload: None,
+        nvlink_domain: None,
     };
     l.open_interval(&start("c1", "GPU-a", 0.5)).expect("open");
     l.open_interval(&start("c2", "GPU-b", 1.0)).expect("open");
@@ -592,12 +589,12 @@ fn utilisation_samples_accumulate_on_open_intervals_only() {
     assert_eq!((u.samples, u.sm_percent_avg), (2, 40.0));
     assert!(recs.iter().find(|r| r.start.container_id == "c2").expect("c2").utilization.is_none());
     let r = l
-        .usage(&metering::UsageQuery {
-            from_ms: 1_767_225_600_000,
-            to_ms: 1_767_225_610_000,
-            by: metering::GroupBy::Container,
-            prices: Default::default(),
-        })
+        .usage(&metering::UsageQuery::new(
+            1_767_225_600_000,
+            1_767_225_610_000,
+            metering::GroupBy::Container,
+            Default::default(),
+        ))
         .expect("usage");
     let c1 = r.rows.iter().find(|x| x.group == "c1").expect("c1");
     assert_eq!(c1.gpu_seconds, 5.0);
@@ -686,4 +683,77 @@ fn a_ledger_from_before_pod_names_gains_the_column_and_keeps_its_rows() {
         IntervalStart { workload: Some(workload("ns", "p", "c")), ..start("c2", "acme/ml", "2") };
     ledger.open_interval(&w).expect("new rows carry the workload");
     assert_eq!(ledger.intervals().expect("rows")[1].start.workload, w.workload);
+}
+
+/// Reads one CSV cell as a spreadsheet would (RFC 4180 quoting), returning the cell and
+/// the rest of the line after its comma.
+fn first_csv_cell(line: &str) -> (String, &str) {
+    let Some(quoted) = line.strip_prefix('"') else {
+        return match line.split_once(',') {
+            Some((cell, rest)) => (cell.to_string(), rest),
+            None => (line.to_string(), ""),
+        };
+    };
+    let mut cell = String::new();
+    let mut chars = quoted.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        if c == '"' {
+            if chars.peek().map(|(_, n)| *n) == Some('"') {
+                cell.push('"');
+                chars.next();
+                continue;
+            }
+            let rest = &quoted[i + 1..];
+            return (cell, rest.strip_prefix(',').unwrap_or(rest));
+        }
+        cell.push(c);
+    }
+    panic!("unterminated quoted cell in {line:?}");
+}
+
+#[test]
+fn cells_that_a_spreadsheet_would_run_as_formulas_are_escaped() {
+    // Container ids are the group of `--by container`; runc's id rule admits a leading
+    // `+` or `-` (the other characters come from anywhere else a cell is filled from; the
+    // ledger refuses control characters, so the tab and CR variants are the helper's
+    // unit tests, `display::tests::csv_cells_never_start_a_formula`).
+    let hostile = [
+        "=cmd|' /C calc'!A0",
+        "+cmd|' /C calc'!A0",
+        "-2+3+cmd|' /C calc'!A0",
+        "@SUM(1+1)*cmd|' /C calc'!A0",
+        "=\"quoted\",1",
+        "+1",
+        "-1",
+    ];
+    let c = clock();
+    let mut l = Ledger::open_in_memory(c.clone()).expect("open");
+    for (i, id) in hostile.iter().enumerate() {
+        l.open_interval(&start(id, "acme/ml/cv/alice", &i.to_string())).expect("open");
+    }
+    c.advance(10_000);
+    for id in hostile {
+        l.close_container(id, POSTSTOP_REASON).expect("close");
+    }
+    let csv = l.usage(&query(T0, T0 + 10_000, GroupBy::Container)).expect("usage").to_csv();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), hostile.len() + 2, "header, one line per id, total:\n{csv:?}");
+    let mut seen = Vec::new();
+    for line in &lines[1..lines.len() - 1] {
+        // The line starts a quoted cell whose text starts with `'`: a spreadsheet shows
+        // it as text and runs nothing.
+        assert!(line.starts_with("\"'"), "a formula cell: {line:?}");
+        let (cell, rest) = first_csv_cell(line);
+        let id = cell.strip_prefix('\'').expect("the quote prefix");
+        seen.push(id.to_string());
+        let numbers = metering::CSV_HEADER.split(',').count() - 1;
+        assert_eq!(rest.split(',').count(), numbers, "only numbers after the cell: {line:?}");
+    }
+    seen.sort();
+    let mut want: Vec<String> = hostile.iter().map(|s| s.to_string()).collect();
+    want.sort();
+    assert_eq!(seen, want, "every id comes back whole after its prefix");
+    // The same helper is the only CSV cell writer: plain cells stay as they were.
+    assert_eq!(tessera_api::display::csv_cell("acme/ml"), "acme/ml");
+    assert_eq!(tessera_api::display::csv_cell("a,b"), "\"a,b\"");
 }

@@ -52,10 +52,8 @@ fn interval() -> impl Strategy<Value = Gen> {
 
 fn prices() -> Prices {
     let mut per_model = BTreeMap::new();
-    per_model
-        .insert("H100-80GB".into(), Rate { reserved_per_gpu_hour: 3.1, burst_per_gpu_hour: 1.7 });
-    per_model
-        .insert("A100-40GB".into(), Rate { reserved_per_gpu_hour: 1.3, burst_per_gpu_hour: 0.9 });
+    per_model.insert("H100-80GB".into(), Rate::new(3.1, 1.7));
+    per_model.insert("A100-40GB".into(), Rate::new(1.3, 0.9));
     Prices { per_model } // L4 left unpriced on purpose
 }
 
@@ -92,6 +90,7 @@ fn build(gens: &[Gen]) -> (Ledger, Arc<ManualClock>) {
                 fraction: g.fraction,
                 class: g.class,
                 workload: None,
+                nvlink_domain: None,
             };
             ledger.open_interval(&s).expect("open");
         }
@@ -112,8 +111,7 @@ fn prefix(key: &str, depth: usize) -> String {
 }
 
 fn report(l: &Ledger, from: u64, to: u64, by: GroupBy) -> UsageReport {
-    l.usage(&UsageQuery { from_ms: T0 + from, to_ms: T0 + to, by, prices: prices() })
-        .expect("usage")
+    l.usage(&UsageQuery::new(T0 + from, T0 + to, by, prices())).expect("usage")
 }
 
 proptest! {

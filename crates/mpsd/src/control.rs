@@ -50,6 +50,35 @@ pub trait MpsControl: Send + Sync + fmt::Debug {
     fn kill_daemon(&self, spec: &DaemonSpec, pid: u32) -> Result<(), MpsError>;
 }
 
+/// A control binary path tesserad cannot run as meant.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BinaryPathError {
+    #[error("the MPS control binary path is empty")]
+    Empty,
+    /// A relative path with a directory in it: every control process runs in `/`, where
+    /// it would name another file than the one meant.
+    #[error(
+        "{}: a relative path; the MPS control binary runs with `/` as its working \
+         directory, where this names another file: give an absolute path (or a bare name \
+         to look up in PATH)",
+        .0.display()
+    )]
+    Relative(PathBuf),
+}
+
+/// Checks the control binary tesserad is given (`--mps-control`): an absolute path, or a
+/// bare name (looked up in PATH when it runs); a relative path with a directory in it is
+/// refused, since [`ProcessControl`] runs it from `/`.
+pub fn check_binary(path: &Path) -> Result<(), BinaryPathError> {
+    if path.as_os_str().is_empty() {
+        return Err(BinaryPathError::Empty);
+    }
+    if path.is_relative() && path.components().count() > 1 {
+        return Err(BinaryPathError::Relative(path.to_path_buf()));
+    }
+    Ok(())
+}
+
 /// Runs a control binary.
 #[derive(Debug, Clone)]
 pub struct ProcessControl {
@@ -608,5 +637,23 @@ mod tests {
         ));
         let e = ProcessControl::new(&fail).send(&spec, &Command::Quit).expect_err("fails");
         assert!(e.to_string().contains("exit status 3") && e.to_string().contains("boom"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod binary_path_tests {
+    use super::*;
+
+    #[test]
+    fn a_relative_control_binary_with_a_directory_is_refused_naming_it() {
+        assert_eq!(check_binary(Path::new("/usr/bin/nvidia-cuda-mps-control")), Ok(()));
+        assert_eq!(check_binary(Path::new("nvidia-cuda-mps-control")), Ok(()));
+        for rel in ["bin/fake-nvidia-cuda-mps-control", "./fake", "../x/y"] {
+            let e = check_binary(Path::new(rel)).expect_err(rel);
+            assert_eq!(e, BinaryPathError::Relative(PathBuf::from(rel)));
+            let text = e.to_string();
+            assert!(text.starts_with(rel) && text.contains("give an absolute path"), "{text}");
+        }
+        assert_eq!(check_binary(Path::new("")), Err(BinaryPathError::Empty));
     }
 }

@@ -154,6 +154,10 @@ pub struct ShareRecord {
     /// Set when the share stopped restarting after a crash loop.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub degraded: Option<String>,
+    /// The active thread percentage the interference controller lowered the share's caps
+    /// to (below `percent`, which stays its booking); absent: `percent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<u8>,
 }
 
 /// Read a share record; None if there is none.
@@ -169,13 +173,10 @@ pub fn read_record(path: &Path) -> Result<Option<ShareRecord>, MpsError> {
 
 /// Write a share record atomically (temp file, fsync, rename).
 pub fn write_record(path: &Path, record: &ShareRecord) -> Result<(), MpsError> {
-    use std::io::Write;
     let bytes = serde_json::to_vec_pretty(record)
         .map_err(|e| MpsError::io(path, std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
-    let tmp = path.with_extension("json.tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(|e| MpsError::io(&tmp, e))?;
-    f.write_all(&bytes).and_then(|()| f.sync_all()).map_err(|e| MpsError::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| MpsError::io(path, e))
+    tessera_api::durable::replace(path, &bytes, 0o644, tessera_api::durable::Sync::Durable)
+        .map_err(|e| MpsError::io(path, e))
 }
 
 #[cfg(test)]

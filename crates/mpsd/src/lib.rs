@@ -25,7 +25,7 @@ pub mod supervisor;
 use std::path::PathBuf;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use control::{DaemonSpec, MpsControl, ProcessControl};
+pub use control::{check_binary, BinaryPathError, DaemonSpec, MpsControl, ProcessControl};
 pub use protocol::{Command, DeviceRef, MemLimit, ParseError};
 pub use pure::{
     mps_mem_limit_bytes, pick_mps_device, pick_shared_device, MpsDeviceLoad, MpsNoFit,

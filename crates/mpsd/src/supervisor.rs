@@ -222,6 +222,10 @@ pub struct ShareStatus {
     #[serde(default)]
     pub cap_drifts: u32,
     pub pipe_dir: PathBuf,
+    /// The active thread percentage its caps are set to (`percent`, or lower once
+    /// throttled).
+    #[serde(default)]
+    pub threads: u8,
 }
 
 /// A control daemon that died or hung, with whose it was.
@@ -326,6 +330,8 @@ struct Share {
     restarts: u32,
     ping_failures: u32,
     cap_drifts: u32,
+    /// Lowered thread cap ([`Supervisor::throttle`]); `None`: `percent`.
+    throttle: Option<u8>,
 }
 
 impl Share {
@@ -348,6 +354,7 @@ impl Share {
             restarts: 0,
             ping_failures: 0,
             cap_drifts: 0,
+            throttle: None,
         }
     }
 
@@ -362,7 +369,14 @@ impl Share {
                 ShareState::Degraded { reason } => Some(reason.clone()),
                 _ => None,
             },
+            throttle: self.throttle,
         }
+    }
+
+    /// The active thread percentage its caps are set to: its booking, or lower when the
+    /// interference controller throttled it ([`Supervisor::throttle`]).
+    fn threads(&self) -> u8 {
+        self.throttle.unwrap_or(self.percent).min(self.percent)
     }
 
     fn handle(&self, key: &Key, pid: u32) -> ShareHandle {
@@ -791,6 +805,7 @@ impl Supervisor {
             };
             let mut share = Share::new(dirs, &key.device, record.percent, mem);
             share.holders = record.holders.iter().cloned().collect();
+            share.throttle = record.throttle.filter(|t| (1..record.percent).contains(t));
             let live = self.control.daemon_pid(&share.spec);
             if let Some(reason) = record.degraded {
                 share.pid = live;
@@ -895,8 +910,56 @@ impl Supervisor {
                 crashes_in_window: u32::try_from(s.crash_times.len()).unwrap_or(u32::MAX),
                 cap_drifts: s.cap_drifts,
                 pipe_dir: s.dirs.pipe.clone(),
+                threads: s.threads(),
             })
             .collect()
+    }
+
+    /// Lower the active thread percentage of `tenant`'s share of `device` to `percent`
+    /// (the interference controller's throttle): the daemon's default and every running
+    /// server's, each read back. Its booking (`percent` of the grant) is unchanged, and
+    /// health checks keep the lowered caps from now on (a restart sets them again). On
+    /// NVIDIA's MPS a server's percentage applies to clients that connect afterwards; a
+    /// client already connected keeps the cap it connected with. Returns the percentage
+    /// before.
+    pub fn throttle(&self, device: &str, tenant: &str, percent: u8) -> Result<u8, MpsError> {
+        let key = Key { device: device.to_string(), tenant: tenant.to_string() };
+        let mut inner = self.lock();
+        let Some(share) = inner.shares.get_mut(&key) else {
+            return Err(MpsError::NotRunning {
+                device: key.device,
+                tenant: key.tenant,
+                state: "no such share".into(),
+            });
+        };
+        if !(1..=100).contains(&percent) {
+            return Err(MpsError::Invalid(format!("a thread percentage of {percent}")));
+        }
+        let before = share.threads();
+        if percent >= before {
+            return Ok(before);
+        }
+        share.throttle = Some(percent);
+        let send = self
+            .control
+            .send(&share.spec, &Command::SetDefaultActiveThreadPercentage(percent))
+            .and_then(|_| self.ping(&share.spec))
+            .and_then(|servers| {
+                for server_pid in servers {
+                    self.control.send(
+                        &share.spec,
+                        &Command::SetActiveThreadPercentage { server_pid, percent },
+                    )?;
+                }
+                self.verify_caps(&key, share)
+            });
+        if let Err(e) = send {
+            // The health check sets the lowered caps again (or restarts the daemon with them).
+            warn!(device, tenant, percent, "throttling the mps share did not read back: {e}");
+        }
+        layout::write_record(&share.dirs.record(), &share.record(&key))?;
+        info!(device, tenant, before, percent, "mps share throttled");
+        Ok(before)
     }
 
     /// The crashes recorded since start (the latest [`SupervisorConfig::max_crash_records`]).
@@ -951,7 +1014,7 @@ impl Supervisor {
     fn configure(&self, key: &Key, share: &Share) -> Result<(), MpsError> {
         let device = DeviceRef::Uuid(key.device.clone());
         self.control
-            .send(&share.spec, &Command::SetDefaultActiveThreadPercentage(share.percent))?;
+            .send(&share.spec, &Command::SetDefaultActiveThreadPercentage(share.threads()))?;
         self.control.send(
             &share.spec,
             &Command::SetDefaultDevicePinnedMemLimit { device, limit: share.mem },
@@ -984,10 +1047,10 @@ impl Supervisor {
         let cmd = Command::GetDefaultActiveThreadPercentage;
         let threads = protocol::parse_thread_percentage(&self.control.send(&share.spec, &cmd)?)
             .map_err(|e| answer_err(&cmd, e))?;
-        if !protocol::thread_percentage_matches(share.percent, threads) {
+        if !protocol::thread_percentage_matches(share.threads(), threads) {
             off.push(format!(
                 "default active thread percentage reads {threads}, not {}",
-                share.percent
+                share.threads()
             ));
         }
         let cmd =
@@ -1015,10 +1078,10 @@ impl Supervisor {
             let mut off = Vec::new();
             let answer = ask(&Command::GetActiveThreadPercentage { server_pid })?;
             if let Ok(threads) = protocol::parse_thread_percentage(&answer) {
-                if !protocol::thread_percentage_matches(share.percent, threads) {
+                if !protocol::thread_percentage_matches(share.threads(), threads) {
                     off.push(format!(
                         "server {server_pid}: active thread percentage reads {threads}, not {}",
-                        share.percent
+                        share.threads()
                     ));
                 }
             }

@@ -59,8 +59,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod billing;
 mod decide;
 mod error;
+mod health;
 mod raw;
 mod validate;
 
@@ -78,7 +80,11 @@ use sha2::{Digest, Sha256};
 use tessera_api::display::MAX_LINE_CHARS;
 use tessera_api::untrusted;
 
+pub use billing::{Billing, BillingMode, PreemptedWork};
 pub use error::{IdentityError, PolicyError, Refusal};
+pub use health::{
+    FaultSettings, InterferenceSettings, TopologySettings, WorkloadClass, CLASS_ANNOTATION,
+};
 pub use tessera_api::{GpuRequest, Isolation};
 
 /// How far a tenant is trusted. Ordered from least to most trusted.
@@ -157,6 +163,14 @@ pub struct Policy {
     pub(crate) quotas: quota::QuotaTree,
     /// How long a gang's first member waits for the rest (`gangs.timeout_s`).
     pub(crate) gang_timeout_s: u64,
+    /// Showback or chargeback per path, preempted work (`billing`).
+    pub(crate) billing: Billing,
+    /// What an XID fault does beyond the quarantine (`faults`).
+    pub(crate) faults: FaultSettings,
+    /// How topology shapes placement (`topology`).
+    pub(crate) topology: TopologySettings,
+    /// Interference detection and its answer (`interference`).
+    pub(crate) interference: InterferenceSettings,
 }
 
 /// How long a gang waits for all its members when the policy does not say.
@@ -209,6 +223,8 @@ pub struct Price {
     pub reserved_per_gpu_hour: f64,
     /// Borrowed idle capacity above the guarantee.
     pub burst_per_gpu_hour: f64,
+    /// Added per GPU-hour of a multi-GPU grant inside one NVLink domain.
+    pub nvlink_premium_per_gpu_hour: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -322,6 +338,14 @@ impl Policy {
         self.identity.iter().map(|r| r.annotation.as_str()).collect()
     }
 
+    /// The identity rules in order, as (annotation, value -> tenant map, `engines`): what
+    /// `tessera doctor` explains [`Policy::resolve_identity`]'s decisions with.
+    pub fn identity_rules(
+        &self,
+    ) -> impl Iterator<Item = (&str, &BTreeMap<String, String>, Option<&[String]>)> {
+        self.identity.iter().map(|r| (r.annotation.as_str(), &r.map, r.engines.as_deref()))
+    }
+
     /// Prices per GPU model, as declared (models without a price are free in reports).
     pub fn prices(&self) -> &BTreeMap<String, Price> {
         &self.prices
@@ -385,6 +409,27 @@ impl Policy {
     /// (`gangs.timeout_s`; [`DEFAULT_GANG_TIMEOUT_S`] unless set).
     pub fn gang_timeout_s(&self) -> u64 {
         self.gang_timeout_s
+    }
+
+    /// The `billing` section (defaults when absent: showback everywhere, preempted work
+    /// billed).
+    pub fn billing(&self) -> &Billing {
+        &self.billing
+    }
+
+    /// What an XID fault does beyond the quarantine (`faults`).
+    pub fn faults(&self) -> &FaultSettings {
+        &self.faults
+    }
+
+    /// How the node's NVLink and NUMA layout shapes placement (`topology`).
+    pub fn topology(&self) -> TopologySettings {
+        self.topology
+    }
+
+    /// Interference detection thresholds and the steps of the answer (`interference`).
+    pub fn interference(&self) -> &InterferenceSettings {
+        &self.interference
     }
 
     /// The tenant for containers that no identity rule matches, if any.

@@ -43,6 +43,15 @@ pub(crate) struct RawPolicy {
     pub quotas: Option<quota::QuotaSpec>,
     #[serde(default)]
     pub gangs: Option<Object<RawGangs>>,
+    /// Showback or chargeback per path, preempted work (docs/CHARGEBACK.md).
+    #[serde(default)]
+    pub billing: Option<Object<crate::billing::RawBilling>>,
+    #[serde(default)]
+    pub faults: Option<Object<RawFaults>>,
+    #[serde(default)]
+    pub topology: Option<Object<RawTopology>>,
+    #[serde(default)]
+    pub interference: Option<Object<RawInterference>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -89,6 +98,9 @@ pub(crate) struct RawPrice {
     /// Defaults to the reserved rate.
     #[serde(default)]
     pub burst_per_gpu_hour: Option<f64>,
+    /// Added per GPU-hour of a multi-GPU grant inside one NVLink domain (default 0).
+    #[serde(default)]
+    pub nvlink_premium_per_gpu_hour: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -256,4 +268,55 @@ impl<'de> Deserialize<'de> for IsolationName {
         const NAMES: &[&str] = &["gpu", "mig", "mps", "shared"];
         deserialize_named(deserializer, NAMES, |s| s.parse::<Isolation>().ok().map(IsolationName))
     }
+}
+
+// The node-health sections (`crate::health`).
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawFaults {
+    #[serde(default)]
+    pub ignore_xids: Vec<u64>,
+    #[serde(default)]
+    pub stop_holders: Option<bool>,
+    #[serde(default)]
+    pub grace_s: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTopology {
+    #[serde(default)]
+    pub isolate_nvlink_domains: Option<bool>,
+    #[serde(default)]
+    pub pin_cpus: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawInterference {
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    #[serde(default)]
+    pub classes: UniqueMap<tessera_api::WorkloadClass>,
+    #[serde(default)]
+    pub min_share: Option<f64>,
+    #[serde(default)]
+    pub saturation: Option<f64>,
+    #[serde(default)]
+    pub confirm_samples: Option<u32>,
+    #[serde(default)]
+    pub clear_samples: Option<u32>,
+    #[serde(default)]
+    pub throttle_factor_percent: Option<u8>,
+    #[serde(default)]
+    pub min_percent: Option<u8>,
+    #[serde(default)]
+    pub anti_affinity: Option<bool>,
+    #[serde(default)]
+    pub harden: Option<bool>,
+    #[serde(default)]
+    pub stop_after_samples: Option<u32>,
+    #[serde(default)]
+    pub stop_grace_s: Option<u64>,
 }

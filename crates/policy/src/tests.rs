@@ -132,7 +132,8 @@ fn example_policy_parses_and_decides() {
         ]
     );
     assert_eq!(p.identity_annotations(), [NS]);
-    assert_eq!(p.default_tenant(), None);
+    // Docker and podman runs (no identity annotation) land on the guest, as shipped.
+    assert_eq!(p.default_tenant(), Some("acme/untrusted/sandbox/guest"));
     let who = |ns: &str| p.resolve_identity(&annotations(&[(NS, ns)])).expect("identity");
     let guest = who("team-untrusted");
     let alice = who("team-trusted");
@@ -1078,9 +1079,81 @@ mod price_tests {
             (r#""mig_weights": {"1g.10gb": 1.5}"#, "mig_weights.1g.10gb"),
             (r#""mig_weights": {"big": 0.5}"#, "mig_weights.big"),
             (r#""mig_weights": {"1g.10gb": "half"}"#, "mig_weights.1g.10gb"),
+            (
+                r#""prices": {"H100-80GB": {"reserved_per_gpu_hour": 1, "nvlink_premium_per_gpu_hour": -0.5}}"#,
+                "prices.H100-80GB.nvlink_premium_per_gpu_hour",
+            ),
         ] {
             let e = parse(extra).expect_err(extra);
             assert!(e.to_string().contains(path), "{extra}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_topology_premium_defaults_to_nothing() {
+        let p = parse(r#""prices": {"H100-80GB": {"reserved_per_gpu_hour": 2.5, "nvlink_premium_per_gpu_hour": 0.5}, "A100-40GB": {"reserved_per_gpu_hour": 1}}"#)
+            .expect("valid");
+        assert_eq!(p.prices()["H100-80GB"].nvlink_premium_per_gpu_hour, 0.5);
+        assert_eq!(p.prices()["A100-40GB"].nvlink_premium_per_gpu_hour, 0.0);
+    }
+}
+
+#[cfg(test)]
+mod billing_tests {
+    use crate::{BillingMode, Policy, PreemptedWork};
+
+    const BASE: &str = r#""version": 1, "orgs": {"acme": {"trust": "trusted", "teams": {
+        "ml": {"projects": {"cv": {"users": ["alice"]}}}, "lab": {}}}}"#;
+
+    fn parse(extra: &str) -> Result<Policy, crate::PolicyError> {
+        Policy::parse(format!("{{{BASE}, {extra}}}").as_bytes(), "p.json")
+    }
+
+    #[test]
+    fn modes_are_per_path_inherited_and_default_to_showback() {
+        let none = Policy::parse(format!("{{{BASE}}}").as_bytes(), "p.json").expect("valid");
+        assert_eq!(none.billing().mode_of("acme/ml"), BillingMode::Showback);
+        assert_eq!(none.billing().preempted, PreemptedWork::Bill);
+        let p = parse(
+            r#""billing": {"default_mode": "chargeback", "modes": {"acme/lab": "showback", "acme/ml/cv": "chargeback"}, "preempted": "waive"}"#,
+        )
+        .expect("valid");
+        let b = p.billing();
+        assert_eq!(b.mode_of("acme/lab"), BillingMode::Showback);
+        assert_eq!(b.mode_of("acme/ml/cv/alice"), BillingMode::Chargeback);
+        assert_eq!(b.mode_of("acme/ml"), BillingMode::Chargeback, "the default");
+        assert_eq!(b.preempted, PreemptedWork::Waive);
+    }
+
+    #[test]
+    fn bad_billing_names_its_path() {
+        for (extra, path, what) in [
+            (
+                r#""billing": {"modes": {"acme/nope": "chargeback"}}"#,
+                "billing.modes.acme/nope",
+                "no team `nope`",
+            ),
+            (
+                r#""billing": {"modes": {"Acme": "chargeback"}}"#,
+                "billing.modes.Acme",
+                "malformed tenant path",
+            ),
+            (
+                r#""billing": {"modes": {"acme": "charge"}}"#,
+                "billing.modes.acme",
+                "unknown variant `charge`",
+            ),
+            (r#""billing": {"default_mode": 1}"#, "billing.default_mode", "expected"),
+            (r#""billing": {"preempted": "free"}"#, "billing.preempted", "`bill`"),
+            (r#""billing": {"mode": "chargeback"}"#, "billing", "unknown field `mode`"),
+            (
+                r#""billing": {"modes": {"acme": "showback", "acme": "chargeback"}}"#,
+                "billing.modes",
+                "duplicate",
+            ),
+        ] {
+            let e = parse(extra).expect_err(extra).to_string();
+            assert!(e.contains(path) && e.contains(what), "{extra}: {e}");
         }
     }
 }
@@ -1572,4 +1645,69 @@ fn hostile_keys_in_quotas_are_shown_escaped_and_bounded() {
     let e = parse_value(&base_with(|v| v["orgs"][ansi] = json!({"trust": "dev"}))).unwrap_err();
     assert_eq!(e.json_path(), Some("orgs.acme\\n\\u{1b}[2J"));
     assert_shown_safely(&e, 1_000);
+}
+
+/// Issue 26: the node-health sections, their defaults, and errors at their paths.
+#[test]
+fn faults_topology_and_interference_are_read_and_checked() {
+    let p = ok(&base());
+    assert_eq!(p.faults(), &FaultSettings::default());
+    assert!(p.interference().enabled && !p.topology().pin_cpus);
+    let p = ok(&base_with(|v| {
+        v["faults"] = json!({"ignore_xids": [92, 92], "stop_holders": true, "grace_s": 5});
+        v["topology"] = json!({"isolate_nvlink_domains": true});
+        v["interference"] = json!({"classes": {"acme/platform": "latency", "acme": "batch"},
+            "stop_after_samples": 6});
+    }));
+    assert_eq!(p.faults().ignore_xids, [92]);
+    assert!(p.faults().stop_holders && p.topology().isolate_nvlink_domains);
+    let i = p.interference();
+    assert_eq!(i.stop_after_samples, Some(6));
+    use tessera_api::WorkloadClass::{Batch, Latency};
+    assert_eq!(i.class_of("acme/platform/notebooks/bob", None), Latency, "longest prefix");
+    assert_eq!(i.class_of("acme/research/sandbox/guest", None), Batch);
+    assert_eq!(i.class_of("acme/platform/notebooks/bob", Some(Batch)), Batch, "declared wins");
+    assert_eq!(i.class_of("globex", None), Batch, "unlisted");
+    expect_err(
+        &base_with(|v| v["faults"] = json!({"ignore_xids": [95]})),
+        "invalid",
+        "faults.ignore_xids[0]",
+        "XID 95 is a hardware fault",
+    );
+    expect_err(
+        &base_with(|v| v["faults"] = json!({"grace_s": 301})),
+        "invalid",
+        "faults.grace_s",
+        "expected 0 to 300 seconds",
+    );
+    expect_err(
+        &base_with(|v| v["interference"] = json!({"classes": {"nobody": "latency"}})),
+        "invalid",
+        "interference.classes.nobody",
+        "is no tenant",
+    );
+    expect_err(
+        &base_with(|v| v["interference"] = json!({"classes": {"acme": "fast"}})),
+        "schema",
+        "interference.classes.acme",
+        "unknown variant `fast`",
+    );
+    expect_err(
+        &base_with(|v| v["interference"] = json!({"min_share": 1.5})),
+        "invalid",
+        "interference.min_share",
+        "expected a fraction in (0, 1)",
+    );
+    expect_err(
+        &base_with(|v| v["interference"] = json!({"throttle_factor_percent": 100})),
+        "invalid",
+        "interference.throttle_factor_percent",
+        "0 (no throttle) to 99",
+    );
+    expect_err(
+        &base_with(|v| v["topology"] = json!({"pin": true})),
+        "schema",
+        "topology.pin",
+        "unknown field `pin`",
+    );
 }

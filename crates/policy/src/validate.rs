@@ -127,9 +127,17 @@ pub(crate) fn build(raw: RawPolicy, digest: String) -> Result<Policy, Problem> {
             Some(b) => check_rate(&format!("{at}.burst_per_gpu_hour"), b)?,
             None => reserved,
         };
+        let premium = match p.nvlink_premium_per_gpu_hour {
+            Some(n) => check_rate(&format!("{at}.nvlink_premium_per_gpu_hour"), n)?,
+            None => 0.0,
+        };
         prices.insert(
             model.clone(),
-            Price { reserved_per_gpu_hour: reserved, burst_per_gpu_hour: burst },
+            Price {
+                reserved_per_gpu_hour: reserved,
+                burst_per_gpu_hour: burst,
+                nvlink_premium_per_gpu_hour: premium,
+            },
         );
     }
     let mut mig_weights = BTreeMap::new();
@@ -239,7 +247,18 @@ pub(crate) fn build(raw: RawPolicy, digest: String) -> Result<Policy, Problem> {
         }
         gang_timeout_s = t;
     }
+    let billing = match &raw.billing {
+        None => crate::billing::Billing::default(),
+        Some(b) => b.build(|at, tenant| check_tenant_ref(at, tenant, &index))?,
+    };
+    let faults = build_faults(raw.faults.as_ref())?;
+    let topology = build_topology(raw.topology.as_ref());
+    let interference = build_interference(raw.interference.as_ref(), |t| index.contains_key(t))?;
     Ok(Policy {
+        billing,
+        faults,
+        topology,
+        interference,
         quotas,
         gang_timeout_s,
         scrub,
@@ -552,4 +571,127 @@ fn build_pool(
         mig_layouts.insert(model_name.clone(), layout);
     }
     Ok(NodePool { name: name.to_string(), nodes, tenants, mig_layouts })
+}
+
+// The node-health sections (issue 26).
+
+/// The longest grace a fault or interference stop may wait (as revoke's).
+const MAX_GRACE_S: u64 = 300;
+
+pub(crate) fn build_faults(
+    raw: Option<&crate::raw::Object<crate::raw::RawFaults>>,
+) -> Result<crate::health::FaultSettings, Problem> {
+    let mut out = crate::health::FaultSettings::default();
+    let Some(raw) = raw else { return Ok(out) };
+    for (i, xid) in raw.ignore_xids.iter().enumerate() {
+        if *xid == 0 || *xid > 65_535 {
+            return Err(problem(
+                format!("faults.ignore_xids[{i}]"),
+                format!("expected an XID from 1 to 65535, got {xid}"),
+            ));
+        }
+        if [48u64, 63, 64, 79, 94, 95].contains(xid) {
+            return Err(problem(
+                format!("faults.ignore_xids[{i}]"),
+                format!("XID {xid} is a hardware fault; it cannot be ignored"),
+            ));
+        }
+    }
+    out.ignore_xids = raw.ignore_xids.clone();
+    out.ignore_xids.sort_unstable();
+    out.ignore_xids.dedup();
+    if let Some(s) = raw.stop_holders {
+        out.stop_holders = s;
+    }
+    if let Some(g) = raw.grace_s {
+        out.grace_s = grace("faults.grace_s", g)?;
+    }
+    Ok(out)
+}
+
+fn grace(path: &str, g: u64) -> Result<u64, Problem> {
+    if g > MAX_GRACE_S {
+        return Err(problem(path, format!("expected 0 to {MAX_GRACE_S} seconds, got {g}")));
+    }
+    Ok(g)
+}
+
+pub(crate) fn build_topology(
+    raw: Option<&crate::raw::Object<crate::raw::RawTopology>>,
+) -> crate::health::TopologySettings {
+    let Some(raw) = raw else { return crate::health::TopologySettings::default() };
+    crate::health::TopologySettings {
+        isolate_nvlink_domains: raw.isolate_nvlink_domains.unwrap_or(false),
+        pin_cpus: raw.pin_cpus.unwrap_or(false),
+    }
+}
+
+pub(crate) fn build_interference(
+    raw: Option<&crate::raw::Object<crate::raw::RawInterference>>,
+    tenant_known: impl Fn(&str) -> bool,
+) -> Result<crate::health::InterferenceSettings, Problem> {
+    let mut out = crate::health::InterferenceSettings::default();
+    let Some(raw) = raw else { return Ok(out) };
+    if let Some(e) = raw.enabled {
+        out.enabled = e;
+    }
+    for (prefix, class) in &raw.classes.0 {
+        let at = format!("interference.classes.{prefix}");
+        if !tenant_known(prefix) {
+            return Err(problem(at.clone(), format!("`{prefix}` is no tenant of this policy")));
+        }
+        out.classes.insert(prefix.clone(), *class);
+    }
+    let fraction = |path: &str, v: Option<f64>, default: f64| -> Result<f64, Problem> {
+        match v {
+            None => Ok(default),
+            Some(f) if f.is_finite() && f > 0.0 && f < 1.0 => Ok(f),
+            Some(f) => Err(problem(path, format!("expected a fraction in (0, 1), got {f}"))),
+        }
+    };
+    out.min_share = fraction("interference.min_share", raw.min_share, out.min_share)?;
+    out.saturation = fraction("interference.saturation", raw.saturation, out.saturation)?;
+    let samples = |path: &str, v: Option<u32>, default: u32| -> Result<u32, Problem> {
+        match v {
+            None => Ok(default),
+            Some(n) if (1..=1000).contains(&n) => Ok(n),
+            Some(n) => Err(problem(path, format!("expected 1 to 1000 samples, got {n}"))),
+        }
+    };
+    out.confirm_samples =
+        samples("interference.confirm_samples", raw.confirm_samples, out.confirm_samples)?;
+    out.clear_samples =
+        samples("interference.clear_samples", raw.clear_samples, out.clear_samples)?;
+    if raw.stop_after_samples.is_some() {
+        out.stop_after_samples =
+            Some(samples("interference.stop_after_samples", raw.stop_after_samples, 0)?);
+    }
+    if let Some(f) = raw.throttle_factor_percent {
+        if f >= 100 {
+            return Err(problem(
+                "interference.throttle_factor_percent",
+                format!("expected 0 (no throttle) to 99 percent, got {f}"),
+            ));
+        }
+        out.throttle_factor_percent = f;
+    }
+    if let Some(m) = raw.min_percent {
+        if !(1..=100).contains(&m) {
+            return Err(problem(
+                "interference.min_percent",
+                format!("expected a percentage from 1 to 100, got {m}"),
+            ));
+        }
+        out.min_percent = m;
+    }
+    if let Some(a) = raw.anti_affinity {
+        out.anti_affinity = a;
+    }
+    if let Some(h) = raw.harden {
+        out.harden = h;
+    }
+    if let Some(g) = raw.stop_grace_s {
+        out.stop_grace_s = grace("interference.stop_grace_s", g)?;
+    }
+    Ok(out)
 }

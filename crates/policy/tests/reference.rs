@@ -46,6 +46,10 @@ const OBJECTS: &[(&str, &str)] = &[
         r#"{"version": 1, "orgs": {}, "quotas": {"a": {"memory_gib": {@}}}}"#,
     ),
     ("gangs", r#"{"version": 1, "orgs": {}, "gangs": {@}}"#),
+    ("billing", r#"{"version": 1, "orgs": {}, "billing": {@}}"#),
+    ("faults", r#"{"version": 1, "orgs": {}, "faults": {@}}"#),
+    ("topology", r#"{"version": 1, "orgs": {}, "topology": {@}}"#),
+    ("interference", r#"{"version": 1, "orgs": {}, "interference": {@}}"#),
 ];
 
 /// The fields serde says the object at `probe`'s `@` accepts.

@@ -10,10 +10,16 @@
 //! 1. **Ceiling**: the path's whole usage (guaranteed + borrowed) plus the request must stay
 //!    within every ceiling on the chain, or the request is refused, naming the path and the
 //!    resource. A user's ceiling holds whatever its team's guarantee allows, and a
-//!    project's borrowing counts against its team's ceiling.
+//!    project's borrowing counts against its team's ceiling. A request within its
+//!    guarantees never finds a ceiling full of guaranteed work (guarantees fit under
+//!    ceilings): where other tenants' borrowed work fills it, the answer is
+//!    [`Decision::Reclaim`] from inside the innermost path whose ceiling it would cross.
 //! 2. **Guarantee**: the request is *guaranteed* when, for every resource it asks that the
 //!    chain bounds, some quota on the chain guarantees that resource and every guarantee on
-//!    the chain still holds the path's guaranteed usage plus the request. Otherwise it is
+//!    the chain still holds the path's guaranteed usage plus the request, counting as used
+//!    the unused guarantees of that path's other guaranteed children ([`set_aside`]: a
+//!    child's guarantee is set aside for it inside its parent's, and only the parent's
+//!    remainder is shared by the tenants under no guaranteed child). Otherwise it is
 //!    *borrowed* (a tenant with no guarantee at all only ever borrows). Borrowed usage is
 //!    never counted against a guarantee.
 //! 3. **Capacity**: a guaranteed request takes free capacity, and where borrowed work of
@@ -177,8 +183,10 @@ pub enum Decision {
     /// resource whose guarantee it goes beyond (`None` where the chain guarantees nothing).
     Admit { class: Class, over: Option<(String, Resource)> },
     /// Within guarantee, but the capacity is lent out: reclaim at least `short` from other
-    /// tenants' borrowed work ([`crate::choose_victims`]), then admit as guaranteed.
-    Reclaim { short: Resources },
+    /// tenants' borrowed work ([`crate::choose_victims`]), then admit as guaranteed. With
+    /// `under`, a ceiling of that path (on the tenant's chain) is full of other tenants'
+    /// borrowed work: the victims must be charged inside it.
+    Reclaim { short: Resources, under: Option<String> },
     /// Not now: the capacity (or, for borrowed work, the lendable capacity) is short of
     /// `short`. The request joins the fair queue ([`crate::fair_order`]).
     Wait { class: Class, short: Resources },
@@ -198,17 +206,27 @@ pub fn admit(
     let mut guaranteed = true;
     let mut over = None;
     let mut any_guarantee = false;
+    // The first ceiling crossed, the innermost path whose ceiling is crossed, and by how
+    // much each resource crosses its ceilings at most.
+    let mut refusal: Option<CeilingRefusal> = None;
+    let mut innermost: Option<(usize, String)> = None;
+    let mut excess = Resources::new();
     for (resource, amount) in request.iter() {
         let mut bounded = false;
         let mut guarantee_here = false;
-        for quota in tree.chain(tenant) {
+        let mut worst = 0u64;
+        for (depth, quota) in tree.chain(tenant).enumerate() {
             let Some(limit) = quota.limits.get(resource) else { continue };
             bounded = true;
             let held = usage.of(&quota.path);
             if let Some(ceiling) = limit.ceiling {
                 let in_use = held.total().get(resource);
                 if in_use.saturating_add(amount) > ceiling {
-                    return Decision::Refuse(CeilingRefusal {
+                    worst = worst.max(in_use.saturating_add(amount) - ceiling);
+                    if innermost.as_ref().is_none_or(|(d, _)| depth < *d) {
+                        innermost = Some((depth, quota.path.clone()));
+                    }
+                    refusal.get_or_insert_with(|| CeilingRefusal {
                         tenant: tenant.to_string(),
                         requested: request.clone(),
                         path: quota.path.clone(),
@@ -220,7 +238,10 @@ pub fn admit(
             }
             if let Some(g) = limit.guarantee {
                 guarantee_here = true;
-                if held.guaranteed.get(resource).saturating_add(amount) > g && over.is_none() {
+                let kept = set_aside(tree, usage, &quota.path, resource, tenant);
+                if held.guaranteed.get(resource).saturating_add(kept).saturating_add(amount) > g
+                    && over.is_none()
+                {
                     over = Some((quota.path.clone(), resource.clone()));
                 }
             }
@@ -229,12 +250,37 @@ pub fn admit(
         if bounded && !guarantee_here {
             guaranteed = false;
         }
+        excess.add(&Resources::new().with(resource.clone(), worst));
     }
     let class = if guaranteed && any_guarantee && over.is_none() {
         Class::Guaranteed
     } else {
         Class::Borrowed
     };
+    if let Some(refusal) = refusal {
+        // A ceiling would be crossed. Within guarantee, the ceiling is full of other
+        // tenants' borrowed work (guarantees fit under ceilings): it is reclaimed from
+        // inside the innermost path crossed, with what the fleet is short of besides.
+        let Some((_, under)) = innermost.filter(|_| class == Class::Guaranteed) else {
+            return Decision::Refuse(refusal);
+        };
+        let lent = usage
+            .tenants()
+            .filter(|(t, _)| is_within(t, &under) && !is_within(t, tenant))
+            .fold(Resources::new(), |acc, (_, h)| acc.plus(&h.borrowed));
+        let fleet = request.only(|r| matches!(r, Resource::Gpu(_)) || capacity.get(r) > 0);
+        let short_fleet = fleet.minus(&capacity.minus(&usage.total().total()));
+        let mut short = excess;
+        for (r, a) in short_fleet.iter() {
+            let more = a.saturating_sub(short.get(r));
+            short.add(&Resources::new().with(r.clone(), more));
+        }
+        return if short.fits_in(&lent) {
+            Decision::Reclaim { short, under: Some(under) }
+        } else {
+            Decision::Refuse(refusal)
+        };
+    }
     // The fleet's capacity bounds every GPU model (one it lacks is one it has none of) and
     // CPU and memory only where it names them (else the nodes bound them).
     let request = &request.only(|r| matches!(r, Resource::Gpu(_)) || capacity.get(r) > 0);
@@ -250,7 +296,7 @@ pub fn admit(
                 .fold(Resources::new(), |acc, (_, h)| acc.plus(&h.borrowed));
             let short = request.minus(&free);
             if short.fits_in(&lent) {
-                Decision::Reclaim { short }
+                Decision::Reclaim { short, under: None }
             } else {
                 Decision::Wait { class, short }
             }
@@ -264,6 +310,29 @@ pub fn admit(
             }
         }
     }
+}
+
+/// What `path`'s guarantee of `resource` keeps for its other children (Kueue's nominal
+/// quota, the design's tree): for each nearest descendant of `path` that guarantees
+/// `resource` and is not on `tenant`'s chain, the part of its guarantee it does not use
+/// (its guarantee less its subtree's guaranteed usage, never below zero). A tenant of
+/// `path` counts it as used: only `path`'s remainder (its guarantee less its guaranteed
+/// children's) is shared by the tenants under no guaranteed child, and a child's
+/// guarantee is there for it whoever else asks.
+pub fn set_aside(
+    tree: &QuotaTree,
+    usage: &Usage,
+    path: &str,
+    resource: &Resource,
+    tenant: &str,
+) -> u64 {
+    tree.guaranteed_children(path, resource)
+        .filter(|c| !is_within(tenant, &c.path))
+        .map(|c| {
+            let g = c.limits.get(resource).and_then(|l| l.guarantee).unwrap_or(0);
+            g.saturating_sub(usage.of(&c.path).guaranteed.get(resource))
+        })
+        .fold(0u64, u64::saturating_add)
 }
 
 /// What other paths' lending limits keep back from a borrower in `tenant`: for each

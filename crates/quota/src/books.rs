@@ -72,12 +72,16 @@ use tessera_api::untrusted;
 use crate::admit::{admit as decide_quota, Class, Decision, Usage};
 use crate::amount::{Resource, Resources};
 use crate::drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
-use crate::reclaim::{choose_victims, Running};
+use crate::preempt::{owed, worth_reclaiming};
+use crate::reclaim::{choose_victims, NoVictims, Running};
 use crate::spec::{chain, is_within, QuotaTree};
 use crate::wire::{
     AdmitAnswer, AdmitRequest, Amounts, Holding, Lease, PathStatus, QuotaClass, QuotaEvent,
-    QuotaEventKind, QuotaStatus, SyncAnswer, SyncRequest, Victim,
+    QuotaEventKind, QuotaStatus, ResizeRequest, SyncAnswer, SyncRequest, Victim,
 };
+
+/// How often issue 27's per-tenant memory is swept ([`Books::sweep_asks`]).
+const SLOW_SWEEP_MS: u64 = 1_000;
 
 /// How long an admission not yet listed by its node's sync stays booked.
 pub const PENDING_GRACE_MS: u64 = 15_000;
@@ -112,6 +116,20 @@ pub const RECALL_LIVE_MS: u64 = 5_000;
 
 /// `(node, container)`, `(node, tenant)` or `(tenant, gang name)`.
 type Key = (String, String);
+/// A reclaim's claim: `(node, tenant, claim)`, the claim being the request's workload
+/// (`namespace/pod/container`, the same across kubelet's retries) or else its container id.
+/// Each claim has its own reclaim, so the pods of one job reclaim together.
+type ClaimKey = (String, String, String);
+
+/// How long preemptions count towards a path's preemptions per hour.
+pub const PREEMPTION_WINDOW_MS: u64 = 3_600_000;
+/// Owner waits kept per tenant for the status's p50 and p99.
+pub const OWNER_WAITS_KEPT: usize = 256;
+
+/// The claim of a request ([`ClaimKey`]'s third part).
+fn claim_of(req: &AdmitRequest) -> String {
+    req.workload.clone().unwrap_or_else(|| req.container_id.clone())
+}
 
 /// One container the books count.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,6 +139,10 @@ struct Entry {
     class: Class,
     started_ms: u64,
     gang: Option<String>,
+    /// It writes a checkpoint on SIGTERM.
+    checkpoint: bool,
+    /// Its workload (`namespace/pod/container`), what a requeue backoff is kept for.
+    workload: Option<String>,
 }
 
 impl Entry {
@@ -131,6 +153,8 @@ impl Entry {
             class: h.class.into(),
             started_ms: h.started_ms,
             gang: h.gang.clone(),
+            checkpoint: h.checkpoint,
+            workload: h.workload.clone(),
         }
     }
 }
@@ -170,6 +194,53 @@ impl NodeBook {
     }
 }
 
+/// What a recorded grant carries besides its amounts: its gang, whether it checkpoints,
+/// its workload.
+#[derive(Debug, Clone, Default)]
+struct Meta {
+    gang: Option<String>,
+    checkpoint: bool,
+    workload: Option<String>,
+}
+
+impl Meta {
+    fn of(req: &AdmitRequest, gang: Option<String>) -> Meta {
+        Meta { gang, checkpoint: req.checkpoint, workload: req.workload.clone() }
+    }
+}
+
+/// A request that may reclaim: who asks what, where.
+#[derive(Debug, Clone, Copy)]
+struct Claim<'a> {
+    node: &'a str,
+    tenant: &'a str,
+    r: &'a Resources,
+    /// What to free.
+    short: &'a Resources,
+    /// Victims only on this node (`None`: anywhere).
+    on: Option<&'a str>,
+    /// Victims only charged inside this path (its ceiling is full).
+    under: Option<&'a str>,
+    ask: Ask,
+    req: &'a AdmitRequest,
+}
+
+/// What [`Books::start_reclaim`] did.
+#[derive(Debug)]
+enum Reclaimed {
+    /// Victims are being stopped: the answer.
+    Started(AdmitAnswer),
+    /// Nothing was stopped: why, where there is more to say than "no capacity".
+    Not(Option<String>),
+}
+
+/// A request's first ask: when, and whether it was owed then.
+#[derive(Debug, Clone, Copy)]
+struct Ask {
+    owed: bool,
+    asked_ms: u64,
+}
+
 /// An admission not yet seen in its node's sync.
 #[derive(Debug, Clone)]
 struct Pending {
@@ -203,6 +274,8 @@ struct WaitEntry {
     resources: Resources,
     arrived_ms: u64,
     last_seen_ms: u64,
+    /// Why it waits (its last answer), for the status.
+    why: String,
 }
 
 #[derive(Debug, Clone)]
@@ -212,6 +285,8 @@ struct GangMember {
     resources: Resources,
     /// Its node's lease may absorb it ([`AdmitRequest::unsynced_lease_grants`] not set).
     absorb: bool,
+    checkpoint: bool,
+    workload: Option<String>,
 }
 
 /// A gang assembling: its whole amount is reserved from the first arrival.
@@ -273,6 +348,27 @@ pub struct Counters {
     pub preemptions: BTreeMap<String, u64>,
 }
 
+/// What preemption cost one tenant, and how long its owed requests waited.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Cost {
+    /// When its containers were chosen as victims, within [`PREEMPTION_WINDOW_MS`].
+    preempted_ms: VecDeque<u64>,
+    /// Work lost to preemption: each resource × the seconds the victims had run (for work
+    /// that checkpoints, its grace period), in the resource's unit × seconds.
+    lost: BTreeMap<Resource, u128>,
+    /// The last [`OWNER_WAITS_KEPT`] waits of owed requests, first ask to admission, ms.
+    owner_waits: VecDeque<u64>,
+}
+
+/// Work preempted and when it may borrow again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Requeue {
+    preemptions: u32,
+    last_ms: u64,
+    /// When the requeue backoff ends.
+    until_ms: u64,
+}
+
 /// The books are not ready: some node known to the coordinator has not synced since the
 /// books started.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -295,8 +391,15 @@ pub struct Books {
     started_ms: u64,
     nodes: BTreeMap<String, NodeBook>,
     pending: BTreeMap<Key, Pending>,
-    reclaims: BTreeMap<Key, Reclaim>,
+    reclaims: BTreeMap<ClaimKey, Reclaim>,
     waiting: BTreeMap<Key, WaitEntry>,
+    /// Preemption's cost and owner waits, by tenant.
+    costs: BTreeMap<String, Cost>,
+    /// Preempted work by `(tenant, workload or container)`: its requeue backoff.
+    requeues: BTreeMap<Key, Requeue>,
+    /// Claims answered something other than admitted, `(node, tenant, claim)` → when they
+    /// first asked and whether they were owed then (for the owner waits).
+    first_asks: BTreeMap<ClaimKey, (u64, bool)>,
     gangs: BTreeMap<Key, Gang>,
     outcomes: BTreeMap<Key, Outcome>,
     events: VecDeque<QuotaEvent>,
@@ -321,8 +424,14 @@ pub struct Books {
     /// Nothing in the waiting queue, the holds, the kept answers or the recalls expires
     /// before this (so `tick` does not walk them on every call).
     next_expiry_ms: u64,
+    /// When [`Books::sweep_asks`] is next due.
+    slow_sweep_ms: u64,
     /// What changed since [`Books::take_changes`] (`books_state.rs`).
     changes: state::Changes,
+    /// Grants resized ([`Books::resize`]) within [`PENDING_GRACE_MS`], with when: a sync
+    /// whose snapshot predates the resize lists the old amounts, so until the node lists
+    /// the new ones its holding counts the larger of both.
+    resized: BTreeMap<Key, (Entry, u64)>,
 }
 
 fn max_each(a: &Resources, b: &Resources) -> Resources {
@@ -359,6 +468,15 @@ fn unit(resource: &Resource) -> &'static str {
         Resource::Cpu => "millicore",
         Resource::Memory => "MiB",
     }
+}
+
+/// The `p`th percentile of sorted `v`, nearest rank.
+fn nearest_rank(v: &[u64], p: usize) -> Option<u64> {
+    if v.is_empty() {
+        return None;
+    }
+    let rank = (p * v.len()).div_ceil(100).max(1);
+    v.get(rank - 1).copied()
 }
 
 fn plural(n: usize, one: &str, many: &str) -> String {
@@ -470,6 +588,9 @@ impl Books {
             pending: BTreeMap::new(),
             reclaims: BTreeMap::new(),
             waiting: BTreeMap::new(),
+            costs: BTreeMap::new(),
+            requeues: BTreeMap::new(),
+            first_asks: BTreeMap::new(),
             gangs: BTreeMap::new(),
             outcomes: BTreeMap::new(),
             events: VecDeque::new(),
@@ -484,7 +605,9 @@ impl Books {
             stopping_idx: BTreeSet::new(),
             silence: BTreeSet::new(),
             next_expiry_ms: u64::MAX,
+            slow_sweep_ms: 0,
             changes: state::Changes::default(),
+            resized: BTreeMap::new(),
         }
     }
 
@@ -588,6 +711,9 @@ impl Books {
         if now >= self.next_expiry_ms {
             self.sweep(now);
         }
+        if now >= self.slow_sweep_ms {
+            self.sweep_asks(now);
+        }
         let limit = self.lease_ttl_s.saturating_mul(1000).saturating_add(self.lease_margin_ms());
         while let Some((last, node)) = self.silence.first().cloned() {
             let silent = now.saturating_sub(last);
@@ -644,7 +770,7 @@ impl Books {
     /// the next of them expires.
     fn sweep(&mut self, now: u64) {
         self.waiting.retain(|_, w| now <= w.last_seen_ms.saturating_add(WAITING_TTL_MS));
-        let gone: Vec<Key> = self
+        let gone: Vec<ClaimKey> = self
             .reclaims
             .iter()
             .filter(|(_, r)| now > r.hold_until())
@@ -654,6 +780,7 @@ impl Books {
             self.remove_reclaim(&k);
         }
         self.outcomes.retain(|_, o| now <= o.expires_ms);
+        self.resized.retain(|_, (_, at)| now.saturating_sub(*at) <= PENDING_GRACE_MS);
         let recalls = self.recalled.len();
         self.recalled.retain(|_, until| now <= *until);
         if recalls != self.recalled.len() {
@@ -666,8 +793,29 @@ impl Books {
             .chain(self.reclaims.values().map(Reclaim::hold_until))
             .chain(self.outcomes.values().map(|o| o.expires_ms))
             .chain(self.recalled.values().copied())
+            .chain(self.resized.values().map(|(_, at)| at.saturating_add(PENDING_GRACE_MS)))
             .min();
         self.next_expiry_ms = next.map_or(u64::MAX, |t| t.saturating_add(1));
+    }
+
+    /// Issue 27's per-tenant memory (requeue counts, first asks, preemption times) expires
+    /// here, at most once a second (its maps are walked; `tick` runs on every call).
+    fn sweep_asks(&mut self, now: u64) {
+        self.slow_sweep_ms = now.saturating_add(SLOW_SWEEP_MS);
+        // A requeue's count is forgotten once the work has stayed unpreempted for as long
+        // as the longest backoff; first asks go with the waiting entries' lifetime.
+        let keep = crate::spec::MAX_REQUEUE_BACKOFF_S.saturating_mul(2000);
+        self.requeues.retain(|_, q| now <= q.last_ms.saturating_add(keep).max(q.until_ms));
+        self.first_asks.retain(|_, (t, _)| now <= t.saturating_add(WAITING_TTL_MS * 30));
+        for c in self.costs.values_mut() {
+            while c
+                .preempted_ms
+                .front()
+                .is_some_and(|t| now > t.saturating_add(PREEMPTION_WINDOW_MS))
+            {
+                c.preempted_ms.pop_front();
+            }
+        }
     }
 
     /// Something new expires at `at`: the next sweep is due then at the latest.
@@ -752,7 +900,21 @@ impl Books {
         r: &Resources,
         absorb: bool,
     ) -> Decision {
-        let cap = self.capacity();
+        self.decide_with(tree, node, tenant, r, absorb, &Resources::new())
+    }
+
+    /// [`Books::decide`] with `extra` capacity: what a claim's reclaim holds for it while
+    /// its victims, gone from the node that asks, are still listed.
+    fn decide_with(
+        &self,
+        tree: &QuotaTree,
+        node: &str,
+        tenant: &str,
+        r: &Resources,
+        absorb: bool,
+        extra: &Resources,
+    ) -> Decision {
+        let cap = self.capacity().plus(extra);
         let (own_out, ph) = self.booked(tree, absorb.then_some(node));
         let first = decide_quota(tree, &cap.plus(&ph), &own_out, tenant, r);
         match first {
@@ -788,7 +950,7 @@ impl Books {
         r: &Resources,
         class: Class,
         over: Option<String>,
-        gang: Option<String>,
+        meta: Meta,
         now: u64,
     ) {
         let key = (node.to_string(), container.to_string());
@@ -800,7 +962,9 @@ impl Books {
                     resources: r.clone(),
                     class,
                     started_ms: now,
-                    gang,
+                    gang: meta.gang,
+                    checkpoint: meta.checkpoint,
+                    workload: meta.workload,
                 },
                 over,
             },
@@ -840,10 +1004,11 @@ impl Books {
         }
         if tree.iter().next().is_none() {
             // No quotas: count it (status stays useful) and never refuse.
-            self.record(node, &req.container_id, tenant, &r, Class::Guaranteed, None, None, now);
+            let meta = Meta::of(req, None);
+            self.record(node, &req.container_id, tenant, &r, Class::Guaranteed, None, meta, now);
             return AdmitAnswer::Admitted { class: QuotaClass::Guaranteed, over: None };
         }
-        let hold = (node.to_string(), tenant.to_string());
+        let hold = (node.to_string(), tenant.to_string(), claim_of(req));
         if let Some(rc) = self.reclaims.get(&hold) {
             if req.short_on_node {
                 // Still short: the victims are stopping, or gone and their devices not
@@ -864,37 +1029,113 @@ impl Books {
                 };
             }
         }
-        if req.short_on_node {
-            return self.admit_short(tree, node, req, &r, now);
-        }
-        // The victims are gone: the capacity held is this tenant's now, if it is admitted.
-        let held = match self.reclaims.get(&hold) {
-            Some(rc) if rc.freed_ms.is_some() => self.remove_reclaim(&hold),
-            _ => None,
+        // Owed when it first asked: its wait counts as an owner's, and it may reclaim at once.
+        let (asked_ms, owed_then) = match self.first_asks.get(&hold) {
+            Some(&first) => first,
+            None => (now, self.is_owed(tree, node, req, &r, now)),
         };
-        let answer = self.admit_placed(tree, node, req, &r, held.is_some(), now);
-        if let Some(h) = held {
-            if !matches!(answer, AdmitAnswer::Admitted { .. }) && !self.reclaims.contains_key(&hold)
-            {
-                self.insert_reclaim(hold, h, false);
+        let ask = Ask { owed: owed_then, asked_ms };
+        let answer = if req.short_on_node {
+            self.admit_short(tree, node, req, &r, ask, now)
+        } else {
+            // The victims are gone: the capacity held is this claim's now (or, if it has
+            // none, one held for another claim of its tenant on this node that holds as
+            // much), if it is admitted.
+            let freed = |k: &ClaimKey, rc: &Reclaim| {
+                k.0 == hold.0 && k.1 == hold.1 && rc.freed_ms.is_some() && r.fits_in(&rc.resources)
+            };
+            // The claim's own hold even while its victims are still listed (issue 27): the
+            // node places it, so what they held there is free; the hold's resources are
+            // then added to the capacity it is decided on (they are still counted as the
+            // victims' usage until the node's next sync drops them).
+            let key = match self.reclaims.get(&hold) {
+                Some(_) => Some(hold.clone()),
+                None => totals::claims_on(&self.reclaims, node)
+                    .find(|(k, rc)| freed(k, rc))
+                    .map(|(k, _)| k.clone()),
+            };
+            // Through the running totals and the durable state (issue 28).
+            let held = key.and_then(|k| self.remove_reclaim(&k).map(|h| (k, h)));
+            let extra = match &held {
+                Some((_, h)) if h.freed_ms.is_none() => h.resources.clone(),
+                _ => Resources::new(),
+            };
+            let answer =
+                self.admit_placed(tree, node, req, &r, held.as_ref().map(|_| &extra), ask, now);
+            if let Some((k, h)) = held {
+                if !matches!(answer, AdmitAnswer::Admitted { .. })
+                    && !self.reclaims.contains_key(&k)
+                {
+                    self.insert_reclaim(k, h, false);
+                }
             }
-        }
+            answer
+        };
+        self.note_ask(&hold, tenant, &answer, ask, now);
         answer
+    }
+
+    /// Whether `req` from `node` is owed now ([`crate::owed`]): its tenant's requests
+    /// waiting before it on any node count as its guaranteed usage.
+    fn is_owed(
+        &self,
+        tree: &QuotaTree,
+        node: &str,
+        req: &AdmitRequest,
+        r: &Resources,
+        now: u64,
+    ) -> bool {
+        let me = (node.to_string(), req.container_id.clone());
+        let since = self.waiting.get(&me).map_or(now, |w| w.arrived_ms);
+        let ahead = self
+            .waiting
+            .iter()
+            .filter(|(k, w)| **k != me && w.tenant == req.tenant && w.arrived_ms < since)
+            .fold(Resources::new(), |acc, (_, w)| acc.plus(&w.resources));
+        owed(tree, &self.real_usage(), &req.tenant, r, &ahead)
+    }
+
+    /// Keeps the owner waits: an owed claim admitted adds its wait (first ask to now); a
+    /// claim not admitted is remembered from its first ask.
+    fn note_ask(
+        &mut self,
+        claim: &ClaimKey,
+        tenant: &str,
+        answer: &AdmitAnswer,
+        ask: Ask,
+        now: u64,
+    ) {
+        if matches!(answer, AdmitAnswer::Admitted { .. }) {
+            self.first_asks.remove(claim);
+            if ask.owed {
+                let waits = &mut self.costs.entry(tenant.to_string()).or_default().owner_waits;
+                if waits.len() >= OWNER_WAITS_KEPT {
+                    waits.pop_front();
+                }
+                waits.push_back(now.saturating_sub(ask.asked_ms));
+            }
+        } else {
+            self.first_asks.entry(claim.clone()).or_insert((ask.asked_ms, ask.owed));
+        }
     }
 
     /// A request the node can place: decided, checked against the fair queue (unless the
     /// capacity was held for it by a reclaim) and recorded.
+    #[allow(clippy::too_many_arguments)] // the admission's context, passed on as it is
     fn admit_placed(
         &mut self,
         tree: &QuotaTree,
         node: &str,
         req: &AdmitRequest,
         r: &Resources,
-        held_for_it: bool,
+        held: Option<&Resources>,
+        ask: Ask,
         now: u64,
     ) -> AdmitAnswer {
         let tenant = req.tenant.as_str();
-        let decision = self.decide(tree, node, tenant, r, !req.unsynced_lease_grants);
+        let held_for_it = held.is_some();
+        let extra = held.cloned().unwrap_or_default();
+        let decision = self.decide_with(tree, node, tenant, r, !req.unsynced_lease_grants, &extra);
         if matches!(decision, Decision::Admit { class: Class::Borrowed, .. } | Decision::Refuse(_))
         {
             // Within its guarantees but for other nodes' unused leases: recall them.
@@ -918,7 +1159,21 @@ impl Books {
                     }
                 }
                 let over = over.map(|(p, res)| rule(&p, &res, "guarantee"));
-                self.record(node, &req.container_id, tenant, r, class, over.clone(), None, now);
+                if class == Class::Borrowed {
+                    if let Some(refusal) = self.in_backoff(tree, req, now) {
+                        self.event(
+                            now,
+                            QuotaEventKind::Refuse,
+                            Some(tenant),
+                            Some(node),
+                            Some(&req.container_id),
+                            refusal.clone(),
+                        );
+                        return AdmitAnswer::Refused { message: refusal, rule: None };
+                    }
+                }
+                let meta = Meta::of(req, None);
+                self.record(node, &req.container_id, tenant, r, class, over.clone(), meta, now);
                 if class == Class::Borrowed {
                     self.event(
                         now,
@@ -937,20 +1192,42 @@ impl Books {
                 AdmitAnswer::Admitted { class: class.into(), over }
             }
             Decision::Refuse(c) => self.refuse_ceiling(node, &req.container_id, c, now),
-            Decision::Reclaim { short } => {
+            Decision::Reclaim { short, under } => {
                 // Borrowed reservations of gangs still assembling run nothing: they give
                 // way first, and the request is decided again without them.
                 if self.yield_gangs(tenant, &short, now) {
-                    return self.admit_placed(tree, node, req, r, held_for_it, now);
+                    return self.admit_placed(tree, node, req, r, held, ask, now);
                 }
-                // The node can place it; the fleet's books are short: reclaim anywhere.
-                match self.start_reclaim(tree, node, tenant, r, &short, None, now) {
-                    Some(a) => a,
-                    None => self.queue(tree, node, req, r, None, now),
+                // The node can place it; the fleet's books (or a ceiling on its chain,
+                // `under`) are short: reclaim anywhere (under that path).
+                let under = under.as_deref();
+                let claim = Claim { node, tenant, r, short: &short, on: None, under, ask, req };
+                match self.start_reclaim(tree, &claim, now) {
+                    Reclaimed::Started(a) => a,
+                    Reclaimed::Not(why) => self.queue(tree, node, req, r, None, why, now),
                 }
             }
-            Decision::Wait { short, .. } => self.queue(tree, node, req, r, Some(&short), now),
+            Decision::Wait { short, .. } => self.queue(tree, node, req, r, Some(&short), None, now),
         }
+    }
+
+    /// A refusal if `req`'s work was preempted and its requeue backoff has not ended: it
+    /// may not borrow again before then.
+    fn in_backoff(&self, tree: &QuotaTree, req: &AdmitRequest, now: u64) -> Option<String> {
+        let q = self.requeues.get(&(req.tenant.clone(), claim_of(req)))?;
+        if now >= q.until_ms {
+            return None;
+        }
+        let left_s = (q.until_ms - now).div_ceil(1000);
+        let path = tree.chain(&req.tenant).next().map_or("(none)", |q| q.path.as_str());
+        Some(format!(
+            "{} was preempted {} (last at {}); it may borrow again after its requeue backoff \
+             (quotas.{path}.requeue_backoff_s, doubled with each preemption): retry after \
+             {left_s} s",
+            untrusted(&claim_of(req)).max_chars(128),
+            plural(q.preemptions as usize, "time", "times"),
+            tessera_api::time::format_utc(q.last_ms)
+        ))
     }
 
     /// A request the node could not place: reclaim borrowed work on that node if the
@@ -961,6 +1238,7 @@ impl Books {
         node: &str,
         req: &AdmitRequest,
         r: &Resources,
+        ask: Ask,
         now: u64,
     ) -> AdmitAnswer {
         let tenant = req.tenant.as_str();
@@ -975,9 +1253,27 @@ impl Books {
             Decision::Refuse(c) => return self.refuse_ceiling(node, &req.container_id, c, now),
             Decision::Admit { class: Class::Guaranteed, .. } => {
                 let short = self.node_short(node, r);
-                if let Some(a) = self.start_reclaim(tree, node, tenant, r, &short, Some(node), now)
-                {
-                    return a;
+                let on = Some(node);
+                let claim = Claim { node, tenant, r, short: &short, on, under: None, ask, req };
+                match self.start_reclaim(tree, &claim, now) {
+                    Reclaimed::Started(a) => return a,
+                    Reclaimed::Not(why) => return self.queue(tree, node, req, r, None, why, now),
+                }
+            }
+            Decision::Reclaim { short, under: Some(under) } => {
+                // A ceiling on its chain is full of others' borrowed work, and the node is
+                // short too: reclaim here, inside that path, what both need.
+                let mut need = self.node_short(node, r);
+                for (res, a) in short.iter() {
+                    let more = a.saturating_sub(need.get(res));
+                    need.add(&Resources::new().with(res.clone(), more));
+                }
+                let on = Some(node);
+                let under = Some(under.as_str());
+                let claim = Claim { node, tenant, r, short: &need, on, under, ask, req };
+                match self.start_reclaim(tree, &claim, now) {
+                    Reclaimed::Started(a) => return a,
+                    Reclaimed::Not(why) => return self.queue(tree, node, req, r, None, why, now),
                 }
             }
             _ => {
@@ -986,7 +1282,7 @@ impl Books {
                 }
             }
         }
-        self.queue(tree, node, req, r, None, now)
+        self.queue(tree, node, req, r, None, None, now)
     }
 
     /// Whether unused leases alone stand between `tenant`'s request `r` from `node` and a
@@ -1041,10 +1337,24 @@ impl Books {
         if !self.lease_bound(tree, node, tenant, r, !req.unsynced_lease_grants) {
             return None;
         }
-        let paths: Vec<String> = tree
+        // The guaranteed paths on its chain, and those under a ceiling on its chain (their
+        // unused leases count against that ceiling: a child's lease keeps its parent's
+        // ceiling from lending what the child does not use).
+        let guarantees = |q: &crate::Quota| {
+            r.iter().any(|(res, _)| q.limits.get(res).is_some_and(|l| l.guarantee.is_some()))
+        };
+        let ceilings: Vec<&str> = tree
             .chain(tenant)
             .filter(|q| {
-                r.iter().any(|(res, _)| q.limits.get(res).is_some_and(|l| l.guarantee.is_some()))
+                r.iter().any(|(res, _)| q.limits.get(res).is_some_and(|l| l.ceiling.is_some()))
+            })
+            .map(|q| q.path.as_str())
+            .collect();
+        let paths: Vec<String> = tree
+            .iter()
+            .filter(|q| guarantees(q))
+            .filter(|q| {
+                is_within(tenant, &q.path) || ceilings.iter().any(|c| is_within(&q.path, c))
             })
             .map(|q| q.path.clone())
             .collect();
@@ -1160,26 +1470,28 @@ impl Books {
         AdmitAnswer::Refused { message, rule: Some(rule(&c.path, &c.resource, "ceiling")) }
     }
 
-    /// Victims for `claimant` among borrowed holdings on `on` (every node: `None`) of
-    /// tenants outside its subtree; a victim in a gang brings every member of the gang on
-    /// every node. Starts the reclaim and answers it, or `None` if nothing can be taken.
-    #[allow(clippy::too_many_arguments)]
-    fn start_reclaim(
-        &mut self,
-        tree: &QuotaTree,
-        node: &str,
-        claimant: &str,
-        r: &Resources,
-        short: &Resources,
-        on: Option<&str>,
-        now: u64,
-    ) -> Option<AdmitAnswer> {
+    /// Victims for the claim among borrowed holdings on `claim.on` (every node: `None`) of
+    /// tenants outside its subtree, not already being stopped by another reclaim, chosen by
+    /// the work they would lose ([`choose_victims`]); a victim in a gang brings every member
+    /// of the gang on every node. A claim that is not owed goes ahead only if the victims
+    /// lose no more than its waiting has cost ([`worth_reclaiming`]). Starts the reclaim
+    /// and answers it, or says why not.
+    fn start_reclaim(&mut self, tree: &QuotaTree, claim: &Claim<'_>, now: u64) -> Reclaimed {
+        let Claim { node, tenant: claimant, r, short, on, under, ask, req } = *claim;
         if short.is_empty() {
-            return None;
+            return Reclaimed::Not(None);
         }
-        if let Some(a) = self.await_stopping(tree, node, claimant, r, short, on, now) {
-            return Some(a);
+        let claim = claim_of(req);
+        if let Some(a) = self.await_stopping(tree, node, claimant, &claim, r, short, on, now) {
+            return Reclaimed::Started(a);
         }
+        let stopping: BTreeSet<(&str, &str)> = self
+            .reclaims
+            .values()
+            .filter(|rc| rc.freed_ms.is_none())
+            .flat_map(|rc| rc.victims.iter())
+            .map(|v| (v.node.as_str(), v.container_id.as_str()))
+            .collect();
         // The candidates: on one node, its holdings; fleet-wide, the borrowed holdings and
         // every member of their gangs (the indexes; only borrowed work is ever taken, and a
         // gang with a borrowed member is taken whole). Containers their node is stopping
@@ -1210,40 +1522,76 @@ impl Books {
             if nb.stopping.contains(&c) {
                 continue;
             }
+            if stopping.contains(&(n.as_str(), c.as_str()))
+                || under.is_some_and(|p| !is_within(&e.tenant, p))
+            {
+                continue;
+            }
             running.push(Running {
                 id: format!("{:010}", refs.len()),
                 tenant: e.tenant.clone(),
                 resources: e.resources.clone(),
                 class: e.class,
-                started: e.started_ms,
-                gang: e.gang.as_ref().map(|g| format!("{}:{g}", e.tenant)),
+                started_ms: e.started_ms,
+                gang: e.gang.as_ref().map(|g| format!("{}/{g}", e.tenant)),
+                checkpoints: e.checkpoint,
             });
             refs.push((n, c));
         }
-        let chosen = choose_victims(&running, &self.capacity(), claimant, short)?;
-        if chosen.is_empty() {
-            return None;
-        }
-        let mut picked: BTreeSet<(String, String)> = BTreeSet::new();
-        let mut gangs: BTreeSet<(String, String)> = BTreeSet::new();
-        for id in &chosen {
-            let Some(k) = id.parse::<usize>().ok().and_then(|i| refs.get(i)) else { continue };
-            if let Some(e) = self.nodes.get(&k.0).and_then(|nb| nb.holdings.get(&k.1)) {
-                if let Some(g) = &e.gang {
-                    gangs.insert((e.tenant.clone(), g.clone()));
-                }
+        let capacity = self.capacity();
+        let chosen = match choose_victims(&running, tree, &capacity, claimant, short, now) {
+            Ok(v) => v,
+            Err(NoVictims::Short) => return Reclaimed::Not(None),
+            Err(NoVictims::Protected { until_ms }) => {
+                let left_s = until_ms.saturating_sub(now).div_ceil(1000).max(1);
+                return Reclaimed::Not(Some(format!(
+                    "the borrowed work it would reclaim is within its minimum run time \
+                     (min_runtime_s) for {left_s} s more; retry after {left_s} s"
+                )));
             }
-            picked.insert(k.clone());
+        };
+        let waited_s = now.saturating_sub(ask.asked_ms) / 1000;
+        if !worth_reclaiming(ask.owed, chosen.cost, waited_s, dominant_share(r, &capacity)) {
+            return Reclaimed::Not(Some(format!(
+                "not owed now (its tenant's requests waiting before it fill its guarantee), \
+                 so it reclaims only when the borrowed work would lose no more than it has \
+                 waited ({waited_s} s so far); it waits for capacity to free"
+            )));
         }
-        for g in &gangs {
-            picked.extend(self.gang_idx.get(g).into_iter().flatten().cloned());
+        let mut picked: BTreeMap<(String, String), String> = BTreeMap::new();
+        let mut gangs: BTreeMap<(String, String), String> = BTreeMap::new();
+        for c in &chosen.chosen {
+            for id in &c.candidate.ids {
+                let Some(k) = id.parse::<usize>().ok().and_then(|i| refs.get(i)) else { continue };
+                if let Some(e) = self.nodes.get(&k.0).and_then(|nb| nb.holdings.get(&k.1)) {
+                    if let Some(g) = &e.gang {
+                        gangs.insert((e.tenant.clone(), g.clone()), c.why.clone());
+                    }
+                }
+                picked.insert(k.clone(), c.why.clone());
+            }
+        }
+        for (g, why) in &gangs {
+            for k in self.gang_idx.get(g).into_iter().flatten() {
+                picked.entry(k.clone()).or_insert_with(|| why.clone());
+            }
         }
         let mut victims = Vec::new();
         let mut tenants: BTreeSet<String> = BTreeSet::new();
-        for (n, c) in &picked {
+        let mut preempted: Vec<(String, Option<String>, String, Resources, u64, bool)> = Vec::new();
+        for ((n, c), why) in &picked {
             let Some(e) = self.nodes.get(n).and_then(|nb| nb.holdings.get(c)) else { continue };
             let grace_s = tree.grace_period_s(&e.tenant);
             tenants.insert(e.tenant.clone());
+            let ran_s = now.saturating_sub(e.started_ms) / 1000;
+            preempted.push((
+                e.tenant.clone(),
+                e.workload.clone(),
+                c.clone(),
+                e.resources.clone(),
+                if e.checkpoint { ran_s.min(grace_s) } else { ran_s },
+                e.checkpoint,
+            ));
             victims.push(Victim {
                 node: n.clone(),
                 container_id: c.clone(),
@@ -1251,15 +1599,55 @@ impl Books {
                 grace_s,
                 reason: format!(
                     "reclaimed for {claimant}, which asks {r} within its guarantee on node \
-                     {node}: {} runs {} on borrowed capacity{}",
+                     {node} ({}): {} runs {} on borrowed capacity; {why}",
+                    if ask.owed { "owed: at once" } else { "after waiting as long as it loses" },
                     e.tenant,
                     e.resources,
-                    e.gang
-                        .as_ref()
-                        .map(|g| format!(" (gang {}, stopped whole)", untrusted(g)))
-                        .unwrap_or_default()
                 ),
+                requeue: String::new(),
             });
+        }
+        // What preemption costs each victim's tenant, and when each victim may borrow again.
+        for (v, (tenant, workload, container, resources, lost_s, checkpoint)) in
+            victims.iter_mut().zip(preempted)
+        {
+            let cost = self.costs.entry(tenant.clone()).or_default();
+            cost.preempted_ms.push_back(now);
+            for (res, amount) in resources.iter() {
+                let slot = cost.lost.entry(res.clone()).or_default();
+                *slot = slot.saturating_add(u128::from(amount) * u128::from(lost_s));
+            }
+            let key = (tenant.clone(), workload.unwrap_or(container));
+            let q = self.requeues.entry(key).or_insert(Requeue {
+                preemptions: 0,
+                last_ms: now,
+                until_ms: now,
+            });
+            q.preemptions = q.preemptions.saturating_add(1);
+            q.last_ms = now;
+            let backoff_s = tree.requeue_backoff_s(&tenant, q.preemptions);
+            let stopped_ms = now.saturating_add(v.grace_s.saturating_mul(1000));
+            q.until_ms = stopped_ms.saturating_add(backoff_s.saturating_mul(1000));
+            let path = tree.chain(&tenant).next().map_or("(none)", |q| q.path.as_str());
+            let when = if backoff_s == 0 {
+                "it may ask again as soon as it is stopped (no requeue backoff)".to_string()
+            } else {
+                format!(
+                    "it may borrow again from {} ({backoff_s} s after it is stopped: \
+                     quotas.{path}.requeue_backoff_s, doubled for each of its {} preemptions)",
+                    tessera_api::time::format_utc(q.until_ms),
+                    q.preemptions
+                )
+            };
+            v.requeue = if checkpoint {
+                format!(
+                    "checkpointing: SIGTERM now, {} s to write its checkpoint, then it resumes \
+                     from it when it runs again; {when}",
+                    v.grace_s
+                )
+            } else {
+                format!("no checkpoint: it restarts from zero; {when}")
+            };
         }
         let grace = victims.iter().map(|v| v.grace_s).max().unwrap_or(0);
         let retry_after_s = grace.saturating_add(RETRY_SLACK_S);
@@ -1277,7 +1665,7 @@ impl Books {
             tenants.iter().cloned().collect::<Vec<_>>().join(", ")
         );
         self.insert_reclaim(
-            (node.to_string(), claimant.to_string()),
+            (node.to_string(), claimant.to_string(), claim_of(req)),
             Reclaim {
                 resources: r.clone(),
                 victims: victims.clone(),
@@ -1298,10 +1686,10 @@ impl Books {
                 Some(&v.tenant),
                 Some(&v.node),
                 Some(&v.container_id),
-                format!("{} (SIGTERM, SIGKILL after {} s)", v.reason, v.grace_s),
+                format!("{} (SIGTERM, SIGKILL after {} s); {}", v.reason, v.grace_s, v.requeue),
             );
         }
-        Some(AdmitAnswer::Reclaiming {
+        Reclaimed::Started(AdmitAnswer::Reclaiming {
             retry_after_s,
             victims,
             message: format!("{message}; retry after {retry_after_s} s"),
@@ -1318,6 +1706,7 @@ impl Books {
         tree: &QuotaTree,
         node: &str,
         claimant: &str,
+        claim: &str,
         r: &Resources,
         short: &Resources,
         on: Option<&str>,
@@ -1325,13 +1714,24 @@ impl Books {
     ) -> Option<AdmitAnswer> {
         let mut freeing = Resources::new();
         let mut victims = Vec::new();
+        // Containers stopping for a reclaim these books know (another claim's, issue 27)
+        // free nothing for this one: only those of reclaims the books lost count.
+        let known: BTreeSet<(&str, &str)> = self
+            .reclaims
+            .values()
+            .flat_map(|rc| rc.victims.iter())
+            .map(|v| (v.node.as_str(), v.container_id.as_str()))
+            .collect();
         for n in &self.stopping_idx {
             let Some(nb) = self.nodes.get(n).filter(|_| on.is_none_or(|o| o == n)) else {
                 continue;
             };
             for c in &nb.stopping {
                 let Some(e) = nb.holdings.get(c) else { continue };
-                if e.class != Class::Borrowed || is_within(&e.tenant, claimant) {
+                if e.class != Class::Borrowed
+                    || is_within(&e.tenant, claimant)
+                    || known.contains(&(n.as_str(), c.as_str()))
+                {
                     continue;
                 }
                 freeing.add(&e.resources);
@@ -1344,6 +1744,7 @@ impl Books {
                         "already stopping for a reclaim; {claimant}, which asks {r} within its \
                          guarantee on node {node}, waits for it"
                     ),
+                    requeue: String::new(),
                 });
             }
         }
@@ -1365,7 +1766,7 @@ impl Books {
                 .join(", ")
         );
         self.insert_reclaim(
-            (node.to_string(), claimant.to_string()),
+            (node.to_string(), claimant.to_string(), claim.to_string()),
             Reclaim {
                 resources: r.clone(),
                 victims: victims.clone(),
@@ -1433,6 +1834,7 @@ impl Books {
     }
 
     /// Refuses for capacity and keeps the request in the fair queue.
+    #[allow(clippy::too_many_arguments)] // the admission's context, as `admit_placed` has it
     fn queue(
         &mut self,
         tree: &QuotaTree,
@@ -1440,13 +1842,17 @@ impl Books {
         req: &AdmitRequest,
         r: &Resources,
         fleet_short: Option<&Resources>,
+        why: Option<String>,
         now: u64,
     ) -> AdmitAnswer {
         let key = (node.to_string(), req.container_id.clone());
-        let what = match fleet_short {
+        let mut what = match fleet_short {
             Some(s) => format!("no capacity in the fleet's books for {r} (short of {s})"),
             None => format!("no capacity on node {node} for {r}"),
         };
+        if let Some(why) = why {
+            what = format!("{what}; {why}");
+        }
         let places =
             totals::on_node(&self.waiting, node).filter(|(_, w)| w.tenant == req.tenant).count();
         if places >= MAX_WAITING_PER_TENANT && !self.waiting.contains_key(&key) {
@@ -1462,8 +1868,10 @@ impl Books {
             resources: r.clone(),
             arrived_ms: now,
             last_seen_ms: now,
+            why: String::new(),
         });
         entry.last_seen_ms = now;
+        entry.why.clone_from(&what);
         self.expires_at(now.saturating_add(WAITING_TTL_MS));
         let entry = &self.waiting[&(node.to_string(), req.container_id.clone())];
         let since = entry.arrived_ms;
@@ -1617,6 +2025,8 @@ impl Books {
             container: req.container_id.clone(),
             resources: r.clone(),
             absorb: !req.unsynced_lease_grants,
+            checkpoint: req.checkpoint,
+            workload: req.workload.clone(),
         };
         if let Some(gang) = self.gangs.get_mut(&gkey) {
             let refused =
@@ -1671,7 +2081,7 @@ impl Books {
                         rule: Some(rule(&c.path, &c.resource, "ceiling")),
                     });
                 }
-                Decision::Reclaim { short } | Decision::Wait { short, .. } => {
+                Decision::Reclaim { short, .. } | Decision::Wait { short, .. } => {
                     let message = format!(
                         "gang {name}: its {} members need {whole}, which the fleet cannot hold \
                          now (short of {short}); a gang is admitted whole or not at all",
@@ -1733,7 +2143,11 @@ impl Books {
                         &m.resources,
                         class,
                         over.clone(),
-                        Some(gname.clone()),
+                        Meta {
+                            gang: Some(gname.clone()),
+                            checkpoint: m.checkpoint,
+                            workload: m.workload.clone(),
+                        },
                         now,
                     );
                     admitted.push(((m.node.clone(), m.container.clone()), class, over));
@@ -1742,7 +2156,7 @@ impl Books {
                     failure = Some((m, c.to_string(), Some(rule(&c.path, &c.resource, "ceiling"))));
                     break;
                 }
-                Decision::Reclaim { short } | Decision::Wait { short, .. } => {
+                Decision::Reclaim { short, .. } | Decision::Wait { short, .. } => {
                     failure = Some((
                         m,
                         format!("no capacity for {} (short of {short})", m.resources),
@@ -1847,6 +2261,188 @@ impl Books {
         }
     }
 
+    /// The grant of `req.container_id` on `node` counts `req.amounts` from now on (its
+    /// container's CPU or memory limit changed: `runc update`, Kubernetes' in-place resize).
+    ///
+    /// A resize that raises any amount is decided as a new request of the new amounts with
+    /// the grant's old amounts given back first (the same two-pass decision as
+    /// [`Books::admit`], phantoms and ceilings included): admitted with the class that
+    /// decision gives (work that grows beyond its guarantee runs borrowed from now on), or
+    /// refused at a ceiling naming it, or refused when the fleet has no free capacity for
+    /// the raise (a resize never reclaims, never queues). A resize that raises nothing is
+    /// recorded at once, with the grant's class unchanged. A grant the books do not hold
+    /// yet (admitted under a lease, not synced) is counted from now on as an admission.
+    /// The caller checked [`Books::ready`] and validated `req`.
+    pub fn resize(
+        &mut self,
+        tree: &QuotaTree,
+        node: &str,
+        req: &ResizeRequest,
+        now: u64,
+    ) -> AdmitAnswer {
+        self.observe_tree(tree);
+        self.tick(now);
+        let key = (node.to_string(), req.container_id.clone());
+        let tenant = req.tenant.as_str();
+        let new = req.amounts.to_resources();
+        let (current, over_now) = match self.pending.get(&key) {
+            Some(p) => (Some(p.entry.clone()), p.over.clone()),
+            None => (
+                self.nodes.get(node).and_then(|nb| nb.holdings.get(&req.container_id)).cloned(),
+                None,
+            ),
+        };
+        if let Some(e) = &current {
+            if e.tenant != tenant {
+                return AdmitAnswer::Refused {
+                    message: format!(
+                        "container {} on node {node} is a grant of {}, not of {}; its resize is \
+                         refused",
+                        untrusted(&req.container_id).max_chars(128),
+                        e.tenant,
+                        untrusted(tenant).max_chars(128)
+                    ),
+                    rule: None,
+                };
+            }
+        }
+        let old = current.as_ref().map(|e| e.resources.clone()).unwrap_or_default();
+        let grows = new.iter().any(|(r, n)| n > old.get(r));
+        let (class, over) = if !grows || tree.iter().next().is_none() {
+            (current.as_ref().map_or(Class::Guaranteed, |e| e.class), over_now)
+        } else {
+            // Decided without the grant's own amounts: they are given back first.
+            let taken = self.take_entry(&key);
+            let decision = self.decide(tree, node, tenant, &new, !req.unsynced_lease_grants);
+            self.put_entry(&key, taken);
+            match decision {
+                Decision::Admit { class, over } => {
+                    (class, over.map(|(p, res)| rule(&p, &res, "guarantee")))
+                }
+                Decision::Refuse(c) => return self.refuse_ceiling(node, &req.container_id, c, now),
+                Decision::Reclaim { short, .. } | Decision::Wait { short, .. } => {
+                    let message = format!(
+                        "{} for {} (a resize of container {} from {old}) does not fit: the fleet \
+                         is short of {short} (a resize reclaims nothing and does not wait); \
+                         retry once capacity is free",
+                        new,
+                        untrusted(tenant).max_chars(128),
+                        untrusted(&req.container_id).max_chars(128),
+                    );
+                    self.event(
+                        now,
+                        QuotaEventKind::Refuse,
+                        Some(tenant),
+                        Some(node),
+                        Some(&req.container_id),
+                        message.clone(),
+                    );
+                    return AdmitAnswer::Refused { message, rule: None };
+                }
+            }
+        };
+        let entry = Entry {
+            tenant: tenant.to_string(),
+            resources: new.clone(),
+            class,
+            started_ms: current.as_ref().map_or(now, |e| e.started_ms),
+            gang: current.as_ref().and_then(|e| e.gang.clone()),
+            // A resize keeps what the grant said of itself (issue 27's fields).
+            checkpoint: current.as_ref().is_some_and(|e| e.checkpoint),
+            workload: current.as_ref().and_then(|e| e.workload.clone()),
+        };
+        let in_holdings =
+            self.nodes.get(node).is_some_and(|nb| nb.holdings.contains_key(&req.container_id));
+        // Through the running totals and the durable state (issue 28); stored before it is
+        // answered, as an admission is.
+        if in_holdings {
+            self.put_holding(node, &req.container_id, entry.clone());
+        } else {
+            self.insert_pending(key.clone(), Pending { entry: entry.clone(), over: over.clone() });
+        }
+        self.changes.mark_urgent();
+        self.expires_at(now.saturating_add(PENDING_GRACE_MS));
+        self.resized.insert(key, (entry, now));
+        if new != old {
+            let was = current.as_ref().map_or(Class::Guaranteed, |e| e.class);
+            let class_note = match (was, class) {
+                (Class::Guaranteed, Class::Borrowed) => format!(
+                    "; it runs borrowed from now on (beyond {}), priced at the burst price and \
+                     reclaimable",
+                    over.as_deref().unwrap_or("its chain's guarantees")
+                ),
+                (Class::Borrowed, Class::Guaranteed) => {
+                    "; it runs within its guarantees from now on".to_string()
+                }
+                _ => String::new(),
+            };
+            self.event(
+                now,
+                QuotaEventKind::Resize,
+                Some(tenant),
+                Some(node),
+                Some(&req.container_id),
+                format!("resized from {old} to {new}{class_note}"),
+            );
+        }
+        AdmitAnswer::Admitted { class: class.into(), over }
+    }
+
+    /// Takes the entry of `key` out of the books (pending or held), for a decision
+    /// without it; [`Books::put_entry`] puts it back.
+    fn take_entry(&mut self, key: &Key) -> Option<(Entry, Option<Option<String>>)> {
+        if let Some(p) = self.remove_pending(key) {
+            return Some((p.entry, Some(p.over)));
+        }
+        let e = self.nodes.get(&key.0)?.holdings.get(&key.1).cloned()?;
+        self.remove_holding(&key.0, &key.1);
+        Some((e, None))
+    }
+
+    fn put_entry(&mut self, key: &Key, taken: Option<(Entry, Option<Option<String>>)>) {
+        match taken {
+            None => {}
+            Some((entry, Some(over))) => {
+                self.insert_pending(key.clone(), Pending { entry, over });
+            }
+            Some((entry, None)) => self.put_holding(&key.0, &key.1, entry),
+        }
+    }
+
+    /// After a sync of `node` replaced its holdings: a grant resized within
+    /// [`PENDING_GRACE_MS`] counts the larger of what the node listed and what the resize
+    /// recorded, until the node lists the resized amounts (its snapshot may predate the
+    /// resize). A resized grant the node no longer lists, and has no pending admission, is
+    /// gone.
+    fn protect_resized(&mut self, node: &str, now: u64) -> bool {
+        let keys: Vec<Key> = totals::on_node(&self.resized, node).map(|(k, _)| k.clone()).collect();
+        let mut changed = false;
+        for key in keys {
+            let Some((entry, at)) = self.resized.get(&key).cloned() else { continue };
+            let listed = self.nodes.get(node).and_then(|nb| nb.holdings.get(&key.1)).cloned();
+            match listed {
+                _ if now.saturating_sub(at) > PENDING_GRACE_MS => {
+                    self.resized.remove(&key);
+                }
+                None => {
+                    if !self.pending.contains_key(&key) {
+                        self.resized.remove(&key);
+                    }
+                }
+                Some(l) if l.resources == entry.resources && l.class == entry.class => {
+                    self.resized.remove(&key);
+                }
+                Some(l) => {
+                    let kept =
+                        Entry { resources: max_each(&l.resources, &entry.resources), ..entry };
+                    self.put_holding(node, &key.1, Entry { started_ms: l.started_ms, ..kept });
+                    changed = true;
+                }
+            }
+        }
+        changed
+    }
+
     /// A grant ended (or was never made after an admission): it leaves the books at once.
     /// Whether the books held it.
     pub fn release(&mut self, node: &str, container: &str, now: u64) -> bool {
@@ -1854,6 +2450,7 @@ impl Books {
         let key = (node.to_string(), container.to_string());
         let mut found = self.remove_pending(&key).is_some();
         found |= self.remove_holding(node, container);
+        self.resized.remove(&key);
         // A gang's kept answer goes too: the id may come back as another container.
         found |= self.outcomes.remove(&key).is_some();
         found |= self.waiting.remove(&key).is_some();
@@ -1911,8 +2508,8 @@ impl Books {
         for k in keys {
             self.remove_pending(&k);
         }
-        let keys: Vec<Key> =
-            totals::on_node(&self.reclaims, node).map(|(k, _)| k.clone()).collect();
+        let keys: Vec<ClaimKey> =
+            totals::claims_on(&self.reclaims, node).map(|(k, _)| k.clone()).collect();
         for k in keys {
             self.remove_reclaim(&k);
         }
@@ -1924,6 +2521,10 @@ impl Books {
             totals::on_node(&self.outcomes, node).map(|(k, _)| k.clone()).collect();
         for k in keys {
             self.outcomes.remove(&k);
+        }
+        let keys: Vec<Key> = totals::on_node(&self.resized, node).map(|(k, _)| k.clone()).collect();
+        for k in keys {
+            self.resized.remove(&k);
         }
         for g in self.gangs.values_mut() {
             g.members.retain(|m| m.node != node);
@@ -2048,6 +2649,7 @@ impl Books {
         for k in gone {
             self.waiting.remove(&k);
         }
+        changed |= self.protect_resized(node, now);
         if changed {
             self.changes.node(node);
             self.refresh_node(node);
@@ -2234,6 +2836,25 @@ impl Books {
                     .filter(|w| is_within(&w.tenant, &q.path))
                     .map(|w| w.resources.get(res))
                     .fold(0, u64::saturating_add);
+                let costs: Vec<&Cost> = self
+                    .costs
+                    .iter()
+                    .filter(|(t, _)| is_within(t, &q.path))
+                    .map(|(_, c)| c)
+                    .collect();
+                let lost = costs
+                    .iter()
+                    .map(|c| c.lost.get(res).copied().unwrap_or(0))
+                    .fold(0u128, u128::saturating_add);
+                let mut waits: Vec<u64> =
+                    costs.iter().flat_map(|c| c.owner_waits.iter().copied()).collect();
+                waits.sort_unstable();
+                let mut why: Vec<String> = Vec::new();
+                for w in self.waiting.values().filter(|w| is_within(&w.tenant, &q.path)) {
+                    if why.len() < 3 && !w.why.is_empty() && !why.contains(&w.why) {
+                        why.push(w.why.clone());
+                    }
+                }
                 paths.push(PathStatus {
                     path: q.path.clone(),
                     resource: res.spec_path(),
@@ -2246,6 +2867,11 @@ impl Books {
                     leased,
                     waiting,
                     dominant_share: share,
+                    lost: u64::try_from(lost).unwrap_or(u64::MAX),
+                    preemptions_last_hour: costs.iter().map(|c| c.preempted_ms.len() as u64).sum(),
+                    owner_wait_p50_ms: nearest_rank(&waits, 50),
+                    owner_wait_p99_ms: nearest_rank(&waits, 99),
+                    waiting_why: why,
                 });
             }
         }

@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Books, Entry, Key, NodeBook, Pending, Reclaim};
+use super::{Books, ClaimKey, Entry, Key, NodeBook, Pending, Reclaim};
 use crate::amount::Resources;
 use crate::spec::QuotaTree;
 use crate::wire::{Amounts, Holding, Lease, QuotaClass, Victim};
@@ -64,6 +64,12 @@ pub struct PendingState {
     pub over: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang: Option<String>,
+    /// It writes a checkpoint on SIGTERM (issue 27).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub checkpoint: bool,
+    /// Its workload (issue 27).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<String>,
 }
 
 /// A reclaim in progress: capacity held on `node` for `tenant`, its victims.
@@ -72,6 +78,9 @@ pub struct PendingState {
 pub struct ReclaimState {
     pub node: String,
     pub tenant: String,
+    /// Which claim of the tenant on the node (issue 27: its workload, else its container).
+    #[serde(default)]
+    pub claim: String,
     pub amounts: Amounts,
     pub victims: Vec<Victim>,
     pub started_ms: u64,
@@ -119,6 +128,7 @@ pub enum StateOp {
     DelReclaim {
         node: String,
         tenant: String,
+        claim: String,
     },
 }
 
@@ -138,7 +148,7 @@ pub(super) struct Changes {
     pub(super) nodes: BTreeSet<String>,
     pub(super) holdings: BTreeSet<Key>,
     pub(super) pending: BTreeSet<Key>,
-    pub(super) reclaims: BTreeSet<Key>,
+    pub(super) reclaims: BTreeSet<ClaimKey>,
     pub(super) urgent: bool,
 }
 
@@ -159,7 +169,13 @@ impl Changes {
             self.urgent |= urgent;
         }
     }
-    pub(super) fn reclaim(&mut self, key: &Key, urgent: bool) {
+    /// The call that made the changes answers only once they are stored (a resize).
+    pub(super) fn mark_urgent(&mut self) {
+        if self.on {
+            self.urgent = true;
+        }
+    }
+    pub(super) fn reclaim(&mut self, key: &ClaimKey, urgent: bool) {
         if self.on {
             self.reclaims.insert(key.clone());
             self.urgent |= urgent;
@@ -183,8 +199,9 @@ fn holding_of(container: &str, e: &Entry) -> Holding {
         class: e.class.into(),
         started_ms: e.started_ms,
         gang: e.gang.clone(),
-        workload: None,
+        workload: e.workload.clone(),
         under_lease: false,
+        checkpoint: e.checkpoint,
     }
 }
 
@@ -220,13 +237,16 @@ impl Pending {
             started_ms: self.entry.started_ms,
             over: self.over.clone(),
             gang: self.entry.gang.clone(),
+            checkpoint: self.entry.checkpoint,
+            workload: self.entry.workload.clone(),
         }
     }
 }
 
 impl Reclaim {
-    fn state(&self, key: &Key) -> ReclaimState {
+    fn state(&self, key: &ClaimKey) -> ReclaimState {
         ReclaimState {
+            claim: key.2.clone(),
             node: key.0.clone(),
             tenant: key.1.clone(),
             amounts: Amounts::from_resources(&self.resources),
@@ -286,7 +306,9 @@ impl Books {
         for key in c.reclaims {
             match self.reclaims.get(&key) {
                 Some(r) => out.ops.push(StateOp::PutReclaim(r.state(&key))),
-                None => out.ops.push(StateOp::DelReclaim { node: key.0, tenant: key.1 }),
+                None => {
+                    out.ops.push(StateOp::DelReclaim { node: key.0, tenant: key.1, claim: key.2 })
+                }
             }
         }
         out
@@ -345,6 +367,8 @@ impl Books {
                 class: p.class.into(),
                 started_ms: p.started_ms,
                 gang: p.gang,
+                checkpoint: p.checkpoint,
+                workload: p.workload,
             };
             b.real_add(&entry.tenant, entry.class, &entry.resources);
             b.pending.insert((p.node, p.container_id), Pending { entry, over: p.over });
@@ -354,7 +378,7 @@ impl Books {
             b.real_add(&r.tenant, crate::Class::Guaranteed, &resources);
             b.next_expiry_ms = 0;
             b.reclaims.insert(
-                (r.node, r.tenant),
+                (r.node, r.tenant, r.claim),
                 Reclaim {
                     resources,
                     victims: r.victims,

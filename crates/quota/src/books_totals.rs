@@ -22,7 +22,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    phantoms_of, Books, Class, Entry, Gang, Key, Pending, Reclaim, Resource, Resources, Usage,
+    phantoms_of, Books, ClaimKey, Class, Entry, Gang, Key, Pending, Reclaim, Resource, Resources,
+    Usage,
 };
 use crate::spec::QuotaTree;
 
@@ -138,7 +139,7 @@ impl Books {
                 agg.all.add(&p.entry.tenant, Class::Guaranteed, &p.entry.resources);
             }
         }
-        for ((_, tenant), r) in on_node(&self.reclaims, node) {
+        for ((_, tenant, _), r) in claims_on(&self.reclaims, node) {
             agg.used.add(&r.resources);
             agg.all.add(tenant, Class::Guaranteed, &r.resources);
         }
@@ -228,6 +229,22 @@ impl Books {
         true
     }
 
+    /// `node` holds `entry` as `container` from now on (a resize): the totals, the indexes
+    /// and the durable state follow.
+    pub(super) fn put_holding(&mut self, node: &str, container: &str, entry: Entry) {
+        let Some(nb) = self.nodes.get_mut(node) else { return };
+        let old = nb.holdings.insert(container.to_string(), entry.clone());
+        if old.as_ref() == Some(&entry) {
+            return;
+        }
+        if let Some(o) = &old {
+            self.unindex_holding(node, container, o);
+        }
+        self.index_holding(node, container, &entry);
+        self.changes.node(node);
+        self.refresh_node(node);
+    }
+
     /// An admission answered (written before it is answered).
     pub(super) fn insert_pending(&mut self, key: Key, p: Pending) {
         if let Some(old) = self.pending.remove(&key) {
@@ -249,7 +266,7 @@ impl Books {
     }
 
     /// A reclaim starts (`urgent`: written before it is answered) or is put back.
-    pub(super) fn insert_reclaim(&mut self, key: Key, r: Reclaim, urgent: bool) {
+    pub(super) fn insert_reclaim(&mut self, key: ClaimKey, r: Reclaim, urgent: bool) {
         if let Some(old) = self.reclaims.remove(&key) {
             self.real_release(&key.1, Class::Guaranteed, &old.resources);
         }
@@ -261,7 +278,7 @@ impl Books {
         self.refresh_node(&node);
     }
 
-    pub(super) fn remove_reclaim(&mut self, key: &Key) -> Option<Reclaim> {
+    pub(super) fn remove_reclaim(&mut self, key: &ClaimKey) -> Option<Reclaim> {
         let r = self.reclaims.remove(key)?;
         self.real_release(&key.1, Class::Guaranteed, &r.resources);
         self.changes.reclaim(key, false);
@@ -308,7 +325,7 @@ impl Books {
         for p in self.pending.values() {
             real.add(&p.entry.tenant, p.entry.class, &p.entry.resources);
         }
-        for ((_, tenant), r) in &self.reclaims {
+        for ((_, tenant, _), r) in &self.reclaims {
             real.add(tenant, Class::Guaranteed, &r.resources);
         }
         for ((tenant, _), g) in &self.gangs {
@@ -333,7 +350,7 @@ impl Books {
                     }
                 }
             }
-            for ((rn, tenant), r) in &self.reclaims {
+            for ((rn, tenant, _), r) in &self.reclaims {
                 if rn == n {
                     agg.used.add(&r.resources);
                     agg.all.add(tenant, Class::Guaranteed, &r.resources);
@@ -404,6 +421,15 @@ pub(super) fn on_node<'a, V>(
     node: &'a str,
 ) -> impl Iterator<Item = (&'a Key, &'a V)> + 'a {
     map.range((node.to_string(), String::new())..).take_while(move |((n, _), _)| n == node)
+}
+
+/// The entries of `map` (reclaims, keyed by claim) on `node`.
+pub(super) fn claims_on<'a, V>(
+    map: &'a BTreeMap<ClaimKey, V>,
+    node: &'a str,
+) -> impl Iterator<Item = (&'a ClaimKey, &'a V)> + 'a {
+    map.range((node.to_string(), String::new(), String::new())..)
+        .take_while(move |((n, _, _), _)| n == node)
 }
 
 /// Floors `amount` of `res` to whole units (GPUs, cores, GiB): a node's share of a

@@ -20,7 +20,8 @@ pub fn dominant_share(held: &Resources, capacity: &Resources) -> f64 {
 
 /// How far `tenant` is below its guarantees, as a dominant share of `capacity`: for each
 /// resource some quota on its chain guarantees, the least guarantee left on the chain
-/// (guarantee − guaranteed usage, never below zero); then the largest share of those.
+/// (guarantee − guaranteed usage − what it keeps for its other guaranteed children,
+/// [`crate::set_aside`], never below zero); then the largest share of those.
 /// 0 for a tenant with no guarantee.
 pub fn guarantee_headroom(
     tree: &QuotaTree,
@@ -33,7 +34,8 @@ pub fn guarantee_headroom(
         let held = usage.of(&quota.path).guaranteed;
         for (resource, limit) in &quota.limits {
             if let Some(g) = limit.guarantee {
-                let here = g.saturating_sub(held.get(resource));
+                let kept = crate::admit::set_aside(tree, usage, &quota.path, resource, tenant);
+                let here = g.saturating_sub(held.get(resource)).saturating_sub(kept);
                 let slot = left.entry(resource.clone()).or_insert(u64::MAX);
                 *slot = (*slot).min(here);
             }

@@ -1,7 +1,7 @@
 //! Fleet quotas: hierarchical guarantees and ceilings, borrowing, dominant resource
 //! fairness, the fair queue order and the choice of reclaim victims. Pure: no I/O, no
-//! clock, no async. The coordinator and the nodes will wire it in (docs/QUOTAS.md says what
-//! is built and what is planned).
+//! clock, no async. The coordinator's books (`crates/coordinator`) and every tesserad's
+//! quota gate (`crates/daemon`) decide with it (docs/QUOTAS.md says what is built).
 //!
 //! # The model
 //!
@@ -22,7 +22,7 @@
 //!
 //! # The `quotas` section
 //!
-//! [`QuotaSpec`] is the shape proposed for the policy's `quotas` section: tenant path →
+//! [`QuotaSpec`] is the policy's `quotas` section: tenant path →
 //! quota; unknown fields and duplicate keys are refused.
 //!
 //! ```json
@@ -62,6 +62,7 @@ mod admit;
 mod amount;
 pub mod books;
 mod drf;
+mod preempt;
 mod reclaim;
 mod spec;
 pub mod wire;
@@ -71,13 +72,17 @@ mod proptests;
 #[cfg(test)]
 mod tests;
 
-pub use admit::{admit, withheld, CeilingRefusal, Class, Decision, Held, Usage};
+pub use admit::{admit, set_aside, withheld, CeilingRefusal, Class, Decision, Held, Usage};
 pub use amount::{gpu_micro, Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
 pub use drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
-pub use reclaim::{choose_victims, Running};
+pub use preempt::{owed, worth_reclaiming};
+pub use reclaim::{
+    choose_victims, victim_order, Candidate, Chosen, NoVictims, Protected, Running, Victims,
+};
 pub use spec::{
     chain, is_within, Limit, Limits, Quota, QuotaEntry, QuotaSpec, QuotaTree, SpecError, UniqueMap,
-    DEFAULT_GRACE_PERIOD_S, MAX_GRACE_PERIOD_S,
+    DEFAULT_GRACE_PERIOD_S, MAX_GRACE_PERIOD_S, MAX_MIN_RUNTIME_S, MAX_REQUEUE_BACKOFF_S,
+    REQUEUE_BACKOFF_DOUBLINGS,
 };
 
 /// What [`allocate`] did with a queue.
@@ -119,7 +124,7 @@ pub fn allocate(
                     admitted = true;
                     break;
                 }
-                Decision::Reclaim { short } => {
+                Decision::Reclaim { short, .. } => {
                     out.reclaim.push((i, short));
                     open[i] = false;
                 }

@@ -118,9 +118,10 @@ proptest! {
                 tenant: tenants[t].into(),
                 resources: Resources::new().with_gpus(H100, n),
                 class: if borrowed { Class::Borrowed } else { Class::Guaranteed },
-                started,
+                started_ms: started * 1000,
                 // Gangs do not cross tenants.
                 gang: gang.map(|g| format!("{}-{g}", tenants[t])),
+                checkpoints: started % 3 == 0,
             })
             .collect();
         let fleet = Resources::new().with_gpus(H100, 64);
@@ -134,13 +135,27 @@ proptest! {
                 || gang_of(r).is_some_and(|g| running.iter().any(|o| o.gang.as_ref() == Some(&g) && o.class == Class::Borrowed)))
             .map(|r| r.resources.get(&Resource::gpu(H100)))
             .sum();
-        match choose_victims(&running, &fleet, "acme/a", &need) {
-            None => prop_assert!(takeable < short * MICRO_PER_GPU),
-            Some(v) => {
+        let tree = QuotaTree::default();
+        match choose_victims(&running, &tree, &fleet, "acme/a", &need, 200_000) {
+            Err(NoVictims::Protected { .. }) => prop_assert!(false, "no minimum run time set"),
+            Err(NoVictims::Short) => prop_assert!(takeable < short * MICRO_PER_GPU),
+            Ok(v) => {
+                let v: Vec<String> = v.chosen.iter().flat_map(|c| c.candidate.ids.clone()).collect();
                 let chosen: Vec<&Running> = running.iter().filter(|r| v.contains(&r.id)).collect();
                 prop_assert_eq!(chosen.len(), v.len(), "no duplicates");
                 let freed: u64 = chosen.iter().map(|r| r.resources.get(&Resource::gpu(H100))).sum();
                 prop_assert!(freed >= short * MICRO_PER_GPU);
+                // Only what is needed: without any one chosen unit, the rest falls short.
+                let unit = |r: &Running| r.gang.clone().unwrap_or_else(|| r.id.clone());
+                let units: std::collections::BTreeSet<String> = chosen.iter().map(|r| unit(r)).collect();
+                for u in &units {
+                    let rest: u64 = chosen
+                        .iter()
+                        .filter(|r| &unit(r) != u)
+                        .map(|r| r.resources.get(&Resource::gpu(H100)))
+                        .sum();
+                    prop_assert!(rest < short * MICRO_PER_GPU, "unit {} was not needed", u);
+                }
                 for r in &chosen {
                     prop_assert!(!is_within(&r.tenant, "acme/a"));
                     if let Some(g) = &r.gang {

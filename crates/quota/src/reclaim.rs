@@ -1,13 +1,29 @@
-//! Which borrowed work to stop so a tenant gets its guarantee back.
+//! Which borrowed work to stop so a tenant gets its guarantee back, chosen by the work it
+//! would lose.
+//!
+//! A **unit** is one container, or a whole gang (`tessera.io/gang`: stopped whole). A unit
+//! is a candidate when some member runs borrowed and every member is charged outside the
+//! claimant's subtree. What stopping it loses ([`Candidate::lost_s`]): the seconds it has
+//! run, or, for work that writes a checkpoint on SIGTERM (`tessera.io/preemption:
+//! checkpoint` on every member), only the grace period it spends writing one (at most what
+//! it has run). Its **cost** is that time weighted by its size, the dominant share of the
+//! fleet it holds ([`dominant_share`]), so a big unit is dearer to lose than a small one of
+//! the same age. A unit younger than its tenant's `min_runtime_s`
+//! ([`QuotaTree::min_runtime_s`]) is protected: no reclaim takes it until then.
+//!
+//! Candidates are taken cheapest first (ties: the tenant whose borrowed work has the
+//! largest dominant share, then the youngest unit), only those holding something still
+//! short, until the shortfall is covered; then every taken unit the others already cover
+//! for is spared, dearest first, so a reclaim stops no more than the claimant needs.
 
 use std::collections::BTreeMap;
 
 use crate::admit::Class;
 use crate::amount::Resources;
 use crate::drf::dominant_share;
-use crate::spec::is_within;
+use crate::spec::{is_within, QuotaTree};
 
-/// One piece of running work, as the coordinator's books hold it.
+/// One piece of running work, as the books hold it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Running {
     /// The container's id.
@@ -18,87 +34,215 @@ pub struct Running {
     pub resources: Resources,
     /// How it was admitted.
     pub class: Class,
-    /// When it started (any monotonic unit); larger is younger.
-    pub started: u64,
+    /// When it started, ms on the clock of the caller's `now_ms`.
+    pub started_ms: u64,
     /// Its gang (`tessera.io/gang`), if any: a gang is stopped whole.
     pub gang: Option<String>,
+    /// It writes a checkpoint when it gets SIGTERM (`tessera.io/preemption: checkpoint`):
+    /// stopping it loses only the grace period it spends writing one.
+    pub checkpoints: bool,
 }
 
-/// A unit of preemption: one container, or a whole gang.
-#[derive(Debug, Clone)]
-struct Unit<'a> {
-    members: Vec<&'a Running>,
-    tenant: &'a str,
-    resources: Resources,
-    started: u64,
-    key: String,
+/// A unit a reclaim could stop, and what stopping it now would lose.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    /// The ids of its members.
+    pub ids: Vec<String>,
+    /// The tenant it is charged to.
+    pub tenant: String,
+    /// What it holds.
+    pub resources: Resources,
+    /// Its gang, if any.
+    pub gang: Option<String>,
+    /// Seconds of work lost (run time, or the grace period of work that checkpoints).
+    pub lost_s: u64,
+    /// Every member checkpoints on SIGTERM.
+    pub checkpoints: bool,
+    /// `lost_s` × the dominant share of the fleet it holds.
+    pub cost: f64,
+    /// When its youngest member started (ms).
+    pub started_ms: u64,
 }
 
-/// The victims that free at least `short` for `claimant`, as ids of running work, or
-/// `None` if all the borrowed work of other tenants together cannot.
-///
-/// Only borrowed work of tenants outside `claimant`'s subtree is taken. A gang with any
-/// borrowed member is one unit and is taken whole. Units are taken one at a time: from
-/// the tenant whose borrowed work has the largest dominant share of `capacity` (recomputed
-/// after each unit), its youngest unit first (a gang's age is its youngest member's); only
-/// units that hold something still short are taken, and taking stops as soon as `short`
-/// is covered.
-pub fn choose_victims(
+/// Borrowed work that a reclaim may not take yet ([`QuotaTree::min_runtime_s`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Protected {
+    /// The unit.
+    pub candidate: Candidate,
+    /// When its minimum run time ends (ms).
+    pub until_ms: u64,
+}
+
+/// The candidates for a reclaim by `claimant` at `now_ms`, cheapest first, and those its
+/// tenants' minimum run time protects (in the order they become free).
+pub fn victim_order(
     running: &[Running],
+    tree: &QuotaTree,
     capacity: &Resources,
     claimant: &str,
-    short: &Resources,
-) -> Option<Vec<String>> {
-    let mut units: BTreeMap<String, Unit<'_>> = BTreeMap::new();
+    now_ms: u64,
+) -> (Vec<Candidate>, Vec<Protected>) {
+    let mut units: BTreeMap<String, Vec<&Running>> = BTreeMap::new();
     for r in running {
         let key = match &r.gang {
             Some(g) => format!("gang {g}"),
             None => format!("container {}", r.id),
         };
-        let unit = units.entry(key.clone()).or_insert_with(|| Unit {
-            members: Vec::new(),
-            tenant: &r.tenant,
-            resources: Resources::new(),
-            started: 0,
-            key,
-        });
-        unit.members.push(r);
-        unit.resources.add(&r.resources);
-        unit.started = unit.started.max(r.started);
+        units.entry(key).or_default().push(r);
     }
-    let mut candidates: Vec<Unit<'_>> = units
-        .into_values()
-        .filter(|u| u.members.iter().any(|m| m.class == Class::Borrowed))
-        .filter(|u| u.members.iter().all(|m| !is_within(&m.tenant, claimant)))
-        .collect();
-    // Borrowed work per tenant, for the dominant shares.
     let mut borrowed: BTreeMap<&str, Resources> = BTreeMap::new();
-    for u in &candidates {
-        borrowed.entry(u.tenant).or_default().add(&u.resources);
-    }
-    let mut left = short.clone();
-    let mut victims = Vec::new();
-    while !left.is_empty() {
-        let useful = |u: &Unit<'_>| left.iter().any(|(r, _)| u.resources.get(r) > 0);
-        let pick = candidates
-            .iter()
-            .enumerate()
-            .filter(|(_, u)| useful(u))
-            .max_by(|(_, a), (_, b)| {
-                let sa = dominant_share(&borrowed[a.tenant], capacity);
-                let sb = dominant_share(&borrowed[b.tenant], capacity);
-                sa.total_cmp(&sb)
-                    .then_with(|| b.tenant.cmp(a.tenant))
-                    .then(a.started.cmp(&b.started))
-                    .then_with(|| b.key.cmp(&a.key))
-            })
-            .map(|(i, _)| i)?;
-        let unit = candidates.swap_remove(pick);
-        if let Some(b) = borrowed.get_mut(unit.tenant) {
-            b.sub(&unit.resources);
+    let mut open = Vec::new();
+    let mut protected = Vec::new();
+    for (key, members) in &units {
+        if !members.iter().any(|m| m.class == Class::Borrowed)
+            || members.iter().any(|m| is_within(&m.tenant, claimant))
+        {
+            continue;
         }
-        left.sub(&unit.resources);
-        victims.extend(unit.members.iter().map(|m| m.id.clone()));
+        let tenant = members[0].tenant.clone();
+        let resources = members.iter().fold(Resources::new(), |acc, m| acc.plus(&m.resources));
+        let started_ms = members.iter().map(|m| m.started_ms).max().unwrap_or(0);
+        let ran_s = now_ms.saturating_sub(started_ms) / 1000;
+        let checkpoints = members.iter().all(|m| m.checkpoints);
+        let lost_s = if checkpoints { ran_s.min(tree.grace_period_s(&tenant)) } else { ran_s };
+        borrowed.entry(members[0].tenant.as_str()).or_default().add(&resources);
+        let c = Candidate {
+            ids: members.iter().map(|m| m.id.clone()).collect(),
+            cost: dominant_share(&resources, capacity) * lost_s as f64,
+            tenant,
+            resources,
+            gang: members[0].gang.clone(),
+            lost_s,
+            checkpoints,
+            started_ms,
+        };
+        let min_runtime_s = tree.min_runtime_s(&c.tenant);
+        let until_ms = started_ms.saturating_add(min_runtime_s.saturating_mul(1000));
+        // Without a minimum run time nothing is protected, even work whose start lies
+        // after `now_ms` (a node's clock ahead of the books').
+        if min_runtime_s > 0 && now_ms < until_ms {
+            protected.push(Protected { candidate: c, until_ms });
+        } else {
+            open.push((key.clone(), c));
+        }
     }
-    Some(victims)
+    let share = |t: &str| borrowed.get(t).map_or(0.0, |r| dominant_share(r, capacity));
+    open.sort_by(|(ka, a), (kb, b)| {
+        a.cost
+            .total_cmp(&b.cost)
+            .then_with(|| share(&b.tenant).total_cmp(&share(&a.tenant)))
+            .then(b.started_ms.cmp(&a.started_ms))
+            .then_with(|| ka.cmp(kb))
+    });
+    protected
+        .sort_by(|a, b| a.until_ms.cmp(&b.until_ms).then(a.candidate.ids.cmp(&b.candidate.ids)));
+    (open.into_iter().map(|(_, c)| c).collect(), protected)
+}
+
+/// A unit chosen as a victim, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Chosen {
+    pub candidate: Candidate,
+    /// Why this unit, in words (for the preempt event).
+    pub why: String,
+}
+
+/// What [`choose_victims`] decided.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Victims {
+    /// The units to stop, cheapest first.
+    pub chosen: Vec<Chosen>,
+    /// Their total cost (dominant-share seconds lost).
+    pub cost: f64,
+}
+
+/// Why no victims were chosen.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NoVictims {
+    /// All the borrowed work of other tenants together cannot cover the shortfall.
+    Short,
+    /// It could, but some of what it needs is within its minimum run time until
+    /// `until_ms` (the earliest time enough of it is free to take).
+    Protected { until_ms: u64 },
+}
+
+/// The victims that free at least `short` for `claimant` at `now_ms` (the module
+/// documentation says how they are chosen).
+pub fn choose_victims(
+    running: &[Running],
+    tree: &QuotaTree,
+    capacity: &Resources,
+    claimant: &str,
+    short: &Resources,
+    now_ms: u64,
+) -> Result<Victims, NoVictims> {
+    let (order, protected) = victim_order(running, tree, capacity, claimant, now_ms);
+    let useful = |c: &Candidate, left: &Resources| left.iter().any(|(r, _)| c.resources.get(r) > 0);
+    let mut left = short.clone();
+    let mut taken: Vec<usize> = Vec::new();
+    for (i, c) in order.iter().enumerate() {
+        if left.is_empty() {
+            break;
+        }
+        if useful(c, &left) {
+            left.sub(&c.resources);
+            taken.push(i);
+        }
+    }
+    if !left.is_empty() {
+        // Would the protected work cover it, and from when?
+        for p in &protected {
+            if useful(&p.candidate, &left) {
+                left.sub(&p.candidate.resources);
+                if left.is_empty() {
+                    return Err(NoVictims::Protected { until_ms: p.until_ms });
+                }
+            }
+        }
+        return Err(NoVictims::Short);
+    }
+    // Spare, dearest first, every unit the others already cover for.
+    let mut kept = taken.clone();
+    for &i in taken.iter().rev() {
+        let rest = kept
+            .iter()
+            .filter(|&&j| j != i)
+            .fold(Resources::new(), |acc, &j| acc.plus(&order[j].resources));
+        if short.fits_in(&rest) {
+            kept.retain(|&j| j != i);
+        }
+    }
+    let dearer = |c: &Candidate| order.iter().filter(|o| o.cost > c.cost).count();
+    let chosen: Vec<Chosen> = kept
+        .iter()
+        .map(|&i| {
+            let c = &order[i];
+            let lost = if c.checkpoints {
+                format!(
+                    "it checkpoints on SIGTERM, so it loses at most its grace period ({} s)",
+                    c.lost_s
+                )
+            } else {
+                format!(
+                    "it loses {} s of {} it has run (no checkpoint: it restarts from zero)",
+                    c.lost_s, c.resources
+                )
+            };
+            let others = match dearer(c) {
+                0 => String::new(),
+                n => format!("; {n} other borrowed unit(s) would lose more"),
+            };
+            let gang = c
+                .gang
+                .as_ref()
+                .map(|g| format!(" (gang {}, stopped whole)", tessera_api::untrusted(g)))
+                .unwrap_or_default();
+            Chosen {
+                why: format!("chosen by the work it would lose{gang}: {lost}{others}"),
+                candidate: c.clone(),
+            }
+        })
+        .collect();
+    let cost = chosen.iter().map(|c| c.candidate.cost).sum();
+    Ok(Victims { chosen, cost })
 }

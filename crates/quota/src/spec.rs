@@ -17,6 +17,13 @@ use crate::amount::{Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_C
 pub const DEFAULT_GRACE_PERIOD_S: u64 = 30;
 /// The longest grace period a quota may set.
 pub const MAX_GRACE_PERIOD_S: u64 = 3_600;
+/// The longest minimum run time a quota may set (a day).
+pub const MAX_MIN_RUNTIME_S: u64 = 86_400;
+/// The longest base a requeue backoff may set.
+pub const MAX_REQUEUE_BACKOFF_S: u64 = 3_600;
+/// A requeue backoff doubles with each preemption of the same work up to this many times
+/// its base, and never beyond [`MAX_REQUEUE_BACKOFF_S`].
+pub const REQUEUE_BACKOFF_DOUBLINGS: u32 = 6;
 /// The largest amount a limit may name, in its unit (GPUs, cores, GiB).
 pub const MAX_LIMIT: f64 = 1_000_000.0;
 
@@ -44,6 +51,15 @@ pub struct QuotaEntry {
     /// (default: the nearest ancestor's, else [`DEFAULT_GRACE_PERIOD_S`]).
     #[serde(default)]
     pub grace_period_s: Option<u64>,
+    /// Seconds borrowed work of this path runs before a reclaim may take it, like KAI's
+    /// min runtime or Slurm's `PreemptExemptTime` (default: the nearest ancestor's, else 0).
+    #[serde(default)]
+    pub min_runtime_s: Option<u64>,
+    /// Seconds work of this path preempted by a reclaim waits before it may borrow again,
+    /// doubled with each further preemption of the same work (default: the nearest
+    /// ancestor's, else 0: no backoff).
+    #[serde(default)]
+    pub requeue_backoff_s: Option<u64>,
 }
 
 /// The limits on one resource, in its unit as written (GPUs, cores, GiB): a JSON object
@@ -141,6 +157,10 @@ pub struct Quota {
     pub limits: BTreeMap<Resource, Limit>,
     /// Seconds between SIGTERM and SIGKILL (inherited, else the default).
     pub grace_period_s: u64,
+    /// Seconds borrowed work runs before a reclaim may take it (inherited, else 0).
+    pub min_runtime_s: u64,
+    /// Base of the requeue backoff after a preemption, seconds (inherited, else 0).
+    pub requeue_backoff_s: u64,
 }
 
 impl Quota {
@@ -196,6 +216,42 @@ impl QuotaTree {
     /// The grace period for reclaiming `tenant`'s work: the innermost quota's on its chain.
     pub fn grace_period_s(&self, tenant: &str) -> u64 {
         self.chain(tenant).next().map_or(DEFAULT_GRACE_PERIOD_S, |q| q.grace_period_s)
+    }
+
+    /// How long `tenant`'s borrowed work runs before a reclaim may take it: the innermost
+    /// quota's on its chain (0: at once).
+    pub fn min_runtime_s(&self, tenant: &str) -> u64 {
+        self.chain(tenant).next().map_or(0, |q| q.min_runtime_s)
+    }
+
+    /// How long work of `tenant` preempted `preemptions` times (at least once) waits before
+    /// it may borrow again: the innermost quota's `requeue_backoff_s` on its chain, doubled
+    /// for each preemption after the first, at most [`REQUEUE_BACKOFF_DOUBLINGS`] times and
+    /// never beyond [`MAX_REQUEUE_BACKOFF_S`]. 0 when no quota sets one.
+    pub fn requeue_backoff_s(&self, tenant: &str, preemptions: u32) -> u64 {
+        let base = self.chain(tenant).next().map_or(0, |q| q.requeue_backoff_s);
+        let doublings = preemptions.saturating_sub(1).min(REQUEUE_BACKOFF_DOUBLINGS);
+        base.saturating_mul(1 << doublings).min(MAX_REQUEUE_BACKOFF_S.max(base))
+    }
+}
+
+impl QuotaTree {
+    /// The nearest descendants of `path` that guarantee `resource`: those with no quota
+    /// strictly between them and `path` that guarantees it too.
+    pub fn guaranteed_children<'a>(
+        &'a self,
+        path: &'a str,
+        resource: &'a Resource,
+    ) -> impl Iterator<Item = &'a Quota> + 'a {
+        let guarantees = move |p: &str| {
+            self.get(p).and_then(|q| q.limits.get(resource)).is_some_and(|l| l.guarantee.is_some())
+        };
+        self.iter().filter(move |d| {
+            d.path != path
+                && is_within(&d.path, path)
+                && guarantees(&d.path)
+                && !chain(&d.path).skip(1).take_while(|p| *p != path).any(guarantees)
+        })
     }
 }
 
@@ -263,21 +319,39 @@ impl QuotaSpec {
                     limit(&format!("{here}.memory_gib"), l, MIB_PER_GIB as f64)?,
                 );
             }
-            if let Some(g) = entry.grace_period_s {
-                if g > MAX_GRACE_PERIOD_S {
+            for (field, value, max) in [
+                ("grace_period_s", entry.grace_period_s, MAX_GRACE_PERIOD_S),
+                ("min_runtime_s", entry.min_runtime_s, MAX_MIN_RUNTIME_S),
+                ("requeue_backoff_s", entry.requeue_backoff_s, MAX_REQUEUE_BACKOFF_S),
+            ] {
+                if let Some(v) = value.filter(|v| *v > max) {
                     return Err(err(
-                        format!("{here}.grace_period_s"),
-                        format!("expected 0 to {MAX_GRACE_PERIOD_S} seconds, got {g}"),
+                        format!("{here}.{field}"),
+                        format!("expected 0 to {max} seconds, got {v}"),
                     ));
                 }
             }
-            quotas.insert(key.clone(), (limits, entry.grace_period_s));
+            quotas.insert(key.clone(), (limits, entry.clone()));
         }
-        // Grace periods are inherited: parents come before children in path order.
+        // Times are inherited: parents come before children in path order.
         let mut tree = QuotaTree::default();
-        for (path, (limits, grace)) in quotas {
-            let grace_period_s = grace.unwrap_or_else(|| tree.grace_period_s(&path));
-            tree.quotas.insert(path.clone(), Quota { path, limits, grace_period_s });
+        for (path, (limits, entry)) in quotas {
+            let parent = chain(&path).skip(1).find_map(|p| tree.quotas.get(p));
+            let inherit = |own: Option<u64>, of: fn(&Quota) -> u64, default: u64| {
+                own.unwrap_or_else(|| parent.map_or(default, of))
+            };
+            let quota = Quota {
+                path: path.clone(),
+                limits,
+                grace_period_s: inherit(
+                    entry.grace_period_s,
+                    |q| q.grace_period_s,
+                    DEFAULT_GRACE_PERIOD_S,
+                ),
+                min_runtime_s: inherit(entry.min_runtime_s, |q| q.min_runtime_s, 0),
+                requeue_backoff_s: inherit(entry.requeue_backoff_s, |q| q.requeue_backoff_s, 0),
+            };
+            tree.quotas.insert(path, quota);
         }
         check_nesting(&tree, at)?;
         Ok(tree)

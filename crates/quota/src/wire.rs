@@ -6,6 +6,10 @@
 //!   is held until the whole gang has arrived (or the policy's `gangs.timeout_s`).
 //! * `POST /v1/nodes/{node}/quota/release` ([`ReleaseRequest`]): a grant ended (or was
 //!   never made after an admission).
+//! * `POST /v1/nodes/{node}/quota/resize` ([`ResizeRequest`] → [`AdmitAnswer`], never
+//!   `Reclaiming`): a grant's amounts change (`runc update` of its container's CPU or
+//!   memory limit). A raise is decided as a new request of the new amounts with the old
+//!   ones given back first; a decrease is recorded.
 //! * `POST /v1/nodes/{node}/quota/sync` ([`SyncRequest`] → [`SyncAnswer`]): every
 //!   [`SYNC_INTERVAL`] the node sends everything it holds (the books follow the nodes:
 //!   what a node does not list, after a short grace for admissions still in flight, is
@@ -128,6 +132,11 @@ pub struct AdmitRequest {
     /// `namespace/pod/container` where the container is a pod's, for status and events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<String>,
+    /// The container writes a checkpoint when it gets SIGTERM
+    /// (`tessera.io/preemption: checkpoint`): a reclaim that stops it loses only its grace
+    /// period, so such work is taken before work that would lose more.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub checkpoint: bool,
     /// This node holds grants it admitted on its own under its leases that no sync the
     /// coordinator answered has listed yet (it was cut off and has not synced since). The
     /// coordinator then counts the node's whole leases as used: it cannot know how much of
@@ -178,6 +187,10 @@ pub struct Victim {
     pub grace_s: u64,
     /// Who reclaimed and why, for the node's event.
     pub reason: String,
+    /// What its owner should expect (for the node's event and `tessera status`): a
+    /// checkpoint to write within the grace period, and when the work may run again.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub requeue: String,
 }
 
 /// `POST /v1/nodes/{node}/quota/release`.
@@ -185,6 +198,24 @@ pub struct Victim {
 #[serde(deny_unknown_fields)]
 pub struct ReleaseRequest {
     pub container_id: String,
+}
+
+/// `POST /v1/nodes/{node}/quota/resize`: the grant of `container_id` counts `amounts` from
+/// now on (its container's CPU or memory limit changes: `runc update`, Kubernetes'
+/// in-place resize). Answered with [`AdmitAnswer::Admitted`] (with the class the grant
+/// runs as from now on) or [`AdmitAnswer::Refused`]; never `Reclaiming` (a resize stops
+/// nobody).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeRequest {
+    pub container_id: String,
+    /// The grant's tenant (as recorded; a holding of another tenant is refused).
+    pub tenant: String,
+    /// Everything the grant counts from now on (its GPUs as before).
+    pub amounts: Amounts,
+    /// As in [`AdmitRequest::unsynced_lease_grants`].
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub unsynced_lease_grants: bool,
 }
 
 /// One GPU grant a node holds, as the books count it.
@@ -204,6 +235,9 @@ pub struct Holding {
     /// Admitted by the node alone under its lease while the coordinator was unreachable.
     #[serde(default)]
     pub under_lease: bool,
+    /// It writes a checkpoint on SIGTERM (`tessera.io/preemption: checkpoint`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub checkpoint: bool,
 }
 
 /// What a node may admit on its own, as guaranteed work of `path`, while it cannot reach
@@ -322,6 +356,24 @@ pub struct PathStatus {
     pub waiting: u64,
     /// The subtree's dominant share of the fleet (DRF), 0..1.
     pub dominant_share: f64,
+    /// Work of the subtree lost to preemption since the books started: this resource ×
+    /// the seconds its victims had run (for work that checkpoints, its grace period), in
+    /// `unit` × seconds.
+    #[serde(default)]
+    pub lost: u64,
+    /// Containers of the subtree preempted in the last hour.
+    #[serde(default)]
+    pub preemptions_last_hour: u64,
+    /// How long the subtree's owed requests (within guarantee counting the tenant's own
+    /// requests ahead, [`crate::owed`]) waited from their first ask to admission, over the
+    /// last ones kept, ms: the median and the 99th percentile (nearest rank).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_wait_p50_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_wait_p99_ms: Option<u64>,
+    /// Why the subtree's requests wait (their last answers, up to 3 distinct).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_why: Vec<String>,
 }
 
 /// `GET /v1/quota/status`.
@@ -375,6 +427,8 @@ pub enum QuotaEventKind {
     GangTimeout,
     /// A node left the books: silent past its lease's end, or removed by an operator.
     NodeRemoved,
+    /// A grant's amounts changed (its container's CPU or memory limit: `runc update`).
+    Resize,
 }
 
 impl QuotaEventKind {
@@ -389,6 +443,7 @@ impl QuotaEventKind {
             QuotaEventKind::GangAdmitted => "gang-admitted",
             QuotaEventKind::GangTimeout => "gang-timeout",
             QuotaEventKind::NodeRemoved => "node-removed",
+            QuotaEventKind::Resize => "resize",
         }
     }
 }

@@ -495,6 +495,17 @@ pub fn check_keys(value: &Value) -> Result<(), CanonicalError> {
     walk(value, &SPEC, "")
 }
 
+/// [`check_keys`] for a process document (runc exec's `--process` file): the keys runc
+/// would fold or match differently are refused, as in config.json's `process`.
+pub fn check_process_keys(value: &Value) -> Result<(), CanonicalError> {
+    walk(value, &PROCESS, "")
+}
+
+/// [`check_keys`] for a `LinuxResources` document alone (`runc update --resources`).
+pub fn check_resources_keys(value: &Value) -> Result<(), CanonicalError> {
+    walk(value, &RESOURCES, "")
+}
+
 fn walk(value: &Value, shape: &Shape, at: &str) -> Result<(), CanonicalError> {
     match (shape, value) {
         (Struct(fields), Value::Object(map)) => {

@@ -9,11 +9,19 @@
 //! hook = "/usr/local/bin/tessera-hook"    # default: tessera-hook beside tessera-runtime
 //! log = "/var/log/tessera/runtime.log"    # failures appended here too (optional)
 //! engine = "docker-alice"                 # identity: see docs/SECURITY.md (optional)
+//! kubelet = true                          # containerd's CRI handler only (optional)
 //! ```
 //!
+//! `kubelet = true` says this is the configuration of the engine kubelet drives
+//! (containerd's CRI plugin, through the handler `tessera setup containerd` writes, whose
+//! `BinaryName` is a link with this file beside it): only there is the device plugin's
+//! assignment annotation (`tessera.io/device-plugin`) honoured, and only for a pod's
+//! container (see [`crate::request::check_assignment_source`]). It is never set in a
+//! configuration other engines (Docker, podman, `ctr`) read.
+//!
 //! Precedence, highest first: `TESSERA_SOCKET` / `TESSERA_RUNC` / `TESSERA_HOOK` (set and
-//! not empty), then the file, then the built-in defaults. `engine` and `log` come from the
-//! file only. Which file: `--tessera-config PATH` as tessera-runtime's first argument (what
+//! not empty), then the file, then the built-in defaults. `engine`, `log` and `kubelet`
+//! come from the file only. Which file: `--tessera-config PATH` as tessera-runtime's first argument (what
 //! `tessera setup docker --runtime-config` writes as daemon.json `runtimeArgs`), else
 //! `TESSERA_RUNTIME_CONFIG`, else the file beside the path tessera-runtime was run as
 //! (argv\[0\] + `.toml`, when argv\[0\] is absolute and that file exists: for engines that
@@ -54,16 +62,24 @@ pub enum ConfigError {
     #[error("runtime config {path}: not valid TOML: {}", untrusted(.message))]
     Parse { path: String, message: String },
     #[error(
-        "runtime config {path}: unknown key `{}`: expected socket, runc, hook, log or engine",
+        "runtime config {path}: unknown key `{}`: expected socket, runc, hook, log, engine or kubelet",
         untrusted(.key)
     )]
     UnknownKey { path: String, key: String },
     #[error("runtime config {path}: `{key}` must be a string")]
     NotAString { path: String, key: &'static str },
+    #[error("runtime config {path}: `{key}` must be true or false")]
+    NotABool { path: String, key: &'static str },
     #[error("runtime config {path}: `{key}` = {}: {why}", untrusted(.value))]
     Invalid { path: String, key: &'static str, value: String, why: &'static str },
     #[error("{CONFIG_ARG} needs a file: `{CONFIG_ARG} PATH` or `{CONFIG_ARG}=PATH`")]
     MissingArgValue,
+    #[error(
+        "runtime config {path}: `kubelet = true` in the default configuration, which every engine on the node \
+         reads (Docker, podman, ctr): set it only in the CRI handler's own file (`tessera setup containerd` \
+         writes one beside the handler's tessera-runtime link)"
+    )]
+    KubeletInDefault { path: String },
 }
 
 /// The file's settings; `None` where the file does not say.
@@ -76,6 +92,8 @@ pub struct RuntimeConfig {
     pub hook: Option<PathBuf>,
     pub log: Option<PathBuf>,
     pub engine: Option<String>,
+    /// This is the configuration of the engine kubelet drives (see the module docs).
+    pub kubelet: bool,
 }
 
 /// Where the configuration comes from.
@@ -134,9 +152,43 @@ impl ConfigSource {
         }
         let text = std::fs::read_to_string(path).map_err(read_err)?;
         let mut cfg = parse(&text, &shown)?;
+        if cfg.kubelet && matches!(self, ConfigSource::Default(_)) {
+            return Err(ConfigError::KubeletInDefault { path: shown });
+        }
         cfg.source = Some(path.clone());
         Ok(cfg)
     }
+}
+
+/// What tessera-runtime still uses of a configuration it cannot read
+/// ([`ConfigSource::load`] failed): the keys it would read that hold a valid value
+/// (`socket`, `runc`, `hook`, `log`) — so containers without a GPU request still run with
+/// the node's runc, and are still checked against the GPU grants listed beside the socket —
+/// and nothing that decides a grant (`engine`, `kubelet`): GPU requests are refused with
+/// the configuration's error.
+pub fn salvage(source: &ConfigSource) -> RuntimeConfig {
+    let path = match source {
+        ConfigSource::Named(p) | ConfigSource::Default(p) => p,
+    };
+    let small = std::fs::metadata(path).is_ok_and(|m| m.len() <= MAX_CONFIG_BYTES);
+    let Some(text) = small.then(|| std::fs::read_to_string(path).ok()).flatten() else {
+        return RuntimeConfig::default();
+    };
+    let Ok(doc) = text.parse::<DocumentMut>() else { return RuntimeConfig::default() };
+    let mut cfg = RuntimeConfig::default();
+    for key in ["socket", "runc", "hook", "log"] {
+        let Some(item) = doc.get(key) else { continue };
+        // Each key alone, as `parse` reads it: a valid value is kept.
+        let mut one = DocumentMut::new();
+        one.insert(key, item.clone());
+        if let Ok(c) = parse(&one.to_string(), "") {
+            cfg.socket = cfg.socket.or(c.socket);
+            cfg.runc = cfg.runc.or(c.runc);
+            cfg.hook = cfg.hook.or(c.hook);
+            cfg.log = cfg.log.or(c.log);
+        }
+    }
+    cfg
 }
 
 /// `ARGV0.toml` when `argv0` is absolute and that file exists (any kind: a directory there
@@ -191,6 +243,7 @@ pub fn parse(text: &str, path: &str) -> Result<RuntimeConfig, ConfigError> {
             "hook" => "hook",
             "log" => "log",
             "engine" => "engine",
+            "kubelet" => "kubelet",
             other => {
                 return Err(ConfigError::UnknownKey {
                     path: path.to_owned(),
@@ -198,6 +251,13 @@ pub fn parse(text: &str, path: &str) -> Result<RuntimeConfig, ConfigError> {
                 })
             }
         };
+        if key == "kubelet" {
+            cfg.kubelet = match item {
+                Item::Value(Value::Boolean(b)) => *b.value(),
+                _ => return Err(ConfigError::NotABool { path: path.to_owned(), key }),
+            };
+            continue;
+        }
         let value = match item {
             Item::Value(Value::String(s)) => s.value().clone(),
             _ => return Err(ConfigError::NotAString { path: path.to_owned(), key }),
@@ -275,6 +335,9 @@ mod tests {
         assert_eq!(c.hook.as_deref(), Some(Path::new("/opt/t/tessera-hook")));
         assert_eq!(c.log.as_deref(), Some(Path::new("/var/log/t.log")));
         assert_eq!(c.engine.as_deref(), Some("docker-alice"));
+        assert!(!c.kubelet, "only where the file says so");
+        assert!(parse("kubelet = true", "f").expect("kubelet").kubelet);
+        assert!(!parse("kubelet = false", "f").expect("kubelet").kubelet);
         assert_eq!(parse("", "f").expect("empty"), RuntimeConfig::default());
         assert_eq!(parse("runc = \"runc\"", "f").expect("bare").runc, Some("runc".into()));
     }
@@ -290,6 +353,9 @@ mod tests {
             ("runc = \"bin/runc\"", "`runc` = bin/runc: a path must be absolute"),
             ("engine = \"Alice\"", "`engine` = Alice: an engine name is"),
             ("engine = \"a/b\"", "`engine` = a/b: an engine name is"),
+            ("kubelet = \"true\"", "`kubelet` must be true or false"),
+            ("kubelet = 1", "`kubelet` must be true or false"),
+            ("kubelet = true\nkubelet = false", "not valid TOML"),
             ("socket = \"/a\"\nsocket = \"/b\"", "runtime config /e/r.toml: not valid TOML"),
             ("socket = \"/a\u{1b}[2J\" = ", "not valid TOML"),
         ];
@@ -300,6 +366,30 @@ mod tests {
         }
         let e = parse("x\u{1b}[2J = \"1\"", "f").expect_err("escaped");
         assert!(!e.to_string().contains('\u{1b}'), "{e}");
+    }
+
+    #[test]
+    fn a_broken_file_keeps_its_valid_paths_and_nothing_that_decides_a_grant() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("r.toml");
+        std::fs::write(
+            &f,
+            "sockt = \"/typo\"\nsocket = \"/run/t.sock\"\nrunc = \"/usr/sbin/runc\"\nhook = \"rel\"\n\
+             engine = \"docker-alice\"\nkubelet = true\n",
+        )
+        .expect("write");
+        let src = ConfigSource::Named(f.clone());
+        assert!(src.load().is_err());
+        let c = salvage(&src);
+        assert_eq!(c.socket.as_deref(), Some(Path::new("/run/t.sock")));
+        assert_eq!(c.runc.as_deref(), Some(std::ffi::OsStr::new("/usr/sbin/runc")));
+        assert_eq!((c.hook, c.engine, c.kubelet), (None, None, false));
+        std::fs::write(&f, "socket = [").expect("write");
+        assert_eq!(salvage(&src), RuntimeConfig::default());
+        assert_eq!(
+            salvage(&ConfigSource::Named(dir.path().join("none"))),
+            RuntimeConfig::default()
+        );
     }
 
     #[test]
@@ -327,8 +417,15 @@ mod tests {
         let c = ConfigSource::Named(f.clone()).load().expect("loads");
         assert_eq!((c.engine.as_deref(), c.source.as_deref()), (Some("e1"), Some(f.as_path())));
         std::fs::write(&f, vec![b'#'; MAX_CONFIG_BYTES as usize + 1]).expect("write");
-        let e = ConfigSource::Default(f).load().expect_err("too large");
+        let e = ConfigSource::Default(f.clone()).load().expect_err("too large");
         assert!(matches!(e, ConfigError::TooLarge { .. }), "{e}");
+        // `kubelet = true` only in a file named for the CRI handler, never in the default
+        // every engine reads.
+        std::fs::write(&f, "kubelet = true\n").expect("write");
+        assert!(ConfigSource::Named(f.clone()).load().expect("named").kubelet);
+        let e = ConfigSource::Default(f).load().expect_err("kubelet in the default");
+        assert!(matches!(e, ConfigError::KubeletInDefault { .. }), "{e}");
+        assert!(e.to_string().contains("tessera setup containerd"), "{e}");
     }
 
     #[test]

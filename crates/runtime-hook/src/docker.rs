@@ -28,13 +28,7 @@ pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 pub enum DockerError {
     #[error("malformed config at `{path}`: {what}")]
     Shape { path: String, what: &'static str },
-    #[error(
-        "docker --gpus: `{VISIBLE_DEVICES}={}` names particular devices; Tessera grants GPUs by \
-         count and places them itself: use `--gpus N` (or `--gpus all`), or a CDI device \
-         `tessera.io/gpu=…` / TESSERA_GPU for MIG, MPS and shared requests",
-        untrusted(.0)
-    )]
-    Pinned(String),
+
     #[error("docker --gpus: `{VISIBLE_DEVICES}={}`: {why}", untrusted(.value))]
     Bad { value: String, why: String },
     #[error("docker --gpus all: {0}")]
@@ -95,22 +89,26 @@ pub fn refuse_foreign_nvidia_hooks(config: &Value) -> Result<(), DockerError> {
 }
 
 /// What `--gpus` asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DockerGpus {
     /// `--gpus all`: every GPU of the node.
     All,
     /// `--gpus N` (or `device=0,…,N-1`, which dockerd writes the same way).
     Count(u32),
+    /// `--gpus '"device=3,GPU-…"'`: these GPUs (indices or uuids), granted as they are or
+    /// refused.
+    Devices(Vec<String>),
 }
 
 impl DockerGpus {
     /// The Tessera request; `node_gpus` is asked only for `all`.
     pub fn request(
-        self,
+        &self,
         node_gpus: impl FnOnce() -> Result<u32, String>,
     ) -> Result<GpuRequest, DockerError> {
         let count = match self {
-            DockerGpus::Count(n) => n,
+            DockerGpus::Count(n) => *n,
+            DockerGpus::Devices(ids) => ids.len() as u32,
             DockerGpus::All => {
                 let n = node_gpus().map_err(DockerError::All)?;
                 if n == 0 {
@@ -188,10 +186,30 @@ pub fn parse_visible_devices(value: &str) -> Result<Option<DockerGpus>, DockerEr
     let prefix =
         ids.iter().enumerate().all(|(i, id)| id.parse::<usize>() == Ok(i) && *id == i.to_string());
     if prefix {
-        Ok(Some(DockerGpus::Count(ids.len() as u32)))
-    } else {
-        Err(DockerError::Pinned(value.to_string()))
+        return Ok(Some(DockerGpus::Count(ids.len() as u32)));
     }
+    for id in &ids {
+        let index = id.len() <= 4
+            && id.bytes().all(|b| b.is_ascii_digit())
+            && (*id == "0" || !id.starts_with('0'));
+        let uuid = id.len() <= 128
+            && id.starts_with("GPU-")
+            && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        if id.starts_with("MIG-") || id.contains(':') {
+            return Err(bad(
+                "a MIG instance is asked for by profile, not by device: -e TESSERA_GPU=mig=<profile> \
+                 or a CDI device tessera.io/gpu=mig-<profile>",
+            ));
+        }
+        if !index && !uuid {
+            return Err(bad("a device is a GPU index or a GPU-… uuid"));
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    if !ids.iter().all(|id| seen.insert(*id)) {
+        return Err(bad("a device named twice"));
+    }
+    Ok(Some(DockerGpus::Devices(ids.into_iter().map(str::to_owned).collect())))
 }
 
 /// Removes every [`NVIDIA_HOOK`] entry from every hook list of the config; returns whether
@@ -305,11 +323,26 @@ mod tests {
     }
 
     #[test]
-    fn pinned_and_malformed_device_lists_are_refused() {
-        for v in ["1", "0,2", "GPU-8f1c", "0:1", "1,0", "00", "0,0"] {
+    fn device_lists_pin_and_malformed_ones_are_refused() {
+        let pins = |v: &str| match parse_visible_devices(v) {
+            Ok(Some(DockerGpus::Devices(ids))) => ids,
+            other => panic!("{v}: {other:?}"),
+        };
+        assert_eq!(pins("1"), ["1"]);
+        assert_eq!(pins("0,2"), ["0", "2"]);
+        assert_eq!(pins("1,0"), ["1", "0"]);
+        assert_eq!(pins("GPU-8f1c-aa"), ["GPU-8f1c-aa"]);
+        let req = DockerGpus::Devices(pins("3,GPU-x")).request(|| unreachable!()).expect("gpu=2");
+        assert_eq!(req.to_string(), "gpu=2");
+        for (v, why) in [
+            ("0:1", "asked for by profile"),
+            ("MIG-3f", "asked for by profile"),
+            ("00", "a GPU index or a GPU-"),
+            ("gpu0", "a GPU index or a GPU-"),
+            ("0,0", "named twice"),
+        ] {
             let e = parse_visible_devices(v).expect_err(v);
-            assert!(matches!(e, DockerError::Pinned(_)), "{v}: {e}");
-            assert!(e.to_string().contains("Tessera grants GPUs by count"), "{e}");
+            assert!(e.to_string().contains(why), "{v}: {e}");
         }
         let e = parse_visible_devices("0,,1").expect_err("empty id");
         assert!(e.to_string().contains("an empty device id"), "{e}");

@@ -7,8 +7,16 @@
 //! rewrote, so without this the process sees the granted devices but not which they are.
 //! The values come from the bundle's config.json that runc's record of the container
 //! names (both host-side: the container cannot write them). This is convenience, never
-//! access: what a process may open is decided by the cgroup's device rules, which exec
-//! does not change. Anything unreadable leaves the exec as it was.
+//! access. Anything unreadable leaves the exec's environment as it was.
+//!
+//! An exec can also give its process what the container's create was refused: runc 1.1
+//! runs it with the capabilities of `--cap` or of the `--process` file (what `docker exec
+//! --privileged` sends), and in the sub-cgroup `--cgroup` names, which runc checks only by
+//! string prefix (`../gpuab` passes for a container at `.../gpu`). [`check_exec`] refuses,
+//! for every container, a `--cgroup` that is not plainly below the container's own, and for
+//! a GPU container a process holding a capability outside
+//! [`spec::GPU_CAPABILITIES`](crate::spec::GPU_CAPABILITIES) (without a user namespace of
+//! its own) or real-time priority — as its create would have been refused.
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
@@ -24,6 +32,8 @@ pub const GRANT_ENV: &[&str] = &[
     "NVIDIA_VISIBLE_DEVICES",
     "CUDA_MPS_PIPE_DIRECTORY",
     "CUDA_MPS_LOG_DIRECTORY",
+    // Where a latency-sensitive container reports its own latency (docs/GPU-HEALTH.md).
+    "TESSERA_LATENCY_FILE",
 ];
 
 /// The largest config.json or process.json read.
@@ -56,6 +66,10 @@ const VALUE_FLAGS: &[&str] = &[
 pub struct ExecArgs {
     /// `--process FILE`.
     pub process: Option<PathBuf>,
+    /// Every `--cap` / `-c`.
+    pub caps: Vec<String>,
+    /// Every `--cgroup`.
+    pub cgroups: Vec<String>,
     /// The container id.
     pub container_id: String,
     /// Where the container id is in the exec's arguments.
@@ -68,6 +82,7 @@ pub struct ExecArgs {
 /// container id (runc will say what is wrong).
 pub fn parse_exec(args: &[OsString]) -> Option<ExecArgs> {
     let mut process = None;
+    let (mut caps, mut cgroups) = (Vec::new(), Vec::new());
     let mut i = 0;
     let mut flags_end = None;
     while i < args.len() {
@@ -92,14 +107,149 @@ pub fn parse_exec(args: &[OsString]) -> Option<ExecArgs> {
                     args.get(i)?.clone()
                 }
             };
-            if matches!(flag, "--process" | "-p") {
-                process = Some(PathBuf::from(value));
+            match flag {
+                "--process" | "-p" => process = Some(PathBuf::from(value)),
+                "--cap" | "-c" => caps.push(value.to_string_lossy().into_owned()),
+                "--cgroup" => cgroups.push(value.to_string_lossy().into_owned()),
+                _ => {}
             }
         }
         i += 1;
     }
     let container_id = args.get(i)?.to_str()?.to_owned();
-    Some(ExecArgs { process, container_id, id_index: i, flags_end: flags_end.unwrap_or(i) })
+    Some(ExecArgs {
+        process,
+        caps,
+        cgroups,
+        container_id,
+        id_index: i,
+        flags_end: flags_end.unwrap_or(i),
+    })
+}
+
+/// Why an exec is refused before runc runs.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error(
+        "runc exec --cgroup `{}`: a sub-cgroup must be a plain relative path below the \
+         container's own cgroup (runc 1.1 checks it only by string prefix, so `..` reaches a \
+         sibling: another container's, a GPU grant's)",
+        tessera_api::untrusted(.0)
+    )]
+    SubCgroup(String),
+    #[error("runc exec into GPU container {}: {why}", tessera_api::untrusted(.id))]
+    Gpu { id: String, why: String },
+}
+
+/// The sub-cgroup of an exec's `--cgroup` value (`[<controllers>:]<path>`, runc 1.1's
+/// `getSubCgroupPaths`): plainly below the container's cgroup, or refused.
+fn check_sub_cgroup(value: &str) -> Result<(), ExecError> {
+    let path = match value.splitn(3, ':').collect::<Vec<_>>()[..] {
+        [p] | [_, p] => p,
+        _ => return Ok(()), // runc refuses it itself
+    };
+    let plain = !path.is_empty()
+        && !path.starts_with('/')
+        && Path::new(path)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir));
+    if plain {
+        Ok(())
+    } else {
+        Err(ExecError::SubCgroup(value.to_string()))
+    }
+}
+
+/// Checks an exec (the arguments after runc's `exec` verb) under runc root `root` before
+/// runc runs it; see the module docs. Arguments runc cannot read are left to runc.
+pub fn check_exec(root: &Path, args: &[OsString]) -> Result<(), ExecError> {
+    let Some(exec) = parse_exec(args) else { return Ok(()) };
+    for c in &exec.cgroups {
+        check_sub_cgroup(c)?;
+    }
+    let id = exec.container_id.clone();
+    let gpu = |why: String| ExecError::Gpu { id: id.clone(), why };
+    // A GPU container (tessera-runtime labelled it at create); its record unreadable counts
+    // as one (fail closed).
+    let bundle = match supervise::delete_hint(root, &exec.container_id, spec::ALLOCATED_ANNOTATION)
+    {
+        None => return Ok(()),
+        Some(Some(b)) => b,
+        Some(None) => return Err(gpu("runc's record of it cannot be read".into())),
+    };
+    let config = spec::load_config(Path::new(&bundle))
+        .map_err(|e| gpu(format!("its config cannot be read: {e}")))?
+        .value;
+    let own_userns =
+        config.pointer("/linux/namespaces").and_then(Value::as_array).into_iter().flatten().any(
+            |n| {
+                n["type"] == "user"
+                    && n.get("path").and_then(Value::as_str).unwrap_or("").is_empty()
+            },
+        );
+    let mut process = match &exec.process {
+        Some(file) => {
+            let bytes = read_bounded(file)
+                .map_err(|e| gpu(format!("--process {}: {e}", file.display())))?;
+            let v = crate::canonical::parse(&bytes)
+                .and_then(|v| crate::canonical::check_process_keys(&v).map(|()| v))
+                .map_err(|e| gpu(format!("--process {}: {e}", file.display())))?;
+            v
+        }
+        None => config.get("process").cloned().unwrap_or(Value::Null),
+    };
+    // runc adds each `--cap` to the bounding, effective, permitted and ambient sets.
+    if !exec.caps.is_empty() {
+        if let Some(p) = process.as_object_mut() {
+            let caps = p.entry("capabilities").or_insert_with(|| serde_json::json!({}));
+            for set in ["bounding", "effective", "permitted", "ambient"] {
+                if let Some(list) = caps
+                    .as_object_mut()
+                    .map(|c| c.entry(set).or_insert_with(|| Value::Array(Vec::new())))
+                {
+                    if let Some(a) = list.as_array_mut() {
+                        a.extend(exec.caps.iter().map(|c| Value::from(c.as_str())));
+                    }
+                }
+            }
+        }
+    }
+    if !own_userns {
+        if let Some((at, cap)) =
+            spec::capabilities_beyond_the_gpu_set(Some(&process), "exec process")
+                .map_err(|e| gpu(e.to_string()))?
+        {
+            return Err(gpu(format!(
+                "{at}: {} without a user namespace of its own (GPU containers hold only {})",
+                tessera_api::untrusted(&cap),
+                spec::GPU_CAPABILITIES.join(", ")
+            )));
+        }
+    }
+    if let Some(at) =
+        spec::real_time_rlimit(Some(&process), "exec process").map_err(|e| gpu(e.to_string()))?
+    {
+        return Err(gpu(format!("{at}: RLIMIT_RTPRIO above 0 gives real-time priority")));
+    }
+    Ok(())
+}
+
+/// A regular file's bytes, at most [`MAX_JSON`], never through a link.
+fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut buf = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_JSON + 1), &mut buf)?;
+    if buf.len() as u64 > MAX_JSON {
+        return Err(std::io::Error::other(format!("larger than {MAX_JSON} bytes")));
+    }
+    Ok(buf)
 }
 
 /// The grant's environment of container `id` under runc root `root`: the [`GRANT_ENV`]

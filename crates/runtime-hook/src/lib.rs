@@ -31,12 +31,15 @@ pub mod spec;
 pub mod supervise;
 #[cfg(test)]
 mod test_support;
+pub mod update;
 
 pub use args::{
     parse_runc_args, ArgsError, Command, CreateArgs, CreateOptions, DeleteArgs, GlobalOptions,
     RuncInvocation, WrapperQuery,
 };
 pub use hook::{hook_main, HookError, HookState, Phase};
-pub use request::{find_request, FoundRequest, RequestLookupError};
+pub use request::{
+    check_assignment_source, find_request, EngineSource, FoundRequest, RequestLookupError,
+};
 pub use runtime::{runtime_main, RuntimeEnv, RuntimeError};
 pub use spec::{apply_injection, HookConfig, SpecError};

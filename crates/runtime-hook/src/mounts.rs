@@ -468,6 +468,30 @@ fn check_bind(
         return Ok(());
     }
     let mounts = host.mounts();
+    // A procfs of another pid namespace, read-only or not: `/proc/<pid>/root` of any process
+    // it shows leads into that process's mounts (a writable cgroupfs among them), and
+    // writes through it go where that process's mount allows.
+    let procfs = holding(mounts, &resolved).filter(|m| m.fstype == "proc").or_else(|| {
+        p.recursive
+            .then(|| {
+                mounts.iter().find(|m| {
+                    let mp = Path::new(&m.mount_point);
+                    m.fstype == "proc" && mp != resolved && within(mp, &resolved)
+                })
+            })
+            .flatten()
+    });
+    if let Some(m) = procfs {
+        return Err(MountError::Unjudgeable {
+            at: p.at(),
+            why: format!(
+                "a bind of {} brings the procfs at {} along: /proc/<pid>/root of the processes it \
+                 shows leads into their mounts",
+                untrusted(source),
+                untrusted(&m.mount_point)
+            ),
+        });
+    }
     // The top of the bind: the source's own mount, flags as runc leaves them.
     if let Some(top) = holding(mounts, &resolved) {
         if let Some(what) = kind(top) {
@@ -676,6 +700,20 @@ mod tests {
         spec["linux"]["rootfsPropagation"] = json!("private");
         make_private(&mut spec).expect("private is fine");
         assert_eq!(spec["linux"]["rootfsPropagation"], "rprivate");
+    }
+
+    #[test]
+    fn a_bind_that_brings_a_procfs_along_is_refused_read_only_or_not() {
+        let mut host = v1_host();
+        host.mounts.extend(
+            tessera_api::mountinfo::parse("40 22 0:5 / /proc rw,nosuid - proc proc rw\n")
+                .expect("proc"),
+        );
+        let judge = |m: Value| check(&with(m), Path::new("/b"), Path::new("/b/rootfs"), &host);
+        let e = judge(bind("/", &["rbind", "rro"])).expect_err("the host's / with its /proc");
+        assert!(e.to_string().contains("procfs at /proc"), "{e}");
+        // Not recursive: the host's / alone brings no procfs.
+        assert!(judge(bind("/", &["bind", "ro"])).is_ok());
     }
 
     #[test]

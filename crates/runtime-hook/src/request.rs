@@ -7,13 +7,18 @@
 //! a request: who the container belongs to is the daemon's business (it reads the
 //! annotations its policy trusts). Nothing else in the environment counts:
 //! `NVIDIA_VISIBLE_DEVICES=all` from an image grants nothing.
+//!
+//! The device plugin's assignment (`tessera.io/device-plugin`) is kubelet's word: it is
+//! honoured only where the runtime configuration is the one of the engine kubelet drives
+//! (`kubelet = true`) and containerd's CRI annotations say the config is a pod's
+//! container ([`check_assignment_source`]); tesserad then also wants its token.
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::Value;
 use tessera_api::cri::{self, CriError, RequestScope, RequestSite};
-use tessera_api::deviceplugin::{AssignmentError, PluginAssignment, ASSIGNMENT_ANNOTATION};
+use tessera_api::deviceplugin::{AssignmentError, IssuedAssignment, ASSIGNMENT_ANNOTATION};
 use tessera_api::{untrusted, GpuRequest, RequestError, RequestSource, REQUEST_ENV};
 
 /// Why a config's request (or annotations) could not be read.
@@ -37,6 +42,12 @@ pub enum RequestLookupError {
         "two GPU requests for one container: {first} and {second}; a container asks in one place only"
     )]
     TwoRequests { first: String, second: String },
+    #[error(
+        "annotation {ASSIGNMENT_ANNOTATION} is kubelet's (the device plugin's Allocate) and is honoured only in a pod's \
+         container that containerd's CRI plugin creates for kubelet: {why}; a config author asks with \
+         `tessera.io/gpu` or TESSERA_GPU instead"
+    )]
+    NotFromKubelet { why: String },
 }
 
 /// A GPU request found in a config.
@@ -108,7 +119,7 @@ pub fn find_request(config: &Value) -> Result<Option<FoundRequest>, RequestLooku
     if let (Some(raw), false) =
         (annotations.get(ASSIGNMENT_ANNOTATION), matches!(site, RequestSite::Sandbox))
     {
-        let assignment: PluginAssignment = raw.parse()?;
+        let issued: IssuedAssignment = raw.parse()?;
         let other = match (&site, env) {
             (RequestSite::Annotation { key, .. }, _) => Some(location(Some(key))),
             (_, Ok(Some(_)) | Err(_)) => Some(location(None)),
@@ -121,7 +132,7 @@ pub fn find_request(config: &Value) -> Result<Option<FoundRequest>, RequestLooku
             });
         }
         return Ok(Some(FoundRequest {
-            request: assignment.request()?,
+            request: issued.assignment().request()?,
             raw: raw.clone(),
             source: RequestSource::Annotation,
             key: Some(ASSIGNMENT_ANNOTATION.to_owned()),
@@ -137,6 +148,60 @@ pub fn find_request(config: &Value) -> Result<Option<FoundRequest>, RequestLooku
         RequestSite::None => env?
             .map(|raw| parse(raw, RequestSource::Env, None, RequestScope::Container))
             .transpose(),
+    }
+}
+
+/// Where the runtime reads its configuration, as far as the device plugin's assignment
+/// is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineSource {
+    /// The file read (`None`: the default file was absent, so all defaults).
+    pub config: Option<std::path::PathBuf>,
+    /// Its `kubelet = true`.
+    pub kubelet: bool,
+}
+
+/// Refuses a config that carries a device-plugin assignment ([`ASSIGNMENT_ANNOTATION`])
+/// and did not come from kubelet, before the annotation is read: the runtime configuration
+/// must be the kubelet engine's (`kubelet = true`, which `tessera setup containerd` writes
+/// for its handler: only containerd's CRI plugin runs it, and it passes container
+/// annotations only from kubelet, never from pods) and containerd's own CRI annotations
+/// must say it is a pod's container. A config without the annotation passes, and so does
+/// a pod's sandbox (it asks for nothing, whatever it carries).
+pub fn check_assignment_source(
+    annotations: &BTreeMap<String, String>,
+    engine: &EngineSource,
+) -> Result<(), RequestLookupError> {
+    if !annotations.contains_key(ASSIGNMENT_ANNOTATION)
+        || matches!(cri::request_site(annotations), Ok(RequestSite::Sandbox))
+    {
+        return Ok(());
+    }
+    let why = if !engine.kubelet {
+        let file = match &engine.config {
+            Some(p) => format!("this runtime configuration, {},", untrusted(&p.to_string_lossy())),
+            None => {
+                format!("no runtime configuration ({} is absent)", crate::config::DEFAULT_CONFIG)
+            }
+        };
+        Some(format!(
+            "{file} is not the kubelet engine's (`kubelet = true`, which `tessera setup containerd` \
+             writes for its handler)"
+        ))
+    } else {
+        match cri::PodContainer::from_annotations(annotations) {
+            Ok(Some(pc)) if matches!(pc.role, cri::Role::Container(_)) => None,
+            Ok(Some(_)) => Some("the config is a pod's sandbox".to_string()),
+            Ok(None) => Some(format!(
+                "the config carries no CRI annotations ({} is absent)",
+                cri::CONTAINER_TYPE
+            )),
+            Err(e) => Some(e.to_string()),
+        }
+    };
+    match why {
+        Some(why) => Err(RequestLookupError::NotFromKubelet { why }),
+        None => Ok(()),
     }
 }
 
@@ -177,6 +242,58 @@ fn parse(
     Ok(FoundRequest { request, raw: raw.to_string(), source, key, scope })
 }
 
+/// What in a config that asks for no GPU looks as if it meant to (each a sentence for the
+/// person who started it): `NVIDIA_VISIBLE_DEVICES` naming devices (NVIDIA's toolkit read
+/// it; an image's `ENV` or `-e` is no request here), and in a pod's container a
+/// `tessera.io/gpu.<name>` whose name is this container's misspelt (at most two edits
+/// away). tessera-runtime prints them on its stderr, which is the container's own while
+/// runc creates it: `docker run`, `docker logs`, `podman logs` and `kubectl logs` show them.
+pub fn hints(config: &Value, annotations: &BTreeMap<String, String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let env = view(config).ok().and_then(|v| v.process.and_then(|p| p.env)).unwrap_or_default();
+    let visible = env.iter().rev().find_map(|e| e.strip_prefix("NVIDIA_VISIBLE_DEVICES="));
+    if let Some(v) = visible.filter(|v| !matches!(v.trim(), "" | "void" | "none")) {
+        out.push(format!(
+            "NVIDIA_VISIBLE_DEVICES={} in this container's environment grants nothing on a Tessera node \
+             (no GPU, no device); ask with `--gpus N` (Docker), a CDI device `tessera.io/gpu=…`, the \
+             annotation tessera.io/gpu or TESSERA_GPU",
+            untrusted(v).max_chars(64)
+        ));
+    }
+    if let Ok(Some(pc)) = cri::PodContainer::from_annotations(annotations) {
+        if let cri::Role::Container(name) = &pc.role {
+            let prefix = format!("{}.", tessera_api::REQUEST_ANNOTATION);
+            for key in annotations.keys() {
+                let Some(other) = key.strip_prefix(&prefix) else { continue };
+                if other != name.as_str() && edit_distance(other, name) <= 2 {
+                    out.push(format!(
+                        "annotation {} asks for a container named `{}`, and this one is `{}`: it \
+                         asks for nothing (a misspelt container name?)",
+                        untrusted(key).max_chars(80),
+                        untrusted(other).max_chars(63),
+                        untrusted(name).max_chars(63)
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Levenshtein distance of two short names (bounded: names are at most 253 bytes).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
 /// Every annotation of the config (all of them: the daemon picks the ones it trusts).
 pub fn annotations(config: &Value) -> Result<BTreeMap<String, String>, RequestLookupError> {
     Ok(view(config)?
@@ -191,6 +308,42 @@ pub fn annotations(config: &Value) -> Result<BTreeMap<String, String>, RequestLo
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn hints_that_grant_nothing_are_said() {
+        let c = json!({"process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"]}});
+        let h = hints(&c, &BTreeMap::new());
+        assert_eq!(h.len(), 1);
+        assert!(h[0].starts_with(
+            "NVIDIA_VISIBLE_DEVICES=all in this container's environment grants nothing"
+        ));
+        for quiet in ["void", "none", ""] {
+            let c = json!({"process": {"env": [format!("NVIDIA_VISIBLE_DEVICES={quiet}")]}});
+            assert!(hints(&c, &BTreeMap::new()).is_empty(), "{quiet}");
+        }
+        let pod = |name: &str, extra: &[(&str, &str)]| {
+            let mut a: BTreeMap<String, String> = [
+                ("io.kubernetes.cri.container-type", "container"),
+                ("io.kubernetes.cri.container-name", name),
+                ("io.kubernetes.cri.sandbox-id", "s1"),
+                ("io.kubernetes.cri.sandbox-name", "p"),
+                ("io.kubernetes.cri.sandbox-namespace", "ns"),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            a.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            a
+        };
+        let h = hints(&json!({}), &pod("main", &[("tessera.io/gpu.mian", "gpu=1")]));
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h[0].contains("`mian`, and this one is `main`"), "{}", h[0]);
+        // A sidecar beside the asking container is not told off.
+        assert!(
+            hints(&json!({}), &pod("log-shipper", &[("tessera.io/gpu.main", "gpu=1")])).is_empty()
+        );
+        assert_eq!(edit_distance("trainer", "trianer"), 2);
+    }
 
     fn config(annotations: Value, env: Value) -> Value {
         json!({
@@ -349,10 +502,14 @@ mod tests {
         ));
     }
 
+    const ISSUED: &str =
+        "v2;tessera.io/gpu;GPU-0a1b2c3d-0000-0000-0000-000000000001;0123456789abcdef0123456789abcdef";
+
     #[test]
     fn a_device_plugin_assignment_is_the_request_and_stands_alone() {
-        let assignment = "v1;tessera.io/gpu;GPU-0a1b2c3d-0000-0000-0000-000000000001";
-        let parsed: PluginAssignment = assignment.parse().expect("a valid assignment");
+        let assignment = ISSUED;
+        let parsed: IssuedAssignment = assignment.parse().expect("a valid assignment");
+        let parsed = parsed.assignment().clone();
         let c = pod("container", "main", json!({ASSIGNMENT_ANNOTATION: assignment}));
         // `pod` puts TESSERA_GPU in the env: that is a second request.
         let e = find_request(&c).expect_err("two requests").to_string();
@@ -377,5 +534,57 @@ mod tests {
         // The sandbox: nothing, even with an assignment.
         let c = pod("sandbox", "", json!({ASSIGNMENT_ANNOTATION: assignment}));
         assert_eq!(find_request(&c), Ok(None));
+        // An assignment without a token (the v1 text) is refused, naming what is missing.
+        let mut c = pod(
+            "container",
+            "main",
+            json!({ASSIGNMENT_ANNOTATION: "v1;tessera.io/gpu;GPU-0a1b2c3d-0000-0000-0000-000000000001"}),
+        );
+        c["process"]["env"] = json!(["PATH=/bin"]);
+        let e = find_request(&c).expect_err("no token").to_string();
+        assert!(e.contains("carries no token"), "{e}");
+    }
+
+    #[test]
+    fn an_assignment_is_honoured_only_from_the_kubelet_engine_for_a_pods_container() {
+        let kubelet = EngineSource {
+            config: Some("/usr/local/lib/tessera/containerd-tessera.toml".into()),
+            kubelet: true,
+        };
+        let other =
+            EngineSource { config: Some("/etc/tessera/runtime.toml".into()), kubelet: false };
+        let no_file = EngineSource { config: None, kubelet: false };
+        let check = |c: &Value, engine: &EngineSource| {
+            check_assignment_source(&annotations(c).expect("annotations"), engine)
+        };
+        let mut in_pod = pod("container", "main", json!({ASSIGNMENT_ANNOTATION: ISSUED}));
+        in_pod["process"]["env"] = json!(["PATH=/bin"]);
+        assert_eq!(check(&in_pod, &kubelet), Ok(()));
+        // Any other engine's configuration: refused, naming the annotation, the file and why.
+        let e = check(&in_pod, &other).expect_err("not kubelet's engine").to_string();
+        assert!(
+            e.contains("annotation tessera.io/device-plugin is kubelet's")
+                && e.contains("/etc/tessera/runtime.toml")
+                && e.contains("`kubelet = true`"),
+            "{e}"
+        );
+        let e = check(&in_pod, &no_file).expect_err("no file").to_string();
+        assert!(e.contains("/etc/tessera/runtime.toml is absent"), "{e}");
+        // The kubelet engine, but a plain config (runc, ctr, podman): no CRI annotations.
+        let plain = config(json!({ASSIGNMENT_ANNOTATION: ISSUED}), json!(["PATH=/bin"]));
+        let e = check(&plain, &kubelet).expect_err("no pod").to_string();
+        assert!(e.contains("io.kubernetes.cri.container-type is absent"), "{e}");
+        assert!(check(&plain, &other).is_err());
+        // Checked before the annotation is read: a forged text without a token is refused
+        // for where it comes from, not for its form.
+        let v1 = config(json!({ASSIGNMENT_ANNOTATION: "v1;tessera.io/gpu;GPU-1"}), json!([]));
+        let e = check(&v1, &other).expect_err("v1 from a config author").to_string();
+        assert!(e.contains("is kubelet's"), "{e}");
+        // Requests of every other kind pass whatever the engine, and so does a sandbox.
+        let c = config(json!({"tessera.io/gpu": "gpu=1"}), json!([]));
+        assert_eq!(check(&c, &other), Ok(()));
+        assert_eq!(check(&c, &no_file), Ok(()));
+        let sandbox = pod("sandbox", "", json!({ASSIGNMENT_ANNOTATION: ISSUED}));
+        assert_eq!(check(&sandbox, &other), Ok(()));
     }
 }

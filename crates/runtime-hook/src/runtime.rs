@@ -14,6 +14,13 @@
 //! The path without a GPU request never contacts the daemon (an outage must not break
 //! containers that do not use GPUs): parse argv, read and parse config.json once, look
 //! for a request, exec.
+//!
+//! `update` of a GPU container ([`crate::update`]): the update is read as runc reads it,
+//! tesserad admits what it makes the container's CPU and memory limits (a raise through
+//! the fleet's quotas, as a new grant), runc runs as a child (fed the resources JSON that
+//! was read and checked, never the caller's file again), and tesserad records what the
+//! kernel enforces then (or asks for the limits of before back, which the wrapper sets).
+//! An update of any other container is exec'd untouched, with no daemon contact.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -94,8 +101,29 @@ pub enum RuntimeError {
     Exec { runc: String, source: std::io::Error },
     #[error(transparent)]
     RuntimeConfig(#[from] ConfigError),
+    /// A GPU request while the runtime configuration cannot be read.
+    #[error(
+        "GPU request refused: {0}; fix that file (containers without a GPU request still run)"
+    )]
+    BrokenConfig(ConfigError),
     #[error(transparent)]
     Docker(#[from] DockerError),
+    /// An update of a GPU container that cannot be read as runc reads it, or that asks for
+    /// what a GPU container never gets.
+    #[error(transparent)]
+    Update(#[from] crate::update::UpdateError),
+    /// `runc update --resources FILE`: the file.
+    #[error("runc update --resources {}: {source}", untrusted(&path.to_string_lossy()))]
+    UpdateResources { path: PathBuf, source: std::io::Error },
+    /// tesserad refused the update, or could not be asked.
+    #[error("{}", update_message(.0))]
+    UpdateRefused(Box<ClientError>),
+    /// After runc's update the kernel enforced more than was admitted.
+    #[error("{0}")]
+    UpdateUndone(String),
+    /// An exec that would give its process what the container's create was refused.
+    #[error(transparent)]
+    ExecRefused(#[from] crate::exec::ExecError),
     /// An annotation only tessera-runtime sets, found in a container's config.
     #[error(
         "annotation {ENGINE_ANNOTATION} is set by tessera-runtime from its configuration file, \
@@ -103,6 +131,14 @@ pub enum RuntimeError {
         untrusted(.0)
     )]
     ForgedEngine(String),
+    /// The pins only tessera-runtime sets (from `docker --gpus "device=…"`).
+    #[error(
+        "annotation {} is set by tessera-runtime from `docker run --gpus '\"device=…\"'`, never \
+         by a container's config (found `{}`)",
+        tessera_api::PINNED_ANNOTATION,
+        untrusted(.0)
+    )]
+    ForgedPins(String),
 }
 
 fn largest_annotation(largest: &Option<(String, usize)>) -> String {
@@ -130,6 +166,31 @@ fn daemon_message(request: &str, error: &ClientError) -> String {
     }
 }
 
+/// `<daemon message> (tenant T, request R, rule P)`, or why tesserad could not be asked.
+fn update_message(error: &ClientError) -> String {
+    match error.api_error() {
+        Some(api) => {
+            let mut extra = Vec::new();
+            if let Some(t) = &api.tenant {
+                extra.push(format!("tenant {t}"));
+            }
+            if let Some(r) = &api.request {
+                extra.push(format!("request {r}"));
+            }
+            if let Some(r) = &api.rule {
+                extra.push(format!("rule {r}"));
+            }
+            match extra.is_empty() {
+                true => api.message.clone(),
+                false => format!("{} ({})", api.message, extra.join(", ")),
+            }
+        }
+        None => format!(
+            "the update of a GPU container's limits was not admitted (nothing changed): {error}"
+        ),
+    }
+}
+
 /// Where the wrapper finds runc, the daemon and the hook: `TESSERA_*` over the runtime
 /// configuration file ([`crate::config`]) over the defaults.
 #[derive(Debug, Clone)]
@@ -147,6 +208,12 @@ pub struct RuntimeEnv {
     pub log: Option<PathBuf>,
     /// The file's `engine`: sent to tesserad as [`ENGINE_ANNOTATION`] (never from env).
     pub engine: Option<String>,
+    /// The file read and its `kubelet` (never from env): whether the device plugin's
+    /// assignment may be honoured ([`request::check_assignment_source`]).
+    pub source: request::EngineSource,
+    /// Why the runtime configuration could not be read: every GPU request is refused with
+    /// it (containers without one still run, on what [`crate::config::salvage`] kept).
+    pub config_error: Option<ConfigError>,
 }
 
 impl RuntimeEnv {
@@ -165,6 +232,11 @@ impl RuntimeEnv {
             cwd: std::env::current_dir().map_err(RuntimeError::Cwd)?,
             log: config.log.clone(),
             engine: config.engine.clone(),
+            source: request::EngineSource {
+                config: config.source.clone(),
+                kubelet: config.kubelet,
+            },
+            config_error: None,
         })
     }
 
@@ -285,6 +357,19 @@ pub fn prepare(
     if let Some(forged) = annotations.get(ENGINE_ANNOTATION) {
         return Err(fail(RuntimeError::ForgedEngine(forged.clone())));
     }
+    if let Some(forged) = annotations.get(tessera_api::PINNED_ANNOTATION) {
+        return Err(fail(RuntimeError::ForgedPins(forged.clone())));
+    }
+    // The device plugin's assignment is kubelet's word: only from the engine kubelet
+    // drives, for a pod's container (tesserad also wants the token it issued).
+    request::check_assignment_source(&annotations, &env.source).map_err(|source| {
+        match &env.config_error {
+            Some(e) => fail(RuntimeError::BrokenConfig(e.clone())),
+            None => {
+                fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
+            }
+        }
+    })?;
     let found = request::find_request(&cfg.value).map_err(|source| {
         fail(RuntimeError::Request { path: cfg.path.clone(), source: Box::new(source) })
     })?;
@@ -312,9 +397,17 @@ pub fn prepare(
             }));
         }
         (Some(found), None) => Some(found),
+        (None, Some(_)) if env.config_error.is_some() => {
+            let e = env.config_error.clone().expect("checked");
+            return Err(fail(RuntimeError::BrokenConfig(e)));
+        }
         (None, Some(gpus)) => {
             let socket = env.absolute(&env.socket);
             let node_gpus = || {
+                // tesserad's count beside its socket; asked only where there is none.
+                if let Some(n) = tessera_api::read_whole_gpus(&socket) {
+                    return Ok(n);
+                }
                 Client::new(&socket)
                     .with_timeout(RELEASE_TIMEOUT)
                     .status()
@@ -323,6 +416,10 @@ pub fn prepare(
                     .map_err(|e| format!("cannot count the node's GPUs: {e}"))
             };
             let request = gpus.request(node_gpus).map_err(|e| fail(e.into()))?;
+            // Particular GPUs: tesserad grants exactly those, or refuses naming one.
+            if let docker::DockerGpus::Devices(ids) = &gpus {
+                annotations.insert(tessera_api::PINNED_ANNOTATION.to_owned(), ids.join(","));
+            }
             Some(FoundRequest {
                 raw: request.to_string(),
                 request,
@@ -333,7 +430,23 @@ pub fn prepare(
         }
         (None, None) => None,
     };
+    // A runtime configuration that cannot be read decides no grant: the request fails
+    // with its sentence, where the engine shows it (runc's --log).
+    if let (Some(_), Some(e)) = (&found, &env.config_error) {
+        return Err(fail(RuntimeError::BrokenConfig(e.clone())));
+    }
     let Some(found) = found else {
+        // What looks as if it meant a GPU and asks none: said where the person who started
+        // the container reads it (runc create's stderr is the container's own).
+        if !sandbox {
+            for hint in request::hints(&cfg.value, &annotations) {
+                let line = format!(
+                    "tessera-runtime: container {}: warning: {hint}",
+                    untrusted(&container_id)
+                );
+                eprintln!("{}", untrusted(&line).max_chars(MAX_LINE_CHARS));
+            }
+        }
         // No grant, no GPU: GPU nodes and rules the config brings are removed (the majors
         // come from tesserad's file beside its socket and the host's /proc/devices; the
         // daemon is never asked). A config with none is left untouched.
@@ -544,14 +657,22 @@ pub fn exec_runc(env: &RuntimeEnv, args: &[OsString]) -> std::io::Error {
 /// exit code for those, and for failures.
 pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
     let argv0 = args.first().cloned();
-    let env = match crate::config::take_config_arg(&mut args)
-        .and_then(|arg| ConfigSource::choose_beside(arg, argv0.as_deref()).load())
-        .map_err(RuntimeError::from)
-        .and_then(|config| RuntimeEnv::from_process(&config))
-    {
+    // A configuration that cannot be read fails GPU requests only (with its sentence, in
+    // runc's --log where the engine reads errors); the rest runs on what can be salvaged.
+    let loaded = crate::config::take_config_arg(&mut args).map(|arg| {
+        let source = ConfigSource::choose_beside(arg, argv0.as_deref());
+        match source.load() {
+            Ok(config) => (config, None),
+            Err(e) => (crate::config::salvage(&source), Some(e)),
+        }
+    });
+    let env = match loaded.map_err(RuntimeError::from).and_then(|(config, error)| {
+        RuntimeEnv::from_process(&config).map(|env| RuntimeEnv { config_error: error, ..env })
+    }) {
         Ok(e) => e,
         Err(error) => {
-            report(&Failure { error, container_id: None, global: None });
+            let global = parse_runc_args(args.get(1..).unwrap_or(&[])).ok().map(|i| i.global);
+            report(&Failure { error, container_id: None, global });
             return 1;
         }
     };
@@ -565,6 +686,14 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
     };
     let root = env.absolute(&inv.global.root);
     let socket = env.absolute(&env.socket);
+    if let Command::Other { verb, args: rest } = &inv.command {
+        if verb == "update" {
+            let verb_at = args.len() - rest.len() - 1;
+            if let Some(code) = update(&env, &args, verb_at, &inv.global, &report) {
+                return code;
+            }
+        }
+    }
     let release_after = match (&inv.command, &prepared) {
         // create, run (foreground or detached) of a GPU container.
         (_, Prepared::Injected { container_id, release, .. }) => {
@@ -607,9 +736,17 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
             }
         };
     }
-    // An exec into a GPU container: the new process learns its share as the init did.
+    // An exec: checked as its container's create was (every container's sub-cgroup, a GPU
+    // container's capabilities); into a GPU container the new process learns its share as
+    // the init did.
     let args = match &inv.command {
         Command::Other { verb, args: rest } if verb == "exec" => {
+            let help = rest.iter().any(|a| a == "-h" || a == "--help");
+            if let (false, Err(e)) = (help, crate::exec::check_exec(&root, rest)) {
+                let container_id = crate::exec::parse_exec(rest).map(|e| e.container_id);
+                report(&Failure { error: e.into(), container_id, global: Some(inv.global) });
+                return 1;
+            }
             crate::exec::with_grant_env(&root, &args, args.len() - rest.len() - 1)
         }
         _ => args,
@@ -629,6 +766,161 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
         global: Some(inv.global),
     });
     1
+}
+
+/// `runc update` (module docs): `None` passes it to runc untouched (no container of its
+/// arguments is a GPU container, or it asks for help); otherwise the exit code.
+fn update(
+    env: &RuntimeEnv,
+    args: &[OsString],
+    verb_at: usize,
+    global: &GlobalOptions,
+    report: &dyn Fn(&Failure),
+) -> Option<i32> {
+    use crate::update as u;
+    let root = env.absolute(&global.root);
+    let rest = &args[verb_at + 1..];
+    // A GPU container's runc record carries the label tessera-runtime wrote: a hint (the
+    // daemon decides), so updates of other containers never need the daemon.
+    let hinted: Vec<String> = u::id_candidates(rest)
+        .into_iter()
+        .filter(|id| supervise::delete_hint(&root, id, spec::ALLOCATED_ANNOTATION).is_some())
+        .collect();
+    let first = hinted.first()?.clone();
+    let fail = |error: RuntimeError, id: &str| {
+        report(&Failure {
+            error,
+            container_id: Some(id.to_string()),
+            global: Some(global.clone()),
+        });
+        Some(1)
+    };
+    let parsed = match u::parse_args(rest) {
+        Ok(p) => p,
+        Err(e) => return fail(e.into(), &first),
+    };
+    if parsed.help {
+        return None;
+    }
+    let Some(id) = parsed.container_id().map(str::to_string) else {
+        let e = u::UpdateError::Args(format!(
+            "`update` takes exactly one container id, got {}",
+            parsed.positional.len()
+        ));
+        return fail(e.into(), &first);
+    };
+    // The resources, read once: runc is fed these bytes, never the caller's file again.
+    let input = match parsed.resources() {
+        None => None,
+        Some(source) => {
+            let read = |r: &mut dyn std::io::Read| {
+                let mut buf = Vec::new();
+                std::io::Read::read_to_end(
+                    &mut std::io::Read::take(r, u::MAX_RESOURCES_BYTES as u64 + 1),
+                    &mut buf,
+                )
+                .map(|_| buf)
+            };
+            let bytes = match source {
+                "-" => read(&mut std::io::stdin().lock()),
+                path => std::fs::File::open(env.absolute(Path::new(path)))
+                    .and_then(|mut f| read(&mut f)),
+            };
+            match bytes {
+                Ok(b) if b.len() > u::MAX_RESOURCES_BYTES => {
+                    let e = u::UpdateError::Resources(format!(
+                        "more than {} bytes",
+                        u::MAX_RESOURCES_BYTES
+                    ));
+                    return fail(e.into(), &id);
+                }
+                Ok(b) => Some(b),
+                Err(source) => {
+                    let path = PathBuf::from(parsed.resources().unwrap_or("-"));
+                    return fail(RuntimeError::UpdateResources { path, source }, &id);
+                }
+            }
+        }
+    };
+    let values = match &input {
+        Some(bytes) => u::resources_values(bytes),
+        None => u::flag_values(&parsed),
+    };
+    let mut req = match values {
+        Ok(v) => v,
+        Err(e) => return fail(e.into(), &id),
+    };
+    let Some(root_text) = root.to_str() else {
+        return fail(RuntimeError::NotUtf8 { what: "runc root", path: root.clone() }, &id);
+    };
+    req.runc_root = root_text.to_string();
+    req.recorded = u::recorded_limits(&root, &id);
+    let socket = env.absolute(&env.socket);
+    let client = Client::new(&socket).with_timeout(ALLOCATE_TIMEOUT);
+    let answer = match client.update(&id, &req) {
+        Ok(a) => a,
+        Err(e) => return fail(RuntimeError::UpdateRefused(Box::new(e)), &id),
+    };
+    // runc's command: the caller's, or with the resources read, `update --resources - ID`.
+    let global_args = &args[1..verb_at];
+    let argv: Vec<OsString> = match &input {
+        Some(_) => u::resources_argv(global_args, &id),
+        None => args[1..].to_vec(),
+    };
+    let status = supervise::run_forwarding_input(&env.runc, &argv, input);
+    if !answer.grant {
+        // Not a GPU container after all (a label the config wrote): runc's business.
+        return Some(match status {
+            Ok(st) => supervise::exit_code(st),
+            Err(source) => {
+                let runc = env.runc.to_string_lossy().into_owned();
+                fail(RuntimeError::Exec { runc, source }, &id).unwrap_or(1)
+            }
+        });
+    }
+    let succeeded = status.as_ref().is_ok_and(|st| st.success());
+    let done = |restored: bool| {
+        let d = tessera_api::UpdateDone {
+            runc_root: req.runc_root.clone(),
+            runc_succeeded: succeeded,
+            restored,
+        };
+        Client::new(&socket).with_timeout(RELEASE_TIMEOUT).update_done(&id, &d)
+    };
+    match done(false) {
+        Ok(a) => {
+            if let Some(before) = a.restore {
+                let restore = supervise::run_forwarding_input(
+                    &env.runc,
+                    &u::resources_argv(global_args, &id),
+                    Some(u::restore_json(&before)),
+                );
+                let set_back = restore.as_ref().is_ok_and(|st| st.success());
+                let _ = done(true);
+                let why = a.message.unwrap_or_default();
+                let msg = match set_back {
+                    true => format!("{why}; the limits of before were set back"),
+                    false => format!("{why}; setting the limits of before back failed"),
+                };
+                return fail(RuntimeError::UpdateUndone(msg), &id);
+            }
+        }
+        Err(e) => {
+            // tesserad's reconciler finishes the update from what the kernel enforces.
+            let line = format!(
+                "tessera-runtime: container {}: warning: could not tell tesserad the update ended: {e}",
+                untrusted(&id)
+            );
+            eprintln!("{}", untrusted(&line).max_chars(MAX_LINE_CHARS));
+        }
+    }
+    Some(match status {
+        Ok(st) => supervise::exit_code(st),
+        Err(source) => {
+            let runc = env.runc.to_string_lossy().into_owned();
+            fail(RuntimeError::Exec { runc, source }, &id).unwrap_or(1)
+        }
+    })
 }
 
 #[cfg(test)]
@@ -664,6 +956,8 @@ mod tests {
                 cwd: dir.path().to_path_buf(),
                 log: None,
                 engine: None,
+                source: request::EngineSource { config: None, kubelet: false },
+                config_error: None,
             };
             Fixture { dir, env }
         }
@@ -742,6 +1036,36 @@ mod tests {
         }
         let (_, p) = prepare(&f.args("restore --help"), &f.env).expect("help passes");
         assert!(matches!(p, Prepared::Passthrough));
+    }
+
+    #[test]
+    fn a_device_plugin_assignment_from_any_engine_but_kubelets_is_refused_before_the_daemon() {
+        let pod = json!({
+            "io.kubernetes.cri.container-type": "container",
+            "io.kubernetes.cri.container-name": "main",
+            "io.kubernetes.cri.sandbox-id": "f00d",
+            "io.kubernetes.cri.sandbox-name": "p",
+            "io.kubernetes.cri.sandbox-namespace": "team-a",
+            "tessera.io/device-plugin":
+                "v2;tessera.io/gpu;GPU-1;0123456789abcdef0123456789abcdef",
+        });
+        // No daemon listens: the refusal is the wrapper's own, before anything is asked.
+        let f = Fixture::new(&gpu_config(pod.clone(), json!([])));
+        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("refused");
+        assert!(
+            err.message().contains("annotation tessera.io/device-plugin is kubelet's")
+                && err.message().contains("is not the kubelet engine's"),
+            "{}",
+            err.message()
+        );
+        // The kubelet engine's configuration, a pod's container: it asks tesserad.
+        let mut f = Fixture::new(&gpu_config(pod, json!([])));
+        f.env.source = request::EngineSource { config: Some("/k.toml".into()), kubelet: true };
+        let daemon = f.serve(vec![http("200 OK", &allocation())]);
+        let (_, p) = prepare(&f.args("create --bundle bundle abc"), &f.env).expect("asks");
+        assert!(matches!(p, Prepared::Injected { .. }));
+        let sent = body_of(&daemon.join().expect("daemon")[0]);
+        assert_eq!(sent["request"], "gpu=1");
     }
 
     #[test]
@@ -865,15 +1189,40 @@ mod tests {
     }
 
     #[test]
+    fn docker_gpus_all_reads_tesserads_count_without_a_round_trip() {
+        let f = Fixture::new(&docker_gpus_config("NVIDIA_VISIBLE_DEVICES=all"));
+        tessera_api::write_whole_gpus(&f.env.socket, 7).expect("write");
+        let h = f.serve(vec![http("201 Created", &allocation())]);
+        prepare(&f.args("create --bundle bundle abc"), &f.env).expect("prepares");
+        let reqs = h.join().expect("join");
+        assert!(
+            reqs[0].starts_with("POST /v1/allocations "),
+            "one round trip, the grant: {}",
+            reqs[0]
+        );
+        assert_eq!(body_of(&reqs[0])["request"], json!("gpu=7"));
+    }
+
+    #[test]
     fn docker_gpus_with_another_request_or_pinned_devices_is_refused() {
         let mut c = docker_gpus_config("NVIDIA_VISIBLE_DEVICES=0");
         c["annotations"] = json!({"tessera.io/gpu": "mig=1g.10gb"});
         let f = Fixture::new(&c);
         let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("two");
         assert!(err.message().contains("two GPU requests"), "{}", err.message());
-        let f = Fixture::new(&docker_gpus_config("NVIDIA_VISIBLE_DEVICES=3"));
-        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("pinned");
-        assert!(err.message().contains("by count"), "{}", err.message());
+        // Particular GPUs: the request, and the pins for tesserad.
+        let f = Fixture::new(&docker_gpus_config("NVIDIA_VISIBLE_DEVICES=3,GPU-a"));
+        let h = f.serve(vec![http("201 Created", &allocation())]);
+        prepare(&f.args("create --bundle bundle abc"), &f.env).expect("pinned");
+        let body = body_of(&h.join().expect("join")[0]);
+        assert_eq!(body["request"], json!("gpu=2"));
+        assert_eq!(body["annotations"]["tessera.io/gpus-pinned"], json!("3,GPU-a"));
+        // Pins in a config are the author's, never the runtime's.
+        let mut c = gpu_config(json!({"tessera.io/gpus-pinned": "0"}), json!([]));
+        c["annotations"]["tessera.io/gpu"] = json!("gpu=1");
+        let f = Fixture::new(&c);
+        let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("forged");
+        assert!(err.message().contains("never by a container's config"), "{}", err.message());
     }
 
     #[test]
@@ -974,6 +1323,47 @@ mod tests {
         assert_eq!(v["level"], json!("error"));
         assert_eq!(v["msg"], json!(err.message()));
         assert!(v["time"].as_str().is_some_and(|t| t.ends_with('Z') && t.len() == 30), "{v}");
+    }
+
+    /// A runtime.toml tessera-runtime cannot read: a GPU request fails with its sentence,
+    /// in runc's --log as the engine reads it (no daemon asked); a container without one
+    /// goes on.
+    #[test]
+    fn a_broken_runtime_config_fails_only_gpu_requests_and_says_so_in_runcs_log() {
+        let broken = ConfigError::UnknownKey {
+            path: "/etc/tessera/runtime.toml".into(),
+            key: "sockt".into(),
+        };
+        for cfg in [
+            gpu_config(json!({"tessera.io/gpu": "gpu=1"}), json!([])),
+            docker_gpus_config("NVIDIA_VISIBLE_DEVICES=all"),
+        ] {
+            let f = Fixture::new(&cfg);
+            let mut env = f.env.clone();
+            env.config_error = Some(broken.clone());
+            let log = f.dir.path().join("log.json");
+            let args = f.args(&format!(
+                "--log {} --log-format json create --bundle bundle abc",
+                log.display()
+            ));
+            let err = prepare(&args, &env).expect_err("refused");
+            assert_eq!(
+                err.message(),
+                "tessera-runtime: container abc: GPU request refused: runtime config /etc/tessera/runtime.toml: \
+                 unknown key `sockt`: expected socket, runc, hook, log, engine or kubelet; fix that file \
+                 (containers without a GPU request still run)"
+            );
+            report(&err);
+            let v: Value = serde_json::from_str(std::fs::read_to_string(&log).expect("log").trim())
+                .expect("json");
+            assert_eq!(v["msg"], json!(err.message()));
+        }
+        let f = Fixture::new(&gpu_config(json!({}), json!(["PATH=/bin"])));
+        let mut env = f.env.clone();
+        env.config_error = Some(broken);
+        let (_, p) =
+            prepare(&f.args("create --bundle bundle abc"), &env).expect("no request: runs");
+        assert!(matches!(p, Prepared::Passthrough));
     }
 
     #[test]
@@ -1097,6 +1487,89 @@ mod tests {
         std::os::unix::fs::symlink("real.json", b.join("config.json")).expect("ln");
         let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("must fail");
         assert!(err.message().contains("symbolic link"), "{}", err.message());
+    }
+
+    /// A runc root holding container `id` whose record carries `labels`.
+    fn runc_record(dir: &Path, id: &str, labels: &[&str]) -> PathBuf {
+        let root = dir.join("runc-root");
+        std::fs::create_dir_all(root.join(id)).expect("mkdir");
+        let state = json!({"config": {"labels": labels,
+            "cgroups": {"cpu_quota": 50_000, "cpu_period": 100_000, "memory": 0}}});
+        std::fs::write(root.join(id).join("state.json"), state.to_string()).expect("state");
+        root
+    }
+
+    #[test]
+    fn an_update_of_a_container_without_the_label_is_runcs_and_asks_nobody() {
+        let f = Fixture::new(&json!({}));
+        let root = runc_record(f.dir.path(), "plain", &["bundle=/b"]);
+        let args = f.args(&format!("--root {} update --cpu-quota 1600000 plain", root.display()));
+        let global = GlobalOptions { root, ..GlobalOptions::default() };
+        // No daemon listens: asking would fail the update.
+        assert_eq!(update(&f.env, &args, 3, &global, &|_| panic!("nothing to report")), None);
+    }
+
+    #[test]
+    fn an_update_of_a_gpu_container_is_asked_first_and_refused_without_runc() {
+        let f = Fixture::new(&json!({}));
+        let root = runc_record(f.dir.path(), "gpu", &["tessera.io/allocated=MIG-1", "bundle=/b"]);
+        let reports = std::cell::RefCell::new(Vec::new());
+        let report = |x: &Failure| reports.borrow_mut().push(x.message());
+        let global = GlobalOptions { root: root.clone(), ..GlobalOptions::default() };
+        let line = |tail: &str| f.args(&format!("--root {} update {tail}", root.display()));
+
+        // What the daemon is asked: runc's values, the root, what runc recorded.
+        let refusal = json!({"code": "refused", "message": "update of its limits refused: past the ceiling",
+                             "rule": "quotas.acme/dev.cpu_cores.ceiling"});
+        let h = f.serve(vec![http("403 Forbidden", &refusal)]);
+        let args = line("--cpu-period 1000 gpu");
+        assert_eq!(update(&f.env, &args, 3, &global, &report), Some(1));
+        let req = h.join().expect("join");
+        assert!(req[0].starts_with("POST /v1/allocations/gpu/update HTTP/1.1"), "{}", req[0]);
+        assert_eq!(
+            body_of(&req[0]),
+            json!({"runc_root": root.to_str().expect("utf8"), "cpu_quota": 0, "cpu_period": 1000,
+                   "memory_limit": 0,
+                   "recorded": {"cpu_quota": 50_000, "cpu_period": 100_000, "memory": 0,
+                                "cpuset_cpus": "", "cpuset_mems": ""}})
+        );
+        let msg = reports.borrow().last().cloned().expect("reported");
+        assert!(msg.contains("past the ceiling") && msg.contains("cpu_cores.ceiling"), "{msg}");
+
+        // A daemon without the route (an older tesserad): refused, never passed to runc
+        // (runc here does not exist: running it would report that instead).
+        std::fs::remove_file(&f.env.socket).expect("rm socket");
+        let h = f.serve(vec![http(
+            "404 Not Found",
+            &json!({"code": "not_found", "message": "no such endpoint"}),
+        )]);
+        assert_eq!(update(&f.env, &line("--memory 16g gpu"), 3, &global, &report), Some(1));
+        h.join().expect("join");
+        let msg = reports.borrow().last().cloned().expect("reported");
+        assert!(msg.contains("no such endpoint"), "{msg}");
+        // No daemon at all: refused.
+        std::fs::remove_file(&f.env.socket).expect("rm socket");
+        assert_eq!(update(&f.env, &line("--memory 16g gpu"), 3, &global, &report), Some(1));
+        let msg = reports.borrow().last().cloned().expect("reported");
+        assert!(msg.contains("cannot reach tesserad"), "{msg}");
+        // Refused before the daemon: what it cannot read as runc does, and device rules.
+        for (tail, why) in [
+            ("--cpu-quota 1 --cpu-quota=x gpu", "cpu-quota"),
+            ("--nope gpu", "flag provided but not defined"),
+            ("gpu other", "exactly one container id"),
+        ] {
+            assert_eq!(update(&f.env, &line(tail), 3, &global, &report), Some(1), "{tail}");
+            let msg = reports.borrow().last().cloned().expect("reported");
+            assert!(msg.contains(why), "{tail}: {msg}");
+        }
+        let file = f.dir.path().join("r.json");
+        std::fs::write(&file, r#"{"devices": [{"allow": true, "access": "rwm"}]}"#).expect("write");
+        let args = line(&format!("-r {} gpu", file.display()));
+        assert_eq!(update(&f.env, &args, 3, &global, &report), Some(1));
+        let msg = reports.borrow().last().cloned().expect("reported");
+        assert!(msg.contains("allows a device"), "{msg}");
+        // --help is runc's.
+        assert_eq!(update(&f.env, &line("--help gpu"), 3, &global, &report), None);
     }
 
     #[test]

@@ -49,8 +49,10 @@ pub const NVIDIA_MAJOR: i64 = 195;
 pub const NVIDIA_PATH_PREFIX: &str = "/dev/nvidia";
 
 /// Refuses a container (any container, GPU or not) that runc would put into the cgroup of
-/// a running GPU grant or below it: its processes would keep that grant's device rules —
-/// another tenant's GPU, open while the grant's own container runs and after it is gone.
+/// a running GPU grant, below it or above it: below, its processes would keep that grant's
+/// device rules — another tenant's GPU, open while the grant's own container runs and after
+/// it is gone; above, its limits bind the grant's container and a create runc fails kills
+/// everything in its cgroup tree (runc's `destroy` without a pid namespace of its own).
 /// `grants` is tesserad's list beside its socket; `systemd` runc's `--systemd-cgroup`;
 /// `own_proc_cgroup` the `/proc/self/cgroup` text of this process, which runs runc (a
 /// relative `cgroupsPath` is below its cgroup).
@@ -72,14 +74,22 @@ pub fn check_cgroup_is_free(
     let at = "linux.cgroupsPath".to_string();
     let cgroup = tessera_api::cgroup::runc_cgroup(path, container_id, systemd, own_proc_cgroup)
         .map_err(|why| SpecError::CgroupTaken { at: at.clone(), why })?;
-    if let Some(g) = grants.iter().find(|g| tessera_api::cgroup::within(&cgroup, g)) {
+    use tessera_api::cgroup::within;
+    if let Some(g) = grants.iter().find(|g| within(&cgroup, g) || within(g, &cgroup)) {
         return Err(SpecError::CgroupTaken {
             at,
             why: format!(
                 "runc would put the container in cgroup {}, {} the cgroup of a running GPU \
-                 container ({}); a container's cgroup must be its own",
+                 container ({}); a container's cgroup must be its own (runc kills what is left in \
+                 a failed container's cgroup tree, and a parent's limits bind its children)",
                 tessera_api::untrusted(&cgroup),
-                if cgroup == *g { "which is" } else { "below" },
+                if cgroup == *g {
+                    "which is"
+                } else if within(&cgroup, g) {
+                    "below"
+                } else {
+                    "above"
+                },
                 tessera_api::untrusted(g)
             ),
         });
@@ -155,6 +165,9 @@ pub enum SpecError {
     /// Something that lets the container change its own devices cgroup after runc set it.
     #[error("{at}: {why}: a GPU container could rewrite its own device rules and open every GPU")]
     DeviceCgroupWritable { at: String, why: String },
+    /// Real-time CPU for a GPU container.
+    #[error("{at}: {why}: real-time CPU time is not bounded by the CPU quota a GPU container is admitted with; GPU containers get none")]
+    RealTime { at: String, why: String },
     /// A container that would join the cgroup of a running GPU grant.
     #[error("{at}: {why}")]
     CgroupTaken { at: String, why: String },
@@ -380,6 +393,46 @@ fn typed_items<T: DeserializeOwned>(v: Option<&Value>, at: &str) -> Result<Vec<T
 }
 
 /// The object under `key`, created if absent or null.
+/// The grant's CPU set and memory nodes (`topology.pin_cpus`): written where the config
+/// sets none; where it sets its own (kubelet's CPU manager), their intersection, or its own
+/// unchanged when the two share nothing (a pin never leaves a container without a CPU).
+fn pin_cpuset(
+    resources: &mut Map<String, Value>,
+    pin: &tessera_api::CpuSet,
+) -> Result<(), SpecError> {
+    use tessera_api::cpulist::{intersect, parse_cpulist, render_cpulist};
+    let bad =
+        |e: tessera_api::cpulist::CpuListError| SpecError::BadInjection(format!("cpuset: {e}"));
+    let cpus = parse_cpulist(&pin.cpus).map_err(bad)?;
+    let mems = pin.mems.as_deref().map(parse_cpulist).transpose().map_err(bad)?;
+    let cpu = object_entry(resources, "cpu", "linux.resources.cpu")?;
+    let mut merge = |key: &str, want: &[u32]| -> Result<(), SpecError> {
+        let at = format!("linux.resources.cpu.{key}");
+        let have = match cpu.get(key) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.trim().is_empty() => None,
+            Some(Value::String(s)) => {
+                Some(parse_cpulist(s).map_err(|e| shape(&at, e.to_string()))?)
+            }
+            Some(_) => return Err(shape(&at, "expected a string")),
+        };
+        let set = match have {
+            None => want.to_vec(),
+            Some(h) => match intersect(&h, want) {
+                i if i.is_empty() => return Ok(()),
+                i => i,
+            },
+        };
+        cpu.insert(key.to_string(), Value::String(render_cpulist(&set)));
+        Ok(())
+    };
+    merge("cpus", &cpus)?;
+    if let Some(m) = mems {
+        merge("mems", &m)?;
+    }
+    Ok(())
+}
+
 fn object_entry<'a>(
     parent: &'a mut Map<String, Value>,
     key: &str,
@@ -519,15 +572,103 @@ pub fn check_gpu_spec(spec: &Value) -> Result<(), SpecError> {
 /// The capability sets runc applies.
 const CAPABILITY_SETS: [&str; 5] = ["bounding", "effective", "permitted", "inheritable", "ambient"];
 
+/// The capabilities a GPU container's processes may hold without a user namespace of its
+/// own — an allow-list, not a deny-list: Docker's default set, and `CAP_IPC_LOCK` (pinned
+/// memory for RDMA and NCCL) and `CAP_SYS_PTRACE` (profilers and debuggers, within the
+/// container's own pid namespace). Everything else reaches past the container or its
+/// limits: `CAP_SYS_ADMIN` (mounts a cgroup hierarchy and rewrites its device rules),
+/// `CAP_DAC_READ_SEARCH` (`open_by_handle_at` leaves the mount namespace), `CAP_SYS_MODULE`,
+/// `CAP_SYS_RAWIO`, `CAP_SYS_NICE` (real-time scheduling is outside the CPU quota),
+/// `CAP_SYS_TIME`, `CAP_BPF`, `CAP_PERFMON`, `CAP_NET_ADMIN` and the rest.
+pub const GPU_CAPABILITIES: &[&str] = &[
+    "CAP_AUDIT_WRITE",
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_IPC_LOCK",
+    "CAP_KILL",
+    "CAP_MKNOD",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_NET_RAW",
+    "CAP_SETFCAP",
+    "CAP_SETGID",
+    "CAP_SETPCAP",
+    "CAP_SETUID",
+    "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE",
+];
+
+/// The capabilities of a process section (`process` of config.json, or the `--process` of
+/// an exec) that are outside [`GPU_CAPABILITIES`], with the set each is in.
+pub fn capabilities_beyond_the_gpu_set(
+    process: Option<&Value>,
+    at: &str,
+) -> Result<Option<(String, String)>, SpecError> {
+    let Some(Value::Object(caps)) = process.and_then(|p| p.get("capabilities")) else {
+        return Ok(None);
+    };
+    for set in CAPABILITY_SETS {
+        let at = format!("{at}.capabilities.{set}");
+        let names: Vec<String> = typed_items(caps.get(set), &at)?;
+        if let Some(c) = names.iter().find(|c| !GPU_CAPABILITIES.contains(&c.as_str())) {
+            return Ok(Some((at, c.clone())));
+        }
+    }
+    Ok(None)
+}
+
+/// A process's `RLIMIT_RTPRIO` above 0: real-time priority without `CAP_SYS_NICE`.
+pub fn real_time_rlimit(process: Option<&Value>, at: &str) -> Result<Option<String>, SpecError> {
+    let Some(list) = process.and_then(|p| p.get("rlimits")) else { return Ok(None) };
+    let items: Vec<Value> = typed_items(Some(list), &format!("{at}.rlimits"))?;
+    for (i, r) in items.iter().enumerate() {
+        if r.get("type").and_then(Value::as_str) != Some("RLIMIT_RTPRIO") {
+            continue;
+        }
+        let above = |k: &str| r.get(k).and_then(Value::as_u64).is_some_and(|v| v > 0);
+        if above("hard") || above("soft") {
+            return Ok(Some(format!("{at}.rlimits[{i}]")));
+        }
+    }
+    Ok(None)
+}
+
+/// A user namespace mapping that takes in the host's root (uid or gid 0): inside it the
+/// container's root is the host's, and the mounts runc made there are its own to remount.
+fn maps_host_root(linux: &Map<String, Value>) -> Result<Option<String>, SpecError> {
+    #[derive(Deserialize)]
+    struct IdMapping {
+        #[serde(rename = "hostID")]
+        host_id: u32,
+        size: u32,
+    }
+    for key in ["uidMappings", "gidMappings"] {
+        let at = format!("linux.{key}");
+        let maps: Vec<IdMapping> = typed_items(linux.get(key), &at)?;
+        // Host ids are unsigned: only a range that starts at 0 takes 0 in.
+        if let Some(i) = maps.iter().position(|m| m.host_id == 0 && m.size > 0) {
+            return Ok(Some(format!("{at}[{i}]")));
+        }
+    }
+    Ok(None)
+}
+
 /// Refuses what would let the container change its devices cgroup after runc set it (the
-/// device rules decided above then mean nothing), or reach the host's cgroups another way:
-/// - `CAP_SYS_ADMIN` in any capability set without a new user namespace: it mounts the
-///   cgroup hierarchy (or remounts a read-only one) and writes `devices.allow`, which the
-///   kernel checks against `CAP_SYS_ADMIN` in the initial user namespace only;
+/// device rules decided above then mean nothing), reach the host's cgroups another way, or
+/// take more CPU than its quota counts:
+/// - a capability outside [`GPU_CAPABILITIES`] without a new user namespace (an
+///   allow-list: `CAP_SYS_ADMIN` mounts the cgroup hierarchy and writes `devices.allow`,
+///   checked against the initial user namespace; `CAP_DAC_READ_SEARCH` leaves the mount
+///   namespace with `open_by_handle_at`; ...);
+/// - a user namespace whose mappings take in the host's uid or gid 0;
 /// - no mount namespace of its own (none, or one joined by path): runc would make the
 ///   container's mounts in a namespace others use, and the container would see theirs;
-/// - no pid namespace: `/proc/<pid>/root` of another container's process leads into that
-///   container's mounts (a writable cgroupfs of a container without a GPU among them);
+/// - no pid namespace of its own (none, or one joined by path): `/proc/<pid>/root` of
+///   another container's process leads into that container's mounts (a writable cgroupfs
+///   of a container without a GPU among them);
+/// - real-time CPU (`linux.resources.cpu.realtimeRuntime`/`realtimePeriod`,
+///   `RLIMIT_RTPRIO`): outside the CFS quota its CPU is admitted by;
 /// - any mount whose options leave a cgroup hierarchy or sysfs writable, remount an
 ///   earlier mount, or let later mounts propagate in ([`crate::mounts::check_options`];
 ///   bind sources are judged where the kernel resolves them, [`crate::mounts::check_sources`]).
@@ -540,19 +681,25 @@ fn check_cgroup_stays(
     let new_ns = |typ: &str| {
         namespaces.iter().any(|n| n.typ == typ && n.path.as_deref().unwrap_or("").is_empty())
     };
-    if !new_ns("user") {
-        if let Some(Value::Object(caps)) = root.get("process").and_then(|p| p.get("capabilities")) {
-            for set in CAPABILITY_SETS {
-                let at = format!("process.capabilities.{set}");
-                let names: Vec<String> = typed_items(caps.get(set), &at)?;
-                if names.iter().any(|c| c == "CAP_SYS_ADMIN") {
-                    return Err(SpecError::DeviceCgroupWritable {
-                        at,
-                        why: "CAP_SYS_ADMIN without a user namespace of its own".into(),
-                    });
-                }
-            }
+    if new_ns("user") {
+        if let Some(at) = maps_host_root(linux)? {
+            return Err(SpecError::DeviceCgroupWritable {
+                at,
+                why: "a user namespace that maps the host's root (uid or gid 0): its root is the \
+                      host's, and the mounts runc made in it are its own to remount read-write"
+                    .into(),
+            });
         }
+    } else if let Some((at, cap)) = capabilities_beyond_the_gpu_set(root.get("process"), "process")?
+    {
+        return Err(SpecError::DeviceCgroupWritable {
+            at,
+            why: format!(
+                "{} without a user namespace of its own (GPU containers hold only {})",
+                tessera_api::untrusted(&cap),
+                GPU_CAPABILITIES.join(", ")
+            ),
+        });
     }
     if !new_ns("mount") {
         return Err(SpecError::DeviceCgroupWritable {
@@ -562,21 +709,35 @@ fn check_cgroup_stays(
                 .into(),
         });
     }
-    if !namespaces.iter().any(|n| n.typ == "pid") {
+    if !new_ns("pid") {
         return Err(SpecError::DeviceCgroupWritable {
             at: "linux.namespaces".into(),
-            why: "the host's pid namespace (/proc/<pid>/root of another container's process \
-                  leads into that container's mounts)"
+            why: "no pid namespace of its own (/proc/<pid>/root of a process it shares one with \
+                  leads into that process's mounts)"
                 .into(),
         });
+    }
+    if let Some(at) = real_time_rlimit(root.get("process"), "process")? {
+        return Err(SpecError::RealTime {
+            at,
+            why: "RLIMIT_RTPRIO above 0 gives real-time priority".into(),
+        });
+    }
+    for key in ["realtimeRuntime", "realtimePeriod"] {
+        let v = linux.get("resources").and_then(|r| r.get("cpu")).and_then(|c| c.get(key));
+        if v.is_some_and(|v| !v.is_null() && v.as_i64() != Some(0) && v.as_u64() != Some(0)) {
+            return Err(SpecError::RealTime {
+                at: format!("linux.resources.cpu.{key}"),
+                why: "a real-time CPU budget".into(),
+            });
+        }
     }
     crate::mounts::check_options(spec)?;
     Ok(())
 }
 
 /// What a GPU container's config means on this host, judged with the kernel's facts: its
-/// bind mounts where the kernel resolves them ([`crate::mounts::check_sources`]), and a pid
-/// namespace joined by path that is not the host's own.
+/// bind mounts where the kernel resolves them ([`crate::mounts::check_sources`]).
 pub fn check_host_facts(
     bundle: &Path,
     spec: &Value,
@@ -587,25 +748,6 @@ pub fn check_host_facts(
         _ => bundle.join("rootfs"),
     };
     crate::mounts::check_sources(spec, bundle, &root, host)?;
-    let namespaces =
-        typed_items::<NamespaceView>(spec.pointer("/linux/namespaces"), "linux.namespaces")?;
-    let same = |a: &Path, b: &Path| match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-        _ => false,
-    };
-    for (i, n) in namespaces.iter().enumerate() {
-        let Some(path) = n.path.as_deref().filter(|p| !p.is_empty()) else { continue };
-        if n.typ == "pid" && same(Path::new(path), Path::new("/proc/self/ns/pid")) {
-            return Err(SpecError::DeviceCgroupWritable {
-                at: format!("linux.namespaces[{i}]"),
-                why: format!(
-                    "{} is the host's pid namespace (/proc/<pid>/root of another container's \
-                     process leads into that container's mounts)",
-                    tessera_api::untrusted(path)
-                ),
-            });
-        }
-    }
     Ok(())
 }
 
@@ -788,6 +930,9 @@ pub fn apply_injection(
     let resources = object_entry(linux, "resources", "linux.resources")?;
     resources
         .insert("devices".into(), Value::Array(kept.iter().map(DeviceRule::to_value).collect()));
+    if let Some(pin) = &inj.cpuset {
+        pin_cpuset(resources, pin)?;
+    }
 
     // process.env
     let process = object_entry(root, "process", "process")?;
@@ -982,7 +1127,28 @@ mod tests {
                 read_only: true,
             }],
             gpu_majors: vec![195, 237, 508],
+            cpuset: None,
         }
+    }
+
+    /// Issue 26: `topology.pin_cpus`: the grant's CPUs and memory nodes, merged with what
+    /// the config sets (kubelet's CPU manager), never leaving it without a CPU.
+    #[test]
+    fn the_cpuset_follows_the_gpus_and_meets_the_configs_own() {
+        let mut inj = mig_injection();
+        inj.cpuset = Some(tessera_api::CpuSet { cpus: "16-31".into(), mems: Some("1".into()) });
+        let mut v = parse(RUNC_SPEC);
+        apply_injection(&mut v, &inj, &hooks()).expect("applies");
+        assert_eq!(v["linux"]["resources"]["cpu"]["cpus"], "16-31");
+        assert_eq!(v["linux"]["resources"]["cpu"]["mems"], "1");
+        let mut v = parse(RUNC_SPEC);
+        v["linux"]["resources"]["cpu"] = json!({"cpus": "0-3,20-23", "mems": "0"});
+        apply_injection(&mut v, &inj, &hooks()).expect("applies");
+        assert_eq!(v["linux"]["resources"]["cpu"]["cpus"], "20-23", "the intersection");
+        assert_eq!(v["linux"]["resources"]["cpu"]["mems"], "0", "disjoint: the config's own");
+        inj.cpuset = Some(tessera_api::CpuSet { cpus: "0-x".into(), mems: None });
+        let e = apply_injection(&mut parse(RUNC_SPEC), &inj, &hooks()).expect_err("bad list");
+        assert!(e.to_string().contains("cpuset"), "{e}");
     }
 
     fn parse(s: &str) -> Value {

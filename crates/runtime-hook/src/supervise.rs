@@ -57,6 +57,16 @@ pub fn sent_by_a_process(si_code: libc::c_int) -> bool {
 /// Runs `program args`, passing [`FORWARDED`] signals sent to this process on to it, and
 /// returns how it ended. The child starts with this process's original signal mask.
 pub fn run_forwarding(program: &OsStr, args: &[impl AsRef<OsStr>]) -> io::Result<ExitStatus> {
+    run_forwarding_input(program, args, None)
+}
+
+/// [`run_forwarding`], with `input` (when given) as the child's standard input: written
+/// from a thread of its own and closed (a child that stops reading early ends the write).
+pub fn run_forwarding_input(
+    program: &OsStr,
+    args: &[impl AsRef<OsStr>],
+    input: Option<Vec<u8>>,
+) -> io::Result<ExitStatus> {
     let mut waited: Vec<libc::c_int> = FORWARDED.to_vec();
     waited.push(libc::SIGCHLD);
     let set = sigset(&waited);
@@ -74,6 +84,9 @@ pub fn run_forwarding(program: &OsStr, args: &[impl AsRef<OsStr>]) -> io::Result
     };
     let mut cmd = Command::new(program);
     cmd.args(args);
+    if input.is_some() {
+        cmd.stdin(std::process::Stdio::piped());
+    }
     let child_mask = old;
     // SAFETY: the closure runs in the child between fork and exec; it only calls
     // pthread_sigmask (async-signal-safe) on a copy of the mask owned by the closure.
@@ -92,6 +105,12 @@ pub fn run_forwarding(program: &OsStr, args: &[impl AsRef<OsStr>]) -> io::Result
             return Err(e);
         }
     };
+    if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
+        std::thread::spawn(move || {
+            // A child that exits without reading it all: the write fails, nothing more.
+            let _ = io::Write::write_all(&mut stdin, &bytes);
+        });
+    }
     let pid = child.id() as libc::pid_t;
     let status = loop {
         // SAFETY: siginfo_t is plain data written by sigtimedwait.
@@ -186,6 +205,25 @@ mod tests {
         assert!(sent_by_a_process(libc::SI_QUEUE));
         assert!(sent_by_a_process(libc::SI_TKILL));
         assert!(!sent_by_a_process(libc::SI_KERNEL));
+    }
+
+    #[test]
+    fn input_is_the_childs_standard_input() {
+        let st = run_forwarding_input(
+            OsStr::new("/bin/sh"),
+            &["-c", "test \"$(cat)\" = hello"],
+            Some(b"hello".to_vec()),
+        )
+        .expect("runs");
+        assert_eq!(exit_code(st), 0);
+        // A child that reads nothing of a large input still ends.
+        let st = run_forwarding_input(
+            OsStr::new("/bin/sh"),
+            &["-c", "exit 3"],
+            Some(vec![b'x'; 1 << 20]),
+        )
+        .expect("runs");
+        assert_eq!(exit_code(st), 3);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! `Free` (clean) → `Assigned` (tenant, container) → `Dirty` → `Scrubbing` → `Free`, or
 //! → `Quarantined` when a scrub fails, times out, covers too little of the memory, or the
-//! device reports uncorrectable ECC errors. Only a verified scrub leads back to `Free`;
+//! device reports uncorrectable ECC errors or an XID fault. Only a verified scrub leads back to `Free`;
 //! a quarantined device goes back to service only through an operator's unquarantine,
 //! which re-scrubs it. A dirty device may go back to its last tenant without a scrub
 //! where the policy allows it (`same_tenant_skip`), never to another tenant.
@@ -175,6 +175,10 @@ pub enum DeviceEvent {
     /// NVML reports uncorrectable ECC errors on the device.
     EccError {
         uncorrectable: u64,
+    },
+    /// The driver reported a fault (an XID error) that takes the device out of service.
+    Fault {
+        reason: String,
     },
     UnquarantineRequested,
 }
@@ -353,7 +357,13 @@ impl DeviceState {
     /// Uncorrectable ECC errors: quarantine, from any state. A device in use stays with
     /// its container until released, but no one gets it after.
     pub fn on_ecc_error(&self, uncorrectable: u64) -> DeviceState {
-        let reason = format!("{uncorrectable} uncorrectable ECC errors");
+        self.on_fault(format!("{uncorrectable} uncorrectable ECC errors"))
+    }
+
+    /// The driver reported a fault on the device (an XID error, or its GPU's): quarantined
+    /// in any state, in use or not, keeping whose data it may hold. Only an unquarantine
+    /// (a health check and a clean scrub) brings it back.
+    pub fn on_fault(&self, reason: String) -> DeviceState {
         match self {
             DeviceState::Quarantined { last_tenant, .. } => {
                 DeviceState::Quarantined { reason, last_tenant: last_tenant.clone() }
@@ -392,6 +402,7 @@ impl DeviceState {
             DeviceEvent::ScrubResult(report) => self.on_scrub_result(report, policy)?,
             DeviceEvent::ScrubFailed { reason } => self.on_scrub_failed(reason)?,
             DeviceEvent::EccError { uncorrectable } => self.on_ecc_error(*uncorrectable),
+            DeviceEvent::Fault { reason } => self.on_fault(reason.clone()),
             DeviceEvent::UnquarantineRequested => self.unquarantine_requested()?,
         })
     }
@@ -669,6 +680,7 @@ mod tests {
             prop_oneof![Just(clean_report())].prop_map(DeviceEvent::ScrubResult),
             Just(DeviceEvent::ScrubFailed { reason: "killed".into() }),
             (0u64..3).prop_map(|uncorrectable| DeviceEvent::EccError { uncorrectable }),
+            Just(DeviceEvent::Fault { reason: "xid 95".into() }),
             Just(DeviceEvent::UnquarantineRequested),
         ]
     }

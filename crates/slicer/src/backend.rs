@@ -64,6 +64,64 @@ pub trait GpuBackend: Send + Sync + std::fmt::Debug {
         Ok(None)
     }
 
+    /// The node's GPU topology (NVLink domains, NUMA nodes, local CPUs). Empty where the
+    /// backend cannot tell.
+    fn topology(&self) -> Result<crate::topology::Topology, BackendError> {
+        Ok(crate::topology::Topology::default())
+    }
+
+    /// What the GPU `gpu_uuid` and each of its MIG instances are doing now (the GPU first).
+    /// Backends that cannot tell answer none.
+    fn device_telemetry(
+        &self,
+        gpu_uuid: &str,
+    ) -> Result<Vec<crate::telemetry::DeviceTelemetry>, BackendError> {
+        let _ = gpu_uuid;
+        Ok(Vec::new())
+    }
+
+    /// Per-process SM and memory utilisation on the GPU `gpu_uuid` since `since_us`.
+    /// `Ok(None)`: not available (a GPU in MIG mode, a backend without it). The default is
+    /// [`GpuBackend::process_utilization`] with no memory figure.
+    fn process_telemetry(
+        &self,
+        gpu_uuid: &str,
+        since_us: u64,
+    ) -> Result<Option<Vec<crate::telemetry::ProcessTelemetry>>, BackendError> {
+        Ok(self.process_utilization(gpu_uuid, since_us)?.map(|samples| {
+            samples
+                .into_iter()
+                .map(|s| crate::telemetry::ProcessTelemetry {
+                    pid: s.pid,
+                    sm: f64::from(s.sm_percent.min(100)) / 100.0,
+                    mem: 0.0,
+                })
+                .collect()
+        }))
+    }
+
+    /// Simulated hardware only: the MPS active thread percentage each process on device
+    /// `uuid` runs under (what the real MPS server enforces itself), for the simulator's
+    /// contention model. Real backends ignore it.
+    fn model_mps_caps(&self, uuid: &str, caps: &[(u32, u8)]) -> Result<(), BackendError> {
+        let _ = (uuid, caps);
+        Ok(())
+    }
+
+    /// The XID error events the driver reported since the last call, oldest first (drained:
+    /// each is returned once). Never blocks. Backends without an event source answer none.
+    fn xid_events(&self) -> Result<Vec<crate::xid::XidEvent>, BackendError> {
+        Ok(Vec::new())
+    }
+
+    /// The health check a quarantined device must pass before it may return to service:
+    /// `Ok(None)` when the device (GPU or MIG instance) reads healthy, `Ok(Some(why))` when
+    /// it does not (retired pages or row remaps pending, a GPU lost).
+    fn device_health(&self, uuid: &str) -> Result<Option<String>, BackendError> {
+        let _ = uuid;
+        Ok(None)
+    }
+
     /// The host's driver files every GPU container gets (read-only bind mounts); none for
     /// simulated hardware.
     fn driver_mounts(&self) -> Vec<tessera_api::BindMount> {

@@ -7,6 +7,7 @@ use tessera_api::{GpuRequest, GrantedDevice};
 
 use crate::catalog;
 use crate::inventory::{Found, Gpu, Inventory, MigInstance};
+use crate::topology::{Placement, Topology};
 
 /// Why nothing on the node fits a request. Every message says what was asked and what
 /// is free or held.
@@ -29,7 +30,7 @@ pub enum NoFit {
 }
 
 /// Pick devices for a request given who holds what. `held`: uuids (GPU or MIG) currently
-/// assigned. Deterministic: whole GPUs by lowest index, MIG instances by lowest
+/// assigned. Deterministic: whole GPUs by lowest index (without topology), MIG instances by lowest
 /// (GPU index, start slot). A GPU in MIG mode is never handed out whole, and a MIG
 /// instance is never handed out if its GPU is held whole.
 pub fn choose(
@@ -37,9 +38,20 @@ pub fn choose(
     held: &BTreeSet<String>,
     req: &GpuRequest,
 ) -> Result<Vec<GrantedDevice>, NoFit> {
+    choose_placed(inv, &Topology::default(), held, req).map(|(d, _)| d)
+}
+
+/// [`choose`] on a node whose topology is known: `gpu=N` takes GPUs of one NVLink domain
+/// and one NUMA node where it can ([`crate::topology::pick`]), and says where it landed.
+pub fn choose_placed(
+    inv: &Inventory,
+    topo: &Topology,
+    held: &BTreeSet<String>,
+    req: &GpuRequest,
+) -> Result<(Vec<GrantedDevice>, Option<Placement>), NoFit> {
     match req {
-        GpuRequest::Gpu { count } => choose_gpus(inv, held, *count),
-        GpuRequest::Mig { profile } => choose_mig(inv, held, profile),
+        GpuRequest::Gpu { count } => choose_gpus(inv, topo, held, *count),
+        GpuRequest::Mig { profile } => choose_mig(inv, held, profile).map(|d| (d, None)),
         GpuRequest::Mps { .. } | GpuRequest::Shared => {
             Err(NoFit::NotSupported { request: req.to_string() })
         }
@@ -54,9 +66,10 @@ fn sorted_gpus(inv: &Inventory) -> Vec<&Gpu> {
 
 fn choose_gpus(
     inv: &Inventory,
+    topo: &Topology,
     held: &BTreeSet<String>,
     count: u32,
-) -> Result<Vec<GrantedDevice>, NoFit> {
+) -> Result<(Vec<GrantedDevice>, Option<Placement>), NoFit> {
     let gpus = sorted_gpus(inv);
     let whole: Vec<&Gpu> = gpus.iter().copied().filter(|g| !g.mig_enabled).collect();
     let free: Vec<&Gpu> = whole.iter().copied().filter(|g| !held.contains(&g.uuid)).collect();
@@ -70,7 +83,8 @@ fn choose_gpus(
             mig: gpus.len() - whole.len(),
         });
     }
-    Ok(free.into_iter().take(asked).map(|g| Found::Gpu(g).granted()).collect())
+    let (picked, placement) = crate::topology::pick(&free, topo, asked);
+    Ok((picked.into_iter().map(|g| Found::Gpu(g).granted()).collect(), placement))
 }
 
 fn choose_mig(

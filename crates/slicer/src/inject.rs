@@ -99,5 +99,6 @@ pub fn injection(inv: &Inventory, devices: &[GrantedDevice]) -> Result<Injection
         env: vec![format!("CUDA_VISIBLE_DEVICES={list}"), format!("NVIDIA_VISIBLE_DEVICES={list}")],
         mounts: Vec::new(),
         gpu_majors: majors.all().into_iter().map(i64::from).collect(),
+        cpuset: None,
     })
 }

@@ -15,6 +15,10 @@
 //!   touching instances in use (pure), and its execution on a backend.
 //! - [`injection`]: the device nodes and environment a container needs for its devices
 //!   (pure).
+//! - [`telemetry`]: what the backend measures of devices and processes.
+//! - [`topology`]: NVLink domains, NUMA nodes, and the multi-GPU choice that keeps them
+//!   together (pure).
+//! - [`xid`]: which devices an XID error takes out of service (pure).
 //! - [`fnv1a64`]: the stable hash the simulated backend derives its UUIDs with.
 //!
 //! The research built on these decisions (the trace replay, the packer, the adversary, the
@@ -36,10 +40,13 @@ pub mod layout;
 pub mod nvml;
 pub mod place;
 pub mod sim;
+pub mod telemetry;
+pub mod topology;
+pub mod xid;
 
 pub use backend::{BackendError, GpuBackend, ProcessUtil};
 pub use catalog::{model, placement_is_legal, GpuModel, LayoutError, Profile};
-pub use choose::{choose, NoFit};
+pub use choose::{choose, choose_placed, NoFit};
 pub use hash::fnv1a64;
 pub use inject::{injection, InjectError, DEVICE_MODE};
 pub use inventory::{
@@ -50,6 +57,9 @@ pub use layout::{apply_plan, plan, DeclaredLayout, LayoutPlan};
 pub use nvml::NvmlBackend;
 pub use place::{place, place_scored, DemandMix, PlaceDecision, Scored, Strategy};
 pub use sim::SimBackend;
+pub use telemetry::{DeviceTelemetry, ProcessTelemetry};
+pub use topology::{GpuTopology, Placement, Topology};
+pub use xid::{XidEvent, XidScope};
 
 #[cfg(test)]
 mod tests;

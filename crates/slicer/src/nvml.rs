@@ -11,7 +11,10 @@
 //! `nvml-wrapper-sys` functions, taken as the `Result` fields of the loaded library (the
 //! method forms panic on a missing symbol) and wrapped once here.
 
+mod faults;
 pub mod mig;
+mod telemetry;
+pub mod topology;
 
 pub use mig::{compare_with_catalog, CatalogComparison, DriverProfile};
 
@@ -43,7 +46,13 @@ const MIB: u64 = 1024 * 1024;
 /// the driver afresh.
 #[derive(Debug)]
 pub struct NvmlBackend {
-    nvml: Nvml,
+    /// Leaked at open: the library stays loaded for the life of the process, so the event
+    /// set and GPM samples kept here may borrow it for `'static`.
+    nvml: &'static Nvml,
+    /// The XID event set, created on the first read (`nvml/faults.rs`).
+    events: std::sync::Mutex<Option<nvml_wrapper::event::EventSet<'static>>>,
+    /// The last GPM sample of each device (`nvml/telemetry.rs`).
+    gpm: telemetry::GpmSamples,
     node: String,
     /// The driver's user-space files, found once at start (`ldconfig -p`).
     driver_mounts: Vec<tessera_api::BindMount>,
@@ -68,12 +77,14 @@ impl NvmlBackend {
                 proc_driver_dir.display()
             )));
         }
-        let nvml = Nvml::init().map_err(init_error)?;
+        let nvml: &'static Nvml = Box::leak(Box::new(Nvml::init().map_err(init_error)?));
         let bin_dirs: Vec<PathBuf> =
             ["/usr/bin", "/usr/local/bin", "/usr/sbin", "/bin"].iter().map(PathBuf::from).collect();
         let driver_mounts = crate::driver::discover(Path::new("/sbin/ldconfig"), &bin_dirs);
         Ok(NvmlBackend {
             nvml,
+            events: std::sync::Mutex::new(None),
+            gpm: std::sync::Mutex::new(std::collections::HashMap::new()),
             node: hostname(),
             driver_mounts,
             proc_driver_dir: proc_driver_dir.to_path_buf(),
@@ -167,6 +178,33 @@ impl GpuBackend for NvmlBackend {
 
     fn driver_mounts(&self) -> Vec<tessera_api::BindMount> {
         self.driver_mounts.clone()
+    }
+
+    fn xid_events(&self) -> Result<Vec<crate::xid::XidEvent>, BackendError> {
+        self.read_xids()
+    }
+
+    fn device_health(&self, uuid: &str) -> Result<Option<String>, BackendError> {
+        self.health_of(uuid)
+    }
+
+    fn topology(&self) -> Result<crate::topology::Topology, BackendError> {
+        self.read_topology()
+    }
+
+    fn device_telemetry(
+        &self,
+        gpu_uuid: &str,
+    ) -> Result<Vec<crate::telemetry::DeviceTelemetry>, BackendError> {
+        self.read_device_telemetry(gpu_uuid)
+    }
+
+    fn process_telemetry(
+        &self,
+        gpu_uuid: &str,
+        since_us: u64,
+    ) -> Result<Option<Vec<crate::telemetry::ProcessTelemetry>>, BackendError> {
+        self.read_process_telemetry(gpu_uuid, since_us)
     }
 
     fn uncorrectable_ecc_errors(&self, gpu_uuid: &str) -> Result<Option<u64>, BackendError> {
@@ -482,6 +520,50 @@ mod tests {
         let profiles = backend.driver_profiles().expect("driver profiles");
         println!("{}", serde_json::to_string_pretty(&profiles).expect("json"));
         println!("{}", compare_with_catalog(&profiles));
+    }
+
+    /// Issue 26, read-only; run where a GPU is lent:
+    /// `cargo test -p slicer -- --ignored --nocapture nvml_telemetry_topology_and_events`.
+    /// Two telemetry reads 1 s apart (the second has GPM figures on Hopper), per-process
+    /// utilisation, the topology, each device's health, and the XID event set drained for
+    /// 2 s (registration is read-only; nothing is injected).
+    #[test]
+    #[ignore = "needs an NVIDIA GPU and driver"]
+    fn nvml_telemetry_topology_and_events() {
+        let backend = NvmlBackend::open_default().expect("open nvml");
+        let inv = backend.inventory().expect("inventory");
+        let topo = backend.topology().expect("topology");
+        println!("topology: {}", serde_json::to_string_pretty(&topo).expect("json"));
+        for gpu in &inv.gpus {
+            let first = backend.device_telemetry(&gpu.uuid).expect("telemetry");
+            println!("first read: {}", serde_json::to_string(&first).expect("json"));
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        for gpu in &inv.gpus {
+            let t = backend.device_telemetry(&gpu.uuid).expect("telemetry");
+            println!("{}: {}", gpu.uuid, serde_json::to_string_pretty(&t).expect("json"));
+            assert!(!t.is_empty() && t[0].uuid == gpu.uuid);
+            let p = backend.process_telemetry(&gpu.uuid, 0).expect("processes");
+            println!("{} processes: {p:?}", gpu.uuid);
+            println!(
+                "{} health: {:?}",
+                gpu.uuid,
+                backend.device_health(&gpu.uuid).expect("health")
+            );
+            for i in &gpu.instances {
+                println!(
+                    "{} health: {:?}",
+                    i.uuid,
+                    backend.device_health(&i.uuid).expect("health")
+                );
+            }
+        }
+        let mut events = Vec::new();
+        for _ in 0..20 {
+            events.extend(backend.xid_events().expect("xid events"));
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        println!("XID events in 2 s: {events:?}");
     }
 
     /// Run on a machine with a GPU: `cargo test -p slicer -- --ignored --nocapture nvml_prints`.

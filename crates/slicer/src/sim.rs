@@ -9,6 +9,9 @@
 //! - `mem/<uuid>.bin`: the device memory of each assignable device (each MIG instance on a
 //!   MIG GPU, else the GPU), `sim_memory_bytes` long, zero-filled at first.
 //!
+//! - `load/`, `mps-caps/`: what runs on each device and its MPS caps, for the contention
+//!   model ([`set_load`]; `sim/telemetry.rs`).
+//! - `xid/`, `health/`: simulated faults ([`inject_xid`], [`set_health`]; `sim/faults.rs`).
 //! - `lock`: taken (flock, exclusive) around every change, so concurrent creates and
 //!   destroys from threads or processes never lose an update.
 //!
@@ -31,8 +34,13 @@
 //! creation order that is legal. [`crate::layout::plan`] orders creations 3g-first for
 //! the driver's sake.
 
+mod faults;
+mod telemetry;
+
+pub use faults::{inject_xid, set_health, MAX_EVENTS_PER_READ};
+pub use telemetry::{set_load, LoadEntry, MAX_LOAD_ENTRIES};
+
 use std::fs::{self, File};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -101,6 +109,16 @@ pub struct GpuFile {
     pub model: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig: Option<Vec<PlacementFile>>,
+    /// The GPUs (by index in `gpus`) this one has an active NVLink to; links count both
+    /// ways. Joined GPUs form an NVLink domain.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvlink: Vec<u32>,
+    /// The NUMA node of the GPU's PCI device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<u32>,
+    /// The CPUs local to it, as a Linux CPU list (`0-15`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<String>,
 }
 
 /// One MIG instance of a node description.
@@ -169,6 +187,8 @@ pub struct SimBackend {
     sim_dir: PathBuf,
     /// The node file's `driver_root`, resolved against the node file's directory.
     driver_root: Option<PathBuf>,
+    /// The node file's NVLink, NUMA and CPU layout, by GPU index.
+    layout: Vec<(Option<u32>, Option<u32>, Option<String>)>,
 }
 
 impl SimBackend {
@@ -181,7 +201,17 @@ impl SimBackend {
             Some(dir) if root.is_relative() => dir.join(root),
             _ => root.clone(),
         });
+        let links: Vec<(usize, usize)> = desc
+            .gpus
+            .iter()
+            .enumerate()
+            .flat_map(|(i, g)| g.nvlink.iter().map(move |&p| (i, p as usize)))
+            .collect();
+        let domains = crate::topology::domains_from_links(desc.gpus.len(), &links, &[]);
+        let layout =
+            desc.gpus.iter().zip(domains).map(|(g, d)| (d, g.numa_node, g.cpus.clone())).collect();
         let backend = SimBackend {
+            layout,
             node_file: node_file.to_path_buf(),
             sim_dir: state_dir.join("sim"),
             driver_root,
@@ -399,6 +429,111 @@ impl GpuBackend for SimBackend {
         Some(self.memory_file(uuid))
     }
 
+    /// The node file's `nvlink`, `numa_node` and `cpus` of each GPU.
+    fn topology(&self) -> Result<crate::topology::Topology, BackendError> {
+        let state = self.read_state()?;
+        Ok(crate::topology::Topology {
+            gpus: state
+                .gpus
+                .iter()
+                .map(|g| {
+                    let (nvlink_domain, numa_node, cpus) =
+                        self.layout.get(g.index as usize).cloned().unwrap_or_default();
+                    crate::topology::GpuTopology {
+                        uuid: g.uuid.clone(),
+                        nvlink_domain,
+                        numa_node,
+                        cpus,
+                    }
+                })
+                .collect(),
+        })
+    }
+
+    /// The contention model over `<sim>/load/` ([`set_load`]): the GPU (a MIG GPU's
+    /// activity is its instances', weighted by their memory slots), then each instance.
+    fn device_telemetry(
+        &self,
+        gpu_uuid: &str,
+    ) -> Result<Vec<crate::telemetry::DeviceTelemetry>, BackendError> {
+        let state = self.read_state()?;
+        let Some(gpu) = state.gpus.iter().find(|g| g.uuid == gpu_uuid) else {
+            return Ok(Vec::new());
+        };
+        if !gpu.mig_enabled {
+            let mut t = telemetry::device(&self.sim_dir, &gpu.uuid, &gpu.uuid)?;
+            t.ecc_uncorrected = self.uncorrectable_ecc_errors(&gpu.uuid)?;
+            t.ecc_corrected = Some(0);
+            return Ok(vec![t]);
+        }
+        let mut instances = Vec::new();
+        let (mut sm, mut bw) = (0.0, 0.0);
+        for i in &gpu.instances {
+            let t = telemetry::device(&self.sim_dir, &i.uuid, &gpu.uuid)?;
+            let w = f64::from(i.size) / f64::from(crate::catalog::MEMORY_SLOTS);
+            sm += t.sm_active.unwrap_or(0.0) * w;
+            bw += t.dram_active.unwrap_or(0.0) * w;
+            instances.push(t);
+        }
+        let mut g = telemetry::with_activity(&gpu.uuid, &gpu.uuid, sm.min(1.0), bw.min(1.0));
+        g.ecc_uncorrected = self.uncorrectable_ecc_errors(&gpu.uuid)?;
+        g.ecc_corrected = Some(0);
+        Ok(std::iter::once(g).chain(instances).collect())
+    }
+
+    /// The model's per-process figures (none under MIG, as under NVML); without a load
+    /// file, the utilisation feed.
+    fn process_telemetry(
+        &self,
+        gpu_uuid: &str,
+        since_us: u64,
+    ) -> Result<Option<Vec<crate::telemetry::ProcessTelemetry>>, BackendError> {
+        let state = self.read_state()?;
+        if state.gpus.iter().any(|g| g.uuid == gpu_uuid && g.mig_enabled) {
+            return Ok(None);
+        }
+        match telemetry::modelled(&self.sim_dir, gpu_uuid)? {
+            Some(m) => Ok(Some(
+                m.into_iter()
+                    .map(|(pid, a)| crate::telemetry::ProcessTelemetry { pid, sm: a.sm, mem: a.bw })
+                    .collect(),
+            )),
+            None => Ok(self.process_utilization(gpu_uuid, since_us)?.map(|samples| {
+                samples
+                    .into_iter()
+                    .map(|s| crate::telemetry::ProcessTelemetry {
+                        pid: s.pid,
+                        sm: f64::from(s.sm_percent.min(100)) / 100.0,
+                        mem: 0.0,
+                    })
+                    .collect()
+            })),
+        }
+    }
+
+    fn model_mps_caps(&self, uuid: &str, caps: &[(u32, u8)]) -> Result<(), BackendError> {
+        telemetry::write_caps(&self.sim_dir, uuid, caps)
+    }
+
+    /// Pending events of `<sim>/xid/` ([`inject_xid`]), each handed out once.
+    fn xid_events(&self) -> Result<Vec<crate::xid::XidEvent>, BackendError> {
+        faults::drain_xids(&self.sim_dir)
+    }
+
+    /// `<sim>/health/<uuid>` ([`set_health`]) of the device and, for a MIG instance, of
+    /// its GPU.
+    fn device_health(&self, uuid: &str) -> Result<Option<String>, BackendError> {
+        if let Some(why) = faults::health(&self.sim_dir, uuid)? {
+            return Ok(Some(why));
+        }
+        let state = self.read_state()?;
+        match state.gpus.iter().find(|g| g.instances.iter().any(|i| i.uuid == uuid)) {
+            Some(gpu) => Ok(faults::health(&self.sim_dir, &gpu.uuid)?
+                .map(|why| format!("its GPU {}: {why}", gpu.uuid))),
+            None => Ok(None),
+        }
+    }
+
     /// The simulated counter: `<sim>/ecc/<gpu uuid>` holds a number (absent: 0).
     fn uncorrectable_ecc_errors(&self, gpu_uuid: &str) -> Result<Option<u64>, BackendError> {
         let path = self.sim_dir.join("ecc").join(gpu_uuid);
@@ -439,9 +574,31 @@ impl GpuBackend for SimBackend {
             return Ok(None);
         }
         let path = self.sim_dir.join("util").join(format!("{gpu_uuid}.json"));
+        let now = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_micros() as u64)
+                .unwrap_or(0)
+                .max(since_us + 1)
+        };
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            // No feed: what the contention model gives each process, where a load is set.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let Some(m) = telemetry::modelled(&self.sim_dir, gpu_uuid)? else {
+                    return Ok(None);
+                };
+                let at = now();
+                return Ok(Some(
+                    m.into_iter()
+                        .map(|(pid, a)| crate::backend::ProcessUtil {
+                            pid,
+                            sm_percent: (a.sm * 100.0).round() as u32,
+                            timestamp_us: at,
+                        })
+                        .collect(),
+                ));
+            }
             Err(source) => return Err(BackendError::Io { path, source }),
         };
         #[derive(serde::Deserialize)]
@@ -661,6 +818,29 @@ fn validate(path: &Path, desc: &NodeFile) -> Result<(), BackendError> {
                 ),
             )
         })?;
+        for (j, peer) in gpu.nvlink.iter().enumerate() {
+            if *peer as usize >= desc.gpus.len() || *peer as usize == i {
+                return Err(bad(
+                    format!("gpus[{i}].nvlink[{j}]"),
+                    format!(
+                        "{peer} is not the index of another GPU of this node (0 to {})",
+                        desc.gpus.len() - 1
+                    ),
+                ));
+            }
+        }
+        if let Some(n) = gpu.numa_node {
+            if n > 1023 {
+                return Err(bad(
+                    format!("gpus[{i}].numa_node"),
+                    format!("{n} is not a NUMA node (0 to 1023)"),
+                ));
+            }
+        }
+        if let Some(c) = &gpu.cpus {
+            crate::topology::parse_cpulist(c)
+                .map_err(|e| bad(format!("gpus[{i}].cpus"), e.to_string()))?;
+        }
         if let Some(mig) = &gpu.mig {
             let placements: Vec<(&str, u8)> =
                 mig.iter().map(|p| (p.profile.as_str(), p.start)).collect();
@@ -746,34 +926,16 @@ fn sim_uuid(prefix: &str, key: &str) -> String {
     )
 }
 
-fn tmp_path(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
-}
-
 /// Write `bytes` to `path` atomically: a temporary file in the same directory, fsync,
 /// rename over `path`, fsync the directory.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), BackendError> {
-    let tmp = tmp_path(path);
-    let result = (|| {
-        let mut f = File::create(&tmp).map_err(BackendError::io(&tmp))?;
-        f.write_all(bytes).map_err(BackendError::io(&tmp))?;
-        f.sync_all().map_err(BackendError::io(&tmp))?;
-        fs::rename(&tmp, path).map_err(BackendError::io(path))
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result?;
-    if let Some(dir) = path.parent() {
-        sync_dir(dir)?;
-    }
-    Ok(())
+    tessera_api::durable::replace(path, bytes, 0o644, tessera_api::durable::Sync::Durable)
+        .map_err(BackendError::io(path))
 }
 
 /// Create `path` as `len` zero bytes, atomically.
 fn create_zeroed(path: &Path, len: u64) -> Result<(), BackendError> {
-    let tmp = tmp_path(path);
+    let tmp = tessera_api::durable::temp_path(path);
     let result = (|| {
         let f = File::create(&tmp).map_err(BackendError::io(&tmp))?;
         f.set_len(len).map_err(BackendError::io(&tmp))?;
@@ -793,6 +955,56 @@ fn sync_dir(dir: &Path) -> Result<(), BackendError> {
 #[cfg(test)]
 mod util_tests {
     use super::*;
+
+    #[test]
+    fn the_node_file_describes_nvlink_numa_and_cpus() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("node.json");
+        let gpu = |peers: &str, numa: u32, cpus: &str| {
+            format!(
+                r#"{{"model": "H100-80GB", "nvlink": [{peers}], "numa_node": {numa}, "cpus": "{cpus}"}}"#
+            )
+        };
+        let text = format!(
+            r#"{{"node": "n", "gpus": [{}, {}, {}, {}, {{"model": "H100-80GB"}}]}}"#,
+            gpu("1", 0, "0-15"),
+            gpu("", 0, "0-15"),
+            gpu("3", 1, "16-31"),
+            gpu("2", 1, "16-31")
+        );
+        std::fs::write(&file, text).unwrap();
+        let b = SimBackend::open(&file, &dir.path().join("state")).unwrap();
+        let t = b.topology().unwrap();
+        let got: Vec<(Option<u32>, Option<u32>)> =
+            t.gpus.iter().map(|g| (g.nvlink_domain, g.numa_node)).collect();
+        assert_eq!(
+            got,
+            [
+                (Some(0), Some(0)),
+                (Some(0), Some(0)),
+                (Some(1), Some(1)),
+                (Some(1), Some(1)),
+                (None, None)
+            ],
+            "a link counts both ways"
+        );
+        assert_eq!(t.gpus[2].cpus.as_deref(), Some("16-31"));
+        for (bad, field) in [
+            (
+                r#"{"node": "n", "gpus": [{"model": "H100-80GB", "nvlink": [0]}]}"#,
+                "gpus[0].nvlink[0]",
+            ),
+            (r#"{"node": "n", "gpus": [{"model": "H100-80GB", "cpus": "x"}]}"#, "gpus[0].cpus"),
+            (
+                r#"{"node": "n", "gpus": [{"model": "H100-80GB", "numa_node": 5000}]}"#,
+                "gpus[0].numa_node",
+            ),
+        ] {
+            std::fs::write(&file, bad).unwrap();
+            let e = SimBackend::open(&file, &dir.path().join("bad")).unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
+        }
+    }
 
     #[test]
     fn the_utilisation_feed_follows_nvml_semantics() {

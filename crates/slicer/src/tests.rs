@@ -258,7 +258,7 @@ fn sim_node_file_errors_name_the_field() {
          "gpus[1].model: unknown GPU model `B200`; known: A100-40GB, A100-80GB, H100-80GB, H200-141GB"),
         (r#"{"node": "n", "gpus": [{"model": "H100-80GB", "mig": [{"profile": "1g.10gb", "start": "x"}]}]}"#,
          "gpus[0].mig[0].start: invalid type"),
-        (r#"{"node": "n", "gpus": [{"model": "H100-80GB", "migs": []}]}"#, "gpus[0].migs: unknown field `migs`, expected `model` or `mig`"),
+        (r#"{"node": "n", "gpus": [{"model": "H100-80GB", "migs": []}]}"#, "gpus[0].migs: unknown field `migs`, expected one of `model`, `mig`, `nvlink`, `numa_node`, `cpus`"),
         (r#"{"node": "n", "majors": {"nvidia_uvm": 195}, "gpus": [{"model": "H100-80GB"}]}"#, "majors: majors must be distinct"),
         (r#"{"node": "n", "gpus": []}"#, "gpus: a node has 1 to 64 GPUs, not 0"),
         (r#"{"node": "a/b", "gpus": [{"model": "H100-80GB"}]}"#, "node: `a/b` is not a node name"),

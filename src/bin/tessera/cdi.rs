@@ -16,6 +16,14 @@ pub enum CdiCmd {
     /// policy allow. Writes only when the content changed; run it again after a policy or
     /// MIG layout change (docs/INSTALL.md, CDI).
     Generate(GenerateArgs),
+    /// The CDI device names this node and its policy offer now, with the Tessera request
+    /// each one is (`tessera.io/gpu=mig-1g.10gb  mig=1g.10gb`).
+    List {
+        /// The policy that decides which kinds are offered [default: the file tesserad
+        /// enforces].
+        #[arg(long)]
+        policy: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -29,10 +37,13 @@ pub struct GenerateArgs {
     policy: Option<PathBuf>,
 }
 
-pub fn run(socket: &std::path::Path, cmd: CdiCmd) -> Result<(), String> {
-    let CdiCmd::Generate(a) = cmd;
+/// tesserad's status and the policy that decides the offer.
+fn offer(
+    socket: &std::path::Path,
+    policy: Option<PathBuf>,
+) -> Result<(tessera_api::NodeStatus, Offer), String> {
     let status = tessera_api::Client::new(socket).status().map_err(|e| e.to_string())?;
-    let policy_file = a.policy.clone().or_else(|| {
+    let policy_file = policy.or_else(|| {
         status.policy.source.strip_prefix("file:").map(PathBuf::from).filter(|p| p.is_file())
     });
     let policy = match &policy_file {
@@ -40,6 +51,23 @@ pub fn run(socket: &std::path::Path, cmd: CdiCmd) -> Result<(), String> {
         None => None,
     };
     let offer = Offer::new(&status, policy.as_ref());
+    Ok((status, offer))
+}
+
+pub fn run(socket: &std::path::Path, cmd: CdiCmd) -> Result<(), String> {
+    let a = match cmd {
+        CdiCmd::Generate(a) => a,
+        CdiCmd::List { policy } => {
+            let (_, offer) = offer(socket, policy)?;
+            let devices = offer.devices();
+            let width = devices.iter().map(|(n, _)| n.len()).max().unwrap_or(0) + KIND.len() + 1;
+            for (name, request) in devices {
+                println!("{:<width$}  {request}", format!("{KIND}={name}"));
+            }
+            return Ok(());
+        }
+    };
+    let (status, offer) = offer(socket, a.policy.clone())?;
     let header = format!(
         "`tessera cdi generate`, node {}, policy version {} ({})",
         status.node, status.policy.version, status.policy.source

@@ -171,9 +171,41 @@ pub struct NodesArgs {
     /// Print the coordinator's JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(subcommand)]
+    pub cmd: Option<NodesCmd>,
+}
+
+/// What `tessera nodes` can do besides listing.
+#[derive(Debug, Clone, Subcommand)]
+pub enum NodesCmd {
+    /// Pin a node's public key at the coordinator (what signs its usage uploads; the node
+    /// prints it at start and `tessera status` shows it). Uploads signed by any other key
+    /// are refused.
+    RegisterKey {
+        node: String,
+        /// The node's ed25519 public key: 64 hex digits, base64, or a file holding it.
+        key: String,
+        /// Replace a different key already pinned (a lost or rotated node key).
+        #[arg(long)]
+        replace: bool,
+        #[command(flatten)]
+        fleet: CoordinatorArgs,
+    },
 }
 
 pub fn nodes(args: &NodesArgs) -> Result<(), String> {
+    if let Some(NodesCmd::RegisterKey { node, key, replace, fleet }) = &args.cmd {
+        let fleet = if fleet.coordinator.is_some() { fleet } else { &args.fleet };
+        let key = ::fleet::signing::load_verifying_key(key).map_err(|e| e.to_string())?;
+        let hex = ::fleet::signing::encode_verifying_key(&key);
+        let rec =
+            block_on(fleet.client()?.register_node_key(node, &hex, *replace)).map_err(explain)?;
+        println!(
+            "node {} key {} pinned (by {}): the coordinator stores usage from {} only if this key signed it",
+            rec.node, rec.key_id, rec.registered_by, rec.node
+        );
+        return Ok(());
+    }
     let client = args.fleet.client()?;
     let nodes = block_on(client.nodes()).map_err(explain)?;
     if args.json {
@@ -201,7 +233,7 @@ pub fn usage(
     // Priced by the coordinator with the newest revision that verifies against its signing
     // key (the policy nodes enforce), as each node prices with the policy in force.
     let req = FleetUsageRequest {
-        query: metering::UsageQuery { from_ms, to_ms, by, prices: metering::Prices::default() },
+        query: metering::UsageQuery::new(from_ms, to_ms, by, metering::Prices::default()),
         nodes: None,
         price_with_policy: true,
     };

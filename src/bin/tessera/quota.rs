@@ -264,6 +264,7 @@ pub fn render_status(st: &QuotaStatus, now_ms: u64) -> String {
             ]);
         }
         out.push_str(&table(&rows));
+        out.push_str(&render_preemption(st));
     }
     out.push('\n');
     if st.nodes.is_empty() {
@@ -289,6 +290,61 @@ pub fn render_status(st: &QuotaStatus, now_ms: u64) -> String {
             ]);
         }
         out.push_str(&table(&rows));
+    }
+    out
+}
+
+/// Seconds from ms, for people: `0.5 s`, `42 s`, `1 h 3 min`.
+fn wait(ms: Option<u64>) -> String {
+    match ms {
+        None => "-".into(),
+        Some(ms) if ms < 10_000 => format!("{} s", two_places(ms, 1000)),
+        Some(ms) if ms < 3_600_000 => format!("{} s", ms / 1000),
+        Some(ms) => format!("{} h {} min", ms / 3_600_000, ms % 3_600_000 / 60_000),
+    }
+}
+
+/// What preemption costs each path and how long its owed requests waited, then why its
+/// requests wait.
+fn render_preemption(st: &QuotaStatus) -> String {
+    let mut out = String::from(
+        "\npreemption (work lost: the resource × the seconds its victims had run, the grace \
+         period for work that checkpoints; owner wait: owed requests, first ask to admission)\n",
+    );
+    let mut rows = vec![[
+        "QUOTA PATH",
+        "RESOURCE",
+        "WORK LOST (×h)",
+        "PREEMPTIONS LAST HOUR",
+        "OWNER WAIT P50",
+        "OWNER WAIT P99",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for p in &st.paths {
+        rows.push(vec![
+            p.path.clone(),
+            resource_name(&p.resource),
+            amount(p, p.lost / 3600),
+            p.preemptions_last_hour.to_string(),
+            wait(p.owner_wait_p50_ms),
+            wait(p.owner_wait_p99_ms),
+        ]);
+    }
+    out.push_str(&table(&rows));
+    let waiting: Vec<&PathStatus> = st.paths.iter().filter(|p| !p.waiting_why.is_empty()).collect();
+    if !waiting.is_empty() {
+        out.push_str("\nwhy work waits\n");
+        let mut seen: Vec<&str> = Vec::new();
+        for p in waiting {
+            if seen.contains(&p.path.as_str()) {
+                continue;
+            }
+            seen.push(&p.path);
+            for why in &p.waiting_why {
+                out.push_str(&format!("  {}: {}\n", p.path, why.replace('\n', " ")));
+            }
+        }
     }
     out
 }
@@ -331,6 +387,11 @@ mod tests {
             leased: 0,
             waiting: 0,
             dominant_share: 0.125,
+            lost: 0,
+            preemptions_last_hour: 0,
+            owner_wait_p50_ms: None,
+            owner_wait_p99_ms: None,
+            waiting_why: vec![],
         }
     }
 
@@ -353,7 +414,14 @@ mod tests {
             },
             paths: vec![
                 row("acme", "gpus.H100-80GB", "micro-GPU", Some(8_000_000), 2_500_000),
-                row("acme/ml", "gpus.H100-80GB", "micro-GPU", None, 1_000_000),
+                PathStatus {
+                    lost: 2 * 3600 * 1_500_000,
+                    preemptions_last_hour: 4,
+                    owner_wait_p50_ms: Some(1_200),
+                    owner_wait_p99_ms: Some(33_000),
+                    waiting_why: vec!["no capacity on node n1 for 1 H100-80GB GPUs".into()],
+                    ..row("acme/ml", "gpus.H100-80GB", "micro-GPU", None, 1_000_000)
+                },
                 row("acme/ml", "cpu_cores", "millicore", Some(64_000), 1_500),
             ],
             books_ready: false,
@@ -364,6 +432,7 @@ mod tests {
                 tenant: "acme/b".into(),
                 grace_s: 30,
                 reason: "reclaimed for acme/a".into(),
+                requeue: String::new(),
             }],
             authority: None,
             coordinators: vec![],
@@ -388,6 +457,17 @@ mod tests {
             "{cpu}"
         );
         assert!(text.contains("n1    10s ago"), "{text}");
+        // What preemption cost acme/ml: 3 GPU-hours lost, 4 preemptions in the last hour,
+        // owner waits of 1.2 s and 33 s; and why its work waits.
+        let ml = lines
+            .iter()
+            .find(|l| l.starts_with("acme/ml ") && l.contains(" 3 "))
+            .unwrap_or_else(|| panic!("no preemption row for acme/ml in {text}"));
+        assert!(ml.contains(" 4 ") && ml.contains("1.2 s") && ml.contains("33 s"), "{ml}");
+        assert!(
+            text.contains("why work waits\n  acme/ml: no capacity on node n1 for 1 H100-80GB GPUs"),
+            "{text}"
+        );
         assert!(
             text.contains("reclaims in progress") && text.contains("c7") && text.contains("30 s"),
             "{text}"

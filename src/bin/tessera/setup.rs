@@ -2,17 +2,22 @@
 //! [`tessera::setup`], prints the diff (`--dry-run`) or backs the file up and writes it.
 
 use std::fs;
-use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
-use tessera::setup::{self, ContainerdOptions};
+use tessera::doctor::{self as diag, Engine as DiagEngine, Runtime};
+use tessera::setup::{self, ContainerdOptions, NvidiaFound};
+
+use crate::doctor::{self, CheckArgs};
 
 #[derive(Debug, Subcommand)]
 pub enum SetupCmd {
     /// Add a `tessera` runtime handler to containerd's CRI plugin (config version 2 for
-    /// containerd 1.6/1.7, 3 for 2.x) and print the matching RuntimeClass. Idempotent.
+    /// containerd 1.6/1.7, 3 for 2.x): its `BinaryName` a link `containerd-<handler>` to
+    /// tessera-runtime in the runtime directory, with the handler's own runtime
+    /// configuration beside it (`kubelet = true`). Prints the matching RuntimeClass.
+    /// Idempotent.
     Containerd(ContainerdArgs),
     /// Add a `tessera` runtime to Docker's daemon.json (`docker run --runtime tessera`),
     /// keeping every other key. Idempotent.
@@ -46,6 +51,13 @@ pub struct EngineArgs {
     /// Print the change as a unified diff and write nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Disable NVIDIA's container toolkit: its runtimes (a default runtime naming one
+    /// becomes this one), its OCI hooks and CDI specs, each with a backup. Without it
+    /// they are only warned of.
+    #[arg(long)]
+    replace_nvidia: bool,
+    #[command(flatten)]
+    checks: CheckArgs,
 }
 
 #[derive(Debug, Args)]
@@ -60,6 +72,11 @@ pub struct ContainerdArgs {
     /// /usr/local/bin/tessera-runtime].
     #[arg(long)]
     runtime_path: Option<PathBuf>,
+    /// Where the handler's link to tessera-runtime (`containerd-<handler>`) and its
+    /// runtime configuration (`containerd-<handler>.toml`, `kubelet = true`) go; root's
+    /// alone. A new configuration starts from /etc/tessera/runtime.toml when that exists.
+    #[arg(long, default_value = "/usr/local/lib/tessera")]
+    runtime_dir: PathBuf,
     /// Make the handler containerd's default runtime (pods without a RuntimeClass too).
     #[arg(long)]
     set_default: bool,
@@ -69,6 +86,13 @@ pub struct ContainerdArgs {
     /// Print the change as a unified diff and write nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Disable NVIDIA's container toolkit: its runtimes (a default runtime naming one
+    /// becomes this handler), its OCI hooks and CDI specs, each with a backup. Without it
+    /// they are only warned of.
+    #[arg(long)]
+    replace_nvidia: bool,
+    #[command(flatten)]
+    checks: CheckArgs,
 }
 
 fn default_runtime_path() -> PathBuf {
@@ -79,12 +103,104 @@ fn default_runtime_path() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/usr/local/bin/tessera-runtime"))
 }
 
-pub fn run(cmd: SetupCmd) -> Result<(), String> {
+/// `socket`: tesserad's, for the policy it enforces; `explicit`: given with `--socket`
+/// (then also written into the CRI handler's runtime configuration).
+pub fn run(cmd: SetupCmd, socket: &Path, explicit: bool) -> Result<(), String> {
     match cmd {
-        SetupCmd::Containerd(a) => containerd(a),
-        SetupCmd::Docker(a) => engine(Engine::Docker, a),
-        SetupCmd::Podman(a) => engine(Engine::Podman, a),
+        SetupCmd::Containerd(a) => containerd(a, socket, explicit),
+        SetupCmd::Docker(a) => engine(Engine::Docker, a, socket),
+        SetupCmd::Podman(a) => engine(Engine::Podman, a, socket),
     }
+}
+
+/// The engine's configuration is written only into a directory that exists: a missing one
+/// means the engine is not installed, or the path is mistyped.
+fn check_dir(config: &Path, engine: &str) -> Result<(), String> {
+    let dir = config.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if dir.is_dir() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} does not exist: is {engine} installed here? (tessera setup writes {} only into a \
+         directory that exists; nothing was created)",
+        dir.display(),
+        config.display()
+    ))
+}
+
+/// Refuses a configuration that traps (`tessera doctor`'s identity and configuration
+/// traps), printing the report otherwise.
+fn check_traps(report: &diag::Report, shown: &str) -> Result<(), String> {
+    let traps: Vec<String> =
+        report.setup_traps().map(|f| format!("  {}: {}", f.subject, f.text)).collect();
+    if !traps.is_empty() {
+        return Err(format!(
+            "not writing {shown}: with it, the node would trap (`tessera doctor`):\n{}",
+            traps.join("\n")
+        ));
+    }
+    for f in report.findings.iter().filter(|f| f.kind != diag::Kind::Nvidia) {
+        let mark = if f.severity == diag::Severity::Warning { "warning: " } else { "" };
+        println!("doctor: {mark}{}: {}", f.subject, f.text);
+    }
+    Ok(())
+}
+
+/// NVIDIA's toolkit: with `apply`, the files are disabled (or, with `dry_run`, said);
+/// without, everything found is warned of.
+fn nvidia_files_and_warnings(
+    found: &NvidiaFound,
+    checks: &CheckArgs,
+    engine: &str,
+    apply: bool,
+    dry_run: bool,
+) -> Result<(), String> {
+    let files = doctor::nvidia_files(&checks.cdi_dirs(), &checks.hooks_dirs());
+    if !apply {
+        if found.lines.is_empty() && files.is_empty() {
+            return Ok(());
+        }
+        eprintln!(
+            "warning: NVIDIA's container toolkit is still configured here, so GPUs stay reachable \
+             outside Tessera's policy:"
+        );
+        for l in &found.lines {
+            eprintln!("  {l}");
+        }
+        for (f, what) in &files {
+            eprintln!("  {} ({what})", f.display());
+        }
+        eprintln!("run `tessera setup {engine} --replace-nvidia` to disable them (with backups)");
+        return Ok(());
+    }
+    for l in &found.lines {
+        let verb = if dry_run { "would disable" } else { "disabled" };
+        println!("{verb} {l}");
+    }
+    for (f, what) in &files {
+        if dry_run {
+            println!(
+                "would disable {} ({what}): renamed to {}.tessera-disabled-<time>",
+                f.display(),
+                f.display()
+            );
+        } else {
+            let to = doctor::disable_file(f)?;
+            println!("disabled {} ({what}): renamed to {}", f.display(), to.display());
+        }
+    }
+    Ok(())
+}
+
+/// tessera-hook for the `--gpus` link: beside tessera-runtime (followed through links),
+/// else beside this `tessera`; `None` when neither has one.
+fn hook_for(runtime_path: &Path) -> Option<PathBuf> {
+    let beside = |p: &Path| p.parent().map(|d| d.join("tessera-hook")).filter(|h| h.is_file());
+    fs::canonicalize(runtime_path)
+        .ok()
+        .and_then(|p| beside(&p))
+        .or_else(|| beside(runtime_path))
+        .or_else(|| std::env::current_exe().ok().and_then(|e| beside(&e)))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +209,7 @@ enum Engine {
     Podman,
 }
 
-fn engine(which: Engine, a: EngineArgs) -> Result<(), String> {
+fn engine(which: Engine, a: EngineArgs, socket: &Path) -> Result<(), String> {
     let (default_config, restart) = match which {
         Engine::Docker => ("/etc/docker/daemon.json", "systemctl restart docker"),
         Engine::Podman => (
@@ -101,14 +217,19 @@ fn engine(which: Engine, a: EngineArgs) -> Result<(), String> {
             "nothing to restart: podman reads it on every command",
         ),
     };
-    let config = resolve(&a.config.unwrap_or_else(|| PathBuf::from(default_config)))?;
+    let config = resolve(&a.config.clone().unwrap_or_else(|| PathBuf::from(default_config)))?;
+    let engine_name = match which {
+        Engine::Docker => "docker",
+        Engine::Podman => "podman",
+    };
+    check_dir(&config, engine_name)?;
     let shown = config.display().to_string();
     let text = match fs::read_to_string(&config) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(format!("cannot read {shown}: {e}")),
     };
-    let runtime_path = a.runtime_path.unwrap_or_else(default_runtime_path);
+    let runtime_path = a.runtime_path.clone().unwrap_or_else(default_runtime_path);
     let opts = setup::EngineOptions {
         name: a.name.clone(),
         runtime_path: runtime_path.to_string_lossy().into_owned(),
@@ -120,13 +241,30 @@ fn engine(which: Engine, a: EngineArgs) -> Result<(), String> {
         Engine::Podman => setup::podman(&text, &shown, &opts),
     }
     .map_err(|e| e.to_string())?;
+    // NVIDIA's runtimes in the same file: taken out with --replace-nvidia, else warned of.
+    let (nv, found) = match which {
+        Engine::Docker => setup::docker_nvidia(&edit.after, &shown, &a.name, a.replace_nvidia),
+        Engine::Podman => setup::podman_nvidia(&edit.after, &shown, &a.name, a.replace_nvidia),
+    }
+    .map_err(|e| e.to_string())?;
+    let edit = setup::Edit { before: edit.before, after: nv.after, version: 0 };
+    // What the result means, checked before anything is written.
+    let (diag_engine, configured) = match which {
+        Engine::Docker => (DiagEngine::Docker, tessera::engines::docker(&edit.after, &shown)),
+        Engine::Podman => (DiagEngine::Podman, tessera::engines::podman(&edit.after, &shown)),
+    };
+    let configured = configured.map_err(|e| e.to_string())?;
+    let ours = [runtime_path.to_string_lossy().into_owned()];
+    let runtimes = doctor::tessera_runtimes(diag_engine, &configured, &ours);
+    let policy = doctor::find_policy(a.checks.policy.as_deref(), socket)?;
+    check_traps(&diag::diagnose(policy.as_ref(), &runtimes, Vec::new()), &shown)?;
     if a.dry_run {
         if edit.changed() {
             print!("{}", edit.diff(&shown));
         } else {
             println!("{shown}: already set up for runtime `{}`; nothing to change", a.name);
         }
-        return Ok(());
+        return nvidia_files_and_warnings(&found, &a.checks, engine_name, a.replace_nvidia, true);
     }
     if !edit.changed() {
         println!("{shown}: already set up for runtime `{}`; nothing changed", a.name);
@@ -146,12 +284,20 @@ fn engine(which: Engine, a: EngineArgs) -> Result<(), String> {
     if let Some(c) = a.runtime_config.as_ref().filter(|c| !c.is_file()) {
         eprintln!("warning: runtime config {} does not exist yet; tessera-runtime refuses to run without it", c.display());
     }
+    nvidia_files_and_warnings(&found, &a.checks, engine_name, a.replace_nvidia, false)?;
     if which == Engine::Docker {
-        println!(
-            "`docker run --gpus` needs an executable named nvidia-container-runtime-hook on dockerd's PATH \
-             when dockerd starts, e.g.: ln -s {} /usr/local/bin/nvidia-container-runtime-hook",
-            runtime_path.with_file_name("tessera-hook").display()
-        );
+        match hook_for(&runtime_path) {
+            Some(hook) => println!(
+                "`docker run --gpus` needs an executable named nvidia-container-runtime-hook on dockerd's \
+                 PATH when dockerd starts, e.g.: ln -sf {} /usr/local/bin/nvidia-container-runtime-hook",
+                hook.display()
+            ),
+            None => println!(
+                "`docker run --gpus` needs an executable named nvidia-container-runtime-hook on dockerd's \
+                 PATH when dockerd starts: install tessera-hook (beside tessera-runtime) and link it there \
+                 under that name"
+            ),
+        }
     }
     Ok(())
 }
@@ -190,8 +336,94 @@ fn containerd_dump(config: &Path) -> Result<Option<String>, String> {
     Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()))
 }
 
-fn containerd(a: ContainerdArgs) -> Result<(), String> {
+/// The handler's link and its runtime configuration, as they are to be.
+struct KubeletRuntime {
+    link: PathBuf,
+    target: PathBuf,
+    config: PathBuf,
+    edit: setup::Edit,
+}
+
+impl KubeletRuntime {
+    fn plan(
+        dir: &Path,
+        handler: &str,
+        target: &Path,
+        socket: Option<&str>,
+    ) -> Result<KubeletRuntime, String> {
+        if !dir.is_absolute() {
+            return Err(format!("--runtime-dir {} must be an absolute path", dir.display()));
+        }
+        let link = PathBuf::from(setup::kubelet_link(&dir.to_string_lossy(), handler));
+        let mut config = link.clone().into_os_string();
+        config.push(".toml");
+        let config = PathBuf::from(config);
+        let shown = config.display().to_string();
+        let text = match fs::read_to_string(&config) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(format!("cannot read {shown}: {e}")),
+        };
+        let base = match text.is_empty() {
+            true => fs::read_to_string(runtime_hook::config::DEFAULT_CONFIG).ok(),
+            false => None,
+        };
+        let edit = setup::kubelet_runtime_config(&text, &shown, base.as_deref(), socket)
+            .map_err(|e| e.to_string())?;
+        Ok(KubeletRuntime { link, target: target.to_path_buf(), config, edit })
+    }
+
+    /// The link as it is now: `Ok(true)` when it already points at the target.
+    fn link_is_current(&self) -> Result<bool, String> {
+        match fs::symlink_metadata(&self.link) {
+            Ok(m) if m.file_type().is_symlink() => {
+                Ok(fs::read_link(&self.link).ok().as_deref() == Some(self.target.as_path()))
+            }
+            Ok(_) => Err(format!(
+                "{} exists and is not a link: not replacing it (remove it, or choose another --runtime-dir)",
+                self.link.display()
+            )),
+            Err(_) => Ok(false),
+        }
+    }
+
+    fn dry_run(&self) -> Result<(), String> {
+        if !self.link_is_current()? {
+            println!("would link {} -> {}", self.link.display(), self.target.display());
+        }
+        if self.edit.changed() {
+            print!("{}", self.edit.diff(&self.config.display().to_string()));
+        }
+        Ok(())
+    }
+
+    fn write(&self) -> Result<(), String> {
+        let dir = self.link.parent().unwrap_or(Path::new("/"));
+        fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        if !self.link_is_current()? {
+            let mut tmp = self.link.clone().into_os_string();
+            tmp.push(".tessera-tmp");
+            let tmp = PathBuf::from(tmp);
+            let _ = fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(&self.target, &tmp)
+                .and_then(|()| fs::rename(&tmp, &self.link))
+                .map_err(|e| format!("cannot link {}: {e}", self.link.display()))?;
+            println!("linked {} -> {}", self.link.display(), self.target.display());
+        }
+        if self.edit.changed() {
+            write_with_backup(&self.config, &self.edit.after)?;
+            println!(
+                "{}: wrote `kubelet = true` (the CRI handler's runtime configuration)",
+                self.config.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+fn containerd(a: ContainerdArgs, socket: &Path, explicit_socket: bool) -> Result<(), String> {
     let config = resolve(&a.config)?;
+    check_dir(&config, "containerd")?;
     let a = ContainerdArgs { config, ..a };
     let shown = a.config.display().to_string();
     let text = match fs::read_to_string(&a.config) {
@@ -199,15 +431,45 @@ fn containerd(a: ContainerdArgs) -> Result<(), String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(format!("cannot read {shown}: {e}")),
     };
-    let runtime_path = a.runtime_path.unwrap_or_else(default_runtime_path);
+    let runtime_path = a.runtime_path.clone().unwrap_or_else(default_runtime_path);
+    // containerd runs the link; tessera-runtime, run as it, reads the configuration beside
+    // it: the kubelet engine's, which no other engine reads.
+    let socket_setting = explicit_socket.then(|| socket.to_string_lossy().into_owned());
+    let kubelet =
+        KubeletRuntime::plan(&a.runtime_dir, &a.handler, &runtime_path, socket_setting.as_deref())?;
     let opts = ContainerdOptions {
         handler: a.handler.clone(),
-        runtime_path: runtime_path.to_string_lossy().into_owned(),
+        runtime_path: kubelet.link.to_string_lossy().into_owned(),
         set_default: a.set_default,
         empty_version: a.config_version,
     };
     let edit = setup::containerd(&text, &shown, &opts).map_err(|e| e.to_string())?;
+    let (nv, found) = setup::containerd_nvidia(&edit.after, &shown, &a.handler, a.replace_nvidia)
+        .map_err(|e| e.to_string())?;
+    let edit = setup::Edit { before: edit.before, after: nv.after, version: edit.version };
+    // What the result means, with the handler's configuration as it is to be.
+    let configured =
+        tessera::engines::containerd(&edit.after, &shown).map_err(|e| e.to_string())?;
+    let (ours, others): (Vec<_>, Vec<_>) =
+        configured.into_iter().partition(|c| c.name == a.handler);
+    let mut runtimes = doctor::tessera_runtimes(DiagEngine::Containerd, &others, &[]);
+    runtimes.extend(ours.iter().map(|c| {
+        Runtime {
+            engine: DiagEngine::Containerd,
+            name: c.name.clone(),
+            config_file: kubelet.config.display().to_string(),
+            config: runtime_hook::config::parse(
+                &kubelet.edit.after,
+                &kubelet.config.display().to_string(),
+            )
+            .map_err(|e| e.to_string()),
+            is_default: c.is_default,
+        }
+    }));
+    let policy = doctor::find_policy(a.checks.policy.as_deref(), socket)?;
+    check_traps(&diag::diagnose(policy.as_ref(), &runtimes, Vec::new()), &shown)?;
     if a.dry_run {
+        kubelet.dry_run()?;
         if edit.changed() {
             print!("{}", edit.diff(&shown));
         } else {
@@ -216,8 +478,9 @@ fn containerd(a: ContainerdArgs) -> Result<(), String> {
                 a.handler
             );
         }
-        return Ok(());
+        return nvidia_files_and_warnings(&found, &a.checks, "containerd", a.replace_nvidia, true);
     }
+    kubelet.write()?;
     if !edit.changed() {
         println!("{shown}: already set up for runtime handler `{}`; nothing changed", a.handler);
     } else {
@@ -257,6 +520,7 @@ fn containerd(a: ContainerdArgs) -> Result<(), String> {
             runtime_path.display()
         );
     }
+    nvidia_files_and_warnings(&found, &a.checks, "containerd", a.replace_nvidia, false)?;
     println!("\n# The RuntimeClass that selects it (kubectl apply -f -):");
     print!("{}", setup::runtime_class(&a.handler));
     Ok(())
@@ -298,22 +562,13 @@ fn write_with_backup(path: &Path, text: &str) -> Result<Option<PathBuf>, String>
         Some(_) => Some(backup_copy(path)?),
         None => None,
     };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tessera-tmp");
-    let tmp = PathBuf::from(tmp);
-    let write = || -> std::io::Result<()> {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.set_permissions(fs::Permissions::from_mode(mode.unwrap_or(0o644)))?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        format!("cannot write {shown}: {e}")
-    })?;
+    // The engine's config keeps its mode.
+    tessera_api::durable::replace(
+        path,
+        text.as_bytes(),
+        mode.unwrap_or(0o644),
+        tessera_api::durable::Sync::Durable,
+    )
+    .map_err(|e| format!("cannot write {shown}: {e}"))?;
     Ok(backup)
 }

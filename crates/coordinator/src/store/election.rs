@@ -9,7 +9,7 @@
 //! | `{p}/quota/books/node/{node}` | the node's record: capacity, leases issued and reported, containers it stops ([`NodeState`], holdings empty) |
 //! | `{p}/quota/books/holding/{node}/{container}` | one holding of the node's last sync that changed it ([`Holding`]) |
 //! | `{p}/quota/books/pending/{node}/{container}` | an admission not yet listed by its node ([`PendingState`]) |
-//! | `{p}/quota/books/reclaim/{node}/{tenant}` | a reclaim in progress ([`ReclaimState`]) |
+//! | `{p}/quota/books/reclaim/{node}/{tenant}/#{claim in hex}` | a reclaim in progress ([`ReclaimState`]) |
 //!
 //! **Election.** Each coordinator grants itself a lease of the leader TTL, puts its key under
 //! it, and keeps it alive (every third of the TTL). The candidate whose key has the oldest
@@ -152,8 +152,11 @@ impl EtcdQuota {
     fn pending_key(&self, node: &str, container: &str) -> String {
         format!("{}/quota/books/pending/{node}/{container}", self.prefix)
     }
-    fn reclaim_key(&self, node: &str, tenant: &str) -> String {
-        format!("{}/quota/books/reclaim/{node}/{tenant}", self.prefix)
+    /// The claim (a workload or container id, which may hold `/`) in hex: no two
+    /// (tenant, claim) pairs share a key.
+    fn reclaim_key(&self, node: &str, tenant: &str, claim: &str) -> String {
+        let hex: String = claim.bytes().map(|b| format!("{b:02x}")).collect();
+        format!("{}/quota/books/reclaim/{node}/{tenant}/#{hex}", self.prefix)
     }
 
     fn kv(&self) -> etcd_client::KvClient {
@@ -178,8 +181,12 @@ impl EtcdQuota {
             StateOp::DelPending { node, container_id } => {
                 Write::Delete(self.pending_key(&node, &container_id))
             }
-            StateOp::PutReclaim(r) => Write::Put(self.reclaim_key(&r.node, &r.tenant), encode(&r)?),
-            StateOp::DelReclaim { node, tenant } => Write::Delete(self.reclaim_key(&node, &tenant)),
+            StateOp::PutReclaim(r) => {
+                Write::Put(self.reclaim_key(&r.node, &r.tenant, &r.claim), encode(&r)?)
+            }
+            StateOp::DelReclaim { node, tenant, claim } => {
+                Write::Delete(self.reclaim_key(&node, &tenant, &claim))
+            }
         })
     }
 

@@ -10,6 +10,7 @@
 //! | `{p}/nodes/{node}` | the node's [`NodeRecord`] (JSON) |
 //! | `{p}/usage-id/{node}/{interval id}` | the interval's `usage-end` key; created once (one id, one interval) |
 //! | `{p}/usage-end/{end ms:020}/{node}/{interval id}` | the closed interval (JSON) |
+//! | `{p}/proof/{key}` | the usage proofs' records: node keys, chain heads, signed segments (`crate::usage`) |
 //!
 //! Every read of many keys is paged ([`super::PAGE_REVISIONS`], [`super::PAGE_NODES`],
 //! [`super::PAGE_USAGE`] keys per request, all pages at one etcd revision) and every value
@@ -129,6 +130,9 @@ impl Keys {
     }
     fn usage_end(&self, end_ms: u64, node: &str, id: &str) -> String {
         format!("{}/usage-end/{end_ms:020}/{node}/{id}", self.prefix)
+    }
+    fn proof(&self, key: &str) -> String {
+        format!("{}/proof/{key}", self.prefix)
     }
 }
 
@@ -527,6 +531,85 @@ impl PolicyStore for EtcdStore {
                 }
             }
             Ok(out)
+        })
+    }
+
+    fn usage_by_ids(
+        &self,
+        node: String,
+        ids: Vec<String>,
+    ) -> BoxFut<'_, Result<Vec<metering::ClosedInterval>, StoreError>> {
+        Box::pin(async move {
+            let keys = self.keys();
+            let mut kv = self.kv();
+            let mut out = Vec::with_capacity(ids.len());
+            for id in &ids {
+                let at = bounded("read usage id", kv.get(keys.usage_id(&node, id), None)).await?;
+                let Some(end_key) = at.kvs().first().map(|kv| kv.value().to_vec()) else {
+                    continue;
+                };
+                let resp = bounded("read usage", kv.get(end_key, None)).await?;
+                if let Some(item) = resp.kvs().first() {
+                    out.push(decode("usage interval", item.value())?);
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn proof_get(&self, key: String) -> BoxFut<'_, Result<Option<String>, StoreError>> {
+        Box::pin(async move {
+            let mut kv = self.kv();
+            let resp = bounded("read a usage proof", kv.get(self.keys().proof(&key), None)).await?;
+            Ok(resp.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+        })
+    }
+
+    fn proof_cas(
+        &self,
+        key: String,
+        expected: Option<String>,
+        value: String,
+    ) -> BoxFut<'_, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let full = self.keys().proof(&key);
+            let guard = match expected {
+                None => Compare::create_revision(full.clone(), CompareOp::Equal, 0),
+                Some(v) => Compare::value(full.clone(), CompareOp::Equal, v),
+            };
+            let txn = Txn::new().when([guard]).and_then([TxnOp::put(full, value, None)]);
+            let resp = bounded("write a usage proof", self.kv().txn(txn)).await?;
+            Ok(resp.succeeded())
+        })
+    }
+
+    fn proof_range(
+        &self,
+        prefix: String,
+        from: String,
+        limit: usize,
+    ) -> BoxFut<'_, Result<Vec<(String, String)>, StoreError>> {
+        Box::pin(async move {
+            let keys = self.keys();
+            let start = if from > prefix { from } else { prefix.clone() };
+            let root = keys.proof("");
+            let opts = GetOptions::new()
+                .with_range(keys.proof(&super::prefix_end(&prefix)))
+                .with_limit(i64::try_from(limit).unwrap_or(i64::MAX))
+                .with_sort(SortTarget::Key, SortOrder::Ascend);
+            let resp =
+                bounded("read usage proofs", self.kv().get(keys.proof(&start), Some(opts))).await?;
+            Ok(resp
+                .kvs()
+                .iter()
+                .map(|kv| {
+                    let k = String::from_utf8_lossy(kv.key());
+                    (
+                        k.strip_prefix(&root).unwrap_or(&k).to_string(),
+                        String::from_utf8_lossy(kv.value()).into_owned(),
+                    )
+                })
+                .collect())
         })
     }
 

@@ -264,6 +264,49 @@ pub trait PolicyStore: Send + Sync + fmt::Debug {
         from_ms: u64,
         to_ms: u64,
     ) -> BoxFut<'_, Result<Vec<(String, metering::ClosedInterval)>, StoreError>>;
+
+    /// The stored intervals of `node` with these ids, in the order asked (ids not stored
+    /// are left out).
+    fn usage_by_ids(
+        &self,
+        node: String,
+        ids: Vec<String>,
+    ) -> BoxFut<'_, Result<Vec<metering::ClosedInterval>, StoreError>>;
+
+    /// The usage proofs' records (node keys, chain heads, signed segments: see
+    /// `crate::usage`): the value at `key`.
+    fn proof_get(&self, key: String) -> BoxFut<'_, Result<Option<String>, StoreError>>;
+
+    /// Set `key` to `value` if it holds `expected` now (`None`: absent); `Ok(false)`, and
+    /// nothing written, if it does not. Atomic across coordinators.
+    fn proof_cas(
+        &self,
+        key: String,
+        expected: Option<String>,
+        value: String,
+    ) -> BoxFut<'_, Result<bool, StoreError>>;
+
+    /// Up to `limit` records whose key starts with `prefix` and is at least `from`, sorted
+    /// by key.
+    fn proof_range(
+        &self,
+        prefix: String,
+        from: String,
+        limit: usize,
+    ) -> BoxFut<'_, Result<Vec<(String, String)>, StoreError>>;
+}
+
+/// The end of the key range of every key starting with `prefix`: the smallest string above
+/// all of them (`prefix` with its last byte raised; proof keys are ASCII).
+pub(crate) fn prefix_end(prefix: &str) -> String {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0x7f {
+            end.push(last + 1);
+            return String::from_utf8_lossy(&end).into_owned();
+        }
+    }
+    "\u{7f}".to_string()
 }
 
 /// Whether a stored interval touches `[from_ms, to_ms)` (the SQLite query's condition).
@@ -423,22 +466,10 @@ pub async fn open(spec: &StoreSpec, etcd_prefix: &str) -> Result<Arc<dyn PolicyS
 }
 
 /// The span the usage roll-up sees of a closed interval (as `metering::Ledger::usage`
-/// computes it: start wall time plus the measured duration).
+/// computes it: start wall time plus the measured duration), with the utilisation the
+/// node sampled, its preemption mark and NVLink domain.
 pub(crate) fn span_of(i: &metering::ClosedInterval) -> metering::Span {
-    metering::Span {
-        container_id: i.start.container_id.clone(),
-        tenant: i.start.tenant.clone(),
-        gpu_model: i.start.gpu_model.clone(),
-        class: i.start.class,
-        fraction: i.start.fraction,
-        start_ms: i.start_wall_ms,
-        end_ms: span_end(i),
-        open: false,
-        // Uploaded intervals do not carry utilisation samples (yet): fleet reports show
-        // GPU-seconds and cost, used-vs-reserved only per node.
-        used_ratio: None,
-        workload: i.start.workload.clone(),
-    }
+    metering::Span::of_closed(i)
 }
 
 pub(crate) fn span_end(i: &metering::ClosedInterval) -> u64 {

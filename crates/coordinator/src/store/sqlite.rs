@@ -41,6 +41,10 @@ CREATE TABLE IF NOT EXISTS meta (
     name  TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS proof (
+    k TEXT PRIMARY KEY,
+    v TEXT NOT NULL
+);
 ";
 
 /// The SQLite store.
@@ -340,6 +344,79 @@ impl PolicyStore for SqliteStore {
             }
             tx.commit()?;
             Ok(out)
+        }))
+    }
+
+    fn usage_by_ids(
+        &self,
+        node: String,
+        ids: Vec<String>,
+    ) -> BoxFut<'_, Result<Vec<metering::ClosedInterval>, StoreError>> {
+        Box::pin(self.with_conn(move |conn| {
+            let mut stmt =
+                conn.prepare_cached("SELECT body FROM usage WHERE node = ?1 AND interval_id = ?2")?;
+            let mut out = Vec::with_capacity(ids.len());
+            for id in &ids {
+                let body: Option<String> =
+                    stmt.query_row(params![node, id], |r| r.get(0)).optional()?;
+                if let Some(b) = body {
+                    out.push(decode("usage interval", &b)?);
+                }
+            }
+            Ok(out)
+        }))
+    }
+
+    fn proof_get(&self, key: String) -> BoxFut<'_, Result<Option<String>, StoreError>> {
+        Box::pin(self.with_conn(move |conn| {
+            Ok(conn
+                .query_row("SELECT v FROM proof WHERE k = ?1", [key], |r| r.get(0))
+                .optional()?)
+        }))
+    }
+
+    fn proof_cas(
+        &self,
+        key: String,
+        expected: Option<String>,
+        value: String,
+    ) -> BoxFut<'_, Result<bool, StoreError>> {
+        Box::pin(self.with_conn(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let now: Option<String> =
+                tx.query_row("SELECT v FROM proof WHERE k = ?1", [&key], |r| r.get(0)).optional()?;
+            if now != expected {
+                return Ok(false);
+            }
+            tx.execute(
+                "INSERT INTO proof (k, v) VALUES (?1, ?2) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+                params![key, value],
+            )?;
+            tx.commit()?;
+            Ok(true)
+        }))
+    }
+
+    fn proof_range(
+        &self,
+        prefix: String,
+        from: String,
+        limit: usize,
+    ) -> BoxFut<'_, Result<Vec<(String, String)>, StoreError>> {
+        Box::pin(self.with_conn(move |conn| {
+            let start = if from > prefix { from } else { prefix.clone() };
+            let mut stmt = conn.prepare_cached(
+                "SELECT k, v FROM proof WHERE k >= ?1 AND k < ?2 ORDER BY k LIMIT ?3",
+            )?;
+            let rows = stmt.query_map(
+                params![
+                    start,
+                    super::prefix_end(&prefix),
+                    i64::try_from(limit).unwrap_or(i64::MAX)
+                ],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+            )?;
+            Ok(rows.collect::<Result<_, _>>()?)
         }))
     }
 

@@ -71,9 +71,24 @@ pub fn admin(url: &str) -> coordinator::client::Client {
     coordinator::client::Client::new(&[url], ADMIN).expect("client")
 }
 
-/// An agent config with test timings (short polls, quick retries).
+/// The node's own key (deterministic per node name, as a test fixture).
+pub fn node_signer(node: &str) -> coordinator::signing::Signer {
+    let b = node.bytes().fold(17u8, |acc, c| acc.wrapping_mul(31).wrapping_add(c));
+    coordinator::signing::Signer::new(SigningKey::from_bytes(&[b; 32]))
+}
+
+/// Pin node-a's and node-b's keys at the coordinator at `url`, as the operator would.
+pub async fn register_keys(url: &str) {
+    for node in ["node-a", "node-b"] {
+        let public = coordinator::signing::encode_verifying_key(&node_signer(node).verifying_key());
+        admin(url).register_node_key(node, &public, false).await.expect("register node key");
+    }
+}
+
+/// An agent config with test timings (short polls, quick retries) and the node's key.
 pub fn agent_config(urls: Vec<String>, node: &str, token: &str, lkg: PathBuf) -> AgentConfig {
     let mut cfg = AgentConfig::new(urls, node, token, key().verifying_key(), lkg);
+    cfg.node_key = Some(node_signer(node));
     cfg.poll_timeout = Duration::from_secs(5);
     cfg.report_every = Duration::from_secs(1);
     cfg.retry_min = Duration::from_millis(50);
@@ -312,12 +327,16 @@ pub fn interval(
             fraction,
             class: metering::Class::Guaranteed,
             workload: None,
+            nvlink_domain: None,
         },
         start_wall_ms: start_ms,
         end_wall_ms: start_ms + duration_ms,
         duration_ms,
         gpu_seconds: duration_ms as f64 / 1000.0 * fraction,
         reason: "poststop".into(),
+        preempted: false,
+        utilization: None,
+        chain: None,
     }
 }
 
@@ -330,4 +349,24 @@ pub fn raw_try(url: &str, path: &str) -> Option<u16> {
     let mut buf = String::new();
     s.read_to_string(&mut buf).ok()?;
     buf.split(' ').nth(1)?.parse().ok()
+}
+
+/// `batch` linked into ledger `ledger`'s chain after `after` (the last interval already
+/// chained, or none: from the ledger's genesis), as the node's ledger would have done.
+pub fn chained(
+    mut batch: Vec<metering::ClosedInterval>,
+    ledger: &str,
+    after: Option<&metering::ClosedInterval>,
+) -> Vec<metering::ClosedInterval> {
+    let (mut seq, mut prev) = match after.and_then(|a| a.chain.as_ref()) {
+        Some(l) => (l.seq, l.hash.clone()),
+        None => (0, metering::chain::genesis(ledger)),
+    };
+    for i in &mut batch {
+        seq += 1;
+        let hash = i.expected_hash(&prev, seq);
+        i.chain = Some(metering::ChainLink { seq, prev: prev.clone(), hash: hash.clone() });
+        prev = hash;
+    }
+    batch
 }

@@ -104,18 +104,24 @@ async fn etcd_usage_uploads_are_idempotent_across_coordinators() {
     let a = start_etcd_coordinator(&etcd, "/t2", free_addr()).await;
     let b = start_etcd_coordinator(&etcd, "/t2", free_addr()).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let batch = vec![
-        interval("node-a", "node-a-e-1", "acme/ml", 1_000_000, 60_000, 1.0),
-        interval("node-a", "node-a-e-2", "acme/ml", 1_000_000, 60_000, 0.5),
-    ];
+    register_keys(&a.url()).await;
+    let batch = chained(
+        vec![
+            interval("node-a", "node-a-e-1", "acme/ml", 1_000_000, 60_000, 1.0),
+            interval("node-a", "node-a-e-2", "acme/ml", 1_000_000, 60_000, 0.5),
+        ],
+        "e",
+        None,
+    );
     let via_a =
         PolicyAgent::new(agent_config(vec![a.url()], "node-a", NODE_A, dir.path().join("1")))
             .expect("agent");
     let via_b =
         PolicyAgent::new(agent_config(vec![b.url()], "node-a", NODE_A, dir.path().join("2")))
             .expect("agent");
-    assert_eq!(via_a.upload_usage(&batch).await.expect("a").accepted, 2);
-    let again = via_b.upload_usage(&batch).await.expect("b");
+    assert_eq!(via_a.upload_usage("e", &batch).await.expect("a").accepted, 2);
+    // The key pinned through one coordinator is the fleet's (etcd); the chain head too.
+    let again = via_b.upload_usage("e", &batch).await.expect("b");
     assert_eq!((again.accepted, again.duplicates), (0, 2), "a retry through the other coordinator");
     let u =
         admin(&b.url()).usage(0, 10_000_000, metering::GroupBy::Org, None).await.expect("usage");

@@ -76,17 +76,22 @@ async fn planted_revisions_are_never_used_by_the_coordinator() {
     let up =
         PolicyAgent::new(agent_config(vec![url.clone()], "node-a", NODE_A, dir.path().join("l")))
             .expect("agent");
-    let one_hour = interval("node-a", "node-a-x-1", "acme/ml", 1_000_000, 3_600_000, 1.0);
-    up.upload_usage(&[one_hour]).await.expect("upload");
+    register_keys(&url).await;
+    let one_hour = chained(
+        vec![interval("node-a", "node-a-x-1", "acme/ml", 1_000_000, 3_600_000, 1.0)],
+        "x",
+        None,
+    );
+    up.upload_usage("x", &one_hour).await.expect("upload");
 
     // Fleet usage is priced with the newest revision that verifies: version 1.
     let req = coordinator::FleetUsageRequest {
-        query: metering::UsageQuery {
-            from_ms: 0,
-            to_ms: 10_000_000,
-            by: metering::GroupBy::Org,
-            prices: metering::Prices::default(),
-        },
+        query: metering::UsageQuery::new(
+            0,
+            10_000_000,
+            metering::GroupBy::Org,
+            metering::Prices::default(),
+        ),
         nodes: None,
         price_with_policy: true,
     };
@@ -187,9 +192,9 @@ async fn a_plain_http_url_never_sends_the_token_to_a_tls_peer() {
     assert!(e.to_string().contains("does not answer plain HTTP"), "{e}");
     let agent = PolicyAgent::new(agent_config(vec![url], "node-a", NODE_A, "/nonexistent".into()))
         .expect("agent");
-    assert!(agent.upload_usage(&[]).await.is_ok(), "nothing to send, nothing sent");
-    let one = interval("node-a", "node-a-t-1", "acme/ml", 1, 1, 1.0);
-    assert!(agent.upload_usage(&[one]).await.is_err());
+    assert!(agent.upload_usage("t", &[]).await.is_ok(), "nothing to send, nothing sent");
+    let one = chained(vec![interval("node-a", "node-a-t-1", "acme/ml", 1, 1, 1.0)], "t", None);
+    assert!(agent.upload_usage("t", &one).await.is_err());
     let seen = String::from_utf8_lossy(&seen.lock().expect("lock")).into_owned();
     assert!(seen.contains("GET /v1/ping"), "the probe went out: {seen}");
     assert!(!seen.contains(ADMIN) && !seen.contains(NODE_A), "a token went out in clear: {seen}");

@@ -6,11 +6,12 @@
 //! the plan, and what to ask) and [`Node::finish_allocate`] (the plan again, on the state
 //! of then, made with the quota mark).
 
+use super::assignment::Pick;
 use super::{grant, internal, validate_abs_path, Node};
 use crate::quota;
-use tessera_api::deviceplugin::PluginAssignment;
+use tessera_api::deviceplugin::{IssuedAssignment, PluginAssignment, RESOURCE_GPU};
 use tessera_api::{
-    untrusted, AllocateRequest, Allocation, ApiError, ErrorCode, QuotaClass, QuotaMark,
+    untrusted, AllocateRequest, Allocation, ApiError, ErrorCode, GpuRequest, QuotaClass, QuotaMark,
 };
 
 /// A request past its checks: who asks, for which pod container, on which assigned devices.
@@ -18,7 +19,16 @@ use tessera_api::{
 pub(crate) struct Checked {
     tenant: policy::Tenant,
     workload: Option<tessera_api::cri::Workload>,
-    assigned: Option<PluginAssignment>,
+    /// Kubelet's assignment, its token checked.
+    assigned: Option<Box<IssuedAssignment>>,
+    /// What it declared itself (or its tenant's default).
+    class: tessera_api::WorkloadClass,
+    /// Its identity across restarts (`interference::workload_key`).
+    workload_key: String,
+    /// What the interference controller hardened its request to, if it did.
+    hardened: Option<tessera_api::GpuRequest>,
+    /// The GPUs tessera-runtime pinned (`docker --gpus '"device=…"'`), as uuids.
+    pinned: Option<PluginAssignment>,
 }
 
 /// What the checks found.
@@ -27,7 +37,7 @@ pub(crate) enum Resolved {
     /// The container holds this grant already (idempotent by container id).
     Existing(Box<Allocation>),
     /// A new grant to plan.
-    New(Checked),
+    New(Box<Checked>),
 }
 
 /// Whether grants go through the fleet's quotas.
@@ -79,7 +89,7 @@ impl Node {
     pub fn allocate(&mut self, req: &AllocateRequest) -> Result<Allocation, ApiError> {
         let checked = match self.check_allocate(req)? {
             Resolved::Existing(a) => return Ok(*a),
-            Resolved::New(c) => c,
+            Resolved::New(c) => *c,
         };
         let plan =
             self.plan_checked(req, &checked).inspect_err(|e| self.record_no_capacity(req, e))?;
@@ -146,7 +156,79 @@ impl Node {
             self.record_refusal(&req.container_id, &err);
             return Err(err);
         }
-        Ok(Resolved::New(Checked { tenant, workload, assigned }))
+        let class = self.class_of(&tenant.path, &req.annotations).map_err(|mut err| {
+            err.tenant = Some(tenant.path.clone());
+            err.request = Some(request.to_string());
+            err.rule = Some("interference.classes".into());
+            self.record_refusal(&req.container_id, &err);
+            err
+        })?;
+        let workload_key =
+            super::interference::workload_key(workload.as_ref(), req.container_id.as_str());
+        let pinned = self.pinned_gpus(req, assigned.is_some())?;
+        // Kubelet's or the user's own choice of devices is not second-guessed.
+        let hardened = if assigned.is_none() && pinned.is_none() {
+            self.hardened_request(&tenant, &workload_key, request)
+        } else {
+            None
+        };
+        Ok(Resolved::New(Box::new(Checked {
+            tenant,
+            workload,
+            assigned: assigned.map(Box::new),
+            class,
+            workload_key,
+            hardened,
+            pinned,
+        })))
+    }
+
+    /// The GPUs a `gpu=N` request pins ([`tessera_api::PINNED_ANNOTATION`]: indices or
+    /// uuids, N of them), as this node's uuids; `None` without pins. A pin that names no
+    /// GPU here, or pins with another request, are refused (400).
+    fn pinned_gpus(
+        &self,
+        req: &AllocateRequest,
+        kubelet: bool,
+    ) -> Result<Option<PluginAssignment>, ApiError> {
+        let Some(raw) = req.annotations.get(tessera_api::PINNED_ANNOTATION) else {
+            return Ok(None);
+        };
+        let bad = |why: String| ApiError {
+            code: ErrorCode::BadRequest,
+            message: format!(
+                "container {}: pinned GPUs `{}`: {why}",
+                req.container_id,
+                untrusted(raw).max_chars(256)
+            ),
+            tenant: None,
+            request: Some(req.request.to_string()),
+            rule: Some(tessera_api::PINNED_ANNOTATION.to_string()),
+        };
+        let GpuRequest::Gpu { count } = req.request else {
+            return Err(bad(format!("only a gpu=N request pins GPUs, not {}", req.request)));
+        };
+        if kubelet {
+            return Err(bad("a device-plugin assignment names its devices already".into()));
+        }
+        let mut uuids = Vec::new();
+        for pin in raw.split(',') {
+            let gpu = match pin.parse::<u32>() {
+                Ok(i) => self.inventory.gpus.iter().find(|g| g.index == i),
+                Err(_) => self.inventory.gpus.iter().find(|g| g.uuid == pin),
+            };
+            let Some(gpu) = gpu else {
+                return Err(bad(format!(
+                    "no GPU {} on this node (`tessera status` lists them)",
+                    untrusted(pin).max_chars(128)
+                )));
+            };
+            uuids.push(gpu.uuid.clone());
+        }
+        if uuids.len() != count as usize {
+            return Err(bad(format!("{} GPUs pinned for gpu={count}", uuids.len())));
+        }
+        PluginAssignment::new(RESOURCE_GPU, uuids).map(Some).map_err(|e| bad(e.to_string()))
     }
 
     fn asker<'a>(&self, req: &'a AllocateRequest, c: &'a Checked) -> grant::Asker<'a> {
@@ -156,6 +238,8 @@ impl Node {
             tenant: &c.tenant.path,
             trust: c.tenant.trust.to_string(),
             workload: c.workload.clone(),
+            class: Some(c.class),
+            workload_key: Some(c.workload_key.clone()),
         }
     }
 
@@ -166,9 +250,21 @@ impl Node {
         c: &Checked,
     ) -> Result<grant::GrantPlan, ApiError> {
         let who = self.asker(req, c);
-        match &c.assigned {
-            Some(a) => self.plan_assigned(&who, a),
-            None => self.plan_grant(&who),
+        match (&c.assigned, &c.pinned) {
+            (Some(a), _) => self.plan_assigned(&who, a.assignment(), Pick::Kubelet),
+            (None, Some(p)) => self.plan_assigned(&who, p, Pick::Pinned),
+            (None, None) => {
+                // A hardened victim gets the MIG instance or whole GPU if the node has one
+                // free, else what it asked for.
+                if let Some(h) = &c.hardened {
+                    let hardened = grant::Asker { request: h, ..who.clone() };
+                    match self.plan_grant(&hardened) {
+                        Err(e) if e.code == ErrorCode::NoCapacity => {}
+                        other => return other,
+                    }
+                }
+                self.plan_grant(&who)
+            }
         }
     }
 
@@ -178,7 +274,8 @@ impl Node {
         }
     }
 
-    /// Make a planned grant (recording kubelet's assignment first, where there is one).
+    /// Make a planned grant (recording kubelet's assignment and the use of its token
+    /// first, where there is one: checked in this same lock section).
     fn commit_checked(
         &mut self,
         req: &AllocateRequest,
@@ -186,9 +283,14 @@ impl Node {
         plan: grant::GrantPlan,
     ) -> Result<Allocation, ApiError> {
         if let Some(a) = &c.assigned {
-            self.record_assignment(&req.container_id, a)?;
+            self.bind_token(req, a)?;
+            self.record_assignment(&req.container_id, a.assignment())?;
         }
-        self.apply_grant(plan)
+        let a = self.apply_grant(plan)?;
+        if a.isolation != req.request.isolation() {
+            self.hardened_granted(&a, &c.workload_key);
+        }
+        Ok(a)
     }
 
     /// The first step of a grant under the fleet's quotas: the checks and the plan. Where
@@ -203,7 +305,7 @@ impl Node {
     ) -> Result<Prepared, ApiError> {
         let checked = match self.check_allocate(req)? {
             Resolved::Existing(a) => return Ok(Prepared::Granted(a)),
-            Resolved::New(c) => c,
+            Resolved::New(c) => *c,
         };
         if mode == QuotaMode::Off || !self.policy.policy.has_quotas() {
             let plan = self
@@ -273,6 +375,8 @@ impl Node {
             err
         };
         let gang = quota::gang_of(&req.annotations).map_err(|e| bad(self, e, "gang"))?;
+        let checkpoint =
+            quota::checkpoints(&req.annotations).map_err(|e| bad(self, e, "preemption"))?;
         let limits =
             quota::checked_limits(req.limits.as_ref()).map_err(|e| bad(self, e, "limits"))?;
         quota::require_limits(self.policy.policy.quotas(), &c.tenant.path, &limits)
@@ -287,14 +391,20 @@ impl Node {
             }
         };
         let refs: Vec<&str> = models.iter().map(String::as_str).collect();
-        let gpus = quota::gpu_amounts(&req.request, &refs, self.policy.policy.shared_replicas())
-            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        let weight = match &req.request {
+            tessera_api::GpuRequest::Mig { profile } => self.policy.policy.mig_weight(profile),
+            _ => None,
+        };
+        let gpus =
+            quota::gpu_amounts(&req.request, &refs, self.policy.policy.shared_replicas(), weight)
+                .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
         Ok(fleet::quota::AdmitRequest {
             container_id: req.container_id.to_string(),
             tenant: c.tenant.path.clone(),
             amounts: quota::amounts(&gpus, &limits),
             gang,
             short_on_node,
+            checkpoint,
             workload: c.workload.as_ref().map(|w| w.display_name()),
             // The gate says (it knows what this node admitted alone).
             unsynced_lease_grants: false,
@@ -332,7 +442,7 @@ impl Node {
     ) -> Result<Allocation, ApiError> {
         let checked = match self.check_allocate(req)? {
             Resolved::Existing(a) => return Ok(*a),
-            Resolved::New(c) => c,
+            Resolved::New(c) => *c,
         };
         let plan =
             self.plan_checked(req, &checked).inspect_err(|e| self.record_no_capacity(req, e))?;
@@ -393,6 +503,7 @@ impl Node {
             cpu_milli: now.amounts.cpu_milli,
             memory_mib: now.amounts.memory_mib,
             gang: now.gang.as_ref().map(|g| g.name.clone()),
+            checkpoint: now.checkpoint,
         };
         let mut plan = plan;
         plan.quota = Some(Box::new(mark));

@@ -1,11 +1,17 @@
 //! Grants on the devices kubelet chose: a container whose annotations carry the device
 //! plugin's assignment ([`ASSIGNMENT_ANNOTATION`], written by the plugin's `Allocate`)
 //! gets its grant on exactly those devices, or is refused naming the device that is not
-//! free, not on this node or not grantable to it. The policy decides first, as for every
+//! free, not on this node or not grantable to it. The assignment is honoured only with a
+//! token this node's `Allocate` issued for exactly those ids (`tokens.rs`): one a config
+//! author wrote, or one replayed by another container, is refused before anything is
+//! planned or recorded. The policy decides first, as for every
 //! request (identity, tier, node pool: `allocate.rs`); then, instead of choosing devices,
 //! the plan takes the assigned ones through the same pure checks as a chosen one
 //! (`mpsd::pick_mps_device` and `mpsd::pick_shared_device` over that one device, the
-//! catalog's layout rules for a MIG cut).
+//! catalog's layout rules for a MIG cut). A MIG placement whose cut would destroy idle
+//! instances is refused while a plain `mig=<profile>` request would destroy nothing (it
+//! would reuse a free instance of the profile, or cut on free slots): kubelet's choice
+//! never costs the node an instance a plain request would have left.
 //!
 //! Which ids kubelet holds is kept beside the state database
 //! (`device-plugin-assignments.json`: container id → assignment), written before the
@@ -18,7 +24,7 @@ use std::path::PathBuf;
 
 use slicer::Found;
 use tessera_api::deviceplugin::{
-    DeviceId, PluginAssignment, PluginResource, ASSIGNMENT_ANNOTATION,
+    DeviceId, IssuedAssignment, PluginAssignment, PluginResource, ASSIGNMENT_ANNOTATION,
 };
 use tessera_api::{AllocateRequest, Allocation, ApiError, ErrorCode};
 use tracing::warn;
@@ -55,6 +61,15 @@ pub fn granted_as(a: &PluginAssignment, g: &Allocation) -> bool {
         }
         _ => false,
     }
+}
+
+/// Who chose the devices of a grant planned on exactly them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pick {
+    /// kubelet, through the device plugin's `Allocate` (and its token).
+    Kubelet,
+    /// The container's author, pinning GPUs (`docker --gpus '"device=…"'`).
+    Pinned,
 }
 
 impl Node {
@@ -99,12 +114,14 @@ impl Node {
     }
 
     /// The device-plugin assignment `req` carries, if any, checked: well formed, the same
-    /// request as the one asked (tessera-runtime derives the request from it), and, for a
-    /// container that already holds a grant, the assignment that grant was made for.
+    /// request as the one asked (tessera-runtime derives the request from it), for a
+    /// container that already holds a grant the assignment that grant was made for, and
+    /// its token issued here for it and not used by another container
+    /// ([`Node::check_token`]). Refusals of the token are recorded as events.
     pub(super) fn plugin_assignment(
-        &self,
+        &mut self,
         req: &AllocateRequest,
-    ) -> Result<Option<PluginAssignment>, ApiError> {
+    ) -> Result<Option<IssuedAssignment>, ApiError> {
         let Some(text) = req.annotations.get(ASSIGNMENT_ANNOTATION) else { return Ok(None) };
         let bad = |message: String| ApiError {
             code: ErrorCode::BadRequest,
@@ -113,9 +130,19 @@ impl Node {
             request: Some(req.request.to_string()),
             rule: Some(ASSIGNMENT_ANNOTATION.to_string()),
         };
-        let a: PluginAssignment = text.parse().map_err(|e| {
-            bad(format!("container {}: annotation {ASSIGNMENT_ANNOTATION}: {e}", req.container_id))
-        })?;
+        let issued: IssuedAssignment = match text.parse() {
+            Ok(i) => i,
+            Err(e) => {
+                // A forged one (no token, another version) is worth an event.
+                let err = bad(format!(
+                    "container {}: annotation {ASSIGNMENT_ANNOTATION}: {e}",
+                    req.container_id
+                ));
+                self.record_refusal(&req.container_id, &err);
+                return Err(err);
+            }
+        };
+        let a = issued.assignment().clone();
         let request = a.request().map_err(|e| {
             bad(format!("container {}: annotation {ASSIGNMENT_ANNOTATION}: {e}", req.container_id))
         })?;
@@ -142,7 +169,8 @@ impl Node {
                 });
             }
         }
-        Ok(Some(a))
+        self.check_token(req, &issued)?;
+        Ok(Some(issued))
     }
 
     /// Records that `container_id`'s grant is made for `a` (before the grant is applied),
@@ -160,19 +188,8 @@ impl Node {
         map.insert(container_id.to_string(), a.to_string());
         let path = self.assignments_path();
         let write = || -> std::io::Result<()> {
-            use std::io::Write;
-            use std::os::unix::fs::OpenOptionsExt;
-            let tmp = path.with_extension("json.tmp");
-            let _ = std::fs::remove_file(&tmp);
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&tmp)?;
-            f.write_all(&serde_json::to_vec_pretty(&map).map_err(std::io::Error::other)?)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)
+            let json = serde_json::to_vec_pretty(&map).map_err(std::io::Error::other)?;
+            tessera_api::durable::replace(&path, &json, 0o600, tessera_api::durable::Sync::Durable)
         };
         write().map_err(|e| {
             ApiError::new(
@@ -185,28 +202,37 @@ impl Node {
         })
     }
 
-    /// Plans a grant on exactly the devices of `a` (see the module documentation).
+    /// Plans a grant on exactly the devices of `a` (see the module documentation), which
+    /// `pick` says who chose.
     /// Changes nothing; a refusal names the device.
     pub(super) fn plan_assigned(
         &self,
         who: &Asker<'_>,
         a: &PluginAssignment,
+        pick: Pick,
     ) -> Result<GrantPlan, ApiError> {
         let tenant = who.tenant;
         let allocations = self.allocations()?;
         let mut device_use = DeviceUse::of(&allocations);
         let life = self.lifecycle()?;
-        let blocked = self.not_assignable(&life, tenant);
+        // The same exclusions as a plain request's: the device's state, and where others
+        // run (an NVLink domain another tenant holds a GPU of, anti-affine co-tenants).
+        let super::grant::Excluded { blocked, fenced } = self.excluded_for(&life, who)?;
         device_use.exclusive.extend(blocked.iter().cloned());
+        device_use.exclusive.extend(fenced.iter().cloned());
+        // What a plain request may not touch (as `plan_grant` counts it).
+        let mut untouchable = device_use.busy();
+        untouchable.extend(life.keys().cloned());
+        let (what, rule) = match pick {
+            Pick::Kubelet => ("device-plugin device", ASSIGNMENT_ANNOTATION),
+            Pick::Pinned => ("pinned GPU", tessera_api::PINNED_ANNOTATION),
+        };
         let refuse = |id: &str, why: String| ApiError {
             code: ErrorCode::NoCapacity,
-            message: format!(
-                "tenant {tenant}: device-plugin device {id} ({}): {why}",
-                a.resource()
-            ),
+            message: format!("tenant {tenant}: {what} {id} ({}): {why}", a.resource()),
             tenant: Some(tenant.to_string()),
             request: Some(who.request.to_string()),
-            rule: Some(ASSIGNMENT_ANNOTATION.to_string()),
+            rule: Some(rule.to_string()),
         };
         // Ids another live kubelet grant holds (MPS percent and replicas are not devices:
         // only the ids tell them apart).
@@ -228,6 +254,10 @@ impl Node {
                     Some((st, _)) => super::lifecycle_detail(st),
                     None => self.hold_detail(uuid).unwrap_or_else(|| "not available".to_string()),
                 }
+            } else if fenced.contains(uuid) {
+                "kept from this tenant by where others run (topology.isolate_nvlink_domains, \
+                 interference anti-affinity)"
+                    .to_string()
             } else if device_use.exclusive.contains(uuid) {
                 "in use by another container".to_string()
             } else if device_use.mps.contains_key(uuid) {
@@ -280,7 +310,7 @@ impl Node {
                             Some(i) => Some(i.uuid.clone()),
                             None => {
                                 let (destroy, gpu_index) = self
-                                    .assigned_cut(g, p, *start, &in_use)
+                                    .assigned_cut(g, p, *start, &in_use, &untouchable)
                                     .map_err(|why| refuse(&id, why))?;
                                 return self.finish_plan(
                                     who,
@@ -362,14 +392,17 @@ impl Node {
     }
 
     /// A cut of `profile` at `start` on `g` for kubelet's placement id: allowed where MIG
-    /// is dynamic, when every instance in its slots is idle (they are destroyed for it)
-    /// and the layout left is legal. The idle instances to destroy and the GPU index.
+    /// is dynamic, when every instance in its slots is idle (they are destroyed for it),
+    /// the layout left is legal, and, where it destroys any, a plain `mig=<profile>`
+    /// request would have to destroy too ([`plain_would_keep`]; `untouchable`: what a plain
+    /// request may not take or destroy). The idle instances to destroy and the GPU index.
     fn assigned_cut(
         &self,
         g: &slicer::Gpu,
         profile: &str,
         start: u8,
         in_use: &dyn Fn(&str) -> Option<String>,
+        untouchable: &BTreeSet<String>,
     ) -> Result<(Vec<String>, u32), String> {
         if !self.mig_is_dynamic() {
             return Err(
@@ -398,7 +431,35 @@ impl Node {
             kept.iter().map(|i| (i.profile.as_str(), i.start)).collect();
         layout.push((p.name, start));
         slicer::catalog::placement_is_legal(model, &layout).map_err(|e| e.to_string())?;
+        if let (Some(first), Some(plain)) =
+            (overlapping.first(), plain_would_keep(&self.inventory, untouchable, profile))
+        {
+            return Err(format!(
+                "cutting it would destroy idle instance {} ({} at slot {}), while a plain mig={profile} \
+                 request would {plain}: a kubelet placement never destroys an instance a plain request would leave",
+                first.uuid, first.profile, first.start
+            ));
+        }
         Ok((overlapping.iter().map(|i| i.uuid.clone()).collect(), g.index))
+    }
+}
+
+/// What a plain `mig=<profile>` request would do here without destroying any instance
+/// (reuse a free instance of the profile, or cut on free slots), in words; `None` when it
+/// too would have to destroy idle instances (or cannot be placed at all). `untouchable`:
+/// the devices a plain request may not take or destroy.
+pub fn plain_would_keep(
+    inventory: &slicer::Inventory,
+    untouchable: &BTreeSet<String>,
+    profile: &str,
+) -> Option<String> {
+    let any = slicer::DemandMix::from_weights(std::iter::empty::<(String, f64)>(), 1.0);
+    match slicer::place(inventory, untouchable, profile, slicer::Strategy::FirstFit, &any) {
+        Ok(slicer::PlaceDecision::Reuse { uuid }) => Some(format!("reuse free instance {uuid}")),
+        Ok(slicer::PlaceDecision::Create { gpu_index, start }) => {
+            Some(format!("cut one on free slots (GPU {gpu_index}, slot {start})"))
+        }
+        Ok(slicer::PlaceDecision::Defragment { .. }) | Err(_) => None,
     }
 }
 
@@ -441,6 +502,9 @@ mod tests {
             }),
             workload: None,
             quota: None,
+            nvlink_domain: None,
+            topology: None,
+            class: None,
         }
     }
 

@@ -18,6 +18,9 @@ impl Node {
     /// The node's capacity as the device plugin counts it.
     pub fn capacity(&self) -> Result<Snapshot, ApiError> {
         let allocations = self.allocations()?;
+        // Read every 2 s while the plugin runs: the tokens of live kubelet grants are kept
+        // ahead of their expiry here (written only when that is due).
+        self.tidy_tokens(&allocations);
         let unavailable: BTreeSet<String> = self.lifecycle()?.into_keys().collect();
         let kubelet = self.kubelet_assignments(&allocations).into_iter().map(|(_, a)| a).collect();
         Ok(snapshot(&Inputs {
@@ -25,8 +28,10 @@ impl Node {
             allocations: &allocations,
             unavailable: &unavailable,
             kubelet,
+            presented: self.presented.iter().cloned().collect(),
             policy: &self.policy.policy,
             dynamic_mig: self.mig_is_dynamic(),
+            topology: &self.topology,
         }))
     }
 
@@ -46,8 +51,12 @@ pub struct Inputs<'a> {
     pub unavailable: &'a BTreeSet<String>,
     /// The assignments of the live grants made through the device plugin.
     pub kubelet: Vec<PluginAssignment>,
+    /// Assignments whose token a create presented (see [`Snapshot::presented`]).
+    pub presented: Vec<PluginAssignment>,
     pub policy: &'a Policy,
     pub dynamic_mig: bool,
+    /// The GPUs' NUMA nodes, for kubelet's topology manager.
+    pub topology: &'a slicer::Topology,
 }
 
 /// The plugin's snapshot of the node: every GPU with its use (whole GPUs) or its
@@ -91,6 +100,7 @@ pub fn snapshot(i: &Inputs<'_>) -> Snapshot {
                 })
                 .collect();
             Some(GpuState {
+                numa_node: i.topology.numa(&g.uuid),
                 uuid,
                 model: g.model.clone(),
                 blocked: i.unavailable.contains(&g.uuid),
@@ -106,6 +116,7 @@ pub fn snapshot(i: &Inputs<'_>) -> Snapshot {
         dynamic_mig: i.dynamic_mig,
         gpus,
         kubelet: i.kubelet.clone(),
+        presented: i.presented.clone(),
     }
 }
 
@@ -181,8 +192,10 @@ mod tests {
             allocations: &[a, b],
             unavailable: &unavailable,
             kubelet: Vec::new(),
+            presented: Vec::new(),
             policy: &p,
             dynamic_mig: true,
+            topology: &slicer::Topology::default(),
         });
         let by = |u: &str| s.gpus.iter().find(|g| g.uuid.as_str() == u).expect("gpu");
         assert_eq!(by(&whole[0].uuid).usage, Usage::Mps { percent: 30 });

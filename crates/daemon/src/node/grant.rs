@@ -18,7 +18,14 @@ use crate::store::{Record, StateChange, StoreError};
 #[derive(Debug, Clone)]
 pub(crate) struct Asker<'a> {
     pub req: &'a AllocateRequest,
+    /// What is planned: the request, or what the interference controller hardened it to;
+    /// the grant records the request as asked (`req.request`).
     pub request: &'a GpuRequest,
+    /// What the container is (its `tessera.io/class`, else the policy's default).
+    pub class: Option<tessera_api::WorkloadClass>,
+    /// The container's identity across restarts (its pod container, else its id): what
+    /// hardening and anti-affinity marks are kept by.
+    pub workload_key: Option<String>,
     pub tenant: &'a str,
     pub trust: String,
     /// The pod container it asks for, where it is one.
@@ -58,11 +65,29 @@ pub(crate) struct GrantPlan {
     pub workload: Option<tessera_api::cri::Workload>,
     /// How the grant counts against fleet quotas (`None`: no quota applies).
     pub quota: Option<Box<tessera_api::QuotaMark>>,
+    /// Where whole GPUs landed in the node's topology (`gpu=N`).
+    pub placement: Option<slicer::Placement>,
+    /// What the container declared itself (or its tenant's default).
+    pub class: Option<tessera_api::WorkloadClass>,
+    /// The isolation actually granted, when it is not the request's (a hardened request:
+    /// `interference.harden`).
+    pub isolation: Isolation,
 }
 
 fn injection_for(node: &Node, devices: &[GrantedDevice]) -> Result<Injection, ApiError> {
     slicer::injection(&node.inventory, devices)
         .map_err(|e| ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}")))
+}
+
+/// Devices a tenant may not be given now ([`Node::excluded_for`]).
+pub(super) struct Excluded {
+    /// Dirty, scrubbing and quarantined devices (and a dirty one of this tenant too,
+    /// unless the policy lets it skip the scrub).
+    pub blocked: BTreeSet<String>,
+    /// Whole GPUs and shared devices kept from it by where others run:
+    /// `topology.isolate_nvlink_domains` and the interference controller's anti-affinity
+    /// ([`Node::fenced_for`]).
+    pub fenced: BTreeSet<String>,
 }
 
 impl Node {
@@ -74,9 +99,11 @@ impl Node {
         // Dirty, scrubbing and quarantined devices count as taken for this tenant (and a
         // dirty one of this tenant too, unless the policy lets it skip the scrub).
         let life = self.lifecycle()?;
-        let blocked = self.not_assignable(&life, tenant);
+        let Excluded { blocked, fenced } = self.excluded_for(&life, who)?;
         device_use.exclusive.extend(blocked.iter().cloned());
+        device_use.exclusive.extend(fenced.iter().cloned());
         let mut mig_profile = None;
+        let mut placement = None;
         let acquire = match who.request {
             GpuRequest::Mps { percent } => {
                 self.plan_mps(tenant, who, *percent, &device_use, None)?
@@ -90,18 +117,48 @@ impl Node {
             }
             request => {
                 let unavailable = self.unavailable_summary(&life, &blocked);
-                let devices = slicer::choose(&self.inventory, &device_use.busy(), request)
-                    .map_err(|nofit| ApiError {
-                        code: ErrorCode::NoCapacity,
-                        message: format!("tenant {tenant}: {nofit}{unavailable}"),
-                        tenant: Some(tenant.to_string()),
-                        request: Some(request.to_string()),
-                        rule: None,
-                    })?;
+                let fence = if fenced.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " — kept from this tenant by where others run (topology.isolate_nvlink_domains, interference anti-affinity): {}",
+                        fenced.iter().cloned().collect::<Vec<_>>().join(", ")
+                    )
+                };
+                let (devices, placed) = slicer::choose_placed(
+                    &self.inventory,
+                    &self.topology,
+                    &device_use.busy(),
+                    request,
+                )
+                .map_err(|nofit| ApiError {
+                    code: ErrorCode::NoCapacity,
+                    message: format!("tenant {tenant}: {nofit}{unavailable}{fence}"),
+                    tenant: Some(tenant.to_string()),
+                    request: Some(request.to_string()),
+                    rule: None,
+                })?;
+                placement = placed;
                 Acquire::Devices(devices)
             }
         };
-        self.finish_plan(who, &life, acquire, mig_profile)
+        let mut plan = self.finish_plan(who, &life, acquire, mig_profile)?;
+        plan.placement = placement;
+        Ok(plan)
+    }
+
+    /// What `who` may not be given now, whoever picks the devices — tesserad's placement
+    /// ([`Node::plan_grant`]), kubelet's assignment or a user's pin
+    /// ([`Node::plan_assigned`]): one check for every path, so no path skips a rule.
+    pub(super) fn excluded_for(
+        &self,
+        life: &Lifecycles,
+        who: &Asker<'_>,
+    ) -> Result<Excluded, ApiError> {
+        Ok(Excluded {
+            blocked: self.not_assignable(life, who.tenant),
+            fenced: self.fenced_for(who.tenant, who.workload_key.as_deref())?,
+        })
     }
 
     /// The plan of `who`'s grant once what it holds is decided (here, or on the devices
@@ -119,7 +176,7 @@ impl Node {
             container_id: who.req.container_id.to_string(),
             tenant: tenant.to_string(),
             trust: who.trust.clone(),
-            request: who.request.clone(),
+            request: who.req.request.clone(),
             runc_root: who.req.runc_root.clone(),
             bundle: who.req.bundle.clone(),
             acquire,
@@ -127,6 +184,9 @@ impl Node {
             mig_profile,
             workload: who.workload.clone(),
             quota: None,
+            placement: None,
+            class: who.class,
+            isolation: who.request.isolation(),
         })
     }
 
@@ -345,11 +405,34 @@ impl Node {
         };
         injection.mounts.extend(self.sim_memory_mounts(&devices));
         injection.mounts.extend(self.backend.driver_mounts());
+        if self.policy.policy.topology().pin_cpus {
+            injection.cpuset = self.cpuset_of(&devices);
+        }
+        if plan.class == Some(tessera_api::WorkloadClass::Latency) {
+            // Its own latency report (docs/GPU-HEALTH.md, Reporting latency): one file of
+            // its own on a one-page tmpfs of its own (`report_fs`: the kernel bounds what
+            // it writes), bind-mounted read-write; the daemon reads it without following
+            // links.
+            let report = self.report_file(&cid);
+            crate::report_fs::create(&report).map_err(|e| {
+                ApiError::new(
+                    ErrorCode::Internal,
+                    format!("latency report {}: {e}", report.display()),
+                )
+            })?;
+            injection.mounts.push(tessera_api::BindMount {
+                source: report.display().to_string(),
+                destination: super::REPORT_PATH.into(),
+                read_only: false,
+            });
+            injection.env.retain(|e| !e.starts_with(&format!("{}=", super::REPORT_ENV)));
+            injection.env.push(format!("{}={}", super::REPORT_ENV, super::REPORT_PATH));
+        }
         let allocation = Allocation {
             container_id: cid.clone(),
             tenant: plan.tenant,
             trust: plan.trust,
-            isolation: plan.request.isolation(),
+            isolation: plan.isolation,
             request: plan.request,
             devices,
             injection,
@@ -359,6 +442,11 @@ impl Node {
             share,
             workload: plan.workload,
             quota: plan.quota,
+            // The NVLink domain the placement put a multi-GPU grant in (the ledger prices
+            // the topology premium from it; one device never carries it: node/ledger.rs).
+            nvlink_domain: plan.placement.as_ref().and_then(|p| p.nvlink_domain),
+            topology: plan.placement.as_ref().map(|p| p.note.clone()),
+            class: plan.class,
         };
         let record = Record {
             allocation,
@@ -391,6 +479,13 @@ impl Node {
         if let Some(profile) = plan.mig_profile {
             *self.mig_demand.entry(profile).or_default() += 1;
         }
+        if let Some(note) = &allocation.topology {
+            let _ = self.store.event(
+                "placement",
+                Some(&cid),
+                &format!("{}: {note}", allocation.request),
+            );
+        }
         if let Some(mark) = &allocation.quota {
             self.holds_used(&allocation.tenant, &crate::quota::held_devices(&allocation));
             if mark.class == tessera_api::QuotaClass::Borrowed {
@@ -408,6 +503,30 @@ impl Node {
               devices = ?allocation.devices.iter().map(|d| &d.uuid).collect::<Vec<_>>(),
               quota = allocation.quota.as_ref().map_or("-", |m| m.class.as_str()), "granted");
         Ok(allocation)
+    }
+
+    /// The CPUs and memory nodes close to `devices`' GPUs that the host has online
+    /// (`topology.pin_cpus`); `None` where the topology or the host cannot say, or they
+    /// share none.
+    fn cpuset_of(&self, devices: &[GrantedDevice]) -> Option<tessera_api::CpuSet> {
+        use tessera_api::cpulist::{intersect, parse_cpulist, render_cpulist};
+        let (online, nodes) = self.host.cpu_layout()?;
+        let mut cpus = Vec::new();
+        let mut mems = Vec::new();
+        for d in devices {
+            let t = self.topology.of(&d.gpu_uuid)?;
+            cpus.extend(parse_cpulist(t.cpus.as_deref()?).ok()?);
+            mems.extend(t.numa_node);
+        }
+        let cpus = intersect(&online, &cpus);
+        if cpus.is_empty() {
+            return None;
+        }
+        let mems = intersect(&nodes, &mems);
+        Some(tessera_api::CpuSet {
+            cpus: render_cpulist(&cpus),
+            mems: (!mems.is_empty()).then(|| render_cpulist(&mems)),
+        })
     }
 
     /// Cut a MIG instance of `profile` (destroying the idle `destroy` first) and return it.

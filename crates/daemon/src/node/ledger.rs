@@ -48,13 +48,20 @@ impl Node {
     /// and whose processes count for which interval.
     pub fn utilization_probe(&self) -> Result<UtilProbe, ApiError> {
         let mut gpus: BTreeMap<String, UtilGpu> = BTreeMap::new();
-        for a in self.allocations()?.into_iter().filter(|a| a.state == AllocationState::Running) {
+        let records = self.store.all().map_err(internal)?;
+        for r in records.iter().filter(|r| r.allocation.state == AllocationState::Running) {
+            let a = &r.allocation;
             for d in a.devices.iter().filter(|d| d.uuid == d.gpu_uuid) {
                 let since = self.util_seen.get(&d.gpu_uuid).copied().unwrap_or(0);
                 let gpu = gpus
                     .entry(d.gpu_uuid.clone())
                     .or_insert_with(|| UtilGpu { since, users: Vec::new() });
-                gpu.users.push((a.container_id.clone(), d.uuid.clone(), a.pid));
+                gpu.users.push(UtilUser {
+                    container: a.container_id.clone(),
+                    device: d.uuid.clone(),
+                    pid: a.pid,
+                    cgroup: r.cgroup.clone(),
+                });
             }
         }
         Ok(UtilProbe { backend: Arc::clone(&self.backend), host: Arc::clone(&self.host), gpus })
@@ -77,34 +84,43 @@ impl Node {
         self.ledger.checkpoint().map_err(ledger_err)
     }
 
-    /// A usage report over the ledger, priced with the policy in force.
+    /// A usage report over the ledger, billed with the policy in force: its prices, its
+    /// billing modes, and (only where the node is its own fleet) its floors, up to now.
     pub fn usage(
         &self,
         from_ms: u64,
         to_ms: u64,
         by: metering::GroupBy,
     ) -> Result<UsageReport, ApiError> {
-        let prices = metering::Prices {
-            per_model: self
-                .policy
-                .policy
-                .prices()
-                .iter()
-                .map(|(m, p)| {
-                    (
-                        m.clone(),
-                        metering::Rate {
-                            reserved_per_gpu_hour: p.reserved_per_gpu_hour,
-                            burst_per_gpu_hour: p.burst_per_gpu_hour,
-                        },
-                    )
-                })
-                .collect(),
+        let policy = &self.policy.policy;
+        let q = UsageQuery {
+            from_ms,
+            to_ms,
+            by,
+            prices: ::fleet::billing::prices_of(policy),
+            terms: ::fleet::billing::terms_of(policy, !self.in_fleet, Some(crate::now_ms())),
         };
-        self.ledger.usage(&UsageQuery { from_ms, to_ms, by, prices }).map_err(|e| match e {
+        self.ledger.usage(&q).map_err(|e| match e {
             LedgerError::BadQuery(_) => ApiError::new(ErrorCode::BadRequest, e.to_string()),
             other => ledger_err(other),
         })
+    }
+
+    /// The ledger's own check of its hash chain ([`metering::Ledger::verify_chain`]).
+    pub fn verify_chain(&self) -> Result<metering::ChainReport, ApiError> {
+        self.ledger.verify_chain().map_err(ledger_err)
+    }
+
+    /// The ledger's id, its chain head, and closed intervals after chain seq `after` (at
+    /// most `limit`), for the usage upload.
+    pub fn chained_after(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> Result<(metering::ChainHead, Vec<metering::ClosedInterval>), ApiError> {
+        let head = self.ledger.chain_head().map_err(ledger_err)?;
+        let rows = self.ledger.chained_after(after, limit).map_err(ledger_err)?;
+        Ok((head, rows))
     }
 
     /// Every ledger interval (for metrics).
@@ -145,6 +161,8 @@ impl Node {
                 // Borrowed work is metered at the burst price.
                 class: crate::quota::ledger_class(a.quota.as_deref()),
                 workload: a.workload.clone(),
+                // The topology premium: only a grant of several devices in one domain.
+                nvlink_domain: a.nvlink_domain.filter(|_| a.devices.len() > 1),
             };
             self.ledger.open_interval(&start).map_err(ledger_err)?;
         }
@@ -157,8 +175,18 @@ impl Node {
 struct UtilGpu {
     /// NVML's "since" (µs): the newest sample already taken.
     since: u64,
-    /// (container, device, init pid) of each running container on it.
-    users: Vec<(String, String, Option<i32>)>,
+    /// Each running container on it.
+    users: Vec<UtilUser>,
+}
+
+/// One running container of a [`UtilGpu`]: its interval's device, and what maps processes
+/// to it ([`crate::host::Host::container_processes`]).
+#[derive(Debug)]
+struct UtilUser {
+    container: String,
+    device: String,
+    pid: Option<i32>,
+    cgroup: Option<String>,
 }
 
 /// What to read for a utilisation tick: taken under the node lock, read outside it.
@@ -178,7 +206,7 @@ pub struct UtilSamples {
 
 impl UtilProbe {
     /// Ask the backend for each GPU's per-process samples and sum them over each
-    /// container's process tree (blocking: NVML and /proc; call without the node lock).
+    /// container's processes (those of its grant's cgroup) (blocking: NVML and /proc; call without the node lock).
     pub fn read(&self) -> UtilSamples {
         let mut out = UtilSamples::default();
         for (gpu, UtilGpu { since, users }) in &self.gpus {
@@ -200,15 +228,17 @@ impl UtilProbe {
                 e.0 += u64::from(s.sm_percent);
                 e.1 += 1;
             }
-            for (container, device, pid) in users {
-                let Some(pid) = *pid else { continue };
-                let tree = self.host.process_tree(pid);
+            for u in users {
+                if u.pid.is_none() {
+                    continue;
+                }
+                let procs = self.host.container_processes(u.pid, u.cgroup.as_deref());
                 let sm: f64 = per_pid
                     .iter()
-                    .filter(|(p, _)| tree.contains(p))
+                    .filter(|(p, _)| procs.contains(p))
                     .map(|(_, (sum, n))| *sum as f64 / *n as f64)
                     .sum();
-                out.batch.push((container.clone(), device.clone(), sm.min(100.0)));
+                out.batch.push((u.container.clone(), u.device.clone(), sm.min(100.0)));
             }
         }
         out

@@ -157,6 +157,7 @@ impl Node {
                     gang: m.gang.clone(),
                     workload: a.workload.as_ref().map(|w| w.display_name()),
                     under_lease: m.under_lease,
+                    checkpoint: m.checkpoint,
                 })
             })
             .collect();
@@ -208,13 +209,22 @@ impl Node {
         let mut held = Vec::new();
         for (v, a) in stop {
             let grace = Duration::from_secs(v.grace_s.min(::quota::MAX_GRACE_PERIOD_S));
+            let requeue = if v.requeue.is_empty() {
+                String::new()
+            } else {
+                format!("; requeue: {}", tessera_api::untrusted(&v.requeue).max_chars(512))
+            };
             let detail = format!(
-                "stopping borrowed work for a quota reclaim: {}: SIGTERM, SIGKILL after {} s",
+                "stopping borrowed work for a quota reclaim: {}: SIGTERM, SIGKILL after {} s{requeue}",
                 tessera_api::untrusted(&v.reason).max_chars(512),
                 grace.as_secs()
             );
             if let Err(e) = self.store.event("preempt", Some(&a.container_id), &detail) {
                 warn!("cannot record a preemption: {e}");
+            }
+            // Its ledger intervals: work lost to preemption (`billing.preempted`).
+            if let Err(e) = self.ledger.mark_preempted(&a.container_id) {
+                warn!(container = %a.container_id, "cannot mark its intervals preempted: {e}");
             }
             held.extend(quota::held_devices(&a));
             let pid_start = records
@@ -316,7 +326,20 @@ mod tests {
 
     /// [`node`] on `host`; acme/dev's borrowed work gets a grace period of 1 s.
     fn node_on(state: &Path, quotas: bool, host: Arc<dyn crate::host::Host>) -> Node {
+        node_weighing(state, quotas, host, None)
+    }
+
+    /// [`node_on`], with the policy's `mig_weights` set to `weights` when given.
+    fn node_weighing(
+        state: &Path,
+        quotas: bool,
+        host: Arc<dyn crate::host::Host>,
+        weights: Option<serde_json::Value>,
+    ) -> Node {
         let mut v: serde_json::Value = serde_json::from_slice(POLICY).expect("json");
+        if let Some(w) = weights {
+            v["mig_weights"] = w;
+        }
         if quotas {
             v["quotas"] = serde_json::json!({
                 "acme/trusted": {"gpus": {H100: {"guarantee": 2}}},
@@ -412,6 +435,7 @@ mod tests {
                 cpu_milli: 1500,
                 memory_mib: 1024,
                 gang: Some("g1".into()),
+                checkpoint: false,
             }))
         );
         assert!(kinds(&n).contains(&("borrow".into(), "c1".into())), "{:?}", kinds(&n));
@@ -496,6 +520,7 @@ mod tests {
             tenant: BOB.into(),
             grace_s: 7,
             reason: format!("{ALICE} reclaims its guarantee of 2 H100-80GB GPUs"),
+            requeue: String::new(),
         };
         let until = Instant::now() + Duration::from_secs(60);
         let plan = n
@@ -607,7 +632,7 @@ mod tests {
             // Grants a millisecond apart: "youngest" is well defined.
             std::thread::sleep(Duration::from_millis(3));
             match r {
-                Ok(Outcome::Allocation(a)) => Ok(a),
+                Ok(Outcome::Allocation(a)) => Ok(*a),
                 Ok(other) => panic!("{other:?}"),
                 Err(e) => Err(e),
             }
@@ -674,6 +699,55 @@ mod tests {
         assert!(freed.contains(&a1.devices[0].uuid), "on a freed device");
     }
 
+    /// Issue 24: the quota gate counted a MIG grant as compute slices / 7 while the ledger
+    /// billed it with the policy's `mig_weights` (docs/QUOTAS.md says they agree). A
+    /// weighted 1g.10gb now counts in the books exactly what its interval bills.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_weighted_mig_grant_counts_in_the_quota_gate_what_the_ledger_bills() {
+        use crate::controller::{Action, Controller, Outcome};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (proc_root, cgroup_root) = (dir.path().join("proc"), dir.path().join("cgroup"));
+        let host =
+            crate::TreeHost { proc_root: proc_root.clone(), cgroup_root: cgroup_root.clone() };
+        let weights = serde_json::json!({"1g.10gb": 0.25});
+        let ctl = Controller::new(node_weighing(
+            &dir.path().join("state"),
+            true,
+            Arc::new(host),
+            Some(weights),
+        ));
+        ctl.set_quota(QuotaGate::new(crate::quota::Authority::local("sim-h100-0"), None));
+        let a = match ctl.apply(Action::Allocate(req("m1", "team-dev", "mig=1g.10gb"))) {
+            Ok(Outcome::Allocation(a)) => *a,
+            other => panic!("{other:?}"),
+        };
+        let counted = a.quota.as_ref().and_then(|m| m.gpus.get(H100).copied());
+        // Its container starts (a fixture process alone in its cgroup): metering opens.
+        let pid = 4343;
+        let p = proc_root.join(pid.to_string());
+        std::fs::create_dir_all(&p).expect("mkdir");
+        std::fs::write(
+            p.join("stat"),
+            format!("{pid} (sh) S 1 {pid} {pid} 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 5 1000 10"),
+        )
+        .expect("stat");
+        std::fs::write(p.join("cgroup"), "5:devices:/c/m1\n0::/\n").expect("cgroup");
+        let cg = cgroup_root.join("devices/c/m1");
+        std::fs::create_dir_all(&cg).expect("mkdir");
+        std::fs::write(cg.join("cgroup.procs"), format!("{pid}\n")).expect("procs");
+        let start = tessera_api::StartRequest { pid, bundle: "/b/m1".into() };
+        ctl.apply(Action::Start { container_id: "m1".into(), req: start }).expect("started");
+        let billed = ctl
+            .locked(|n| n.intervals())
+            .expect("intervals")
+            .iter()
+            .find(|r| r.start.container_id == "m1")
+            .map(|r| r.start.fraction)
+            .expect("an open interval");
+        assert_eq!(billed, 0.25, "the ledger bills the policy's weight");
+        assert_eq!(counted, ::quota::gpu_micro(billed), "the books count what is billed");
+    }
+
     /// A victim that ignores SIGTERM is killed after its quota path's grace period, and
     /// once nothing of it runs (its cgroup is empty) its grant is given back at once,
     /// without waiting for its engine to delete the stopped container; the claimant's
@@ -692,7 +766,7 @@ mod tests {
         let allocate = |id: &str, ns: &str, request: &str| match ctl
             .apply(Action::Allocate(req(id, ns, request)))
         {
-            Ok(Outcome::Allocation(a)) => Ok(a),
+            Ok(Outcome::Allocation(a)) => Ok(*a),
             Ok(other) => panic!("{other:?}"),
             Err(e) => Err(e),
         };

@@ -56,6 +56,12 @@ impl Node {
             }
         }
         let removed = self.store.remove_leaving(container_id, why, &left).map_err(internal)?;
+        if removed && a.class == Some(tessera_api::WorkloadClass::Latency) {
+            let report = self.report_file(container_id);
+            if let Err(e) = crate::report_fs::remove(&report) {
+                warn!(container = %container_id, "removing {}: {e}", report.display());
+            }
+        }
         if rec.cgroup.is_some() {
             self.write_grant_cgroups();
         }

@@ -169,6 +169,10 @@ pub struct Target {
 pub enum StopCause {
     Revoked,
     Preempted,
+    /// The device is quarantined by an XID fault and the policy stops its holders.
+    Fault,
+    /// The aggressor of an interference the earlier steps did not end.
+    Interference,
 }
 
 impl StopCause {
@@ -177,6 +181,8 @@ impl StopCause {
         match self {
             StopCause::Revoked => "revoke",
             StopCause::Preempted => "preempt",
+            StopCause::Fault => "xid",
+            StopCause::Interference => "interference",
         }
     }
 
@@ -185,6 +191,8 @@ impl StopCause {
         match self {
             StopCause::Revoked => "revoked grant",
             StopCause::Preempted => "preempted borrowed grant",
+            StopCause::Fault => "stopped holder of a faulty device",
+            StopCause::Interference => "stopped interfering grant",
         }
     }
 }
@@ -562,7 +570,7 @@ mod tests {
         fn pid_start_time(&self, pid: i32) -> Option<u64> {
             self.0.lock().expect("lock").live.get(&pid).map(|p| p.0)
         }
-        fn process_tree(&self, _pid: i32) -> BTreeSet<u32> {
+        fn container_processes(&self, _init: Option<i32>, _cg: Option<&str>) -> BTreeSet<u32> {
             BTreeSet::new()
         }
         fn container_cgroup(&self, _pid: i32) -> Result<String, String> {

@@ -102,8 +102,9 @@ impl Node {
         Ok(next)
     }
 
-    /// An operator asks for a quarantined device back: it is scrubbed again, and returns to
-    /// service only if that scrub succeeds.
+    /// An operator asks for a quarantined device back: it must pass the backend's health
+    /// check ([`slicer::GpuBackend::device_health`]), then it is scrubbed again, and returns
+    /// to service only if that scrub succeeds.
     pub fn unquarantine(&mut self, device: &str) -> Result<ScrubJob, ApiError> {
         let current = self.lifecycle()?.remove(device).map(|(st, _)| st);
         // A UUID the node has never heard of is unknown, not "free": neither a GPU or MIG
@@ -131,6 +132,31 @@ impl Node {
                 ),
             ));
         };
+        // The health check first: a device the driver still reports unhealthy (rows
+        // pending remapping, pages pending retirement, its GPU lost) is not scrubbed back
+        // into service.
+        match self.backend.device_health(device) {
+            Ok(None) => {}
+            Ok(Some(why)) => {
+                let _ = self.store.event(
+                    "scrub",
+                    None,
+                    &format!("{device}: unquarantine refused: the health check fails: {why}"),
+                );
+                return Err(ApiError::new(
+                    ErrorCode::Conflict,
+                    format!("device {device} stays quarantined: the health check fails: {why}"),
+                ));
+            }
+            Err(e) => {
+                return Err(ApiError::new(
+                    ErrorCode::Internal,
+                    format!(
+                        "device {device} stays quarantined: the health check could not run: {e}"
+                    ),
+                ))
+            }
+        }
         let next = st
             .unquarantine_requested()
             .map_err(|e| ApiError::new(ErrorCode::Conflict, format!("device {device}: {e}")))?;

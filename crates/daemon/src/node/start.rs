@@ -67,6 +67,13 @@ impl Node {
             }
             return Err(ApiError::new(ErrorCode::Refused, message));
         }
+        if let Err(why) = self.admitted_limits_hold(&rec, req.pid) {
+            let message = format!("container {container_id}: {why}; refusing to start it");
+            if let Err(e) = self.store.event("isolation", Some(container_id), &message) {
+                tracing::warn!("cannot record an isolation refusal: {e}");
+            }
+            return Err(ApiError::new(ErrorCode::Refused, message));
+        }
         let rec = self.store.set_running(rec, req.pid, start, Some(cgroup)).map_err(internal)?;
         self.write_grant_cgroups();
         // Metering starts when the container does. Recorded after the pid, so a crash in
@@ -137,6 +144,47 @@ impl Node {
         Ok(())
     }
 
+    /// Where the tenant's quota chain bounds CPU or memory, the kernel must not give the
+    /// container more than its grant was admitted with: runc has set the cgroup's limits
+    /// before the prestart hook, and what the books count is what the config said (a
+    /// quota over a period the config leaves to the kernel — one another container set in
+    /// a cgroup it left behind — can mean 100 times the CPU). Less is fine: the reconciler
+    /// records what the kernel enforces.
+    fn admitted_limits_hold(&self, rec: &crate::store::Record, pid: i32) -> Result<(), String> {
+        let Some(mark) = rec.allocation.quota.as_deref() else { return Ok(()) };
+        let tenant = rec.allocation.tenant.as_str();
+        let tree = self.policy.policy.quotas();
+        let bounded = |r: ::quota::Resource| tree.chain(tenant).any(|q| q.limits.contains_key(&r));
+        let (cpu_bounded, memory_bounded) =
+            (bounded(::quota::Resource::Cpu), bounded(::quota::Resource::Memory));
+        if !cpu_bounded && !memory_bounded {
+            return Ok(());
+        }
+        let (kernel, _) = self
+            .host
+            .cgroup_limits(pid)
+            .map_err(|e| format!("cannot read the limits its cgroup enforces: {e}"))?;
+        let now = crate::limits::counted(&kernel)?;
+        let (cpu, memory) = self.unlimited_counts(tenant, &now);
+        if cpu_bounded && cpu > mark.cpu_milli {
+            return Err(format!(
+                "its cgroup gives it {cpu} millicores of CPU (cpu.cfs_quota_us {} over \
+                 cpu.cfs_period_us {}), more than the {} it was admitted with: a period the config \
+                 leaves to the kernel was set by another container",
+                kernel.cpu_quota.map_or("unlimited".to_string(), |q| q.to_string()),
+                kernel.cpu_period,
+                mark.cpu_milli
+            ));
+        }
+        if memory_bounded && memory > mark.memory_mib {
+            return Err(format!(
+                "its cgroup gives it {memory} MiB of memory, more than the {} MiB it was admitted with",
+                mark.memory_mib
+            ));
+        }
+        Ok(())
+    }
+
     /// List the cgroups of the running grants in `file` from now on (written at once,
     /// then after every start and release).
     pub fn list_grant_cgroups_in(&mut self, file: std::path::PathBuf) {
@@ -185,10 +233,8 @@ impl Node {
         if rec.allocation.state != AllocationState::Running || rec.allocation.pid != Some(pid) {
             return Ok(0);
         }
-        let closed = self
-            .ledger
-            .close_container(container_id, crate::exits::EXITED_REASON)
-            .map_err(ledger_err)?;
+        let closed =
+            self.ledger.close_container(container_id, super::EXITED_REASON).map_err(ledger_err)?;
         Ok(closed.len())
     }
 }

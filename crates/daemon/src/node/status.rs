@@ -151,6 +151,8 @@ impl Node {
             mps_shares,
             events,
             reconcile_passes: self.reconcile_passes,
+            node_key: self.node_key.clone(),
+            mig_cut_on_demand: self.mig_is_dynamic(),
         })
     }
 }

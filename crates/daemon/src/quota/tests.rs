@@ -20,7 +20,7 @@ const GPU: u64 = quota::MICRO_PER_GPU;
 
 fn amounts_of(request: &str, models: &[&str], replicas: u32) -> BTreeMap<String, u64> {
     let r: GpuRequest = request.parse().expect("request");
-    gpu_amounts(&r, models, replicas).expect("amounts")
+    gpu_amounts(&r, models, replicas, None).expect("amounts")
 }
 
 #[test]
@@ -121,6 +121,22 @@ fn a_gang_is_its_name_and_size_or_nothing() {
             .map(|g| g.map(|g| g.size)),
         Ok(Some(MAX_GANG_SIZE))
     );
+}
+
+#[test]
+fn only_checkpoint_marks_a_container_that_checkpoints_and_any_other_value_is_refused() {
+    assert_eq!(checkpoints(&annotations(&[("tessera.io/gpu", "gpu=1")])), Ok(false));
+    assert_eq!(checkpoints(&annotations(&[(PREEMPTION_ANNOTATION, "checkpoint")])), Ok(true));
+    for v in ["Checkpoint", "checkpoint ", "", "never", "\u{1b}[31mred"] {
+        let e = checkpoints(&annotations(&[(PREEMPTION_ANNOTATION, v)])).expect_err(v);
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("annotation tessera.io/preemption `")
+                && msg.contains("the one value is `checkpoint`"),
+            "{msg}"
+        );
+        assert!(!msg.contains('\u{1b}'), "escaped: {msg}");
+    }
 }
 
 #[test]
@@ -305,6 +321,7 @@ fn victim(node: &str, id: &str, tenant: &str) -> Victim {
         tenant: tenant.into(),
         grace_s: 5,
         reason: "acme/a reclaims its guarantee".into(),
+        requeue: String::new(),
     }
 }
 

@@ -539,6 +539,21 @@ impl Cri {
         self.call("StartContainer", c.start_container(req)).map(drop)
     }
 
+    /// `UpdateContainerResources`: kubelet's in-place resize of a container.
+    pub fn update_container_resources(
+        &self,
+        id: &str,
+        linux: v1::LinuxContainerResources,
+    ) -> Result<(), CriError> {
+        let mut c = self.runtime.clone();
+        let req = v1::UpdateContainerResourcesRequest {
+            container_id: id.to_owned(),
+            linux: Some(linux),
+            ..Default::default()
+        };
+        self.call("UpdateContainerResources", c.update_container_resources(req)).map(drop)
+    }
+
     /// `StopContainer`: SIGTERM (the image's stop signal), SIGKILL after `timeout_s`.
     pub fn stop_container(&self, id: &str, timeout_s: i64) -> Result<(), CriError> {
         let mut c = self.runtime.clone();

@@ -31,6 +31,7 @@ pub fn start(container: &str, tenant: &str, device: &str) -> IntervalStart {
         fraction: 1.0,
         class: Class::Guaranteed,
         workload: None,
+        nvlink_domain: None,
     }
 }
 

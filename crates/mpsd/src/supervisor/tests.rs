@@ -729,6 +729,7 @@ fn a_directory_of_another_tenant_is_never_taken_over() {
         mem_limit_mib: 10,
         holders: vec!["h".into()],
         degraded: None,
+        throttle: None,
     };
     layout::write_record(&dirs.record(), &foreign).expect("write");
     let e = w.sup.ensure_share(&req(DEV, "acme/a", "c1", 50)).expect_err("foreign");
@@ -804,4 +805,32 @@ fn status_and_events_serialize_for_the_api() {
     });
     let json = serde_json::to_value(&crash).expect("json");
     assert_eq!((json["event"].as_str(), json["pid"].as_u64()), (Some("crashed"), Some(9)));
+}
+
+/// Issue 26: the interference controller lowers a share's thread cap daemon-side; health
+/// checks keep the lowered cap (no drift), its booking stays, and a new supervisor (a
+/// tesserad restart) adopts it throttled.
+#[test]
+fn a_throttled_share_keeps_its_lowered_cap_through_health_checks_and_adoption() {
+    let w = world();
+    let a = w.sup.ensure_share(&req(DEV, "acme/a", "c1", 75)).expect("a");
+    assert_eq!(w.sup.throttle(DEV, "acme/a", 37).expect("throttle"), 75);
+    assert_eq!(w.sim.caps(&a.pipe_dir).0, 37.0, "the daemon's default reads the new cap");
+    assert!(w.sup.health_check_all().is_empty(), "the lowered cap is no drift");
+    let st = w.sup.shares().into_iter().find(|s| s.tenant == "acme/a").expect("share");
+    assert_eq!((st.percent, st.threads), (75, 37), "booked 75, running at 37");
+    assert_eq!(w.sup.throttle(DEV, "acme/a", 50).expect("no raise"), 37, "never raised");
+    assert_eq!(w.sim.caps(&a.pipe_dir).0, 37.0);
+    // Raised behind its back: set back to the throttled cap, not the booking.
+    w.sim.send(&spec_of(&a), &Command::SetDefaultActiveThreadPercentage(75)).expect("raise");
+    let ev = w.sup.health_check_all();
+    assert!(
+        matches!(&ev[..], [HealthEvent::CapDrift { detail, .. }] if detail.contains("reads 75, not 37")),
+        "{ev:?}"
+    );
+    let again = w.another_supervisor();
+    again.adopt_existing().expect("adopt");
+    let st = again.shares().into_iter().find(|s| s.tenant == "acme/a").expect("share");
+    assert_eq!(st.threads, 37, "adopted throttled");
+    assert!(w.sup.throttle(DEV, "acme/none", 10).is_err(), "no such share");
 }

@@ -1,0 +1,46 @@
+//! When a request within guarantee may preempt borrowed work, and how long preempted work
+//! waits before it borrows again.
+//!
+//! A request is **owed** when its tenant's guaranteed usage, plus the tenant's own requests
+//! waiting ahead of it, plus the request itself fit every guarantee on its chain (the
+//! guaranteed children's unused guarantees set aside, [`crate::set_aside`]): what the
+//! guarantee promises to serve at once. An owed request reclaims at once (its victims' grace
+//! period plus seconds). A request the books find within guarantee only because its
+//! tenant's backlog ahead of it is not counted (the tenant asked for more than its
+//! guarantee, and its own completions feed it) reclaims only when the victims would lose no
+//! more than its waiting has cost ([`worth_reclaiming`]): the ski-rental rule, so a
+//! preemption never destroys more work than the waiting it ends, and a wait for lent
+//! capacity is bounded by what that capacity's borrowers would lose.
+
+use crate::admit::{admit, Class, Decision, Usage};
+use crate::amount::Resources;
+use crate::spec::QuotaTree;
+
+/// Whether `request` of `tenant` is owed now (module documentation): with `ahead` (the
+/// tenant's requests waiting before it) counted as its guaranteed usage, it is guaranteed
+/// by every quota on its chain (and crosses no ceiling).
+pub fn owed(
+    tree: &QuotaTree,
+    usage: &Usage,
+    tenant: &str,
+    request: &Resources,
+    ahead: &Resources,
+) -> bool {
+    let mut u = usage.clone();
+    u.add(tenant, Class::Guaranteed, ahead);
+    // A capacity that holds everything: only the quotas decide. A reclaim can then only be
+    // one under a ceiling that others' borrowed work fills: still within its guarantee.
+    let view = u.total().total().plus(request);
+    matches!(
+        admit(tree, &view, &u, tenant, request),
+        Decision::Admit { class: Class::Guaranteed, .. } | Decision::Reclaim { .. }
+    )
+}
+
+/// Whether a reclaim whose victims would lose `victims_cost` (dominant-share seconds,
+/// [`crate::Candidate::cost`]) may go ahead for a request that holds `request_share` of the
+/// fleet and has waited `waited_s`: always when the request is `owed`, else only when the
+/// victims lose no more than its waiting has cost (`waited_s × request_share`).
+pub fn worth_reclaiming(owed: bool, victims_cost: f64, waited_s: u64, request_share: f64) -> bool {
+    owed || victims_cost <= waited_s as f64 * request_share
+}

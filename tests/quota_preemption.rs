@@ -1,0 +1,522 @@
+//! Issue 27 end to end, with real processes on loopback: etcd, `tessera-coordinator` on it,
+//! two tesserad on simulated 8×H100 nodes, and runc containers created through
+//! tessera-runtime.
+//!
+//! * The hierarchy: acme guarantees 12 (ceiling 12), its teams trusted and dev 4 each, and
+//!   the guest's team has no quota: the guest's 12 are 4 guaranteed (acme's remainder) and
+//!   8 borrowed; dev's 2 and alice's 1, within their teams' guarantees, are guaranteed,
+//!   reclaiming the guest's work under acme's full ceiling.
+//! * A 4-pod job within its guarantee runs whole within the victims' grace period plus
+//!   5 s: its pods reclaim together, not one after another.
+//! * Churn: a borrower that asks again at once while an owner runs short jobs is preempted
+//!   at most once per minimum run time.
+//! * A container that checkpoints (`tessera.io/preemption: checkpoint`) is the one a
+//!   reclaim takes (it loses only its grace period), gets SIGTERM, writes its checkpoint,
+//!   and is requeued with the hint: asking again within its requeue backoff is refused
+//!   saying when, and afterwards it runs again.
+
+// Integration-test crates: clippy counts their helper functions as non-test code, so
+// `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tessera_harness::fleet_fixture::{http, Coordinator, FleetFixture, ADMIN_TOKEN};
+use tessera_harness::node::{repo, Node};
+use tessera_harness::*;
+
+const QA: &str = "quota-a";
+const QB: &str = "quota-b";
+/// acme/trusted/training/alice.
+const ALICE: &str = "team-trusted";
+/// acme/dev/notebooks/bob.
+const BOB: &str = "team-dev";
+/// acme/untrusted/sandbox/guest (no quota of its own team).
+const GUEST: &str = "team-untrusted";
+
+/// The example policy with `quotas`.
+fn policy(quotas: Value) -> Vec<u8> {
+    let mut p: Value =
+        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).unwrap()).unwrap();
+    p["version"] = 1.into();
+    p["quotas"] = quotas;
+    serde_json::to_vec_pretty(&p).unwrap()
+}
+
+/// Eight whole H100s.
+fn eight_h100() -> Value {
+    let gpus: Vec<Value> = (0..8).map(|_| json!({"model": "H100-80GB"})).collect();
+    json!({
+        "node": "unnamed",
+        "majors": {"nvidia_uvm": 508, "nvidia_caps": 509},
+        "sim_memory_bytes": 65536,
+        "gpus": gpus,
+    })
+}
+
+struct QuotaFleet {
+    _fx: FleetFixture,
+    coordinator: Coordinator,
+    a: Node,
+    b: Node,
+}
+
+impl QuotaFleet {
+    fn start(quotas: Value) -> QuotaFleet {
+        let fx = FleetFixture::launch(&[QA, QB]);
+        let coordinator = fx.coordinator_on_free_port("coordinator", &[]);
+        let file = fx.path("policy-v1.json");
+        std::fs::write(&file, policy(quotas)).unwrap();
+        fx.push_file(&coordinator.url, &file, 1);
+        let a = fx.node_described(QA, eight_h100(), &coordinator.url, &file, &[]);
+        let b = fx.node_described(QB, eight_h100(), &coordinator.url, &file, &[]);
+        let f = QuotaFleet { _fx: fx, coordinator, a, b };
+        f.wait_status("both nodes synced and the books ready", |s| {
+            s["books_ready"] == true && s["nodes"].get(QA).is_some() && s["nodes"].get(QB).is_some()
+        });
+        f
+    }
+
+    fn get(&self, path: &str) -> Option<Value> {
+        let (code, body) = http(&self.coordinator.url, "GET", path, Some(ADMIN_TOKEN), None)?;
+        (code == 200).then(|| serde_json::from_str(&body).unwrap())
+    }
+
+    fn wait_status(&self, what: &str, f: impl Fn(&Value) -> bool) -> Value {
+        let t0 = Instant::now();
+        loop {
+            if let Some(s) = self.get("/v1/quota/status") {
+                if f(&s) {
+                    return s;
+                }
+                assert!(t0.elapsed() < Duration::from_secs(30), "never {what}: {s:#}");
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "no quota status ({what})");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The quota events of `kind` (`preempt`, `borrow`, ...), oldest first.
+    fn events(&self, kind: &str) -> Vec<Value> {
+        let ev = self.get("/v1/quota/events").unwrap_or(Value::Null);
+        ev.as_array().into_iter().flatten().filter(|e| e["kind"] == kind).cloned().collect()
+    }
+
+    fn gpus_of(&self, s: &Value, path: &str) -> Value {
+        s["paths"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["path"] == path && r["resource"] == "gpus.H100-80GB")
+            .cloned()
+            .unwrap_or_else(|| panic!("no row for {path} in {s:#}"))
+    }
+}
+
+/// A shell loop that says it is ready, then on SIGTERM runs `on_term`.
+fn looping(on_term: &str) -> Vec<String> {
+    let script = format!("trap '{on_term}' TERM; echo ready; while true; do sleep 0.1; done");
+    vec!["sh".into(), "-c".into(), script]
+}
+
+/// Create and start `id` (one whole GPU for the tenant behind `ns`), or the error
+/// tessera-runtime gave (the container is then gone).
+fn try_run(
+    node: &Node,
+    id: &str,
+    ns: &str,
+    on_term: &str,
+    annotations: &[(&str, &str)],
+) -> Result<(), String> {
+    let script = looping(on_term);
+    let argv: Vec<&str> = script.iter().map(String::as_str).collect();
+    let mut b = node.bundle(id, ns, Some("gpu=1"), &argv);
+    for (k, v) in annotations {
+        b.annotation(k, v);
+    }
+    b.write();
+    let out = node.fx.create_container(&b, id);
+    if !out.status.success() {
+        node.fx.delete_container(id, true);
+        return Err(format!("{}{}", out.stdout_str(), out.stderr_str()));
+    }
+    node.fx.start_container(id).assert_success("runc start");
+    assert!(
+        wait_for(|| node.fx.container_output(id).0.contains("ready"), Duration::from_secs(10)),
+        "{id} did not start: {:?}",
+        node.fx.container_output(id)
+    );
+    Ok(())
+}
+
+/// The seconds a "retry after N s" message asks for.
+fn retry_after(msg: &str) -> Option<u64> {
+    let i = msg.find("retry after ")?;
+    msg[i + "retry after ".len()..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// [`try_run`], retried as kubelet would while the answer asks to retry (at most every
+/// `poll`), for at most `within`; the answers that asked to retry.
+fn run_retrying(
+    node: &Node,
+    id: &str,
+    ns: &str,
+    on_term: &str,
+    annotations: &[(&str, &str)],
+    poll: Duration,
+    within: Duration,
+) -> Vec<String> {
+    let t0 = Instant::now();
+    let mut asked = Vec::new();
+    loop {
+        match try_run(node, id, ns, on_term, annotations) {
+            Ok(()) => return asked,
+            Err(e) => {
+                let wait = retry_after(&e)
+                    .or_else(|| e.contains("retry").then_some(1))
+                    .unwrap_or_else(|| panic!("{id}: {e}"));
+                asked.push(e);
+                assert!(t0.elapsed() < within, "never got {id}: {asked:#?}");
+                std::thread::sleep(Duration::from_secs(wait).min(poll));
+            }
+        }
+    }
+}
+
+fn class_of(node: &Node, id: &str) -> Option<String> {
+    let s = node.client().status().expect("status");
+    let all = serde_json::to_value(&s.allocations).unwrap();
+    all.as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["container_id"] == id)
+        .and_then(|a| a["quota"]["class"].as_str().map(str::to_string))
+}
+
+/// The node's events (`tessera status`) of `kind` for container `id`.
+fn node_events(node: &Node, id: &str, kind: &str) -> Vec<String> {
+    node.client()
+        .status()
+        .unwrap()
+        .events
+        .into_iter()
+        .filter(|e| e.container_id.as_deref() == Some(id) && e.kind == kind)
+        .map(|e| e.detail)
+        .collect()
+}
+
+const POLL: Duration = Duration::from_millis(500);
+const LONG: Duration = Duration::from_secs(60);
+
+#[test]
+fn a_teams_guarantee_is_set_aside_inside_its_parents_and_served_by_reclaiming_the_guest() {
+    let f = QuotaFleet::start(json!({
+        "acme": {"gpus": {"H100-80GB": {"guarantee": 12, "ceiling": 12}}, "grace_period_s": 3},
+        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+        "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+    }));
+    // The guest fills acme's 12: 8 on node A, 4 on node B.
+    let mut guest = Vec::new();
+    for i in 1..=12 {
+        let id = format!("g{i:02}");
+        let node = if i <= 8 { &f.a } else { &f.b };
+        run_retrying(node, &id, GUEST, "echo got-SIGTERM; exit 0", &[], POLL, LONG);
+        guest.push((node, id));
+    }
+    let s = f.wait_status("the guest's 12 counted", |s| {
+        f.gpus_of(s, "acme")["in_use"].as_u64() == Some(12_000_000)
+    });
+    // Only acme's remainder (12 - 4 - 4) is the guest's guarantee: 8 of its 12 borrow.
+    assert_eq!(f.gpus_of(&s, "acme")["borrowed"].as_u64(), Some(8_000_000), "{s:#}");
+    let classes: Vec<Option<String>> = guest.iter().map(|(n, id)| class_of(n, id)).collect();
+    let guaranteed = classes.iter().filter(|c| c.as_deref() == Some("guaranteed")).count();
+    assert_eq!(guaranteed, 4, "the guest's guaranteed containers: {classes:?}");
+
+    // Dev's 2 and alice's 1, on node B where there is room, within their teams'
+    // guarantees: acme's ceiling is full of the guest's borrowed work, which is reclaimed.
+    let mut asked = Vec::new();
+    for (id, ns) in [("d1", BOB), ("d2", BOB), ("a1", ALICE)] {
+        asked.extend(run_retrying(&f.b, id, ns, "exit 0", &[], POLL, LONG));
+        assert_eq!(class_of(&f.b, id).as_deref(), Some("guaranteed"), "{id}: {asked:#?}");
+    }
+    assert!(
+        asked.iter().any(|e| e.contains("reclaiming") && e.contains("acme/untrusted")),
+        "{asked:#?}"
+    );
+    let s = f.wait_status("acme at its ceiling with dev and alice in", |s| {
+        f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(2_000_000)
+            && f.gpus_of(s, "acme/trusted")["in_use"].as_u64() == Some(1_000_000)
+            && f.gpus_of(s, "acme")["in_use"].as_u64() == Some(12_000_000)
+    });
+    // Three of the guest's borrowed containers made way; its guaranteed 4 kept running.
+    assert_eq!(f.gpus_of(&s, "acme/dev")["borrowed"].as_u64(), Some(0), "{s:#}");
+    assert_eq!(f.gpus_of(&s, "acme/trusted")["borrowed"].as_u64(), Some(0), "{s:#}");
+    let preempted: Vec<String> = f
+        .events("preempt")
+        .iter()
+        .filter(|e| e["tenant"] == "acme/untrusted/sandbox/guest")
+        .map(|e| e["container_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(preempted.len(), 3, "{preempted:?}");
+    // What people see (`tessera quota status`, /metrics): the work lost, the preemptions
+    // of the last hour, the owners' waits; and why each victim was chosen.
+    let s = f.wait_status("the preemptions counted", |s| {
+        f.gpus_of(s, "acme")["preemptions_last_hour"].as_u64() == Some(3)
+    });
+    assert!(f.gpus_of(&s, "acme")["lost"].as_u64() > Some(0), "{s:#}");
+    for team in ["acme/dev", "acme/trusted"] {
+        let p99 = f.gpus_of(&s, team)["owner_wait_p99_ms"].as_u64();
+        assert!(p99.is_some_and(|ms| ms <= 10_000), "{team}: {s:#}");
+    }
+    for e in f.events("preempt") {
+        assert!(e["reason"].as_str().is_some_and(|r| !r.is_empty()), "{e:#}");
+    }
+    for ((n, id), class) in guest.iter().zip(&classes) {
+        if preempted.contains(id) {
+            assert_eq!(class.as_deref(), Some("borrowed"), "{id}: only borrowed work is taken");
+        } else {
+            assert_eq!(n.fx.status(id).as_deref(), Some("running"), "{id} kept running");
+        }
+    }
+    for (n, id) in guest {
+        n.fx.delete_container(&id, true);
+    }
+    for id in ["d1", "d2", "a1"] {
+        f.b.fx.delete_container(id, true);
+    }
+}
+
+#[test]
+fn a_four_pod_job_within_its_guarantee_runs_whole_within_grace_plus_five_seconds() {
+    const GRACE_S: u64 = 3;
+    let f = QuotaFleet::start(json!({
+        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+        "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}},
+                     "grace_period_s": GRACE_S},
+    }));
+    // Dev fills node A: 4 guaranteed, then 4 borrowed that ignore SIGTERM (the worst case:
+    // each is killed only when its grace period ends).
+    for i in 1..=8 {
+        let on_term = if i > 4 { "echo ignoring-SIGTERM" } else { "exit 0" };
+        run_retrying(&f.a, &format!("b{i}"), BOB, on_term, &[], POLL, LONG);
+    }
+    f.wait_status("dev's 8 counted", |s| {
+        f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(8_000_000)
+    });
+    // Alice's job: 4 pods on node A at once, each retried every 0.5 s as asked.
+    let t0 = Instant::now();
+    let started: Vec<(String, Duration)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (1..=4)
+            .map(|i| {
+                let (node, id) = (&f.a, format!("p{i}"));
+                s.spawn(move || {
+                    run_retrying(node, &id, ALICE, "exit 0", &[], POLL, LONG);
+                    (id, t0.elapsed())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let last = started.iter().map(|(_, d)| *d).max().unwrap();
+    assert!(
+        last <= Duration::from_secs(GRACE_S + 5),
+        "the job ran whole only after {last:?} (grace {GRACE_S} s): {started:?}"
+    );
+    for (id, _) in &started {
+        assert_eq!(class_of(&f.a, id).as_deref(), Some("guaranteed"), "{id}");
+    }
+    // The four reclaims ran together: no pod's victims waited for another pod's to go (one
+    // reclaim per node and tenant at a time chose them a grace period apart).
+    let preempts = f.events("preempt");
+    assert_eq!(preempts.len(), 4, "{preempts:#?}");
+    let ts: Vec<u64> = preempts.iter().map(|e| e["ts_ms"].as_u64().unwrap()).collect();
+    let spread = ts.iter().max().unwrap() - ts.iter().min().unwrap();
+    assert!(spread < GRACE_S * 1000, "victims chosen {spread} ms apart: {preempts:#?}");
+    for i in 1..=8 {
+        f.a.fx.delete_container(&format!("b{i}"), true);
+    }
+    for i in 1..=4 {
+        f.a.fx.delete_container(&format!("p{i}"), true);
+    }
+}
+
+#[test]
+fn a_borrower_asking_again_at_once_is_preempted_at_most_once_per_minimum_run_time() {
+    const MIN_RUNTIME_S: u64 = 5;
+    const RUN_FOR: Duration = Duration::from_secs(20);
+    let f = QuotaFleet::start(json!({
+        "acme": {"gpus": {"H100-80GB": {"ceiling": 16}}, "grace_period_s": 1,
+                 "min_runtime_s": MIN_RUNTIME_S},
+        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 8}}},
+    }));
+    // Alice holds 7 of node A's GPUs; the guest borrows the 8th.
+    for i in 1..=7 {
+        run_retrying(&f.a, &format!("a{i}"), ALICE, "exit 0", &[], POLL, LONG);
+    }
+    run_retrying(&f.a, "g1", GUEST, "exit 0", &[], POLL, LONG);
+    let t0 = Instant::now();
+    let current = std::sync::atomic::AtomicUsize::new(1);
+    let mut protected_answers = 0;
+    let mut owner_jobs = 0;
+    std::thread::scope(|s| {
+        // The guest, as a Job controller would: a stopped container is replaced at once,
+        // and the replacement asked for again every 0.2 s until it runs.
+        let borrower = s.spawn(|| {
+            let mut n = 1;
+            while t0.elapsed() < RUN_FOR {
+                let id = format!("g{n}");
+                if f.a.fx.status(&id).as_deref() == Some("running") {
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+                f.a.fx.delete_container(&id, true);
+                n += 1;
+                let next = format!("g{n}");
+                while t0.elapsed() < RUN_FOR {
+                    if try_run(&f.a, &next, GUEST, "exit 0", &[]).is_ok() {
+                        current.store(n, std::sync::atomic::Ordering::SeqCst);
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+            n
+        });
+        // The owner, at its worst: as soon as the guest runs again, a short job of its
+        // own on the 8th GPU (started, then done).
+        while t0.elapsed() < RUN_FOR {
+            let back = wait_for(
+                || {
+                    let id = format!("g{}", current.load(std::sync::atomic::Ordering::SeqCst));
+                    f.a.fx.status(&id).as_deref() == Some("running")
+                },
+                RUN_FOR.saturating_sub(t0.elapsed()),
+            );
+            if !back || t0.elapsed() >= RUN_FOR {
+                break;
+            }
+            owner_jobs += 1;
+            let id = format!("job{owner_jobs}");
+            let asked = run_retrying(&f.a, &id, ALICE, "exit 0", &[], POLL, LONG);
+            protected_answers +=
+                asked.iter().filter(|e| e.contains("within its minimum run time")).count();
+            f.a.fx.delete_container(&id, true);
+        }
+        let last = borrower.join().unwrap();
+        f.a.fx.delete_container(&format!("g{last}"), true);
+    });
+    // Every preemption of the guest came at least its minimum run time after it started.
+    let borrowed_at: std::collections::BTreeMap<String, u64> = f
+        .events("borrow")
+        .iter()
+        .map(|e| (e["container_id"].as_str().unwrap().to_string(), e["ts_ms"].as_u64().unwrap()))
+        .collect();
+    let preempts: Vec<(String, u64)> = f
+        .events("preempt")
+        .iter()
+        .filter(|e| e["tenant"] == "acme/untrusted/sandbox/guest")
+        .map(|e| (e["container_id"].as_str().unwrap().to_string(), e["ts_ms"].as_u64().unwrap()))
+        .collect();
+    assert!(
+        preempts.len() >= 2,
+        "the owner was served by preempting ({owner_jobs} owner jobs): {preempts:?}"
+    );
+    let most = RUN_FOR.as_secs() / MIN_RUNTIME_S + 1;
+    assert!(
+        preempts.len() as u64 <= most,
+        "{} preemptions in {RUN_FOR:?} with a minimum run time of {MIN_RUNTIME_S} s: {preempts:?}",
+        preempts.len()
+    );
+    for (id, at) in &preempts {
+        let from = borrowed_at.get(id).unwrap_or_else(|| panic!("no borrow event for {id}"));
+        let life_ms = at - from;
+        assert!(
+            life_ms + 500 >= MIN_RUNTIME_S * 1000,
+            "{id} preempted {life_ms} ms after it started (minimum run time {MIN_RUNTIME_S} s)"
+        );
+    }
+    assert!(protected_answers > 0, "an owner was told the borrower's minimum run time");
+    for i in 1..=7 {
+        f.a.fx.delete_container(&format!("a{i}"), true);
+    }
+}
+
+#[test]
+fn a_checkpointing_container_gets_sigterm_writes_its_checkpoint_and_is_requeued_with_the_hint() {
+    const GRACE_S: u64 = 3;
+    const BACKOFF_S: u64 = 4;
+    let f = QuotaFleet::start(json!({
+        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+        "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}},
+                     "grace_period_s": GRACE_S, "requeue_backoff_s": BACKOFF_S},
+    }));
+    let checkpoint = [("tessera.io/preemption", "checkpoint")];
+    let write =
+        "echo writing-checkpoint; echo step-42 > /tmp/ckpt; echo checkpoint-written; exit 0";
+    // Dev on node A: 4 guaranteed, then c1 (borrowed, checkpoints), then 3 borrowed that
+    // do not. They all run long enough that losing their work costs more than c1's grace.
+    for i in 1..=4 {
+        run_retrying(&f.a, &format!("b{i}"), BOB, "exit 0", &[], POLL, LONG);
+    }
+    run_retrying(&f.a, "c1", BOB, write, &checkpoint, POLL, LONG);
+    for i in 5..=7 {
+        run_retrying(&f.a, &format!("b{i}"), BOB, "echo got-SIGTERM; exit 0", &[], POLL, LONG);
+    }
+    let youngest_started = Instant::now();
+    assert_eq!(class_of(&f.a, "c1").as_deref(), Some("borrowed"));
+    // The precondition is the work's age itself: b5..b7 must have run longer than c1's
+    // grace period, so that stopping one of them loses more than stopping c1.
+    let age = Duration::from_secs(GRACE_S + 2);
+    std::thread::sleep(age.saturating_sub(youngest_started.elapsed()));
+    // Alice asks for 1 on node A, which dev fills: one GPU must be reclaimed.
+    run_retrying(&f.a, "a1", ALICE, "exit 0", &[], POLL, LONG);
+    // The victim is the one that loses least: c1, which checkpoints.
+    assert!(
+        wait_for(
+            || f.a.fx.container_output("c1").0.contains("checkpoint-written"),
+            Duration::from_secs(10)
+        ),
+        "c1 got SIGTERM and wrote its checkpoint: {:?}",
+        f.a.fx.container_output("c1")
+    );
+    for i in 5..=7 {
+        assert_eq!(f.a.fx.status(&format!("b{i}")).as_deref(), Some("running"), "b{i}");
+    }
+    let why = f.events("preempt");
+    assert_eq!(why.len(), 1, "{why:#?}");
+    let reason = why[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("checkpoints on SIGTERM"), "{reason}");
+    // The hint, where its owner sees it (`tessera status` on the node): SIGTERM, the grace
+    // period to write the checkpoint, resume from it, and when it may run again.
+    let hint = node_events(&f.a, "c1", "preempt").join("\n");
+    assert!(
+        hint.contains(&format!("checkpointing: SIGTERM now, {GRACE_S} s to write its checkpoint"))
+            && hint.contains("resumes from it")
+            && hint.contains("may borrow again from"),
+        "{hint}"
+    );
+    // Requeued (on node B, where there is room): asked again at once, it is told to wait
+    // out its backoff, then runs.
+    assert!(
+        wait_for(|| f.a.fx.status("c1").as_deref() != Some("running"), Duration::from_secs(10)),
+        "c1 stopped"
+    );
+    f.a.fx.delete_container("c1", true);
+    let asked = run_retrying(&f.b, "c1", BOB, write, &checkpoint, POLL, LONG);
+    assert!(
+        asked.iter().any(|e| {
+            e.contains("was preempted 1 time")
+            && e.contains(
+                "it may borrow again after its requeue backoff (quotas.acme/dev.requeue_backoff_s, \
+                 doubled with each preemption): retry after"
+            )
+        }),
+        "{asked:#?}"
+    );
+    assert_eq!(class_of(&f.b, "c1").as_deref(), Some("borrowed"));
+    f.b.fx.delete_container("c1", true);
+    for id in ["b1", "b2", "b3", "b4", "b5", "b6", "b7", "a1"] {
+        f.a.fx.delete_container(id, true);
+    }
+}
