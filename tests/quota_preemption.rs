@@ -211,7 +211,8 @@ const LONG: Duration = Duration::from_secs(60);
 
 /// These tests each run etcd, a coordinator, two tesserad and their containers, and time
 /// grace periods and reclaims: one at a time, so one test's load does not stretch another's
-/// stops (on 2 cores, two at once made a victim's stop outlast its claim's retry).
+/// timings (in a full run on 2 cores the hierarchy test once saw a fourth victim where three
+/// suffice; alone it passed).
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
