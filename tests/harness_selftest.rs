@@ -75,7 +75,12 @@ fn b_long_running_container_devices_list_and_cleanup() {
     let pid = fx.container_pid("long").expect("pid");
     let starttime = proc_starttime(pid);
     assert!(pid_alive(pid, starttime));
-    assert_eq!(proc_cmdline(pid).as_deref(), Some("sleep 300"));
+    // `runc start` returns once it has told init to go; init then execs the process.
+    assert!(
+        wait_for(|| proc_cmdline(pid).as_deref() == Some("sleep 300"), Duration::from_secs(10)),
+        "init became `sleep 300`: {:?}",
+        proc_cmdline(pid)
+    );
 
     // Default device cgroup of runc 1.1: deny all, then its default allow list.
     let list = devices_list(&b.cgroups_path());

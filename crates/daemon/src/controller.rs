@@ -1,7 +1,7 @@
 //! The one controller (Firecracker's shape: a request becomes a typed [`Action`] that one
-//! controller applies). Every caller — the API handlers ([`crate::server`], [`crate::fleet`]'s
+//! controller applies). Every caller — the API handlers ([`crate::server`], [`crate::follow`]'s
 //! status route), the periodic tasks and the start and stop of the daemon ([`crate::run`]),
-//! the exit watcher ([`crate::exits`]) and the fleet agent ([`crate::fleet`]) — sends an
+//! the exit watcher ([`crate::exits`]) and the fleet agent ([`crate::follow`]) — sends an
 //! action; none of them touches the [`Node`] or its lock.
 //!
 //! The controller alone knows:
@@ -19,7 +19,7 @@
 //!   queries that can hang on a GPU in a bad state, and /proc walks), and
 //!   [`Action::RevokeStop`] (the grace period between SIGTERM and SIGKILL), and
 //!   [`Action::Allocate`] under a policy with fleet quotas (the admission by the
-//!   coordinator, or the node's own books: [`crate::quota`]; the stops of a reclaim run on
+//!   coordinator, or the node's own books: [`crate::quota_gate`]; the stops of a reclaim run on
 //!   threads of their own);
 //! * **failure logging**: every action that fails is logged here, once: internal failures
 //!   as errors, refusals (4xx) as warnings naming the action, container, tenant and rule.
@@ -43,7 +43,7 @@ use tessera_api::{
 use tracing::{debug, error, warn};
 
 use crate::node::{ActivePolicy, Admission, MigReport, Node, Prepared, QuotaMode, ReconcileReport};
-use crate::quota::{self, QuotaGate, Verdict};
+use crate::quota_gate::{self, QuotaGate, Verdict};
 
 /// Everything that can be asked of a node, by anyone.
 #[derive(Debug)]
@@ -665,7 +665,7 @@ impl Controller {
             return self.locked(|n| n.allocate(req));
         };
         // A gang member's ask may wait for its gang (its members come in parallel): no turn.
-        let turn = match quota::gang_of(&req.annotations) {
+        let turn = match quota_gate::gang_of(&req.annotations) {
             Ok(None) => {
                 self.locked(|n| Ok(n.policy().policy.resolve_identity(&req.annotations).ok()))?
             }
@@ -717,7 +717,7 @@ impl Controller {
                 }
             },
             Verdict::Refused { message, rule } => {
-                let mut err = quota::refused_error(&ask.admit.tenant, &ask.request, &message, rule);
+                let mut err = quota_gate::refused_error(&ask.admit.tenant, &ask.request, &message, rule);
                 if let Some(here) = &ask.no_capacity {
                     // Why this node could not place it, too.
                     err.message = format!("{}; on this node: {}", err.message, here.message);
@@ -736,8 +736,8 @@ impl Controller {
                 rule: Some("quotas".into()),
             }),
             Verdict::Reclaiming { retry_after_s, victims, message } => {
-                let wait = Duration::from_secs(retry_after_s.min(quota::MAX_RETRY_AFTER_S));
-                let until = Instant::now() + wait + quota::HOLD_MARGIN;
+                let wait = Duration::from_secs(retry_after_s.min(quota_gate::MAX_RETRY_AFTER_S));
+                let until = Instant::now() + wait + quota_gate::HOLD_MARGIN;
                 if let Err(e) = self.preempt(&victims, Some((&ask.admit.tenant, until))) {
                     log_failure("quota preemption", Some(cid), &e);
                 }
@@ -796,7 +796,7 @@ impl Controller {
                 UpdateAdmission::Lease { leases: gate, since_ms, why }
             }
             Verdict::Refused { message, rule } => {
-                let mut err = quota::refused_error(&step.tenant, &grant_request, &message, rule);
+                let mut err = quota_gate::refused_error(&step.tenant, &grant_request, &message, rule);
                 err.message = format!("update of its limits refused: {}", err.message);
                 return refuse(err);
             }
@@ -820,7 +820,7 @@ impl Controller {
                 // Counted, never begun: the books count the grant as before.
                 gate.resized(
                     fleet::quota::ResizeRequest {
-                        amounts: quota::mark_amounts(mark),
+                        amounts: quota_gate::mark_amounts(mark),
                         ..resize.clone()
                     },
                     &step.tree,

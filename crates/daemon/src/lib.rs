@@ -12,14 +12,14 @@ pub mod controller;
 pub mod device_plugin;
 mod durable;
 pub mod exits;
-pub mod fleet;
+pub mod follow;
 pub mod host;
 pub mod limits;
 pub mod liveness;
 pub mod metrics;
 pub mod node;
 pub mod policy_reload;
-pub mod quota;
+pub mod quota_gate;
 pub mod reload;
 pub mod report_fs;
 pub mod server;
@@ -35,7 +35,7 @@ use std::time::Duration;
 use tracing::{error, info, warn};
 
 pub use controller::{Action, Controller, Outcome};
-pub use fleet::CoordinatorConfig;
+pub use follow::CoordinatorConfig;
 pub use host::{Host, LinuxHost, TreeHost};
 pub use node::{ActivePolicy, MigReport, Node, NodeParts, ReconcileReport};
 
@@ -253,7 +253,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
             let name = backend.inventory().map_err(|e| DaemonError::Backend(e.to_string()))?.node;
             let mut cc = cc.clone();
             cc.node_key = Some(node_key.clone());
-            let fleet = fleet::Fleet::new(&cc, &name, &config.state_dir)?;
+            let fleet = follow::Fleet::new(&cc, &name, &config.state_dir)?;
             let active = fleet.initial_policy(config.policy.as_deref()).await?;
             (active, Some(Arc::new(fleet)))
         }
@@ -311,10 +311,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // (or, while it is unreachable, within this node's leases).
     // Without a coordinator, the node is its own fleet: books of its own count its grants.
     let authority = match &fleet {
-        Some(f) => crate::quota::Authority::Coordinator(f.quota_link()?),
-        None => crate::quota::Authority::local(&node_name),
+        Some(f) => crate::quota_gate::Authority::Coordinator(f.quota_link()?),
+        None => crate::quota_gate::Authority::local(&node_name),
     };
-    let quota_gate = crate::quota::QuotaGate::new(authority, Some(&config.state_dir));
+    let quota_gate = crate::quota_gate::QuotaGate::new(authority, Some(&config.state_dir));
     ctl.set_quota(quota_gate.clone());
     // SIGHUP reloads the policy file (caught since start, served before the socket is).
     let sighup = reload::spawn_sighup(ctl.clone(), hup);
@@ -382,7 +382,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         None => (None, None),
     };
     let sync_every = fleet.as_ref().map_or(::fleet::quota::SYNC_INTERVAL, |f| f.quota_sync_every());
-    let quota_sync = crate::quota::spawn_sync(ctl.clone(), quota_gate.clone(), sync_every);
+    let quota_sync = crate::quota_gate::spawn_sync(ctl.clone(), quota_gate.clone(), sync_every);
 
     // Declared MIG layouts converge as instances fall idle; the ECC counts are read outside
     // the node lock (see `controller`).

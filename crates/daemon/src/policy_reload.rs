@@ -8,7 +8,7 @@
 //!   force stays, and the error (with the file and the JSON path) is logged by the
 //!   controller and returned to the caller.
 //! * Only where that file is the policy in force. On a node that follows a fleet the
-//!   precedence of [`crate::fleet`] holds: with `--policy-overrides-fleet` the file is in
+//!   precedence of [`crate::follow`] holds: with `--policy-overrides-fleet` the file is in
 //!   force and is reloaded; without it the file is in force only as the bootstrap policy
 //!   until the first signed revision, and once a signed revision (received or
 //!   last-known-good) is in force a reload changes nothing and says why. The check and the
@@ -28,7 +28,7 @@ use tracing::info;
 use crate::node::ActivePolicy;
 
 /// What a reload needs of the fleet link, on a node that follows a coordinator
-/// ([`crate::fleet::Fleet`]).
+/// ([`crate::follow::Fleet`]).
 pub trait FleetPolicy: Send + Sync + std::fmt::Debug {
     /// Why the policy in force is not the local file, when the fleet decides it.
     fn source_reason(&self) -> Option<String>;
@@ -129,7 +129,7 @@ pub fn log_reloaded(r: &ReloadReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::{CoordinatorConfig, Fleet};
+    use crate::follow::{CoordinatorConfig, Fleet};
     use ::fleet::signing;
 
     fn doc(v: u64) -> String {

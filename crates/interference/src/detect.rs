@@ -10,16 +10,20 @@
 //!   interference is a regression that follows a co-tenant's arrival.
 //! * **Degraded** when, with a baseline, its throughput share — its SM use over the
 //!   baseline, or, where it reports its latency, baseline latency over latency now — is
-//!   below `min_share`, the device is saturated (memory bandwidth or SM activity at or
-//!   above `saturation`), **and the co-tenants are what saturates it**, judged on their
-//!   measured use alone: their summed use of the resource is at least what the victim's
-//!   baseline leaves free (`saturation` less its solo use), and the **aggressor** — the
-//!   co-tenant using most of it (the **signal**: `memory-bandwidth` or `sm`) — uses at
-//!   least [`MATERIAL`] of the device. What the victim does itself (saturating the device
-//!   with its own work, starving its own kernels, reporting a high latency) decides
-//!   whether it is hurt, never who is to blame: a co-tenant whose measured use could not
-//!   have taken what the victim needs is never named. One active share alone never
-//!   raises anything.
+//!   below `min_share`, and a saturated resource (memory bandwidth, then SM activity, at or
+//!   above `saturation`) is **what it lost to its co-tenants**, judged on measured use
+//!   alone: the victim's own measured use of that resource is below `min_share` of its
+//!   solo baseline of it (a victim that still gets its baseline of the saturated resource
+//!   lost nothing to anyone, whatever its SM use or its report say), the co-tenants'
+//!   summed use of it is at least what the victim's baseline leaves free (`saturation`
+//!   less its solo use), and the **aggressor** — the co-tenant *tenant* using most of it
+//!   on the device, its containers summed (five small containers of one tenant are one
+//!   aggressor) — uses at least [`MATERIAL`] of the device. What the victim does itself
+//!   (saturating the device with its own work, starving its own kernels, reporting a high
+//!   latency) decides whether it is hurt, never who is to blame. One active share alone
+//!   never raises anything. The aggressor tenant's booking (its MPS shares' percentages
+//!   summed) travels with the incident: a tenant whose use of the saturated resource
+//!   stays within it is never stopped ([`Incident::over_booking`]).
 //! * **Hysteresis**: `confirm` degraded samples in a row open an incident; `clear` healthy
 //!   samples in a row close it.
 //!
@@ -68,6 +72,10 @@ pub struct ShareSample {
     /// Its own latency (ms), where the workload reports one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<f64>,
+    /// The fraction of the device it booked (an MPS share's percentage over 100); `None`
+    /// where nothing is booked (time-slicing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub booked: Option<f64>,
 }
 
 impl ShareSample {
@@ -110,18 +118,29 @@ pub struct Incident {
     pub device: String,
     pub victim: String,
     pub victim_tenant: String,
+    /// The aggressor tenant's container using most of the saturated resource.
     pub aggressor: String,
     pub aggressor_tenant: String,
+    /// Every active container of the aggressor tenant on the device (the one named first):
+    /// the aggressor is the tenant, its use summed over them.
+    #[serde(default)]
+    pub aggressors: Vec<String>,
+    /// The aggressor tenant's booked fraction of the device, its containers summed
+    /// (`None`: nothing booked, time-slicing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggressor_booked: Option<f64>,
     pub signal: Signal,
     /// The victim's throughput as a fraction of its solo baseline.
     pub share: f64,
     /// Whether `share` comes from the victim's own latency reports.
     pub from_latency: bool,
-    /// Whether the victim's measured SM use (not only its report) is below `min_share` of
-    /// its baseline: a stop needs it (a report alone never stops anyone).
+    /// Whether the victim's measured use of the saturated resource (not its SM use, not its
+    /// report: what it gets of the resource it lost) is below `min_share` of its baseline
+    /// of it. The detector names nobody without it; a stop checks it again.
     #[serde(default)]
     pub measured: bool,
-    /// The device's activity and the aggressor's use (fractions).
+    /// The device's activity and the aggressor tenant's use, its containers summed
+    /// (fractions).
     pub device_sm: f64,
     pub device_bw: f64,
     pub aggressor_sm: f64,
@@ -130,10 +149,33 @@ pub struct Incident {
 }
 
 impl Incident {
+    /// The aggressor tenant's measured use of the saturated resource (summed).
+    pub fn aggressor_use(&self) -> f64 {
+        match self.signal {
+            Signal::MemoryBandwidth => self.aggressor_bw,
+            Signal::Sm => self.aggressor_sm,
+        }
+    }
+
+    /// Whether the aggressor tenant uses more of the saturated resource than it booked of
+    /// the device (always, where it booked nothing): a tenant within its booking is never
+    /// stopped.
+    pub fn over_booking(&self) -> bool {
+        self.aggressor_booked.is_none_or(|b| self.aggressor_use() > b)
+    }
+
     /// The evidence, in words (events, logs).
     pub fn evidence(&self) -> String {
+        let (together, verb) = match self.aggressors.len() {
+            n if n > 1 => (format!(" and {} more of its tenant's containers there", n - 1), "use"),
+            _ => (String::new(), "uses"),
+        };
+        let booked = match self.aggressor_booked {
+            Some(b) => format!(" (booked {:.0}%)", b * 100.0),
+            None => String::new(),
+        };
         format!(
-            "victim {} ({}) at {:.0}% of its solo throughput{}; device {} {} saturated (SM {:.0}%, memory bandwidth {:.0}%); aggressor {} ({}) uses SM {:.0}%, memory bandwidth {:.0}%",
+            "victim {} ({}) at {:.0}% of its solo throughput{}; device {} {} saturated (SM {:.0}%, memory bandwidth {:.0}%); aggressor {} ({}){together} {verb} SM {:.0}%, memory bandwidth {:.0}%{booked}",
             self.victim,
             self.victim_tenant,
             self.share * 100.0,
@@ -237,27 +279,29 @@ impl Detector {
                 healthy(w, t, &key, &mut out);
                 continue;
             }
-            let measured = w.baseline_sm.filter(|b| *b > 0.0).map(|b| v.sm / b);
+            let by_sm = w.baseline_sm.filter(|b| *b > 0.0).map(|b| v.sm / b);
             let share = match (v.latency_ms, w.baseline_latency) {
                 (Some(now), Some(base)) if now.is_finite() && now > 0.0 => Some((base / now, true)),
-                _ => measured.map(|m| (m, false)),
+                _ => by_sm.map(|m| (m, false)),
             };
             let degraded = match share {
                 Some((share, from_latency)) if share < t.min_share => {
-                    culprit(s, v, w, t).map(|(signal, a)| Incident {
+                    culprit(s, v, w, t).map(|c| Incident {
                         device: s.device.clone(),
                         victim: v.id.clone(),
                         victim_tenant: v.tenant.clone(),
-                        aggressor: a.id.clone(),
-                        aggressor_tenant: a.tenant.clone(),
-                        signal,
+                        aggressor: c.ids[0].to_string(),
+                        aggressor_tenant: c.tenant.to_string(),
+                        aggressors: c.ids.iter().map(|x| x.to_string()).collect(),
+                        aggressor_booked: c.booked,
+                        signal: c.signal,
                         share: share.clamp(0.0, 1.0),
                         from_latency,
-                        measured: measured.is_some_and(|m| m < t.min_share),
+                        measured: true,
                         device_sm: s.sm,
                         device_bw: s.bw,
-                        aggressor_sm: a.sm,
-                        aggressor_bw: a.bw,
+                        aggressor_sm: c.sm,
+                        aggressor_bw: c.bw,
                         at_ms: s.at_ms,
                     })
                 }
@@ -283,16 +327,29 @@ impl Detector {
     }
 }
 
-/// The saturated resource and the co-tenant that saturates it, judged on the co-tenants'
-/// measured use: the device saturated on it, the co-tenants' summed use at least what the
-/// victim's solo baseline leaves free of it (so the victim's own excess cannot make it),
-/// and the biggest of them using at least [`MATERIAL`]. Bandwidth is judged first.
+/// The aggressor: a co-tenant tenant, its active containers on the device summed.
+struct Culprit<'a> {
+    signal: Signal,
+    tenant: &'a str,
+    /// Its active containers, the one using most of the saturated resource first.
+    ids: Vec<&'a str>,
+    sm: f64,
+    bw: f64,
+    booked: Option<f64>,
+}
+
+/// The saturated resource the victim lost and the co-tenant tenant that took it, judged on
+/// measured use: the device saturated on it; the victim's own measured use of it below
+/// `min_share` of its solo baseline of it (it got less of it than it gets alone); the
+/// co-tenants' summed use at least what that baseline leaves free (so the victim's own
+/// excess cannot make it); and the tenant using most of it (its containers summed) using
+/// at least [`MATERIAL`]. Bandwidth is judged first.
 fn culprit<'a>(
     s: &'a DeviceSample,
     v: &ShareSample,
     w: &Watch,
     t: Thresholds,
-) -> Option<(Signal, &'a ShareSample)> {
+) -> Option<Culprit<'a>> {
     let others = || s.shares.iter().filter(|x| x.id != v.id && x.active());
     [
         (
@@ -308,12 +365,34 @@ fn culprit<'a>(
         if device < t.saturation {
             return None;
         }
+        let baseline = baseline.filter(|b| *b > 0.0)?;
+        if use_of(v) >= t.min_share * baseline {
+            return None; // it still gets its baseline of it: nobody took any
+        }
         let theirs: f64 = others().map(use_of).sum();
-        if theirs + baseline.unwrap_or(0.0) < t.saturation {
+        if theirs + baseline < t.saturation {
             return None;
         }
-        let a = others().max_by(|a, b| use_of(a).total_cmp(&use_of(b)).then(b.id.cmp(&a.id)))?;
-        (use_of(a) >= MATERIAL).then_some((signal, a))
+        let mut tenants: BTreeMap<&str, Vec<&ShareSample>> = BTreeMap::new();
+        for x in others() {
+            tenants.entry(x.tenant.as_str()).or_default().push(x);
+        }
+        let total = |xs: &[&ShareSample]| xs.iter().map(|x| use_of(x)).sum::<f64>();
+        let (tenant, mut xs) = tenants
+            .into_iter()
+            .max_by(|(ta, a), (tb, b)| total(a).total_cmp(&total(b)).then(tb.cmp(ta)))?;
+        if total(&xs) < MATERIAL {
+            return None;
+        }
+        xs.sort_by(|a, b| use_of(b).total_cmp(&use_of(a)).then(a.id.cmp(&b.id)));
+        Some(Culprit {
+            signal,
+            tenant,
+            ids: xs.iter().map(|x| x.id.as_str()).collect(),
+            sm: xs.iter().map(|x| x.sm).sum(),
+            bw: xs.iter().map(|x| x.bw).sum(),
+            booked: xs.iter().map(|x| x.booked).sum::<Option<f64>>(),
+        })
     })
 }
 
@@ -339,7 +418,15 @@ mod tests {
     use super::*;
 
     fn share(id: &str, latency: bool, sm: f64, bw: f64) -> ShareSample {
-        ShareSample { id: id.into(), tenant: format!("t/{id}"), latency, sm, bw, latency_ms: None }
+        ShareSample {
+            id: id.into(),
+            tenant: format!("t/{id}"),
+            latency,
+            sm,
+            bw,
+            latency_ms: None,
+            booked: None,
+        }
     }
 
     fn sample(at: u64, sm: f64, bw: f64, shares: Vec<ShareSample>) -> DeviceSample {
@@ -412,9 +499,15 @@ mod tests {
         let mut v = share("v", true, 0.3, 0.3);
         v.latency_ms = Some(10.0);
         d.observe(&sample(0, 0.3, 0.3, vec![v.clone()]));
-        // SM use unchanged, but its requests take twice as long.
+        // SM use unchanged, its requests take twice as long: with its bandwidth held, that is
+        // nobody's doing.
         v.latency_ms = Some(20.0);
-        let f = d.observe(&sample(1, 0.95, 0.95, vec![v, share("a", false, 0.65, 0.65)]));
+        let held =
+            d.observe(&sample(1, 0.95, 0.95, vec![v.clone(), share("a", false, 0.65, 0.65)]));
+        assert!(held.is_empty(), "{held:?}");
+        // Its bandwidth falls below `min_share` of its baseline: the report says how hurt.
+        v.bw = 0.2;
+        let f = d.observe(&sample(2, 0.95, 0.95, vec![v, share("a", false, 0.65, 0.75)]));
         let Some(Finding::Opened(i)) = f.first() else { panic!("{f:?}") };
         assert!(i.from_latency && (i.share - 0.5).abs() < 1e-9, "{i:?}");
     }
@@ -451,10 +544,64 @@ mod tests {
         d.observe(&sample(0, 0.5, 0.95, vec![liar(0.5, 0.95, 1.0)]));
         let s = sample(1, 0.6, 1.0, vec![liar(0.1, 0.85, 500.0), share("b", false, 0.1, 0.15)]);
         assert!(d.observe(&s).is_empty());
-        // What the co-tenant really takes opens it; on its report alone it is not measured.
+        // What the co-tenant really takes (the victim's bandwidth below `min_share` of its
+        // baseline) opens it.
         let s = sample(2, 0.6, 1.0, vec![liar(0.5, 0.7, 500.0), share("b", false, 0.1, 0.3)]);
         let f = d.observe(&s);
         let Some(Finding::Opened(i)) = f.first() else { panic!("{f:?}") };
-        assert_eq!((i.aggressor.as_str(), i.from_latency, i.measured), ("b", true, false));
+        assert_eq!((i.aggressor.as_str(), i.from_latency, i.measured), ("b", true, true));
+    }
+
+    /// Round 4 (tests/attack_round4.rs): a victim that still gets all of its baseline
+    /// bandwidth and starves its own kernels names nobody, though the device's bandwidth
+    /// is saturated and a co-tenant uses a material part of it.
+    #[test]
+    fn a_victim_that_gets_its_baseline_of_the_saturated_resource_names_nobody() {
+        let mut d = Detector::new(Thresholds { confirm: 1, ..Thresholds::default() });
+        d.observe(&sample(
+            0,
+            0.5,
+            0.75,
+            vec![share("v", true, 0.5, 0.75), share("b", false, 0.0, 0.0)],
+        ));
+        for i in 1..10 {
+            let s = sample(
+                i,
+                0.1,
+                0.96,
+                vec![share("v", true, 0.05, 0.75), share("b", false, 0.05, 0.21)],
+            );
+            assert!(d.observe(&s).is_empty(), "sample {i}");
+        }
+    }
+
+    /// An aggressor split across containers of one tenant is one aggressor: their use is
+    /// summed before [`MATERIAL`]; containers of different tenants are not summed.
+    #[test]
+    fn one_tenants_containers_are_summed() {
+        let split = |tenant: &str, n: usize| -> Vec<ShareSample> {
+            (0..n)
+                .map(|i| ShareSample {
+                    tenant: tenant.into(),
+                    booked: Some(0.1),
+                    ..share(&format!("{tenant}-{i}"), false, 0.1, 0.18)
+                })
+                .collect()
+        };
+        let run = |others: Vec<ShareSample>| {
+            let mut d = Detector::new(Thresholds { confirm: 1, ..Thresholds::default() });
+            d.observe(&sample(0, 0.5, 0.5, vec![share("v", true, 0.5, 0.5)]));
+            let mut shares = vec![share("v", true, 0.1, 0.08)];
+            shares.extend(others);
+            d.observe(&sample(1, 0.6, 0.98, shares))
+        };
+        let f = run(split("r", 5));
+        let Some(Finding::Opened(i)) = f.first() else { panic!("{f:?}") };
+        assert_eq!((i.aggressor_tenant.as_str(), i.aggressors.len()), ("r", 5), "{i:?}");
+        assert!((i.aggressor_bw - 0.9).abs() < 1e-9 && i.aggressor_booked == Some(0.5), "{i:?}");
+        assert!(i.over_booking() && i.evidence().contains("aggressor r-0 (r) and 4 more of its tenant's containers there use SM 50%, memory bandwidth 90% (booked 50%)"), "{}", i.evidence());
+        // Five tenants at 18% each: none is material alone (the documented limit).
+        let five: Vec<ShareSample> = (0..5).flat_map(|k| split(&format!("t{k}"), 1)).collect();
+        assert!(run(five).is_empty());
     }
 }

@@ -10,9 +10,12 @@
 //!    its tier allows;
 //! 4. **stop**: the aggressor is stopped (SIGTERM, grace, SIGKILL) once the incident still
 //!    holds `stop_after` samples after it opened; never without `stop_after`, and only on
-//!    measured evidence: the aggressor's use (every incident has it) and the victim's
-//!    measured SM use below `min_share` of its baseline in that sample
-//!    ([`Incident::measured`]); a victim's latency report alone never stops anyone.
+//!    measured evidence: the victim's measured use of the saturated resource below
+//!    `min_share` of its baseline in that sample ([`Incident::measured`]; a victim's SM
+//!    use or latency report alone never stops anyone), and the aggressor tenant using
+//!    more of that resource than it booked of the device ([`Incident::over_booking`]: a
+//!    tenant that stays within its booked MPS share is never stopped). Every active
+//!    container of the aggressor tenant on the device is stopped.
 //!
 //! Steps 1-3 are taken when the incident opens. Caps lowered stay lowered when it clears:
 //! raising them would bring it back.
@@ -88,7 +91,9 @@ pub const THROTTLE_TARGET_USE: f64 = 0.98;
 /// saturated resource and the aggressor `a/k` (`a` its use now); taking `1/k -`
 /// [`THROTTLE_TARGET_USE`] off the aggressor's ask means scaling its rate by
 /// `f = 1 - (1/k - target) / (a/k)`, and its rate follows its SM cap: the new cap is `f`
-/// of the SMs it would use uncontended (`sm/k`, at most its cap now). Bounded by
+/// of the SMs it would use uncontended (`sm/k`, at most its cap now; the aggressor's use
+/// is its tenant's, summed over its containers, each of which the cap bounds alone, so
+/// per container that is `sm/k/n`). Bounded by
 /// `throttle_factor_percent` of `from` (one step lowers that much at most) and
 /// `min_percent`; `None` when that would not lower it (or throttling is off).
 pub fn throttle_target(incident: &Incident, from: u8, s: &Settings) -> Option<u8> {
@@ -106,7 +111,8 @@ pub fn throttle_target(incident: &Incident, from: u8, s: &Settings) -> Option<u8
     } else {
         0.0
     };
-    let solo_sm = (incident.aggressor_sm / k * 100.0).min(f64::from(from));
+    let n = incident.aggressors.len().max(1) as f64;
+    let solo_sm = (incident.aggressor_sm / k / n * 100.0).min(f64::from(from));
     let target = (solo_sm * f).round();
     let floor = (f64::from(from) * f64::from(s.throttle_factor_percent) / 100.0).ceil();
     let to = target.max(floor).max(f64::from(s.min_percent)).min(100.0) as u8;
@@ -153,6 +159,7 @@ impl Responder {
                 let key = (incident.device.clone(), incident.victim.clone());
                 if s.stop_after.is_some_and(|n| *samples >= n)
                     && incident.measured
+                    && incident.over_booking()
                     && self.stopped.get(&key) != Some(&incident.aggressor)
                 {
                     self.stopped.insert(key, incident.aggressor.clone());
@@ -180,6 +187,8 @@ mod tests {
             victim_tenant: "a/b".into(),
             aggressor: "x".into(),
             aggressor_tenant: "c/d".into(),
+            aggressors: vec!["x".into()],
+            aggressor_booked: None,
             signal: Signal::MemoryBandwidth,
             share: 0.7,
             from_latency: false,
@@ -216,6 +225,13 @@ mod tests {
         (reported.from_latency, reported.measured) = (true, false);
         assert!(r
             .steps(&Finding::Persists { incident: reported, samples: 4 }, |_| Some(18))
+            .is_empty());
+        // A tenant within its booking of the saturated resource is never stopped.
+        let mut booked = incident();
+        booked.aggressor_booked = Some(0.75);
+        assert!(!booked.over_booking());
+        assert!(r
+            .steps(&Finding::Persists { incident: booked, samples: 4 }, |_| Some(18))
             .is_empty());
         let stop = r.steps(&Finding::Persists { incident: incident(), samples: 4 }, |_| Some(18));
         assert_eq!(stop.iter().map(Step::name).collect::<Vec<_>>(), ["stop"]);

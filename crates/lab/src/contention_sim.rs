@@ -234,6 +234,7 @@ pub fn run(s: &Scenario, controller: bool) -> RunReport {
                     sm: a.sm,
                     bw: a.bw,
                     latency_ms: None,
+                    booked: Some(f64::from(r.job.percent) / 100.0),
                 });
                 let _ = a.solo_rate;
             }

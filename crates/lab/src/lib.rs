@@ -24,6 +24,7 @@ pub mod adversary;
 pub mod cli;
 pub mod contention_sim;
 pub mod pack;
+pub mod quota_jobs;
 pub mod quota_sim;
 pub mod quota_table;
 pub mod replay;

@@ -32,7 +32,7 @@
 
 use std::fmt::Write as _;
 
-use crate::cli::{quota_jobs, quota_tenants};
+use crate::quota_jobs::{quota_jobs, quota_tenants};
 use crate::quota_sim::{self, percentile, Fleet, Mode, Report};
 use crate::replay::{Trace, GPUS_PER_NODE};
 

@@ -170,7 +170,7 @@ fn synthetic_duration(name: &str) -> u64 {
 
 /// What a trace row asks for, on any GPU model: the one reading of `num_gpu` and
 /// `gpu_milli` that the replay ([`map_request`], [`MAPPING_DOC`]) and the quota simulator's
-/// jobs (`tessera sim --quota-modes`, [`crate::cli::quota_jobs`]) share.
+/// jobs (`tessera sim --quota-modes`, [`crate::quota_jobs::quota_jobs`]) share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowAsk {
     /// `num_gpu = 0`: no GPU.

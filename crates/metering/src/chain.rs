@@ -29,17 +29,7 @@ pub const CHAIN_CONTEXT: &str = "tessera-ledger-chain-v1";
 /// The version field of [`ClosedInterval::canonical`].
 pub const CANONICAL_VERSION: u32 = 1;
 
-/// One interval's place in its ledger's chain.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ChainLink {
-    /// 1, 2, 3, ... in close order, without gaps.
-    pub seq: u64,
-    /// The previous link's hash (the genesis hash for seq 1), lowercase hex.
-    pub prev: String,
-    /// sha256(prev + "\n" + canonical), lowercase hex.
-    pub hash: String,
-}
+pub use crate::interval::ChainLink;
 
 /// The newest link of a ledger's chain (seq 0 and the genesis hash: nothing closed yet).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

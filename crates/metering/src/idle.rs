@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use tessera_api::Isolation;
 
-use crate::report::Span;
+use crate::span::Span;
 
 /// The peak times this is what a suggested instance must offer.
 pub const HEADROOM: f64 = 1.25;

@@ -202,7 +202,7 @@ pub struct ClosedInterval {
     /// Its link in the node's hash chain (`None`: an interval from before chains, or one
     /// built by hand).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub chain: Option<crate::chain::ChainLink>,
+    pub chain: Option<ChainLink>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -232,7 +232,7 @@ pub struct IntervalRecord {
     pub preempted_ms: Option<u64>,
     /// Its link in the hash chain, once closed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub chain: Option<crate::chain::ChainLink>,
+    pub chain: Option<ChainLink>,
 }
 
 impl IntervalRecord {
@@ -293,6 +293,18 @@ pub(crate) fn duration_ms(start: &Stamp, end: &Stamp) -> u64 {
     } else {
         end.wall_ms.saturating_sub(start.wall_ms)
     }
+}
+
+/// One interval's place in its ledger's chain (`crate::chain` makes and checks them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChainLink {
+    /// 1, 2, 3, ... in close order, without gaps.
+    pub seq: u64,
+    /// The previous link's hash (the genesis hash for seq 1), lowercase hex.
+    pub prev: String,
+    /// sha256(prev + "\n" + canonical), lowercase hex.
+    pub hash: String,
 }
 
 #[cfg(test)]

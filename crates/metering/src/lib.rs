@@ -63,6 +63,7 @@ pub mod idle;
 mod interval;
 mod ledger;
 mod report;
+mod span;
 
 pub use bill::{Mode, Preempted, Terms};
 pub use chain::{ChainBreak, ChainHead, ChainLink};

@@ -6,8 +6,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::raw::UniqueMap;
-
 /// Whether a path's bill is charged to it or only shown to it (`billing.default_mode`,
 /// `billing.modes.<tenant>`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,34 +49,5 @@ impl Billing {
             path = p.rfind('/').map(|i| &p[..i]);
         }
         self.default_mode
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawBilling {
-    #[serde(default)]
-    pub default_mode: Option<BillingMode>,
-    #[serde(default)]
-    pub modes: UniqueMap<BillingMode>,
-    #[serde(default)]
-    pub preempted: Option<PreemptedWork>,
-}
-
-impl RawBilling {
-    /// Checks every path names a tenant of the tree (`check` reports the problem at its
-    /// JSON path, `billing.modes.<tenant>`).
-    pub(crate) fn build<E>(
-        &self,
-        check: impl Fn(&str, &str) -> Result<(), E>,
-    ) -> Result<Billing, E> {
-        for tenant in self.modes.0.keys() {
-            check(&format!("billing.modes.{tenant}"), tenant)?;
-        }
-        Ok(Billing {
-            default_mode: self.default_mode.unwrap_or_default(),
-            modes: self.modes.0.clone(),
-            preempted: self.preempted.unwrap_or_default(),
-        })
     }
 }

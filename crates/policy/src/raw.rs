@@ -45,7 +45,7 @@ pub(crate) struct RawPolicy {
     pub gangs: Option<Object<RawGangs>>,
     /// Showback or chargeback per path, preempted work (docs/CHARGEBACK.md).
     #[serde(default)]
-    pub billing: Option<Object<crate::billing::RawBilling>>,
+    pub billing: Option<Object<RawBilling>>,
     #[serde(default)]
     pub faults: Option<Object<RawFaults>>,
     #[serde(default)]
@@ -319,4 +319,34 @@ pub(crate) struct RawInterference {
     pub stop_after_samples: Option<u32>,
     #[serde(default)]
     pub stop_grace_s: Option<u64>,
+}
+
+/// `billing` as written ([`crate::billing::Billing`] once checked).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBilling {
+    #[serde(default)]
+    pub default_mode: Option<crate::billing::BillingMode>,
+    #[serde(default)]
+    pub modes: UniqueMap<crate::billing::BillingMode>,
+    #[serde(default)]
+    pub preempted: Option<crate::billing::PreemptedWork>,
+}
+
+impl RawBilling {
+    /// Checks every path names a tenant of the tree (`check` reports the problem at its
+    /// JSON path, `billing.modes.<tenant>`).
+    pub(crate) fn build<E>(
+        &self,
+        check: impl Fn(&str, &str) -> Result<(), E>,
+    ) -> Result<crate::billing::Billing, E> {
+        for tenant in self.modes.0.keys() {
+            check(&format!("billing.modes.{tenant}"), tenant)?;
+        }
+        Ok(crate::billing::Billing {
+            default_mode: self.default_mode.unwrap_or_default(),
+            modes: self.modes.0.clone(),
+            preempted: self.preempted.unwrap_or_default(),
+        })
+    }
 }

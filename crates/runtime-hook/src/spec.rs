@@ -174,6 +174,15 @@ pub enum SpecError {
     /// A GPU container's mounts, as runc will make them ([`crate::mounts`]).
     #[error(transparent)]
     Mount(#[from] crate::mounts::MountError),
+    /// A config whose own CPU set (or memory nodes) shares nothing with the set its GPUs
+    /// are pinned to (`topology.pin_cpus`).
+    #[error(
+        "linux.resources.cpu.{key} `{}` shares no entry with the set its GPUs are pinned to \
+         ({pin}) under the policy's topology.pin_cpus: a GPU container runs on its GPUs' \
+         CPUs and memory nodes; ask for a set that meets {pin}, or none",
+        tessera_api::untrusted(.asked).max_chars(64)
+    )]
+    CpusetOffGpus { key: &'static str, asked: String, pin: String },
 }
 
 fn shape(path: impl Into<String>, message: impl Into<String>) -> SpecError {
@@ -392,10 +401,11 @@ fn typed_items<T: DeserializeOwned>(v: Option<&Value>, at: &str) -> Result<Vec<T
     }
 }
 
-/// The object under `key`, created if absent or null.
 /// The grant's CPU set and memory nodes (`topology.pin_cpus`): written where the config
-/// sets none; where it sets its own (kubelet's CPU manager), their intersection, or its own
-/// unchanged when the two share nothing (a pin never leaves a container without a CPU).
+/// sets none; where it sets its own (kubelet's CPU manager), their intersection. A config
+/// whose own set shares nothing with the pin is refused ([`SpecError::CpusetOffGpus`]):
+/// kept, it would run the container on CPUs local to another tenant's GPUs; emptied, it
+/// would leave it without a CPU.
 fn pin_cpuset(
     resources: &mut Map<String, Value>,
     pin: &tessera_api::CpuSet,
@@ -406,20 +416,22 @@ fn pin_cpuset(
     let cpus = parse_cpulist(&pin.cpus).map_err(bad)?;
     let mems = pin.mems.as_deref().map(parse_cpulist).transpose().map_err(bad)?;
     let cpu = object_entry(resources, "cpu", "linux.resources.cpu")?;
-    let mut merge = |key: &str, want: &[u32]| -> Result<(), SpecError> {
+    let mut merge = |key: &'static str, want: &[u32]| -> Result<(), SpecError> {
         let at = format!("linux.resources.cpu.{key}");
         let have = match cpu.get(key) {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.trim().is_empty() => None,
             Some(Value::String(s)) => {
-                Some(parse_cpulist(s).map_err(|e| shape(&at, e.to_string()))?)
+                Some((s.clone(), parse_cpulist(s).map_err(|e| shape(&at, e.to_string()))?))
             }
             Some(_) => return Err(shape(&at, "expected a string")),
         };
         let set = match have {
             None => want.to_vec(),
-            Some(h) => match intersect(&h, want) {
-                i if i.is_empty() => return Ok(()),
+            Some((asked, h)) => match intersect(&h, want) {
+                i if i.is_empty() => {
+                    return Err(SpecError::CpusetOffGpus { key, asked, pin: render_cpulist(want) })
+                }
                 i => i,
             },
         };
@@ -1132,7 +1144,8 @@ mod tests {
     }
 
     /// Issue 26: `topology.pin_cpus`: the grant's CPUs and memory nodes, merged with what
-    /// the config sets (kubelet's CPU manager), never leaving it without a CPU.
+    /// the config sets (kubelet's CPU manager); a config set disjoint from the pin is
+    /// refused, naming the rule and both sets (never kept, never emptied).
     #[test]
     fn the_cpuset_follows_the_gpus_and_meets_the_configs_own() {
         let mut inj = mig_injection();
@@ -1143,9 +1156,26 @@ mod tests {
         assert_eq!(v["linux"]["resources"]["cpu"]["mems"], "1");
         let mut v = parse(RUNC_SPEC);
         v["linux"]["resources"]["cpu"] = json!({"cpus": "0-3,20-23", "mems": "0"});
+        let e = apply_injection(&mut v, &inj, &hooks()).expect_err("mems disjoint");
+        assert!(
+            matches!(&e, SpecError::CpusetOffGpus { key: "mems", .. })
+                && e.to_string().contains("topology.pin_cpus")
+                && e.to_string().contains("`0`")
+                && e.to_string().contains("(1)"),
+            "{e}"
+        );
+        let mut v = parse(RUNC_SPEC);
+        v["linux"]["resources"]["cpu"] = json!({"cpus": "0-3,20-23", "mems": "0-1"});
         apply_injection(&mut v, &inj, &hooks()).expect("applies");
         assert_eq!(v["linux"]["resources"]["cpu"]["cpus"], "20-23", "the intersection");
-        assert_eq!(v["linux"]["resources"]["cpu"]["mems"], "0", "disjoint: the config's own");
+        assert_eq!(v["linux"]["resources"]["cpu"]["mems"], "1");
+        let mut v = parse(RUNC_SPEC);
+        v["linux"]["resources"]["cpu"] = json!({"cpus": "0-3"});
+        let e = apply_injection(&mut v, &inj, &hooks()).expect_err("cpus disjoint");
+        assert!(
+            e.to_string().starts_with("linux.resources.cpu.cpus `0-3` shares no entry with the set its GPUs are pinned to (16-31) under the policy's topology.pin_cpus"),
+            "{e}"
+        );
         inj.cpuset = Some(tessera_api::CpuSet { cpus: "0-x".into(), mems: None });
         let e = apply_injection(&mut parse(RUNC_SPEC), &inj, &hooks()).expect_err("bad list");
         assert!(e.to_string().contains("cpuset"), "{e}");

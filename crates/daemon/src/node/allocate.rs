@@ -8,7 +8,7 @@
 
 use super::assignment::Pick;
 use super::{grant, internal, validate_abs_path, Node};
-use crate::quota;
+use crate::quota_gate;
 use tessera_api::deviceplugin::{IssuedAssignment, PluginAssignment, RESOURCE_GPU};
 use tessera_api::{
     untrusted, AllocateRequest, Allocation, ApiError, ErrorCode, GpuRequest, QuotaClass, QuotaMark,
@@ -81,7 +81,7 @@ pub(crate) enum Admission<'a> {
     Fleet { class: QuotaClass, over: Option<String> },
     /// The coordinator is unreachable: this node's lease decides (under the lock, on the
     /// node's holdings of then). `since_ms` and `why`: since when, and why.
-    Lease { leases: &'a crate::quota::QuotaGate, since_ms: u64, why: String },
+    Lease { leases: &'a crate::quota_gate::QuotaGate, since_ms: u64, why: String },
 }
 
 impl Node {
@@ -363,7 +363,7 @@ impl Node {
         plan: Option<&grant::GrantPlan>,
         short_on_node: bool,
     ) -> Result<fleet::quota::AdmitRequest, ApiError> {
-        let bad = |node: &mut Node, e: quota::QuotaError, rule: &str| {
+        let bad = |node: &mut Node, e: quota_gate::QuotaError, rule: &str| {
             let err = ApiError {
                 code: ErrorCode::BadRequest,
                 message: format!("container {}: {e}", req.container_id),
@@ -374,20 +374,24 @@ impl Node {
             node.record_refusal(&req.container_id, &err);
             err
         };
-        let gang = quota::gang_of(&req.annotations).map_err(|e| bad(self, e, "gang"))?;
+        let gang = quota_gate::gang_of(&req.annotations).map_err(|e| bad(self, e, "gang"))?;
         let checkpoint =
-            quota::checkpoints(&req.annotations).map_err(|e| bad(self, e, "preemption"))?;
+            quota_gate::checkpoints(&req.annotations).map_err(|e| bad(self, e, "preemption"))?;
         let limits =
-            quota::checked_limits(req.limits.as_ref()).map_err(|e| bad(self, e, "limits"))?;
-        quota::require_limits(self.policy.policy.quotas(), &c.tenant.path, &limits)
+            quota_gate::checked_limits(req.limits.as_ref()).map_err(|e| bad(self, e, "limits"))?;
+        quota_gate::require_limits(self.policy.policy.quotas(), &c.tenant.path, &limits)
             .map_err(|e| bad(self, e, "limits"))?;
         let models: Vec<String> = match plan {
             Some(p) => self.planned_models(p),
             None => {
-                let m = quota::likely_model(&self.inventory, &req.request).ok_or_else(|| {
-                    ApiError::new(ErrorCode::NoCapacity, "no GPU of this node serves the request")
-                })?;
-                vec![m; quota::device_count(&req.request)]
+                let m =
+                    quota_gate::likely_model(&self.inventory, &req.request).ok_or_else(|| {
+                        ApiError::new(
+                            ErrorCode::NoCapacity,
+                            "no GPU of this node serves the request",
+                        )
+                    })?;
+                vec![m; quota_gate::device_count(&req.request)]
             }
         };
         let refs: Vec<&str> = models.iter().map(String::as_str).collect();
@@ -395,13 +399,17 @@ impl Node {
             tessera_api::GpuRequest::Mig { profile } => self.policy.policy.mig_weight(profile),
             _ => None,
         };
-        let gpus =
-            quota::gpu_amounts(&req.request, &refs, self.policy.policy.shared_replicas(), weight)
-                .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        let gpus = quota_gate::gpu_amounts(
+            &req.request,
+            &refs,
+            self.policy.policy.shared_replicas(),
+            weight,
+        )
+        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
         Ok(fleet::quota::AdmitRequest {
             container_id: req.container_id.to_string(),
             tenant: c.tenant.path.clone(),
-            amounts: quota::amounts(&gpus, &limits),
+            amounts: quota_gate::amounts(&gpus, &limits),
             gang,
             short_on_node,
             checkpoint,
@@ -473,7 +481,7 @@ impl Node {
                 let tree = self.policy.policy.quotas();
                 let request = now.amounts.to_resources();
                 let verdict = leases.with_leases(|held| {
-                    quota::lease_admits(tree, &now.tenant, &request, held, &guaranteed_here)
+                    quota_gate::lease_admits(tree, &now.tenant, &request, held, &guaranteed_here)
                 });
                 if let Err(why_not) = verdict {
                     let err = ApiError {

@@ -487,7 +487,7 @@ impl Node {
             );
         }
         if let Some(mark) = &allocation.quota {
-            self.holds_used(&allocation.tenant, &crate::quota::held_devices(&allocation));
+            self.holds_used(&allocation.tenant, &crate::quota_gate::held_devices(&allocation));
             if mark.class == tessera_api::QuotaClass::Borrowed {
                 let detail = format!(
                     "borrowed: beyond the guarantee of {} (tenant {}); priced at the burst price and reclaimable",

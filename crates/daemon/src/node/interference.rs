@@ -290,6 +290,11 @@ impl Node {
                     sm: s,
                     bw: m,
                     latency_ms: u.latency_ms,
+                    booked: a
+                        .share
+                        .as_ref()
+                        .and_then(|s| s.percent)
+                        .map(|p| f64::from(p.min(100)) / 100.0),
                 });
             }
             if shares.len() != holders.len() {
@@ -481,28 +486,35 @@ impl Node {
                     let _ = self.store.event("interference", Some(&i.aggressor), &detail);
                 }
                 (Step::Stop { .. }, _) => {
-                    let Some(r) = records.iter().find(|r| r.allocation.container_id == i.aggressor)
-                    else {
-                        continue;
+                    // The aggressor is its tenant: each of its active containers there.
+                    let ids: Vec<&String> = if i.aggressors.is_empty() {
+                        vec![&i.aggressor]
+                    } else {
+                        i.aggressors.iter().collect()
                     };
-                    let detail = format!(
-                        "step stop: {} ({}) still degrades {} on {} after the earlier steps: SIGTERM, SIGKILL after {} s; {}",
-                        i.aggressor,
-                        i.aggressor_tenant,
-                        i.victim,
-                        i.device,
-                        self.policy.policy.interference().stop_grace_s,
-                        i.evidence()
-                    );
-                    self.note_step(&step, &detail, &i.aggressor);
-                    stop.push(Target {
-                        refused: Refused::of(
-                            &r.allocation,
-                            "interference.stop_after_samples".into(),
-                            format!("it degrades {} on {}", i.victim, i.device),
-                        ),
-                        pid_start: r.pid_start,
-                    });
+                    for id in ids {
+                        let Some(r) = records.iter().find(|r| &r.allocation.container_id == id)
+                        else {
+                            continue;
+                        };
+                        let detail = format!(
+                            "step stop: {id} ({}) still degrades {} on {} after the earlier steps: SIGTERM, SIGKILL after {} s; {}",
+                            i.aggressor_tenant,
+                            i.victim,
+                            i.device,
+                            self.policy.policy.interference().stop_grace_s,
+                            i.evidence()
+                        );
+                        self.note_step(&step, &detail, id);
+                        stop.push(Target {
+                            refused: Refused::of(
+                                &r.allocation,
+                                "interference.stop_after_samples".into(),
+                                format!("it degrades {} on {}", i.victim, i.device),
+                            ),
+                            pid_start: r.pid_start,
+                        });
+                    }
                 }
                 _ => {}
             }

@@ -159,7 +159,7 @@ impl Node {
                 },
                 fraction: self.fraction(a, d),
                 // Borrowed work is metered at the burst price.
-                class: crate::quota::ledger_class(a.quota.as_deref()),
+                class: crate::quota_gate::ledger_class(a.quota.as_deref()),
                 workload: a.workload.clone(),
                 // The topology premium: only a grant of several devices in one domain.
                 nvlink_domain: a.nvlink_domain.filter(|_| a.devices.len() > 1),

@@ -1,4 +1,4 @@
-//! Fleet quotas, the node's state of them ([`crate::quota`] has the protocol): devices held
+//! Fleet quotas, the node's state of them ([`crate::quota_gate`] has the protocol): devices held
 //! for a reclaim's claimant, the holdings a sync reports, the containers a reclaim stops.
 
 use std::collections::BTreeSet;
@@ -10,7 +10,7 @@ use tracing::{debug, warn};
 
 use super::revoke::{Refused, Stopped, Target};
 use super::{internal, Node};
-use crate::quota::{self, NotStopped};
+use crate::quota_gate::{self, NotStopped};
 
 /// A device kept for a reclaim's claimant: other tenants' plans treat it as taken until
 /// `until`.
@@ -132,7 +132,7 @@ impl Node {
             .into_iter()
             .filter_map(|a| {
                 let m = a.quota.as_ref().filter(|m| m.class == QuotaClass::Guaranteed)?;
-                Some((a.tenant.clone(), quota::mark_amounts(m).to_resources()))
+                Some((a.tenant.clone(), quota_gate::mark_amounts(m).to_resources()))
             })
             .collect())
     }
@@ -151,7 +151,7 @@ impl Node {
                 Some(Holding {
                     container_id: a.container_id.clone(),
                     tenant: a.tenant.clone(),
-                    amounts: quota::mark_amounts(m),
+                    amounts: quota_gate::mark_amounts(m),
                     class: m.class,
                     started_ms: a.created_ms,
                     gang: m.gang.clone(),
@@ -162,7 +162,7 @@ impl Node {
             })
             .collect();
         Ok(Some(SyncRequest {
-            capacity: quota::capacity(&self.inventory),
+            capacity: quota_gate::capacity(&self.inventory),
             holdings,
             leases: Vec::new(),
             stopping: Vec::new(),
@@ -171,7 +171,7 @@ impl Node {
     }
 
     /// What stopping `victims` means on this node: only this node's borrowed grants of the
-    /// tenant each names and not being stopped already ([`quota::victims_here`]; the
+    /// tenant each names and not being stopped already ([`quota_gate::victims_here`]; the
     /// others are logged and left alone). Each is recorded as a `preempt` event before
     /// anything is sent; with `hold_for`, the devices they hold are kept for that tenant
     /// until the given time.
@@ -184,8 +184,8 @@ impl Node {
     ) -> Result<PreemptPlan, ApiError> {
         let records = self.store.all().map_err(internal)?;
         let grants: Vec<Allocation> = records.iter().map(|r| r.allocation.clone()).collect();
-        let quota::VictimsHere { stop, skip } =
-            quota::victims_here(node, victims, &grants, stopping);
+        let quota_gate::VictimsHere { stop, skip } =
+            quota_gate::victims_here(node, victims, &grants, stopping);
         for (v, why) in skip {
             match why {
                 NotStopped::OtherNode => {
@@ -226,7 +226,7 @@ impl Node {
             if let Err(e) = self.ledger.mark_preempted(&a.container_id) {
                 warn!(container = %a.container_id, "cannot mark its intervals preempted: {e}");
             }
-            held.extend(quota::held_devices(&a));
+            held.extend(quota_gate::held_devices(&a));
             let pid_start = records
                 .iter()
                 .find(|r| r.allocation.container_id == a.container_id)
@@ -306,7 +306,7 @@ mod tests {
 
     use super::*;
     use crate::node::{ActivePolicy, Admission, NodeParts, Prepared, QuotaMode};
-    use crate::quota::QuotaGate;
+    use crate::quota_gate::QuotaGate;
 
     const POLICY: &[u8] = include_bytes!("../../../../examples/policy.json");
     const H100: &str = "H100-80GB";
@@ -574,8 +574,8 @@ mod tests {
         // A coordinator that is never called here: the lease alone decides.
         let client =
             fleet::client::Client::new(&["http://127.0.0.1:9"], "node-token").expect("client");
-        let link = crate::quota::Link::new(client, "sim-h100-0".into());
-        let gate = QuotaGate::new(crate::quota::Authority::Coordinator(link), None);
+        let link = crate::quota_gate::Link::new(client, "sim-h100-0".into());
+        let gate = QuotaGate::new(crate::quota_gate::Authority::Coordinator(link), None);
         let lease = Lease {
             path: "acme/trusted".into(),
             amounts: Amounts {
@@ -625,7 +625,7 @@ mod tests {
         use crate::controller::{Action, Controller, Outcome};
         let dir = tempfile::tempdir().expect("tempdir");
         let ctl = Controller::new(node(dir.path(), true));
-        let gate = QuotaGate::new(crate::quota::Authority::local("sim-h100-0"), None);
+        let gate = QuotaGate::new(crate::quota_gate::Authority::local("sim-h100-0"), None);
         ctl.set_quota(gate.clone());
         let grant = |id: &str, ns: &str, request: &str| {
             let r = ctl.apply(Action::Allocate(req(id, ns, request)));
@@ -674,7 +674,7 @@ mod tests {
             .locked(|n| {
                 let mut freed = Vec::new();
                 for v in &victims {
-                    freed.extend(crate::quota::held_devices(&n.allocation(v)?));
+                    freed.extend(crate::quota_gate::held_devices(&n.allocation(v)?));
                     n.release(v, "test: the victim's container is gone")?;
                 }
                 for d in &freed {
@@ -716,7 +716,7 @@ mod tests {
             Arc::new(host),
             Some(weights),
         ));
-        ctl.set_quota(QuotaGate::new(crate::quota::Authority::local("sim-h100-0"), None));
+        ctl.set_quota(QuotaGate::new(crate::quota_gate::Authority::local("sim-h100-0"), None));
         let a = match ctl.apply(Action::Allocate(req("m1", "team-dev", "mig=1g.10gb"))) {
             Ok(Outcome::Allocation(a)) => *a,
             other => panic!("{other:?}"),
@@ -761,7 +761,7 @@ mod tests {
             crate::TreeHost { proc_root: proc_root.clone(), cgroup_root: cgroup_root.clone() };
         let state = dir.path().join("state");
         let ctl = Controller::new(node_on(&state, true, Arc::new(host)));
-        let gate = QuotaGate::new(crate::quota::Authority::local("sim-h100-0"), None);
+        let gate = QuotaGate::new(crate::quota_gate::Authority::local("sim-h100-0"), None);
         ctl.set_quota(gate.clone());
         let allocate = |id: &str, ns: &str, request: &str| match ctl
             .apply(Action::Allocate(req(id, ns, request)))

@@ -23,7 +23,7 @@ use tracing::{info, warn};
 
 use super::{internal, ledger_err, validate_container_id, Node};
 use crate::limits;
-use crate::quota;
+use crate::quota_gate;
 use crate::store::Record;
 
 /// How long an update may wait for its wrapper's `done` before the reconciler finishes it
@@ -81,7 +81,7 @@ pub(crate) enum UpdateAdmission<'a> {
     /// The books counted the new amounts as `class`.
     Fleet { class: QuotaClass, over: Option<String> },
     /// The coordinator is unreachable: this node's lease decides, as for a new grant.
-    Lease { leases: &'a crate::quota::QuotaGate, since_ms: u64, why: String },
+    Lease { leases: &'a crate::quota_gate::QuotaGate, since_ms: u64, why: String },
 }
 
 /// `0.5 cores` / `unlimited`, for events.
@@ -161,7 +161,7 @@ impl Node {
     pub(super) fn unlimited_counts(&self, tenant: &str, l: &ContainerLimits) -> (u64, u64) {
         let tree = self.policy.policy.quotas();
         let bounded = |r: ::quota::Resource| tree.chain(tenant).any(|q| q.limits.contains_key(&r));
-        let host = quota::capacity(&self.inventory);
+        let host = quota_gate::capacity(&self.inventory);
         let cpu =
             l.cpu_milli.unwrap_or(if bounded(::quota::Resource::Cpu) { host.cpu_milli } else { 0 });
         let mem = l.memory_mib.unwrap_or(if bounded(::quota::Resource::Memory) {
@@ -272,7 +272,7 @@ impl Node {
             // No quotas count it: nothing to admit.
             return Ok(UpdatePlan::Step(Box::new(step)));
         };
-        quota::require_limits(&step.tree, &a.tenant, &after)
+        quota_gate::require_limits(&step.tree, &a.tenant, &after)
             .map_err(|e| refuse(self, ErrorCode::BadRequest, Some("limits"), e.to_string()))?;
         // A raise is what grows beyond both what the books count and what the kernel
         // enforces now (an update that lowers a limit the kernel already held above the
@@ -342,7 +342,7 @@ impl Node {
                         let here = self.guaranteed_here()?;
                         let tree = self.policy.policy.quotas();
                         leases.with_leases(|held| {
-                            quota::lease_admits(tree, &step.tenant, &grow, held, &here)
+                            quota_gate::lease_admits(tree, &step.tenant, &grow, held, &here)
                         })
                     };
                     if let Err(why_not) = verdict {
@@ -498,8 +498,8 @@ impl Node {
             // The books hear what the grant counts now whenever it differs from what they
             // were told (a raise admitted for the update, or the mark of before).
             let booked = flight.as_ref().and_then(|f| f.booked.clone());
-            let counted = quota::mark_amounts(m);
-            let before = mark.as_ref().map(quota::mark_amounts);
+            let counted = quota_gate::mark_amounts(m);
+            let before = mark.as_ref().map(quota_gate::mark_amounts);
             if booked.is_some_and(|b| b != counted) || before.is_some_and(|b| b != counted) {
                 to_books = Some(ResizeRequest {
                     container_id: id.clone(),
@@ -617,7 +617,7 @@ mod tests {
     use super::*;
     use crate::controller::{Action, Controller, Outcome};
     use crate::node::{ActivePolicy, NodeParts};
-    use crate::quota::QuotaGate;
+    use crate::quota_gate::QuotaGate;
 
     const POLICY: &[u8] = include_bytes!("../../../../examples/policy.json");
     const PID: i32 = 4242;
@@ -745,7 +745,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let m = Machine::new(dir.path());
         let ctl = Controller::new(node(&dir.path().join("state"), m.host()));
-        ctl.set_quota(QuotaGate::new(crate::quota::Authority::local("sim-h100-0"), None));
+        ctl.set_quota(QuotaGate::new(crate::quota_gate::Authority::local("sim-h100-0"), None));
         let req = AllocateRequest {
             container_id: tessera_api::ContainerId::new("u1").expect("id"),
             runc_root: "/run/tessera-test-runc".into(),

@@ -316,12 +316,12 @@ impl Fleet {
 
     /// The quota protocol's link to the coordinators: their URLs (in failover order), this
     /// node's id, token and TLS.
-    pub fn quota_link(&self) -> Result<crate::quota::Link, DaemonError> {
+    pub fn quota_link(&self) -> Result<crate::quota_gate::Link, DaemonError> {
         let cfg = self.agent.config();
         let client = ::fleet::client::Client::new(&self.urls, &cfg.token)
             .map_err(|e| err(format!("quota link: {e}")))?
             .with_tls(cfg.tls.clone());
-        Ok(crate::quota::Link::new(client, self.node_id.clone()))
+        Ok(crate::quota_gate::Link::new(client, self.node_id.clone()))
     }
 
     /// How often the quota sync runs.
