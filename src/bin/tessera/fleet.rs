@@ -289,7 +289,7 @@ pub fn render_nodes(
     }
     let mut header = String::new();
     if let Some(q) = quota {
-        header = crate::quota::render_authority(q, now_ms);
+        header = render_authority(q, now_ms);
     }
     let mut rows =
         vec![["NODE", "VERSION", "SOURCE", "HEALTH", "LAST CONTACT", "QUOTA SYNC", "PROBLEM"]
@@ -381,6 +381,42 @@ fn render_fleet_usage(f: &FleetUsage) -> String {
         }
         out.push_str("\nby node (closed intervals uploaded by each node)\n");
         out.push_str(&table(&rows));
+    }
+    out
+}
+
+/// Who decides the books, and through which coordinator this answer came.
+pub fn render_authority(st: &::fleet::quota::QuotaStatus, now_ms: u64) -> String {
+    let mut out = String::new();
+    match &st.authority {
+        Some(a) if a.term == 0 => out.push_str(&format!(
+            "decided by coordinator {} alone (no election: its books are in its memory), since {} ({})\n",
+            a.url,
+            tessera_api::time::format_utc(a.since_ms),
+            ago(now_ms, a.since_ms)
+        )),
+        Some(a) => out.push_str(&format!(
+            "decided by coordinator {} (elected through etcd, term {}), since {} ({})\n",
+            a.url,
+            a.term,
+            tessera_api::time::format_utc(a.since_ms),
+            ago(now_ms, a.since_ms)
+        )),
+        None => {}
+    }
+    if let Some(v) = &st.via {
+        out.push_str(&format!("answered through coordinator {v}, which passes quota calls on\n"));
+    }
+    if !st.coordinators.is_empty() {
+        let list: Vec<String> = st
+            .coordinators
+            .iter()
+            .map(|c| format!("{}{}", c.url, if c.leader { " (decides)" } else { " (standby)" }))
+            .collect();
+        out.push_str(&format!("coordinators in the election: {}\n", list.join(", ")));
+    }
+    for w in &st.warnings {
+        out.push_str(&format!("WARNING: {}\n", w.replace('\n', " ")));
     }
     out
 }

@@ -7,7 +7,7 @@ use ::fleet::client::blocking::block_on;
 use ::fleet::quota::{NodeRemoval, PathStatus, QuotaEvent, QuotaStatus};
 use clap::{Args, Subcommand};
 
-use crate::fleet::{ago, explain, table, CoordinatorArgs};
+use crate::fleet::{ago, explain, render_authority, table, CoordinatorArgs};
 
 // The units the wire names (`PathStatus::unit`): micro-GPUs, millicores, MiB.
 const MICRO_PER_GPU: u64 = 1_000_000;
@@ -125,42 +125,6 @@ pub fn render_removal(r: &NodeRemoval, now_ms: u64) -> String {
     );
     if let Some(w) = &r.warning {
         out.push_str(&format!("warning: {w}\n"));
-    }
-    out
-}
-
-/// Who decides the books, and through which coordinator this answer came.
-pub fn render_authority(st: &QuotaStatus, now_ms: u64) -> String {
-    let mut out = String::new();
-    match &st.authority {
-        Some(a) if a.term == 0 => out.push_str(&format!(
-            "decided by coordinator {} alone (no election: its books are in its memory), since {} ({})\n",
-            a.url,
-            tessera_api::time::format_utc(a.since_ms),
-            ago(now_ms, a.since_ms)
-        )),
-        Some(a) => out.push_str(&format!(
-            "decided by coordinator {} (elected through etcd, term {}), since {} ({})\n",
-            a.url,
-            a.term,
-            tessera_api::time::format_utc(a.since_ms),
-            ago(now_ms, a.since_ms)
-        )),
-        None => {}
-    }
-    if let Some(v) = &st.via {
-        out.push_str(&format!("answered through coordinator {v}, which passes quota calls on\n"));
-    }
-    if !st.coordinators.is_empty() {
-        let list: Vec<String> = st
-            .coordinators
-            .iter()
-            .map(|c| format!("{}{}", c.url, if c.leader { " (decides)" } else { " (standby)" }))
-            .collect();
-        out.push_str(&format!("coordinators in the election: {}\n", list.join(", ")));
-    }
-    for w in &st.warnings {
-        out.push_str(&format!("WARNING: {}\n", w.replace('\n', " ")));
     }
     out
 }

@@ -430,7 +430,7 @@ impl QuotaBackend for EtcdQuota {
             let mut holdings: Vec<(String, Holding)> = Vec::new();
             let mut kv = self.kv();
             let mut from = books.clone().into_bytes();
-            let end = super::etcd::prefix_end(&books);
+            let end = super::etcd_range_end(&books);
             let mut at: Option<i64> = None;
             loop {
                 let mut opts = GetOptions::new().with_range(end.clone()).with_limit(BOOKS_PAGE);

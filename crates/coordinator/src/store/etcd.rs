@@ -136,18 +136,6 @@ impl Keys {
     }
 }
 
-/// The end of the key range of every key starting with `prefix` (etcd's convention).
-pub(super) fn prefix_end(prefix: &str) -> Vec<u8> {
-    let mut end = prefix.as_bytes().to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
-}
-
 /// Read every key in `[start, end)` in pages of `page` keys, all at the etcd revision of
 /// the first page, handing each to `f` in key order.
 async fn range_paged(
@@ -292,7 +280,7 @@ async fn read_latest(
         &mut kv,
         "get latest",
         keys.revs().into_bytes(),
-        prefix_end(&keys.revs()),
+        super::etcd_range_end(&keys.revs()),
         PAGE_REVISIONS,
         |k, v| {
             if let Some(env) = own_revision(keys, k, v)? {
@@ -443,7 +431,7 @@ impl PolicyStore for EtcdStore {
                 &mut self.kv(),
                 "history",
                 revs.clone().into_bytes(),
-                prefix_end(&revs),
+                super::etcd_range_end(&revs),
                 PAGE_REVISIONS,
                 |k, v| {
                     out.extend(own_revision(&keys, k, v)?);
@@ -476,7 +464,7 @@ impl PolicyStore for EtcdStore {
                 &mut self.kv(),
                 "nodes",
                 nodes.clone().into_bytes(),
-                prefix_end(&nodes),
+                super::etcd_range_end(&nodes),
                 PAGE_NODES,
                 |_, v| {
                     out.push(decode("node record", v)?);
@@ -627,7 +615,7 @@ impl PolicyStore for EtcdStore {
                 &mut self.kv(),
                 "usage",
                 keys.usage_end_from(from_ms).into_bytes(),
-                prefix_end(&ends),
+                super::etcd_range_end(&ends),
                 PAGE_USAGE,
                 |k, v| {
                     let key = String::from_utf8_lossy(k);

@@ -506,6 +506,19 @@ pub(crate) fn check_interval(node: &str, i: &metering::ClosedInterval) -> Result
     Ok(())
 }
 
+/// The end of the etcd key range of every key starting with `prefix` (etcd's convention:
+/// the prefix with its last byte below 0xff raised by one), for `etcd` and `election`.
+pub(crate) fn etcd_range_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
