@@ -93,33 +93,6 @@ fn start_mps_node(files: &Path, gpus: usize, interference: serde_json::Value) ->
     node
 }
 
-/// What the simulated device `uuid` runs: (pid, SM demand, bandwidth demand).
-fn set_load(node: &Node, uuid: &str, load: &[(i32, f64, f64)]) {
-    let dir = node.state.join("sim/load");
-    std::fs::create_dir_all(&dir).unwrap();
-    let v: Vec<serde_json::Value> = load
-        .iter()
-        .map(|(pid, sm, bw)| serde_json::json!({"pid": pid, "sm": sm, "bw": bw}))
-        .collect();
-    let tmp = dir.join(format!("{uuid}.tmp"));
-    std::fs::write(&tmp, serde_json::to_vec(&v).unwrap()).unwrap();
-    std::fs::rename(&tmp, dir.join(format!("{uuid}.json"))).unwrap();
-}
-
-fn samples(node: &Node) -> u64 {
-    node.client().telemetry().map(|t| t.samples).unwrap_or(0)
-}
-
-/// Waits until `n` more telemetry samples were taken (the detector saw them).
-fn wait_samples(node: &Node, n: u64) {
-    let from = samples(node);
-    assert!(
-        wait_for(|| samples(node) >= from + n, Duration::from_secs(15)),
-        "telemetry did not advance by {n} samples:\n{}",
-        node.daemon.stderr()
-    );
-}
-
 /// Every `interference` event's `<container> <detail>`.
 fn interference_events(node: &Node) -> Vec<String> {
     node.client()
@@ -188,25 +161,25 @@ fn framing(report: bool) {
     let cap_before = daemon_threads(&node, &device, &by.tenant);
 
     // Baseline: the liar alone in effect (the bystander idle), nothing saturated, 1 ms.
-    set_load(&node, &device, &[(lpid, 0.5, 0.5), (bpid, 0.0, 0.0)]);
+    node.set_sim_load(&device, &[(lpid, 0.5, 0.5), (bpid, 0.0, 0.0)]);
     if report {
         node.fx
             .exec("liar", &["sh", "-c", "echo 1 > \"$TESSERA_LATENCY_FILE\""])
             .assert_success("report 1 ms");
     }
-    wait_samples(&node, 4);
+    node.wait_telemetry_samples(4, Duration::from_secs(15));
 
     // The attack: the liar saturates the bandwidth itself and reports 500 ms; the
     // bystander wakes up a little (2% SM, 2% bandwidth).
     if report {
-        set_load(&node, &device, &[(lpid, 0.5, 0.95), (bpid, 0.02, 0.02)]);
+        node.set_sim_load(&device, &[(lpid, 0.5, 0.95), (bpid, 0.02, 0.02)]);
         node.fx
             .exec("liar", &["sh", "-c", "echo 500 > \"$TESSERA_LATENCY_FILE\""])
             .assert_success("report 500 ms");
     } else {
-        set_load(&node, &device, &[(lpid, 0.1, 0.95), (bpid, 0.02, 0.02)]);
+        node.set_sim_load(&device, &[(lpid, 0.1, 0.95), (bpid, 0.02, 0.02)]);
     }
-    wait_samples(&node, u64::from(CONFIRM) * 4);
+    node.wait_telemetry_samples(u64::from(CONFIRM) * 4, Duration::from_secs(15));
 
     let t = node.client().telemetry().unwrap();
     let use_of = |id: &str| {
@@ -281,8 +254,8 @@ fn gpu_use_of_a_process_started_with_exec_is_attributed_to_its_container() {
     assert_eq!(cgroup_of(worker), cgroup_of(a.pid.unwrap()), "the worker is in the grant's cgroup");
 
     // The worker does all the GPU work; the init sleeps.
-    set_load(&node, &device, &[(a.pid.unwrap(), 0.0, 0.0), (worker, 0.5, 0.5)]);
-    wait_samples(&node, 3);
+    node.set_sim_load(&device, &[(a.pid.unwrap(), 0.0, 0.0), (worker, 0.5, 0.5)]);
+    node.wait_telemetry_samples(3, Duration::from_secs(15));
     let t = node.client().telemetry().unwrap();
     let dev = t.devices.iter().find(|d| d.uuid == device).unwrap();
     let c = t.containers.iter().find(|c| c.container_id == "hider").unwrap();

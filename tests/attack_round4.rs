@@ -85,32 +85,6 @@ fn start_mps_node(files: &Path, interference: serde_json::Value) -> Node {
     node
 }
 
-/// What the simulated device `uuid` runs: (pid, SM demand, bandwidth demand).
-fn set_load(node: &Node, uuid: &str, load: &[(i32, f64, f64)]) {
-    let dir = node.state.join("sim/load");
-    std::fs::create_dir_all(&dir).unwrap();
-    let v: Vec<serde_json::Value> = load
-        .iter()
-        .map(|(pid, sm, bw)| serde_json::json!({"pid": pid, "sm": sm, "bw": bw}))
-        .collect();
-    let tmp = dir.join(format!("{uuid}.tmp"));
-    std::fs::write(&tmp, serde_json::to_vec(&v).unwrap()).unwrap();
-    std::fs::rename(&tmp, dir.join(format!("{uuid}.json"))).unwrap();
-}
-
-fn samples(node: &Node) -> u64 {
-    node.client().telemetry().map(|t| t.samples).unwrap_or(0)
-}
-
-fn wait_samples(node: &Node, n: u64) {
-    let from = samples(node);
-    assert!(
-        wait_for(|| samples(node) >= from + n, Duration::from_secs(15)),
-        "telemetry did not advance by {n} samples:\n{}",
-        node.daemon.stderr()
-    );
-}
-
 fn interference_events(node: &Node) -> Vec<String> {
     node.client()
         .status()
@@ -175,18 +149,18 @@ fn a_victim_that_gets_all_its_baseline_cannot_get_a_co_tenant_inside_its_share_s
     let cap_before = daemon_threads(&node, &device, &btenant);
 
     // Baseline, alone: SM 50%, bandwidth 75% (device unsaturated).
-    set_load(&node, &device, &[(lpid, 0.5, 0.75), (bpid, 0.0, 0.0)]);
-    wait_samples(&node, 6);
+    node.set_sim_load(&device, &[(lpid, 0.5, 0.75), (bpid, 0.0, 0.0)]);
+    node.wait_telemetry_samples(6, Duration::from_secs(15));
     // The attack: the liar keeps its bandwidth at its baseline and starves its own
     // kernels; the bystander does modest work inside its share.
-    set_load(&node, &device, &[(lpid, 0.05, 0.75), (bpid, 0.05, 0.21)]);
-    wait_samples(&node, 2);
+    node.set_sim_load(&device, &[(lpid, 0.05, 0.75), (bpid, 0.05, 0.21)]);
+    node.wait_telemetry_samples(2, Duration::from_secs(15));
     // What was measured in the attack (before any stop).
     let t = node.client().telemetry().unwrap();
     let use_of =
         |id: &str| t.containers.iter().find(|c| c.container_id == id).map(|c| (c.sm, c.mem));
     let (liar_use, by_use) = (use_of("liar"), use_of("bystander"));
-    wait_samples(&node, u64::from(CONFIRM) * 3);
+    node.wait_telemetry_samples(u64::from(CONFIRM) * 3, Duration::from_secs(15));
     if daemon_threads(&node, &device, &btenant) != cap_before {
         // Throttled: give the policy's stop (4 samples, 1 s grace) its time, to show it.
         wait_for(
@@ -237,12 +211,12 @@ fn an_aggressor_split_across_small_containers_is_still_named() {
     let idle: Vec<(i32, f64, f64)> = split.iter().map(|(_, p)| (*p, 0.0, 0.0)).collect();
     let mut load = vec![(vpid, 0.5, 0.5)];
     load.extend(idle);
-    set_load(&node, &device, &load);
-    wait_samples(&node, 6);
+    node.set_sim_load(&device, &load);
+    node.wait_telemetry_samples(6, Duration::from_secs(15));
     let mut load = vec![(vpid, 0.1, 0.08)];
     load.extend(split.iter().map(|(_, p)| (*p, 0.1, 0.18)));
-    set_load(&node, &device, &load);
-    wait_samples(&node, u64::from(CONFIRM) * 4);
+    node.set_sim_load(&device, &load);
+    node.wait_telemetry_samples(u64::from(CONFIRM) * 4, Duration::from_secs(15));
     let t = node.client().telemetry().unwrap();
     let dev = t.devices.iter().find(|d| d.uuid == device).map(|d| (d.sm_active, d.dram_active));
     let events = interference_events(&node);

@@ -70,33 +70,6 @@ fn write_node(path: &Path) {
     .unwrap();
 }
 
-/// What the simulated device `uuid` runs: (pid, SM demand, bandwidth demand).
-fn set_load(node: &Node, uuid: &str, load: &[(i32, f64, f64)]) {
-    let dir = node.state.join("sim/load");
-    std::fs::create_dir_all(&dir).unwrap();
-    let v: Vec<serde_json::Value> = load
-        .iter()
-        .map(|(pid, sm, bw)| serde_json::json!({"pid": pid, "sm": sm, "bw": bw}))
-        .collect();
-    let tmp = dir.join(format!("{uuid}.tmp"));
-    std::fs::write(&tmp, serde_json::to_vec(&v).unwrap()).unwrap();
-    std::fs::rename(&tmp, dir.join(format!("{uuid}.json"))).unwrap();
-}
-
-fn samples(node: &Node) -> u64 {
-    node.client().telemetry().map(|t| t.samples).unwrap_or(0)
-}
-
-/// Waits until `n` more telemetry samples were taken (the detector saw them).
-fn wait_samples(node: &Node, n: u64) {
-    let from = samples(node);
-    assert!(
-        wait_for(|| samples(node) >= from + n, Duration::from_secs(10)),
-        "telemetry did not advance by {n} samples:\n{}",
-        node.daemon.stderr()
-    );
-}
-
 /// The victim's SM use in the last sample.
 fn sm_of(node: &Node, id: &str) -> Option<f64> {
     node.client().telemetry().ok()?.containers.into_iter().find(|c| c.container_id == id)?.sm
@@ -168,8 +141,8 @@ fn a_noisy_neighbour_is_detected_throttled_and_its_victim_hardened_and_a_solo_gp
     let v = node.client().allocation("victim").unwrap();
     let device = v.share.as_ref().unwrap().device.clone();
     let vpid = v.pid.unwrap();
-    set_load(&node, &device, &[(vpid, 0.25, 0.5)]);
-    wait_samples(&node, 3);
+    node.set_sim_load(&device, &[(vpid, 0.25, 0.5)]);
+    node.wait_telemetry_samples(3, Duration::from_secs(10));
     let solo = sm_of(&node, "victim").expect("the victim is measured");
     assert!((solo - 0.25).abs() < 1e-6, "alone it gets all it asks: {solo}");
 
@@ -179,10 +152,10 @@ fn a_noisy_neighbour_is_detected_throttled_and_its_victim_hardened_and_a_solo_gp
     daemons.0.extend(node.client().status().unwrap().mps_shares.iter().filter_map(|s| s.pid));
     let a = node.client().allocation("aggressor").unwrap();
     assert_eq!(a.share.as_ref().unwrap().device, device, "MPS packs it beside the victim");
-    set_load(&node, &device, &[(vpid, 0.25, 0.5), (a.pid.unwrap(), 1.0, 1.0)]);
+    node.set_sim_load(&device, &[(vpid, 0.25, 0.5), (a.pid.unwrap(), 1.0, 1.0)]);
 
     // Phase 1, no controller: degraded, and nothing is done about it.
-    wait_samples(&node, u64::from(CONFIRM) * 3);
+    node.wait_telemetry_samples(u64::from(CONFIRM) * 3, Duration::from_secs(10));
     let degraded = sm_of(&node, "victim").unwrap() / solo;
     assert!(degraded < 0.85, "the victim falls to 80% of solo: {degraded}");
     assert!(interference_events(&node).is_empty(), "{:?}", interference_events(&node));
@@ -279,11 +252,11 @@ fn a_noisy_neighbour_is_detected_throttled_and_its_victim_hardened_and_a_solo_gp
     let s = node.client().allocation("solo").unwrap();
     let solo_device = s.share.as_ref().unwrap().device.clone();
     assert_ne!(solo_device, device, "the aggressor's GPU is full");
-    set_load(&node, &solo_device, &[(s.pid.unwrap(), 0.5, 1.0)]);
+    node.set_sim_load(&solo_device, &[(s.pid.unwrap(), 0.5, 1.0)]);
     let out = node.fx.exec("solo", &["sh", "-c", "echo 7.5 > \"$TESSERA_LATENCY_FILE\""]);
     out.assert_success("report latency");
     let before = interference_events(&node).len();
-    wait_samples(&node, u64::from(CONFIRM) * 4);
+    node.wait_telemetry_samples(u64::from(CONFIRM) * 4, Duration::from_secs(10));
     let t = node.client().telemetry().unwrap();
     let dev = t.devices.iter().find(|d| d.uuid == solo_device).unwrap();
     assert!(dev.dram_active.unwrap() >= 0.99, "its memory bandwidth is saturated: {dev:?}");

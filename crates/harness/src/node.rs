@@ -100,6 +100,37 @@ impl Node {
         Node { fx, daemon, socket, state }
     }
 
+    /// What the simulated device `uuid` runs from now on, as the sim backend reads it
+    /// (`<state>/sim/load/<uuid>.json`, written whole): (pid, SM demand, bandwidth demand)
+    /// per process.
+    pub fn set_sim_load(&self, uuid: &str, load: &[(i32, f64, f64)]) {
+        let dir = self.state.join("sim/load");
+        std::fs::create_dir_all(&dir).expect("sim load dir");
+        let v: Vec<serde_json::Value> = load
+            .iter()
+            .map(|(pid, sm, bw)| serde_json::json!({"pid": pid, "sm": sm, "bw": bw}))
+            .collect();
+        let tmp = dir.join(format!("{uuid}.tmp"));
+        std::fs::write(&tmp, serde_json::to_vec(&v).expect("load json")).expect("write load");
+        std::fs::rename(&tmp, dir.join(format!("{uuid}.json"))).expect("rename load");
+    }
+
+    /// Telemetry samples tesserad has taken so far (0 while it cannot say).
+    pub fn telemetry_samples(&self) -> u64 {
+        self.client().telemetry().map(|t| t.samples).unwrap_or(0)
+    }
+
+    /// Waits until `n` more telemetry samples were taken (what the detector has seen);
+    /// fails the test, with the daemon's log, after `within`.
+    pub fn wait_telemetry_samples(&self, n: u64, within: std::time::Duration) {
+        let from = self.telemetry_samples();
+        assert!(
+            crate::wait_for(|| self.telemetry_samples() >= from + n, within),
+            "telemetry did not advance by {n} samples:\n{}",
+            self.daemon.stderr()
+        );
+    }
+
     pub fn client(&self) -> Client {
         Client::new(&self.socket).with_timeout(Duration::from_secs(10))
     }
