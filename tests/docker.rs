@@ -121,6 +121,18 @@ fn docker_gpus_identity_and_no_grant_no_gpu() {
     assert_eq!(node.grants(), vec![(id.clone(), ALICE.to_owned(), "gpu=2".to_owned())]);
     d.docker(&["rm", "-f", &id]).assert_success("docker rm -f");
     assert!(wait_for(|| node.grants().is_empty(), Duration::from_secs(10)));
+    // Alice's GPUs go to another tenant only once scrubbed.
+    let scrubbed = || {
+        node.client().status().is_ok_and(|s| {
+            s.gpus.iter().all(|g| {
+                !matches!(
+                    g.state,
+                    tessera_api::DeviceState::Dirty | tessera_api::DeviceState::Scrubbing
+                )
+            })
+        })
+    };
+    assert!(wait_for(scrubbed, Duration::from_secs(30)), "alice's GPUs scrubbed");
 
     // Particular GPUs: exactly those while free and allowed, else refused with the reason,
     // never other GPUs.
