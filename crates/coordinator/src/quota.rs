@@ -561,6 +561,27 @@ async fn stored(s: Option<Stored>) -> ApiResult<()> {
     }
 }
 
+/// Who answers a node's or an operator's call: `Ok(authority)` when this coordinator
+/// decides ([`gate`]), else `Err` with the leader's answer to the same call passed on
+/// ([`relay`]), to be returned as it is.
+async fn decide_or_relay(
+    app: &Coordinator,
+    headers: &HeaderMap,
+    method: Method,
+    path: &str,
+    body: Option<&Bytes>,
+    timeout: Duration,
+) -> ApiResult<Result<Authority, Response>> {
+    match gate(app, headers).await? {
+        Gate::Decide(a) => Ok(Ok(a)),
+        Gate::Relay(leader) => {
+            relay(app, &leader, method, path, headers, body.map(|b| b.to_vec()), timeout)
+                .await
+                .map(Err)
+        }
+    }
+}
+
 /// Pass a call on to `leader` with the caller's own credential, answering what it answers.
 async fn relay(
     app: &Coordinator,
@@ -645,18 +666,17 @@ pub(crate) async fn admit(
     check_admit(&req, &policy)?;
     let timeout_s =
         policy.as_ref().map_or(policy::DEFAULT_GANG_TIMEOUT_S, |(_, p)| p.gang_timeout_s());
-    let authority = match gate(&app, &headers).await? {
-        Gate::Decide(a) => a,
-        Gate::Relay(leader) => {
-            let wait = match req.gang {
-                Some(_) => Duration::from_secs(timeout_s) + RELAY_TIMEOUT,
-                None => RELAY_TIMEOUT,
-            };
-            let path = format!("/v1/nodes/{node}/quota/admit");
-            return relay(&app, &leader, Method::POST, &path, &headers, Some(body.to_vec()), wait)
-                .await;
-        }
+    // A gang's member waits at the leader up to the gang's timeout.
+    let wait = match req.gang {
+        Some(_) => Duration::from_secs(timeout_s) + RELAY_TIMEOUT,
+        None => RELAY_TIMEOUT,
     };
+    let path = format!("/v1/nodes/{node}/quota/admit");
+    let authority =
+        match decide_or_relay(&app, &headers, Method::POST, &path, Some(&body), wait).await? {
+            Ok(a) => a,
+            Err(answer) => return Ok(answer),
+        };
     let tree = tree_of(&policy);
     let has_quotas = tree.iter().next().is_some();
     if has_quotas {
@@ -767,22 +787,14 @@ pub(crate) async fn resize(
     check_tenant(what, &req.tenant, &None)?;
     check_amounts(what, &req.amounts, MAX_GRANT_GPUS)?;
     // Decided by the coordinator that decides (issue 28), as an admission is.
-    let authority = match gate(&app, &headers).await? {
-        Gate::Decide(a) => a,
-        Gate::Relay(leader) => {
-            let path = format!("/v1/nodes/{node}/quota/resize");
-            return relay(
-                &app,
-                &leader,
-                Method::POST,
-                &path,
-                &headers,
-                Some(body.to_vec()),
-                RELAY_TIMEOUT,
-            )
-            .await;
-        }
-    };
+    let path = format!("/v1/nodes/{node}/quota/resize");
+    let authority =
+        match decide_or_relay(&app, &headers, Method::POST, &path, Some(&body), RELAY_TIMEOUT)
+            .await?
+        {
+            Ok(a) => a,
+            Err(answer) => return Ok(answer),
+        };
     let policy = in_force(&app).await?;
     let tree = tree_of(&policy);
     if tree.iter().next().is_some() {
@@ -820,22 +832,14 @@ pub(crate) async fn release(
     app.touch(&node);
     let req: ReleaseRequest = json_body(&body, "quota release")?;
     check_container("quota release", &req.container_id)?;
-    let authority = match gate(&app, &headers).await? {
-        Gate::Decide(a) => a,
-        Gate::Relay(leader) => {
-            let path = format!("/v1/nodes/{node}/quota/release");
-            return relay(
-                &app,
-                &leader,
-                Method::POST,
-                &path,
-                &headers,
-                Some(body.to_vec()),
-                RELAY_TIMEOUT,
-            )
-            .await;
-        }
-    };
+    let path = format!("/v1/nodes/{node}/quota/release");
+    let authority =
+        match decide_or_relay(&app, &headers, Method::POST, &path, Some(&body), RELAY_TIMEOUT)
+            .await?
+        {
+            Ok(a) => a,
+            Err(answer) => return Ok(answer),
+        };
     let (found, changes) = {
         let mut cell = deciding(&app, &authority)?;
         let f = cell.books.release(&node, &req.container_id, now_ms());
@@ -861,22 +865,14 @@ pub(crate) async fn sync(
     app.touch(&node);
     let req: SyncRequest = json_body(&body, "quota sync")?;
     check_sync(&req)?;
-    let authority = match gate(&app, &headers).await? {
-        Gate::Decide(a) => a,
-        Gate::Relay(leader) => {
-            let path = format!("/v1/nodes/{node}/quota/sync");
-            return relay(
-                &app,
-                &leader,
-                Method::POST,
-                &path,
-                &headers,
-                Some(body.to_vec()),
-                RELAY_TIMEOUT,
-            )
-            .await;
-        }
-    };
+    let path = format!("/v1/nodes/{node}/quota/sync");
+    let authority =
+        match decide_or_relay(&app, &headers, Method::POST, &path, Some(&body), RELAY_TIMEOUT)
+            .await?
+        {
+            Ok(a) => a,
+            Err(answer) => return Ok(answer),
+        };
     let policy = in_force(&app).await?;
     let judged = req.last_authority.as_ref().map(|s| (judge_authority(&authority, s), s));
     if let Some((Judgement::Deposed, seen)) = &judged {
@@ -933,14 +929,12 @@ pub(crate) async fn remove_node(
 ) -> ApiResult<Response> {
     let admin = app.require_admin(&headers, peer, "remove a node from the quota books")?;
     crate::validate_node_id(&node).map_err(ApiErr::bad_request)?;
-    let authority = match gate(&app, &headers).await? {
-        Gate::Decide(a) => a,
-        Gate::Relay(leader) => {
-            let path = format!("/v1/quota/nodes/{node}");
-            return relay(&app, &leader, Method::DELETE, &path, &headers, None, RELAY_TIMEOUT)
-                .await;
-        }
-    };
+    let path = format!("/v1/quota/nodes/{node}");
+    let authority =
+        match decide_or_relay(&app, &headers, Method::DELETE, &path, None, RELAY_TIMEOUT).await? {
+            Ok(a) => a,
+            Err(answer) => return Ok(answer),
+        };
     let now = now_ms();
     let why = format!("removed by admin {admin} (tessera quota node-remove)");
     let (removed, changes) = {
