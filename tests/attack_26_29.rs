@@ -28,71 +28,6 @@ use tessera_harness::*;
 const INTERVAL_MS: u64 = 200;
 const CONFIRM: u32 = 2;
 
-fn fake_mps() -> &'static str {
-    fresh_bin("fake-nvidia-cuda-mps-control")
-}
-
-/// Stop the MPS control daemons at the end whatever happens (they are daemons).
-struct KillOnDrop(Vec<u32>);
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        for pid in &self.0 {
-            terminate_pid(*pid as i32, None, Duration::from_secs(2));
-        }
-    }
-}
-
-/// The example policy with the interference controller on (and `extra` merged at the top).
-fn write_policy(path: &Path, extra: serde_json::Value) {
-    let mut v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).unwrap()).unwrap();
-    v["interference"] = serde_json::json!({
-        "enabled": true,
-        "confirm_samples": CONFIRM,
-        "clear_samples": CONFIRM,
-        "throttle_factor_percent": 50,
-    });
-    if let serde_json::Value::Object(m) = extra {
-        for (k, x) in m {
-            v[k] = x;
-        }
-    }
-    std::fs::write(path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
-}
-
-/// A node on MPS: `gpus` whole H100s, and one in MIG mode (a hardened start's).
-fn start_mps_node(files: &Path, gpus: usize, interference: serde_json::Value) -> Node {
-    let (policy, node_file) = (files.join("policy.json"), files.join("node.json"));
-    write_policy(&policy, serde_json::json!({}));
-    if let serde_json::Value::Object(m) = interference {
-        let mut v: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&policy).unwrap()).unwrap();
-        for (k, x) in m {
-            v["interference"][k] = x;
-        }
-        std::fs::write(&policy, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
-    }
-    let mut list: Vec<&str> = vec![r#"{"model": "H100-80GB"}"#; gpus];
-    list.push(r#"{"model": "H100-80GB", "mig": []}"#);
-    std::fs::write(&node_file, format!(r#"{{"node": "sim-atk3", "gpus": [{}]}}"#, list.join(",")))
-        .unwrap();
-    let node = Node::start_with(NodeOptions {
-        policy,
-        node_file,
-        extra_args: vec![
-            "--mps-control".into(),
-            fake_mps().into(),
-            "--mps-health-interval-ms".into(),
-            "200".into(),
-            "--telemetry-interval-ms".into(),
-            INTERVAL_MS.to_string(),
-        ],
-        ..Default::default()
-    });
-    node.fx.cleanup().track_dir(files);
-    node
-}
-
 /// Every `interference` event's `<container> <detail>`.
 fn interference_events(node: &Node) -> Vec<String> {
     node.client()
@@ -140,8 +75,13 @@ fn a_tenant_that_starves_its_own_kernels_cannot_frame_a_quiet_co_tenant() {
 fn framing(report: bool) {
     let files = short_tempdir();
     std::fs::create_dir_all(&files).unwrap();
-    let node =
-        start_mps_node(&files, 1, serde_json::json!({"stop_after_samples": 4, "stop_grace_s": 1}));
+    let node = start_interference_node(
+        &files,
+        1,
+        CONFIRM,
+        INTERVAL_MS,
+        serde_json::json!({"stop_after_samples": 4, "stop_grace_s": 1}),
+    );
     let mut daemons = KillOnDrop(Vec::new());
 
     // The bystander (another team's batch work), nearly idle.
@@ -229,7 +169,7 @@ fn framing(report: bool) {
 fn gpu_use_of_a_process_started_with_exec_is_attributed_to_its_container() {
     let files = short_tempdir();
     std::fs::create_dir_all(&files).unwrap();
-    let node = start_mps_node(&files, 1, serde_json::json!({}));
+    let node = start_interference_node(&files, 1, CONFIRM, INTERVAL_MS, serde_json::json!({}));
     let mut daemons = KillOnDrop(Vec::new());
     let b = node.bundle("hider", "team-research", Some("mps=50"), &["sleep", "300"]);
     node.fx.run_detached(&b, "hider");
@@ -281,7 +221,7 @@ fn gpu_use_of_a_process_started_with_exec_is_attributed_to_its_container() {
 fn a_latency_report_file_cannot_grow_tesserads_state_filesystem() {
     let files = short_tempdir();
     std::fs::create_dir_all(&files).unwrap();
-    let node = start_mps_node(&files, 1, serde_json::json!({}));
+    let node = start_interference_node(&files, 1, CONFIRM, INTERVAL_MS, serde_json::json!({}));
     let _daemons = KillOnDrop(Vec::new());
     let mut b = node.bundle("filler", "team-dev", Some("mps=50"), &["sleep", "300"]);
     b.annotation("tessera.io/class", "latency").write();
@@ -332,8 +272,10 @@ fn start_topology_node(files: &Path) -> (Node, u32) {
     )
     .unwrap();
     let policy = files.join("policy.json");
-    write_policy(
+    write_interference_policy(
         &policy,
+        CONFIRM,
+        serde_json::json!({}),
         serde_json::json!({"topology": {"pin_cpus": true, "isolate_nvlink_domains": true}}),
     );
     let node = Node::start_with(NodeOptions { policy, node_file, ..Default::default() });
@@ -591,7 +533,7 @@ fn tenant_values_reach_runcs_log_as_one_escaped_line() {
 fn a_link_in_the_image_cannot_move_the_latency_report_mount_onto_the_host() {
     let files = short_tempdir();
     std::fs::create_dir_all(&files).unwrap();
-    let node = start_mps_node(&files, 2, serde_json::json!({}));
+    let node = start_interference_node(&files, 2, CONFIRM, INTERVAL_MS, serde_json::json!({}));
     let mut daemons = KillOnDrop(Vec::new());
     let name = format!("atk3-escape-{}", unique_name());
     let host = std::path::PathBuf::from("/tmp").join(&name);

@@ -23,68 +23,6 @@ use tessera_harness::*;
 const INTERVAL_MS: u64 = 200;
 const CONFIRM: u32 = 2;
 
-/// Stop the MPS control daemons at the end whatever happens (they are daemons).
-struct KillOnDrop(Vec<u32>);
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        for pid in &self.0 {
-            terminate_pid(*pid as i32, None, Duration::from_secs(2));
-        }
-    }
-}
-
-fn write_policy(path: &Path, extra: serde_json::Value) {
-    let mut v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).unwrap()).unwrap();
-    v["interference"] = serde_json::json!({
-        "enabled": true,
-        "confirm_samples": CONFIRM,
-        "clear_samples": CONFIRM,
-        "throttle_factor_percent": 50,
-    });
-    if let serde_json::Value::Object(m) = extra {
-        for (k, x) in m {
-            v[k] = x;
-        }
-    }
-    std::fs::write(path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
-}
-
-/// A node on MPS: one whole H100 (and one in MIG mode), the interference controller on
-/// with `interference` merged into its settings.
-fn start_mps_node(files: &Path, interference: serde_json::Value) -> Node {
-    let (policy, node_file) = (files.join("policy.json"), files.join("node.json"));
-    write_policy(&policy, serde_json::json!({}));
-    if let serde_json::Value::Object(m) = interference {
-        let mut v: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&policy).unwrap()).unwrap();
-        for (k, x) in m {
-            v["interference"][k] = x;
-        }
-        std::fs::write(&policy, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
-    }
-    std::fs::write(
-        &node_file,
-        r#"{"node": "sim-atk4", "gpus": [{"model": "H100-80GB"}, {"model": "H100-80GB", "mig": []}]}"#,
-    )
-    .unwrap();
-    let node = Node::start_with(NodeOptions {
-        policy,
-        node_file,
-        extra_args: vec![
-            "--mps-control".into(),
-            fresh_bin("fake-nvidia-cuda-mps-control").into(),
-            "--mps-health-interval-ms".into(),
-            "200".into(),
-            "--telemetry-interval-ms".into(),
-            INTERVAL_MS.to_string(),
-        ],
-        ..Default::default()
-    });
-    node.fx.cleanup().track_dir(files);
-    node
-}
-
 fn interference_events(node: &Node) -> Vec<String> {
     node.client()
         .status()
@@ -139,8 +77,13 @@ fn run_share(
 fn a_victim_that_gets_all_its_baseline_cannot_get_a_co_tenant_inside_its_share_stopped() {
     let files = short_tempdir();
     std::fs::create_dir_all(&files).unwrap();
-    let node =
-        start_mps_node(&files, serde_json::json!({"stop_after_samples": 4, "stop_grace_s": 1}));
+    let node = start_interference_node(
+        &files,
+        1,
+        CONFIRM,
+        INTERVAL_MS,
+        serde_json::json!({"stop_after_samples": 4, "stop_grace_s": 1}),
+    );
     let mut daemons = KillOnDrop(Vec::new());
     let (bpid, device, btenant) =
         run_share(&node, &mut daemons, "bystander", "team-research", 25, false);
@@ -195,7 +138,7 @@ fn a_victim_that_gets_all_its_baseline_cannot_get_a_co_tenant_inside_its_share_s
 fn an_aggressor_split_across_small_containers_is_still_named() {
     let files = short_tempdir();
     std::fs::create_dir_all(&files).unwrap();
-    let node = start_mps_node(&files, serde_json::json!({}));
+    let node = start_interference_node(&files, 1, CONFIRM, INTERVAL_MS, serde_json::json!({}));
     let mut daemons = KillOnDrop(Vec::new());
     let (vpid, device, _) = run_share(&node, &mut daemons, "victim", "team-dev", 40, true);
     let mut split = Vec::new();
@@ -255,7 +198,7 @@ fn mounts_under(dir: &Path) -> Vec<String> {
 fn the_report_tmpfs_holds_and_leaves_nothing_mounted() {
     let files = short_tempdir();
     std::fs::create_dir_all(&files).unwrap();
-    let mut node = start_mps_node(&files, serde_json::json!({}));
+    let mut node = start_interference_node(&files, 1, CONFIRM, INTERVAL_MS, serde_json::json!({}));
     let mut daemons = KillOnDrop(Vec::new());
     run_share(&node, &mut daemons, "rep", "team-dev", 20, true);
     // The second, for the crash below (started now: a deleted share's device is scrubbed).
@@ -361,8 +304,10 @@ fn start_topology_node(files: &Path) -> (Node, u32) {
     )
     .unwrap();
     let policy = files.join("policy.json");
-    write_policy(
+    write_interference_policy(
         &policy,
+        CONFIRM,
+        serde_json::json!({}),
         serde_json::json!({"topology": {"pin_cpus": true, "isolate_nvlink_domains": true}}),
     );
     let node = Node::start_with(NodeOptions { policy, node_file, ..Default::default() });

@@ -374,17 +374,6 @@ fn assert_issued(annotation: &str, assignment: &str) {
     );
 }
 
-/// Stops the MPS control daemons at the end whatever happens: they are daemons, and their
-/// command line does not name the fixture.
-struct KillOnDrop(Vec<u32>);
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        for pid in &self.0 {
-            terminate_pid(*pid as i32, None, Duration::from_secs(2));
-        }
-    }
-}
-
 fn node_file(dir: &Path) -> PathBuf {
     let p = dir.join("dp-node.json");
     std::fs::write(

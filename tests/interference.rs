@@ -36,16 +36,6 @@ fn fake() -> &'static str {
     fresh_bin("fake-nvidia-cuda-mps-control")
 }
 
-/// Stop the MPS control daemons at the end whatever happens (they are daemons).
-struct KillOnDrop(Vec<u32>);
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        for pid in &self.0 {
-            terminate_pid(*pid as i32, None, Duration::from_secs(2));
-        }
-    }
-}
-
 /// The example policy with an `interference` section (`enabled` as given).
 fn write_policy(path: &Path, enabled: bool) {
     let mut v: serde_json::Value =

@@ -33,17 +33,6 @@ fn mps_node() -> Node {
     })
 }
 
-/// Stop every control daemon at the end whatever happens: they are daemons, and their
-/// command line does not name the fixture.
-struct KillOnDrop(Vec<u32>);
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        for pid in &self.0 {
-            terminate_pid(*pid as i32, None, Duration::from_secs(2));
-        }
-    }
-}
-
 fn share_pids(node: &Node) -> BTreeMap<String, u32> {
     node.client()
         .status()

@@ -441,6 +441,20 @@ pub fn processes_whose_env_mentions(needle: &str) -> Vec<i32> {
         .collect()
 }
 
+/// Terminates the processes it holds when dropped, whatever happens to the test: for
+/// daemons a test learns of (MPS control daemons), whose command lines do not name the
+/// fixture, so its cleanup cannot find them.
+#[derive(Debug, Default)]
+pub struct KillOnDrop(pub Vec<u32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            terminate_pid(*pid as i32, None, Duration::from_secs(2));
+        }
+    }
+}
+
 /// SIGTERM, then SIGKILL after `grace`, unless the process is gone (or its PID reused).
 pub fn terminate_pid(pid: i32, starttime: Option<u64>, grace: Duration) {
     if pid <= 1 || !pid_alive(pid, starttime) {

@@ -1,7 +1,7 @@
 //! A running tesserad on the simulated H100 node, with a fixture whose runtime is
 //! tessera-runtime: the world of the end-to-end tests.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tessera_api::Client;
@@ -223,4 +223,69 @@ pub fn http_get(port: u16, path: &str) -> String {
     let mut out = String::new();
     s.read_to_string(&mut out).expect("read");
     out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or(out)
+}
+
+/// The example policy with the interference controller on (it confirms and clears after
+/// `confirm` samples; a throttle halves the cap), `settings` merged into its
+/// `interference` section and `extra` at the top level.
+pub fn write_interference_policy(
+    path: &Path,
+    confirm: u32,
+    settings: serde_json::Value,
+    extra: serde_json::Value,
+) {
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).expect("policy"))
+            .expect("policy json");
+    v["interference"] = serde_json::json!({
+        "enabled": true,
+        "confirm_samples": confirm,
+        "clear_samples": confirm,
+        "throttle_factor_percent": 50,
+    });
+    if let serde_json::Value::Object(m) = settings {
+        for (k, x) in m {
+            v["interference"][k] = x;
+        }
+    }
+    if let serde_json::Value::Object(m) = extra {
+        for (k, x) in m {
+            v[k] = x;
+        }
+    }
+    std::fs::write(path, serde_json::to_vec_pretty(&v).expect("json")).expect("write policy");
+}
+
+/// A simulated node on MPS for interference tests, its files under `files`: `gpus` whole
+/// H100s and one in MIG mode (a hardened start's), the MPS control test double (health
+/// checks every 200 ms), telemetry every `interval_ms`, and the interference controller on
+/// ([`write_interference_policy`]) with `settings` merged into its section.
+pub fn start_interference_node(
+    files: &Path,
+    gpus: usize,
+    confirm: u32,
+    interval_ms: u64,
+    settings: serde_json::Value,
+) -> Node {
+    let (policy, node_file) = (files.join("policy.json"), files.join("node.json"));
+    write_interference_policy(&policy, confirm, settings, serde_json::json!({}));
+    let mut list: Vec<&str> = vec![r#"{"model": "H100-80GB"}"#; gpus];
+    list.push(r#"{"model": "H100-80GB", "mig": []}"#);
+    std::fs::write(&node_file, format!(r#"{{"node": "sim-mps", "gpus": [{}]}}"#, list.join(",")))
+        .expect("node file");
+    let node = Node::start_with(NodeOptions {
+        policy,
+        node_file,
+        extra_args: vec![
+            "--mps-control".into(),
+            crate::fresh_bin("fake-nvidia-cuda-mps-control").into(),
+            "--mps-health-interval-ms".into(),
+            "200".into(),
+            "--telemetry-interval-ms".into(),
+            interval_ms.to_string(),
+        ],
+        ..Default::default()
+    });
+    node.fx.cleanup().track_dir(files);
+    node
 }
