@@ -657,10 +657,10 @@ fn quota_paths(n: usize, dir: &Path, rootfs: &Path, cgroup: &str, root: &Path) {
     let probe = fleet::client::Client::new(&[&coordinator.url], &node_token(node_c))
         .expect("node client")
         .with_timeout(Duration::from_secs(10));
-    let admit = |id: &str| fleet::quota::AdmitRequest {
+    let admit = |id: &str| fleet::quota_wire::AdmitRequest {
         container_id: id.to_string(),
         tenant: QUOTA_TENANT.to_string(),
-        amounts: fleet::quota::Amounts {
+        amounts: fleet::quota_wire::Amounts {
             gpus: [(H100.to_string(), 1_000_000)].into_iter().collect(),
             cpu_milli: 0,
             memory_mib: 0,
@@ -688,13 +688,13 @@ fn quota_paths(n: usize, dir: &Path, rootfs: &Path, cgroup: &str, root: &Path) {
         let answer = rt.block_on(probe.quota_admit(node_c, &req, Duration::from_secs(5)));
         rtt.push(t.elapsed().as_secs_f64() * 1e3);
         match answer {
-            Ok(fleet::quota::AdmitAnswer::Admitted {
-                class: fleet::quota::QuotaClass::Guaranteed,
+            Ok(fleet::quota_wire::AdmitAnswer::Admitted {
+                class: fleet::quota_wire::QuotaClass::Guaranteed,
                 ..
             }) => {}
             other => panic!("admit round trip {i}: expected a guaranteed admission, got {other:?}"),
         }
-        let rel = fleet::quota::ReleaseRequest { container_id: req.container_id.clone() };
+        let rel = fleet::quota_wire::ReleaseRequest { container_id: req.container_id.clone() };
         rt.block_on(probe.quota_release(node_c, &rel)).expect("quota release");
     }
 

@@ -114,7 +114,7 @@ struct FleetArgs {
     coordinator_retry_max_ms: u64,
     /// Under a policy with quotas, sync this node's quota holdings and leases with the
     /// coordinator this often, in milliseconds (tests shorten it).
-    #[arg(long, default_value_t = fleet::quota::SYNC_INTERVAL.as_millis() as u64, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    #[arg(long, default_value_t = fleet::quota_wire::SYNC_INTERVAL.as_millis() as u64, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     quota_sync_interval_ms: u64,
     /// Upload closed ledger intervals to the coordinator this often, in milliseconds.
     #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(100..))]

@@ -41,7 +41,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fleet::quota::{AdmitAnswer, AdmitRequest, Amounts, Holding, Lease, QuotaClass, SyncRequest};
+use fleet::quota_wire::{
+    AdmitAnswer, AdmitRequest, Amounts, Holding, Lease, QuotaClass, SyncRequest,
+};
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -415,7 +417,7 @@ async fn run_one(
                         let took = due_std.elapsed();
                         match answer {
                             Some((200, body)) => {
-                                let a: fleet::quota::SyncAnswer =
+                                let a: fleet::quota_wire::SyncAnswer =
                                     serde_json::from_slice(&body).unwrap();
                                 let mut st = nodes[i].lock().unwrap();
                                 st.leases = a.leases;

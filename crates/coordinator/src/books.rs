@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use fleet::quota::Authority;
+use fleet::quota_wire::Authority;
 use quota::books::Books;
 use tokio::sync::watch;
 

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use fleet::quota::{Authority, SeenAuthority};
+use fleet::quota_wire::{Authority, SeenAuthority};
 use quota::books::state::{Changeset, StateOp};
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;

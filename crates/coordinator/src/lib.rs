@@ -56,8 +56,8 @@
 //! | `GET /v1/usage/export?from_ms=&to_ms=&by=&node=` | admin | a bill with its proofs ([`fleet::proof::BillExport`]) |
 //! | `POST /v1/usage` | admin | [`FleetUsageRequest`] (with prices) → [`FleetUsage`] |
 //! | `GET /v1/audit/refusals` | admin | recent [`RefusalRecord`]s |
-//! | `POST /v1/nodes/{node}/quota/admit`, `/quota/release`, `/quota/resize`, `/quota/sync` | that node | fleet quotas ([`quota`]) |
-//! | `GET /v1/quota/status`, `GET /v1/quota/events`, `GET /metrics` | admin | quota books, events, Prometheus gauges ([`quota`]) |
+//! | `POST /v1/nodes/{node}/quota/admit`, `/quota/release`, `/quota/resize`, `/quota/sync` | that node | fleet quotas ([`quota_routes`]) |
+//! | `GET /v1/quota/status`, `GET /v1/quota/events`, `GET /metrics` | admin | quota books, events, Prometheus gauges ([`quota_routes`]) |
 //! | `GET /v1/health` | anyone | liveness, the store's (503 when it does not answer), the latest version |
 //! | `GET /v1/ping` | anyone | a plain answer; clients send it before any credential on a new plain-HTTP connection |
 //!
@@ -70,7 +70,7 @@ pub mod auth;
 mod books;
 mod http;
 pub mod leader;
-pub mod quota;
+pub mod quota_routes;
 pub mod server;
 pub mod store;
 pub mod usage;

@@ -84,10 +84,10 @@ pub struct ServeOptions {
     /// ([`store::compaction_loop`]); `None`: never compact (the operator runs etcd's own
     /// auto-compaction). Nothing to do on SQLite.
     pub etcd_compaction: Option<Duration>,
-    /// How long a quota lease handed to a node is good for ([`crate::quota`]).
+    /// How long a quota lease handed to a node is good for ([`crate::quota_routes`]).
     pub quota_lease_ttl: Duration,
     /// The TTL of the etcd lease by which one coordinator decides the quota books
-    /// ([`crate::quota::DEFAULT_LEADER_TTL`]).
+    /// ([`crate::quota_routes::DEFAULT_LEADER_TTL`]).
     pub quota_leader_ttl: Duration,
     /// This coordinator's URL as the other coordinators reach it (default: from the
     /// listen address, the host name where that is unspecified).
@@ -119,14 +119,17 @@ impl Coordinator {
             .route("/v1/usage", get(usage_get).post(usage_post))
             .route("/v1/usage/export", get(crate::usage::export))
             .route("/v1/audit/refusals", get(refusals))
-            .route("/v1/nodes/{node}/quota/admit", post(crate::quota::admit))
-            .route("/v1/nodes/{node}/quota/release", post(crate::quota::release))
-            .route("/v1/nodes/{node}/quota/resize", post(crate::quota::resize))
-            .route("/v1/nodes/{node}/quota/sync", post(crate::quota::sync))
-            .route("/v1/quota/status", get(crate::quota::status))
-            .route("/v1/quota/events", get(crate::quota::events))
-            .route("/v1/quota/nodes/{node}", axum::routing::delete(crate::quota::remove_node))
-            .route("/metrics", get(crate::quota::metrics))
+            .route("/v1/nodes/{node}/quota/admit", post(crate::quota_routes::admit))
+            .route("/v1/nodes/{node}/quota/release", post(crate::quota_routes::release))
+            .route("/v1/nodes/{node}/quota/resize", post(crate::quota_routes::resize))
+            .route("/v1/nodes/{node}/quota/sync", post(crate::quota_routes::sync))
+            .route("/v1/quota/status", get(crate::quota_routes::status))
+            .route("/v1/quota/events", get(crate::quota_routes::events))
+            .route(
+                "/v1/quota/nodes/{node}",
+                axum::routing::delete(crate::quota_routes::remove_node),
+            )
+            .route("/metrics", get(crate::quota_routes::metrics))
             .layer(DefaultBodyLimit::max(MAX_REQUEST))
             .with_state(self.clone())
     }
@@ -498,7 +501,7 @@ impl RunningCoordinator {
             Some(u) => u.clone(),
             None => advertised(addr, https),
         };
-        crate::quota::start(&coordinator, url.clone());
+        crate::quota_routes::start(&coordinator, url.clone());
         info!(%addr, tls = https, store = coordinator.store.kind(), key_id = %coordinator.signer.key_id(), advertise = %url, "coordinator listening");
         Ok(RunningCoordinator { addr, tls: https, coordinator, stop: Some(stop), task })
     }
@@ -516,7 +519,7 @@ impl RunningCoordinator {
             Some(ca) => Some(crate::tls::client_config(ca)?),
             None => None,
         };
-        let quota = crate::quota::QuotaOptions {
+        let quota = crate::quota_routes::QuotaOptions {
             lease_ttl: opts.quota_lease_ttl,
             leader_ttl: opts.quota_leader_ttl,
             advertise_url: opts.advertise_url.clone(),
@@ -555,7 +558,7 @@ impl RunningCoordinator {
     /// finish what is in flight (at most 5 s).
     pub async fn shutdown(mut self) {
         // The quota books go to another coordinator at once, not when the lease runs out.
-        crate::quota::stop(&self.coordinator).await;
+        crate::quota_routes::stop(&self.coordinator).await;
         self.coordinator.closing.send_replace(true);
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::{free_addr, raw, raw_async, ADMIN, NODE_A, NODE_B};
 use coordinator::client::{Client, ClientError};
-use fleet::quota::{
+use fleet::quota_wire::{
     AdmitAnswer, AdmitRequest, Amounts, GangRef, Holding, QuotaClass, QuotaEventKind,
     ReleaseRequest, SyncRequest, MAX_SYNC_HOLDINGS,
 };
@@ -134,7 +134,7 @@ struct Node {
     name: &'static str,
     client: Client,
     holdings: Vec<Holding>,
-    leases: Vec<fleet::quota::Lease>,
+    leases: Vec<fleet::quota_wire::Lease>,
 }
 
 impl Node {
@@ -160,7 +160,7 @@ impl Node {
         Ok(a)
     }
 
-    async fn sync(&mut self) -> fleet::quota::SyncAnswer {
+    async fn sync(&mut self) -> fleet::quota_wire::SyncAnswer {
         let req = SyncRequest {
             capacity: gpus(8),
             holdings: self.holdings.clone(),

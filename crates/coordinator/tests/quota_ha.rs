@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use common::{free_addr, Etcd, ADMIN, NODE_A, NODE_B};
 use coordinator::client::{Client, ClientError};
 use coordinator::store::{Fence, PolicyStore};
-use fleet::quota::{
+use fleet::quota_wire::{
     AdmitAnswer, AdmitRequest, Amounts, Holding, QuotaClass, QuotaEventKind, QuotaStatus,
     SyncRequest,
 };
@@ -166,7 +166,7 @@ impl Node {
         Ok(a)
     }
 
-    async fn sync(&mut self) -> fleet::quota::SyncAnswer {
+    async fn sync(&mut self) -> fleet::quota_wire::SyncAnswer {
         let req = SyncRequest {
             capacity: Amounts {
                 gpus: [(H100.to_string(), 8 * MICRO)].into(),
@@ -262,7 +262,7 @@ async fn three_coordinators_decide_as_one_through_kill_deposition_and_removals()
     ceiling_refused(&b.admit(ask("b8", "acme/b")).await.unwrap());
     // A resize (runc update) goes through the same books: b5 grown to 2 GPUs through the
     // follower node B uses would take acme/b to 7.
-    let grow = fleet::quota::ResizeRequest {
+    let grow = fleet::quota_wire::ResizeRequest {
         container_id: "b5".into(),
         tenant: "acme/b".into(),
         amounts: Amounts { gpus: [(H100.to_string(), 2 * MICRO)].into(), ..Amounts::default() },
@@ -431,13 +431,13 @@ async fn coordinators_of_different_books_answering_one_node_warn_of_split_brain(
         s.authority.as_ref().is_some_and(|a| a.term > 0)
     })
     .await;
-    let seen = |a: &fleet::quota::Authority| fleet::quota::SeenAuthority {
+    let seen = |a: &fleet::quota_wire::Authority| fleet::quota_wire::SeenAuthority {
         url: a.url.clone(),
         term: a.term,
         scope: a.scope.clone(),
         age_ms: 300,
     };
-    let sync = |last: Option<fleet::quota::SeenAuthority>| SyncRequest {
+    let sync = |last: Option<fleet::quota_wire::SeenAuthority>| SyncRequest {
         capacity: Amounts { gpus: [(H100.to_string(), 8 * MICRO)].into(), ..Amounts::default() },
         holdings: vec![],
         leases: vec![],

@@ -147,7 +147,7 @@ pub enum Action {
     QuotaSnapshot,
     /// Stop the containers a coordinator's reclaim names (this node's borrowed grants
     /// only; signals and grace periods on threads of their own).
-    QuotaPreempt(Vec<fleet::quota::Victim>),
+    QuotaPreempt(Vec<fleet::quota_wire::Victim>),
 }
 
 impl Action {
@@ -286,7 +286,7 @@ pub enum Outcome {
     /// What a fleet-quota sync sends (its leases are added by the gate), and the quotas in
     /// force; `None`: the policy sets no quotas.
     #[serde(skip)]
-    QuotaSnapshot(Option<Box<(fleet::quota::SyncRequest, ::quota::QuotaTree, Instant)>>),
+    QuotaSnapshot(Option<Box<(fleet::quota_wire::SyncRequest, ::quota::QuotaTree, Instant)>>),
     #[serde(skip)]
     Done,
 }
@@ -819,7 +819,7 @@ impl Controller {
             if let (UpdateAdmission::Fleet { .. }, Some(mark)) = (&admission, &step.mark) {
                 // Counted, never begun: the books count the grant as before.
                 gate.resized(
-                    fleet::quota::ResizeRequest {
+                    fleet::quota_wire::ResizeRequest {
                         amounts: quota_gate::mark_amounts(mark),
                         ..resize.clone()
                     },
@@ -832,7 +832,7 @@ impl Controller {
 
     /// Tell the books what a grant counts after an update (best effort; the sync carries
     /// it too).
-    fn tell_books(&self, resize: Option<fleet::quota::ResizeRequest>) {
+    fn tell_books(&self, resize: Option<fleet::quota_wire::ResizeRequest>) {
         let (Some(resize), Some(gate)) = (resize, self.quota.get()) else { return };
         if let Ok(tree) = self.locked(|n| Ok(n.policy().policy.quotas().clone())) {
             gate.resized(resize, &tree);
@@ -846,7 +846,7 @@ impl Controller {
     /// Returns how many stops started.
     fn preempt(
         &self,
-        victims: &[fleet::quota::Victim],
+        victims: &[fleet::quota_wire::Victim],
         hold_for: Option<(&str, Instant)>,
     ) -> Result<usize, ApiError> {
         let Some(gate) = self.quota.get() else { return Ok(0) };
@@ -910,7 +910,8 @@ impl Controller {
     /// taken (`None`: the policy sets no quotas).
     fn quota_snapshot(
         &self,
-    ) -> Result<Option<(fleet::quota::SyncRequest, ::quota::QuotaTree, Instant)>, ApiError> {
+    ) -> Result<Option<(fleet::quota_wire::SyncRequest, ::quota::QuotaTree, Instant)>, ApiError>
+    {
         self.locked(|n| {
             let taken = Instant::now();
             Ok(n.quota_snapshot()?.map(|r| (r, n.policy().policy.quotas().clone(), taken)))

@@ -68,7 +68,7 @@ pub struct CoordinatorConfig {
     /// refused (without it, a node in a fleet enforces only signed revisions once it has one).
     pub policy_overrides_fleet: bool,
     /// How often the node syncs its quota holdings and leases (under a policy with
-    /// quotas; default [`::fleet::quota::SYNC_INTERVAL`]).
+    /// quotas; default [`::fleet::quota_wire::SYNC_INTERVAL`]).
     pub quota_sync_every: Duration,
     /// The node's own key, which signs its usage uploads (the daemon loads or makes
     /// `STATE/fleet/node.key` at start).
@@ -106,7 +106,7 @@ impl CoordinatorConfig {
             usage_every: Duration::from_secs(60),
             tls: None,
             policy_overrides_fleet: false,
-            quota_sync_every: ::fleet::quota::SYNC_INTERVAL,
+            quota_sync_every: ::fleet::quota_wire::SYNC_INTERVAL,
             node_key: None,
         }
     }

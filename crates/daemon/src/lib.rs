@@ -381,7 +381,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         }
         None => (None, None),
     };
-    let sync_every = fleet.as_ref().map_or(::fleet::quota::SYNC_INTERVAL, |f| f.quota_sync_every());
+    let sync_every =
+        fleet.as_ref().map_or(::fleet::quota_wire::SYNC_INTERVAL, |f| f.quota_sync_every());
     let quota_sync = crate::quota_gate::spawn_sync(ctl.clone(), quota_gate.clone(), sync_every);
 
     // Declared MIG layouts converge as instances fall idle; the ECC counts are read outside

@@ -2,7 +2,7 @@
 //!
 //! Under a policy with a `quotas` section, every GPU grant is admitted by the fleet
 //! coordinator against its tenant's quota paths before the node makes it
-//! (`POST /v1/nodes/{node}/quota/admit`, [`fleet::quota`]). The node:
+//! (`POST /v1/nodes/{node}/quota/admit`, [`fleet::quota_wire`]). The node:
 //!
 //! * computes what the grant counts as ([`gpu_amounts`], the container's limits, its gang
 //!   from [`gang_of`]) and asks without holding the node lock ([`QuotaGate::ask`]);
@@ -16,7 +16,7 @@
 //!   A stopped victim whose cgroup is empty gives its grant back at once (its engine may
 //!   delete the stopped container much later; the claimant is waiting);
 //! * tells the coordinator when a grant ends (`quota/release`, best effort), and every
-//!   [`fleet::quota::SYNC_INTERVAL`] sends what it holds and the leases it has
+//!   [`fleet::quota_wire::SYNC_INTERVAL`] sends what it holds and the leases it has
 //!   (`quota/sync`, [`spawn_sync`]), keeps the leases it gets (also on disk, so a restart
 //!   while the coordinator is down still has them) and stops the containers the answer
 //!   names — only this node's borrowed grants ([`victims_here`]): a coordinator cannot
@@ -28,7 +28,7 @@
 //!
 //! Without a coordinator (`tesserad` without `--coordinator`) the node is its own fleet:
 //! [`Authority::Local`] keeps [`quota::books::Books`] with this node as the only node,
-//! synced before each decision and every [`fleet::quota::SYNC_INTERVAL`].
+//! synced before each decision and every [`fleet::quota_wire::SYNC_INTERVAL`].
 //!
 //! Pure decisions ([`gang_of`], [`gpu_amounts`], [`lease_admits`],
 //! [`victims_here`]) are tested alone; the gate holds the effects (the coordinator
@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ::fleet::quota::{
+use ::fleet::quota_wire::{
     AdmitAnswer, AdmitRequest, Amounts, GangRef, Lease, ResizeRequest, Victim, MAX_GANG_SIZE,
 };
 use quota::books::{Books, GangArrival};
@@ -528,7 +528,7 @@ struct LeaseBook {
     /// Since when (Unix ms) and why the coordinator has not answered; `None`: it did.
     unreachable: Option<(u64, String)>,
     /// The coordinator that decided the last sync answer, and when that answer came.
-    authority: Option<(::fleet::quota::Authority, Instant)>,
+    authority: Option<(::fleet::quota_wire::Authority, Instant)>,
 }
 
 /// The leases as kept on disk: the sync that carried them was sent at `sent_ms` (wall
@@ -608,7 +608,11 @@ impl QuotaGate {
     }
 
     /// A sync of the node's own books (none with a coordinator): the victims they name.
-    pub fn sync_local(&self, req: &::fleet::quota::SyncRequest, tree: &QuotaTree) -> Vec<Victim> {
+    pub fn sync_local(
+        &self,
+        req: &::fleet::quota_wire::SyncRequest,
+        tree: &QuotaTree,
+    ) -> Vec<Victim> {
         let Authority::Local { node, books } = &self.authority else { return Vec::new() };
         let mut b = lock(books);
         let now = tessera_api::time::now_ms();
@@ -669,7 +673,7 @@ impl QuotaGate {
         let node = link.node.clone();
         let id = container_id.to_string();
         self.handle.spawn(async move {
-            let req = ::fleet::quota::ReleaseRequest { container_id: id.clone() };
+            let req = ::fleet::quota_wire::ReleaseRequest { container_id: id.clone() };
             if let Err(e) = client.quota_release(&node, &req).await {
                 debug!(container = %id, "quota release not delivered ({e}); the next sync repairs it");
             }
@@ -843,7 +847,7 @@ impl QuotaGate {
     /// victims the answer names.
     pub async fn sync(
         &self,
-        mut req: ::fleet::quota::SyncRequest,
+        mut req: ::fleet::quota_wire::SyncRequest,
         tree: &QuotaTree,
         taken: Instant,
     ) -> Result<Vec<Victim>, String> {
@@ -852,13 +856,14 @@ impl QuotaGate {
             Authority::Local { .. } => return Ok(self.sync_local(&req, tree)),
         };
         req.leases = self.leases();
-        req.last_authority =
-            lock(&self.leases).authority.as_ref().map(|(a, at)| ::fleet::quota::SeenAuthority {
+        req.last_authority = lock(&self.leases).authority.as_ref().map(|(a, at)| {
+            ::fleet::quota_wire::SeenAuthority {
                 url: a.url.clone(),
                 term: a.term,
                 scope: a.scope.clone(),
                 age_ms: u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX),
-            });
+            }
+        });
         // Victims being stopped (grace running): a coordinator that took over meanwhile
         // must not take another victim for the same claim.
         let stopping = self.stopping();
@@ -869,13 +874,13 @@ impl QuotaGate {
             .filter(|c| stopping.contains(*c))
             .cloned()
             .collect();
-        if req.holdings.len() > ::fleet::quota::MAX_SYNC_HOLDINGS {
+        if req.holdings.len() > ::fleet::quota_wire::MAX_SYNC_HOLDINGS {
             warn!(
                 holdings = req.holdings.len(),
                 "more quota holdings than one sync carries; the youngest are left out"
             );
             req.holdings.sort_by_key(|h| h.started_ms);
-            req.holdings.truncate(::fleet::quota::MAX_SYNC_HOLDINGS);
+            req.holdings.truncate(::fleet::quota_wire::MAX_SYNC_HOLDINGS);
         }
         let client = link.client.clone().with_timeout(CALL_TIMEOUT);
         let sent = Instant::now();

@@ -427,9 +427,9 @@ impl Client {
     pub async fn quota_admit(
         &self,
         node: &str,
-        req: &crate::quota::AdmitRequest,
+        req: &crate::quota_wire::AdmitRequest,
         timeout: Duration,
-    ) -> Result<crate::quota::AdmitAnswer, ClientError> {
+    ) -> Result<crate::quota_wire::AdmitAnswer, ClientError> {
         crate::validate_node_id(node).map_err(ClientError::Usage)?;
         let path = format!("/v1/nodes/{node}/quota/admit");
         let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -447,9 +447,9 @@ impl Client {
     pub async fn quota_resize(
         &self,
         node: &str,
-        req: &crate::quota::ResizeRequest,
+        req: &crate::quota_wire::ResizeRequest,
         timeout: Duration,
-    ) -> Result<crate::quota::AdmitAnswer, ClientError> {
+    ) -> Result<crate::quota_wire::AdmitAnswer, ClientError> {
         crate::validate_node_id(node).map_err(ClientError::Usage)?;
         let path = format!("/v1/nodes/{node}/quota/resize");
         let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -467,7 +467,7 @@ impl Client {
     pub async fn quota_release(
         &self,
         node: &str,
-        req: &crate::quota::ReleaseRequest,
+        req: &crate::quota_wire::ReleaseRequest,
     ) -> Result<(), ClientError> {
         crate::validate_node_id(node).map_err(ClientError::Usage)?;
         let path = format!("/v1/nodes/{node}/quota/release");
@@ -486,8 +486,8 @@ impl Client {
     pub async fn quota_sync(
         &self,
         node: &str,
-        req: &crate::quota::SyncRequest,
-    ) -> Result<crate::quota::SyncAnswer, ClientError> {
+        req: &crate::quota_wire::SyncRequest,
+    ) -> Result<crate::quota_wire::SyncAnswer, ClientError> {
         crate::validate_node_id(node).map_err(ClientError::Usage)?;
         let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let path = format!("/v1/nodes/{node}/quota/sync");
@@ -504,18 +504,18 @@ impl Client {
     pub async fn quota_remove_node(
         &self,
         node: &str,
-    ) -> Result<crate::quota::NodeRemoval, ClientError> {
+    ) -> Result<crate::quota_wire::NodeRemoval, ClientError> {
         crate::validate_node_id(node).map_err(ClientError::Usage)?;
         self.call(Method::DELETE, &format!("/v1/quota/nodes/{node}"), &[], None).await
     }
 
     /// Fleet quotas: the tree, the nodes, the reclaims in progress (admin).
-    pub async fn quota_status(&self) -> Result<crate::quota::QuotaStatus, ClientError> {
+    pub async fn quota_status(&self) -> Result<crate::quota_wire::QuotaStatus, ClientError> {
         self.call(Method::GET, "/v1/quota/status", &[], None).await
     }
 
     /// Fleet quotas: recent borrows, reclaims, preemptions, refusals, oldest first (admin).
-    pub async fn quota_events(&self) -> Result<Vec<crate::quota::QuotaEvent>, ClientError> {
+    pub async fn quota_events(&self) -> Result<Vec<crate::quota_wire::QuotaEvent>, ClientError> {
         self.call(Method::GET, "/v1/quota/events", &[], None).await
     }
 }
@@ -598,7 +598,10 @@ pub mod blocking {
         block_on(c.refusals())
     }
 
-    pub fn quota_status(url: &str, token: &str) -> Result<crate::quota::QuotaStatus, ClientError> {
+    pub fn quota_status(
+        url: &str,
+        token: &str,
+    ) -> Result<crate::quota_wire::QuotaStatus, ClientError> {
         let c = Client::new(&[url], token)?;
         block_on(c.quota_status())
     }
@@ -606,7 +609,7 @@ pub mod blocking {
     pub fn quota_events(
         url: &str,
         token: &str,
-    ) -> Result<Vec<crate::quota::QuotaEvent>, ClientError> {
+    ) -> Result<Vec<crate::quota_wire::QuotaEvent>, ClientError> {
         let c = Client::new(&[url], token)?;
         block_on(c.quota_events())
     }

@@ -27,7 +27,7 @@ pub mod signing;
 
 pub mod tls;
 /// The quota protocol's bodies (defined beside the model in the `quota` crate).
-pub use quota::wire as quota;
+pub use quota::wire as quota_wire;
 pub mod wire;
 
 pub use agent::{AgentConfig, AgentError, AgentStatus, PolicyAgent, PolicySource};

@@ -1,5 +1,5 @@
 //! The quota protocol between a node and the coordinator (serde types; `fleet` re-exports
-//! them as `fleet::quota`) (docs/QUOTAS.md "The fleet").
+//! them as `fleet::quota_wire`) (docs/QUOTAS.md "The fleet").
 //!
 //! * `POST /v1/nodes/{node}/quota/admit` ([`AdmitRequest`] → [`AdmitAnswer`]): one GPU
 //!   grant asks to count against its tenant's quota paths, fleet-wide. A gang member's call

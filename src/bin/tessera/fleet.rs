@@ -281,7 +281,7 @@ pub(crate) fn table(rows: &[Vec<String>]) -> String {
 /// quota sync, problem; then, when there are quota books, who decides them.
 pub fn render_nodes(
     nodes: &[NodeRecord],
-    quota: Option<&::fleet::quota::QuotaStatus>,
+    quota: Option<&::fleet::quota_wire::QuotaStatus>,
     now_ms: u64,
 ) -> String {
     if nodes.is_empty() {
@@ -386,7 +386,7 @@ fn render_fleet_usage(f: &FleetUsage) -> String {
 }
 
 /// Who decides the books, and through which coordinator this answer came.
-pub fn render_authority(st: &::fleet::quota::QuotaStatus, now_ms: u64) -> String {
+pub fn render_authority(st: &::fleet::quota_wire::QuotaStatus, now_ms: u64) -> String {
     let mut out = String::new();
     match &st.authority {
         Some(a) if a.term == 0 => out.push_str(&format!(

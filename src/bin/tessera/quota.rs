@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use ::fleet::client::blocking::block_on;
-use ::fleet::quota::{NodeRemoval, PathStatus, QuotaEvent, QuotaStatus};
+use ::fleet::quota_wire::{NodeRemoval, PathStatus, QuotaEvent, QuotaStatus};
 use clap::{Args, Subcommand};
 
 use crate::fleet::{ago, explain, render_authority, table, CoordinatorArgs};
@@ -372,7 +372,7 @@ mod tests {
     fn status_is_a_tree_with_nodes_and_reclaims() {
         let st = QuotaStatus {
             policy_version: 4,
-            capacity: ::fleet::quota::Amounts {
+            capacity: ::fleet::quota_wire::Amounts {
                 gpus: [("H100-80GB".to_string(), 16_000_000)].into(),
                 ..Default::default()
             },
@@ -390,7 +390,7 @@ mod tests {
             ],
             books_ready: false,
             nodes: [("n1".to_string(), 90_000)].into(),
-            preempting: vec![::fleet::quota::Victim {
+            preempting: vec![::fleet::quota_wire::Victim {
                 node: "n1".into(),
                 container_id: "c7".into(),
                 tenant: "acme/b".into(),

@@ -52,13 +52,13 @@ struct ServeArgs {
     etcd_compaction_retention_s: u64,
     /// Fleet quotas: how long a lease handed to a node is good for (the node admits
     /// work within guarantees on its own under it while it cannot reach a coordinator).
-    #[arg(long, default_value_t = coordinator::quota::DEFAULT_LEASE_TTL.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    #[arg(long, default_value_t = coordinator::quota_routes::DEFAULT_LEASE_TTL.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86_400))]
     quota_lease_ttl_s: u64,
     /// Fleet quotas on etcd: the TTL of the etcd lease by which one coordinator decides
     /// the books (the others pass quota calls on to it). A killed leader is followed
     /// after at most this; etcd grants at least its own minimum (3/2 of its election
     /// timeout: 2 s with etcd's defaults).
-    #[arg(long, default_value_t = coordinator::quota::DEFAULT_LEADER_TTL.as_secs(), value_parser = clap::value_parser!(u64).range(1..=600))]
+    #[arg(long, default_value_t = coordinator::quota_routes::DEFAULT_LEADER_TTL.as_secs(), value_parser = clap::value_parser!(u64).range(1..=600))]
     quota_leader_ttl_s: u64,
     /// This coordinator's URL as the other coordinators reach it (they pass quota calls
     /// on to the one that decides). Default: http(s)://LISTEN, with the host name where

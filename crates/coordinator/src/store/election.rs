@@ -34,7 +34,7 @@ use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, PutOptions, SortOrder,
     SortTarget, Txn, TxnOp, WatchOptions,
 };
-use fleet::quota::{Authority, Holding};
+use fleet::quota_wire::{Authority, Holding};
 use quota::books::state::{BooksState, NodeState, PendingState, ReclaimState, StateOp};
 use tokio::sync::watch;
 use tracing::{info, warn};

@@ -319,23 +319,23 @@ pub(crate) fn in_window(i: &metering::ClosedInterval, from_ms: u64, to_ms: u64) 
 #[derive(Debug, Clone)]
 pub enum Role {
     /// Not elected; `leader`: the coordinator that is, when one is.
-    Follower { leader: Option<fleet::quota::Authority> },
+    Follower { leader: Option<fleet::quota_wire::Authority> },
     /// This coordinator decides: every write to the books is fenced by `fence`, and it
     /// decides only while [`mono_ms`] is below `valid_until` (its etcd lease cannot have run
     /// out before then: every keep-alive answered moves it to when that keep-alive was
     /// sent plus the lease's TTL).
     Leader {
-        authority: fleet::quota::Authority,
+        authority: fleet::quota_wire::Authority,
         fence: Fence,
         valid_until: Arc<std::sync::atomic::AtomicU64>,
     },
     /// Alone on a store without an election (SQLite): decides, nothing to fence.
-    Alone { authority: fleet::quota::Authority },
+    Alone { authority: fleet::quota_wire::Authority },
 }
 
 impl Role {
     /// The coordinator that decides, when known.
-    pub fn authority(&self) -> Option<&fleet::quota::Authority> {
+    pub fn authority(&self) -> Option<&fleet::quota_wire::Authority> {
         match self {
             Role::Follower { leader } => leader.as_ref(),
             Role::Leader { authority, .. } | Role::Alone { authority } => Some(authority),

@@ -50,10 +50,10 @@ async fn serve(
         tls: None,
         usage_retention: None,
         etcd_compaction: compaction,
-        quota_leader_ttl: coordinator::quota::DEFAULT_LEADER_TTL,
+        quota_leader_ttl: coordinator::quota_routes::DEFAULT_LEADER_TTL,
         advertise_url: None,
         peer_ca: None,
-        quota_lease_ttl: coordinator::quota::DEFAULT_LEASE_TTL,
+        quota_lease_ttl: coordinator::quota_routes::DEFAULT_LEASE_TTL,
     };
     coordinator::RunningCoordinator::from_options(&opts).await.expect("coordinator")
 }

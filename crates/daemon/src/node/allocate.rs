@@ -62,7 +62,7 @@ pub(crate) enum Prepared {
 /// What a grant asks of the fleet's quotas.
 #[derive(Debug, Clone)]
 pub(crate) struct QuotaAsk {
-    pub admit: fleet::quota::AdmitRequest,
+    pub admit: fleet::quota_wire::AdmitRequest,
     /// The policy's quotas (the node's own books decide with them when no coordinator
     /// is configured).
     pub tree: ::quota::QuotaTree,
@@ -341,7 +341,7 @@ impl Node {
     fn ask_of(
         &self,
         req: &AllocateRequest,
-        admit: fleet::quota::AdmitRequest,
+        admit: fleet::quota_wire::AdmitRequest,
         no_capacity: Option<ApiError>,
     ) -> QuotaAsk {
         QuotaAsk {
@@ -362,7 +362,7 @@ impl Node {
         c: &Checked,
         plan: Option<&grant::GrantPlan>,
         short_on_node: bool,
-    ) -> Result<fleet::quota::AdmitRequest, ApiError> {
+    ) -> Result<fleet::quota_wire::AdmitRequest, ApiError> {
         let bad = |node: &mut Node, e: quota_gate::QuotaError, rule: &str| {
             let err = ApiError {
                 code: ErrorCode::BadRequest,
@@ -406,7 +406,7 @@ impl Node {
             weight,
         )
         .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
-        Ok(fleet::quota::AdmitRequest {
+        Ok(fleet::quota_wire::AdmitRequest {
             container_id: req.container_id.to_string(),
             tenant: c.tenant.path.clone(),
             amounts: quota_gate::amounts(&gpus, &limits),
@@ -445,7 +445,7 @@ impl Node {
     pub(crate) fn finish_allocate(
         &mut self,
         req: &AllocateRequest,
-        asked: &fleet::quota::AdmitRequest,
+        asked: &fleet::quota_wire::AdmitRequest,
         admission: &Admission<'_>,
     ) -> Result<Allocation, ApiError> {
         let checked = match self.check_allocate(req)? {

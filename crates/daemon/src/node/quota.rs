@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use fleet::quota::{Holding, SyncRequest, Victim};
+use fleet::quota_wire::{Holding, SyncRequest, Victim};
 use tessera_api::{Allocation, ApiError, QuotaClass};
 use tracing::{debug, warn};
 
@@ -301,7 +301,7 @@ mod tests {
     use std::path::Path;
     use std::sync::Arc;
 
-    use fleet::quota::{Amounts, GangRef, Lease};
+    use fleet::quota_wire::{Amounts, GangRef, Lease};
     use tessera_api::{AllocateRequest, ContainerLimits, ErrorCode, QuotaMark, RequestSource};
 
     use super::*;
@@ -448,7 +448,10 @@ mod tests {
         let snap = n.quota_snapshot().expect("snapshot").expect("quotas on");
         assert_eq!(snap.holdings.len(), 1);
         let h = &snap.holdings[0];
-        assert_eq!((h.container_id.as_str(), h.class), ("c1", fleet::quota::QuotaClass::Borrowed));
+        assert_eq!(
+            (h.container_id.as_str(), h.class),
+            ("c1", fleet::quota_wire::QuotaClass::Borrowed)
+        );
         assert_eq!((h.gang.as_deref(), h.amounts.cpu_milli), (Some("g1"), 1500));
         assert_eq!(snap.capacity.gpus[H100], 8 * GPU, "every GPU of the node, whole");
         // Its release is reported to the coordinator once.

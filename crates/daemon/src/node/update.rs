@@ -14,7 +14,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use fleet::quota::{Amounts, ResizeRequest};
+use fleet::quota_wire::{Amounts, ResizeRequest};
 use tessera_api::{
     untrusted, AllocationState, ApiError, ContainerLimits, ErrorCode, KernelLimits, QuotaClass,
     QuotaMark, UpdateAnswer, UpdateDone, UpdateRequest,

@@ -1,5 +1,5 @@
 use super::*;
-use fleet::quota::Victim;
+use fleet::quota_wire::Victim;
 use quota::QuotaSpec;
 use serde_json::json;
 

@@ -1,5 +1,5 @@
 //! Fleet quotas on the coordinator (docs/QUOTAS.md, "The fleet"): the routes of the quota
-//! protocol ([`fleet::quota`]) over the pure [`quota::books::Books`], which the coordinator
+//! protocol ([`fleet::quota_wire`]) over the pure [`quota::books::Books`], which the coordinator
 //! keeps behind a mutex (never held across an await; [`QuotaState`], in `books.rs`). A
 //! route module: it uses the state it is handed (`app`) and the plumbing (`http`), never
 //! the other route module (`server`, which mounts these routes).
@@ -28,7 +28,7 @@ use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use fleet::quota::{
+use fleet::quota_wire::{
     AdmitAnswer, AdmitRequest, Amounts, Authority, CoordinatorInfo, Holding, NodeRemoval,
     QuotaStatus, ReleaseRequest, ResizeRequest, SyncRequest, MAX_GANG_SIZE, MAX_SYNC_HOLDINGS,
 };
@@ -1142,7 +1142,7 @@ fn natural(resource: &str, amount: u64) -> f64 {
 
 /// The Prometheus text of the quota gauges and counters.
 pub fn render_metrics(st: &QuotaStatus, counters: &quota::books::Counters) -> String {
-    type Pick = fn(&fleet::quota::PathStatus) -> Option<f64>;
+    type Pick = fn(&fleet::quota_wire::PathStatus) -> Option<f64>;
     let gauges: [(&str, &str, Pick); 12] = [
         ("guarantee", "What the quota path is always given when it asks", |p| {
             p.guarantee.map(|g| natural(&p.resource, g))
@@ -1255,7 +1255,7 @@ mod tests {
         let st = QuotaStatus {
             policy_version: 3,
             capacity: Amounts::default(),
-            paths: vec![fleet::quota::PathStatus {
+            paths: vec![fleet::quota_wire::PathStatus {
                 path: "acme/b".into(),
                 resource: "gpus.H100-80GB".into(),
                 unit: "micro-GPU".into(),
