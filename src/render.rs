@@ -113,7 +113,7 @@ pub fn status(s: &NodeStatus) -> String {
                 let pid = a.pid.map(|p| format!("pid {p}")).unwrap_or_else(|| "not started".into());
                 [
                     who(a.workload.as_ref().map(|w| w.display_name()).as_deref(), &a.container_id),
-                    a.tenant.clone(),
+                    a.tenant.to_string(),
                     a.request.to_string(),
                     format!("{:?}", a.state).to_lowercase(),
                     format!("{devs}  ({pid}){}", quota_mark(a.quota.as_deref())),
@@ -574,8 +574,8 @@ mod tests {
             memory_mib: 1,
             state: if held { DeviceState::Assigned } else { DeviceState::Free },
             holder: held.then(|| Holder {
-                container_id: "c".into(),
-                tenant: "t".into(),
+                container_id: "c".parse().expect("valid"),
+                tenant: "t".parse().expect("valid"),
                 workload: None,
             }),
             lifecycle: None,

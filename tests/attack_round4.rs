@@ -57,7 +57,7 @@ fn run_share(
     node.fx.run_detached(&b, id);
     daemons.0.extend(node.client().status().unwrap().mps_shares.iter().filter_map(|s| s.pid));
     let a = node.client().allocation(id).unwrap();
-    (a.pid.unwrap(), a.share.unwrap().device, a.tenant)
+    (a.pid.unwrap(), a.share.unwrap().device, a.tenant.into_string())
 }
 
 /// Class: framing through the interference controller, round 3's fix (detect.rs

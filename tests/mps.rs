@@ -297,7 +297,7 @@ fn caps_raised_from_inside_a_container_are_set_back_within_a_health_tick() {
     node.fx.run_detached(&b, "mallory");
     guard.0.extend(share_pids(&node).values());
     let a = node.client().allocation("mallory").expect("mallory");
-    let tenant = a.tenant.clone();
+    let tenant = a.tenant.to_string();
     let device = a.share.as_ref().expect("share").device.clone();
     assert_eq!(caps(&node.state, &a).0, 25.0);
     let pipe = spec(&node.state, &a).pipe_dir;

@@ -187,3 +187,39 @@ fn a_malformed_request_or_container_id_is_refused_naming_the_field() {
     }
     assert!(node.client().status().expect("status").allocations.is_empty(), "nothing granted");
 }
+
+/// Issue 24: the ids of URL paths are parsed once, at the edge (`tesserad::server`), and
+/// the node checks them no more. An id that breaks runc's rule is refused there with the
+/// status the node's own check gave before: 400 for a start, an update and its end, and a
+/// release; 404 for a read (no allocation has such an id) and for an unquarantine of a
+/// device uuid that is no uuid (no device has it). The answer is the API's error object,
+/// the id escaped; nothing is granted or changed.
+#[test]
+fn a_bad_id_in_a_url_path_is_refused_at_the_edge_with_the_status_of_before() {
+    let node = node();
+    let start = br#"{"pid":1,"bundle":"/bundles/x"}"#;
+    let update = br#"{"runc_root":"/run/runc","cpu_quota":100000,"cpu_period":100000}"#;
+    let done = br#"{"runc_root":"/run/runc","runc_succeeded":true}"#;
+    // Percent-encoded, as a client's URL carries them: `../x`, `a\nb`, `a b`, `.`.
+    for bad in ["..%2Fx", "a%0Ab", "a%20b", "."] {
+        let cases: [(&str, String, &[u8], u16); 6] = [
+            ("POST", format!("/v1/allocations/{bad}/start"), start, 400),
+            ("POST", format!("/v1/allocations/{bad}/update"), update, 400),
+            ("POST", format!("/v1/allocations/{bad}/update/done"), done, 400),
+            ("DELETE", format!("/v1/allocations/{bad}"), b"", 400),
+            ("GET", format!("/v1/allocations/{bad}"), b"", 404),
+            ("POST", format!("/v1/devices/GPU-{bad}/unquarantine"), b"", 404),
+        ];
+        for (method, path, body, want) in cases {
+            let (status, _, answer) = send(&node.socket, method, &path, None, body);
+            let e: ApiError = serde_json::from_slice(&answer).unwrap_or_else(|_| {
+                panic!("{method} {path}: {}", String::from_utf8_lossy(&answer))
+            });
+            assert_eq!(status, want, "{method} {path}: {}", e.message);
+            assert_eq!(e.code.http_status(), want, "{method} {path}");
+            assert!(!e.message.contains('\n'), "{method} {path}: escaped: {:?}", e.message);
+        }
+    }
+    let status = node.client().status().expect("status");
+    assert!(status.allocations.is_empty(), "nothing granted");
+}

@@ -93,6 +93,24 @@ macro_rules! string_newtype {
             }
         }
 
+        impl PartialEq<String> for $name {
+            fn eq(&self, other: &String) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl PartialEq<$name> for String {
+            fn eq(&self, other: &$name) -> bool {
+                *self == other.0
+            }
+        }
+
+        impl PartialEq<$name> for str {
+            fn eq(&self, other: &$name) -> bool {
+                self == other.0
+            }
+        }
+
         impl Serialize for $name {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 s.serialize_str(&self.0)
@@ -210,6 +228,84 @@ impl TenantPath {
     }
 }
 
+/// How far a tenant is trusted, ordered from least to most trusted: the tiers of the
+/// policy (`policy::Trust` is this type) and the `trust` of a recorded grant. Its name on
+/// the wire, in policies and in the store: `untrusted`, `trusted`, `dev`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Trust {
+    /// Runs code nobody vetted: only hardware-isolated shares (whole GPU, MIG).
+    Untrusted,
+    /// Vetted workloads: may also share a GPU through MPS.
+    Trusted,
+    /// Development: may use anything, time-slicing included.
+    Dev,
+}
+
+/// Why a string is not a trust tier.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("trust `{}` is not a trust tier (expected one of `untrusted`, `trusted`, `dev`)", untrusted(.0))]
+pub struct InvalidTrust(pub String);
+
+impl Trust {
+    /// Every trust level, least trusted first.
+    pub const ALL: [Trust; 3] = [Trust::Untrusted, Trust::Trusted, Trust::Dev];
+
+    /// The name used in policies and reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trust::Untrusted => "untrusted",
+            Trust::Trusted => "trusted",
+            Trust::Dev => "dev",
+        }
+    }
+}
+
+impl FromStr for Trust {
+    type Err = InvalidTrust;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Trust::ALL.into_iter().find(|t| t.as_str() == s).ok_or_else(|| InvalidTrust(s.to_string()))
+    }
+}
+
+impl PartialEq<str> for Trust {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for Trust {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+// By hand rather than derived: serde's "unknown variant" message names the tiers, and a
+// value of the wrong type reads "expected one of `untrusted`, `trusted`, `dev`" instead
+// of serde_json's "expected value" syntax error.
+impl<'de> Deserialize<'de> for Trust {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        const NAMES: &[&str] = &["untrusted", "trusted", "dev"];
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Trust;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("one of `untrusted`, `trusted`, `dev`")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Trust, E> {
+                v.parse().map_err(|_| E::unknown_variant(v, NAMES))
+            }
+        }
+        deserializer.deserialize_str(V)
+    }
+}
+
+impl fmt::Display for Trust {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,6 +356,61 @@ mod tests {
         ] {
             let err = DeviceUuid::new(bad).unwrap_err().to_string();
             assert!(!err.contains('\n'), "{err}");
+        }
+    }
+
+    #[test]
+    fn trust_tiers_are_their_names_and_nothing_else() {
+        for t in Trust::ALL {
+            let json = format!("\"{t}\"");
+            assert_eq!(serde_json::to_string(&t).expect("ser"), json);
+            assert_eq!(serde_json::from_str::<Trust>(&json).expect("de"), t);
+            assert_eq!(t.as_str().parse::<Trust>(), Ok(t));
+        }
+        assert!(Trust::Untrusted < Trust::Trusted && Trust::Trusted < Trust::Dev);
+        for bad in ["", "Dev", "root", "dev ", "dev\n\u{1b}[2J"] {
+            let err = bad.parse::<Trust>().unwrap_err().to_string();
+            assert!(err.starts_with("trust `") && err.contains("`untrusted`"), "{err}");
+            assert!(!err.contains(['\n', '\u{1b}']), "escaped: {err:?}");
+        }
+        // serde names the tiers for an unknown one, and expects one for a wrong type.
+        let err = serde_json::from_str::<Trust>("\"root\"").unwrap_err().to_string();
+        assert!(err.contains("unknown variant `root`") && err.contains("`dev`"), "{err}");
+        let err = serde_json::from_str::<Trust>("3").unwrap_err().to_string();
+        assert!(err.contains("expected one of `untrusted`, `trusted`, `dev`"), "{err}");
+    }
+
+    /// A stored grant (and the allocation an API answer carries) reads into the typed ids
+    /// and writes back byte for byte: the newtypes are their plain strings in the store and
+    /// on the wire.
+    #[test]
+    fn a_stored_allocation_round_trips_byte_for_byte_through_the_typed_ids() {
+        let stored = concat!(
+            r#"{"container_id":"ctr-1.a_b+c","tenant":"acme/trusted/training/alice","#,
+            r#""trust":"trusted","request":"mig=1g.10gb","isolation":"mig","devices":[{"#,
+            r#""uuid":"MIG-8f6b8e5c-1a2b-3c4d-5e6f-0123456789ab","#,
+            r#""gpu_uuid":"GPU-8f6b8e5c-1a2b-3c4d-5e6f-0123456789ab","gpu_index":0,"#,
+            r#""model":"H100-80GB","mig_profile":"1g.10gb","placement":[0,1]}],"#,
+            r#""injection":{"devices":[],"env":[],"mounts":[]},"state":"running","pid":42,"#,
+            r#""created_ms":1700000000000}"#
+        );
+        let a: crate::Allocation = serde_json::from_str(stored).expect("a stored grant");
+        assert_eq!(a.container_id, "ctr-1.a_b+c");
+        assert_eq!(a.tenant.segments().count(), 4);
+        assert_eq!(a.trust, Trust::Trusted);
+        assert_eq!(serde_json::to_string(&a).expect("ser"), stored);
+        // A row whose ids break the rules is refused when it is read, naming which and
+        // where, escaped.
+        for (from, to, what) in [
+            (r#""container_id":"ctr-1.a_b+c""#, r#""container_id":"../x\n""#, "container id"),
+            (r#""tenant":"acme/trusted/training/alice""#, r#""tenant":"Acme/\u001b[2J""#, "tenant"),
+            (r#""trust":"trusted""#, r#""trust":"root""#, "trust"),
+        ] {
+            let bad = stored.replace(from, to);
+            assert_ne!(bad, stored);
+            let err = serde_json::from_str::<crate::Allocation>(&bad).unwrap_err().to_string();
+            assert!(err.contains(what) && err.contains("at line 1 column"), "{what}: {err}");
+            assert!(!err.contains(['\n', '\u{1b}']), "escaped: {err:?}");
         }
     }
 

@@ -37,7 +37,9 @@ pub mod types;
 
 pub use client::{Client, ClientError};
 pub use display::untrusted;
-pub use ids::{ContainerId, DeviceUuid, InvalidDeviceUuid, InvalidTenantPath, TenantPath};
+pub use ids::{
+    ContainerId, DeviceUuid, InvalidDeviceUuid, InvalidTenantPath, InvalidTrust, TenantPath, Trust,
+};
 pub use protocol::{ProtocolError, ProtocolVersion, PROTOCOL, PROTOCOL_HEADER, UNVERSIONED};
 pub use request::{GpuRequest, Isolation, RequestError};
 pub use types::*;

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::ContainerId;
+use crate::ids::{ContainerId, TenantPath, Trust};
 use crate::request::{GpuRequest, Isolation};
 
 /// `POST /v1/allocations`: ask for a container's GPU share.
@@ -299,11 +299,11 @@ pub enum AllocationState {
 /// A granted allocation, as the daemon recorded it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
-    pub container_id: String,
+    pub container_id: ContainerId,
     /// The tenant path, `org/team/project/user`.
-    pub tenant: String,
+    pub tenant: TenantPath,
     /// The tenant's trust tier.
-    pub trust: String,
+    pub trust: Trust,
     /// What was asked (its string form on the wire and in the store, as in protocol 1.0).
     pub request: GpuRequest,
     pub isolation: Isolation,
@@ -567,8 +567,8 @@ pub enum DeviceState {
 /// Who holds a device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Holder {
-    pub container_id: String,
-    pub tenant: String,
+    pub container_id: ContainerId,
+    pub tenant: TenantPath,
     /// `namespace/pod/container` of a pod's container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<String>,

@@ -37,11 +37,12 @@ use std::time::{Duration, Instant};
 use metering::UsageReport;
 use serde::Serialize;
 use tessera_api::{
-    untrusted, AllocateRequest, Allocation, ApiError, ErrorCode, NodeStatus, ReleaseRequest,
-    StartRequest, UpdateAnswer, UpdateDone, UpdateRequest,
+    untrusted, AllocateRequest, Allocation, ContainerId, DeviceUuid, ErrorCode, NodeStatus,
+    ReleaseRequest, StartRequest, UpdateAnswer, UpdateDone, UpdateRequest,
 };
 use tracing::{debug, error, warn};
 
+use crate::error::{CoreError, Detail};
 use crate::node::{ActivePolicy, Admission, MigReport, Node, Prepared, QuotaMode, ReconcileReport};
 use crate::quota_gate::{self, QuotaGate, Verdict};
 
@@ -52,18 +53,18 @@ pub enum Action {
     /// `POST /v1/allocations`.
     Allocate(AllocateRequest),
     /// `POST /v1/allocations/{id}/start` (the prestart hook); then the exit watch starts.
-    Start { container_id: String, req: StartRequest },
+    Start { container_id: ContainerId, req: StartRequest },
     /// `DELETE /v1/allocations/{id}`: the checked release.
-    Release { container_id: String, req: ReleaseRequest },
+    Release { container_id: ContainerId, req: ReleaseRequest },
     /// `POST /v1/allocations/{id}/update`: tessera-runtime asks before `runc update` of a
     /// container's CPU or memory limits; a raise is admitted by the fleet's quotas
     /// (without the lock), as a new grant is.
-    Update { container_id: String, req: UpdateRequest },
+    Update { container_id: ContainerId, req: UpdateRequest },
     /// `POST /v1/allocations/{id}/update/done`: `runc update` ended; the kernel's limits
     /// are recorded (or the limits of before asked back).
-    UpdateDone { container_id: String, req: UpdateDone },
+    UpdateDone { container_id: ContainerId, req: UpdateDone },
     /// `GET /v1/allocations/{id}`.
-    Allocation(String),
+    Allocation(ContainerId),
     /// `GET /v1/allocations`; also the running containers to watch after a start.
     Allocations,
     /// `GET /v1/status`.
@@ -77,7 +78,7 @@ pub enum Action {
     /// `POST /v1/mig/converge`; also every reconcile tick.
     MigConverge,
     /// `POST /v1/devices/{uuid}/unquarantine`: re-scrub (outside the lock), free on success.
-    Unquarantine(String),
+    Unquarantine(DeviceUuid),
     /// `GET /v1/revoke-check`: the grants the policy in force would refuse now.
     RevokeCheck,
     /// `POST /v1/policy/reload` (and `SIGHUP`): read the `--policy` file again
@@ -119,9 +120,9 @@ pub enum Action {
 
     // The exit watcher (`exits.rs`).
     /// The pid (and its start time) to watch for a running container.
-    ExitWatchTarget(String),
+    ExitWatchTarget(ContainerId),
     /// The container's init exited: close its intervals.
-    ContainerExited { container_id: String, pid: i32 },
+    ContainerExited { container_id: ContainerId, pid: i32 },
 
     // The fleet agent (`fleet.rs`).
     /// A verified policy revision: every decision from now on uses it.
@@ -356,7 +357,7 @@ impl Controller {
     /// read (a fleet node says why a reload changes nothing even when the file is broken);
     /// the file read and validated outside the lock; then the check again and the swap, as
     /// one step (a fleet revision may have come meanwhile). A failure is logged by `apply`.
-    fn reload_policy(&self) -> Result<crate::policy_reload::ReloadReport, ApiError> {
+    fn reload_policy(&self) -> Result<crate::policy_reload::ReloadReport, CoreError> {
         use crate::policy_reload::{file_source, load, log_reloaded, reloadable};
         use crate::policy_reload::{PolicyVersion, ReloadReport};
         let setup = self.reload.get();
@@ -388,17 +389,17 @@ impl Controller {
     }
 
     /// Apply `action` on a blocking thread.
-    pub async fn run(self: &Arc<Self>, action: Action) -> Result<Outcome, ApiError> {
+    pub async fn run(self: &Arc<Self>, action: Action) -> Result<Outcome, CoreError> {
         let ctl = Arc::clone(self);
-        tokio::task::spawn_blocking(move || ctl.apply(action)).await.unwrap_or_else(|e| {
-            Err(ApiError::new(ErrorCode::Internal, format!("tesserad: handler failed: {e}")))
-        })
+        tokio::task::spawn_blocking(move || ctl.apply(action))
+            .await
+            .unwrap_or_else(|e| Err(CoreError::internal(format!("tesserad: handler failed: {e}"))))
     }
 
     /// Apply `action` on this thread (blocking: call it from a blocking thread, or where
     /// blocking is fine — the daemon's start and stop, the fleet agent's `block_in_place`).
     /// A failure is logged here.
-    pub fn apply(&self, action: Action) -> Result<Outcome, ApiError> {
+    pub fn apply(&self, action: Action) -> Result<Outcome, CoreError> {
         let what = action.name();
         let container = action.container_id().map(str::to_owned);
         let may_change = action.may_change_capacity();
@@ -422,11 +423,12 @@ impl Controller {
     /// One step under the node lock.
     pub(crate) fn locked<T>(
         &self,
-        f: impl FnOnce(&mut Node) -> Result<T, ApiError>,
-    ) -> Result<T, ApiError> {
-        let mut node = self.node.lock().map_err(|_| {
-            ApiError::new(ErrorCode::Internal, "tesserad: node state lock poisoned")
-        })?;
+        f: impl FnOnce(&mut Node) -> Result<T, CoreError>,
+    ) -> Result<T, CoreError> {
+        let mut node = self
+            .node
+            .lock()
+            .map_err(|_| CoreError::internal("tesserad: node state lock poisoned"))?;
         f(&mut node)
     }
 
@@ -435,7 +437,7 @@ impl Controller {
         self.mps_round.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn dispatch(&self, action: Action) -> Result<Outcome, ApiError> {
+    fn dispatch(&self, action: Action) -> Result<Outcome, CoreError> {
         use Outcome as O;
         match action {
             Action::Allocate(req) => self.allocate(&req).map(|a| O::Allocation(Box::new(a))),
@@ -563,7 +565,7 @@ impl Controller {
 
     /// Scrub every device that needs it: each job is taken under the lock, run as a child
     /// process without it, and its outcome recorded under it. Returns how many ran.
-    fn scrub_pending(&self) -> Result<usize, ApiError> {
+    fn scrub_pending(&self) -> Result<usize, CoreError> {
         let mut ran = 0;
         while let Some(job) = self.locked(|n| n.next_scrub())? {
             let result = job.run();
@@ -580,7 +582,7 @@ impl Controller {
     /// the interference detector) under it; then the throttles on the MPS supervisor's own
     /// lock and the stops on threads of their own, each recorded as an event. Returns how
     /// many steps were carried out.
-    fn sample_telemetry(&self) -> Result<usize, ApiError> {
+    fn sample_telemetry(&self) -> Result<usize, CoreError> {
         use interference::Step;
         let probe = self.locked(|n| n.telemetry_probe())?;
         let readings = probe.read(); // outside the lock: NVML and /proc
@@ -644,7 +646,7 @@ impl Controller {
     fn revoke_stop(
         &self,
         req: &crate::node::revoke::StopRequest,
-    ) -> Result<crate::node::revoke::StopReport, ApiError> {
+    ) -> Result<crate::node::revoke::StopReport, CoreError> {
         use crate::node::revoke;
         let grace = revoke::grace(req)?;
         let plan = self.locked(|n| n.revoke_targets(req))?;
@@ -660,7 +662,7 @@ impl Controller {
     /// A grant, through the fleet's quotas where the policy sets them: the checks and the
     /// plan under the lock, the coordinator's admission without it (a gang member's call
     /// may wait for its gang), the plan again and the grant under it (docs/QUOTAS.md).
-    fn allocate(&self, req: &AllocateRequest) -> Result<Allocation, ApiError> {
+    fn allocate(&self, req: &AllocateRequest) -> Result<Allocation, CoreError> {
         let Some(gate) = self.quota.get() else {
             return self.locked(|n| n.allocate(req));
         };
@@ -689,7 +691,7 @@ impl Controller {
             }
         }
         let cid = req.container_id.as_str();
-        let refuse = |err: ApiError| -> Result<Allocation, ApiError> {
+        let refuse = |err: CoreError| -> Result<Allocation, CoreError> {
             self.locked(|n| {
                 n.record_quota_refusal(cid, &err);
                 Ok(())
@@ -718,14 +720,13 @@ impl Controller {
             },
             Verdict::Refused { message, rule } => {
                 let mut err = quota_gate::refused_error(&ask.admit.tenant, &ask.request, &message, rule);
-                if let Some(here) = &ask.no_capacity {
+                if let (Some(here), Some(d)) = (&ask.no_capacity, err.detail_mut()) {
                     // Why this node could not place it, too.
-                    err.message = format!("{}; on this node: {}", err.message, here.message);
+                    d.message = format!("{}; on this node: {here}", d.message);
                 }
                 refuse(err)
             }
-            Verdict::Failed { message } => refuse(ApiError {
-                code: ErrorCode::Internal,
+            Verdict::Failed { message } => refuse(CoreError::Internal(Detail {
                 message: format!(
                     "tenant {}: the quota coordinator could not admit the grant: {}; nothing granted",
                     ask.admit.tenant,
@@ -734,20 +735,19 @@ impl Controller {
                 tenant: Some(ask.admit.tenant.clone()),
                 request: Some(ask.request.to_string()),
                 rule: Some("quotas".into()),
-            }),
+            })),
             Verdict::Reclaiming { retry_after_s, victims, message } => {
                 let wait = Duration::from_secs(retry_after_s.min(quota_gate::MAX_RETRY_AFTER_S));
                 let until = Instant::now() + wait + quota_gate::HOLD_MARGIN;
                 if let Err(e) = self.preempt(&victims, Some((&ask.admit.tenant, until))) {
                     log_failure("quota preemption", Some(cid), &e);
                 }
-                refuse(ApiError {
-                    code: ErrorCode::Reclaiming,
+                refuse(CoreError::Reclaiming(Detail {
                     message: untrusted(&message).max_chars(1024).to_string(),
                     tenant: Some(ask.admit.tenant.clone()),
                     request: Some(ask.request.to_string()),
                     rule: Some("quotas".into()),
-                })
+                }))
             }
         }
     }
@@ -764,7 +764,11 @@ impl Controller {
     /// admitted by the books without it (as a new grant is: the node's own books synced
     /// first, or the coordinator, or this node's lease while it is unreachable), begun
     /// under it again. A raise the books admitted that cannot begin is given back.
-    fn update(&self, container_id: &str, req: &UpdateRequest) -> Result<UpdateAnswer, ApiError> {
+    fn update(
+        &self,
+        container_id: &ContainerId,
+        req: &UpdateRequest,
+    ) -> Result<UpdateAnswer, CoreError> {
         use crate::node::{UpdateAdmission, UpdatePlan};
         let step = match self.locked(|n| n.plan_update(container_id, req))? {
             UpdatePlan::NoGrant => return Ok(UpdateAnswer::default()),
@@ -782,7 +786,7 @@ impl Controller {
                 }
             }
         }
-        let refuse = |err: ApiError| -> Result<UpdateAnswer, ApiError> {
+        let refuse = |err: CoreError| -> Result<UpdateAnswer, CoreError> {
             self.locked(|n| {
                 n.record_quota_refusal(container_id, &err);
                 Ok(())
@@ -797,12 +801,13 @@ impl Controller {
             }
             Verdict::Refused { message, rule } => {
                 let mut err = quota_gate::refused_error(&step.tenant, &grant_request, &message, rule);
-                err.message = format!("update of its limits refused: {}", err.message);
+                if let Some(d) = err.detail_mut() {
+                    d.message = format!("update of its limits refused: {}", d.message);
+                }
                 return refuse(err);
             }
             Verdict::Failed { message } | Verdict::Reclaiming { message, .. } => {
-                return refuse(ApiError {
-                    code: ErrorCode::Internal,
+                return refuse(CoreError::Internal(Detail {
                     message: format!(
                         "the quota coordinator could not admit the update of its limits: {}; nothing \
                          changed",
@@ -811,7 +816,7 @@ impl Controller {
                     tenant: Some(step.tenant.clone()),
                     request: Some(grant_request.to_string()),
                     rule: Some("quotas".into()),
-                })
+                }))
             }
         };
         let r = self.locked(|n| n.begin_update(&step, &admission));
@@ -848,7 +853,7 @@ impl Controller {
         &self,
         victims: &[fleet::quota_wire::Victim],
         hold_for: Option<(&str, Instant)>,
-    ) -> Result<usize, ApiError> {
+    ) -> Result<usize, CoreError> {
         let Some(gate) = self.quota.get() else { return Ok(0) };
         let node = gate.node();
         // Under the node lock: no two preemptions pick the same container.
@@ -910,7 +915,7 @@ impl Controller {
     /// taken (`None`: the policy sets no quotas).
     fn quota_snapshot(
         &self,
-    ) -> Result<Option<(fleet::quota_wire::SyncRequest, ::quota::QuotaTree, Instant)>, ApiError>
+    ) -> Result<Option<(fleet::quota_wire::SyncRequest, ::quota::QuotaTree, Instant)>, CoreError>
     {
         self.locked(|n| {
             let taken = Instant::now();
@@ -930,7 +935,7 @@ impl Controller {
 
     /// Re-scrub a quarantined device (the child process outside the lock); it returns to
     /// service only if the scrub succeeds.
-    fn unquarantine(&self, uuid: &str) -> Result<ScrubOutcome, ApiError> {
+    fn unquarantine(&self, uuid: &DeviceUuid) -> Result<ScrubOutcome, CoreError> {
         let job = self.locked(|n| n.unquarantine(uuid))?;
         let result = job.run();
         let report = result.as_ref().ok().cloned();
@@ -941,14 +946,14 @@ impl Controller {
 }
 
 /// The one place failed actions are logged.
-fn log_failure(what: &str, container: Option<&str>, e: &ApiError) {
+fn log_failure(what: &str, container: Option<&str>, e: &CoreError) {
     let container = container.unwrap_or("-");
-    match e.code {
-        ErrorCode::Internal => error!(container, "{what} failed: {}", e.message),
+    match e.code() {
+        ErrorCode::Internal => error!(container, "{what} failed: {}", e.message()),
         // Reads of unknown ids are routine.
-        ErrorCode::NotFound if what == "allocation" => debug!(container, "{what}: {}", e.message),
+        ErrorCode::NotFound if what == "allocation" => debug!(container, "{what}: {}", e.message()),
         code => {
-            warn!(container, ?code, tenant = ?e.tenant, rule = ?e.rule, "{what} refused: {}", e.message)
+            warn!(container, ?code, tenant = ?e.tenant(), rule = ?e.rule(), "{what} refused: {}", e.message())
         }
     }
 }

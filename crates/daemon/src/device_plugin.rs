@@ -80,7 +80,7 @@ impl Issuer for NodeIssuer {
         match self.0.apply(Action::IssueAssignments(made.to_vec())) {
             Ok(Outcome::Issued(issued)) => Ok(issued),
             Ok(_) => Err("tesserad answered something else than tokens".into()),
-            Err(e) => Err(e.message),
+            Err(e) => Err(e.message()),
         }
     }
 }

@@ -17,6 +17,8 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tracing::debug;
 
+use tessera_api::ContainerId;
+
 use crate::controller::{Action, Controller, Outcome};
 
 /// How often a waiting task checks that its container still holds the grant it watches
@@ -27,7 +29,7 @@ const RECHECK: Duration = Duration::from_secs(60);
 pub use crate::node::EXITED_REASON;
 
 /// Watch `container_id`'s init process and close its intervals when it exits.
-pub fn spawn(ctl: Arc<Controller>, container_id: String) {
+pub fn spawn(ctl: Arc<Controller>, container_id: ContainerId) {
     tokio::spawn(watch(ctl, container_id));
 }
 
@@ -49,19 +51,22 @@ fn watchable(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
 }
 
 /// The pid (and its start time) to watch for `container_id`, if it is running.
-async fn watch_target(ctl: &Arc<Controller>, container_id: &str) -> Option<(i32, Option<u64>)> {
-    match ctl.run(Action::ExitWatchTarget(container_id.to_string())).await {
+async fn watch_target(
+    ctl: &Arc<Controller>,
+    container_id: &ContainerId,
+) -> Option<(i32, Option<u64>)> {
+    match ctl.run(Action::ExitWatchTarget(container_id.clone())).await {
         Ok(Outcome::WatchTarget(t)) => t,
         _ => None,
     }
 }
 
 /// Close the intervals of the exited container (a failure is logged by the controller).
-async fn exited(ctl: &Arc<Controller>, container_id: String, pid: i32) {
+async fn exited(ctl: &Arc<Controller>, container_id: ContainerId, pid: i32) {
     let _ = ctl.run(Action::ContainerExited { container_id, pid }).await;
 }
 
-async fn watch(ctl: Arc<Controller>, container_id: String) {
+async fn watch(ctl: Arc<Controller>, container_id: ContainerId) {
     let Some(target) = watch_target(&ctl, &container_id).await else { return };
     let (pid, start) = target;
     let fd = match pidfd_open(pid) {

@@ -35,10 +35,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use tessera_api::{ApiError, CoordinatorStatus, ErrorCode, PolicyRejection, UsageUploadStatus};
+use tessera_api::{CoordinatorStatus, PolicyRejection, UsageUploadStatus};
 use tracing::{error, info, warn};
 
 use crate::controller::{Action, Controller, Outcome};
+use crate::error::CoreError;
 use crate::node::ActivePolicy;
 use crate::DaemonError;
 
@@ -287,7 +288,9 @@ impl Fleet {
                 let active =
                     ActivePolicy { policy: v.policy.clone(), source: format!("coordinator:{url}") };
                 let apply = || -> Result<(), String> {
-                    ctl.apply(Action::SetPolicy(Box::new(active))).map(drop).map_err(|e| e.message)
+                    ctl.apply(Action::SetPolicy(Box::new(active)))
+                        .map(drop)
+                        .map_err(|e| e.message())
                 };
                 // The node lock may be held across a SQLite commit: leave the async
                 // worker free while waiting for it.
@@ -454,15 +457,8 @@ async fn status_route(State((fleet, ctl)): State<(Arc<Fleet>, Arc<Controller>)>)
             s.policy.coordinator = Some(fleet.snapshot());
             (StatusCode::OK, Json(s)).into_response()
         }
-        Ok(_) => {
-            let e = ApiError::new(ErrorCode::Internal, "tesserad: unexpected outcome");
-            (StatusCode::INTERNAL_SERVER_ERROR, Json(e)).into_response()
-        }
-        Err(e) => {
-            let status = StatusCode::from_u16(e.code.http_status())
-                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            (status, Json(e)).into_response()
-        }
+        Ok(_) => crate::server::error_response(CoreError::internal("tesserad: unexpected outcome")),
+        Err(e) => crate::server::error_response(e),
     }
 }
 
@@ -470,13 +466,9 @@ async fn status_route(State((fleet, ctl)): State<(Arc<Fleet>, Arc<Controller>)>)
 /// against the coordinator's copy (what the node signed and the coordinator stored): the
 /// link the coordinator holds last must be the local link at that seq.
 async fn verify_route(State((fleet, ctl)): State<(Arc<Fleet>, Arc<Controller>)>) -> Response {
-    let reply = |r: Result<Outcome, ApiError>| match r {
+    let reply = |r: Result<Outcome, CoreError>| match r {
         Ok(o) => (StatusCode::OK, Json(o)).into_response(),
-        Err(e) => {
-            let status = StatusCode::from_u16(e.code.http_status())
-                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            (status, Json(e)).into_response()
-        }
+        Err(e) => crate::server::error_response(e),
     };
     let mut report = match ctl.run(Action::VerifyLedger).await {
         Ok(Outcome::ChainReport(r)) => *r,
@@ -594,7 +586,7 @@ impl Uploader {
         match self.ctl.run(Action::LedgerChain { after, limit: READ_BATCH }).await {
             Ok(Outcome::Chain { head, intervals }) => Ok((head, intervals)),
             Ok(other) => Err(format!("ledger read: unexpected {other:?}")),
-            Err(e) => Err(e.message),
+            Err(e) => Err(e.message()),
         }
     }
 

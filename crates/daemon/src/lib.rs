@@ -11,6 +11,7 @@ pub mod cdi;
 pub mod controller;
 pub mod device_plugin;
 mod durable;
+pub mod error;
 pub mod exits;
 pub mod follow;
 pub mod host;
@@ -32,6 +33,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::error::CoreError;
 use tracing::{error, info, warn};
 
 pub use controller::{Action, Controller, Outcome};
@@ -341,7 +343,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         }
     }
 
-    let running: Vec<String> = match ctl.apply(Action::Allocations) {
+    let running: Vec<tessera_api::ContainerId> = match ctl.apply(Action::Allocations) {
         Ok(Outcome::Allocations(all)) => all
             .into_iter()
             .filter(|a| a.state == tessera_api::AllocationState::Running)
@@ -499,7 +501,7 @@ fn periodic(
 /// the ECC check and its quarantines. Returns how many failed.
 fn run_round(
     actions: Vec<Action>,
-    mut apply: impl FnMut(Action) -> Result<Outcome, tessera_api::ApiError>,
+    mut apply: impl FnMut(Action) -> Result<Outcome, CoreError>,
 ) -> usize {
     actions.into_iter().map(&mut apply).filter(Result::is_err).count()
 }
@@ -532,10 +534,7 @@ mod tests {
             run_round(vec![Action::Reconcile, Action::CheckEcc, Action::MigConverge], |a| {
                 ran.push(a.name());
                 match a {
-                    Action::Reconcile => Err(tessera_api::ApiError::new(
-                        tessera_api::ErrorCode::Internal,
-                        "the store is locked",
-                    )),
+                    Action::Reconcile => Err(CoreError::internal("the store is locked")),
                     _ => Ok(Outcome::Count(0)),
                 }
             });

@@ -9,11 +9,12 @@ use std::time::Duration;
 use metering::{Ledger, LedgerError};
 use policy::Policy;
 use slicer::{GpuBackend, Inventory};
-use tessera_api::{untrusted, ApiError, ErrorCode, GrantedDevice, PolicyInfo};
+use tessera_api::{untrusted, GrantedDevice, PolicyInfo};
 use tracing::warn;
 
 use std::sync::Arc;
 
+use crate::error::CoreError;
 use crate::host::Host;
 use crate::store::{Store, StoreError};
 
@@ -113,7 +114,7 @@ pub struct Node {
     /// Reconciler passes completed ([`tessera_api::NodeStatus::reconcile_passes`]).
     reconcile_passes: u64,
     /// Updates of containers' limits admitted and not yet done (`runc update`).
-    updates: BTreeMap<String, UpdateInFlight>,
+    updates: BTreeMap<tessera_api::ContainerId, UpdateInFlight>,
     /// The node's own key (it signs the usage uploads), as status shows it.
     node_key: Option<tessera_api::NodeKeyInfo>,
     /// Whether the node follows a fleet coordinator: then its reports bill no floors (the
@@ -128,6 +129,10 @@ pub struct Node {
     /// The last device-plugin assignments whose token a create presented (for the
     /// plugin: their reservations hold nothing any more).
     presented: std::collections::VecDeque<tessera_api::deviceplugin::PluginAssignment>,
+    /// The devices' lifecycle states as last read from the store, typed, with the store's
+    /// [`Store::device_gen`] they were read at: a plan reads them again only after a
+    /// device state was written ([`Node::lifecycle`]).
+    lifecycles: std::sync::Mutex<Option<(u64, Lifecycles)>>,
 }
 
 /// How many presented assignments [`Node`] remembers for the device plugin.
@@ -198,6 +203,7 @@ impl Node {
             node_key: None,
             in_fleet: false,
             presented: std::collections::VecDeque::new(),
+            lifecycles: std::sync::Mutex::new(None),
         };
         node.sweep_reports();
         Ok(node)
@@ -208,7 +214,7 @@ impl Node {
     fn sweep_reports(&self) {
         let dir = self.report_file("x");
         let Some(dir) = dir.parent() else { return };
-        let keep: std::collections::BTreeSet<String> = match self.store.all() {
+        let keep: std::collections::BTreeSet<tessera_api::ContainerId> = match self.store.all() {
             Ok(all) => all
                 .into_iter()
                 .filter(|r| r.allocation.class == Some(tessera_api::WorkloadClass::Latency))
@@ -246,9 +252,23 @@ impl Node {
         }
     }
 
-    /// Every device that is not plainly free: dirty, scrubbing, quarantined. A stored state
-    /// that cannot be read is treated as dirty with unknown history (scrubbed before reuse).
-    fn lifecycle(&self) -> Result<Lifecycles, ApiError> {
+    /// Every device that is not plainly free: dirty, scrubbing, quarantined. Parsed from the
+    /// store's text once per write of a device state, not on every plan: kept typed in
+    /// [`Node::lifecycles`] while [`Store::device_gen`] stays the same.
+    fn lifecycle(&self) -> Result<Lifecycles, CoreError> {
+        let gen = self.store.device_gen();
+        let mut cached = self.lifecycles.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, life)) = cached.as_ref().filter(|(at, _)| *at == gen) {
+            return Ok(life.clone());
+        }
+        let life = self.read_lifecycle()?;
+        *cached = Some((gen, life.clone()));
+        Ok(life)
+    }
+
+    /// [`Node::lifecycle`] read from the store. A stored state that cannot be read is
+    /// treated as dirty with unknown history (scrubbed before reuse).
+    fn read_lifecycle(&self) -> Result<Lifecycles, CoreError> {
         let mut out = BTreeMap::new();
         for (uuid, (state, last)) in self.store.device_states().map_err(internal)? {
             let st = serde_json::from_str::<scrub::DeviceState>(&state).unwrap_or_else(|e| {
@@ -285,9 +305,8 @@ impl Node {
         uuid: &str,
         st: &scrub::DeviceState,
         report: Option<&scrub::ScrubReport>,
-    ) -> Result<(), ApiError> {
-        let json = serde_json::to_string(st)
-            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+    ) -> Result<(), CoreError> {
+        let json = serde_json::to_string(st).map_err(|e| CoreError::internal(e.to_string()))?;
         let rep = report.map(|r| r.to_json_line());
         self.store.set_device_state(uuid, &json, rep.as_deref()).map_err(internal)
     }
@@ -364,8 +383,8 @@ impl Node {
 
     /// Record a refused grant as an event (the log line is the controller's, which logs
     /// every refused action).
-    fn record_refusal(&mut self, container_id: &str, err: &ApiError) {
-        if let Err(e) = self.store.event("refuse", Some(container_id), &err.message) {
+    fn record_refusal(&mut self, container_id: &str, err: &CoreError) {
+        if let Err(e) = self.store.event("refuse", Some(container_id), &err.message()) {
             warn!("cannot record refusal: {e}");
         }
     }
@@ -407,25 +426,19 @@ fn summary(r: &scrub::ScrubReport) -> tessera_api::ScrubSummary {
     }
 }
 
-fn mps_err(e: mpsd::MpsError) -> ApiError {
-    ApiError::new(ErrorCode::Internal, format!("tesserad mps: {e}"))
+fn mps_err(e: mpsd::MpsError) -> CoreError {
+    CoreError::Mps(e)
 }
 
-fn ledger_err(e: LedgerError) -> ApiError {
-    ApiError::new(ErrorCode::Internal, format!("tesserad ledger: {e}"))
+fn ledger_err(e: LedgerError) -> CoreError {
+    CoreError::Ledger(e)
 }
 
-fn internal(e: StoreError) -> ApiError {
-    ApiError::new(ErrorCode::Internal, format!("tesserad: {e}"))
+fn internal(e: StoreError) -> CoreError {
+    CoreError::Store(e)
 }
 
-/// runc's rule for container ids ([`tessera_api::validate_container_id`]), as a 400.
-pub fn validate_container_id(id: &str) -> Result<(), ApiError> {
-    tessera_api::validate_container_id(id)
-        .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.to_string()))
-}
-
-fn validate_abs_path(field: &str, p: &str) -> Result<(), ApiError> {
+fn validate_abs_path(field: &str, p: &str) -> Result<(), CoreError> {
     let path = Path::new(p);
     let ok = path.is_absolute()
         && !p.contains('\0')
@@ -433,27 +446,16 @@ fn validate_abs_path(field: &str, p: &str) -> Result<(), ApiError> {
     if ok {
         Ok(())
     } else {
-        Err(ApiError::new(
-            ErrorCode::BadRequest,
-            format!("{field} `{}` must be an absolute path without `..`", untrusted(p)),
-        ))
+        Err(CoreError::bad_request(format!(
+            "{field} `{}` must be an absolute path without `..`",
+            untrusted(p)
+        )))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn container_ids_follow_runcs_rules() {
-        for ok in ["abc", "a.b-c_d+e", "0123456789abcdef"] {
-            assert!(validate_container_id(ok).is_ok(), "{ok}");
-        }
-        for bad in ["", ".", "..", "../etc", "a/b", "a b", "a\0b", &"x".repeat(1025)] {
-            let e = validate_container_id(bad).unwrap_err();
-            assert_eq!(e.code, ErrorCode::BadRequest);
-        }
-    }
 
     #[test]
     fn paths_must_be_absolute_and_plain() {

@@ -22,9 +22,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tessera_api::{ApiError, ErrorCode};
 use tracing::info;
 
+use crate::error::CoreError;
 use crate::node::ActivePolicy;
 
 /// What a reload needs of the fleet link, on a node that follows a coordinator
@@ -68,8 +68,8 @@ pub struct ReloadReport {
     pub changed: bool,
 }
 
-fn refused(msg: String) -> ApiError {
-    ApiError::new(ErrorCode::Conflict, msg)
+fn refused(msg: String) -> CoreError {
+    CoreError::conflict(msg)
 }
 
 /// The source string of a policy loaded from `path` (as at start).
@@ -82,7 +82,7 @@ pub fn file_source(path: &Path) -> String {
 pub fn reloadable<'a>(
     setup: Option<&'a ReloadSetup>,
     active: &ActivePolicy,
-) -> Result<&'a Path, ApiError> {
+) -> Result<&'a Path, CoreError> {
     let Some(setup) = setup else {
         return Err(refused("this tesserad has no policy file to reload".into()));
     };
@@ -108,12 +108,11 @@ pub fn reloadable<'a>(
 }
 
 /// Read and validate the file (outside the node lock).
-pub fn load(file: &Path) -> Result<policy::Policy, ApiError> {
+pub fn load(file: &Path) -> Result<policy::Policy, CoreError> {
     policy::Policy::load(file).map_err(|e| {
-        ApiError::new(
-            ErrorCode::BadRequest,
-            format!("{e}; the policy in force is unchanged (fix the file and reload again)"),
-        )
+        CoreError::bad_request(format!(
+            "{e}; the policy in force is unchanged (fix the file and reload again)"
+        ))
     })
 }
 
@@ -131,6 +130,7 @@ mod tests {
     use super::*;
     use crate::follow::{CoordinatorConfig, Fleet};
     use ::fleet::signing;
+    use tessera_api::ErrorCode;
 
     fn doc(v: u64) -> String {
         format!(r#"{{"version": {v}, "orgs": {{"acme": {{"trust": "dev"}}}}}}"#)
@@ -169,14 +169,14 @@ mod tests {
         // Signed last-known-good in force, no override: nothing changes, and it says why.
         let (_d, active, setup) = fleet_node(true, false).await;
         let e = reloadable(Some(&setup), &active).unwrap_err();
-        assert_eq!(e.code, ErrorCode::Conflict);
-        assert!(e.message.contains("policy.json not reloaded"), "{}", e.message);
+        assert_eq!(e.code(), ErrorCode::Conflict);
+        assert!(e.message().contains("policy.json not reloaded"), "{}", e.message());
         assert!(
-            e.message.contains("signed last-known-good version 2 is in force"),
+            e.message().contains("signed last-known-good version 2 is in force"),
             "{}",
-            e.message
+            e.message()
         );
-        assert!(e.message.contains("--policy-overrides-fleet"), "{}", e.message);
+        assert!(e.message().contains("--policy-overrides-fleet"), "{}", e.message());
 
         // The operator's override: the file is in force and is what a reload reads.
         let (_d, active, setup) = fleet_node(true, true).await;
@@ -191,7 +191,7 @@ mod tests {
             source: "coordinator:http://127.0.0.1:1".into(),
         };
         let e = reloadable(Some(&setup), &signed).unwrap_err();
-        assert_eq!(e.code, ErrorCode::Conflict);
+        assert_eq!(e.code(), ErrorCode::Conflict);
     }
 
     #[test]
@@ -201,11 +201,11 @@ mod tests {
             source: "coordinator:http://c:1".into(),
         };
         let e = reloadable(None, &active).unwrap_err();
-        assert!(e.message.contains("no policy file"), "{}", e.message);
+        assert!(e.message().contains("no policy file"), "{}", e.message());
         let fleet_only = ReloadSetup { file: None, fleet: None };
         let e = reloadable(Some(&fleet_only), &active).unwrap_err();
-        assert!(e.message.contains("without --policy"), "{}", e.message);
-        assert!(e.message.contains("version 4"), "{}", e.message);
+        assert!(e.message().contains("without --policy"), "{}", e.message());
+        assert!(e.message().contains("version 4"), "{}", e.message());
         // A standalone node: the file is the policy in force.
         let file = PathBuf::from("/etc/tessera/policy.json");
         let standalone = ReloadSetup { file: Some(file.clone()), fleet: None };
@@ -219,8 +219,8 @@ mod tests {
         let file = dir.path().join("p.json");
         std::fs::write(&file, r#"{"version": 1, "orgs": {"acme": {"trust": "nope"}}}"#).unwrap();
         let e = load(&file).unwrap_err();
-        assert_eq!(e.code, ErrorCode::BadRequest);
-        assert!(e.message.contains("orgs.acme.trust"), "{}", e.message);
-        assert!(e.message.contains("the policy in force is unchanged"), "{}", e.message);
+        assert_eq!(e.code(), ErrorCode::BadRequest);
+        assert!(e.message().contains("orgs.acme.trust"), "{}", e.message());
+        assert!(e.message().contains("the policy in force is unchanged"), "{}", e.message());
     }
 }

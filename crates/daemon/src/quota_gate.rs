@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::error::{CoreError, Detail};
 use ::fleet::quota_wire::{
     AdmitAnswer, AdmitRequest, Amounts, GangRef, Lease, ResizeRequest, Victim, MAX_GANG_SIZE,
 };
@@ -46,8 +47,8 @@ use quota::books::{Books, GangArrival};
 use quota::{QuotaTree, Resources};
 use serde::{Deserialize, Serialize};
 use tessera_api::{
-    untrusted, Allocation, ApiError, ContainerLimits, ErrorCode, GpuRequest, QuotaClass,
-    GANG_ANNOTATION, GANG_SIZE_ANNOTATION, PREEMPTION_ANNOTATION, PREEMPTION_CHECKPOINT,
+    untrusted, Allocation, ContainerLimits, GpuRequest, QuotaClass, GANG_ANNOTATION,
+    GANG_SIZE_ANNOTATION, PREEMPTION_ANNOTATION, PREEMPTION_CHECKPOINT,
 };
 use tracing::{debug, info, warn};
 
@@ -389,7 +390,7 @@ pub fn victims_here(
                     Some(NotStopped::NotBorrowed)
                 }
                 Some(a) if a.tenant != v.tenant => {
-                    Some(NotStopped::OtherTenant { recorded: a.tenant.clone() })
+                    Some(NotStopped::OtherTenant { recorded: a.tenant.to_string() })
                 }
                 Some(_) => None,
             }
@@ -1069,16 +1070,15 @@ pub fn refused_error(
     request: &GpuRequest,
     message: &str,
     rule: Option<String>,
-) -> ApiError {
-    ApiError {
-        code: ErrorCode::Refused,
+) -> CoreError {
+    CoreError::Refused(Detail {
         message: format!("{}", untrusted(message).max_chars(1024)),
         tenant: Some(tenant.to_string()),
         request: Some(request.to_string()),
         rule: Some(
             rule.map_or_else(|| "quotas".to_string(), |r| untrusted(&r).max_chars(256).to_string()),
         ),
-    }
+    })
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! The HTTP+JSON API on a root-only unix socket. Handlers only parse: each request becomes
 //! an [`Action`] that the [`Controller`] applies; every answer that is not 2xx carries an
-//! [`ApiError`].
+//! [`ApiError`]. The ids of URL paths are parsed here, once ([`path_container`],
+//! [`path_device`]), and the core's [`CoreError`] becomes the wire's [`ApiError`] here,
+//! once ([`wire_error`]).
 
 use std::collections::BTreeSet;
 use std::io;
@@ -18,13 +20,14 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 use tessera_api::{
-    untrusted, AllocateRequest, ApiError, ErrorCode, ReleaseRequest, StartRequest, UpdateDone,
-    UpdateRequest, MAX_REQUEST_BYTES, PROTOCOL, PROTOCOL_HEADER,
+    untrusted, AllocateRequest, ApiError, ContainerId, DeviceUuid, ErrorCode, ReleaseRequest,
+    StartRequest, UpdateDone, UpdateRequest, MAX_REQUEST_BYTES, PROTOCOL, PROTOCOL_HEADER,
 };
 use tokio::net::{UnixListener, UnixStream};
 use tracing::warn;
 
 use crate::controller::{Action, Controller, Outcome};
+use crate::error::CoreError;
 
 /// An API answer: JSON on success, an [`ApiError`] with its HTTP status otherwise.
 #[derive(Debug)]
@@ -45,7 +48,30 @@ impl<T: Serialize> IntoResponse for Reply<T> {
 
 /// Hand `action` to the controller and answer with its outcome.
 async fn act(ctl: &Arc<Controller>, action: Action) -> Response {
-    Reply(ctl.run(action).await).into_response()
+    Reply(ctl.run(action).await.map_err(wire_error)).into_response()
+}
+
+/// The core's error as the wire's: the one place a [`CoreError`] becomes an [`ApiError`]
+/// (its code, and so its HTTP status, from [`CoreError::code`]; its message, tenant,
+/// request and rule as they are).
+pub fn wire_error(e: CoreError) -> ApiError {
+    let code = e.code();
+    match e.detail() {
+        Some(d) => ApiError {
+            code,
+            message: d.message.clone(),
+            tenant: d.tenant.clone(),
+            request: d.request.clone(),
+            rule: d.rule.clone(),
+        },
+        None => ApiError::new(code, e.to_string()),
+    }
+}
+
+/// The answer to an action that failed, for the routes outside this router (the fleet
+/// node's status and usage check: [`crate::follow`]).
+pub fn error_response(e: CoreError) -> Response {
+    Reply::<()>(Err(wire_error(e))).into_response()
 }
 
 fn bad_json(what: &str, rejection: JsonRejection) -> ApiError {
@@ -65,6 +91,42 @@ fn too_large(what: &str) -> ApiError {
         ErrorCode::BadRequest,
         format!("{what} is too large: tesserad accepts at most {MAX_REQUEST_BYTES} bytes"),
     )
+}
+
+/// What a route does with the container id of its URL path, which decides how an id that
+/// breaks runc's rule is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathIdUse {
+    /// A read (`GET /v1/allocations/{id}`): no such allocation, 404.
+    Read,
+    /// A change (start, update and its end, release): a malformed request, 400.
+    Change,
+}
+
+/// The container id of a URL path, parsed here, once: the controller and the node take
+/// the [`ContainerId`] and check it no more.
+pub fn path_container(id: String, usage: PathIdUse) -> Result<ContainerId, ApiError> {
+    ContainerId::new(id).map_err(|e| match usage {
+        PathIdUse::Change => ApiError::new(ErrorCode::BadRequest, e.to_string()),
+        PathIdUse::Read => ApiError::new(
+            ErrorCode::NotFound,
+            format!("no allocation for container {}", untrusted(&e.0)),
+        ),
+    })
+}
+
+/// The device uuid of a URL path, parsed here, once: one that is no uuid names no device
+/// of this node (404, as an unknown one).
+pub fn path_device(uuid: String) -> Result<DeviceUuid, ApiError> {
+    DeviceUuid::new(uuid).map_err(|e| {
+        ApiError::new(
+            ErrorCode::NotFound,
+            format!(
+                "unknown device {}: this node has no GPU or MIG instance with that UUID (see `tessera status`)",
+                untrusted(&e.0).max_chars(128)
+            ),
+        )
+    })
 }
 
 /// The API routes.
@@ -172,7 +234,7 @@ pub fn metrics_router(ctl: Arc<Controller>) -> Router {
                     Ok(_) => {
                         (StatusCode::INTERNAL_SERVER_ERROR, "unexpected outcome").into_response()
                     }
-                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.message).into_response(),
+                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
                 }
             }),
         )
@@ -184,7 +246,10 @@ async fn unquarantine(
     State(ctl): State<Arc<Controller>>,
     UrlPath(uuid): UrlPath<String>,
 ) -> Response {
-    act(&ctl, Action::Unquarantine(uuid)).await
+    match path_device(uuid) {
+        Ok(uuid) => act(&ctl, Action::Unquarantine(uuid)).await,
+        Err(e) => Reply::<()>(Err(e)).into_response(),
+    }
 }
 
 /// Read the `--policy` file again ([`crate::reload`]); the same as `SIGHUP`.
@@ -229,7 +294,10 @@ async fn list(State(ctl): State<Arc<Controller>>) -> Response {
 }
 
 async fn one(State(ctl): State<Arc<Controller>>, UrlPath(id): UrlPath<String>) -> Response {
-    act(&ctl, Action::Allocation(id)).await
+    match path_container(id, PathIdUse::Read) {
+        Ok(id) => act(&ctl, Action::Allocation(id)).await,
+        Err(e) => Reply::<()>(Err(e)).into_response(),
+    }
 }
 
 async fn allocate(
@@ -251,7 +319,14 @@ async fn start(
         Ok(Json(req)) => req,
         Err(r) => return Reply::<()>(Err(bad_json("start request", r))).into_response(),
     };
-    let r = ctl.run(Action::Start { container_id: container_id.clone(), req }).await;
+    let container_id = match path_container(container_id, PathIdUse::Change) {
+        Ok(id) => id,
+        Err(e) => return Reply::<()>(Err(e)).into_response(),
+    };
+    let r = ctl
+        .run(Action::Start { container_id: container_id.clone(), req })
+        .await
+        .map_err(wire_error);
     // Metering stops at the init's exit: its watch starts with the container.
     if r.is_ok() {
         crate::exits::spawn(Arc::clone(&ctl), container_id);
@@ -266,7 +341,10 @@ async fn update(
     body: Result<Json<UpdateRequest>, JsonRejection>,
 ) -> Response {
     match body {
-        Ok(Json(req)) => act(&ctl, Action::Update { container_id, req }).await,
+        Ok(Json(req)) => match path_container(container_id, PathIdUse::Change) {
+            Ok(container_id) => act(&ctl, Action::Update { container_id, req }).await,
+            Err(e) => Reply::<()>(Err(e)).into_response(),
+        },
         Err(r) => Reply::<()>(Err(bad_json("update request", r))).into_response(),
     }
 }
@@ -278,7 +356,10 @@ async fn update_done(
     body: Result<Json<UpdateDone>, JsonRejection>,
 ) -> Response {
     match body {
-        Ok(Json(req)) => act(&ctl, Action::UpdateDone { container_id, req }).await,
+        Ok(Json(req)) => match path_container(container_id, PathIdUse::Change) {
+            Ok(container_id) => act(&ctl, Action::UpdateDone { container_id, req }).await,
+            Err(e) => Reply::<()>(Err(e)).into_response(),
+        },
         Err(r) => Reply::<()>(Err(bad_json("update done", r))).into_response(),
     }
 }
@@ -313,6 +394,10 @@ async fn release(
                 return Reply::<()>(Err(ApiError::new(ErrorCode::BadRequest, msg))).into_response();
             }
         }
+    };
+    let container_id = match path_container(container_id, PathIdUse::Change) {
+        Ok(id) => id,
+        Err(e) => return Reply::<()>(Err(e)).into_response(),
     };
     act(&ctl, Action::Release { container_id, req }).await
 }
@@ -402,4 +487,81 @@ pub fn bind_socket(path: &Path) -> Result<UnixListener, SocketError> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io_err)?;
     listener.set_nonblocking(true).map_err(io_err)?;
     UnixListener::from_std(listener).map_err(io_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Detail;
+
+    /// runc's rule, applied once at the edge: a change (start, update, release) with an id
+    /// that breaks it is a 400, as the node's own check answered before it moved here; a
+    /// read of one is the 404 of an id nothing is recorded for.
+    #[test]
+    fn path_container_ids_follow_runcs_rules_at_the_edge() {
+        for ok in ["abc", "a.b-c_d+e", "0123456789abcdef"] {
+            let id = path_container(ok.into(), PathIdUse::Change).expect(ok);
+            assert_eq!(id, ok);
+        }
+        for bad in ["", ".", "..", "../etc", "a/b", "a b", "a\0b", &"x".repeat(1025)] {
+            let e = path_container(bad.into(), PathIdUse::Change).unwrap_err();
+            assert_eq!(e.code, ErrorCode::BadRequest, "{bad:?}");
+            assert!(e.message.contains("is not a valid container id"), "{}", e.message);
+            let e = path_container(bad.into(), PathIdUse::Read).unwrap_err();
+            assert_eq!(e.code, ErrorCode::NotFound, "{bad:?}");
+            assert!(!e.message.contains(['\n', '\0']), "{:?}", e.message);
+        }
+        let e = path_device("GPU-1/../../x\n".into()).unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotFound);
+        assert!(e.message.starts_with("unknown device GPU-1/../../x\\n"), "{}", e.message);
+    }
+
+    /// The core's error becomes the wire's here, once: each kind with its code (and so its
+    /// HTTP status), its message, tenant, request and rule as they were.
+    #[test]
+    fn core_errors_convert_once_with_their_status() {
+        let d = Detail {
+            message: "refused: no".into(),
+            tenant: Some("acme/ml".into()),
+            request: Some("gpu=1".into()),
+            rule: Some("tiers.untrusted.allow".into()),
+        };
+        for (code, status) in [
+            (ErrorCode::BadRequest, 400),
+            (ErrorCode::UnknownTenant, 403),
+            (ErrorCode::Refused, 403),
+            (ErrorCode::NotFound, 404),
+            (ErrorCode::Conflict, 409),
+            (ErrorCode::Internal, 500),
+            (ErrorCode::NotSupported, 501),
+            (ErrorCode::NoCapacity, 503),
+            (ErrorCode::Reclaiming, 503),
+        ] {
+            let e = wire_error(CoreError::of(code, d.clone()));
+            assert_eq!(
+                e,
+                ApiError {
+                    code,
+                    message: d.message.clone(),
+                    tenant: d.tenant.clone(),
+                    request: d.request.clone(),
+                    rule: d.rule.clone(),
+                }
+            );
+            let resp = error_response(CoreError::of(code, d.clone()));
+            assert_eq!(resp.status().as_u16(), status, "{code:?}");
+        }
+        // A failure of the store keeps the message it had on the wire.
+        let e = wire_error(CoreError::Store(crate::store::StoreError::DeviceClaimed {
+            uuid: "GPU-1".into(),
+            holder: "c1".into(),
+        }));
+        assert_eq!(
+            e,
+            ApiError::new(
+                ErrorCode::Internal,
+                "tesserad: device GPU-1 is already claimed by container c1"
+            )
+        );
+    }
 }

@@ -25,7 +25,7 @@ impl DeviceUse {
             match &a.share {
                 Some(s) if s.kind == Isolation::Mps => {
                     u.mps.entry(s.device.clone()).or_default().push(MpsShareLoad {
-                        tenant: a.tenant.clone(),
+                        tenant: a.tenant.to_string(),
                         percent: s.percent.unwrap_or(100),
                     })
                 }
@@ -123,9 +123,9 @@ mod tests {
         share: Option<ShareGrant>,
     ) -> Allocation {
         Allocation {
-            container_id: id.into(),
-            tenant: tenant.into(),
-            trust: "dev".into(),
+            container_id: id.parse().expect("valid"),
+            tenant: tenant.parse().expect("valid"),
+            trust: "dev".parse().expect("valid"),
             request: GpuRequest::Shared,
             isolation: iso,
             devices: vec![GrantedDevice {

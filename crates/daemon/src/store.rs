@@ -64,6 +64,8 @@ const SCHEMA_VERSION: i64 = 2;
 pub struct Store {
     conn: Connection,
     path: PathBuf,
+    /// Counts the writes of device states ([`Store::device_gen`]).
+    device_gen: u64,
 }
 
 impl Store {
@@ -162,7 +164,7 @@ impl Store {
                 }
             }
         }
-        Ok(Store { conn, path: path.to_path_buf() })
+        Ok(Store { conn, path: path.to_path_buf(), device_gen: 0 })
     }
 
     pub fn path(&self) -> &Path {
@@ -177,9 +179,10 @@ impl Store {
     /// Record a grant, claim its devices and make the device-state changes it implies (a
     /// dirty device going back to its own tenant) in one transaction: all of it or none.
     pub fn insert_grant(&mut self, rec: &Record, states: &[StateChange]) -> Result<(), StoreError> {
+        self.device_gen += u64::from(!states.is_empty());
         let a = &rec.allocation;
         let body = serde_json::to_string(a).map_err(|e| StoreError::BadRow {
-            container_id: a.container_id.clone(),
+            container_id: a.container_id.to_string(),
             detail: e.to_string(),
         })?;
         let tx = self.conn.transaction()?;
@@ -187,7 +190,7 @@ impl Store {
             "INSERT INTO allocations(container_id, body, runc_root, bundle, state, pid, pid_start, created_ms)
              VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             params![
-                a.container_id,
+                a.container_id.as_str(),
                 body,
                 rec.runc_root,
                 rec.bundle,
@@ -210,7 +213,7 @@ impl Store {
             }
             tx.execute(
                 "INSERT INTO device_claims(uuid, container_id) VALUES(?1, ?2)",
-                params![d.uuid, a.container_id],
+                params![d.uuid, a.container_id.as_str()],
             )?;
         }
         for c in states {
@@ -275,7 +278,7 @@ impl Store {
         pid_start: Option<u64>,
         cgroup: Option<String>,
     ) -> Result<Record, StoreError> {
-        let container_id = rec.allocation.container_id.clone();
+        let container_id = rec.allocation.container_id.to_string();
         rec.allocation.state = AllocationState::Running;
         rec.allocation.pid = Some(pid);
         rec.pid_start = pid_start;
@@ -359,6 +362,7 @@ impl Store {
         why: &str,
         states: &[(String, String)],
     ) -> Result<bool, StoreError> {
+        self.device_gen += u64::from(!states.is_empty());
         let tx = self.conn.transaction()?;
         for (uuid, state) in states {
             tx.execute(
@@ -408,6 +412,7 @@ impl Store {
         state: &str,
         last_scrub: Option<&str>,
     ) -> Result<(), StoreError> {
+        self.device_gen += 1;
         self.conn.execute(
             "INSERT INTO device_states(uuid, state, last_scrub, updated_ms) VALUES(?1, ?2, ?3, ?4)
              ON CONFLICT(uuid) DO UPDATE SET state=excluded.state,
@@ -415,6 +420,13 @@ impl Store {
             params![uuid, state, last_scrub, crate::now_ms() as i64],
         )?;
         Ok(())
+    }
+
+    /// Changes whenever a device state may have been written (counted before the write,
+    /// whether it commits or not): what was read of [`Store::device_states`] at one value
+    /// is what they are while it stays the same (this process alone writes the store).
+    pub fn device_gen(&self) -> u64 {
+        self.device_gen
     }
 
     /// Every device with a recorded lifecycle state: uuid -> (state JSON, last scrub JSON).
@@ -608,9 +620,9 @@ mod tests {
     fn rec(id: &str, uuids: &[&str]) -> Record {
         Record {
             allocation: Allocation {
-                container_id: id.into(),
-                tenant: "acme/t/p/u".into(),
-                trust: "trusted".into(),
+                container_id: id.parse().expect("valid"),
+                tenant: "acme/t/p/u".parse().expect("valid"),
+                trust: "trusted".parse().expect("valid"),
                 request: GpuRequest::Gpu { count: 1 },
                 isolation: Isolation::Gpu,
                 devices: uuids

@@ -155,14 +155,14 @@ fn untrusted_mps_and_shared_are_refused_naming_tenant_request_and_rule() {
     let mut node = node_at(dir.path(), Duration::from_secs(60));
     for request in ["mps=25", "shared"] {
         let e = node.allocate(&req("c1", "team-untrusted", request)).unwrap_err();
-        assert_eq!(e.code, ErrorCode::Refused, "{e:?}");
-        assert_eq!(e.tenant.as_deref(), Some("acme/untrusted/sandbox/guest"));
-        assert_eq!(e.request.as_deref(), Some(request));
-        assert_eq!(e.rule.as_deref(), Some("tiers.untrusted.allow"));
+        assert_eq!(e.code(), ErrorCode::Refused, "{e:?}");
+        assert_eq!(e.tenant(), Some("acme/untrusted/sandbox/guest"));
+        assert_eq!(e.request(), Some(request));
+        assert_eq!(e.rule(), Some("tiers.untrusted.allow"));
         assert!(
-            e.message.contains("acme/untrusted/sandbox/guest") && e.message.contains(request),
+            e.message().contains("acme/untrusted/sandbox/guest") && e.message().contains(request),
             "{}",
-            e.message
+            e.message()
         );
     }
     assert!(node.allocations().expect("list").is_empty(), "a refusal must grant nothing");
@@ -173,8 +173,8 @@ fn an_mps_grant_without_a_control_binary_fails_cleanly_and_grants_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut node = node_at(dir.path(), Duration::from_secs(60));
     let e = node.allocate(&req("c1", "team-trusted", "mps=25")).unwrap_err();
-    assert_eq!(e.code, ErrorCode::Internal, "{e:?}");
-    assert!(e.message.contains("MPS share"), "{}", e.message);
+    assert_eq!(e.code(), ErrorCode::Internal, "{e:?}");
+    assert!(e.message().contains("MPS share"), "{}", e.message());
     assert!(node.allocations().expect("list").is_empty());
 }
 
@@ -212,18 +212,18 @@ fn identity_comes_only_from_trusted_annotations() {
     r.annotations.insert("tessera.io/tenant".into(), "acme/trusted/training/alice".into());
     r.annotations.insert("tessera.io/trust".into(), "dev".into());
     let e = node.allocate(&r).unwrap_err();
-    assert_eq!(e.tenant.as_deref(), Some("acme/untrusted/sandbox/guest"));
+    assert_eq!(e.tenant(), Some("acme/untrusted/sandbox/guest"));
     // Without the trusted annotation: the policy's default tenant (untrusted), whatever
     // else the config says.
     let mut r = req("c2", "x", "mps=25");
     r.annotations.clear();
     r.annotations.insert("tessera.io/tenant".into(), "acme/trusted/training/alice".into());
     let e = node.allocate(&r).unwrap_err();
-    assert_eq!(e.tenant.as_deref(), Some("acme/untrusted/sandbox/guest"), "{e:?}");
+    assert_eq!(e.tenant(), Some("acme/untrusted/sandbox/guest"), "{e:?}");
     // A namespace that is not mapped is refused too.
     let e = node.allocate(&req("c3", "team-nobody", "gpu=1")).unwrap_err();
-    assert_eq!(e.code, ErrorCode::UnknownTenant, "{e:?}");
-    assert!(e.message.contains("team-nobody"), "{}", e.message);
+    assert_eq!(e.code(), ErrorCode::UnknownTenant, "{e:?}");
+    assert!(e.message().contains("team-nobody"), "{}", e.message());
 }
 
 #[test]
@@ -231,11 +231,11 @@ fn requests_the_node_cannot_satisfy_fail_clearly() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut node = node_at(dir.path(), Duration::from_secs(60));
     let e = node.allocate(&req("c1", "team-trusted", "gpu=8")).unwrap_err();
-    assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
-    assert!(e.message.contains("gpu=8"), "{}", e.message);
+    assert_eq!(e.code(), ErrorCode::NoCapacity, "{e:?}");
+    assert!(e.message().contains("gpu=8"), "{}", e.message());
     let e = node.allocate(&req("c2", "team-trusted", "mig=9g.99gb")).unwrap_err();
-    assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
-    assert!(e.message.contains("9g.99gb"), "{}", e.message);
+    assert_eq!(e.code(), ErrorCode::NoCapacity, "{e:?}");
+    assert!(e.message().contains("9g.99gb"), "{}", e.message());
     // A malformed request never reaches the node: the body is refused when it is read.
     let body = serde_json::json!({"container_id": "c3", "runc_root": "/r", "bundle": "/b",
         "request": "gpu=banana", "request_source": "annotation"});
@@ -251,7 +251,7 @@ fn grants_are_idempotent_by_container_id() {
     let b = node.allocate(&req("c1", "team-trusted", "gpu=2")).expect("same again");
     assert_eq!(a, b);
     let e = node.allocate(&req("c1", "team-trusted", "gpu=1")).unwrap_err();
-    assert_eq!(e.code, ErrorCode::Conflict, "{e:?}");
+    assert_eq!(e.code(), ErrorCode::Conflict, "{e:?}");
     assert_eq!(node.allocations().expect("list").len(), 1);
 }
 
@@ -273,11 +273,11 @@ fn exhaustion_then_release_then_reuse_with_a_static_layout() {
         assert!(seen.insert(a.devices[0].uuid.clone()), "instance granted twice");
     }
     let e = node.allocate(&req("one-more", "team-dev", "mig=1g.10gb")).unwrap_err();
-    assert_eq!(e.code, ErrorCode::NoCapacity);
+    assert_eq!(e.code(), ErrorCode::NoCapacity);
     assert!(node.release("c0", "test").expect("release"));
     // Released is not free: the instance is dirty until scrubbed and verified.
     let e = node.allocate(&req("one-more", "team-dev", "mig=1g.10gb")).unwrap_err();
-    assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
+    assert_eq!(e.code(), ErrorCode::NoCapacity, "{e:?}");
     scrub_all(&mut node, dir.path());
     node.allocate(&req("one-more", "team-dev", "mig=1g.10gb")).expect("scrubbed instance reused");
 }
@@ -311,7 +311,7 @@ fn a_dirty_device_never_goes_to_another_tenant_before_a_verified_scrub() {
     );
     // Another tenant: refused while dirty.
     let e = node.allocate(&req("b", "team-dev", "gpu=1")).unwrap_err();
-    assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
+    assert_eq!(e.code(), ErrorCode::NoCapacity, "{e:?}");
     // A restart does not launder it.
     drop(node);
     let mut node = node_with(dir.path(), Duration::from_secs(60), false);
@@ -346,23 +346,38 @@ fn start_confirms_only_known_containers_from_their_own_bundle() {
     let fx = tessera_harness::Fixture::new();
     let init = fx.fake_container("c1");
     let e = node
-        .start("ghost", &StartRequest { pid: init.pid, bundle: "/bundles/ghost".into() })
+        .start(
+            &"ghost".parse().expect("valid"),
+            &StartRequest { pid: init.pid, bundle: "/bundles/ghost".into() },
+        )
         .unwrap_err();
-    assert_eq!(e.code, ErrorCode::NotFound);
+    assert_eq!(e.code(), ErrorCode::NotFound);
     node.allocate(&req_in("c1", "team-trusted", "gpu=1", &init.bundle_str())).expect("granted");
-    let e =
-        node.start("c1", &StartRequest { pid: init.pid, bundle: "/elsewhere".into() }).unwrap_err();
-    assert_eq!(e.code, ErrorCode::Conflict);
+    let e = node
+        .start(
+            &"c1".parse().expect("valid"),
+            &StartRequest { pid: init.pid, bundle: "/elsewhere".into() },
+        )
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Conflict);
     let a = node
-        .start("c1", &StartRequest { pid: init.pid, bundle: init.bundle_str() })
+        .start(
+            &"c1".parse().expect("valid"),
+            &StartRequest { pid: init.pid, bundle: init.bundle_str() },
+        )
         .expect("started");
     assert_eq!(a.pid, Some(init.pid));
     // This process is no container: the host's namespaces, a cgroup of many processes.
     let me = std::process::id() as i32;
     node.allocate(&req("c2", "team-trusted", "gpu=1")).expect("granted");
-    let e = node.start("c2", &StartRequest { pid: me, bundle: "/bundles/c2".into() }).unwrap_err();
-    assert_eq!(e.code, ErrorCode::Refused, "{e:?}");
-    assert!(e.message.contains("the host's mnt and pid namespace"), "{e:?}");
+    let e = node
+        .start(
+            &"c2".parse().expect("valid"),
+            &StartRequest { pid: me, bundle: "/bundles/c2".into() },
+        )
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Refused, "{e:?}");
+    assert!(e.message().contains("the host's mnt and pid namespace"), "{e:?}");
 }
 
 /// A host made of files: `/proc/<pid>/{stat,cgroup}` and cgroup v1 `devices/c/<id>`.
@@ -419,7 +434,11 @@ fn reconciler_frees_what_is_gone_and_keeps_what_lives() {
     let start = |node: &mut Node, id: &str, pid: i32| {
         host.process(pid, id);
         node.allocate(&req(id, "team-trusted", "gpu=1")).expect("granted");
-        node.start(id, &StartRequest { pid, bundle: format!("/bundles/{id}") }).expect("started");
+        node.start(
+            &id.parse().expect("valid"),
+            &StartRequest { pid, bundle: format!("/bundles/{id}") },
+        )
+        .expect("started");
     };
     // Running, init alive: kept.
     start(&mut node, "alive", 100);
@@ -439,15 +458,22 @@ fn reconciler_frees_what_is_gone_and_keeps_what_lives() {
     let mut r = req("stopped", "team-trusted", "gpu=1");
     r.runc_root = runc_root.display().to_string();
     node.allocate(&r).expect("granted");
-    node.start("stopped", &StartRequest { pid: 104, bundle: "/bundles/stopped".into() })
-        .expect("started");
+    node.start(
+        &"stopped".parse().expect("valid"),
+        &StartRequest { pid: 104, bundle: "/bundles/stopped".into() },
+    )
+    .expect("started");
     host.exit(104);
     host.procs("stopped", &[]);
     // Pending past the grace with no runc state: released.
     node.allocate(&req("never", "team-trusted", "gpu=1")).expect("granted");
     assert_eq!(released(&mut node), ["exited", "never"].into_iter().map(String::from).collect());
-    let left: Vec<String> =
-        node.allocations().expect("list").into_iter().map(|a| a.container_id).collect();
+    let left: Vec<String> = node
+        .allocations()
+        .expect("list")
+        .into_iter()
+        .map(|a| a.container_id.into_string())
+        .collect();
     assert_eq!(left, ["alive", "stopped", "worker"]);
     // The worker exits: released. runc deletes the stopped container: released.
     host.procs("worker", &[]);
@@ -464,19 +490,28 @@ fn a_start_whose_cgroup_cannot_be_told_is_refused() {
     // /proc says one cgroup, the cgroup does not list the pid (a forged line).
     host.process(200, "c1");
     host.procs("c1", &[201]);
-    let e = node.start("c1", &StartRequest { pid: 200, bundle: "/bundles/c1".into() }).unwrap_err();
-    assert_eq!(e.code, ErrorCode::BadRequest);
+    let e = node
+        .start(
+            &"c1".parse().expect("valid"),
+            &StartRequest { pid: 200, bundle: "/bundles/c1".into() },
+        )
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::BadRequest);
     assert!(
-        e.message.contains("cannot tell the cgroup") && e.message.contains("is not in"),
+        e.message().contains("cannot tell the cgroup") && e.message().contains("is not in"),
         "{}",
-        e.message
+        e.message()
     );
     assert_eq!(
         node.allocation("c1").expect("still granted").state,
         tessera_api::AllocationState::Pending
     );
     host.procs("c1", &[200]);
-    node.start("c1", &StartRequest { pid: 200, bundle: "/bundles/c1".into() }).expect("started");
+    node.start(
+        &"c1".parse().expect("valid"),
+        &StartRequest { pid: 200, bundle: "/bundles/c1".into() },
+    )
+    .expect("started");
 }
 
 #[test]
@@ -496,21 +531,21 @@ fn only_the_removed_container_a_grant_was_made_for_can_release_it() {
     };
     // runc still has it: whoever asks, with the right root and bundle or nothing at all.
     for req in [ask(&root, "/bundles/c1"), ReleaseRequest::default()] {
-        let e = node.release_removed("c1", &req).unwrap_err();
-        assert_eq!(e.code, ErrorCode::Conflict, "{e:?}");
-        assert!(e.message.contains("runc still has it"), "{}", e.message);
+        let e = node.release_removed(&"c1".parse().expect("valid"), &req).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Conflict, "{e:?}");
+        assert!(e.message().contains("runc still has it"), "{}", e.message());
     }
     std::fs::remove_dir_all(runc_root.join("c1")).expect("rm");
     // A container of the same id in another root or bundle: refused, nothing released.
     for req in
         [ask("/run/other", "/bundles/c1"), ask(&root, "/bundles/other"), ask("/run/x\ny", "/b")]
     {
-        let e = node.release_removed("c1", &req).unwrap_err();
-        assert_eq!(e.code, ErrorCode::Conflict, "{e:?}");
+        let e = node.release_removed(&"c1".parse().expect("valid"), &req).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Conflict, "{e:?}");
         assert!(
-            e.message.contains("nothing released") && !e.message.contains('\n'),
+            e.message().contains("nothing released") && !e.message().contains('\n'),
             "{}",
-            e.message
+            e.message()
         );
     }
     assert_eq!(node.allocation("c1").expect("kept"), before);
@@ -518,12 +553,16 @@ fn only_the_removed_container_a_grant_was_made_for_can_release_it() {
     let refused = status.events.iter().filter(|e| e.kind == "release-refused").count();
     assert_eq!(refused, 5, "{:?}", status.events);
     // Its own root and bundle, or an older client's empty request, once runc removed it.
-    assert!(node.release_removed("c1", &ask(&root, "/bundles/c1")).expect("released"));
-    assert!(!node.release_removed("c1", &ReleaseRequest::default()).expect("unknown is fine"));
-    assert_eq!(
-        node.release_removed("../c1", &ReleaseRequest::default()).unwrap_err().code,
-        ErrorCode::BadRequest
-    );
+    assert!(node
+        .release_removed(&"c1".parse().expect("valid"), &ask(&root, "/bundles/c1"))
+        .expect("released"));
+    assert!(!node
+        .release_removed(&"c1".parse().expect("valid"), &ReleaseRequest::default())
+        .expect("unknown is fine"));
+    // An id that breaks runc's rule never reaches the node: it is no `ContainerId`, and the
+    // API refuses it at the edge with the 400 the node gave before (`server::tests::
+    // path_container_ids_follow_runcs_rules_at_the_edge`, `tests/protocol.rs`).
+    assert!("../c1".parse::<tessera_api::ContainerId>().is_err());
 }
 
 #[test]
@@ -546,7 +585,7 @@ fn random_grant_release_sequences_never_double_assign_and_survive_restart() {
             let r = requests[rng.gen_range(0..requests.len())];
             match node.allocate(&req(&id, "team-dev", r)) {
                 Ok(_) => live.push(id),
-                Err(e) => assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}"),
+                Err(e) => assert_eq!(e.code(), ErrorCode::NoCapacity, "{e:?}"),
             }
         }
         let all = node.allocations().expect("list");
@@ -587,8 +626,11 @@ fn metering_follows_start_release_and_restart() {
             "metering starts at start, not at grant"
         );
         for (id, init) in [("mig", &mig_init), ("two", &two_init)] {
-            node.start(id, &StartRequest { pid: init.pid, bundle: init.bundle_str() })
-                .expect("start");
+            node.start(
+                &id.parse().expect("valid"),
+                &StartRequest { pid: init.pid, bundle: init.bundle_str() },
+            )
+            .expect("start");
         }
         let open = node.intervals().expect("intervals");
         assert_eq!(open.len(), 3, "one interval per device");
@@ -615,7 +657,7 @@ fn metering_follows_start_release_and_restart() {
     let report = node.usage(now - 3_600_000, now + 1, metering::GroupBy::User).expect("usage");
     assert_eq!(report.total.intervals, 4);
     let e = node.usage(now, now - 1, metering::GroupBy::User).unwrap_err();
-    assert_eq!(e.code, ErrorCode::BadRequest, "{e:?}");
+    assert_eq!(e.code(), ErrorCode::BadRequest, "{e:?}");
 }
 
 #[test]
@@ -776,18 +818,18 @@ fn a_grant_failing_before_its_commit_leaves_a_same_tenant_dirty_device_dirty() {
     // A asks again: the plan hands A its own dirty device; the commit fails.
     node.set_failpoint(Some(GrantFailpoint { action: FailAction::Error, container_id: None }));
     let e = node.allocate(&req("again", "team-trusted", "gpu=1")).unwrap_err();
-    assert!(e.message.contains("failpoint"), "{e:?}");
+    assert!(e.message().contains("failpoint"), "{e:?}");
     assert!(node.allocation("again").is_err(), "no half grant");
     assert_eq!(device_state(&node, &a0), tessera_api::DeviceState::Dirty);
     node.set_failpoint(None);
     // Another tenant still cannot have it, now or after a restart.
     let e = node.allocate(&req("b", "team-dev", "gpu=1")).unwrap_err();
-    assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
+    assert_eq!(e.code(), ErrorCode::NoCapacity, "{e:?}");
     drop(node);
     let mut node = open();
     assert_eq!(device_state(&node, &a0), tessera_api::DeviceState::Dirty);
     assert_eq!(
-        node.allocate(&req("b", "team-dev", "gpu=1")).unwrap_err().code,
+        node.allocate(&req("b", "team-dev", "gpu=1")).unwrap_err().code(),
         ErrorCode::NoCapacity
     );
 
@@ -798,7 +840,7 @@ fn a_grant_failing_before_its_commit_leaves_a_same_tenant_dirty_device_dirty() {
     node.release("again", "container removed").expect("release");
     assert_eq!(device_state(&node, &a0), tessera_api::DeviceState::Dirty);
     assert_eq!(
-        node.allocate(&req("b", "team-dev", "gpu=1")).unwrap_err().code,
+        node.allocate(&req("b", "team-dev", "gpu=1")).unwrap_err().code(),
         ErrorCode::NoCapacity
     );
 }
@@ -821,7 +863,7 @@ fn an_instance_created_for_a_failed_grant_is_left_idle_and_reused() {
         container_id: Some("m1".into()),
     }));
     let e = node.allocate(&req("m1", "team-dev", "mig=2g.20gb")).unwrap_err();
-    assert!(e.message.contains("failpoint"), "{e:?}");
+    assert!(e.message().contains("failpoint"), "{e:?}");
     assert!(node.allocation("m1").is_err(), "no half grant");
     let created: Vec<String> = instance_uuids(&node).difference(&before).cloned().collect();
     assert_eq!(created.len(), 1, "one instance was cut: {created:?}");
@@ -860,8 +902,8 @@ fn a_pod_sandbox_never_gets_a_grant_and_the_refusal_names_the_pod() {
     let e = node
         .allocate(&pod_req("sb1", "sb1", None, "gpu=1", &[("tessera.io/gpu", "gpu=1")]))
         .expect_err("a sandbox is refused");
-    assert_eq!(e.code, ErrorCode::BadRequest);
-    assert!(e.message.contains("sandbox of pod team-trusted/trainer"), "{}", e.message);
+    assert_eq!(e.code(), ErrorCode::BadRequest);
+    assert!(e.message().contains("sandbox of pod team-trusted/trainer"), "{}", e.message());
     assert!(node.allocations().unwrap().is_empty());
     let status = node.status().unwrap();
     let ev = status.events.iter().find(|e| e.kind == "refuse").expect("refusal event");
@@ -882,14 +924,14 @@ fn the_bare_pod_annotation_serves_one_container_and_refuses_the_second() {
     let e = node
         .allocate(&pod_req("c-side", "sb1", Some("side"), "gpu=1", &bare))
         .expect_err("second container refused");
-    assert_eq!(e.code, ErrorCode::Refused);
-    assert_eq!(e.rule.as_deref(), Some("pod-annotation"));
+    assert_eq!(e.code(), ErrorCode::Refused);
+    assert_eq!(e.rule(), Some("pod-annotation"));
     assert!(
-        e.message.contains("exactly one application container")
-            && e.message.contains("`main` and `side`")
-            && e.message.contains("tessera.io/gpu.<container-name>"),
+        e.message().contains("exactly one application container")
+            && e.message().contains("`main` and `side`")
+            && e.message().contains("tessera.io/gpu.<container-name>"),
         "{}",
-        e.message
+        e.message()
     );
     // The owner's grant gone (an init container that exited): the pod's other containers
     // still may not take the bare form.
@@ -897,7 +939,7 @@ fn the_bare_pod_annotation_serves_one_container_and_refuses_the_second() {
     let e = node
         .allocate(&pod_req("c-side2", "sb1", Some("side"), "gpu=1", &bare))
         .expect_err("still refused once the first container is gone");
-    assert_eq!(e.rule.as_deref(), Some("pod-annotation"));
+    assert_eq!(e.rule(), Some("pod-annotation"));
     // The owner itself, restarted (a new container id, the same name), may.
     node.allocate(&pod_req("c-main2", "sb1", Some("main"), "gpu=1", &bare)).expect("restart");
     // Another pod (another sandbox) with the bare form is its own pod.
@@ -934,8 +976,8 @@ fn incomplete_cri_annotations_name_no_pod_but_a_sandbox_is_still_refused() {
     let mut r = pod_req("c3", "sb1", None, "gpu=1", &[]);
     r.annotations.remove("io.kubernetes.cri.sandbox-name");
     let e = node.allocate(&r).expect_err("a sandbox is refused");
-    assert_eq!(e.code, ErrorCode::BadRequest);
-    assert!(e.message.contains("never takes a GPU"), "{}", e.message);
+    assert_eq!(e.code(), ErrorCode::BadRequest);
+    assert!(e.message().contains("never takes a GPU"), "{}", e.message());
     assert_eq!(node.allocations().unwrap().len(), 2);
 }
 
@@ -973,12 +1015,13 @@ fn a_kubelet_assignment_is_honoured_only_with_a_token_this_node_issued_and_only_
     let (g1, g2) = (&gpus[0], &gpus[1]);
     let refused = |node: &mut Node, r: &AllocateRequest, want: &str| {
         let e = node.allocate(r).expect_err(want);
-        assert_eq!(e.code, ErrorCode::BadRequest, "{want}: {e:?}");
-        assert_eq!(e.rule.as_deref(), Some("tessera.io/device-plugin"), "{want}: {e:?}");
+        assert_eq!(e.code(), ErrorCode::BadRequest, "{want}: {e:?}");
+        assert_eq!(e.rule(), Some("tessera.io/device-plugin"), "{want}: {e:?}");
         assert!(
-            e.message.contains("annotation tessera.io/device-plugin") && e.message.contains(want),
+            e.message().contains("annotation tessera.io/device-plugin")
+                && e.message().contains(want),
             "{want}: {}",
-            e.message
+            e.message()
         );
     };
     // Forged: an assignment without a token, and one with a token nobody issued.
@@ -1030,7 +1073,7 @@ fn a_kubelet_assignment_is_honoured_only_with_a_token_this_node_issued_and_only_
         "was used by pod container",
     );
     let e = node.allocate(&kubelet_req("r3", "p1", "main", "gpu=1", &issued)).expect_err("held");
-    assert!(e.message.contains("is held by container k1's grant"), "{}", e.message);
+    assert!(e.message().contains("is held by container k1's grant"), "{}", e.message());
     assert!(!assignments_file(dir.path()).contains("\"r"), "{}", assignments_file(dir.path()));
     // A retried create of k1 gets its grant; once it is gone, kubelet's restart of the
     // same pod container (a new id, the same annotation) is served.
@@ -1039,8 +1082,8 @@ fn a_kubelet_assignment_is_honoured_only_with_a_token_this_node_issued_and_only_
     let a = node.allocate(&kubelet_req("k2", "p1", "main", "gpu=1", &issued));
     // GPU 1 is dirty after k1 (no scrub binary here): the token passed, the device did not.
     let e = a.expect_err("dirty");
-    assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
-    assert!(e.message.contains(g1.as_str()), "{}", e.message);
+    assert_eq!(e.code(), ErrorCode::NoCapacity, "{e:?}");
+    assert!(e.message().contains(g1.as_str()), "{}", e.message());
 }
 
 #[test]
@@ -1056,12 +1099,12 @@ fn a_kubelet_placement_never_destroys_an_idle_instance_a_plain_request_would_lea
     let e = node
         .allocate(&kubelet_req("k1", "p1", "main", "mig=1g.10gb", &issued))
         .expect_err("a plain mig=1g.10gb reuses a free instance instead");
-    assert_eq!(e.code, ErrorCode::NoCapacity, "{e:?}");
+    assert_eq!(e.code(), ErrorCode::NoCapacity, "{e:?}");
     assert!(
-        e.message.contains(&format!("would destroy idle instance {three}"))
-            && e.message.contains("a plain mig=1g.10gb request would reuse free instance"),
+        e.message().contains(&format!("would destroy idle instance {three}"))
+            && e.message().contains("a plain mig=1g.10gb request would reuse free instance"),
         "{}",
-        e.message
+        e.message()
     );
     assert!(instance_uuids(&node).contains(&three), "the idle 3g.40gb was destroyed");
     assert_eq!(assignments_file(dir.path()), "");
@@ -1155,8 +1198,8 @@ fn an_xid_quarantines_exactly_what_it_reached() {
     // The health check gates the unquarantine; a healthy device is re-scrubbed.
     slicer::sim::set_health(dir.path(), &gpu.uuid, Some("rows pending remapping")).unwrap();
     let e = node.unquarantine(&target.uuid).expect_err("unhealthy GPU");
-    assert_eq!(e.code, ErrorCode::Conflict);
-    assert!(e.message.contains("rows pending remapping"), "{}", e.message);
+    assert_eq!(e.code(), ErrorCode::Conflict);
+    assert!(e.message().contains("rows pending remapping"), "{}", e.message());
     assert_eq!(device_state(&node, &target.uuid), Quarantined);
     slicer::sim::set_health(dir.path(), &gpu.uuid, None).unwrap();
     let job = node.unquarantine(&target.uuid).expect("healthy: re-scrubbed");
@@ -1177,7 +1220,11 @@ fn an_uncontained_xid_takes_the_whole_gpu_and_the_policy_may_stop_its_holders() 
     let a = node.allocate(&req("w", "team-dev", "gpu=1")).unwrap();
     let gpu = a.devices[0].uuid.clone();
     host.process(4242, "w");
-    node.start("w", &StartRequest { pid: 4242, bundle: "/bundles/w".into() }).unwrap();
+    node.start(
+        &"w".parse().expect("valid"),
+        &StartRequest { pid: 4242, bundle: "/bundles/w".into() },
+    )
+    .unwrap();
     slicer::sim::inject_xid(
         dir.path(),
         &slicer::XidEvent { gpu_uuid: gpu.clone(), xid: 95, gi_id: None, ci_id: None },
@@ -1205,10 +1252,10 @@ fn a_hostile_class_annotation_is_refused_and_a_latency_container_gets_its_report
         let mut r = req("c1", "team-trusted", "gpu=1");
         r.annotations.insert("tessera.io/class".into(), bad.to_string());
         let e = node.allocate(&r).expect_err("refused");
-        assert_eq!(e.code, ErrorCode::BadRequest, "{e:?}");
-        assert!(e.message.contains("tessera.io/class"), "{}", e.message);
-        assert!(!e.message.contains('\n') && e.message.len() < 400, "{}", e.message);
-        assert_eq!(e.rule.as_deref(), Some("interference.classes"));
+        assert_eq!(e.code(), ErrorCode::BadRequest, "{e:?}");
+        assert!(e.message().contains("tessera.io/class"), "{}", e.message());
+        assert!(!e.message().contains('\n') && e.message().len() < 400, "{}", e.message());
+        assert_eq!(e.rule(), Some("interference.classes"));
     }
     let mut r = req("c1", "team-trusted", "gpu=1");
     r.annotations.insert("tessera.io/class".into(), "latency".into());

@@ -176,7 +176,7 @@ impl Node {
             .expect("status")
             .allocations
             .iter()
-            .map(|a| (a.container_id.to_string(), a.tenant.clone(), a.request.to_string()))
+            .map(|a| (a.container_id.to_string(), a.tenant.to_string(), a.request.to_string()))
             .collect()
     }
 

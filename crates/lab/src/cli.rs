@@ -112,8 +112,8 @@ pub fn tenants_of(policy: &policy::Policy) -> Tenants {
     let tenants = leaves
         .into_iter()
         .map(|t| SimTenant {
-            key: t.path.clone(),
-            tenant: t.path.clone(),
+            key: t.path.to_string(),
+            tenant: t.path.to_string(),
             allow: Allow {
                 gpu: may(t, tessera_api::GpuRequest::Gpu { count: 1 }),
                 mig: may(t, tessera_api::GpuRequest::Mig { profile: "1g.10gb".into() }),

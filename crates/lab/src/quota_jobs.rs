@@ -12,7 +12,7 @@ pub fn quota_tenants(policy: &policy::Policy) -> Vec<String> {
         .iter()
         .filter(|t| !all.iter().any(|o| o.path.starts_with(&format!("{}/", t.path))))
         .filter(|t| policy.quotas().chain(&t.path).next().is_some())
-        .map(|t| t.path.clone())
+        .map(|t| t.path.to_string())
         .collect();
     leaves.sort();
     leaves

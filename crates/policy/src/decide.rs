@@ -66,7 +66,7 @@ impl Policy {
         node_name: &str,
     ) -> Result<(), Refusal> {
         let refuse = |rule: String, message: String| Refusal {
-            tenant: tenant.path.clone(),
+            tenant: tenant.path.to_string(),
             request: request.to_string(),
             rule,
             message,

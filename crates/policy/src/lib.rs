@@ -72,10 +72,9 @@ mod proptests;
 mod tests;
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tessera_api::display::MAX_LINE_CHARS;
 use tessera_api::untrusted;
@@ -87,55 +86,15 @@ pub use health::{
 };
 pub use tessera_api::{GpuRequest, Isolation};
 
-/// How far a tenant is trusted. Ordered from least to most trusted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Trust {
-    /// Runs code nobody vetted: only hardware-isolated shares (whole GPU, MIG).
-    Untrusted,
-    /// Vetted workloads: may also share a GPU through MPS.
-    Trusted,
-    /// Development: may use anything, time-slicing included.
-    Dev,
-}
-
-impl Trust {
-    /// Every trust level, least trusted first.
-    pub const ALL: [Trust; 3] = [Trust::Untrusted, Trust::Trusted, Trust::Dev];
-
-    /// The name used in policies and reports.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Trust::Untrusted => "untrusted",
-            Trust::Trusted => "trusted",
-            Trust::Dev => "dev",
-        }
-    }
-}
-
-// By hand rather than derived: the same "unknown variant" message, and a value of the
-// wrong type reads "expected one of `untrusted`, `trusted`, `dev`" instead of serde_json's
-// "expected value" syntax error.
-impl<'de> Deserialize<'de> for Trust {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        const NAMES: &[&str] = &["untrusted", "trusted", "dev"];
-        raw::deserialize_named(deserializer, NAMES, |s| {
-            Trust::ALL.into_iter().find(|t| t.as_str() == s)
-        })
-    }
-}
-
-impl fmt::Display for Trust {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// How far a tenant is trusted (defined beside the grant that records it, in the API).
+pub use tessera_api::Trust;
 
 /// A node of the tenant tree with its effective (inherited) trust.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Tenant {
-    /// `org`, `org/team`, `org/team/project` or `org/team/project/user`.
-    pub path: String,
+    /// `org`, `org/team`, `org/team/project` or `org/team/project/user`: made a
+    /// [`tessera_api::TenantPath`] once, when the policy is parsed.
+    pub path: tessera_api::TenantPath,
     pub trust: Trust,
 }
 

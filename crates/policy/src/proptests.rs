@@ -257,7 +257,7 @@ proptest! {
         let policy = parse_ok(&to_json(&g))?;
         let model = model_tenants(&g);
         let got: Vec<(String, Trust)> =
-            policy.tenants().into_iter().map(|t| (t.path, t.trust)).collect();
+            policy.tenants().into_iter().map(|t| (t.path.into_string(), t.trust)).collect();
         // The generator's names are in sorted order, so depth-first order matches.
         prop_assert_eq!(&got, &model);
         for tenant in policy.tenants() {
@@ -271,7 +271,7 @@ proptest! {
                     let want = model_authorize(&g, &tenant.path, tenant.trust, iso, node);
                     prop_assert_eq!(decision.is_ok(), want, "{} {} on {:?}: {:?}", tenant.path, request, node, decision);
                     if let Err(r) = decision {
-                        prop_assert!(r.message.contains(&tenant.path));
+                        prop_assert!(r.message.contains(tenant.path.as_str()));
                         let shown_trust = format!("(trust {})", tenant.trust);
                         prop_assert!(r.message.contains(&shown_trust), "{}", r.message);
                         prop_assert!(r.message.contains(&request.to_string()));

@@ -112,7 +112,7 @@ fn example_policy_parses_and_decides() {
     let bytes = include_bytes!("../../../examples/policy.json");
     let p = Policy::parse(bytes, "examples/policy.json").expect("example policy");
     assert_eq!(p.version(), 1);
-    let paths: Vec<String> = p.tenants().into_iter().map(|t| t.path).collect();
+    let paths: Vec<String> = p.tenants().into_iter().map(|t| t.path.into_string()).collect();
     assert_eq!(
         paths,
         [
@@ -140,10 +140,22 @@ fn example_policy_parses_and_decides() {
     let bob = who("team-dev");
     assert_eq!(
         guest,
-        Tenant { path: "acme/untrusted/sandbox/guest".into(), trust: Trust::Untrusted }
+        Tenant {
+            path: "acme/untrusted/sandbox/guest".parse().expect("tenant path"),
+            trust: Trust::Untrusted
+        }
     );
-    assert_eq!(alice, Tenant { path: "acme/trusted/training/alice".into(), trust: Trust::Trusted });
-    assert_eq!(bob, Tenant { path: "acme/dev/notebooks/bob".into(), trust: Trust::Dev });
+    assert_eq!(
+        alice,
+        Tenant {
+            path: "acme/trusted/training/alice".parse().expect("tenant path"),
+            trust: Trust::Trusted
+        }
+    );
+    assert_eq!(
+        bob,
+        Tenant { path: "acme/dev/notebooks/bob".parse().expect("tenant path"), trust: Trust::Dev }
+    );
     assert_eq!(who("team-research").path, "acme/trusted/training/carol");
     assert_eq!(p.sharing_domain(&bob.path), "notebooks");
     assert_eq!(p.sharing_domain(&who("team-scratch").path), "tenant:acme/dev/scratch/dave");
@@ -169,7 +181,10 @@ fn minimal_policy_gets_default_tiers() {
     assert_eq!(p.allowed(Trust::Untrusted), [Isolation::Gpu, Isolation::Mig]);
     assert_eq!(p.allowed(Trust::Trusted), [Isolation::Gpu, Isolation::Mig, Isolation::Mps]);
     assert_eq!(p.allowed(Trust::Dev), Isolation::ALL);
-    assert_eq!(p.tenants(), [Tenant { path: "solo".into(), trust: Trust::Dev }]);
+    assert_eq!(
+        p.tenants(),
+        [Tenant { path: "solo".parse().expect("tenant path"), trust: Trust::Dev }]
+    );
     assert!(p.identity_annotations().is_empty());
 }
 
@@ -208,7 +223,11 @@ fn trust_names_and_order() {
         e.contains("unknown variant `Dev`, expected one of `untrusted`, `trusted`, `dev`"),
         "{e}"
     );
-    let t = serde_json::to_value(Tenant { path: "a/b".into(), trust: Trust::Dev }).expect("ser");
+    let t = serde_json::to_value(Tenant {
+        path: "a/b".parse().expect("tenant path"),
+        trust: Trust::Dev,
+    })
+    .expect("ser");
     assert_eq!(t, json!({"path": "a/b", "trust": "dev"}));
 }
 
@@ -254,7 +273,7 @@ fn trust_is_inherited_down_the_tree() {
 #[test]
 fn tenants_are_depth_first_and_sorted() {
     let p = ok(&base());
-    let paths: Vec<String> = p.tenants().into_iter().map(|t| t.path).collect();
+    let paths: Vec<String> = p.tenants().into_iter().map(|t| t.path.into_string()).collect();
     assert_eq!(
         paths,
         [
@@ -766,9 +785,18 @@ fn node_pools_are_well_formed() {
 fn identity_comes_from_the_trusted_annotation() {
     let p = ok(&base());
     let t = p.resolve_identity(&annotations(&[(NS, "team-dev")])).expect("identity");
-    assert_eq!(t, Tenant { path: "acme/platform/notebooks/bob".into(), trust: Trust::Dev });
+    assert_eq!(
+        t,
+        Tenant {
+            path: "acme/platform/notebooks/bob".parse().expect("tenant path"),
+            trust: Trust::Dev
+        }
+    );
     let t = p.resolve_identity(&annotations(&[(NS, "team-trusted")])).expect("identity");
-    assert_eq!(t, Tenant { path: "acme/platform".into(), trust: Trust::Trusted });
+    assert_eq!(
+        t,
+        Tenant { path: "acme/platform".parse().expect("tenant path"), trust: Trust::Trusted }
+    );
 }
 
 #[test]
@@ -795,7 +823,7 @@ fn spoofed_annotations_are_ignored() {
     // ... and with a default tenant they get the default, not what they claimed.
     let p = ok(&base_with(|v| v["default_tenant"] = json!("globex")));
     let t = p.resolve_identity(&only_spoof).expect("default");
-    assert_eq!(t, Tenant { path: "globex".into(), trust: Trust::Untrusted });
+    assert_eq!(t, Tenant { path: "globex".parse().expect("tenant path"), trust: Trust::Untrusted });
     assert_eq!(p.resolve_identity(&BTreeMap::new()).expect("default").path, "globex");
 }
 
@@ -867,7 +895,7 @@ fn no_rules_means_default_or_nobody() {
         &json!({"version": 1, "orgs": {"solo": {"trust": "trusted"}}, "default_tenant": "solo"}),
     );
     let t = p.resolve_identity(&annotations(&[(NS, "anything")])).expect("default");
-    assert_eq!(t, Tenant { path: "solo".into(), trust: Trust::Trusted });
+    assert_eq!(t, Tenant { path: "solo".parse().expect("tenant path"), trust: Trust::Trusted });
     let p = ok(&json!({"version": 1, "orgs": {"solo": {"trust": "trusted"}}}));
     let e = p.resolve_identity(&annotations(&[(NS, "anything")])).unwrap_err();
     assert_eq!(e, IdentityError::NoIdentity { tried: vec![] });
@@ -953,12 +981,15 @@ fn refusal_names_tenant_trust_request_and_rule() {
 fn authorize_believes_the_policy_not_the_caller() {
     let p = ok(&base());
     // A tenant value claiming more trust than the policy gives it.
-    let liar = Tenant { path: "acme/research/sandbox/guest".into(), trust: Trust::Dev };
+    let liar = Tenant {
+        path: "acme/research/sandbox/guest".parse().expect("tenant path"),
+        trust: Trust::Dev,
+    };
     let r = p.authorize(&liar, &GpuRequest::Shared, "n").unwrap_err();
     assert_eq!(r.rule, "tiers.untrusted.allow");
     assert!(r.message.contains("(trust untrusted)"), "{r}");
     // A tenant the policy does not know is refused outright.
-    let ghost = Tenant { path: "acme/ghost".into(), trust: Trust::Dev };
+    let ghost = Tenant { path: "acme/ghost".parse().expect("tenant path"), trust: Trust::Dev };
     let r = p.authorize(&ghost, &gpu(), "n").unwrap_err();
     assert_eq!(r.rule, "orgs");
     assert_eq!(r.message, "tenant acme/ghost (trust dev) is not in policy version 3 (request gpu=1): orgs has no such tenant");

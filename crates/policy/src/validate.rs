@@ -105,7 +105,7 @@ pub(crate) fn build(raw: RawPolicy, digest: String) -> Result<Policy, Problem> {
     let tiers = build_tiers(&raw.tiers)?;
     let tenants = build_tree(&raw.orgs.0)?;
     let index: BTreeMap<String, usize> =
-        tenants.iter().enumerate().map(|(i, t)| (t.path.clone(), i)).collect();
+        tenants.iter().enumerate().map(|(i, t)| (t.path.to_string(), i)).collect();
     let identity = build_identity(&raw.identity, &index)?;
     if let Some(default) = &raw.default_tenant {
         check_tenant_ref("default_tenant", default, &index)?;
@@ -325,6 +325,11 @@ fn build_tiers(raw: &RawTiers) -> Result<Tiers, Problem> {
     })
 }
 
+/// A tenant path of the tree, its names checked ([`check_name`]): typed here, once.
+fn tenant_path(at: &str, path: &str) -> Result<tessera_api::TenantPath, Problem> {
+    tessera_api::TenantPath::new(path).map_err(|e| problem(at, e.to_string()))
+}
+
 fn build_tree(orgs: &BTreeMap<String, Object<RawOrg>>) -> Result<Vec<Tenant>, Problem> {
     if orgs.is_empty() {
         return Err(problem("orgs", "no orgs: expected at least one org"));
@@ -340,19 +345,22 @@ fn build_tree(orgs: &BTreeMap<String, Object<RawOrg>>) -> Result<Vec<Tenant>, Pr
                  (its teams, projects and users inherit it)",
             )
         })?;
-        out.push(Tenant { path: org_name.clone(), trust: org_trust });
+        out.push(Tenant { path: tenant_path(&org_at, org_name)?, trust: org_trust });
         for (team_name, team) in &org.teams.0 {
             let team_at = format!("{org_at}.teams.{team_name}");
             check_name(&team_at, team_name)?;
             let team_trust = team.trust.unwrap_or(org_trust);
             let team_path = format!("{org_name}/{team_name}");
-            out.push(Tenant { path: team_path.clone(), trust: team_trust });
+            out.push(Tenant { path: tenant_path(&team_at, &team_path)?, trust: team_trust });
             for (project_name, project) in &team.projects.0 {
                 let project_at = format!("{team_at}.projects.{project_name}");
                 check_name(&project_at, project_name)?;
                 let project_trust = project.trust.unwrap_or(team_trust);
                 let project_path = format!("{team_path}/{project_name}");
-                out.push(Tenant { path: project_path.clone(), trust: project_trust });
+                out.push(Tenant {
+                    path: tenant_path(&project_at, &project_path)?,
+                    trust: project_trust,
+                });
                 let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
                 for (i, user) in project.users.iter().enumerate() {
                     let at = format!("{project_at}.users[{i}]");
@@ -369,7 +377,7 @@ fn build_tree(orgs: &BTreeMap<String, Object<RawOrg>>) -> Result<Vec<Tenant>, Pr
                 }
                 for user in seen.keys() {
                     out.push(Tenant {
-                        path: format!("{project_path}/{user}"),
+                        path: tenant_path(&project_at, &format!("{project_path}/{user}"))?,
                         trust: project_trust,
                     });
                 }

@@ -8,10 +8,11 @@
 
 use super::assignment::Pick;
 use super::{grant, internal, validate_abs_path, Node};
+use crate::error::{CoreError, Detail};
 use crate::quota_gate;
 use tessera_api::deviceplugin::{IssuedAssignment, PluginAssignment, RESOURCE_GPU};
 use tessera_api::{
-    untrusted, AllocateRequest, Allocation, ApiError, ErrorCode, GpuRequest, QuotaClass, QuotaMark,
+    untrusted, AllocateRequest, Allocation, ErrorCode, GpuRequest, QuotaClass, QuotaMark,
 };
 
 /// A request past its checks: who asks, for which pod container, on which assigned devices.
@@ -60,7 +61,7 @@ pub(crate) enum Prepared {
 }
 
 /// What a grant asks of the fleet's quotas.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct QuotaAsk {
     pub admit: fleet::quota_wire::AdmitRequest,
     /// The policy's quotas (the node's own books decide with them when no coordinator
@@ -71,7 +72,7 @@ pub(crate) struct QuotaAsk {
     /// The request, for messages.
     pub request: tessera_api::GpuRequest,
     /// The node could not place it: the refusal it gets unless the coordinator reclaims.
-    pub no_capacity: Option<ApiError>,
+    pub no_capacity: Option<CoreError>,
 }
 
 /// How the fleet admitted a grant.
@@ -86,7 +87,7 @@ pub(crate) enum Admission<'a> {
 
 impl Node {
     /// Grant (or return the existing grant of) a container's GPU share, as without quotas.
-    pub fn allocate(&mut self, req: &AllocateRequest) -> Result<Allocation, ApiError> {
+    pub fn allocate(&mut self, req: &AllocateRequest) -> Result<Allocation, CoreError> {
         let checked = match self.check_allocate(req)? {
             Resolved::Existing(a) => return Ok(*a),
             Resolved::New(c) => *c,
@@ -98,7 +99,7 @@ impl Node {
 
     /// Everything [`Node::allocate`] does before the plan: the request checked, the
     /// existing grant found, the tenant resolved and authorised. Refusals are recorded.
-    fn check_allocate(&mut self, req: &AllocateRequest) -> Result<Resolved, ApiError> {
+    fn check_allocate(&mut self, req: &AllocateRequest) -> Result<Resolved, CoreError> {
         validate_abs_path("runc_root", &req.runc_root)?;
         validate_abs_path("bundle", &req.bundle)?;
         // The container id and the request are typed since the body was read: a malformed
@@ -113,8 +114,7 @@ impl Node {
             if a.request == *request && existing.bundle == req.bundle {
                 return Ok(Resolved::Existing(Box::new(a)));
             }
-            return Err(ApiError {
-                code: ErrorCode::Conflict,
+            return Err(CoreError::Conflict(Detail {
                 message: format!(
                     "container {} already holds a grant for {} from bundle {}; refusing {} from {}",
                     req.container_id,
@@ -123,10 +123,10 @@ impl Node {
                     request,
                     untrusted(&req.bundle)
                 ),
-                tenant: Some(a.tenant),
+                tenant: Some(a.tenant.into_string()),
                 request: Some(request.to_string()),
                 rule: None,
-            });
+            }));
         }
 
         // Which pod container asks (containerd's own annotations), and the bare form's
@@ -134,32 +134,32 @@ impl Node {
         let workload = self.pod_container(req)?;
 
         let tenant = self.policy.policy.resolve_identity(&req.annotations).map_err(|e| {
-            let err = ApiError {
-                code: ErrorCode::UnknownTenant,
+            let err = CoreError::UnknownTenant(Detail {
                 message: e.to_string(),
                 tenant: None,
                 request: Some(request.to_string()),
                 rule: Some("identity".into()),
-            };
+            });
             self.record_refusal(&req.container_id, &err);
             err
         })?;
 
         if let Err(refusal) = self.policy.policy.authorize(&tenant, request, &self.inventory.node) {
-            let err = ApiError {
-                code: ErrorCode::Refused,
+            let err = CoreError::Refused(Detail {
                 message: refusal.to_string(),
                 tenant: Some(refusal.tenant.clone()),
                 request: Some(refusal.request.clone()),
                 rule: Some(refusal.rule.clone()),
-            };
+            });
             self.record_refusal(&req.container_id, &err);
             return Err(err);
         }
         let class = self.class_of(&tenant.path, &req.annotations).map_err(|mut err| {
-            err.tenant = Some(tenant.path.clone());
-            err.request = Some(request.to_string());
-            err.rule = Some("interference.classes".into());
+            if let Some(d) = err.detail_mut() {
+                d.tenant = Some(tenant.path.to_string());
+                d.request = Some(request.to_string());
+                d.rule = Some("interference.classes".into());
+            }
             self.record_refusal(&req.container_id, &err);
             err
         })?;
@@ -190,20 +190,21 @@ impl Node {
         &self,
         req: &AllocateRequest,
         kubelet: bool,
-    ) -> Result<Option<PluginAssignment>, ApiError> {
+    ) -> Result<Option<PluginAssignment>, CoreError> {
         let Some(raw) = req.annotations.get(tessera_api::PINNED_ANNOTATION) else {
             return Ok(None);
         };
-        let bad = |why: String| ApiError {
-            code: ErrorCode::BadRequest,
-            message: format!(
-                "container {}: pinned GPUs `{}`: {why}",
-                req.container_id,
-                untrusted(raw).max_chars(256)
-            ),
-            tenant: None,
-            request: Some(req.request.to_string()),
-            rule: Some(tessera_api::PINNED_ANNOTATION.to_string()),
+        let bad = |why: String| {
+            CoreError::BadRequest(Detail {
+                message: format!(
+                    "container {}: pinned GPUs `{}`: {why}",
+                    req.container_id,
+                    untrusted(raw).max_chars(256)
+                ),
+                tenant: None,
+                request: Some(req.request.to_string()),
+                rule: Some(tessera_api::PINNED_ANNOTATION.to_string()),
+            })
         };
         let GpuRequest::Gpu { count } = req.request else {
             return Err(bad(format!("only a gpu=N request pins GPUs, not {}", req.request)));
@@ -236,7 +237,7 @@ impl Node {
             req,
             request: &req.request,
             tenant: &c.tenant.path,
-            trust: c.tenant.trust.to_string(),
+            trust: c.tenant.trust,
             workload: c.workload.clone(),
             class: Some(c.class),
             workload_key: Some(c.workload_key.clone()),
@@ -248,7 +249,7 @@ impl Node {
         &self,
         req: &AllocateRequest,
         c: &Checked,
-    ) -> Result<grant::GrantPlan, ApiError> {
+    ) -> Result<grant::GrantPlan, CoreError> {
         let who = self.asker(req, c);
         match (&c.assigned, &c.pinned) {
             (Some(a), _) => self.plan_assigned(&who, a.assignment(), Pick::Kubelet),
@@ -259,7 +260,7 @@ impl Node {
                 if let Some(h) = &c.hardened {
                     let hardened = grant::Asker { request: h, ..who.clone() };
                     match self.plan_grant(&hardened) {
-                        Err(e) if e.code == ErrorCode::NoCapacity => {}
+                        Err(e) if e.code() == ErrorCode::NoCapacity => {}
                         other => return other,
                     }
                 }
@@ -268,8 +269,8 @@ impl Node {
         }
     }
 
-    fn record_no_capacity(&mut self, req: &AllocateRequest, err: &ApiError) {
-        if err.code == ErrorCode::NoCapacity {
+    fn record_no_capacity(&mut self, req: &AllocateRequest, err: &CoreError) {
+        if err.code() == ErrorCode::NoCapacity {
             self.record_refusal(&req.container_id, err);
         }
     }
@@ -281,7 +282,7 @@ impl Node {
         req: &AllocateRequest,
         c: &Checked,
         plan: grant::GrantPlan,
-    ) -> Result<Allocation, ApiError> {
+    ) -> Result<Allocation, CoreError> {
         if let Some(a) = &c.assigned {
             self.bind_token(req, a)?;
             self.record_assignment(&req.container_id, a.assignment())?;
@@ -302,7 +303,7 @@ impl Node {
         &mut self,
         req: &AllocateRequest,
         mode: QuotaMode,
-    ) -> Result<Prepared, ApiError> {
+    ) -> Result<Prepared, CoreError> {
         let checked = match self.check_allocate(req)? {
             Resolved::Existing(a) => return Ok(Prepared::Granted(a)),
             Resolved::New(c) => *c,
@@ -320,7 +321,7 @@ impl Node {
                 let admit = self.admit_request(req, &checked, Some(&plan), false)?;
                 Ok(Prepared::Ask(Box::new(self.ask_of(req, admit, None))))
             }
-            Err(e) if e.code == ErrorCode::NoCapacity => {
+            Err(e) if e.code() == ErrorCode::NoCapacity => {
                 let admit = match self.admit_request(req, &checked, None, true) {
                     Ok(a) => a,
                     Err(_) => {
@@ -342,7 +343,7 @@ impl Node {
         &self,
         req: &AllocateRequest,
         admit: fleet::quota_wire::AdmitRequest,
-        no_capacity: Option<ApiError>,
+        no_capacity: Option<CoreError>,
     ) -> QuotaAsk {
         QuotaAsk {
             admit,
@@ -362,15 +363,14 @@ impl Node {
         c: &Checked,
         plan: Option<&grant::GrantPlan>,
         short_on_node: bool,
-    ) -> Result<fleet::quota_wire::AdmitRequest, ApiError> {
+    ) -> Result<fleet::quota_wire::AdmitRequest, CoreError> {
         let bad = |node: &mut Node, e: quota_gate::QuotaError, rule: &str| {
-            let err = ApiError {
-                code: ErrorCode::BadRequest,
+            let err = CoreError::BadRequest(Detail {
                 message: format!("container {}: {e}", req.container_id),
-                tenant: Some(c.tenant.path.clone()),
+                tenant: Some(c.tenant.path.to_string()),
                 request: Some(req.request.to_string()),
                 rule: Some(rule.to_string()),
-            };
+            });
             node.record_refusal(&req.container_id, &err);
             err
         };
@@ -386,10 +386,7 @@ impl Node {
             None => {
                 let m =
                     quota_gate::likely_model(&self.inventory, &req.request).ok_or_else(|| {
-                        ApiError::new(
-                            ErrorCode::NoCapacity,
-                            "no GPU of this node serves the request",
-                        )
+                        CoreError::no_capacity("no GPU of this node serves the request")
                     })?;
                 vec![m; quota_gate::device_count(&req.request)]
             }
@@ -405,10 +402,10 @@ impl Node {
             self.policy.policy.shared_replicas(),
             weight,
         )
-        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        .map_err(|e| CoreError::internal(e.to_string()))?;
         Ok(fleet::quota_wire::AdmitRequest {
             container_id: req.container_id.to_string(),
-            tenant: c.tenant.path.clone(),
+            tenant: c.tenant.path.to_string(),
             amounts: quota_gate::amounts(&gpus, &limits),
             gang,
             short_on_node,
@@ -447,7 +444,7 @@ impl Node {
         req: &AllocateRequest,
         asked: &fleet::quota_wire::AdmitRequest,
         admission: &Admission<'_>,
-    ) -> Result<Allocation, ApiError> {
+    ) -> Result<Allocation, CoreError> {
         let checked = match self.check_allocate(req)? {
             Resolved::Existing(a) => return Ok(*a),
             Resolved::New(c) => *c,
@@ -460,8 +457,7 @@ impl Node {
         }
         let now = self.admit_request(req, &checked, Some(&plan), false)?;
         if now.tenant != asked.tenant || now.amounts != asked.amounts || now.gang != asked.gang {
-            let err = ApiError {
-                code: ErrorCode::Conflict,
+            let err = CoreError::Conflict(Detail {
                 message: format!(
                     "container {}: the grant changed while the coordinator admitted it (tenant {} with {:?} \
                      admitted, tenant {} with {:?} now); ask again",
@@ -470,7 +466,7 @@ impl Node {
                 tenant: Some(now.tenant.clone()),
                 request: Some(req.request.to_string()),
                 rule: Some("quotas".into()),
-            };
+            });
             self.record_refusal(&req.container_id, &err);
             return Err(err);
         }
@@ -484,8 +480,7 @@ impl Node {
                     quota_gate::lease_admits(tree, &now.tenant, &request, held, &guaranteed_here)
                 });
                 if let Err(why_not) = verdict {
-                    let err = ApiError {
-                        code: ErrorCode::Refused,
+                    let err = CoreError::Refused(Detail {
                         message: format!(
                             "tenant {} asks for {request}: the quota coordinator is unreachable since {} ({}), and \
                              while it is, this node admits only work within guarantees its lease covers: {why_not}",
@@ -496,7 +491,7 @@ impl Node {
                         tenant: Some(now.tenant.clone()),
                         request: Some(req.request.to_string()),
                         rule: Some("quotas".into()),
-                    };
+                    });
                     self.record_refusal(&req.container_id, &err);
                     return Err(err);
                 }
@@ -524,7 +519,7 @@ impl Node {
     }
 
     /// Record a refusal the fleet's quotas decided (the coordinator's, a reclaim's).
-    pub(crate) fn record_quota_refusal(&mut self, container_id: &str, err: &ApiError) {
+    pub(crate) fn record_quota_refusal(&mut self, container_id: &str, err: &CoreError) {
         self.record_refusal(container_id, err);
     }
 }

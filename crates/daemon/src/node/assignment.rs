@@ -26,11 +26,12 @@ use slicer::Found;
 use tessera_api::deviceplugin::{
     DeviceId, IssuedAssignment, PluginAssignment, PluginResource, ASSIGNMENT_ANNOTATION,
 };
-use tessera_api::{AllocateRequest, Allocation, ApiError, ErrorCode};
+use tessera_api::{AllocateRequest, Allocation};
 use tracing::warn;
 
 use super::grant::{Acquire, Asker, GrantPlan};
 use super::{internal, Node};
+use crate::error::{CoreError, Detail};
 use crate::share::{self, DeviceUse};
 
 /// The file of kubelet's assignments, beside `state.db`.
@@ -121,14 +122,15 @@ impl Node {
     pub(super) fn plugin_assignment(
         &mut self,
         req: &AllocateRequest,
-    ) -> Result<Option<IssuedAssignment>, ApiError> {
+    ) -> Result<Option<IssuedAssignment>, CoreError> {
         let Some(text) = req.annotations.get(ASSIGNMENT_ANNOTATION) else { return Ok(None) };
-        let bad = |message: String| ApiError {
-            code: ErrorCode::BadRequest,
-            message,
-            tenant: None,
-            request: Some(req.request.to_string()),
-            rule: Some(ASSIGNMENT_ANNOTATION.to_string()),
+        let bad = |message: String| {
+            CoreError::BadRequest(Detail {
+                message,
+                tenant: None,
+                request: Some(req.request.to_string()),
+                rule: Some(ASSIGNMENT_ANNOTATION.to_string()),
+            })
         };
         let issued: IssuedAssignment = match text.parse() {
             Ok(i) => i,
@@ -156,8 +158,7 @@ impl Node {
             let held = self.kubelet_assignments(std::slice::from_ref(&existing.allocation));
             let made_for = held.into_iter().next().map(|(_, x)| x);
             if made_for.as_ref() != Some(&a) {
-                return Err(ApiError {
-                    code: ErrorCode::Conflict,
+                return Err(CoreError::Conflict(Detail {
                     message: format!(
                         "container {} already holds a grant made for {}; refusing device-plugin assignment {a}",
                         req.container_id,
@@ -166,7 +167,7 @@ impl Node {
                     tenant: None,
                     request: Some(req.request.to_string()),
                     rule: Some(ASSIGNMENT_ANNOTATION.to_string()),
-                });
+                }));
             }
         }
         self.check_token(req, &issued)?;
@@ -179,7 +180,7 @@ impl Node {
         &mut self,
         container_id: &str,
         a: &PluginAssignment,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), CoreError> {
         let allocations = self.allocations()?;
         let kept: BTreeSet<String> =
             self.kubelet_assignments(&allocations).into_iter().map(|(cid, _)| cid).collect();
@@ -192,13 +193,10 @@ impl Node {
             tessera_api::durable::replace(&path, &json, 0o600, tessera_api::durable::Sync::Durable)
         };
         write().map_err(|e| {
-            ApiError::new(
-                ErrorCode::Internal,
-                format!(
-                    "tesserad: recording the device-plugin assignment in {}: {e}",
-                    path.display()
-                ),
-            )
+            CoreError::internal(format!(
+                "tesserad: recording the device-plugin assignment in {}: {e}",
+                path.display()
+            ))
         })
     }
 
@@ -210,7 +208,7 @@ impl Node {
         who: &Asker<'_>,
         a: &PluginAssignment,
         pick: Pick,
-    ) -> Result<GrantPlan, ApiError> {
+    ) -> Result<GrantPlan, CoreError> {
         let tenant = who.tenant;
         let allocations = self.allocations()?;
         let mut device_use = DeviceUse::of(&allocations);
@@ -227,12 +225,13 @@ impl Node {
             Pick::Kubelet => ("device-plugin device", ASSIGNMENT_ANNOTATION),
             Pick::Pinned => ("pinned GPU", tessera_api::PINNED_ANNOTATION),
         };
-        let refuse = |id: &str, why: String| ApiError {
-            code: ErrorCode::NoCapacity,
-            message: format!("tenant {tenant}: {what} {id} ({}): {why}", a.resource()),
-            tenant: Some(tenant.to_string()),
-            request: Some(who.request.to_string()),
-            rule: Some(rule.to_string()),
+        let refuse = |id: &str, why: String| {
+            CoreError::NoCapacity(Detail {
+                message: format!("tenant {tenant}: {what} {id} ({}): {why}", a.resource()),
+                tenant: Some(tenant.to_string()),
+                request: Some(who.request.to_string()),
+                rule: Some(rule.to_string()),
+            })
         };
         // Ids another live kubelet grant holds (MPS percent and replicas are not devices:
         // only the ids tell them apart).
@@ -360,7 +359,7 @@ impl Node {
                     return Err(refuse(&id, in_use(&gpu).unwrap_or_default()));
                 }
                 self.plan_mps(tenant, who, percent, &device_use, Some(&gpu))
-                    .map_err(|e| refuse(&id, e.message))?
+                    .map_err(|e| refuse(&id, e.message()))?
             }
             PluginResource::Shared => {
                 let (id, gpu) =
@@ -370,15 +369,15 @@ impl Node {
                     return Err(refuse(&id, in_use(&gpu).unwrap_or_default()));
                 }
                 self.plan_shared(tenant, &device_use, Some(&gpu))
-                    .map_err(|e| refuse(&id, e.message))?
+                    .map_err(|e| refuse(&id, e.message()))?
             }
         };
         self.finish_plan(who, &life, acquire, None)
     }
 
-    fn granted_device(&self, uuid: &str) -> Result<tessera_api::GrantedDevice, ApiError> {
+    fn granted_device(&self, uuid: &str) -> Result<tessera_api::GrantedDevice, CoreError> {
         share::granted(&self.inventory, uuid).ok_or_else(|| {
-            ApiError::new(ErrorCode::Internal, format!("device {uuid} vanished from the inventory"))
+            CoreError::internal(format!("device {uuid} vanished from the inventory"))
         })
     }
 
@@ -482,9 +481,9 @@ mod tests {
     fn grant(request: &str, devices: Vec<GrantedDevice>, share: Option<&str>) -> Allocation {
         let request: tessera_api::GpuRequest = request.parse().expect("request");
         Allocation {
-            container_id: "c".into(),
-            tenant: "t".into(),
-            trust: "dev".into(),
+            container_id: "c".parse().expect("valid"),
+            tenant: "t".parse().expect("valid"),
+            trust: "dev".parse().expect("valid"),
             isolation: request.isolation(),
             request,
             devices,

@@ -8,15 +8,16 @@ use device_plugin::{GpuState, InstanceState, InstanceUse, Offer, Snapshot, Usage
 use policy::Policy;
 use slicer::Inventory;
 use tessera_api::deviceplugin::PluginAssignment;
-use tessera_api::{Allocation, ApiError, DeviceUuid, GpuRequest};
+use tessera_api::{Allocation, DeviceUuid, GpuRequest};
 use tracing::warn;
 
 use super::Node;
+use crate::error::CoreError;
 use crate::share::DeviceUse;
 
 impl Node {
     /// The node's capacity as the device plugin counts it.
-    pub fn capacity(&self) -> Result<Snapshot, ApiError> {
+    pub fn capacity(&self) -> Result<Snapshot, CoreError> {
         let allocations = self.allocations()?;
         // Read every 2 s while the plugin runs: the tokens of live kubelet grants are kept
         // ahead of their expiry here (written only when that is due).
@@ -181,7 +182,7 @@ mod tests {
         }))
         .expect("allocation");
         let mut b = a.clone();
-        b.container_id = "c2".into();
+        b.container_id = "c2".parse().expect("valid");
         b.share = None;
         b.devices = vec![slicer::Found::Mig(mig, &mig.instances[0]).granted()];
         a.devices = vec![slicer::Found::Gpu(whole[0]).granted()];

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use slicer::GpuBackend;
-use tessera_api::ApiError;
 use tracing::{info, warn};
 
 use super::{internal, Node};
+use crate::error::CoreError;
 
 /// What to read for an ECC check: taken under the node lock, read outside it.
 #[derive(Debug)]
@@ -48,7 +48,7 @@ impl Node {
 
     /// [`Node::ecc_probe`], read and recorded in one go (for callers that hold the node
     /// alone: tests, tools). The daemon reads outside its lock.
-    pub fn check_ecc(&mut self) -> Result<Vec<String>, ApiError> {
+    pub fn check_ecc(&mut self) -> Result<Vec<String>, CoreError> {
         let readings = self.ecc_probe().read();
         self.record_ecc(readings)
     }
@@ -61,7 +61,7 @@ impl Node {
     /// baseline, and is logged. A quarantined device in use stays with its container, and
     /// is not handed out again after it is released. Returns the GPUs quarantined now.
     /// `readings` come from [`EccProbe::read`].
-    pub fn record_ecc(&mut self, readings: EccReadings) -> Result<Vec<String>, ApiError> {
+    pub fn record_ecc(&mut self, readings: EccReadings) -> Result<Vec<String>, CoreError> {
         let mut hit = Vec::new();
         let baselines = self.store.ecc_baselines().map_err(internal)?;
         for (uuid, count) in readings.0 {

@@ -18,11 +18,12 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use slicer::{GpuBackend, XidEvent, XidScope};
-use tessera_api::{Allocation, ApiError};
+use tessera_api::Allocation;
 use tracing::{info, warn};
 
 use super::revoke::{Refused, Target};
 use super::{internal, Node};
+use crate::error::CoreError;
 
 /// What to drain for a fault check: taken under the node lock, read outside it.
 #[derive(Debug)]
@@ -65,14 +66,14 @@ impl Node {
     }
 
     /// [`Node::fault_probe`], read and recorded in one go (callers that hold the node alone).
-    pub fn check_faults(&mut self) -> Result<FaultReport, ApiError> {
+    pub fn check_faults(&mut self) -> Result<FaultReport, CoreError> {
         let readings = self.fault_probe().read();
         self.record_faults(readings)
     }
 
     /// Quarantine what each event reached, tell its holders, and say whom to stop (see the
     /// module docs). A backend that could not be read is logged; nothing else changes.
-    pub fn record_faults(&mut self, readings: FaultReadings) -> Result<FaultReport, ApiError> {
+    pub fn record_faults(&mut self, readings: FaultReadings) -> Result<FaultReport, CoreError> {
         let events = match readings.0 {
             Ok(e) => e,
             Err(e) => {
@@ -170,7 +171,7 @@ impl Node {
                     }
                 );
                 let _ = self.store.event("xid", Some(&a.container_id), &detail);
-                if stop && to_stop.insert(a.container_id.clone()) {
+                if stop && to_stop.insert(a.container_id.to_string()) {
                     report.stop.push(Target {
                         refused: Refused::of(
                             a,

@@ -5,12 +5,13 @@
 use std::collections::BTreeSet;
 
 use tessera_api::{
-    AllocateRequest, Allocation, AllocationState, ApiError, ErrorCode, GpuRequest, GrantedDevice,
-    Injection, Isolation, ShareGrant,
+    AllocateRequest, Allocation, AllocationState, ContainerId, GpuRequest, GrantedDevice,
+    Injection, Isolation, ShareGrant, TenantPath, Trust,
 };
 use tracing::{info, warn};
 
 use super::{internal, Lifecycles, Node};
+use crate::error::{CoreError, Detail};
 use crate::share::{self, DeviceUse};
 use crate::store::{Record, StateChange, StoreError};
 
@@ -26,8 +27,8 @@ pub(crate) struct Asker<'a> {
     /// The container's identity across restarts (its pod container, else its id): what
     /// hardening and anti-affinity marks are kept by.
     pub workload_key: Option<String>,
-    pub tenant: &'a str,
-    pub trust: String,
+    pub tenant: &'a TenantPath,
+    pub trust: Trust,
     /// The pod container it asks for, where it is one.
     pub workload: Option<tessera_api::cri::Workload>,
 }
@@ -52,9 +53,9 @@ pub(crate) enum Acquire {
 /// devices once they exist.
 #[derive(Debug, Clone)]
 pub(crate) struct GrantPlan {
-    pub container_id: String,
-    pub tenant: String,
-    pub trust: String,
+    pub container_id: ContainerId,
+    pub tenant: TenantPath,
+    pub trust: Trust,
     pub request: GpuRequest,
     pub runc_root: String,
     pub bundle: String,
@@ -74,9 +75,9 @@ pub(crate) struct GrantPlan {
     pub isolation: Isolation,
 }
 
-fn injection_for(node: &Node, devices: &[GrantedDevice]) -> Result<Injection, ApiError> {
+fn injection_for(node: &Node, devices: &[GrantedDevice]) -> Result<Injection, CoreError> {
     slicer::injection(&node.inventory, devices)
-        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("cannot build the injection: {e}")))
+        .map_err(|e| CoreError::internal(format!("cannot build the injection: {e}")))
 }
 
 /// Devices a tenant may not be given now ([`Node::excluded_for`]).
@@ -93,7 +94,7 @@ pub(super) struct Excluded {
 impl Node {
     /// Decide a grant from the current snapshot (policy, inventory, claims, lifecycles).
     /// Changes nothing: a refusal is returned for the caller to record.
-    pub(crate) fn plan_grant(&self, who: &Asker<'_>) -> Result<GrantPlan, ApiError> {
+    pub(crate) fn plan_grant(&self, who: &Asker<'_>) -> Result<GrantPlan, CoreError> {
         let tenant = who.tenant;
         let mut device_use = DeviceUse::of(&self.allocations()?);
         // Dirty, scrubbing and quarantined devices count as taken for this tenant (and a
@@ -131,12 +132,13 @@ impl Node {
                     &device_use.busy(),
                     request,
                 )
-                .map_err(|nofit| ApiError {
-                    code: ErrorCode::NoCapacity,
-                    message: format!("tenant {tenant}: {nofit}{unavailable}{fence}"),
-                    tenant: Some(tenant.to_string()),
-                    request: Some(request.to_string()),
-                    rule: None,
+                .map_err(|nofit| {
+                    CoreError::NoCapacity(Detail {
+                        message: format!("tenant {tenant}: {nofit}{unavailable}{fence}"),
+                        tenant: Some(tenant.to_string()),
+                        request: Some(request.to_string()),
+                        rule: None,
+                    })
                 })?;
                 placement = placed;
                 Acquire::Devices(devices)
@@ -154,7 +156,7 @@ impl Node {
         &self,
         life: &Lifecycles,
         who: &Asker<'_>,
-    ) -> Result<Excluded, ApiError> {
+    ) -> Result<Excluded, CoreError> {
         Ok(Excluded {
             blocked: self.not_assignable(life, who.tenant),
             fenced: self.fenced_for(who.tenant, who.workload_key.as_deref())?,
@@ -169,13 +171,13 @@ impl Node {
         life: &Lifecycles,
         acquire: Acquire,
         mig_profile: Option<String>,
-    ) -> Result<GrantPlan, ApiError> {
+    ) -> Result<GrantPlan, CoreError> {
         let tenant = who.tenant;
         let states = self.handed_back(life, &acquire)?;
         Ok(GrantPlan {
-            container_id: who.req.container_id.to_string(),
-            tenant: tenant.to_string(),
-            trust: who.trust.clone(),
+            container_id: who.req.container_id.clone(),
+            tenant: tenant.clone(),
+            trust: who.trust,
             request: who.req.request.clone(),
             runc_root: who.req.runc_root.clone(),
             bundle: who.req.bundle.clone(),
@@ -197,7 +199,7 @@ impl Node {
         &self,
         life: &Lifecycles,
         acquire: &Acquire,
-    ) -> Result<Vec<StateChange>, ApiError> {
+    ) -> Result<Vec<StateChange>, CoreError> {
         let planned: Vec<&str> = match acquire {
             Acquire::Devices(d) => d.iter().map(|d| d.uuid.as_str()).collect(),
             Acquire::Mps { device, .. } | Acquire::Shared { device, .. } => vec![&device.uuid],
@@ -210,7 +212,7 @@ impl Node {
         }
         let stored = self.store.device_states().map_err(internal)?;
         let free = serde_json::to_string(&scrub::DeviceState::Free)
-            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+            .map_err(|e| CoreError::internal(e.to_string()))?;
         Ok(held
             .into_iter()
             .map(|u| StateChange {
@@ -229,7 +231,7 @@ impl Node {
         tenant: &str,
         profile: &str,
         busy: &BTreeSet<String>,
-    ) -> Result<Acquire, ApiError> {
+    ) -> Result<Acquire, CoreError> {
         let demand = if self.mig_demand.is_empty() {
             self.inventory
                 .gpus
@@ -245,21 +247,19 @@ impl Node {
         };
         let decision =
             slicer::place(&self.inventory, busy, profile, slicer::Strategy::Best, &demand)
-                .map_err(|nofit| ApiError {
-                    code: ErrorCode::NoCapacity,
-                    message: format!("tenant {tenant}: {nofit}"),
-                    tenant: Some(tenant.to_string()),
-                    request: Some(format!("mig={profile}")),
-                    rule: None,
+                .map_err(|nofit| {
+                    CoreError::NoCapacity(Detail {
+                        message: format!("tenant {tenant}: {nofit}"),
+                        tenant: Some(tenant.to_string()),
+                        request: Some(format!("mig={profile}")),
+                        rule: None,
+                    })
                 })?;
         let profile = profile.to_string();
         Ok(match decision {
             slicer::PlaceDecision::Reuse { uuid } => {
                 Acquire::Devices(vec![share::granted(&self.inventory, &uuid).ok_or_else(|| {
-                    ApiError::new(
-                        ErrorCode::Internal,
-                        format!("instance {uuid} is not in the inventory"),
-                    )
+                    CoreError::internal(format!("instance {uuid} is not in the inventory"))
                 })?])
             }
             slicer::PlaceDecision::Create { gpu_index, start } => {
@@ -281,15 +281,16 @@ impl Node {
         percent: u8,
         device_use: &DeviceUse,
         only: Option<&str>,
-    ) -> Result<Acquire, ApiError> {
+    ) -> Result<Acquire, CoreError> {
         let mut loads = device_use.mps_loads(&self.inventory);
         loads.retain(|l| only.is_none_or(|u| l.uuid == u));
-        let device = mpsd::pick_mps_device(&loads, tenant, percent).map_err(|nofit| ApiError {
-            code: ErrorCode::NoCapacity,
-            message: format!("tenant {tenant}: {nofit}"),
-            tenant: Some(tenant.to_string()),
-            request: Some(format!("mps={percent}")),
-            rule: None,
+        let device = mpsd::pick_mps_device(&loads, tenant, percent).map_err(|nofit| {
+            CoreError::NoCapacity(Detail {
+                message: format!("tenant {tenant}: {nofit}"),
+                tenant: Some(tenant.to_string()),
+                request: Some(format!("mps={percent}")),
+                rule: None,
+            })
         })?;
         let granted = self.granted(&device)?;
         let mem = share::memory_bytes(&self.inventory, &device).unwrap_or(0);
@@ -318,17 +319,18 @@ impl Node {
         tenant: &str,
         device_use: &DeviceUse,
         only: Option<&str>,
-    ) -> Result<Acquire, ApiError> {
+    ) -> Result<Acquire, CoreError> {
         let replicas = self.policy.policy.shared_replicas();
         let domain = self.policy.policy.sharing_domain(tenant);
         let mut loads = device_use.shared_loads(&self.inventory, replicas);
         loads.retain(|l| only.is_none_or(|u| l.uuid == u));
-        let device = mpsd::pick_shared_device(&loads, &domain).map_err(|nofit| ApiError {
-            code: ErrorCode::NoCapacity,
-            message: format!("tenant {tenant}: {nofit}"),
-            tenant: Some(tenant.to_string()),
-            request: Some("shared".into()),
-            rule: Some("sharing".into()),
+        let device = mpsd::pick_shared_device(&loads, &domain).map_err(|nofit| {
+            CoreError::NoCapacity(Detail {
+                message: format!("tenant {tenant}: {nofit}"),
+                tenant: Some(tenant.to_string()),
+                request: Some("shared".into()),
+                rule: Some("sharing".into()),
+            })
         })?;
         let granted = self.granted(&device)?;
         let share = ShareGrant {
@@ -342,12 +344,9 @@ impl Node {
         Ok(Acquire::Shared { device: granted, share })
     }
 
-    fn granted(&self, device: &str) -> Result<GrantedDevice, ApiError> {
+    fn granted(&self, device: &str) -> Result<GrantedDevice, CoreError> {
         share::granted(&self.inventory, device).ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::Internal,
-                format!("device {device} vanished from the inventory"),
-            )
+            CoreError::internal(format!("device {device} vanished from the inventory"))
         })
     }
 
@@ -357,7 +356,7 @@ impl Node {
     /// and every device state as it was: the MPS share is given back; a MIG instance cut
     /// for it stays on the GPU idle and unclaimed — never used by any container, so clean —
     /// where the next request for its profile reuses it or placement may destroy it.
-    pub(crate) fn apply_grant(&mut self, plan: GrantPlan) -> Result<Allocation, ApiError> {
+    pub(crate) fn apply_grant(&mut self, plan: GrantPlan) -> Result<Allocation, CoreError> {
         let cid = plan.container_id.clone();
         let mut cut = None;
         let (devices, mut injection, share) = match plan.acquire {
@@ -374,16 +373,15 @@ impl Node {
             }
             Acquire::Mps { device, share, request } => {
                 let handle = self.mps.ensure_share(&request).map_err(|e| {
-                    let err = ApiError {
-                        code: ErrorCode::Internal,
+                    let err = CoreError::Internal(Detail {
                         message: format!(
                             "tenant {}: cannot set up the MPS share on {}: {e}",
                             plan.tenant, share.device
                         ),
-                        tenant: Some(plan.tenant.clone()),
+                        tenant: Some(plan.tenant.to_string()),
                         request: Some(plan.request.to_string()),
                         rule: None,
-                    };
+                    });
                     self.record_refusal(&cid, &err);
                     err
                 })?;
@@ -415,10 +413,7 @@ impl Node {
             // links.
             let report = self.report_file(&cid);
             crate::report_fs::create(&report).map_err(|e| {
-                ApiError::new(
-                    ErrorCode::Internal,
-                    format!("latency report {}: {e}", report.display()),
-                )
+                CoreError::internal(format!("latency report {}: {e}", report.display()))
             })?;
             injection.mounts.push(tessera_api::BindMount {
                 source: report.display().to_string(),
@@ -458,7 +453,7 @@ impl Node {
         let committed = GrantFailpoint::hit(self.failpoint.as_ref(), &cid).and_then(|()| {
             self.store.insert_grant(&record, &plan.states).map_err(|e| match e {
                 StoreError::DeviceClaimed { .. } | StoreError::StateChanged { .. } => {
-                    ApiError::new(ErrorCode::Conflict, e.to_string())
+                    CoreError::conflict(e.to_string())
                 }
                 other => internal(other),
             })
@@ -537,9 +532,9 @@ impl Node {
         gpu_index: u32,
         start: u8,
         destroy: &[String],
-    ) -> Result<GrantedDevice, ApiError> {
+    ) -> Result<GrantedDevice, CoreError> {
         let backend_err = |what: &str, e: slicer::BackendError| {
-            ApiError::new(ErrorCode::Internal, format!("{what} for mig={profile}: {e}"))
+            CoreError::internal(format!("{what} for mig={profile}: {e}"))
         };
         let uuid = if destroy.is_empty() {
             let inst = self
@@ -574,9 +569,8 @@ impl Node {
             self.refresh_inventory()?;
             inst?.uuid
         };
-        self.granted(&uuid).map_err(|_| {
-            ApiError::new(ErrorCode::Internal, format!("instance {uuid} is not in the inventory"))
-        })
+        self.granted(&uuid)
+            .map_err(|_| CoreError::internal(format!("instance {uuid} is not in the inventory")))
     }
 }
 
@@ -643,7 +637,7 @@ impl GrantFailpoint {
     }
 
     /// Fail (or die) if armed for `container_id`.
-    pub(crate) fn hit(this: Option<&GrantFailpoint>, container_id: &str) -> Result<(), ApiError> {
+    pub(crate) fn hit(this: Option<&GrantFailpoint>, container_id: &str) -> Result<(), CoreError> {
         let Some(f) = this else { return Ok(()) };
         if let Some(only) = &f.container_id {
             if only != container_id {
@@ -651,10 +645,9 @@ impl GrantFailpoint {
             }
         }
         match f.action {
-            FailAction::Error => Err(ApiError::new(
-                ErrorCode::Internal,
-                format!("container {container_id}: failpoint grant-commit: injected failure"),
-            )),
+            FailAction::Error => Err(CoreError::internal(format!(
+                "container {container_id}: failpoint grant-commit: injected failure"
+            ))),
             FailAction::Abort => {
                 warn!(container = %container_id, "failpoint grant-commit: aborting");
                 std::process::abort()

@@ -20,11 +20,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use interference::{DeviceSample, Finding, ShareSample, Step};
 use serde::{Deserialize, Serialize};
 use tessera_api::telemetry::IncidentStatus;
-use tessera_api::{Allocation, ApiError, GpuRequest, Isolation, WorkloadClass};
+use tessera_api::{Allocation, GpuRequest, Isolation, WorkloadClass};
 use tracing::{info, warn};
 
 use super::revoke::{Refused, Target};
 use super::{internal, Node};
+use crate::error::CoreError;
 
 /// The marks file beside `state.db`.
 pub const MARKS_FILE: &str = "interference.json";
@@ -101,18 +102,15 @@ impl Node {
         &self,
         tenant: &str,
         annotations: &BTreeMap<String, String>,
-    ) -> Result<WorkloadClass, ApiError> {
+    ) -> Result<WorkloadClass, CoreError> {
         let declared = match annotations.get(policy::CLASS_ANNOTATION) {
             None => None,
             Some(v) => Some(WorkloadClass::parse(v).ok_or_else(|| {
-                ApiError::new(
-                    tessera_api::ErrorCode::BadRequest,
-                    format!(
-                        "annotation {}: `{}` is not a class: expected `latency` or `batch`",
-                        policy::CLASS_ANNOTATION,
-                        tessera_api::untrusted(v).max_chars(64)
-                    ),
-                )
+                CoreError::bad_request(format!(
+                    "annotation {}: `{}` is not a class: expected `latency` or `batch`",
+                    policy::CLASS_ANNOTATION,
+                    tessera_api::untrusted(v).max_chars(64)
+                ))
             })?),
         };
         Ok(self.policy.policy.interference().class_of(tenant, declared))
@@ -126,7 +124,7 @@ impl Node {
         &self,
         tenant: &str,
         _workload: Option<&str>,
-    ) -> Result<BTreeSet<String>, ApiError> {
+    ) -> Result<BTreeSet<String>, CoreError> {
         let mut out = BTreeSet::new();
         let isolate = self.policy.policy.topology().isolate_nvlink_domains;
         let foes: BTreeSet<&str> = self
@@ -242,7 +240,7 @@ impl Node {
     pub(crate) fn detect_interference(
         &mut self,
         allocations: &[Allocation],
-    ) -> Result<Vec<Step>, ApiError> {
+    ) -> Result<Vec<Step>, CoreError> {
         let settings = self.policy.policy.interference().clone();
         self.interference.detector.thresholds = interference::Thresholds {
             min_share: settings.min_share,
@@ -284,8 +282,8 @@ impl Node {
                 };
                 let (Some(s), Some(m)) = (u.sm, u.mem) else { continue };
                 shares.push(ShareSample {
-                    id: a.container_id.clone(),
-                    tenant: a.tenant.clone(),
+                    id: a.container_id.to_string(),
+                    tenant: a.tenant.to_string(),
                     latency: a.class == Some(WorkloadClass::Latency),
                     sm: s,
                     bw: m,
@@ -456,7 +454,7 @@ impl Node {
     pub fn record_interference_steps(
         &mut self,
         done: Vec<(Step, Result<u8, String>)>,
-    ) -> Result<Vec<Target>, ApiError> {
+    ) -> Result<Vec<Target>, CoreError> {
         let records = self.store.all().map_err(internal)?;
         let mut stop = Vec::new();
         for (step, result) in done {

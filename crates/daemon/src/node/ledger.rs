@@ -5,19 +5,18 @@ use std::sync::Arc;
 
 use metering::{IntervalStart, LedgerError, UsageQuery, UsageReport};
 use slicer::GpuBackend;
-use tessera_api::{
-    Allocation, AllocationState, ApiError, ErrorCode, GpuRequest, GrantedDevice, Isolation,
-};
+use tessera_api::{Allocation, AllocationState, GpuRequest, GrantedDevice, Isolation};
 use tracing::warn;
 
 use super::{internal, ledger_err, Node};
+use crate::error::CoreError;
 
 impl Node {
     /// After a start: opening the ledger closed every interval left open at its last
     /// checkpoint; open fresh ones for the containers that are still running. Call after
     /// [`Node::reconcile`], so only live containers are metered (a grant whose init exited
     /// stays unmetered while it is held). Returns how many.
-    pub fn resume_metering(&mut self) -> Result<usize, ApiError> {
+    pub fn resume_metering(&mut self) -> Result<usize, CoreError> {
         let mut n = 0;
         for rec in self.store.all().map_err(internal)? {
             // A grant outlives its init while runc keeps the container or a process is
@@ -39,14 +38,14 @@ impl Node {
     /// reports tell "not measured" from "idle". Returns how many intervals took a sample.
     /// [`Node::utilization_probe`], read and recorded in one go (for callers that hold the
     /// node alone); the daemon reads outside its lock.
-    pub fn sample_utilization(&mut self) -> Result<usize, ApiError> {
+    pub fn sample_utilization(&mut self) -> Result<usize, CoreError> {
         let samples = self.utilization_probe()?.read();
         self.record_utilization(samples)
     }
 
     /// What a utilisation tick reads: each whole GPU with running containers, from when,
     /// and whose processes count for which interval.
-    pub fn utilization_probe(&self) -> Result<UtilProbe, ApiError> {
+    pub fn utilization_probe(&self) -> Result<UtilProbe, CoreError> {
         let mut gpus: BTreeMap<String, UtilGpu> = BTreeMap::new();
         let records = self.store.all().map_err(internal)?;
         for r in records.iter().filter(|r| r.allocation.state == AllocationState::Running) {
@@ -57,7 +56,7 @@ impl Node {
                     .entry(d.gpu_uuid.clone())
                     .or_insert_with(|| UtilGpu { since, users: Vec::new() });
                 gpu.users.push(UtilUser {
-                    container: a.container_id.clone(),
+                    container: a.container_id.to_string(),
                     device: d.uuid.clone(),
                     pid: a.pid,
                     cgroup: r.cgroup.clone(),
@@ -69,7 +68,7 @@ impl Node {
 
     /// Record what [`UtilProbe::read`] found: the newest sample time per GPU, and one
     /// sample per interval still open (a container released meanwhile gets none).
-    pub fn record_utilization(&mut self, s: UtilSamples) -> Result<usize, ApiError> {
+    pub fn record_utilization(&mut self, s: UtilSamples) -> Result<usize, CoreError> {
         for (gpu, newest) in s.newest {
             self.util_seen.insert(gpu, newest);
         }
@@ -80,7 +79,7 @@ impl Node {
     }
 
     /// Heartbeat: stamp every open interval, bounding what a crash can lose.
-    pub fn checkpoint(&mut self) -> Result<usize, ApiError> {
+    pub fn checkpoint(&mut self) -> Result<usize, CoreError> {
         self.ledger.checkpoint().map_err(ledger_err)
     }
 
@@ -91,7 +90,7 @@ impl Node {
         from_ms: u64,
         to_ms: u64,
         by: metering::GroupBy,
-    ) -> Result<UsageReport, ApiError> {
+    ) -> Result<UsageReport, CoreError> {
         let policy = &self.policy.policy;
         let q = UsageQuery {
             from_ms,
@@ -101,13 +100,13 @@ impl Node {
             terms: ::fleet::billing::terms_of(policy, !self.in_fleet, Some(crate::now_ms())),
         };
         self.ledger.usage(&q).map_err(|e| match e {
-            LedgerError::BadQuery(_) => ApiError::new(ErrorCode::BadRequest, e.to_string()),
+            LedgerError::BadQuery(_) => CoreError::bad_request(e.to_string()),
             other => ledger_err(other),
         })
     }
 
     /// The ledger's own check of its hash chain ([`metering::Ledger::verify_chain`]).
-    pub fn verify_chain(&self) -> Result<metering::ChainReport, ApiError> {
+    pub fn verify_chain(&self) -> Result<metering::ChainReport, CoreError> {
         self.ledger.verify_chain().map_err(ledger_err)
     }
 
@@ -117,14 +116,14 @@ impl Node {
         &self,
         after: u64,
         limit: usize,
-    ) -> Result<(metering::ChainHead, Vec<metering::ClosedInterval>), ApiError> {
+    ) -> Result<(metering::ChainHead, Vec<metering::ClosedInterval>), CoreError> {
         let head = self.ledger.chain_head().map_err(ledger_err)?;
         let rows = self.ledger.chained_after(after, limit).map_err(ledger_err)?;
         Ok((head, rows))
     }
 
     /// Every ledger interval (for metrics).
-    pub fn intervals(&self) -> Result<Vec<metering::IntervalRecord>, ApiError> {
+    pub fn intervals(&self) -> Result<Vec<metering::IntervalRecord>, CoreError> {
         self.ledger.intervals().map_err(ledger_err)
     }
 
@@ -142,11 +141,11 @@ impl Node {
         metering::fraction(a.isolation, slices, mps, replicas, weight)
     }
 
-    pub(super) fn open_intervals(&mut self, a: &Allocation) -> Result<usize, ApiError> {
+    pub(super) fn open_intervals(&mut self, a: &Allocation) -> Result<usize, CoreError> {
         for d in &a.devices {
             let start = IntervalStart {
-                container_id: a.container_id.clone(),
-                tenant: a.tenant.clone(),
+                container_id: a.container_id.to_string(),
+                tenant: a.tenant.to_string(),
                 node: self.inventory.node.clone(),
                 gpu_uuid: d.gpu_uuid.clone(),
                 gpu_model: d.model.clone(),

@@ -1,9 +1,9 @@
 //! MIG layouts: the plan towards the declared layout and its convergence.
 
-use tessera_api::{ApiError, ErrorCode};
 use tracing::info;
 
 use super::Node;
+use crate::error::CoreError;
 use crate::share::DeviceUse;
 
 /// What a MIG plan or convergence reports.
@@ -22,22 +22,23 @@ pub struct MigReport {
 impl Node {
     /// Re-read the inventory after the backend changed it (MIG instances created or
     /// destroyed).
-    pub(super) fn refresh_inventory(&mut self) -> Result<(), ApiError> {
-        self.inventory = self.backend.inventory().map_err(|e| {
-            ApiError::new(ErrorCode::Internal, format!("re-reading the GPU inventory: {e}"))
-        })?;
+    pub(super) fn refresh_inventory(&mut self) -> Result<(), CoreError> {
+        self.inventory = self
+            .backend
+            .inventory()
+            .map_err(|e| CoreError::internal(format!("re-reading the GPU inventory: {e}")))?;
         Ok(())
     }
 
     /// Devices that MIG planning must never destroy or move: everything in use.
-    pub(super) fn untouchable(&self) -> Result<std::collections::BTreeSet<String>, ApiError> {
+    pub(super) fn untouchable(&self) -> Result<std::collections::BTreeSet<String>, CoreError> {
         let mut busy = DeviceUse::of(&self.allocations()?).busy();
         busy.extend(self.lifecycle()?.into_keys()); // dirty memory is never destroyed or re-cut
         Ok(busy)
     }
 
     /// The difference between the node's MIG layout and the one its pool declares.
-    pub fn mig_plan(&self) -> Result<MigReport, ApiError> {
+    pub fn mig_plan(&self) -> Result<MigReport, CoreError> {
         let layouts = self.policy.policy.mig_layouts(&self.inventory.node);
         let (plan, text) = if layouts.is_empty() {
             // Nothing declared: nothing to plan (and no need to read what is in use).
@@ -53,7 +54,7 @@ impl Node {
 
     /// Converge on the declared layout: destroy and create only the difference, never
     /// touching an instance in use (those are reported as blocked).
-    pub fn mig_converge(&mut self) -> Result<MigReport, ApiError> {
+    pub fn mig_converge(&mut self) -> Result<MigReport, CoreError> {
         let mut report = self.mig_plan()?;
         if report.plan.is_empty() {
             return Ok(report);

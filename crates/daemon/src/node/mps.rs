@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use super::{mps_err, Node};
-use tessera_api::{Allocation, ApiError, Isolation, ShareGrant};
+use crate::error::CoreError;
+use tessera_api::{Allocation, Isolation, ShareGrant};
 use tracing::warn;
 
 impl Node {
@@ -11,7 +12,7 @@ impl Node {
     /// then make the supervisor's holders agree with the recorded grants — a holder with no
     /// grant is released, a grant whose daemon is gone gets its daemon back (caps set
     /// before any client connects again). Returns (adopted, released, restarted).
-    pub fn resume_mps(&mut self) -> Result<(usize, usize, usize), ApiError> {
+    pub fn resume_mps(&mut self) -> Result<(usize, usize, usize), CoreError> {
         let report = self.mps.adopt_existing().map_err(mps_err)?;
         for e in &report.events {
             self.record_mps_event(e);
@@ -23,7 +24,7 @@ impl Node {
                 a.share
                     .as_ref()
                     .filter(|s| s.kind == Isolation::Mps)
-                    .map(|s| (s.device.clone(), a.container_id.clone()))
+                    .map(|s| (s.device.clone(), a.container_id.to_string()))
             })
             .collect();
         let mut released = 0;
@@ -46,7 +47,7 @@ impl Node {
             allocs.iter().filter(|a| a.share.as_ref().is_some_and(|s| s.kind == Isolation::Mps))
         {
             let Some(s) = &a.share else { continue };
-            if !live.contains(&(s.device.clone(), a.container_id.clone())) {
+            if !live.contains(&(s.device.clone(), a.container_id.to_string())) {
                 self.mps.ensure_share(&self.share_request(a, s)).map_err(mps_err)?;
                 restarted += 1;
             }
@@ -80,8 +81,8 @@ impl Node {
     pub(super) fn share_request(&self, a: &Allocation, s: &ShareGrant) -> mpsd::ShareRequest {
         mpsd::ShareRequest {
             device: s.device.clone(),
-            tenant: a.tenant.clone(),
-            holder: a.container_id.clone(),
+            tenant: a.tenant.to_string(),
+            holder: a.container_id.to_string(),
             percent: s.percent.unwrap_or(100),
             mem_limit_bytes: s.mem_limit_bytes.unwrap_or(0),
         }

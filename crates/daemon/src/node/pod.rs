@@ -6,10 +6,11 @@
 //! cannot know a pod's other containers before they are created.)
 
 use tessera_api::cri::{self, PodContainer, RequestScope, RequestSite, Role, Workload};
-use tessera_api::{AllocateRequest, ApiError, ErrorCode, RequestSource};
+use tessera_api::{AllocateRequest, ErrorCode, RequestSource};
 use tracing::warn;
 
 use super::Node;
+use crate::error::{CoreError, Detail};
 
 impl Node {
     /// The pod container `req` comes from (`None`: not a CRI container, or one whose CRI
@@ -18,15 +19,17 @@ impl Node {
     pub(super) fn pod_container(
         &mut self,
         req: &AllocateRequest,
-    ) -> Result<Option<Workload>, ApiError> {
+    ) -> Result<Option<Workload>, CoreError> {
         let refuse = |node: &mut Node, code: ErrorCode, rule: &str, message: String| {
-            let err = ApiError {
+            let err = CoreError::of(
                 code,
-                message,
-                tenant: None,
-                request: Some(req.request.to_string()),
-                rule: Some(rule.to_string()),
-            };
+                Detail {
+                    message,
+                    tenant: None,
+                    request: Some(req.request.to_string()),
+                    rule: Some(rule.to_string()),
+                },
+            );
             node.record_refusal(&req.container_id, &err);
             err
         };
@@ -61,7 +64,7 @@ impl Node {
             }
         };
         let Role::Container(name) = pc.role else {
-            return Err(ApiError::new(ErrorCode::Internal, "a sandbox passed the sandbox check"));
+            return Err(CoreError::internal("a sandbox passed the sandbox check"));
         };
         if req.request_source != RequestSource::Annotation {
             return Ok(Some(pc.workload));

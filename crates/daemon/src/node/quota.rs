@@ -5,11 +5,12 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use fleet::quota_wire::{Holding, SyncRequest, Victim};
-use tessera_api::{Allocation, ApiError, QuotaClass};
+use tessera_api::{Allocation, QuotaClass};
 use tracing::{debug, warn};
 
 use super::revoke::{Refused, Stopped, Target};
 use super::{internal, Node};
+use crate::error::CoreError;
 use crate::quota_gate::{self, NotStopped};
 
 /// A device kept for a reclaim's claimant: other tenants' plans treat it as taken until
@@ -126,20 +127,20 @@ impl Node {
     }
 
     /// This node's guaranteed holdings, by tenant.
-    pub(super) fn guaranteed_here(&self) -> Result<Vec<(String, ::quota::Resources)>, ApiError> {
+    pub(super) fn guaranteed_here(&self) -> Result<Vec<(String, ::quota::Resources)>, CoreError> {
         Ok(self
             .allocations()?
             .into_iter()
             .filter_map(|a| {
                 let m = a.quota.as_ref().filter(|m| m.class == QuotaClass::Guaranteed)?;
-                Some((a.tenant.clone(), quota_gate::mark_amounts(m).to_resources()))
+                Some((a.tenant.into_string(), quota_gate::mark_amounts(m).to_resources()))
             })
             .collect())
     }
 
     /// What a sync reports: the node's capacity and every marked grant (the leases are the
     /// gate's to add); `None` under a policy without quotas (nothing to sync).
-    pub(crate) fn quota_snapshot(&self) -> Result<Option<SyncRequest>, ApiError> {
+    pub(crate) fn quota_snapshot(&self) -> Result<Option<SyncRequest>, CoreError> {
         if !self.policy.policy.has_quotas() {
             return Ok(None);
         }
@@ -149,8 +150,8 @@ impl Node {
             .filter_map(|a| {
                 let m = a.quota.as_ref()?;
                 Some(Holding {
-                    container_id: a.container_id.clone(),
-                    tenant: a.tenant.clone(),
+                    container_id: a.container_id.to_string(),
+                    tenant: a.tenant.to_string(),
                     amounts: quota_gate::mark_amounts(m),
                     class: m.class,
                     started_ms: a.created_ms,
@@ -181,7 +182,7 @@ impl Node {
         victims: &[Victim],
         stopping: &BTreeSet<String>,
         hold_for: Option<(&str, Instant)>,
-    ) -> Result<PreemptPlan, ApiError> {
+    ) -> Result<PreemptPlan, CoreError> {
         let records = self.store.all().map_err(internal)?;
         let grants: Vec<Allocation> = records.iter().map(|r| r.allocation.clone()).collect();
         let quota_gate::VictimsHere { stop, skip } =
@@ -248,7 +249,7 @@ impl Node {
                     ts.iter().any(|t| t.refused.container_id == r.allocation.container_id)
                 })
             })
-            .filter_map(|r| r.cgroup.clone().map(|cg| (r.allocation.container_id.clone(), cg)))
+            .filter_map(|r| r.cgroup.clone().map(|cg| (r.allocation.container_id.to_string(), cg)))
             .collect();
         Ok(PreemptPlan { groups, cgroups, host: self.host.clone() })
     }
@@ -287,7 +288,7 @@ impl Node {
                     out.push(id.clone());
                 }
                 Err(e) => {
-                    warn!(container = %id, "releasing a preempted grant failed: {}", e.message)
+                    warn!(container = %id, "releasing a preempted grant failed: {}", e.message())
                 }
             }
         }
@@ -481,8 +482,8 @@ mod tests {
         let mut r = req("c1", "team-dev", "gpu=1");
         r.annotations.insert(tessera_api::GANG_ANNOTATION.into(), "g1".into());
         let e = n.prepare_allocate(&r, QuotaMode::On).expect_err("refused");
-        assert_eq!((e.code, e.rule.as_deref()), (ErrorCode::BadRequest, Some("gang")));
-        assert!(e.message.contains("tessera.io/gang-size"), "{}", e.message);
+        assert_eq!((e.code(), e.rule()), (ErrorCode::BadRequest, Some("gang")));
+        assert!(e.message().contains("tessera.io/gang-size"), "{}", e.message());
         assert!(kinds(&n).contains(&("refuse".into(), "c1".into())));
     }
 
@@ -496,12 +497,12 @@ mod tests {
         let a = ask(&mut n, &r);
         assert!(a.admit.short_on_node);
         assert_eq!(a.admit.amounts.gpus[H100], GPU, "counted on the node's model");
-        assert_eq!(a.no_capacity.as_ref().map(|e| e.code), Some(ErrorCode::NoCapacity));
+        assert_eq!(a.no_capacity.as_ref().map(|e| e.code()), Some(ErrorCode::NoCapacity));
         // A MIG profile no GPU here has: the node's own refusal, nothing asked.
         let e = n
             .prepare_allocate(&req("c2", "team-trusted", "mig=1g.5gb"), QuotaMode::On)
             .expect_err("never here");
-        assert_eq!(e.code, ErrorCode::NoCapacity);
+        assert_eq!(e.code(), ErrorCode::NoCapacity);
         assert!(kinds(&n).contains(&("refuse".into(), "c2".into())));
     }
 
@@ -555,8 +556,8 @@ mod tests {
         assert_eq!(free.len(), 3);
         n.hold_devices(ALICE, &free, until);
         let e = n.allocate(&req("dave", "team-scratch", "gpu=1")).expect_err("held");
-        assert_eq!(e.code, ErrorCode::NoCapacity);
-        assert!(e.message.contains(&format!("held for tenant {ALICE}")), "{}", e.message);
+        assert_eq!(e.code(), ErrorCode::NoCapacity);
+        assert!(e.message().contains(&format!("held for tenant {ALICE}")), "{}", e.message());
         let r = req("alice", "team-trusted", "gpu=1");
         let a = ask(&mut n, &r);
         let g = n
@@ -601,14 +602,18 @@ mod tests {
         let r = req("a2", "team-trusted", "gpu=1");
         let a = ask(&mut n, &r);
         let e = n.finish_allocate(&r, &a.admit, &lease_admission).expect_err("beyond the lease");
-        assert_eq!((e.code, e.rule.as_deref()), (ErrorCode::Refused, Some("quotas")));
-        assert!(e.message.contains("the quota coordinator is unreachable since"), "{}", e.message);
-        assert!(e.message.contains("connection refused"), "{}", e.message);
+        assert_eq!((e.code(), e.rule()), (ErrorCode::Refused, Some("quotas")));
         assert!(
-            e.message
+            e.message().contains("the quota coordinator is unreachable since"),
+            "{}",
+            e.message()
+        );
+        assert!(e.message().contains("connection refused"), "{}", e.message());
+        assert!(
+            e.message()
                 .contains("quota path acme/trusted: this node's lease covers 1 H100-80GB GPUs"),
             "{}",
-            e.message
+            e.message()
         );
         assert!(kinds(&n).contains(&("refuse".into(), "a2".into())));
         assert!(n.allocation("a2").is_err(), "nothing granted");
@@ -617,7 +622,7 @@ mod tests {
         let r = req("b1", "team-dev", "gpu=1");
         let a = ask(&mut n, &r);
         let e = n.finish_allocate(&r, &a.admit, &lease_admission).expect_err("no lease");
-        assert!(e.message.contains("no lease for quota path acme/dev"), "{}", e.message);
+        assert!(e.message().contains("no lease for quota path acme/dev"), "{}", e.message());
     }
 
     /// The controller with the node's own books (no coordinator): guarantees, borrowing,
@@ -653,13 +658,13 @@ mod tests {
         let b3 = grant("b3", "team-dev", "gpu=3").expect("borrowed up to the ceiling");
         assert_eq!(class(&b3), Some(QuotaClass::Borrowed));
         let e = grant("b4", "team-dev", "gpu=1").expect_err("the ceiling");
-        assert_eq!(e.code, ErrorCode::Refused, "{e:?}");
-        assert_eq!(e.rule.as_deref(), Some("quotas.acme/dev.gpus.H100-80GB.ceiling"), "{e:?}");
+        assert_eq!(e.code(), ErrorCode::Refused, "{e:?}");
+        assert_eq!(e.rule(), Some("quotas.acme/dev.gpus.H100-80GB.ceiling"), "{e:?}");
 
         // Alice, within her guarantee, on a node whose whole GPUs bob holds.
         let e = grant("a1", "team-trusted", "gpu=1").expect_err("reclaiming");
-        assert_eq!(e.code, ErrorCode::Reclaiming, "{e:?}");
-        assert!(e.message.contains("retry after"), "{}", e.message);
+        assert_eq!(e.code(), ErrorCode::Reclaiming, "{e:?}");
+        assert!(e.message().contains("retry after"), "{}", e.message());
         let events = ctl.locked(|n| Ok(kinds(n))).expect("events");
         // One `preempt` event when the stop starts, one with what it did.
         let victims: Vec<String> = events
@@ -696,7 +701,7 @@ mod tests {
         ctl.apply(Action::Reconcile).expect("reconcile reports the releases");
         // Someone else cannot take what is held for alice.
         let e = grant("d1", "team-scratch", "gpu=1").expect_err("held");
-        assert!(e.message.contains(&format!("held for tenant {ALICE}")), "{e:?}");
+        assert!(e.message().contains(&format!("held for tenant {ALICE}")), "{e:?}");
         let a1 = grant("a1", "team-trusted", "gpu=1").expect("the retry is granted");
         assert_eq!(class(&a1), Some(QuotaClass::Guaranteed));
         assert!(freed.contains(&a1.devices[0].uuid), "on a freed device");
@@ -739,7 +744,8 @@ mod tests {
         std::fs::create_dir_all(&cg).expect("mkdir");
         std::fs::write(cg.join("cgroup.procs"), format!("{pid}\n")).expect("procs");
         let start = tessera_api::StartRequest { pid, bundle: "/b/m1".into() };
-        ctl.apply(Action::Start { container_id: "m1".into(), req: start }).expect("started");
+        ctl.apply(Action::Start { container_id: "m1".parse().expect("valid"), req: start })
+            .expect("started");
         let billed = ctl
             .locked(|n| n.intervals())
             .expect("intervals")
@@ -795,10 +801,11 @@ mod tests {
         let b2 = allocate("b2", "team-dev", "gpu=4").expect("borrowed: the rest of the node");
         assert_eq!(b2.quota.as_ref().map(|m| m.class), Some(QuotaClass::Borrowed));
         let start = tessera_api::StartRequest { pid, bundle: "/b/b2".into() };
-        ctl.apply(Action::Start { container_id: "b2".into(), req: start }).expect("started");
+        ctl.apply(Action::Start { container_id: "b2".parse().expect("valid"), req: start })
+            .expect("started");
 
         let e = allocate("a1", "team-trusted", "gpu=1").expect_err("reclaiming");
-        assert_eq!(e.code, ErrorCode::Reclaiming, "{e:?}");
+        assert_eq!(e.code(), ErrorCode::Reclaiming, "{e:?}");
         // The kernel's part: once SIGKILL took the init, its cgroup empties.
         let t0 = Instant::now();
         while p.exists() {

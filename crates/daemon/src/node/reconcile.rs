@@ -2,10 +2,11 @@
 
 use std::path::Path;
 
-use tessera_api::{untrusted, AllocationState, ApiError};
+use tessera_api::{untrusted, AllocationState};
 use tracing::warn;
 
 use super::{internal, Node};
+use crate::error::CoreError;
 use crate::liveness::{self, CgroupProcs, Facts, Liveness};
 use crate::store::Record;
 
@@ -18,7 +19,7 @@ pub struct ReconcileReport {
 
 impl Node {
     /// Release every allocation whose container is gone ([`liveness::judge`]).
-    pub fn reconcile(&mut self) -> Result<ReconcileReport, ApiError> {
+    pub fn reconcile(&mut self) -> Result<ReconcileReport, CoreError> {
         let now = crate::now_ms();
         let mut report = ReconcileReport::default();
         for mut rec in self.store.all().map_err(internal)? {
@@ -77,7 +78,7 @@ impl Node {
             ) {
                 warn!(container = %a.container_id, tenant = %a.tenant, %why, "reconciler releases");
                 self.drop_allocation(&a.container_id, &format!("reconciler: {why}"))?;
-                report.released.push((a.container_id.clone(), why));
+                report.released.push((a.container_id.to_string(), why));
             }
         }
         self.reconcile_passes += 1;

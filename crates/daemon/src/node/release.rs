@@ -3,10 +3,11 @@
 
 use std::path::Path;
 
-use tessera_api::{untrusted, ApiError, ErrorCode, Isolation, ReleaseRequest};
+use tessera_api::{untrusted, ContainerId, Isolation, ReleaseRequest};
 use tracing::{info, warn};
 
-use super::{internal, ledger_err, validate_container_id, Node};
+use super::{internal, ledger_err, Node};
+use crate::error::CoreError;
 use crate::liveness::CgroupProcs;
 
 impl Node {
@@ -17,7 +18,7 @@ impl Node {
         &mut self,
         container_id: &str,
         why: &str,
-    ) -> Result<bool, ApiError> {
+    ) -> Result<bool, CoreError> {
         self.ledger.close_container(container_id, why).map_err(ledger_err)?;
         let Some(rec) = self.store.get(container_id).map_err(internal)? else { return Ok(false) };
         let a = &rec.allocation;
@@ -40,7 +41,7 @@ impl Node {
         match &a.share {
             None => {
                 for d in a.devices.iter().filter(|d| !quarantined.contains(&d.uuid)) {
-                    let st = scrub::DeviceState::Dirty { last_tenant: a.tenant.clone() };
+                    let st = scrub::DeviceState::Dirty { last_tenant: a.tenant.to_string() };
                     left.push((d.uuid.clone(), serde_json::to_string(&st).unwrap_or_default()));
                 }
             }
@@ -75,8 +76,10 @@ impl Node {
     /// Free a container's devices, unchecked: for callers in this process that know the
     /// container is gone (tests, tools). The API's release is [`Node::release_removed`].
     /// Unknown ids are fine (the hook and the reconciler race).
-    pub fn release(&mut self, container_id: &str, why: &str) -> Result<bool, ApiError> {
-        validate_container_id(container_id)?;
+    pub fn release(&mut self, container_id: &str, why: &str) -> Result<bool, CoreError> {
+        // An in-process entry that takes a string: checked here, as the API's edge does.
+        tessera_api::validate_container_id(container_id)
+            .map_err(|e| CoreError::bad_request(e.to_string()))?;
         let existed = self.drop_allocation(container_id, why)?;
         if existed {
             info!(container = %container_id, why, "released");
@@ -93,10 +96,9 @@ impl Node {
     /// Unknown ids are fine (releases race with the reconciler).
     pub fn release_removed(
         &mut self,
-        container_id: &str,
+        container_id: &ContainerId,
         req: &ReleaseRequest,
-    ) -> Result<bool, ApiError> {
-        validate_container_id(container_id)?;
+    ) -> Result<bool, CoreError> {
         let Some(rec) = self.store.get(container_id).map_err(internal)? else { return Ok(false) };
         let mismatch = |what: &str, asked: &str, recorded: &str| {
             format!(
@@ -136,7 +138,7 @@ impl Node {
             if let Err(e) = self.store.event("release-refused", Some(container_id), &message) {
                 warn!("cannot record a refused release: {e}");
             }
-            return Err(ApiError::new(ErrorCode::Conflict, message));
+            return Err(CoreError::conflict(message));
         }
         self.release(container_id, "container removed")
     }

@@ -17,13 +17,14 @@
 
 use std::time::{Duration, Instant};
 
-use policy::{Policy, Tenant, Trust};
+use policy::{Policy, Tenant};
 use serde::{Deserialize, Serialize};
 use tessera_api::cri::Workload;
-use tessera_api::{untrusted, Allocation, AllocationState, ApiError, ErrorCode};
+use tessera_api::{untrusted, Allocation, AllocationState};
 use tracing::warn;
 
 use super::{internal, Node};
+use crate::error::CoreError;
 use crate::host::{Host, Signal};
 
 /// Seconds between SIGTERM and SIGKILL when the request names none.
@@ -60,9 +61,9 @@ impl Refused {
     /// Grant `a`, refused by `rule` with `message`.
     pub(crate) fn of(a: &Allocation, rule: String, message: String) -> Refused {
         Refused {
-            container_id: a.container_id.clone(),
-            tenant: a.tenant.clone(),
-            trust: a.trust.clone(),
+            container_id: a.container_id.to_string(),
+            tenant: a.tenant.to_string(),
+            trust: a.trust.to_string(),
             request: a.request.to_string(),
             state: a.state,
             pid: a.pid,
@@ -142,11 +143,9 @@ pub fn refused(policy: &Policy, node: &str, grants: &[Allocation]) -> Vec<Refuse
         .filter_map(|a| {
             // The recorded trust only names the tier in a refusal of an unknown tenant:
             // `authorize` uses the policy's own trust for a tenant it has.
-            let trust =
-                Trust::ALL.into_iter().find(|t| t.as_str() == a.trust).unwrap_or(Trust::Untrusted);
             let tenant = policy
                 .tenant(&a.tenant)
-                .unwrap_or_else(|| Tenant { path: a.tenant.clone(), trust });
+                .unwrap_or_else(|| Tenant { path: a.tenant.clone(), trust: a.trust });
             let refusal = policy.authorize(&tenant, &a.request, node).err()?;
             Some(Refused::of(a, refusal.rule, refusal.message))
         })
@@ -207,14 +206,13 @@ pub struct StopPlan {
 }
 
 /// The stop's grace period: `grace_s` within `0..=MAX_GRACE_S`, or the default.
-pub fn grace(req: &StopRequest) -> Result<Duration, ApiError> {
+pub fn grace(req: &StopRequest) -> Result<Duration, CoreError> {
     match req.grace_s {
         None => Ok(Duration::from_secs(DEFAULT_GRACE_S)),
         Some(s) if s <= MAX_GRACE_S => Ok(Duration::from_secs(s)),
-        Some(s) => Err(ApiError::new(
-            ErrorCode::BadRequest,
-            format!("grace_s {s} is too long: at most {MAX_GRACE_S} seconds between SIGTERM and SIGKILL"),
-        )),
+        Some(s) => Err(CoreError::bad_request(format!(
+            "grace_s {s} is too long: at most {MAX_GRACE_S} seconds between SIGTERM and SIGKILL"
+        ))),
     }
 }
 
@@ -336,7 +334,7 @@ fn stop_polling(
 
 impl Node {
     /// The grants the policy in force would refuse now ([`refused`]).
-    pub fn revoke_check(&self) -> Result<RevokeCheck, ApiError> {
+    pub fn revoke_check(&self) -> Result<RevokeCheck, CoreError> {
         let grants = self.allocations()?;
         Ok(RevokeCheck {
             policy_version: self.policy.policy.version(),
@@ -350,7 +348,7 @@ impl Node {
     /// What a stop will signal: the refused grants (those `req` names, each of which must
     /// be refused now; all when it names none), each recorded as a `revoke` event before
     /// anything is sent.
-    pub fn revoke_targets(&mut self, req: &StopRequest) -> Result<StopPlan, ApiError> {
+    pub fn revoke_targets(&mut self, req: &StopRequest) -> Result<StopPlan, CoreError> {
         let grace = grace(req)?;
         let records = self.store.all().map_err(internal)?;
         let grants: Vec<Allocation> = records.iter().map(|r| r.allocation.clone()).collect();
@@ -358,19 +356,16 @@ impl Node {
         let version = self.policy.policy.version();
         for id in &req.containers {
             if !grants.iter().any(|a| a.container_id == *id) {
-                return Err(ApiError::new(
-                    ErrorCode::NotFound,
-                    format!("no grant for container {}; nothing stopped", untrusted(id)),
-                ));
+                return Err(CoreError::not_found(format!(
+                    "no grant for container {}; nothing stopped",
+                    untrusted(id)
+                )));
             }
             if !refused.iter().any(|r| r.container_id == *id) {
-                return Err(ApiError::new(
-                    ErrorCode::Conflict,
-                    format!(
-                        "policy version {version} allows the grant of container {}; nothing stopped",
-                        untrusted(id)
-                    ),
-                ));
+                return Err(CoreError::conflict(format!(
+                    "policy version {version} allows the grant of container {}; nothing stopped",
+                    untrusted(id)
+                )));
             }
         }
         let targets: Vec<Target> = refused
@@ -419,6 +414,7 @@ mod tests {
 
     use super::*;
     use crate::liveness::CgroupProcs;
+    use tessera_api::ErrorCode;
 
     const POLICY: &[u8] = include_bytes!("../../../../examples/policy.json");
 
@@ -542,8 +538,8 @@ mod tests {
         assert_eq!(at(0).expect("0"), Duration::ZERO);
         assert_eq!(at(MAX_GRACE_S).expect("max"), Duration::from_secs(MAX_GRACE_S));
         let e = at(MAX_GRACE_S + 1).expect_err("too long");
-        assert_eq!(e.code, ErrorCode::BadRequest);
-        assert!(e.message.contains("at most 300"), "{}", e.message);
+        assert_eq!(e.code(), ErrorCode::BadRequest);
+        assert!(e.message().contains("at most 300"), "{}", e.message());
     }
 
     /// Processes in memory: pid -> (start, what it does on SIGTERM), and what was sent.

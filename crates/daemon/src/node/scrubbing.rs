@@ -2,7 +2,7 @@
 //! scrub itself runs in a child process outside the node lock ([`ScrubJob::run`]).
 
 use super::Node;
-use tessera_api::{ApiError, ErrorCode};
+use crate::error::CoreError;
 use tracing::{info, warn};
 
 /// How scrubs are run: a child process, so no CUDA state ever lives in the daemon.
@@ -32,7 +32,7 @@ impl ScrubJob {
 impl Node {
     /// The next device to scrub, marked scrubbing (durably) before it is handed out, so a
     /// daemon killed mid-scrub resumes it after restart.
-    pub fn next_scrub(&mut self) -> Result<Option<ScrubJob>, ApiError> {
+    pub fn next_scrub(&mut self) -> Result<Option<ScrubJob>, CoreError> {
         let policy = self.scrub_policy();
         let pick = self
             .lifecycle()?
@@ -51,7 +51,7 @@ impl Node {
                 self.set_state(&uuid, &other, None)?;
                 Ok(None)
             }
-            Err(e) => Err(ApiError::new(ErrorCode::Internal, format!("device {uuid}: {e}"))),
+            Err(e) => Err(CoreError::internal(format!("device {uuid}: {e}"))),
         }
     }
 
@@ -69,7 +69,7 @@ impl Node {
         &mut self,
         device: &str,
         result: Result<scrub::ScrubReport, scrub::ScrubError>,
-    ) -> Result<scrub::DeviceState, ApiError> {
+    ) -> Result<scrub::DeviceState, CoreError> {
         self.scrubs_in_flight.remove(device);
         let policy = self.scrub_policy();
         let current =
@@ -78,8 +78,7 @@ impl Node {
             Ok(report) => (current.on_scrub_result(&report, &policy), Some(report)),
             Err(e) => (current.on_scrub_failed(&e.to_string()), None),
         };
-        let next =
-            next.map_err(|e| ApiError::new(ErrorCode::Internal, format!("device {device}: {e}")))?;
+        let next = next.map_err(|e| CoreError::internal(format!("device {device}: {e}")))?;
         self.set_state(device, &next, report.as_ref())?;
         let detail = match &report {
             Some(r) => format!(
@@ -105,7 +104,7 @@ impl Node {
     /// An operator asks for a quarantined device back: it must pass the backend's health
     /// check ([`slicer::GpuBackend::device_health`]), then it is scrubbed again, and returns
     /// to service only if that scrub succeeds.
-    pub fn unquarantine(&mut self, device: &str) -> Result<ScrubJob, ApiError> {
+    pub fn unquarantine(&mut self, device: &str) -> Result<ScrubJob, CoreError> {
         let current = self.lifecycle()?.remove(device).map(|(st, _)| st);
         // A UUID the node has never heard of is unknown, not "free": neither a GPU or MIG
         // instance of the inventory nor a device with a recorded lifecycle.
@@ -115,22 +114,17 @@ impl Node {
             .iter()
             .any(|g| g.uuid == device || g.instances.iter().any(|i| i.uuid == device));
         if current.is_none() && !known {
-            return Err(ApiError::new(
-                ErrorCode::NotFound,
-                format!(
+            return Err(CoreError::not_found(format!(
                     "unknown device {}: this node has no GPU or MIG instance with that UUID (see `tessera status`)",
                     tessera_api::untrusted(device).max_chars(128)
                 ),
             ));
         }
         let Some(st @ scrub::DeviceState::Quarantined { .. }) = current else {
-            return Err(ApiError::new(
-                ErrorCode::Conflict,
-                format!(
-                    "device {device} is not quarantined ({})",
-                    current.as_ref().map(|s| s.name()).unwrap_or("free")
-                ),
-            ));
+            return Err(CoreError::conflict(format!(
+                "device {device} is not quarantined ({})",
+                current.as_ref().map(|s| s.name()).unwrap_or("free")
+            )));
         };
         // The health check first: a device the driver still reports unhealthy (rows
         // pending remapping, pages pending retirement, its GPU lost) is not scrubbed back
@@ -143,23 +137,19 @@ impl Node {
                     None,
                     &format!("{device}: unquarantine refused: the health check fails: {why}"),
                 );
-                return Err(ApiError::new(
-                    ErrorCode::Conflict,
-                    format!("device {device} stays quarantined: the health check fails: {why}"),
-                ));
+                return Err(CoreError::conflict(format!(
+                    "device {device} stays quarantined: the health check fails: {why}"
+                )));
             }
             Err(e) => {
-                return Err(ApiError::new(
-                    ErrorCode::Internal,
-                    format!(
-                        "device {device} stays quarantined: the health check could not run: {e}"
-                    ),
-                ))
+                return Err(CoreError::internal(format!(
+                    "device {device} stays quarantined: the health check could not run: {e}"
+                )))
             }
         }
         let next = st
             .unquarantine_requested()
-            .map_err(|e| ApiError::new(ErrorCode::Conflict, format!("device {device}: {e}")))?;
+            .map_err(|e| CoreError::conflict(format!("device {device}: {e}")))?;
         self.set_state(device, &next, None)?;
         let _ = self.store.event(
             "scrub",

@@ -4,29 +4,26 @@
 use std::path::Path;
 
 use tessera_api::mountinfo;
-use tessera_api::{untrusted, Allocation, AllocationState, ApiError, ErrorCode, StartRequest};
+use tessera_api::{untrusted, Allocation, AllocationState, ContainerId, StartRequest};
 use tracing::info;
 
-use super::{internal, ledger_err, validate_container_id, Node};
+use super::{internal, ledger_err, Node};
+use crate::error::CoreError;
 
 impl Node {
     /// The prestart hook confirms the container exists with this pid.
     pub fn start(
         &mut self,
-        container_id: &str,
+        container_id: &ContainerId,
         req: &StartRequest,
-    ) -> Result<Allocation, ApiError> {
-        validate_container_id(container_id)?;
+    ) -> Result<Allocation, CoreError> {
         let rec = self.store.get(container_id).map_err(internal)?.ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::NotFound,
-                format!("container {container_id} has no GPU allocation on this node; refusing to start it"),
-            )
+            CoreError::not_found(format!(
+                "container {container_id} has no GPU allocation on this node; refusing to start it"
+            ))
         })?;
         if rec.bundle != req.bundle {
-            return Err(ApiError::new(
-                ErrorCode::Conflict,
-                format!(
+            return Err(CoreError::conflict(format!(
                     "container {container_id}: the hook reports bundle {} but the grant was made for bundle {}",
                     untrusted(&req.bundle),
                     untrusted(&rec.bundle)
@@ -34,28 +31,26 @@ impl Node {
             ));
         }
         if req.pid <= 0 {
-            return Err(ApiError::new(
-                ErrorCode::BadRequest,
-                format!("container {container_id}: pid {} is not a process id", req.pid),
-            ));
+            return Err(CoreError::bad_request(format!(
+                "container {container_id}: pid {} is not a process id",
+                req.pid
+            )));
         }
         if rec.allocation.state == AllocationState::Running && rec.allocation.pid == Some(req.pid) {
             return Ok(rec.allocation);
         }
         let start = self.host.pid_start_time(req.pid);
         if start.is_none() {
-            return Err(ApiError::new(
-                ErrorCode::BadRequest,
-                format!("container {container_id}: pid {} is not alive", req.pid),
-            ));
+            return Err(CoreError::bad_request(format!(
+                "container {container_id}: pid {} is not alive",
+                req.pid
+            )));
         }
         // The grant lasts while a process is in this cgroup (runc keeps the container's
         // device rules there). One that cannot be told for sure is refused: the grant
         // could end while a process of the container still runs with the device.
         let cgroup = self.host.container_cgroup(req.pid).map_err(|e| {
-            ApiError::new(
-                ErrorCode::BadRequest,
-                format!("container {container_id}: cannot tell the cgroup of pid {}: {e}; refusing to start it", req.pid),
+            CoreError::bad_request(format!("container {container_id}: cannot tell the cgroup of pid {}: {e}; refusing to start it", req.pid),
             )
         })?;
         if let Err(why) =
@@ -65,14 +60,14 @@ impl Node {
             if let Err(e) = self.store.event("isolation", Some(container_id), &message) {
                 tracing::warn!("cannot record an isolation refusal: {e}");
             }
-            return Err(ApiError::new(ErrorCode::Refused, message));
+            return Err(CoreError::refused(message));
         }
         if let Err(why) = self.admitted_limits_hold(&rec, req.pid) {
             let message = format!("container {container_id}: {why}; refusing to start it");
             if let Err(e) = self.store.event("isolation", Some(container_id), &message) {
                 tracing::warn!("cannot record an isolation refusal: {e}");
             }
-            return Err(ApiError::new(ErrorCode::Refused, message));
+            return Err(CoreError::refused(message));
         }
         let rec = self.store.set_running(rec, req.pid, start, Some(cgroup)).map_err(internal)?;
         self.write_grant_cgroups();
@@ -228,7 +223,7 @@ impl Node {
     /// The container's init process `pid` has exited: its intervals close now. Its devices
     /// stay held until runc has removed the container (release or reconciler); nothing runs
     /// on them any more. A grant that moved on (released, another pid) is left alone.
-    pub fn container_exited(&mut self, container_id: &str, pid: i32) -> Result<usize, ApiError> {
+    pub fn container_exited(&mut self, container_id: &str, pid: i32) -> Result<usize, CoreError> {
         let Some(rec) = self.store.get(container_id).map_err(internal)? else { return Ok(0) };
         if rec.allocation.state != AllocationState::Running || rec.allocation.pid != Some(pid) {
             return Ok(0);

@@ -3,27 +3,25 @@
 use std::collections::BTreeMap;
 
 use super::{internal, lifecycle_detail, summary, Node};
+use crate::error::CoreError;
 use tessera_api::{
-    untrusted, Allocation, ApiError, DeviceState, ErrorCode, EventStatus, GpuStatus, Holder,
-    MigInstanceStatus, MpsShareStatus, NodeStatus,
+    untrusted, Allocation, DeviceState, EventStatus, GpuStatus, Holder, MigInstanceStatus,
+    MpsShareStatus, NodeStatus,
 };
 
 impl Node {
-    pub fn allocation(&self, container_id: &str) -> Result<Allocation, ApiError> {
+    pub fn allocation(&self, container_id: &str) -> Result<Allocation, CoreError> {
         self.store.get(container_id).map_err(internal)?.map(|r| r.allocation).ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::NotFound,
-                format!("no allocation for container {}", untrusted(container_id)),
-            )
+            CoreError::not_found(format!("no allocation for container {}", untrusted(container_id)))
         })
     }
 
-    pub fn allocations(&self) -> Result<Vec<Allocation>, ApiError> {
+    pub fn allocations(&self) -> Result<Vec<Allocation>, CoreError> {
         Ok(self.store.all().map_err(internal)?.into_iter().map(|r| r.allocation).collect())
     }
 
     /// Everything a person needs to see: devices, their layout, who holds what.
-    pub fn status(&self) -> Result<NodeStatus, ApiError> {
+    pub fn status(&self) -> Result<NodeStatus, CoreError> {
         let allocations = self.allocations()?;
         let mut holders: BTreeMap<&str, Holder> = BTreeMap::new();
         let shared: std::collections::BTreeSet<&str> = allocations

@@ -16,10 +16,11 @@ use std::sync::Arc;
 
 use slicer::GpuBackend;
 use tessera_api::telemetry::{ContainerUsage, DeviceTelemetry, NodeTelemetry, ProcessTelemetry};
-use tessera_api::{Allocation, AllocationState, ApiError, Isolation};
+use tessera_api::{Allocation, AllocationState, Isolation};
 use tracing::warn;
 
 use super::Node;
+use crate::error::CoreError;
 use crate::host::Host;
 
 /// The longest a latency report may be (bytes read).
@@ -151,7 +152,7 @@ impl Node {
     }
 
     /// What the next telemetry tick reads.
-    pub fn telemetry_probe(&self) -> Result<TelemetryProbe, ApiError> {
+    pub fn telemetry_probe(&self) -> Result<TelemetryProbe, CoreError> {
         let threads: BTreeMap<(String, String), u8> = self
             .mps
             .shares()
@@ -185,13 +186,13 @@ impl Node {
         a.devices
             .iter()
             .map(|d| User {
-                container_id: a.container_id.clone(),
+                container_id: a.container_id.to_string(),
                 pid: a.pid,
                 cgroup: cgroup.map(str::to_string),
                 device: d.uuid.clone(),
                 gpu: d.gpu_uuid.clone(),
                 mps_threads: (a.isolation == Isolation::Mps)
-                    .then(|| threads.get(&(d.uuid.clone(), a.tenant.clone())).copied())
+                    .then(|| threads.get(&(d.uuid.clone(), a.tenant.to_string())).copied())
                     .flatten(),
                 report: report.clone(),
             })
@@ -204,7 +205,7 @@ impl Node {
     pub fn record_telemetry(
         &mut self,
         r: TelemetryReadings,
-    ) -> Result<Vec<interference::Step>, ApiError> {
+    ) -> Result<Vec<interference::Step>, CoreError> {
         let allocations = self.allocations()?;
         let threads: BTreeMap<(String, String), u8> = self
             .mps
@@ -215,10 +216,10 @@ impl Node {
         let mut containers = Vec::new();
         for a in allocations.iter().filter(|a| a.state == AllocationState::Running) {
             for d in &a.devices {
-                let usage = r.usage.get(&a.container_id);
+                let usage = r.usage.get(a.container_id.as_str());
                 containers.push(ContainerUsage {
-                    container_id: a.container_id.clone(),
-                    tenant: a.tenant.clone(),
+                    container_id: a.container_id.to_string(),
+                    tenant: a.tenant.to_string(),
                     workload: a.workload.as_ref().map(|w| w.display_name()),
                     device: d.uuid.clone(),
                     isolation: a.isolation,
@@ -226,9 +227,9 @@ impl Node {
                     sm: usage.map(|u| u.0),
                     mem: usage.map(|u| u.1),
                     mps_threads: (a.isolation == Isolation::Mps)
-                        .then(|| threads.get(&(d.uuid.clone(), a.tenant.clone())).copied())
+                        .then(|| threads.get(&(d.uuid.clone(), a.tenant.to_string())).copied())
                         .flatten(),
-                    latency_ms: r.latency.get(&a.container_id).copied(),
+                    latency_ms: r.latency.get(a.container_id.as_str()).copied(),
                 });
             }
         }
@@ -264,7 +265,10 @@ impl Node {
             .into_iter()
             .filter_map(|a| {
                 let w = a.workload?;
-                Some((a.container_id, (w.namespace, w.pod, w.container.unwrap_or_default())))
+                Some((
+                    a.container_id.into_string(),
+                    (w.namespace, w.pod, w.container.unwrap_or_default()),
+                ))
             })
             .collect();
         crate::metrics::TelemetryMetrics {
@@ -278,7 +282,7 @@ impl Node {
 
     /// [`Node::telemetry_probe`], read and recorded in one go (callers holding the node
     /// alone); the steps are returned, not carried out.
-    pub fn sample_telemetry(&mut self) -> Result<Vec<interference::Step>, ApiError> {
+    pub fn sample_telemetry(&mut self) -> Result<Vec<interference::Step>, CoreError> {
         let r = self.telemetry_probe()?.read();
         self.record_telemetry(r)
     }

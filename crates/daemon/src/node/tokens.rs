@@ -29,10 +29,11 @@ use tessera_api::cri::{PodContainer, Role, Workload};
 use tessera_api::deviceplugin::{
     AssignmentToken, IssuedAssignment, PluginAssignment, ASSIGNMENT_ANNOTATION,
 };
-use tessera_api::{AllocateRequest, ApiError, ErrorCode};
+use tessera_api::AllocateRequest;
 use tracing::warn;
 
 use super::Node;
+use crate::error::{CoreError, Detail};
 
 /// The file of issued tokens, beside `state.db`.
 pub const TOKENS_FILE: &str = "device-plugin-tokens.json";
@@ -235,21 +236,21 @@ impl Node {
 
     /// The book as recorded (empty when there is no file; an unreadable file is an error:
     /// no kubelet assignment is issued or honoured until it is fixed).
-    fn load_tokens(&self) -> Result<TokenBook, ApiError> {
+    fn load_tokens(&self) -> Result<TokenBook, CoreError> {
         let book: Option<TokenBook> =
             crate::durable::load_json(&self.tokens_path(), "device-plugin tokens")
-                .map_err(|e| ApiError::new(ErrorCode::Internal, format!("tesserad: {e}")))?;
+                .map_err(|e| CoreError::internal(format!("tesserad: {e}")))?;
         Ok(book.unwrap_or_default())
     }
 
-    fn store_tokens(&self, book: &TokenBook) -> Result<(), ApiError> {
+    fn store_tokens(&self, book: &TokenBook) -> Result<(), CoreError> {
         crate::durable::store_private_json(&self.tokens_path(), "device-plugin tokens", book)
-            .map_err(|e| ApiError::new(ErrorCode::Internal, format!("tesserad: {e}")))
+            .map_err(|e| CoreError::internal(format!("tesserad: {e}")))
     }
 
     /// The containers that hold a grant now.
-    fn live_containers(&self) -> Result<BTreeSet<String>, ApiError> {
-        Ok(self.allocations()?.into_iter().map(|a| a.container_id).collect())
+    fn live_containers(&self) -> Result<BTreeSet<String>, CoreError> {
+        Ok(self.allocations()?.into_iter().map(|a| a.container_id.into_string()).collect())
     }
 
     /// Issues and records a token for each of `made` (the device plugin's `Allocate`):
@@ -257,16 +258,15 @@ impl Node {
     pub fn issue_assignments(
         &self,
         made: &[PluginAssignment],
-    ) -> Result<Vec<IssuedAssignment>, ApiError> {
+    ) -> Result<Vec<IssuedAssignment>, CoreError> {
         let now = tessera_api::time::now_ms();
         let live = self.live_containers()?;
         let mut book = self.load_tokens()?;
         book.tidy(now, &|c| live.contains(c));
         let mut issued = Vec::with_capacity(made.len());
         for a in made {
-            let token = random_token().map_err(|e| {
-                ApiError::new(ErrorCode::Internal, format!("tesserad: no token: {e}"))
-            })?;
+            let token = random_token()
+                .map_err(|e| CoreError::internal(format!("tesserad: no token: {e}")))?;
             book.issue(now, &token, a);
             issued.push(IssuedAssignment::new(a.clone(), token));
         }
@@ -281,7 +281,7 @@ impl Node {
         &mut self,
         req: &AllocateRequest,
         issued: &IssuedAssignment,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), CoreError> {
         let now = tessera_api::time::now_ms();
         let live = self.live_containers()?;
         let holder = Holder::from_annotations(&req.annotations);
@@ -293,8 +293,7 @@ impl Node {
             self.note_presented(issued.assignment());
         }
         verdict.map_err(|why| {
-            let err = ApiError {
-                code: ErrorCode::BadRequest,
+            let err = CoreError::BadRequest(Detail {
                 message: format!(
                     "container {}: annotation {ASSIGNMENT_ANNOTATION}: token {} {why}; refusing device-plugin assignment {}",
                     req.container_id,
@@ -304,7 +303,7 @@ impl Node {
                 tenant: None,
                 request: Some(req.request.to_string()),
                 rule: Some(ASSIGNMENT_ANNOTATION.to_string()),
-            };
+            });
             self.record_refusal(&req.container_id, &err);
             err
         })
@@ -326,10 +325,9 @@ impl Node {
         &self,
         req: &AllocateRequest,
         issued: &IssuedAssignment,
-    ) -> Result<(), ApiError> {
-        let holder = Holder::from_annotations(&req.annotations).ok_or_else(|| {
-            ApiError::new(ErrorCode::Internal, "a checked token lost its pod container")
-        })?;
+    ) -> Result<(), CoreError> {
+        let holder = Holder::from_annotations(&req.annotations)
+            .ok_or_else(|| CoreError::internal("a checked token lost its pod container"))?;
         let mut book = self.load_tokens()?;
         book.bind(tessera_api::time::now_ms(), issued.token(), &holder, &req.container_id);
         self.store_tokens(&book)
@@ -349,7 +347,7 @@ impl Node {
             }
         });
         if let Err(e) = tidied {
-            warn!("device-plugin tokens: {}", e.message);
+            warn!("device-plugin tokens: {}", e.message());
         }
     }
 }

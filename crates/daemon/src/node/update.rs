@@ -16,12 +16,13 @@ use std::time::{Duration, Instant};
 
 use fleet::quota_wire::{Amounts, ResizeRequest};
 use tessera_api::{
-    untrusted, AllocationState, ApiError, ContainerLimits, ErrorCode, KernelLimits, QuotaClass,
+    untrusted, AllocationState, ContainerId, ContainerLimits, ErrorCode, KernelLimits, QuotaClass,
     QuotaMark, UpdateAnswer, UpdateDone, UpdateRequest,
 };
 use tracing::{info, warn};
 
-use super::{internal, ledger_err, validate_container_id, Node};
+use super::{internal, ledger_err, Node};
+use crate::error::{CoreError, Detail};
 use crate::limits;
 use crate::quota_gate;
 use crate::store::Record;
@@ -57,7 +58,7 @@ pub(crate) enum UpdatePlan {
 /// An update of a granted container, planned under the lock.
 #[derive(Debug, Clone)]
 pub(crate) struct UpdateStep {
-    pub container_id: String,
+    pub container_id: ContainerId,
     pub tenant: String,
     /// The kernel's limits now.
     pub before: KernelLimits,
@@ -120,16 +121,13 @@ impl Node {
     /// another path (`/var/run/runc` for `/run/runc`), so both are compared canonically.
     fn update_grant(
         &self,
-        container_id: &str,
+        container_id: &ContainerId,
         runc_root: &str,
-    ) -> Result<Option<Record>, ApiError> {
-        validate_container_id(container_id)?;
+    ) -> Result<Option<Record>, CoreError> {
         let Some(rec) = self.store.get(container_id).map_err(internal)? else { return Ok(None) };
         let canon = |p: &str| std::fs::canonicalize(p).unwrap_or_else(|_| Path::new(p).into());
         if rec.runc_root != runc_root && canon(&rec.runc_root) != canon(runc_root) {
-            return Err(ApiError::new(
-                ErrorCode::Conflict,
-                format!(
+            return Err(CoreError::conflict(format!(
                     "container {container_id}: the update names runc root {} but the grant of that id belongs to \
                      the container in runc root {}; refusing the update",
                     untrusted(runc_root),
@@ -179,21 +177,23 @@ impl Node {
     /// in flight.
     pub(crate) fn plan_update(
         &mut self,
-        container_id: &str,
+        container_id: &ContainerId,
         req: &UpdateRequest,
-    ) -> Result<UpdatePlan, ApiError> {
+    ) -> Result<UpdatePlan, CoreError> {
         let Some(rec) = self.update_grant(container_id, &req.runc_root)? else {
             return Ok(UpdatePlan::NoGrant);
         };
         let a = &rec.allocation;
         let refuse = |node: &mut Node, code: ErrorCode, rule: Option<&str>, message: String| {
-            let err = ApiError {
+            let err = CoreError::of(
                 code,
-                message,
-                tenant: Some(a.tenant.clone()),
-                request: Some(a.request.to_string()),
-                rule: rule.map(str::to_string),
-            };
+                Detail {
+                    message,
+                    tenant: Some(a.tenant.to_string()),
+                    request: Some(a.request.to_string()),
+                    rule: rule.map(str::to_string),
+                },
+            );
             node.record_refusal(container_id, &err);
             err
         };
@@ -259,8 +259,8 @@ impl Node {
         let tree = self.policy.policy.quotas().clone();
         let mark = a.quota.as_deref().cloned();
         let mut step = UpdateStep {
-            container_id: container_id.to_string(),
-            tenant: a.tenant.clone(),
+            container_id: container_id.clone(),
+            tenant: a.tenant.to_string(),
             before,
             after,
             allowed,
@@ -289,7 +289,7 @@ impl Node {
             };
             step.resize = Some(ResizeRequest {
                 container_id: container_id.to_string(),
-                tenant: a.tenant.clone(),
+                tenant: a.tenant.to_string(),
                 amounts,
                 unsynced_lease_grants: false,
             });
@@ -306,12 +306,11 @@ impl Node {
         &mut self,
         step: &UpdateStep,
         admission: &UpdateAdmission<'_>,
-    ) -> Result<UpdateAnswer, ApiError> {
-        let id = step.container_id.as_str();
+    ) -> Result<UpdateAnswer, CoreError> {
+        let id = &step.container_id;
         let rec = self.store.get(id).map_err(internal)?;
         let Some(rec) = rec.filter(|r| r.allocation.quota.as_deref() == step.mark.as_ref()) else {
-            return Err(ApiError::new(
-                ErrorCode::Conflict,
+            return Err(CoreError::conflict(
                 "its grant changed while the update was admitted; retry".to_string(),
             ));
         };
@@ -346,8 +345,7 @@ impl Node {
                         })
                     };
                     if let Err(why_not) = verdict {
-                        let err = ApiError {
-                            code: ErrorCode::Refused,
+                        let err = CoreError::Refused(Detail {
                             message: format!(
                                 "container {id} of tenant {} asks for {grow} more: the quota coordinator is unreachable \
                                  since {} ({}), and while it is, this node admits only work within guarantees its lease \
@@ -359,7 +357,7 @@ impl Node {
                             tenant: Some(step.tenant.clone()),
                             request: Some(rec.allocation.request.to_string()),
                             rule: Some("quotas".into()),
-                        };
+                        });
                         self.record_refusal(id, &err);
                         return Err(err);
                     }
@@ -389,7 +387,7 @@ impl Node {
             self.reopen_intervals(id, "reclassified by an update of its limits")?;
         }
         self.updates.insert(
-            id.to_string(),
+            id.clone(),
             UpdateInFlight {
                 before: step.before,
                 allowed: step.allowed,
@@ -414,9 +412,9 @@ impl Node {
     /// and the answer's second part is what to tell the books.
     pub(crate) fn finish_update(
         &mut self,
-        container_id: &str,
+        container_id: &ContainerId,
         req: &UpdateDone,
-    ) -> Result<(UpdateAnswer, Option<ResizeRequest>), ApiError> {
+    ) -> Result<(UpdateAnswer, Option<ResizeRequest>), CoreError> {
         let Some(rec) = self.update_grant(container_id, &req.runc_root)? else {
             self.updates.remove(container_id);
             return Ok((UpdateAnswer::default(), None));
@@ -433,7 +431,7 @@ impl Node {
         rec: &Record,
         outcome: &str,
         restored: bool,
-    ) -> Result<(UpdateAnswer, Option<ResizeRequest>), ApiError> {
+    ) -> Result<(UpdateAnswer, Option<ResizeRequest>), CoreError> {
         let id = rec.allocation.container_id.clone();
         let flight = self.updates.get(&id).cloned();
         let (kernel, _) = match self.kernel_limits(rec) {
@@ -502,8 +500,8 @@ impl Node {
             let before = mark.as_ref().map(quota_gate::mark_amounts);
             if booked.is_some_and(|b| b != counted) || before.is_some_and(|b| b != counted) {
                 to_books = Some(ResizeRequest {
-                    container_id: id.clone(),
-                    tenant: rec.allocation.tenant.clone(),
+                    container_id: id.to_string(),
+                    tenant: rec.allocation.tenant.to_string(),
                     amounts: counted,
                     unsynced_lease_grants: false,
                 });
@@ -531,7 +529,7 @@ impl Node {
 
     /// Closes a running grant's ledger intervals and opens new ones with its class of now
     /// (borrowed work is metered at the burst price from the change on).
-    fn reopen_intervals(&mut self, container_id: &str, why: &str) -> Result<(), ApiError> {
+    fn reopen_intervals(&mut self, container_id: &str, why: &str) -> Result<(), CoreError> {
         let Some(rec) = self.store.get(container_id).map_err(internal)? else { return Ok(()) };
         let closed = self.ledger.close_container(container_id, why).map_err(ledger_err)?;
         if !closed.is_empty() {
@@ -567,7 +565,7 @@ impl Node {
                         Ok((_, Some(r))) => to_books.push(r),
                         Ok(_) => {}
                         Err(e) => {
-                            warn!(container = %id, "finishing an update failed: {}", e.message)
+                            warn!(container = %id, "finishing an update failed: {}", e.message())
                         }
                     }
                     continue;
@@ -720,7 +718,7 @@ mod tests {
         UpdateDone { runc_root: "/run/tessera-test-runc".into(), runc_succeeded: ok, restored }
     }
 
-    fn answer(r: Result<Outcome, ApiError>) -> Result<UpdateAnswer, ApiError> {
+    fn answer(r: Result<Outcome, CoreError>) -> Result<UpdateAnswer, CoreError> {
         r.map(|o| match o {
             Outcome::Update(a) => a,
             other => panic!("{other:?}"),
@@ -760,34 +758,37 @@ mod tests {
         };
         ctl.apply(Action::Allocate(req)).expect("granted");
         let start = StartRequest { pid: PID, bundle: "/b/u1".into() };
-        ctl.apply(Action::Start { container_id: "u1".into(), req: start }).expect("started");
+        ctl.apply(Action::Start { container_id: "u1".parse().expect("valid"), req: start })
+            .expect("started");
         let mark = || -> QuotaMark {
             let a: Allocation = ctl.locked(|n| n.allocation("u1")).expect("grant");
             *a.quota.expect("marked")
         };
         let ask = |q, mem| {
-            answer(ctl.apply(Action::Update { container_id: "u1".into(), req: update(q, mem) }))
+            answer(ctl.apply(Action::Update {
+                container_id: "u1".parse().expect("valid"),
+                req: update(q, mem),
+            }))
         };
-        let say_done =
-            |ok, restored| {
-                answer(ctl.apply(Action::UpdateDone {
-                    container_id: "u1".into(),
-                    req: done(ok, restored),
-                }))
-            };
+        let say_done = |ok, restored| {
+            answer(ctl.apply(Action::UpdateDone {
+                container_id: "u1".parse().expect("valid"),
+                req: done(ok, restored),
+            }))
+        };
         assert_eq!(mark().class, QuotaClass::Guaranteed);
 
         // 16 cores: past the ceiling, refused by its rule; nothing recorded.
         let e = ask(1_600_000, 0).expect_err("past the ceiling");
         assert_eq!(
-            (e.code, e.rule.as_deref()),
+            (e.code(), e.rule()),
             (ErrorCode::Refused, Some("quotas.acme/dev.cpu_cores.ceiling"))
         );
         assert_eq!((mark().cpu_milli, mark().memory_mib), (200, 512));
         assert!(events(&ctl, "refuse").iter().any(|d| d.contains("cpu_cores.ceiling")));
         // Unlimited memory where a quota bounds it: refused as at create.
         let e = ask(0, -1).expect_err("unlimited");
-        assert!(e.message.contains("bounds memory"), "{}", e.message);
+        assert!(e.message().contains("bounds memory"), "{}", e.message());
 
         // 0.6 cores, 1 GiB: admitted, borrowed beyond the guarantee of a quarter core. (The
         // fleet's capacity is this host's CPUs: kept under one core here.)
@@ -801,7 +802,7 @@ mod tests {
             (600, 1024, QuotaClass::Borrowed)
         );
         let e = ask(10_000, 0).expect_err("one update at a time");
-        assert_eq!(e.code, ErrorCode::Conflict);
+        assert_eq!(e.code(), ErrorCode::Conflict);
         m.set(60_000, 1 << 30); // runc did it
         let a = say_done(true, false).expect("done");
         assert_eq!((a.restore, a.limits.and_then(|l| l.cpu_milli)), (None, Some(600)));
@@ -833,14 +834,20 @@ mod tests {
         assert!(drift.iter().any(|d| d.contains("changed without tessera-runtime")), "{drift:?}");
 
         // Another container, or this one in another runc root: not this grant.
-        let other =
-            answer(ctl.apply(Action::Update { container_id: "nope".into(), req: update(1, 0) }));
+        let other = answer(ctl.apply(Action::Update {
+            container_id: "nope".parse().expect("valid"),
+            req: update(1, 0),
+        }));
         assert!(!other.expect("no grant").grant);
         let mut elsewhere = update(1, 0);
         elsewhere.runc_root = "/run/other-root".into();
-        let e = answer(ctl.apply(Action::Update { container_id: "u1".into(), req: elsewhere }))
+        let e =
+            answer(ctl.apply(Action::Update {
+                container_id: "u1".parse().expect("valid"),
+                req: elsewhere,
+            }))
             .expect_err("another root");
-        assert_eq!(e.code, ErrorCode::Conflict);
-        assert!(e.message.contains("/run/other-root"), "{}", e.message);
+        assert_eq!(e.code(), ErrorCode::Conflict);
+        assert!(e.message().contains("/run/other-root"), "{}", e.message());
     }
 }
