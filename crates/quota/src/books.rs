@@ -114,8 +114,19 @@ pub const LEASE_RECALL_RETRY_S: u64 = 3;
 /// longer may be cut off and using its lease, so its lease is not waited for.
 pub const RECALL_LIVE_MS: u64 = 5_000;
 
-/// `(node, container)`, `(node, tenant)` or `(tenant, gang name)`.
-type Key = (String, String);
+/// A container on a node, `(node, container id)`: what the books hold, wait, answer and
+/// resize by.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct NodeContainer(String, String);
+
+/// A gang of a tenant, `(tenant, gang name)`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct TenantGang(String, String);
+
+/// Preempted work of a tenant, `(tenant, claim)` (the claim as in [`ClaimKey`]): what a
+/// requeue backoff is kept for.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct TenantClaim(String, String);
 /// A reclaim's claim: `(node, tenant, claim)`, the claim being the request's workload
 /// (`namespace/pod/container`, the same across kubelet's retries) or else its container id.
 /// Each claim has its own reclaim, so the pods of one job reclaim together.
@@ -390,18 +401,18 @@ pub struct Books {
     lease_ttl_s: u64,
     started_ms: u64,
     nodes: BTreeMap<String, NodeBook>,
-    pending: BTreeMap<Key, Pending>,
+    pending: BTreeMap<NodeContainer, Pending>,
     reclaims: BTreeMap<ClaimKey, Reclaim>,
-    waiting: BTreeMap<Key, WaitEntry>,
+    waiting: BTreeMap<NodeContainer, WaitEntry>,
     /// Preemption's cost and owner waits, by tenant.
     costs: BTreeMap<String, Cost>,
     /// Preempted work by `(tenant, workload or container)`: its requeue backoff.
-    requeues: BTreeMap<Key, Requeue>,
+    requeues: BTreeMap<TenantClaim, Requeue>,
     /// Claims answered something other than admitted, `(node, tenant, claim)` → when they
     /// first asked and whether they were owed then (for the owner waits).
     first_asks: BTreeMap<ClaimKey, (u64, bool)>,
-    gangs: BTreeMap<Key, Gang>,
-    outcomes: BTreeMap<Key, Outcome>,
+    gangs: BTreeMap<TenantGang, Gang>,
+    outcomes: BTreeMap<NodeContainer, Outcome>,
     events: VecDeque<QuotaEvent>,
     ready: bool,
     counters: Counters,
@@ -414,9 +425,9 @@ pub struct Books {
     /// Moves with every change the leases depend on.
     generation: u64,
     /// Borrowed holdings, `(node, container)`: the only candidates of a fleet-wide reclaim.
-    borrowed_idx: BTreeSet<Key>,
+    borrowed_idx: BTreeSet<NodeContainer>,
     /// `(tenant, gang)` → its members' holdings, `(node, container)`.
-    gang_idx: BTreeMap<Key, BTreeSet<Key>>,
+    gang_idx: BTreeMap<TenantGang, BTreeSet<NodeContainer>>,
     /// Nodes that said they are stopping containers for a reclaim.
     stopping_idx: BTreeSet<String>,
     /// `(last sync, node)`, oldest first: the silent nodes are at the front.
@@ -431,7 +442,7 @@ pub struct Books {
     /// Grants resized ([`Books::resize`]) within [`PENDING_GRACE_MS`], with when: a sync
     /// whose snapshot predates the resize lists the old amounts, so until the node lists
     /// the new ones its holding counts the larger of both.
-    resized: BTreeMap<Key, (Entry, u64)>,
+    resized: BTreeMap<NodeContainer, (Entry, u64)>,
 }
 
 fn max_each(a: &Resources, b: &Resources) -> Resources {
@@ -486,7 +497,7 @@ fn plural(n: usize, one: &str, many: &str) -> String {
 /// The refusal of a request (`asked`: tenant, amounts) under the id `key` that the books
 /// answered for another request (`tenant`, `resources`); `None` if it is the same one.
 fn other_request(
-    key: &Key,
+    key: &NodeContainer,
     tenant: &str,
     resources: &Resources,
     asked: (&str, &Resources),
@@ -510,7 +521,7 @@ fn other_request(
 
 /// The refusal of a request under the id `key` that waits as a member of gang `gang`
 /// (`(tenant, name)`), other than that member's own request.
-fn waits_in_gang(key: &Key, gang: &Key) -> AdmitAnswer {
+fn waits_in_gang(key: &NodeContainer, gang: &TenantGang) -> AdmitAnswer {
     AdmitAnswer::Refused {
         message: format!(
             "container {} on node {} waits in gang {}/{} with another request; a container id \
@@ -731,7 +742,7 @@ impl Books {
                 self.silence.remove(&(last, node));
             }
         }
-        let due: Vec<Key> = self
+        let due: Vec<TenantGang> = self
             .gangs
             .iter()
             .filter(|(_, g)| now > g.deadline_ms())
@@ -750,7 +761,7 @@ impl Books {
             );
             for m in &g.members {
                 self.keep_outcome(
-                    (m.node.clone(), m.container.clone()),
+                    NodeContainer(m.node.clone(), m.container.clone()),
                     Outcome {
                         answer: AdmitAnswer::Refused {
                             message: message.clone(),
@@ -823,7 +834,7 @@ impl Books {
         self.next_expiry_ms = self.next_expiry_ms.min(at.saturating_add(1));
     }
 
-    fn keep_outcome(&mut self, key: Key, o: Outcome) {
+    fn keep_outcome(&mut self, key: NodeContainer, o: Outcome) {
         self.expires_at(o.expires_ms);
         self.outcomes.insert(key, o);
     }
@@ -930,7 +941,11 @@ impl Books {
     /// (the tenant and amounts of a request under that id now): a request that is not the
     /// admitted one is refused, never handed the admission (two creates of one id raced,
     /// or an id reused before its release reached the books).
-    fn admitted_answer(&self, key: &Key, asked: Option<(&str, &Resources)>) -> Option<AdmitAnswer> {
+    fn admitted_answer(
+        &self,
+        key: &NodeContainer,
+        asked: Option<(&str, &Resources)>,
+    ) -> Option<AdmitAnswer> {
         let (e, over) = match self.pending.get(key) {
             Some(p) => (&p.entry, p.over.clone()),
             None => (self.nodes.get(&key.0)?.holdings.get(&key.1)?, None),
@@ -953,7 +968,7 @@ impl Books {
         meta: Meta,
         now: u64,
     ) {
-        let key = (node.to_string(), container.to_string());
+        let key = NodeContainer(node.to_string(), container.to_string());
         self.insert_pending(
             key.clone(),
             Pending {
@@ -993,7 +1008,7 @@ impl Books {
     ) -> AdmitAnswer {
         self.observe_tree(tree);
         self.tick(now);
-        let key = (node.to_string(), req.container_id.clone());
+        let key = NodeContainer(node.to_string(), req.container_id.clone());
         let r = req.amounts.to_resources();
         let tenant = req.tenant.as_str();
         if let Some(a) = self.admitted_answer(&key, Some((tenant, &r))) {
@@ -1085,7 +1100,7 @@ impl Books {
         r: &Resources,
         now: u64,
     ) -> bool {
-        let me = (node.to_string(), req.container_id.clone());
+        let me = NodeContainer(node.to_string(), req.container_id.clone());
         let since = self.waiting.get(&me).map_or(now, |w| w.arrived_ms);
         let ahead = self
             .waiting
@@ -1214,7 +1229,7 @@ impl Books {
     /// A refusal if `req`'s work was preempted and its requeue backoff has not ended: it
     /// may not borrow again before then.
     fn in_backoff(&self, tree: &QuotaTree, req: &AdmitRequest, now: u64) -> Option<String> {
-        let q = self.requeues.get(&(req.tenant.clone(), claim_of(req)))?;
+        let q = self.requeues.get(&TenantClaim(req.tenant.clone(), claim_of(req)))?;
         if now >= q.until_ms {
             return None;
         }
@@ -1496,27 +1511,29 @@ impl Books {
         // every member of their gangs (the indexes; only borrowed work is ever taken, and a
         // gang with a borrowed member is taken whole). Containers their node is stopping
         // already are not taken again.
-        let candidates: Vec<Key> = match on {
+        let candidates: Vec<NodeContainer> = match on {
             Some(n) => self
                 .nodes
                 .get(n)
-                .map(|nb| nb.holdings.keys().map(|c| (n.to_string(), c.clone())).collect())
+                .map(|nb| {
+                    nb.holdings.keys().map(|c| NodeContainer(n.to_string(), c.clone())).collect()
+                })
                 .unwrap_or_default(),
             None => {
-                let mut set: BTreeSet<Key> = self.borrowed_idx.clone();
+                let mut set: BTreeSet<NodeContainer> = self.borrowed_idx.clone();
                 for k in &self.borrowed_idx {
                     let gang = self.nodes.get(&k.0).and_then(|nb| nb.holdings.get(&k.1));
                     if let Some(e) = gang.filter(|e| e.gang.is_some()) {
-                        let gk = (e.tenant.clone(), e.gang.clone().unwrap_or_default());
+                        let gk = TenantGang(e.tenant.clone(), e.gang.clone().unwrap_or_default());
                         set.extend(self.gang_idx.get(&gk).into_iter().flatten().cloned());
                     }
                 }
                 set.into_iter().collect()
             }
         };
-        let mut refs: Vec<(String, String)> = Vec::new();
+        let mut refs: Vec<NodeContainer> = Vec::new();
         let mut running = Vec::new();
-        for (n, c) in candidates {
+        for NodeContainer(n, c) in candidates {
             let Some(nb) = self.nodes.get(&n) else { continue };
             let Some(e) = nb.holdings.get(&c) else { continue };
             if nb.stopping.contains(&c) {
@@ -1536,7 +1553,7 @@ impl Books {
                 gang: e.gang.as_ref().map(|g| format!("{}/{g}", e.tenant)),
                 checkpoints: e.checkpoint,
             });
-            refs.push((n, c));
+            refs.push(NodeContainer(n, c));
         }
         let capacity = self.capacity();
         let chosen = match choose_victims(&running, tree, &capacity, claimant, short, now) {
@@ -1558,14 +1575,14 @@ impl Books {
                  waited ({waited_s} s so far); it waits for capacity to free"
             )));
         }
-        let mut picked: BTreeMap<(String, String), String> = BTreeMap::new();
-        let mut gangs: BTreeMap<(String, String), String> = BTreeMap::new();
+        let mut picked: BTreeMap<NodeContainer, String> = BTreeMap::new();
+        let mut gangs: BTreeMap<TenantGang, String> = BTreeMap::new();
         for c in &chosen.chosen {
             for id in &c.candidate.ids {
                 let Some(k) = id.parse::<usize>().ok().and_then(|i| refs.get(i)) else { continue };
                 if let Some(e) = self.nodes.get(&k.0).and_then(|nb| nb.holdings.get(&k.1)) {
                     if let Some(g) = &e.gang {
-                        gangs.insert((e.tenant.clone(), g.clone()), c.why.clone());
+                        gangs.insert(TenantGang(e.tenant.clone(), g.clone()), c.why.clone());
                     }
                 }
                 picked.insert(k.clone(), c.why.clone());
@@ -1579,7 +1596,7 @@ impl Books {
         let mut victims = Vec::new();
         let mut tenants: BTreeSet<String> = BTreeSet::new();
         let mut preempted: Vec<(String, Option<String>, String, Resources, u64, bool)> = Vec::new();
-        for ((n, c), why) in &picked {
+        for (NodeContainer(n, c), why) in &picked {
             let Some(e) = self.nodes.get(n).and_then(|nb| nb.holdings.get(c)) else { continue };
             let grace_s = tree.grace_period_s(&e.tenant);
             tenants.insert(e.tenant.clone());
@@ -1617,7 +1634,7 @@ impl Books {
                 let slot = cost.lost.entry(res.clone()).or_default();
                 *slot = slot.saturating_add(u128::from(amount) * u128::from(lost_s));
             }
-            let key = (tenant.clone(), workload.unwrap_or(container));
+            let key = TenantClaim(tenant.clone(), workload.unwrap_or(container));
             let q = self.requeues.entry(key).or_insert(Requeue {
                 preemptions: 0,
                 last_ms: now,
@@ -1790,10 +1807,10 @@ impl Books {
     /// covered): their members are refused. A reservation is not running work, so it never
     /// keeps a guarantee from its owner. Whether any was released.
     fn yield_gangs(&mut self, claimant: &str, short: &Resources, now: u64) -> bool {
-        let mut candidates: Vec<(u64, Key)> = self
+        let mut candidates: Vec<(u64, TenantGang)> = self
             .gangs
             .iter()
-            .filter(|((t, _), g)| g.class == Class::Borrowed && !is_within(t, claimant))
+            .filter(|(TenantGang(t, _), g)| g.class == Class::Borrowed && !is_within(t, claimant))
             .filter(|(_, g)| short.iter().any(|(res, _)| g.reserved.get(res) > 0))
             .map(|(k, g)| (g.first_ms, k.clone()))
             .collect();
@@ -1819,7 +1836,7 @@ impl Books {
             );
             for m in &g.members {
                 self.keep_outcome(
-                    (m.node.clone(), m.container.clone()),
+                    NodeContainer(m.node.clone(), m.container.clone()),
                     Outcome {
                         answer: AdmitAnswer::Refused { message: message.clone(), rule: None },
                         tenant: key.0.clone(),
@@ -1845,7 +1862,7 @@ impl Books {
         why: Option<String>,
         now: u64,
     ) -> AdmitAnswer {
-        let key = (node.to_string(), req.container_id.clone());
+        let key = NodeContainer(node.to_string(), req.container_id.clone());
         let mut what = match fleet_short {
             Some(s) => format!("no capacity in the fleet's books for {r} (short of {s})"),
             None => format!("no capacity on node {node} for {r}"),
@@ -1873,12 +1890,13 @@ impl Books {
         entry.last_seen_ms = now;
         entry.why.clone_from(&what);
         self.expires_at(now.saturating_add(WAITING_TTL_MS));
-        let entry = &self.waiting[&(node.to_string(), req.container_id.clone())];
+        let entry = &self.waiting[&NodeContainer(node.to_string(), req.container_id.clone())];
         let since = entry.arrived_ms;
-        let here: Vec<(&Key, &WaitEntry)> = totals::on_node(&self.waiting, node).collect();
+        let here: Vec<(&NodeContainer, &WaitEntry)> =
+            totals::on_node(&self.waiting, node).collect();
         let list: Vec<Waiting> = here
             .iter()
-            .map(|((_, c), w)| Waiting {
+            .map(|(NodeContainer(_, c), w)| Waiting {
                 id: c.clone(),
                 tenant: w.tenant.clone(),
                 resources: w.resources.clone(),
@@ -1916,7 +1934,7 @@ impl Books {
         r: &Resources,
         now: u64,
     ) -> Option<String> {
-        let others: Vec<(&Key, &WaitEntry)> = totals::on_node(&self.waiting, node)
+        let others: Vec<(&NodeContainer, &WaitEntry)> = totals::on_node(&self.waiting, node)
             .filter(|(_, w)| w.tenant != tenant)
             .filter(|(_, w)| now <= w.last_seen_ms.saturating_add(WAITING_TTL_MS))
             .collect();
@@ -1925,7 +1943,7 @@ impl Books {
         }
         let mut list: Vec<Waiting> = others
             .iter()
-            .map(|((_, c), w)| Waiting {
+            .map(|(NodeContainer(_, c), w)| Waiting {
                 id: c.clone(),
                 tenant: w.tenant.clone(),
                 resources: w.resources.clone(),
@@ -1996,7 +2014,7 @@ impl Books {
     ) -> GangArrival {
         self.observe_tree(tree);
         self.tick(now);
-        let key = (node.to_string(), req.container_id.clone());
+        let key = NodeContainer(node.to_string(), req.container_id.clone());
         let tenant = req.tenant.as_str();
         let r = req.amounts.to_resources();
         if let Some(a) = self.admitted_answer(&key, Some((tenant, &r))) {
@@ -2010,7 +2028,7 @@ impl Books {
             return GangArrival::Answer(self.admit(tree, node, req, now));
         };
         let name = format!("{tenant}/{}", untrusted(&g.name));
-        let gkey = (tenant.to_string(), g.name.clone());
+        let gkey = TenantGang(tenant.to_string(), g.name.clone());
         if let Some((k, deadline_ms, same)) = self.waiting_member(&key, &r) {
             // A retry of a waiting member waits on; another request under its id is refused.
             let size = self.gangs.get(&k).map(|x| x.size);
@@ -2121,11 +2139,11 @@ impl Books {
 
     /// Every member is here: release the reservation and admit them one by one; if one
     /// would not be admitted, none is.
-    fn complete_gang(&mut self, tree: &QuotaTree, gkey: &Key, now: u64) {
+    fn complete_gang(&mut self, tree: &QuotaTree, gkey: &TenantGang, now: u64) {
         let Some(gang) = self.remove_gang(gkey) else { return };
-        let (tenant, gname) = gkey;
+        let TenantGang(tenant, gname) = gkey;
         let name = format!("{tenant}/{}", untrusted(gname));
-        let mut admitted: Vec<(Key, Class, Option<String>)> = Vec::new();
+        let mut admitted: Vec<(NodeContainer, Class, Option<String>)> = Vec::new();
         let mut failure = None;
         for m in &gang.members {
             let d = if tree.iter().next().is_none() {
@@ -2150,7 +2168,11 @@ impl Books {
                         },
                         now,
                     );
-                    admitted.push(((m.node.clone(), m.container.clone()), class, over));
+                    admitted.push((
+                        NodeContainer(m.node.clone(), m.container.clone()),
+                        class,
+                        over,
+                    ));
                 }
                 Decision::Refuse(c) => {
                     failure = Some((m, c.to_string(), Some(rule(&c.path, &c.resource, "ceiling"))));
@@ -2180,7 +2202,7 @@ impl Books {
             );
             for m in &gang.members {
                 self.keep_outcome(
-                    (m.node.clone(), m.container.clone()),
+                    NodeContainer(m.node.clone(), m.container.clone()),
                     Outcome {
                         answer: AdmitAnswer::Refused {
                             message: message.clone(),
@@ -2227,7 +2249,11 @@ impl Books {
 
     /// The gang `key` (`(node, container)`) waits in as a member, its deadline, and
     /// whether the member asked for `r`.
-    fn waiting_member(&self, key: &Key, r: &Resources) -> Option<(Key, u64, bool)> {
+    fn waiting_member(
+        &self,
+        key: &NodeContainer,
+        r: &Resources,
+    ) -> Option<(TenantGang, u64, bool)> {
         self.gangs.iter().find_map(|(k, g)| {
             let m = g.members.iter().find(|m| m.node == key.0 && m.container == key.1)?;
             Some((k.clone(), g.deadline_ms(), &m.resources == r))
@@ -2237,7 +2263,7 @@ impl Books {
     /// The answer of a gang member that waits: `None` while its gang assembles.
     pub fn gang_poll(&mut self, node: &str, container: &str, now: u64) -> Option<AdmitAnswer> {
         self.tick(now);
-        let key = (node.to_string(), container.to_string());
+        let key = NodeContainer(node.to_string(), container.to_string());
         if let Some(a) = self.admitted_answer(&key, None) {
             return Some(a);
         }
@@ -2282,7 +2308,7 @@ impl Books {
     ) -> AdmitAnswer {
         self.observe_tree(tree);
         self.tick(now);
-        let key = (node.to_string(), req.container_id.clone());
+        let key = NodeContainer(node.to_string(), req.container_id.clone());
         let tenant = req.tenant.as_str();
         let new = req.amounts.to_resources();
         let (current, over_now) = match self.pending.get(&key) {
@@ -2390,7 +2416,7 @@ impl Books {
 
     /// Takes the entry of `key` out of the books (pending or held), for a decision
     /// without it; [`Books::put_entry`] puts it back.
-    fn take_entry(&mut self, key: &Key) -> Option<(Entry, Option<Option<String>>)> {
+    fn take_entry(&mut self, key: &NodeContainer) -> Option<(Entry, Option<Option<String>>)> {
         if let Some(p) = self.remove_pending(key) {
             return Some((p.entry, Some(p.over)));
         }
@@ -2399,7 +2425,7 @@ impl Books {
         Some((e, None))
     }
 
-    fn put_entry(&mut self, key: &Key, taken: Option<(Entry, Option<Option<String>>)>) {
+    fn put_entry(&mut self, key: &NodeContainer, taken: Option<(Entry, Option<Option<String>>)>) {
         match taken {
             None => {}
             Some((entry, Some(over))) => {
@@ -2415,7 +2441,8 @@ impl Books {
     /// resize). A resized grant the node no longer lists, and has no pending admission, is
     /// gone.
     fn protect_resized(&mut self, node: &str, now: u64) -> bool {
-        let keys: Vec<Key> = totals::on_node(&self.resized, node).map(|(k, _)| k.clone()).collect();
+        let keys: Vec<NodeContainer> =
+            totals::on_node(&self.resized, node).map(|(k, _)| k.clone()).collect();
         let mut changed = false;
         for key in keys {
             let Some((entry, at)) = self.resized.get(&key).cloned() else { continue };
@@ -2447,7 +2474,7 @@ impl Books {
     /// Whether the books held it.
     pub fn release(&mut self, node: &str, container: &str, now: u64) -> bool {
         self.tick(now);
-        let key = (node.to_string(), container.to_string());
+        let key = NodeContainer(node.to_string(), container.to_string());
         let mut found = self.remove_pending(&key).is_some();
         found |= self.remove_holding(node, container);
         self.resized.remove(&key);
@@ -2474,7 +2501,7 @@ impl Books {
             }
             let running = r.victims.iter().any(|v| {
                 nodes.get(&v.node).is_some_and(|nb| nb.holdings.contains_key(&v.container_id))
-                    || pending.contains_key(&(v.node.clone(), v.container_id.clone()))
+                    || pending.contains_key(&NodeContainer(v.node.clone(), v.container_id.clone()))
             });
             if !running {
                 r.freed_ms = Some(now);
@@ -2503,7 +2530,8 @@ impl Books {
         }
         totals::replace_part(&mut self.totals, node, &nb.agg, &totals::NodeAgg::default());
         self.generation = self.generation.wrapping_add(1);
-        let keys: Vec<Key> = totals::on_node(&self.pending, node).map(|(k, _)| k.clone()).collect();
+        let keys: Vec<NodeContainer> =
+            totals::on_node(&self.pending, node).map(|(k, _)| k.clone()).collect();
         let pending = keys.len();
         for k in keys {
             self.remove_pending(&k);
@@ -2513,16 +2541,18 @@ impl Books {
         for k in keys {
             self.remove_reclaim(&k);
         }
-        let keys: Vec<Key> = totals::on_node(&self.waiting, node).map(|(k, _)| k.clone()).collect();
+        let keys: Vec<NodeContainer> =
+            totals::on_node(&self.waiting, node).map(|(k, _)| k.clone()).collect();
         for k in keys {
             self.waiting.remove(&k);
         }
-        let keys: Vec<Key> =
+        let keys: Vec<NodeContainer> =
             totals::on_node(&self.outcomes, node).map(|(k, _)| k.clone()).collect();
         for k in keys {
             self.outcomes.remove(&k);
         }
-        let keys: Vec<Key> = totals::on_node(&self.resized, node).map(|(k, _)| k.clone()).collect();
+        let keys: Vec<NodeContainer> =
+            totals::on_node(&self.resized, node).map(|(k, _)| k.clone()).collect();
         for k in keys {
             self.resized.remove(&k);
         }
@@ -2632,8 +2662,8 @@ impl Books {
             req.holdings.iter().map(|h| (h.container_id.clone(), Entry::of_holding(h))).collect();
         changed |= self.set_holdings(node, listed);
         let held: BTreeSet<&str> = req.holdings.iter().map(|h| h.container_id.as_str()).collect();
-        let gone: Vec<Key> = totals::on_node(&self.pending, node)
-            .filter(|((_, c), p)| {
+        let gone: Vec<NodeContainer> = totals::on_node(&self.pending, node)
+            .filter(|(NodeContainer(_, c), p)| {
                 held.contains(c.as_str())
                     || now.saturating_sub(p.entry.started_ms) > PENDING_GRACE_MS
             })
@@ -2642,8 +2672,8 @@ impl Books {
         for k in gone {
             self.remove_pending(&k);
         }
-        let gone: Vec<Key> = totals::on_node(&self.waiting, node)
-            .filter(|((_, c), _)| held.contains(c.as_str()))
+        let gone: Vec<NodeContainer> = totals::on_node(&self.waiting, node)
+            .filter(|(NodeContainer(_, c), _)| held.contains(c.as_str()))
             .map(|(k, _)| k.clone())
             .collect();
         for k in gone {

@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Books, ClaimKey, Entry, Key, NodeBook, Pending, Reclaim};
+use super::{Books, ClaimKey, Entry, NodeBook, NodeContainer, Pending, Reclaim};
 use crate::amount::Resources;
 use crate::spec::QuotaTree;
 use crate::wire::{Amounts, Holding, Lease, QuotaClass, Victim};
@@ -146,8 +146,8 @@ pub struct Changeset {
 pub(super) struct Changes {
     pub(super) on: bool,
     pub(super) nodes: BTreeSet<String>,
-    pub(super) holdings: BTreeSet<Key>,
-    pub(super) pending: BTreeSet<Key>,
+    pub(super) holdings: BTreeSet<NodeContainer>,
+    pub(super) pending: BTreeSet<NodeContainer>,
     pub(super) reclaims: BTreeSet<ClaimKey>,
     pub(super) urgent: bool,
 }
@@ -158,12 +158,12 @@ impl Changes {
             self.nodes.insert(node.to_string());
         }
     }
-    pub(super) fn holding(&mut self, key: Key) {
+    pub(super) fn holding(&mut self, key: NodeContainer) {
         if self.on {
             self.holdings.insert(key);
         }
     }
-    pub(super) fn pending(&mut self, key: &Key, urgent: bool) {
+    pub(super) fn pending(&mut self, key: &NodeContainer, urgent: bool) {
         if self.on {
             self.pending.insert(key.clone());
             self.urgent |= urgent;
@@ -227,7 +227,7 @@ impl NodeBook {
 }
 
 impl Pending {
-    fn state(&self, key: &Key) -> PendingState {
+    fn state(&self, key: &NodeContainer) -> PendingState {
         PendingState {
             node: key.0.clone(),
             container_id: key.1.clone(),
@@ -285,7 +285,7 @@ impl Books {
                 None => out.ops.push(StateOp::DelNode { node }),
             }
         }
-        for (node, container_id) in c.holdings {
+        for NodeContainer(node, container_id) in c.holdings {
             let held = self.nodes.get(&node).and_then(|nb| nb.holdings.get(&container_id));
             match held {
                 Some(e) => {
@@ -371,7 +371,8 @@ impl Books {
                 workload: p.workload,
             };
             b.real_add(&entry.tenant, entry.class, &entry.resources);
-            b.pending.insert((p.node, p.container_id), Pending { entry, over: p.over });
+            b.pending
+                .insert(NodeContainer(p.node, p.container_id), Pending { entry, over: p.over });
         }
         for r in state.reclaims {
             let resources = r.amounts.to_resources();

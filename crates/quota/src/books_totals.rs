@@ -22,8 +22,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    phantoms_of, Books, ClaimKey, Class, Entry, Gang, Key, Pending, Reclaim, Resource, Resources,
-    Usage,
+    phantoms_of, Books, ClaimKey, Class, Entry, Gang, NodeContainer, Pending, Reclaim, Resource,
+    Resources, TenantGang, Usage,
 };
 use crate::spec::QuotaTree;
 
@@ -168,24 +168,24 @@ impl Books {
     /// Records a holding of `node` in the indexes and the totals (not in the node's map).
     pub(super) fn index_holding(&mut self, node: &str, container: &str, e: &Entry) {
         self.real_add(&e.tenant, e.class, &e.resources);
-        let key = (node.to_string(), container.to_string());
+        let key = NodeContainer(node.to_string(), container.to_string());
         self.changes.holding(key.clone());
         if e.class == Class::Borrowed {
             self.borrowed_idx.insert(key.clone());
         }
         if let Some(g) = &e.gang {
-            self.gang_idx.entry((e.tenant.clone(), g.clone())).or_default().insert(key);
+            self.gang_idx.entry(TenantGang(e.tenant.clone(), g.clone())).or_default().insert(key);
         }
     }
 
     /// Takes a holding of `node` out of the indexes and the totals.
     pub(super) fn unindex_holding(&mut self, node: &str, container: &str, e: &Entry) {
         self.real_release(&e.tenant, e.class, &e.resources);
-        let key = (node.to_string(), container.to_string());
+        let key = NodeContainer(node.to_string(), container.to_string());
         self.changes.holding(key.clone());
         self.borrowed_idx.remove(&key);
         if let Some(g) = &e.gang {
-            let gk = (e.tenant.clone(), g.clone());
+            let gk = TenantGang(e.tenant.clone(), g.clone());
             if let Some(set) = self.gang_idx.get_mut(&gk) {
                 set.remove(&key);
                 if set.is_empty() {
@@ -246,7 +246,7 @@ impl Books {
     }
 
     /// An admission answered (written before it is answered).
-    pub(super) fn insert_pending(&mut self, key: Key, p: Pending) {
+    pub(super) fn insert_pending(&mut self, key: NodeContainer, p: Pending) {
         if let Some(old) = self.pending.remove(&key) {
             self.real_release(&old.entry.tenant, old.entry.class, &old.entry.resources);
         }
@@ -257,7 +257,7 @@ impl Books {
         self.refresh_node(&node);
     }
 
-    pub(super) fn remove_pending(&mut self, key: &Key) -> Option<Pending> {
+    pub(super) fn remove_pending(&mut self, key: &NodeContainer) -> Option<Pending> {
         let p = self.pending.remove(key)?;
         self.real_release(&p.entry.tenant, p.entry.class, &p.entry.resources);
         self.changes.pending(key, false);
@@ -287,7 +287,7 @@ impl Books {
     }
 
     /// A gang starts assembling: its whole amount is reserved.
-    pub(super) fn insert_gang(&mut self, key: Key, g: Gang) {
+    pub(super) fn insert_gang(&mut self, key: TenantGang, g: Gang) {
         if let Some(old) = self.gangs.remove(&key) {
             self.real_release(&key.0, old.class, &old.reserved);
         }
@@ -295,7 +295,7 @@ impl Books {
         self.gangs.insert(key, g);
     }
 
-    pub(super) fn remove_gang(&mut self, key: &Key) -> Option<Gang> {
+    pub(super) fn remove_gang(&mut self, key: &TenantGang) -> Option<Gang> {
         let g = self.gangs.remove(key)?;
         self.real_release(&key.0, g.class, &g.reserved);
         Some(g)
@@ -307,18 +307,18 @@ impl Books {
         let mut real = Usage::new();
         let mut capacity = Resources::new();
         let mut borrowed = BTreeSet::new();
-        let mut gangs: BTreeMap<Key, BTreeSet<Key>> = BTreeMap::new();
+        let mut gangs: BTreeMap<TenantGang, BTreeSet<NodeContainer>> = BTreeMap::new();
         let mut t = Totals::default();
         for (n, nb) in &self.nodes {
             capacity.add(&nb.capacity);
             for (c, e) in &nb.holdings {
                 real.add(&e.tenant, e.class, &e.resources);
-                let key = (n.clone(), c.clone());
+                let key = NodeContainer(n.clone(), c.clone());
                 if e.class == Class::Borrowed {
                     borrowed.insert(key.clone());
                 }
                 if let Some(g) = &e.gang {
-                    gangs.entry((e.tenant.clone(), g.clone())).or_default().insert(key);
+                    gangs.entry(TenantGang(e.tenant.clone(), g.clone())).or_default().insert(key);
                 }
             }
         }
@@ -328,7 +328,7 @@ impl Books {
         for ((_, tenant, _), r) in &self.reclaims {
             real.add(tenant, Class::Guaranteed, &r.resources);
         }
-        for ((tenant, _), g) in &self.gangs {
+        for (TenantGang(tenant, _), g) in &self.gangs {
             real.add(tenant, g.class, &g.reserved);
         }
         let empty = QuotaTree::default();
@@ -342,7 +342,7 @@ impl Books {
                     agg.all.add(&e.tenant, e.class, &e.resources);
                 }
             }
-            for ((pn, _), p) in &self.pending {
+            for (NodeContainer(pn, _), p) in &self.pending {
                 if pn == n {
                     agg.used.add(&p.entry.resources);
                     if p.entry.class == Class::Guaranteed {
@@ -417,10 +417,11 @@ pub(super) fn replace_part(t: &mut Totals, node: &str, old: &NodeAgg, new: &Node
 
 /// The entries of `map` (keyed `(node, _)`) on `node`.
 pub(super) fn on_node<'a, V>(
-    map: &'a BTreeMap<Key, V>,
+    map: &'a BTreeMap<NodeContainer, V>,
     node: &'a str,
-) -> impl Iterator<Item = (&'a Key, &'a V)> + 'a {
-    map.range((node.to_string(), String::new())..).take_while(move |((n, _), _)| n == node)
+) -> impl Iterator<Item = (&'a NodeContainer, &'a V)> + 'a {
+    map.range(NodeContainer(node.to_string(), String::new())..)
+        .take_while(move |(k, _)| k.0 == node)
 }
 
 /// The entries of `map` (reclaims, keyed by claim) on `node`.
