@@ -591,13 +591,15 @@ impl Controller {
             return Ok(0);
         }
         let supervisor = self.locked(|n| Ok(n.mps_supervisor()))?;
-        let done: Vec<(Step, Result<u8, String>)> = steps
+        let done: Vec<(Step, Result<u8, mpsd::MpsError>)> = steps
             .into_iter()
             .map(|step| {
                 let result = match &step {
-                    Step::Throttle { incident, to_percent, .. } => supervisor
-                        .throttle(&incident.device, &incident.aggressor_tenant, *to_percent)
-                        .map_err(|e| e.to_string()),
+                    Step::Throttle { incident, to_percent, .. } => supervisor.throttle(
+                        &incident.device,
+                        &incident.aggressor_tenant,
+                        *to_percent,
+                    ),
                     _ => Ok(0),
                 };
                 (step, result)

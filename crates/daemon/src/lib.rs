@@ -288,7 +288,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 .then(|| config.state_dir.join("sim").join(scrub::SimScrubber::FAULTS_FILE)),
         },
     })
-    .map_err(DaemonError::Backend)?;
+    .map_err(|e| DaemonError::Backend(e.to_string()))?;
     node.set_identity(
         Some(tessera_api::NodeKeyInfo {
             public_key: public_key.clone(),

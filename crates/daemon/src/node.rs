@@ -47,7 +47,7 @@ pub use assignment::ASSIGNMENTS_FILE;
 pub use capacity::{offer, snapshot, Inputs as CapacityInputs};
 pub use ecc::{EccProbe, EccReadings};
 pub use faults::{FaultProbe, FaultReadings, FaultReport};
-pub use grant::{FailAction, GrantFailpoint};
+pub use grant::{FailAction, GrantFailpoint, InvalidFailpoint};
 pub use ledger::{UtilProbe, UtilSamples};
 pub use mig::MigReport;
 pub use quota::{emptied, DeviceHold, PreemptPlan, EMPTY_WAIT};
@@ -154,11 +154,13 @@ pub struct NodeParts {
 }
 
 impl Node {
-    pub fn new(p: NodeParts) -> Result<Node, String> {
-        let inventory = p
-            .backend
-            .inventory()
-            .map_err(|e| format!("reading the GPU inventory from {}: {e}", p.backend.describe()))?;
+    pub fn new(p: NodeParts) -> Result<Node, CoreError> {
+        let inventory = p.backend.inventory().map_err(|e| {
+            CoreError::internal(format!(
+                "reading the GPU inventory from {}: {e}",
+                p.backend.describe()
+            ))
+        })?;
         let topology = p.backend.topology().unwrap_or_else(|e| {
             warn!(
                 "reading the GPU topology from {}: {e}; placing without it",

@@ -310,7 +310,7 @@ impl Node {
                             None => {
                                 let (destroy, gpu_index) = self
                                     .assigned_cut(g, p, *start, &in_use, &untouchable)
-                                    .map_err(|why| refuse(&id, why))?;
+                                    .map_err(|why| refuse(&id, why.to_string()))?;
                                 return self.finish_plan(
                                     who,
                                     &life,
@@ -350,7 +350,7 @@ impl Node {
             PluginResource::Mps => {
                 let (id, gpu) =
                     (first.to_string(), first.gpu().map(|g| g.to_string()).unwrap_or_default());
-                self.whole_gpu(&gpu).map_err(|why| refuse(&id, why))?;
+                self.whole_gpu(&gpu).map_err(|why| refuse(&id, why.to_string()))?;
                 let percent = match who.request {
                     tessera_api::GpuRequest::Mps { percent } => *percent,
                     other => return Err(refuse(&id, format!("the request is {other}, not mps"))),
@@ -364,7 +364,7 @@ impl Node {
             PluginResource::Shared => {
                 let (id, gpu) =
                     (first.to_string(), first.gpu().map(|g| g.to_string()).unwrap_or_default());
-                self.whole_gpu(&gpu).map_err(|why| refuse(&id, why))?;
+                self.whole_gpu(&gpu).map_err(|why| refuse(&id, why.to_string()))?;
                 if device_use.exclusive.contains(&gpu) || device_use.mps.contains_key(&gpu) {
                     return Err(refuse(&id, in_use(&gpu).unwrap_or_default()));
                 }
@@ -382,11 +382,11 @@ impl Node {
     }
 
     /// `Ok` when `uuid` is a GPU of this node in MIG-off mode.
-    fn whole_gpu(&self, uuid: &str) -> Result<(), String> {
+    fn whole_gpu(&self, uuid: &str) -> Result<(), Unassignable> {
         match self.inventory.find(uuid) {
             Some(Found::Gpu(g)) if !g.mig_enabled => Ok(()),
-            Some(Found::Gpu(_)) => Err("the GPU is in MIG mode".into()),
-            _ => Err("no such GPU on this node".into()),
+            Some(Found::Gpu(_)) => Err(Unassignable::MigMode),
+            _ => Err(Unassignable::NoSuchGpu),
         }
     }
 
@@ -402,17 +402,16 @@ impl Node {
         start: u8,
         in_use: &dyn Fn(&str) -> Option<String>,
         untouchable: &BTreeSet<String>,
-    ) -> Result<(Vec<String>, u32), String> {
+    ) -> Result<(Vec<String>, u32), Unassignable> {
         if !self.mig_is_dynamic() {
-            return Err(
-                "MIG layouts are declared for this node: instances are not cut on demand".into()
-            );
+            return Err(Unassignable::DeclaredLayout);
         }
-        let model = slicer::model(&g.model)
-            .ok_or_else(|| format!("the catalog does not know GPU model {}", g.model))?;
-        let p = model
-            .profile(profile)
-            .ok_or_else(|| format!("{} offers no MIG profile {profile}", model.name))?;
+        let model =
+            slicer::model(&g.model).ok_or_else(|| Unassignable::UnknownModel(g.model.clone()))?;
+        let p = model.profile(profile).ok_or_else(|| Unassignable::NoProfile {
+            model: model.name.to_string(),
+            profile: profile.to_string(),
+        })?;
         let end = start.saturating_add(p.size);
         let (overlapping, kept): (Vec<&slicer::MigInstance>, Vec<&slicer::MigInstance>) = g
             .instances
@@ -420,27 +419,57 @@ impl Node {
             .partition(|i| i.start < end && start < i.start.saturating_add(i.size));
         for i in &overlapping {
             if let Some(why) = in_use(&i.uuid) {
-                return Err(format!(
-                    "instance {} ({} at slot {}) in its slots is {why}",
-                    i.uuid, i.profile, i.start
-                ));
+                return Err(Unassignable::InUse {
+                    uuid: i.uuid.clone(),
+                    profile: i.profile.clone(),
+                    start: i.start,
+                    why,
+                });
             }
         }
         let mut layout: Vec<(&str, u8)> =
             kept.iter().map(|i| (i.profile.as_str(), i.start)).collect();
         layout.push((p.name, start));
-        slicer::catalog::placement_is_legal(model, &layout).map_err(|e| e.to_string())?;
+        slicer::catalog::placement_is_legal(model, &layout)?;
         if let (Some(first), Some(plain)) =
             (overlapping.first(), plain_would_keep(&self.inventory, untouchable, profile))
         {
-            return Err(format!(
-                "cutting it would destroy idle instance {} ({} at slot {}), while a plain mig={profile} \
-                 request would {plain}: a kubelet placement never destroys an instance a plain request would leave",
-                first.uuid, first.profile, first.start
-            ));
+            return Err(Unassignable::WouldDestroy {
+                uuid: first.uuid.clone(),
+                profile: first.profile.clone(),
+                start: first.start,
+                wanted: profile.to_string(),
+                plain,
+            });
         }
         Ok((overlapping.iter().map(|i| i.uuid.clone()).collect(), g.index))
     }
+}
+
+/// Why the device kubelet assigned cannot be given as assigned (the reason of a refusal
+/// that names the device).
+#[derive(Debug, thiserror::Error)]
+enum Unassignable {
+    #[error("the GPU is in MIG mode")]
+    MigMode,
+    #[error("no such GPU on this node")]
+    NoSuchGpu,
+    #[error("MIG layouts are declared for this node: instances are not cut on demand")]
+    DeclaredLayout,
+    #[error("the catalog does not know GPU model {0}")]
+    UnknownModel(String),
+    #[error("{model} offers no MIG profile {profile}")]
+    NoProfile { model: String, profile: String },
+    #[error("instance {uuid} ({profile} at slot {start}) in its slots is {why}")]
+    InUse { uuid: String, profile: String, start: u8, why: String },
+    #[error(transparent)]
+    Layout(#[from] slicer::LayoutError),
+    #[error(
+        "cutting it would destroy idle instance {uuid} ({profile} at slot {start}), while a plain \
+         mig={wanted} request would {plain}: a kubelet placement never destroys an instance a plain \
+         request would leave"
+    )]
+    WouldDestroy { uuid: String, profile: String, start: u8, wanted: String, plain: String },
 }
 
 /// What a plain `mig=<profile>` request would do here without destroying any instance

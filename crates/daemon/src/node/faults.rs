@@ -33,7 +33,7 @@ pub struct FaultProbe {
 
 /// The XID events drained, or why the backend could not say.
 #[derive(Debug)]
-pub struct FaultReadings(Result<Vec<XidEvent>, String>);
+pub struct FaultReadings(Result<Vec<XidEvent>, slicer::BackendError>);
 
 impl FaultReadings {
     /// Readings made of `events` (tests, tools).
@@ -45,7 +45,7 @@ impl FaultReadings {
 impl FaultProbe {
     /// Drain the backend's XID events (never blocks long: NVML's wait with a 0 ms timeout).
     pub fn read(&self) -> FaultReadings {
-        FaultReadings(self.backend.xid_events().map_err(|e| e.to_string()))
+        FaultReadings(self.backend.xid_events())
     }
 }
 

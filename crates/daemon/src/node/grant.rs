@@ -595,25 +595,34 @@ pub struct GrantFailpoint {
     pub container_id: Option<String>,
 }
 
+/// Why `TESSERA_FAILPOINT` names no failpoint.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{value:?}: {why}")]
+pub struct InvalidFailpoint {
+    value: String,
+    why: String,
+}
+
 impl GrantFailpoint {
     pub const ENV: &'static str = "TESSERA_FAILPOINT";
 
     /// `grant-commit=error|abort[@CONTAINER_ID]`.
-    pub fn parse(s: &str) -> Result<GrantFailpoint, String> {
+    pub fn parse(s: &str) -> Result<GrantFailpoint, InvalidFailpoint> {
+        let bad = |why: String| InvalidFailpoint { value: s.to_string(), why };
         let (point, rest) =
-            s.split_once('=').ok_or_else(|| format!("{s:?}: expected grant-commit=ACTION"))?;
+            s.split_once('=').ok_or_else(|| bad("expected grant-commit=ACTION".into()))?;
         if point != "grant-commit" {
-            return Err(format!("{s:?}: unknown failpoint {point:?} (known: grant-commit)"));
+            return Err(bad(format!("unknown failpoint {point:?} (known: grant-commit)")));
         }
         let (action, container_id) = match rest.split_once('@') {
             Some((a, c)) if !c.is_empty() => (a, Some(c.to_string())),
-            Some(_) => return Err(format!("{s:?}: empty container id after '@'")),
+            Some(_) => return Err(bad("empty container id after '@'".into())),
             None => (rest, None),
         };
         let action = match action {
             "error" => FailAction::Error,
             "abort" => FailAction::Abort,
-            other => return Err(format!("{s:?}: unknown action {other:?} (error, abort)")),
+            other => return Err(bad(format!("unknown action {other:?} (error, abort)"))),
         };
         Ok(GrantFailpoint { action, container_id })
     }

@@ -453,7 +453,7 @@ impl Node {
     /// whom a stop step stops (their targets; the stops run on threads of their own).
     pub fn record_interference_steps(
         &mut self,
-        done: Vec<(Step, Result<u8, String>)>,
+        done: Vec<(Step, Result<u8, mpsd::MpsError>)>,
     ) -> Result<Vec<Target>, CoreError> {
         let records = self.store.all().map_err(internal)?;
         let mut stop = Vec::new();

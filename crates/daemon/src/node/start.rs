@@ -93,46 +93,39 @@ impl Node {
         pid: i32,
         cgroup: &str,
         bundle: &Path,
-    ) -> Result<(), String> {
-        let shared = self.host.shared_namespaces(pid)?;
+    ) -> Result<(), NotStartable> {
+        let shared = self.host.shared_namespaces(pid).map_err(NotStartable::Host)?;
         if !shared.is_empty() {
-            return Err(format!(
-                "it runs in the host's {} namespace (it would see the host's cgroups)",
-                shared.join(" and ")
-            ));
+            return Err(NotStartable::HostNamespace(shared.join(" and ")));
         }
-        let table = self.host.container_mounts(pid, bundle)?;
+        let table = self.host.container_mounts(pid, bundle).map_err(NotStartable::Host)?;
         if let Some(f) = mountinfo::findings(&table).first() {
-            return Err(format!("its mounts as runc made them: {f}"));
+            return Err(NotStartable::Mount(f.to_string()));
         }
         match self.host.cgroup_procs(cgroup) {
             crate::liveness::CgroupProcs::Count(1) => {}
             crate::liveness::CgroupProcs::Count(n) => {
-                return Err(format!(
-                    "its cgroup {} holds {} other process(es) of another container; a GPU \
-                     container's cgroup must be its own",
-                    untrusted(cgroup),
-                    n.saturating_sub(1)
-                ))
+                return Err(NotStartable::CgroupShared {
+                    cgroup: cgroup.to_string(),
+                    others: n.saturating_sub(1),
+                })
             }
             crate::liveness::CgroupProcs::Unreadable(e) => {
-                return Err(format!("cannot read its cgroup {}: {e}", untrusted(cgroup)))
+                return Err(NotStartable::CgroupUnreadable { cgroup: cgroup.to_string(), why: e })
             }
             crate::liveness::CgroupProcs::NotRecorded => {}
         }
         let within = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}/"));
-        for other in self.store.all().map_err(|e| e.to_string())? {
+        for other in self.store.all()? {
             if other.allocation.container_id == container_id {
                 continue;
             }
             if let Some(theirs) = other.cgroup.as_deref() {
                 if within(cgroup, theirs) || within(theirs, cgroup) {
-                    return Err(format!(
-                        "its cgroup {} is, or is nested with, the cgroup of another GPU \
-                         container ({}); a GPU container's cgroup must be its own",
-                        untrusted(cgroup),
-                        untrusted(theirs)
-                    ));
+                    return Err(NotStartable::CgroupNested {
+                        cgroup: cgroup.to_string(),
+                        theirs: theirs.to_string(),
+                    });
                 }
             }
         }
@@ -145,7 +138,11 @@ impl Node {
     /// quota over a period the config leaves to the kernel — one another container set in
     /// a cgroup it left behind — can mean 100 times the CPU). Less is fine: the reconciler
     /// records what the kernel enforces.
-    fn admitted_limits_hold(&self, rec: &crate::store::Record, pid: i32) -> Result<(), String> {
+    fn admitted_limits_hold(
+        &self,
+        rec: &crate::store::Record,
+        pid: i32,
+    ) -> Result<(), NotStartable> {
         let Some(mark) = rec.allocation.quota.as_deref() else { return Ok(()) };
         let tenant = rec.allocation.tenant.as_str();
         let tree = self.policy.policy.quotas();
@@ -155,31 +152,69 @@ impl Node {
         if !cpu_bounded && !memory_bounded {
             return Ok(());
         }
-        let (kernel, _) = self
-            .host
-            .cgroup_limits(pid)
-            .map_err(|e| format!("cannot read the limits its cgroup enforces: {e}"))?;
-        let now = crate::limits::counted(&kernel)?;
+        let (kernel, _) = self.host.cgroup_limits(pid).map_err(NotStartable::LimitsUnreadable)?;
+        let now = crate::limits::counted(&kernel).map_err(NotStartable::Uncountable)?;
         let (cpu, memory) = self.unlimited_counts(tenant, &now);
         if cpu_bounded && cpu > mark.cpu_milli {
-            return Err(format!(
-                "its cgroup gives it {cpu} millicores of CPU (cpu.cfs_quota_us {} over \
-                 cpu.cfs_period_us {}), more than the {} it was admitted with: a period the config \
-                 leaves to the kernel was set by another container",
-                kernel.cpu_quota.map_or("unlimited".to_string(), |q| q.to_string()),
-                kernel.cpu_period,
-                mark.cpu_milli
-            ));
+            return Err(NotStartable::CpuOver {
+                cpu,
+                quota: kernel.cpu_quota.map_or("unlimited".to_string(), |q| q.to_string()),
+                period: kernel.cpu_period,
+                admitted: mark.cpu_milli,
+            });
         }
         if memory_bounded && memory > mark.memory_mib {
-            return Err(format!(
-                "its cgroup gives it {memory} MiB of memory, more than the {} MiB it was admitted with",
-                mark.memory_mib
-            ));
+            return Err(NotStartable::MemoryOver { memory, admitted: mark.memory_mib });
         }
         Ok(())
     }
+}
 
+/// Why a container may not start with its grant: it is not as isolated as a GPU container
+/// must be, or its cgroup gives it more than its grant was admitted with (the reason of the
+/// refusal, recorded as an `isolation` event).
+#[derive(Debug, thiserror::Error)]
+enum NotStartable {
+    /// What the host said when asked (its words).
+    #[error("{0}")]
+    Host(String),
+    #[error("it runs in the host's {0} namespace (it would see the host's cgroups)")]
+    HostNamespace(String),
+    #[error("its mounts as runc made them: {0}")]
+    Mount(String),
+    #[error(
+        "its cgroup {} holds {others} other process(es) of another container; a GPU \
+         container's cgroup must be its own",
+        untrusted(.cgroup)
+    )]
+    CgroupShared { cgroup: String, others: usize },
+    #[error("cannot read its cgroup {}: {why}", untrusted(.cgroup))]
+    CgroupUnreadable { cgroup: String, why: String },
+    #[error(
+        "its cgroup {} is, or is nested with, the cgroup of another GPU container ({}); a GPU \
+         container's cgroup must be its own",
+        untrusted(.cgroup),
+        untrusted(.theirs)
+    )]
+    CgroupNested { cgroup: String, theirs: String },
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("cannot read the limits its cgroup enforces: {0}")]
+    LimitsUnreadable(String),
+    /// The limits it read do not count (`limits::counted`'s words).
+    #[error("{0}")]
+    Uncountable(String),
+    #[error(
+        "its cgroup gives it {cpu} millicores of CPU (cpu.cfs_quota_us {quota} over \
+         cpu.cfs_period_us {period}), more than the {admitted} it was admitted with: a period \
+         the config leaves to the kernel was set by another container"
+    )]
+    CpuOver { cpu: u64, quota: String, period: u64, admitted: u64 },
+    #[error("its cgroup gives it {memory} MiB of memory, more than the {admitted} MiB it was admitted with")]
+    MemoryOver { memory: u64, admitted: u64 },
+}
+
+impl Node {
     /// List the cgroups of the running grants in `file` from now on (written at once,
     /// then after every start and release).
     pub fn list_grant_cgroups_in(&mut self, file: std::path::PathBuf) {

@@ -221,11 +221,11 @@ impl TokenBook {
 }
 
 /// 16 bytes from the kernel's random source.
-fn random_token() -> Result<AssignmentToken, String> {
+fn random_token() -> Result<AssignmentToken, CoreError> {
     let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| format!("reading /dev/urandom: {e}"))?;
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).map_err(
+        |e| CoreError::internal(format!("tesserad: no token: reading /dev/urandom: {e}")),
+    )?;
     Ok(AssignmentToken::from_bytes(bytes))
 }
 
@@ -265,8 +265,7 @@ impl Node {
         book.tidy(now, &|c| live.contains(c));
         let mut issued = Vec::with_capacity(made.len());
         for a in made {
-            let token = random_token()
-                .map_err(|e| CoreError::internal(format!("tesserad: no token: {e}")))?;
+            let token = random_token()?;
             book.issue(now, &token, a);
             issued.push(IssuedAssignment::new(a.clone(), token));
         }

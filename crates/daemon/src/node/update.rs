@@ -55,6 +55,18 @@ pub(crate) enum UpdatePlan {
     Step(Box<UpdateStep>),
 }
 
+/// Why the kernel's limits on a grant cannot be read.
+#[derive(Debug, thiserror::Error)]
+enum NoKernelLimits {
+    #[error("it has not started")]
+    NotStarted,
+    #[error("its init (pid {0}) is gone")]
+    InitGone(i32),
+    /// The cgroup's files (the host's words).
+    #[error("{0}")]
+    Unreadable(String),
+}
+
 /// An update of a granted container, planned under the lock.
 #[derive(Debug, Clone)]
 pub(crate) struct UpdateStep {
@@ -140,17 +152,20 @@ impl Node {
 
     /// The kernel's limits on a running grant's init, its pid checked against the start
     /// time recorded.
-    fn kernel_limits(&self, rec: &Record) -> Result<(KernelLimits, limits::CgroupVersion), String> {
+    fn kernel_limits(
+        &self,
+        rec: &Record,
+    ) -> Result<(KernelLimits, limits::CgroupVersion), NoKernelLimits> {
         let a = &rec.allocation;
         let pid = match (a.state, a.pid) {
             (AllocationState::Running, Some(pid)) => pid,
-            _ => return Err("it has not started".into()),
+            _ => return Err(NoKernelLimits::NotStarted),
         };
         let start = self.host.pid_start_time(pid);
         if start.is_none() || (rec.pid_start.is_some() && start != rec.pid_start) {
-            return Err(format!("its init (pid {pid}) is gone"));
+            return Err(NoKernelLimits::InitGone(pid));
         }
-        self.host.cgroup_limits(pid)
+        self.host.cgroup_limits(pid).map_err(NoKernelLimits::Unreadable)
     }
 
     /// What a bounded resource counts when the kernel leaves it unlimited: the host's
