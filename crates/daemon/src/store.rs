@@ -723,6 +723,34 @@ mod tests {
         assert_eq!(s.device_states().expect("states")["GPU-1"].0, r#""free""#);
     }
 
+    /// The node keeps the device states typed while `device_gen` stays (`Node::lifecycle`):
+    /// every write of a device state moves it, a failed one too; reads and grants without a
+    /// state change do not.
+    #[test]
+    fn every_write_of_a_device_state_moves_the_device_generation() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = Store::open(&dir.path().join("state.db")).expect("open");
+        let dirty = r#"{"dirty":{"last_tenant":"acme/t/p/u"}}"#;
+        let g0 = s.device_gen();
+        s.set_device_state("GPU-1", dirty, None).expect("dirty");
+        let g1 = s.device_gen();
+        assert_ne!(g1, g0, "set_device_state");
+        s.insert(&rec("other", &["GPU-2"])).expect("insert");
+        let _ = s.device_states().expect("states");
+        assert_eq!(s.device_gen(), g1, "a grant without state changes, a read");
+        let back =
+            StateChange { uuid: "GPU-1".into(), from: Some(dirty.into()), to: r#""free""#.into() };
+        let stale = StateChange { from: Some(r#""free""#.into()), ..back.clone() };
+        s.insert_grant(&rec("a", &["GPU-1"]), &[stale]).unwrap_err();
+        let g2 = s.device_gen();
+        assert_ne!(g2, g1, "a refused state change counts too");
+        s.insert_grant(&rec("a", &["GPU-1"]), &[back]).expect("grant");
+        let g3 = s.device_gen();
+        assert_ne!(g3, g2, "insert_grant");
+        s.remove_leaving("a", "test", &[("GPU-1".into(), dirty.into())]).expect("release");
+        assert_ne!(s.device_gen(), g3, "remove_leaving");
+    }
+
     #[test]
     fn a_corrupt_database_is_reported_and_left_untouched() {
         let dir = tempfile::tempdir().expect("tempdir");
