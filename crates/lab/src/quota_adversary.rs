@@ -104,6 +104,14 @@ mod tests {
         spec.validate("quotas", |_| true).expect("valid")
     }
 
+    /// The owner guarantees one node's 8 GPUs; the borrower has none (ceiling 8).
+    fn owner_and_borrower() -> QuotaTree {
+        tree(
+            r#"{"acme/owner":    {"gpus": {"H100-80GB": {"guarantee": 8}}},
+                "acme/borrower": {"gpus": {"H100-80GB": {"ceiling": 8}}}}"#,
+        )
+    }
+
     fn fleet(nodes: u32) -> Fleet {
         Fleet {
             nodes,
@@ -130,10 +138,7 @@ mod tests {
     /// utilisation under the bound, while FIFO gets all of it.
     #[test]
     fn on_a_fully_guaranteed_fleet_keeping_the_owner_bound_costs_all_borrowed_work() {
-        let t = tree(
-            r#"{"acme/owner":    {"gpus": {"H100-80GB": {"guarantee": 8}}},
-                "acme/borrower": {"gpus": {"H100-80GB": {"ceiling": 8}}}}"#,
-        );
+        let t = owner_and_borrower();
         let f = fleet(1);
         let nodes = vec![Resources::new().with_gpus("H100-80GB", 8)];
         let shape = check_shape(&t, &nodes);
@@ -173,10 +178,7 @@ mod tests {
     /// first, reclaim nothing and keep FIFO's useful utilisation and the owner bound.
     #[test]
     fn with_unguaranteed_gpus_for_the_borrower_nothing_is_lost() {
-        let t = tree(
-            r#"{"acme/owner":    {"gpus": {"H100-80GB": {"guarantee": 8}}},
-                "acme/borrower": {"gpus": {"H100-80GB": {"ceiling": 8}}}}"#,
-        );
+        let t = owner_and_borrower();
         let f = fleet(2);
         let node = Resources::new().with_gpus("H100-80GB", 8);
         assert_eq!(check_shape(&t, &[node.clone(), node]), []);
