@@ -393,4 +393,57 @@ mod tests {
         let anchors: Vec<u64> = (0..300).map(|i| 1 + i % 8).collect();
         assert_eq!(packs(&anchors, &fleet), Some(true));
     }
+
+    /// A policy of `gs` guarantees (H100-80GB GPUs), one path each.
+    fn many(gs: &[u64]) -> QuotaTree {
+        let body: Vec<String> = gs
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                format!(r#""t/p{i:05}": {{"gpus": {{"H100-80GB": {{"guarantee": {g}}}}}}}"#)
+            })
+            .collect();
+        tree(&format!("{{{}}}", body.join(",")))
+    }
+
+    #[test]
+    fn thousands_of_guaranteeing_paths_do_not_overflow_the_stack() {
+        // 5,000 paths of 1 GPU on 625 nodes of 8: every anchor fits. The search must not
+        // recurse once per anchor: a coordinator's worker thread has a bounded stack, and
+        // an overflow aborts the process (every `GET /v1/quota/status` would).
+        let t = many(&vec![1; 5_000]);
+        let fleet = nodes(625, 8);
+        let f = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || check_shape(&t, &fleet))
+            .expect("thread")
+            .join()
+            .expect("check_shape");
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(matches!(f[0].kind, ShapeKind::NoHeadroom { .. }), "{f:?}");
+    }
+
+    #[test]
+    fn naming_the_culprits_stays_within_the_step_bound() {
+        // 400 paths guaranteeing a whole node on 399 nodes of 8, and 16 paths of 3 on
+        // nodes of 7, 5 and 4 (which hold 15 threes): the 8s decide "no" at once, but each
+        // 8 made one GPU leaves the 3s to an exhaustive search. The step bound is per
+        // resource (docs/QUOTAS.md: at most 200,000 steps), not per path: before, each of
+        // the 400 spent its own 200,000 (about 0.13 s each in a debug build).
+        let mut gs = vec![8u64; 400];
+        gs.extend([3; 16]);
+        let t = many(&gs);
+        let mut fleet = nodes(399, 8);
+        for g in [7u64, 7, 7, 7, 5, 5, 5, 5, 4, 4, 4] {
+            fleet.push(Resources::new().with_gpus("H100-80GB", g));
+        }
+        let start = std::time::Instant::now();
+        let f = check_shape(&t, &fleet);
+        let took = start.elapsed();
+        assert!(took < std::time::Duration::from_secs(5), "check_shape took {took:?}");
+        let no_node: Vec<&ShapeFinding> =
+            f.iter().filter(|f| matches!(f.kind, ShapeKind::NoNode { .. })).collect();
+        assert_eq!(no_node.len(), 1, "{f:?}");
+        assert!(no_node[0].cannot);
+    }
 }
