@@ -174,7 +174,9 @@ fn anchors(
         }
     }
     let items: Vec<u64> = want.values().copied().collect();
-    match packs(&items, &bins) {
+    // One budget for the whole resource: the layout, then the culprits.
+    let mut budget = MAX_LAYOUT_STEPS;
+    match packs_within(&items, &bins, &mut budget) {
         Some(true) => return None,
         Some(false) => {}
         None => {
@@ -192,16 +194,33 @@ fn anchors(
             });
         }
     }
-    // Which anchors, made one GPU, let the rest fit.
-    let keys: Vec<&String> = want.keys().collect();
-    let mut culprits: Vec<(String, u64)> = Vec::new();
-    for (i, k) in keys.iter().enumerate() {
+    // Which anchors, made one GPU, let the rest fit: one search per anchor size (anchors
+    // of one size are interchangeable), within what is left of the budget; when that runs
+    // out, every anchored path is named.
+    let mut sizes: Vec<u64> = items.iter().copied().filter(|&a| a > 1).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let mut freeing: Vec<u64> = Vec::new();
+    let mut decided = true;
+    for size in sizes {
         let mut less = items.clone();
-        less[i] = 1;
-        if packs(&less, &bins) == Some(true) {
-            culprits.push(((*k).clone(), items[i]));
+        if let Some(i) = less.iter().position(|&a| a == size) {
+            less[i] = 1;
+        }
+        match packs_within(&less, &bins, &mut budget) {
+            Some(true) => freeing.push(size),
+            Some(false) => {}
+            None => {
+                decided = false;
+                break;
+            }
         }
     }
+    let mut culprits: Vec<(String, u64)> = if decided {
+        want.iter().filter(|(_, a)| freeing.contains(a)).map(|(k, &a)| (k.clone(), a)).collect()
+    } else {
+        Vec::new()
+    };
     if culprits.is_empty() {
         culprits = want.iter().map(|(k, &v)| (k.clone(), v)).collect();
     }
@@ -228,7 +247,16 @@ fn anchors(
 /// Whether `items` fit in `bins` (bin packing, exact): `None` when the search ran out of
 /// [`MAX_LAYOUT_STEPS`]. Bins of equal room are one choice (a fleet of thousands of alike
 /// nodes is a handful of room values).
+#[cfg(test)]
 fn packs(items: &[u64], bins: &[u64]) -> Option<bool> {
+    let mut budget = MAX_LAYOUT_STEPS;
+    packs_within(items, bins, &mut budget)
+}
+
+/// [`packs`] spending at most `budget` steps (what is left of it stays there for the next
+/// search). Depth-first with its own stack: one frame per item, so thousands of anchors
+/// cost memory, not the thread's stack.
+fn packs_within(items: &[u64], bins: &[u64], budget: &mut u64) -> Option<bool> {
     if items.iter().sum::<u64>() > bins.iter().sum::<u64>() {
         return Some(false);
     }
@@ -238,27 +266,6 @@ fn packs(items: &[u64], bins: &[u64]) -> Option<bool> {
     for &b in bins {
         *room.entry(b).or_default() += 1;
     }
-    let mut steps = 0u64;
-    fn go(items: &[u64], room: &mut BTreeMap<u64, usize>, steps: &mut u64) -> Option<bool> {
-        let Some((&first, rest)) = items.split_first() else { return Some(true) };
-        let fits: Vec<u64> = room.range(first..).filter(|(_, &n)| n > 0).map(|(&r, _)| r).collect();
-        for r in fits {
-            *steps += 1;
-            if *steps > MAX_LAYOUT_STEPS {
-                return None;
-            }
-            take(room, r);
-            *room.entry(r - first).or_default() += 1;
-            let found = go(rest, room, steps);
-            take(room, r - first);
-            *room.entry(r).or_default() += 1;
-            match found {
-                Some(false) => {}
-                other => return other,
-            }
-        }
-        Some(false)
-    }
     fn take(room: &mut BTreeMap<u64, usize>, r: u64) {
         if let Some(n) = room.get_mut(&r) {
             *n -= 1;
@@ -267,7 +274,46 @@ fn packs(items: &[u64], bins: &[u64]) -> Option<bool> {
             }
         }
     }
-    go(&items, &mut room, &mut steps)
+    // One frame per placed item: the rooms it may take, the next to try, the one it holds.
+    struct Frame {
+        fits: Vec<u64>,
+        next: usize,
+        holds: Option<u64>,
+    }
+    let fits = |room: &BTreeMap<u64, usize>, size: u64| -> Vec<u64> {
+        room.range(size..).filter(|(_, &n)| n > 0).map(|(&r, _)| r).collect()
+    };
+    let mut frames: Vec<Frame> = Vec::with_capacity(items.len());
+    loop {
+        let depth = frames.len();
+        let Some(&size) = items.get(depth) else { return Some(true) };
+        frames.push(Frame { fits: fits(&room, size), next: 0, holds: None });
+        // Advance the deepest frame to its next room, popping those with none left.
+        loop {
+            let level = frames.len().checked_sub(1)?;
+            let size = items[level];
+            let frame = frames.last_mut()?;
+            if let Some(r) = frame.holds.take() {
+                take(&mut room, r - size);
+                *room.entry(r).or_default() += 1;
+            }
+            if let Some(&r) = frame.fits.get(frame.next) {
+                frame.next += 1;
+                if *budget == 0 {
+                    return None;
+                }
+                *budget -= 1;
+                take(&mut room, r);
+                *room.entry(r - size).or_default() += 1;
+                frame.holds = Some(r);
+                break;
+            }
+            frames.pop();
+            if frames.is_empty() {
+                return Some(false);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -413,12 +459,16 @@ mod tests {
         // an overflow aborts the process (every `GET /v1/quota/status` would).
         let t = many(&vec![1; 5_000]);
         let fleet = nodes(625, 8);
-        let f = std::thread::Builder::new()
+        let (f, took) = std::thread::Builder::new()
             .stack_size(256 << 10)
-            .spawn(move || check_shape(&t, &fleet))
+            .spawn(move || {
+                let start = std::time::Instant::now();
+                (check_shape(&t, &fleet), start.elapsed())
+            })
             .expect("thread")
             .join()
             .expect("check_shape");
+        let _ = took;
         assert_eq!(f.len(), 1, "{f:?}");
         assert!(matches!(f[0].kind, ShapeKind::NoHeadroom { .. }), "{f:?}");
     }
