@@ -86,6 +86,26 @@ pub fn own_guarantee(tree: &QuotaTree, resource: &Resource, path: &str) -> u64 {
     mine.saturating_sub(children)
 }
 
+/// [`own_guarantee`] of every path that guarantees `resource`, in one pass: each
+/// guarantee is taken from its nearest guaranteeing ancestor's (a walk up the path, not a
+/// scan of the tree per path).
+fn own_guarantees(tree: &QuotaTree, resource: &Resource) -> BTreeMap<String, u64> {
+    let guarantee = |p: &str| tree.get(p).and_then(|q| q.limits.get(resource))?.guarantee;
+    let mut own: BTreeMap<String, u64> = tree
+        .iter()
+        .filter_map(|q| Some((q.path.clone(), q.limits.get(resource)?.guarantee?)))
+        .collect();
+    for q in tree.iter() {
+        let Some(g) = guarantee(&q.path) else { continue };
+        if let Some(parent) = chain(&q.path).skip(1).find(|p| guarantee(p).is_some()) {
+            if let Some(o) = own.get_mut(parent) {
+                *o = o.saturating_sub(g);
+            }
+        }
+    }
+    own
+}
+
 /// The findings for `tree` on a fleet of `nodes` (each node's capacity), every resource a
 /// quota guarantees. Empty: every guarantee can be honoured, and there is headroom.
 pub fn check_shape(tree: &QuotaTree, nodes: &[Resources]) -> Vec<ShapeFinding> {
@@ -167,10 +187,10 @@ fn anchors(
     let largest = bins.first().copied().unwrap_or(0);
     // Each guaranteeing path's anchor: its own whole GPUs, at most a node's.
     let mut want: BTreeMap<String, u64> = BTreeMap::new();
-    for q in tree.iter() {
-        let own = own_guarantee(tree, resource, &q.path) / MICRO_PER_GPU;
+    for (path, own) in own_guarantees(tree, resource) {
+        let own = own / MICRO_PER_GPU;
         if own > 0 {
-            want.insert(q.path.clone(), own.min(largest.max(1)));
+            want.insert(path, own.min(largest.max(1)));
         }
     }
     let items: Vec<u64> = want.values().copied().collect();
@@ -416,6 +436,24 @@ mod tests {
         assert!(f.iter().any(|f| f.cannot && matches!(f.kind, ShapeKind::NoNode { .. })));
         assert!(f.iter().any(|f| matches!(f.kind, ShapeKind::NoHeadroom { .. })));
         assert_eq!(own_guarantee(&t, &Resource::gpu("H100-80GB"), "acme"), 6 * MICRO_PER_GPU);
+        // The one-pass form agrees with own_guarantee on every path, through a level that
+        // guarantees nothing (acme/x) and two levels of guarantees.
+        let deep = tree(
+            r#"{"acme":       {"gpus": {"H100-80GB": {"guarantee": 16}}},
+                "acme/x":     {"gpus": {"H100-80GB": {"ceiling": 16}}},
+                "acme/x/a":   {"gpus": {"H100-80GB": {"guarantee": 7}}},
+                "acme/x/a/b": {"gpus": {"H100-80GB": {"guarantee": 3}}},
+                "acme/c":     {"gpus": {"H100-80GB": {"guarantee": 2.5}}},
+                "other":      {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
+        );
+        let gpu = Resource::gpu("H100-80GB");
+        let all = own_guarantees(&deep, &gpu);
+        assert_eq!(all.len(), 5, "{all:?}");
+        for (path, own) in &all {
+            assert_eq!(*own, own_guarantee(&deep, &gpu, path), "{path}");
+        }
+        assert_eq!(all["acme"], 6_500_000);
+        assert_eq!(all["acme/x/a"], 4 * MICRO_PER_GPU);
     }
 
     #[test]
