@@ -191,4 +191,48 @@ mod tests {
         assert!(quotas.useful_utilisation >= 0.95 * fifo.useful_utilisation);
         assert!(quotas.owner_wait_p99_s.expect("owners") <= k.wait_s);
     }
+
+    /// The claim's p99 is over *all* of the owner's `k` requests. The simulator's owner
+    /// p99 counts a request only if it was within its tenant's guarantee when it arrived,
+    /// so one owner request left waiting hides every later one of its tenant. A rule that
+    /// holds `b` until the 99th owner request has run, then runs it and leaves the 100th
+    /// waiting, keeps the simulator's owner p99 at 0 s with 101 of 200 owner requests
+    /// waiting for hours; its useful utilisation on the horizon is then far above
+    /// [`bound`]. The schedule is FIFO's on the trace with `b` arriving after `o_99` (a
+    /// 1-second job of the borrower at 0 keeps the span).
+    #[test]
+    fn the_bound_holds_for_the_p99_over_every_owner_request_not_the_simulators() {
+        let t = tree(
+            r#"{"acme/owner":    {"gpus": {"H100-80GB": {"guarantee": 8}}},
+                "acme/borrower": {"gpus": {"H100-80GB": {"ceiling": 8}}}}"#,
+        );
+        let f = fleet(1);
+        let k = Knobs::default();
+        let d = borrower_s(&k);
+        let mut jobs = trace(&k, &f, "acme/owner", "acme/borrower");
+        let b = jobs.iter_mut().find(|j| j.id == "b-n0").expect("b");
+        b.arrival_s = 99 * k.period_s + k.owner_s + 1;
+        let mut start = b.clone();
+        start.id = "start".into();
+        start.arrival_s = 0;
+        start.duration_s = 1;
+        jobs.push(start);
+        let held_b = run(&jobs, &f, &t, Mode::Fifo, Some(d)).expect("fifo");
+        // The simulator's owner p99 is kept...
+        assert_eq!(held_b.owner_wait_p99_s, Some(0));
+        // ...because it counts 100 of the 200 owner requests (o_101.. arrive while o_100
+        // waits), one of them late: the p99 over all 200 would be hours.
+        assert_eq!(held_b.owner_requests, 100);
+        let late = held_b.outcomes.iter().filter(|o| o.id.starts_with('o')).filter(|o| {
+            let at = o.id[1..].trim_end_matches("-n0").parse::<u64>().expect("round") * k.period_s;
+            o.first_start_s.map_or(d, |s| s) - at > k.wait_s
+        });
+        assert_eq!(late.count(), 101);
+        assert!(
+            held_b.useful_utilisation <= bound(&k) + 1e-9,
+            "a schedule within the simulator's owner p99 reaches {} (bound {})",
+            held_b.useful_utilisation,
+            bound(&k)
+        );
+    }
 }
