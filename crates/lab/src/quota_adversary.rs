@@ -6,7 +6,10 @@
 //!
 //! Take a fleet whose GPUs are all guaranteed to one owner `O` (the [`quota::check_shape`]
 //! warning `no_headroom`) and a borrower `B` with no guarantee. Let `W` be the owner-wait
-//! bound, met at p99 (at most 1 in 100 of `O`'s requests waits longer). [`trace`] makes:
+//! bound, met at p99 over *every* request of `O` (at most 1 in 100 of them waits longer;
+//! not the simulator's owner p99, which counts only requests within guarantee on arrival,
+//! so that one left waiting hides its tenant's later ones: a rule can keep that p99 and
+//! far more than the bound, [`tests`]). [`trace`] makes:
 //!
 //! - `b`: one job of `B` asking the whole fleet at t = 0, lasting `D` seconds;
 //! - `o_1 … o_k`: jobs of `O`, each the whole fleet for `δ` seconds, arriving every `P`
@@ -18,7 +21,7 @@
 //! `D > (k/100 + 1)·P + W`, so `b` never finishes, and every run of it but the last is
 //! lost (it restarts from zero). Until the horizon (`D`, the trace's end) such a rule's
 //! useful GPU-seconds are at most the owners' `k·δ` plus `b`'s last run, so its useful
-//! utilisation is at most `δ/P + (k/100 + 1)·P/D + W/D` — about 2% for the defaults —
+//! utilisation is at most `δ/P + (k/100 + 1)·P/D + W/D` — about 3.2% for the defaults —
 //! whatever it does: lend at once, lend later, never lend (then `b` never runs at all), or
 //! know the future. FIFO runs `b` from 0 to `D` (the owners wait behind it): 100%.
 //!
@@ -151,6 +154,8 @@ mod tests {
         let quotas = run(&jobs, &f, &t, Mode::Quotas, None).expect("quotas");
         let fifo = run(&jobs, &f, &t, Mode::Fifo, None).expect("fifo");
         // Quotas keep the owner bound...
+        // (over every owner request: the simulator's p99 counts all k only because none
+        // is left waiting when the next arrives)
         let p99 = quotas.owner_wait_p99_s.expect("owners");
         assert!(p99 <= k.wait_s, "owner p99 {p99}");
         assert_eq!(quotas.owner_requests, k.rounds);
@@ -196,10 +201,11 @@ mod tests {
     /// p99 counts a request only if it was within its tenant's guarantee when it arrived,
     /// so one owner request left waiting hides every later one of its tenant. A rule that
     /// holds `b` until the 99th owner request has run, then runs it and leaves the 100th
-    /// waiting, keeps the simulator's owner p99 at 0 s with 101 of 200 owner requests
-    /// waiting for hours; its useful utilisation on the horizon is then far above
-    /// [`bound`]. The schedule is FIFO's on the trace with `b` arriving after `o_99` (a
-    /// 1-second job of the borrower at 0 keeps the span).
+    /// waiting, keeps the simulator's owner p99 at 0 s while 101 of 200 owner requests
+    /// wait for hours, at 16 times [`bound`]; with 2,000 rounds, above 95% of FIFO. The
+    /// schedule is FIFO's on the trace with `b` arriving after `o_99` (a 1-second job of
+    /// the borrower at 0 keeps the span). So the claim, and the test of Tessera's quotas
+    /// above, need every owner request counted (`owner_requests == k`).
     #[test]
     fn the_bound_holds_for_the_p99_over_every_owner_request_not_the_simulators() {
         let t = tree(
@@ -207,32 +213,36 @@ mod tests {
                 "acme/borrower": {"gpus": {"H100-80GB": {"ceiling": 8}}}}"#,
         );
         let f = fleet(1);
+        let held_b = |k: &Knobs| {
+            let d = borrower_s(k);
+            let mut jobs = trace(k, &f, "acme/owner", "acme/borrower");
+            let b = jobs.iter_mut().find(|j| j.id == "b-n0").expect("b");
+            b.arrival_s = 99 * k.period_s + k.owner_s + 1;
+            let mut start = b.clone();
+            start.id = "start".into();
+            start.arrival_s = 0;
+            start.duration_s = 1;
+            jobs.push(start);
+            run(&jobs, &f, &t, Mode::Fifo, Some(d)).expect("fifo")
+        };
         let k = Knobs::default();
-        let d = borrower_s(&k);
-        let mut jobs = trace(&k, &f, "acme/owner", "acme/borrower");
-        let b = jobs.iter_mut().find(|j| j.id == "b-n0").expect("b");
-        b.arrival_s = 99 * k.period_s + k.owner_s + 1;
-        let mut start = b.clone();
-        start.id = "start".into();
-        start.arrival_s = 0;
-        start.duration_s = 1;
-        jobs.push(start);
-        let held_b = run(&jobs, &f, &t, Mode::Fifo, Some(d)).expect("fifo");
+        let r = held_b(&k);
         // The simulator's owner p99 is kept...
-        assert_eq!(held_b.owner_wait_p99_s, Some(0));
+        assert_eq!(r.owner_wait_p99_s, Some(0));
         // ...because it counts 100 of the 200 owner requests (o_101.. arrive while o_100
-        // waits), one of them late: the p99 over all 200 would be hours.
-        assert_eq!(held_b.owner_requests, 100);
-        let late = held_b.outcomes.iter().filter(|o| o.id.starts_with('o')).filter(|o| {
+        // waits), one of them late: the p99 over all 200 is hours.
+        assert_eq!(r.owner_requests, 100);
+        let late = r.outcomes.iter().filter(|o| o.id.starts_with('o')).filter(|o| {
             let at = o.id[1..].trim_end_matches("-n0").parse::<u64>().expect("round") * k.period_s;
-            o.first_start_s.map_or(d, |s| s) - at > k.wait_s
+            o.first_start_s.unwrap_or(borrower_s(&k)) - at > k.wait_s
         });
         assert_eq!(late.count(), 101);
-        assert!(
-            held_b.useful_utilisation <= bound(&k) + 1e-9,
-            "a schedule within the simulator's owner p99 reaches {} (bound {})",
-            held_b.useful_utilisation,
-            bound(&k)
-        );
+        assert!(r.useful_utilisation > 16.0 * bound(&k), "{}", r.useful_utilisation);
+        // With more rounds the same schedule keeps both promises as the simulator
+        // measures them.
+        let long = Knobs { rounds: 2_000, ..k };
+        let r = held_b(&long);
+        assert_eq!(r.owner_wait_p99_s, Some(0));
+        assert!(r.useful_utilisation >= 0.95, "{}", r.useful_utilisation);
     }
 }
