@@ -2469,6 +2469,37 @@ mod tests {
     const DEFAULT_GRACE: u64 = quota::DEFAULT_GRACE_PERIOD_S;
 
     #[test]
+    fn a_layout_the_validator_finds_is_the_one_the_homes_keep() {
+        // 2, 2, 2, 3, 3, 4 on two nodes of 8: 4+2+2 | 3+3+2 keeps each guarantee on one
+        // node, and check_shape says so (only no_headroom). Largest first, first node with
+        // room puts 4+3 | 3+2+2 and splits the third 2 over both nodes: its owner's 2-GPU
+        // pod, within its guarantee, then waits for other owners' guaranteed work to end.
+        let t = tree(
+            r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+                "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+                "acme/c": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+                "acme/d": {"gpus": {"H100-80GB": {"guarantee": 3}}},
+                "acme/e": {"gpus": {"H100-80GB": {"guarantee": 3}}},
+                "acme/f": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
+        );
+        let shape = quota::check_shape(&t, &vec![Resources::new().with_gpus(H100, 8); 2]);
+        assert!(shape.iter().all(|f| !f.cannot), "{shape:?}");
+        let (_, of) = partitions(&t, &fleet(2, 8));
+        for p in 0..6 {
+            let on: Vec<usize> = (0..2).filter(|&n| of[n].contains(&p)).collect();
+            assert_eq!(on.len(), 1, "partition {p} spans nodes {on:?}: {of:?}");
+        }
+        // Each owner asks its whole guarantee in one pod; c last.
+        let mut jobs: Vec<Job> = [("a", 2), ("b", 2), ("d", 3), ("e", 3), ("f", 4)]
+            .iter()
+            .map(|&(p, g)| job(p, &format!("acme/{p}"), 0, 10_000, g))
+            .collect();
+        jobs.push(job("c", "acme/c", 1, 10_000, 2));
+        let r = run(&jobs, &fleet(2, 8), &t, Mode::Quotas, None).expect("runs");
+        assert_eq!(start(&r, "c"), Some(1));
+    }
+
+    #[test]
     fn partitions_take_whole_nodes_first_then_the_largest_rest_and_nest() {
         let t = tree(
             r#"{"acme/training":  {"gpus": {"H100-80GB": {"guarantee": 6, "ceiling": 16}}},
