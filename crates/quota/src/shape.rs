@@ -274,48 +274,69 @@ fn packs(items: &[u64], bins: &[u64]) -> Option<bool> {
 }
 
 /// [`packs`] spending at most `budget` steps (what is left of it stays there for the next
-/// search). Depth-first with its own stack: one frame per item, so thousands of anchors
-/// cost memory, not the thread's stack.
+/// search).
 fn packs_within(items: &[u64], bins: &[u64], budget: &mut u64) -> Option<bool> {
+    search(items, bins, budget).map(|found| found.is_some())
+}
+
+/// A layout of `items` in `bins`: for each item, in `items`' order, the index of its bin;
+/// `None` when there is none or the search ran out of [`MAX_LAYOUT_STEPS`]. The search
+/// [`check_shape`] runs, for a caller that keeps the layout (the simulator's homes).
+pub fn layout(items: &[u64], bins: &[u64]) -> Option<Vec<usize>> {
+    let mut budget = MAX_LAYOUT_STEPS;
+    search(items, bins, &mut budget).flatten()
+}
+
+/// The exact search: `None` when `budget` ran out, `Some(None)` when no layout exists,
+/// else the layout ([`layout`]). Largest item first; bins of equal room are one choice.
+/// Depth-first with its own stack: one frame per item, so thousands of anchors cost
+/// memory, not the thread's stack.
+fn search(items: &[u64], bins: &[u64], budget: &mut u64) -> Option<Option<Vec<usize>>> {
     if items.iter().sum::<u64>() > bins.iter().sum::<u64>() {
-        return Some(false);
+        return Some(None);
     }
-    let mut items = items.to_vec();
-    items.sort_unstable_by(|a, b| b.cmp(a));
-    let mut room: BTreeMap<u64, usize> = BTreeMap::new();
-    for &b in bins {
-        *room.entry(b).or_default() += 1;
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by(|&a, &b| items[b].cmp(&items[a]).then(a.cmp(&b)));
+    // Each room value with the bins that have it (a stack: the search undoes in order).
+    let mut room: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    for (i, &b) in bins.iter().enumerate().rev() {
+        room.entry(b).or_default().push(i);
     }
-    fn take(room: &mut BTreeMap<u64, usize>, r: u64) {
-        if let Some(n) = room.get_mut(&r) {
-            *n -= 1;
-            if *n == 0 {
-                room.remove(&r);
-            }
+    fn take(room: &mut BTreeMap<u64, Vec<usize>>, r: u64) -> usize {
+        let list = room.get_mut(&r).expect("a room the search found");
+        let bin = list.pop().expect("a bin with that room");
+        if list.is_empty() {
+            room.remove(&r);
         }
+        bin
     }
     // One frame per placed item: the rooms it may take, the next to try, the one it holds.
     struct Frame {
         fits: Vec<u64>,
         next: usize,
-        holds: Option<u64>,
+        holds: Option<(u64, usize)>,
     }
-    let fits = |room: &BTreeMap<u64, usize>, size: u64| -> Vec<u64> {
-        room.range(size..).filter(|(_, &n)| n > 0).map(|(&r, _)| r).collect()
+    let fits = |room: &BTreeMap<u64, Vec<usize>>, size: u64| -> Vec<u64> {
+        room.range(size..).map(|(&r, _)| r).collect()
     };
     let mut frames: Vec<Frame> = Vec::with_capacity(items.len());
     loop {
         let depth = frames.len();
-        let Some(&size) = items.get(depth) else { return Some(true) };
-        frames.push(Frame { fits: fits(&room, size), next: 0, holds: None });
+        let Some(&item) = order.get(depth) else {
+            let mut at = vec![0; items.len()];
+            for (f, &item) in frames.iter().zip(&order) {
+                at[item] = f.holds.map_or(0, |(_, bin)| bin);
+            }
+            return Some(Some(at));
+        };
+        frames.push(Frame { fits: fits(&room, items[item]), next: 0, holds: None });
         // Advance the deepest frame to its next room, popping those with none left.
         loop {
-            let level = frames.len().checked_sub(1)?;
-            let size = items[level];
-            let frame = frames.last_mut()?;
-            if let Some(r) = frame.holds.take() {
-                take(&mut room, r - size);
-                *room.entry(r).or_default() += 1;
+            let size = items[order[frames.len() - 1]];
+            let frame = frames.last_mut().expect("a frame");
+            if let Some((r, _)) = frame.holds.take() {
+                let bin = take(&mut room, r - size);
+                room.entry(r).or_default().push(bin);
             }
             if let Some(&r) = frame.fits.get(frame.next) {
                 frame.next += 1;
@@ -323,14 +344,14 @@ fn packs_within(items: &[u64], bins: &[u64], budget: &mut u64) -> Option<bool> {
                     return None;
                 }
                 *budget -= 1;
-                take(&mut room, r);
-                *room.entry(r - size).or_default() += 1;
-                frame.holds = Some(r);
+                let bin = take(&mut room, r);
+                room.entry(r - size).or_default().push(bin);
+                frame.holds = Some((r, bin));
                 break;
             }
             frames.pop();
             if frames.is_empty() {
-                return Some(false);
+                return Some(None);
             }
         }
     }
@@ -467,6 +488,14 @@ mod tests {
         // 3+3+2 = 8 and 2+2+2+2 = 8.
         assert_eq!(packs(&[3, 3, 2, 2, 2, 2, 2], &[8, 8]), Some(true));
         assert_eq!(packs(&[], &[]), Some(true));
+        // The layout it finds, bin by item in the items' order.
+        let at = layout(&[2, 2, 2, 3, 3, 4], &[8, 8]).expect("a layout");
+        let mut load = [0u64; 2];
+        for (item, &bin) in [2u64, 2, 2, 3, 3, 4].iter().zip(&at) {
+            load[bin] += item;
+        }
+        assert_eq!(load, [8, 8], "{at:?}");
+        assert_eq!(layout(&[6, 6, 4], &[8, 8]), None);
         assert_eq!(packs(&[1], &[]), Some(false));
         // Many equal bins and items that cannot fit: the step bound answers, never hangs.
         let items = vec![3u64; 40];
