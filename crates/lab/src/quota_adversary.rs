@@ -25,11 +25,15 @@
 //! whatever it does: lend at once, lend later, never lend (then `b` never runs at all), or
 //! know the future. FIFO runs `b` from 0 to `D` (the owners wait behind it): 100%.
 //!
-//! The proof needs every GPU guaranteed: with unguaranteed GPUs for `b`, quotas place
-//! borrowed work there first and lose nothing ([`tests`]). It needs restart from zero:
-//! `b` checkpointing keeps each run's work. So the two promises conflict where the
-//! validator says `no_headroom` and work does not checkpoint — the 2-node cells of
-//! `--quota-family` at 0% checkpointing; docs/PERFORMANCE.md, Quotas that pay for themselves.
+//! The proof needs `b` larger than the GPUs nobody guarantees (a fleet with none, the
+//! validator's `no_headroom`, is one case): where `b` fits in unguaranteed GPUs, quotas
+//! place borrowed work there first and lose nothing; where its tenant's ceiling lets it ask
+//! more than those, the same trace traps it on a fleet the validator says nothing about
+//! ([`tests`]). It needs restart from zero: `b` checkpointing keeps each run's work. So the
+//! two promises conflict where the validator says `no_headroom` and work does not
+//! checkpoint — the 2-node cells of `--quota-family` at 0% checkpointing — and also
+//! wherever a ceiling lets borrowed work outgrow the unguaranteed GPUs; docs/PERFORMANCE.md,
+//! Quotas that pay for themselves.
 
 use quota::{Resources, MICRO_PER_GPU};
 
@@ -195,6 +199,39 @@ mod tests {
         assert_eq!(quotas.preemptions, 0);
         assert!(quotas.useful_utilisation >= 0.95 * fifo.useful_utilisation);
         assert!(quotas.owner_wait_p99_s.expect("owners") <= k.wait_s);
+    }
+
+    /// What the proof needs is a borrowed job larger than the GPUs nobody guarantees, not a
+    /// fleet with none: on 2 nodes with one guaranteed, the validator sees headroom and
+    /// says nothing, yet a borrower asking both nodes (its ceiling lets it) is stopped by
+    /// every owner request as on the fully guaranteed fleet, and keeps no more.
+    #[test]
+    fn a_borrowed_job_larger_than_the_headroom_is_the_same_trap() {
+        let t = tree(
+            r#"{"acme/owner":    {"gpus": {"H100-80GB": {"guarantee": 8}}},
+                "acme/borrower": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+        );
+        let node = Resources::new().with_gpus("H100-80GB", 8);
+        assert_eq!(check_shape(&t, &[node.clone(), node]), []);
+        let k = Knobs::default();
+        // b asks both nodes (a gang); each owner request one node, its guarantee.
+        let mut jobs: Vec<Job> = trace(&k, &fleet(2), "acme/owner", "acme/borrower")
+            .into_iter()
+            .filter(|j| j.id.starts_with('b'))
+            .collect();
+        jobs.extend(
+            trace(&k, &fleet(1), "acme/owner", "acme/borrower")
+                .into_iter()
+                .filter(|j| j.id.starts_with('o')),
+        );
+        let quotas = run(&jobs, &fleet(2), &t, Mode::Quotas, None).expect("quotas");
+        let fifo = run(&jobs, &fleet(2), &t, Mode::Fifo, None).expect("fifo");
+        assert_eq!(quotas.owner_requests, k.rounds);
+        assert!(quotas.owner_wait_p99_s.expect("owners") <= k.wait_s);
+        let b = quotas.outcomes.iter().find(|o| o.id == "b#0").expect("b");
+        assert_eq!(u64::from(b.preempted), k.rounds);
+        assert!(quotas.useful_utilisation <= bound(&k) + 1e-9, "{}", quotas.useful_utilisation);
+        assert!(fifo.useful_utilisation > 0.99, "fifo {}", fifo.useful_utilisation);
     }
 
     /// The claim's p99 is over *all* of the owner's `k` requests. The simulator's owner
