@@ -109,7 +109,11 @@ fn own_guarantees(tree: &QuotaTree, resource: &Resource) -> BTreeMap<String, u64
 }
 
 /// The findings for `tree` on a fleet of `nodes` (each node's capacity), every resource a
-/// quota guarantees. Empty: every guarantee can be honoured, and there is headroom.
+/// quota guarantees. Empty: some layout of the guarantees honours each (the simulator's
+/// homes keep one), and there is headroom. It does not say that placement keeps such a
+/// layout: the coordinator places no homes, so guaranteed pods spread over nodes may still
+/// leave another path's largest pod no node. CPU and memory get only the over-the-fleet
+/// check.
 pub fn check_shape(tree: &QuotaTree, nodes: &[Resources]) -> Vec<ShapeFinding> {
     let mut resources: Vec<&Resource> = tree
         .iter()
