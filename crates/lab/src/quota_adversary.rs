@@ -245,10 +245,7 @@ mod tests {
     /// above, need every owner request counted (`owner_requests == k`).
     #[test]
     fn the_bound_holds_for_the_p99_over_every_owner_request_not_the_simulators() {
-        let t = tree(
-            r#"{"acme/owner":    {"gpus": {"H100-80GB": {"guarantee": 8}}},
-                "acme/borrower": {"gpus": {"H100-80GB": {"ceiling": 8}}}}"#,
-        );
+        let t = owner_and_borrower();
         let f = fleet(1);
         let held_b = |k: &Knobs| {
             let d = borrower_s(k);
