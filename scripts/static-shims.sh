@@ -8,7 +8,7 @@
 #   scripts/static-shims.sh DIR
 #   TESSERA_BENCH_BINS=DIR cargo bench --bench runtime_overhead -- 100 --wrapper-only
 #
-# docs/PERFORMANCE.md ("GPU container start, issue 29: where the rest goes") has what it
+# docs/PERFORMANCE.md ("Issue 29: where the rest goes, and what was tried") has what it
 # saves. Cargo cannot give one binary of a package its own target features, so this is a
 # second build step; `cargo build` afterwards builds the two binaries dynamic again.
 set -euo pipefail
