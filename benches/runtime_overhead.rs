@@ -15,6 +15,8 @@
 //! `cargo bench --bench runtime_overhead [-- N] [--quota-only|--wrapper-only]`
 //! (`--quota-only`: only the issue 15 part; `--wrapper-only`: all but it). The wrapper part
 //! times a single `runc run` and (issue 29) the create/start/delete sequence a shim drives.
+//! `TESSERA_BENCH_BINS=DIR`: tessera-runtime, tessera-hook and tesserad from DIR instead of
+//! this build's (two builds compared in one load window; `scripts/static-shims.sh DIR`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -23,9 +25,31 @@ use std::time::{Duration, Instant};
 use tessera_harness::fleet_fixture::{node_token, FleetFixture, ADMIN_TOKEN};
 use tessera_harness::ChildProcess;
 
-const RUNTIME: &str = env!("CARGO_BIN_EXE_tessera-runtime");
-const HOOK: &str = env!("CARGO_BIN_EXE_tessera-hook");
-const DAEMON: &str = env!("CARGO_BIN_EXE_tesserad");
+/// The binaries under test: this build's, or (`TESSERA_BENCH_BINS=DIR`, for a comparison
+/// of two builds in one load window) `DIR/tessera-runtime`, `DIR/tessera-hook` and
+/// `DIR/tesserad`.
+static BINS: std::sync::LazyLock<[String; 3]> = std::sync::LazyLock::new(|| {
+    let built = [
+        env!("CARGO_BIN_EXE_tessera-runtime"),
+        env!("CARGO_BIN_EXE_tessera-hook"),
+        env!("CARGO_BIN_EXE_tesserad"),
+    ];
+    match std::env::var_os("TESSERA_BENCH_BINS") {
+        Some(dir) => ["tessera-runtime", "tessera-hook", "tesserad"]
+            .map(|b| Path::new(&dir).join(b).to_string_lossy().into_owned()),
+        None => built.map(str::to_owned),
+    }
+});
+fn runtime() -> &'static str {
+    &BINS[0]
+}
+fn hook() -> &'static str {
+    &BINS[1]
+}
+fn daemon() -> &'static str {
+    &BINS[2]
+}
+
 /// Pause before each timed run, so background work of the previous one is over.
 const SETTLE_MS: u64 = 30;
 /// The annotation the example policy reads the tenant from.
@@ -107,6 +131,7 @@ fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
 }
 
 fn main() {
+    eprintln!("runtime_overhead: testing {}, {}, {}", runtime(), hook(), daemon());
     let args: Vec<String> = std::env::args().skip(1).collect();
     let n: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(200);
     let quota_only = args.iter().any(|a| a == "--quota-only");
@@ -147,7 +172,7 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
     let dir = bench.dir.clone();
     let socket = dir.join("d.sock");
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let daemon = Command::new(DAEMON)
+    let child = Command::new(daemon())
         .arg("--node")
         .arg(format!("sim:{}", repo.join("examples/nodes/h100x8.json").display()))
         .arg("--policy")
@@ -160,7 +185,7 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("tesserad");
-    bench.daemon = Some(daemon);
+    bench.daemon = Some(child);
     let t0 = Instant::now();
     while !socket.exists() && t0.elapsed() < Duration::from_secs(20) {
         std::thread::sleep(Duration::from_millis(20));
@@ -176,8 +201,8 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
     // Warm caches (binaries, page cache, SQLite) before measuring.
     for i in 0..5 {
         run("runc", "w", i, &[]);
-        run(RUNTIME, "wn", i, &[]);
-        run(RUNTIME, "wg", i, &gpu_ann);
+        run(runtime(), "wn", i, &[]);
+        run(runtime(), "wg", i, &gpu_ann);
     }
     // runc's own share of the GPU path: the config tessera-runtime hands runc for a MIG
     // container (its device nodes, rules, mounts, env), with `/bin/true` as the prestart
@@ -189,13 +214,13 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
         std::fs::write(bundle.join("config.json"), config(rootfs, &cgroup, id, &gpu_ann))
             .expect("config");
         let rt = |args: &[&str]| {
-            let st = Command::new(RUNTIME)
+            let st = Command::new(runtime())
                 .arg("--root")
                 .arg(root)
                 .args(args)
                 .env("TESSERA_RUNC", "runc")
                 .env("TESSERA_SOCKET", &socket)
-                .env("TESSERA_HOOK", HOOK)
+                .env("TESSERA_HOOK", hook())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .status()
@@ -232,8 +257,8 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
             std::thread::sleep(Duration::from_millis(SETTLE_MS));
             match (i + k) % 4 {
                 0 => p = run("runc", "p", i, &[]),
-                1 => w = run(RUNTIME, "n", i, &[]),
-                2 => g = run(RUNTIME, "g", i, &gpu_ann),
+                1 => w = run(runtime(), "n", i, &[]),
+                2 => g = run(runtime(), "g", i, &gpu_ann),
                 _ => j = run_injected(i),
             }
         }
@@ -274,7 +299,7 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
     };
     for i in 0..5 {
         seq("runc", "sw", i, &[]);
-        seq(RUNTIME, "sg", i, &gpu_ann);
+        seq(runtime(), "sg", i, &gpu_ann);
     }
     let (mut plain, mut gpu, mut d_gpu) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
@@ -283,7 +308,7 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
             std::thread::sleep(Duration::from_millis(SETTLE_MS));
             match (i + k) % 2 {
                 0 => p = seq("runc", "sp", i, &[]),
-                _ => g = seq(RUNTIME, "sg", i, &gpu_ann),
+                _ => g = seq(runtime(), "sg", i, &gpu_ann),
             }
         }
         plain.push(p);
@@ -324,7 +349,7 @@ fn shim_sequence(
             .args(args)
             .env("TESSERA_RUNC", "runc")
             .env("TESSERA_SOCKET", socket)
-            .env("TESSERA_HOOK", HOOK)
+            .env("TESSERA_HOOK", hook())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -356,7 +381,7 @@ fn runc_run(bin: &str, root: &Path, bundle: &Path, config: &str, socket: &Path, 
         .arg(id)
         .env("TESSERA_RUNC", "runc")
         .env("TESSERA_SOCKET", socket)
-        .env("TESSERA_HOOK", HOOK)
+        .env("TESSERA_HOOK", hook())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -454,15 +479,25 @@ fn parts(
             let _ = cmd.status().expect("spawn");
         }
     };
-    let (mut t_true, mut t_wrapper, mut t_hook) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut t_true, mut t_exec, mut t_bare, mut t_wrapper, mut t_hook) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut run_true = spawn("/bin/true", &[], &[]);
-    // `--version` passes straight through: the wrapper's start, argv parse and exec.
-    let mut run_wrapper = spawn(RUNTIME, &["--version"], &[("TESSERA_RUNC", "/bin/true")]);
+    // A process of ours that starts and exits: `tessera-hook --version` prints one line.
+    let mut run_bare = spawn(hook(), &["--version"], &[]);
+    // A verb the wrapper only passes on (`state`, like `start` and `kill`): its start,
+    // configuration and argv read, then the exec of "runc" (here `/bin/true`). (Issue 29's
+    // first runs timed `--version`, which runs runc as a child and waits: a second process
+    // start on top.)
+    let mut run_wrapper = spawn(runtime(), &["state", "x"], &[("TESSERA_RUNC", "/bin/true")]);
+    // The same exec from a process that does nothing else, for the exec's own share.
+    let mut run_exec = spawn("/bin/sh", &["-c", "exec /bin/true"], &[]);
     // Empty stdin: the hook starts, finds no OCI state and exits.
-    let mut run_hook = spawn(HOOK, &["prestart"], &[]);
+    let mut run_hook = spawn(hook(), &["prestart"], &[]);
     for _ in 0..n {
         t_true.push(timed(&mut run_true));
+        t_bare.push(timed(&mut run_bare));
         t_wrapper.push(timed(&mut run_wrapper));
+        t_exec.push(timed(&mut run_exec));
         t_hook.push(timed(&mut run_hook));
     }
     println!("\nby parts, {n} each, every one after a {SETTLE_MS} ms pause (ms)\n");
@@ -474,7 +509,9 @@ fn parts(
         ("DELETE /v1/allocations/{id} (the wrapper's release: interval close, durable)", release),
         ("GET /healthz (round trip without SQLite, for scale)", health),
         ("spawn /bin/true (baseline)", t_true),
-        ("spawn tessera-runtime --version, exec /bin/true", t_wrapper),
+        ("spawn tessera-hook --version (a process of ours that does nothing)", t_bare),
+        ("spawn tessera-runtime state x (pass-through: exec /bin/true)", t_wrapper),
+        ("spawn /bin/sh -c 'exec /bin/true' (a process that only execs)", t_exec),
         ("spawn tessera-hook with no state", t_hook),
     ] {
         let (p50, p99, _) = stats(v);
@@ -554,7 +591,7 @@ fn quota_daemon(
     args.extend(extra.iter().cloned());
     let proc = ChildProcess::spawn(
         &format!("tesserad-{label}"),
-        DAEMON,
+        daemon(),
         args,
         [("TESSERA_LOG", "warn")],
         &dir.join("logs"),
@@ -645,7 +682,7 @@ fn quota_paths(n: usize, dir: &Path, rootfs: &Path, cgroup: &str, root: &Path) {
     let ann = [(NAMESPACE_KEY, QUOTA_NS), ("tessera.io/gpu", "gpu=1")];
     let run = |d: &QuotaDaemon, id: &str| -> f64 {
         let bundle = dir.join("bundles").join(id);
-        runc_run(RUNTIME, root, &bundle, &config(rootfs, cgroup, id, &ann), &d.socket, id)
+        runc_run(runtime(), root, &bundle, &config(rootfs, cgroup, id, &ann), &d.socket, id)
     };
     for i in 0..5 {
         for d in &daemons {

@@ -1280,6 +1280,7 @@ mod tests {
             coordinators: vec![],
             via: None,
             warnings: vec![],
+            shape: vec![],
         };
         let mut c = quota::books::Counters::default();
         c.reclaims.insert("acme/a".into(), 2);

@@ -342,7 +342,7 @@ fn quota_family(a: &SimArgs) -> Result<String, String> {
                     "checkpoint_fraction": c.checkpoint_fraction,
                     "ratio": c.ratio(), "accounted_ratio": c.accounted_ratio(),
                     "utilisation": c.utilisation().label(), "owner_wait": c.owner_wait().label(),
-                    "fifo": c.fifo, "quotas": c.quotas,
+                    "fifo": c.fifo, "quotas": c.quotas, "shape": c.shape,
                 })
             })
             .collect();

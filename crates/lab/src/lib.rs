@@ -13,6 +13,9 @@
 //!   placement beats first-fit on every trace without being first-fit).
 //! - [`quota_sim`]: the fleet under static partitions, one FIFO queue with backfill and
 //!   Tessera's quotas side by side (`tessera sim --quota-modes`).
+//! - [`quota_adversary`]: the trace on which no admission rule keeps both quota promises
+//!   (owners served within a bound, 95% of FIFO's useful utilisation) on a fleet with no
+//!   unguaranteed GPUs when work restarts from zero.
 //! - [`quota_table`]: FIFO against quotas on every cell of a trace family, each judged
 //!   against the quota promises (`tessera sim --quota-family`).
 //! - [`contention_sim`]: latency services and bandwidth-heavy batch jobs on MPS GPUs through
@@ -24,6 +27,7 @@ pub mod adversary;
 pub mod cli;
 pub mod contention_sim;
 pub mod pack;
+pub mod quota_adversary;
 pub mod quota_jobs;
 pub mod quota_sim;
 pub mod quota_table;

@@ -38,7 +38,8 @@
 //!   served in [`quota::fair_order`], recomputed after each admission, skipping what does
 //!   not fit, as [`quota::allocate`] does, but placing each admission on the bins (one that
 //!   fits the books but not the bins waits). Placement keeps homes (the static layout,
-//!   GPU by GPU): guaranteed work in its home first, borrowed work first where no home is,
+//!   GPU by GPU, `partitions`; the layout [`quota::check_shape`] finds where the greedy
+//!   one would split a guarantee's largest pod): guaranteed work in its home first, borrowed work first where no home is,
 //!   never on GPUs whose home owner's guaranteed work uses them. A request within guarantee
 //!   that finds its capacity lent out ([`Decision::Reclaim`], also under a full ceiling),
 //!   or that fits the books but not the bins, reclaims: on each node (the whole fleet for
@@ -868,7 +869,9 @@ fn guarantor<'t>(tree: &'t QuotaTree, gpu: &Resource, tenant: &str) -> Option<&'
         .map(|q| q.path.as_str())
 }
 
-/// The partitions (the remainder last) and each GPU's partition.
+/// The partitions (the remainder last) and each GPU's partition: [`lay_out`]'s greedy layout,
+/// or where that splits a guarantee's largest pod (`min(own, a node)`) over nodes, the exact
+/// one [`quota::layout`] finds for those pods, the rest laid out greedily around them.
 fn partitions(tree: &QuotaTree, fleet: &Fleet) -> (Vec<Partition>, Vec<Vec<usize>>) {
     let gpu = Resource::gpu(&fleet.model);
     let mut parts: Vec<Partition> = tree
@@ -883,12 +886,59 @@ fn partitions(tree: &QuotaTree, fleet: &Fleet) -> (Vec<Partition>, Vec<Vec<usize
             }
         })
         .collect();
-    let mut left: Vec<u64> =
+    let left: Vec<u64> =
         parts.iter().map(|p| own_guarantee(tree, &gpu, &p.owner) / MICRO_PER_GPU).collect();
     let remainder = parts.len();
     let n = fleet.nodes as usize;
     let per = fleet.gpus_per_node as usize;
-    let mut of = vec![vec![remainder; per]; n];
+    let mut of = lay_out(vec![vec![remainder; per]; n], left.clone(), remainder);
+    // Each guarantee's largest pod, min(own, a node), on one node: the layout check_shape
+    // looks for. Where the layout above splits one and an exact one exists, the homes
+    // start from that one (each anchor on its node) and lay the rest out as above.
+    let anchors: Vec<u64> = left.iter().map(|&g| g.min(per as u64)).collect();
+    let split = (0..parts.len()).any(|p| {
+        anchors[p] > 0
+            && !of.iter().any(|row| row.iter().filter(|&&s| s == p).count() as u64 >= anchors[p])
+    });
+    if split {
+        let wanted: Vec<usize> = (0..parts.len()).filter(|&p| anchors[p] > 0).collect();
+        let items: Vec<u64> = wanted.iter().map(|&p| anchors[p]).collect();
+        if let Some(at) = quota::layout(&items, &vec![per as u64; n]) {
+            let mut fresh = vec![vec![remainder; per]; n];
+            let mut rest = left.clone();
+            for (&p, &node) in wanted.iter().zip(&at) {
+                let k = anchors[p] as usize;
+                for slot in fresh[node].iter_mut().filter(|s| **s == remainder).take(k) {
+                    *slot = p;
+                }
+                rest[p] -= anchors[p];
+            }
+            of = lay_out(fresh, rest, remainder);
+        }
+    }
+    let mut counts = vec![0u32; parts.len() + 1];
+    for row in &of {
+        for &p in row {
+            counts[p] += 1;
+        }
+    }
+    for (p, part) in parts.iter_mut().enumerate() {
+        part.gpus = counts[p];
+    }
+    parts.push(Partition {
+        owner: "(remainder)".into(),
+        guarantee_gpus: 0.0,
+        gpus: counts[remainder],
+    });
+    (parts, of)
+}
+
+/// [`partitions`]' layout of `left` (whole GPUs per partition) on `of` (each node's slots,
+/// `remainder` where free): whole nodes first, in path order; then the rest, largest
+/// first: the first node with room, else split.
+fn lay_out(mut of: Vec<Vec<usize>>, mut left: Vec<u64>, remainder: usize) -> Vec<Vec<usize>> {
+    let n = of.len();
+    let per = of.first().map_or(0, Vec::len);
     let room =
         |of: &Vec<Vec<usize>>, node: usize| of[node].iter().filter(|&&p| p == remainder).count();
     let assign = |of: &mut Vec<Vec<usize>>, node: usize, p: usize, k: usize| {
@@ -907,7 +957,7 @@ fn partitions(tree: &QuotaTree, fleet: &Fleet) -> (Vec<Partition>, Vec<Vec<usize
         }
     }
     // Then the rest, largest first: the first node with room, else split.
-    let mut rest: Vec<usize> = (0..parts.len()).filter(|&p| left[p] > 0).collect();
+    let mut rest: Vec<usize> = (0..left.len()).filter(|&p| left[p] > 0).collect();
     rest.sort_by(|&a, &b| left[b].cmp(&left[a]).then(a.cmp(&b)));
     for p in rest {
         let need = usize::try_from(left[p]).unwrap_or(usize::MAX);
@@ -927,21 +977,7 @@ fn partitions(tree: &QuotaTree, fleet: &Fleet) -> (Vec<Partition>, Vec<Vec<usize
             need -= k;
         }
     }
-    let mut counts = vec![0u32; parts.len() + 1];
-    for row in &of {
-        for &p in row {
-            counts[p] += 1;
-        }
-    }
-    for (p, part) in parts.iter_mut().enumerate() {
-        part.gpus = counts[p];
-    }
-    parts.push(Partition {
-        owner: "(remainder)".into(),
-        guarantee_gpus: 0.0,
-        gpus: counts[remainder],
-    });
-    (parts, of)
+    of
 }
 
 // --- the simulation ------------------------------------------------------------------------
@@ -2467,6 +2503,37 @@ mod tests {
     }
 
     const DEFAULT_GRACE: u64 = quota::DEFAULT_GRACE_PERIOD_S;
+
+    #[test]
+    fn a_layout_the_validator_finds_is_the_one_the_homes_keep() {
+        // 2, 2, 2, 3, 3, 4 on two nodes of 8: 4+2+2 | 3+3+2 keeps each guarantee on one
+        // node, and check_shape says so (only no_headroom). Largest first, first node with
+        // room puts 4+3 | 3+2+2 and splits the third 2 over both nodes: its owner's 2-GPU
+        // pod, within its guarantee, then waits for other owners' guaranteed work to end.
+        let t = tree(
+            r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+                "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+                "acme/c": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+                "acme/d": {"gpus": {"H100-80GB": {"guarantee": 3}}},
+                "acme/e": {"gpus": {"H100-80GB": {"guarantee": 3}}},
+                "acme/f": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
+        );
+        let shape = quota::check_shape(&t, &vec![Resources::new().with_gpus(H100, 8); 2]);
+        assert!(shape.iter().all(|f| !f.cannot), "{shape:?}");
+        let (_, of) = partitions(&t, &fleet(2, 8));
+        for p in 0..6 {
+            let on: Vec<usize> = (0..2).filter(|&n| of[n].contains(&p)).collect();
+            assert_eq!(on.len(), 1, "partition {p} spans nodes {on:?}: {of:?}");
+        }
+        // Each owner asks its whole guarantee in one pod; c last.
+        let mut jobs: Vec<Job> = [("a", 2), ("b", 2), ("d", 3), ("e", 3), ("f", 4)]
+            .iter()
+            .map(|&(p, g)| job(p, &format!("acme/{p}"), 0, 10_000, g))
+            .collect();
+        jobs.push(job("c", "acme/c", 1, 10_000, 2));
+        let r = run(&jobs, &fleet(2, 8), &t, Mode::Quotas, None).expect("runs");
+        assert_eq!(start(&r, "c"), Some(1));
+    }
 
     #[test]
     fn partitions_take_whole_nodes_first_then_the_largest_rest_and_nest() {

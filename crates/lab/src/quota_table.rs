@@ -14,9 +14,11 @@
 //!
 //! The two promises pull against each other: capacity lent to work that does not
 //! checkpoint is returned to its owner within seconds only by losing the borrower's work,
-//! and lending none leaves it idle. This is an accounting, not a proof that no policy could
-//! do better (no adversary for quotas is built): a cell that misses a promise says what it
-//! cost:
+//! and lending none leaves it idle. [`crate::quota_adversary`] proves the
+//! conflict for any rule on a fleet the validator ([`quota::check_shape`]) calls `no
+//! headroom` (every GPU guaranteed): the table's `fleet shape` column. Per cell, what
+//! follows is an accounting, not a proof that no rule could do better on that trace: a
+//! cell that misses a promise says what it cost:
 //!
 //! - utilisation: the work lost to reclaims for *owed* requests (they reclaim at once,
 //!   whatever the victims lose: the price of serving a guarantee in seconds on capacity
@@ -72,9 +74,28 @@ pub struct Cell {
     pub checkpoint_fraction: f64,
     pub fifo: Report,
     pub quotas: Report,
+    /// What the policy validator says of the policy on this fleet ([`quota::check_shape`]).
+    pub shape: Vec<quota::ShapeFinding>,
 }
 
 impl Cell {
+    /// The validator's findings in a few words (`-`: none).
+    pub fn shape_label(&self) -> String {
+        if self.shape.is_empty() {
+            return "-".into();
+        }
+        let words: Vec<String> = self
+            .shape
+            .iter()
+            .map(|f| match &f.kind {
+                quota::ShapeKind::OverFleet { .. } => "guarantees over the fleet".to_string(),
+                quota::ShapeKind::NoNode { .. } => format!("no node for {}", f.paths.join(", ")),
+                quota::ShapeKind::NoHeadroom { .. } => "no headroom".to_string(),
+            })
+            .collect();
+        words.join("; ")
+    }
+
     /// Quotas' useful utilisation over FIFO's (1 when FIFO did nothing useful).
     pub fn ratio(&self) -> f64 {
         ratio(self.quotas.useful_utilisation, self.fifo.useful_utilisation)
@@ -143,12 +164,15 @@ pub fn cell(
     let run = |mode| {
         quota_sim::run(&jobs, &fleet, policy.quotas(), mode, None).map_err(|e| e.to_string())
     };
+    let node = quota::Resources::new().with_gpus(model, u64::from(GPUS_PER_NODE));
+    let shape = quota::check_shape(policy.quotas(), &vec![node; nodes as usize]);
     Ok(Cell {
         trace: trace.source.clone(),
         nodes,
         checkpoint_fraction,
         fifo: run(Mode::Fifo)?,
         quotas: run(Mode::Quotas)?,
+        shape,
     })
 }
 
@@ -228,14 +252,14 @@ pub fn markdown(cells: &[Cell]) -> String {
     let mut out = String::from(
         "| trace | nodes | FIFO useful | quotas useful | ratio | lost: all / owed (GPU-h) | \
          idle behind a ceiling (GPU-h) | accounted ratio | utilisation | owner requests | \
-         owner wait p50 / p99 (s) | p99 less blocked (s) | owner wait |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|\n",
+         owner wait p50 / p99 (s) | p99 less blocked (s) | owner wait | fleet shape |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---|\n",
     );
     for c in cells {
         let q = &c.quotas;
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.3} | {} / {} | {} | {:.3} | {} | {} | {} / {} | {} | {} |",
+            "| {} | {} | {} | {} | {:.3} | {} / {} | {} | {:.3} | {} | {} | {} / {} | {} | {} | {} |",
             c.trace,
             c.nodes,
             pct(c.fifo.useful_utilisation),
@@ -251,12 +275,13 @@ pub fn markdown(cells: &[Cell]) -> String {
             secs(q.owner_wait_p99_s),
             secs(q.owner_wait_unblocked_p99_s),
             c.owner_wait().label(),
+            c.shape_label(),
         );
     }
     let s = Sums::of(cells);
     let _ = writeln!(
         out,
-        "| **sum over the {} cells** | | {} GPU-h | {} GPU-h | **{:.3}** | | {} | **{:.3}** | {} | {} | p99 {} | {} | {} |",
+        "| **sum over the {} cells** | | {} GPU-h | {} GPU-h | **{:.3}** | | {} | **{:.3}** | {} | {} | p99 {} | {} | {} | |",
         cells.len(),
         hours(s.fifo_useful_gpu_seconds),
         hours(s.quotas_useful_gpu_seconds),

@@ -2926,6 +2926,10 @@ impl Books {
             coordinators: Vec::new(),
             via: None,
             warnings: Vec::new(),
+            shape: crate::check_shape(
+                tree,
+                &self.nodes.values().map(|n| n.capacity.clone()).collect::<Vec<_>>(),
+            ),
         }
     }
 }

@@ -1631,3 +1631,46 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_status_says_which_guarantees_the_synced_nodes_cannot_honour() {
+    // Two nodes of 4 GPUs: a 4 and a 3 fit one node each, so nothing is said but that
+    // they leave 1 GPU unguaranteed (no warning). A third node changes nothing.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 3}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = vec![Node::new("n1", 4), Node::new("n2", 4)];
+    start(&t, &mut nodes, &mut b, 1_000);
+    assert_eq!(b.status(&t, 1, 1_000).shape, []);
+    // The policy grows b to 4: every GPU guaranteed (a warning, nothing refused).
+    let full = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
+    );
+    let st = b.status(&full, 2, 2_000);
+    assert_eq!(st.shape.len(), 1, "{:?}", st.shape);
+    assert!(!st.shape[0].cannot);
+    assert!(matches!(st.shape[0].kind, crate::ShapeKind::NoHeadroom { .. }));
+    // 3 + 3 + 2 on two nodes of 4: the two 3-GPU pods cannot both find a node beside the
+    // 2 (3+3 > 4, 3+2 > 4): the validator names the paths, and the JSON carries it.
+    let split = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 3}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 3}}},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 2}}}}"#,
+    );
+    let st = b.status(&split, 3, 3_000);
+    let no_node = st
+        .shape
+        .iter()
+        .find(|f| matches!(f.kind, crate::ShapeKind::NoNode { .. }))
+        .unwrap_or_else(|| panic!("no finding in {:?}", st.shape));
+    assert!(no_node.cannot);
+    assert!(no_node.message.contains("acme/a (a pod of 3 GPUs)"), "{}", no_node.message);
+    let json = serde_json::to_value(&st).expect("json");
+    assert_eq!(json["shape"][0]["kind"], "no_node");
+    assert_eq!(json["shape"][0]["cannot"], true);
+    let back: crate::wire::QuotaStatus = serde_json::from_value(json).expect("round trip");
+    assert_eq!(back.shape, st.shape);
+}

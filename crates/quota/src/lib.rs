@@ -64,6 +64,7 @@ pub mod books;
 mod drf;
 mod preempt;
 mod reclaim;
+mod shape;
 mod spec;
 pub mod wire;
 
@@ -79,6 +80,7 @@ pub use preempt::{owed, worth_reclaiming};
 pub use reclaim::{
     choose_victims, victim_order, Candidate, Chosen, NoVictims, Protected, Running, Victims,
 };
+pub use shape::{check_shape, layout, own_guarantee, ShapeFinding, ShapeKind, MAX_LAYOUT_STEPS};
 pub use spec::{
     chain, is_within, Limit, Limits, Quota, QuotaEntry, QuotaSpec, QuotaTree, SpecError, UniqueMap,
     DEFAULT_GRACE_PERIOD_S, MAX_GRACE_PERIOD_S, MAX_MIN_RUNTIME_S, MAX_REQUEUE_BACKOFF_S,

@@ -22,6 +22,7 @@
 //! Amounts travel in the `quota` crate's fixed point: micro-GPUs per catalog model,
 //! millicores, MiB.
 
+pub use crate::shape::{ShapeFinding, ShapeKind};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -405,6 +406,10 @@ pub struct QuotaStatus {
     /// (split brain), a store that does not take the books' writes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// What the policy validator says of the quotas on the nodes the books know
+    /// ([`crate::check_shape`]): guarantees this fleet's shape cannot honour, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shape: Vec<ShapeFinding>,
 }
 
 /// What a [`QuotaEvent`] records.

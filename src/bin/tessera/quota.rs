@@ -185,9 +185,19 @@ pub fn render_status(st: &QuotaStatus, now_ms: u64) -> String {
     }
     out.push_str(&render_authority(st, now_ms));
     out.push_str(&format!(
-        "fleet capacity: {}\n\n",
+        "fleet capacity: {}\n",
         if cap.is_empty() { "none reported".to_string() } else { cap.join(", ") }
     ));
+    // What the policy validator says of the guarantees on these nodes.
+    for f in &st.shape {
+        let head = if f.cannot { "cannot honour" } else { "shape warning" };
+        out.push_str(&format!(
+            "{head} ({}): {}\n",
+            tessera_api::untrusted(&f.resource),
+            tessera_api::untrusted(&f.message).max_chars(tessera_api::display::MAX_LINE_CHARS)
+        ));
+    }
+    out.push('\n');
     if st.paths.is_empty() {
         out.push_str("no quotas in the policy in force\n");
     } else {
@@ -402,8 +412,34 @@ mod tests {
             coordinators: vec![],
             via: None,
             warnings: vec![],
+            shape: vec![::fleet::quota_wire::ShapeFinding {
+                paths: vec!["acme".into()],
+                resource: "gpus.H100-80GB".into(),
+                cannot: false,
+                kind: ::fleet::quota_wire::ShapeKind::NoHeadroom {
+                    guaranteed: 16_000_000,
+                    capacity: 16_000_000,
+                },
+                message: "the guarantees take all 16 H100-80GB GPUs of the fleet\u{1b}[2J".into(),
+            }, ::fleet::quota_wire::ShapeFinding {
+                paths: vec!["acme/a".into()],
+                resource: "gpus.H100-80GB\n".into(),
+                cannot: true,
+                kind: ::fleet::quota_wire::ShapeKind::NoNode { anchor: 6, largest_node: 8, searched: true },
+                message: "no layout of the guarantees on these nodes keeps one node free enough for the largest pod within the guarantee of acme/a (a pod of 6 GPUs)".into(),
+            }],
         };
         let text = render_status(&st, 100_000);
+        // The validator's word on the fleet's shape: acme's 16 take every GPU.
+        assert!(
+            text.contains("fleet capacity: 16 H100-80GB GPUs\nshape warning (gpus.H100-80GB): the guarantees take all 16 H100-80GB GPUs of the fleet\\u{1b}[2J\n"),
+            "{text}"
+        );
+        // A promise this fleet cannot keep is said as such, every field escaped.
+        assert!(
+            text.contains("\ncannot honour (gpus.H100-80GB\\n): no layout of the guarantees on these nodes keeps one node free enough for the largest pod within the guarantee of acme/a (a pod of 6 GPUs)\n"),
+            "{text}"
+        );
         assert!(text.starts_with("quotas of policy version 4; books REBUILDING"), "{text}");
         assert!(text.contains("fleet capacity: 16 H100-80GB GPUs\n"), "{text}");
         let lines: Vec<&str> = text.lines().collect();
