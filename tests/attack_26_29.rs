@@ -407,7 +407,7 @@ fn hostile_pins_are_refused_and_leave_no_grant() {
         ("p-dup", format!("{y},{y}"), "twice"),
         ("p-dup-ws", format!("{y}, {y}"), "twice"),
         ("p-held", format!("{held_index},{y}"), "another"),
-        ("p-held-uuid", held.clone(), "another"),
+        ("p-held-uuid", held.to_string(), "another"),
         ("p-none", "4095".to_string(), "no GPU"),
         ("p-prefix", held[..12].to_string(), "no GPU"),
         (

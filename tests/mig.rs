@@ -90,7 +90,7 @@ fn a_missing_profile_is_cut_live_and_neighbours_keep_their_devices() {
     node.fx.run_detached(&b, "fresh");
     let a = node.client().allocation("fresh").expect("grant");
     let d = &a.devices[0];
-    assert!(!before.contains(&d.uuid), "a freshly created instance");
+    assert!(!before.contains(d.uuid.as_str()), "a freshly created instance");
     assert_eq!(d.placement, Some((4, 2)), "the only legal 2g placement left");
     let caps =
         nvidia_nodes(&node.fx, "fresh").into_iter().filter(|l| l.contains("nvidia-cap")).count();
@@ -147,7 +147,7 @@ fn plan_and_converge_never_touch_an_assigned_instance() {
     );
     let plan = node.cli(&["mig", "plan"]).stdout_str();
     assert!(
-        plan.contains(&held) || plan.to_lowercase().contains("in use"),
+        plan.contains(held.as_str()) || plan.to_lowercase().contains("in use"),
         "plan reports what it can't change: {plan}"
     );
     assert_eq!(node.fx.status("held").as_deref(), Some("running"));

@@ -269,7 +269,7 @@ fn a_daemon_killed_between_planning_and_committing_a_grant_never_frees_a_dirty_d
     let events = c.status().expect("status").events;
     assert!(
         events.iter().any(|e| e.kind == "scrub"
-            && e.detail.contains(&gpu)
+            && e.detail.contains(gpu.as_str())
             && e.detail.contains("free after scrub")),
         "{events:?}"
     );

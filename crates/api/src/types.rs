@@ -271,10 +271,12 @@ pub struct CpuSet {
 /// One device a grant covers: a whole GPU or a MIG instance.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GrantedDevice {
-    /// The UUID of what the container holds (`GPU-...` or `MIG-...`).
-    pub uuid: String,
+    /// The UUID of what the container holds (`GPU-...` or `MIG-...`), checked where the
+    /// inventory's UUID becomes a grant (`slicer::Found::granted`) and when a stored grant
+    /// is read back.
+    pub uuid: crate::DeviceUuid,
     /// The UUID of the physical GPU.
-    pub gpu_uuid: String,
+    pub gpu_uuid: crate::DeviceUuid,
     pub gpu_index: u32,
     /// The catalog model name, e.g. `H100-80GB`.
     pub model: String,

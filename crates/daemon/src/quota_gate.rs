@@ -411,7 +411,7 @@ pub fn victims_here(
 pub fn held_devices(a: &Allocation) -> Vec<String> {
     match &a.share {
         Some(s) => vec![s.device.clone()],
-        None => a.devices.iter().map(|d| d.uuid.clone()).collect(),
+        None => a.devices.iter().map(|d| d.uuid.to_string()).collect(),
     }
 }
 

@@ -36,7 +36,7 @@ impl DeviceUse {
                         .or_insert((0, s.domain.clone().unwrap_or_default()));
                     e.0 += 1;
                 }
-                None => u.exclusive.extend(a.devices.iter().map(|d| d.uuid.clone())),
+                None => u.exclusive.extend(a.devices.iter().map(|d| d.uuid.to_string())),
             }
         }
         u
@@ -90,7 +90,7 @@ impl DeviceUse {
 
 /// The grant record of one device of the inventory.
 pub fn granted(inv: &Inventory, uuid: &str) -> Option<GrantedDevice> {
-    inv.find(uuid).map(|f| f.granted())
+    inv.find(uuid).and_then(|f| f.granted().ok())
 }
 
 /// Memory of a device in bytes (a GPU's, or a MIG instance's).
@@ -129,8 +129,8 @@ mod tests {
             request: GpuRequest::Shared,
             isolation: iso,
             devices: vec![GrantedDevice {
-                uuid: device.into(),
-                gpu_uuid: device.into(),
+                uuid: device.parse().expect("uuid"),
+                gpu_uuid: device.parse().expect("uuid"),
                 gpu_index: 0,
                 model: "H100-80GB".into(),
                 mig_profile: None,

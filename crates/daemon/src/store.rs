@@ -204,16 +204,18 @@ impl Store {
         // one device, and the node service keeps shared and exclusive use apart.
         for d in a.devices.iter().filter(|_| a.share.is_none()) {
             let holder: Option<String> = tx
-                .query_row("SELECT container_id FROM device_claims WHERE uuid=?1", [&d.uuid], |r| {
-                    r.get(0)
-                })
+                .query_row(
+                    "SELECT container_id FROM device_claims WHERE uuid=?1",
+                    [d.uuid.as_str()],
+                    |r| r.get(0),
+                )
                 .optional()?;
             if let Some(holder) = holder {
-                return Err(StoreError::DeviceClaimed { uuid: d.uuid.clone(), holder });
+                return Err(StoreError::DeviceClaimed { uuid: d.uuid.to_string(), holder });
             }
             tx.execute(
                 "INSERT INTO device_claims(uuid, container_id) VALUES(?1, ?2)",
-                params![d.uuid, a.container_id.as_str()],
+                params![d.uuid.as_str(), a.container_id.as_str()],
             )?;
         }
         for c in states {
@@ -628,8 +630,8 @@ mod tests {
                 devices: uuids
                     .iter()
                     .map(|u| GrantedDevice {
-                        uuid: (*u).into(),
-                        gpu_uuid: (*u).into(),
+                        uuid: u.parse().expect("uuid"),
+                        gpu_uuid: u.parse().expect("uuid"),
                         gpu_index: 0,
                         model: "H100-80GB".into(),
                         mig_profile: None,

@@ -673,13 +673,13 @@ fn dynamic_mig_creates_instances_and_defragments_only_idle_ones() {
         let a =
             node.allocate(&req(&format!("h{i}"), "team-dev", "mig=2g.20gb")).expect("existing 2g");
         assert!(
-            before.contains(&a.devices[0].uuid),
+            before.contains(a.devices[0].uuid.as_str()),
             "a free instance is reused before anything is cut"
         );
-        held.insert(a.devices[0].uuid.clone());
+        held.insert(a.devices[0].uuid.to_string());
     }
     let a = node.allocate(&req("new", "team-dev", "mig=2g.20gb")).expect("a 2g is cut on demand");
-    let uuid = a.devices[0].uuid.clone();
+    let uuid = a.devices[0].uuid.to_string();
     assert!(!before.contains(&uuid), "a fresh instance");
     let inst = node
         .inventory()
@@ -1117,7 +1117,7 @@ fn a_kubelet_placement_never_destroys_an_idle_instance_a_plain_request_would_lea
             .allocations()
             .unwrap()
             .iter()
-            .flat_map(|a| a.devices.iter().map(|d| d.uuid.clone()))
+            .flat_map(|a| a.devices.iter().map(|d| d.uuid.to_string()))
             .collect(),
         "1g.10gb",
         slicer::Strategy::FirstFit,
@@ -1227,7 +1227,7 @@ fn an_uncontained_xid_takes_the_whole_gpu_and_the_policy_may_stop_its_holders() 
     .unwrap();
     slicer::sim::inject_xid(
         dir.path(),
-        &slicer::XidEvent { gpu_uuid: gpu.clone(), xid: 95, gi_id: None, ci_id: None },
+        &slicer::XidEvent { gpu_uuid: gpu.to_string(), xid: 95, gi_id: None, ci_id: None },
     )
     .unwrap();
     let report = node.check_faults().unwrap();

@@ -1006,7 +1006,7 @@ impl Cluster {
         let req = GpuRequest::Gpu { count: n };
         for (node, inv) in self.nodes.iter().enumerate() {
             if let Ok(devices) = choose(inv, &self.held[node], &req) {
-                let gpus: Vec<String> = devices.into_iter().map(|d| d.uuid).collect();
+                let gpus: Vec<String> = devices.into_iter().map(|d| d.uuid.into()).collect();
                 self.held[node].extend(gpus.iter().cloned());
                 return Some((Grant::Whole { node, gpus }, u64::from(n) * UNITS_PER_GPU, "gpu"));
             }

@@ -27,6 +27,10 @@ pub enum NoFit {
     NoRoom { profile: String, detail: String },
     #[error("{request}: MPS / time-sliced sharing is not supported yet")]
     NotSupported { request: String },
+    /// The driver reported a device whose UUID is not one (`GPU-…`, `MIG-…`): refused
+    /// rather than granted under a name nothing can find it by again.
+    #[error("the driver reports a device UUID Tessera does not accept: {0}")]
+    BadUuid(#[from] tessera_api::InvalidDeviceUuid),
 }
 
 /// Pick devices for a request given who holds what. `held`: uuids (GPU or MIG) currently
@@ -84,7 +88,8 @@ fn choose_gpus(
         });
     }
     let (picked, placement) = crate::topology::pick(&free, topo, asked);
-    Ok((picked.into_iter().map(|g| Found::Gpu(g).granted()).collect(), placement))
+    let granted = picked.into_iter().map(|g| Found::Gpu(g).granted()).collect::<Result<_, _>>()?;
+    Ok((granted, placement))
 }
 
 fn choose_mig(
@@ -123,7 +128,7 @@ fn choose_mig(
     });
     let pick = matching.iter().find(|(g, i)| !held.contains(&i.uuid) && !held.contains(&g.uuid));
     match pick {
-        Some((g, i)) => Ok(vec![Found::Mig(g, i).granted()]),
+        Some((g, i)) => Ok(vec![Found::Mig(g, i).granted()?]),
         None if matching.is_empty() => {
             let mut existing: Vec<(String, usize)> = Vec::new();
             for i in mig_gpus.iter().flat_map(|g| &g.instances) {

@@ -55,15 +55,15 @@ pub fn injection(inv: &Inventory, devices: &[GrantedDevice]) -> Result<Injection
     let mut uuids: Vec<&str> = Vec::new();
     for dev in devices {
         let found =
-            inv.find(&dev.uuid).ok_or_else(|| InjectError::UnknownDevice(dev.uuid.clone()))?;
+            inv.find(&dev.uuid).ok_or_else(|| InjectError::UnknownDevice(dev.uuid.to_string()))?;
         let gpu = match found {
             Found::Gpu(gpu) => gpu,
             Found::Mig(gpu, _) => gpu,
         };
         if gpu.uuid != dev.gpu_uuid {
             return Err(InjectError::WrongParent {
-                uuid: dev.uuid.clone(),
-                granted: dev.gpu_uuid.clone(),
+                uuid: dev.uuid.to_string(),
+                granted: dev.gpu_uuid.to_string(),
                 actual: gpu.uuid.clone(),
             });
         }

@@ -121,26 +121,28 @@ impl MigInstance {
 }
 
 impl Found<'_> {
-    /// What a container holding this device is granted.
-    pub fn granted(&self) -> tessera_api::GrantedDevice {
-        match *self {
+    /// What a container holding this device is granted; refused when the driver's UUID is
+    /// not one ([`tessera_api::DeviceUuid`]): no grant names a device by a string it cannot
+    /// be found by again.
+    pub fn granted(&self) -> Result<tessera_api::GrantedDevice, tessera_api::InvalidDeviceUuid> {
+        Ok(match *self {
             Found::Gpu(g) => tessera_api::GrantedDevice {
-                uuid: g.uuid.clone(),
-                gpu_uuid: g.uuid.clone(),
+                uuid: g.uuid.parse()?,
+                gpu_uuid: g.uuid.parse()?,
                 gpu_index: g.index,
                 model: g.model.clone(),
                 mig_profile: None,
                 placement: None,
             },
             Found::Mig(g, i) => tessera_api::GrantedDevice {
-                uuid: i.uuid.clone(),
-                gpu_uuid: g.uuid.clone(),
+                uuid: i.uuid.parse()?,
+                gpu_uuid: g.uuid.parse()?,
                 gpu_index: g.index,
                 model: g.model.clone(),
                 mig_profile: Some(i.profile.clone()),
                 placement: Some((i.start, i.size)),
             },
-        }
+        })
     }
 }
 

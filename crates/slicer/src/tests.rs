@@ -344,8 +344,8 @@ fn choose_whole_gpus_lowest_index_first() {
     assert_eq!(
         got,
         [GrantedDevice {
-            uuid: inv.gpus[3].uuid.clone(),
-            gpu_uuid: inv.gpus[3].uuid.clone(),
+            uuid: inv.gpus[3].uuid.parse().expect("uuid"),
+            gpu_uuid: inv.gpus[3].uuid.parse().expect("uuid"),
             gpu_index: 3,
             model: "H100-80GB".into(),
             mig_profile: None,
@@ -374,8 +374,8 @@ fn choose_mig_instances_lowest_gpu_and_start_first() {
     assert_eq!(
         got,
         [GrantedDevice {
-            uuid: g0_1g.uuid.clone(),
-            gpu_uuid: inv.gpus[0].uuid.clone(),
+            uuid: g0_1g.uuid.parse().expect("uuid"),
+            gpu_uuid: inv.gpus[0].uuid.parse().expect("uuid"),
             gpu_index: 0,
             model: "H100-80GB".into(),
             mig_profile: Some("1g.10gb".into()),
@@ -503,8 +503,8 @@ fn injection_for_a_mig_instance_is_exact() {
     // A 1g on gpu1 (device minor 1): gi1 there is cap 3 + 135 + 9 = 147, ci0 148.
     let g1 = &inv.gpus[1].instances[0];
     let grant = GrantedDevice {
-        uuid: g1.uuid.clone(),
-        gpu_uuid: inv.gpus[1].uuid.clone(),
+        uuid: g1.uuid.parse().expect("uuid"),
+        gpu_uuid: inv.gpus[1].uuid.parse().expect("uuid"),
         gpu_index: 1,
         model: "H100-80GB".into(),
         mig_profile: Some("1g.10gb".into()),
@@ -568,11 +568,11 @@ fn injection_fails_closed() {
     let (_dir, _sim, inv) = open_example("h100x8.json");
     assert_eq!(injection(&inv, &[]).unwrap_err(), InjectError::NoDevices);
     let mut g = choose(&inv, &BTreeSet::new(), &req("gpu=1")).expect("fits");
-    g[0].uuid = "GPU-nope".into();
+    g[0].uuid = "GPU-nope".parse().expect("uuid");
     assert_eq!(injection(&inv, &g).unwrap_err(), InjectError::UnknownDevice("GPU-nope".into()));
     let parent = GrantedDevice {
-        uuid: inv.gpus[0].uuid.clone(),
-        gpu_uuid: inv.gpus[0].uuid.clone(),
+        uuid: inv.gpus[0].uuid.parse().expect("uuid"),
+        gpu_uuid: inv.gpus[0].uuid.parse().expect("uuid"),
         gpu_index: 0,
         model: "H100-80GB".into(),
         mig_profile: None,
@@ -583,7 +583,7 @@ fn injection_fails_closed() {
         InjectError::MigParent(inv.gpus[0].uuid.clone())
     );
     let mut g = choose(&inv, &BTreeSet::new(), &req("mig=1g.10gb")).expect("fits");
-    g[0].gpu_uuid = inv.gpus[1].uuid.clone();
+    g[0].gpu_uuid = inv.gpus[1].uuid.parse().expect("uuid");
     assert!(matches!(injection(&inv, &g).unwrap_err(), InjectError::WrongParent { .. }));
     // A cap minor that is config (1) or monitor (2) is never handed out.
     let g = choose(&inv, &BTreeSet::new(), &req("mig=1g.10gb")).expect("fits");
@@ -591,7 +591,7 @@ fn injection_fails_closed() {
     bad.gpus[0].instances[2].ci_cap_minor = 1;
     assert_eq!(
         injection(&bad, &g).unwrap_err(),
-        InjectError::BadCapMinor { uuid: g[0].uuid.clone(), minor: 1 }
+        InjectError::BadCapMinor { uuid: g[0].uuid.to_string(), minor: 1 }
     );
     let mut no_caps = inv.clone();
     no_caps.majors.nvidia_caps = None;
@@ -760,8 +760,8 @@ proptest! {
                 let distinct: BTreeSet<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
                 prop_assert_eq!(distinct.len(), devices.len());
                 for d in &devices {
-                    prop_assert!(!held.contains(&d.uuid), "held device {} handed out", d.uuid);
-                    prop_assert!(!held.contains(&d.gpu_uuid), "device of a held GPU {} handed out", d.gpu_uuid);
+                    prop_assert!(!held.contains(d.uuid.as_str()), "held device {} handed out", d.uuid);
+                    prop_assert!(!held.contains(d.gpu_uuid.as_str()), "device of a held GPU {} handed out", d.gpu_uuid);
                     match inv.find(&d.uuid) {
                         Some(Found::Gpu(g)) => prop_assert!(!g.mig_enabled, "MIG parent {} handed out whole", g.uuid),
                         Some(Found::Mig(g, i)) => {
@@ -804,6 +804,28 @@ proptest! {
                 let sharing = matches!(req, GpuRequest::Mps { .. } | GpuRequest::Shared);
                 prop_assert!(sharing);
             }
+            Err(NoFit::BadUuid(u)) => prop_assert!(false, "the generated UUIDs are valid: {u}"),
         }
     }
+}
+
+#[test]
+fn a_device_whose_driver_uuid_is_not_one_is_never_granted() {
+    // The driver's word is the inventory's: a GPU or MIG instance whose UUID is not a
+    // `GPU-…`/`MIG-…` name (here with a newline and a slash) is refused by name, never
+    // granted under a string the store, the ledger and the unquarantine route could not
+    // find it by again.
+    let (_dir, _sim, mut inv) = open_example("h100x8.json");
+    for g in &mut inv.gpus {
+        g.uuid = format!("{}\n/../x", g.uuid);
+    }
+    let err = choose(&inv, &BTreeSet::new(), &req("gpu=1")).expect_err("refused");
+    assert!(matches!(err, NoFit::BadUuid(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(text.starts_with("the driver reports a device UUID Tessera does not accept"), "{text}");
+    assert!(text.contains("\\n"), "escaped: {text}");
+    // A well-formed inventory is granted as before.
+    let (_dir, _sim, inv) = open_example("h100x8.json");
+    let g = choose(&inv, &BTreeSet::new(), &req("gpu=1")).expect("fits");
+    assert!(inv.gpus.iter().any(|x| g[0].uuid == x.uuid), "{g:?}");
 }

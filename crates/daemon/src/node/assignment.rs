@@ -46,7 +46,7 @@ pub fn granted_as(a: &PluginAssignment, g: &Allocation) -> bool {
     let ids = a.devices();
     match (a.plugin_resource(), ids.as_slice()) {
         (PluginResource::Gpu, _) => {
-            let held: BTreeSet<String> = g.devices.iter().map(|d| d.uuid.clone()).collect();
+            let held: BTreeSet<String> = g.devices.iter().map(|d| d.uuid.to_string()).collect();
             held == ids.iter().map(ToString::to_string).collect()
         }
         (PluginResource::Mig(_), [DeviceId::Instance(u)]) => {
@@ -498,8 +498,8 @@ mod tests {
 
     fn device(uuid: &str, gpu: &str, mig: Option<(&str, u8)>) -> GrantedDevice {
         GrantedDevice {
-            uuid: uuid.into(),
-            gpu_uuid: gpu.into(),
+            uuid: uuid.parse().expect("uuid"),
+            gpu_uuid: gpu.parse().expect("uuid"),
             gpu_index: 0,
             model: "H100-80GB".into(),
             mig_profile: mig.map(|(p, _)| p.into()),

@@ -184,8 +184,8 @@ mod tests {
         let mut b = a.clone();
         b.container_id = "c2".parse().expect("valid");
         b.share = None;
-        b.devices = vec![slicer::Found::Mig(mig, &mig.instances[0]).granted()];
-        a.devices = vec![slicer::Found::Gpu(whole[0]).granted()];
+        b.devices = vec![slicer::Found::Mig(mig, &mig.instances[0]).granted().expect("uuid")];
+        a.devices = vec![slicer::Found::Gpu(whole[0]).granted().expect("uuid")];
         let unavailable: BTreeSet<String> =
             [whole[1].uuid.clone(), mig.instances[1].uuid.clone()].into();
         let s = snapshot(&Inputs {

@@ -194,6 +194,6 @@ fn whole(gpu: &slicer::Gpu) -> Vec<String> {
 
 /// Whether grant `a` holds (exclusively, or a share of) any of `devices`.
 fn holds_any(a: &Allocation, devices: &[String]) -> bool {
-    a.devices.iter().any(|d| devices.contains(&d.uuid))
+    a.devices.iter().any(|d| devices.iter().any(|x| x == d.uuid.as_str()))
         || a.share.as_ref().is_some_and(|s| devices.contains(&s.device))
 }

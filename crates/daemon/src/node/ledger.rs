@@ -51,13 +51,13 @@ impl Node {
         for r in records.iter().filter(|r| r.allocation.state == AllocationState::Running) {
             let a = &r.allocation;
             for d in a.devices.iter().filter(|d| d.uuid == d.gpu_uuid) {
-                let since = self.util_seen.get(&d.gpu_uuid).copied().unwrap_or(0);
+                let since = self.util_seen.get(d.gpu_uuid.as_str()).copied().unwrap_or(0);
                 let gpu = gpus
-                    .entry(d.gpu_uuid.clone())
+                    .entry(d.gpu_uuid.to_string())
                     .or_insert_with(|| UtilGpu { since, users: Vec::new() });
                 gpu.users.push(UtilUser {
                     container: a.container_id.to_string(),
-                    device: d.uuid.clone(),
+                    device: d.uuid.to_string(),
                     pid: a.pid,
                     cgroup: r.cgroup.clone(),
                 });
@@ -147,9 +147,9 @@ impl Node {
                 container_id: a.container_id.to_string(),
                 tenant: a.tenant.to_string(),
                 node: self.inventory.node.clone(),
-                gpu_uuid: d.gpu_uuid.clone(),
+                gpu_uuid: d.gpu_uuid.to_string(),
                 gpu_model: d.model.clone(),
-                device_uuid: d.uuid.clone(),
+                device_uuid: d.uuid.to_string(),
                 isolation: a.isolation,
                 mig_profile: if a.isolation == Isolation::Mig {
                     d.mig_profile.clone()

@@ -567,8 +567,8 @@ mod tests {
                 &Admission::Fleet { class: QuotaClass::Guaranteed, over: None },
             )
             .expect("the claimant gets it");
-        assert!(free.contains(&g.devices[0].uuid));
-        assert!(!n.quota_holds.contains_key(&g.devices[0].uuid), "used: no longer held");
+        assert!(free.iter().any(|u| u == g.devices[0].uuid.as_str()));
+        assert!(!n.quota_holds.contains_key(g.devices[0].uuid.as_str()), "used: no longer held");
     }
 
     #[tokio::test]
@@ -704,7 +704,7 @@ mod tests {
         assert!(e.message().contains(&format!("held for tenant {ALICE}")), "{e:?}");
         let a1 = grant("a1", "team-trusted", "gpu=1").expect("the retry is granted");
         assert_eq!(class(&a1), Some(QuotaClass::Guaranteed));
-        assert!(freed.contains(&a1.devices[0].uuid), "on a freed device");
+        assert!(freed.iter().any(|u| u == a1.devices[0].uuid.as_str()), "on a freed device");
     }
 
     /// Issue 24: the quota gate counted a MIG grant as compute slices / 7 while the ledger
@@ -835,7 +835,7 @@ mod tests {
         assert!(ctl.locked(|n| n.allocation("b1")).is_ok(), "guaranteed work untouched");
 
         // Scrubbed (no scrubber here), then the claimant's retry gets one of them.
-        let freed: Vec<String> = b2.devices.iter().map(|d| d.uuid.clone()).collect();
+        let freed: Vec<String> = b2.devices.iter().map(|d| d.uuid.to_string()).collect();
         ctl.locked(|n| {
             for d in &freed {
                 n.set_state(d, &scrub::DeviceState::Free, None)?;
@@ -844,6 +844,6 @@ mod tests {
         })
         .expect("cleaned");
         let a1 = allocate("a1", "team-trusted", "gpu=1").expect("the retry is granted");
-        assert!(freed.contains(&a1.devices[0].uuid));
+        assert!(freed.iter().any(|u| u == a1.devices[0].uuid.as_str()));
     }
 }

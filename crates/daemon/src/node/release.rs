@@ -40,9 +40,9 @@ impl Node {
             .collect();
         match &a.share {
             None => {
-                for d in a.devices.iter().filter(|d| !quarantined.contains(&d.uuid)) {
+                for d in a.devices.iter().filter(|d| !quarantined.contains(d.uuid.as_str())) {
                     let st = scrub::DeviceState::Dirty { last_tenant: a.tenant.to_string() };
-                    left.push((d.uuid.clone(), serde_json::to_string(&st).unwrap_or_default()));
+                    left.push((d.uuid.to_string(), serde_json::to_string(&st).unwrap_or_default()));
                 }
             }
             Some(s) => {

@@ -189,10 +189,10 @@ impl Node {
                 container_id: a.container_id.to_string(),
                 pid: a.pid,
                 cgroup: cgroup.map(str::to_string),
-                device: d.uuid.clone(),
-                gpu: d.gpu_uuid.clone(),
+                device: d.uuid.to_string(),
+                gpu: d.gpu_uuid.to_string(),
                 mps_threads: (a.isolation == Isolation::Mps)
-                    .then(|| threads.get(&(d.uuid.clone(), a.tenant.to_string())).copied())
+                    .then(|| threads.get(&(d.uuid.to_string(), a.tenant.to_string())).copied())
                     .flatten(),
                 report: report.clone(),
             })
@@ -221,13 +221,13 @@ impl Node {
                     container_id: a.container_id.to_string(),
                     tenant: a.tenant.to_string(),
                     workload: a.workload.as_ref().map(|w| w.display_name()),
-                    device: d.uuid.clone(),
+                    device: d.uuid.to_string(),
                     isolation: a.isolation,
                     class: a.class,
                     sm: usage.map(|u| u.0),
                     mem: usage.map(|u| u.1),
                     mps_threads: (a.isolation == Isolation::Mps)
-                        .then(|| threads.get(&(d.uuid.clone(), a.tenant.to_string())).copied())
+                        .then(|| threads.get(&(d.uuid.to_string(), a.tenant.to_string())).copied())
                         .flatten(),
                     latency_ms: r.latency.get(a.container_id.as_str()).copied(),
                 });
