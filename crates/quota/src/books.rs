@@ -272,6 +272,25 @@ struct Reclaim {
 }
 
 impl Reclaim {
+    /// The answer to its claimant asking again while it is under way: the same victims,
+    /// and when to ask next.
+    fn still_reclaiming(&self, now: u64) -> AdmitAnswer {
+        let due = self.started_ms.saturating_add(self.retry_after_s.saturating_mul(1000));
+        let (left_s, state) = match self.freed_ms {
+            None => (due.saturating_sub(now).div_ceil(1000).max(1), "in progress"),
+            Some(_) => (RETRY_SLACK_S, "victims gone, their devices not free yet"),
+        };
+        AdmitAnswer::Reclaiming {
+            retry_after_s: left_s,
+            victims: self.victims.clone(),
+            message: format!(
+                "{} ({state}, since {}); retry after {left_s} s",
+                self.message,
+                tessera_api::time::format_utc(self.started_ms)
+            ),
+        }
+    }
+
     fn hold_until(&self) -> u64 {
         let due = self.started_ms.saturating_add(self.retry_after_s.saturating_mul(1000));
         due.max(self.freed_ms.unwrap_or(0)).saturating_add(HOLD_SLACK_MS)
@@ -1028,20 +1047,7 @@ impl Books {
             if req.short_on_node {
                 // Still short: the victims are stopping, or gone and their devices not
                 // free yet (scrubbed first). The capacity stays held; ask again.
-                let due = rc.started_ms.saturating_add(rc.retry_after_s.saturating_mul(1000));
-                let (left_s, state) = match rc.freed_ms {
-                    None => (due.saturating_sub(now).div_ceil(1000).max(1), "in progress"),
-                    Some(_) => (RETRY_SLACK_S, "victims gone, their devices not free yet"),
-                };
-                return AdmitAnswer::Reclaiming {
-                    retry_after_s: left_s,
-                    victims: rc.victims.clone(),
-                    message: format!(
-                        "{} ({state}, since {}); retry after {left_s} s",
-                        rc.message,
-                        tessera_api::time::format_utc(rc.started_ms)
-                    ),
-                };
+                return rc.still_reclaiming(now);
             }
         }
         // Owed when it first asked: its wait counts as an owner's, and it may reclaim at once.
@@ -1075,6 +1081,27 @@ impl Books {
                 Some((_, h)) if h.freed_ms.is_none() => h.resources.clone(),
                 _ => Resources::new(),
             };
+            // Its own reclaim still under way (victims listed) and the request not
+            // admissible even on what it holds: the same victims, never new ones. A
+            // ceiling-bound reclaim frees the ceiling only when its victims leave the
+            // books at their node's next sync; a node that syncs late must not make the
+            // claim take a second victim for one request.
+            if let Some((k, h)) = &held {
+                let absorb = !req.unsynced_lease_grants;
+                if *k == hold
+                    && h.freed_ms.is_none()
+                    && !matches!(
+                        self.decide_with(tree, node, tenant, &r, absorb, &extra),
+                        Decision::Admit { .. }
+                    )
+                {
+                    let answer = h.still_reclaiming(now);
+                    if let Some((k, h)) = held {
+                        self.insert_reclaim(k, h, false);
+                    }
+                    return answer;
+                }
+            }
             let answer =
                 self.admit_placed(tree, node, req, &r, held.as_ref().map(|_| &extra), ask, now);
             if let Some((k, h)) = held {

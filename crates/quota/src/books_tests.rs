@@ -1674,3 +1674,58 @@ fn the_status_says_which_guarantees_the_synced_nodes_cannot_honour() {
     let back: crate::wire::QuotaStatus = serde_json::from_value(json).expect("round trip");
     assert_eq!(back.shape, st.shape);
 }
+
+/// tests/quota_preemption.rs's hierarchy case, where a full run on 2 cores once saw a
+/// fourth victim: a claim held back by a full ceiling (not by its node) reclaims one of the
+/// guest's borrowed containers; the victim's node syncs late, so the victim is still in the
+/// books when the claimant asks again after the grace period. That ask must get the same
+/// victim, not start a second reclaim for the same request.
+#[test]
+fn a_claimant_asking_again_before_its_victim_leaves_the_books_takes_no_second_victim() {
+    let t = tree(
+        r#"{"acme":   {"gpus": {"H100-80GB": {"guarantee": 3, "ceiling": 3}},
+                       "grace_period_s": 3},
+            "acme/a": {"gpus": {"H100-80GB": {"guarantee": 1}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 1}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    // The guest fills acme's ceiling on node 1: acme's remainder (3 - 1 - 1) is its one
+    // guaranteed container, the other two borrow.
+    for i in 0..3 {
+        now += 1_000;
+        let req = ask(&format!("g{i}"), "acme/guest", 1);
+        admit_retrying(&mut nodes, 0, &mut b, &t, &req, &mut now);
+        nodes[0].sync(&mut b, &t, now);
+    }
+    nodes[1].sync(&mut b, &t, now);
+    assert_eq!(gpus_of(&b.real_usage().of("acme/guest")), (1, 2), "1 guaranteed, 2 borrowed");
+    // a asks on node 2, which has room: acme's ceiling is what is full. One victim.
+    now += 1_000;
+    let first = nodes[1].admit(&mut b, &t, ask("a1", "acme/a", 1), now);
+    let AdmitAnswer::Reclaiming { victims, .. } = first else {
+        panic!("expected a reclaim, got {first:?}")
+    };
+    assert_eq!(victims.len(), 1, "{victims:?}");
+    // Node 1 hears of it (the victim gets SIGTERM) but its next sync, which would drop the
+    // victim, is late: past the grace period the claimant asks again.
+    nodes[0].sync(&mut b, &t, now);
+    now += 6_000;
+    nodes[1].sync(&mut b, &t, now);
+    let again = nodes[1].admit(&mut b, &t, ask("a1", "acme/a", 1), now);
+    let AdmitAnswer::Reclaiming { victims: same, retry_after_s, .. } = again else {
+        panic!("expected the reclaim in progress, got {again:?}")
+    };
+    assert_eq!(same, victims, "the same victim, not a second one");
+    assert_eq!(retry_after_s, 1);
+    assert_eq!(b.counters().preemptions.get("acme/guest"), Some(&1));
+    // The victim stops; node 1's sync drops it; the claim is admitted as guaranteed.
+    nodes[0].stop(&victims[0].container_id);
+    now += 1_000;
+    nodes[0].sync(&mut b, &t, now);
+    let done = nodes[1].admit(&mut b, &t, ask("a1", "acme/a", 1), now);
+    assert_eq!(admitted(&done), QuotaClass::Guaranteed, "{done:?}");
+    assert_eq!(b.counters().preemptions.get("acme/guest"), Some(&1), "one victim in all");
+}
