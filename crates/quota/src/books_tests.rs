@@ -1496,6 +1496,13 @@ proptest! {
             nodes[n].sync(&mut b, &t, now);
             contact[n] = now;
         }
+        // The first syncs' changes reach the store as every later op's do (urgent ones
+        // before the answers; the rest may be lost by a failover).
+        let cs = b.take_changes();
+        lazy.extend(cs.ops);
+        if cs.urgent {
+            apply(&mut store, lazy.drain(..));
+        }
         for op in ops {
             match op {
                 Op::Ask { node, tenant, halves } => {
