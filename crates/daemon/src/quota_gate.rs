@@ -643,21 +643,7 @@ impl QuotaGate {
             &AdmitRequest { unsynced_lease_grants: self.unsynced_lease_grants(), ..req.clone() };
         let (client, node) = (&link.client, &link.node);
         let r = self.handle.block_on(async move { client.quota_admit(node, req, timeout).await });
-        match r {
-            Ok(answer) => {
-                self.reached();
-                verdict(answer)
-            }
-            Err(e) if unreachable(&e) => {
-                let why = e.to_string();
-                let since_ms = self.unreached(&why);
-                Verdict::Unreachable { since_ms, why }
-            }
-            Err(e) => {
-                self.reached();
-                Verdict::Failed { message: e.to_string() }
-            }
-        }
+        self.answered(r)
     }
 
     /// Tell the books a grant ended (or was never made after an admission). To a
@@ -698,21 +684,7 @@ impl QuotaGate {
         let r = self
             .handle
             .block_on(async move { client.quota_resize(node, req, ADMIT_TIMEOUT).await });
-        match r {
-            Ok(answer) => {
-                self.reached();
-                verdict(answer)
-            }
-            Err(e) if unreachable(&e) => {
-                let why = e.to_string();
-                let since_ms = self.unreached(&why);
-                Verdict::Unreachable { since_ms, why }
-            }
-            Err(e) => {
-                self.reached();
-                Verdict::Failed { message: e.to_string() }
-            }
-        }
+        self.answered(r)
     }
 
     /// Tell the books what a grant counts after its update ended (a decrease, or the raise
@@ -800,6 +772,26 @@ impl QuotaGate {
     }
 
     /// The coordinator answered.
+    /// The verdict of a call to the coordinator's books (an admission or a resize), the
+    /// link's reachability noted.
+    fn answered(&self, r: Result<AdmitAnswer, ::fleet::client::ClientError>) -> Verdict {
+        match r {
+            Ok(answer) => {
+                self.reached();
+                verdict(answer)
+            }
+            Err(e) if unreachable(&e) => {
+                let why = e.to_string();
+                let since_ms = self.unreached(&why);
+                Verdict::Unreachable { since_ms, why }
+            }
+            Err(e) => {
+                self.reached();
+                Verdict::Failed { message: e.to_string() }
+            }
+        }
+    }
+
     pub fn reached(&self) {
         let mut book = lock(&self.leases);
         if let Some((since, _)) = book.unreachable.take() {

@@ -91,7 +91,9 @@ use std::fmt::{self, Write as _};
 use serde::Serialize;
 use tessera_api::untrusted;
 
-use quota::{admit, chain, dominant_share, fair_order, is_within, owed, victim_order};
+use quota::{
+    admit, chain, dominant_share, fair_order, is_within, owed, own_guarantee, victim_order,
+};
 use quota::{worth_reclaiming, Class, Decision, QuotaTree, Running, Usage, Waiting};
 use quota::{Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
 
@@ -843,23 +845,6 @@ impl Bins {
 }
 
 // --- static partitions ---------------------------------------------------------------------
-
-/// The GPU guarantee `path` keeps for itself: its guarantee less those of its nearest
-/// descendants that set one.
-fn own_guarantee(tree: &QuotaTree, gpu: &Resource, path: &str) -> u64 {
-    let g = |p: &str| tree.get(p).and_then(|q| q.limits.get(gpu)).and_then(|l| l.guarantee);
-    let Some(mine) = g(path) else { return 0 };
-    let below: u64 = tree
-        .iter()
-        .filter(|d| d.path != path && is_within(&d.path, path))
-        .filter(|d| {
-            g(&d.path).is_some()
-                && !chain(&d.path).skip(1).take_while(|p| *p != path).any(|p| g(p).is_some())
-        })
-        .filter_map(|d| g(&d.path))
-        .sum();
-    mine.saturating_sub(below)
-}
 
 /// The innermost path on `tenant`'s chain that guarantees `gpu`.
 fn guarantor<'t>(tree: &'t QuotaTree, gpu: &Resource, tenant: &str) -> Option<&'t str> {
