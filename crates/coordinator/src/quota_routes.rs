@@ -397,7 +397,9 @@ async fn take_over(
                     // are rebuilt from the nodes' syncs as a coordinator alone does (ready
                     // once every known node has synced, or at most TTL + 10 s): leases
                     // handed out before every node has reported its capacity would give
-                    // the first to sync the whole guarantee and the others nothing.
+                    // the first to sync the whole guarantee and the others nothing. They
+                    // store that they are being rebuilt, so a leader that takes them over
+                    // before they are ready goes on rebuilding (`Books::restore`).
                     Books::new(app.quota.lease_ttl.as_secs(), now_ms())
                 } else {
                     Books::restore(app.quota.lease_ttl.as_secs(), now_ms(), state, tree_of(&policy))

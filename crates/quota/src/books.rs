@@ -57,7 +57,8 @@
 //! Books that lost their state (a coordinator without a store restarted) adopt the leases
 //! each node reports and issue no new lease room until every node known to the coordinator
 //! has synced ([`Books::ready`]). Books kept in a store (`books_state.rs`) are taken over by
-//! the next coordinator that decides ([`Books::restore`]) and are ready at once.
+//! the next coordinator that decides ([`Books::restore`]) and are ready at once, unless they
+//! were still being rebuilt when stored: then they go on rebuilding, since the same time.
 //!
 //! # Cost
 //!
@@ -462,6 +463,9 @@ pub struct Books {
     /// whose snapshot predates the resize lists the old amounts, so until the node lists
     /// the new ones its holding counts the larger of both.
     resized: BTreeMap<NodeContainer, (Entry, u64)>,
+    /// The store was last handed out that the books are being rebuilt
+    /// ([`state::StateOp::PutRebuilding`]).
+    durable_rebuilding: bool,
 }
 
 fn max_each(a: &Resources, b: &Resources) -> Resources {
@@ -638,6 +642,7 @@ impl Books {
             slow_sweep_ms: 0,
             changes: state::Changes::default(),
             resized: BTreeMap::new(),
+            durable_rebuilding: false,
         }
     }
 
@@ -2660,7 +2665,12 @@ impl Books {
                 },
             );
             self.silence.insert((now, node.to_string()));
+            // Its record and what it lists are stored before it is answered: a node the
+            // books did not hold (every node while they are rebuilt from the syncs, one
+            // back after it left them) may hold work no stored record names, and books
+            // taken over without it would count less than it holds.
             self.changes.node(node);
+            self.changes.mark_urgent();
         }
         let mut changed = first;
         if let Some(nb) = self.nodes.get_mut(node) {

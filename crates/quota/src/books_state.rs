@@ -9,14 +9,18 @@
 //! * Every admission answered and not yet listed by its node (pending).
 //! * Every reclaim in progress: its claimant, the capacity held for it, its victims and
 //!   their grace, so that a new leader takes no second victim for the same claim.
+//! * While the books are being rebuilt from the nodes' syncs (not ready), since when: books
+//!   taken over from such a state go on rebuilding ([`Books::restore`]).
 //!
 //! What is kept is a superset of what the nodes may hold: an admission or a reclaim is
 //! written before it is answered; a lease that grows is written before the answer that
-//! carries it; everything else (a sync's holdings, a release, a lease that shrinks) may be
+//! carries it; a node's first sync (the only account of work no stored record names) and
+//! books being rebuilt saying so are written before they are answered; everything else (a
+//! later sync's holdings, a release, a lease that shrinks, the books becoming ready) may be
 //! written later, and until it is the stored state counts more, never less. The books mark
 //! what changed ([`Changes`]) and [`Books::take_changes`] hands it out as [`StateOp`]s,
 //! saying whether the answer must wait for them (`urgent`). Books restored from it
-//! ([`Books::restore`]) are ready at once.
+//! ([`Books::restore`]) are ready at once, unless it says its books were being rebuilt.
 //!
 //! Not kept (rebuilt or lost at a change of leader, never to anyone's loss of a guarantee
 //! or crossing of a ceiling): the fair queue (requests ask again), gangs still assembling
@@ -97,6 +101,12 @@ pub struct BooksState {
     pub nodes: BTreeMap<String, NodeState>,
     pub pending: Vec<PendingState>,
     pub reclaims: Vec<ReclaimState>,
+    /// The books that wrote this were still being rebuilt from the nodes' syncs (the first
+    /// leader of an empty store, not ready yet), since this time (ms since the epoch, the
+    /// coordinator's clock): a node known to the coordinator may hold a lease and work the
+    /// state does not name yet, so books taken over from it are not ready either.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuilding_since_ms: Option<u64>,
 }
 
 /// One change to the durable books.
@@ -130,6 +140,13 @@ pub enum StateOp {
         tenant: String,
         claim: String,
     },
+    /// The books are being rebuilt from the nodes' syncs since `since_ms`
+    /// ([`BooksState::rebuilding_since_ms`]).
+    PutRebuilding {
+        since_ms: u64,
+    },
+    /// The books are ready: rebuilt.
+    DelRebuilding,
 }
 
 /// What [`Books::take_changes`] hands out.
@@ -137,7 +154,8 @@ pub enum StateOp {
 pub struct Changeset {
     pub ops: Vec<StateOp>,
     /// The answer of the call that made these changes must wait until they are stored: an
-    /// admission, a reclaim, a lease grown beyond what is stored, a node removed.
+    /// admission, a reclaim, a lease grown beyond what is stored, a node removed, books
+    /// that are being rebuilt saying so.
     pub urgent: bool,
 }
 
@@ -275,6 +293,17 @@ impl Books {
             return Changeset::default();
         }
         let mut out = Changeset { ops: Vec::new(), urgent: c.urgent };
+        // Books being rebuilt say so first, before any node they heard from: books taken
+        // over from a state that names some nodes must not take it for all of them.
+        if self.ready == self.durable_rebuilding {
+            self.durable_rebuilding = !self.ready;
+            if self.ready {
+                out.ops.push(StateOp::DelRebuilding);
+            } else {
+                out.urgent = true;
+                out.ops.push(StateOp::PutRebuilding { since_ms: self.started_ms });
+            }
+        }
         for node in c.nodes {
             match self.nodes.get_mut(&node) {
                 Some(nb) => {
@@ -321,6 +350,7 @@ impl Books {
             nodes: self.nodes.iter().map(|(n, nb)| (n.clone(), nb.state(true))).collect(),
             pending: self.pending.iter().map(|(k, p)| p.state(k)).collect(),
             reclaims: self.reclaims.iter().map(|(k, r)| r.state(k)).collect(),
+            rebuilding_since_ms: (!self.ready).then_some(self.started_ms),
         }
     }
 
@@ -328,9 +358,20 @@ impl Books {
     /// one that decides: ready at once (the state counts at least what the nodes may hold),
     /// every node counted as heard from now (its silence starts with these books), every
     /// lease due for computing at its node's next sync. `tree`: the quotas in force.
+    ///
+    /// A state written by books still being rebuilt ([`BooksState::rebuilding_since_ms`])
+    /// names only the nodes that had synced: the books taken over from it are being
+    /// rebuilt too, since the same time ([`Books::ready`]: every known node the state does
+    /// not name syncs first, or the lease TTL and its margin pass since then).
     pub fn restore(lease_ttl_s: u64, now: u64, state: BooksState, tree: &QuotaTree) -> Books {
         let mut b = Books::new(lease_ttl_s, now);
-        b.ready = true;
+        match state.rebuilding_since_ms {
+            Some(since) => {
+                b.started_ms = since;
+                b.durable_rebuilding = true;
+            }
+            None => b.ready = true,
+        }
         b.tree = Some(std::sync::Arc::new(tree.clone()));
         for (node, ns) in state.nodes {
             let holdings: BTreeMap<String, Entry> = ns

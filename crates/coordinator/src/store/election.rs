@@ -158,6 +158,10 @@ impl EtcdQuota {
         let hex: String = claim.bytes().map(|b| format!("{b:02x}")).collect();
         format!("{}/quota/books/reclaim/{node}/{tenant}/#{hex}", self.prefix)
     }
+    /// Present while the books are being rebuilt from the nodes' syncs: since when.
+    fn rebuilding_key(&self) -> String {
+        format!("{}/quota/books/rebuilding", self.prefix)
+    }
 
     fn kv(&self) -> etcd_client::KvClient {
         self.client.kv_client().max_decoding_message_size(MAX_MESSAGE)
@@ -187,6 +191,10 @@ impl EtcdQuota {
             StateOp::DelReclaim { node, tenant, claim } => {
                 Write::Delete(self.reclaim_key(&node, &tenant, &claim))
             }
+            StateOp::PutRebuilding { since_ms } => {
+                Write::Put(self.rebuilding_key(), encode(&since_ms)?)
+            }
+            StateOp::DelRebuilding => Write::Delete(self.rebuilding_key()),
         })
     }
 
@@ -464,6 +472,10 @@ impl QuotaBackend for EtcdQuota {
                         "reclaim" => state
                             .reclaims
                             .push(decode::<ReclaimState>("quota books reclaim", item.value())?),
+                        "rebuilding" => {
+                            state.rebuilding_since_ms =
+                                Some(decode("quota books rebuilding", item.value())?);
+                        }
                         other => warn!(key = %key, "unknown quota books key ({other}); ignored"),
                     }
                 }
