@@ -413,6 +413,48 @@ async fn a_write_fenced_by_a_leadership_that_is_gone_stores_nothing() {
     assert_eq!(books.load_books().await.unwrap(), Default::default());
 }
 
+/// Books being rebuilt from the nodes' syncs (the first leader of an empty store) say so
+/// in etcd, and stop saying so once ready: a leader that takes them over before then reads
+/// it and goes on rebuilding them (`quota::books::tests::books_taken_over_while_being_rebuilt_\
+/// wait_for_the_nodes_they_have_not_heard_from`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stored_books_say_while_they_are_being_rebuilt() {
+    use coordinator::store::{Candidate, Role};
+    use quota::books::state::StateOp;
+    let etcd = Etcd::start().expect("etcd");
+    let store = coordinator::store::EtcdStore::connect(std::slice::from_ref(&etcd.url), "/rebuild")
+        .await
+        .unwrap();
+    let books = store.quota_backend().expect("etcd keeps the books");
+    let (role, mut rx) = tokio::sync::watch::channel(Role::Follower { leader: None });
+    let me = Candidate { url: "http://127.0.0.1:9".into(), since_ms: 1 };
+    let campaign = tokio::spawn({
+        let books = books.clone();
+        async move { books.campaign(me, Duration::from_secs(2), std::sync::Arc::new(role)).await }
+    });
+    let fence = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Role::Leader { fence, .. } = &*rx.borrow_and_update() {
+                return fence.clone();
+            }
+            rx.changed().await.expect("the campaign publishes its role");
+        }
+    })
+    .await
+    .expect("elected within 10 s");
+    books
+        .commit_books(fence.clone(), vec![StateOp::PutRebuilding { since_ms: 1_000 }])
+        .await
+        .unwrap();
+    let state = books.load_books().await.unwrap();
+    assert_eq!(state.rebuilding_since_ms, Some(1_000));
+    let tree = quota::QuotaTree::default();
+    assert!(!quota::books::Books::restore(30, 2_000, state, &tree).is_ready());
+    books.commit_books(fence, vec![StateOp::DelRebuilding]).await.unwrap();
+    assert_eq!(books.load_books().await.unwrap(), Default::default());
+    campaign.abort();
+}
+
 /// Two coordinators that keep different books (one elected on etcd, one alone on SQLite)
 /// answering the same node: each, told by the node's sync who answered it last, warns of
 /// split brain in its log, its quota status and its metrics.
