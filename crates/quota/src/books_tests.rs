@@ -1387,6 +1387,9 @@ enum Op {
     Remove {
         node: usize,
     },
+    /// A new policy doubles every guarantee and ceiling (once per run; a policy that
+    /// lowers a guarantee binds leases only at each node's next sync: docs, Limits).
+    Raise,
 }
 
 fn arb_ops() -> impl Strategy<Value = Vec<Op>> {
@@ -1405,6 +1408,7 @@ fn arb_ops() -> impl Strategy<Value = Vec<Op>> {
             2 => any::<usize>().prop_map(|nth| Op::Retry { nth }),
             1 => (0..3usize).prop_map(|node| Op::Crash { node }),
             1 => (0..3usize).prop_map(|node| Op::Remove { node }),
+            1 => Just(Op::Raise),
         ],
         1..80,
     )
@@ -1508,6 +1512,27 @@ proptest! {
     fn leases_never_take_a_path_past_its_guarantee_or_ceiling(tree in arb_tree(), ops in arb_ops()) {
         lease_model(&tree, ops)?;
     }
+}
+
+/// `t` with every GPU guarantee and ceiling doubled (a valid tree stays valid).
+fn doubled(t: &QuotaTree) -> QuotaTree {
+    let res = Resource::gpu(H100);
+    let gpus = |micro: u64| (2 * micro) as f64 / MICRO_PER_GPU as f64;
+    let entries: Vec<String> = t
+        .iter()
+        .filter_map(|q| {
+            let l = q.limits.get(&res)?;
+            let mut body = Vec::new();
+            if let Some(g) = l.guarantee {
+                body.push(format!(r#""guarantee": {}"#, gpus(g)));
+            }
+            if let Some(c) = l.ceiling {
+                body.push(format!(r#""ceiling": {}"#, gpus(c)));
+            }
+            Some(format!(r#""{}": {{"gpus": {{"{H100}": {{{}}}}}}}"#, q.path, body.join(", ")))
+        })
+        .collect();
+    tree(&format!("{{{}}}", entries.join(", ")))
 }
 
 /// What the model remembers of the claims that reclaimed: each claim (its node, its
@@ -1614,7 +1639,8 @@ fn sync_node(
 /// are the books' state, that the books never count less than the nodes hold and that no
 /// claim takes a second victim.
 fn lease_model(t: &QuotaTree, ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let t = t.clone();
+    let mut t = t.clone();
+    let mut raised = false;
     let ttl_s = 30;
     let mut b = Books::new(ttl_s, 1_000_000);
     let mut nodes = [Node::new("n1", 4), Node::new("n2", 4), Node::new("n3", 4)];
@@ -1804,6 +1830,12 @@ fn lease_model(t: &QuotaTree, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 nodes[node].leases.clear();
                 nodes[node].stopping.clear();
                 rc.stop_at.retain(|(n, _), _| *n != node);
+            }
+            Op::Raise => {
+                if !raised {
+                    raised = true;
+                    t = doubled(&t);
+                }
             }
             Op::Remove { node } => {
                 // An operator's removal is stored before it is answered.
