@@ -700,7 +700,10 @@ impl Controller {
             })?;
             Err(err)
         };
-        match gate.ask(&ask.admit, &ask.tree, ask.gang_timeout_s) {
+        // The ask counts as in flight (a grant under this node's lease counts it as held)
+        // until this call returns: after its grant is made, or not.
+        let (verdict, _in_flight) = gate.ask(&ask.admit, &ask.tree, ask.gang_timeout_s);
+        match verdict {
             Verdict::Admitted { class, over } => {
                 let admitted = Admission::Fleet { class, over };
                 let r = self.locked(|n| n.finish_allocate(req, &ask.admit, &admitted));
@@ -796,7 +799,8 @@ impl Controller {
             Err(err)
         };
         let grant_request = self.locked(|n| Ok(n.allocation(container_id)?.request))?;
-        let admission = match gate.resize(resize, &step.tree) {
+        let (verdict, _in_flight) = gate.resize(resize, &step.tree);
+        let admission = match verdict {
             Verdict::Admitted { class, over } => UpdateAdmission::Fleet { class, over },
             Verdict::Unreachable { since_ms, why } => {
                 UpdateAdmission::Lease { leases: gate, since_ms, why }

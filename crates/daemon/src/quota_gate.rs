@@ -321,7 +321,8 @@ pub fn lease_admits(
                 .fold(0u64, |acc, (_, r)| acc.saturating_add(r.get(resource)));
             if here.saturating_add(amount) > leased {
                 return Err(format!(
-                    "quota path {}: this node's lease covers {}, guaranteed work within it holds {} here, \
+                    "quota path {}: this node's lease covers {}, guaranteed work within it holds {} here \
+                     (with what this node has asked the coordinator for and not settled), \
                      and the request needs {} more",
                     q.path,
                     resource.show(leased),
@@ -555,6 +556,40 @@ pub struct QuotaGate {
     lease_path: Option<PathBuf>,
     /// Grants admitted under a lease that no answered sync has listed yet, with when.
     unsynced: Mutex<BTreeMap<String, Instant>>,
+    /// Admissions and resizes asked of the coordinator and not yet settled here, by a
+    /// sequence number: (container, tenant, amounts asked). The books may count one within
+    /// this node's lease (its ask said no lease grant was unsynced), so while it is in
+    /// flight a grant under the lease counts it as held ([`QuotaGate::asked_here`]).
+    in_flight: Mutex<InFlightAsks>,
+}
+
+/// [`QuotaGate`]'s asks in flight.
+#[derive(Debug, Default)]
+struct InFlightAsks {
+    next: u64,
+    asks: BTreeMap<u64, (String, String, Resources)>,
+}
+
+/// An ask of the coordinator in flight: counted by [`QuotaGate::asked_here`] until dropped
+/// (after its answer was acted on: the grant made, or nothing).
+#[must_use = "the ask counts as in flight only while this is kept"]
+pub struct InFlight<'g> {
+    gate: &'g QuotaGate,
+    seq: Option<u64>,
+}
+
+impl std::fmt::Debug for InFlight<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight").field("seq", &self.seq).finish()
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(seq) = self.seq {
+            lock(&self.gate.in_flight).asks.remove(&seq);
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -592,6 +627,7 @@ impl QuotaGate {
             stopping: Mutex::new(BTreeSet::new()),
             lease_path,
             unsynced: Mutex::new(BTreeMap::new()),
+            in_flight: Mutex::new(InFlightAsks::default()),
         })
     }
 
@@ -626,13 +662,23 @@ impl QuotaGate {
     /// Ask the books to admit `req` under `tree` (blocking: call from a blocking thread,
     /// never from an async worker). `gang_timeout_s`: the policy's, for a gang member's
     /// wait.
-    pub fn ask(&self, req: &AdmitRequest, tree: &QuotaTree, gang_timeout_s: u64) -> Verdict {
+    ///
+    /// Keep the [`InFlight`] until the answer is acted on (the grant made, or not): until
+    /// then a grant under this node's lease counts the ask as held.
+    pub fn ask(
+        &self,
+        req: &AdmitRequest,
+        tree: &QuotaTree,
+        gang_timeout_s: u64,
+    ) -> (Verdict, InFlight<'_>) {
         let link = match &self.authority {
             Authority::Coordinator(link) => link,
             Authority::Local { node, books } => {
-                return verdict(local_admit(books, tree, node, req, gang_timeout_s))
+                let v = verdict(local_admit(books, tree, node, req, gang_timeout_s));
+                return (v, InFlight { gate: self, seq: None });
             }
         };
+        let in_flight = self.asking(&req.container_id, &req.tenant, &req.amounts);
         let timeout = match &req.gang {
             Some(_) => Duration::from_secs(gang_timeout_s) + GANG_ADMIT_MARGIN,
             None => ADMIT_TIMEOUT,
@@ -643,7 +689,31 @@ impl QuotaGate {
             &AdmitRequest { unsynced_lease_grants: self.unsynced_lease_grants(), ..req.clone() };
         let (client, node) = (&link.client, &link.node);
         let r = self.handle.block_on(async move { client.quota_admit(node, req, timeout).await });
-        self.answered(r)
+        (self.answered(r), in_flight)
+    }
+
+    /// Counts an ask of `amounts` for `container_id` of `tenant` as in flight until the
+    /// guard is dropped.
+    pub fn asking(&self, container_id: &str, tenant: &str, amounts: &Amounts) -> InFlight<'_> {
+        let mut f = lock(&self.in_flight);
+        let seq = f.next;
+        f.next = f.next.wrapping_add(1);
+        f.asks.insert(seq, (container_id.to_string(), tenant.to_string(), amounts.to_resources()));
+        InFlight { gate: self, seq: Some(seq) }
+    }
+
+    /// What this node has asked of the coordinator and not settled, by tenant (any
+    /// container but `except`, the one being decided): a grant under the lease counts it
+    /// as guaranteed work held here. The books may have counted such an ask within this
+    /// node's lease (it said no lease grant was unsynced); a grant under the lease made
+    /// while it is in flight, counted without it, would take the lease twice.
+    pub fn asked_here(&self, except: &str) -> Vec<(String, Resources)> {
+        lock(&self.in_flight)
+            .asks
+            .values()
+            .filter(|(c, _, _)| c != except)
+            .map(|(_, t, r)| (t.clone(), r.clone()))
+            .collect()
     }
 
     /// Tell the books a grant ended (or was never made after an admission). To a
@@ -670,21 +740,25 @@ impl QuotaGate {
     /// Ask the books to count `req`'s amounts for a grant from now on (a `runc update` of
     /// its container raises its CPU or memory limit; blocking: call from a blocking
     /// thread). Answered as an admission is, never `Reclaiming`.
-    pub fn resize(&self, req: &ResizeRequest, tree: &QuotaTree) -> Verdict {
+    /// Keep the [`InFlight`] as [`QuotaGate::ask`]'s (it counts the new amounts whole,
+    /// the grant's old ones too: more than the raise, never less).
+    pub fn resize(&self, req: &ResizeRequest, tree: &QuotaTree) -> (Verdict, InFlight<'_>) {
         let link = match &self.authority {
             Authority::Coordinator(link) => link,
             Authority::Local { node, books } => {
                 let now = tessera_api::time::now_ms();
-                return verdict(lock(books).resize(tree, node, req, now));
+                let v = verdict(lock(books).resize(tree, node, req, now));
+                return (v, InFlight { gate: self, seq: None });
             }
         };
+        let in_flight = self.asking(&req.container_id, &req.tenant, &req.amounts);
         let req =
             &ResizeRequest { unsynced_lease_grants: self.unsynced_lease_grants(), ..req.clone() };
         let (client, node) = (&link.client, &link.node);
         let r = self
             .handle
             .block_on(async move { client.quota_resize(node, req, ADMIT_TIMEOUT).await });
-        self.answered(r)
+        (self.answered(r), in_flight)
     }
 
     /// Tell the books what a grant counts after its update ended (a decrease, or the raise

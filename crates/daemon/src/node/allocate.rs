@@ -473,7 +473,10 @@ impl Node {
         let (class, over, under_lease) = match admission {
             Admission::Fleet { class, over } => (*class, over.clone(), false),
             Admission::Lease { leases, since_ms, why } => {
-                let guaranteed_here = self.guaranteed_here()?;
+                // What it holds, and what it has asked the coordinator for and not settled
+                // (the books may count that within this node's lease).
+                let mut guaranteed_here = self.guaranteed_here()?;
+                guaranteed_here.extend(leases.asked_here(req.container_id.as_str()));
                 let tree = self.policy.policy.quotas();
                 let request = now.amounts.to_resources();
                 let verdict = leases.with_leases(|held| {

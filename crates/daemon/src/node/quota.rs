@@ -625,6 +625,48 @@ mod tests {
         assert!(e.message().contains("no lease for quota path acme/dev"), "{}", e.message());
     }
 
+    /// An ask of the coordinator still in flight (a gang member waiting for its gang, say)
+    /// may be counted by the books within this node's lease: a grant under the lease made
+    /// meanwhile counts it as held, so the lease is not taken twice.
+    #[tokio::test]
+    async fn under_a_lease_an_ask_still_in_flight_counts_as_held() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut n = node(dir.path(), true);
+        let client =
+            fleet::client::Client::new(&["http://127.0.0.1:9"], "node-token").expect("client");
+        let link = crate::quota_gate::Link::new(client, "sim-h100-0".into());
+        let gate = QuotaGate::new(crate::quota_gate::Authority::Coordinator(link), None);
+        let one_gpu =
+            Amounts { gpus: BTreeMap::from([(H100.to_string(), GPU)]), ..Amounts::default() };
+        let lease = Lease { path: "acme/trusted".into(), amounts: one_gpu.clone() };
+        gate.renew(vec![lease], 60, Instant::now(), tessera_api::time::now_ms());
+        let since_ms = tessera_api::time::now_ms();
+        let lease_admission =
+            Admission::Lease { leases: gate.as_ref(), since_ms, why: "connection refused".into() };
+
+        // A member of 1 GPU of a team within acme/trusted asked the coordinator and waits.
+        let member = req("m1", "team-trusted", "gpu=1");
+        let asked = ask(&mut n, &member);
+        let in_flight = gate.asking("m1", &asked.admit.tenant, &asked.admit.amounts);
+        let r = req("a1", "team-trusted", "gpu=1");
+        let a = ask(&mut n, &r);
+        let e = n
+            .finish_allocate(&r, &a.admit, &lease_admission)
+            .expect_err("the lease is the member's while its ask is in flight");
+        assert_eq!((e.code(), e.rule()), (ErrorCode::Refused, Some("quotas")));
+        assert!(
+            e.message().contains("guaranteed work within it holds 1 H100-80GB GPUs here"),
+            "{}",
+            e.message()
+        );
+        assert!(n.allocation("a1").is_err(), "nothing granted");
+        // Its own ask does not count against itself, and once settled the ask counts no more.
+        assert!(gate.asked_here("m1").is_empty());
+        drop(in_flight);
+        let g = n.finish_allocate(&r, &a.admit, &lease_admission).expect("the member gave up");
+        assert!(g.quota.expect("marked").under_lease);
+    }
+
     /// The controller with the node's own books (no coordinator): guarantees, borrowing,
     /// the ceiling, and a reclaim that stops borrowed work and holds its devices for the
     /// claimant, whose retry gets them.

@@ -353,7 +353,8 @@ impl Node {
                         Err("only guaranteed work may grow under a lease (this grant is borrowed)"
                             .to_string())
                     } else {
-                        let here = self.guaranteed_here()?;
+                        let mut here = self.guaranteed_here()?;
+                        here.extend(leases.asked_here(id.as_str()));
                         let tree = self.policy.policy.quotas();
                         leases.with_leases(|held| {
                             quota_gate::lease_admits(tree, &step.tenant, &grow, held, &here)
