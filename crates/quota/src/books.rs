@@ -2793,9 +2793,20 @@ impl Books {
                         u128::from(guarantee) * u128::from(node_cap.get(res)) / u128::from(fleet);
                     totals::whole_units(res, u64::try_from(s).unwrap_or(u64::MAX))
                 };
-                let contrib =
-                    |m: &BTreeMap<String, Resources>| m.get(&q.path).map_or(0, |r| r.get(res));
-                let elsewhere = contrib(&self.totals.contrib).saturating_sub(contrib(&own));
+                let of = |m: &BTreeMap<String, Resources>| m.get(&q.path).map_or(0, |r| r.get(res));
+                // Every guaranteed use the books count anywhere (listed, pending, held for
+                // a claimant, reserved for a gang — on a node the books know or not: after a
+                // failover a node may be granted before its first sync) plus every other
+                // node's unused lease; less this node's part. Not the sum of the known
+                // nodes' contributions, which misses what is on no known node.
+                let everywhere = self
+                    .totals
+                    .real
+                    .of(&q.path)
+                    .guaranteed
+                    .get(res)
+                    .saturating_add(of(&self.totals.unused));
+                let elsewhere = everywhere.saturating_sub(of(&own));
                 let all = all_n.of(&q.path).guaranteed.get(res);
                 let room = guarantee.saturating_sub(elsewhere).saturating_sub(all);
                 let mut lease = if self.recalled.contains_key(&q.path) {

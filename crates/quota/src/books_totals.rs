@@ -6,9 +6,12 @@
 //!
 //! * Per node ([`NodeAgg`]): its guaranteed listed holdings (what its leases absorb), all
 //!   its guaranteed use (listed, pending, held for a claimant), everything on it (its free
-//!   capacity), and what it adds to the fleet's totals: its lease phantoms, its lease
-//!   contribution per guaranteed path (`u_n + unused lease_n`, the `elsewhere` of every
-//!   other node's lease) and its unused leases (the status' `leased`). A node's aggregate is
+//!   capacity), its lease contribution per guaranteed path (`u_n + unused lease_n`: what
+//!   its own lease computation takes out of the fleet's), and what it adds to the fleet's
+//!   totals: its lease phantoms and its unused leases (the status' `leased`). A lease's
+//!   `elsewhere` is the fleet's guaranteed real use plus its unused leases, less the
+//!   node's contribution: guaranteed use on a node the books do not know yet (granted
+//!   after a failover, before its first sync) or reserved for a gang counts too. A node's aggregate is
 //!   rebuilt from its own entries (O(its holdings)) whenever one of them changes, and its
 //!   part of the totals replaced.
 //! * Fleet ([`Totals`]): capacity, real usage (holdings, pending, holds, gang
@@ -53,7 +56,6 @@ pub(super) struct Totals {
     pub(super) real: Usage,
     pub(super) phantoms: BTreeMap<String, Resources>,
     pub(super) phantom_total: Resources,
-    pub(super) contrib: BTreeMap<String, Resources>,
     pub(super) unused: BTreeMap<String, Resources>,
     /// Path → nodes whose phantom at the path is not empty.
     pub(super) holders: BTreeMap<String, BTreeSet<String>>,
@@ -396,8 +398,6 @@ pub(super) fn replace_part(t: &mut Totals, node: &str, old: &NodeAgg, new: &Node
     for r in new.phantoms.values() {
         t.phantom_total.add(r);
     }
-    sub_map(&mut t.contrib, &old.contrib);
-    add_map(&mut t.contrib, &new.contrib);
     sub_map(&mut t.unused, &old.unused);
     add_map(&mut t.unused, &new.unused);
     for p in old.phantoms.keys() {
