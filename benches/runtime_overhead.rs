@@ -14,7 +14,8 @@
 //! Needs root, runc, busybox-static and etcd.
 //! `cargo bench --bench runtime_overhead [-- N] [--quota-only|--wrapper-only]`
 //! (`--quota-only`: only the issue 15 part; `--wrapper-only`: all but it). The wrapper part
-//! times a single `runc run` and (issue 29) the create/start/delete sequence a shim drives.
+//! times a single `runc run` and (issue 29) the create/start/delete sequence a shim drives
+//! (in all and by step).
 //! `TESSERA_BENCH_BINS=DIR`: tessera-runtime, tessera-hook and tesserad from DIR instead of
 //! this build's (two builds compared in one load window; `scripts/static-shims.sh DIR`).
 
@@ -292,7 +293,7 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
 
     // The sequence a containerd shim drives: `create`, `start`, `delete --force`, three
     // processes of BIN each time (the wrapper's work is in create and delete).
-    let seq = |bin: &str, kind: &str, i: usize, ann: &[(&str, &str)]| -> f64 {
+    let seq = |bin: &str, kind: &str, i: usize, ann: &[(&str, &str)]| -> [f64; 3] {
         let id = format!("{kind}{i}");
         let bundle = dir.join("bundles").join(&id);
         shim_sequence(bin, root, &bundle, &config(rootfs, &cgroup, &id, ann), &socket, &id)
@@ -302,8 +303,10 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
         seq(runtime(), "sg", i, &gpu_ann);
     }
     let (mut plain, mut gpu, mut d_gpu) = (Vec::new(), Vec::new(), Vec::new());
+    // Per step (create, start, delete): plain, tessera-runtime, paired difference.
+    let mut by_step: [[Vec<f64>; 3]; 3] = Default::default();
     for i in 0..n {
-        let (mut p, mut g) = (0.0, 0.0);
+        let (mut p, mut g) = ([0.0; 3], [0.0; 3]);
         for k in 0..2 {
             std::thread::sleep(Duration::from_millis(SETTLE_MS));
             match (i + k) % 2 {
@@ -311,6 +314,12 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
                 _ => g = seq(runtime(), "sg", i, &gpu_ann),
             }
         }
+        for s in 0..3 {
+            by_step[s][0].push(p[s]);
+            by_step[s][1].push(g[s]);
+            by_step[s][2].push(g[s] - p[s]);
+        }
+        let (p, g) = (p.iter().sum::<f64>(), g.iter().sum::<f64>());
         plain.push(p);
         gpu.push(g);
         d_gpu.push(g - p);
@@ -326,12 +335,19 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
     println!("| plain runc | {pp50:.2} | {pp99:.2} |");
     println!("| tessera-runtime, mig=1g.10gb | {gp50:.2} | {gp99:.2} |");
     println!("\nadded latency of the sequence, paired per iteration (ms): MIG request p50 {dg50:.2} p99 {dg99:.2}");
+    println!("\nby step (ms)\n");
+    println!("| step | plain runc p50 | tessera-runtime p50 | added p50 (paired) | added p99 |");
+    println!("|---|---|---|---|---|");
+    for (name, [p, g, d]) in ["create", "start", "delete --force"].iter().zip(by_step) {
+        let ((p50, _, _), (g50, _, _), (d50, d99, _)) = (stats(p), stats(g), stats(d));
+        println!("| {name} | {p50:.2} | {g50:.2} | {d50:.2} | {d99:.2} |");
+    }
 
     parts(n, &dir, &socket, root, &gpu_ann, rootfs, &cgroup);
 }
 
 /// `BIN create`, `BIN start`, `BIN delete --force` of `config`, as a containerd shim runs
-/// them (each its own process; the container runs `true`): the milliseconds all three took.
+/// them (each its own process; the container runs `true`): the milliseconds each took.
 fn shim_sequence(
     bin: &str,
     root: &Path,
@@ -339,7 +355,7 @@ fn shim_sequence(
     config: &str,
     socket: &Path,
     id: &str,
-) -> f64 {
+) -> [f64; 3] {
     std::fs::create_dir_all(bundle).expect("bundle");
     std::fs::write(bundle.join("config.json"), config).expect("config");
     let call = |args: &[&str]| {
@@ -358,13 +374,18 @@ fn shim_sequence(
         assert!(status.success(), "{args:?} of {id} failed");
     };
     let b = bundle.to_string_lossy().into_owned();
-    let start = Instant::now();
-    call(&["create", "--bundle", &b, id]);
-    call(&["start", id]);
-    call(&["delete", "--force", id]);
-    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let mut steps = [0.0; 3];
+    for (step, args) in steps.iter_mut().zip([
+        &["create", "--bundle", &b, id][..],
+        &["start", id][..],
+        &["delete", "--force", id][..],
+    ]) {
+        let t = Instant::now();
+        call(args);
+        *step = t.elapsed().as_secs_f64() * 1e3;
+    }
     let _ = std::fs::remove_dir_all(bundle);
-    ms
+    steps
 }
 
 /// `BIN --root ROOT run --bundle BUNDLE ID` of `config` (tessera-runtime asks the daemon on

@@ -95,6 +95,9 @@ impl Store {
              PRAGMA busy_timeout=5000;",
         )
         .map_err(open_err)?;
+        // Room for every statement the store prepares (rusqlite keeps 16 by default; the
+        // grant, start and release paths alone use a dozen).
+        conn.set_prepared_statement_cache_capacity(64);
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
              CREATE TABLE IF NOT EXISTS allocations(
@@ -186,41 +189,33 @@ impl Store {
             detail: e.to_string(),
         })?;
         let tx = self.conn.transaction()?;
-        tx.execute(
-            "INSERT INTO allocations(container_id, body, runc_root, bundle, state, pid, pid_start, created_ms)
-             VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            params![
-                a.container_id.as_str(),
-                body,
-                rec.runc_root,
-                rec.bundle,
-                state_str(a.state),
-                a.pid,
-                rec.pid_start.map(|v| v as i64),
-                a.created_ms as i64
-            ],
-        )?;
+        tx.prepare_cached(INSERT_ALLOCATION)?.execute(params![
+            a.container_id.as_str(),
+            body,
+            rec.runc_root,
+            rec.bundle,
+            state_str(a.state),
+            a.pid,
+            rec.pid_start.map(|v| v as i64),
+            a.created_ms as i64
+        ])?;
         // Shared grants (MPS, time-slicing) claim nothing exclusively: many containers use
         // one device, and the node service keeps shared and exclusive use apart.
         for d in a.devices.iter().filter(|_| a.share.is_none()) {
             let holder: Option<String> = tx
-                .query_row(
-                    "SELECT container_id FROM device_claims WHERE uuid=?1",
-                    [d.uuid.as_str()],
-                    |r| r.get(0),
-                )
+                .prepare_cached("SELECT container_id FROM device_claims WHERE uuid=?1")?
+                .query_row([d.uuid.as_str()], |r| r.get(0))
                 .optional()?;
             if let Some(holder) = holder {
                 return Err(StoreError::DeviceClaimed { uuid: d.uuid.to_string(), holder });
             }
-            tx.execute(
-                "INSERT INTO device_claims(uuid, container_id) VALUES(?1, ?2)",
-                params![d.uuid.as_str(), a.container_id.as_str()],
-            )?;
+            tx.prepare_cached("INSERT INTO device_claims(uuid, container_id) VALUES(?1, ?2)")?
+                .execute(params![d.uuid.as_str(), a.container_id.as_str()])?;
         }
         for c in states {
             let found: Option<String> = tx
-                .query_row("SELECT state FROM device_states WHERE uuid=?1", [&c.uuid], |r| r.get(0))
+                .prepare_cached("SELECT state FROM device_states WHERE uuid=?1")?
+                .query_row([&c.uuid], |r| r.get(0))
                 .optional()?;
             if found != c.from {
                 return Err(StoreError::StateChanged {
@@ -229,11 +224,11 @@ impl Store {
                     found,
                 });
             }
-            tx.execute(
-                "INSERT INTO device_states(uuid, state, updated_ms) VALUES(?1, ?2, ?3)
-                 ON CONFLICT(uuid) DO UPDATE SET state=excluded.state, updated_ms=excluded.updated_ms",
-                params![c.uuid, c.to, crate::now_ms() as i64],
-            )?;
+            tx.prepare_cached(UPSERT_DEVICE_STATE)?.execute(params![
+                c.uuid,
+                c.to,
+                crate::now_ms() as i64
+            ])?;
         }
         insert_event(
             &tx,
@@ -253,9 +248,11 @@ impl Store {
         &mut self,
         f: impl FnOnce(&mut Self) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        self.conn.execute_batch("PRAGMA synchronous=NORMAL")?;
+        // Cached statements: parsed once, not on every start and release (issue 29).
+        self.conn.prepare_cached("PRAGMA synchronous=NORMAL")?.execute([])?;
         let r = f(self);
-        let restored = self.conn.execute_batch("PRAGMA synchronous=FULL");
+        let restored =
+            self.conn.prepare_cached("PRAGMA synchronous=FULL").and_then(|mut st| st.execute([]));
         let v = r?;
         restored?;
         Ok(v)
@@ -290,10 +287,14 @@ impl Store {
             detail: e.to_string(),
         })?;
         let tx = self.conn.transaction()?;
-        tx.execute(
-            "UPDATE allocations SET body=?2, state=?3, pid=?4, pid_start=?5, cgroup=?6 WHERE container_id=?1",
-            params![container_id, body, state_str(AllocationState::Running), pid, pid_start.map(|v| v as i64), rec.cgroup],
-        )?;
+        tx.prepare_cached(SET_RUNNING)?.execute(params![
+            container_id,
+            body,
+            state_str(AllocationState::Running),
+            pid,
+            pid_start.map(|v| v as i64),
+            rec.cgroup
+        ])?;
         let detail = match &rec.cgroup {
             Some(cg) => format!("pid {pid}, cgroup {cg}"),
             None => format!("pid {pid}"),
@@ -367,13 +368,15 @@ impl Store {
         self.device_gen += u64::from(!states.is_empty());
         let tx = self.conn.transaction()?;
         for (uuid, state) in states {
-            tx.execute(
-                "INSERT INTO device_states(uuid, state, updated_ms) VALUES(?1, ?2, ?3)
-                 ON CONFLICT(uuid) DO UPDATE SET state=excluded.state, updated_ms=excluded.updated_ms",
-                params![uuid, state, crate::now_ms() as i64],
-            )?;
+            tx.prepare_cached(UPSERT_DEVICE_STATE)?.execute(params![
+                uuid,
+                state,
+                crate::now_ms() as i64
+            ])?;
         }
-        let n = tx.execute("DELETE FROM allocations WHERE container_id=?1", [container_id])?;
+        let n = tx
+            .prepare_cached("DELETE FROM allocations WHERE container_id=?1")?
+            .execute([container_id])?;
         if n > 0 {
             insert_event(&tx, "release", Some(container_id), why)?;
         }
@@ -590,16 +593,26 @@ fn migrate_1_to_2(conn: &Connection) -> rusqlite::Result<()> {
     tx.commit()
 }
 
+// The statements of a grant, a start and a release, prepared once per connection
+// (`prepare_cached`), not parsed again on every container (issue 29).
+const INSERT_ALLOCATION: &str = "INSERT INTO allocations(container_id, body, runc_root, bundle, state, pid, pid_start, created_ms)
+     VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+const UPSERT_DEVICE_STATE: &str =
+    "INSERT INTO device_states(uuid, state, updated_ms) VALUES(?1, ?2, ?3)
+     ON CONFLICT(uuid) DO UPDATE SET state=excluded.state, updated_ms=excluded.updated_ms";
+const SET_RUNNING: &str =
+    "UPDATE allocations SET body=?2, state=?3, pid=?4, pid_start=?5, cgroup=?6 WHERE container_id=?1";
+
 fn insert_event(
     conn: &Connection,
     kind: &str,
     container_id: Option<&str>,
     detail: &str,
 ) -> rusqlite::Result<()> {
-    conn.execute(
+    conn.prepare_cached(
         "INSERT INTO events(ts_ms, kind, container_id, detail) VALUES(?1, ?2, ?3, ?4)",
-        params![crate::now_ms() as i64, kind, container_id, detail],
-    )?;
+    )?
+    .execute(params![crate::now_ms() as i64, kind, container_id, detail])?;
     Ok(())
 }
 
