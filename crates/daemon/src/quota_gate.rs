@@ -561,6 +561,10 @@ pub struct QuotaGate {
     /// this node's lease (its ask said no lease grant was unsynced), so while it is in
     /// flight a grant under the lease counts it as held ([`QuotaGate::asked_here`]).
     in_flight: Mutex<InFlightAsks>,
+    /// Tests: run once while a grant under the lease is being committed (under the node
+    /// lock, after its decision), to interleave an ask there.
+    #[cfg(test)]
+    pub(crate) while_committing: Mutex<Option<fn(&QuotaGate)>>,
 }
 
 /// [`QuotaGate`]'s asks in flight.
@@ -628,6 +632,8 @@ impl QuotaGate {
             lease_path,
             unsynced: Mutex::new(BTreeMap::new()),
             in_flight: Mutex::new(InFlightAsks::default()),
+            #[cfg(test)]
+            while_committing: Mutex::new(None),
         })
     }
 
@@ -678,6 +684,7 @@ impl QuotaGate {
                 return (v, InFlight { gate: self, seq: None });
             }
         };
+        // Registered before the flag is read ([`QuotaGate::lease_grant_begins`]).
         let in_flight = self.asking(&req.container_id, &req.tenant, &req.amounts);
         let timeout = match &req.gang {
             Some(_) => Duration::from_secs(gang_timeout_s) + GANG_ADMIT_MARGIN,
@@ -751,6 +758,7 @@ impl QuotaGate {
                 return (v, InFlight { gate: self, seq: None });
             }
         };
+        // Registered before the flag is read, as an admission's.
         let in_flight = self.asking(&req.container_id, &req.tenant, &req.amounts);
         let req =
             &ResizeRequest { unsynced_lease_grants: self.unsynced_lease_grants(), ..req.clone() };
@@ -792,6 +800,35 @@ impl QuotaGate {
             Some(_) => HeldLeases::Valid(&book.leases),
         };
         f(held)
+    }
+
+    /// Tests: the [`QuotaGate::while_committing`] step, once.
+    #[cfg(test)]
+    pub(crate) fn committing(&self) {
+        let hook = lock(&self.while_committing).take();
+        if let Some(hook) = hook {
+            hook(self);
+        }
+    }
+
+    /// A grant (or raise) under the lease is about to be decided for `container_id`: marked
+    /// unsynced from now, before its decision reads [`QuotaGate::asked_here`] (call under
+    /// the node lock). An ask registers before it reads the flag; so an ask the decision
+    /// does not see says a lease grant is unsynced (the books do not count it within this
+    /// node's lease), and one that said none is counted by the decision. Returns the mark
+    /// replaced, for [`QuotaGate::lease_grant_abandoned`].
+    pub fn lease_grant_begins(&self, container_id: &str) -> Option<Instant> {
+        lock(&self.unsynced).insert(container_id.to_string(), Instant::now())
+    }
+
+    /// The grant [`QuotaGate::lease_grant_begins`] marked was not made: its mark undone
+    /// (`before`, what it replaced, put back).
+    pub fn lease_grant_abandoned(&self, container_id: &str, before: Option<Instant>) {
+        let mut unsynced = lock(&self.unsynced);
+        match before {
+            Some(at) => unsynced.insert(container_id.to_string(), at),
+            None => unsynced.remove(container_id),
+        };
     }
 
     /// A grant was admitted under a lease (call under the node lock, with the grant).

@@ -470,12 +470,14 @@ impl Node {
             self.record_refusal(&req.container_id, &err);
             return Err(err);
         }
-        let (class, over, under_lease) = match admission {
-            Admission::Fleet { class, over } => (*class, over.clone(), false),
+        let (class, over, under_lease, lease_mark) = match admission {
+            Admission::Fleet { class, over } => (*class, over.clone(), false, None),
             Admission::Lease { leases, since_ms, why } => {
                 // What it holds, and what it has asked the coordinator for and not settled
-                // (the books may count that within this node's lease).
+                // (the books may count that within this node's lease); marked unsynced
+                // before that is read, so an ask missed here says so (docs/QUOTAS.md).
                 let mut guaranteed_here = self.guaranteed_here()?;
+                let before = leases.lease_grant_begins(req.container_id.as_str());
                 guaranteed_here.extend(leases.asked_here(req.container_id.as_str()));
                 let tree = self.policy.policy.quotas();
                 let request = now.amounts.to_resources();
@@ -483,6 +485,7 @@ impl Node {
                     quota_gate::lease_admits(tree, &now.tenant, &request, held, &guaranteed_here)
                 });
                 if let Err(why_not) = verdict {
+                    leases.lease_grant_abandoned(req.container_id.as_str(), before);
                     let err = CoreError::Refused(Detail {
                         message: format!(
                             "tenant {} asks for {request}: the quota coordinator is unreachable since {} ({}), and \
@@ -498,7 +501,7 @@ impl Node {
                     self.record_refusal(&req.container_id, &err);
                     return Err(err);
                 }
-                (QuotaClass::Guaranteed, None, true)
+                (QuotaClass::Guaranteed, None, true, Some((leases, before)))
             }
         };
         let mark = QuotaMark {
@@ -513,8 +516,20 @@ impl Node {
         };
         let mut plan = plan;
         plan.quota = Some(Box::new(mark));
-        let granted = self.commit_checked(req, &checked, plan)?;
+        #[cfg(test)]
         if let Admission::Lease { leases, .. } = admission {
+            leases.committing();
+        }
+        let granted = match self.commit_checked(req, &checked, plan) {
+            Ok(g) => g,
+            Err(e) => {
+                if let Some((leases, before)) = lease_mark {
+                    leases.lease_grant_abandoned(req.container_id.as_str(), before);
+                }
+                return Err(e);
+            }
+        };
+        if let Some((leases, _)) = lease_mark {
             // Under the node lock, with the grant: a sync's snapshot is before or after both.
             leases.note_lease_grant(&granted.container_id);
         }

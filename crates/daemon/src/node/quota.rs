@@ -660,11 +660,58 @@ mod tests {
             e.message()
         );
         assert!(n.allocation("a1").is_err(), "nothing granted");
+        assert!(!gate.unsynced_lease_grants(), "nothing granted, nothing marked unsynced");
         // Its own ask does not count against itself, and once settled the ask counts no more.
         assert!(gate.asked_here("m1").is_empty());
         drop(in_flight);
         let g = n.finish_allocate(&r, &a.admit, &lease_admission).expect("the member gave up");
         assert!(g.quota.expect("marked").under_lease);
+    }
+
+    /// An ask that registers while a grant under the lease is being committed (after that
+    /// grant's decision read what was in flight) says a lease grant is unsynced: the books
+    /// do not count it within this node's lease, which the grant did not count it against.
+    #[tokio::test]
+    async fn an_ask_during_a_lease_grant_says_a_lease_grant_is_unsynced() {
+        use std::sync::atomic::{AtomicU8, Ordering};
+        /// 0: not run; 1: the ask said no lease grant was unsynced; 2: it said one was.
+        static SEEN: AtomicU8 = AtomicU8::new(0);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut n = node(dir.path(), true);
+        let client =
+            fleet::client::Client::new(&["http://127.0.0.1:9"], "node-token").expect("client");
+        let link = crate::quota_gate::Link::new(client, "sim-h100-0".into());
+        let gate = QuotaGate::new(crate::quota_gate::Authority::Coordinator(link), None);
+        let one_gpu =
+            Amounts { gpus: BTreeMap::from([(H100.to_string(), GPU)]), ..Amounts::default() };
+        let lease = Lease { path: "acme/trusted".into(), amounts: one_gpu };
+        gate.renew(vec![lease], 60, Instant::now(), tessera_api::time::now_ms());
+        let lease_admission = Admission::Lease {
+            leases: gate.as_ref(),
+            since_ms: tessera_api::time::now_ms(),
+            why: "connection refused".into(),
+        };
+        // A member of 1 GPU of a team within acme/trusted asks the coordinator (which
+        // answers it) while a1's grant under the lease is being committed.
+        fn member_asks(gate: &QuotaGate) {
+            let amounts =
+                Amounts { gpus: BTreeMap::from([(H100.to_string(), GPU)]), ..Amounts::default() };
+            let _in_flight = gate.asking("m1", "team-trusted", &amounts);
+            let flag = gate.unsynced_lease_grants();
+            SEEN.store(if flag { 2 } else { 1 }, Ordering::SeqCst);
+        }
+        *gate.while_committing.lock().expect("hook") = Some(member_asks);
+        let r = req("a1", "team-trusted", "gpu=1");
+        let a = ask(&mut n, &r);
+        let g = n.finish_allocate(&r, &a.admit, &lease_admission).expect("within the lease");
+        assert!(g.quota.expect("marked").under_lease);
+        assert_eq!(
+            SEEN.load(Ordering::SeqCst),
+            2,
+            "the member's ask, not counted by a1's grant under the lease, said no lease \
+             grant was unsynced (the books may count it within the lease: taken twice)"
+        );
+        assert!(gate.unsynced_lease_grants(), "a1 is unsynced");
     }
 
     /// The controller with the node's own books (no coordinator): guarantees, borrowing,

@@ -353,12 +353,19 @@ impl Node {
                         Err("only guaranteed work may grow under a lease (this grant is borrowed)"
                             .to_string())
                     } else {
+                        // Marked unsynced before what is in flight is read, as a grant is
+                        // (`finish_allocate`); kept once admitted, undone if refused.
                         let mut here = self.guaranteed_here()?;
+                        let before = leases.lease_grant_begins(id.as_str());
                         here.extend(leases.asked_here(id.as_str()));
                         let tree = self.policy.policy.quotas();
-                        leases.with_leases(|held| {
+                        let verdict = leases.with_leases(|held| {
                             quota_gate::lease_admits(tree, &step.tenant, &grow, held, &here)
-                        })
+                        });
+                        if verdict.is_err() {
+                            leases.lease_grant_abandoned(id.as_str(), before);
+                        }
+                        verdict
                     };
                     if let Err(why_not) = verdict {
                         let err = CoreError::Refused(Detail {
