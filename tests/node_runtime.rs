@@ -97,6 +97,51 @@ fn untrusted_mig_container_sees_exactly_its_instance_devices_and_cgroup_rules() 
     assert_eq!(e.api_error().map(|e| e.code), Some(ErrorCode::NotFound), "{e}");
 }
 
+/// A GPU container's runc is the wrapper's child (`posix_spawnp`, issue 29), and runc and
+/// the container start with the signal dispositions the engine gave the wrapper: none
+/// ignored here. glibc's posix_spawn sets its own internal signals (32 and 33) to SIG_IGN
+/// in the child, and an ignored signal survives exec: into runc, runc init and the
+/// container's process, unless the wrapper asks for their default back.
+#[test]
+fn a_gpu_container_starts_with_no_signal_ignored_that_its_engine_did_not_ignore() {
+    let node = Node::start();
+    let b = node.bundle(
+        "sigs",
+        "team-trusted",
+        Some("gpu=1"),
+        &["grep", "SigIgn", "/proc/self/status"],
+    );
+    node.fx.cleanup().track_cgroup(&b.cgroups_path());
+    let mut cmd = Command::new(&node.fx.runtime().bin);
+    cmd.arg("--root").arg(node.fx.runc_root());
+    cmd.args(["run", "--bundle", &b.dir().to_string_lossy(), "sigs"]);
+    cmd.envs(node.fx.runtime().env.iter().map(|(k, v)| (k, v)));
+    // An engine's start (containerd-shim's fork and exec): every signal at its default.
+    // This test's runner may have some ignored, the C library's internal ones too, which
+    // glibc's sigaction refuses to touch: the raw system call.
+    // SAFETY: between fork and exec only rt_sigaction, a plain system call, is made, with
+    // a zeroed kernel sigaction (handler SIG_DFL, no flags, empty mask) valid for the call.
+    unsafe {
+        cmd.pre_exec(|| {
+            let dfl = [0u64; 4];
+            for s in 1..=64 {
+                if s != libc::SIGKILL && s != libc::SIGSTOP {
+                    libc::syscall(libc::SYS_rt_sigaction, s, dfl.as_ptr(), 0usize, 8usize);
+                }
+            }
+            Ok(())
+        });
+    }
+    let out = run_cmd(&mut cmd);
+    out.assert_success("a GPU container that prints its ignored signals");
+    assert_eq!(
+        out.stdout_str().trim(),
+        "SigIgn:\t0000000000000000",
+        "the container starts with signals ignored that its engine did not ignore"
+    );
+    assert!(node.fx.state("sigs").is_none(), "a foreground run leaves no container");
+}
+
 #[test]
 fn untrusted_mps_and_shared_are_refused_and_the_container_never_starts() {
     let node = Node::start();

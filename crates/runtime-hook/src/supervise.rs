@@ -12,13 +12,11 @@
 //! a terminal resize — already reach runc, which shares the group; they are not sent a
 //! second time.
 
-use std::ffi::{CString, OsStr};
+use std::ffi::OsStr;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
-use std::process::ExitStatus;
+use std::process::{Command, ExitStatus};
 
 /// The signals passed on to runc.
 pub const FORWARDED: &[libc::c_int] = &[
@@ -84,20 +82,42 @@ pub fn run_forwarding_input(
         // SAFETY: `old` is the mask pthread_sigmask returned above.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
     };
-    let child = match Child::spawn(program, args, &old, input.is_some()) {
+    // A fork (`Command` with a `pre_exec` step), not `posix_spawn`: glibc's posix_spawn
+    // sets the C library's internal signals (32 and 33) to SIG_IGN in the child it makes,
+    // and no spawn attribute undoes it (`posix_spawnattr_setsigdefault` drops them); an
+    // ignored signal survives exec, into runc, runc init and the container's process. A
+    // fork execs with them as this process has them (handled: at their default). It costs
+    // ~0.2 ms of CPU per create and delete (docs/PERFORMANCE.md, issue 29).
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    if input.is_some() {
+        cmd.stdin(std::process::Stdio::piped());
+    }
+    let child_mask = old;
+    // SAFETY: the closure runs in the child between fork and exec; it only calls
+    // pthread_sigmask (async-signal-safe) on a copy of the mask owned by the closure.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::pthread_sigmask(libc::SIG_SETMASK, &child_mask, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             restore(&old);
             return Err(e);
         }
     };
-    let Child { pid, stdin } = child;
-    if let (Some(bytes), Some(stdin)) = (input, stdin) {
+    if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
         std::thread::spawn(move || {
             // A child that exits without reading it all: the write fails, nothing more.
-            let _ = io::Write::write_all(&mut std::fs::File::from(stdin), &bytes);
+            let _ = io::Write::write_all(&mut stdin, &bytes);
         });
     }
+    let pid = child.id() as libc::pid_t;
     let status = loop {
         // SAFETY: siginfo_t is plain data written by sigtimedwait.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -109,10 +129,7 @@ pub fn run_forwarding_input(
                 // The poll interval passed: look at the child below.
                 Some(libc::EAGAIN) => {}
                 // Cannot wait for signals: wait for the child without forwarding.
-                _ => {
-                    break wait(pid, 0)
-                        .and_then(|s| s.ok_or_else(|| io::Error::other("waitpid: no status")))
-                }
+                _ => break child.wait(),
             }
         } else if sig != libc::SIGCHLD {
             if sent_by_a_process(info.si_code) {
@@ -121,7 +138,7 @@ pub fn run_forwarding_input(
             }
             continue;
         }
-        match wait(pid, libc::WNOHANG) {
+        match child.try_wait() {
             Ok(Some(status)) => break Ok(status),
             Ok(None) => {}
             Err(e) => break Err(e),
@@ -129,140 +146,6 @@ pub fn run_forwarding_input(
     };
     restore(&old);
     status
-}
-
-/// runc started as our child, and the write end of its standard input where it has one.
-struct Child {
-    pid: libc::pid_t,
-    stdin: Option<OwnedFd>,
-}
-
-impl Child {
-    /// `program args` with this process's environment, signal `mask` and SIGPIPE back to
-    /// its default (what `std::process::Command` gives an exec'd program), standard input
-    /// a new pipe when `piped`. `posix_spawnp`, not `Command`: `Command` gives the child
-    /// the mask of the moment (every forwarded signal blocked) and can only restore
-    /// another one in a `pre_exec` step, which makes it fork — a copy of this process's
-    /// memory made and torn down again, ~0.2 ms of each GPU container's create and
-    /// delete (issue 29) — where `posix_spawn` is a vfork that execs at once.
-    fn spawn(
-        program: &OsStr,
-        args: &[impl AsRef<OsStr>],
-        mask: &libc::sigset_t,
-        piped: bool,
-    ) -> io::Result<Child> {
-        let c = |s: &OsStr| {
-            CString::new(s.as_bytes()).map_err(|_| {
-                io::Error::new(io::ErrorKind::InvalidInput, "an argument holds a NUL byte")
-            })
-        };
-        let program = c(program)?;
-        let mut argv = vec![program.clone()];
-        for a in args {
-            argv.push(c(a.as_ref())?);
-        }
-        let mut envp = Vec::new();
-        for (k, v) in std::env::vars_os() {
-            let mut kv = k.into_vec();
-            kv.push(b'=');
-            kv.extend(v.into_vec());
-            // Read from C strings: never a NUL inside, so none is dropped here.
-            if let Ok(kv) = CString::new(kv) {
-                envp.push(kv);
-            }
-        }
-        let ptrs = |v: &[CString]| -> Vec<*mut libc::c_char> {
-            v.iter()
-                .map(|s| s.as_ptr() as *mut libc::c_char)
-                .chain(std::iter::once(std::ptr::null_mut()))
-                .collect()
-        };
-        let (argv_p, envp_p) = (ptrs(&argv), ptrs(&envp));
-        let pipe = if piped {
-            let mut fds = [0; 2];
-            // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-            if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: both descriptors were just opened for us and nothing else owns them.
-            let (read, write) =
-                unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-            // With our own stdin closed the read end may be 0 itself, which a dup2 onto 0
-            // would leave close-on-exec: moved above the standard three first.
-            // SAFETY: a plain fcntl on a descriptor we own; the new one is ours alone.
-            let moved = unsafe { libc::fcntl(read.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
-            if moved < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: `moved` was just opened by the fcntl above and nothing else owns it.
-            Some((unsafe { OwnedFd::from_raw_fd(moved) }, write))
-        } else {
-            None
-        };
-        let check = |rc: libc::c_int| match rc {
-            0 => Ok(()),
-            e => Err(io::Error::from_raw_os_error(e)),
-        };
-        // SAFETY: attributes and file actions are plain data initialised by their _init
-        // calls before any other use and destroyed once, after posix_spawnp; every pointer
-        // handed over (the mask, the signal set, the NUL-terminated argv and envp of
-        // CStrings that outlive the call, the pipe's read end) is valid for the call.
-        unsafe {
-            let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
-            check(libc::posix_spawnattr_init(&mut attr))?;
-            let mut actions: libc::posix_spawn_file_actions_t = std::mem::zeroed();
-            if let Err(e) = check(libc::posix_spawn_file_actions_init(&mut actions)) {
-                libc::posix_spawnattr_destroy(&mut attr);
-                return Err(e);
-            }
-            let sigpipe = sigset(&[libc::SIGPIPE]);
-            let flags =
-                (libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short;
-            let mut pid: libc::pid_t = 0;
-            let spawned = check(libc::posix_spawnattr_setsigmask(&mut attr, mask))
-                .and_then(|()| check(libc::posix_spawnattr_setsigdefault(&mut attr, &sigpipe)))
-                .and_then(|()| check(libc::posix_spawnattr_setflags(&mut attr, flags)))
-                .and_then(|()| match &pipe {
-                    // dup2 onto 0 leaves the new descriptor open across the exec; both
-                    // ends of the pipe themselves are close-on-exec.
-                    Some((read, _)) => check(libc::posix_spawn_file_actions_adddup2(
-                        &mut actions,
-                        read.as_raw_fd(),
-                        0,
-                    )),
-                    None => Ok(()),
-                })
-                .and_then(|()| {
-                    check(libc::posix_spawnp(
-                        &mut pid,
-                        program.as_ptr(),
-                        &actions,
-                        &attr,
-                        argv_p.as_ptr(),
-                        envp_p.as_ptr(),
-                    ))
-                });
-            libc::posix_spawn_file_actions_destroy(&mut actions);
-            libc::posix_spawnattr_destroy(&mut attr);
-            spawned?;
-            Ok(Child { pid, stdin: pipe.map(|(_, write)| write) })
-        }
-    }
-}
-
-/// `waitpid` of our child `pid` (retried when interrupted): its status once it ended,
-/// `None` while it runs (with `WNOHANG`).
-fn wait(pid: libc::pid_t, flags: libc::c_int) -> io::Result<Option<ExitStatus>> {
-    loop {
-        let mut status = 0;
-        // SAFETY: plain syscall; `status` is valid for the write.
-        match unsafe { libc::waitpid(pid, &mut status, flags) } {
-            0 => return Ok(None),
-            -1 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => continue,
-            -1 => return Err(io::Error::last_os_error()),
-            _ => return Ok(Some(ExitStatus::from_raw(status))),
-        }
-    }
 }
 
 /// The exit code a shell would report for `status`: the code, or 128 + the signal.
@@ -366,8 +249,8 @@ mod tests {
         assert!(run_forwarding(OsStr::new("/nonexistent/runc"), &["x"]).is_err());
     }
 
-    /// The child starts with the mask the wrapper was started with: empty (posix_spawn,
-    /// no fork) or not (a fork that restores it), never with the signals the wait blocks.
+    /// The child starts with the mask the wrapper was started with, empty or not, never
+    /// with the signals the wait blocks.
     #[test]
     fn the_child_starts_with_the_original_signal_mask() {
         let blocked = |expected: &str| {
@@ -384,6 +267,34 @@ mod tests {
         // SAFETY: as above.
         unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &usr1, std::ptr::null_mut()) };
         assert_eq!(code, 0, "a blocked SIGUSR1 stays blocked in the child");
+    }
+
+    /// runc gets none of the wrapper's own descriptors (its files, its connection to
+    /// tesserad, the stdin pipe's write end): all are opened close-on-exec.
+    #[test]
+    fn the_child_gets_none_of_the_wrappers_descriptors() {
+        use std::os::fd::AsRawFd;
+        let d = tempfile::tempdir().expect("tmp");
+        let file = std::fs::File::create(d.path().join("f")).expect("file");
+        let (a, b) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+        let ours = [file.as_raw_fd(), a.as_raw_fd(), b.as_raw_fd()];
+        let out = d.path().join("fds");
+        let script = format!("ls /proc/$$/fd > {}; cat > /dev/null", out.display());
+        let st = run_forwarding_input(OsStr::new("/bin/sh"), &["-c", &script], Some(vec![b'x']))
+            .expect("runs");
+        assert_eq!(exit_code(st), 0);
+        let fds: Vec<i32> = std::fs::read_to_string(&out)
+            .expect("listed")
+            .split_whitespace()
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        assert!(fds.contains(&0), "stdin, the pipe: {fds:?}");
+        for fd in ours {
+            assert!(
+                !fds.contains(&fd),
+                "descriptor {fd} of the wrapper reached the child: {fds:?}"
+            );
+        }
     }
 
     #[test]
