@@ -669,6 +669,24 @@ mod tests {
         }
     }
 
+    /// `relaxed` runs its change with `synchronous=NORMAL` every time, not only the first,
+    /// and grants are `FULL` after each: the two `PRAGMA`s are cached statements
+    /// (`prepare_cached`), and SQLite applies a `PRAGMA synchronous` when it runs one again.
+    #[test]
+    fn every_relaxed_change_is_normal_and_grants_stay_full() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = Store::open(&dir.path().join("state.db")).expect("open");
+        let level = |s: &Store| -> i64 {
+            s.conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).expect("pragma")
+        };
+        assert_eq!(level(&s), 2, "FULL after open");
+        for round in 1..=3 {
+            let inside = s.relaxed(|s| Ok(level(s))).expect("relaxed");
+            assert_eq!(inside, 1, "round {round}: the relaxed change ran with NORMAL");
+            assert_eq!(level(&s), 2, "round {round}: FULL again after it");
+        }
+    }
+
     #[test]
     fn grants_survive_reopen_and_release_frees_devices() {
         let dir = tempfile::tempdir().expect("tempdir");
