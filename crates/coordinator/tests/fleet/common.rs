@@ -200,8 +200,14 @@ pub fn raw(
         req.push_str("content-type: application/json\r\n");
     }
     req.push_str("\r\n");
-    s.write_all(req.as_bytes()).expect("write");
-    s.write_all(body).expect("write body");
+    // Head and body in one write: a server that answers from the head alone (a refused
+    // token) may close before reading the body, and its answer is still there to read.
+    let mut request = req.into_bytes();
+    request.extend_from_slice(body);
+    match s.write_all(&request) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        r => r.expect("write request"),
+    }
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).expect("read");
     let text = String::from_utf8_lossy(&buf).into_owned();
