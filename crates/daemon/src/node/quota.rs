@@ -571,23 +571,25 @@ mod tests {
         assert!(!n.quota_holds.contains_key(g.devices[0].uuid.as_str()), "used: no longer held");
     }
 
-    #[tokio::test]
-    async fn under_a_lease_only_guaranteed_work_it_covers_is_admitted() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut n = node(dir.path(), true);
-        // A coordinator that is never called here: the lease alone decides.
+    /// A gate whose coordinator is never reached here (the lease alone decides), holding a
+    /// lease of 1 GPU for acme/trusted for a minute.
+    fn gate_with_a_lease_of_one_gpu() -> Arc<QuotaGate> {
         let client =
             fleet::client::Client::new(&["http://127.0.0.1:9"], "node-token").expect("client");
         let link = crate::quota_gate::Link::new(client, "sim-h100-0".into());
         let gate = QuotaGate::new(crate::quota_gate::Authority::Coordinator(link), None);
-        let lease = Lease {
-            path: "acme/trusted".into(),
-            amounts: Amounts {
-                gpus: BTreeMap::from([(H100.to_string(), GPU)]),
-                ..Amounts::default()
-            },
-        };
+        let one_gpu =
+            Amounts { gpus: BTreeMap::from([(H100.to_string(), GPU)]), ..Amounts::default() };
+        let lease = Lease { path: "acme/trusted".into(), amounts: one_gpu };
         gate.renew(vec![lease], 60, Instant::now(), tessera_api::time::now_ms());
+        gate
+    }
+
+    #[tokio::test]
+    async fn under_a_lease_only_guaranteed_work_it_covers_is_admitted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut n = node(dir.path(), true);
+        let gate = gate_with_a_lease_of_one_gpu();
         let since_ms = tessera_api::time::now_ms();
         let lease_admission =
             Admission::Lease { leases: gate.as_ref(), since_ms, why: "connection refused".into() };
@@ -632,14 +634,7 @@ mod tests {
     async fn under_a_lease_an_ask_still_in_flight_counts_as_held() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut n = node(dir.path(), true);
-        let client =
-            fleet::client::Client::new(&["http://127.0.0.1:9"], "node-token").expect("client");
-        let link = crate::quota_gate::Link::new(client, "sim-h100-0".into());
-        let gate = QuotaGate::new(crate::quota_gate::Authority::Coordinator(link), None);
-        let one_gpu =
-            Amounts { gpus: BTreeMap::from([(H100.to_string(), GPU)]), ..Amounts::default() };
-        let lease = Lease { path: "acme/trusted".into(), amounts: one_gpu.clone() };
-        gate.renew(vec![lease], 60, Instant::now(), tessera_api::time::now_ms());
+        let gate = gate_with_a_lease_of_one_gpu();
         let since_ms = tessera_api::time::now_ms();
         let lease_admission =
             Admission::Lease { leases: gate.as_ref(), since_ms, why: "connection refused".into() };
@@ -678,14 +673,7 @@ mod tests {
         static SEEN: AtomicU8 = AtomicU8::new(0);
         let dir = tempfile::tempdir().expect("tempdir");
         let mut n = node(dir.path(), true);
-        let client =
-            fleet::client::Client::new(&["http://127.0.0.1:9"], "node-token").expect("client");
-        let link = crate::quota_gate::Link::new(client, "sim-h100-0".into());
-        let gate = QuotaGate::new(crate::quota_gate::Authority::Coordinator(link), None);
-        let one_gpu =
-            Amounts { gpus: BTreeMap::from([(H100.to_string(), GPU)]), ..Amounts::default() };
-        let lease = Lease { path: "acme/trusted".into(), amounts: one_gpu };
-        gate.renew(vec![lease], 60, Instant::now(), tessera_api::time::now_ms());
+        let gate = gate_with_a_lease_of_one_gpu();
         let lease_admission = Admission::Lease {
             leases: gate.as_ref(),
             since_ms: tessera_api::time::now_ms(),
