@@ -757,16 +757,8 @@ mod tests {
             .collect()
     }
 
-    /// The controller with the node's own books: a raise past a ceiling is refused and
-    /// changes nothing; within them it is admitted (borrowed beyond the guarantee), and
-    /// `done` records what the kernel enforces; more than was admitted is asked back; a
-    /// change made without the wrapper is found by the reconciler and recorded.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-    async fn an_update_is_admitted_as_a_grant_is_and_the_books_follow_the_kernel() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let m = Machine::new(dir.path());
-        let ctl = Controller::new(node(&dir.path().join("state"), m.host()));
-        ctl.set_quota(QuotaGate::new(crate::quota_gate::Authority::local("sim-h100-0"), None));
+    /// Grants `u1` (a GPU of team-dev, 0.2 cores, 512 MiB) and starts it as pid 4242.
+    fn grant_and_start_u1(ctl: &Controller) {
         let req = AllocateRequest {
             container_id: tessera_api::ContainerId::new("u1").expect("id"),
             runc_root: "/run/tessera-test-runc".into(),
@@ -783,6 +775,75 @@ mod tests {
         let start = StartRequest { pid: PID, bundle: "/b/u1".into() };
         ctl.apply(Action::Start { container_id: "u1".parse().expect("valid"), req: start })
             .expect("started");
+    }
+
+    /// Under a lease, a raise counts what the node has asked the coordinator for and not
+    /// settled as held, as a new grant does (docs/QUOTAS.md, Limits): the books may count
+    /// that ask within this node's lease.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn under_a_lease_a_raise_counts_the_asks_in_flight_as_held() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let m = Machine::new(dir.path());
+        let ctl = Controller::new(node(&dir.path().join("state"), m.host()));
+        ctl.set_quota(QuotaGate::new(crate::quota_gate::Authority::local("sim-h100-0"), None));
+        grant_and_start_u1(&ctl);
+        let tenant = ctl.locked(|n| n.allocation("u1")).expect("grant").tenant.to_string();
+
+        // The coordinator is out of reach; this node's lease of acme/dev covers the GPU, a
+        // quarter of a core and 2 GiB. Another container's ask of a tenth of a core waits.
+        let client =
+            fleet::client::Client::new(&["http://127.0.0.1:9"], "node-token").expect("client");
+        let link = crate::quota_gate::Link::new(client, "sim-h100-0".into());
+        let gate = QuotaGate::new(crate::quota_gate::Authority::Coordinator(link), None);
+        let lease = fleet::quota_wire::Lease {
+            path: "acme/dev".into(),
+            amounts: Amounts {
+                gpus: BTreeMap::from([("H100-80GB".to_string(), quota::MICRO_PER_GPU)]),
+                cpu_milli: 250,
+                memory_mib: 2048,
+            },
+        };
+        gate.renew(vec![lease], 60, Instant::now(), tessera_api::time::now_ms());
+        let tenth = Amounts { cpu_milli: 100, ..Amounts::default() };
+        let in_flight = gate.asking("u2", &tenant, &tenth);
+
+        // 0.24 cores: 0.2 held + 0.04 fits the lease alone, not with the ask in flight.
+        let id: ContainerId = "u1".parse().expect("valid");
+        let raise = |ctl: &Controller| {
+            ctl.locked(|n| {
+                let UpdatePlan::Step(step) = n.plan_update(&id, &update(24_000, 0))? else {
+                    panic!("a grant")
+                };
+                let lease = UpdateAdmission::Lease {
+                    leases: gate.as_ref(),
+                    since_ms: tessera_api::time::now_ms(),
+                    why: "connection refused".into(),
+                };
+                n.begin_update(&step, &lease)
+            })
+        };
+        let e = raise(&ctl).expect_err("the ask in flight holds the rest of the lease");
+        assert_eq!((e.code(), e.rule()), (ErrorCode::Refused, Some("quotas")));
+        assert!(e.message().contains("the quota coordinator is unreachable"), "{}", e.message());
+        let mark = ctl.locked(|n| n.allocation("u1")).expect("grant").quota.expect("marked");
+        assert_eq!(mark.cpu_milli, 200, "nothing raised");
+        drop(in_flight);
+        raise(&ctl).expect("within the lease once the ask is settled");
+        let mark = ctl.locked(|n| n.allocation("u1")).expect("grant").quota.expect("marked");
+        assert_eq!((mark.cpu_milli, mark.under_lease), (240, true));
+    }
+
+    /// The controller with the node's own books: a raise past a ceiling is refused and
+    /// changes nothing; within them it is admitted (borrowed beyond the guarantee), and
+    /// `done` records what the kernel enforces; more than was admitted is asked back; a
+    /// change made without the wrapper is found by the reconciler and recorded.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn an_update_is_admitted_as_a_grant_is_and_the_books_follow_the_kernel() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let m = Machine::new(dir.path());
+        let ctl = Controller::new(node(&dir.path().join("state"), m.host()));
+        ctl.set_quota(QuotaGate::new(crate::quota_gate::Authority::local("sim-h100-0"), None));
+        grant_and_start_u1(&ctl);
         let mark = || -> QuotaMark {
             let a: Allocation = ctl.locked(|n| n.allocation("u1")).expect("grant");
             *a.quota.expect("marked")
