@@ -802,6 +802,18 @@ impl QuotaGate {
         f(held)
     }
 
+    /// Tests: a gate whose coordinator (`127.0.0.1:9`, nothing listens) the test never
+    /// calls, holding `leases` for a minute (call inside the tokio runtime).
+    #[cfg(test)]
+    pub(crate) fn out_of_reach(leases: Vec<Lease>) -> Arc<QuotaGate> {
+        let client =
+            ::fleet::client::Client::new(&["http://127.0.0.1:9"], "node-token").expect("client");
+        let gate =
+            QuotaGate::new(Authority::Coordinator(Link::new(client, "sim-h100-0".into())), None);
+        gate.renew(leases, 60, Instant::now(), tessera_api::time::now_ms());
+        gate
+    }
+
     /// Tests: the [`QuotaGate::while_committing`] step, once.
     #[cfg(test)]
     pub(crate) fn committing(&self) {
@@ -882,7 +894,6 @@ impl QuotaGate {
         self.reached();
     }
 
-    /// The coordinator answered.
     /// The verdict of a call to the coordinator's books (an admission or a resize), the
     /// link's reachability noted.
     fn answered(&self, r: Result<AdmitAnswer, ::fleet::client::ClientError>) -> Verdict {
@@ -903,6 +914,7 @@ impl QuotaGate {
         }
     }
 
+    /// The coordinator answered.
     pub fn reached(&self) {
         let mut book = lock(&self.leases);
         if let Some((since, _)) = book.unreachable.take() {

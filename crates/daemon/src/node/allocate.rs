@@ -470,8 +470,8 @@ impl Node {
             self.record_refusal(&req.container_id, &err);
             return Err(err);
         }
-        let (class, over, under_lease, lease_mark) = match admission {
-            Admission::Fleet { class, over } => (*class, over.clone(), false, None),
+        let (class, over, lease_mark) = match admission {
+            Admission::Fleet { class, over } => (*class, over.clone(), None),
             Admission::Lease { leases, since_ms, why } => {
                 // What it holds, and what it has asked the coordinator for and not settled
                 // (the books may count that within this node's lease); marked unsynced
@@ -501,13 +501,13 @@ impl Node {
                     self.record_refusal(&req.container_id, &err);
                     return Err(err);
                 }
-                (QuotaClass::Guaranteed, None, true, Some((leases, before)))
+                (QuotaClass::Guaranteed, None, Some((leases, before)))
             }
         };
         let mark = QuotaMark {
             class,
             over,
-            under_lease,
+            under_lease: lease_mark.is_some(),
             gpus: now.amounts.gpus.clone(),
             cpu_milli: now.amounts.cpu_milli,
             memory_mib: now.amounts.memory_mib,
@@ -517,23 +517,17 @@ impl Node {
         let mut plan = plan;
         plan.quota = Some(Box::new(mark));
         #[cfg(test)]
-        if let Admission::Lease { leases, .. } = admission {
+        if let Some((leases, _)) = lease_mark {
             leases.committing();
         }
-        let granted = match self.commit_checked(req, &checked, plan) {
-            Ok(g) => g,
-            Err(e) => {
-                if let Some((leases, before)) = lease_mark {
-                    leases.lease_grant_abandoned(req.container_id.as_str(), before);
-                }
-                return Err(e);
+        // A grant under the lease stays marked unsynced from its decision on (under the node
+        // lock, with the grant: a sync's snapshot is before or after both); undone if the
+        // commit fails.
+        self.commit_checked(req, &checked, plan).inspect_err(|_| {
+            if let Some((leases, before)) = lease_mark {
+                leases.lease_grant_abandoned(req.container_id.as_str(), before);
             }
-        };
-        if let Some((leases, _)) = lease_mark {
-            // Under the node lock, with the grant: a sync's snapshot is before or after both.
-            leases.note_lease_grant(&granted.container_id);
-        }
-        Ok(granted)
+        })
     }
 
     /// Record a refusal the fleet's quotas decided (the coordinator's, a reclaim's).

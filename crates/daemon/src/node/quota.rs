@@ -574,15 +574,18 @@ mod tests {
     /// A gate whose coordinator is never reached here (the lease alone decides), holding a
     /// lease of 1 GPU for acme/trusted for a minute.
     fn gate_with_a_lease_of_one_gpu() -> Arc<QuotaGate> {
-        let client =
-            fleet::client::Client::new(&["http://127.0.0.1:9"], "node-token").expect("client");
-        let link = crate::quota_gate::Link::new(client, "sim-h100-0".into());
-        let gate = QuotaGate::new(crate::quota_gate::Authority::Coordinator(link), None);
         let one_gpu =
             Amounts { gpus: BTreeMap::from([(H100.to_string(), GPU)]), ..Amounts::default() };
-        let lease = Lease { path: "acme/trusted".into(), amounts: one_gpu };
-        gate.renew(vec![lease], 60, Instant::now(), tessera_api::time::now_ms());
-        gate
+        QuotaGate::out_of_reach(vec![Lease { path: "acme/trusted".into(), amounts: one_gpu }])
+    }
+
+    /// The coordinator unreachable: `gate`'s lease decides.
+    fn under_lease(gate: &QuotaGate) -> Admission<'_> {
+        Admission::Lease {
+            leases: gate,
+            since_ms: tessera_api::time::now_ms(),
+            why: "connection refused".into(),
+        }
     }
 
     #[tokio::test]
@@ -590,9 +593,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut n = node(dir.path(), true);
         let gate = gate_with_a_lease_of_one_gpu();
-        let since_ms = tessera_api::time::now_ms();
-        let lease_admission =
-            Admission::Lease { leases: gate.as_ref(), since_ms, why: "connection refused".into() };
+        let lease_admission = under_lease(&gate);
 
         let r = req("a1", "team-trusted", "gpu=1");
         let a = ask(&mut n, &r);
@@ -635,9 +636,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut n = node(dir.path(), true);
         let gate = gate_with_a_lease_of_one_gpu();
-        let since_ms = tessera_api::time::now_ms();
-        let lease_admission =
-            Admission::Lease { leases: gate.as_ref(), since_ms, why: "connection refused".into() };
+        let lease_admission = under_lease(&gate);
 
         // A member of 1 GPU of a team within acme/trusted asked the coordinator and waits.
         let member = req("m1", "team-trusted", "gpu=1");
@@ -674,11 +673,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut n = node(dir.path(), true);
         let gate = gate_with_a_lease_of_one_gpu();
-        let lease_admission = Admission::Lease {
-            leases: gate.as_ref(),
-            since_ms: tessera_api::time::now_ms(),
-            why: "connection refused".into(),
-        };
+        let lease_admission = under_lease(&gate);
         // A member of 1 GPU of a team within acme/trusted asks the coordinator (which
         // answers it) while a1's grant under the lease is being committed.
         fn member_asks(gate: &QuotaGate) {

@@ -384,7 +384,6 @@ impl Node {
                         self.record_refusal(id, &err);
                         return Err(err);
                     }
-                    leases.note_lease_grant(id);
                     (QuotaClass::Guaranteed, None, true)
                 }
             };
@@ -757,8 +756,13 @@ mod tests {
             .collect()
     }
 
-    /// Grants `u1` (a GPU of team-dev, 0.2 cores, 512 MiB) and starts it as pid 4242.
-    fn grant_and_start_u1(ctl: &Controller) {
+    /// A controller with the node's own books on a machine of [`Machine::new`] that has
+    /// granted `u1` (a GPU of team-dev, 0.2 cores, 512 MiB) and started it as pid 4242.
+    fn u1_granted_and_started() -> (tempfile::TempDir, Machine, Arc<Controller>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let m = Machine::new(dir.path());
+        let ctl = Controller::new(node(&dir.path().join("state"), m.host()));
+        ctl.set_quota(QuotaGate::new(crate::quota_gate::Authority::local("sim-h100-0"), None));
         let req = AllocateRequest {
             container_id: tessera_api::ContainerId::new("u1").expect("id"),
             runc_root: "/run/tessera-test-runc".into(),
@@ -775,6 +779,7 @@ mod tests {
         let start = StartRequest { pid: PID, bundle: "/b/u1".into() };
         ctl.apply(Action::Start { container_id: "u1".parse().expect("valid"), req: start })
             .expect("started");
+        (dir, m, ctl)
     }
 
     /// Under a lease, a raise counts what the node has asked the coordinator for and not
@@ -782,28 +787,19 @@ mod tests {
     /// that ask within this node's lease.
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn under_a_lease_a_raise_counts_the_asks_in_flight_as_held() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let m = Machine::new(dir.path());
-        let ctl = Controller::new(node(&dir.path().join("state"), m.host()));
-        ctl.set_quota(QuotaGate::new(crate::quota_gate::Authority::local("sim-h100-0"), None));
-        grant_and_start_u1(&ctl);
+        let (_dir, _machine, ctl) = u1_granted_and_started();
         let tenant = ctl.locked(|n| n.allocation("u1")).expect("grant").tenant.to_string();
 
         // The coordinator is out of reach; this node's lease of acme/dev covers the GPU, a
         // quarter of a core and 2 GiB. Another container's ask of a tenth of a core waits.
-        let client =
-            fleet::client::Client::new(&["http://127.0.0.1:9"], "node-token").expect("client");
-        let link = crate::quota_gate::Link::new(client, "sim-h100-0".into());
-        let gate = QuotaGate::new(crate::quota_gate::Authority::Coordinator(link), None);
-        let lease = fleet::quota_wire::Lease {
+        let gate = QuotaGate::out_of_reach(vec![fleet::quota_wire::Lease {
             path: "acme/dev".into(),
             amounts: Amounts {
                 gpus: BTreeMap::from([("H100-80GB".to_string(), quota::MICRO_PER_GPU)]),
                 cpu_milli: 250,
                 memory_mib: 2048,
             },
-        };
-        gate.renew(vec![lease], 60, Instant::now(), tessera_api::time::now_ms());
+        }]);
         let tenth = Amounts { cpu_milli: 100, ..Amounts::default() };
         let in_flight = gate.asking("u2", &tenant, &tenth);
 
@@ -839,11 +835,7 @@ mod tests {
     /// change made without the wrapper is found by the reconciler and recorded.
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn an_update_is_admitted_as_a_grant_is_and_the_books_follow_the_kernel() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let m = Machine::new(dir.path());
-        let ctl = Controller::new(node(&dir.path().join("state"), m.host()));
-        ctl.set_quota(QuotaGate::new(crate::quota_gate::Authority::local("sim-h100-0"), None));
-        grant_and_start_u1(&ctl);
+        let (_dir, m, ctl) = u1_granted_and_started();
         let mark = || -> QuotaMark {
             let a: Allocation = ctl.locked(|n| n.allocation("u1")).expect("grant");
             *a.quota.expect("marked")
