@@ -482,6 +482,7 @@ fn parts(
         let sreq = tessera_api::StartRequest {
             pid: state["pid"].as_i64().expect("pid") as i32,
             bundle: bundle.to_string_lossy().into_owned(),
+            created: true,
         };
         start.push(timed(&mut || {
             client.start(&id, &sreq).expect("start");

@@ -359,7 +359,9 @@ fn hold(node: &Node, id: &str, ns: &str, request: &str) -> (Allocation, FakeCont
     let c = node.client();
     let init = node.fx.fake_container(id);
     c.allocate(&alloc_req_in(id, ns, request, &init.bundle_str())).expect("allocate");
-    let a = c.start(id, &StartRequest { pid: init.pid, bundle: init.bundle_str() }).expect("start");
+    let a = c
+        .start(id, &StartRequest { pid: init.pid, bundle: init.bundle_str(), created: false })
+        .expect("start");
     (a, init)
 }
 

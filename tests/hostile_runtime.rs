@@ -203,6 +203,26 @@ fn a_forged_label_on_a_plain_container_releases_nothing_and_its_delete_needs_no_
     assert!(node.fx.state("plain2").is_none());
 }
 
+/// A GPU container that `runc create` made but tesserad never confirmed (tessera-runtime
+/// killed between runc's create and its confirmation: no marker in runc's record) does
+/// not start through the wrapper: its init never leaves runc's exec fifo.
+#[test]
+fn a_created_gpu_container_that_was_never_confirmed_does_not_start() {
+    let node = Node::start_with(no_reconciler());
+    let b = node.bundle("unconfirmed", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.create_container(&b, "unconfirmed").assert_success("create");
+    let marker = node.fx.runc_root().join("unconfirmed").join("tessera-confirmed");
+    assert!(marker.is_file(), "a confirmed create leaves its marker");
+    std::fs::remove_file(&marker).expect("remove the marker");
+    let out = node.fx.start_container("unconfirmed");
+    assert!(!out.status.success(), "started: {}", out.stderr_str());
+    let err = out.stderr_str();
+    assert!(err.contains("container unconfirmed: its GPU grant was never confirmed"), "{err}");
+    let state = node.fx.state("unconfirmed").expect("still runc's");
+    assert_eq!(state["status"], json!("created"), "{state}");
+    node.fx.delete_container("unconfirmed", true).assert_success("delete");
+}
+
 // ---------------------------------------------------------------------------------------
 // Class 2 (b): a running grant outlives its init while a process is left in its cgroup
 // ---------------------------------------------------------------------------------------

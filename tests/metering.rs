@@ -193,7 +193,9 @@ fn kill9_during_1000_interval_events_counts_every_interval_exactly_once() {
             next_kill = Instant::now() + Duration::from_millis(rng.gen_range(50..400));
         }
         let c = node.client();
-        retry("start", || c.start(&id, &StartRequest { pid: init.pid, bundle: init.bundle_str() }));
+        retry("start", || {
+            c.start(&id, &StartRequest { pid: init.pid, bundle: init.bundle_str(), created: false })
+        });
         if Instant::now() >= next_kill {
             node.crash_and_restart();
             kills += 1;

@@ -191,10 +191,11 @@ fn a_writable_cgroup_or_sysfs_view_is_refused_however_a_gpu_config_spells_it() {
 
 /// The last word is the kernel's: a mount made after the config was judged — here by a
 /// prestart hook the engine runs before Tessera's (a bind of the host's devices cgroup into
-/// the rootfs) — is seen in the container's mount table at the prestart confirmation, and
-/// the start is refused there.
+/// the rootfs) — is seen in the container's mount table when tesserad confirms the
+/// container, and the start is refused there: after `runc create` returned (the wrapper
+/// confirms, on the root runc finished) and at the prestart hook of a `runc run`.
 #[test]
-fn what_runc_and_the_hooks_before_tessera_made_is_judged_at_prestart() {
+fn what_runc_and_the_hooks_before_tessera_made_is_judged_before_the_container_runs() {
     let node = Node::start();
     let hook = node.fx.path("mount-hook.sh");
     fs::write(
@@ -206,27 +207,40 @@ fn what_runc_and_the_hooks_before_tessera_made_is_judged_at_prestart() {
     )
     .unwrap();
     fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let mut b = node.bundle("late", "team-untrusted", Some("mig=1g.10gb"), &["sh", "-c", ESCAPE]);
-    fs::create_dir_all(b.rootfs().join("cg")).unwrap();
-    fs::write(node.fx.path("mount-hook.sh.root"), b.rootfs().display().to_string()).unwrap();
-    b.hook("prestart", hook.to_str().unwrap(), &["mount-hook"], &[]).write();
-    let out = node.fx.create_container(&b, "late");
-    let accepted = out.status.success();
-    let mut list = String::new();
-    if accepted {
-        node.fx.start_container("late").assert_success("start");
-        std::thread::sleep(Duration::from_millis(500));
-        list = devices_list(&b.cgroups_path());
-        let _ = node.fx.delete_container("late", true);
+    for verb in ["create", "run"] {
+        let id = format!("late-{verb}");
+        let mut b = node.bundle(&id, "team-untrusted", Some("mig=1g.10gb"), &["sh", "-c", ESCAPE]);
+        fs::create_dir_all(b.rootfs().join("cg")).unwrap();
+        fs::write(node.fx.path("mount-hook.sh.root"), b.rootfs().display().to_string()).unwrap();
+        b.hook("prestart", hook.to_str().unwrap(), &["mount-hook"], &[]).write();
+        let out = match verb {
+            "create" => node.fx.create_container(&b, &id),
+            _ => node.fx.run_container(&b, &id),
+        };
+        let accepted = out.status.success();
+        let mut list = String::new();
+        if accepted {
+            if verb == "create" {
+                node.fx.start_container(&id).assert_success("start");
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            list = devices_list(&b.cgroups_path());
+            let _ = node.fx.delete_container(&id, true);
+        }
+        assert!(!accepted, "{verb}: accepted; devices.list afterwards: {list}");
+        let err = out.stderr_str();
+        assert!(
+            err.contains("its mounts as runc made them: /cg is a writable cgroup hierarchy"),
+            "{verb}: {err}"
+        );
+        // Nothing of it is left: runc has no record, and the grant is given back at once.
+        assert!(node.fx.state(&id).is_none(), "{verb}: runc still has {id}");
+        assert!(
+            wait_for(|| node.grants().is_empty(), Duration::from_secs(10)),
+            "{verb}: {:?}",
+            node.grants()
+        );
     }
-    assert!(!accepted, "accepted; devices.list afterwards: {list}");
-    let err = out.stderr_str();
-    assert!(
-        err.contains("its mounts as runc made them: /cg is a writable cgroup hierarchy"),
-        "{err}"
-    );
-    // The refusal is an event, and the grant is given back at once (runc refused the create).
-    assert!(wait_for(|| node.grants().is_empty(), Duration::from_secs(10)), "{:?}", node.grants());
     let events = String::from_utf8_lossy(&node.cli(&["status"]).stdout).to_string();
     assert!(events.contains("isolation"), "{events}");
 }

@@ -447,26 +447,28 @@ fn restart_keeps_live_grants_and_frees_those_whose_containers_vanished() {
 
 #[test]
 fn a_create_slower_than_many_reconciler_ticks_keeps_its_grant_and_starts() {
-    // The prestart hook answers 2 s after the grant (a create on a loaded machine): ten
+    // runc's create begins 2 s after the grant (a create on a loaded machine): ten
     // reconciler ticks see the grant pending with no state.json in runc's root yet.
     let mut node = Node::start();
-    let slow_hook = node.fx.path("slow-hook");
+    let slow_runc = node.fx.path("slow-runc");
     std::fs::write(
-        &slow_hook,
-        format!("#!/bin/sh\n/bin/sleep 2\nexec {} \"$@\"\n", tessera_hook()),
+        &slow_runc,
+        format!(
+            "#!/bin/sh\ncase \" $* \" in *\" create \"*) /bin/sleep 2;; esac\nexec {RUNC} \"$@\"\n"
+        ),
     )
-    .expect("write slow hook");
-    std::fs::set_permissions(&slow_hook, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    .expect("write slow runc");
+    std::fs::set_permissions(&slow_runc, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let socket = node.socket.display().to_string();
-    let hook = slow_hook.display().to_string();
+    let runc = slow_runc.display().to_string();
     node.fx.set_runtime(
         tessera_runtime(),
-        &[("TESSERA_RUNC", RUNC), ("TESSERA_SOCKET", &socket), ("TESSERA_HOOK", &hook)],
+        &[("TESSERA_RUNC", &runc), ("TESSERA_SOCKET", &socket), ("TESSERA_HOOK", tessera_hook())],
     );
     let b = node.bundle("slow", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
     let started = std::time::Instant::now();
     let pid = node.fx.run_detached(&b, "slow");
-    assert!(started.elapsed() >= Duration::from_secs(2), "the slow hook did not run");
+    assert!(started.elapsed() >= Duration::from_secs(2), "the slow create did not run");
     let a = node.client().allocation("slow").expect("grant kept through the slow create");
     assert_eq!(a.state, tessera_api::AllocationState::Running);
     assert_eq!(a.pid, Some(pid));

@@ -287,7 +287,7 @@ fn what_tessera_decides_is_what_runc_enforces() {
     fs::write(&hook, format!("#!/bin/sh\ncat > /dev/null\necho \"$1\" >> {}\n", marker.display()))
         .unwrap();
     fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let hooks = HookConfig { path: hook.clone(), socket: fx.path("unused.sock") };
+    let hooks = HookConfig { path: hook.clone(), socket: fx.path("unused.sock"), prestart: true };
     let inj = mig_injection();
     let want: BTreeMap<(Option<u32>, Option<u32>), String> = inj
         .devices
@@ -427,7 +427,7 @@ fn the_mounts_tessera_accepts_give_no_writable_cgroup_or_sysfs_in_runc() {
     fs::write(&hook, format!("#!/bin/sh\ncat > /dev/null\necho \"$1\" >> {}\n", marker.display()))
         .unwrap();
     fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let hooks = HookConfig { path: hook.clone(), socket: fx.path("unused.sock") };
+    let hooks = HookConfig { path: hook.clone(), socket: fx.path("unused.sock"), prestart: true };
     let inj = mig_injection();
     // Spellings that lead to the host's cgroups (or not) through links.
     let link = fx.path("cglink");

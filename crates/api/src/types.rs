@@ -98,14 +98,22 @@ pub enum RequestSource {
     Env,
 }
 
-/// `POST /v1/allocations/{id}/start`: the prestart hook confirms the container started.
+/// `POST /v1/allocations/{id}/start`: the container runc made is confirmed before any of
+/// its code runs, by tessera-runtime once `runc create` has returned or by the prestart
+/// hook during `runc run`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StartRequest {
-    /// The container's init pid from the OCI state.
+    /// The container's init pid from runc's state.
     pub pid: i32,
-    /// The bundle from the OCI state; must match the one the allocation was made for.
+    /// The bundle from runc's state; must match the one the allocation was made for.
     pub bundle: String,
+    /// `true`: asked after `runc create` returned, when the init has moved into the
+    /// container's root and waits to exec (its mount table is the container's alone);
+    /// `false`: asked by the prestart hook, before runc's `pivot_root` (the table still
+    /// holds the host's mounts, and the container's are those below its root).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub created: bool,
 }
 
 /// The body of `DELETE /v1/allocations/{id}`: which container is giving its grant back.

@@ -52,15 +52,20 @@ pub trait Host: Send + Sync + fmt::Debug {
     /// them exit (false for a fixture: its pids name nothing).
     fn watches_exits(&self) -> bool;
     /// The mounts a container keeps, as the kernel lists them (`/proc/<pid>/mountinfo` of
-    /// its init at the prestart hook): those at or below its root, the bundle's
-    /// `root.path` (runc hooks run before `pivot_root`, when the namespace still holds
-    /// the host's mounts, which `pivot_root` then drops), each mount point shown as the
-    /// container will see it. What a GPU container may not hold is judged on these
-    /// ([`tessera_api::mountinfo::findings`]).
+    /// its init), each mount point shown as the container will see it. What a GPU
+    /// container may not hold is judged on these ([`tessera_api::mountinfo::findings`]).
+    ///
+    /// - `created` (asked once `runc create` returned): the init has moved into the
+    ///   container's root and waits to exec. Its root must be the bundle's `root.path`,
+    ///   and the whole table is the container's (the kernel lists a process's mounts
+    ///   relative to its root and leaves out those it cannot reach).
+    /// - otherwise (the prestart hook, before runc's `pivot_root`, when the namespace still
+    ///   holds the host's mounts): those at or below the bundle's `root.path`.
     fn container_mounts(
         &self,
         pid: i32,
         bundle: &Path,
+        created: bool,
     ) -> Result<Vec<tessera_api::mountinfo::MountEntry>, String>;
     /// The processes in cgroup `rel` (and below it) that are not of the container whose
     /// init is `init`: in another pid namespace than the init's (every process of a
@@ -210,10 +215,29 @@ impl Host for LinuxHost {
         &self,
         pid: i32,
         bundle: &Path,
+        created: bool,
     ) -> Result<Vec<tessera_api::mountinfo::MountEntry>, String> {
         let root = container_root(bundle)?;
-        let all = read_mount_table(&Path::new(PROC_ROOT).join(pid.to_string()).join("mountinfo"))?;
-        Ok(tessera_api::mountinfo::below(all, &root))
+        let proc = Path::new(PROC_ROOT).join(pid.to_string());
+        if !created {
+            let all = read_mount_table(&proc.join("mountinfo"))?;
+            return Ok(tessera_api::mountinfo::below(all, &root));
+        }
+        // Read through the process's own root: the same file as the bundle's root, or the
+        // table is of some other root than the one checked.
+        let same = same_file(&proc.join("root"), &root)?;
+        if !same {
+            return Err(format!(
+                "its root is not the bundle's root {}: runc did not move it into the root that was checked",
+                tessera_api::untrusted(&root.to_string_lossy())
+            ));
+        }
+        let all = read_mount_table(&proc.join("mountinfo"))?;
+        // Read again after the table: a root that moved while it was read is refused.
+        if !same_file(&proc.join("root"), &root)? {
+            return Err("its root moved while its mount table was read".into());
+        }
+        Ok(tessera_api::mountinfo::below(all, Path::new("/")))
     }
     fn cgroup_intruders(&self, rel: &str, init: i32) -> Vec<(i32, u64)> {
         use std::os::unix::fs::MetadataExt;
@@ -266,6 +290,17 @@ fn container_root(bundle: &Path) -> Result<PathBuf, String> {
     std::fs::canonicalize(&root).map_err(|e| format!("cannot resolve {}: {e}", root.display()))
 }
 
+/// Whether `a` and `b` (followed) are the same file: same device and inode.
+fn same_file(a: &Path, b: &Path) -> Result<bool, String> {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| (m.dev(), m.ino()))
+            .map_err(|e| format!("cannot read {}: {e}", p.display()))
+    };
+    Ok(id(a)? == id(b)?)
+}
+
 /// Reads and parses a mountinfo file; unreadable or malformed is an error (a table that
 /// cannot be read is never judged clean).
 fn read_mount_table(file: &Path) -> Result<Vec<tessera_api::mountinfo::MountEntry>, String> {
@@ -314,6 +349,7 @@ impl Host for TreeHost {
         &self,
         pid: i32,
         _bundle: &Path,
+        _created: bool,
     ) -> Result<Vec<tessera_api::mountinfo::MountEntry>, String> {
         let file = self.proc_root.join(pid.to_string()).join("mountinfo");
         if file.exists() {

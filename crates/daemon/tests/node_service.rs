@@ -348,7 +348,7 @@ fn start_confirms_only_known_containers_from_their_own_bundle() {
     let e = node
         .start(
             &"ghost".parse().expect("valid"),
-            &StartRequest { pid: init.pid, bundle: "/bundles/ghost".into() },
+            &StartRequest { pid: init.pid, bundle: "/bundles/ghost".into(), created: false },
         )
         .unwrap_err();
     assert_eq!(e.code(), ErrorCode::NotFound);
@@ -356,14 +356,14 @@ fn start_confirms_only_known_containers_from_their_own_bundle() {
     let e = node
         .start(
             &"c1".parse().expect("valid"),
-            &StartRequest { pid: init.pid, bundle: "/elsewhere".into() },
+            &StartRequest { pid: init.pid, bundle: "/elsewhere".into(), created: false },
         )
         .unwrap_err();
     assert_eq!(e.code(), ErrorCode::Conflict);
     let a = node
         .start(
             &"c1".parse().expect("valid"),
-            &StartRequest { pid: init.pid, bundle: init.bundle_str() },
+            &StartRequest { pid: init.pid, bundle: init.bundle_str(), created: false },
         )
         .expect("started");
     assert_eq!(a.pid, Some(init.pid));
@@ -373,7 +373,7 @@ fn start_confirms_only_known_containers_from_their_own_bundle() {
     let e = node
         .start(
             &"c2".parse().expect("valid"),
-            &StartRequest { pid: me, bundle: "/bundles/c2".into() },
+            &StartRequest { pid: me, bundle: "/bundles/c2".into(), created: false },
         )
         .unwrap_err();
     assert_eq!(e.code(), ErrorCode::Refused, "{e:?}");
@@ -436,7 +436,7 @@ fn reconciler_frees_what_is_gone_and_keeps_what_lives() {
         node.allocate(&req(id, "team-trusted", "gpu=1")).expect("granted");
         node.start(
             &id.parse().expect("valid"),
-            &StartRequest { pid, bundle: format!("/bundles/{id}") },
+            &StartRequest { pid, bundle: format!("/bundles/{id}"), created: false },
         )
         .expect("started");
     };
@@ -460,7 +460,7 @@ fn reconciler_frees_what_is_gone_and_keeps_what_lives() {
     node.allocate(&r).expect("granted");
     node.start(
         &"stopped".parse().expect("valid"),
-        &StartRequest { pid: 104, bundle: "/bundles/stopped".into() },
+        &StartRequest { pid: 104, bundle: "/bundles/stopped".into(), created: false },
     )
     .expect("started");
     host.exit(104);
@@ -493,7 +493,7 @@ fn a_start_whose_cgroup_cannot_be_told_is_refused() {
     let e = node
         .start(
             &"c1".parse().expect("valid"),
-            &StartRequest { pid: 200, bundle: "/bundles/c1".into() },
+            &StartRequest { pid: 200, bundle: "/bundles/c1".into(), created: false },
         )
         .unwrap_err();
     assert_eq!(e.code(), ErrorCode::BadRequest);
@@ -509,7 +509,7 @@ fn a_start_whose_cgroup_cannot_be_told_is_refused() {
     host.procs("c1", &[200]);
     node.start(
         &"c1".parse().expect("valid"),
-        &StartRequest { pid: 200, bundle: "/bundles/c1".into() },
+        &StartRequest { pid: 200, bundle: "/bundles/c1".into(), created: false },
     )
     .expect("started");
 }
@@ -628,7 +628,7 @@ fn metering_follows_start_release_and_restart() {
         for (id, init) in [("mig", &mig_init), ("two", &two_init)] {
             node.start(
                 &id.parse().expect("valid"),
-                &StartRequest { pid: init.pid, bundle: init.bundle_str() },
+                &StartRequest { pid: init.pid, bundle: init.bundle_str(), created: false },
             )
             .expect("start");
         }
@@ -1222,7 +1222,7 @@ fn an_uncontained_xid_takes_the_whole_gpu_and_the_policy_may_stop_its_holders() 
     host.process(4242, "w");
     node.start(
         &"w".parse().expect("valid"),
-        &StartRequest { pid: 4242, bundle: "/bundles/w".into() },
+        &StartRequest { pid: 4242, bundle: "/bundles/w".into(), created: false },
     )
     .unwrap();
     slicer::sim::inject_xid(

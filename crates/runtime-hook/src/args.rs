@@ -282,6 +282,41 @@ impl RuncInvocation {
     }
 }
 
+impl GlobalOptions {
+    /// These options as runc's arguments, each value as `--name=value`: for a command the
+    /// wrapper runs itself with the caller's root, cgroup manager and log (the `delete`
+    /// that undoes a create tesserad refused to confirm).
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut out: Vec<OsString> = Vec::new();
+        let valued = |name: &str, v: &OsStr| {
+            let mut a = OsString::from(format!("--{name}="));
+            a.push(v);
+            a
+        };
+        if self.debug {
+            out.push("--debug".into());
+        }
+        if let Some(log) = &self.log {
+            out.push(valued("log", log.as_os_str()));
+        }
+        if let Some(f) = &self.log_format {
+            out.push(valued("log-format", OsStr::new(f)));
+        }
+        out.push(valued("root", self.root.as_os_str()));
+        if let Some(c) = &self.criu {
+            out.push(valued("criu", c));
+        }
+        if self.systemd_cgroup {
+            out.push("--systemd-cgroup".into());
+        }
+        if let Some(r) = &self.rootless {
+            out.push(valued("rootless", OsStr::new(r)));
+        }
+        out.extend(self.unknown.iter().cloned());
+        out
+    }
+}
+
 /// Parses runc's arguments (everything after argv\[0\]).
 pub fn parse_runc_args(args: &[OsString]) -> Result<RuncInvocation, ArgsError> {
     let mut global = GlobalOptions::default();
@@ -453,6 +488,25 @@ mod tests {
 
     fn parse(s: &str) -> Result<RuncInvocation, ArgsError> {
         parse_runc_args(&argv(s))
+    }
+
+    #[test]
+    fn the_global_options_read_back_as_runc_reads_them() {
+        for line in [
+            "create --bundle /b c",
+            "--root /run/containerd/runc/k8s.io --log /x/log.json --log-format json \
+             --systemd-cgroup create --bundle /b c",
+            "--debug --criu /usr/sbin/criu --rootless false --weird create --bundle /b c",
+        ] {
+            let (global, _) = create(line);
+            let mut again = global.to_args();
+            again.extend(argv("delete --force c"));
+            let inv = parse_runc_args(&again).expect("parses");
+            assert_eq!(inv.global, global, "{line}");
+            assert!(
+                matches!(inv.command, Command::Delete(ref d) if d.force && d.container_id == "c")
+            );
+        }
     }
 
     fn create(s: &str) -> (GlobalOptions, CreateArgs) {

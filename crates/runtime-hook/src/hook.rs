@@ -173,7 +173,7 @@ pub fn run_hook(
                     )))
                 }
             };
-            let req = StartRequest { pid, bundle: state.bundle.clone() };
+            let req = StartRequest { pid, bundle: state.bundle.clone(), created: false };
             let (c, call_id) = (client.clone(), id.clone());
             match with_deadline(deadline, move || c.start(&call_id, &req)) {
                 Some(Ok(_)) => Ok(HookOutcome::Started),

@@ -12,6 +12,8 @@
 //! - [`docker`]: `docker run --gpus` read as a request; the `nvidia-container-runtime-hook`
 //!   stand-in.
 //! - [`supervise`]: runc as a child, for the verbs after which a grant is given back.
+//! - [`confirm`]: a created GPU container confirmed by tesserad before `create` returns,
+//!   and `start` refused for one that was not.
 //!
 //! The binaries in `src/bin/` only call [`runtime_main`] and [`hook_main`] and exit with
 //! their code.
@@ -20,6 +22,7 @@ pub mod about;
 pub mod args;
 pub mod canonical;
 pub mod config;
+pub mod confirm;
 pub mod docker;
 pub mod exec;
 pub mod hook;

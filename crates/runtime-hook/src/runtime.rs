@@ -124,6 +124,9 @@ pub enum RuntimeError {
     /// An exec that would give its process what the container's create was refused.
     #[error(transparent)]
     ExecRefused(#[from] crate::exec::ExecError),
+    /// A created GPU container tesserad did not confirm, or a start of one never confirmed.
+    #[error(transparent)]
+    Confirm(crate::confirm::ConfirmError),
     /// An annotation only tessera-runtime sets, found in a container's config.
     #[error(
         "annotation {ENGINE_ANNOTATION} is set by tessera-runtime from its configuration file, \
@@ -473,8 +476,13 @@ pub fn prepare(
     spec::check_gpu_spec(&cfg.value).map_err(config_err)?;
     let host = crate::mounts::LinuxHostFacts::read().map_err(|e| config_err(e.into()))?;
     spec::check_host_facts(&bundle, &cfg.value, &host).map_err(config_err)?;
-    let hooks =
-        HookConfig { path: env.hook_path().map_err(fail)?, socket: env.absolute(&env.socket) };
+    // `runc create`: confirmed by this wrapper once runc has returned (crate::confirm);
+    // `runc run`: by the prestart hook, as nothing runs between runc's create and start.
+    let hooks = HookConfig {
+        path: env.hook_path().map_err(fail)?,
+        socket: env.absolute(&env.socket),
+        prestart: !matches!(inv.command, Command::Create(_)),
+    };
     if let Some(engine) = &env.engine {
         annotations.insert(ENGINE_ANNOTATION.to_owned(), engine.clone());
     }
@@ -599,6 +607,44 @@ fn release(socket: &Path, container_id: &str, req: &ReleaseRequest) {
     }
 }
 
+/// [`crate::confirm::confirm_at`] for a container the wrapper granted.
+fn confirm(
+    socket: &Path,
+    root: &Path,
+    container_id: &str,
+    req: &ReleaseRequest,
+) -> Result<(), crate::confirm::ConfirmError> {
+    // The id was checked before the grant (runc's rule) and the bundle is the grant's.
+    let id = tessera_api::ContainerId::new(container_id).map_err(|e| {
+        crate::confirm::ConfirmError::NoPid { path: root.to_path_buf(), why: e.to_string() }
+    })?;
+    crate::confirm::confirm_at(socket, root, &id, req.bundle.as_deref().unwrap_or_default())
+}
+
+/// A created container tesserad did not confirm: `runc delete --force` with the caller's
+/// root and cgroup manager, then the grant back. If the delete fails the record stays
+/// without its marker, and [`crate::confirm::check_start`] refuses to start it.
+fn undo_create(
+    env: &RuntimeEnv,
+    global: &GlobalOptions,
+    socket: &Path,
+    container_id: &str,
+    req: &ReleaseRequest,
+) {
+    let mut argv = global.to_args();
+    argv.extend(["delete".into(), "--force".into(), OsString::from(container_id)]);
+    match supervise::run_forwarding(&env.runc, &argv) {
+        Ok(st) if st.success() => release(socket, container_id, req),
+        Ok(st) => warn(container_id, &format!("runc delete --force exited with {st}")),
+        Err(e) => warn(container_id, &format!("cannot run runc delete --force: {e}")),
+    }
+}
+
+fn warn(container_id: &str, what: &str) {
+    let line = format!("tessera-runtime: container {}: warning: {what}", untrusted(container_id));
+    eprintln!("{}", untrusted(&line).max_chars(MAX_LINE_CHARS));
+}
+
 /// Prints a failure to stderr and appends it to runc's `--log`, where containerd looks.
 pub fn report(f: &Failure) {
     let msg = f.message();
@@ -719,6 +765,17 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
                 // existed): the grant stays, for a later delete or the reconciler.
                 if !tessera_api::runc_state_exists(&root, &container_id) {
                     release(&socket, &container_id, &release_req);
+                } else if let (Command::Create(_), true) = (&inv.command, status.success()) {
+                    // A GPU container runc made: confirmed before create returns, or undone.
+                    if let Err(error) = confirm(&socket, &root, &container_id, &release_req) {
+                        undo_create(&env, &inv.global, &socket, &container_id, &release_req);
+                        report(&Failure {
+                            error: RuntimeError::Confirm(error),
+                            container_id: Some(container_id),
+                            global: Some(inv.global),
+                        });
+                        return 1;
+                    }
                 }
                 supervise::exit_code(status)
             }
@@ -735,6 +792,22 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
                 1
             }
         };
+    }
+    // A start: a GPU container only once tesserad confirmed what `runc create` made.
+    if let Command::Other { verb, args: rest } = &inv.command {
+        if verb == "start" {
+            if let [id] = rest.as_slice() {
+                let id = id.to_string_lossy();
+                if let Err(e) = crate::confirm::check_start(&root, &id) {
+                    report(&Failure {
+                        error: RuntimeError::Confirm(e),
+                        container_id: Some(id.into_owned()),
+                        global: Some(inv.global),
+                    });
+                    return 1;
+                }
+            }
+        }
     }
     // An exec: checked as its container's create was (every container's sub-cgroup, a GPU
     // container's capabilities); into a GPU container the new process learns its share as
@@ -1146,13 +1219,29 @@ mod tests {
         assert_eq!(c["annotations"]["tessera.io/allocated"], json!("MIG-1"));
         assert_eq!(c["process"]["env"], json!(["PATH=/bin", "CUDA_VISIBLE_DEVICES=MIG-1"]));
         assert_eq!(c["linux"]["devices"].as_array().map(Vec::len), Some(2));
+        // A create is confirmed by the wrapper once runc returns (crate::confirm): no hook.
+        assert_eq!(c["hooks"]["prestart"], json!([]), "{}", c["hooks"]);
+        assert_eq!(c["annotations"]["tessera.io/confirm"], json!("after-create"));
+        assert_eq!(c["hooks"].get("poststop"), None, "the wrapper releases, not a hook");
+    }
+
+    #[test]
+    fn a_run_is_confirmed_by_the_prestart_hook() {
+        let cfg = gpu_config(json!({"tessera.io/gpu": "mig=1g.10gb"}), json!(["PATH=/bin"]));
+        let f = Fixture::new(&cfg);
+        let h = f.serve(vec![http("201 Created", &allocation())]);
+        prepare(&f.args("run --bundle bundle abc"), &f.env).expect("prepares");
+        h.join().expect("join");
+        let c = f.config();
         let hook = f.env.hook.as_ref().and_then(|h| h.to_str()).expect("hook");
+        assert_eq!(c["hooks"]["prestart"].as_array().map(Vec::len), Some(1), "{}", c["hooks"]);
         assert_eq!(c["hooks"]["prestart"][0]["path"], json!(hook));
+        assert_eq!(c["hooks"]["prestart"][0]["args"], json!(["tessera-hook", "prestart"]));
+        assert_eq!(c["annotations"].get("tessera.io/confirm"), None);
         assert_eq!(
             c["hooks"]["prestart"][0]["env"],
             json!([format!("TESSERA_SOCKET={}", f.env.socket.display())])
         );
-        assert_eq!(c["hooks"].get("poststop"), None, "the wrapper releases, not a hook");
     }
 
     fn docker_gpus_config(visible: &str) -> Value {
@@ -1171,9 +1260,9 @@ mod tests {
         prepare(&f.args("create --bundle bundle abc"), &f.env).expect("prepares");
         let body = body_of(&h.join().expect("join")[0]);
         assert_eq!((&body["request"], &body["request_source"]), (&json!("gpu=2"), &json!("env")));
+        // NVIDIA's hook is gone; a create gets none of Tessera's either (crate::confirm).
         let hooks = f.config()["hooks"]["prestart"].clone();
-        assert_eq!(hooks.as_array().map(Vec::len), Some(1), "{hooks}");
-        assert_eq!(hooks[0]["args"], json!(["tessera-hook", "prestart"]));
+        assert_eq!(hooks, json!([]));
     }
 
     #[test]

@@ -39,6 +39,12 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
 /// Annotation listing the granted device UUIDs, for people reading the config.
 pub const ALLOCATED_ANNOTATION: &str = "tessera.io/allocated";
+/// Annotation of a GPU container that tessera-runtime confirms after `runc create` (value
+/// [`CONFIRM_AFTER_CREATE`]): `tessera-runtime start` refuses it until confirmed
+/// ([`crate::confirm`]).
+pub const CONFIRM_ANNOTATION: &str = "tessera.io/confirm";
+/// The value of [`CONFIRM_ANNOTATION`].
+pub const CONFIRM_AFTER_CREATE: &str = "after-create";
 /// Seconds runc gives each tessera hook before killing it.
 pub const HOOK_TIMEOUT_SECS: i64 = 10;
 /// The NVIDIA character-device major (`/dev/nvidia<N>`, `/dev/nvidiactl`): always treated
@@ -196,6 +202,11 @@ pub struct HookConfig {
     pub path: PathBuf,
     /// Absolute path of tesserad's socket, passed as `TESSERA_SOCKET` (the hook's only env).
     pub socket: PathBuf,
+    /// Whether the container is confirmed by `tessera-hook prestart` (a `runc run`, where
+    /// nothing runs between runc making the container and starting it) or by
+    /// tessera-runtime itself once `runc create` has returned (no hook is written: one
+    /// process fewer, and the checks see the container's finished root).
+    pub prestart: bool,
 }
 
 /// A config.json as read from a bundle, with what is needed to write it back.
@@ -834,8 +845,10 @@ fn validate_injection(inj: &Injection, hooks: &HookConfig) -> Result<(), SpecErr
 /// - `process.env`: each injected `KEY=VALUE` replaces the existing `KEY` (or is appended).
 /// - `mounts`: mounts at an injected destination or under `/dev/nvidia` are removed; the
 ///   injected bind mounts are appended (`rbind, ro|rw, nosuid, nodev`).
-/// - `hooks.prestart`: any earlier entry for the same hook binary is replaced by
-///   `tessera-hook prestart`, whose whole env is `TESSERA_SOCKET=...`. Entries for that
+/// - `hooks.prestart`: any earlier entry for the same hook binary is removed, and where
+///   `hooks.prestart` says so `tessera-hook prestart` is appended, whose whole env is
+///   `TESSERA_SOCKET=...`; where it does not, the annotation [`CONFIRM_ANNOTATION`] says
+///   that tessera-runtime confirms the container after `runc create`. Entries for that
 ///   binary in `hooks.poststop` (written by earlier versions) are removed: the wrapper
 ///   itself releases the grant once runc has deleted the container (see `runtime`).
 ///
@@ -1010,7 +1023,7 @@ pub fn apply_injection(
             .map(|(v, _)| v)
             .collect();
         *list = kept;
-        if phase == "prestart" {
+        if phase == "prestart" && hooks.prestart {
             let hook = HookBuilder::default()
                 .path(&hook_path)
                 .args(vec!["tessera-hook".to_string(), phase.to_string()])
@@ -1023,6 +1036,10 @@ pub fn apply_injection(
     }
     if hooks_obj.get("poststop").and_then(Value::as_array).is_some_and(Vec::is_empty) {
         hooks_obj.remove("poststop");
+    }
+    if !hooks.prestart {
+        let annotations = object_entry(root, "annotations", "annotations")?;
+        annotations.insert(CONFIRM_ANNOTATION.into(), Value::String(CONFIRM_AFTER_CREATE.into()));
     }
     Ok(())
 }
@@ -1111,6 +1128,7 @@ mod tests {
         HookConfig {
             path: "/usr/local/bin/tessera-hook".into(),
             socket: "/run/tessera/tesserad.sock".into(),
+            prestart: true,
         }
     }
 
@@ -1489,7 +1507,7 @@ mod tests {
             assert!(matches!(err, SpecError::BadInjection(_)), "case {n}: {err}");
         }
         let mut v = parse(RUNC_SPEC);
-        let rel = HookConfig { path: "tessera-hook".into(), socket: "/s".into() };
+        let rel = HookConfig { path: "tessera-hook".into(), socket: "/s".into(), prestart: true };
         assert!(matches!(
             apply_injection(&mut v, &mig_injection(), &rel),
             Err(SpecError::BadInjection(_))

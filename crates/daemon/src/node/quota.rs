@@ -815,7 +815,7 @@ mod tests {
         let cg = cgroup_root.join("devices/c/m1");
         std::fs::create_dir_all(&cg).expect("mkdir");
         std::fs::write(cg.join("cgroup.procs"), format!("{pid}\n")).expect("procs");
-        let start = tessera_api::StartRequest { pid, bundle: "/b/m1".into() };
+        let start = tessera_api::StartRequest { pid, bundle: "/b/m1".into(), created: false };
         ctl.apply(Action::Start { container_id: "m1".parse().expect("valid"), req: start })
             .expect("started");
         let billed = ctl
@@ -872,7 +872,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(3));
         let b2 = allocate("b2", "team-dev", "gpu=4").expect("borrowed: the rest of the node");
         assert_eq!(b2.quota.as_ref().map(|m| m.class), Some(QuotaClass::Borrowed));
-        let start = tessera_api::StartRequest { pid, bundle: "/b/b2".into() };
+        let start = tessera_api::StartRequest { pid, bundle: "/b/b2".into(), created: false };
         ctl.apply(Action::Start { container_id: "b2".parse().expect("valid"), req: start })
             .expect("started");
 

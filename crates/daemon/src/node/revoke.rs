@@ -582,6 +582,7 @@ mod tests {
             &self,
             _pid: i32,
             _bundle: &std::path::Path,
+            _created: bool,
         ) -> Result<Vec<tessera_api::mountinfo::MountEntry>, String> {
             Ok(Vec::new())
         }

@@ -1,5 +1,7 @@
-//! `start` (the prestart hook confirms the container's pid and bundle) and the init's exit:
-//! what the exit watcher ([`crate::exits`]) watches and what it closes.
+//! `start` (the container runc made is confirmed, by its pid and bundle, before any of its
+//! code runs: by tessera-runtime once `runc create` returned, or by the prestart hook during
+//! `runc run`) and the init's exit: what the exit watcher ([`crate::exits`]) watches and
+//! what it closes.
 
 use std::path::Path;
 
@@ -11,7 +13,8 @@ use super::{internal, ledger_err, Node};
 use crate::error::CoreError;
 
 impl Node {
-    /// The prestart hook confirms the container exists with this pid.
+    /// The container exists with this pid and is isolated as its grant assumes: its grant
+    /// runs from now on.
     pub fn start(
         &mut self,
         container_id: &ContainerId,
@@ -24,7 +27,7 @@ impl Node {
         })?;
         if rec.bundle != req.bundle {
             return Err(CoreError::conflict(format!(
-                    "container {container_id}: the hook reports bundle {} but the grant was made for bundle {}",
+                    "container {container_id}: the start names bundle {} but the grant was made for bundle {}",
                     untrusted(&req.bundle),
                     untrusted(&rec.bundle)
                 ),
@@ -36,7 +39,11 @@ impl Node {
                 req.pid
             )));
         }
-        if rec.allocation.state == AllocationState::Running && rec.allocation.pid == Some(req.pid) {
+        // Asked again for the same process (a hook runc retried): the answer it had. A
+        // confirmation after `runc create` is checked even so, on what runc finished.
+        let confirmed =
+            rec.allocation.state == AllocationState::Running && rec.allocation.pid == Some(req.pid);
+        if confirmed && !req.created {
             return Ok(rec.allocation);
         }
         let start = self.host.pid_start_time(req.pid);
@@ -53,9 +60,13 @@ impl Node {
             CoreError::bad_request(format!("container {container_id}: cannot tell the cgroup of pid {}: {e}; refusing to start it", req.pid),
             )
         })?;
-        if let Err(why) =
-            self.container_is_its_own(container_id, req.pid, &cgroup, Path::new(&rec.bundle))
-        {
+        if let Err(why) = self.container_is_its_own(
+            container_id,
+            req.pid,
+            &cgroup,
+            Path::new(&rec.bundle),
+            req.created,
+        ) {
             let message = format!("container {container_id}: {why}; refusing to start it");
             if let Err(e) = self.store.event("isolation", Some(container_id), &message) {
                 tracing::warn!("cannot record an isolation refusal: {e}");
@@ -69,6 +80,9 @@ impl Node {
             }
             return Err(CoreError::refused(message));
         }
+        if confirmed {
+            return Ok(rec.allocation);
+        }
         let rec = self.store.set_running(rec, req.pid, start, Some(cgroup)).map_err(internal)?;
         self.write_grant_cgroups();
         // Metering starts when the container does. Recorded after the pid, so a crash in
@@ -80,7 +94,8 @@ impl Node {
 
     /// Whether a GPU container about to start is isolated as its grant assumes, judged on
     /// what the kernel made of its config (runc made every mount and its cgroup before the
-    /// prestart hook; nothing of the container has run yet):
+    /// prestart hook, and the rest of its root by the time `runc create` returns; nothing of
+    /// the container has run yet):
     /// - its mounts hold no writable cgroup hierarchy or sysfs and receive no mounts made
     ///   outside ([`mountinfo::findings`]), and it shares neither the host's mount nor
     ///   its pid namespace;
@@ -93,12 +108,13 @@ impl Node {
         pid: i32,
         cgroup: &str,
         bundle: &Path,
+        created: bool,
     ) -> Result<(), NotStartable> {
         let shared = self.host.shared_namespaces(pid).map_err(NotStartable::Host)?;
         if !shared.is_empty() {
             return Err(NotStartable::HostNamespace(shared.join(" and ")));
         }
-        let table = self.host.container_mounts(pid, bundle).map_err(NotStartable::Host)?;
+        let table = self.host.container_mounts(pid, bundle, created).map_err(NotStartable::Host)?;
         if let Some(f) = mountinfo::findings(&table).first() {
             return Err(NotStartable::Mount(f.to_string()));
         }

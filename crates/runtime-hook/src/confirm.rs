@@ -1,0 +1,184 @@
+//! A GPU container made by `runc create` is confirmed by tessera-runtime itself, before any
+//! of its code can run, instead of by a prestart hook (issue 29: one process and runc's
+//! hook machinery fewer on every start a shim drives).
+//!
+//! - [`confirm_created`]: once `runc create` has returned, the container's init has moved
+//!   into its root and waits on runc's exec fifo; nothing of the image has run. tesserad is
+//!   asked to start the grant ([`StartRequest::created`]): it checks the process runc made
+//!   (namespaces, the whole mount table, the cgroup and its limits) and opens the metering
+//!   interval, durably. Only then is the marker [`CONFIRMED_MARKER`] written into runc's
+//!   own record directory of the container.
+//! - [`check_start`]: `start` of a container whose runc record carries the label
+//!   [`CONFIRM_ANNOTATION`] (written by the wrapper into every GPU container it creates) and
+//!   no marker is refused: a create that was killed between runc and tesserad (or
+//!   whose confirmation failed and whose undo failed too) never starts with its devices.
+//!
+//! The marker lives in runc's record directory (`<root>/<id>/`, root's alone), so it goes
+//! with the record: `runc delete` removes both, and an id used again starts without one.
+//! `runc run` keeps the prestart hook: nothing runs between runc's create and start there.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tessera_api::{untrusted, Client, ClientError, ContainerId, StartRequest};
+
+use crate::spec::CONFIRM_ANNOTATION;
+
+/// The file, beside runc's `state.json`, that says tesserad confirmed the container.
+pub const CONFIRMED_MARKER: &str = "tessera-confirmed";
+/// The bound on tesserad's answer (its checks and one durable write).
+pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(8);
+/// The largest runc record read for the init's pid.
+const MAX_STATE_BYTES: u64 = 16 << 20;
+
+/// Why a created container was not confirmed, or may not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfirmError {
+    #[error("cannot read runc's record {}: {source}", untrusted(&.path.to_string_lossy()))]
+    State { path: PathBuf, source: io::Error },
+    #[error("runc's record {} has no init pid: {why}", untrusted(&.path.to_string_lossy()))]
+    NoPid { path: PathBuf, why: String },
+    #[error("tesserad did not confirm the container runc made: {0}")]
+    Refused(Box<ClientError>),
+    #[error(
+        "cannot record tesserad's confirmation at {}: {source}",
+        untrusted(&.path.to_string_lossy())
+    )]
+    Marker { path: PathBuf, source: io::Error },
+    #[error(
+        "its GPU grant was never confirmed after `runc create` (tessera-runtime's create did \
+         not finish); refusing to start it: delete the container and create it again"
+    )]
+    NotConfirmed,
+}
+
+/// `<root>/<id>/tessera-confirmed`.
+pub fn marker(root: &Path, id: &ContainerId) -> PathBuf {
+    root.join(id.as_str()).join(CONFIRMED_MARKER)
+}
+
+/// The init's pid runc recorded for container `id` (`init_process_pid` of its state).
+pub fn init_pid(root: &Path, id: &ContainerId) -> Result<i32, ConfirmError> {
+    let path = tessera_api::runc_state_file(root, id);
+    let file = std::fs::File::open(&path)
+        .map_err(|source| ConfirmError::State { path: path.clone(), source })?;
+    let mut buf = Vec::new();
+    io::Read::read_to_end(&mut io::Read::take(file, MAX_STATE_BYTES), &mut buf)
+        .map_err(|source| ConfirmError::State { path: path.clone(), source })?;
+    #[derive(serde::Deserialize)]
+    struct Record {
+        init_process_pid: i32,
+    }
+    match serde_json::from_slice::<Record>(&buf) {
+        Ok(r) if r.init_process_pid > 0 => Ok(r.init_process_pid),
+        Ok(r) => Err(ConfirmError::NoPid { path, why: format!("pid {}", r.init_process_pid) }),
+        Err(e) => Err(ConfirmError::NoPid { path, why: e.to_string() }),
+    }
+}
+
+/// Asks tesserad to confirm container `id`, which `runc create` made from `bundle` in
+/// `root`, and records the answer ([`CONFIRMED_MARKER`]).
+pub fn confirm_created(
+    client: &Client,
+    root: &Path,
+    id: &ContainerId,
+    bundle: &str,
+) -> Result<(), ConfirmError> {
+    let pid = init_pid(root, id)?;
+    let req = StartRequest { pid, bundle: bundle.to_string(), created: true };
+    client.start(id.as_str(), &req).map_err(|e| ConfirmError::Refused(Box::new(e)))?;
+    let path = marker(root, id);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .map(drop)
+        .map_err(|source| ConfirmError::Marker { path, source })
+}
+
+/// [`confirm_created`] against tesserad's socket.
+pub fn confirm_at(
+    socket: &Path,
+    root: &Path,
+    id: &ContainerId,
+    bundle: &str,
+) -> Result<(), ConfirmError> {
+    confirm_created(&Client::new(socket).with_timeout(CONFIRM_TIMEOUT), root, id, bundle)
+}
+
+/// Whether `runc start` of `container_id` may go ahead: refused for a container the
+/// wrapper created to be confirmed (its record carries [`CONFIRM_ANNOTATION`], or cannot be
+/// read) that never was. Containers without a record, or without the label, are runc's
+/// business (a config that writes the label itself only stops its own start).
+pub fn check_start(root: &Path, container_id: &str) -> Result<(), ConfirmError> {
+    let Ok(id) = ContainerId::new(container_id) else { return Ok(()) };
+    if crate::supervise::delete_hint(root, container_id, CONFIRM_ANNOTATION).is_none() {
+        return Ok(());
+    }
+    match marker(root, &id).is_file() {
+        true => Ok(()),
+        false => Err(ConfirmError::NotConfirmed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(root: &Path, id: &str, state: &str) -> ContainerId {
+        let id = ContainerId::new(id).expect("id");
+        std::fs::create_dir_all(root.join(id.as_str())).expect("dir");
+        std::fs::write(tessera_api::runc_state_file(root, &id), state).expect("state");
+        id
+    }
+
+    const GPU: &str = r#"{"id":"c","init_process_pid":4242,
+        "config":{"labels":["tessera.io/allocated=MIG-1","tessera.io/confirm=after-create","bundle=/b"]}}"#;
+
+    #[test]
+    fn a_gpu_container_starts_only_once_confirmed() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let id = record(dir.path(), "c", GPU);
+        let err = check_start(dir.path(), "c").expect_err("never confirmed");
+        assert!(matches!(err, ConfirmError::NotConfirmed), "{err}");
+        assert!(err.to_string().contains("never confirmed after `runc create`"), "{err}");
+        std::fs::write(marker(dir.path(), &id), "").expect("marker");
+        check_start(dir.path(), "c").expect("confirmed");
+    }
+
+    #[test]
+    fn a_record_that_cannot_be_read_is_a_gpu_containers_until_confirmed() {
+        let dir = tempfile::tempdir().expect("tmp");
+        record(dir.path(), "odd", "{not json");
+        assert!(matches!(check_start(dir.path(), "odd"), Err(ConfirmError::NotConfirmed)));
+    }
+
+    #[test]
+    fn other_containers_start_as_runc_says() {
+        let dir = tempfile::tempdir().expect("tmp");
+        record(dir.path(), "plain", r#"{"init_process_pid":7,"config":{"labels":["bundle=/b"]}}"#);
+        check_start(dir.path(), "plain").expect("no label");
+        // The grant's label alone (a config may write it): not the wrapper's create.
+        let label = r#"{"config":{"labels":["tessera.io/allocated=GPU-1","bundle=/b"]}}"#;
+        record(dir.path(), "labelled", label);
+        check_start(dir.path(), "labelled").expect("not created to be confirmed");
+        check_start(dir.path(), "missing").expect("no record: runc says so");
+        check_start(dir.path(), "../plain").expect("not an id: runc refuses it");
+    }
+
+    #[test]
+    fn the_init_pid_is_runcs_record() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let id = record(dir.path(), "c", GPU);
+        assert_eq!(init_pid(dir.path(), &id).expect("pid"), 4242);
+        let zero = record(dir.path(), "z", r#"{"init_process_pid":0}"#);
+        assert!(matches!(init_pid(dir.path(), &zero), Err(ConfirmError::NoPid { .. })));
+        let none = record(dir.path(), "n", r#"{"id":"n"}"#);
+        let err = init_pid(dir.path(), &none).expect_err("no pid");
+        assert!(err.to_string().contains("no init pid"), "{err}");
+        let gone = ContainerId::new("gone").expect("id");
+        assert!(matches!(init_pid(dir.path(), &gone), Err(ConfirmError::State { .. })));
+    }
+}
