@@ -91,8 +91,13 @@ fn a_container_of_the_same_id_in_another_runc_root_cannot_release_a_running_gran
     node.fx.run_detached(&b, "victim");
     let before = c.allocation("victim").expect("grant");
 
-    // Same id, no GPU request, the wrapper's label forged, in another runc root.
+    // Another root tesserad watches (a GPU container was confirmed there)...
     let root = other_root(&node);
+    let watched = node.bundle("watched", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    let wd = watched.dir().to_string_lossy().into_owned();
+    wrapper_in(&node, &root, &["create", "--bundle", &wd, "watched"])
+        .assert_success("a GPU container in the other root");
+    // ...and in it a container of the same id: no GPU request, the wrapper's label forged.
     let mut evil = node.fx.bundle("evil");
     evil.args(&["sleep", "300"])
         .annotation("tessera.io/allocated", &before.devices[0].uuid)
@@ -101,9 +106,13 @@ fn a_container_of_the_same_id_in_another_runc_root_cannot_release_a_running_gran
     let bd = evil.dir().to_string_lossy().into_owned();
     wrapper_in(&node, &root, &["create", "--bundle", &bd, "victim"])
         .assert_success("create in the other root");
-    let out = wrapper_in(&node, &root, &["delete", "-f", "victim"]);
-    out.assert_success("delete in the other root");
-    assert!(runc_container_ids(&root).is_empty(), "the other root's container was not deleted");
+    for id in ["victim", "watched"] {
+        let out = wrapper_in(&node, &root, &["delete", "-f", id]);
+        out.assert_success("delete in the other root");
+    }
+    assert!(runc_container_ids(&root).is_empty(), "the other root's containers were not deleted");
+    // The removal in the watched root was seen: the other root's own grant is given back.
+    assert!(c.allocation("watched").is_err(), "the other root's GPU container kept its grant");
 
     assert_eq!(
         c.allocation("victim").ok().as_ref(),
@@ -111,6 +120,10 @@ fn a_container_of_the_same_id_in_another_runc_root_cannot_release_a_running_gran
         "the grant of the running container victim was released by deleting another root's container of the same id"
     );
     assert_eq!(node.fx.status("victim").as_deref(), Some("running"));
+    // Asked in so many words, with the other root: refused and recorded.
+    let other = json!({"runc_root": root.display().to_string()});
+    let (status, text) = json_request(&node, "DELETE", "/v1/allocations/victim", Some(other));
+    assert_eq!(status, 409, "{text}");
     let refused: Vec<_> =
         events_of(&node, "victim").into_iter().filter(|(k, _)| k == "release-refused").collect();
     assert!(!refused.is_empty(), "no release-refused event: {:?}", events_of(&node, "victim"));
@@ -148,12 +161,7 @@ fn a_release_naming_another_root_or_bundle_is_refused_and_recorded() {
     let node = Node::start_with(no_reconciler());
     let b = node.bundle("gone", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
     node.fx.run_detached(&b, "gone");
-    // Deleted with plain runc: the wrapper does not release, the daemon still holds it.
     let root = node.fx.runc_root().display().to_string();
-    let out = run_cmd(Command::new(RUNC).args(["--root", &root, "delete", "-f", "gone"]));
-    out.assert_success("runc delete");
-    assert!(node.client().allocation("gone").is_ok());
-
     let bundle = std::fs::canonicalize(b.dir()).unwrap().display().to_string();
     for body in [
         json!({"runc_root": "/tmp/elsewhere", "bundle": bundle}),
@@ -167,7 +175,11 @@ fn a_release_naming_another_root_or_bundle_is_refused_and_recorded() {
     let refused =
         events_of(&node, "gone").into_iter().filter(|(k, _)| k == "release-refused").count();
     assert_eq!(refused, 2, "{:?}", events_of(&node, "gone"));
-    // The container's own root and bundle: released.
+    // Deleted with plain runc in its own root: given back.
+    let out = run_cmd(Command::new(RUNC).args(["--root", &root, "delete", "-f", "gone"]));
+    out.assert_success("runc delete");
+    assert!(node.client().allocation("gone").is_err());
+    // A release of a grant that is gone is no error.
     let (status, text) = json_request(
         &node,
         "DELETE",
@@ -175,7 +187,6 @@ fn a_release_naming_another_root_or_bundle_is_refused_and_recorded() {
         Some(json!({"runc_root": root, "bundle": bundle})),
     );
     assert_eq!(status, 200, "{text}");
-    assert!(node.client().allocation("gone").is_err());
 }
 
 #[test]
@@ -221,6 +232,51 @@ fn a_created_gpu_container_that_was_never_confirmed_does_not_start() {
     let state = node.fx.state("unconfirmed").expect("still runc's");
     assert_eq!(state["status"], json!("created"), "{state}");
     node.fx.delete_container("unconfirmed", true).assert_success("delete");
+}
+
+/// A grant ends when runc removes its container, whoever deleted it and without a word to
+/// tesserad: here runc itself (not the wrapper) deletes it, the reconciler is off, and no
+/// request is made until the grant's cgroup has left tesserad's list beside its socket
+/// (written at every release; the scrub worker's tick, every 200 ms, is the action that
+/// sees the removal). Then the API agrees.
+#[test]
+fn a_grant_ends_when_runc_removes_its_container_without_a_word_to_tesserad() {
+    let node = Node::start_with(no_reconciler());
+    let b = node.bundle("watched", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "watched");
+    let list = tessera_api::cgroup::grant_cgroups_path(&node.socket);
+    let listed = |l: &Path| std::fs::read_to_string(l).unwrap_or_default();
+    assert!(!listed(&list).trim().is_empty(), "the running grant's cgroup is listed");
+    let out = Command::new(RUNC)
+        .arg("--root")
+        .arg(node.fx.runc_root())
+        .args(["delete", "--force", "watched"])
+        .output()
+        .expect("runc");
+    out.assert_success("runc delete, not through the wrapper");
+    assert!(
+        wait_for(|| listed(&list).trim().is_empty(), Duration::from_secs(10)),
+        "still listed: {}",
+        listed(&list)
+    );
+    assert!(node.client().allocation("watched").is_err(), "the grant is gone");
+}
+
+/// Every answer tesserad gives after runc's delete returned counts the grant as given back:
+/// deleted through the wrapper (a plain exec of runc now) and asked at once.
+#[test]
+fn the_first_answer_after_a_delete_counts_the_grant_as_given_back() {
+    let node = Node::start_with(no_reconciler());
+    let c = node.client();
+    for i in 0..5 {
+        let id = format!("quick{i}");
+        let b = node.bundle(&id, "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+        node.fx.run_detached(&b, &id);
+        assert!(c.allocation(&id).is_ok(), "{id}: granted");
+        node.fx.delete_container(&id, true).assert_success("delete");
+        let e = c.allocation(&id).expect_err("given back by the first answer");
+        assert_eq!(e.api_error().map(|e| e.code), Some(tessera_api::ErrorCode::NotFound), "{e}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------

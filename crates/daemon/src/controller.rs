@@ -400,6 +400,9 @@ impl Controller {
     /// blocking is fine — the daemon's start and stop, the fleet agent's `block_in_place`).
     /// A failure is logged here.
     pub fn apply(&self, action: Action) -> Result<Outcome, CoreError> {
+        // First the grants of containers runc removed since the last action: whatever this
+        // action answers or decides counts them as given back (crate::runc_watch).
+        self.settle_removed();
         let what = action.name();
         let container = action.container_id().map(str::to_owned);
         let may_change = action.may_change_capacity();
@@ -418,6 +421,19 @@ impl Controller {
             log_failure(what, container.as_deref(), e);
         }
         r
+    }
+
+    /// Release the grants whose runc record was removed ([`Node::settle_removed`]); what
+    /// is released is told to the fleet's books and to whoever follows the node's changes.
+    fn settle_removed(&self) {
+        match self.locked(|n| n.settle_removed()) {
+            Ok(released) if !released.is_empty() => {
+                self.report_quota_releases();
+                self.changes.send_modify(|n| *n = n.wrapping_add(1));
+            }
+            Ok(_) => {}
+            Err(e) => log_failure("releasing the grants of containers runc removed", None, &e),
+        }
     }
 
     /// One step under the node lock.

@@ -23,6 +23,7 @@ pub mod policy_reload;
 pub mod quota_gate;
 pub mod reload;
 pub mod report_fs;
+pub mod runc_watch;
 pub mod server;
 pub mod share;
 pub mod store;
@@ -298,6 +299,11 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     );
     // For the wrapper, which refuses a container in a grant's cgroup without asking.
     node.list_grant_cgroups_in(tessera_api::cgroup::grant_cgroups_path(&config.socket));
+    // A grant ends when runc removes its container's record, whoever deleted it.
+    match runc_watch::RuncWatch::new() {
+        Ok(w) => node.watch_runc_roots(w),
+        Err(e) => warn!("{e}; grants are given back by the reconciler's pass"),
+    }
     info!(node = %node.inventory().node, gpus = node.inventory().gpus.len(),
           policy_version = node.policy().policy.version(), policy_source = %node.policy().source, "tesserad starting");
     let gpu_majors = node.inventory().majors.all();

@@ -113,6 +113,9 @@ pub struct Node {
     grant_cgroups_file: Option<std::path::PathBuf>,
     /// Reconciler passes completed ([`tessera_api::NodeStatus::reconcile_passes`]).
     reconcile_passes: u64,
+    /// runc's roots watched for removed records ([`crate::runc_watch`]); `None` where the
+    /// host's records cannot be watched (then the reconciler's pass releases).
+    runc_watch: Option<crate::runc_watch::RuncWatch>,
     /// Updates of containers' limits admitted and not yet done (`runc update`).
     updates: BTreeMap<tessera_api::ContainerId, UpdateInFlight>,
     /// The node's own key (it signs the usage uploads), as status shows it.
@@ -201,6 +204,7 @@ impl Node {
             quota_released: Vec::new(),
             grant_cgroups_file: None,
             reconcile_passes: 0,
+            runc_watch: None,
             updates: BTreeMap::new(),
             node_key: None,
             in_fleet: false,

@@ -114,13 +114,13 @@ pub fn confirm_at(
 /// business (a config that writes the label itself only stops its own start).
 pub fn check_start(root: &Path, container_id: &str) -> Result<(), ConfirmError> {
     let Ok(id) = ContainerId::new(container_id) else { return Ok(()) };
-    if crate::supervise::delete_hint(root, container_id, CONFIRM_ANNOTATION).is_none() {
+    // Confirmed: one stat. Otherwise runc's record says whether it had to be.
+    if marker(root, &id).is_file()
+        || crate::supervise::delete_hint(root, container_id, CONFIRM_ANNOTATION).is_none()
+    {
         return Ok(());
     }
-    match marker(root, &id).is_file() {
-        true => Ok(()),
-        false => Err(ConfirmError::NotConfirmed),
-    }
+    Err(ConfirmError::NotConfirmed)
 }
 
 #[cfg(test)]

@@ -697,10 +697,11 @@ pub fn exec_runc(env: &RuntimeEnv, args: &[OsString]) -> std::io::Error {
 }
 
 /// The wrapper's whole run. It execs runc, except where it has work left once runc is
-/// done: a `create` or `run` of a GPU container and a `delete` of one, where it runs runc
-/// as a child ([`supervise`]) and gives the grant back once runc has no record of the
-/// container (a foreground run that ended, a create runc refused, a delete). Returns the
-/// exit code for those, and for failures.
+/// done: a `create` or `run` of a GPU container, where it runs runc as a child
+/// ([`supervise`]), confirms a created container ([`crate::confirm`]), and gives the grant
+/// back once runc has no record of the container (a foreground run that ended, a create
+/// runc refused). A `delete` is a plain exec: tesserad gives the grant back when runc
+/// removes the record. Returns the exit code where it did not exec, and for failures.
 pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
     let argv0 = args.first().cloned();
     // A configuration that cannot be read fails GPU requests only (with its sentence, in
@@ -745,14 +746,8 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
         (_, Prepared::Injected { container_id, release, .. }) => {
             Some((container_id.clone(), release.clone()))
         }
-        (Command::Delete(d), _) => {
-            supervise::delete_hint(&root, &d.container_id, spec::ALLOCATED_ANNOTATION).and_then(
-                |bundle| {
-                    let runc_root = Some(root.to_str()?.to_string());
-                    Some((d.container_id.clone(), ReleaseRequest { runc_root, bundle }))
-                },
-            )
-        }
+        // A delete is runc's alone: tesserad gives the grant back when runc removes the
+        // container's record (tesserad's watch of runc's roots), whoever deleted it.
         _ => None,
     };
     if let Some((container_id, release_req)) = release_after {

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use tessera_api::{untrusted, AllocationState};
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::{internal, Node};
 use crate::error::CoreError;
@@ -83,6 +83,103 @@ impl Node {
         }
         self.reconcile_passes += 1;
         Ok(report)
+    }
+
+    /// Watch runc's roots for removed records from now on: every root a grant names now,
+    /// and each a container is confirmed in later ([`crate::runc_watch`]).
+    /// A host whose records are not this machine's (a fixture) is not watched.
+    pub fn watch_runc_roots(&mut self, mut watch: crate::runc_watch::RuncWatch) {
+        if !self.host.watches_exits() {
+            return;
+        }
+        for rec in self.store.all().unwrap_or_default() {
+            if let Err(e) = watch.watch(Path::new(&rec.runc_root)) {
+                warn!("{e}; its grants are given back by the reconciler's pass");
+            }
+        }
+        self.runc_watch = Some(watch);
+    }
+
+    /// Watch `root` (a container was just confirmed there).
+    pub(super) fn watch_runc_root(&mut self, root: &str) {
+        let Some(w) = self.runc_watch.as_mut() else { return };
+        if let Err(e) = w.watch(Path::new(root)) {
+            warn!("{e}; its grants are given back by the reconciler's pass");
+        }
+    }
+
+    /// The grants whose runc record was removed since the last look, judged now by the
+    /// reconciler's rule and released where their container is gone. Returns the released
+    /// ids.
+    pub fn settle_removed(&mut self) -> Result<Vec<String>, CoreError> {
+        let Some(w) = self.runc_watch.as_mut() else { return Ok(Vec::new()) };
+        let removed = match w.drain() {
+            Ok(r) => r,
+            Err(e) => {
+                warn!("{e}; the reconciler's pass looks at every grant");
+                return Ok(Vec::new());
+            }
+        };
+        if removed.look_at_all {
+            let report = self.reconcile()?;
+            return Ok(report.released.into_iter().map(|(id, _)| id).collect());
+        }
+        let now = crate::now_ms();
+        let mut released = Vec::new();
+        for (root, name) in removed.entries {
+            let Ok(id) = tessera_api::ContainerId::new(name.as_str()) else { continue };
+            let Some(rec) = self.store.get(&id).map_err(internal)? else { continue };
+            if Path::new(&rec.runc_root) != root {
+                continue; // a container of the same id in another root
+            }
+            let a = &rec.allocation;
+            let facts = Facts {
+                runc_state_exists: self.host.runc_state_exists(&root, &a.container_id),
+                pid_start_now: a.pid.and_then(|p| self.host.pid_start_time(p)),
+                cgroup: match &rec.cgroup {
+                    Some(rel) => self.host.cgroup_procs(rel),
+                    None => CgroupProcs::NotRecorded,
+                },
+                age_ms: now.saturating_sub(a.created_ms),
+            };
+            let grace = self.pending_grace.as_millis() as u64;
+            match liveness::judge(a.state, rec.pid_start, &facts, grace) {
+                Liveness::Gone(why) => {
+                    self.drop_allocation(&a.container_id, &format!("runc removed it: {why}"))?;
+                    info!(container = %a.container_id, tenant = %a.tenant, %why, "released: runc removed the container");
+                    released.push(a.container_id.to_string());
+                }
+                // runc removed it, but a process left in its cgroup keeps its device rules:
+                // said once, here; the reconciler ends the grant once the cgroup is empty.
+                Liveness::Alive if !facts.runc_state_exists => {
+                    let held = match (&rec.cgroup, &facts.cgroup) {
+                        (Some(cg), CgroupProcs::Count(n)) if *n > 0 => Some(format!(
+                            "its cgroup {} still holds {n} process(es), which keep its device rules",
+                            untrusted(cg)
+                        )),
+                        (Some(cg), CgroupProcs::Unreadable(e)) => Some(format!(
+                            "cannot tell whether its cgroup {} is empty ({})",
+                            untrusted(cg),
+                            untrusted(e)
+                        )),
+                        _ => None,
+                    };
+                    if let Some(held) = held {
+                        let message = format!(
+                            "container {}: runc removed it, but {held}; nothing released (the grant ends once the cgroup is empty)",
+                            a.container_id
+                        );
+                        if let Err(e) =
+                            self.store.event("release-refused", Some(&a.container_id), &message)
+                        {
+                            warn!("cannot record a refused release: {e}");
+                        }
+                    }
+                }
+                Liveness::Alive => {}
+            }
+        }
+        Ok(released)
     }
 
     /// A running grant recorded without its cgroup (store schema 1) whose init still runs:

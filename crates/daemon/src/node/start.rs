@@ -85,6 +85,8 @@ impl Node {
         }
         let rec = self.store.set_running(rec, req.pid, start, Some(cgroup)).map_err(internal)?;
         self.write_grant_cgroups();
+        // runc's root exists now (it holds this container): its removal releases the grant.
+        self.watch_runc_root(&rec.runc_root);
         // Metering starts when the container does. Recorded after the pid, so a crash in
         // between is repaired by resume_metering on restart.
         self.open_intervals(&rec.allocation)?;

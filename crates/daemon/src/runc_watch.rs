@@ -1,0 +1,194 @@
+//! A grant is given back the moment runc removes its container's record, whoever ran the
+//! delete: tesserad watches runc's state roots (inotify) instead of waiting for the
+//! wrapper to report the delete (issue 29: `tessera-runtime delete` is a plain exec of
+//! runc, one fork and one round trip fewer on every container's teardown).
+//!
+//! runc removes `<root>/<id>/` last in a delete, after it killed the container's processes
+//! and removed its cgroup. The kernel queues that removal on the root's watch before runc
+//! exits, so it is queued before any caller can ask tesserad anything afterwards. The
+//! controller drains the queue before every action it applies: every answer given after
+//! runc's delete returned already counts the grant as given back, and with no request at
+//! all the scrub worker's tick (every 200 ms) releases it. What is released, and when, is still judged by the
+//! reconciler's rule ([`crate::liveness::judge`]) on what the host shows then: an event
+//! only says which record to look at.
+//!
+//! Where inotify is not to be had, or its queue overflowed, the reconciler's pass does
+//! it: later, never sooner.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// Why a root cannot be watched.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error("cannot start an inotify instance: {0}")]
+    Init(io::Error),
+    #[error("cannot watch runc's root {}: {source}", .root.display())]
+    Add { root: PathBuf, source: io::Error },
+    #[error("runc's root {} is not a path the kernel takes", .0.display())]
+    Path(PathBuf),
+    #[error("cannot read the inotify queue: {0}")]
+    Read(io::Error),
+}
+
+/// What a drain of the queue found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Removed {
+    /// `(root, name)`: an entry of a watched root that was removed or moved away.
+    pub entries: Vec<(PathBuf, String)>,
+    /// Events were lost (the queue overflowed) or a watched root went away: every grant
+    /// must be judged again.
+    pub look_at_all: bool,
+}
+
+/// The watched roots of one inotify instance (non-blocking).
+#[derive(Debug)]
+pub struct RuncWatch {
+    fd: OwnedFd,
+    roots: BTreeMap<i32, PathBuf>,
+}
+
+const MASK: u32 = libc::IN_DELETE | libc::IN_MOVED_FROM | libc::IN_ONLYDIR;
+
+impl RuncWatch {
+    pub fn new() -> Result<RuncWatch, WatchError> {
+        // SAFETY: a plain syscall with integer flags; it returns a new descriptor or -1.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if fd < 0 {
+            return Err(WatchError::Init(io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` was just opened by the kernel for us and nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(RuncWatch { fd, roots: BTreeMap::new() })
+    }
+
+    /// Watch `root` (once; a root watched already is a no-op).
+    pub fn watch(&mut self, root: &Path) -> Result<(), WatchError> {
+        if self.roots.values().any(|r| r == root) {
+            return Ok(());
+        }
+        let c = CString::new(root.as_os_str().as_bytes())
+            .map_err(|_| WatchError::Path(root.to_path_buf()))?;
+        // SAFETY: `c` is a valid NUL-terminated path for the call's duration; the
+        // descriptor is ours and open.
+        let wd = unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), c.as_ptr(), MASK) };
+        if wd < 0 {
+            let source = io::Error::last_os_error();
+            return Err(WatchError::Add { root: root.to_path_buf(), source });
+        }
+        self.roots.insert(wd, root.to_path_buf());
+        Ok(())
+    }
+
+    /// Whether `root` is watched.
+    pub fn watches(&self, root: &Path) -> bool {
+        self.roots.values().any(|r| r == root)
+    }
+
+    /// Everything queued so far (never blocks).
+    pub fn drain(&mut self) -> Result<Removed, WatchError> {
+        let mut out = Removed::default();
+        // Room for many events at once; each is a header and a NUL-padded name.
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // SAFETY: `buf` is valid for writes of its whole length; the descriptor is open.
+            let n = unsafe {
+                libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast::<libc::c_void>(), buf.len())
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                return match e.kind() {
+                    io::ErrorKind::WouldBlock => Ok(out),
+                    io::ErrorKind::Interrupted => continue,
+                    _ => Err(WatchError::Read(e)),
+                };
+            }
+            if n == 0 {
+                return Ok(out);
+            }
+            self.parse(&buf[..n as usize], &mut out);
+        }
+    }
+
+    /// The events in `bytes` (whole events: the kernel never splits one across reads).
+    fn parse(&mut self, bytes: &[u8], out: &mut Removed) {
+        const HEADER: usize = std::mem::size_of::<libc::inotify_event>();
+        let mut at = 0;
+        while at + HEADER <= bytes.len() {
+            let field = |off: usize| {
+                let b = &bytes[at + off..at + off + 4];
+                [b[0], b[1], b[2], b[3]]
+            };
+            // struct inotify_event { int wd; u32 mask; u32 cookie; u32 len; char name[]; }
+            let wd = i32::from_ne_bytes(field(0));
+            let mask = u32::from_ne_bytes(field(4));
+            let len = u32::from_ne_bytes(field(12)) as usize;
+            let name_bytes = bytes.get(at + HEADER..at + HEADER + len).unwrap_or_default();
+            at += HEADER + len;
+            if mask & libc::IN_Q_OVERFLOW != 0 {
+                out.look_at_all = true;
+                continue;
+            }
+            if mask & libc::IN_IGNORED != 0 {
+                // The root itself went away (or was unmounted): its records with it.
+                self.roots.remove(&wd);
+                out.look_at_all = true;
+                continue;
+            }
+            let Some(root) = self.roots.get(&wd) else { continue };
+            let end = name_bytes.iter().position(|&b| b == 0).unwrap_or(name_bytes.len());
+            if let Ok(name) = std::str::from_utf8(&name_bytes[..end]) {
+                if !name.is_empty() {
+                    out.entries.push((root.clone(), name.to_string()));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_removed_record_directory_is_reported_with_its_root() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().join("runc");
+        std::fs::create_dir_all(root.join("c1")).expect("mkdir");
+        std::fs::create_dir_all(root.join("c2")).expect("mkdir");
+        std::fs::write(root.join("c1/state.json"), "{}").expect("state");
+        let mut w = RuncWatch::new().expect("inotify");
+        w.watch(&root).expect("watch");
+        w.watch(&root).expect("twice is once");
+        assert_eq!(w.drain().expect("drain"), Removed::default(), "nothing yet");
+        std::fs::remove_dir_all(root.join("c1")).expect("rm");
+        std::fs::rename(root.join("c2"), dir.path().join("away")).expect("mv");
+        // A file inside a record, and a new record, are not removals of a record.
+        std::fs::create_dir_all(root.join("c3")).expect("mkdir");
+        let got = w.drain().expect("drain");
+        assert_eq!(
+            got.entries,
+            vec![(root.clone(), "c1".to_string()), (root.clone(), "c2".to_string())]
+        );
+        assert!(!got.look_at_all);
+        assert_eq!(w.drain().expect("drain"), Removed::default(), "drained");
+    }
+
+    #[test]
+    fn a_root_that_goes_away_asks_for_a_look_at_everything() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().join("runc");
+        std::fs::create_dir_all(&root).expect("mkdir");
+        let mut w = RuncWatch::new().expect("inotify");
+        w.watch(&root).expect("watch");
+        std::fs::remove_dir(&root).expect("rmdir");
+        assert!(w.drain().expect("drain").look_at_all);
+        assert!(!w.watches(&root));
+        let missing = dir.path().join("never");
+        assert!(matches!(w.watch(&missing), Err(WatchError::Add { .. })));
+    }
+}
