@@ -279,6 +279,49 @@ fn the_first_answer_after_a_delete_counts_the_grant_as_given_back() {
     }
 }
 
+/// However `start` is spelled: runc reads `start -- ID` as `start ID` (Go's flag package
+/// ends the flags at `--`), so the wrapper must find the id there too.
+#[test]
+fn a_never_confirmed_gpu_container_does_not_start_however_start_is_spelled() {
+    let node = Node::start_with(no_reconciler());
+    let b = node.bundle("unconf-dd", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.create_container(&b, "unconf-dd").assert_success("create");
+    let marker = node.fx.runc_root().join("unconf-dd").join("tessera-confirmed");
+    std::fs::remove_file(&marker).expect("remove the marker");
+    let out = node.fx.runc(&["start", "--", "unconf-dd"], &[]);
+    let state = node.fx.state("unconf-dd").expect("still runc's");
+    node.fx.delete_container("unconf-dd", true).assert_success("delete");
+    assert!(!out.status.success(), "start -- ID: started ({state}): {}", out.stderr_str());
+    let err = out.stderr_str();
+    assert!(err.contains("container unconf-dd: its GPU grant was never confirmed"), "{err}");
+    assert_eq!(state["status"], json!("created"), "{state}");
+}
+
+/// Nor does it take an exec: runc execs into a created container, and the exec'd process
+/// would run with the container's devices (and whatever tesserad refused, if the undo of a
+/// refused create failed) before tesserad ever confirmed it.
+#[test]
+fn a_never_confirmed_gpu_container_takes_no_exec() {
+    let node = Node::start_with(no_reconciler());
+    let b = node.bundle("unconf-ex", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.create_container(&b, "unconf-ex").assert_success("create");
+    let marker = node.fx.runc_root().join("unconf-ex").join("tessera-confirmed");
+    std::fs::remove_file(&marker).expect("remove the marker");
+    let plain = node.fx.exec("unconf-ex", &["sh", "-c", "echo ran"]);
+    let dashed = node.fx.runc(&["exec", "--", "unconf-ex", "sh", "-c", "echo ran"], &[]);
+    node.fx.delete_container("unconf-ex", true).assert_success("delete");
+    for (how, out) in [("exec ID", plain), ("exec -- ID", dashed)] {
+        assert!(
+            !out.status.success() && !out.stdout_str().contains("ran"),
+            "{how}: ran in a never-confirmed GPU container: {} {}",
+            out.stdout_str(),
+            out.stderr_str()
+        );
+        let err = out.stderr_str();
+        assert!(err.contains("its GPU grant was never confirmed"), "{how}: {err}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Class 2 (b): a running grant outlives its init while a process is left in its cgroup
 // ---------------------------------------------------------------------------------------

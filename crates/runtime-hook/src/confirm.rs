@@ -8,10 +8,12 @@
 //!   (namespaces, the whole mount table, the cgroup and its limits) and opens the metering
 //!   interval, durably. Only then is the marker [`CONFIRMED_MARKER`] written into runc's
 //!   own record directory of the container.
-//! - [`check_start`]: `start` of a container whose runc record carries the label
+//! - [`check_confirmed`]: `start` of a container whose runc record carries the label
 //!   [`CONFIRM_ANNOTATION`] (written by the wrapper into every GPU container it creates) and
-//!   no marker is refused: a create that was killed between runc and tesserad (or
-//!   whose confirmation failed and whose undo failed too) never starts with its devices.
+//!   no marker is refused, and so is an `exec` into it (runc execs into a created
+//!   container): a create that was killed between runc and tesserad (or whose
+//!   confirmation failed and whose undo failed too) runs nothing with its devices.
+//!   [`check_start_args`] finds the id where runc does (`start ID` or `start -- ID`).
 //!
 //! The marker lives in runc's record directory (`<root>/<id>/`, root's alone), so it goes
 //! with the record: `runc delete` removes both, and an id used again starts without one.
@@ -48,7 +50,7 @@ pub enum ConfirmError {
     Marker { path: PathBuf, source: io::Error },
     #[error(
         "its GPU grant was never confirmed after `runc create` (tessera-runtime's create did \
-         not finish); refusing to start it: delete the container and create it again"
+         not finish); refusing to run anything in it: delete the container and create it again"
     )]
     NotConfirmed,
 }
@@ -108,11 +110,12 @@ pub fn confirm_at(
     confirm_created(&Client::new(socket).with_timeout(CONFIRM_TIMEOUT), root, id, bundle)
 }
 
-/// Whether `runc start` of `container_id` may go ahead: refused for a container the
-/// wrapper created to be confirmed (its record carries [`CONFIRM_ANNOTATION`], or cannot be
-/// read) that never was. Containers without a record, or without the label, are runc's
-/// business (a config that writes the label itself only stops its own start).
-pub fn check_start(root: &Path, container_id: &str) -> Result<(), ConfirmError> {
+/// Whether `runc start` of `container_id`, or an exec into it, may go ahead: refused for a
+/// container the wrapper created to be confirmed (its record carries
+/// [`CONFIRM_ANNOTATION`], or cannot be read) that never was. Containers without a record,
+/// or without the label, are runc's business (a config that writes the label itself only
+/// stops its own start).
+pub fn check_confirmed(root: &Path, container_id: &str) -> Result<(), ConfirmError> {
     let Ok(id) = ContainerId::new(container_id) else { return Ok(()) };
     // Confirmed: one stat. Otherwise runc's record says whether it had to be.
     if marker(root, &id).is_file()
@@ -121,6 +124,16 @@ pub fn check_start(root: &Path, container_id: &str) -> Result<(), ConfirmError> 
         return Ok(());
     }
     Err(ConfirmError::NotConfirmed)
+}
+
+/// [`check_confirmed`] for the arguments of `runc start` (those after the verb). runc 1.1
+/// takes `start ID` and `start -- ID` alike (Go's flag package ends the flags at `--`), and
+/// refuses anything else (help aside): every argument but `--` is checked as the id it may
+/// be, so no spelling starts an unconfirmed container.
+pub fn check_start_args(root: &Path, args: &[std::ffi::OsString]) -> Result<(), ConfirmError> {
+    args.iter()
+        .filter(|a| a.as_os_str() != "--")
+        .try_for_each(|a| check_confirmed(root, &a.to_string_lossy()))
 }
 
 #[cfg(test)]
@@ -141,31 +154,44 @@ mod tests {
     fn a_gpu_container_starts_only_once_confirmed() {
         let dir = tempfile::tempdir().expect("tmp");
         let id = record(dir.path(), "c", GPU);
-        let err = check_start(dir.path(), "c").expect_err("never confirmed");
+        let err = check_confirmed(dir.path(), "c").expect_err("never confirmed");
         assert!(matches!(err, ConfirmError::NotConfirmed), "{err}");
         assert!(err.to_string().contains("never confirmed after `runc create`"), "{err}");
         std::fs::write(marker(dir.path(), &id), "").expect("marker");
-        check_start(dir.path(), "c").expect("confirmed");
+        check_confirmed(dir.path(), "c").expect("confirmed");
+    }
+
+    #[test]
+    fn every_spelling_of_start_runc_reads_is_checked() {
+        let dir = tempfile::tempdir().expect("tmp");
+        record(dir.path(), "c", GPU);
+        let args = |s: &str| s.split(' ').map(std::ffi::OsString::from).collect::<Vec<_>>();
+        for line in ["c", "-- c", "c --", "--help c", "x c"] {
+            let err = check_start_args(dir.path(), &args(line)).expect_err(line);
+            assert!(matches!(err, ConfirmError::NotConfirmed), "{line}: {err}");
+        }
+        check_start_args(dir.path(), &args("-- other")).expect("not a GPU container");
+        check_start_args(dir.path(), &[]).expect("runc says what is missing");
     }
 
     #[test]
     fn a_record_that_cannot_be_read_is_a_gpu_containers_until_confirmed() {
         let dir = tempfile::tempdir().expect("tmp");
         record(dir.path(), "odd", "{not json");
-        assert!(matches!(check_start(dir.path(), "odd"), Err(ConfirmError::NotConfirmed)));
+        assert!(matches!(check_confirmed(dir.path(), "odd"), Err(ConfirmError::NotConfirmed)));
     }
 
     #[test]
     fn other_containers_start_as_runc_says() {
         let dir = tempfile::tempdir().expect("tmp");
         record(dir.path(), "plain", r#"{"init_process_pid":7,"config":{"labels":["bundle=/b"]}}"#);
-        check_start(dir.path(), "plain").expect("no label");
+        check_confirmed(dir.path(), "plain").expect("no label");
         // The grant's label alone (a config may write it): not the wrapper's create.
         let label = r#"{"config":{"labels":["tessera.io/allocated=GPU-1","bundle=/b"]}}"#;
         record(dir.path(), "labelled", label);
-        check_start(dir.path(), "labelled").expect("not created to be confirmed");
-        check_start(dir.path(), "missing").expect("no record: runc says so");
-        check_start(dir.path(), "../plain").expect("not an id: runc refuses it");
+        check_confirmed(dir.path(), "labelled").expect("not created to be confirmed");
+        check_confirmed(dir.path(), "missing").expect("no record: runc says so");
+        check_confirmed(dir.path(), "../plain").expect("not an id: runc refuses it");
     }
 
     #[test]

@@ -16,7 +16,9 @@
 //! for every container, a `--cgroup` that is not plainly below the container's own, and for
 //! a GPU container a process holding a capability outside
 //! [`spec::GPU_CAPABILITIES`](crate::spec::GPU_CAPABILITIES) (without a user namespace of
-//! its own) or real-time priority — as its create would have been refused.
+//! its own) or real-time priority — as its create would have been refused. Nor is an exec
+//! let into a GPU container `runc create` made that tesserad never confirmed
+//! ([`crate::confirm::check_confirmed`]): its process would hold the devices first.
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
@@ -169,6 +171,9 @@ pub fn check_exec(root: &Path, args: &[OsString]) -> Result<(), ExecError> {
     }
     let id = exec.container_id.clone();
     let gpu = |why: String| ExecError::Gpu { id: id.clone(), why };
+    // A GPU container `runc create` made but tesserad never confirmed runs nothing, its
+    // init (held by `start`) or an exec'd process (runc execs into a created container).
+    crate::confirm::check_confirmed(root, &exec.container_id).map_err(|e| gpu(e.to_string()))?;
     // A GPU container (tessera-runtime labelled it at create); its record unreadable counts
     // as one (fail closed).
     let bundle = match supervise::delete_hint(root, &exec.container_id, spec::ALLOCATED_ANNOTATION)

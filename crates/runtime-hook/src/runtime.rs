@@ -623,7 +623,8 @@ fn confirm(
 
 /// A created container tesserad did not confirm: `runc delete --force` with the caller's
 /// root and cgroup manager, then the grant back. If the delete fails the record stays
-/// without its marker, and [`crate::confirm::check_start`] refuses to start it.
+/// without its marker, and [`crate::confirm::check_confirmed`] refuses to start it or exec
+/// into it.
 fn undo_create(
     env: &RuntimeEnv,
     global: &GlobalOptions,
@@ -791,16 +792,14 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
     // A start: a GPU container only once tesserad confirmed what `runc create` made.
     if let Command::Other { verb, args: rest } = &inv.command {
         if verb == "start" {
-            if let [id] = rest.as_slice() {
-                let id = id.to_string_lossy();
-                if let Err(e) = crate::confirm::check_start(&root, &id) {
-                    report(&Failure {
-                        error: RuntimeError::Confirm(e),
-                        container_id: Some(id.into_owned()),
-                        global: Some(inv.global),
-                    });
-                    return 1;
-                }
+            if let Err(e) = crate::confirm::check_start_args(&root, rest) {
+                let id = rest.iter().find(|a| a.as_os_str() != "--");
+                report(&Failure {
+                    error: RuntimeError::Confirm(e),
+                    container_id: id.map(|a| a.to_string_lossy().into_owned()),
+                    global: Some(inv.global),
+                });
+                return 1;
             }
         }
     }
