@@ -179,6 +179,24 @@ fn an_exec_cannot_give_a_gpu_container_what_its_create_was_refused() {
     if opened(&out.stdout_str()) > 1 {
         through.push(format!("exec --process (docker exec --privileged): {:?}", out.stdout_str()));
     }
+    // Go's flag package (runc's, through urfave/cli) reads a long flag with one dash too:
+    // `-cap X` is `--cap X`, `-process=F` is `--process F`.
+    let out = node
+        .fx
+        .runc(&["exec", "-cap", "CAP_SYS_ADMIN", "held", "sh", "-c", &escape("/tmp/m3")], &[]);
+    if opened(&out.stdout_str()) > 1 {
+        through.push(format!("exec -cap CAP_SYS_ADMIN: {:?}", out.stdout_str()));
+    }
+    let process = json!({
+        "terminal": false, "user": {"uid": 0, "gid": 0}, "cwd": "/",
+        "args": ["sh", "-c", escape("/tmp/m4")], "env": [DEFAULT_PATH_ENV],
+        "capabilities": caps_with(&["CAP_SYS_ADMIN"]), "noNewPrivileges": false
+    });
+    fs::write(&file, serde_json::to_vec(&process).unwrap()).unwrap();
+    let out = node.fx.runc(&["exec", &format!("-process={}", file.display()), "held"], &[]);
+    if opened(&out.stdout_str()) > 1 {
+        through.push(format!("exec -process=F: {:?}", out.stdout_str()));
+    }
     node.fx.delete_container("held", true).assert_success("delete");
     assert!(
         through.is_empty(),
@@ -213,10 +231,13 @@ fn an_exec_cannot_join_a_gpu_grants_cgroup_through_runcs_string_prefix_check() {
 
     let probe = format!("grep devices /proc/self/cgroup; {OPEN_PROBE}");
     let mut through = Vec::new();
-    for sub in ["../gpuab", "devices:../gpuab"] {
-        let out = node.fx.runc(&["exec", "--cgroup", sub, "gpu", "sh", "-c", &probe], &[]);
+    // `-cgroup` is `--cgroup` to Go's flag package.
+    for (flag, sub) in
+        [("--cgroup", "../gpuab"), ("--cgroup", "devices:../gpuab"), ("-cgroup", "../gpuab")]
+    {
+        let out = node.fx.runc(&["exec", flag, sub, "gpu", "sh", "-c", &probe], &[]);
         if opened(&out.stdout_str()) > 0 {
-            through.push(format!("exec --cgroup {sub}: {:?}", out.stdout_str()));
+            through.push(format!("exec {flag} {sub}: {:?}", out.stdout_str()));
         }
     }
     for id in ["gpu", "gpuab"] {

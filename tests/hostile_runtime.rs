@@ -309,8 +309,10 @@ fn a_never_confirmed_gpu_container_takes_no_exec() {
     std::fs::remove_file(&marker).expect("remove the marker");
     let plain = node.fx.exec("unconf-ex", &["sh", "-c", "echo ran"]);
     let dashed = node.fx.runc(&["exec", "--", "unconf-ex", "sh", "-c", "echo ran"], &[]);
+    // Go's flag package reads `-cwd` as `--cwd`: its value is not the container id.
+    let go_flag = node.fx.runc(&["exec", "-cwd", "/", "unconf-ex", "sh", "-c", "echo ran"], &[]);
     node.fx.delete_container("unconf-ex", true).assert_success("delete");
-    for (how, out) in [("exec ID", plain), ("exec -- ID", dashed)] {
+    for (how, out) in [("exec ID", plain), ("exec -- ID", dashed), ("exec -cwd / ID", go_flag)] {
         assert!(
             !out.status.success() && !out.stdout_str().contains("ran"),
             "{how}: ran in a never-confirmed GPU container: {} {}",

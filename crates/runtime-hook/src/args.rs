@@ -148,7 +148,7 @@ impl RuncInvocation {
 }
 
 /// One argument, classified the way Go's `flag` package does.
-enum Token<'a> {
+pub(crate) enum Token<'a> {
     /// `--`: the end of flags.
     EndOfFlags,
     /// Not a flag.
@@ -160,7 +160,8 @@ enum Token<'a> {
     Odd,
 }
 
-fn classify(arg: &OsStr) -> Token<'_> {
+/// Go's `flag` reading of one argument: `-name` and `--name` are the same flag.
+pub(crate) fn classify(arg: &OsStr) -> Token<'_> {
     let bytes = arg.as_encoded_bytes();
     if bytes.len() < 2 || bytes[0] != b'-' {
         return Token::Positional;

@@ -41,26 +41,27 @@ pub const GRANT_ENV: &[&str] = &[
 /// The largest config.json or process.json read.
 const MAX_JSON: u64 = 16 << 20;
 
-/// `runc exec` options that take a value (runc 1.1), short and long.
+/// `runc exec` options that take a value (runc 1.1), short and long, as Go's `flag`
+/// package names them: `-cwd`, `--cwd`, `-cwd=X` and `--cwd=X` are one flag.
 const VALUE_FLAGS: &[&str] = &[
-    "--console-socket",
-    "--cwd",
-    "--env",
-    "-e",
-    "--user",
-    "-u",
-    "--additional-gids",
-    "-g",
-    "--process",
-    "-p",
-    "--apparmor",
-    "--process-label",
-    "--pid-file",
-    "--cap",
-    "-c",
-    "--preserve-fds",
-    "--cgroup",
-    "--pidfd-socket",
+    "console-socket",
+    "cwd",
+    "env",
+    "e",
+    "user",
+    "u",
+    "additional-gids",
+    "g",
+    "process",
+    "p",
+    "apparmor",
+    "process-label",
+    "pid-file",
+    "cap",
+    "c",
+    "preserve-fds",
+    "cgroup",
+    "pidfd-socket",
 ];
 
 /// Where an exec's process is described: a `--process` file, or the command line.
@@ -83,38 +84,40 @@ pub struct ExecArgs {
 /// Reads `runc exec`'s arguments (those after the verb). `None` when there is no
 /// container id (runc will say what is wrong).
 pub fn parse_exec(args: &[OsString]) -> Option<ExecArgs> {
+    use crate::args::{classify, Token};
     let mut process = None;
     let (mut caps, mut cgroups) = (Vec::new(), Vec::new());
     let mut i = 0;
     let mut flags_end = None;
+    // runc's exec keeps urfave/cli from reordering (`SkipArgReorder`): Go's `flag` reads
+    // flags up to the first positional argument or `--`, with one dash or two, a value
+    // `=`-joined or next (any bytes, as Go's strings are).
     while i < args.len() {
-        let a = args[i].to_str()?;
-        if a == "--" {
-            flags_end = Some(i);
-            i += 1;
-            break;
-        }
-        if !a.starts_with('-') || a == "-" {
-            break;
-        }
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) => (f, Some(v)),
-            None => (a, None),
-        };
-        if VALUE_FLAGS.contains(&flag) {
-            let value = match inline {
-                Some(v) => OsString::from(v),
-                None => {
-                    i += 1;
-                    args.get(i)?.clone()
-                }
-            };
-            match flag {
-                "--process" | "-p" => process = Some(PathBuf::from(value)),
-                "--cap" | "-c" => caps.push(value.to_string_lossy().into_owned()),
-                "--cgroup" => cgroups.push(value.to_string_lossy().into_owned()),
-                _ => {}
+        match classify(&args[i]) {
+            Token::EndOfFlags => {
+                flags_end = Some(i);
+                i += 1;
+                break;
             }
+            Token::Positional => break,
+            // Not flag syntax, or a name that is not UTF-8: runc refuses it.
+            Token::Odd => {}
+            Token::Flag { name, value } if VALUE_FLAGS.contains(&name) => {
+                let value = match value {
+                    Some(v) => v.to_os_string(),
+                    None => {
+                        i += 1;
+                        args.get(i)?.clone()
+                    }
+                };
+                match name {
+                    "process" | "p" => process = Some(PathBuf::from(value)),
+                    "cap" | "c" => caps.push(value.to_string_lossy().into_owned()),
+                    "cgroup" => cgroups.push(value.to_string_lossy().into_owned()),
+                    _ => {}
+                }
+            }
+            Token::Flag { .. } => {}
         }
         i += 1;
     }
@@ -374,6 +377,25 @@ mod tests {
         assert_eq!(parse_exec(&os("--pidfd-socket /s c5")).unwrap().container_id, "c5");
         assert_eq!(parse_exec(&os("--tty")), None);
         assert_eq!(parse_exec(&os("--cwd")), None);
+    }
+
+    /// Go's `flag` package: a long flag with one dash, a short one with two, and a value
+    /// that is not UTF-8 are all runc's flags; none hides the id or a capability.
+    #[test]
+    fn every_spelling_go_reads_as_a_flag_is_one() {
+        let e = parse_exec(&os("-cwd / -cap CAP_SYS_ADMIN --c=CAP_NET_ADMIN c1 sh")).unwrap();
+        assert_eq!((e.container_id.as_str(), e.id_index), ("c1", 5));
+        assert_eq!(e.caps, ["CAP_SYS_ADMIN", "CAP_NET_ADMIN"]);
+        let e = parse_exec(&os("-process=/f -cgroup ../x --p /g c2")).unwrap();
+        assert_eq!(
+            (e.process, e.cgroups, e.container_id.as_str()),
+            (Some("/g".into()), vec!["../x".to_string()], "c2")
+        );
+        use std::os::unix::ffi::OsStringExt;
+        let mut args = vec![OsString::from_vec(b"--env=\xff".to_vec())];
+        args.extend(os("--cap CAP_SYS_ADMIN c3 sh"));
+        let e = parse_exec(&args).expect("a value of any bytes is a value");
+        assert_eq!((e.caps, e.container_id.as_str()), (vec!["CAP_SYS_ADMIN".to_string()], "c3"));
     }
 
     #[test]
