@@ -324,6 +324,28 @@ fn a_never_confirmed_gpu_container_takes_no_exec() {
     }
 }
 
+/// The wrapper writes its rewrite back into the bundle: a bundle once created (annotated to
+/// be confirmed after `runc create`) and then run (`runc run -d`, confirmed by the prestart
+/// hook, no marker) is not taken for a never-confirmed create: its container takes an exec.
+#[test]
+fn a_gpu_bundle_created_once_then_run_takes_an_exec() {
+    let node = Node::start_with(no_reconciler());
+    let b = node.bundle("reused", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.create_container(&b, "reused").assert_success("create");
+    node.fx.delete_container("reused", true).assert_success("delete");
+    let bd = b.dir().to_string_lossy().into_owned();
+    let root = node.fx.runc_root();
+    wrapper_in(&node, &root, &["run", "-d", "--bundle", &bd, "reused"]).assert_success("run -d");
+    let out = node.fx.exec("reused", &["sh", "-c", "echo ran"]);
+    node.fx.delete_container("reused", true).assert_success("delete");
+    assert!(
+        out.status.success() && out.stdout_str().contains("ran"),
+        "exec into a run container: {} {}",
+        out.stdout_str(),
+        out.stderr_str()
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Class 2 (b): a running grant outlives its init while a process is left in its cgroup
 // ---------------------------------------------------------------------------------------

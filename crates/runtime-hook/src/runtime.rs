@@ -1221,7 +1221,10 @@ mod tests {
 
     #[test]
     fn a_run_is_confirmed_by_the_prestart_hook() {
-        let cfg = gpu_config(json!({"tessera.io/gpu": "mig=1g.10gb"}), json!(["PATH=/bin"]));
+        // The bundle was created once before: its config says so (removed for the run).
+        let annotations =
+            json!({"tessera.io/gpu": "mig=1g.10gb", "tessera.io/confirm": "after-create"});
+        let cfg = gpu_config(annotations, json!(["PATH=/bin"]));
         let f = Fixture::new(&cfg);
         let h = f.serve(vec![http("201 Created", &allocation())]);
         prepare(&f.args("run --bundle bundle abc"), &f.env).expect("prepares");

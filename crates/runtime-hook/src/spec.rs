@@ -847,8 +847,9 @@ fn validate_injection(inj: &Injection, hooks: &HookConfig) -> Result<(), SpecErr
 ///   injected bind mounts are appended (`rbind, ro|rw, nosuid, nodev`).
 /// - `hooks.prestart`: any earlier entry for the same hook binary is removed, and where
 ///   `hooks.prestart` says so `tessera-hook prestart` is appended, whose whole env is
-///   `TESSERA_SOCKET=...`; where it does not, the annotation [`CONFIRM_ANNOTATION`] says
-///   that tessera-runtime confirms the container after `runc create`. Entries for that
+///   `TESSERA_SOCKET=...` (and an annotation [`CONFIRM_ANNOTATION`] is removed); where it
+///   does not, that annotation says that tessera-runtime confirms the container after
+///   `runc create`. Entries for that
 ///   binary in `hooks.poststop` (written by earlier versions) are removed: the wrapper
 ///   itself releases the grant once runc has deleted the container (see `runtime`).
 ///
@@ -1040,6 +1041,11 @@ pub fn apply_injection(
     if !hooks.prestart {
         let annotations = object_entry(root, "annotations", "annotations")?;
         annotations.insert(CONFIRM_ANNOTATION.into(), Value::String(CONFIRM_AFTER_CREATE.into()));
+    } else if let Some(annotations) = root.get_mut("annotations").and_then(Value::as_object_mut) {
+        // A run is confirmed by its hook: the bundle may still say otherwise from an earlier
+        // create this wrapper rewrote, which would hold the run's container for one never
+        // confirmed (crate::confirm::check_confirmed refuses its execs).
+        annotations.remove(CONFIRM_ANNOTATION);
     }
     Ok(())
 }
