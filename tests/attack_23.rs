@@ -187,6 +187,14 @@ fn an_exec_cannot_give_a_gpu_container_what_its_create_was_refused() {
     if opened(&out.stdout_str()) > 1 {
         through.push(format!("exec -cap CAP_SYS_ADMIN: {:?}", out.stdout_str()));
     }
+    // A `-h` after the id is the exec'd command's (runc's exec does not reorder), not help.
+    let out = node.fx.runc(
+        &["exec", "--cap", "CAP_SYS_ADMIN", "held", "sh", "-c", &escape("/tmp/m5"), "-h"],
+        &[],
+    );
+    if opened(&out.stdout_str()) > 1 {
+        through.push(format!("exec --cap CAP_SYS_ADMIN ID .. -h: {:?}", out.stdout_str()));
+    }
     let process = json!({
         "terminal": false, "user": {"uid": 0, "gid": 0}, "cwd": "/",
         "args": ["sh", "-c", escape("/tmp/m4")], "env": [DEFAULT_PATH_ENV],

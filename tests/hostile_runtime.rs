@@ -311,8 +311,15 @@ fn a_never_confirmed_gpu_container_takes_no_exec() {
     let dashed = node.fx.runc(&["exec", "--", "unconf-ex", "sh", "-c", "echo ran"], &[]);
     // Go's flag package reads `-cwd` as `--cwd`: its value is not the container id.
     let go_flag = node.fx.runc(&["exec", "-cwd", "/", "unconf-ex", "sh", "-c", "echo ran"], &[]);
+    // A `-h` of the exec'd command (runc's exec does not reorder its arguments) is not runc's.
+    let help = node.fx.runc(&["exec", "unconf-ex", "sh", "-c", "echo ran", "-h"], &[]);
     node.fx.delete_container("unconf-ex", true).assert_success("delete");
-    for (how, out) in [("exec ID", plain), ("exec -- ID", dashed), ("exec -cwd / ID", go_flag)] {
+    for (how, out) in [
+        ("exec ID", plain),
+        ("exec -- ID", dashed),
+        ("exec -cwd / ID", go_flag),
+        ("exec ID sh -c .. -h", help),
+    ] {
         assert!(
             !out.status.success() && !out.stdout_str().contains("ran"),
             "{how}: ran in a never-confirmed GPU container: {} {}",

@@ -79,6 +79,9 @@ pub struct ExecArgs {
     pub id_index: usize,
     /// Where flags may be added: before a `--`, else before the container id.
     pub flags_end: usize,
+    /// `-h`/`--help` (true) among the flags: runc prints its help and runs nothing. One
+    /// after the id is the exec'd command's (runc's exec does not reorder its arguments).
+    pub help: bool,
 }
 
 /// Reads `runc exec`'s arguments (those after the verb). `None` when there is no
@@ -89,6 +92,7 @@ pub fn parse_exec(args: &[OsString]) -> Option<ExecArgs> {
     let (mut caps, mut cgroups) = (Vec::new(), Vec::new());
     let mut i = 0;
     let mut flags_end = None;
+    let mut help = false;
     // runc's exec keeps urfave/cli from reordering (`SkipArgReorder`): Go's `flag` reads
     // flags up to the first positional argument or `--`, with one dash or two, a value
     // `=`-joined or next (any bytes, as Go's strings are).
@@ -117,6 +121,15 @@ pub fn parse_exec(args: &[OsString]) -> Option<ExecArgs> {
                     _ => {}
                 }
             }
+            // Go's `strconv.ParseBool` truths (another value is an error: runc runs nothing).
+            Token::Flag { name: "h" | "help", value } => {
+                help |= match value {
+                    None => true,
+                    Some(v) => {
+                        matches!(v.to_str(), Some("1" | "t" | "T" | "true" | "TRUE" | "True"))
+                    }
+                };
+            }
             Token::Flag { .. } => {}
         }
         i += 1;
@@ -129,6 +142,7 @@ pub fn parse_exec(args: &[OsString]) -> Option<ExecArgs> {
         container_id,
         id_index: i,
         flags_end: flags_end.unwrap_or(i),
+        help,
     })
 }
 
@@ -169,6 +183,9 @@ fn check_sub_cgroup(value: &str) -> Result<(), ExecError> {
 /// runc runs it; see the module docs. Arguments runc cannot read are left to runc.
 pub fn check_exec(root: &Path, args: &[OsString]) -> Result<(), ExecError> {
     let Some(exec) = parse_exec(args) else { return Ok(()) };
+    if exec.help {
+        return Ok(());
+    }
     for c in &exec.cgroups {
         check_sub_cgroup(c)?;
     }
@@ -396,6 +413,15 @@ mod tests {
         args.extend(os("--cap CAP_SYS_ADMIN c3 sh"));
         let e = parse_exec(&args).expect("a value of any bytes is a value");
         assert_eq!((e.caps, e.container_id.as_str()), (vec!["CAP_SYS_ADMIN".to_string()], "c3"));
+    }
+
+    #[test]
+    fn only_a_help_flag_before_the_id_is_runcs() {
+        assert!(parse_exec(&os("--help c1")).unwrap().help);
+        assert!(parse_exec(&os("-h=true -t c1 sh")).unwrap().help);
+        assert!(!parse_exec(&os("--cap CAP_SYS_ADMIN c1 sh -c x -h")).unwrap().help);
+        assert!(!parse_exec(&os("-- c1 ls --help")).unwrap().help);
+        assert!(!parse_exec(&os("-h=false c1 sh")).unwrap().help);
     }
 
     #[test]

@@ -808,8 +808,8 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
     // the init did.
     let args = match &inv.command {
         Command::Other { verb, args: rest } if verb == "exec" => {
-            let help = rest.iter().any(|a| a == "-h" || a == "--help");
-            if let (false, Err(e)) = (help, crate::exec::check_exec(&root, rest)) {
+            // A help flag (before the id: runc prints help) is check_exec's to see.
+            if let Err(e) = crate::exec::check_exec(&root, rest) {
                 let container_id = crate::exec::parse_exec(rest).map(|e| e.container_id);
                 report(&Failure { error: e.into(), container_id, global: Some(inv.global) });
                 return 1;
