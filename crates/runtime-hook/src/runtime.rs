@@ -314,7 +314,9 @@ pub fn prepare(
     // 1.1 reads its devices, rules, hooks and root), but from a checkpoint: passing it
     // through would skip every check above and every grant. Fail closed.
     if let Command::Other { verb, args: rest } = &inv.command {
-        let help = rest.iter().any(|a| a == "-h" || a == "--help");
+        // Help only when that is all it asks: runc's restore reorders its flags, and a `-h`
+        // can be another flag's value (`--image-path -h` restores from `./-h`).
+        let help = !rest.is_empty() && rest.iter().all(|a| a == "-h" || a == "--help");
         if verb == "restore" && !help {
             let error = RuntimeError::Unsupported {
                 verb: "restore",
@@ -1093,7 +1095,12 @@ mod tests {
     #[test]
     fn restore_is_refused_because_it_would_bypass_the_checks() {
         let f = Fixture::new(&json!({}));
-        for a in ["restore --bundle bundle abc", "restore -d --image-path /x -b bundle abc"] {
+        for a in [
+            "restore --bundle bundle abc",
+            "restore -d --image-path /x -b bundle abc",
+            // runc 1.1 reads `-h` as --image-path's value: a restore, not help.
+            "restore --image-path -h --bundle bundle abc",
+        ] {
             let err = prepare(&f.args(a), &f.env).expect_err("refused");
             assert!(
                 err.message().contains("runc restore is not supported"),
