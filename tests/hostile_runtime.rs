@@ -340,6 +340,8 @@ fn a_gpu_bundle_created_once_then_run_takes_an_exec() {
     let b = node.bundle("reused", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
     node.fx.create_container(&b, "reused").assert_success("create");
     node.fx.delete_container("reused", true).assert_success("delete");
+    // Given back (tesserad's answer after runc's delete): its cgroup is free for the run.
+    assert!(node.client().allocation("reused").is_err(), "the create's grant is given back");
     let bd = b.dir().to_string_lossy().into_owned();
     let root = node.fx.runc_root();
     wrapper_in(&node, &root, &["run", "-d", "--bundle", &bd, "reused"]).assert_success("run -d");

@@ -191,9 +191,6 @@ pub fn check_exec(root: &Path, args: &[OsString]) -> Result<(), ExecError> {
     }
     let id = exec.container_id.clone();
     let gpu = |why: String| ExecError::Gpu { id: id.clone(), why };
-    // A GPU container `runc create` made but tesserad never confirmed runs nothing, its
-    // init (held by `start`) or an exec'd process (runc execs into a created container).
-    crate::confirm::check_confirmed(root, &exec.container_id).map_err(|e| gpu(e.to_string()))?;
     // A GPU container (tessera-runtime labelled it at create); its record unreadable counts
     // as one (fail closed).
     let bundle = match supervise::delete_hint(root, &exec.container_id, spec::ALLOCATED_ANNOTATION)
@@ -202,6 +199,9 @@ pub fn check_exec(root: &Path, args: &[OsString]) -> Result<(), ExecError> {
         Some(Some(b)) => b,
         Some(None) => return Err(gpu("runc's record of it cannot be read".into())),
     };
+    // One `runc create` made but tesserad never confirmed runs nothing, its init (held by
+    // `start`) or an exec'd process (runc execs into a created container).
+    crate::confirm::check_confirmed(root, &exec.container_id).map_err(|e| gpu(e.to_string()))?;
     let config = spec::load_config(Path::new(&bundle))
         .map_err(|e| gpu(format!("its config cannot be read: {e}")))?
         .value;
