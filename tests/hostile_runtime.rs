@@ -355,6 +355,23 @@ fn a_gpu_bundle_created_once_then_run_takes_an_exec() {
     );
 }
 
+/// A foreground `run` that ended leaves no grant behind, though the wrapper says nothing
+/// after it (runc removed the record; tesserad watches the root since the prestart hook),
+/// and one runc refused is given back by the wrapper (never confirmed: nothing watched).
+#[test]
+fn a_run_that_ended_or_was_refused_leaves_no_grant() {
+    let node = Node::start_with(no_reconciler());
+    let c = node.client();
+    let b = node.bundle("ended", "team-trusted", Some("gpu=1"), &["true"]);
+    node.fx.run_container(&b, "ended").assert_success("run");
+    assert!(c.allocation("ended").is_err(), "the grant of a run that ended is still held");
+    let mut b = node.bundle("refused", "team-trusted", Some("gpu=1"), &["true"]);
+    b.mutate(|c| c["process"]["cwd"] = json!("relative")).write();
+    let out = node.fx.run_container(&b, "refused");
+    assert!(!out.status.success(), "runc took a relative cwd");
+    assert!(c.allocation("refused").is_err(), "the grant of a refused run is still held");
+}
+
 // ---------------------------------------------------------------------------------------
 // Class 2 (b): a running grant outlives its init while a process is left in its cgroup
 // ---------------------------------------------------------------------------------------

@@ -757,12 +757,17 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
         return match supervise::run_forwarding(&env.runc, args.get(1..).unwrap_or(&[])) {
             Ok(status) => {
                 // runc has no record of the container (a foreground run ended, a create or
-                // run runc refused, a delete): its devices are free — tesserad checks that
-                // again against the root it recorded. Still there (a created container,
-                // `run --keep`, a failed delete, a create or run of an id that already
+                // run runc refused): its devices are free — tesserad checks that again
+                // against the root it recorded. A run that ended well needs no word:
+                // tesserad watches the root since the prestart hook confirmed it and gives
+                // the grant back at runc's removal (tesserad's runc_watch). Still there (a
+                // created container, `run --keep`, a create or run of an id that already
                 // existed): the grant stays, for a later delete or the reconciler.
+                let ended_well = matches!(inv.command, Command::Run(_)) && status.success();
                 if !tessera_api::runc_state_exists(&root, &container_id) {
-                    release(&socket, &container_id, &release_req);
+                    if !ended_well {
+                        release(&socket, &container_id, &release_req);
+                    }
                 } else if let (Command::Create(_), true) = (&inv.command, status.success()) {
                     // A GPU container runc made: confirmed before create returns, or undone.
                     if let Err(error) = confirm(&socket, &root, &container_id, &release_req) {
