@@ -234,28 +234,47 @@ fn a_created_gpu_container_that_was_never_confirmed_does_not_start() {
     node.fx.delete_container("unconfirmed", true).assert_success("delete");
 }
 
-/// A grant ends when runc removes its container, whoever deleted it and without a word to
-/// tesserad: here runc itself (not the wrapper) deletes it, the reconciler is off, and no
-/// request is made until the grant's cgroup has left tesserad's list beside its socket
-/// (written at every release; the scrub worker's tick, every 200 ms, is the action that
-/// sees the removal). Then the API agrees.
+/// A grant ends when runc removes its container, whoever deleted it, without a word to
+/// tesserad and before any other action of tesserad's: every periodic task is slowed past
+/// the test, runc itself (not the wrapper) deletes the container, and no request is made
+/// until the grant's cgroup has left tesserad's list beside its socket (written at every
+/// release). Only the task that wakes on runc's removal can release it. Then the API agrees.
 #[test]
 fn a_grant_ends_when_runc_removes_its_container_without_a_word_to_tesserad() {
-    let node = Node::start_with(no_reconciler());
-    let b = node.bundle("watched", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
-    node.fx.run_detached(&b, "watched");
+    let slow = |flag: &str, ms: &str| [flag.to_string(), ms.to_string()];
+    let extra_args = [
+        slow("--scrub-interval-ms", "600000"),
+        slow("--checkpoint-interval-ms", "10000"),
+        slow("--util-interval-ms", "600000"),
+        slow("--telemetry-interval-ms", "600000"),
+        slow("--mps-health-interval-ms", "600000"),
+    ]
+    .concat();
+    let node = Node::start_with(NodeOptions { extra_args, ..no_reconciler() });
+    let b = node.bundle("watched", "team-trusted", Some("gpu=1"), &["true"]);
+    node.fx.create_container(&b, "watched").assert_success("create");
+    node.fx.start_container("watched").assert_success("start");
+    // The init exited and tesserad closed its interval (the exit watch's action is over):
+    // from here on nothing asks tesserad anything.
+    let closed = || {
+        let out =
+            node.cli(&["usage", "--from", "-1h", "--to", "now", "--by", "container", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out.stdout_str()).unwrap_or_default();
+        v["open_intervals"] == json!(0) && v["total"]["gpu_seconds"].as_f64().is_some()
+    };
+    assert!(wait_for(closed, Duration::from_secs(10)), "the exit was not metered");
     let list = tessera_api::cgroup::grant_cgroups_path(&node.socket);
     let listed = |l: &Path| std::fs::read_to_string(l).unwrap_or_default();
-    assert!(!listed(&list).trim().is_empty(), "the running grant's cgroup is listed");
+    assert!(!listed(&list).trim().is_empty(), "the stopped grant's cgroup is listed");
     let out = Command::new(RUNC)
         .arg("--root")
         .arg(node.fx.runc_root())
-        .args(["delete", "--force", "watched"])
+        .args(["delete", "watched"])
         .output()
         .expect("runc");
     out.assert_success("runc delete, not through the wrapper");
     assert!(
-        wait_for(|| listed(&list).trim().is_empty(), Duration::from_secs(10)),
+        wait_for(|| listed(&list).trim().is_empty(), Duration::from_secs(5)),
         "still listed: {}",
         listed(&list)
     );

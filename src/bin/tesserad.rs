@@ -59,6 +59,9 @@ struct Args {
     /// `tessera` beside this tesserad.
     #[arg(long)]
     scrub_exe: Option<PathBuf>,
+    /// How often the scrub worker looks for devices to scrub, in milliseconds.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(10..))]
+    scrub_interval_ms: u64,
     /// How often every MPS control daemon is health-checked, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     mps_health_interval_ms: u64,
@@ -231,6 +234,7 @@ fn main() -> ExitCode {
         dynamic_mig: !a.no_dynamic_mig,
         util_every: Duration::from_millis(a.util_interval_ms.max(100)),
         telemetry_every: Duration::from_millis(a.telemetry_interval_ms.max(100)),
+        scrub_every: Duration::from_millis(a.scrub_interval_ms),
         scrub_exe: a.scrub_exe.unwrap_or_else(|| {
             std::env::current_exe()
                 .ok()

@@ -118,6 +118,11 @@ pub enum Action {
     /// Stop the MPS control daemons without containers.
     QuitIdleMps,
 
+    // The watch of runc's roots (`runc_watch.rs`).
+    /// A watched root changed: nothing but the look every action takes first
+    /// ([`Controller::apply`]).
+    RuncRecordsRemoved,
+
     // The exit watcher (`exits.rs`).
     /// The pid (and its start time) to watch for a running container.
     ExitWatchTarget(ContainerId),
@@ -186,6 +191,7 @@ impl Action {
             Action::QuitIdleMps => "stopping idle MPS daemons",
             Action::ExitWatchTarget(_) => "exit watch",
             Action::ContainerExited { .. } => "closing the intervals of an exited container",
+            Action::RuncRecordsRemoved => "releasing the grants of containers runc removed",
             Action::SetPolicy(_) => "policy update",
             Action::LedgerChain { .. } => "ledger read",
             Action::VerifyLedger => "ledger verification",
@@ -211,6 +217,32 @@ impl Action {
                 | Action::Scrub
                 | Action::SetPolicy(_)
                 | Action::ReloadPolicy
+        )
+    }
+
+    /// Whether the grants of containers runc removed are released before this action
+    /// ([`Controller::apply`]): every action that answers a caller or decides for one does.
+    /// The background ticks need not: the task that wakes on runc's removals
+    /// ([`crate::runc_watch::spawn`]) releases them at once anyway.
+    pub fn settles_first(&self) -> bool {
+        !matches!(
+            self,
+            Action::Reconcile
+                | Action::CheckEcc
+                | Action::CheckFaults
+                | Action::Checkpoint
+                | Action::SampleUtilization
+                | Action::Scrub
+                | Action::SampleTelemetry
+                | Action::MpsHealthCheck
+                | Action::ResumeMps
+                | Action::ResumeMetering
+                | Action::QuitIdleMps
+                | Action::ExitWatchTarget(_)
+                | Action::ContainerExited { .. }
+                | Action::QuotaSnapshot
+                | Action::QuotaPreempt(_)
+                | Action::LedgerChain { .. }
         )
     }
 
@@ -400,9 +432,11 @@ impl Controller {
     /// blocking is fine — the daemon's start and stop, the fleet agent's `block_in_place`).
     /// A failure is logged here.
     pub fn apply(&self, action: Action) -> Result<Outcome, CoreError> {
-        // First the grants of containers runc removed since the last action: whatever this
+        // First the grants of containers runc removed since the last look: whatever this
         // action answers or decides counts them as given back (crate::runc_watch).
-        self.settle_removed();
+        if action.settles_first() {
+            self.settle_removed();
+        }
         let what = action.name();
         let container = action.container_id().map(str::to_owned);
         let may_change = action.may_change_capacity();
@@ -500,6 +534,7 @@ impl Controller {
             Action::RevokeCheck => self.locked(|n| n.revoke_check()).map(O::RevokeCheck),
             Action::RevokeStop(req) => self.revoke_stop(&req).map(O::RevokeStopped),
             Action::ReloadPolicy => self.reload_policy().map(O::PolicyReloaded),
+            Action::RuncRecordsRemoved => Ok(O::Count(0)),
             Action::Reconcile => {
                 let (report, to_books) = self.locked(|n| Ok((n.reconcile()?, n.check_limits())))?;
                 for r in to_books {

@@ -44,7 +44,7 @@ fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
 }
 
 /// A pidfd registered with the reactor, readable once its process has exited.
-fn watchable(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+pub(crate) fn watchable(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: the AsyncFd owns the OwnedFd, so the descriptor stays open and the same for
     // the AsyncFd's whole life, and OwnedFd::as_raw_fd always returns it.
     unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(|e| e.into_parts().1)

@@ -94,6 +94,8 @@ pub struct Config {
     pub dynamic_mig: bool,
     /// The binary whose `scrub` subcommand scrubs a device in a child process (`tessera`).
     pub scrub_exe: PathBuf,
+    /// How often the scrub worker looks for devices to scrub.
+    pub scrub_every: Duration,
     /// How often per-process GPU utilisation is sampled into the ledger.
     pub util_every: Duration,
     /// How often device and per-container telemetry is read and interference judged.
@@ -304,6 +306,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         Ok(w) => node.watch_runc_roots(w),
         Err(e) => warn!("{e}; grants are given back by the reconciler's pass"),
     }
+    let removals_fd = node.runc_watch_readiness();
     info!(node = %node.inventory().node, gpus = node.inventory().gpus.len(),
           policy_version = node.policy().policy.version(), policy_source = %node.policy().source, "tesserad starting");
     let gpu_majors = node.inventory().majors.all();
@@ -377,6 +380,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     for id in running {
         exits::spawn(ctl.clone(), id);
     }
+    let removals = removals_fd.and_then(|fd| runc_watch::spawn(ctl.clone(), fd));
 
     // Fleet: follow the coordinator's policy and upload closed ledger intervals. Under a
     // policy with quotas, sync the node's holdings (and leases) with the books that admit
@@ -400,7 +404,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     });
     let heartbeat = periodic(ctl.clone(), config.checkpoint_every, || vec![Action::Checkpoint]);
     // Scrub worker: one device at a time, in a child process, outside the node lock.
-    let scrubber = periodic(ctl.clone(), Duration::from_millis(200), || vec![Action::Scrub]);
+    let scrubber = periodic(ctl.clone(), config.scrub_every, || vec![Action::Scrub]);
     let utilization = periodic(ctl.clone(), config.util_every, || vec![Action::SampleUtilization]);
     // Telemetry per container and the interference controller: the reads outside the lock.
     let telemetry = periodic(ctl.clone(), config.telemetry_every, || vec![Action::SampleTelemetry]);
@@ -442,6 +446,9 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     .with_graceful_shutdown(shutdown_signal())
     .await;
     reconciler.abort();
+    if let Some(r) = removals {
+        r.abort();
+    }
     sighup.abort();
     heartbeat.abort();
     scrubber.abort();

@@ -6,9 +6,10 @@
 //! runc removes `<root>/<id>/` last in a delete, after it killed the container's processes
 //! and removed its cgroup. The kernel queues that removal on the root's watch before runc
 //! exits, so it is queued before any caller can ask tesserad anything afterwards. The
-//! controller drains the queue before every action it applies: every answer given after
-//! runc's delete returned already counts the grant as given back, and with no request at
-//! all the scrub worker's tick (every 200 ms) releases it. What is released, and when, is still judged by the
+//! controller drains the queue before every action it applies, so every answer given after
+//! runc's delete returned already counts the grant as given back; and a task wakes it as
+//! soon as the queue becomes readable ([`spawn`]), so the release's own work is done then,
+//! not on the way of whatever action comes next. What is released, and when, is still judged by the
 //! reconciler's rule ([`crate::liveness::judge`]) on what the host shows then: an event
 //! only says which record to look at.
 //!
@@ -33,6 +34,8 @@ pub enum WatchError {
     Path(PathBuf),
     #[error("cannot read the inotify queue: {0}")]
     Read(io::Error),
+    #[error("cannot duplicate the inotify descriptor: {0}")]
+    Dup(io::Error),
 }
 
 /// What a drain of the queue found.
@@ -87,6 +90,11 @@ impl RuncWatch {
     /// Whether `root` is watched.
     pub fn watches(&self, root: &Path) -> bool {
         self.roots.values().any(|r| r == root)
+    }
+
+    /// A second descriptor of the same queue, for the task that waits until it is readable.
+    pub fn readiness_fd(&self) -> Result<OwnedFd, WatchError> {
+        self.fd.try_clone().map_err(WatchError::Dup)
     }
 
     /// Everything queued so far (never blocks).
@@ -148,6 +156,32 @@ impl RuncWatch {
             }
         }
     }
+}
+
+/// Wake the controller whenever the queue behind `fd` ([`RuncWatch::readiness_fd`])
+/// becomes readable: the grant is given back at once, not at the next action (then the
+/// next container's grant would do the release's work on its way).
+pub fn spawn(
+    ctl: std::sync::Arc<crate::controller::Controller>,
+    fd: OwnedFd,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let ready = match crate::exits::watchable(fd) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(
+                "cannot wait on runc's roots ({e}): grants are given back at the next action"
+            );
+            return None;
+        }
+    };
+    Some(tokio::spawn(async move {
+        loop {
+            let Ok(mut guard) = ready.readable().await else { return };
+            // Cleared before the drain: what arrives during it wakes the next round.
+            guard.clear_ready();
+            let _ = ctl.run(crate::controller::Action::RuncRecordsRemoved).await;
+        }
+    }))
 }
 
 #[cfg(test)]

@@ -100,6 +100,18 @@ impl Node {
         self.runc_watch = Some(watch);
     }
 
+    /// A descriptor readable when a watched root changed, for the task that wakes the
+    /// controller ([`crate::runc_watch::spawn`]).
+    pub fn runc_watch_readiness(&self) -> Option<std::os::fd::OwnedFd> {
+        self.runc_watch.as_ref().and_then(|w| match w.readiness_fd() {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                warn!("{e}; grants are given back at the next action");
+                None
+            }
+        })
+    }
+
     /// Watch `root` (a container was just confirmed there).
     pub(super) fn watch_runc_root(&mut self, root: &str) {
         let Some(w) = self.runc_watch.as_mut() else { return };
