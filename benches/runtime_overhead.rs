@@ -1,8 +1,8 @@
 //! What tessera-runtime adds to a container start: `runc run` of one busybox container
 //! (`true`), plain runc vs through tessera-runtime without a GPU request vs with a MIG
-//! request (daemon round trip, durable grant, prestart confirm, release by the wrapper
-//! once runc has removed the container), interleaved in one run so all three see the
-//! same machine.
+//! request (daemon round trip, durable grant, the prestart hook's confirm; the grant
+//! given back by tesserad when runc removes the container), interleaved in one run so all
+//! three see the same machine.
 //!
 //! Then (issue 15) what fleet-quota admission adds to a GPU container's start: `gpu=1`
 //! on a simulated 8×H100 node without MIG through three tesserads, (a) the policy without
@@ -286,7 +286,7 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
         "| tessera-runtime, no GPU request | {np50:.2} | {np99:.2} | {nmean:.2} | {:.3} |",
         np50 / pp50
     );
-    println!("| tessera-runtime, mig=1g.10gb (grant + hooks) | {gp50:.2} | {gp99:.2} | {gmean:.2} | {:.3} |", gp50 / pp50);
+    println!("| tessera-runtime, mig=1g.10gb (grant + prestart hook) | {gp50:.2} | {gp99:.2} | {gmean:.2} | {:.3} |", gp50 / pp50);
     println!("| plain runc, the config tessera-runtime writes for mig=1g.10gb, hook /bin/true | {ip50:.2} | {ip99:.2} | {imean:.2} | {:.3} |", ip50 / pp50);
     println!("\nadded latency, paired per iteration (ms): no request p50 {dn50:.2} p99 {dn99:.2}; MIG request p50 {dg50:.2} p99 {dg99:.2}");
     println!("of which runc's own work on the injected config (devices, mounts, a hook): p50 {di50:.2} p99 {di99:.2}");
@@ -469,8 +469,9 @@ fn parts(
         alloc.push(timed(&mut || {
             client.allocate(&req).expect("allocate");
         }));
-        // The prestart hook's call names a container's init: a real one (plain runc,
-        // created and not started), as tesserad checks its namespaces and mounts.
+        // The confirmation names a container's init: a real one (plain runc, created and
+        // not started, as tessera-runtime asks after `runc create`), as tesserad checks its
+        // root, namespaces and mounts.
         let mut plain: serde_json::Value =
             serde_json::from_str(&config(rootfs, cgroup, &id, &[])).expect("json");
         // What tessera-runtime gives a GPU container: no mount propagation from the host.
@@ -488,7 +489,11 @@ fn parts(
             client.start(&id, &sreq).expect("start");
         }));
         runc(&["delete", "--force", &id]);
-        release.push(timed(&mut || client.release(&id).expect("release")));
+        // The first answer after runc's delete: the grant is given back by then (by the
+        // watch of runc's roots, or first thing in this request).
+        release.push(timed(&mut || {
+            client.allocation(&id).expect_err("given back");
+        }));
         health.push(timed(&mut || {
             client.raw("GET", "/healthz", None).expect("healthz");
         }));
@@ -527,8 +532,8 @@ fn parts(
     println!("|---|---|---|");
     for (name, v) in [
         ("POST /v1/allocations (grant, durable)", alloc),
-        ("POST /v1/allocations/{id}/start (prestart hook's call: interval open, durable)", start),
-        ("DELETE /v1/allocations/{id} (the wrapper's release: interval close, durable)", release),
+        ("POST /v1/allocations/{id}/start (the confirmation after runc create: checks, interval open, durable)", start),
+        ("GET /v1/allocations/{id} right after runc delete (given back by then: by the watch, or first in this request)", release),
         ("GET /healthz (round trip without SQLite, for scale)", health),
         ("spawn /bin/true (baseline)", t_true),
         ("spawn tessera-hook --version (a process of ours that does nothing)", t_bare),
