@@ -258,6 +258,32 @@ mod tests {
     }
 
     #[test]
+    fn a_queue_that_overflowed_asks_for_a_look_at_everything() {
+        let max: usize = std::fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(16384);
+        if max > 100_000 {
+            return; // a host raised it past what a unit test should make
+        }
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().join("runc");
+        std::fs::create_dir_all(&root).expect("mkdir");
+        for i in 0..=max {
+            std::fs::create_dir(root.join(i.to_string())).expect("mkdir");
+        }
+        let mut w = RuncWatch::new().expect("inotify");
+        w.watch(&root).expect("watch");
+        for i in 0..=max {
+            std::fs::remove_dir(root.join(i.to_string())).expect("rmdir");
+        }
+        let got = w.drain().expect("drain");
+        assert!(got.look_at_all, "{} removals and no overflow seen", max + 1);
+        assert!(got.entries.len() <= max);
+        assert!(w.watches(&root), "an overflow keeps the watch");
+    }
+
+    #[test]
     fn a_root_that_goes_away_asks_for_a_look_at_everything() {
         let dir = tempfile::tempdir().expect("tmp");
         let root = dir.path().join("runc");
