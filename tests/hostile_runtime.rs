@@ -298,6 +298,64 @@ fn the_first_answer_after_a_delete_counts_the_grant_as_given_back() {
     }
 }
 
+/// One runc root reached by two paths (a symlink, as /var/run is of /run on most hosts; a
+/// bind mount): the kernel has one watch for the directory, and a container confirmed
+/// through one spelling must not hide the removals of the containers recorded under the
+/// other (the grant would wait for the reconciler's pass).
+#[test]
+fn a_root_reached_by_two_paths_gives_back_the_grants_of_both() {
+    let node = Node::start_with(no_reconciler());
+    let c = node.client();
+    let root = node.fx.runc_root();
+    let b = node.bundle("direct", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "direct");
+    let link = node.fx.path("root-link");
+    std::os::unix::fs::symlink(&root, &link).unwrap();
+    let l = node.bundle("linked", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    let ld = l.dir().to_string_lossy().into_owned();
+    wrapper_in(&node, &link, &["run", "-d", "--bundle", &ld, "linked"])
+        .assert_success("run -d through the link");
+    assert!(c.allocation("linked").is_ok(), "granted through the link");
+    node.fx.delete_container("direct", true).assert_success("delete");
+    let direct = c.allocation("direct").map(|a| a.state);
+    wrapper_in(&node, &link, &["delete", "-f", "linked"]).assert_success("delete through the link");
+    let linked = c.allocation("linked").map(|a| a.state);
+    assert!(
+        direct.is_err(),
+        "the grant of the container recorded under {} is still held: {direct:?}",
+        root.display()
+    );
+    assert!(
+        linked.is_err(),
+        "the grant of the container recorded under {} is still held: {linked:?}",
+        link.display()
+    );
+}
+
+/// A record renamed away (IN_MOVED_FROM) while its container runs is judged on what the
+/// host shows: the init runs and its cgroup holds it, so nothing is released (the
+/// removal is seen: a release-refused event); runc's own delete later gives it back.
+#[test]
+fn a_record_moved_away_from_a_running_container_releases_nothing() {
+    let node = Node::start_with(no_reconciler());
+    let c = node.client();
+    let b = node.bundle("moved", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "moved");
+    let before = c.allocation("moved").expect("grant");
+    let record = node.fx.runc_root().join("moved");
+    let away = node.fx.path("moved-away");
+    std::fs::rename(&record, &away).unwrap();
+    let refused: Vec<_> =
+        events_of(&node, "moved").into_iter().filter(|(k, _)| k == "release-refused").collect();
+    let now = c.allocation("moved").ok();
+    std::fs::rename(&away, &record).unwrap();
+    assert_eq!(now.as_ref(), Some(&before), "released while its container runs");
+    assert!(!refused.is_empty(), "the removal was not seen: {:?}", events_of(&node, "moved"));
+    assert_eq!(node.fx.status("moved").as_deref(), Some("running"));
+    node.fx.delete_container("moved", true).assert_success("delete");
+    assert!(c.allocation("moved").is_err(), "runc's delete gives the grant back");
+}
+
 /// However `start` is spelled: runc reads `start -- ID` as `start ID` (Go's flag package
 /// ends the flags at `--`), so the wrapper must find the id there too.
 #[test]

@@ -52,7 +52,11 @@ pub struct Removed {
 #[derive(Debug)]
 pub struct RuncWatch {
     fd: OwnedFd,
-    roots: BTreeMap<i32, PathBuf>,
+    /// Every spelling of a watched root, by the kernel's watch of its directory. One
+    /// directory reached by several paths (a symlink, as `/var/run` is of `/run`; a bind
+    /// mount) has one watch: its removals are reported under every spelling, as each
+    /// grant recorded its root by one of them.
+    roots: BTreeMap<i32, Vec<PathBuf>>,
 }
 
 const MASK: u32 = libc::IN_DELETE | libc::IN_MOVED_FROM | libc::IN_ONLYDIR;
@@ -69,11 +73,11 @@ impl RuncWatch {
         Ok(RuncWatch { fd, roots: BTreeMap::new() })
     }
 
-    /// Watch `root` (once; a root watched already is a no-op).
+    /// Watch `root`. The kernel is asked each time, by path: the directory a spelling
+    /// names is what the kernel resolves now (another spelling of a watched directory gets
+    /// its watch, and is added to its spellings; a root replaced by a new directory of the
+    /// same path gets a watch of its own), and a watch asked again is the same watch.
     pub fn watch(&mut self, root: &Path) -> Result<(), WatchError> {
-        if self.roots.values().any(|r| r == root) {
-            return Ok(());
-        }
         let c = CString::new(root.as_os_str().as_bytes())
             .map_err(|_| WatchError::Path(root.to_path_buf()))?;
         // SAFETY: `c` is a valid NUL-terminated path for the call's duration; the
@@ -83,13 +87,20 @@ impl RuncWatch {
             let source = io::Error::last_os_error();
             return Err(WatchError::Add { root: root.to_path_buf(), source });
         }
-        self.roots.insert(wd, root.to_path_buf());
+        // A spelling names one directory: the one it resolves to now.
+        for (_, spellings) in self.roots.iter_mut().filter(|(w, _)| **w != wd) {
+            spellings.retain(|r| r != root);
+        }
+        let spellings = self.roots.entry(wd).or_default();
+        if !spellings.iter().any(|r| r == root) {
+            spellings.push(root.to_path_buf());
+        }
         Ok(())
     }
 
     /// Whether `root` is watched.
     pub fn watches(&self, root: &Path) -> bool {
-        self.roots.values().any(|r| r == root)
+        self.roots.values().flatten().any(|r| r == root)
     }
 
     /// A second descriptor of the same queue, for the task that waits until it is readable.
@@ -147,11 +158,11 @@ impl RuncWatch {
                 out.look_at_all = true;
                 continue;
             }
-            let Some(root) = self.roots.get(&wd) else { continue };
+            let Some(spellings) = self.roots.get(&wd) else { continue };
             let end = name_bytes.iter().position(|&b| b == 0).unwrap_or(name_bytes.len());
             if let Ok(name) = std::str::from_utf8(&name_bytes[..end]) {
                 if !name.is_empty() {
-                    out.entries.push((root.clone(), name.to_string()));
+                    out.entries.extend(spellings.iter().map(|r| (r.clone(), name.to_string())));
                 }
             }
         }
@@ -210,6 +221,66 @@ mod tests {
         );
         assert!(!got.look_at_all);
         assert_eq!(w.drain().expect("drain"), Removed::default(), "drained");
+    }
+
+    #[test]
+    fn a_root_reached_by_two_paths_reports_its_removals_under_both() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().join("runc");
+        let link = dir.path().join("link");
+        std::fs::create_dir_all(root.join("c1")).expect("mkdir");
+        std::os::unix::fs::symlink(&root, &link).expect("symlink");
+        let mut w = RuncWatch::new().expect("inotify");
+        w.watch(&root).expect("watch");
+        w.watch(&link).expect("watch the other spelling");
+        assert!(w.watches(&root) && w.watches(&link));
+        std::fs::remove_dir(root.join("c1")).expect("rm");
+        let got = w.drain().expect("drain");
+        assert_eq!(got.entries, vec![(root.clone(), "c1".into()), (link.clone(), "c1".into())]);
+    }
+
+    #[test]
+    fn a_root_replaced_by_a_new_directory_is_watched_again() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().join("runc");
+        let old = dir.path().join("old");
+        std::fs::create_dir_all(&root).expect("mkdir");
+        let mut w = RuncWatch::new().expect("inotify");
+        w.watch(&root).expect("watch");
+        std::fs::rename(&root, &old).expect("mv");
+        std::fs::create_dir_all(root.join("new1")).expect("the new root");
+        std::fs::create_dir_all(old.join("old1")).expect("mkdir");
+        w.watch(&root).expect("watch the new root");
+        std::fs::remove_dir(root.join("new1")).expect("rm");
+        // The old directory is no longer what the spelling names.
+        std::fs::remove_dir(old.join("old1")).expect("rm");
+        assert_eq!(w.drain().expect("drain").entries, vec![(root.clone(), "new1".into())]);
+    }
+
+    #[test]
+    fn a_queue_that_overflowed_asks_for_a_look_at_everything() {
+        let max: usize = std::fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(16384);
+        if max > 100_000 {
+            return; // a host raised it past what a unit test should make
+        }
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().join("runc");
+        std::fs::create_dir_all(&root).expect("mkdir");
+        for i in 0..=max {
+            std::fs::create_dir(root.join(i.to_string())).expect("mkdir");
+        }
+        let mut w = RuncWatch::new().expect("inotify");
+        w.watch(&root).expect("watch");
+        for i in 0..=max {
+            std::fs::remove_dir(root.join(i.to_string())).expect("rmdir");
+        }
+        let got = w.drain().expect("drain");
+        assert!(got.look_at_all, "{} removals and no overflow seen", max + 1);
+        assert!(got.entries.len() <= max);
+        assert!(w.watches(&root), "an overflow keeps the watch");
     }
 
     #[test]
