@@ -128,8 +128,9 @@ impl Node {
         let removed = match w.drain() {
             Ok(r) => r,
             Err(e) => {
-                warn!("{e}; the reconciler's pass looks at every grant");
-                return Ok(Vec::new());
+                // What was read before the error is lost with it: every grant is judged.
+                warn!("{e}; every grant is judged again");
+                crate::runc_watch::Removed { entries: Vec::new(), look_at_all: true }
             }
         };
         if removed.look_at_all {
@@ -138,60 +139,86 @@ impl Node {
         }
         let now = crate::now_ms();
         let mut released = Vec::new();
+        let mut failed = false;
         for (root, name) in removed.entries {
-            let Ok(id) = tessera_api::ContainerId::new(name.as_str()) else { continue };
-            let Some(rec) = self.store.get(&id).map_err(internal)? else { continue };
-            if Path::new(&rec.runc_root) != root {
-                continue; // a container of the same id in another root
-            }
-            let a = &rec.allocation;
-            let facts = Facts {
-                runc_state_exists: self.host.runc_state_exists(&root, &a.container_id),
-                pid_start_now: a.pid.and_then(|p| self.host.pid_start_time(p)),
-                cgroup: match &rec.cgroup {
-                    Some(rel) => self.host.cgroup_procs(rel),
-                    None => CgroupProcs::NotRecorded,
-                },
-                age_ms: now.saturating_sub(a.created_ms),
-            };
-            let grace = self.pending_grace.as_millis() as u64;
-            match liveness::judge(a.state, rec.pid_start, &facts, grace) {
-                Liveness::Gone(why) => {
-                    self.drop_allocation(&a.container_id, &format!("runc removed it: {why}"))?;
-                    info!(container = %a.container_id, tenant = %a.tenant, %why, "released: runc removed the container");
-                    released.push(a.container_id.to_string());
+            match self.settle_one(&root, &name, now) {
+                Ok(Some(id)) => released.push(id),
+                Ok(None) => {}
+                // One grant that cannot be judged now leaves the rest to be judged: the
+                // reconciler's pass below looks at it again, and at everything else.
+                Err(e) => {
+                    warn!(container = %untrusted(&name), "cannot settle a removal: {}", e.message());
+                    failed = true;
                 }
-                // runc removed it, but a process left in its cgroup keeps its device rules:
-                // said once, here; the reconciler ends the grant once the cgroup is empty.
-                Liveness::Alive if !facts.runc_state_exists => {
-                    let held = match (&rec.cgroup, &facts.cgroup) {
-                        (Some(cg), CgroupProcs::Count(n)) if *n > 0 => Some(format!(
-                            "its cgroup {} still holds {n} process(es), which keep its device rules",
-                            untrusted(cg)
-                        )),
-                        (Some(cg), CgroupProcs::Unreadable(e)) => Some(format!(
-                            "cannot tell whether its cgroup {} is empty ({})",
-                            untrusted(cg),
-                            untrusted(e)
-                        )),
-                        _ => None,
-                    };
-                    if let Some(held) = held {
-                        let message = format!(
-                            "container {}: runc removed it, but {held}; nothing released (the grant ends once the cgroup is empty)",
-                            a.container_id
-                        );
-                        if let Err(e) =
-                            self.store.event("release-refused", Some(&a.container_id), &message)
-                        {
-                            warn!("cannot record a refused release: {e}");
-                        }
-                    }
-                }
-                Liveness::Alive => {}
             }
         }
+        if failed {
+            let report = self.reconcile()?;
+            released.extend(report.released.into_iter().map(|(id, _)| id));
+        }
         Ok(released)
+    }
+
+    /// One removed record `name` of `root`: its grant released if its container is gone
+    /// (the released id), judged by the reconciler's rule.
+    fn settle_one(
+        &mut self,
+        root: &Path,
+        name: &str,
+        now: u64,
+    ) -> Result<Option<String>, CoreError> {
+        let Ok(id) = tessera_api::ContainerId::new(name) else { return Ok(None) };
+        let Some(rec) = self.store.get(&id).map_err(internal)? else { return Ok(None) };
+        if Path::new(&rec.runc_root) != root {
+            return Ok(None); // a container of the same id in another root
+        }
+        let a = &rec.allocation;
+        let facts = Facts {
+            runc_state_exists: self.host.runc_state_exists(root, &a.container_id),
+            pid_start_now: a.pid.and_then(|p| self.host.pid_start_time(p)),
+            cgroup: match &rec.cgroup {
+                Some(rel) => self.host.cgroup_procs(rel),
+                None => CgroupProcs::NotRecorded,
+            },
+            age_ms: now.saturating_sub(a.created_ms),
+        };
+        let grace = self.pending_grace.as_millis() as u64;
+        match liveness::judge(a.state, rec.pid_start, &facts, grace) {
+            Liveness::Gone(why) => {
+                self.drop_allocation(&a.container_id, &format!("runc removed it: {why}"))?;
+                info!(container = %a.container_id, tenant = %a.tenant, %why, "released: runc removed the container");
+                return Ok(Some(a.container_id.to_string()));
+            }
+            // runc removed it, but a process left in its cgroup keeps its device rules:
+            // said once, here; the reconciler ends the grant once the cgroup is empty.
+            Liveness::Alive if !facts.runc_state_exists => {
+                let held = match (&rec.cgroup, &facts.cgroup) {
+                    (Some(cg), CgroupProcs::Count(n)) if *n > 0 => Some(format!(
+                        "its cgroup {} still holds {n} process(es), which keep its device rules",
+                        untrusted(cg)
+                    )),
+                    (Some(cg), CgroupProcs::Unreadable(e)) => Some(format!(
+                        "cannot tell whether its cgroup {} is empty ({})",
+                        untrusted(cg),
+                        untrusted(e)
+                    )),
+                    _ => None,
+                };
+                if let Some(held) = held {
+                    let message = format!(
+                        "container {}: runc removed it, but {held}; nothing released (the grant ends once the cgroup is empty)",
+                        a.container_id
+                    );
+                    if let Err(e) =
+                        self.store.event("release-refused", Some(&a.container_id), &message)
+                    {
+                        warn!("cannot record a refused release: {e}");
+                    }
+                }
+            }
+            Liveness::Alive => {}
+        }
+        Ok(None)
     }
 
     /// A running grant recorded without its cgroup (store schema 1) whose init still runs:
