@@ -223,7 +223,7 @@ impl Action {
     /// Whether the grants of containers runc removed are released before this action
     /// ([`Controller::apply`]): every action that answers a caller or decides for one does.
     /// The background ticks need not: the task that wakes on runc's removals
-    /// ([`crate::runc_watch::spawn`]) releases them at once anyway.
+    /// (`crate::spawn_removals`) releases them at once anyway.
     pub fn settles_first(&self) -> bool {
         !matches!(
             self,

@@ -380,7 +380,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     for id in running {
         exits::spawn(ctl.clone(), id);
     }
-    let removals = removals_fd.and_then(|fd| runc_watch::spawn(ctl.clone(), fd));
+    let removals = removals_fd.and_then(|fd| spawn_removals(ctl.clone(), fd));
 
     // Fleet: follow the coordinator's policy and upload closed ledger intervals. Under a
     // policy with quotas, sync the node's holdings (and leases) with the books that admit
@@ -485,6 +485,30 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     drop(lock);
     info!("tesserad stopped");
     served.map_err(DaemonError::Serve)
+}
+
+/// Wake the controller whenever the queue behind `fd` ([`runc_watch::RuncWatch::readiness_fd`])
+/// becomes readable: the grant is given back at once, not at the next action (then the
+/// next container's grant would do the release's work on its way).
+fn spawn_removals(
+    ctl: Arc<Controller>,
+    fd: std::os::fd::OwnedFd,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let ready = match crate::exits::watchable(fd) {
+        Ok(a) => a,
+        Err(e) => {
+            warn!("cannot wait on runc's roots ({e}): grants are given back at the next action");
+            return None;
+        }
+    };
+    Some(tokio::spawn(async move {
+        loop {
+            let Ok(mut guard) = ready.readable().await else { return };
+            // Cleared before the drain: what arrives during it wakes the next round.
+            guard.clear_ready();
+            let _ = ctl.run(Action::RuncRecordsRemoved).await;
+        }
+    }))
 }
 
 /// Send the `actions` to the controller every `every`, in order, off the async threads;

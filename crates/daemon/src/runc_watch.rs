@@ -8,7 +8,7 @@
 //! exits, so it is queued before any caller can ask tesserad anything afterwards. The
 //! controller drains the queue before every action it applies, so every answer given after
 //! runc's delete returned already counts the grant as given back; and a task wakes it as
-//! soon as the queue becomes readable ([`spawn`]), so the release's own work is done then,
+//! soon as the queue becomes readable (`crate::spawn_removals`), so the release's own work is done then,
 //! not on the way of whatever action comes next. What is released, and when, is still judged by the
 //! reconciler's rule ([`crate::liveness::judge`]) on what the host shows then: an event
 //! only says which record to look at.
@@ -103,7 +103,8 @@ impl RuncWatch {
         self.roots.values().flatten().any(|r| r == root)
     }
 
-    /// A second descriptor of the same queue, for the task that waits until it is readable.
+    /// A second descriptor of the same queue, for the task that waits until it is readable
+    /// (`crate::spawn_removals`).
     pub fn readiness_fd(&self) -> Result<OwnedFd, WatchError> {
         self.fd.try_clone().map_err(WatchError::Dup)
     }
@@ -167,32 +168,6 @@ impl RuncWatch {
             }
         }
     }
-}
-
-/// Wake the controller whenever the queue behind `fd` ([`RuncWatch::readiness_fd`])
-/// becomes readable: the grant is given back at once, not at the next action (then the
-/// next container's grant would do the release's work on its way).
-pub fn spawn(
-    ctl: std::sync::Arc<crate::controller::Controller>,
-    fd: OwnedFd,
-) -> Option<tokio::task::JoinHandle<()>> {
-    let ready = match crate::exits::watchable(fd) {
-        Ok(a) => a,
-        Err(e) => {
-            tracing::warn!(
-                "cannot wait on runc's roots ({e}): grants are given back at the next action"
-            );
-            return None;
-        }
-    };
-    Some(tokio::spawn(async move {
-        loop {
-            let Ok(mut guard) = ready.readable().await else { return };
-            // Cleared before the drain: what arrives during it wakes the next round.
-            guard.clear_ready();
-            let _ = ctl.run(crate::controller::Action::RuncRecordsRemoved).await;
-        }
-    }))
 }
 
 #[cfg(test)]

@@ -101,7 +101,7 @@ impl Node {
     }
 
     /// A descriptor readable when a watched root changed, for the task that wakes the
-    /// controller ([`crate::runc_watch::spawn`]).
+    /// controller (`crate::spawn_removals`).
     pub fn runc_watch_readiness(&self) -> Option<std::os::fd::OwnedFd> {
         self.runc_watch.as_ref().and_then(|w| match w.readiness_fd() {
             Ok(fd) => Some(fd),
