@@ -225,8 +225,7 @@ impl Host for LinuxHost {
         }
         // Read through the process's own root: the same file as the bundle's root, or the
         // table is of some other root than the one checked.
-        let same = same_file(&proc.join("root"), &root)?;
-        if !same {
+        if !same_file(&proc.join("root"), &root)? {
             return Err(format!(
                 "its root is not the bundle's root {}: runc did not move it into the root that was checked",
                 tessera_api::untrusted(&root.to_string_lossy())
@@ -253,17 +252,11 @@ impl Host for LinuxHost {
             .collect()
     }
     fn shared_namespaces(&self, pid: i32) -> Result<Vec<&'static str>, String> {
-        use std::os::unix::fs::MetadataExt;
         let mut shared = Vec::new();
         for ns in ["mnt", "pid"] {
             let theirs = Path::new(PROC_ROOT).join(pid.to_string()).join("ns").join(ns);
             let ours = Path::new(PROC_ROOT).join("self/ns").join(ns);
-            let ino = |p: &Path| {
-                std::fs::metadata(p)
-                    .map(|m| (m.dev(), m.ino()))
-                    .map_err(|e| format!("cannot read {}: {e}", p.display()))
-            };
-            if ino(&theirs)? == ino(&ours)? {
+            if same_file(&theirs, &ours)? {
                 shared.push(ns);
             }
         }

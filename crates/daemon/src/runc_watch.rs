@@ -57,6 +57,8 @@ pub struct RuncWatch {
     /// mount) has one watch: its removals are reported under every spelling, as each
     /// grant recorded its root by one of them.
     roots: BTreeMap<i32, Vec<PathBuf>>,
+    /// Where the queue is read into: made once, as a drain runs before every answer.
+    buf: Box<[u8]>,
 }
 
 const MASK: u32 = libc::IN_DELETE | libc::IN_MOVED_FROM | libc::IN_ONLYDIR;
@@ -70,7 +72,8 @@ impl RuncWatch {
         }
         // SAFETY: `fd` was just opened by the kernel for us and nothing else owns it.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(RuncWatch { fd, roots: BTreeMap::new() })
+        // Room for many events at once; each is a header and a NUL-padded name.
+        Ok(RuncWatch { fd, roots: BTreeMap::new(), buf: vec![0u8; 64 * 1024].into_boxed_slice() })
     }
 
     /// Watch `root`. The kernel is asked each time, by path: the directory a spelling
@@ -112,26 +115,27 @@ impl RuncWatch {
     /// Everything queued so far (never blocks).
     pub fn drain(&mut self) -> Result<Removed, WatchError> {
         let mut out = Removed::default();
-        // Room for many events at once; each is a header and a NUL-padded name.
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
+        let mut buf = std::mem::take(&mut self.buf);
+        let read = loop {
             // SAFETY: `buf` is valid for writes of its whole length; the descriptor is open.
             let n = unsafe {
                 libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast::<libc::c_void>(), buf.len())
             };
             if n < 0 {
                 let e = io::Error::last_os_error();
-                return match e.kind() {
+                break match e.kind() {
                     io::ErrorKind::WouldBlock => Ok(out),
                     io::ErrorKind::Interrupted => continue,
                     _ => Err(WatchError::Read(e)),
                 };
             }
             if n == 0 {
-                return Ok(out);
+                break Ok(out);
             }
             self.parse(&buf[..n as usize], &mut out);
-        }
+        };
+        self.buf = buf;
+        read
     }
 
     /// The events in `bytes` (whole events: the kernel never splits one across reads).

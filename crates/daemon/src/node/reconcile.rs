@@ -28,20 +28,8 @@ impl Node {
             if rec.cgroup.is_none() && rec.allocation.state == AllocationState::Running {
                 self.fill_in_cgroup(&mut rec, pid_start_now);
             }
+            let facts = self.facts(&rec, pid_start_now, now);
             let a = &rec.allocation;
-            let facts = Facts {
-                // Read runc's record before the cgroup: a container removed in between is
-                // then seen with its cgroup already emptied by runc.
-                runc_state_exists: self
-                    .host
-                    .runc_state_exists(Path::new(&rec.runc_root), &a.container_id),
-                pid_start_now,
-                cgroup: match &rec.cgroup {
-                    Some(rel) => self.host.cgroup_procs(rel),
-                    None => CgroupProcs::NotRecorded,
-                },
-                age_ms: now.saturating_sub(a.created_ms),
-            };
             // While the container's init runs, its cgroup is its own: a process of another
             // pid namespace there (another container that got in, as a race between two
             // creates could let it) has the grant's device rules and is killed.
@@ -92,8 +80,10 @@ impl Node {
         if !self.host.watches_exits() {
             return;
         }
-        for rec in self.store.all().unwrap_or_default() {
-            if let Err(e) = watch.watch(Path::new(&rec.runc_root)) {
+        let roots: std::collections::BTreeSet<String> =
+            self.store.all().unwrap_or_default().into_iter().map(|r| r.runc_root).collect();
+        for root in roots {
+            if let Err(e) = watch.watch(Path::new(&root)) {
                 warn!("{e}; its grants are given back by the reconciler's pass");
             }
         }
@@ -172,16 +162,9 @@ impl Node {
         if Path::new(&rec.runc_root) != root {
             return Ok(None); // a container of the same id in another root
         }
+        let pid_start_now = rec.allocation.pid.and_then(|p| self.host.pid_start_time(p));
+        let facts = self.facts(&rec, pid_start_now, now);
         let a = &rec.allocation;
-        let facts = Facts {
-            runc_state_exists: self.host.runc_state_exists(root, &a.container_id),
-            pid_start_now: a.pid.and_then(|p| self.host.pid_start_time(p)),
-            cgroup: match &rec.cgroup {
-                Some(rel) => self.host.cgroup_procs(rel),
-                None => CgroupProcs::NotRecorded,
-            },
-            age_ms: now.saturating_sub(a.created_ms),
-        };
         let grace = self.pending_grace.as_millis() as u64;
         match liveness::judge(a.state, rec.pid_start, &facts, grace) {
             Liveness::Gone(why) => {
@@ -192,23 +175,11 @@ impl Node {
             // runc removed it, but a process left in its cgroup keeps its device rules:
             // said once, here; the reconciler ends the grant once the cgroup is empty.
             Liveness::Alive if !facts.runc_state_exists => {
-                let held = match (&rec.cgroup, &facts.cgroup) {
-                    (Some(cg), CgroupProcs::Count(n)) if *n > 0 => Some(format!(
-                        "its cgroup {} still holds {n} process(es), which keep its device rules",
-                        untrusted(cg)
-                    )),
-                    (Some(cg), CgroupProcs::Unreadable(e)) => Some(format!(
-                        "cannot tell whether its cgroup {} is empty ({})",
-                        untrusted(cg),
-                        untrusted(e)
-                    )),
-                    _ => None,
-                };
-                if let Some(held) = held {
-                    let message = format!(
-                        "container {}: runc removed it, but {held}; nothing released (the grant ends once the cgroup is empty)",
-                        a.container_id
-                    );
+                let lead = format!("container {}: runc removed it, but ", a.container_id);
+                let held = rec.cgroup.as_deref().and_then(|cg| {
+                    super::release::cgroup_keeps_the_grant(&lead, cg, &facts.cgroup)
+                });
+                if let Some(message) = held {
                     if let Err(e) =
                         self.store.event("release-refused", Some(&a.container_id), &message)
                     {
@@ -219,6 +190,24 @@ impl Node {
             Liveness::Alive => {}
         }
         Ok(None)
+    }
+
+    /// What the host shows of `rec`'s container now, for [`liveness::judge`] (the init's
+    /// start time read by the caller). runc's record is read before the cgroup: a container
+    /// removed in between is then seen with its cgroup already emptied by runc.
+    fn facts(&self, rec: &Record, pid_start_now: Option<u64>, now: u64) -> Facts {
+        let a = &rec.allocation;
+        Facts {
+            runc_state_exists: self
+                .host
+                .runc_state_exists(Path::new(&rec.runc_root), &a.container_id),
+            pid_start_now,
+            cgroup: match &rec.cgroup {
+                Some(rel) => self.host.cgroup_procs(rel),
+                None => CgroupProcs::NotRecorded,
+            },
+            age_ms: now.saturating_sub(a.created_ms),
+        }
     }
 
     /// A running grant recorded without its cgroup (store schema 1) whose init still runs:

@@ -119,19 +119,13 @@ impl Node {
             // A process left in the grant's cgroup (another container that joined it, a
             // worker of a shared pid namespace) keeps the device rules there: the device
             // stays held until the reconciler sees the cgroup empty.
-            _ => match rec.cgroup.as_deref().map(|cg| (cg, self.host.cgroup_procs(cg))) {
-                Some((cg, CgroupProcs::Count(n))) if n > 0 => Some(format!(
-                    "container {container_id}: its cgroup {} still holds {n} process(es), which keep its device \
-                     rules; nothing released (the grant ends once the cgroup is empty)",
-                    untrusted(cg)
-                )),
-                Some((cg, CgroupProcs::Unreadable(e))) => Some(format!(
-                    "container {container_id}: cannot tell whether its cgroup {} is empty ({}); nothing released",
-                    untrusted(cg),
-                    untrusted(&e)
-                )),
-                _ => None,
-            },
+            _ => rec.cgroup.as_deref().and_then(|cg| {
+                cgroup_keeps_the_grant(
+                    &format!("container {container_id}: "),
+                    cg,
+                    &self.host.cgroup_procs(cg),
+                )
+            }),
         };
         if let Some(message) = refusal {
             // Logged by the controller, with every refused action.
@@ -141,5 +135,24 @@ impl Node {
             return Err(CoreError::conflict(message));
         }
         self.release(container_id, "container removed")
+    }
+}
+
+/// Why a grant whose container runc no longer has stays, if its cgroup `cg` (holding
+/// `procs`) keeps it: a process left there keeps the device rules, and a cgroup that
+/// cannot be read is not taken for empty. The sentence begins with `lead`.
+pub(super) fn cgroup_keeps_the_grant(lead: &str, cg: &str, procs: &CgroupProcs) -> Option<String> {
+    match procs {
+        CgroupProcs::Count(n) if *n > 0 => Some(format!(
+            "{lead}its cgroup {} still holds {n} process(es), which keep its device rules; nothing \
+             released (the grant ends once the cgroup is empty)",
+            untrusted(cg)
+        )),
+        CgroupProcs::Unreadable(e) => Some(format!(
+            "{lead}cannot tell whether its cgroup {} is empty ({}); nothing released",
+            untrusted(cg),
+            untrusted(e)
+        )),
+        _ => None,
     }
 }
