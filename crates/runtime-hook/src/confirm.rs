@@ -119,7 +119,7 @@ pub fn check_confirmed(root: &Path, container_id: &str) -> Result<(), ConfirmErr
     let Ok(id) = ContainerId::new(container_id) else { return Ok(()) };
     // Confirmed: one stat. Otherwise runc's record says whether it had to be.
     if marker(root, &id).is_file()
-        || crate::supervise::delete_hint(root, container_id, CONFIRM_ANNOTATION).is_none()
+        || crate::supervise::label_hint(root, container_id, CONFIRM_ANNOTATION).is_none()
     {
         return Ok(());
     }

@@ -193,8 +193,7 @@ pub fn check_exec(root: &Path, args: &[OsString]) -> Result<(), ExecError> {
     let gpu = |why: String| ExecError::Gpu { id: id.clone(), why };
     // A GPU container (tessera-runtime labelled it at create); its record unreadable counts
     // as one (fail closed).
-    let bundle = match supervise::delete_hint(root, &exec.container_id, spec::ALLOCATED_ANNOTATION)
-    {
+    let bundle = match supervise::label_hint(root, &exec.container_id, spec::ALLOCATED_ANNOTATION) {
         None => return Ok(()),
         Some(Some(b)) => b,
         Some(None) => return Err(gpu("runc's record of it cannot be read".into())),
@@ -281,7 +280,7 @@ fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
 /// entries of its bundle's config.json, for a container tessera-runtime gave a grant
 /// (its record carries `tessera.io/allocated`). Empty otherwise.
 pub fn grant_env(root: &Path, id: &str) -> Vec<String> {
-    let Some(Some(bundle)) = supervise::delete_hint(root, id, spec::ALLOCATED_ANNOTATION) else {
+    let Some(Some(bundle)) = supervise::label_hint(root, id, spec::ALLOCATED_ANNOTATION) else {
         return Vec::new();
     };
     let Some(config) = read_json(&Path::new(&bundle).join("config.json")) else {

@@ -445,11 +445,7 @@ pub fn prepare(
         // the container reads it (runc create's stderr is the container's own).
         if !sandbox {
             for hint in request::hints(&cfg.value, &annotations) {
-                let line = format!(
-                    "tessera-runtime: container {}: warning: {hint}",
-                    untrusted(&container_id)
-                );
-                eprintln!("{}", untrusted(&line).max_chars(MAX_LINE_CHARS));
+                warn(&container_id, &hint.to_string());
             }
         }
         // No grant, no GPU: GPU nodes and rules the config brings are removed (the majors
@@ -601,11 +597,7 @@ fn release(socket: &Path, container_id: &str, req: &ReleaseRequest) {
     if let Err(e) =
         Client::new(socket).with_timeout(RELEASE_TIMEOUT).release_container(container_id, req)
     {
-        let line = format!(
-            "tessera-runtime: container {}: warning: could not release the allocation: {e}",
-            untrusted(container_id)
-        );
-        eprintln!("{}", untrusted(&line).max_chars(MAX_LINE_CHARS));
+        warn(container_id, &format!("could not release the allocation: {e}"));
     }
 }
 
@@ -643,6 +635,8 @@ fn undo_create(
     }
 }
 
+/// One warning line on stderr (where the person who started the container reads it):
+/// escaped, at most [`MAX_LINE_CHARS`].
 fn warn(container_id: &str, what: &str) {
     let line = format!("tessera-runtime: container {}: warning: {what}", untrusted(container_id));
     eprintln!("{}", untrusted(&line).max_chars(MAX_LINE_CHARS));
@@ -858,7 +852,7 @@ fn update(
     // daemon decides), so updates of other containers never need the daemon.
     let hinted: Vec<String> = u::id_candidates(rest)
         .into_iter()
-        .filter(|id| supervise::delete_hint(&root, id, spec::ALLOCATED_ANNOTATION).is_some())
+        .filter(|id| supervise::label_hint(&root, id, spec::ALLOCATED_ANNOTATION).is_some())
         .collect();
     let first = hinted.first()?.clone();
     let fail = |error: RuntimeError, id: &str| {

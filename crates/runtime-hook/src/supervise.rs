@@ -153,19 +153,20 @@ pub fn exit_code(status: ExitStatus) -> i32 {
     status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
-/// Whether a `delete` of `container_id` in `root` is worth telling tesserad about, and
-/// what runc's record says of the container: `Some(bundle)` when the record carries the
-/// `annotation` label (the wrapper writes `tessera.io/allocated` into every GPU
-/// container's config; runc keeps annotations as `key=value` labels) or exists but cannot
-/// be read; `None` for a container without it, a missing record, or an id runc would
-/// refuse (never joined to the root: `../x` would name another directory).
+/// Whether runc's record of `container_id` in `root` carries the `annotation` label, and
+/// what it says of the container: `Some(bundle)` when it carries the label (the wrapper
+/// writes `tessera.io/allocated` into every GPU container's config, and
+/// `tessera.io/confirm` into every GPU create; runc keeps annotations as `key=value`
+/// labels) or exists but cannot be read; `None` for a container without it, a missing
+/// record, or an id runc would refuse (never joined to the root: `../x` would name another
+/// directory).
 ///
-/// Only a hint, to spare deletes of containers without GPUs the daemon (an outage must
-/// not affect them): the label is the config author's to set, so it never decides that a
-/// grant ends. tesserad does, from its own record: the root and bundle the grant was made
-/// for, and runc having no record there. A GPU container whose label went missing keeps
-/// its grant until tesserad's reconciler finds it gone — later, never sooner.
-pub fn delete_hint(root: &Path, container_id: &str, annotation: &str) -> Option<Option<String>> {
+/// Only a hint, to spare containers without GPUs a look at their config or the daemon (an
+/// outage must not affect them): the label is the config author's to set, so it never
+/// decides what a grant allows — an `update` or `exec` it names is judged on the
+/// container's config and by tesserad, and a record that cannot be read counts as
+/// labelled.
+pub fn label_hint(root: &Path, container_id: &str, annotation: &str) -> Option<Option<String>> {
     const MAX_STATE: u64 = 16 << 20;
     let id = tessera_api::ContainerId::new(container_id).ok()?;
     let f = match std::fs::File::open(tessera_api::runc_state_file(root, &id)) {
@@ -298,7 +299,7 @@ mod tests {
     }
 
     #[test]
-    fn the_delete_hint_is_read_from_runc_state() {
+    fn the_label_hint_is_read_from_runc_state() {
         let d = tempfile::tempdir().expect("tmp");
         let root = d.path().join("root");
         let write = |dir: &Path, text: &str| {
@@ -323,15 +324,15 @@ mod tests {
             r#"{"config":{"labels":["tessera.io/allocated=GPU-1","bundle=/e"]}}"#,
         );
         let a = "tessera.io/allocated";
-        assert_eq!(delete_hint(&root, "gpu", a), Some(Some("/x".into())));
-        assert_eq!(delete_hint(&root, "plain", a), None);
-        assert_eq!(delete_hint(&root, "junk", a), Some(None), "unreadable: ask the daemon");
-        assert_eq!(delete_hint(&root, "odd", a), Some(None), "another shape: ask the daemon");
-        assert_eq!(delete_hint(&root, "bare", a), None, "no labels, no GPU label");
-        assert_eq!(delete_hint(&root, "mixed", a), Some(Some("/m".into())));
-        assert_eq!(delete_hint(&root, "missing", a), None);
+        assert_eq!(label_hint(&root, "gpu", a), Some(Some("/x".into())));
+        assert_eq!(label_hint(&root, "plain", a), None);
+        assert_eq!(label_hint(&root, "junk", a), Some(None), "unreadable: ask the daemon");
+        assert_eq!(label_hint(&root, "odd", a), Some(None), "another shape: ask the daemon");
+        assert_eq!(label_hint(&root, "bare", a), None, "no labels, no GPU label");
+        assert_eq!(label_hint(&root, "mixed", a), Some(Some("/m".into())));
+        assert_eq!(label_hint(&root, "missing", a), None);
         for id in ["../evil", "..", ".", "a/../../evil", ""] {
-            assert_eq!(delete_hint(&root, id, a), None, "{id:?} was joined to the root");
+            assert_eq!(label_hint(&root, id, a), None, "{id:?} was joined to the root");
         }
         assert!(tessera_api::runc_state_exists(&root, "gpu"));
         assert!(!tessera_api::runc_state_exists(&root, "missing"));
