@@ -17,7 +17,11 @@
 //! times a single `runc run` and (issue 29) the create/start/delete sequence a shim drives
 //! (in all and by step).
 //! `TESSERA_BENCH_BINS=DIR`: tessera-runtime, tessera-hook and tesserad from DIR instead of
-//! this build's (two builds compared in one load window; `scripts/static-shims.sh DIR`).
+//! this build's (two builds compared in one load window). The installed build is
+//! `scripts/static-shims.sh DIR` (what scripts/install.sh puts on a node: the two shims
+//! linked static); without it the bench runs cargo's dynamic build of this tree.
+//! runc's root and tesserad's socket live on a tmpfs of the bench's own, as `/run` is on a
+//! node; tesserad's databases on disk ([`run_dir`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -64,7 +68,7 @@ struct Bench {
 
 impl Drop for Bench {
     fn drop(&mut self) {
-        let root = self.dir.join("runc-root");
+        let root = run_dir(&self.dir).join("runc");
         if let Ok(out) = Command::new("runc").arg("--root").arg(&root).args(["list", "-q"]).output()
         {
             for id in String::from_utf8_lossy(&out.stdout).lines() {
@@ -92,8 +96,18 @@ impl Drop for Bench {
                 let _ = std::fs::remove_dir(&base);
             }
         }
+        let _ = nix::mount::umount2(&run_dir(&self.dir), nix::mount::MntFlags::MNT_DETACH);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The bench's `/run`: a tmpfs of its own under `dir`, as `/run` is on a node (systemd
+/// mounts one), holding what a node keeps there: runc's root (`/run/runc`: its state.json,
+/// the exec fifo, Tessera's confirmation marker) and tesserad's socket directory
+/// (`/run/tessera`: the socket and the list of the grants' cgroups). tesserad's databases
+/// stay on disk under `dir/state`, as `/var/lib/tessera` is.
+fn run_dir(dir: &Path) -> PathBuf {
+    dir.join("run")
 }
 
 fn config(rootfs: &Path, cgroup: &str, id: &str, annotations: &[(&str, &str)]) -> String {
@@ -153,7 +167,17 @@ fn main() {
         std::fs::create_dir_all(rootfs.join(d)).expect("rootfs dir");
     }
     std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).expect("busybox");
-    let root = dir.join("runc-root");
+    std::fs::create_dir_all(run_dir(&dir)).expect("run dir");
+    nix::mount::mount(
+        Some("tmpfs"),
+        &run_dir(&dir),
+        Some("tmpfs"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some("mode=0755,size=64m"),
+    )
+    .expect("a tmpfs for the bench's /run");
+    std::fs::create_dir_all(run_dir(&dir).join("tessera")).expect("socket dir");
+    let root = run_dir(&dir).join("runc");
     if !quota_only {
         wrapper_paths(n, &mut bench, &rootfs, &root);
         // Its daemon is idle from here on: stopped, so the next part has the machine.
@@ -171,7 +195,7 @@ fn main() {
 /// then [`parts`].
 fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
     let dir = bench.dir.clone();
-    let socket = dir.join("d.sock");
+    let socket = run_dir(&dir).join("tessera").join("d.sock");
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let child = Command::new(daemon())
         .arg("--node")

@@ -1,30 +1,53 @@
 #!/usr/bin/env bash
-# Builds the two binaries every GPU container start spawns — tessera-runtime (once per
-# runc verb the engine runs) and tessera-hook (runc's prestart hook) — statically linked
-# (`-C target-feature=+crt-static`: no ld.so, no libgcc_s/libc.so to map and relocate), and
-# puts them in DIR with a normal (dynamic) tesserad and tessera beside them. tesserad stays
-# dynamic: it dlopens NVML, which a static glibc cannot do safely.
+# The node's binaries as they are installed: tessera-runtime (started once per runc verb an
+# engine runs) and tessera-hook (runc's prestart hook on `runc run`) linked static
+# (`-C target-feature=+crt-static`: no ld.so, no libc.so or libgcc_s to map and relocate,
+# about 0.3 ms less per process: docs/PERFORMANCE.md, issue 29), tesserad and tessera as
+# cargo links them (tesserad dlopens NVML, which a static glibc cannot do safely).
 #
-#   scripts/static-shims.sh DIR
-#   TESSERA_BENCH_BINS=DIR cargo bench --bench runtime_overhead -- 100 --wrapper-only
+#   scripts/static-shims.sh DIR          release build: the four node binaries in DIR
+#                                         (scripts/install.sh, the benchmark)
+#   scripts/static-shims.sh --dev DIR    dev build: the two static shims in DIR and a link to
+#                                         every other binary of target/debug (scripts/test.sh
+#                                         runs the suite on DIR: TESSERA_BIN_DIR)
 #
-# docs/PERFORMANCE.md ("Issue 29: where the rest goes, and what was tried") has what it
-# saves. Cargo cannot give one binary of a package its own target features, so this is a
-# second build step; `cargo build` afterwards builds the two binaries dynamic again.
+# Cargo cannot give one binary of a package its own target features, so this is a second
+# build step: `cargo rustc` relinks the binary static in target/<profile>/ and the copy in
+# DIR is kept; the next `cargo build` links the one in target/ dynamic again.
 set -euo pipefail
-dir=${1:?usage: scripts/static-shims.sh DIR}
+profile=release
+if [ "${1:-}" = "--dev" ]; then
+    profile=dev
+    shift
+fi
+dir=${1:?usage: scripts/static-shims.sh [--dev] DIR}
 cd "$(dirname "$0")/.."
 mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
 target=${CARGO_TARGET_DIR:-target}
-cargo build --release --locked --bin tesserad --bin tessera
-cp "$target/release/tesserad" "$target/release/tessera" "$dir/"
+out=$target/$([ "$profile" = dev ] && echo debug || echo release)
+if [ "$profile" = release ]; then
+    cargo build --release --locked --bin tesserad --bin tessera
+    for bin in tesserad tessera; do
+        # `install` unlinks first: a running tesserad's file is replaced, not written into.
+        install -m 0755 "$out/$bin" "$dir/$bin"
+    done
+else
+    # Everything the tests run, as cargo built it; the shims are replaced below.
+    for f in "$out"/*; do
+        name=$(basename "$f")
+        if [ -f "$f" ] && [ -x "$f" ] && [ "$name" != tessera-runtime ] && [ "$name" != tessera-hook ]; then
+            ln -sfn "$(cd "$out" && pwd)/$name" "$dir/$name"
+        fi
+    done
+fi
 for bin in tessera-runtime tessera-hook; do
-    cargo rustc --release --locked -p tessera --bin "$bin" -- -C target-feature=+crt-static
-    cp "$target/release/$bin" "$dir/"
-    # A dynamic one here would measure nothing new: refuse it.
-    if readelf -l "$dir/$bin" | grep -q INTERP; then
-        echo "static-shims: $dir/$bin is dynamically linked" >&2
+    cargo rustc --profile "$profile" --locked -p tessera --bin "$bin" -- -C target-feature=+crt-static
+    install -m 0755 "$out/$bin" "$dir/$bin"
+    # A dynamic one would not be what is installed: refuse it.
+    if ! head -c 4 "$dir/$bin" | grep -q ELF || readelf -l "$dir/$bin" | grep -q INTERP; then
+        echo "static-shims: $dir/$bin is not a static executable" >&2
         exit 1
     fi
 done
-echo "static tessera-runtime and tessera-hook (and dynamic tesserad, tessera) in $dir"
+echo "static-shims: static tessera-runtime and tessera-hook in $dir ($profile)"

@@ -10,4 +10,7 @@ tessera_ensure_deps
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --locked --workspace --bins
+# The suite runs the shims as scripts/install.sh installs them: linked static.
+scripts/static-shims.sh --dev target/shipped
+export TESSERA_BIN_DIR="$PWD/target/shipped"
 cargo test --workspace --locked "$@"

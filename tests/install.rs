@@ -327,3 +327,39 @@ fn a_sighup_during_start_up_is_not_the_daemons_end() {
     let status = second.wait().unwrap();
     assert!(alive, "tesserad died of a SIGHUP during start-up: {status:?}");
 }
+
+/// Whether the ELF executable at `path` names a program interpreter (`PT_INTERP`): a
+/// dynamically linked one does, a static one does not.
+fn has_interpreter(path: &str) -> bool {
+    let elf = std::fs::read(path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+    assert_eq!(&elf[..4], b"\x7fELF", "{path} is not an ELF file");
+    assert_eq!(elf[4], 2, "{path} is not a 64-bit ELF file");
+    let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into().unwrap()) as usize;
+    let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
+    (0..phnum).any(|i| {
+        let at = phoff + i * phentsize;
+        u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) == 3 // PT_INTERP
+    })
+}
+
+/// scripts/test.sh runs the suite on the shims as scripts/install.sh installs them: linked
+/// static (`scripts/static-shims.sh --dev target/shipped`, `TESSERA_BIN_DIR`), and the rest
+/// as cargo built it. A `cargo test` without the script runs cargo's dynamic build and says
+/// so here.
+#[test]
+fn the_suite_runs_the_shims_linked_static_as_installed() {
+    if std::env::var_os("TESSERA_BIN_DIR").is_none() {
+        eprintln!(
+            "TESSERA_BIN_DIR unset: this run tests cargo's dynamic shims, not the installed ones"
+        );
+        return;
+    }
+    for bin in [tessera_runtime(), tessera_hook()] {
+        assert!(
+            !has_interpreter(bin),
+            "{bin} is linked dynamically; scripts/install.sh installs it static"
+        );
+    }
+    assert!(has_interpreter(tesserad()), "tesserad must stay dynamic: it dlopens NVML");
+}
