@@ -220,8 +220,11 @@ fn sim_without_the_lab_binary_beside_tessera_names_where_it_looked() {
     // no `tessera-sim` is beside it; `tessera sim` must say so, not run anything else.
     let dir = tempfile::tempdir_in(bin_dir()).expect("tempdir in the target dir");
     let cli = dir.path().join("tessera");
-    std::fs::hard_link(tessera_cli(), &cli)
-        .or_else(|_| std::fs::copy(tessera_cli(), &cli).map(|_| ()))
+    // The file itself: TESSERA_BIN_DIR may hold a symbolic link to it (scripts/test.sh),
+    // and a hard link to that would still run the CLI beside its tessera-sim.
+    let real = std::fs::canonicalize(tessera_cli()).expect("the CLI's file");
+    std::fs::hard_link(&real, &cli)
+        .or_else(|_| std::fs::copy(&real, &cli).map(|_| ()))
         .expect("a link to the CLI");
     let out = run_cmd(std::process::Command::new(&cli).args(["sim", "--scenario", "drf"]));
     assert!(!out.status.success(), "tessera sim ran without tessera-sim: {}", out.stdout_str());
