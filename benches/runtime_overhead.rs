@@ -20,8 +20,8 @@
 //! this build's (two builds compared in one load window). The installed build is
 //! `scripts/static-shims.sh DIR` (what scripts/install.sh puts on a node: the two shims
 //! linked static); without it the bench runs cargo's dynamic build of this tree.
-//! runc's root and tesserad's socket live on a tmpfs of the bench's own, as `/run` is on a
-//! node; tesserad's databases on disk ([`run_dir`]).
+//! runc's root, the bundles and tesserad's socket live on a tmpfs of the bench's own, as
+//! `/run` is on a node; tesserad's databases and the rootfs on disk ([`run_dir`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -103,9 +103,11 @@ impl Drop for Bench {
 
 /// The bench's `/run`: a tmpfs of its own under `dir`, as `/run` is on a node (systemd
 /// mounts one), holding what a node keeps there: runc's root (`/run/runc`: its state.json,
-/// the exec fifo, Tessera's confirmation marker) and tesserad's socket directory
-/// (`/run/tessera`: the socket and the list of the grants' cgroups). tesserad's databases
-/// stay on disk under `dir/state`, as `/var/lib/tessera` is.
+/// the exec fifo, Tessera's confirmation marker), tesserad's socket directory
+/// (`/run/tessera`: the socket and the list of the grants' cgroups) and the bundles (a
+/// containerd shim's are in `/run/containerd/io.containerd.runtime.v2.task/`: the
+/// config.json tessera-runtime rewrites). tesserad's databases and the rootfs stay on disk
+/// under `dir`, as `/var/lib/tessera` and the image layers are.
 fn run_dir(dir: &Path) -> PathBuf {
     dir.join("run")
 }
@@ -219,7 +221,7 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
     let cgroup = bench.cgroup.clone();
     let run = |bin: &str, kind: &str, i: usize, ann: &[(&str, &str)]| -> f64 {
         let id = format!("{kind}{i}");
-        let bundle = dir.join("bundles").join(&id);
+        let bundle = run_dir(&dir).join("bundles").join(&id);
         runc_run(bin, root, &bundle, &config(rootfs, &cgroup, &id, ann), &socket, &id)
     };
     let gpu_ann = [(NAMESPACE_KEY, "team-untrusted"), ("tessera.io/gpu", "mig=1g.10gb")];
@@ -234,7 +236,7 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
     // hook, run by plain runc.
     let injected = {
         let id = "inj";
-        let bundle = dir.join("bundles").join(id);
+        let bundle = run_dir(&dir).join("bundles").join(id);
         std::fs::create_dir_all(&bundle).expect("bundle");
         std::fs::write(bundle.join("config.json"), config(rootfs, &cgroup, id, &gpu_ann))
             .expect("config");
@@ -268,7 +270,7 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
         let id = format!("i{i}");
         let mut c = injected.clone();
         c["linux"]["cgroupsPath"] = format!("{cgroup}/{id}").into();
-        let bundle = dir.join("bundles").join(&id);
+        let bundle = run_dir(&dir).join("bundles").join(&id);
         runc_run("runc", root, &bundle, &c.to_string(), &socket, &id)
     };
     let (mut plain, mut nogpu, mut gpu, mut inj) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -319,7 +321,7 @@ fn wrapper_paths(n: usize, bench: &mut Bench, rootfs: &Path, root: &Path) {
     // processes of BIN each time (the wrapper's work is in create and delete).
     let seq = |bin: &str, kind: &str, i: usize, ann: &[(&str, &str)]| -> [f64; 3] {
         let id = format!("{kind}{i}");
-        let bundle = dir.join("bundles").join(&id);
+        let bundle = run_dir(&dir).join("bundles").join(&id);
         shim_sequence(bin, root, &bundle, &config(rootfs, &cgroup, &id, ann), &socket, &id)
     };
     for i in 0..5 {
@@ -732,7 +734,7 @@ fn quota_paths(n: usize, dir: &Path, rootfs: &Path, cgroup: &str, root: &Path) {
 
     let ann = [(NAMESPACE_KEY, QUOTA_NS), ("tessera.io/gpu", "gpu=1")];
     let run = |d: &QuotaDaemon, id: &str| -> f64 {
-        let bundle = dir.join("bundles").join(id);
+        let bundle = run_dir(&dir).join("bundles").join(id);
         runc_run(runtime(), root, &bundle, &config(rootfs, cgroup, id, &ann), &d.socket, id)
     };
     for i in 0..5 {
