@@ -14,40 +14,73 @@
 # Cargo cannot give one binary of a package its own target features, so this is a second
 # build step: `cargo rustc` relinks the binary static in target/<profile>/ and the copy in
 # DIR is kept; the next `cargo build` links the one in target/ dynamic again.
+#
+# All or nothing: every binary is built and checked (a shim must come out static) into a
+# staging directory inside DIR first; only then is each renamed into place, so a failed
+# build leaves DIR as it was, and a running tesserad's or a starting shim's file is replaced
+# by rename, never unlinked or written into. A relative DIR is the caller's.
 set -euo pipefail
+# `exe=$(built ...)`: a failure inside the substitution ends the script too.
+shopt -s inherit_errexit
 profile=release
 if [ "${1:-}" = "--dev" ]; then
     profile=dev
     shift
 fi
 dir=${1:?usage: scripts/static-shims.sh [--dev] DIR}
+mkdir -p -- "$dir"
+dir=$(cd -- "$dir" && pwd)
 cd "$(dirname "$0")/.."
-mkdir -p "$dir"
-dir=$(cd "$dir" && pwd)
-target=${CARGO_TARGET_DIR:-target}
-out=$target/$([ "$profile" = dev ] && echo debug || echo release)
+stage=$(mktemp -d "$dir/.static-shims.XXXXXX")
+trap 'rm -rf -- "$stage"' EXIT
+
+# The path of the executable cargo just built (from its JSON messages: wherever a
+# build.target-dir, CARGO_TARGET_DIR or --target put it, never a stale one).
+built() { # BIN, then the cargo command line: cargo SUBCOMMAND ARGS...
+    local bin=$1 exe
+    shift
+    exe=$("$1" "$2" --message-format=json-render-diagnostics "${@:3}" |
+        sed -n 's|.*"executable":"\([^"]*/'"$bin"'\)".*|\1|p' | tail -n 1)
+    if [ -z "$exe" ] || [ ! -f "$exe" ]; then
+        echo "static-shims: cargo named no executable for $bin" >&2
+        exit 1
+    fi
+    cp -- "$exe" "$stage/$bin"
+    chmod 0755 "$stage/$bin"
+    echo "$exe"
+}
+
+for bin in tessera-runtime tessera-hook; do
+    exe=$(built "$bin" cargo rustc --profile "$profile" --locked -p tessera --bin "$bin" \
+        -- -C target-feature=+crt-static)
+    # A dynamic one would not be what is installed: refuse it (fail closed: readelf must
+    # read the program headers, and a static executable has no PT_INTERP).
+    if ! headers=$(readelf -lW "$stage/$bin" 2>&1); then
+        echo "static-shims: $exe is not an ELF executable: $headers" >&2
+        exit 1
+    fi
+    case $headers in
+    *INTERP*) ;;
+    *LOAD*) continue ;;
+    esac
+    echo "static-shims: $exe is not a static executable" >&2
+    exit 1
+done
 if [ "$profile" = release ]; then
-    cargo build --release --locked --bin tesserad --bin tessera
     for bin in tesserad tessera; do
-        # `install` unlinks first: a running tesserad's file is replaced, not written into.
-        install -m 0755 "$out/$bin" "$dir/$bin"
+        built "$bin" cargo build --release --locked --bin "$bin" >/dev/null
     done
 else
-    # Everything the tests run, as cargo built it; the shims are replaced below.
+    # Everything the tests run, as cargo built it (beside the shims).
+    out=$(cd "$(dirname "$exe")" && pwd)
     for f in "$out"/*; do
         name=$(basename "$f")
         if [ -f "$f" ] && [ -x "$f" ] && [ "$name" != tessera-runtime ] && [ "$name" != tessera-hook ]; then
-            ln -sfn "$(cd "$out" && pwd)/$name" "$dir/$name"
+            ln -sfn "$f" "$stage/$name"
         fi
     done
 fi
-for bin in tessera-runtime tessera-hook; do
-    cargo rustc --profile "$profile" --locked -p tessera --bin "$bin" -- -C target-feature=+crt-static
-    install -m 0755 "$out/$bin" "$dir/$bin"
-    # A dynamic one would not be what is installed: refuse it.
-    if ! head -c 4 "$dir/$bin" | grep -q ELF || readelf -l "$dir/$bin" | grep -q INTERP; then
-        echo "static-shims: $dir/$bin is not a static executable" >&2
-        exit 1
-    fi
+for f in "$stage"/*; do
+    mv -f -- "$f" "$dir/"
 done
 echo "static-shims: static tessera-runtime and tessera-hook in $dir ($profile)"

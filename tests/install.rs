@@ -363,3 +363,106 @@ fn the_suite_runs_the_shims_linked_static_as_installed() {
     }
     assert!(has_interpreter(tesserad()), "tesserad must stay dynamic: it dlopens NVML");
 }
+
+/// A `cargo` for scripts/static-shims.sh: "builds" each `--bin NAME` by copying
+/// `$FAKE_BINS/NAME` into `$CARGO_TARGET_DIR/<profile>/` and printing cargo's JSON artifact
+/// line; fails as cargo does where `$FAKE_BINS/NAME.fail` exists.
+const FAKE_CARGO: &str = r#"#!/bin/sh
+set -e
+out="$CARGO_TARGET_DIR/debug"
+for a in "$@"; do
+    case "$a" in --release|release) out="$CARGO_TARGET_DIR/release" ;; esac
+done
+mkdir -p "$out"
+want=
+rustc=
+for a in "$@"; do
+    case "$rustc$a" in 1--*) echo "rustc: Unrecognized option: '$a'" >&2; exit 101 ;; esac
+    [ "$a" = -- ] && rustc=1
+    if [ -n "$want" ]; then
+        if [ -e "$FAKE_BINS/$a.fail" ]; then echo "error: could not compile $a" >&2; exit 101; fi
+        cp "$FAKE_BINS/$a" "$out/$a"
+        echo "{\"reason\":\"compiler-artifact\",\"executable\":\"$out/$a\",\"fresh\":false}"
+    fi
+    want=
+    [ "$a" = --bin ] && want=1
+done
+exit 0
+"#;
+
+/// Runs scripts/static-shims.sh ARGS from `cwd` with [`FAKE_CARGO`] building the node's
+/// binaries from `bins` (NAME: the file it installs, or `None` for a build that fails).
+fn static_shims(cwd: &Path, args: &[&str], bins: &[(&str, Option<&str>)]) -> std::process::Output {
+    let fake = tempfile::tempdir().expect("tempdir");
+    let (path_dir, bins_dir, target) =
+        (fake.path().join("path"), fake.path().join("bins"), fake.path().join("target"));
+    for d in [&path_dir, &bins_dir] {
+        std::fs::create_dir(d).expect("fake dir");
+    }
+    let cargo = path_dir.join("cargo");
+    std::fs::write(&cargo, FAKE_CARGO).expect("fake cargo");
+    std::fs::set_permissions(&cargo, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod fake cargo");
+    for (name, from) in bins {
+        match from {
+            Some(f) => std::fs::copy(f, bins_dir.join(name)).map(|_| ()),
+            None => std::fs::write(bins_dir.join(format!("{name}.fail")), ""),
+        }
+        .expect("fake binary");
+    }
+    let path = format!("{}:{}", path_dir.display(), std::env::var("PATH").unwrap_or_default());
+    run_cmd(
+        Command::new(repo_root().join("scripts/static-shims.sh"))
+            .args(args)
+            .current_dir(cwd)
+            .env("PATH", path)
+            .env("FAKE_BINS", &bins_dir)
+            .env("CARGO_TARGET_DIR", &target),
+    )
+}
+
+/// The names in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// scripts/static-shims.sh (scripts/install.sh's step) installs the node's binaries all or
+/// none: a shim that fails to build, or comes out dynamic, leaves DIR as it was (no new
+/// tesserad beside old shims, no dynamic shim), and a relative DIR is the caller's.
+#[test]
+fn static_shims_installs_all_or_nothing_and_never_a_dynamic_shim() {
+    // busybox is linked static, true dynamic.
+    let (stat, dynamic) = ("/bin/busybox", "/bin/true");
+    let cwd = tempfile::tempdir().expect("tempdir");
+    let node = |shim_hook: Option<&'static str>| {
+        [
+            ("tesserad", Some(dynamic)),
+            ("tessera", Some(dynamic)),
+            ("tessera-runtime", Some(stat)),
+            ("tessera-hook", shim_hook),
+        ]
+    };
+    for (hook, why) in [(None, "could not compile"), (Some(dynamic), "not a static executable")] {
+        let dir = cwd.path().join("failed");
+        let out = static_shims(cwd.path(), &[dir.to_str().expect("UTF-8")], &node(hook));
+        out.assert_failure("static-shims with a bad tessera-hook");
+        assert!(out.stderr_str().contains(why), "{}", out.stderr_str());
+        assert_eq!(
+            names_in(&dir),
+            Vec::<String>::new(),
+            "a failed static-shims.sh installed some binaries ({why})"
+        );
+    }
+    let out = static_shims(cwd.path(), &["bin"], &node(Some(stat)));
+    out.assert_success("static-shims");
+    assert_eq!(
+        names_in(&cwd.path().join("bin")),
+        ["tessera", "tessera-hook", "tessera-runtime", "tesserad"],
+        "DIR relative to the caller's directory: {}",
+        out.stderr_str()
+    );
+}
