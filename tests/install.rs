@@ -329,18 +329,38 @@ fn a_sighup_during_start_up_is_not_the_daemons_end() {
 }
 
 /// Whether the ELF executable at `path` names a program interpreter (`PT_INTERP`): a
-/// dynamically linked one does, a static one does not.
+/// dynamically linked one does, a static one does not. A file that is no 64-bit
+/// little-endian ELF executable, or whose program headers lie past its end, fails the test
+/// naming it.
 fn has_interpreter(path: &str) -> bool {
     let elf = std::fs::read(path).unwrap_or_else(|e| panic!("read {path}: {e}"));
-    assert_eq!(&elf[..4], b"\x7fELF", "{path} is not an ELF file");
-    assert_eq!(elf[4], 2, "{path} is not a 64-bit ELF file");
-    let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
-    let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into().unwrap()) as usize;
+    let bytes = |at: usize, n: usize| -> &[u8] {
+        elf.get(at..at.saturating_add(n))
+            .unwrap_or_else(|| panic!("{path}: truncated ELF file ({} bytes)", elf.len()))
+    };
+    assert_eq!(bytes(0, 4), b"\x7fELF", "{path} is not an ELF file");
+    assert_eq!(bytes(4, 2), [2, 1], "{path} is not a 64-bit little-endian ELF file");
+    let u16_at = |o: usize| u16::from_le_bytes(bytes(o, 2).try_into().unwrap()) as usize;
+    let phoff = u64::from_le_bytes(bytes(0x20, 8).try_into().unwrap());
+    let phoff = usize::try_from(phoff).unwrap_or(usize::MAX);
     let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
+    assert!(phentsize >= 4 && phnum > 0, "{path} has no program headers");
     (0..phnum).any(|i| {
-        let at = phoff + i * phentsize;
-        u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) == 3 // PT_INTERP
+        let at = phoff.saturating_add(i * phentsize);
+        u32::from_le_bytes(bytes(at, 4).try_into().unwrap()) == 3 // PT_INTERP
     })
+}
+
+/// [`has_interpreter`] on a cut-off executable (an install interrupted mid-copy) names the
+/// file and what is wrong with it, not a slice index.
+#[test]
+#[should_panic(expected = "truncated ELF file (40 bytes)")]
+fn the_static_check_names_a_truncated_executable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cut = dir.path().join("tessera-runtime");
+    let elf = std::fs::read("/bin/true").expect("read /bin/true");
+    std::fs::write(&cut, &elf[..40]).expect("write the cut-off copy");
+    has_interpreter(cut.to_str().expect("UTF-8"));
 }
 
 /// scripts/test.sh runs the suite on the shims as scripts/install.sh installs them: linked
