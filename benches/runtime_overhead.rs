@@ -734,7 +734,7 @@ fn quota_paths(n: usize, dir: &Path, rootfs: &Path, cgroup: &str, root: &Path) {
 
     let ann = [(NAMESPACE_KEY, QUOTA_NS), ("tessera.io/gpu", "gpu=1")];
     let run = |d: &QuotaDaemon, id: &str| -> f64 {
-        let bundle = run_dir(&dir).join("bundles").join(id);
+        let bundle = run_dir(dir).join("bundles").join(id);
         runc_run(runtime(), root, &bundle, &config(rootfs, cgroup, id, &ann), &d.socket, id)
     };
     for i in 0..5 {
