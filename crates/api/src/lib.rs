@@ -80,6 +80,18 @@ pub fn runc_state_file(runc_root: &Path, container_id: &ContainerId) -> PathBuf 
     runc_root.join(container_id.as_str()).join("state.json")
 }
 
+/// The most of runc's record ([`runc_state_file`]) that is read.
+pub const MAX_RUNC_STATE_BYTES: u64 = 16 << 20;
+
+/// The bytes of runc's record of `container_id` under `runc_root`, at most
+/// [`MAX_RUNC_STATE_BYTES`] (a larger one is cut there, and fails to parse).
+pub fn read_runc_state(runc_root: &Path, container_id: &ContainerId) -> std::io::Result<Vec<u8>> {
+    let f = std::fs::File::open(runc_state_file(runc_root, container_id))?;
+    let mut buf = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_RUNC_STATE_BYTES), &mut buf)?;
+    Ok(buf)
+}
+
 /// Whether runc still has a record of `container_id` under `runc_root`: the test of "the
 /// container is gone" that tesserad's reconciler and tessera-runtime's release share.
 /// An invalid id is never anything's record (and is not joined to the root).

@@ -31,8 +31,6 @@ use crate::spec::CONFIRM_ANNOTATION;
 pub const CONFIRMED_MARKER: &str = "tessera-confirmed";
 /// The bound on tesserad's answer (its checks and one durable write).
 pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(8);
-/// The largest runc record read for the init's pid.
-const MAX_STATE_BYTES: u64 = 16 << 20;
 
 /// Why a created container was not confirmed, or may not start.
 #[derive(Debug, thiserror::Error)]
@@ -63,10 +61,7 @@ pub fn marker(root: &Path, id: &ContainerId) -> PathBuf {
 /// The init's pid runc recorded for container `id` (`init_process_pid` of its state).
 pub fn init_pid(root: &Path, id: &ContainerId) -> Result<i32, ConfirmError> {
     let path = tessera_api::runc_state_file(root, id);
-    let file = std::fs::File::open(&path)
-        .map_err(|source| ConfirmError::State { path: path.clone(), source })?;
-    let mut buf = Vec::new();
-    io::Read::read_to_end(&mut io::Read::take(file, MAX_STATE_BYTES), &mut buf)
+    let buf = tessera_api::read_runc_state(root, id)
         .map_err(|source| ConfirmError::State { path: path.clone(), source })?;
     #[derive(serde::Deserialize)]
     struct Record {

@@ -167,17 +167,12 @@ pub fn exit_code(status: ExitStatus) -> i32 {
 /// container's config and by tesserad, and a record that cannot be read counts as
 /// labelled.
 pub fn label_hint(root: &Path, container_id: &str, annotation: &str) -> Option<Option<String>> {
-    const MAX_STATE: u64 = 16 << 20;
     let id = tessera_api::ContainerId::new(container_id).ok()?;
-    let f = match std::fs::File::open(tessera_api::runc_state_file(root, &id)) {
-        Ok(f) => f,
+    let buf = match tessera_api::read_runc_state(root, &id) {
+        Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
         Err(_) => return Some(None),
     };
-    let mut buf = Vec::new();
-    if io::Read::read_to_end(&mut io::Read::take(f, MAX_STATE), &mut buf).is_err() {
-        return Some(None);
-    }
     // Only the labels are read (the rest, mounts and devices, skipped unparsed: a third of
     // what a `serde_json::Value` of the whole record cost, issue 29). A record of another
     // shape cannot be read: the daemon is asked.

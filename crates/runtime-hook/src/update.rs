@@ -461,11 +461,8 @@ pub fn id_candidates(args: &[OsString]) -> Vec<String> {
 /// (`config.cgroups` of its `state.json`: runc writes the recorded quota or period with an
 /// update that names only the other); `None` when it cannot be read.
 pub fn recorded_limits(root: &std::path::Path, id: &str) -> Option<RecordedLimits> {
-    const MAX_STATE: u64 = 16 << 20;
     let id = tessera_api::ContainerId::new(id).ok()?;
-    let f = std::fs::File::open(tessera_api::runc_state_file(root, &id)).ok()?;
-    let mut buf = Vec::new();
-    std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_STATE), &mut buf).ok()?;
+    let buf = tessera_api::read_runc_state(root, &id).ok()?;
     let state: Value = serde_json::from_slice(&buf).ok()?;
     let cg = state.pointer("/config/cgroups")?;
     Some(RecordedLimits {
