@@ -279,7 +279,11 @@ pub enum Prepared {
     Passthrough,
     /// The config now carries this allocation; give it back with `release` if runc ends
     /// without a record of the container.
-    Injected { container_id: String, allocation: Box<Allocation>, release: ReleaseRequest },
+    Injected {
+        container_id: tessera_api::ContainerId,
+        allocation: Box<Allocation>,
+        release: ReleaseRequest,
+    },
 }
 
 /// A failure, with what is needed to report it where runc's caller looks.
@@ -523,7 +527,11 @@ pub fn prepare(
     }
     Ok((
         inv,
-        Prepared::Injected { container_id, allocation: Box::new(allocation), release: release_req },
+        Prepared::Injected {
+            container_id: req.container_id.clone(),
+            allocation: Box::new(allocation),
+            release: release_req,
+        },
     ))
 }
 
@@ -599,20 +607,6 @@ fn release(socket: &Path, container_id: &str, req: &ReleaseRequest) {
     {
         warn(container_id, &format!("could not release the allocation: {e}"));
     }
-}
-
-/// [`crate::confirm::confirm_at`] for a container the wrapper granted.
-fn confirm(
-    socket: &Path,
-    root: &Path,
-    container_id: &str,
-    req: &ReleaseRequest,
-) -> Result<(), crate::confirm::ConfirmError> {
-    // The id was checked before the grant (runc's rule) and the bundle is the grant's.
-    let id = tessera_api::ContainerId::new(container_id).map_err(|e| {
-        crate::confirm::ConfirmError::NoPid { path: root.to_path_buf(), why: e.to_string() }
-    })?;
-    crate::confirm::confirm_at(socket, root, &id, req.bundle.as_deref().unwrap_or_default())
 }
 
 /// A created container tesserad did not confirm: `runc delete --force` with the caller's
@@ -758,17 +752,27 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
                 // created container, `run --keep`, a create or run of an id that already
                 // existed): the grant stays, for a later delete or the reconciler.
                 let ended_well = matches!(inv.command, Command::Run(_)) && status.success();
-                if !tessera_api::runc_state_exists(&root, &container_id) {
+                if !tessera_api::runc_state_exists(&root, container_id.as_str()) {
                     if !ended_well {
-                        release(&socket, &container_id, &release_req);
+                        release(&socket, container_id.as_str(), &release_req);
                     }
                 } else if let (Command::Create(_), true) = (&inv.command, status.success()) {
-                    // A GPU container runc made: confirmed before create returns, or undone.
-                    if let Err(error) = confirm(&socket, &root, &container_id, &release_req) {
-                        undo_create(&env, &inv.global, &socket, &container_id, &release_req);
+                    // A GPU container runc made: confirmed before create returns, or undone
+                    // (the bundle is the grant's).
+                    let bundle = release_req.bundle.as_deref().unwrap_or_default();
+                    if let Err(error) =
+                        crate::confirm::confirm_at(&socket, &root, &container_id, bundle)
+                    {
+                        undo_create(
+                            &env,
+                            &inv.global,
+                            &socket,
+                            container_id.as_str(),
+                            &release_req,
+                        );
                         report(&Failure {
                             error: RuntimeError::Confirm(error),
-                            container_id: Some(container_id),
+                            container_id: Some(container_id.into()),
                             global: Some(inv.global),
                         });
                         return 1;
@@ -778,12 +782,12 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
             }
             Err(source) => {
                 if matches!(prepared, Prepared::Injected { .. }) {
-                    release(&socket, &container_id, &release_req);
+                    release(&socket, container_id.as_str(), &release_req);
                 }
                 let runc = env.runc.to_string_lossy().into_owned();
                 report(&Failure {
                     error: RuntimeError::Exec { runc, source },
-                    container_id: Some(container_id),
+                    container_id: Some(container_id.into()),
                     global: Some(inv.global),
                 });
                 1
@@ -822,8 +826,8 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
     let source = exec_runc(&env, &args);
     let container_id = match &prepared {
         Prepared::Injected { container_id, release: req, .. } => {
-            release(&socket, container_id, req);
-            Some(container_id.clone())
+            release(&socket, container_id.as_str(), req);
+            Some(container_id.to_string())
         }
         Prepared::Passthrough => inv.create_args().map(|c| c.container_id.clone()),
     };
@@ -1202,7 +1206,9 @@ mod tests {
         let (inv, p) =
             prepare(&f.args("--root /run/x --log log.json create --bundle bundle abc"), &f.env)
                 .expect("prepares");
-        assert!(matches!(p, Prepared::Injected { ref container_id, .. } if container_id == "abc"));
+        assert!(
+            matches!(p, Prepared::Injected { ref container_id, .. } if container_id.as_str() == "abc")
+        );
         assert_eq!(inv.global.root, PathBuf::from("/run/x"));
         let reqs = h.join().expect("join");
         assert!(reqs[0].starts_with("POST /v1/allocations HTTP/1.1"), "{}", reqs[0]);
