@@ -214,24 +214,61 @@ fn a_forged_label_on_a_plain_container_releases_nothing_and_its_delete_needs_no_
     assert!(node.fx.state("plain2").is_none());
 }
 
-/// A GPU container that `runc create` made but tesserad never confirmed (tessera-runtime
-/// killed between runc's create and its confirmation: no marker in runc's record) does
-/// not start through the wrapper: its init never leaves runc's exec fifo.
+/// A GPU container that `runc create` made is confirmed by the wrapper's `start`, right
+/// before its process runs: until then its grant is pending (tesserad has not seen the
+/// container), nothing marks it confirmed, and it takes no exec.
 #[test]
-fn a_created_gpu_container_that_was_never_confirmed_does_not_start() {
+fn a_created_gpu_container_is_confirmed_at_its_start() {
     let node = Node::start_with(no_reconciler());
+    let c = node.client();
     let b = node.bundle("unconfirmed", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
     node.fx.create_container(&b, "unconfirmed").assert_success("create");
     let marker = node.fx.runc_root().join("unconfirmed").join("tessera-confirmed");
-    assert!(marker.is_file(), "a confirmed create leaves its marker");
-    std::fs::remove_file(&marker).expect("remove the marker");
-    let out = node.fx.start_container("unconfirmed");
+    assert!(!marker.exists(), "confirmed before its start");
+    let pending = c.allocation("unconfirmed").expect("granted");
+    assert_eq!(pending.state, tessera_api::AllocationState::Pending);
+    assert_eq!(pending.pid, None);
+    node.fx.start_container("unconfirmed").assert_success("start");
+    assert!(marker.is_file(), "a confirmed start leaves its marker");
+    let running = c.allocation("unconfirmed").expect("granted");
+    assert_eq!(running.state, tessera_api::AllocationState::Running);
+    let state = node.fx.state("unconfirmed").expect("runc's");
+    assert_eq!(running.pid, state["init_process_pid"].as_i64().map(|p| p as i32), "{state}");
+    assert_eq!(state["status"], json!("running"), "{state}");
+    node.fx.delete_container("unconfirmed", true).assert_success("delete");
+}
+
+/// A created GPU container tesserad refuses to confirm at its start (here: a process of
+/// the host moved into its cgroup after `runc create`, which would keep its device rules
+/// after the grant ends) does not start: the start fails with tesserad's sentence, the
+/// container is deleted and its grant given back. Its init never leaves runc's exec fifo.
+#[test]
+fn a_created_gpu_container_refused_at_its_start_never_runs_and_is_undone() {
+    let node = Node::start_with(no_reconciler());
+    let b =
+        node.bundle("spoiled", "team-trusted", Some("gpu=1"), &["sh", "-c", "echo ran; sleep 300"]);
+    node.fx.create_container(&b, "spoiled").assert_success("create");
+    let state = node.fx.state("spoiled").expect("created");
+    let pid = state["init_process_pid"].as_i64().expect("init pid");
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("init's cgroup");
+    let devices = cgroup
+        .lines()
+        .find_map(|l| l.split_once(":devices:").map(|(_, p)| p.to_string()))
+        .expect("a devices cgroup (v1)");
+    let procs = Path::new(CGROUP_ROOT).join("devices").join(devices.trim_start_matches('/'));
+    let mut intruder = Command::new("sleep").arg("300").spawn().unwrap();
+    node.fx.cleanup().track_pid(intruder.id());
+    std::fs::write(procs.join("cgroup.procs"), intruder.id().to_string()).unwrap();
+    let out = node.fx.start_container("spoiled");
+    let after = node.fx.state("spoiled");
+    let _ = intruder.kill();
+    let _ = intruder.wait();
     assert!(!out.status.success(), "started: {}", out.stderr_str());
     let err = out.stderr_str();
-    assert!(err.contains("container unconfirmed: its GPU grant was never confirmed"), "{err}");
-    let state = node.fx.state("unconfirmed").expect("still runc's");
-    assert_eq!(state["status"], json!("created"), "{state}");
-    node.fx.delete_container("unconfirmed", true).assert_success("delete");
+    assert!(err.contains("container spoiled:") && err.contains("refusing to start it"), "{err}");
+    assert!(after.is_none(), "the refused container is still runc's: {after:?}");
+    assert!(!node.fx.container_output("spoiled").0.contains("ran"), "its process ran");
+    assert!(node.client().allocation("spoiled").is_err(), "its grant is still held");
 }
 
 /// A grant ends when runc removes its container, whoever deleted it, without a word to
@@ -357,33 +394,39 @@ fn a_record_moved_away_from_a_running_container_releases_nothing() {
 }
 
 /// However `start` is spelled: runc reads `start -- ID` as `start ID` (Go's flag package
-/// ends the flags at `--`), so the wrapper must find the id there too.
+/// ends the flags at `--`), so the wrapper confirms the id found there too; arguments
+/// naming two ids (runc starts none) never start an unconfirmed one.
 #[test]
-fn a_never_confirmed_gpu_container_does_not_start_however_start_is_spelled() {
+fn an_unconfirmed_gpu_container_starts_only_confirmed_however_start_is_spelled() {
     let node = Node::start_with(no_reconciler());
     let b = node.bundle("unconf-dd", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
     node.fx.create_container(&b, "unconf-dd").assert_success("create");
     let marker = node.fx.runc_root().join("unconf-dd").join("tessera-confirmed");
-    std::fs::remove_file(&marker).expect("remove the marker");
-    let out = node.fx.runc(&["start", "--", "unconf-dd"], &[]);
+    let two = node.fx.runc(&["start", "other", "unconf-dd"], &[]);
+    let after_two = node.fx.state("unconf-dd").expect("still runc's");
+    let dashed = node.fx.runc(&["start", "--", "unconf-dd"], &[]);
     let state = node.fx.state("unconf-dd").expect("still runc's");
+    let grant = node.client().allocation("unconf-dd");
     node.fx.delete_container("unconf-dd", true).assert_success("delete");
-    assert!(!out.status.success(), "start -- ID: started ({state}): {}", out.stderr_str());
-    let err = out.stderr_str();
-    assert!(err.contains("container unconf-dd: its GPU grant was never confirmed"), "{err}");
-    assert_eq!(state["status"], json!("created"), "{state}");
+    assert!(!two.status.success(), "start X ID: started ({after_two})");
+    let err = two.stderr_str();
+    assert!(err.contains("container other: its GPU grant is not confirmed"), "{err}");
+    assert_eq!(after_two["status"], json!("created"), "{after_two}");
+    dashed.assert_success("start -- ID");
+    assert_eq!(state["status"], json!("running"), "{state}");
+    assert!(marker.exists() || state["status"] == json!("running"));
+    let grant = grant.expect("granted");
+    assert_eq!(grant.state, tessera_api::AllocationState::Running, "start -- ID confirmed it");
 }
 
-/// Nor does it take an exec: runc execs into a created container, and the exec'd process
-/// would run with the container's devices (and whatever tesserad refused, if the undo of a
-/// refused create failed) before tesserad ever confirmed it.
+/// Nor does a created GPU container take an exec before its start: runc execs into a
+/// created container, and the exec'd process would run with the container's devices
+/// before tesserad ever saw the container.
 #[test]
 fn a_never_confirmed_gpu_container_takes_no_exec() {
     let node = Node::start_with(no_reconciler());
     let b = node.bundle("unconf-ex", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
     node.fx.create_container(&b, "unconf-ex").assert_success("create");
-    let marker = node.fx.runc_root().join("unconf-ex").join("tessera-confirmed");
-    std::fs::remove_file(&marker).expect("remove the marker");
     let plain = node.fx.exec("unconf-ex", &["sh", "-c", "echo ran"]);
     let dashed = node.fx.runc(&["exec", "--", "unconf-ex", "sh", "-c", "echo ran"], &[]);
     // Go's flag package reads `-cwd` as `--cwd`: its value is not the container id.
@@ -404,7 +447,7 @@ fn a_never_confirmed_gpu_container_takes_no_exec() {
             out.stderr_str()
         );
         let err = out.stderr_str();
-        assert!(err.contains("its GPU grant was never confirmed"), "{how}: {err}");
+        assert!(err.contains("its GPU grant is not confirmed"), "{how}: {err}");
     }
 }
 
@@ -433,8 +476,11 @@ fn a_gpu_bundle_created_once_then_run_takes_an_exec() {
 }
 
 /// A foreground `run` that ended leaves no grant behind, though the wrapper says nothing
-/// after it (runc removed the record; tesserad watches the root since the prestart hook),
-/// and one runc refused is given back by the wrapper (never confirmed: nothing watched).
+/// after it (runc removed the record; tesserad watches the root since the prestart hook).
+/// A `run` or `create` runc refused leaves none either: the wrapper exec'd runc, and
+/// tesserad, which watched the process that asked (the wrapper, runc by the exec), gives
+/// the grant back once it exited and runc has no record — long before the pending grace
+/// (ten minutes here). A created container deleted before any start is given back too.
 #[test]
 fn a_run_that_ended_or_was_refused_leaves_no_grant() {
     let node = Node::start_with(no_reconciler());
@@ -442,11 +488,26 @@ fn a_run_that_ended_or_was_refused_leaves_no_grant() {
     let b = node.bundle("ended", "team-trusted", Some("gpu=1"), &["true"]);
     node.fx.run_container(&b, "ended").assert_success("run");
     assert!(c.allocation("ended").is_err(), "the grant of a run that ended is still held");
-    let mut b = node.bundle("refused", "team-trusted", Some("gpu=1"), &["true"]);
-    b.mutate(|c| c["process"]["cwd"] = json!("relative")).write();
-    let out = node.fx.run_container(&b, "refused");
-    assert!(!out.status.success(), "runc took a relative cwd");
-    assert!(c.allocation("refused").is_err(), "the grant of a refused run is still held");
+    for verb in ["run", "create"] {
+        let id = format!("refused-{verb}");
+        let mut b = node.bundle(&id, "team-trusted", Some("gpu=1"), &["true"]);
+        b.mutate(|c| c["process"]["cwd"] = json!("relative")).write();
+        let out = if verb == "run" {
+            node.fx.run_container(&b, &id)
+        } else {
+            node.fx.create_container(&b, &id)
+        };
+        assert!(!out.status.success(), "runc {verb} took a relative cwd");
+        assert!(node.fx.state(&id).is_none(), "runc kept a record of the refused {verb}");
+        let held = c.allocation(&id);
+        assert!(held.is_err(), "the grant of a refused {verb} is still held: {held:?}");
+    }
+    let b = node.bundle("never-started", "team-trusted", Some("gpu=1"), &["true"]);
+    node.fx.create_container(&b, "never-started").assert_success("create");
+    assert!(c.allocation("never-started").is_ok(), "a created container keeps its grant");
+    node.fx.delete_container("never-started", true).assert_success("delete");
+    let held = c.allocation("never-started");
+    assert!(held.is_err(), "the grant of a container deleted before its start: {held:?}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -463,9 +524,9 @@ fn a_run_that_ended_or_was_refused_leaves_no_grant() {
 fn start_leaving_a_worker(node: &Node, id: &str) -> (i32, PathBuf, std::process::Child) {
     let b = node.bundle(id, "team-trusted", Some("gpu=1"), &["true"]);
     node.fx.create_container(&b, id).assert_success("create");
-    // runc runs the prestart hook during create: the daemon knows the init's pid now.
-    let pid = node.client().allocation(id).expect("grant").pid.expect("prestart recorded the pid");
     node.fx.start_container(id).assert_success("start");
+    // The wrapper's start confirmed it: the daemon knows the init's pid now.
+    let pid = node.client().allocation(id).expect("grant").pid.expect("start recorded the pid");
     let cg = Path::new(CGROUP_ROOT).join("devices").join(b.cgroups_path().trim_start_matches('/'));
     assert!(wait_for(|| !pid_alive(pid, None), Duration::from_secs(10)), "init did not exit");
     let worker = Command::new("sleep").arg("300").spawn().unwrap();

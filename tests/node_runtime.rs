@@ -97,11 +97,12 @@ fn untrusted_mig_container_sees_exactly_its_instance_devices_and_cgroup_rules() 
     assert_eq!(e.api_error().map(|e| e.code), Some(ErrorCode::NotFound), "{e}");
 }
 
-/// A GPU container's runc is the wrapper's child (`posix_spawnp`, issue 29), and runc and
-/// the container start with the signal dispositions the engine gave the wrapper: none
-/// ignored here. glibc's posix_spawn sets its own internal signals (32 and 33) to SIG_IGN
-/// in the child, and an ignored signal survives exec: into runc, runc init and the
-/// container's process, unless the wrapper asks for their default back.
+/// A GPU container's runc is exec'd by the wrapper (issue 29), and runc and the container
+/// start with the signal dispositions the engine gave the wrapper: none ignored here. An
+/// ignored signal survives exec (into runc, runc init and the container's process): the
+/// Rust runtime's ignored SIGPIPE must be set back to its default, and nothing else of the
+/// wrapper's (glibc's posix_spawn, once used for runc as a child, ignored its internal
+/// signals 32 and 33 in the child).
 #[test]
 fn a_gpu_container_starts_with_no_signal_ignored_that_its_engine_did_not_ignore() {
     let node = Node::start();

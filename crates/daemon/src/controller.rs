@@ -50,8 +50,9 @@ use crate::quota_gate::{self, QuotaGate, Verdict};
 #[derive(Debug)]
 pub enum Action {
     // The API (`server.rs`).
-    /// `POST /v1/allocations`.
-    Allocate(AllocateRequest),
+    /// `POST /v1/allocations`, with a pidfd of the process that asked where the API has
+    /// one: watched until the grant is confirmed ([`crate::requesters`]).
+    Allocate { req: AllocateRequest, requester: Option<std::os::fd::OwnedFd> },
     /// `POST /v1/allocations/{id}/start` (the prestart hook); then the exit watch starts.
     Start { container_id: ContainerId, req: StartRequest },
     /// `DELETE /v1/allocations/{id}`: the checked release.
@@ -160,7 +161,7 @@ impl Action {
     /// A short name for logs.
     pub fn name(&self) -> &'static str {
         match self {
-            Action::Allocate(_) => "allocate",
+            Action::Allocate { .. } => "allocate",
             Action::Start { .. } => "start",
             Action::Release { .. } => "release",
             Action::Update { .. } => "update",
@@ -207,7 +208,7 @@ impl Action {
     pub fn may_change_capacity(&self) -> bool {
         matches!(
             self,
-            Action::Allocate(_)
+            Action::Allocate { .. }
                 | Action::Release { .. }
                 | Action::MigConverge
                 | Action::Unquarantine(_)
@@ -249,7 +250,7 @@ impl Action {
     /// The container the action is about, if one.
     pub fn container_id(&self) -> Option<&str> {
         match self {
-            Action::Allocate(req) => Some(&req.container_id),
+            Action::Allocate { req, .. } => Some(&req.container_id),
             Action::Start { container_id, .. }
             | Action::Release { container_id, .. }
             | Action::Update { container_id, .. }
@@ -490,7 +491,16 @@ impl Controller {
     fn dispatch(&self, action: Action) -> Result<Outcome, CoreError> {
         use Outcome as O;
         match action {
-            Action::Allocate(req) => self.allocate(&req).map(|a| O::Allocation(Box::new(a))),
+            Action::Allocate { req, requester } => {
+                let a = self.allocate(&req)?;
+                if let Some(fd) = requester {
+                    self.locked(|n| {
+                        n.watch_requester(&a, fd);
+                        Ok(())
+                    })?;
+                }
+                Ok(O::Allocation(Box::new(a)))
+            }
             Action::Start { container_id, req } => {
                 self.locked(|n| n.start(&container_id, &req)).map(|a| O::Allocation(Box::new(a)))
             }

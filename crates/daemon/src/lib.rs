@@ -23,6 +23,7 @@ pub mod policy_reload;
 pub mod quota_gate;
 pub mod reload;
 pub mod report_fs;
+pub mod requesters;
 pub mod runc_watch;
 pub mod server;
 pub mod share;
@@ -306,7 +307,13 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         Ok(w) => node.watch_runc_roots(w),
         Err(e) => warn!("{e}; grants are given back by the reconciler's pass"),
     }
+    // A grant not yet confirmed ends when its requester exited and runc made nothing.
+    match requesters::Requesters::new() {
+        Ok(w) => node.watch_requesters(w),
+        Err(e) => warn!("{e}; unconfirmed grants are given back after the pending grace"),
+    }
     let removals_fd = node.runc_watch_readiness();
+    let requesters_fd = node.requesters_readiness();
     info!(node = %node.inventory().node, gpus = node.inventory().gpus.len(),
           policy_version = node.policy().policy.version(), policy_source = %node.policy().source, "tesserad starting");
     let gpu_majors = node.inventory().majors.all();
@@ -381,6 +388,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         exits::spawn(ctl.clone(), id);
     }
     let removals = removals_fd.and_then(|fd| spawn_removals(ctl.clone(), fd));
+    let requester_exits = requesters_fd.and_then(|fd| spawn_removals(ctl.clone(), fd));
 
     // Fleet: follow the coordinator's policy and upload closed ledger intervals. Under a
     // policy with quotas, sync the node's holdings (and leases) with the books that admit
@@ -441,12 +449,13 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         match &fleet {
             Some(f) => f.router(ctl.clone(), server::router(ctl.clone())),
             None => server::router(ctl.clone()),
-        },
+        }
+        .into_make_service_with_connect_info::<server::Peer>(),
     )
     .with_graceful_shutdown(shutdown_signal())
     .await;
     reconciler.abort();
-    if let Some(r) = removals {
+    for r in [removals, requester_exits].into_iter().flatten() {
         r.abort();
     }
     sighup.abort();
@@ -487,9 +496,10 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     served.map_err(DaemonError::Serve)
 }
 
-/// Wake the controller whenever the queue behind `fd` ([`runc_watch::RuncWatch::readiness_fd`])
-/// becomes readable: the grant is given back at once, not at the next action (then the
-/// next container's grant would do the release's work on its way).
+/// Wake the controller whenever the queue behind `fd` ([`runc_watch::RuncWatch::readiness_fd`],
+/// [`requesters::Requesters::readiness_fd`]) becomes readable: the grant is given back at
+/// once, not at the next action (then the next container's grant would do the release's
+/// work on its way).
 fn spawn_removals(
     ctl: Arc<Controller>,
     fd: std::os::fd::OwnedFd,

@@ -29,6 +29,9 @@ pub struct Facts {
     pub cgroup: CgroupProcs,
     /// Milliseconds since the allocation was granted.
     pub age_ms: u64,
+    /// Every process that asked for the grant has exited ([`crate::requesters`]): false
+    /// where that is not known.
+    pub requester_gone: bool,
 }
 
 /// What the container's cgroup holds now.
@@ -50,8 +53,11 @@ pub enum CgroupProcs {
 ///   recorded start time (a recycled pid has another start time). Gone only when none of
 ///   these holds. A grant with no recorded cgroup (schema 1) is gone when runc has no
 ///   container and its init has exited.
-/// - Pending (granted, not yet confirmed by the prestart hook): alive while runc knows the
-///   container, or while younger than `grace_ms`. runc (1.1) writes `state.json` only
+/// - Pending (granted, not yet confirmed by the prestart hook or the wrapper's `start`):
+///   alive while runc knows the container; gone once every process that asked for it has
+///   exited and runc does not know it ([`crate::requesters`]: runc's create or run, which
+///   the wrapper became, is over and made nothing); otherwise alive while younger than
+///   `grace_ms`. runc (1.1) writes `state.json` only
 ///   after the prestart hooks ran, so during a create (our answer, runc's set-up, the
 ///   hook's confirm) only the grace keeps the grant: it must outlast the slowest create
 ///   (tesserad's default is 60 s).
@@ -87,7 +93,14 @@ pub fn judge(
             }
         }
         AllocationState::Pending => {
-            if facts.runc_state_exists || facts.age_ms < grace_ms {
+            if facts.runc_state_exists {
+                Liveness::Alive
+            } else if facts.requester_gone {
+                Liveness::Gone(
+                    "the runtime that asked for it exited and runc has no record of the container"
+                        .to_string(),
+                )
+            } else if facts.age_ms < grace_ms {
                 Liveness::Alive
             } else {
                 Liveness::Gone(format!(
@@ -272,12 +285,18 @@ mod tests {
             pid_start_now: pid,
             cgroup: CgroupProcs::NotRecorded,
             age_ms: age,
+            requester_gone: false,
         }
     }
 
     fn running(pid_now: Option<u64>, runc: bool, cgroup: CgroupProcs) -> Liveness {
-        let f =
-            Facts { runc_state_exists: runc, pid_start_now: pid_now, cgroup, age_ms: 10_000_000 };
+        let f = Facts {
+            runc_state_exists: runc,
+            pid_start_now: pid_now,
+            cgroup,
+            age_ms: 10_000_000,
+            requester_gone: true,
+        };
         judge(AllocationState::Running, Some(5), &f, 1000)
     }
 
@@ -397,6 +416,18 @@ mod tests {
             judge(AllocationState::Pending, None, &facts(false, None, 1000), 1000),
             Liveness::Gone(_)
         ));
+    }
+
+    #[test]
+    fn pending_ends_within_the_grace_once_its_requesters_exited_without_a_record() {
+        let gone = |runc: bool| Facts { requester_gone: true, ..facts(runc, None, 5) };
+        let why = match judge(AllocationState::Pending, None, &gone(false), 60_000) {
+            Liveness::Gone(why) => why,
+            other => panic!("a pending grant nobody can create: {other:?}"),
+        };
+        assert!(why.contains("exited and runc has no record"), "{why}");
+        // runc made the container before its requester exited: it waits for the start.
+        assert_eq!(judge(AllocationState::Pending, None, &gone(true), 60_000), Liveness::Alive);
     }
 
     #[test]

@@ -116,6 +116,9 @@ pub struct Node {
     /// runc's roots watched for removed records ([`crate::runc_watch`]); `None` where the
     /// host's records cannot be watched (then the reconciler's pass releases).
     runc_watch: Option<crate::runc_watch::RuncWatch>,
+    /// The processes that asked for the grants not yet confirmed ([`crate::requesters`]);
+    /// `None` where they cannot be watched (then the pending grace ends such grants).
+    requesters: Option<crate::requesters::Requesters>,
     /// Updates of containers' limits admitted and not yet done (`runc update`).
     updates: BTreeMap<tessera_api::ContainerId, UpdateInFlight>,
     /// The node's own key (it signs the usage uploads), as status shows it.
@@ -205,6 +208,7 @@ impl Node {
             grant_cgroups_file: None,
             reconcile_passes: 0,
             runc_watch: None,
+            requesters: None,
             updates: BTreeMap::new(),
             node_key: None,
             in_fleet: false,

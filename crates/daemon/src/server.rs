@@ -302,10 +302,13 @@ async fn one(State(ctl): State<Arc<Controller>>, UrlPath(id): UrlPath<String>) -
 
 async fn allocate(
     State(ctl): State<Arc<Controller>>,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<Peer>>>,
     body: Result<Json<AllocateRequest>, JsonRejection>,
 ) -> Response {
+    // The requester's pidfd, its own descriptor: the grant keeps it until confirmed.
+    let requester = peer.and_then(|p| p.0 .0.pidfd).and_then(|fd| fd.try_clone().ok());
     match body {
-        Ok(Json(req)) => act(&ctl, Action::Allocate(req)).await,
+        Ok(Json(req)) => act(&ctl, Action::Allocate { req, requester }).await,
         Err(r) => Reply::<()>(Err(bad_json("allocation request", r))).into_response(),
     }
 }
@@ -416,15 +419,35 @@ impl PeerCheckedListener {
     }
 }
 
+/// Who is on the other end of an API connection: a pidfd of that process, taken when it
+/// was accepted ([`crate::requesters::peer_pidfd`]; `None` where the kernel gives none).
+/// A grant keeps it to learn when its requester exits ([`crate::requesters`]).
+#[derive(Debug, Clone, Default)]
+pub struct Peer {
+    pub pidfd: Option<Arc<std::os::fd::OwnedFd>>,
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, PeerCheckedListener>>
+    for Peer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, PeerCheckedListener>) -> Self {
+        stream.remote_addr().clone()
+    }
+}
+
 impl axum::serve::Listener for PeerCheckedListener {
     type Io = UnixStream;
-    type Addr = tokio::net::unix::SocketAddr;
+    type Addr = Peer;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        use std::os::fd::AsRawFd;
         loop {
             match self.inner.accept().await {
-                Ok((stream, addr)) => match stream.peer_cred() {
-                    Ok(cred) if self.allowed_uids.contains(&cred.uid()) => return (stream, addr),
+                Ok((stream, _)) => match stream.peer_cred() {
+                    Ok(cred) if self.allowed_uids.contains(&cred.uid()) => {
+                        let pidfd = crate::requesters::peer_pidfd(stream.as_raw_fd(), cred.pid());
+                        return (stream, Peer { pidfd: pidfd.map(Arc::new) });
+                    }
                     Ok(cred) => {
                         warn!(uid = cred.uid(), pid = ?cred.pid(), "refused API connection: uid not allowed");
                     }
@@ -439,7 +462,7 @@ impl axum::serve::Listener for PeerCheckedListener {
     }
 
     fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.inner.local_addr()
+        self.inner.local_addr().map(|_| Peer::default())
     }
 }
 

@@ -1,29 +1,32 @@
-//! A GPU container made by `runc create` is confirmed by tessera-runtime itself, before any
-//! of its code can run, instead of by a prestart hook (issue 29: one process and runc's
-//! hook machinery fewer on every start a shim drives).
+//! A GPU container made by `runc create` is confirmed by tessera-runtime's `start`, right
+//! before its process runs, instead of by a prestart hook (issue 29: one process and runc's
+//! hook machinery fewer on every start a shim drives, and `create` a plain exec of runc).
 //!
-//! - [`confirm_created`]: once `runc create` has returned, the container's init has moved
-//!   into its root and waits on runc's exec fifo; nothing of the image has run. tesserad is
-//!   asked to start the grant ([`StartRequest::created`]): it checks the process runc made
-//!   (namespaces, the whole mount table, the cgroup and its limits) and opens the metering
-//!   interval, durably. Only then is the marker [`CONFIRMED_MARKER`] written into runc's
-//!   own record directory of the container.
-//! - [`check_confirmed`]: `start` of a container whose runc record carries the label
-//!   [`CONFIRM_ANNOTATION`] (written by the wrapper into every GPU container it creates) and
-//!   no marker is refused, and so is an `exec` into it (runc execs into a created
-//!   container): a create that was killed between runc and tesserad (or whose
-//!   confirmation failed and whose undo failed too) runs nothing with its devices.
-//!   [`check_start_args`] finds the id where runc does (`start ID` or `start -- ID`).
+//! - [`before_start`]: `runc start` of a container whose runc record carries the label
+//!   [`CONFIRM_ANNOTATION`] (written by the wrapper into every GPU container it creates)
+//!   and no marker [`CONFIRMED_MARKER`]. Its init has moved into its root and waits on
+//!   runc's exec fifo; nothing of the image has run. tesserad is asked to start the grant
+//!   ([`StartRequest::created`]): it checks the process runc made (namespaces, the whole
+//!   mount table, the cgroup and its limits) and opens the metering interval, durably.
+//!   Only then is the marker written into runc's own record directory of the container,
+//!   and runc starts it. Refused, the container is deleted and its grant given back (the
+//!   wrapper's `undo_create`), and the start fails with tesserad's sentence.
+//! - [`check_confirmed`]: an `exec` into a container with the label and no marker is
+//!   refused (runc execs into a created container), and so is a `start` whose arguments
+//!   name more than one id (runc starts none of them): nothing runs with its devices
+//!   before tesserad has seen the container.
 //!
 //! The marker lives in runc's record directory (`<root>/<id>/`, root's alone), so it goes
 //! with the record: `runc delete` removes both, and an id used again starts without one.
 //! `runc run` keeps the prestart hook: nothing runs between runc's create and start there.
+//! A create runc refused is given back by tesserad, which watches the process that asked
+//! for the grant (the wrapper, runc by its exec) and finds no record once it exited.
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tessera_api::{untrusted, Client, ClientError, ContainerId, StartRequest};
+use tessera_api::{untrusted, Client, ClientError, ContainerId, ReleaseRequest, StartRequest};
 
 use crate::spec::CONFIRM_ANNOTATION;
 
@@ -47,8 +50,8 @@ pub enum ConfirmError {
     )]
     Marker { path: PathBuf, source: io::Error },
     #[error(
-        "its GPU grant was never confirmed after `runc create` (tessera-runtime's create did \
-         not finish); refusing to run anything in it: delete the container and create it again"
+        "its GPU grant is not confirmed (tessera-runtime confirms a created container at its \
+         start); refusing to run anything in it before"
     )]
     NotConfirmed,
 }
@@ -131,6 +134,47 @@ pub fn check_start_args(root: &Path, args: &[std::ffi::OsString]) -> Result<(), 
         .try_for_each(|a| check_confirmed(root, &a.to_string_lossy()))
 }
 
+/// Why a start was refused, and what to undo: the container tesserad refused to confirm
+/// (deleted, then its grant given back with `release`).
+#[derive(Debug)]
+pub struct StartRefusal {
+    pub error: ConfirmError,
+    pub undo: Option<ContainerId>,
+    pub release: ReleaseRequest,
+}
+
+/// Before `runc start` (the arguments after the verb) under runc root `root`: a created
+/// GPU container not yet confirmed is confirmed now, against tesserad's `socket`; see the
+/// module docs. Arguments that name more than one id are [`check_start_args`]'s.
+pub fn before_start(
+    socket: &Path,
+    root: &Path,
+    args: &[std::ffi::OsString],
+) -> Result<(), StartRefusal> {
+    let refuse = |error| StartRefusal { error, undo: None, release: ReleaseRequest::default() };
+    let ids: Vec<&std::ffi::OsString> = args.iter().filter(|a| a.as_os_str() != "--").collect();
+    let [one] = ids[..] else { return check_start_args(root, args).map_err(refuse) };
+    // Not an id (runc refuses it, and starts nothing).
+    let Some(Ok(id)) = one.to_str().map(ContainerId::new) else { return Ok(()) };
+    if marker(root, &id).is_file() {
+        return Ok(());
+    }
+    let bundle = match crate::supervise::label_hint(root, id.as_str(), CONFIRM_ANNOTATION) {
+        None => return Ok(()),
+        // A record that cannot be read counts as one to confirm, and cannot be.
+        Some(None) => return Err(refuse(ConfirmError::NotConfirmed)),
+        Some(Some(bundle)) => bundle,
+    };
+    confirm_at(socket, root, &id, &bundle).map_err(|error| StartRefusal {
+        error,
+        release: ReleaseRequest {
+            runc_root: root.to_str().map(str::to_string),
+            bundle: Some(bundle.clone()),
+        },
+        undo: Some(id.clone()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,7 +195,7 @@ mod tests {
         let id = record(dir.path(), "c", GPU);
         let err = check_confirmed(dir.path(), "c").expect_err("never confirmed");
         assert!(matches!(err, ConfirmError::NotConfirmed), "{err}");
-        assert!(err.to_string().contains("never confirmed after `runc create`"), "{err}");
+        assert!(err.to_string().contains("is not confirmed"), "{err}");
         std::fs::write(marker(dir.path(), &id), "").expect("marker");
         check_confirmed(dir.path(), "c").expect("confirmed");
     }

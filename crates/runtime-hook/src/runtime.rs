@@ -2,14 +2,14 @@
 //! asks for a GPU, it gets an allocation from tesserad, writes the injection into the
 //! bundle's config.json, and runs runc; everything else goes straight to runc (exec).
 //!
-//! The grant is given back by the wrapper itself once runc has no record of the container:
-//! after a foreground `run`, after a `create` or detached `run` that runc refused (at once,
-//! not after the reconciler's grace), and after a `delete` of a container whose runc record
-//! carries the `tessera.io/allocated` label (a hint only: tesserad releases nothing unless
-//! the grant was made for that container, in that runc root, and runc has removed it).
-//! There it runs runc as a child ([`crate::supervise`]) instead of exec'ing it. An OCI
-//! poststop hook would do the same a process later (runc spawns one per hook, ~2 ms); a
-//! container deleted without the wrapper is freed by tesserad's reconciler.
+//! The wrapper is never runc's parent on these paths (issue 29: a fork, a wait and a
+//! wake-up fewer on every GPU start). tesserad gives the grant back itself: when runc
+//! removes the container's record (it watches runc's roots), and when every process that
+//! asked for the grant has exited without runc making the container — a `create` or `run`
+//! runc refused, a wrapper killed before its exec (it keeps a pidfd of the requester, the
+//! process on the other end of its socket, which the exec makes runc). A container made by
+//! `runc create` is confirmed by the wrapper's `start` ([`crate::confirm`]), a `runc run`
+//! by the prestart hook.
 //!
 //! The path without a GPU request never contacts the daemon (an outage must not break
 //! containers that do not use GPUs): parse argv, read and parse config.json once, look
@@ -687,12 +687,14 @@ pub fn exec_runc(env: &RuntimeEnv, args: &[OsString]) -> std::io::Error {
     Process::new(&env.runc).args(args.get(1..).unwrap_or(&[])).exec()
 }
 
-/// The wrapper's whole run. It execs runc, except where it has work left once runc is
-/// done: a `create` or `run` of a GPU container, where it runs runc as a child
-/// ([`supervise`]), confirms a created container ([`crate::confirm`]), and gives the grant
-/// back once runc has no record of the container (a foreground run that ended, a create
-/// runc refused). A `delete` is a plain exec: tesserad gives the grant back when runc
-/// removes the record. Returns the exit code where it did not exec, and for failures.
+/// The wrapper's whole run. It execs runc, with the bundle's config rewritten for a GPU
+/// container's `create` or `run`, after tesserad's confirmation of a created GPU
+/// container for its `start` ([`crate::confirm`]), and checked for an `exec`; an `update`
+/// of a GPU container runs runc as a child ([`crate::update`]). tesserad gives a grant
+/// back itself: when runc removes the container's record (a delete, a foreground run that
+/// ended), and when the process that asked for it, runc by the exec, exited without runc
+/// making the container (`tesserad::requesters`). Returns the exit code where it did not
+/// exec, and for failures.
 pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
     let argv0 = args.first().cloned();
     // A configuration that cannot be read fails GPU requests only (with its sentence, in
@@ -732,75 +734,17 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
             }
         }
     }
-    let release_after = match (&inv.command, &prepared) {
-        // create, run (foreground or detached) of a GPU container.
-        (_, Prepared::Injected { container_id, release, .. }) => {
-            Some((container_id.clone(), release.clone()))
-        }
-        // A delete is runc's alone: tesserad gives the grant back when runc removes the
-        // container's record (tesserad's watch of runc's roots), whoever deleted it.
-        _ => None,
-    };
-    if let Some((container_id, release_req)) = release_after {
-        return match supervise::run_forwarding(&env.runc, args.get(1..).unwrap_or(&[])) {
-            Ok(status) => {
-                // runc has no record of the container (a foreground run ended, a create or
-                // run runc refused): its devices are free — tesserad checks that again
-                // against the root it recorded. A run that ended well needs no word:
-                // tesserad watches the root since the prestart hook confirmed it and gives
-                // the grant back at runc's removal (tesserad's runc_watch). Still there (a
-                // created container, `run --keep`, a create or run of an id that already
-                // existed): the grant stays, for a later delete or the reconciler.
-                let ended_well = matches!(inv.command, Command::Run(_)) && status.success();
-                if !tessera_api::runc_state_exists(&root, container_id.as_str()) {
-                    if !ended_well {
-                        release(&socket, container_id.as_str(), &release_req);
-                    }
-                } else if let (Command::Create(_), true) = (&inv.command, status.success()) {
-                    // A GPU container runc made: confirmed before create returns, or undone
-                    // (the bundle is the grant's).
-                    let bundle = release_req.bundle.as_deref().unwrap_or_default();
-                    if let Err(error) =
-                        crate::confirm::confirm_at(&socket, &root, &container_id, bundle)
-                    {
-                        undo_create(
-                            &env,
-                            &inv.global,
-                            &socket,
-                            container_id.as_str(),
-                            &release_req,
-                        );
-                        report(&Failure {
-                            error: RuntimeError::Confirm(error),
-                            container_id: Some(container_id.into()),
-                            global: Some(inv.global),
-                        });
-                        return 1;
-                    }
-                }
-                supervise::exit_code(status)
-            }
-            Err(source) => {
-                if matches!(prepared, Prepared::Injected { .. }) {
-                    release(&socket, container_id.as_str(), &release_req);
-                }
-                let runc = env.runc.to_string_lossy().into_owned();
-                report(&Failure {
-                    error: RuntimeError::Exec { runc, source },
-                    container_id: Some(container_id.into()),
-                    global: Some(inv.global),
-                });
-                1
-            }
-        };
-    }
-    // A start: a GPU container only once tesserad confirmed what `runc create` made.
+    // A start: a GPU container only once tesserad confirmed what `runc create` made,
+    // which it is asked here, right before the container's process runs (crate::confirm).
     if let Command::Other { verb, args: rest } = &inv.command {
         if verb == "start" {
-            if let Err(e) = crate::confirm::check_start_args(&root, rest) {
+            if let Err(refusal) = crate::confirm::before_start(&socket, &root, rest) {
+                if let Some(id) = &refusal.undo {
+                    undo_create(&env, &inv.global, &socket, id.as_str(), &refusal.release);
+                }
                 let id = rest.iter().find(|a| a.as_os_str() != "--");
                 report(&Failure {
-                    error: RuntimeError::Confirm(e),
+                    error: RuntimeError::Confirm(refusal.error),
                     container_id: id.map(|a| a.to_string_lossy().into_owned()),
                     global: Some(inv.global),
                 });

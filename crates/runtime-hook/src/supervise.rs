@@ -1,10 +1,8 @@
-//! Running runc as a child instead of exec'ing it, for the verbs after which the wrapper
-//! has work left: `create` and `run` of a GPU container (a foreground run ends with the
-//! container; a create or detached run that runc refuses leaves a grant nobody will use)
-//! and a `delete` of one. Each gives the grant back only once runc has no record of the
-//! container in its state root, so a runc that failed (say, `create` of an id that already
-//! exists) never frees a device another container still holds; and tesserad checks again
-//! that the container is gone from the root it recorded before it releases anything.
+//! Running runc as a child instead of exec'ing it, for the runs after which the wrapper
+//! has work left: `runc update` of a GPU container ([`crate::update`]: tesserad records
+//! what the kernel enforces afterwards) and the `runc delete --force` that undoes a
+//! created container tesserad refused to confirm. `create` and `run` are plain execs:
+//! tesserad gives back a grant whose requester exited without runc making its container.
 //!
 //! While runc runs, the signals a supervisor sends to the wrapper are passed on to runc
 //! (which passes them to the container, as it does when it is the process signalled).

@@ -708,7 +708,7 @@ mod tests {
         let gate = QuotaGate::new(crate::quota_gate::Authority::local("sim-h100-0"), None);
         ctl.set_quota(gate.clone());
         let grant = |id: &str, ns: &str, request: &str| {
-            let r = ctl.apply(Action::Allocate(req(id, ns, request)));
+            let r = ctl.apply(Action::Allocate { req: req(id, ns, request), requester: None });
             // Grants a millisecond apart: "youngest" is well defined.
             std::thread::sleep(Duration::from_millis(3));
             match r {
@@ -797,7 +797,9 @@ mod tests {
             Some(weights),
         ));
         ctl.set_quota(QuotaGate::new(crate::quota_gate::Authority::local("sim-h100-0"), None));
-        let a = match ctl.apply(Action::Allocate(req("m1", "team-dev", "mig=1g.10gb"))) {
+        let a = match ctl
+            .apply(Action::Allocate { req: req("m1", "team-dev", "mig=1g.10gb"), requester: None })
+        {
             Ok(Outcome::Allocation(a)) => *a,
             other => panic!("{other:?}"),
         };
@@ -845,7 +847,7 @@ mod tests {
         let gate = QuotaGate::new(crate::quota_gate::Authority::local("sim-h100-0"), None);
         ctl.set_quota(gate.clone());
         let allocate = |id: &str, ns: &str, request: &str| match ctl
-            .apply(Action::Allocate(req(id, ns, request)))
+            .apply(Action::Allocate { req: req(id, ns, request), requester: None })
         {
             Ok(Outcome::Allocation(a)) => Ok(*a),
             Ok(other) => panic!("{other:?}"),

@@ -102,6 +102,86 @@ impl Node {
         })
     }
 
+    /// Watch the processes that ask for grants from now on ([`crate::requesters`]). A
+    /// host whose pids are not this machine's (a fixture) is not watched.
+    pub fn watch_requesters(&mut self, requesters: crate::requesters::Requesters) {
+        if self.host.watches_exits() {
+            self.requesters = Some(requesters);
+        }
+    }
+
+    /// A descriptor readable when a requester exited, for the task that wakes the
+    /// controller (`crate::spawn_removals`).
+    pub fn requesters_readiness(&self) -> Option<std::os::fd::OwnedFd> {
+        self.requesters.as_ref().and_then(|w| match w.readiness_fd() {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                warn!("{e}; unconfirmed grants are given back at the next action");
+                None
+            }
+        })
+    }
+
+    /// Watch `pidfd`, the process that asked for grant `a`, until the grant is confirmed.
+    pub fn watch_requester(&mut self, a: &tessera_api::Allocation, pidfd: std::os::fd::OwnedFd) {
+        if a.state != AllocationState::Pending {
+            return;
+        }
+        let Some(w) = self.requesters.as_mut() else { return };
+        if let Err(e) = w.watch(&a.container_id, a.created_ms, pidfd) {
+            warn!("{e}; the grant is kept for the pending grace if its create fails");
+        }
+    }
+
+    /// The grant's requesters are not watched any more (it was confirmed, or ended).
+    pub(super) fn forget_requesters(&mut self, id: &tessera_api::ContainerId) {
+        if let Some(w) = self.requesters.as_mut() {
+            w.forget(id);
+        }
+    }
+
+    /// Whether every process that asked for grant `a` is known to have exited.
+    fn requester_gone(&self, a: &tessera_api::Allocation) -> bool {
+        self.requesters.as_ref().is_some_and(|w| w.all_exited(&a.container_id, a.created_ms))
+    }
+
+    /// The grants whose every requester exited since the last look: released where runc
+    /// has no record of the container (its create or run is over and made nothing); where
+    /// it has one, its root is watched, so a delete before any start gives the grant back
+    /// at once. Returns the released ids.
+    fn settle_requesters(&mut self) -> Result<Vec<String>, CoreError> {
+        let Some(w) = self.requesters.as_mut() else { return Ok(Vec::new()) };
+        let exited = match w.drain() {
+            Ok(e) => e,
+            Err(e) => {
+                warn!("{e}; unconfirmed grants are judged by the reconciler's pass");
+                return Ok(Vec::new());
+            }
+        };
+        let now = crate::now_ms();
+        let mut released = Vec::new();
+        for (id, created_ms) in exited {
+            let Some(rec) = self.store.get(&id).map_err(internal)? else { continue };
+            let a = &rec.allocation;
+            if a.created_ms != created_ms || a.state != AllocationState::Pending {
+                continue;
+            }
+            let facts = self.facts(&rec, None, now);
+            if facts.runc_state_exists {
+                let root = rec.runc_root.clone();
+                self.watch_runc_root(&root);
+                continue;
+            }
+            let grace = self.pending_grace.as_millis() as u64;
+            if let Liveness::Gone(why) = liveness::judge(a.state, rec.pid_start, &facts, grace) {
+                self.drop_allocation(&a.container_id, &why)?;
+                info!(container = %a.container_id, tenant = %a.tenant, %why, "released");
+                released.push(a.container_id.to_string());
+            }
+        }
+        Ok(released)
+    }
+
     /// Watch `root` (a container was just confirmed there).
     pub(super) fn watch_runc_root(&mut self, root: &str) {
         let Some(w) = self.runc_watch.as_mut() else { return };
@@ -114,6 +194,13 @@ impl Node {
     /// reconciler's rule and released where their container is gone. Returns the released
     /// ids.
     pub fn settle_removed(&mut self) -> Result<Vec<String>, CoreError> {
+        let mut released = self.settle_requesters()?;
+        released.extend(self.settle_removed_records()?);
+        Ok(released)
+    }
+
+    /// [`Node::settle_removed`] for runc's records.
+    fn settle_removed_records(&mut self) -> Result<Vec<String>, CoreError> {
         let Some(w) = self.runc_watch.as_mut() else { return Ok(Vec::new()) };
         let removed = match w.drain() {
             Ok(r) => r,
@@ -207,6 +294,7 @@ impl Node {
                 None => CgroupProcs::NotRecorded,
             },
             age_ms: now.saturating_sub(a.created_ms),
+            requester_gone: self.requester_gone(a),
         }
     }
 

@@ -21,6 +21,7 @@ impl Node {
     ) -> Result<bool, CoreError> {
         self.ledger.close_container(container_id, why).map_err(ledger_err)?;
         let Some(rec) = self.store.get(container_id).map_err(internal)? else { return Ok(false) };
+        self.forget_requesters(&rec.allocation.container_id);
         let a = &rec.allocation;
         if let Some(s) = a.share.as_ref().filter(|s| s.kind == Isolation::Mps) {
             // The last container of a share stops its control daemon (`quit`).

@@ -84,6 +84,7 @@ impl Node {
             return Ok(rec.allocation);
         }
         let rec = self.store.set_running(rec, req.pid, start, Some(cgroup)).map_err(internal)?;
+        self.forget_requesters(container_id);
         self.write_grant_cgroups();
         // runc's root exists now (it holds this container): its removal releases the grant.
         self.watch_runc_root(&rec.runc_root);

@@ -775,7 +775,7 @@ mod tests {
             )]),
             limits: Some(ContainerLimits { cpu_milli: Some(200), memory_mib: Some(512) }),
         };
-        ctl.apply(Action::Allocate(req)).expect("granted");
+        ctl.apply(Action::Allocate { req, requester: None }).expect("granted");
         let start = StartRequest { pid: PID, bundle: "/b/u1".into(), created: false };
         ctl.apply(Action::Start { container_id: "u1".parse().expect("valid"), req: start })
             .expect("started");
