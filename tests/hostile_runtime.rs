@@ -233,23 +233,24 @@ fn a_created_gpu_container_is_confirmed_at_its_start() {
     let running = c.allocation("unconfirmed").expect("granted");
     assert_eq!(running.state, tessera_api::AllocationState::Running);
     let state = node.fx.state("unconfirmed").expect("runc's");
-    assert_eq!(running.pid, state["init_process_pid"].as_i64().map(|p| p as i32), "{state}");
+    assert_eq!(running.pid, state["pid"].as_i64().map(|p| p as i32), "{state}");
     assert_eq!(state["status"], json!("running"), "{state}");
     node.fx.delete_container("unconfirmed", true).assert_success("delete");
 }
 
 /// A created GPU container tesserad refuses to confirm at its start (here: a process of
-/// the host moved into its cgroup after `runc create`, which would keep its device rules
-/// after the grant ends) does not start: the start fails with tesserad's sentence, the
-/// container is deleted and its grant given back. Its init never leaves runc's exec fifo.
+/// the host moved into its cgroup after `runc create`) does not start: the start fails with
+/// tesserad's sentence and the container is deleted; its init never left runc's exec
+/// fifo. The grant is given back only once no process is left in that cgroup (runc wrote
+/// the grant's device rules into it at the create, and the intruder keeps them).
 #[test]
 fn a_created_gpu_container_refused_at_its_start_never_runs_and_is_undone() {
-    let node = Node::start_with(no_reconciler());
+    let node = Node::start();
     let b =
         node.bundle("spoiled", "team-trusted", Some("gpu=1"), &["sh", "-c", "echo ran; sleep 300"]);
     node.fx.create_container(&b, "spoiled").assert_success("create");
     let state = node.fx.state("spoiled").expect("created");
-    let pid = state["init_process_pid"].as_i64().expect("init pid");
+    let pid = state["pid"].as_i64().expect("init pid");
     let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("init's cgroup");
     let devices = cgroup
         .lines()
@@ -261,6 +262,7 @@ fn a_created_gpu_container_refused_at_its_start_never_runs_and_is_undone() {
     std::fs::write(procs.join("cgroup.procs"), intruder.id().to_string()).unwrap();
     let out = node.fx.start_container("spoiled");
     let after = node.fx.state("spoiled");
+    let held = node.client().allocation("spoiled").is_ok();
     let _ = intruder.kill();
     let _ = intruder.wait();
     assert!(!out.status.success(), "started: {}", out.stderr_str());
@@ -268,7 +270,11 @@ fn a_created_gpu_container_refused_at_its_start_never_runs_and_is_undone() {
     assert!(err.contains("container spoiled:") && err.contains("refusing to start it"), "{err}");
     assert!(after.is_none(), "the refused container is still runc's: {after:?}");
     assert!(!node.fx.container_output("spoiled").0.contains("ran"), "its process ran");
-    assert!(node.client().allocation("spoiled").is_err(), "its grant is still held");
+    assert!(held, "the grant was given back while the intruder held its device rules");
+    assert!(
+        wait_for(|| node.client().allocation("spoiled").is_err(), Duration::from_secs(10)),
+        "the grant outlived the last process in its cgroup"
+    );
 }
 
 /// A grant ends when runc removes its container, whoever deleted it, without a word to

@@ -213,16 +213,17 @@ fn what_runc_and_the_hooks_before_tessera_made_is_judged_before_the_container_ru
         fs::create_dir_all(b.rootfs().join("cg")).unwrap();
         fs::write(node.fx.path("mount-hook.sh.root"), b.rootfs().display().to_string()).unwrap();
         b.hook("prestart", hook.to_str().unwrap(), &["mount-hook"], &[]).write();
+        // A created container is confirmed at its start, before runc's.
         let out = match verb {
-            "create" => node.fx.create_container(&b, &id),
+            "create" => {
+                node.fx.create_container(&b, &id).assert_success("create");
+                node.fx.start_container(&id)
+            }
             _ => node.fx.run_container(&b, &id),
         };
         let accepted = out.status.success();
         let mut list = String::new();
         if accepted {
-            if verb == "create" {
-                node.fx.start_container(&id).assert_success("start");
-            }
             std::thread::sleep(Duration::from_millis(500));
             list = devices_list(&b.cgroups_path());
             let _ = node.fx.delete_container(&id, true);
@@ -276,23 +277,36 @@ fn a_containers_cgroup_is_its_own() {
     assert!(through.is_empty(), "{}", through.join("\n"));
 
     // The other way round: a container without a GPU runs in a cgroup; a GPU container
-    // asking for the same cgroup is refused at its prestart confirmation.
+    // asking for the same cgroup is refused at its confirmation (the wrapper's start).
     let plain = node.bundle("plain", "team-untrusted", None, &["sleep", "30"]);
     let shared = plain.cgroups_path();
     node.fx.run_detached(&plain, "plain");
     let mut b = node.bundle("joiner", "team-untrusted", Some("gpu=1"), &["sleep", "30"]);
     b.set_cgroups_path(&shared).write();
-    let out = node.fx.create_container(&b, "joiner");
-    let created = out.status.success();
-    if created {
+    node.fx.create_container(&b, "joiner").assert_success("create");
+    let out = node.fx.start_container("joiner");
+    let started = out.status.success();
+    if started {
         let _ = node.fx.delete_container("joiner", true);
     }
-    assert!(!created, "a GPU container started in a cgroup another container runs in");
+    assert!(!started, "a GPU container started in a cgroup another container runs in");
     assert!(out.stderr_str().contains("holds 1 other process(es)"), "{}", out.stderr_str());
-    assert!(wait_for(|| node.grants().len() == 1, Duration::from_secs(10)), "{:?}", node.grants());
-    for id in ["owner", "plain"] {
-        node.fx.delete_container(id, true).assert_success("delete");
-    }
+    // runc wrote the joiner's device rules into the shared cgroup at its create, and they
+    // stay there with `plain`'s process (a cgroup holding a process cannot be removed):
+    // the joiner's grant must not be given to anyone else while they do.
+    let rules = devices_list(&shared);
+    let joiner_held = || node.grants().iter().any(|(id, _, _)| id == "joiner");
+    let held = joiner_held();
+    let isolation = events_of(&node, "joiner", "isolation");
+    node.fx.delete_container("plain", true).assert_success("delete");
+    assert!(held, "the grant was given back while its rules stay with `plain`: {rules}");
+    assert!(!isolation.is_empty(), "the refusal is not recorded");
+    assert!(
+        wait_for(|| !joiner_held(), Duration::from_secs(10)),
+        "the grant outlived the last process in its cgroup: {:?}",
+        node.grants()
+    );
+    node.fx.delete_container("owner", true).assert_success("delete");
 }
 
 fn events_of(node: &Node, id: &str, kind: &str) -> Vec<String> {

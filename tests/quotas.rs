@@ -521,8 +521,9 @@ fn limits_policy() -> Vec<u8> {
 
 /// Issue 23 (2), the CPU instance: a GPU container in a cgroup whose CPU period another
 /// container set (and left behind) was admitted at 0.1 core while the kernel gave it 10.
-/// The kernel's limits are checked at the prestart confirmation: more than admitted is
-/// refused there, with the values; the grant is given back.
+/// The kernel's limits are checked at the confirmation (here the wrapper's `start` of the
+/// created container): more than admitted is refused there, with the values; the
+/// container is deleted and the grant given back.
 #[test]
 fn a_gpu_container_given_more_cpu_by_its_cgroup_than_admitted_is_refused_at_prestart() {
     let fx = Fixture::new();
@@ -545,7 +546,8 @@ fn a_gpu_container_given_more_cpu_by_its_cgroup_than_admitted_is_refused_at_pres
         c["linux"]["resources"]["memory"] = json!({"limit": 536870912});
     })
     .write();
-    let out = node.fx.create_container(&b, "fast");
+    node.fx.create_container(&b, "fast").assert_success("create (confirmed at its start)");
+    let out = node.fx.start_container("fast");
     let ran = out.status.success();
     if ran {
         let _ = node.fx.delete_container("fast", true);

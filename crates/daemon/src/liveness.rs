@@ -54,7 +54,8 @@ pub enum CgroupProcs {
 ///   these holds. A grant with no recorded cgroup (schema 1) is gone when runc has no
 ///   container and its init has exited.
 /// - Pending (granted, not yet confirmed by the prestart hook or the wrapper's `start`):
-///   alive while runc knows the container; gone once every process that asked for it has
+///   alive while runc knows the container, or while a process is in the cgroup a refused
+///   start recorded (or that cgroup cannot be read); gone once every process that asked for it has
 ///   exited and runc does not know it ([`crate::requesters`]: runc's create or run, which
 ///   the wrapper became, is over and made nothing); otherwise alive while younger than
 ///   `grace_ms`. runc (1.1) writes `state.json` only
@@ -93,7 +94,12 @@ pub fn judge(
             }
         }
         AllocationState::Pending => {
-            if facts.runc_state_exists {
+            // A cgroup is recorded on a pending grant when its start was refused: runc
+            // wrote the grant's device rules into it at the create, and a process still in
+            // it (another container's, sharing it) keeps them.
+            let cgroup_held = matches!(facts.cgroup, CgroupProcs::Count(n) if n > 0)
+                || matches!(facts.cgroup, CgroupProcs::Unreadable(_));
+            if facts.runc_state_exists || cgroup_held {
                 Liveness::Alive
             } else if facts.requester_gone {
                 Liveness::Gone(
@@ -428,6 +434,16 @@ mod tests {
         assert!(why.contains("exited and runc has no record"), "{why}");
         // runc made the container before its requester exited: it waits for the start.
         assert_eq!(judge(AllocationState::Pending, None, &gone(true), 60_000), Liveness::Alive);
+        // A start refused in a cgroup another process is in: that process has the rules.
+        for cgroup in [CgroupProcs::Count(1), CgroupProcs::Unreadable("EACCES".into())] {
+            let shared = Facts { cgroup, ..gone(false) };
+            assert_eq!(judge(AllocationState::Pending, None, &shared, 60_000), Liveness::Alive);
+        }
+        let emptied = Facts { cgroup: CgroupProcs::Count(0), ..gone(false) };
+        assert!(matches!(
+            judge(AllocationState::Pending, None, &emptied, 60_000),
+            Liveness::Gone(_)
+        ));
     }
 
     #[test]

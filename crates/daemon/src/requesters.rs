@@ -17,8 +17,10 @@
 //! wrong process (a pid reused before `pidfd_open`: only without `SO_PEERPIDFD`) can only
 //! tell of an exit after the requester's own, which had already ended the create.
 //!
-//! State is this process's memory: a restarted tesserad watches no requester and falls
-//! back on the grace, which is what the watch shortens, not what it replaces.
+//! State is this process's memory. A restarted tesserad counts a grant not yet confirmed
+//! whose container runc has a record of as asked for by processes that all exited (runc
+//! writes the record at the end of its create); one without a record (a create in flight
+//! across the restart) falls back on the grace, which the watch shortens, not replaces.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -200,6 +202,16 @@ impl Requesters {
         }
     }
 
+    /// Counts grant `id` made at `created_ms` as asked for by processes that all exited:
+    /// a tesserad started after its create finished (runc's record exists).
+    pub fn mark_exited(&mut self, id: &ContainerId, created_ms: u64) {
+        if self.grants.get(id).is_some_and(|g| g.created_ms == created_ms) {
+            return;
+        }
+        self.forget(id);
+        self.grants.insert(id.clone(), Grant { created_ms, live: 0 });
+    }
+
     /// Whether every requester of grant `id` made at `created_ms` is known to have exited.
     pub fn all_exited(&self, id: &ContainerId, created_ms: u64) -> bool {
         self.grants.get(id).is_some_and(|g| g.created_ms == created_ms && g.live == 0)
@@ -277,6 +289,19 @@ mod tests {
         drop(old.stdin.take());
         old.wait().expect("exits");
         assert_eq!(w.drain().expect("drain"), vec![(id("c"), 2)]);
+    }
+
+    #[test]
+    fn a_grant_marked_exited_counts_so_until_asked_again() {
+        let mut w = Requesters::new().expect("epoll");
+        w.mark_exited(&id("c"), 3);
+        assert!(w.all_exited(&id("c"), 3));
+        let mut again = Command::new("cat").stdin(Stdio::piped()).spawn().expect("cat");
+        w.watch(&id("c"), 3, pidfd_of(&again)).expect("watch");
+        assert!(!w.all_exited(&id("c"), 3), "a create of the same id runs again");
+        drop(again.stdin.take());
+        again.wait().expect("exits");
+        assert_eq!(w.drain().expect("drain"), vec![(id("c"), 3)]);
     }
 
     #[test]

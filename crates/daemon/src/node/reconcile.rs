@@ -104,10 +104,21 @@ impl Node {
 
     /// Watch the processes that ask for grants from now on ([`crate::requesters`]). A
     /// host whose pids are not this machine's (a fixture) is not watched.
-    pub fn watch_requesters(&mut self, requesters: crate::requesters::Requesters) {
-        if self.host.watches_exits() {
-            self.requesters = Some(requesters);
+    pub fn watch_requesters(&mut self, mut requesters: crate::requesters::Requesters) {
+        if !self.host.watches_exits() {
+            return;
         }
+        // Grants of containers runc created before this tesserad started: that create is
+        // over (runc writes the record last), so a delete before any start ends them.
+        for rec in self.store.all().unwrap_or_default() {
+            let a = &rec.allocation;
+            if a.state == AllocationState::Pending
+                && self.host.runc_state_exists(Path::new(&rec.runc_root), &a.container_id)
+            {
+                requesters.mark_exited(&a.container_id, a.created_ms);
+            }
+        }
+        self.requesters = Some(requesters);
     }
 
     /// A descriptor readable when a requester exited, for the task that wakes the

@@ -67,18 +67,10 @@ impl Node {
             Path::new(&rec.bundle),
             req.created,
         ) {
-            let message = format!("container {container_id}: {why}; refusing to start it");
-            if let Err(e) = self.store.event("isolation", Some(container_id), &message) {
-                tracing::warn!("cannot record an isolation refusal: {e}");
-            }
-            return Err(CoreError::refused(message));
+            return Err(self.refuse_start(container_id, &cgroup, &why));
         }
         if let Err(why) = self.admitted_limits_hold(&rec, req.pid) {
-            let message = format!("container {container_id}: {why}; refusing to start it");
-            if let Err(e) = self.store.event("isolation", Some(container_id), &message) {
-                tracing::warn!("cannot record an isolation refusal: {e}");
-            }
-            return Err(CoreError::refused(message));
+            return Err(self.refuse_start(container_id, &cgroup, &why));
         }
         if confirmed {
             return Ok(rec.allocation);
@@ -93,6 +85,27 @@ impl Node {
         self.open_intervals(&rec.allocation)?;
         info!(container = %container_id, pid = req.pid, "started");
         Ok(rec.allocation)
+    }
+
+    /// A start refused for `why`: recorded as an `isolation` event, and the cgroup runc
+    /// made for the container (`cgroup`, which holds its device rules: runc wrote them at
+    /// its create) kept on the grant, so the grant is not given back while a process is in
+    /// it — another container's that shares it, say, which the rules now let open the
+    /// granted devices ([`crate::liveness::judge`]).
+    fn refuse_start(
+        &mut self,
+        container_id: &ContainerId,
+        cgroup: &str,
+        why: &dyn std::fmt::Display,
+    ) -> CoreError {
+        let message = format!("container {container_id}: {why}; refusing to start it");
+        if let Err(e) = self.store.event("isolation", Some(container_id), &message) {
+            tracing::warn!("cannot record an isolation refusal: {e}");
+        }
+        if let Err(e) = self.store.set_cgroup(container_id.as_str(), cgroup) {
+            tracing::warn!(container = %container_id, "cannot record the refused container's cgroup: {e}");
+        }
+        CoreError::refused(message)
     }
 
     /// Whether a GPU container about to start is isolated as its grant assumes, judged on
