@@ -206,3 +206,45 @@ fn a_stop_with_nothing_refused_stops_nothing_and_bad_requests_name_what_is_wrong
     assert!(e.to_string().contains("grace"), "unknown fields are refused: {e}");
     node.fx.delete_container("ok1", true).assert_success("delete");
 }
+
+/// Issue 29 moved the confirmation of a created GPU container from the end of `runc create`
+/// to its `start`: a grant stays pending while its container waits, and the stop skips it
+/// ("not started"). Its start is a decision made now: a grant the policy in force refuses
+/// is not confirmed, the container is undone and its grant given back, and nothing of it
+/// runs.
+#[test]
+fn a_created_container_whose_grant_the_policy_now_refuses_never_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.json");
+    write_policy(&policy, 1, |_| {});
+    let mut node =
+        Node::start_with(NodeOptions { policy: policy.clone(), ..NodeOptions::default() });
+    let b = node.bundle("late", "team-trusted", Some("gpu=1"), &["sh", "-c", "echo ran-with-gpu"]);
+    node.fx.create_container(&b, "late").assert_success("runc create");
+    assert_eq!(node.fx.status("late").as_deref(), Some("created"));
+
+    write_policy(&policy, 2, |v| {
+        v["tiers"]["trusted"]["allow"] = serde_json::json!(["mig", "mps"])
+    });
+    node.restart();
+    let v = check_json(&node, &[]);
+    assert_eq!(ids(&v, "refused"), ["late"], "{v}");
+    assert_eq!(v["refused"][0]["state"], "pending", "{v}");
+    let v = check_json(&node, &["--stop", "--grace", "1"]);
+    assert_eq!(v["stopped"][0]["outcome"], "skipped", "no process to signal yet: {v}");
+
+    let out = node.fx.start_container("late");
+    out.assert_failure("start of a created container whose grant the policy refuses");
+    let err = out.stderr_str();
+    assert!(err.contains("policy version 2 refuses its grant"), "{err}");
+    assert!(err.contains("tiers.trusted.allow"), "{err}");
+    assert!(
+        !node.fx.container_output("late").0.contains("ran-with-gpu"),
+        "the container ran: {:?}",
+        node.fx.container_output("late")
+    );
+    // Undone: runc has no container, and the grant is given back.
+    assert_eq!(node.fx.status("late"), None, "the refused container is deleted");
+    let e = node.client().allocation("late").unwrap_err();
+    assert_eq!(e.api_error().map(|e| e.code), Some(ErrorCode::NotFound), "{e}");
+}

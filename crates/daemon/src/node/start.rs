@@ -60,6 +60,19 @@ impl Node {
             CoreError::bad_request(format!("container {container_id}: cannot tell the cgroup of pid {}: {e}; refusing to start it", req.pid),
             )
         })?;
+        // Confirming a grant is a decision made now, under the policy in force: a created
+        // container waits for its start (issue 29), and a grant the policy came to refuse
+        // meanwhile (which `revoke-check --stop` skips while it is pending: no process to
+        // signal) must not start. A grant already confirmed is the stop's to end. Refused,
+        // its cgroup is kept on the grant as for any refused start (`refuse_start`).
+        if !confirmed {
+            if let Err(e) = self.still_allowed(container_id, &rec.allocation) {
+                if let Err(se) = self.store.set_cgroup(container_id.as_str(), &cgroup) {
+                    tracing::warn!(container = %container_id, "cannot record the refused container's cgroup: {se}");
+                }
+                return Err(e);
+            }
+        }
         if let Err(why) = self.container_is_its_own(
             container_id,
             req.pid,
@@ -106,6 +119,32 @@ impl Node {
             tracing::warn!(container = %container_id, "cannot record the refused container's cgroup: {e}");
         }
         CoreError::refused(message)
+    }
+
+    /// Refused where the policy in force refuses grant `a` (the check of `revoke-check`,
+    /// [`super::revoke::refused`]); recorded as a `revoke` event.
+    fn still_allowed(
+        &mut self,
+        container_id: &ContainerId,
+        a: &Allocation,
+    ) -> Result<(), CoreError> {
+        let node = &self.inventory.node;
+        let Some(r) =
+            super::revoke::refused(&self.policy.policy, node, std::slice::from_ref(a)).pop()
+        else {
+            return Ok(());
+        };
+        let message = format!(
+            "container {container_id}: policy version {} refuses its grant ({}: {}); refusing \
+             to start it",
+            self.policy.policy.version(),
+            r.rule,
+            r.message
+        );
+        if let Err(e) = self.store.event("revoke", Some(container_id), &message) {
+            tracing::warn!("cannot record a refused start: {e}");
+        }
+        Err(CoreError::refused(message))
     }
 
     /// Whether a GPU container about to start is isolated as its grant assumes, judged on
