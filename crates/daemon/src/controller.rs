@@ -494,10 +494,7 @@ impl Controller {
             Action::Allocate { req, requester } => {
                 let a = self.allocate(&req)?;
                 if let Some(fd) = requester {
-                    self.locked(|n| {
-                        n.watch_requester(&a, fd);
-                        Ok(())
-                    })?;
+                    self.locked(|n| n.watch_requester(&a, fd))?;
                 }
                 Ok(O::Allocation(Box::new(a)))
             }

@@ -1277,3 +1277,40 @@ fn a_hostile_class_annotation_is_refused_and_a_latency_container_gets_its_report
     assert_eq!(b.class, Some(tessera_api::WorkloadClass::Batch), "undeclared: batch");
     assert!(b.injection.mounts.iter().all(|m| m.destination != "/run/tessera/latency_ms"));
 }
+
+/// A pidfd of `child` (what tesserad keeps of the process that asked for a grant).
+fn pidfd_of(child: &std::process::Child) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open(pid, 0) takes two integers and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.id() as libc::pid_t, 0) };
+    assert!(fd >= 0, "pidfd_open: {}", std::io::Error::last_os_error());
+    // SAFETY: the descriptor is new and ours alone.
+    unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }
+}
+
+/// Issue 29: a create of an id already granted is answered the same grant, and its
+/// requester is watched under a second hold of the node lock. In between, the grant can
+/// end (its earlier requester exited with no container): the answer is then refused, not
+/// handed out with devices no longer granted to a create tesserad no longer watches.
+#[test]
+fn a_grant_that_ended_before_its_new_requester_was_watched_is_not_handed_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = node_at(dir.path(), Duration::from_secs(600));
+    node.watch_requesters(tesserad::requesters::Requesters::new().expect("epoll"));
+    let first = node.allocate(&req("again", "team-trusted", "gpu=1")).expect("granted");
+    let mut gone = std::process::Command::new("true").spawn().expect("true");
+    node.watch_requester(&first, pidfd_of(&gone)).expect("the first requester is watched");
+    let again = node.allocate(&req("again", "team-trusted", "gpu=1")).expect("the same grant");
+    assert_eq!(again.created_ms, first.created_ms);
+    // Before the second requester is watched, the first exits, runc having made nothing.
+    gone.wait().expect("exits");
+    assert_eq!(node.settle_removed().expect("settled"), ["again"]);
+    let mut second = std::process::Command::new("sleep").arg("30").spawn().expect("sleep");
+    let watched = node.watch_requester(&again, pidfd_of(&second));
+    let _ = second.kill();
+    let _ = second.wait();
+    let e = watched.expect_err("the answer of a grant that ended was handed out");
+    assert_eq!(e.code(), ErrorCode::Conflict, "{e:?}");
+    assert!(e.message().contains("its grant ended while it was being answered"), "{e:?}");
+    assert!(node.allocations().expect("grants").is_empty(), "nothing is granted");
+}

@@ -134,14 +134,33 @@ impl Node {
     }
 
     /// Watch `pidfd`, the process that asked for grant `a`, until the grant is confirmed.
-    pub fn watch_requester(&mut self, a: &tessera_api::Allocation, pidfd: std::os::fd::OwnedFd) {
+    ///
+    /// The grant was answered under an earlier hold of the lock: a grant that was already
+    /// there (a create of the same id again) may have ended since, once every earlier
+    /// requester had exited with no record. The answer would hand the caller devices no
+    /// longer granted, for a container tesserad no longer watches: refused (409), the
+    /// caller asks again.
+    pub fn watch_requester(
+        &mut self,
+        a: &tessera_api::Allocation,
+        pidfd: std::os::fd::OwnedFd,
+    ) -> Result<(), CoreError> {
         if a.state != AllocationState::Pending {
-            return;
+            return Ok(());
         }
-        let Some(w) = self.requesters.as_mut() else { return };
+        let Some(w) = self.requesters.as_mut() else { return Ok(()) };
+        let current = self.store.get(&a.container_id).map_err(internal)?;
+        if !current.is_some_and(|r| r.allocation.created_ms == a.created_ms) {
+            return Err(CoreError::conflict(format!(
+                "container {}: its grant ended while it was being answered (an earlier create \
+                 of the same id exited with no container); nothing granted, ask again",
+                a.container_id
+            )));
+        }
         if let Err(e) = w.watch(&a.container_id, a.created_ms, pidfd) {
             warn!("{e}; the grant is kept for the pending grace if its create fails");
         }
+        Ok(())
     }
 
     /// The grant's requesters are not watched any more (it was confirmed, or ended).
