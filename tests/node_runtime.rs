@@ -110,7 +110,7 @@ fn a_gpu_container_starts_with_no_signal_ignored_that_its_engine_did_not_ignore(
         "sigs",
         "team-trusted",
         Some("gpu=1"),
-        &["grep", "SigIgn", "/proc/self/status"],
+        &["grep", "-E", "SigBlk|SigIgn", "/proc/self/status"],
     );
     node.fx.cleanup().track_cgroup(&b.cgroups_path());
     let mut cmd = Command::new(&node.fx.runtime().bin);
@@ -120,8 +120,12 @@ fn a_gpu_container_starts_with_no_signal_ignored_that_its_engine_did_not_ignore(
     // An engine's start (containerd-shim's fork and exec): every signal at its default.
     // This test's runner may have some ignored, the C library's internal ones too, which
     // glibc's sigaction refuses to touch: the raw system call.
-    // SAFETY: between fork and exec only rt_sigaction, a plain system call, is made, with
-    // a zeroed kernel sigaction (handler SIG_DFL, no flags, empty mask) valid for the call.
+    // Its signal mask is the engine's: SIGUSR1 blocked here, which plain runc passes on to
+    // the container's process (runc's Go runtime keeps a blockable signal blocked), and so
+    // must runc exec'd by the wrapper.
+    // SAFETY: between fork and exec only rt_sigaction and rt_sigprocmask, plain system
+    // calls, are made, with a zeroed kernel sigaction (handler SIG_DFL, no flags, empty
+    // mask) and a one-word signal set, both valid for the calls.
     unsafe {
         cmd.pre_exec(|| {
             let dfl = [0u64; 4];
@@ -130,15 +134,24 @@ fn a_gpu_container_starts_with_no_signal_ignored_that_its_engine_did_not_ignore(
                     libc::syscall(libc::SYS_rt_sigaction, s, dfl.as_ptr(), 0usize, 8usize);
                 }
             }
+            let usr1: u64 = 1 << (libc::SIGUSR1 - 1);
+            libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &usr1, 0usize, 8usize);
             Ok(())
         });
     }
     let out = run_cmd(&mut cmd);
-    out.assert_success("a GPU container that prints its ignored signals");
+    out.assert_success("a GPU container that prints its blocked and ignored signals");
+    let text = out.stdout_str();
+    let line = |key: &str| text.lines().find(|l| l.starts_with(key)).map(str::to_owned);
     assert_eq!(
-        out.stdout_str().trim(),
-        "SigIgn:\t0000000000000000",
-        "the container starts with signals ignored that its engine did not ignore"
+        line("SigIgn:").as_deref(),
+        Some("SigIgn:\t0000000000000000"),
+        "the container starts with signals ignored that its engine did not ignore: {text}"
+    );
+    assert_eq!(
+        line("SigBlk:").as_deref(),
+        Some("SigBlk:\t0000000000000200"),
+        "the container starts with another signal mask than its engine's (plain runc keeps it): {text}"
     );
     assert!(node.fx.state("sigs").is_none(), "a foreground run leaves no container");
 }
