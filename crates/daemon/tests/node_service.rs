@@ -1314,3 +1314,37 @@ fn a_grant_that_ended_before_its_new_requester_was_watched_is_not_handed_out() {
     assert!(e.message().contains("its grant ended while it was being answered"), "{e:?}");
     assert!(node.allocations().expect("grants").is_empty(), "nothing is granted");
 }
+
+/// Issue 29 review: a created container waits for its start with its grant pending. An
+/// uncontained XID on its GPU then quarantines the GPU, but `faults.stop_holders` stops
+/// only holders with a process; the pending one must not start on the quarantined GPU.
+#[test]
+fn a_pending_grant_on_a_gpu_quarantined_since_does_not_start_where_holders_are_stopped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut v: serde_json::Value = serde_json::from_slice(POLICY).expect("json");
+    v["faults"] = serde_json::json!({"stop_holders": true, "grace_s": 1});
+    let policy = policy::Policy::parse(&serde_json::to_vec(&v).unwrap(), "faults.json").unwrap();
+    let host = FakeHost::new();
+    let mut node = node_under(dir.path(), Duration::from_secs(60), false, host.paths(), policy);
+    let a = node.allocate(&req("p", "team-dev", "gpu=1")).unwrap();
+    let gpu = a.devices[0].uuid.clone();
+    slicer::sim::inject_xid(
+        dir.path(),
+        &slicer::XidEvent { gpu_uuid: gpu.to_string(), xid: 95, gi_id: None, ci_id: None },
+    )
+    .unwrap();
+    let report = node.check_faults().unwrap();
+    assert_eq!(report.quarantined, std::slice::from_ref(&gpu));
+    assert!(report.stop.is_empty(), "a pending grant has no process to stop: {:?}", report.stop);
+    host.process(4343, "p");
+    let e = node
+        .start(
+            &"p".parse().expect("valid"),
+            &StartRequest { pid: 4343, bundle: "/bundles/p".into(), created: true },
+        )
+        .expect_err("a pending grant started on a quarantined GPU");
+    assert_eq!(e.code(), ErrorCode::Refused, "{e:?}");
+    assert!(e.message().contains("was quarantined after a fault"), "{e:?}");
+    let held = node.allocations().unwrap();
+    assert_eq!(held[0].state, tessera_api::AllocationState::Pending, "not started");
+}

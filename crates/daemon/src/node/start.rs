@@ -122,12 +122,38 @@ impl Node {
     }
 
     /// Refused where the policy in force refuses grant `a` (the check of `revoke-check`,
-    /// [`super::revoke::refused`]); recorded as a `revoke` event.
+    /// [`super::revoke::refused`]), recorded as a `revoke` event; and where one of its
+    /// devices was quarantined since it was granted and the policy stops the holders of a
+    /// quarantined device (`faults.stop_holders`: a grant not started has no process to
+    /// stop, so its start is refused instead), recorded as an `xid` event.
     fn still_allowed(
         &mut self,
         container_id: &ContainerId,
         a: &Allocation,
     ) -> Result<(), CoreError> {
+        if self.policy.policy.faults().stop_holders {
+            let quarantined: Vec<String> = self
+                .lifecycle()?
+                .into_iter()
+                .filter(|(_, (st, _))| matches!(st, scrub::DeviceState::Quarantined { .. }))
+                .map(|(u, _)| u)
+                .filter(|u| {
+                    a.devices.iter().any(|d| d.uuid.as_str() == u)
+                        || a.share.as_ref().is_some_and(|s| s.device == *u)
+                })
+                .collect();
+            if let Some(device) = quarantined.first() {
+                let message = format!(
+                    "container {container_id}: its device {} was quarantined after a fault \
+                     (faults.stop_holders); refusing to start it",
+                    untrusted(device)
+                );
+                if let Err(e) = self.store.event("xid", Some(container_id), &message) {
+                    tracing::warn!("cannot record a refused start: {e}");
+                }
+                return Err(CoreError::refused(message));
+            }
+        }
         let node = &self.inventory.node;
         let Some(r) =
             super::revoke::refused(&self.policy.policy, node, std::slice::from_ref(a)).pop()
