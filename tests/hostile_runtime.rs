@@ -481,6 +481,28 @@ fn a_gpu_bundle_created_once_then_run_takes_an_exec() {
     );
 }
 
+/// A created GPU container's grant is pending until its start, and the processes that
+/// asked for it are tesserad's memory. Restarted in between, tesserad finds the container
+/// made (runc's record): once it is deleted, nothing can start with the grant, and it is
+/// given back at once, not after the pending grace (ten minutes here).
+#[test]
+fn a_created_container_deleted_after_a_restart_gives_its_grant_back_at_once() {
+    let mut node = Node::start_with(no_reconciler());
+    let b = node.bundle("across", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    node.fx.create_container(&b, "across").assert_success("create");
+    node.restart();
+    let c = node.client();
+    let pending = c.allocation("across").expect("a created container keeps its grant");
+    assert_eq!(pending.state, tessera_api::AllocationState::Pending);
+    node.fx.delete_container("across", true).assert_success("delete");
+    let gone = wait_for(|| c.allocation("across").is_err(), Duration::from_secs(5));
+    assert!(
+        gone,
+        "the grant of a container deleted after a restart is held: {:?}",
+        c.allocation("across")
+    );
+}
+
 /// A foreground `run` that ended leaves no grant behind, though the wrapper says nothing
 /// after it (runc removed the record; tesserad watches the root since the prestart hook).
 /// A `run` or `create` runc refused leaves none either: the wrapper exec'd runc, and

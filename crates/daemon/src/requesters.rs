@@ -19,8 +19,10 @@
 //!
 //! State is this process's memory. A restarted tesserad counts a grant not yet confirmed
 //! whose container runc has a record of as asked for by processes that all exited (runc
-//! writes the record at the end of its create); one without a record (a create in flight
-//! across the restart) falls back on the grace, which the watch shortens, not replaces.
+//! writes the record at the end of its create), at its start and at every reconciler pass
+//! (a create in flight across the restart that finished since); one without a record (a
+//! create in flight, or one deleted while tesserad was down) falls back on the grace, which
+//! the watch shortens, not replaces.
 
 use std::collections::BTreeMap;
 use std::io;

@@ -28,6 +28,9 @@ impl Node {
             if rec.cgroup.is_none() && rec.allocation.state == AllocationState::Running {
                 self.fill_in_cgroup(&mut rec, pid_start_now);
             }
+            if rec.allocation.state == AllocationState::Pending {
+                self.settle_made(&rec);
+            }
             let facts = self.facts(&rec, pid_start_now, now);
             let a = &rec.allocation;
             // While the container's init runs, its cgroup is its own: a process of another
@@ -104,21 +107,35 @@ impl Node {
 
     /// Watch the processes that ask for grants from now on ([`crate::requesters`]). A
     /// host whose pids are not this machine's (a fixture) is not watched.
-    pub fn watch_requesters(&mut self, mut requesters: crate::requesters::Requesters) {
+    pub fn watch_requesters(&mut self, requesters: crate::requesters::Requesters) {
         if !self.host.watches_exits() {
             return;
         }
+        self.requesters = Some(requesters);
         // Grants of containers runc created before this tesserad started: that create is
         // over (runc writes the record last), so a delete before any start ends them.
         for rec in self.store.all().unwrap_or_default() {
-            let a = &rec.allocation;
-            if a.state == AllocationState::Pending
-                && self.host.runc_state_exists(Path::new(&rec.runc_root), &a.container_id)
-            {
-                requesters.mark_exited(&a.container_id, a.created_ms);
-            }
+            self.settle_made(&rec);
         }
-        self.requesters = Some(requesters);
+    }
+
+    /// A pending grant whose container runc made (its record exists), with no requester
+    /// watched (this tesserad started since it was asked for, or since a create under way
+    /// across the restart finished): its create is over, so once runc removes the record
+    /// nothing can start with it ([`Requesters::mark_exited`]). Called at the start and at
+    /// every reconciler pass.
+    ///
+    /// [`Requesters::mark_exited`]: crate::requesters::Requesters::mark_exited
+    fn settle_made(&mut self, rec: &Record) {
+        let a = &rec.allocation;
+        if a.state != AllocationState::Pending
+            || !self.host.runc_state_exists(Path::new(&rec.runc_root), &a.container_id)
+        {
+            return;
+        }
+        if let Some(w) = self.requesters.as_mut() {
+            w.mark_exited(&a.container_id, a.created_ms);
+        }
     }
 
     /// A descriptor readable when a requester exited, for the task that wakes the
