@@ -139,6 +139,29 @@ pub fn runc_cgroup(
     Ok(if prefix.is_empty() { path } else { format!("{prefix}/{path}") })
 }
 
+/// How many processes cgroup `rel` ([`parse_proc_cgroup`]'s form) and the cgroups below it
+/// hold, under the cgroup mount `root`: 0 where it does not exist. A cgroup that cannot be
+/// read is an error (never taken for empty).
+pub fn procs_within(root: &Path, rel: &str) -> std::io::Result<usize> {
+    let mut todo = vec![root.join(rel)];
+    let mut count = 0;
+    while let Some(dir) = todo.pop() {
+        let text = match std::fs::read_to_string(dir.join("cgroup.procs")) {
+            Ok(t) => t,
+            // Gone, or a directory that was never a cgroup: nothing in it.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        count += text.lines().filter(|l| !l.trim().is_empty()).count();
+        for entry in std::fs::read_dir(&dir)?.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                todo.push(entry.path());
+            }
+        }
+    }
+    Ok(count)
+}
+
 /// Whether cgroup `a` is `b` or below it (both in [`parse_proc_cgroup`]'s form).
 pub fn within(a: &str, b: &str) -> bool {
     Path::new(a).starts_with(Path::new(b))

@@ -51,6 +51,8 @@ pub const ALLOCATE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const GANG_ALLOCATE_TIMEOUT: Duration = Duration::from_secs(600 + 10 + 50);
 /// How long to wait on tesserad to release an allocation after a failed start.
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Where the cgroup hierarchies are mounted (runc 1.1's, and tesserad's, assumption).
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// The hook binary's name, looked for next to the wrapper unless `TESSERA_HOOK` says.
 pub const HOOK_BINARY: &str = "tessera-hook";
 
@@ -478,6 +480,7 @@ pub fn prepare(
     spec::check_gpu_spec(&cfg.value).map_err(config_err)?;
     let host = crate::mounts::LinuxHostFacts::read().map_err(|e| config_err(e.into()))?;
     spec::check_host_facts(&bundle, &cfg.value, &host).map_err(config_err)?;
+    check_cgroup_is_empty(&inv, &cfg, &container_id).map_err(|e| fail(*e))?;
     // `runc create`: confirmed by this wrapper once runc has returned (crate::confirm);
     // `runc run`: by the prestart hook, as nothing runs between runc's create and start.
     let hooks = HookConfig {
@@ -568,6 +571,47 @@ fn check_cgroup_is_free(
     })?;
     spec::check_cgroup_is_free(&cfg.value, container_id, inv.global.systemd_cgroup, &own, &grants)
         .map_err(config)
+}
+
+/// A GPU container's cgroup holds no process before runc makes it. runc writes the
+/// grant's device rules into that cgroup, so a process already there (another container's,
+/// one without a GPU) could open the GPU; and they stay there after the grant ends (runc's
+/// delete cannot remove a cgroup in use), when the GPU is another tenant's. tesserad's
+/// confirmation refuses such a container too, but after runc wrote the rules: the undo then
+/// gave the grant back with the rules left behind. Counted on the cgroups below too (cgroup
+/// v2's device programs bind them). A cgroup that cannot be read refuses (fail closed).
+fn check_cgroup_is_empty(
+    inv: &RuncInvocation,
+    cfg: &spec::LoadedConfig,
+    container_id: &str,
+) -> Result<(), Box<RuntimeError>> {
+    let at = "linux.cgroupsPath".to_string();
+    let taken = |why: String| {
+        Box::new(RuntimeError::Config {
+            path: cfg.path.clone(),
+            source: SpecError::CgroupTaken { at: at.clone(), why },
+        })
+    };
+    let own = std::fs::read_to_string("/proc/self/cgroup")
+        .map_err(|e| taken(format!("cannot read /proc/self/cgroup: {e}")))?;
+    let path = match cfg.value.pointer("/linux/cgroupsPath") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(p)) => Some(p.as_str()),
+        Some(_) => return Err(taken("expected a string".into())),
+    };
+    let cgroup =
+        tessera_api::cgroup::runc_cgroup(path, container_id, inv.global.systemd_cgroup, &own)
+            .map_err(taken)?;
+    let shown = tessera_api::untrusted(&cgroup);
+    match tessera_api::cgroup::procs_within(Path::new(CGROUP_ROOT), &cgroup) {
+        Ok(0) => Ok(()),
+        Ok(n) => Err(taken(format!(
+            "runc would put the GPU container in cgroup {shown}, which already holds {n} \
+             process(es): the grant's device rules would be theirs too, and stay after the grant \
+             ends; a GPU container's cgroup must be its own"
+        ))),
+        Err(e) => Err(taken(format!("cannot tell whether cgroup {shown} is empty: {e}"))),
+    }
 }
 
 /// How long to wait for tesserad's answer: a gang member's admission waits for its gang.
