@@ -167,7 +167,7 @@ impl Node {
         }
         let Some(w) = self.requesters.as_mut() else { return Ok(()) };
         let current = self.store.get(&a.container_id).map_err(internal)?;
-        if !current.is_some_and(|r| r.allocation.created_ms == a.created_ms) {
+        if current.is_none_or(|r| r.allocation.created_ms != a.created_ms) {
             return Err(CoreError::conflict(format!(
                 "container {}: its grant ended while it was being answered (an earlier create \
                  of the same id exited with no container); nothing granted, ask again",
