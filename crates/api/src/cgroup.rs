@@ -198,6 +198,19 @@ pub fn read_grant_cgroups(socket: &Path) -> std::io::Result<Option<Vec<String>>>
 mod tests {
     use super::*;
 
+    #[test]
+    fn procs_within_counts_a_cgroup_and_every_cgroup_below_it() {
+        let d = tempfile::tempdir().expect("tmp");
+        let cg = d.path().join("devices/pod/c");
+        std::fs::create_dir_all(cg.join("child/grand")).expect("dirs");
+        std::fs::write(cg.join("cgroup.procs"), "").expect("procs");
+        std::fs::write(cg.join("child/cgroup.procs"), "12\n").expect("procs");
+        std::fs::write(cg.join("child/grand/cgroup.procs"), "13\n14\n").expect("procs");
+        assert_eq!(procs_within(d.path(), "devices/pod/c").expect("read"), 3);
+        assert_eq!(procs_within(d.path(), "devices/pod/c/child/grand").expect("read"), 2);
+        assert_eq!(procs_within(d.path(), "devices/pod/none").expect("read"), 0, "not made yet");
+    }
+
     const V1: &str = "5:devices:/user.slice\n4:memory:/m\n0::/\n";
     const V2: &str = "0::/user.slice/session-1.scope\n";
 
