@@ -29,9 +29,19 @@ pub struct Facts {
     pub cgroup: CgroupProcs,
     /// Milliseconds since the allocation was granted.
     pub age_ms: u64,
-    /// Every process that asked for the grant has exited ([`crate::requesters`]): false
-    /// where that is not known.
-    pub requester_gone: bool,
+    /// What is known of the processes that asked for the grant ([`crate::requesters`]).
+    pub requester: Requester,
+}
+
+/// The processes that asked for a grant not yet confirmed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requester {
+    /// Not watched (no pidfd; a tesserad started since, and runc has no record).
+    Unknown,
+    /// One still runs: its `runc create` or `run` is under way.
+    Running,
+    /// Every one has exited: whatever runc made of the create is on record.
+    Exited,
 }
 
 /// What the container's cgroup holds now.
@@ -57,8 +67,8 @@ pub enum CgroupProcs {
 ///   alive while runc knows the container, or while a process is in the cgroup a refused
 ///   start recorded (or that cgroup cannot be read); gone once every process that asked for it has
 ///   exited and runc does not know it ([`crate::requesters`]: runc's create or run, which
-///   the wrapper became, is over and made nothing); otherwise alive while younger than
-///   `grace_ms`. runc (1.1) writes `state.json` only
+///   the wrapper became, is over and made nothing), alive while one of them runs; where
+///   they are not known, alive while younger than `grace_ms`. runc (1.1) writes `state.json` only
 ///   after the prestart hooks ran, so during a create (our answer, runc's set-up, the
 ///   hook's confirm) only the grace keeps the grant: it must outlast the slowest create
 ///   (tesserad's default is 60 s).
@@ -100,13 +110,20 @@ pub fn judge(
             let cgroup_held = matches!(facts.cgroup, CgroupProcs::Count(n) if n > 0)
                 || matches!(facts.cgroup, CgroupProcs::Unreadable(_));
             if facts.runc_state_exists || cgroup_held {
-                Liveness::Alive
-            } else if facts.requester_gone {
-                Liveness::Gone(
-                    "the runtime that asked for it exited and runc has no record of the container"
-                        .to_string(),
-                )
-            } else if facts.age_ms < grace_ms {
+                return Liveness::Alive;
+            }
+            match facts.requester {
+                Requester::Exited => {
+                    return Liveness::Gone(
+                        "the runtime that asked for it exited and runc has no record of the \
+                         container"
+                            .to_string(),
+                    )
+                }
+                Requester::Running => return Liveness::Alive,
+                Requester::Unknown => {}
+            }
+            if facts.age_ms < grace_ms {
                 Liveness::Alive
             } else {
                 Liveness::Gone(format!(
@@ -291,7 +308,7 @@ mod tests {
             pid_start_now: pid,
             cgroup: CgroupProcs::NotRecorded,
             age_ms: age,
-            requester_gone: false,
+            requester: Requester::Unknown,
         }
     }
 
@@ -301,7 +318,7 @@ mod tests {
             pid_start_now: pid_now,
             cgroup,
             age_ms: 10_000_000,
-            requester_gone: true,
+            requester: Requester::Exited,
         };
         judge(AllocationState::Running, Some(5), &f, 1000)
     }
@@ -426,7 +443,7 @@ mod tests {
 
     #[test]
     fn pending_ends_within_the_grace_once_its_requesters_exited_without_a_record() {
-        let gone = |runc: bool| Facts { requester_gone: true, ..facts(runc, None, 5) };
+        let gone = |runc: bool| Facts { requester: Requester::Exited, ..facts(runc, None, 5) };
         let why = match judge(AllocationState::Pending, None, &gone(false), 60_000) {
             Liveness::Gone(why) => why,
             other => panic!("a pending grant nobody can create: {other:?}"),
@@ -444,6 +461,9 @@ mod tests {
             judge(AllocationState::Pending, None, &emptied, 60_000),
             Liveness::Gone(_)
         ));
+        // A create under way, however long it takes, keeps its grant past the grace.
+        let creating = Facts { requester: Requester::Running, ..facts(false, None, 120_000) };
+        assert_eq!(judge(AllocationState::Pending, None, &creating, 60_000), Liveness::Alive);
     }
 
     #[test]

@@ -216,7 +216,17 @@ impl Requesters {
 
     /// Whether every requester of grant `id` made at `created_ms` is known to have exited.
     pub fn all_exited(&self, id: &ContainerId, created_ms: u64) -> bool {
-        self.grants.get(id).is_some_and(|g| g.created_ms == created_ms && g.live == 0)
+        self.state(id, created_ms) == crate::liveness::Requester::Exited
+    }
+
+    /// What is known of the requesters of grant `id` made at `created_ms`.
+    pub fn state(&self, id: &ContainerId, created_ms: u64) -> crate::liveness::Requester {
+        use crate::liveness::Requester;
+        match self.grants.get(id).filter(|g| g.created_ms == created_ms) {
+            None => Requester::Unknown,
+            Some(g) if g.live > 0 => Requester::Running,
+            Some(_) => Requester::Exited,
+        }
     }
 
     /// A second descriptor of the epoll set, readable when a requester exited (for the

@@ -187,9 +187,11 @@ impl Node {
         }
     }
 
-    /// Whether every process that asked for grant `a` is known to have exited.
-    fn requester_gone(&self, a: &tessera_api::Allocation) -> bool {
-        self.requesters.as_ref().is_some_and(|w| w.all_exited(&a.container_id, a.created_ms))
+    /// What is known of the processes that asked for grant `a`.
+    fn requester(&self, a: &tessera_api::Allocation) -> liveness::Requester {
+        self.requesters
+            .as_ref()
+            .map_or(liveness::Requester::Unknown, |w| w.state(&a.container_id, a.created_ms))
     }
 
     /// The grants whose every requester exited since the last look: released where runc
@@ -341,7 +343,7 @@ impl Node {
                 None => CgroupProcs::NotRecorded,
             },
             age_ms: now.saturating_sub(a.created_ms),
-            requester_gone: self.requester_gone(a),
+            requester: self.requester(a),
         }
     }
 
