@@ -558,7 +558,7 @@ fn parts(
     println!("|---|---|---|");
     for (name, v) in [
         ("POST /v1/allocations (grant, durable)", alloc),
-        ("POST /v1/allocations/{id}/start (the confirmation after runc create: checks, interval open, durable)", start),
+        ("POST /v1/allocations/{id}/start (the confirmation at the start of a created container: checks, interval open, durable)", start),
         ("GET /v1/allocations/{id} right after runc delete (given back by then: by the watch, or first in this request)", release),
         ("GET /healthz (round trip without SQLite, for scale)", health),
         ("spawn /bin/true (baseline)", t_true),
