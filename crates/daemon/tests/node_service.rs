@@ -1207,16 +1207,21 @@ fn an_xid_quarantines_exactly_what_it_reached() {
     assert_eq!(device_state(&node, &target.uuid), tessera_api::DeviceState::Scrubbing);
 }
 
+/// A node under the test policy with `faults.stop_holders` (a grace of 1 s).
+fn node_stopping_holders(dir: &std::path::Path, host: &FakeHost) -> Node {
+    let mut v: serde_json::Value = serde_json::from_slice(POLICY).expect("json");
+    v["faults"] = serde_json::json!({"stop_holders": true, "grace_s": 1});
+    let policy = policy::Policy::parse(&serde_json::to_vec(&v).unwrap(), "faults.json").unwrap();
+    node_under(dir, Duration::from_secs(60), false, host.paths(), policy)
+}
+
 /// Issue 26: XID 95 (uncontained) on a whole GPU takes it; with `faults.stop_holders` its
 /// running holder is a stop target.
 #[test]
 fn an_uncontained_xid_takes_the_whole_gpu_and_the_policy_may_stop_its_holders() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut v: serde_json::Value = serde_json::from_slice(POLICY).expect("json");
-    v["faults"] = serde_json::json!({"stop_holders": true, "grace_s": 1});
-    let policy = policy::Policy::parse(&serde_json::to_vec(&v).unwrap(), "faults.json").unwrap();
     let host = FakeHost::new();
-    let mut node = node_under(dir.path(), Duration::from_secs(60), false, host.paths(), policy);
+    let mut node = node_stopping_holders(dir.path(), &host);
     let a = node.allocate(&req("w", "team-dev", "gpu=1")).unwrap();
     let gpu = a.devices[0].uuid.clone();
     host.process(4242, "w");
@@ -1321,11 +1326,8 @@ fn a_grant_that_ended_before_its_new_requester_was_watched_is_not_handed_out() {
 #[test]
 fn a_pending_grant_on_a_gpu_quarantined_since_does_not_start_where_holders_are_stopped() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut v: serde_json::Value = serde_json::from_slice(POLICY).expect("json");
-    v["faults"] = serde_json::json!({"stop_holders": true, "grace_s": 1});
-    let policy = policy::Policy::parse(&serde_json::to_vec(&v).unwrap(), "faults.json").unwrap();
     let host = FakeHost::new();
-    let mut node = node_under(dir.path(), Duration::from_secs(60), false, host.paths(), policy);
+    let mut node = node_stopping_holders(dir.path(), &host);
     let a = node.allocate(&req("p", "team-dev", "gpu=1")).unwrap();
     let gpu = a.devices[0].uuid.clone();
     slicer::sim::inject_xid(
