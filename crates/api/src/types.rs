@@ -99,8 +99,8 @@ pub enum RequestSource {
 }
 
 /// `POST /v1/allocations/{id}/start`: the container runc made is confirmed before any of
-/// its code runs, by tessera-runtime once `runc create` has returned or by the prestart
-/// hook during `runc run`.
+/// its code runs, by tessera-runtime's `start` of a container `runc create` made (before
+/// `runc start`) or by the prestart hook during `runc run`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StartRequest {
@@ -108,7 +108,7 @@ pub struct StartRequest {
     pub pid: i32,
     /// The bundle from runc's state; must match the one the allocation was made for.
     pub bundle: String,
-    /// `true`: asked after `runc create` returned, when the init has moved into the
+    /// `true`: asked at the start of a container `runc create` made: the init has moved into the
     /// container's root and waits to exec (its mount table is the container's alone);
     /// `false`: asked by the prestart hook, before runc's `pivot_root` (the table still
     /// holds the host's mounts, and the container's are those below its root).

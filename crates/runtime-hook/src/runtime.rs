@@ -481,7 +481,7 @@ pub fn prepare(
     let host = crate::mounts::LinuxHostFacts::read().map_err(|e| config_err(e.into()))?;
     spec::check_host_facts(&bundle, &cfg.value, &host).map_err(config_err)?;
     check_cgroup_is_empty(&inv, &cfg, &container_id).map_err(|e| fail(*e))?;
-    // `runc create`: confirmed by this wrapper once runc has returned (crate::confirm);
+    // `runc create`: confirmed by this wrapper at the container's `start` (crate::confirm);
     // `runc run`: by the prestart hook, as nothing runs between runc's create and start.
     let hooks = HookConfig {
         path: env.hook_path().map_err(fail)?,
@@ -1213,7 +1213,7 @@ mod tests {
         assert_eq!(c["annotations"]["tessera.io/allocated"], json!("MIG-1"));
         assert_eq!(c["process"]["env"], json!(["PATH=/bin", "CUDA_VISIBLE_DEVICES=MIG-1"]));
         assert_eq!(c["linux"]["devices"].as_array().map(Vec::len), Some(2));
-        // A create is confirmed by the wrapper once runc returns (crate::confirm): no hook.
+        // A create is confirmed by the wrapper at its start (crate::confirm): no hook.
         assert_eq!(c["hooks"]["prestart"], json!([]), "{}", c["hooks"]);
         assert_eq!(c["annotations"]["tessera.io/confirm"], json!("after-create"));
         assert_eq!(c["hooks"].get("poststop"), None, "the wrapper releases, not a hook");

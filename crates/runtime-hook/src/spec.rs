@@ -39,9 +39,9 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
 /// Annotation listing the granted device UUIDs, for people reading the config.
 pub const ALLOCATED_ANNOTATION: &str = "tessera.io/allocated";
-/// Annotation of a GPU container that tessera-runtime confirms after `runc create` (value
-/// [`CONFIRM_AFTER_CREATE`]): `tessera-runtime start` refuses it until confirmed
-/// ([`crate::confirm`]).
+/// Annotation of a GPU container made by `runc create` (value [`CONFIRM_AFTER_CREATE`]):
+/// `tessera-runtime start` has tesserad confirm it before `runc start`, and `exec` refuses
+/// it until then ([`crate::confirm`]).
 pub const CONFIRM_ANNOTATION: &str = "tessera.io/confirm";
 /// The value of [`CONFIRM_ANNOTATION`].
 pub const CONFIRM_AFTER_CREATE: &str = "after-create";
@@ -204,8 +204,9 @@ pub struct HookConfig {
     pub socket: PathBuf,
     /// Whether the container is confirmed by `tessera-hook prestart` (a `runc run`, where
     /// nothing runs between runc making the container and starting it) or by
-    /// tessera-runtime itself once `runc create` has returned (no hook is written: one
-    /// process fewer, and the checks see the container's finished root).
+    /// tessera-runtime itself at the container's `start`, after `runc create` returned (no
+    /// hook is written: one process fewer, and the checks see the container's finished
+    /// root).
     pub prestart: bool,
 }
 

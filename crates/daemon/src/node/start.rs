@@ -1,5 +1,5 @@
 //! `start` (the container runc made is confirmed, by its pid and bundle, before any of its
-//! code runs: by tessera-runtime once `runc create` returned, or by the prestart hook during
+//! code runs: by tessera-runtime's `start` of a container `runc create` made, or by the prestart hook during
 //! `runc run`) and the init's exit: what the exit watcher ([`crate::exits`]) watches and
 //! what it closes.
 
