@@ -277,6 +277,62 @@ fn a_created_gpu_container_refused_at_its_start_never_runs_and_is_undone() {
     );
 }
 
+/// A created GPU container deleted before any start (`docker create`, then `docker rm`)
+/// whose cgroup another process got into (between the wrapper's check that it is empty
+/// and runc's create; here put there by hand): runc wrote the grant's device rules into
+/// that cgroup at create, and its delete (which kills only the init of a container with its
+/// own pid namespace) cannot remove a cgroup in use, so the rules stay with that process.
+/// The grant is held while it is there, and ends once the cgroup is empty.
+#[test]
+fn a_created_gpu_container_deleted_unstarted_keeps_its_grant_while_its_cgroup_holds_a_process() {
+    let node = Node::start();
+    let b = node.bundle("unstarted", "team-trusted", Some("gpu=1"), &["sh", "-c", "sleep 300"]);
+    node.fx.create_container(&b, "unstarted").assert_success("create");
+    let state = node.fx.state("unstarted").expect("created");
+    let pid = state["pid"].as_i64().expect("init pid");
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("init's cgroup");
+    let devices = cgroup
+        .lines()
+        .find_map(|l| l.split_once(":devices:").map(|(_, p)| p.to_string()))
+        .expect("a devices cgroup (v1)");
+    let procs = Path::new(CGROUP_ROOT).join("devices").join(devices.trim_start_matches('/'));
+    // tesserad saw runc's create end (its requester exited with a record): the cgroup is
+    // listed beside its socket. Bounded: without the record of it, the delete below tells.
+    let list = tessera_api::cgroup::grant_cgroups_path(&node.socket);
+    let rel = format!("devices{devices}");
+    let _ = wait_for(
+        || std::fs::read_to_string(&list).unwrap_or_default().lines().any(|l| l == rel),
+        Duration::from_secs(5),
+    );
+    let mut intruder = Command::new("sleep").arg("300").spawn().unwrap();
+    node.fx.cleanup().track_pid(intruder.id());
+    std::fs::write(procs.join("cgroup.procs"), intruder.id().to_string()).unwrap();
+    // runc itself, as an engine's delete of a created container: it kills the init, cannot
+    // remove the cgroup (the intruder is in it) and removes its record.
+    let _ = Command::new(RUNC)
+        .arg("--root")
+        .arg(node.fx.runc_root())
+        .args(["delete", "--force", "unstarted"])
+        .output()
+        .expect("runc");
+    let gone = node.fx.state("unstarted").is_none();
+    // The first answer after runc's delete counts the removal.
+    let held = node.client().allocation("unstarted").is_ok();
+    let rules_left = std::fs::read_to_string(procs.join("devices.list")).unwrap_or_default();
+    let _ = intruder.kill();
+    let _ = intruder.wait();
+    assert!(gone, "runc still has the container");
+    assert!(
+        held,
+        "the grant was given back while the intruder keeps its device rules ({})",
+        rules_left.trim().replace('\n', ", ")
+    );
+    assert!(
+        wait_for(|| node.client().allocation("unstarted").is_err(), Duration::from_secs(10)),
+        "the grant outlived the last process in its cgroup"
+    );
+}
+
 /// A grant ends when runc removes its container, whoever deleted it, without a word to
 /// tesserad and before any other action of tesserad's: every periodic task is slowed past
 /// the test, runc itself (not the wrapper) deletes the container, and no request is made

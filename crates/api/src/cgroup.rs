@@ -97,7 +97,7 @@ fn expand_slice(slice: &str) -> Result<PathBuf, String> {
 /// Where runc 1.1 puts a new container's device cgroup, in [`parse_proc_cgroup`]'s form:
 /// from `linux.cgroupsPath` (absent or empty: the container id), the cgroup driver
 /// (`systemd`: `slice:prefix:name`), and the `/proc/self/cgroup` text of the process that
-/// runs runc (a relative path is below its cgroup).
+/// runs runc (a relative path is below its cgroup on v1, below that cgroup's parent on v2).
 pub fn runc_cgroup(
     cgroups_path: Option<&str>,
     container_id: &str,
@@ -132,7 +132,16 @@ pub fn runc_cgroup(
         let p = cgroups_path.filter(|p| !p.is_empty()).unwrap_or(container_id);
         match clean(p) {
             (true, abs) => abs,
-            (false, rel) => clean(&own).1.join(rel),
+            // v1: below the caller's own cgroup of the hierarchy (runc's
+            // `GetOwnCgroupPath`); v2: below its parent (runc's fs2 `_defaultDirPath`
+            // takes `filepath.Dir` of the caller's cgroup, which holds processes).
+            (false, rel) => {
+                let mut base = clean(&own).1;
+                if prefix.is_empty() {
+                    base.pop();
+                }
+                base.join(rel)
+            }
         }
     };
     let path = path.to_string_lossy().into_owned();
@@ -234,7 +243,12 @@ mod tests {
         // None: the container id, relative.
         assert_eq!(at(None, V1), "devices/user.slice/c1");
         assert_eq!(at(Some("/k/c"), V2), "k/c");
-        assert_eq!(at(None, V2), "user.slice/session-1.scope/c1");
+        // v2: below the parent of the caller's cgroup, as runc 1.1's fs2 driver puts it.
+        assert_eq!(at(None, V2), "user.slice/c1");
+        assert_eq!(at(Some("x/y"), V2), "user.slice/x/y");
+        assert_eq!(at(Some("../../x"), V2), "user.slice/x");
+        assert_eq!(at(Some("x"), "0::/\n"), "x");
+        assert_eq!(at(Some("x"), "0::/a\n"), "x");
     }
 
     #[test]

@@ -38,6 +38,20 @@ pub trait Host: Send + Sync + fmt::Debug {
     fn runc_state_exists(&self, runc_root: &Path, id: &str) -> bool {
         tessera_api::runc_state_exists(runc_root, id)
     }
+    /// The init runc recorded for container `id` under `runc_root`: its pid and start time
+    /// (`init_process_pid`, `init_process_start` of its `state.json`, the start time as
+    /// [`Host::pid_start_time`] reads it); `None` without a record that says both.
+    fn runc_init(&self, runc_root: &Path, id: &str) -> Option<(i32, u64)> {
+        #[derive(serde::Deserialize)]
+        struct Init {
+            init_process_pid: i32,
+            init_process_start: u64,
+        }
+        let id = tessera_api::ContainerId::new(id).ok()?;
+        let buf = tessera_api::read_runc_state(runc_root, &id).ok()?;
+        let init: Init = serde_json::from_slice(&buf).ok()?;
+        (init.init_process_pid > 0).then_some((init.init_process_pid, init.init_process_start))
+    }
     /// The host's online CPUs and NUMA nodes (`/sys/devices/system/{cpu,node}/online`),
     /// for a grant's CPU set (`topology.pin_cpus`); `None` where it cannot tell (then
     /// nothing is pinned).

@@ -29,7 +29,7 @@ impl Node {
                 self.fill_in_cgroup(&mut rec, pid_start_now);
             }
             if rec.allocation.state == AllocationState::Pending {
-                self.settle_made(&rec);
+                self.settle_made(&mut rec);
             }
             let facts = self.facts(&rec, pid_start_now, now);
             let a = &rec.allocation;
@@ -114,8 +114,8 @@ impl Node {
         self.requesters = Some(requesters);
         // Grants of containers runc created before this tesserad started: that create is
         // over (runc writes the record last), so a delete before any start ends them.
-        for rec in self.store.all().unwrap_or_default() {
-            self.settle_made(&rec);
+        for mut rec in self.store.all().unwrap_or_default() {
+            self.settle_made(&mut rec);
         }
     }
 
@@ -126,7 +126,7 @@ impl Node {
     /// every reconciler pass.
     ///
     /// [`Requesters::mark_exited`]: crate::requesters::Requesters::mark_exited
-    fn settle_made(&mut self, rec: &Record) {
+    fn settle_made(&mut self, rec: &mut Record) {
         let a = &rec.allocation;
         if a.state != AllocationState::Pending
             || !self.host.runc_state_exists(Path::new(&rec.runc_root), &a.container_id)
@@ -135,6 +135,39 @@ impl Node {
         }
         if let Some(w) = self.requesters.as_mut() {
             w.mark_exited(&a.container_id, a.created_ms);
+        }
+        self.record_made_cgroup(rec);
+    }
+
+    /// A pending grant whose container runc made: the cgroup of the init runc recorded is
+    /// kept on the grant. runc wrote the grant's device rules there at create, before any
+    /// confirmation; a process of another container that got in (between the wrapper's
+    /// check that the cgroup is empty and runc's create) keeps them when the created
+    /// container is deleted without ever starting, so the grant is held while a process is
+    /// in that cgroup ([`liveness::judge`]), as after a refused start. Listed beside the
+    /// socket too, so no other container is created into it. Nothing is recorded where
+    /// the init is gone or its pid names another process now.
+    fn record_made_cgroup(&mut self, rec: &mut Record) {
+        let a = &rec.allocation;
+        if a.state != AllocationState::Pending || rec.cgroup.is_some() {
+            return;
+        }
+        let Some((pid, start)) = self.host.runc_init(Path::new(&rec.runc_root), &a.container_id)
+        else {
+            return;
+        };
+        if self.host.pid_start_time(pid) != Some(start) {
+            return;
+        }
+        match self.host.container_cgroup(pid) {
+            Ok(cg) => match self.store.set_cgroup(&a.container_id, &cg) {
+                Ok(()) => {
+                    rec.cgroup = Some(cg);
+                    self.write_grant_cgroups();
+                }
+                Err(e) => warn!(container = %a.container_id, "cannot record its cgroup: {e}"),
+            },
+            Err(e) => warn!(container = %a.container_id, "cannot tell its cgroup: {e}"),
         }
     }
 
@@ -210,7 +243,7 @@ impl Node {
         let now = crate::now_ms();
         let mut released = Vec::new();
         for (id, created_ms) in exited {
-            let Some(rec) = self.store.get(&id).map_err(internal)? else { continue };
+            let Some(mut rec) = self.store.get(&id).map_err(internal)? else { continue };
             let a = &rec.allocation;
             if a.created_ms != created_ms || a.state != AllocationState::Pending {
                 continue;
@@ -219,6 +252,7 @@ impl Node {
             if facts.runc_state_exists {
                 let root = rec.runc_root.clone();
                 self.watch_runc_root(&root);
+                self.record_made_cgroup(&mut rec);
                 continue;
             }
             let grace = self.pending_grace.as_millis() as u64;
