@@ -238,6 +238,28 @@ fn a_created_gpu_container_is_confirmed_at_its_start() {
     node.fx.delete_container("unconfirmed", true).assert_success("delete");
 }
 
+/// The devices cgroup (v1, as `/proc/<pid>/cgroup` names it) of the init of created
+/// container `id`, and its directory under the cgroup mount.
+fn devices_cgroup_of(node: &Node, id: &str) -> (String, PathBuf) {
+    let state = node.fx.state(id).expect("created");
+    let pid = state["pid"].as_i64().expect("init pid");
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("init's cgroup");
+    let devices = cgroup
+        .lines()
+        .find_map(|l| l.split_once(":devices:").map(|(_, p)| p.to_string()))
+        .expect("a devices cgroup (v1)");
+    let dir = Path::new(CGROUP_ROOT).join("devices").join(devices.trim_start_matches('/'));
+    (devices, dir)
+}
+
+/// A process of the host put into cgroup directory `dir` (tracked for cleanup).
+fn intruder_in(node: &Node, dir: &Path) -> std::process::Child {
+    let intruder = Command::new("sleep").arg("300").spawn().unwrap();
+    node.fx.cleanup().track_pid(intruder.id());
+    std::fs::write(dir.join("cgroup.procs"), intruder.id().to_string()).unwrap();
+    intruder
+}
+
 /// A created GPU container tesserad refuses to confirm at its start (here: a process of
 /// the host moved into its cgroup after `runc create`) does not start: the start fails with
 /// tesserad's sentence and the container is deleted; its init never left runc's exec
@@ -249,17 +271,8 @@ fn a_created_gpu_container_refused_at_its_start_never_runs_and_is_undone() {
     let b =
         node.bundle("spoiled", "team-trusted", Some("gpu=1"), &["sh", "-c", "echo ran; sleep 300"]);
     node.fx.create_container(&b, "spoiled").assert_success("create");
-    let state = node.fx.state("spoiled").expect("created");
-    let pid = state["pid"].as_i64().expect("init pid");
-    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("init's cgroup");
-    let devices = cgroup
-        .lines()
-        .find_map(|l| l.split_once(":devices:").map(|(_, p)| p.to_string()))
-        .expect("a devices cgroup (v1)");
-    let procs = Path::new(CGROUP_ROOT).join("devices").join(devices.trim_start_matches('/'));
-    let mut intruder = Command::new("sleep").arg("300").spawn().unwrap();
-    node.fx.cleanup().track_pid(intruder.id());
-    std::fs::write(procs.join("cgroup.procs"), intruder.id().to_string()).unwrap();
+    let (_, dir) = devices_cgroup_of(&node, "spoiled");
+    let mut intruder = intruder_in(&node, &dir);
     let out = node.fx.start_container("spoiled");
     let after = node.fx.state("spoiled");
     let held = node.client().allocation("spoiled").is_ok();
@@ -288,14 +301,7 @@ fn a_created_gpu_container_deleted_unstarted_keeps_its_grant_while_its_cgroup_ho
     let node = Node::start();
     let b = node.bundle("unstarted", "team-trusted", Some("gpu=1"), &["sh", "-c", "sleep 300"]);
     node.fx.create_container(&b, "unstarted").assert_success("create");
-    let state = node.fx.state("unstarted").expect("created");
-    let pid = state["pid"].as_i64().expect("init pid");
-    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("init's cgroup");
-    let devices = cgroup
-        .lines()
-        .find_map(|l| l.split_once(":devices:").map(|(_, p)| p.to_string()))
-        .expect("a devices cgroup (v1)");
-    let procs = Path::new(CGROUP_ROOT).join("devices").join(devices.trim_start_matches('/'));
+    let (devices, procs) = devices_cgroup_of(&node, "unstarted");
     // tesserad saw runc's create end (its requester exited with a record): the cgroup is
     // listed beside its socket. Bounded: without the record of it, the delete below tells.
     let list = tessera_api::cgroup::grant_cgroups_path(&node.socket);
@@ -304,9 +310,7 @@ fn a_created_gpu_container_deleted_unstarted_keeps_its_grant_while_its_cgroup_ho
         || std::fs::read_to_string(&list).unwrap_or_default().lines().any(|l| l == rel),
         Duration::from_secs(5),
     );
-    let mut intruder = Command::new("sleep").arg("300").spawn().unwrap();
-    node.fx.cleanup().track_pid(intruder.id());
-    std::fs::write(procs.join("cgroup.procs"), intruder.id().to_string()).unwrap();
+    let mut intruder = intruder_in(&node, &procs);
     // runc itself, as an engine's delete of a created container: it kills the init, cannot
     // remove the cgroup (the intruder is in it) and removes its record.
     let _ = Command::new(RUNC)

@@ -1215,6 +1215,12 @@ fn node_stopping_holders(dir: &std::path::Path, host: &FakeHost) -> Node {
     node_under(dir, Duration::from_secs(60), false, host.paths(), policy)
 }
 
+/// An uncontained XID (95) on whole GPU `gpu` of the simulated node under `dir`.
+fn uncontained_xid(dir: &std::path::Path, gpu: &impl std::fmt::Display) {
+    let event = slicer::XidEvent { gpu_uuid: gpu.to_string(), xid: 95, gi_id: None, ci_id: None };
+    slicer::sim::inject_xid(dir, &event).unwrap();
+}
+
 /// Issue 26: XID 95 (uncontained) on a whole GPU takes it; with `faults.stop_holders` its
 /// running holder is a stop target.
 #[test]
@@ -1230,11 +1236,7 @@ fn an_uncontained_xid_takes_the_whole_gpu_and_the_policy_may_stop_its_holders() 
         &StartRequest { pid: 4242, bundle: "/bundles/w".into(), created: false },
     )
     .unwrap();
-    slicer::sim::inject_xid(
-        dir.path(),
-        &slicer::XidEvent { gpu_uuid: gpu.to_string(), xid: 95, gi_id: None, ci_id: None },
-    )
-    .unwrap();
+    uncontained_xid(dir.path(), &gpu);
     let report = node.check_faults().unwrap();
     assert_eq!(report.quarantined, std::slice::from_ref(&gpu));
     assert_eq!(report.grace, Duration::from_secs(1));
@@ -1330,11 +1332,7 @@ fn a_pending_grant_on_a_gpu_quarantined_since_does_not_start_where_holders_are_s
     let mut node = node_stopping_holders(dir.path(), &host);
     let a = node.allocate(&req("p", "team-dev", "gpu=1")).unwrap();
     let gpu = a.devices[0].uuid.clone();
-    slicer::sim::inject_xid(
-        dir.path(),
-        &slicer::XidEvent { gpu_uuid: gpu.to_string(), xid: 95, gi_id: None, ci_id: None },
-    )
-    .unwrap();
+    uncontained_xid(dir.path(), &gpu);
     let report = node.check_faults().unwrap();
     assert_eq!(report.quarantined, std::slice::from_ref(&gpu));
     assert!(report.stop.is_empty(), "a pending grant has no process to stop: {:?}", report.stop);
