@@ -563,14 +563,23 @@ fn check_cgroup_is_free(
             }))
         }
     };
-    let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| {
-        config(SpecError::CgroupTaken {
-            at: "linux.cgroupsPath".into(),
-            why: format!("cannot read /proc/self/cgroup: {e}"),
-        })
-    })?;
+    let own = own_proc_cgroup(cfg)?;
     spec::check_cgroup_is_free(&cfg.value, container_id, inv.global.systemd_cgroup, &own, &grants)
         .map_err(config)
+}
+
+/// This process's `/proc/self/cgroup` (runc, which it runs, places a relative
+/// `cgroupsPath` by it); unreadable, the config's cgroup cannot be told (refused).
+fn own_proc_cgroup(cfg: &spec::LoadedConfig) -> Result<String, Box<RuntimeError>> {
+    std::fs::read_to_string("/proc/self/cgroup").map_err(|e| {
+        Box::new(RuntimeError::Config {
+            path: cfg.path.clone(),
+            source: SpecError::CgroupTaken {
+                at: "linux.cgroupsPath".into(),
+                why: format!("cannot read /proc/self/cgroup: {e}"),
+            },
+        })
+    })
 }
 
 /// A GPU container's cgroup holds no process before runc makes it. runc writes the
@@ -585,23 +594,13 @@ fn check_cgroup_is_empty(
     cfg: &spec::LoadedConfig,
     container_id: &str,
 ) -> Result<(), Box<RuntimeError>> {
-    let at = "linux.cgroupsPath".to_string();
-    let taken = |why: String| {
-        Box::new(RuntimeError::Config {
-            path: cfg.path.clone(),
-            source: SpecError::CgroupTaken { at: at.clone(), why },
-        })
-    };
-    let own = std::fs::read_to_string("/proc/self/cgroup")
-        .map_err(|e| taken(format!("cannot read /proc/self/cgroup: {e}")))?;
-    let path = match cfg.value.pointer("/linux/cgroupsPath") {
-        None | Some(serde_json::Value::Null) => None,
-        Some(serde_json::Value::String(p)) => Some(p.as_str()),
-        Some(_) => return Err(taken("expected a string".into())),
-    };
-    let cgroup =
-        tessera_api::cgroup::runc_cgroup(path, container_id, inv.global.systemd_cgroup, &own)
-            .map_err(taken)?;
+    let config =
+        |source: SpecError| Box::new(RuntimeError::Config { path: cfg.path.clone(), source });
+    let taken =
+        |why: String| config(SpecError::CgroupTaken { at: "linux.cgroupsPath".into(), why });
+    let own = own_proc_cgroup(cfg)?;
+    let cgroup = spec::runc_cgroup_of(&cfg.value, container_id, inv.global.systemd_cgroup, &own)
+        .map_err(config)?;
     let shown = tessera_api::untrusted(&cgroup);
     match tessera_api::cgroup::procs_within(Path::new(CGROUP_ROOT), &cgroup) {
         Ok(0) => Ok(()),

@@ -54,6 +54,24 @@ pub const NVIDIA_MAJOR: i64 = 195;
 /// `/dev/nvidia-uvm`, `/dev/nvidia-caps/...`).
 pub const NVIDIA_PATH_PREFIX: &str = "/dev/nvidia";
 
+/// The cgroup runc 1.1 will put the container of `spec` in ([`tessera_api::cgroup::runc_cgroup`]
+/// of its `linux.cgroupsPath`); `systemd` and `own_proc_cgroup` as for
+/// [`check_cgroup_is_free`].
+pub fn runc_cgroup_of(
+    spec: &Value,
+    container_id: &str,
+    systemd: bool,
+    own_proc_cgroup: &str,
+) -> Result<String, SpecError> {
+    let path = match spec.pointer("/linux/cgroupsPath") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(p)) => Some(p.as_str()),
+        Some(_) => return Err(shape("linux.cgroupsPath", "expected a string")),
+    };
+    tessera_api::cgroup::runc_cgroup(path, container_id, systemd, own_proc_cgroup)
+        .map_err(|why| SpecError::CgroupTaken { at: "linux.cgroupsPath".into(), why })
+}
+
 /// Refuses a container (any container, GPU or not) that runc would put into the cgroup of
 /// a running GPU grant, below it or above it: below, its processes would keep that grant's
 /// device rules — another tenant's GPU, open while the grant's own container runs and after
@@ -72,14 +90,8 @@ pub fn check_cgroup_is_free(
     if grants.is_empty() {
         return Ok(());
     }
-    let path = match spec.pointer("/linux/cgroupsPath") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(p)) => Some(p.as_str()),
-        Some(_) => return Err(shape("linux.cgroupsPath", "expected a string")),
-    };
+    let cgroup = runc_cgroup_of(spec, container_id, systemd, own_proc_cgroup)?;
     let at = "linux.cgroupsPath".to_string();
-    let cgroup = tessera_api::cgroup::runc_cgroup(path, container_id, systemd, own_proc_cgroup)
-        .map_err(|why| SpecError::CgroupTaken { at: at.clone(), why })?;
     use tessera_api::cgroup::within;
     if let Some(g) = grants.iter().find(|g| within(&cgroup, g) || within(g, &cgroup)) {
         return Err(SpecError::CgroupTaken {
