@@ -9,7 +9,7 @@
 //! no pidfd can be had, the intervals close at release, as before.
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use tracing::debug;
 use tessera_api::ContainerId;
 
 use crate::controller::{Action, Controller, Outcome};
+use crate::host::pidfd_open;
 
 /// How often a waiting task checks that its container still holds the grant it watches
 /// (a grant released while its process lives on — a test's stand-in pid — ends the wait).
@@ -31,16 +32,6 @@ pub use crate::node::EXITED_REASON;
 /// Watch `container_id`'s init process and close its intervals when it exits.
 pub fn spawn(ctl: Arc<Controller>, container_id: ContainerId) {
     tokio::spawn(watch(ctl, container_id));
-}
-
-fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
-    // SAFETY: a plain syscall with integer arguments; it returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just opened by the kernel for us and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// A pidfd registered with the reactor, readable once its process has exited.

@@ -120,6 +120,18 @@ impl Signal {
     }
 }
 
+/// A pidfd of process `pid` (`pidfd_open(2)`, Linux 5.3): it names that process, not a later
+/// one of the same pid.
+pub fn pidfd_open(pid: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    // SAFETY: a plain syscall with integer arguments; it returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened by the kernel for us and nothing else owns it.
+    Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) })
+}
+
 /// Signal `pid` if it is the process that started at `start`, on the real machine. A pidfd
 /// pins the process before its start time is checked, so the signal cannot reach a process
 /// that took the pid over in between. Kernels without pidfds (< 5.3) fall back to a check
@@ -127,33 +139,30 @@ impl Signal {
 fn signal_process(pid: i32, start: u64, signal: Signal) -> Result<bool, String> {
     let started = || liveness::pid_start_time(Path::new(PROC_ROOT), pid) == Some(start);
     let failed = |what: &str, e: std::io::Error| format!("{what} of pid {pid}: {e}");
-    // SAFETY: a plain syscall with integer arguments; it returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        let e = std::io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::ESRCH) => Ok(false),
-            Some(libc::ENOSYS) => {
-                if !started() {
-                    return Ok(false);
-                }
-                // SAFETY: kill(2) takes integers and touches no memory of ours.
-                if unsafe { libc::kill(pid, signal.number()) } == 0 {
-                    Ok(true)
-                } else {
-                    let e = std::io::Error::last_os_error();
-                    match e.raw_os_error() {
-                        Some(libc::ESRCH) => Ok(false),
-                        _ => Err(failed(signal.name(), e)),
+    let fd = match pidfd_open(pid) {
+        Ok(fd) => fd,
+        Err(e) => {
+            return match e.raw_os_error() {
+                Some(libc::ESRCH) => Ok(false),
+                Some(libc::ENOSYS) => {
+                    if !started() {
+                        return Ok(false);
+                    }
+                    // SAFETY: kill(2) takes integers and touches no memory of ours.
+                    if unsafe { libc::kill(pid, signal.number()) } == 0 {
+                        Ok(true)
+                    } else {
+                        let e = std::io::Error::last_os_error();
+                        match e.raw_os_error() {
+                            Some(libc::ESRCH) => Ok(false),
+                            _ => Err(failed(signal.name(), e)),
+                        }
                     }
                 }
-            }
-            _ => Err(failed("pidfd_open", e)),
-        };
-    }
-    // SAFETY: `fd` was just opened by the kernel for us and nothing else owns it; the
-    // OwnedFd closes it.
-    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+                _ => Err(failed("pidfd_open", e)),
+            };
+        }
+    };
     // The pidfd names the process that had `pid` when it was opened: if that process has
     // the recorded start time, the signal below reaches it or nothing.
     if !started() {

@@ -68,14 +68,7 @@ pub fn peer_pidfd(socket: RawFd, pid: Option<i32>) -> Option<OwnedFd> {
     }
     // Before Linux 6.5: the pid, as the kernel translated it into our pid namespace (0
     // where the peer is not visible in it).
-    let pid = pid.filter(|p| *p > 0)?;
-    // SAFETY: pidfd_open(pid, 0) takes two integers and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: the descriptor is new and ours alone.
-    Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    crate::host::pidfd_open(pid.filter(|p| *p > 0)?).ok()
 }
 
 /// The requesters of one grant.
@@ -214,11 +207,6 @@ impl Requesters {
         self.grants.insert(id.clone(), Grant { created_ms, live: 0 });
     }
 
-    /// Whether every requester of grant `id` made at `created_ms` is known to have exited.
-    pub fn all_exited(&self, id: &ContainerId, created_ms: u64) -> bool {
-        self.state(id, created_ms) == crate::liveness::Requester::Exited
-    }
-
     /// What is known of the requesters of grant `id` made at `created_ms`.
     pub fn state(&self, id: &ContainerId, created_ms: u64) -> crate::liveness::Requester {
         use crate::liveness::Requester;
@@ -239,15 +227,11 @@ impl Requesters {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::liveness::Requester;
     use std::process::{Command, Stdio};
 
     fn pidfd_of(child: &std::process::Child) -> OwnedFd {
-        let pid = i32::try_from(child.id()).expect("pid");
-        // SAFETY: as in peer_pidfd.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        assert!(fd >= 0, "pidfd_open: {}", io::Error::last_os_error());
-        // SAFETY: new and ours.
-        unsafe { OwnedFd::from_raw_fd(fd as RawFd) }
+        crate::host::pidfd_open(i32::try_from(child.id()).expect("pid")).expect("pidfd_open")
     }
 
     fn id(s: &str) -> ContainerId {
@@ -265,15 +249,15 @@ mod tests {
         drop(a.stdin.take());
         a.wait().expect("a exits");
         assert!(w.drain().expect("drain").is_empty(), "b still runs");
-        assert!(!w.all_exited(&id("c"), 7));
+        assert_eq!(w.state(&id("c"), 7), Requester::Running);
         drop(b.stdin.take());
         b.wait().expect("b exits");
         assert_eq!(w.drain().expect("drain"), vec![(id("c"), 7)]);
-        assert!(w.all_exited(&id("c"), 7));
-        assert!(!w.all_exited(&id("c"), 8), "another grant of the id");
+        assert_eq!(w.state(&id("c"), 7), Requester::Exited);
+        assert_eq!(w.state(&id("c"), 8), Requester::Unknown, "another grant of the id");
         assert!(w.drain().expect("drain").is_empty(), "reported once");
         w.forget(&id("c"));
-        assert!(!w.all_exited(&id("c"), 7));
+        assert_eq!(w.state(&id("c"), 7), Requester::Unknown);
     }
 
     #[test]
@@ -307,10 +291,10 @@ mod tests {
     fn a_grant_marked_exited_counts_so_until_asked_again() {
         let mut w = Requesters::new().expect("epoll");
         w.mark_exited(&id("c"), 3);
-        assert!(w.all_exited(&id("c"), 3));
+        assert_eq!(w.state(&id("c"), 3), Requester::Exited);
         let mut again = Command::new("cat").stdin(Stdio::piped()).spawn().expect("cat");
         w.watch(&id("c"), 3, pidfd_of(&again)).expect("watch");
-        assert!(!w.all_exited(&id("c"), 3), "a create of the same id runs again");
+        assert_eq!(w.state(&id("c"), 3), Requester::Running, "a create of the same id runs again");
         drop(again.stdin.take());
         again.wait().expect("exits");
         assert_eq!(w.drain().expect("drain"), vec![(id("c"), 3)]);
