@@ -66,11 +66,8 @@ impl Node {
         // signal) must not start. A grant already confirmed is the stop's to end. Refused,
         // its cgroup is kept on the grant as for any refused start (`refuse_start`).
         if !confirmed {
-            if let Err(e) = self.still_allowed(container_id, &rec.allocation) {
-                if let Err(se) = self.store.set_cgroup(container_id.as_str(), &cgroup) {
-                    tracing::warn!(container = %container_id, "cannot record the refused container's cgroup: {se}");
-                }
-                return Err(e);
+            if let Some((kind, why)) = self.refusal_now(&rec.allocation)? {
+                return Err(self.refuse_start(container_id, &cgroup, kind, &why));
             }
         }
         if let Err(why) = self.container_is_its_own(
@@ -80,10 +77,10 @@ impl Node {
             Path::new(&rec.bundle),
             req.created,
         ) {
-            return Err(self.refuse_start(container_id, &cgroup, &why));
+            return Err(self.refuse_start(container_id, &cgroup, "isolation", &why));
         }
         if let Err(why) = self.admitted_limits_hold(&rec, req.pid) {
-            return Err(self.refuse_start(container_id, &cgroup, &why));
+            return Err(self.refuse_start(container_id, &cgroup, "isolation", &why));
         }
         if confirmed {
             return Ok(rec.allocation);
@@ -100,20 +97,21 @@ impl Node {
         Ok(rec.allocation)
     }
 
-    /// A start refused for `why`: recorded as an `isolation` event, and the cgroup runc
-    /// made for the container (`cgroup`, which holds its device rules: runc wrote them at
-    /// its create) kept on the grant, so the grant is not given back while a process is in
-    /// it — another container's that shares it, say, which the rules now let open the
-    /// granted devices ([`crate::liveness::judge`]).
+    /// A start refused for `why`: recorded as an event of `kind` (`isolation`, `revoke`,
+    /// `xid`), and the cgroup runc made for the container (`cgroup`, which holds its device
+    /// rules: runc wrote them at its create) kept on the grant, so the grant is not given
+    /// back while a process is in it — another container's that shares it, say, which the
+    /// rules now let open the granted devices ([`crate::liveness::judge`]).
     fn refuse_start(
         &mut self,
         container_id: &ContainerId,
         cgroup: &str,
+        kind: &str,
         why: &dyn std::fmt::Display,
     ) -> CoreError {
         let message = format!("container {container_id}: {why}; refusing to start it");
-        if let Err(e) = self.store.event("isolation", Some(container_id), &message) {
-            tracing::warn!("cannot record an isolation refusal: {e}");
+        if let Err(e) = self.store.event(kind, Some(container_id), &message) {
+            tracing::warn!("cannot record a refused start ({kind}): {e}");
         }
         if let Err(e) = self.store.set_cgroup(container_id.as_str(), cgroup) {
             tracing::warn!(container = %container_id, "cannot record the refused container's cgroup: {e}");
@@ -121,56 +119,43 @@ impl Node {
         CoreError::refused(message)
     }
 
-    /// Refused where the policy in force refuses grant `a` (the check of `revoke-check`,
-    /// [`super::revoke::refused`]), recorded as a `revoke` event; and where one of its
-    /// devices was quarantined since it was granted and the policy stops the holders of a
-    /// quarantined device (`faults.stop_holders`: a grant not started has no process to
-    /// stop, so its start is refused instead), recorded as an `xid` event.
-    fn still_allowed(
-        &mut self,
-        container_id: &ContainerId,
-        a: &Allocation,
-    ) -> Result<(), CoreError> {
+    /// Why grant `a` may not start now, if it may not, with the kind of event that records
+    /// it: where one of its devices was quarantined since it was granted and the policy
+    /// stops the holders of a quarantined device (`faults.stop_holders`: a grant not started
+    /// has no process to stop, so its start is refused instead), `xid`; where the policy in
+    /// force refuses it (the check of `revoke-check`, [`super::revoke::refused`]), `revoke`.
+    fn refusal_now(&self, a: &Allocation) -> Result<Option<(&'static str, String)>, CoreError> {
         if self.policy.policy.faults().stop_holders {
-            let quarantined: Vec<String> = self
+            let quarantined = self
                 .lifecycle()?
                 .into_iter()
                 .filter(|(_, (st, _))| matches!(st, scrub::DeviceState::Quarantined { .. }))
                 .map(|(u, _)| u)
-                .filter(|u| {
+                .find(|u| {
                     a.devices.iter().any(|d| d.uuid.as_str() == u)
                         || a.share.as_ref().is_some_and(|s| s.device == *u)
-                })
-                .collect();
-            if let Some(device) = quarantined.first() {
-                let message = format!(
-                    "container {container_id}: its device {} was quarantined after a fault \
-                     (faults.stop_holders); refusing to start it",
-                    untrusted(device)
+                });
+            if let Some(device) = quarantined {
+                let why = format!(
+                    "its device {} was quarantined after a fault (faults.stop_holders)",
+                    untrusted(&device)
                 );
-                if let Err(e) = self.store.event("xid", Some(container_id), &message) {
-                    tracing::warn!("cannot record a refused start: {e}");
-                }
-                return Err(CoreError::refused(message));
+                return Ok(Some(("xid", why)));
             }
         }
         let node = &self.inventory.node;
         let Some(r) =
             super::revoke::refused(&self.policy.policy, node, std::slice::from_ref(a)).pop()
         else {
-            return Ok(());
+            return Ok(None);
         };
-        let message = format!(
-            "container {container_id}: policy version {} refuses its grant ({}: {}); refusing \
-             to start it",
+        let why = format!(
+            "policy version {} refuses its grant ({}: {})",
             self.policy.policy.version(),
             r.rule,
             r.message
         );
-        if let Err(e) = self.store.event("revoke", Some(container_id), &message) {
-            tracing::warn!("cannot record a refused start: {e}");
-        }
-        Err(CoreError::refused(message))
+        Ok(Some(("revoke", why)))
     }
 
     /// Whether a GPU container about to start is isolated as its grant assumes, judged on
