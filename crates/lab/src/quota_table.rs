@@ -96,6 +96,12 @@ impl Cell {
         words.join("; ")
     }
 
+    /// Whether the cell's trace is one of the shared pod lists
+    /// ([`crate::tracegen::SHARED_LISTS`]); every other cell is of the generated family.
+    pub fn is_shared_list(&self) -> bool {
+        crate::tracegen::SHARED_LISTS.contains(&self.trace.as_str())
+    }
+
     /// Quotas' useful utilisation over FIFO's (1 when FIFO did nothing useful).
     pub fn ratio(&self) -> f64 {
         ratio(self.quotas.useful_utilisation, self.fifo.useful_utilisation)
@@ -244,7 +250,34 @@ impl Sums {
     }
 }
 
-/// The table in Markdown: one row per cell, then the sums.
+/// The sums the table ends with: over every cell, then (where the cells have both) over
+/// the shared pod lists' cells and over the generated family's, each with its label.
+pub fn sum_rows(cells: &[Cell]) -> Vec<(String, Sums)> {
+    let mut rows = vec![(format!("sum over the {}", count(cells.len())), Sums::of(cells))];
+    let (shared, generated): (Vec<Cell>, Vec<Cell>) =
+        cells.iter().cloned().partition(Cell::is_shared_list);
+    if !shared.is_empty() && !generated.is_empty() {
+        rows.push((
+            format!("sum over the shared pod lists ({})", count(shared.len())),
+            Sums::of(&shared),
+        ));
+        rows.push((
+            format!("sum over the generated family ({})", count(generated.len())),
+            Sums::of(&generated),
+        ));
+    }
+    rows
+}
+
+fn count(n: usize) -> String {
+    if n == 1 {
+        "1 cell".into()
+    } else {
+        format!("{n} cells")
+    }
+}
+
+/// The table in Markdown: one row per cell, then the sums ([`sum_rows`]).
 pub fn markdown(cells: &[Cell]) -> String {
     let pct = |v: f64| format!("{:.1}%", v * 100.0);
     let hours = |s: f64| format!("{:.0}", s / 3600.0);
@@ -278,21 +311,106 @@ pub fn markdown(cells: &[Cell]) -> String {
             c.shape_label(),
         );
     }
-    let s = Sums::of(cells);
-    let _ = writeln!(
-        out,
-        "| **sum over the {} cells** | | {} GPU-h | {} GPU-h | **{:.3}** | | {} | **{:.3}** | {} | {} | p99 {} | {} | {} | |",
-        cells.len(),
-        hours(s.fifo_useful_gpu_seconds),
-        hours(s.quotas_useful_gpu_seconds),
-        s.ratio(),
-        hours(s.accounted_gpu_seconds),
-        s.accounted_ratio(),
-        s.utilisation().label(),
-        s.owner_requests,
-        secs(s.owner_wait_p99_s),
-        secs(s.owner_wait_unblocked_p99_s),
-        s.owner_wait().label(),
-    );
+    for (label, s) in sum_rows(cells) {
+        let _ = writeln!(
+            out,
+            "| **{label}** | | {} GPU-h | {} GPU-h | **{:.3}** | | {} | **{:.3}** | {} | {} | p99 {} | {} | {} | |",
+            hours(s.fifo_useful_gpu_seconds),
+            hours(s.quotas_useful_gpu_seconds),
+            s.ratio(),
+            hours(s.accounted_gpu_seconds),
+            s.accounted_ratio(),
+            s.utilisation().label(),
+            s.owner_requests,
+            secs(s.owner_wait_p99_s),
+            secs(s.owner_wait_unblocked_p99_s),
+            s.owner_wait().label(),
+        );
+    }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracegen::{generate, Mix, SHARED_LISTS};
+
+    fn policy() -> policy::Policy {
+        let text = include_str!("../../../examples/quota-sim.json");
+        policy::Policy::parse(text.as_bytes(), "examples/quota-sim.json").expect("parses")
+    }
+
+    /// Small cells: two generated mixes, and one of them again under a shared list's name.
+    fn cells() -> Vec<Cell> {
+        let p = policy();
+        let a = generate(Mix::MultiGpu, 150, 3, 20.0);
+        let b = generate(Mix::SmallShares, 150, 3, 20.0);
+        let mut shared = generate(Mix::AlibabaLike, 150, 3, 20.0);
+        shared.source = SHARED_LISTS[0].to_string();
+        [shared, a, b].iter().map(|t| cell(t, 2, &p, "H100-80GB", 0.0).expect("runs")).collect()
+    }
+
+    #[test]
+    fn the_sums_are_over_every_cell_then_the_shared_lists_and_the_generated_family_apart() {
+        let cells = cells();
+        assert_eq!(cells.iter().filter(|c| c.is_shared_list()).count(), 1);
+        let rows = sum_rows(&cells);
+        let labels: Vec<&str> = rows.iter().map(|(l, _)| l.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "sum over the 3 cells",
+                "sum over the shared pod lists (1 cell)",
+                "sum over the generated family (2 cells)"
+            ]
+        );
+        let useful = |r: &Report| r.gpu_seconds - r.lost_gpu_seconds;
+        let generated = &rows[2].1;
+        let fifo: f64 = cells[1..].iter().map(|c| useful(&c.fifo)).sum();
+        let quotas: f64 = cells[1..].iter().map(|c| useful(&c.quotas)).sum();
+        assert!(fifo > 0.0 && quotas > 0.0, "the cells did work: {fifo} {quotas}");
+        assert_eq!(generated.fifo_useful_gpu_seconds, fifo);
+        assert_eq!(generated.quotas_useful_gpu_seconds, quotas);
+        assert_eq!(
+            generated.owner_requests,
+            cells[1].quotas.owner_waits_s.0.len() + cells[2].quotas.owner_waits_s.0.len()
+        );
+        let all = &rows[0].1;
+        let parts = rows[1].1.fifo_useful_gpu_seconds + generated.fifo_useful_gpu_seconds;
+        assert!((all.fifo_useful_gpu_seconds - parts).abs() < 1e-6 * parts);
+        assert!((generated.ratio() - quotas / fifo).abs() < 1e-12);
+        // The table prints each sum row with its label and ratio.
+        let md = markdown(&cells);
+        for (label, s) in &rows {
+            let line = md.lines().find(|l| l.contains(label.as_str())).expect(label);
+            assert!(line.contains(&format!("**{:.3}**", s.ratio())), "{line}");
+        }
+        // One family alone: no split rows.
+        assert_eq!(sum_rows(&cells[1..]).len(), 1);
+    }
+
+    #[test]
+    fn a_cell_meets_is_accounted_or_misses_by_the_documented_rule() {
+        let mut c = cells().remove(1);
+        let fifo_useful = c.fifo.gpu_seconds - c.fifo.lost_gpu_seconds;
+        c.fifo.useful_utilisation = 1.0;
+        c.quotas.useful_utilisation = 0.96;
+        assert_eq!(c.utilisation(), Verdict::Meets);
+        c.quotas.useful_utilisation = 0.90;
+        // Accounted when useful work plus owed losses and ceiling idle reach 95% of FIFO's.
+        c.quotas.gpu_seconds = 0.90 * fifo_useful;
+        c.quotas.lost_gpu_seconds = 0.0;
+        c.quotas.lost_owed_gpu_seconds = 0.03 * fifo_useful;
+        c.quotas.ceiling_idle_gpu_seconds = 0.03 * fifo_useful;
+        assert_eq!(c.utilisation(), Verdict::Accounted);
+        c.quotas.ceiling_idle_gpu_seconds = 0.01 * fifo_useful;
+        assert_eq!(c.utilisation(), Verdict::Misses);
+        c.quotas.owner_wait_p99_s = Some(MAX_OWNER_WAIT_S);
+        assert_eq!(c.owner_wait(), Verdict::Meets);
+        c.quotas.owner_wait_p99_s = Some(MAX_OWNER_WAIT_S + 1);
+        c.quotas.owner_wait_unblocked_p99_s = Some(60);
+        assert_eq!(c.owner_wait(), Verdict::Accounted);
+        c.quotas.owner_wait_unblocked_p99_s = Some(MAX_OWNER_WAIT_S + 1);
+        assert_eq!(c.owner_wait(), Verdict::Misses);
+    }
 }
