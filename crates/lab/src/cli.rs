@@ -54,8 +54,9 @@ pub struct SimArgs {
     #[arg(long)]
     pub queue: Option<u64>,
     /// Fleet quotas: run the trace through static partitions (one per guarantee, no
-    /// borrowing), one FIFO queue (no quotas, EASY backfill) and Tessera's quotas
-    /// (borrowing, the fair queue, reclaim after the grace period) side by side, every
+    /// borrowing), one FIFO queue (no quotas, EASY backfill), the same FIFO kept within
+    /// the policy's ceilings, and Tessera's quotas (borrowing, the fair queue, reclaim
+    /// after the grace period) side by side, every
     /// request waiting until it runs (needs --policy). Rows go to the leaves of the
     /// policy's tenant tree that have a quota on their chain, sorted by path: row `name`
     /// to leaf number FNV-1a-64(name) mod their count. A row asks num_gpu whole GPUs, or
@@ -73,8 +74,10 @@ pub struct SimArgs {
     /// the three shared pod lists (from --data, default data/alibaba-gpu-v2023) and the
     /// generated mixes (--requests, --seed) at 2 and 4 nodes, each cell judged against
     /// the promises (useful utilisation at least 95% of FIFO's, owner wait p99 at most
-    /// 300 s) and, where one is not kept, what accounts for it (`lab::quota_table`). In
-    /// Markdown; takes tens of seconds in a release build.
+    /// 300 s) and, where one is not kept, whether FIFO kept within the policy's ceilings
+    /// does any better and what accounts for it (`lab::quota_table`); then the sums over
+    /// every cell, the shared lists' and the generated family's. In Markdown; takes tens
+    /// of seconds in a release build.
     #[arg(
         long,
         requires = "policy",
@@ -340,9 +343,11 @@ fn quota_family(a: &SimArgs) -> Result<String, String> {
                 serde_json::json!({
                     "trace": c.trace, "nodes": c.nodes,
                     "checkpoint_fraction": c.checkpoint_fraction,
-                    "ratio": c.ratio(), "accounted_ratio": c.accounted_ratio(),
+                    "ratio": c.ratio(), "ratio_within_ceilings": c.ratio_within_ceilings(),
+                    "accounted_ratio": c.accounted_ratio(),
                     "utilisation": c.utilisation().label(), "owner_wait": c.owner_wait().label(),
-                    "fifo": c.fifo, "quotas": c.quotas, "shape": c.shape,
+                    "fifo": c.fifo, "fifo_ceilings": c.fifo_ceilings, "quotas": c.quotas,
+                    "shape": c.shape,
                 })
             })
             .collect();

@@ -16,8 +16,8 @@
 //! wholly free GPUs of one node; a fraction (less than one GPU) takes part of the first
 //! GPU with enough left; CPU and memory, where the fleet names them, must fit on the node.
 //! A job that could not be placed on an empty fleet (or, in [`Mode::Static`], its empty
-//! partition), or whose request alone crosses a ceiling ([`Mode::Quotas`]), is refused at
-//! arrival; every other job waits until it runs.
+//! partition), or whose request alone crosses a ceiling ([`Mode::Quotas`],
+//! [`Mode::FifoCeilings`]), is refused at arrival; every other job waits until it runs.
 //!
 //! # Modes
 //!
@@ -33,6 +33,12 @@
 //!   scheduler): EASY backfill with exact run times. The head of the queue, when it does
 //!   not fit, gets a reservation at the earliest time it would fit as running jobs end;
 //!   a later job starts now only if it fits now and ends by then.
+//! - [`Mode::FifoCeilings`]: [`Mode::Fifo`] kept within the policy's ceilings: a job whose
+//!   start would cross a ceiling on its tenant's chain at today's usage is passed over
+//!   (it is neither the head nor backfilled) until usage falls; nothing else of the quotas
+//!   (no guarantee, no borrowing, no reclaim). The baseline that keeps the one promise
+//!   quotas share with it: what FIFO gains over quotas by running a team beyond its
+//!   ceiling shows as FIFO's lead over this mode.
 //! - [`Mode::Quotas`]: Tessera's rules. Each waiting request is decided by
 //!   [`quota::admit`] (ceilings, guarantees, borrowing, lending limits); the queue is
 //!   served in [`quota::fair_order`], recomputed after each admission, skipping what does
@@ -158,21 +164,29 @@ pub enum Mode {
     Static,
     /// One queue in arrival order with EASY backfill; no quotas.
     Fifo,
+    /// [`Mode::Fifo`] within the policy's ceilings.
+    FifoCeilings,
     /// Tessera's quotas: guarantees, borrowing, the fair queue and reclaim.
     Quotas,
 }
 
 impl Mode {
-    /// The three, in the order they are compared.
-    pub const ALL: [Mode; 3] = [Mode::Static, Mode::Fifo, Mode::Quotas];
+    /// The four, in the order they are compared.
+    pub const ALL: [Mode; 4] = [Mode::Static, Mode::Fifo, Mode::FifoCeilings, Mode::Quotas];
 
-    /// `static`, `fifo`, `quotas`.
+    /// `static`, `fifo`, `fifo-ceilings`, `quotas`.
     pub fn label(self) -> &'static str {
         match self {
             Mode::Static => "static",
             Mode::Fifo => "fifo",
+            Mode::FifoCeilings => "fifo-ceilings",
             Mode::Quotas => "quotas",
         }
+    }
+
+    /// Whether the books keep the policy's ceilings in this mode.
+    fn keeps_ceilings(self) -> bool {
+        matches!(self, Mode::FifoCeilings | Mode::Quotas)
     }
 }
 
@@ -1125,7 +1139,9 @@ impl<'a> Sim<'a> {
                 let n = parts.len();
                 (parts, part_of, n)
             }
-            Mode::Fifo | Mode::Quotas => (Vec::new(), vec![None; units.len()], 1),
+            Mode::Fifo | Mode::FifoCeilings | Mode::Quotas => {
+                (Vec::new(), vec![None; units.len()], 1)
+            }
         };
         let (home_parts, homes) = self::partitions(tree, fleet);
         let index: BTreeMap<&str, usize> =
@@ -1222,7 +1238,7 @@ impl<'a> Sim<'a> {
             }
             match self.mode {
                 Mode::Quotas => self.pass_quotas(t),
-                Mode::Static | Mode::Fifo => {
+                Mode::Static | Mode::Fifo | Mode::FifoCeilings => {
                     for q in 0..self.fifo_q.len() {
                         self.pass_fifo(q, t);
                     }
@@ -1248,7 +1264,7 @@ impl<'a> Sim<'a> {
             Mode::Quotas => {
                 self.fair_q.entry((unit.tenant.clone(), unit.key.clone())).or_default().insert(u);
             }
-            Mode::Static | Mode::Fifo => {
+            Mode::Static | Mode::Fifo | Mode::FifoCeilings => {
                 self.fifo_q[self.queue_of[u]].insert(u);
             }
         }
@@ -1266,7 +1282,7 @@ impl<'a> Sim<'a> {
                     }
                 }
             }
-            Mode::Static | Mode::Fifo => {
+            Mode::Static | Mode::Fifo | Mode::FifoCeilings => {
                 self.fifo_q[self.queue_of[u]].remove(&u);
             }
         }
@@ -1277,7 +1293,7 @@ impl<'a> Sim<'a> {
         let (tenant, jobs) = (unit.tenant.clone(), unit.jobs.len() as u64);
         let cut = unit.duration.min(self.horizon.saturating_sub(t));
         let demand = u128::from(unit.gpu) * u128::from(cut);
-        let over_ceiling = self.mode == Mode::Quotas
+        let over_ceiling = self.mode.keeps_ceilings()
             && matches!(
                 admit(self.tree, &self.capacity, &Usage::new(), &unit.tenant, &unit.resources),
                 Decision::Refuse(_)
@@ -1326,7 +1342,7 @@ impl<'a> Sim<'a> {
         for s in &slots {
             self.bins.take(s);
         }
-        if self.mode == Mode::Quotas {
+        if self.mode.keeps_ceilings() {
             self.usage.add(&self.units[u].tenant, class, &self.units[u].resources);
         }
         let end = t.saturating_add(self.remaining(u));
@@ -1411,7 +1427,7 @@ impl<'a> Sim<'a> {
         for s in &slots {
             self.bins.give(s);
         }
-        if self.mode == Mode::Quotas {
+        if self.mode.keeps_ceilings() {
             self.usage.release(&self.units[u].tenant, self.st[u].class, &self.units[u].resources);
         }
         self.running.remove(&u);
@@ -1468,9 +1484,31 @@ impl<'a> Sim<'a> {
 
     // --- FIFO and static: arrival order with EASY backfill --------------------------------
 
+    /// [`Mode::FifoCeilings`]: whether starting `u` now would cross a ceiling.
+    fn over_ceiling_now(&self, u: usize) -> bool {
+        self.mode == Mode::FifoCeilings
+            && matches!(
+                admit(
+                    self.tree,
+                    &self.capacity,
+                    &self.usage,
+                    &self.units[u].tenant,
+                    &self.units[u].resources
+                ),
+                Decision::Refuse(_)
+            )
+    }
+
     fn pass_fifo(&mut self, q: usize, t: u64) {
         let mut queue = std::mem::take(&mut self.fifo_q[q]);
+        // Jobs a ceiling holds back now are passed over: neither the head nor backfilled.
+        let mut parked = Vec::new();
         while let Some(&head) = queue.first() {
+            if self.over_ceiling_now(head) {
+                queue.remove(&head);
+                parked.push(head);
+                continue;
+            }
             let part = self.part_of[head];
             if let Some(slots) = self.bins.fit(&self.units[head].members, part, None) {
                 queue.remove(&head);
@@ -1490,7 +1528,10 @@ impl<'a> Sim<'a> {
                     break;
                 }
                 let unit = &self.units[v];
-                if t.saturating_add(unit.duration) > shadow || failed.contains(&unit.key) {
+                if t.saturating_add(unit.duration) > shadow
+                    || failed.contains(&unit.key)
+                    || self.over_ceiling_now(v)
+                {
                     continue;
                 }
                 let slots = if unit.gpu > 0 && !gpu_free {
@@ -1514,6 +1555,20 @@ impl<'a> Sim<'a> {
             }
             break;
         }
+        if self.mode == Mode::FifoCeilings {
+            // As under quotas: the idle GPUs that the requests a ceiling holds back (one
+            // of each tenant's interchangeable requests) could have used.
+            let mut seen = BTreeSet::new();
+            let blocked: u64 = parked
+                .iter()
+                .filter(|&&u| seen.insert((&self.units[u].tenant, &self.units[u].key)))
+                .map(|&u| self.units[u].gpu)
+                .sum();
+            let held: u64 = self.running.iter().map(|&v| self.units[v].gpu).sum();
+            let idle = self.capacity.get(&Resource::gpu(&self.fleet.model)).saturating_sub(held);
+            self.ceiling_rate = blocked.min(idle);
+        }
+        queue.extend(parked);
         // Nothing joins a queue during a pass; kept in case.
         let joined = std::mem::replace(&mut self.fifo_q[q], queue);
         self.fifo_q[q].extend(joined);
@@ -1960,7 +2015,8 @@ impl<'a> Sim<'a> {
             gpu_seconds: held,
             utilisation: if denom > 0.0 { held / denom } else { 0.0 },
             useful_utilisation: if denom > 0.0 { (held - lost) / denom } else { 0.0 },
-            borrowed_gpu_seconds: (self.mode != Mode::Fifo).then(|| gs(sum(|a| a.borrowed))),
+            borrowed_gpu_seconds: matches!(self.mode, Mode::Static | Mode::Quotas)
+                .then(|| gs(sum(|a| a.borrowed))),
             preemptions: self.preemptions,
             lost_gpu_seconds: lost,
             preemptions_checkpointing,
@@ -2417,6 +2473,32 @@ mod tests {
     }
 
     #[test]
+    fn fifo_within_ceilings_passes_over_a_job_its_ceiling_holds_back_and_nothing_else() {
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"ceiling": 2}}},
+                "t/b": {"gpus": {"H100-80GB": {"guarantee": 2}}}}"#,
+        );
+        let jobs = [
+            job("a1", "t/a", 0, 100, 2),
+            job("a2", "t/a", 1, 10, 2), // a's ceiling is full until a1 ends at 100
+            job("b1", "t/b", 2, 500, 1), // not behind a2: a2 is passed over, not the head
+            job("a3", "t/a", 3, 10, 3), // alone over a's ceiling: refused at arrival
+        ];
+        let f = fleet(1, 8);
+        let c = run(&jobs, &f, &t, Mode::FifoCeilings, None).expect("runs");
+        let starts: Vec<Option<u64>> = ["a1", "a2", "b1"].iter().map(|j| start(&c, j)).collect();
+        assert_eq!(starts, [Some(0), Some(100), Some(2)]);
+        assert_eq!(c.refused, 1);
+        // a2 waited 99 s behind a ceiling with 6 GPUs idle, then 5: counted at the 2 it asked.
+        assert_eq!(c.ceiling_idle_gpu_seconds, 2.0 * 99.0);
+        // FIFO runs a beyond its ceiling: a2 at once, and a3 too.
+        let fifo = run(&jobs, &f, &t, Mode::Fifo, None).expect("runs");
+        assert_eq!(start(&fifo, "a2"), Some(1));
+        assert_eq!((fifo.refused, start(&fifo, "a3")), (0, Some(3)));
+        assert_eq!(fifo.ceiling_idle_gpu_seconds, 0.0);
+    }
+
+    #[test]
     fn fifo_ignores_teams_and_backfills_only_what_ends_before_the_heads_reservation() {
         let jobs = [
             job("j1", "t/b", 0, 100, 2),
@@ -2642,7 +2724,9 @@ mod tests {
                     // c has no guarantee, and the guarantees cover 6 of the 8 GPUs.
                     assert_eq!(r.partitions.last().map(|p| p.gpus), Some(2));
                 }
-                Mode::Fifo => assert_eq!((r.borrowed_gpu_seconds, r.preemptions), (None, 0)),
+                Mode::Fifo | Mode::FifoCeilings => {
+                    assert_eq!((r.borrowed_gpu_seconds, r.preemptions), (None, 0));
+                }
                 Mode::Quotas => {
                     let b = r.borrowed_gpu_seconds.expect("quotas borrow");
                     assert!(b > 0.0 && b <= r.gpu_seconds, "{b}");
@@ -2655,7 +2739,7 @@ mod tests {
         // The 4-GPU jobs of c never fit its ceiling of 4 alongside others, but alone they
         // do: none is refused under quotas; under static, c's remainder of 2 GPUs refuses
         // them.
-        assert_eq!(reports[2].refused, 0);
+        assert_eq!(reports[3].refused, 0);
         assert!(reports[0].refused > 0);
     }
 
@@ -2693,7 +2777,9 @@ mod tests {
         let head = table.lines().next().expect("a header");
         assert!(head.contains("static") && head.contains("fifo") && head.contains("quotas"));
         assert!(table.contains("owner wait p50 / p99 (s)"), "{table}");
-        let tenants = tenant_table(&reports[2]);
+        assert!(head.contains("fifo-ceilings"), "{head}");
+        let quotas = reports.iter().find(|r| r.mode == Mode::Quotas).expect("quotas ran");
+        let tenants = tenant_table(quotas);
         assert!(tenants.lines().any(|l| l.starts_with("drf/a") && l.contains(" 3 ")), "{tenants}");
     }
 }
