@@ -41,7 +41,8 @@
 //!   ceiling shows as FIFO's lead over this mode.
 //! - [`Mode::Quotas`]: Tessera's rules. Each waiting request is decided by
 //!   [`quota::admit`] (ceilings, guarantees, borrowing, lending limits); the queue is
-//!   served in [`quota::fair_order`], recomputed after each admission, skipping what does
+//!   served in [`quota::fair_order`] (tenants by guarantee headroom and dominant share,
+//!   within a tenant its largest request first), recomputed after each admission, skipping what does
 //!   not fit, as [`quota::allocate`] does, but placing each admission on the bins (one that
 //!   fits the books but not the bins waits). Placement keeps homes (the static layout,
 //!   GPU by GPU, `partitions`; the layout [`quota::check_shape`] finds where the greedy
@@ -52,8 +53,10 @@
 //!   a gang) the borrowed work of other tenants is taken cheapest first by the work it
 //!   would lose ([`quota::victim_order`]; work within its `min_runtime_s` is protected and
 //!   the request is woken when that ends) until the request fits, less any victim it does
-//!   not need, and the cheapest clearing wins. An owed request ([`quota::owed`]) reclaims
-//!   at once, another only when [`quota::worth_reclaiming`] lets it. The victims get their
+//!   not need, and the cheapest clearing wins. Only an owed request ([`quota::owed`] when
+//!   it, or a later request of its tenant and shape, arrived: those ahead of an owed one
+//!   were counted in its backlog) reclaims, and at once; any other waits for capacity to
+//!   free, as the coordinator's books answer it. The victims get their
 //!   tenant's grace period ([`QuotaTree::grace_period_s`]) and are then stopped and go
 //!   back to the queue with their original arrival time: a job that checkpoints
 //!   ([`Job::checkpoints`]) resumes from the SIGTERM, the others restart from zero; the
@@ -100,7 +103,7 @@ use tessera_api::untrusted;
 use quota::{
     admit, chain, dominant_share, fair_order, is_within, owed, own_guarantee, victim_order,
 };
-use quota::{worth_reclaiming, Class, Decision, QuotaTree, Running, Usage, Waiting};
+use quota::{Class, Decision, QuotaTree, Running, Usage, Waiting};
 use quota::{Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
 
 /// One job of the input.
@@ -1317,7 +1320,24 @@ impl<'a> Sim<'a> {
                 .filter(|((tenant, _), _)| *tenant == unit.tenant)
                 .flat_map(|(_, q)| q.iter())
                 .fold(Resources::new(), |acc, &v| acc.plus(&self.units[v].resources));
-            self.st[u].owed = owed(self.tree, &self.usage, &unit.tenant, &unit.resources, &ahead);
+            let is_owed = owed(self.tree, &self.usage, &unit.tenant, &unit.resources, &ahead);
+            self.st[u].owed = is_owed;
+            if is_owed {
+                // The tenant's earlier requests of this shape are served before this one
+                // (one head per tenant and shape, the simulator's queue): they were counted
+                // in its backlog `ahead`, so they fit the guarantee too, and an earlier one
+                // not owed must not keep this one from reclaiming. (The books decide each
+                // request on its own: there, the owed one reclaims for itself.)
+                let unit = &self.units[u];
+                let same: Vec<usize> = self
+                    .fair_q
+                    .get(&(unit.tenant.clone(), unit.key.clone()))
+                    .map(|q| q.iter().copied().collect())
+                    .unwrap_or_default();
+                for v in same {
+                    self.st[v].owed = true;
+                }
+            }
         }
         self.outstanding.add(&unit.tenant, Class::Guaranteed, &unit.resources);
         self.st[u].phase = Phase::Waiting;
@@ -1781,10 +1801,12 @@ impl<'a> Sim<'a> {
     /// Stops borrowed work so that `u`, within guarantee, fits; reserves it. Victims are
     /// taken cheapest first by the work they would lose ([`quota::victim_order`]) on each
     /// node (the whole fleet for a gang) until `u` fits, less those it then does not need;
-    /// the cheapest clearing wins. A claim that is not owed ([`quota::owed`]) goes ahead
-    /// only if its victims lose no more than its waiting has cost
-    /// ([`quota::worth_reclaiming`]). False if nothing is stopped.
+    /// the cheapest clearing wins. A claim that is not owed ([`quota::owed`]) stops
+    /// nothing. False if nothing is stopped.
     fn reclaim(&mut self, u: usize, t: u64, cause: Cause, under: Option<&str>) -> bool {
+        if !self.st[u].owed {
+            return false;
+        }
         let unit = &self.units[u];
         let scopes: Vec<Option<usize>> = if unit.members.len() == 1 {
             (0..self.fleet.nodes as usize).map(Some).collect()
@@ -1884,13 +1906,8 @@ impl<'a> Sim<'a> {
         if let Some(at) = wake.filter(|_| best.is_none()) {
             self.events.push(Reverse((at.max(t + 1), WAKE, u, 0)));
         }
-        let Some(Clearing { victims, slots, cost, .. }) = best else { return false };
+        let Some(Clearing { victims, slots, .. }) = best else { return false };
         let owed_now = self.st[u].owed;
-        let waited = t.saturating_sub(unit.arrival);
-        let share = dominant_share(&unit.resources, &self.capacity);
-        if !worth_reclaiming(owed_now, cost, waited, share) {
-            return false;
-        }
         match cause {
             Cause::Books => self.reclaims.0 += 1,
             Cause::Placement => self.reclaims.1 += 1,
@@ -2426,6 +2443,42 @@ mod tests {
         let q = run(&jobs, &f, &t, Mode::Fifo, Some(1300)).expect("runs");
         assert_eq!((start(&q, "a0"), start(&q, "a1")), (Some(1000), Some(1000)));
         assert_eq!(q.owner_wait_p99_s, Some(900));
+    }
+
+    /// Only owed requests reclaim: one within its tenant's guarantee only because the
+    /// tenant's own backlog ahead of it is not counted waits for capacity to free. (Before,
+    /// the ski-rental rule let it stop a checkpointing victim, whose loss is its grace
+    /// period, once it had waited that long: here at b4's arrival.)
+    #[test]
+    fn a_request_not_owed_stops_no_borrowed_work() {
+        let mut jobs: Vec<Job> = (0..4)
+            .map(|i| Job { checkpoints: true, ..job(&format!("b{i}"), "t/b", 0, 1000, 1) })
+            .collect();
+        jobs.push(job("a-wide", "t/a", 100, 50, 3)); // beyond a's guarantee of 2: borrowed
+        jobs.push(job("a-one", "t/a", 101, 50, 1)); // a-wide ahead of it fills the guarantee
+        jobs.push(job("b4", "t/b", 500, 10, 1)); // an event after a-one waited 45 s
+        let (t, f) = (two_teams(), fleet(1, 4));
+        let r = run(&jobs, &f, &t, Mode::Quotas, Some(2000)).expect("runs");
+        assert_eq!((r.preemptions, r.reclaims_for_quota, r.reclaims_for_placement), (0, 0, 0));
+        // When b's work ends: a (waiting longest) takes its largest, then b, below its
+        // guarantee now, its b4; a-one when b4 ends.
+        let starts: Vec<Option<u64>> = ["a-wide", "b4", "a-one"].map(|j| start(&r, j)).into();
+        assert_eq!(starts, [Some(1000), Some(1000), Some(1010)]);
+    }
+
+    /// Within a tenant's turn its largest request first: 4 GPUs freed on a node go to the
+    /// 4-GPU job, not to the 1-GPU jobs that asked before it (in arrival order they took
+    /// them, and the 4-GPU job waited for the next 4 to free together).
+    #[test]
+    fn gpus_freed_together_go_to_the_tenants_widest_request() {
+        let t = tree(r#"{"t/a": {"gpus": {"H100-80GB": {"ceiling": 8}}}}"#);
+        let mut jobs = vec![job("hold", "t/a", 0, 100, 4), job("base", "t/a", 0, 1000, 4)];
+        jobs.extend((0..4).map(|i| job(&format!("n{i}"), "t/a", 10 + i, 100, 1)));
+        jobs.push(job("wide", "t/a", 20, 100, 4));
+        let r = run(&jobs, &fleet(1, 8), &t, Mode::Quotas, Some(3000)).expect("runs");
+        assert_eq!(start(&r, "wide"), Some(100));
+        let narrow: Vec<Option<u64>> = (0..4).map(|i| start(&r, &format!("n{i}"))).collect();
+        assert_eq!(narrow, [Some(200); 4]);
     }
 
     #[test]

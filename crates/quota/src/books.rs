@@ -73,7 +73,7 @@ use tessera_api::untrusted;
 use crate::admit::{admit as decide_quota, Class, Decision, Usage};
 use crate::amount::{Resource, Resources};
 use crate::drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
-use crate::preempt::{owed, worth_reclaiming};
+use crate::preempt::owed;
 use crate::reclaim::{choose_victims, NoVictims, Running};
 use crate::spec::{chain, is_within, QuotaTree};
 use crate::wire::{
@@ -1520,9 +1520,8 @@ impl Books {
     /// Victims for the claim among borrowed holdings on `claim.on` (every node: `None`) of
     /// tenants outside its subtree, not already being stopped by another reclaim, chosen by
     /// the work they would lose ([`choose_victims`]); a victim in a gang brings every member
-    /// of the gang on every node. A claim that is not owed goes ahead only if the victims
-    /// lose no more than its waiting has cost ([`worth_reclaiming`]). Starts the reclaim
-    /// and answers it, or says why not.
+    /// of the gang on every node. A claim that is not owed ([`crate::owed`]) takes none: it
+    /// waits for capacity to free. Starts the reclaim and answers it, or says why not.
     fn start_reclaim(&mut self, tree: &QuotaTree, claim: &Claim<'_>, now: u64) -> Reclaimed {
         let Claim { node, tenant: claimant, r, short, on, under, ask, req } = *claim;
         if short.is_empty() {
@@ -1531,6 +1530,14 @@ impl Books {
         let claim = claim_of(req);
         if let Some(a) = self.await_stopping(tree, node, claimant, &claim, r, short, on, now) {
             return Reclaimed::Started(a);
+        }
+        if !ask.owed {
+            return Reclaimed::Not(Some(
+                "not owed now (its tenant's requests waiting before it fill its guarantee), \
+                 so it preempts no borrowed work; it waits in the fair queue for capacity to \
+                 free"
+                    .to_string(),
+            ));
         }
         let stopping: BTreeSet<(&str, &str)> = self
             .reclaims
@@ -1599,14 +1606,6 @@ impl Books {
                 )));
             }
         };
-        let waited_s = now.saturating_sub(ask.asked_ms) / 1000;
-        if !worth_reclaiming(ask.owed, chosen.cost, waited_s, dominant_share(r, &capacity)) {
-            return Reclaimed::Not(Some(format!(
-                "not owed now (its tenant's requests waiting before it fill its guarantee), \
-                 so it reclaims only when the borrowed work would lose no more than it has \
-                 waited ({waited_s} s so far); it waits for capacity to free"
-            )));
-        }
         let mut picked: BTreeMap<NodeContainer, String> = BTreeMap::new();
         let mut gangs: BTreeMap<TenantGang, String> = BTreeMap::new();
         for c in &chosen.chosen {

@@ -373,6 +373,64 @@ fn a_tenant_within_its_guarantee_reclaims_the_youngest_borrowed_work_on_its_node
 
 const DEFAULT_GRACE: u64 = crate::DEFAULT_GRACE_PERIOD_S;
 
+/// A request within its tenant's guarantee only because the tenant's own requests waiting
+/// ahead of it are not counted (not owed) preempts nothing, however long it waits: it
+/// waits for capacity to free. Only owed requests reclaim (issue 27: the reclaims the
+/// ski-rental rule let through broke up nodes that wide work had whole). Before, with
+/// checkpointing victims (each costs its grace period), this request reclaimed once it had
+/// waited 60 s.
+#[test]
+fn a_request_not_owed_never_preempts_however_long_it_waits() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    // B fills the fleet: 4 guaranteed, 12 borrowed, every unit checkpointing.
+    for i in 0..16 {
+        now += 1_000;
+        let n = if i < 8 { 0 } else { 1 };
+        let mut req = ask(&format!("b{i}"), "acme/b", 1);
+        req.checkpoint = true;
+        admit_retrying(&mut nodes, n, &mut b, &t, &req, &mut now);
+        nodes[n].sync(&mut b, &t, now);
+    }
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 12));
+    // A asks 5 (beyond its guarantee of 4: borrowed, and the fleet is full): it waits.
+    now += 1_000;
+    let (msg, _) = refused(&nodes[0].admit(&mut b, &t, ask("a-wide", "acme/a", 5), now));
+    assert!(msg.contains("waiting in the fair queue"), "{msg}");
+    // Then 1: within A's guarantee by what A holds (nothing), but A's 5 waiting ahead of it
+    // fill the guarantee: not owed. At once, and a minute later, it preempts nothing.
+    let one = ask("a-one", "acme/a", 1);
+    now += 1_000;
+    let answers: Vec<(u64, AdmitAnswer)> = [0, 60, 3_600]
+        .into_iter()
+        .map(|wait_s| (wait_s, nodes[0].admit(&mut b, &t, one.clone(), now + wait_s * 1000)))
+        .collect();
+    for (wait_s, a) in &answers {
+        assert!(!matches!(a, AdmitAnswer::Reclaiming { .. }), "after {wait_s} s: {a:?}");
+    }
+    for (wait_s, a) in &answers {
+        let (msg, rule) = refused(a);
+        assert_eq!(rule, None, "{msg}");
+        assert!(
+            msg.contains("not owed now") && msg.contains("preempts no borrowed work"),
+            "after {wait_s} s: {msg}"
+        );
+    }
+    assert_eq!(b.counters().reclaims.get("acme/a"), None);
+    assert_eq!(b.counters().preemptions.get("acme/b"), None);
+    let st = b.status(&t, 7, now + 3_600_000);
+    assert!(st.preempting.is_empty(), "{:?}", st.preempting);
+}
+
 /// A claim whose node places it before the books have heard that its victims are gone
 /// (the node stopped them and freed their devices, and has not synced since): the
 /// capacity its reclaim holds is its own, so it is admitted at once and nobody else is

@@ -502,6 +502,46 @@ fn the_queue_serves_the_tenant_furthest_below_its_guarantee_first() {
     assert_eq!(fair_order(&t, &fleet, &usage, &waiting), [1, 0]);
 }
 
+/// Within a tenant's turn its largest request first (issue 27: in arrival order a tenant's
+/// narrow requests took every GPU freed and its 8-GPU ones never found a node); between
+/// tenants the order is the fair one, ties going to the tenant waiting longest.
+#[test]
+fn within_a_tenants_turn_its_largest_request_goes_first() {
+    let t = QuotaTree::default();
+    let fleet = gpus(32);
+    let mut usage = Usage::new();
+    usage.add("org-a", Class::Borrowed, &gpus(4));
+    let w = |id: &str, tenant: &str, n: u64, arrived| Waiting {
+        id: id.into(),
+        tenant: tenant.into(),
+        resources: gpus(n),
+        arrived,
+    };
+    let waiting = [
+        w("b1", "org-b", 1, 0),
+        w("b8", "org-b", 8, 5),
+        w("a8", "org-a", 8, 1),
+        w("b2", "org-b", 2, 3),
+        w("a1", "org-a", 1, 2),
+    ];
+    // b holds less: all of b's first, largest first; then a's, largest first.
+    assert_eq!(fair_order(&t, &fleet, &usage, &waiting), [1, 3, 0, 2, 4]);
+    // Equal shares: the tenant whose oldest request waits longest goes first (b's from 0),
+    // and a tenant's requests are not interleaved with another's by size.
+    usage.add("org-b", Class::Borrowed, &gpus(4));
+    assert_eq!(fair_order(&t, &fleet, &usage, &waiting), [1, 3, 0, 2, 4]);
+    let waiting = [w("a1", "org-a", 1, 0), w("b8", "org-b", 8, 1)];
+    assert_eq!(fair_order(&t, &fleet, &usage, &waiting), [0, 1]);
+    // The size is the request's dominant share: 1 GPU of 32 is less than 4 of 64 cores.
+    let cpu = Resources::new().with_cpu_milli(4_000);
+    let fleet = gpus(32).plus(&Resources::new().with_cpu_milli(64_000));
+    let waiting = [
+        w("g", "org-c", 1, 0),
+        Waiting { id: "c".into(), tenant: "org-c".into(), resources: cpu, arrived: 1 },
+    ];
+    assert_eq!(fair_order(&t, &fleet, &usage, &waiting), [1, 0]);
+}
+
 // --- reclaim ------------------------------------------------------------------------------
 
 fn run(id: &str, tenant: &str, n: u64, class: Class, started: u64, gang: Option<&str>) -> Running {
