@@ -1193,7 +1193,8 @@ impl Books {
         match decision {
             Decision::Admit { class, over } => {
                 if !held_for_it {
-                    if let Some(refusal) = self.fair_queue_blocks(tree, node, tenant, r, now) {
+                    let me = &req.container_id;
+                    if let Some(refusal) = self.fair_queue_blocks(tree, node, tenant, me, r, now) {
                         self.event(
                             now,
                             QuotaEventKind::Refuse,
@@ -1955,18 +1956,21 @@ impl Books {
         AdmitAnswer::Refused { message, rule: None }
     }
 
-    /// Whether a waiting request of another tenant on `node` ranks ahead of `tenant` and
-    /// would be denied by this grant: the message that says so.
+    /// Whether another request waiting on `node` (another tenant's, or a larger one of
+    /// `tenant`'s own: [`fair_order`]) ranks ahead of `tenant`'s `container` and would be
+    /// denied by this grant: the message that says so.
     fn fair_queue_blocks(
         &self,
         tree: &QuotaTree,
         node: &str,
         tenant: &str,
+        container: &str,
         r: &Resources,
         now: u64,
     ) -> Option<String> {
+        let own = NodeContainer(node.to_string(), container.to_string());
         let others: Vec<(&NodeContainer, &WaitEntry)> = totals::on_node(&self.waiting, node)
-            .filter(|(_, w)| w.tenant != tenant)
+            .filter(|(k, _)| **k != own)
             .filter(|(_, w)| now <= w.last_seen_ms.saturating_add(WAITING_TTL_MS))
             .collect();
         if others.is_empty() {
@@ -1986,7 +1990,7 @@ impl Books {
             id: String::new(),
             tenant: tenant.to_string(),
             resources: r.clone(),
-            arrived: now,
+            arrived: self.waiting.get(&own).map_or(now, |w| w.arrived_ms),
         });
         let cap = self.capacity();
         let usage = self.real_usage();
@@ -2008,16 +2012,26 @@ impl Books {
                 guarantee_headroom(tree, &cap, &usage, &w.tenant),
                 guarantee_headroom(tree, &cap, &usage, tenant),
             );
-            let why = if hw > ht {
+            let (sw, st) = (
+                dominant_share(&usage.of(&w.tenant).total(), &cap),
+                dominant_share(&usage.of(tenant).total(), &cap),
+            );
+            let why = if w.tenant == tenant {
+                format!(
+                    "it is a larger request of {tenant}'s own (within a tenant's turn its \
+                     largest waiting request goes first)"
+                )
+            } else if hw > ht {
                 format!(
                     "it is further below its guarantee ({hw:.2} of the fleet's dominant \
                      resource left, {tenant} {ht:.2})"
                 )
+            } else if sw < st {
+                format!("it holds a lower dominant share ({sw:.2} of the fleet, {tenant} {st:.2})")
             } else {
                 format!(
-                    "it holds a lower dominant share ({:.2} of the fleet, {tenant} {:.2})",
-                    dominant_share(&usage.of(&w.tenant).total(), &cap),
-                    dominant_share(&usage.of(tenant).total(), &cap)
+                    "it holds the same dominant share ({sw:.2} of the fleet) and its tenant's \
+                     oldest request has waited longer"
                 )
             };
             return Some(format!(

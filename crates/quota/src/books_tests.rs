@@ -373,6 +373,50 @@ fn a_tenant_within_its_guarantee_reclaims_the_youngest_borrowed_work_on_its_node
 
 const DEFAULT_GRACE: u64 = crate::DEFAULT_GRACE_PERIOD_S;
 
+/// Within a tenant's turn its largest waiting request goes first on the node: GPUs freed
+/// while it waits are kept for it, and a smaller request of the same tenant that asks
+/// first is told why. (Before, only other tenants' waiting requests were kept for, and the
+/// 1-GPU request took one of the four.)
+#[test]
+fn freed_gpus_are_kept_for_the_tenants_own_larger_waiting_request() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    for i in 0..8 {
+        now += 1_000;
+        let a = nodes[0].admit_synced(&mut b, &t, ask(&format!("c{i}"), "acme/c", 1), now);
+        assert!(matches!(a, AdmitAnswer::Admitted { .. }), "{a:?}");
+    }
+    // Node 1 is full: c's 4-GPU request waits.
+    now += 1_000;
+    let (msg, _) = refused(&nodes[0].admit(&mut b, &t, ask("c-wide", "acme/c", 4), now));
+    assert!(msg.contains("waiting in the fair queue"), "{msg}");
+    // Four of c's units end.
+    for i in 0..4 {
+        assert!(b.release("n1", &format!("c{i}"), now));
+        nodes[0].stop(&format!("c{i}"));
+    }
+    nodes[0].sync(&mut b, &t, now);
+    // c's 1-GPU request asks before the 4-GPU one retries: refused, the four are kept.
+    now += 1_000;
+    let (msg, rule) = refused(&nodes[0].admit(&mut b, &t, ask("c-one", "acme/c", 1), now));
+    assert_eq!(rule, None, "{msg}");
+    assert!(
+        msg.contains("capacity on node n1 is kept for tenant acme/c")
+            && msg.contains("it is a larger request of acme/c's own"),
+        "{msg}"
+    );
+    let a = nodes[0].admit_synced(&mut b, &t, ask("c-wide", "acme/c", 4), now);
+    assert!(matches!(a, AdmitAnswer::Admitted { .. }), "{a:?}");
+    // Nothing is kept once the larger one runs: the node is full again.
+    assert_eq!(nodes[0].free(), 0);
+}
+
 /// A request within its tenant's guarantee only because the tenant's own requests waiting
 /// ahead of it are not counted (not owed) preempts nothing, however long it waits: it
 /// waits for capacity to free. Only owed requests reclaim (issue 27: the reclaims the
