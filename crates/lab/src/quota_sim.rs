@@ -53,10 +53,10 @@
 //!   a gang) the borrowed work of other tenants is taken cheapest first by the work it
 //!   would lose ([`quota::victim_order`]; work within its `min_runtime_s` is protected and
 //!   the request is woken when that ends) until the request fits, less any victim it does
-//!   not need, and the cheapest clearing wins. Only an owed request ([`quota::owed`] when
-//!   it, or a later request of its tenant and shape, arrived: those ahead of an owed one
-//!   were counted in its backlog) reclaims, and at once; any other waits for capacity to
-//!   free, as the coordinator's books answer it. The victims get their
+//!   not need, and the cheapest clearing wins. A request owed when it arrived
+//!   ([`quota::owed`]) reclaims at once; one owed only since (its tenant's backlog ahead of
+//!   it served) when [`quota::worth_reclaiming`] lets it; one not owed now never, as the
+//!   coordinator's books answer it. The victims get their
 //!   tenant's grace period ([`QuotaTree::grace_period_s`]) and are then stopped and go
 //!   back to the queue with their original arrival time: a job that checkpoints
 //!   ([`Job::checkpoints`]) resumes from the SIGTERM, the others restart from zero; the
@@ -103,7 +103,7 @@ use tessera_api::untrusted;
 use quota::{
     admit, chain, dominant_share, fair_order, is_within, owed, own_guarantee, victim_order,
 };
-use quota::{Class, Decision, QuotaTree, Running, Usage, Waiting};
+use quota::{worth_reclaiming, Class, Decision, QuotaTree, Running, Usage, Waiting};
 use quota::{Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
 
 /// One job of the input.
@@ -1320,24 +1320,7 @@ impl<'a> Sim<'a> {
                 .filter(|((tenant, _), _)| *tenant == unit.tenant)
                 .flat_map(|(_, q)| q.iter())
                 .fold(Resources::new(), |acc, &v| acc.plus(&self.units[v].resources));
-            let is_owed = owed(self.tree, &self.usage, &unit.tenant, &unit.resources, &ahead);
-            self.st[u].owed = is_owed;
-            if is_owed {
-                // The tenant's earlier requests of this shape are served before this one
-                // (one head per tenant and shape, the simulator's queue): they were counted
-                // in its backlog `ahead`, so they fit the guarantee too, and an earlier one
-                // not owed must not keep this one from reclaiming. (The books decide each
-                // request on its own: there, the owed one reclaims for itself.)
-                let unit = &self.units[u];
-                let same: Vec<usize> = self
-                    .fair_q
-                    .get(&(unit.tenant.clone(), unit.key.clone()))
-                    .map(|q| q.iter().copied().collect())
-                    .unwrap_or_default();
-                for v in same {
-                    self.st[v].owed = true;
-                }
-            }
+            self.st[u].owed = owed(self.tree, &self.usage, &unit.tenant, &unit.resources, &ahead);
         }
         self.outstanding.add(&unit.tenant, Class::Guaranteed, &unit.resources);
         self.st[u].phase = Phase::Waiting;
@@ -1801,10 +1784,12 @@ impl<'a> Sim<'a> {
     /// Stops borrowed work so that `u`, within guarantee, fits; reserves it. Victims are
     /// taken cheapest first by the work they would lose ([`quota::victim_order`]) on each
     /// node (the whole fleet for a gang) until `u` fits, less those it then does not need;
-    /// the cheapest clearing wins. A claim that is not owed ([`quota::owed`]) stops
-    /// nothing. False if nothing is stopped.
+    /// the cheapest clearing wins. A claim not owed now ([`quota::owed`]) stops nothing;
+    /// one owed only since it arrived goes ahead only if its victims lose no more than its
+    /// waiting has cost ([`quota::worth_reclaiming`]). False if nothing is stopped.
     fn reclaim(&mut self, u: usize, t: u64, cause: Cause, under: Option<&str>) -> bool {
-        if !self.st[u].owed {
+        let owed_first = self.st[u].owed;
+        if !owed_first && !self.owed_now(u) {
             return false;
         }
         let unit = &self.units[u];
@@ -1906,8 +1891,12 @@ impl<'a> Sim<'a> {
         if let Some(at) = wake.filter(|_| best.is_none()) {
             self.events.push(Reverse((at.max(t + 1), WAKE, u, 0)));
         }
-        let Some(Clearing { victims, slots, .. }) = best else { return false };
-        let owed_now = self.st[u].owed;
+        let Some(Clearing { victims, slots, cost, .. }) = best else { return false };
+        let waited = t.saturating_sub(unit.arrival);
+        let share = dominant_share(&unit.resources, &self.capacity);
+        if !owed_first && !worth_reclaiming(cost, waited, share) {
+            return false;
+        }
         match cause {
             Cause::Books => self.reclaims.0 += 1,
             Cause::Placement => self.reclaims.1 += 1,
@@ -1919,12 +1908,26 @@ impl<'a> Sim<'a> {
             let st = &mut self.st[v];
             st.phase = Phase::Terminating;
             st.term_at = Some(t);
-            st.owed_claim = owed_now;
+            // Every reclaim is for an owed request (above).
+            st.owed_claim = true;
             let epoch = st.epoch;
             self.events.push(Reverse((kill_at, KILL, v, epoch)));
         }
         self.reserve(u, slots, t, begin);
         true
+    }
+
+    /// Whether `u` is owed now: its tenant's requests waiting before it (index order is
+    /// arrival order) counted as the tenant's guaranteed usage, as the books count them.
+    fn owed_now(&self, u: usize) -> bool {
+        let unit = &self.units[u];
+        let ahead = self
+            .fair_q
+            .iter()
+            .filter(|((tenant, _), _)| *tenant == unit.tenant)
+            .flat_map(|(_, q)| q.range(..u))
+            .fold(Resources::new(), |acc, &v| acc.plus(&self.units[v].resources));
+        owed(self.tree, &self.usage, &unit.tenant, &unit.resources, &ahead)
     }
 
     // --- the report ------------------------------------------------------------------------

@@ -73,7 +73,7 @@ use tessera_api::untrusted;
 use crate::admit::{admit as decide_quota, Class, Decision, Usage};
 use crate::amount::{Resource, Resources};
 use crate::drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
-use crate::preempt::owed;
+use crate::preempt::{owed, worth_reclaiming};
 use crate::reclaim::{choose_victims, NoVictims, Running};
 use crate::spec::{chain, is_within, QuotaTree};
 use crate::wire::{
@@ -246,10 +246,11 @@ enum Reclaimed {
     Not(Option<String>),
 }
 
-/// A request's first ask: when, and whether it was owed then.
+/// A request's first ask: when, and whether it was owed then (its wait counts as an
+/// owner's, and it may reclaim at once).
 #[derive(Debug, Clone, Copy)]
 struct Ask {
-    owed: bool,
+    owed_first: bool,
     asked_ms: u64,
 }
 
@@ -1056,11 +1057,11 @@ impl Books {
             }
         }
         // Owed when it first asked: its wait counts as an owner's, and it may reclaim at once.
-        let (asked_ms, owed_then) = match self.first_asks.get(&hold) {
+        let (asked_ms, owed_first) = match self.first_asks.get(&hold) {
             Some(&first) => first,
             None => (now, self.is_owed(tree, node, req, &r, now)),
         };
-        let ask = Ask { owed: owed_then, asked_ms };
+        let ask = Ask { owed_first, asked_ms };
         let answer = if req.short_on_node {
             self.admit_short(tree, node, req, &r, ask, now)
         } else {
@@ -1154,7 +1155,7 @@ impl Books {
     ) {
         if matches!(answer, AdmitAnswer::Admitted { .. }) {
             self.first_asks.remove(claim);
-            if ask.owed {
+            if ask.owed_first {
                 let waits = &mut self.costs.entry(tenant.to_string()).or_default().owner_waits;
                 if waits.len() >= OWNER_WAITS_KEPT {
                     waits.pop_front();
@@ -1162,7 +1163,7 @@ impl Books {
                 waits.push_back(now.saturating_sub(ask.asked_ms));
             }
         } else {
-            self.first_asks.entry(claim.clone()).or_insert((ask.asked_ms, ask.owed));
+            self.first_asks.entry(claim.clone()).or_insert((ask.asked_ms, ask.owed_first));
         }
     }
 
@@ -1521,8 +1522,10 @@ impl Books {
     /// Victims for the claim among borrowed holdings on `claim.on` (every node: `None`) of
     /// tenants outside its subtree, not already being stopped by another reclaim, chosen by
     /// the work they would lose ([`choose_victims`]); a victim in a gang brings every member
-    /// of the gang on every node. A claim that is not owed ([`crate::owed`]) takes none: it
-    /// waits for capacity to free. Starts the reclaim and answers it, or says why not.
+    /// of the gang on every node. A claim not owed now ([`crate::owed`]) takes none: it
+    /// waits for capacity to free; one owed only since its first ask goes ahead only if the
+    /// victims lose no more than its waiting has cost ([`worth_reclaiming`]). Starts the
+    /// reclaim and answers it, or says why not.
     fn start_reclaim(&mut self, tree: &QuotaTree, claim: &Claim<'_>, now: u64) -> Reclaimed {
         let Claim { node, tenant: claimant, r, short, on, under, ask, req } = *claim;
         if short.is_empty() {
@@ -1532,7 +1535,10 @@ impl Books {
         if let Some(a) = self.await_stopping(tree, node, claimant, &claim, r, short, on, now) {
             return Reclaimed::Started(a);
         }
-        if !ask.owed {
+        // Owed when it first asked, or since: one that was not (its tenant's backlog ahead
+        // filled the guarantee) is owed once that backlog is served and its tenant's
+        // guaranteed work has ended. A request not owed now never preempts.
+        if !ask.owed_first && !self.is_owed(tree, node, req, r, now) {
             return Reclaimed::Not(Some(
                 "not owed now (its tenant's requests waiting before it fill its guarantee), \
                  so it preempts no borrowed work; it waits in the fair queue for capacity to \
@@ -1607,6 +1613,15 @@ impl Books {
                 )));
             }
         };
+        let waited_s = now.saturating_sub(ask.asked_ms) / 1000;
+        if !ask.owed_first && !worth_reclaiming(chosen.cost, waited_s, dominant_share(r, &capacity))
+        {
+            return Reclaimed::Not(Some(format!(
+                "owed only since its tenant's requests waiting before it were served, so it \
+                 reclaims only when the borrowed work would lose no more than it has waited \
+                 ({waited_s} s so far); it waits for capacity to free"
+            )));
+        }
         let mut picked: BTreeMap<NodeContainer, String> = BTreeMap::new();
         let mut gangs: BTreeMap<TenantGang, String> = BTreeMap::new();
         for c in &chosen.chosen {
@@ -1649,7 +1664,11 @@ impl Books {
                 reason: format!(
                     "reclaimed for {claimant}, which asks {r} within its guarantee on node \
                      {node} ({}): {} runs {} on borrowed capacity; {why}",
-                    if ask.owed { "owed: at once" } else { "after waiting as long as it loses" },
+                    if ask.owed_first {
+                        "owed: at once"
+                    } else {
+                        "owed since its backlog was served, after waiting as long as it loses"
+                    },
                     e.tenant,
                     e.resources,
                 ),

@@ -419,12 +419,13 @@ fn freed_gpus_are_kept_for_the_tenants_own_larger_waiting_request() {
 
 /// A request within its tenant's guarantee only because the tenant's own requests waiting
 /// ahead of it are not counted (not owed) preempts nothing, however long it waits: it
-/// waits for capacity to free. Only owed requests reclaim (issue 27: the reclaims the
+/// waits for capacity to free, until it is owed: once its tenant's backlog ahead has left
+/// the queue it reclaims. Only owed requests reclaim (issue 27: the reclaims the
 /// ski-rental rule let through broke up nodes that wide work had whole). Before, with
 /// checkpointing victims (each costs its grace period), this request reclaimed once it had
 /// waited 60 s.
 #[test]
-fn a_request_not_owed_never_preempts_however_long_it_waits() {
+fn a_request_not_owed_preempts_nothing_until_its_backlog_ahead_is_served() {
     let t = tree(
         r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
             "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
@@ -451,13 +452,19 @@ fn a_request_not_owed_never_preempts_however_long_it_waits() {
     let (msg, _) = refused(&nodes[0].admit(&mut b, &t, ask("a-wide", "acme/a", 5), now));
     assert!(msg.contains("waiting in the fair queue"), "{msg}");
     // Then 1: within A's guarantee by what A holds (nothing), but A's 5 waiting ahead of it
-    // fill the guarantee: not owed. At once, and a minute later, it preempts nothing.
+    // fill the guarantee: not owed. At once, and each minute for ten (A's 5 still asking),
+    // it preempts nothing.
     let one = ask("a-one", "acme/a", 1);
     now += 1_000;
-    let answers: Vec<(u64, AdmitAnswer)> = [0, 60, 3_600]
-        .into_iter()
-        .map(|wait_s| (wait_s, nodes[0].admit(&mut b, &t, one.clone(), now + wait_s * 1000)))
-        .collect();
+    let mut answers = Vec::new();
+    for minute in 0..=10 {
+        let at = now + minute * 60_000;
+        refused(&nodes[0].admit(&mut b, &t, ask("a-wide", "acme/a", 5), at));
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, at);
+        }
+        answers.push((minute * 60, nodes[0].admit(&mut b, &t, one.clone(), at)));
+    }
     for (wait_s, a) in &answers {
         assert!(!matches!(a, AdmitAnswer::Reclaiming { .. }), "after {wait_s} s: {a:?}");
     }
@@ -469,10 +476,20 @@ fn a_request_not_owed_never_preempts_however_long_it_waits() {
             "after {wait_s} s: {msg}"
         );
     }
+    now += 600_000;
     assert_eq!(b.counters().reclaims.get("acme/a"), None);
     assert_eq!(b.counters().preemptions.get("acme/b"), None);
-    let st = b.status(&t, 7, now + 3_600_000);
-    assert!(st.preempting.is_empty(), "{:?}", st.preempting);
+    assert!(b.status(&t, 7, now).preempting.is_empty());
+    // A's 5 stops asking and leaves the queue: the 1 is owed now (A holds nothing of its
+    // guarantee and nothing of A's waits ahead of it), and reclaims at once.
+    now += crate::books::WAITING_TTL_MS + 1_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let a = nodes[0].admit(&mut b, &t, one, now);
+    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
+    assert_eq!(victims.len(), 1, "{victims:?}");
+    assert!(victims[0].reason.contains("owed since its backlog was served"), "{victims:?}");
 }
 
 /// A claim whose node places it before the books have heard that its victims are gone

@@ -4,14 +4,18 @@
 //! A request is **owed** when its tenant's guaranteed usage, plus the tenant's own requests
 //! waiting ahead of it, plus the request itself fit every guarantee on its chain (the
 //! guaranteed children's unused guarantees set aside, [`crate::set_aside`]): what the
-//! guarantee promises to serve at once. Only an owed request reclaims, and at once (its
-//! victims' grace period plus seconds). A request the books find within guarantee only
-//! because its tenant's backlog ahead of it is not counted (the tenant asked for more than
-//! its guarantee, and its own completions feed it) never preempts: it waits in the fair
-//! queue for capacity to free. (Issue 27 measured the alternative, letting it preempt once
-//! its victims would lose no more than its waiting had cost: those reclaims were 137 of the
-//! 144 on the simulator's multi-GPU mix on 4 nodes, their victims often 4- and 8-GPU jobs
-//! taken for narrow claims, and the nodes they broke up left GPUs idle.)
+//! guarantee promises to serve at once. A request owed when it first asks reclaims at once
+//! (its victims' grace period plus seconds). One that was not, but is owed since (its
+//! tenant's backlog ahead of it has been served and the tenant's guaranteed work has
+//! ended), reclaims only when the victims would lose no more than its waiting has cost
+//! ([`worth_reclaiming`]): the ski-rental rule, so such a preemption never destroys more
+//! work than the waiting it ends, and the wait is bounded by what the borrowers would lose.
+//! A request not owed now (the books find it within guarantee only because its tenant's
+//! backlog ahead of it is not counted: the tenant asked for more than its guarantee) never
+//! preempts; it waits in the fair queue for capacity to free. (Issue 27: before, the
+//! ski-rental rule let those preempt too; such reclaims were 137 of the 144 on the
+//! simulator's multi-GPU mix on 4 nodes, their victims often 4- and 8-GPU jobs taken for
+//! narrow claims, and the nodes they broke up left GPUs idle.)
 
 use crate::admit::{admit, Class, Decision, Usage};
 use crate::amount::Resources;
@@ -36,4 +40,12 @@ pub fn owed(
         admit(tree, &view, &u, tenant, request),
         Decision::Admit { class: Class::Guaranteed, .. } | Decision::Reclaim { .. }
     )
+}
+
+/// Whether a reclaim whose victims would lose `victims_cost` (dominant-share seconds,
+/// [`crate::Candidate::cost`]) may go ahead for a request owed only since it first asked,
+/// which holds `request_share` of the fleet and has waited `waited_s`: only when the
+/// victims lose no more than its waiting has cost (`waited_s × request_share`).
+pub fn worth_reclaiming(victims_cost: f64, waited_s: u64, request_share: f64) -> bool {
+    victims_cost <= waited_s as f64 * request_share
 }
