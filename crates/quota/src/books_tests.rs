@@ -417,6 +417,51 @@ fn freed_gpus_are_kept_for_the_tenants_own_larger_waiting_request() {
     assert_eq!(nodes[0].free(), 0);
 }
 
+/// GPUs on a node are kept only for a waiting request that could take them: one the
+/// quotas hold back (here a borrowed 4-GPU request of acme/a that acme/c's lending limit
+/// keeps waiting) keeps nothing, or a tenant re-asking it holds a node's capacity idle for
+/// as long as it likes. acme/a's own 1-GPU request, which the quotas lend (the simulator
+/// starts it: it passes over a head the quotas hold back), was refused at every retry
+/// ("capacity on node n1 is kept for tenant acme/a ... it is a larger request of acme/a's
+/// own").
+#[test]
+fn gpus_are_not_kept_for_a_waiting_request_the_quotas_hold_back() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"ceiling": 16}}},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 8, "lending_limit": 0}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    // a borrows 4 on n1 and 6 on n2: what c's lending limit leaves it, less 2.
+    for i in 0..10 {
+        now += 1_000;
+        let n = if i < 4 { 0 } else { 1 };
+        let a = nodes[n].admit_synced(&mut b, &t, ask(&format!("a{i}"), "acme/a", 1), now);
+        assert!(matches!(a, AdmitAnswer::Admitted { .. }), "a{i}: {a:?}");
+        for x in nodes.iter_mut() {
+            x.sync(&mut b, &t, now);
+        }
+    }
+    assert_eq!(nodes[0].free(), 4 * MICRO_PER_GPU);
+    // a's 4-wide on n1 (4 free) waits: the lending limit holds it back, not the node.
+    now += 1_000;
+    let (msg, _) = refused(&nodes[0].admit(&mut b, &t, ask("a-wide", "acme/a", 4), now));
+    assert!(msg.contains("waiting in the fair queue"), "{msg}");
+    // a's 1 on n1, the wide one re-asking each minute: the quotas lend it a GPU.
+    for minute in 1..=5 {
+        now += 60_000;
+        refused(&nodes[0].admit(&mut b, &t, ask("a-wide", "acme/a", 4), now));
+        let a = nodes[0].admit_synced(&mut b, &t, ask("a-one", "acme/a", 1), now);
+        if matches!(a, AdmitAnswer::Admitted { .. }) {
+            return;
+        }
+        let (msg, _) = refused(&a);
+        assert!(minute < 5, "after {minute} min n1's 4 GPUs are still kept idle: {msg}");
+    }
+}
+
 /// A request within its tenant's guarantee only because the tenant's own requests waiting
 /// ahead of it are not counted (not owed) preempts nothing, however long it waits: it
 /// waits for capacity to free, until it is owed: once its tenant's backlog ahead has left
