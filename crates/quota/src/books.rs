@@ -2027,6 +2027,16 @@ impl Books {
             if need.fits_in(&after) || !(need.fits_in(&free) || need.fits_in(r)) {
                 continue;
             }
+            // Kept only for a request the quotas would let take it (or reclaim for it):
+            // one they hold back (a lending limit, a ceiling) could not use it, and its
+            // tenant re-asking would keep the node's capacity idle for as long as it likes.
+            // The simulator passes over such a head too.
+            if matches!(
+                self.decide(tree, node, &w.tenant, &w.resources, true),
+                Decision::Wait { .. } | Decision::Refuse(_)
+            ) {
+                continue;
+            }
             let (hw, ht) = (
                 guarantee_headroom(tree, &cap, &usage, &w.tenant),
                 guarantee_headroom(tree, &cap, &usage, tenant),
