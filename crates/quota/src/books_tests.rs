@@ -2239,3 +2239,31 @@ fn a_nodes_first_sync_is_stored_before_it_is_answered() {
     ];
     lease_model(&t, ops).unwrap();
 }
+
+/// A lending limit keeps back, through the books and their leases, the unused guarantee
+/// beyond it: acme/c (guarantee 8, lending limit 0) lends nothing of its 8 to acme/a.
+#[test]
+#[ignore = "fails: the books lend acme/a 12 of 16 (c's unused leases are booked as c's guaranteed use, so withheld shrinks by them); not fixed yet"]
+fn the_books_keep_back_what_a_lending_limit_withholds() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"ceiling": 16}}},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 8, "lending_limit": 0}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    let mut admitted = 0;
+    for i in 0..16 {
+        now += 1_000;
+        let n = i % 2;
+        let a = nodes[n].admit_synced(&mut b, &t, ask(&format!("a{i}"), "acme/a", 1), now);
+        if matches!(a, AdmitAnswer::Admitted { .. }) {
+            admitted += 1;
+        }
+        for x in nodes.iter_mut() {
+            x.sync(&mut b, &t, now);
+        }
+    }
+    assert_eq!(admitted, 8, "acme/a borrowed {admitted} of 16");
+}
