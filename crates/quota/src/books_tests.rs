@@ -462,6 +462,52 @@ fn gpus_are_not_kept_for_a_waiting_request_the_quotas_hold_back() {
     }
 }
 
+/// A request no node can ever hold (9 GPUs, nodes of 8) is not a backlog that keeps its
+/// tenant's later requests from being owed: re-asked for ever (a pod stuck pending), it
+/// made acme/a's 1-GPU request, within a's guarantee of 4 with nothing of a's running,
+/// "not owed now" for good, so a's guarantee was never served by a reclaim. (The simulator
+/// refuses such a request at arrival: it is never ahead of anything.)
+#[test]
+fn a_request_no_node_can_hold_is_no_backlog_ahead() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    for i in 0..16 {
+        now += 1_000;
+        let n = if i < 8 { 0 } else { 1 };
+        admit_retrying(&mut nodes, n, &mut b, &t, &ask(&format!("b{i}"), "acme/b", 1), &mut now);
+        nodes[n].sync(&mut b, &t, now);
+    }
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 12));
+    now += 1_000;
+    let (msg, _) = refused(&nodes[0].admit(&mut b, &t, ask("a-huge", "acme/a", 9), now));
+    assert!(msg.contains("waiting in the fair queue"), "{msg}");
+    // a's 1, the huge one still re-asking each minute: a holds nothing of its guarantee.
+    let mut last = None;
+    for minute in 1..=10 {
+        now += 60_000;
+        refused(&nodes[0].admit(&mut b, &t, ask("a-huge", "acme/a", 9), now));
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        let a = nodes[0].admit(&mut b, &t, ask("a-one", "acme/a", 1), now);
+        if matches!(a, AdmitAnswer::Reclaiming { .. } | AdmitAnswer::Admitted { .. }) {
+            assert_eq!(minute, 1, "served only after {minute} min: {a:?}");
+            return;
+        }
+        last = Some(a);
+    }
+    panic!("a's 1 within its guarantee was never served in 10 min: {last:?}");
+}
+
 /// A request within its tenant's guarantee only because the tenant's own requests waiting
 /// ahead of it are not counted (not owed) preempts nothing, however long it waits: it
 /// waits for capacity to free, until it is owed: once its tenant's backlog ahead has left
