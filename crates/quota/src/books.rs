@@ -1139,8 +1139,25 @@ impl Books {
             .waiting
             .iter()
             .filter(|(k, w)| **k != me && w.tenant == req.tenant && w.arrived_ms < since)
+            .filter(|(_, w)| self.could_ever_run(tree, &w.tenant, &w.resources))
             .fold(Resources::new(), |acc, (_, w)| acc.plus(&w.resources));
         owed(tree, &self.real_usage(), &req.tenant, r, &ahead)
+    }
+
+    /// Whether `tenant`'s request `r` could run at all: some node's capacity holds it and,
+    /// alone on an idle fleet, it crosses no ceiling. One that could not (re-asked for ever,
+    /// as a pod stuck pending is) is no backlog: counted ahead, it would keep its tenant's
+    /// later requests from ever being owed. The simulator refuses such a request at arrival.
+    fn could_ever_run(&self, tree: &QuotaTree, tenant: &str, r: &Resources) -> bool {
+        let fits_a_node = self.nodes.values().any(|n| {
+            let cap = &n.capacity;
+            r.only(|res| matches!(res, Resource::Gpu(_)) || cap.get(res) > 0).fits_in(cap)
+        });
+        fits_a_node
+            && !matches!(
+                decide_quota(tree, &self.capacity(), &Usage::new(), tenant, r),
+                Decision::Refuse(_)
+            )
     }
 
     /// Keeps the owner waits: an owed claim admitted adds its wait (first ask to now); a
