@@ -508,6 +508,46 @@ fn a_request_no_node_can_hold_is_no_backlog_ahead() {
     panic!("a's 1 within its guarantee was never served in 10 min: {last:?}");
 }
 
+/// A retry under a new container id (kubelet makes one per attempt) is not kept waiting
+/// for its own earlier attempt's entry in the fair queue: that one never asks again. The
+/// retry was refused ("capacity on node n1 is kept for tenant acme/c ... it is a larger
+/// request of acme/c's own") until the old entry's WAITING_TTL_MS ran out, with n1's four
+/// GPUs idle.
+#[test]
+fn a_retry_under_a_new_container_id_is_not_kept_waiting_for_its_own_old_attempt() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    for i in 0..8 {
+        now += 1_000;
+        let a = nodes[0].admit_synced(&mut b, &t, ask(&format!("c{i}"), "acme/c", 1), now);
+        assert!(matches!(a, AdmitAnswer::Admitted { .. }), "{a:?}");
+    }
+    let attempt = |id: &str| {
+        let mut r = ask(id, "acme/c", 4);
+        r.workload = Some("team-c/trainer-0/main".into());
+        r
+    };
+    now += 1_000;
+    let (msg, _) = refused(&nodes[0].admit(&mut b, &t, attempt("try-1"), now));
+    assert!(msg.contains("waiting in the fair queue"), "{msg}");
+    for i in 0..4 {
+        assert!(b.release("n1", &format!("c{i}"), now));
+        nodes[0].stop(&format!("c{i}"));
+    }
+    nodes[0].sync(&mut b, &t, now);
+    // The kubelet's next attempt has a new container id.
+    now += 10_000;
+    let a = nodes[0].admit_synced(&mut b, &t, attempt("try-2"), now);
+    assert!(matches!(a, AdmitAnswer::Admitted { .. }), "{a:?}");
+    assert_eq!(nodes[0].free(), 0);
+}
+
 /// A request within its tenant's guarantee only because the tenant's own requests waiting
 /// ahead of it are not counted (not owed) preempts nothing, however long it waits: it
 /// waits for capacity to free, until it is owed: once its tenant's backlog ahead has left
