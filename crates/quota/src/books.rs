@@ -2004,7 +2004,18 @@ impl Books {
         r: &Resources,
         now: u64,
     ) -> Option<String> {
-        let own = NodeContainer(node.to_string(), container.to_string());
+        let mut own = NodeContainer(node.to_string(), container.to_string());
+        if !self.waiting.contains_key(&own) {
+            // A retry under another container id (kubelet makes a new one) is the tenant's
+            // oldest entry of the same request on this node, as `record` takes it.
+            if let Some(k) = totals::on_node(&self.waiting, node)
+                .filter(|(_, w)| w.tenant == tenant && &w.resources == r)
+                .min_by_key(|(_, w)| w.arrived_ms)
+                .map(|(k, _)| k.clone())
+            {
+                own = k;
+            }
+        }
         let others: Vec<(&NodeContainer, &WaitEntry)> = totals::on_node(&self.waiting, node)
             .filter(|(k, _)| **k != own)
             .filter(|(_, w)| now <= w.last_seen_ms.saturating_add(WAITING_TTL_MS))
