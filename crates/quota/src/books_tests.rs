@@ -548,6 +548,62 @@ fn a_retry_under_a_new_container_id_is_not_kept_waiting_for_its_own_old_attempt(
     assert_eq!(nodes[0].free(), 0);
 }
 
+/// A retry under a new container id is not its own backlog ahead: the earlier attempt's
+/// entry (same tenant, same request, never asking again) is the retry's own, as `record`
+/// takes it. Counted ahead, it made a request owed since its backlog was served "not owed
+/// now" again until that entry ran out.
+#[test]
+fn a_retry_under_a_new_container_id_is_not_its_own_backlog_ahead() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    for i in 0..16 {
+        now += 1_000;
+        let n = if i < 8 { 0 } else { 1 };
+        admit_retrying(&mut nodes, n, &mut b, &t, &ask(&format!("b{i}"), "acme/b", 1), &mut now);
+        nodes[n].sync(&mut b, &t, now);
+    }
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    now += 1_000;
+    refused(&nodes[0].admit(&mut b, &t, ask("a-wide", "acme/a", 5), now));
+    let mut ask_until_answered = |id: &str, now: &mut u64| loop {
+        match nodes[0].admit(&mut b, &t, ask(id, "acme/a", 4), *now) {
+            AdmitAnswer::Reclaiming { victims, .. } if victims.is_empty() => {
+                for _ in 0..2 {
+                    *now += 1_000;
+                    for n in nodes.iter_mut() {
+                        n.sync(&mut b, &t, *now);
+                    }
+                }
+            }
+            a => return a,
+        }
+    };
+    now += 1_000;
+    let (msg, _) = refused(&ask_until_answered("try-1", &mut now));
+    assert!(msg.contains("not owed now"), "{msg}");
+    // a's 5 stops asking and leaves the queue; try-1 keeps asking: owed since.
+    for _ in 0..3 {
+        now += 60_000;
+        ask_until_answered("try-1", &mut now);
+    }
+    let a = ask_until_answered("try-1", &mut now);
+    let (msg, _) = refused(&a);
+    assert!(msg.contains("owed only since"), "try-1: {msg}");
+    // The kubelet's next attempt, under a new id: the same request, owed since.
+    now += 10_000;
+    let a = ask_until_answered("try-2", &mut now);
+    let (msg, _) = refused(&a);
+    assert!(msg.contains("owed only since"), "try-2: {msg}");
+}
+
 /// A request within its tenant's guarantee only because the tenant's own requests waiting
 /// ahead of it are not counted (not owed) preempts nothing, however long it waits: it
 /// waits for capacity to free, until it is owed: once its tenant's backlog ahead has left
