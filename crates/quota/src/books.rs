@@ -1133,7 +1133,7 @@ impl Books {
         r: &Resources,
         now: u64,
     ) -> bool {
-        let me = NodeContainer(node.to_string(), req.container_id.clone());
+        let me = self.own_entry(node, &req.container_id, &req.tenant, r);
         let since = self.waiting.get(&me).map_or(now, |w| w.arrived_ms);
         let ahead = self
             .waiting
@@ -1142,6 +1142,20 @@ impl Books {
             .filter(|(_, w)| self.could_ever_run(tree, &w.tenant, &w.resources))
             .fold(Resources::new(), |acc, (_, w)| acc.plus(&w.resources));
         owed(tree, &self.real_usage(), &req.tenant, r, &ahead)
+    }
+
+    /// The fair queue's entry of `container` on `node`: its own, or for a retry under
+    /// another container id (kubelet makes a new one) the tenant's oldest entry of the same
+    /// request on the node, as [`Books::record`] takes it (that one never asks again).
+    fn own_entry(&self, node: &str, container: &str, tenant: &str, r: &Resources) -> NodeContainer {
+        let own = NodeContainer(node.to_string(), container.to_string());
+        if self.waiting.contains_key(&own) {
+            return own;
+        }
+        totals::on_node(&self.waiting, node)
+            .filter(|(_, w)| w.tenant == tenant && &w.resources == r)
+            .min_by_key(|(_, w)| w.arrived_ms)
+            .map_or(own, |(k, _)| k.clone())
     }
 
     /// Whether `tenant`'s request `r` could run at all: some node's capacity holds it and,
@@ -2004,18 +2018,7 @@ impl Books {
         r: &Resources,
         now: u64,
     ) -> Option<String> {
-        let mut own = NodeContainer(node.to_string(), container.to_string());
-        if !self.waiting.contains_key(&own) {
-            // A retry under another container id (kubelet makes a new one) is the tenant's
-            // oldest entry of the same request on this node, as `record` takes it.
-            if let Some(k) = totals::on_node(&self.waiting, node)
-                .filter(|(_, w)| w.tenant == tenant && &w.resources == r)
-                .min_by_key(|(_, w)| w.arrived_ms)
-                .map(|(k, _)| k.clone())
-            {
-                own = k;
-            }
-        }
+        let own = self.own_entry(node, container, tenant, r);
         let others: Vec<(&NodeContainer, &WaitEntry)> = totals::on_node(&self.waiting, node)
             .filter(|(k, _)| **k != own)
             .filter(|(_, w)| now <= w.last_seen_ms.saturating_add(WAITING_TTL_MS))

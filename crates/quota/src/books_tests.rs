@@ -574,7 +574,9 @@ fn a_retry_under_a_new_container_id_is_not_its_own_backlog_ahead() {
     now += 1_000;
     refused(&nodes[0].admit(&mut b, &t, ask("a-wide", "acme/a", 5), now));
     let mut ask_until_answered = |id: &str, now: &mut u64| loop {
-        match nodes[0].admit(&mut b, &t, ask(id, "acme/a", 4), *now) {
+        let mut req = ask(id, "acme/a", 4);
+        req.workload = Some("team-a/trainer-0/main".into());
+        match nodes[0].admit(&mut b, &t, req, *now) {
             AdmitAnswer::Reclaiming { victims, .. } if victims.is_empty() => {
                 for _ in 0..2 {
                     *now += 1_000;
