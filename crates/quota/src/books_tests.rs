@@ -606,6 +606,42 @@ fn a_retry_under_a_new_container_id_is_not_its_own_backlog_ahead() {
     assert!(msg.contains("owed only since"), "try-2: {msg}");
 }
 
+/// A request no node can hold wins no tie in the fair queue: acme/c and acme/a hold the
+/// same (nothing), a's 1-GPU request has waited longer than c's, and c's 9-GPU request
+/// (nodes of 8), re-asked for ever, is older still. c's 1 asking when a GPU frees took it
+/// ahead of a's ("the tenant whose oldest waiting request arrived first").
+#[test]
+fn a_request_no_node_can_hold_wins_no_tie_in_the_fair_queue() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"ceiling": 16}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 16}}},
+            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    for i in 0..8 {
+        now += 1_000;
+        admit_retrying(&mut nodes, 0, &mut b, &t, &ask(&format!("b{i}"), "acme/b", 1), &mut now);
+        nodes[0].sync(&mut b, &t, now);
+    }
+    now += 1_000;
+    let (msg, _) = refused(&nodes[0].admit(&mut b, &t, ask("c-huge", "acme/c", 9), now));
+    assert!(msg.contains("waiting in the fair queue"), "{msg}");
+    now += 1_000;
+    let (msg, _) = refused(&nodes[0].admit(&mut b, &t, ask("a-one", "acme/a", 1), now));
+    assert!(msg.contains("waiting in the fair queue"), "{msg}");
+    // One of b's ends; c's 1 asks before a's retries.
+    now += 1_000;
+    assert!(b.release("n1", "b0", now));
+    nodes[0].stop("b0");
+    nodes[0].sync(&mut b, &t, now);
+    let a = nodes[0].admit(&mut b, &t, ask("c-one", "acme/c", 1), now);
+    let (msg, _) = refused(&a);
+    assert!(msg.contains("kept for tenant acme/a"), "{msg}");
+}
+
 /// A request within its tenant's guarantee only because the tenant's own requests waiting
 /// ahead of it are not counted (not owed) preempts nothing, however long it waits: it
 /// waits for capacity to free, until it is owed: once its tenant's backlog ahead has left
