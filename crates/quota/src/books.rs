@@ -2019,9 +2019,12 @@ impl Books {
         now: u64,
     ) -> Option<String> {
         let own = self.own_entry(node, container, tenant, r);
+        // One that could never run ranks nothing (re-asked for ever, it would win every
+        // tie by its age: the simulator refuses it at arrival).
         let others: Vec<(&NodeContainer, &WaitEntry)> = totals::on_node(&self.waiting, node)
             .filter(|(k, _)| **k != own)
             .filter(|(_, w)| now <= w.last_seen_ms.saturating_add(WAITING_TTL_MS))
+            .filter(|(_, w)| self.could_ever_run(tree, &w.tenant, &w.resources))
             .collect();
         if others.is_empty() {
             return None;
