@@ -101,7 +101,7 @@ use serde::Serialize;
 use tessera_api::untrusted;
 
 use quota::{
-    admit, chain, dominant_share, fair_order, is_within, owed, own_guarantee, victim_order,
+    admit, chain, dominant_share, fair_order, is_within, owed_behind, own_guarantee, victim_order,
 };
 use quota::{worth_reclaiming, Class, Decision, QuotaTree, Running, Usage, Waiting};
 use quota::{Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
@@ -1314,13 +1314,7 @@ impl<'a> Sim<'a> {
         self.st[u].owner =
             within_guarantee(self.tree, &self.outstanding, &unit.tenant, &unit.resources);
         if self.mode == Mode::Quotas {
-            let ahead = self
-                .fair_q
-                .iter()
-                .filter(|((tenant, _), _)| *tenant == unit.tenant)
-                .flat_map(|(_, q)| q.iter())
-                .fold(Resources::new(), |acc, &v| acc.plus(&self.units[v].resources));
-            self.st[u].owed = owed(self.tree, &self.usage, &unit.tenant, &unit.resources, &ahead);
+            self.st[u].owed = self.owed_now(u);
         }
         self.outstanding.add(&unit.tenant, Class::Guaranteed, &unit.resources);
         self.st[u].phase = Phase::Waiting;
@@ -1917,17 +1911,20 @@ impl<'a> Sim<'a> {
         true
     }
 
-    /// Whether `u` is owed now: its tenant's requests waiting before it (index order is
-    /// arrival order) counted as the tenant's guaranteed usage, as the books count them.
+    /// Whether `u` is owed now ([`quota::owed_behind`]): its tenant's requests waiting
+    /// before it (index order is arrival order), those that would be owed in that order,
+    /// counted as the tenant's guaranteed usage, as the books count them.
     fn owed_now(&self, u: usize) -> bool {
         let unit = &self.units[u];
-        let ahead = self
+        let mut earlier: Vec<usize> = self
             .fair_q
             .iter()
             .filter(|((tenant, _), _)| *tenant == unit.tenant)
-            .flat_map(|(_, q)| q.range(..u))
-            .fold(Resources::new(), |acc, &v| acc.plus(&self.units[v].resources));
-        owed(self.tree, &self.usage, &unit.tenant, &unit.resources, &ahead)
+            .flat_map(|(_, q)| q.range(..u).copied())
+            .collect();
+        earlier.sort_unstable();
+        let earlier = earlier.into_iter().map(|v| &self.units[v].resources);
+        owed_behind(self.tree, &self.usage, &unit.tenant, &unit.resources, earlier)
     }
 
     // --- the report ------------------------------------------------------------------------
@@ -2449,24 +2446,31 @@ mod tests {
     }
 
     /// Only owed requests reclaim: one within its tenant's guarantee only because the
-    /// tenant's own backlog ahead of it is not counted waits for capacity to free. (Before,
-    /// the ski-rental rule let it stop a checkpointing victim, whose loss is its grace
-    /// period, once it had waited that long: here at b4's arrival.)
+    /// tenant's own backlog ahead of it (here a's 4-GPU request, owed, whose victims are
+    /// within their minimum run time) is not counted waits for capacity to free. Before,
+    /// the ski-rental rule let a-one stop b3, a checkpointing victim whose loss is its grace
+    /// period, once it had waited that long: at b8's arrival.
     #[test]
     fn a_request_not_owed_stops_no_borrowed_work() {
-        let mut jobs: Vec<Job> = (0..4)
-            .map(|i| Job { checkpoints: true, ..job(&format!("b{i}"), "t/b", 0, 1000, 1) })
-            .collect();
-        jobs.push(job("a-wide", "t/a", 100, 50, 3)); // beyond a's guarantee of 2: borrowed
-        jobs.push(job("a-one", "t/a", 101, 50, 1)); // a-wide ahead of it fills the guarantee
-        jobs.push(job("b4", "t/b", 500, 10, 1)); // an event after a-one waited 45 s
-        let (t, f) = (two_teams(), fleet(1, 4));
-        let r = run(&jobs, &f, &t, Mode::Quotas, Some(2000)).expect("runs");
-        assert_eq!((r.preemptions, r.reclaims_for_quota, r.reclaims_for_placement), (0, 0, 0));
-        // When b's work ends: a (waiting longest) takes its largest, then b, below its
-        // guarantee now, its b4; a-one when b4 ends.
-        let starts: Vec<Option<u64>> = ["a-wide", "b4", "a-one"].map(|j| start(&r, j)).into();
-        assert_eq!(starts, [Some(1000), Some(1000), Some(1010)]);
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+                "t/b": {"gpus": {"H100-80GB": {"guarantee": 3}}, "min_runtime_s": 1000}}"#,
+        );
+        let ck = |id: &str, at, d| Job { checkpoints: true, ..job(id, "t/b", at, d, 1) };
+        // b's guarantee on node 1 (its home) and b3 borrowed beside it; b4-b7 borrowed on
+        // node 0 (a's home) at 2,000 s, protected until 3,000 s.
+        let mut jobs: Vec<Job> = (0..4).map(|i| ck(&format!("b{i}"), 0, 10_000)).collect();
+        jobs.extend((4..8).map(|i| ck(&format!("b{i}"), 2_000, 10_000)));
+        jobs.push(job("a-four", "t/a", 2_100, 100, 4)); // owed: waits for node 0's victims
+        jobs.push(job("a-one", "t/a", 2_101, 100, 1)); // behind a-four: not owed
+        jobs.push(ck("b8", 2_200, 10)); // an event after a-one waited 99 s
+        let r = run(&jobs, &fleet(2, 4), &t, Mode::Quotas, Some(20_000)).expect("runs");
+        let preempted = |id: &str| r.outcomes.iter().find(|o| o.id == id).map(|o| o.preempted);
+        assert_eq!(preempted("b3"), Some(0), "a-one, not owed, stopped b3");
+        // a-four reclaims node 0 when the protection ends (grace 30 s).
+        assert_eq!(start(&r, "a-four"), Some(3_030));
+        assert_eq!((r.preemptions, r.reclaims_for_quota), (4, 1));
+        assert!(start(&r, "a-one").is_none_or(|s| s > 3_030), "{:?}", start(&r, "a-one"));
     }
 
     /// Within a tenant's turn its largest request first: 4 GPUs freed on a node go to the

@@ -73,7 +73,7 @@ use tessera_api::untrusted;
 use crate::admit::{admit as decide_quota, Class, Decision, Usage};
 use crate::amount::{Resource, Resources};
 use crate::drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
-use crate::preempt::{owed, worth_reclaiming};
+use crate::preempt::{owed_behind, worth_reclaiming};
 use crate::reclaim::{choose_victims, NoVictims, Running};
 use crate::spec::{chain, is_within, QuotaTree};
 use crate::wire::{
@@ -1123,8 +1123,9 @@ impl Books {
         answer
     }
 
-    /// Whether `req` from `node` is owed now ([`crate::owed`]): its tenant's requests
-    /// waiting before it on any node count as its guaranteed usage.
+    /// Whether `req` from `node` is owed now ([`crate::owed_behind`]): its tenant's requests
+    /// waiting before it on any node, those that would be owed in arrival order, count as
+    /// its guaranteed usage.
     fn is_owed(
         &self,
         tree: &QuotaTree,
@@ -1135,13 +1136,16 @@ impl Books {
     ) -> bool {
         let me = self.own_entry(node, &req.container_id, &req.tenant, r);
         let since = self.waiting.get(&me).map_or(now, |w| w.arrived_ms);
-        let ahead = self
+        let mut earlier: Vec<(u64, &Resources)> = self
             .waiting
             .iter()
             .filter(|(k, w)| **k != me && w.tenant == req.tenant && w.arrived_ms < since)
             .filter(|(_, w)| self.could_ever_run(tree, &w.tenant, &w.resources))
-            .fold(Resources::new(), |acc, (_, w)| acc.plus(&w.resources));
-        owed(tree, &self.real_usage(), &req.tenant, r, &ahead)
+            .map(|(_, w)| (w.arrived_ms, &w.resources))
+            .collect();
+        earlier.sort_by_key(|&(at, _)| at);
+        let usage = self.real_usage();
+        owed_behind(tree, &usage, &req.tenant, r, earlier.into_iter().map(|(_, r)| r))
     }
 
     /// The fair queue's entry of `container` on `node`: its own, or for a retry under

@@ -251,6 +251,33 @@ fn admit_retrying(
     panic!("{}: the leases were never recalled", req.container_id)
 }
 
+/// Asks `req` on `nodes[n]` as a node told to retry would, through any lease recalls (a
+/// reclaim with no victim: every node syncs twice, a second apart), and returns the first
+/// other answer.
+fn answer_through_recalls(
+    nodes: &mut [Node],
+    n: usize,
+    b: &mut Books,
+    t: &QuotaTree,
+    req: &AdmitRequest,
+    now: &mut u64,
+) -> AdmitAnswer {
+    for _ in 0..5 {
+        match nodes[n].admit(b, t, req.clone(), *now) {
+            AdmitAnswer::Reclaiming { victims, .. } if victims.is_empty() => {
+                for _ in 0..2 {
+                    *now += 1_000;
+                    for x in nodes.iter_mut() {
+                        x.sync(b, t, *now);
+                    }
+                }
+            }
+            a => return a,
+        }
+    }
+    panic!("{}: the leases were never recalled", req.container_id)
+}
+
 fn admitted(a: &AdmitAnswer) -> QuotaClass {
     match a {
         AdmitAnswer::Admitted { class, .. } => *class,
@@ -554,29 +581,13 @@ fn a_retry_under_a_new_container_id_is_not_kept_waiting_for_its_own_old_attempt(
 /// now" again until that entry ran out.
 #[test]
 fn a_retry_under_a_new_container_id_is_not_its_own_backlog_ahead() {
-    let t = tree(
-        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
-    );
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
-    for i in 0..16 {
-        now += 1_000;
-        let n = if i < 8 { 0 } else { 1 };
-        admit_retrying(&mut nodes, n, &mut b, &t, &ask(&format!("b{i}"), "acme/b", 1), &mut now);
-        nodes[n].sync(&mut b, &t, now);
-    }
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    now += 1_000;
-    refused(&nodes[0].admit(&mut b, &t, ask("a-wide", "acme/a", 5), now));
+    // B's units do not checkpoint: a request owed only since waits under the ski-rental
+    // rule (they have run long), and says so.
+    let (t, mut b, mut nodes, mut now) = protected_backlog(false);
     let mut ask_until_answered = |id: &str, now: &mut u64| loop {
-        let mut req = ask(id, "acme/a", 4);
+        let mut req = ask(id, "acme/a", 1);
         req.workload = Some("team-a/trainer-0/main".into());
-        match nodes[0].admit(&mut b, &t, req, *now) {
+        match nodes[1].admit(&mut b, &t, req, *now) {
             AdmitAnswer::Reclaiming { victims, .. } if victims.is_empty() => {
                 for _ in 0..2 {
                     *now += 1_000;
@@ -591,7 +602,7 @@ fn a_retry_under_a_new_container_id_is_not_its_own_backlog_ahead() {
     now += 1_000;
     let (msg, _) = refused(&ask_until_answered("try-1", &mut now));
     assert!(msg.contains("not owed now"), "{msg}");
-    // a's 5 stops asking and leaves the queue; try-1 keeps asking: owed since.
+    // A's 4 stops asking and leaves the queue; try-1 keeps asking: owed since.
     for _ in 0..3 {
         now += 60_000;
         ask_until_answered("try-1", &mut now);
@@ -642,29 +653,33 @@ fn a_request_no_node_can_hold_wins_no_tie_in_the_fair_queue() {
     assert!(msg.contains("kept for tenant acme/a"), "{msg}");
 }
 
-/// A request within its tenant's guarantee only because the tenant's own requests waiting
-/// ahead of it are not counted (not owed) preempts nothing, however long it waits: it
-/// waits for capacity to free, until it is owed: once its tenant's backlog ahead has left
-/// the queue it reclaims. Only owed requests reclaim (issue 27: the reclaims the
-/// ski-rental rule let through broke up nodes that wide work had whole). Before, with
-/// checkpointing victims (each costs its grace period), this request reclaimed once it had
-/// waited 60 s.
-#[test]
-fn a_request_not_owed_preempts_nothing_until_its_backlog_ahead_is_served() {
+/// A's 4-GPU request (owed, within A's guarantee of 4) waits on n1, whose borrowed work is
+/// all within B's minimum run time; n2 holds B's guarantee and older borrowed work. B's
+/// units checkpoint or not as asked. Returns the books, the nodes and the time.
+fn protected_backlog(checkpoint: bool) -> (QuotaTree, Books, [Node; 2], u64) {
     let t = tree(
         r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}, "min_runtime_s": 600}}"#,
     );
     let mut b = Books::new(300, 1_000_000);
     let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
     let mut now = 1_000_000;
     start(&t, &mut nodes, &mut b, now);
-    // B fills the fleet: 4 guaranteed, 12 borrowed, every unit checkpointing.
     for i in 0..16 {
+        // n2 first (B's guarantee and 4 borrowed), n1 12 minutes later (8 borrowed,
+        // protected), the nodes syncing each minute in between.
+        let n = if i < 8 { 1 } else { 0 };
+        if i == 8 {
+            for _ in 0..12 {
+                now += 60_000;
+                for n in nodes.iter_mut() {
+                    n.sync(&mut b, &t, now);
+                }
+            }
+        }
         now += 1_000;
-        let n = if i < 8 { 0 } else { 1 };
         let mut req = ask(&format!("b{i}"), "acme/b", 1);
-        req.checkpoint = true;
+        req.checkpoint = checkpoint;
         admit_retrying(&mut nodes, n, &mut b, &t, &req, &mut now);
         nodes[n].sync(&mut b, &t, now);
     }
@@ -672,23 +687,40 @@ fn a_request_not_owed_preempts_nothing_until_its_backlog_ahead_is_served() {
         n.sync(&mut b, &t, now);
     }
     assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 12));
-    // A asks 5 (beyond its guarantee of 4: borrowed, and the fleet is full): it waits.
     now += 1_000;
-    let (msg, _) = refused(&nodes[0].admit(&mut b, &t, ask("a-wide", "acme/a", 5), now));
-    assert!(msg.contains("waiting in the fair queue"), "{msg}");
-    // Then 1: within A's guarantee by what A holds (nothing), but A's 5 waiting ahead of it
-    // fill the guarantee: not owed. At once, and each minute for ten (A's 5 still asking),
-    // it preempts nothing.
+    let a =
+        answer_through_recalls(&mut nodes, 0, &mut b, &t, &ask("a-four", "acme/a", 4), &mut now);
+    let (msg, _) = refused(&a);
+    assert!(msg.contains("within its minimum run time"), "{msg}");
+    (t, b, nodes, now)
+}
+
+/// A request within its tenant's guarantee only because the tenant's own requests waiting
+/// ahead of it are not counted (not owed) preempts nothing: it waits for capacity to free,
+/// until it is owed: once its tenant's backlog ahead has left the queue it reclaims. Only
+/// owed requests reclaim (issue 27: the reclaims the ski-rental rule let through broke up
+/// nodes that wide work had whole). Before, with checkpointing victims (each costs its
+/// grace period), A's 1-GPU request stopped one of B's older units on n2 once it had
+/// waited 60 s, while A's 4-GPU request ahead of it still waited.
+#[test]
+fn a_request_not_owed_preempts_nothing_until_its_backlog_ahead_is_served() {
+    let (t, mut b, mut nodes, mut now) = protected_backlog(true);
+    // A's 1 on n2: A's 4 waiting ahead of it fills the guarantee: not owed. At once, and
+    // each minute for eight (A's 4 still asking, its victims protected), it preempts
+    // nothing.
     let one = ask("a-one", "acme/a", 1);
     now += 1_000;
     let mut answers = Vec::new();
-    for minute in 0..=10 {
-        let at = now + minute * 60_000;
-        refused(&nodes[0].admit(&mut b, &t, ask("a-wide", "acme/a", 5), at));
+    let start_ms = now;
+    for minute in 0..=8 {
+        now = now.max(start_ms + minute * 60_000);
+        let four = ask("a-four", "acme/a", 4);
+        refused(&answer_through_recalls(&mut nodes, 0, &mut b, &t, &four, &mut now));
         for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, at);
+            n.sync(&mut b, &t, now);
         }
-        answers.push((minute * 60, nodes[0].admit(&mut b, &t, one.clone(), at)));
+        let a = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+        answers.push((minute * 60, a));
     }
     for (wait_s, a) in &answers {
         assert!(!matches!(a, AdmitAnswer::Reclaiming { .. }), "after {wait_s} s: {a:?}");
@@ -701,19 +733,20 @@ fn a_request_not_owed_preempts_nothing_until_its_backlog_ahead_is_served() {
             "after {wait_s} s: {msg}"
         );
     }
-    now += 600_000;
     assert_eq!(b.counters().reclaims.get("acme/a"), None);
     assert_eq!(b.counters().preemptions.get("acme/b"), None);
     assert!(b.status(&t, 7, now).preempting.is_empty());
-    // A's 5 stops asking and leaves the queue: the 1 is owed now (A holds nothing of its
-    // guarantee and nothing of A's waits ahead of it), and reclaims at once.
+    // A's 4 stops asking and leaves the queue: the 1 is owed now (A holds nothing of its
+    // guarantee and nothing of A's waits ahead of it); it has waited longer than its
+    // checkpointing victim would lose, so it reclaims.
     now += crate::books::WAITING_TTL_MS + 1_000;
     for n in nodes.iter_mut() {
         n.sync(&mut b, &t, now);
     }
-    let a = nodes[0].admit(&mut b, &t, one, now);
+    let a = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
     let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
     assert_eq!(victims.len(), 1, "{victims:?}");
+    assert_eq!(victims[0].node, "n2", "{victims:?}");
     assert!(victims[0].reason.contains("owed since its backlog was served"), "{victims:?}");
 }
 

@@ -33,13 +33,40 @@ pub fn owed(
 ) -> bool {
     let mut u = usage.clone();
     u.add(tenant, Class::Guaranteed, ahead);
+    owed_on(tree, &u, tenant, request)
+}
+
+/// [`owed`] on `usage` with the backlog already counted in it.
+fn owed_on(tree: &QuotaTree, usage: &Usage, tenant: &str, request: &Resources) -> bool {
     // A capacity that holds everything: only the quotas decide. A reclaim can then only be
     // one under a ceiling that others' borrowed work fills: still within its guarantee.
-    let view = u.total().total().plus(request);
+    let view = usage.total().total().plus(request);
     matches!(
-        admit(tree, &view, &u, tenant, request),
+        admit(tree, &view, usage, tenant, request),
         Decision::Admit { class: Class::Guaranteed, .. } | Decision::Reclaim { .. }
     )
+}
+
+/// Whether `request` is owed behind `earlier`, its tenant's requests waiting before it in
+/// arrival order: [`owed`], with only those of `earlier` counted ahead that would be owed
+/// themselves in that order (each within the guarantees with the ones counted before it).
+/// One that would not (larger than what is left of the guarantee: it would run borrowed)
+/// fills none of it, so a tenant's request beyond its guarantee never switches off the
+/// guarantee for its smaller ones.
+pub fn owed_behind<'r>(
+    tree: &QuotaTree,
+    usage: &Usage,
+    tenant: &str,
+    request: &Resources,
+    earlier: impl IntoIterator<Item = &'r Resources>,
+) -> bool {
+    let mut u = usage.clone();
+    for r in earlier {
+        if owed_on(tree, &u, tenant, r) {
+            u.add(tenant, Class::Guaranteed, r);
+        }
+    }
+    owed_on(tree, &u, tenant, request)
 }
 
 /// Whether a reclaim whose victims would lose `victims_cost` (dominant-share seconds,

@@ -542,6 +542,31 @@ fn within_a_tenants_turn_its_largest_request_goes_first() {
     assert_eq!(fair_order(&t, &fleet, &usage, &waiting), [1, 0]);
 }
 
+/// Owed behind the tenant's earlier requests: only those that would be owed in arrival
+/// order fill the guarantee; one larger than what is left (it would run borrowed) fills
+/// none of it. (Counting every earlier request, a tenant's 5-GPU request on a guarantee of
+/// 4 kept its 1-GPU request from ever being owed while it waited.)
+#[test]
+fn a_request_beyond_the_guarantee_ahead_fills_none_of_it() {
+    let t = tree(r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#);
+    let usage = Usage::new();
+    let owed_after = |earlier: &[u64]| {
+        let earlier: Vec<Resources> = earlier.iter().map(|&n| gpus(n)).collect();
+        crate::owed_behind(&t, &usage, "acme/a", &gpus(1), earlier.iter())
+    };
+    assert!(owed_after(&[]));
+    assert!(owed_after(&[5]), "a 5 beyond the guarantee of 4 fills none of it");
+    assert!(!owed_after(&[4]), "a 4 fills it");
+    assert!(owed_after(&[3, 5]), "3 counted, 5 not: 3 + 1 fits");
+    assert!(!owed_after(&[3, 1]));
+    assert!(!owed_after(&[2, 3, 2]), "2 and 2 counted (3 does not fit after 2): 2 + 2 + 1");
+    // Guaranteed usage counts as before.
+    let mut held = Usage::new();
+    held.add("acme/a", Class::Guaranteed, &gpus(3));
+    assert!(crate::owed_behind(&t, &held, "acme/a", &gpus(1), std::iter::empty()));
+    assert!(!crate::owed_behind(&t, &held, "acme/a", &gpus(1), [gpus(1)].iter()));
+}
+
 // --- reclaim ------------------------------------------------------------------------------
 
 fn run(id: &str, tenant: &str, n: u64, class: Class, started: u64, gang: Option<&str>) -> Running {
