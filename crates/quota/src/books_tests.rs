@@ -251,6 +251,32 @@ fn admit_retrying(
     panic!("{}: the leases were never recalled", req.container_id)
 }
 
+/// Admits `count` 1-GPU containers `{prefix}{k}` of `tenant` on `nodes[n]`, a second apart
+/// (numbered from `first`), checkpointing or not, each through any lease recalls and
+/// synced; then every node syncs.
+#[allow(clippy::too_many_arguments)] // the fleet, the books and what to fill them with
+fn fill(
+    nodes: &mut [Node],
+    n: usize,
+    b: &mut Books,
+    t: &QuotaTree,
+    tenant: &str,
+    (prefix, first, count): (&str, usize, usize),
+    checkpoint: bool,
+    now: &mut u64,
+) {
+    for k in first..first + count {
+        *now += 1_000;
+        let mut req = ask(&format!("{prefix}{k}"), tenant, 1);
+        req.checkpoint = checkpoint;
+        admit_retrying(nodes, n, b, t, &req, now);
+        nodes[n].sync(b, t, *now);
+    }
+    for x in nodes.iter_mut() {
+        x.sync(b, t, *now);
+    }
+}
+
 /// Asks `req` on `nodes[n]` as a node told to retry would, through any lease recalls (a
 /// reclaim with no victim: every node syncs twice, a second apart), and returns the first
 /// other answer.
@@ -414,11 +440,7 @@ fn freed_gpus_are_kept_for_the_tenants_own_larger_waiting_request() {
     let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
     let mut now = 1_000_000;
     start(&t, &mut nodes, &mut b, now);
-    for i in 0..8 {
-        now += 1_000;
-        let a = nodes[0].admit_synced(&mut b, &t, ask(&format!("c{i}"), "acme/c", 1), now);
-        assert!(matches!(a, AdmitAnswer::Admitted { .. }), "{a:?}");
-    }
+    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 0, 8), false, &mut now);
     // Node 1 is full: c's 4-GPU request waits.
     now += 1_000;
     let (msg, _) = refused(&nodes[0].admit(&mut b, &t, ask("c-wide", "acme/c", 4), now));
@@ -504,15 +526,8 @@ fn a_request_no_node_can_hold_is_no_backlog_ahead() {
     let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
     let mut now = 1_000_000;
     start(&t, &mut nodes, &mut b, now);
-    for i in 0..16 {
-        now += 1_000;
-        let n = if i < 8 { 0 } else { 1 };
-        admit_retrying(&mut nodes, n, &mut b, &t, &ask(&format!("b{i}"), "acme/b", 1), &mut now);
-        nodes[n].sync(&mut b, &t, now);
-    }
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 8, 8), false, &mut now);
     assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 12));
     now += 1_000;
     let (msg, _) = refused(&nodes[0].admit(&mut b, &t, ask("a-huge", "acme/a", 9), now));
@@ -550,11 +565,7 @@ fn a_retry_under_a_new_container_id_is_not_kept_waiting_for_its_own_old_attempt(
     let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
     let mut now = 1_000_000;
     start(&t, &mut nodes, &mut b, now);
-    for i in 0..8 {
-        now += 1_000;
-        let a = nodes[0].admit_synced(&mut b, &t, ask(&format!("c{i}"), "acme/c", 1), now);
-        assert!(matches!(a, AdmitAnswer::Admitted { .. }), "{a:?}");
-    }
+    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 0, 8), false, &mut now);
     let attempt = |id: &str| {
         let mut r = ask(id, "acme/c", 4);
         r.workload = Some("team-c/trainer-0/main".into());
@@ -632,11 +643,7 @@ fn a_request_no_node_can_hold_wins_no_tie_in_the_fair_queue() {
     let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
     let mut now = 1_000_000;
     start(&t, &mut nodes, &mut b, now);
-    for i in 0..8 {
-        now += 1_000;
-        admit_retrying(&mut nodes, 0, &mut b, &t, &ask(&format!("b{i}"), "acme/b", 1), &mut now);
-        nodes[0].sync(&mut b, &t, now);
-    }
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
     now += 1_000;
     let (msg, _) = refused(&nodes[0].admit(&mut b, &t, ask("c-huge", "acme/c", 9), now));
     assert!(msg.contains("waiting in the fair queue"), "{msg}");
@@ -665,27 +672,16 @@ fn protected_backlog(checkpoint: bool) -> (QuotaTree, Books, [Node; 2], u64) {
     let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
     let mut now = 1_000_000;
     start(&t, &mut nodes, &mut b, now);
-    for i in 0..16 {
-        // n2 first (B's guarantee and 4 borrowed), n1 12 minutes later (8 borrowed,
-        // protected), the nodes syncing each minute in between.
-        let n = if i < 8 { 1 } else { 0 };
-        if i == 8 {
-            for _ in 0..12 {
-                now += 60_000;
-                for n in nodes.iter_mut() {
-                    n.sync(&mut b, &t, now);
-                }
-            }
+    // n2 first (B's guarantee and 4 borrowed), n1 12 minutes later (8 borrowed,
+    // protected), the nodes syncing each minute in between.
+    fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 0, 8), checkpoint, &mut now);
+    for _ in 0..12 {
+        now += 60_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
         }
-        now += 1_000;
-        let mut req = ask(&format!("b{i}"), "acme/b", 1);
-        req.checkpoint = checkpoint;
-        admit_retrying(&mut nodes, n, &mut b, &t, &req, &mut now);
-        nodes[n].sync(&mut b, &t, now);
     }
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 8, 8), checkpoint, &mut now);
     assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 12));
     now += 1_000;
     let a =
