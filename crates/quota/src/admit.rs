@@ -268,7 +268,7 @@ pub fn admit(
             .tenants()
             .filter(|(t, _)| is_within(t, &under) && !is_within(t, tenant))
             .fold(Resources::new(), |acc, (_, h)| acc.plus(&h.borrowed));
-        let fleet = request.only(|r| matches!(r, Resource::Gpu(_)) || capacity.get(r) > 0);
+        let fleet = request.bounded_by(capacity);
         let short_fleet = fleet.minus(&capacity.minus(&usage.total().total()));
         let mut short = excess;
         for (r, a) in short_fleet.iter() {
@@ -281,9 +281,8 @@ pub fn admit(
             Decision::Refuse(refusal)
         };
     }
-    // The fleet's capacity bounds every GPU model (one it lacks is one it has none of) and
-    // CPU and memory only where it names them (else the nodes bound them).
-    let request = &request.only(|r| matches!(r, Resource::Gpu(_)) || capacity.get(r) > 0);
+    // What the fleet's capacity bounds (CPU and memory only where it names them).
+    let request = &request.bounded_by(capacity);
     let free = capacity.minus(&usage.total().total());
     match class {
         Class::Guaranteed => {

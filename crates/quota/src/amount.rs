@@ -190,6 +190,12 @@ impl Resources {
         Resources(self.0.iter().filter(|(r, _)| keep(r)).map(|(r, &a)| (r.clone(), a)).collect())
     }
 
+    /// What `capacity` bounds of `self`: every GPU model (one it lacks is one it has none
+    /// of), and CPU and memory only where it names them (else the nodes bound them).
+    pub fn bounded_by(&self, capacity: &Resources) -> Resources {
+        self.only(|r| matches!(r, Resource::Gpu(_)) || capacity.get(r) > 0)
+    }
+
     /// The first resource (in order) of which `self` has more than `other`.
     pub fn first_excess(&self, other: &Resources) -> Option<(&Resource, u64)> {
         self.iter().find(|&(r, a)| a > other.get(r))

@@ -1167,10 +1167,8 @@ impl Books {
     /// as a pod stuck pending is) is no backlog: counted ahead, it would keep its tenant's
     /// later requests from ever being owed. The simulator refuses such a request at arrival.
     fn could_ever_run(&self, tree: &QuotaTree, tenant: &str, r: &Resources) -> bool {
-        let fits_a_node = self.nodes.values().any(|n| {
-            let cap = &n.capacity;
-            r.only(|res| matches!(res, Resource::Gpu(_)) || cap.get(res) > 0).fits_in(cap)
-        });
+        let fits_a_node =
+            self.nodes.values().any(|n| r.bounded_by(&n.capacity).fits_in(&n.capacity));
         fits_a_node
             && !matches!(
                 decide_quota(tree, &self.capacity(), &Usage::new(), tenant, r),
@@ -2052,8 +2050,7 @@ impl Books {
         let cap = self.capacity();
         let usage = self.real_usage();
         let node_cap = self.nodes.get(node).map(|n| n.capacity.clone()).unwrap_or_default();
-        let relevant =
-            |x: &Resources| x.only(|res| matches!(res, Resource::Gpu(_)) || node_cap.get(res) > 0);
+        let relevant = |x: &Resources| x.bounded_by(&node_cap);
         let free = relevant(&self.node_free(node));
         let after = free.minus(r);
         for i in fair_order(tree, &cap, &usage, &list) {
