@@ -364,8 +364,8 @@ pub struct Report {
     /// Of [`Report::lost_gpu_seconds`]: lost by jobs that checkpoint.
     pub lost_checkpointing_gpu_seconds: f64,
     /// Of [`Report::lost_gpu_seconds`]: lost by the victims of owed claims (requests
-    /// within guarantee counting their tenant's requests ahead, [`quota::owed`]), which
-    /// reclaim at once whatever it costs: the price of the guarantee's promise.
+    /// within guarantee counting their tenant's requests ahead, [`quota::owed_behind`]):
+    /// the price of the guarantee's promise. Only owed claims reclaim, so it is all of it.
     pub lost_owed_gpu_seconds: f64,
     /// GPU-seconds of idle GPUs while requests waited only because a ceiling would be
     /// crossed (at most what those requests asked): capacity a ceiling kept unused.
@@ -1014,8 +1014,6 @@ struct State {
     progress: u64,
     /// When it got SIGTERM as a victim.
     term_at: Option<u64>,
-    /// The victims of its reclaim lose work for an owed claim (the guarantee's price).
-    owed_claim: bool,
     /// It may not borrow before this (the requeue backoff).
     backoff_until: u64,
     /// An owner request's wait during which no node could hold it even with every
@@ -1066,8 +1064,6 @@ struct Acc {
     /// Of `lost` and `preempted`: by work that checkpoints.
     lost_checkpointing: u128,
     preempted_checkpointing: u64,
-    /// Of `lost`: by victims of owed claims.
-    lost_owed: u128,
 }
 
 #[derive(Debug)]
@@ -1179,7 +1175,6 @@ impl<'a> Sim<'a> {
                 preempted: 0,
                 progress: 0,
                 term_at: None,
-                owed_claim: false,
                 backoff_until: 0,
                 blocked_s: 0,
                 checked: None,
@@ -1296,11 +1291,7 @@ impl<'a> Sim<'a> {
         let (tenant, jobs) = (unit.tenant.clone(), unit.jobs.len() as u64);
         let cut = unit.duration.min(self.horizon.saturating_sub(t));
         let demand = u128::from(unit.gpu) * u128::from(cut);
-        let over_ceiling = self.mode.keeps_ceilings()
-            && matches!(
-                admit(self.tree, &self.capacity, &Usage::new(), &unit.tenant, &unit.resources),
-                Decision::Refuse(_)
-            );
+        let over_ceiling = self.mode.keeps_ceilings() && self.crosses_ceiling(u, &Usage::new());
         let never = over_ceiling || self.empty.fit(&unit.members, self.part_of[u], None).is_none();
         let a = self.acc(&tenant);
         a.jobs += jobs;
@@ -1395,7 +1386,6 @@ impl<'a> Sim<'a> {
         let gs = g * u128::from(secs);
         let borrowed = self.mode == Mode::Quotas && self.st[u].class == Class::Borrowed;
         let (tenant, checkpoints) = (self.units[u].tenant.clone(), self.units[u].checkpoints);
-        let owed = self.st[u].owed_claim;
         let a = self.acc(&tenant);
         a.held += gs;
         if borrowed {
@@ -1406,9 +1396,6 @@ impl<'a> Sim<'a> {
             a.lost += l;
             if checkpoints {
                 a.lost_checkpointing += l;
-            }
-            if owed {
-                a.lost_owed += l;
             }
         }
     }
@@ -1464,7 +1451,6 @@ impl<'a> Sim<'a> {
         st.preempted += 1;
         st.progress = st.progress.saturating_add(kept);
         st.term_at = None;
-        st.owed_claim = false;
         let backoff = self.tree.requeue_backoff_s(&tenant, st.preempted);
         st.backoff_until = t.saturating_add(backoff);
         if backoff > 0 {
@@ -1481,19 +1467,27 @@ impl<'a> Sim<'a> {
 
     // --- FIFO and static: arrival order with EASY backfill --------------------------------
 
+    /// Whether `u` would cross a ceiling on its tenant's chain at `usage`.
+    fn crosses_ceiling(&self, u: usize, usage: &Usage) -> bool {
+        let unit = &self.units[u];
+        matches!(
+            admit(self.tree, &self.capacity, usage, &unit.tenant, &unit.resources),
+            Decision::Refuse(_)
+        )
+    }
+
+    /// The GPUs idle now that requests a ceiling holds back, asking `blocked` micro-GPUs
+    /// (one of each tenant's interchangeable requests), could have used: the rate of
+    /// GPU-time idle behind a ceiling until the next event.
+    fn note_ceiling_idle(&mut self, blocked: u64) {
+        let held: u64 = self.running.iter().map(|&v| self.units[v].gpu).sum();
+        let idle = self.capacity.get(&Resource::gpu(&self.fleet.model)).saturating_sub(held);
+        self.ceiling_rate = blocked.min(idle);
+    }
+
     /// [`Mode::FifoCeilings`]: whether starting `u` now would cross a ceiling.
     fn over_ceiling_now(&self, u: usize) -> bool {
-        self.mode == Mode::FifoCeilings
-            && matches!(
-                admit(
-                    self.tree,
-                    &self.capacity,
-                    &self.usage,
-                    &self.units[u].tenant,
-                    &self.units[u].resources
-                ),
-                Decision::Refuse(_)
-            )
+        self.mode == Mode::FifoCeilings && self.crosses_ceiling(u, &self.usage)
     }
 
     fn pass_fifo(&mut self, q: usize, t: u64) {
@@ -1553,17 +1547,13 @@ impl<'a> Sim<'a> {
             break;
         }
         if self.mode == Mode::FifoCeilings {
-            // As under quotas: the idle GPUs that the requests a ceiling holds back (one
-            // of each tenant's interchangeable requests) could have used.
             let mut seen = BTreeSet::new();
             let blocked: u64 = parked
                 .iter()
                 .filter(|&&u| seen.insert((&self.units[u].tenant, &self.units[u].key)))
                 .map(|&u| self.units[u].gpu)
                 .sum();
-            let held: u64 = self.running.iter().map(|&v| self.units[v].gpu).sum();
-            let idle = self.capacity.get(&Resource::gpu(&self.fleet.model)).saturating_sub(held);
-            self.ceiling_rate = blocked.min(idle);
+            self.note_ceiling_idle(blocked);
         }
         queue.extend(parked);
         // Nothing joins a queue during a pass; kept in case.
@@ -1736,19 +1726,11 @@ impl<'a> Sim<'a> {
     /// ceiling could have used.
     fn note_waiting(&mut self, t: u64) {
         let heads: Vec<usize> = self.fair_q.values().filter_map(|s| s.first().copied()).collect();
-        let mut blocked = 0u64;
-        for &u in &heads {
-            let unit = &self.units[u];
-            if matches!(
-                admit(self.tree, &self.capacity, &self.usage, &unit.tenant, &unit.resources),
-                Decision::Refuse(_)
-            ) {
-                blocked = blocked.saturating_add(unit.gpu);
-            }
-        }
-        let held: u64 = self.running.iter().map(|&v| self.units[v].gpu).sum();
-        let idle = self.capacity.get(&Resource::gpu(&self.fleet.model)).saturating_sub(held);
-        self.ceiling_rate = blocked.min(idle);
+        let blocked = heads
+            .iter()
+            .filter(|&&u| self.crosses_ceiling(u, &self.usage))
+            .fold(0u64, |acc, &u| acc.saturating_add(self.units[u].gpu));
+        self.note_ceiling_idle(blocked);
         let owners: Vec<usize> = self
             .fair_q
             .values()
@@ -1902,8 +1884,6 @@ impl<'a> Sim<'a> {
             let st = &mut self.st[v];
             st.phase = Phase::Terminating;
             st.term_at = Some(t);
-            // Every reclaim is for an owed request (above).
-            st.owed_claim = true;
             let epoch = st.epoch;
             self.events.push(Reverse((kill_at, KILL, v, epoch)));
         }
@@ -2038,7 +2018,7 @@ impl<'a> Sim<'a> {
             lost_gpu_seconds: lost,
             preemptions_checkpointing,
             lost_checkpointing_gpu_seconds: gs(sum(|a| a.lost_checkpointing)),
-            lost_owed_gpu_seconds: gs(sum(|a| a.lost_owed)),
+            lost_owed_gpu_seconds: lost,
             ceiling_idle_gpu_seconds: gs(self.ceiling_idle),
             reclaims_for_quota: self.reclaims.0,
             reclaims_for_placement: self.reclaims.1,
