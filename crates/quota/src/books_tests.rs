@@ -219,9 +219,8 @@ fn start(t: &QuotaTree, nodes: &mut [Node], b: &mut Books, now: u64) {
     }
 }
 
-/// Admits `req` on `nodes[n]`, and while the answer recalls leases (a reclaim with no
-/// victim) syncs every node twice, a second apart, and asks again, as a node told to retry
-/// would. Returns how many recalls it took; panics on anything but an admission.
+/// Admits `req` on `nodes[n]` through any lease recalls ([`answer_through_recalls`]).
+/// Returns how many recalls it took; panics on anything but an admission.
 fn admit_retrying(
     nodes: &mut [Node],
     n: usize,
@@ -230,25 +229,9 @@ fn admit_retrying(
     req: &AdmitRequest,
     now: &mut u64,
 ) -> u32 {
-    for recalls in 0..5 {
-        match nodes[n].admit(b, t, req.clone(), *now) {
-            AdmitAnswer::Reclaiming { victims, message, retry_after_s } if victims.is_empty() => {
-                assert!(message.contains("leases are recalled"), "{message}");
-                assert_eq!(retry_after_s, crate::books::LEASE_RECALL_RETRY_S);
-                for _ in 0..2 {
-                    *now += 1_000;
-                    for x in nodes.iter_mut() {
-                        x.sync(b, t, *now);
-                    }
-                }
-            }
-            a => {
-                admitted(&a);
-                return recalls;
-            }
-        }
-    }
-    panic!("{}: the leases were never recalled", req.container_id)
+    let (a, recalls) = answer_through_recalls(nodes, n, b, t, req, now);
+    admitted(&a);
+    recalls
 }
 
 /// Admits `count` 1-GPU containers `{prefix}{k}` of `tenant` on `nodes[n]`, a second apart
@@ -277,9 +260,9 @@ fn fill(
     }
 }
 
-/// Asks `req` on `nodes[n]` as a node told to retry would, through any lease recalls (a
-/// reclaim with no victim: every node syncs twice, a second apart), and returns the first
-/// other answer.
+/// Asks `req` on `nodes[n]` as a node told to retry would: while the answer recalls leases
+/// (a reclaim with no victim) every node syncs twice, a second apart, and it asks again.
+/// Returns the first other answer and how many recalls it took.
 fn answer_through_recalls(
     nodes: &mut [Node],
     n: usize,
@@ -287,10 +270,12 @@ fn answer_through_recalls(
     t: &QuotaTree,
     req: &AdmitRequest,
     now: &mut u64,
-) -> AdmitAnswer {
-    for _ in 0..5 {
+) -> (AdmitAnswer, u32) {
+    for recalls in 0..5 {
         match nodes[n].admit(b, t, req.clone(), *now) {
-            AdmitAnswer::Reclaiming { victims, .. } if victims.is_empty() => {
+            AdmitAnswer::Reclaiming { victims, message, retry_after_s } if victims.is_empty() => {
+                assert!(message.contains("leases are recalled"), "{message}");
+                assert_eq!(retry_after_s, crate::books::LEASE_RECALL_RETRY_S);
                 for _ in 0..2 {
                     *now += 1_000;
                     for x in nodes.iter_mut() {
@@ -298,7 +283,7 @@ fn answer_through_recalls(
                     }
                 }
             }
-            a => return a,
+            a => return (a, recalls),
         }
     }
     panic!("{}: the leases were never recalled", req.container_id)
@@ -595,20 +580,10 @@ fn a_retry_under_a_new_container_id_is_not_its_own_backlog_ahead() {
     // B's units do not checkpoint: a request owed only since waits under the ski-rental
     // rule (they have run long), and says so.
     let (t, mut b, mut nodes, mut now) = protected_backlog(false);
-    let mut ask_until_answered = |id: &str, now: &mut u64| loop {
+    let mut ask_until_answered = |id: &str, now: &mut u64| {
         let mut req = ask(id, "acme/a", 1);
         req.workload = Some("team-a/trainer-0/main".into());
-        match nodes[1].admit(&mut b, &t, req, *now) {
-            AdmitAnswer::Reclaiming { victims, .. } if victims.is_empty() => {
-                for _ in 0..2 {
-                    *now += 1_000;
-                    for n in nodes.iter_mut() {
-                        n.sync(&mut b, &t, *now);
-                    }
-                }
-            }
-            a => return a,
-        }
+        answer_through_recalls(&mut nodes, 1, &mut b, &t, &req, now).0
     };
     now += 1_000;
     let (msg, _) = refused(&ask_until_answered("try-1", &mut now));
@@ -684,8 +659,8 @@ fn protected_backlog(checkpoint: bool) -> (QuotaTree, Books, [Node; 2], u64) {
     fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 8, 8), checkpoint, &mut now);
     assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 12));
     now += 1_000;
-    let a =
-        answer_through_recalls(&mut nodes, 0, &mut b, &t, &ask("a-four", "acme/a", 4), &mut now);
+    let four = ask("a-four", "acme/a", 4);
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &four, &mut now);
     let (msg, _) = refused(&a);
     assert!(msg.contains("within its minimum run time"), "{msg}");
     (t, b, nodes, now)
@@ -711,11 +686,11 @@ fn a_request_not_owed_preempts_nothing_until_its_backlog_ahead_is_served() {
     for minute in 0..=8 {
         now = now.max(start_ms + minute * 60_000);
         let four = ask("a-four", "acme/a", 4);
-        refused(&answer_through_recalls(&mut nodes, 0, &mut b, &t, &four, &mut now));
+        refused(&answer_through_recalls(&mut nodes, 0, &mut b, &t, &four, &mut now).0);
         for n in nodes.iter_mut() {
             n.sync(&mut b, &t, now);
         }
-        let a = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+        let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
         answers.push((minute * 60, a));
     }
     for (wait_s, a) in &answers {
@@ -739,7 +714,7 @@ fn a_request_not_owed_preempts_nothing_until_its_backlog_ahead_is_served() {
     for n in nodes.iter_mut() {
         n.sync(&mut b, &t, now);
     }
-    let a = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
     let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
     assert_eq!(victims.len(), 1, "{victims:?}");
     assert_eq!(victims[0].node, "n2", "{victims:?}");
