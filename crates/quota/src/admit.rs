@@ -70,6 +70,10 @@ pub struct Usage {
     /// Path → what it and every path under it hold (every prefix of every tenant).
     subtree: BTreeMap<String, Held>,
     total: Held,
+    /// Path → the part of its own guaranteed usage that is guarantee leased to nodes and
+    /// unused there ([`Usage::add_leased`]); and the same for its whole subtree.
+    leased: BTreeMap<String, Resources>,
+    leased_subtree: BTreeMap<String, Resources>,
 }
 
 fn add_held(h: &mut Held, class: Class, r: &Resources) {
@@ -110,8 +114,59 @@ impl Usage {
         add_held(&mut self.total, class, resources);
     }
 
-    /// Gives back `resources` that `tenant` held as `class` (at most what it holds).
+    /// Books `resources` of `path`'s guarantee that nodes hold as leases and do not use
+    /// (the coordinator's lease phantoms, `books.rs`): counted as `path`'s guaranteed usage,
+    /// so that no guarantee is promised twice and no ceiling crossed whoever fills the
+    /// leases, but used by nobody: what a lending limit keeps back of the unused guarantee
+    /// ([`withheld`]) reads [`Usage::used_guaranteed`], which leaves it out.
+    pub fn add_leased(&mut self, path: &str, resources: &Resources) {
+        if resources.is_empty() {
+            return;
+        }
+        self.add(path, Class::Guaranteed, resources);
+        self.leased.entry(path.to_string()).or_default().add(resources);
+        for p in crate::spec::chain(path) {
+            self.leased_subtree.entry(p.to_string()).or_default().add(resources);
+        }
+    }
+
+    /// Takes back `resources` booked with [`Usage::add_leased`] at `path` (at most what is
+    /// booked there).
+    pub fn release_leased(&mut self, path: &str, resources: &Resources) {
+        let Some(leased) = self.leased.get_mut(path) else { return };
+        // At most what is booked there, of each resource.
+        let gone = resources.minus(&resources.minus(leased));
+        leased.sub(&gone);
+        if leased.is_empty() {
+            self.leased.remove(path);
+        }
+        for p in crate::spec::chain(path) {
+            if let Some(l) = self.leased_subtree.get_mut(p) {
+                l.sub(&gone);
+                if l.is_empty() {
+                    self.leased_subtree.remove(p);
+                }
+            }
+        }
+        self.release_held(path, Class::Guaranteed, &gone);
+    }
+
+    /// Gives back `resources` that `tenant` held as `class` (at most what it holds; of its
+    /// guaranteed usage, never what [`Usage::add_leased`] booked).
     pub fn release(&mut self, tenant: &str, class: Class, resources: &Resources) {
+        let mut resources = resources.clone();
+        if class == Class::Guaranteed {
+            if let (Some(held), Some(leased)) =
+                (self.by_tenant.get(tenant), self.leased.get(tenant))
+            {
+                let real = held.guaranteed.minus(leased);
+                resources = resources.minus(&resources.minus(&real));
+            }
+        }
+        self.release_held(tenant, class, &resources);
+    }
+
+    fn release_held(&mut self, tenant: &str, class: Class, resources: &Resources) {
         let Some(held) = self.by_tenant.get_mut(tenant) else { return };
         let before = held.clone();
         sub_held(held, class, resources);
@@ -136,6 +191,18 @@ impl Usage {
     /// What `path` and every path under it hold.
     pub fn of(&self, path: &str) -> Held {
         self.subtree.get(path).cloned().unwrap_or_default()
+    }
+
+    /// What `path` and every path under it have booked with [`Usage::add_leased`]: part of
+    /// [`Usage::of`]'s guaranteed usage.
+    pub fn leased_of(&self, path: &str) -> Resources {
+        self.leased_subtree.get(path).cloned().unwrap_or_default()
+    }
+
+    /// What `path` and every path under it really use of their guarantees: their guaranteed
+    /// usage less what is leased to nodes and unused there.
+    pub fn used_guaranteed(&self, path: &str) -> Resources {
+        self.of(path).guaranteed.minus(&self.leased_of(path))
     }
 
     /// What every tenant holds.
@@ -336,7 +403,9 @@ pub fn set_aside(
 
 /// What other paths' lending limits keep back from a borrower in `tenant`: for each
 /// resource, over the outermost quotas outside `tenant`'s chain and subtree that set a
-/// lending limit of it, their unused guarantee beyond the lending limit.
+/// lending limit of it, their unused guarantee beyond the lending limit. Unused is what
+/// the path does not really use ([`Usage::used_guaranteed`]): its guarantee leased to nodes
+/// and unused there is kept back too.
 pub fn withheld(tree: &QuotaTree, usage: &Usage, tenant: &str) -> Resources {
     let mut out = Resources::new();
     for quota in tree.iter() {
@@ -356,7 +425,9 @@ pub fn withheld(tree: &QuotaTree, usage: &Usage, tenant: &str) -> Resources {
             if outer {
                 continue;
             }
-            let unused = g.saturating_sub(usage.of(&quota.path).guaranteed.get(resource));
+            // Really unused: guarantee leased to nodes and unused there is still unused, and
+            // kept back like the rest (it takes no capacity until a node fills its lease).
+            let unused = g.saturating_sub(usage.used_guaranteed(&quota.path).get(resource));
             out.add(&Resources::new().with(resource.clone(), unused.saturating_sub(lend)));
         }
     }

@@ -17,7 +17,9 @@
 //! its own beside it. Phantoms of nested paths are netted (a project's unused lease is
 //! also its team's: it is booked once, at the project, and the team books only what its
 //! own lease adds beyond its projects'), and they take no physical capacity (the capacity
-//! a decision sees grows by them), so a guarantee held by leases can still be lent.
+//! a decision sees grows by them), so a guarantee held by leases can still be lent, as far
+//! as the path's lending limit allows: they are booked apart ([`Usage::add_leased`]) and
+//! what a lending limit keeps back counts them as unused guarantee ([`crate::withheld`]).
 //!
 //! A request of node `N` is decided first with `N`'s own phantoms left out (its lease
 //! absorbs its guaranteed work); a request found guaranteed is admitted; one found borrowed
@@ -908,12 +910,12 @@ impl Books {
     fn booked(&self, _tree: &QuotaTree, exclude: Option<&str>) -> (Usage, Resources) {
         let mut u = self.real_usage();
         for (path, r) in &self.totals.phantoms {
-            u.add(path, Class::Guaranteed, r);
+            u.add_leased(path, r);
         }
         let mut total = self.totals.phantom_total.clone();
         if let Some(nb) = exclude.and_then(|n| self.nodes.get(n)) {
             for (path, r) in &nb.agg.phantoms {
-                u.release(path, Class::Guaranteed, r);
+                u.release_leased(path, r);
                 total.sub(r);
             }
         }
@@ -1463,7 +1465,7 @@ impl Books {
             .then(|| node.to_string());
         for n in holders.iter().chain(own.iter()) {
             for (path, x) in self.phantoms(tree, n) {
-                without_live.release(&path, Class::Guaranteed, &x);
+                without_live.release_leased(&path, &x);
             }
         }
         let view = without_live.total().total().plus(r);

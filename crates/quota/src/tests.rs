@@ -401,6 +401,38 @@ fn a_tenant_without_a_guarantee_only_borrows_and_lending_limits_keep_capacity_ba
     );
 }
 
+/// Guarantee leased to nodes and unused there ([`Usage::add_leased`], the books' lease
+/// phantoms) counts as guaranteed usage, but a lending limit keeps it back as unused: a
+/// path guaranteeing 6 with lending limit 2, 4 of it leased and 1 really used, withholds
+/// 3 (6 − 1 − 2), not 0. Releasing the path's real guaranteed work never releases its
+/// leases.
+#[test]
+fn leased_guarantee_counts_as_guaranteed_usage_and_a_lending_limit_keeps_it_back() {
+    let t = tree(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"guarantee": 6, "lending_limit": 2}}},
+            "acme/b": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    let mut usage = Usage::new();
+    usage.add("acme/ml/speech", Class::Guaranteed, &gpus(1));
+    usage.add_leased("acme/ml/speech", &gpus(3));
+    usage.add_leased("acme/ml", &gpus(1));
+    assert_eq!(usage.of("acme/ml").guaranteed, gpus(5), "leases are booked as guaranteed");
+    assert_eq!(usage.leased_of("acme/ml"), gpus(4));
+    assert_eq!(usage.used_guaranteed("acme/ml"), gpus(1));
+    assert_eq!(withheld(&t, &usage, "acme/b"), gpus(3));
+    // Within the guarantee by what is booked: 1 more, not 2.
+    assert!(matches!(
+        admit(&t, &gpus(16), &usage, "acme/ml/vision", &gpus(2)),
+        Decision::Admit { class: Class::Borrowed, .. }
+    ));
+    usage.release("acme/ml/speech", Class::Guaranteed, &gpus(4));
+    assert_eq!(usage.leased_of("acme/ml"), gpus(4), "the real work went, not the leases");
+    assert_eq!(usage.used_guaranteed("acme/ml"), gpus(0));
+    usage.release_leased("acme/ml/speech", &gpus(5));
+    usage.release_leased("acme/ml", &gpus(1));
+    assert_eq!(usage, Usage::new(), "nothing left booked");
+}
+
 #[test]
 fn a_guaranteed_request_waits_when_the_capacity_is_held_by_guaranteed_work() {
     let t = team_ab();
