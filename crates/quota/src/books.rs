@@ -72,7 +72,7 @@ use std::sync::Arc;
 
 use tessera_api::untrusted;
 
-use crate::admit::{admit as decide_quota, Class, Decision, Usage};
+use crate::admit::{admit as decide_quota, withheld, Class, Decision, Usage};
 use crate::amount::{Resource, Resources};
 use crate::drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
 use crate::preempt::{owed_behind, worth_reclaiming};
@@ -559,6 +559,15 @@ fn waits_in_gang(key: &NodeContainer, gang: &TenantGang) -> AdmitAnswer {
         ),
         rule: None,
     }
+}
+
+/// A capacity on which only the quotas decide `tenant`'s request `r` under `usage`: what
+/// is used, what is asked, and what other paths' lending limits keep back from it
+/// ([`withheld`]). Without the last, a borrowed request under every ceiling would wait
+/// there for capacity, and a lease recall that would let it run was not found (issue 27:
+/// `a_lending_limit_elsewhere_does_not_keep_a_borrower_from_a_lease_recall`).
+fn quota_view(tree: &QuotaTree, usage: &Usage, tenant: &str, r: &Resources) -> Resources {
+    usage.total().total().plus(r).plus(&withheld(tree, usage, tenant))
 }
 
 /// Phantoms of one node's leases, netted over nested paths. For each leased path `P` and
@@ -1328,8 +1337,7 @@ impl Books {
         let tenant = req.tenant.as_str();
         let absorb = !req.unsynced_lease_grants;
         let (usage, _) = self.booked(tree, absorb.then_some(node));
-        // The quota view only: a capacity that holds exactly what is used and asked.
-        let view = usage.total().total().plus(r);
+        let view = quota_view(tree, &usage, tenant, r);
         if let Some(a) = self.recall_leases(tree, node, req, r, now) {
             return a;
         }
@@ -1384,11 +1392,11 @@ impl Books {
         absorb: bool,
     ) -> bool {
         let real = self.real_usage();
-        let view = real.total().total().plus(r);
+        let view = quota_view(tree, &real, tenant, r);
         let by_use = decide_quota(tree, &view, &real, tenant, r);
         let booked_view = |exclude: Option<&str>| {
             let (booked, _) = self.booked(tree, exclude);
-            let view = booked.total().total().plus(r);
+            let view = quota_view(tree, &booked, tenant, r);
             decide_quota(tree, &view, &booked, tenant, r)
         };
         match by_use {
@@ -1468,9 +1476,9 @@ impl Books {
                 without_live.release_leased(&path, &x);
             }
         }
-        let view = without_live.total().total().plus(r);
+        let view = quota_view(tree, &without_live, tenant, r);
         let real = self.real_usage();
-        let real_view = real.total().total().plus(r);
+        let real_view = quota_view(tree, &real, tenant, r);
         let better = |d: &Decision| match d {
             Decision::Admit { class: Class::Guaranteed, .. } => 2,
             Decision::Admit { .. } => 1,

@@ -2450,3 +2450,34 @@ fn the_books_keep_back_what_a_lending_limit_withholds() {
     }
     assert_eq!(admitted, 8, "acme/a borrowed {admitted} of 16");
 }
+
+/// A lending limit elsewhere does not hide that only unused leases stand between a borrower
+/// and its ceiling: acme/ml/speech's unused leases (1 GPU on each of 3 nodes) fill acme/ml's
+/// ceiling of 8 beside alice's 5 borrowed GPUs, and acme/c (guarantee 8, lending limit 0)
+/// keeps 8 of the fleet's 24 back. Alice's 6th GPU is under every ceiling by what is really
+/// used, and the fleet lends it (24 − 5 − 8 = 11): the leases are recalled and it runs.
+/// The recall's check decided it on a capacity that holds only what is used and asked, so
+/// c's withheld 8 made it wait there, no recall was found, and alice was refused at
+/// acme/ml's ceiling.
+#[test]
+fn a_lending_limit_elsewhere_does_not_keep_a_borrower_from_a_lease_recall() {
+    let t = tree(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 8}}},
+            "acme/ml/speech": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 8, "lending_limit": 0}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    let alice = "acme/ml/vision/alice";
+    fill(&mut nodes, 0, &mut b, &t, alice, ("al", 0, 5), false, &mut now);
+    assert_eq!(gpus_of(&b.real_usage().of(alice)), (0, 5));
+    let speech = b.booked_usage(&t).leased_of("acme/ml/speech");
+    assert_eq!(speech.get(&Resource::gpu(H100)), 3 * MICRO_PER_GPU, "speech's unused leases");
+    now += 1_000;
+    let (a, recalls) =
+        answer_through_recalls(&mut nodes, 0, &mut b, &t, &ask("al5", alice, 1), &mut now);
+    assert_eq!(admitted(&a), QuotaClass::Borrowed, "{a:?}");
+    assert_eq!(recalls, 1, "{a:?}");
+}
