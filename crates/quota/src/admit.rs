@@ -402,33 +402,51 @@ pub fn set_aside(
 }
 
 /// What other paths' lending limits keep back from a borrower in `tenant`: for each
-/// resource, over the outermost quotas outside `tenant`'s chain and subtree that set a
-/// lending limit of it, their unused guarantee beyond the lending limit. Unused is what
+/// resource, over the quotas off `tenant`'s chain that set a lending limit of it (paths
+/// under `tenant` included: a lending limit binds every other tenant), each path's unused
+/// guarantee beyond its lending limit, or what the lending limits nearest under it keep
+/// back if that is more (a project's tighter limit holds inside a team's looser one), at
+/// most the path's unused guarantee; summed over the outermost such paths. Unused is what
 /// the path does not really use ([`Usage::used_guaranteed`]): its guarantee leased to nodes
 /// and unused there is kept back too.
 pub fn withheld(tree: &QuotaTree, usage: &Usage, tenant: &str) -> Resources {
-    let mut out = Resources::new();
-    for quota in tree.iter() {
-        if is_within(tenant, &quota.path) || is_within(&quota.path, tenant) {
-            continue;
-        }
+    // The nearest path above `path`, off the tenant's chain, that sets a lending limit of
+    // `resource` (the chain's paths are above every path off it that they hold).
+    let lender_above = |path: &str, resource: &Resource| -> Option<String> {
+        crate::spec::chain(path)
+            .skip(1)
+            .take_while(|p| !is_within(tenant, p))
+            .find(|p| {
+                tree.get(p)
+                    .and_then(|q| q.limits.get(resource))
+                    .is_some_and(|l| l.guarantee.is_some() && l.lending_limit.is_some())
+            })
+            .map(str::to_string)
+    };
+    let mut lenders: Vec<(&str, &Resource, u64, u64)> = Vec::new();
+    for quota in tree.iter().filter(|q| !is_within(tenant, &q.path)) {
         for (resource, limit) in &quota.limits {
-            let (Some(g), Some(lend)) = (limit.guarantee, limit.lending_limit) else { continue };
-            // The outermost: no ancestor (outside the tenant's chain) also sets one.
-            let outer = crate::spec::chain(&quota.path).skip(1).any(|p| {
-                !is_within(tenant, p)
-                    && tree
-                        .get(p)
-                        .and_then(|q| q.limits.get(resource))
-                        .is_some_and(|l| l.lending_limit.is_some())
-            });
-            if outer {
-                continue;
+            if let (Some(g), Some(lend)) = (limit.guarantee, limit.lending_limit) {
+                lenders.push((quota.path.as_str(), resource, g, lend));
             }
-            // Really unused: guarantee leased to nodes and unused there is still unused, and
-            // kept back like the rest (it takes no capacity until a node fills its lease).
-            let unused = g.saturating_sub(usage.used_guaranteed(&quota.path).get(resource));
-            out.add(&Resources::new().with(resource.clone(), unused.saturating_sub(lend)));
+        }
+    }
+    // Deepest first: a path's nearest lenders under it are done before it.
+    lenders.sort_by_key(|(p, ..)| std::cmp::Reverse(crate::spec::chain(p).count()));
+    let mut below: BTreeMap<(String, Resource), u64> = BTreeMap::new();
+    let mut out = Resources::new();
+    for (path, resource, g, lend) in lenders {
+        // Really unused: guarantee leased to nodes and unused there is still unused, and
+        // kept back like the rest (it takes no capacity until a node fills its lease).
+        let unused = g.saturating_sub(usage.used_guaranteed(path).get(resource));
+        let inner = below.remove(&(path.to_string(), resource.clone())).unwrap_or(0);
+        let kept = unused.saturating_sub(lend).max(inner.min(unused));
+        match lender_above(path, resource) {
+            Some(up) => {
+                let slot = below.entry((up, resource.clone())).or_default();
+                *slot = slot.saturating_add(kept);
+            }
+            None => out.add(&Resources::new().with(resource.clone(), kept)),
         }
     }
     out

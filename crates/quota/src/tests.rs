@@ -401,6 +401,59 @@ fn a_tenant_without_a_guarantee_only_borrows_and_lending_limits_keep_capacity_ba
     );
 }
 
+/// A project's lending limit holds inside a team that sets a looser one (red team of issue
+/// 27): acme/ml lends all 8 of its guarantee, but acme/ml/speech lends none of its 6, so a
+/// borrower outside acme/ml may have acme/ml's remaining 2 unused and not speech's 6. And
+/// where the team's limit is the tighter one, it holds.
+#[test]
+fn a_projects_lending_limit_holds_inside_a_team_that_lends_more() {
+    let t = tree(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"guarantee": 8, "lending_limit": 8}}},
+            "acme/ml/speech": {"gpus": {"H100-80GB": {"guarantee": 6, "lending_limit": 0}}},
+            "acme/a": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    let fleet = gpus(16);
+    let mut usage = Usage::new();
+    assert_eq!(withheld(&t, &usage, "acme/a"), gpus(6), "speech's 6 are kept back");
+    assert_eq!(
+        admit(&t, &fleet, &usage, "acme/a", &gpus(11)),
+        Decision::Wait { class: Class::Borrowed, short: gpus(1) }
+    );
+    // Speech using 2 of its 6 keeps back the other 4.
+    usage.add("acme/ml/speech", Class::Guaranteed, &gpus(2));
+    assert_eq!(withheld(&t, &usage, "acme/a"), gpus(4));
+    // A sibling under acme/ml borrows from acme/ml's remainder, never speech's 4.
+    assert_eq!(withheld(&t, &usage, "acme/ml/vision"), gpus(4));
+    // The team's limit, where it is the tighter one, holds as before.
+    let tight = tree(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"guarantee": 8, "lending_limit": 1}}},
+            "acme/ml/speech": {"gpus": {"H100-80GB": {"guarantee": 6, "lending_limit": 6}}},
+            "acme/a": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    assert_eq!(withheld(&tight, &Usage::new(), "acme/a"), gpus(7));
+}
+
+/// A lending limit binds every other tenant, the team's own tenants too (docs/QUOTAS.md:
+/// kept back from a borrower outside the requester's chain): acme/ml borrowing beyond
+/// what it is guaranteed does not take acme/ml/speech's unused guarantee, which speech
+/// lends none of.
+#[test]
+fn a_lending_limit_under_the_borrower_keeps_its_guarantee_back_too() {
+    let t = tree(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 8}}},
+            "acme/ml/speech": {"gpus": {"H100-80GB": {"guarantee": 6, "lending_limit": 0}}}}"#,
+    );
+    let fleet = gpus(8);
+    let usage = Usage::new();
+    assert_eq!(withheld(&t, &usage, "acme/ml"), gpus(6));
+    assert_eq!(
+        admit(&t, &fleet, &usage, "acme/ml", &gpus(3)),
+        Decision::Wait { class: Class::Borrowed, short: gpus(1) }
+    );
+    // Speech itself is on its own chain: nothing of its own is kept from it.
+    assert_eq!(withheld(&t, &usage, "acme/ml/speech"), gpus(0));
+}
+
 /// Guarantee leased to nodes and unused there ([`Usage::add_leased`], the books' lease
 /// phantoms) counts as guaranteed usage, but a lending limit keeps it back as unused: a
 /// path guaranteeing 6 with lending limit 2, 4 of it leased and 1 really used, withholds
