@@ -1678,9 +1678,30 @@ fn a_borrowed_gang_that_never_assembles_does_not_keep_a_guarantee_from_its_owner
 const PATHS: &[&str] =
     &["acme", "acme/a", "acme/b", "acme/ml", "acme/ml/vision", "acme/ml/vision/alice"];
 
-/// A random valid tree over [`PATHS`], in half GPUs up to 8 GPUs.
+/// A random valid tree over [`PATHS`], in half GPUs up to 8 GPUs, with lending limits.
 fn arb_tree() -> impl Strategy<Value = QuotaTree> {
-    crate::proptests::arb_tree_in(PATHS, 2, 16)
+    crate::proptests::arb_tree_lending(PATHS, 2, 16, true)
+}
+
+/// A borrowed admission of `tenant` never took what a lending limit keeps back: for every
+/// path off its chain with a lending limit, the fleet's free GPUs by the books' real usage
+/// are at least that path's unused guarantee beyond its lending limit.
+fn check_lending(t: &QuotaTree, b: &Books, tenant: &str) -> Result<(), TestCaseError> {
+    let res = Resource::gpu(H100);
+    let real = b.real_usage();
+    let free = b.capacity().get(&res).saturating_sub(real.total().total().get(&res));
+    for q in t.iter().filter(|q| !is_within(tenant, &q.path)) {
+        let Some(l) = q.limits.get(&res) else { continue };
+        let (Some(g), Some(lend)) = (l.guarantee, l.lending_limit) else { continue };
+        let kept = g.saturating_sub(real.of(&q.path).guaranteed.get(&res)).saturating_sub(lend);
+        prop_assert!(
+            free >= kept,
+            "{tenant} borrowed: {free} free, but {} keeps back {kept} (guarantee {g}, lending \
+             limit {lend})",
+            q.path
+        );
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone)]
@@ -1877,6 +1898,9 @@ fn doubled(t: &QuotaTree) -> QuotaTree {
             if let Some(c) = l.ceiling {
                 body.push(format!(r#""ceiling": {}"#, gpus(c)));
             }
+            if let Some(lend) = l.lending_limit {
+                body.push(format!(r#""lending_limit": {}"#, gpus(lend)));
+            }
             Some(format!(r#""{}": {{"gpus": {{"{H100}": {{{}}}}}}}"#, q.path, body.join(", ")))
         })
         .collect();
@@ -2037,6 +2061,9 @@ fn lease_model(t: &QuotaTree, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     rc.answered(&nodes, node, &req, &a)?;
                     if let AdmitAnswer::Reclaiming { victims, .. } = &a {
                         rc.learn(&mut nodes, node, victims, now);
+                    }
+                    if matches!(a, AdmitAnswer::Admitted { class: QuotaClass::Borrowed, .. }) {
+                        check_lending(&t, &b, PATHS[tenant])?;
                     }
                 } else if !dead[node] && nodes[node].lease_admits(&t, PATHS[tenant], micro, now) {
                     nodes[node].hold(&req, QuotaClass::Guaranteed, true, now);

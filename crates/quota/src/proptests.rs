@@ -22,16 +22,32 @@ pub(crate) fn arb_tree_in(
     steps: u64,
     max_steps: u64,
 ) -> impl Strategy<Value = QuotaTree> {
-    prop::collection::vec((any::<bool>(), 0..=max_steps, 0..=max_steps, any::<bool>()), paths.len())
-        .prop_filter_map("valid", move |limits| {
+    arb_tree_lending(paths, steps, max_steps, false)
+}
+
+/// [`arb_tree_in`], and with `lending` a guarantee may also get a lending limit (a whole
+/// number of `1/steps` GPUs, at most the guarantee).
+pub(crate) fn arb_tree_lending(
+    paths: &'static [&'static str],
+    steps: u64,
+    max_steps: u64,
+    lending: bool,
+) -> impl Strategy<Value = QuotaTree> {
+    let one = (any::<bool>(), 0..=max_steps, 0..=max_steps, any::<bool>());
+    prop::collection::vec((one, any::<bool>(), 0..=max_steps), paths.len()).prop_filter_map(
+        "valid",
+        move |limits| {
             let mut entries = Vec::new();
-            for ((on, g, extra, has_g), path) in limits.iter().zip(paths) {
+            for (((on, g, extra, has_g), has_lend, lend), path) in limits.iter().zip(paths) {
                 if !on {
                     continue;
                 }
+                let lend = *lend.min(g) as f64 / steps as f64;
                 let g = *g as f64 / steps as f64;
                 let c = g + *extra as f64 / steps as f64;
-                let body = if *has_g {
+                let body = if *has_g && lending && *has_lend {
+                    format!(r#"{{"guarantee": {g}, "ceiling": {c}, "lending_limit": {lend}}}"#)
+                } else if *has_g {
                     format!(r#"{{"guarantee": {g}, "ceiling": {c}}}"#)
                 } else {
                     format!(r#"{{"ceiling": {c}}}"#)
@@ -41,7 +57,8 @@ pub(crate) fn arb_tree_in(
             let spec: QuotaSpec =
                 serde_json::from_str(&format!("{{{}}}", entries.join(","))).ok()?;
             spec.validate("quotas", |t| paths.contains(&t)).ok()
-        })
+        },
+    )
 }
 
 #[derive(Debug, Clone)]
