@@ -14,6 +14,10 @@
 //!   reclaim takes (it loses only its grace period), gets SIGTERM, writes its checkpoint,
 //!   and is requeued with the hint: asking again within its requeue backoff is refused
 //!   saying when, and afterwards it runs again.
+//! * The fair queue within a tenant: GPUs freed on a node go to the tenant's larger
+//!   waiting request before its older smaller one (`quota::fair_order`).
+//! * A request not owed now (its tenant's own requests waiting ahead fill its guarantee)
+//!   preempts nothing however long it waits; one owed at its first ask reclaims at once.
 
 // Integration-test crates: clippy counts their helper functions as non-test code, so
 // `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
@@ -129,9 +133,21 @@ fn try_run(
     on_term: &str,
     annotations: &[(&str, &str)],
 ) -> Result<(), String> {
+    try_run_gpus(node, id, ns, 1, on_term, annotations)
+}
+
+/// [`try_run`] for `gpus` whole GPUs.
+fn try_run_gpus(
+    node: &Node,
+    id: &str,
+    ns: &str,
+    gpus: u32,
+    on_term: &str,
+    annotations: &[(&str, &str)],
+) -> Result<(), String> {
     let script = looping(on_term);
     let argv: Vec<&str> = script.iter().map(String::as_str).collect();
-    let mut b = node.bundle(id, ns, Some("gpu=1"), &argv);
+    let mut b = node.bundle(id, ns, Some(&format!("gpu={gpus}")), &argv);
     for (k, v) in annotations {
         b.annotation(k, v);
     }
@@ -167,10 +183,21 @@ fn run_retrying(
     poll: Duration,
     within: Duration,
 ) -> Vec<String> {
+    retrying(id, poll, within, || try_run(node, id, ns, on_term, annotations))
+}
+
+/// `attempt` (a create of `id`), retried as kubelet would while the answer asks to retry
+/// (at most every `poll`), for at most `within`; the answers that asked to retry.
+fn retrying(
+    id: &str,
+    poll: Duration,
+    within: Duration,
+    mut attempt: impl FnMut() -> Result<(), String>,
+) -> Vec<String> {
     let t0 = Instant::now();
     let mut asked = Vec::new();
     loop {
-        match try_run(node, id, ns, on_term, annotations) {
+        match attempt() {
             Ok(()) => return asked,
             Err(e) => {
                 let wait = retry_after(&e)
@@ -181,6 +208,29 @@ fn run_retrying(
                 std::thread::sleep(Duration::from_secs(wait).min(poll));
             }
         }
+    }
+}
+
+/// The whole GPUs of `node` that are free (not held, not dirty or being scrubbed).
+fn free_gpus(node: &Node) -> usize {
+    let s = node.client().status().expect("status");
+    s.gpus.iter().filter(|g| g.state == tessera_api::DeviceState::Free).count()
+}
+
+/// Asks for `id` (`gpus` whole GPUs for `ns` on `node`) until the books answer that it
+/// waits in the fair queue, through the lease recalls the first asks may meet; that
+/// answer.
+fn ask_until_queued(node: &Node, id: &str, ns: &str, gpus: u32) -> String {
+    let t0 = Instant::now();
+    loop {
+        let e = try_run_gpus(node, id, ns, gpus, "exit 0", &[])
+            .expect_err(&format!("{id}: no room on its node"));
+        if e.contains("waiting in the fair queue") {
+            return e;
+        }
+        assert!(e.contains("the leases are recalled"), "{id}: {e}");
+        assert!(t0.elapsed() < Duration::from_secs(30), "{id} never queued: {e}");
+        std::thread::sleep(Duration::from_secs(retry_after(&e).unwrap_or(1)).min(POLL));
     }
 }
 
@@ -533,4 +583,165 @@ fn a_checkpointing_container_gets_sigterm_writes_its_checkpoint_and_is_requeued_
     for id in ["b1", "b2", "b3", "b4", "b5", "b6", "b7", "a1"] {
         f.a.fx.delete_container(id, true);
     }
+}
+
+/// Within a tenant's turn its largest waiting request goes first (`quota::fair_order`), and
+/// the books keep a node's freed GPUs for it (`fair_queue_blocks`): bob fills node A and
+/// waits there with a 1-GPU request, then a 4-GPU one; four of his GPUs free, and the 1-GPU
+/// request, the older and the first to ask again, is refused naming the larger one, which
+/// runs. (Served in arrival order, the 1-GPU request takes one of the four and the 4-GPU
+/// one waits for a whole node's worth to free again.)
+#[test]
+fn freed_gpus_go_to_the_tenants_larger_waiting_request_before_its_older_smaller_one() {
+    let _one = one_at_a_time();
+    let f = QuotaFleet::start(json!({
+        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+        "acme/dev": {"gpus": {"H100-80GB": {"ceiling": 16}}},
+    }));
+    let bob = "acme/dev/notebooks/bob";
+    for i in 1..=8 {
+        run_retrying(&f.a, &format!("b{i}"), BOB, "exit 0", &[], POLL, LONG);
+    }
+    f.wait_status("bob's 8 counted", |s| {
+        f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(8_000_000)
+    });
+    // Node A is full: bob's 1-GPU request waits there, then his 4-GPU one.
+    let one = try_run(&f.a, "one", BOB, "exit 0", &[]).expect_err("node A is full");
+    assert!(one.contains("waiting in the fair queue"), "{one}");
+    let wide = try_run_gpus(&f.a, "wide", BOB, 4, "exit 0", &[]).expect_err("node A is full");
+    assert!(wide.contains("waiting in the fair queue"), "{wide}");
+    // Four of bob's GPUs on node A end, and the books hear of it.
+    for i in 1..=4 {
+        f.a.fx.delete_container(&format!("b{i}"), true);
+    }
+    f.wait_status("bob's 4 released", |s| {
+        f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(4_000_000)
+    });
+    assert!(
+        wait_for(|| free_gpus(&f.a) == 4, Duration::from_secs(10)),
+        "node A's four freed GPUs scrubbed and free: {} free",
+        free_gpus(&f.a)
+    );
+    // The 1-GPU request asks again first: the four are kept for the larger one.
+    let one = match try_run(&f.a, "one", BOB, "exit 0", &[]) {
+        Ok(()) => panic!(
+            "bob's older 1-GPU request took one of the four freed GPUs ({:?}), his 4-GPU \
+             request waiting",
+            class_of(&f.a, "one")
+        ),
+        Err(e) => e,
+    };
+    assert!(
+        one.contains(&format!("capacity on node {QA} is kept for tenant {bob}"))
+            && one.contains("for 4 H100-80GB GPUs")
+            && one.contains(&format!("it is a larger request of {bob}'s own")),
+        "{one}"
+    );
+    assert_eq!(f.a.fx.status("one"), None, "the refused create left no container");
+    // The 4-GPU request, asking again as kubelet does, runs on the four.
+    let asked = retrying("wide", POLL, LONG, || try_run_gpus(&f.a, "wide", BOB, 4, "exit 0", &[]));
+    assert!(asked.is_empty(), "the 4-GPU request ran at its next ask: {asked:#?}");
+    assert_eq!(class_of(&f.a, "wide").as_deref(), Some("borrowed"));
+    f.wait_status("bob's 4 and his 4-GPU request counted", |s| {
+        f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(8_000_000)
+    });
+    // The node is full again: the 1-GPU request waits for capacity to free.
+    let one = try_run(&f.a, "one", BOB, "exit 0", &[]).expect_err("node A is full again");
+    assert!(one.contains("waiting in the fair queue"), "{one}");
+    for id in ["b5", "b6", "b7", "b8", "wide"] {
+        f.a.fx.delete_container(id, true);
+    }
+}
+
+/// A request not owed now never preempts (`quota::owed_behind`): alice (guarantee 4) waits
+/// with a 4-GPU request on node A, full of bob's guaranteed work (nothing to reclaim), then
+/// asks for 1 GPU on node B, full of the guest's borrowed work that checkpoints (grace
+/// 1 s: stopping a unit loses 1 s). Her 4 ahead fill her guarantee, so the 1 is not owed:
+/// asked again and again for 5 s, each answer says it preempts nothing, no preempt event is
+/// recorded and no guest container gets SIGTERM. Bob's 1 on node B, owed at its first ask,
+/// reclaims a guest unit at once: the same victims were there to take. (Under the
+/// ski-rental rule alone, alice's 1 reclaimed once it had waited 1 s: the victim's loss.)
+#[test]
+fn a_request_not_owed_preempts_nothing_while_one_owed_at_once_reclaims() {
+    let _one = one_at_a_time();
+    let f = QuotaFleet::start(json!({
+        "acme": {"grace_period_s": 1},
+        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+        "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 9}}},
+    }));
+    let checkpoint = [("tessera.io/preemption", "checkpoint")];
+    // The guest borrows all of node B; bob fills node A within his guarantee.
+    for i in 1..=8 {
+        let id = format!("g{i}");
+        run_retrying(&f.b, &id, GUEST, "echo got-SIGTERM; exit 0", &checkpoint, POLL, LONG);
+        assert_eq!(class_of(&f.b, &id).as_deref(), Some("borrowed"), "{id}");
+    }
+    for i in 1..=8 {
+        let id = format!("d{i}");
+        run_retrying(&f.a, &id, BOB, "exit 0", &[], POLL, LONG);
+        assert_eq!(class_of(&f.a, &id).as_deref(), Some("guaranteed"), "{id}");
+    }
+    f.wait_status("the fleet full", |s| {
+        f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(8_000_000)
+    });
+    // Alice's 4 on node A: owed, but only guaranteed work is there; it waits.
+    ask_until_queued(&f.a, "wide", ALICE, 4);
+    // Alice's 1 on node B, her 4 still asking: not owed, whatever it has waited.
+    let t0 = Instant::now();
+    let mut answers = Vec::new();
+    while t0.elapsed() < Duration::from_secs(5) {
+        let wide = try_run_gpus(&f.a, "wide", ALICE, 4, "exit 0", &[]).expect_err("A is full");
+        assert!(wide.contains("waiting in the fair queue"), "{wide}");
+        let waited = t0.elapsed();
+        let one = match try_run(&f.b, "one", ALICE, "exit 0", &[]) {
+            Ok(()) => panic!("alice's 1 ran on node B after {waited:?}: {:?}", f.events("preempt")),
+            Err(e) => e,
+        };
+        assert!(!one.contains("reclaiming"), "alice's 1 reclaimed after {waited:?}: {one}");
+        answers.push((waited, one));
+        std::thread::sleep(POLL);
+    }
+    assert!(answers.len() >= 4, "alice's 1 asked {} times in 5 s", answers.len());
+    assert_eq!(f.events("preempt"), Vec::<Value>::new(), "no preemption for alice's 1");
+    for i in 1..=8 {
+        let id = format!("g{i}");
+        assert_eq!(f.b.fx.status(&id).as_deref(), Some("running"), "{id}");
+        assert!(!f.b.fx.container_output(&id).0.contains("got-SIGTERM"), "{id} got SIGTERM");
+    }
+    // Each answer says why.
+    for (waited, a) in &answers {
+        assert!(
+            a.contains("not owed now") && a.contains("so it preempts no borrowed work"),
+            "after {waited:?}: {a}"
+        );
+    }
+    // Bob's 1 on node B, within his guarantee and nothing of his waiting: owed at once, it
+    // reclaims one of the guest's units.
+    let asked = run_retrying(&f.b, "d9", BOB, "exit 0", &[], POLL, LONG);
+    assert!(
+        asked.iter().any(|e| e.contains("reclaiming") && e.contains("acme/untrusted"))
+            && !asked.iter().any(|e| e.contains("not owed") || e.contains("owed only since")),
+        "{asked:#?}"
+    );
+    assert_eq!(class_of(&f.b, "d9").as_deref(), Some("guaranteed"));
+    let preempted: Vec<String> = f
+        .events("preempt")
+        .iter()
+        .map(|e| e["container_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(preempted.len(), 1, "{preempted:?}");
+    let victim = &preempted[0];
+    assert!(
+        wait_for(
+            || f.b.fx.container_output(victim).0.contains("got-SIGTERM"),
+            Duration::from_secs(10)
+        ),
+        "{victim} got SIGTERM: {:?}",
+        f.b.fx.container_output(victim)
+    );
+    for i in 1..=8 {
+        f.a.fx.delete_container(&format!("d{i}"), true);
+        f.b.fx.delete_container(&format!("g{i}"), true);
+    }
+    f.b.fx.delete_container("d9", true);
 }
