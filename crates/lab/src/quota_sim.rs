@@ -83,6 +83,15 @@
 //!   every guarantee on its chain, and some quota on the chain guarantees each resource it
 //!   asks that the chain bounds — the time from arrival to first start, nearest rank. One
 //!   still waiting at the horizon counts with its wait so far (a lower bound).
+//! - **owed later** (quotas): requests *not* within guarantee when they arrived that were
+//!   owed before their first start ([`quota::owed_behind`]: their tenant's backlog ahead
+//!   of them was served, or its guaranteed work ended; or owed already at arrival while
+//!   the tenant's running borrowed work kept them from being owner requests). Their wait
+//!   counts only while they are owed — a request goes in and out of being owed as its
+//!   tenant's other work starts and ends — to their first start; p50/p99, and the p99
+//!   less the time they fitted on no node even with every borrowed unit stopped (the
+//!   owner metric's rule). Such a request reclaims only under the ski-rental rule
+//!   ([`quota::worth_reclaiming`]), so this is where the rule's waits show.
 //! - **fairness**: Jain's index, (Σx)² / (n·Σx²), over the *entities* (the innermost path
 //!   on a tenant's chain that guarantees GPUs; a tenant with none is its own entity) with a
 //!   non-zero entitlement, of x = useful GPU-seconds received (held less lost) /
@@ -101,7 +110,8 @@ use serde::Serialize;
 use tessera_api::untrusted;
 
 use quota::{
-    admit, chain, dominant_share, fair_order, is_within, owed_behind, own_guarantee, victim_order,
+    admit, chain, dominant_share, fair_order, is_within, owed_behind, owed_in_order, own_guarantee,
+    victim_order,
 };
 use quota::{worth_reclaiming, Class, Decision, QuotaTree, Running, Usage, Waiting};
 use quota::{Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
@@ -391,6 +401,21 @@ pub struct Report {
     /// The owner wait p99 with that time left out (what the quota rules, not the
     /// guaranteed work's shape, made them wait).
     pub owner_wait_unblocked_p99_s: Option<u64>,
+    /// Quotas: requests not within guarantee when they arrived that were owed later, before
+    /// their first start ([`quota::owed_behind`]: their tenant's backlog ahead of them was
+    /// served, or its guaranteed work ended), or owed already when they arrived (the
+    /// tenant's running borrowed work made them not within guarantee, but owed counts only
+    /// guaranteed usage).
+    pub owed_later_requests: u64,
+    /// Their wait while they were owed, to their first start (or the horizon), seconds,
+    /// nearest rank: a request is owed and not, in turns, as its tenant's other work starts
+    /// and ends.
+    pub owed_later_wait_p50_s: Option<u64>,
+    /// See [`Report::owed_later_wait_p50_s`].
+    pub owed_later_wait_p99_s: Option<u64>,
+    /// The p99 with the time they fitted on no node even with every borrowed unit stopped
+    /// left out ([`Report::owner_wait_unblocked_p99_s`]'s rule).
+    pub owed_later_wait_unblocked_p99_s: Option<u64>,
     /// Every job's wait (arrival to first start), same rules.
     pub wait_p50_s: Option<u64>,
     /// See [`Report::wait_p50_s`].
@@ -410,6 +435,10 @@ pub struct Report {
     /// (seconds, sorted), for pooling cells; not serialised.
     #[serde(skip)]
     pub owner_waits_s: (Vec<u64>, Vec<u64>),
+    /// Every request owed later's wait while owed, and the same less its time blocked
+    /// (seconds, sorted), for pooling cells; not serialised.
+    #[serde(skip)]
+    pub owed_later_waits_s: (Vec<u64>, Vec<u64>),
 }
 
 /// An input with its horizon.
@@ -1021,6 +1050,16 @@ struct State {
     /// the last time that was looked at, with what was seen.
     blocked_s: u64,
     checked: Option<(u64, bool)>,
+    /// Quotas, a request not within guarantee when it arrived, before its first start: since
+    /// when it is owed ([`quota::owed_behind`]), if it is; and the seconds it was owed
+    /// before that. `owed_ever`: it was owed at some point.
+    owed_since: Option<u64>,
+    owed_s: u64,
+    owed_ever: bool,
+    /// Of `owed_s`, the time no node could hold it even with every borrowed unit stopped,
+    /// and the last look while owed ([`State::checked`]'s rule).
+    owed_blocked_s: u64,
+    owed_checked: Option<(u64, bool)>,
 }
 
 // Event kinds, in the order they are handled at one instant.
@@ -1178,6 +1217,11 @@ impl<'a> Sim<'a> {
                 backoff_until: 0,
                 blocked_s: 0,
                 checked: None,
+                owed_since: None,
+                owed_s: 0,
+                owed_ever: false,
+                owed_blocked_s: 0,
+                owed_checked: None,
             })
             .collect();
         let empty = bins.clone();
@@ -1306,6 +1350,10 @@ impl<'a> Sim<'a> {
             within_guarantee(self.tree, &self.outstanding, &unit.tenant, &unit.resources);
         if self.mode == Mode::Quotas {
             self.st[u].owed = self.owed_now(u);
+            if self.st[u].owed && !self.st[u].owner {
+                self.st[u].owed_since = Some(t);
+                self.st[u].owed_ever = true;
+            }
         }
         self.outstanding.add(&unit.tenant, Class::Guaranteed, &unit.resources);
         self.st[u].phase = Phase::Waiting;
@@ -1317,8 +1365,15 @@ impl<'a> Sim<'a> {
         self.units[u].duration.saturating_sub(self.st[u].progress)
     }
 
-    /// An owner request leaves the queue: the time since it was last seen blocked counts.
+    /// A request leaves the queue: the time since an owner request was last seen blocked
+    /// counts, and the time since a request owed later was last seen owed.
     fn unblock(&mut self, u: usize, t: u64) {
+        if let Some(since) = self.st[u].owed_since.take() {
+            self.st[u].owed_s += t.saturating_sub(since);
+        }
+        if let Some((seen, true)) = self.st[u].owed_checked.take() {
+            self.st[u].owed_blocked_s += t.saturating_sub(seen);
+        }
         if let Some((since, true)) = self.st[u].checked.take() {
             self.st[u].blocked_s += t.saturating_sub(since);
         }
@@ -1731,29 +1786,84 @@ impl<'a> Sim<'a> {
             .filter(|&&u| self.crosses_ceiling(u, &self.usage))
             .fold(0u64, |acc, &u| acc.saturating_add(self.units[u].gpu));
         self.note_ceiling_idle(blocked);
-        let owners: Vec<usize> = self
+        self.note_owed_later(t);
+        let looked: Vec<usize> = self
             .fair_q
             .values()
             .flat_map(|s| s.iter().copied())
-            .filter(|&u| self.st[u].owner && self.st[u].first_start.is_none())
+            .filter(|&u| {
+                let st = &self.st[u];
+                st.first_start.is_none() && (st.owner || st.owed_since.is_some())
+            })
             .collect();
-        for u in owners {
-            if let Some((since, was)) = self.st[u].checked {
-                if was {
-                    self.st[u].blocked_s += t - since;
+        if looked.is_empty() {
+            return;
+        }
+        // The fleet with every borrowed unit stopped (a victim's capacity is its claimant's
+        // already: placed at once).
+        let mut scratch = self.bins.clone();
+        for &v in &self.running {
+            if self.st[v].class == Class::Borrowed && self.st[v].phase == Phase::Running {
+                for s in &self.st[v].slots {
+                    scratch.give(s);
                 }
             }
-            let mut scratch = self.bins.clone();
-            for &v in &self.running {
-                // A victim's capacity is its claimant's already (placed at once).
-                if self.st[v].class == Class::Borrowed && self.st[v].phase == Phase::Running {
-                    for s in &self.st[v].slots {
-                        scratch.give(s);
+        }
+        for u in looked {
+            let out = scratch.fit(&self.units[u].members, None, None).is_none();
+            let st = &mut self.st[u];
+            let checked = if st.owner { &mut st.checked } else { &mut st.owed_checked };
+            let blocked = if st.owner { &mut st.blocked_s } else { &mut st.owed_blocked_s };
+            if let Some((since, true)) = *checked {
+                *blocked += t - since;
+            }
+            *checked = Some((t, out));
+        }
+    }
+
+    /// Requests not within guarantee when they arrived, waiting for their first start: which
+    /// are owed now (their tenant's backlog ahead of them served or gone, its guaranteed work
+    /// ended) and which no longer are (the tenant's other work took the guarantee first).
+    /// Their wait counts while they are owed ([`Report::owed_later_requests`]).
+    fn note_owed_later(&mut self, t: u64) {
+        let gpu = Resource::gpu(&self.fleet.model);
+        let mut by_tenant: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for ((tenant, _), q) in &self.fair_q {
+            // A tenant whose chain guarantees no GPUs is never owed any (every job asks GPUs).
+            if guarantor(self.tree, &gpu, tenant).is_some() {
+                by_tenant.entry(tenant.as_str()).or_default().extend(q.iter().copied());
+            }
+        }
+        let mut now_owed = Vec::new();
+        for (tenant, mut queue) in by_tenant {
+            let open = |v: &usize| {
+                let st = &self.st[*v];
+                !st.owner && st.first_start.is_none()
+            };
+            if !queue.iter().any(open) {
+                continue;
+            }
+            queue.sort_unstable();
+            let requests = queue.iter().map(|&v| &self.units[v].resources);
+            let owed = owed_in_order(self.tree, &self.usage, tenant, requests);
+            now_owed.extend(queue.iter().zip(owed).filter(|(v, _)| open(v)).map(|(&v, o)| (v, o)));
+        }
+        for (v, owed) in now_owed {
+            let st = &mut self.st[v];
+            match (owed, st.owed_since) {
+                (true, None) => {
+                    st.owed_since = Some(t);
+                    st.owed_ever = true;
+                }
+                (false, Some(since)) => {
+                    st.owed_s += t.saturating_sub(since);
+                    st.owed_since = None;
+                    if let Some((seen, true)) = st.owed_checked.take() {
+                        st.owed_blocked_s += t.saturating_sub(seen);
                     }
                 }
+                _ => {}
             }
-            let out = scratch.fit(&self.units[u].members, None, None).is_none();
-            self.st[u].checked = Some((t, out));
         }
     }
 
@@ -1940,6 +2050,8 @@ impl<'a> Sim<'a> {
         let mut owners_blocked = 0;
         let mut waits = Vec::new();
         let mut owner_unstarted = 0;
+        let mut owed_later_waits = Vec::new();
+        let mut owed_later_unblocked = Vec::new();
         let mut outcomes = Vec::new();
         for (u, unit) in self.units.iter().enumerate() {
             let st = &self.st[u];
@@ -1957,6 +2069,16 @@ impl<'a> Sim<'a> {
             if !matches!(st.phase, Phase::NotYet | Phase::Refused) {
                 let wait = st.first_start.unwrap_or(self.horizon).saturating_sub(unit.arrival);
                 waits.push(wait);
+                if st.owed_ever {
+                    let open = st.owed_since.map_or(0, |s| self.horizon.saturating_sub(s));
+                    let blocked = match (st.first_start, st.owed_checked) {
+                        (None, Some((since, true))) => self.horizon.saturating_sub(since),
+                        _ => 0,
+                    };
+                    owed_later_waits.push(st.owed_s + open);
+                    owed_later_unblocked
+                        .push((st.owed_s + open).saturating_sub(st.owed_blocked_s + blocked));
+                }
                 if st.owner {
                     owner_waits.push(wait);
                     let mut blocked = st.blocked_s;
@@ -2034,6 +2156,16 @@ impl<'a> Sim<'a> {
             owner_wait_p99_s: percentile(&mut owner_waits, 99),
             owners_blocked,
             owner_wait_unblocked_p99_s: percentile(&mut unblocked_waits, 99),
+            owed_later_requests: owed_later_waits.len() as u64,
+            owed_later_waits_s: {
+                let (mut a, mut b) = (owed_later_waits.clone(), owed_later_unblocked.clone());
+                a.sort_unstable();
+                b.sort_unstable();
+                (a, b)
+            },
+            owed_later_wait_p50_s: percentile(&mut owed_later_waits, 50),
+            owed_later_wait_p99_s: percentile(&mut owed_later_waits, 99),
+            owed_later_wait_unblocked_p99_s: percentile(&mut owed_later_unblocked, 99),
             wait_p50_s: percentile(&mut waits, 50),
             wait_p99_s: percentile(&mut waits, 99),
             fairness,
@@ -2236,6 +2368,18 @@ pub fn comparison_table(reports: &[Report]) -> String {
             "owners blocked by guaranteed work / p99 without (s)",
             Box::new(|r: &Report| {
                 format!("{} / {}", r.owners_blocked, opt_s(r.owner_wait_unblocked_p99_s))
+            }),
+        ),
+        (
+            "owed later: requests / wait while owed p50 / p99 / p99 less blocked (s)",
+            Box::new(|r: &Report| {
+                format!(
+                    "{} / {} / {} / {}",
+                    r.owed_later_requests,
+                    opt_s(r.owed_later_wait_p50_s),
+                    opt_s(r.owed_later_wait_p99_s),
+                    opt_s(r.owed_later_wait_unblocked_p99_s)
+                )
             }),
         ),
         (
@@ -2451,6 +2595,40 @@ mod tests {
         assert_eq!(start(&r, "a-four"), Some(3_030));
         assert_eq!((r.preemptions, r.reclaims_for_quota), (4, 1));
         assert!(start(&r, "a-one").is_none_or(|s| s > 3_030), "{:?}", start(&r, "a-one"));
+    }
+
+    /// A request beyond its tenant's guarantee when it arrives, owed once the tenant's
+    /// guaranteed work ends, waits there under the ski-rental rule: its wait counts from
+    /// then (not from its arrival), and not among the owner requests'.
+    #[test]
+    fn a_request_owed_only_later_counts_its_wait_from_when_it_is_owed() {
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+                "t/b": {"gpus": {"H100-80GB": {"ceiling": 4}}}}"#,
+        );
+        let jobs = vec![
+            job("a0", "t/a", 0, 1_000, 1),
+            job("b-wide", "t/b", 0, 100_000, 3),
+            // 1 + 2 is beyond a's guarantee of 2: not owed until a0 ends at 1,000 s. Then
+            // it needs b-wide's GPUs, which have run too long to be worth its wait.
+            job("a-two", "t/a", 10, 100, 2),
+        ];
+        let r = run(&jobs, &fleet(1, 4), &t, Mode::Quotas, Some(200_000)).expect("runs");
+        assert_eq!(start(&r, "a-two"), Some(100_000));
+        assert_eq!(r.preemptions, 0);
+        assert_eq!(r.owner_requests, 1, "a0 only");
+        assert_eq!(r.owed_later_requests, 1);
+        assert_eq!(r.owed_later_wait_p99_s, Some(99_000), "from a0's end, not a-two's arrival");
+        assert_eq!(r.owed_later_wait_unblocked_p99_s, Some(99_000), "b-wide could be stopped");
+        // a-small (1 GPU, not owed behind a-two) fits the GPU a0 left and runs guaranteed
+        // from 2,000 to 2,100 s: a-two is not owed then (1 + 2 is beyond 2), and that time
+        // does not count.
+        let mut jobs = jobs;
+        jobs.push(job("a-small", "t/a", 2_000, 100, 1));
+        let r = run(&jobs, &fleet(1, 4), &t, Mode::Quotas, Some(200_000)).expect("runs");
+        assert_eq!((start(&r, "a-small"), start(&r, "a-two")), (Some(2_000), Some(100_000)));
+        assert_eq!(r.owed_later_requests, 1, "a-two only: a-small was never owed");
+        assert_eq!(r.owed_later_wait_p99_s, Some(1_000 + 97_900));
     }
 
     /// Within a tenant's turn its largest request first: 4 GPUs freed on a node go to the

@@ -41,6 +41,17 @@
 //!   within [`MAX_OWNER_WAIT_S`].
 //!
 //! A cell that misses a promise by more than that is [`Verdict::Misses`].
+//!
+//! # Requests owed only later (reported, not judged)
+//!
+//! The owner-wait promise is judged on requests within guarantee *when they arrive*. A
+//! request beyond its tenant's guarantee then (its tenant asked for more than the
+//! guarantee at once) becomes owed as the tenant's earlier work is served and ends; it then
+//! reclaims only under the ski-rental rule ([`quota::worth_reclaiming`]) and waits for
+//! capacity to free otherwise. The column `owed later` gives how many there were and their
+//! wait while owed at p99, with and without the time no node could hold them even with
+//! every borrowed unit stopped ([`crate::quota_sim::Report::owed_later_requests`]). No
+//! verdict is drawn from it: it shows what the owner column leaves out.
 
 use std::fmt::Write as _;
 
@@ -222,6 +233,11 @@ pub struct Sums {
     pub owner_requests: usize,
     pub owner_wait_p99_s: Option<u64>,
     pub owner_wait_unblocked_p99_s: Option<u64>,
+    /// Requests owed only after they arrived, and their wait while owed at p99 (pooled),
+    /// and the same less the time they were blocked.
+    pub owed_later_requests: usize,
+    pub owed_later_wait_p99_s: Option<u64>,
+    pub owed_later_wait_unblocked_p99_s: Option<u64>,
 }
 
 impl Sums {
@@ -231,7 +247,14 @@ impl Sums {
             cells.iter().flat_map(|c| c.quotas.owner_waits_s.0.iter().copied()).collect();
         let mut unblocked: Vec<u64> =
             cells.iter().flat_map(|c| c.quotas.owner_waits_s.1.iter().copied()).collect();
+        let mut owed_later: Vec<u64> =
+            cells.iter().flat_map(|c| c.quotas.owed_later_waits_s.0.iter().copied()).collect();
+        let mut owed_later_unblocked: Vec<u64> =
+            cells.iter().flat_map(|c| c.quotas.owed_later_waits_s.1.iter().copied()).collect();
         Sums {
+            owed_later_requests: owed_later.len(),
+            owed_later_wait_p99_s: percentile(&mut owed_later, 99),
+            owed_later_wait_unblocked_p99_s: percentile(&mut owed_later_unblocked, 99),
             fifo_useful_gpu_seconds: cells.iter().map(|c| useful(&c.fifo)).sum(),
             fifo_ceilings_useful_gpu_seconds: cells.iter().map(|c| useful(&c.fifo_ceilings)).sum(),
             quotas_useful_gpu_seconds: cells.iter().map(|c| useful(&c.quotas)).sum(),
@@ -315,14 +338,15 @@ pub fn markdown(cells: &[Cell]) -> String {
         "| trace | nodes | FIFO useful | quotas useful | ratio | FIFO within ceilings useful | \
          ratio to it | lost: all / owed (GPU-h) | \
          idle behind a ceiling (GPU-h) | accounted ratio | utilisation | owner requests | \
-         owner wait p50 / p99 (s) | p99 less blocked (s) | owner wait | fleet shape |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---|\n",
+         owner wait p50 / p99 (s) | p99 less blocked (s) | owner wait | \
+         owed later: requests / p99 while owed / less blocked (s) | fleet shape |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---|\n",
     );
     for c in cells {
         let q = &c.quotas;
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.3} | {} | {:.3} | {} / {} | {} | {:.3} | {} | {} | {} / {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {:.3} | {} | {:.3} | {} / {} | {} | {:.3} | {} | {} | {} / {} | {} | {} | {} / {} / {} | {} |",
             c.trace,
             c.nodes,
             pct(c.fifo.useful_utilisation),
@@ -340,13 +364,16 @@ pub fn markdown(cells: &[Cell]) -> String {
             secs(q.owner_wait_p99_s),
             secs(q.owner_wait_unblocked_p99_s),
             c.owner_wait().label(),
+            q.owed_later_requests,
+            secs(q.owed_later_wait_p99_s),
+            secs(q.owed_later_wait_unblocked_p99_s),
             c.shape_label(),
         );
     }
     for (label, s) in sum_rows(cells) {
         let _ = writeln!(
             out,
-            "| **{label}** | | {} GPU-h | {} GPU-h | **{:.3}** | {} GPU-h | **{:.3}** | | {} | **{:.3}** | {} | {} | p99 {} | {} | {} | |",
+            "| **{label}** | | {} GPU-h | {} GPU-h | **{:.3}** | {} GPU-h | **{:.3}** | | {} | **{:.3}** | {} | {} | p99 {} | {} | {} | {} / p99 {} / {} | |",
             hours(s.fifo_useful_gpu_seconds),
             hours(s.quotas_useful_gpu_seconds),
             s.ratio(),
@@ -359,6 +386,9 @@ pub fn markdown(cells: &[Cell]) -> String {
             secs(s.owner_wait_p99_s),
             secs(s.owner_wait_unblocked_p99_s),
             s.owner_wait().label(),
+            s.owed_later_requests,
+            secs(s.owed_later_wait_p99_s),
+            secs(s.owed_later_wait_unblocked_p99_s),
         );
     }
     out

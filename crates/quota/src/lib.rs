@@ -76,7 +76,7 @@ mod tests;
 pub use admit::{admit, set_aside, withheld, CeilingRefusal, Class, Decision, Held, Usage};
 pub use amount::{gpu_micro, Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
 pub use drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
-pub use preempt::{owed, owed_behind, worth_reclaiming};
+pub use preempt::{owed, owed_behind, owed_in_order, worth_reclaiming};
 pub use reclaim::{
     choose_victims, victim_order, Candidate, Chosen, NoVictims, Protected, Running, Victims,
 };

@@ -18,7 +18,7 @@
 //! narrow claims, and the nodes they broke up left GPUs idle.)
 
 use crate::admit::{admit, Class, Decision, Usage};
-use crate::amount::Resources;
+use crate::amount::{Resource, Resources};
 use crate::spec::QuotaTree;
 
 /// Whether `request` of `tenant` is owed now (module documentation): with `ahead` (the
@@ -60,13 +60,76 @@ pub fn owed_behind<'r>(
     request: &Resources,
     earlier: impl IntoIterator<Item = &'r Resources>,
 ) -> bool {
-    let mut u = usage.clone();
+    let mut scan = OwedScan::new(tree, usage, tenant);
     for r in earlier {
-        if owed_on(tree, &u, tenant, r) {
-            u.add(tenant, Class::Guaranteed, r);
-        }
+        scan.next(r);
     }
-    owed_on(tree, &u, tenant, request)
+    scan.owed(request)
+}
+
+/// For each of `tenant`'s waiting `requests`, in arrival order, whether it is owed behind
+/// the ones before it ([`owed_behind`] of each, in one pass).
+pub fn owed_in_order<'r>(
+    tree: &QuotaTree,
+    usage: &Usage,
+    tenant: &str,
+    requests: impl IntoIterator<Item = &'r Resources>,
+) -> Vec<bool> {
+    let mut scan = OwedScan::new(tree, usage, tenant);
+    requests.into_iter().map(|r| scan.next(r)).collect()
+}
+
+/// A tenant's requests looked at in arrival order: each owed one counts as guaranteed
+/// usage for those after it. Among requests of the same resources, owed is monotone (a
+/// larger one, or the same on more usage, is owed only if the smaller one is: the
+/// guarantees and ceilings only bound it more), so a request of the same resources as one
+/// found not owed before it, and at least as large, is not owed either, without asking.
+/// (Not across resources: one asking only what no quota bounds is never guaranteed, a
+/// larger one that also asks GPUs may be.)
+struct OwedScan<'a> {
+    tree: &'a QuotaTree,
+    tenant: &'a str,
+    usage: Usage,
+    /// The requests found not owed, none covering another: each with the resources it asks.
+    not_owed: Vec<(Vec<Resource>, Resources)>,
+}
+
+impl<'a> OwedScan<'a> {
+    fn new(tree: &'a QuotaTree, usage: &Usage, tenant: &'a str) -> OwedScan<'a> {
+        OwedScan { tree, tenant, usage: usage.clone(), not_owed: Vec::new() }
+    }
+
+    /// Whether `request` is owed after those seen so far.
+    fn owed(&self, request: &Resources) -> bool {
+        !self.covered(&kinds(request), request)
+            && owed_on(self.tree, &self.usage, self.tenant, request)
+    }
+
+    /// Whether a request found not owed asks `request`'s resources and fits in it.
+    fn covered(&self, kinds: &[Resource], request: &Resources) -> bool {
+        self.not_owed.iter().any(|(k, q)| k == kinds && q.fits_in(request))
+    }
+
+    /// [`OwedScan::owed`], and counts `request` as seen.
+    fn next(&mut self, request: &Resources) -> bool {
+        let kinds = kinds(request);
+        if self.covered(&kinds, request) {
+            return false;
+        }
+        let owed = owed_on(self.tree, &self.usage, self.tenant, request);
+        if owed {
+            self.usage.add(self.tenant, Class::Guaranteed, request);
+        } else {
+            self.not_owed.retain(|(k, q)| !(*k == kinds && request.fits_in(q)));
+            self.not_owed.push((kinds, request.clone()));
+        }
+        owed
+    }
+}
+
+/// The resources `r` asks (a non-zero amount of).
+fn kinds(r: &Resources) -> Vec<Resource> {
+    r.iter().map(|(k, _)| k.clone()).collect()
 }
 
 /// Whether a reclaim whose victims would lose `victims_cost` (dominant-share seconds,

@@ -223,4 +223,43 @@ proptest! {
         }
         prop_assert_eq!(u.total(), all);
     }
+
+    /// [`owed_in_order`]'s shortcut (a request at least as large as one found not owed
+    /// before it is not owed) gives what asking [`owed`] of each request gives, with the
+    /// owed ones before it counted ahead; CPU is asked too by some (a request then covers a
+    /// smaller GPU-only one without being comparable the other way).
+    #[test]
+    fn owed_in_order_answers_as_owed_asked_of_each_request(
+        tree in arb_tree(),
+        held in prop::collection::vec((0..PATHS.len(), any::<bool>(), 0u64..=8), 0..8),
+        tenant in 0..PATHS.len(),
+        asks in prop::collection::vec((0u64..=12, prop::option::of(0u64..=2)), 0..12),
+    ) {
+        let mut usage = Usage::new();
+        for (t, guaranteed, quarters) in held {
+            let class = if guaranteed { Class::Guaranteed } else { Class::Borrowed };
+            usage.add(PATHS[t], class, &Resources::new().with(Resource::gpu(H100), quarters * MICRO_PER_GPU / 4));
+        }
+        let tenant = PATHS[tenant];
+        let requests: Vec<Resources> = asks
+            .iter()
+            .map(|&(quarters, cores)| {
+                let r = Resources::new().with(Resource::gpu(H100), quarters * MICRO_PER_GPU / 4);
+                match cores {
+                    Some(c) => r.with(Resource::Cpu, c * MILLI_PER_CORE),
+                    None => r,
+                }
+            })
+            .collect();
+        let fast = owed_in_order(&tree, &usage, tenant, &requests);
+        let mut ahead = Resources::new();
+        for (i, r) in requests.iter().enumerate() {
+            let slow = owed(&tree, &usage, tenant, r, &ahead);
+            prop_assert_eq!(fast[i], slow, "request {} of {:?}", i, requests);
+            prop_assert_eq!(owed_behind(&tree, &usage, tenant, r, &requests[..i]), slow);
+            if slow {
+                ahead.add(r);
+            }
+        }
+    }
 }

@@ -787,3 +787,19 @@ fn a_gang_is_preempted_whole() {
     assert_eq!(ids(&v), ["g-0", "g-1", "g-2", "g-3"]);
     assert!(v.chosen[0].why.contains("gang train, stopped whole"), "{v:?}");
 }
+
+/// `owed_in_order` skips asking about a request as large as one already found not owed, but
+/// only among requests of the same resources: a request of CPU alone (no quota bounds it)
+/// is never guaranteed, while a larger one that also asks a GPU is owed.
+#[test]
+fn owed_in_order_compares_only_requests_of_the_same_resources() {
+    let t = tree(r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2}}}}"#);
+    let cpu = Resources::new().with_cpu_milli(1_000);
+    let requests = [cpu.clone(), gpus(1).plus(&cpu), gpus(2), gpus(1), gpus(3)];
+    // The CPU alone is borrowed; the GPU and CPU fills 1 of 2; 2 GPUs are then beyond the
+    // guarantee; 1 more fits it; 3 are beyond it (as large as 2, not asked again).
+    assert_eq!(
+        owed_in_order(&t, &Usage::new(), "acme/a", &requests),
+        vec![false, true, false, true, false]
+    );
+}
