@@ -2146,23 +2146,13 @@ impl<'a> Sim<'a> {
             reclaims_for_placement: self.reclaims.1,
             owner_requests: owner_waits.len() as u64,
             owner_unstarted,
-            owner_waits_s: {
-                let (mut a, mut b) = (owner_waits.clone(), unblocked_waits.clone());
-                a.sort_unstable();
-                b.sort_unstable();
-                (a, b)
-            },
+            owner_waits_s: (sorted(&owner_waits), sorted(&unblocked_waits)),
             owner_wait_p50_s: percentile(&mut owner_waits, 50),
             owner_wait_p99_s: percentile(&mut owner_waits, 99),
             owners_blocked,
             owner_wait_unblocked_p99_s: percentile(&mut unblocked_waits, 99),
             owed_later_requests: owed_later_waits.len() as u64,
-            owed_later_waits_s: {
-                let (mut a, mut b) = (owed_later_waits.clone(), owed_later_unblocked.clone());
-                a.sort_unstable();
-                b.sort_unstable();
-                (a, b)
-            },
+            owed_later_waits_s: (sorted(&owed_later_waits), sorted(&owed_later_unblocked)),
             owed_later_wait_p50_s: percentile(&mut owed_later_waits, 50),
             owed_later_wait_p99_s: percentile(&mut owed_later_waits, 99),
             owed_later_wait_unblocked_p99_s: percentile(&mut owed_later_unblocked, 99),
@@ -2260,6 +2250,13 @@ fn water_fill(mut amount: f64, want: &[f64], have: &[f64]) -> Vec<f64> {
         open = next;
     }
     out
+}
+
+/// A sorted copy of `v`.
+fn sorted(v: &[u64]) -> Vec<u64> {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    v
 }
 
 /// Nearest-rank percentile (sorts `v`).
