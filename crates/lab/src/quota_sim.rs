@@ -55,7 +55,8 @@
 //!   the request is woken when that ends) until the request fits, less any victim it does
 //!   not need, and the cheapest clearing wins. A request owed when it arrived
 //!   ([`quota::owed`]) reclaims at once; one owed only since (its tenant's backlog ahead of
-//!   it served) when [`quota::worth_reclaiming`] lets it; one not owed now never, as the
+//!   it served) when [`quota::worth_reclaiming`] lets it, or once it has been owed for its
+//!   path's `owed_reclaim_after_s` ([`quota::may_reclaim_owed_later`]); one not owed now never, as the
 //!   coordinator's books answer it. The victims get their
 //!   tenant's grace period ([`QuotaTree::grace_period_s`]) and are then stopped and go
 //!   back to the queue with their original arrival time: a job that checkpoints
@@ -113,7 +114,7 @@ use quota::{
     admit, chain, dominant_share, fair_order, is_within, owed_behind, owed_in_order, own_guarantee,
     victim_order,
 };
-use quota::{worth_reclaiming, Class, Decision, QuotaTree, Running, Usage, Waiting};
+use quota::{may_reclaim_owed_later, Class, Decision, QuotaTree, Running, Usage, Waiting};
 use quota::{Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
 
 /// One job of the input.
@@ -1060,6 +1061,9 @@ struct State {
     /// and the last look while owed ([`State::checked`]'s rule).
     owed_blocked_s: u64,
     owed_checked: Option<(u64, bool)>,
+    /// Not owed when it arrived, waiting: since when it has been owed without a break (its
+    /// path's `owed_reclaim_after_s` counts from there, as the books count it).
+    owed_run_since: Option<u64>,
 }
 
 // Event kinds, in the order they are handled at one instant.
@@ -1222,6 +1226,7 @@ impl<'a> Sim<'a> {
                 owed_ever: false,
                 owed_blocked_s: 0,
                 owed_checked: None,
+                owed_run_since: None,
             })
             .collect();
         let empty = bins.clone();
@@ -1365,12 +1370,10 @@ impl<'a> Sim<'a> {
         self.units[u].duration.saturating_sub(self.st[u].progress)
     }
 
-    /// A request leaves the queue: the time since an owner request was last seen blocked
-    /// counts, and the time since a request owed later was last seen owed.
+    /// A request leaves the queue (it starts, or is placed for its victims' grace period):
+    /// the time since it was last seen blocked counts.
     fn unblock(&mut self, u: usize, t: u64) {
-        if let Some(since) = self.st[u].owed_since.take() {
-            self.st[u].owed_s += t.saturating_sub(since);
-        }
+        self.st[u].owed_run_since = None;
         if let Some((seen, true)) = self.st[u].owed_checked.take() {
             self.st[u].owed_blocked_s += t.saturating_sub(seen);
         }
@@ -1394,6 +1397,10 @@ impl<'a> Sim<'a> {
         st.epoch += 1;
         st.start = t;
         st.first_start.get_or_insert(t);
+        // A request owed later waited while owed until here (its first start).
+        if let Some(since) = st.owed_since.take() {
+            st.owed_s += t.saturating_sub(since);
+        }
         st.class = class;
         st.slots = slots;
         let epoch = st.epoch;
@@ -1428,6 +1435,10 @@ impl<'a> Sim<'a> {
         st.phase = Phase::Running;
         st.start = t;
         st.first_start.get_or_insert(t);
+        // A request owed later waited while owed until here (its first start).
+        if let Some(since) = st.owed_since.take() {
+            st.owed_s += t.saturating_sub(since);
+        }
         self.reserved.remove(&u);
         self.running.insert(u);
         self.events.push(Reverse((end, END, u, epoch)));
@@ -1835,20 +1846,34 @@ impl<'a> Sim<'a> {
             }
         }
         let mut now_owed = Vec::new();
+        let open = |st: &State| !st.owner && st.first_start.is_none();
+        // Not owed when it arrived: the rule's clock (`owed_reclaim_after_s`) runs for it.
+        let timed = |st: &State| !st.owed;
         for (tenant, mut queue) in by_tenant {
-            let open = |v: &usize| {
-                let st = &self.st[*v];
-                !st.owner && st.first_start.is_none()
-            };
-            if !queue.iter().any(open) {
+            if !queue.iter().any(|&v| open(&self.st[v]) || timed(&self.st[v])) {
                 continue;
             }
             queue.sort_unstable();
             let requests = queue.iter().map(|&v| &self.units[v].resources);
             let owed = owed_in_order(self.tree, &self.usage, tenant, requests);
-            now_owed.extend(queue.iter().zip(owed).filter(|(v, _)| open(v)).map(|(&v, o)| (v, o)));
+            now_owed.extend(queue.iter().zip(owed).map(|(&v, o)| (v, o)));
         }
         for (v, owed) in now_owed {
+            if timed(&self.st[v]) {
+                match (owed, self.st[v].owed_run_since) {
+                    (true, None) => {
+                        self.st[v].owed_run_since = Some(t);
+                        if let Some(after) = self.tree.owed_reclaim_after_s(&self.units[v].tenant) {
+                            self.events.push(Reverse((t.saturating_add(after), WAKE, v, 0)));
+                        }
+                    }
+                    (false, Some(_)) => self.st[v].owed_run_since = None,
+                    _ => {}
+                }
+            }
+            if !open(&self.st[v]) {
+                continue;
+            }
             let st = &mut self.st[v];
             match (owed, st.owed_since) {
                 (true, None) => {
@@ -1872,7 +1897,8 @@ impl<'a> Sim<'a> {
     /// node (the whole fleet for a gang) until `u` fits, less those it then does not need;
     /// the cheapest clearing wins. A claim not owed now ([`quota::owed`]) stops nothing;
     /// one owed only since it arrived goes ahead only if its victims lose no more than its
-    /// waiting has cost ([`quota::worth_reclaiming`]). False if nothing is stopped.
+    /// waiting has cost, or once it has been owed for its path's `owed_reclaim_after_s`
+    /// ([`quota::may_reclaim_owed_later`]). False if nothing is stopped.
     fn reclaim(&mut self, u: usize, t: u64, cause: Cause, under: Option<&str>) -> bool {
         let owed_first = self.st[u].owed;
         if !owed_first && !self.owed_now(u) {
@@ -1980,7 +2006,9 @@ impl<'a> Sim<'a> {
         let Some(Clearing { victims, slots, cost, .. }) = best else { return false };
         let waited = t.saturating_sub(unit.arrival);
         let share = dominant_share(&unit.resources, &self.capacity);
-        if !owed_first && !worth_reclaiming(cost, waited, share) {
+        let owed_for = self.st[u].owed_run_since.map_or(0, |s| t.saturating_sub(s));
+        let after = self.tree.owed_reclaim_after_s(&unit.tenant);
+        if !owed_first && !may_reclaim_owed_later(cost, waited, share, owed_for, after) {
             return false;
         }
         match cause {
@@ -2626,6 +2654,25 @@ mod tests {
         assert_eq!((start(&r, "a-small"), start(&r, "a-two")), (Some(2_000), Some(100_000)));
         assert_eq!(r.owed_later_requests, 1, "a-two only: a-small was never owed");
         assert_eq!(r.owed_later_wait_p99_s, Some(1_000 + 97_900));
+    }
+
+    /// The same request where its path sets `owed_reclaim_after_s`: owed from a0's end, it
+    /// reclaims b-wide 500 s later whatever b-wide loses, and starts after b's grace period.
+    #[test]
+    fn a_request_owed_later_reclaims_once_owed_for_its_paths_owed_reclaim_after_s() {
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 2}}, "owed_reclaim_after_s": 500},
+                "t/b": {"gpus": {"H100-80GB": {"ceiling": 4}}}}"#,
+        );
+        let jobs = vec![
+            job("a0", "t/a", 0, 1_000, 1),
+            job("b-wide", "t/b", 0, 100_000, 3),
+            job("a-two", "t/a", 10, 100, 2),
+        ];
+        let r = run(&jobs, &fleet(1, 4), &t, Mode::Quotas, Some(200_000)).expect("runs");
+        assert_eq!(start(&r, "a-two"), Some(1_000 + 500 + 30));
+        assert_eq!((r.preemptions, r.reclaims_for_quota), (1, 1));
+        assert_eq!(r.owed_later_wait_p99_s, Some(530), "owed until its start");
     }
 
     /// Within a tenant's turn its largest request first: 4 GPUs freed on a node go to the

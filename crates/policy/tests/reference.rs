@@ -280,6 +280,10 @@ fn a_full_quotas_section_validates_and_broken_ones_do_not() {
             r#"{"quotas": {"acme": {"memory_gib": {"ceiling": 4, "lending_limit": 1}}}}"#,
         ),
         ("a grace period above the bound", r#"{"quotas": {"acme": {"grace_period_s": 3601}}}"#),
+        (
+            "an owed reclaim delay above a day",
+            r#"{"quotas": {"acme": {"owed_reclaim_after_s": 86401}}}"#,
+        ),
         ("a fractional grace period", r#"{"quotas": {"acme": {"grace_period_s": 1.5}}}"#),
         ("a quota entry as an array", r#"{"quotas": {"acme": [{}, null, null, 60]}}"#),
         ("limits as an array", r#"{"quotas": {"acme": {"cpu_cores": [1, 2]}}}"#),
@@ -313,6 +317,14 @@ fn the_schemas_quota_and_gang_bounds_are_the_crates() {
         (grace["minimum"].as_u64(), grace["maximum"].as_u64()),
         (Some(0), Some(quota::MAX_GRACE_PERIOD_S))
     );
+    for (field, max) in [
+        ("min_runtime_s", quota::MAX_MIN_RUNTIME_S),
+        ("requeue_backoff_s", quota::MAX_REQUEUE_BACKOFF_S),
+        ("owed_reclaim_after_s", quota::MAX_OWED_RECLAIM_AFTER_S),
+    ] {
+        let f = &entry["properties"][field];
+        assert_eq!((f["minimum"].as_u64(), f["maximum"].as_u64()), (Some(0), Some(max)), "{field}");
+    }
     let gangs = &schema_at(&schema, "gangs")["properties"]["timeout_s"];
     assert_eq!(
         (gangs["minimum"].as_u64(), gangs["maximum"].as_u64()),

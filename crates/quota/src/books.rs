@@ -75,7 +75,7 @@ use tessera_api::untrusted;
 use crate::admit::{admit as decide_quota, withheld, Class, Decision, Usage};
 use crate::amount::{Resource, Resources};
 use crate::drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
-use crate::preempt::{owed_behind, worth_reclaiming};
+use crate::preempt::{may_reclaim_owed_later, owed_behind};
 use crate::reclaim::{choose_victims, NoVictims, Running};
 use crate::spec::{chain, is_within, QuotaTree};
 use crate::wire::{
@@ -434,6 +434,9 @@ pub struct Books {
     /// Claims answered something other than admitted, `(node, tenant, claim)` → when they
     /// first asked and whether they were owed then (for the owner waits).
     first_asks: BTreeMap<ClaimKey, (u64, bool)>,
+    /// Claims not owed when they first asked, owed since: since when (a path's
+    /// `owed_reclaim_after_s` counts from there). Gone when one is found not owed again.
+    owed_since: BTreeMap<ClaimKey, u64>,
     gangs: BTreeMap<TenantGang, Gang>,
     outcomes: BTreeMap<NodeContainer, Outcome>,
     events: VecDeque<QuotaEvent>,
@@ -637,6 +640,7 @@ impl Books {
             costs: BTreeMap::new(),
             requeues: BTreeMap::new(),
             first_asks: BTreeMap::new(),
+            owed_since: BTreeMap::new(),
             gangs: BTreeMap::new(),
             outcomes: BTreeMap::new(),
             events: VecDeque::new(),
@@ -854,6 +858,7 @@ impl Books {
         let keep = crate::spec::MAX_REQUEUE_BACKOFF_S.saturating_mul(2000);
         self.requeues.retain(|_, q| now <= q.last_ms.saturating_add(keep).max(q.until_ms));
         self.first_asks.retain(|_, (t, _)| now <= t.saturating_add(WAITING_TTL_MS * 30));
+        self.owed_since.retain(|_, t| now <= t.saturating_add(WAITING_TTL_MS * 30));
         for c in self.costs.values_mut() {
             while c
                 .preempted_ms
@@ -1199,6 +1204,7 @@ impl Books {
     ) {
         if matches!(answer, AdmitAnswer::Admitted { .. }) {
             self.first_asks.remove(claim);
+            self.owed_since.remove(claim);
             if ask.owed_first {
                 let waits = &mut self.costs.entry(tenant.to_string()).or_default().owner_waits;
                 if waits.len() >= OWNER_WAITS_KEPT {
@@ -1567,8 +1573,9 @@ impl Books {
     /// the work they would lose ([`choose_victims`]); a victim in a gang brings every member
     /// of the gang on every node. A claim not owed now ([`crate::owed`]) takes none: it
     /// waits for capacity to free; one owed only since its first ask goes ahead only if the
-    /// victims lose no more than its waiting has cost ([`worth_reclaiming`]). Starts the
-    /// reclaim and answers it, or says why not.
+    /// victims lose no more than its waiting has cost, or once it has been owed for its path's
+    /// `owed_reclaim_after_s` ([`crate::may_reclaim_owed_later`]). Starts the reclaim and
+    /// answers it, or says why not.
     fn start_reclaim(&mut self, tree: &QuotaTree, claim: &Claim<'_>, now: u64) -> Reclaimed {
         let Claim { node, tenant: claimant, r, short, on, under, ask, req } = *claim;
         if short.is_empty() {
@@ -1581,7 +1588,9 @@ impl Books {
         // Owed when it first asked, or since: one that was not (its tenant's backlog ahead
         // filled the guarantee) is owed once that backlog is served and its tenant's
         // guaranteed work has ended. A request not owed now never preempts.
+        let key: ClaimKey = (node.to_string(), claimant.to_string(), claim.clone());
         if !ask.owed_first && !self.is_owed(tree, node, req, r, now) {
+            self.owed_since.remove(&key);
             return Reclaimed::Not(Some(
                 "not owed now (its tenant's requests waiting before it fill its guarantee), \
                  so it preempts no borrowed work; it waits in the fair queue for capacity to \
@@ -1657,12 +1666,29 @@ impl Books {
             }
         };
         let waited_s = now.saturating_sub(ask.asked_ms) / 1000;
-        if !ask.owed_first && !worth_reclaiming(chosen.cost, waited_s, dominant_share(r, &capacity))
+        let owed_for_s = if ask.owed_first {
+            0
+        } else {
+            now.saturating_sub(*self.owed_since.entry(key).or_insert(now)) / 1000
+        };
+        let after_s = tree.owed_reclaim_after_s(claimant);
+        let share = dominant_share(r, &capacity);
+        if !ask.owed_first
+            && !may_reclaim_owed_later(chosen.cost, waited_s, share, owed_for_s, after_s)
         {
+            let patience = match after_s {
+                Some(a) => format!(
+                    ", or once owed for {a} s (quotas.{path}.owed_reclaim_after_s): retry \
+                     after {left} s",
+                    path = tree.chain(claimant).next().map_or(claimant, |q| q.path.as_str()),
+                    left = a.saturating_sub(owed_for_s).max(1),
+                ),
+                None => String::new(),
+            };
             return Reclaimed::Not(Some(format!(
                 "owed only since its tenant's requests waiting before it were served, so it \
                  reclaims only when the borrowed work would lose no more than it has waited \
-                 ({waited_s} s so far); it waits for capacity to free"
+                 ({waited_s} s so far){patience}; it waits for capacity to free"
             )));
         }
         let mut picked: BTreeMap<NodeContainer, String> = BTreeMap::new();

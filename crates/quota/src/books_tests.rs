@@ -639,10 +639,15 @@ fn a_request_no_node_can_hold_wins_no_tie_in_the_fair_queue() {
 /// all within B's minimum run time; n2 holds B's guarantee and older borrowed work. B's
 /// units checkpoint or not as asked. Returns the books, the nodes and the time.
 fn protected_backlog(checkpoint: bool) -> (QuotaTree, Books, [Node; 2], u64) {
-    let t = tree(
-        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}, "min_runtime_s": 600}}"#,
-    );
+    protected_backlog_under(r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#, checkpoint)
+}
+
+/// [`protected_backlog`] with `a_quota` as acme/a's quota.
+fn protected_backlog_under(a_quota: &str, checkpoint: bool) -> (QuotaTree, Books, [Node; 2], u64) {
+    let t = tree(&format!(
+        r#"{{"acme/a": {a_quota},
+            "acme/b": {{"gpus": {{"H100-80GB": {{"guarantee": 4}}}}, "min_runtime_s": 600}}}}"#
+    ));
     let mut b = Books::new(300, 1_000_000);
     let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
     let mut now = 1_000_000;
@@ -719,6 +724,62 @@ fn a_request_not_owed_preempts_nothing_until_its_backlog_ahead_is_served() {
     assert_eq!(victims.len(), 1, "{victims:?}");
     assert_eq!(victims[0].node, "n2", "{victims:?}");
     assert!(victims[0].reason.contains("owed since its backlog was served"), "{victims:?}");
+}
+
+/// A request owed only since its first ask (its tenant's 4 ahead of it left the queue)
+/// whose victims have run far longer than it has waited: under the ski-rental rule alone it
+/// waits for capacity to free; where its path sets `owed_reclaim_after_s`, it reclaims once
+/// it has been owed that long, and until then is told when.
+#[test]
+fn a_request_owed_later_reclaims_once_owed_for_its_paths_owed_reclaim_after_s() {
+    for after in [None, Some(120)] {
+        let a_quota = match after {
+            Some(s) => format!(
+                r#"{{"gpus": {{"H100-80GB": {{"guarantee": 4}}}}, "owed_reclaim_after_s": {s}}}"#
+            ),
+            None => r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#.to_string(),
+        };
+        let (t, mut b, mut nodes, mut now) = protected_backlog_under(&a_quota, false);
+        let one = ask("a-one", "acme/a", 1);
+        now += 1_000;
+        let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+        assert!(refused(&a).0.contains("not owed now"), "{a:?}");
+        // A's 4 leaves the queue: the 1 is owed from its next ask. B's units on n2 have
+        // run for 15 minutes, it has waited 2: not worth their work.
+        now += crate::books::WAITING_TTL_MS + 1_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+        let (msg, _) = refused(&a);
+        assert!(msg.contains("would lose no more than it has waited"), "{msg}");
+        assert_eq!(
+            msg.contains(
+                "or once owed for 120 s (quotas.acme/a.owed_reclaim_after_s): retry after 120 s"
+            ),
+            after.is_some(),
+            "{msg}"
+        );
+        // Owed for 120 s.
+        now += 120_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+        match after {
+            Some(_) => {
+                let AdmitAnswer::Reclaiming { victims, .. } = &a else {
+                    panic!("expected a reclaim once owed for 120 s: {a:?}")
+                };
+                assert_eq!(victims.len(), 1, "{victims:?}");
+                assert_eq!(victims[0].node, "n2", "{victims:?}");
+            }
+            None => {
+                let (msg, _) = refused(&a);
+                assert!(msg.contains("would lose no more than it has waited"), "{msg}");
+            }
+        }
+    }
 }
 
 /// A claim whose node places it before the books have heard that its victims are gone

@@ -76,15 +76,15 @@ mod tests;
 pub use admit::{admit, set_aside, withheld, CeilingRefusal, Class, Decision, Held, Usage};
 pub use amount::{gpu_micro, Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
 pub use drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
-pub use preempt::{owed, owed_behind, owed_in_order, worth_reclaiming};
+pub use preempt::{may_reclaim_owed_later, owed, owed_behind, owed_in_order, worth_reclaiming};
 pub use reclaim::{
     choose_victims, victim_order, Candidate, Chosen, NoVictims, Protected, Running, Victims,
 };
 pub use shape::{check_shape, layout, own_guarantee, ShapeFinding, ShapeKind, MAX_LAYOUT_STEPS};
 pub use spec::{
     chain, is_within, Limit, Limits, Quota, QuotaEntry, QuotaSpec, QuotaTree, SpecError, UniqueMap,
-    DEFAULT_GRACE_PERIOD_S, MAX_GRACE_PERIOD_S, MAX_MIN_RUNTIME_S, MAX_REQUEUE_BACKOFF_S,
-    REQUEUE_BACKOFF_DOUBLINGS,
+    DEFAULT_GRACE_PERIOD_S, MAX_GRACE_PERIOD_S, MAX_MIN_RUNTIME_S, MAX_OWED_RECLAIM_AFTER_S,
+    MAX_REQUEUE_BACKOFF_S, REQUEUE_BACKOFF_DOUBLINGS,
 };
 
 /// What [`allocate`] did with a queue.

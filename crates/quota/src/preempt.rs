@@ -10,6 +10,9 @@
 //! ended), reclaims only when the victims would lose no more than its waiting has cost
 //! ([`worth_reclaiming`]): the ski-rental rule, so such a preemption never destroys more
 //! work than the waiting it ends, and the wait is bounded by what the borrowers would lose.
+//! A path may bound that wait: with `owed_reclaim_after_s` it reclaims once it has been owed
+//! that long, whatever its victims lose ([`may_reclaim_owed_later`]; 0 is Kueue's reclaim
+//! within the cohort, at once).
 //! A request not owed now (the books find it within guarantee only because its tenant's
 //! backlog ahead of it is not counted: the tenant asked for more than its guarantee) never
 //! preempts; it waits in the fair queue for capacity to free. (Issue 27: before, the
@@ -130,6 +133,21 @@ impl<'a> OwedScan<'a> {
 /// The resources `r` asks (a non-zero amount of).
 fn kinds(r: &Resources) -> Vec<Resource> {
     r.iter().map(|(k, _)| k.clone()).collect()
+}
+
+/// Whether a reclaim for a request owed only since it first asked may go ahead: when its
+/// victims would lose no more than its waiting has cost ([`worth_reclaiming`]), or, where
+/// its path sets `owed_reclaim_after_s` (`after_s`), once it has been owed that long
+/// (`owed_for_s`), whatever they lose.
+pub fn may_reclaim_owed_later(
+    victims_cost: f64,
+    waited_s: u64,
+    request_share: f64,
+    owed_for_s: u64,
+    after_s: Option<u64>,
+) -> bool {
+    after_s.is_some_and(|a| owed_for_s >= a)
+        || worth_reclaiming(victims_cost, waited_s, request_share)
 }
 
 /// Whether a reclaim whose victims would lose `victims_cost` (dominant-share seconds,

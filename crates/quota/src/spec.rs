@@ -19,6 +19,8 @@ pub const DEFAULT_GRACE_PERIOD_S: u64 = 30;
 pub const MAX_GRACE_PERIOD_S: u64 = 3_600;
 /// The longest minimum run time a quota may set (a day).
 pub const MAX_MIN_RUNTIME_S: u64 = 86_400;
+/// The longest `owed_reclaim_after_s`: a day.
+pub const MAX_OWED_RECLAIM_AFTER_S: u64 = 86_400;
 /// The longest base a requeue backoff may set.
 pub const MAX_REQUEUE_BACKOFF_S: u64 = 3_600;
 /// A requeue backoff doubles with each preemption of the same work up to this many times
@@ -60,6 +62,13 @@ pub struct QuotaEntry {
     /// ancestor's, else 0: no backoff).
     #[serde(default)]
     pub requeue_backoff_s: Option<u64>,
+    /// Seconds a request of this path owed only after it first asked (its tenant's backlog
+    /// ahead of it served) waits while owed before it reclaims whatever its victims would
+    /// lose; 0: at once, as a request owed when it first asks (Kueue's reclaim within the
+    /// cohort). Default: the nearest ancestor's, else none: it reclaims only when its
+    /// victims would lose no more than its waiting has cost (the ski-rental rule).
+    #[serde(default)]
+    pub owed_reclaim_after_s: Option<u64>,
 }
 
 /// The limits on one resource, in its unit as written (GPUs, cores, GiB): a JSON object
@@ -161,6 +170,9 @@ pub struct Quota {
     pub min_runtime_s: u64,
     /// Base of the requeue backoff after a preemption, seconds (inherited, else 0).
     pub requeue_backoff_s: u64,
+    /// How long a request owed only later waits while owed before it reclaims whatever
+    /// its victims lose, seconds (inherited, else `None`: the ski-rental rule only).
+    pub owed_reclaim_after_s: Option<u64>,
 }
 
 impl Quota {
@@ -222,6 +234,13 @@ impl QuotaTree {
     /// quota's on its chain (0: at once).
     pub fn min_runtime_s(&self, tenant: &str) -> u64 {
         self.chain(tenant).next().map_or(0, |q| q.min_runtime_s)
+    }
+
+    /// How long a request of `tenant` owed only after it first asked waits while owed before
+    /// it reclaims whatever its victims would lose: the innermost quota's on its chain
+    /// (`None`: only under the ski-rental rule, [`crate::worth_reclaiming`]).
+    pub fn owed_reclaim_after_s(&self, tenant: &str) -> Option<u64> {
+        self.chain(tenant).next().and_then(|q| q.owed_reclaim_after_s)
     }
 
     /// How long work of `tenant` preempted `preemptions` times (at least once) waits before
@@ -323,6 +342,7 @@ impl QuotaSpec {
                 ("grace_period_s", entry.grace_period_s, MAX_GRACE_PERIOD_S),
                 ("min_runtime_s", entry.min_runtime_s, MAX_MIN_RUNTIME_S),
                 ("requeue_backoff_s", entry.requeue_backoff_s, MAX_REQUEUE_BACKOFF_S),
+                ("owed_reclaim_after_s", entry.owed_reclaim_after_s, MAX_OWED_RECLAIM_AFTER_S),
             ] {
                 if let Some(v) = value.filter(|v| *v > max) {
                     return Err(err(
@@ -350,6 +370,9 @@ impl QuotaSpec {
                 ),
                 min_runtime_s: inherit(entry.min_runtime_s, |q| q.min_runtime_s, 0),
                 requeue_backoff_s: inherit(entry.requeue_backoff_s, |q| q.requeue_backoff_s, 0),
+                owed_reclaim_after_s: entry
+                    .owed_reclaim_after_s
+                    .or_else(|| parent.and_then(|q| q.owed_reclaim_after_s)),
             };
             tree.quotas.insert(path, quota);
         }

@@ -66,6 +66,14 @@ fn a_valid_spec_becomes_a_tree_with_units_and_inherited_grace() {
     assert_eq!(t.grace_period_s("acme/ml/vision/alice"), 90, "inherited from acme");
     assert_eq!(t.grace_period_s("acme/a"), 5);
     assert_eq!(t.grace_period_s("org-a"), DEFAULT_GRACE_PERIOD_S);
+    assert_eq!(t.owed_reclaim_after_s("acme/ml"), None, "none set: the ski-rental rule only");
+    let t2 = tree(
+        r#"{"acme": {"gpus": {"H100-80GB": {"guarantee": 8}}, "owed_reclaim_after_s": 120},
+            "acme/ml": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/a": {"gpus": {"H100-80GB": {"guarantee": 1}}, "owed_reclaim_after_s": 0}}"#,
+    );
+    assert_eq!(t2.owed_reclaim_after_s("acme/ml/vision/alice"), Some(120), "inherited");
+    assert_eq!(t2.owed_reclaim_after_s("acme/a"), Some(0));
     let chain: Vec<&str> = t.chain("acme/ml/vision/alice").map(|q| q.path.as_str()).collect();
     assert_eq!(chain, ["acme/ml", "acme"]);
 }
@@ -128,6 +136,11 @@ fn validation_names_the_path_of_each_problem() {
             r#"{"acme": {"grace_period_s": 3601}}"#,
             "quotas.acme.grace_period_s",
             "expected 0 to 3600 seconds",
+        ),
+        (
+            r#"{"acme": {"owed_reclaim_after_s": 86401}}"#,
+            "quotas.acme.owed_reclaim_after_s",
+            "expected 0 to 86400 seconds, got 86401",
         ),
     ];
     for (json, path, message) in cases {
