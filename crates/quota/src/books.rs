@@ -75,7 +75,7 @@ use tessera_api::untrusted;
 use crate::admit::{admit as decide_quota, withheld, Class, Decision, Usage};
 use crate::amount::{Resource, Resources};
 use crate::drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
-use crate::preempt::{may_reclaim_owed_later, owed_behind};
+use crate::preempt::{may_reclaim_owed_later, owed_behind, worth_reclaiming};
 use crate::reclaim::{choose_victims, NoVictims, Running};
 use crate::spec::{chain, is_within, QuotaTree};
 use crate::wire::{
@@ -432,11 +432,14 @@ pub struct Books {
     /// Preempted work by `(tenant, workload or container)`: its requeue backoff.
     requeues: BTreeMap<TenantClaim, Requeue>,
     /// Claims answered something other than admitted, `(node, tenant, claim)` → when they
-    /// first asked and whether they were owed then (for the owner waits).
-    first_asks: BTreeMap<ClaimKey, (u64, bool)>,
+    /// first asked, whether they were owed then (for the owner waits), and when they last
+    /// asked (kept while they still ask: a claim still asking is never asking first).
+    first_asks: BTreeMap<ClaimKey, (u64, bool, u64)>,
     /// Claims not owed when they first asked, owed since: since when (a path's
-    /// `owed_reclaim_after_s` counts from there). Gone when one is found not owed again.
-    owed_since: BTreeMap<ClaimKey, u64>,
+    /// `owed_reclaim_after_s` counts from there), and the last ask that found them owed.
+    /// Gone when an ask finds one not owed, or beyond its guarantee; counted again from
+    /// zero when it has not been found owed for [`WAITING_TTL_MS`] (it left the queue).
+    owed_since: BTreeMap<ClaimKey, (u64, u64)>,
     gangs: BTreeMap<TenantGang, Gang>,
     outcomes: BTreeMap<NodeContainer, Outcome>,
     events: VecDeque<QuotaEvent>,
@@ -857,8 +860,8 @@ impl Books {
         // as the longest backoff; first asks go with the waiting entries' lifetime.
         let keep = crate::spec::MAX_REQUEUE_BACKOFF_S.saturating_mul(2000);
         self.requeues.retain(|_, q| now <= q.last_ms.saturating_add(keep).max(q.until_ms));
-        self.first_asks.retain(|_, (t, _)| now <= t.saturating_add(WAITING_TTL_MS * 30));
-        self.owed_since.retain(|_, t| now <= t.saturating_add(WAITING_TTL_MS * 30));
+        self.first_asks.retain(|_, (_, _, last)| now <= last.saturating_add(WAITING_TTL_MS * 30));
+        self.owed_since.retain(|_, (_, last)| now <= last.saturating_add(WAITING_TTL_MS));
         for c in self.costs.values_mut() {
             while c
                 .preempted_ms
@@ -1074,7 +1077,7 @@ impl Books {
         }
         // Owed when it first asked: its wait counts as an owner's, and it may reclaim at once.
         let (asked_ms, owed_first) = match self.first_asks.get(&hold) {
-            Some(&first) => first,
+            Some(&(asked_ms, owed_first, _)) => (asked_ms, owed_first),
             None => (now, self.is_owed(tree, node, req, &r, now)),
         };
         let ask = Ask { owed_first, asked_ms };
@@ -1213,7 +1216,22 @@ impl Books {
                 waits.push_back(now.saturating_sub(ask.asked_ms));
             }
         } else {
-            self.first_asks.entry(claim.clone()).or_insert((ask.asked_ms, ask.owed_first));
+            let first = self.first_asks.entry(claim.clone());
+            first.or_insert((ask.asked_ms, ask.owed_first, now)).2 = now;
+        }
+    }
+
+    /// Forgets since when `req`'s claim has been owed where `decision` puts it beyond its
+    /// guarantee (borrowed, or at a ceiling): an ask that finds it so finds it not owed,
+    /// and its `owed_reclaim_after_s` counts again from zero once it is owed again.
+    fn forget_owed(&mut self, node: &str, req: &AdmitRequest, decision: &Decision) {
+        if matches!(
+            decision,
+            Decision::Admit { class: Class::Borrowed, .. }
+                | Decision::Wait { class: Class::Borrowed, .. }
+                | Decision::Refuse(_)
+        ) {
+            self.owed_since.remove(&(node.to_string(), req.tenant.clone(), claim_of(req)));
         }
     }
 
@@ -1234,6 +1252,7 @@ impl Books {
         let held_for_it = held.is_some();
         let extra = held.cloned().unwrap_or_default();
         let decision = self.decide_with(tree, node, tenant, r, !req.unsynced_lease_grants, &extra);
+        self.forget_owed(node, req, &decision);
         if matches!(decision, Decision::Admit { class: Class::Borrowed, .. } | Decision::Refuse(_))
         {
             // Within its guarantees but for other nodes' unused leases: recall them.
@@ -1374,7 +1393,8 @@ impl Books {
                     Reclaimed::Not(why) => return self.queue(tree, node, req, r, None, why, now),
                 }
             }
-            _ => {
+            other => {
+                self.forget_owed(node, req, &other);
                 if let Decision::Refuse(c) = self.decide(tree, node, tenant, r, absorb) {
                     return self.refuse_ceiling(node, &req.container_id, c, now);
                 }
@@ -1598,6 +1618,18 @@ impl Books {
                     .to_string(),
             ));
         }
+        // Owed now: since when, from the ask that first found it so (counted again from
+        // zero where no ask has found it owed for as long as the queue keeps a claim).
+        let owed_since_ms = if ask.owed_first {
+            now
+        } else {
+            let (since, last) = self.owed_since.entry(key).or_insert((now, now));
+            if now > last.saturating_add(WAITING_TTL_MS) {
+                *since = now;
+            }
+            *last = now;
+            *since
+        };
         let stopping: BTreeSet<(&str, &str)> = self
             .reclaims
             .values()
@@ -1666,11 +1698,7 @@ impl Books {
             }
         };
         let waited_s = now.saturating_sub(ask.asked_ms) / 1000;
-        let owed_for_s = if ask.owed_first {
-            0
-        } else {
-            now.saturating_sub(*self.owed_since.entry(key).or_insert(now)) / 1000
-        };
+        let owed_for_s = now.saturating_sub(owed_since_ms) / 1000;
         let after_s = tree.owed_reclaim_after_s(claimant);
         let share = dominant_share(r, &capacity);
         if !ask.owed_first
@@ -1734,9 +1762,16 @@ impl Books {
                     "reclaimed for {claimant}, which asks {r} within its guarantee on node \
                      {node} ({}): {} runs {} on borrowed capacity; {why}",
                     if ask.owed_first {
-                        "owed: at once"
-                    } else {
+                        "owed: at once".to_string()
+                    } else if worth_reclaiming(chosen.cost, waited_s, share) {
                         "owed since its backlog was served, after waiting as long as it loses"
+                            .to_string()
+                    } else {
+                        format!(
+                            "owed since its backlog was served, for {owed_for_s} s: its path's \
+                             owed_reclaim_after_s ({} s)",
+                            after_s.unwrap_or_default()
+                        )
                     },
                     e.tenant,
                     e.resources,

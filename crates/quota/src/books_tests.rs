@@ -773,6 +773,9 @@ fn a_request_owed_later_reclaims_once_owed_for_its_paths_owed_reclaim_after_s() 
                 };
                 assert_eq!(victims.len(), 1, "{victims:?}");
                 assert_eq!(victims[0].node, "n2", "{victims:?}");
+                // The victim is told the rule that took it (not the ski-rental rule's
+                // "after waiting as long as it loses").
+                assert!(victims[0].reason.contains("owed_reclaim_after_s (120 s)"), "{victims:?}");
             }
             None => {
                 let (msg, _) = refused(&a);
@@ -780,6 +783,116 @@ fn a_request_owed_later_reclaims_once_owed_for_its_paths_owed_reclaim_after_s() 
             }
         }
     }
+}
+
+/// [`protected_backlog_under`] with acme/a's guarantee of 4 and `after`, and A's 1 on n2
+/// (not owed at its first ask, A's 4 ahead of it) owed since A's 4 left the queue: asked
+/// once while owed and refused. Returns the tree, books, nodes, time, the request and the
+/// refusal.
+fn owed_later(after: Option<u64>) -> (QuotaTree, Books, [Node; 2], u64, AdmitRequest, String) {
+    let a_quota = match after {
+        Some(s) => format!(
+            r#"{{"gpus": {{"H100-80GB": {{"guarantee": 4}}}}, "owed_reclaim_after_s": {s}}}"#
+        ),
+        None => r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#.to_string(),
+    };
+    let (t, mut b, mut nodes, mut now) = protected_backlog_under(&a_quota, false);
+    let one = ask("a-one", "acme/a", 1);
+    now += 1_000;
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+    assert!(refused(&a).0.contains("not owed now"), "{a:?}");
+    now += crate::books::WAITING_TTL_MS + 1_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+    let (msg, _) = refused(&a);
+    assert!(msg.contains("would lose no more than it has waited"), "{msg}");
+    (t, b, nodes, now, one, msg)
+}
+
+/// A request owed only later that keeps asking (each minute, well within the waiting
+/// queue's lifetime) stays owed only later, however long it waits: its first ask and the
+/// time it became owed are not forgotten while it asks. Before, both were swept an hour
+/// after they were made although the claim still asked: its next ask was taken for a
+/// first one, found it owed, and it reclaimed at once (under the ski-rental rule alone,
+/// and under an `owed_reclaim_after_s` of two hours after one).
+#[test]
+fn a_request_owed_later_that_keeps_asking_stays_owed_later_past_an_hour() {
+    for after in [None, Some(7_200)] {
+        let (t, mut b, mut nodes, mut now, one, _) = owed_later(after);
+        let owed_ms = now;
+        for minute in 1..=70u64 {
+            now = owed_ms + minute * 60_000;
+            for n in nodes.iter_mut() {
+                n.sync(&mut b, &t, now);
+            }
+            let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+            let AdmitAnswer::Refused { message, .. } = &a else {
+                panic!("{after:?}: after {minute} min owed: expected a refusal, got {a:?}")
+            };
+            assert!(message.contains("would lose no more than it has waited"), "{message}");
+            if let Some(s) = after {
+                let left = s - (now - owed_ms) / 1000;
+                assert!(message.contains(&format!("retry after {left} s")), "{message}");
+            }
+        }
+        assert_eq!(b.counters().reclaims.get("acme/a"), None, "{after:?}");
+    }
+}
+
+/// Time asked while the request is not within its tenant's guarantee at all (A's other
+/// work runs on A's whole guarantee) is not time owed: once that work ends, the request's
+/// `owed_reclaim_after_s` counts again from zero. Owed for 4 of its 5 minutes, then beyond
+/// its guarantee for one (asking twice, well within the queue's lifetime), it is owed
+/// again only from then. Before, the time it first became owed survived those asks, and
+/// it reclaimed at its first ask after A's work ended.
+#[test]
+fn time_asked_while_not_within_guarantee_is_not_time_owed() {
+    let (t, mut b, mut nodes, mut now, one, msg) = owed_later(Some(300));
+    assert!(msg.contains("retry after 300 s"), "{msg}");
+    let owed_ms = now;
+    for minute in 1..=4u64 {
+        now = owed_ms + minute * 60_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+        let left = 300 - (now - owed_ms) / 1000;
+        assert!(refused(&a).0.contains(&format!("retry after {left} s")), "{a:?}");
+    }
+    // Four of B's protected units on n1 end; A's 4 runs there, guaranteed.
+    for c in ["b8", "b9", "b10", "b11"] {
+        nodes[0].stop(c);
+    }
+    now += 1_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let run = ask("a-run", "acme/a", 4);
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &run, &mut now);
+    assert_eq!(admitted(&a), QuotaClass::Guaranteed);
+    // For a minute the 1 asks each 30 s: beyond A's guarantee, it is not owed.
+    for _ in 0..2 {
+        now += 30_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+        assert!(!matches!(a, AdmitAnswer::Reclaiming { .. }), "{a:?}");
+    }
+    // A's 4 ends: the 1 is owed again, from now.
+    nodes[0].stop("a-run");
+    now += 1_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+    let AdmitAnswer::Refused { message, .. } = &a else {
+        panic!("expected a refusal, owed again only now: {a:?}")
+    };
+    assert!(message.contains("retry after 300 s"), "{message}");
+    assert_eq!(b.counters().reclaims.get("acme/a"), None);
 }
 
 /// A claim whose node places it before the books have heard that its victims are gone
