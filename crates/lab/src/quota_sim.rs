@@ -1382,7 +1382,30 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// A request not within guarantee when it arrived, leaving the queue for its first
+    /// start at `t` (placed, or booked for when its victims are gone): owed then
+    /// ([`Sim::owed_now`]; one booked for a reclaim is), it is a request owed later, its
+    /// wait while owed open from `t` if not before. The pass that made it owed and the one
+    /// that takes it from the queue can be one: [`Sim::note_owed_later`], after the pass,
+    /// no longer sees it.
+    fn note_owed_leaving(&mut self, u: usize, t: u64, owed: impl FnOnce(&Self) -> bool) {
+        let st = &self.st[u];
+        if self.mode != Mode::Quotas
+            || st.owner
+            || st.first_start.is_some()
+            || st.owed_since.is_some()
+            || !owed(self)
+        {
+            return;
+        }
+        let st = &mut self.st[u];
+        st.owed_since = Some(t);
+        st.owed_ever = true;
+    }
+
     fn start(&mut self, u: usize, slots: Vec<Slot>, class: Class, t: u64) {
+        // Admitted as borrowed, it is not owed (owed is guaranteed with more counted).
+        self.note_owed_leaving(u, t, |sim| class == Class::Guaranteed && sim.owed_now(u));
         self.unblock(u, t);
         self.dequeue(u);
         for s in &slots {
@@ -1410,6 +1433,8 @@ impl<'a> Sim<'a> {
 
     /// Books and places `u` now; it starts at `begin`.
     fn reserve(&mut self, u: usize, slots: Vec<Slot>, t: u64, begin: u64) {
+        // Only an owed request reclaims; it waits, owed, through its victims' grace period.
+        self.note_owed_leaving(u, t, |_| true);
         self.unblock(u, t);
         self.dequeue(u);
         for s in &slots {
@@ -2673,6 +2698,60 @@ mod tests {
         assert_eq!(start(&r, "a-two"), Some(1_000 + 500 + 30));
         assert_eq!((r.preemptions, r.reclaims_for_quota), (1, 1));
         assert_eq!(r.owed_later_wait_p99_s, Some(530), "owed until its start");
+    }
+
+    /// A request beyond its tenant's guarantee when it arrives, owed once the tenant's
+    /// guaranteed work ends, that reclaims at that instant (the ski-rental rule: it has
+    /// waited longer than the victim has run) is owed until its first start, its victim's
+    /// grace period included: counted, with that wait (red team of 6fd3c60: it was left out,
+    /// owed and gone from the queue within one pass).
+    #[test]
+    fn a_request_owed_later_that_reclaims_counts_its_victims_grace_period() {
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 3, "ceiling": 3}}},
+                "t/b": {"gpus": {"H100-80GB": {"ceiling": 4}}, "grace_period_s": 45}}"#,
+        );
+        let jobs = vec![
+            job("a0", "t/a", 0, 1_000, 1),
+            // 1 + 3 is beyond a's guarantee and ceiling of 3: not owed (and not admitted)
+            // until a0 ends at 1,000 s.
+            job("a-three", "t/a", 10, 100, 3),
+            // Borrows the 3 GPUs a-three may not take.
+            job("b-wide", "t/b", 500, 100_000, 3),
+        ];
+        let r = run(&jobs, &fleet(1, 4), &t, Mode::Quotas, Some(200_000)).expect("runs");
+        assert_eq!(start(&r, "b-wide"), Some(500));
+        // At 1,000 s it has waited 990 s at 3/4 of the fleet, b-wide has run 500 s at 3/4:
+        // worth reclaiming at once; it starts when b-wide's grace period is over.
+        assert_eq!(start(&r, "a-three"), Some(1_045));
+        assert_eq!(r.preemptions, 1);
+        assert_eq!(r.owner_requests, 1, "a0");
+        assert_eq!(r.owed_later_requests, 1, "a-three was owed from 1,000 s to its start");
+        assert_eq!(r.owed_later_wait_p99_s, Some(45), "owed through b-wide's grace period");
+        assert_eq!(r.owed_later_wait_unblocked_p99_s, Some(45));
+    }
+
+    /// A request owed later that starts the instant it is owed waited 0 s while owed: it
+    /// is one of the requests owed later, as an owner request that starts at once is one of
+    /// the owner requests (red team of 6fd3c60: it was left out, and the p50 with it).
+    #[test]
+    fn a_request_owed_later_that_starts_at_once_counts_with_no_wait() {
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 3}}},
+                "t/b": {"gpus": {"H100-80GB": {"ceiling": 4}}}}"#,
+        );
+        let jobs = vec![
+            job("a0", "t/a", 0, 1_000, 2),
+            job("b-wide", "t/b", 0, 100_000, 2),
+            // 2 + 2 is beyond a's guarantee of 3: owed when a0 ends, on the GPUs a0 frees.
+            job("a-two", "t/a", 10, 100, 2),
+        ];
+        let r = run(&jobs, &fleet(1, 4), &t, Mode::Quotas, Some(200_000)).expect("runs");
+        assert_eq!(start(&r, "a-two"), Some(1_000));
+        assert_eq!(r.preemptions, 0);
+        assert_eq!(r.owed_later_requests, 1, "a-two, owed at 1,000 s and started then");
+        assert_eq!(r.owed_later_wait_p50_s, Some(0));
+        assert_eq!(r.owed_later_wait_p99_s, Some(0));
     }
 
     /// Within a tenant's turn its largest request first: 4 GPUs freed on a node go to the

@@ -263,3 +263,132 @@ proptest! {
         }
     }
 }
+
+/// Tenants asked about by [`owed_in_order_answers_as_owed_over_every_resource`]: the tree's
+/// paths, one under its deepest and one outside it.
+const TENANTS: &[&str] =
+    &["acme", "acme/a", "acme/b", "acme/a/p", "acme/a/p/u", "acme/b/q", "acme/a/p/u/x", "org-c"];
+
+/// One resource's limits at one path, in `1/steps` of its unit: a guarantee, a ceiling
+/// above it (or alone), a lending limit at most the guarantee; `None` where the path does
+/// not bound it.
+fn limits_json(l: &Option<(Option<u64>, Option<u64>, Option<u64>)>, steps: u64) -> Option<String> {
+    let (g, extra, lend) = (*l)?;
+    let v = |x: u64| x as f64 / steps as f64;
+    let mut parts = Vec::new();
+    if let Some(g) = g {
+        parts.push(format!(r#""guarantee": {}"#, v(g)));
+        if let Some(lend) = lend {
+            parts.push(format!(r#""lending_limit": {}"#, v(lend.min(g))));
+        }
+    }
+    if let Some(extra) = extra {
+        parts.push(format!(r#""ceiling": {}"#, v(g.unwrap_or(0) + extra)));
+    }
+    (!parts.is_empty()).then(|| format!("{{{}}}", parts.join(", ")))
+}
+
+/// A random valid tree over [`PATHS`] bounding H100s (quarters), CPU (half cores) and
+/// memory (GiB): guarantees, ceilings and lending limits of each, any combination.
+fn arb_tree_every_resource() -> impl Strategy<Value = QuotaTree> {
+    let one = |max: u64| {
+        prop::option::weighted(
+            0.5,
+            (prop::option::of(0..=max), prop::option::of(0..=max), prop::option::of(0..=max)),
+        )
+    };
+    prop::collection::vec((one(16), one(16), one(16)), PATHS.len()).prop_filter_map(
+        "valid",
+        move |limits| {
+            let mut entries = Vec::new();
+            for ((gpu, cpu, mem), path) in limits.iter().zip(PATHS) {
+                let mut fields = Vec::new();
+                if let Some(b) = limits_json(gpu, 4) {
+                    fields.push(format!(r#""gpus": {{"{H100}": {b}}}"#));
+                }
+                if let Some(b) = limits_json(cpu, 2) {
+                    fields.push(format!(r#""cpu_cores": {b}"#));
+                }
+                if let Some(b) = limits_json(mem, 1) {
+                    fields.push(format!(r#""memory_gib": {b}"#));
+                }
+                if !fields.is_empty() {
+                    entries.push(format!(r#""{path}": {{{}}}"#, fields.join(", ")));
+                }
+            }
+            let spec: QuotaSpec =
+                serde_json::from_str(&format!("{{{}}}", entries.join(","))).ok()?;
+            spec.validate("quotas", |t| PATHS.contains(&t)).ok()
+        },
+    )
+}
+
+/// Some of H100s (any micro-GPU fraction up to 4, or none), CPU (millicores up to 8 cores)
+/// and memory (MiB up to 16 GiB), each maybe absent or zero.
+fn arb_amounts() -> impl Strategy<Value = Resources> {
+    let gpu = prop_oneof![
+        Just(0u64),
+        (1u64..=16).prop_map(|q| q * MICRO_PER_GPU / 4),
+        0u64..=4 * MICRO_PER_GPU
+    ];
+    let cpu =
+        prop::option::of(prop_oneof![Just(0u64), (1u64..=16).prop_map(|h| h * 500), 0u64..=8_000]);
+    let mem = prop::option::of(prop_oneof![
+        Just(0u64),
+        (1u64..=16).prop_map(|g| g * MIB_PER_GIB),
+        0u64..=16 * MIB_PER_GIB
+    ]);
+    (gpu, cpu, mem).prop_map(|(g, c, m)| {
+        let mut r = Resources::new().with(Resource::gpu(H100), g);
+        if let Some(c) = c {
+            r = r.with(Resource::Cpu, c);
+        }
+        if let Some(m) = m {
+            r = r.with(Resource::Memory, m);
+        }
+        r
+    })
+}
+
+proptest! {
+    /// [`owed_in_order_answers_as_owed_asked_of_each_request`] over every resource and
+    /// limit (red team of 6fd3c60): GPU, CPU and memory guarantees, ceilings (so
+    /// `Reclaim { under }` where other tenants' borrowed work fills one) and lending
+    /// limits, fractional and zero amounts, other tenants' guaranteed, borrowed and leased
+    /// usage, tenants under and outside the tree, and requests repeated exactly.
+    #[test]
+    fn owed_in_order_answers_as_owed_over_every_resource(
+        tree in arb_tree_every_resource(),
+        held in prop::collection::vec((0..TENANTS.len(), 0u8..3, arb_amounts()), 0..8),
+        tenant in 0..TENANTS.len(),
+        asks in prop::collection::vec((arb_amounts(), any::<bool>()), 0..12),
+    ) {
+        let mut usage = Usage::new();
+        for (t, how, r) in &held {
+            match how {
+                0 => usage.add(TENANTS[*t], Class::Guaranteed, r),
+                1 => usage.add(TENANTS[*t], Class::Borrowed, r),
+                _ => usage.add_leased(TENANTS[*t], r),
+            }
+        }
+        let tenant = TENANTS[tenant];
+        let mut requests: Vec<Resources> = Vec::new();
+        for (r, again) in asks {
+            // Some asked again exactly as the one before.
+            match requests.last() {
+                Some(last) if again => requests.push(last.clone()),
+                _ => requests.push(r),
+            }
+        }
+        let fast = owed_in_order(&tree, &usage, tenant, &requests);
+        let mut ahead = Resources::new();
+        for (i, r) in requests.iter().enumerate() {
+            let slow = owed(&tree, &usage, tenant, r, &ahead);
+            prop_assert_eq!(fast[i], slow, "request {} of {:?}", i, requests);
+            prop_assert_eq!(owed_behind(&tree, &usage, tenant, r, &requests[..i]), slow);
+            if slow {
+                ahead.add(r);
+            }
+        }
+    }
+}
