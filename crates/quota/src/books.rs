@@ -254,6 +254,11 @@ enum Reclaimed {
 struct Ask {
     owed_first: bool,
     asked_ms: u64,
+    /// A first ask within [`WAITING_TTL_MS`] of books taken over from a store: the fair
+    /// queue is still being relearned (its requests ask again within that time), so
+    /// whether the claim is owed cannot be told yet. It preempts nothing and its first ask
+    /// is not kept: the first ask after the window is judged against the relearned queue.
+    settling: bool,
 }
 
 /// An admission not yet seen in its node's sync.
@@ -423,6 +428,8 @@ pub struct NotReady {
 pub struct Books {
     lease_ttl_s: u64,
     started_ms: u64,
+    /// When these books were taken over from a store ([`Books::restore`]).
+    restored_ms: Option<u64>,
     nodes: BTreeMap<String, NodeBook>,
     pending: BTreeMap<NodeContainer, Pending>,
     reclaims: BTreeMap<ClaimKey, Reclaim>,
@@ -636,6 +643,7 @@ impl Books {
         Books {
             lease_ttl_s,
             started_ms: now_ms,
+            restored_ms: None,
             nodes: BTreeMap::new(),
             pending: BTreeMap::new(),
             reclaims: BTreeMap::new(),
@@ -1076,11 +1084,12 @@ impl Books {
             }
         }
         // Owed when it first asked: its wait counts as an owner's, and it may reclaim at once.
-        let (asked_ms, owed_first) = match self.first_asks.get(&hold) {
-            Some(&(asked_ms, owed_first, _)) => (asked_ms, owed_first),
-            None => (now, self.is_owed(tree, node, req, &r, now)),
+        let (asked_ms, owed_first, settling) = match self.first_asks.get(&hold) {
+            Some(&(asked_ms, owed_first, _)) => (asked_ms, owed_first, false),
+            None if self.settling(now) => (now, false, true),
+            None => (now, self.is_owed(tree, node, req, &r, now), false),
         };
-        let ask = Ask { owed_first, asked_ms };
+        let ask = Ask { owed_first, asked_ms, settling };
         let answer = if req.short_on_node {
             self.admit_short(tree, node, req, &r, ask, now)
         } else {
@@ -1215,10 +1224,17 @@ impl Books {
                 }
                 waits.push_back(now.saturating_sub(ask.asked_ms));
             }
-        } else {
+        } else if !ask.settling {
             let first = self.first_asks.entry(claim.clone());
             first.or_insert((ask.asked_ms, ask.owed_first, now)).2 = now;
         }
+    }
+
+    /// Whether the books were taken over from a store less than [`WAITING_TTL_MS`] ago: the
+    /// fair queue they did not store is still being relearned from the requests asking
+    /// again ([`Ask::settling`]).
+    fn settling(&self, now: u64) -> bool {
+        self.restored_ms.is_some_and(|r| now < r.saturating_add(WAITING_TTL_MS))
     }
 
     /// Forgets since when `req`'s claim has been owed where `decision` puts it beyond its
@@ -1609,6 +1625,18 @@ impl Books {
         // filled the guarantee) is owed once that backlog is served and its tenant's
         // guaranteed work has ended. A request not owed now never preempts.
         let key: ClaimKey = (node.to_string(), claimant.to_string(), claim.clone());
+        if ask.settling {
+            let restored = self.restored_ms.unwrap_or(now);
+            let left_s = restored.saturating_add(WAITING_TTL_MS).saturating_sub(now).div_ceil(1000);
+            return Reclaimed::Not(Some(format!(
+                "the books were taken over {} s ago and relearn the fair queue from the \
+                 requests asking again (each within {} s): until then a request first seen \
+                 preempts no borrowed work; retry after {} s",
+                now.saturating_sub(restored) / 1000,
+                WAITING_TTL_MS / 1000,
+                left_s.max(1)
+            )));
+        }
         if !ask.owed_first && !self.is_owed(tree, node, req, r, now) {
             self.owed_since.remove(&key);
             return Reclaimed::Not(Some(

@@ -365,6 +365,7 @@ impl Books {
     /// not name syncs first, or the lease TTL and its margin pass since then).
     pub fn restore(lease_ttl_s: u64, now: u64, state: BooksState, tree: &QuotaTree) -> Books {
         let mut b = Books::new(lease_ttl_s, now);
+        b.restored_ms = Some(now);
         match state.rebuilding_since_ms {
             Some(since) => {
                 b.started_ms = since;

@@ -895,6 +895,40 @@ fn time_asked_while_not_within_guarantee_is_not_time_owed() {
     assert_eq!(b.counters().reclaims.get("acme/a"), None);
 }
 
+/// Books taken over from a store have no fair queue (it is not stored): until its requests
+/// have asked again, a claim first seen cannot be told owed or not, and preempts nothing.
+/// A's 1 on n2 is not owed (A's 4 waits ahead of it); asked first after the takeover,
+/// before A's 4 asks again, it found the queue empty, was judged owed at its first ask and
+/// reclaimed at once (red team of issue 27). After the window it is judged on the
+/// relearned queue: not owed.
+#[test]
+fn books_taken_over_preempt_nothing_for_a_claim_first_seen_until_the_queue_is_relearned() {
+    let (t, b, mut nodes, mut now) = protected_backlog(false);
+    now += 1_000;
+    let mut b = Books::restore(300, now, b.state(), &t);
+    let one = ask("a-one", "acme/a", 1);
+    let four = ask("a-four", "acme/a", 4);
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+    let (msg, _) = refused(&a);
+    assert!(
+        msg.contains("the books were taken over 0 s ago")
+            && msg.contains("preempts no borrowed work; retry after 120 s"),
+        "{msg}"
+    );
+    // A's 4 asks again (still waiting for its protected victims), and keeps asking.
+    refused(&answer_through_recalls(&mut nodes, 0, &mut b, &t, &four, &mut now).0);
+    now += crate::books::WAITING_TTL_MS / 2;
+    refused(&answer_through_recalls(&mut nodes, 0, &mut b, &t, &four, &mut now).0);
+    now += crate::books::WAITING_TTL_MS / 2 + 1_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+    let (msg, _) = refused(&a);
+    assert!(msg.contains("not owed now"), "{msg}");
+    assert!(b.events().iter().all(|e| e.kind != QuotaEventKind::Preempt), "{:#?}", b.events());
+}
+
 /// A claim whose node places it before the books have heard that its victims are gone
 /// (the node stopped them and freed their devices, and has not synced since): the
 /// capacity its reclaim holds is its own, so it is admitted at once and nobody else is
