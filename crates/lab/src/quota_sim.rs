@@ -1862,11 +1862,13 @@ impl<'a> Sim<'a> {
     /// ended) and which no longer are (the tenant's other work took the guarantee first).
     /// Their wait counts while they are owed ([`Report::owed_later_requests`]).
     fn note_owed_later(&mut self, t: u64) {
-        let gpu = Resource::gpu(&self.fleet.model);
         let mut by_tenant: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
         for ((tenant, _), q) in &self.fair_q {
-            // A tenant whose chain guarantees no GPUs is never owed any (every job asks GPUs).
-            if guarantor(self.tree, &gpu, tenant).is_some() {
+            // A tenant whose chain guarantees nothing is never owed anything.
+            let guarantees = chain(tenant)
+                .filter_map(|p| self.tree.get(p))
+                .any(|q| q.limits.values().any(|l| l.guarantee.is_some()));
+            if guarantees {
                 by_tenant.entry(tenant.as_str()).or_default().extend(q.iter().copied());
             }
         }
@@ -2679,6 +2681,30 @@ mod tests {
         assert_eq!((start(&r, "a-small"), start(&r, "a-two")), (Some(2_000), Some(100_000)));
         assert_eq!(r.owed_later_requests, 1, "a-two only: a-small was never owed");
         assert_eq!(r.owed_later_wait_p99_s, Some(1_000 + 97_900));
+    }
+
+    /// The same with CPU guaranteed and GPUs unbounded: a request is owed for its CPU, and
+    /// measured so (a tenant whose chain guarantees no GPUs was passed over).
+    #[test]
+    fn a_request_owed_later_for_a_cpu_guarantee_is_measured_too() {
+        let t = tree(
+            r#"{"t/a": {"cpu_cores": {"guarantee": 4}},
+                "t/b": {"cpu_cores": {"ceiling": 8}}}"#,
+        );
+        let with_cpu = |j: Job, cores: u64| Job {
+            resources: j.resources.clone().with_cpu_milli(cores * 1_000),
+            ..j
+        };
+        let jobs = vec![
+            with_cpu(job("a0", "t/a", 0, 1_000, 1), 2),
+            with_cpu(job("b-wide", "t/b", 0, 100_000, 1), 6),
+            with_cpu(job("a-two", "t/a", 10, 100, 1), 4),
+        ];
+        let fleet = Fleet { cpu_milli_per_node: Some(8_000), ..fleet(1, 4) };
+        let r = run(&jobs, &fleet, &t, Mode::Quotas, Some(200_000)).expect("runs");
+        assert_eq!(start(&r, "a-two"), Some(100_000));
+        assert_eq!(r.owed_later_requests, 1);
+        assert_eq!(r.owed_later_wait_p99_s, Some(99_000));
     }
 
     /// The same request where its path sets `owed_reclaim_after_s`: owed from a0's end, it
