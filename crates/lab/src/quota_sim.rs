@@ -59,7 +59,8 @@
 //!   path's `owed_reclaim_after_s` ([`quota::may_reclaim_owed_later`]); one not owed now never, as the
 //!   coordinator's books answer it. The victims get their
 //!   tenant's grace period ([`QuotaTree::grace_period_s`]) and are then stopped and go
-//!   back to the queue with their original arrival time: a job that checkpoints
+//!   back to the queue with their original arrival time, judged owed or not anew (the books
+//!   judge its next ask as a new claim's first): a job that checkpoints
 //!   ([`Job::checkpoints`]) resumes from the SIGTERM, the others restart from zero; the
 //!   requeue backoff ([`QuotaTree::requeue_backoff_s`]) keeps a victim from borrowing
 //!   again until it ends. The claimant's capacity is held for it (booked and placed at
@@ -1554,6 +1555,8 @@ impl<'a> Sim<'a> {
             a.preempted_checkpointing += jobs;
         }
         self.enqueue(u);
+        // It asks again as a new claim: the books judge whether it is owed at that ask.
+        self.st[u].owed = self.owed_now(u);
     }
 
     // --- FIFO and static: arrival order with EASY backfill --------------------------------
@@ -2681,6 +2684,31 @@ mod tests {
         assert_eq!((start(&r, "a-small"), start(&r, "a-two")), (Some(2_000), Some(100_000)));
         assert_eq!(r.owed_later_requests, 1, "a-two only: a-small was never owed");
         assert_eq!(r.owed_later_wait_p99_s, Some(1_000 + 97_900));
+    }
+
+    /// A victim asks again as a new claim, and the books judge it then: b1 ran borrowed
+    /// (b0 held b's guarantee); a0 reclaims it; by then b0 has ended, so b1 is owed at its
+    /// new ask and reclaims c0 at once (judged as when it first arrived, behind b0, it was
+    /// not owed and c0 had run too long to be worth its wait).
+    #[test]
+    fn a_victim_asking_again_is_judged_owed_or_not_at_that_ask() {
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+                "t/b": {"gpus": {"H100-80GB": {"guarantee": 1}}},
+                "t/c": {"gpus": {"H100-80GB": {"ceiling": 3}}}}"#,
+        );
+        let jobs = vec![
+            job("c0", "t/c", 0, 100_000, 1),
+            job("b0", "t/b", 0, 900, 1),
+            job("c1", "t/c", 5, 795, 1),
+            job("b1", "t/b", 10, 100_000, 1),
+            job("a0", "t/a", 1_000, 100_000, 2),
+        ];
+        let r = run(&jobs, &fleet(1, 3), &t, Mode::Quotas, Some(200_000)).expect("runs");
+        let preempted = |id: &str| r.outcomes.iter().find(|o| o.id == id).map(|o| o.preempted);
+        assert_eq!((start(&r, "b1"), start(&r, "a0")), (Some(800), Some(1_030)));
+        assert_eq!(preempted("b1"), Some(1), "a0's victim");
+        assert_eq!(preempted("c0"), Some(1), "b1, owed when it asked again, reclaimed c0");
     }
 
     /// The same with CPU guaranteed and GPUs unbounded: a request is owed for its CPU, and
