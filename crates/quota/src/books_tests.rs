@@ -733,26 +733,7 @@ fn a_request_not_owed_preempts_nothing_until_its_backlog_ahead_is_served() {
 #[test]
 fn a_request_owed_later_reclaims_once_owed_for_its_paths_owed_reclaim_after_s() {
     for after in [None, Some(120)] {
-        let a_quota = match after {
-            Some(s) => format!(
-                r#"{{"gpus": {{"H100-80GB": {{"guarantee": 4}}}}, "owed_reclaim_after_s": {s}}}"#
-            ),
-            None => r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#.to_string(),
-        };
-        let (t, mut b, mut nodes, mut now) = protected_backlog_under(&a_quota, false);
-        let one = ask("a-one", "acme/a", 1);
-        now += 1_000;
-        let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
-        assert!(refused(&a).0.contains("not owed now"), "{a:?}");
-        // A's 4 leaves the queue: the 1 is owed from its next ask. B's units on n2 have
-        // run for 15 minutes, it has waited 2: not worth their work.
-        now += crate::books::WAITING_TTL_MS + 1_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
-        let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
-        let (msg, _) = refused(&a);
-        assert!(msg.contains("would lose no more than it has waited"), "{msg}");
+        let (t, mut b, mut nodes, mut now, one, msg) = owed_later(after);
         assert_eq!(
             msg.contains(
                 "or once owed for 120 s (quotas.acme/a.owed_reclaim_after_s): retry after 120 s"

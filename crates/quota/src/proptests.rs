@@ -77,6 +77,27 @@ fn arb_ops() -> impl Strategy<Value = Vec<Op>> {
     )
 }
 
+/// [`owed_in_order`] and [`owed_behind`] of each of `requests` answer as [`owed`] asked of
+/// it with the owed ones before it counted ahead.
+fn same_as_owed_of_each(
+    tree: &QuotaTree,
+    usage: &Usage,
+    tenant: &str,
+    requests: &[Resources],
+) -> Result<(), TestCaseError> {
+    let fast = owed_in_order(tree, usage, tenant, requests);
+    let mut ahead = Resources::new();
+    for (i, r) in requests.iter().enumerate() {
+        let slow = owed(tree, usage, tenant, r, &ahead);
+        prop_assert_eq!(fast[i], slow, "request {} of {:?}", i, requests);
+        prop_assert_eq!(owed_behind(tree, usage, tenant, r, &requests[..i]), slow);
+        if slow {
+            ahead.add(r);
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -251,16 +272,7 @@ proptest! {
                 }
             })
             .collect();
-        let fast = owed_in_order(&tree, &usage, tenant, &requests);
-        let mut ahead = Resources::new();
-        for (i, r) in requests.iter().enumerate() {
-            let slow = owed(&tree, &usage, tenant, r, &ahead);
-            prop_assert_eq!(fast[i], slow, "request {} of {:?}", i, requests);
-            prop_assert_eq!(owed_behind(&tree, &usage, tenant, r, &requests[..i]), slow);
-            if slow {
-                ahead.add(r);
-            }
-        }
+        same_as_owed_of_each(&tree, &usage, tenant, &requests)?;
     }
 }
 
@@ -380,15 +392,6 @@ proptest! {
                 _ => requests.push(r),
             }
         }
-        let fast = owed_in_order(&tree, &usage, tenant, &requests);
-        let mut ahead = Resources::new();
-        for (i, r) in requests.iter().enumerate() {
-            let slow = owed(&tree, &usage, tenant, r, &ahead);
-            prop_assert_eq!(fast[i], slow, "request {} of {:?}", i, requests);
-            prop_assert_eq!(owed_behind(&tree, &usage, tenant, r, &requests[..i]), slow);
-            if slow {
-                ahead.add(r);
-            }
-        }
+        same_as_owed_of_each(&tree, &usage, tenant, &requests)?;
     }
 }
