@@ -219,6 +219,16 @@ fn start(t: &QuotaTree, nodes: &mut [Node], b: &mut Books, now: u64) {
     }
 }
 
+/// Books started at 1,000,000 ms (lease TTL 300 s) under `t`, with two 8-GPU nodes, n1 and
+/// n2, synced ([`start`]): the set-up most tests begin from.
+fn two_nodes(t: &QuotaTree) -> (Books, [Node; 2], u64) {
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
+    let now = 1_000_000;
+    start(t, &mut nodes, &mut b, now);
+    (b, nodes, now)
+}
+
 /// Admits `req` on `nodes[n]` through any lease recalls ([`answer_through_recalls`]).
 /// Returns how many recalls it took; panics on anything but an admission.
 fn admit_retrying(
@@ -311,10 +321,7 @@ const AB: &str = r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
 #[test]
 fn a_tenant_within_its_guarantee_reclaims_the_youngest_borrowed_work_on_its_node() {
     let t = tree(AB);
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
     // B fills 12: node 1 full, 4 on node 2. B's 3rd on node 1 is within B's guarantee,
     // which node 2's lease holds: the lease is recalled and the retry is guaranteed.
     let mut recalls = 0;
@@ -421,10 +428,7 @@ fn freed_gpus_are_kept_for_the_tenants_own_larger_waiting_request() {
         r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
             "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
     );
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
     fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 0, 8), false, &mut now);
     // Node 1 is full: c's 4-GPU request waits.
     now += 1_000;
@@ -464,10 +468,7 @@ fn gpus_are_not_kept_for_a_waiting_request_the_quotas_hold_back() {
         r#"{"acme/a": {"gpus": {"H100-80GB": {"ceiling": 16}}},
             "acme/c": {"gpus": {"H100-80GB": {"guarantee": 8, "lending_limit": 0}}}}"#,
     );
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
     // a borrows 2 on n1 and 4 on n2: what c's lending limit leaves it (8), less 2.
     for i in 0..6 {
         now += 1_000;
@@ -507,10 +508,7 @@ fn a_request_no_node_can_hold_is_no_backlog_ahead() {
         r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
             "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
     );
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
     fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
     fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 8, 8), false, &mut now);
     assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 12));
@@ -546,10 +544,7 @@ fn a_retry_under_a_new_container_id_is_not_kept_waiting_for_its_own_old_attempt(
         r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
             "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
     );
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
     fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 0, 8), false, &mut now);
     let attempt = |id: &str| {
         let mut r = ask(id, "acme/c", 4);
@@ -614,10 +609,7 @@ fn a_request_no_node_can_hold_wins_no_tie_in_the_fair_queue() {
             "acme/b": {"gpus": {"H100-80GB": {"guarantee": 16}}},
             "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
     );
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
     fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
     now += 1_000;
     let (msg, _) = refused(&nodes[0].admit(&mut b, &t, ask("c-huge", "acme/c", 9), now));
@@ -648,10 +640,7 @@ fn protected_backlog_under(a_quota: &str, checkpoint: bool) -> (QuotaTree, Books
         r#"{{"acme/a": {a_quota},
             "acme/b": {{"gpus": {{"H100-80GB": {{"guarantee": 4}}}}, "min_runtime_s": 600}}}}"#
     ));
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
     // n2 first (B's guarantee and 4 borrowed), n1 12 minutes later (8 borrowed,
     // protected), the nodes syncing each minute in between.
     fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 0, 8), checkpoint, &mut now);
@@ -919,10 +908,7 @@ fn books_taken_over_preempt_nothing_for_a_claim_first_seen_until_the_queue_is_re
 #[test]
 fn a_claim_placed_before_its_victims_leave_the_books_is_admitted_on_its_held_capacity() {
     let t = tree(AB);
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
     for i in 0..12 {
         now += 1_000;
         let n = if i < 8 { 0 } else { 1 };
@@ -963,10 +949,7 @@ fn a_claim_placed_before_its_victims_leave_the_books_is_admitted_on_its_held_cap
 #[test]
 fn a_victim_in_a_gang_takes_the_whole_gang_on_every_node() {
     let t = tree(AB);
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
     // B: 4 guaranteed singles spread out, then a borrowed gang of 4, 2 on each node, then
     // a borrowed single (younger) on n2 only.
     for (i, n) in [0, 0, 1, 1].into_iter().enumerate() {
@@ -1381,10 +1364,7 @@ fn without_quotas_everything_is_admitted_guaranteed_and_still_counted() {
 #[test]
 fn a_gang_is_admitted_whole_when_its_last_member_arrives() {
     let t = tree(AB);
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
-    let now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
+    let (mut b, _, now) = two_nodes(&t);
     for (i, n) in ["n1", "n2", "n1"].into_iter().enumerate() {
         let g = b.gang_arrive(
             &t,
@@ -1442,10 +1422,7 @@ fn a_gang_is_admitted_whole_when_its_last_member_arrives() {
 #[test]
 fn a_gang_that_does_not_assemble_in_time_is_refused_and_its_reservation_released() {
     let t = tree(AB);
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
-    let now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
+    let (mut b, _, now) = two_nodes(&t);
     for i in 0..3 {
         let g = b.gang_arrive(
             &t,
@@ -1481,10 +1458,7 @@ fn a_gang_that_does_not_assemble_in_time_is_refused_and_its_reservation_released
 #[test]
 fn after_a_restart_the_books_wait_for_every_known_node_and_adopt_their_leases() {
     let t = tree(AB);
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
     let leased: BTreeMap<String, u64> = nodes[0]
         .leases
         .iter()
@@ -1580,10 +1554,7 @@ fn a_silent_node_leaves_the_books_at_its_leases_end_and_counts_again_when_it_syn
 #[test]
 fn an_operator_removes_a_node_at_once_with_what_it_held() {
     let t = tree(AB);
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
-    let now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
+    let (mut b, mut nodes, now) = two_nodes(&t);
     admitted(&nodes[1].admit(&mut b, &t, ask("b0", "acme/b", 1), now));
     nodes[1].sync(&mut b, &t, now);
     admitted(&nodes[1].admit(&mut b, &t, ask("b1", "acme/b", 1), now));
@@ -2511,10 +2482,7 @@ fn a_claimant_asking_again_before_its_victim_leaves_the_books_takes_no_second_vi
             "acme/a": {"gpus": {"H100-80GB": {"guarantee": 1}}},
             "acme/b": {"gpus": {"H100-80GB": {"guarantee": 1}}}}"#,
     );
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
     // The guest fills acme's ceiling on node 1: acme's remainder (3 - 1 - 1) is its one
     // guaranteed container, the other two borrow.
     for i in 0..3 {
@@ -2648,10 +2616,7 @@ fn the_books_keep_back_what_a_lending_limit_withholds() {
         r#"{"acme/a": {"gpus": {"H100-80GB": {"ceiling": 16}}},
             "acme/c": {"gpus": {"H100-80GB": {"guarantee": 8, "lending_limit": 0}}}}"#,
     );
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
     let mut admitted = 0;
     for i in 0..16 {
         now += 1_000;
