@@ -2652,6 +2652,23 @@ mod tests {
         assert!(start(&r, "a-one").is_none_or(|s| s > 3_030), "{:?}", start(&r, "a-one"));
     }
 
+    /// Quotas on one node of `gpus` GPUs, to a horizon of 200,000 s.
+    fn quotas_on_one_node(jobs: &[Job], gpus: u32, t: &QuotaTree) -> Report {
+        run(jobs, &fleet(1, gpus), t, Mode::Quotas, Some(200_000)).expect("runs")
+    }
+
+    /// On one node of 4 under t/a (guarantee 2) and t/b (borrowing): a0 (1 GPU of t/a) to
+    /// 1,000 s, b-wide (3 of t/b) from 0 for 100,000 s, and a-two (2 of t/a) at 10 s: 1 + 2
+    /// is beyond a's guarantee, so a-two is not owed until a0 ends. Then it needs
+    /// b-wide's GPUs, which have run too long to be worth its wait.
+    fn a_two_behind_a0() -> Vec<Job> {
+        vec![
+            job("a0", "t/a", 0, 1_000, 1),
+            job("b-wide", "t/b", 0, 100_000, 3),
+            job("a-two", "t/a", 10, 100, 2),
+        ]
+    }
+
     /// A request beyond its tenant's guarantee when it arrives, owed once the tenant's
     /// guaranteed work ends, waits there under the ski-rental rule: its wait counts from
     /// then (not from its arrival), and not among the owner requests'.
@@ -2661,14 +2678,8 @@ mod tests {
             r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
                 "t/b": {"gpus": {"H100-80GB": {"ceiling": 4}}}}"#,
         );
-        let jobs = vec![
-            job("a0", "t/a", 0, 1_000, 1),
-            job("b-wide", "t/b", 0, 100_000, 3),
-            // 1 + 2 is beyond a's guarantee of 2: not owed until a0 ends at 1,000 s. Then
-            // it needs b-wide's GPUs, which have run too long to be worth its wait.
-            job("a-two", "t/a", 10, 100, 2),
-        ];
-        let r = run(&jobs, &fleet(1, 4), &t, Mode::Quotas, Some(200_000)).expect("runs");
+        let jobs = a_two_behind_a0();
+        let r = quotas_on_one_node(&jobs, 4, &t);
         assert_eq!(start(&r, "a-two"), Some(100_000));
         assert_eq!(r.preemptions, 0);
         assert_eq!(r.owner_requests, 1, "a0 only");
@@ -2680,7 +2691,7 @@ mod tests {
         // does not count.
         let mut jobs = jobs;
         jobs.push(job("a-small", "t/a", 2_000, 100, 1));
-        let r = run(&jobs, &fleet(1, 4), &t, Mode::Quotas, Some(200_000)).expect("runs");
+        let r = quotas_on_one_node(&jobs, 4, &t);
         assert_eq!((start(&r, "a-small"), start(&r, "a-two")), (Some(2_000), Some(100_000)));
         assert_eq!(r.owed_later_requests, 1, "a-two only: a-small was never owed");
         assert_eq!(r.owed_later_wait_p99_s, Some(1_000 + 97_900));
@@ -2704,7 +2715,7 @@ mod tests {
             job("b1", "t/b", 10, 100_000, 1),
             job("a0", "t/a", 1_000, 100_000, 2),
         ];
-        let r = run(&jobs, &fleet(1, 3), &t, Mode::Quotas, Some(200_000)).expect("runs");
+        let r = quotas_on_one_node(&jobs, 3, &t);
         let preempted = |id: &str| r.outcomes.iter().find(|o| o.id == id).map(|o| o.preempted);
         assert_eq!((start(&r, "b1"), start(&r, "a0")), (Some(800), Some(1_030)));
         assert_eq!(preempted("b1"), Some(1), "a0's victim");
@@ -2743,12 +2754,8 @@ mod tests {
             r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 2}}, "owed_reclaim_after_s": 500},
                 "t/b": {"gpus": {"H100-80GB": {"ceiling": 4}}}}"#,
         );
-        let jobs = vec![
-            job("a0", "t/a", 0, 1_000, 1),
-            job("b-wide", "t/b", 0, 100_000, 3),
-            job("a-two", "t/a", 10, 100, 2),
-        ];
-        let r = run(&jobs, &fleet(1, 4), &t, Mode::Quotas, Some(200_000)).expect("runs");
+        let jobs = a_two_behind_a0();
+        let r = quotas_on_one_node(&jobs, 4, &t);
         assert_eq!(start(&r, "a-two"), Some(1_000 + 500 + 30));
         assert_eq!((r.preemptions, r.reclaims_for_quota), (1, 1));
         assert_eq!(r.owed_later_wait_p99_s, Some(530), "owed until its start");
@@ -2773,7 +2780,7 @@ mod tests {
             // Borrows the 3 GPUs a-three may not take.
             job("b-wide", "t/b", 500, 100_000, 3),
         ];
-        let r = run(&jobs, &fleet(1, 4), &t, Mode::Quotas, Some(200_000)).expect("runs");
+        let r = quotas_on_one_node(&jobs, 4, &t);
         assert_eq!(start(&r, "b-wide"), Some(500));
         // At 1,000 s it has waited 990 s at 3/4 of the fleet, b-wide has run 500 s at 3/4:
         // worth reclaiming at once; it starts when b-wide's grace period is over.
@@ -2800,7 +2807,7 @@ mod tests {
             // 2 + 2 is beyond a's guarantee of 3: owed when a0 ends, on the GPUs a0 frees.
             job("a-two", "t/a", 10, 100, 2),
         ];
-        let r = run(&jobs, &fleet(1, 4), &t, Mode::Quotas, Some(200_000)).expect("runs");
+        let r = quotas_on_one_node(&jobs, 4, &t);
         assert_eq!(start(&r, "a-two"), Some(1_000));
         assert_eq!(r.preemptions, 0);
         assert_eq!(r.owed_later_requests, 1, "a-two, owed at 1,000 s and started then");
