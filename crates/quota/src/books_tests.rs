@@ -229,6 +229,22 @@ fn two_nodes(t: &QuotaTree) -> (Books, [Node; 2], u64) {
     (b, nodes, now)
 }
 
+/// The containers `ids` of `node` end: released in the books, stopped on the node, and the
+/// node syncs.
+fn end_units(
+    node: &mut Node,
+    b: &mut Books,
+    t: &QuotaTree,
+    ids: impl IntoIterator<Item = String>,
+    now: u64,
+) {
+    for id in ids {
+        assert!(b.release(&node.name, &id, now), "{id} was not held on {}", node.name);
+        node.stop(&id);
+    }
+    node.sync(b, t, now);
+}
+
 /// Admits `req` on `nodes[n]` through any lease recalls ([`answer_through_recalls`]).
 /// Returns how many recalls it took; panics on anything but an admission.
 fn admit_retrying(
@@ -435,11 +451,7 @@ fn freed_gpus_are_kept_for_the_tenants_own_larger_waiting_request() {
     let (msg, _) = refused(&nodes[0].admit(&mut b, &t, ask("c-wide", "acme/c", 4), now));
     assert!(msg.contains("waiting in the fair queue"), "{msg}");
     // Four of c's units end.
-    for i in 0..4 {
-        assert!(b.release("n1", &format!("c{i}"), now));
-        nodes[0].stop(&format!("c{i}"));
-    }
-    nodes[0].sync(&mut b, &t, now);
+    end_units(&mut nodes[0], &mut b, &t, (0..4).map(|i| format!("c{i}")), now);
     // c's 1-GPU request asks before the 4-GPU one retries: refused, the four are kept.
     now += 1_000;
     let (msg, rule) = refused(&nodes[0].admit(&mut b, &t, ask("c-one", "acme/c", 1), now));
@@ -554,11 +566,7 @@ fn a_retry_under_a_new_container_id_is_not_kept_waiting_for_its_own_old_attempt(
     now += 1_000;
     let (msg, _) = refused(&nodes[0].admit(&mut b, &t, attempt("try-1"), now));
     assert!(msg.contains("waiting in the fair queue"), "{msg}");
-    for i in 0..4 {
-        assert!(b.release("n1", &format!("c{i}"), now));
-        nodes[0].stop(&format!("c{i}"));
-    }
-    nodes[0].sync(&mut b, &t, now);
+    end_units(&mut nodes[0], &mut b, &t, (0..4).map(|i| format!("c{i}")), now);
     // The kubelet's next attempt has a new container id.
     now += 10_000;
     let a = nodes[0].admit_synced(&mut b, &t, attempt("try-2"), now);
@@ -619,9 +627,7 @@ fn a_request_no_node_can_hold_wins_no_tie_in_the_fair_queue() {
     assert!(msg.contains("waiting in the fair queue"), "{msg}");
     // One of b's ends; c's 1 asks before a's retries.
     now += 1_000;
-    assert!(b.release("n1", "b0", now));
-    nodes[0].stop("b0");
-    nodes[0].sync(&mut b, &t, now);
+    end_units(&mut nodes[0], &mut b, &t, ["b0".to_string()], now);
     let a = nodes[0].admit(&mut b, &t, ask("c-one", "acme/c", 1), now);
     let (msg, _) = refused(&a);
     assert!(msg.contains("kept for tenant acme/a"), "{msg}");
