@@ -145,6 +145,11 @@ fn claim_of(req: &AdmitRequest) -> String {
     req.workload.clone().unwrap_or_else(|| req.container_id.clone())
 }
 
+/// The [`ClaimKey`] of `req` asked on `node`.
+fn claim_key(node: &str, req: &AdmitRequest) -> ClaimKey {
+    (node.to_string(), req.tenant.clone(), claim_of(req))
+}
+
 /// One container the books count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
@@ -1075,7 +1080,7 @@ impl Books {
             self.record(node, &req.container_id, tenant, &r, Class::Guaranteed, None, meta, now);
             return AdmitAnswer::Admitted { class: QuotaClass::Guaranteed, over: None };
         }
-        let hold = (node.to_string(), tenant.to_string(), claim_of(req));
+        let hold = claim_key(node, req);
         if let Some(rc) = self.reclaims.get(&hold) {
             if req.short_on_node {
                 // Still short: the victims are stopping, or gone and their devices not
@@ -1247,7 +1252,7 @@ impl Books {
                 | Decision::Wait { class: Class::Borrowed, .. }
                 | Decision::Refuse(_)
         ) {
-            self.owed_since.remove(&(node.to_string(), req.tenant.clone(), claim_of(req)));
+            self.owed_since.remove(&claim_key(node, req));
         }
     }
 
@@ -1624,7 +1629,7 @@ impl Books {
         // Owed when it first asked, or since: one that was not (its tenant's backlog ahead
         // filled the guarantee) is owed once that backlog is served and its tenant's
         // guaranteed work has ended. A request not owed now never preempts.
-        let key: ClaimKey = (node.to_string(), claimant.to_string(), claim.clone());
+        let key = claim_key(node, req);
         if ask.settling {
             let restored = self.restored_ms.unwrap_or(now);
             let left_s = restored.saturating_add(WAITING_TTL_MS).saturating_sub(now).div_ceil(1000);
@@ -1865,7 +1870,7 @@ impl Books {
             tenants.iter().cloned().collect::<Vec<_>>().join(", ")
         );
         self.insert_reclaim(
-            (node.to_string(), claimant.to_string(), claim_of(req)),
+            claim_key(node, req),
             Reclaim {
                 resources: r.clone(),
                 victims: victims.clone(),
