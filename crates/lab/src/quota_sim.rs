@@ -1067,6 +1067,18 @@ struct State {
     owed_run_since: Option<u64>,
 }
 
+impl State {
+    /// It starts running at `t` (its first start, if it had none): a request owed later
+    /// waited while owed until its first start.
+    fn starts(&mut self, t: u64) {
+        self.start = t;
+        self.first_start.get_or_insert(t);
+        if let Some(since) = self.owed_since.take() {
+            self.owed_s += t.saturating_sub(since);
+        }
+    }
+}
+
 // Event kinds, in the order they are handled at one instant.
 const END: u8 = 0;
 const KILL: u8 = 1;
@@ -1419,12 +1431,7 @@ impl<'a> Sim<'a> {
         let st = &mut self.st[u];
         st.phase = Phase::Running;
         st.epoch += 1;
-        st.start = t;
-        st.first_start.get_or_insert(t);
-        // A request owed later waited while owed until here (its first start).
-        if let Some(since) = st.owed_since.take() {
-            st.owed_s += t.saturating_sub(since);
-        }
+        st.starts(t);
         st.class = class;
         st.slots = slots;
         let epoch = st.epoch;
@@ -1459,12 +1466,7 @@ impl<'a> Sim<'a> {
             return;
         }
         st.phase = Phase::Running;
-        st.start = t;
-        st.first_start.get_or_insert(t);
-        // A request owed later waited while owed until here (its first start).
-        if let Some(since) = st.owed_since.take() {
-            st.owed_s += t.saturating_sub(since);
-        }
+        st.starts(t);
         self.reserved.remove(&u);
         self.running.insert(u);
         self.events.push(Reverse((end, END, u, epoch)));
