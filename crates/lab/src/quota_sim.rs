@@ -1048,23 +1048,53 @@ struct State {
     /// It may not borrow before this (the requeue backoff).
     backoff_until: u64,
     /// An owner request's wait during which no node could hold it even with every
-    /// borrowed unit stopped (guaranteed work's shape alone kept it out), seconds; and
-    /// the last time that was looked at, with what was seen.
-    blocked_s: u64,
-    checked: Option<(u64, bool)>,
+    /// borrowed unit stopped (guaranteed work's shape alone kept it out).
+    blocked: Blocked,
     /// Quotas, a request not within guarantee when it arrived, before its first start: since
     /// when it is owed ([`quota::owed_behind`]), if it is; and the seconds it was owed
     /// before that. `owed_ever`: it was owed at some point.
     owed_since: Option<u64>,
     owed_s: u64,
     owed_ever: bool,
-    /// Of `owed_s`, the time no node could hold it even with every borrowed unit stopped,
-    /// and the last look while owed ([`State::checked`]'s rule).
-    owed_blocked_s: u64,
-    owed_checked: Option<(u64, bool)>,
+    /// Of `owed_s`, the time no node could hold it even with every borrowed unit stopped
+    /// (looked at only while owed).
+    owed_blocked: Blocked,
     /// Not owed when it arrived, waiting: since when it has been owed without a break (its
     /// path's `owed_reclaim_after_s` counts from there, as the books count it).
     owed_run_since: Option<u64>,
+}
+
+/// How long a waiting request fitted on no node even with every borrowed unit stopped:
+/// the seconds so far, and the last look (when, and whether no node could hold it).
+#[derive(Debug, Clone, Copy, Default)]
+struct Blocked {
+    secs: u64,
+    last: Option<(u64, bool)>,
+}
+
+impl Blocked {
+    /// A look at `t`: `out` when no node could hold it. The time since the last look
+    /// counts if that one saw it out.
+    fn look(&mut self, t: u64, out: bool) {
+        self.end(t);
+        self.last = Some((t, out));
+    }
+
+    /// It stops being looked at (it leaves the queue, or is no longer owed) at `t`.
+    fn end(&mut self, t: u64) {
+        if let Some((since, true)) = self.last.take() {
+            self.secs += t.saturating_sub(since);
+        }
+    }
+
+    /// Its seconds blocked, a look still open for a request not yet started (`first_start`)
+    /// counted to `horizon`.
+    fn to(&self, first_start: Option<u64>, horizon: u64) -> u64 {
+        match (first_start, self.last) {
+            (None, Some((since, true))) => self.secs + horizon.saturating_sub(since),
+            _ => self.secs,
+        }
+    }
 }
 
 impl State {
@@ -1232,13 +1262,11 @@ impl<'a> Sim<'a> {
                 progress: 0,
                 term_at: None,
                 backoff_until: 0,
-                blocked_s: 0,
-                checked: None,
+                blocked: Blocked::default(),
                 owed_since: None,
                 owed_s: 0,
                 owed_ever: false,
-                owed_blocked_s: 0,
-                owed_checked: None,
+                owed_blocked: Blocked::default(),
                 owed_run_since: None,
             })
             .collect();
@@ -1387,12 +1415,8 @@ impl<'a> Sim<'a> {
     /// the time since it was last seen blocked counts.
     fn unblock(&mut self, u: usize, t: u64) {
         self.st[u].owed_run_since = None;
-        if let Some((seen, true)) = self.st[u].owed_checked.take() {
-            self.st[u].owed_blocked_s += t.saturating_sub(seen);
-        }
-        if let Some((since, true)) = self.st[u].checked.take() {
-            self.st[u].blocked_s += t.saturating_sub(since);
-        }
+        self.st[u].owed_blocked.end(t);
+        self.st[u].blocked.end(t);
     }
 
     /// A request not within guarantee when it arrived, leaving the queue for its first
@@ -1853,12 +1877,8 @@ impl<'a> Sim<'a> {
         for u in looked {
             let out = scratch.fit(&self.units[u].members, None, None).is_none();
             let st = &mut self.st[u];
-            let checked = if st.owner { &mut st.checked } else { &mut st.owed_checked };
-            let blocked = if st.owner { &mut st.blocked_s } else { &mut st.owed_blocked_s };
-            if let Some((since, true)) = *checked {
-                *blocked += t - since;
-            }
-            *checked = Some((t, out));
+            let blocked = if st.owner { &mut st.blocked } else { &mut st.owed_blocked };
+            blocked.look(t, out);
         }
     }
 
@@ -1915,9 +1935,7 @@ impl<'a> Sim<'a> {
                 (false, Some(since)) => {
                     st.owed_s += t.saturating_sub(since);
                     st.owed_since = None;
-                    if let Some((seen, true)) = st.owed_checked.take() {
-                        st.owed_blocked_s += t.saturating_sub(seen);
-                    }
+                    st.owed_blocked.end(t);
                 }
                 _ => {}
             }
@@ -2131,20 +2149,13 @@ impl<'a> Sim<'a> {
                 waits.push(wait);
                 if st.owed_ever {
                     let open = st.owed_since.map_or(0, |s| self.horizon.saturating_sub(s));
-                    let blocked = match (st.first_start, st.owed_checked) {
-                        (None, Some((since, true))) => self.horizon.saturating_sub(since),
-                        _ => 0,
-                    };
+                    let blocked = st.owed_blocked.to(st.first_start, self.horizon);
                     owed_later_waits.push(st.owed_s + open);
-                    owed_later_unblocked
-                        .push((st.owed_s + open).saturating_sub(st.owed_blocked_s + blocked));
+                    owed_later_unblocked.push((st.owed_s + open).saturating_sub(blocked));
                 }
                 if st.owner {
                     owner_waits.push(wait);
-                    let mut blocked = st.blocked_s;
-                    if let (None, Some((since, true))) = (st.first_start, st.checked) {
-                        blocked += self.horizon.saturating_sub(since);
-                    }
+                    let blocked = st.blocked.to(st.first_start, self.horizon);
                     unblocked_waits.push(wait.saturating_sub(blocked));
                     owners_blocked += u64::from(blocked > 0);
                     if st.first_start.is_none() {
