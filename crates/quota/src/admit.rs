@@ -134,8 +134,7 @@ impl Usage {
     /// booked there).
     pub fn release_leased(&mut self, path: &str, resources: &Resources) {
         let Some(leased) = self.leased.get_mut(path) else { return };
-        // At most what is booked there, of each resource.
-        let gone = resources.minus(&resources.minus(leased));
+        let gone = resources.at_most(leased);
         leased.sub(&gone);
         if leased.is_empty() {
             self.leased.remove(path);
@@ -160,7 +159,7 @@ impl Usage {
                 (self.by_tenant.get(tenant), self.leased.get(tenant))
             {
                 let real = held.guaranteed.minus(leased);
-                resources = resources.minus(&resources.minus(&real));
+                resources = resources.at_most(&real);
             }
         }
         self.release_held(tenant, class, &resources);

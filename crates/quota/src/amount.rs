@@ -180,6 +180,11 @@ impl Resources {
         out
     }
 
+    /// `self`, each amount at most that of `cap` (a resource `cap` lacks: none of it).
+    pub fn at_most(&self, cap: &Resources) -> Resources {
+        self.minus(&self.minus(cap))
+    }
+
     /// Whether every amount of `self` is at most that of `other`.
     pub fn fits_in(&self, other: &Resources) -> bool {
         self.iter().all(|(r, a)| a <= other.get(r))
@@ -250,5 +255,7 @@ mod tests {
         assert!(!a.fits_in(&b));
         assert_eq!(a.first_excess(&b), Some((&Resource::Memory, 10)));
         assert!(Resources::new().with_gpus("H100-80GB", 3).fits_in(&b));
+        // At most `b` of each: memory `b` lacks is none.
+        assert_eq!(a.at_most(&b), Resources::new().with_gpus("H100-80GB", 3));
     }
 }
