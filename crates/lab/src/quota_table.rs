@@ -243,18 +243,19 @@ pub struct Sums {
 impl Sums {
     pub fn of(cells: &[Cell]) -> Sums {
         let useful = |r: &Report| r.gpu_seconds - r.lost_gpu_seconds;
-        let mut waits: Vec<u64> =
-            cells.iter().flat_map(|c| c.quotas.owner_waits_s.0.iter().copied()).collect();
-        let mut unblocked: Vec<u64> =
-            cells.iter().flat_map(|c| c.quotas.owner_waits_s.1.iter().copied()).collect();
-        let mut owed_later: Vec<u64> =
-            cells.iter().flat_map(|c| c.quotas.owed_later_waits_s.0.iter().copied()).collect();
-        let mut owed_later_unblocked: Vec<u64> =
-            cells.iter().flat_map(|c| c.quotas.owed_later_waits_s.1.iter().copied()).collect();
+        // One list of waits of every cell's quotas, pooled: its length and its p99.
+        let pooled = |pick: fn(&Report) -> &[u64]| {
+            let mut all: Vec<u64> = cells.iter().flat_map(|c| pick(&c.quotas)).copied().collect();
+            (all.len(), percentile(&mut all, 99))
+        };
+        let (owner_requests, owner_wait_p99_s) = pooled(|r| &r.owner_waits_s.0);
+        let (_, owner_wait_unblocked_p99_s) = pooled(|r| &r.owner_waits_s.1);
+        let (owed_later_requests, owed_later_wait_p99_s) = pooled(|r| &r.owed_later_waits_s.0);
+        let (_, owed_later_wait_unblocked_p99_s) = pooled(|r| &r.owed_later_waits_s.1);
         Sums {
-            owed_later_requests: owed_later.len(),
-            owed_later_wait_p99_s: percentile(&mut owed_later, 99),
-            owed_later_wait_unblocked_p99_s: percentile(&mut owed_later_unblocked, 99),
+            owed_later_requests,
+            owed_later_wait_p99_s,
+            owed_later_wait_unblocked_p99_s,
             fifo_useful_gpu_seconds: cells.iter().map(|c| useful(&c.fifo)).sum(),
             fifo_ceilings_useful_gpu_seconds: cells.iter().map(|c| useful(&c.fifo_ceilings)).sum(),
             quotas_useful_gpu_seconds: cells.iter().map(|c| useful(&c.quotas)).sum(),
@@ -262,9 +263,9 @@ impl Sums {
                 .iter()
                 .map(|c| c.quotas.lost_owed_gpu_seconds + c.quotas.ceiling_idle_gpu_seconds)
                 .sum(),
-            owner_requests: waits.len(),
-            owner_wait_p99_s: percentile(&mut waits, 99),
-            owner_wait_unblocked_p99_s: percentile(&mut unblocked, 99),
+            owner_requests,
+            owner_wait_p99_s,
+            owner_wait_unblocked_p99_s,
         }
     }
 
