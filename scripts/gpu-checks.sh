@@ -65,12 +65,19 @@ mps_probe() {
     done
     # Issue 11: a CUDA client through a read-only bind of the pipe dir (as containers get
     # it), then the caps of the server it started (the health check compares them).
+    # (The pattern must not be 0: gpu-bench refuses it. 2026-11-28's first run passed 0x0,
+    # so its client never ran.)
     echo "> CUDA client with the pipe dir read-only"
     ls -la "$pipe"
     unshare -m sh -c "mount --bind '$pipe' '$pipe' && mount -o remount,bind,ro '$pipe' &&
-        touch '$pipe/probe' 2>&1; timeout 60 '$STAGE/tessera' gpu-bench fill 0x0 --device $uuid"
+        touch '$pipe/probe' 2>&1; timeout 60 '$STAGE/tessera' gpu-bench fill 0xA5A5A5A5 --device $uuid"
     echo "(exit $?)"
     ls -la "$pipe"
+    echo "> get_server_list after the read-only client"
+    echo get_server_list | timeout 10 nvidia-cuda-mps-control
+    echo "> CUDA client with the pipe dir read-write"
+    timeout 60 "$STAGE/tessera" gpu-bench fill 0xA5A5A5A5 --device "$uuid"
+    echo "(exit $?)"
     local server
     server=$(echo get_server_list | timeout 10 nvidia-cuda-mps-control | head -1)
     echo "server: ${server:-none}"
@@ -114,8 +121,14 @@ run() {
 case "${1:-}" in
 build) build ;;
 run) run "${2:-}" ;;
+mps)
+    # The MPS step alone (06), into DIR.
+    DIR=${2:-${OUT:-/tmp/tessera-gpu-checks}}
+    mkdir -p "$DIR"
+    step 06-mps-protocol mps_probe
+    ;;
 *)
-    echo "usage: bash scripts/gpu-checks.sh build | run [DIR]" >&2
+    echo "usage: bash scripts/gpu-checks.sh build | run [DIR] | mps [DIR]" >&2
     exit 2
     ;;
 esac

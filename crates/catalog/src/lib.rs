@@ -169,10 +169,13 @@ macro_rules! profiles {
 
 /// Every model the catalog knows.
 ///
-/// Instance memory of the A100s is NVIDIA's exact figure. H100-80GB uses the A100-80GB
-/// figures (same memory per slot). H200-141GB's figures are an APPROXIMATION: the
-/// A100-80GB figures scaled by 141/80 and rounded to the MiB; the NVML backend reports
-/// the driver's real numbers instead. Total memory is what NVML reports for the model.
+/// Instance memory of the A100s is NVIDIA's exact figure. H100-80GB's is what NVML
+/// reported on an H100 80GB HBM3 with driver 580.159.04 (2026-11-28, docs/GPU.md): 9984,
+/// 20096, 40448 and 81152 MiB, not the A100-80GB figures assumed before (9856, 19968,
+/// 40192, 80384); its profile ids, sizes and placements were as here. H200-141GB's figures
+/// are an APPROXIMATION: the A100-80GB figures scaled by 141/80 and rounded to the MiB; the
+/// NVML backend reports the driver's real numbers instead. Total memory is what NVML
+/// reports for the model.
 pub static MODELS: &[GpuModel] = &[
     GpuModel {
         name: "A100-40GB",
@@ -190,7 +193,7 @@ pub static MODELS: &[GpuModel] = &[
         name: "H100-80GB",
         memory_mib: 81559,
         profiles: profiles!("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb";
-                            9856, 19968, 19968, 40192, 40192, 80384),
+                            9984, 20096, 20096, 40448, 40448, 81152),
     },
     GpuModel {
         name: "H200-141GB",
@@ -326,6 +329,9 @@ mod tests {
         let mem: Vec<u64> = a40.profiles.iter().map(|p| p.memory_mib).collect();
         assert_eq!(mem, [4864, 4864, 9856, 9856, 19968, 19968, 40192]);
         let h = h100();
+        // What NVML reported on an H100 80GB HBM3, driver 580.159.04 (docs/GPU.md).
+        let mem: Vec<u64> = h.profiles.iter().map(|p| p.memory_mib).collect();
+        assert_eq!(mem, [9984, 9984, 20096, 20096, 40448, 40448, 81152]);
         let p = h.profile("1g.10gb+me").expect("+me");
         assert_eq!(
             (p.smi_id, p.nvml_id, p.compute_slices, p.size, p.max_instances),

@@ -431,6 +431,58 @@ mod tests {
         MemLimit::from_mib(mib).expect("valid limit")
     }
 
+    /// The real `nvidia-cuda-mps-control` (driver 580.159.04, H100 80GB HBM3, 2026-11-28,
+    /// `scripts/gpu-checks.sh` step 06, docs/GPU.md) was sent these lines as rendered here and
+    /// answered as below (its stdout, verbatim); the parsers read each answer, and the
+    /// server's caps read back as the defaults set.
+    #[test]
+    fn the_real_control_daemons_answers_parse() {
+        let gpu = DeviceRef::Uuid("GPU-b3948cc5-3767-1ce3-8dfc-2f3d1702c019".into());
+        let sent = [
+            (Command::GetServerList, "get_server_list", ""),
+            (
+                Command::SetDefaultActiveThreadPercentage(50),
+                "set_default_active_thread_percentage 50",
+                "50.0\n",
+            ),
+            (
+                Command::GetDefaultActiveThreadPercentage,
+                "get_default_active_thread_percentage",
+                "50.0\n",
+            ),
+            (
+                Command::SetDefaultDevicePinnedMemLimit { device: gpu.clone(), limit: limit(4096) },
+                "set_default_device_pinned_mem_limit GPU-b3948cc5-3767-1ce3-8dfc-2f3d1702c019 4G",
+                "",
+            ),
+            (
+                Command::GetDefaultDevicePinnedMemLimit { device: gpu.clone() },
+                "get_default_device_pinned_mem_limit GPU-b3948cc5-3767-1ce3-8dfc-2f3d1702c019",
+                "4G\n",
+            ),
+        ];
+        for (cmd, line, _) in &sent {
+            assert_eq!(&cmd.render(), line);
+            assert_eq!(&Command::parse(line).expect("parses"), cmd);
+        }
+        assert_eq!(parse_pid_list(sent[0].2).expect("empty list"), Vec::<u32>::new());
+        assert!(thread_percentage_matches(50, parse_thread_percentage(sent[1].2).expect("50.0")));
+        assert!(thread_percentage_matches(50, parse_thread_percentage(sent[2].2).expect("50.0")));
+        assert!(limit(4096).readback_matches(parse_mem_limit(sent[4].2).expect("4G")));
+        // After a CUDA client ran (through the pipe directory mounted read-only): one server,
+        // its caps those defaults.
+        assert_eq!(parse_pid_list("673\n").expect("one server"), [673]);
+        let server = Command::GetActiveThreadPercentage { server_pid: 673 };
+        assert_eq!(server.render(), "get_active_thread_percentage 673");
+        assert!(thread_percentage_matches(50, parse_thread_percentage("50.0\n").expect("50.0")));
+        let server = Command::GetDevicePinnedMemLimit { server_pid: 673, device: gpu };
+        assert_eq!(
+            server.render(),
+            "get_device_pinned_mem_limit 673 GPU-b3948cc5-3767-1ce3-8dfc-2f3d1702c019"
+        );
+        assert!(limit(4096).readback_matches(parse_mem_limit("4G\n").expect("4G")));
+    }
+
     #[test]
     fn every_command_renders_in_the_binarys_syntax() {
         let cases = [

@@ -93,9 +93,9 @@ fn sim_realises_the_h100_example() {
     assert_eq!(
         g0,
         [
-            ("3g.40gb", 1, 0, 4, 40192, 12, 13),
-            ("2g.20gb", 2, 4, 2, 19968, 21, 22),
-            ("1g.10gb", 3, 6, 1, 9856, 30, 31)
+            ("3g.40gb", 1, 0, 4, 40448, 12, 13),
+            ("2g.20gb", 2, 4, 2, 20096, 21, 22),
+            ("1g.10gb", 3, 6, 1, 9984, 30, 31)
         ]
     );
     let g1: Vec<(u32, u8)> = inv.gpus[1].instances.iter().map(|i| (i.gi_id, i.start)).collect();

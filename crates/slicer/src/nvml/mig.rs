@@ -552,6 +552,20 @@ mod tests {
             .collect()
     }
 
+    /// What `NvmlBackend::driver_profiles` returned on an H100 80GB HBM3, driver
+    /// 580.159.04, MIG disabled (2026-11-28, `scripts/gpu-checks.sh` step 02, docs/GPU.md):
+    /// the catalog matches it. (Before that run the catalog held the A100-80GB memory
+    /// figures for the H100, and this recording showed 7 differences.)
+    #[test]
+    fn the_catalog_matches_what_an_h100_driver_reported() {
+        let recorded: Vec<DriverProfile> =
+            serde_json::from_str(include_str!("recorded/h100-80gb-hbm3-driver-580.159.04.json"))
+                .expect("the recording parses");
+        assert_eq!(recorded.len(), 7);
+        let c = compare_with_catalog(&recorded);
+        assert!(c.matches(), "{c}");
+    }
+
     #[test]
     fn comparison_of_a_matching_driver_is_clean() {
         let mut d = recorded_h100();
@@ -589,7 +603,7 @@ mod tests {
         let c = compare_with_catalog(&d);
         let text = c.to_string();
         assert_eq!(c.differences, 4, "{text}");
-        assert!(text.contains("1g.10gb: DIFFERS: memory 10240 MiB (catalog 9856)"), "{text}");
+        assert!(text.contains("1g.10gb: DIFFERS: memory 10240 MiB (catalog 9984)"), "{text}");
         assert!(text.contains("1g.10gb+me: ONLY IN CATALOG"), "{text}");
         assert!(
             text.contains("2g.20gb: DIFFERS: placements 0:2,2:2,4:2,6:2 (catalog 0:2,2:2,4:2)"),
