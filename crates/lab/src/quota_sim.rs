@@ -52,8 +52,10 @@
 //!   or that fits the books but not the bins, reclaims: on each node (the whole fleet for
 //!   a gang) the borrowed work of other tenants is taken cheapest first by the work it
 //!   would lose ([`quota::victim_order`]; work within its `min_runtime_s` is protected and
-//!   the request is woken when that ends) until the request fits, less any victim it does
-//!   not need, and the cheapest clearing wins. A request owed when it arrived
+//!   the request is woken when that ends), only while its tenant still borrows
+//!   ([`quota::borrowing`]; for placement, any borrowed work if that frees no node, as
+//!   [`quota::choose_victims_for_placement`]), until the request fits, less any victim it
+//!   does not need, and the cheapest clearing wins. A request owed when it arrived
 //!   ([`quota::owed`]) reclaims at once; one owed only since (its tenant's backlog ahead of
 //!   it served) when [`quota::worth_reclaiming`] lets it, or once it has been owed for its
 //!   path's `owed_reclaim_after_s` ([`quota::may_reclaim_owed_later`]); one not owed now never, as the
@@ -112,8 +114,8 @@ use serde::Serialize;
 use tessera_api::untrusted;
 
 use quota::{
-    admit, chain, dominant_share, fair_order, is_within, owed_behind, owed_in_order, own_guarantee,
-    victim_order,
+    admit, borrowing, chain, dominant_share, fair_order, is_within, owed_behind, owed_in_order,
+    own_guarantee, victim_order,
 };
 use quota::{may_reclaim_owed_later, Class, Decision, QuotaTree, Running, Usage, Waiting};
 use quota::{Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
@@ -1963,7 +1965,31 @@ impl<'a> Sim<'a> {
         let ranks = self.ranks(u, Class::Guaranteed);
         let mut best: Option<Clearing> = None;
         let mut wake: Option<u64> = None;
-        for scope in scopes {
+        // What runs on: usage less the work already stopping (its tenants borrow that much
+        // less once it is gone); a victim is taken only while its tenant still borrows
+        // ([`quota::borrowing`]), as the books take them.
+        let mut running_on = self.usage.clone();
+        for &v in &self.running {
+            if self.st[v].phase == Phase::Terminating {
+                running_on.release(
+                    &self.units[v].tenant,
+                    self.st[v].class,
+                    &self.units[v].resources,
+                );
+            }
+        }
+        // Work whose tenants borrow first; for placement (the fleet has room, no node
+        // does), any borrowed work if that frees no node
+        // ([`quota::choose_victims_for_placement`]).
+        let rounds: &[bool] = match cause {
+            Cause::Placement => &[true, false],
+            Cause::Books => &[true],
+        };
+        for (scope, &strict) in rounds.iter().flat_map(|s| scopes.iter().map(move |sc| (sc, s))) {
+            if !strict && best.is_some() {
+                break;
+            }
+            let scope = *scope;
             let candidates: Vec<Running> = self
                 .running
                 .iter()
@@ -1998,9 +2024,15 @@ impl<'a> Sim<'a> {
             let order: Vec<usize> =
                 order.iter().filter_map(|c| c.ids.first()?.parse().ok()).collect();
             let mut scratch = self.bins.clone();
+            let mut after = running_on.clone();
             let mut taken = Vec::new();
             let mut fits = false;
             for v in order {
+                let (tenant, res) = (&self.units[v].tenant, &self.units[v].resources);
+                if strict && !borrowing(self.tree, &after, tenant, res, &unit.tenant) {
+                    continue;
+                }
+                after.release(tenant, Class::Borrowed, res);
                 for s in &self.st[v].slots {
                     scratch.give(s);
                 }
@@ -2013,6 +2045,13 @@ impl<'a> Sim<'a> {
             if !fits {
                 // Would the protected ones make room, and when are they free to take?
                 for p in &protected {
+                    let c = &p.candidate;
+                    if strict
+                        && !borrowing(self.tree, &after, &c.tenant, &c.resources, &unit.tenant)
+                    {
+                        continue;
+                    }
+                    after.release(&c.tenant, Class::Borrowed, &c.resources);
                     for id in &p.candidate.ids {
                         if let Ok(v) = id.parse::<usize>() {
                             for s in &self.st[v].slots {
@@ -2710,12 +2749,12 @@ mod tests {
         assert_eq!(r.owed_later_wait_p99_s, Some(1_000 + 97_900));
     }
 
-    /// A victim asks again as a new claim, and the books judge it then: b1 ran borrowed
-    /// (b0 held b's guarantee); a0 reclaims it; by then b0 has ended, so b1 is owed at its
-    /// new ask and reclaims c0 at once (judged as when it first arrived, behind b0, it was
-    /// not owed and c0 had run too long to be worth its wait).
+    /// No chain of reclaims: b1 ran borrowed while b0 held b's guarantee; when a0 asks, b0
+    /// has ended, so b is back within its guarantee and b1 is kept: a0 reclaims c0, which
+    /// borrows. (Before, a0 took b1, the cheaper victim; b1, owed when it asked again,
+    /// reclaimed c0 in turn: two preemptions where one was needed.)
     #[test]
-    fn a_victim_asking_again_is_judged_owed_or_not_at_that_ask() {
+    fn a_victim_is_never_work_its_tenant_would_be_owed_back_at_once() {
         let t = tree(
             r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
                 "t/b": {"gpus": {"H100-80GB": {"guarantee": 1}}},
@@ -2731,8 +2770,9 @@ mod tests {
         let r = quotas_on_one_node(&jobs, 3, &t);
         let preempted = |id: &str| r.outcomes.iter().find(|o| o.id == id).map(|o| o.preempted);
         assert_eq!((start(&r, "b1"), start(&r, "a0")), (Some(800), Some(1_030)));
-        assert_eq!(preempted("b1"), Some(1), "a0's victim");
-        assert_eq!(preempted("c0"), Some(1), "b1, owed when it asked again, reclaimed c0");
+        assert_eq!(preempted("b1"), Some(0), "b uses 1 of its 1 when a0 asks");
+        assert_eq!(preempted("c0"), Some(1), "a0's victim");
+        assert_eq!(r.preemptions, 1);
     }
 
     /// The same with CPU guaranteed and GPUs unbounded: a request is owed for its CPU, and
@@ -2869,6 +2909,36 @@ mod tests {
         let r = run(&jobs, &f, &t, Mode::Quotas, Some(2000)).expect("runs");
         assert_eq!((r.preemptions, r.preemptions_checkpointing), (1, 0));
         assert_eq!(r.lost_gpu_seconds, 145.0);
+    }
+
+    /// Borrowed work of a tenant whose guaranteed work has since ended, back within its
+    /// guarantee, is not taken (its tenant would reclaim it back at once): the owner's
+    /// claim takes the dearer work of the tenant that still borrows.
+    #[test]
+    fn a_tenant_back_within_its_guarantee_keeps_its_borrowed_work() {
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+                "t/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+                "t/c": {"gpus": {"H100-80GB": {"ceiling": 4}}}}"#,
+        );
+        let mut jobs = vec![
+            job("b0", "t/b", 0, 1_000, 2),
+            job("c0", "t/c", 1, 100_000, 1),
+            // b's third GPU: borrowed; it checkpoints, so it is the cheapest to stop.
+            job("b1", "t/b", 500, 100_000, 1),
+            // Waits for b0's 2 GPUs and takes them at 1,000 s, borrowed.
+            job("c1", "t/c", 600, 100_000, 2),
+            job("a0", "t/a", 1_030, 100, 1),
+        ];
+        jobs[2].checkpoints = true;
+        let r = quotas_on_one_node(&jobs, 4, &t);
+        assert_eq!((start(&r, "b1"), start(&r, "c1")), (Some(500), Some(1_000)));
+        // b uses 1 of its 2 from 1,000 s: b1 is kept; c1 (30 s of 2 GPUs) goes instead.
+        let victims: Vec<&str> =
+            r.outcomes.iter().filter(|o| o.preempted > 0).map(|o| o.id.as_str()).collect();
+        assert_eq!(victims, ["c1"]);
+        assert_eq!(r.preemptions, 1);
+        assert_eq!(start(&r, "a0"), Some(1_060), "after c1's grace period");
     }
 
     #[test]

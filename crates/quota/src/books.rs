@@ -76,7 +76,7 @@ use crate::admit::{admit as decide_quota, withheld, Class, Decision, Usage};
 use crate::amount::{Resource, Resources};
 use crate::drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
 use crate::preempt::{may_reclaim_owed_later, owed_behind, worth_reclaiming};
-use crate::reclaim::{choose_victims, NoVictims, Running};
+use crate::reclaim::{choose_victims, choose_victims_for_placement, NoVictims, Running};
 use crate::spec::{chain, is_within, QuotaTree};
 use crate::wire::{
     AdmitAnswer, AdmitRequest, Amounts, Holding, Lease, PathStatus, QuotaClass, QuotaEvent,
@@ -1718,8 +1718,33 @@ impl Books {
             });
             refs.push(NodeContainer(n, c));
         }
+        // What runs on: real use less the work being stopped already (whose tenants borrow
+        // that much less once it is gone).
+        let mut usage = self.real_usage();
+        let going = stopping
+            .iter()
+            .copied()
+            .chain(self.stopping_idx.iter().flat_map(|n| {
+                self.nodes
+                    .get(n)
+                    .into_iter()
+                    .flat_map(move |nb| nb.stopping.iter().map(move |c| (n.as_str(), c.as_str())))
+            }))
+            .collect::<BTreeSet<_>>();
+        for (n, c) in going {
+            if let Some(e) = self.nodes.get(n).and_then(|nb| nb.holdings.get(c)) {
+                usage.release(&e.tenant, e.class, &e.resources);
+            }
+        }
         let capacity = self.capacity();
-        let chosen = match choose_victims(&running, tree, &capacity, claimant, short, now) {
+        // Victims on one node and inside no full ceiling: the fleet has room, this node
+        // not (placement).
+        let choose = if on.is_some() && under.is_none() {
+            choose_victims_for_placement
+        } else {
+            choose_victims
+        };
+        let chosen = match choose(&running, &usage, tree, &capacity, claimant, short, now) {
             Ok(v) => v,
             Err(NoVictims::Short) => return Reclaimed::Not(None),
             Err(NoVictims::Protected { until_ms }) => {

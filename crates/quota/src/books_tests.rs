@@ -438,6 +438,64 @@ const DEFAULT_GRACE: u64 = crate::DEFAULT_GRACE_PERIOD_S;
 /// while it waits are kept for it, and a smaller request of the same tenant that asks
 /// first is told why. (Before, only other tenants' waiting requests were kept for, and the
 /// 1-GPU request took one of the four.)
+/// Borrowed work of a tenant back within its guarantee (its guaranteed work ended) is not
+/// reclaimed: its tenant would be owed it back at once. The owner takes the work of the
+/// tenant that still borrows, though it is older.
+#[test]
+fn borrowed_work_of_a_tenant_back_within_its_guarantee_is_not_reclaimed() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 6}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}}},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 2}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 1, &mut b, &t, "acme/c", ("c", 0, 8), false, &mut now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 4), false, &mut now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 8, 2), false, &mut now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 4, 2), false, &mut now);
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 2));
+    assert_eq!(gpus_of(&b.real_usage().of("acme/c")), (2, 8));
+    // b's guaranteed work ends: it uses 2 of its 4, all of it admitted borrowed.
+    end_units(&mut nodes[0], &mut b, &t, (0..4).map(|i| format!("b{i}")), now);
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (0, 2));
+    fill(&mut nodes, 0, &mut b, &t, "acme/a", ("a", 0, 4), false, &mut now);
+    // n1 is full: c8, c9, then b4, b5 (the youngest, cheapest to stop), a0..a3.
+    now += 1_000;
+    let a = nodes[0].admit(&mut b, &t, ask("a4", "acme/a", 1), now);
+    let AdmitAnswer::Reclaiming { victims, .. } = a else {
+        panic!("expected a reclaim, got {a:?}")
+    };
+    let taken: Vec<(&str, &str)> =
+        victims.iter().map(|v| (v.tenant.as_str(), v.container_id.as_str())).collect();
+    assert_eq!(taken, [("acme/c", "c9")], "b is within its guarantee");
+}
+
+/// For placement (the fleet has room, the node asked on is full) borrowed work of a tenant
+/// back within its guarantee is taken when nothing else on the node frees enough: it finds
+/// room elsewhere, and the victim says why it was taken.
+#[test]
+fn for_placement_work_of_a_tenant_within_its_guarantee_is_taken_last() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 6}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}}},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 2}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 6), false, &mut now);
+    end_units(&mut nodes[0], &mut b, &t, (0..4).map(|i| format!("b{i}")), now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/a", ("a", 0, 6), false, &mut now);
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (0, 2), "within its guarantee of 4");
+    // n1 is full (b4, b5 borrowed, a0..a5), n2 empty: c's request on n1 is one of placement.
+    now += 1_000;
+    let a = nodes[0].admit(&mut b, &t, ask("c0", "acme/c", 1), now);
+    let AdmitAnswer::Reclaiming { victims, .. } = a else {
+        panic!("expected a reclaim, got {a:?}")
+    };
+    assert_eq!(victims.len(), 1, "{victims:?}");
+    assert_eq!((victims[0].tenant.as_str(), victims[0].container_id.as_str()), ("acme/b", "b5"));
+    assert!(victims[0].reason.contains("back within their guarantees is taken too"), "{victims:?}");
+}
+
 #[test]
 fn freed_gpus_are_kept_for_the_tenants_own_larger_waiting_request() {
     let t = tree(

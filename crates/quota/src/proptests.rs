@@ -174,7 +174,7 @@ proptest! {
             .map(|r| r.resources.get(&Resource::gpu(H100)))
             .sum();
         let tree = QuotaTree::default();
-        match choose_victims(&running, &tree, &fleet, "acme/a", &need, 200_000) {
+        match choose_victims(&running, &crate::tests::usage_of(&running), &tree, &fleet, "acme/a", &need, 200_000) {
             Err(NoVictims::Protected { .. }) => prop_assert!(false, "no minimum run time set"),
             Err(NoVictims::Short) => prop_assert!(takeable < short * MICRO_PER_GPU),
             Ok(v) => {
@@ -393,5 +393,55 @@ proptest! {
             }
         }
         same_as_owed_of_each(&tree, &usage, tenant, &requests)?;
+    }
+}
+
+proptest! {
+    /// Where the fleet is short, a reclaim takes work only of tenants that borrow, each
+    /// still borrowing with the victims taken before it gone: never a tenant within its
+    /// guarantee, and never one further below it than its last victim.
+    #[test]
+    fn a_reclaim_takes_only_from_tenants_that_borrow_and_never_far_below_a_guarantee(
+        tree in arb_tree(),
+        items in prop::collection::vec((1usize..PATHS.len(), 1u64..=3, any::<bool>(), 0u64..100), 0..16),
+        short in 1u64..=8,
+    ) {
+        let claimant = "acme/a/p/u";
+        let running: Vec<Running> = items
+            .iter()
+            .enumerate()
+            .map(|(i, &(t, n, borrowed, started))| Running {
+                id: format!("c{i}"),
+                tenant: PATHS[t].into(),
+                resources: Resources::new().with_gpus(H100, n),
+                class: if borrowed { Class::Borrowed } else { Class::Guaranteed },
+                started_ms: started * 1000,
+                gang: None,
+                checkpoints: false,
+            })
+            .collect();
+        let usage = crate::tests::usage_of(&running);
+        let fleet = Resources::new().with_gpus(H100, 64);
+        let need = Resources::new().with_gpus(H100, short);
+        let Ok(v) = choose_victims(&running, &usage, &tree, &fleet, claimant, &need, 200_000) else {
+            return Ok(());
+        };
+        let chosen: Vec<&Running> = v
+            .chosen
+            .iter()
+            .flat_map(|c| c.candidate.ids.iter())
+            .map(|id| running.iter().find(|r| &r.id == id).expect("known"))
+            .collect();
+        // Each, with the victims before it gone, still borrowed when taken: nothing was
+        // taken from a tenant once it no longer did.
+        let mut before = usage.clone();
+        for r in &chosen {
+            prop_assert!(
+                borrowing(&tree, &before, &r.tenant, &r.resources, claimant),
+                "{} taken from a tenant that no longer borrows",
+                r.id
+            );
+            before.release(&r.tenant, r.class, &r.resources);
+        }
     }
 }

@@ -11,14 +11,22 @@
 //! the same age. A unit younger than its tenant's `min_runtime_s`
 //! ([`QuotaTree::min_runtime_s`]) is protected: no reclaim takes it until then.
 //!
+//! A unit is taken only while its tenant still **borrows** ([`borrowing`]): some quota on
+//! its chain, below the paths it shares with the claimant, uses more than it guarantees.
+//! Work admitted borrowed whose paths have since come back within their guarantees (their
+//! guaranteed work ended) is not taken: it would be owed back at once, and its tenant would
+//! reclaim in turn (Kueue reclaims only from a ClusterQueue that borrows; KAI only from a
+//! queue over its deserved quota).
+//!
 //! Candidates are taken cheapest first (ties: the tenant whose borrowed work has the
 //! largest dominant share, then the youngest unit), only those holding something still
-//! short, until the shortfall is covered; then every taken unit the others already cover
-//! for is spared, dearest first, so a reclaim stops no more than the claimant needs.
+//! short and whose tenant still borrows with the units taken before them gone, until the
+//! shortfall is covered; then every taken unit the others already cover for is spared,
+//! dearest first, so a reclaim stops no more than the claimant needs.
 
 use std::collections::BTreeMap;
 
-use crate::admit::Class;
+use crate::admit::{Class, Usage};
 use crate::amount::Resources;
 use crate::drf::dominant_share;
 use crate::spec::{is_within, QuotaTree};
@@ -166,10 +174,58 @@ pub enum NoVictims {
     Protected { until_ms: u64 },
 }
 
-/// The victims that free at least `short` for `claimant` at `now_ms` (the module
-/// documentation says how they are chosen).
+/// Whether `tenant`'s work of `resources`, counted in `usage`, runs on capacity lent to it
+/// as `claimant` sees it: for some resource it holds, every quota on `tenant`'s chain that
+/// does not hold `claimant` and bounds that resource uses more of it than it guarantees
+/// (none guaranteed: any use), its whole subtree counted, guaranteed or borrowed (guarantee
+/// leased to nodes and unused there is not use). A path within its guarantee holds no one
+/// else's capacity, whatever its children borrow from each other inside it; a tenant within
+/// its own guarantee borrows nothing, whatever its parent holds of others'. Where no such
+/// quota bounds any of them (a tenant sharing a parent's remainder with the claimant), the
+/// work is judged by the class it was admitted with: borrowing.
+pub fn borrowing(
+    tree: &QuotaTree,
+    usage: &Usage,
+    tenant: &str,
+    resources: &Resources,
+    claimant: &str,
+) -> bool {
+    let mut bounded = false;
+    for (resource, amount) in resources.iter() {
+        if amount == 0 {
+            continue;
+        }
+        let mut paths = tree
+            .chain(tenant)
+            .filter(|q| !is_within(claimant, &q.path))
+            .filter_map(|q| q.limits.get(resource).map(|l| (q.path.as_str(), l.guarantee)))
+            .peekable();
+        if paths.peek().is_none() {
+            continue;
+        }
+        bounded = true;
+        let over = |(path, guarantee): (&str, Option<u64>)| {
+            let used = usage
+                .of(path)
+                .total()
+                .get(resource)
+                .saturating_sub(usage.leased_of(path).get(resource));
+            used > guarantee.unwrap_or(0)
+        };
+        if paths.all(over) {
+            return true;
+        }
+    }
+    !bounded
+}
+
+/// The victims that free at least `short` for `claimant` at `now_ms` where the fleet (or a
+/// ceiling) is short: only work whose tenants still [`borrowing`] (the module
+/// documentation says how they are chosen). `usage` holds all running work (`running` may
+/// be only some of it: one node's).
 pub fn choose_victims(
     running: &[Running],
+    usage: &Usage,
     tree: &QuotaTree,
     capacity: &Resources,
     claimant: &str,
@@ -177,30 +233,78 @@ pub fn choose_victims(
     now_ms: u64,
 ) -> Result<Victims, NoVictims> {
     let (order, protected) = victim_order(running, tree, capacity, claimant, now_ms);
+    cover(&order, &protected, usage, tree, claimant, short, true)
+        .map(|taken| victims(&order, taken, short, false))
+}
+
+/// [`choose_victims`] where the fleet has room for the claim but not on the node it asks
+/// on (`running` is that node's): work whose tenants still borrow if it frees enough, else
+/// any borrowed work there, work of tenants back within their guarantees too (they find
+/// room elsewhere in the fleet; without it the claim waits for work on that node to end).
+pub fn choose_victims_for_placement(
+    running: &[Running],
+    usage: &Usage,
+    tree: &QuotaTree,
+    capacity: &Resources,
+    claimant: &str,
+    short: &Resources,
+    now_ms: u64,
+) -> Result<Victims, NoVictims> {
+    let (order, protected) = victim_order(running, tree, capacity, claimant, now_ms);
+    match cover(&order, &protected, usage, tree, claimant, short, true) {
+        Err(NoVictims::Short) => cover(&order, &protected, usage, tree, claimant, short, false)
+            .map(|taken| victims(&order, taken, short, true)),
+        other => other.map(|taken| victims(&order, taken, short, false)),
+    }
+}
+
+/// The units of `order` taken, cheapest first, until `short` is covered: with `strict`,
+/// only while each one's tenant [`borrowing`]; else any.
+fn cover(
+    order: &[Candidate],
+    protected: &[Protected],
+    usage: &Usage,
+    tree: &QuotaTree,
+    claimant: &str,
+    short: &Resources,
+    strict: bool,
+) -> Result<Vec<usize>, NoVictims> {
     let useful = |c: &Candidate, left: &Resources| left.iter().any(|(r, _)| c.resources.get(r) > 0);
     let mut left = short.clone();
+    let mut after = usage.clone();
+    let mut take = |c: &Candidate, left: &mut Resources| {
+        let yes = useful(c, left)
+            && (!strict || borrowing(tree, &after, &c.tenant, &c.resources, claimant));
+        if yes {
+            left.sub(&c.resources);
+            after.release(&c.tenant, Class::Borrowed, &c.resources);
+        }
+        yes
+    };
     let mut taken: Vec<usize> = Vec::new();
     for (i, c) in order.iter().enumerate() {
         if left.is_empty() {
             break;
         }
-        if useful(c, &left) {
-            left.sub(&c.resources);
+        if take(c, &mut left) {
             taken.push(i);
         }
     }
-    if !left.is_empty() {
-        // Would the protected work cover it, and from when?
-        for p in &protected {
-            if useful(&p.candidate, &left) {
-                left.sub(&p.candidate.resources);
-                if left.is_empty() {
-                    return Err(NoVictims::Protected { until_ms: p.until_ms });
-                }
-            }
-        }
-        return Err(NoVictims::Short);
+    if left.is_empty() {
+        return Ok(taken);
     }
+    // Would the protected work cover it, and from when?
+    for p in protected {
+        if take(&p.candidate, &mut left) && left.is_empty() {
+            return Err(NoVictims::Protected { until_ms: p.until_ms });
+        }
+    }
+    Err(NoVictims::Short)
+}
+
+/// The units `taken` of `order` less those the others already cover for, with why each
+/// was chosen (`fallback`: some tenant's work is taken though it no longer borrows).
+fn victims(order: &[Candidate], taken: Vec<usize>, short: &Resources, fallback: bool) -> Victims {
     // Spare, dearest first, every unit the others already cover for.
     let mut kept = taken.clone();
     for &i in taken.iter().rev() {
@@ -237,12 +341,19 @@ pub fn choose_victims(
                 .as_ref()
                 .map(|g| format!(" (gang {}, stopped whole)", tessera_api::untrusted(g)))
                 .unwrap_or_default();
+            let fallback = if fallback {
+                "; no choice of work whose tenants borrow frees enough on this node, so work \
+                 of tenants back within their guarantees is taken too (the fleet has room \
+                 for it elsewhere)"
+            } else {
+                ""
+            };
             Chosen {
-                why: format!("chosen by the work it would lose{gang}: {lost}{others}"),
+                why: format!("chosen by the work it would lose{gang}: {lost}{others}{fallback}"),
                 candidate: c.clone(),
             }
         })
         .collect();
     let cost = chosen.iter().map(|c| c.candidate.cost).sum();
-    Ok(Victims { chosen, cost })
+    Victims { chosen, cost }
 }

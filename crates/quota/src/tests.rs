@@ -250,7 +250,8 @@ fn the_acceptance_scenario_b_borrows_to_its_ceiling_and_a_reclaims() {
     };
     assert_eq!(short, gpus(4));
     let victims =
-        choose_victims(&running, &t, &small, "acme/a", &short, 100_000).expect("enough borrowed");
+        choose_victims(&running, &usage_of(&running), &t, &small, "acme/a", &short, 100_000)
+            .expect("enough borrowed");
     let victims: Vec<String> =
         victims.chosen.iter().flat_map(|c| c.candidate.ids.clone()).collect();
     // The youngest lose the least.
@@ -679,6 +680,15 @@ fn run(id: &str, tenant: &str, n: u64, class: Class, started: u64, gang: Option<
     }
 }
 
+/// What `running` uses, each with the class it was admitted with.
+pub(crate) fn usage_of(running: &[Running]) -> Usage {
+    let mut u = Usage::new();
+    for r in running {
+        u.add(&r.tenant, r.class, &r.resources);
+    }
+    u
+}
+
 fn ids(v: &Victims) -> Vec<String> {
     v.chosen.iter().flat_map(|c| c.candidate.ids.clone()).collect()
 }
@@ -702,17 +712,20 @@ fn victims_are_chosen_by_the_work_they_would_lose_never_guaranteed_nor_the_claim
         run("b2", "acme/b", 1, Class::Borrowed, 500, None),
         run("b3", "acme/b", 1, Class::Borrowed, 900, None),
         run("c1", "acme/ml", 1, Class::Borrowed, 700, None),
+        run("gml", "acme/ml", 1, Class::Guaranteed, 0, None),
         run("own", "acme/a/x", 1, Class::Borrowed, 990, None),
     ];
     let now = 1_000_000;
-    let v = choose_victims(&running, &t, &fleet, "acme/a", &gpus(1), now).expect("victims");
+    let v = choose_victims(&running, &usage_of(&running), &t, &fleet, "acme/a", &gpus(1), now)
+        .expect("victims");
     assert_eq!(ids(&v), ["b3"], "the least work lost");
     assert!(v.chosen[0].why.contains("it loses 100 s"), "{}", v.chosen[0].why);
     assert!(v.chosen[0].why.contains("3 other borrowed unit(s) would lose more"), "{v:?}");
-    let v = choose_victims(&running, &t, &fleet, "acme/a", &gpus(4), now).expect("victims");
+    let v = choose_victims(&running, &usage_of(&running), &t, &fleet, "acme/a", &gpus(4), now)
+        .expect("victims");
     assert_eq!(ids(&v), ["b3", "c1", "b2", "b1"], "cheapest first, across tenants");
     assert_eq!(
-        choose_victims(&running, &t, &fleet, "acme/a", &gpus(5), now),
+        choose_victims(&running, &usage_of(&running), &t, &fleet, "acme/a", &gpus(5), now),
         Err(NoVictims::Short),
         "never the guaranteed g1 nor the claimant's own work"
     );
@@ -722,7 +735,7 @@ fn victims_are_chosen_by_the_work_they_would_lose_never_guaranteed_nor_the_claim
         ..run("cpu", "acme/b", 0, Class::Borrowed, 99, None)
     }];
     assert_eq!(
-        choose_victims(&cpu_only, &t, &fleet, "acme/a", &gpus(1), now),
+        choose_victims(&cpu_only, &usage_of(&cpu_only), &t, &fleet, "acme/a", &gpus(1), now),
         Err(NoVictims::Short)
     );
 }
@@ -734,7 +747,9 @@ fn work_that_checkpoints_loses_only_its_grace_period_and_goes_first() {
     long.checkpoints = true;
     let running = [long, run("young", "acme/b", 1, Class::Borrowed, 950, None)];
     // ckpt ran 1000 s but loses only b's grace of 20 s; young would lose 50 s.
-    let v = choose_victims(&running, &t, &fleet, "acme/a", &gpus(1), 1_000_000).expect("victims");
+    let v =
+        choose_victims(&running, &usage_of(&running), &t, &fleet, "acme/a", &gpus(1), 1_000_000)
+            .expect("victims");
     assert_eq!(ids(&v), ["ckpt"]);
     assert_eq!(v.chosen[0].candidate.lost_s, 20);
     assert!(v.chosen[0].why.contains("checkpoints on SIGTERM"), "{}", v.chosen[0].why);
@@ -750,10 +765,14 @@ fn a_reclaim_takes_only_what_the_claimant_needs() {
         run("s2", "acme/b", 1, Class::Borrowed, 980, None),
         run("big", "acme/b", 2, Class::Borrowed, 985, None),
     ];
-    let v = choose_victims(&running, &t, &fleet, "acme/a", &gpus(2), 1_000_000).expect("victims");
+    let v =
+        choose_victims(&running, &usage_of(&running), &t, &fleet, "acme/a", &gpus(2), 1_000_000)
+            .expect("victims");
     // s1 (10 s) and s2 (20 s) cover 2 GPUs; big (15 s × 2 GPUs = dearer) is not needed.
     assert_eq!(ids(&v), ["s1", "s2"]);
-    let v = choose_victims(&running, &t, &fleet, "acme/a", &gpus(3), 1_000_000).expect("victims");
+    let v =
+        choose_victims(&running, &usage_of(&running), &t, &fleet, "acme/a", &gpus(3), 1_000_000)
+            .expect("victims");
     // s1 + s2 + big = 4 > 3: one small one is spared, the dearer of the two (s2).
     assert_eq!(ids(&v), ["s1", "big"]);
 }
@@ -762,12 +781,17 @@ fn a_reclaim_takes_only_what_the_claimant_needs() {
 fn borrowed_work_within_its_minimum_run_time_is_protected_until_it_ends() {
     let (t, fleet) = (team_times(), gpus(16));
     // ml's minimum run time is 60 s: c1 (started at 980 s) is protected until 1040 s.
-    let running = [run("c1", "acme/ml", 1, Class::Borrowed, 980, None)];
+    let running = [
+        run("c1", "acme/ml", 1, Class::Borrowed, 980, None),
+        run("gml", "acme/ml", 1, Class::Guaranteed, 0, None),
+    ];
     assert_eq!(
-        choose_victims(&running, &t, &fleet, "acme/a", &gpus(1), 1_000_000),
+        choose_victims(&running, &usage_of(&running), &t, &fleet, "acme/a", &gpus(1), 1_000_000),
         Err(NoVictims::Protected { until_ms: 1_040_000 })
     );
-    let v = choose_victims(&running, &t, &fleet, "acme/a", &gpus(1), 1_040_000).expect("free");
+    let v =
+        choose_victims(&running, &usage_of(&running), &t, &fleet, "acme/a", &gpus(1), 1_040_000)
+            .expect("free");
     assert_eq!(ids(&v), ["c1"]);
     // Without a minimum run time nothing is protected, not even work whose start is after
     // the books' now (a node's clock ahead): b's two at equal cost, the youngest first.
@@ -777,8 +801,114 @@ fn borrowed_work_within_its_minimum_run_time_is_protected_until_it_ends() {
         run("b1", "acme/b", 1, Class::Borrowed, 999, None),
         run("b2", "acme/b", 1, Class::Borrowed, 1001, None),
     ];
-    let v = choose_victims(&running, &t, &fleet, "acme/a", &gpus(1), 1_000_000).expect("b's");
+    let v =
+        choose_victims(&running, &usage_of(&running), &t, &fleet, "acme/a", &gpus(1), 1_000_000)
+            .expect("b's");
     assert_eq!(ids(&v), ["b2"]);
+}
+
+/// Borrowed work is taken only while its tenant borrows: once its paths are back within
+/// their guarantees (their guaranteed work ended), it would be owed back at once and its
+/// tenant would reclaim in turn. Paths that hold the claimant too are not judged; a tenant
+/// no quota below them bounds is judged by its class.
+#[test]
+fn borrowed_work_is_taken_only_while_its_tenant_borrows() {
+    let (t, fleet) = (team_times(), gpus(16));
+    // b's guarantee is 1: its one borrowed GPU is all it uses.
+    let alone = [run("b1", "acme/b", 1, Class::Borrowed, 100, None)];
+    assert_eq!(
+        choose_victims(&alone, &usage_of(&alone), &t, &fleet, "acme/a", &gpus(1), 1_000_000),
+        Err(NoVictims::Short),
+        "b is within its guarantee"
+    );
+    // Two borrowed: b uses 2 of 1, so one is taken (the youngest), never both.
+    let two = [
+        run("b1", "acme/b", 1, Class::Borrowed, 100, None),
+        run("b2", "acme/b", 1, Class::Borrowed, 900, None),
+    ];
+    let v = choose_victims(&two, &usage_of(&two), &t, &fleet, "acme/a", &gpus(1), 1_000_000)
+        .expect("one of b's");
+    assert_eq!(ids(&v), ["b2"]);
+    assert_eq!(
+        choose_victims(&two, &usage_of(&two), &t, &fleet, "acme/a", &gpus(2), 1_000_000),
+        Err(NoVictims::Short),
+        "the second would take b below its guarantee"
+    );
+    // The running list may be one node's: the usage is the fleet's. b's guaranteed work on
+    // another node makes its borrowed GPU here borrowed still.
+    let elsewhere = [run("g", "acme/b", 1, Class::Guaranteed, 0, None), alone[0].clone()];
+    let v =
+        choose_victims(&alone, &usage_of(&elsewhere), &t, &fleet, "acme/a", &gpus(1), 1_000_000)
+            .expect("b borrows");
+    assert_eq!(ids(&v), ["b1"]);
+    // acme guarantees 4 and holds the claimant: not judged. b is over its own 2; c (no quota
+    // of its own, sharing acme's remainder) is judged by its class.
+    let t = tree(
+        r#"{"acme": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}}}"#,
+    );
+    let mut running = vec![
+        run("bg", "acme/b", 2, Class::Guaranteed, 0, None),
+        run("b1", "acme/b", 1, Class::Borrowed, 500, None),
+        run("c1", "acme/c", 1, Class::Borrowed, 100, None),
+    ];
+    let v =
+        choose_victims(&running, &usage_of(&running), &t, &fleet, "acme/a", &gpus(2), 1_000_000)
+            .expect("both");
+    assert_eq!(ids(&v), ["b1", "c1"]);
+    // From outside acme, acme is judged too: it uses 4 of its 4, so nothing under it holds
+    // capacity lent from outside, whatever b borrows from a inside it.
+    assert_eq!(
+        choose_victims(&running, &usage_of(&running), &t, &fleet, "org-z", &gpus(1), 1_000_000),
+        Err(NoVictims::Short)
+    );
+    // One more borrowed GPU of b: acme uses 5 of 4, so one GPU of it is taken, never two.
+    running.push(run("b2", "acme/b", 1, Class::Borrowed, 800, None));
+    let v = choose_victims(&running, &usage_of(&running), &t, &fleet, "org-z", &gpus(1), 1_000_000)
+        .expect("b's");
+    assert_eq!(ids(&v), ["b2"]);
+    assert_eq!(
+        choose_victims(&running, &usage_of(&running), &t, &fleet, "org-z", &gpus(2), 1_000_000),
+        Err(NoVictims::Short)
+    );
+}
+
+/// For placement (the fleet has room, the claimant's node not), work whose tenants borrow
+/// goes first; if it frees too little there, the work of tenants back within their
+/// guarantees is taken too, and each victim says so.
+#[test]
+fn for_placement_work_of_tenants_within_their_guarantees_is_taken_last() {
+    let (t, fleet) = (team_times(), gpus(16));
+    let alone = [run("b1", "acme/b", 1, Class::Borrowed, 100, None)];
+    let v = choose_victims_for_placement(
+        &alone,
+        &usage_of(&alone),
+        &t,
+        &fleet,
+        "acme/a",
+        &gpus(1),
+        1_000_000,
+    )
+    .expect("b1 for placement");
+    assert_eq!(ids(&v), ["b1"]);
+    assert!(v.chosen[0].why.contains("back within their guarantees is taken too"), "{v:?}");
+    // ml borrows (2 of its 1): its c1 goes though b1 would lose less.
+    let running = [
+        alone[0].clone(),
+        run("c1", "acme/ml", 1, Class::Borrowed, 50, None),
+        run("gml", "acme/ml", 1, Class::Guaranteed, 0, None),
+    ];
+    let usage = usage_of(&running);
+    let v =
+        choose_victims_for_placement(&running, &usage, &t, &fleet, "acme/a", &gpus(1), 1_000_000)
+            .expect("c1");
+    assert_eq!(ids(&v), ["c1"]);
+    assert!(!v.chosen[0].why.contains("back within"), "{v:?}");
+    let v =
+        choose_victims_for_placement(&running, &usage, &t, &fleet, "acme/a", &gpus(2), 1_000_000)
+            .expect("both");
+    assert_eq!(ids(&v), ["b1", "c1"]);
 }
 
 #[test]
@@ -787,6 +917,7 @@ fn a_gang_is_preempted_whole() {
     let t = team_times();
     let running = [
         run("solo", "acme/b", 1, Class::Borrowed, 1, None),
+        run("gb", "acme/b", 1, Class::Guaranteed, 0, None),
         run("g-0", "acme/ml", 1, Class::Borrowed, 5, Some("train")),
         run("g-1", "acme/ml", 1, Class::Guaranteed, 5, Some("train")),
         run("g-2", "acme/ml", 1, Class::Borrowed, 6, Some("train")),
@@ -794,9 +925,13 @@ fn a_gang_is_preempted_whole() {
     ];
     // The gang (4 GPUs, 994 s) loses more than solo (1 GPU, 999 s): solo goes for one GPU;
     // two GPUs need the gang, taken whole, and then solo is not needed.
-    let v = choose_victims(&running, &t, &fleet, "acme/a", &gpus(1), 1_000_000).expect("victims");
+    let v =
+        choose_victims(&running, &usage_of(&running), &t, &fleet, "acme/a", &gpus(1), 1_000_000)
+            .expect("victims");
     assert_eq!(ids(&v), ["solo"]);
-    let v = choose_victims(&running, &t, &fleet, "acme/a", &gpus(2), 1_000_000).expect("victims");
+    let v =
+        choose_victims(&running, &usage_of(&running), &t, &fleet, "acme/a", &gpus(2), 1_000_000)
+            .expect("victims");
     assert_eq!(ids(&v), ["g-0", "g-1", "g-2", "g-3"]);
     assert!(v.chosen[0].why.contains("gang train, stopped whole"), "{v:?}");
 }
