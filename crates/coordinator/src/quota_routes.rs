@@ -1145,7 +1145,7 @@ fn natural(resource: &str, amount: u64) -> f64 {
 /// The Prometheus text of the quota gauges and counters.
 pub fn render_metrics(st: &QuotaStatus, counters: &quota::books::Counters) -> String {
     type Pick = fn(&fleet::quota_wire::PathStatus) -> Option<f64>;
-    let gauges: [(&str, &str, Pick); 12] = [
+    let gauges: [(&str, &str, Pick); 14] = [
         ("guarantee", "What the quota path is always given when it asks", |p| {
             p.guarantee.map(|g| natural(&p.resource, g))
         }),
@@ -1191,12 +1191,25 @@ pub fn render_metrics(st: &QuotaStatus, counters: &quota::books::Counters) -> St
             "99th percentile wait of the subtree's owed requests, first ask to admission",
             |p| p.owner_wait_p99_ms.map(|ms| ms as f64 / 1000.0),
         ),
+        (
+            "owed_later_wait_p50_seconds",
+            "Median wait of the subtree's requests owed only later (once their tenant's \
+             requests ahead were served), from when a reclaim first found them owed to \
+             admission",
+            |p| p.owed_later_wait_p50_ms.map(|ms| ms as f64 / 1000.0),
+        ),
+        (
+            "owed_later_wait_p99_seconds",
+            "99th percentile wait of the subtree's requests owed only later, from when a \
+             reclaim first found them owed to admission",
+            |p| p.owed_later_wait_p99_ms.map(|ms| ms as f64 / 1000.0),
+        ),
     ];
     let mut out = String::new();
     for (name, help, pick) in gauges {
         let unit = match name {
             "dominant_share" | "preemptions_last_hour" => "",
-            n if n.starts_with("owner_wait") => "",
+            n if n.starts_with("owner_wait") || n.starts_with("owed_later") => "",
             "lost_seconds" => " (GPU-seconds for gpus.*, core-seconds, GiB-seconds)",
             _ => " (GPUs for gpus.*, cores for cpu_cores, GiB for memory_gib)",
         };
@@ -1273,6 +1286,8 @@ mod tests {
                 preemptions_last_hour: 3,
                 owner_wait_p50_ms: Some(1_500),
                 owner_wait_p99_ms: Some(32_000),
+                owed_later_wait_p50_ms: None,
+                owed_later_wait_p99_ms: Some(130_000),
                 waiting_why: vec![],
             }],
             books_ready: true,
@@ -1296,11 +1311,16 @@ mod tests {
             "tessera_quota_lost_seconds{path=\"acme/b\",resource=\"gpus.H100-80GB\"} 90",
             "tessera_quota_preemptions_last_hour{path=\"acme/b\",resource=\"gpus.H100-80GB\"} 3",
             "tessera_quota_owner_wait_p99_seconds{path=\"acme/b\",resource=\"gpus.H100-80GB\"} 32",
+            "tessera_quota_owed_later_wait_p99_seconds{path=\"acme/b\",resource=\"gpus.H100-80GB\"} 130",
             "# TYPE tessera_quota_preemptions_total counter",
             "tessera_quota_books_ready 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in:\n{text}");
         }
         assert!(!text.contains("tessera_quota_ceiling{"), "no ceiling set, no sample");
+        assert!(
+            !text.contains("tessera_quota_owed_later_wait_p50_seconds{"),
+            "none kept, no sample"
+        );
     }
 }

@@ -402,6 +402,9 @@ struct Cost {
     lost: BTreeMap<Resource, u128>,
     /// The last [`OWNER_WAITS_KEPT`] waits of owed requests, first ask to admission, ms.
     owner_waits: VecDeque<u64>,
+    /// The last [`OWNER_WAITS_KEPT`] waits of requests owed only later, from when a reclaim
+    /// decision first found them owed to admission, ms.
+    owed_later_waits: VecDeque<u64>,
 }
 
 /// Work preempted and when it may borrow again.
@@ -1221,14 +1224,17 @@ impl Books {
     ) {
         if matches!(answer, AdmitAnswer::Admitted { .. }) {
             self.first_asks.remove(claim);
-            self.owed_since.remove(claim);
-            if ask.owed_first {
-                let waits = &mut self.costs.entry(tenant.to_string()).or_default().owner_waits;
-                if waits.len() >= OWNER_WAITS_KEPT {
-                    waits.pop_front();
-                }
-                waits.push_back(now.saturating_sub(ask.asked_ms));
+            let owed_since = self.owed_since.remove(claim).map(|(since, _)| since);
+            let cost = self.costs.entry(tenant.to_string()).or_default();
+            let (waits, from) = match (ask.owed_first, owed_since) {
+                (true, _) => (&mut cost.owner_waits, ask.asked_ms),
+                (false, Some(since)) => (&mut cost.owed_later_waits, since),
+                (false, None) => return,
+            };
+            if waits.len() >= OWNER_WAITS_KEPT {
+                waits.pop_front();
             }
+            waits.push_back(now.saturating_sub(from));
         } else if !ask.settling {
             let first = self.first_asks.entry(claim.clone());
             first.or_insert((ask.asked_ms, ask.owed_first, now)).2 = now;
@@ -3130,9 +3136,14 @@ impl Books {
                     .iter()
                     .map(|c| c.lost.get(res).copied().unwrap_or(0))
                     .fold(0u128, u128::saturating_add);
-                let mut waits: Vec<u64> =
-                    costs.iter().flat_map(|c| c.owner_waits.iter().copied()).collect();
-                waits.sort_unstable();
+                let sorted = |pick: fn(&Cost) -> &VecDeque<u64>| {
+                    let mut w: Vec<u64> =
+                        costs.iter().flat_map(|c| pick(c).iter().copied()).collect();
+                    w.sort_unstable();
+                    w
+                };
+                let waits = sorted(|c| &c.owner_waits);
+                let later = sorted(|c| &c.owed_later_waits);
                 let mut why: Vec<String> = Vec::new();
                 for w in self.waiting.values().filter(|w| is_within(&w.tenant, &q.path)) {
                     if why.len() < 3 && !w.why.is_empty() && !why.contains(&w.why) {
@@ -3155,6 +3166,8 @@ impl Books {
                     preemptions_last_hour: costs.iter().map(|c| c.preempted_ms.len() as u64).sum(),
                     owner_wait_p50_ms: nearest_rank(&waits, 50),
                     owner_wait_p99_ms: nearest_rank(&waits, 99),
+                    owed_later_wait_p50_ms: nearest_rank(&later, 50),
+                    owed_later_wait_p99_ms: nearest_rank(&later, 99),
                     waiting_why: why,
                 });
             }

@@ -819,6 +819,40 @@ fn a_request_owed_later_reclaims_once_owed_for_its_paths_owed_reclaim_after_s() 
     }
 }
 
+/// The wait of a request owed only later is shown per path, from when the books first
+/// found it owed to its admission (its victim's grace period included), apart from the
+/// owner waits of requests owed at their first ask.
+#[test]
+fn the_status_shows_how_long_requests_owed_later_waited() {
+    let (t, mut b, mut nodes, mut now, one, _) = owed_later(Some(120));
+    let owed_ms = now;
+    now += 120_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+    let AdmitAnswer::Reclaiming { victims, retry_after_s, .. } = a else {
+        panic!("expected a reclaim: {a:?}")
+    };
+    nodes[1].sync(&mut b, &t, now);
+    nodes[1].stop(&victims[0].container_id);
+    now += retry_after_s * 1_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+    admitted(&a);
+    let st = b.status(&t, 7, now);
+    let path = st
+        .paths
+        .iter()
+        .find(|p| p.path == "acme/a" && p.resource == "gpus.H100-80GB")
+        .expect("acme/a's GPUs");
+    assert_eq!(path.owed_later_wait_p99_ms, Some(now - owed_ms), "{path:?}");
+    assert_eq!(path.owed_later_wait_p50_ms, Some(now - owed_ms));
+    assert_eq!(path.owner_wait_p99_ms, None, "not owed at its first ask");
+}
+
 /// [`protected_backlog_under`] with acme/a's guarantee of 4 and `after`, and A's 1 on n2
 /// (not owed at its first ask, A's 4 ahead of it) owed since A's 4 left the queue: asked
 /// once while owed and refused. Returns the tree, books, nodes, time, the request and the

@@ -372,6 +372,15 @@ pub struct PathStatus {
     pub owner_wait_p50_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner_wait_p99_ms: Option<u64>,
+    /// How long the subtree's requests owed only later (not owed at their first ask: the
+    /// tenant's own requests ahead filled its guarantee) waited from when a reclaim
+    /// decision first found them owed to admission, over the last ones kept, ms: the median
+    /// and the 99th percentile (nearest rank). A request owed later that was admitted
+    /// without reaching a reclaim decision (capacity freed first) is not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owed_later_wait_p50_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owed_later_wait_p99_ms: Option<u64>,
     /// Why the subtree's requests wait (their last answers, up to 3 distinct).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting_why: Vec<String>,

@@ -283,7 +283,9 @@ fn wait(ms: Option<u64>) -> String {
 fn render_preemption(st: &QuotaStatus) -> String {
     let mut out = String::from(
         "\npreemption (work lost: the resource × the seconds its victims had run, the grace \
-         period for work that checkpoints; owner wait: owed requests, first ask to admission)\n",
+         period for work that checkpoints; owner wait: owed requests, first ask to admission; \
+         owed later: requests owed only once their tenant's requests ahead were served, from \
+         when a reclaim first found them owed to admission)\n",
     );
     let mut rows = vec![[
         "QUOTA PATH",
@@ -292,6 +294,8 @@ fn render_preemption(st: &QuotaStatus) -> String {
         "PREEMPTIONS LAST HOUR",
         "OWNER WAIT P50",
         "OWNER WAIT P99",
+        "OWED LATER P50",
+        "OWED LATER P99",
     ]
     .map(String::from)
     .to_vec()];
@@ -303,6 +307,8 @@ fn render_preemption(st: &QuotaStatus) -> String {
             p.preemptions_last_hour.to_string(),
             wait(p.owner_wait_p50_ms),
             wait(p.owner_wait_p99_ms),
+            wait(p.owed_later_wait_p50_ms),
+            wait(p.owed_later_wait_p99_ms),
         ]);
     }
     out.push_str(&table(&rows));
@@ -365,6 +371,8 @@ mod tests {
             preemptions_last_hour: 0,
             owner_wait_p50_ms: None,
             owner_wait_p99_ms: None,
+            owed_later_wait_p50_ms: None,
+            owed_later_wait_p99_ms: None,
             waiting_why: vec![],
         }
     }
@@ -393,6 +401,8 @@ mod tests {
                     preemptions_last_hour: 4,
                     owner_wait_p50_ms: Some(1_200),
                     owner_wait_p99_ms: Some(33_000),
+                    owed_later_wait_p50_ms: Some(95_000),
+                    owed_later_wait_p99_ms: Some(7_500_000),
                     waiting_why: vec!["no capacity on node n1 for 1 H100-80GB GPUs".into()],
                     ..row("acme/ml", "gpus.H100-80GB", "micro-GPU", None, 1_000_000)
                 },
@@ -458,12 +468,14 @@ mod tests {
         );
         assert!(text.contains("n1    10s ago"), "{text}");
         // What preemption cost acme/ml: 3 GPU-hours lost, 4 preemptions in the last hour,
-        // owner waits of 1.2 s and 33 s; and why its work waits.
+        // owner waits of 1.2 s and 33 s, owed-later waits of 95 s and 2 h 5 min; and why
+        // its work waits.
         let ml = lines
             .iter()
             .find(|l| l.starts_with("acme/ml ") && l.contains(" 3 "))
             .unwrap_or_else(|| panic!("no preemption row for acme/ml in {text}"));
         assert!(ml.contains(" 4 ") && ml.contains("1.2 s") && ml.contains("33 s"), "{ml}");
+        assert!(ml.contains(" 95 s ") && ml.ends_with("2 h 5 min"), "{ml}");
         assert!(
             text.contains("why work waits\n  acme/ml: no capacity on node n1 for 1 H100-80GB GPUs"),
             "{text}"
