@@ -496,6 +496,40 @@ fn for_placement_work_of_a_tenant_within_its_guarantee_is_taken_last() {
     assert!(victims[0].reason.contains("back within their guarantees is taken too"), "{victims:?}");
 }
 
+/// RED TEAM: the placement fallback ("the fleet has room for it elsewhere") is reached
+/// when the fleet is full. `admit_short` decides the quota with a capacity view that always
+/// holds the request, so `Admit { Guaranteed }` there means "within guarantee", not "the
+/// fleet has room". Here both nodes are full; c borrows 6 on n2, b (back within its
+/// guarantee of 4, using 3 admitted borrowed) and a fill n1. a's owed request on n1 takes b's
+/// work though b does not borrow and the fleet has no room for it anywhere: b is owed it
+/// back at once (and reclaims in turn), the chain the rule was written to stop.
+#[test]
+fn red_team_placement_fallback_is_not_taken_when_the_fleet_is_full() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 6}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}}},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 2}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 1, &mut b, &t, "acme/c", ("c", 0, 8), false, &mut now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 7), false, &mut now);
+    end_units(&mut nodes[0], &mut b, &t, (0..4).map(|i| format!("b{i}")), now);
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (0, 3), "within its guarantee of 4");
+    fill(&mut nodes, 0, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    assert_eq!((nodes[0].free(), nodes[1].free()), (0, 0), "the fleet is full");
+    assert_eq!(b.real_usage().total().total(), Resources::new().with_gpus(H100, 16));
+    now += 1_000;
+    let a = nodes[0].admit(&mut b, &t, ask("a5", "acme/a", 1), now);
+    if let AdmitAnswer::Reclaiming { victims, .. } = &a {
+        let of_b: Vec<&crate::wire::Victim> =
+            victims.iter().filter(|v| v.tenant == "acme/b").collect();
+        assert!(
+            of_b.is_empty(),
+            "b is within its guarantee and the fleet has no room for it elsewhere: {of_b:#?}"
+        );
+    }
+}
+
 #[test]
 fn freed_gpus_are_kept_for_the_tenants_own_larger_waiting_request() {
     let t = tree(

@@ -951,3 +951,91 @@ fn owed_in_order_compares_only_requests_of_the_same_resources() {
         vec![false, true, false, true, false]
     );
 }
+
+/// RED TEAM: a gang with guaranteed members is released from the scratch usage as
+/// borrowed whole (`cover`: `after.release(tenant, Class::Borrowed, resources)`): where its
+/// tenant holds less borrowed than the gang's size, the guaranteed part stays counted, so
+/// the paths above still look over their guarantees and the next victim under them is
+/// taken though its tenant no longer borrows. acme guarantees 4 and holds 6: ml's gang
+/// (2 guaranteed + 1 borrowed) and b's 3 borrowed. Once the gang is gone acme uses 3 of 4,
+/// so b3 must not be taken; org-b (no quota, borrowed) should be.
+#[test]
+fn red_team_a_gang_with_guaranteed_members_leaves_its_guaranteed_part_counted() {
+    let t = tree(
+        r#"{"acme": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "org-a": {"gpus": {"H100-80GB": {"guarantee": 6}}}}"#,
+    );
+    let fleet = gpus(10);
+    let running = [
+        run("g-0", "acme/ml", 1, Class::Guaranteed, 990, Some("train")),
+        run("g-1", "acme/ml", 1, Class::Guaranteed, 990, Some("train")),
+        run("g-2", "acme/ml", 1, Class::Borrowed, 990, Some("train")),
+        run("b1", "acme/b", 1, Class::Borrowed, 900, None),
+        run("b2", "acme/b", 1, Class::Borrowed, 900, None),
+        run("b3", "acme/b", 1, Class::Borrowed, 900, None),
+        run("w1", "org-b", 1, Class::Borrowed, 800, None),
+        run("w2", "org-b", 1, Class::Borrowed, 800, None),
+    ];
+    let usage = usage_of(&running);
+    let v = choose_victims(&running, &usage, &t, &fleet, "org-a", &gpus(4), 1_000_000)
+        .expect("victims");
+    // Replay the victims as they really leave (each member as the class it runs as).
+    let mut before = usage.clone();
+    for c in &v.chosen {
+        assert!(
+            borrowing(&t, &before, &c.candidate.tenant, &c.candidate.resources, "org-a"),
+            "{:?} taken though {} no longer borrows (victims {:?})",
+            c.candidate.ids,
+            c.candidate.tenant,
+            ids(&v)
+        );
+        for id in &c.candidate.ids {
+            let r = running.iter().find(|r| &r.id == id).expect("known");
+            before.release(&r.tenant, r.class, &r.resources);
+        }
+    }
+}
+
+/// RED TEAM: a tenant with no quota of its own under a guaranteed ancestor that also holds
+/// the claimant is judged by its class, even where the claimant does not share that
+/// ancestor's remainder with it (the claimant has a guaranteed child of its own). acme
+/// guarantees 10: a 4, b 4, and the remainder 2 is ml's (no quota). ml runs 2 admitted
+/// borrowed (its guaranteed work ended): within the remainder. b runs 6 of its 4. a asks 2
+/// within its guarantee: ml's cheaper work is taken, and ml is owed it back at once
+/// (`admit` answers it a reclaim), while b, which borrows, keeps its work.
+#[test]
+fn red_team_a_tenant_within_its_parents_remainder_is_judged_by_class() {
+    let t = tree(
+        r#"{"acme": {"gpus": {"H100-80GB": {"guarantee": 10}}},
+            "acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
+    );
+    let fleet = gpus(10);
+    let running = [
+        run("a0", "acme/a", 2, Class::Guaranteed, 0, None),
+        run("bg", "acme/b", 4, Class::Guaranteed, 0, None),
+        run("b1", "acme/b", 1, Class::Borrowed, 500, None),
+        run("b2", "acme/b", 1, Class::Borrowed, 500, None),
+        run("m1", "acme/ml", 1, Class::Borrowed, 900, None),
+        run("m2", "acme/ml", 1, Class::Borrowed, 900, None),
+    ];
+    let usage = usage_of(&running);
+    // a is owed 2 and the fleet is full.
+    assert_eq!(
+        admit(&t, &fleet, &usage, "acme/a", &gpus(2)),
+        Decision::Reclaim { short: gpus(2), under: None }
+    );
+    let v = choose_victims(&running, &usage, &t, &fleet, "acme/a", &gpus(2), 1_000_000)
+        .expect("victims");
+    let taken = ids(&v);
+    // Had m1, m2 gone and a0 grown to 4: ml asking its 2 again is owed them at once.
+    let mut after = usage.clone();
+    after.release("acme/ml", Class::Borrowed, &gpus(2));
+    after.add("acme/a", Class::Guaranteed, &gpus(2));
+    assert_eq!(
+        admit(&t, &fleet, &after, "acme/ml", &gpus(2)),
+        Decision::Reclaim { short: gpus(2), under: None },
+        "ml is within acme's remainder: taking its work is owed back at once"
+    );
+    assert_eq!(taken, ["b1", "b2"], "b borrows; ml, within acme's remainder, does not");
+}
