@@ -240,6 +240,10 @@ struct Claim<'a> {
     on: Option<&'a str>,
     /// Victims only charged inside this path (its ceiling is full).
     under: Option<&'a str>,
+    /// The fleet has room for it, its node not: work of tenants back within their
+    /// guarantees may be taken last ([`choose_victims_for_placement`]). Never where the
+    /// fleet is full: such a victim would find no room elsewhere and be owed back at once.
+    placement: bool,
     ask: Ask,
     req: &'a AdmitRequest,
 }
@@ -1346,7 +1350,17 @@ impl Books {
                 // The node can place it; the fleet's books (or a ceiling on its chain,
                 // `under`) are short: reclaim anywhere (under that path).
                 let under = under.as_deref();
-                let claim = Claim { node, tenant, r, short: &short, on: None, under, ask, req };
+                let claim = Claim {
+                    node,
+                    tenant,
+                    r,
+                    short: &short,
+                    on: None,
+                    under,
+                    placement: false,
+                    ask,
+                    req,
+                };
                 match self.start_reclaim(tree, &claim, now) {
                     Reclaimed::Started(a) => a,
                     Reclaimed::Not(why) => self.queue(tree, node, req, r, None, why, now),
@@ -1398,7 +1412,13 @@ impl Books {
             Decision::Admit { class: Class::Guaranteed, .. } => {
                 let short = self.node_short(node, r);
                 let on = Some(node);
-                let claim = Claim { node, tenant, r, short: &short, on, under: None, ask, req };
+                // Decided above on a capacity that always holds it: within guarantee. The
+                // fleet's own capacity says whether it has room elsewhere (placement) or
+                // is full.
+                let placement =
+                    matches!(self.decide(tree, node, tenant, r, absorb), Decision::Admit { .. });
+                let claim =
+                    Claim { node, tenant, r, short: &short, on, under: None, placement, ask, req };
                 match self.start_reclaim(tree, &claim, now) {
                     Reclaimed::Started(a) => return a,
                     Reclaimed::Not(why) => return self.queue(tree, node, req, r, None, why, now),
@@ -1414,7 +1434,8 @@ impl Books {
                 }
                 let on = Some(node);
                 let under = Some(under.as_str());
-                let claim = Claim { node, tenant, r, short: &need, on, under, ask, req };
+                let claim =
+                    Claim { node, tenant, r, short: &need, on, under, placement: false, ask, req };
                 match self.start_reclaim(tree, &claim, now) {
                     Reclaimed::Started(a) => return a,
                     Reclaimed::Not(why) => return self.queue(tree, node, req, r, None, why, now),
@@ -1624,7 +1645,7 @@ impl Books {
     /// `owed_reclaim_after_s` ([`crate::may_reclaim_owed_later`]). Starts the reclaim and
     /// answers it, or says why not.
     fn start_reclaim(&mut self, tree: &QuotaTree, claim: &Claim<'_>, now: u64) -> Reclaimed {
-        let Claim { node, tenant: claimant, r, short, on, under, ask, req } = *claim;
+        let Claim { node, tenant: claimant, r, short, on, under, placement, ask, req } = *claim;
         if short.is_empty() {
             return Reclaimed::Not(None);
         }
@@ -1743,13 +1764,8 @@ impl Books {
             }
         }
         let capacity = self.capacity();
-        // Victims on one node and inside no full ceiling: the fleet has room, this node
-        // not (placement).
-        let choose = if on.is_some() && under.is_none() {
-            choose_victims_for_placement
-        } else {
-            choose_victims
-        };
+        // The fleet has room, this node not (placement).
+        let choose = if placement { choose_victims_for_placement } else { choose_victims };
         let chosen = match choose(&running, &usage, tree, &capacity, claimant, short, now) {
             Ok(v) => v,
             Err(NoVictims::Short) => return Reclaimed::Not(None),

@@ -502,7 +502,8 @@ fn for_placement_work_of_a_tenant_within_its_guarantee_is_taken_last() {
 /// fleet has room". Here both nodes are full; c borrows 6 on n2, b (back within its
 /// guarantee of 4, using 3 admitted borrowed) and a fill n1. a's owed request on n1 takes b's
 /// work though b does not borrow and the fleet has no room for it anywhere: b is owed it
-/// back at once (and reclaims in turn), the chain the rule was written to stop.
+/// back at once (and reclaims in turn), the chain the rule was written to stop. Fixed: the
+/// fallback only where the fleet's own capacity holds the claim; here a waits.
 #[test]
 fn red_team_placement_fallback_is_not_taken_when_the_fleet_is_full() {
     let t = tree(
