@@ -27,7 +27,7 @@
 use std::collections::BTreeMap;
 
 use crate::admit::{Class, Usage};
-use crate::amount::Resources;
+use crate::amount::{Resource, Resources};
 use crate::drf::dominant_share;
 use crate::spec::{is_within, QuotaTree};
 
@@ -60,6 +60,9 @@ pub struct Candidate {
     pub tenant: String,
     /// What it holds.
     pub resources: Resources,
+    /// The part of `resources` its members admitted within guarantee hold (a gang may mix
+    /// both classes): a victim leaves its tenant's usage as the classes it runs as.
+    pub guaranteed: Resources,
     /// Its gang, if any.
     pub gang: Option<String>,
     /// Seconds of work lost (run time, or the grace period of work that checkpoints).
@@ -109,6 +112,10 @@ pub fn victim_order(
         }
         let tenant = members[0].tenant.clone();
         let resources = members.iter().fold(Resources::new(), |acc, m| acc.plus(&m.resources));
+        let guaranteed = members
+            .iter()
+            .filter(|m| m.class == Class::Guaranteed)
+            .fold(Resources::new(), |acc, m| acc.plus(&m.resources));
         let started_ms = members.iter().map(|m| m.started_ms).max().unwrap_or(0);
         let ran_s = now_ms.saturating_sub(started_ms) / 1000;
         let checkpoints = members.iter().all(|m| m.checkpoints);
@@ -119,6 +126,7 @@ pub fn victim_order(
             cost: dominant_share(&resources, capacity) * lost_s as f64,
             tenant,
             resources,
+            guaranteed,
             gang: members[0].gang.clone(),
             lost_s,
             checkpoints,
@@ -176,13 +184,17 @@ pub enum NoVictims {
 
 /// Whether `tenant`'s work of `resources`, counted in `usage`, runs on capacity lent to it
 /// as `claimant` sees it: for some resource it holds, every quota on `tenant`'s chain that
-/// does not hold `claimant` and bounds that resource uses more of it than it guarantees
-/// (none guaranteed: any use), its whole subtree counted, guaranteed or borrowed (guarantee
-/// leased to nodes and unused there is not use). A path within its guarantee holds no one
-/// else's capacity, whatever its children borrow from each other inside it; a tenant within
-/// its own guarantee borrows nothing, whatever its parent holds of others'. Where no such
-/// quota bounds any of them (a tenant sharing a parent's remainder with the claimant), the
-/// work is judged by the class it was admitted with: borrowing.
+/// does not hold `claimant` and guarantees that resource uses more of it than it guarantees,
+/// its whole subtree counted, guaranteed or borrowed (guarantee leased to nodes and unused
+/// there is not use). A path within its guarantee holds no one else's capacity, whatever
+/// its children borrow from each other inside it; a tenant within its own guarantee borrows
+/// nothing, whatever its parent holds of others'. Where no such quota guarantees it, the
+/// tenant shares the remainder of the innermost path holding both that does: if the
+/// claimant is under a guaranteed child of that path, the remainder's tenants together
+/// borrow only what they use beyond the remainder. Otherwise (the claimant shares the
+/// remainder too, or no path guarantees it) the work borrows where a quota outside the
+/// claimant's paths bounds it, and where none bounds any of its resources it is judged by
+/// the class it was admitted with: borrowing.
 pub fn borrowing(
     tree: &QuotaTree,
     usage: &Usage,
@@ -190,29 +202,56 @@ pub fn borrowing(
     resources: &Resources,
     claimant: &str,
 ) -> bool {
+    let used = |path: &str, resource: &Resource| {
+        usage.of(path).total().get(resource).saturating_sub(usage.leased_of(path).get(resource))
+    };
     let mut bounded = false;
     for (resource, amount) in resources.iter() {
         if amount == 0 {
             continue;
         }
-        let mut paths = tree
+        let outside: Vec<(&str, Option<u64>)> = tree
             .chain(tenant)
             .filter(|q| !is_within(claimant, &q.path))
             .filter_map(|q| q.limits.get(resource).map(|l| (q.path.as_str(), l.guarantee)))
-            .peekable();
-        if paths.peek().is_none() {
+            .collect();
+        // Paths that bound it but guarantee none of it: any use there is over (the unit
+        // holds some), so they decide only where no path outside guarantees it.
+        let guaranteed: Vec<(&str, u64)> =
+            outside.iter().filter_map(|&(p, g)| g.map(|g| (p, g))).collect();
+        if !guaranteed.is_empty() {
+            bounded = true;
+            if guaranteed.iter().all(|&(p, g)| used(p, resource) > g) {
+                return true;
+            }
             continue;
         }
-        bounded = true;
-        let over = |(path, guarantee): (&str, Option<u64>)| {
-            let used = usage
-                .of(path)
-                .total()
-                .get(resource)
-                .saturating_sub(usage.leased_of(path).get(resource));
-            used > guarantee.unwrap_or(0)
-        };
-        if paths.all(over) {
+        // No path of its own guarantees it: it shares the remainder of the innermost
+        // shared path that does. Where the claimant is under a guaranteed child of that
+        // path (not sharing the remainder with it), the remainder's tenants together
+        // borrow only beyond the remainder.
+        let shared = tree.chain(tenant).find(|q| {
+            is_within(claimant, &q.path)
+                && q.limits.get(resource).is_some_and(|l| l.guarantee.is_some())
+        });
+        if let Some(q) = shared {
+            let children: Vec<_> = tree.guaranteed_children(&q.path, resource).collect();
+            if children.iter().any(|c| is_within(claimant, &c.path)) {
+                bounded = true;
+                let g = q.limits.get(resource).and_then(|l| l.guarantee).unwrap_or(0);
+                let (mut pool, mut remainder) = (used(&q.path, resource), g);
+                for c in &children {
+                    pool = pool.saturating_sub(used(&c.path, resource));
+                    let cg = c.limits.get(resource).and_then(|l| l.guarantee).unwrap_or(0);
+                    remainder = remainder.saturating_sub(cg);
+                }
+                if pool > remainder {
+                    return true;
+                }
+                continue;
+            }
+        }
+        if !outside.is_empty() {
             return true;
         }
     }
@@ -277,7 +316,8 @@ fn cover(
             && (!strict || borrowing(tree, &after, &c.tenant, &c.resources, claimant));
         if yes {
             left.sub(&c.resources);
-            after.release(&c.tenant, Class::Borrowed, &c.resources);
+            after.release(&c.tenant, Class::Guaranteed, &c.guaranteed);
+            after.release(&c.tenant, Class::Borrowed, &c.resources.minus(&c.guaranteed));
         }
         yes
     };

@@ -958,7 +958,8 @@ fn owed_in_order_compares_only_requests_of_the_same_resources() {
 /// the paths above still look over their guarantees and the next victim under them is
 /// taken though its tenant no longer borrows. acme guarantees 4 and holds 6: ml's gang
 /// (2 guaranteed + 1 borrowed) and b's 3 borrowed. Once the gang is gone acme uses 3 of 4,
-/// so b3 must not be taken; org-b (no quota, borrowed) should be.
+/// so b3 must not be taken; org-b (no quota, borrowed) should be. Fixed: a candidate
+/// carries its guaranteed part and leaves the count as the classes its members run as.
 #[test]
 fn red_team_a_gang_with_guaranteed_members_leaves_its_guaranteed_part_counted() {
     let t = tree(
@@ -1002,7 +1003,8 @@ fn red_team_a_gang_with_guaranteed_members_leaves_its_guaranteed_part_counted() 
 /// guarantees 10: a 4, b 4, and the remainder 2 is ml's (no quota). ml runs 2 admitted
 /// borrowed (its guaranteed work ended): within the remainder. b runs 6 of its 4. a asks 2
 /// within its guarantee: ml's cheaper work is taken, and ml is owed it back at once
-/// (`admit` answers it a reclaim), while b, which borrows, keeps its work.
+/// (`admit` answers it a reclaim), while b, which borrows, keeps its work. Fixed: such a
+/// tenant is judged by what the remainder's tenants use beyond the remainder.
 #[test]
 fn red_team_a_tenant_within_its_parents_remainder_is_judged_by_class() {
     let t = tree(
