@@ -496,7 +496,7 @@ fn for_placement_work_of_a_tenant_within_its_guarantee_is_taken_last() {
     assert!(victims[0].reason.contains("back within their guarantees is taken too"), "{victims:?}");
 }
 
-/// RED TEAM: the placement fallback ("the fleet has room for it elsewhere") is reached
+/// Found by the red team of 8cee148: the placement fallback ("the fleet has room for it elsewhere") is reached
 /// when the fleet is full. `admit_short` decides the quota with a capacity view that always
 /// holds the request, so `Admit { Guaranteed }` there means "within guarantee", not "the
 /// fleet has room". Here both nodes are full; c borrows 6 on n2, b (back within its
@@ -505,7 +505,7 @@ fn for_placement_work_of_a_tenant_within_its_guarantee_is_taken_last() {
 /// back at once (and reclaims in turn), the chain the rule was written to stop. Fixed: the
 /// fallback only where the fleet's own capacity holds the claim; here a waits.
 #[test]
-fn red_team_placement_fallback_is_not_taken_when_the_fleet_is_full() {
+fn the_placement_fallback_is_not_taken_when_the_fleet_is_full() {
     let t = tree(
         r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 6}}},
             "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}}},

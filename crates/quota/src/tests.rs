@@ -952,7 +952,7 @@ fn owed_in_order_compares_only_requests_of_the_same_resources() {
     );
 }
 
-/// RED TEAM: a gang with guaranteed members is released from the scratch usage as
+/// Found by the red team of 8cee148: a gang with guaranteed members is released from the scratch usage as
 /// borrowed whole (`cover`: `after.release(tenant, Class::Borrowed, resources)`): where its
 /// tenant holds less borrowed than the gang's size, the guaranteed part stays counted, so
 /// the paths above still look over their guarantees and the next victim under them is
@@ -961,7 +961,7 @@ fn owed_in_order_compares_only_requests_of_the_same_resources() {
 /// so b3 must not be taken; org-b (no quota, borrowed) should be. Fixed: a candidate
 /// carries its guaranteed part and leaves the count as the classes its members run as.
 #[test]
-fn red_team_a_gang_with_guaranteed_members_leaves_its_guaranteed_part_counted() {
+fn a_gang_victim_leaves_the_count_as_the_classes_its_members_run_as() {
     let t = tree(
         r#"{"acme": {"gpus": {"H100-80GB": {"guarantee": 4}}},
             "org-a": {"gpus": {"H100-80GB": {"guarantee": 6}}}}"#,
@@ -997,7 +997,7 @@ fn red_team_a_gang_with_guaranteed_members_leaves_its_guaranteed_part_counted() 
     }
 }
 
-/// RED TEAM: a tenant with no quota of its own under a guaranteed ancestor that also holds
+/// Found by the red team of 8cee148: a tenant with no quota of its own under a guaranteed ancestor that also holds
 /// the claimant is judged by its class, even where the claimant does not share that
 /// ancestor's remainder with it (the claimant has a guaranteed child of its own). acme
 /// guarantees 10: a 4, b 4, and the remainder 2 is ml's (no quota). ml runs 2 admitted
@@ -1006,7 +1006,7 @@ fn red_team_a_gang_with_guaranteed_members_leaves_its_guaranteed_part_counted() 
 /// (`admit` answers it a reclaim), while b, which borrows, keeps its work. Fixed: such a
 /// tenant is judged by what the remainder's tenants use beyond the remainder.
 #[test]
-fn red_team_a_tenant_within_its_parents_remainder_is_judged_by_class() {
+fn a_tenant_within_its_parents_remainder_is_not_taken_for_a_guaranteed_sibling() {
     let t = tree(
         r#"{"acme": {"gpus": {"H100-80GB": {"guarantee": 10}}},
             "acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
