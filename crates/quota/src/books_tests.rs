@@ -496,14 +496,15 @@ fn for_placement_work_of_a_tenant_within_its_guarantee_is_taken_last() {
     assert!(victims[0].reason.contains("back within their guarantees is taken too"), "{victims:?}");
 }
 
-/// Found by the red team of 8cee148: the placement fallback ("the fleet has room for it elsewhere") is reached
-/// when the fleet is full. `admit_short` decides the quota with a capacity view that always
-/// holds the request, so `Admit { Guaranteed }` there means "within guarantee", not "the
-/// fleet has room". Here both nodes are full; c borrows 6 on n2, b (back within its
-/// guarantee of 4, using 3 admitted borrowed) and a fill n1. a's owed request on n1 takes b's
-/// work though b does not borrow and the fleet has no room for it anywhere: b is owed it
-/// back at once (and reclaims in turn), the chain the rule was written to stop. Fixed: the
-/// fallback only where the fleet's own capacity holds the claim; here a waits.
+/// Found by the red team of 8cee148: the placement fallback ("the fleet has room for it
+/// elsewhere") is reached when the fleet is full. `admit_short` decides the quota with a
+/// capacity view that always holds the request, so `Admit { Guaranteed }` there means
+/// "within guarantee", not "the fleet has room". Here both nodes are full; c borrows 6 on
+/// n2, b (back within its guarantee of 4, using 3 admitted borrowed) and a fill n1. a's
+/// owed request on n1 takes b's work though b does not borrow and the fleet has no room for
+/// it anywhere: b is owed it back at once (and reclaims in turn), the chain the rule was
+/// written to stop. Fixed: the fallback only where the fleet's own capacity holds the
+/// claim; here a waits.
 #[test]
 fn the_placement_fallback_is_not_taken_when_the_fleet_is_full() {
     let t = tree(

@@ -952,14 +952,15 @@ fn owed_in_order_compares_only_requests_of_the_same_resources() {
     );
 }
 
-/// Found by the red team of 8cee148: a gang with guaranteed members is released from the scratch usage as
-/// borrowed whole (`cover`: `after.release(tenant, Class::Borrowed, resources)`): where its
-/// tenant holds less borrowed than the gang's size, the guaranteed part stays counted, so
-/// the paths above still look over their guarantees and the next victim under them is
-/// taken though its tenant no longer borrows. acme guarantees 4 and holds 6: ml's gang
-/// (2 guaranteed + 1 borrowed) and b's 3 borrowed. Once the gang is gone acme uses 3 of 4,
-/// so b3 must not be taken; org-b (no quota, borrowed) should be. Fixed: a candidate
-/// carries its guaranteed part and leaves the count as the classes its members run as.
+/// Found by the red team of 8cee148: a gang with guaranteed members is released from the
+/// scratch usage as borrowed whole (`cover`: `after.release(tenant, Class::Borrowed,
+/// resources)`): where its tenant holds less borrowed than the gang's size, the guaranteed
+/// part stays counted, so the paths above still look over their guarantees and the next
+/// victim under them is taken though its tenant no longer borrows. acme guarantees 4 and
+/// holds 6: ml's gang (2 guaranteed + 1 borrowed) and b's 3 borrowed. Once the gang is gone
+/// acme uses 3 of 4, so b3 must not be taken; org-b (no quota, borrowed) should be. Fixed:
+/// a candidate carries its guaranteed part and leaves the count as the classes its members
+/// run as.
 #[test]
 fn a_gang_victim_leaves_the_count_as_the_classes_its_members_run_as() {
     let t = tree(
@@ -997,14 +998,14 @@ fn a_gang_victim_leaves_the_count_as_the_classes_its_members_run_as() {
     }
 }
 
-/// Found by the red team of 8cee148: a tenant with no quota of its own under a guaranteed ancestor that also holds
-/// the claimant is judged by its class, even where the claimant does not share that
-/// ancestor's remainder with it (the claimant has a guaranteed child of its own). acme
-/// guarantees 10: a 4, b 4, and the remainder 2 is ml's (no quota). ml runs 2 admitted
-/// borrowed (its guaranteed work ended): within the remainder. b runs 6 of its 4. a asks 2
-/// within its guarantee: ml's cheaper work is taken, and ml is owed it back at once
-/// (`admit` answers it a reclaim), while b, which borrows, keeps its work. Fixed: such a
-/// tenant is judged by what the remainder's tenants use beyond the remainder.
+/// Found by the red team of 8cee148: a tenant with no quota of its own under a guaranteed
+/// ancestor that also holds the claimant is judged by its class, even where the claimant
+/// does not share that ancestor's remainder with it (the claimant has a guaranteed child of
+/// its own). acme guarantees 10: a 4, b 4, and the remainder 2 is ml's (no quota). ml runs
+/// 2 admitted borrowed (its guaranteed work ended): within the remainder. b runs 6 of its
+/// 4. a asks 2 within its guarantee: ml's cheaper work is taken, and ml is owed it back at
+/// once (`admit` answers it a reclaim), while b, which borrows, keeps its work. Fixed: such
+/// a tenant is judged by what the remainder's tenants use beyond the remainder.
 #[test]
 fn a_tenant_within_its_parents_remainder_is_not_taken_for_a_guaranteed_sibling() {
     let t = tree(
