@@ -18,6 +18,8 @@
 //!   waiting request before its older smaller one (`quota::fair_order`).
 //! * A request not owed now (its tenant's own requests waiting ahead fill its guarantee)
 //!   preempts nothing however long it waits; one owed at its first ask reclaims at once.
+//! * A request owed only later reclaims once owed for its path's `owed_reclaim_after_s`,
+//!   told when until then, and the status shows its wait.
 
 // Integration-test crates: clippy counts their helper functions as non-test code, so
 // `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
@@ -744,4 +746,76 @@ fn a_request_not_owed_preempts_nothing_while_one_owed_at_once_reclaims() {
         f.b.fx.delete_container(&format!("g{i}"), true);
     }
     f.b.fx.delete_container("d9", true);
+}
+
+/// A request owed only later (its tenant's requests ahead served) whose victims have run
+/// longer than it has waited reclaims once owed for its path's `owed_reclaim_after_s`,
+/// told when until then; the policy setting reaches the books through the coordinator, and
+/// the status shows the wait.
+#[test]
+fn a_request_owed_later_reclaims_once_owed_for_its_paths_owed_reclaim_after_s() {
+    let _one = one_at_a_time();
+    let f = QuotaFleet::start(json!({
+        "acme": {"grace_period_s": 1},
+        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}, "owed_reclaim_after_s": 3},
+        "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 9}}},
+    }));
+    // The guest borrows all of node B (no checkpoints: a victim loses all it has run);
+    // bob fills node A within his guarantee.
+    for i in 1..=8 {
+        let id = format!("g{i}");
+        run_retrying(&f.b, &id, GUEST, "echo got-SIGTERM; exit 0", &[], POLL, LONG);
+        assert_eq!(class_of(&f.b, &id).as_deref(), Some("borrowed"), "{id}");
+    }
+    for i in 1..=8 {
+        let id = format!("d{i}");
+        run_retrying(&f.a, &id, BOB, "exit 0", &[], POLL, LONG);
+    }
+    f.wait_status("the fleet full", |s| {
+        f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(8_000_000)
+    });
+    // Alice's 4 waits on node A; her 1 on node B is not owed (her 4 ahead fills her
+    // guarantee).
+    ask_until_queued(&f.a, "wide", ALICE, 4);
+    let one = try_run(&f.b, "one", ALICE, "exit 0", &[]).expect_err("B is full");
+    assert!(one.contains("not owed now"), "{one}");
+    // Four of bob's end: alice's 4 runs; then it ends. Her 1 is owed from now on.
+    for i in 1..=4 {
+        f.a.fx.delete_container(&format!("d{i}"), true);
+    }
+    retrying("wide", POLL, LONG, || try_run_gpus(&f.a, "wide", ALICE, 4, "exit 0", &[]));
+    f.a.fx.delete_container("wide", true);
+    f.wait_status("alice's 4 gone from the books", |s| {
+        f.gpus_of(s, "acme/trusted")["in_use"].as_u64() == Some(0)
+    });
+    let owed = Instant::now();
+    let first = try_run(&f.b, "one", ALICE, "exit 0", &[]).expect_err("B is full");
+    assert!(
+        first.contains("would lose no more than it has waited")
+            && first.contains("or once owed for 3 s (quotas.acme/trusted.owed_reclaim_after_s)"),
+        "{first}"
+    );
+    let asked = run_retrying(&f.b, "one", ALICE, "exit 0", &[], POLL, LONG);
+    let waited = owed.elapsed();
+    assert!(asked.iter().any(|e| e.contains("reclaiming")), "{asked:#?}");
+    assert!(waited >= Duration::from_secs(3), "ran {waited:?} after it was owed: {asked:#?}");
+    assert!(waited < Duration::from_secs(3 + 1 + 10), "ran {waited:?} after it was owed");
+    let preempt = f.events("preempt");
+    assert_eq!(preempt.len(), 1, "{preempt:#?}");
+    assert!(
+        preempt[0]["reason"].as_str().is_some_and(|r| r.contains("owed_reclaim_after_s (3 s)")),
+        "{preempt:#?}"
+    );
+    let s = f.wait_status("alice's owed-later wait counted", |s| {
+        f.gpus_of(s, "acme/trusted")["owed_later_wait_p99_ms"].as_u64().is_some()
+    });
+    let p99 = f.gpus_of(&s, "acme/trusted")["owed_later_wait_p99_ms"].as_u64().unwrap();
+    assert!((3_000..=waited.as_millis() as u64 + 1_000).contains(&p99), "{p99} ms: {s:#}");
+    for i in 1..=8 {
+        f.b.fx.delete_container(&format!("g{i}"), true);
+    }
+    for i in 5..=8 {
+        f.a.fx.delete_container(&format!("d{i}"), true);
+    }
+    f.b.fx.delete_container("one", true);
 }
