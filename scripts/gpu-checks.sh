@@ -31,6 +31,7 @@ for line in sys.stdin:
         print(m["executable"])' | tail -1)
     [ -n "$tests" ] || { echo "gpu-checks: no slicer test binary found" >&2; exit 1; }
     cp target/release/tessera "$STAGE/tessera"
+    cp target/release/tesserad "$STAGE/tesserad"
     cp "$tests" "$STAGE/slicer-tests"
     du -sh "$STAGE"
     echo "staged in $STAGE/: carry it, then run: bash scripts/gpu-checks.sh run"
@@ -94,6 +95,44 @@ mps_probe() {
     rm -rf "$pipe" "$log"
 }
 
+# tesserad itself on the real driver (--node nvml), the real MPS control binary and the
+# real scrub child, on a state dir and socket of its own: what it says of the GPU, its
+# telemetry through `tessera top`, its metrics and CDI spec; then stopped. Read-only for
+# the GPU's configuration like the rest (it creates no MIG instance: none is asked for).
+daemon_probe() {
+    local d mps pid
+    d=$(mktemp -d /tmp/tessera-daemon.XXXXXX)
+    mps=$(command -v nvidia-cuda-mps-control || echo nvidia-cuda-mps-control)
+    "$STAGE/tesserad" --node nvml --policy examples/policy.json --state-dir "$d/state" \
+        --socket "$d/sock" --mps-control "$mps" --scrub-exe "$PWD/$STAGE/tessera" \
+        --metrics 127.0.0.1:9400 --cdi-spec-dir "$d/cdi" >"$d/log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 100); do
+        [ -S "$d/sock" ] && break
+        sleep 0.1
+    done
+    local t=("$STAGE/tessera" --socket "$d/sock")
+    echo "> tessera version --json"
+    "${t[@]}" version --json
+    echo "> tessera status"
+    "${t[@]}" status
+    "${t[@]}" status --json
+    sleep 3 # two telemetry reads (1 s apart by default) and a scrub pass
+    echo "> tessera top --json"
+    "${t[@]}" top --json
+    echo "> /metrics (tessera_*)"
+    python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:9400/metrics", timeout=5).read().decode())' |
+        grep -E '^tessera_' | head -60
+    echo "> CDI spec"
+    head -60 "$d/cdi/tessera.yaml"
+    kill "$pid"
+    wait "$pid"
+    echo "tesserad exit: $?"
+    echo "> tesserad log"
+    tail -60 "$d/log"
+    rm -rf "$d"
+}
+
 run() {
     DIR=${1:-${OUT:-/tmp/tessera-gpu-checks}}
     mkdir -p "$DIR"
@@ -115,12 +154,19 @@ run() {
     step 07-telemetry-topology-events "$STAGE/slicer-tests" --ignored --nocapture --test-threads 1 nvml_telemetry_topology_and_events
     step 08-smi-topology bash -c 'nvidia-smi topo -m; for b in /sys/bus/pci/devices/*; do [ -e "$b/numa_node" ] && grep -qi 0x10de "$b/vendor" 2>/dev/null && echo "$(basename "$b") numa $(cat "$b/numa_node") cpus $(cat "$b/local_cpulist")"; done'
     step 09-smi-telemetry bash -c 'nvidia-smi --query-gpu=index,uuid,utilization.gpu,utilization.memory,power.draw,clocks.sm,clocks.mem,ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total,pcie.link.gen.current --format=csv; nvidia-smi --query-gpu=clocks_event_reasons.active --format=csv || nvidia-smi --query-gpu=clocks_throttle_reasons.active --format=csv; nvidia-smi nvlink --status; nvidia-smi -q -d ROW_REMAPPER,PAGE_RETIREMENT'
+    step 10-tesserad daemon_probe
     echo "results in $DIR"
 }
 
 case "${1:-}" in
 build) build ;;
 run) run "${2:-}" ;;
+daemon)
+    # The tesserad step alone (10), into DIR.
+    DIR=${2:-${OUT:-/tmp/tessera-gpu-checks}}
+    mkdir -p "$DIR"
+    step 10-tesserad daemon_probe
+    ;;
 mps)
     # The MPS step alone (06), into DIR.
     DIR=${2:-${OUT:-/tmp/tessera-gpu-checks}}
@@ -128,7 +174,7 @@ mps)
     step 06-mps-protocol mps_probe
     ;;
 *)
-    echo "usage: bash scripts/gpu-checks.sh build | run [DIR] | mps [DIR]" >&2
+    echo "usage: bash scripts/gpu-checks.sh build | run [DIR] | mps [DIR] | daemon [DIR]" >&2
     exit 2
     ;;
 esac
