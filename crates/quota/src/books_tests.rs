@@ -438,16 +438,17 @@ const DEFAULT_GRACE: u64 = crate::DEFAULT_GRACE_PERIOD_S;
 /// while it waits are kept for it, and a smaller request of the same tenant that asks
 /// first is told why. (Before, only other tenants' waiting requests were kept for, and the
 /// 1-GPU request took one of the four.)
+/// acme/a guarantees 6 GPUs, acme/b 4 (ceiling 12), acme/c 2: the victim rule's tests.
+const A6_B4_C2: &str = r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 6}}},
+                          "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}}},
+                          "acme/c": {"gpus": {"H100-80GB": {"guarantee": 2}}}}"#;
+
 /// Borrowed work of a tenant back within its guarantee (its guaranteed work ended) is not
 /// reclaimed: its tenant would be owed it back at once. The owner takes the work of the
 /// tenant that still borrows, though it is older.
 #[test]
 fn borrowed_work_of_a_tenant_back_within_its_guarantee_is_not_reclaimed() {
-    let t = tree(
-        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 6}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}}},
-            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 2}}}}"#,
-    );
+    let t = tree(A6_B4_C2);
     let (mut b, mut nodes, mut now) = two_nodes(&t);
     fill(&mut nodes, 1, &mut b, &t, "acme/c", ("c", 0, 8), false, &mut now);
     fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 4), false, &mut now);
@@ -475,11 +476,7 @@ fn borrowed_work_of_a_tenant_back_within_its_guarantee_is_not_reclaimed() {
 /// room elsewhere, and the victim says why it was taken.
 #[test]
 fn for_placement_work_of_a_tenant_within_its_guarantee_is_taken_last() {
-    let t = tree(
-        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 6}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}}},
-            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 2}}}}"#,
-    );
+    let t = tree(A6_B4_C2);
     let (mut b, mut nodes, mut now) = two_nodes(&t);
     fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 6), false, &mut now);
     end_units(&mut nodes[0], &mut b, &t, (0..4).map(|i| format!("b{i}")), now);
@@ -507,11 +504,7 @@ fn for_placement_work_of_a_tenant_within_its_guarantee_is_taken_last() {
 /// claim; here a waits.
 #[test]
 fn the_placement_fallback_is_not_taken_when_the_fleet_is_full() {
-    let t = tree(
-        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 6}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}}},
-            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 2}}}}"#,
-    );
+    let t = tree(A6_B4_C2);
     let (mut b, mut nodes, mut now) = two_nodes(&t);
     fill(&mut nodes, 1, &mut b, &t, "acme/c", ("c", 0, 8), false, &mut now);
     fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 7), false, &mut now);
