@@ -2029,7 +2029,9 @@ impl<'a> Sim<'a> {
             let mut fits = false;
             for v in order {
                 let (tenant, res) = (&self.units[v].tenant, &self.units[v].resources);
-                if strict && !borrowing(self.tree, &after, tenant, res, &unit.tenant) {
+                if strict
+                    && !borrowing(self.tree, &after, tenant, res, &unit.tenant, &unit.resources)
+                {
                     continue;
                 }
                 after.release(tenant, Class::Borrowed, res);
@@ -2047,7 +2049,14 @@ impl<'a> Sim<'a> {
                 for p in &protected {
                     let c = &p.candidate;
                     if strict
-                        && !borrowing(self.tree, &after, &c.tenant, &c.resources, &unit.tenant)
+                        && !borrowing(
+                            self.tree,
+                            &after,
+                            &c.tenant,
+                            &c.resources,
+                            &unit.tenant,
+                            &unit.resources,
+                        )
                     {
                         continue;
                     }

@@ -1766,7 +1766,7 @@ impl Books {
         let capacity = self.capacity();
         // The fleet has room, this node not (placement).
         let choose = if placement { choose_victims_for_placement } else { choose_victims };
-        let chosen = match choose(&running, &usage, tree, &capacity, claimant, short, now) {
+        let chosen = match choose(&running, &usage, tree, &capacity, claimant, r, short, now) {
             Ok(v) => v,
             Err(NoVictims::Short) => return Reclaimed::Not(None),
             Err(NoVictims::Protected { until_ms }) => {

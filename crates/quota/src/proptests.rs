@@ -174,7 +174,7 @@ proptest! {
             .map(|r| r.resources.get(&Resource::gpu(H100)))
             .sum();
         let tree = QuotaTree::default();
-        match choose_victims(&running, &crate::tests::usage_of(&running), &tree, &fleet, "acme/a", &need, 200_000) {
+        match choose_victims(&running, &crate::tests::usage_of(&running), &tree, &fleet, "acme/a", &need, &need, 200_000) {
             Err(NoVictims::Protected { .. }) => prop_assert!(false, "no minimum run time set"),
             Err(NoVictims::Short) => prop_assert!(takeable < short * MICRO_PER_GPU),
             Ok(v) => {
@@ -423,7 +423,7 @@ proptest! {
         let usage = crate::tests::usage_of(&running);
         let fleet = Resources::new().with_gpus(H100, 64);
         let need = Resources::new().with_gpus(H100, short);
-        let Ok(v) = choose_victims(&running, &usage, &tree, &fleet, claimant, &need, 200_000) else {
+        let Ok(v) = choose_victims(&running, &usage, &tree, &fleet, claimant, &need, &need, 200_000) else {
             return Ok(());
         };
         let chosen: Vec<&Running> = v
@@ -437,11 +437,327 @@ proptest! {
         let mut before = usage.clone();
         for r in &chosen {
             prop_assert!(
-                borrowing(&tree, &before, &r.tenant, &r.resources, claimant),
+                borrowing(&tree, &before, &r.tenant, &r.resources, claimant, &need),
                 "{} taken from a tenant that no longer borrows",
                 r.id
             );
             before.release(&r.tenant, r.class, &r.resources);
         }
+    }
+}
+
+/// `usage` with every tenant's work counted as guaranteed (what it uses,
+/// whatever class it was admitted with): a tenant owed here is within its guarantees by
+/// what it really uses.
+fn total_view(usage: &Usage) -> Usage {
+    let mut u = Usage::new();
+    for (t, h) in usage.tenants() {
+        u.add(t, Class::Guaranteed, &h.total());
+    }
+    u
+}
+
+/// The outermost paths guaranteeing each resource: their guarantees summed.
+fn top_guarantees(tree: &QuotaTree) -> Resources {
+    let mut out = Resources::new();
+    for q in tree.iter() {
+        for (r, l) in &q.limits {
+            let Some(g) = l.guarantee else { continue };
+            let inner = chain(&q.path).skip(1).any(|p| {
+                tree.get(p).and_then(|a| a.limits.get(r)).is_some_and(|l| l.guarantee.is_some())
+            });
+            if !inner {
+                out.add(&Resources::new().with(r.clone(), g));
+            }
+        }
+    }
+    out
+}
+
+#[derive(Debug, Clone)]
+enum Hist {
+    Ask { tenant: usize, r: Resources },
+    Release { nth: usize },
+}
+
+fn arb_hist() -> impl Strategy<Value = Vec<Hist>> {
+    prop::collection::vec(
+        prop_oneof![
+            4 => (0..TENANTS.len(), arb_amounts()).prop_map(|(tenant, r)| Hist::Ask { tenant, r }),
+            1 => any::<usize>().prop_map(|nth| Hist::Release { nth }),
+        ],
+        1..80,
+    )
+}
+
+/// Replays `hist` against `fleet`, then `fill` (tenants asking `unit` each in turn until
+/// none is admitted): what runs, each admitted as `admit` said.
+fn replay_filled(
+    tree: &QuotaTree,
+    fleet: &Resources,
+    hist: &[Hist],
+    fill: &[usize],
+    unit: &Resources,
+) -> (Vec<Running>, Usage) {
+    let mut hist = hist.to_vec();
+    if !fill.is_empty() {
+        for _ in 0..24 {
+            hist.extend(fill.iter().map(|&tenant| Hist::Ask { tenant, r: unit.clone() }));
+        }
+    }
+    replay(tree, fleet, &hist)
+}
+
+/// Replays `hist` against `fleet`: what runs, each admitted as `admit` said.
+fn replay(tree: &QuotaTree, fleet: &Resources, hist: &[Hist]) -> (Vec<Running>, Usage) {
+    let mut usage = Usage::new();
+    let mut held: Vec<Running> = Vec::new();
+    for (i, h) in hist.iter().enumerate() {
+        match h {
+            Hist::Ask { tenant, r } => {
+                let tenant = TENANTS[*tenant];
+                if r.is_empty() {
+                    continue;
+                }
+                if let Decision::Admit { class, .. } = admit(tree, fleet, &usage, tenant, r) {
+                    usage.add(tenant, class, r);
+                    held.push(Running {
+                        id: format!("c{i:03}"),
+                        tenant: tenant.into(),
+                        resources: r.clone(),
+                        class,
+                        started_ms: i as u64 * 1000,
+                        gang: None,
+                        checkpoints: false,
+                    });
+                }
+            }
+            Hist::Release { nth } => {
+                if !held.is_empty() {
+                    let r = held.remove(nth % held.len());
+                    usage.release(&r.tenant, r.class, &r.resources);
+                }
+            }
+        }
+    }
+    (held, usage)
+}
+
+fn red_fleet() -> Resources {
+    Resources::new()
+        .with_gpus(H100, 4)
+        .with(Resource::Cpu, 8 * MILLI_PER_CORE)
+        .with(Resource::Memory, 16 * MIB_PER_GIB)
+}
+
+/// A claim replayed on `hist`: where `admit` answers it `Reclaim` and it is owed, no victim
+/// chosen for it is within its tenant's guarantees by what the tenant uses, with the
+/// victims before it gone and the claim granted: it would be owed its work back at once.
+fn check_no_victim_owed_back(
+    tree: &QuotaTree,
+    fleet: &Resources,
+    hist: &[Hist],
+    claimant: &str,
+    req: &Resources,
+) -> Result<(), TestCaseError> {
+    let (running, usage) = replay(tree, fleet, hist);
+    if req.is_empty() {
+        return Ok(());
+    }
+    let Decision::Reclaim { short, under } = admit(tree, fleet, &usage, claimant, req) else {
+        return Ok(());
+    };
+    if !owed(tree, &usage, claimant, req, &Resources::new()) {
+        return Ok(());
+    }
+    let running: Vec<Running> = running
+        .into_iter()
+        .filter(|r| under.as_ref().is_none_or(|p| is_within(&r.tenant, p)))
+        .collect();
+    let Ok(v) = choose_victims(&running, &usage, tree, fleet, claimant, req, &short, 1_000_000)
+    else {
+        return Ok(());
+    };
+    let mut after = usage.clone();
+    after.add(claimant, Class::Guaranteed, req);
+    for c in &v.chosen {
+        let mut without = after.clone();
+        without.release(&c.candidate.tenant, Class::Guaranteed, &c.candidate.guaranteed);
+        without.release(
+            &c.candidate.tenant,
+            Class::Borrowed,
+            &c.candidate.resources.minus(&c.candidate.guaranteed),
+        );
+        prop_assert!(
+            !owed(
+                tree,
+                &total_view(&without),
+                &c.candidate.tenant,
+                &c.candidate.resources,
+                &Resources::new()
+            ),
+            "{:?} of {} ({}) taken for {} asking {} (short {}) though within its guarantees \
+             by use; victims {:?}; running {:#?}",
+            c.candidate.ids,
+            c.candidate.tenant,
+            c.candidate.resources,
+            claimant,
+            req,
+            short,
+            v.chosen.iter().map(|c| c.candidate.ids.clone()).collect::<Vec<_>>(),
+            running
+        );
+        after = without;
+    }
+    Ok(())
+}
+
+/// A claim replayed on `hist` then `fill`: where `admit` answers it `Reclaim`, it is owed
+/// by what its tenant uses as well as by class (its own borrowed work is never its victim)
+/// for resources its chain guarantees, and the outermost guarantees fit in the fleet,
+/// victims are found.
+fn check_owed_finds_victims(
+    tree: &QuotaTree,
+    fleet: &Resources,
+    (hist, fill): (&[Hist], &[usize]),
+    claimant: &str,
+    req: &Resources,
+) -> Result<(), TestCaseError> {
+    if !top_guarantees(tree).fits_in(fleet) || req.is_empty() {
+        return Ok(());
+    }
+    let (running, usage) = replay_filled(tree, fleet, hist, fill, req);
+    let Decision::Reclaim { short, under } = admit(tree, fleet, &usage, claimant, req) else {
+        return Ok(());
+    };
+    if !owed(tree, &usage, claimant, req, &Resources::new()) {
+        return Ok(());
+    }
+    // Owed by what it uses too: where its own borrowed work holds its guarantee, that work
+    // is what keeps it waiting (none of it is ever its victim).
+    if !owed(tree, &total_view(&usage), claimant, req, &Resources::new()) {
+        return Ok(());
+    }
+    // Only what its chain guarantees (a resource no quota on its chain bounds is admitted
+    // guaranteed without a guarantee: nobody owes it that).
+    let guaranteed = |r: &Resource| {
+        tree.chain(claimant).any(|q| q.limits.get(r).is_some_and(|l| l.guarantee.is_some()))
+    };
+    if req.iter().any(|(r, _)| !guaranteed(r)) {
+        return Ok(());
+    }
+    // Known and left: a resource short that some other tenant holds where its chain does
+    // not bound it (admitted as if guaranteed, `tests::a_resource_its_chain_does_not_bound_is_taken_back_for_the_tenant_guaranteed_it`);
+    // a ceiling crossed at a path that guarantees none of what is short (guarantees need
+    // not fit under it: work within them may fill it).
+    let bounds = |t: &str, s: &Resource| tree.chain(t).any(|q| q.limits.contains_key(s));
+    let unbounded = running.iter().any(|r| {
+        !is_within(&r.tenant, claimant)
+            && short.iter().any(|(s, _)| r.resources.get(s) > 0 && !bounds(&r.tenant, s))
+            && r.resources.iter().any(|(s, a)| a > 0 && bounds(&r.tenant, s))
+    });
+    let ceiling_only = under.as_ref().is_some_and(|p| {
+        short.iter().any(|(s, _)| {
+            tree.get(p).and_then(|q| q.limits.get(s)).is_none_or(|l| l.guarantee.is_none())
+        })
+    });
+    if unbounded || ceiling_only {
+        return Ok(());
+    }
+    let running: Vec<Running> = running
+        .into_iter()
+        .filter(|r| under.as_ref().is_none_or(|p| is_within(&r.tenant, p)))
+        .collect();
+    let got = choose_victims(&running, &usage, tree, fleet, claimant, req, &short, 1_000_000);
+    prop_assert!(
+        got.is_ok(),
+        "{} asking {} (short {}, under {:?}) finds no victims: {:?}; running {:#?}; tree {:#?}",
+        claimant,
+        req,
+        short,
+        under,
+        got,
+        running,
+        tree
+    );
+    Ok(())
+}
+
+/// Cases of the red team's generated claims: 256, or `QUOTA_RED_TEAM_CASES` (the red team
+/// of b211bf2 ran 100,000 of each).
+fn red_cases() -> u32 {
+    std::env::var("QUOTA_RED_TEAM_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(256)
+}
+
+fn arb_gpu_hist() -> impl Strategy<Value = Vec<Hist>> {
+    prop::collection::vec(
+        prop_oneof![
+            4 => (0..TENANTS.len(), 1u64..=3)
+                .prop_map(|(tenant, n)| Hist::Ask { tenant, r: Resources::new().with_gpus(H100, n) }),
+            1 => any::<usize>().prop_map(|nth| Hist::Release { nth }),
+        ],
+        1..60,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: red_cases(),
+        max_local_rejects: u32::MAX,
+        ..ProptestConfig::default()
+    })]
+
+    /// Red team of b211bf2: no victim is owed back at once ([`check_no_victim_owed_back`]),
+    /// every resource and limit.
+    #[test]
+    fn no_victim_is_owed_back_at_once_by_what_its_tenant_uses(
+        tree in arb_tree_every_resource(),
+        hist in arb_hist(),
+        claimant in 0..TENANTS.len(),
+        req in arb_amounts(),
+    ) {
+        check_no_victim_owed_back(&tree, &red_fleet(), &hist, TENANTS[claimant], &req)?;
+    }
+
+    /// Red team of b211bf2: an owed claimant finds victims where the guarantees fit
+    /// ([`check_owed_finds_victims`]), every resource and limit.
+    #[test]
+    fn a_claimant_owed_by_what_it_uses_finds_victims_where_the_guarantees_fit(
+        tree in arb_tree_every_resource(),
+        hist in arb_hist(),
+        fill in prop::collection::vec(0..TENANTS.len(), 0..6),
+        claimant in 0..TENANTS.len(),
+        req in arb_amounts(),
+    ) {
+        check_owed_finds_victims(&tree, &red_fleet(), (&hist, &fill), TENANTS[claimant], &req)?;
+    }
+
+    /// [`no_victim_is_owed_back_at_once_by_what_its_tenant_uses`] in whole GPUs, a fleet
+    /// of 6 that the history fills.
+    #[test]
+    fn no_victim_is_owed_back_at_once_whole_gpus_and_lending_limits(
+        tree in arb_tree_lending(PATHS, 1, 6, true),
+        hist in arb_gpu_hist(),
+        claimant in 0..TENANTS.len(),
+        n in 1u64..=3,
+    ) {
+        let fleet = Resources::new().with_gpus(H100, 6);
+        let req = Resources::new().with_gpus(H100, n);
+        check_no_victim_owed_back(&tree, &fleet, &hist, TENANTS[claimant], &req)?;
+    }
+
+    /// [`a_claimant_owed_by_what_it_uses_finds_victims_where_the_guarantees_fit`] in whole
+    /// GPUs, a fleet of 6 that the history fills.
+    #[test]
+    fn a_claimant_owed_finds_victims_whole_gpus_and_lending_limits(
+        tree in arb_tree_lending(PATHS, 1, 6, true),
+        hist in arb_gpu_hist(),
+        fill in prop::collection::vec(0..TENANTS.len(), 0..6),
+        claimant in 0..TENANTS.len(),
+        n in 1u64..=3,
+    ) {
+        let fleet = Resources::new().with_gpus(H100, 6);
+        let req = Resources::new().with_gpus(H100, n);
+        check_owed_finds_victims(&tree, &fleet, (&hist, &fill), TENANTS[claimant], &req)?;
     }
 }

@@ -12,7 +12,9 @@
 //! ([`QuotaTree::min_runtime_s`]) is protected: no reclaim takes it until then.
 //!
 //! A unit is taken only while its tenant still **borrows** ([`borrowing`]): some quota on
-//! its chain, below the paths it shares with the claimant, uses more than it guarantees.
+//! its chain, below the paths it shares with the claimant, uses more than it guarantees, or
+//! the remainder it shares of a path holding the claimant is used beyond it (the claimant's
+//! request counted where the claimant shares it too).
 //! Work admitted borrowed whose paths have since come back within their guarantees (their
 //! guaranteed work ended) is not taken: it would be owed back at once, and its tenant would
 //! reclaim in turn (Kueue reclaims only from a ClusterQueue that borrows; KAI only from a
@@ -29,7 +31,7 @@ use std::collections::BTreeMap;
 use crate::admit::{Class, Usage};
 use crate::amount::{Resource, Resources};
 use crate::drf::dominant_share;
-use crate::spec::{is_within, QuotaTree};
+use crate::spec::{is_within, Quota, QuotaTree};
 
 /// One piece of running work, as the books hold it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,24 +185,27 @@ pub enum NoVictims {
 }
 
 /// Whether `tenant`'s work of `resources`, counted in `usage`, runs on capacity lent to it
-/// as `claimant` sees it: for some resource it holds, every quota on `tenant`'s chain that
-/// does not hold `claimant` and guarantees that resource uses more of it than it guarantees,
-/// its whole subtree counted, guaranteed or borrowed (guarantee leased to nodes and unused
-/// there is not use). A path within its guarantee holds no one else's capacity, whatever
-/// its children borrow from each other inside it; a tenant within its own guarantee borrows
-/// nothing, whatever its parent holds of others'. Where no such quota guarantees it, the
-/// tenant shares the remainder of the innermost path holding both that does: if the
-/// claimant is under a guaranteed child of that path, the remainder's tenants together
-/// borrow only what they use beyond the remainder. Otherwise (the claimant shares the
-/// remainder too, or no path guarantees it) the work borrows where a quota outside the
-/// claimant's paths bounds it, and where none bounds any of its resources it is judged by
-/// the class it was admitted with: borrowing.
+/// as `claimant` sees it, once the claimant holds `claim` (its request, counted as its
+/// guaranteed usage): for some resource it holds, every quota on `tenant`'s chain that
+/// does not hold `claimant` and guarantees that resource uses more of it than it
+/// guarantees, its whole subtree counted, guaranteed or borrowed (guarantee leased to
+/// nodes and unused there is not use). A path within its guarantee holds no one else's
+/// capacity, whatever its children borrow from each other inside it; a tenant within its
+/// own guarantee borrows nothing, whatever its parent holds of others'. Where no such
+/// quota guarantees it, the tenant shares the remainder of the innermost path holding the
+/// claimant that does (its guarantee less its guaranteed children's): the remainder's
+/// tenants together borrow only what they use beyond the remainder, the claimant's `claim`
+/// counted among them where the claimant shares it too (is under no guaranteed child of
+/// that path). Where the chain bounds the resource but nothing on it guarantees it, any
+/// use of it is lent; where nothing on the chain bounds any of its resources, it is judged
+/// by the class it was admitted with.
 pub fn borrowing(
     tree: &QuotaTree,
     usage: &Usage,
     tenant: &str,
     resources: &Resources,
     claimant: &str,
+    claim: &Resources,
 ) -> bool {
     let used = |path: &str, resource: &Resource| {
         usage.of(path).total().get(resource).saturating_sub(usage.leased_of(path).get(resource))
@@ -210,69 +215,66 @@ pub fn borrowing(
         if amount == 0 {
             continue;
         }
-        let outside: Vec<(&str, Option<u64>)> = tree
+        if !tree.chain(tenant).any(|q| q.limits.contains_key(resource)) {
+            // Nothing bounds it: it decides nothing.
+            continue;
+        }
+        bounded = true;
+        let guarantee = |q: &Quota| q.limits.get(resource).and_then(|l| l.guarantee);
+        // Its own paths (those not holding the claimant) that guarantee it: it borrows
+        // where every one of them uses more than it guarantees.
+        let own: Vec<(&str, u64)> = tree
             .chain(tenant)
             .filter(|q| !is_within(claimant, &q.path))
-            .filter_map(|q| q.limits.get(resource).map(|l| (q.path.as_str(), l.guarantee)))
+            .filter_map(|q| guarantee(q).map(|g| (q.path.as_str(), g)))
             .collect();
-        // Paths that bound it but guarantee none of it: any use there is over (the unit
-        // holds some), so they decide only where no path outside guarantees it.
-        let guaranteed: Vec<(&str, u64)> =
-            outside.iter().filter_map(|&(p, g)| g.map(|g| (p, g))).collect();
-        if !guaranteed.is_empty() {
-            bounded = true;
-            if guaranteed.iter().all(|&(p, g)| used(p, resource) > g) {
+        if !own.is_empty() {
+            if own.iter().all(|&(p, g)| used(p, resource) > g) {
                 return true;
             }
             continue;
         }
-        // No path of its own guarantees it: it shares the remainder of the innermost
-        // shared path that does. Where the claimant is under a guaranteed child of that
-        // path (not sharing the remainder with it), the remainder's tenants together
-        // borrow only beyond the remainder.
-        let shared = tree.chain(tenant).find(|q| {
-            is_within(claimant, &q.path)
-                && q.limits.get(resource).is_some_and(|l| l.guarantee.is_some())
-        });
-        if let Some(q) = shared {
-            let children: Vec<_> = tree.guaranteed_children(&q.path, resource).collect();
-            if children.iter().any(|c| is_within(claimant, &c.path)) {
-                bounded = true;
-                let g = q.limits.get(resource).and_then(|l| l.guarantee).unwrap_or(0);
-                let (mut pool, mut remainder) = (used(&q.path, resource), g);
-                for c in &children {
-                    pool = pool.saturating_sub(used(&c.path, resource));
-                    let cg = c.limits.get(resource).and_then(|l| l.guarantee).unwrap_or(0);
-                    remainder = remainder.saturating_sub(cg);
-                }
-                if pool > remainder {
-                    return true;
-                }
-                continue;
-            }
+        // None of its own: it shares the remainder of the innermost path holding the
+        // claimant that guarantees it, and borrows where the remainder's tenants together
+        // use more than the remainder, the claimant's claim counted where it shares it.
+        let Some(q) = tree.chain(tenant).find(|q| guarantee(q).is_some()) else {
+            // Bounded, guaranteed nowhere on its chain: any use of it is lent.
+            return true;
+        };
+        let children: Vec<_> = tree.guaranteed_children(&q.path, resource).collect();
+        let (mut pool, mut remainder) = (used(&q.path, resource), guarantee(q).unwrap_or(0));
+        for c in &children {
+            pool = pool.saturating_sub(used(&c.path, resource));
+            remainder = remainder.saturating_sub(guarantee(c).unwrap_or(0));
         }
-        if !outside.is_empty() {
+        if !children.iter().any(|c| is_within(claimant, &c.path)) {
+            pool = pool.saturating_add(claim.get(resource));
+        }
+        if pool > remainder {
             return true;
         }
     }
     !bounded
 }
 
-/// The victims that free at least `short` for `claimant` at `now_ms` where the fleet (or a
-/// ceiling) is short: only work whose tenants still [`borrowing`] (the module
-/// documentation says how they are chosen). `usage` holds all running work (`running` may
-/// be only some of it: one node's).
+/// The victims that free at least `short` for `claimant`'s `claim` (its whole request, of
+/// which `short` is what the free capacity lacks) at `now_ms` where the fleet (or a
+/// ceiling) is short: only work whose tenants still [`borrowing`] once the claimant holds
+/// its claim (the module documentation says how they are chosen). `usage` holds all
+/// running work (`running` may be only some of it: one node's).
+#[allow(clippy::too_many_arguments)]
 pub fn choose_victims(
     running: &[Running],
     usage: &Usage,
     tree: &QuotaTree,
     capacity: &Resources,
     claimant: &str,
+    claim: &Resources,
     short: &Resources,
     now_ms: u64,
 ) -> Result<Victims, NoVictims> {
     let (order, protected) = victim_order(running, tree, capacity, claimant, now_ms);
-    cover(&order, &protected, usage, tree, claimant, short, true)
+    cover(&order, &protected, usage, tree, (claimant, claim), short, true)
         .map(|taken| victims(&order, taken, short, false))
 }
 
@@ -280,31 +282,35 @@ pub fn choose_victims(
 /// on (`running` is that node's): work whose tenants still borrow if it frees enough, else
 /// any borrowed work there, work of tenants back within their guarantees too (they find
 /// room elsewhere in the fleet; without it the claim waits for work on that node to end).
+#[allow(clippy::too_many_arguments)]
 pub fn choose_victims_for_placement(
     running: &[Running],
     usage: &Usage,
     tree: &QuotaTree,
     capacity: &Resources,
     claimant: &str,
+    claim: &Resources,
     short: &Resources,
     now_ms: u64,
 ) -> Result<Victims, NoVictims> {
     let (order, protected) = victim_order(running, tree, capacity, claimant, now_ms);
-    match cover(&order, &protected, usage, tree, claimant, short, true) {
-        Err(NoVictims::Short) => cover(&order, &protected, usage, tree, claimant, short, false)
+    let who = (claimant, claim);
+    match cover(&order, &protected, usage, tree, who, short, true) {
+        Err(NoVictims::Short) => cover(&order, &protected, usage, tree, who, short, false)
             .map(|taken| victims(&order, taken, short, true)),
         other => other.map(|taken| victims(&order, taken, short, false)),
     }
 }
 
 /// The units of `order` taken, cheapest first, until `short` is covered: with `strict`,
-/// only while each one's tenant [`borrowing`]; else any.
+/// only while each one's tenant [`borrowing`] as the claimant holding its claim sees it;
+/// else any.
 fn cover(
     order: &[Candidate],
     protected: &[Protected],
     usage: &Usage,
     tree: &QuotaTree,
-    claimant: &str,
+    (claimant, claim): (&str, &Resources),
     short: &Resources,
     strict: bool,
 ) -> Result<Vec<usize>, NoVictims> {
@@ -313,7 +319,7 @@ fn cover(
     let mut after = usage.clone();
     let mut take = |c: &Candidate, left: &mut Resources| {
         let yes = useful(c, left)
-            && (!strict || borrowing(tree, &after, &c.tenant, &c.resources, claimant));
+            && (!strict || borrowing(tree, &after, &c.tenant, &c.resources, claimant, claim));
         if yes {
             left.sub(&c.resources);
             after.release(&c.tenant, Class::Guaranteed, &c.guaranteed);
