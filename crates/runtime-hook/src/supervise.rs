@@ -264,31 +264,42 @@ mod tests {
     }
 
     /// runc gets none of the wrapper's own descriptors (its files, its connection to
-    /// tesserad, the stdin pipe's write end): all are opened close-on-exec.
+    /// tesserad, the stdin pipe's write end): all are opened close-on-exec. The child's
+    /// descriptors are compared by what they point at, not by number: the shell keeps
+    /// descriptors of its own from 10 up, which may carry the numbers ours had (a flake
+    /// seen once in CI: "descriptor 11 of the wrapper reached the child").
     #[test]
     fn the_child_gets_none_of_the_wrappers_descriptors() {
         use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
         let d = tempfile::tempdir().expect("tmp");
-        let file = std::fs::File::create(d.path().join("f")).expect("file");
+        let path = d.path().join("f");
+        let file = std::fs::File::create(&path).expect("file");
         let (a, b) = std::os::unix::net::UnixStream::pair().expect("socket pair");
-        let ours = [file.as_raw_fd(), a.as_raw_fd(), b.as_raw_fd()];
+        let socket = |fd: i32| {
+            let ino = std::fs::metadata(format!("/proc/self/fd/{fd}")).expect("fd").ino();
+            format!("socket:[{ino}]")
+        };
+        let ours = [path.display().to_string(), socket(a.as_raw_fd()), socket(b.as_raw_fd())];
         let out = d.path().join("fds");
-        let script = format!("ls /proc/$$/fd > {}; cat > /dev/null", out.display());
+        let script = format!(
+            "for f in /proc/$$/fd/*; do echo \"${{f##*/}} $(readlink $f)\"; done > {}; \
+             cat > /dev/null",
+            out.display()
+        );
         let st = run_forwarding_input(OsStr::new("/bin/sh"), &["-c", &script], Some(vec![b'x']))
             .expect("runs");
         assert_eq!(exit_code(st), 0);
-        let fds: Vec<i32> = std::fs::read_to_string(&out)
-            .expect("listed")
-            .split_whitespace()
-            .filter_map(|f| f.parse().ok())
-            .collect();
-        assert!(fds.contains(&0), "stdin, the pipe: {fds:?}");
-        for fd in ours {
+        let listed = std::fs::read_to_string(&out).expect("listed");
+        let fds: Vec<(&str, &str)> = listed.lines().filter_map(|l| l.split_once(' ')).collect();
+        assert!(fds.iter().any(|(n, _)| *n == "0"), "stdin, the pipe: {fds:?}");
+        for target in &ours {
             assert!(
-                !fds.contains(&fd),
-                "descriptor {fd} of the wrapper reached the child: {fds:?}"
+                !fds.iter().any(|(_, t)| t == target),
+                "{target}, the wrapper's, reached the child: {fds:?}"
             );
         }
+        drop(file);
     }
 
     #[test]
