@@ -117,6 +117,21 @@ pub enum QuotaError {
         oci: &'static str,
         k8s: &'static str,
     },
+    /// Another quota guarantees CPU or memory, nothing on the tenant's chain bounds it, and
+    /// the container sets no limit of it: unlimited, what it takes would come out of that
+    /// guarantee uncounted.
+    #[error(
+        "quota path {path} guarantees {what} (quotas.{path}.{field}): the container must set a \
+         {what} limit ({oci}; in Kubernetes, resources.limits.{k8s}) so that what it takes is \
+         counted (as borrowed: nothing on its tenant's chain bounds {what})"
+    )]
+    UnlimitedGuaranteed {
+        path: String,
+        what: &'static str,
+        field: &'static str,
+        oci: &'static str,
+        k8s: &'static str,
+    },
     /// What a share of a GPU counts as could not be computed.
     #[error("cannot count {request} on {model} against quotas: its fraction {fraction} is not in [0, 1]")]
     Fraction { request: String, model: String, fraction: String },
@@ -212,7 +227,10 @@ pub fn checked_limits(limits: Option<&ContainerLimits>) -> Result<ContainerLimit
 }
 
 /// Refuses a container without a CPU (memory) limit when a quota on `tenant`'s chain
-/// bounds CPU (memory): unlimited, it would count as nothing and slip under the ceiling.
+/// bounds CPU (memory): unlimited, it would count as nothing and slip under the ceiling;
+/// and where nothing on the chain bounds it but another quota guarantees it: unlimited, it
+/// would take that guarantee's capacity uncounted (`quota::admit` counts a limited one as
+/// borrowed, so a reclaim can take it back).
 pub fn require_limits(
     tree: &QuotaTree,
     tenant: &str,
@@ -242,6 +260,17 @@ pub fn require_limits(
         }
         if let Some(q) = tree.chain(tenant).find(|q| q.limits.contains_key(&resource)) {
             return Err(QuotaError::Unlimited { path: q.path.clone(), what, field, oci, k8s });
+        }
+        if let Some(q) =
+            tree.iter().find(|q| q.limits.get(&resource).is_some_and(|l| l.guarantee.is_some()))
+        {
+            return Err(QuotaError::UnlimitedGuaranteed {
+                path: q.path.clone(),
+                what,
+                field,
+                oci,
+                k8s,
+            });
         }
     }
     Ok(())

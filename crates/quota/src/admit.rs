@@ -260,6 +260,11 @@ pub enum Decision {
     Refuse(CeilingRefusal),
 }
 
+/// Whether some quota of `tree` guarantees `resource`.
+fn guaranteed_anywhere(tree: &QuotaTree, resource: &Resource) -> bool {
+    tree.iter().any(|q| q.limits.get(resource).is_some_and(|l| l.guarantee.is_some()))
+}
+
 /// Decides `request` for `tenant` against `tree`, the fleet's `capacity` and its `usage`.
 /// Pure: the caller records an admitted request with [`Usage::add`].
 pub fn admit(
@@ -315,6 +320,14 @@ pub fn admit(
         any_guarantee |= guarantee_here;
         if bounded && !guarantee_here {
             guaranteed = false;
+        }
+        // Nothing on the chain bounds it, so none of it is set aside for this tenant; where
+        // another quota guarantees it, what this tenant takes of it is that quota's, lent
+        // (Kueue: no nominal quota, all of it borrowed), and it runs borrowed so that a
+        // reclaim can take it back.
+        if !bounded && amount > 0 && guaranteed_anywhere(tree, resource) {
+            guaranteed = false;
+            over.get_or_insert_with(|| (tenant.to_string(), resource.clone()));
         }
         excess.add(&Resources::new().with(resource.clone(), worst));
     }

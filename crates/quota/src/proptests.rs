@@ -639,29 +639,21 @@ fn check_owed_finds_victims(
         return Ok(());
     }
     // Only what its chain guarantees (a resource no quota on its chain bounds is admitted
-    // guaranteed without a guarantee: nobody owes it that).
+    // guaranteed only where no quota guarantees it: nobody owes it that).
     let guaranteed = |r: &Resource| {
         tree.chain(claimant).any(|q| q.limits.get(r).is_some_and(|l| l.guarantee.is_some()))
     };
     if req.iter().any(|(r, _)| !guaranteed(r)) {
         return Ok(());
     }
-    // Known and left: a resource short that some other tenant holds where its chain does
-    // not bound it (admitted as if guaranteed, `tests::a_resource_its_chain_does_not_bound_is_taken_back_for_the_tenant_guaranteed_it`);
-    // a ceiling crossed at a path that guarantees none of what is short (guarantees need
-    // not fit under it: work within them may fill it).
-    let bounds = |t: &str, s: &Resource| tree.chain(t).any(|q| q.limits.contains_key(s));
-    let unbounded = running.iter().any(|r| {
-        !is_within(&r.tenant, claimant)
-            && short.iter().any(|(s, _)| r.resources.get(s) > 0 && !bounds(&r.tenant, s))
-            && r.resources.iter().any(|(s, a)| a > 0 && bounds(&r.tenant, s))
-    });
+    // Known and left: a ceiling crossed at a path that guarantees none of what is short
+    // (guarantees need not fit under it: work within them may fill it).
     let ceiling_only = under.as_ref().is_some_and(|p| {
         short.iter().any(|(s, _)| {
             tree.get(p).and_then(|q| q.limits.get(s)).is_none_or(|l| l.guarantee.is_none())
         })
     });
-    if unbounded || ceiling_only {
+    if ceiling_only {
         return Ok(());
     }
     let running: Vec<Running> = running

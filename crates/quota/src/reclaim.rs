@@ -197,8 +197,10 @@ pub enum NoVictims {
 /// tenants together borrow only what they use beyond the remainder, the claimant's `claim`
 /// counted among them where the claimant shares it too (is under no guaranteed child of
 /// that path). Where the chain bounds the resource but nothing on it guarantees it, any
-/// use of it is lent; where nothing on the chain bounds any of its resources, it is judged
-/// by the class it was admitted with.
+/// use of it is lent; where nothing on the chain bounds it, all of it is lent if the
+/// claimant asks for it under a guarantee of it on its own chain (nothing of it was set
+/// aside for `tenant`), and it decides nothing otherwise; where nothing on the chain
+/// bounds any of its resources, it is judged by the class it was admitted with.
 pub fn borrowing(
     tree: &QuotaTree,
     usage: &Usage,
@@ -215,12 +217,17 @@ pub fn borrowing(
         if amount == 0 {
             continue;
         }
+        let guarantee = |q: &Quota| q.limits.get(resource).and_then(|l| l.guarantee);
         if !tree.chain(tenant).any(|q| q.limits.contains_key(resource)) {
-            // Nothing bounds it: it decides nothing.
+            // Nothing on its chain bounds it, so none of it is set aside for this tenant
+            // (Kueue: no nominal quota, all of it borrowed): where the claimant asks for it
+            // under a guarantee of it, all of it is lent; otherwise it decides nothing.
+            if claim.get(resource) > 0 && tree.chain(claimant).any(|q| guarantee(q).is_some()) {
+                return true;
+            }
             continue;
         }
         bounded = true;
-        let guarantee = |q: &Quota| q.limits.get(resource).and_then(|l| l.guarantee);
         // Its own paths (those not holding the claimant) that guarantee it: it borrows
         // where every one of them uses more than it guarantees.
         let own: Vec<(&str, u64)> = tree

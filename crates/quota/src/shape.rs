@@ -1,7 +1,7 @@
 //! Which guarantees a fleet's shape cannot honour, and why ([`check_shape`]).
 //!
 //! A policy's guarantees are amounts; the fleet is nodes. Three things the amounts alone
-//! do not show, each a [`ShapeFinding`]:
+//! do not show, and one the tree alone does, each a [`ShapeFinding`]:
 //!
 //! - **Over the fleet** ([`ShapeKind::OverFleet`], a promise that cannot be kept): the
 //!   outermost guarantees of a resource add up to more than the fleet has. When every
@@ -23,6 +23,10 @@
 //!   capacity or a `min_runtime_s` trade it away. The same holds for a borrowed job larger
 //!   than the unguaranteed GPUs on a fleet with some; ceilings are not compared with the
 //!   headroom here. docs/QUOTAS.md, The fleet's shape.
+//!
+//! - **Unbounded** ([`ShapeKind::Unbounded`], a warning): a quota guarantees a resource
+//!   and nothing on some paths' chains bounds it; their tenants' containers asking for it
+//!   run borrowed (`crate::admit`).
 //!
 //! Pure: the coordinator calls it with its registered nodes (`GET /v1/quota/status`,
 //! `tessera quota status`), the simulator with its fleet.
@@ -51,6 +55,10 @@ pub enum ShapeKind {
     NoNode { anchor: u64, largest_node: u64, searched: bool },
     /// The guarantees take all `capacity` of the fleet's GPUs of this model.
     NoHeadroom { guaranteed: u64, capacity: u64 },
+    /// Some quota guarantees the resource, and the finding's paths bound none of it on
+    /// their chains: what their tenants take of it is nobody's guarantee of theirs, so it
+    /// runs borrowed (burst-priced, reclaimable), whatever else they ask within guarantee.
+    Unbounded,
 }
 
 /// One finding of [`check_shape`].
@@ -113,7 +121,8 @@ fn own_guarantees(tree: &QuotaTree, resource: &Resource) -> BTreeMap<String, u64
 /// homes keep one), and there is headroom. It does not say that placement keeps such a
 /// layout: the coordinator places no homes, so guaranteed pods spread over nodes may still
 /// leave another path's largest pod no node. CPU and memory get only the over-the-fleet
-/// check.
+/// check. Where a quota guarantees a resource that other quota paths' chains do not bound,
+/// a warning names those paths ([`ShapeKind::Unbounded`]).
 pub fn check_shape(tree: &QuotaTree, nodes: &[Resources]) -> Vec<ShapeFinding> {
     let mut resources: Vec<&Resource> = tree
         .iter()
@@ -136,6 +145,9 @@ pub fn check_shape(tree: &QuotaTree, nodes: &[Resources]) -> Vec<ShapeFinding> {
         let sum: u64 = roots.iter().map(|(_, g)| g).sum();
         let capacity: u64 = nodes.iter().map(|n| n.get(resource)).sum();
         let paths: Vec<String> = roots.iter().map(|(p, _)| p.clone()).collect();
+        if let Some(f) = unbounded(tree, resource, &paths) {
+            out.push(f);
+        }
         let spec = resource.spec_path();
         if sum > capacity {
             out.push(ShapeFinding {
@@ -178,6 +190,48 @@ pub fn check_shape(tree: &QuotaTree, nodes: &[Resources]) -> Vec<ShapeFinding> {
         }
     }
     out
+}
+
+/// The [`ShapeKind::Unbounded`] finding for `resource`, which `guaranteeing` (the outermost
+/// paths guaranteeing it) guarantee: the quota paths on whose chains nothing bounds it,
+/// other than the ancestors of a guaranteeing path (their tenants are mostly below).
+fn unbounded(
+    tree: &QuotaTree,
+    resource: &Resource,
+    guaranteeing: &[String],
+) -> Option<ShapeFinding> {
+    let bounds = |p: &str| tree.get(p).is_some_and(|q| q.limits.contains_key(resource));
+    let guarantees = |p: &str| {
+        tree.get(p).and_then(|q| q.limits.get(resource)).is_some_and(|l| l.guarantee.is_some())
+    };
+    let above_a_guarantee = |p: &str| {
+        tree.iter().any(|q| guarantees(&q.path) && chain(&q.path).skip(1).any(|a| a == p))
+    };
+    let paths: Vec<String> = tree
+        .iter()
+        .filter(|q| !chain(&q.path).any(bounds) && !above_a_guarantee(&q.path))
+        .map(|q| q.path.clone())
+        .collect();
+    if paths.is_empty() {
+        return None;
+    }
+    let spec = resource.spec_path();
+    Some(ShapeFinding {
+        message: format!(
+            "{} guarantee{} {spec}, and nothing on the chains of {} bounds it: what their \
+             tenants take of it is nobody's guarantee of theirs, so a container asking for \
+             it runs borrowed (priced at the burst price, reclaimable) even where the rest of \
+             what it asks is within guarantee; give those paths a {spec} guarantee (or a ceiling) to have it \
+             counted against their own",
+            guaranteeing.join(", "),
+            if guaranteeing.len() == 1 { "s" } else { "" },
+            paths.join(", "),
+        ),
+        paths,
+        resource: spec,
+        cannot: false,
+        kind: ShapeKind::Unbounded,
+    })
 }
 
 /// The [`ShapeKind::NoNode`] finding for one GPU model, if any.
@@ -382,6 +436,37 @@ mod tests {
         "acme/inference": {"gpus": {"H100-80GB": {"guarantee": 6, "ceiling": 12}}},
         "acme/research":  {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 8}}},
         "acme/explore":   {"gpus": {"H100-80GB": {"ceiling": 8}}}}"#;
+
+    /// A resource one quota guarantees and another path's chain does not bound runs
+    /// borrowed for that path's tenants (`admit`): the validator names the paths and the
+    /// fix. Ancestors of a guaranteeing path and paths bounding it (a ceiling is enough)
+    /// are not named.
+    #[test]
+    fn paths_whose_chains_do_not_bound_a_guaranteed_resource_are_named() {
+        let t = tree(
+            r#"{"acme/ml": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+                "acme/ml/vision": {"memory_gib": {"guarantee": 16}},
+                "acme/web": {"gpus": {"H100-80GB": {"guarantee": 1}}},
+                "acme/batch": {"gpus": {"H100-80GB": {"guarantee": 1}}, "memory_gib": {"ceiling": 64}}}"#,
+        );
+        let found = check_shape(&t, &nodes(1, 8));
+        let mem: Vec<_> = found.iter().filter(|f| f.kind == ShapeKind::Unbounded).collect();
+        assert_eq!(mem.len(), 1, "{found:?}");
+        assert_eq!(mem[0].resource, "memory_gib");
+        assert_eq!(mem[0].paths, vec!["acme/web".to_string()], "acme/ml is above vision");
+        assert!(!mem[0].cannot, "a warning");
+        assert!(
+            mem[0].message.starts_with(
+                "acme/ml/vision guarantees memory_gib, and nothing on the chains of acme/web bounds it"
+            ),
+            "{}",
+            mem[0].message
+        );
+        // Every path bounding it: nothing to say.
+        assert!(check_shape(&tree(SIM), &nodes(4, 8))
+            .iter()
+            .all(|f| f.kind != ShapeKind::Unbounded));
+    }
 
     #[test]
     fn the_simulators_policy_fits_two_nodes_exactly_and_four_with_room() {

@@ -1270,18 +1270,17 @@ fn a_fellow_sharer_of_the_claimants_remainder_is_taken_only_beyond_it() {
     }
 }
 
-/// Found by the red team of b211bf2, not fixed: a resource no quota on a tenant's chain bounds is
-/// admitted as if guaranteed (`admit` asks guarantees only of the resources the chain
-/// bounds), and `borrowing` follows it: a tenant may hold any amount of it, and no reclaim
-/// takes it back for a tenant that *is* guaranteed it. Fleet: 8 GPUs, 16 cores. a is
-/// guaranteed 8 cores; b only 1 GPU (nothing bounds its CPU). b's guaranteed GPU ended,
-/// leaving b1 (1 GPU, 16 cores, admitted borrowed while b's GPU was full). a asks 4 cores,
-/// owed, answered `Reclaim`, and finds no victim: it waits for as long as b runs, though
-/// the guarantees (8 cores, 1 GPU) fit in the fleet. Admitted guaranteed, b1 makes `admit`
-/// answer a `Wait` instead. A fix is `admit`'s: a resource the chain does not bound but
-/// some other quota guarantees is borrowed (and `borrowing` then says so).
+/// Found by the red team of b211bf2: a resource no quota on a tenant's chain bounds was
+/// admitted as if guaranteed (`admit` asked guarantees only of the resources the chain
+/// bounds), and `borrowing` followed it: a tenant could hold any amount of it, and no
+/// reclaim took it back for a tenant that *is* guaranteed it. Fleet: 8 GPUs, 16 cores. a is
+/// guaranteed 8 cores; b only 1 GPU (nothing bounds its CPU). b1 (1 GPU, 16 cores) is now
+/// admitted borrowed, beyond b's guarantee of cores (none), though its GPU is within b's.
+/// a asks 4 cores, owed, answered `Reclaim`, and takes b1 (Kueue: a queue with no nominal
+/// quota of a resource borrows all it uses of it). Admitted guaranteed (the old rule),
+/// `admit` answered `Wait`; with `borrowing` judging the unbounded cores by nothing, a
+/// found no victim.
 #[test]
-#[ignore = "red team of b211bf2: a resource the chain does not bound is admitted as guaranteed (admit's rule); not fixed"]
 fn a_resource_its_chain_does_not_bound_is_taken_back_for_the_tenant_guaranteed_it() {
     let t = tree(
         r#"{"acme/a": {"cpu_cores": {"guarantee": 8}},
@@ -1292,6 +1291,20 @@ fn a_resource_its_chain_does_not_bound_is_taken_back_for_the_tenant_guaranteed_i
         resources: gpus(1).with(Resource::Cpu, 16 * MILLI_PER_CORE),
         ..run("b1", "acme/b", 1, Class::Borrowed, 100, None)
     };
+    assert_eq!(
+        admit(&t, &fleet, &Usage::default(), "acme/b", &b1.resources),
+        Decision::Admit {
+            class: Class::Borrowed,
+            over: Some(("acme/b".to_string(), Resource::Cpu))
+        },
+        "b's cores are guaranteed to a, none to b"
+    );
+    let gpu_only = gpus(1);
+    assert_eq!(
+        admit(&t, &fleet, &Usage::default(), "acme/b", &gpu_only),
+        Decision::Admit { class: Class::Guaranteed, over: None },
+        "b's GPU alone is within b's guarantee"
+    );
     let running = [b1];
     let usage = usage_of(&running);
     let four = Resources::new().with(Resource::Cpu, 4 * MILLI_PER_CORE);

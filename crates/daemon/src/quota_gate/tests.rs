@@ -428,7 +428,10 @@ fn a_container_without_a_cpu_or_memory_limit_is_refused_where_its_chain_bounds_t
     let msg = e.to_string();
     assert!(msg.starts_with("quota path acme/ml bounds CPU (quotas.acme/ml.cpu_cores)"), "{msg}");
     assert!(msg.contains("resources.limits.cpu"), "{msg}");
-    assert!(require_limits(&t, "acme/ml/train", &cpu_only).is_ok());
+    // Its memory, bounded nowhere on its chain, is guaranteed to vision: a limit is needed.
+    let e = require_limits(&t, "acme/ml/train", &cpu_only).expect_err("no memory limit");
+    assert!(e.to_string().contains("guarantees memory (quotas.acme/ml/vision.memory_gib)"), "{e}");
+    assert!(require_limits(&t, "acme/ml/train", &both).is_ok());
     // Memory bounded at the project too.
     let e = require_limits(&t, "acme/ml/vision/alice", &cpu_only).expect_err("no memory limit");
     assert!(e.to_string().contains("quotas.acme/ml/vision.memory_gib"), "{e}");
@@ -436,7 +439,22 @@ fn a_container_without_a_cpu_or_memory_limit_is_refused_where_its_chain_bounds_t
     // A zero limit counts as none.
     let zero = ContainerLimits { cpu_milli: Some(0), memory_mib: Some(1024) };
     assert!(require_limits(&t, "acme/ml/vision/alice", &zero).is_err());
+    // Nothing on web's chain bounds memory, but vision is guaranteed it: an unlimited
+    // container would take vision's memory uncounted (issue 27, red team of b211bf2).
+    let e = require_limits(&t, "acme/web/site", &none).expect_err("no memory limit");
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with(
+            "quota path acme/ml/vision guarantees memory (quotas.acme/ml/vision.memory_gib)"
+        ),
+        "{msg}"
+    );
+    assert!(msg.contains("resources.limits.memory"), "{msg}");
+    let mem_only = ContainerLimits { cpu_milli: None, memory_mib: Some(1024) };
+    assert!(require_limits(&t, "acme/web/site", &mem_only).is_ok(), "CPU is guaranteed nowhere");
+    assert!(require_limits(&t, "other", &mem_only).is_ok());
     // GPU-only quotas ask nothing of the container's limits.
-    assert!(require_limits(&t, "acme/web/site", &none).is_ok());
-    assert!(require_limits(&t, "other", &none).is_ok());
+    let gpu_only = tree(json!({"acme/web": {"gpus": {H100: {"guarantee": 1}}}}));
+    assert!(require_limits(&gpu_only, "acme/web/site", &none).is_ok());
+    assert!(require_limits(&gpu_only, "other", &none).is_ok());
 }
