@@ -204,12 +204,12 @@ fn unbounded(
     let guarantees = |p: &str| {
         tree.get(p).and_then(|q| q.limits.get(resource)).is_some_and(|l| l.guarantee.is_some())
     };
-    let above_a_guarantee = |p: &str| {
-        tree.iter().any(|q| guarantees(&q.path) && chain(&q.path).skip(1).any(|a| a == p))
-    };
+    // Every path above a guaranteeing one, in one pass (a walk up each path).
+    let above: std::collections::BTreeSet<&str> =
+        tree.iter().filter(|q| guarantees(&q.path)).flat_map(|q| chain(&q.path).skip(1)).collect();
     let paths: Vec<String> = tree
         .iter()
-        .filter(|q| !chain(&q.path).any(bounds) && !above_a_guarantee(&q.path))
+        .filter(|q| !chain(&q.path).any(bounds) && !above.contains(q.path.as_str()))
         .map(|q| q.path.clone())
         .collect();
     if paths.is_empty() {
@@ -223,9 +223,9 @@ fn unbounded(
              it runs borrowed (priced at the burst price, reclaimable) even where the rest of \
              what it asks is within guarantee; give those paths a {spec} guarantee (or a ceiling) to have it \
              counted against their own",
-            guaranteeing.join(", "),
+            some(guaranteeing),
             if guaranteeing.len() == 1 { "s" } else { "" },
-            paths.join(", "),
+            some(&paths),
         ),
         paths,
         resource: spec,
@@ -233,6 +233,18 @@ fn unbounded(
         kind: ShapeKind::Unbounded,
     })
 }
+
+/// Paths named in a sentence: the first [`NAMED`], then how many more (the finding's
+/// `paths` holds them all).
+fn some(paths: &[String]) -> String {
+    match paths.len().checked_sub(NAMED) {
+        Some(more) if more > 0 => format!("{} and {more} more", paths[..NAMED].join(", ")),
+        _ => paths.join(", "),
+    }
+}
+
+/// How many paths a finding's sentence names.
+const NAMED: usize = 8;
 
 /// The [`ShapeKind::NoNode`] finding for one GPU model, if any.
 fn anchors(
@@ -466,6 +478,20 @@ mod tests {
         assert!(check_shape(&tree(SIM), &nodes(4, 8))
             .iter()
             .all(|f| f.kind != ShapeKind::Unbounded));
+        // Thousands of such paths: all in `paths`, eight in the sentence.
+        let mut many = serde_json::Map::new();
+        many.insert("acme/a".into(), serde_json::json!({"cpu_cores": {"guarantee": 1}}));
+        for i in 0..5000 {
+            many.insert(
+                format!("acme/t{i}"),
+                serde_json::json!({"gpus": {"H100-80GB": {"ceiling": 1}}}),
+            );
+        }
+        let big = tree(&serde_json::Value::Object(many).to_string());
+        let f = check_shape(&big, &nodes(1, 8));
+        let u = f.iter().find(|f| f.kind == ShapeKind::Unbounded).expect("unbounded");
+        assert_eq!(u.paths.len(), 5000);
+        assert!(u.message.contains(" and 4992 more bounds it"), "{}", u.message);
     }
 
     #[test]
