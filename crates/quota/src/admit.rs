@@ -324,10 +324,12 @@ pub fn admit(
         // Nothing on the chain bounds it, so none of it is set aside for this tenant; where
         // another quota guarantees it, what this tenant takes of it is that quota's, lent
         // (Kueue: no nominal quota, all of it borrowed), and it runs borrowed so that a
-        // reclaim can take it back.
+        // reclaim can take it back. Named: the nearest quota on the chain (where a
+        // guarantee of it would go), else the tenant.
         if !bounded && amount > 0 && guaranteed_anywhere(tree, resource) {
             guaranteed = false;
-            over.get_or_insert_with(|| (tenant.to_string(), resource.clone()));
+            let nearest = tree.chain(tenant).next().map_or(tenant, |q| q.path.as_str());
+            over.get_or_insert_with(|| (nearest.to_string(), resource.clone()));
         }
         excess.add(&Resources::new().with(resource.clone(), worst));
     }

@@ -1299,6 +1299,14 @@ fn a_resource_its_chain_does_not_bound_is_taken_back_for_the_tenant_guaranteed_i
         },
         "b's cores are guaranteed to a, none to b"
     );
+    assert_eq!(
+        admit(&t, &fleet, &Usage::default(), "acme/b/alice", &b1.resources),
+        Decision::Admit {
+            class: Class::Borrowed,
+            over: Some(("acme/b".to_string(), Resource::Cpu))
+        },
+        "a user under b: b is where a guarantee of cores would go"
+    );
     let gpu_only = gpus(1);
     assert_eq!(
         admit(&t, &fleet, &Usage::default(), "acme/b", &gpu_only),
