@@ -209,6 +209,22 @@ pub fn borrowing(
     claimant: &str,
     claim: &Resources,
 ) -> bool {
+    borrowing_short(tree, usage, tenant, resources, claimant, claim, claim)
+}
+
+/// [`borrowing`], a resource nothing on `tenant`'s chain bounds deciding only where the
+/// claimant is `short` of it: one it asks but has room for takes nobody's work (a
+/// claimant short of GPUs and asking a core would otherwise take a tenant within its GPU
+/// guarantee for the core it holds).
+fn borrowing_short(
+    tree: &QuotaTree,
+    usage: &Usage,
+    tenant: &str,
+    resources: &Resources,
+    claimant: &str,
+    claim: &Resources,
+    short: &Resources,
+) -> bool {
     let used = |path: &str, resource: &Resource| {
         usage.of(path).total().get(resource).saturating_sub(usage.leased_of(path).get(resource))
     };
@@ -222,7 +238,10 @@ pub fn borrowing(
             // Nothing on its chain bounds it, so none of it is set aside for this tenant
             // (Kueue: no nominal quota, all of it borrowed): where the claimant asks for it
             // under a guarantee of it, all of it is lent; otherwise it decides nothing.
-            if claim.get(resource) > 0 && tree.chain(claimant).any(|q| guarantee(q).is_some()) {
+            if claim.get(resource) > 0
+                && short.get(resource) > 0
+                && tree.chain(claimant).any(|q| guarantee(q).is_some())
+            {
                 return true;
             }
             continue;
@@ -326,7 +345,8 @@ fn cover(
     let mut after = usage.clone();
     let mut take = |c: &Candidate, left: &mut Resources| {
         let yes = useful(c, left)
-            && (!strict || borrowing(tree, &after, &c.tenant, &c.resources, claimant, claim));
+            && (!strict
+                || borrowing_short(tree, &after, &c.tenant, &c.resources, claimant, claim, short));
         if yes {
             left.sub(&c.resources);
             after.release(&c.tenant, Class::Guaranteed, &c.guaranteed);
