@@ -561,6 +561,91 @@ fn a_gpu_container_given_more_cpu_by_its_cgroup_than_admitted_is_refused_at_pres
     assert!(wait_for(|| node.grants().is_empty(), Duration::from_secs(10)), "{:?}", node.grants());
 }
 
+/// Issue 27 (red team of b211bf2): cores that nothing on a tenant's chain bounds, where
+/// another team is guaranteed cores, were admitted as guaranteed and never taken back.
+/// One node as its own fleet (local books), acme/dev guaranteed a quarter core and 2 GiB,
+/// acme/trusted (alice) only a GPU. Alice's container without limits is refused, naming
+/// dev's guarantee; with every core of the node it runs *borrowed* (named at
+/// `quotas.acme/trusted.cpu_cores`); bob asks a quarter core within dev's guarantee and
+/// alice's container gets SIGTERM (its trap says so), then bob's runs.
+#[test]
+fn cores_nothing_on_a_chain_bounds_run_borrowed_and_are_taken_back_for_the_team_guaranteed_them() {
+    let fx = Fixture::new();
+    let file = fx.path("limits-policy.json");
+    std::fs::write(&file, limits_policy()).unwrap();
+    let node = tessera_harness::node::Node::start_with(tessera_harness::node::NodeOptions {
+        policy: file,
+        ..Default::default()
+    });
+    let online = std::process::Command::new("getconf").arg("_NPROCESSORS_ONLN").output().unwrap();
+    let cores: i64 = String::from_utf8_lossy(&online.stdout).trim().parse().unwrap();
+    let bundle = |id: &str, ns: &str, on_term: &str, cpu_quota: Option<i64>| {
+        let script = looping(on_term);
+        let argv: Vec<&str> = script.iter().map(String::as_str).collect();
+        let mut b = node.bundle(id, ns, Some("gpu=1"), &argv);
+        if let Some(q) = cpu_quota {
+            b.mutate(|c| {
+                c["linux"]["resources"]["cpu"] = json!({"quota": q, "period": 100_000});
+                c["linux"]["resources"]["memory"] = json!({"limit": 256 << 20});
+            });
+        }
+        b.write();
+        b
+    };
+
+    // No limits: refused, naming the guarantee its unlimited use would take.
+    let b = bundle("a0", A_NS, "exit 0", None);
+    let out = node.fx.create_container(&b, "a0");
+    node.fx.delete_container("a0", true);
+    assert!(!out.status.success(), "alice's unlimited container was admitted");
+    let err = out.stderr_str();
+    assert!(
+        err.contains("quota path acme/dev guarantees CPU (quotas.acme/dev.cpu_cores)"),
+        "{err}"
+    );
+
+    // Every core of the node: admitted borrowed, beyond a guarantee of cores alice has none of.
+    let b = bundle("a1", A_NS, "echo got-SIGTERM; exit 0", Some(cores * 100_000));
+    node.fx.create_container(&b, "a1").assert_success("create a1");
+    node.fx.start_container("a1").assert_success("start a1");
+    assert!(
+        wait_for(|| node.fx.container_output("a1").0.contains("ready"), Duration::from_secs(10)),
+        "a1 did not start"
+    );
+    assert_eq!(class_of(&node, "a1").as_deref(), Some("borrowed"));
+    let over = grant_of(&node, "a1")["quota"]["over"].clone();
+    assert_eq!(
+        over,
+        json!("quotas.acme/trusted.cpu_cores.guarantee"),
+        "{:#}",
+        grant_of(&node, "a1")
+    );
+
+    // Bob asks a quarter core within dev's guarantee: alice's cores are taken back.
+    let t0 = Instant::now();
+    let mut asked = Vec::new();
+    loop {
+        let b = bundle("b1", B_NS, "exit 0", Some(25_000));
+        let out = node.fx.create_container(&b, "b1");
+        if out.status.success() {
+            break;
+        }
+        node.fx.delete_container("b1", true);
+        let e = format!("{}{}", out.stdout_str(), out.stderr_str());
+        let wait = retry_after(&e).unwrap_or_else(|| panic!("b1: {e}"));
+        asked.push(e);
+        assert!(t0.elapsed() < Duration::from_secs(90), "never got b1: {asked:#?}");
+        std::thread::sleep(Duration::from_secs(wait.min(1)));
+    }
+    node.fx.start_container("b1").assert_success("start b1");
+    assert!(!asked.is_empty(), "b1 was admitted without a reclaim");
+    let out = node.fx.container_output("a1").0;
+    assert!(out.contains("got-SIGTERM"), "alice's container was not asked to stop: {out}");
+    assert_eq!(class_of(&node, "b1").as_deref(), Some("guaranteed"));
+    node.fx.delete_container("b1", true);
+    node.fx.delete_container("a1", true);
+}
+
 /// What the kernel enforces on a container of `node`: (cpu.cfs_quota_us,
 /// cpu.cfs_period_us, memory.limit_in_bytes) of its cgroup (v1).
 fn kernel_limits(node: &Node, id: &str) -> (i64, u64, u64) {

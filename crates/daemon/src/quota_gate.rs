@@ -325,6 +325,24 @@ pub fn lease_admits(
     };
     let mut bounded = false;
     for (resource, amount) in request.iter() {
+        let quoted = tree.chain(tenant).next().is_some();
+        if amount > 0 && quoted && !tree.chain(tenant).any(|q| q.limits.contains_key(resource)) {
+            // Nothing on the chain bounds it: where another quota guarantees it, what this
+            // tenant takes of it is that guarantee's, lent, so the work is borrowed
+            // (`quota::admit`), which only the coordinator admits.
+            if let Some(q) =
+                tree.iter().find(|q| q.limits.get(resource).is_some_and(|l| l.guarantee.is_some()))
+            {
+                return Err(format!(
+                    "quota path {} guarantees {resource} (quotas.{}.{}) and nothing on tenant \
+                     {tenant}'s chain bounds it: such work is borrowed, which only the \
+                     coordinator admits",
+                    q.path,
+                    q.path,
+                    resource.spec_path()
+                ));
+            }
+        }
         for q in tree.chain(tenant) {
             let Some(limit) = q.limits.get(resource) else { continue };
             bounded = true;

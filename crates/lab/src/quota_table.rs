@@ -117,7 +117,7 @@ impl Cell {
                 quota::ShapeKind::OverFleet { .. } => "guarantees over the fleet".to_string(),
                 quota::ShapeKind::NoNode { .. } => format!("no node for {}", f.paths.join(", ")),
                 quota::ShapeKind::NoHeadroom { .. } => "no headroom".to_string(),
-                quota::ShapeKind::Unbounded => format!("{} unbounded", f.resource),
+                quota::ShapeKind::Unguaranteed => format!("{} unguaranteed", f.resource),
             })
             .collect();
         words.join("; ")

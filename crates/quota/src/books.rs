@@ -993,9 +993,16 @@ impl Books {
         let (own_out, ph) = self.booked(tree, absorb.then_some(node));
         let first = decide_quota(tree, &cap.plus(&ph), &own_out, tenant, r);
         match first {
-            Decision::Admit { class: Class::Borrowed, .. } => {
+            Decision::Admit { class: Class::Borrowed, over: why } => {
                 let (all, ph) = self.booked(tree, None);
-                decide_quota(tree, &cap.plus(&ph), &all, tenant, r)
+                match decide_quota(tree, &cap.plus(&ph), &all, tenant, r) {
+                    // Borrowed either way: named by why it is borrowed with this node's
+                    // lease absorbing it, not by the leases booked as use.
+                    Decision::Admit { class: Class::Borrowed, over } => {
+                        Decision::Admit { class: Class::Borrowed, over: why.or(over) }
+                    }
+                    d => d,
+                }
             }
             d => d,
         }

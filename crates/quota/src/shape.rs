@@ -24,9 +24,10 @@
 //!   than the unguaranteed GPUs on a fleet with some; ceilings are not compared with the
 //!   headroom here. docs/QUOTAS.md, The fleet's shape.
 //!
-//! - **Unbounded** ([`ShapeKind::Unbounded`], a warning): a quota guarantees a resource
-//!   and nothing on some paths' chains bounds it; their tenants' containers asking for it
-//!   run borrowed (`crate::admit`).
+//! - **Unguaranteed** ([`ShapeKind::Unguaranteed`], a warning): paths whose chains
+//!   guarantee something but not a resource another quota guarantees (or their chain
+//!   bounds by a ceiling alone); their tenants' containers asking for it run borrowed as a
+//!   whole (`crate::admit`).
 //!
 //! Pure: the coordinator calls it with its registered nodes (`GET /v1/quota/status`,
 //! `tessera quota status`), the simulator with its fleet.
@@ -55,10 +56,11 @@ pub enum ShapeKind {
     NoNode { anchor: u64, largest_node: u64, searched: bool },
     /// The guarantees take all `capacity` of the fleet's GPUs of this model.
     NoHeadroom { guaranteed: u64, capacity: u64 },
-    /// Some quota guarantees the resource, and the finding's paths bound none of it on
-    /// their chains: what their tenants take of it is nobody's guarantee of theirs, so it
-    /// runs borrowed (burst-priced, reclaimable), whatever else they ask within guarantee.
-    Unbounded,
+    /// The finding's paths guarantee something on their chains but not the resource,
+    /// which another quota guarantees or their chains bound by a ceiling alone: a
+    /// container of their tenants asking for it runs borrowed as a whole (burst-priced,
+    /// reclaimable), whatever else it asks within guarantee.
+    Unguaranteed,
 }
 
 /// One finding of [`check_shape`].
@@ -121,8 +123,8 @@ fn own_guarantees(tree: &QuotaTree, resource: &Resource) -> BTreeMap<String, u64
 /// homes keep one), and there is headroom. It does not say that placement keeps such a
 /// layout: the coordinator places no homes, so guaranteed pods spread over nodes may still
 /// leave another path's largest pod no node. CPU and memory get only the over-the-fleet
-/// check. Where a quota guarantees a resource that other quota paths' chains do not bound,
-/// a warning names those paths ([`ShapeKind::Unbounded`]).
+/// check. Paths whose work asking for a resource runs borrowed as a whole though they
+/// guarantee something are named in a warning ([`ShapeKind::Unguaranteed`]).
 pub fn check_shape(tree: &QuotaTree, nodes: &[Resources]) -> Vec<ShapeFinding> {
     let mut resources: Vec<&Resource> = tree
         .iter()
@@ -145,9 +147,6 @@ pub fn check_shape(tree: &QuotaTree, nodes: &[Resources]) -> Vec<ShapeFinding> {
         let sum: u64 = roots.iter().map(|(_, g)| g).sum();
         let capacity: u64 = nodes.iter().map(|n| n.get(resource)).sum();
         let paths: Vec<String> = roots.iter().map(|(p, _)| p.clone()).collect();
-        if let Some(f) = unbounded(tree, resource, &paths) {
-            out.push(f);
-        }
         let spec = resource.spec_path();
         if sum > capacity {
             out.push(ShapeFinding {
@@ -189,49 +188,71 @@ pub fn check_shape(tree: &QuotaTree, nodes: &[Resources]) -> Vec<ShapeFinding> {
             });
         }
     }
+    out.extend(unguaranteed(tree));
     out
 }
 
-/// The [`ShapeKind::Unbounded`] finding for `resource`, which `guaranteeing` (the outermost
-/// paths guaranteeing it) guarantee: the quota paths on whose chains nothing bounds it,
-/// other than the ancestors of a guaranteeing path (their tenants are mostly below).
-fn unbounded(
-    tree: &QuotaTree,
-    resource: &Resource,
-    guaranteeing: &[String],
-) -> Option<ShapeFinding> {
-    let bounds = |p: &str| tree.get(p).is_some_and(|q| q.limits.contains_key(resource));
-    let guarantees = |p: &str| {
-        tree.get(p).and_then(|q| q.limits.get(resource)).is_some_and(|l| l.guarantee.is_some())
-    };
-    // Every path above a guaranteeing one, in one pass (a walk up each path).
-    let above: std::collections::BTreeSet<&str> =
-        tree.iter().filter(|q| guarantees(&q.path)).flat_map(|q| chain(&q.path).skip(1)).collect();
-    let paths: Vec<String> = tree
-        .iter()
-        .filter(|q| !chain(&q.path).any(bounds) && !above.contains(q.path.as_str()))
-        .map(|q| q.path.clone())
-        .collect();
-    if paths.is_empty() {
-        return None;
+/// The [`ShapeKind::Unguaranteed`] findings, one per resource: the quota paths whose
+/// chains guarantee something (so their work may run guaranteed) but not that resource,
+/// where `admit` makes a request asking for it borrowed as a whole — some quota guarantees
+/// it (nothing of it is set aside for them), or their chain bounds it by a ceiling alone.
+/// Paths guaranteeing nothing only borrow by design and are not named. One walk up each
+/// path per resource.
+fn unguaranteed(tree: &QuotaTree) -> Vec<ShapeFinding> {
+    let mut resources: Vec<&Resource> = tree.iter().flat_map(|q| q.limits.keys()).collect();
+    resources.sort();
+    resources.dedup();
+    let mut out = Vec::new();
+    for resource in resources {
+        let guarantees =
+            |q: &crate::spec::Quota| q.limits.get(resource).is_some_and(|l| l.guarantee.is_some());
+        let guaranteeing: Vec<String> =
+            tree.iter().filter(|q| guarantees(q)).map(|q| q.path.clone()).collect();
+        let paths: Vec<String> = tree
+            .iter()
+            .filter(|q| {
+                let chain: Vec<_> = tree.chain(&q.path).collect();
+                let any_guarantee =
+                    chain.iter().any(|c| c.limits.values().any(|l| l.guarantee.is_some()));
+                let bounds = chain.iter().any(|c| c.limits.contains_key(resource));
+                any_guarantee
+                    && !chain.iter().any(|c| guarantees(c))
+                    && (bounds || !guaranteeing.is_empty())
+            })
+            .map(|q| q.path.clone())
+            .collect();
+        if paths.is_empty() {
+            continue;
+        }
+        let spec = resource.spec_path();
+        let why = if guaranteeing.is_empty() {
+            format!("bound {spec} by a ceiling and guarantee none of it")
+        } else {
+            format!(
+                "guarantee no {spec}, which {} guarantee{}",
+                some(&guaranteeing),
+                if guaranteeing.len() == 1 { "s" } else { "" }
+            )
+        };
+        let limit = match resource {
+            Resource::Gpu(_) => "",
+            _ => " (and must set a limit of it)",
+        };
+        out.push(ShapeFinding {
+            message: format!(
+                "the chains of {} {why}: a container of their tenants asking for {spec} runs \
+                 borrowed as a whole{limit}, priced at the burst price and reclaimable, even \
+                 where the rest of what it asks is within their guarantees; give those paths \
+                 (or a parent of theirs) a {spec} guarantee to have it run guaranteed",
+                some(&paths),
+            ),
+            paths,
+            resource: spec,
+            cannot: false,
+            kind: ShapeKind::Unguaranteed,
+        });
     }
-    let spec = resource.spec_path();
-    Some(ShapeFinding {
-        message: format!(
-            "{} guarantee{} {spec}, and nothing on the chains of {} bounds it: what their \
-             tenants take of it is nobody's guarantee of theirs, so a container asking for \
-             it runs borrowed (priced at the burst price, reclaimable) even where the rest of \
-             what it asks is within guarantee; give those paths a {spec} guarantee (or a ceiling) to have it \
-             counted against their own",
-            some(guaranteeing),
-            if guaranteeing.len() == 1 { "s" } else { "" },
-            some(&paths),
-        ),
-        paths,
-        resource: spec,
-        cannot: false,
-        kind: ShapeKind::Unbounded,
-    })
+    out
 }
 
 /// Paths named in a sentence: the first [`NAMED`], then how many more (the finding's
@@ -449,37 +470,70 @@ mod tests {
         "acme/research":  {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 8}}},
         "acme/explore":   {"gpus": {"H100-80GB": {"ceiling": 8}}}}"#;
 
-    /// A resource one quota guarantees and another path's chain does not bound runs
-    /// borrowed for that path's tenants (`admit`): the validator names the paths and the
-    /// fix. Ancestors of a guaranteeing path and paths bounding it (a ceiling is enough)
-    /// are not named.
+    /// Paths whose chains guarantee something but not a resource another quota guarantees
+    /// (bounded there by a ceiling or not at all), or bound by a ceiling alone, run a
+    /// container asking for it borrowed as a whole (`admit`): the validator names them
+    /// and the fix, an ancestor of the guaranteeing path included (its other tenants are
+    /// not under it); paths guaranteeing nothing (borrowers by design) are not named.
     #[test]
-    fn paths_whose_chains_do_not_bound_a_guaranteed_resource_are_named() {
+    fn paths_whose_work_asking_a_resource_runs_borrowed_are_named() {
         let t = tree(
             r#"{"acme/ml": {"gpus": {"H100-80GB": {"guarantee": 4}}},
                 "acme/ml/vision": {"memory_gib": {"guarantee": 16}},
                 "acme/web": {"gpus": {"H100-80GB": {"guarantee": 1}}},
-                "acme/batch": {"gpus": {"H100-80GB": {"guarantee": 1}}, "memory_gib": {"ceiling": 64}}}"#,
+                "acme/batch": {"gpus": {"H100-80GB": {"guarantee": 1}}, "memory_gib": {"ceiling": 64}},
+                "acme/explore": {"gpus": {"H100-80GB": {"ceiling": 8}}, "memory_gib": {"ceiling": 64}}}"#,
         );
         let found = check_shape(&t, &nodes(1, 8));
-        let mem: Vec<_> = found.iter().filter(|f| f.kind == ShapeKind::Unbounded).collect();
+        let mem: Vec<_> = found.iter().filter(|f| f.kind == ShapeKind::Unguaranteed).collect();
         assert_eq!(mem.len(), 1, "{found:?}");
         assert_eq!(mem[0].resource, "memory_gib");
-        assert_eq!(mem[0].paths, vec!["acme/web".to_string()], "acme/ml is above vision");
+        assert_eq!(mem[0].paths, ["acme/batch", "acme/ml", "acme/web"], "not explore nor vision");
         assert!(!mem[0].cannot, "a warning");
         assert!(
             mem[0].message.starts_with(
-                "acme/ml/vision guarantees memory_gib, and nothing on the chains of acme/web bounds it"
+                "the chains of acme/batch, acme/ml, acme/web guarantee no memory_gib, which \
+                 acme/ml/vision guarantees: a container of their tenants asking for memory_gib \
+                 runs borrowed as a whole (and must set a limit of it)"
             ),
             "{}",
             mem[0].message
         );
-        // Every path bounding it: nothing to say.
+        // What admit does with each: borrowed where named, guaranteed under vision.
+        let fleet =
+            nodes(1, 8)[0].clone().with(Resource::Memory, 1024 * crate::amount::MIB_PER_GIB);
+        let asks = Resources::new()
+            .with_gpus("H100-80GB", 1)
+            .with(Resource::Memory, crate::amount::MIB_PER_GIB);
+        let usage = crate::Usage::new();
+        for (tenant, class) in [
+            ("acme/batch/x", crate::Class::Borrowed),
+            ("acme/ml/x", crate::Class::Borrowed),
+            ("acme/web/x", crate::Class::Borrowed),
+            ("acme/ml/vision/x", crate::Class::Guaranteed),
+        ] {
+            let d = crate::admit(&t, &fleet, &usage, tenant, &asks);
+            assert!(
+                matches!(d, crate::Decision::Admit { class: c, .. } if c == class),
+                "{tenant}: {d:?}"
+            );
+        }
+        // A ceiling alone, nothing guaranteeing the resource anywhere.
+        let c = tree(
+            r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2}}, "cpu_cores": {"ceiling": 8}},
+                "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}}}"#,
+        );
+        let f = check_shape(&c, &nodes(1, 8));
+        let cpu = f.iter().find(|f| f.kind == ShapeKind::Unguaranteed).expect("a's cores");
+        assert_eq!(cpu.paths, ["acme/a"], "b's cores are bounded and guaranteed nowhere");
+        assert!(cpu.message.contains("bound cpu_cores by a ceiling and guarantee none of it"));
+        // Every path guaranteeing what it bounds, or nothing: nothing to say.
         assert!(check_shape(&tree(SIM), &nodes(4, 8))
             .iter()
-            .all(|f| f.kind != ShapeKind::Unbounded));
+            .all(|f| f.kind != ShapeKind::Unguaranteed));
         // Thousands of such paths: all in `paths`, eight in the sentence.
         let mut many = serde_json::Map::new();
+        many.insert("acme".into(), serde_json::json!({"gpus": {"H100-80GB": {"guarantee": 8}}}));
         many.insert("acme/a".into(), serde_json::json!({"cpu_cores": {"guarantee": 1}}));
         for i in 0..5000 {
             many.insert(
@@ -489,9 +543,9 @@ mod tests {
         }
         let big = tree(&serde_json::Value::Object(many).to_string());
         let f = check_shape(&big, &nodes(1, 8));
-        let u = f.iter().find(|f| f.kind == ShapeKind::Unbounded).expect("unbounded");
-        assert_eq!(u.paths.len(), 5000);
-        assert!(u.message.contains(" and 4992 more bounds it"), "{}", u.message);
+        let u = f.iter().find(|f| f.kind == ShapeKind::Unguaranteed).expect("unguaranteed");
+        assert_eq!(u.paths.len(), 5001, "acme and its 5,000 teams");
+        assert!(u.message.contains(" and 4993 more guarantee no cpu_cores"), "{}", u.message);
     }
 
     #[test]

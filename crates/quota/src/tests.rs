@@ -1360,3 +1360,44 @@ fn a_remainder_used_beyond_its_guarantee_is_reclaimed_for_a_claimant_sharing_it(
     after.add("acme/a", Class::Guaranteed, &four);
     assert!(!owed(&t, &after, "acme/ml", &running[0].resources, &Resources::new()));
 }
+
+/// Red team of c8372df: `borrowing` judged a resource nothing on a unit's chain bounds by
+/// whether the claimant *asks* for it, so a claimant short of GPUs only, asking one core it
+/// has plenty of, took the GPUs of a tenant within its own GPU guarantee (b's work is
+/// borrowed only for its core) and spared c, which has no quota and borrows every GPU it
+/// holds. Now such a resource decides only where the claimant is short of it (Kueue takes
+/// candidates from queues borrowing what the preemptor needs).
+#[test]
+fn a_gpu_short_claim_asking_a_core_it_is_not_short_of_takes_the_gpu_borrower() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}, "cpu_cores": {"guarantee": 8}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
+    );
+    let core = Resources::new().with(Resource::Cpu, MILLI_PER_CORE);
+    let fleet = gpus(8).with(Resource::Cpu, 64 * MILLI_PER_CORE);
+    let b_asks = gpus(4).plus(&core);
+    assert_eq!(
+        admit(&t, &fleet, &Usage::new(), "acme/b", &b_asks),
+        Decision::Admit { class: Class::Borrowed, over: Some(("acme/b".into(), Resource::Cpu)) }
+    );
+    let running = [
+        Running {
+            resources: gpus(4).plus(&core),
+            ..run("c1", "org-c", 4, Class::Borrowed, 100, None)
+        },
+        Running { resources: b_asks.clone(), ..run("b1", "acme/b", 4, Class::Borrowed, 150, None) },
+    ];
+    let usage = usage_of(&running);
+    let claim = gpus(4).plus(&core);
+    let Decision::Reclaim { short, under: None } = admit(&t, &fleet, &usage, "acme/a", &claim)
+    else {
+        panic!("a is within its guarantees and the fleet's GPUs are lent out")
+    };
+    assert_eq!(short, gpus(4), "short of GPUs only");
+    for asked in [gpus(4), claim] {
+        let v = choose_victims(&running, &usage, &t, &fleet, "acme/a", &asked, &short, 1_000_000)
+            .expect("victims");
+        let ids: Vec<_> = v.chosen.iter().flat_map(|c| c.candidate.ids.clone()).collect();
+        assert_eq!(ids, ["c1"], "b is within its GPU guarantee; a is short of GPUs, not cores");
+    }
+}

@@ -458,3 +458,33 @@ fn a_container_without_a_cpu_or_memory_limit_is_refused_where_its_chain_bounds_t
     assert!(require_limits(&gpu_only, "acme/web/site", &none).is_ok());
     assert!(require_limits(&gpu_only, "other", &none).is_ok());
 }
+
+// ---- red team of c8372df -------------------------------------------------------------------
+
+/// While the coordinator is unreachable a node admits on its lease, as guaranteed, what
+/// the coordinator's `quota::admit` classes borrowed since c8372df: a request asking for a
+/// resource nothing on its chain bounds but another quota guarantees (memory here, which
+/// tesserad now requires every such container to set). The grant is marked guaranteed and
+/// `under_lease`, so no reclaim can take it back: the hole c8372df closes stays open
+/// whenever the coordinator is away.
+#[test]
+fn a_lease_does_not_admit_as_guaranteed_what_the_coordinator_admits_borrowed() {
+    let t = tree(json!({
+        "acme": {"gpus": {H100: {"guarantee": 8}}},
+        "acme/ml/vision": {"memory_gib": {"guarantee": 16}},
+    }));
+    let asks = gpus(H100, GPU).with_memory_mib(64 * 1024);
+    let fleet = gpus(H100, 8 * GPU).with_memory_mib(1024 * 1024);
+    assert!(
+        matches!(
+            quota::admit(&t, &fleet, &quota::Usage::new(), "acme/web/x", &asks),
+            quota::Decision::Admit { class: quota::Class::Borrowed, .. }
+        ),
+        "the coordinator admits it borrowed"
+    );
+    let leases = [lease("acme", 8 * GPU)];
+    assert!(
+        lease_admits(&t, "acme/web/x", &asks, HeldLeases::Valid(&leases), &[]).is_err(),
+        "admitted under the lease as guaranteed"
+    );
+}
