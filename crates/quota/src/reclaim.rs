@@ -186,7 +186,8 @@ pub enum NoVictims {
 
 /// Whether `tenant`'s work of `resources`, counted in `usage`, runs on capacity lent to it
 /// as `claimant` sees it, once the claimant holds `claim` (its request, counted as its
-/// guaranteed usage): for some resource it holds, every quota on `tenant`'s chain that
+/// guaranteed usage): for some resource it holds that the claim asks (every resource of
+/// `claim` is judged as one the claimant is short of), every quota on `tenant`'s chain that
 /// does not hold `claimant` and guarantees that resource uses more of it than it
 /// guarantees, its whole subtree counted, guaranteed or borrowed (guarantee leased to
 /// nodes and unused there is not use). A path within its guarantee holds no one else's
@@ -212,10 +213,12 @@ pub fn borrowing(
     borrowing_short(tree, usage, tenant, resources, claimant, claim, claim)
 }
 
-/// [`borrowing`], a resource nothing on `tenant`'s chain bounds deciding only where the
-/// claimant is `short` of it: one it asks but has room for takes nobody's work (a
-/// claimant short of GPUs and asking a core would otherwise take a tenant within its GPU
-/// guarantee for the core it holds).
+/// [`borrowing`] judging only the resources the claimant is `short` of: a tenant that
+/// borrows only what the claimant has room for gives up nothing for it (Kueue takes
+/// candidates from queues borrowing the resources the preemptor needs; a claimant short
+/// of GPUs would otherwise take the GPUs of a tenant within its GPU guarantee for the
+/// cores it borrows: `tests::a_claim_takes_no_work_whose_tenant_borrows_only_what_the_claim_is_not_short_of`,
+/// `tests::a_gpu_short_claim_asking_a_core_it_is_not_short_of_takes_the_gpu_borrower`).
 fn borrowing_short(
     tree: &QuotaTree,
     usage: &Usage,
@@ -230,18 +233,16 @@ fn borrowing_short(
     };
     let mut bounded = false;
     for (resource, amount) in resources.iter() {
-        if amount == 0 {
+        if amount == 0 || short.get(resource) == 0 {
             continue;
         }
         let guarantee = |q: &Quota| q.limits.get(resource).and_then(|l| l.guarantee);
         if !tree.chain(tenant).any(|q| q.limits.contains_key(resource)) {
             // Nothing on its chain bounds it, so none of it is set aside for this tenant
-            // (Kueue: no nominal quota, all of it borrowed): where the claimant asks for it
-            // under a guarantee of it, all of it is lent; otherwise it decides nothing.
-            if claim.get(resource) > 0
-                && short.get(resource) > 0
-                && tree.chain(claimant).any(|q| guarantee(q).is_some())
-            {
+            // (Kueue: no nominal quota, all of it borrowed): where the claimant, short of it,
+            // asks for it under a guarantee of it, all of it is lent; otherwise it decides
+            // nothing.
+            if claim.get(resource) > 0 && tree.chain(claimant).any(|q| guarantee(q).is_some()) {
                 return true;
             }
             continue;

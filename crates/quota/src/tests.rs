@@ -1401,3 +1401,48 @@ fn a_gpu_short_claim_asking_a_core_it_is_not_short_of_takes_the_gpu_borrower() {
         assert_eq!(ids, ["c1"], "b is within its GPU guarantee; a is short of GPUs, not cores");
     }
 }
+
+/// The same for a resource the chain bounds: b is within its GPU guarantee and beyond its
+/// guarantee of cores, so its work runs borrowed; a, short of GPUs only, takes c's GPUs
+/// (c borrows every GPU it holds), not b's: a unit is taken only while its tenant borrows
+/// what the claimant is short of (Kueue's candidates are workloads of queues borrowing the
+/// resources the preemptor needs). Before, b's GPUs were taken for the cores it borrows.
+#[test]
+fn a_claim_takes_no_work_whose_tenant_borrows_only_what_the_claim_is_not_short_of() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}, "cpu_cores": {"guarantee": 8}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}, "cpu_cores": {"guarantee": 1}}}"#,
+    );
+    let cores = |n: u64| Resources::new().with(Resource::Cpu, n * MILLI_PER_CORE);
+    let fleet = gpus(8).with(Resource::Cpu, 64 * MILLI_PER_CORE);
+    let b_asks = gpus(4).plus(&cores(2));
+    assert!(matches!(
+        admit(&t, &fleet, &Usage::new(), "acme/b", &b_asks),
+        Decision::Admit { class: Class::Borrowed, .. }
+    ));
+    let running = [
+        Running {
+            resources: gpus(4).plus(&cores(1)),
+            ..run("c1", "org-c", 4, Class::Borrowed, 100, None)
+        },
+        Running { resources: b_asks, ..run("b1", "acme/b", 4, Class::Borrowed, 150, None) },
+    ];
+    let usage = usage_of(&running);
+    let claim = gpus(4).plus(&cores(1));
+    let Decision::Reclaim { short, under: None } = admit(&t, &fleet, &usage, "acme/a", &claim)
+    else {
+        panic!("a is within its guarantees and the fleet's GPUs are lent out")
+    };
+    assert_eq!(short, gpus(4), "short of GPUs only");
+    let v = choose_victims(&running, &usage, &t, &fleet, "acme/a", &claim, &short, 1_000_000)
+        .expect("victims");
+    let ids: Vec<_> = v.chosen.iter().flat_map(|c| c.candidate.ids.clone()).collect();
+    assert_eq!(ids, ["c1"], "b borrows cores, not GPUs; a is short of GPUs");
+    // Short of cores too, b's work (beyond its guarantee of cores) may be taken: alone it
+    // covers both, and c's, which has run longer, is spared.
+    let short = gpus(4).plus(&cores(2));
+    let v = choose_victims(&running, &usage, &t, &fleet, "acme/a", &claim, &short, 1_000_000)
+        .expect("victims");
+    let ids: Vec<_> = v.chosen.iter().flat_map(|c| c.candidate.ids.clone()).collect();
+    assert_eq!(ids, ["b1"]);
+}
