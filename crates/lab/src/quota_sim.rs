@@ -114,8 +114,8 @@ use serde::Serialize;
 use tessera_api::untrusted;
 
 use quota::{
-    admit, borrowing, chain, dominant_share, fair_order, is_within, owed_behind, owed_in_order,
-    own_guarantee, victim_order,
+    admit, borrowing_short, chain, dominant_share, fair_order, is_within, owed_behind,
+    owed_in_order, own_guarantee, victim_order,
 };
 use quota::{may_reclaim_owed_later, Class, Decision, QuotaTree, Running, Usage, Waiting};
 use quota::{Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
@@ -1603,7 +1603,9 @@ impl<'a> Sim<'a> {
     /// behind a ceiling until the next event. Only requests the free capacity could place
     /// now count (each placed in turn, in `blocked`'s order, on what the ones before left):
     /// an idle GPU no blocked request fits (a wide request, no node with that many free)
-    /// is idle for want of room, not because of a ceiling.
+    /// is idle for want of room, not because of a ceiling. Greedy in queue order, so a
+    /// lower bound: a wide request placed first can hide narrower ones that together would
+    /// have used more (the `accounted` verdict built on it errs against quotas).
     fn note_ceiling_idle(&mut self, blocked: &[usize]) {
         let mut room = self.bins.clone();
         let placeable = blocked.iter().fold(0u64, |acc, &u| {
@@ -1616,6 +1618,40 @@ impl<'a> Sim<'a> {
         let held: u64 = self.running.iter().map(|&v| self.units[v].gpu).sum();
         let idle = self.capacity.get(&Resource::gpu(&self.fleet.model)).saturating_sub(held);
         self.ceiling_rate = placeable.min(idle);
+    }
+
+    /// What `scope` (a node, or the whole fleet) lacks for `want`, as the books' shortfall
+    /// that victims are judged by ([`quota::borrowing_short`]): per resource the bins track,
+    /// what it asks less what is free there; where that is nothing (its GPUs are free in
+    /// sum but in pieces), every resource it asks.
+    fn short_in(&self, want: &Resources, scope: Option<usize>) -> Resources {
+        let nodes = match scope {
+            Some(n) => n..n + 1,
+            None => 0..self.bins.gpu.len(),
+        };
+        let free = |per_node: &[i64]| -> u64 {
+            per_node[nodes.clone()].iter().map(|&f| u64::try_from(f).unwrap_or(0)).sum()
+        };
+        let gpu_free: Vec<i64> = self.bins.gpu.iter().map(|g| g.iter().sum()).collect();
+        let mut lacks = vec![(Resource::gpu(&self.fleet.model), free(&gpu_free))];
+        if let Some(c) = &self.bins.cpu {
+            lacks.push((Resource::Cpu, free(c)));
+        }
+        if let Some(m) = &self.bins.mem {
+            lacks.push((Resource::Memory, free(m)));
+        }
+        let mut short = Resources::new();
+        for (r, f) in lacks {
+            let lack = want.get(&r).saturating_sub(f);
+            if lack > 0 {
+                short.add(&Resources::new().with(r, lack));
+            }
+        }
+        if short.is_empty() {
+            want.clone()
+        } else {
+            short
+        }
     }
 
     /// [`Mode::FifoCeilings`]: whether starting `u` now would cross a ceiling.
@@ -1999,6 +2035,7 @@ impl<'a> Sim<'a> {
                 break;
             }
             let scope = *scope;
+            let short = self.short_in(&unit.resources, scope);
             let candidates: Vec<Running> = self
                 .running
                 .iter()
@@ -2039,7 +2076,15 @@ impl<'a> Sim<'a> {
             for v in order {
                 let (tenant, res) = (&self.units[v].tenant, &self.units[v].resources);
                 if strict
-                    && !borrowing(self.tree, &after, tenant, res, &unit.tenant, &unit.resources)
+                    && !borrowing_short(
+                        self.tree,
+                        &after,
+                        tenant,
+                        res,
+                        &unit.tenant,
+                        &unit.resources,
+                        &short,
+                    )
                 {
                     continue;
                 }
@@ -2058,13 +2103,14 @@ impl<'a> Sim<'a> {
                 for p in &protected {
                     let c = &p.candidate;
                     if strict
-                        && !borrowing(
+                        && !borrowing_short(
                             self.tree,
                             &after,
                             &c.tenant,
                             &c.resources,
                             &unit.tenant,
                             &unit.resources,
+                            &short,
                         )
                     {
                         continue;
@@ -3022,6 +3068,40 @@ mod tests {
         let c = run(&narrow, &f, &t, Mode::FifoCeilings, None).expect("runs");
         assert_eq!(start(&c, "a3"), Some(100));
         assert_eq!(c.ceiling_idle_gpu_seconds, 99.0, "a3's 1 GPU, from 1 s to 100 s");
+    }
+
+    /// Red team of 7c229d3: the books judge a victim's tenant only by the resources the
+    /// claim is short of (`quota::choose_victims`, `tests::a_claim_takes_no_work_whose_
+    /// tenant_borrows_only_what_the_claim_is_not_short_of`), but the simulator still asks
+    /// the public `quota::borrowing` with the whole request as the claim, so every resource
+    /// the request asks counts as short. b is within its GPU guarantee and borrows one
+    /// core; a, within its guarantees, is short of GPUs only (64 cores, 3 in use). The
+    /// books take c's GPUs (c borrows every GPU it holds); the simulator takes b's, the
+    /// cheaper unit, for the core b borrows and a is not short of.
+    #[test]
+    fn red_the_simulator_takes_victims_as_the_books_do_by_what_the_claim_is_short_of() {
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 4}}, "cpu_cores": {"guarantee": 8}},
+                "t/b": {"gpus": {"H100-80GB": {"guarantee": 4}}, "cpu_cores": {"guarantee": 1}}}"#,
+        );
+        let with_cpu = |j: Job, cores: u64| Job {
+            resources: j.resources.clone().with_cpu_milli(cores * 1_000),
+            ..j
+        };
+        let jobs = vec![
+            with_cpu(job("c1", "o/c", 0, 100_000, 4), 1),
+            with_cpu(job("b1", "t/b", 5, 100_000, 4), 2),
+            with_cpu(job("a1", "t/a", 10, 100, 4), 1),
+        ];
+        let f = Fleet { cpu_milli_per_node: Some(64_000), ..fleet(1, 8) };
+        let r = run(&jobs, &f, &t, Mode::Quotas, Some(200_000)).expect("runs");
+        let preempted = |id: &str| r.outcomes.iter().find(|o| o.id == id).expect("job").preempted;
+        assert!(start(&r, "a1").is_some_and(|s| s < 1_000), "a reclaims at once");
+        assert_eq!(
+            (preempted("b1"), preempted("c1")),
+            (0, 1),
+            "b borrows cores, not GPUs; a is short of GPUs: c's work is taken, as the books take it"
+        );
     }
 
     #[test]

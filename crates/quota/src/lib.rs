@@ -78,8 +78,8 @@ pub use amount::{gpu_micro, Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MIL
 pub use drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
 pub use preempt::{may_reclaim_owed_later, owed, owed_behind, owed_in_order, worth_reclaiming};
 pub use reclaim::{
-    borrowing, choose_victims, choose_victims_for_placement, victim_order, Candidate, Chosen,
-    NoVictims, Protected, Running, Victims,
+    borrowing, borrowing_short, choose_victims, choose_victims_for_placement, victim_order,
+    Candidate, Chosen, NoVictims, Protected, Running, Victims,
 };
 pub use shape::{check_shape, layout, own_guarantee, ShapeFinding, ShapeKind, MAX_LAYOUT_STEPS};
 pub use spec::{

@@ -219,7 +219,7 @@ pub fn borrowing(
 /// of GPUs would otherwise take the GPUs of a tenant within its GPU guarantee for the
 /// cores it borrows: `tests::a_claim_takes_no_work_whose_tenant_borrows_only_what_the_claim_is_not_short_of`,
 /// `tests::a_gpu_short_claim_asking_a_core_it_is_not_short_of_takes_the_gpu_borrower`).
-fn borrowing_short(
+pub fn borrowing_short(
     tree: &QuotaTree,
     usage: &Usage,
     tenant: &str,
@@ -231,13 +231,20 @@ fn borrowing_short(
     let used = |path: &str, resource: &Resource| {
         usage.of(path).total().get(resource).saturating_sub(usage.leased_of(path).get(resource))
     };
+    // Whether its chain bounds any resource it holds (short or not): one that bounds
+    // nothing of it is judged by its class at the end, one that does by what it uses.
     let mut bounded = false;
     for (resource, amount) in resources.iter() {
-        if amount == 0 || short.get(resource) == 0 {
+        if amount == 0 {
+            continue;
+        }
+        let chain_bounds = tree.chain(tenant).any(|q| q.limits.contains_key(resource));
+        bounded |= chain_bounds;
+        if short.get(resource) == 0 {
             continue;
         }
         let guarantee = |q: &Quota| q.limits.get(resource).and_then(|l| l.guarantee);
-        if !tree.chain(tenant).any(|q| q.limits.contains_key(resource)) {
+        if !chain_bounds {
             // Nothing on its chain bounds it, so none of it is set aside for this tenant
             // (Kueue: no nominal quota, all of it borrowed): where the claimant, short of it,
             // asks for it under a guarantee of it, all of it is lent; otherwise it decides
@@ -247,7 +254,6 @@ fn borrowing_short(
             }
             continue;
         }
-        bounded = true;
         // Its own paths (those not holding the claimant) that guarantee it: it borrows
         // where every one of them uses more than it guarantees.
         let own: Vec<(&str, u64)> = tree

@@ -1446,3 +1446,46 @@ fn a_claim_takes_no_work_whose_tenant_borrows_only_what_the_claim_is_not_short_o
     let ids: Vec<_> = v.chosen.iter().flat_map(|c| c.candidate.ids.clone()).collect();
     assert_eq!(ids, ["b1"]);
 }
+
+/// Red team of 7c229d3: judging a unit only by the resources the claimant is short of
+/// skips every resource its chain bounds that the claim is not short of, so a unit whose
+/// only short resource is one nothing bounds (and the claimant guarantees nowhere) falls
+/// through to "nothing on the chain bounds any of its resources: judged by its class" —
+/// although its chain does bound its GPUs and it is within that guarantee. b's unit was
+/// admitted borrowed (before b's guaranteed work ended) and b is now back within its GPU
+/// guarantee, the very case the module says is not taken ("it would be owed back at
+/// once"); a, within its guarantee, is short of cores nobody bounds or guarantees, and
+/// takes b's 4 guaranteed GPUs with the cores. Before 7c229d3 the GPUs b holds decided
+/// (bounded, within guarantee: not borrowing) and nothing was taken. The public
+/// `borrowing` (what the simulator and the proptests ask) says b does not borrow.
+#[test]
+fn red_a_claim_short_of_an_unbounded_resource_takes_no_tenant_within_the_guarantees_its_chain_bounds(
+) {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
+    );
+    let cores = |n: u64| Resources::new().with(Resource::Cpu, n * MILLI_PER_CORE);
+    let fleet = gpus(8).with(Resource::Cpu, 16 * MILLI_PER_CORE);
+    let running = [Running {
+        resources: gpus(4).plus(&cores(16)),
+        ..run("b1", "acme/b", 4, Class::Borrowed, 100, None)
+    }];
+    let usage = usage_of(&running);
+    let claim = gpus(2).plus(&cores(8));
+    let Decision::Reclaim { short, under: None } = admit(&t, &fleet, &usage, "acme/a", &claim)
+    else {
+        panic!("a is within its guarantees and b's borrowed-class unit holds the cores")
+    };
+    assert_eq!(short, cores(8), "short of cores only");
+    assert!(
+        !borrowing(&t, &usage, "acme/b", &running[0].resources, "acme/a", &claim),
+        "b is within its GPU guarantee: the public rule says it borrows nothing"
+    );
+    let v = choose_victims(&running, &usage, &t, &fleet, "acme/a", &claim, &short, 1_000_000);
+    assert_eq!(
+        v.map(|v| ids(&v)),
+        Err(NoVictims::Short),
+        "b is within every guarantee its chain sets; its work is not a's to take"
+    );
+}
