@@ -519,6 +519,13 @@ fn limits_policy() -> Vec<u8> {
     serde_json::to_vec_pretty(&p).unwrap()
 }
 
+/// One node as its own fleet (local books) under [`limits_policy`], its policy file in `fx`.
+fn limits_node(fx: &Fixture) -> Node {
+    let file = fx.path("limits-policy.json");
+    std::fs::write(&file, limits_policy()).unwrap();
+    Node::start_with(tessera_harness::node::NodeOptions { policy: file, ..Default::default() })
+}
+
 /// Issue 23 (2), the CPU instance: a GPU container in a cgroup whose CPU period another
 /// container set (and left behind) was admitted at 0.1 core while the kernel gave it 10.
 /// The kernel's limits are checked at the confirmation (here the wrapper's `start` of the
@@ -527,12 +534,7 @@ fn limits_policy() -> Vec<u8> {
 #[test]
 fn a_gpu_container_given_more_cpu_by_its_cgroup_than_admitted_is_refused_at_prestart() {
     let fx = Fixture::new();
-    let file = fx.path("limits-policy.json");
-    std::fs::write(&file, limits_policy()).unwrap();
-    let node = tessera_harness::node::Node::start_with(tessera_harness::node::NodeOptions {
-        policy: file,
-        ..Default::default()
-    });
+    let node = limits_node(&fx);
     let mut b = node.bundle("fast", B_NS, Some("gpu=1"), &["sleep", "30"]);
     // What a container that set its period to 1 ms and was never deleted left behind.
     let cg = b.cgroups_path();
@@ -571,12 +573,7 @@ fn a_gpu_container_given_more_cpu_by_its_cgroup_than_admitted_is_refused_at_pres
 #[test]
 fn cores_nothing_on_a_chain_bounds_run_borrowed_and_are_taken_back_for_the_team_guaranteed_them() {
     let fx = Fixture::new();
-    let file = fx.path("limits-policy.json");
-    std::fs::write(&file, limits_policy()).unwrap();
-    let node = tessera_harness::node::Node::start_with(tessera_harness::node::NodeOptions {
-        policy: file,
-        ..Default::default()
-    });
+    let node = limits_node(&fx);
     let online = std::process::Command::new("getconf").arg("_NPROCESSORS_ONLN").output().unwrap();
     let cores: i64 = String::from_utf8_lossy(&online.stdout).trim().parse().unwrap();
     let bundle = |id: &str, ns: &str, on_term: &str, cpu_quota: Option<i64>| {
