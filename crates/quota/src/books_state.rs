@@ -18,7 +18,7 @@
 //! books being rebuilt saying so are written before they are answered; everything else (a
 //! later sync's holdings, a release, a lease that shrinks, the books becoming ready) may be
 //! written later, and until it is the stored state counts more, never less. The books mark
-//! what changed ([`Changes`]) and [`Books::take_changes`] hands it out as [`StateOp`]s,
+//! what changed (`Changes`) and [`Books::take_changes`] hands it out as [`StateOp`]s,
 //! saying whether the answer must wait for them (`urgent`). Books restored from it
 //! ([`Books::restore`]) are ready at once, unless it says its books were being rebuilt.
 //!

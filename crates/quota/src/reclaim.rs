@@ -11,10 +11,12 @@
 //! the same age. A unit younger than its tenant's `min_runtime_s`
 //! ([`QuotaTree::min_runtime_s`]) is protected: no reclaim takes it until then.
 //!
-//! A unit is taken only while its tenant still **borrows** ([`borrowing`]): some quota on
-//! its chain, below the paths it shares with the claimant, uses more than it guarantees, or
-//! the remainder it shares of a path holding the claimant is used beyond it (the claimant's
-//! request counted where the claimant shares it too).
+//! A unit is taken only while its tenant still **borrows** ([`borrowing_short`]) a resource
+//! the claimant is short of: some quota on its chain, below the paths it shares with the
+//! claimant, uses more of it than it guarantees, or the remainder it shares of a path
+//! holding the claimant is used beyond it (the claimant's request counted where the
+//! claimant shares it too), or nothing on its chain bounds it and the claimant is
+//! guaranteed it (Kueue takes candidates from queues borrowing what the preemptor needs).
 //! Work admitted borrowed whose paths have since come back within their guarantees (their
 //! guaranteed work ended) is not taken: it would be owed back at once, and its tenant would
 //! reclaim in turn (Kueue reclaims only from a ClusterQueue that borrows; KAI only from a
