@@ -261,9 +261,7 @@ pub fn require_limits(
         if let Some(q) = tree.chain(tenant).find(|q| q.limits.contains_key(&resource)) {
             return Err(QuotaError::Unlimited { path: q.path.clone(), what, field, oci, k8s });
         }
-        if let Some(q) =
-            tree.iter().find(|q| q.limits.get(&resource).is_some_and(|l| l.guarantee.is_some()))
-        {
+        if let Some(q) = tree.guarantor(&resource) {
             return Err(QuotaError::UnlimitedGuaranteed {
                 path: q.path.clone(),
                 what,
@@ -323,29 +321,13 @@ pub fn lease_admits(
         }
         HeldLeases::Valid(l) => l,
     };
+    let quoted = tree.chain(tenant).next().is_some();
     let mut bounded = false;
     for (resource, amount) in request.iter() {
-        let quoted = tree.chain(tenant).next().is_some();
-        if amount > 0 && quoted && !tree.chain(tenant).any(|q| q.limits.contains_key(resource)) {
-            // Nothing on the chain bounds it: where another quota guarantees it, what this
-            // tenant takes of it is that guarantee's, lent, so the work is borrowed
-            // (`quota::admit`), which only the coordinator admits.
-            if let Some(q) =
-                tree.iter().find(|q| q.limits.get(resource).is_some_and(|l| l.guarantee.is_some()))
-            {
-                return Err(format!(
-                    "quota path {} guarantees {resource} (quotas.{}.{}) and nothing on tenant \
-                     {tenant}'s chain bounds it: such work is borrowed, which only the \
-                     coordinator admits",
-                    q.path,
-                    q.path,
-                    resource.spec_path()
-                ));
-            }
-        }
+        let mut bounds_it = false;
         for q in tree.chain(tenant) {
             let Some(limit) = q.limits.get(resource) else { continue };
-            bounded = true;
+            bounds_it = true;
             if limit.guarantee.is_none() {
                 return Err(format!(
                     "quota path {} bounds {resource} with a ceiling and no guarantee \
@@ -375,6 +357,22 @@ pub fn lease_admits(
                     resource.show(leased),
                     resource.show(here),
                     resource.show(amount)
+                ));
+            }
+        }
+        bounded |= bounds_it;
+        if amount > 0 && quoted && !bounds_it {
+            // Nothing on the chain bounds it: where another quota guarantees it, what this
+            // tenant takes of it is that guarantee's, lent, so the work is borrowed
+            // (`quota::admit`), which only the coordinator admits.
+            if let Some(q) = tree.guarantor(resource) {
+                return Err(format!(
+                    "quota path {} guarantees {resource} (quotas.{}.{}) and nothing on tenant \
+                     {tenant}'s chain bounds it: such work is borrowed, which only the \
+                     coordinator admits",
+                    q.path,
+                    q.path,
+                    resource.spec_path()
                 ));
             }
         }

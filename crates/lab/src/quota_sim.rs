@@ -2030,12 +2030,16 @@ impl<'a> Sim<'a> {
             Cause::Placement => &[true, false],
             Cause::Books => &[true],
         };
-        for (scope, &strict) in rounds.iter().flat_map(|s| scopes.iter().map(move |sc| (sc, s))) {
+        // What each scope lacks for the claim, once for every round.
+        let scopes: Vec<(Option<usize>, Resources)> =
+            scopes.into_iter().map(|sc| (sc, self.short_in(&unit.resources, sc))).collect();
+        for ((scope, short), &strict) in
+            rounds.iter().flat_map(|s| scopes.iter().map(move |sc| (sc, s)))
+        {
             if !strict && best.is_some() {
                 break;
             }
             let scope = *scope;
-            let short = self.short_in(&unit.resources, scope);
             let candidates: Vec<Running> = self
                 .running
                 .iter()
@@ -2083,7 +2087,7 @@ impl<'a> Sim<'a> {
                         res,
                         &unit.tenant,
                         &unit.resources,
-                        &short,
+                        short,
                     )
                 {
                     continue;
@@ -2110,7 +2114,7 @@ impl<'a> Sim<'a> {
                             &c.resources,
                             &unit.tenant,
                             &unit.resources,
-                            &short,
+                            short,
                         )
                     {
                         continue;

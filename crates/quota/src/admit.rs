@@ -260,11 +260,6 @@ pub enum Decision {
     Refuse(CeilingRefusal),
 }
 
-/// Whether some quota of `tree` guarantees `resource`.
-fn guaranteed_anywhere(tree: &QuotaTree, resource: &Resource) -> bool {
-    tree.iter().any(|q| q.limits.get(resource).is_some_and(|l| l.guarantee.is_some()))
-}
-
 /// Decides `request` for `tenant` against `tree`, the fleet's `capacity` and its `usage`.
 /// Pure: the caller records an admitted request with [`Usage::add`].
 pub fn admit(
@@ -326,7 +321,7 @@ pub fn admit(
         // (Kueue: no nominal quota, all of it borrowed), and it runs borrowed so that a
         // reclaim can take it back. Named: the nearest quota on the chain (where a
         // guarantee of it would go), else the tenant.
-        if !bounded && amount > 0 && guaranteed_anywhere(tree, resource) {
+        if !bounded && amount > 0 && tree.guarantor(resource).is_some() {
             guaranteed = false;
             let nearest = tree.chain(tenant).next().map_or(tenant, |q| q.path.as_str());
             over.get_or_insert_with(|| (nearest.to_string(), resource.clone()));

@@ -202,24 +202,25 @@ fn unguaranteed(tree: &QuotaTree) -> Vec<ShapeFinding> {
     let mut resources: Vec<&Resource> = tree.iter().flat_map(|q| q.limits.keys()).collect();
     resources.sort();
     resources.dedup();
+    // Each path's chain, once, for the paths whose chains guarantee something.
+    let chains: Vec<(&str, Vec<&crate::spec::Quota>)> = tree
+        .iter()
+        .map(|q| (q.path.as_str(), tree.chain(&q.path).collect::<Vec<_>>()))
+        .filter(|(_, chain)| chain.iter().any(|c| c.limits.values().any(|l| l.guarantee.is_some())))
+        .collect();
     let mut out = Vec::new();
     for resource in resources {
         let guarantees =
             |q: &crate::spec::Quota| q.limits.get(resource).is_some_and(|l| l.guarantee.is_some());
         let guaranteeing: Vec<String> =
             tree.iter().filter(|q| guarantees(q)).map(|q| q.path.clone()).collect();
-        let paths: Vec<String> = tree
+        let paths: Vec<String> = chains
             .iter()
-            .filter(|q| {
-                let chain: Vec<_> = tree.chain(&q.path).collect();
-                let any_guarantee =
-                    chain.iter().any(|c| c.limits.values().any(|l| l.guarantee.is_some()));
+            .filter(|(_, chain)| {
                 let bounds = chain.iter().any(|c| c.limits.contains_key(resource));
-                any_guarantee
-                    && !chain.iter().any(|c| guarantees(c))
-                    && (bounds || !guaranteeing.is_empty())
+                !chain.iter().any(|c| guarantees(c)) && (bounds || !guaranteeing.is_empty())
             })
-            .map(|q| q.path.clone())
+            .map(|(path, _)| path.to_string())
             .collect();
         if paths.is_empty() {
             continue;

@@ -255,6 +255,11 @@ impl QuotaTree {
 }
 
 impl QuotaTree {
+    /// The first quota, in path order, that guarantees `resource`, if any.
+    pub fn guarantor(&self, resource: &Resource) -> Option<&Quota> {
+        self.iter().find(|q| q.limits.get(resource).is_some_and(|l| l.guarantee.is_some()))
+    }
+
     /// The nearest descendants of `path` that guarantee `resource`: those with no quota
     /// strictly between them and `path` that guarantees it too.
     pub fn guaranteed_children<'a>(
