@@ -370,28 +370,32 @@ fn a_four_pod_job_within_its_guarantee_runs_whole_within_grace_plus_five_seconds
     });
     // Alice's job: 4 pods on node A at once, each retried every 0.5 s as asked.
     let t0 = Instant::now();
-    let started: Vec<(String, Duration)> = std::thread::scope(|s| {
+    let started: Vec<(String, Duration, Vec<String>)> = std::thread::scope(|s| {
         let hs: Vec<_> = (1..=4)
             .map(|i| {
                 let (node, id) = (&f.a, format!("p{i}"));
                 s.spawn(move || {
-                    run_retrying(node, &id, ALICE, "exit 0", &[], POLL, LONG);
-                    (id, t0.elapsed())
+                    let asked = run_retrying(node, &id, ALICE, "exit 0", &[], POLL, LONG);
+                    (id, t0.elapsed(), asked)
                 })
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let last = started.iter().map(|(_, d)| *d).max().unwrap();
+    let last = started.iter().map(|(_, d, _)| *d).max().unwrap();
     assert!(
         last <= Duration::from_secs(GRACE_S + 5),
         "the job ran whole only after {last:?} (grace {GRACE_S} s): {started:?}"
     );
-    for (id, _) in &started {
+    for (id, _, _) in &started {
         assert_eq!(class_of(&f.a, id).as_deref(), Some("guaranteed"), "{id}");
     }
     // The four reclaims ran together: no pod's victims waited for another pod's to go (one
-    // reclaim per node and tenant at a time chose them a grace period apart).
+    // reclaim per node and tenant at a time chose them a grace period apart), nor for the
+    // other node's lease of acme/trusted to be recalled first (the pods it held back were
+    // told to retry after the recall and chose their victims a sync and a retry later: the
+    // likely cause of a 3,006 ms spread seen once on a loaded machine; the books' test
+    // `pods_within_a_guarantee_a_lease_holds_elsewhere_start_their_reclaims_at_their_first_ask`).
     let preempts = f.events("preempt");
     assert_eq!(preempts.len(), 4, "{preempts:#?}");
     let ts: Vec<u64> = preempts.iter().map(|e| e["ts_ms"].as_u64().unwrap()).collect();

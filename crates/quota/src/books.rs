@@ -248,6 +248,13 @@ struct Claim<'a> {
     req: &'a AdmitRequest,
 }
 
+/// What [`Books::recall_leases`] answers: the retry it tells the request, and how the
+/// request is decided once the live nodes' unused leases are cut.
+struct Recall {
+    answer: AdmitAnswer,
+    then: Decision,
+}
+
 /// What [`Books::start_reclaim`] did.
 #[derive(Debug)]
 enum Reclaimed {
@@ -1294,8 +1301,8 @@ impl Books {
         if matches!(decision, Decision::Admit { class: Class::Borrowed, .. } | Decision::Refuse(_))
         {
             // Within its guarantees but for other nodes' unused leases: recall them.
-            if let Some(a) = self.recall_leases(tree, node, req, r, now) {
-                return a;
+            if let Some(recall) = self.recall_leases(tree, node, req, r, now) {
+                return recall.answer;
             }
         }
         match decision {
@@ -1411,8 +1418,23 @@ impl Books {
         let absorb = !req.unsynced_lease_grants;
         let (usage, _) = self.booked(tree, absorb.then_some(node));
         let view = quota_view(tree, &usage, tenant, r);
-        if let Some(a) = self.recall_leases(tree, node, req, r, now) {
-            return a;
+        if let Some(recall) = self.recall_leases(tree, node, req, r, now) {
+            // Within its guarantee once the live nodes' leases are cut: its reclaim on this
+            // node starts now, and the victims' grace period runs while the nodes take the
+            // cut (issue 27: a job's pods that a lease elsewhere held back were otherwise
+            // told to retry first, and chose their victims a sync and a retry later).
+            if matches!(recall.then, Decision::Admit { class: Class::Guaranteed, .. }) {
+                let short = self.node_short(node, r);
+                let placement =
+                    matches!(self.decide(tree, node, tenant, r, absorb), Decision::Admit { .. });
+                let on = Some(node);
+                let claim =
+                    Claim { node, tenant, r, short: &short, on, under: None, placement, ask, req };
+                if let Reclaimed::Started(a) = self.start_reclaim(tree, &claim, now) {
+                    return a;
+                }
+            }
+            return recall.answer;
         }
         match decide_quota(tree, &view, &usage, tenant, r) {
             Decision::Refuse(c) => return self.refuse_ceiling(node, &req.container_id, c, now),
@@ -1497,7 +1519,8 @@ impl Books {
     /// recalled (cut at each live node's next sync to what it holds, for
     /// [`LEASE_RECALL_MS`]) and the request is told to retry once the nodes have taken the
     /// cut. `None` when leases are not what stands in its way, or only silent nodes hold
-    /// them.
+    /// them. With the answer, how the request is decided once the live nodes' leases are
+    /// cut.
     fn recall_leases(
         &mut self,
         tree: &QuotaTree,
@@ -1505,7 +1528,7 @@ impl Books {
         req: &AdmitRequest,
         r: &Resources,
         now: u64,
-    ) -> Option<AdmitAnswer> {
+    ) -> Option<Recall> {
         let tenant = req.tenant.as_str();
         if !self.lease_bound(tree, node, tenant, r, !req.unsynced_lease_grants) {
             return None;
@@ -1566,8 +1589,8 @@ impl Books {
             _ => 0,
         };
         let best = better(&decide_quota(tree, &real_view, &real, tenant, r));
-        if holders.is_empty() || better(&decide_quota(tree, &view, &without_live, tenant, r)) < best
-        {
+        let then = decide_quota(tree, &view, &without_live, tenant, r);
+        if holders.is_empty() || better(&then) < best {
             return None;
         }
         for p in &paths {
@@ -1600,11 +1623,12 @@ impl Books {
             Some(&req.container_id),
             message.clone(),
         );
-        Some(AdmitAnswer::Reclaiming {
+        let answer = AdmitAnswer::Reclaiming {
             retry_after_s: LEASE_RECALL_RETRY_S,
             victims: Vec::new(),
             message,
-        })
+        };
+        Some(Recall { answer, then })
     }
 
     /// What `node` lacks for `r` by the books; when the books see room the node does not

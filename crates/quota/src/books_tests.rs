@@ -434,6 +434,68 @@ fn a_tenant_within_its_guarantee_reclaims_the_youngest_borrowed_work_on_its_node
 
 const DEFAULT_GRACE: u64 = crate::DEFAULT_GRACE_PERIOD_S;
 
+/// A job of four 1-GPU pods within its tenant's guarantee, all asked at once on a node
+/// full of borrowed work, while the other node's lease holds part of that guarantee: every
+/// pod's first answer starts its reclaim. The lease is recalled in the same answer, so the
+/// victims' grace period and the recall run together (before, the pods the lease held
+/// back were told only to retry after the recall, and their victims were chosen a sync
+/// and a retry later: the job ran whole a grace period after its first pods on a loaded
+/// node).
+#[test]
+fn pods_within_a_guarantee_a_lease_holds_elsewhere_start_their_reclaims_at_their_first_ask() {
+    let t = tree(AB);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    // B fills node 1: 4 guaranteed, 4 borrowed.
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 4));
+    // A's guarantee is leased out: some of it to node 2, which A does not ask on.
+    let leased_to_n2 = |nodes: &[Node]| {
+        nodes[1]
+            .leases
+            .iter()
+            .filter(|l| l.path == "acme/a")
+            .map(|l| l.amounts.gpus.get(H100).copied().unwrap_or(0))
+            .sum::<u64>()
+    };
+    assert!(leased_to_n2(&nodes) > 0, "node 2 holds a lease of A: {:?}", nodes[1].leases);
+    now += 1_000;
+    let mut victims = BTreeSet::new();
+    for i in 0..4 {
+        let a = nodes[0].admit(&mut b, &t, ask(&format!("a{i}"), "acme/a", 1), now);
+        let AdmitAnswer::Reclaiming { victims: v, message, .. } = a else {
+            panic!("a{i}: expected a reclaim, got {a:?}")
+        };
+        assert_eq!(v.len(), 1, "a{i}'s first answer stops its victim: {message}");
+        assert!(
+            message.starts_with("reclaiming: stopping 1 borrowed container of acme/b"),
+            "{message}"
+        );
+        victims.insert(v[0].container_id.clone());
+    }
+    assert_eq!(victims.len(), 4, "four victims, one per pod: {victims:?}");
+    assert_eq!(b.counters().preemptions.get("acme/b"), Some(&4));
+    // The recall went out with them: node 2 keeps no lease of A past its next sync.
+    nodes[1].sync(&mut b, &t, now);
+    assert_eq!(leased_to_n2(&nodes), 0, "{:?}", nodes[1].leases);
+    // The victims stop within their grace; every pod is then admitted guaranteed.
+    for _ in 0..2 {
+        nodes[0].sync(&mut b, &t, now);
+    }
+    for v in &victims {
+        nodes[0].stop(v);
+    }
+    now += (DEFAULT_GRACE + 1) * 1_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    for i in 0..4 {
+        let a = nodes[0].admit(&mut b, &t, ask(&format!("a{i}"), "acme/a", 1), now);
+        assert_eq!(admitted(&a), QuotaClass::Guaranteed, "a{i}");
+    }
+    assert_eq!(gpus_of(&b.real_usage().of("acme/a")), (4, 0));
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 0));
+}
+
 /// Within a tenant's turn its largest waiting request goes first on the node: GPUs freed
 /// while it waits are kept for it, and a smaller request of the same tenant that asks
 /// first is told why. (Before, only other tenants' waiting requests were kept for, and the
@@ -978,17 +1040,21 @@ fn time_asked_while_not_within_guarantee_is_not_time_owed() {
         let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
         assert!(!matches!(a, AdmitAnswer::Reclaiming { .. }), "{a:?}");
     }
-    // A's 4 ends: the 1 is owed again, from now.
+    // A's 4 ends: the 1 is owed again, from its next ask (the one that recalls the leases
+    // finds it owed: its reclaim is decided with the recall).
     nodes[0].stop("a-run");
     now += 1_000;
     for n in nodes.iter_mut() {
         n.sync(&mut b, &t, now);
     }
+    let owed_again_ms = now;
     let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
     let AdmitAnswer::Refused { message, .. } = &a else {
         panic!("expected a refusal, owed again only now: {a:?}")
     };
-    assert!(message.contains("retry after 300 s"), "{message}");
+    let left = 300 - (now - owed_again_ms) / 1000;
+    assert!(left > 290, "owed again from its first ask after A's 4 ended: {left} s left");
+    assert!(message.contains(&format!("retry after {left} s")), "{message}");
     assert_eq!(b.counters().reclaims.get("acme/a"), None);
 }
 
