@@ -2855,3 +2855,58 @@ fn a_lending_limit_elsewhere_does_not_keep_a_borrower_from_a_lease_recall() {
     assert_eq!(admitted(&a), QuotaClass::Borrowed, "{a:?}");
     assert_eq!(recalls, 1, "{a:?}");
 }
+
+// --- red team of the reclaim started with a lease recall (6b5436f) ---------------------
+
+/// A node that admitted under its lease while cut off and asks before its next sync
+/// (`unsynced_lease_grants`): its lease stands for work the books have not seen, which its
+/// next sync lists. The recall cuts that lease to what it then holds: it frees nothing of
+/// it. A claim that is within its guarantee only if that lease were free is not
+/// guaranteed once the cut is taken, so its first ask must stop no borrowed work.
+#[test]
+fn rt_a_node_with_unsynced_lease_grants_starts_no_reclaim_its_own_lease_would_not_free() {
+    let t = tree(AB);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    // B: 2 guaranteed on n2, then 2 guaranteed and 4 borrowed on n1 (2 GPUs free there).
+    fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 0, 2), false, &mut now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 2, 6), false, &mut now);
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 4));
+    let lease_of_a = |n: &Node| {
+        n.leases
+            .iter()
+            .filter(|l| l.path == "acme/a")
+            .map(|l| l.amounts.gpus.get(H100).copied().unwrap_or(0) / MICRO_PER_GPU)
+            .sum::<u64>()
+    };
+    assert_eq!((lease_of_a(&nodes[0]), lease_of_a(&nodes[1])), (2, 2));
+    // n1 loses the coordinator for a moment and admits A's 2 under its lease: full.
+    now += 1_000;
+    for i in 0..2 {
+        let req = ask(&format!("a-lease{i}"), "acme/a", 1);
+        assert!(nodes[0].lease_admits(&t, "acme/a", MICRO_PER_GPU, now));
+        nodes[0].hold(&req, QuotaClass::Guaranteed, true, now);
+    }
+    assert_eq!(nodes[0].free(), 0);
+    // Back in touch, before its next sync, it asks A's 3: 2 + 3 > A's 4 whatever is cut.
+    now += 1_000;
+    nodes[1].sync(&mut b, &t, now);
+    let three = ask("a3", "acme/a", 3);
+    let first = nodes[0].admit(&mut b, &t, three.clone(), now);
+    let stopped = match &first {
+        AdmitAnswer::Reclaiming { victims, .. } => victims.len(),
+        _ => 0,
+    };
+    // What it gets once the nodes have taken the cut: not within A's guarantee.
+    for _ in 0..2 {
+        now += 1_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+    }
+    assert_eq!(stopped, 0, "victims stopped for a claim A's guarantee does not hold: {first:?}");
+    assert_eq!(b.counters().preemptions.get("acme/b"), None);
+    // n1's grants are listed: the books count A's 2, and hold nothing more for A.
+    assert_eq!(gpus_of(&b.real_usage().of("acme/a")), (2, 0));
+    let again = nodes[0].admit(&mut b, &t, three, now);
+    assert!(!matches!(again, AdmitAnswer::Reclaiming { .. }), "{again:?}");
+}
