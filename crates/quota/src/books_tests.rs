@@ -2910,3 +2910,109 @@ fn rt_a_node_with_unsynced_lease_grants_starts_no_reclaim_its_own_lease_would_no
     let again = nodes[0].admit(&mut b, &t, three, now);
     assert!(!matches!(again, AdmitAnswer::Reclaiming { .. }), "{again:?}");
 }
+
+/// A claim whose reclaim started with the lease recall, asking again as a node told to
+/// retry would (at once, after the nodes took the cut, under a new container id of the
+/// same workload, after the recall ran out, and once its victims are gone): its one
+/// reclaim goes on, no second victim is taken, and it is admitted guaranteed.
+#[test]
+fn rt_a_claim_whose_reclaim_started_with_the_recall_takes_its_victims_once() {
+    let t = tree(AB);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 4));
+    now += 1_000;
+    let mut three = ask("a3", "acme/a", 3);
+    three.workload = Some("job".into());
+    let first = nodes[0].admit(&mut b, &t, three.clone(), now);
+    let AdmitAnswer::Reclaiming { victims, .. } = &first else { panic!("{first:?}") };
+    assert_eq!(victims.len(), 3, "{first:?}");
+    let victims: BTreeSet<String> = victims.iter().map(|v| v.container_id.clone()).collect();
+    let no_new_victims = |a: &AdmitAnswer| match a {
+        AdmitAnswer::Reclaiming { victims: v, .. } => {
+            v.iter().all(|v| victims.contains(&v.container_id))
+        }
+        AdmitAnswer::Admitted { .. } => false,
+        _ => true,
+    };
+    let mut answers = vec![nodes[0].admit(&mut b, &t, three.clone(), now)];
+    // The nodes take the cut (the victims still listed: stopping).
+    nodes[0].stopping = victims.iter().cloned().collect();
+    for _ in 0..2 {
+        now += 1_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+    }
+    answers.push(nodes[0].admit(&mut b, &t, three.clone(), now));
+    let mut retry = three.clone();
+    retry.container_id = "a3-retry".into();
+    answers.push(nodes[0].admit(&mut b, &t, retry.clone(), now));
+    // Near the end of the victims' grace, still listed: asks again; then they stop.
+    now += (DEFAULT_GRACE - 2) * 1_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    answers.push(nodes[0].admit(&mut b, &t, three.clone(), now));
+    for v in &victims {
+        nodes[0].stop(v);
+    }
+    nodes[0].stopping.clear();
+    now += 3_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    for (i, a) in answers.iter().enumerate() {
+        assert!(no_new_victims(a), "answer {i}: {a:?}");
+    }
+    assert_eq!(b.counters().reclaims.get("acme/a"), Some(&1));
+    assert_eq!(b.counters().preemptions.get("acme/b"), Some(&3));
+    let a = nodes[0].admit(&mut b, &t, retry, now);
+    assert_eq!(admitted(&a), QuotaClass::Guaranteed, "{a:?}");
+    assert_eq!(gpus_of(&b.real_usage().of("acme/a")), (3, 0));
+    assert_eq!(b.counters().preemptions.get("acme/b"), Some(&3));
+    b.check_totals().unwrap();
+}
+
+/// The reclaim started with a lease recall keeps start_reclaim's rules: borrowed work
+/// within its minimum run time is not taken (the claim gets the bare recall, and once the
+/// cut is taken the same answer as any claim: until when it is protected), and books just
+/// taken over preempt nothing for a claim they first see.
+#[test]
+fn rt_the_reclaim_started_with_a_recall_keeps_min_runtime_and_settling() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}}, "min_runtime_s": 600}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    now += 1_000;
+    let three = ask("a3", "acme/a", 3);
+    let first = nodes[0].admit(&mut b, &t, three.clone(), now);
+    let AdmitAnswer::Reclaiming { victims, message, .. } = &first else { panic!("{first:?}") };
+    assert!(victims.is_empty() && message.contains("leases are recalled"), "{first:?}");
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &three, &mut now);
+    let (msg, _) = refused(&a);
+    assert!(msg.contains("within its minimum run time"), "{msg}");
+    assert_eq!(b.counters().preemptions.get("acme/b"), None);
+
+    // Taken over: a claim first seen preempts nothing until the queue is relearned.
+    let t = tree(AB);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    now += 1_000;
+    let mut b = Books::restore(300, now, b.state(), &t);
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let first = nodes[0].admit(&mut b, &t, three.clone(), now);
+    assert!(
+        matches!(&first, AdmitAnswer::Reclaiming { victims, .. } if victims.is_empty()),
+        "{first:?}"
+    );
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &three, &mut now);
+    let (msg, _) = refused(&a);
+    assert!(msg.contains("the books were taken over"), "{msg}");
+    assert_eq!(b.counters().preemptions.get("acme/b"), None);
+    b.check_totals().unwrap();
+}
