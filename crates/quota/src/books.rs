@@ -1589,10 +1589,22 @@ impl Books {
             _ => 0,
         };
         let best = better(&decide_quota(tree, &real_view, &real, tenant, r));
-        let then = decide_quota(tree, &view, &without_live, tenant, r);
-        if holders.is_empty() || better(&then) < best {
+        if holders.is_empty() || better(&decide_quota(tree, &view, &without_live, tenant, r)) < best
+        {
             return None;
         }
+        // How it is decided once the cut is taken: a node that admitted under its leases
+        // and has not synced since lists that work at its next sync, so the cut of its own
+        // lease frees none of what it admitted (its phantoms stay in).
+        let then = if req.unsynced_lease_grants && holders.iter().any(|h| h == node) {
+            let mut after = without_live.clone();
+            for (path, x) in self.phantoms(tree, node) {
+                after.add_leased(&path, &x);
+            }
+            decide_quota(tree, &quota_view(tree, &after, tenant, r), &after, tenant, r)
+        } else {
+            decide_quota(tree, &view, &without_live, tenant, r)
+        };
         for p in &paths {
             self.recalled.insert(p.clone(), now.saturating_add(LEASE_RECALL_MS));
             self.expires_at(now.saturating_add(LEASE_RECALL_MS));

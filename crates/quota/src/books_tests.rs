@@ -2855,3 +2855,164 @@ fn a_lending_limit_elsewhere_does_not_keep_a_borrower_from_a_lease_recall() {
     assert_eq!(admitted(&a), QuotaClass::Borrowed, "{a:?}");
     assert_eq!(recalls, 1, "{a:?}");
 }
+
+// --- red team of the reclaim started with a lease recall (6b5436f) ---------------------
+
+/// A node that admitted under its lease while cut off and asks before its next sync
+/// (`unsynced_lease_grants`): its lease stands for work the books have not seen, which its
+/// next sync lists. The recall cuts that lease to what it then holds: it frees nothing of
+/// it. A claim that is within its guarantee only if that lease were free is not
+/// guaranteed once the cut is taken, so its first ask must stop no borrowed work.
+#[test]
+fn rt_a_node_with_unsynced_lease_grants_starts_no_reclaim_its_own_lease_would_not_free() {
+    let t = tree(AB);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    // B: 2 guaranteed on n2, then 2 guaranteed and 4 borrowed on n1 (2 GPUs free there).
+    fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 0, 2), false, &mut now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 2, 6), false, &mut now);
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 4));
+    let lease_of_a = |n: &Node| {
+        n.leases
+            .iter()
+            .filter(|l| l.path == "acme/a")
+            .map(|l| l.amounts.gpus.get(H100).copied().unwrap_or(0) / MICRO_PER_GPU)
+            .sum::<u64>()
+    };
+    assert_eq!((lease_of_a(&nodes[0]), lease_of_a(&nodes[1])), (2, 2));
+    // n1 loses the coordinator for a moment and admits A's 2 under its lease: full.
+    now += 1_000;
+    for i in 0..2 {
+        let req = ask(&format!("a-lease{i}"), "acme/a", 1);
+        assert!(nodes[0].lease_admits(&t, "acme/a", MICRO_PER_GPU, now));
+        nodes[0].hold(&req, QuotaClass::Guaranteed, true, now);
+    }
+    assert_eq!(nodes[0].free(), 0);
+    // Back in touch, before its next sync, it asks A's 3: 2 + 3 > A's 4 whatever is cut.
+    now += 1_000;
+    nodes[1].sync(&mut b, &t, now);
+    let three = ask("a3", "acme/a", 3);
+    let first = nodes[0].admit(&mut b, &t, three.clone(), now);
+    let stopped = match &first {
+        AdmitAnswer::Reclaiming { victims, .. } => victims.len(),
+        _ => 0,
+    };
+    // What it gets once the nodes have taken the cut: not within A's guarantee.
+    for _ in 0..2 {
+        now += 1_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+    }
+    assert_eq!(stopped, 0, "victims stopped for a claim A's guarantee does not hold: {first:?}");
+    assert_eq!(b.counters().preemptions.get("acme/b"), None);
+    // n1's grants are listed: the books count A's 2, and hold nothing more for A.
+    assert_eq!(gpus_of(&b.real_usage().of("acme/a")), (2, 0));
+    let again = nodes[0].admit(&mut b, &t, three, now);
+    assert!(!matches!(again, AdmitAnswer::Reclaiming { .. }), "{again:?}");
+}
+
+/// A claim whose reclaim started with the lease recall, asking again as a node told to
+/// retry would (at once, after the nodes took the cut, under a new container id of the
+/// same workload, after the recall ran out, and once its victims are gone): its one
+/// reclaim goes on, no second victim is taken, and it is admitted guaranteed.
+#[test]
+fn rt_a_claim_whose_reclaim_started_with_the_recall_takes_its_victims_once() {
+    let t = tree(AB);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 4));
+    now += 1_000;
+    let mut three = ask("a3", "acme/a", 3);
+    three.workload = Some("job".into());
+    let first = nodes[0].admit(&mut b, &t, three.clone(), now);
+    let AdmitAnswer::Reclaiming { victims, .. } = &first else { panic!("{first:?}") };
+    assert_eq!(victims.len(), 3, "{first:?}");
+    let victims: BTreeSet<String> = victims.iter().map(|v| v.container_id.clone()).collect();
+    let no_new_victims = |a: &AdmitAnswer| match a {
+        AdmitAnswer::Reclaiming { victims: v, .. } => {
+            v.iter().all(|v| victims.contains(&v.container_id))
+        }
+        AdmitAnswer::Admitted { .. } => false,
+        _ => true,
+    };
+    let mut answers = vec![nodes[0].admit(&mut b, &t, three.clone(), now)];
+    // The nodes take the cut (the victims still listed: stopping).
+    nodes[0].stopping = victims.iter().cloned().collect();
+    for _ in 0..2 {
+        now += 1_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+    }
+    answers.push(nodes[0].admit(&mut b, &t, three.clone(), now));
+    let mut retry = three.clone();
+    retry.container_id = "a3-retry".into();
+    answers.push(nodes[0].admit(&mut b, &t, retry.clone(), now));
+    // Near the end of the victims' grace, still listed: asks again; then they stop.
+    now += (DEFAULT_GRACE - 2) * 1_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    answers.push(nodes[0].admit(&mut b, &t, three.clone(), now));
+    for v in &victims {
+        nodes[0].stop(v);
+    }
+    nodes[0].stopping.clear();
+    now += 3_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    for (i, a) in answers.iter().enumerate() {
+        assert!(no_new_victims(a), "answer {i}: {a:?}");
+    }
+    assert_eq!(b.counters().reclaims.get("acme/a"), Some(&1));
+    assert_eq!(b.counters().preemptions.get("acme/b"), Some(&3));
+    let a = nodes[0].admit(&mut b, &t, retry, now);
+    assert_eq!(admitted(&a), QuotaClass::Guaranteed, "{a:?}");
+    assert_eq!(gpus_of(&b.real_usage().of("acme/a")), (3, 0));
+    assert_eq!(b.counters().preemptions.get("acme/b"), Some(&3));
+    b.check_totals().unwrap();
+}
+
+/// The reclaim started with a lease recall keeps start_reclaim's rules: borrowed work
+/// within its minimum run time is not taken (the claim gets the bare recall, and once the
+/// cut is taken the same answer as any claim: until when it is protected), and books just
+/// taken over preempt nothing for a claim they first see.
+#[test]
+fn rt_the_reclaim_started_with_a_recall_keeps_min_runtime_and_settling() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}}, "min_runtime_s": 600}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    now += 1_000;
+    let three = ask("a3", "acme/a", 3);
+    let first = nodes[0].admit(&mut b, &t, three.clone(), now);
+    let AdmitAnswer::Reclaiming { victims, message, .. } = &first else { panic!("{first:?}") };
+    assert!(victims.is_empty() && message.contains("leases are recalled"), "{first:?}");
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &three, &mut now);
+    let (msg, _) = refused(&a);
+    assert!(msg.contains("within its minimum run time"), "{msg}");
+    assert_eq!(b.counters().preemptions.get("acme/b"), None);
+
+    // Taken over: a claim first seen preempts nothing until the queue is relearned.
+    let t = tree(AB);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    now += 1_000;
+    let mut b = Books::restore(300, now, b.state(), &t);
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let first = nodes[0].admit(&mut b, &t, three.clone(), now);
+    assert!(
+        matches!(&first, AdmitAnswer::Reclaiming { victims, .. } if victims.is_empty()),
+        "{first:?}"
+    );
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &three, &mut now);
+    let (msg, _) = refused(&a);
+    assert!(msg.contains("the books were taken over"), "{msg}");
+    assert_eq!(b.counters().preemptions.get("acme/b"), None);
+    b.check_totals().unwrap();
+}
