@@ -2864,7 +2864,7 @@ fn a_lending_limit_elsewhere_does_not_keep_a_borrower_from_a_lease_recall() {
 /// it. A claim that is within its guarantee only if that lease were free is not
 /// guaranteed once the cut is taken, so its first ask must stop no borrowed work.
 #[test]
-fn rt_a_node_with_unsynced_lease_grants_starts_no_reclaim_its_own_lease_would_not_free() {
+fn a_node_with_unsynced_lease_grants_starts_no_reclaim_its_own_lease_would_not_free() {
     let t = tree(AB);
     let (mut b, mut nodes, mut now) = two_nodes(&t);
     // B: 2 guaranteed on n2, then 2 guaranteed and 4 borrowed on n1 (2 GPUs free there).
@@ -2916,7 +2916,7 @@ fn rt_a_node_with_unsynced_lease_grants_starts_no_reclaim_its_own_lease_would_no
 /// same workload, after the recall ran out, and once its victims are gone): its one
 /// reclaim goes on, no second victim is taken, and it is admitted guaranteed.
 #[test]
-fn rt_a_claim_whose_reclaim_started_with_the_recall_takes_its_victims_once() {
+fn a_claim_whose_reclaim_started_with_the_recall_takes_its_victims_once() {
     let t = tree(AB);
     let (mut b, mut nodes, mut now) = two_nodes(&t);
     fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
@@ -2979,7 +2979,7 @@ fn rt_a_claim_whose_reclaim_started_with_the_recall_takes_its_victims_once() {
 /// cut is taken the same answer as any claim: until when it is protected), and books just
 /// taken over preempt nothing for a claim they first see.
 #[test]
-fn rt_the_reclaim_started_with_a_recall_keeps_min_runtime_and_settling() {
+fn the_reclaim_started_with_a_recall_keeps_min_runtime_and_settling() {
     let t = tree(
         r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
             "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}}, "min_runtime_s": 600}}"#,
