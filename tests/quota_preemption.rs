@@ -398,6 +398,15 @@ fn a_four_pod_job_within_its_guarantee_runs_whole_within_grace_plus_five_seconds
     // `pods_within_a_guarantee_a_lease_holds_elsewhere_start_their_reclaims_at_their_first_ask`).
     let preempts = f.events("preempt");
     assert_eq!(preempts.len(), 4, "{preempts:#?}");
+    // One reclaim for each pod, its event naming the pod it was started for.
+    let mut claims: Vec<String> = f
+        .events("reclaim")
+        .iter()
+        .filter(|e| e["reason"].as_str().is_some_and(|r| r.starts_with("reclaiming: stopping")))
+        .map(|e| e["container_id"].as_str().unwrap_or("(none)").to_string())
+        .collect();
+    claims.sort();
+    assert_eq!(claims, ["p1", "p2", "p3", "p4"], "{:#?}", f.events("reclaim"));
     let ts: Vec<u64> = preempts.iter().map(|e| e["ts_ms"].as_u64().unwrap()).collect();
     let spread = ts.iter().max().unwrap() - ts.iter().min().unwrap();
     assert!(spread < GRACE_S * 1000, "victims chosen {spread} ms apart: {preempts:#?}");

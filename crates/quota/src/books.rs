@@ -1692,8 +1692,7 @@ impl Books {
         if short.is_empty() {
             return Reclaimed::Not(None);
         }
-        let claim = claim_of(req);
-        if let Some(a) = self.await_stopping(tree, node, claimant, &claim, r, short, on, now) {
+        if let Some(a) = self.await_stopping(tree, node, claimant, req, r, short, on, now) {
             return Reclaimed::Started(a);
         }
         // Owed when it first asked, or since: one that was not (its tenant's backlog ahead
@@ -1972,7 +1971,14 @@ impl Books {
             true,
         );
         *self.counters.reclaims.entry(claimant.to_string()).or_default() += 1;
-        self.event(now, QuotaEventKind::Reclaim, Some(claimant), Some(node), None, message.clone());
+        self.event(
+            now,
+            QuotaEventKind::Reclaim,
+            Some(claimant),
+            Some(node),
+            Some(&req.container_id),
+            message.clone(),
+        );
         for v in &victims {
             *self.counters.preemptions.entry(v.tenant.clone()).or_default() += 1;
             self.event(
@@ -2001,12 +2007,13 @@ impl Books {
         tree: &QuotaTree,
         node: &str,
         claimant: &str,
-        claim: &str,
+        req: &AdmitRequest,
         r: &Resources,
         short: &Resources,
         on: Option<&str>,
         now: u64,
     ) -> Option<AdmitAnswer> {
+        let claim = claim_of(req);
         let mut freeing = Resources::new();
         let mut victims = Vec::new();
         // Containers stopping for a reclaim these books know (another claim's, issue 27)
@@ -2072,7 +2079,14 @@ impl Books {
             },
             true,
         );
-        self.event(now, QuotaEventKind::Reclaim, Some(claimant), Some(node), None, message.clone());
+        self.event(
+            now,
+            QuotaEventKind::Reclaim,
+            Some(claimant),
+            Some(node),
+            Some(&req.container_id),
+            message.clone(),
+        );
         Some(AdmitAnswer::Reclaiming {
             retry_after_s,
             victims,

@@ -430,6 +430,21 @@ fn a_tenant_within_its_guarantee_reclaims_the_youngest_borrowed_work_on_its_node
     ] {
         assert!(kinds.contains(&k), "{k:?} in {kinds:?}");
     }
+    // The reclaim's event names the claim it was started for (the container that asked),
+    // each preemption its victim.
+    let events = b.events();
+    let reclaims: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == QuotaEventKind::Reclaim && e.reason.starts_with("reclaiming:"))
+        .map(|e| (e.tenant.as_deref(), e.node.as_deref(), e.container_id.as_deref()))
+        .collect();
+    assert_eq!(reclaims, [(Some("acme/a"), Some("n1"), Some("a0"))]);
+    let preempts: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == QuotaEventKind::Preempt)
+        .map(|e| e.container_id.clone())
+        .collect();
+    assert_eq!(preempts, [Some(youngest_borrowed_on_n1)]);
 }
 
 const DEFAULT_GRACE: u64 = crate::DEFAULT_GRACE_PERIOD_S;
