@@ -418,6 +418,76 @@ fn a_four_pod_job_within_its_guarantee_runs_whole_within_grace_plus_five_seconds
     }
 }
 
+/// A create within its tenant's guarantee on a node full of borrowed work, under the
+/// runtime's default configuration (`quota_wait_s` 90 s): tessera-runtime asks again while
+/// its reclaim runs, and the one create the engine made succeeds once the victim is gone
+/// (an engine that retries on its own schedule, as kubelet does with its back-off, no
+/// longer sees a failure). With `quota_wait_s = 1` the same create fails after about a
+/// second with the reclaim's answer, as every create did before.
+#[test]
+fn a_create_within_its_guarantee_waits_for_its_reclaim_and_starts() {
+    let _one = one_at_a_time();
+    const GRACE_S: u64 = 3;
+    let f = QuotaFleet::start(json!({
+        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+        "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}},
+                     "grace_period_s": GRACE_S},
+    }));
+    for i in 1..=8 {
+        let on_term = if i > 4 { "echo ignoring-SIGTERM" } else { "exit 0" };
+        run_retrying(&f.a, &format!("b{i}"), BOB, on_term, &[], POLL, LONG);
+    }
+    f.wait_status("dev's 8 counted", |s| {
+        f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(8_000_000)
+    });
+    let create = |id: &str, config: &str| {
+        let file = f.a.fx.path(&format!("{id}-runtime.toml"));
+        std::fs::write(&file, config).unwrap();
+        let script = looping("exit 0");
+        let argv: Vec<&str> = script.iter().map(String::as_str).collect();
+        let mut b = f.a.bundle(id, ALICE, Some("gpu=1"), &argv);
+        b.write();
+        let t0 = Instant::now();
+        let out = f.a.fx.create_container_env(
+            &b,
+            id,
+            &[("TESSERA_RUNTIME_CONFIG", file.to_str().unwrap())],
+        );
+        (out, t0.elapsed())
+    };
+    // quota_wait_s = 1: the reclaim outlasts it; the create fails with its answer.
+    let (out, took) = create("short", "quota_wait_s = 1\n");
+    assert!(!out.status.success(), "{}", out.stdout_str());
+    let said = format!("{}{}", out.stdout_str(), out.stderr_str());
+    assert!(said.contains("reclaiming: stopping 1 borrowed container"), "{said}");
+    assert!(took >= Duration::from_secs(1), "gave up after {took:?}, before its wait");
+    f.a.fx.delete_container("short", true);
+    // The default configuration (no key): one create, granted once the victim is gone.
+    let (out, took) = create("p1", "");
+    assert!(out.status.success(), "{}{}", out.stdout_str(), out.stderr_str());
+    f.a.fx.start_container("p1").assert_success("runc start");
+    assert!(
+        wait_for(|| f.a.fx.container_output("p1").0.contains("ready"), Duration::from_secs(10)),
+        "p1 did not start: {:?}",
+        f.a.fx.container_output("p1")
+    );
+    assert_eq!(class_of(&f.a, "p1").as_deref(), Some("guaranteed"));
+    assert!(took <= Duration::from_secs(GRACE_S + 5), "one create took {took:?}");
+    // It waited for a reclaim: the books started one for it (or for `short`, whose claim
+    // on this node the same tenant's next create finds held: docs/QUOTAS.md, Limits).
+    let reclaimed: Vec<String> = f
+        .events("reclaim")
+        .iter()
+        .filter(|e| e["reason"].as_str().is_some_and(|r| r.starts_with("reclaiming: stopping")))
+        .filter_map(|e| e["container_id"].as_str().map(str::to_string))
+        .collect();
+    assert!(!reclaimed.is_empty(), "{:#?}", f.events("reclaim"));
+    for i in 1..=8 {
+        f.a.fx.delete_container(&format!("b{i}"), true);
+    }
+    f.a.fx.delete_container("p1", true);
+}
+
 #[test]
 fn a_borrower_asking_again_at_once_is_preempted_at_most_once_per_minimum_run_time() {
     let _one = one_at_a_time();

@@ -1413,10 +1413,15 @@ impl Fixture {
     /// them with [`Fixture::container_output`]); the returned Output holds what those files
     /// held when create returned (runc's own errors included).
     pub fn create_container(&self, bundle: &Bundle, id: &str) -> Output {
+        self.create_container_env(bundle, id, &[])
+    }
+
+    /// [`Fixture::create_container`] with `env` added to the runtime's.
+    pub fn create_container_env(&self, bundle: &Bundle, id: &str, env: &[(&str, &str)]) -> Output {
         self.cleanup.track_cgroup(&bundle.cgroups_path());
         let (out_path, err_path) = self.container_log_paths(id);
         let b = bundle.dir().to_string_lossy().into_owned();
-        let mut cmd = self.runtime_cmd(&["create", "--bundle", &b, id], &[]);
+        let mut cmd = self.runtime_cmd(&["create", "--bundle", &b, id], env);
         cmd.stdin(Stdio::null())
             .stdout(fs::File::create(&out_path).expect("create container stdout file"))
             .stderr(fs::File::create(&err_path).expect("create container stderr file"));

@@ -93,9 +93,20 @@ impl Node {
             daemon.stderr()
         );
         let s = socket.display().to_string();
+        // The tests see each quota answer as the engine's retry would: a create whose
+        // reclaim runs fails at once (`quota_wait_s = 0`), unless a test names another
+        // runtime configuration (`TESSERA_RUNTIME_CONFIG` for one call: `Fixture::create_container_env`).
+        let config = fx.path("runtime-test.toml");
+        std::fs::write(&config, "quota_wait_s = 0\n").expect("runtime config");
+        let config = config.display().to_string();
         fx.set_runtime(
             tessera_runtime(),
-            &[("TESSERA_RUNC", RUNC), ("TESSERA_SOCKET", &s), ("TESSERA_HOOK", tessera_hook())],
+            &[
+                ("TESSERA_RUNC", RUNC),
+                ("TESSERA_SOCKET", &s),
+                ("TESSERA_HOOK", tessera_hook()),
+                ("TESSERA_RUNTIME_CONFIG", &config),
+            ],
         );
         Node { fx, daemon, socket, state }
     }

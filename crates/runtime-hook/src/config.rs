@@ -10,7 +10,16 @@
 //! log = "/var/log/tessera/runtime.log"    # failures appended here too (optional)
 //! engine = "docker-alice"                 # identity: see docs/SECURITY.md (optional)
 //! kubelet = true                          # containerd's CRI handler only (optional)
+//! quota_wait_s = 90                       # hold a create while its reclaim runs (optional)
 //! ```
+//!
+//! `quota_wait_s` (0 to [`MAX_QUOTA_WAIT_S`], default [`DEFAULT_QUOTA_WAIT_S`]): how long
+//! `create` asks tesserad again, every half second, while the fleet's quotas answer that a
+//! reclaim is under way for this container (its victims stopping, or the leases that hold
+//! its guarantee being recalled), before it fails with that answer. The engine then sees
+//! the container start once the capacity is free, instead of a failure it retries on its
+//! own schedule (kubelet's back-off). 0: fail at once, as before. Any other answer (a
+//! refusal, a place in the fair queue) fails at once.
 //!
 //! `kubelet = true` says this is the configuration of the engine kubelet drives
 //! (containerd's CRI plugin, through the handler `tessera setup containerd` writes, whose
@@ -51,6 +60,12 @@ pub const CONFIG_ARG: &str = "--tessera-config";
 pub const ENGINE_ANNOTATION: &str = "tessera.io/engine";
 /// The largest configuration file read (it is a handful of lines).
 pub const MAX_CONFIG_BYTES: u64 = 64 * 1024;
+/// How long a create waits while its reclaim runs, by default: the default grace period
+/// (30 s) with room for the scrub and a lease recall, well inside kubelet's 2-minute
+/// runtime request timeout.
+pub const DEFAULT_QUOTA_WAIT_S: u64 = 90;
+/// The most `quota_wait_s` may say (kubelet's default runtime request timeout is 120 s).
+pub const MAX_QUOTA_WAIT_S: u64 = 110;
 
 /// Why the configuration file cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -62,7 +77,8 @@ pub enum ConfigError {
     #[error("runtime config {path}: not valid TOML: {}", untrusted(.message))]
     Parse { path: String, message: String },
     #[error(
-        "runtime config {path}: unknown key `{}`: expected socket, runc, hook, log, engine or kubelet",
+        "runtime config {path}: unknown key `{}`: expected socket, runc, hook, log, engine, kubelet or \
+         quota_wait_s",
         untrusted(.key)
     )]
     UnknownKey { path: String, key: String },
@@ -70,6 +86,11 @@ pub enum ConfigError {
     NotAString { path: String, key: &'static str },
     #[error("runtime config {path}: `{key}` must be true or false")]
     NotABool { path: String, key: &'static str },
+    #[error(
+        "runtime config {path}: `quota_wait_s` must be a whole number of seconds from 0 to \
+         {MAX_QUOTA_WAIT_S}"
+    )]
+    BadWait { path: String },
     #[error("runtime config {path}: `{key}` = {}: {why}", untrusted(.value))]
     Invalid { path: String, key: &'static str, value: String, why: &'static str },
     #[error("{CONFIG_ARG} needs a file: `{CONFIG_ARG} PATH` or `{CONFIG_ARG}=PATH`")]
@@ -94,6 +115,9 @@ pub struct RuntimeConfig {
     pub engine: Option<String>,
     /// This is the configuration of the engine kubelet drives (see the module docs).
     pub kubelet: bool,
+    /// How long a create waits while its reclaim runs (see the module docs); `None`:
+    /// [`DEFAULT_QUOTA_WAIT_S`].
+    pub quota_wait_s: Option<u64>,
 }
 
 /// Where the configuration comes from.
@@ -244,6 +268,7 @@ pub fn parse(text: &str, path: &str) -> Result<RuntimeConfig, ConfigError> {
             "log" => "log",
             "engine" => "engine",
             "kubelet" => "kubelet",
+            "quota_wait_s" => "quota_wait_s",
             other => {
                 return Err(ConfigError::UnknownKey {
                     path: path.to_owned(),
@@ -251,6 +276,17 @@ pub fn parse(text: &str, path: &str) -> Result<RuntimeConfig, ConfigError> {
                 })
             }
         };
+        if key == "quota_wait_s" {
+            cfg.quota_wait_s = match item {
+                Item::Value(Value::Integer(i)) => u64::try_from(*i.value())
+                    .ok()
+                    .filter(|&s| s <= MAX_QUOTA_WAIT_S)
+                    .map(Some)
+                    .ok_or_else(|| ConfigError::BadWait { path: path.to_owned() })?,
+                _ => return Err(ConfigError::BadWait { path: path.to_owned() }),
+            };
+            continue;
+        }
         if key == "kubelet" {
             cfg.kubelet = match item {
                 Item::Value(Value::Boolean(b)) => *b.value(),
@@ -320,6 +356,23 @@ mod tests {
 
     fn args(s: &str) -> Vec<OsString> {
         s.split_whitespace().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn quota_wait_s_is_a_bounded_whole_number_of_seconds() {
+        let p = "/etc/tessera/runtime.toml";
+        assert_eq!(parse("", p).expect("empty").quota_wait_s, None);
+        assert_eq!(parse("quota_wait_s = 0\n", p).expect("0").quota_wait_s, Some(0));
+        assert_eq!(parse("quota_wait_s = 110\n", p).expect("110").quota_wait_s, Some(110));
+        for bad in ["111", "-1", "\"90\"", "1.5", "true"] {
+            let e = parse(&format!("quota_wait_s = {bad}\n"), p).expect_err(bad);
+            assert_eq!(
+                e.to_string(),
+                "runtime config /etc/tessera/runtime.toml: `quota_wait_s` must be a whole number \
+                 of seconds from 0 to 110",
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -31,7 +31,8 @@ use std::time::{Duration, SystemTime};
 
 use tessera_api::display::MAX_LINE_CHARS;
 use tessera_api::{
-    untrusted, AllocateRequest, Allocation, Client, ClientError, ReleaseRequest, DEFAULT_SOCKET,
+    untrusted, AllocateRequest, Allocation, Client, ClientError, ErrorCode, ReleaseRequest,
+    DEFAULT_SOCKET,
 };
 
 use crate::args::{parse_runc_args, ArgsError, Command, GlobalOptions, RuncInvocation};
@@ -219,6 +220,9 @@ pub struct RuntimeEnv {
     /// Why the runtime configuration could not be read: every GPU request is refused with
     /// it (containers without one still run, on what [`crate::config::salvage`] kept).
     pub config_error: Option<ConfigError>,
+    /// The file's `quota_wait_s` (never from env): how long a create asks again while its
+    /// reclaim runs ([`allocate_waiting`]).
+    pub quota_wait: Duration,
 }
 
 impl RuntimeEnv {
@@ -242,6 +246,9 @@ impl RuntimeEnv {
                 kubelet: config.kubelet,
             },
             config_error: None,
+            quota_wait: Duration::from_secs(
+                config.quota_wait_s.unwrap_or(crate::config::DEFAULT_QUOTA_WAIT_S),
+            ),
         })
     }
 
@@ -510,8 +517,8 @@ pub fn prepare(
         limits,
     };
     let client = Client::new(&hooks.socket).with_timeout(timeout);
-    let allocation =
-        client.allocate(&req).map_err(|error| fail(allocate_error(&found, &req, error)))?;
+    let allocation = allocate_waiting(&client, &req, env.quota_wait, RECLAIM_POLL)
+        .map_err(|error| fail(allocate_error(&found, &req, error)))?;
     let release_req =
         ReleaseRequest { runc_root: Some(req.runc_root.clone()), bundle: Some(req.bundle.clone()) };
 
@@ -610,6 +617,36 @@ fn check_cgroup_is_empty(
              ends; a GPU container's cgroup must be its own"
         ))),
         Err(e) => Err(taken(format!("cannot tell whether cgroup {shown} is empty: {e}"))),
+    }
+}
+
+/// How often a create whose reclaim runs asks again ([`allocate_waiting`]).
+pub const RECLAIM_POLL: Duration = Duration::from_millis(500);
+
+/// tesserad's grant for `req`, asked again every `poll` while the answer is that the
+/// fleet's quotas are reclaiming for it (`ErrorCode::Reclaiming`: its victims stopping, the
+/// leases holding its guarantee being recalled), for at most `wait` (the runtime
+/// configuration's `quota_wait_s`); then that answer. Every other answer is returned at
+/// once. Each ask is a call of its own: tesserad's per-tenant admission turn is not held
+/// while it waits, so the other pods of a job start their reclaims alongside.
+pub fn allocate_waiting(
+    client: &Client,
+    req: &AllocateRequest,
+    wait: Duration,
+    poll: Duration,
+) -> Result<Allocation, ClientError> {
+    let until = std::time::Instant::now() + wait;
+    loop {
+        match client.allocate(req) {
+            Err(e) if e.api_error().is_some_and(|a| a.code == ErrorCode::Reclaiming) => {
+                let left = until.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return Err(e);
+                }
+                std::thread::sleep(poll.min(left));
+            }
+            answer => return answer,
+        }
     }
 }
 
@@ -1017,6 +1054,7 @@ mod tests {
                 engine: None,
                 source: request::EngineSource { config: None, kubelet: false },
                 config_error: None,
+                quota_wait: Duration::ZERO,
             };
             Fixture { dir, env }
         }
@@ -1180,6 +1218,89 @@ mod tests {
         let err = prepare(&f.args("create --bundle bundle abc"), &f.env).expect_err("must fail");
         let msg = err.message();
         assert!(msg.contains("config.json") && msg.contains("line 2 column 13"), "{msg}");
+    }
+
+    fn ask() -> AllocateRequest {
+        serde_json::from_value(json!({
+            "container_id": "abc", "runc_root": "/run/x", "bundle": "/b",
+            "request": "mig=1g.10gb", "request_source": "annotation", "annotations": {}
+        }))
+        .expect("request")
+    }
+
+    fn reclaiming() -> String {
+        http(
+            "503 Service Unavailable",
+            &json!({"code": "reclaiming", "message": "reclaiming: stopping 1 borrowed container \
+                    of acme/dev on node n1 (grace 3 s) to return acme/a its guarantee; retry after 5 s"}),
+        )
+    }
+
+    /// A create whose reclaim runs asks again until it is granted, within the configured
+    /// wait: the engine sees one create that succeeds (before, the first answer failed it).
+    #[test]
+    fn a_create_asks_again_while_its_reclaim_runs_and_is_granted() {
+        let cfg = gpu_config(json!({"tessera.io/gpu": "mig=1g.10gb"}), json!(["PATH=/bin"]));
+        let mut f = Fixture::new(&cfg);
+        f.env.quota_wait = Duration::from_secs(60);
+        let h = f.serve(vec![reclaiming(), reclaiming(), http("201 Created", &allocation())]);
+        let client = Client::new(&f.env.socket);
+        let req = ask();
+        let got = allocate_waiting(&client, &req, f.env.quota_wait, Duration::from_millis(10));
+        assert_eq!(got.expect("granted").container_id, "abc");
+        assert_eq!(h.join().expect("join").len(), 3, "asked three times");
+        // Through `prepare`, as the engine calls it: granted on the second ask.
+        std::fs::remove_file(&f.env.socket).expect("rm socket");
+        let h = f.serve(vec![reclaiming(), http("201 Created", &allocation())]);
+        let (_, p) = prepare(&f.args("create --bundle bundle abc"), &f.env).expect("prepares");
+        assert!(matches!(p, Prepared::Injected { .. }), "{p:?}");
+        assert_eq!(h.join().expect("join").len(), 2);
+    }
+
+    /// The wait is bounded (then the reclaim's answer fails the create, as it did at once
+    /// with `quota_wait_s = 0`), and no other answer is waited on.
+    #[test]
+    fn a_create_waits_on_a_reclaim_only_and_only_as_long_as_configured() {
+        let cfg = gpu_config(json!({"tessera.io/gpu": "mig=1g.10gb"}), json!(["PATH=/bin"]));
+        let f = Fixture::new(&cfg);
+        let client = Client::new(&f.env.socket);
+        let req = ask();
+        // No wait: the first answer is the create's.
+        let h = f.serve(vec![reclaiming()]);
+        let e = allocate_waiting(&client, &req, Duration::ZERO, Duration::from_millis(10))
+            .expect_err("reclaiming");
+        assert!(e.to_string().contains("reclaiming: stopping 1 borrowed container"), "{e}");
+        assert_eq!(h.join().expect("join").len(), 1);
+        // A wait of 30 ms polled every 10 ms: a few asks, then the reclaim's answer. (A
+        // server of its own that answers every ask so, counting them; left blocked in
+        // accept when the test ends.)
+        std::fs::remove_file(&f.env.socket).expect("rm socket");
+        let listener = UnixListener::bind(&f.env.socket).expect("bind");
+        let asks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = asks.clone();
+        std::thread::spawn(move || loop {
+            let Ok((mut s, _)) = listener.accept() else { return };
+            crate::test_support::answer_one(&mut s, &reclaiming());
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        let t0 = std::time::Instant::now();
+        let e =
+            allocate_waiting(&client, &req, Duration::from_millis(30), Duration::from_millis(10))
+                .expect_err("still reclaiming");
+        assert!(t0.elapsed() >= Duration::from_millis(30), "{:?}", t0.elapsed());
+        assert_eq!(e.api_error().map(|a| a.code), Some(ErrorCode::Reclaiming));
+        let n = asks.load(std::sync::atomic::Ordering::SeqCst);
+        assert!((3..=5).contains(&n), "asked {n} times in 30 ms polled every 10 ms");
+        // A refusal (a place in the fair queue, a ceiling) is not waited on.
+        std::fs::remove_file(&f.env.socket).expect("rm socket");
+        let h = f.serve(vec![http(
+            "403 Forbidden",
+            &json!({"code": "refused", "message": "waiting in the fair queue (position 2 of 3); retry"}),
+        )]);
+        let e = allocate_waiting(&client, &req, Duration::from_secs(60), Duration::from_millis(10))
+            .expect_err("refused");
+        assert_eq!(e.api_error().map(|a| a.code), Some(ErrorCode::Refused));
+        assert_eq!(h.join().expect("join").len(), 1);
     }
 
     #[test]
@@ -1435,8 +1556,8 @@ mod tests {
             assert_eq!(
                 err.message(),
                 "tessera-runtime: container abc: GPU request refused: runtime config /etc/tessera/runtime.toml: \
-                 unknown key `sockt`: expected socket, runc, hook, log, engine or kubelet; fix that file \
-                 (containers without a GPU request still run)"
+                 unknown key `sockt`: expected socket, runc, hook, log, engine, kubelet or quota_wait_s; fix \
+                 that file (containers without a GPU request still run)"
             );
             report(&err);
             let v: Value = serde_json::from_str(std::fs::read_to_string(&log).expect("log").trim())
