@@ -1303,6 +1303,49 @@ mod tests {
         assert_eq!(h.join().expect("join").len(), 1);
     }
 
+    /// The cgroup checks ran before the first ask; a create held open while its reclaim
+    /// runs waits seconds, not one call, before runc puts it there. A GPU grant that started
+    /// in its cgroup meanwhile (another container created at that path and started while
+    /// this one waited) is seen after the grant: refused, and the grant given back, before
+    /// runc writes this grant's device rules into that cgroup (docs/SECURITY.md, 1b).
+    #[test]
+    fn a_cgroup_taken_while_the_create_waited_is_refused_and_the_grant_given_back() {
+        let cfg = gpu_config(json!({"tessera.io/gpu": "gpu=1"}), json!(["PATH=/bin"]));
+        let mut f = Fixture::new(&cfg);
+        f.env.quota_wait = Duration::from_secs(60);
+        let own = std::fs::read_to_string("/proc/self/cgroup").expect("own cgroup");
+        let cgroup = spec::runc_cgroup_of(&cfg, "abc", false, &own).expect("its cgroup");
+        let list = tessera_api::cgroup::grant_cgroups_path(&f.env.socket);
+        let listener = UnixListener::bind(&f.env.socket).expect("bind");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let answers =
+                [reclaiming(), http("201 Created", &allocation()), http("200 OK", &json!({}))];
+            for (i, answer) in answers.iter().enumerate() {
+                let Ok((mut s, _)) = listener.accept() else { return };
+                let req = crate::test_support::answer_one(&mut s, answer);
+                if i == 0 {
+                    // While it waits: a GPU grant starts in the cgroup it will be put in.
+                    tessera_api::cgroup::write_grant_cgroups(&list, [cgroup.as_str()])
+                        .expect("grant list");
+                }
+                if tx.send(req).is_err() {
+                    return;
+                }
+            }
+        });
+        let err = match prepare(&f.args("create --bundle bundle abc"), &f.env) {
+            Ok((_, p)) => panic!("created into a running grant's cgroup: {p:?}"),
+            Err(e) => e,
+        };
+        assert!(err.message().contains("linux.cgroupsPath"), "{}", err.message());
+        let reqs: Vec<String> = rx.iter().take(3).collect();
+        assert!(reqs[1].starts_with("POST /v1/allocations"), "{}", reqs[1]);
+        assert!(reqs[2].starts_with("DELETE /v1/allocations/abc HTTP/1.1"), "{}", reqs[2]);
+        // Nothing was written into the bundle.
+        assert_eq!(f.config(), cfg);
+    }
+
     #[test]
     fn grant_is_written_into_the_config() {
         let cfg = gpu_config(
