@@ -523,6 +523,15 @@ pub fn prepare(
         ReleaseRequest { runc_root: Some(req.runc_root.clone()), bundle: Some(req.bundle.clone()) };
 
     // Granted: any failure before the exec must give it back.
+    // The cgroup checks again, now: a create held open while its reclaim ran waited
+    // seconds since they ran, time for another container to be put in its cgroup or a GPU
+    // grant to start at, above or below it (docs/SECURITY.md, 1b).
+    let recheck = check_cgroup_is_free(env, &inv, &cfg, &container_id)
+        .and_then(|()| check_cgroup_is_empty(&inv, &cfg, &container_id));
+    if let Err(e) = recheck {
+        release(&hooks.socket, &container_id, &release_req);
+        return Err(fail(*e));
+    }
     let applied = spec::apply_injection(&mut cfg.value, &allocation.injection, &hooks)
         .and_then(|()| {
             spec::annotate_allocation(
