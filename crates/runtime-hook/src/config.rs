@@ -29,8 +29,8 @@
 //! configuration other engines (Docker, podman, `ctr`) read.
 //!
 //! Precedence, highest first: `TESSERA_SOCKET` / `TESSERA_RUNC` / `TESSERA_HOOK` (set and
-//! not empty), then the file, then the built-in defaults. `engine`, `log` and `kubelet`
-//! come from the file only. Which file: `--tessera-config PATH` as tessera-runtime's first argument (what
+//! not empty), then the file, then the built-in defaults. `engine`, `log`, `kubelet` and
+//! `quota_wait_s` come from the file only. Which file: `--tessera-config PATH` as tessera-runtime's first argument (what
 //! `tessera setup docker --runtime-config` writes as daemon.json `runtimeArgs`), else
 //! `TESSERA_RUNTIME_CONFIG`, else the file beside the path tessera-runtime was run as
 //! (argv\[0\] + `.toml`, when argv\[0\] is absolute and that file exists: for engines that
