@@ -885,3 +885,62 @@ fn setup_containerd_refuses_the_identity_traps() {
         out.stdout_str()
     );
 }
+
+/// A pod within its tenant's quota guarantee on a node whose GPUs a borrowing pod holds
+/// (the node's own books: no coordinator): `StartContainer`, as kubelet calls it, is held
+/// open by tessera-runtime while the node reclaims, and returns with the container
+/// started; the borrower's container is stopped. Before, the start failed with "reclaiming
+/// …; retry after N s" and kubelet retried on its back-off (docs/QUOTAS.md, The create
+/// waits for its reclaim).
+#[test]
+fn a_pod_within_its_guarantee_starts_once_the_borrower_it_reclaims_from_is_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).unwrap()).unwrap();
+    p["quotas"] = serde_json::json!({
+        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 1}}},
+        "acme/dev": {"gpus": {"H100-80GB": {"ceiling": 8}}, "grace_period_s": 2}
+    });
+    let policy = dir.path().join("policy.json");
+    std::fs::write(&policy, serde_json::to_vec(&p).unwrap()).unwrap();
+    let node = Node::start_with(NodeOptions { policy, ..NodeOptions::default() });
+    let ctd = Containerd::builder()
+        .cri()
+        .env("TESSERA_SOCKET", &node.socket.display().to_string())
+        .env("TESSERA_RUNC", RUNC)
+        .env("TESSERA_HOOK", tessera_hook())
+        .before_start(setup_handler)
+        .start();
+    let cri = ctd.cri();
+    let main = ContainerSpec::new("main").command(&["sleep", "300"]);
+    let run = |name: &str, ns: &str, gpus: &str| {
+        let pod = PodSpec::new(name, ns).handler("tessera").annotation("tessera.io/gpu", gpus);
+        let pod_id = cri.run_pod_sandbox(&pod).unwrap_or_else(|e| panic!("{e}\n{}", ctd.log()));
+        let id = cri.create_container(&pod_id, &pod, &main).unwrap();
+        let started = cri.start_container(&id);
+        (pod_id, id, started)
+    };
+    // dev (no guarantee: borrowed) holds every whole GPU of the node (five; three are in
+    // MIG mode).
+    let (dev_pod, dev, started) = run("borrower", "team-dev", "gpu=5");
+    started.unwrap_or_else(|e| panic!("{e}\n{}", ctd.log()));
+    // alice asks 1 within acme/trusted's guarantee: one StartContainer, held open, succeeds.
+    let (owner_pod, owner, started) = run("owner", "team-trusted", "gpu=1");
+    started.unwrap_or_else(|e| panic!("the owner's start failed: {e}\n{}", ctd.log()));
+    let grant = node.client().allocation(&owner).unwrap();
+    assert_eq!(grant.devices.len(), 1, "{grant:?}");
+    assert!(grant.pid.is_some(), "started: {grant:?}");
+    cri.wait_container_state(&dev, v1::ContainerState::ContainerExited, Duration::from_secs(15))
+        .unwrap_or_else(|e| panic!("the borrower was not stopped: {e}"));
+    for (pod_id, id) in [(&owner_pod, &owner), (&dev_pod, &dev)] {
+        cri.stop_container(id, 0).unwrap();
+        cri.remove_container(id).unwrap();
+        cri.stop_pod_sandbox(pod_id).unwrap();
+        cri.remove_pod_sandbox(pod_id).unwrap();
+    }
+    let fp = ctd.footprint();
+    drop(cri);
+    drop(ctd);
+    drop(node);
+    assert_no_leftovers(&fp);
+}

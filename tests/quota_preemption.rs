@@ -440,6 +440,13 @@ fn a_create_within_its_guarantee_waits_for_its_reclaim_and_starts() {
     f.wait_status("dev's 8 counted", |s| {
         f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(8_000_000)
     });
+    // The books take victims among what a node's sync listed: wait for node A's next one.
+    let counted_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+            as u64;
+    f.wait_status("node A synced its 8 holdings", |s| {
+        s["nodes"][QA].as_u64().is_some_and(|ms| ms > counted_ms)
+    });
     let create = |id: &str, config: &str| {
         let file = f.a.fx.path(&format!("{id}-runtime.toml"));
         std::fs::write(&file, config).unwrap();

@@ -14,7 +14,7 @@
 //! ```
 //!
 //! `quota_wait_s` (0 to [`MAX_QUOTA_WAIT_S`], default [`DEFAULT_QUOTA_WAIT_S`]): how long
-//! `create` asks tesserad again, every half second, while the fleet's quotas answer that a
+//! `create` asks tesserad again (pauses of 0.5 s doubling to 2 s) while the quotas answer that a
 //! reclaim is under way for this container (its victims stopping, or the leases that hold
 //! its guarantee being recalled), before it fails with that answer. The engine then sees
 //! the container start once the capacity is free, instead of a failure it retries on its

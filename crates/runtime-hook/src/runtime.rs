@@ -629,22 +629,28 @@ fn check_cgroup_is_empty(
     }
 }
 
-/// How often a create whose reclaim runs asks again ([`allocate_waiting`]).
-pub const RECLAIM_POLL: Duration = Duration::from_millis(500);
+/// How a create whose reclaim runs asks again ([`allocate_waiting`]): first after half a
+/// second (victims that stop at SIGTERM are gone that soon), each pause twice the last, at
+/// most two seconds (each ask is a plan under tesserad's lock, a call to the coordinator
+/// and a refusal event; a reclaim of 30 s grace costs about 17 asks, not 60).
+pub const RECLAIM_POLL: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(2));
 
-/// tesserad's grant for `req`, asked again every `poll` while the answer is that the
-/// fleet's quotas are reclaiming for it (`ErrorCode::Reclaiming`: its victims stopping, the
-/// leases holding its guarantee being recalled), for at most `wait` (the runtime
-/// configuration's `quota_wait_s`); then that answer. Every other answer is returned at
-/// once. Each ask is a call of its own: tesserad's per-tenant admission turn is not held
-/// while it waits, so the other pods of a job start their reclaims alongside.
+/// tesserad's grant for `req`, asked again while the answer is that the fleet's quotas are
+/// reclaiming for it (`ErrorCode::Reclaiming`: its victims stopping, the leases holding its
+/// guarantee being recalled), after pauses from `poll.0` doubling to `poll.1`, until `wait`
+/// (the runtime configuration's `quota_wait_s`) has passed; then that answer. Every other
+/// answer is returned at once. Each ask is a call of its own: tesserad's per-tenant
+/// admission turn is not held while it waits, so the other pods of a job start their
+/// reclaims alongside. The last ask may start just before `wait` ends and take up to the
+/// client's timeout (it takes milliseconds when tesserad is well).
 pub fn allocate_waiting(
     client: &Client,
     req: &AllocateRequest,
     wait: Duration,
-    poll: Duration,
+    poll: (Duration, Duration),
 ) -> Result<Allocation, ClientError> {
     let until = std::time::Instant::now() + wait;
+    let mut pause = poll.0;
     loop {
         match client.allocate(req) {
             Err(e) if e.api_error().is_some_and(|a| a.code == ErrorCode::Reclaiming) => {
@@ -652,7 +658,8 @@ pub fn allocate_waiting(
                 if left.is_zero() {
                     return Err(e);
                 }
-                std::thread::sleep(poll.min(left));
+                std::thread::sleep(pause.min(left));
+                pause = (pause * 2).min(poll.1);
             }
             answer => return answer,
         }
@@ -1229,6 +1236,10 @@ mod tests {
         assert!(msg.contains("config.json") && msg.contains("line 2 column 13"), "{msg}");
     }
 
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
     fn ask() -> AllocateRequest {
         serde_json::from_value(json!({
             "container_id": "abc", "runc_root": "/run/x", "bundle": "/b",
@@ -1255,7 +1266,7 @@ mod tests {
         let h = f.serve(vec![reclaiming(), reclaiming(), http("201 Created", &allocation())]);
         let client = Client::new(&f.env.socket);
         let req = ask();
-        let got = allocate_waiting(&client, &req, f.env.quota_wait, Duration::from_millis(10));
+        let got = allocate_waiting(&client, &req, f.env.quota_wait, (ms(10), ms(10)));
         assert_eq!(got.expect("granted").container_id, "abc");
         assert_eq!(h.join().expect("join").len(), 3, "asked three times");
         // Through `prepare`, as the engine calls it: granted on the second ask.
@@ -1276,7 +1287,7 @@ mod tests {
         let req = ask();
         // No wait: the first answer is the create's.
         let h = f.serve(vec![reclaiming()]);
-        let e = allocate_waiting(&client, &req, Duration::ZERO, Duration::from_millis(10))
+        let e = allocate_waiting(&client, &req, Duration::ZERO, (ms(10), ms(10)))
             .expect_err("reclaiming");
         assert!(e.to_string().contains("reclaiming: stopping 1 borrowed container"), "{e}");
         assert_eq!(h.join().expect("join").len(), 1);
@@ -1293,20 +1304,24 @@ mod tests {
             counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         });
         let t0 = std::time::Instant::now();
-        let e =
-            allocate_waiting(&client, &req, Duration::from_millis(30), Duration::from_millis(10))
-                .expect_err("still reclaiming");
+        let e = allocate_waiting(&client, &req, ms(30), (ms(10), ms(10)))
+            .expect_err("still reclaiming");
         assert!(t0.elapsed() >= Duration::from_millis(30), "{:?}", t0.elapsed());
         assert_eq!(e.api_error().map(|a| a.code), Some(ErrorCode::Reclaiming));
+        let n = asks.swap(0, std::sync::atomic::Ordering::SeqCst);
+        assert!((2..=5).contains(&n), "asked {n} times in 30 ms polled every 10 ms");
+        // The pauses double (10, 20, 40, 40 … ms): over 200 ms about 7 asks, not 20.
+        let e = allocate_waiting(&client, &req, ms(200), (ms(10), ms(40))).expect_err("reclaiming");
+        assert_eq!(e.api_error().map(|a| a.code), Some(ErrorCode::Reclaiming));
         let n = asks.load(std::sync::atomic::Ordering::SeqCst);
-        assert!((3..=5).contains(&n), "asked {n} times in 30 ms polled every 10 ms");
+        assert!((2..=9).contains(&n), "asked {n} times in 200 ms, pausing 10 ms doubling to 40");
         // A refusal (a place in the fair queue, a ceiling) is not waited on.
         std::fs::remove_file(&f.env.socket).expect("rm socket");
         let h = f.serve(vec![http(
             "403 Forbidden",
             &json!({"code": "refused", "message": "waiting in the fair queue (position 2 of 3); retry"}),
         )]);
-        let e = allocate_waiting(&client, &req, Duration::from_secs(60), Duration::from_millis(10))
+        let e = allocate_waiting(&client, &req, Duration::from_secs(60), (ms(10), ms(10)))
             .expect_err("refused");
         assert_eq!(e.api_error().map(|a| a.code), Some(ErrorCode::Refused));
         assert_eq!(h.join().expect("join").len(), 1);
