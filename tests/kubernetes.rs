@@ -648,19 +648,14 @@ fn pod_start_latency() {
     }
 }
 
-/// Issue 23 (3): kubelet's in-place resize (CRI `UpdateContainerResources` → containerd 1.6
-/// → its shim's `runc update --resources -`) of a GPU container is decided by the
-/// container's quotas: past the team's CPU ceiling the CRI call fails with Tessera's
-/// message and the kernel's limits stay; within it the resize is applied and counted.
-#[test]
-fn an_in_place_resize_of_a_gpu_container_is_held_to_its_quotas() {
+/// A tesserad under the example policy with `quotas` (the node's own books: no
+/// coordinator), and containerd's CRI plugin with the tessera handler in front of it; the
+/// policy's directory with them.
+fn node_with_quotas(quotas: serde_json::Value) -> (tempfile::TempDir, Node, Containerd) {
     let dir = tempfile::tempdir().unwrap();
     let mut p: serde_json::Value =
         serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).unwrap()).unwrap();
-    p["quotas"] = serde_json::json!({"acme/untrusted": {
-        "cpu_cores": {"guarantee": 1, "ceiling": 1},
-        "memory_gib": {"guarantee": 1, "ceiling": 1}
-    }});
+    p["quotas"] = quotas;
     let policy = dir.path().join("policy.json");
     std::fs::write(&policy, serde_json::to_vec(&p).unwrap()).unwrap();
     let node = Node::start_with(NodeOptions { policy, ..NodeOptions::default() });
@@ -671,6 +666,19 @@ fn an_in_place_resize_of_a_gpu_container_is_held_to_its_quotas() {
         .env("TESSERA_HOOK", tessera_hook())
         .before_start(setup_handler)
         .start();
+    (dir, node, ctd)
+}
+
+/// Issue 23 (3): kubelet's in-place resize (CRI `UpdateContainerResources` → containerd 1.6
+/// → its shim's `runc update --resources -`) of a GPU container is decided by the
+/// container's quotas: past the team's CPU ceiling the CRI call fails with Tessera's
+/// message and the kernel's limits stay; within it the resize is applied and counted.
+#[test]
+fn an_in_place_resize_of_a_gpu_container_is_held_to_its_quotas() {
+    let (_dir, node, ctd) = node_with_quotas(serde_json::json!({"acme/untrusted": {
+        "cpu_cores": {"guarantee": 1, "ceiling": 1},
+        "memory_gib": {"guarantee": 1, "ceiling": 1}
+    }}));
     let cri = ctd.cri();
     let pod = PodSpec::new("resize", "team-untrusted")
         .handler("tessera")
@@ -894,23 +902,10 @@ fn setup_containerd_refuses_the_identity_traps() {
 /// waits for its reclaim).
 #[test]
 fn a_pod_within_its_guarantee_starts_once_the_borrower_it_reclaims_from_is_stopped() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut p: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(repo("examples/policy.json")).unwrap()).unwrap();
-    p["quotas"] = serde_json::json!({
+    let (_dir, node, ctd) = node_with_quotas(serde_json::json!({
         "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 1}}},
         "acme/dev": {"gpus": {"H100-80GB": {"ceiling": 8}}, "grace_period_s": 2}
-    });
-    let policy = dir.path().join("policy.json");
-    std::fs::write(&policy, serde_json::to_vec(&p).unwrap()).unwrap();
-    let node = Node::start_with(NodeOptions { policy, ..NodeOptions::default() });
-    let ctd = Containerd::builder()
-        .cri()
-        .env("TESSERA_SOCKET", &node.socket.display().to_string())
-        .env("TESSERA_RUNC", RUNC)
-        .env("TESSERA_HOOK", tessera_hook())
-        .before_start(setup_handler)
-        .start();
+    }));
     let cri = ctd.cri();
     let main = ContainerSpec::new("main").command(&["sleep", "300"]);
     let run = |name: &str, ns: &str, gpus: &str| {

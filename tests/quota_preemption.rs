@@ -350,17 +350,18 @@ fn a_teams_guarantee_is_set_aside_inside_its_parents_and_served_by_reclaiming_th
     }
 }
 
-#[test]
-fn a_four_pod_job_within_its_guarantee_runs_whole_within_grace_plus_five_seconds() {
-    let _one = one_at_a_time();
-    const GRACE_S: u64 = 3;
+/// The grace period of acme/dev in [`node_a_full_of_dev`].
+const DEV_GRACE_S: u64 = 3;
+
+/// acme/trusted guaranteed 4 GPUs, acme/dev 4 (ceiling 12, grace [`DEV_GRACE_S`]); dev fills
+/// node A: 4 guaranteed, then 4 borrowed that ignore SIGTERM (the worst case: each is
+/// killed only when its grace period ends).
+fn node_a_full_of_dev() -> QuotaFleet {
     let f = QuotaFleet::start(json!({
         "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}},
         "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}},
-                     "grace_period_s": GRACE_S},
+                     "grace_period_s": DEV_GRACE_S},
     }));
-    // Dev fills node A: 4 guaranteed, then 4 borrowed that ignore SIGTERM (the worst case:
-    // each is killed only when its grace period ends).
     for i in 1..=8 {
         let on_term = if i > 4 { "echo ignoring-SIGTERM" } else { "exit 0" };
         run_retrying(&f.a, &format!("b{i}"), BOB, on_term, &[], POLL, LONG);
@@ -368,6 +369,13 @@ fn a_four_pod_job_within_its_guarantee_runs_whole_within_grace_plus_five_seconds
     f.wait_status("dev's 8 counted", |s| {
         f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(8_000_000)
     });
+    f
+}
+
+#[test]
+fn a_four_pod_job_within_its_guarantee_runs_whole_within_grace_plus_five_seconds() {
+    let _one = one_at_a_time();
+    let f = node_a_full_of_dev();
     // Alice's job: 4 pods on node A at once, each retried every 0.5 s as asked.
     let t0 = Instant::now();
     let started: Vec<(String, Duration, Vec<String>)> = std::thread::scope(|s| {
@@ -384,8 +392,8 @@ fn a_four_pod_job_within_its_guarantee_runs_whole_within_grace_plus_five_seconds
     });
     let last = started.iter().map(|(_, d, _)| *d).max().unwrap();
     assert!(
-        last <= Duration::from_secs(GRACE_S + 5),
-        "the job ran whole only after {last:?} (grace {GRACE_S} s): {started:?}"
+        last <= Duration::from_secs(DEV_GRACE_S + 5),
+        "the job ran whole only after {last:?} (grace {DEV_GRACE_S} s): {started:?}"
     );
     for (id, _, _) in &started {
         assert_eq!(class_of(&f.a, id).as_deref(), Some("guaranteed"), "{id}");
@@ -409,7 +417,7 @@ fn a_four_pod_job_within_its_guarantee_runs_whole_within_grace_plus_five_seconds
     assert_eq!(claims, ["p1", "p2", "p3", "p4"], "{:#?}", f.events("reclaim"));
     let ts: Vec<u64> = preempts.iter().map(|e| e["ts_ms"].as_u64().unwrap()).collect();
     let spread = ts.iter().max().unwrap() - ts.iter().min().unwrap();
-    assert!(spread < GRACE_S * 1000, "victims chosen {spread} ms apart: {preempts:#?}");
+    assert!(spread < DEV_GRACE_S * 1000, "victims chosen {spread} ms apart: {preempts:#?}");
     for i in 1..=8 {
         f.a.fx.delete_container(&format!("b{i}"), true);
     }
@@ -427,19 +435,7 @@ fn a_four_pod_job_within_its_guarantee_runs_whole_within_grace_plus_five_seconds
 #[test]
 fn a_create_within_its_guarantee_waits_for_its_reclaim_and_starts() {
     let _one = one_at_a_time();
-    const GRACE_S: u64 = 3;
-    let f = QuotaFleet::start(json!({
-        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}},
-        "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}},
-                     "grace_period_s": GRACE_S},
-    }));
-    for i in 1..=8 {
-        let on_term = if i > 4 { "echo ignoring-SIGTERM" } else { "exit 0" };
-        run_retrying(&f.a, &format!("b{i}"), BOB, on_term, &[], POLL, LONG);
-    }
-    f.wait_status("dev's 8 counted", |s| {
-        f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(8_000_000)
-    });
+    let f = node_a_full_of_dev();
     // The books take victims among what a node's sync listed: wait for node A's next one.
     let counted_ms =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
@@ -479,7 +475,7 @@ fn a_create_within_its_guarantee_waits_for_its_reclaim_and_starts() {
         f.a.fx.container_output("p1")
     );
     assert_eq!(class_of(&f.a, "p1").as_deref(), Some("guaranteed"));
-    assert!(took <= Duration::from_secs(GRACE_S + 5), "one create took {took:?}");
+    assert!(took <= Duration::from_secs(DEV_GRACE_S + 5), "one create took {took:?}");
     // It waited for a reclaim: the books started one for it (or for `short`, whose claim
     // on this node the same tenant's next create finds held: docs/QUOTAS.md, Limits).
     let reclaimed: Vec<String> = f
