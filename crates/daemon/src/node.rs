@@ -139,7 +139,14 @@ pub struct Node {
     /// [`Store::device_gen`] they were read at: a plan reads them again only after a
     /// device state was written ([`Node::lifecycle`]).
     lifecycles: std::sync::Mutex<Option<(u64, Lifecycles)>>,
+    /// Containers whose last quota refusal recorded was "reclaiming", and when: a create
+    /// held open while its reclaim runs asks again every few seconds, and only its first
+    /// answer in [`RECLAIM_EVENT_EVERY`] is written to the store.
+    reclaim_refusals: BTreeMap<String, std::time::Instant>,
 }
+
+/// How often a container's repeated "reclaiming" refusals are recorded.
+pub const RECLAIM_EVENT_EVERY: Duration = Duration::from_secs(60);
 
 /// How many presented assignments [`Node`] remembers for the device plugin.
 const MAX_PRESENTED: usize = 256;
@@ -214,6 +221,7 @@ impl Node {
             in_fleet: false,
             presented: std::collections::VecDeque::new(),
             lifecycles: std::sync::Mutex::new(None),
+            reclaim_refusals: BTreeMap::new(),
         };
         node.sweep_reports();
         Ok(node)

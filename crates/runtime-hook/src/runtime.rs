@@ -631,8 +631,9 @@ fn check_cgroup_is_empty(
 
 /// How a create whose reclaim runs asks again ([`allocate_waiting`]): first after half a
 /// second (victims that stop at SIGTERM are gone that soon), each pause twice the last, at
-/// most two seconds (each ask is a plan under tesserad's lock, a call to the coordinator
-/// and a refusal event; a reclaim of 30 s grace costs about 17 asks, not 60).
+/// most two seconds: each ask is a plan under tesserad's lock and a call to the
+/// coordinator (the node records a container's repeated refusals once a minute), and a
+/// reclaim of 30 s grace costs about 17 asks, not 60.
 pub const RECLAIM_POLL: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(2));
 
 /// tesserad's grant for `req`, asked again while the answer is that the fleet's quotas are

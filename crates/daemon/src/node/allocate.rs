@@ -530,8 +530,22 @@ impl Node {
         })
     }
 
-    /// Record a refusal the fleet's quotas decided (the coordinator's, a reclaim's).
+    /// Record a refusal the fleet's quotas decided (the coordinator's, a reclaim's). A
+    /// container answered "reclaiming" again within [`super::RECLAIM_EVENT_EVERY`] of the
+    /// last one recorded is not recorded again: tessera-runtime asks every few seconds
+    /// while its reclaim runs (`quota_wait_s`), and each record is a synced write.
     pub(crate) fn record_quota_refusal(&mut self, container_id: &str, err: &CoreError) {
+        let now = std::time::Instant::now();
+        let every = super::RECLAIM_EVENT_EVERY;
+        self.reclaim_refusals.retain(|_, at| now.duration_since(*at) < every);
+        if matches!(err, CoreError::Reclaiming(_)) {
+            if self.reclaim_refusals.contains_key(container_id) {
+                return;
+            }
+            self.reclaim_refusals.insert(container_id.to_string(), now);
+        } else {
+            self.reclaim_refusals.remove(container_id);
+        }
         self.record_refusal(container_id, err);
     }
 }

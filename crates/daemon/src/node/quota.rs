@@ -737,7 +737,13 @@ mod tests {
         let e = grant("a1", "team-trusted", "gpu=1").expect_err("reclaiming");
         assert_eq!(e.code(), ErrorCode::Reclaiming, "{e:?}");
         assert!(e.message().contains("retry after"), "{}", e.message());
+        // Asked again at once (tessera-runtime holding the create open): the same answer,
+        // recorded once (each record is a synced write).
+        let again = grant("a1", "team-trusted", "gpu=1").expect_err("still reclaiming");
+        assert_eq!(again.code(), ErrorCode::Reclaiming, "{again:?}");
         let events = ctl.locked(|n| Ok(kinds(n))).expect("events");
+        let refused_a1 = events.iter().filter(|(k, c)| k == "refuse" && c == "a1").count();
+        assert_eq!(refused_a1, 1, "{events:?}");
         // One `preempt` event when the stop starts, one with what it did.
         let victims: Vec<String> = events
             .iter()
