@@ -140,7 +140,7 @@ pub struct Node {
     /// device state was written ([`Node::lifecycle`]).
     lifecycles: std::sync::Mutex<Option<(u64, Lifecycles)>>,
     /// Containers whose last quota refusal recorded was "reclaiming", and when: a create
-    /// held open while its reclaim runs asks again every few seconds, and only its first
+    /// held open while its reclaim runs asks again every 0.5 to 2 s, and only its first
     /// answer in [`RECLAIM_EVENT_EVERY`] is written to the store.
     reclaim_refusals: BTreeMap<String, std::time::Instant>,
 }

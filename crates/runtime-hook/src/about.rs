@@ -29,8 +29,8 @@ config.json, and runc runs it; any other container and verb goes to runc unchang
 
 Configuration: {config_arg} FILE (first argument), else ${config_env}, else the file
 beside this program's path (argv[0] + `.toml`, for a link run by an engine that passes no
-arguments), else {config} (socket, runc, hook, log, engine); the environment overrides
-the file:
+arguments), else {config} (socket, runc, hook, log, engine, quota_wait_s,
+kubelet); the environment overrides the file:
   TESSERA_RUNC    the runc binary (default: `runc` on PATH)
   TESSERA_SOCKET  tesserad's API socket (default: {socket})
   TESSERA_HOOK    the prestart hook (default: tessera-hook beside this binary)

@@ -532,7 +532,7 @@ impl Node {
 
     /// Record a refusal the fleet's quotas decided (the coordinator's, a reclaim's). A
     /// container answered "reclaiming" again within [`super::RECLAIM_EVENT_EVERY`] of the
-    /// last one recorded is not recorded again: tessera-runtime asks every few seconds
+    /// last one recorded is not recorded again: tessera-runtime asks every 0.5 to 2 s
     /// while its reclaim runs (`quota_wait_s`), and each record is a synced write.
     pub(crate) fn record_quota_refusal(&mut self, container_id: &str, err: &CoreError) {
         let now = std::time::Instant::now();
