@@ -2654,6 +2654,11 @@ mod tests {
         }
     }
 
+    /// `j` asking `cores` CPU cores too.
+    fn with_cpu(j: Job, cores: u64) -> Job {
+        Job { resources: j.resources.clone().with_cpu_milli(cores * 1_000), ..j }
+    }
+
     fn start(r: &Report, id: &str) -> Option<u64> {
         r.outcomes
             .iter()
@@ -2851,10 +2856,6 @@ mod tests {
             r#"{"t/a": {"cpu_cores": {"guarantee": 4}},
                 "t/b": {"cpu_cores": {"ceiling": 8}}}"#,
         );
-        let with_cpu = |j: Job, cores: u64| Job {
-            resources: j.resources.clone().with_cpu_milli(cores * 1_000),
-            ..j
-        };
         let jobs = vec![
             with_cpu(job("a0", "t/a", 0, 1_000, 1), 2),
             with_cpu(job("b-wide", "t/b", 0, 100_000, 1), 6),
@@ -3088,10 +3089,6 @@ mod tests {
             r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 4}}, "cpu_cores": {"guarantee": 8}},
                 "t/b": {"gpus": {"H100-80GB": {"guarantee": 4}}, "cpu_cores": {"guarantee": 1}}}"#,
         );
-        let with_cpu = |j: Job, cores: u64| Job {
-            resources: j.resources.clone().with_cpu_milli(cores * 1_000),
-            ..j
-        };
         let jobs = vec![
             with_cpu(job("c1", "o/c", 0, 100_000, 4), 1),
             with_cpu(job("b1", "t/b", 5, 100_000, 4), 2),

@@ -1424,13 +1424,7 @@ impl Books {
             // cut (issue 27: a job's pods that a lease elsewhere held back were otherwise
             // told to retry first, and chose their victims a sync and a retry later).
             if matches!(recall.then, Decision::Admit { class: Class::Guaranteed, .. }) {
-                let short = self.node_short(node, r);
-                let placement =
-                    matches!(self.decide(tree, node, tenant, r, absorb), Decision::Admit { .. });
-                let on = Some(node);
-                let claim =
-                    Claim { node, tenant, r, short: &short, on, under: None, placement, ask, req };
-                if let Reclaimed::Started(a) = self.start_reclaim(tree, &claim, now) {
+                if let Reclaimed::Started(a) = self.reclaim_on_node(tree, node, req, r, ask, now) {
                     return a;
                 }
             }
@@ -1439,16 +1433,7 @@ impl Books {
         match decide_quota(tree, &view, &usage, tenant, r) {
             Decision::Refuse(c) => return self.refuse_ceiling(node, &req.container_id, c, now),
             Decision::Admit { class: Class::Guaranteed, .. } => {
-                let short = self.node_short(node, r);
-                let on = Some(node);
-                // Decided above on a capacity that always holds it: within guarantee. The
-                // fleet's own capacity says whether it has room elsewhere (placement) or
-                // is full.
-                let placement =
-                    matches!(self.decide(tree, node, tenant, r, absorb), Decision::Admit { .. });
-                let claim =
-                    Claim { node, tenant, r, short: &short, on, under: None, placement, ask, req };
-                match self.start_reclaim(tree, &claim, now) {
+                match self.reclaim_on_node(tree, node, req, r, ask, now) {
                     Reclaimed::Started(a) => return a,
                     Reclaimed::Not(why) => return self.queue(tree, node, req, r, None, why, now),
                 }
@@ -1478,6 +1463,37 @@ impl Books {
             }
         }
         self.queue(tree, node, req, r, None, None, now)
+    }
+
+    /// The reclaim on `node` of a request within its tenant's guarantee that the node
+    /// cannot place: what the node lacks for it, taken there. The fleet's own capacity says
+    /// whether it has room elsewhere (placement) or is full.
+    fn reclaim_on_node(
+        &mut self,
+        tree: &QuotaTree,
+        node: &str,
+        req: &AdmitRequest,
+        r: &Resources,
+        ask: Ask,
+        now: u64,
+    ) -> Reclaimed {
+        let tenant = req.tenant.as_str();
+        let short = self.node_short(node, r);
+        let absorb = !req.unsynced_lease_grants;
+        let placement =
+            matches!(self.decide(tree, node, tenant, r, absorb), Decision::Admit { .. });
+        let claim = Claim {
+            node,
+            tenant,
+            r,
+            short: &short,
+            on: Some(node),
+            under: None,
+            placement,
+            ask,
+            req,
+        };
+        self.start_reclaim(tree, &claim, now)
     }
 
     /// Whether unused leases alone stand between `tenant`'s request `r` from `node` and a
@@ -1589,8 +1605,8 @@ impl Books {
             _ => 0,
         };
         let best = better(&decide_quota(tree, &real_view, &real, tenant, r));
-        if holders.is_empty() || better(&decide_quota(tree, &view, &without_live, tenant, r)) < best
-        {
+        let cut = decide_quota(tree, &view, &without_live, tenant, r);
+        if holders.is_empty() || better(&cut) < best {
             return None;
         }
         // How it is decided once the cut is taken: a node that admitted under its leases
@@ -1603,7 +1619,7 @@ impl Books {
             }
             decide_quota(tree, &quota_view(tree, &after, tenant, r), &after, tenant, r)
         } else {
-            decide_quota(tree, &view, &without_live, tenant, r)
+            cut
         };
         for p in &paths {
             self.recalled.insert(p.clone(), now.saturating_add(LEASE_RECALL_MS));
