@@ -55,9 +55,11 @@
 //!   the request is woken when that ends), only while its tenant still borrows
 //!   ([`quota::borrowing`]; for placement, any borrowed work if that frees no node, as
 //!   [`quota::choose_victims_for_placement`]), until the request fits, less any victim it
-//!   does not need, and the cheapest clearing wins. A request owed when it arrived
-//!   ([`quota::owed`]) reclaims at once; one owed only since (its tenant's backlog ahead of
-//!   it served) when [`quota::worth_reclaiming`] lets it, or once it has been owed for its
+//!   does not need, and the cheapest clearing wins. A request owed at once when it
+//!   arrived ([`quota::owed_at_once`]: within guarantee with all its tenant's waiting
+//!   requests ahead counted) reclaims at once; one owed only behind a larger request of its
+//!   tenant ([`quota::owed_behind`]) or only since (its tenant's backlog ahead of it
+//!   served) when [`quota::worth_reclaiming`] lets it, or once it has been owed for its
 //!   path's `owed_reclaim_after_s` ([`quota::may_reclaim_owed_later`]); one not owed now never, as the
 //!   coordinator's books answer it. The victims get their
 //!   tenant's grace period ([`QuotaTree::grace_period_s`]) and are then stopped and go
@@ -114,8 +116,8 @@ use serde::Serialize;
 use tessera_api::untrusted;
 
 use quota::{
-    admit, borrowing_short, chain, dominant_share, fair_order, is_within, owed_behind,
-    owed_in_order, own_guarantee, victim_order,
+    admit, borrowing_short, chain, dominant_share, fair_order, is_within, owed_at_once,
+    owed_behind, owed_in_order, own_guarantee, victim_order,
 };
 use quota::{may_reclaim_owed_later, Class, Decision, QuotaTree, Running, Usage, Waiting};
 use quota::{Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
@@ -1039,8 +1041,8 @@ struct State {
     class: Class,
     slots: Vec<Slot>,
     owner: bool,
-    /// Owed when it arrived ([`quota::owed`]: its tenant's guaranteed usage and waiting
-    /// requests plus it fit the guarantee): it reclaims at once.
+    /// Owed at once when it arrived ([`quota::owed_at_once`]: its tenant's guaranteed
+    /// usage and all its waiting requests plus it fit the guarantee): it reclaims at once.
     owed: bool,
     preempted: u32,
     /// Seconds of work kept by checkpoints (a checkpointing unit resumes from here).
@@ -1397,8 +1399,8 @@ impl<'a> Sim<'a> {
         self.st[u].owner =
             within_guarantee(self.tree, &self.outstanding, &unit.tenant, &unit.resources);
         if self.mode == Mode::Quotas {
-            self.st[u].owed = self.owed_now(u);
-            if self.st[u].owed && !self.st[u].owner {
+            self.st[u].owed = self.owed_at_once_now(u);
+            if !self.st[u].owner && self.owed_now(u) {
                 self.st[u].owed_since = Some(t);
                 self.st[u].owed_ever = true;
             }
@@ -1583,8 +1585,9 @@ impl<'a> Sim<'a> {
             a.preempted_checkpointing += jobs;
         }
         self.enqueue(u);
-        // It asks again as a new claim: the books judge whether it is owed at that ask.
-        self.st[u].owed = self.owed_now(u);
+        // It asks again as a new claim: the books judge whether it is owed at once at that
+        // ask.
+        self.st[u].owed = self.owed_at_once_now(u);
     }
 
     // --- FIFO and static: arrival order with EASY backfill --------------------------------
@@ -2191,15 +2194,27 @@ impl<'a> Sim<'a> {
     /// counted as the tenant's guaranteed usage, as the books count them.
     fn owed_now(&self, u: usize) -> bool {
         let unit = &self.units[u];
+        owed_behind(self.tree, &self.usage, &unit.tenant, &unit.resources, self.ahead_of(u))
+    }
+
+    /// Whether `u`, asking now, may reclaim at once ([`quota::owed_at_once`]): owed with
+    /// all its tenant's requests waiting before it counted, as the books judge a first ask.
+    fn owed_at_once_now(&self, u: usize) -> bool {
+        let unit = &self.units[u];
+        owed_at_once(self.tree, &self.usage, &unit.tenant, &unit.resources, self.ahead_of(u))
+    }
+
+    /// What `u`'s tenant has waiting before it, in arrival order (index order).
+    fn ahead_of(&self, u: usize) -> impl Iterator<Item = &Resources> {
+        let tenant = &self.units[u].tenant;
         let mut earlier: Vec<usize> = self
             .fair_q
             .iter()
-            .filter(|((tenant, _), _)| *tenant == unit.tenant)
+            .filter(|((t, _), _)| t == tenant)
             .flat_map(|(_, q)| q.range(..u).copied())
             .collect();
         earlier.sort_unstable();
-        let earlier = earlier.into_iter().map(|v| &self.units[v].resources);
-        owed_behind(self.tree, &self.usage, &unit.tenant, &unit.resources, earlier)
+        earlier.into_iter().map(|v| &self.units[v].resources)
     }
 
     // --- the report ------------------------------------------------------------------------
@@ -2775,6 +2790,39 @@ mod tests {
         assert_eq!(start(&r, "a-four"), Some(3_030));
         assert_eq!((r.preemptions, r.reclaims_for_quota), (4, 1));
         assert!(start(&r, "a-one").is_none_or(|s| s > 3_030), "{:?}", start(&r, "a-one"));
+    }
+
+    /// A request owed only behind a larger request of its tenant that the guarantee cannot
+    /// hold (a-three on a guarantee of 2, waiting: it fills none of it) is owed but does not
+    /// reclaim at once: b-wide has run longer than a-one waits, so a-one starts when b-wide
+    /// ends, its wait counted as a request owed later's. Alone, a-one reclaims at its
+    /// arrival and starts after b's grace period; so it does behind a-three where its path
+    /// sets `owed_reclaim_after_s` to 0. The books decide alike
+    /// (`quota::books::tests::a_request_owed_only_behind_a_larger_one_of_its_tenant_reclaims_as_one_owed_later`).
+    #[test]
+    fn a_request_owed_only_behind_a_larger_one_of_its_tenant_does_not_reclaim_at_once() {
+        let policy = |after: &str| {
+            tree(&format!(
+                r#"{{"t/a": {{"gpus": {{"H100-80GB": {{"guarantee": 2}}}}{after}}},
+                    "t/b": {{"gpus": {{"H100-80GB": {{"ceiling": 4}}}}}}}}"#
+            ))
+        };
+        let mut jobs = vec![
+            job("b-wide", "t/b", 0, 100_000, 4),
+            job("a-three", "t/a", 10, 100, 3),
+            job("a-one", "t/a", 20, 100, 1),
+        ];
+        let r = quotas_on_one_node(&jobs, 4, &policy(""));
+        assert_eq!(start(&r, "a-one"), Some(100_000));
+        assert_eq!(r.preemptions, 0);
+        assert_eq!((r.owner_requests, r.owed_later_requests), (0, 1));
+        assert_eq!(r.owed_later_wait_p99_s, Some(100_000 - 20));
+        let r = quotas_on_one_node(&jobs, 4, &policy(r#", "owed_reclaim_after_s": 0"#));
+        assert_eq!((start(&r, "a-one"), r.preemptions), (Some(20 + 30), 1));
+        jobs.remove(1);
+        let r = quotas_on_one_node(&jobs, 4, &policy(""));
+        assert_eq!((start(&r, "a-one"), r.preemptions), (Some(20 + 30), 1));
+        assert_eq!((r.owner_requests, r.owner_wait_p99_s), (1, Some(30)));
     }
 
     /// Quotas on one node of `gpus` GPUs, to a horizon of 200,000 s.

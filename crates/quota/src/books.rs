@@ -75,7 +75,7 @@ use tessera_api::untrusted;
 use crate::admit::{admit as decide_quota, withheld, Class, Decision, Usage};
 use crate::amount::{Resource, Resources};
 use crate::drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
-use crate::preempt::{may_reclaim_owed_later, owed_behind, worth_reclaiming};
+use crate::preempt::{may_reclaim_owed_later, owed_at_once, owed_behind, worth_reclaiming};
 use crate::reclaim::{choose_victims, choose_victims_for_placement, NoVictims, Running};
 use crate::spec::{chain, is_within, QuotaTree};
 use crate::wire::{
@@ -264,8 +264,8 @@ enum Reclaimed {
     Not(Option<String>),
 }
 
-/// A request's first ask: when, and whether it was owed then (its wait counts as an
-/// owner's, and it may reclaim at once).
+/// A request's first ask: when, and whether it was owed at once then
+/// ([`crate::owed_at_once`]: its wait counts as an owner's, and it may reclaim at once).
 #[derive(Debug, Clone, Copy)]
 struct Ask {
     owed_first: bool,
@@ -275,6 +275,15 @@ struct Ask {
     /// whether the claim is owed cannot be told yet. It preempts nothing and its first ask
     /// is not kept: the first ask after the window is judged against the relearned queue.
     settling: bool,
+}
+
+/// How [`Books::is_owed`] counts the tenant's requests waiting ahead of a claim.
+#[derive(Debug, Clone, Copy)]
+enum Owed {
+    /// Those that would be owed themselves ([`crate::owed_behind`]): whether it is owed.
+    Behind,
+    /// All of them ([`crate::owed_at_once`]): whether it may reclaim at once.
+    AtOnce,
 }
 
 /// An admission not yet seen in its node's sync.
@@ -1113,7 +1122,7 @@ impl Books {
         let (asked_ms, owed_first, settling) = match self.first_asks.get(&hold) {
             Some(&(asked_ms, owed_first, _)) => (asked_ms, owed_first, false),
             None if self.settling(now) => (now, false, true),
-            None => (now, self.is_owed(tree, node, req, &r, now), false),
+            None => (now, self.is_owed(tree, node, req, &r, now, Owed::AtOnce), false),
         };
         let ask = Ask { owed_first, asked_ms, settling };
         let answer = if req.short_on_node {
@@ -1177,9 +1186,10 @@ impl Books {
         answer
     }
 
-    /// Whether `req` from `node` is owed now ([`crate::owed_behind`]): its tenant's requests
-    /// waiting before it on any node, those that would be owed in arrival order, count as
-    /// its guaranteed usage.
+    /// Whether `req` from `node` is owed now behind its tenant's requests waiting before it
+    /// on any node: those that would be owed in arrival order counted as its guaranteed
+    /// usage ([`Owed::Behind`], [`crate::owed_behind`]), or all of them ([`Owed::AtOnce`],
+    /// [`crate::owed_at_once`]: whether it may reclaim at once).
     fn is_owed(
         &self,
         tree: &QuotaTree,
@@ -1187,6 +1197,7 @@ impl Books {
         req: &AdmitRequest,
         r: &Resources,
         now: u64,
+        how: Owed,
     ) -> bool {
         let me = self.own_entry(node, &req.container_id, &req.tenant, r);
         let since = self.waiting.get(&me).map_or(now, |w| w.arrived_ms);
@@ -1199,7 +1210,11 @@ impl Books {
             .collect();
         earlier.sort_by_key(|&(at, _)| at);
         let usage = self.real_usage();
-        owed_behind(tree, &usage, &req.tenant, r, earlier.into_iter().map(|(_, r)| r))
+        let earlier = earlier.into_iter().map(|(_, r)| r);
+        match how {
+            Owed::Behind => owed_behind(tree, &usage, &req.tenant, r, earlier),
+            Owed::AtOnce => owed_at_once(tree, &usage, &req.tenant, r, earlier),
+        }
     }
 
     /// The fair queue's entry of `container` on `node`: its own, or for a retry under
@@ -1727,7 +1742,7 @@ impl Books {
                 left_s.max(1)
             )));
         }
-        if !ask.owed_first && !self.is_owed(tree, node, req, r, now) {
+        if !ask.owed_first && !self.is_owed(tree, node, req, r, now, Owed::Behind) {
             self.owed_since.remove(&key);
             return Reclaimed::Not(Some(
                 "not owed now (its tenant's requests waiting before it fill its guarantee), \

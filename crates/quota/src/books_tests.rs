@@ -709,6 +709,63 @@ fn a_request_no_node_can_hold_is_no_backlog_ahead() {
     panic!("a's 1 within its guarantee was never served in 10 min: {last:?}");
 }
 
+/// A request owed only behind a larger request of its tenant that the guarantee cannot
+/// hold (A's 5 on a guarantee of 4, waiting ahead of it: it fills none of the guarantee,
+/// [`crate::owed_behind`]) is owed, but does not reclaim at its first ask
+/// ([`crate::owed_at_once`]: A's 5 and 1 do not fit A's 4): it reclaims as a request owed
+/// later does, once its victims would lose no more than it has waited, or once owed for its
+/// path's `owed_reclaim_after_s` (0: at once, as Kueue reclaims within a cohort). The same
+/// 1 asked alone reclaims at its first ask. (Issue 27: with the at-once reclaim for every
+/// request `owed_behind` finds owed, such requests stopped borrowed work that had run for
+/// months: the simulator's shared default list at 2 nodes, all of its GPUs guaranteed,
+/// kept 0.722 of FIFO's useful work, and 0.874 with this rule.)
+#[test]
+fn a_request_owed_only_behind_a_larger_one_of_its_tenant_reclaims_as_one_owed_later() {
+    for (after, five_ahead, at_once) in
+        [(None, true, false), (None, false, true), (Some(0), true, true)]
+    {
+        let a_quota = match after {
+            Some(s) => format!(
+                r#"{{"gpus": {{"H100-80GB": {{"guarantee": 4}}}}, "owed_reclaim_after_s": {s}}}"#
+            ),
+            None => r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#.to_string(),
+        };
+        let t = tree(&format!(
+            r#"{{"acme/a": {a_quota}, "acme/b": {{"gpus": {{"H100-80GB": {{"guarantee": 4}}}}}}}}"#
+        ));
+        let (mut b, mut nodes, mut now) = two_nodes(&t);
+        fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+        fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 8, 8), false, &mut now);
+        assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 12));
+        // B's borrowed work runs for an hour.
+        now += 3_600_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        let case = format!("owed_reclaim_after_s {after:?}, A's 5 ahead: {five_ahead}");
+        if five_ahead {
+            let five = ask("a-five", "acme/a", 5);
+            let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &five, &mut now);
+            let (msg, _) = refused(&a);
+            assert!(msg.contains("waiting in the fair queue"), "{case}: {msg}");
+            now += 1_000;
+        }
+        let one = ask("a-one", "acme/a", 1);
+        let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+        if at_once {
+            let AdmitAnswer::Reclaiming { victims, .. } = &a else {
+                panic!("{case}: expected a reclaim at the first ask: {a:?}")
+            };
+            assert_eq!(victims.len(), 1, "{case}: {victims:?}");
+            assert_eq!(victims[0].node, "n2", "{case}: {victims:?}");
+        } else {
+            let (msg, _) = refused(&a);
+            assert!(msg.contains("would lose no more than it has waited"), "{case}: {msg}");
+            assert_eq!(b.counters().preemptions.get("acme/b"), None, "{case}");
+        }
+    }
+}
+
 /// A retry under a new container id (kubelet makes one per attempt) is not kept waiting
 /// for its own earlier attempt's entry in the fair queue: that one never asks again. The
 /// retry was refused ("capacity on node n1 is kept for tenant acme/c ... it is a larger

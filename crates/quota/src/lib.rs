@@ -76,7 +76,9 @@ mod tests;
 pub use admit::{admit, set_aside, withheld, CeilingRefusal, Class, Decision, Held, Usage};
 pub use amount::{gpu_micro, Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
 pub use drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
-pub use preempt::{may_reclaim_owed_later, owed, owed_behind, owed_in_order, worth_reclaiming};
+pub use preempt::{
+    may_reclaim_owed_later, owed, owed_at_once, owed_behind, owed_in_order, worth_reclaiming,
+};
 pub use reclaim::{
     borrowing, borrowing_short, choose_victims, choose_victims_for_placement, victim_order,
     Candidate, Chosen, NoVictims, Protected, Running, Victims,

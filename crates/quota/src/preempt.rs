@@ -82,6 +82,26 @@ pub fn owed_in_order<'r>(
     requests.into_iter().map(|r| scan.next(r)).collect()
 }
 
+/// Whether `request` may reclaim at once when it first asks: [`owed`] with *every* one of
+/// `earlier`, its tenant's requests waiting before it, counted ahead, whatever their sizes.
+/// The owner promise (its victims' grace period plus seconds) is for a request that fits the
+/// guarantee after all its tenant asked first; one owed only behind a larger request of its
+/// tenant that the guarantee cannot hold ([`owed_behind`]) is owed, but reclaims as a request
+/// owed later does ([`may_reclaim_owed_later`]). (Issue 27: with the at-once privilege given
+/// to every request [`owed_behind`] finds owed, the simulator's requests that reclaim at once
+/// stopped borrowed work that had run for months on the fully guaranteed fleets: the shared
+/// default list at 2 nodes kept 0.722 of FIFO's useful work, 0.874 with this rule.)
+pub fn owed_at_once<'r>(
+    tree: &QuotaTree,
+    usage: &Usage,
+    tenant: &str,
+    request: &Resources,
+    earlier: impl IntoIterator<Item = &'r Resources>,
+) -> bool {
+    let ahead = earlier.into_iter().fold(Resources::new(), |a, r| a.plus(r));
+    owed(tree, usage, tenant, request, &ahead)
+}
+
 /// A tenant's requests looked at in arrival order: each owed one counts as guaranteed
 /// usage for those after it. Among requests of the same resources, owed is monotone (a
 /// larger one, or the same on more usage, is owed only if the smaller one is: the
