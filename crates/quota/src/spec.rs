@@ -62,9 +62,10 @@ pub struct QuotaEntry {
     /// ancestor's, else 0: no backoff).
     #[serde(default)]
     pub requeue_backoff_s: Option<u64>,
-    /// Seconds a request of this path owed only after it first asked (its tenant's backlog
-    /// ahead of it served) waits while owed before it reclaims whatever its victims would
-    /// lose; 0: at once, as a request owed when it first asks (Kueue's reclaim within the
+    /// Seconds a request of this path owed, but not at once when it first asked (behind a
+    /// larger request of its tenant, or only after its tenant's backlog ahead of it was
+    /// served), waits while owed before it reclaims whatever its victims would lose; 0: at
+    /// once, as a request owed at once when it first asks (Kueue's reclaim within the
     /// cohort). Default: the nearest ancestor's, else none: it reclaims only when its
     /// victims would lose no more than its waiting has cost (the ski-rental rule).
     #[serde(default)]
@@ -236,9 +237,9 @@ impl QuotaTree {
         self.chain(tenant).next().map_or(0, |q| q.min_runtime_s)
     }
 
-    /// How long a request of `tenant` owed only after it first asked waits while owed before
-    /// it reclaims whatever its victims would lose: the innermost quota's on its chain
-    /// (`None`: only under the ski-rental rule, [`crate::worth_reclaiming`]).
+    /// How long a request of `tenant` owed, but not at once when it first asked, waits while
+    /// owed before it reclaims whatever its victims would lose: the innermost quota's on its
+    /// chain (`None`: only under the ski-rental rule, [`crate::worth_reclaiming`]).
     pub fn owed_reclaim_after_s(&self, tenant: &str) -> Option<u64> {
         self.chain(tenant).next().and_then(|q| q.owed_reclaim_after_s)
     }
