@@ -3088,3 +3088,45 @@ fn the_reclaim_started_with_a_recall_keeps_min_runtime_and_settling() {
     assert_eq!(b.counters().preemptions.get("acme/b"), None);
     b.check_totals().unwrap();
 }
+
+// --- red team: the at-once reclaim (quota::owed_at_once) ---------------------------------
+
+/// Red team (c281c74). A's 4 waited on n1 (B's borrowed work there within its minimum run
+/// time), kept asking, and now reclaims there: the 4 GPUs held for it count as A's
+/// guaranteed usage, while its fair-queue entry (removed only when it is admitted) stays.
+/// A's 1 then asks on n2: with everything A has running and waiting counted it is within
+/// A's guarantee of 6 (4 held + 1), so the owner promise covers it and it should reclaim at
+/// once. `is_owed(.., Owed::AtOnce)` counts the 4 twice (held and waiting: 4 + 4 + 1 > 6).
+#[test]
+fn red_team_a_claim_whose_reclaim_is_under_way_is_not_counted_twice_ahead() {
+    let (t, mut b, mut nodes, mut now) =
+        protected_backlog_under(r#"{"gpus": {"H100-80GB": {"guarantee": 6}}}"#, false);
+    let four = ask("a-four", "acme/a", 4);
+    // A's 4 keeps asking each minute until B's work on n1 is past its minimum run time.
+    let mut reclaim = None;
+    for _ in 0..12 {
+        now += 60_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        match answer_through_recalls(&mut nodes, 0, &mut b, &t, &four, &mut now).0 {
+            AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty() => {
+                reclaim = Some(victims);
+                break;
+            }
+            a => assert!(refused(&a).0.contains("minimum run time"), "{a:?}"),
+        }
+    }
+    let victims = reclaim.expect("A's 4 reclaims once B's work on n1 is past min_runtime_s");
+    assert!(victims.iter().all(|v| v.node == "n1"), "{victims:?}");
+    assert_eq!(gpus_of(&b.real_usage().of("acme/a")), (4, 0), "held for A's 4");
+    // A's 1 on n2, within A's guarantee with all A has running and waiting counted.
+    now += 1_000;
+    let one = ask("a-one", "acme/a", 1);
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+    assert!(
+        matches!(&a, AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty()),
+        "A's 1 is within A's guarantee of 6 with A's 4 (held for its reclaim) counted once: \
+         the owner promise covers it and it must reclaim at once, got {a:?}"
+    );
+}
