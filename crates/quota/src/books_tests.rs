@@ -3130,3 +3130,90 @@ fn red_team_a_claim_whose_reclaim_is_under_way_is_not_counted_twice_ahead() {
          the owner promise covers it and it must reclaim at once, got {a:?}"
     );
 }
+
+/// A's guarantee of 4 and the fleet of [`two_nodes`]; B (ceiling 12) holds n1 (4 guaranteed,
+/// 4 borrowed) and borrows all of n2 too when `n2_full`, its work run for an hour; A's 5
+/// (beyond A's guarantee) waits in the fair queue on n1. Returns the tree, books, nodes, time.
+fn five_waiting(a_quota: &str, n2_full: bool) -> (QuotaTree, Books, [Node; 2], u64) {
+    let t = tree(&format!(
+        r#"{{"acme/a": {a_quota}, "acme/b": {{"gpus": {{"H100-80GB": {{"guarantee": 4, "ceiling": 16}}}}}}}}"#
+    ));
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    if n2_full {
+        fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 8, 8), false, &mut now);
+    }
+    now += 3_600_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let five = ask("a-five", "acme/a", 5);
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &five, &mut now);
+    let (msg, _) = refused(&a);
+    assert!(msg.contains("waiting in the fair queue"), "{msg}");
+    now += 1_000;
+    (t, b, nodes, now)
+}
+
+/// Red team (c281c74). A's 1, owed at its first ask behind A's 5 ([`crate::owed_behind`])
+/// but not owed at once, finds room on n2 and is admitted at once. The books count its wait
+/// nowhere: not an owner wait (`owed_first` is false now) and not an owed-later wait (only
+/// `start_reclaim` sets `owed_since`). Before the change it was an owner wait of 0 s; the
+/// simulator counts it as a request owed later (`owed_since` set at arrival, wait 0).
+#[test]
+fn red_team_a_request_owed_only_behind_admitted_at_once_is_counted_in_some_wait() {
+    let (t, mut b, mut nodes, mut now) =
+        five_waiting(r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#, false);
+    let one = ask("a-one", "acme/a", 1);
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+    assert_eq!(admitted(&a), QuotaClass::Guaranteed);
+    let st = b.status(&t, 7, now);
+    let path = st
+        .paths
+        .iter()
+        .find(|p| p.path == "acme/a" && p.resource == "gpus.H100-80GB")
+        .expect("acme/a's GPUs");
+    assert!(
+        path.owner_wait_p99_ms.is_some() || path.owed_later_wait_p99_ms.is_some(),
+        "A's 1, owed at its first ask (owed_behind) and admitted, is counted in neither the \
+         owner waits nor the owed-later waits (the simulator counts it owed later, 0 s): \
+         {path:?}"
+    );
+}
+
+/// Red team (c281c74). A's 1 owed only behind A's 5, which still waits: the refusal and the
+/// victim's reason must not say its backlog was served (they still say so, written for
+/// requests owed only since their backlog left the queue).
+#[test]
+fn red_team_a_request_owed_only_behind_is_not_told_its_backlog_was_served() {
+    let (t, mut b, mut nodes, mut now) =
+        five_waiting(r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#, true);
+    let one = ask("a-one", "acme/a", 1);
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+    let (msg, _) = refused(&a);
+    assert!(msg.contains("would lose no more than it has waited"), "{msg}");
+    assert!(
+        !msg.contains("were served"),
+        "A's 5 still waits ahead of A's 1: the refusal must not say its tenant's requests \
+         waiting before it were served: {msg}"
+    );
+}
+
+/// Red team (c281c74). [`red_team_a_request_owed_only_behind_is_not_told_its_backlog_was_served`]
+/// for the victim: with `owed_reclaim_after_s` 0, A's 1 reclaims at its first ask, and the
+/// victim is told "owed since its backlog was served" while A's 5 still waits.
+#[test]
+fn red_team_a_victim_of_a_request_owed_only_behind_is_not_told_its_backlog_was_served() {
+    let one = ask("a-one", "acme/a", 1);
+    let (t, mut b, mut nodes, mut now) = five_waiting(
+        r#"{"gpus": {"H100-80GB": {"guarantee": 4}}, "owed_reclaim_after_s": 0}"#,
+        true,
+    );
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
+    assert!(
+        victims.iter().all(|v| !v.reason.contains("backlog was served")),
+        "A's 5 still waits ahead of A's 1: the victim must not be told A's backlog was \
+         served: {victims:?}"
+    );
+}
