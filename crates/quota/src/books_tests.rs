@@ -3217,3 +3217,118 @@ fn red_team_a_victim_of_a_request_owed_only_behind_is_not_told_its_backlog_was_s
          served: {victims:?}"
     );
 }
+
+/// Red team (c281c74; the root cause predates it). Two pods of one job, 1 GPU each, on a
+/// guarantee of 2, asked one after another on n1 and n2: pod 1 waited on n1 (B's borrowed
+/// work there within its minimum run time), kept asking, and now reclaims there. Pod 2 is
+/// within A's guarantee with everything A has running and waiting counted (1 held for
+/// pod 1 + 1), so it should reclaim at once. Pod 1's fair-queue entry, left while its
+/// reclaim holds its GPU, is counted on top of the hold (1 + 1 + 1 > 2): pod 2 is not even
+/// owed now and preempts nothing while pod 1's victims stop.
+#[test]
+fn red_team_pod_two_of_a_job_does_not_lose_the_at_once_reclaim_to_pod_one_reclaiming() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}, "min_runtime_s": 600}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    for _ in 0..12 {
+        now += 60_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+    }
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 8, 8), false, &mut now);
+    let pod1 = ask("job-pod-1", "acme/a", 1);
+    let mut reclaim = None;
+    for _ in 0..12 {
+        now += 60_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        match answer_through_recalls(&mut nodes, 0, &mut b, &t, &pod1, &mut now).0 {
+            AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty() => {
+                reclaim = Some(victims);
+                break;
+            }
+            a => assert!(refused(&a).0.contains("minimum run time"), "{a:?}"),
+        }
+    }
+    let victims = reclaim.expect("pod 1 reclaims once B's work on n1 is past min_runtime_s");
+    assert!(victims.iter().all(|v| v.node == "n1"), "{victims:?}");
+    now += 1_000;
+    let pod2 = ask("job-pod-2", "acme/a", 1);
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &pod2, &mut now);
+    assert!(
+        matches!(&a, AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty()),
+        "pod 2 is within A's guarantee of 2 with pod 1 (held for its reclaim) counted once: \
+         the owner promise covers it and it must reclaim at once, got {a:?}"
+    );
+}
+
+/// Red team (c281c74). A's 1 (the owner promise's: A holds and waits for nothing else when
+/// it arrives) waits on n1 for B's borrowed work there to pass its minimum run time; A's 5,
+/// beyond A's guarantee of 4, arrives after it and waits on n2. The books are taken over;
+/// A's 5 happens to ask again first in the 120 s the fair queue is relearned. Once the
+/// queue is relearned, A's 1 should reclaim at once as it would have without the takeover:
+/// with `owed_at_once` its first ask after the takeover counts A's 5 ahead of it (its
+/// relearned entry is older), so it only reclaims under the ski-rental rule, which B's
+/// long-running work never lets it. (With `owed_behind`, A's 5 fills none of A's guarantee.)
+#[test]
+fn red_team_a_takeover_does_not_take_the_at_once_reclaim_from_an_owner_request() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}, "min_runtime_s": 600}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    for _ in 0..12 {
+        now += 60_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+    }
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 8, 8), false, &mut now);
+    let protected_until = now + 600_000;
+    let one = ask("a-one", "acme/a", 1);
+    let five = ask("a-five", "acme/a", 5);
+    now += 1_000;
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &one, &mut now);
+    assert!(refused(&a).0.contains("minimum run time"), "{a:?}");
+    now += 1_000;
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &five, &mut now);
+    assert!(refused(&a).0.contains("waiting in the fair queue"), "{a:?}");
+    // Both keep asking, a minute apart, for five minutes; then the books are taken over.
+    let ask_both = |b: &mut Books, nodes: &mut [Node; 2], now: &mut u64| {
+        *now += 60_000;
+        for n in nodes.iter_mut() {
+            n.sync(b, &t, *now);
+        }
+        refused(&answer_through_recalls(nodes, 1, b, &t, &five, now).0);
+        *now += 1_000;
+        answer_through_recalls(nodes, 0, b, &t, &one, now).0
+    };
+    for _ in 0..5 {
+        refused(&ask_both(&mut b, &mut nodes, &mut now));
+    }
+    now += 1_000;
+    let mut b = Books::restore(300, now, b.state(), &t);
+    let mut last = None;
+    while now < protected_until + 300_000 {
+        match ask_both(&mut b, &mut nodes, &mut now) {
+            a @ AdmitAnswer::Reclaiming { .. } => {
+                last = Some(a);
+                break;
+            }
+            a => last = Some(a),
+        }
+    }
+    let a = last.expect("asked");
+    assert!(
+        matches!(&a, AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty()),
+        "A's 1, owed at once before the takeover (nothing of A's ahead of it), must reclaim \
+         at once once the queue is relearned and its victims' minimum run time is over; \
+         got {a:?}"
+    );
+}
