@@ -2825,6 +2825,32 @@ mod tests {
         assert_eq!((r.owner_requests, r.owner_wait_p99_s), (1, Some(30)));
     }
 
+    /// Red team (c281c74): the simulator's side of
+    /// `quota::books::tests::red_team_a_claim_whose_reclaim_is_under_way_is_not_counted_twice_ahead`.
+    /// a-four waits for node 0's protected victims, reclaims there at 3,000 s; a-one arrives
+    /// during their grace period. The claimant booked for its reclaim is out of the fair
+    /// queue, so a-one (4 booked + 1 within a's 5: an owner request) is owed at once and
+    /// reclaims b3 on node 1 at its arrival. The books, in the same situation, count a-four
+    /// twice (its hold and its fair-queue entry) and refuse a-one under the ski-rental rule.
+    #[test]
+    fn red_team_a_request_arriving_while_its_tenants_reclaim_is_under_way_reclaims_at_once() {
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 5}}},
+                "t/b": {"gpus": {"H100-80GB": {"guarantee": 3}}, "min_runtime_s": 1000}}"#,
+        );
+        let mut jobs: Vec<Job> =
+            (0..4).map(|i| job(&format!("b{i}"), "t/b", 0, 10_000, 1)).collect();
+        jobs.extend((4..8).map(|i| job(&format!("b{i}"), "t/b", 2_000, 10_000, 1)));
+        jobs.push(job("a-four", "t/a", 2_100, 100, 4));
+        jobs.push(job("a-one", "t/a", 3_010, 100, 1));
+        let r = run(&jobs, &fleet(2, 4), &t, Mode::Quotas, Some(20_000)).expect("runs");
+        assert_eq!(start(&r, "a-four"), Some(3_030));
+        let preempted = |id: &str| r.outcomes.iter().find(|o| o.id == id).map(|o| o.preempted);
+        assert_eq!(preempted("b3"), Some(1), "a-one, an owner request, reclaims at once");
+        assert_eq!(start(&r, "a-one"), Some(3_010 + 30));
+        assert_eq!(r.owner_requests, 5, "b0-b2, a-four and a-one");
+    }
+
     /// Quotas on one node of `gpus` GPUs, to a horizon of 200,000 s.
     fn quotas_on_one_node(jobs: &[Job], gpus: u32, t: &QuotaTree) -> Report {
         run(jobs, &fleet(1, gpus), t, Mode::Quotas, Some(200_000)).expect("runs")

@@ -3088,3 +3088,247 @@ fn the_reclaim_started_with_a_recall_keeps_min_runtime_and_settling() {
     assert_eq!(b.counters().preemptions.get("acme/b"), None);
     b.check_totals().unwrap();
 }
+
+// --- red team: the at-once reclaim (quota::owed_at_once) ---------------------------------
+
+/// Red team (c281c74). A's 4 waited on n1 (B's borrowed work there within its minimum run
+/// time), kept asking, and now reclaims there: the 4 GPUs held for it count as A's
+/// guaranteed usage, while its fair-queue entry (removed only when it is admitted) stays.
+/// A's 1 then asks on n2: with everything A has running and waiting counted it is within
+/// A's guarantee of 6 (4 held + 1), so the owner promise covers it and it should reclaim at
+/// once. `is_owed(.., Owed::AtOnce)` counts the 4 twice (held and waiting: 4 + 4 + 1 > 6).
+#[test]
+fn red_team_a_claim_whose_reclaim_is_under_way_is_not_counted_twice_ahead() {
+    let (t, mut b, mut nodes, mut now) =
+        protected_backlog_under(r#"{"gpus": {"H100-80GB": {"guarantee": 6}}}"#, false);
+    let four = ask("a-four", "acme/a", 4);
+    // A's 4 keeps asking each minute until B's work on n1 is past its minimum run time.
+    let mut reclaim = None;
+    for _ in 0..12 {
+        now += 60_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        match answer_through_recalls(&mut nodes, 0, &mut b, &t, &four, &mut now).0 {
+            AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty() => {
+                reclaim = Some(victims);
+                break;
+            }
+            a => assert!(refused(&a).0.contains("minimum run time"), "{a:?}"),
+        }
+    }
+    let victims = reclaim.expect("A's 4 reclaims once B's work on n1 is past min_runtime_s");
+    assert!(victims.iter().all(|v| v.node == "n1"), "{victims:?}");
+    assert_eq!(gpus_of(&b.real_usage().of("acme/a")), (4, 0), "held for A's 4");
+    // A's 1 on n2, within A's guarantee with all A has running and waiting counted.
+    now += 1_000;
+    let one = ask("a-one", "acme/a", 1);
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+    assert!(
+        matches!(&a, AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty()),
+        "A's 1 is within A's guarantee of 6 with A's 4 (held for its reclaim) counted once: \
+         the owner promise covers it and it must reclaim at once, got {a:?}"
+    );
+}
+
+/// A's guarantee of 4 and the fleet of [`two_nodes`]; B (ceiling 12) holds n1 (4 guaranteed,
+/// 4 borrowed) and borrows all of n2 too when `n2_full`, its work run for an hour; A's 5
+/// (beyond A's guarantee) waits in the fair queue on n1. Returns the tree, books, nodes, time.
+fn five_waiting(a_quota: &str, n2_full: bool) -> (QuotaTree, Books, [Node; 2], u64) {
+    let t = tree(&format!(
+        r#"{{"acme/a": {a_quota}, "acme/b": {{"gpus": {{"H100-80GB": {{"guarantee": 4, "ceiling": 16}}}}}}}}"#
+    ));
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    if n2_full {
+        fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 8, 8), false, &mut now);
+    }
+    now += 3_600_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let five = ask("a-five", "acme/a", 5);
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &five, &mut now);
+    let (msg, _) = refused(&a);
+    assert!(msg.contains("waiting in the fair queue"), "{msg}");
+    now += 1_000;
+    (t, b, nodes, now)
+}
+
+/// Red team (c281c74). A's 1, owed at its first ask behind A's 5 ([`crate::owed_behind`])
+/// but not owed at once, finds room on n2 and is admitted at once. The books count its wait
+/// nowhere: not an owner wait (`owed_first` is false now) and not an owed-later wait (only
+/// `start_reclaim` sets `owed_since`). Before the change it was an owner wait of 0 s; the
+/// simulator counts it as a request owed later (`owed_since` set at arrival, wait 0).
+#[test]
+fn red_team_a_request_owed_only_behind_admitted_at_once_is_counted_in_some_wait() {
+    let (t, mut b, mut nodes, mut now) =
+        five_waiting(r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#, false);
+    let one = ask("a-one", "acme/a", 1);
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+    assert_eq!(admitted(&a), QuotaClass::Guaranteed);
+    let st = b.status(&t, 7, now);
+    let path = st
+        .paths
+        .iter()
+        .find(|p| p.path == "acme/a" && p.resource == "gpus.H100-80GB")
+        .expect("acme/a's GPUs");
+    assert!(
+        path.owner_wait_p99_ms.is_some() || path.owed_later_wait_p99_ms.is_some(),
+        "A's 1, owed at its first ask (owed_behind) and admitted, is counted in neither the \
+         owner waits nor the owed-later waits (the simulator counts it owed later, 0 s): \
+         {path:?}"
+    );
+}
+
+/// Red team (c281c74). A's 1 owed only behind A's 5, which still waits: the refusal and the
+/// victim's reason must not say its backlog was served (they still say so, written for
+/// requests owed only since their backlog left the queue).
+#[test]
+fn red_team_a_request_owed_only_behind_is_not_told_its_backlog_was_served() {
+    let (t, mut b, mut nodes, mut now) =
+        five_waiting(r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#, true);
+    let one = ask("a-one", "acme/a", 1);
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+    let (msg, _) = refused(&a);
+    assert!(msg.contains("would lose no more than it has waited"), "{msg}");
+    assert!(
+        !msg.contains("were served"),
+        "A's 5 still waits ahead of A's 1: the refusal must not say its tenant's requests \
+         waiting before it were served: {msg}"
+    );
+}
+
+/// Red team (c281c74). [`red_team_a_request_owed_only_behind_is_not_told_its_backlog_was_served`]
+/// for the victim: with `owed_reclaim_after_s` 0, A's 1 reclaims at its first ask, and the
+/// victim is told "owed since its backlog was served" while A's 5 still waits.
+#[test]
+fn red_team_a_victim_of_a_request_owed_only_behind_is_not_told_its_backlog_was_served() {
+    let one = ask("a-one", "acme/a", 1);
+    let (t, mut b, mut nodes, mut now) = five_waiting(
+        r#"{"gpus": {"H100-80GB": {"guarantee": 4}}, "owed_reclaim_after_s": 0}"#,
+        true,
+    );
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
+    assert!(
+        victims.iter().all(|v| !v.reason.contains("backlog was served")),
+        "A's 5 still waits ahead of A's 1: the victim must not be told A's backlog was \
+         served: {victims:?}"
+    );
+}
+
+/// Red team (c281c74; the root cause predates it). Two pods of one job, 1 GPU each, on a
+/// guarantee of 2, asked one after another on n1 and n2: pod 1 waited on n1 (B's borrowed
+/// work there within its minimum run time), kept asking, and now reclaims there. Pod 2 is
+/// within A's guarantee with everything A has running and waiting counted (1 held for
+/// pod 1 + 1), so it should reclaim at once. Pod 1's fair-queue entry, left while its
+/// reclaim holds its GPU, is counted on top of the hold (1 + 1 + 1 > 2): pod 2 is not even
+/// owed now and preempts nothing while pod 1's victims stop.
+#[test]
+fn red_team_pod_two_of_a_job_does_not_lose_the_at_once_reclaim_to_pod_one_reclaiming() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}, "min_runtime_s": 600}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    for _ in 0..12 {
+        now += 60_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+    }
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 8, 8), false, &mut now);
+    let pod1 = ask("job-pod-1", "acme/a", 1);
+    let mut reclaim = None;
+    for _ in 0..12 {
+        now += 60_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        match answer_through_recalls(&mut nodes, 0, &mut b, &t, &pod1, &mut now).0 {
+            AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty() => {
+                reclaim = Some(victims);
+                break;
+            }
+            a => assert!(refused(&a).0.contains("minimum run time"), "{a:?}"),
+        }
+    }
+    let victims = reclaim.expect("pod 1 reclaims once B's work on n1 is past min_runtime_s");
+    assert!(victims.iter().all(|v| v.node == "n1"), "{victims:?}");
+    now += 1_000;
+    let pod2 = ask("job-pod-2", "acme/a", 1);
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &pod2, &mut now);
+    assert!(
+        matches!(&a, AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty()),
+        "pod 2 is within A's guarantee of 2 with pod 1 (held for its reclaim) counted once: \
+         the owner promise covers it and it must reclaim at once, got {a:?}"
+    );
+}
+
+/// Red team (c281c74). A's 1 (the owner promise's: A holds and waits for nothing else when
+/// it arrives) waits on n1 for B's borrowed work there to pass its minimum run time; A's 5,
+/// beyond A's guarantee of 4, arrives after it and waits on n2. The books are taken over;
+/// A's 5 happens to ask again first in the 120 s the fair queue is relearned. Once the
+/// queue is relearned, A's 1 should reclaim at once as it would have without the takeover:
+/// with `owed_at_once` its first ask after the takeover counts A's 5 ahead of it (its
+/// relearned entry is older), so it only reclaims under the ski-rental rule, which B's
+/// long-running work never lets it. (With `owed_behind`, A's 5 fills none of A's guarantee.)
+#[test]
+fn red_team_a_takeover_does_not_take_the_at_once_reclaim_from_an_owner_request() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}, "min_runtime_s": 600}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    for _ in 0..12 {
+        now += 60_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+    }
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 8, 8), false, &mut now);
+    let protected_until = now + 600_000;
+    let one = ask("a-one", "acme/a", 1);
+    let five = ask("a-five", "acme/a", 5);
+    now += 1_000;
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &one, &mut now);
+    assert!(refused(&a).0.contains("minimum run time"), "{a:?}");
+    now += 1_000;
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &five, &mut now);
+    assert!(refused(&a).0.contains("waiting in the fair queue"), "{a:?}");
+    // Both keep asking, a minute apart, for five minutes; then the books are taken over.
+    let ask_both = |b: &mut Books, nodes: &mut [Node; 2], now: &mut u64| {
+        *now += 60_000;
+        for n in nodes.iter_mut() {
+            n.sync(b, &t, *now);
+        }
+        refused(&answer_through_recalls(nodes, 1, b, &t, &five, now).0);
+        *now += 1_000;
+        answer_through_recalls(nodes, 0, b, &t, &one, now).0
+    };
+    for _ in 0..5 {
+        refused(&ask_both(&mut b, &mut nodes, &mut now));
+    }
+    now += 1_000;
+    let mut b = Books::restore(300, now, b.state(), &t);
+    let mut last = None;
+    while now < protected_until + 300_000 {
+        match ask_both(&mut b, &mut nodes, &mut now) {
+            a @ AdmitAnswer::Reclaiming { .. } => {
+                last = Some(a);
+                break;
+            }
+            a => last = Some(a),
+        }
+    }
+    let a = last.expect("asked");
+    assert!(
+        matches!(&a, AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty()),
+        "A's 1, owed at once before the takeover (nothing of A's ahead of it), must reclaim \
+         at once once the queue is relearned and its victims' minimum run time is over; \
+         got {a:?}"
+    );
+}
