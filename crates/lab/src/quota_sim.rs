@@ -2825,15 +2825,16 @@ mod tests {
         assert_eq!((r.owner_requests, r.owner_wait_p99_s), (1, Some(30)));
     }
 
-    /// Red team (c281c74): the simulator's side of
-    /// `quota::books::tests::red_team_a_claim_whose_reclaim_is_under_way_is_not_counted_twice_ahead`.
+    /// The simulator's side of
+    /// `quota::books::tests::a_claim_whose_reclaim_is_under_way_is_not_counted_twice_ahead`:
     /// a-four waits for node 0's protected victims, reclaims there at 3,000 s; a-one arrives
     /// during their grace period. The claimant booked for its reclaim is out of the fair
     /// queue, so a-one (4 booked + 1 within a's 5: an owner request) is owed at once and
-    /// reclaims b3 on node 1 at its arrival. The books, in the same situation, count a-four
-    /// twice (its hold and its fair-queue entry) and refuse a-one under the ski-rental rule.
+    /// reclaims b3 on node 1 at its arrival, as the books now decide (the red team of
+    /// `quota::owed_at_once` found them counting a-four twice, its hold and its fair-queue
+    /// entry, and refusing a-one under the ski-rental rule).
     #[test]
-    fn red_team_a_request_arriving_while_its_tenants_reclaim_is_under_way_reclaims_at_once() {
+    fn a_request_arriving_while_its_tenants_reclaim_is_under_way_reclaims_at_once() {
         let t = tree(
             r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 5}}},
                 "t/b": {"gpus": {"H100-80GB": {"guarantee": 3}}, "min_runtime_s": 1000}}"#,

@@ -335,6 +335,9 @@ impl Reclaim {
 #[derive(Debug, Clone)]
 struct WaitEntry {
     tenant: String,
+    /// Its claim ([`ClaimKey`]'s third part): a claim holding a reclaim is counted in the
+    /// usage (the capacity held for it), not again as a request waiting.
+    claim: String,
     resources: Resources,
     arrived_ms: u64,
     last_seen_ms: u64,
@@ -1122,7 +1125,15 @@ impl Books {
         let (asked_ms, owed_first, settling) = match self.first_asks.get(&hold) {
             Some(&(asked_ms, owed_first, _)) => (asked_ms, owed_first, false),
             None if self.settling(now) => (now, false, true),
-            None => (now, self.is_owed(tree, node, req, &r, now, Owed::AtOnce), false),
+            None => {
+                let at_once = self.is_owed(tree, node, req, &r, now, Owed::AtOnce);
+                // Owed, but only behind a larger request of its tenant: owed from this ask
+                // (its wait is an owed-later one, as the simulator counts it).
+                if !at_once && self.is_owed(tree, node, req, &r, now, Owed::Behind) {
+                    self.owed_since.entry(hold.clone()).or_insert((now, now));
+                }
+                (now, at_once, false)
+            }
         };
         let ask = Ask { owed_first, asked_ms, settling };
         let answer = if req.short_on_node {
@@ -1189,7 +1200,11 @@ impl Books {
     /// Whether `req` from `node` is owed now behind its tenant's requests waiting before it
     /// on any node: those that would be owed in arrival order counted as its guaranteed
     /// usage ([`Owed::Behind`], [`crate::owed_behind`]), or all of them ([`Owed::AtOnce`],
-    /// [`crate::owed_at_once`]: whether it may reclaim at once).
+    /// [`crate::owed_at_once`]: whether it may reclaim at once). A request waiting whose
+    /// claim holds a reclaim is not counted: the capacity held for it is in the usage. A
+    /// claim whose own entry was relearned after a takeover is judged [`Owed::Behind`]: the
+    /// relearned queue's order is the order the requests asked again in, not the one they
+    /// first asked in.
     fn is_owed(
         &self,
         tree: &QuotaTree,
@@ -1201,10 +1216,20 @@ impl Books {
     ) -> bool {
         let me = self.own_entry(node, &req.container_id, &req.tenant, r);
         let since = self.waiting.get(&me).map_or(now, |w| w.arrived_ms);
+        let how = match how {
+            Owed::AtOnce if self.restored_ms.is_some_and(|t| since < t + WAITING_TTL_MS) => {
+                Owed::Behind
+            }
+            how => how,
+        };
+        let reclaiming = |NodeContainer(n, _): &NodeContainer, w: &WaitEntry| {
+            self.reclaims.contains_key(&(n.clone(), w.tenant.clone(), w.claim.clone()))
+        };
         let mut earlier: Vec<(u64, &Resources)> = self
             .waiting
             .iter()
             .filter(|(k, w)| **k != me && w.tenant == req.tenant && w.arrived_ms < since)
+            .filter(|(k, w)| !reclaiming(k, w))
             .filter(|(_, w)| self.could_ever_run(tree, &w.tenant, &w.resources))
             .map(|(_, w)| (w.arrived_ms, &w.resources))
             .collect();
@@ -1214,6 +1239,23 @@ impl Books {
         match how {
             Owed::Behind => owed_behind(tree, &usage, &req.tenant, r, earlier),
             Owed::AtOnce => owed_at_once(tree, &usage, &req.tenant, r, earlier),
+        }
+    }
+
+    /// How a claim owed, but not at once at its first ask, is owed now, in words: behind a
+    /// larger request of its tenant waiting before it, or since its backlog was served.
+    fn owed_how(
+        &self,
+        tree: &QuotaTree,
+        node: &str,
+        req: &AdmitRequest,
+        r: &Resources,
+        now: u64,
+    ) -> &'static str {
+        if self.is_owed(tree, node, req, r, now, Owed::AtOnce) {
+            "owed since its backlog was served"
+        } else {
+            "owed behind a larger request of its tenant waiting before it, not at once"
         }
     }
 
@@ -1312,14 +1354,15 @@ impl Books {
         let held_for_it = held.is_some();
         let extra = held.cloned().unwrap_or_default();
         let decision = self.decide_with(tree, node, tenant, r, !req.unsynced_lease_grants, &extra);
-        self.forget_owed(node, req, &decision);
         if matches!(decision, Decision::Admit { class: Class::Borrowed, .. } | Decision::Refuse(_))
         {
-            // Within its guarantees but for other nodes' unused leases: recall them.
+            // Within its guarantees but for other nodes' unused leases: recall them. (Still
+            // owed: since when is kept.)
             if let Some(recall) = self.recall_leases(tree, node, req, r, now) {
                 return recall.answer;
             }
         }
+        self.forget_owed(node, req, &decision);
         match decision {
             Decision::Admit { class, over } => {
                 if !held_for_it {
@@ -1866,10 +1909,10 @@ impl Books {
                 ),
                 None => String::new(),
             };
+            let owed = self.owed_how(tree, node, req, r, now);
             return Reclaimed::Not(Some(format!(
-                "owed only since its tenant's requests waiting before it were served, so it \
-                 reclaims only when the borrowed work would lose no more than it has waited \
-                 ({waited_s} s so far){patience}; it waits for capacity to free"
+                "{owed}, so it reclaims only when the borrowed work would lose no more than it \
+                 has waited ({waited_s} s so far){patience}; it waits for capacity to free"
             )));
         }
         let mut picked: BTreeMap<NodeContainer, String> = BTreeMap::new();
@@ -1890,6 +1933,19 @@ impl Books {
                 picked.entry(k.clone()).or_insert_with(|| why.clone());
             }
         }
+        let owed = if ask.owed_first {
+            "owed: at once".to_string()
+        } else {
+            let how = self.owed_how(tree, node, req, r, now);
+            if worth_reclaiming(chosen.cost, waited_s, share) {
+                format!("{how}, after waiting as long as it loses")
+            } else {
+                format!(
+                    "{how}, for {owed_for_s} s: its path's owed_reclaim_after_s ({} s)",
+                    after_s.unwrap_or_default()
+                )
+            }
+        };
         let mut victims = Vec::new();
         let mut tenants: BTreeSet<String> = BTreeSet::new();
         let mut preempted: Vec<(String, Option<String>, String, Resources, u64, bool)> = Vec::new();
@@ -1913,21 +1969,8 @@ impl Books {
                 grace_s,
                 reason: format!(
                     "reclaimed for {claimant}, which asks {r} within its guarantee on node \
-                     {node} ({}): {} runs {} on borrowed capacity; {why}",
-                    if ask.owed_first {
-                        "owed: at once".to_string()
-                    } else if worth_reclaiming(chosen.cost, waited_s, share) {
-                        "owed since its backlog was served, after waiting as long as it loses"
-                            .to_string()
-                    } else {
-                        format!(
-                            "owed since its backlog was served, for {owed_for_s} s: its path's \
-                             owed_reclaim_after_s ({} s)",
-                            after_s.unwrap_or_default()
-                        )
-                    },
-                    e.tenant,
-                    e.resources,
+                     {node} ({owed}): {} runs {} on borrowed capacity; {why}",
+                    e.tenant, e.resources,
                 ),
                 requeue: String::new(),
             });
@@ -2205,6 +2248,7 @@ impl Books {
         }
         let entry = self.waiting.entry(key).or_insert_with(|| WaitEntry {
             tenant: req.tenant.clone(),
+            claim: claim_of(req),
             resources: r.clone(),
             arrived_ms: now,
             last_seen_ms: now,

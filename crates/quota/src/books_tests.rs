@@ -819,12 +819,12 @@ fn a_retry_under_a_new_container_id_is_not_its_own_backlog_ahead() {
     }
     let a = ask_until_answered("try-1", &mut now);
     let (msg, _) = refused(&a);
-    assert!(msg.contains("owed only since"), "try-1: {msg}");
+    assert!(msg.contains("owed since its backlog was served"), "try-1: {msg}");
     // The kubelet's next attempt, under a new id: the same request, owed since.
     now += 10_000;
     let a = ask_until_answered("try-2", &mut now);
     let (msg, _) = refused(&a);
-    assert!(msg.contains("owed only since"), "try-2: {msg}");
+    assert!(msg.contains("owed since its backlog was served"), "try-2: {msg}");
 }
 
 /// A request no node can hold wins no tie in the fair queue: acme/c and acme/a hold the
@@ -3089,16 +3089,17 @@ fn the_reclaim_started_with_a_recall_keeps_min_runtime_and_settling() {
     b.check_totals().unwrap();
 }
 
-// --- red team: the at-once reclaim (quota::owed_at_once) ---------------------------------
+// --- the at-once reclaim (quota::owed_at_once), its red team's cases ----------------------
 
-/// Red team (c281c74). A's 4 waited on n1 (B's borrowed work there within its minimum run
-/// time), kept asking, and now reclaims there: the 4 GPUs held for it count as A's
-/// guaranteed usage, while its fair-queue entry (removed only when it is admitted) stays.
-/// A's 1 then asks on n2: with everything A has running and waiting counted it is within
-/// A's guarantee of 6 (4 held + 1), so the owner promise covers it and it should reclaim at
-/// once. `is_owed(.., Owed::AtOnce)` counts the 4 twice (held and waiting: 4 + 4 + 1 > 6).
+/// A's 4 waited on n1 (B's borrowed work there within its minimum run time), kept asking,
+/// and now reclaims there: the 4 GPUs held for it count as A's guaranteed usage, while its
+/// fair-queue entry (removed only when it is admitted) stays. A's 1 then asks on n2: with
+/// everything A has running and waiting counted it is within A's guarantee of 6 (4 held +
+/// 1), so the owner promise covers it and it reclaims at once: a request waiting whose claim
+/// holds a reclaim is not counted ahead again. (Red team of `quota::owed_at_once`: the 4 was
+/// counted twice, 4 + 4 + 1 > 6, and A's 1 was held to the ski-rental rule.)
 #[test]
-fn red_team_a_claim_whose_reclaim_is_under_way_is_not_counted_twice_ahead() {
+fn a_claim_whose_reclaim_is_under_way_is_not_counted_twice_ahead() {
     let (t, mut b, mut nodes, mut now) =
         protected_backlog_under(r#"{"gpus": {"H100-80GB": {"guarantee": 6}}}"#, false);
     let four = ask("a-four", "acme/a", 4);
@@ -3155,13 +3156,12 @@ fn five_waiting(a_quota: &str, n2_full: bool) -> (QuotaTree, Books, [Node; 2], u
     (t, b, nodes, now)
 }
 
-/// Red team (c281c74). A's 1, owed at its first ask behind A's 5 ([`crate::owed_behind`])
-/// but not owed at once, finds room on n2 and is admitted at once. The books count its wait
-/// nowhere: not an owner wait (`owed_first` is false now) and not an owed-later wait (only
-/// `start_reclaim` sets `owed_since`). Before the change it was an owner wait of 0 s; the
-/// simulator counts it as a request owed later (`owed_since` set at arrival, wait 0).
+/// A's 1, owed at its first ask behind A's 5 ([`crate::owed_behind`]) but not owed at once,
+/// finds room on n2 and is admitted (after a lease recall): its wait is an owed-later one, as
+/// the simulator counts it, not an owner wait. (Red team of `quota::owed_at_once`: it was
+/// counted in neither; the lease recall's ask also forgot since when it was owed.)
 #[test]
-fn red_team_a_request_owed_only_behind_admitted_at_once_is_counted_in_some_wait() {
+fn a_request_owed_only_behind_admitted_at_once_is_counted_in_some_wait() {
     let (t, mut b, mut nodes, mut now) =
         five_waiting(r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#, false);
     let one = ask("a-one", "acme/a", 1);
@@ -3174,24 +3174,24 @@ fn red_team_a_request_owed_only_behind_admitted_at_once_is_counted_in_some_wait(
         .find(|p| p.path == "acme/a" && p.resource == "gpus.H100-80GB")
         .expect("acme/a's GPUs");
     assert!(
-        path.owner_wait_p99_ms.is_some() || path.owed_later_wait_p99_ms.is_some(),
+        path.owner_wait_p99_ms.is_none() && path.owed_later_wait_p99_ms.is_some(),
         "A's 1, owed at its first ask (owed_behind) and admitted, is counted in neither the \
          owner waits nor the owed-later waits (the simulator counts it owed later, 0 s): \
          {path:?}"
     );
 }
 
-/// Red team (c281c74). A's 1 owed only behind A's 5, which still waits: the refusal and the
-/// victim's reason must not say its backlog was served (they still say so, written for
-/// requests owed only since their backlog left the queue).
+/// A's 1 owed only behind A's 5, which still waits: the refusal says so, not that its
+/// backlog was served (red team of `quota::owed_at_once`: it did).
 #[test]
-fn red_team_a_request_owed_only_behind_is_not_told_its_backlog_was_served() {
+fn a_request_owed_only_behind_is_not_told_its_backlog_was_served() {
     let (t, mut b, mut nodes, mut now) =
         five_waiting(r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#, true);
     let one = ask("a-one", "acme/a", 1);
     let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
     let (msg, _) = refused(&a);
     assert!(msg.contains("would lose no more than it has waited"), "{msg}");
+    assert!(msg.contains("owed behind a larger request of its tenant"), "{msg}");
     assert!(
         !msg.contains("were served"),
         "A's 5 still waits ahead of A's 1: the refusal must not say its tenant's requests \
@@ -3199,11 +3199,12 @@ fn red_team_a_request_owed_only_behind_is_not_told_its_backlog_was_served() {
     );
 }
 
-/// Red team (c281c74). [`red_team_a_request_owed_only_behind_is_not_told_its_backlog_was_served`]
-/// for the victim: with `owed_reclaim_after_s` 0, A's 1 reclaims at its first ask, and the
-/// victim is told "owed since its backlog was served" while A's 5 still waits.
+/// [`a_request_owed_only_behind_is_not_told_its_backlog_was_served`] for the victim: with
+/// `owed_reclaim_after_s` 0, A's 1 reclaims at its first ask, and the victim is told it is
+/// owed behind a larger request (red team: "owed since its backlog was served", while A's 5
+/// still waited).
 #[test]
-fn red_team_a_victim_of_a_request_owed_only_behind_is_not_told_its_backlog_was_served() {
+fn a_victim_of_a_request_owed_only_behind_is_not_told_its_backlog_was_served() {
     let one = ask("a-one", "acme/a", 1);
     let (t, mut b, mut nodes, mut now) = five_waiting(
         r#"{"gpus": {"H100-80GB": {"guarantee": 4}}, "owed_reclaim_after_s": 0}"#,
@@ -3212,21 +3213,24 @@ fn red_team_a_victim_of_a_request_owed_only_behind_is_not_told_its_backlog_was_s
     let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
     let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
     assert!(
-        victims.iter().all(|v| !v.reason.contains("backlog was served")),
+        victims.iter().all(|v| {
+            !v.reason.contains("backlog was served")
+                && v.reason.contains("owed behind a larger request of its tenant")
+        }),
         "A's 5 still waits ahead of A's 1: the victim must not be told A's backlog was \
          served: {victims:?}"
     );
 }
 
-/// Red team (c281c74; the root cause predates it). Two pods of one job, 1 GPU each, on a
-/// guarantee of 2, asked one after another on n1 and n2: pod 1 waited on n1 (B's borrowed
-/// work there within its minimum run time), kept asking, and now reclaims there. Pod 2 is
-/// within A's guarantee with everything A has running and waiting counted (1 held for
-/// pod 1 + 1), so it should reclaim at once. Pod 1's fair-queue entry, left while its
-/// reclaim holds its GPU, is counted on top of the hold (1 + 1 + 1 > 2): pod 2 is not even
-/// owed now and preempts nothing while pod 1's victims stop.
+/// Two pods of one job, 1 GPU each, on a guarantee of 2, asked one after another on n1 and
+/// n2: pod 1 waited on n1 (B's borrowed work there within its minimum run time), kept
+/// asking, and now reclaims there. Pod 2 is within A's guarantee with everything A has
+/// running and waiting counted (1 held for pod 1 + 1), so it reclaims at once. (Red team of
+/// `quota::owed_at_once`, a defect older than it: pod 1's fair-queue entry, left while its
+/// reclaim held its GPU, was counted on top of the hold, 1 + 1 + 1 > 2, and pod 2 was not
+/// even owed and preempted nothing while pod 1's victims stopped.)
 #[test]
-fn red_team_pod_two_of_a_job_does_not_lose_the_at_once_reclaim_to_pod_one_reclaiming() {
+fn pod_two_of_a_job_does_not_lose_the_at_once_reclaim_to_pod_one_reclaiming() {
     let t = tree(
         r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
             "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}, "min_runtime_s": 600}}"#,
@@ -3267,16 +3271,17 @@ fn red_team_pod_two_of_a_job_does_not_lose_the_at_once_reclaim_to_pod_one_reclai
     );
 }
 
-/// Red team (c281c74). A's 1 (the owner promise's: A holds and waits for nothing else when
-/// it arrives) waits on n1 for B's borrowed work there to pass its minimum run time; A's 5,
-/// beyond A's guarantee of 4, arrives after it and waits on n2. The books are taken over;
-/// A's 5 happens to ask again first in the 120 s the fair queue is relearned. Once the
-/// queue is relearned, A's 1 should reclaim at once as it would have without the takeover:
-/// with `owed_at_once` its first ask after the takeover counts A's 5 ahead of it (its
-/// relearned entry is older), so it only reclaims under the ski-rental rule, which B's
-/// long-running work never lets it. (With `owed_behind`, A's 5 fills none of A's guarantee.)
+/// A's 1 (the owner promise's: A holds and waits for nothing else when it arrives) waits on
+/// n1 for B's borrowed work there to pass its minimum run time; A's 5, beyond A's guarantee
+/// of 4, arrives after it and waits on n2. The books are taken over; A's 5 happens to ask
+/// again first in the 120 s the fair queue is relearned. Once the queue is relearned, A's 1
+/// reclaims at once as it would have without the takeover: a claim whose entry was relearned
+/// is judged by `owed_behind` (the relearned order is not the order of the first asks).
+/// (Red team of `quota::owed_at_once`: its first ask after the takeover counted A's 5 ahead
+/// of it, and it reclaimed only under the ski-rental rule, which B's long-running work never
+/// let it.)
 #[test]
-fn red_team_a_takeover_does_not_take_the_at_once_reclaim_from_an_owner_request() {
+fn a_takeover_does_not_take_the_at_once_reclaim_from_an_owner_request() {
     let t = tree(
         r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
             "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}, "min_runtime_s": 600}}"#,
