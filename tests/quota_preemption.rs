@@ -841,6 +841,71 @@ fn a_request_not_owed_preempts_nothing_while_one_owed_at_once_reclaims() {
     f.b.fx.delete_container("d9", true);
 }
 
+/// A request owed only behind a larger request of its tenant does not reclaim at once
+/// (`quota::owed_at_once`): alice (guarantee 4, `owed_reclaim_after_s` 3) waits with a
+/// 5-GPU request on node A, full of bob's guaranteed work, then asks for 1 GPU on node B,
+/// full of the guest's borrowed work. Her 5 fills none of her guarantee, so the 1 is owed,
+/// but not at once: its first answer says it is owed behind a larger request of its tenant
+/// and when it will reclaim, and nothing is preempted; 3 s later it reclaims one guest
+/// unit and runs, guaranteed. (With the at-once reclaim for every owed request, its first
+/// ask reclaimed.)
+#[test]
+fn a_request_owed_only_behind_a_larger_one_reclaims_after_its_paths_owed_reclaim_after_s() {
+    let _one = one_at_a_time();
+    let f = QuotaFleet::start(json!({
+        "acme": {"grace_period_s": 1},
+        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}, "owed_reclaim_after_s": 3},
+        "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 9}}},
+    }));
+    // The guest borrows all of node B (no checkpoints: a victim loses all it has run);
+    // bob fills node A within his guarantee.
+    for i in 1..=8 {
+        let id = format!("g{i}");
+        run_retrying(&f.b, &id, GUEST, "echo got-SIGTERM; exit 0", &[], POLL, LONG);
+        assert_eq!(class_of(&f.b, &id).as_deref(), Some("borrowed"), "{id}");
+    }
+    for i in 1..=8 {
+        let id = format!("d{i}");
+        run_retrying(&f.a, &id, BOB, "exit 0", &[], POLL, LONG);
+    }
+    f.wait_status("the fleet full", |s| {
+        f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(8_000_000)
+    });
+    // Alice's 5 (beyond her guarantee of 4) waits on node A.
+    ask_until_queued(&f.a, "five", ALICE, 5);
+    let asked = Instant::now();
+    let first = try_run(&f.b, "one", ALICE, "exit 0", &[]).expect_err("B is full");
+    assert!(
+        first.contains("owed behind a larger request of its tenant")
+            && first.contains("or once owed for 3 s (quotas.acme/trusted.owed_reclaim_after_s)")
+            && !first.contains("reclaiming"),
+        "{first}"
+    );
+    assert_eq!(f.events("preempt"), Vec::<Value>::new(), "nothing preempted at its first ask");
+    // Alice's 5 stays in the fair queue (it asked less than a minute ago); her 1 reclaims
+    // once owed for 3 s.
+    let asked_again = run_retrying(&f.b, "one", ALICE, "exit 0", &[], POLL, LONG);
+    let waited = asked.elapsed();
+    assert!(asked_again.iter().any(|e| e.contains("reclaiming")), "{asked_again:#?}");
+    assert!(waited >= Duration::from_secs(3), "ran {waited:?} after its first ask");
+    assert!(waited < Duration::from_secs(3 + 1 + 10), "ran {waited:?} after its first ask");
+    assert_eq!(class_of(&f.b, "one").as_deref(), Some("guaranteed"));
+    let preempt = f.events("preempt");
+    assert_eq!(preempt.len(), 1, "{preempt:#?}");
+    assert!(
+        preempt[0]["reason"].as_str().is_some_and(|r| {
+            r.contains("owed behind a larger request of its tenant")
+                && r.contains("owed_reclaim_after_s (3 s)")
+        }),
+        "{preempt:#?}"
+    );
+    for i in 1..=8 {
+        f.a.fx.delete_container(&format!("d{i}"), true);
+        f.b.fx.delete_container(&format!("g{i}"), true);
+    }
+    f.b.fx.delete_container("one", true);
+}
+
 /// A request owed only later (its tenant's requests ahead served) whose victims have run
 /// longer than it has waited reclaims once owed for its path's `owed_reclaim_after_s`,
 /// told when until then; the policy setting reaches the books through the coordinator, and
