@@ -841,6 +841,23 @@ fn a_request_not_owed_preempts_nothing_while_one_owed_at_once_reclaims() {
     f.b.fx.delete_container("d9", true);
 }
 
+/// The guest borrows all of node B (g1–g8, no checkpoints: a victim loses all it has
+/// run); bob fills node A within his guarantee (d1–d8); waits until the books see it.
+fn guest_on_b_bob_on_a(f: &QuotaFleet) {
+    for i in 1..=8 {
+        let id = format!("g{i}");
+        run_retrying(&f.b, &id, GUEST, "echo got-SIGTERM; exit 0", &[], POLL, LONG);
+        assert_eq!(class_of(&f.b, &id).as_deref(), Some("borrowed"), "{id}");
+    }
+    for i in 1..=8 {
+        let id = format!("d{i}");
+        run_retrying(&f.a, &id, BOB, "exit 0", &[], POLL, LONG);
+    }
+    f.wait_status("the fleet full", |s| {
+        f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(8_000_000)
+    });
+}
+
 /// A request owed only behind a larger request of its tenant does not reclaim at once
 /// (`quota::owed_at_once`): alice (guarantee 4, `owed_reclaim_after_s` 3) waits with a
 /// 5-GPU request on node A, full of bob's guaranteed work, then asks for 1 GPU on node B,
@@ -857,20 +874,7 @@ fn a_request_owed_only_behind_a_larger_one_reclaims_after_its_paths_owed_reclaim
         "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}, "owed_reclaim_after_s": 3},
         "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 9}}},
     }));
-    // The guest borrows all of node B (no checkpoints: a victim loses all it has run);
-    // bob fills node A within his guarantee.
-    for i in 1..=8 {
-        let id = format!("g{i}");
-        run_retrying(&f.b, &id, GUEST, "echo got-SIGTERM; exit 0", &[], POLL, LONG);
-        assert_eq!(class_of(&f.b, &id).as_deref(), Some("borrowed"), "{id}");
-    }
-    for i in 1..=8 {
-        let id = format!("d{i}");
-        run_retrying(&f.a, &id, BOB, "exit 0", &[], POLL, LONG);
-    }
-    f.wait_status("the fleet full", |s| {
-        f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(8_000_000)
-    });
+    guest_on_b_bob_on_a(&f);
     // Alice's 5 (beyond her guarantee of 4) waits on node A.
     ask_until_queued(&f.a, "five", ALICE, 5);
     let asked = Instant::now();
@@ -918,20 +922,7 @@ fn a_request_owed_later_reclaims_once_owed_for_its_paths_owed_reclaim_after_s() 
         "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}, "owed_reclaim_after_s": 3},
         "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 9}}},
     }));
-    // The guest borrows all of node B (no checkpoints: a victim loses all it has run);
-    // bob fills node A within his guarantee.
-    for i in 1..=8 {
-        let id = format!("g{i}");
-        run_retrying(&f.b, &id, GUEST, "echo got-SIGTERM; exit 0", &[], POLL, LONG);
-        assert_eq!(class_of(&f.b, &id).as_deref(), Some("borrowed"), "{id}");
-    }
-    for i in 1..=8 {
-        let id = format!("d{i}");
-        run_retrying(&f.a, &id, BOB, "exit 0", &[], POLL, LONG);
-    }
-    f.wait_status("the fleet full", |s| {
-        f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(8_000_000)
-    });
+    guest_on_b_bob_on_a(&f);
     // Alice's 4 waits on node A; her 1 on node B is not owed (her 4 ahead fills her
     // guarantee).
     ask_until_queued(&f.a, "wide", ALICE, 4);

@@ -1217,7 +1217,9 @@ impl Books {
         let me = self.own_entry(node, &req.container_id, &req.tenant, r);
         let since = self.waiting.get(&me).map_or(now, |w| w.arrived_ms);
         let how = match how {
-            Owed::AtOnce if self.restored_ms.is_some_and(|t| since < t + WAITING_TTL_MS) => {
+            Owed::AtOnce
+                if self.restored_ms.is_some_and(|t| since < t.saturating_add(WAITING_TTL_MS)) =>
+            {
                 Owed::Behind
             }
             how => how,

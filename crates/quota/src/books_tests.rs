@@ -3104,22 +3104,7 @@ fn a_claim_whose_reclaim_is_under_way_is_not_counted_twice_ahead() {
         protected_backlog_under(r#"{"gpus": {"H100-80GB": {"guarantee": 6}}}"#, false);
     let four = ask("a-four", "acme/a", 4);
     // A's 4 keeps asking each minute until B's work on n1 is past its minimum run time.
-    let mut reclaim = None;
-    for _ in 0..12 {
-        now += 60_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
-        match answer_through_recalls(&mut nodes, 0, &mut b, &t, &four, &mut now).0 {
-            AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty() => {
-                reclaim = Some(victims);
-                break;
-            }
-            a => assert!(refused(&a).0.contains("minimum run time"), "{a:?}"),
-        }
-    }
-    let victims = reclaim.expect("A's 4 reclaims once B's work on n1 is past min_runtime_s");
-    assert!(victims.iter().all(|v| v.node == "n1"), "{victims:?}");
+    let victims = ask_each_minute_until_it_reclaims(&mut nodes, &mut b, &t, &four, &mut now);
     assert_eq!(gpus_of(&b.real_usage().of("acme/a")), (4, 0), "held for A's 4");
     // A's 1 on n2, within A's guarantee with all A has running and waiting counted.
     now += 1_000;
@@ -3130,6 +3115,32 @@ fn a_claim_whose_reclaim_is_under_way_is_not_counted_twice_ahead() {
         "A's 1 is within A's guarantee of 6 with A's 4 (held for its reclaim) counted once: \
          the owner promise covers it and it must reclaim at once, got {a:?}"
     );
+}
+
+/// `req` asked on n1 each minute (every node syncing first) while its victims there are
+/// within their minimum run time, until it reclaims (at most 12 minutes): its victims, all
+/// on n1.
+fn ask_each_minute_until_it_reclaims(
+    nodes: &mut [Node; 2],
+    b: &mut Books,
+    t: &QuotaTree,
+    req: &AdmitRequest,
+    now: &mut u64,
+) -> Vec<Victim> {
+    for _ in 0..12 {
+        *now += 60_000;
+        for n in nodes.iter_mut() {
+            n.sync(b, t, *now);
+        }
+        match answer_through_recalls(nodes, 0, b, t, req, now).0 {
+            AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty() => {
+                assert!(victims.iter().all(|v| v.node == "n1"), "{victims:?}");
+                return victims;
+            }
+            a => assert!(refused(&a).0.contains("minimum run time"), "{a:?}"),
+        }
+    }
+    panic!("{} never reclaimed once its victims were past min_runtime_s", req.container_id);
 }
 
 /// A's guarantee of 4 and the fleet of [`two_nodes`]; B (ceiling 12) holds n1 (4 guaranteed,
@@ -3245,22 +3256,7 @@ fn pod_two_of_a_job_does_not_lose_the_at_once_reclaim_to_pod_one_reclaiming() {
     }
     fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 8, 8), false, &mut now);
     let pod1 = ask("job-pod-1", "acme/a", 1);
-    let mut reclaim = None;
-    for _ in 0..12 {
-        now += 60_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
-        match answer_through_recalls(&mut nodes, 0, &mut b, &t, &pod1, &mut now).0 {
-            AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty() => {
-                reclaim = Some(victims);
-                break;
-            }
-            a => assert!(refused(&a).0.contains("minimum run time"), "{a:?}"),
-        }
-    }
-    let victims = reclaim.expect("pod 1 reclaims once B's work on n1 is past min_runtime_s");
-    assert!(victims.iter().all(|v| v.node == "n1"), "{victims:?}");
+    let victims = ask_each_minute_until_it_reclaims(&mut nodes, &mut b, &t, &pod1, &mut now);
     now += 1_000;
     let pod2 = ask("job-pod-2", "acme/a", 1);
     let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &pod2, &mut now);
