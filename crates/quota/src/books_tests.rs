@@ -3104,7 +3104,7 @@ fn a_claim_whose_reclaim_is_under_way_is_not_counted_twice_ahead() {
         protected_backlog_under(r#"{"gpus": {"H100-80GB": {"guarantee": 6}}}"#, false);
     let four = ask("a-four", "acme/a", 4);
     // A's 4 keeps asking each minute until B's work on n1 is past its minimum run time.
-    let victims = ask_each_minute_until_it_reclaims(&mut nodes, &mut b, &t, &four, &mut now);
+    ask_each_minute_until_it_reclaims(&mut nodes, &mut b, &t, &four, &mut now);
     assert_eq!(gpus_of(&b.real_usage().of("acme/a")), (4, 0), "held for A's 4");
     // A's 1 on n2, within A's guarantee with all A has running and waiting counted.
     now += 1_000;
@@ -3256,7 +3256,7 @@ fn pod_two_of_a_job_does_not_lose_the_at_once_reclaim_to_pod_one_reclaiming() {
     }
     fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 8, 8), false, &mut now);
     let pod1 = ask("job-pod-1", "acme/a", 1);
-    let victims = ask_each_minute_until_it_reclaims(&mut nodes, &mut b, &t, &pod1, &mut now);
+    ask_each_minute_until_it_reclaims(&mut nodes, &mut b, &t, &pod1, &mut now);
     now += 1_000;
     let pod2 = ask("job-pod-2", "acme/a", 1);
     let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &pod2, &mut now);
