@@ -1949,7 +1949,8 @@ impl<'a> Sim<'a> {
         }
         let mut now_owed = Vec::new();
         let open = |st: &State| !st.owner && st.first_start.is_none();
-        // Not owed when it arrived: the rule's clock (`owed_reclaim_after_s`) runs for it.
+        // Not owed at once when it arrived: the rule's clock (`owed_reclaim_after_s`) runs
+        // for it.
         let timed = |st: &State| !st.owed;
         for (tenant, mut queue) in by_tenant {
             if !queue.iter().any(|&v| open(&self.st[v]) || timed(&self.st[v])) {

@@ -1121,7 +1121,8 @@ impl Books {
                 return rc.still_reclaiming(now);
             }
         }
-        // Owed when it first asked: its wait counts as an owner's, and it may reclaim at once.
+        // Owed at once when it first asked: its wait counts as an owner's, and it may
+        // reclaim at once.
         let (asked_ms, owed_first, settling) = match self.first_asks.get(&hold) {
             Some(&(asked_ms, owed_first, _)) => (asked_ms, owed_first, false),
             None if self.settling(now) => (now, false, true),
@@ -1759,7 +1760,8 @@ impl Books {
     /// tenants outside its subtree, not already being stopped by another reclaim, chosen by
     /// the work they would lose ([`choose_victims`]); a victim in a gang brings every member
     /// of the gang on every node. A claim not owed now ([`crate::owed`]) takes none: it
-    /// waits for capacity to free; one owed only since its first ask goes ahead only if the
+    /// waits for capacity to free; one owed, but not at once at its first ask (owed only
+    /// behind a larger request of its tenant, or only since), goes ahead only if the
     /// victims lose no more than its waiting has cost, or once it has been owed for its path's
     /// `owed_reclaim_after_s` ([`crate::may_reclaim_owed_later`]). Starts the reclaim and
     /// answers it, or says why not.
@@ -1771,9 +1773,10 @@ impl Books {
         if let Some(a) = self.await_stopping(tree, node, claimant, req, r, short, on, now) {
             return Reclaimed::Started(a);
         }
-        // Owed when it first asked, or since: one that was not (its tenant's backlog ahead
-        // filled the guarantee) is owed once that backlog is served and its tenant's
-        // guaranteed work has ended. A request not owed now never preempts.
+        // Owed at once when it first asked, owed behind a larger request of its tenant, or
+        // owed since: one that was not (its tenant's backlog ahead filled the guarantee) is
+        // owed once that backlog is served and its tenant's guaranteed work has ended. A
+        // request not owed now never preempts.
         let key = claim_key(node, req);
         if ask.settling {
             let restored = self.restored_ms.unwrap_or(now);

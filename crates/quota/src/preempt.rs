@@ -4,10 +4,12 @@
 //! A request is **owed** when its tenant's guaranteed usage, plus the tenant's own requests
 //! waiting ahead of it, plus the request itself fit every guarantee on its chain (the
 //! guaranteed children's unused guarantees set aside, [`crate::set_aside`]): what the
-//! guarantee promises to serve at once. A request owed when it first asks reclaims at once
-//! (its victims' grace period plus seconds). One that was not, but is owed since (its
-//! tenant's backlog ahead of it has been served and the tenant's guaranteed work has
-//! ended), reclaims only when the victims would lose no more than its waiting has cost
+//! guarantee promises to serve. Of the requests waiting ahead only those count that would
+//! be owed themselves ([`owed_behind`]). A request owed *at once* when it first asks — with
+//! all its tenant's waiting requests ahead counted ([`owed_at_once`]) — reclaims at once
+//! (its victims' grace period plus seconds). One owed only behind a larger request of its
+//! tenant, or not owed then but owed since (its tenant's backlog ahead of it has been
+//! served and the tenant's guaranteed work has ended), reclaims only when the victims would lose no more than its waiting has cost
 //! ([`worth_reclaiming`]): the ski-rental rule, so such a preemption never destroys more
 //! work than the waiting it ends, and the wait is bounded by what the borrowers would lose.
 //! A path may bound that wait: with `owed_reclaim_after_s` it reclaims once it has been owed
