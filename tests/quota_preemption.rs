@@ -841,9 +841,16 @@ fn a_request_not_owed_preempts_nothing_while_one_owed_at_once_reclaims() {
     f.b.fx.delete_container("d9", true);
 }
 
-/// The guest borrows all of node B (g1–g8, no checkpoints: a victim loses all it has
-/// run); bob fills node A within his guarantee (d1–d8); waits until the books see it.
-fn guest_on_b_bob_on_a(f: &QuotaFleet) {
+/// Alice (acme/trusted: guarantee 4, `owed_reclaim_after_s` 3), bob (acme/dev: guarantee
+/// 9), grace periods of 1 s; the guest borrows all of node B (g1–g8, no checkpoints: a
+/// victim loses all it has run) and bob fills node A within his guarantee (d1–d8), the
+/// books seeing it.
+fn owed_later_fleet() -> QuotaFleet {
+    let f = QuotaFleet::start(json!({
+        "acme": {"grace_period_s": 1},
+        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}, "owed_reclaim_after_s": 3},
+        "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 9}}},
+    }));
     for i in 1..=8 {
         let id = format!("g{i}");
         run_retrying(&f.b, &id, GUEST, "echo got-SIGTERM; exit 0", &[], POLL, LONG);
@@ -856,6 +863,7 @@ fn guest_on_b_bob_on_a(f: &QuotaFleet) {
     f.wait_status("the fleet full", |s| {
         f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(8_000_000)
     });
+    f
 }
 
 /// A request owed only behind a larger request of its tenant does not reclaim at once
@@ -869,12 +877,7 @@ fn guest_on_b_bob_on_a(f: &QuotaFleet) {
 #[test]
 fn a_request_owed_only_behind_a_larger_one_reclaims_after_its_paths_owed_reclaim_after_s() {
     let _one = one_at_a_time();
-    let f = QuotaFleet::start(json!({
-        "acme": {"grace_period_s": 1},
-        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}, "owed_reclaim_after_s": 3},
-        "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 9}}},
-    }));
-    guest_on_b_bob_on_a(&f);
+    let f = owed_later_fleet();
     // Alice's 5 (beyond her guarantee of 4) waits on node A.
     ask_until_queued(&f.a, "five", ALICE, 5);
     let asked = Instant::now();
@@ -917,12 +920,7 @@ fn a_request_owed_only_behind_a_larger_one_reclaims_after_its_paths_owed_reclaim
 #[test]
 fn a_request_owed_later_reclaims_once_owed_for_its_paths_owed_reclaim_after_s() {
     let _one = one_at_a_time();
-    let f = QuotaFleet::start(json!({
-        "acme": {"grace_period_s": 1},
-        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 4}}, "owed_reclaim_after_s": 3},
-        "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 9}}},
-    }));
-    guest_on_b_bob_on_a(&f);
+    let f = owed_later_fleet();
     // Alice's 4 waits on node A; her 1 on node B is not owed (her 4 ahead fills her
     // guarantee).
     ask_until_queued(&f.a, "wide", ALICE, 4);

@@ -1127,10 +1127,15 @@ impl Books {
             Some(&(asked_ms, owed_first, _)) => (asked_ms, owed_first, false),
             None if self.settling(now) => (now, false, true),
             None => {
-                let at_once = self.is_owed(tree, node, req, &r, now, Owed::AtOnce);
+                // One look at the queue for both judgements.
+                let (at_once, behind) = {
+                    let owed = self.owed_judge(tree, node, req, &r, now);
+                    let at_once = owed(Owed::AtOnce);
+                    (at_once, !at_once && owed(Owed::Behind))
+                };
                 // Owed, but only behind a larger request of its tenant: owed from this ask
                 // (its wait is an owed-later one, as the simulator counts it).
-                if !at_once && self.is_owed(tree, node, req, &r, now, Owed::Behind) {
+                if behind {
                     self.owed_since.entry(hold.clone()).or_insert((now, now));
                 }
                 (now, at_once, false)
@@ -1201,11 +1206,7 @@ impl Books {
     /// Whether `req` from `node` is owed now behind its tenant's requests waiting before it
     /// on any node: those that would be owed in arrival order counted as its guaranteed
     /// usage ([`Owed::Behind`], [`crate::owed_behind`]), or all of them ([`Owed::AtOnce`],
-    /// [`crate::owed_at_once`]: whether it may reclaim at once). A request waiting whose
-    /// claim holds a reclaim is not counted: the capacity held for it is in the usage. A
-    /// claim whose own entry was relearned after a takeover is judged [`Owed::Behind`]: the
-    /// relearned queue's order is the order the requests asked again in, not the one they
-    /// first asked in.
+    /// [`crate::owed_at_once`]: whether it may reclaim at once).
     fn is_owed(
         &self,
         tree: &QuotaTree,
@@ -1215,16 +1216,25 @@ impl Books {
         now: u64,
         how: Owed,
     ) -> bool {
+        self.owed_judge(tree, node, req, r, now)(how)
+    }
+
+    /// [`Books::is_owed`] for either [`Owed`], the fair queue looked at once. A request
+    /// waiting whose claim holds a reclaim is not counted: the capacity held for it is in
+    /// the usage. A claim whose own entry was relearned after a takeover is judged
+    /// [`Owed::Behind`] for [`Owed::AtOnce`] too: the relearned queue's order is the order
+    /// the requests asked again in, not the one they first asked in.
+    fn owed_judge<'s>(
+        &'s self,
+        tree: &'s QuotaTree,
+        node: &str,
+        req: &'s AdmitRequest,
+        r: &'s Resources,
+        now: u64,
+    ) -> impl Fn(Owed) -> bool + 's {
         let me = self.own_entry(node, &req.container_id, &req.tenant, r);
         let since = self.waiting.get(&me).map_or(now, |w| w.arrived_ms);
-        let how = match how {
-            Owed::AtOnce
-                if self.restored_ms.is_some_and(|t| since < t.saturating_add(WAITING_TTL_MS)) =>
-            {
-                Owed::Behind
-            }
-            how => how,
-        };
+        let relearned = self.restored_ms.is_some_and(|t| since < t.saturating_add(WAITING_TTL_MS));
         let reclaiming = |NodeContainer(n, _): &NodeContainer, w: &WaitEntry| {
             self.reclaims.contains_key(&(n.clone(), w.tenant.clone(), w.claim.clone()))
         };
@@ -1237,11 +1247,14 @@ impl Books {
             .map(|(_, w)| (w.arrived_ms, &w.resources))
             .collect();
         earlier.sort_by_key(|&(at, _)| at);
+        let earlier: Vec<&Resources> = earlier.into_iter().map(|(_, r)| r).collect();
         let usage = self.real_usage();
-        let earlier = earlier.into_iter().map(|(_, r)| r);
-        match how {
-            Owed::Behind => owed_behind(tree, &usage, &req.tenant, r, earlier),
-            Owed::AtOnce => owed_at_once(tree, &usage, &req.tenant, r, earlier),
+        move |how| {
+            let ahead = earlier.iter().copied();
+            match how {
+                Owed::AtOnce if !relearned => owed_at_once(tree, &usage, &req.tenant, r, ahead),
+                Owed::AtOnce | Owed::Behind => owed_behind(tree, &usage, &req.tenant, r, ahead),
+            }
         }
     }
 

@@ -861,15 +861,16 @@ fn protected_backlog(checkpoint: bool) -> (QuotaTree, Books, [Node; 2], u64) {
     protected_backlog_under(r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#, checkpoint)
 }
 
-/// [`protected_backlog`] with `a_quota` as acme/a's quota.
-fn protected_backlog_under(a_quota: &str, checkpoint: bool) -> (QuotaTree, Books, [Node; 2], u64) {
+/// acme/a with `a_quota`, acme/b with a guarantee of 4 and a minimum run time of 600 s, on
+/// [`two_nodes`]: n2 filled first (B's guarantee and 4 borrowed), n1 12 minutes later (8
+/// borrowed, protected), the nodes syncing each minute in between. B's units checkpoint or
+/// not as asked. Returns the tree, books, nodes and time.
+fn protected_fleet(a_quota: &str, checkpoint: bool) -> (QuotaTree, Books, [Node; 2], u64) {
     let t = tree(&format!(
         r#"{{"acme/a": {a_quota},
             "acme/b": {{"gpus": {{"H100-80GB": {{"guarantee": 4}}}}, "min_runtime_s": 600}}}}"#
     ));
     let (mut b, mut nodes, mut now) = two_nodes(&t);
-    // n2 first (B's guarantee and 4 borrowed), n1 12 minutes later (8 borrowed,
-    // protected), the nodes syncing each minute in between.
     fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 0, 8), checkpoint, &mut now);
     for _ in 0..12 {
         now += 60_000;
@@ -879,6 +880,12 @@ fn protected_backlog_under(a_quota: &str, checkpoint: bool) -> (QuotaTree, Books
     }
     fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 8, 8), checkpoint, &mut now);
     assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 12));
+    (t, b, nodes, now)
+}
+
+/// [`protected_backlog`] with `a_quota` as acme/a's quota.
+fn protected_backlog_under(a_quota: &str, checkpoint: bool) -> (QuotaTree, Books, [Node; 2], u64) {
+    let (t, mut b, mut nodes, mut now) = protected_fleet(a_quota, checkpoint);
     now += 1_000;
     let four = ask("a-four", "acme/a", 4);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &four, &mut now);
@@ -3242,19 +3249,8 @@ fn a_victim_of_a_request_owed_only_behind_is_not_told_its_backlog_was_served() {
 /// even owed and preempted nothing while pod 1's victims stopped.)
 #[test]
 fn pod_two_of_a_job_does_not_lose_the_at_once_reclaim_to_pod_one_reclaiming() {
-    let t = tree(
-        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}, "min_runtime_s": 600}}"#,
-    );
-    let (mut b, mut nodes, mut now) = two_nodes(&t);
-    fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
-    for _ in 0..12 {
-        now += 60_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
-    }
-    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 8, 8), false, &mut now);
+    let (t, mut b, mut nodes, mut now) =
+        protected_fleet(r#"{"gpus": {"H100-80GB": {"guarantee": 2}}}"#, false);
     let pod1 = ask("job-pod-1", "acme/a", 1);
     ask_each_minute_until_it_reclaims(&mut nodes, &mut b, &t, &pod1, &mut now);
     now += 1_000;
@@ -3278,19 +3274,8 @@ fn pod_two_of_a_job_does_not_lose_the_at_once_reclaim_to_pod_one_reclaiming() {
 /// let it.)
 #[test]
 fn a_takeover_does_not_take_the_at_once_reclaim_from_an_owner_request() {
-    let t = tree(
-        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}, "min_runtime_s": 600}}"#,
-    );
-    let (mut b, mut nodes, mut now) = two_nodes(&t);
-    fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
-    for _ in 0..12 {
-        now += 60_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
-    }
-    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 8, 8), false, &mut now);
+    let (t, mut b, mut nodes, mut now) =
+        protected_fleet(r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#, false);
     let protected_until = now + 600_000;
     let one = ask("a-one", "acme/a", 1);
     let five = ask("a-five", "acme/a", 5);
