@@ -16,6 +16,8 @@
 //! - [`quota_adversary`]: the trace on which no admission rule keeps both quota promises
 //!   (owners served within a bound, 95% of FIFO's useful utilisation) on a fleet with no
 //!   unguaranteed GPUs when work restarts from zero.
+//! - [`quota_bound`]: the most useful GPU-seconds any scheduler that keeps the policy's GPU
+//!   ceilings could reach on a list of jobs (fluid; the quota table's `ceiling bound`).
 //! - [`quota_table`]: FIFO against quotas on every cell of a trace family, each judged
 //!   against the quota promises (`tessera sim --quota-family`).
 //! - [`contention_sim`]: latency services and bandwidth-heavy batch jobs on MPS GPUs through
@@ -28,6 +30,7 @@ pub mod cli;
 pub mod contention_sim;
 pub mod pack;
 pub mod quota_adversary;
+pub mod quota_bound;
 pub mod quota_jobs;
 pub mod quota_sim;
 pub mod quota_table;
