@@ -54,8 +54,9 @@
 //!   would lose ([`quota::victim_order`]; work within its `min_runtime_s` is protected and
 //!   the request is woken when that ends), only while its tenant still borrows
 //!   ([`quota::borrowing`]; for placement, any borrowed work if that frees no node, as
-//!   [`quota::choose_victims_for_placement`]), until the request fits, less any victim it
-//!   does not need, and the cheapest clearing wins. A request owed at once when it
+//!   [`quota::choose_victims_for_placement`]), until the request fits (under a full
+//!   ceiling: on the node and under the ceiling), less any victim it does not need, and
+//!   the cheapest clearing wins. A request owed at once when it
 //!   arrived ([`quota::owed_at_once`]: within guarantee with all its tenant's waiting
 //!   requests ahead counted) reclaims at once; one owed only behind a larger request of its
 //!   tenant ([`quota::owed_behind`]) or only since (its tenant's backlog ahead of it
@@ -2081,6 +2082,16 @@ impl<'a> Sim<'a> {
             let mut after = running_on.clone();
             let mut taken = Vec::new();
             let mut fits = false;
+            // Under a full ceiling the victims must also bring it down to where the claim
+            // fits under it, though the node may have room, as the books take victims
+            // ([`Decision::Reclaim`]'s `under`): judged on what runs on once they are gone.
+            let covers = |after: &Usage| {
+                under.is_none()
+                    || !matches!(
+                        admit(self.tree, &self.capacity, after, &unit.tenant, &unit.resources),
+                        Decision::Reclaim { under: Some(_), .. } | Decision::Refuse(_)
+                    )
+            };
             for v in order {
                 let (tenant, res) = (&self.units[v].tenant, &self.units[v].resources);
                 if strict
@@ -2101,7 +2112,7 @@ impl<'a> Sim<'a> {
                     scratch.give(s);
                 }
                 taken.push(v);
-                if scratch.fit_ranked(&unit.members, scope, &ranks).is_some() {
+                if covers(&after) && scratch.fit_ranked(&unit.members, scope, &ranks).is_some() {
                     fits = true;
                     break;
                 }
@@ -2131,7 +2142,8 @@ impl<'a> Sim<'a> {
                             }
                         }
                     }
-                    if scratch.fit_ranked(&unit.members, scope, &ranks).is_some() {
+                    if covers(&after) && scratch.fit_ranked(&unit.members, scope, &ranks).is_some()
+                    {
                         let at = p.until_ms.div_ceil(1000);
                         wake = Some(wake.map_or(at, |w: u64| w.min(at)));
                         break;
@@ -2145,8 +2157,11 @@ impl<'a> Sim<'a> {
                 for s in &self.st[v].slots {
                     scratch.take(s);
                 }
-                if scratch.fit_ranked(&unit.members, scope, &ranks).is_some() {
+                let mut kept = after.clone();
+                kept.add(&self.units[v].tenant, Class::Borrowed, &self.units[v].resources);
+                if covers(&kept) && scratch.fit_ranked(&unit.members, scope, &ranks).is_some() {
                     needed.retain(|&x| x != v);
+                    after = kept;
                 } else {
                     for s in &self.st[v].slots {
                         scratch.give(s);
