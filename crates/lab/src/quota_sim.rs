@@ -50,7 +50,9 @@
 //!   never on GPUs whose home owner's guaranteed work uses them. A request within guarantee
 //!   that finds its capacity lent out ([`Decision::Reclaim`], also under a full ceiling),
 //!   or that fits the books but not the bins, reclaims: on each node (the whole fleet for
-//!   a gang) the borrowed work of other tenants is taken cheapest first by the work it
+//!   a gang; and for a claim under a full ceiling, the whole fleet too, as the books take
+//!   its victims anywhere under the ceiling) the borrowed work of other tenants is taken
+//!   cheapest first by the work it
 //!   would lose ([`quota::victim_order`]; work within its `min_runtime_s` is protected and
 //!   the request is woken when that ends), only while its tenant still borrows
 //!   ([`quota::borrowing`]; for placement, any borrowed work if that frees no node, as
@@ -2007,8 +2009,12 @@ impl<'a> Sim<'a> {
             return false;
         }
         let unit = &self.units[u];
+        // Each node; the whole fleet for a gang, and for a claim a ceiling holds back (the
+        // books take its victims anywhere under the ceiling, cheapest first, where its node
+        // places it: `Books::start_reclaim` with no node).
         let scopes: Vec<Option<usize>> = if unit.members.len() == 1 {
-            (0..self.fleet.nodes as usize).map(Some).collect()
+            let nodes = (0..self.fleet.nodes as usize).map(Some);
+            nodes.chain(under.map(|_| None)).collect()
         } else {
             vec![None]
         };
@@ -3479,5 +3485,68 @@ mod tests {
         let quotas = reports.iter().find(|r| r.mode == Mode::Quotas).expect("quotas ran");
         let tenants = tenant_table(quotas);
         assert!(tenants.lines().any(|l| l.starts_with("drf/a") && l.contains(" 3 ")), "{tenants}");
+    }
+
+    /// Issue 27's red team (rt-simbooks), the simulator's side of
+    /// `quota::books::tests::a_second_claim_during_a_first_claims_grace_takes_no_victim_it_does_not_need`
+    /// (the books took two victims here until they stopped counting a reclaim's stopping
+    /// victims as used beside its claimant's hold). A guarantees 5, B 2; C
+    /// borrows x (6 GPUs, checkpoints) from 0 and six 1-GPU jobs from 1. a0 (5) at 3,600
+    /// finds the fleet short and reclaims x (the cheapest clearing); b0 (2) at 3,605, in
+    /// x's grace period, is short in the books too (x's 6 and a0's hold of 5 both counted:
+    /// 17 of 16), but it fits on the bins: the simulator takes no victim for it and starts
+    /// it at once, as the books now do.
+    #[test]
+    fn the_simulator_starts_a_second_claim_during_a_first_claims_grace_with_no_victim() {
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"guarantee": 5}}},
+                "t/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+                "t/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+        );
+        let mut jobs = vec![Job { checkpoints: true, ..job("x", "t/c", 0, 100_000, 6) }];
+        jobs.extend((0..6).map(|i| job(&format!("y{i}"), "t/c", 1, 100_000, 1)));
+        jobs.push(job("a0", "t/a", 3_600, 1_000, 5));
+        jobs.push(job("b0", "t/b", 3_605, 1_000, 2));
+        let r = run(&jobs, &fleet(2, 8), &t, Mode::Quotas, Some(20_000)).expect("runs");
+        let preempted = |id: &str| r.outcomes.iter().find(|o| o.id == id).map(|o| o.preempted);
+        assert_eq!(preempted("x"), Some(1), "a0 reclaims x");
+        assert_eq!(start(&r, "a0"), Some(3_600 + 30), "after x's grace period");
+        assert_eq!(r.preemptions, 1, "x only: b0 takes no victim");
+        assert_eq!(start(&r, "b0"), Some(3_605), "b0 fits on the bins at once");
+    }
+
+    /// Issue 27's red team (rt-simbooks): under a full ceiling the victims need not be on the node the
+    /// claim runs on. t/ml has a ceiling of 4; t/ml/v guarantees 2 under it, t/ml/s borrows.
+    /// s-old (2 GPUs, from 0) runs on node 0 beside v's two free home GPUs; t/b fills 3 of
+    /// node 1 and s-young (1 GPU, from 1,000) the fourth. v0 (2) at 2,000: t/ml holds 3, so
+    /// v0 crosses the ceiling by 1 ([`Decision::Reclaim`] under t/ml, short 1 GPU: the fleet
+    /// has room, node 0 holds v0). The books take the cheapest borrowed work under t/ml that
+    /// covers the 1 GPU, fleet-wide: s-young (1 GPU, run 1,000 s; `Books::start_reclaim`
+    /// with `on: None`), and v0 runs on node 0's free GPUs. The simulator took victims only
+    /// on the node it places the claim on, so on node 1 s-young freed too little room and on
+    /// node 0 it took s-old (2 GPUs, run 2,000 s): four times the work the books lose
+    /// (`quota::books::tests::under_a_full_ceiling_the_books_take_the_cheapest_victim_fleet_wide`).
+    #[test]
+    fn under_a_full_ceiling_the_simulator_takes_the_cheapest_victim_under_it_fleet_wide() {
+        let t = tree(
+            r#"{"t/ml": {"gpus": {"H100-80GB": {"ceiling": 4}}},
+                "t/ml/v": {"gpus": {"H100-80GB": {"guarantee": 2}}}}"#,
+        );
+        let jobs = vec![
+            job("s-old", "t/ml/s", 0, 100_000, 2),
+            job("b", "t/b", 1, 100_000, 3),
+            job("s-young", "t/ml/s", 1_000, 100_000, 1),
+            job("v0", "t/ml/v", 2_000, 1_000, 2),
+        ];
+        let r = run(&jobs, &fleet(2, 4), &t, Mode::Quotas, Some(20_000)).expect("runs");
+        let preempted = |id: &str| r.outcomes.iter().find(|o| o.id == id).map(|o| o.preempted);
+        assert_eq!(start(&r, "v0"), Some(2_030), "after its victim's grace period");
+        assert_eq!(
+            (preempted("s-young"), preempted("s-old")),
+            (Some(1), Some(0)),
+            "the books take s-young (1 GPU, 1,000 s), the cheapest under t/ml that covers the \
+             ceiling's 1 GPU; the simulator took s-old (2 GPUs, 2,000 s) on the node it placed \
+             v0 on"
+        );
     }
 }

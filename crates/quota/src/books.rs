@@ -997,8 +997,30 @@ impl Books {
         self.decide_with(tree, node, tenant, r, absorb, &Resources::new())
     }
 
+    /// What the victims of the reclaims under way still hold by the books (listed by their
+    /// nodes, not yet gone). Their capacity is spoken for: their claimant's hold counts it
+    /// already, and the rest frees when they stop. Counted as used too, it made a request
+    /// decided meanwhile short by as much, and its reclaim took victims it did not need
+    /// (found by issue 27's red team: a 2-GPU claim during another's grace period took two
+    /// hours of borrowed work for nothing).
+    /// On `node` only, with `Some`.
+    fn stopping_listed(&self, node: Option<&str>) -> Resources {
+        let mut out = Resources::new();
+        for rc in self.reclaims.values().filter(|rc| rc.freed_ms.is_none()) {
+            for v in rc.victims.iter().filter(|v| node.is_none_or(|n| n == v.node)) {
+                let listed =
+                    self.nodes.get(&v.node).and_then(|nb| nb.holdings.get(&v.container_id));
+                if let Some(e) = listed {
+                    out.add(&e.resources);
+                }
+            }
+        }
+        out
+    }
+
     /// [`Books::decide`] with `extra` capacity: what a claim's reclaim holds for it while
-    /// its victims, gone from the node that asks, are still listed.
+    /// its victims, gone from the node that asks, are still listed. The victims of other
+    /// reclaims under way are not counted as used ([`Books::stopping_listed`]).
     fn decide_with(
         &self,
         tree: &QuotaTree,
@@ -1008,7 +1030,7 @@ impl Books {
         absorb: bool,
         extra: &Resources,
     ) -> Decision {
-        let cap = self.capacity().plus(extra);
+        let cap = self.capacity().plus(extra).plus(&self.stopping_listed(None));
         let (own_out, ph) = self.booked(tree, absorb.then_some(node));
         let first = decide_quota(tree, &cap.plus(&ph), &own_out, tenant, r);
         match first {
@@ -1733,12 +1755,18 @@ impl Books {
         Some(Recall { answer, then })
     }
 
-    /// What `node` lacks for `r` by the books; when the books see room the node does not
-    /// (its devices are fragmented), the GPUs of `r`.
+    /// What `node` lacks for `r` by the books once the victims of the reclaims under way
+    /// there are gone ([`Books::stopping_listed`]: counted as used beside the holds they
+    /// make room for, they made a second claim there take victims it did not need); when
+    /// the books see room the node does not (its devices are fragmented), the GPUs of `r`.
     fn node_short(&self, node: &str, r: &Resources) -> Resources {
         let cap = self.nodes.get(node).map(|n| n.capacity.clone()).unwrap_or_default();
         let relevant = r.only(|x| matches!(x, Resource::Gpu(_)) || cap.get(x) > 0);
-        let short = relevant.minus(&self.node_free(node));
+        let free = match self.nodes.get(node) {
+            Some(nb) => nb.capacity.minus(&nb.agg.used.minus(&self.stopping_listed(Some(node)))),
+            None => Resources::new(),
+        };
+        let short = relevant.minus(&free);
         if !short.is_empty() {
             return short;
         }

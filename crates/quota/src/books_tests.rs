@@ -3318,3 +3318,135 @@ fn a_takeover_does_not_take_the_at_once_reclaim_from_an_owner_request() {
          got {a:?}"
     );
 }
+
+// --- issue 27's red team (rt-simbooks): a second claim during a first claim's grace period -
+
+/// A guarantees 5 GPUs and B 2; C guarantees nothing (ceiling 16) and borrows: x, 6 GPUs on
+/// n2, which checkpoints (so it is the cheapest victim), and six 1-GPU jobs, 2 on n2 and 4
+/// on n1, all run for an hour. A asks 5 on n2 (full): x is reclaimed and 5 GPUs are held
+/// for A. While x is in its grace period B asks 2 on n1, whose 4 free GPUs hold it now;
+/// once x is gone the fleet has 16 - 6 - 5 = 5 GPUs free. The books counted x's 6 GPUs
+/// (still listed) and the 5 held for A both (6 + 6 + 5 = 17 of 16), found the fleet short
+/// of B's 2 whole, and reclaimed two of C's 1-GPU jobs for B, which needs none: an hour of
+/// work each, lost for nothing. (The simulator, the same scenario:
+/// `lab::quota_sim::tests::the_simulator_starts_a_second_claim_during_a_first_claims_grace_with_no_victim`,
+/// takes no victim for B and starts it at once.)
+#[test]
+fn a_second_claim_during_a_first_claims_grace_takes_no_victim_it_does_not_need() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 5}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    let mut x = ask("x", "acme/c", 6);
+    x.checkpoint = true;
+    admit_retrying(&mut nodes, 1, &mut b, &t, &x, &mut now);
+    nodes[1].sync(&mut b, &t, now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("y", 0, 4), false, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/c", ("y", 4, 2), false, &mut now);
+    assert_eq!((nodes[0].free(), nodes[1].free()), (4 * MICRO_PER_GPU, 0));
+    now += 3_600_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let (a, _) =
+        answer_through_recalls(&mut nodes, 1, &mut b, &t, &ask("a0", "acme/a", 5), &mut now);
+    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
+    let ids: Vec<&str> = victims.iter().map(|v| v.container_id.as_str()).collect();
+    assert_eq!(ids, ["x"], "A's claim takes x, the cheapest (it checkpoints)");
+    nodes[1].stopping.push("x".into());
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    // x in its grace period: B asks 2 on n1, which has 4 free.
+    now += 5_000;
+    let (a, _) =
+        answer_through_recalls(&mut nodes, 0, &mut b, &t, &ask("b0", "acme/b", 2), &mut now);
+    if let AdmitAnswer::Reclaiming { victims, .. } = &a {
+        let ids: Vec<&str> = victims.iter().map(|v| v.container_id.as_str()).collect();
+        panic!(
+            "B's 2 fit on n1 now, and in the fleet once x (stopping) is gone (6 + 5 + 2 of 16), \
+             yet the books, counting x and the 5 held for A both, reclaim {ids:?} for it"
+        );
+    }
+    assert_eq!(admitted(&a), QuotaClass::Guaranteed, "{a:?}");
+}
+
+/// Issue 27's red team (rt-simbooks), the books' side of
+/// `lab::quota_sim::tests::under_a_full_ceiling_the_simulator_takes_the_cheapest_victim_under_it_fleet_wide`
+/// (passes: the books take the cheapest victim under the ceiling, fleet-wide). acme/ml has
+/// a ceiling of 4, vision guarantees 2 under it, speech borrows: s-old (2) on n1, b (3, outside
+/// acme/ml) and s-young (1, 1,000 s later) on n2. vision asks 2 on n1 (2 free): over the
+/// ceiling by 1; the books take s-young on n2, not s-old on n1 (the simulator's choice).
+#[test]
+fn under_a_full_ceiling_the_books_take_the_cheapest_victim_fleet_wide() {
+    let t = tree(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 4}}},
+            "acme/ml/vision": {"gpus": {"H100-80GB": {"guarantee": 2}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 4), Node::new("n2", 4)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    admit_retrying(&mut nodes, 0, &mut b, &t, &ask("s-old", "acme/ml/speech", 2), &mut now);
+    nodes[0].sync(&mut b, &t, now);
+    admit_retrying(&mut nodes, 1, &mut b, &t, &ask("b", "acme/b", 3), &mut now);
+    nodes[1].sync(&mut b, &t, now);
+    now += 1_000_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let young = ask("s-young", "acme/ml/speech", 1);
+    assert_eq!(admit_retrying(&mut nodes, 1, &mut b, &t, &young, &mut now), 1, "one recall");
+    now += 1_000_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let v0 = ask("v0", "acme/ml/vision", 2);
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &v0, &mut now);
+    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
+    let ids: Vec<(&str, &str)> =
+        victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
+    assert_eq!(ids, [("n2", "s-young")]);
+}
+
+/// The same on the stopping victim's node: A's claim takes x (6 GPUs) on n2 and holds 5
+/// there; B asks 2 on n2 while x stops. Once x is gone n2 has 8 − 2 (y4, y5) − 5 (A) = 1
+/// GPU free, so B needs one victim, not two: the node's shortfall is judged after the
+/// stopping victims go (they were counted as used beside the hold they make room for).
+#[test]
+fn a_second_claim_on_the_stopping_victims_node_takes_only_what_it_lacks_once_they_go() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 5}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    let mut x = ask("x", "acme/c", 6);
+    x.checkpoint = true;
+    admit_retrying(&mut nodes, 1, &mut b, &t, &x, &mut now);
+    nodes[1].sync(&mut b, &t, now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("y", 0, 4), false, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/c", ("y", 4, 2), false, &mut now);
+    now += 3_600_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let (a, _) =
+        answer_through_recalls(&mut nodes, 1, &mut b, &t, &ask("a0", "acme/a", 5), &mut now);
+    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
+    assert_eq!(victims.iter().map(|v| v.container_id.as_str()).collect::<Vec<_>>(), ["x"]);
+    nodes[1].stopping.push("x".into());
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    now += 5_000;
+    let (a, _) =
+        answer_through_recalls(&mut nodes, 1, &mut b, &t, &ask("b0", "acme/b", 2), &mut now);
+    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
+    let ids: Vec<(&str, &str)> =
+        victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
+    assert_eq!(ids.len(), 1, "one GPU is all B lacks on n2 once x is gone: {ids:?}");
+    assert_eq!(ids[0].0, "n2", "{ids:?}");
+}
