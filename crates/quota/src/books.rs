@@ -998,16 +998,26 @@ impl Books {
     }
 
     /// What the victims of the reclaims under way still hold by the books (listed by their
-    /// nodes, not yet gone). Their capacity is spoken for: their claimant's hold counts it
-    /// already, and the rest frees when they stop. Counted as used too, it made a request
-    /// decided meanwhile short by as much, and its reclaim took victims it did not need
-    /// (found by issue 27's red team: a 2-GPU claim during another's grace period took two
-    /// hours of borrowed work for nothing).
-    /// On `node` only, with `Some`.
+    /// nodes, not yet gone) on the node their claimant's capacity is held on, in the
+    /// resources the nodes' capacity names (on `node` only, with `Some`). That capacity is
+    /// spoken for: the hold counts it already, and the rest frees when they stop. Counted
+    /// as used too, it made a request decided meanwhile short by as much, and its reclaim
+    /// took victims it did not need (issue 27's red team: a 2-GPU claim during another's
+    /// grace period took two hours of borrowed work for nothing). Victims on another node
+    /// than their claimant's hold are not counted: the hold is not of their capacity (its
+    /// own node's may be taken meanwhile by work that node can place), and a victim listed
+    /// by two reclaims counts once.
     fn stopping_listed(&self, node: Option<&str>) -> Resources {
+        let mut seen: BTreeSet<(&str, &str)> = BTreeSet::new();
         let mut out = Resources::new();
-        for rc in self.reclaims.values().filter(|rc| rc.freed_ms.is_none()) {
-            for v in rc.victims.iter().filter(|v| node.is_none_or(|n| n == v.node)) {
+        for ((held_on, _, _), rc) in &self.reclaims {
+            if rc.freed_ms.is_some() || node.is_some_and(|n| n != held_on) {
+                continue;
+            }
+            for v in rc.victims.iter().filter(|v| v.node == *held_on) {
+                if !seen.insert((v.node.as_str(), v.container_id.as_str())) {
+                    continue;
+                }
                 let listed =
                     self.nodes.get(&v.node).and_then(|nb| nb.holdings.get(&v.container_id));
                 if let Some(e) = listed {
@@ -1015,7 +1025,7 @@ impl Books {
                 }
             }
         }
-        out
+        out.bounded_by(&self.capacity())
     }
 
     /// [`Books::decide`] with `extra` capacity: what a claim's reclaim holds for it while
@@ -1164,7 +1174,7 @@ impl Books {
             }
         };
         let ask = Ask { owed_first, asked_ms, settling };
-        let answer = if req.short_on_node {
+        let answer = if req.short_on_node || self.takes_held_room(node, tenant, &r) {
             self.admit_short(tree, node, req, &r, ask, now)
         } else {
             // The victims are gone: the capacity held is this claim's now (or, if it has
@@ -1753,6 +1763,28 @@ impl Books {
             message,
         };
         Some(Recall { answer, then })
+    }
+
+    /// Whether `tenant`'s request `r`, which `node` can place, would take devices there held
+    /// for another tenant's claim: the node's room by the books (its capacity less what its
+    /// holdings, pending admissions and other tenants' holds use, the victims stopping for
+    /// those holds there counted gone: [`Books::stopping_listed`]) does not hold it. Such
+    /// a request is decided as one its node cannot place: the node does not know which of
+    /// its free devices are held (nor does the device plugin's capacity), and admitted, it
+    /// took the devices a claimant's victims elsewhere had been stopped for (issue 27's red
+    /// team: the claimant then waited for its hold to expire).
+    fn takes_held_room(&self, node: &str, tenant: &str, r: &Resources) -> bool {
+        let Some(nb) = self.nodes.get(node) else { return false };
+        let others = totals::claims_on(&self.reclaims, node).any(|((_, t, _), _)| t != tenant);
+        if !others {
+            return false;
+        }
+        let own: Resources = totals::claims_on(&self.reclaims, node)
+            .filter(|((_, t, _), _)| t == tenant)
+            .fold(Resources::new(), |acc, (_, rc)| acc.plus(&rc.resources));
+        let used = nb.agg.used.minus(&self.stopping_listed(Some(node))).minus(&own);
+        let relevant = r.only(|x| matches!(x, Resource::Gpu(_)) || nb.capacity.get(x) > 0);
+        !relevant.fits_in(&nb.capacity.minus(&used))
     }
 
     /// What `node` lacks for `r` by the books once the victims of the reclaims under way

@@ -3450,3 +3450,178 @@ fn a_second_claim_on_the_stopping_victims_node_takes_only_what_it_lacks_once_the
     assert_eq!(ids.len(), 1, "one GPU is all B lacks on n2 once x is gone: {ids:?}");
     assert_eq!(ids[0].0, "n2", "{ids:?}");
 }
+
+// --- issue 27's red team of the stopping victims added to the capacity (rt-stopping) ----
+
+/// The nodes report GPUs only (their capacity names no CPU: the nodes bound it, the books
+/// do not), and the work asks CPU too. C borrows x (6 GPUs, 4 cores, checkpoints) and y4, y5
+/// (1 GPU each) on n2; n1 is empty. A asks 5 on n2 (full): x is reclaimed, 5 held for A. B
+/// asks 2 GPUs and 1 core on n1 (8 GPUs free) during x's grace period: 6 + 2 + 5 + 2 of 16
+/// GPUs even with x counted. The first `Books::stopping_listed` added x's whole holding to
+/// the capacity the decision sees, its 4 cores included, so the capacity named CPU (4
+/// cores), all of it used by x's own: B was short of a core the books never bound, and
+/// waited. The victims' resources now count only where the nodes name them.
+#[test]
+fn a_stopping_victims_cpu_does_not_make_the_books_bound_cpu_the_nodes_do_not_report() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 5}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    let mut x = ask("x", "acme/c", 6);
+    x.checkpoint = true;
+    x.amounts.cpu_milli = 4_000;
+    admit_retrying(&mut nodes, 1, &mut b, &t, &x, &mut now);
+    nodes[1].sync(&mut b, &t, now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/c", ("y", 4, 2), false, &mut now);
+    now += 3_600_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let (a, _) =
+        answer_through_recalls(&mut nodes, 1, &mut b, &t, &ask("a0", "acme/a", 5), &mut now);
+    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
+    assert_eq!(victims.iter().map(|v| v.container_id.as_str()).collect::<Vec<_>>(), ["x"]);
+    nodes[1].stopping.push("x".into());
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    now += 5_000;
+    let mut b0 = ask("b0", "acme/b", 2);
+    b0.amounts.cpu_milli = 1_000;
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &b0, &mut now);
+    assert!(
+        matches!(a, AdmitAnswer::Admitted { class: QuotaClass::Guaranteed, .. }),
+        "B's 2 GPUs fit (6 + 2 + 5 + 2 of 16 even with x counted) and no node reports CPU, \
+         yet the books, with x's 4 cores added to the capacity, answer {a:?}"
+    );
+}
+
+/// A reclaim's hold need not be where its victims are: under a full ceiling the claimant is
+/// placed on its own node's free GPUs and its victims are taken anywhere under the ceiling
+/// (`under_a_full_ceiling_the_books_take_the_cheapest_victim_fleet_wide`). acme/ml has a
+/// ceiling of 8; vision guarantees 5 under it, speech borrows v (6 GPUs) on n2; acme/c
+/// borrows 2 on n2 and 3 on n1. vision asks 5 on n1, which has 5 free: t/ml would hold 11,
+/// so v is reclaimed (under acme/ml) and 5 are held for vision on n1. B (guarantee 2) asks 2
+/// on n1 during v's grace period: n1's 5 free GPUs are vision's, and the fleet is full by the
+/// books (16 of 16). The first `Books::stopping_listed` added v's 6 to the capacity as if
+/// they were what vision's hold counts; they are not (the hold is n1's 5), so B was
+/// admitted onto n1's GPUs held for vision, and once v was gone vision, placed on n1, never
+/// got its 5 there. Victims on another node than their claimant's hold are not counted.
+#[test]
+fn a_claim_is_not_admitted_onto_a_nodes_capacity_held_for_a_ceiling_bound_claimant() {
+    let t = tree(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 8}}},
+            "acme/ml/vision": {"gpus": {"H100-80GB": {"guarantee": 5}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    let mut v = ask("v", "acme/ml/speech", 6);
+    v.checkpoint = true;
+    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
+    nodes[1].sync(&mut b, &t, now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/c", ("c", 0, 2), false, &mut now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 2, 3), false, &mut now);
+    assert_eq!((nodes[0].free(), nodes[1].free()), (5 * MICRO_PER_GPU, 0));
+    now += 3_600_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let a0 = ask("a0", "acme/ml/vision", 5);
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
+    let AdmitAnswer::Reclaiming { victims, retry_after_s, .. } = &a else {
+        panic!("expected a reclaim: {a:?}")
+    };
+    let ids: Vec<(&str, &str)> =
+        victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
+    assert_eq!(ids, [("n2", "v")], "vision's claim takes v, under acme/ml");
+    let retry_ms = retry_after_s * 1000;
+    nodes[1].stopping.push("v".into());
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    // v in its grace period: B asks 2 on n1, whose free GPUs are held for vision.
+    now += 5_000;
+    let (answer_b, _) =
+        answer_through_recalls(&mut nodes, 0, &mut b, &t, &ask("b0", "acme/b", 2), &mut now);
+    // v is gone; vision asks again on n1 once its retry is due.
+    now += retry_ms;
+    nodes[1].stopping.clear();
+    nodes[1].stop("v");
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
+    assert!(
+        matches!(a, AdmitAnswer::Admitted { class: QuotaClass::Guaranteed, .. }),
+        "vision's 5 GPUs on n1 were held for it, yet B was answered {answer_b:?} on n1 during \
+         v's grace period (v's 6 GPUs on n2 counted as the capacity of vision's hold, which is \
+         on n1); n1 now has {} GPUs free, n2 {}, and vision is answered {a:?}",
+        nodes[0].free() / MICRO_PER_GPU,
+        nodes[1].free() / MICRO_PER_GPU,
+    );
+}
+
+/// The same with room elsewhere in the fleet (a third node, empty), so the books are not
+/// short of capacity for B: B asks 2 on n1, whose free GPUs are all held for vision (its
+/// victim v on n2). The node can place B (it does not know which of its devices are held),
+/// and the books admitted it there: once v was gone n1 had 3 GPUs free, vision was told its
+/// reclaim was still under way ("victims gone, their devices not free yet") until its hold
+/// expired. Now B is decided as a request its node cannot place: it reclaims borrowed work
+/// on n1 for itself, and vision gets its 5 after v's grace period.
+#[test]
+fn a_request_its_node_can_place_does_not_take_devices_held_there_for_another_claim() {
+    let t = tree(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 8}}},
+            "acme/ml/vision": {"gpus": {"H100-80GB": {"guarantee": 5}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    let mut v = ask("v", "acme/ml/speech", 6);
+    v.checkpoint = true;
+    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
+    nodes[1].sync(&mut b, &t, now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/c", ("c", 0, 2), false, &mut now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 2, 3), false, &mut now);
+    now += 3_600_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let a0 = ask("a0", "acme/ml/vision", 5);
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
+    let AdmitAnswer::Reclaiming { victims, retry_after_s, .. } = &a else {
+        panic!("expected a reclaim: {a:?}")
+    };
+    assert_eq!(victims.iter().map(|v| v.node.as_str()).collect::<Vec<_>>(), ["n2"]);
+    let retry_ms = retry_after_s * 1000;
+    nodes[1].stopping.push("v".into());
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    now += 5_000;
+    let (answer_b, _) =
+        answer_through_recalls(&mut nodes, 0, &mut b, &t, &ask("b0", "acme/b", 2), &mut now);
+    let AdmitAnswer::Reclaiming { victims, .. } = &answer_b else {
+        panic!("B may not take n1's GPUs held for vision: {answer_b:?}")
+    };
+    let on_n1: Vec<&str> =
+        victims.iter().filter(|v| v.node == "n1").map(|v| v.container_id.as_str()).collect();
+    assert_eq!(on_n1.len(), 2, "B reclaims its 2 on n1: {victims:?}");
+    for c in &on_n1 {
+        nodes[0].stop(c);
+    }
+    now += retry_ms;
+    nodes[1].stopping.clear();
+    nodes[1].stop("v");
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
+    assert_eq!(admitted(&a), QuotaClass::Guaranteed, "vision gets its 5 on n1: {a:?}");
+}
