@@ -1802,6 +1802,11 @@ impl Books {
         if !short.is_empty() {
             return short;
         }
+        // Room once the stopping victims there are gone, none now: nothing to take, the
+        // claim waits for them (issue 27's red team: it took as many GPUs as it asked).
+        if !relevant.fits_in(&self.node_free(node)) {
+            return Resources::new();
+        }
         let gpus = r.only(|x| matches!(x, Resource::Gpu(_)));
         if gpus.is_empty() {
             r.clone()
@@ -2616,6 +2621,20 @@ impl Books {
         let mut admitted: Vec<(NodeContainer, Class, Option<String>)> = Vec::new();
         let mut failure = None;
         for m in &gang.members {
+            // Devices held on its node for another tenant's claim are not its to take
+            // ([`Books::takes_held_room`]), as for a request alone.
+            if self.takes_held_room(&m.node, tenant, &m.resources) {
+                failure = Some((
+                    m,
+                    format!(
+                        "its node's free devices are held for another tenant's reclaim \
+                         (no room for {})",
+                        m.resources
+                    ),
+                    None,
+                ));
+                break;
+            }
             let d = if tree.iter().next().is_none() {
                 Decision::Admit { class: Class::Guaranteed, over: None }
             } else {

@@ -3625,3 +3625,126 @@ fn a_request_its_node_can_place_does_not_take_devices_held_there_for_another_cla
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
     assert_eq!(admitted(&a), QuotaClass::Guaranteed, "vision gets its 5 on n1: {a:?}");
 }
+
+// --- issue 27's red team (rt-held): reclaims under way, held room ----------------------
+
+/// As `a_second_claim_on_the_stopping_victims_node_takes_only_what_it_lacks_once_they_go`,
+/// but B asks 1 GPU: once x is gone n2 has 8 − 2 (y4, y5) − 5 (A) = 1 GPU free, so B lacks
+/// nothing there and needs no victim (it waits for x, as A does). `Books::node_short`
+/// found no shortfall once the stopping victims were counted gone and fell back to "the
+/// books see room the node does not (fragmented)": the GPUs of the whole request, so B
+/// stopped an hour of borrowed work it did not need (also before the victims were counted
+/// gone).
+#[test]
+fn a_claim_that_fits_its_node_once_the_stopping_victims_go_takes_no_victim_there() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 5}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    let mut x = ask("x", "acme/c", 6);
+    x.checkpoint = true;
+    admit_retrying(&mut nodes, 1, &mut b, &t, &x, &mut now);
+    nodes[1].sync(&mut b, &t, now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("y", 0, 4), false, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/c", ("y", 4, 2), false, &mut now);
+    now += 3_600_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let (a, _) =
+        answer_through_recalls(&mut nodes, 1, &mut b, &t, &ask("a0", "acme/a", 5), &mut now);
+    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
+    assert_eq!(victims.iter().map(|v| v.container_id.as_str()).collect::<Vec<_>>(), ["x"]);
+    nodes[1].stopping.push("x".into());
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    now += 5_000;
+    let (a, _) =
+        answer_through_recalls(&mut nodes, 1, &mut b, &t, &ask("b0", "acme/b", 1), &mut now);
+    if let AdmitAnswer::Reclaiming { victims, .. } = &a {
+        let ids: Vec<(&str, &str)> =
+            victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
+        assert!(
+            ids.is_empty(),
+            "B's 1 GPU fits on n2 once x is gone (8 - 2 - 5 = 1 free), yet it reclaims {ids:?}"
+        );
+    }
+}
+
+/// `a_request_its_node_can_place_does_not_take_devices_held_there_for_another_claim` with
+/// B's 2 GPUs asked as a gang of two 1-GPU members, both on n1 (whose 5 free GPUs are all
+/// held for vision, its victim v on n2). `Books::takes_held_room` guarded `Books::admit`
+/// only: `complete_gang` decided each member on the fleet's books alone, so both members
+/// were admitted onto vision's held devices, and vision, placed on n1, was told its
+/// reclaim was still under way until its hold expired. A gang is admitted whole or not at
+/// all: this one is refused.
+#[test]
+fn a_gang_member_does_not_take_devices_held_on_its_node_for_another_claim() {
+    let t = tree(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 8}}},
+            "acme/ml/vision": {"gpus": {"H100-80GB": {"guarantee": 5}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    let mut v = ask("v", "acme/ml/speech", 6);
+    v.checkpoint = true;
+    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
+    nodes[1].sync(&mut b, &t, now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/c", ("c", 0, 2), false, &mut now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 2, 3), false, &mut now);
+    now += 3_600_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let a0 = ask("a0", "acme/ml/vision", 5);
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
+    let AdmitAnswer::Reclaiming { victims, retry_after_s, .. } = &a else {
+        panic!("expected a reclaim: {a:?}")
+    };
+    assert_eq!(victims.iter().map(|v| v.node.as_str()).collect::<Vec<_>>(), ["n2"]);
+    let retry_ms = retry_after_s * 1000;
+    nodes[1].stopping.push("v".into());
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    now += 5_000;
+    let mut answers = Vec::new();
+    for i in 0..2 {
+        now += 100;
+        let req = in_gang(ask(&format!("bg{i}"), "acme/b", 1), "train", 2);
+        let g = b.gang_arrive(&t, "n1", &req, 60, now);
+        if let GangArrival::Answer(AdmitAnswer::Admitted { class, .. }) = &g {
+            nodes[0].hold(&req, *class, false, now);
+        }
+        answers.push(g);
+    }
+    if let Some(AdmitAnswer::Admitted { class, .. }) = b.gang_poll("n1", "bg0", now) {
+        if !nodes[0].holdings.iter().any(|h| h.container_id == "bg0") {
+            let req = in_gang(ask("bg0", "acme/b", 1), "train", 2);
+            nodes[0].hold(&req, class, false, now);
+        }
+    }
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    now += retry_ms;
+    nodes[1].stopping.clear();
+    nodes[1].stop("v");
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
+    assert!(
+        matches!(a, AdmitAnswer::Admitted { class: QuotaClass::Guaranteed, .. }),
+        "vision's 5 GPUs on n1 were held for it, yet B's gang was answered {answers:?} on n1 \
+         during v's grace period; n1 now has {} GPUs free, and vision is answered {a:?}",
+        nodes[0].free() / MICRO_PER_GPU,
+    );
+}
