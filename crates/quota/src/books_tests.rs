@@ -2117,11 +2117,14 @@ fn arb_tree() -> impl Strategy<Value = QuotaTree> {
 
 /// A borrowed admission of `tenant` never took what a lending limit keeps back: for every
 /// path off its chain with a lending limit, the fleet's free GPUs by the books' real usage
-/// are at least that path's unused guarantee beyond its lending limit.
+/// are at least that path's unused guarantee beyond its lending limit. The victims of the
+/// reclaims under way on their claimants' nodes count as free ([`Books::stopping_listed`]):
+/// their capacity is in their claimant's hold already, or frees when they stop.
 fn check_lending(t: &QuotaTree, b: &Books, tenant: &str) -> Result<(), TestCaseError> {
     let res = Resource::gpu(H100);
     let real = b.real_usage();
-    let free = b.capacity().get(&res).saturating_sub(real.total().total().get(&res));
+    let cap = b.capacity().get(&res).saturating_add(b.stopping_listed(None).get(&res));
+    let free = cap.saturating_sub(real.total().total().get(&res));
     for q in t.iter().filter(|q| !is_within(tenant, &q.path)) {
         let Some(l) = q.limits.get(&res) else { continue };
         let (Some(g), Some(lend)) = (l.guarantee, l.lending_limit) else { continue };
@@ -3321,18 +3324,10 @@ fn a_takeover_does_not_take_the_at_once_reclaim_from_an_owner_request() {
 
 // --- issue 27's red team (rt-simbooks): a second claim during a first claim's grace period -
 
-/// A guarantees 5 GPUs and B 2; C guarantees nothing (ceiling 16) and borrows: x, 6 GPUs on
-/// n2, which checkpoints (so it is the cheapest victim), and six 1-GPU jobs, 2 on n2 and 4
-/// on n1, all run for an hour. A asks 5 on n2 (full): x is reclaimed and 5 GPUs are held
-/// for A. While x is in its grace period B asks 2 on n1, whose 4 free GPUs hold it now;
-/// once x is gone the fleet has 16 - 6 - 5 = 5 GPUs free. The books counted x's 6 GPUs
-/// (still listed) and the 5 held for A both (6 + 6 + 5 = 17 of 16), found the fleet short
-/// of B's 2 whole, and reclaimed two of C's 1-GPU jobs for B, which needs none: an hour of
-/// work each, lost for nothing. (The simulator, the same scenario:
-/// `lab::quota_sim::tests::the_simulator_starts_a_second_claim_during_a_first_claims_grace_with_no_victim`,
-/// takes no victim for B and starts it at once.)
-#[test]
-fn a_second_claim_during_a_first_claims_grace_takes_no_victim_it_does_not_need() {
+/// Two nodes of 8: A guarantees 5, B 2, C borrows (ceiling 16): x (6 GPUs, checkpoints)
+/// and y4, y5 on n2, y0-y3 on n1, all an hour old. A asks 5 on n2 (full): the returned
+/// victims of its reclaim (x is expected), with the tree, books, nodes and time.
+fn x_reclaimed_for_a() -> (QuotaTree, Books, [Node; 2], u64, Vec<Victim>) {
     let t = tree(
         r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 5}}},
             "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
@@ -3353,6 +3348,23 @@ fn a_second_claim_during_a_first_claims_grace_takes_no_victim_it_does_not_need()
     let (a, _) =
         answer_through_recalls(&mut nodes, 1, &mut b, &t, &ask("a0", "acme/a", 5), &mut now);
     let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
+    let victims = victims.clone();
+    (t, b, nodes, now, victims)
+}
+
+/// A guarantees 5 GPUs and B 2; C guarantees nothing (ceiling 16) and borrows: x, 6 GPUs on
+/// n2, which checkpoints (so it is the cheapest victim), and six 1-GPU jobs, 2 on n2 and 4
+/// on n1, all run for an hour. A asks 5 on n2 (full): x is reclaimed and 5 GPUs are held
+/// for A. While x is in its grace period B asks 2 on n1, whose 4 free GPUs hold it now;
+/// once x is gone the fleet has 16 - 6 - 5 = 5 GPUs free. The books counted x's 6 GPUs
+/// (still listed) and the 5 held for A both (6 + 6 + 5 = 17 of 16), found the fleet short
+/// of B's 2 whole, and reclaimed two of C's 1-GPU jobs for B, which needs none: an hour of
+/// work each, lost for nothing. (The simulator, the same scenario:
+/// `lab::quota_sim::tests::the_simulator_starts_a_second_claim_during_a_first_claims_grace_with_no_victim`,
+/// takes no victim for B and starts it at once.)
+#[test]
+fn a_second_claim_during_a_first_claims_grace_takes_no_victim_it_does_not_need() {
+    let (t, mut b, mut nodes, mut now, victims) = x_reclaimed_for_a();
     let ids: Vec<&str> = victims.iter().map(|v| v.container_id.as_str()).collect();
     assert_eq!(ids, ["x"], "A's claim takes x, the cheapest (it checkpoints)");
     nodes[1].stopping.push("x".into());
@@ -3417,25 +3429,7 @@ fn under_a_full_ceiling_the_books_take_the_cheapest_victim_fleet_wide() {
 /// stopping victims go (they were counted as used beside the hold they make room for).
 #[test]
 fn a_second_claim_on_the_stopping_victims_node_takes_only_what_it_lacks_once_they_go() {
-    let t = tree(
-        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 5}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
-            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
-    );
-    let (mut b, mut nodes, mut now) = two_nodes(&t);
-    let mut x = ask("x", "acme/c", 6);
-    x.checkpoint = true;
-    admit_retrying(&mut nodes, 1, &mut b, &t, &x, &mut now);
-    nodes[1].sync(&mut b, &t, now);
-    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("y", 0, 4), false, &mut now);
-    fill(&mut nodes, 1, &mut b, &t, "acme/c", ("y", 4, 2), false, &mut now);
-    now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    let (a, _) =
-        answer_through_recalls(&mut nodes, 1, &mut b, &t, &ask("a0", "acme/a", 5), &mut now);
-    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
+    let (t, mut b, mut nodes, mut now, victims) = x_reclaimed_for_a();
     assert_eq!(victims.iter().map(|v| v.container_id.as_str()).collect::<Vec<_>>(), ["x"]);
     nodes[1].stopping.push("x".into());
     for n in nodes.iter_mut() {
@@ -3564,15 +3558,12 @@ fn a_claim_is_not_admitted_onto_a_nodes_capacity_held_for_a_ceiling_bound_claima
     );
 }
 
-/// The same with room elsewhere in the fleet (a third node, empty), so the books are not
-/// short of capacity for B: B asks 2 on n1, whose free GPUs are all held for vision (its
-/// victim v on n2). The node can place B (it does not know which of its devices are held),
-/// and the books admitted it there: once v was gone n1 had 3 GPUs free, vision was told its
-/// reclaim was still under way ("victims gone, their devices not free yet") until its hold
-/// expired. Now B is decided as a request its node cannot place: it reclaims borrowed work
-/// on n1 for itself, and vision gets its 5 after v's grace period.
-#[test]
-fn a_request_its_node_can_place_does_not_take_devices_held_there_for_another_claim() {
+/// Three nodes of 8: acme/ml has a ceiling of 8, vision guarantees 5 under it, speech
+/// borrows v (6 GPUs, checkpoints) on n2, acme/c borrows 2 on n2 and 3 on n1 (n3 empty).
+/// vision asks 5 on n1 (5 free): under acme/ml's full ceiling it reclaims v on n2, and
+/// n1's 5 free GPUs are held for it. Returned 5 s into v's grace period: the tree, books,
+/// nodes, time, vision's request and when it is due to ask again (ms).
+fn held_for_vision_on_n1() -> (QuotaTree, Books, [Node; 3], u64, AdmitRequest, u64) {
     let t = tree(
         r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 8}}},
             "acme/ml/vision": {"gpus": {"H100-80GB": {"guarantee": 5}}},
@@ -3605,6 +3596,19 @@ fn a_request_its_node_can_place_does_not_take_devices_held_there_for_another_cla
         n.sync(&mut b, &t, now);
     }
     now += 5_000;
+    (t, b, nodes, now, a0, retry_ms)
+}
+
+/// The same with room elsewhere in the fleet (a third node, empty), so the books are not
+/// short of capacity for B: B asks 2 on n1, whose free GPUs are all held for vision (its
+/// victim v on n2). The node can place B (it does not know which of its devices are held),
+/// and the books admitted it there: once v was gone n1 had 3 GPUs free, vision was told its
+/// reclaim was still under way ("victims gone, their devices not free yet") until its hold
+/// expired. Now B is decided as a request its node cannot place: it reclaims borrowed work
+/// on n1 for itself, and vision gets its 5 after v's grace period.
+#[test]
+fn a_request_its_node_can_place_does_not_take_devices_held_there_for_another_claim() {
+    let (t, mut b, mut nodes, mut now, a0, retry_ms) = held_for_vision_on_n1();
     let (answer_b, _) =
         answer_through_recalls(&mut nodes, 0, &mut b, &t, &ask("b0", "acme/b", 2), &mut now);
     let AdmitAnswer::Reclaiming { victims, .. } = &answer_b else {
@@ -3637,25 +3641,7 @@ fn a_request_its_node_can_place_does_not_take_devices_held_there_for_another_cla
 /// gone).
 #[test]
 fn a_claim_that_fits_its_node_once_the_stopping_victims_go_takes_no_victim_there() {
-    let t = tree(
-        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 5}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
-            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
-    );
-    let (mut b, mut nodes, mut now) = two_nodes(&t);
-    let mut x = ask("x", "acme/c", 6);
-    x.checkpoint = true;
-    admit_retrying(&mut nodes, 1, &mut b, &t, &x, &mut now);
-    nodes[1].sync(&mut b, &t, now);
-    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("y", 0, 4), false, &mut now);
-    fill(&mut nodes, 1, &mut b, &t, "acme/c", ("y", 4, 2), false, &mut now);
-    now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    let (a, _) =
-        answer_through_recalls(&mut nodes, 1, &mut b, &t, &ask("a0", "acme/a", 5), &mut now);
-    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
+    let (t, mut b, mut nodes, mut now, victims) = x_reclaimed_for_a();
     assert_eq!(victims.iter().map(|v| v.container_id.as_str()).collect::<Vec<_>>(), ["x"]);
     nodes[1].stopping.push("x".into());
     for n in nodes.iter_mut() {
@@ -3683,38 +3669,7 @@ fn a_claim_that_fits_its_node_once_the_stopping_victims_go_takes_no_victim_there
 /// all: this one is refused.
 #[test]
 fn a_gang_member_does_not_take_devices_held_on_its_node_for_another_claim() {
-    let t = tree(
-        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 8}}},
-            "acme/ml/vision": {"gpus": {"H100-80GB": {"guarantee": 5}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
-            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
-    );
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
-    let mut v = ask("v", "acme/ml/speech", 6);
-    v.checkpoint = true;
-    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
-    nodes[1].sync(&mut b, &t, now);
-    fill(&mut nodes, 1, &mut b, &t, "acme/c", ("c", 0, 2), false, &mut now);
-    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 2, 3), false, &mut now);
-    now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    let a0 = ask("a0", "acme/ml/vision", 5);
-    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
-    let AdmitAnswer::Reclaiming { victims, retry_after_s, .. } = &a else {
-        panic!("expected a reclaim: {a:?}")
-    };
-    assert_eq!(victims.iter().map(|v| v.node.as_str()).collect::<Vec<_>>(), ["n2"]);
-    let retry_ms = retry_after_s * 1000;
-    nodes[1].stopping.push("v".into());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    now += 5_000;
+    let (t, mut b, mut nodes, mut now, a0, retry_ms) = held_for_vision_on_n1();
     let mut answers = Vec::new();
     for i in 0..2 {
         now += 100;

@@ -697,20 +697,16 @@ mod tests {
         // 5,000 paths of 1 GPU on 625 nodes of 8: every anchor fits. The search must not
         // recurse once per anchor: a coordinator's worker thread has a bounded stack, and
         // an overflow aborts the process (every `GET /v1/quota/status` would).
-        // Nor may it be quadratic in the paths: it runs under the books' lock at every
-        // status (before, each path's own guarantee scanned every path: 1.9 s here).
+        // That it is not quadratic in the paths (it runs under the books' lock at every
+        // status) is `cargo bench -p quota --bench shape`'s, against a baseline in the run.
         let t = many(&vec![1; 5_000]);
         let fleet = nodes(625, 8);
-        let (f, took) = std::thread::Builder::new()
+        let f = std::thread::Builder::new()
             .stack_size(256 << 10)
-            .spawn(move || {
-                let start = std::time::Instant::now();
-                (check_shape(&t, &fleet), start.elapsed())
-            })
+            .spawn(move || check_shape(&t, &fleet))
             .expect("thread")
             .join()
             .expect("check_shape");
-        assert!(took < std::time::Duration::from_millis(500), "check_shape took {took:?}");
         assert_eq!(f.len(), 1, "{f:?}");
         assert!(matches!(f[0].kind, ShapeKind::NoHeadroom { .. }), "{f:?}");
     }
