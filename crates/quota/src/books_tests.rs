@@ -3889,3 +3889,93 @@ fn rt_final_a_second_claim_under_a_full_ceiling_during_a_grace_takes_no_victim_i
         );
     }
 }
+
+/// Room that frees once a stopping victim goes is not room now. n1 runs x (acme/c, 4 GPUs,
+/// grace 600 s) and has 4 free; n2 runs v (speech, 6, checkpoints). acme/ml (ceiling 6) is
+/// full of v: vision asks 4 on n1, v is reclaimed under acme/ml (grace 30 s) and n1's 4
+/// free GPUs are held for vision. B (guarantee 2) asks 2 on n1: those 4 are held, so B
+/// reclaims x on n1 (2 held for B there). While x and v stop, A (guarantee 2) asks 2 on
+/// n1, which can place it (4 free). `Books::takes_held_room` counts x gone (it is a victim
+/// of B's hold on n1): 8 − 4 (vision) − 2 (B) leaves 2, so A is admitted onto n1's free
+/// devices now, the ones held for vision. v is gone after 30 s, but n1 has 2 free until
+/// x's 600 s grace ends: vision, whose victim is gone, waits ten minutes (past its hold)
+/// for another claim's victim. A should wait for x instead (it fits n1 once x is gone).
+#[test]
+fn rt_final_room_a_stopping_victim_frees_later_is_not_taken_now_from_a_hold_whose_victims_are_gone(
+) {
+    let t = tree(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 6}}},
+            "acme/ml/vision": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
+            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 24}}, "grace_period_s": 600}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    admit_retrying(&mut nodes, 0, &mut b, &t, &ask("x", "acme/c", 4), &mut now);
+    let mut v = ask("v", "acme/ml/speech", 6);
+    v.checkpoint = true;
+    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
+    now += 3_600_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let a0 = ask("a0", "acme/ml/vision", 4);
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
+    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
+    let ids: Vec<(&str, &str)> =
+        victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
+    assert_eq!(ids, [("n2", "v")], "vision's claim takes v, under acme/ml");
+    nodes[1].stopping.push("v".into());
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    now += 1_000;
+    let (a, _) =
+        answer_through_recalls(&mut nodes, 0, &mut b, &t, &ask("b0", "acme/b", 2), &mut now);
+    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
+    let ids: Vec<(&str, &str)> =
+        victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
+    assert_eq!(ids, [("n1", "x")], "B may not take vision's held GPUs on n1: it takes x");
+    nodes[0].stopping.push("x".into());
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    now += 1_000;
+    let (answer_a, _) =
+        answer_through_recalls(&mut nodes, 0, &mut b, &t, &ask("e0", "acme/a", 2), &mut now);
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    // v's grace ends (30 s); x stops for ten minutes.
+    now += 32_000;
+    nodes[1].stopping.clear();
+    nodes[1].stop("v");
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let mut got = None;
+    let mut last = None;
+    for _ in 0..12 {
+        let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
+        if let AdmitAnswer::Admitted { class, .. } = a {
+            got = Some(class);
+            break;
+        }
+        last = Some(a);
+        now += 10_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+    }
+    assert_eq!(
+        got,
+        Some(QuotaClass::Guaranteed),
+        "v (vision's victim) is gone, yet two minutes on vision is still not admitted on n1 \
+         ({} GPUs free there, x stopping for 600 s): A was answered {answer_a:?} on n1 during \
+         the graces; vision's last answer: {last:?}",
+        nodes[0].free() / MICRO_PER_GPU
+    );
+}
