@@ -1766,23 +1766,40 @@ impl Books {
     }
 
     /// Whether `tenant`'s request `r`, which `node` can place, would take devices there held
-    /// for another tenant's claim: the node's room by the books (its capacity less what its
-    /// holdings, pending admissions and other tenants' holds use, the victims stopping for
-    /// those holds there counted gone: [`Books::stopping_listed`]) does not hold it. Such
-    /// a request is decided as one its node cannot place: the node does not know which of
-    /// its free devices are held (nor does the device plugin's capacity), and admitted, it
-    /// took the devices a claimant's victims elsewhere had been stopped for (issue 27's red
-    /// team: the claimant then waited for its hold to expire).
+    /// for another tenant's claim: the node's room now by the books (its capacity less its
+    /// holdings, pending admissions, and each other tenant's hold there less what its
+    /// victims on the node, still listed, will give it) does not hold it. Such a request is
+    /// decided as one its node cannot place: the node does not know which of its free
+    /// devices are held (nor does the device plugin's capacity), and admitted, it took the
+    /// devices a claimant's victims elsewhere had been stopped for (issue 27's red team: the
+    /// claimant then waited for its hold to expire). Room a stopping victim frees later is
+    /// not room now: counted so, it let a request onto devices held for a claim whose own
+    /// victims had gone, and that claim waited on another claim's victim.
     fn takes_held_room(&self, node: &str, tenant: &str, r: &Resources) -> bool {
         let Some(nb) = self.nodes.get(node) else { return false };
-        let others = totals::claims_on(&self.reclaims, node).any(|((_, t, _), _)| t != tenant);
+        let mut holds = Resources::new();
+        let mut uncovered = Resources::new();
+        let mut others = false;
+        for ((_, t, _), rc) in totals::claims_on(&self.reclaims, node) {
+            holds.add(&rc.resources);
+            if t == tenant {
+                continue;
+            }
+            others = true;
+            let mut covered = Resources::new();
+            if rc.freed_ms.is_none() {
+                for v in rc.victims.iter().filter(|v| v.node == node) {
+                    if let Some(e) = nb.holdings.get(&v.container_id) {
+                        covered.add(&e.resources);
+                    }
+                }
+            }
+            uncovered.add(&rc.resources.minus(&covered));
+        }
         if !others {
             return false;
         }
-        let own: Resources = totals::claims_on(&self.reclaims, node)
-            .filter(|((_, t, _), _)| t == tenant)
-            .fold(Resources::new(), |acc, (_, rc)| acc.plus(&rc.resources));
-        let used = nb.agg.used.minus(&self.stopping_listed(Some(node))).minus(&own);
+        let used = nb.agg.used.minus(&holds).plus(&uncovered);
         let relevant = r.only(|x| matches!(x, Resource::Gpu(_)) || nb.capacity.get(x) > 0);
         !relevant.fits_in(&nb.capacity.minus(&used))
     }
