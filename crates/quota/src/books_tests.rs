@@ -3326,8 +3326,9 @@ fn a_takeover_does_not_take_the_at_once_reclaim_from_an_owner_request() {
 
 /// Two nodes of 8: A guarantees 5, B 2, C borrows (ceiling 16): x (6 GPUs, checkpoints)
 /// and y4, y5 on n2, y0-y3 on n1, all an hour old. A asks 5 on n2 (full): the returned
-/// victims of its reclaim (x is expected), with the tree, books, nodes and time.
-fn x_reclaimed_for_a() -> (QuotaTree, Books, [Node; 2], u64, Vec<Victim>) {
+/// victims of its reclaim (x is expected), with the tree, books, nodes, time and when A is
+/// due to ask again (ms).
+fn x_reclaimed_for_a() -> (QuotaTree, Books, [Node; 2], u64, Vec<Victim>, u64) {
     let t = tree(
         r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 5}}},
             "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
@@ -3347,9 +3348,10 @@ fn x_reclaimed_for_a() -> (QuotaTree, Books, [Node; 2], u64, Vec<Victim>) {
     }
     let (a, _) =
         answer_through_recalls(&mut nodes, 1, &mut b, &t, &ask("a0", "acme/a", 5), &mut now);
-    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
-    let victims = victims.clone();
-    (t, b, nodes, now, victims)
+    let AdmitAnswer::Reclaiming { victims, retry_after_s, .. } = &a else {
+        panic!("expected a reclaim: {a:?}")
+    };
+    (t, b, nodes, now, victims.clone(), retry_after_s * 1000)
 }
 
 /// A guarantees 5 GPUs and B 2; C guarantees nothing (ceiling 16) and borrows: x, 6 GPUs on
@@ -3364,7 +3366,7 @@ fn x_reclaimed_for_a() -> (QuotaTree, Books, [Node; 2], u64, Vec<Victim>) {
 /// takes no victim for B and starts it at once.)
 #[test]
 fn a_second_claim_during_a_first_claims_grace_takes_no_victim_it_does_not_need() {
-    let (t, mut b, mut nodes, mut now, victims) = x_reclaimed_for_a();
+    let (t, mut b, mut nodes, mut now, victims, _) = x_reclaimed_for_a();
     let ids: Vec<&str> = victims.iter().map(|v| v.container_id.as_str()).collect();
     assert_eq!(ids, ["x"], "A's claim takes x, the cheapest (it checkpoints)");
     nodes[1].stopping.push("x".into());
@@ -3429,7 +3431,7 @@ fn under_a_full_ceiling_the_books_take_the_cheapest_victim_fleet_wide() {
 /// stopping victims go (they were counted as used beside the hold they make room for).
 #[test]
 fn a_second_claim_on_the_stopping_victims_node_takes_only_what_it_lacks_once_they_go() {
-    let (t, mut b, mut nodes, mut now, victims) = x_reclaimed_for_a();
+    let (t, mut b, mut nodes, mut now, victims, _) = x_reclaimed_for_a();
     assert_eq!(victims.iter().map(|v| v.container_id.as_str()).collect::<Vec<_>>(), ["x"]);
     nodes[1].stopping.push("x".into());
     for n in nodes.iter_mut() {
@@ -3641,7 +3643,7 @@ fn a_request_its_node_can_place_does_not_take_devices_held_there_for_another_cla
 /// gone).
 #[test]
 fn a_claim_that_fits_its_node_once_the_stopping_victims_go_takes_no_victim_there() {
-    let (t, mut b, mut nodes, mut now, victims) = x_reclaimed_for_a();
+    let (t, mut b, mut nodes, mut now, victims, _) = x_reclaimed_for_a();
     assert_eq!(victims.iter().map(|v| v.container_id.as_str()).collect::<Vec<_>>(), ["x"]);
     nodes[1].stopping.push("x".into());
     for n in nodes.iter_mut() {
@@ -3709,29 +3711,8 @@ fn a_gang_member_does_not_take_devices_held_on_its_node_for_another_claim() {
 /// Shared set-up: A's claim (5) takes x (6, checkpoints) on n2 and holds
 /// 5 there; y4, y5 (C, 1 GPU each) also run on n2; n1 runs y0..y3.
 fn claims_on_n2() -> (QuotaTree, Books, [Node; 2], u64, u64) {
-    let t = tree(
-        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 5}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
-            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
-    );
-    let (mut b, mut nodes, mut now) = two_nodes(&t);
-    let mut x = ask("x", "acme/c", 6);
-    x.checkpoint = true;
-    admit_retrying(&mut nodes, 1, &mut b, &t, &x, &mut now);
-    nodes[1].sync(&mut b, &t, now);
-    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("y", 0, 4), false, &mut now);
-    fill(&mut nodes, 1, &mut b, &t, "acme/c", ("y", 4, 2), false, &mut now);
-    now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    let (a, _) =
-        answer_through_recalls(&mut nodes, 1, &mut b, &t, &ask("a0", "acme/a", 5), &mut now);
-    let AdmitAnswer::Reclaiming { victims, retry_after_s, .. } = &a else {
-        panic!("expected a reclaim: {a:?}")
-    };
+    let (t, mut b, mut nodes, now, victims, retry_ms) = x_reclaimed_for_a();
     assert_eq!(victims.iter().map(|v| v.container_id.as_str()).collect::<Vec<_>>(), ["x"]);
-    let retry_ms = retry_after_s * 1000;
     nodes[1].stopping.push("x".into());
     for n in nodes.iter_mut() {
         n.sync(&mut b, &t, now);
