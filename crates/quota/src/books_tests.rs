@@ -3507,39 +3507,8 @@ fn a_stopping_victims_cpu_does_not_make_the_books_bound_cpu_the_nodes_do_not_rep
 /// got its 5 there. Victims on another node than their claimant's hold are not counted.
 #[test]
 fn a_claim_is_not_admitted_onto_a_nodes_capacity_held_for_a_ceiling_bound_claimant() {
-    let t = tree(
-        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 8}}},
-            "acme/ml/vision": {"gpus": {"H100-80GB": {"guarantee": 5}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
-            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
-    );
-    let (mut b, mut nodes, mut now) = two_nodes(&t);
-    let mut v = ask("v", "acme/ml/speech", 6);
-    v.checkpoint = true;
-    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
-    nodes[1].sync(&mut b, &t, now);
-    fill(&mut nodes, 1, &mut b, &t, "acme/c", ("c", 0, 2), false, &mut now);
-    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 2, 3), false, &mut now);
-    assert_eq!((nodes[0].free(), nodes[1].free()), (5 * MICRO_PER_GPU, 0));
-    now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    let a0 = ask("a0", "acme/ml/vision", 5);
-    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
-    let AdmitAnswer::Reclaiming { victims, retry_after_s, .. } = &a else {
-        panic!("expected a reclaim: {a:?}")
-    };
-    let ids: Vec<(&str, &str)> =
-        victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
-    assert_eq!(ids, [("n2", "v")], "vision's claim takes v, under acme/ml");
-    let retry_ms = retry_after_s * 1000;
-    nodes[1].stopping.push("v".into());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
     // v in its grace period: B asks 2 on n1, whose free GPUs are held for vision.
-    now += 5_000;
+    let (t, mut b, mut nodes, mut now, a0, retry_ms) = held_for_vision_on_n1(2);
     let (answer_b, _) =
         answer_through_recalls(&mut nodes, 0, &mut b, &t, &ask("b0", "acme/b", 2), &mut now);
     // v is gone; vision asks again on n1 once its retry is due.
@@ -3560,12 +3529,13 @@ fn a_claim_is_not_admitted_onto_a_nodes_capacity_held_for_a_ceiling_bound_claima
     );
 }
 
-/// Three nodes of 8: acme/ml has a ceiling of 8, vision guarantees 5 under it, speech
-/// borrows v (6 GPUs, checkpoints) on n2, acme/c borrows 2 on n2 and 3 on n1 (n3 empty).
+/// `count` nodes of 8 (2 or 3): acme/ml has a ceiling of 8, vision guarantees 5 under it, speech
+/// borrows v (6 GPUs, checkpoints) on n2, acme/c borrows 2 on n2 and 3 on n1 (n3, if any,
+/// empty).
 /// vision asks 5 on n1 (5 free): under acme/ml's full ceiling it reclaims v on n2, and
 /// n1's 5 free GPUs are held for it. Returned 5 s into v's grace period: the tree, books,
 /// nodes, time, vision's request and when it is due to ask again (ms).
-fn held_for_vision_on_n1() -> (QuotaTree, Books, [Node; 3], u64, AdmitRequest, u64) {
+fn held_for_vision_on_n1(count: usize) -> (QuotaTree, Books, Vec<Node>, u64, AdmitRequest, u64) {
     let t = tree(
         r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 8}}},
             "acme/ml/vision": {"gpus": {"H100-80GB": {"guarantee": 5}}},
@@ -3573,7 +3543,7 @@ fn held_for_vision_on_n1() -> (QuotaTree, Books, [Node; 3], u64, AdmitRequest, u
             "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
     );
     let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut nodes: Vec<Node> = (1..=count).map(|i| Node::new(&format!("n{i}"), 8)).collect();
     let mut now = 1_000_000;
     start(&t, &mut nodes, &mut b, now);
     let mut v = ask("v", "acme/ml/speech", 6);
@@ -3610,7 +3580,7 @@ fn held_for_vision_on_n1() -> (QuotaTree, Books, [Node; 3], u64, AdmitRequest, u
 /// on n1 for itself, and vision gets its 5 after v's grace period.
 #[test]
 fn a_request_its_node_can_place_does_not_take_devices_held_there_for_another_claim() {
-    let (t, mut b, mut nodes, mut now, a0, retry_ms) = held_for_vision_on_n1();
+    let (t, mut b, mut nodes, mut now, a0, retry_ms) = held_for_vision_on_n1(3);
     let (answer_b, _) =
         answer_through_recalls(&mut nodes, 0, &mut b, &t, &ask("b0", "acme/b", 2), &mut now);
     let AdmitAnswer::Reclaiming { victims, .. } = &answer_b else {
@@ -3671,7 +3641,7 @@ fn a_claim_that_fits_its_node_once_the_stopping_victims_go_takes_no_victim_there
 /// all: this one is refused.
 #[test]
 fn a_gang_member_does_not_take_devices_held_on_its_node_for_another_claim() {
-    let (t, mut b, mut nodes, mut now, a0, retry_ms) = held_for_vision_on_n1();
+    let (t, mut b, mut nodes, mut now, a0, retry_ms) = held_for_vision_on_n1(3);
     let mut answers = Vec::new();
     for i in 0..2 {
         now += 100;
