@@ -3366,13 +3366,8 @@ fn x_reclaimed_for_a() -> (QuotaTree, Books, [Node; 2], u64, Vec<Victim>, u64) {
 /// takes no victim for B and starts it at once.)
 #[test]
 fn a_second_claim_during_a_first_claims_grace_takes_no_victim_it_does_not_need() {
-    let (t, mut b, mut nodes, mut now, victims, _) = x_reclaimed_for_a();
-    let ids: Vec<&str> = victims.iter().map(|v| v.container_id.as_str()).collect();
-    assert_eq!(ids, ["x"], "A's claim takes x, the cheapest (it checkpoints)");
-    nodes[1].stopping.push("x".into());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    // A's claim takes x, the cheapest (it checkpoints), and x stops.
+    let (t, mut b, mut nodes, mut now, _) = claims_on_n2();
     // x in its grace period: B asks 2 on n1, which has 4 free.
     now += 5_000;
     let (a, _) =
@@ -3431,12 +3426,7 @@ fn under_a_full_ceiling_the_books_take_the_cheapest_victim_fleet_wide() {
 /// stopping victims go (they were counted as used beside the hold they make room for).
 #[test]
 fn a_second_claim_on_the_stopping_victims_node_takes_only_what_it_lacks_once_they_go() {
-    let (t, mut b, mut nodes, mut now, victims, _) = x_reclaimed_for_a();
-    assert_eq!(victims.iter().map(|v| v.container_id.as_str()).collect::<Vec<_>>(), ["x"]);
-    nodes[1].stopping.push("x".into());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    let (t, mut b, mut nodes, mut now, _) = claims_on_n2();
     now += 5_000;
     let (a, _) =
         answer_through_recalls(&mut nodes, 1, &mut b, &t, &ask("b0", "acme/b", 2), &mut now);
@@ -3613,12 +3603,7 @@ fn a_request_its_node_can_place_does_not_take_devices_held_there_for_another_cla
 /// gone).
 #[test]
 fn a_claim_that_fits_its_node_once_the_stopping_victims_go_takes_no_victim_there() {
-    let (t, mut b, mut nodes, mut now, victims, _) = x_reclaimed_for_a();
-    assert_eq!(victims.iter().map(|v| v.container_id.as_str()).collect::<Vec<_>>(), ["x"]);
-    nodes[1].stopping.push("x".into());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    let (t, mut b, mut nodes, mut now, _) = claims_on_n2();
     now += 5_000;
     let (a, _) =
         answer_through_recalls(&mut nodes, 1, &mut b, &t, &ask("b0", "acme/b", 1), &mut now);
