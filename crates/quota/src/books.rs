@@ -150,6 +150,17 @@ fn claim_key(node: &str, req: &AdmitRequest) -> ClaimKey {
     (node.to_string(), req.tenant.clone(), claim_of(req))
 }
 
+/// How a claim owed, but not at once at its first ask, is owed now, in words, by whether it
+/// would be owed at once now ([`Owed::AtOnce`]): since its backlog was served, or behind a
+/// larger request of its tenant waiting before it.
+fn owed_how(at_once_now: bool) -> &'static str {
+    if at_once_now {
+        "owed since its backlog was served"
+    } else {
+        "owed behind a larger request of its tenant waiting before it, not at once"
+    }
+}
+
 /// One container the books count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
@@ -277,7 +288,7 @@ struct Ask {
     settling: bool,
 }
 
-/// How [`Books::is_owed`] counts the tenant's requests waiting ahead of a claim.
+/// How [`Books::owed_judge`] counts the tenant's requests waiting ahead of a claim.
 #[derive(Debug, Clone, Copy)]
 enum Owed {
     /// Those that would be owed themselves ([`crate::owed_behind`]): whether it is owed.
@@ -1011,21 +1022,30 @@ impl Books {
         let mut seen: BTreeSet<(&str, &str)> = BTreeSet::new();
         let mut out = Resources::new();
         for ((held_on, _, _), rc) in &self.reclaims {
-            if rc.freed_ms.is_some() || node.is_some_and(|n| n != held_on) {
+            if node.is_some_and(|n| n != held_on) {
                 continue;
             }
-            for v in rc.victims.iter().filter(|v| v.node == *held_on) {
-                if !seen.insert((v.node.as_str(), v.container_id.as_str())) {
-                    continue;
-                }
-                let listed =
-                    self.nodes.get(&v.node).and_then(|nb| nb.holdings.get(&v.container_id));
-                if let Some(e) = listed {
-                    out.add(&e.resources);
+            for (c, r) in self.listed_victims_on(held_on, rc) {
+                if seen.insert((held_on.as_str(), c)) {
+                    out.add(r);
                 }
             }
         }
-        out.bounded_by(&self.capacity())
+        out.bounded_by(&self.totals.capacity)
+    }
+
+    /// The victims of `rc`, a reclaim under way, on `node` that `node` still lists, and
+    /// what each holds (none once its victims are gone).
+    fn listed_victims_on<'s>(
+        &'s self,
+        node: &'s str,
+        rc: &'s Reclaim,
+    ) -> impl Iterator<Item = (&'s str, &'s Resources)> + 's {
+        let nb = self.nodes.get(node).filter(|_| rc.freed_ms.is_none());
+        rc.victims.iter().filter(move |v| v.node == node).filter_map(move |v| {
+            let e = nb?.holdings.get(&v.container_id)?;
+            Some((v.container_id.as_str(), &e.resources))
+        })
     }
 
     /// [`Books::decide`] with `extra` capacity: what a claim's reclaim holds for it while
@@ -1236,26 +1256,14 @@ impl Books {
     }
 
     /// Whether `req` from `node` is owed now behind its tenant's requests waiting before it
-    /// on any node: those that would be owed in arrival order counted as its guaranteed
-    /// usage ([`Owed::Behind`], [`crate::owed_behind`]), or all of them ([`Owed::AtOnce`],
-    /// [`crate::owed_at_once`]: whether it may reclaim at once).
-    fn is_owed(
-        &self,
-        tree: &QuotaTree,
-        node: &str,
-        req: &AdmitRequest,
-        r: &Resources,
-        now: u64,
-        how: Owed,
-    ) -> bool {
-        self.owed_judge(tree, node, req, r, now)(how)
-    }
-
-    /// [`Books::is_owed`] for either [`Owed`], the fair queue looked at once. A request
-    /// waiting whose claim holds a reclaim is not counted: the capacity held for it is in
-    /// the usage. A claim whose own entry was relearned after a takeover is judged
-    /// [`Owed::Behind`] for [`Owed::AtOnce`] too: the relearned queue's order is the order
-    /// the requests asked again in, not the one they first asked in.
+    /// on any node, by either rule, the fair queue looked at once: those that would be owed
+    /// in arrival order counted as its guaranteed usage ([`Owed::Behind`],
+    /// [`crate::owed_behind`]), or all of them ([`Owed::AtOnce`], [`crate::owed_at_once`]:
+    /// whether it may reclaim at once). A request waiting whose claim holds a reclaim is
+    /// not counted: the capacity held for it is in the usage. A claim whose own entry was
+    /// relearned after a takeover is judged [`Owed::Behind`] for [`Owed::AtOnce`] too: the
+    /// relearned queue's order is the order the requests asked again in, not the one they
+    /// first asked in.
     fn owed_judge<'s>(
         &'s self,
         tree: &'s QuotaTree,
@@ -1287,23 +1295,6 @@ impl Books {
                 Owed::AtOnce if !relearned => owed_at_once(tree, &usage, &req.tenant, r, ahead),
                 Owed::AtOnce | Owed::Behind => owed_behind(tree, &usage, &req.tenant, r, ahead),
             }
-        }
-    }
-
-    /// How a claim owed, but not at once at its first ask, is owed now, in words: behind a
-    /// larger request of its tenant waiting before it, or since its backlog was served.
-    fn owed_how(
-        &self,
-        tree: &QuotaTree,
-        node: &str,
-        req: &AdmitRequest,
-        r: &Resources,
-        now: u64,
-    ) -> &'static str {
-        if self.is_owed(tree, node, req, r, now, Owed::AtOnce) {
-            "owed since its backlog was served"
-        } else {
-            "owed behind a larger request of its tenant waiting before it, not at once"
         }
     }
 
@@ -1786,14 +1777,8 @@ impl Books {
                 continue;
             }
             others = true;
-            let mut covered = Resources::new();
-            if rc.freed_ms.is_none() {
-                for v in rc.victims.iter().filter(|v| v.node == node) {
-                    if let Some(e) = nb.holdings.get(&v.container_id) {
-                        covered.add(&e.resources);
-                    }
-                }
-            }
+            let covered =
+                self.listed_victims_on(node, rc).fold(Resources::new(), |acc, (_, r)| acc.plus(r));
             uncovered.add(&rc.resources.minus(&covered));
         }
         if !others {
@@ -1809,13 +1794,11 @@ impl Books {
     /// make room for, they made a second claim there take victims it did not need); when
     /// the books see room the node does not (its devices are fragmented), the GPUs of `r`.
     fn node_short(&self, node: &str, r: &Resources) -> Resources {
-        let cap = self.nodes.get(node).map(|n| n.capacity.clone()).unwrap_or_default();
+        let nb = self.nodes.get(node);
+        let cap = nb.map(|n| n.capacity.clone()).unwrap_or_default();
         let relevant = r.only(|x| matches!(x, Resource::Gpu(_)) || cap.get(x) > 0);
-        let free = match self.nodes.get(node) {
-            Some(nb) => nb.capacity.minus(&nb.agg.used.minus(&self.stopping_listed(Some(node)))),
-            None => Resources::new(),
-        };
-        let short = relevant.minus(&free);
+        let used = nb.map(|n| n.agg.used.minus(&self.stopping_listed(Some(node))));
+        let short = relevant.minus(&cap.minus(&used.unwrap_or_default()));
         if !short.is_empty() {
             return short;
         }
@@ -1885,7 +1868,13 @@ impl Books {
                 left_s.max(1)
             )));
         }
-        if !ask.owed_first && !self.is_owed(tree, node, req, r, now, Owed::Behind) {
+        // Not owed at once at its first ask: whether it is owed now, and how (both rules on
+        // one look at the fair queue).
+        let owed_now = (!ask.owed_first).then(|| {
+            let judge = self.owed_judge(tree, node, req, r, now);
+            (judge(Owed::Behind), owed_how(judge(Owed::AtOnce)))
+        });
+        if let Some((false, _)) = owed_now {
             self.owed_since.remove(&key);
             return Reclaimed::Not(Some(
                 "not owed now (its tenant's requests waiting before it fill its guarantee), \
@@ -1997,9 +1986,11 @@ impl Books {
         let owed_for_s = now.saturating_sub(owed_since_ms) / 1000;
         let after_s = tree.owed_reclaim_after_s(claimant);
         let share = dominant_share(r, &capacity);
-        if !ask.owed_first
-            && !may_reclaim_owed_later(chosen.cost, waited_s, share, owed_for_s, after_s)
-        {
+        let not_yet = |&(_, how): &(bool, &'static str)| {
+            (!may_reclaim_owed_later(chosen.cost, waited_s, share, owed_for_s, after_s))
+                .then_some(how)
+        };
+        if let Some(owed) = owed_now.as_ref().and_then(not_yet) {
             let patience = match after_s {
                 Some(a) => format!(
                     ", or once owed for {a} s (quotas.{path}.owed_reclaim_after_s): retry \
@@ -2009,7 +2000,6 @@ impl Books {
                 ),
                 None => String::new(),
             };
-            let owed = self.owed_how(tree, node, req, r, now);
             return Reclaimed::Not(Some(format!(
                 "{owed}, so it reclaims only when the borrowed work would lose no more than it \
                  has waited ({waited_s} s so far){patience}; it waits for capacity to free"
@@ -2033,18 +2023,15 @@ impl Books {
                 picked.entry(k.clone()).or_insert_with(|| why.clone());
             }
         }
-        let owed = if ask.owed_first {
-            "owed: at once".to_string()
-        } else {
-            let how = self.owed_how(tree, node, req, r, now);
-            if worth_reclaiming(chosen.cost, waited_s, share) {
+        let owed = match owed_now {
+            None => "owed: at once".to_string(),
+            Some((_, how)) if worth_reclaiming(chosen.cost, waited_s, share) => {
                 format!("{how}, after waiting as long as it loses")
-            } else {
-                format!(
-                    "{how}, for {owed_for_s} s: its path's owed_reclaim_after_s ({} s)",
-                    after_s.unwrap_or_default()
-                )
             }
+            Some((_, how)) => format!(
+                "{how}, for {owed_for_s} s: its path's owed_reclaim_after_s ({} s)",
+                after_s.unwrap_or_default()
+            ),
         };
         let mut victims = Vec::new();
         let mut tenants: BTreeSet<String> = BTreeSet::new();
