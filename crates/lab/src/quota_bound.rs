@@ -44,7 +44,7 @@ use std::collections::BTreeMap;
 
 use quota::{QuotaTree, Resource, MICRO_PER_GPU};
 
-use crate::quota_sim::Job;
+use crate::quota_sim::{self, Fleet, Job, SimError};
 
 /// One tenant's work, reduced to what the bound reads; micro-GPUs and micro-GPU-seconds.
 #[derive(Debug, Default)]
@@ -67,58 +67,26 @@ fn gpu_ceiling(quotas: &QuotaTree, tenant: &str, model: &str) -> Option<i128> {
         .map(i128::from)
 }
 
-/// A unit of work as the simulator runs it ([`crate::quota_sim`], Input): a job, or a gang
-/// whose members run together from the last one's arrival, every member's GPUs for the
-/// longest member's duration.
-struct Unit<'j> {
-    tenant: &'j str,
-    arrival_s: u64,
-    duration_s: u64,
-    micro_gpus: u64,
-}
-
-fn units<'j>(jobs: &'j [Job], gpu: &Resource) -> Vec<Unit<'j>> {
-    let mut out: Vec<Unit<'j>> = Vec::with_capacity(jobs.len());
-    let mut gangs: BTreeMap<&str, usize> = BTreeMap::new();
-    for j in jobs {
-        let g = j.resources.get(gpu);
-        match j.gang.as_deref().and_then(|name| gangs.get(name).map(|&i| (name, i))) {
-            Some((_, i)) => {
-                let u = &mut out[i];
-                u.arrival_s = u.arrival_s.max(j.arrival_s);
-                u.duration_s = u.duration_s.max(j.duration_s);
-                u.micro_gpus = u.micro_gpus.saturating_add(g);
-            }
-            None => {
-                if let Some(name) = j.gang.as_deref() {
-                    gangs.insert(name, out.len());
-                }
-                out.push(Unit {
-                    tenant: &j.tenant,
-                    arrival_s: j.arrival_s,
-                    duration_s: j.duration_s,
-                    micro_gpus: g,
-                });
-            }
-        }
-    }
-    out
-}
-
-/// The bound of the module documentation on the useful GPU-seconds of `model` that any
-/// scheduler keeping `quotas`' GPU ceilings can reach on `jobs` with `gpus` GPUs, over
+/// The bound of the module documentation on the useful GPU-seconds of `fleet`'s model that
+/// any scheduler keeping `quotas`' GPU ceilings can reach on `jobs` on `fleet`, over
 /// `span_s` seconds from the first arrival (of a job, or of a gang's last member: where
-/// the simulator's span starts). Exact integer arithmetic in micro-GPU-seconds; the
-/// result in GPU-seconds.
-pub fn ceiling_bound(jobs: &[Job], gpus: u64, model: &str, quotas: &QuotaTree, span_s: u64) -> f64 {
-    let gpu = Resource::gpu(model);
-    let units = units(jobs, &gpu);
-    let Some(start) = units.iter().map(|u| u.arrival_s).min() else { return 0.0 };
+/// the simulator's span starts), the jobs taken as the simulator's units
+/// ([`quota_sim::unit_work`]; refused as [`quota_sim::run`] refuses them). Exact integer
+/// arithmetic in micro-GPU-seconds; the result in GPU-seconds.
+pub fn ceiling_bound(
+    jobs: &[Job],
+    fleet: &Fleet,
+    quotas: &QuotaTree,
+    span_s: u64,
+) -> Result<f64, SimError> {
+    let model = fleet.model.as_str();
+    let units = quota_sim::unit_work(jobs, fleet)?;
+    let Some(start) = units.iter().map(|u| u.arrival_s).min() else { return Ok(0.0) };
     let horizon = start.saturating_add(span_s);
     let mut tenants: BTreeMap<&str, TenantWork> = BTreeMap::new();
     for u in units.iter().filter(|u| u.arrival_s <= horizon) {
-        let t = tenants.entry(u.tenant).or_insert_with(|| TenantWork {
-            ceiling: gpu_ceiling(quotas, u.tenant, model),
+        let t = tenants.entry(u.tenant.as_str()).or_insert_with(|| TenantWork {
+            ceiling: gpu_ceiling(quotas, &u.tenant, model),
             ..TenantWork::default()
         });
         let g = i128::from(u.micro_gpus);
@@ -138,6 +106,7 @@ pub fn ceiling_bound(jobs: &[Job], gpus: u64, model: &str, quotas: &QuotaTree, s
     times.push(horizon);
     times.sort_unstable();
     times.dedup();
+    let gpus = u64::from(fleet.nodes) * u64::from(fleet.gpus_per_node);
     let fleet = i128::from(gpus) * i128::from(MICRO_PER_GPU);
     let mut per_tenant: Vec<i128> = tenants.values().map(|t| t.work).collect();
     let mut fleet_bound = i128::MAX;
@@ -166,12 +135,13 @@ pub fn ceiling_bound(jobs: &[Job], gpus: u64, model: &str, quotas: &QuotaTree, s
         last = s;
     }
     let bound = fleet_bound.min(per_tenant.iter().sum());
-    bound as f64 / MICRO_PER_GPU as f64
+    Ok(bound as f64 / MICRO_PER_GPU as f64)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quota_sim::{run, Mode};
     use quota::Resources;
 
     const MODEL: &str = "H100-80GB";
@@ -203,13 +173,24 @@ mod tests {
         }
     }
 
+    /// `n` GPUs of [`MODEL`], in nodes of 8.
+    fn gpus(n: u32) -> Fleet {
+        Fleet {
+            nodes: n / 8,
+            gpus_per_node: 8,
+            model: MODEL.into(),
+            cpu_milli_per_node: None,
+            memory_mib_per_node: None,
+        }
+    }
+
     #[test]
     fn a_tenant_asking_past_its_ceiling_at_once_is_bounded_by_the_ceiling() {
         // Four jobs of 2 GPUs for 100 s at 0 under a ceiling of 4 GPUs, horizon 100 s: at
         // most 4 GPUs × 100 s, though the fleet has 16 and the work is 800.
         let q = quotas(&[("a", 4)]);
         let jobs: Vec<Job> = (0..4).map(|i| job(&format!("j{i}"), "a", 0, 100, 2)).collect();
-        assert_eq!(ceiling_bound(&jobs, 16, MODEL, &q, 100), 400.0);
+        assert_eq!(ceiling_bound(&jobs, &gpus(16), &q, 100).expect("bound"), 400.0);
     }
 
     #[test]
@@ -218,11 +199,11 @@ mod tests {
         // reachable; the cut at s = 50 gives 400 + 8 × 50.
         let q = quotas(&[("a", 8)]);
         let jobs = vec![job("x", "a", 0, 50, 8), job("y", "a", 50, 50, 8)];
-        assert_eq!(ceiling_bound(&jobs, 16, MODEL, &q, 100), 800.0);
+        assert_eq!(ceiling_bound(&jobs, &gpus(16), &q, 100).expect("bound"), 800.0);
         // The same two asked at 0 with a ceiling of 8: only 8 × 100 again; with the second
         // arriving at 80 it cannot run past the horizon: 400 + 8 × 20.
         let jobs = vec![job("x", "a", 0, 50, 8), job("y", "a", 80, 50, 8)];
-        assert_eq!(ceiling_bound(&jobs, 16, MODEL, &q, 100), 560.0);
+        assert_eq!(ceiling_bound(&jobs, &gpus(16), &q, 100).expect("bound"), 560.0);
     }
 
     #[test]
@@ -230,8 +211,8 @@ mod tests {
         // Two tenants with ceilings of 8 each on 8 GPUs, each asking 8 for 100 s at 0.
         let q = quotas(&[("a", 8), ("b", 8)]);
         let jobs = vec![job("x", "a", 0, 100, 8), job("y", "b", 0, 100, 8)];
-        assert_eq!(ceiling_bound(&jobs, 8, MODEL, &q, 100), 800.0);
-        assert_eq!(ceiling_bound(&jobs, 16, MODEL, &q, 100), 1600.0);
+        assert_eq!(ceiling_bound(&jobs, &gpus(8), &q, 100).expect("bound"), 800.0);
+        assert_eq!(ceiling_bound(&jobs, &gpus(16), &q, 100).expect("bound"), 1600.0);
     }
 
     #[test]
@@ -239,21 +220,14 @@ mod tests {
         // Ten 1-GPU jobs of 100 s at 0 under a ceiling of 4 on one node of 8: FIFO within
         // the ceiling runs 4 at a time to the horizon (100 s) and reaches the bound
         // exactly; FIFO, ignoring the ceiling, runs 8 and passes it.
-        use crate::quota_sim::{run, Fleet, Mode};
         let q = quotas(&[("a", 4)]);
         let jobs: Vec<Job> = (0..10).map(|i| job(&format!("j{i}"), "a", 0, 100, 1)).collect();
-        let fleet = Fleet {
-            nodes: 1,
-            gpus_per_node: 8,
-            model: MODEL.into(),
-            cpu_milli_per_node: None,
-            memory_mib_per_node: None,
-        };
+        let fleet = gpus(8);
         let useful = |mode| {
             let r = run(&jobs, &fleet, &q, mode, None).expect("runs");
             r.gpu_seconds - r.lost_gpu_seconds
         };
-        let bound = ceiling_bound(&jobs, 8, MODEL, &q, 100);
+        let bound = ceiling_bound(&jobs, &gpus(8), &q, 100).expect("bound");
         assert_eq!(bound, 400.0);
         assert_eq!(useful(Mode::FifoCeilings), bound);
         assert_eq!(useful(Mode::Quotas), bound);
@@ -267,7 +241,6 @@ mod tests {
         // one without, 4-12 jobs of 1-4 GPUs, some fractions, some gangs): FIFO within the
         // ceilings and quotas never pass the bound, and FIFO within the ceilings meets it
         // exactly in many (a bound too low anywhere near them fails here).
-        use crate::quota_sim::Mode;
         let q = quotas(&[("a", 3), ("b", 4)]);
         let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut next = |n: u64| {
@@ -292,10 +265,9 @@ mod tests {
                     j
                 })
                 .collect();
-            let runs = [Mode::FifoCeilings, Mode::Quotas].map(|mode| {
-                crate::quota_sim::run(&jobs, &one_node(), &q, mode, None).expect("runs")
-            });
-            let bound = ceiling_bound(&jobs, 8, MODEL, &q, runs[0].span_s);
+            let runs = [Mode::FifoCeilings, Mode::Quotas]
+                .map(|mode| run(&jobs, &gpus(8), &q, mode, None).expect("runs"));
+            let bound = ceiling_bound(&jobs, &gpus(8), &q, runs[0].span_s).expect("bound");
             for r in &runs {
                 let useful = r.gpu_seconds - r.lost_gpu_seconds;
                 assert!(
@@ -315,23 +287,13 @@ mod tests {
     fn a_job_larger_than_its_ceiling_counts_for_nothing() {
         let q = quotas(&[("a", 4)]);
         let jobs = vec![job("x", "a", 0, 100, 8), job("y", "a", 0, 100, 2)];
-        assert_eq!(ceiling_bound(&jobs, 16, MODEL, &q, 100), 200.0);
+        assert_eq!(ceiling_bound(&jobs, &gpus(16), &q, 100).expect("bound"), 200.0);
     }
 
     // --- red team (branch rt-bound): counterexamples -----------------------------------
 
-    fn one_node() -> crate::quota_sim::Fleet {
-        crate::quota_sim::Fleet {
-            nodes: 1,
-            gpus_per_node: 8,
-            model: MODEL.into(),
-            cpu_milli_per_node: None,
-            memory_mib_per_node: None,
-        }
-    }
-
-    fn useful_of(jobs: &[Job], q: &QuotaTree, mode: crate::quota_sim::Mode, h: u64) -> f64 {
-        let r = crate::quota_sim::run(jobs, &one_node(), q, mode, Some(h)).expect("runs");
+    fn useful_of(jobs: &[Job], q: &QuotaTree, mode: Mode, h: u64) -> f64 {
+        let r = run(jobs, &gpus(8), q, mode, Some(h)).expect("runs");
         r.gpu_seconds - r.lost_gpu_seconds
     }
 
@@ -342,14 +304,13 @@ mod tests {
         // secs). The bound counts each member for its own duration: g · min(d_j, H − a_j).
         // Gang of two 1-GPU members, 100 s and 10 s, ceiling 4, 8 GPUs, horizon 100:
         // FIFO within the ceilings holds 2 GPUs × 100 s = 200 useful; the bound says 110.
-        use crate::quota_sim::Mode;
         let q = quotas(&[("a", 4)]);
         let mut long = job("m1", "a", 0, 100, 1);
         let mut short = job("m2", "a", 0, 10, 1);
         long.gang = Some("g".into());
         short.gang = Some("g".into());
         let jobs = vec![long, short];
-        let bound = ceiling_bound(&jobs, 8, MODEL, &q, 100);
+        let bound = ceiling_bound(&jobs, &gpus(8), &q, 100).expect("bound");
         for mode in [Mode::FifoCeilings, Mode::Quotas] {
             let useful = useful_of(&jobs, &q, mode, 100);
             assert!(useful <= bound * (1.0 + 1e-9), "{mode:?}: useful {useful} > bound {bound}");
@@ -362,7 +323,6 @@ mod tests {
         // subtracts fractions of GPUs (+0.3 +0.6 −0.3 −0.6 leaves −1.1e-16 GPU, not 0),
         // multiplied by the span: over 1e18 s the bound was negative (−21), over 1e13 s
         // 89.9989, below the 90 GPU-seconds FIFO within the ceiling runs.
-        use crate::quota_sim::Mode;
         let q = quotas(&[("a", 4)]);
         let frac = |id: &str, micro: u64| Job {
             resources: Resources::new().with(Resource::gpu(MODEL), micro),
@@ -370,7 +330,7 @@ mod tests {
         };
         let jobs = vec![frac("x", 300_000), frac("y", 600_000)];
         for span in [10_000_000_000_000, 1_000_000_000_000_000_000] {
-            let bound = ceiling_bound(&jobs, 8, MODEL, &q, span);
+            let bound = ceiling_bound(&jobs, &gpus(8), &q, span).expect("bound");
             assert_eq!(bound, 90.0, "span {span}");
             assert_eq!(useful_of(&jobs, &q, Mode::FifoCeilings, span), 90.0, "span {span}");
         }
@@ -386,7 +346,6 @@ mod tests {
         // needed and a started at once, o holding 6 GPUs for 100 s (useful 4,200 GPU-s
         // where the ceiling allows 4 × 1,000). Victims must also cover what the books are
         // short of, as the books take them.
-        use crate::quota_sim::Mode;
         let doc = format!(
             "{{\"version\":1,\"orgs\":{{\"o\":{{\"trust\":\"trusted\",\"teams\":{{\"a\":{{}},\"b\":{{}}}}}}}},\
              \"quotas\":{{\"o\":{{\"gpus\":{{\"{MODEL}\":{{\"ceiling\":4}}}}}},\
@@ -394,8 +353,7 @@ mod tests {
         );
         let q = policy::Policy::parse(doc.as_bytes(), "test").expect("policy").quotas().clone();
         let jobs = vec![job("b1", "b", 0, 1000, 4), job("a1", "a", 10, 100, 2)];
-        let r =
-            crate::quota_sim::run(&jobs, &one_node(), &q, Mode::Quotas, Some(1000)).expect("runs");
+        let r = run(&jobs, &gpus(8), &q, Mode::Quotas, Some(1000)).expect("runs");
         let useful = r.gpu_seconds - r.lost_gpu_seconds;
         assert!(useful <= 4.0 * 1000.0, "o's ceiling of 4 GPUs over 1000 s; useful {useful}");
         // As the books do: b's borrowed work under the ceiling is the victim.

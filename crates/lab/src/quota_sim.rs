@@ -52,13 +52,12 @@
 //!   or that fits the books but not the bins, reclaims: on each node (the whole fleet for
 //!   a gang; and for a claim under a full ceiling, the whole fleet too, as the books take
 //!   its victims anywhere under the ceiling) the borrowed work of other tenants is taken
-//!   cheapest first by the work it
-//!   would lose ([`quota::victim_order`]; work within its `min_runtime_s` is protected and
-//!   the request is woken when that ends), only while its tenant still borrows
-//!   ([`quota::borrowing`]; for placement, any borrowed work if that frees no node, as
-//!   [`quota::choose_victims_for_placement`]), until the request fits (under a full
-//!   ceiling: on the node and under the ceiling), less any victim it does not need, and
-//!   the cheapest clearing wins. A request owed at once when it
+//!   cheapest first by the work it would lose ([`quota::victim_order`]; work within its
+//!   `min_runtime_s` is protected and the request is woken when that ends), only while
+//!   its tenant still borrows ([`quota::borrowing`]; for placement, any borrowed work if
+//!   that frees no node, as [`quota::choose_victims_for_placement`]), until the request
+//!   fits (under a full ceiling: on the node and under the ceiling), less any victim it
+//!   does not need, and the cheapest clearing wins. A request owed at once when it
 //!   arrived ([`quota::owed_at_once`]: within guarantee with all its tenant's waiting
 //!   requests ahead counted) reclaims at once; one owed only behind a larger request of its
 //!   tenant ([`quota::owed_behind`]) or only since (its tenant's backlog ahead of it
@@ -524,6 +523,31 @@ pub fn run(
 }
 
 // --- units ---------------------------------------------------------------------------------
+
+/// One unit of work as the simulator runs it, reduced to what a bound on it reads
+/// ([`crate::quota_bound`]): a job, or a gang whose members run together from the last
+/// one's arrival, every member's GPUs for the longest member's duration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UnitWork {
+    pub tenant: String,
+    pub arrival_s: u64,
+    pub duration_s: u64,
+    /// Micro-GPUs of the fleet's model, all members together.
+    pub micro_gpus: u64,
+}
+
+/// `jobs` as the units [`run`] simulates on `fleet` (refused as [`run`] refuses them).
+pub(crate) fn unit_work(jobs: &[Job], fleet: &Fleet) -> Result<Vec<UnitWork>, SimError> {
+    Ok(units_of(jobs, fleet)?
+        .into_iter()
+        .map(|u| UnitWork {
+            tenant: u.tenant,
+            arrival_s: u.arrival,
+            duration_s: u.duration,
+            micro_gpus: u.gpu,
+        })
+        .collect())
+}
 
 /// What one job needs of one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -2163,11 +2187,19 @@ impl<'a> Sim<'a> {
                 for s in &self.st[v].slots {
                     scratch.take(s);
                 }
-                let mut kept = after.clone();
-                kept.add(&self.units[v].tenant, Class::Borrowed, &self.units[v].resources);
-                if covers(&kept) && scratch.fit_ranked(&unit.members, scope, &ranks).is_some() {
+                // What runs on with `v` spared (judged only under a ceiling).
+                let kept = under.map(|_| {
+                    let mut k = after.clone();
+                    k.add(&self.units[v].tenant, Class::Borrowed, &self.units[v].resources);
+                    k
+                });
+                if kept.as_ref().is_none_or(&covers)
+                    && scratch.fit_ranked(&unit.members, scope, &ranks).is_some()
+                {
                     needed.retain(|&x| x != v);
-                    after = kept;
+                    if let Some(k) = kept {
+                        after = k;
+                    }
                 } else {
                     for s in &self.st[v].slots {
                         scratch.give(s);
@@ -2696,6 +2728,11 @@ mod tests {
         Job { resources: j.resources.clone().with_cpu_milli(cores * 1_000), ..j }
     }
 
+    /// How many times job `id` was preempted.
+    fn preempted(r: &Report, id: &str) -> u32 {
+        r.outcomes.iter().find(|o| o.id == id).unwrap_or_else(|| panic!("no job {id}")).preempted
+    }
+
     fn start(r: &Report, id: &str) -> Option<u64> {
         r.outcomes
             .iter()
@@ -2806,8 +2843,7 @@ mod tests {
         jobs.push(job("a-one", "t/a", 2_101, 100, 1)); // behind a-four: not owed
         jobs.push(ck("b8", 2_200, 10)); // an event after a-one waited 99 s
         let r = run(&jobs, &fleet(2, 4), &t, Mode::Quotas, Some(20_000)).expect("runs");
-        let preempted = |id: &str| r.outcomes.iter().find(|o| o.id == id).map(|o| o.preempted);
-        assert_eq!(preempted("b3"), Some(0), "a-one, not owed, stopped b3");
+        assert_eq!(preempted(&r, "b3"), 0, "a-one, not owed, stopped b3");
         // a-four reclaims node 0 when the protection ends (grace 30 s).
         assert_eq!(start(&r, "a-four"), Some(3_030));
         assert_eq!((r.preemptions, r.reclaims_for_quota), (4, 1));
@@ -2868,8 +2904,7 @@ mod tests {
         jobs.push(job("a-one", "t/a", 3_010, 100, 1));
         let r = run(&jobs, &fleet(2, 4), &t, Mode::Quotas, Some(20_000)).expect("runs");
         assert_eq!(start(&r, "a-four"), Some(3_030));
-        let preempted = |id: &str| r.outcomes.iter().find(|o| o.id == id).map(|o| o.preempted);
-        assert_eq!(preempted("b3"), Some(1), "a-one, an owner request, reclaims at once");
+        assert_eq!(preempted(&r, "b3"), 1, "a-one, an owner request, reclaims at once");
         assert_eq!(start(&r, "a-one"), Some(3_010 + 30));
         assert_eq!(r.owner_requests, 5, "b0-b2, a-four and a-one");
     }
@@ -2938,10 +2973,9 @@ mod tests {
             job("a0", "t/a", 1_000, 100_000, 2),
         ];
         let r = quotas_on_one_node(&jobs, 3, &t);
-        let preempted = |id: &str| r.outcomes.iter().find(|o| o.id == id).map(|o| o.preempted);
         assert_eq!((start(&r, "b1"), start(&r, "a0")), (Some(800), Some(1_030)));
-        assert_eq!(preempted("b1"), Some(0), "b uses 1 of its 1 when a0 asks");
-        assert_eq!(preempted("c0"), Some(1), "a0's victim");
+        assert_eq!(preempted(&r, "b1"), 0, "b uses 1 of its 1 when a0 asks");
+        assert_eq!(preempted(&r, "c0"), 1, "a0's victim");
         assert_eq!(r.preemptions, 1);
     }
 
@@ -3193,10 +3227,9 @@ mod tests {
         ];
         let f = Fleet { cpu_milli_per_node: Some(64_000), ..fleet(1, 8) };
         let r = run(&jobs, &f, &t, Mode::Quotas, Some(200_000)).expect("runs");
-        let preempted = |id: &str| r.outcomes.iter().find(|o| o.id == id).expect("job").preempted;
         assert!(start(&r, "a1").is_some_and(|s| s < 1_000), "a reclaims at once");
         assert_eq!(
-            (preempted("b1"), preempted("c1")),
+            (preempted(&r, "b1"), preempted(&r, "c1")),
             (0, 1),
             "b borrows cores, not GPUs; a is short of GPUs: c's work is taken, as the books take it"
         );
@@ -3490,8 +3523,8 @@ mod tests {
     /// Issue 27's red team (rt-simbooks), the simulator's side of
     /// `quota::books::tests::a_second_claim_during_a_first_claims_grace_takes_no_victim_it_does_not_need`
     /// (the books took two victims here until they stopped counting a reclaim's stopping
-    /// victims as used beside its claimant's hold). A guarantees 5, B 2; C
-    /// borrows x (6 GPUs, checkpoints) from 0 and six 1-GPU jobs from 1. a0 (5) at 3,600
+    /// victims as used beside its claimant's hold). A guarantees 5, B 2; C borrows x (6
+    /// GPUs, checkpoints) from 0 and six 1-GPU jobs from 1. a0 (5) at 3,600
     /// finds the fleet short and reclaims x (the cheapest clearing); b0 (2) at 3,605, in
     /// x's grace period, is short in the books too (x's 6 and a0's hold of 5 both counted:
     /// 17 of 16), but it fits on the bins: the simulator takes no victim for it and starts
@@ -3508,15 +3541,14 @@ mod tests {
         jobs.push(job("a0", "t/a", 3_600, 1_000, 5));
         jobs.push(job("b0", "t/b", 3_605, 1_000, 2));
         let r = run(&jobs, &fleet(2, 8), &t, Mode::Quotas, Some(20_000)).expect("runs");
-        let preempted = |id: &str| r.outcomes.iter().find(|o| o.id == id).map(|o| o.preempted);
-        assert_eq!(preempted("x"), Some(1), "a0 reclaims x");
+        assert_eq!(preempted(&r, "x"), 1, "a0 reclaims x");
         assert_eq!(start(&r, "a0"), Some(3_600 + 30), "after x's grace period");
         assert_eq!(r.preemptions, 1, "x only: b0 takes no victim");
         assert_eq!(start(&r, "b0"), Some(3_605), "b0 fits on the bins at once");
     }
 
-    /// Issue 27's red team (rt-simbooks): under a full ceiling the victims need not be on the node the
-    /// claim runs on. t/ml has a ceiling of 4; t/ml/v guarantees 2 under it, t/ml/s borrows.
+    /// Issue 27's red team (rt-simbooks): under a full ceiling the victims need not be on
+    /// the node the claim runs on. t/ml has a ceiling of 4; t/ml/v guarantees 2 under it, t/ml/s borrows.
     /// s-old (2 GPUs, from 0) runs on node 0 beside v's two free home GPUs; t/b fills 3 of
     /// node 1 and s-young (1 GPU, from 1,000) the fourth. v0 (2) at 2,000: t/ml holds 3, so
     /// v0 crosses the ceiling by 1 ([`Decision::Reclaim`] under t/ml, short 1 GPU: the fleet
@@ -3539,11 +3571,10 @@ mod tests {
             job("v0", "t/ml/v", 2_000, 1_000, 2),
         ];
         let r = run(&jobs, &fleet(2, 4), &t, Mode::Quotas, Some(20_000)).expect("runs");
-        let preempted = |id: &str| r.outcomes.iter().find(|o| o.id == id).map(|o| o.preempted);
         assert_eq!(start(&r, "v0"), Some(2_030), "after its victim's grace period");
         assert_eq!(
-            (preempted("s-young"), preempted("s-old")),
-            (Some(1), Some(0)),
+            (preempted(&r, "s-young"), preempted(&r, "s-old")),
+            (1, 0),
             "the books take s-young (1 GPU, 1,000 s), the cheapest under t/ml that covers the \
              ceiling's 1 GPU; the simulator took s-old (2 GPUs, 2,000 s) on the node it placed \
              v0 on"

@@ -228,13 +228,9 @@ pub fn cell(
     let shape = quota::check_shape(policy.quotas(), &vec![node; nodes as usize]);
     let fifo = run(Mode::Fifo)?;
     // Over the span the simulator measured (the same in every mode).
-    let ceiling_bound_gpu_seconds = crate::quota_bound::ceiling_bound(
-        &jobs,
-        u64::from(nodes) * u64::from(GPUS_PER_NODE),
-        model,
-        policy.quotas(),
-        fifo.span_s,
-    );
+    let ceiling_bound_gpu_seconds =
+        crate::quota_bound::ceiling_bound(&jobs, &fleet, policy.quotas(), fifo.span_s)
+            .map_err(|e| e.to_string())?;
     Ok(Cell {
         ceiling_bound_gpu_seconds,
         trace: trace.source.clone(),
@@ -306,6 +302,11 @@ impl Sums {
     /// Quotas' useful GPU-seconds over those of FIFO within the ceilings.
     pub fn ratio_within_ceilings(&self) -> f64 {
         ratio(self.quotas_useful_gpu_seconds, self.fifo_ceilings_useful_gpu_seconds)
+    }
+
+    /// The cells' ceiling bounds over FIFO's useful GPU-seconds ([`Cell::ceiling_bound_ratio`]).
+    pub fn ceiling_bound_ratio(&self) -> f64 {
+        ratio(self.ceiling_bound_gpu_seconds, self.fifo_useful_gpu_seconds)
     }
 
     /// The same with what is accounted for added to quotas'.
@@ -410,7 +411,7 @@ pub fn markdown(cells: &[Cell]) -> String {
             s.ratio(),
             hours(s.fifo_ceilings_useful_gpu_seconds),
             s.ratio_within_ceilings(),
-            ratio(s.ceiling_bound_gpu_seconds, s.fifo_useful_gpu_seconds),
+            s.ceiling_bound_ratio(),
             hours(s.accounted_gpu_seconds),
             s.accounted_ratio(),
             s.utilisation().label(),
