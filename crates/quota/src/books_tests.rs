@@ -315,6 +315,12 @@ fn answer_through_recalls(
     panic!("{}: the leases were never recalled", req.container_id)
 }
 
+/// The victims (node, container) of a reclaim's answer; panics on any other answer.
+fn victims_of(a: &AdmitAnswer) -> Vec<(&str, &str)> {
+    let AdmitAnswer::Reclaiming { victims, .. } = a else { panic!("expected a reclaim: {a:?}") };
+    victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect()
+}
+
 fn admitted(a: &AdmitAnswer) -> QuotaClass {
     match a {
         AdmitAnswer::Admitted { class, .. } => *class,
@@ -3414,9 +3420,7 @@ fn under_a_full_ceiling_the_books_take_the_cheapest_victim_fleet_wide() {
     }
     let v0 = ask("v0", "acme/ml/vision", 2);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &v0, &mut now);
-    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
-    let ids: Vec<(&str, &str)> =
-        victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
+    let ids = victims_of(&a);
     assert_eq!(ids, [("n2", "s-young")]);
 }
 
@@ -3430,9 +3434,7 @@ fn a_second_claim_on_the_stopping_victims_node_takes_only_what_it_lacks_once_the
     now += 5_000;
     let (a, _) =
         answer_through_recalls(&mut nodes, 1, &mut b, &t, &ask("b0", "acme/b", 2), &mut now);
-    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
-    let ids: Vec<(&str, &str)> =
-        victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
+    let ids = victims_of(&a);
     assert_eq!(ids.len(), 1, "one GPU is all B lacks on n2 once x is gone: {ids:?}");
     assert_eq!(ids[0].0, "n2", "{ids:?}");
 }
@@ -3804,9 +3806,7 @@ fn room_a_stopping_victim_frees_later_is_not_taken_now_from_a_hold_whose_victims
     }
     let a0 = ask("a0", "acme/ml/vision", 4);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
-    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
-    let ids: Vec<(&str, &str)> =
-        victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
+    let ids = victims_of(&a);
     assert_eq!(ids, [("n2", "v")], "vision's claim takes v, under acme/ml");
     nodes[1].stopping.push("v".into());
     for n in nodes.iter_mut() {
@@ -3815,9 +3815,7 @@ fn room_a_stopping_victim_frees_later_is_not_taken_now_from_a_hold_whose_victims
     now += 1_000;
     let (a, _) =
         answer_through_recalls(&mut nodes, 0, &mut b, &t, &ask("b0", "acme/b", 2), &mut now);
-    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
-    let ids: Vec<(&str, &str)> =
-        victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
+    let ids = victims_of(&a);
     assert_eq!(ids, [("n1", "x")], "B may not take vision's held GPUs on n1: it takes x");
     nodes[0].stopping.push("x".into());
     for n in nodes.iter_mut() {
