@@ -390,8 +390,13 @@ async fn take_over(
                 if !current {
                     return;
                 }
-                let (nodes, pending, reclaims) =
-                    (state.nodes.len(), state.pending.len(), state.reclaims.len());
+                let (nodes, pending, reclaims, waiting, queue_kept) = (
+                    state.nodes.len(),
+                    state.pending.len(),
+                    state.reclaims.len(),
+                    state.waiting.len(),
+                    state.queue_kept,
+                );
                 cell.books = if state == BooksState::default() {
                     // The first leader of an empty store: nothing to take over. Its books
                     // are rebuilt from the nodes' syncs as a coordinator alone does (ready
@@ -420,6 +425,8 @@ async fn take_over(
                     nodes,
                     pending,
                     reclaims,
+                    waiting,
+                    queue_kept,
                     took_ms = t0.elapsed().as_millis() as u64,
                     "took the quota books over; deciding"
                 );

@@ -524,6 +524,12 @@ pub struct Books {
     /// The store was last handed out that the books are being rebuilt
     /// ([`state::StateOp::PutRebuilding`]).
     durable_rebuilding: bool,
+    /// The fair queue is whole: these books saw every request waiting (new books, books
+    /// taken over from a state that kept it, or done relearning it).
+    queue_kept: bool,
+    /// The store was last handed out that the fair queue it holds is whole
+    /// ([`state::StateOp::PutQueueKept`]).
+    durable_queue_kept: bool,
 }
 
 fn max_each(a: &Resources, b: &Resources) -> Resources {
@@ -712,6 +718,8 @@ impl Books {
             changes: state::Changes::default(),
             resized: BTreeMap::new(),
             durable_rebuilding: false,
+            queue_kept: true,
+            durable_queue_kept: false,
         }
     }
 
@@ -815,6 +823,10 @@ impl Books {
         if now >= self.next_expiry_ms {
             self.sweep(now);
         }
+        if !self.queue_kept && !self.settling(now) {
+            // Relearned: every request still waiting has asked again since the takeover.
+            self.queue_kept = true;
+        }
         if now >= self.slow_sweep_ms {
             self.sweep_asks(now);
         }
@@ -873,7 +885,14 @@ impl Books {
     /// Drops what expired: waiting entries, holds, kept answers, recalls; and notes when
     /// the next of them expires.
     fn sweep(&mut self, now: u64) {
-        self.waiting.retain(|_, w| now <= w.last_seen_ms.saturating_add(WAITING_TTL_MS));
+        let changes = &mut self.changes;
+        self.waiting.retain(|k, w| {
+            let keep = now <= w.last_seen_ms.saturating_add(WAITING_TTL_MS);
+            if !keep {
+                changes.waiting(k, false);
+            }
+            keep
+        });
         let gone: Vec<ClaimKey> = self
             .reclaims
             .iter()
@@ -909,9 +928,28 @@ impl Books {
         // A requeue's count is forgotten once the work has stayed unpreempted for as long
         // as the longest backoff; first asks go with the waiting entries' lifetime.
         let keep = crate::spec::MAX_REQUEUE_BACKOFF_S.saturating_mul(2000);
-        self.requeues.retain(|_, q| now <= q.last_ms.saturating_add(keep).max(q.until_ms));
-        self.first_asks.retain(|_, (_, _, last)| now <= last.saturating_add(WAITING_TTL_MS * 30));
-        self.owed_since.retain(|_, (_, last)| now <= last.saturating_add(WAITING_TTL_MS));
+        let changes = &mut self.changes;
+        self.requeues.retain(|k, q| {
+            let kept = now <= q.last_ms.saturating_add(keep).max(q.until_ms);
+            if !kept {
+                changes.requeue(k);
+            }
+            kept
+        });
+        self.first_asks.retain(|k, (_, _, last)| {
+            let kept = now <= last.saturating_add(WAITING_TTL_MS * 30);
+            if !kept {
+                changes.ask(k, false);
+            }
+            kept
+        });
+        self.owed_since.retain(|k, (_, last)| {
+            let kept = now <= last.saturating_add(WAITING_TTL_MS);
+            if !kept {
+                changes.ask(k, false);
+            }
+            kept
+        });
         for c in self.costs.values_mut() {
             while c
                 .preempted_ms
@@ -1126,7 +1164,7 @@ impl Books {
                 over,
             },
         );
-        if self.waiting.remove(&key).is_none() {
+        if self.unwait(&key).is_none() {
             // A retry under another container id (kubelet makes a new one): the tenant's
             // oldest entry of the same request on this node.
             let same = totals::on_node(&self.waiting, node)
@@ -1134,7 +1172,7 @@ impl Books {
                 .min_by_key(|(_, w)| w.arrived_ms)
                 .map(|(k, _)| k.clone());
             if let Some(k) = same {
-                self.waiting.remove(&k);
+                self.unwait(&k);
             }
         }
     }
@@ -1187,8 +1225,9 @@ impl Books {
                 };
                 // Owed, but only behind a larger request of its tenant: owed from this ask
                 // (its wait is an owed-later one, as the simulator counts it).
-                if behind {
-                    self.owed_since.entry(hold.clone()).or_insert((now, now));
+                if behind && !self.owed_since.contains_key(&hold) {
+                    self.owed_since.insert(hold.clone(), (now, now));
+                    self.changes.ask(&hold, true);
                 }
                 (now, at_once, false)
             }
@@ -1337,8 +1376,11 @@ impl Books {
         now: u64,
     ) {
         if matches!(answer, AdmitAnswer::Admitted { .. }) {
-            self.first_asks.remove(claim);
+            let asked = self.first_asks.remove(claim).is_some();
             let owed_since = self.owed_since.remove(claim).map(|(since, _)| since);
+            if asked || owed_since.is_some() {
+                self.changes.ask(claim, false);
+            }
             let cost = self.costs.entry(tenant.to_string()).or_default();
             let (waits, from) = match (ask.owed_first, owed_since) {
                 (true, _) => (&mut cost.owner_waits, ask.asked_ms),
@@ -1350,9 +1392,23 @@ impl Books {
             }
             waits.push_back(now.saturating_sub(from));
         } else if !ask.settling {
-            let first = self.first_asks.entry(claim.clone());
-            first.or_insert((ask.asked_ms, ask.owed_first, now)).2 = now;
+            match self.first_asks.get_mut(claim) {
+                Some(first) => first.2 = now,
+                None => {
+                    self.first_asks.insert(claim.clone(), (ask.asked_ms, ask.owed_first, now));
+                    self.changes.ask(claim, true);
+                }
+            }
         }
+    }
+
+    /// Takes `key`'s request out of the fair queue (stored with the next batch).
+    fn unwait(&mut self, key: &NodeContainer) -> Option<WaitEntry> {
+        let gone = self.waiting.remove(key);
+        if gone.is_some() {
+            self.changes.waiting(key, false);
+        }
+        gone
     }
 
     /// Whether the books were taken over from a store less than [`WAITING_TTL_MS`] ago: the
@@ -1372,7 +1428,10 @@ impl Books {
                 | Decision::Wait { class: Class::Borrowed, .. }
                 | Decision::Refuse(_)
         ) {
-            self.owed_since.remove(&claim_key(node, req));
+            let key = claim_key(node, req);
+            if self.owed_since.remove(&key).is_some() {
+                self.changes.ask(&key, false);
+            }
         }
     }
 
@@ -1875,7 +1934,9 @@ impl Books {
             (judge(Owed::Behind), owed_how(judge(Owed::AtOnce)))
         });
         if let Some((false, _)) = owed_now {
-            self.owed_since.remove(&key);
+            if self.owed_since.remove(&key).is_some() {
+                self.changes.ask(&key, false);
+            }
             return Reclaimed::Not(Some(
                 "not owed now (its tenant's requests waiting before it fill its guarantee), \
                  so it preempts no borrowed work; it waits in the fair queue for capacity to \
@@ -1888,12 +1949,18 @@ impl Books {
         let owed_since_ms = if ask.owed_first {
             now
         } else {
-            let (since, last) = self.owed_since.entry(key).or_insert((now, now));
-            if now > last.saturating_add(WAITING_TTL_MS) {
+            let new = !self.owed_since.contains_key(&key);
+            let (since, last) = self.owed_since.entry(key.clone()).or_insert((now, now));
+            let restarted = now > last.saturating_add(WAITING_TTL_MS);
+            if restarted {
                 *since = now;
             }
             *last = now;
-            *since
+            let since = *since;
+            if new || restarted {
+                self.changes.ask(&key, true);
+            }
+            since
         };
         let stopping: BTreeSet<(&str, &str)> = self
             .reclaims
@@ -2073,6 +2140,7 @@ impl Books {
                 *slot = slot.saturating_add(u128::from(amount) * u128::from(lost_s));
             }
             let key = TenantClaim(tenant.clone(), workload.unwrap_or(container));
+            self.changes.requeue(&key);
             let q = self.requeues.entry(key).or_insert(Requeue {
                 preemptions: 0,
                 last_ms: now,
@@ -2332,6 +2400,9 @@ impl Books {
                 req.tenant
             );
             return AdmitAnswer::Refused { message, rule: None };
+        }
+        if !self.waiting.contains_key(&key) {
+            self.changes.waiting(&key, true);
         }
         let entry = self.waiting.entry(key).or_insert_with(|| WaitEntry {
             tenant: req.tenant.clone(),
@@ -2973,7 +3044,7 @@ impl Books {
         self.resized.remove(&key);
         // A gang's kept answer goes too: the id may come back as another container.
         found |= self.outcomes.remove(&key).is_some();
-        found |= self.waiting.remove(&key).is_some();
+        found |= self.unwait(&key).is_some();
         for g in self.gangs.values_mut() {
             let before = g.members.len();
             g.members.retain(|m| !(m.node == node && m.container == container));
@@ -3037,7 +3108,7 @@ impl Books {
         let keys: Vec<NodeContainer> =
             totals::on_node(&self.waiting, node).map(|(k, _)| k.clone()).collect();
         for k in keys {
-            self.waiting.remove(&k);
+            self.unwait(&k);
         }
         let keys: Vec<NodeContainer> =
             totals::on_node(&self.outcomes, node).map(|(k, _)| k.clone()).collect();
@@ -3175,7 +3246,7 @@ impl Books {
             .map(|(k, _)| k.clone())
             .collect();
         for k in gone {
-            self.waiting.remove(&k);
+            self.unwait(&k);
         }
         changed |= self.protect_resized(node, now);
         if changed {

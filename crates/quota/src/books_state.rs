@@ -11,27 +11,36 @@
 //!   their grace, so that a new leader takes no second victim for the same claim.
 //! * While the books are being rebuilt from the nodes' syncs (not ready), since when: books
 //!   taken over from such a state go on rebuilding ([`Books::restore`]).
+//! * The fair queue (issue 27): each request waiting with its arrival, each claim's first
+//!   ask (owed then or not) and since when it has been owed, preempted work's requeue
+//!   backoff, and that the stored queue is whole: books taken over from it judge a request
+//!   as the books before would have, at once.
 //!
 //! What is kept is a superset of what the nodes may hold: an admission or a reclaim is
 //! written before it is answered; a lease that grows is written before the answer that
 //! carries it; a node's first sync (the only account of work no stored record names) and
-//! books being rebuilt saying so are written before they are answered; everything else (a
-//! later sync's holdings, a release, a lease that shrinks, the books becoming ready) may be
-//! written later, and until it is the stored state counts more, never less. The books mark
+//! books being rebuilt saying so are written before they are answered; so are a request
+//! joining the fair queue, a claim's first ask and its owed-since; everything else (a
+//! later sync's holdings, a release, a lease that shrinks, the books becoming ready, a
+//! request leaving the queue) may be written later, and until it is the stored state
+//! counts more, never less (a request that left the queue and is still stored leaves it
+//! again 120 s after a takeover, unless it asks again). The books mark
 //! what changed (`Changes`) and [`Books::take_changes`] hands it out as [`StateOp`]s,
 //! saying whether the answer must wait for them (`urgent`). Books restored from it
 //! ([`Books::restore`]) are ready at once, unless it says its books were being rebuilt.
 //!
 //! Not kept (rebuilt or lost at a change of leader, never to anyone's loss of a guarantee
-//! or crossing of a ceiling): the fair queue (requests ask again), gangs still assembling
-//! (their members' long polls end; they ask again), kept gang answers, lease recalls,
-//! events and counters.
+//! or crossing of a ceiling): gangs still assembling (their members' long polls end; they
+//! ask again), kept gang answers, lease recalls, events and counters.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Books, ClaimKey, Entry, NodeBook, NodeContainer, Pending, Reclaim};
+use super::{
+    Books, ClaimKey, Entry, NodeBook, NodeContainer, Pending, Reclaim, Requeue, TenantClaim,
+    WaitEntry,
+};
 use crate::amount::Resources;
 use crate::spec::QuotaTree;
 use crate::wire::{Amounts, Holding, Lease, QuotaClass, Victim};
@@ -107,6 +116,60 @@ pub struct BooksState {
     /// state does not name yet, so books taken over from it are not ready either.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebuilding_since_ms: Option<u64>,
+    /// The fair queue (issue 27): requests waiting, in the order they arrived.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<WaitingState>,
+    /// Claims answered something other than admitted: their first ask, since when owed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub asks: Vec<AskState>,
+    /// Preempted work's requeue backoff.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requeues: Vec<RequeueState>,
+    /// The books that wrote this kept the fair queue (`waiting`, `asks`, `requeues`) whole:
+    /// books taken over from a state without it (written before the queue was kept, or by
+    /// books that were still relearning it) relearn the queue ([`Books::restore`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub queue_kept: bool,
+}
+
+/// A request waiting in the fair queue: where, whose, for what, since when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaitingState {
+    pub node: String,
+    pub container_id: String,
+    pub tenant: String,
+    pub claim: String,
+    pub amounts: Amounts,
+    pub arrived_ms: u64,
+}
+
+/// A claim answered something other than admitted: when it first asked and whether it was
+/// owed then (its wait is an owner's), and since when it has been owed if it was not owed
+/// at once (its path's `owed_reclaim_after_s` counts from there).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AskState {
+    pub node: String,
+    pub tenant: String,
+    pub claim: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_asked_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub owed_first: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owed_since_ms: Option<u64>,
+}
+
+/// Work preempted by a reclaim: how often, last when, and when its requeue backoff ends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequeueState {
+    pub tenant: String,
+    pub claim: String,
+    pub preemptions: u32,
+    pub last_ms: u64,
+    pub until_ms: u64,
 }
 
 /// One change to the durable books.
@@ -147,6 +210,24 @@ pub enum StateOp {
     },
     /// The books are ready: rebuilt.
     DelRebuilding,
+    PutWaiting(WaitingState),
+    DelWaiting {
+        node: String,
+        container_id: String,
+    },
+    PutAsk(AskState),
+    DelAsk {
+        node: String,
+        tenant: String,
+        claim: String,
+    },
+    PutRequeue(RequeueState),
+    DelRequeue {
+        tenant: String,
+        claim: String,
+    },
+    /// The stored fair queue is whole from here on ([`BooksState::queue_kept`]).
+    PutQueueKept,
 }
 
 /// What [`Books::take_changes`] hands out.
@@ -167,6 +248,9 @@ pub(super) struct Changes {
     pub(super) holdings: BTreeSet<NodeContainer>,
     pub(super) pending: BTreeSet<NodeContainer>,
     pub(super) reclaims: BTreeSet<ClaimKey>,
+    pub(super) waiting: BTreeSet<NodeContainer>,
+    pub(super) asks: BTreeSet<ClaimKey>,
+    pub(super) requeues: BTreeSet<TenantClaim>,
     pub(super) urgent: bool,
 }
 
@@ -197,6 +281,27 @@ impl Changes {
         if self.on {
             self.reclaims.insert(key.clone());
             self.urgent |= urgent;
+        }
+    }
+    /// A request joined the fair queue (`urgent`: stored before its answer, so that a
+    /// leader taking over knows the order it arrived in) or left it.
+    pub(super) fn waiting(&mut self, key: &NodeContainer, urgent: bool) {
+        if self.on {
+            self.waiting.insert(key.clone());
+            self.urgent |= urgent;
+        }
+    }
+    /// A claim's first ask or owed-since changed (`urgent`: a first ask or owed-since
+    /// recorded).
+    pub(super) fn ask(&mut self, key: &ClaimKey, urgent: bool) {
+        if self.on {
+            self.asks.insert(key.clone());
+            self.urgent |= urgent;
+        }
+    }
+    pub(super) fn requeue(&mut self, key: &TenantClaim) {
+        if self.on {
+            self.requeues.insert(key.clone());
         }
     }
 }
@@ -257,6 +362,31 @@ impl Pending {
             gang: self.entry.gang.clone(),
             checkpoint: self.entry.checkpoint,
             workload: self.entry.workload.clone(),
+        }
+    }
+}
+
+impl WaitEntry {
+    fn state(&self, key: &NodeContainer) -> WaitingState {
+        WaitingState {
+            node: key.0.clone(),
+            container_id: key.1.clone(),
+            tenant: self.tenant.clone(),
+            claim: self.claim.clone(),
+            amounts: Amounts::from_resources(&self.resources),
+            arrived_ms: self.arrived_ms,
+        }
+    }
+}
+
+impl Requeue {
+    fn state(&self, key: &TenantClaim) -> RequeueState {
+        RequeueState {
+            tenant: key.0.clone(),
+            claim: key.1.clone(),
+            preemptions: self.preemptions,
+            last_ms: self.last_ms,
+            until_ms: self.until_ms,
         }
     }
 }
@@ -340,7 +470,47 @@ impl Books {
                 }
             }
         }
+        for key in c.waiting {
+            match self.waiting.get(&key) {
+                Some(w) => out.ops.push(StateOp::PutWaiting(w.state(&key))),
+                None => out.ops.push(StateOp::DelWaiting { node: key.0, container_id: key.1 }),
+            }
+        }
+        for key in c.asks {
+            match self.ask_state(&key) {
+                Some(a) => out.ops.push(StateOp::PutAsk(a)),
+                None => out.ops.push(StateOp::DelAsk { node: key.0, tenant: key.1, claim: key.2 }),
+            }
+        }
+        for key in c.requeues {
+            match self.requeues.get(&key) {
+                Some(q) => out.ops.push(StateOp::PutRequeue(q.state(&key))),
+                None => out.ops.push(StateOp::DelRequeue { tenant: key.0, claim: key.1 }),
+            }
+        }
+        // Last: the queue is whole only once what it holds is stored with it.
+        if self.queue_kept && !self.durable_queue_kept {
+            self.durable_queue_kept = true;
+            out.ops.push(StateOp::PutQueueKept);
+        }
         out
+    }
+
+    /// A claim's first ask and owed-since, as stored; `None` when it has neither.
+    fn ask_state(&self, key: &ClaimKey) -> Option<AskState> {
+        let first = self.first_asks.get(key);
+        let since = self.owed_since.get(key);
+        if first.is_none() && since.is_none() {
+            return None;
+        }
+        Some(AskState {
+            node: key.0.clone(),
+            tenant: key.1.clone(),
+            claim: key.2.clone(),
+            first_asked_ms: first.map(|&(at, _, _)| at),
+            owed_first: first.is_some_and(|&(_, owed, _)| owed),
+            owed_since_ms: since.map(|&(at, _)| at),
+        })
     }
 
     /// Everything the durable books would hold now (what [`Books::take_changes`] has
@@ -351,6 +521,17 @@ impl Books {
             pending: self.pending.iter().map(|(k, p)| p.state(k)).collect(),
             reclaims: self.reclaims.iter().map(|(k, r)| r.state(k)).collect(),
             rebuilding_since_ms: (!self.ready).then_some(self.started_ms),
+            waiting: self.waiting.iter().map(|(k, w)| w.state(k)).collect(),
+            asks: self
+                .first_asks
+                .keys()
+                .chain(self.owed_since.keys())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .filter_map(|k| self.ask_state(k))
+                .collect(),
+            requeues: self.requeues.iter().map(|(k, q)| q.state(k)).collect(),
+            queue_kept: self.queue_kept,
         }
     }
 
@@ -363,9 +544,46 @@ impl Books {
     /// names only the nodes that had synced: the books taken over from it are being
     /// rebuilt too, since the same time ([`Books::ready`]: every known node the state does
     /// not name syncs first, or the lease TTL and its margin pass since then).
+    ///
+    /// The fair queue comes back as it was stored, each entry counted as last seen now (it
+    /// leaves the queue if its request does not ask again within the queue's TTL). A state
+    /// that did not keep it whole ([`BooksState::queue_kept`]) leaves the books to relearn
+    /// it from the requests asking again (`Books::settling`).
     pub fn restore(lease_ttl_s: u64, now: u64, state: BooksState, tree: &QuotaTree) -> Books {
         let mut b = Books::new(lease_ttl_s, now);
-        b.restored_ms = Some(now);
+        if !state.queue_kept {
+            b.restored_ms = Some(now);
+            b.queue_kept = false;
+        }
+        b.durable_queue_kept = state.queue_kept;
+        for w in state.waiting {
+            b.waiting.insert(
+                NodeContainer(w.node, w.container_id),
+                WaitEntry {
+                    tenant: w.tenant,
+                    claim: w.claim,
+                    resources: w.amounts.to_resources(),
+                    arrived_ms: w.arrived_ms,
+                    last_seen_ms: now,
+                    why: "asked before this coordinator took the books over".into(),
+                },
+            );
+        }
+        for a in state.asks {
+            let key = (a.node, a.tenant, a.claim);
+            if let Some(at) = a.first_asked_ms {
+                b.first_asks.insert(key.clone(), (at, a.owed_first, now));
+            }
+            if let Some(since) = a.owed_since_ms {
+                b.owed_since.insert(key, (since, now));
+            }
+        }
+        for q in state.requeues {
+            b.requeues.insert(
+                TenantClaim(q.tenant, q.claim),
+                Requeue { preemptions: q.preemptions, last_ms: q.last_ms, until_ms: q.until_ms },
+            );
+        }
         match state.rebuilding_since_ms {
             Some(since) => {
                 b.started_ms = since;
@@ -432,6 +650,7 @@ impl Books {
                 },
             );
         }
+        b.next_expiry_ms = 0;
         b.refresh_all();
         b
     }

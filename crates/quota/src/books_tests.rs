@@ -1143,17 +1143,27 @@ fn time_asked_while_not_within_guarantee_is_not_time_owed() {
     assert_eq!(b.counters().reclaims.get("acme/a"), None);
 }
 
-/// Books taken over from a store have no fair queue (it is not stored): until its requests
-/// have asked again, a claim first seen cannot be told owed or not, and preempts nothing.
-/// A's 1 on n2 is not owed (A's 4 waits ahead of it); asked first after the takeover,
-/// before A's 4 asks again, it found the queue empty, was judged owed at its first ask and
-/// reclaimed at once (red team of issue 27). After the window it is judged on the
-/// relearned queue: not owed.
+/// A stored state as a coordinator that did not keep the fair queue wrote it (one from
+/// before the queue was stored, or books still relearning theirs).
+fn queue_not_kept(mut s: BooksState) -> BooksState {
+    s.waiting.clear();
+    s.asks.clear();
+    s.requeues.clear();
+    s.queue_kept = false;
+    s
+}
+
+/// Books taken over from a store without the fair queue ([`queue_not_kept`]): until its
+/// requests have asked again, a claim first seen cannot be told owed or not, and preempts
+/// nothing. A's 1 on n2 is not owed (A's 4 waits ahead of it); asked first after the
+/// takeover, before A's 4 asks again, it found the queue empty, was judged owed at its
+/// first ask and reclaimed at once (red team of issue 27). After the window it is judged
+/// on the relearned queue: not owed.
 #[test]
 fn books_taken_over_preempt_nothing_for_a_claim_first_seen_until_the_queue_is_relearned() {
     let (t, b, mut nodes, mut now) = protected_backlog(false);
     now += 1_000;
-    let mut b = Books::restore(300, now, b.state(), &t);
+    let mut b = Books::restore(300, now, queue_not_kept(b.state()), &t);
     let one = ask("a-one", "acme/a", 1);
     let four = ask("a-four", "acme/a", 4);
     let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
@@ -1175,6 +1185,105 @@ fn books_taken_over_preempt_nothing_for_a_claim_first_seen_until_the_queue_is_re
     let (msg, _) = refused(&a);
     assert!(msg.contains("not owed now"), "{msg}");
     assert!(b.events().iter().all(|e| e.kind != QuotaEventKind::Preempt), "{:#?}", b.events());
+}
+
+/// The same takeover with the fair queue stored (issue 27): A's 1 asked first after it is
+/// judged on the queue the books had (A's 4 ahead of it), at once: not owed, nothing
+/// preempted, no wait for the queue to be relearned.
+#[test]
+fn books_taken_over_with_the_fair_queue_judge_a_claim_first_seen_at_once() {
+    let (t, b, mut nodes, mut now) = protected_backlog(false);
+    now += 1_000;
+    let mut b = Books::restore(300, now, b.state(), &t);
+    let one = ask("a-one", "acme/a", 1);
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+    let (msg, _) = refused(&a);
+    assert!(msg.contains("not owed now"), "{msg}");
+    assert!(b.events().iter().all(|e| e.kind != QuotaEventKind::Preempt), "{:#?}", b.events());
+}
+
+/// An owner's request first seen by books just taken over from a store that kept the fair
+/// queue reclaims at once, as it would have without the takeover. (Before the queue was
+/// stored it was told "the books were taken over 0 s ago … retry after 120 s": a real-
+/// process test whose single coordinator lost its etcd lease for a moment under load, and
+/// took its own books over again, failed on that.)
+#[test]
+fn books_taken_over_with_the_fair_queue_reclaim_at_once_for_an_owner_first_seen() {
+    let t = tree(AB);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    now += 1_000;
+    let mut b = Books::restore(300, now, b.state(), &t);
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let three = ask("a3", "acme/a", 3);
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &three, &mut now);
+    assert_eq!(victims_of(&a).len(), 3, "{a:?}");
+}
+
+/// What the fair queue remembers goes over to the next leader: a request's place (its
+/// arrival), its first ask (owed then or not) and preempted work's requeue backoff. B's
+/// unit preempted for A (requeue backoff 600 s) asks again after a takeover and is told
+/// its backoff, as before it.
+#[test]
+fn books_taken_over_keep_the_queue_first_asks_and_requeue_backoffs() {
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 12}},
+                       "requeue_backoff_s": 600}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    b.track_changes(true);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    now += 1_000;
+    let one = ask("a1", "acme/a", 1);
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &one, &mut now);
+    let [(_, victim)] = victims_of(&a)[..] else { panic!("{a:?}") };
+    let victim = victim.to_string();
+    // A request waiting (beyond B's ceiling), stored before it is answered.
+    fill(&mut nodes, 1, &mut b, &t, "acme/b", ("c", 0, 4), false, &mut now);
+    let over = ask("b-over", "acme/b", 1);
+    let (msg, _) = refused(&nodes[1].admit(&mut b, &t, over.clone(), now));
+    assert!(msg.contains("ceiling"), "{msg}");
+    let cs = b.take_changes();
+    assert!(cs.urgent, "{cs:?}");
+    let stored = |cs: &state::Changeset, f: fn(&StateOp) -> bool| cs.ops.iter().any(f);
+    assert!(stored(&cs, |o| matches!(o, StateOp::PutQueueKept)), "{cs:?}");
+    assert!(stored(&cs, |o| matches!(o, StateOp::PutRequeue(q) if q.preemptions == 1)), "{cs:?}");
+    let state = b.state();
+    assert!(state.queue_kept);
+    assert!(state.asks.iter().any(|a| a.claim == "a1" && a.owed_first), "{:?}", state.asks);
+    now += 1_000;
+    let mut taken = Books::restore(300, now, state, &t);
+    assert_eq!(taken.state(), b.state(), "the books taken over store what the first did");
+    for n in nodes.iter_mut() {
+        n.sync(&mut taken, &t, now);
+    }
+    // The victim, stopped, asks again at once on n2: told its backoff, as before.
+    nodes[0].stop(&victim);
+    nodes[0].sync(&mut taken, &t, now);
+    let again = ask(&victim, "acme/b", 1);
+    let (msg, _) = refused(&nodes[1].admit(&mut taken, &t, again, now));
+    assert!(msg.contains("requeue backoff") && msg.contains("retry after"), "{msg}");
+}
+
+/// Books taken over from a state without the fair queue store that the queue is whole only
+/// once it is relearned (a leader taking over from them before then relearns it too).
+#[test]
+fn books_relearning_the_queue_store_it_whole_only_once_relearned() {
+    let (t, b, _nodes, mut now) = protected_backlog(false);
+    now += 1_000;
+    let mut b = Books::restore(300, now, queue_not_kept(b.state()), &t);
+    b.track_changes(true);
+    b.tick(now + 1_000);
+    let cs = b.take_changes();
+    assert!(!cs.ops.contains(&StateOp::PutQueueKept), "{cs:?}");
+    assert!(!b.state().queue_kept);
+    b.tick(now + crate::books::WAITING_TTL_MS);
+    let cs = b.take_changes();
+    assert!(cs.ops.contains(&StateOp::PutQueueKept), "{cs:?}");
+    assert!(b.state().queue_kept);
 }
 
 /// A claim whose node places it before the books have heard that its victims are gone
@@ -2272,6 +2381,34 @@ fn apply(store: &mut BooksState, ops: impl IntoIterator<Item = StateOp>) {
             }
             StateOp::PutRebuilding { since_ms } => store.rebuilding_since_ms = Some(since_ms),
             StateOp::DelRebuilding => store.rebuilding_since_ms = None,
+            StateOp::PutWaiting(w) => {
+                let key = |x: &state::WaitingState| (x.node.clone(), x.container_id.clone());
+                store.waiting.retain(|x| key(x) != key(&w));
+                store.waiting.push(w);
+                store.waiting.sort_by_key(key);
+            }
+            StateOp::DelWaiting { node, container_id } => {
+                store.waiting.retain(|x| (&x.node, &x.container_id) != (&node, &container_id));
+            }
+            StateOp::PutAsk(a) => {
+                let key = |x: &state::AskState| (x.node.clone(), x.tenant.clone(), x.claim.clone());
+                store.asks.retain(|x| key(x) != key(&a));
+                store.asks.push(a);
+                store.asks.sort_by_key(key);
+            }
+            StateOp::DelAsk { node, tenant, claim } => {
+                store.asks.retain(|x| (&x.node, &x.tenant, &x.claim) != (&node, &tenant, &claim));
+            }
+            StateOp::PutRequeue(q) => {
+                let key = |x: &state::RequeueState| (x.tenant.clone(), x.claim.clone());
+                store.requeues.retain(|x| key(x) != key(&q));
+                store.requeues.push(q);
+                store.requeues.sort_by_key(key);
+            }
+            StateOp::DelRequeue { tenant, claim } => {
+                store.requeues.retain(|x| (&x.tenant, &x.claim) != (&tenant, &claim));
+            }
+            StateOp::PutQueueKept => store.queue_kept = true,
         }
     }
 }
@@ -3084,12 +3221,13 @@ fn the_reclaim_started_with_a_recall_keeps_min_runtime_and_settling() {
     assert!(msg.contains("within its minimum run time"), "{msg}");
     assert_eq!(b.counters().preemptions.get("acme/b"), None);
 
-    // Taken over: a claim first seen preempts nothing until the queue is relearned.
+    // Taken over from a state without the fair queue: a claim first seen preempts nothing
+    // until the queue is relearned.
     let t = tree(AB);
     let (mut b, mut nodes, mut now) = two_nodes(&t);
     fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
     now += 1_000;
-    let mut b = Books::restore(300, now, b.state(), &t);
+    let mut b = Books::restore(300, now, queue_not_kept(b.state()), &t);
     for n in nodes.iter_mut() {
         n.sync(&mut b, &t, now);
     }
@@ -3274,8 +3412,9 @@ fn pod_two_of_a_job_does_not_lose_the_at_once_reclaim_to_pod_one_reclaiming() {
 
 /// A's 1 (the owner promise's: A holds and waits for nothing else when it arrives) waits on
 /// n1 for B's borrowed work there to pass its minimum run time; A's 5, beyond A's guarantee
-/// of 4, arrives after it and waits on n2. The books are taken over; A's 5 happens to ask
-/// again first in the 120 s the fair queue is relearned. Once the queue is relearned, A's 1
+/// of 4, arrives after it and waits on n2. The books are taken over from a state without
+/// the fair queue ([`queue_not_kept`]); A's 5 happens to ask again first in the 120 s the
+/// fair queue is relearned. Once the queue is relearned, A's 1
 /// reclaims at once as it would have without the takeover: a claim whose entry was relearned
 /// is judged by `owed_behind` (the relearned order is not the order of the first asks).
 /// (Red team of `quota::owed_at_once`: its first ask after the takeover counted A's 5 ahead
@@ -3308,7 +3447,7 @@ fn a_takeover_does_not_take_the_at_once_reclaim_from_an_owner_request() {
         refused(&ask_both(&mut b, &mut nodes, &mut now));
     }
     now += 1_000;
-    let mut b = Books::restore(300, now, b.state(), &t);
+    let mut b = Books::restore(300, now, queue_not_kept(b.state()), &t);
     let mut last = None;
     while now < protected_until + 300_000 {
         match ask_both(&mut b, &mut nodes, &mut now) {

@@ -10,6 +10,11 @@
 //! | `{p}/quota/books/holding/{node}/{container}` | one holding of the node's last sync that changed it ([`Holding`]) |
 //! | `{p}/quota/books/pending/{node}/{container}` | an admission not yet listed by its node ([`PendingState`]) |
 //! | `{p}/quota/books/reclaim/{node}/{tenant}/#{claim in hex}` | a reclaim in progress ([`ReclaimState`]) |
+//! | `{p}/quota/books/rebuilding` | present while the books are rebuilt from the nodes' syncs: since when |
+//! | `{p}/quota/books/waiting/{node}/{container}` | a request in the fair queue ([`WaitingState`]) |
+//! | `{p}/quota/books/ask/{node}/{tenant}/#{claim in hex}` | a claim's first ask and owed-since ([`AskState`]) |
+//! | `{p}/quota/books/requeue/{tenant}/#{claim in hex}` | preempted work's requeue backoff ([`RequeueState`]) |
+//! | `{p}/quota/books/queue-kept` | present once the stored fair queue is whole ([`BooksState::queue_kept`]) |
 //!
 //! **Election.** Each coordinator grants itself a lease of the leader TTL, puts its key under
 //! it, and keeps it alive (every third of the TTL). The candidate whose key has the oldest
@@ -35,7 +40,10 @@ use etcd_client::{
     SortTarget, Txn, TxnOp, WatchOptions,
 };
 use fleet::quota_wire::{Authority, Holding};
-use quota::books::state::{BooksState, NodeState, PendingState, ReclaimState, StateOp};
+use quota::books::state::{
+    AskState, BooksState, NodeState, PendingState, ReclaimState, RequeueState, StateOp,
+    WaitingState,
+};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -70,6 +78,12 @@ fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
 
 fn decode<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
+}
+
+/// A claim (a workload or container id, which may hold `/`) in hex: no two (tenant, claim)
+/// pairs share a key.
+fn hex(claim: &str) -> String {
+    claim.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The books and the election of one fleet (one prefix) on etcd.
@@ -152,15 +166,27 @@ impl EtcdQuota {
     fn pending_key(&self, node: &str, container: &str) -> String {
         format!("{}/quota/books/pending/{node}/{container}", self.prefix)
     }
-    /// The claim (a workload or container id, which may hold `/`) in hex: no two
-    /// (tenant, claim) pairs share a key.
+    /// A reclaim in progress (the claim in hex).
     fn reclaim_key(&self, node: &str, tenant: &str, claim: &str) -> String {
-        let hex: String = claim.bytes().map(|b| format!("{b:02x}")).collect();
-        format!("{}/quota/books/reclaim/{node}/{tenant}/#{hex}", self.prefix)
+        format!("{}/quota/books/reclaim/{node}/{tenant}/#{}", self.prefix, hex(claim))
     }
     /// Present while the books are being rebuilt from the nodes' syncs: since when.
     fn rebuilding_key(&self) -> String {
         format!("{}/quota/books/rebuilding", self.prefix)
+    }
+    fn waiting_key(&self, node: &str, container: &str) -> String {
+        format!("{}/quota/books/waiting/{node}/{container}", self.prefix)
+    }
+    /// A claim's first ask (the claim in hex, as for a reclaim).
+    fn ask_key(&self, node: &str, tenant: &str, claim: &str) -> String {
+        format!("{}/quota/books/ask/{node}/{tenant}/#{}", self.prefix, hex(claim))
+    }
+    fn requeue_key(&self, tenant: &str, claim: &str) -> String {
+        format!("{}/quota/books/requeue/{tenant}/#{}", self.prefix, hex(claim))
+    }
+    /// Present once the stored fair queue is whole.
+    fn queue_kept_key(&self) -> String {
+        format!("{}/quota/books/queue-kept", self.prefix)
     }
 
     fn kv(&self) -> etcd_client::KvClient {
@@ -195,6 +221,25 @@ impl EtcdQuota {
                 Write::Put(self.rebuilding_key(), encode(&since_ms)?)
             }
             StateOp::DelRebuilding => Write::Delete(self.rebuilding_key()),
+            StateOp::PutWaiting(w) => {
+                Write::Put(self.waiting_key(&w.node, &w.container_id), encode(&w)?)
+            }
+            StateOp::DelWaiting { node, container_id } => {
+                Write::Delete(self.waiting_key(&node, &container_id))
+            }
+            StateOp::PutAsk(a) => {
+                Write::Put(self.ask_key(&a.node, &a.tenant, &a.claim), encode(&a)?)
+            }
+            StateOp::DelAsk { node, tenant, claim } => {
+                Write::Delete(self.ask_key(&node, &tenant, &claim))
+            }
+            StateOp::PutRequeue(q) => {
+                Write::Put(self.requeue_key(&q.tenant, &q.claim), encode(&q)?)
+            }
+            StateOp::DelRequeue { tenant, claim } => {
+                Write::Delete(self.requeue_key(&tenant, &claim))
+            }
+            StateOp::PutQueueKept => Write::Put(self.queue_kept_key(), encode(&true)?),
         })
     }
 
@@ -475,6 +520,18 @@ impl QuotaBackend for EtcdQuota {
                         "rebuilding" => {
                             state.rebuilding_since_ms =
                                 Some(decode("quota books rebuilding", item.value())?);
+                        }
+                        "waiting" => state
+                            .waiting
+                            .push(decode::<WaitingState>("quota books waiting", item.value())?),
+                        "ask" => {
+                            state.asks.push(decode::<AskState>("quota books ask", item.value())?)
+                        }
+                        "requeue" => state
+                            .requeues
+                            .push(decode::<RequeueState>("quota books requeue", item.value())?),
+                        "queue-kept" => {
+                            state.queue_kept = decode("quota books queue-kept", item.value())?;
                         }
                         other => warn!(key = %key, "unknown quota books key ({other}); ignored"),
                     }
