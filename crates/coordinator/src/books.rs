@@ -70,6 +70,9 @@ pub(crate) struct Cell {
     pub(crate) term: Option<u64>,
     /// The writer of the books' changes while leading.
     pub(crate) journal: Option<Journal>,
+    /// What this coordinator's books recorded and do not store (events, counters, costs),
+    /// kept from when it last stopped deciding for when it decides again.
+    pub(crate) history: Option<quota::books::History>,
 }
 
 impl Cell {
@@ -130,6 +133,7 @@ impl QuotaState {
                 books: Books::new(opts.lease_ttl.as_secs(), now_ms()),
                 term: None,
                 journal: None,
+                history: None,
             }),
             changed,
             in_force: tokio::sync::Mutex::new(InForce { seen: None, policy: None }),

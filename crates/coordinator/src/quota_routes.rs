@@ -409,6 +409,9 @@ async fn take_over(
                 } else {
                     Books::restore(app.quota.lease_ttl.as_secs(), now_ms(), state, tree_of(&policy))
                 };
+                if let Some(h) = cell.history.take() {
+                    cell.books.keep_history(h);
+                }
                 cell.books.track_changes(true);
                 let weak = Arc::downgrade(app);
                 cell.journal = Some(Journal::start(backend.clone(), fence.clone(), move |e| {
@@ -466,6 +469,8 @@ fn step_down(app: &Arc<Coordinator>, why: &str) {
 fn drop_books(app: &Arc<Coordinator>) {
     if let Ok(mut cell) = app.quota.cell() {
         if cell.term.is_some() || cell.journal.is_some() {
+            // Its own record goes on if it decides again (the store has the rest).
+            cell.history = Some(cell.books.take_history());
             cell.books = Books::new(app.quota.lease_ttl.as_secs(), now_ms());
             cell.term = None;
             cell.journal = None;

@@ -502,6 +502,65 @@ async fn the_stored_books_say_while_they_are_being_rebuilt() {
     campaign.abort();
 }
 
+/// A coordinator alone on etcd loses its leadership for a moment (its lease revoked, as a
+/// keep-alive unanswered under load does) and wins it back: it takes the stored books over
+/// again and keeps its own record of what it decided (the preempt event, the victims'
+/// preemptions in the status), and the claimant's retry finds the same reclaim. (Events
+/// and counters are not stored: before, a coordinator that took its own books over again
+/// started them over, and a real-process test that counted preempt events could fail on a
+/// flap.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_that_wins_its_leadership_back_keeps_its_own_record() {
+    let etcd = Etcd::start_with(&["--election-timeout", "500", "--heartbeat-interval", "50"])
+        .expect("etcd");
+    let dir = tempfile::tempdir().unwrap();
+    let c = Coord::start(dir.path(), &etcd.url, free_addr());
+    Client::new(&[c.url.as_str()], ADMIN).unwrap().push_policy(&policy(), None).await.unwrap();
+    let st = wait_status(&c.url, "deciding", |s| s.authority.is_some()).await;
+    let first = st.authority.clone().unwrap();
+    let mut a = Node::new(&[c.url.as_str()], "node-a", NODE_A);
+    a.sync().await;
+    for i in 1..=3 {
+        admitted(&a.admit(ask(&format!("a{i}"), "acme/a")).await.unwrap());
+    }
+    for i in 1..=5 {
+        admitted(&a.admit(ask(&format!("b{i}"), "acme/b")).await.unwrap());
+    }
+    a.sync().await;
+    let mut claim = ask("a4", "acme/a");
+    claim.short_on_node = true;
+    let victims = match a.admit(claim.clone()).await.unwrap() {
+        AdmitAnswer::Reclaiming { victims, .. } => victims,
+        other => panic!("expected a reclaim, got {other:?}"),
+    };
+    assert_eq!(victims.len(), 1, "{victims:?}");
+    let preempts = |e: &[fleet::quota_wire::QuotaEvent]| {
+        e.iter().filter(|e| e.kind == QuotaEventKind::Preempt).count()
+    };
+    let admin = Client::new(&[c.url.as_str()], ADMIN).unwrap();
+    assert_eq!(preempts(&admin.quota_events().await.unwrap()), 1);
+
+    let mut raw = etcd_client::Client::connect([etcd.url.as_str()], None).await.unwrap();
+    let opts = etcd_client::GetOptions::new().with_prefix();
+    let resp = raw.get(format!("{PREFIX}/quota/leader/"), Some(opts)).await.unwrap();
+    raw.lease_revoke(resp.kvs()[0].lease()).await.unwrap();
+    let st = wait_status(&c.url, "deciding again", |s| {
+        s.authority.as_ref().is_some_and(|x| x.term > first.term)
+    })
+    .await;
+    let path = |p: &str| st.paths.iter().find(|x| x.path == p).cloned().unwrap();
+    assert_eq!(path("acme/b").preemptions_last_hour, 1, "{st:#?}");
+    assert_eq!(preempts(&admin.quota_events().await.unwrap()), 1, "its preempt event is kept");
+    match a.admit(claim).await.unwrap() {
+        AdmitAnswer::Reclaiming { victims: again, message, .. } => {
+            assert_eq!(again, victims);
+            assert!(message.contains("in progress"), "{message}");
+        }
+        other => panic!("expected the same reclaim, got {other:?}"),
+    }
+    assert_eq!(preempts(&admin.quota_events().await.unwrap()), 1, "no second victim");
+}
+
 /// The books of `prefix` on `etcd` and the fence of a leadership of them, won by a
 /// campaign (abort it to end).
 async fn elected(

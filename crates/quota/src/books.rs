@@ -426,6 +426,14 @@ pub struct Counters {
     pub preemptions: BTreeMap<String, u64>,
 }
 
+/// What books recorded and do not store ([`Books::take_history`]).
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    events: VecDeque<QuotaEvent>,
+    counters: Counters,
+    costs: BTreeMap<String, Cost>,
+}
+
 /// What preemption cost one tenant, and how long its owed requests waited.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Cost {
@@ -439,6 +447,26 @@ struct Cost {
     /// The last [`OWNER_WAITS_KEPT`] waits of requests owed only later, from when a reclaim
     /// decision first found them owed to admission, ms.
     owed_later_waits: VecDeque<u64>,
+}
+
+impl Cost {
+    /// `self`, recorded first, followed by `later`: each queue keeps its newest entries
+    /// up to its bound.
+    fn then(mut self, later: Cost) -> Cost {
+        self.preempted_ms.extend(later.preempted_ms);
+        for (r, n) in later.lost {
+            let slot = self.lost.entry(r).or_default();
+            *slot = slot.saturating_add(n);
+        }
+        self.owner_waits.extend(later.owner_waits);
+        self.owed_later_waits.extend(later.owed_later_waits);
+        for waits in [&mut self.owner_waits, &mut self.owed_later_waits] {
+            while waits.len() > OWNER_WAITS_KEPT {
+                waits.pop_front();
+            }
+        }
+        self
+    }
 }
 
 /// Work preempted and when it may borrow again.
@@ -770,6 +798,41 @@ impl Books {
     /// Reclaims and preemptions since the books started.
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// What these books recorded of what they decided, not kept in the store: the events,
+    /// the counters, the work lost to preemption, preemption times and owner waits. Taken
+    /// out (the books keep none) by a coordinator that stops deciding, so that it keeps its
+    /// own record if it decides again ([`Books::keep_history`]).
+    pub fn take_history(&mut self) -> History {
+        History {
+            events: std::mem::take(&mut self.events),
+            counters: std::mem::take(&mut self.counters),
+            costs: std::mem::take(&mut self.costs),
+        }
+    }
+
+    /// Books taken over by the coordinator that recorded `history` before (it lost the
+    /// leadership and won it back): its events, counters and costs go on from there; what
+    /// they record since comes after.
+    pub fn keep_history(&mut self, history: History) {
+        let History { events, counters, costs } = history;
+        let mut kept = events;
+        kept.extend(self.events.drain(..));
+        while kept.len() > EVENTS_KEPT {
+            kept.pop_front();
+        }
+        self.events = kept;
+        for (tenant, n) in counters.reclaims {
+            *self.counters.reclaims.entry(tenant).or_default() += n;
+        }
+        for (tenant, n) in counters.preemptions {
+            *self.counters.preemptions.entry(tenant).or_default() += n;
+        }
+        for (tenant, old) in costs {
+            let now = self.costs.remove(&tenant).unwrap_or_default();
+            self.costs.insert(tenant, old.then(now));
+        }
     }
 
     fn event(

@@ -3996,3 +3996,39 @@ fn room_a_stopping_victim_frees_later_is_not_taken_now_from_a_hold_whose_victims
         nodes[0].free() / MICRO_PER_GPU
     );
 }
+
+/// A coordinator that stops deciding takes its record out of its books; deciding again, on
+/// books taken over from the store, it keeps that record ahead of what they record since:
+/// events in order, counters and costs added up.
+#[test]
+fn books_taken_over_by_the_coordinator_that_kept_them_go_on_with_its_record() {
+    let t = tree(AB);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    now += 1_000;
+    let (a, _) =
+        answer_through_recalls(&mut nodes, 0, &mut b, &t, &ask("a1", "acme/a", 1), &mut now);
+    assert_eq!(victims_of(&a).len(), 1);
+    let before = b.events();
+    let history = b.take_history();
+    assert!(b.events().is_empty() && b.counters().preemptions.is_empty());
+    now += 1_000;
+    let mut taken = Books::restore(300, now, b.state(), &t);
+    for n in nodes.iter_mut() {
+        n.sync(&mut taken, &t, now);
+    }
+    let (a, _) =
+        answer_through_recalls(&mut nodes, 0, &mut taken, &t, &ask("a2", "acme/a", 1), &mut now);
+    assert_eq!(victims_of(&a).len(), 1);
+    let since = taken.events();
+    taken.keep_history(history);
+    let all = taken.events();
+    assert_eq!(all.len(), before.len() + since.len());
+    assert_eq!(&all[..before.len()], &before[..]);
+    assert_eq!(&all[before.len()..], &since[..]);
+    assert_eq!(taken.counters().preemptions.get("acme/b"), Some(&2));
+    assert_eq!(taken.counters().reclaims.get("acme/a"), Some(&2));
+    let st = taken.status(&t, 1, now);
+    let b_path = st.paths.iter().find(|p| p.path == "acme/b").unwrap();
+    assert_eq!(b_path.preemptions_last_hour, 2, "{b_path:?}");
+}
