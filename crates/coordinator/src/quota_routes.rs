@@ -32,7 +32,6 @@ use fleet::quota_wire::{
     AdmitAnswer, AdmitRequest, Amounts, Authority, CoordinatorInfo, Holding, NodeRemoval,
     QuotaStatus, ReleaseRequest, ResizeRequest, SyncRequest, MAX_GANG_SIZE, MAX_SYNC_HOLDINGS,
 };
-use quota::books::state::BooksState;
 use quota::books::{Books, GangArrival};
 use quota::{Resource, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
 use tessera_api::untrusted;
@@ -397,18 +396,16 @@ async fn take_over(
                     state.waiting.len(),
                     state.queue_kept,
                 );
-                cell.books = if state == BooksState::default() {
-                    // The first leader of an empty store: nothing to take over. Its books
-                    // are rebuilt from the nodes' syncs as a coordinator alone does (ready
-                    // once every known node has synced, or at most TTL + 10 s): leases
-                    // handed out before every node has reported its capacity would give
-                    // the first to sync the whole guarantee and the others nothing. They
-                    // store that they are being rebuilt, so a leader that takes them over
-                    // before they are ready goes on rebuilding (`Books::restore`).
-                    Books::new(app.quota.lease_ttl.as_secs(), now_ms())
-                } else {
-                    Books::restore(app.quota.lease_ttl.as_secs(), now_ms(), state, tree_of(&policy))
-                };
+                // A store that names no node, admission or reclaim (the first leader of
+                // an empty store) has nothing to take over: `restore` rebuilds the books
+                // from the nodes' syncs, storing first that they are being rebuilt, so a
+                // leader that takes them over before they are ready goes on rebuilding.
+                cell.books = Books::restore(
+                    app.quota.lease_ttl.as_secs(),
+                    now_ms(),
+                    state,
+                    tree_of(&policy),
+                );
                 if let Some(h) = cell.history.take() {
                     cell.books.keep_history(h);
                 }

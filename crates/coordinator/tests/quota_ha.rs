@@ -615,6 +615,8 @@ async fn the_stored_fair_queue_comes_back_as_written() {
             claim: claim.into(),
             amounts: gpu,
             arrived_ms: 1_000,
+            last_seen_ms: 30_000,
+            relearned: true,
         }],
         asks: vec![AskState {
             node: "node-a".into(),
@@ -622,7 +624,9 @@ async fn the_stored_fair_queue_comes_back_as_written() {
             claim: claim.into(),
             first_asked_ms: Some(1_000),
             owed_first: true,
+            last_asked_ms: Some(30_000),
             owed_since_ms: Some(2_000),
+            owed_seen_ms: Some(30_000),
         }],
         requeues: vec![RequeueState {
             tenant: "acme/b".into(),

@@ -354,6 +354,9 @@ struct WaitEntry {
     last_seen_ms: u64,
     /// Why it waits (its last answer), for the status.
     why: String,
+    /// It joined the queue while the books relearned it after a takeover
+    /// ([`Books::settling`]): its place is the order of the asks again, not of the first.
+    relearned: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -1375,8 +1378,9 @@ impl Books {
         now: u64,
     ) -> impl Fn(Owed) -> bool + 's {
         let me = self.own_entry(node, &req.container_id, &req.tenant, r);
-        let since = self.waiting.get(&me).map_or(now, |w| w.arrived_ms);
-        let relearned = self.restored_ms.is_some_and(|t| since < t.saturating_add(WAITING_TTL_MS));
+        let own = self.waiting.get(&me);
+        let since = own.map_or(now, |w| w.arrived_ms);
+        let relearned = own.map_or_else(|| self.settling(now), |w| w.relearned);
         let reclaiming = |NodeContainer(n, _): &NodeContainer, w: &WaitEntry| {
             self.reclaims.contains_key(&(n.clone(), w.tenant.clone(), w.claim.clone()))
         };
@@ -1456,7 +1460,13 @@ impl Books {
             waits.push_back(now.saturating_sub(from));
         } else if !ask.settling {
             match self.first_asks.get_mut(claim) {
-                Some(first) => first.2 = now,
+                Some(first) => {
+                    // Its last ask is stored to the step: once it moves a step, lazily.
+                    if state::coarse(first.2) != state::coarse(now) {
+                        self.changes.ask(claim, false);
+                    }
+                    first.2 = now;
+                }
                 None => {
                     self.first_asks.insert(claim.clone(), (ask.asked_ms, ask.owed_first, now));
                     self.changes.ask(claim, true);
@@ -1493,7 +1503,8 @@ impl Books {
         ) {
             let key = claim_key(node, req);
             if self.owed_since.remove(&key).is_some() {
-                self.changes.ask(&key, false);
+                // Urgent: books taken over without it would count the time not owed.
+                self.changes.ask(&key, true);
             }
         }
     }
@@ -1998,7 +2009,8 @@ impl Books {
         });
         if let Some((false, _)) = owed_now {
             if self.owed_since.remove(&key).is_some() {
-                self.changes.ask(&key, false);
+                // Urgent: books taken over without it would count the time not owed.
+                self.changes.ask(&key, true);
             }
             return Reclaimed::Not(Some(
                 "not owed now (its tenant's requests waiting before it fill its guarantee), \
@@ -2018,10 +2030,13 @@ impl Books {
             if restarted {
                 *since = now;
             }
+            let moved = state::coarse(*last) != state::coarse(now);
             *last = now;
             let since = *since;
             if new || restarted {
                 self.changes.ask(&key, true);
+            } else if moved {
+                self.changes.ask(&key, false);
             }
             since
         };
@@ -2464,9 +2479,15 @@ impl Books {
             );
             return AdmitAnswer::Refused { message, rule: None };
         }
-        if !self.waiting.contains_key(&key) {
-            self.changes.waiting(&key, true);
+        match self.waiting.get(&key) {
+            None => self.changes.waiting(&key, true),
+            // Its last ask is stored to the step: once it moves a step, lazily.
+            Some(w) if state::coarse(w.last_seen_ms) != state::coarse(now) => {
+                self.changes.waiting(&key, false)
+            }
+            Some(_) => {}
         }
+        let relearned = self.settling(now);
         let entry = self.waiting.entry(key).or_insert_with(|| WaitEntry {
             tenant: req.tenant.clone(),
             claim: claim_of(req),
@@ -2474,6 +2495,7 @@ impl Books {
             arrived_ms: now,
             last_seen_ms: now,
             why: String::new(),
+            relearned,
         });
         entry.last_seen_ms = now;
         entry.why.clone_from(&what);

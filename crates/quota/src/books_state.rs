@@ -132,7 +132,18 @@ pub struct BooksState {
     pub queue_kept: bool,
 }
 
-/// A request waiting in the fair queue: where, whose, for what, since when.
+/// The step the fair queue's last-ask times are stored to: a time stored is at most this
+/// much older than the books' own (rewritten, lazily, each time it moves a step), so books
+/// taken over let an entry go at most this much earlier than the books before would have,
+/// never later.
+pub const STORED_TIME_STEP_MS: u64 = 30_000;
+
+/// `t` to the step it is stored to ([`STORED_TIME_STEP_MS`]).
+pub(super) fn coarse(t: u64) -> u64 {
+    t - t % STORED_TIME_STEP_MS
+}
+
+/// A request waiting in the fair queue: where, whose, for what, since when, last asked.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WaitingState {
@@ -142,6 +153,12 @@ pub struct WaitingState {
     pub claim: String,
     pub amounts: Amounts,
     pub arrived_ms: u64,
+    /// Its last ask, to [`STORED_TIME_STEP_MS`]: it leaves the queue the queue's TTL after.
+    pub last_seen_ms: u64,
+    /// It joined while the books relearned the queue after a takeover: its place is the
+    /// order of the asks again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub relearned: bool,
 }
 
 /// A claim answered something other than admitted: when it first asked and whether it was
@@ -157,8 +174,15 @@ pub struct AskState {
     pub first_asked_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub owed_first: bool,
+    /// Its last ask, to [`STORED_TIME_STEP_MS`] (the first ask is forgotten an hour after).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_asked_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owed_since_ms: Option<u64>,
+    /// The last ask that found it owed, to [`STORED_TIME_STEP_MS`] (owed again from zero
+    /// when none has for the queue's TTL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owed_seen_ms: Option<u64>,
 }
 
 /// Work preempted by a reclaim: how often, last when, and when its requeue backoff ends.
@@ -375,6 +399,8 @@ impl WaitEntry {
             claim: self.claim.clone(),
             amounts: Amounts::from_resources(&self.resources),
             arrived_ms: self.arrived_ms,
+            last_seen_ms: coarse(self.last_seen_ms),
+            relearned: self.relearned,
         }
     }
 }
@@ -509,7 +535,9 @@ impl Books {
             claim: key.2.clone(),
             first_asked_ms: first.map(|&(at, _, _)| at),
             owed_first: first.is_some_and(|&(_, owed, _)| owed),
+            last_asked_ms: first.map(|&(_, _, last)| coarse(last)),
             owed_since_ms: since.map(|&(at, _)| at),
+            owed_seen_ms: since.map(|&(_, last)| coarse(last)),
         })
     }
 
@@ -545,13 +573,24 @@ impl Books {
     /// rebuilt too, since the same time ([`Books::ready`]: every known node the state does
     /// not name syncs first, or the lease TTL and its margin pass since then).
     ///
-    /// The fair queue comes back as it was stored, each entry counted as last seen now (it
-    /// leaves the queue if its request does not ask again within the queue's TTL). A state
-    /// that did not keep it whole ([`BooksState::queue_kept`]) leaves the books to relearn
-    /// it from the requests asking again (`Books::settling`).
+    /// A state that names no node, admission or reclaim has nothing to take over: the books
+    /// are rebuilt from the nodes' syncs, as new books are.
+    ///
+    /// The fair queue comes back as it was stored, its last-ask times to the step they are
+    /// stored to ([`STORED_TIME_STEP_MS`]): an entry, a first ask or an owed-since goes at
+    /// most that much earlier than in the books before, never later. A state that did not
+    /// keep the queue whole ([`BooksState::queue_kept`]) leaves the books to relearn it from
+    /// the requests asking again (`Books::settling`).
     pub fn restore(lease_ttl_s: u64, now: u64, state: BooksState, tree: &QuotaTree) -> Books {
         let mut b = Books::new(lease_ttl_s, now);
-        if !state.queue_kept {
+        // A state that names no node, admission or reclaim: nothing to take over (the
+        // first leader of an empty store, or every node gone). The books are rebuilt from
+        // the nodes' syncs, as a coordinator alone does (ready once every known node has
+        // synced, or at most TTL + 10 s): leases handed out before every node has reported
+        // its capacity would give the first to sync the whole guarantee and the others
+        // nothing. Nobody can be waiting where no node is: its queue is whole.
+        let fresh = state.nodes.is_empty() && state.pending.is_empty() && state.reclaims.is_empty();
+        if !state.queue_kept && !fresh {
             b.restored_ms = Some(now);
             b.queue_kept = false;
         }
@@ -564,18 +603,19 @@ impl Books {
                     claim: w.claim,
                     resources: w.amounts.to_resources(),
                     arrived_ms: w.arrived_ms,
-                    last_seen_ms: now,
+                    last_seen_ms: w.last_seen_ms,
                     why: "asked before this coordinator took the books over".into(),
+                    relearned: w.relearned,
                 },
             );
         }
         for a in state.asks {
             let key = (a.node, a.tenant, a.claim);
             if let Some(at) = a.first_asked_ms {
-                b.first_asks.insert(key.clone(), (at, a.owed_first, now));
+                b.first_asks.insert(key.clone(), (at, a.owed_first, a.last_asked_ms.unwrap_or(at)));
             }
             if let Some(since) = a.owed_since_ms {
-                b.owed_since.insert(key, (since, now));
+                b.owed_since.insert(key, (since, a.owed_seen_ms.unwrap_or(since)));
             }
         }
         for q in state.requeues {
@@ -589,7 +629,7 @@ impl Books {
                 b.started_ms = since;
                 b.durable_rebuilding = true;
             }
-            None => b.ready = true,
+            None => b.ready = !fresh,
         }
         b.tree = Some(std::sync::Arc::new(tree.clone()));
         for (node, ns) in state.nodes {

@@ -4032,3 +4032,291 @@ fn books_taken_over_by_the_coordinator_that_kept_them_go_on_with_its_record() {
     let b_path = st.paths.iter().find(|p| p.path == "acme/b").unwrap();
     assert_eq!(b_path.preemptions_last_hour, 2, "{b_path:?}");
 }
+
+// --- red team of the stored fair queue (rt-queue) -------------------------------------------
+
+/// [`a_takeover_does_not_take_the_at_once_reclaim_from_an_owner_request`], with a second
+/// takeover: the books that relearned the queue store it as whole (`queue-kept`) once their
+/// 120 s are over, but A's entries in it are still in the relearned order (A's 5 asked
+/// again first). Each entry stores that it was relearned, so a leader taking those books
+/// over before A's 1 asks again judges A's 1 as the books before would have: it reclaims
+/// at once. (Red team of the stored queue: with the relearned window known only to the
+/// books that relearned, the second leader counted A's 5 ahead and took the at-once
+/// reclaim from the owner's request.)
+#[test]
+fn a_second_takeover_after_the_queue_is_relearned_keeps_the_owners_at_once_reclaim() {
+    let (t, mut b, mut nodes, mut now) =
+        protected_fleet(r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#, false);
+    let protected_until = now + 600_000;
+    let one = ask("a-one", "acme/a", 1);
+    let five = ask("a-five", "acme/a", 5);
+    now += 1_000;
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &one, &mut now);
+    assert!(refused(&a).0.contains("minimum run time"), "{a:?}");
+    now += 1_000;
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &five, &mut now);
+    assert!(refused(&a).0.contains("waiting in the fair queue"), "{a:?}");
+    let ask_both = |b: &mut Books, nodes: &mut [Node; 2], now: &mut u64| {
+        *now += 60_000;
+        for n in nodes.iter_mut() {
+            n.sync(b, &t, *now);
+        }
+        refused(&answer_through_recalls(nodes, 1, b, &t, &five, now).0);
+        *now += 1_000;
+        answer_through_recalls(nodes, 0, b, &t, &one, now).0
+    };
+    for _ in 0..5 {
+        refused(&ask_both(&mut b, &mut nodes, &mut now));
+    }
+    now += 1_000;
+    // Taken over from a state without the queue: relearned, A's 5 asking again first.
+    let mut b = Books::restore(300, now, queue_not_kept(b.state()), &t);
+    b.track_changes(true);
+    loop {
+        now += 60_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        refused(&answer_through_recalls(&mut nodes, 1, &mut b, &t, &five, &mut now).0);
+        b.tick(now);
+        if b.state().queue_kept {
+            break;
+        }
+        now += 1_000;
+        refused(&answer_through_recalls(&mut nodes, 0, &mut b, &t, &one, &mut now).0);
+    }
+    let cs = b.take_changes();
+    assert!(cs.ops.contains(&StateOp::PutQueueKept), "{cs:?}");
+    // What each would answer A's 1 from here: the books that relearned, and a leader that
+    // takes them over now (from the state they stored as whole).
+    let run = |mut b: Books, mut nodes: [Node; 2], mut now: u64| {
+        now += 1_000;
+        let mut last = answer_through_recalls(&mut nodes, 0, &mut b, &t, &one, &mut now).0;
+        while now < protected_until + 300_000 && !matches!(last, AdmitAnswer::Reclaiming { .. }) {
+            last = ask_both(&mut b, &mut nodes, &mut now);
+        }
+        last
+    };
+    let before = run(b.clone(), nodes.clone(), now);
+    assert!(
+        matches!(&before, AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty()),
+        "without a second takeover: {before:?}"
+    );
+    let taken = Books::restore(300, now, b.state(), &t);
+    let after = run(taken, nodes, now);
+    assert!(
+        matches!(&after, AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty()),
+        "A's 1, owed at once (the books before would have reclaimed: {before:?}), must \
+         reclaim at once after a second takeover; got {after:?}"
+    );
+}
+
+/// A claim's first ask is kept for an hour after it last asked, and books taken over keep
+/// it as long (its last ask is stored, to the step). A's 1, owed at once when it first
+/// asked (nothing of A's waiting), does not ask again for 61 minutes while A's 5 (beyond
+/// A's guarantee of 4) waits. The books before forget the first ask after 60 minutes and
+/// judge A's 1 anew: owed only behind A's 5, not at once; so do books taken over at 59
+/// minutes. (Red team of the stored queue: with the last ask restored as the takeover's
+/// time, they kept the hour-old "owed at once" and reclaimed for it.)
+#[test]
+fn a_first_ask_taken_over_expires_when_it_would_have_before() {
+    let (t, mut b, mut nodes, mut now) =
+        protected_fleet(r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#, false);
+    let one = ask("a-one", "acme/a", 1);
+    let five = ask("a-five", "acme/a", 5);
+    now += 1_000;
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &one, &mut now);
+    assert!(refused(&a).0.contains("minimum run time"), "{a:?}");
+    assert!(b.state().asks.iter().any(|a| a.claim == "a-one" && a.owed_first));
+    let first_ms = now;
+    now += 1_000;
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &five, &mut now);
+    assert!(refused(&a).0.contains("waiting in the fair queue"), "{a:?}");
+    // A's 5 keeps asking, each minute; A's 1 does not ask again.
+    let wait_until = |b: &mut Books, nodes: &mut [Node; 2], now: &mut u64, until: u64| {
+        while *now + 60_000 <= until {
+            *now += 60_000;
+            for n in nodes.iter_mut() {
+                n.sync(b, &t, *now);
+            }
+            refused(&answer_through_recalls(nodes, 1, b, &t, &five, now).0);
+        }
+    };
+    wait_until(&mut b, &mut nodes, &mut now, first_ms + 59 * 60_000);
+    let taken = Books::restore(300, now, b.state(), &t);
+    let at_61 = |mut b: Books, mut nodes: [Node; 2], mut now: u64| {
+        wait_until(&mut b, &mut nodes, &mut now, first_ms + 61 * 60_000);
+        now += 1_000;
+        answer_through_recalls(&mut nodes, 0, &mut b, &t, &one, &mut now).0
+    };
+    let before = at_61(b.clone(), nodes.clone(), now);
+    assert!(!matches!(before, AdmitAnswer::Reclaiming { .. }), "no takeover: {before:?}");
+    let after = at_61(taken, nodes, now);
+    assert!(
+        !matches!(after, AdmitAnswer::Reclaiming { .. }),
+        "the books before answered {before:?}; taken over they answered {after:?}"
+    );
+}
+
+/// A stored waiting entry comes back with its last ask (to the step), so one whose request
+/// gave up shortly before the takeover leaves the queue when it would have. A's 4 waits on
+/// n1 (its victims within their minimum run time) and gives up; 110 s later the books are
+/// taken over; 15 s after that A's 1 asks for the first time, once the victims' minimum
+/// run time is over. The books before had dropped A's 4 (120 s after its last ask) and
+/// reclaim at once for A's 1, an owner's request; so do the books taken over. (Red team of
+/// the stored queue: restored as last seen at the takeover, A's 4 was counted ahead of A's
+/// 1, whose first ask was then kept as not owed at once: the at-once reclaim lost for good.)
+#[test]
+fn a_waiting_entry_given_up_before_a_takeover_does_not_take_an_owners_at_once_reclaim() {
+    let (t, mut b, mut nodes, mut now) =
+        protected_fleet(r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#, false);
+    let protected_until = now + 600_000;
+    let four = ask("a-four", "acme/a", 4);
+    let one = ask("a-one", "acme/a", 1);
+    loop {
+        now += 1_000;
+        let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &four, &mut now);
+        assert!(refused(&a).0.contains("minimum run time"), "{a:?}");
+        if now + 60_000 >= protected_until - 60_000 {
+            break;
+        }
+        now += 59_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+    }
+    // A's 4 gives up (its pod deleted).
+    let gave_up = now;
+    now = gave_up + 110_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let taken = Books::restore(300, now, b.state(), &t);
+    let first_ask = |mut b: Books, mut nodes: [Node; 2]| {
+        let mut now = gave_up + 125_000;
+        assert!(now > protected_until);
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        answer_through_recalls(&mut nodes, 0, &mut b, &t, &one, &mut now).0
+    };
+    let before = first_ask(b.clone(), nodes.clone());
+    assert!(
+        matches!(&before, AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty()),
+        "no takeover: {before:?}"
+    );
+    let after = first_ask(taken, nodes);
+    assert!(
+        matches!(&after, AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty()),
+        "the books before answered {before:?}; taken over they answered {after:?}"
+    );
+}
+
+/// [`time_asked_while_not_within_guarantee_is_not_time_owed`] with a failover that loses
+/// the changes not yet stored (they are written after their answer): the ask that found
+/// A's 1 beyond its guarantee forgot since when it was owed, and that is stored before the
+/// answer, so books taken over refuse A's 1 at its first ask after A's 4 ends, as the books
+/// before do (owed again only from then: 300 s to go). (Red team of the stored queue: the
+/// forgetting was written lazily, and books taken over before it was came back with the 1
+/// owed since 5 minutes ago and reclaimed.)
+#[test]
+fn time_not_owed_stays_not_owed_across_a_failover_that_loses_the_lazy_changes() {
+    let (t, mut b, mut nodes, mut now, one, msg) = owed_later(Some(300));
+    assert!(msg.contains("retry after 300 s"), "{msg}");
+    b.track_changes(true);
+    let mut store = b.state();
+    let mut lazy: Vec<StateOp> = Vec::new();
+    let mut keep = |b: &mut Books, store: &mut BooksState| {
+        let cs = b.take_changes();
+        lazy.extend(cs.ops);
+        if cs.urgent {
+            apply(store, lazy.drain(..));
+        }
+    };
+    let owed_ms = now;
+    for minute in 1..=4u64 {
+        now = owed_ms + minute * 60_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        keep(&mut b, &mut store);
+        let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+        keep(&mut b, &mut store);
+        let left = 300 - (now - owed_ms) / 1000;
+        assert!(refused(&a).0.contains(&format!("retry after {left} s")), "{a:?}");
+    }
+    for c in ["b8", "b9", "b10", "b11"] {
+        nodes[0].stop(c);
+    }
+    now += 1_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    keep(&mut b, &mut store);
+    let run = ask("a-run", "acme/a", 4);
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &run, &mut now);
+    keep(&mut b, &mut store);
+    assert_eq!(admitted(&a), QuotaClass::Guaranteed);
+    for _ in 0..2 {
+        now += 30_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        keep(&mut b, &mut store);
+        let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
+        keep(&mut b, &mut store);
+        assert!(!matches!(a, AdmitAnswer::Reclaiming { .. }), "{a:?}");
+    }
+    assert!(b.state().asks.iter().all(|a| a.claim != "a-one" || a.owed_since_ms.is_none()));
+    // The leader goes; what it had not stored yet is lost.
+    let taken = Books::restore(300, now, store.clone(), &t);
+    let owed_again = |mut b: Books, mut nodes: [Node; 2], mut now: u64| {
+        nodes[0].stop("a-run");
+        now += 1_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now).0
+    };
+    let before = owed_again(b.clone(), nodes.clone(), now);
+    assert!(!matches!(before, AdmitAnswer::Reclaiming { .. }), "no failover: {before:?}");
+    let after = owed_again(taken, nodes, now);
+    assert!(
+        !matches!(after, AdmitAnswer::Reclaiming { .. }),
+        "the books before answered {before:?}; taken over they answered {after:?} (stored \
+         asks: {:?})",
+        store.asks
+    );
+}
+
+/// A stored state that names no node, admission or reclaim, but says its fair queue is
+/// whole (every node left the books; the mark stays): books taken over from it are rebuilt
+/// from the nodes' syncs, as the first leader of an empty store's are, not ready at once
+/// with no node known. (Red team of the stored queue: it was taken for books to restore.)
+/// Nor do they relearn a queue nobody could be waiting in.
+#[test]
+fn a_store_with_no_node_is_rebuilt_from_the_syncs_whatever_else_it_holds() {
+    let t = tree(AB);
+    for state in [
+        BooksState::default(),
+        BooksState { queue_kept: true, ..BooksState::default() },
+        BooksState {
+            requeues: vec![state::RequeueState {
+                tenant: "acme/b".into(),
+                claim: "b1".into(),
+                preemptions: 1,
+                last_ms: 1_000,
+                until_ms: 2_000,
+            }],
+            ..BooksState::default()
+        },
+    ] {
+        let mut b = Books::restore(300, 1_000_000, state.clone(), &t);
+        assert!(!b.is_ready(), "{state:?}");
+        b.track_changes(true);
+        let cs = b.take_changes();
+        assert!(cs.urgent, "{cs:?}");
+        assert!(cs.ops.contains(&StateOp::PutRebuilding { since_ms: 1_000_000 }), "{cs:?}");
+        assert!(b.state().queue_kept, "nobody can be waiting where no node is: {state:?}");
+    }
+}
