@@ -1138,6 +1138,27 @@ impl Books {
         out.bounded_by(&self.totals.capacity)
     }
 
+    /// What the victims of reclaims under way that their nodes still list hold within
+    /// `path` (each counted once, wherever it runs), and how many they are: usage under
+    /// `path` that is going.
+    fn stopping_under(&self, path: &str) -> (Resources, usize) {
+        let mut seen: BTreeSet<(&str, &str)> = BTreeSet::new();
+        let mut out = Resources::new();
+        for rc in self.reclaims.values().filter(|rc| rc.freed_ms.is_none()) {
+            for v in rc.victims.iter().filter(|v| is_within(&v.tenant, path)) {
+                let Some(e) =
+                    self.nodes.get(&v.node).and_then(|nb| nb.holdings.get(&v.container_id))
+                else {
+                    continue;
+                };
+                if seen.insert((v.node.as_str(), v.container_id.as_str())) {
+                    out.add(&e.resources);
+                }
+            }
+        }
+        (out, seen.len())
+    }
+
     /// The victims of `rc`, a reclaim under way, on `node` that `node` still lists, and
     /// what each holds (none once its victims are gone).
     fn listed_victims_on<'s>(
@@ -1983,6 +2004,20 @@ impl Books {
         }
         if let Some(a) = self.await_stopping(tree, node, claimant, req, r, short, on, now) {
             return Reclaimed::Started(a);
+        }
+        if let Some(path) = under {
+            // At a ceiling that victims already stopping under it bring back within reach:
+            // it fits once they are gone, so it takes no victim of its own and waits.
+            let (stopping, count) = self.stopping_under(path);
+            if count > 0 && short.fits_in(&stopping) {
+                return Reclaimed::Not(Some(format!(
+                    "{path} is at its ceiling until {} already stopping under it for another \
+                     claim {} gone ({stopping}): it fits then, so it takes no other work and \
+                     waits",
+                    plural(count, "borrowed container", "borrowed containers"),
+                    if count == 1 { "is" } else { "are" },
+                )));
+            }
         }
         // Owed at once when it first asked, owed behind a larger request of its tenant, or
         // owed since: one that was not (its tenant's backlog ahead filled the guarantee) is
