@@ -88,7 +88,8 @@ const SLOW_SWEEP_MS: u64 = 1_000;
 
 /// How long an admission not yet listed by its node's sync stays booked.
 pub const PENDING_GRACE_MS: u64 = 15_000;
-/// How long a waiting entry of the fair queue lasts after its last retry.
+/// How long a waiting entry of the fair queue lasts after its last retry, counted from the
+/// end of the step that retry is stored to (`state::STORED_TIME_STEP_MS`): 120–150 s.
 pub const WAITING_TTL_MS: u64 = 120_000;
 /// Requests of one tenant that wait in the fair queue of one node at most (a tenant that
 /// asks under ever new container ids keeps no more places than this).
@@ -953,7 +954,7 @@ impl Books {
     fn sweep(&mut self, now: u64) {
         let changes = &mut self.changes;
         self.waiting.retain(|k, w| {
-            let keep = now <= w.last_seen_ms.saturating_add(WAITING_TTL_MS);
+            let keep = now <= state::counted(w.last_seen_ms).saturating_add(WAITING_TTL_MS);
             if !keep {
                 changes.waiting(k, false);
             }
@@ -978,7 +979,7 @@ impl Books {
         let next = self
             .waiting
             .values()
-            .map(|w| w.last_seen_ms.saturating_add(WAITING_TTL_MS))
+            .map(|w| state::counted(w.last_seen_ms).saturating_add(WAITING_TTL_MS))
             .chain(self.reclaims.values().map(Reclaim::hold_until))
             .chain(self.outcomes.values().map(|o| o.expires_ms))
             .chain(self.recalled.values().copied())
@@ -1003,14 +1004,14 @@ impl Books {
             kept
         });
         self.first_asks.retain(|k, (_, _, last)| {
-            let kept = now <= last.saturating_add(WAITING_TTL_MS * 30);
+            let kept = now <= state::counted(*last).saturating_add(WAITING_TTL_MS * 30);
             if !kept {
                 changes.ask(k, false);
             }
             kept
         });
         self.owed_since.retain(|k, (_, last)| {
-            let kept = now <= last.saturating_add(WAITING_TTL_MS);
+            let kept = now <= state::counted(*last).saturating_add(WAITING_TTL_MS);
             if !kept {
                 changes.ask(k, false);
             }
@@ -1496,11 +1497,13 @@ impl Books {
         }
     }
 
-    /// Takes `key`'s request out of the fair queue (stored with the next batch).
+    /// Takes `key`'s request out of the fair queue, stored before the answer (books taken
+    /// over without it would count it ahead of its tenant's next requests). Only expiry
+    /// (`sweep`) is stored lazily: books taken over expire it again from its stored time.
     fn unwait(&mut self, key: &NodeContainer) -> Option<WaitEntry> {
         let gone = self.waiting.remove(key);
         if gone.is_some() {
-            self.changes.waiting(key, false);
+            self.changes.waiting(key, true);
         }
         gone
     }
@@ -2061,7 +2064,7 @@ impl Books {
         } else {
             let new = !self.owed_since.contains_key(&key);
             let (since, last) = self.owed_since.entry(key.clone()).or_insert((now, now));
-            let restarted = now > last.saturating_add(WAITING_TTL_MS);
+            let restarted = now > state::counted(*last).saturating_add(WAITING_TTL_MS);
             if restarted {
                 *since = now;
             }
@@ -2534,7 +2537,7 @@ impl Books {
         });
         entry.last_seen_ms = now;
         entry.why.clone_from(&what);
-        self.expires_at(now.saturating_add(WAITING_TTL_MS));
+        self.expires_at(state::counted(now).saturating_add(WAITING_TTL_MS));
         let entry = &self.waiting[&NodeContainer(node.to_string(), req.container_id.clone())];
         let since = entry.arrived_ms;
         let here: Vec<(&NodeContainer, &WaitEntry)> =
@@ -2586,7 +2589,7 @@ impl Books {
         // tie by its age: the simulator refuses it at arrival).
         let others: Vec<(&NodeContainer, &WaitEntry)> = totals::on_node(&self.waiting, node)
             .filter(|(k, _)| **k != own)
-            .filter(|(_, w)| now <= w.last_seen_ms.saturating_add(WAITING_TTL_MS))
+            .filter(|(_, w)| now <= state::counted(w.last_seen_ms).saturating_add(WAITING_TTL_MS))
             .filter(|(_, w)| self.could_ever_run(tree, &w.tenant, &w.resources))
             .collect();
         if others.is_empty() {

@@ -22,9 +22,9 @@
 //! books being rebuilt saying so are written before they are answered; so are a request
 //! joining the fair queue, a claim's first ask and its owed-since; everything else (a
 //! later sync's holdings, a release, a lease that shrinks, the books becoming ready, a
-//! request leaving the queue) may be written later, and until it is the stored state
-//! counts more, never less (a request that left the queue and is still stored leaves it
-//! again 120 s after a takeover, unless it asks again). The books mark
+//! queue entry expiring) may be written later, and until it is the stored state counts
+//! more, never less (an entry that expired and is still stored expires again in the books
+//! taken over, from the same stored time). The books mark
 //! what changed (`Changes`) and [`Books::take_changes`] hands it out as [`StateOp`]s,
 //! saying whether the answer must wait for them (`urgent`). Books restored from it
 //! ([`Books::restore`]) are ready at once, unless it says its books were being rebuilt.
@@ -132,15 +132,21 @@ pub struct BooksState {
     pub queue_kept: bool,
 }
 
-/// The step the fair queue's last-ask times are stored to: a time stored is at most this
-/// much older than the books' own (rewritten, lazily, each time it moves a step), so books
-/// taken over let an entry go at most this much earlier than the books before would have,
-/// never later.
+/// The step the fair queue's last-ask times are stored to (rewritten, lazily, each time one
+/// moves a step). The books count a last ask as the end of its step ([`counted`]), so books
+/// taken over from the stored times let an entry, a first ask or an owed-since go exactly
+/// when the books before would have: each lives up to one step longer than its TTL.
 pub const STORED_TIME_STEP_MS: u64 = 30_000;
 
 /// `t` to the step it is stored to ([`STORED_TIME_STEP_MS`]).
 pub(super) fn coarse(t: u64) -> u64 {
     t - t % STORED_TIME_STEP_MS
+}
+
+/// A last ask at `t` as the books count it: the end of its stored step, the same from the
+/// books' own time and from the stored one.
+pub(super) fn counted(t: u64) -> u64 {
+    coarse(t).saturating_add(STORED_TIME_STEP_MS)
 }
 
 /// A request waiting in the fair queue: where, whose, for what, since when, last asked.
@@ -577,8 +583,8 @@ impl Books {
     /// are rebuilt from the nodes' syncs, as new books are.
     ///
     /// The fair queue comes back as it was stored, its last-ask times to the step they are
-    /// stored to ([`STORED_TIME_STEP_MS`]): an entry, a first ask or an owed-since goes at
-    /// most that much earlier than in the books before, never later. A state that did not
+    /// stored to ([`STORED_TIME_STEP_MS`]), which is all the books before counted of them
+    /// ([`counted`]): an entry, a first ask or an owed-since goes when it would have. A state that did not
     /// keep the queue whole ([`BooksState::queue_kept`]) leaves the books to relearn it from
     /// the requests asking again (`Books::settling`).
     pub fn restore(lease_ttl_s: u64, now: u64, state: BooksState, tree: &QuotaTree) -> Books {

@@ -944,7 +944,7 @@ fn a_request_not_owed_preempts_nothing_until_its_backlog_ahead_is_served() {
     // A's 4 stops asking and leaves the queue: the 1 is owed now (A holds nothing of its
     // guarantee and nothing of A's waits ahead of it); it has waited longer than its
     // checkpointing victim would lose, so it reclaims.
-    now += crate::books::WAITING_TTL_MS + 1_000;
+    now += crate::books::WAITING_TTL_MS + state::STORED_TIME_STEP_MS + 1_000;
     for n in nodes.iter_mut() {
         n.sync(&mut b, &t, now);
     }
@@ -1045,7 +1045,7 @@ fn owed_later(after: Option<u64>) -> (QuotaTree, Books, [Node; 2], u64, AdmitReq
     now += 1_000;
     let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
     assert!(refused(&a).0.contains("not owed now"), "{a:?}");
-    now += crate::books::WAITING_TTL_MS + 1_000;
+    now += crate::books::WAITING_TTL_MS + state::STORED_TIME_STEP_MS + 1_000;
     for n in nodes.iter_mut() {
         n.sync(&mut b, &t, now);
     }
@@ -1177,7 +1177,7 @@ fn books_taken_over_preempt_nothing_for_a_claim_first_seen_until_the_queue_is_re
     refused(&answer_through_recalls(&mut nodes, 0, &mut b, &t, &four, &mut now).0);
     now += crate::books::WAITING_TTL_MS / 2;
     refused(&answer_through_recalls(&mut nodes, 0, &mut b, &t, &four, &mut now).0);
-    now += crate::books::WAITING_TTL_MS / 2 + 1_000;
+    now += crate::books::WAITING_TTL_MS / 2 + state::STORED_TIME_STEP_MS + 1_000;
     for n in nodes.iter_mut() {
         n.sync(&mut b, &t, now);
     }
@@ -4160,9 +4160,10 @@ fn a_first_ask_taken_over_expires_when_it_would_have_before() {
 
 /// A stored waiting entry comes back with its last ask (to the step), so one whose request
 /// gave up shortly before the takeover leaves the queue when it would have. A's 4 waits on
-/// n1 (its victims within their minimum run time) and gives up; 110 s later the books are
+/// n1 (its victims within their minimum run time) and gives up; 140 s later the books are
 /// taken over; 15 s after that A's 1 asks for the first time, once the victims' minimum
-/// run time is over. The books before had dropped A's 4 (120 s after its last ask) and
+/// run time is over. The books before had dropped A's 4 (120 s after the end of the 30 s
+/// step of its last ask) and
 /// reclaim at once for A's 1, an owner's request; so do the books taken over. (Red team of
 /// the stored queue: restored as last seen at the takeover, A's 4 was counted ahead of A's
 /// 1, whose first ask was then kept as not owed at once: the at-once reclaim lost for good.)
@@ -4187,13 +4188,13 @@ fn a_waiting_entry_given_up_before_a_takeover_does_not_take_an_owners_at_once_re
     }
     // A's 4 gives up (its pod deleted).
     let gave_up = now;
-    now = gave_up + 110_000;
+    now = gave_up + 140_000;
     for n in nodes.iter_mut() {
         n.sync(&mut b, &t, now);
     }
     let taken = Books::restore(300, now, b.state(), &t);
     let first_ask = |mut b: Books, mut nodes: [Node; 2]| {
-        let mut now = gave_up + 125_000;
+        let mut now = gave_up + 155_000;
         assert!(now > protected_until);
         for n in nodes.iter_mut() {
             n.sync(&mut b, &t, now);
@@ -4606,5 +4607,126 @@ fn rt_final_room_a_stopping_victim_frees_later_is_not_taken_now_from_a_hold_whos
          ({} GPUs free there, x stopping for 600 s): A was answered {answer_a:?} on n1 during \
          the graces; vision's last answer: {last:?}",
         nodes[0].free() / MICRO_PER_GPU
+    );
+}
+
+// --- second red team of the stored fair queue (rt-queue2) -----------------------------------
+
+/// A waiting request that asks again within the queue's TTL stays in the queue of the
+/// books before and of books taken over: both count its last ask from the end of the 30 s
+/// step it is stored to. A's 4 waits on n1 (its victims within their minimum run time),
+/// its last ask 29 s into a 30 s step; the books are taken over a second later; 100 s
+/// after A's 4's last ask A's 1 asks for the first time, the victims' minimum run time
+/// over. Both books count A's 4 ahead of A's 1 (not owed at once: no reclaim). (Red team
+/// rt-queue2: the books counted the exact last ask and the next leader the stored step, so
+/// the books taken over had dropped A's 4 at 91 s and reclaimed at once for A's 1.)
+#[test]
+fn a_waiting_entry_that_asks_again_within_its_ttl_is_kept_by_books_taken_over() {
+    let (t, mut b, mut nodes, mut now) =
+        protected_fleet(r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#, false);
+    let protected_until = now + 600_000;
+    let four = ask("a-four", "acme/a", 4);
+    let one = ask("a-one", "acme/a", 1);
+    // A's 4's last ask: 29 s into a 30 s step, 31 to 61 s before the protection ends.
+    let mut last = protected_until - 60_000;
+    last = last - last % 30_000 + 29_000;
+    assert!(last < protected_until && last + 100_000 > protected_until);
+    loop {
+        now += 1_000;
+        let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &four, &mut now);
+        assert!(refused(&a).0.contains("minimum run time"), "{a:?}");
+        if now == last {
+            break;
+        }
+        assert!(now < last, "A's 4 asked at {now}, after {last}");
+        now = (now + 59_000).min(last - 1_000);
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+    }
+    let taken = Books::restore(300, last + 1_000, b.state(), &t);
+    let first_ask = |mut b: Books, mut nodes: [Node; 2]| {
+        let mut now = last + 100_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        answer_through_recalls(&mut nodes, 0, &mut b, &t, &one, &mut now).0
+    };
+    let before = first_ask(b.clone(), nodes.clone());
+    assert!(!matches!(before, AdmitAnswer::Reclaiming { .. }), "no takeover: {before:?}");
+    let after = first_ask(taken, nodes);
+    assert!(
+        !matches!(after, AdmitAnswer::Reclaiming { .. }),
+        "the books before (A's 4 asked 100 s ago, still waiting) answered {before:?}; taken \
+         over they answered {after:?}"
+    );
+}
+
+/// A request released by its node while it waits (its pod deleted) leaves the stored fair
+/// queue before the release is answered, so a failover that loses the changes not yet
+/// stored does not bring it back. A's 4 waits on n1 (its victims within their minimum run
+/// time) and is released; the leader goes; A's 1 asks for the first time once the
+/// victims' minimum run time is over. The books before (A's 4 gone) and the books taken
+/// over reclaim at once for A's 1, an owner's request. (Red team rt-queue2: the removal
+/// was stored lazily; the books taken over counted A's 4 ahead of A's 1, kept its first
+/// ask as not owed at once, and never reclaimed at once for it.)
+#[test]
+fn a_waiting_request_released_before_a_failover_does_not_take_an_owners_at_once_reclaim() {
+    let (t, mut b, mut nodes, mut now) =
+        protected_fleet(r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#, false);
+    let protected_until = now + 600_000;
+    let four = ask("a-four", "acme/a", 4);
+    let one = ask("a-one", "acme/a", 1);
+    b.track_changes(true);
+    let mut store = b.state();
+    let mut lazy: Vec<StateOp> = Vec::new();
+    let keep = |b: &mut Books, store: &mut BooksState, lazy: &mut Vec<StateOp>| {
+        let cs = b.take_changes();
+        lazy.extend(cs.ops);
+        if cs.urgent {
+            apply(store, lazy.drain(..));
+        }
+    };
+    loop {
+        now += 1_000;
+        let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &four, &mut now);
+        keep(&mut b, &mut store, &mut lazy);
+        assert!(refused(&a).0.contains("minimum run time"), "{a:?}");
+        if now + 60_000 >= protected_until - 20_000 {
+            break;
+        }
+        now += 59_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        keep(&mut b, &mut store, &mut lazy);
+    }
+    // What was written lazily so far reaches the store; A's 4's pod is then deleted while
+    // it waits: its node releases it.
+    apply(&mut store, lazy.drain(..));
+    now += 1_000;
+    b.release("n1", "a-four", now);
+    keep(&mut b, &mut store, &mut lazy);
+    assert!(b.state().waiting.is_empty(), "{:?}", b.state().waiting);
+    // The leader goes; what it had not stored yet is lost.
+    let taken = Books::restore(300, now, store.clone(), &t);
+    let first_ask = |mut b: Books, mut nodes: [Node; 2]| {
+        let mut now = protected_until + 5_000;
+        for n in nodes.iter_mut() {
+            n.sync(&mut b, &t, now);
+        }
+        answer_through_recalls(&mut nodes, 0, &mut b, &t, &one, &mut now).0
+    };
+    let before = first_ask(b.clone(), nodes.clone());
+    assert!(
+        matches!(&before, AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty()),
+        "no failover: {before:?}"
+    );
+    let after = first_ask(taken, nodes);
+    assert!(
+        matches!(&after, AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty()),
+        "the books before answered {before:?}; taken over they answered {after:?} (stored \
+         waiting: {:?})",
+        store.waiting
     );
 }
