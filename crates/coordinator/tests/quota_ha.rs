@@ -599,7 +599,8 @@ async fn elected(
 
 /// The fair queue in etcd (issue 27): waiting requests, first asks, requeue backoffs (of
 /// tenants and claims that hold `/`) and the mark that the queue is whole come back as
-/// they were written, and go when deleted.
+/// they were written, and go when deleted; the mark counts only while no other books key
+/// was written after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stored_fair_queue_comes_back_as_written() {
     use quota::books::state::{AskState, BooksState, RequeueState, StateOp, WaitingState};
@@ -651,9 +652,23 @@ async fn the_stored_fair_queue_comes_back_as_written() {
         StateOp::DelAsk { node: "node-a".into(), tenant: "acme/b".into(), claim: claim.into() },
         StateOp::DelRequeue { tenant: "acme/b".into(), claim: claim.into() },
     ];
-    books.commit_books(fence, dels).await.unwrap();
+    books.commit_books(fence.clone(), dels).await.unwrap();
     let left = books.load_books().await.unwrap();
     assert_eq!(left, BooksState { queue_kept: true, ..BooksState::default() });
+    // A batch without the mark (a coordinator that does not store the queue deciding):
+    // the stored queue no longer counts as whole, until the mark is written again.
+    let node = quota::books::state::NodeState {
+        capacity: Amounts { gpus: [(H100.to_string(), 8 * MICRO)].into(), ..Amounts::default() },
+        holdings: vec![],
+        issued: vec![],
+        reported: vec![],
+        stopping: vec![],
+    };
+    let put_node = StateOp::PutNode { node: "node-a".into(), state: node };
+    books.commit_books(fence.clone(), vec![put_node.clone()]).await.unwrap();
+    assert!(!books.load_books().await.unwrap().queue_kept, "written after the mark");
+    books.commit_books(fence, vec![put_node, StateOp::PutQueueKept]).await.unwrap();
+    assert!(books.load_books().await.unwrap().queue_kept, "the mark written with the batch");
     campaign.abort();
 }
 

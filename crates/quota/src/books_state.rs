@@ -127,7 +127,10 @@ pub struct BooksState {
     pub requeues: Vec<RequeueState>,
     /// The books that wrote this kept the fair queue (`waiting`, `asks`, `requeues`) whole:
     /// books taken over from a state without it (written before the queue was kept, or by
-    /// books that were still relearning it) relearn the queue ([`Books::restore`]).
+    /// books that were still relearning it) relearn the queue ([`Books::restore`]). Books
+    /// that keep it write the mark with every batch; a store says it only if nothing was
+    /// written after the mark (etcd: no books key of a later revision), so a coordinator of
+    /// a version that does not store the queue, deciding in between, leaves it unsaid.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub queue_kept: bool,
 }
@@ -520,8 +523,11 @@ impl Books {
                 None => out.ops.push(StateOp::DelRequeue { tenant: key.0, claim: key.1 }),
             }
         }
-        // Last: the queue is whole only once what it holds is stored with it.
-        if self.queue_kept && !self.durable_queue_kept {
+        // Last, and with every batch while the queue is whole: the store tells a queue
+        // kept whole by the mark's being written with (or after) every other key (etcd:
+        // its revision), so books of a version that does not store the queue, deciding
+        // in between, leave it marked stale (`BooksState::queue_kept`).
+        if self.queue_kept && (!self.durable_queue_kept || !out.ops.is_empty()) {
             self.durable_queue_kept = true;
             out.ops.push(StateOp::PutQueueKept);
         }

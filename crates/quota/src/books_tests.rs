@@ -2066,7 +2066,10 @@ fn the_durable_state_hands_out_urgent_writes_for_admissions_reclaims_and_grown_l
     assert_eq!(admitted(&a), QuotaClass::Guaranteed);
     let cs = b.take_changes();
     assert!(cs.urgent);
-    assert!(matches!(&cs.ops[..], [StateOp::PutPending(p)] if p.container_id == "a0"), "{cs:?}");
+    assert!(
+        matches!(&cs.ops[..], [StateOp::PutPending(p), StateOp::PutQueueKept] if p.container_id == "a0"),
+        "{cs:?}"
+    );
     // Its node lists it: the holding and the pending's end, lazily.
     nodes[0].hold(&ask("a0", "acme/a", 1), QuotaClass::Guaranteed, false, now + 200);
     nodes[0].sync(&mut b, &t, now + 300);
@@ -2995,7 +2998,7 @@ fn a_stored_state_says_while_its_books_are_rebuilt_and_a_takeover_waits_as_they_
     c.track_changes(true);
     let cs = c.take_changes();
     assert!(!cs.urgent);
-    assert_eq!(cs.ops, vec![StateOp::DelRebuilding]);
+    assert_eq!(cs.ops, vec![StateOp::DelRebuilding, StateOp::PutQueueKept]);
     apply(&mut store, cs.ops);
     assert_eq!(store.rebuilding_since_ms, None);
     assert!(Books::restore(30, 1_050_000, store, &t).is_ready());

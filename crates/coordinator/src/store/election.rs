@@ -14,7 +14,7 @@
 //! | `{p}/quota/books/waiting/{node}/{container}` | a request in the fair queue ([`WaitingState`]) |
 //! | `{p}/quota/books/ask/{node}/{tenant}/#{claim in hex}` | a claim's first ask and owed-since ([`AskState`]) |
 //! | `{p}/quota/books/requeue/{tenant}/#{claim in hex}` | preempted work's requeue backoff ([`RequeueState`]) |
-//! | `{p}/quota/books/queue-kept` | present once the stored fair queue is whole ([`BooksState::queue_kept`]) |
+//! | `{p}/quota/books/queue-kept` | the stored fair queue is whole, written with every batch of books that keep it: it counts only if no other books key has a later revision ([`BooksState::queue_kept`]) |
 //!
 //! **Election.** Each coordinator grants itself a lease of the leader TTL, puts its key under
 //! it, and keeps it alive (every third of the TTL). The candidate whose key has the oldest
@@ -485,6 +485,9 @@ impl QuotaBackend for EtcdQuota {
             let mut from = books.clone().into_bytes();
             let end = super::etcd_range_end(&books);
             let mut at: Option<i64> = None;
+            // The queue's mark counts only if no other books key was written after it: a
+            // coordinator that does not store the queue may have decided since.
+            let (mut mark_rev, mut latest_rev) = (None, 0i64);
             loop {
                 let mut opts = GetOptions::new().with_range(end.clone()).with_limit(BOOKS_PAGE);
                 if let Some(rev) = at {
@@ -499,6 +502,9 @@ impl QuotaBackend for EtcdQuota {
                     let key = String::from_utf8_lossy(item.key()).into_owned();
                     let rest = key.strip_prefix(&books).unwrap_or_default();
                     let (kind, name) = rest.split_once('/').unwrap_or((rest, ""));
+                    if kind != "queue-kept" {
+                        latest_rev = latest_rev.max(item.mod_revision());
+                    }
                     match kind {
                         "node" => {
                             let n: NodeState = decode("quota books node", item.value())?;
@@ -531,7 +537,8 @@ impl QuotaBackend for EtcdQuota {
                             .requeues
                             .push(decode::<RequeueState>("quota books requeue", item.value())?),
                         "queue-kept" => {
-                            state.queue_kept = decode("quota books queue-kept", item.value())?;
+                            let kept: bool = decode("quota books queue-kept", item.value())?;
+                            mark_rev = kept.then(|| item.mod_revision());
                         }
                         other => warn!(key = %key, "unknown quota books key ({other}); ignored"),
                     }
@@ -543,6 +550,13 @@ impl QuotaBackend for EtcdQuota {
                     }
                     _ => break,
                 }
+            }
+            state.queue_kept = mark_rev.is_some_and(|m| m >= latest_rev);
+            if mark_rev.is_some() && !state.queue_kept {
+                warn!(
+                    "the stored fair queue is older than the books (a coordinator that does not \
+                     store it decided since): relearned from the requests asking again"
+                );
             }
             for (node, h) in holdings {
                 // A holding whose node record is gone went with it (a deletion interrupted
