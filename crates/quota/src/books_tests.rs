@@ -2574,6 +2574,54 @@ impl Reclaims {
     }
 }
 
+/// What an answer decides: admitted (and how), the victims of a reclaim, or a refusal (and
+/// its rule); not the words.
+fn decided(a: &AdmitAnswer) -> String {
+    match a {
+        AdmitAnswer::Admitted { class, over } => format!("admitted {class:?} over {over:?}"),
+        AdmitAnswer::Reclaiming { victims, .. } => {
+            let mut v: Vec<String> =
+                victims.iter().map(|v| format!("{}/{}", v.node, v.container_id)).collect();
+            v.sort();
+            format!("reclaiming {v:?}")
+        }
+        AdmitAnswer::Refused { rule, .. } => format!("refused {rule:?}"),
+    }
+}
+
+/// Books taken over (`after`) answer what the books they were taken over from (`before`)
+/// would have: a request of each tenant (1 and 2 GPUs, as a first ask) on each node in
+/// touch, each asked of copies of both.
+fn same_decisions(
+    t: &QuotaTree,
+    before: &Books,
+    after: &Books,
+    nodes: &[Node; 3],
+    up: &[bool; 3],
+    now: u64,
+) -> Result<(), TestCaseError> {
+    for n in (0..3).filter(|&n| up[n]) {
+        for (i, tenant) in PATHS.iter().enumerate() {
+            for gpus in [1, 2] {
+                let probe = ask(&format!("probe-{n}-{i}-{gpus}"), tenant, gpus);
+                let a = nodes[n].clone().admit(&mut before.clone(), t, probe.clone(), now);
+                let b = nodes[n].clone().admit(&mut after.clone(), t, probe, now);
+                prop_assert_eq!(
+                    decided(&a),
+                    decided(&b),
+                    "{} GPUs of {} on {}: the books before answered {:?}; taken over, {:?}",
+                    gpus,
+                    tenant,
+                    nodes[n].name,
+                    a,
+                    b
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Syncs `nodes[n]` (answer kept) and lets it learn the victims its answer names.
 fn sync_node(
     nodes: &mut [Node],
@@ -2775,8 +2823,20 @@ fn lease_model(t: &QuotaTree, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 } else {
                     apply(&mut store, lazy.drain(..));
                 }
-                b = Books::restore(ttl_s, now, store.clone(), &t);
+                let before =
+                    std::mem::replace(&mut b, Books::restore(ttl_s, now, store.clone(), &t));
                 b.track_changes(true);
+                // Everything stored, no gang assembling or lease recall under way, every
+                // node heard from lately (the leader's memory, not stored: the next one
+                // counts every node as heard from at the takeover): the next leader
+                // decides as the books before would have.
+                let in_touch = before
+                    .nodes
+                    .values()
+                    .all(|nb| now.saturating_sub(nb.last_sync_ms) <= crate::books::RECALL_LIVE_MS);
+                if !lose_lazy && gang.is_none() && before.recalled.is_empty() && in_touch {
+                    same_decisions(&t, &before, &b, &nodes, &up, now)?;
+                }
                 gang = None;
             }
             Op::Crash { node } => {
