@@ -2591,33 +2591,35 @@ fn decided(a: &AdmitAnswer) -> String {
 
 /// Books taken over (`after`) answer what the books they were taken over from (`before`)
 /// would have: a request of each tenant (1 and 2 GPUs, as a first ask) on each node in
-/// touch, each asked of copies of both.
+/// touch, and each claim still open asking again, each asked of copies of both.
 fn same_decisions(
     t: &QuotaTree,
     before: &Books,
     after: &Books,
     nodes: &[Node; 3],
     up: &[bool; 3],
+    open: &[(usize, AdmitRequest)],
     now: u64,
 ) -> Result<(), TestCaseError> {
-    for n in (0..3).filter(|&n| up[n]) {
-        for (i, tenant) in PATHS.iter().enumerate() {
-            for gpus in [1, 2] {
-                let probe = ask(&format!("probe-{n}-{i}-{gpus}"), tenant, gpus);
-                let a = nodes[n].clone().admit(&mut before.clone(), t, probe.clone(), now);
-                let b = nodes[n].clone().admit(&mut after.clone(), t, probe, now);
-                prop_assert_eq!(
-                    decided(&a),
-                    decided(&b),
-                    "{} GPUs of {} on {}: the books before answered {:?}; taken over, {:?}",
-                    gpus,
-                    tenant,
-                    nodes[n].name,
-                    a,
-                    b
-                );
-            }
-        }
+    let firsts = (0..3).filter(|&n| up[n]).flat_map(|n| {
+        PATHS.iter().enumerate().flat_map(move |(i, tenant)| {
+            [1, 2].map(|gpus| (n, ask(&format!("probe-{n}-{i}-{gpus}"), tenant, gpus)))
+        })
+    });
+    let again = open.iter().filter(|(n, _)| up[*n]).cloned();
+    for (n, probe) in firsts.chain(again) {
+        let what =
+            format!("{} of {} on {}", probe.amounts.to_resources(), probe.tenant, nodes[n].name);
+        let a = nodes[n].clone().admit(&mut before.clone(), t, probe.clone(), now);
+        let b = nodes[n].clone().admit(&mut after.clone(), t, probe, now);
+        prop_assert_eq!(
+            decided(&a),
+            decided(&b),
+            "{}: the books before answered {:?}; taken over, {:?}",
+            what,
+            a,
+            b
+        );
     }
     Ok(())
 }
@@ -2835,7 +2837,7 @@ fn lease_model(t: &QuotaTree, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .values()
                     .all(|nb| now.saturating_sub(nb.last_sync_ms) <= crate::books::RECALL_LIVE_MS);
                 if !lose_lazy && gang.is_none() && before.recalled.is_empty() && in_touch {
-                    same_decisions(&t, &before, &b, &nodes, &up, now)?;
+                    same_decisions(&t, &before, &b, &nodes, &up, &rc.open, now)?;
                 }
                 gang = None;
             }
