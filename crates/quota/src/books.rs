@@ -1142,9 +1142,10 @@ impl Books {
     /// What the victims of reclaims under way that their nodes still list hold within
     /// `path` (each counted once, wherever it runs), and how many they are: usage under
     /// `path` that is going.
-    fn stopping_under(&self, path: &str) -> (Resources, usize) {
+    fn stopping_under(&self, path: &str) -> (Resources, Vec<Victim>) {
         let mut seen: BTreeSet<(&str, &str)> = BTreeSet::new();
         let mut out = Resources::new();
+        let mut victims = Vec::new();
         for rc in self.reclaims.values().filter(|rc| rc.freed_ms.is_none()) {
             for v in rc.victims.iter().filter(|v| is_within(&v.tenant, path)) {
                 let Some(e) =
@@ -1154,10 +1155,11 @@ impl Books {
                 };
                 if seen.insert((v.node.as_str(), v.container_id.as_str())) {
                     out.add(&e.resources);
+                    victims.push(v.clone());
                 }
             }
         }
-        (out, seen.len())
+        (out, victims)
     }
 
     /// The victims of `rc`, a reclaim under way, on `node` that `node` still lists, and
@@ -1694,7 +1696,19 @@ impl Books {
             }
             Decision::Reclaim { short, under: Some(under) } => {
                 // A ceiling on its chain is full of others' borrowed work, and the node is
-                // short too: reclaim here, inside that path, what both need.
+                // short too: reclaim here, inside that path, what both need. Victims
+                // already stopping under the ceiling (another claim's) give back what they
+                // hold there: only the rest of the ceiling's shortfall is its own; none
+                // left, the node's shortfall is reclaimed as for any claim within its
+                // guarantee.
+                let (stopping, _) = self.stopping_under(&under);
+                let short = short.minus(&stopping);
+                if short.is_empty() {
+                    return match self.reclaim_on_node(tree, node, req, r, ask, now) {
+                        Reclaimed::Started(a) => a,
+                        Reclaimed::Not(why) => self.queue(tree, node, req, r, None, why, now),
+                    };
+                }
                 let mut need = self.node_short(node, r);
                 for (res, a) in short.iter() {
                     let more = a.saturating_sub(need.get(res));
@@ -2008,20 +2022,31 @@ impl Books {
         if let Some(a) = self.await_stopping(tree, node, claimant, req, r, short, on, now) {
             return Reclaimed::Started(a);
         }
-        if let Some(path) = under {
-            // At a ceiling that victims already stopping under it bring back within reach:
-            // it fits once they are gone, so it takes no victim of its own and waits.
-            let (stopping, count) = self.stopping_under(path);
-            if count > 0 && short.fits_in(&stopping) {
-                return Reclaimed::Not(Some(format!(
-                    "{path} is at its ceiling until {} already stopping under it for another \
-                     claim {} gone ({stopping}): it fits then, so it takes no other work and \
-                     waits",
-                    plural(count, "borrowed container", "borrowed containers"),
-                    if count == 1 { "is" } else { "are" },
-                )));
+        // Under a full ceiling that victims already stopping under it (another claim's)
+        // bring back within reach, only the rest of its shortfall is its own to take. (A
+        // claim its node can place: its shortfall is the ceiling's alone; one short on its
+        // node deducts them in `admit_short`.) Covered whole, it holds its amount and
+        // waits for them, so that a later claim counts what it will take of the room.
+        let rest;
+        let short = match under.filter(|_| on.is_none()) {
+            Some(path) => {
+                let (stopping, victims) = self.stopping_under(path);
+                rest = short.minus(&stopping);
+                if !victims.is_empty() && rest.is_empty() {
+                    let why = format!(
+                        "already stopping under {path} for another claim; {claimant}, which \
+                         asks {r} within its guarantee on node {node}, fits under the ceiling \
+                         once it is gone and waits for it"
+                    );
+                    let victims = victims.into_iter().map(|v| Victim { reason: why.clone(), ..v });
+                    let held =
+                        self.hold_for_stopping(node, claimant, req, r, victims.collect(), now);
+                    return Reclaimed::Started(held);
+                }
+                &rest
             }
-        }
+            None => short,
+        };
         // Owed at once when it first asked, owed behind a larger request of its tenant, or
         // owed since: one that was not (its tenant's backlog ahead filled the guarantee) is
         // owed once that backlog is served and its tenant's guaranteed work has ended. A
@@ -2358,7 +2383,6 @@ impl Books {
         on: Option<&str>,
         now: u64,
     ) -> Option<AdmitAnswer> {
-        let claim = claim_of(req);
         let mut freeing = Resources::new();
         let mut victims = Vec::new();
         // Containers stopping for a reclaim these books know (another claim's, issue 27)
@@ -2398,6 +2422,21 @@ impl Books {
         if victims.is_empty() || !short.fits_in(&freeing) {
             return None;
         }
+        Some(self.hold_for_stopping(node, claimant, req, r, victims, now))
+    }
+
+    /// Holds `r` on `node` for `claimant`'s claim while `victims`, already stopping, go:
+    /// its reclaim, with no other work taken. Answers it.
+    fn hold_for_stopping(
+        &mut self,
+        node: &str,
+        claimant: &str,
+        req: &AdmitRequest,
+        r: &Resources,
+        victims: Vec<Victim>,
+        now: u64,
+    ) -> AdmitAnswer {
+        let claim = claim_of(req);
         let grace = victims.iter().map(|v| v.grace_s).max().unwrap_or(0);
         let retry_after_s = grace.saturating_add(RETRY_SLACK_S);
         let message = format!(
@@ -2413,7 +2452,7 @@ impl Books {
                 .join(", ")
         );
         self.insert_reclaim(
-            (node.to_string(), claimant.to_string(), claim.to_string()),
+            (node.to_string(), claimant.to_string(), claim),
             Reclaim {
                 resources: r.clone(),
                 victims: victims.clone(),
@@ -2432,11 +2471,11 @@ impl Books {
             Some(&req.container_id),
             message.clone(),
         );
-        Some(AdmitAnswer::Reclaiming {
+        AdmitAnswer::Reclaiming {
             retry_after_s,
             victims,
             message: format!("{message}; retry after {retry_after_s} s"),
-        })
+        }
     }
 
     /// Releases the borrowed reservations of gangs still assembling, of tenants outside

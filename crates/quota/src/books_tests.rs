@@ -4524,7 +4524,8 @@ fn rt_final_two_tenants_claims_held_on_one_node_are_both_admitted_once_settled()
 /// so v is reclaimed (the cheapest, under acme/ml) and 3 are held for alice on n1. During
 /// v's grace bob asks 1 on n1 (its 1 GPU not held for alice): once v is gone acme/ml holds
 /// 8 + 3 + 1 = 12 of 12, and the fleet 8 + 3 + 1 of 24, so bob needs no victim: he waits
-/// for v (`Books::stopping_under`), and is admitted once v is gone. (Found by issue 27's
+/// for v, holding his GPU (`Books::stopping_under`, `Books::hold_for_stopping`), and is
+/// admitted once v is gone. (Found by issue 27's
 /// last red team, branch `rt-final`: the stopping victims were counted gone in the
 /// capacity only, not under the ceilings, and bob's claim reclaimed s-jobs for nothing.)
 #[test]
@@ -4562,17 +4563,14 @@ fn rt_final_a_second_claim_under_a_full_ceiling_during_a_grace_takes_no_victim_i
     now += 5_000;
     let b0 = ask("b0", "acme/ml/vision/bob", 1);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &b0, &mut now);
-    if let AdmitAnswer::Reclaiming { victims, .. } = &a {
-        let ids: Vec<(&str, &str)> =
-            victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
-        panic!(
-            "bob's 1 GPU fits under acme/ml once v (stopping) is gone (8 + 3 + 1 of 12) and \
-             on n1 beside alice's hold, yet the books, counting v and alice's hold both under \
-             the ceiling, reclaim {ids:?} for it"
-        );
-    }
-    let (msg, _) = refused(&a);
-    assert!(msg.contains("already stopping under it for another claim is gone"), "{msg}");
+    assert_eq!(
+        victims_of(&a),
+        [("n2", "v")],
+        "bob's 1 GPU fits under acme/ml once v (stopping) is gone (8 + 3 + 1 of 12) and on n1 \
+         beside alice's hold: he waits for v, holding his GPU, and takes nothing else"
+    );
+    let AdmitAnswer::Reclaiming { message, .. } = &a else { unreachable!() };
+    assert!(message.contains("already stopping") && message.contains("no other work"), "{a:?}");
     // v goes: bob fits under acme/ml (8 + 3 + 1 of 12) and is admitted, guaranteed.
     now += 30_000;
     nodes[1].stopping.clear();
@@ -4794,4 +4792,139 @@ fn a_waiting_request_released_before_a_failover_does_not_take_an_owners_at_once_
          waiting: {:?})",
         store.waiting
     );
+}
+
+// --- red team of the wait for victims stopping under a full ceiling (rt-ceilwait) ---------
+
+/// Three nodes under acme/ml (ceiling 12, grace 600 s), alice and bob guaranteeing 3 each:
+/// speech borrows v (4, checkpoints) and s4..s7 on n2 (8 GPUs, full), s0..s3 on n1
+/// (`n1_gpus`), where acme/c borrows `c` 1-GPU jobs besides (acme/ml 12 of 12); n3 (8) is
+/// empty. An hour on, alice asks 3 on n1 and reclaims v (under acme/ml; 3 held on n1); v
+/// stops on n2 for 600 s.
+fn rt_ceilwait_setup(n1_gpus: u64, c: usize) -> (QuotaTree, Books, [Node; 3], u64) {
+    let t = tree(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 12}}, "grace_period_s": 600},
+            "acme/ml/vision/alice": {"gpus": {"H100-80GB": {"guarantee": 3}}},
+            "acme/ml/vision/bob": {"gpus": {"H100-80GB": {"guarantee": 3}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", n1_gpus), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    let mut v = ask("v", "acme/ml/speech", 4);
+    v.checkpoint = true;
+    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
+    nodes[1].sync(&mut b, &t, now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/ml/speech", ("s", 0, 4), false, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/ml/speech", ("s", 4, 4), false, &mut now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 0, c), false, &mut now);
+    assert_eq!(nodes[1].free(), 0);
+    now += 3_600_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let a0 = ask("a0", "acme/ml/vision/alice", 3);
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
+    assert_eq!(victims_of(&a), [("n2", "v")], "alice's claim takes v, the cheapest under acme/ml");
+    nodes[1].stopping.push("v".into());
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    (t, b, nodes, now)
+}
+
+/// n1 has 8 GPUs and runs c0 besides (3 free, held for alice). During v's grace bob asks 1
+/// on n1: he is short on his node (its free GPUs are held for alice) as well as at acme/ml's
+/// ceiling. v going (on n2) brings acme/ml back within reach (8 + 3 + 1 of 12) but frees
+/// nothing on n1: bob needs one victim on n1 whatever happens, and takes it now (v covers
+/// the ceiling's shortfall: `admit_short` reclaims the node's as for any claim within its
+/// guarantee). (Red team rt-ceilwait: the claim's whole need, the node's shortfall merged
+/// with the ceiling's, was compared with victims stopping anywhere under acme/ml, so bob
+/// was told to wait for v and reclaimed on n1 only after v's 600 s grace.)
+#[test]
+fn rt_ceilwait_a_claim_short_on_its_node_does_not_wait_for_victims_stopping_on_another_node() {
+    let (t, mut b, mut nodes, mut now) = rt_ceilwait_setup(8, 1);
+    now += 5_000;
+    let b0 = ask("b0", "acme/ml/vision/bob", 1);
+    let (first, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &b0, &mut now);
+    if matches!(first, AdmitAnswer::Reclaiming { .. }) {
+        let on_n1 = victims_of(&first).iter().all(|(n, _)| *n == "n1");
+        assert!(on_n1, "bob's victims are on his node: {first:?}");
+        return;
+    }
+    // v's grace ends; it is gone from n2.
+    now += 600_000;
+    nodes[1].stopping.clear();
+    nodes[1].stop("v");
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let (then, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &b0, &mut now);
+    panic!(
+        "bob, short on n1, was told to wait for v (stopping on n2): {first:?}; 600 s later, v \
+         gone, he is answered {then:?}"
+    );
+}
+
+/// n1 has 16 GPUs (9 free beside alice's hold). During v's grace bob asks 2 on n1: acme/ml
+/// counts 12 (v in) + 3 held for alice, so bob's 2 is 5 over the ceiling, and v (4)
+/// stopping covers 4 of them: bob takes 1 victim. (Red team rt-ceilwait: victims stopping
+/// under the ceiling were deducted only when they covered the whole shortfall; covering
+/// part of it, bob's reclaim took 5 hour-long jobs.)
+#[test]
+fn rt_ceilwait_victims_stopping_under_the_ceiling_that_cover_part_of_a_shortfall_are_deducted() {
+    let (t, mut b, mut nodes, mut now) = rt_ceilwait_setup(16, 0);
+    now += 5_000;
+    let b0 = ask("b0", "acme/ml/vision/bob", 2);
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &b0, &mut now);
+    let taken = victims_of(&a);
+    assert_eq!(
+        taken.len(),
+        1,
+        "acme/ml holds 8 + 3 (alice) once v is gone: bob's 2 needs 1 more victim, yet it takes \
+         {taken:?}"
+    );
+}
+
+/// n1 has 16 GPUs. During v's grace bob asks 1 on n1 (b0), then another 1 (b1, within his
+/// guarantee of 3): once v is gone acme/ml holds 8 + 3 (alice) and has room for 1 of them.
+/// b0 waits for v holding its GPU; b1 counts that hold and takes exactly one victim of its
+/// own at once; nothing else is taken, and both run once v and b1's victim are gone.
+/// (Red team rt-ceilwait: a claim told to wait held nothing, so both waited for v and the
+/// second took its victim only after v's 600 s grace. What is left: b0, whose victim v is
+/// gone first, is admitted only once b1's victim is gone too, since the books count b1's
+/// hold beside the victim still stopping for it: docs/QUOTAS.md, Limits.)
+#[test]
+fn rt_ceilwait_two_claims_do_not_both_wait_for_the_same_stopping_victim() {
+    let (t, mut b, mut nodes, mut now) = rt_ceilwait_setup(16, 0);
+    now += 5_000;
+    let b0 = ask("b0", "acme/ml/vision/bob", 1);
+    let b1 = ask("b1", "acme/ml/vision/bob", 1);
+    let (first0, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &b0, &mut now);
+    assert_eq!(victims_of(&first0), [("n2", "v")], "b0 waits for v: {first0:?}");
+    now += 1_000;
+    let (first1, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &b1, &mut now);
+    let own = victims_of(&first1);
+    assert_eq!(own.len(), 1, "b1 takes one victim of its own at once: {first1:?}");
+    assert_ne!(own[0], ("n2", "v"));
+    let (n1, c1) = (own[0].0.to_string(), own[0].1.to_string());
+    nodes[1].stopping.push(c1.clone());
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    // Both graces end; v and b1's victim are gone; each asks again and runs.
+    now += 600_000;
+    nodes[1].stopping.clear();
+    nodes[1].stop("v");
+    let i = nodes.iter().position(|n| n.name == n1).unwrap();
+    nodes[i].stop(&c1);
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    for req in [&b0, &b1] {
+        now += 1_000;
+        let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, req, &mut now);
+        assert_eq!(admitted(&a), QuotaClass::Guaranteed, "{}", req.container_id);
+    }
+    assert_eq!(b.counters().preemptions.get("acme/ml/speech"), Some(&2), "v and one more");
 }
