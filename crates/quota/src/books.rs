@@ -1766,8 +1766,9 @@ impl Books {
 
     /// Whether unused leases alone stand between `tenant`'s request `r` from `node` and a
     /// better answer: by what is really used (holdings, pending admissions, held capacity,
-    /// gang reservations) it is within its guarantees, or at least under every ceiling, but
-    /// once the nodes' unused leases are booked it is borrowed, or refused at a ceiling.
+    /// gang reservations) it is within its guarantees (admitted, or reclaiming at a full
+    /// ceiling), or at least under every ceiling, but once the nodes' unused leases are
+    /// booked it is borrowed, or refused at a ceiling.
     /// (The asking node's own lease counts too where the decision counts it: for borrowed
     /// work, and for a node that admitted work under its leases it has not synced yet.)
     fn lease_bound(
@@ -1791,7 +1792,9 @@ impl Books {
                 booked_view(absorb.then_some(node)),
                 Decision::Admit { class: Class::Guaranteed, .. }
             ),
-            Decision::Admit { class: Class::Borrowed, .. } => {
+            // Within its guarantees, at a ceiling full of others' borrowed work: it
+            // reclaims, unless the leases booked take it past the ceiling (refused).
+            Decision::Admit { class: Class::Borrowed, .. } | Decision::Reclaim { .. } => {
                 matches!(booked_view(None), Decision::Refuse(_))
             }
             _ => false,
@@ -1868,8 +1871,9 @@ impl Books {
         let real = self.real_usage();
         let real_view = quota_view(tree, &real, tenant, r);
         let better = |d: &Decision| match d {
-            Decision::Admit { class: Class::Guaranteed, .. } => 2,
-            Decision::Admit { .. } => 1,
+            Decision::Admit { class: Class::Guaranteed, .. } => 3,
+            Decision::Admit { .. } => 2,
+            Decision::Reclaim { .. } => 1,
             _ => 0,
         };
         let best = better(&decide_quota(tree, &real_view, &real, tenant, r));

@@ -4928,3 +4928,46 @@ fn rt_ceilwait_two_claims_do_not_both_wait_for_the_same_stopping_victim() {
     }
     assert_eq!(b.counters().preemptions.get("acme/ml/speech"), Some(&2), "v and one more");
 }
+
+/// As in [`rt_ceilwait_setup`], but n1 (8) is full (c0..c3 beside s0..s3) and alice asks
+/// 3 on n3, which is empty. n1 still holds the leases of alice's and bob's guarantees (3
+/// each, issued while it had room): booked, they make alice's 3 look beyond her guarantee.
+/// By real use she would reclaim (within guarantee, acme/ml full of speech's borrowed
+/// work), so the leases are recalled (`Books::lease_bound`) and she then reclaims under
+/// acme/ml. (Found by the red team rt-ceilwait, predating it: leases were recalled only
+/// where the real usage would admit, and a guaranteed claim was refused at the ceiling,
+/// "acme/ml to 21 ... above its ceiling of 12", for as long as another node held its
+/// lease.)
+#[test]
+fn rt_ceilwait_a_guaranteed_claim_at_a_full_ceiling_is_not_refused_for_its_lease_elsewhere() {
+    let t = tree(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 12}}, "grace_period_s": 600},
+            "acme/ml/vision/alice": {"gpus": {"H100-80GB": {"guarantee": 3}}},
+            "acme/ml/vision/bob": {"gpus": {"H100-80GB": {"guarantee": 3}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    let mut v = ask("v", "acme/ml/speech", 4);
+    v.checkpoint = true;
+    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
+    nodes[1].sync(&mut b, &t, now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/ml/speech", ("s", 0, 4), false, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/ml/speech", ("s", 4, 4), false, &mut now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 0, 4), false, &mut now);
+    now += 3_600_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let a0 = ask("a0", "acme/ml/vision/alice", 3);
+    let (a, recalls) = answer_through_recalls(&mut nodes, 2, &mut b, &t, &a0, &mut now);
+    assert!(recalls >= 1, "n1's leases were recalled first");
+    let taken = victims_of(&a);
+    assert!(
+        !taken.is_empty() && taken.iter().all(|(_, c)| *c == "v" || c.starts_with('s')),
+        "alice's 3 is within her guarantee and acme/ml is full of speech's borrowed work: she \
+         reclaims under acme/ml (n1's leases: {:?}): {a:?}",
+        nodes[0].leases
+    );
+}
