@@ -315,6 +315,10 @@ struct Reclaim {
     /// When the last victim was gone.
     freed_ms: Option<u64>,
     message: String,
+    /// Its victims are another reclaim's, stopping under a full ceiling: it waits for them
+    /// (`Books::hold_for_stopping`), they were not chosen for it. They are that reclaim's
+    /// to report and to count on their node; here they only say when it may run.
+    shared: bool,
 }
 
 impl Reclaim {
@@ -1952,8 +1956,13 @@ impl Books {
                 continue;
             }
             others = true;
-            let covered =
-                self.listed_victims_on(node, rc).fold(Resources::new(), |acc, (_, r)| acc.plus(r));
+            // A hold that waits for another reclaim's victims needs its room now: those
+            // victims free what that reclaim holds.
+            let covered = if rc.shared {
+                Resources::new()
+            } else {
+                self.listed_victims_on(node, rc).fold(Resources::new(), |acc, (_, r)| acc.plus(r))
+            };
             uncovered.add(&rc.resources.minus(&covered));
         }
         if !others {
@@ -2026,31 +2035,6 @@ impl Books {
         if let Some(a) = self.await_stopping(tree, node, claimant, req, r, short, on, now) {
             return Reclaimed::Started(a);
         }
-        // Under a full ceiling that victims already stopping under it (another claim's)
-        // bring back within reach, only the rest of its shortfall is its own to take. (A
-        // claim its node can place: its shortfall is the ceiling's alone; one short on its
-        // node deducts them in `admit_short`.) Covered whole, it holds its amount and
-        // waits for them, so that a later claim counts what it will take of the room.
-        let rest;
-        let short = match under.filter(|_| on.is_none()) {
-            Some(path) => {
-                let (stopping, victims) = self.stopping_under(path);
-                rest = short.minus(&stopping);
-                if !victims.is_empty() && rest.is_empty() {
-                    let why = format!(
-                        "already stopping under {path} for another claim; {claimant}, which \
-                         asks {r} within its guarantee on node {node}, fits under the ceiling \
-                         once it is gone and waits for it"
-                    );
-                    let victims = victims.into_iter().map(|v| Victim { reason: why.clone(), ..v });
-                    let held =
-                        self.hold_for_stopping(node, claimant, req, r, victims.collect(), now);
-                    return Reclaimed::Started(held);
-                }
-                &rest
-            }
-            None => short,
-        };
         // Owed at once when it first asked, owed behind a larger request of its tenant, or
         // owed since: one that was not (its tenant's backlog ahead filled the guarantee) is
         // owed once that backlog is served and its tenant's guaranteed work has ended. A
@@ -2106,6 +2090,39 @@ impl Books {
                 self.changes.ask(&key, false);
             }
             since
+        };
+        // Under a full ceiling that victims already stopping under it (another claim's)
+        // bring back within reach, only the rest of its shortfall is its own to take. (A
+        // claim its node can place: its shortfall is the ceiling's alone; one short on its
+        // node deducts them in `admit_short`.) Covered whole, it holds its amount and
+        // waits for them, so that a later claim counts what it will take of the room. (Only
+        // a claim owed now: one that is not waits in the fair queue, holding nothing.)
+        let rest;
+        let short = match under.filter(|_| on.is_none()) {
+            Some(path) => {
+                let (stopping, victims) = self.stopping_under(path);
+                rest = short.minus(&stopping);
+                if !victims.is_empty() && rest.is_empty() {
+                    let why = format!(
+                        "already stopping under {path} for another claim; {claimant}, which \
+                         asks {r} within its guarantee on node {node}, fits under the ceiling \
+                         once it is gone and waits for it"
+                    );
+                    let victims = victims.into_iter().map(|v| Victim { reason: why.clone(), ..v });
+                    let held = self.hold_for_stopping(
+                        node,
+                        claimant,
+                        req,
+                        r,
+                        victims.collect(),
+                        true,
+                        now,
+                    );
+                    return Reclaimed::Started(held);
+                }
+                &rest
+            }
+            None => short,
         };
         let stopping: BTreeSet<(&str, &str)> = self
             .reclaims
@@ -2341,6 +2358,7 @@ impl Books {
                 retry_after_s,
                 freed_ms: None,
                 message: message.clone(),
+                shared: false,
             },
             true,
         );
@@ -2426,11 +2444,13 @@ impl Books {
         if victims.is_empty() || !short.fits_in(&freeing) {
             return None;
         }
-        Some(self.hold_for_stopping(node, claimant, req, r, victims, now))
+        Some(self.hold_for_stopping(node, claimant, req, r, victims, false, now))
     }
 
     /// Holds `r` on `node` for `claimant`'s claim while `victims`, already stopping, go:
-    /// its reclaim, with no other work taken. Answers it.
+    /// its reclaim, with no other work taken (`shared`: they are another reclaim's, see
+    /// [`Reclaim`]). Answers it.
+    #[allow(clippy::too_many_arguments)] // the claim, what it waits for, and how
     fn hold_for_stopping(
         &mut self,
         node: &str,
@@ -2438,6 +2458,7 @@ impl Books {
         req: &AdmitRequest,
         r: &Resources,
         victims: Vec<Victim>,
+        shared: bool,
         now: u64,
     ) -> AdmitAnswer {
         let claim = claim_of(req);
@@ -2464,6 +2485,7 @@ impl Books {
                 retry_after_s,
                 freed_ms: None,
                 message: message.clone(),
+                shared,
             },
             true,
         );
@@ -3457,7 +3479,7 @@ impl Books {
         let preempt = self
             .reclaims
             .values()
-            .filter(|r| r.freed_ms.is_none())
+            .filter(|r| r.freed_ms.is_none() && !r.shared)
             .flat_map(|r| r.victims.iter())
             .filter(|v| v.node == node && held.contains(v.container_id.as_str()))
             .cloned()
@@ -3661,7 +3683,7 @@ impl Books {
         let preempting = self
             .reclaims
             .values()
-            .filter(|r| r.freed_ms.is_none())
+            .filter(|r| r.freed_ms.is_none() && !r.shared)
             .flat_map(|r| r.victims.iter())
             .filter(|v| {
                 self.nodes.get(&v.node).is_some_and(|nb| nb.holdings.contains_key(&v.container_id))

@@ -101,6 +101,9 @@ pub struct ReclaimState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub freed_ms: Option<u64>,
     pub message: String,
+    /// Its victims are another reclaim's: it waits for them under a full ceiling.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared: bool,
 }
 
 /// Everything the durable books hold.
@@ -438,6 +441,7 @@ impl Reclaim {
             retry_after_s: self.retry_after_s,
             freed_ms: self.freed_ms,
             message: self.message.clone(),
+            shared: self.shared,
         }
     }
 }
@@ -699,6 +703,7 @@ impl Books {
                     retry_after_s: r.retry_after_s,
                     freed_ms: r.freed_ms,
                     message: r.message,
+                    shared: r.shared,
                 },
             );
         }

@@ -4971,3 +4971,107 @@ fn rt_ceilwait_a_guaranteed_claim_at_a_full_ceiling_is_not_refused_for_its_lease
         nodes[0].leases
     );
 }
+
+// --- red team of the hold for victims stopping under a full ceiling (rt-hold) ------------
+
+/// acme/ml (ceiling 12, grace 600 s), alice guaranteeing 4 and bob 3; n1 (8) runs s0..s3 of
+/// speech, n2 (8) runs v (4, checkpoints) and s4..s6 of speech: acme/ml holds 11 of 12, n2
+/// has 1 GPU free. An hour on, alice asks 4 on n2 (short there, and 3 over acme/ml): she
+/// reclaims v on n2 (4 held for her there). During v's grace bob asks 1 on n2, which n2
+/// can place: acme/ml is full (11 + 4 held), v stopping covers it, so bob holds his GPU on
+/// n2 and waits for v (`Books::hold_for_stopping`, his reclaim lists v too).
+fn rt_hold_setup() -> (QuotaTree, Books, [Node; 2], u64, AdmitRequest, AdmitRequest) {
+    let t = tree(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 12}}, "grace_period_s": 600},
+            "acme/ml/vision/alice": {"gpus": {"H100-80GB": {"guarantee": 4}}},
+            "acme/ml/vision/bob": {"gpus": {"H100-80GB": {"guarantee": 3}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    let mut v = ask("v", "acme/ml/speech", 4);
+    v.checkpoint = true;
+    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
+    nodes[1].sync(&mut b, &t, now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/ml/speech", ("s", 0, 4), false, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/ml/speech", ("s", 4, 3), false, &mut now);
+    assert_eq!(nodes[1].free(), MICRO_PER_GPU);
+    now += 3_600_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let a0 = ask("a0", "acme/ml/vision/alice", 4);
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &a0, &mut now);
+    assert_eq!(victims_of(&a), [("n2", "v")], "alice reclaims v on n2: {a:?}");
+    nodes[1].stopping.push("v".into());
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    now += 5_000;
+    let b0 = ask("b0", "acme/ml/vision/bob", 1);
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &b0, &mut now);
+    assert_eq!(victims_of(&a), [("n2", "v")], "bob holds his GPU on n2 and waits for v: {a:?}");
+    let AdmitAnswer::Reclaiming { message, .. } = &a else { unreachable!() };
+    assert!(message.contains("no other work"), "{message}");
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    (t, b, nodes, now, a0, b0)
+}
+
+/// [`rt_hold_setup`]; then acme/c (no quota) asks 1 on n2, where n2's one free GPU is the
+/// one held for bob: once v is gone n2 holds s4..s6 (3) + alice's 4 + bob's 1 = 8. The
+/// request must be decided as one its node cannot place (`Books::takes_held_room`). (Red
+/// team rt-hold: v, listed by alice's reclaim and by bob's hold, was counted as covering
+/// each hold whole, so bob's GPU looked covered by v's room, which alice's hold takes; c0
+/// was admitted on n2, and once v was gone bob, short on n2, reclaimed c0. Bob's hold now
+/// says it waits for another reclaim's victims, `Reclaim::shared`, and counts uncovered.)
+#[test]
+fn rt_hold_a_victim_listed_by_two_holds_on_one_node_does_not_cover_both() {
+    let (t, mut b, mut nodes, mut now, a0, b0) = rt_hold_setup();
+    now += 1_000;
+    let c0 = ask("c0", "acme/c", 1);
+    let (c, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &c0, &mut now);
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    // v's grace ends; alice, then bob, asks again.
+    now += 600_000;
+    nodes[1].stopping.clear();
+    nodes[1].stop("v");
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let (got_a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &a0, &mut now);
+    nodes[1].sync(&mut b, &t, now);
+    now += 1_000;
+    let (got_b, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &b0, &mut now);
+    assert!(
+        !matches!(c, AdmitAnswer::Admitted { .. }),
+        "c0 took the GPU on n2 held for bob ({c:?}); once v was gone alice got {got_a:?} and \
+         bob, short on n2, got {got_b:?}"
+    );
+    assert_eq!(admitted(&got_a), QuotaClass::Guaranteed);
+    assert_eq!(admitted(&got_b), QuotaClass::Guaranteed);
+}
+
+/// [`rt_hold_setup`]: one container, v, is being stopped, for alice's reclaim; bob's hold
+/// only waits for it. The status's `preempting` (the coordinator's
+/// `tessera_quota_preempting` gauge is its length) and n2's sync answer name it once, with
+/// the reason it is stopped for. (Red team rt-hold: v, listed by both reclaims, was counted
+/// twice, and where the hold's key sorted first a node that had not yet started stopping
+/// it recorded the hold's reason, "already stopping ... for another claim", as why.)
+#[test]
+fn rt_hold_a_victim_a_hold_waits_for_is_listed_once_as_preempting() {
+    let (t, mut b, mut nodes, now, _, _) = rt_hold_setup();
+    let st = b.status(&t, 1, now);
+    let preempting: Vec<(&str, &str)> =
+        st.preempting.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
+    let answer = nodes[1].sync(&mut b, &t, now);
+    let told: Vec<(&str, &str)> =
+        answer.preempt.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
+    assert_eq!(
+        (preempting.as_slice(), told.as_slice()),
+        ([("n2", "v")].as_slice(), [("n2", "v")].as_slice()),
+        "status preempting / n2's sync answer: {:?}",
+        answer.preempt.iter().map(|v| &v.reason).collect::<Vec<_>>()
+    );
+}
