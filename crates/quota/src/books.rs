@@ -1166,6 +1166,19 @@ impl Books {
         (out, victims)
     }
 
+    /// The victims of the reclaims under way, each once: as the reclaim that chose it names
+    /// it, else (that reclaim gone, a hold still waiting for it: `Reclaim::shared`) as the
+    /// hold does, so that its node is still told to stop it.
+    fn reported_victims(&self) -> impl Iterator<Item = &Victim> + '_ {
+        let under_way = || self.reclaims.values().filter(|r| r.freed_ms.is_none());
+        let chosen = under_way().filter(|r| !r.shared).flat_map(|r| r.victims.iter());
+        let waited = under_way().filter(|r| r.shared).flat_map(|r| r.victims.iter());
+        let mut seen: BTreeSet<(&str, &str)> = BTreeSet::new();
+        chosen
+            .chain(waited)
+            .filter(move |v| seen.insert((v.node.as_str(), v.container_id.as_str())))
+    }
+
     /// The victims of `rc`, a reclaim under way, on `node` that `node` still lists, and
     /// what each holds (none once its victims are gone).
     fn listed_victims_on<'s>(
@@ -3477,10 +3490,7 @@ impl Books {
             })
             .unwrap_or_default();
         let preempt = self
-            .reclaims
-            .values()
-            .filter(|r| r.freed_ms.is_none() && !r.shared)
-            .flat_map(|r| r.victims.iter())
+            .reported_victims()
             .filter(|v| v.node == node && held.contains(v.container_id.as_str()))
             .cloned()
             .collect();
@@ -3681,10 +3691,7 @@ impl Books {
             }
         }
         let preempting = self
-            .reclaims
-            .values()
-            .filter(|r| r.freed_ms.is_none() && !r.shared)
-            .flat_map(|r| r.victims.iter())
+            .reported_victims()
             .filter(|v| {
                 self.nodes.get(&v.node).is_some_and(|nb| nb.holdings.contains_key(&v.container_id))
             })

@@ -5075,3 +5075,151 @@ fn rt_hold_a_victim_a_hold_waits_for_is_listed_once_as_preempting() {
         answer.preempt.iter().map(|v| &v.reason).collect::<Vec<_>>()
     );
 }
+
+// --- red team of the shared hold (rt-shared) ---------------------------------------------
+
+/// acme/ml (ceiling 12, grace 600 s), alice and bob guaranteeing 3 each; n1 (8) is
+/// empty, n2 (8) runs v (4, checkpoints) and s4..s7 of speech, n3 (8) s0..s3: acme/ml holds
+/// 12 of 12. An hour on, alice asks 3 on n1 and reclaims v (her hold on n1, v on n2); before
+/// n2 syncs again bob asks 1 on n3, which n3 can place: acme/ml is full, v stopping covers
+/// it, so bob holds his GPU on n3 and waits for v (a shared hold: v is alice's reclaim's).
+fn rt_shared_setup() -> (QuotaTree, Books, [Node; 3], u64, AdmitRequest) {
+    let t = tree(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 12}}, "grace_period_s": 600},
+            "acme/ml/vision/alice": {"gpus": {"H100-80GB": {"guarantee": 3}}},
+            "acme/ml/vision/bob": {"gpus": {"H100-80GB": {"guarantee": 3}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    let mut v = ask("v", "acme/ml/speech", 4);
+    v.checkpoint = true;
+    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
+    nodes[1].sync(&mut b, &t, now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/ml/speech", ("s", 4, 4), false, &mut now);
+    fill(&mut nodes, 2, &mut b, &t, "acme/ml/speech", ("s", 0, 4), false, &mut now);
+    now += 3_600_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let a0 = ask("a0", "acme/ml/vision/alice", 3);
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
+    assert_eq!(victims_of(&a), [("n2", "v")], "alice reclaims v: {a:?}");
+    now += 1_000;
+    let b0 = ask("b0", "acme/ml/vision/bob", 1);
+    let a = ask_without_n2(&mut nodes, &mut b, &t, &b0, &mut now);
+    assert_eq!(victims_of(&a), [("n2", "v")], "bob holds his GPU on n3 and waits for v: {a:?}");
+    (t, b, nodes, now, b0)
+}
+
+/// Asks `req` on n3 through lease recalls, as [`answer_through_recalls`] does, but n2 does
+/// not sync meanwhile.
+fn ask_without_n2(
+    nodes: &mut [Node; 3],
+    b: &mut Books,
+    t: &QuotaTree,
+    req: &AdmitRequest,
+    now: &mut u64,
+) -> AdmitAnswer {
+    for _ in 0..5 {
+        match nodes[2].admit(b, t, req.clone(), *now) {
+            AdmitAnswer::Reclaiming { victims, message, .. } if victims.is_empty() => {
+                assert!(message.contains("leases are recalled"), "{message}");
+                for _ in 0..2 {
+                    *now += 1_000;
+                    for i in [0, 2] {
+                        if nodes[i].capacity_micro > 0 {
+                            nodes[i].sync(b, t, *now);
+                        }
+                    }
+                }
+            }
+            a => return a,
+        }
+    }
+    panic!("{}: the leases were never recalled", req.container_id)
+}
+
+/// [`rt_shared_setup`]; then an operator takes n1 out of the books (alice's claim and her
+/// reclaim go with it) before n2 has synced. acme/ml still counts 12 + bob's 1: bob still
+/// waits for v, and v is still counted as stopping (no other claim may take it). n2's
+/// sync answer (and the status's `preempting`) must name v: no other reclaim does, so
+/// nothing else would tell n2 to stop it (`Books::reported_victims`). (Red team rt-shared:
+/// a shared hold's victims were never reported, on the assumption that the reclaim that
+/// chose them still did.)
+#[test]
+fn rt_shared_a_victim_only_a_shared_hold_still_waits_for_is_still_reported() {
+    let (t, mut b, mut nodes, now, _) = rt_shared_setup();
+    b.remove_node("n1", now, "removed by an operator").expect("known");
+    nodes[0] = Node::new("n0", 0); // gone
+    let answer = nodes[1].sync(&mut b, &t, now);
+    let told: Vec<(&str, &str)> =
+        answer.preempt.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
+    let st = b.status(&t, 1, now);
+    let preempting: Vec<(&str, &str)> =
+        st.preempting.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
+    assert_eq!(
+        (told.as_slice(), preempting.as_slice()),
+        ([("n2", "v")].as_slice(), [("n2", "v")].as_slice()),
+        "bob's hold on n3 still waits for v; n2's sync answer / status preempting"
+    );
+}
+
+/// [`rt_shared_setup`], n1 taken out of the books before n2 syncs (as above), and bob asks
+/// another 1 on n3 (b1, within his guarantee): it holds its GPU and waits for v as well
+/// (another shared hold). Both claims ask again as told, and n2 syncs every 10 s: v is
+/// named to n2, stops, and both run. (Red team rt-shared: v was never named to n2, and
+/// while one hold lasted the other renewed it when it expired: for an hour neither took a
+/// victim of its own, v counting as stopping, nor was admitted.)
+#[test]
+fn rt_shared_two_shared_holds_on_a_victim_no_reclaim_reports_do_not_wait_forever() {
+    let (t, mut b, mut nodes, mut now, b0) = rt_shared_setup();
+    b.remove_node("n1", now, "removed by an operator").expect("known");
+    nodes[0] = Node::new("n0", 0); // gone
+    now += 1_000;
+    let c0 = ask("b1", "acme/ml/vision/bob", 1);
+    let a = ask_without_n2(&mut nodes, &mut b, &t, &c0, &mut now);
+    assert_eq!(victims_of(&a), [("n2", "v")], "b1 waits for v too: {a:?}");
+    let (mut next_b, mut next_c) = (now + 1_000, now + 1_000);
+    let mut told = false;
+    let mut last = (a.clone(), a);
+    let end = now + 3_600_000;
+    while now < end {
+        now += 1_000;
+        if now % 10_000 == 0 {
+            for i in 1..3 {
+                let answer = nodes[i].sync(&mut b, &t, now);
+                if answer.preempt.iter().any(|v| v.container_id == "v") {
+                    told = true;
+                    nodes[1].stop("v");
+                }
+            }
+        }
+        for (req, next, slot) in [(&b0, &mut next_b, 0), (&c0, &mut next_c, 1)] {
+            if now < *next {
+                continue;
+            }
+            let a = nodes[2].admit(&mut b, &t, req.clone(), now);
+            *next = match &a {
+                AdmitAnswer::Reclaiming { retry_after_s, .. } => now + retry_after_s * 1000,
+                AdmitAnswer::Admitted { .. } => u64::MAX,
+                _ => now + 10_000,
+            };
+            if slot == 0 {
+                last.0 = a;
+            } else {
+                last.1 = a;
+            }
+        }
+        if next_b == u64::MAX && next_c == u64::MAX {
+            return;
+        }
+    }
+    panic!(
+        "an hour on, v {} named to n2; b0's last answer {:?}, b1's {:?}",
+        if told { "was" } else { "was never" },
+        last.0,
+        last.1
+    );
+}
