@@ -3475,6 +3475,43 @@ fn pod_two_of_a_job_does_not_lose_the_at_once_reclaim_to_pod_one_reclaiming() {
     );
 }
 
+/// [`protected_fleet`] with acme/a's guarantee of 4: A's 1 asks on n1 (waiting for B's
+/// protected work there: owed at once, nothing of A's waiting), then A's 5 (beyond A's
+/// guarantee) on n2. Returns the tree, books, nodes, time, when B's protection ends, and
+/// A's 1 and 5.
+fn one_then_five() -> (QuotaTree, Books, [Node; 2], u64, u64, AdmitRequest, AdmitRequest) {
+    let (t, mut b, mut nodes, mut now) =
+        protected_fleet(r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#, false);
+    let protected_until = now + 600_000;
+    let one = ask("a-one", "acme/a", 1);
+    let five = ask("a-five", "acme/a", 5);
+    now += 1_000;
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &one, &mut now);
+    assert!(refused(&a).0.contains("minimum run time"), "{a:?}");
+    now += 1_000;
+    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &five, &mut now);
+    assert!(refused(&a).0.contains("waiting in the fair queue"), "{a:?}");
+    (t, b, nodes, now, protected_until, one, five)
+}
+
+/// A minute on, every node syncs, `five` asks again on n2 (and is refused), then a second
+/// later `one` on n1: its answer.
+fn ask_both(
+    t: &QuotaTree,
+    b: &mut Books,
+    nodes: &mut [Node; 2],
+    now: &mut u64,
+    (one, five): (&AdmitRequest, &AdmitRequest),
+) -> AdmitAnswer {
+    *now += 60_000;
+    for n in nodes.iter_mut() {
+        n.sync(b, t, *now);
+    }
+    refused(&answer_through_recalls(nodes, 1, b, t, five, now).0);
+    *now += 1_000;
+    answer_through_recalls(nodes, 0, b, t, one, now).0
+}
+
 /// A's 1 (the owner promise's: A holds and waits for nothing else when it arrives) waits on
 /// n1 for B's borrowed work there to pass its minimum run time; A's 5, beyond A's guarantee
 /// of 4, arrives after it and waits on n2. The books are taken over from a state without
@@ -3487,26 +3524,10 @@ fn pod_two_of_a_job_does_not_lose_the_at_once_reclaim_to_pod_one_reclaiming() {
 /// let it.)
 #[test]
 fn a_takeover_does_not_take_the_at_once_reclaim_from_an_owner_request() {
-    let (t, mut b, mut nodes, mut now) =
-        protected_fleet(r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#, false);
-    let protected_until = now + 600_000;
-    let one = ask("a-one", "acme/a", 1);
-    let five = ask("a-five", "acme/a", 5);
-    now += 1_000;
-    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &one, &mut now);
-    assert!(refused(&a).0.contains("minimum run time"), "{a:?}");
-    now += 1_000;
-    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &five, &mut now);
-    assert!(refused(&a).0.contains("waiting in the fair queue"), "{a:?}");
+    let (t, mut b, mut nodes, mut now, protected_until, one, five) = one_then_five();
     // Both keep asking, a minute apart, for five minutes; then the books are taken over.
     let ask_both = |b: &mut Books, nodes: &mut [Node; 2], now: &mut u64| {
-        *now += 60_000;
-        for n in nodes.iter_mut() {
-            n.sync(b, &t, *now);
-        }
-        refused(&answer_through_recalls(nodes, 1, b, &t, &five, now).0);
-        *now += 1_000;
-        answer_through_recalls(nodes, 0, b, &t, &one, now).0
+        ask_both(&t, b, nodes, now, (&one, &five))
     };
     for _ in 0..5 {
         refused(&ask_both(&mut b, &mut nodes, &mut now));
@@ -4098,6 +4119,72 @@ fn books_taken_over_by_the_coordinator_that_kept_them_go_on_with_its_record() {
     assert_eq!(b_path.preemptions_last_hour, 2, "{b_path:?}");
 }
 
+/// Under a full ceiling, a second claim during a first claim's grace period. acme/ml has a
+/// ceiling of 12; alice and bob (under acme/ml/vision) guarantee 3 each; speech borrows v
+/// (4 GPUs, checkpoints) and eight 1-GPU jobs, all under acme/ml (12 of 12): v and s4..s7
+/// on n2, s0..s3 on n1; n3 is empty. alice asks 3 on n1 (4 free): acme/ml would hold 15,
+/// so v is reclaimed (the cheapest, under acme/ml) and 3 are held for alice on n1. During
+/// v's grace bob asks 1 on n1 (its 1 GPU not held for alice): once v is gone acme/ml holds
+/// 8 + 3 + 1 = 12 of 12, and the fleet 8 + 3 + 1 of 24, so bob needs no victim: he waits
+/// for v, holding his GPU (`Books::stopping_under`, `Books::hold_for_stopping`), and is
+/// admitted once v is gone. (Found by issue 27's
+/// last red team, branch `rt-final`: the stopping victims were counted gone in the
+/// capacity only, not under the ceilings, and bob's claim reclaimed s-jobs for nothing.)
+#[test]
+fn a_second_claim_under_a_full_ceiling_during_a_grace_takes_no_victim_it_does_not_need() {
+    let t = tree(
+        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 12}}},
+            "acme/ml/vision/alice": {"gpus": {"H100-80GB": {"guarantee": 3}}},
+            "acme/ml/vision/bob": {"gpus": {"H100-80GB": {"guarantee": 3}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    let mut v = ask("v", "acme/ml/speech", 4);
+    v.checkpoint = true;
+    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
+    nodes[1].sync(&mut b, &t, now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/ml/speech", ("s", 0, 4), false, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/ml/speech", ("s", 4, 4), false, &mut now);
+    assert_eq!((nodes[0].free(), nodes[1].free()), (4 * MICRO_PER_GPU, 0));
+    now += 3_600_000;
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let a0 = ask("a0", "acme/ml/vision/alice", 3);
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
+    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
+    let ids: Vec<(&str, &str)> =
+        victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
+    assert_eq!(ids, [("n2", "v")], "alice's claim takes v, the cheapest under acme/ml");
+    nodes[1].stopping.push("v".into());
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    now += 5_000;
+    let b0 = ask("b0", "acme/ml/vision/bob", 1);
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &b0, &mut now);
+    assert_eq!(
+        victims_of(&a),
+        [("n2", "v")],
+        "bob's 1 GPU fits under acme/ml once v (stopping) is gone (8 + 3 + 1 of 12) and on n1 \
+         beside alice's hold: he waits for v, holding his GPU, and takes nothing else"
+    );
+    let AdmitAnswer::Reclaiming { message, .. } = &a else { unreachable!() };
+    assert!(message.contains("already stopping") && message.contains("no other work"), "{a:?}");
+    // v goes: bob fits under acme/ml (8 + 3 + 1 of 12) and is admitted, guaranteed.
+    now += 30_000;
+    nodes[1].stopping.clear();
+    nodes[1].stop("v");
+    for n in nodes.iter_mut() {
+        n.sync(&mut b, &t, now);
+    }
+    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &b0, &mut now);
+    assert_eq!(admitted(&a), QuotaClass::Guaranteed);
+    assert_eq!(b.counters().preemptions.get("acme/ml/speech"), Some(&1), "v alone");
+}
+
 // --- red team of the stored fair queue (rt-queue) -------------------------------------------
 
 /// [`a_takeover_does_not_take_the_at_once_reclaim_from_an_owner_request`], with a second
@@ -4110,25 +4197,9 @@ fn books_taken_over_by_the_coordinator_that_kept_them_go_on_with_its_record() {
 /// reclaim from the owner's request.)
 #[test]
 fn a_second_takeover_after_the_queue_is_relearned_keeps_the_owners_at_once_reclaim() {
-    let (t, mut b, mut nodes, mut now) =
-        protected_fleet(r#"{"gpus": {"H100-80GB": {"guarantee": 4}}}"#, false);
-    let protected_until = now + 600_000;
-    let one = ask("a-one", "acme/a", 1);
-    let five = ask("a-five", "acme/a", 5);
-    now += 1_000;
-    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &one, &mut now);
-    assert!(refused(&a).0.contains("minimum run time"), "{a:?}");
-    now += 1_000;
-    let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &five, &mut now);
-    assert!(refused(&a).0.contains("waiting in the fair queue"), "{a:?}");
+    let (t, mut b, mut nodes, mut now, protected_until, one, five) = one_then_five();
     let ask_both = |b: &mut Books, nodes: &mut [Node; 2], now: &mut u64| {
-        *now += 60_000;
-        for n in nodes.iter_mut() {
-            n.sync(b, &t, *now);
-        }
-        refused(&answer_through_recalls(nodes, 1, b, &t, &five, now).0);
-        *now += 1_000;
-        answer_through_recalls(nodes, 0, b, &t, &one, now).0
+        ask_both(&t, b, nodes, now, (&one, &five))
     };
     for _ in 0..5 {
         refused(&ask_both(&mut b, &mut nodes, &mut now));
@@ -4387,292 +4458,6 @@ fn a_store_with_no_node_is_rebuilt_from_the_syncs_whatever_else_it_holds() {
     }
 }
 
-// --- final red team (rt-final): reclaims under way, settling ------------------------------
-
-/// Shared set-up of the final round: A's claim (5) takes x (6, checkpoints) on n2 and holds
-/// 5 there; y4, y5 (C, 1 GPU each) also run on n2; n1 runs y0..y3.
-fn rt_final_setup() -> (QuotaTree, Books, [Node; 2], u64, u64) {
-    let t = tree(
-        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 5}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
-            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
-    );
-    let (mut b, mut nodes, mut now) = two_nodes(&t);
-    let mut x = ask("x", "acme/c", 6);
-    x.checkpoint = true;
-    admit_retrying(&mut nodes, 1, &mut b, &t, &x, &mut now);
-    nodes[1].sync(&mut b, &t, now);
-    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("y", 0, 4), false, &mut now);
-    fill(&mut nodes, 1, &mut b, &t, "acme/c", ("y", 4, 2), false, &mut now);
-    now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    let (a, _) =
-        answer_through_recalls(&mut nodes, 1, &mut b, &t, &ask("a0", "acme/a", 5), &mut now);
-    let AdmitAnswer::Reclaiming { victims, retry_after_s, .. } = &a else {
-        panic!("expected a reclaim: {a:?}")
-    };
-    assert_eq!(victims.iter().map(|v| v.container_id.as_str()).collect::<Vec<_>>(), ["x"]);
-    let retry_ms = retry_after_s * 1000;
-    nodes[1].stopping.push("x".into());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    (t, b, nodes, now, retry_ms)
-}
-
-/// B (1 GPU) asks on n2 during x's grace: it fits once x goes, so it takes no victim and
-/// waits. Once x is gone both A and B must be admitted on n2, within its 8 GPUs.
-#[test]
-fn rt_final_a_claim_waiting_for_anothers_stopping_victims_is_admitted_once_they_go() {
-    let (t, mut b, mut nodes, mut now, retry_ms) = rt_final_setup();
-    now += 5_000;
-    let b0 = ask("b0", "acme/b", 1);
-    let (first, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &b0, &mut now);
-    assert!(!matches!(first, AdmitAnswer::Admitted { .. }), "n2 is full now: {first:?}");
-    now += retry_ms;
-    nodes[1].stopping.clear();
-    nodes[1].stop("x");
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    // B asks first, then A; each as often as told, for up to ten minutes.
-    let mut got_b = None;
-    let mut got_a = None;
-    for _ in 0..20 {
-        if got_b.is_none() {
-            let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &b0, &mut now);
-            if let AdmitAnswer::Admitted { class, .. } = a {
-                got_b = Some(class);
-            }
-        }
-        if got_a.is_none() {
-            let a0 = ask("a0", "acme/a", 5);
-            let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &a0, &mut now);
-            if let AdmitAnswer::Admitted { class, .. } = a {
-                got_a = Some(class);
-            }
-        }
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
-        now += 30_000;
-    }
-    assert!(nodes[1].used() <= nodes[1].capacity_micro, "n2 over capacity");
-    assert_eq!(got_a, Some(QuotaClass::Guaranteed), "A never admitted; B: {got_b:?}");
-    assert_eq!(got_b, Some(QuotaClass::Guaranteed), "B never admitted; A: {got_a:?}");
-}
-
-/// Two tenants' claims held on one node: A's (x stopping) and B's (2 GPUs, one victim on n2
-/// besides x). Once every victim is gone, each asks again, B first: neither may be told
-/// forever that the other's hold is in its way.
-#[test]
-fn rt_final_two_tenants_claims_held_on_one_node_are_both_admitted_once_settled() {
-    let (t, mut b, mut nodes, mut now, retry_ms) = rt_final_setup();
-    now += 5_000;
-    let b0 = ask("b0", "acme/b", 2);
-    let (first, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &b0, &mut now);
-    let AdmitAnswer::Reclaiming { victims, .. } = &first else { panic!("{first:?}") };
-    let ids: Vec<String> = victims.iter().map(|v| v.container_id.clone()).collect();
-    assert_eq!(ids.len(), 1, "{ids:?}");
-    now += retry_ms;
-    nodes[1].stopping.clear();
-    nodes[1].stop("x");
-    for c in &ids {
-        nodes[1].stop(c);
-    }
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    let mut got_b = None;
-    let mut got_a = None;
-    let mut last = Vec::new();
-    for _ in 0..20 {
-        if got_b.is_none() {
-            let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &b0, &mut now);
-            if let AdmitAnswer::Admitted { class, .. } = a {
-                got_b = Some(class);
-            } else {
-                last.push(format!("B: {a:?}"));
-            }
-        }
-        if got_a.is_none() {
-            let a0 = ask("a0", "acme/a", 5);
-            let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &a0, &mut now);
-            if let AdmitAnswer::Admitted { class, .. } = a {
-                got_a = Some(class);
-            } else {
-                last.push(format!("A: {a:?}"));
-            }
-        }
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
-        now += 30_000;
-    }
-    assert!(nodes[1].used() <= nodes[1].capacity_micro, "n2 over capacity");
-    let tail: Vec<&String> = last.iter().rev().take(2).collect();
-    assert_eq!(got_a, Some(QuotaClass::Guaranteed), "A never admitted; B {got_b:?}; {tail:?}");
-    assert_eq!(got_b, Some(QuotaClass::Guaranteed), "B never admitted; A {got_a:?}; {tail:?}");
-}
-
-/// Under a full ceiling, a second claim during a first claim's grace period. acme/ml has a
-/// ceiling of 12; alice and bob (under acme/ml/vision) guarantee 3 each; speech borrows v
-/// (4 GPUs, checkpoints) and eight 1-GPU jobs, all under acme/ml (12 of 12): v and s4..s7
-/// on n2, s0..s3 on n1; n3 is empty. alice asks 3 on n1 (4 free): acme/ml would hold 15,
-/// so v is reclaimed (the cheapest, under acme/ml) and 3 are held for alice on n1. During
-/// v's grace bob asks 1 on n1 (its 1 GPU not held for alice): once v is gone acme/ml holds
-/// 8 + 3 + 1 = 12 of 12, and the fleet 8 + 3 + 1 of 24, so bob needs no victim: he waits
-/// for v, holding his GPU (`Books::stopping_under`, `Books::hold_for_stopping`), and is
-/// admitted once v is gone. (Found by issue 27's
-/// last red team, branch `rt-final`: the stopping victims were counted gone in the
-/// capacity only, not under the ceilings, and bob's claim reclaimed s-jobs for nothing.)
-#[test]
-fn rt_final_a_second_claim_under_a_full_ceiling_during_a_grace_takes_no_victim_it_does_not_need() {
-    let t = tree(
-        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 12}}},
-            "acme/ml/vision/alice": {"gpus": {"H100-80GB": {"guarantee": 3}}},
-            "acme/ml/vision/bob": {"gpus": {"H100-80GB": {"guarantee": 3}}}}"#,
-    );
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
-    let mut v = ask("v", "acme/ml/speech", 4);
-    v.checkpoint = true;
-    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
-    nodes[1].sync(&mut b, &t, now);
-    fill(&mut nodes, 0, &mut b, &t, "acme/ml/speech", ("s", 0, 4), false, &mut now);
-    fill(&mut nodes, 1, &mut b, &t, "acme/ml/speech", ("s", 4, 4), false, &mut now);
-    assert_eq!((nodes[0].free(), nodes[1].free()), (4 * MICRO_PER_GPU, 0));
-    now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    let a0 = ask("a0", "acme/ml/vision/alice", 3);
-    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
-    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
-    let ids: Vec<(&str, &str)> =
-        victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
-    assert_eq!(ids, [("n2", "v")], "alice's claim takes v, the cheapest under acme/ml");
-    nodes[1].stopping.push("v".into());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    now += 5_000;
-    let b0 = ask("b0", "acme/ml/vision/bob", 1);
-    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &b0, &mut now);
-    assert_eq!(
-        victims_of(&a),
-        [("n2", "v")],
-        "bob's 1 GPU fits under acme/ml once v (stopping) is gone (8 + 3 + 1 of 12) and on n1 \
-         beside alice's hold: he waits for v, holding his GPU, and takes nothing else"
-    );
-    let AdmitAnswer::Reclaiming { message, .. } = &a else { unreachable!() };
-    assert!(message.contains("already stopping") && message.contains("no other work"), "{a:?}");
-    // v goes: bob fits under acme/ml (8 + 3 + 1 of 12) and is admitted, guaranteed.
-    now += 30_000;
-    nodes[1].stopping.clear();
-    nodes[1].stop("v");
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &b0, &mut now);
-    assert_eq!(admitted(&a), QuotaClass::Guaranteed);
-    assert_eq!(b.counters().preemptions.get("acme/ml/speech"), Some(&1), "v alone");
-}
-
-/// Room that frees once a stopping victim goes is not room now. n1 runs x (acme/c, 4 GPUs,
-/// grace 600 s) and has 4 free; n2 runs v (speech, 6, checkpoints). acme/ml (ceiling 6) is
-/// full of v: vision asks 4 on n1, v is reclaimed under acme/ml (grace 30 s) and n1's 4
-/// free GPUs are held for vision. B (guarantee 2) asks 2 on n1: those 4 are held, so B
-/// reclaims x on n1 (2 held for B there). While x and v stop, A (guarantee 2) asks 2 on
-/// n1, which can place it (4 free). `Books::takes_held_room` counts x gone (it is a victim
-/// of B's hold on n1): 8 − 4 (vision) − 2 (B) leaves 2, so A is admitted onto n1's free
-/// devices now, the ones held for vision. v is gone after 30 s, but n1 has 2 free until
-/// x's 600 s grace ends: vision, whose victim is gone, waits ten minutes (past its hold)
-/// for another claim's victim. A should wait for x instead (it fits n1 once x is gone).
-#[test]
-fn rt_final_room_a_stopping_victim_frees_later_is_not_taken_now_from_a_hold_whose_victims_are_gone()
-{
-    let t = tree(
-        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 6}}},
-            "acme/ml/vision": {"gpus": {"H100-80GB": {"guarantee": 4}}},
-            "acme/a": {"gpus": {"H100-80GB": {"guarantee": 2}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2}}},
-            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 24}}, "grace_period_s": 600}}"#,
-    );
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
-    admit_retrying(&mut nodes, 0, &mut b, &t, &ask("x", "acme/c", 4), &mut now);
-    let mut v = ask("v", "acme/ml/speech", 6);
-    v.checkpoint = true;
-    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
-    now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    let a0 = ask("a0", "acme/ml/vision", 4);
-    let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
-    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
-    let ids: Vec<(&str, &str)> =
-        victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
-    assert_eq!(ids, [("n2", "v")], "vision's claim takes v, under acme/ml");
-    nodes[1].stopping.push("v".into());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    now += 1_000;
-    let (a, _) =
-        answer_through_recalls(&mut nodes, 0, &mut b, &t, &ask("b0", "acme/b", 2), &mut now);
-    let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
-    let ids: Vec<(&str, &str)> =
-        victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
-    assert_eq!(ids, [("n1", "x")], "B may not take vision's held GPUs on n1: it takes x");
-    nodes[0].stopping.push("x".into());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    now += 1_000;
-    let (answer_a, _) =
-        answer_through_recalls(&mut nodes, 0, &mut b, &t, &ask("e0", "acme/a", 2), &mut now);
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    // v's grace ends (30 s); x stops for ten minutes.
-    now += 32_000;
-    nodes[1].stopping.clear();
-    nodes[1].stop("v");
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
-    let mut got = None;
-    let mut last = None;
-    for _ in 0..12 {
-        let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
-        if let AdmitAnswer::Admitted { class, .. } = a {
-            got = Some(class);
-            break;
-        }
-        last = Some(a);
-        now += 10_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
-    }
-    assert_eq!(
-        got,
-        Some(QuotaClass::Guaranteed),
-        "v (vision's victim) is gone, yet two minutes on vision is still not admitted on n1 \
-         ({} GPUs free there, x stopping for 600 s): A was answered {answer_a:?} on n1 during \
-         the graces; vision's last answer: {last:?}",
-        nodes[0].free() / MICRO_PER_GPU
-    );
-}
-
 // --- second red team of the stored fair queue (rt-queue2) -----------------------------------
 
 /// A waiting request that asks again within the queue's TTL stays in the queue of the
@@ -4794,14 +4579,10 @@ fn a_waiting_request_released_before_a_failover_does_not_take_an_owners_at_once_
     );
 }
 
-// --- red team of the wait for victims stopping under a full ceiling (rt-ceilwait) ---------
-
-/// Three nodes under acme/ml (ceiling 12, grace 600 s), alice and bob guaranteeing 3 each:
-/// speech borrows v (4, checkpoints) and s4..s7 on n2 (8 GPUs, full), s0..s3 on n1
-/// (`n1_gpus`), where acme/c borrows `c` 1-GPU jobs besides (acme/ml 12 of 12); n3 (8) is
-/// empty. An hour on, alice asks 3 on n1 and reclaims v (under acme/ml; 3 held on n1); v
-/// stops on n2 for 600 s.
-fn rt_ceilwait_setup(n1_gpus: u64, c: usize) -> (QuotaTree, Books, [Node; 3], u64) {
+/// acme/ml (ceiling 12, grace 600 s), alice and bob (under acme/ml/vision) guaranteeing 3
+/// each, on n1 (`n1_gpus`), n2 and n3 (8 each): speech's v (4 GPUs, checkpoints) runs
+/// borrowed on n2. Returns the tree, books, nodes and time.
+fn ml_with_v_on_n2(n1_gpus: u64) -> (QuotaTree, Books, [Node; 3], u64) {
     let t = tree(
         r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 12}}, "grace_period_s": 600},
             "acme/ml/vision/alice": {"gpus": {"H100-80GB": {"guarantee": 3}}},
@@ -4815,6 +4596,18 @@ fn rt_ceilwait_setup(n1_gpus: u64, c: usize) -> (QuotaTree, Books, [Node; 3], u6
     v.checkpoint = true;
     admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
     nodes[1].sync(&mut b, &t, now);
+    (t, b, nodes, now)
+}
+
+// --- red team of the wait for victims stopping under a full ceiling (rt-ceilwait) ---------
+
+/// Three nodes under acme/ml (ceiling 12, grace 600 s), alice and bob guaranteeing 3 each:
+/// speech borrows v (4, checkpoints) and s4..s7 on n2 (8 GPUs, full), s0..s3 on n1
+/// (`n1_gpus`), where acme/c borrows `c` 1-GPU jobs besides (acme/ml 12 of 12); n3 (8) is
+/// empty. An hour on, alice asks 3 on n1 and reclaims v (under acme/ml; 3 held on n1); v
+/// stops on n2 for 600 s.
+fn rt_ceilwait_setup(n1_gpus: u64, c: usize) -> (QuotaTree, Books, [Node; 3], u64) {
+    let (t, mut b, mut nodes, mut now) = ml_with_v_on_n2(n1_gpus);
     fill(&mut nodes, 0, &mut b, &t, "acme/ml/speech", ("s", 0, 4), false, &mut now);
     fill(&mut nodes, 1, &mut b, &t, "acme/ml/speech", ("s", 4, 4), false, &mut now);
     fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 0, c), false, &mut now);
@@ -4940,19 +4733,7 @@ fn rt_ceilwait_two_claims_do_not_both_wait_for_the_same_stopping_victim() {
 /// lease.)
 #[test]
 fn rt_ceilwait_a_guaranteed_claim_at_a_full_ceiling_is_not_refused_for_its_lease_elsewhere() {
-    let t = tree(
-        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 12}}, "grace_period_s": 600},
-            "acme/ml/vision/alice": {"gpus": {"H100-80GB": {"guarantee": 3}}},
-            "acme/ml/vision/bob": {"gpus": {"H100-80GB": {"guarantee": 3}}}}"#,
-    );
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
-    let mut v = ask("v", "acme/ml/speech", 4);
-    v.checkpoint = true;
-    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
-    nodes[1].sync(&mut b, &t, now);
+    let (t, mut b, mut nodes, mut now) = ml_with_v_on_n2(8);
     fill(&mut nodes, 0, &mut b, &t, "acme/ml/speech", ("s", 0, 4), false, &mut now);
     fill(&mut nodes, 1, &mut b, &t, "acme/ml/speech", ("s", 4, 4), false, &mut now);
     fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 0, 4), false, &mut now);
@@ -5084,19 +4865,7 @@ fn rt_hold_a_victim_a_hold_waits_for_is_listed_once_as_preempting() {
 /// n2 syncs again bob asks 1 on n3, which n3 can place: acme/ml is full, v stopping covers
 /// it, so bob holds his GPU on n3 and waits for v (a shared hold: v is alice's reclaim's).
 fn rt_shared_setup() -> (QuotaTree, Books, [Node; 3], u64, AdmitRequest) {
-    let t = tree(
-        r#"{"acme/ml": {"gpus": {"H100-80GB": {"ceiling": 12}}, "grace_period_s": 600},
-            "acme/ml/vision/alice": {"gpus": {"H100-80GB": {"guarantee": 3}}},
-            "acme/ml/vision/bob": {"gpus": {"H100-80GB": {"guarantee": 3}}}}"#,
-    );
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
-    let mut v = ask("v", "acme/ml/speech", 4);
-    v.checkpoint = true;
-    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
-    nodes[1].sync(&mut b, &t, now);
+    let (t, mut b, mut nodes, mut now) = ml_with_v_on_n2(8);
     fill(&mut nodes, 1, &mut b, &t, "acme/ml/speech", ("s", 4, 4), false, &mut now);
     fill(&mut nodes, 2, &mut b, &t, "acme/ml/speech", ("s", 0, 4), false, &mut now);
     now += 3_600_000;
