@@ -1144,8 +1144,8 @@ impl Books {
     }
 
     /// What the victims of reclaims under way that their nodes still list hold within
-    /// `path` (each counted once, wherever it runs), and how many they are: usage under
-    /// `path` that is going.
+    /// `path` (each counted once, wherever it runs), and those victims: usage under `path`
+    /// that is going.
     fn stopping_under(&self, path: &str) -> (Resources, Vec<Victim>) {
         let mut seen: BTreeSet<(&str, &str)> = BTreeSet::new();
         let mut out = Resources::new();
