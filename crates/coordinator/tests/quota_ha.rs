@@ -667,8 +667,24 @@ async fn the_stored_fair_queue_comes_back_as_written() {
     let put_node = StateOp::PutNode { node: "node-a".into(), state: node };
     books.commit_books(fence.clone(), vec![put_node.clone()]).await.unwrap();
     assert!(!books.load_books().await.unwrap().queue_kept, "written after the mark");
-    books.commit_books(fence, vec![put_node, StateOp::PutQueueKept]).await.unwrap();
+    books.commit_books(fence.clone(), vec![put_node.clone(), StateOp::PutQueueKept]).await.unwrap();
     assert!(books.load_books().await.unwrap().queue_kept, "the mark written with the batch");
+    // Batches the journal gathers each carry the mark: one transaction still (etcd's
+    // revision moves by one), the mark written once, last.
+    let mut raw = etcd_client::Client::connect([etcd.url.as_str()], None).await.unwrap();
+    let revision = |r: etcd_client::GetResponse| r.header().map(|h| h.revision()).unwrap();
+    let before = revision(raw.get("/queue", None).await.unwrap());
+    let node_b = match &put_node {
+        StateOp::PutNode { state, .. } => {
+            StateOp::PutNode { node: "node-b".into(), state: state.clone() }
+        }
+        _ => unreachable!(),
+    };
+    let gathered = vec![put_node, StateOp::PutQueueKept, node_b, StateOp::PutQueueKept];
+    books.commit_books(fence, gathered).await.unwrap();
+    let after = revision(raw.get("/queue", None).await.unwrap());
+    assert_eq!(after, before + 1, "one transaction for the gathered batches");
+    assert!(books.load_books().await.unwrap().queue_kept);
     campaign.abort();
 }
 

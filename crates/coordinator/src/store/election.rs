@@ -571,6 +571,15 @@ impl QuotaBackend for EtcdQuota {
 
     fn commit_books(&self, fence: Fence, ops: Vec<StateOp>) -> BoxFut<'_, Result<(), StoreError>> {
         Box::pin(async move {
+            // The fair queue's mark comes with every batch the journal gathers here: it is
+            // written once, in the last transaction (its revision is then the latest; a
+            // coordinator gone between two transactions leaves it older, and the next one
+            // relearns the queue). Written with each batch, it split every gathered batch
+            // into a transaction of its own (a key touched twice), and at 2,000 nodes the
+            // journal fell seconds behind the syncs.
+            let mark = ops.iter().any(|o| matches!(o, StateOp::PutQueueKept));
+            let ops = ops.into_iter().filter(|o| !matches!(o, StateOp::PutQueueKept));
+            let ops = ops.chain(mark.then_some(StateOp::PutQueueKept));
             // In order, in as few transactions as the limits allow; a key touched twice
             // (or under a prefix deleted) starts a new transaction, so every transaction
             // is valid to etcd and the order of the changes is kept.
