@@ -693,7 +693,6 @@ impl Books {
         for r in state.reclaims {
             let resources = r.amounts.to_resources();
             b.real_add(&r.tenant, crate::Class::Guaranteed, &resources);
-            b.next_expiry_ms = 0;
             b.reclaims.insert(
                 (r.node, r.tenant, r.claim),
                 Reclaim {
@@ -707,6 +706,7 @@ impl Books {
                 },
             );
         }
+        // Restored queue entries and holds expire from the first sweep on.
         b.next_expiry_ms = 0;
         b.refresh_all();
         b
