@@ -99,6 +99,9 @@ pub(crate) struct QuotaCounters {
 #[derive(Debug)]
 pub struct QuotaState {
     cell: Mutex<Cell>,
+    /// `cell.term` (0: `None`), written with it under the lock ([`QuotaState::set_term`])
+    /// and read without it by every call's gate: one lock taken per call, not two.
+    term: AtomicU64,
     pub(crate) changed: watch::Sender<u64>,
     pub(crate) in_force: tokio::sync::Mutex<InForce>,
     pub(crate) lease_ttl: Duration,
@@ -135,6 +138,7 @@ impl QuotaState {
                 journal: None,
                 history: None,
             }),
+            term: AtomicU64::new(0),
             changed,
             in_force: tokio::sync::Mutex::new(InForce { seen: None, policy: None }),
             lease_ttl: opts.lease_ttl,
@@ -204,6 +208,19 @@ impl QuotaState {
     }
 
     /// Count one takeover.
+    /// The leadership the books were taken over for (`None`: not deciding by an
+    /// election): `cell.term`, and the copy the gate reads ([`QuotaState::decides_for`]).
+    pub(crate) fn set_term(&self, cell: &mut Cell, term: Option<u64>) {
+        cell.term = term;
+        self.term.store(term.unwrap_or(0), Ordering::SeqCst);
+    }
+
+    /// Whether the books were taken over for leadership `term` (> 0), read without the
+    /// books' lock; the call rechecks under it before deciding.
+    pub(crate) fn decides_for(&self, term: u64) -> bool {
+        term > 0 && self.term.load(Ordering::SeqCst) == term
+    }
+
     pub(crate) fn took_over(&self) {
         self.counters.takeovers.fetch_add(1, Ordering::Relaxed);
     }

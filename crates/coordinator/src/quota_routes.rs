@@ -416,7 +416,7 @@ async fn take_over(
                         step_down(&app, &e.to_string());
                     }
                 }));
-                cell.term = Some(authority.term);
+                app.quota.set_term(&mut cell, Some(authority.term));
                 drop(cell);
                 app.quota.took_over();
                 app.quota.wake();
@@ -469,7 +469,7 @@ fn drop_books(app: &Arc<Coordinator>) {
             // Its own record goes on if it decides again (the store has the rest).
             cell.history = Some(cell.books.take_history());
             cell.books = Books::new(app.quota.lease_ttl.as_secs(), now_ms());
-            cell.term = None;
+            app.quota.set_term(&mut cell, None);
             cell.journal = None;
         }
     }
@@ -499,7 +499,7 @@ async fn gate(app: &Coordinator, headers: &HeaderMap) -> ApiResult<Gate> {
                 if crate::store::mono_ms() >= valid_until.load(std::sync::atomic::Ordering::SeqCst)
                 {
                     "this coordinator's leadership to be renewed or to end".to_string()
-                } else if app.quota.cell()?.term == Some(authority.term) {
+                } else if app.quota.decides_for(authority.term) {
                     return Ok(Gate::Decide(authority));
                 } else {
                     "this coordinator to take the books over".to_string()
@@ -899,10 +899,10 @@ pub(crate) async fn sync(
             "this coordinator no longer decides quotas; ask again",
         ));
     }
-    let (mut answer, changes) = {
+    let (mut answer, changes, ready) = {
         let mut cell = deciding(&app, &authority)?;
         let a = cell.books.sync(tree_of(&policy), &node, &req, now_ms());
-        (a, cell.store_changes())
+        (a, cell.store_changes(), cell.books.is_ready())
     };
     if let Some((Judgement::SplitBrain, seen)) = &judged {
         app.quota.counters.split_brain.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -919,8 +919,9 @@ pub(crate) async fn sync(
         app.quota.warn(&format!("split-brain:{}", seen.url), text);
     }
     stored(changes).await?;
-    // The first syncs after a restart may complete the books.
-    if !app.quota.cell()?.books.is_ready() {
+    // The first syncs after a restart may complete the books (`check_ready` asks again
+    // under the lock).
+    if !ready {
         let _ = check_ready(&app).await;
     }
     if !answer.preempt.is_empty() {

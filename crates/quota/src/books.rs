@@ -162,6 +162,23 @@ fn owed_how(at_once_now: bool) -> &'static str {
     }
 }
 
+/// Whether `held` (the books' copy of a node's holdings) is what a sync listing `listing`
+/// (sorted by container) would make of it: `set_holdings` would change nothing. A listing
+/// naming a container twice is never the same (the books' keys are distinct).
+fn lists_the_same(held: &BTreeMap<String, Entry>, listing: &[&Holding]) -> bool {
+    held.len() == listing.len()
+        && held.iter().zip(listing).all(|((c, e), h)| *c == h.container_id && e.is_holding(h))
+}
+
+/// The containers a sync lists, sorted: which of them it holds.
+struct Listed<'a>(&'a [&'a Holding]);
+
+impl Listed<'_> {
+    fn contains(&self, container: &str) -> bool {
+        self.0.binary_search_by(|h| h.container_id.as_str().cmp(container)).is_ok()
+    }
+}
+
 /// One container the books count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
@@ -177,6 +194,17 @@ struct Entry {
 }
 
 impl Entry {
+    /// Whether this is `Entry::of_holding(h)`, without building it.
+    fn is_holding(&self, h: &Holding) -> bool {
+        self.tenant == h.tenant
+            && self.class == Class::from(h.class)
+            && self.started_ms == h.started_ms
+            && self.gang == h.gang
+            && self.checkpoint == h.checkpoint
+            && self.workload == h.workload
+            && self.resources.is_amounts(&h.amounts)
+    }
+
     fn of_holding(h: &Holding) -> Entry {
         Entry {
             tenant: h.tenant.clone(),
@@ -583,12 +611,6 @@ fn times(r: &Resources, n: u32) -> Resources {
     r.iter().fold(Resources::new(), |acc, (res, a)| {
         acc.with(res.clone(), a.saturating_mul(u64::from(n)))
     })
-}
-
-fn set(r: &Resources, res: &Resource, amount: u64) -> Resources {
-    let mut out = r.only(|x| x != res);
-    out.add(&Resources::new().with(res.clone(), amount));
-    out
 }
 
 /// The policy path of a limit: `quotas.acme/b.gpus.H100-80GB.ceiling`.
@@ -3428,10 +3450,20 @@ impl Books {
                 changed = true;
             }
         }
-        let listed: BTreeMap<String, Entry> =
-            req.holdings.iter().map(|h| (h.container_id.clone(), Entry::of_holding(h))).collect();
-        changed |= self.set_holdings(node, listed);
-        let held: BTreeSet<&str> = req.holdings.iter().map(|h| h.container_id.as_str()).collect();
+        // What it lists, by container: most syncs list what the books hold already, and
+        // that is found without building the books' copy of it.
+        let mut listing: Vec<&Holding> = req.holdings.iter().collect();
+        listing.sort_unstable_by(|a, b| a.container_id.cmp(&b.container_id));
+        let same = self.nodes.get(node).is_some_and(|nb| lists_the_same(&nb.holdings, &listing));
+        if !same {
+            let listed: BTreeMap<String, Entry> = req
+                .holdings
+                .iter()
+                .map(|h| (h.container_id.clone(), Entry::of_holding(h)))
+                .collect();
+            changed |= self.set_holdings(node, listed);
+        }
+        let held = Listed(&listing);
         let gone: Vec<NodeContainer> = totals::on_node(&self.pending, node)
             .filter(|(NodeContainer(_, c), p)| {
                 held.contains(c.as_str())
@@ -3508,13 +3540,14 @@ impl Books {
         // and what the other nodes count for: all their guaranteed use plus their leases'
         // unused part (the totals less this node's part).
         let mut base: Option<Usage> = None;
-        let own = self.nodes.get(node).map(|nb| nb.agg.contrib.clone()).unwrap_or_default();
+        let none = BTreeMap::new();
+        let own = self.nodes.get(node).map_or(&none, |nb| &nb.agg.contrib);
         let mut new: BTreeMap<String, Resources> = BTreeMap::new();
         for q in tree.iter() {
             let mut l = Resources::new();
             for (res, limit) in &q.limits {
                 if limit.guarantee.is_some() {
-                    l.add(&Resources::new().with(res.clone(), g_n.of(&q.path).guaranteed.get(res)));
+                    l.set(res, g_n.of(&q.path).guaranteed.get(res));
                 }
             }
             if q.limits.values().any(|l| l.guarantee.is_some()) {
@@ -3546,7 +3579,7 @@ impl Books {
                     .guaranteed
                     .get(res)
                     .saturating_add(of(&self.totals.unused));
-                let elsewhere = everywhere.saturating_sub(of(&own));
+                let elsewhere = everywhere.saturating_sub(of(own));
                 let all = all_n.of(&q.path).guaranteed.get(res);
                 let room = guarantee.saturating_sub(elsewhere).saturating_sub(all);
                 let mut lease = if self.recalled.contains_key(&q.path) {
@@ -3570,7 +3603,7 @@ impl Books {
                     lease = if tries >= 4 { g } else { lease.saturating_sub(excess).max(g) };
                 }
                 if let Some(t) = new.get_mut(&q.path) {
-                    *t = set(t, res, lease);
+                    t.set(res, lease);
                 }
             }
         }
@@ -3592,7 +3625,7 @@ impl Books {
     ) -> u64 {
         let mut trial = leases.clone();
         if let Some(t) = trial.get_mut(path) {
-            *t = set(t, res, lease);
+            t.set(res, lease);
         }
         let ph = phantoms_of(tree, &trial, g_n);
         let mut excess = 0u64;

@@ -4992,3 +4992,128 @@ fn rt_shared_two_shared_holds_on_a_victim_no_reclaim_reports_do_not_wait_forever
         last.1
     );
 }
+
+fn arb_holding() -> impl Strategy<Value = Holding> {
+    let amounts = (0..3u64, 0..3u64, 0..2u64, 0..2u64).prop_map(|(h100, a100, cpu, mem)| {
+        let mut gpus = BTreeMap::new();
+        // Zero amounts listed or not: `to_resources` keeps neither.
+        if h100 > 0 || cpu == 1 {
+            gpus.insert(H100.to_string(), h100 * MICRO_PER_GPU / 2);
+        }
+        if a100 > 0 {
+            gpus.insert("A100-80GB".to_string(), a100);
+        }
+        Amounts { gpus, cpu_milli: cpu * 500, memory_mib: mem * 1024 }
+    });
+    (
+        prop::sample::select(vec!["c1", "c2", "c3"]),
+        prop::sample::select(vec!["acme/a", "acme/b"]),
+        amounts,
+        any::<bool>(),
+        0..2u64,
+        prop::option::of(prop::sample::select(vec!["g1", "g2"])),
+        prop::option::of(prop::sample::select(vec!["ns/p/c", "ns/q/c"])),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(c, t, amounts, borrowed, started_ms, gang, workload, under_lease, checkpoint)| {
+                Holding {
+                    container_id: c.to_string(),
+                    tenant: t.to_string(),
+                    amounts,
+                    class: if borrowed { QuotaClass::Borrowed } else { QuotaClass::Guaranteed },
+                    started_ms,
+                    gang: gang.map(str::to_string),
+                    workload: workload.map(str::to_string),
+                    under_lease,
+                    checkpoint,
+                }
+            },
+        )
+}
+
+fn by_container(hs: &[Holding]) -> BTreeMap<String, Entry> {
+    hs.iter().map(|h| (h.container_id.clone(), Entry::of_holding(h))).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// A sync's shortcut (`lists_the_same`, comparing what a node lists with the books'
+    /// copy without building the listing's) says "the same" exactly when building it and
+    /// comparing would: for listings naming each container once (the coordinator refuses
+    /// others), both ways; a listing naming one twice is never "the same", so `sync`
+    /// builds and compares it as before. Containers it lists are found as in a set.
+    #[test]
+    fn a_sync_finds_an_unchanged_listing_as_building_it_would(
+        before in prop::collection::vec(arb_holding(), 0..4),
+        listed in prop::collection::vec(arb_holding(), 0..4),
+        how in 0..12u8,
+        which in any::<prop::sample::Index>(),
+    ) {
+        let held = by_container(&before);
+        // Most cases list what the books hold (the common sync), in another order, with
+        // one field of one holding changed or not; the rest an unrelated listing.
+        let listed: Vec<Holding> = if how < 10 {
+            let mut l: Vec<Holding> = held
+                .keys()
+                .filter_map(|c| before.iter().rev().find(|h| &h.container_id == c).cloned())
+                .collect();
+            l.reverse();
+            if !l.is_empty() {
+                let i = which.index(l.len());
+                let h = &mut l[i];
+                match how {
+                    0 => h.tenant.push('x'),
+                    1 => h.class = match h.class {
+                        QuotaClass::Borrowed => QuotaClass::Guaranteed,
+                        QuotaClass::Guaranteed => QuotaClass::Borrowed,
+                    },
+                    2 => h.started_ms += 1,
+                    3 => h.gang = if h.gang.is_some() { None } else { Some("g9".into()) },
+                    4 => h.checkpoint = !h.checkpoint,
+                    5 => h.workload = if h.workload.is_some() { None } else { Some("w".into()) },
+                    6 => h.amounts.cpu_milli += 1,
+                    7 => *h.amounts.gpus.entry("A100-80GB".into()).or_insert(0) += 1,
+                    // Under a lease or not: the books keep no such field.
+                    8 => h.under_lease = !h.under_lease,
+                    _ => {
+                        let d = l[i].clone();
+                        l.push(d);
+                    }
+                }
+            }
+            l
+        } else {
+            listed
+        };
+        let mut listing: Vec<&Holding> = listed.iter().collect();
+        listing.sort_unstable_by(|a, b| a.container_id.cmp(&b.container_id));
+        let distinct = listing.windows(2).all(|w| w[0].container_id != w[1].container_id);
+        let built = by_container(&listed) == held;
+        let quick = lists_the_same(&held, &listing);
+        if distinct {
+            prop_assert_eq!(quick, built, "listing {:?}, held {:?}", listed, held);
+        } else {
+            prop_assert!(!quick, "a container listed twice: {:?}", listed);
+        }
+        for h in &listed {
+            prop_assert!(Listed(&listing).contains(&h.container_id));
+            let r = h.amounts.to_resources();
+            prop_assert!(r.is_amounts(&h.amounts));
+        }
+        for c in ["c1", "c2", "c3", "c", "c10"] {
+            prop_assert_eq!(
+                Listed(&listing).contains(c),
+                listed.iter().any(|h| h.container_id == c)
+            );
+        }
+        for (a, b) in listed.iter().zip(before.iter()) {
+            prop_assert_eq!(
+                a.amounts.to_resources().is_amounts(&b.amounts),
+                a.amounts.to_resources() == b.amounts.to_resources()
+            );
+        }
+    }
+}

@@ -8,6 +8,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Tessera fleet coordinator: signed, versioned policy for every node; fleet usage.
 #[derive(Debug, Parser)]
 #[command(name = "tessera-coordinator", version)]
