@@ -1333,4 +1333,80 @@ mod tests {
             "none kept, no sample"
         );
     }
+
+    /// A leader whose books' lock is poisoned (a panic while a call held it): before
+    /// 3837292 the gate read `cell.term` under that lock and every quota call, a sync
+    /// naming a later leader included, was answered 500 ("the quota books' lock is
+    /// poisoned") with the leadership kept. With the gate reading the term from the atomic
+    /// (`decides_for`) the call gets past the gate, the sync judges the node's
+    /// `last_authority` a deposition and steps down (role Follower; with etcd it resigns)
+    /// and answers 503 instead.
+    #[tokio::test]
+    async fn rt_sync_poisoned_books_lock_answers_500_and_keeps_the_leadership() {
+        use std::sync::atomic::AtomicU64;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::SqliteStore::open(&dir.path().join("c.db")).unwrap();
+        let tokens = crate::auth::Tokens::parse(
+            r#"{"admins": {"alice": "admin-token-0123456789"}, "nodes": {"node-a": "node-a-token-0123456"}}"#,
+        )
+        .unwrap();
+        let app = Coordinator::new(
+            Arc::new(store),
+            ed25519_dalek::SigningKey::from_bytes(&[7; 32]),
+            tokens,
+        );
+        let authority =
+            Authority { url: "http://me:1".into(), term: 5, since_ms: 0, scope: "etcd:X".into() };
+        // Elected for term 5, books taken over for it.
+        {
+            let mut cell = app.quota.cell().unwrap();
+            app.quota.set_term(&mut cell, Some(5));
+        }
+        app.quota.role.send_replace(Role::Leader {
+            authority,
+            fence: crate::store::Fence { key: "k".into(), revision: 5, lease: 1 },
+            valid_until: Arc::new(AtomicU64::new(u64::MAX)),
+        });
+        // A call panics while it holds the books.
+        let a2 = app.clone();
+        let _ = std::thread::spawn(move || {
+            let _g = a2.quota.cell().unwrap();
+            panic!("a call panics holding the books");
+        })
+        .join();
+        assert!(app.quota.cell().is_err(), "the lock is poisoned");
+        let req = SyncRequest {
+            capacity: Amounts::default(),
+            holdings: vec![],
+            leases: vec![],
+            stopping: vec![],
+            last_authority: Some(fleet::quota_wire::SeenAuthority {
+                url: "http://other:1".into(),
+                term: 9,
+                scope: "etcd:X".into(),
+                age_ms: 0,
+            }),
+        };
+        let mut headers = HeaderMap::new();
+        headers
+            .insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer node-a-token-0123456"));
+        let r = sync(
+            State(app.clone()),
+            ConnectInfo("127.0.0.1:1".parse().unwrap()),
+            headers,
+            Path("node-a".to_string()),
+            Bytes::from(serde_json::to_vec(&req).unwrap()),
+        )
+        .await;
+        let status = match &r {
+            Ok(resp) => resp.status().as_u16(),
+            Err(e) => e.status(),
+        };
+        let leader = matches!(app.quota.role(), Role::Leader { .. });
+        assert!(
+            status == 500 && leader,
+            "a poisoned books lock: answered {status} ({:?}), still leader: {leader}; before: 500, still leader",
+            r.as_ref().err().map(|e| e.body().error.clone())
+        );
+    }
 }
