@@ -34,12 +34,18 @@ const NODE_PACKAGES: &[&str] = &[
     "device-plugin",
 ];
 
-/// Crates no node build may pull in: the coordinator stack, and build-time code
-/// generators (which need protoc).
+/// Crates no node build may pull in: the coordinator stack (its allocator included),
+/// and build-time code generators (which need protoc).
 fn forbidden(name: &str) -> bool {
     matches!(
         name,
-        "coordinator" | "etcd-client" | "prost-build" | "tonic-build" | "tonic-prost-build"
+        "coordinator"
+            | "etcd-client"
+            | "mimalloc"
+            | "libmimalloc-sys"
+            | "prost-build"
+            | "tonic-build"
+            | "tonic-prost-build"
     ) || name.starts_with("protoc-")
 }
 

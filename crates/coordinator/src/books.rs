@@ -120,6 +120,10 @@ pub struct QuotaState {
     pub(crate) counters: QuotaCounters,
 }
 
+fn poisoned() -> ApiErr {
+    ApiErr::new(StatusCode::INTERNAL_SERVER_ERROR, "the quota books' lock is poisoned")
+}
+
 impl QuotaState {
     /// Empty books issuing leases good for `lease_ttl`, alone (no election).
     pub fn new(lease_ttl: Duration) -> QuotaState {
@@ -164,9 +168,7 @@ impl QuotaState {
     }
 
     pub(crate) fn cell(&self) -> ApiResult<MutexGuard<'_, Cell>> {
-        self.cell.lock().map_err(|_| {
-            ApiErr::new(StatusCode::INTERNAL_SERVER_ERROR, "the quota books' lock is poisoned")
-        })
+        self.cell.lock().map_err(|_| poisoned())
     }
 
     pub(crate) fn wake(&self) {
@@ -216,9 +218,20 @@ impl QuotaState {
     }
 
     /// Whether the books were taken over for leadership `term` (> 0), read without the
-    /// books' lock; the call rechecks under it before deciding.
-    pub(crate) fn decides_for(&self, term: u64) -> bool {
-        term > 0 && self.term.load(Ordering::SeqCst) == term
+    /// books' lock (the call rechecks under it before deciding); an error, as taking the
+    /// lock would give, when it is poisoned.
+    pub(crate) fn decides_for(&self, term: u64) -> ApiResult<bool> {
+        self.unpoisoned()?;
+        Ok(term > 0 && self.term.load(Ordering::SeqCst) == term)
+    }
+
+    /// The error [`QuotaState::cell`] gives when the books' lock is poisoned (a panic
+    /// while it was held), without taking it.
+    pub(crate) fn unpoisoned(&self) -> ApiResult<()> {
+        if self.cell.is_poisoned() {
+            return Err(poisoned());
+        }
+        Ok(())
     }
 
     pub(crate) fn took_over(&self) {

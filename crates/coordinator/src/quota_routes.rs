@@ -499,7 +499,7 @@ async fn gate(app: &Coordinator, headers: &HeaderMap) -> ApiResult<Gate> {
                 if crate::store::mono_ms() >= valid_until.load(std::sync::atomic::Ordering::SeqCst)
                 {
                     "this coordinator's leadership to be renewed or to end".to_string()
-                } else if app.quota.decides_for(authority.term) {
+                } else if app.quota.decides_for(authority.term)? {
                     return Ok(Gate::Decide(authority));
                 } else {
                     "this coordinator to take the books over".to_string()
@@ -919,6 +919,9 @@ pub(crate) async fn sync(
         app.quota.warn(&format!("split-brain:{}", seen.url), text);
     }
     stored(changes).await?;
+    // As a second look at the books would (the answer is not given from books whose
+    // lock a panic poisoned meanwhile).
+    app.quota.unpoisoned()?;
     // The first syncs after a restart may complete the books (`check_ready` asks again
     // under the lock).
     if !ready {
