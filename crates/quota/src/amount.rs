@@ -134,23 +134,6 @@ impl Resources {
         self.0.iter().filter(|(_, &a)| a > 0).map(|(r, &a)| (r, a))
     }
 
-    /// Whether this equals `amounts.to_resources()`, without building it (a sync compares
-    /// every holding it lists with the books' copy).
-    pub(crate) fn is_amounts(&self, amounts: &crate::wire::Amounts) -> bool {
-        // `to_resources` keeps exactly the non-zero amounts, and so does every
-        // `Resources` (none stores a zero): equal when this has as many entries and each
-        // is one of them (keys are distinct).
-        let wanted = amounts.gpus.values().filter(|n| **n != 0).count()
-            + usize::from(amounts.cpu_milli != 0)
-            + usize::from(amounts.memory_mib != 0);
-        self.0.len() == wanted
-            && self.0.iter().all(|(r, &a)| match r {
-                Resource::Gpu(model) => amounts.gpus.get(model) == Some(&a),
-                Resource::Cpu => amounts.cpu_milli == a,
-                Resource::Memory => amounts.memory_mib == a,
-            })
-    }
-
     /// `resource`'s amount becomes `amount` (none kept when zero).
     pub fn set(&mut self, resource: &Resource, amount: u64) {
         if amount == 0 {

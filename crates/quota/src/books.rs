@@ -202,7 +202,7 @@ impl Entry {
             && self.gang == h.gang
             && self.checkpoint == h.checkpoint
             && self.workload == h.workload
-            && self.resources.is_amounts(&h.amounts)
+            && h.amounts.is_resources(&self.resources)
     }
 
     fn of_holding(h: &Holding) -> Entry {

@@ -5101,7 +5101,7 @@ proptest! {
         for h in &listed {
             prop_assert!(Listed(&listing).contains(&h.container_id));
             let r = h.amounts.to_resources();
-            prop_assert!(r.is_amounts(&h.amounts));
+            prop_assert!(h.amounts.is_resources(&r));
         }
         for c in ["c1", "c2", "c3", "c", "c10"] {
             prop_assert_eq!(
@@ -5111,7 +5111,7 @@ proptest! {
         }
         for (a, b) in listed.iter().zip(before.iter()) {
             prop_assert_eq!(
-                a.amounts.to_resources().is_amounts(&b.amounts),
+                b.amounts.is_resources(&a.amounts.to_resources()),
                 a.amounts.to_resources() == b.amounts.to_resources()
             );
         }

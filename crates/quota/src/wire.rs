@@ -79,6 +79,25 @@ impl Amounts {
     pub fn is_empty(&self) -> bool {
         self.gpus.values().all(|n| *n == 0) && self.cpu_milli == 0 && self.memory_mib == 0
     }
+
+    /// Whether `r` equals `self.to_resources()`, without building it (a sync compares every
+    /// holding it lists with the books' copy).
+    pub(crate) fn is_resources(&self, r: &crate::Resources) -> bool {
+        // `to_resources` keeps exactly the non-zero amounts, and no `Resources` stores a
+        // zero: equal when `r` has as many amounts and each is one of them.
+        let wanted = self.gpus.values().filter(|n| **n != 0).count()
+            + usize::from(self.cpu_milli != 0)
+            + usize::from(self.memory_mib != 0);
+        let mut seen = 0usize;
+        r.iter().all(|(res, a)| {
+            seen += 1;
+            match res {
+                crate::Resource::Gpu(model) => self.gpus.get(model) == Some(&a),
+                crate::Resource::Cpu => self.cpu_milli == a,
+                crate::Resource::Memory => self.memory_mib == a,
+            }
+        }) && seen == wanted
+    }
 }
 
 /// Whether a grant runs within its tenant's guarantees or on borrowed capacity: the
