@@ -15,7 +15,8 @@
 //! answered (and how late), admission latency from the moment it was due, the longest any
 //! node went without a sync answered, the CPU of the coordinator(s), etcd and this load
 //! generator (so the generator's own cost is seen), etcd's write transactions per second,
-//! and the coordinator's memory.
+//! the coordinator's memory, and the generator's own lag (how late a 10 ms timer of its
+//! runtime fired at worst: a latency measured from when a request was due includes it).
 //!
 //! `TESSERA_BENCH_FOLLOWERS=2` runs two more coordinators and spreads the nodes over all
 //! three (a third each): the followers pass the calls on to the leader.
@@ -589,6 +590,24 @@ async fn run_one(
         })
     };
     tokio::time::sleep(Duration::from_secs(5)).await;
+    // The generator's own lag: a stall of its runtime delays every request it sends.
+    let lag_us = Arc::new(AtomicU64::new(0));
+    let lag_task = {
+        let (lag_us, measuring) = (lag_us.clone(), measuring.clone());
+        tokio::spawn(async move {
+            loop {
+                let t = Instant::now();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let late = t.elapsed().saturating_sub(Duration::from_millis(10));
+                if measuring.load(Ordering::Relaxed) {
+                    lag_us.fetch_max(
+                        u64::try_from(late.as_micros()).unwrap_or(u64::MAX),
+                        Ordering::Relaxed,
+                    );
+                }
+            }
+        })
+    };
 
     // The window.
     let cpu0: Vec<f64> = pids.iter().map(|p| cpu_of(*p)).collect();
@@ -619,6 +638,7 @@ async fn run_one(
     stop.store(true, Ordering::Relaxed);
     sync_task.abort();
     admit_task.abort();
+    lag_task.abort();
 
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let mut sl = stats.sync_lat.lock().unwrap().clone();
@@ -627,7 +647,7 @@ async fn run_one(
     al.sort();
     let coord_cpu: Vec<String> = cpus.iter().map(|c| format!("{c:.2}")).collect();
     let line = format!(
-        "| {n} | {} | {}/{} ({} failed, {} later than 1 s) | {} / {} / {} | {}/{} ({} failed; {} admitted, {} refused, {} reclaiming) | {} / {} / {} | {} | {} | {etcd_cpu:.2} | {commits:.0} | {gen_cpu:.2} | {rss:.0} | {:.1} |",
+        "| {n} | {} | {}/{} ({} failed, {} later than 1 s) | {} / {} / {} | {}/{} ({} failed; {} admitted, {} refused, {} reclaiming) | {} / {} / {} | {} | {} | {etcd_cpu:.2} | {commits:.0} | {gen_cpu:.2} | {:.1} | {rss:.0} | {:.1} |",
         if followers > 0 { format!("1 + {followers} followers") } else { "1".into() },
         load(&stats.syncs_ok),
         load(&stats.syncs_due),
@@ -647,6 +667,7 @@ async fn run_one(
         ms(al.last().copied().unwrap_or_default()),
         if stalest == Duration::MAX { "never".to_string() } else { ms(stalest) },
         coord_cpu.join(" + "),
+        lag_us.load(Ordering::Relaxed) as f64 / 1000.0,
         warm.as_secs_f64(),
     );
     drop(coords);
@@ -680,8 +701,8 @@ fn main() {
     println!(
         "quota_fleet bench: {cpus} cpus; coordinator {bin}; {admits} admits/s; {seconds} s window; {connections} connections; etcd pid {etcd_pid}"
     );
-    println!("| nodes | coordinators | syncs answered / due | sync ms p50 / p99 / max | admits answered / due | admit ms p50 / p99 / max | stalest node ms | coordinator CPU (cores) | etcd CPU | etcd writes/s | generator CPU | coordinator RSS MiB | warm-up s |");
-    println!("|---:|---|---|---|---|---|---:|---|---:|---:|---:|---:|---:|");
+    println!("| nodes | coordinators | syncs answered / due | sync ms p50 / p99 / max | admits answered / due | admit ms p50 / p99 / max | stalest node ms | coordinator CPU (cores) | etcd CPU | etcd writes/s | generator CPU | generator lag max ms | coordinator RSS MiB | warm-up s |");
+    println!("|---:|---|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|");
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     for n in nodes {
