@@ -209,7 +209,6 @@ impl QuotaState {
         }
     }
 
-    /// Count one takeover.
     /// The leadership the books were taken over for (`None`: not deciding by an
     /// election): `cell.term`, and the copy the gate reads ([`QuotaState::decides_for`]).
     pub(crate) fn set_term(&self, cell: &mut Cell, term: Option<u64>) {
@@ -234,6 +233,7 @@ impl QuotaState {
         Ok(())
     }
 
+    /// Count one takeover.
     pub(crate) fn took_over(&self) {
         self.counters.takeovers.fetch_add(1, Ordering::Relaxed);
     }

@@ -207,16 +207,33 @@ impl Node {
     }
 }
 
+/// Every node syncs, in order.
+fn sync_all(nodes: &mut [Node], b: &mut Books, t: &QuotaTree, now: u64) {
+    for n in nodes.iter_mut() {
+        n.sync(b, t, now);
+    }
+}
+
 /// Both nodes synced and the books ready, leases computed.
 fn start(t: &QuotaTree, nodes: &mut [Node], b: &mut Books, now: u64) {
-    for n in nodes.iter_mut() {
-        n.sync(b, t, now);
-    }
+    sync_all(nodes, b, t, now);
     let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
     b.ready(names.iter().map(String::as_str), now).expect("every node synced");
-    for n in nodes.iter_mut() {
-        n.sync(b, t, now);
-    }
+    sync_all(nodes, b, t, now);
+}
+
+/// `req`, a container that checkpoints, admitted on `nodes[1]` ([`admit_retrying`]), which
+/// then lists it: the borrowed work a reclaim set-up stops.
+fn lend_checkpointing(
+    nodes: &mut [Node],
+    b: &mut Books,
+    t: &QuotaTree,
+    mut req: AdmitRequest,
+    now: &mut u64,
+) {
+    req.checkpoint = true;
+    admit_retrying(nodes, 1, b, t, &req, now);
+    nodes[1].sync(b, t, *now);
 }
 
 /// Books started at 1,000,000 ms (lease TTL 300 s) under `t`, with two 8-GPU nodes, n1 and
@@ -361,9 +378,7 @@ fn a_tenant_within_its_guarantee_reclaims_the_youngest_borrowed_work_on_its_node
         4,
         "B's guarantee all on node 1, where B asked first: {classes:?}"
     );
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 8), "4 guaranteed, 8 borrowed");
     let (msg, rule) = refused(&nodes[1].admit(&mut b, &t, ask("b-more", "acme/b", 1), now));
     assert_eq!(rule.as_deref(), Some("quotas.acme/b.gpus.H100-80GB.ceiling"), "{msg}");
@@ -506,9 +521,7 @@ fn pods_within_a_guarantee_a_lease_holds_elsewhere_start_their_reclaims_at_their
         nodes[0].stop(v);
     }
     now += (DEFAULT_GRACE + 1) * 1_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     for i in 0..4 {
         let a = nodes[0].admit(&mut b, &t, ask(&format!("a{i}"), "acme/a", 1), now);
         assert_eq!(admitted(&a), QuotaClass::Guaranteed, "a{i}");
@@ -702,9 +715,7 @@ fn a_request_no_node_can_hold_is_no_backlog_ahead() {
     for minute in 1..=10 {
         now += 60_000;
         refused(&nodes[0].admit(&mut b, &t, ask("a-huge", "acme/a", 9), now));
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
         let a = nodes[0].admit(&mut b, &t, ask("a-one", "acme/a", 1), now);
         if matches!(a, AdmitAnswer::Reclaiming { .. } | AdmitAnswer::Admitted { .. }) {
             assert_eq!(minute, 1, "served only after {minute} min: {a:?}");
@@ -745,9 +756,7 @@ fn a_request_owed_only_behind_a_larger_one_of_its_tenant_reclaims_as_one_owed_la
         assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 12));
         // B's borrowed work runs for an hour.
         now += 3_600_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
         let case = format!("owed_reclaim_after_s {after:?}, A's 5 ahead: {five_ahead}");
         if five_ahead {
             let five = ask("a-five", "acme/a", 5);
@@ -880,9 +889,7 @@ fn protected_fleet(a_quota: &str, checkpoint: bool) -> (QuotaTree, Books, [Node;
     fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 0, 8), checkpoint, &mut now);
     for _ in 0..12 {
         now += 60_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
     }
     fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 8, 8), checkpoint, &mut now);
     assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (4, 12));
@@ -921,9 +928,7 @@ fn a_request_not_owed_preempts_nothing_until_its_backlog_ahead_is_served() {
         now = now.max(start_ms + minute * 60_000);
         let four = ask("a-four", "acme/a", 4);
         refused(&answer_through_recalls(&mut nodes, 0, &mut b, &t, &four, &mut now).0);
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
         let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
         answers.push((minute * 60, a));
     }
@@ -945,9 +950,7 @@ fn a_request_not_owed_preempts_nothing_until_its_backlog_ahead_is_served() {
     // guarantee and nothing of A's waits ahead of it); it has waited longer than its
     // checkpointing victim would lose, so it reclaims.
     now += crate::books::WAITING_TTL_MS + state::STORED_TIME_STEP_MS + 1_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
     let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
     assert_eq!(victims.len(), 1, "{victims:?}");
@@ -972,9 +975,7 @@ fn a_request_owed_later_reclaims_once_owed_for_its_paths_owed_reclaim_after_s() 
         );
         // Owed for 120 s.
         now += 120_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
         let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
         match after {
             Some(_) => {
@@ -1003,9 +1004,7 @@ fn the_status_shows_how_long_requests_owed_later_waited() {
     let (t, mut b, mut nodes, mut now, one, _) = owed_later(Some(120));
     let owed_ms = now;
     now += 120_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
     let AdmitAnswer::Reclaiming { victims, retry_after_s, .. } = a else {
         panic!("expected a reclaim: {a:?}")
@@ -1013,9 +1012,7 @@ fn the_status_shows_how_long_requests_owed_later_waited() {
     nodes[1].sync(&mut b, &t, now);
     nodes[1].stop(&victims[0].container_id);
     now += retry_after_s * 1_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
     admitted(&a);
     let st = b.status(&t, 7, now);
@@ -1046,9 +1043,7 @@ fn owed_later(after: Option<u64>) -> (QuotaTree, Books, [Node; 2], u64, AdmitReq
     let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
     assert!(refused(&a).0.contains("not owed now"), "{a:?}");
     now += crate::books::WAITING_TTL_MS + state::STORED_TIME_STEP_MS + 1_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
     let (msg, _) = refused(&a);
     assert!(msg.contains("would lose no more than it has waited"), "{msg}");
@@ -1068,9 +1063,7 @@ fn a_request_owed_later_that_keeps_asking_stays_owed_later_past_an_hour() {
         let owed_ms = now;
         for minute in 1..=70u64 {
             now = owed_ms + minute * 60_000;
-            for n in nodes.iter_mut() {
-                n.sync(&mut b, &t, now);
-            }
+            sync_all(&mut nodes, &mut b, &t, now);
             let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
             let AdmitAnswer::Refused { message, .. } = &a else {
                 panic!("{after:?}: after {minute} min owed: expected a refusal, got {a:?}")
@@ -1098,9 +1091,7 @@ fn time_asked_while_not_within_guarantee_is_not_time_owed() {
     let owed_ms = now;
     for minute in 1..=4u64 {
         now = owed_ms + minute * 60_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
         let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
         let left = 300 - (now - owed_ms) / 1000;
         assert!(refused(&a).0.contains(&format!("retry after {left} s")), "{a:?}");
@@ -1110,18 +1101,14 @@ fn time_asked_while_not_within_guarantee_is_not_time_owed() {
         nodes[0].stop(c);
     }
     now += 1_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let run = ask("a-run", "acme/a", 4);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &run, &mut now);
     assert_eq!(admitted(&a), QuotaClass::Guaranteed);
     // For a minute the 1 asks each 30 s: beyond A's guarantee, it is not owed.
     for _ in 0..2 {
         now += 30_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
         let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
         assert!(!matches!(a, AdmitAnswer::Reclaiming { .. }), "{a:?}");
     }
@@ -1129,9 +1116,7 @@ fn time_asked_while_not_within_guarantee_is_not_time_owed() {
     // finds it owed: its reclaim is decided with the recall).
     nodes[0].stop("a-run");
     now += 1_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let owed_again_ms = now;
     let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
     let AdmitAnswer::Refused { message, .. } = &a else {
@@ -1178,9 +1163,7 @@ fn books_taken_over_preempt_nothing_for_a_claim_first_seen_until_the_queue_is_re
     now += crate::books::WAITING_TTL_MS / 2;
     refused(&answer_through_recalls(&mut nodes, 0, &mut b, &t, &four, &mut now).0);
     now += crate::books::WAITING_TTL_MS / 2 + state::STORED_TIME_STEP_MS + 1_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
     let (msg, _) = refused(&a);
     assert!(msg.contains("not owed now"), "{msg}");
@@ -1214,9 +1197,7 @@ fn books_taken_over_with_the_fair_queue_reclaim_at_once_for_an_owner_first_seen(
     fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
     now += 1_000;
     let mut b = Books::restore(300, now, b.state(), &t);
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let three = ask("a3", "acme/a", 3);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &three, &mut now);
     assert_eq!(victims_of(&a).len(), 3, "{a:?}");
@@ -1302,9 +1283,7 @@ fn a_claim_placed_before_its_victims_leave_the_books_is_admitted_on_its_held_cap
         admit_retrying(&mut nodes, n, &mut b, &t, &ask(&format!("b{i}"), "acme/b", 1), &mut now);
         nodes[n].sync(&mut b, &t, now);
     }
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     // A takes 3 of its guarantee on node 2, then asks on node 1, full of B's work.
     for i in 0..3 {
         now += 1_000;
@@ -1367,9 +1346,7 @@ fn a_victim_in_a_gang_takes_the_whole_gang_on_every_node() {
         now += 1_000;
         admitted(&nodes[0].admit(&mut b, &t, ask(&format!("x{i}"), "acme/b", 1), now));
     }
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     // Before anything is reclaimed, a copy of the books for the second case below.
     let mut b2 = b.clone();
     // A asks for 2 on node 1 (node 2's lease holds the other 2 of its guarantee): the
@@ -3189,9 +3166,7 @@ fn a_node_with_unsynced_lease_grants_starts_no_reclaim_its_own_lease_would_not_f
     // What it gets once the nodes have taken the cut: not within A's guarantee.
     for _ in 0..2 {
         now += 1_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
     }
     assert_eq!(stopped, 0, "victims stopped for a claim A's guarantee does not hold: {first:?}");
     assert_eq!(b.counters().preemptions.get("acme/b"), None);
@@ -3230,9 +3205,7 @@ fn a_claim_whose_reclaim_started_with_the_recall_takes_its_victims_once() {
     nodes[0].stopping = victims.iter().cloned().collect();
     for _ in 0..2 {
         now += 1_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
     }
     answers.push(nodes[0].admit(&mut b, &t, three.clone(), now));
     let mut retry = three.clone();
@@ -3240,18 +3213,14 @@ fn a_claim_whose_reclaim_started_with_the_recall_takes_its_victims_once() {
     answers.push(nodes[0].admit(&mut b, &t, retry.clone(), now));
     // Near the end of the victims' grace, still listed: asks again; then they stop.
     now += (DEFAULT_GRACE - 2) * 1_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     answers.push(nodes[0].admit(&mut b, &t, three.clone(), now));
     for v in &victims {
         nodes[0].stop(v);
     }
     nodes[0].stopping.clear();
     now += 3_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     for (i, a) in answers.iter().enumerate() {
         assert!(no_new_victims(a), "answer {i}: {a:?}");
     }
@@ -3293,9 +3262,7 @@ fn the_reclaim_started_with_a_recall_keeps_min_runtime_and_settling() {
     fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
     now += 1_000;
     let mut b = Books::restore(300, now, queue_not_kept(b.state()), &t);
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let first = nodes[0].admit(&mut b, &t, three.clone(), now);
     assert!(
         matches!(&first, AdmitAnswer::Reclaiming { victims, .. } if victims.is_empty()),
@@ -3375,9 +3342,7 @@ fn five_waiting(a_quota: &str, n2_full: bool) -> (QuotaTree, Books, [Node; 2], u
         fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 8, 8), false, &mut now);
     }
     now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let five = ask("a-five", "acme/a", 5);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &five, &mut now);
     let (msg, _) = refused(&a);
@@ -3566,17 +3531,12 @@ fn x_reclaimed_for_a() -> (QuotaTree, Books, [Node; 2], u64, Vec<Victim>, u64) {
             "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
     );
     let (mut b, mut nodes, mut now) = two_nodes(&t);
-    let mut x = ask("x", "acme/c", 6);
-    x.checkpoint = true;
-    admit_retrying(&mut nodes, 1, &mut b, &t, &x, &mut now);
-    nodes[1].sync(&mut b, &t, now);
+    lend_checkpointing(&mut nodes, &mut b, &t, ask("x", "acme/c", 6), &mut now);
     fill(&mut nodes, 0, &mut b, &t, "acme/c", ("y", 0, 4), false, &mut now);
     fill(&mut nodes, 1, &mut b, &t, "acme/c", ("y", 4, 2), false, &mut now);
     assert_eq!((nodes[0].free(), nodes[1].free()), (4 * MICRO_PER_GPU, 0));
     now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let (a, _) =
         answer_through_recalls(&mut nodes, 1, &mut b, &t, &ask("a0", "acme/a", 5), &mut now);
     let AdmitAnswer::Reclaiming { victims, retry_after_s, .. } = &a else {
@@ -3634,15 +3594,11 @@ fn under_a_full_ceiling_the_books_take_the_cheapest_victim_fleet_wide() {
     admit_retrying(&mut nodes, 1, &mut b, &t, &ask("b", "acme/b", 3), &mut now);
     nodes[1].sync(&mut b, &t, now);
     now += 1_000_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let young = ask("s-young", "acme/ml/speech", 1);
     assert_eq!(admit_retrying(&mut nodes, 1, &mut b, &t, &young, &mut now), 1, "one recall");
     now += 1_000_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let v0 = ask("v0", "acme/ml/vision", 2);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &v0, &mut now);
     let ids = victims_of(&a);
@@ -3683,23 +3639,17 @@ fn a_stopping_victims_cpu_does_not_make_the_books_bound_cpu_the_nodes_do_not_rep
     );
     let (mut b, mut nodes, mut now) = two_nodes(&t);
     let mut x = ask("x", "acme/c", 6);
-    x.checkpoint = true;
     x.amounts.cpu_milli = 4_000;
-    admit_retrying(&mut nodes, 1, &mut b, &t, &x, &mut now);
-    nodes[1].sync(&mut b, &t, now);
+    lend_checkpointing(&mut nodes, &mut b, &t, x, &mut now);
     fill(&mut nodes, 1, &mut b, &t, "acme/c", ("y", 4, 2), false, &mut now);
     now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let (a, _) =
         answer_through_recalls(&mut nodes, 1, &mut b, &t, &ask("a0", "acme/a", 5), &mut now);
     let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
     assert_eq!(victims.iter().map(|v| v.container_id.as_str()).collect::<Vec<_>>(), ["x"]);
     nodes[1].stopping.push("x".into());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     now += 5_000;
     let mut b0 = ask("b0", "acme/b", 2);
     b0.amounts.cpu_milli = 1_000;
@@ -3732,9 +3682,7 @@ fn a_claim_is_not_admitted_onto_a_nodes_capacity_held_for_a_ceiling_bound_claima
     now += retry_ms;
     nodes[1].stopping.clear();
     nodes[1].stop("v");
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
     assert!(
         matches!(a, AdmitAnswer::Admitted { class: QuotaClass::Guaranteed, .. }),
@@ -3763,16 +3711,11 @@ fn held_for_vision_on_n1(count: usize) -> (QuotaTree, Books, Vec<Node>, u64, Adm
     let mut nodes: Vec<Node> = (1..=count).map(|i| Node::new(&format!("n{i}"), 8)).collect();
     let mut now = 1_000_000;
     start(&t, &mut nodes, &mut b, now);
-    let mut v = ask("v", "acme/ml/speech", 6);
-    v.checkpoint = true;
-    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
-    nodes[1].sync(&mut b, &t, now);
+    lend_checkpointing(&mut nodes, &mut b, &t, ask("v", "acme/ml/speech", 6), &mut now);
     fill(&mut nodes, 1, &mut b, &t, "acme/c", ("c", 0, 2), false, &mut now);
     fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 2, 3), false, &mut now);
     now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let a0 = ask("a0", "acme/ml/vision", 5);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
     let AdmitAnswer::Reclaiming { victims, retry_after_s, .. } = &a else {
@@ -3781,9 +3724,7 @@ fn held_for_vision_on_n1(count: usize) -> (QuotaTree, Books, Vec<Node>, u64, Adm
     assert_eq!(victims.iter().map(|v| v.node.as_str()).collect::<Vec<_>>(), ["n2"]);
     let retry_ms = retry_after_s * 1000;
     nodes[1].stopping.push("v".into());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     now += 5_000;
     (t, b, nodes, now, a0, retry_ms)
 }
@@ -3812,9 +3753,7 @@ fn a_request_its_node_can_place_does_not_take_devices_held_there_for_another_cla
     now += retry_ms;
     nodes[1].stopping.clear();
     nodes[1].stop("v");
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
     assert_eq!(admitted(&a), QuotaClass::Guaranteed, "vision gets its 5 on n1: {a:?}");
 }
@@ -3870,15 +3809,11 @@ fn a_gang_member_does_not_take_devices_held_on_its_node_for_another_claim() {
             nodes[0].hold(&req, class, false, now);
         }
     }
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     now += retry_ms;
     nodes[1].stopping.clear();
     nodes[1].stop("v");
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
     assert!(
         matches!(a, AdmitAnswer::Admitted { class: QuotaClass::Guaranteed, .. }),
@@ -3896,9 +3831,7 @@ fn claims_on_n2() -> (QuotaTree, Books, [Node; 2], u64, u64) {
     let (t, mut b, mut nodes, now, victims, retry_ms) = x_reclaimed_for_a();
     assert_eq!(victims.iter().map(|v| v.container_id.as_str()).collect::<Vec<_>>(), ["x"]);
     nodes[1].stopping.push("x".into());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     (t, b, nodes, now, retry_ms)
 }
 
@@ -3914,9 +3847,7 @@ fn a_claim_waiting_for_anothers_stopping_victims_is_admitted_once_they_go() {
     now += retry_ms;
     nodes[1].stopping.clear();
     nodes[1].stop("x");
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     // B asks first, then A; each as often as told, for up to ten minutes.
     let mut got_b = None;
     let mut got_a = None;
@@ -3934,9 +3865,7 @@ fn a_claim_waiting_for_anothers_stopping_victims_is_admitted_once_they_go() {
                 got_a = Some(class);
             }
         }
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
         now += 30_000;
     }
     assert!(nodes[1].used() <= nodes[1].capacity_micro, "n2 over capacity");
@@ -3962,9 +3891,7 @@ fn two_tenants_claims_held_on_one_node_are_both_admitted_once_settled() {
     for c in &ids {
         nodes[1].stop(c);
     }
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let mut got_b = None;
     let mut got_a = None;
     let mut last = Vec::new();
@@ -3986,9 +3913,7 @@ fn two_tenants_claims_held_on_one_node_are_both_admitted_once_settled() {
                 last.push(format!("A: {a:?}"));
             }
         }
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
         now += 30_000;
     }
     assert!(nodes[1].used() <= nodes[1].capacity_micro, "n2 over capacity");
@@ -4026,39 +3951,29 @@ fn room_a_stopping_victim_frees_later_is_not_taken_now_from_a_hold_whose_victims
     v.checkpoint = true;
     admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
     now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let a0 = ask("a0", "acme/ml/vision", 4);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
     let ids = victims_of(&a);
     assert_eq!(ids, [("n2", "v")], "vision's claim takes v, under acme/ml");
     nodes[1].stopping.push("v".into());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     now += 1_000;
     let (a, _) =
         answer_through_recalls(&mut nodes, 0, &mut b, &t, &ask("b0", "acme/b", 2), &mut now);
     let ids = victims_of(&a);
     assert_eq!(ids, [("n1", "x")], "B may not take vision's held GPUs on n1: it takes x");
     nodes[0].stopping.push("x".into());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     now += 1_000;
     let (answer_a, _) =
         answer_through_recalls(&mut nodes, 0, &mut b, &t, &ask("e0", "acme/a", 2), &mut now);
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     // v's grace ends (30 s); x stops for ten minutes.
     now += 32_000;
     nodes[1].stopping.clear();
     nodes[1].stop("v");
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let mut got = None;
     let mut last = None;
     for _ in 0..12 {
@@ -4069,9 +3984,7 @@ fn room_a_stopping_victim_frees_later_is_not_taken_now_from_a_hold_whose_victims
         }
         last = Some(a);
         now += 10_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
     }
     assert_eq!(
         got,
@@ -4141,17 +4054,12 @@ fn a_second_claim_under_a_full_ceiling_during_a_grace_takes_no_victim_it_does_no
     let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
     let mut now = 1_000_000;
     start(&t, &mut nodes, &mut b, now);
-    let mut v = ask("v", "acme/ml/speech", 4);
-    v.checkpoint = true;
-    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
-    nodes[1].sync(&mut b, &t, now);
+    lend_checkpointing(&mut nodes, &mut b, &t, ask("v", "acme/ml/speech", 4), &mut now);
     fill(&mut nodes, 0, &mut b, &t, "acme/ml/speech", ("s", 0, 4), false, &mut now);
     fill(&mut nodes, 1, &mut b, &t, "acme/ml/speech", ("s", 4, 4), false, &mut now);
     assert_eq!((nodes[0].free(), nodes[1].free()), (4 * MICRO_PER_GPU, 0));
     now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let a0 = ask("a0", "acme/ml/vision/alice", 3);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
     let AdmitAnswer::Reclaiming { victims, .. } = &a else { panic!("expected a reclaim: {a:?}") };
@@ -4159,9 +4067,7 @@ fn a_second_claim_under_a_full_ceiling_during_a_grace_takes_no_victim_it_does_no
         victims.iter().map(|v| (v.node.as_str(), v.container_id.as_str())).collect();
     assert_eq!(ids, [("n2", "v")], "alice's claim takes v, the cheapest under acme/ml");
     nodes[1].stopping.push("v".into());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     now += 5_000;
     let b0 = ask("b0", "acme/ml/vision/bob", 1);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &b0, &mut now);
@@ -4177,9 +4083,7 @@ fn a_second_claim_under_a_full_ceiling_during_a_grace_takes_no_victim_it_does_no
     now += 30_000;
     nodes[1].stopping.clear();
     nodes[1].stop("v");
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &b0, &mut now);
     assert_eq!(admitted(&a), QuotaClass::Guaranteed);
     assert_eq!(b.counters().preemptions.get("acme/ml/speech"), Some(&1), "v alone");
@@ -4210,9 +4114,7 @@ fn a_second_takeover_after_the_queue_is_relearned_keeps_the_owners_at_once_recla
     b.track_changes(true);
     loop {
         now += 60_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
         refused(&answer_through_recalls(&mut nodes, 1, &mut b, &t, &five, &mut now).0);
         b.tick(now);
         if b.state().queue_kept {
@@ -4318,23 +4220,17 @@ fn a_waiting_entry_given_up_before_a_takeover_does_not_take_an_owners_at_once_re
             break;
         }
         now += 59_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
     }
     // A's 4 gives up (its pod deleted).
     let gave_up = now;
     now = gave_up + 140_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let taken = Books::restore(300, now, b.state(), &t);
     let first_ask = |mut b: Books, mut nodes: [Node; 2]| {
         let mut now = gave_up + 155_000;
         assert!(now > protected_until);
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
         answer_through_recalls(&mut nodes, 0, &mut b, &t, &one, &mut now).0
     };
     let before = first_ask(b.clone(), nodes.clone());
@@ -4373,9 +4269,7 @@ fn time_not_owed_stays_not_owed_across_a_failover_that_loses_the_lazy_changes() 
     let owed_ms = now;
     for minute in 1..=4u64 {
         now = owed_ms + minute * 60_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
         keep(&mut b, &mut store);
         let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
         keep(&mut b, &mut store);
@@ -4386,9 +4280,7 @@ fn time_not_owed_stays_not_owed_across_a_failover_that_loses_the_lazy_changes() 
         nodes[0].stop(c);
     }
     now += 1_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     keep(&mut b, &mut store);
     let run = ask("a-run", "acme/a", 4);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &run, &mut now);
@@ -4396,9 +4288,7 @@ fn time_not_owed_stays_not_owed_across_a_failover_that_loses_the_lazy_changes() 
     assert_eq!(admitted(&a), QuotaClass::Guaranteed);
     for _ in 0..2 {
         now += 30_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
         keep(&mut b, &mut store);
         let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now);
         keep(&mut b, &mut store);
@@ -4410,9 +4300,7 @@ fn time_not_owed_stays_not_owed_across_a_failover_that_loses_the_lazy_changes() 
     let owed_again = |mut b: Books, mut nodes: [Node; 2], mut now: u64| {
         nodes[0].stop("a-run");
         now += 1_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
         answer_through_recalls(&mut nodes, 1, &mut b, &t, &one, &mut now).0
     };
     let before = owed_again(b.clone(), nodes.clone(), now);
@@ -4488,16 +4376,12 @@ fn a_waiting_entry_that_asks_again_within_its_ttl_is_kept_by_books_taken_over() 
         }
         assert!(now < last, "A's 4 asked at {now}, after {last}");
         now = (now + 59_000).min(last - 1_000);
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
     }
     let taken = Books::restore(300, last + 1_000, b.state(), &t);
     let first_ask = |mut b: Books, mut nodes: [Node; 2]| {
         let mut now = last + 100_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
         answer_through_recalls(&mut nodes, 0, &mut b, &t, &one, &mut now).0
     };
     let before = first_ask(b.clone(), nodes.clone());
@@ -4544,9 +4428,7 @@ fn a_waiting_request_released_before_a_failover_does_not_take_an_owners_at_once_
             break;
         }
         now += 59_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
         keep(&mut b, &mut store, &mut lazy);
     }
     // What was written lazily so far reaches the store; A's 4's pod is then deleted while
@@ -4560,9 +4442,7 @@ fn a_waiting_request_released_before_a_failover_does_not_take_an_owners_at_once_
     let taken = Books::restore(300, now, store.clone(), &t);
     let first_ask = |mut b: Books, mut nodes: [Node; 2]| {
         let mut now = protected_until + 5_000;
-        for n in nodes.iter_mut() {
-            n.sync(&mut b, &t, now);
-        }
+        sync_all(&mut nodes, &mut b, &t, now);
         answer_through_recalls(&mut nodes, 0, &mut b, &t, &one, &mut now).0
     };
     let before = first_ask(b.clone(), nodes.clone());
@@ -4592,10 +4472,7 @@ fn ml_with_v_on_n2(n1_gpus: u64) -> (QuotaTree, Books, [Node; 3], u64) {
     let mut nodes = [Node::new("n1", n1_gpus), Node::new("n2", 8), Node::new("n3", 8)];
     let mut now = 1_000_000;
     start(&t, &mut nodes, &mut b, now);
-    let mut v = ask("v", "acme/ml/speech", 4);
-    v.checkpoint = true;
-    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
-    nodes[1].sync(&mut b, &t, now);
+    lend_checkpointing(&mut nodes, &mut b, &t, ask("v", "acme/ml/speech", 4), &mut now);
     (t, b, nodes, now)
 }
 
@@ -4613,16 +4490,12 @@ fn rt_ceilwait_setup(n1_gpus: u64, c: usize) -> (QuotaTree, Books, [Node; 3], u6
     fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 0, c), false, &mut now);
     assert_eq!(nodes[1].free(), 0);
     now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let a0 = ask("a0", "acme/ml/vision/alice", 3);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
     assert_eq!(victims_of(&a), [("n2", "v")], "alice's claim takes v, the cheapest under acme/ml");
     nodes[1].stopping.push("v".into());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     (t, b, nodes, now)
 }
 
@@ -4649,9 +4522,7 @@ fn rt_ceilwait_a_claim_short_on_its_node_does_not_wait_for_victims_stopping_on_a
     now += 600_000;
     nodes[1].stopping.clear();
     nodes[1].stop("v");
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let (then, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &b0, &mut now);
     panic!(
         "bob, short on n1, was told to wait for v (stopping on n2): {first:?}; 600 s later, v \
@@ -4702,18 +4573,14 @@ fn rt_ceilwait_two_claims_do_not_both_wait_for_the_same_stopping_victim() {
     assert_ne!(own[0], ("n2", "v"));
     let (n1, c1) = (own[0].0.to_string(), own[0].1.to_string());
     nodes[1].stopping.push(c1.clone());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     // Both graces end; v and b1's victim are gone; each asks again and runs.
     now += 600_000;
     nodes[1].stopping.clear();
     nodes[1].stop("v");
     let i = nodes.iter().position(|n| n.name == n1).unwrap();
     nodes[i].stop(&c1);
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     for req in [&b0, &b1] {
         now += 1_000;
         let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, req, &mut now);
@@ -4738,9 +4605,7 @@ fn rt_ceilwait_a_guaranteed_claim_at_a_full_ceiling_is_not_refused_for_its_lease
     fill(&mut nodes, 1, &mut b, &t, "acme/ml/speech", ("s", 4, 4), false, &mut now);
     fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 0, 4), false, &mut now);
     now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let a0 = ask("a0", "acme/ml/vision/alice", 3);
     let (a, recalls) = answer_through_recalls(&mut nodes, 2, &mut b, &t, &a0, &mut now);
     assert!(recalls >= 1, "n1's leases were recalled first");
@@ -4768,33 +4633,24 @@ fn rt_hold_setup() -> (QuotaTree, Books, [Node; 2], u64, AdmitRequest, AdmitRequ
             "acme/ml/vision/bob": {"gpus": {"H100-80GB": {"guarantee": 3}}}}"#,
     );
     let (mut b, mut nodes, mut now) = two_nodes(&t);
-    let mut v = ask("v", "acme/ml/speech", 4);
-    v.checkpoint = true;
-    admit_retrying(&mut nodes, 1, &mut b, &t, &v, &mut now);
-    nodes[1].sync(&mut b, &t, now);
+    lend_checkpointing(&mut nodes, &mut b, &t, ask("v", "acme/ml/speech", 4), &mut now);
     fill(&mut nodes, 0, &mut b, &t, "acme/ml/speech", ("s", 0, 4), false, &mut now);
     fill(&mut nodes, 1, &mut b, &t, "acme/ml/speech", ("s", 4, 3), false, &mut now);
     assert_eq!(nodes[1].free(), MICRO_PER_GPU);
     now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let a0 = ask("a0", "acme/ml/vision/alice", 4);
     let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &a0, &mut now);
     assert_eq!(victims_of(&a), [("n2", "v")], "alice reclaims v on n2: {a:?}");
     nodes[1].stopping.push("v".into());
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     now += 5_000;
     let b0 = ask("b0", "acme/ml/vision/bob", 1);
     let (a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &b0, &mut now);
     assert_eq!(victims_of(&a), [("n2", "v")], "bob holds his GPU on n2 and waits for v: {a:?}");
     let AdmitAnswer::Reclaiming { message, .. } = &a else { unreachable!() };
     assert!(message.contains("no other work"), "{message}");
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     (t, b, nodes, now, a0, b0)
 }
 
@@ -4811,16 +4667,12 @@ fn rt_hold_a_victim_listed_by_two_holds_on_one_node_does_not_cover_both() {
     now += 1_000;
     let c0 = ask("c0", "acme/c", 1);
     let (c, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &c0, &mut now);
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     // v's grace ends; alice, then bob, asks again.
     now += 600_000;
     nodes[1].stopping.clear();
     nodes[1].stop("v");
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let (got_a, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &a0, &mut now);
     nodes[1].sync(&mut b, &t, now);
     now += 1_000;
@@ -4869,9 +4721,7 @@ fn rt_shared_setup() -> (QuotaTree, Books, [Node; 3], u64, AdmitRequest) {
     fill(&mut nodes, 1, &mut b, &t, "acme/ml/speech", ("s", 4, 4), false, &mut now);
     fill(&mut nodes, 2, &mut b, &t, "acme/ml/speech", ("s", 0, 4), false, &mut now);
     now += 3_600_000;
-    for n in nodes.iter_mut() {
-        n.sync(&mut b, &t, now);
-    }
+    sync_all(&mut nodes, &mut b, &t, now);
     let a0 = ask("a0", "acme/ml/vision/alice", 3);
     let (a, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &a0, &mut now);
     assert_eq!(victims_of(&a), [("n2", "v")], "alice reclaims v: {a:?}");
