@@ -407,7 +407,12 @@ async fn take_over(
                     tree_of(&policy),
                 );
                 if let Some(h) = cell.history.take() {
-                    cell.books.keep_history(h);
+                    if !cell.books.keep_history(h) {
+                        info!(
+                            "another coordinator decided since this one last did: its record \
+                             goes on from the stored one"
+                        );
+                    }
                 }
                 cell.books.track_changes(true);
                 let weak = Arc::downgrade(app);

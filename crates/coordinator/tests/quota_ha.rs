@@ -463,6 +463,73 @@ async fn the_next_leader_keeps_the_fair_queue_and_an_owner_reclaims_at_once() {
     drop(cs);
 }
 
+/// What the leader recorded goes over to the next one with the books: `kill -9` of the
+/// leader once its record of a preemption is stored (at most 5 s after it, while nodes
+/// sync), and the next leader's status and events show that preemption. (Before, the
+/// record was each leader's memory: `preemptions_last_hour` 0 and no event at the next.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_leader_shows_the_record_the_last_one_stored() {
+    let etcd = Etcd::start_with(&["--election-timeout", "500", "--heartbeat-interval", "50"])
+        .expect("etcd");
+    let dir = tempfile::tempdir().unwrap();
+    let mut cs: Vec<Coord> =
+        (0..2).map(|_| Coord::start(dir.path(), &etcd.url, free_addr())).collect();
+    let urls: Vec<String> = cs.iter().map(|c| c.url.clone()).collect();
+    let all: Vec<&str> = urls.iter().map(String::as_str).collect();
+    Client::new(&all, ADMIN).unwrap().push_policy(&policy(), None).await.unwrap();
+    let st = wait_status(&urls[0], "a coordinator deciding", |s| {
+        s.authority.is_some() && s.coordinators.len() == 2
+    })
+    .await;
+    let leader = st.authority.clone().unwrap();
+    let li = urls.iter().position(|u| *u == leader.url).expect("the leader is one of the two");
+    let other = urls[1 - li].clone();
+    let mut a = Node::new(&[urls[li].as_str(), other.as_str()], "node-a", NODE_A);
+    a.sync().await;
+    for i in 1..=3 {
+        admitted(&a.admit(ask(&format!("a{i}"), "acme/a")).await.unwrap());
+    }
+    for i in 1..=5 {
+        admitted(&a.admit(ask(&format!("b{i}"), "acme/b")).await.unwrap());
+    }
+    a.sync().await;
+    let mut claim = ask("a4", "acme/a");
+    claim.short_on_node = true;
+    match a.admit(claim).await.unwrap() {
+        AdmitAnswer::Reclaiming { victims, .. } => assert_eq!(victims.len(), 1, "{victims:?}"),
+        other => panic!("expected a4 to reclaim, got {other:?}"),
+    }
+    // Stored within a record step while the node syncs (every call ticks the books).
+    let mut raw = etcd_client::Client::connect([etcd.url.as_str()], None).await.unwrap();
+    let key = format!("{PREFIX}/quota/books/record/acme/b");
+    let t0 = Instant::now();
+    loop {
+        let resp = raw.get(key.as_str(), None).await.unwrap();
+        let stored = resp.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
+        if stored.as_deref().is_some_and(|v| v.contains(r#""preemptions":1"#)) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "record not stored: {stored:?}");
+        a.sync().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let preempts = |e: &[fleet::quota_wire::QuotaEvent]| {
+        e.iter()
+            .filter(|e| e.kind == QuotaEventKind::Preempt && e.tenant.as_deref() == Some("acme/b"))
+            .count()
+    };
+    cs[li].kill9();
+    let st = wait_status(&other, "the other coordinator deciding", |s| {
+        s.authority.as_ref().is_some_and(|x| x.url == other)
+    })
+    .await;
+    let path = |p: &str| st.paths.iter().find(|x| x.path == p).cloned().unwrap();
+    assert_eq!(path("acme/b").preemptions_last_hour, 1, "{st:#?}");
+    let admin = Client::new(&[other.as_str()], ADMIN).unwrap();
+    assert_eq!(preempts(&admin.quota_events().await.unwrap()), 1, "its preempt event is kept");
+    drop(cs);
+}
+
 /// A write fenced by a leadership that is gone is refused by etcd, and nothing of it is
 /// stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -140,6 +140,10 @@ type ClaimKey = (String, String, String);
 pub const PREEMPTION_WINDOW_MS: u64 = 3_600_000;
 /// Owner waits kept per tenant for the status's p50 and p99.
 pub const OWNER_WAITS_KEPT: usize = 256;
+/// A tenant's record (its costs and counters) and the new events are handed out for
+/// storing at most this often ([`Books::take_changes`]): a change of leader loses at most
+/// this much of what the status and the events show.
+pub const RECORD_STEP_MS: u64 = 5_000;
 
 /// The claim of a request ([`ClaimKey`]'s third part).
 fn claim_of(req: &AdmitRequest) -> String {
@@ -468,6 +472,8 @@ pub struct History {
     events: VecDeque<QuotaEvent>,
     counters: Counters,
     costs: BTreeMap<String, Cost>,
+    /// The sequence number its next event would have had.
+    event_seq: u64,
 }
 
 /// What preemption cost one tenant, and how long its owed requests waited.
@@ -594,6 +600,15 @@ pub struct Books {
     /// The store was last handed out that the fair queue it holds is whole
     /// ([`state::StateOp::PutQueueKept`]).
     durable_queue_kept: bool,
+    /// Tenants whose record (costs, counters) changed since it was last handed out for
+    /// storing (only while changes are tracked).
+    record_due: BTreeSet<String>,
+    /// When the records and events were last handed out for storing.
+    record_stored_ms: u64,
+    /// The sequence number of the next event (the events kept are the ones before it).
+    event_seq: u64,
+    /// The sequence numbers of the events last handed out as stored, `[from, to)`.
+    durable_events: (u64, u64),
 }
 
 fn max_each(a: &Resources, b: &Resources) -> Resources {
@@ -778,6 +793,10 @@ impl Books {
             durable_rebuilding: false,
             queue_kept: true,
             durable_queue_kept: false,
+            record_due: BTreeSet::new(),
+            record_stored_ms: 0,
+            event_seq: 0,
+            durable_events: (0, 0),
         }
     }
 
@@ -830,38 +849,101 @@ impl Books {
         &self.counters
     }
 
-    /// What these books recorded of what they decided, not kept in the store: the events,
-    /// the counters, the work lost to preemption, preemption times and owner waits. Taken
-    /// out (the books keep none) by a coordinator that stops deciding, so that it keeps its
-    /// own record if it decides again ([`Books::keep_history`]).
+    /// What these books recorded of what they decided: the events, the counters, the work
+    /// lost to preemption, preemption times and owner waits (stored at most every
+    /// [`RECORD_STEP_MS`]). Taken out (the books keep none) by a coordinator that stops
+    /// deciding, so that it keeps its own record if it decides again before another
+    /// coordinator has ([`Books::keep_history`]).
     pub fn take_history(&mut self) -> History {
         History {
             events: std::mem::take(&mut self.events),
             counters: std::mem::take(&mut self.counters),
             costs: std::mem::take(&mut self.costs),
+            event_seq: self.event_seq,
         }
     }
 
-    /// Books taken over by the coordinator that recorded `history` before (it lost the
-    /// leadership and won it back): its events, counters and costs go on from there; what
-    /// they record since comes after.
-    pub fn keep_history(&mut self, history: History) {
-        let History { events, counters, costs } = history;
-        let mut kept = events;
-        kept.extend(self.events.drain(..));
-        while kept.len() > EVENTS_KEPT {
-            kept.pop_front();
+    /// Books just taken over (from the store) by the coordinator that recorded `history`
+    /// before (it lost the leadership and won it back). Three cases, told by the events
+    /// (numbered in one sequence that a leader taking over from the store goes on with):
+    ///
+    /// * The stored record is its own (every stored event one of its own at the same
+    ///   number, no counter of the store above its own: nobody else decided since): its
+    ///   record replaces the stored one, the last [`RECORD_STEP_MS`] it had not stored yet
+    ///   included.
+    /// * The store holds none of its record (written by a coordinator that does not store
+    ///   records, or none of its events stored yet, or these books recorded since): its
+    ///   record comes first, the stored one after it; counters and costs add up.
+    /// * Another coordinator decided in between, going on from this one's record as
+    ///   stored: the stored record stays (this one's last unstored seconds are lost).
+    ///
+    /// Whatever is kept is stored again at the next step. Returns whether `history` was
+    /// kept.
+    pub fn keep_history(&mut self, history: History) -> bool {
+        let History { events, counters, costs, event_seq } = history;
+        let stored_from = self.event_seq - self.events.len() as u64;
+        let own_from = event_seq.saturating_sub(events.len() as u64);
+        let at = |seq: u64, from: u64, d: &VecDeque<QuotaEvent>| {
+            seq.checked_sub(from).and_then(|i| d.get(usize::try_from(i).ok()?)).cloned()
+        };
+        let shared = (stored_from.max(own_from)..self.event_seq.min(event_seq))
+            .filter(|&seq| {
+                at(seq, stored_from, &self.events)
+                    .is_some_and(|e| at(seq, own_from, &events) == Some(e))
+            })
+            .count() as u64;
+        let at_most = |stored: &BTreeMap<String, u64>, own: &BTreeMap<String, u64>| {
+            stored.iter().all(|(t, n)| own.get(t).copied().unwrap_or(0) >= *n)
+        };
+        let stored_events = self.event_seq - stored_from;
+        let own_record = self.event_seq <= event_seq
+            && shared == stored_events
+            && (stored_events > 0 || self.counters == Counters::default())
+            && at_most(&self.counters.reclaims, &counters.reclaims)
+            && at_most(&self.counters.preemptions, &counters.preemptions);
+        let tenants: Vec<String> = [&self.counters.reclaims, &self.counters.preemptions]
+            .into_iter()
+            .chain([&counters.reclaims, &counters.preemptions])
+            .flat_map(|m| m.keys())
+            .chain(self.costs.keys())
+            .chain(costs.keys())
+            .cloned()
+            .collect();
+        if own_record {
+            self.events = events;
+            self.event_seq = event_seq.max(self.events.len() as u64);
+            self.counters = counters;
+            self.costs = costs;
+        } else if shared == 0 {
+            let mut kept = events;
+            kept.extend(self.events.drain(..));
+            while kept.len() > EVENTS_KEPT {
+                kept.pop_front();
+            }
+            // Numbered after every stored one: each is deleted and the merged ones written.
+            self.event_seq = self.durable_events.1.max(self.event_seq) + kept.len() as u64;
+            self.events = kept;
+            for (tenant, n) in counters.reclaims {
+                *self.counters.reclaims.entry(tenant).or_default() += n;
+            }
+            for (tenant, n) in counters.preemptions {
+                *self.counters.preemptions.entry(tenant).or_default() += n;
+            }
+            for (tenant, old) in costs {
+                let now = self.costs.remove(&tenant).unwrap_or_default();
+                self.costs.insert(tenant, old.then(now));
+            }
+        } else {
+            return false;
         }
-        self.events = kept;
-        for (tenant, n) in counters.reclaims {
-            *self.counters.reclaims.entry(tenant).or_default() += n;
-        }
-        for (tenant, n) in counters.preemptions {
-            *self.counters.preemptions.entry(tenant).or_default() += n;
-        }
-        for (tenant, old) in costs {
-            let now = self.costs.remove(&tenant).unwrap_or_default();
-            self.costs.insert(tenant, old.then(now));
+        self.record_due.extend(tenants);
+        true
+    }
+
+    /// `tenant`'s record (costs, counters) changed: stored at the next [`RECORD_STEP_MS`].
+    fn note_record(&mut self, tenant: &str) {
+        if self.changes.on && !self.record_due.contains(tenant) {
+            self.record_due.insert(tenant.to_string());
         }
     }
 
@@ -877,6 +959,7 @@ impl Books {
         if self.events.len() >= EVENTS_KEPT {
             self.events.pop_front();
         }
+        self.event_seq += 1;
         self.events.push_back(QuotaEvent {
             ts_ms: now,
             kind,
@@ -915,6 +998,11 @@ impl Books {
     pub fn tick(&mut self, now: u64) {
         if now >= self.next_expiry_ms {
             self.sweep(now);
+        }
+        if self.changes.on && now >= self.record_stored_ms.saturating_add(RECORD_STEP_MS) {
+            self.record_stored_ms = now;
+            self.changes.records.append(&mut self.record_due);
+            self.changes.events = true;
         }
         if !self.queue_kept && !self.settling(now) {
             // Relearned: every request still waiting has asked again since the takeover.
@@ -1510,6 +1598,9 @@ impl Books {
             let owed_since = self.owed_since.remove(claim).map(|(since, _)| since);
             if asked || owed_since.is_some() {
                 self.changes.ask(claim, false);
+            }
+            if ask.owed_first || owed_since.is_some() {
+                self.note_record(tenant);
             }
             let cost = self.costs.entry(tenant.to_string()).or_default();
             let (waits, from) = match (ask.owed_first, owed_since) {
@@ -2330,6 +2421,9 @@ impl Books {
         for (v, (tenant, workload, container, resources, lost_s, checkpoint)) in
             victims.iter_mut().zip(preempted)
         {
+            if self.changes.on {
+                self.record_due.insert(tenant.clone());
+            }
             let cost = self.costs.entry(tenant.clone()).or_default();
             cost.preempted_ms.push_back(now);
             for (res, amount) in resources.iter() {
@@ -2398,6 +2492,7 @@ impl Books {
             true,
         );
         *self.counters.reclaims.entry(claimant.to_string()).or_default() += 1;
+        self.note_record(claimant);
         self.event(
             now,
             QuotaEventKind::Reclaim,
@@ -2408,6 +2503,9 @@ impl Books {
         );
         for v in &victims {
             *self.counters.preemptions.entry(v.tenant.clone()).or_default() += 1;
+            if self.changes.on {
+                self.record_due.insert(v.tenant.clone());
+            }
             self.event(
                 now,
                 QuotaEventKind::Preempt,

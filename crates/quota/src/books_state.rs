@@ -29,21 +29,27 @@
 //! saying whether the answer must wait for them (`urgent`). Books restored from it
 //! ([`Books::restore`]) are ready at once, unless it says its books were being rebuilt.
 //!
+//! * What the books recorded of what they decided: each tenant's record (work lost to
+//!   preemption, preemption times within the hour, owner and owed-later waits, reclaims and
+//!   preemptions counted) and the events, handed out at most every
+//!   [`super::RECORD_STEP_MS`] (never urgent): a change of leader loses at most that much
+//!   of what the status, `/metrics` and the events show.
+//!
 //! Not kept (rebuilt or lost at a change of leader, never to anyone's loss of a guarantee
 //! or crossing of a ceiling): gangs still assembling (their members' long polls end; they
-//! ask again), kept gang answers, lease recalls, events and counters.
+//! ask again), kept gang answers, lease recalls.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Books, ClaimKey, Entry, NodeBook, NodeContainer, Pending, Reclaim, Requeue, TenantClaim,
-    WaitEntry,
+    Books, ClaimKey, Cost, Entry, NodeBook, NodeContainer, Pending, Reclaim, Requeue, TenantClaim,
+    WaitEntry, EVENTS_KEPT,
 };
-use crate::amount::Resources;
+use crate::amount::{Resource, Resources};
 use crate::spec::QuotaTree;
-use crate::wire::{Amounts, Holding, Lease, QuotaClass, Victim};
+use crate::wire::{Amounts, Holding, Lease, QuotaClass, QuotaEvent, Victim};
 
 /// One node as the durable books keep it. Its holdings are kept one by one
 /// ([`StateOp::PutHolding`]): a sync that changes one holding writes one.
@@ -136,6 +142,72 @@ pub struct BooksState {
     /// a version that does not store the queue, deciding in between, leaves it unsaid.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub queue_kept: bool,
+    /// Each tenant's record (what preemption cost it, its waits, its counters).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub records: Vec<RecordState>,
+    /// The events kept, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<EventState>,
+}
+
+impl BooksState {
+    /// Whether this state holds a record or an event (written by books that store them):
+    /// books taken over from it go on from the stored record, not a coordinator's own.
+    pub fn has_record(&self) -> bool {
+        !self.records.is_empty() || !self.events.is_empty()
+    }
+}
+
+/// Work lost to preemption, by resource: in the resource's unit × seconds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LostState {
+    /// Micro-GPU-seconds, by GPU model.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gpus: BTreeMap<String, u128>,
+    /// Millicore-seconds.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cpu_milli: u128,
+    /// MiB-seconds.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub memory_mib: u128,
+}
+
+fn is_zero(n: &u128) -> bool {
+    *n == 0
+}
+
+/// What one tenant's record holds: what preemption cost it, how long its owed requests
+/// waited, how many reclaims it started and how many of its containers were victims.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordState {
+    pub tenant: String,
+    /// When its containers were chosen as victims (within the last hour when written).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preempted_ms: Vec<u64>,
+    #[serde(default)]
+    pub lost: LostState,
+    /// Its owed requests' last waits, ms, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owner_waits_ms: Vec<u64>,
+    /// Its requests owed only later: their last waits while owed, ms, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owed_later_waits_ms: Vec<u64>,
+    /// Reclaims it started as claimant.
+    #[serde(default)]
+    pub reclaims: u64,
+    /// Its containers chosen as victims.
+    #[serde(default)]
+    pub preemptions: u64,
+}
+
+/// One event and its place in the books' sequence of events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventState {
+    pub seq: u64,
+    pub event: QuotaEvent,
 }
 
 /// The step the fair queue's last-ask times are stored to (rewritten, lazily, each time one
@@ -264,6 +336,11 @@ pub enum StateOp {
     },
     /// The stored fair queue is whole from here on ([`BooksState::queue_kept`]).
     PutQueueKept,
+    PutRecord(RecordState),
+    PutEvent(EventState),
+    DelEvent {
+        seq: u64,
+    },
 }
 
 /// What [`Books::take_changes`] hands out.
@@ -287,6 +364,10 @@ pub(super) struct Changes {
     pub(super) waiting: BTreeSet<NodeContainer>,
     pub(super) asks: BTreeSet<ClaimKey>,
     pub(super) requeues: BTreeSet<TenantClaim>,
+    /// Tenants whose record is due for storing ([`super::RECORD_STEP_MS`]).
+    pub(super) records: BTreeSet<String>,
+    /// The events are due for storing.
+    pub(super) events: bool,
     pub(super) urgent: bool,
 }
 
@@ -527,6 +608,23 @@ impl Books {
                 None => out.ops.push(StateOp::DelRequeue { tenant: key.0, claim: key.1 }),
             }
         }
+        for tenant in c.records {
+            if let Some(r) = self.record_state(&tenant) {
+                out.ops.push(StateOp::PutRecord(r));
+            }
+        }
+        if c.events {
+            let from = self.event_seq - self.events.len() as u64;
+            let (stored_from, stored_to) = self.durable_events;
+            for seq in stored_from..stored_to.min(from) {
+                out.ops.push(StateOp::DelEvent { seq });
+            }
+            for seq in stored_to.max(from)..self.event_seq {
+                let event = self.events[(seq - from) as usize].clone();
+                out.ops.push(StateOp::PutEvent(EventState { seq, event }));
+            }
+            self.durable_events = (from, self.event_seq);
+        }
         // Last, and with every batch while the queue is whole: the store tells a queue
         // kept whole by the mark's being written with (or after) every other key (etcd:
         // its revision), so books of a version that does not store the queue, deciding
@@ -536,6 +634,38 @@ impl Books {
             out.ops.push(StateOp::PutQueueKept);
         }
         out
+    }
+
+    /// `tenant`'s record as stored; `None` when it has none.
+    fn record_state(&self, tenant: &str) -> Option<RecordState> {
+        let cost = self.costs.get(tenant);
+        let mut lost = LostState::default();
+        for (res, n) in cost.map(|c| &c.lost).into_iter().flatten() {
+            match res {
+                Resource::Gpu(model) => {
+                    lost.gpus.insert(model.clone(), *n);
+                }
+                Resource::Cpu => lost.cpu_milli = *n,
+                Resource::Memory => lost.memory_mib = *n,
+            }
+        }
+        let r = RecordState {
+            tenant: tenant.to_string(),
+            preempted_ms: cost
+                .map(|c| c.preempted_ms.iter().copied().collect())
+                .unwrap_or_default(),
+            lost,
+            owner_waits_ms: cost
+                .map(|c| c.owner_waits.iter().copied().collect())
+                .unwrap_or_default(),
+            owed_later_waits_ms: cost
+                .map(|c| c.owed_later_waits.iter().copied().collect())
+                .unwrap_or_default(),
+            reclaims: self.counters.reclaims.get(tenant).copied().unwrap_or(0),
+            preemptions: self.counters.preemptions.get(tenant).copied().unwrap_or(0),
+        };
+        let empty = RecordState { tenant: r.tenant.clone(), ..RecordState::default() };
+        (r != empty).then_some(r)
     }
 
     /// A claim's first ask and owed-since, as stored; `None` when it has neither.
@@ -576,6 +706,22 @@ impl Books {
                 .collect(),
             requeues: self.requeues.iter().map(|(k, q)| q.state(k)).collect(),
             queue_kept: self.queue_kept,
+            records: self
+                .costs
+                .keys()
+                .chain(self.counters.reclaims.keys())
+                .chain(self.counters.preemptions.keys())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .filter_map(|t| self.record_state(t))
+                .collect(),
+            events: {
+                let from = self.event_seq - self.events.len() as u64;
+                (from..)
+                    .zip(&self.events)
+                    .map(|(seq, e)| EventState { seq, event: e.clone() })
+                    .collect()
+            },
         }
     }
 
@@ -634,6 +780,43 @@ impl Books {
                 b.owed_since.insert(key, (since, a.owed_seen_ms.unwrap_or(since)));
             }
         }
+        for r in state.records {
+            let mut lost: BTreeMap<Resource, u128> = BTreeMap::new();
+            for (model, n) in r.lost.gpus {
+                lost.insert(Resource::Gpu(model), n);
+            }
+            for (res, n) in
+                [(Resource::Cpu, r.lost.cpu_milli), (Resource::Memory, r.lost.memory_mib)]
+            {
+                if n > 0 {
+                    lost.insert(res, n);
+                }
+            }
+            let cost = Cost {
+                preempted_ms: r.preempted_ms.into_iter().collect(),
+                lost,
+                owner_waits: r.owner_waits_ms.into_iter().collect(),
+                owed_later_waits: r.owed_later_waits_ms.into_iter().collect(),
+            };
+            if cost != Cost::default() {
+                b.costs.insert(r.tenant.clone(), cost);
+            }
+            if r.reclaims > 0 {
+                b.counters.reclaims.insert(r.tenant.clone(), r.reclaims);
+            }
+            if r.preemptions > 0 {
+                b.counters.preemptions.insert(r.tenant, r.preemptions);
+            }
+        }
+        let mut events = state.events;
+        events.sort_by_key(|e| e.seq);
+        if let Some(last) = events.last() {
+            // Every stored one is deleted in its turn, the ones beyond the bound too.
+            b.event_seq = last.seq.saturating_add(1);
+            b.durable_events = (events[0].seq, b.event_seq);
+        }
+        let keep_from = events.len().saturating_sub(EVENTS_KEPT);
+        b.events = events.drain(keep_from..).map(|e| e.event).collect();
         for q in state.requeues {
             b.requeues.insert(
                 TenantClaim(q.tenant, q.claim),

@@ -14,6 +14,8 @@
 //! | `{p}/quota/books/waiting/{node}/{container}` | a request in the fair queue ([`WaitingState`]) |
 //! | `{p}/quota/books/ask/{node}/{tenant}/#{claim in hex}` | a claim's first ask and owed-since ([`AskState`]) |
 //! | `{p}/quota/books/requeue/{tenant}/#{claim in hex}` | preempted work's requeue backoff ([`RequeueState`]) |
+//! | `{p}/quota/books/record/{tenant}` | the tenant's record: work lost to preemption, preemption times, owner and owed-later waits, reclaims and preemptions counted ([`RecordState`]), written at most every 5 s |
+//! | `{p}/quota/books/event/{seq:016x}` | one quota event ([`EventState`]), written at most every 5 s, deleted when the books no longer keep it |
 //! | `{p}/quota/books/queue-kept` | the stored fair queue is whole, written with every batch of books that keep it: it counts only if no other books key has a later revision ([`BooksState::queue_kept`]) |
 //!
 //! **Election.** Each coordinator grants itself a lease of the leader TTL, puts its key under
@@ -41,8 +43,8 @@ use etcd_client::{
 };
 use fleet::quota_wire::{Authority, Holding};
 use quota::books::state::{
-    AskState, BooksState, NodeState, PendingState, ReclaimState, RequeueState, StateOp,
-    WaitingState,
+    AskState, BooksState, EventState, NodeState, PendingState, ReclaimState, RecordState,
+    RequeueState, StateOp, WaitingState,
 };
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -188,6 +190,12 @@ impl EtcdQuota {
     fn queue_kept_key(&self) -> String {
         format!("{}/quota/books/queue-kept", self.prefix)
     }
+    fn record_key(&self, tenant: &str) -> String {
+        format!("{}/quota/books/record/{tenant}", self.prefix)
+    }
+    fn event_key(&self, seq: u64) -> String {
+        format!("{}/quota/books/event/{seq:016x}", self.prefix)
+    }
 
     fn kv(&self) -> etcd_client::KvClient {
         self.client.kv_client().max_decoding_message_size(MAX_MESSAGE)
@@ -240,6 +248,9 @@ impl EtcdQuota {
                 Write::Delete(self.requeue_key(&tenant, &claim))
             }
             StateOp::PutQueueKept => Write::Put(self.queue_kept_key(), encode(&true)?),
+            StateOp::PutRecord(r) => Write::Put(self.record_key(&r.tenant), encode(&r)?),
+            StateOp::PutEvent(e) => Write::Put(self.event_key(e.seq), encode(&e)?),
+            StateOp::DelEvent { seq } => Write::Delete(self.event_key(seq)),
         })
     }
 
@@ -536,6 +547,12 @@ impl QuotaBackend for EtcdQuota {
                         "requeue" => state
                             .requeues
                             .push(decode::<RequeueState>("quota books requeue", item.value())?),
+                        "record" => state
+                            .records
+                            .push(decode::<RecordState>("quota books record", item.value())?),
+                        "event" => state
+                            .events
+                            .push(decode::<EventState>("quota books event", item.value())?),
                         "queue-kept" => {
                             let kept: bool = decode("quota books queue-kept", item.value())?;
                             mark_rev = kept.then(|| item.mod_revision());
