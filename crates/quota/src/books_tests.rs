@@ -1322,7 +1322,6 @@ fn books_taken_over_keep_the_record_the_status_and_the_events_show() {
     assert_eq!(taken.counters(), b.counters());
     // Events beyond the bound leave the store as they leave the books.
     taken.track_changes(true);
-    let mut store = store;
     let first = store.events.first().map(|e| e.seq).expect("events stored");
     for i in 0..EVENTS_KEPT {
         taken.event(now, QuotaEventKind::Refuse, Some("acme/b"), None, None, format!("r{i}"));
