@@ -406,11 +406,12 @@ async fn take_over(
                     state,
                     tree_of(&policy),
                 );
+                cell.books.set_record_term(authority.term);
                 if let Some(h) = cell.history.take() {
                     if !cell.books.keep_history(h) {
                         info!(
-                            "another coordinator decided since this one last did: its record \
-                             goes on from the stored one"
+                            "another coordinator stored its record since this one last \
+                             decided: the stored record goes on"
                         );
                     }
                 }

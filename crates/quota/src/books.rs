@@ -472,8 +472,12 @@ pub struct History {
     events: VecDeque<QuotaEvent>,
     counters: Counters,
     costs: BTreeMap<String, Cost>,
-    /// The sequence number its next event would have had.
+    /// Each event's number.
+    event_seqs: VecDeque<u64>,
+    /// The number its next event would have had.
     event_seq: u64,
+    /// The mark of the record in the store as these books last knew it.
+    record_mark: Option<state::RecordMark>,
 }
 
 /// What preemption cost one tenant, and how long its owed requests waited.
@@ -489,26 +493,6 @@ struct Cost {
     /// The last [`OWNER_WAITS_KEPT`] waits of requests owed only later, from when a reclaim
     /// decision first found them owed to admission, ms.
     owed_later_waits: VecDeque<u64>,
-}
-
-impl Cost {
-    /// `self`, recorded first, followed by `later`: each queue keeps its newest entries
-    /// up to its bound.
-    fn then(mut self, later: Cost) -> Cost {
-        self.preempted_ms.extend(later.preempted_ms);
-        for (r, n) in later.lost {
-            let slot = self.lost.entry(r).or_default();
-            *slot = slot.saturating_add(n);
-        }
-        self.owner_waits.extend(later.owner_waits);
-        self.owed_later_waits.extend(later.owed_later_waits);
-        for waits in [&mut self.owner_waits, &mut self.owed_later_waits] {
-            while waits.len() > OWNER_WAITS_KEPT {
-                waits.pop_front();
-            }
-        }
-        self
-    }
 }
 
 /// Work preempted and when it may borrow again.
@@ -605,10 +589,24 @@ pub struct Books {
     record_due: BTreeSet<String>,
     /// When the records and events were last handed out for storing.
     record_stored_ms: u64,
-    /// The sequence number of the next event (the events kept are the ones before it).
+    /// The latest time a call brought ([`Books::tick`]).
+    last_now_ms: u64,
+    /// Each kept event's number, in step with `events`.
+    event_seqs: VecDeque<u64>,
+    /// The number of the next event.
     event_seq: u64,
-    /// The sequence numbers of the events last handed out as stored, `[from, to)`.
-    durable_events: (u64, u64),
+    /// The events changed since they were last handed out for storing.
+    events_dirty: bool,
+    /// The numbers of the events the store holds, as last handed out.
+    durable_events: BTreeSet<u64>,
+    /// Every stored event is to be written again (numbered anew at a restore).
+    events_rewrite: bool,
+    /// The mark of the record in the store, as these books last handed it out or found it.
+    record_mark: Option<state::RecordMark>,
+    /// This leadership's term, in the marks it writes ([`Books::set_record_term`]).
+    record_term: u64,
+    /// Hand the record out with every change (tests that compare the store with the books).
+    record_forced: bool,
 }
 
 fn max_each(a: &Resources, b: &Resources) -> Resources {
@@ -795,8 +793,15 @@ impl Books {
             durable_queue_kept: false,
             record_due: BTreeSet::new(),
             record_stored_ms: 0,
+            last_now_ms: 0,
+            event_seqs: VecDeque::new(),
             event_seq: 0,
-            durable_events: (0, 0),
+            events_dirty: false,
+            durable_events: BTreeSet::new(),
+            events_rewrite: false,
+            record_mark: None,
+            record_term: 0,
+            record_forced: false,
         }
     }
 
@@ -853,54 +858,32 @@ impl Books {
     /// lost to preemption, preemption times and owner waits (stored at most every
     /// [`RECORD_STEP_MS`]). Taken out (the books keep none) by a coordinator that stops
     /// deciding, so that it keeps its own record if it decides again before another
-    /// coordinator has ([`Books::keep_history`]).
+    /// coordinator has stored one ([`Books::keep_history`]).
     pub fn take_history(&mut self) -> History {
         History {
             events: std::mem::take(&mut self.events),
             counters: std::mem::take(&mut self.counters),
             costs: std::mem::take(&mut self.costs),
+            event_seqs: std::mem::take(&mut self.event_seqs),
             event_seq: self.event_seq,
+            record_mark: self.record_mark,
         }
     }
 
     /// Books just taken over (from the store) by the coordinator that recorded `history`
-    /// before (it lost the leadership and won it back). Three cases, told by the events
-    /// (numbered in one sequence that a leader taking over from the store goes on with):
-    ///
-    /// * The stored record is its own (every stored event one of its own at the same
-    ///   number, no counter of the store above its own: nobody else decided since): its
-    ///   record replaces the stored one, the last [`RECORD_STEP_MS`] it had not stored yet
-    ///   included.
-    /// * The store holds none of its record (written by a coordinator that does not store
-    ///   records, or none of its events stored yet, or these books recorded since): its
-    ///   record comes first, the stored one after it; counters and costs add up.
-    /// * Another coordinator decided in between, going on from this one's record as
-    ///   stored: the stored record stays (this one's last unstored seconds are lost).
-    ///
-    /// Whatever is kept is stored again at the next step. Returns whether `history` was
-    /// kept.
+    /// before (it lost the leadership and won it back). Each hand-out of the record writes a
+    /// mark (this leadership's term and a count), so the store says whose record it holds:
+    /// where its mark is the one `history`'s books last knew (nobody stored a record since
+    /// they took the books over or last stored theirs), `history` holds all the store does
+    /// and more (what it had not stored yet), and replaces the stored record, to be stored
+    /// at the next step. Otherwise another coordinator stored its record since (going on
+    /// from this one's as stored) and the stored record stays; this one's last unstored
+    /// seconds are lost, as a `kill -9` loses them. Returns whether `history` was kept.
     pub fn keep_history(&mut self, history: History) -> bool {
-        let History { events, counters, costs, event_seq } = history;
-        let stored_from = self.event_seq - self.events.len() as u64;
-        let own_from = event_seq.saturating_sub(events.len() as u64);
-        let at = |seq: u64, from: u64, d: &VecDeque<QuotaEvent>| {
-            seq.checked_sub(from).and_then(|i| d.get(usize::try_from(i).ok()?)).cloned()
-        };
-        let shared = (stored_from.max(own_from)..self.event_seq.min(event_seq))
-            .filter(|&seq| {
-                at(seq, stored_from, &self.events)
-                    .is_some_and(|e| at(seq, own_from, &events) == Some(e))
-            })
-            .count() as u64;
-        let at_most = |stored: &BTreeMap<String, u64>, own: &BTreeMap<String, u64>| {
-            stored.iter().all(|(t, n)| own.get(t).copied().unwrap_or(0) >= *n)
-        };
-        let stored_events = self.event_seq - stored_from;
-        let own_record = self.event_seq <= event_seq
-            && shared == stored_events
-            && (stored_events > 0 || self.counters == Counters::default())
-            && at_most(&self.counters.reclaims, &counters.reclaims)
-            && at_most(&self.counters.preemptions, &counters.preemptions);
+        if history.record_mark != self.record_mark {
+            return false;
+        }
+        let History { events, counters, costs, event_seqs, event_seq, record_mark: _ } = history;
         let tenants: Vec<String> = [&self.counters.reclaims, &self.counters.preemptions]
             .into_iter()
             .chain([&counters.reclaims, &counters.preemptions])
@@ -909,35 +892,27 @@ impl Books {
             .chain(costs.keys())
             .cloned()
             .collect();
-        if own_record {
-            self.events = events;
-            self.event_seq = event_seq.max(self.events.len() as u64);
-            self.counters = counters;
-            self.costs = costs;
-        } else if shared == 0 {
-            let mut kept = events;
-            kept.extend(self.events.drain(..));
-            while kept.len() > EVENTS_KEPT {
-                kept.pop_front();
-            }
-            // Numbered after every stored one: each is deleted and the merged ones written.
-            self.event_seq = self.durable_events.1.max(self.event_seq) + kept.len() as u64;
-            self.events = kept;
-            for (tenant, n) in counters.reclaims {
-                *self.counters.reclaims.entry(tenant).or_default() += n;
-            }
-            for (tenant, n) in counters.preemptions {
-                *self.counters.preemptions.entry(tenant).or_default() += n;
-            }
-            for (tenant, old) in costs {
-                let now = self.costs.remove(&tenant).unwrap_or_default();
-                self.costs.insert(tenant, old.then(now));
-            }
-        } else {
-            return false;
-        }
         self.record_due.extend(tenants);
+        self.events = events;
+        self.event_seqs = event_seqs;
+        self.event_seq = event_seq;
+        self.events_dirty = true;
+        self.counters = counters;
+        self.costs = costs;
         true
+    }
+
+    /// The term of the leadership these books decide for: written in every mark of the
+    /// record they store ([`Books::keep_history`]).
+    pub fn set_record_term(&mut self, term: u64) {
+        self.record_term = term;
+    }
+
+    /// Hand the record out with every change, not every [`RECORD_STEP_MS`] (tests that
+    /// compare the store with the books after every change).
+    #[cfg(test)]
+    pub(crate) fn record_every_change(&mut self) {
+        self.record_forced = true;
     }
 
     /// `tenant`'s record (costs, counters) changed: stored at the next [`RECORD_STEP_MS`].
@@ -958,8 +933,11 @@ impl Books {
     ) {
         if self.events.len() >= EVENTS_KEPT {
             self.events.pop_front();
+            self.event_seqs.pop_front();
         }
-        self.event_seq += 1;
+        self.event_seqs.push_back(self.event_seq);
+        self.event_seq = self.event_seq.saturating_add(1);
+        self.events_dirty = true;
         self.events.push_back(QuotaEvent {
             ts_ms: now,
             kind,
@@ -999,11 +977,7 @@ impl Books {
         if now >= self.next_expiry_ms {
             self.sweep(now);
         }
-        if self.changes.on && now >= self.record_stored_ms.saturating_add(RECORD_STEP_MS) {
-            self.record_stored_ms = now;
-            self.changes.records.append(&mut self.record_due);
-            self.changes.events = true;
-        }
+        self.last_now_ms = now;
         if !self.queue_kept && !self.settling(now) {
             // Relearned: every request still waiting has asked again since the takeover.
             self.queue_kept = true;
@@ -1131,13 +1105,18 @@ impl Books {
             }
             kept
         });
-        for c in self.costs.values_mut() {
+        for (tenant, c) in self.costs.iter_mut() {
+            let before = c.preempted_ms.len();
             while c
                 .preempted_ms
                 .front()
                 .is_some_and(|t| now > t.saturating_add(PREEMPTION_WINDOW_MS))
             {
                 c.preempted_ms.pop_front();
+            }
+            // The stored record follows (an hour on, the store says what the books do).
+            if c.preempted_ms.len() != before && self.changes.on {
+                self.record_due.insert(tenant.clone());
             }
         }
     }

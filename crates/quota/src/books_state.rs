@@ -148,14 +148,21 @@ pub struct BooksState {
     /// The events kept, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<EventState>,
+    /// Who stored the record last, and how many times ([`RecordMark`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_mark: Option<RecordMark>,
 }
 
-impl BooksState {
-    /// Whether this state holds a record or an event (written by books that store them):
-    /// books taken over from it go on from the stored record, not a coordinator's own.
-    pub fn has_record(&self) -> bool {
-        !self.records.is_empty() || !self.events.is_empty()
-    }
+/// Written with every hand-out of the record (after its records and events): the term of
+/// the leadership whose books wrote it and how many hand-outs of the record its line of
+/// books has made. Books that took the store over, or last stored their record, under this
+/// mark know that the store holds nothing of the record they do not
+/// ([`Books::keep_history`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordMark {
+    pub term: u64,
+    pub count: u64,
 }
 
 /// Work lost to preemption, by resource: in the resource's unit × seconds.
@@ -337,10 +344,15 @@ pub enum StateOp {
     /// The stored fair queue is whole from here on ([`BooksState::queue_kept`]).
     PutQueueKept,
     PutRecord(RecordState),
+    DelRecord {
+        tenant: String,
+    },
     PutEvent(EventState),
     DelEvent {
         seq: u64,
     },
+    /// The record was handed out under this mark ([`BooksState::record_mark`]).
+    PutRecordMark(RecordMark),
 }
 
 /// What [`Books::take_changes`] hands out.
@@ -364,10 +376,6 @@ pub(super) struct Changes {
     pub(super) waiting: BTreeSet<NodeContainer>,
     pub(super) asks: BTreeSet<ClaimKey>,
     pub(super) requeues: BTreeSet<TenantClaim>,
-    /// Tenants whose record is due for storing ([`super::RECORD_STEP_MS`]).
-    pub(super) records: BTreeSet<String>,
-    /// The events are due for storing.
-    pub(super) events: bool,
     pub(super) urgent: bool,
 }
 
@@ -608,23 +616,7 @@ impl Books {
                 None => out.ops.push(StateOp::DelRequeue { tenant: key.0, claim: key.1 }),
             }
         }
-        for tenant in c.records {
-            if let Some(r) = self.record_state(&tenant) {
-                out.ops.push(StateOp::PutRecord(r));
-            }
-        }
-        if c.events {
-            let from = self.event_seq - self.events.len() as u64;
-            let (stored_from, stored_to) = self.durable_events;
-            for seq in stored_from..stored_to.min(from) {
-                out.ops.push(StateOp::DelEvent { seq });
-            }
-            for seq in stored_to.max(from)..self.event_seq {
-                let event = self.events[(seq - from) as usize].clone();
-                out.ops.push(StateOp::PutEvent(EventState { seq, event }));
-            }
-            self.durable_events = (from, self.event_seq);
-        }
+        self.hand_out_record(&mut out.ops);
         // Last, and with every batch while the queue is whole: the store tells a queue
         // kept whole by the mark's being written with (or after) every other key (etcd:
         // its revision), so books of a version that does not store the queue, deciding
@@ -634,6 +626,47 @@ impl Books {
             out.ops.push(StateOp::PutQueueKept);
         }
         out
+    }
+
+    /// The record (each tenant's that changed, the events) with its mark, once a
+    /// [`super::RECORD_STEP_MS`] has passed since it was last handed out (by the clock of
+    /// the calls, either way: a clock set back does not hold it up), all at once: the
+    /// events a call records and the records it changes go out together. Never urgent.
+    fn hand_out_record(&mut self, ops: &mut Vec<StateOp>) {
+        let due = self.record_forced
+            || self.last_now_ms.abs_diff(self.record_stored_ms) >= super::RECORD_STEP_MS;
+        if !due || (self.record_due.is_empty() && !self.events_dirty) {
+            return;
+        }
+        self.record_stored_ms = self.last_now_ms;
+        for tenant in std::mem::take(&mut self.record_due) {
+            match self.record_state(&tenant) {
+                Some(r) => ops.push(StateOp::PutRecord(r)),
+                None => ops.push(StateOp::DelRecord { tenant }),
+            }
+        }
+        if self.events_dirty {
+            let kept: BTreeSet<u64> = self.event_seqs.iter().copied().collect();
+            let rewrite = std::mem::take(&mut self.events_rewrite);
+            for &seq in &self.durable_events {
+                if rewrite || !kept.contains(&seq) {
+                    ops.push(StateOp::DelEvent { seq });
+                }
+            }
+            for (&seq, event) in self.event_seqs.iter().zip(&self.events) {
+                if rewrite || !self.durable_events.contains(&seq) {
+                    ops.push(StateOp::PutEvent(EventState { seq, event: event.clone() }));
+                }
+            }
+            self.durable_events = kept;
+            self.events_dirty = false;
+        }
+        let mark = RecordMark {
+            term: self.record_term,
+            count: self.record_mark.map_or(0, |m| m.count).saturating_add(1),
+        };
+        self.record_mark = Some(mark);
+        ops.push(StateOp::PutRecordMark(mark));
     }
 
     /// `tenant`'s record as stored; `None` when it has none.
@@ -715,13 +748,13 @@ impl Books {
                 .into_iter()
                 .filter_map(|t| self.record_state(t))
                 .collect(),
-            events: {
-                let from = self.event_seq - self.events.len() as u64;
-                (from..)
-                    .zip(&self.events)
-                    .map(|(seq, e)| EventState { seq, event: e.clone() })
-                    .collect()
-            },
+            events: self
+                .event_seqs
+                .iter()
+                .zip(&self.events)
+                .map(|(&seq, e)| EventState { seq, event: e.clone() })
+                .collect(),
+            record_mark: self.record_mark,
         }
     }
 
@@ -808,15 +841,31 @@ impl Books {
                 b.counters.preemptions.insert(r.tenant, r.preemptions);
             }
         }
+        // The stored events as the store holds them (each number once, in order; whatever
+        // it holds beyond the bound, or twice, is deleted at the next hand-out).
         let mut events = state.events;
+        b.durable_events = events.iter().map(|e| e.seq).collect();
         events.sort_by_key(|e| e.seq);
-        if let Some(last) = events.last() {
-            // Every stored one is deleted in its turn, the ones beyond the bound too.
-            b.event_seq = last.seq.saturating_add(1);
-            b.durable_events = (events[0].seq, b.event_seq);
-        }
+        events.dedup_by_key(|e| e.seq);
         let keep_from = events.len().saturating_sub(EVENTS_KEPT);
-        b.events = events.drain(keep_from..).map(|e| e.event).collect();
+        let events = events.split_off(keep_from);
+        b.events_dirty = b.durable_events.len() != events.len();
+        match events.last().map(|e| e.seq.checked_add(1)) {
+            None => {}
+            Some(Some(next)) => {
+                b.event_seqs = events.iter().map(|e| e.seq).collect();
+                b.event_seq = next;
+            }
+            // Numbered up to the end: numbered anew, and every one written again.
+            Some(None) => {
+                b.event_seqs = (0..events.len() as u64).collect();
+                b.event_seq = events.len() as u64;
+                b.events_rewrite = true;
+                b.events_dirty = true;
+            }
+        }
+        b.events = events.into_iter().map(|e| e.event).collect();
+        b.record_mark = state.record_mark;
         for q in state.requeues {
             b.requeues.insert(
                 TenantClaim(q.tenant, q.claim),

@@ -16,6 +16,7 @@
 //! | `{p}/quota/books/requeue/{tenant}/#{claim in hex}` | preempted work's requeue backoff ([`RequeueState`]) |
 //! | `{p}/quota/books/record/{tenant}` | the tenant's record: work lost to preemption, preemption times, owner and owed-later waits, reclaims and preemptions counted ([`RecordState`]), written at most every 5 s |
 //! | `{p}/quota/books/event/{seq:016x}` | one quota event ([`EventState`]), written at most every 5 s, deleted when the books no longer keep it |
+//! | `{p}/quota/books/record-mark` | who handed the record out last: the leadership's term and a count ([`RecordMark`]), written after the records and events of each hand-out |
 //! | `{p}/quota/books/queue-kept` | the stored fair queue is whole, written with every batch of books that keep it: it counts only if no other books key has a later revision ([`BooksState::queue_kept`]) |
 //!
 //! **Election.** Each coordinator grants itself a lease of the leader TTL, puts its key under
@@ -43,8 +44,8 @@ use etcd_client::{
 };
 use fleet::quota_wire::{Authority, Holding};
 use quota::books::state::{
-    AskState, BooksState, EventState, NodeState, PendingState, ReclaimState, RecordState,
-    RequeueState, StateOp, WaitingState,
+    AskState, BooksState, EventState, NodeState, PendingState, ReclaimState, RecordMark,
+    RecordState, RequeueState, StateOp, WaitingState,
 };
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -196,6 +197,9 @@ impl EtcdQuota {
     fn event_key(&self, seq: u64) -> String {
         format!("{}/quota/books/event/{seq:016x}", self.prefix)
     }
+    fn record_mark_key(&self) -> String {
+        format!("{}/quota/books/record-mark", self.prefix)
+    }
 
     fn kv(&self) -> etcd_client::KvClient {
         self.client.kv_client().max_decoding_message_size(MAX_MESSAGE)
@@ -249,6 +253,8 @@ impl EtcdQuota {
             }
             StateOp::PutQueueKept => Write::Put(self.queue_kept_key(), encode(&true)?),
             StateOp::PutRecord(r) => Write::Put(self.record_key(&r.tenant), encode(&r)?),
+            StateOp::DelRecord { tenant } => Write::Delete(self.record_key(&tenant)),
+            StateOp::PutRecordMark(m) => Write::Put(self.record_mark_key(), encode(&m)?),
             StateOp::PutEvent(e) => Write::Put(self.event_key(e.seq), encode(&e)?),
             StateOp::DelEvent { seq } => Write::Delete(self.event_key(seq)),
         })
@@ -553,6 +559,10 @@ impl QuotaBackend for EtcdQuota {
                         "event" => state
                             .events
                             .push(decode::<EventState>("quota books event", item.value())?),
+                        "record-mark" => {
+                            state.record_mark =
+                                Some(decode::<RecordMark>("quota books record-mark", item.value())?)
+                        }
                         "queue-kept" => {
                             let kept: bool = decode("quota books queue-kept", item.value())?;
                             mark_rev = kept.then(|| item.mod_revision());
