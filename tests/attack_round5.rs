@@ -322,3 +322,86 @@ fn an_images_link_under_a_mount_destination_makes_nothing_on_the_host() {
     }
     assert!(made_on_host.is_empty(), "{made_on_host:#?}");
 }
+
+/// A cgroup of this test's own in every v1 hierarchy, removed (and anything left in it
+/// killed: ours) when dropped.
+struct OwnCgroup(String);
+
+impl OwnCgroup {
+    /// Makes `/<name>` in every hierarchy (cpuset given its parent's CPUs and memory nodes)
+    /// and moves process `pid` into it, as systemd puts a service into its unit's cgroup.
+    fn with_process(pid: u32) -> OwnCgroup {
+        let g = OwnCgroup(format!("/{}-svc", unique_name()));
+        for m in cgroup_mounts() {
+            let dir = m.join(g.0.trim_start_matches('/'));
+            fs::create_dir_all(&dir).unwrap();
+            for f in ["cpuset.cpus", "cpuset.mems"] {
+                if let Ok(v) = fs::read_to_string(m.join(f)) {
+                    fs::write(dir.join(f), v.trim()).unwrap();
+                }
+            }
+            fs::write(dir.join("cgroup.procs"), pid.to_string()).unwrap();
+        }
+        g
+    }
+}
+
+impl Drop for OwnCgroup {
+    fn drop(&mut self) {
+        remove_cgroup_tree(&self.0);
+    }
+}
+
+/// Class: `linux.cgroupsPath` naming the cgroup of the node's own GPU service.
+///
+/// tesserad runs in a cgroup of its own (systemd's `tesserad.service`), and so do the MPS
+/// control daemons and servers it starts for every tenant (their children, kept there by
+/// `KillMode=process`). Tessera keeps every container out of a *grant's* cgroup, and a GPU
+/// container out of any cgroup that holds a process; a container without a request may
+/// name any other. runc 1.1 only warns and joins it: it writes the container's device
+/// rules (deny all, its defaults) into the devices cgroup tesserad and every tenant's MPS
+/// server open the GPUs through, and its limits, freezer and `kill --all` reach them (a
+/// container without a pid namespace of its own SIGKILLs the whole cgroup at `delete`).
+/// Here tesserad is put in a cgroup of its own as systemd would; an `mps=25` share of
+/// team-research starts its MPS daemon there; then a plain container of team-dev names that
+/// cgroup.
+#[test]
+fn a_plain_container_cannot_join_the_cgroup_of_tesserad_and_its_mps_daemons() {
+    // Declared first, dropped last: after tesserad has stopped.
+    let svc: OwnCgroup;
+    let mut node = Node::start_with(NodeOptions {
+        extra_args: vec!["--mps-control".into(), fresh_bin("fake-nvidia-cuda-mps-control").into()],
+        ..Default::default()
+    });
+    svc = OwnCgroup::with_process(node.daemon.pid());
+    let mut daemons = KillOnDrop(Vec::new());
+    let b = node.bundle("share", "team-research", Some("mps=25"), &["sleep", "300"]);
+    node.fx.run_detached(&b, "share");
+    daemons.0.extend(node.client().status().unwrap().mps_shares.iter().filter_map(|s| s.pid));
+    let svc_dir = Path::new("/sys/fs/cgroup/devices").join(svc.0.trim_start_matches('/'));
+    let in_svc = cgroup_procs(&svc_dir);
+    assert!(!daemons.0.is_empty(), "the share started an MPS daemon");
+    assert!(
+        daemons.0.iter().all(|d| in_svc.contains(&(*d as i32))),
+        "the MPS daemons {:?} run in tesserad's cgroup {in_svc:?}",
+        daemons.0
+    );
+    let before = fs::read_to_string(svc_dir.join("devices.list")).unwrap();
+
+    let mut plain = node.bundle("intruder", "team-dev", None, &["sleep", "300"]);
+    plain.set_cgroups_path(&svc.0).write();
+    let started = create_and_start(&node, &plain, "intruder");
+    let after = fs::read_to_string(svc_dir.join("devices.list")).unwrap();
+    node.fx.delete_container("intruder", true);
+    node.fx.delete_container("share", true);
+    assert!(node.daemon.is_running(), "tesserad still runs");
+    assert!(
+        after == before,
+        "a plain container of team-dev joined the cgroup of tesserad and of team-research's \
+         MPS daemon (pids {in_svc:?}) and runc rewrote its device rules: before {:?}, after \
+         {:?} (no GPU opens for them); create/start: {started:?}",
+        before.trim(),
+        after.trim()
+    );
+    drop(daemons);
+}
