@@ -405,3 +405,54 @@ fn a_plain_container_cannot_join_the_cgroup_of_tesserad_and_its_mps_daemons() {
     );
     drop(daemons);
 }
+
+/// Sets a sysctl back to what it was when dropped.
+struct Sysctl(PathBuf, String);
+
+impl Drop for Sysctl {
+    fn drop(&mut self) {
+        let _ = fs::write(&self.0, &self.1);
+    }
+}
+
+/// Class: `linux.readonlyPaths` / `linux.maskedPaths`, which runc applies as written.
+///
+/// runc makes `/proc/sys` and `/proc/sysrq-trigger` read-only only because the config lists
+/// them; Tessera never reads the list. An untrusted MIG container whose config lists
+/// nothing (no capability beyond Docker's defaults, no user namespace: a GPU container's
+/// normal shape) writes the host's global sysctls as the host's root: here
+/// `kernel.printk_ratelimit_burst`, read back on the host; the same write reaches
+/// `kernel.core_pattern` (`|/proc/%P/root/payload` runs the container's file as the host's
+/// root at its next crash) and `/proc/sysrq-trigger` (reboots the node).
+#[test]
+fn a_gpu_container_cannot_write_the_hosts_sysctls() {
+    let node = Node::start();
+    let path = PathBuf::from("/proc/sys/kernel/printk_ratelimit_burst");
+    let was = fs::read_to_string(&path).unwrap().trim().to_string();
+    let _restore = Sysctl(path.clone(), was.clone());
+    let new = was.parse::<u64>().unwrap() + 7;
+    let write = format!(
+        "echo {new} > /proc/sys/kernel/printk_ratelimit_burst; \
+         cat /proc/sys/kernel/core_pattern > /tmp/cp && cat /tmp/cp > /proc/sys/kernel/core_pattern \
+         && echo core_pattern-writable > /tmp/cp-written; touch /tmp/done; exec sleep 300"
+    );
+    let mut b = node.bundle("sysctl", "team-untrusted", Some("mig=1g.10gb"), &["sh", "-c", &write]);
+    b.mutate(|c| {
+        c["linux"]["readonlyPaths"] = json!([]);
+        c["linux"]["maskedPaths"] = json!([]);
+    })
+    .write();
+    let started = create_and_start(&node, &b, "sysctl");
+    refused_by_tessera(&started);
+    if started.is_ok() {
+        wait_for(|| b.rootfs().join("tmp/done").exists(), WITHIN);
+    }
+    let now = fs::read_to_string(&path).unwrap().trim().to_string();
+    let core_pattern = b.rootfs().join("tmp/cp-written").exists();
+    node.fx.delete_container("sysctl", true);
+    assert_eq!(
+        now, was,
+        "an untrusted MIG container wrote the host's kernel.printk_ratelimit_burst ({was} -> \
+         {now}); kernel.core_pattern writable too: {core_pattern}; create/start: {started:?}"
+    );
+}
