@@ -633,6 +633,26 @@ pub fn check_gpu_spec(spec: &Value) -> Result<(), SpecError> {
     check_cgroup_stays(spec, root, linux)
 }
 
+/// What `runc spec` (1.1) makes read-only in every container; kept in a GPU container's
+/// `linux.readonlyPaths` whatever its config lists.
+pub const READONLY_PATHS: &[&str] =
+    &["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
+
+/// What `runc spec` (1.1) masks in every container; kept in a GPU container's
+/// `linux.maskedPaths` whatever its config lists.
+pub const MASKED_PATHS: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/sys/firmware",
+    "/proc/scsi",
+];
+
 /// The capability sets runc applies.
 const CAPABILITY_SETS: [&str; 5] = ["bounding", "effective", "permitted", "inheritable", "ambient"];
 
@@ -910,8 +930,20 @@ pub fn apply_injection(
     let root =
         spec.as_object_mut().ok_or_else(|| shape(".", "config.json must be a JSON object"))?;
 
-    // linux.devices
+    // linux.readonlyPaths, linux.maskedPaths: runc protects /proc/sys and the rest only
+    // where the config lists them; a GPU container gets at least `runc spec`'s lists (its
+    // root is the host's: a writable /proc/sys is kernel.core_pattern, a host-wide helper).
     let linux = object_entry(root, "linux", "linux")?;
+    for (key, defaults) in [("readonlyPaths", READONLY_PATHS), ("maskedPaths", MASKED_PATHS)] {
+        let list = array_entry(linux, key, &format!("linux.{key}"))?;
+        for p in defaults {
+            if !list.iter().any(|v| v.as_str().is_some_and(|s| normalize(s) == *p)) {
+                list.push(Value::from(*p));
+            }
+        }
+    }
+
+    // linux.devices
     let injected_paths: BTreeSet<String> = inj.devices.iter().map(|d| normalize(&d.path)).collect();
     // Every major of the driver (the daemon sends them all: nvidia, uvm, caps), the
     // injected ones, and 195 always. (What a config claims about a major decides nothing.)
@@ -1507,6 +1539,35 @@ mod tests {
             v["linux"]["resources"]["devices"].as_array_mut().expect("rules").push(rule.clone());
             apply_injection(&mut v, &mig_injection(), &hooks()).expect("applies");
         }
+    }
+
+    #[test]
+    fn proc_sys_stays_read_only_and_kcore_masked_whatever_the_config_lists() {
+        for (ro, masked) in [
+            (json!([]), json!([])),
+            (json!(null), json!(null)),
+            (json!(["/x"]), json!(["/proc//kcore"])),
+        ] {
+            let mut v = parse(RUNC_SPEC);
+            v["linux"]["readonlyPaths"] = ro.clone();
+            v["linux"]["maskedPaths"] = masked.clone();
+            apply_injection(&mut v, &mig_injection(), &hooks()).expect("applies");
+            let has = |key: &str, p: &str| strs(&v["linux"][key]).iter().any(|s| normalize(s) == p);
+            for p in READONLY_PATHS {
+                assert!(has("readonlyPaths", p), "{ro} {p}");
+            }
+            for p in MASKED_PATHS {
+                assert!(has("maskedPaths", p), "{masked} {p}");
+            }
+        }
+        // runc spec's own lists are left as they are.
+        let mut v = parse(RUNC_SPEC);
+        let before = (v["linux"]["readonlyPaths"].clone(), v["linux"]["maskedPaths"].clone());
+        apply_injection(&mut v, &mig_injection(), &hooks()).expect("applies");
+        assert_eq!(
+            (v["linux"]["readonlyPaths"].clone(), v["linux"]["maskedPaths"].clone()),
+            before
+        );
     }
 
     #[test]
