@@ -366,6 +366,27 @@ pub fn make_private(spec: &mut Value) -> Result<(), MountError> {
     Ok(())
 }
 
+/// Filesystems of which the kernel has one instance for the whole host (or for the initial
+/// user namespace, which a GPU container without a user namespace of its own is in): a
+/// mount of one by runc, the host's root, is the host's own, whatever the container's
+/// namespaces. `binfmt_misc` (register an interpreter the host's execs run), `devtmpfs`
+/// (the host's `/dev`), kernel tracing and debugging, LSM, BPF and firmware state.
+pub const HOST_GLOBAL_FILESYSTEMS: &[&str] = &[
+    "binfmt_misc",
+    "devtmpfs",
+    "debugfs",
+    "tracefs",
+    "securityfs",
+    "bpf",
+    "pstore",
+    "efivarfs",
+    "configfs",
+    "fusectl",
+    "selinuxfs",
+    "nfsd",
+    "rpc_pipefs",
+];
+
 fn check_flags(p: &MountPlan) -> Result<(), MountError> {
     if p.remount {
         return Err(MountError::Unjudgeable {
@@ -384,6 +405,17 @@ fn check_flags(p: &MountPlan) -> Result<(), MountError> {
                 "{} propagation lets mounts made outside the container after its start appear \
                  inside a GPU container",
                 if *prop == Propagation::Slave { "slave" } else { "shared" }
+            ),
+        });
+    }
+    if !p.bind && HOST_GLOBAL_FILESYSTEMS.contains(&p.fstype.as_str()) {
+        return Err(MountError::Unjudgeable {
+            at: p.at(),
+            why: format!(
+                "a {} mount: the kernel has one for the whole host (runc mounts the host's \
+                 own, writable: binfmt_misc runs a container's interpreter for the host's \
+                 execs, devtmpfs is the host's /dev); GPU containers get none",
+                untrusted(&p.fstype)
             ),
         });
     }
@@ -677,6 +709,22 @@ mod tests {
         assert!(fs("sysfs", &["rro"]).is_err(), "runc applies rro to binds only");
         assert!(fs("sysfs", &["ro"]).is_ok());
         assert!(fs("tmpfs", &["rw"]).is_ok());
+    }
+
+    #[test]
+    fn filesystems_the_host_has_one_of_are_refused_however_mounted() {
+        for fstype in ["binfmt_misc", "devtmpfs", "tracefs", "debugfs"] {
+            for options in [vec![], vec!["ro"], vec!["nosuid", "noexec", "nodev"]] {
+                let m = json!([{"destination": "/x", "type": fstype, "source": fstype,
+                                "options": options}]);
+                let e = judge(m).expect_err(fstype);
+                assert!(e.to_string().contains("whole host"), "{fstype}: {e}");
+            }
+        }
+        // A bind whose type says binfmt_misc is a bind (of a path in the bundle).
+        let m = json!([{"destination": "/x", "type": "binfmt_misc", "source": "rootfs/tmp",
+                        "options": ["bind", "ro"]}]);
+        assert!(judge(m).is_ok());
     }
 
     #[test]

@@ -161,6 +161,11 @@ pub enum SpecError {
     )]
     AnyCharDevice { index: usize, rule: String },
     #[error(
+        "linux.resources.devices[{index}] ({rule}) opens block devices of any major: the \
+         node's disks, and every file on them; name the block devices a GPU container needs"
+    )]
+    AnyBlockDevice { index: usize, rule: String },
+    #[error(
         "linux.resources.devices[{index}] ({rule}) opens character devices of any major, GPUs \
          included, and the container asked for no GPU: ask for one with tessera.io/gpu, or \
          narrow the rule"
@@ -172,7 +177,8 @@ pub enum SpecError {
     Write { path: PathBuf, source: std::io::Error },
     #[error(
         "hostile rootfs: {path} is a symbolic link (to {target}); runc would create device \
-         nodes and links through it outside the container, so the container is refused"
+         nodes, links or directories through it outside the container, so the container is \
+         refused"
     )]
     HostileRootfs { path: PathBuf, target: String },
     #[error("cannot inspect the rootfs at {path}: {source}")]
@@ -330,6 +336,24 @@ pub fn check_rootfs(bundle: &Path, spec: &Value) -> Result<(), SpecError> {
             .map(|t| t.display().to_string())
             .unwrap_or_else(|_| "?".into()),
     };
+    // runc 1.1.5 makes the directories of a `proc` or `sysfs` destination with a plain join
+    // (`os.MkdirAll(filepath.Join(rootfs, dest))`, the destination cleaned as a rooted
+    // path), following the image's links to the host, before it resolves the destination
+    // safely (CVE-2024-45310's class): a link on the way is refused.
+    for p in crate::mounts::plans(spec)? {
+        if p.bind || !matches!(p.fstype.as_str(), "proc" | "sysfs") {
+            continue;
+        }
+        let mut at = rootfs.clone();
+        for part in normalize(&p.destination).split('/').filter(|c| !c.is_empty()) {
+            at.push(part);
+            match lstat(&at)? {
+                Some(m) if m.file_type().is_symlink() => return Err(refuse(&at)),
+                Some(_) => {}
+                None => break,
+            }
+        }
+    }
     match lstat(&dev)? {
         Some(m) if m.file_type().is_symlink() => return Err(refuse(&dev)),
         Some(m) if m.is_dir() => {}
@@ -519,12 +543,16 @@ fn is_nvidia_path(path: &str) -> bool {
 
 /// Why an allow rule cannot stay in a GPU container's config, if it cannot: it opens
 /// every device (any allow rule of type `a`, which runc and the kernel read as allow-all
-/// whatever its numbers), or character devices of any major for reading or writing.
+/// whatever its numbers), or character devices of any major for reading or writing, or
+/// block devices of any major (Docker's `--device-cgroup-rule 'b *:* rwm'`: with
+/// `CAP_MKNOD`, in the GPU allow-list, every disk of the node).
 fn refuse_rule(index: usize, r: &DeviceRule) -> Option<SpecError> {
     if r.allow && r.kind == RuleKind::All {
         Some(SpecError::AllowAll { index, rule: r.to_string() })
     } else if opens_any_char_major(r) {
         Some(SpecError::AnyCharDevice { index, rule: r.to_string() })
+    } else if r.allow && r.kind == RuleKind::Block && r.major.is_none() && r.access.opens() {
+        Some(SpecError::AnyBlockDevice { index, rule: r.to_string() })
     } else {
         None
     }
@@ -604,6 +632,26 @@ pub fn check_gpu_spec(spec: &Value) -> Result<(), SpecError> {
     }
     check_cgroup_stays(spec, root, linux)
 }
+
+/// What `runc spec` (1.1) makes read-only in every container; kept in a GPU container's
+/// `linux.readonlyPaths` whatever its config lists.
+pub const READONLY_PATHS: &[&str] =
+    &["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
+
+/// What `runc spec` (1.1) masks in every container; kept in a GPU container's
+/// `linux.maskedPaths` whatever its config lists.
+pub const MASKED_PATHS: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/sys/firmware",
+    "/proc/scsi",
+];
 
 /// The capability sets runc applies.
 const CAPABILITY_SETS: [&str; 5] = ["bounding", "effective", "permitted", "inheritable", "ambient"];
@@ -882,8 +930,20 @@ pub fn apply_injection(
     let root =
         spec.as_object_mut().ok_or_else(|| shape(".", "config.json must be a JSON object"))?;
 
-    // linux.devices
+    // linux.readonlyPaths, linux.maskedPaths: runc protects /proc/sys and the rest only
+    // where the config lists them; a GPU container gets at least `runc spec`'s lists (its
+    // root is the host's: a writable /proc/sys is kernel.core_pattern, a host-wide helper).
     let linux = object_entry(root, "linux", "linux")?;
+    for (key, defaults) in [("readonlyPaths", READONLY_PATHS), ("maskedPaths", MASKED_PATHS)] {
+        let list = array_entry(linux, key, &format!("linux.{key}"))?;
+        for p in defaults {
+            if !list.iter().any(|v| v.as_str().is_some_and(|s| normalize(s) == *p)) {
+                list.push(Value::from(*p));
+            }
+        }
+    }
+
+    // linux.devices
     let injected_paths: BTreeSet<String> = inj.devices.iter().map(|d| normalize(&d.path)).collect();
     // Every major of the driver (the daemon sends them all: nvidia, uvm, caps), the
     // injected ones, and 195 always. (What a config claims about a major decides nothing.)
@@ -1457,17 +1517,57 @@ mod tests {
             assert!(err.to_string().starts_with("`linux.resources.devices[1]"), "{rule}: {err}");
             assert!(check_gpu_spec(&v).is_err());
         }
-        // mknod-only wildcards, block wildcards and deny rules open no GPU.
+        // Block devices of any major (every disk of the node) are refused too.
+        for rule in [
+            json!({"allow": true, "type": "b", "access": "rwm"}),
+            json!({"allow": true, "type": "b", "major": -1, "minor": 0, "access": "r"}),
+        ] {
+            let mut v = parse(RUNC_SPEC);
+            v["linux"]["resources"]["devices"].as_array_mut().expect("rules").push(rule.clone());
+            let err = apply_injection(&mut v, &mig_injection(), &hooks()).expect_err("refused");
+            assert!(matches!(err, SpecError::AnyBlockDevice { index: 1, .. }), "{rule}: {err}");
+        }
+        // mknod-only wildcards, block rules of one major and deny rules stay.
         for rule in [
             json!({"allow": true, "type": "c", "access": "m"}),
             json!({"allow": true, "type": "c", "major": -1, "minor": -1, "access": "m"}),
-            json!({"allow": true, "type": "b", "access": "rwm"}),
+            json!({"allow": true, "type": "b", "access": "m"}),
+            json!({"allow": true, "type": "b", "major": 7, "minor": 0, "access": "rw"}),
             json!({"allow": false, "type": "c", "access": "rwm"}),
         ] {
             let mut v = parse(RUNC_SPEC);
             v["linux"]["resources"]["devices"].as_array_mut().expect("rules").push(rule.clone());
             apply_injection(&mut v, &mig_injection(), &hooks()).expect("applies");
         }
+    }
+
+    #[test]
+    fn proc_sys_stays_read_only_and_kcore_masked_whatever_the_config_lists() {
+        for (ro, masked) in [
+            (json!([]), json!([])),
+            (json!(null), json!(null)),
+            (json!(["/x"]), json!(["/proc//kcore"])),
+        ] {
+            let mut v = parse(RUNC_SPEC);
+            v["linux"]["readonlyPaths"] = ro.clone();
+            v["linux"]["maskedPaths"] = masked.clone();
+            apply_injection(&mut v, &mig_injection(), &hooks()).expect("applies");
+            let has = |key: &str, p: &str| strs(&v["linux"][key]).iter().any(|s| normalize(s) == p);
+            for p in READONLY_PATHS {
+                assert!(has("readonlyPaths", p), "{ro} {p}");
+            }
+            for p in MASKED_PATHS {
+                assert!(has("maskedPaths", p), "{masked} {p}");
+            }
+        }
+        // runc spec's own lists are left as they are.
+        let mut v = parse(RUNC_SPEC);
+        let before = (v["linux"]["readonlyPaths"].clone(), v["linux"]["maskedPaths"].clone());
+        apply_injection(&mut v, &mig_injection(), &hooks()).expect("applies");
+        assert_eq!(
+            (v["linux"]["readonlyPaths"].clone(), v["linux"]["maskedPaths"].clone()),
+            before
+        );
     }
 
     #[test]
@@ -1793,6 +1893,30 @@ mod rootfs_tests {
         std::fs::remove_file(dir.path().join("rootfs/dev")).expect("rm");
         std::os::unix::fs::symlink("../../..", dir.path().join("rootfs/dev")).expect("symlink");
         assert!(check_rootfs(dir.path(), &spec_with_root("rootfs")).is_err());
+    }
+
+    #[test]
+    fn a_link_on_the_way_to_a_proc_or_sysfs_destination_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("rootfs/real")).expect("mkdir");
+        std::os::unix::fs::symlink("/tmp", dir.path().join("rootfs/x")).expect("symlink");
+        let spec = |fstype: &str, dest: &str, options: &[&str]| {
+            serde_json::json!({"root": {"path": "rootfs"}, "mounts": [
+                {"destination": dest, "type": fstype, "source": fstype, "options": options}
+            ]})
+        };
+        for fstype in ["proc", "sysfs"] {
+            for dest in ["/x/made/sub", "/real/../x/made", "/x"] {
+                let e =
+                    check_rootfs(dir.path(), &spec(fstype, dest, &["ro"])).expect_err("refused");
+                assert!(matches!(e, SpecError::HostileRootfs { .. }), "{fstype} {dest}: {e}");
+            }
+            // No link on the way: runc makes the directories inside the rootfs.
+            assert!(check_rootfs(dir.path(), &spec(fstype, "/real/made/sub", &["ro"])).is_ok());
+        }
+        // Other types and binds: runc resolves their destinations inside the rootfs.
+        assert!(check_rootfs(dir.path(), &spec("tmpfs", "/x/made", &[])).is_ok());
+        assert!(check_rootfs(dir.path(), &spec("sysfs", "/x/made", &["bind"])).is_ok());
     }
 
     #[test]
