@@ -119,6 +119,16 @@ impl Drop for BinfmtEntry {
 /// attacker's code with its own GPUs.
 #[test]
 fn a_gpu_container_cannot_register_an_interpreter_the_host_runs() {
+    register_interpreter("team-untrusted", Some("mig=1g.10gb"));
+}
+
+/// The same through a container without a GPU: host root is every GPU of the node.
+#[test]
+fn a_plain_container_cannot_register_an_interpreter_the_host_runs() {
+    register_interpreter("team-dev", None);
+}
+
+fn register_interpreter(tenant: &str, request: Option<&str>) {
     let node = Node::start();
     let tag = format!("rtiso{}", std::process::id());
     let _entry = BinfmtEntry(tag.clone());
@@ -126,7 +136,7 @@ fn a_gpu_container_cannot_register_an_interpreter_the_host_runs() {
         "echo ':{tag}:E::{tag}::/bin/sh:F' > /bfm/register && touch /tmp/registered; \
          exec sleep 300"
     );
-    let mut b = node.bundle("bfm", "team-untrusted", Some("mig=1g.10gb"), &["sh", "-c", &register]);
+    let mut b = node.bundle("bfm", tenant, request, &["sh", "-c", &register]);
     b.mutate(|c| {
         c["mounts"].as_array_mut().unwrap().push(json!({
             "destination": "/bfm", "type": "binfmt_misc", "source": "binfmt_misc",
@@ -163,9 +173,9 @@ fn a_gpu_container_cannot_register_an_interpreter_the_host_runs() {
     node.fx.delete_container("bfm", true);
     assert!(
         ran.is_none(),
-        "an untrusted MIG container's binfmt_misc registration ran on the host: executing \
-         a file of its extension there gave `{}` (the container's /bin/busybox is inode \
-         {busybox}); create/start: {started:?}",
+        "a container's ({tenant}, {request:?}) binfmt_misc registration ran on the host: \
+         executing a file of its extension there gave `{}` (the container's /bin/busybox is \
+         inode {busybox}); create/start: {started:?}",
         ran.unwrap_or_default().trim()
     );
 }
@@ -426,20 +436,44 @@ impl Drop for Sysctl {
 /// root at its next crash) and `/proc/sysrq-trigger` (reboots the node).
 #[test]
 fn a_gpu_container_cannot_write_the_hosts_sysctls() {
+    write_sysctls("team-untrusted", Some("mig=1g.10gb"), "/proc");
+}
+
+/// The same through a container without a GPU (host root is every GPU of the node).
+#[test]
+fn a_plain_container_cannot_write_the_hosts_sysctls() {
+    write_sysctls("team-dev", None, "/proc");
+}
+
+/// The same through a second `proc` mounted elsewhere than `/proc` (runc protects
+/// `/proc/sys` by path: `/proc2/sys` is writable), the config's own lists left as they are.
+#[test]
+fn a_second_proc_is_no_way_to_the_hosts_sysctls() {
+    write_sysctls("team-untrusted", Some("mig=1g.10gb"), "/proc2");
+}
+
+fn write_sysctls(tenant: &str, request: Option<&str>, proc_at: &str) {
     let node = Node::start();
     let path = PathBuf::from("/proc/sys/kernel/printk_ratelimit_burst");
     let was = fs::read_to_string(&path).unwrap().trim().to_string();
     let _restore = Sysctl(path.clone(), was.clone());
     let new = was.parse::<u64>().unwrap() + 7;
     let write = format!(
-        "echo {new} > /proc/sys/kernel/printk_ratelimit_burst; \
-         cat /proc/sys/kernel/core_pattern > /tmp/cp && cat /tmp/cp > /proc/sys/kernel/core_pattern \
+        "echo {new} > {proc_at}/sys/kernel/printk_ratelimit_burst; \
+         cat {proc_at}/sys/kernel/core_pattern > /tmp/cp && \
+         cat /tmp/cp > {proc_at}/sys/kernel/core_pattern \
          && echo core_pattern-writable > /tmp/cp-written; touch /tmp/done; exec sleep 300"
     );
-    let mut b = node.bundle("sysctl", "team-untrusted", Some("mig=1g.10gb"), &["sh", "-c", &write]);
+    let mut b = node.bundle("sysctl", tenant, request, &["sh", "-c", &write]);
     b.mutate(|c| {
-        c["linux"]["readonlyPaths"] = json!([]);
-        c["linux"]["maskedPaths"] = json!([]);
+        if proc_at == "/proc" {
+            c["linux"]["readonlyPaths"] = json!([]);
+            c["linux"]["maskedPaths"] = json!([]);
+        } else {
+            c["mounts"].as_array_mut().unwrap().push(json!({
+                "destination": proc_at, "type": "proc", "source": "proc"
+            }));
+        }
     })
     .write();
     let started = create_and_start(&node, &b, "sysctl");
@@ -452,7 +486,8 @@ fn a_gpu_container_cannot_write_the_hosts_sysctls() {
     node.fx.delete_container("sysctl", true);
     assert_eq!(
         now, was,
-        "an untrusted MIG container wrote the host's kernel.printk_ratelimit_burst ({was} -> \
-         {now}); kernel.core_pattern writable too: {core_pattern}; create/start: {started:?}"
+        "a container ({tenant}, {request:?}, proc at {proc_at}) wrote the host's \
+         kernel.printk_ratelimit_burst ({was} -> {now}); kernel.core_pattern writable too: \
+         {core_pattern}; create/start: {started:?}"
     );
 }

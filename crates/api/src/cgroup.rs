@@ -193,6 +193,42 @@ pub fn write_grant_cgroups<'a>(
     crate::write_beside(list, text.as_bytes())
 }
 
+/// Beside tesserad's socket: its process id. Its cgroup (read from `/proc/<pid>/cgroup` at
+/// each check, so that wherever systemd or an operator moves it counts) holds tesserad and
+/// the MPS daemons it starts: no container may join it or a cgroup above it
+/// ([`read_daemon_cgroup`]).
+pub fn daemon_pid_path(socket: &Path) -> PathBuf {
+    let mut s = socket.as_os_str().to_owned();
+    s.push(".pid");
+    PathBuf::from(s)
+}
+
+/// Writes this process's id at [`daemon_pid_path`] (atomically, mode 0644).
+pub fn write_daemon_pid(socket: &Path) -> std::io::Result<()> {
+    crate::write_beside(&daemon_pid_path(socket), format!("{}\n", std::process::id()).as_bytes())
+}
+
+/// The cgroup (in [`parse_proc_cgroup`]'s form) of the tesserad whose id is beside
+/// `socket`: `None` when no id is written or that process is gone; an error when the id or
+/// its cgroup cannot be read otherwise (the caller refuses: fail closed).
+pub fn read_daemon_cgroup(socket: &Path, proc_root: &Path) -> Result<Option<String>, String> {
+    let file = daemon_pid_path(socket);
+    let text = match std::fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read {}: {e}", file.display())),
+    };
+    let pid: u32 = text.trim().parse().map_err(|_| {
+        format!("{} holds {}, not a process id", file.display(), untrusted(text.trim()))
+    })?;
+    let at = proc_root.join(pid.to_string()).join("cgroup");
+    match std::fs::read_to_string(&at) {
+        Ok(t) => parse_proc_cgroup(&t).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("cannot read {}: {e}", at.display())),
+    }
+}
+
 /// Reads [`grant_cgroups_path`]: `None` when there is no file (no tesserad has written
 /// one), the cgroups it lists otherwise.
 pub fn read_grant_cgroups(socket: &Path) -> std::io::Result<Option<Vec<String>>> {
@@ -206,6 +242,26 @@ pub fn read_grant_cgroups(socket: &Path) -> std::io::Result<Option<Vec<String>>>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_daemons_cgroup_is_read_from_its_process_each_time() {
+        let d = tempfile::tempdir().expect("tmp");
+        let socket = d.path().join("tesserad.sock");
+        let proc_root = d.path().join("proc");
+        assert_eq!(read_daemon_cgroup(&socket, &proc_root), Ok(None), "no id written");
+        std::fs::write(daemon_pid_path(&socket), "4242\n").expect("pid");
+        assert_eq!(read_daemon_cgroup(&socket, &proc_root), Ok(None), "the process is gone");
+        std::fs::create_dir_all(proc_root.join("4242")).expect("proc");
+        std::fs::write(proc_root.join("4242/cgroup"), "0::/system.slice/tesserad.service\n")
+            .expect("cgroup");
+        let got = read_daemon_cgroup(&socket, &proc_root);
+        assert_eq!(got, Ok(Some("system.slice/tesserad.service".to_string())));
+        std::fs::write(proc_root.join("4242/cgroup"), "0::/elsewhere\n").expect("moved");
+        assert_eq!(read_daemon_cgroup(&socket, &proc_root), Ok(Some("elsewhere".to_string())));
+        std::fs::write(daemon_pid_path(&socket), "x/../1\n").expect("pid");
+        let e = read_daemon_cgroup(&socket, &proc_root).expect_err("not an id");
+        assert!(e.contains("not a process id"), "{e}");
+    }
 
     #[test]
     fn procs_within_counts_a_cgroup_and_every_cgroup_below_it() {

@@ -366,26 +366,55 @@ pub fn make_private(spec: &mut Value) -> Result<(), MountError> {
     Ok(())
 }
 
-/// Filesystems of which the kernel has one instance for the whole host (or for the initial
-/// user namespace, which a GPU container without a user namespace of its own is in): a
-/// mount of one by runc, the host's root, is the host's own, whatever the container's
-/// namespaces. `binfmt_misc` (register an interpreter the host's execs run), `devtmpfs`
-/// (the host's `/dev`), kernel tracing and debugging, LSM, BPF and firmware state.
-pub const HOST_GLOBAL_FILESYSTEMS: &[&str] = &[
-    "binfmt_misc",
-    "devtmpfs",
-    "debugfs",
-    "tracefs",
-    "securityfs",
-    "bpf",
-    "pstore",
-    "efivarfs",
-    "configfs",
-    "fusectl",
-    "selinuxfs",
-    "nfsd",
-    "rpc_pipefs",
-];
+/// The filesystems runc may mount anew in a container on a Tessera node: each gives the
+/// container an instance of its own (or of its namespace's: `proc` of its pid namespace,
+/// `sysfs` of its network namespace, `mqueue` of its IPC namespace, `cgroup` of its cgroup
+/// namespace), never the host's. Anything else may be one the kernel has a single instance
+/// of for the whole host (`binfmt_misc`: an interpreter the host's execs run; `devtmpfs`:
+/// the host's `/dev`; `debugfs`, `tracefs`, `securityfs`, `bpf`, `configfs`, `efivarfs`,
+/// ...) or mount host paths by its options (`overlay`'s `lowerdir`), which no bind check
+/// here reads: refused, for every container. (`bind` as a type without the bind option is
+/// no filesystem: the kernel refuses it.)
+pub const OWN_INSTANCE_FILESYSTEMS: &[&str] =
+    &["proc", "sysfs", "tmpfs", "ramfs", "devpts", "mqueue", "cgroup", "cgroup2", "bind"];
+
+/// Every container, GPU or not: each filesystem runc mounts anew is one of
+/// [`OWN_INSTANCE_FILESYSTEMS`], and `proc` is mounted at `/proc` only (runc keeps
+/// `/proc/sys` and the rest read-only and masked by path: a second `proc` elsewhere would
+/// be a writable `/proc/sys`, the host's `kernel.core_pattern` where the container has no
+/// user namespace of its own).
+pub fn check_filesystems(spec: &Value) -> Result<(), MountError> {
+    for p in plans(spec)? {
+        if p.bind {
+            continue;
+        }
+        if !OWN_INSTANCE_FILESYSTEMS.contains(&p.fstype.as_str()) {
+            return Err(MountError::Unjudgeable {
+                at: p.at(),
+                why: format!(
+                    "a mount of type `{}`: containers on this node may mount anew only \
+                     filesystems each gets its own instance of ({}); others may be the host's \
+                     own (binfmt_misc runs a container's interpreter for the host's execs, \
+                     devtmpfs is the host's /dev) or reach host paths through their options",
+                    untrusted(&p.fstype).max_chars(64),
+                    OWN_INSTANCE_FILESYSTEMS[..OWN_INSTANCE_FILESYSTEMS.len() - 1].join(", ")
+                ),
+            });
+        }
+        if p.fstype == "proc" && clean(Path::new(&p.destination)) != Path::new("/proc") {
+            return Err(MountError::Unjudgeable {
+                at: p.at(),
+                why: format!(
+                    "proc mounted at {}: runc keeps /proc/sys read-only and /proc/kcore masked \
+                     by path, under /proc only; a second proc elsewhere would leave them \
+                     writable (the host's sysctls)",
+                    untrusted(&p.destination).max_chars(200)
+                ),
+            });
+        }
+    }
+    Ok(())
+}
 
 fn check_flags(p: &MountPlan) -> Result<(), MountError> {
     if p.remount {
@@ -405,17 +434,6 @@ fn check_flags(p: &MountPlan) -> Result<(), MountError> {
                 "{} propagation lets mounts made outside the container after its start appear \
                  inside a GPU container",
                 if *prop == Propagation::Slave { "slave" } else { "shared" }
-            ),
-        });
-    }
-    if !p.bind && HOST_GLOBAL_FILESYSTEMS.contains(&p.fstype.as_str()) {
-        return Err(MountError::Unjudgeable {
-            at: p.at(),
-            why: format!(
-                "a {} mount: the kernel has one for the whole host (runc mounts the host's \
-                 own, writable: binfmt_misc runs a container's interpreter for the host's \
-                 execs, devtmpfs is the host's /dev); GPU containers get none",
-                untrusted(&p.fstype)
             ),
         });
     }
@@ -712,19 +730,39 @@ mod tests {
     }
 
     #[test]
-    fn filesystems_the_host_has_one_of_are_refused_however_mounted() {
-        for fstype in ["binfmt_misc", "devtmpfs", "tracefs", "debugfs"] {
+    fn only_filesystems_of_a_containers_own_are_mounted_anew_and_proc_at_proc() {
+        let judge = |m: Value| check_filesystems(&json!({ "mounts": m }));
+        for fstype in ["binfmt_misc", "devtmpfs", "tracefs", "debugfs", "overlay", "nfs", ""] {
             for options in [vec![], vec!["ro"], vec!["nosuid", "noexec", "nodev"]] {
                 let m = json!([{"destination": "/x", "type": fstype, "source": fstype,
                                 "options": options}]);
                 let e = judge(m).expect_err(fstype);
-                assert!(e.to_string().contains("whole host"), "{fstype}: {e}");
+                assert!(e.to_string().contains("own instance"), "{fstype}: {e}");
             }
         }
-        // A bind whose type says binfmt_misc is a bind (of a path in the bundle).
+        // A bind whose type says binfmt_misc is a bind (judged as one elsewhere).
         let m = json!([{"destination": "/x", "type": "binfmt_misc", "source": "rootfs/tmp",
                         "options": ["bind", "ro"]}]);
-        assert!(judge(m).is_ok());
+        judge(m).expect("a bind");
+        // runc spec's own mounts, and Docker's.
+        let m = json!([
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+            {"destination": "/dev/pts", "type": "devpts", "source": "devpts"},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm"},
+            {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue"},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["ro"]},
+            {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+             "options": ["ro"]}
+        ]);
+        judge(m).expect("the defaults");
+        for dest in ["/proc2", "/tmp/p", "/proc/../p", "/"] {
+            let m = json!([{"destination": dest, "type": "proc", "source": "proc"}]);
+            let e = judge(m).expect_err(dest);
+            assert!(e.to_string().contains("proc mounted at"), "{dest}: {e}");
+        }
+        let m = json!([{"destination": "/proc/./", "type": "proc", "source": "proc"}]);
+        judge(m).expect("/proc, written otherwise");
     }
 
     #[test]

@@ -360,6 +360,11 @@ pub fn prepare(
         .map_err(|source| fail(RuntimeError::Config { path: cfg.path.clone(), source }))?;
     spec::check_systemd_properties(&cfg.value)
         .map_err(|source| fail(RuntimeError::Config { path: cfg.path.clone(), source }))?;
+    // Every container: runc mounts anew only filesystems of the container's own (never the
+    // host's binfmt_misc or /dev), and proc only at /proc.
+    crate::mounts::check_filesystems(&cfg.value).map_err(|e| {
+        fail(RuntimeError::Config { path: cfg.path.clone(), source: SpecError::from(e) })
+    })?;
     // Every container: none joins the cgroup of a running GPU grant (tesserad's list beside
     // its socket; the daemon is never asked).
     check_cgroup_is_free(env, &inv, &cfg, &container_id).map_err(|e| fail(*e))?;
@@ -471,9 +476,10 @@ pub fn prepare(
             tessera_api::read_gpu_majors(&socket).into_iter().collect();
         majors.extend(tessera_api::proc_devices_nvidia_majors(Path::new("/proc/devices")));
         majors.insert(spec::NVIDIA_MAJOR as u32);
-        if spec::strip_ungranted_gpus(&mut cfg.value, &majors).map_err(config_err)?
-            || docker_hook_removed
-        {
+        let stripped = spec::strip_ungranted_gpus(&mut cfg.value, &majors).map_err(config_err)?;
+        // /proc/sys read-only and the rest masked in every container, as in a GPU one.
+        let protected = spec::keep_proc_protected(&mut cfg.value).map_err(config_err)?;
+        if stripped || protected || docker_hook_removed {
             spec::save_config(&cfg).map_err(config_err)?;
         }
         return Ok((inv, Prepared::Passthrough));
@@ -565,10 +571,13 @@ fn check_cgroup_is_free(
 ) -> Result<(), Box<RuntimeError>> {
     let config =
         |source: SpecError| Box::new(RuntimeError::Config { path: cfg.path.clone(), source });
-    let list = tessera_api::cgroup::grant_cgroups_path(&env.absolute(&env.socket));
-    let grants = match tessera_api::cgroup::read_grant_cgroups(&env.absolute(&env.socket)) {
-        Ok(Some(g)) if !g.is_empty() => g,
-        Ok(_) => return Ok(()),
+    let socket = env.absolute(&env.socket);
+    let list = tessera_api::cgroup::grant_cgroups_path(&socket);
+    let daemon = tessera_api::cgroup::read_daemon_cgroup(&socket, Path::new("/proc"))
+        .map_err(|why| config(SpecError::CgroupTaken { at: "linux.cgroupsPath".into(), why }))?;
+    let grants = match tessera_api::cgroup::read_grant_cgroups(&socket) {
+        Ok(Some(g)) => g,
+        Ok(None) => Vec::new(),
         Err(e) => {
             return Err(config(SpecError::CgroupTaken {
                 at: "linux.cgroupsPath".into(),
@@ -579,9 +588,19 @@ fn check_cgroup_is_free(
             }))
         }
     };
+    if grants.is_empty() && daemon.is_none() {
+        return Ok(());
+    }
     let own = own_proc_cgroup(cfg)?;
-    spec::check_cgroup_is_free(&cfg.value, container_id, inv.global.systemd_cgroup, &own, &grants)
-        .map_err(config)
+    spec::check_cgroup_is_free(
+        &cfg.value,
+        container_id,
+        inv.global.systemd_cgroup,
+        &own,
+        &grants,
+        daemon.as_deref(),
+    )
+    .map_err(config)
 }
 
 /// This process's `/proc/self/cgroup` (runc, which it runs, places a relative

@@ -79,20 +79,38 @@ pub fn runc_cgroup_of(
 /// everything in its cgroup tree (runc's `destroy` without a pid namespace of its own).
 /// `grants` is tesserad's list beside its socket; `systemd` runc's `--systemd-cgroup`;
 /// `own_proc_cgroup` the `/proc/self/cgroup` text of this process, which runs runc (a
-/// relative `cgroupsPath` is below its cgroup).
+/// relative `cgroupsPath` is below its cgroup). `daemon`: tesserad's own cgroup, where its
+/// MPS daemons run: a container may not be in it or above it (below it binds only itself).
 pub fn check_cgroup_is_free(
     spec: &Value,
     container_id: &str,
     systemd: bool,
     own_proc_cgroup: &str,
     grants: &[String],
+    daemon: Option<&str>,
 ) -> Result<(), SpecError> {
-    if grants.is_empty() {
+    if grants.is_empty() && daemon.is_none() {
         return Ok(());
     }
     let cgroup = runc_cgroup_of(spec, container_id, systemd, own_proc_cgroup)?;
     let at = "linux.cgroupsPath".to_string();
     use tessera_api::cgroup::within;
+    // tesserad's own cgroup, where the MPS daemons of every tenant run too: runc would write
+    // the container's device rules and limits there (or above it, binding it), and its
+    // pause and `kill --all` would reach them. A cgroup below it binds only itself.
+    if let Some(d) = daemon.filter(|d| within(d, &cgroup)) {
+        return Err(SpecError::CgroupTaken {
+            at,
+            why: format!(
+                "runc would put the container in cgroup {}, {} tesserad's cgroup ({}), where the \
+                 GPU service and every tenant's MPS daemons run: the container's device rules, \
+                 limits and signals would reach them",
+                tessera_api::untrusted(&cgroup),
+                if cgroup == d { "which is" } else { "above" },
+                tessera_api::untrusted(d)
+            ),
+        });
+    }
     if let Some(g) = grants.iter().find(|g| within(&cgroup, g) || within(g, &cgroup)) {
         return Err(SpecError::CgroupTaken {
             at,
@@ -653,6 +671,33 @@ pub const MASKED_PATHS: &[&str] = &[
     "/proc/scsi",
 ];
 
+/// linux.readonlyPaths and linux.maskedPaths: runc protects /proc/sys and the rest only
+/// where the config lists them; every container on a Tessera node gets at least `runc
+/// spec`'s lists (its root may be the host's: a writable /proc/sys is the host's
+/// `kernel.core_pattern`, a helper the host's root runs). Whether anything was added.
+fn protect_proc(linux: &mut serde_json::Map<String, Value>) -> Result<bool, SpecError> {
+    let mut added = false;
+    for (key, defaults) in [("readonlyPaths", READONLY_PATHS), ("maskedPaths", MASKED_PATHS)] {
+        let list = array_entry(linux, key, &format!("linux.{key}"))?;
+        for p in defaults {
+            if !list.iter().any(|v| v.as_str().is_some_and(|s| normalize(s) == *p)) {
+                list.push(Value::from(*p));
+                added = true;
+            }
+        }
+    }
+    Ok(added)
+}
+
+/// [`protect_proc`] for a container without a GPU (its config is written back only where
+/// something was added). Whether anything was.
+pub fn keep_proc_protected(spec: &mut Value) -> Result<bool, SpecError> {
+    let root =
+        spec.as_object_mut().ok_or_else(|| shape(".", "config.json must be a JSON object"))?;
+    let linux = object_entry(root, "linux", "linux")?;
+    protect_proc(linux)
+}
+
 /// The capability sets runc applies.
 const CAPABILITY_SETS: [&str; 5] = ["bounding", "effective", "permitted", "inheritable", "ambient"];
 
@@ -930,18 +975,8 @@ pub fn apply_injection(
     let root =
         spec.as_object_mut().ok_or_else(|| shape(".", "config.json must be a JSON object"))?;
 
-    // linux.readonlyPaths, linux.maskedPaths: runc protects /proc/sys and the rest only
-    // where the config lists them; a GPU container gets at least `runc spec`'s lists (its
-    // root is the host's: a writable /proc/sys is kernel.core_pattern, a host-wide helper).
     let linux = object_entry(root, "linux", "linux")?;
-    for (key, defaults) in [("readonlyPaths", READONLY_PATHS), ("maskedPaths", MASKED_PATHS)] {
-        let list = array_entry(linux, key, &format!("linux.{key}"))?;
-        for p in defaults {
-            if !list.iter().any(|v| v.as_str().is_some_and(|s| normalize(s) == *p)) {
-                list.push(Value::from(*p));
-            }
-        }
-    }
+    protect_proc(linux)?;
 
     // linux.devices
     let injected_paths: BTreeSet<String> = inj.devices.iter().map(|d| normalize(&d.path)).collect();
@@ -1539,6 +1574,24 @@ mod tests {
             v["linux"]["resources"]["devices"].as_array_mut().expect("rules").push(rule.clone());
             apply_injection(&mut v, &mig_injection(), &hooks()).expect("applies");
         }
+    }
+
+    #[test]
+    fn no_container_joins_tesserads_cgroup_or_one_above_it() {
+        let own = "0::/user.slice/session-1.scope\n";
+        let at = |p: &str| json!({"linux": {"cgroupsPath": p}});
+        let daemon = Some("system.slice/tesserad.service");
+        for p in ["/system.slice/tesserad.service", "/system.slice", "/"] {
+            let e = check_cgroup_is_free(&at(p), "c1", false, own, &[], daemon).expect_err(p);
+            assert!(e.to_string().contains("tesserad's cgroup"), "{p}: {e}");
+        }
+        for p in
+            ["/system.slice/tesserad.service/child", "/system.slice/docker-1.scope", "/kubepods"]
+        {
+            check_cgroup_is_free(&at(p), "c1", false, own, &[], daemon).expect(p);
+        }
+        // No tesserad id beside the socket, no grant: nothing to check.
+        check_cgroup_is_free(&at("/system.slice"), "c1", false, own, &[], None).expect("none");
     }
 
     #[test]
