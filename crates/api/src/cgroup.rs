@@ -148,6 +148,22 @@ pub fn runc_cgroup(
     Ok(if prefix.is_empty() { path } else { format!("{prefix}/{path}") })
 }
 
+/// [`runc_cgroup`]'s result as a path alone (v1: without the devices hierarchy's
+/// `<controllers>/` in front), the same in every hierarchy runc's cgroupfs driver uses.
+pub fn runc_cgroup_path(
+    cgroups_path: Option<&str>,
+    container_id: &str,
+    systemd: bool,
+    own_proc_cgroup: &str,
+) -> Result<String, String> {
+    let (prefix, _) = device_hierarchy(own_proc_cgroup)?;
+    let full = runc_cgroup(cgroups_path, container_id, systemd, own_proc_cgroup)?;
+    Ok(match full.strip_prefix(&format!("{prefix}/")) {
+        Some(p) if !prefix.is_empty() => p.to_string(),
+        _ => full,
+    })
+}
+
 /// How many processes cgroup `rel` ([`parse_proc_cgroup`]'s form) and the cgroups below it
 /// hold, under the cgroup mount `root`: 0 where it does not exist. A cgroup that cannot be
 /// read is an error (never taken for empty).
@@ -193,40 +209,94 @@ pub fn write_grant_cgroups<'a>(
     crate::write_beside(list, text.as_bytes())
 }
 
-/// Beside tesserad's socket: its process id. Its cgroup (read from `/proc/<pid>/cgroup` at
-/// each check, so that wherever systemd or an operator moves it counts) holds tesserad and
-/// the MPS daemons it starts: no container may join it or a cgroup above it
-/// ([`read_daemon_cgroup`]).
+/// Beside tesserad's socket: its process id. Its cgroups (read from `/proc/<pid>/cgroup` at
+/// each check, so that wherever systemd or an operator moves it counts) hold tesserad and
+/// the MPS daemons it starts: no container may join them or a cgroup above them
+/// ([`read_daemon_cgroups`]).
 pub fn daemon_pid_path(socket: &Path) -> PathBuf {
     let mut s = socket.as_os_str().to_owned();
     s.push(".pid");
     PathBuf::from(s)
 }
 
-/// Writes this process's id at [`daemon_pid_path`] (atomically, mode 0644).
-pub fn write_daemon_pid(socket: &Path) -> std::io::Result<()> {
+/// Beside tesserad's socket: the cgroups it started in, one per line (every hierarchy's
+/// path, relative). Kept after it stops: the MPS daemons it started stay there.
+pub fn daemon_cgroups_path(socket: &Path) -> PathBuf {
+    let mut s = socket.as_os_str().to_owned();
+    s.push(".cgroups");
+    PathBuf::from(s)
+}
+
+/// The path of every hierarchy a `/proc/<pid>/cgroup` text names (v1 lines and the v2
+/// one), relative (`""`: the root): runc's cgroupfs driver puts a container at one path in
+/// every hierarchy, so each of them is a cgroup the process is in.
+pub fn hierarchy_paths(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.splitn(3, ':').nth(2))
+        .map(|p| p.trim_start_matches('/').to_string())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Writes this process's id at [`daemon_pid_path`] and adds the cgroups it runs in to
+/// [`daemon_cgroups_path`] ([`record_daemon_cgroups`]).
+pub fn write_daemon_files(socket: &Path) -> std::io::Result<()> {
+    record_daemon_cgroups(socket)?;
     crate::write_beside(&daemon_pid_path(socket), format!("{}\n", std::process::id()).as_bytes())
 }
 
-/// The cgroup (in [`parse_proc_cgroup`]'s form) of the tesserad whose id is beside
-/// `socket`: `None` when no id is written or that process is gone; an error when the id or
-/// its cgroup cannot be read otherwise (the caller refuses: fail closed).
-pub fn read_daemon_cgroup(socket: &Path, proc_root: &Path) -> Result<Option<String>, String> {
-    let file = daemon_pid_path(socket);
-    let text = match std::fs::read_to_string(&file) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot read {}: {e}", file.display())),
+/// Adds the cgroups this process runs in now to those listed at [`daemon_cgroups_path`]
+/// (atomically, mode 0644; unchanged, not rewritten): tesserad calls it at its start and
+/// whenever it starts an MPS daemon, which stays in the cgroup it was started in after
+/// tesserad is moved, stopped or gone.
+pub fn record_daemon_cgroups(socket: &Path) -> std::io::Result<()> {
+    let own = std::fs::read_to_string("/proc/self/cgroup")?;
+    let file = daemon_cgroups_path(socket);
+    let listed: Vec<String> = match std::fs::read_to_string(&file) {
+        Ok(t) => t.lines().map(str::to_string).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e),
     };
-    let pid: u32 = text.trim().parse().map_err(|_| {
-        format!("{} holds {}, not a process id", file.display(), untrusted(text.trim()))
-    })?;
-    let at = proc_root.join(pid.to_string()).join("cgroup");
-    match std::fs::read_to_string(&at) {
-        Ok(t) => parse_proc_cgroup(&t).map(Some),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("cannot read {}: {e}", at.display())),
+    let mut all = listed.clone();
+    all.extend(hierarchy_paths(&own));
+    all.sort();
+    all.dedup();
+    if all == listed {
+        return Ok(());
     }
+    let lines: String = all.iter().map(|p| format!("{p}\n")).collect();
+    crate::write_beside(&file, lines.as_bytes())
+}
+
+/// The cgroups (every hierarchy's path, relative) of the tesserad beside `socket`: those it
+/// started in ([`daemon_cgroups_path`], kept after it stops: its MPS daemons stay there)
+/// and, while the process whose id is beside the socket runs, those it is in now. Empty
+/// when neither file is there; an error when one cannot be read otherwise (the caller
+/// refuses: fail closed).
+pub fn read_daemon_cgroups(socket: &Path, proc_root: &Path) -> Result<Vec<String>, String> {
+    let read = |file: &Path| match std::fs::read_to_string(file) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("cannot read {}: {e}", file.display())),
+    };
+    let mut out: Vec<String> = read(&daemon_cgroups_path(socket))?
+        .map(|t| t.lines().map(|l| l.trim_start_matches('/').to_string()).collect())
+        .unwrap_or_default();
+    let file = daemon_pid_path(socket);
+    if let Some(text) = read(&file)? {
+        let pid: u32 = text.trim().parse().map_err(|_| {
+            format!("{} holds {}, not a process id", file.display(), untrusted(text.trim()))
+        })?;
+        if let Some(now) = read(&proc_root.join(pid.to_string()).join("cgroup"))? {
+            out.extend(hierarchy_paths(&now));
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
 }
 
 /// Reads [`grant_cgroups_path`]: `None` when there is no file (no tesserad has written
@@ -244,22 +314,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_daemons_cgroup_is_read_from_its_process_each_time() {
+    fn the_daemons_cgroups_are_where_it_started_and_where_its_process_is_now() {
         let d = tempfile::tempdir().expect("tmp");
         let socket = d.path().join("tesserad.sock");
         let proc_root = d.path().join("proc");
-        assert_eq!(read_daemon_cgroup(&socket, &proc_root), Ok(None), "no id written");
+        assert_eq!(read_daemon_cgroups(&socket, &proc_root), Ok(vec![]), "no file written");
+        // Where it started (kept after it stops: its MPS daemons stay there), every
+        // hierarchy (v1's pids and memory apart from devices).
+        let started = "12:pids:/system.slice/tesserad.service\n10:devices:/system.slice\n\
+                       0::/system.slice/tesserad.service\n";
+        let paths = hierarchy_paths(started);
+        assert_eq!(paths, vec!["system.slice", "system.slice/tesserad.service"]);
+        std::fs::write(daemon_cgroups_path(&socket), paths.join("\n")).expect("cgroups");
         std::fs::write(daemon_pid_path(&socket), "4242\n").expect("pid");
-        assert_eq!(read_daemon_cgroup(&socket, &proc_root), Ok(None), "the process is gone");
+        assert_eq!(read_daemon_cgroups(&socket, &proc_root), Ok(paths.clone()), "gone");
+        // Moved since: both count.
         std::fs::create_dir_all(proc_root.join("4242")).expect("proc");
-        std::fs::write(proc_root.join("4242/cgroup"), "0::/system.slice/tesserad.service\n")
-            .expect("cgroup");
-        let got = read_daemon_cgroup(&socket, &proc_root);
-        assert_eq!(got, Ok(Some("system.slice/tesserad.service".to_string())));
         std::fs::write(proc_root.join("4242/cgroup"), "0::/elsewhere\n").expect("moved");
-        assert_eq!(read_daemon_cgroup(&socket, &proc_root), Ok(Some("elsewhere".to_string())));
+        let got = read_daemon_cgroups(&socket, &proc_root).expect("read");
+        assert_eq!(got, vec!["elsewhere", "system.slice", "system.slice/tesserad.service"]);
         std::fs::write(daemon_pid_path(&socket), "x/../1\n").expect("pid");
-        let e = read_daemon_cgroup(&socket, &proc_root).expect_err("not an id");
+        let e = read_daemon_cgroups(&socket, &proc_root).expect_err("not an id");
         assert!(e.contains("not a process id"), "{e}");
     }
 

@@ -303,9 +303,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     // For the wrapper, which refuses a container in a grant's cgroup without asking.
     node.list_grant_cgroups_in(tessera_api::cgroup::grant_cgroups_path(&config.socket));
     // For the wrapper, which refuses a container in tesserad's cgroup (its MPS daemons' too).
-    if let Err(e) = tessera_api::cgroup::write_daemon_pid(&config.socket) {
-        warn!("cannot write tesserad's process id beside its socket: {e}");
-    }
+    node.list_daemon_cgroups_beside(config.socket.clone());
     // A grant ends when runc removes its container's record, whoever deleted it.
     match runc_watch::RuncWatch::new() {
         Ok(w) => node.watch_runc_roots(w),

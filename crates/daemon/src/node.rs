@@ -111,6 +111,9 @@ pub struct Node {
     /// Where the cgroups of the running grants are listed for tessera-runtime
     /// ([`tessera_api::cgroup::grant_cgroups_path`]; none in tests without a socket).
     grant_cgroups_file: Option<std::path::PathBuf>,
+    /// tesserad's socket, beside which the cgroups it starts MPS daemons in are listed
+    /// (`tessera_api::cgroup::record_daemon_cgroups`); `None`: not listed.
+    daemon_socket: Option<std::path::PathBuf>,
     /// Reconciler passes completed ([`tessera_api::NodeStatus::reconcile_passes`]).
     reconcile_passes: u64,
     /// runc's roots watched for removed records ([`crate::runc_watch`]); `None` where the
@@ -213,6 +216,7 @@ impl Node {
             quota_holds: BTreeMap::new(),
             quota_released: Vec::new(),
             grant_cgroups_file: None,
+            daemon_socket: None,
             reconcile_passes: 0,
             runc_watch: None,
             requesters: None,

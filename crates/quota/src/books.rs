@@ -932,12 +932,15 @@ impl Books {
         reason: String,
     ) {
         if self.events.len() >= EVENTS_KEPT {
-            self.events.pop_front();
+            // A stored one leaves the store with the books.
+            if self.events.pop_front().is_some_and(|e| state::stored_kind(e.kind)) {
+                self.events_dirty = true;
+            }
             self.event_seqs.pop_front();
         }
         self.event_seqs.push_back(self.event_seq);
         self.event_seq = self.event_seq.saturating_add(1);
-        self.events_dirty = true;
+        self.events_dirty |= state::stored_kind(kind);
         self.events.push_back(QuotaEvent {
             ts_ms: now,
             kind,

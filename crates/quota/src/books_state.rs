@@ -49,7 +49,7 @@ use super::{
 };
 use crate::amount::{Resource, Resources};
 use crate::spec::QuotaTree;
-use crate::wire::{Amounts, Holding, Lease, QuotaClass, QuotaEvent, Victim};
+use crate::wire::{Amounts, Holding, Lease, QuotaClass, QuotaEvent, QuotaEventKind, Victim};
 
 /// One node as the durable books keep it. Its holdings are kept one by one
 /// ([`StateOp::PutHolding`]): a sync that changes one holding writes one.
@@ -222,6 +222,21 @@ pub struct EventState {
 /// taken over from the stored times let an entry, a first ask or an owed-since go exactly
 /// when the books before would have: each lives up to one step longer than its TTL.
 pub const STORED_TIME_STEP_MS: u64 = 30_000;
+
+/// Whether events of `kind` are stored with the record: those that explain it and are
+/// rare (reclaims, preemptions, leases run out, gangs timed out, nodes gone). One per
+/// admission (borrow, refuse, gang admitted, resize) would cost the store a write per
+/// admission: those are the deciding coordinator's memory.
+pub fn stored_kind(kind: QuotaEventKind) -> bool {
+    matches!(
+        kind,
+        QuotaEventKind::Reclaim
+            | QuotaEventKind::Preempt
+            | QuotaEventKind::LeaseExpired
+            | QuotaEventKind::GangTimeout
+            | QuotaEventKind::NodeRemoved
+    )
+}
 
 /// `t` to the step it is stored to ([`STORED_TIME_STEP_MS`]).
 pub(super) fn coarse(t: u64) -> u64 {
@@ -645,8 +660,16 @@ impl Books {
                 None => ops.push(StateOp::DelRecord { tenant }),
             }
         }
+        let mut handed = !ops.is_empty();
         if self.events_dirty {
-            let kept: BTreeSet<u64> = self.event_seqs.iter().copied().collect();
+            let kept: BTreeSet<u64> = self
+                .event_seqs
+                .iter()
+                .zip(&self.events)
+                .filter(|(_, e)| stored_kind(e.kind))
+                .map(|(&seq, _)| seq)
+                .collect();
+            let before = ops.len();
             let rewrite = std::mem::take(&mut self.events_rewrite);
             for &seq in &self.durable_events {
                 if rewrite || !kept.contains(&seq) {
@@ -654,12 +677,16 @@ impl Books {
                 }
             }
             for (&seq, event) in self.event_seqs.iter().zip(&self.events) {
-                if rewrite || !self.durable_events.contains(&seq) {
+                if kept.contains(&seq) && (rewrite || !self.durable_events.contains(&seq)) {
                     ops.push(StateOp::PutEvent(EventState { seq, event: event.clone() }));
                 }
             }
             self.durable_events = kept;
             self.events_dirty = false;
+            handed |= ops.len() > before;
+        }
+        if !handed {
+            return;
         }
         let mark = RecordMark {
             term: self.record_term,
@@ -752,6 +779,7 @@ impl Books {
                 .event_seqs
                 .iter()
                 .zip(&self.events)
+                .filter(|(_, e)| stored_kind(e.kind))
                 .map(|(&seq, e)| EventState { seq, event: e.clone() })
                 .collect(),
             record_mark: self.record_mark,

@@ -1277,10 +1277,12 @@ fn books_taken_over_keep_the_record_the_status_and_the_events_show() {
     nodes[0].sync(&mut b, &t, now);
     admitted(&nodes[0].admit(&mut b, &t, one, now));
     apply(&mut store, b.take_changes().ops);
-    // What changes within a step of the last records stored waits for the next step.
+    // What changes within a step of the last records stored waits for the next step; a
+    // refusal (one per admission) is not stored at all.
     now += 1_000;
     let over = ask("b-over", "acme/b", 6);
     refused(&nodes[1].admit(&mut b, &t, over, now));
+    b.event(now, QuotaEventKind::LeaseExpired, Some("acme/b"), Some("n2"), None, "x".into());
     let cs = b.take_changes();
     let recorded = |cs: &state::Changeset| {
         cs.ops.iter().any(|o| matches!(o, StateOp::PutRecord(_) | StateOp::PutEvent(_)))
@@ -1317,14 +1319,17 @@ fn books_taken_over_keep_the_record_the_status_and_the_events_show() {
     let mut taken = Books::restore(300, now, store.clone(), &t);
     assert_eq!(taken.state(), b.state(), "the books taken over store what the first did");
     assert_eq!(status(&mut taken, now), before);
-    assert_eq!(taken.events(), b.events());
+    let stored: Vec<QuotaEvent> =
+        b.events().into_iter().filter(|e| state::stored_kind(e.kind)).collect();
+    assert_eq!(taken.events(), stored, "the events that explain the record");
+    assert!(!taken.events().iter().any(refusal), "refusals stay the leader's memory");
     assert!(taken.events().iter().any(|e| e.kind == QuotaEventKind::Preempt), "{:?}", b.events());
     assert_eq!(taken.counters(), b.counters());
     // Events beyond the bound leave the store as they leave the books.
     taken.track_changes(true);
     let first = store.events.first().map(|e| e.seq).expect("events stored");
     for i in 0..EVENTS_KEPT {
-        taken.event(now, QuotaEventKind::Refuse, Some("acme/b"), None, None, format!("r{i}"));
+        taken.event(now, QuotaEventKind::LeaseExpired, Some("acme/b"), None, None, format!("r{i}"));
     }
     taken.tick(now + RECORD_STEP_MS);
     let cs = taken.take_changes();
@@ -5164,7 +5169,7 @@ fn rt_at_the_bound(t: &QuotaTree) -> (Books, [Node; 2], u64, BooksState) {
     let _ = b.take_changes();
     fill(&mut nodes, 0, &mut b, t, "acme/b", ("b", 0, 8), false, &mut now);
     for i in 0..EVENTS_KEPT {
-        b.event(now, QuotaEventKind::Refuse, Some("acme/b"), None, None, format!("r{i}"));
+        b.event(now, QuotaEventKind::LeaseExpired, Some("acme/b"), None, None, format!("r{i}"));
     }
     now += RECORD_STEP_MS;
     b.tick(now);
@@ -5241,7 +5246,7 @@ fn rt_record_a_record_the_store_went_on_from_is_not_counted_twice() {
         n.sync(&mut other, &t, now);
     }
     for i in 0..EVENTS_KEPT {
-        other.event(now, QuotaEventKind::Refuse, Some("acme/b"), None, None, format!("o{i}"));
+        other.event(now, QuotaEventKind::LeaseExpired, Some("acme/b"), None, None, format!("o{i}"));
     }
     now += RECORD_STEP_MS;
     other.tick(now);
@@ -5357,7 +5362,7 @@ fn rt_event_state(seq: u64, reason: &str) -> state::EventState {
         seq,
         event: QuotaEvent {
             ts_ms: 1_000_000,
-            kind: QuotaEventKind::Refuse,
+            kind: QuotaEventKind::LeaseExpired,
             tenant: Some("acme/b".into()),
             node: None,
             container_id: None,
@@ -5428,7 +5433,7 @@ fn rt_record_a_stored_event_at_the_last_seq_does_not_panic_the_next_event() {
     let mut taken = Books::restore(300, now, store.clone(), &t);
     taken.track_changes(true);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        taken.event(now, QuotaEventKind::Refuse, Some("acme/b"), None, None, "next".into())
+        taken.event(now, QuotaEventKind::LeaseExpired, Some("acme/b"), None, None, "next".into())
     }));
     assert!(r.is_ok(), "recording an event after a stored event at u64::MAX panicked");
     // Numbered anew from zero, and the store rewritten to match at the next hand-out.
@@ -5506,7 +5511,7 @@ fn rt_record_a_batch_cut_before_its_events_does_not_count_the_record_twice() {
     let _ = b.take_changes();
     // The first hand-out (nothing handed out before it) goes at once; what follows, within
     // the step, waits for the next.
-    b.event(now, QuotaEventKind::Refuse, Some("acme/c"), None, None, "first".into());
+    b.event(now, QuotaEventKind::LeaseExpired, Some("acme/c"), None, None, "first".into());
     b.tick(now);
     apply(&mut store, b.take_changes().ops);
     // All within the step (fill's second apart would reach the next one).
@@ -5580,7 +5585,7 @@ fn rt_record_a_clock_stepped_back_does_not_stop_the_records_being_stored() {
     // The clock reads an hour ahead for one call, then is corrected.
     b.tick(now + 3_600_000);
     apply(&mut store, b.take_changes().ops);
-    b.event(now, QuotaEventKind::Refuse, Some("acme/b"), None, None, "after the step".into());
+    b.event(now, QuotaEventKind::LeaseExpired, Some("acme/b"), None, None, "after the step".into());
     // Ten minutes on (120 steps), every step's tick:
     let mut stored = false;
     for step in 1..=120 {
@@ -5609,7 +5614,7 @@ fn rt_record_leadership_flapping_does_not_count_a_merged_record_twice() {
     let _ = b.take_changes();
     // The first hand-out (nothing handed out before it) goes at once; what follows, within
     // the step, waits for the next.
-    b.event(now, QuotaEventKind::Refuse, Some("acme/c"), None, None, "first".into());
+    b.event(now, QuotaEventKind::LeaseExpired, Some("acme/c"), None, None, "first".into());
     b.tick(now);
     apply(&mut store, b.take_changes().ops);
     for k in 0..8 {

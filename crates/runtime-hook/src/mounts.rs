@@ -378,6 +378,47 @@ pub fn make_private(spec: &mut Value) -> Result<(), MountError> {
 pub const OWN_INSTANCE_FILESYSTEMS: &[&str] =
     &["proc", "sysfs", "tmpfs", "ramfs", "devpts", "mqueue", "cgroup", "cgroup2", "bind"];
 
+/// Every container, GPU or not: a writable bind whose source (as the host resolves it now,
+/// links followed; `bundle`-relative sources from the bundle) is the host's `/proc` or
+/// `/sys`, or at or below the container's own `proc`, `sysfs` or cgroup mount of an earlier
+/// entry (runc makes the mounts in order, in the container's mount namespace: a bind of
+/// `rootfs/proc` after the `proc` mount is that proc, outside the paths runc keeps
+/// read-only). A read-only bind of them stays (monitoring agents read the host's).
+pub fn check_proc_binds(spec: &Value, bundle: &Path, rootfs: &Path) -> Result<(), MountError> {
+    let plans = plans(spec)?;
+    let canonical_rootfs = std::fs::canonicalize(rootfs).unwrap_or_else(|_| rootfs.to_path_buf());
+    let mut kernel_views: Vec<PathBuf> = vec![PathBuf::from("/proc"), PathBuf::from("/sys")];
+    for p in &plans {
+        if !p.bind {
+            if matches!(p.fstype.as_str(), "proc" | "sysfs" | "cgroup" | "cgroup2") {
+                let inside = clean(Path::new(&p.destination));
+                let rel = inside.strip_prefix("/").unwrap_or(&inside).to_path_buf();
+                kernel_views.push(rootfs.join(&rel));
+                kernel_views.push(canonical_rootfs.join(&rel));
+            }
+            continue;
+        }
+        if p.read_only {
+            continue;
+        }
+        let Some(source) = p.source.as_deref() else { continue };
+        let joined = bundle.join(source);
+        let resolved = std::fs::canonicalize(&joined).unwrap_or_else(|_| clean(&joined));
+        if let Some(view) = kernel_views.iter().find(|v| within(&resolved, v)) {
+            return Err(MountError::Unjudgeable {
+                at: p.at(),
+                why: format!(
+                    "a writable bind of {} ({}): a proc, sysfs or cgroup view outside the paths \
+                     runc keeps read-only (the host's sysctls, kernel objects and cgroups)",
+                    untrusted(source).max_chars(200),
+                    view.display()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Every container, GPU or not: each filesystem runc mounts anew is one of
 /// [`OWN_INSTANCE_FILESYSTEMS`], and `proc` is mounted at `/proc` only (runc keeps
 /// `/proc/sys` and the rest read-only and masked by path: a second `proc` elsewhere would
@@ -398,6 +439,19 @@ pub fn check_filesystems(spec: &Value) -> Result<(), MountError> {
                      devtmpfs is the host's /dev) or reach host paths through their options",
                     untrusted(&p.fstype).max_chars(64),
                     OWN_INSTANCE_FILESYSTEMS[..OWN_INSTANCE_FILESYSTEMS.len() - 1].join(", ")
+                ),
+            });
+        }
+        // Mounted anew, sysfs is the host's kernel objects but for the network namespace's
+        // (`/sys/bus/pci/devices/<gpu>/remove`), and cgroup2 (or a v1 hierarchy) without a
+        // cgroup namespace the host's whole hierarchy: read-only, in every container.
+        if matches!(p.fstype.as_str(), "sysfs" | "cgroup" | "cgroup2") && !p.read_only {
+            return Err(MountError::Unjudgeable {
+                at: p.at(),
+                why: format!(
+                    "{} mounted writable (options in order leave it read-write): the host's \
+                     kernel objects or cgroups, tesserad's and every GPU grant's included",
+                    p.fstype
                 ),
             });
         }
@@ -730,6 +784,40 @@ mod tests {
     }
 
     #[test]
+    fn no_writable_bind_of_a_proc_sysfs_or_cgroup_view_the_hosts_or_its_own() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let bundle = dir.path();
+        let rootfs = bundle.join("rootfs");
+        std::fs::create_dir_all(rootfs.join("proc")).expect("proc dir");
+        std::os::unix::fs::symlink("proc", rootfs.join("p")).expect("link");
+        let spec = |binds: Value| {
+            let mut m = vec![json!({"destination": "/proc", "type": "proc", "source": "proc"})];
+            m.extend(binds.as_array().expect("list").iter().cloned());
+            json!({"root": {"path": "rootfs"}, "mounts": m})
+        };
+        let check = |binds: Value| check_proc_binds(&spec(binds), bundle, &rootfs);
+        for source in ["rootfs/proc", "rootfs/proc/sys", "rootfs/p", "/proc", "/proc/sys", "/sys"] {
+            let e = check(json!([{"destination": "/p2", "type": "bind", "source": source,
+                                  "options": ["rbind", "rw"]}]))
+            .expect_err(source);
+            assert!(e.to_string().contains("writable bind"), "{source}: {e}");
+        }
+        // Read-only binds of them stay; other sources stay.
+        check(json!([{"destination": "/host/proc", "type": "bind", "source": "/proc",
+                      "options": ["rbind", "ro"]}]))
+        .expect("read-only");
+        check(json!([{"destination": "/data", "type": "bind", "source": "/tmp",
+                      "options": ["rbind", "rw"]}]))
+        .expect("another source");
+        // The container's own proc counts only once mounted: a bind before it is of the
+        // image's directory.
+        let before = json!({"root": {"path": "rootfs"}, "mounts": [
+            {"destination": "/p2", "type": "bind", "source": "rootfs/proc", "options": ["rbind"]},
+            {"destination": "/proc", "type": "proc", "source": "proc"}]});
+        check_proc_binds(&before, bundle, &rootfs).expect("before the proc mount");
+    }
+
+    #[test]
     fn only_filesystems_of_a_containers_own_are_mounted_anew_and_proc_at_proc() {
         let judge = |m: Value| check_filesystems(&json!({ "mounts": m }));
         for fstype in ["binfmt_misc", "devtmpfs", "tracefs", "debugfs", "overlay", "nfs", ""] {
@@ -763,6 +851,29 @@ mod tests {
         }
         let m = json!([{"destination": "/proc/./", "type": "proc", "source": "proc"}]);
         judge(m).expect("/proc, written otherwise");
+    }
+
+    /// Red team, round 6: `sysfs` and `cgroup2` are no filesystem of a container's own where
+    /// it can write them. sysfs in a new network namespace is the host's kernel objects
+    /// (`/sys/bus/pci/devices/<gpu>/remove`, `/sys/module/*/parameters`) but for
+    /// `/sys/class/net`; `cgroup2` without a cgroup namespace of its own (runc spec's config
+    /// has none) is the host's whole hierarchy (`cgroup.kill` of tesserad's cgroup; on v2,
+    /// `cgroup.procs` of a GPU grant's cgroup). `check_filesystems` runs for every container
+    /// and lets both through read-write (only a GPU container's are judged read-only).
+    #[test]
+    fn rt_iso2_no_container_mounts_a_writable_sysfs_or_the_hosts_cgroup2_anew() {
+        let judge = |m: Value| {
+            check_filesystems(&json!({
+                "mounts": m,
+                "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "mount"}]}
+            }))
+        };
+        let m = json!([{"destination": "/sys", "type": "sysfs", "source": "sysfs",
+                        "options": ["nosuid", "noexec", "nodev", "rw"]}]);
+        judge(m).expect_err("a writable sysfs: the host's kernel objects");
+        let m = json!([{"destination": "/cg2", "type": "cgroup2", "source": "cgroup2",
+                        "options": ["nosuid", "noexec", "nodev", "rw"]}]);
+        judge(m).expect_err("a writable cgroup2 without a cgroup namespace: the host's hierarchy");
     }
 
     #[test]

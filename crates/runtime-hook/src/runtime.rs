@@ -365,6 +365,16 @@ pub fn prepare(
     crate::mounts::check_filesystems(&cfg.value).map_err(|e| {
         fail(RuntimeError::Config { path: cfg.path.clone(), source: SpecError::from(e) })
     })?;
+    // Every container: no capability that acts on the host itself without a user namespace.
+    spec::check_host_capabilities(&cfg.value)
+        .map_err(|source| fail(RuntimeError::Config { path: cfg.path.clone(), source }))?;
+    // Every container: no writable bind of a proc, sysfs or cgroup view (the host's, or the
+    // container's own mounted before it).
+    if let Some(root) = cfg.value.pointer("/root/path").and_then(serde_json::Value::as_str) {
+        crate::mounts::check_proc_binds(&cfg.value, &bundle, &bundle.join(root)).map_err(|e| {
+            fail(RuntimeError::Config { path: cfg.path.clone(), source: SpecError::from(e) })
+        })?;
+    }
     // Every container: none joins the cgroup of a running GPU grant (tesserad's list beside
     // its socket; the daemon is never asked).
     check_cgroup_is_free(env, &inv, &cfg, &container_id).map_err(|e| fail(*e))?;
@@ -573,7 +583,7 @@ fn check_cgroup_is_free(
         |source: SpecError| Box::new(RuntimeError::Config { path: cfg.path.clone(), source });
     let socket = env.absolute(&env.socket);
     let list = tessera_api::cgroup::grant_cgroups_path(&socket);
-    let daemon = tessera_api::cgroup::read_daemon_cgroup(&socket, Path::new("/proc"))
+    let daemon = tessera_api::cgroup::read_daemon_cgroups(&socket, Path::new("/proc"))
         .map_err(|why| config(SpecError::CgroupTaken { at: "linux.cgroupsPath".into(), why }))?;
     let grants = match tessera_api::cgroup::read_grant_cgroups(&socket) {
         Ok(Some(g)) => g,
@@ -588,7 +598,7 @@ fn check_cgroup_is_free(
             }))
         }
     };
-    if grants.is_empty() && daemon.is_none() {
+    if grants.is_empty() && daemon.is_empty() {
         return Ok(());
     }
     let own = own_proc_cgroup(cfg)?;
@@ -598,7 +608,7 @@ fn check_cgroup_is_free(
         inv.global.systemd_cgroup,
         &own,
         &grants,
-        daemon.as_deref(),
+        &daemon,
     )
     .map_err(config)
 }

@@ -79,17 +79,18 @@ pub fn runc_cgroup_of(
 /// everything in its cgroup tree (runc's `destroy` without a pid namespace of its own).
 /// `grants` is tesserad's list beside its socket; `systemd` runc's `--systemd-cgroup`;
 /// `own_proc_cgroup` the `/proc/self/cgroup` text of this process, which runs runc (a
-/// relative `cgroupsPath` is below its cgroup). `daemon`: tesserad's own cgroup, where its
-/// MPS daemons run: a container may not be in it or above it (below it binds only itself).
+/// relative `cgroupsPath` is below its cgroup). `daemon`: tesserad's own cgroups (every
+/// hierarchy's path: runc's cgroupfs driver uses one path in all), where its MPS daemons
+/// run: a container may not be in one or above one (below it binds only itself).
 pub fn check_cgroup_is_free(
     spec: &Value,
     container_id: &str,
     systemd: bool,
     own_proc_cgroup: &str,
     grants: &[String],
-    daemon: Option<&str>,
+    daemon: &[String],
 ) -> Result<(), SpecError> {
-    if grants.is_empty() && daemon.is_none() {
+    if grants.is_empty() && daemon.is_empty() {
         return Ok(());
     }
     let cgroup = runc_cgroup_of(spec, container_id, systemd, own_proc_cgroup)?;
@@ -98,15 +99,21 @@ pub fn check_cgroup_is_free(
     // tesserad's own cgroup, where the MPS daemons of every tenant run too: runc would write
     // the container's device rules and limits there (or above it, binding it), and its
     // pause and `kill --all` would reach them. A cgroup below it binds only itself.
-    if let Some(d) = daemon.filter(|d| within(d, &cgroup)) {
+    let path = match spec.pointer("/linux/cgroupsPath") {
+        Some(Value::String(p)) => Some(p.as_str()),
+        _ => None,
+    };
+    let raw = tessera_api::cgroup::runc_cgroup_path(path, container_id, systemd, own_proc_cgroup)
+        .map_err(|why| SpecError::CgroupTaken { at: at.clone(), why })?;
+    if let Some(d) = daemon.iter().find(|d| within(d, &raw)) {
         return Err(SpecError::CgroupTaken {
             at,
             why: format!(
-                "runc would put the container in cgroup {}, {} tesserad's cgroup ({}), where the \
-                 GPU service and every tenant's MPS daemons run: the container's device rules, \
-                 limits and signals would reach them",
-                tessera_api::untrusted(&cgroup),
-                if cgroup == d { "which is" } else { "above" },
+                "runc would put the container in cgroup /{}, {} a cgroup tesserad runs in \
+                 (/{}), where the GPU service and every tenant's MPS daemons run: the \
+                 container's device rules, limits and signals would reach them",
+                tessera_api::untrusted(&raw),
+                if raw == *d { "which is" } else { "above" },
                 tessera_api::untrusted(d)
             ),
         });
@@ -207,6 +214,9 @@ pub enum SpecError {
     /// Something that lets the container change its own devices cgroup after runc set it.
     #[error("{at}: {why}: a GPU container could rewrite its own device rules and open every GPU")]
     DeviceCgroupWritable { at: String, why: String },
+    /// A capability that acts on the host itself, in any container.
+    #[error("{at}: {why}")]
+    HostCapability { at: String, why: String },
     /// Real-time CPU for a GPU container.
     #[error("{at}: {why}: real-time CPU time is not bounded by the CPU quota a GPU container is admitted with; GPU containers get none")]
     RealTime { at: String, why: String },
@@ -354,6 +364,29 @@ pub fn check_rootfs(bundle: &Path, spec: &Value) -> Result<(), SpecError> {
             .map(|t| t.display().to_string())
             .unwrap_or_else(|_| "?".into()),
     };
+    // runc 1.1.5 takes a `proc` or `sysfs` destination that already starts with the rootfs's
+    // path (as a string) for a host path, unjoined, and makes its directories there: a
+    // destination spelled as the rootfs's host path (or a sibling's, `<rootfs>-x`) is no
+    // path in the container, whatever its type.
+    let canonical = std::fs::canonicalize(&rootfs).ok();
+    for p in crate::mounts::plans(spec)? {
+        let dest = normalize(&p.destination);
+        let names_rootfs = [Some(&rootfs), canonical.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r.to_str())
+            .any(|r| dest.starts_with(r.trim_end_matches('/')));
+        if names_rootfs {
+            return Err(shape(
+                format!("mounts[{}].destination", p.index),
+                format!(
+                    "{} starts with the rootfs's path on the host: runc would take it for a \
+                     host path, not one in the container",
+                    tessera_api::untrusted(&p.destination).max_chars(200)
+                ),
+            ));
+        }
+    }
     // runc 1.1.5 makes the directories of a `proc` or `sysfs` destination with a plain join
     // (`os.MkdirAll(filepath.Join(rootfs, dest))`, the destination cleaned as a rooted
     // path), following the image's links to the host, before it resolves the destination
@@ -651,6 +684,53 @@ pub fn check_gpu_spec(spec: &Value) -> Result<(), SpecError> {
     check_cgroup_stays(spec, root, linux)
 }
 
+/// Capabilities that act on the host itself, whatever namespaces the container has but a
+/// user namespace of its own: mounts and cgroups (`CAP_SYS_ADMIN`: a second proc, the
+/// devices hierarchy, binfmt_misc), kernel modules, raw I/O and kernel memory (`CAP_BPF`,
+/// `CAP_PERFMON`, `CAP_SYS_RAWIO`), files by handle outside the mount namespace
+/// (`CAP_DAC_READ_SEARCH`), reboot and kexec, the security modules' policy.
+pub const HOST_CAPABILITIES: &[&str] = &[
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_MODULE",
+    "CAP_SYS_RAWIO",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_BPF",
+    "CAP_PERFMON",
+    "CAP_SYS_BOOT",
+    "CAP_MAC_ADMIN",
+    "CAP_MAC_OVERRIDE",
+];
+
+/// Every container, GPU or not (a GPU container's allow-list, [`GPU_CAPABILITIES`], is
+/// stricter and checked after): none without a user namespace of its own holds one of
+/// [`HOST_CAPABILITIES`] in any set: with one, the container undoes every check of its
+/// config from inside (mounts a second proc, the host's binfmt_misc, a cgroup hierarchy),
+/// and the host's root is every GPU of the node.
+pub fn check_host_capabilities(spec: &Value) -> Result<(), SpecError> {
+    let namespaces =
+        typed_items::<NamespaceView>(spec.pointer("/linux/namespaces"), "linux.namespaces")?;
+    if namespaces.iter().any(|n| n.typ == "user" && n.path.as_deref().unwrap_or("").is_empty()) {
+        return Ok(());
+    }
+    let Some(Value::Object(caps)) = spec.pointer("/process/capabilities") else { return Ok(()) };
+    for set in CAPABILITY_SETS {
+        let at = format!("process.capabilities.{set}");
+        let names: Vec<String> = typed_items(caps.get(set), &at)?;
+        if let Some(c) = names.iter().find(|c| HOST_CAPABILITIES.contains(&c.as_str())) {
+            return Err(SpecError::HostCapability {
+                at,
+                why: format!(
+                    "{} without a user namespace of its own: it acts on the host itself \
+                     (mounts, cgroups, kernel memory), and the host's root is every GPU of the \
+                     node; no container on this node holds it",
+                    tessera_api::untrusted(c).max_chars(64)
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// What `runc spec` (1.1) makes read-only in every container; kept in a GPU container's
 /// `linux.readonlyPaths` whatever its config lists.
 pub const READONLY_PATHS: &[&str] =
@@ -680,7 +760,10 @@ fn protect_proc(linux: &mut serde_json::Map<String, Value>) -> Result<bool, Spec
     for (key, defaults) in [("readonlyPaths", READONLY_PATHS), ("maskedPaths", MASKED_PATHS)] {
         let list = array_entry(linux, key, &format!("linux.{key}"))?;
         for p in defaults {
-            if !list.iter().any(|v| v.as_str().is_some_and(|s| normalize(s) == *p)) {
+            // Only the very spelling counts: runc hands each entry to mount(2) as written
+            // and skips one the kernel cannot find (`/proc/none/../sys` is ENOENT, though
+            // it cleans to /proc/sys). A second entry for the same path costs nothing.
+            if !list.iter().any(|v| v.as_str() == Some(*p)) {
                 list.push(Value::from(*p));
                 added = true;
             }
@@ -1577,21 +1660,102 @@ mod tests {
     }
 
     #[test]
+    fn no_container_holds_a_capability_that_acts_on_the_host_without_a_user_namespace() {
+        for cap in HOST_CAPABILITIES {
+            for set in ["bounding", "effective", "permitted", "inheritable", "ambient"] {
+                let v = json!({"process": {"capabilities": {set: ["CAP_CHOWN", cap]}}});
+                let e = check_host_capabilities(&v).expect_err(cap);
+                assert!(e.to_string().contains(cap), "{set} {cap}: {e}");
+            }
+            // In a user namespace of its own the capability is that namespace's.
+            let v = json!({"process": {"capabilities": {"effective": [cap]}},
+                           "linux": {"namespaces": [{"type": "user"}]}});
+            check_host_capabilities(&v).expect(cap);
+            // One joined by path is another's: no user namespace of its own.
+            let v = json!({"process": {"capabilities": {"effective": [cap]}},
+                           "linux": {"namespaces": [{"type": "user", "path": "/proc/1/ns/user"}]}});
+            check_host_capabilities(&v).expect_err(cap);
+        }
+        // Docker's, podman's and containerd's defaults (and NET_ADMIN) pass.
+        let v = json!({"process": {"capabilities": {"bounding": [
+            "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+            "CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+            "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+            "CAP_NET_ADMIN"]}}});
+        check_host_capabilities(&v).expect("defaults");
+    }
+
+    #[test]
     fn no_container_joins_tesserads_cgroup_or_one_above_it() {
         let own = "0::/user.slice/session-1.scope\n";
         let at = |p: &str| json!({"linux": {"cgroupsPath": p}});
-        let daemon = Some("system.slice/tesserad.service");
+        let daemon = ["system.slice/tesserad.service".to_string()];
         for p in ["/system.slice/tesserad.service", "/system.slice", "/"] {
-            let e = check_cgroup_is_free(&at(p), "c1", false, own, &[], daemon).expect_err(p);
-            assert!(e.to_string().contains("tesserad's cgroup"), "{p}: {e}");
+            let e = check_cgroup_is_free(&at(p), "c1", false, own, &[], &daemon).expect_err(p);
+            assert!(e.to_string().contains("a cgroup tesserad runs in"), "{p}: {e}");
         }
         for p in
             ["/system.slice/tesserad.service/child", "/system.slice/docker-1.scope", "/kubepods"]
         {
-            check_cgroup_is_free(&at(p), "c1", false, own, &[], daemon).expect(p);
+            check_cgroup_is_free(&at(p), "c1", false, own, &[], &daemon).expect(p);
         }
         // No tesserad id beside the socket, no grant: nothing to check.
-        check_cgroup_is_free(&at("/system.slice"), "c1", false, own, &[], None).expect("none");
+        check_cgroup_is_free(&at("/system.slice"), "c1", false, own, &[], &[]).expect("none");
+    }
+
+    /// Red team, round 6: on cgroup v1 tesserad's cgroup is read from the devices line of
+    /// `/proc/<pid>/cgroup` only; runc's cgroupfs driver puts a container at the same path
+    /// in every hierarchy. systemd realizes a service's cgroup only in the controllers it
+    /// (or a sibling) needs: `pids` (TasksAccounting, on by default), `memory`, the
+    /// name=systemd one, while its devices line may stay `/system.slice` (or `/`). A plain
+    /// container at `/system.slice/tesserad.service` is below that devices cgroup, so
+    /// allowed, and runc writes its `pids.max`/`memory.limit_in_bytes` into the cgroup
+    /// tesserad and every tenant's MPS daemons run in (their forks fail, the OOM killer
+    /// picks them), and `runc kill --all`/`delete --force` of a container without a pid
+    /// namespace signals the pids of its devices cgroup.
+    #[test]
+    fn rt_iso2_tesserads_cgroup_is_every_hierarchy_it_runs_in_not_only_devices() {
+        let daemon_proc = "\
+12:pids:/system.slice/tesserad.service
+11:memory:/system.slice/tesserad.service
+10:devices:/system.slice
+9:freezer:/
+1:name=systemd:/system.slice/tesserad.service
+0::/system.slice/tesserad.service
+";
+        let daemon = tessera_api::cgroup::hierarchy_paths(daemon_proc);
+        let own = "10:devices:/user.slice\n12:pids:/user.slice\n0::/user.slice\n";
+        let spec = json!({"linux": {"cgroupsPath": "/system.slice/tesserad.service",
+                                    "resources": {"pids": {"limit": 1}}}});
+        let got = check_cgroup_is_free(&spec, "c1", false, own, &[], &daemon);
+        assert!(
+            got.is_err(),
+            "a container at tesserad's pids and memory cgroup passed (tesserad's cgroup read as \
+             {daemon:?}, from its devices line only)"
+        );
+    }
+
+    /// Red team, round 6: an entry counts for `/proc/sys` only where runc's mount(2) of it
+    /// reaches `/proc/sys`. runc 1.1.5 passes each readonlyPaths/maskedPaths entry to the
+    /// kernel as written and skips one that does not exist; the kernel walks `..` after the
+    /// component before it, so `/proc/tessera-none/../sys` is ENOENT (skipped) while
+    /// `normalize` reads it as `/proc/sys` and adds nothing.
+    #[test]
+    fn rt_iso2_an_entry_runc_skips_does_not_stand_for_proc_sys() {
+        let mut v = json!({"linux": {
+            "readonlyPaths": ["/proc/tessera-none/../sys"],
+            "maskedPaths": ["/proc/tessera-none/../kcore"]
+        }});
+        keep_proc_protected(&mut v).expect("ok");
+        let has = |key: &str, p: &str| {
+            v["linux"][key].as_array().expect("list").iter().any(|e| e.as_str() == Some(p))
+        };
+        assert!(
+            has("readonlyPaths", "/proc/sys") && has("maskedPaths", "/proc/kcore"),
+            "runc skips the entries the config lists (ENOENT) and nothing stands for /proc/sys \
+             and /proc/kcore: {}",
+            v["linux"]
+        );
     }
 
     #[test]
@@ -1970,6 +2134,35 @@ mod rootfs_tests {
         // Other types and binds: runc resolves their destinations inside the rootfs.
         assert!(check_rootfs(dir.path(), &spec("tmpfs", "/x/made", &[])).is_ok());
         assert!(check_rootfs(dir.path(), &spec("sysfs", "/x/made", &["bind"])).is_ok());
+    }
+
+    /// Red team, round 6: runc 1.1.5 takes a `proc`/`sysfs` destination that already starts
+    /// with the rootfs's path (a string prefix) as a host path, unjoined
+    /// (`if !strings.HasPrefix(dest, rootfs) { dest = filepath.Join(rootfs, dest) }`), and
+    /// `os.MkdirAll`s it through the image's links. The check walks
+    /// `rootfs.join(destination)` (`<rootfs>/<rootfs>/x/...`, absent) and finds no link: the
+    /// image's `/x -> /tmp` makes `/tmp/made/sub` on the host. A sibling of the rootfs
+    /// (`<rootfs>-evil/made`, a string prefix) is made on the host with no link at all.
+    #[test]
+    fn rt_iso2_a_destination_spelled_as_the_rootfs_host_path_is_walked_as_runc_walks_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bundle = std::fs::canonicalize(dir.path()).expect("canonical");
+        std::fs::create_dir_all(bundle.join("rootfs/real")).expect("mkdir");
+        std::os::unix::fs::symlink("/tmp", bundle.join("rootfs/x")).expect("symlink");
+        let rootfs = bundle.join("rootfs").display().to_string();
+        let spec = |dest: &str| {
+            serde_json::json!({"root": {"path": "rootfs"}, "mounts": [
+                {"destination": dest, "type": "sysfs", "source": "sysfs", "options": ["ro"]}
+            ]})
+        };
+        for dest in [format!("{rootfs}/x/made/sub"), format!("{rootfs}-evil/made")] {
+            let got = check_rootfs(&bundle, &spec(&dest));
+            assert!(
+                got.is_err(),
+                "sysfs at {dest}: runc 1.1.5 makes its directories on the host (unjoined: it \
+                 starts with the rootfs {rootfs}), and the check passed it"
+            );
+        }
     }
 
     #[test]

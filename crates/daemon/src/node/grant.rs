@@ -372,7 +372,9 @@ impl Node {
                 (devices, injection, None)
             }
             Acquire::Mps { device, share, request } => {
-                let handle = self.mps.ensure_share(&request).map_err(|e| {
+                let handle = self.mps.ensure_share(&request);
+                self.record_daemon_cgroups();
+                let handle = handle.map_err(|e| {
                     let err = CoreError::Internal(Detail {
                         message: format!(
                             "tenant {}: cannot set up the MPS share on {}: {e}",

@@ -48,7 +48,9 @@ impl Node {
         {
             let Some(s) = &a.share else { continue };
             if !live.contains(&(s.device.clone(), a.container_id.to_string())) {
-                self.mps.ensure_share(&self.share_request(a, s)).map_err(mps_err)?;
+                let ensured = self.mps.ensure_share(&self.share_request(a, s));
+                self.record_daemon_cgroups();
+                ensured.map_err(mps_err)?;
                 restarted += 1;
             }
         }

@@ -304,6 +304,24 @@ impl Node {
         self.write_grant_cgroups();
     }
 
+    /// List the cgroups tesserad starts MPS daemons in beside `socket` from now on (with its
+    /// process id: the wrapper refuses a container there or above).
+    pub fn list_daemon_cgroups_beside(&mut self, socket: std::path::PathBuf) {
+        if let Err(e) = tessera_api::cgroup::write_daemon_files(&socket) {
+            tracing::warn!("cannot write tesserad's process id and cgroups beside its socket: {e}");
+        }
+        self.daemon_socket = Some(socket);
+    }
+
+    /// After an MPS daemon was started: the cgroup it runs in is listed (it stays there
+    /// after tesserad is moved or gone). A failure is logged.
+    pub(super) fn record_daemon_cgroups(&self) {
+        let Some(socket) = &self.daemon_socket else { return };
+        if let Err(e) = tessera_api::cgroup::record_daemon_cgroups(socket) {
+            tracing::warn!("cannot list tesserad's cgroups beside its socket: {e}");
+        }
+    }
+
     /// Writes the list of the running grants' cgroups, if this node keeps one. A failure is
     /// logged: the wrapper then misses the newest grant, and tesserad's prestart check and
     /// the reconciler still stand.
