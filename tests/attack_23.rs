@@ -357,7 +357,32 @@ fn a_gpu_container_cannot_reach_another_containers_mounts_through_a_procfs() {
                 "source": "/sys/fs/cgroup/devices", "options": ["rbind", "rw"]}))
         })
         .write();
-    let helper_pid = node.fx.run_detached(&helper, "helper");
+    // Since the sixth attack round tessera-runtime refuses that bind for every container
+    // (SECURITY.md); made by plain runc, as an engine with another runtime would, the helper
+    // still stands for "a writable cgroup somewhere on the node" for the checks below.
+    let refused = node.fx.create_container(&helper, "helper-refused");
+    assert!(
+        !refused.status.success() && refused.stderr_str().contains("writable bind"),
+        "tessera-runtime let a container bind the host's devices hierarchy writable: {}",
+        refused.stderr_str()
+    );
+    let b = helper.dir().to_string_lossy().into_owned();
+    let (out, err) = (
+        fs::File::create(helper.dir().join("out")).unwrap(),
+        fs::File::create(helper.dir().join("err")).unwrap(),
+    );
+    let created = std::process::Command::new(RUNC)
+        .arg("--root")
+        .arg(node.fx.runc_root())
+        .args(["create", "--bundle", &b, "helper"])
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .status()
+        .unwrap();
+    assert!(created.success(), "plain runc create of the helper");
+    node.fx.start_container("helper").assert_success("start the helper");
+    let helper_pid = node.fx.container_pid("helper").expect("the helper runs");
     let escape = |proc_dir: &str| {
         format!(
             "echo $$ > {proc_dir}/root/cg/cgroup.procs && echo moved; \

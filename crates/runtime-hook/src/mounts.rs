@@ -378,7 +378,28 @@ pub fn make_private(spec: &mut Value) -> Result<(), MountError> {
 pub const OWN_INSTANCE_FILESYSTEMS: &[&str] =
     &["proc", "sysfs", "tmpfs", "ramfs", "devpts", "mqueue", "cgroup", "cgroup2", "bind"];
 
-/// Every container, GPU or not: a writable bind whose source (as the host resolves it now,
+/// A container without a GPU (a GPU container's mounts are judged more closely, with the
+/// host's mount table: [`check`]): sysfs mounted anew is the host's kernel objects but for
+/// the network namespace's (`/sys/bus/pci/devices/<gpu>/remove`), and cgroup2 (or a v1
+/// hierarchy) without a cgroup namespace the host's whole hierarchy: read-only.
+pub fn check_kernel_views_read_only(spec: &Value) -> Result<(), MountError> {
+    for p in plans(spec)? {
+        if !p.bind && matches!(p.fstype.as_str(), "sysfs" | "cgroup" | "cgroup2") && !p.read_only {
+            return Err(MountError::Unjudgeable {
+                at: p.at(),
+                why: format!(
+                    "{} mounted writable (options in order leave it read-write): the host's \
+                     kernel objects or cgroups, tesserad's and every GPU grant's included",
+                    p.fstype
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A container without a GPU (a GPU container's binds are judged where the kernel resolves
+/// them, [`check_sources`]): a writable bind whose source (as the host resolves it now,
 /// links followed; `bundle`-relative sources from the bundle) is the host's `/proc` or
 /// `/sys`, or at or below the container's own `proc`, `sysfs` or cgroup mount of an earlier
 /// entry (runc makes the mounts in order, in the container's mount namespace: a bind of
@@ -439,19 +460,6 @@ pub fn check_filesystems(spec: &Value) -> Result<(), MountError> {
                      devtmpfs is the host's /dev) or reach host paths through their options",
                     untrusted(&p.fstype).max_chars(64),
                     OWN_INSTANCE_FILESYSTEMS[..OWN_INSTANCE_FILESYSTEMS.len() - 1].join(", ")
-                ),
-            });
-        }
-        // Mounted anew, sysfs is the host's kernel objects but for the network namespace's
-        // (`/sys/bus/pci/devices/<gpu>/remove`), and cgroup2 (or a v1 hierarchy) without a
-        // cgroup namespace the host's whole hierarchy: read-only, in every container.
-        if matches!(p.fstype.as_str(), "sysfs" | "cgroup" | "cgroup2") && !p.read_only {
-            return Err(MountError::Unjudgeable {
-                at: p.at(),
-                why: format!(
-                    "{} mounted writable (options in order leave it read-write): the host's \
-                     kernel objects or cgroups, tesserad's and every GPU grant's included",
-                    p.fstype
                 ),
             });
         }
@@ -863,7 +871,7 @@ mod tests {
     #[test]
     fn rt_iso2_no_container_mounts_a_writable_sysfs_or_the_hosts_cgroup2_anew() {
         let judge = |m: Value| {
-            check_filesystems(&json!({
+            check_kernel_views_read_only(&json!({
                 "mounts": m,
                 "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "mount"}]}
             }))

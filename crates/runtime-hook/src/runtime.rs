@@ -365,16 +365,7 @@ pub fn prepare(
     crate::mounts::check_filesystems(&cfg.value).map_err(|e| {
         fail(RuntimeError::Config { path: cfg.path.clone(), source: SpecError::from(e) })
     })?;
-    // Every container: no capability that acts on the host itself without a user namespace.
-    spec::check_host_capabilities(&cfg.value)
-        .map_err(|source| fail(RuntimeError::Config { path: cfg.path.clone(), source }))?;
-    // Every container: no writable bind of a proc, sysfs or cgroup view (the host's, or the
-    // container's own mounted before it).
-    if let Some(root) = cfg.value.pointer("/root/path").and_then(serde_json::Value::as_str) {
-        crate::mounts::check_proc_binds(&cfg.value, &bundle, &bundle.join(root)).map_err(|e| {
-            fail(RuntimeError::Config { path: cfg.path.clone(), source: SpecError::from(e) })
-        })?;
-    }
+
     // Every container: none joins the cgroup of a running GPU grant (tesserad's list beside
     // its socket; the daemon is never asked).
     check_cgroup_is_free(env, &inv, &cfg, &container_id).map_err(|e| fail(*e))?;
@@ -486,6 +477,16 @@ pub fn prepare(
             tessera_api::read_gpu_majors(&socket).into_iter().collect();
         majors.extend(tessera_api::proc_devices_nvidia_majors(Path::new("/proc/devices")));
         majors.insert(spec::NVIDIA_MAJOR as u32);
+        // What a GPU container's own checks below judge more closely (the capability
+        // allow-list; mounts and binds with the host's mount table), a container without a
+        // GPU gets here: host root is every GPU of the node.
+        spec::check_host_capabilities(&cfg.value).map_err(config_err)?;
+        crate::mounts::check_kernel_views_read_only(&cfg.value)
+            .map_err(|e| config_err(SpecError::from(e)))?;
+        if let Some(root) = cfg.value.pointer("/root/path").and_then(serde_json::Value::as_str) {
+            crate::mounts::check_proc_binds(&cfg.value, &bundle, &bundle.join(root))
+                .map_err(|e| config_err(SpecError::from(e)))?;
+        }
         let stripped = spec::strip_ungranted_gpus(&mut cfg.value, &majors).map_err(config_err)?;
         // /proc/sys read-only and the rest masked in every container, as in a GPU one.
         let protected = spec::keep_proc_protected(&mut cfg.value).map_err(config_err)?;

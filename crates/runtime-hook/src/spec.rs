@@ -701,8 +701,8 @@ pub const HOST_CAPABILITIES: &[&str] = &[
     "CAP_MAC_OVERRIDE",
 ];
 
-/// Every container, GPU or not (a GPU container's allow-list, [`GPU_CAPABILITIES`], is
-/// stricter and checked after): none without a user namespace of its own holds one of
+/// A container without a GPU (a GPU container's allow-list, [`GPU_CAPABILITIES`], is
+/// stricter): none without a user namespace of its own holds one of
 /// [`HOST_CAPABILITIES`] in any set: with one, the container undoes every check of its
 /// config from inside (mounts a second proc, the host's binfmt_misc, a cgroup hierarchy),
 /// and the host's root is every GPU of the node.
