@@ -15,7 +15,7 @@
 //! | `{p}/quota/books/ask/{node}/{tenant}/#{claim in hex}` | a claim's first ask and owed-since ([`AskState`]) |
 //! | `{p}/quota/books/requeue/{tenant}/#{claim in hex}` | preempted work's requeue backoff ([`RequeueState`]) |
 //! | `{p}/quota/books/record/{tenant}` | the tenant's record: work lost to preemption, preemption times, owner and owed-later waits, reclaims and preemptions counted ([`RecordState`]), written at most every 5 s |
-//! | `{p}/quota/books/event/{seq:016x}` | one quota event ([`EventState`]), written at most every 5 s, deleted when the books no longer keep it |
+//! | `{p}/quota/books/event/{seq:016x}` | one quota event of a kind stored with the record (a reclaim, a preemption, a lease run out, a gang timed out, a node removed: [`EventState`]), written at most every 5 s, deleted when the books no longer keep it |
 //! | `{p}/quota/books/record-mark` | who handed the record out last: the leadership's term and a count ([`RecordMark`]), written after the records and events of each hand-out |
 //! | `{p}/quota/books/queue-kept` | the stored fair queue is whole, written with every batch of books that keep it: it counts only if no other books key has a later revision ([`BooksState::queue_kept`]) |
 //!
