@@ -158,6 +158,8 @@ pub enum ExecError {
     SubCgroup(String),
     #[error("runc exec into GPU container {}: {why}", tessera_api::untrusted(.id))]
     Gpu { id: String, why: String },
+    #[error("runc exec into container {}: {why}", tessera_api::untrusted(.id))]
+    Host { id: String, why: String },
 }
 
 /// The sub-cgroup of an exec's `--cgroup` value (`[<controllers>:]<path>`, runc 1.1's
@@ -194,7 +196,7 @@ pub fn check_exec(root: &Path, args: &[OsString]) -> Result<(), ExecError> {
     // A GPU container (tessera-runtime labelled it at create); its record unreadable counts
     // as one (fail closed).
     let bundle = match supervise::label_hint(root, &exec.container_id, spec::ALLOCATED_ANNOTATION) {
-        None => return Ok(()),
+        None => return check_plain_exec(&exec),
         Some(Some(b)) => b,
         Some(None) => return Err(gpu("runc's record of it cannot be read".into())),
     };
@@ -254,6 +256,36 @@ pub fn check_exec(root: &Path, args: &[OsString]) -> Result<(), ExecError> {
         spec::real_time_rlimit(Some(&process), "exec process").map_err(|e| gpu(e.to_string()))?
     {
         return Err(gpu(format!("{at}: RLIMIT_RTPRIO above 0 gives real-time priority")));
+    }
+    Ok(())
+}
+
+/// An exec into a container without a GPU: it adds none of [`spec::HOST_CAPABILITIES`]
+/// (`--cap`, or the `--process` file's sets; `docker exec --privileged` sends them all): the
+/// container's create was refused them, and an exec's process gets its own bounding set.
+fn check_plain_exec(exec: &ExecArgs) -> Result<(), ExecError> {
+    let id = exec.container_id.clone();
+    let host = |why: String| ExecError::Host { id: id.clone(), why };
+    if let Some(c) = exec.caps.iter().find(|c| spec::HOST_CAPABILITIES.contains(&c.as_str())) {
+        return Err(host(format!(
+            "--cap {}: it acts on the host itself, and the host's root is every GPU of the node",
+            tessera_api::untrusted(c).max_chars(64)
+        )));
+    }
+    if let Some(file) = &exec.process {
+        let bytes =
+            read_bounded(file).map_err(|e| host(format!("--process {}: {e}", file.display())))?;
+        let v = crate::canonical::parse(&bytes)
+            .and_then(|v| crate::canonical::check_process_keys(&v).map(|()| v))
+            .map_err(|e| host(format!("--process {}: {e}", file.display())))?;
+        if let Some((at, c)) =
+            spec::host_capability_in(&v, "exec process").map_err(|e| host(e.to_string()))?
+        {
+            return Err(host(format!(
+                "{at}: {}: it acts on the host itself, and the host's root is every GPU of the node",
+                tessera_api::untrusted(&c).max_chars(64)
+            )));
+        }
     }
     Ok(())
 }
@@ -412,6 +444,48 @@ mod tests {
         args.extend(os("--cap CAP_SYS_ADMIN c3 sh"));
         let e = parse_exec(&args).expect("a value of any bytes is a value");
         assert_eq!((e.caps, e.container_id.as_str()), (vec!["CAP_SYS_ADMIN".to_string()], "c3"));
+    }
+
+    /// rt-iso3: round 6 refuses a container without a GPU that holds CAP_SYS_ADMIN (or any
+    /// of `spec::HOST_CAPABILITIES`) without a user namespace at create, but its exec is
+    /// judged only for GPU containers: `runc exec --cap CAP_SYS_ADMIN plain sh` (what
+    /// `docker exec --privileged` sends, every capability) gives the exec'd process
+    /// CAP_SYS_ADMIN in the bounding, effective, permitted and ambient sets (runc's setns
+    /// process is forked from runc, not the container's init: its bounding set is the
+    /// exec's own). From there: a second proc, a writable cgroup hierarchy, the host.
+    #[test]
+    fn rt_iso3_a_plain_containers_exec_cannot_add_a_host_capability() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let bundle = dir.path().join("bundle");
+        std::fs::create_dir_all(root.join("plain")).unwrap();
+        std::fs::create_dir_all(&bundle).unwrap();
+        std::fs::write(
+            root.join("plain/state.json"),
+            serde_json::json!({"config": {"labels": [format!("bundle={}", bundle.display())]}})
+                .to_string(),
+        )
+        .unwrap();
+        std::fs::write(
+            bundle.join("config.json"),
+            serde_json::json!({"process": {"args": ["sh"], "capabilities": {"bounding": ["CAP_CHOWN"]}},
+                               "linux": {"namespaces": [{"type": "pid"}, {"type": "mount"}]}})
+            .to_string(),
+        )
+        .unwrap();
+        let by_flag = check_exec(&root, &os("--cap CAP_SYS_ADMIN plain sh")).is_ok();
+        let process = dir.path().join("process.json");
+        std::fs::write(
+            &process,
+            r#"{"args": ["sh"], "cwd": "/", "capabilities": {"bounding": ["CAP_SYS_ADMIN"], "effective": ["CAP_SYS_ADMIN"], "permitted": ["CAP_SYS_ADMIN"]}}"#,
+        )
+        .unwrap();
+        let by_file =
+            check_exec(&root, &os(&format!("--process {} plain", process.display()))).is_ok();
+        assert!(
+            !by_flag && !by_file,
+            "CAP_SYS_ADMIN added to a plain container's exec passed: --cap {by_flag}, --process {by_file}"
+        );
     }
 
     #[test]

@@ -709,26 +709,75 @@ pub const HOST_CAPABILITIES: &[&str] = &[
 pub fn check_host_capabilities(spec: &Value) -> Result<(), SpecError> {
     let namespaces =
         typed_items::<NamespaceView>(spec.pointer("/linux/namespaces"), "linux.namespaces")?;
-    if namespaces.iter().any(|n| n.typ == "user" && n.path.as_deref().unwrap_or("").is_empty()) {
+    let own = |typ: &str| {
+        namespaces.iter().any(|n| n.typ == typ && n.path.as_deref().unwrap_or("").is_empty())
+    };
+    // A mount namespace joined by path: runc mounts the container's mounts there and
+    // pivot_root()s every process of it (the host's, another container's) into the image.
+    if let Some(n) = namespaces.iter().find(|n| n.typ == "mount" && !own("mount")) {
+        return Err(SpecError::HostCapability {
+            at: "linux.namespaces".into(),
+            why: format!(
+                "a mount namespace joined by path ({}): runc would make its mounts and pivot_root \
+                 there, moving every process of that namespace into the container's rootfs",
+                tessera_api::untrusted(n.path.as_deref().unwrap_or("")).max_chars(200)
+            ),
+        });
+    }
+    // A user namespace of its own counts only where it does not map the host's root.
+    let linux = spec.pointer("/linux").and_then(Value::as_object);
+    let maps_root = match linux {
+        Some(l) if own("user") => maps_host_root(l)?.is_some(),
+        _ => false,
+    };
+    if own("user") && !maps_root {
         return Ok(());
     }
     let Some(Value::Object(caps)) = spec.pointer("/process/capabilities") else { return Ok(()) };
     for set in CAPABILITY_SETS {
         let at = format!("process.capabilities.{set}");
         let names: Vec<String> = typed_items(caps.get(set), &at)?;
+        // In the host's pid namespace (or another's joined by path), ptrace reaches the
+        // host's processes: `/proc/<pid>/root` is the host's `/`.
+        if !own("pid") && names.iter().any(|c| c == "CAP_SYS_PTRACE") {
+            return Err(SpecError::HostCapability {
+                at,
+                why: "CAP_SYS_PTRACE without a pid namespace of its own: /proc/<pid>/root of the \
+                      host's processes is the host's root"
+                    .into(),
+            });
+        }
         if let Some(c) = names.iter().find(|c| HOST_CAPABILITIES.contains(&c.as_str())) {
             return Err(SpecError::HostCapability {
                 at,
                 why: format!(
-                    "{} without a user namespace of its own: it acts on the host itself \
-                     (mounts, cgroups, kernel memory), and the host's root is every GPU of the \
-                     node; no container on this node holds it",
+                    "{} without a user namespace of its own (or with one that maps the host's \
+                     root): it acts on the host itself (mounts, cgroups, kernel memory), and \
+                     the host's root is every GPU of the node; no container on this node holds \
+                     it",
                     tessera_api::untrusted(c).max_chars(64)
                 ),
             });
         }
     }
     Ok(())
+}
+
+/// The first of [`HOST_CAPABILITIES`] a process section holds in any set, with the set:
+/// what an exec into a container without a GPU may not add.
+pub fn host_capability_in(
+    process: &Value,
+    at: &str,
+) -> Result<Option<(String, String)>, SpecError> {
+    let Some(Value::Object(caps)) = process.get("capabilities") else { return Ok(None) };
+    for set in CAPABILITY_SETS {
+        let at = format!("{at}.capabilities.{set}");
+        let names: Vec<String> = typed_items(caps.get(set), &at)?;
+        if let Some(c) = names.iter().find(|c| HOST_CAPABILITIES.contains(&c.as_str())) {
+            return Ok(Some((at, c.clone())));
+        }
+    }
+    Ok(None)
 }
 
 /// What `runc spec` (1.1) makes read-only in every container; kept in a GPU container's
@@ -1683,6 +1732,48 @@ mod tests {
             "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
             "CAP_NET_ADMIN"]}}});
         check_host_capabilities(&v).expect("defaults");
+    }
+
+    /// rt-iso3: a plain container in the host's pid namespace (none of its own, as with
+    /// `docker run --pid=host`) holding CAP_SYS_PTRACE opens `/proc/1/root`: the host's
+    /// root filesystem, writable, as the host's root (ptrace_may_access passes with the
+    /// capability). CAP_SYS_PTRACE is missing from HOST_CAPABILITIES and nothing asks for a
+    /// pid namespace of its own here.
+    #[test]
+    fn rt_iso3_cap_sys_ptrace_in_the_hosts_pid_namespace_is_refused() {
+        for ns in [
+            json!([{"type": "mount"}]),
+            json!([{"type": "mount"}, {"type": "pid", "path": "/proc/1/ns/pid"}]),
+        ] {
+            let v = json!({"process": {"capabilities": {"bounding": ["CAP_CHOWN", "CAP_SYS_PTRACE"],
+                                                         "effective": ["CAP_SYS_PTRACE"],
+                                                         "permitted": ["CAP_SYS_PTRACE"]}},
+                           "linux": {"namespaces": ns}});
+            assert!(
+                check_host_capabilities(&v).is_err(),
+                "CAP_SYS_PTRACE without a pid namespace of its own passed: /proc/1/root is the host's /"
+            );
+        }
+    }
+
+    /// rt-iso3: a plain container with a new user namespace whose mappings take in the
+    /// host's uid 0 passes check_host_capabilities with CAP_SYS_ADMIN: its euid is
+    /// GLOBAL_ROOT_UID (sysctl and sysfs permission checks pass), and the read-only mounts
+    /// runc made in its mount namespace are its own to remount read-write (/proc/sys, the
+    /// read-only sysfs). The GPU path refuses such a mapping (`maps_host_root`); the plain
+    /// path never looks.
+    #[test]
+    fn rt_iso3_a_user_namespace_mapping_host_root_does_not_license_host_capabilities() {
+        let v = json!({"process": {"capabilities": {"bounding": ["CAP_SYS_ADMIN"],
+                                                     "effective": ["CAP_SYS_ADMIN"],
+                                                     "permitted": ["CAP_SYS_ADMIN"]}},
+                       "linux": {"namespaces": [{"type": "user"}, {"type": "mount"}, {"type": "pid"}],
+                                 "uidMappings": [{"containerID": 0, "hostID": 0, "size": 65536}],
+                                 "gidMappings": [{"containerID": 0, "hostID": 0, "size": 65536}]}});
+        assert!(
+            check_host_capabilities(&v).is_err(),
+            "CAP_SYS_ADMIN in a user namespace mapping host uid 0 passed"
+        );
     }
 
     #[test]
