@@ -194,9 +194,23 @@ pub fn within(a: &str, b: &str) -> bool {
 
 /// Beside tesserad's socket: the cgroups of the running GPU grants, one per line.
 pub fn grant_cgroups_path(socket: &Path) -> PathBuf {
+    beside(socket, ".grant-cgroups")
+}
+
+/// The file named `socket` + `suffix`.
+fn beside(socket: &Path, suffix: &str) -> PathBuf {
     let mut s = socket.as_os_str().to_owned();
-    s.push(".grant-cgroups");
+    s.push(suffix);
     PathBuf::from(s)
+}
+
+/// `file`'s text; `None` where there is no such file.
+fn read_if_there(file: &Path) -> std::io::Result<Option<String>> {
+    match std::fs::read_to_string(file) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Writes the list (at [`grant_cgroups_path`]) atomically: a file beside it, then rename,
@@ -214,17 +228,13 @@ pub fn write_grant_cgroups<'a>(
 /// the MPS daemons it starts: no container may join them or a cgroup above them
 /// ([`read_daemon_cgroups`]).
 pub fn daemon_pid_path(socket: &Path) -> PathBuf {
-    let mut s = socket.as_os_str().to_owned();
-    s.push(".pid");
-    PathBuf::from(s)
+    beside(socket, ".pid")
 }
 
 /// Beside tesserad's socket: the cgroups it started in, one per line (every hierarchy's
 /// path, relative). Kept after it stops: the MPS daemons it started stay there.
 pub fn daemon_cgroups_path(socket: &Path) -> PathBuf {
-    let mut s = socket.as_os_str().to_owned();
-    s.push(".cgroups");
-    PathBuf::from(s)
+    beside(socket, ".cgroups")
 }
 
 /// The path of every hierarchy a `/proc/<pid>/cgroup` text names (v1 lines and the v2
@@ -255,11 +265,8 @@ pub fn write_daemon_files(socket: &Path) -> std::io::Result<()> {
 pub fn record_daemon_cgroups(socket: &Path) -> std::io::Result<()> {
     let own = std::fs::read_to_string("/proc/self/cgroup")?;
     let file = daemon_cgroups_path(socket);
-    let listed: Vec<String> = match std::fs::read_to_string(&file) {
-        Ok(t) => t.lines().map(str::to_string).collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(e),
-    };
+    let listed: Vec<String> =
+        read_if_there(&file)?.map(|t| t.lines().map(str::to_string).collect()).unwrap_or_default();
     let mut all = listed.clone();
     all.extend(hierarchy_paths(&own));
     all.sort();
@@ -277,10 +284,8 @@ pub fn record_daemon_cgroups(socket: &Path) -> std::io::Result<()> {
 /// when neither file is there; an error when one cannot be read otherwise (the caller
 /// refuses: fail closed).
 pub fn read_daemon_cgroups(socket: &Path, proc_root: &Path) -> Result<Vec<String>, String> {
-    let read = |file: &Path| match std::fs::read_to_string(file) {
-        Ok(t) => Ok(Some(t)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("cannot read {}: {e}", file.display())),
+    let read = |file: &Path| {
+        read_if_there(file).map_err(|e| format!("cannot read {}: {e}", file.display()))
     };
     let mut out: Vec<String> = read(&daemon_cgroups_path(socket))?
         .map(|t| t.lines().map(|l| l.trim_start_matches('/').to_string()).collect())
@@ -302,11 +307,8 @@ pub fn read_daemon_cgroups(socket: &Path, proc_root: &Path) -> Result<Vec<String
 /// Reads [`grant_cgroups_path`]: `None` when there is no file (no tesserad has written
 /// one), the cgroups it lists otherwise.
 pub fn read_grant_cgroups(socket: &Path) -> std::io::Result<Option<Vec<String>>> {
-    match std::fs::read_to_string(grant_cgroups_path(socket)) {
-        Ok(t) => Ok(Some(t.lines().filter(|l| !l.is_empty()).map(str::to_string).collect())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
+    Ok(read_if_there(&grant_cgroups_path(socket))?
+        .map(|t| t.lines().filter(|l| !l.is_empty()).map(str::to_string).collect()))
 }
 
 #[cfg(test)]

@@ -1108,6 +1108,7 @@ impl Books {
             }
             kept
         });
+        let mut aged = Vec::new();
         for (tenant, c) in self.costs.iter_mut() {
             let before = c.preempted_ms.len();
             while c
@@ -1117,10 +1118,13 @@ impl Books {
             {
                 c.preempted_ms.pop_front();
             }
-            // The stored record follows (an hour on, the store says what the books do).
-            if c.preempted_ms.len() != before && self.changes.on {
-                self.record_due.insert(tenant.clone());
+            if c.preempted_ms.len() != before {
+                aged.push(tenant.clone());
             }
+        }
+        // The stored record follows (an hour on, the store says what the books do).
+        for tenant in aged {
+            self.note_record(&tenant);
         }
     }
 
@@ -2403,9 +2407,6 @@ impl Books {
         for (v, (tenant, workload, container, resources, lost_s, checkpoint)) in
             victims.iter_mut().zip(preempted)
         {
-            if self.changes.on {
-                self.record_due.insert(tenant.clone());
-            }
             let cost = self.costs.entry(tenant.clone()).or_default();
             cost.preempted_ms.push_back(now);
             for (res, amount) in resources.iter() {
@@ -2485,9 +2486,8 @@ impl Books {
         );
         for v in &victims {
             *self.counters.preemptions.entry(v.tenant.clone()).or_default() += 1;
-            if self.changes.on {
-                self.record_due.insert(v.tenant.clone());
-            }
+            // Its record: this count and the cost taken above.
+            self.note_record(&v.tenant);
             self.event(
                 now,
                 QuotaEventKind::Preempt,

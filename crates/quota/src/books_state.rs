@@ -662,13 +662,7 @@ impl Books {
         }
         let mut handed = !ops.is_empty();
         if self.events_dirty {
-            let kept: BTreeSet<u64> = self
-                .event_seqs
-                .iter()
-                .zip(&self.events)
-                .filter(|(_, e)| stored_kind(e.kind))
-                .map(|(&seq, _)| seq)
-                .collect();
+            let kept: BTreeSet<u64> = self.stored_events().map(|(seq, _)| seq).collect();
             let before = ops.len();
             let rewrite = std::mem::take(&mut self.events_rewrite);
             for &seq in &self.durable_events {
@@ -676,8 +670,8 @@ impl Books {
                     ops.push(StateOp::DelEvent { seq });
                 }
             }
-            for (&seq, event) in self.event_seqs.iter().zip(&self.events) {
-                if kept.contains(&seq) && (rewrite || !self.durable_events.contains(&seq)) {
+            for (seq, event) in self.stored_events() {
+                if rewrite || !self.durable_events.contains(&seq) {
                     ops.push(StateOp::PutEvent(EventState { seq, event: event.clone() }));
                 }
             }
@@ -694,6 +688,11 @@ impl Books {
         };
         self.record_mark = Some(mark);
         ops.push(StateOp::PutRecordMark(mark));
+    }
+
+    /// The events kept that are stored ([`stored_kind`]), with their numbers, oldest first.
+    fn stored_events(&self) -> impl Iterator<Item = (u64, &QuotaEvent)> {
+        self.event_seqs.iter().copied().zip(&self.events).filter(|(_, e)| stored_kind(e.kind))
     }
 
     /// `tenant`'s record as stored; `None` when it has none.
@@ -776,11 +775,8 @@ impl Books {
                 .filter_map(|t| self.record_state(t))
                 .collect(),
             events: self
-                .event_seqs
-                .iter()
-                .zip(&self.events)
-                .filter(|(_, e)| stored_kind(e.kind))
-                .map(|(&seq, e)| EventState { seq, event: e.clone() })
+                .stored_events()
+                .map(|(seq, e)| EventState { seq, event: e.clone() })
                 .collect(),
             record_mark: self.record_mark,
         }

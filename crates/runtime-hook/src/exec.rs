@@ -214,14 +214,7 @@ pub fn check_exec(root: &Path, args: &[OsString]) -> Result<(), ExecError> {
             },
         );
     let mut process = match &exec.process {
-        Some(file) => {
-            let bytes = read_bounded(file)
-                .map_err(|e| gpu(format!("--process {}: {e}", file.display())))?;
-            let v = crate::canonical::parse(&bytes)
-                .and_then(|v| crate::canonical::check_process_keys(&v).map(|()| v))
-                .map_err(|e| gpu(format!("--process {}: {e}", file.display())))?;
-            v
-        }
+        Some(file) => read_process(file).map_err(gpu)?,
         None => config.get("process").cloned().unwrap_or(Value::Null),
     };
     // runc adds each `--cap` to the bounding, effective, permitted and ambient sets.
@@ -273,11 +266,7 @@ fn check_plain_exec(exec: &ExecArgs) -> Result<(), ExecError> {
         )));
     }
     if let Some(file) = &exec.process {
-        let bytes =
-            read_bounded(file).map_err(|e| host(format!("--process {}: {e}", file.display())))?;
-        let v = crate::canonical::parse(&bytes)
-            .and_then(|v| crate::canonical::check_process_keys(&v).map(|()| v))
-            .map_err(|e| host(format!("--process {}: {e}", file.display())))?;
+        let v = read_process(file).map_err(host)?;
         if let Some((at, c)) =
             spec::host_capability_in(&v, "exec process").map_err(|e| host(e.to_string()))?
         {
@@ -288,6 +277,14 @@ fn check_plain_exec(exec: &ExecArgs) -> Result<(), ExecError> {
         }
     }
     Ok(())
+}
+
+/// An exec's `--process` file: bounded, never through a link, its keys as runc reads them.
+fn read_process(file: &Path) -> Result<Value, String> {
+    let bytes = read_bounded(file).map_err(|e| format!("--process {}: {e}", file.display()))?;
+    crate::canonical::parse(&bytes)
+        .and_then(|v| crate::canonical::check_process_keys(&v).map(|()| v))
+        .map_err(|e| format!("--process {}: {e}", file.display()))
 }
 
 /// A regular file's bytes, at most [`MAX_JSON`], never through a link.

@@ -733,34 +733,26 @@ pub fn check_host_capabilities(spec: &Value) -> Result<(), SpecError> {
     if own("user") && !maps_root {
         return Ok(());
     }
-    let Some(Value::Object(caps)) = spec.pointer("/process/capabilities") else { return Ok(()) };
-    for set in CAPABILITY_SETS {
-        let at = format!("process.capabilities.{set}");
-        let names: Vec<String> = typed_items(caps.get(set), &at)?;
-        // In the host's pid namespace (or another's joined by path), ptrace reaches the
-        // host's processes: `/proc/<pid>/root` is the host's `/`.
-        if !own("pid") && names.iter().any(|c| c == "CAP_SYS_PTRACE") {
-            return Err(SpecError::HostCapability {
-                at,
-                why: "CAP_SYS_PTRACE without a pid namespace of its own: /proc/<pid>/root of the \
-                      host's processes is the host's root"
-                    .into(),
-            });
-        }
-        if let Some(c) = names.iter().find(|c| HOST_CAPABILITIES.contains(&c.as_str())) {
-            return Err(SpecError::HostCapability {
-                at,
-                why: format!(
-                    "{} without a user namespace of its own (or with one that maps the host's \
-                     root): it acts on the host itself (mounts, cgroups, kernel memory), and \
-                     the host's root is every GPU of the node; no container on this node holds \
-                     it",
-                    tessera_api::untrusted(c).max_chars(64)
-                ),
-            });
-        }
-    }
-    Ok(())
+    // In the host's pid namespace (or another's joined by path), ptrace reaches the host's
+    // processes: `/proc/<pid>/root` is the host's `/`.
+    let ptrace_reaches_host = !own("pid");
+    let found = capability_where(spec.get("process"), "process", |c| {
+        HOST_CAPABILITIES.contains(&c) || (ptrace_reaches_host && c == "CAP_SYS_PTRACE")
+    })?;
+    let Some((at, c)) = found else { return Ok(()) };
+    let why = if c == "CAP_SYS_PTRACE" {
+        "CAP_SYS_PTRACE without a pid namespace of its own: /proc/<pid>/root of the host's \
+         processes is the host's root"
+            .to_string()
+    } else {
+        format!(
+            "{} without a user namespace of its own (or with one that maps the host's root): it \
+             acts on the host itself (mounts, cgroups, kernel memory), and the host's root is \
+             every GPU of the node; no container on this node holds it",
+            tessera_api::untrusted(&c).max_chars(64)
+        )
+    };
+    Err(SpecError::HostCapability { at, why })
 }
 
 /// The first of [`HOST_CAPABILITIES`] a process section holds in any set, with the set:
@@ -769,15 +761,7 @@ pub fn host_capability_in(
     process: &Value,
     at: &str,
 ) -> Result<Option<(String, String)>, SpecError> {
-    let Some(Value::Object(caps)) = process.get("capabilities") else { return Ok(None) };
-    for set in CAPABILITY_SETS {
-        let at = format!("{at}.capabilities.{set}");
-        let names: Vec<String> = typed_items(caps.get(set), &at)?;
-        if let Some(c) = names.iter().find(|c| HOST_CAPABILITIES.contains(&c.as_str())) {
-            return Ok(Some((at, c.clone())));
-        }
-    }
-    Ok(None)
+    capability_where(Some(process), at, |c| HOST_CAPABILITIES.contains(&c))
 }
 
 /// What `runc spec` (1.1) makes read-only in every container; kept in a GPU container's
@@ -866,13 +850,23 @@ pub fn capabilities_beyond_the_gpu_set(
     process: Option<&Value>,
     at: &str,
 ) -> Result<Option<(String, String)>, SpecError> {
+    capability_where(process, at, |c| !GPU_CAPABILITIES.contains(&c))
+}
+
+/// The first capability of a process section (any set, in [`CAPABILITY_SETS`]' order) that
+/// `pick` takes, with the set it is in.
+fn capability_where(
+    process: Option<&Value>,
+    at: &str,
+    pick: impl Fn(&str) -> bool,
+) -> Result<Option<(String, String)>, SpecError> {
     let Some(Value::Object(caps)) = process.and_then(|p| p.get("capabilities")) else {
         return Ok(None);
     };
     for set in CAPABILITY_SETS {
         let at = format!("{at}.capabilities.{set}");
         let names: Vec<String> = typed_items(caps.get(set), &at)?;
-        if let Some(c) = names.iter().find(|c| !GPU_CAPABILITIES.contains(&c.as_str())) {
+        if let Some(c) = names.iter().find(|c| pick(c.as_str())) {
             return Ok(Some((at, c.clone())));
         }
     }
