@@ -462,3 +462,68 @@ fn a_plain_container_cannot_join_the_mps_daemons_cgroup_while_tesserad_is_down()
         after.trim()
     );
 }
+
+/// Class: processes outside the container's own pid namespace in view, where the kernel
+/// lets a process attach to any process of its uid (rt-iso3, round 7; round 8 the bind).
+/// A container without a GPU, with `runc spec`'s capabilities only (no CAP_SYS_PTRACE),
+/// in the host's pid namespace — or in one of its own with the host's procfs bound
+/// read-only — sees a GPU container's processes; ptrace_may_access lets it attach to one of
+/// the same uid whose capabilities its own cover: `pidfd_getfd(2)` copies the open GPU
+/// descriptors past the devices cgroup, and `/proc/<pid>/mem` (attach mode, as
+/// `pidfd_getfd`) reads the process. Such a container runs only where Yama's
+/// `ptrace_scope` is 1 or more (this VM's kernel has no Yama: it is refused here; on a
+/// Yama ≥ 1 node it runs and the kernel refuses the read).
+///
+/// Seen without the check: each spy read 16 bytes of the GPU container's memory (and
+/// listed its root).
+#[test]
+fn a_plain_container_seeing_the_hosts_processes_cannot_attach_to_a_gpu_containers_process() {
+    let node = Node::start();
+    let mut victim = node.bundle("victim", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    victim.write();
+    create_and_start(&node, &victim, "victim").expect("the GPU container runs");
+    let pid = node.fx.container_pid("victim").expect("the GPU container's pid");
+    type Edit = fn(&mut Value);
+    let cases: [(&str, &str, Edit); 2] = [
+        ("host-pid", "/proc", |c| {
+            c["linux"]["namespaces"].as_array_mut().unwrap().retain(|n| n["type"] != "pid")
+        }),
+        ("proc-bind", "/hostproc", |c| {
+            c["mounts"].as_array_mut().unwrap().push(json!({"destination": "/hostproc",
+                "type": "bind", "source": "/proc", "options": ["rbind", "ro"]}))
+        }),
+    ];
+    let mut through = Vec::new();
+    for (id, proc_dir, edit) in cases {
+        // Attach-mode access, with busybox: the first mapping of the victim, read from its mem.
+        let script = format!(
+            "a=$(head -n1 {proc_dir}/{pid}/maps | cut -d- -f1); \
+             dd if={proc_dir}/{pid}/mem of=/tmp/stolen bs=1 skip=$((0x$a)) count=16 2>/dev/null; \
+             wc -c < /tmp/stolen > /tmp/read; exec sleep 300"
+        );
+        let mut spy = node.bundle(id, "team-dev", None, &["sh", "-c", &script]);
+        fs::create_dir_all(spy.rootfs().join("hostproc")).unwrap();
+        spy.mutate(edit).write();
+        let started = create_and_start(&node, &spy, id);
+        refused_by_tessera(&started);
+        match &started {
+            Ok(()) => {
+                wait_for(|| spy.rootfs().join("tmp/read").exists(), WITHIN);
+                let read = fs::read_to_string(spy.rootfs().join("tmp/read")).unwrap_or_default();
+                if !matches!(read.trim(), "" | "0") {
+                    through.push(format!("{id}: read {} bytes", read.trim()));
+                }
+            }
+            Err(e) if !e.contains("kernel.yama.ptrace_scope=1") => {
+                through.push(format!("{id}: refused, but not saying why: {e}"))
+            }
+            Err(_) => {}
+        }
+        node.fx.delete_container(id, true);
+    }
+    node.fx.delete_container("victim", true);
+    assert!(
+        through.is_empty(),
+        "a GPU container's memory read from outside its pid namespace: {through:?}"
+    );
+}

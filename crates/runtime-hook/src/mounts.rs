@@ -280,6 +280,54 @@ fn holding<'a>(mounts: &'a [MountEntry], p: &Path) -> Option<&'a MountEntry> {
         .map(|(_, m)| m)
 }
 
+/// The procfs a bind of `resolved` (as the host resolves it) brings along: the one holding
+/// it, or, for a recursive bind, one mounted below it.
+fn procfs_brought<'a>(
+    mounts: &'a [MountEntry],
+    resolved: &Path,
+    recursive: bool,
+) -> Option<&'a MountEntry> {
+    holding(mounts, resolved).filter(|m| m.fstype == "proc").or_else(|| {
+        recursive
+            .then(|| {
+                mounts.iter().find(|m| {
+                    let mp = Path::new(&m.mount_point);
+                    m.fstype == "proc" && mp != resolved && within(mp, resolved)
+                })
+            })
+            .flatten()
+    })
+}
+
+/// A container without a GPU (a GPU container refuses every such bind, [`check_sources`]):
+/// the first bind that brings a procfs of the host's mount table along (its source on one,
+/// or one below a recursive bind's source; sources resolved as the host resolves them now,
+/// `bundle`-relative ones from the bundle), as where in the config and which procfs. Such a
+/// view shows processes outside the container's pid namespace, every GPU container's among
+/// them, read-only or not ([`crate::spec::check_process_view`] decides).
+pub fn procfs_bind(
+    spec: &Value,
+    bundle: &Path,
+    host: &dyn HostFacts,
+) -> Result<Option<(String, String)>, MountError> {
+    let bundle = host.canonical(bundle).unwrap_or_else(|| clean(bundle));
+    for p in plans(spec)? {
+        let (true, Some(source)) = (p.bind, p.source.as_deref()) else { continue };
+        let raw = Path::new(source);
+        let joined = if raw.is_absolute() { raw.to_path_buf() } else { clean(&bundle.join(raw)) };
+        let resolved = host.canonical(&joined).unwrap_or_else(|| clean(&joined));
+        if let Some(m) = procfs_brought(host.mounts(), &resolved, p.recursive) {
+            let what = format!(
+                "a bind of {} brings the procfs at {} along",
+                untrusted(source).max_chars(200),
+                untrusted(&m.mount_point).max_chars(200)
+            );
+            return Ok(Some((p.at(), what)));
+        }
+    }
+    Ok(None)
+}
+
 /// What a view shows, for a message.
 fn kind(m: &MountEntry) -> Option<&'static str> {
     match m.fstype.as_str() {
@@ -583,17 +631,7 @@ fn check_bind(
     // A procfs of another pid namespace, read-only or not: `/proc/<pid>/root` of any process
     // it shows leads into that process's mounts (a writable cgroupfs among them), and
     // writes through it go where that process's mount allows.
-    let procfs = holding(mounts, &resolved).filter(|m| m.fstype == "proc").or_else(|| {
-        p.recursive
-            .then(|| {
-                mounts.iter().find(|m| {
-                    let mp = Path::new(&m.mount_point);
-                    m.fstype == "proc" && mp != resolved && within(mp, &resolved)
-                })
-            })
-            .flatten()
-    });
-    if let Some(m) = procfs {
+    if let Some(m) = procfs_brought(mounts, &resolved, p.recursive) {
         return Err(MountError::Unjudgeable {
             at: p.at(),
             why: format!(
@@ -738,6 +776,35 @@ mod tests {
         assert!(!p(&["bind", "rw"]).bind_remount, "rw alone sets no flag to remount with");
         assert!(p(&["bind", "nosuid"]).bind_remount);
         assert!(p(&["remount"]).remount);
+    }
+
+    /// Round 8: where a container without a GPU gets a procfs by a bind (read-only or
+    /// not): on one, below a recursive bind, or through a link in its image; not below a
+    /// plain bind (its submounts stay behind).
+    #[test]
+    fn a_bind_that_brings_a_procfs_along_is_found_however_it_is_spelled() {
+        let mut host = v1_host();
+        host.mounts.extend(
+            tessera_api::mountinfo::parse("40 22 0:40 / /proc rw - proc proc rw\n").expect("proc"),
+        );
+        host.links.insert(PathBuf::from("/b/rootfs/p"), PathBuf::from("/proc"));
+        let found = |source: &str, options: &[&str]| {
+            procfs_bind(&with(bind(source, options)), Path::new("/b"), &host).expect("judged")
+        };
+        for (source, options) in [
+            ("/proc", &["rbind", "ro"][..]),
+            ("/proc/1", &["bind", "ro"]),
+            ("/", &["rbind", "rro"]),
+            ("rootfs/p/1", &["bind"]),
+            ("/sys/../proc", &["bind", "ro"]),
+        ] {
+            let (at, what) = found(source, options)
+                .unwrap_or_else(|| panic!("{source} {options:?} brought no procfs"));
+            assert_eq!(at, "mounts[0] (/cg)", "{source}");
+            assert!(what.contains("the procfs at /proc"), "{source}: {what}");
+        }
+        assert_eq!(found("/", &["bind", "ro"]), None, "a plain bind of / brings no submount");
+        assert_eq!(found("/sys/fs/cgroup", &["rbind", "ro"]), None, "no procfs below it");
     }
 
     #[test]

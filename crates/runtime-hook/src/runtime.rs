@@ -223,6 +223,9 @@ pub struct RuntimeEnv {
     /// The file's `quota_wait_s` (never from env): how long a create asks again while its
     /// reclaim runs ([`allocate_waiting`]).
     pub quota_wait: Duration,
+    /// Where Yama's ptrace scope is read for a container without a pid namespace of its
+    /// own ([`spec::check_process_view`]): [`spec::YAMA_PTRACE_SCOPE`] (never from env).
+    pub ptrace_scope: PathBuf,
 }
 
 impl RuntimeEnv {
@@ -249,6 +252,7 @@ impl RuntimeEnv {
             quota_wait: Duration::from_secs(
                 config.quota_wait_s.unwrap_or(crate::config::DEFAULT_QUOTA_WAIT_S),
             ),
+            ptrace_scope: spec::YAMA_PTRACE_SCOPE.into(),
         })
     }
 
@@ -487,6 +491,20 @@ pub fn prepare(
             crate::mounts::check_proc_binds(&cfg.value, &bundle, &bundle.join(root))
                 .map_err(|e| config_err(SpecError::from(e)))?;
         }
+        // Processes outside its own pid namespace in view: only where Yama keeps it from
+        // attaching to a GPU container's.
+        let view = match spec::shared_pid_namespace(&cfg.value).map_err(config_err)? {
+            Some(v) => Some(v),
+            None => {
+                let host = crate::mounts::LinuxHostFacts::read()
+                    .map_err(|e| config_err(SpecError::from(e)))?;
+                crate::mounts::procfs_bind(&cfg.value, &bundle, &host)
+                    .map_err(|e| config_err(SpecError::from(e)))?
+                    .map(|(at, what)| spec::ProcessView::ProcfsBind { at, what })
+            }
+        };
+        spec::check_process_view(view, spec::read_ptrace_scope(&env.ptrace_scope))
+            .map_err(config_err)?;
         let stripped = spec::strip_ungranted_gpus(&mut cfg.value, &majors).map_err(config_err)?;
         // /proc/sys read-only and the rest masked in every container, as in a GPU one.
         let protected = spec::keep_proc_protected(&mut cfg.value).map_err(config_err)?;
@@ -1102,6 +1120,7 @@ mod tests {
                 source: request::EngineSource { config: None, kubelet: false },
                 config_error: None,
                 quota_wait: Duration::ZERO,
+                ptrace_scope: dir.path().join("no-yama"),
             };
             Fixture { dir, env }
         }
@@ -1280,32 +1299,99 @@ mod tests {
     /// default set) and drives the GPU with ioctls: the devices cgroup judges open(2) only.
     /// Confirmed with runc 1.1.5 (a static pidfd_getfd helper stole fd 3 of another
     /// container's `sleep`; with a pid namespace of its own: ESRCH). A GPU container is
-    /// refused a shared pid namespace (`host-pid-ns`); the reverse direction is not.
-    /// (A fix costs hostPID monitoring pods — dcgm-exporter, node-exporter — or needs them
-    /// to run as a uid no GPU container uses.)
+    /// refused a shared pid namespace (`host-pid-ns`); a plain one runs in one only where
+    /// Yama refuses attaching to what is not a descendant (ptrace_scope 1 or more:
+    /// hostPID monitoring pods keep running on such nodes, Ubuntu's default).
     #[test]
-    #[ignore = "open (docs/SECURITY.md, sixth round): refusing a plain container in the host's \
-                pid namespace refuses hostPID monitoring pods; not decided"]
     fn rt_iso3_a_plain_container_in_the_hosts_pid_namespace_cannot_take_a_gpu_containers_fds() {
-        for joined in [false, true] {
-            let mut cfg = gpu_config(json!({}), json!([]));
-            let ns = cfg["linux"]["namespaces"].as_array_mut().expect("namespaces");
-            if joined {
-                for n in ns.iter_mut() {
-                    if n["type"] == "pid" {
-                        n["path"] = json!("/proc/1/ns/pid");
+        type Edit = fn(&mut Value);
+        // Each way to see processes outside the container's own pid namespace, with the
+        // words its refusal names.
+        let views: [(&str, Edit, &str); 4] = [
+            (
+                "none of its own",
+                |c| {
+                    let ns = c["linux"]["namespaces"].as_array_mut().expect("namespaces");
+                    ns.retain(|n| n["type"] != "pid");
+                },
+                "the host's",
+            ),
+            (
+                "joined by path",
+                |c| {
+                    for n in c["linux"]["namespaces"].as_array_mut().expect("namespaces") {
+                        if n["type"] == "pid" {
+                            n["path"] = json!("/proc/1/ns/pid");
+                        }
                     }
+                },
+                "/proc/1/ns/pid",
+            ),
+            // round 8: the host's procfs bound read-only, with a pid namespace of its own.
+            (
+                "a read-only bind of /proc",
+                |c| {
+                    c["mounts"].as_array_mut().expect("mounts").push(json!({
+                    "destination": "/hostproc", "type": "bind", "source": "/proc",
+                    "options": ["rbind", "ro"]}));
+                },
+                "mounts[",
+            ),
+            (
+                "a recursive bind of / (the procfs below it)",
+                |c| {
+                    c["mounts"].as_array_mut().expect("mounts").push(json!({
+                    "destination": "/host", "type": "bind", "source": "/",
+                    "options": ["rbind", "rro"]}));
+                },
+                "brings the procfs at /proc",
+            ),
+        ];
+        for (scope, runs) in [
+            (None, false),
+            (Some("0\n"), false),
+            (Some("junk"), false),
+            (Some("1\n"), true),
+            (Some("3"), true),
+        ] {
+            for (view, edit, names) in &views {
+                let mut cfg = gpu_config(json!({}), json!([]));
+                edit(&mut cfg);
+                let f = Fixture::new(&cfg);
+                if let Some(s) = scope {
+                    std::fs::write(&f.env.ptrace_scope, s).expect("write the scope");
                 }
-            } else {
-                ns.retain(|n| n["type"] != "pid");
+                let r = prepare(&f.args("create --bundle bundle abc"), &f.env);
+                let case = format!("ptrace_scope {scope:?}, {view}");
+                if runs {
+                    assert!(
+                        matches!(r, Ok((_, Prepared::Passthrough))),
+                        "{case}: refused: {:?}",
+                        r.err().map(|e| e.message())
+                    );
+                    continue;
+                }
+                let msg = r.expect_err(&case).message();
+                assert!(
+                    msg.contains("pidfd_getfd")
+                        && msg.contains("kernel.yama.ptrace_scope=1")
+                        && msg.contains(names),
+                    "{case}: {msg}"
+                );
             }
-            let f = Fixture::new(&cfg);
-            let r = prepare(&f.args("create --bundle bundle abc"), &f.env);
-            assert!(
-                r.is_err(),
-                "a plain container in the host's pid namespace (joined by path: {joined}) passed"
-            );
         }
+        // A pid namespace of its own and no procfs bind (a bind of / alone brings none of
+        // its submounts) runs whatever Yama says.
+        let mut cfg = gpu_config(json!({}), json!([]));
+        cfg["mounts"].as_array_mut().expect("mounts").push(json!({
+            "destination": "/host", "type": "bind", "source": "/", "options": ["bind", "ro"]}));
+        let f = Fixture::new(&cfg);
+        let r = prepare(&f.args("create --bundle bundle abc"), &f.env);
+        assert!(
+            matches!(r, Ok((_, Prepared::Passthrough))),
+            "own pid namespace refused: {:?}",
+            r.err().map(|e| e.message())
+        );
     }
 
     #[test]

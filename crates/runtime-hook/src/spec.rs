@@ -217,6 +217,11 @@ pub enum SpecError {
     /// A capability that acts on the host itself, in any container.
     #[error("{at}: {why}")]
     HostCapability { at: String, why: String },
+    /// A container without a GPU that sees processes outside its own pid namespace on a
+    /// node whose kernel lets it attach to a GPU container's processes
+    /// ([`check_process_view`]).
+    #[error("{at}: {why}")]
+    ProcessView { at: String, why: String },
     /// Real-time CPU for a GPU container.
     #[error("{at}: {why}: real-time CPU time is not bounded by the CPU quota a GPU container is admitted with; GPU containers get none")]
     RealTime { at: String, why: String },
@@ -753,6 +758,87 @@ pub fn check_host_capabilities(spec: &Value) -> Result<(), SpecError> {
         )
     };
     Err(SpecError::HostCapability { at, why })
+}
+
+/// Where the kernel's Yama module says which processes may attach to which.
+pub const YAMA_PTRACE_SCOPE: &str = "/proc/sys/kernel/yama/ptrace_scope";
+
+/// Yama's ptrace scope as the file at `path` says it; `None` where the file is absent (no
+/// Yama in this kernel) or says something else than a number.
+pub fn read_ptrace_scope(path: &std::path::Path) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// How a container sees processes outside its own pid namespace, if it does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcessView {
+    /// No pid namespace of its own: the host's (`docker run --pid=host`, `hostPID: true`).
+    HostPidNamespace,
+    /// A pid namespace joined by this path (another container's, a pod's, the host's).
+    JoinedPidNamespace(String),
+    /// A bind that brings a procfs along ([`crate::mounts::procfs_bind`]): where, and what.
+    ProcfsBind { at: String, what: String },
+}
+
+/// The pid namespace part of a [`ProcessView`]: none of its own, or one joined by path.
+pub fn shared_pid_namespace(spec: &Value) -> Result<Option<ProcessView>, SpecError> {
+    let namespaces =
+        typed_items::<NamespaceView>(spec.pointer("/linux/namespaces"), "linux.namespaces")?;
+    Ok(match namespaces.iter().find(|n| n.typ == "pid") {
+        None => Some(ProcessView::HostPidNamespace),
+        Some(n) => match n.path.as_deref().unwrap_or("") {
+            "" => None,
+            path => Some(ProcessView::JoinedPidNamespace(path.to_string())),
+        },
+    })
+}
+
+/// A container without a GPU that sees processes outside its own pid namespace (`view`:
+/// the host's pid namespace, one joined by path, or a bind of a procfs, read-only or not)
+/// sees every GPU container's processes, and the kernel's ptrace check lets a process of the
+/// same uid whose capabilities cover the target's *attach* to one: `pidfd_getfd(2)` copies
+/// its open `/dev/nvidia*` descriptors (the devices cgroup judges `open(2)` only, so the
+/// copy drives the GPU), `/proc/<pid>/mem` reads and writes its memory. Yama's
+/// `ptrace_scope` of 1 or more refuses attach-mode access to any process that is not a
+/// descendant, whatever the uid (`CAP_SYS_PTRACE`, which passes it, is refused to such a
+/// container by [`check_host_capabilities`]). So such a container runs only where Yama
+/// says 1 or more; `ptrace_scope` is what [`read_ptrace_scope`] read (`None`: no Yama).
+/// Read-mode access stays, as on any node that admits `hostPID` (Kubernetes' Pod Security
+/// baseline forbids it): the GPU containers' files through `/proc/<pid>/root`, their
+/// environment; reopening a descriptor's device node is the devices cgroup's to refuse.
+pub fn check_process_view(
+    view: Option<ProcessView>,
+    ptrace_scope: Option<u32>,
+) -> Result<(), SpecError> {
+    let Some(view) = view else { return Ok(()) };
+    if ptrace_scope.is_some_and(|s| s >= 1) {
+        return Ok(());
+    }
+    let (at, shared) = match view {
+        ProcessView::HostPidNamespace => {
+            ("linux.namespaces".to_string(), "no pid namespace of its own (the host's)".to_string())
+        }
+        ProcessView::JoinedPidNamespace(path) => (
+            "linux.namespaces".to_string(),
+            format!("the pid namespace at {} joined", tessera_api::untrusted(&path).max_chars(200)),
+        ),
+        ProcessView::ProcfsBind { at, what } => (at, what),
+    };
+    let kernel = match ptrace_scope {
+        Some(s) => format!("Yama's ptrace_scope is {s}"),
+        None => "this kernel has no Yama ptrace_scope".to_string(),
+    };
+    Err(SpecError::ProcessView {
+        at,
+        why: format!(
+            "processes outside the container's own pid namespace in view ({shared}) where \
+             {kernel}: a process of the same uid attaches to any GPU container's process it \
+             sees, takes its open GPU descriptors with pidfd_getfd past the devices cgroup and \
+             reads its memory; set the sysctl kernel.yama.ptrace_scope=1 on this node (attach \
+             only to descendants), or give the container a pid namespace of its own and no \
+             procfs bind"
+        ),
+    })
 }
 
 /// The first of [`HOST_CAPABILITIES`] a process section holds in any set, with the set:
