@@ -87,6 +87,8 @@ pub enum Kind {
     Config,
     /// NVIDIA's container toolkit, still configured.
     Nvidia,
+    /// The kernel's settings the runtime's checks depend on.
+    Kernel,
 }
 
 /// One line of the report.
@@ -214,6 +216,31 @@ fn tenant_with_trust(policy: &Policy, path: &str) -> String {
         Some(t) => format!("{path} (trust {})", t.trust),
         None => path.to_owned(),
     }
+}
+
+/// What Yama's `ptrace_scope` (as [`runtime_hook::spec::read_ptrace_scope`] read it;
+/// `None`: no Yama) means for containers without a GPU that see the host's processes
+/// ([`runtime_hook::spec::check_process_view`]): a warning where tessera-runtime refuses
+/// them (node monitoring pods: `hostPID`, a `/proc` bind), nothing where it runs them.
+pub fn kernel_findings(ptrace_scope: Option<u32>) -> Vec<Finding> {
+    if ptrace_scope.is_some_and(|s| s >= 1) {
+        return Vec::new();
+    }
+    let now = match ptrace_scope {
+        Some(s) => format!("kernel.yama.ptrace_scope is {s}"),
+        None => "this kernel has no Yama ptrace_scope".into(),
+    };
+    vec![finding(
+        Severity::Warning,
+        Kind::Kernel,
+        "kernel",
+        format!(
+            "{now}: containers without a GPU that see the host's processes (hostPID, --pid=host, \
+             a bind of /proc: node-exporter and other monitoring pods) are refused, since they \
+             could attach to a GPU container's process; set kernel.yama.ptrace_scope=1 to run \
+             them (docs/INSTALL.md)"
+        ),
+    )]
 }
 
 /// The report for `runtimes` under `policy` (`None`: no policy found, identity not
@@ -489,6 +516,21 @@ mod tests {
             (Decision::Refused, Err(policy::IdentityError::NoIdentity { .. })) => {}
             _ => panic!("doctor says {d:?}, tesserad {real:?}"),
         }
+    }
+
+    #[test]
+    fn a_kernel_without_yama_is_a_warning_naming_the_sysctl() {
+        for scope in [None, Some(0)] {
+            let f = kernel_findings(scope);
+            assert_eq!(f.len(), 1, "{scope:?}");
+            assert_eq!((f[0].severity, f[0].kind), (Severity::Warning, Kind::Kernel));
+            assert!(f[0].text.contains("kernel.yama.ptrace_scope=1"), "{}", f[0].text);
+            assert!(f[0].text.contains("hostPID"), "{}", f[0].text);
+        }
+        assert!(kernel_findings(Some(1)).is_empty());
+        assert!(kernel_findings(Some(3)).is_empty());
+        let r = Report { findings: kernel_findings(None) };
+        assert!(r.render().ends_with("no traps\n"), "a warning is no trap: {}", r.render());
     }
 
     #[test]

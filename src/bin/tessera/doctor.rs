@@ -261,7 +261,11 @@ pub fn report(a: &DoctorArgs, socket: &Path) -> Result<doctor::Report, String> {
     }
     nvidia
         .extend(nvidia_file_findings(&nvidia_files(&a.checks.cdi_dirs(), &a.checks.hooks_dirs())));
-    Ok(doctor::diagnose(policy.as_ref(), &runtimes, nvidia))
+    let mut r = doctor::diagnose(policy.as_ref(), &runtimes, nvidia);
+    r.findings.extend(doctor::kernel_findings(runtime_hook::spec::read_ptrace_scope(Path::new(
+        runtime_hook::spec::YAMA_PTRACE_SCOPE,
+    ))));
+    Ok(r)
 }
 
 pub fn run(a: DoctorArgs, socket: &Path) -> Result<(), String> {
