@@ -483,23 +483,48 @@ fn a_plain_container_seeing_the_hosts_processes_cannot_attach_to_a_gpu_container
     victim.write();
     create_and_start(&node, &victim, "victim").expect("the GPU container runs");
     let pid = node.fx.container_pid("victim").expect("the GPU container's pid");
-    type Edit = fn(&mut Value);
-    let cases: [(&str, &str, Edit); 2] = [
-        ("host-pid", "/proc", |c| {
-            c["linux"]["namespaces"].as_array_mut().unwrap().retain(|n| n["type"] != "pid")
-        }),
-        ("proc-bind", "/hostproc", |c| {
-            c["mounts"].as_array_mut().unwrap().push(json!({"destination": "/hostproc",
-                "type": "bind", "source": "/proc", "options": ["rbind", "ro"]}))
-        }),
+    type Edit = Box<dyn Fn(&mut Value)>;
+    // The GPU container's pid namespace joined by path (`--pid=container:<id>`): not a
+    // container without a GPU's, so a view as the host's is (round 9 lets a pod's sandbox's).
+    let joined = format!("/proc/{pid}/ns/pid");
+    let cases: [(&str, &str, i32, Edit); 3] = [
+        (
+            "host-pid",
+            "/proc",
+            pid,
+            Box::new(|c| {
+                c["linux"]["namespaces"].as_array_mut().unwrap().retain(|n| n["type"] != "pid")
+            }),
+        ),
+        (
+            "proc-bind",
+            "/hostproc",
+            pid,
+            Box::new(|c| {
+                c["mounts"].as_array_mut().unwrap().push(json!({"destination": "/hostproc",
+                    "type": "bind", "source": "/proc", "options": ["rbind", "ro"]}))
+            }),
+        ),
+        (
+            "gpu-pid-ns",
+            "/proc",
+            1,
+            Box::new(move |c| {
+                for n in c["linux"]["namespaces"].as_array_mut().unwrap() {
+                    if n["type"] == "pid" {
+                        n["path"] = json!(joined);
+                    }
+                }
+            }),
+        ),
     ];
     let mut through = Vec::new();
-    for (id, proc_dir, edit) in cases {
+    for (id, proc_dir, pid, edit) in cases {
         // Attach-mode access, with busybox: the first mapping of the victim, read from its mem.
         let script = format!(
             "a=$(head -n1 {proc_dir}/{pid}/maps | cut -d- -f1); \
              dd if={proc_dir}/{pid}/mem of=/tmp/stolen bs=1 skip=$((0x$a)) count=16 2>/dev/null; \
-             wc -c < /tmp/stolen > /tmp/read; exec sleep 300"
+             wc -c < /tmp/stolen > /tmp/n; mv /tmp/n /tmp/read; exec sleep 300"
         );
         let mut spy = node.bundle(id, "team-dev", None, &["sh", "-c", &script]);
         fs::create_dir_all(spy.rootfs().join("hostproc")).unwrap();
@@ -526,4 +551,177 @@ fn a_plain_container_seeing_the_hosts_processes_cannot_attach_to_a_gpu_container
         through.is_empty(),
         "a GPU container's memory read from outside its pid namespace: {through:?}"
     );
+}
+
+/// Class: the same view, made by runc from what the create's checks did not see (a bind
+/// source swapped between tessera-runtime's check and runc's mount: a link in a volume
+/// another container writes). Stood in for here by `runc create` run directly, as an engine
+/// with another runtime would: tessera-runtime's `start` reads what runc made — the pid
+/// namespace of the init, and which pid namespace every procfs in its mount table shows
+/// (read through its root, no link followed) — and refuses and deletes it before its
+/// process runs. A container runc made as configured (its own `/proc`) starts.
+///
+/// Seen without the check (the wrapper's `start` passing such a container through): the
+/// spy started and read 16 bytes of the GPU container's memory through `/hostproc`.
+#[test]
+fn a_procfs_runc_made_outside_the_checks_is_refused_at_start() {
+    let node = Node::start();
+    let mut victim = node.bundle("victim", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
+    victim.write();
+    create_and_start(&node, &victim, "victim").expect("the GPU container runs");
+    let pid = node.fx.container_pid("victim").expect("the GPU container's pid");
+    let script = format!(
+        "a=$(head -n1 /hostproc/{pid}/maps | cut -d- -f1); \
+         dd if=/hostproc/{pid}/mem of=/tmp/stolen bs=1 skip=$((0x$a)) count=16 2>/dev/null; \
+         wc -c < /tmp/stolen > /tmp/n; mv /tmp/n /tmp/read; exec sleep 300"
+    );
+    let runc_create = |b: &Bundle, id: &str| {
+        let dir = b.dir().to_string_lossy().into_owned();
+        let created = std::process::Command::new(RUNC)
+            .arg("--root")
+            .arg(node.fx.runc_root())
+            .args(["create", "--bundle", &dir, id])
+            .stdin(std::process::Stdio::null())
+            .stdout(fs::File::create(b.dir().join("out")).unwrap())
+            .stderr(fs::File::create(b.dir().join("err")).unwrap())
+            .status()
+            .unwrap();
+        assert!(created.success(), "plain runc create of {id}");
+    };
+    // As configured: starts through the wrapper's check.
+    let mut fine = node.bundle("fine", "team-dev", None, &["sleep", "300"]);
+    fine.write();
+    runc_create(&fine, "fine");
+    node.fx.start_container("fine").assert_success("a container with its own /proc");
+    node.fx.delete_container("fine", true);
+    // The host's procfs bound in: refused at start, and gone.
+    let mut spy = node.bundle("spy", "team-dev", None, &["sh", "-c", &script]);
+    fs::create_dir_all(spy.rootfs().join("hostproc")).unwrap();
+    spy.mutate(|c| {
+        c["mounts"].as_array_mut().unwrap().push(json!({"destination": "/hostproc",
+            "type": "bind", "source": "/proc", "options": ["rbind", "ro"]}))
+    })
+    .write();
+    runc_create(&spy, "spy");
+    let started = node.fx.start_container("spy");
+    let read = if started.status.success() {
+        wait_for(|| spy.rootfs().join("tmp/read").exists(), WITHIN);
+        fs::read_to_string(spy.rootfs().join("tmp/read")).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    let left = node.fx.status("spy");
+    node.fx.delete_container("spy", true);
+    node.fx.delete_container("victim", true);
+    assert!(
+        read.trim().is_empty() || read.trim() == "0",
+        "a container runc made with the host's procfs read {} bytes of a GPU container's memory",
+        read.trim()
+    );
+    let err = started.stderr_str();
+    assert!(
+        !started.status.success()
+            && err.contains("/hostproc is a procfs of")
+            && err.contains("refused before its process runs"),
+        "start: {err}"
+    );
+    assert_eq!(left, None, "the refused container was not deleted");
+}
+
+/// Class: the same swap for a GPU container (round 8). Its bind of a volume directory at
+/// `/proc` (after its `proc` mount) passes the wrapper's check; a runc wrapper standing
+/// for the racer replaces the directory with a link to the host's `/proc` between that
+/// check and runc's mount, so runc binds the host's procfs over the container's own. The
+/// mount table then holds a procfs at `/proc` only, which the confirmation's "procfs
+/// elsewhere than /proc" rule passed; tesserad now reads which pid namespace it shows and
+/// refuses the start.
+#[test]
+fn a_gpu_containers_proc_swapped_for_the_hosts_is_refused_at_start() {
+    let node = Node::start();
+    let mut b = node.bundle("swapped", "team-untrusted", Some("mig=1g.10gb"), &["sleep", "300"]);
+    let vol = b.dir().join("vol/data");
+    fs::create_dir_all(&vol).unwrap();
+    b.mutate(|c| {
+        c["mounts"].as_array_mut().unwrap().push(json!({"destination": "/proc",
+            "type": "bind", "source": vol.to_str().unwrap(), "options": ["rbind", "ro"]}))
+    })
+    .write();
+    let racer = racing_runc(&b, &vol, Path::new("/proc"));
+    let created =
+        node.fx.create_container_env(&b, "swapped", &[("TESSERA_RUNC", racer.to_str().unwrap())]);
+    let started =
+        if created.status.success() { node.fx.start_container("swapped") } else { created };
+    let left = node.fx.status("swapped");
+    node.fx.delete_container("swapped", true);
+    let err = started.stderr_str();
+    assert!(!started.status.success(), "a GPU container with the host's procfs at /proc started");
+    assert!(err.contains("/proc is a procfs of"), "refused, but not for its procfs: {err}");
+    assert_eq!(left, None, "the refused container was not deleted");
+}
+
+/// A runc for `TESSERA_RUNC` that stands for a racer: at `create`, after tessera-runtime's
+/// checks and before runc's mounts, it replaces the directory `vol` (a bind source of the
+/// config) with a link to `target`, then runs the real runc.
+fn racing_runc(b: &Bundle, vol: &Path, target: &Path) -> PathBuf {
+    let racer = b.dir().join("racing-runc");
+    fs::write(
+        &racer,
+        format!(
+            "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = create ] && rm -rf {v} && ln -s {t} {v}; done\n\
+             exec {RUNC} \"$@\"\n",
+            v = vol.display(),
+            t = target.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&racer, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    racer
+}
+
+/// Class: tesserad's own paths in view (round 8, rt-iso4), by a bind source swapped after
+/// the create's checks (the racer above stands for a link swapped in a volume another
+/// container writes): the create's check saw a plain directory; runc bound tesserad's
+/// state directory, where every tenant's MPS pipe directory (and control daemon) is. The
+/// start reads the mounts runc made — tesserad's confirmation for a GPU container,
+/// tessera-runtime's `start` for one without — and refuses: the entry's filesystem and
+/// directory hold the state directory, however the source was spelled.
+#[test]
+fn a_bind_swapped_for_tesserads_state_is_refused_at_start() {
+    let node = Node::start();
+    let state = fs::canonicalize(&node.state).unwrap();
+    let mut through = Vec::new();
+    for (id, tenant, request) in
+        [("plainrace", "team-dev", None), ("gpurace", "team-untrusted", Some("mig=1g.10gb"))]
+    {
+        let mut b =
+            node.bundle(id, tenant, request, &["sh", "-c", "ls /x > /tmp/seen; exec sleep 300"]);
+        let vol = b.dir().join("vol/data");
+        fs::create_dir_all(&vol).unwrap();
+        fs::create_dir_all(b.rootfs().join("x")).unwrap();
+        b.mutate(|c| {
+            c["mounts"].as_array_mut().unwrap().push(json!({"destination": "/x",
+                "type": "bind", "source": vol.to_str().unwrap(), "options": ["rbind", "ro"]}))
+        })
+        .write();
+        let racer = racing_runc(&b, &vol, &state);
+        let created =
+            node.fx.create_container_env(&b, id, &[("TESSERA_RUNC", racer.to_str().unwrap())]);
+        assert!(
+            created.status.success(),
+            "{id}: the create saw a plain directory: {}",
+            created.stderr_str()
+        );
+        let started = node.fx.start_container(id);
+        let err = started.stderr_str();
+        let left = node.fx.status(id);
+        node.fx.delete_container(id, true);
+        if started.status.success() {
+            through.push(format!("{id}: started with tesserad's state directory at /x"));
+        } else if !err.contains("tesserad's own") {
+            through.push(format!("{id}: refused, but not for tesserad's state: {err}"));
+        } else if left.is_some() {
+            through.push(format!("{id}: refused but not deleted ({left:?})"));
+        }
+    }
+    assert!(through.is_empty(), "{through:?}");
 }

@@ -396,11 +396,22 @@ fn a_container_without_a_request_gets_no_gpu() {
     let out = node.fx.create_container(&w, "wild");
     assert!(!out.status.success(), "started with {}", devices_list(&w.cgroups_path()));
     assert!(out.stderr_str().contains("asked for no GPU"), "{}", out.stderr_str());
-    // A plain container is left exactly as it was.
+    // A plain container is left exactly as it was by a create; a run gets one prestart
+    // hook, tessera-hook's plain-prestart (what runc made is judged there), and nothing else.
     let plain = node.bundle("plain", "team-untrusted", None, &["true"]);
     let before = std::fs::read(plain.config_path()).unwrap();
-    node.fx.run_container(&plain, "plain").assert_success("plain");
+    node.fx.create_container(&plain, "plain").assert_success("plain create");
+    node.fx.delete_container("plain", true).assert_success("delete");
     assert_eq!(std::fs::read(plain.config_path()).unwrap(), before, "config rewritten");
+    node.fx.run_container(&plain, "plain").assert_success("plain run");
+    let mut after: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(plain.config_path()).unwrap()).unwrap();
+    let hooks = after["hooks"]["prestart"].as_array().cloned().unwrap_or_default();
+    assert_eq!(hooks.len(), 1, "{hooks:?}");
+    assert_eq!(hooks[0]["args"], serde_json::json!(["tessera-hook", "plain-prestart"]));
+    after.as_object_mut().unwrap().remove("hooks");
+    let before: serde_json::Value = serde_json::from_slice(&before).unwrap();
+    assert_eq!(after, before, "a run's config changed beyond its prestart hook");
     for id in ["thief", "victim"] {
         node.fx.delete_container(id, true).assert_success("delete");
     }

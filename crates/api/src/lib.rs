@@ -14,6 +14,7 @@ pub mod display;
 pub mod durable;
 pub mod ids;
 pub mod mountinfo;
+pub mod procfs;
 pub mod protocol;
 pub mod request;
 pub mod telemetry;
@@ -122,6 +123,37 @@ pub fn write_gpu_majors(socket: &Path, majors: &[u32]) -> std::io::Result<()> {
 /// again at start ([`durable::replace`] with [`durable::Sync::Rename`]).
 pub fn write_beside(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     durable::replace(path, bytes, 0o644, durable::Sync::Rename)
+}
+
+/// Beside tesserad's socket, the directories of tesserad's own besides the socket (its
+/// state directory, where every tenant's MPS pipe directories are), one per line: written
+/// by tesserad at start, read by the wrapper, which refuses a container that would see
+/// any of them ([`private_paths`]).
+pub fn private_paths_path(socket: &Path) -> PathBuf {
+    let mut s = socket.as_os_str().to_owned();
+    s.push(".private");
+    PathBuf::from(s)
+}
+
+/// Writes [`private_paths_path`] (see [`write_beside`]).
+pub fn write_private_paths(socket: &Path, paths: &[PathBuf]) -> std::io::Result<()> {
+    let mut text = String::new();
+    for p in paths {
+        text.push_str(&p.to_string_lossy());
+        text.push('\n');
+    }
+    write_beside(&private_paths_path(socket), text.as_bytes())
+}
+
+/// tesserad's own paths, canonical where they exist: its socket (the API answers root as
+/// root) and what [`private_paths_path`] lists (nothing more where tesserad never wrote
+/// it). Lines that are not absolute paths are skipped.
+pub fn private_paths(socket: &Path) -> Vec<PathBuf> {
+    let listed = std::fs::read_to_string(private_paths_path(socket)).unwrap_or_default();
+    std::iter::once(socket.to_path_buf())
+        .chain(listed.lines().map(PathBuf::from).filter(|p| p.is_absolute()))
+        .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+        .collect()
 }
 
 /// Beside tesserad's socket, how many GPUs of the node are not in MIG mode (what `gpu=N`

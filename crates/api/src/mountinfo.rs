@@ -14,12 +14,16 @@
 //! Pure: [`parse`] takes the text, [`findings`] judges the entries.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 
 /// One line of `mountinfo` (proc(5)): the fields this module judges by.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountEntry {
     pub mount_id: u64,
     pub parent_id: u64,
+    /// The filesystem's device, `major:minor` (field 3): one per superblock, so one per
+    /// procfs instance (Linux 5.8 and later mount a new one each time).
+    pub device: String,
     /// The directory of the filesystem that is the root of this mount (field 4).
     pub root: String,
     /// Where it is mounted, relative to the reading process's root (field 5).
@@ -115,6 +119,7 @@ fn parse_line(line: &str) -> Result<MountEntry, String> {
     Ok(MountEntry {
         mount_id: num(0, "mount id")?,
         parent_id: num(1, "parent id")?,
+        device: fields[2].to_string(),
         root: unescape(fields[3]),
         mount_point: unescape(fields[4]),
         mount_options: list(fields[5]),
@@ -153,6 +158,13 @@ pub enum Finding {
     /// A procfs elsewhere than `/proc`: a bind of another pid namespace's (the host's),
     /// whose `/proc/<pid>/root` leads into other processes' mounts.
     Procfs { mount_point: String },
+    /// A mount that shows a path of tesserad's own (its socket, its state directory with
+    /// every tenant's MPS pipe directories) that the container was not given
+    /// ([`private_in_view`]).
+    Private { mount_point: String, what: String },
+    /// A procfs (wherever mounted, `/proc` too) that shows another pid namespace than the
+    /// container's own ([`foreign_procfs`]): `shows` is what it showed, `None` unreadable.
+    ForeignProcfs { mount_point: String, shows: Option<String>, own: String },
 }
 
 impl fmt::Display for Finding {
@@ -178,6 +190,25 @@ impl fmt::Display for Finding {
                 "{} is a procfs other than the container's /proc: /proc/<pid>/root of the \
                  processes it shows leads into their mounts",
                 u(mount_point)
+            ),
+            Finding::ForeignProcfs { mount_point, shows, own } => write!(
+                f,
+                "{} is a procfs of {} where the container's own pid namespace is {}: it shows \
+                 processes outside the container, another container's GPU processes among them, \
+                 to attach to (pidfd_getfd, /proc/<pid>/mem) and to enter (/proc/<pid>/root)",
+                u(mount_point),
+                match shows {
+                    Some(ns) => format!("{}", u(ns)),
+                    None => "a pid namespace that cannot be read".to_string(),
+                },
+                u(own)
+            ),
+            Finding::Private { mount_point, what } => write!(
+                f,
+                "{} shows {}, which is tesserad's own (its API socket answers root as root; \
+                 the MPS pipe directories are every tenant's control daemons)",
+                u(mount_point),
+                u(what)
             ),
             Finding::Propagated { mount_point, tag } => write!(
                 f,
@@ -212,6 +243,132 @@ pub fn findings(entries: &[MountEntry]) -> Vec<Finding> {
             out.push(Finding::Propagated {
                 mount_point: e.mount_point.clone(),
                 tag: tag.to_string(),
+            });
+        }
+    }
+    out
+}
+
+/// Where a host path lies in the host's mount table `host` (as the reader sees it): the
+/// device of the mount holding it (the deepest mount point at or above it; the last listed
+/// where several are stacked) and its path within that filesystem (the mount's root joined
+/// with the rest). `None`: no mount holds it (a relative path).
+pub fn place(host: &[MountEntry], path: &Path) -> Option<(String, PathBuf)> {
+    let m = host
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| path.starts_with(&m.mount_point))
+        .max_by_key(|(i, m)| (Path::new(&m.mount_point).components().count(), *i))
+        .map(|(_, m)| m)?;
+    let rest = path.strip_prefix(&m.mount_point).ok()?;
+    Some((m.device.clone(), Path::new(&m.root).join(rest)))
+}
+
+/// A path of tesserad's own where it lies ([`place`]), named for a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Private {
+    pub device: String,
+    pub within: PathBuf,
+    pub name: String,
+}
+
+/// Whether a mount of the filesystem on `device` at its directory `root` shows `p`: the
+/// same filesystem, one directory at or below the other (a bind of an ancestor shows it, a
+/// bind of a directory inside it shows part of it).
+pub fn shows(device: &str, root: &Path, p: &Private) -> bool {
+    device == p.device && (p.within.starts_with(root) || root.starts_with(&p.within))
+}
+
+/// The first mount of a container's table (`entries`) that shows one of tesserad's own
+/// paths (`private`, placed on the host with [`place`]), read from what the kernel made:
+/// however a bind's source was spelled or swapped, its entry says which filesystem and
+/// which directory of it the container got. Directories the container's grant brought in
+/// itself (`given`: an MPS share's pipe directory, placed the same way) and what lies
+/// below them are not counted.
+pub fn private_in_view(
+    entries: &[MountEntry],
+    private: &[Private],
+    given: &[Private],
+) -> Option<Finding> {
+    entries.iter().find_map(|e| {
+        let root = Path::new(&e.root);
+        if given.iter().any(|g| g.device == e.device && root.starts_with(&g.within)) {
+            return None;
+        }
+        private
+            .iter()
+            .find(|p| shows(&e.device, root, p))
+            .map(|p| Finding::Private { mount_point: e.mount_point.clone(), what: p.name.clone() })
+    })
+}
+
+/// The first procfs of a container's table (`entries`, mount points as the container
+/// names them) that is not of the container's own pid namespace `own` (as
+/// `/proc/<init>/ns/pid` reads, `pid:[N]`), read from what the kernel made, not from the
+/// config that asked for it: a procfs mounted whole (root `/`) must show `own`
+/// (`shows(entry)`: the namespace of the pid 1 it lists, `None` unreadable: refused), and a
+/// part of one (runc's read-only `/proc/sys`, a bind of `/proc/<pid>`) must be of an
+/// instance (device) a whole one showed `own` for. A bind of the host's procfs at
+/// `/proc`, where the config asked for a `proc` mount or a race swapped a bind's source, is
+/// caught here where the config's checks cannot see it.
+pub fn foreign_procfs(
+    entries: &[MountEntry],
+    own: &str,
+    shows: impl Fn(&MountEntry) -> Option<String>,
+) -> Option<Finding> {
+    // A mount another one was stacked on later (at its mount point or above it) cannot be
+    // reached by its path: what is read there is the top one's.
+    let visible = |i: usize| {
+        let at = Path::new(&entries[i].mount_point);
+        !entries[i + 1..].iter().any(|f| at.starts_with(&f.mount_point))
+    };
+    let is_proc = |e: &&MountEntry| e.fstype == "proc";
+    let mut own_devices = std::collections::BTreeSet::new();
+    for (i, e) in entries.iter().enumerate().filter(|(_, e)| is_proc(e) && e.root == "/") {
+        if !visible(i) {
+            continue;
+        }
+        match shows(e) {
+            Some(ns) if ns == own => {
+                own_devices.insert(e.device.as_str());
+            }
+            shown => {
+                return Some(Finding::ForeignProcfs {
+                    mount_point: e.mount_point.clone(),
+                    shows: shown,
+                    own: own.to_string(),
+                })
+            }
+        }
+    }
+    entries.iter().filter(is_proc).find(|e| !own_devices.contains(e.device.as_str())).map(|e| {
+        Finding::ForeignProcfs {
+            mount_point: e.mount_point.clone(),
+            shows: Some(format!(
+                "the instance {} (its directory {}; no whole mount of it reachable and \
+                 showing the container's own)",
+                e.device, e.root
+            )),
+            own: own.to_string(),
+        }
+    })
+}
+
+/// tesserad's own `paths` (canonical) where they lie in the host's table `host`: each
+/// path's own place ([`place`]), and every filesystem mounted inside one of them (a
+/// latency report's tmpfs in the state directory), whole.
+pub fn private_places(host: &[MountEntry], paths: &[PathBuf]) -> Vec<Private> {
+    let mut out = Vec::new();
+    for p in paths {
+        let name = p.display().to_string();
+        if let Some((device, within)) = place(host, p) {
+            out.push(Private { device, within, name: name.clone() });
+        }
+        for m in host.iter().filter(|m| Path::new(&m.mount_point).starts_with(p)) {
+            out.push(Private {
+                device: m.device.clone(),
+                within: PathBuf::from(&m.root),
+                name: format!("{} (mounted inside {name})", m.mount_point),
             });
         }
     }
@@ -275,7 +432,8 @@ mod tests {
                 Finding::WritableCgroup { .. } => "cgroup",
                 Finding::WritableSysfs { .. } => "sysfs",
                 Finding::Propagated { .. } => "propagated",
-                Finding::Procfs { .. } => "procfs",
+                Finding::Procfs { .. } | Finding::ForeignProcfs { .. } => "procfs",
+                Finding::Private { .. } => "private",
             })
             .collect();
         assert!(kinds.contains(&"cgroup") && kinds.contains(&"sysfs"), "{kinds:?}");
@@ -305,5 +463,128 @@ mod tests {
         // A read-only superblock under a read-write mount is not writable either.
         let sb_ro = "105 100 0:54 / /x rw - cgroup2 cgroup2 ro\n";
         assert_eq!(findings(&parse(sb_ro).expect("parses")), vec![]);
+    }
+
+    /// Round 8: a procfs is the container's only where the kernel says it shows the
+    /// container's pid namespace; where it is mounted and what the config asked for do not
+    /// count.
+    #[test]
+    fn a_procfs_is_the_containers_only_if_it_shows_its_own_pid_namespace() {
+        let table = |lines: &str| parse(lines).expect("table");
+        let own = "pid:[4026532001]";
+        let host = "pid:[4026531836]";
+        // runc's usual: its own proc at /proc, /proc/sys a part of it, kcore masked.
+        let usual = table(
+            "100 99 0:50 / /proc rw - proc proc rw\n\
+             101 100 0:50 /sys /proc/sys ro - proc proc rw\n\
+             102 100 0:5 /null /proc/kcore rw - devtmpfs udev rw\n",
+        );
+        let shows = |at: &'static str, ns: &'static str| {
+            move |e: &MountEntry| (e.mount_point == at).then(|| ns.to_string())
+        };
+        assert_eq!(foreign_procfs(&usual, own, shows("/proc", own)), None);
+        // The host's procfs bound at /proc: the same table, another namespace.
+        let f = foreign_procfs(&usual, own, shows("/proc", host)).expect("the host's at /proc");
+        assert!(f.to_string().contains("/proc is a procfs of pid:[4026531836]"), "{f}");
+        // Unreadable: refused.
+        assert!(matches!(
+            foreign_procfs(&usual, own, |_| None),
+            Some(Finding::ForeignProcfs { shows: None, .. })
+        ));
+        // A part of another instance (a bind of the host's /proc/1 at /x).
+        let part = table(
+            "100 99 0:50 / /proc rw - proc proc rw\n\
+             103 99 0:22 /1 /x ro - proc proc rw\n",
+        );
+        let f = foreign_procfs(&part, own, shows("/proc", own)).expect("a part of the host's");
+        assert!(f.to_string().starts_with("/x is a procfs of the instance 0:22"), "{f}");
+        // No procfs at all: nothing to judge.
+        assert_eq!(foreign_procfs(&table("1 0 0:1 / / rw - tmpfs t rw\n"), own, |_| None), None);
+    }
+
+    /// Round 8: a mount shows tesserad's own path if it is of the same filesystem and one
+    /// directory holds the other; the grant's own pipe directory does not count.
+    #[test]
+    fn a_mount_of_tesserads_own_paths_or_an_ancestor_of_them_is_found() {
+        let host = parse(
+            "1 0 8:1 / / rw - ext4 /dev/sda1 rw\n\
+             2 1 0:30 / /run rw - tmpfs tmpfs rw\n\
+             3 1 8:2 /lib /var/lib rw - ext4 /dev/sda2 rw\n",
+        )
+        .expect("host");
+        let at = |p: &str, name: &str| {
+            let (device, within) = place(&host, Path::new(p)).expect("placed");
+            Private { device, within, name: name.into() }
+        };
+        let state = at("/var/lib/tessera", "the state directory");
+        assert_eq!(
+            (state.device.as_str(), state.within.as_path()),
+            ("8:2", Path::new("/lib/tessera"))
+        );
+        let socket = at("/run/tessera/tesserad.sock", "the socket");
+        let private = [state.clone(), socket];
+        let pipe = at("/var/lib/tessera/mps/gpu0/acme/pipe", "a pipe directory");
+        let table = |lines: &str| parse(lines).expect("table");
+        // The state directory's filesystem at its root (a bind of /var/lib), and a tenant's
+        // pipe directory of another share: both show it.
+        for (line, mp) in [
+            ("10 9 8:2 / /host rw - ext4 /dev/sda2 rw\n", "/host"),
+            (
+                "10 9 8:2 /lib/tessera/mps/gpu1/b/pipe /tmp/nvidia-mps ro - ext4 /dev/sda2 rw\n",
+                "/tmp/nvidia-mps",
+            ),
+            ("10 9 0:30 /tessera /r ro - tmpfs tmpfs rw\n", "/r"),
+        ] {
+            let f =
+                private_in_view(&table(line), &private, std::slice::from_ref(&pipe)).expect(line);
+            assert!(f.to_string().starts_with(&format!("{mp} shows ")), "{f}");
+        }
+        // The grant's own pipe directory, and mounts of other filesystems or directories.
+        for line in [
+            "10 9 8:2 /lib/tessera/mps/gpu0/acme/pipe /run/nvidia-mps ro - ext4 /dev/sda2 rw\n",
+            "10 9 8:1 / /host rw - ext4 /dev/sda1 rw\n",
+            "10 9 8:2 /lib/other /x rw - ext4 /dev/sda2 rw\n",
+            "10 9 0:30 /user /r rw - tmpfs tmpfs rw\n",
+        ] {
+            assert_eq!(
+                private_in_view(&table(line), &private, std::slice::from_ref(&pipe)),
+                None,
+                "{line}"
+            );
+        }
+    }
+
+    /// Round 9 (rt-iso5): a foreign procfs hidden under the container's own at one mount
+    /// point cannot be read there; its instance counts as foreign, and so does every part
+    /// of it (a bind of its `/<pid>/mem` under `/proc`).
+    #[test]
+    fn a_procfs_hidden_under_another_is_not_taken_for_the_one_on_top() {
+        let own = "pid:[4026532001]";
+        let table = parse(
+            "100 99 0:127 / /proc rw - proc proc rw\n\
+             101 100 0:21 / /proc ro - proc proc rw\n\
+             102 101 0:127 / /proc rw - proc proc rw\n\
+             103 102 0:21 /77/mem /proc/meminfo ro - proc proc rw\n",
+        )
+        .expect("table");
+        // Read by path, every /proc shows the top one: the container's own.
+        let f = foreign_procfs(&table, own, |_| Some(own.to_string())).expect("the hidden one");
+        assert!(f.to_string().contains("0:21"), "{f}");
+        // Without the hidden one and its part: the container's own.
+        assert_eq!(foreign_procfs(&table[..1], own, |_| Some(own.to_string())), None);
+    }
+
+    /// Round 9 (rt-iso5): a filesystem mounted inside a private path is private whole.
+    #[test]
+    fn a_filesystem_mounted_inside_a_private_path_is_private() {
+        let host = parse(
+            "1 0 8:1 / / rw - ext4 /dev/sda1 rw\n\
+             2 1 0:70 / /var/lib/tessera/reports/c1 rw - tmpfs tmpfs rw\n",
+        )
+        .expect("host");
+        let private = private_places(&host, &[PathBuf::from("/var/lib/tessera")]);
+        let report = parse("10 9 0:70 / /r rw - tmpfs tmpfs rw\n").expect("table");
+        let f = private_in_view(&report, &private, &[]).expect("the report's tmpfs");
+        assert!(f.to_string().contains("mounted inside /var/lib/tessera"), "{f}");
     }
 }

@@ -89,6 +89,21 @@ pub trait Host: Send + Sync + fmt::Debug {
     /// The namespaces (`mnt`, `pid`) that `pid` shares with tesserad itself: a GPU
     /// container in the host's mount or pid namespace sees the host's cgroups.
     fn shared_namespaces(&self, pid: i32) -> Result<Vec<&'static str>, String>;
+    /// The pid namespace `pid` is in (`pid:[N]`); `None`: unreadable.
+    fn pid_namespace(&self, pid: i32) -> Option<String>;
+    /// tesserad's own mount table (`/proc/self/mountinfo`): where the paths no container
+    /// may see lie ([`tessera_api::mountinfo::place`]).
+    fn host_mounts(&self) -> Result<Vec<tessera_api::mountinfo::MountEntry>, String>;
+    /// The pid namespace the procfs at `mount_point` of the container whose init is `pid`
+    /// shows (mount points as [`Host::container_mounts`] names them, with the same `bundle`
+    /// and `created`); `None`: unreadable ([`tessera_api::procfs::shown_pid_namespace`]).
+    fn procfs_shows(
+        &self,
+        pid: i32,
+        bundle: &Path,
+        created: bool,
+        mount_point: &str,
+    ) -> Option<String>;
     /// Send `signal` to `pid` only if it is still the process that started at `start`
     /// (clock ticks since boot, as [`Host::pid_start_time`] reads it). `Ok(false)`: it is
     /// gone, or the pid names another process now; nothing was sent.
@@ -285,10 +300,36 @@ impl Host for LinuxHost {
         }
         Ok(shared)
     }
+    fn pid_namespace(&self, pid: i32) -> Option<String> {
+        tessera_api::procfs::pid_namespace(Path::new(PROC_ROOT), pid)
+    }
+    fn host_mounts(&self) -> Result<Vec<tessera_api::mountinfo::MountEntry>, String> {
+        read_mount_table(&Path::new(PROC_ROOT).join("self/mountinfo"))
+    }
+    fn procfs_shows(
+        &self,
+        pid: i32,
+        bundle: &Path,
+        created: bool,
+        mount_point: &str,
+    ) -> Option<String> {
+        let proc = Path::new(PROC_ROOT);
+        if created {
+            return tessera_api::procfs::shown_pid_namespace(proc, pid, mount_point);
+        }
+        // Before runc's pivot_root the init's root is the host's: the mount is below the
+        // bundle's root there.
+        let root = container_root(bundle).ok()?;
+        let at = root.join(mount_point.trim_start_matches('/'));
+        tessera_api::procfs::shown_pid_namespace(proc, pid, at.to_str()?)
+    }
     fn signal(&self, pid: i32, start: u64, signal: Signal) -> Result<bool, String> {
         signal_process(pid, start, signal)
     }
 }
+
+/// The pid namespace every process of a directory-tree host is in.
+pub const FIXTURE_PID_NAMESPACE: &str = "pid:[4026530000]";
 
 /// The root a container's runc uses: the bundle's `root.path` (joined to the bundle when
 /// relative, as runc does), resolved by the kernel. The config is the one tessera-runtime
@@ -381,6 +422,37 @@ impl Host for TreeHost {
     /// A fixture's processes share nothing with this one.
     fn shared_namespaces(&self, _pid: i32) -> Result<Vec<&'static str>, String> {
         Ok(Vec::new())
+    }
+    /// A fixture's processes are all in [`FIXTURE_PID_NAMESPACE`].
+    fn pid_namespace(&self, _pid: i32) -> Option<String> {
+        Some(FIXTURE_PID_NAMESPACE.to_string())
+    }
+    /// `<proc>/self/mountinfo` where the fixture has one; none is an empty table.
+    fn host_mounts(&self) -> Result<Vec<tessera_api::mountinfo::MountEntry>, String> {
+        let file = self.proc_root.join("self/mountinfo");
+        if file.exists() {
+            read_mount_table(&file)
+        } else {
+            Ok(Vec::new())
+        }
+    }
+    /// What `<proc>/<pid>/procfs-shows` says for `mount_point` (lines `MOUNT_POINT NS`;
+    /// `-` for unreadable), else [`FIXTURE_PID_NAMESPACE`]: a fixture's procfs are its own
+    /// unless it says otherwise.
+    fn procfs_shows(
+        &self,
+        pid: i32,
+        _bundle: &Path,
+        _created: bool,
+        mount_point: &str,
+    ) -> Option<String> {
+        let file = self.proc_root.join(pid.to_string()).join("procfs-shows");
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        match text.lines().find_map(|l| l.strip_prefix(mount_point)?.strip_prefix(' ')) {
+            Some("-") => None,
+            Some(ns) => Some(ns.to_string()),
+            None => Some(FIXTURE_PID_NAMESPACE.to_string()),
+        }
     }
     fn signal(&self, pid: i32, start: u64, signal: Signal) -> Result<bool, String> {
         if self.pid_start_time(pid) != Some(start) {

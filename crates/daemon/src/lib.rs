@@ -304,6 +304,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     node.list_grant_cgroups_in(tessera_api::cgroup::grant_cgroups_path(&config.socket));
     // For the wrapper, which refuses a container in tesserad's cgroup (its MPS daemons' too).
     node.list_daemon_cgroups_beside(config.socket.clone());
+    // For the wrapper and the start check: no container sees tesserad's socket or state.
+    node.keep_private(&config.socket, &config.state_dir);
     // A grant ends when runc removes its container's record, whoever deleted it.
     match runc_watch::RuncWatch::new() {
         Ok(w) => node.watch_runc_roots(w),

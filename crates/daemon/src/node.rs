@@ -114,6 +114,9 @@ pub struct Node {
     /// tesserad's socket, beside which the cgroups it starts MPS daemons in are listed
     /// (`tessera_api::cgroup::record_daemon_cgroups`); `None`: not listed.
     daemon_socket: Option<std::path::PathBuf>,
+    /// tesserad's own paths (its socket, its state directory) no container may see
+    /// ([`Node::keep_private`]); empty: not checked (tests without a socket).
+    private_paths: Vec<std::path::PathBuf>,
     /// Reconciler passes completed ([`tessera_api::NodeStatus::reconcile_passes`]).
     reconcile_passes: u64,
     /// runc's roots watched for removed records ([`crate::runc_watch`]); `None` where the
@@ -217,6 +220,7 @@ impl Node {
             quota_released: Vec::new(),
             grant_cgroups_file: None,
             daemon_socket: None,
+            private_paths: Vec::new(),
             reconcile_passes: 0,
             runc_watch: None,
             requesters: None,

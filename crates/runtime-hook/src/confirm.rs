@@ -49,6 +49,8 @@ pub enum ConfirmError {
         untrusted(&.path.to_string_lossy())
     )]
     Marker { path: PathBuf, source: io::Error },
+    #[error("what runc made is refused before its process runs: {0}")]
+    ProcessView(String),
     #[error(
         "its GPU grant is not confirmed (tessera-runtime confirms a created container at its \
          start); refusing to run anything in it before"
@@ -75,6 +77,90 @@ pub fn init_pid(root: &Path, id: &ContainerId) -> Result<i32, ConfirmError> {
         Ok(r) => Err(ConfirmError::NoPid { path, why: format!("pid {}", r.init_process_pid) }),
         Err(e) => Err(ConfirmError::NoPid { path, why: e.to_string() }),
     }
+}
+
+/// Where the init `pid` joined a pid namespace (it is not its pid 1: `NSpid`), a process of
+/// that namespace in a running GPU grant's cgroup (`<socket>.grant-cgroups`), if any.
+fn joined_a_grants_pid_namespace(
+    proc: &Path,
+    pid: i32,
+    socket: &Path,
+) -> Result<Option<i32>, String> {
+    use std::os::unix::fs::MetadataExt;
+    let status_file = proc.join(pid.to_string()).join("status");
+    let status = std::fs::read_to_string(&status_file)
+        .map_err(|e| format!("{}: {e}", status_file.display()))?;
+    let nspid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .ok_or_else(|| format!("{} has no NSpid line", status_file.display()))?;
+    if nspid.split_whitespace().last() == Some("1") {
+        return Ok(None);
+    }
+    let grants = match tessera_api::cgroup::read_grant_cgroups(socket) {
+        Ok(Some(g)) => g,
+        Ok(None) => return Ok(None),
+        Err(e) => return Err(format!("the running grants' cgroups cannot be read: {e}")),
+    };
+    let ns =
+        |p: &str| std::fs::metadata(proc.join(p).join("ns/pid")).ok().map(|m| (m.dev(), m.ino()));
+    let own =
+        ns(&pid.to_string()).ok_or_else(|| format!("the pid namespace of {pid} cannot be read"))?;
+    let entries = std::fs::read_dir(proc).map_err(|e| format!("{}: {e}", proc.display()))?;
+    for e in entries.filter_map(Result::ok) {
+        let name = e.file_name();
+        let Some(n) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else {
+            continue;
+        };
+        if ns(n) != Some(own) {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(proc.join(n).join("cgroup")) else { continue };
+        let Ok(cgroup) = tessera_api::cgroup::parse_proc_cgroup(&text) else { continue };
+        if grants.iter().any(|g| tessera_api::cgroup::within(&cgroup, g)) {
+            return Ok(n.parse().ok());
+        }
+    }
+    Ok(None)
+}
+
+/// Whether the pid namespace at `path` (a config's `linux.namespaces` entry) is that of a
+/// container without a GPU under runc root `root` (one whose record carries no
+/// [`CONFIRM_ANNOTATION`], its init's namespace the same file), and not the host's: a pod's
+/// sandbox, whose namespace a pod sharing its process namespace joins. A GPU container
+/// never shares a pid namespace, so no GPU process is in such a namespace or below it.
+pub fn is_a_plain_containers_pid_namespace(root: &Path, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let Some(joined) = id(path) else { return false };
+    if id(Path::new("/proc/self/ns/pid")) == Some(joined) {
+        return false;
+    }
+    let Ok(dir) = std::fs::read_dir(root) else { return false };
+    dir.filter_map(Result::ok).any(|e| {
+        let name = e.file_name();
+        let Some(Ok(cid)) = name.to_str().map(ContainerId::new) else { return false };
+        crate::supervise::label_hint(root, cid.as_str(), CONFIRM_ANNOTATION).is_none()
+            && init_pid(root, &cid).is_ok_and(|pid| {
+                id(&Path::new("/proc").join(pid.to_string()).join("ns/pid")) == Some(joined)
+            })
+    })
+}
+
+/// Process `pid`'s bounding set (`CapBnd` of `/proc/<pid>/status`), bit N capability N.
+pub fn init_bounding_set(pid: i32) -> Result<u64, String> {
+    let file = format!("/proc/{pid}/status");
+    let text = std::fs::read_to_string(&file).map_err(|e| format!("{file}: {e}"))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .ok_or_else(|| format!("{file} has no CapBnd line"))
+}
+
+/// Whether process `pid` holds CAP_SYS_PTRACE (capability 19 of linux/capability.h) in its
+/// bounding set.
+pub fn init_holds_ptrace(pid: i32) -> Result<bool, String> {
+    Ok(init_bounding_set(pid)? & (1 << 19) != 0)
 }
 
 /// Asks tesserad to confirm container `id`, which `runc create` made from `bundle` in
@@ -135,12 +221,121 @@ pub fn check_start_args(root: &Path, args: &[std::ffi::OsString]) -> Result<(), 
 }
 
 /// Why a start was refused, and what to undo: the container tesserad refused to confirm
-/// (deleted, then its grant given back with `release`).
+/// (deleted, then its grant given back with `release`), or one without a GPU whose made
+/// mounts were refused (deleted; no grant).
 #[derive(Debug)]
 pub struct StartRefusal {
     pub error: ConfirmError,
     pub undo: Option<ContainerId>,
-    pub release: ReleaseRequest,
+    pub release: Option<ReleaseRequest>,
+}
+
+/// A created container without a GPU (no [`CONFIRM_ANNOTATION`]), right before its
+/// process runs, judged on what runc made (the create's checks read the config; a bind
+/// source swapped between them and runc's mount — a link in a volume another container
+/// writes — is caught here):
+/// - no mount of its table shows a path of tesserad's own (`socket` and what is listed
+///   beside it, [`tessera_api::private_paths`]; [`tessera_api::mountinfo::private_in_view`]);
+/// - where Yama does not keep its processes from attaching to a GPU container's
+///   (`ptrace_scope` below 1, the file at `ptrace_scope` read): the pid namespace runc made
+///   it is not the host's, and every procfs in its mount table shows that namespace
+///   ([`tessera_api::mountinfo::foreign_procfs`], read through its root with
+///   [`tessera_api::procfs`]).
+pub fn check_plain_created(
+    root: &Path,
+    id: &ContainerId,
+    socket: &Path,
+    ptrace_scope: &Path,
+) -> Result<(), ConfirmError> {
+    let pid = match init_pid(root, id) {
+        Ok(pid) => pid,
+        // No record: runc refuses the start itself.
+        Err(ConfirmError::State { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+            return Ok(())
+        }
+        Err(e) => return Err(e),
+    };
+    judge_plain_made(pid, None, socket, ptrace_scope)
+}
+
+/// What [`check_plain_created`] judges, for the container whose init is `pid`: after
+/// runc's `pivot_root` (`rootfs` `None`: the init's table is the container's), or before it
+/// (`rootfs`: the container's root on the host, as `tessera-hook plain-prestart` sees a
+/// `runc run`; the container's mounts are those at or below it there).
+pub fn judge_plain_made(
+    pid: i32,
+    rootfs: Option<&Path>,
+    socket: &Path,
+    ptrace_scope: &Path,
+) -> Result<(), ConfirmError> {
+    let proc = Path::new("/proc");
+    let refuse = |why: String| Err(ConfirmError::ProcessView(why));
+    let read_table = |file: &Path| {
+        std::fs::read_to_string(file)
+            .map_err(|e| format!("{} cannot be read: {e}", file.display()))
+            .and_then(|t| {
+                tessera_api::mountinfo::parse(&t).map_err(|e| format!("{}: {e}", file.display()))
+            })
+    };
+    if !proc.join(pid.to_string()).exists() {
+        // Its init is gone: runc refuses to start or exec into it itself.
+        return Ok(());
+    }
+    let table = match read_table(&proc.join(pid.to_string()).join("mountinfo")) {
+        Ok(t) => match rootfs {
+            Some(r) => tessera_api::mountinfo::below(t, r),
+            None => t,
+        },
+        Err(e) => return refuse(format!("its mount table: {e}")),
+    };
+    let host = match read_table(&proc.join("self/mountinfo")) {
+        Ok(t) => t,
+        Err(e) => return refuse(format!("the host's mount table: {e}")),
+    };
+    let private =
+        tessera_api::mountinfo::private_places(&host, &tessera_api::private_paths(socket));
+    if let Some(f) = tessera_api::mountinfo::private_in_view(&table, &private, &[]) {
+        return refuse(f.to_string());
+    }
+    // Yama keeps it from attaching where it holds no CAP_SYS_PTRACE (which passes Yama).
+    if crate::spec::read_ptrace_scope(ptrace_scope).is_some_and(|s| s >= 1) {
+        match init_holds_ptrace(pid) {
+            Ok(false) => return Ok(()),
+            Ok(true) => {}
+            Err(e) => return refuse(e),
+        }
+    }
+    let Some(own) = tessera_api::procfs::pid_namespace(proc, pid) else {
+        return refuse(format!("the pid namespace of its init {pid} cannot be read"));
+    };
+    if tessera_api::procfs::pid_namespace(proc, std::process::id() as i32).as_deref()
+        == Some(own.as_str())
+    {
+        return refuse(format!("runc made it in the host's pid namespace ({own})"));
+    }
+    // A namespace it joined (its init is not that namespace's pid 1) holds no GPU
+    // container's process: read now, from the namespace runc put it in (a path the create
+    // checked may have been swapped for another's since).
+    match joined_a_grants_pid_namespace(proc, pid, socket) {
+        Ok(None) => {}
+        Ok(Some(other)) => {
+            return refuse(format!(
+                "runc put it in the pid namespace {own} of a GPU container's process ({other}): \
+                 it would attach to it"
+            ))
+        }
+        Err(e) => return refuse(e),
+    }
+    match tessera_api::mountinfo::foreign_procfs(&table, &own, |e| match rootfs {
+        None => tessera_api::procfs::shown_pid_namespace(proc, pid, &e.mount_point),
+        Some(r) => {
+            let at = r.join(e.mount_point.trim_start_matches('/'));
+            tessera_api::procfs::shown_pid_namespace(proc, pid, at.to_str()?)
+        }
+    }) {
+        Some(f) => refuse(f.to_string()),
+        None => Ok(()),
+    }
 }
 
 /// Before `runc start` (the arguments after the verb) under runc root `root`: a created
@@ -150,27 +345,37 @@ pub fn before_start(
     socket: &Path,
     root: &Path,
     args: &[std::ffi::OsString],
+    ptrace_scope: &Path,
 ) -> Result<(), StartRefusal> {
-    let refuse = |error| StartRefusal { error, undo: None, release: ReleaseRequest::default() };
+    let refuse = |error| StartRefusal { error, undo: None, release: None };
     let ids: Vec<&std::ffi::OsString> = args.iter().filter(|a| a.as_os_str() != "--").collect();
     let [one] = ids[..] else { return check_start_args(root, args).map_err(refuse) };
-    // Not an id (runc refuses it, and starts nothing).
-    let Some(Ok(id)) = one.to_str().map(ContainerId::new) else { return Ok(()) };
+    // Not an id tessera can name: never judged, so never started through this wrapper
+    // (runc's own pattern takes some, `a,b`, that tessera's does not).
+    let Some(Ok(id)) = one.to_str().map(ContainerId::new) else {
+        return Err(refuse(ConfirmError::ProcessView(format!(
+            "`{}` is not an id tessera-runtime can name, so what runc made of it cannot be judged",
+            untrusted(&one.to_string_lossy()).max_chars(128)
+        ))));
+    };
     if marker(root, &id).is_file() {
         return Ok(());
     }
     let bundle = match crate::supervise::label_hint(root, id.as_str(), CONFIRM_ANNOTATION) {
-        None => return Ok(()),
+        None => {
+            return check_plain_created(root, &id, socket, ptrace_scope)
+                .map_err(|error| StartRefusal { error, undo: Some(id.clone()), release: None })
+        }
         // A record that cannot be read counts as one to confirm, and cannot be.
         Some(None) => return Err(refuse(ConfirmError::NotConfirmed)),
         Some(Some(bundle)) => bundle,
     };
     confirm_at(socket, root, &id, &bundle).map_err(|error| StartRefusal {
         error,
-        release: ReleaseRequest {
+        release: Some(ReleaseRequest {
             runc_root: root.to_str().map(str::to_string),
             bundle: Some(bundle.clone()),
-        },
+        }),
         undo: Some(id.clone()),
     })
 }

@@ -196,7 +196,7 @@ pub fn check_exec(root: &Path, args: &[OsString]) -> Result<(), ExecError> {
     // A GPU container (tessera-runtime labelled it at create); its record unreadable counts
     // as one (fail closed).
     let bundle = match supervise::label_hint(root, &exec.container_id, spec::ALLOCATED_ANNOTATION) {
-        None => return check_plain_exec(&exec),
+        None => return check_plain_exec(root, &exec),
         Some(Some(b)) => b,
         Some(None) => return Err(gpu("runc's record of it cannot be read".into())),
     };
@@ -233,6 +233,7 @@ pub fn check_exec(root: &Path, args: &[OsString]) -> Result<(), ExecError> {
             }
         }
     }
+    check_within_init(root, &exec.container_id, &process).map_err(gpu)?;
     if !own_userns {
         if let Some((at, cap)) =
             spec::capabilities_beyond_the_gpu_set(Some(&process), "exec process")
@@ -256,7 +257,8 @@ pub fn check_exec(root: &Path, args: &[OsString]) -> Result<(), ExecError> {
 /// An exec into a container without a GPU: it adds none of [`spec::HOST_CAPABILITIES`]
 /// (`--cap`, or the `--process` file's sets; `docker exec --privileged` sends them all): the
 /// container's create was refused them, and an exec's process gets its own bounding set.
-fn check_plain_exec(exec: &ExecArgs) -> Result<(), ExecError> {
+/// And, as for every exec ([`check_within_init`]), no capability its init does not hold.
+fn check_plain_exec(root: &Path, exec: &ExecArgs) -> Result<(), ExecError> {
     let id = exec.container_id.clone();
     let host = |why: String| ExecError::Host { id: id.clone(), why };
     if let Some(c) = exec.caps.iter().find(|c| spec::HOST_CAPABILITIES.contains(&c.as_str())) {
@@ -265,18 +267,156 @@ fn check_plain_exec(exec: &ExecArgs) -> Result<(), ExecError> {
             tessera_api::untrusted(c).max_chars(64)
         )));
     }
-    if let Some(file) = &exec.process {
-        let v = read_process(file).map_err(host)?;
-        if let Some((at, c)) =
-            spec::host_capability_in(&v, "exec process").map_err(|e| host(e.to_string()))?
-        {
-            return Err(host(format!(
-                "{at}: {}: it acts on the host itself, and the host's root is every GPU of the node",
-                tessera_api::untrusted(&c).max_chars(64)
-            )));
+    let process = match &exec.process {
+        Some(file) => {
+            let v = read_process(file).map_err(host)?;
+            if let Some((at, c)) =
+                spec::host_capability_in(&v, "exec process").map_err(|e| host(e.to_string()))?
+            {
+                return Err(host(format!(
+                    "{at}: {}: it acts on the host itself, and the host's root is every GPU of \
+                     the node",
+                    tessera_api::untrusted(&c).max_chars(64)
+                )));
+            }
+            v
+        }
+        // runc takes the process of the bundle's config as it is now.
+        None => bundle_process(root, &id).map_err(host)?,
+    };
+    check_within_init(root, &id, &with_caps(process, &exec.caps)).map_err(host)
+}
+
+/// The process section of the config in container `id`'s bundle, as runc's exec reads it
+/// without `--process` (the bundle from runc's record, its first `bundle` label).
+fn bundle_process(root: &Path, id: &str) -> Result<Value, String> {
+    let bundle = match supervise::label_hint(root, id, "bundle") {
+        Some(Some(b)) => b,
+        _ => return Err("runc's record of it names no bundle".into()),
+    };
+    let config = spec::load_config(Path::new(&bundle))
+        .map_err(|e| format!("its config cannot be read: {e}"))?
+        .value;
+    Ok(config.get("process").cloned().unwrap_or(Value::Null))
+}
+
+/// `process` with each `--cap` added to the bounding, effective, permitted and ambient
+/// sets, as runc adds them.
+fn with_caps(mut process: Value, caps: &[String]) -> Value {
+    if caps.is_empty() {
+        return process;
+    }
+    if let Some(p) = process.as_object_mut() {
+        let sets = p.entry("capabilities").or_insert_with(|| serde_json::json!({}));
+        for set in ["bounding", "effective", "permitted", "ambient"] {
+            if let Some(list) = sets
+                .as_object_mut()
+                .map(|c| c.entry(set).or_insert_with(|| Value::Array(Vec::new())))
+            {
+                if let Some(a) = list.as_array_mut() {
+                    a.extend(caps.iter().map(|c| Value::from(c.as_str())));
+                }
+            }
         }
     }
-    Ok(())
+    process
+}
+
+/// Linux's capabilities by number (linux/capability.h, 0 to 40).
+const CAPABILITY_BITS: [&str; 41] = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_LINUX_IMMUTABLE",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_NET_BROADCAST",
+    "CAP_NET_ADMIN",
+    "CAP_NET_RAW",
+    "CAP_IPC_LOCK",
+    "CAP_IPC_OWNER",
+    "CAP_SYS_MODULE",
+    "CAP_SYS_RAWIO",
+    "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE",
+    "CAP_SYS_PACCT",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_BOOT",
+    "CAP_SYS_NICE",
+    "CAP_SYS_RESOURCE",
+    "CAP_SYS_TIME",
+    "CAP_SYS_TTY_CONFIG",
+    "CAP_MKNOD",
+    "CAP_LEASE",
+    "CAP_AUDIT_WRITE",
+    "CAP_AUDIT_CONTROL",
+    "CAP_SETFCAP",
+    "CAP_MAC_OVERRIDE",
+    "CAP_MAC_ADMIN",
+    "CAP_SYSLOG",
+    "CAP_WAKE_ALARM",
+    "CAP_BLOCK_SUSPEND",
+    "CAP_AUDIT_READ",
+    "CAP_PERFMON",
+    "CAP_BPF",
+    "CAP_CHECKPOINT_RESTORE",
+];
+
+/// Every exec, GPU container or not: its process (`process`, `--cap` added) holds no
+/// capability, in any set, outside the bounding set runc created the container with (its
+/// own record, `config.capabilities.Bounding` of `state.json` in runc's root: what the
+/// create judged, not what the bundle's config says now; an init that narrowed its own
+/// bounding set since, as `capsh --drop` does, still takes execs with what it was given).
+/// A record that cannot be read refuses.
+fn check_within_init(root: &Path, id: &str, process: &Value) -> Result<(), String> {
+    let known = |c: &str| CAPABILITY_BITS.contains(&c);
+    let any =
+        spec::capability_where(Some(process), "exec process", known).map_err(|e| e.to_string())?;
+    if any.is_none() {
+        return Ok(());
+    }
+    let created = created_bounding_set(root, id)
+        .map_err(|e| format!("what the container was created with cannot be read: {e}"))?;
+    let beyond = spec::capability_where(Some(process), "exec process", |c| {
+        known(c) && !created.iter().any(|b| b == c)
+    })
+    .map_err(|e| e.to_string())?;
+    match beyond {
+        Some((at, c)) => Err(format!(
+            "{at}: {}: a capability the container was not created with (an exec adds none the \
+             create did not give it; CAP_SYS_PTRACE is never given where processes outside its \
+             pid namespace are in view)",
+            tessera_api::untrusted(&c).max_chars(64)
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The bounding set runc created container `id` with, from its record under `root`.
+fn created_bounding_set(root: &Path, id: &str) -> Result<Vec<String>, String> {
+    let cid = tessera_api::ContainerId::new(id).map_err(|e| e.to_string())?;
+    let bytes = tessera_api::read_runc_state(root, &cid).map_err(|e| e.to_string())?;
+    #[derive(serde::Deserialize)]
+    struct Record {
+        config: Config,
+    }
+    #[derive(serde::Deserialize)]
+    struct Config {
+        #[serde(default)]
+        capabilities: Option<Caps>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Caps {
+        #[serde(rename = "Bounding", default)]
+        bounding: Option<Vec<String>>,
+    }
+    let r: Record = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    Ok(r.config.capabilities.and_then(|c| c.bounding).unwrap_or_default())
 }
 
 /// An exec's `--process` file: bounded, never through a link, its keys as runc reads them.
@@ -287,13 +427,74 @@ fn read_process(file: &Path) -> Result<Value, String> {
         .map_err(|e| format!("--process {}: {e}", file.display()))
 }
 
-/// A regular file's bytes, at most [`MAX_JSON`], never through a link.
-fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+/// The snapshot of an exec's `--process` file ([`snapshot_process`]): its path as runc is
+/// given it (`/proc/self/fd/N`) and the descriptor, kept open (not close-on-exec) for runc.
+static SNAPSHOT: std::sync::OnceLock<(PathBuf, std::os::fd::OwnedFd)> = std::sync::OnceLock::new();
+
+/// `path` opened for reading: the snapshot's own descriptor where it names the snapshot,
+/// else a regular file never reached through a link.
+fn open_process_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::io::Seek as _;
     use std::os::unix::fs::OpenOptionsExt as _;
-    let f = std::fs::OpenOptions::new()
+    if let Some((at, fd)) = SNAPSHOT.get().filter(|(at, _)| at == path) {
+        let _ = at;
+        let mut f = std::fs::File::from(fd.try_clone()?);
+        f.seek(std::io::SeekFrom::Start(0))?;
+        return Ok(f);
+    }
+    std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)?;
+        .open(path)
+}
+
+/// An exec with `--process FILE` (`args`: those after the verb): FILE read once, into a
+/// memory file of this process, and `--process /proc/self/fd/N` added as the last such flag
+/// (Go's flags keep the last), so the bytes judged and given the grant's environment are
+/// the bytes runc reads, whatever happens to FILE meanwhile (round 11: a file swapped for a
+/// link after the wrapper read it gave a GPU container's exec CAP_SYS_ADMIN). Returns the
+/// arguments to use; unchanged without `--process`.
+pub fn snapshot_process(args: &[OsString]) -> Result<Vec<OsString>, ExecError> {
+    let Some(exec) = parse_exec(args) else { return Ok(args.to_vec()) };
+    let Some(file) = &exec.process else { return Ok(args.to_vec()) };
+    let id = exec.container_id.clone();
+    let fail = |why: String| ExecError::Host { id: id.clone(), why };
+    let bytes =
+        read_bounded(file).map_err(|e| fail(format!("--process {}: {e}", file.display())))?;
+    let name = c"tessera-exec-process";
+    // SAFETY: memfd_create(2) with a NUL-terminated name and no flags (the descriptor stays
+    // open across the exec of runc, which reads it); returns a new descriptor or -1.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), 0) };
+    if fd < 0 {
+        return Err(fail(format!(
+            "cannot snapshot --process: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: `fd` was just returned by memfd_create and is owned by nothing else.
+    let owned = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let mut f = std::fs::File::from(owned.try_clone().map_err(|e| fail(e.to_string()))?);
+    std::io::Write::write_all(&mut f, &bytes).map_err(|e| fail(e.to_string()))?;
+    let at = PathBuf::from(format!("/proc/self/fd/{fd}"));
+    if SNAPSHOT.set((at.clone(), owned)).is_err() {
+        return Err(fail("a second --process snapshot in one run".into()));
+    }
+    // In the caller's spelling: urfave/cli refuses `-p` and `--process` together.
+    let short = args[..exec.flags_end].iter().any(|a| {
+        let a = a.to_string_lossy();
+        let name = a.trim_start_matches('-');
+        a.starts_with('-') && (name == "p" || name.starts_with("p="))
+    });
+    let mut out = args[..exec.flags_end].to_vec();
+    out.push(OsString::from(if short { "-p" } else { "--process" }));
+    out.push(at.into_os_string());
+    out.extend_from_slice(&args[exec.flags_end..]);
+    Ok(out)
+}
+
+/// A regular file's bytes, at most [`MAX_JSON`], never through a link.
+fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    let f = open_process_file(path)?;
     if !f.metadata()?.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
@@ -328,12 +529,7 @@ pub fn grant_env(root: &Path, id: &str) -> Vec<String> {
 /// A regular file's JSON, opened without following a final symlink and without blocking
 /// on a FIFO; anything else is `None`.
 fn read_json(path: &Path) -> Option<Value> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .ok()?;
+    let f = open_process_file(path).ok()?;
     if !f.metadata().ok()?.is_file() {
         return None;
     }
@@ -367,6 +563,13 @@ fn rewrite_process_file(path: &Path, grant: &[String]) -> std::io::Result<()> {
         .collect();
     p["env"] = Value::from(merged(&env, grant));
     let text = serde_json::to_vec(&p).map_err(std::io::Error::other)?;
+    if let Some((_, fd)) = SNAPSHOT.get().filter(|(at, _)| at == path) {
+        // The snapshot runc reads: rewritten in place, from its start.
+        let f = std::fs::File::from(fd.try_clone()?);
+        f.set_len(0)?;
+        std::os::unix::fs::FileExt::write_all_at(&f, &text, 0)?;
+        return Ok(());
+    }
     std::fs::write(path, text)
 }
 
@@ -485,6 +688,123 @@ mod tests {
         );
     }
 
+    /// rt-iso4 (red team, round 8's fix): where Yama's `ptrace_scope` is 1 or more, round 8
+    /// lets a container without a GPU run in the host's pid namespace (hostPID monitoring
+    /// pods), relying on Yama to refuse attaching to what is not a descendant, and on
+    /// `check_host_capabilities` refusing such a container CAP_SYS_PTRACE at create (Yama's
+    /// scope 1 and 2 let a tracer holding CAP_SYS_PTRACE in the target's user namespace
+    /// attach to anything). An exec into it is judged by `check_plain_exec` against
+    /// `spec::HOST_CAPABILITIES` only, which does not hold CAP_SYS_PTRACE: `runc exec --cap
+    /// CAP_SYS_PTRACE hostpid sh` (or `--process` with it; `docker exec --privileged`) adds
+    /// it to the exec'd process's sets (runc's setns process gets the exec's own bounding
+    /// set), and that process, in the host's pid namespace, attaches to every GPU
+    /// container's process: `pidfd_getfd` of its `/dev/nvidia*` descriptors, its `mem`.
+    /// Seen here: `check_exec` lets both through. Not seen here: the kernel's answer (this
+    /// VM has no Yama, so the hostPID container itself is refused at create).
+    #[test]
+    fn rt_iso4_a_plain_containers_exec_cannot_add_cap_sys_ptrace_where_it_sees_the_hosts_pids() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let bundle = dir.path().join("bundle");
+        std::fs::create_dir_all(root.join("hostpid")).unwrap();
+        std::fs::create_dir_all(&bundle).unwrap();
+        std::fs::write(
+            root.join("hostpid/state.json"),
+            serde_json::json!({"config": {"labels": [format!("bundle={}", bundle.display())]}})
+                .to_string(),
+        )
+        .unwrap();
+        // No pid namespace of its own: admitted at create where Yama's scope is 1 or more.
+        std::fs::write(
+            bundle.join("config.json"),
+            serde_json::json!({"process": {"args": ["sh"], "capabilities": {"bounding": ["CAP_KILL"]}},
+                               "linux": {"namespaces": [{"type": "mount"}]}})
+            .to_string(),
+        )
+        .unwrap();
+        let by_flag = check_exec(&root, &os("--cap CAP_SYS_PTRACE hostpid sh")).is_ok();
+        let process = dir.path().join("process.json");
+        std::fs::write(
+            &process,
+            r#"{"args": ["sh"], "cwd": "/", "capabilities": {"bounding": ["CAP_SYS_PTRACE"], "effective": ["CAP_SYS_PTRACE"], "permitted": ["CAP_SYS_PTRACE"]}}"#,
+        )
+        .unwrap();
+        let by_file =
+            check_exec(&root, &os(&format!("--process {} hostpid", process.display()))).is_ok();
+        assert!(
+            !by_flag && !by_file,
+            "CAP_SYS_PTRACE added to the exec of a plain container in the host's pid namespace \
+             passed: --cap {by_flag}, --process {by_file}"
+        );
+    }
+
+    /// An exec's capabilities stay within the bounding set runc recorded at create: what it
+    /// holds may be added, what it does not may not, whether asked with `--cap` or written
+    /// into the bundle's config since the create (round 11: runc's exec takes the bundle's
+    /// process as it is now); a record without it refuses. (Round 12: judged against runc's
+    /// record, not the init's live `CapBnd`, which an entrypoint may narrow.)
+    #[test]
+    fn an_exec_adds_no_capability_its_container_was_not_created_with() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let bundle = dir.path().join("bundle");
+        std::fs::create_dir_all(&bundle).unwrap();
+        let write_config = |caps: &[&str]| {
+            std::fs::write(
+                bundle.join("config.json"),
+                serde_json::json!({"process": {"args": ["sh"], "capabilities": {"bounding": caps}}})
+                    .to_string(),
+            )
+            .unwrap();
+        };
+        write_config(&["CAP_KILL"]);
+        let labels = [format!("bundle={}", bundle.display())];
+        for (id, config) in [
+            (
+                "made",
+                serde_json::json!({"labels": labels,
+                    "capabilities": {"Bounding": ["CAP_KILL", "CAP_SYS_PTRACE"]}}),
+            ),
+            ("gone", serde_json::json!(null)),
+        ] {
+            std::fs::create_dir_all(root.join(id)).unwrap();
+            std::fs::write(
+                root.join(id).join("state.json"),
+                serde_json::json!({"init_process_pid": 1, "config": config}).to_string(),
+            )
+            .unwrap();
+        }
+        check_exec(&root, &os("--cap CAP_SYS_PTRACE made sh")).expect("created with it");
+        let e =
+            check_exec(&root, &os("--cap CAP_NET_ADMIN made sh")).expect_err("not created with");
+        assert!(e.to_string().contains("CAP_NET_ADMIN: a capability the container was not"), "{e}");
+        write_config(&["CAP_KILL", "CAP_NET_RAW"]);
+        let e = check_exec(&root, &os("made sh")).expect_err("a bundle rewritten");
+        assert!(e.to_string().contains("CAP_NET_RAW"), "{e}");
+        let e = check_exec(&root, &os("--cap CAP_KILL gone sh")).expect_err("no record");
+        assert!(e.to_string().contains("cannot be read"), "{e}");
+    }
+
+    /// Round 12: the snapshot's flag takes the caller's spelling (urfave/cli refuses `-p`
+    /// and `--process` on one command line).
+    #[test]
+    fn the_process_snapshot_is_spelled_as_the_caller_spelled_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.json");
+        std::fs::write(&file, r#"{"args": ["true"], "cwd": "/"}"#).unwrap();
+        let f = file.display();
+        let out = snapshot_process(&os(&format!("-p {f} c"))).expect("snapshot");
+        let out: Vec<String> = out.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert_eq!(out[..2], [String::from("-p"), f.to_string()]);
+        assert_eq!(out[2], "-p");
+        assert!(out[3].starts_with("/proc/self/fd/"), "{out:?}");
+        assert_eq!(out[4], "c");
+        assert_eq!(
+            read_json(Path::new(&out[3])),
+            Some(serde_json::json!({"args": ["true"], "cwd": "/"}))
+        );
+    }
+
     #[test]
     fn only_a_help_flag_before_the_id_is_runcs() {
         assert!(parse_exec(&os("--help c1")).unwrap().help);
@@ -582,9 +902,14 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&process).unwrap(), "[1, 2]");
     }
 
+    /// runc labels every annotation as key=value, then its own bundle= last, and its exec
+    /// takes the *first* `bundle` label (`utils.SearchLabels`; round 11 showed runc exec'ing
+    /// with the process of the directory an annotation named). The wrapper reads the labels
+    /// as runc does, so it judges what runc will run; no config reaches runc with such an
+    /// annotation (`spec::check_annotation_keys`, tested there and end to end in
+    /// `tests/attack_round11.rs`).
     #[test]
-    fn an_annotation_named_bundle_never_redirects_the_read() {
-        // runc labels: every annotation as key=value, then its own bundle= last.
+    fn the_bundle_label_is_read_as_runcs_exec_reads_it() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("root");
         let (real, evil) = (dir.path().join("real"), dir.path().join("evil"));
@@ -607,15 +932,19 @@ mod tests {
         };
         std::fs::write(real.join("config.json"), cfg("REAL")).unwrap();
         std::fs::write(evil.join("config.json"), cfg("LEAKED")).unwrap();
-        assert_eq!(grant_env(&root, "c"), ["CUDA_VISIBLE_DEVICES=REAL"]);
+        assert_eq!(grant_env(&root, "c"), ["CUDA_VISIBLE_DEVICES=LEAKED"], "the first, as runc");
+        let refused = spec::check_annotation_keys(
+            &serde_json::json!({"annotations": {"bundle": evil.display().to_string()}}),
+        );
+        assert!(refused.is_err(), "a config naming a bundle label of its own");
         // A FIFO or a symlink where config.json should be: nothing, at once.
-        std::fs::remove_file(real.join("config.json")).unwrap();
-        let fifo = std::ffi::CString::new(real.join("config.json").to_str().unwrap()).unwrap();
+        std::fs::remove_file(evil.join("config.json")).unwrap();
+        let fifo = std::ffi::CString::new(evil.join("config.json").to_str().unwrap()).unwrap();
         // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
         assert!(grant_env(&root, "c").is_empty());
-        std::fs::remove_file(real.join("config.json")).unwrap();
-        std::os::unix::fs::symlink(evil.join("config.json"), real.join("config.json")).unwrap();
-        assert!(grant_env(&root, "c").is_empty());
+        std::fs::remove_file(evil.join("config.json")).unwrap();
+        std::os::unix::fs::symlink(real.join("config.json"), evil.join("config.json")).unwrap();
+        assert!(grant_env(&root, "c").is_empty(), "read through a link");
     }
 }

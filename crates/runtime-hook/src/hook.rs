@@ -1,4 +1,5 @@
-//! `tessera-hook prestart|poststop`: the OCI hook runc runs around a GPU container.
+//! `tessera-hook prestart|poststop|plain-prestart`: the OCI hook runc runs around a GPU
+//! container (and, `plain-prestart`, in a `runc run` of a container without a GPU).
 //!
 //! runc runs it with the OCI state JSON on stdin, the env written into config.json
 //! (only `TESSERA_SOCKET`), and a 10 s timeout. The hook reads nothing else: not the
@@ -7,6 +8,9 @@
 //!
 //! - `prestart`: the daemon confirms the allocation against the container's pid and opens
 //!   the metering interval. Any failure exits 1, so runc fails the start (fail closed).
+//! - `plain-prestart`: no daemon asked; the mounts runc made below the rootfs named in the
+//!   bundle's config (the one tessera-runtime checked and wrote) are judged as a created
+//!   container's are at its start ([`crate::confirm::judge_plain_made`]); a finding exits 1.
 //! - `poststop`: the daemon releases the allocation. tessera-runtime no longer writes this
 //!   hook (it releases after runc removes the container, a process spawn sooner); the
 //!   phase stays for containers whose config an earlier version wrote, and for runtimes
@@ -37,9 +41,9 @@ pub const HOOK_DEADLINE: Duration = Duration::from_secs(8);
 /// Why the hook failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
-    #[error("usage: tessera-hook prestart|poststop (OCI state on stdin)")]
+    #[error("usage: tessera-hook prestart|poststop|plain-prestart (OCI state on stdin)")]
     Usage,
-    #[error("unknown hook phase `{}`: expected prestart or poststop", untrusted(.0))]
+    #[error("unknown hook phase `{}`: expected prestart, poststop or plain-prestart", untrusted(.0))]
     UnknownPhase(String),
     #[error("cannot read the OCI state from stdin: {0}")]
     Read(std::io::Error),
@@ -53,6 +57,8 @@ pub enum HookError {
     Daemon { id: String, source: Box<ClientError> },
     #[error("container {}: tesserad did not answer within {secs} s", untrusted(.id), secs = HOOK_DEADLINE.as_secs())]
     Timeout { id: String },
+    #[error("container {}: {source}", untrusted(.id))]
+    Made { id: String, source: crate::confirm::ConfirmError },
 }
 
 /// Which hook runc is running.
@@ -60,6 +66,9 @@ pub enum HookError {
 pub enum Phase {
     Prestart,
     Poststop,
+    /// The prestart of a `runc run` of a container without a GPU: what runc made is judged
+    /// here, before `pivot_root` ([`crate::confirm::judge_plain_made`]); no daemon asked.
+    PlainPrestart,
 }
 
 impl FromStr for Phase {
@@ -68,6 +77,7 @@ impl FromStr for Phase {
         match s {
             "prestart" => Ok(Phase::Prestart),
             "poststop" => Ok(Phase::Poststop),
+            "plain-prestart" => Ok(Phase::PlainPrestart),
             other => Err(HookError::UnknownPhase(other.to_string())),
         }
     }
@@ -180,6 +190,40 @@ pub fn run_hook(
                 Some(Err(source)) => Err(HookError::Daemon { id, source: Box::new(source) }),
                 None => Err(HookError::Timeout { id }),
             }
+        }
+        Phase::PlainPrestart => {
+            let pid = match state.pid {
+                Some(p) if p > 0 => p,
+                other => {
+                    return Err(HookError::Invalid(format!(
+                        "container {}: prestart needs the container's pid, got {other:?}",
+                        untrusted(&id)
+                    )))
+                }
+            };
+            // runc's own state names the bundle; its config is the one tessera-runtime
+            // checked and wrote.
+            let made = |why: String| HookError::Made {
+                id: id.clone(),
+                source: crate::confirm::ConfirmError::ProcessView(why),
+            };
+            let bundle = std::path::Path::new(&state.bundle);
+            let config = std::fs::read(bundle.join("config.json"))
+                .map_err(|e| made(format!("its config cannot be read: {e}")))?;
+            let root = serde_json::from_slice::<serde_json::Value>(&config)
+                .ok()
+                .and_then(|v| v.pointer("/root/path").and_then(|p| p.as_str()).map(String::from))
+                .ok_or_else(|| made("its config names no root.path".into()))?;
+            let rootfs = std::fs::canonicalize(bundle.join(&root))
+                .map_err(|e| made(format!("its root cannot be resolved: {e}")))?;
+            crate::confirm::judge_plain_made(
+                pid,
+                Some(&rootfs),
+                client.socket(),
+                std::path::Path::new(crate::spec::YAMA_PTRACE_SCOPE),
+            )
+            .map_err(|source| HookError::Made { id, source })?;
+            Ok(HookOutcome::Started)
         }
         Phase::Poststop => {
             // runc runs poststop after removing the container's state; the hook does not

@@ -328,6 +328,65 @@ pub fn procfs_bind(
     Ok(None)
 }
 
+/// Every container: no bind shows a path of tesserad's own (`private`, canonical: its
+/// socket, its state directory with every tenant's MPS pipe directories; see
+/// [`tessera_api::private_paths`]). A bind shows one where its source (as the host
+/// resolves it now, `bundle`-relative ones from the bundle) is that path, inside it, or an
+/// ancestor on the same filesystem ([`tessera_api::mountinfo::shows`]), or, for a recursive
+/// bind, an ancestor on any. What the create's checks cannot see (a source swapped before
+/// runc's mount) is read again from the mounts runc made ([`tessera_api::mountinfo::private_in_view`]).
+/// `given`: the (source, destination) of each bind the container's grant injected (an MPS
+/// share's pipe directory), not judged.
+pub fn check_private_binds(
+    spec: &Value,
+    bundle: &Path,
+    host: &dyn HostFacts,
+    private: &[PathBuf],
+    given: &[(&str, &str)],
+) -> Result<(), MountError> {
+    let bundle = host.canonical(bundle).unwrap_or_else(|| clean(bundle));
+    let mounts = host.mounts();
+    let placed = tessera_api::mountinfo::private_places(mounts, private);
+    for p in plans(spec)? {
+        let (true, Some(source)) = (p.bind, p.source.as_deref()) else { continue };
+        if given.contains(&(source, p.destination.as_str())) {
+            continue;
+        }
+        let raw = Path::new(source);
+        let joined = if raw.is_absolute() { raw.to_path_buf() } else { clean(&bundle.join(raw)) };
+        let resolved = host.canonical(&joined).unwrap_or_else(|| clean(&joined));
+        let Some((device, root)) = tessera_api::mountinfo::place(mounts, &resolved) else {
+            continue;
+        };
+        // By filesystem and directory; by path too: inside one (a filesystem mounted there
+        // later), or, recursive, above one.
+        let hit = placed
+            .iter()
+            .find(|at| tessera_api::mountinfo::shows(&device, &root, at))
+            .map(|at| at.name.clone())
+            .or_else(|| {
+                private
+                    .iter()
+                    .find(|path| {
+                        resolved.starts_with(path) || (p.recursive && path.starts_with(&resolved))
+                    })
+                    .map(|path| path.display().to_string())
+            });
+        if let Some(path) = hit {
+            return Err(MountError::Unjudgeable {
+                at: p.at(),
+                why: format!(
+                    "a bind of {} shows {}, which is tesserad's own (its API socket answers root \
+                     as root; its state directory holds every tenant's MPS control daemons)",
+                    untrusted(source).max_chars(200),
+                    path
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// What a view shows, for a message.
 fn kind(m: &MountEntry) -> Option<&'static str> {
     match m.fstype.as_str() {
@@ -482,6 +541,40 @@ pub fn check_proc_binds(spec: &Value, bundle: &Path, rootfs: &Path) -> Result<()
                     untrusted(source).max_chars(200),
                     view.display()
                 ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A container without a GPU (a GPU container's mounts are made private all the way down,
+/// [`make_private`]): no mount of it is shared with the host's peer group —
+/// `linux.rootfsPropagation` `shared`/`rshared`, or a mount's `shared`/`rshared` option —
+/// so what runc makes for it (a bind whose source was swapped after these checks among
+/// them) does not spread to the host and from there into other containers' volumes after
+/// their own judgement. Receiving the host's mounts (`slave`, Kubernetes' HostToContainer)
+/// stays.
+pub fn check_no_shared_propagation(spec: &Value) -> Result<(), MountError> {
+    if let Some(Value::String(p)) = spec.pointer("/linux/rootfsPropagation") {
+        if matches!(p.as_str(), "shared" | "rshared") {
+            return Err(MountError::Unjudgeable {
+                at: "linux.rootfsPropagation".into(),
+                why: format!(
+                    "`{}`: the mounts runc makes for the container would spread to the host and \
+                     into other containers after their checks (Kubernetes' Bidirectional \
+                     propagation, a privileged pod's)",
+                    untrusted(p)
+                ),
+            });
+        }
+    }
+    for p in plans(spec)? {
+        if p.propagation.contains(&Propagation::Shared) {
+            return Err(MountError::Unjudgeable {
+                at: p.at(),
+                why: "a shared mount: what is mounted under it spreads to the host and into \
+                      other containers after their checks"
+                    .into(),
             });
         }
     }
@@ -805,6 +898,64 @@ mod tests {
         }
         assert_eq!(found("/", &["bind", "ro"]), None, "a plain bind of / brings no submount");
         assert_eq!(found("/sys/fs/cgroup", &["rbind", "ro"]), None, "no procfs below it");
+    }
+
+    /// Round 8 (rt-iso4): no bind shows tesserad's own paths: the state directory, a pipe
+    /// directory inside it, an ancestor on the same filesystem (a plain bind of it holds
+    /// them), or on another one when recursive; a plain bind of an ancestor whose
+    /// filesystem does not hold them, and unrelated paths, stay.
+    #[test]
+    fn no_bind_shows_tesserads_own_paths() {
+        let mut host = v1_host();
+        host.mounts.extend(
+            tessera_api::mountinfo::parse(
+                "50 22 8:2 / /var/lib rw - ext4 /dev/sda2 rw\n51 22 0:60 / /run rw - tmpfs t rw\n",
+            )
+            .expect("more"),
+        );
+        host.links.insert(PathBuf::from("/b/rootfs/s"), PathBuf::from("/var/lib/tessera"));
+        let private = [PathBuf::from("/run/tessera/d.sock"), PathBuf::from("/var/lib/tessera")];
+        let judge = |source: &str, options: &[&str]| {
+            check_private_binds(&with(bind(source, options)), Path::new("/b"), &host, &private, &[])
+        };
+        for (source, options) in [
+            ("/var/lib/tessera", &["rbind", "ro"][..]),
+            ("/var/lib/tessera/mps/GPU-1/acme/pipe", &["bind", "ro"]),
+            ("/var/lib", &["bind", "ro"]),
+            ("/run", &["bind"]),
+            ("/run/tessera/d.sock", &["bind"]),
+            ("/var", &["rbind", "ro"]),
+            ("rootfs/s/mps", &["bind"]),
+        ] {
+            let e = judge(source, options).expect_err(source);
+            assert!(e.to_string().contains("tesserad's own"), "{source}: {e}");
+        }
+        for (source, options) in
+            [("/var", &["bind", "ro"][..]), ("/var/lib/other", &["rbind"]), ("/srv", &["rbind"])]
+        {
+            judge(source, options).unwrap_or_else(|e| panic!("{source}: {e}"));
+        }
+        // What the grant injected (its source at its destination) is its own; the same
+        // source at another destination is not.
+        let pipe = "/var/lib/tessera/mps/GPU-1/acme/pipe";
+        let given = [(pipe, "/cg")];
+        check_private_binds(
+            &with(bind(pipe, &["rbind"])),
+            Path::new("/b"),
+            &host,
+            &private,
+            &given,
+        )
+        .expect("the grant's own pipe directory");
+        let elsewhere = [(pipe, "/run/nvidia-mps")];
+        check_private_binds(
+            &with(bind(pipe, &["rbind"])),
+            Path::new("/b"),
+            &host,
+            &private,
+            &elsewhere,
+        )
+        .expect_err("the same directory where the grant did not put it");
     }
 
     #[test]

@@ -413,6 +413,26 @@ pub fn prepare(
     };
     let docker_hook_removed =
         docker::remove_nvidia_hooks(&mut cfg.value).map_err(|e| fail(e.into()))?;
+    spec::check_annotation_keys(&cfg.value)
+        .map_err(|source| fail(RuntimeError::Config { path: cfg.path.clone(), source }))?;
+    // A `run` is judged in its prestart hooks (tesserad's confirmation, or tessera-hook's
+    // plain-prestart); runc runs createRuntime and createContainer hooks after them and
+    // before pivot_root, where a mount they make would not be judged. create and start
+    // judge after every hook of the create.
+    if matches!(inv.command, Command::Run(_)) {
+        if let Some(at) = spec::hooks_after_prestart(&cfg.value) {
+            return Err(fail(RuntimeError::Config {
+                path: cfg.path.clone(),
+                source: SpecError::ProcessView {
+                    at,
+                    why: "a hook runc runs after the prestart hooks that judge what it made, \
+                          before the container's root is entered: use `create` and `start`, \
+                          which judge after every hook of the create"
+                        .into(),
+                },
+            }));
+        }
+    }
     let found = match (found, docker_gpus) {
         (Some(found), Some(_)) => {
             let source = RequestLookupError::TwoRequests {
@@ -487,28 +507,76 @@ pub fn prepare(
         spec::check_host_capabilities(&cfg.value).map_err(config_err)?;
         crate::mounts::check_kernel_views_read_only(&cfg.value)
             .map_err(|e| config_err(SpecError::from(e)))?;
+        crate::mounts::check_no_shared_propagation(&cfg.value)
+            .map_err(|e| config_err(SpecError::from(e)))?;
+        // runc takes ids tessera cannot name (`a,b`: runc's pattern holds the range `+`..`.`);
+        // the start and exec checks find a container by its id.
+        if tessera_api::ContainerId::new(&container_id).is_err() {
+            return Err(config_err(SpecError::ProcessView {
+                at: "the container id".into(),
+                why: format!(
+                    "`{}` is not an id tessera-runtime can name (letters, digits, `_`, `+`, `-`, \
+                     `.`), so what runc makes of it could not be judged at its start",
+                    tessera_api::untrusted(&container_id).max_chars(128)
+                ),
+            }));
+        }
+        let host_facts =
+            crate::mounts::LinuxHostFacts::read().map_err(|e| config_err(SpecError::from(e)))?;
+        crate::mounts::check_private_binds(
+            &cfg.value,
+            &bundle,
+            &host_facts,
+            &tessera_api::private_paths(&socket),
+            &[],
+        )
+        .map_err(|e| config_err(SpecError::from(e)))?;
         if let Some(root) = cfg.value.pointer("/root/path").and_then(serde_json::Value::as_str) {
             crate::mounts::check_proc_binds(&cfg.value, &bundle, &bundle.join(root))
                 .map_err(|e| config_err(SpecError::from(e)))?;
         }
         // Processes outside its own pid namespace in view: only where Yama keeps it from
         // attaching to a GPU container's.
-        let view = match spec::shared_pid_namespace(&cfg.value).map_err(config_err)? {
-            Some(v) => Some(v),
-            None => {
-                let host = crate::mounts::LinuxHostFacts::read()
-                    .map_err(|e| config_err(SpecError::from(e)))?;
-                crate::mounts::procfs_bind(&cfg.value, &bundle, &host)
-                    .map_err(|e| config_err(SpecError::from(e)))?
-                    .map(|(at, what)| spec::ProcessView::ProcfsBind { at, what })
+        let pid_view = match spec::shared_pid_namespace(&cfg.value).map_err(config_err)? {
+            // A pod's sandbox (a container without a GPU) holds no GPU process.
+            Some(spec::ProcessView::JoinedPidNamespace(path))
+                if crate::confirm::is_a_plain_containers_pid_namespace(
+                    &env.absolute(&inv.global.root),
+                    Path::new(&path),
+                ) =>
+            {
+                None
             }
+            v => v,
         };
-        spec::check_process_view(view, spec::read_ptrace_scope(&env.ptrace_scope))
+        let view = match pid_view {
+            Some(v) => Some(v),
+            None => crate::mounts::procfs_bind(&cfg.value, &bundle, &host_facts)
+                .map_err(|e| config_err(SpecError::from(e)))?
+                .map(|(at, what)| spec::ProcessView::ProcfsBind { at, what }),
+        };
+        spec::check_process_view(&cfg.value, view, spec::read_ptrace_scope(&env.ptrace_scope))
             .map_err(config_err)?;
         let stripped = spec::strip_ungranted_gpus(&mut cfg.value, &majors).map_err(config_err)?;
         // /proc/sys read-only and the rest masked in every container, as in a GPU one.
         let protected = spec::keep_proc_protected(&mut cfg.value).map_err(config_err)?;
-        if stripped || protected || docker_hook_removed {
+        // Tessera's own annotations, which runc's record carries as labels and the start
+        // and exec checks read (a GPU container's grant, its confirmation after create): no
+        // container without a grant keeps one, whatever its config says.
+        let unlabelled = spec::strip_own_annotations(&mut cfg.value).map_err(config_err)?;
+        // A `run` has no `start` to read what runc made at: its prestart hook does.
+        let hooked = matches!(inv.command, Command::Run(_));
+        if hooked {
+            let hook = env.hook_path().map_err(fail)?;
+            let utf8 = |p: &Path| {
+                p.to_str().map(str::to_string).ok_or_else(|| {
+                    config_err(SpecError::BadInjection(format!("{} is not UTF-8", p.display())))
+                })
+            };
+            spec::add_plain_prestart(&mut cfg.value, &utf8(&hook)?, &utf8(&socket)?)
+                .map_err(config_err)?;
+        }
+        if stripped || protected || docker_hook_removed || hooked || unlabelled {
             spec::save_config(&cfg).map_err(config_err)?;
         }
         return Ok((inv, Prepared::Passthrough));
@@ -567,7 +635,26 @@ pub fn prepare(
         release(&hooks.socket, &container_id, &release_req);
         return Err(fail(*e));
     }
+    // Nothing of tesserad's own in view but what the grant brings (an MPS pipe directory):
+    // judged on the config as runc will get it, where the injection replaced what an
+    // earlier create of this bundle wrote at its destinations.
+    let given: Vec<(&str, &str)> = allocation
+        .injection
+        .mounts
+        .iter()
+        .map(|m| (m.source.as_str(), m.destination.as_str()))
+        .collect();
     let applied = spec::apply_injection(&mut cfg.value, &allocation.injection, &hooks)
+        .and_then(|()| {
+            crate::mounts::check_private_binds(
+                &cfg.value,
+                &bundle,
+                &host,
+                &tessera_api::private_paths(&hooks.socket),
+                &given,
+            )
+            .map_err(SpecError::from)
+        })
         .and_then(|()| {
             spec::annotate_allocation(
                 &mut cfg.value,
@@ -763,12 +850,16 @@ fn undo_create(
     global: &GlobalOptions,
     socket: &Path,
     container_id: &str,
-    req: &ReleaseRequest,
+    req: Option<&ReleaseRequest>,
 ) {
     let mut argv = global.to_args();
     argv.extend(["delete".into(), "--force".into(), OsString::from(container_id)]);
     match supervise::run_forwarding(&env.runc, &argv) {
-        Ok(st) if st.success() => release(socket, container_id, req),
+        Ok(st) if st.success() => {
+            if let Some(req) = req {
+                release(socket, container_id, req)
+            }
+        }
         Ok(st) => warn(container_id, &format!("runc delete --force exited with {st}")),
         Err(e) => warn(container_id, &format!("cannot run runc delete --force: {e}")),
     }
@@ -883,9 +974,11 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
     // which it is asked here, right before the container's process runs (crate::confirm).
     if let Command::Other { verb, args: rest } = &inv.command {
         if verb == "start" {
-            if let Err(refusal) = crate::confirm::before_start(&socket, &root, rest) {
+            if let Err(refusal) =
+                crate::confirm::before_start(&socket, &root, rest, &env.ptrace_scope)
+            {
                 if let Some(id) = &refusal.undo {
-                    undo_create(&env, &inv.global, &socket, id.as_str(), &refusal.release);
+                    undo_create(&env, &inv.global, &socket, id.as_str(), refusal.release.as_ref());
                 }
                 let id = rest.iter().find(|a| a.as_os_str() != "--");
                 report(&Failure {
@@ -902,11 +995,57 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
     // the init did.
     let args = match &inv.command {
         Command::Other { verb, args: rest } if verb == "exec" => {
+            // The `--process` file read once: what is judged is what runc reads.
+            let verb_at = args.len() - rest.len() - 1;
+            let snapped = match crate::exec::snapshot_process(rest) {
+                Ok(s) => s,
+                Err(e) => {
+                    let container_id = crate::exec::parse_exec(rest).map(|e| e.container_id);
+                    report(&Failure { error: e.into(), container_id, global: Some(inv.global) });
+                    return 1;
+                }
+            };
+            let mut args = args[..=verb_at].to_vec();
+            args.extend(snapped);
+            let rest = &args[verb_at + 1..].to_vec();
             // A help flag (before the id: runc prints help) is check_exec's to see.
             if let Err(e) = crate::exec::check_exec(&root, rest) {
                 let container_id = crate::exec::parse_exec(rest).map(|e| e.container_id);
                 report(&Failure { error: e.into(), container_id, global: Some(inv.global) });
                 return 1;
+            }
+            // Into a container without a GPU: judged on what runc made first, as its start
+            // is (runc execs into a container that is only created).
+            if let Some(exec) = crate::exec::parse_exec(rest).filter(|e| !e.help) {
+                let made = match tessera_api::ContainerId::new(&exec.container_id) {
+                    // Never judged, so never exec'd into through this wrapper.
+                    Err(_) => Err(crate::confirm::ConfirmError::ProcessView(format!(
+                        "`{}` is not an id tessera-runtime can name, so what runc made of it \
+                         cannot be judged",
+                        untrusted(&exec.container_id).max_chars(128)
+                    ))),
+                    // As `check_exec` tells them: no grant label, no GPU (a label only the
+                    // wrapper writes, into GPU containers: plain configs lose theirs).
+                    Ok(id)
+                        if crate::supervise::label_hint(
+                            &root,
+                            id.as_str(),
+                            spec::ALLOCATED_ANNOTATION,
+                        )
+                        .is_none() =>
+                    {
+                        crate::confirm::check_plain_created(&root, &id, &socket, &env.ptrace_scope)
+                    }
+                    Ok(_) => Ok(()),
+                };
+                if let Err(error) = made {
+                    report(&Failure {
+                        error: RuntimeError::Confirm(error),
+                        container_id: Some(exec.container_id),
+                        global: Some(inv.global),
+                    });
+                    return 1;
+                }
             }
             crate::exec::with_grant_env(&root, &args, args.len() - rest.len() - 1)
         }
@@ -1307,7 +1446,7 @@ mod tests {
         type Edit = fn(&mut Value);
         // Each way to see processes outside the container's own pid namespace, with the
         // words its refusal names.
-        let views: [(&str, Edit, &str); 4] = [
+        let views: [(&str, Edit, &str); 3] = [
             (
                 "none of its own",
                 |c| {
@@ -1336,15 +1475,6 @@ mod tests {
                     "options": ["rbind", "ro"]}));
                 },
                 "mounts[",
-            ),
-            (
-                "a recursive bind of / (the procfs below it)",
-                |c| {
-                    c["mounts"].as_array_mut().expect("mounts").push(json!({
-                    "destination": "/host", "type": "bind", "source": "/",
-                    "options": ["rbind", "rro"]}));
-                },
-                "brings the procfs at /proc",
             ),
         ];
         for (scope, runs) in [
@@ -1382,9 +1512,11 @@ mod tests {
         }
         // A pid namespace of its own and no procfs bind (a bind of / alone brings none of
         // its submounts) runs whatever Yama says.
+        // (A recursive bind of / brings /proc along: `mounts::tests::a_bind_that_brings_a_
+        // procfs_along_is_found_however_it_is_spelled`; here it would show tesserad's socket.)
         let mut cfg = gpu_config(json!({}), json!([]));
         cfg["mounts"].as_array_mut().expect("mounts").push(json!({
-            "destination": "/host", "type": "bind", "source": "/", "options": ["bind", "ro"]}));
+            "destination": "/host", "type": "bind", "source": "/usr", "options": ["bind", "ro"]}));
         let f = Fixture::new(&cfg);
         let r = prepare(&f.args("create --bundle bundle abc"), &f.env);
         assert!(
@@ -1392,6 +1524,98 @@ mod tests {
             "own pid namespace refused: {:?}",
             r.err().map(|e| e.message())
         );
+    }
+
+    /// rt-iso4 (red team, round 8's fix): where Yama's `ptrace_scope` is 1 or 2, the fix
+    /// lets a container without a GPU see the host's processes (a bind of `/proc`, read-only,
+    /// with a pid namespace of its own: node-exporter's `/host/proc`) because "CAP_SYS_PTRACE,
+    /// which passes it, is refused to such a container by `check_host_capabilities`". It is
+    /// not: `check_host_capabilities` refuses CAP_SYS_PTRACE only *without* a pid namespace
+    /// of its own (`ptrace_reaches_host = !own("pid")`); a pid namespace of its own plus a
+    /// procfs bind reaches the host's processes all the same. Yama's relational scope (1)
+    /// lets a tracer that holds CAP_SYS_PTRACE in the target's user namespace (the host's:
+    /// no user namespace here) attach to any process, and scope 2 asks exactly that
+    /// capability (security/yama/yama_lsm.c, `yama_ptrace_access_check`); the commoncap
+    /// check then passes whatever the uids and capability sets. So on an Ubuntu node (its
+    /// default scope is 1) this container reads every GPU container's memory through
+    /// `/hostproc/<pid>/mem`. Seen here: `prepare` lets it through to runc, unchanged, with
+    /// the scope file saying 1 and saying 2. Not seen here: the kernel's answer (this VM's
+    /// kernel has no Yama; there, without Yama, the same config is refused).
+    #[test]
+    fn rt_iso4_a_procfs_bind_with_cap_sys_ptrace_is_refused_whatever_yamas_scope() {
+        for scope in ["1\n", "2\n"] {
+            let mut cfg = gpu_config(json!({}), json!([]));
+            cfg["mounts"].as_array_mut().expect("mounts").push(json!({
+                "destination": "/hostproc", "type": "bind", "source": "/proc",
+                "options": ["rbind", "ro"]}));
+            for set in ["bounding", "effective", "permitted"] {
+                cfg["process"]["capabilities"][set]
+                    .as_array_mut()
+                    .expect("a capability set")
+                    .push(json!("CAP_SYS_PTRACE"));
+            }
+            let f = Fixture::new(&cfg);
+            std::fs::write(&f.env.ptrace_scope, scope).expect("write the scope");
+            let r = prepare(&f.args("create --bundle bundle abc"), &f.env);
+            assert!(
+                r.is_err(),
+                "ptrace_scope {scope:?}: a plain container with the host's /proc bound and \
+                 CAP_SYS_PTRACE (which passes Yama) was let through to runc"
+            );
+        }
+    }
+
+    /// Round 9: a container without a GPU keeps none of tessera-runtime's own annotations
+    /// (runc records them as labels; the exec check takes a record with the grant label
+    /// for a GPU container's, whose judgement is tesserad's): forged, they are removed.
+    #[test]
+    fn a_plain_config_loses_the_annotations_only_the_wrapper_writes() {
+        let cfg = gpu_config(
+            json!({"tessera.io/allocated": "GPU-x", "tessera.io/confirm": "after-create", "k": "v"}),
+            json!([]),
+        );
+        let f = Fixture::new(&cfg);
+        let r = prepare(&f.args("create --bundle bundle abc"), &f.env);
+        assert!(matches!(r, Ok((_, Prepared::Passthrough))), "{:?}", r.err().map(|e| e.message()));
+        assert_eq!(f.config()["annotations"], json!({"k": "v"}));
+    }
+
+    /// Round 10 (rt-iso6), for a container without a GPU: a `run` with hooks runc runs
+    /// after the prestart judgement is refused (a `create` keeps them: its start judges
+    /// after them); mounts shared with the host's peer group are refused, slave ones kept;
+    /// an id runc takes but tessera cannot name (`a,b`) is refused.
+    #[test]
+    fn rt_iso6_what_a_plain_run_or_create_could_do_after_its_judgement_is_refused() {
+        let run = |cfg: &Value, verb: &str, id: &str| {
+            let f = Fixture::new(cfg);
+            prepare(&f.args(&format!("{verb} --bundle bundle {id}")), &f.env)
+                .map(|_| ())
+                .map_err(|e| e.message())
+        };
+        let mut hooked = gpu_config(json!({}), json!([]));
+        hooked["hooks"] = json!({"createContainer": [{"path": "/bin/sh"}]});
+        let e = run(&hooked, "run", "abc").expect_err("run with a createContainer hook");
+        assert!(
+            e.contains("hooks.createContainer[0]") && e.contains("`create` and `start`"),
+            "{e}"
+        );
+        run(&hooked, "create", "abc").expect("a create's hooks are judged at its start");
+        for shared in ["shared", "rshared"] {
+            let mut c = gpu_config(json!({}), json!([]));
+            c["linux"]["rootfsPropagation"] = json!(shared);
+            let e = run(&c, "create", "abc").expect_err(shared);
+            assert!(e.contains("linux.rootfsPropagation"), "{e}");
+            let mut c = gpu_config(json!({}), json!([]));
+            c["mounts"].as_array_mut().expect("mounts").push(json!({"destination": "/v",
+                "type": "bind", "source": "/usr", "options": ["rbind", "ro", shared]}));
+            let e = run(&c, "create", "abc").expect_err(shared);
+            assert!(e.contains("a shared mount"), "{e}");
+        }
+        let mut slave = gpu_config(json!({}), json!([]));
+        slave["linux"]["rootfsPropagation"] = json!("rslave");
+        run(&slave, "create", "abc").expect("receiving the host's mounts stays");
+        let e = run(&gpu_config(json!({}), json!([])), "create", "a,b").expect_err("a,b");
+        assert!(e.contains("not an id tessera-runtime can name"), "{e}");
     }
 
     #[test]

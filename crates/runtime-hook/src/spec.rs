@@ -780,6 +780,20 @@ pub enum ProcessView {
     ProcfsBind { at: String, what: String },
 }
 
+impl ProcessView {
+    /// What it is, for a message.
+    pub fn describe(&self) -> String {
+        match self {
+            ProcessView::HostPidNamespace => "no pid namespace of its own (the host's)".into(),
+            ProcessView::JoinedPidNamespace(path) => format!(
+                "the pid namespace at {} joined",
+                tessera_api::untrusted(path).max_chars(200)
+            ),
+            ProcessView::ProcfsBind { what, .. } => what.clone(),
+        }
+    }
+}
+
 /// The pid namespace part of a [`ProcessView`]: none of its own, or one joined by path.
 pub fn shared_pid_namespace(spec: &Value) -> Result<Option<ProcessView>, SpecError> {
     let namespaces =
@@ -807,23 +821,35 @@ pub fn shared_pid_namespace(spec: &Value) -> Result<Option<ProcessView>, SpecErr
 /// baseline forbids it): the GPU containers' files through `/proc/<pid>/root`, their
 /// environment; reopening a descriptor's device node is the devices cgroup's to refuse.
 pub fn check_process_view(
+    spec: &Value,
     view: Option<ProcessView>,
     ptrace_scope: Option<u32>,
 ) -> Result<(), SpecError> {
     let Some(view) = view else { return Ok(()) };
+    // CAP_SYS_PTRACE passes Yama at every scope but 3 (a tracer holding it in the target's
+    // user namespace attaches to anything), and the commoncap check whatever the uids.
+    if let Some((at, _)) =
+        capability_where(spec.get("process"), "process", |c| c == "CAP_SYS_PTRACE")?
+    {
+        return Err(SpecError::ProcessView {
+            at,
+            why: format!(
+                "CAP_SYS_PTRACE where processes outside the container's own pid namespace are \
+                 in view ({}): it attaches to any GPU container's process, Yama or not",
+                view.describe()
+            ),
+        });
+    }
     if ptrace_scope.is_some_and(|s| s >= 1) {
         return Ok(());
     }
-    let (at, shared) = match view {
-        ProcessView::HostPidNamespace => {
-            ("linux.namespaces".to_string(), "no pid namespace of its own (the host's)".to_string())
+    let at = match &view {
+        ProcessView::HostPidNamespace | ProcessView::JoinedPidNamespace(_) => {
+            "linux.namespaces".to_string()
         }
-        ProcessView::JoinedPidNamespace(path) => (
-            "linux.namespaces".to_string(),
-            format!("the pid namespace at {} joined", tessera_api::untrusted(&path).max_chars(200)),
-        ),
-        ProcessView::ProcfsBind { at, what } => (at, what),
+        ProcessView::ProcfsBind { at, .. } => at.clone(),
     };
+    let shared = view.describe();
     let kernel = match ptrace_scope {
         Some(s) => format!("Yama's ptrace_scope is {s}"),
         None => "this kernel has no Yama ptrace_scope".to_string(),
@@ -941,7 +967,7 @@ pub fn capabilities_beyond_the_gpu_set(
 
 /// The first capability of a process section (any set, in [`CAPABILITY_SETS`]' order) that
 /// `pick` takes, with the set it is in.
-fn capability_where(
+pub fn capability_where(
     process: Option<&Value>,
     at: &str,
     pick: impl Fn(&str) -> bool,
@@ -1367,6 +1393,79 @@ pub fn apply_injection(
         // confirmed (crate::confirm::check_confirmed refuses its execs).
         annotations.remove(CONFIRM_ANNOTATION);
     }
+    Ok(())
+}
+
+/// Every container: no annotation named `bundle`, and none whose key holds `=`. runc
+/// records each annotation as a `key=value` label before its own `bundle=<dir>`, and reads
+/// them back split at the first `=`, the first of a key winning: an exec would take its
+/// process from the directory such an annotation names, and a key `tessera.io/allocated=x`
+/// would read as tessera-runtime's own grant label.
+pub fn check_annotation_keys(spec: &Value) -> Result<(), SpecError> {
+    let Some(Value::Object(map)) = spec.get("annotations") else { return Ok(()) };
+    match map.keys().find(|k| k.as_str() == "bundle" || k.contains('=')) {
+        Some(k) => Err(SpecError::ProcessView {
+            at: format!("annotations[{}]", tessera_api::untrusted(k).max_chars(128)),
+            why: "runc records annotations as `key=value` labels beside its own `bundle=<dir>` \
+                  and reads them back split at the first `=`: this key would stand for another \
+                  label (an exec takes its process from the first `bundle` label)"
+                .into(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The first `hooks.createRuntime` or `hooks.createContainer` entry of a config, by where it
+/// is: runc 1.1 runs them after the prestart hooks and before `pivot_root`.
+pub fn hooks_after_prestart(spec: &Value) -> Option<String> {
+    ["createRuntime", "createContainer"].into_iter().find_map(|phase| {
+        let list = spec.pointer(&format!("/hooks/{phase}"))?.as_array()?;
+        (!list.is_empty()).then(|| format!("hooks.{phase}[0]"))
+    })
+}
+
+/// A container without a GPU: [`ALLOCATED_ANNOTATION`] and [`CONFIRM_ANNOTATION`] removed
+/// from its annotations (runc records them as labels; the exec and start checks tell a GPU
+/// container by them). Returns whether one was there.
+pub fn strip_own_annotations(spec: &mut Value) -> Result<bool, SpecError> {
+    let Some(annotations) = spec.get_mut("annotations") else { return Ok(false) };
+    let Some(map) = annotations.as_object_mut() else {
+        return Err(shape("annotations", "expected an object"));
+    };
+    let a = map.remove(ALLOCATED_ANNOTATION).is_some();
+    let c = map.remove(CONFIRM_ANNOTATION).is_some();
+    Ok(a || c)
+}
+
+/// A `runc run` of a container without a GPU: `tessera-hook plain-prestart` (at
+/// `hook_path`, with tesserad's `socket`) is added to its prestart hooks, where runc runs it
+/// after making the mounts and before `pivot_root`: what runc made is judged there, as a
+/// created container's is at its `start` ([`crate::confirm::judge_plain_made`]).
+pub fn add_plain_prestart(
+    spec: &mut Value,
+    hook_path: &str,
+    socket: &str,
+) -> Result<(), SpecError> {
+    let root = spec.as_object_mut().ok_or_else(|| shape("", "expected an object"))?;
+    let hooks_obj = object_entry(root, "hooks", "hooks")?;
+    let existing: Vec<HookView> = typed_items(hooks_obj.get("prestart"), "hooks.prestart")?;
+    let list = array_entry(hooks_obj, "prestart", "hooks.prestart")?;
+    // One of ours, whatever an earlier run of this bundle left.
+    let kept: Vec<Value> = std::mem::take(list)
+        .into_iter()
+        .zip(&existing)
+        .filter(|(_, h)| h.path != hook_path)
+        .map(|(v, _)| v)
+        .collect();
+    *list = kept;
+    let hook = HookBuilder::default()
+        .path(hook_path)
+        .args(vec!["tessera-hook".to_string(), "plain-prestart".to_string()])
+        .env(vec![format!("TESSERA_SOCKET={socket}")])
+        .timeout(HOOK_TIMEOUT_SECS)
+        .build()
+        .map_err(|e| SpecError::BadInjection(e.to_string()))?;
+    list.push(to_value(&hook)?);
     Ok(())
 }
 

@@ -185,15 +185,22 @@ pub fn label_hint(root: &Path, container_id: &str, annotation: &str) -> Option<O
         labels: Vec<serde_json::Value>,
     }
     let Ok(state) = serde_json::from_slice::<Record>(&buf) else { return Some(None) };
-    let labels: Vec<&str> = state.config.labels.iter().filter_map(|l| l.as_str()).collect();
-    let prefix = format!("{annotation}=");
-    if !labels.iter().any(|l| l.starts_with(&prefix)) {
+    // Read as runc reads them (`utils.SearchLabels`): each label split at its first `=`,
+    // the first label of a key wins. runc writes every annotation as a `key=value` label,
+    // then its own `bundle=<dir>` last; an exec finds its bundle by the *first* `bundle`
+    // label, so an annotation named `bundle` (or a key holding `=`) would name another:
+    // tessera-runtime refuses such annotations at create (`spec::check_annotation_keys`).
+    let labels: Vec<(&str, &str)> = state
+        .config
+        .labels
+        .iter()
+        .filter_map(|l| l.as_str())
+        .map(|l| l.split_once('=').unwrap_or((l, "")))
+        .collect();
+    if !labels.iter().any(|(k, _)| *k == annotation) {
         return None;
     }
-    // runc writes every annotation as a `key=value` label, then its own `bundle=<dir>`
-    // last, and reads them back into a map (the last wins): an annotation named `bundle`
-    // comes first and never names the bundle.
-    Some(labels.iter().rev().find_map(|l| l.strip_prefix("bundle=")).map(str::to_string))
+    Some(labels.iter().find(|(k, _)| *k == "bundle").map(|(_, v)| v.to_string()))
 }
 
 #[cfg(test)]

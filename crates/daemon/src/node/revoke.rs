@@ -589,6 +589,21 @@ mod tests {
         fn shared_namespaces(&self, _pid: i32) -> Result<Vec<&'static str>, String> {
             Ok(Vec::new())
         }
+        fn pid_namespace(&self, _pid: i32) -> Option<String> {
+            None
+        }
+        fn host_mounts(&self) -> Result<Vec<tessera_api::mountinfo::MountEntry>, String> {
+            Ok(Vec::new())
+        }
+        fn procfs_shows(
+            &self,
+            _pid: i32,
+            _bundle: &std::path::Path,
+            _created: bool,
+            _mount_point: &str,
+        ) -> Option<String> {
+            None
+        }
         fn cgroup_intruders(&self, _rel: &str, _init: i32) -> Vec<(i32, u64)> {
             Vec::new()
         }

@@ -76,6 +76,7 @@ impl Node {
             &cgroup,
             Path::new(&rec.bundle),
             req.created,
+            &rec.allocation.injection.mounts,
         ) {
             return Err(self.refuse_start(container_id, &cgroup, "isolation", &why));
         }
@@ -163,8 +164,9 @@ impl Node {
     /// prestart hook, and the rest of its root by the time `runc create` returns; nothing of
     /// the container has run yet):
     /// - its mounts hold no writable cgroup hierarchy or sysfs and receive no mounts made
-    ///   outside ([`mountinfo::findings`]), and it shares neither the host's mount nor
-    ///   its pid namespace;
+    ///   outside ([`mountinfo::findings`]), every procfs among them shows its own pid
+    ///   namespace ([`mountinfo::foreign_procfs`]), and it shares neither the host's mount
+    ///   nor its pid namespace;
     /// - its cgroup is its own: it holds the container's init and nothing else, and is
     ///   neither another grant's cgroup nor above or below one (a process that shares it
     ///   keeps its device rules after the grant ends, and its CPU limit is another's).
@@ -175,6 +177,7 @@ impl Node {
         cgroup: &str,
         bundle: &Path,
         created: bool,
+        given: &[tessera_api::BindMount],
     ) -> Result<(), NotStartable> {
         let shared = self.host.shared_namespaces(pid).map_err(NotStartable::Host)?;
         if !shared.is_empty() {
@@ -183,6 +186,37 @@ impl Node {
         let table = self.host.container_mounts(pid, bundle, created).map_err(NotStartable::Host)?;
         if let Some(f) = mountinfo::findings(&table).first() {
             return Err(NotStartable::Mount(f.to_string()));
+        }
+        // Nothing of tesserad's own but what its grant brought in (an MPS pipe directory).
+        if !self.private_paths.is_empty() {
+            let host = self.host.host_mounts().map_err(NotStartable::Host)?;
+            let place = |p: &Path| {
+                let (device, within) = mountinfo::place(&host, p)?;
+                Some(mountinfo::Private { device, within, name: p.display().to_string() })
+            };
+            let private = mountinfo::private_places(&host, &self.private_paths);
+            let given: Vec<_> = given
+                .iter()
+                .filter_map(|m| place(&std::fs::canonicalize(&m.source).ok()?))
+                .collect();
+            if let Some(f) = mountinfo::private_in_view(&table, &private, &given) {
+                return Err(NotStartable::Mount(f.to_string()));
+            }
+        }
+        // Every procfs it holds shows its own pid namespace, whatever the config asked for
+        // (a bind of the host's /proc at /proc, a source swapped after the wrapper's check).
+        if table.iter().any(|e| e.fstype == "proc") {
+            let Some(own) = self.host.pid_namespace(pid) else {
+                return Err(NotStartable::Host(format!(
+                    "the pid namespace of its init {pid} cannot be read"
+                )));
+            };
+            let shows = |e: &mountinfo::MountEntry| {
+                self.host.procfs_shows(pid, bundle, created, &e.mount_point)
+            };
+            if let Some(f) = mountinfo::foreign_procfs(&table, &own, shows) {
+                return Err(NotStartable::Mount(f.to_string()));
+            }
         }
         match self.host.cgroup_procs(cgroup) {
             crate::liveness::CgroupProcs::Count(1) => {}
@@ -311,6 +345,21 @@ impl Node {
             tracing::warn!("cannot write tesserad's process id and cgroups beside its socket: {e}");
         }
         self.daemon_socket = Some(socket);
+    }
+
+    /// No container sees tesserad's `socket` or `state_dir` from now on: listed beside
+    /// the socket for the wrapper's create check ([`tessera_api::private_paths`]), and
+    /// judged again on the mounts runc made at every start ([`Node::container_is_its_own`]).
+    /// A failure to write the list is logged (the start check holds without it).
+    pub fn keep_private(&mut self, socket: &Path, state_dir: &Path) {
+        let state = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+        if let Err(e) = tessera_api::write_private_paths(socket, std::slice::from_ref(&state)) {
+            tracing::warn!("cannot list tesserad's own paths beside its socket: {e}");
+        }
+        self.private_paths = tessera_api::private_paths(socket);
+        if !self.private_paths.contains(&state) {
+            self.private_paths.push(state);
+        }
     }
 
     /// After an MPS daemon was started: the cgroup it runs in is listed (it stays there

@@ -122,6 +122,9 @@ pub struct PodSpec {
     /// Sandbox `privileged` (kubelet sets it when any container of the pod is privileged;
     /// containerd refuses a privileged container in an unprivileged sandbox).
     pub privileged: bool,
+    /// `shareProcessNamespace: true`: one pid namespace per pod (the sandbox's), which
+    /// kubelet asks as `NamespaceMode::Pod` for the sandbox and every container.
+    pub share_process_namespace: bool,
 }
 
 impl PodSpec {
@@ -138,6 +141,7 @@ impl PodSpec {
             runtime_handler: String::new(),
             cgroup_parent: None,
             privileged: false,
+            share_process_namespace: false,
         }
     }
     /// Adds a pod annotation.
@@ -163,6 +167,11 @@ impl PodSpec {
     /// Sets sandbox `privileged`.
     pub fn privileged(mut self, privileged: bool) -> PodSpec {
         self.privileged = privileged;
+        self
+    }
+    /// Sets `shareProcessNamespace`.
+    pub fn share_process_namespace(mut self, share: bool) -> PodSpec {
+        self.share_process_namespace = share;
         self
     }
 }
@@ -262,12 +271,18 @@ const MASKED_PATHS: &[&str] = &[
 const READONLY_PATHS: &[&str] =
     &["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
 
-/// Host network (no CNI), a pid namespace per container, one IPC namespace per pod: what
-/// kubelet asks for a `hostNetwork: true` pod.
-fn namespace_options() -> v1::NamespaceOption {
+/// Host network (no CNI), a pid namespace per container (per pod with
+/// `shareProcessNamespace`), one IPC namespace per pod: what kubelet asks for a
+/// `hostNetwork: true` pod.
+fn namespace_options(pod: &PodSpec) -> v1::NamespaceOption {
+    let pid = if pod.share_process_namespace {
+        v1::NamespaceMode::Pod
+    } else {
+        v1::NamespaceMode::Container
+    };
     v1::NamespaceOption {
         network: v1::NamespaceMode::Node as i32,
-        pid: v1::NamespaceMode::Container as i32,
+        pid: pid as i32,
         ipc: v1::NamespaceMode::Pod as i32,
         ..Default::default()
     }
@@ -398,7 +413,7 @@ impl Cri {
             linux: Some(v1::LinuxPodSandboxConfig {
                 cgroup_parent: self.pod_cgroup(pod),
                 security_context: Some(v1::LinuxSandboxSecurityContext {
-                    namespace_options: Some(namespace_options()),
+                    namespace_options: Some(namespace_options(pod)),
                     privileged: pod.privileged,
                     seccomp: unconfined(),
                     ..Default::default()
@@ -448,7 +463,7 @@ impl Cri {
                 }),
                 security_context: Some(v1::LinuxContainerSecurityContext {
                     privileged: container.privileged,
-                    namespace_options: Some(namespace_options()),
+                    namespace_options: Some(namespace_options(pod)),
                     masked_paths: if container.privileged { vec![] } else { strings(MASKED_PATHS) },
                     readonly_paths: if container.privileged {
                         vec![]
