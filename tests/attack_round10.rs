@@ -29,62 +29,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use tessera_harness::attack::*;
 use tessera_harness::node::*;
 use tessera_harness::*;
-
-fn create_and_start(node: &Node, b: &Bundle, id: &str) -> Result<(), String> {
-    let out = node.fx.create_container(b, id);
-    if !out.status.success() {
-        return Err(out.stderr_str());
-    }
-    let out = node.fx.start_container(id);
-    if !out.status.success() {
-        return Err(out.stderr_str());
-    }
-    Ok(())
-}
-
-/// What reads the victim's (`pid`) first mapping through the procfs directory `dir`, 16
-/// bytes from its `mem`; leaves the count in `/tmp/read`.
-fn read_mem(dir: &str) -> String {
-    format!(
-        "a=$(head -n1 {dir}/maps | cut -d- -f1); \
-         dd if={dir}/mem of=/tmp/stolen bs=1 skip=$((0x$a)) count=16 2>/dev/null; \
-         wc -c < /tmp/stolen > /tmp/read; cat /tmp/read"
-    )
-}
-
-fn victim(node: &Node) -> i32 {
-    let mut victim = node.bundle("victim", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
-    victim.write();
-    create_and_start(node, &victim, "victim").expect("the GPU container runs");
-    node.fx.container_pid("victim").expect("the GPU container's pid")
-}
-
-fn count(s: &str) -> u64 {
-    s.trim().parse().unwrap_or(0)
-}
-
-/// A runc for `TESSERA_RUNC` that stands for a racer (rounds 6 and 9's `racing_runc`): at
-/// `verb`, after tessera-runtime's checks and before runc runs, each path of `swaps` (in a
-/// directory the attacker writes) is replaced with a link to its target.
-fn racing_runc(b: &Bundle, verb: &str, swaps: &[(&Path, &Path)]) -> std::path::PathBuf {
-    let racer = b.dir().join(format!("racing-runc-{verb}"));
-    let mut swap = String::new();
-    for (v, t) in swaps {
-        swap.push_str(&format!("rm -rf {v} && ln -s {t} {v}; ", v = v.display(), t = t.display()));
-    }
-    fs::write(
-        &racer,
-        format!(
-            "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = {verb} ] && {{ {swap} }}; done\n\
-             exec {RUNC} \"$@\"\n"
-        ),
-    )
-    .unwrap();
-    fs::set_permissions(&racer, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    racer
-}
 
 fn hook(args: &[&str]) -> Value {
     json!({"path": "/bin/sh", "args": args})

@@ -30,30 +30,9 @@ use std::fs;
 use std::path::Path;
 
 use serde_json::json;
+use tessera_harness::attack::*;
 use tessera_harness::node::*;
 use tessera_harness::*;
-
-/// A runc for `TESSERA_RUNC` that stands for a racer (rounds 6, 9, 10 and 11's
-/// `racing_runc`): at `verb`, after tessera-runtime's checks and before runc runs, each
-/// path of `swaps` (in a directory the attacker writes) is replaced with a link to its
-/// target.
-fn racing_runc(b: &Bundle, verb: &str, swaps: &[(&Path, &Path)]) -> std::path::PathBuf {
-    let racer = b.dir().join(format!("racing-runc-{verb}"));
-    let mut swap = String::new();
-    for (v, t) in swaps {
-        swap.push_str(&format!("rm -rf {v} && ln -s {t} {v}; ", v = v.display(), t = t.display()));
-    }
-    fs::write(
-        &racer,
-        format!(
-            "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = {verb} ] && {{ {swap} }}; done\n\
-             exec {RUNC} \"$@\"\n"
-        ),
-    )
-    .unwrap();
-    fs::set_permissions(&racer, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    racer
-}
 
 /// CapEff of a `grep CapEff /proc/self/status` output, 0 where there is none.
 fn cap_eff(out: &str) -> u64 {

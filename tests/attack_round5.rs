@@ -32,25 +32,12 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use tessera_harness::attack::*;
 use tessera_harness::node::*;
 use tessera_harness::*;
 
 /// How long a container is given to do its part before the test reads the result.
 const WITHIN: Duration = Duration::from_secs(15);
-
-/// Creates and starts `id` through tessera-runtime; `Err(stderr)` when either step is
-/// refused (the defence), `Ok(())` when the container runs.
-fn create_and_start(node: &Node, b: &Bundle, id: &str) -> Result<(), String> {
-    let out = node.fx.create_container(b, id);
-    if !out.status.success() {
-        return Err(out.stderr_str());
-    }
-    let out = node.fx.start_container(id);
-    if !out.status.success() {
-        return Err(out.stderr_str());
-    }
-    Ok(())
-}
 
 /// The major of a device number (glibc's `gnu_dev_major`).
 fn dev_major(dev: u64) -> u64 {

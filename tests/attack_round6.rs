@@ -14,22 +14,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use tessera_harness::attack::*;
 use tessera_harness::node::*;
 use tessera_harness::*;
 
 const WITHIN: Duration = Duration::from_secs(15);
-
-fn create_and_start(node: &Node, b: &Bundle, id: &str) -> Result<(), String> {
-    let out = node.fx.create_container(b, id);
-    if !out.status.success() {
-        return Err(out.stderr_str());
-    }
-    let out = node.fx.start_container(id);
-    if !out.status.success() {
-        return Err(out.stderr_str());
-    }
-    Ok(())
-}
 
 fn refused_by_tessera(started: &Result<(), String>) {
     if let Err(e) = started {
@@ -646,7 +635,7 @@ fn a_gpu_containers_proc_swapped_for_the_hosts_is_refused_at_start() {
             "type": "bind", "source": vol.to_str().unwrap(), "options": ["rbind", "ro"]}))
     })
     .write();
-    let racer = racing_runc(&b, &vol, Path::new("/proc"));
+    let racer = racing_runc(&b, "create", &[(&vol, Path::new("/proc"))]);
     let created =
         node.fx.create_container_env(&b, "swapped", &[("TESSERA_RUNC", racer.to_str().unwrap())]);
     let started =
@@ -657,25 +646,6 @@ fn a_gpu_containers_proc_swapped_for_the_hosts_is_refused_at_start() {
     assert!(!started.status.success(), "a GPU container with the host's procfs at /proc started");
     assert!(err.contains("/proc is a procfs of"), "refused, but not for its procfs: {err}");
     assert_eq!(left, None, "the refused container was not deleted");
-}
-
-/// A runc for `TESSERA_RUNC` that stands for a racer: at `create`, after tessera-runtime's
-/// checks and before runc's mounts, it replaces the directory `vol` (a bind source of the
-/// config) with a link to `target`, then runs the real runc.
-fn racing_runc(b: &Bundle, vol: &Path, target: &Path) -> PathBuf {
-    let racer = b.dir().join("racing-runc");
-    fs::write(
-        &racer,
-        format!(
-            "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = create ] && rm -rf {v} && ln -s {t} {v}; done\n\
-             exec {RUNC} \"$@\"\n",
-            v = vol.display(),
-            t = target.display()
-        ),
-    )
-    .unwrap();
-    fs::set_permissions(&racer, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    racer
 }
 
 /// Class: tesserad's own paths in view (round 8, rt-iso4), by a bind source swapped after
@@ -703,7 +673,7 @@ fn a_bind_swapped_for_tesserads_state_is_refused_at_start() {
                 "type": "bind", "source": vol.to_str().unwrap(), "options": ["rbind", "ro"]}))
         })
         .write();
-        let racer = racing_runc(&b, &vol, &state);
+        let racer = racing_runc(&b, "create", &[(&vol, &state)]);
         let created =
             node.fx.create_container_env(&b, id, &[("TESSERA_RUNC", racer.to_str().unwrap())]);
         assert!(

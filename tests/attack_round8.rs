@@ -21,22 +21,11 @@ use std::fs;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use tessera_harness::attack::*;
 use tessera_harness::node::*;
 use tessera_harness::*;
 
 const WITHIN: Duration = Duration::from_secs(15);
-
-fn create_and_start(node: &Node, b: &Bundle, id: &str) -> Result<(), String> {
-    let out = node.fx.create_container(b, id);
-    if !out.status.success() {
-        return Err(out.stderr_str());
-    }
-    let out = node.fx.start_container(id);
-    if !out.status.success() {
-        return Err(out.stderr_str());
-    }
-    Ok(())
-}
 
 /// The spy's script: the victim's first mapping, 16 bytes of it read from its `mem` through
 /// the procfs at `proc_dir` (attach mode, as `pidfd_getfd`), and what that procfs's pid 1 is

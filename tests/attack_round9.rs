@@ -34,72 +34,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
+use tessera_harness::attack::*;
 use tessera_harness::node::*;
 use tessera_harness::*;
 
 const WITHIN: Duration = Duration::from_secs(15);
-
-fn create_and_start(node: &Node, b: &Bundle, id: &str) -> Result<(), String> {
-    let out = node.fx.create_container(b, id);
-    if !out.status.success() {
-        return Err(out.stderr_str());
-    }
-    let out = node.fx.start_container(id);
-    if !out.status.success() {
-        return Err(out.stderr_str());
-    }
-    Ok(())
-}
-
-/// A runc for `TESSERA_RUNC` that stands for a racer (round 6's `racing_runc`, for any
-/// verb and several sources): at `verb`, after tessera-runtime's checks and before runc's
-/// mounts, each directory of `swaps` (a bind source of the config) is replaced with a link
-/// to its target; then the real runc runs.
-fn racing_runc(b: &Bundle, verb: &str, swaps: &[(&Path, &Path)]) -> PathBuf {
-    let racer = b.dir().join(format!("racing-runc-{verb}"));
-    let mut swap = String::new();
-    for (v, t) in swaps {
-        swap.push_str(&format!("rm -rf {v} && ln -s {t} {v}; ", v = v.display(), t = t.display()));
-    }
-    fs::write(
-        &racer,
-        format!(
-            "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = {verb} ] && {{ {swap} }}; done\n\
-             exec {RUNC} \"$@\"\n"
-        ),
-    )
-    .unwrap();
-    fs::set_permissions(&racer, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    racer
-}
-
-fn ro_bind(source: &Path, destination: &str) -> Value {
-    json!({"destination": destination, "type": "bind", "source": source.to_str().unwrap(),
-           "options": ["rbind", "ro"]})
-}
-
-/// What reads the victim's (`pid`) first mapping through the procfs directory `dir` of
-/// that process (`/hostproc/<pid>` or a bind of `/proc/<pid>` itself), 16 bytes from its
-/// `mem` (attach mode, as `pidfd_getfd`); prints (and leaves in `/tmp/read`) the count.
-fn read_mem(dir: &str) -> String {
-    format!(
-        "a=$(head -n1 {dir}/maps | cut -d- -f1); \
-         dd if={dir}/mem of=/tmp/stolen bs=1 skip=$((0x$a)) count=16 2>/dev/null; \
-         wc -c < /tmp/stolen > /tmp/read; cat /tmp/read"
-    )
-}
-
-fn victim(node: &Node) -> i32 {
-    let mut victim = node.bundle("victim", "team-trusted", Some("gpu=1"), &["sleep", "300"]);
-    victim.write();
-    create_and_start(node, &victim, "victim").expect("the GPU container runs");
-    node.fx.container_pid("victim").expect("the GPU container's pid")
-}
-
-fn count(s: &str) -> u64 {
-    s.trim().parse().unwrap_or(0)
-}
 
 /// Class: the start check skipped — `runc run` of a container without a GPU.
 ///

@@ -27,6 +27,7 @@
 //! the fixture's unique dir.
 #![allow(dead_code)]
 
+pub mod attack;
 pub mod codegen;
 pub mod cri;
 pub mod docker;

@@ -164,6 +164,17 @@ fn with_deadline<T: Send + 'static>(
     rx.recv_timeout(deadline).ok()
 }
 
+/// The container's pid a prestart hook needs from runc's state.
+fn prestart_pid(state: &HookState) -> Result<i32, HookError> {
+    match state.pid {
+        Some(p) if p > 0 => Ok(p),
+        other => Err(HookError::Invalid(format!(
+            "container {}: prestart needs the container's pid, got {other:?}",
+            untrusted(&state.id)
+        ))),
+    }
+}
+
 /// Runs one phase against a daemon socket.
 pub fn run_hook(
     phase: Phase,
@@ -174,15 +185,7 @@ pub fn run_hook(
     let id = state.id.clone();
     match phase {
         Phase::Prestart => {
-            let pid = match state.pid {
-                Some(p) if p > 0 => p,
-                other => {
-                    return Err(HookError::Invalid(format!(
-                        "container {}: prestart needs the container's pid, got {other:?}",
-                        untrusted(&id)
-                    )))
-                }
-            };
+            let pid = prestart_pid(state)?;
             let req = StartRequest { pid, bundle: state.bundle.clone(), created: false };
             let (c, call_id) = (client.clone(), id.clone());
             match with_deadline(deadline, move || c.start(&call_id, &req)) {
@@ -192,15 +195,7 @@ pub fn run_hook(
             }
         }
         Phase::PlainPrestart => {
-            let pid = match state.pid {
-                Some(p) if p > 0 => p,
-                other => {
-                    return Err(HookError::Invalid(format!(
-                        "container {}: prestart needs the container's pid, got {other:?}",
-                        untrusted(&id)
-                    )))
-                }
-            };
+            let pid = prestart_pid(state)?;
             // runc's own state names the bundle; its config is the one tessera-runtime
             // checked and wrote.
             let made = |why: String| HookError::Made {

@@ -1361,15 +1361,7 @@ pub fn apply_injection(
     let hooks_obj = object_entry(root, "hooks", "hooks")?;
     for phase in ["prestart", "poststop"] {
         let at = format!("hooks.{phase}");
-        let existing: Vec<HookView> = typed_items(hooks_obj.get(phase), &at)?;
-        let list = array_entry(hooks_obj, phase, &at)?;
-        let kept: Vec<Value> = std::mem::take(list)
-            .into_iter()
-            .zip(&existing)
-            .filter(|(_, h)| h.path != hook_path)
-            .map(|(v, _)| v)
-            .collect();
-        *list = kept;
+        let list = without_hook(hooks_obj, phase, &at, &hook_path)?;
         if phase == "prestart" && hooks.prestart {
             let hook = HookBuilder::default()
                 .path(&hook_path)
@@ -1415,6 +1407,26 @@ pub fn check_annotation_keys(spec: &Value) -> Result<(), SpecError> {
     }
 }
 
+/// `hooks.<phase>` of a config's hooks object (`at` for messages), without any entry whose
+/// path is `hook_path` (tessera-hook's own); the list, to add to.
+fn without_hook<'a>(
+    hooks_obj: &'a mut Map<String, Value>,
+    phase: &str,
+    at: &str,
+    hook_path: &str,
+) -> Result<&'a mut Vec<Value>, SpecError> {
+    let existing: Vec<HookView> = typed_items(hooks_obj.get(phase), at)?;
+    let list = array_entry(hooks_obj, phase, at)?;
+    let kept: Vec<Value> = std::mem::take(list)
+        .into_iter()
+        .zip(&existing)
+        .filter(|(_, h)| h.path != hook_path)
+        .map(|(v, _)| v)
+        .collect();
+    *list = kept;
+    Ok(list)
+}
+
 /// The first `hooks.createRuntime` or `hooks.createContainer` entry of a config, by where it
 /// is: runc 1.1 runs them after the prestart hooks and before `pivot_root`.
 pub fn hooks_after_prestart(spec: &Value) -> Option<String> {
@@ -1448,16 +1460,8 @@ pub fn add_plain_prestart(
 ) -> Result<(), SpecError> {
     let root = spec.as_object_mut().ok_or_else(|| shape("", "expected an object"))?;
     let hooks_obj = object_entry(root, "hooks", "hooks")?;
-    let existing: Vec<HookView> = typed_items(hooks_obj.get("prestart"), "hooks.prestart")?;
-    let list = array_entry(hooks_obj, "prestart", "hooks.prestart")?;
     // One of ours, whatever an earlier run of this bundle left.
-    let kept: Vec<Value> = std::mem::take(list)
-        .into_iter()
-        .zip(&existing)
-        .filter(|(_, h)| h.path != hook_path)
-        .map(|(v, _)| v)
-        .collect();
-    *list = kept;
+    let list = without_hook(hooks_obj, "prestart", "hooks.prestart", hook_path)?;
     let hook = HookBuilder::default()
         .path(hook_path)
         .args(vec!["tessera-hook".to_string(), "plain-prestart".to_string()])
