@@ -125,6 +125,23 @@ pub fn write_beside(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     durable::replace(path, bytes, 0o644, durable::Sync::Rename)
 }
 
+/// The root a container's runc uses: the bundle's `root.path` (joined to the bundle when
+/// relative, as runc does), resolved by the kernel. The config is the one tessera-runtime
+/// checked and wrote; one that cannot be read is an error. (tesserad's confirmation and
+/// `tessera-hook plain-prestart` judge the mounts below it before runc's `pivot_root`.)
+pub fn bundle_root(bundle: &Path) -> Result<PathBuf, String> {
+    let file = bundle.join("config.json");
+    let bytes = std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let root = v
+        .pointer("/root/path")
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| format!("{} has no root.path", file.display()))?;
+    let root = bundle.join(root);
+    std::fs::canonicalize(&root).map_err(|e| format!("cannot resolve {}: {e}", root.display()))
+}
+
 /// Beside tesserad's socket, the directories of tesserad's own besides the socket (its
 /// state directory, where every tenant's MPS pipe directories are), one per line: written
 /// by tesserad at start, read by the wrapper, which refuses a container that would see

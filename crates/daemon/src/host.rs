@@ -255,7 +255,7 @@ impl Host for LinuxHost {
         bundle: &Path,
         created: bool,
     ) -> Result<Vec<tessera_api::mountinfo::MountEntry>, String> {
-        let root = container_root(bundle)?;
+        let root = tessera_api::bundle_root(bundle)?;
         let proc = Path::new(PROC_ROOT).join(pid.to_string());
         if !created {
             let all = read_mount_table(&proc.join("mountinfo"))?;
@@ -319,7 +319,7 @@ impl Host for LinuxHost {
         }
         // Before runc's pivot_root the init's root is the host's: the mount is below the
         // bundle's root there.
-        let root = container_root(bundle).ok()?;
+        let root = tessera_api::bundle_root(bundle).ok()?;
         let at = root.join(mount_point.trim_start_matches('/'));
         tessera_api::procfs::shown_pid_namespace(proc, pid, at.to_str()?)
     }
@@ -330,22 +330,6 @@ impl Host for LinuxHost {
 
 /// The pid namespace every process of a directory-tree host is in.
 pub const FIXTURE_PID_NAMESPACE: &str = "pid:[4026530000]";
-
-/// The root a container's runc uses: the bundle's `root.path` (joined to the bundle when
-/// relative, as runc does), resolved by the kernel. The config is the one tessera-runtime
-/// checked and wrote; one that cannot be read is an error.
-fn container_root(bundle: &Path) -> Result<PathBuf, String> {
-    let file = bundle.join("config.json");
-    let bytes = std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-    let v: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-    let root = v
-        .pointer("/root/path")
-        .and_then(serde_json::Value::as_str)
-        .ok_or_else(|| format!("{} has no root.path", file.display()))?;
-    let root = bundle.join(root);
-    std::fs::canonicalize(&root).map_err(|e| format!("cannot resolve {}: {e}", root.display()))
-}
 
 /// Whether `a` and `b` (followed) are the same file: same device and inode.
 fn same_file(a: &Path, b: &Path) -> Result<bool, String> {

@@ -51,6 +51,15 @@ pub enum ConfirmError {
     Marker { path: PathBuf, source: io::Error },
     #[error("what runc made is refused before its process runs: {0}")]
     ProcessView(String),
+    /// An id runc takes and [`ContainerId`] does not (runc 1.1's pattern holds the range
+    /// `+`..`.`, so `a,b`): the start and exec checks find a container by its id, so one
+    /// they cannot name is never created, started or exec'd into through this wrapper.
+    #[error(
+        "`{}` is not an id tessera-runtime can name (letters, digits, `_`, `+`, `-`, `.`), so \
+         what runc makes of it could not be judged",
+        untrusted(.0).max_chars(128)
+    )]
+    UnnamedId(String),
     #[error(
         "its GPU grant is not confirmed (tessera-runtime confirms a created container at its \
          start); refusing to run anything in it before"
@@ -125,8 +134,9 @@ fn joined_a_grants_pid_namespace(
 }
 
 /// Whether the pid namespace at `path` (a config's `linux.namespaces` entry) is that of a
-/// container without a GPU under runc root `root` (one whose record carries no
-/// [`CONFIRM_ANNOTATION`], its init's namespace the same file), and not the host's: a pod's
+/// container without a GPU under runc root `root` (one whose record carries no grant label,
+/// [`crate::spec::ALLOCATED_ANNOTATION`], as the exec check tells them; its init's namespace
+/// the same file), and not the host's: a pod's
 /// sandbox, whose namespace a pod sharing its process namespace joins. A GPU container
 /// never shares a pid namespace, so no GPU process is in such a namespace or below it.
 pub fn is_a_plain_containers_pid_namespace(root: &Path, path: &Path) -> bool {
@@ -140,27 +150,25 @@ pub fn is_a_plain_containers_pid_namespace(root: &Path, path: &Path) -> bool {
     dir.filter_map(Result::ok).any(|e| {
         let name = e.file_name();
         let Some(Ok(cid)) = name.to_str().map(ContainerId::new) else { return false };
-        crate::supervise::label_hint(root, cid.as_str(), CONFIRM_ANNOTATION).is_none()
+        crate::supervise::label_hint(root, cid.as_str(), crate::spec::ALLOCATED_ANNOTATION)
+            .is_none()
             && init_pid(root, &cid).is_ok_and(|pid| {
                 id(&Path::new("/proc").join(pid.to_string()).join("ns/pid")) == Some(joined)
             })
     })
 }
 
-/// Process `pid`'s bounding set (`CapBnd` of `/proc/<pid>/status`), bit N capability N.
-pub fn init_bounding_set(pid: i32) -> Result<u64, String> {
+/// Whether process `pid` holds CAP_SYS_PTRACE (capability 19 of linux/capability.h) in its
+/// bounding set (`CapBnd` of `/proc/<pid>/status`).
+fn init_holds_ptrace(pid: i32) -> Result<bool, String> {
     let file = format!("/proc/{pid}/status");
     let text = std::fs::read_to_string(&file).map_err(|e| format!("{file}: {e}"))?;
-    text.lines()
+    let bounding = text
+        .lines()
         .find_map(|l| l.strip_prefix("CapBnd:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .ok_or_else(|| format!("{file} has no CapBnd line"))
-}
-
-/// Whether process `pid` holds CAP_SYS_PTRACE (capability 19 of linux/capability.h) in its
-/// bounding set.
-pub fn init_holds_ptrace(pid: i32) -> Result<bool, String> {
-    Ok(init_bounding_set(pid)? & (1 << 19) != 0)
+        .ok_or_else(|| format!("{file} has no CapBnd line"))?;
+    Ok(bounding & (1 << 19) != 0)
 }
 
 /// Asks tesserad to confirm container `id`, which `runc create` made from `bundle` in
@@ -353,10 +361,7 @@ pub fn before_start(
     // Not an id tessera can name: never judged, so never started through this wrapper
     // (runc's own pattern takes some, `a,b`, that tessera's does not).
     let Some(Ok(id)) = one.to_str().map(ContainerId::new) else {
-        return Err(refuse(ConfirmError::ProcessView(format!(
-            "`{}` is not an id tessera-runtime can name, so what runc made of it cannot be judged",
-            untrusted(&one.to_string_lossy()).max_chars(128)
-        ))));
+        return Err(refuse(ConfirmError::UnnamedId(one.to_string_lossy().into_owned())));
     };
     if marker(root, &id).is_file() {
         return Ok(());

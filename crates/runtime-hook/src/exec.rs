@@ -213,26 +213,11 @@ pub fn check_exec(root: &Path, args: &[OsString]) -> Result<(), ExecError> {
                     && n.get("path").and_then(Value::as_str).unwrap_or("").is_empty()
             },
         );
-    let mut process = match &exec.process {
+    let process = match &exec.process {
         Some(file) => read_process(file).map_err(gpu)?,
         None => config.get("process").cloned().unwrap_or(Value::Null),
     };
-    // runc adds each `--cap` to the bounding, effective, permitted and ambient sets.
-    if !exec.caps.is_empty() {
-        if let Some(p) = process.as_object_mut() {
-            let caps = p.entry("capabilities").or_insert_with(|| serde_json::json!({}));
-            for set in ["bounding", "effective", "permitted", "ambient"] {
-                if let Some(list) = caps
-                    .as_object_mut()
-                    .map(|c| c.entry(set).or_insert_with(|| Value::Array(Vec::new())))
-                {
-                    if let Some(a) = list.as_array_mut() {
-                        a.extend(exec.caps.iter().map(|c| Value::from(c.as_str())));
-                    }
-                }
-            }
-        }
-    }
+    let process = with_caps(process, &exec.caps);
     check_within_init(root, &exec.container_id, &process).map_err(gpu)?;
     if !own_userns {
         if let Some((at, cap)) =

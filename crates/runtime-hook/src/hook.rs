@@ -202,15 +202,8 @@ pub fn run_hook(
                 id: id.clone(),
                 source: crate::confirm::ConfirmError::ProcessView(why),
             };
-            let bundle = std::path::Path::new(&state.bundle);
-            let config = std::fs::read(bundle.join("config.json"))
-                .map_err(|e| made(format!("its config cannot be read: {e}")))?;
-            let root = serde_json::from_slice::<serde_json::Value>(&config)
-                .ok()
-                .and_then(|v| v.pointer("/root/path").and_then(|p| p.as_str()).map(String::from))
-                .ok_or_else(|| made("its config names no root.path".into()))?;
-            let rootfs = std::fs::canonicalize(bundle.join(&root))
-                .map_err(|e| made(format!("its root cannot be resolved: {e}")))?;
+            let rootfs = tessera_api::bundle_root(std::path::Path::new(&state.bundle))
+                .map_err(|e| made(format!("its root: {e}")))?;
             crate::confirm::judge_plain_made(
                 pid,
                 Some(&rootfs),

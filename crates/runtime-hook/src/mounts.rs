@@ -280,6 +280,25 @@ fn holding<'a>(mounts: &'a [MountEntry], p: &Path) -> Option<&'a MountEntry> {
         .map(|(_, m)| m)
 }
 
+/// A bind's source as runc hands it to mount(2): runc joins a relative source to the
+/// bundle with `filepath.Join`, which cleans `..` lexically; an absolute one goes as
+/// written, and the kernel resolves `..` after the links before it.
+fn joined_source(bundle: &Path, source: &str) -> PathBuf {
+    let raw = Path::new(source);
+    if raw.is_absolute() {
+        raw.to_path_buf()
+    } else {
+        clean(&bundle.join(raw))
+    }
+}
+
+/// [`joined_source`] where the host resolves it now (links followed), lexically where it
+/// does not exist.
+fn resolved_source(bundle: &Path, source: &str, host: &dyn HostFacts) -> PathBuf {
+    let joined = joined_source(bundle, source);
+    host.canonical(&joined).unwrap_or_else(|| clean(&joined))
+}
+
 /// The procfs a bind of `resolved` (as the host resolves it) brings along: the one holding
 /// it, or, for a recursive bind, one mounted below it.
 fn procfs_brought<'a>(
@@ -313,9 +332,7 @@ pub fn procfs_bind(
     let bundle = host.canonical(bundle).unwrap_or_else(|| clean(bundle));
     for p in plans(spec)? {
         let (true, Some(source)) = (p.bind, p.source.as_deref()) else { continue };
-        let raw = Path::new(source);
-        let joined = if raw.is_absolute() { raw.to_path_buf() } else { clean(&bundle.join(raw)) };
-        let resolved = host.canonical(&joined).unwrap_or_else(|| clean(&joined));
+        let resolved = resolved_source(&bundle, source, host);
         if let Some(m) = procfs_brought(host.mounts(), &resolved, p.recursive) {
             let what = format!(
                 "a bind of {} brings the procfs at {} along",
@@ -352,9 +369,7 @@ pub fn check_private_binds(
         if given.contains(&(source, p.destination.as_str())) {
             continue;
         }
-        let raw = Path::new(source);
-        let joined = if raw.is_absolute() { raw.to_path_buf() } else { clean(&bundle.join(raw)) };
-        let resolved = host.canonical(&joined).unwrap_or_else(|| clean(&joined));
+        let resolved = resolved_source(&bundle, source, host);
         let Some((device, root)) = tessera_api::mountinfo::place(mounts, &resolved) else {
             continue;
         };
@@ -667,11 +682,7 @@ fn check_bind(
         return Ok(());
     }
     let Some(source) = p.source.as_deref() else { return Ok(()) };
-    // runc joins a relative source to the bundle with `filepath.Join`, which cleans `..`
-    // lexically; an absolute one goes to mount(2) as written, and the kernel resolves `..`
-    // after the links before it.
-    let raw = Path::new(source);
-    let joined = if raw.is_absolute() { raw.to_path_buf() } else { clean(&bundle.join(raw)) };
+    let joined = joined_source(bundle, source);
     let lexical = clean(&joined);
     if within(&lexical, Path::new("/proc")) {
         return Err(MountError::Unjudgeable {

@@ -512,14 +512,9 @@ pub fn prepare(
         // runc takes ids tessera cannot name (`a,b`: runc's pattern holds the range `+`..`.`);
         // the start and exec checks find a container by its id.
         if tessera_api::ContainerId::new(&container_id).is_err() {
-            return Err(config_err(SpecError::ProcessView {
-                at: "the container id".into(),
-                why: format!(
-                    "`{}` is not an id tessera-runtime can name (letters, digits, `_`, `+`, `-`, \
-                     `.`), so what runc makes of it could not be judged at its start",
-                    tessera_api::untrusted(&container_id).max_chars(128)
-                ),
-            }));
+            return Err(fail(RuntimeError::Confirm(crate::confirm::ConfirmError::UnnamedId(
+                container_id.clone(),
+            ))));
         }
         let host_facts =
             crate::mounts::LinuxHostFacts::read().map_err(|e| config_err(SpecError::from(e)))?;
@@ -1019,11 +1014,9 @@ pub fn runtime_main(mut args: Vec<OsString>) -> i32 {
             if let Some(exec) = crate::exec::parse_exec(rest).filter(|e| !e.help) {
                 let made = match tessera_api::ContainerId::new(&exec.container_id) {
                     // Never judged, so never exec'd into through this wrapper.
-                    Err(_) => Err(crate::confirm::ConfirmError::ProcessView(format!(
-                        "`{}` is not an id tessera-runtime can name, so what runc made of it \
-                         cannot be judged",
-                        untrusted(&exec.container_id).max_chars(128)
-                    ))),
+                    Err(_) => {
+                        Err(crate::confirm::ConfirmError::UnnamedId(exec.container_id.clone()))
+                    }
                     // As `check_exec` tells them: no grant label, no GPU (a label only the
                     // wrapper writes, into GPU containers: plain configs lose theirs).
                     Ok(id)
