@@ -118,8 +118,9 @@ use serde::Serialize;
 use tessera_api::untrusted;
 
 use quota::{
-    admit, borrowing_short, chain, dominant_share, fair_order, is_within, owed_at_once,
-    owed_behind, owed_in_order, own_guarantee, victim_order,
+    admit, borrowing_short, chain, choose_victims_to_consolidate, dominant_share, fair_order,
+    first_fit, is_within, owed_at_once, owed_behind, owed_in_order, own_guarantee, victim_order,
+    worth_reclaiming, Room,
 };
 use quota::{may_reclaim_owed_later, Class, Decision, QuotaTree, Running, Usage, Waiting};
 use quota::{Resource, Resources, MIB_PER_GIB, MICRO_PER_GPU, MILLI_PER_CORE};
@@ -394,6 +395,9 @@ pub struct Report {
     /// Requests within guarantee that preempted borrowed work because the books admitted
     /// them but no node had room (fragmentation).
     pub reclaims_for_placement: u64,
+    /// Borrowed requests no node could place that moved checkpointing borrowed work off a
+    /// node to fit there ([`quota::choose_victims_to_consolidate`]).
+    pub consolidations: u64,
     /// Requests within their tenant's guarantee at arrival.
     pub owner_requests: u64,
     /// Of those, not started by the horizon (their wait so far is counted).
@@ -1218,6 +1222,8 @@ struct Sim<'a> {
     preemptions: u64,
     /// Claims served by preemption: (for the books, for placement).
     reclaims: (u64, u64),
+    /// Consolidations started ([`Sim::consolidate`]).
+    consolidations: u64,
     /// Quotas: micro-GPU-seconds of idle GPUs while requests waited only for a ceiling
     /// (at most what they asked), and the rate since `last_t`.
     ceiling_idle: u128,
@@ -1329,6 +1335,7 @@ impl<'a> Sim<'a> {
             acc: BTreeMap::new(),
             preemptions: 0,
             reclaims: (0, 0),
+            consolidations: 0,
             ceiling_idle: 0,
             ceiling_rate: 0,
             last_t: t0,
@@ -1495,19 +1502,20 @@ impl<'a> Sim<'a> {
     }
 
     /// Books and places `u` now; it starts at `begin`.
-    fn reserve(&mut self, u: usize, slots: Vec<Slot>, t: u64, begin: u64) {
+    fn reserve(&mut self, u: usize, slots: Vec<Slot>, class: Class, t: u64, begin: u64) {
         // Only an owed request reclaims; it waits, owed, through its victims' grace period.
-        self.note_owed_leaving(u, t, |_| true);
+        // A borrowed one that consolidates is not owed.
+        self.note_owed_leaving(u, t, |_| class == Class::Guaranteed);
         self.unblock(u, t);
         self.dequeue(u);
         for s in &slots {
             self.bins.take(s);
         }
-        self.usage.add(&self.units[u].tenant, Class::Guaranteed, &self.units[u].resources);
+        self.usage.add(&self.units[u].tenant, class, &self.units[u].resources);
         let st = &mut self.st[u];
         st.phase = Phase::Reserved;
         st.epoch += 1;
-        st.class = Class::Guaranteed;
+        st.class = class;
         st.slots = slots;
         let epoch = st.epoch;
         self.reserved.insert(u);
@@ -1900,6 +1908,13 @@ impl<'a> Sim<'a> {
                             progressed = true;
                             break;
                         }
+                        if class == Class::Borrowed {
+                            if !no_reclaim.contains(&u) && self.consolidate(u, t) {
+                                progressed = true;
+                                break;
+                            }
+                            no_reclaim.insert(u);
+                        }
                         (class == Class::Guaranteed).then_some((Cause::Placement, None))
                     }
                     Decision::Reclaim { under, .. } => Some((Cause::Books, under)),
@@ -2239,7 +2254,128 @@ impl<'a> Sim<'a> {
             let epoch = st.epoch;
             self.events.push(Reverse((kill_at, KILL, v, epoch)));
         }
-        self.reserve(u, slots, t, begin);
+        self.reserve(u, slots, Class::Guaranteed, t, begin);
+        true
+    }
+
+    /// Consolidation: `u`, admitted borrowed and placed on no node, takes the node where
+    /// moving the fewest-cost checkpointing borrowed units of other tenants onto the other
+    /// nodes' free room ([`quota::choose_victims_to_consolidate`], by the GPUs each node
+    /// has free, as the books count them) lets it fit, if the moved units lose no more than
+    /// it has waited ([`quota::worth_reclaiming`]); a unit stopped before (by a reclaim or a
+    /// move) is not moved again. They get SIGTERM, go back to the queue
+    /// after their grace period with their checkpoint, and ask again as any victim does;
+    /// `u` is booked borrowed and placed at once, and starts when they are gone. A gang
+    /// never consolidates. False if nothing moves.
+    fn consolidate(&mut self, u: usize, t: u64) -> bool {
+        let unit = &self.units[u];
+        if unit.members.len() != 1 {
+            return false;
+        }
+        let gpu = Resource::gpu(&self.fleet.model);
+        let free_on = |n: usize| -> u64 {
+            let f: i64 = self.bins.gpu[n].iter().map(|&f| f.max(0)).sum();
+            u64::try_from(f).unwrap_or(0)
+        };
+        let nodes = self.fleet.nodes as usize;
+        let node_gpus = u64::from(self.fleet.gpus_per_node) * MICRO_PER_GPU;
+        let ranks = self.ranks(u, Class::Borrowed);
+        let now_ms = t.saturating_mul(1000);
+        let mut best: Option<(f64, usize, Vec<usize>, Vec<Slot>)> = None;
+        let total: u64 = (0..nodes).map(free_on).sum();
+        for n in 0..nodes {
+            let free = free_on(n);
+            // Cheap tests first: room elsewhere for what it lacks here, and something on
+            // the node that could move.
+            if total.saturating_sub(free) < unit.gpu.saturating_sub(free).max(1)
+                || !self.running.iter().any(|&v| {
+                    let s = &self.st[v];
+                    s.phase == Phase::Running
+                        && s.preempted == 0
+                        && s.class == Class::Borrowed
+                        && self.units[v].checkpoints
+                        && self.units[v].tenant != unit.tenant
+                        && s.slots.iter().any(|sl| sl.node == n)
+                })
+            {
+                continue;
+            }
+            let short = Resources::new().with(gpu.clone(), unit.gpu.saturating_sub(free));
+            let short =
+                if short.is_empty() { Resources::new().with(gpu.clone(), unit.gpu) } else { short };
+            let running: Vec<Running> = self
+                .running
+                .iter()
+                .filter(|&&v| {
+                    let s = &self.st[v];
+                    s.phase == Phase::Running
+                        && s.preempted == 0
+                        && s.slots.iter().any(|sl| sl.node == n)
+                })
+                .map(|&v| Running {
+                    id: v.to_string(),
+                    tenant: self.units[v].tenant.clone(),
+                    resources: self.units[v].resources.clone(),
+                    class: self.st[v].class,
+                    started_ms: self.st[v].start.saturating_mul(1000),
+                    gang: (self.units[v].members.len() > 1).then(|| self.units[v].id.clone()),
+                    checkpoints: self.units[v].checkpoints,
+                })
+                .collect();
+            // Each victim must fit on what another node has free, as the books see the
+            // nodes (amounts, not devices); the room it takes is kept for the next.
+            let mut rooms: Vec<Room> = (0..nodes)
+                .filter(|&m| m != n)
+                .map(|m| Room {
+                    node: m.to_string(),
+                    capacity: Resources::new().with(gpu.clone(), node_gpus),
+                    free: Resources::new().with(gpu.clone(), free_on(m)),
+                })
+                .collect();
+            let place = first_fit(&mut rooms);
+            let Some(v) = choose_victims_to_consolidate(
+                &running,
+                self.tree,
+                &self.capacity,
+                &unit.tenant,
+                &short,
+                now_ms,
+                place,
+            ) else {
+                continue;
+            };
+            let victims: Vec<usize> =
+                v.chosen.iter().filter_map(|c| c.candidate.ids.first()?.parse().ok()).collect();
+            // The node's devices, once they are gone, must hold it.
+            let mut scratch = self.bins.clone();
+            for &x in &victims {
+                for sl in &self.st[x].slots {
+                    scratch.give(sl);
+                }
+            }
+            let Some(slots) = scratch.fit_ranked(&unit.members, Some(n), &ranks) else { continue };
+            if best.as_ref().is_some_and(|b| b.0 <= v.cost) {
+                continue;
+            }
+            best = Some((v.cost, n, victims, slots));
+        }
+        let Some((cost, _, victims, slots)) = best else { return false };
+        let waited = t.saturating_sub(unit.arrival);
+        if !worth_reclaiming(cost, waited, dominant_share(&unit.resources, &self.capacity)) {
+            return false;
+        }
+        self.consolidations += 1;
+        let mut begin = t;
+        for v in victims {
+            let kill_at = t.saturating_add(self.tree.grace_period_s(&self.units[v].tenant));
+            begin = begin.max(kill_at);
+            let st = &mut self.st[v];
+            st.phase = Phase::Terminating;
+            st.term_at = Some(t);
+            let epoch = st.epoch;
+            self.events.push(Reverse((kill_at, KILL, v, epoch)));
+        }
+        self.reserve(u, slots, Class::Borrowed, t, begin);
         true
     }
 
@@ -2391,6 +2527,7 @@ impl<'a> Sim<'a> {
             ceiling_idle_gpu_seconds: gs(self.ceiling_idle),
             reclaims_for_quota: self.reclaims.0,
             reclaims_for_placement: self.reclaims.1,
+            consolidations: self.consolidations,
             owner_requests: owner_waits.len() as u64,
             owner_unstarted,
             owner_waits_s: (sorted(&owner_waits), sorted(&unblocked_waits)),
@@ -2597,7 +2734,10 @@ pub fn comparison_table(reports: &[Report]) -> String {
         (
             "reclaims: quota / placement",
             Box::new(|r: &Report| {
-                format!("{} / {}", r.reclaims_for_quota, r.reclaims_for_placement)
+                format!(
+                    "{} / {} / {}",
+                    r.reclaims_for_quota, r.reclaims_for_placement, r.consolidations
+                )
             }),
         ),
         ("owner requests", Box::new(|r: &Report| r.owner_requests.to_string())),
@@ -3307,6 +3447,49 @@ mod tests {
     }
 
     const DEFAULT_GRACE: u64 = quota::DEFAULT_GRACE_PERIOD_S;
+
+    /// Two nodes of 4 GPUs, each full of c's borrowed 1-GPU jobs (checkpointing or not),
+    /// two of each node's ending at 50 s; a's 4-GPU request, borrowed, arrives at 10 s.
+    fn fragmented(checkpoints: bool) -> Report {
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"ceiling": 8}}},
+                "t/c": {"gpus": {"H100-80GB": {"ceiling": 8}}}}"#,
+        );
+        let c = |id: &str, d: u64| Job { checkpoints, ..job(id, "t/c", 0, d, 1) };
+        let jobs = [
+            c("c0", 50),
+            c("c1", 50),
+            c("c2", 1000),
+            c("c3", 1000),
+            c("c4", 50),
+            c("c5", 50),
+            c("c6", 1000),
+            c("c7", 1000),
+            job("a0", "t/a", 10, 100, 4),
+        ];
+        run(&jobs, &fleet(2, 4), &t, Mode::Quotas, Some(2000)).expect("runs")
+    }
+
+    #[test]
+    fn a_borrowed_request_no_node_holds_moves_checkpointing_work_to_another_nodes_room() {
+        // At 50 s each node has 2 GPUs free, none 4. a has waited 40 s: moving c2 and c3
+        // (30 s of grace each, 1 GPU) costs less than its wait has (4 GPUs × 40 s, in
+        // shares); they get SIGTERM, stop at 80 s with 50 s of work kept, and start again
+        // on the other node's room; a starts at 80 s on theirs.
+        let r = fragmented(true);
+        assert_eq!(r.consolidations, 1);
+        assert_eq!((r.reclaims_for_quota, r.reclaims_for_placement), (0, 0));
+        assert_eq!(start(&r, "a0"), Some(80));
+        assert_eq!((preempted(&r, "c2"), preempted(&r, "c3")), (1, 1));
+        assert_eq!(r.preemptions_checkpointing, 2);
+        // Each lost only the 30 s it ran after SIGTERM.
+        assert_eq!(r.lost_gpu_seconds, 60.0);
+        // Work that restarts from zero is not moved: a waits for c2 and c3 to end.
+        let r = fragmented(false);
+        assert_eq!(r.consolidations, 0);
+        assert_eq!(r.preemptions, 0);
+        assert_eq!(start(&r, "a0"), Some(1000));
+    }
 
     #[test]
     fn a_layout_the_validator_finds_is_the_one_the_homes_keep() {

@@ -76,7 +76,10 @@ use crate::admit::{admit as decide_quota, withheld, Class, Decision, Usage};
 use crate::amount::{Resource, Resources};
 use crate::drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
 use crate::preempt::{may_reclaim_owed_later, owed_at_once, owed_behind, worth_reclaiming};
-use crate::reclaim::{choose_victims, choose_victims_for_placement, NoVictims, Running};
+use crate::reclaim::{
+    choose_victims, choose_victims_for_placement, choose_victims_to_consolidate, first_fit,
+    NoVictims, Room, Running,
+};
 use crate::spec::{chain, is_within, QuotaTree};
 use crate::wire::{
     AdmitAnswer, AdmitRequest, Amounts, Holding, Lease, PathStatus, QuotaClass, QuotaEvent,
@@ -288,6 +291,10 @@ struct Claim<'a> {
     /// guarantees may be taken last ([`choose_victims_for_placement`]). Never where the
     /// fleet is full: such a victim would find no room elsewhere and be owed back at once.
     placement: bool,
+    /// A borrowed request its node cannot place: it may only move checkpointing borrowed
+    /// work that fits on other nodes ([`choose_victims_to_consolidate`]), and only if the
+    /// victims lose no more than it has waited ([`worth_reclaiming`]); it is owed nothing.
+    consolidate: bool,
     ask: Ask,
     req: &'a AdmitRequest,
 }
@@ -1744,6 +1751,7 @@ impl Books {
                     on: None,
                     under,
                     placement: false,
+                    consolidate: false,
                     ask,
                     req,
                 };
@@ -1832,8 +1840,18 @@ impl Books {
                 }
                 let on = Some(node);
                 let under = Some(under.as_str());
-                let claim =
-                    Claim { node, tenant, r, short: &need, on, under, placement: false, ask, req };
+                let claim = Claim {
+                    node,
+                    tenant,
+                    r,
+                    short: &need,
+                    on,
+                    under,
+                    placement: false,
+                    consolidate: false,
+                    ask,
+                    req,
+                };
                 match self.start_reclaim(tree, &claim, now) {
                     Reclaimed::Started(a) => return a,
                     Reclaimed::Not(why) => return self.queue(tree, node, req, r, None, why, now),
@@ -1841,8 +1859,19 @@ impl Books {
             }
             other => {
                 self.forget_owed(node, req, &other);
-                if let Decision::Refuse(c) = self.decide(tree, node, tenant, r, absorb) {
+                let decision = self.decide(tree, node, tenant, r, absorb);
+                if let Decision::Refuse(c) = decision {
                     return self.refuse_ceiling(node, &req.container_id, c, now);
+                }
+                // Borrowed, and the fleet has room where its node has none: move
+                // checkpointing work aside (issue 27's consolidation).
+                if matches!(decision, Decision::Admit { class: Class::Borrowed, .. }) {
+                    match self.consolidate_on_node(tree, node, req, r, ask, now) {
+                        Reclaimed::Started(a) => return a,
+                        Reclaimed::Not(why) => {
+                            return self.queue(tree, node, req, r, None, why, now)
+                        }
+                    }
                 }
             }
         }
@@ -1874,6 +1903,43 @@ impl Books {
             on: Some(node),
             under: None,
             placement,
+            consolidate: false,
+            ask,
+            req,
+        };
+        self.start_reclaim(tree, &claim, now)
+    }
+
+    /// Consolidation (issue 27): a request admitted borrowed that `node` cannot place,
+    /// first in the node's fair queue, moves other tenants' checkpointing borrowed work off
+    /// the node where each victim fits on what another node has free
+    /// ([`choose_victims_to_consolidate`]) and the victims lose no more than it has waited.
+    /// Never for a gang.
+    fn consolidate_on_node(
+        &mut self,
+        tree: &QuotaTree,
+        node: &str,
+        req: &AdmitRequest,
+        r: &Resources,
+        ask: Ask,
+        now: u64,
+    ) -> Reclaimed {
+        let tenant = req.tenant.as_str();
+        if req.gang.is_some()
+            || self.fair_queue_blocks(tree, node, tenant, &req.container_id, r, now).is_some()
+        {
+            return Reclaimed::Not(None);
+        }
+        let short = self.node_short(node, r);
+        let claim = Claim {
+            node,
+            tenant,
+            r,
+            short: &short,
+            on: Some(node),
+            under: None,
+            placement: false,
+            consolidate: true,
             ask,
             req,
         };
@@ -2140,7 +2206,8 @@ impl Books {
     /// `owed_reclaim_after_s` ([`crate::may_reclaim_owed_later`]). Starts the reclaim and
     /// answers it, or says why not.
     fn start_reclaim(&mut self, tree: &QuotaTree, claim: &Claim<'_>, now: u64) -> Reclaimed {
-        let Claim { node, tenant: claimant, r, short, on, under, placement, ask, req } = *claim;
+        let Claim { node, tenant: claimant, r, short, on, under, placement, consolidate, ask, req } =
+            *claim;
         if short.is_empty() {
             return Reclaimed::Not(None);
         }
@@ -2165,8 +2232,9 @@ impl Books {
             )));
         }
         // Not owed at once at its first ask: whether it is owed now, and how (both rules on
-        // one look at the fair queue).
-        let owed_now = (!ask.owed_first).then(|| {
+        // one look at the fair queue). A consolidation is owed nothing: it is judged by what
+        // its victims lose alone.
+        let owed_now = (!ask.owed_first && !consolidate).then(|| {
             let judge = self.owed_judge(tree, node, req, r, now);
             (judge(Owed::Behind), owed_how(judge(Owed::AtOnce)))
         });
@@ -2184,7 +2252,7 @@ impl Books {
         }
         // Owed now: since when, from the ask that first found it so (counted again from
         // zero where no ask has found it owed for as long as the queue keeps a claim).
-        let owed_since_ms = if ask.owed_first {
+        let owed_since_ms = if ask.owed_first || consolidate {
             now
         } else {
             let new = !self.owed_since.contains_key(&key);
@@ -2280,6 +2348,11 @@ impl Books {
             {
                 continue;
             }
+            // A workload stopped before (its requeue is remembered) is not moved again.
+            let claim = TenantClaim(e.tenant.clone(), e.workload.clone().unwrap_or(c.clone()));
+            if consolidate && self.requeues.contains_key(&claim) {
+                continue;
+            }
             running.push(Running {
                 id: format!("{:010}", refs.len()),
                 tenant: e.tenant.clone(),
@@ -2311,8 +2384,26 @@ impl Books {
         }
         let capacity = self.capacity();
         // The fleet has room, this node not (placement).
-        let choose = if placement { choose_victims_for_placement } else { choose_victims };
-        let chosen = match choose(&running, &usage, tree, &capacity, claimant, r, short, now) {
+        let chosen = if consolidate {
+            // Each victim must fit on what another live node has free.
+            let mut rooms: Vec<Room> = self
+                .nodes
+                .iter()
+                .filter(|(n, _)| n.as_str() != node)
+                .map(|(n, nb)| Room {
+                    node: n.clone(),
+                    capacity: nb.capacity.clone(),
+                    free: self.node_free(n),
+                })
+                .collect();
+            let place = first_fit(&mut rooms);
+            choose_victims_to_consolidate(&running, tree, &capacity, claimant, short, now, place)
+                .ok_or(NoVictims::Short)
+        } else {
+            let choose = if placement { choose_victims_for_placement } else { choose_victims };
+            choose(&running, &usage, tree, &capacity, claimant, r, short, now)
+        };
+        let chosen = match chosen {
             Ok(v) => v,
             Err(NoVictims::Short) => return Reclaimed::Not(None),
             Err(NoVictims::Protected { until_ms }) => {
@@ -2344,6 +2435,13 @@ impl Books {
             return Reclaimed::Not(Some(format!(
                 "{owed}, so it reclaims only when the borrowed work would lose no more than it \
                  has waited ({waited_s} s so far){patience}; it waits for capacity to free"
+            )));
+        }
+        if consolidate && !worth_reclaiming(chosen.cost, waited_s, share) {
+            return Reclaimed::Not(Some(format!(
+                "the checkpointing borrowed work that moving would make room for it on node \
+                 {node} would lose more than it has waited ({waited_s} s so far); it waits \
+                 for capacity to free"
             )));
         }
         let mut picked: BTreeMap<NodeContainer, String> = BTreeMap::new();
@@ -2395,11 +2493,19 @@ impl Books {
                 container_id: c.clone(),
                 tenant: e.tenant.clone(),
                 grace_s,
-                reason: format!(
-                    "reclaimed for {claimant}, which asks {r} within its guarantee on node \
-                     {node} ({owed}): {} runs {} on borrowed capacity; {why}",
-                    e.tenant, e.resources,
-                ),
+                reason: if consolidate {
+                    format!(
+                        "moved for {claimant}, which asks {r} borrowed on node {node} and fits \
+                         there once it is gone: {} runs {} on borrowed capacity; {why}",
+                        e.tenant, e.resources,
+                    )
+                } else {
+                    format!(
+                        "reclaimed for {claimant}, which asks {r} within its guarantee on node \
+                         {node} ({owed}): {} runs {} on borrowed capacity; {why}",
+                        e.tenant, e.resources,
+                    )
+                },
                 requeue: String::new(),
             });
         }
@@ -2455,12 +2561,21 @@ impl Books {
                 format!("on nodes {}", ns.into_iter().collect::<Vec<_>>().join(", "))
             }
         };
-        let message = format!(
-            "reclaiming: stopping {} of {} {where_} (grace {grace} s) to return {claimant} its \
-             guarantee",
-            plural(victims.len(), "borrowed container", "borrowed containers"),
-            tenants.iter().cloned().collect::<Vec<_>>().join(", ")
-        );
+        let message = if consolidate {
+            format!(
+                "consolidating: moving {} of {} off node {node} (grace {grace} s) to make room \
+                 for {claimant}; they resume from their checkpoints on other nodes",
+                plural(victims.len(), "checkpointing container", "checkpointing containers"),
+                tenants.iter().cloned().collect::<Vec<_>>().join(", ")
+            )
+        } else {
+            format!(
+                "reclaiming: stopping {} of {} {where_} (grace {grace} s) to return {claimant} \
+                 its guarantee",
+                plural(victims.len(), "borrowed container", "borrowed containers"),
+                tenants.iter().cloned().collect::<Vec<_>>().join(", ")
+            )
+        };
         self.insert_reclaim(
             claim_key(node, req),
             Reclaim {

@@ -5659,3 +5659,138 @@ fn rt_record_leadership_flapping_does_not_count_a_merged_record_twice() {
     let kept = back_a.keep_history(history_a);
     assert_eq!(back_a.counters(), back_b.counters(), "A's record counted twice (kept: {kept})");
 }
+
+// --- consolidation (issue 27) ------------------------------------------------------------
+
+const CONSOLIDATE: &str = r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
+                             "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
+                                        "grace_period_s": 30}}"#;
+
+/// n1 holding `b_on_n1` of b's 1-GPU containers (`b0`…: 2 guaranteed, the rest borrowed;
+/// checkpointing or not), n2 holding `a_on_n2` of a's; a's 2-GPU request `big` on n1 is
+/// then borrowed (a holds more than its guarantee of 2) and n1 cannot place it.
+fn consolidation_fleet(
+    checkpoint: bool,
+    b_on_n1: usize,
+    a_on_n2: usize,
+) -> (QuotaTree, Books, [Node; 2], u64) {
+    let t = tree(CONSOLIDATE);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, b_on_n1), checkpoint, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, a_on_n2), false, &mut now);
+    (t, b, nodes, now)
+}
+
+fn reclaim_message(a: &AdmitAnswer) -> &str {
+    let AdmitAnswer::Reclaiming { message, .. } = a else { panic!("expected a reclaim: {a:?}") };
+    message
+}
+
+#[test]
+fn a_borrowed_request_its_node_cannot_place_moves_checkpointing_work_that_fits_elsewhere() {
+    let (t, mut b, mut nodes, now) = consolidation_fleet(true, 8, 5);
+    let big = ask("big", "acme/a", 2);
+    // At its first ask it has waited nothing: moving b's work (2 × 30 s of grace) is not
+    // worth it yet.
+    let a = nodes[0].admit(&mut b, &t, big.clone(), now);
+    let (message, _) = refused(&a);
+    assert!(message.contains("would lose more than it has waited (0 s so far)"), "{message}");
+    // 30 s later its wait has cost as much as the two moves: the two youngest borrowed
+    // containers of b on n1 move (n2 has 3 GPUs free), never b's guaranteed b0 and b1.
+    let later = now + 30_000;
+    let a = nodes[0].admit(&mut b, &t, big.clone(), later);
+    let mut victims = victims_of(&a);
+    victims.sort_unstable();
+    assert_eq!(victims, [("n1", "b6"), ("n1", "b7")], "{a:?}");
+    assert!(
+        reclaim_message(&a)
+            .contains("consolidating: moving 2 checkpointing containers of acme/b off node n1"),
+        "{a:?}"
+    );
+    let AdmitAnswer::Reclaiming { victims, .. } = &a else { unreachable!() };
+    for v in victims {
+        assert!(v.reason.contains("moved for acme/a, which asks"), "{}", v.reason);
+        assert!(v.reason.contains("node n2 has room for it"), "{}", v.reason);
+        assert!(v.requeue.contains("resumes from it"), "{}", v.requeue);
+    }
+    let events = b.events();
+    assert!(events.iter().any(|e| e.reason.contains("consolidating")), "{events:?}");
+    // The victims stop; a's request is admitted, borrowed, on the room held for it.
+    for id in ["b6", "b7"] {
+        assert!(b.release("n1", id, later + 30_000));
+        nodes[0].stop(id);
+    }
+    nodes[0].sync(&mut b, &t, later + 30_000);
+    let a = nodes[0].admit(&mut b, &t, big, later + 31_000);
+    assert_eq!(admitted(&a), QuotaClass::Borrowed);
+}
+
+#[test]
+fn consolidation_moves_nothing_that_restarts_from_zero_nor_where_no_other_node_has_room() {
+    // n1 has 1 GPU free, so a's 2 lacks one: an hour after its first ask, moving one of
+    // b's containers (which ran as long) would cost half what a's wait has.
+    let after_an_hour = |checkpoint: bool, a_on_n2: usize| {
+        let (t, mut b, mut nodes, now) = consolidation_fleet(checkpoint, 7, a_on_n2);
+        refused(&nodes[0].admit(&mut b, &t, ask("big", "acme/a", 2), now));
+        let mut later = now;
+        for _ in 0..15 {
+            later += 240_000;
+            sync_all(&mut nodes, &mut b, &t, later);
+        }
+        nodes[0].admit(&mut b, &t, ask("big", "acme/a", 2), later)
+    };
+    // b's work does not checkpoint: moving it would lose all it ran.
+    let a = after_an_hour(false, 5);
+    assert!(!matches!(a, AdmitAnswer::Reclaiming { .. }), "{a:?}");
+    // It checkpoints, but n2 is full.
+    let a = after_an_hour(true, 8);
+    assert!(!matches!(a, AdmitAnswer::Reclaiming { .. }), "{a:?}");
+    // It checkpoints and n2 has room: b6, the youngest borrowed, moves.
+    let a = after_an_hour(true, 5);
+    assert_eq!(victims_of(&a), [("n1", "b6")], "{a:?}");
+}
+
+/// [`consolidation_fleet`]: a's `big` moves b6 and b7 off n1; they ask again on n2 as
+/// the same claims (`same`) or as new ones, b5 ends (n1 has 1 GPU free), and a asks 2
+/// more on n2, where only those two of b's containers run: its answer once it has waited
+/// 240 s.
+fn moved_then_asked_again(same: bool) -> AdmitAnswer {
+    let (t, mut b, mut nodes, now) = consolidation_fleet(true, 8, 5);
+    refused(&nodes[0].admit(&mut b, &t, ask("big", "acme/a", 2), now));
+    let mut later = now + 30_000;
+    let a = nodes[0].admit(&mut b, &t, ask("big", "acme/a", 2), later);
+    assert_eq!(victims_of(&a).len(), 2);
+    later += 30_000;
+    for id in ["b6", "b7"] {
+        assert!(b.release("n1", id, later));
+        nodes[0].stop(id);
+    }
+    nodes[0].sync(&mut b, &t, later);
+    admitted(&nodes[0].admit(&mut b, &t, ask("big", "acme/a", 2), later));
+    nodes[0].sync(&mut b, &t, later);
+    for id in ["b6", "b7"] {
+        let id = if same { id.to_string() } else { format!("new-{id}") };
+        let mut req = ask(&id, "acme/b", 1);
+        req.checkpoint = true;
+        admitted(&nodes[1].admit(&mut b, &t, req, later));
+    }
+    nodes[1].sync(&mut b, &t, later);
+    end_units(&mut nodes[0], &mut b, &t, ["b5".to_string()], later);
+    // Four minutes on, its first ask: moving costs more than it has waited.
+    sync_all(&mut nodes, &mut b, &t, later + 240_000);
+    refused(&nodes[1].admit(&mut b, &t, ask("big2", "acme/a", 2), later + 240_000));
+    // Four minutes more (the nodes syncing, as they do every few seconds).
+    sync_all(&mut nodes, &mut b, &t, later + 480_000);
+    nodes[1].admit(&mut b, &t, ask("big2", "acme/a", 2), later + 480_000)
+}
+
+#[test]
+fn work_stopped_before_is_not_moved_again() {
+    // Asked again as the claims the books stopped (their requeue remembered): nothing
+    // moves, though n1 has room for one of them.
+    let a = moved_then_asked_again(true);
+    assert!(!matches!(a, AdmitAnswer::Reclaiming { .. }), "{a:?}");
+    // The same containers under claims never stopped: one moves to n1.
+    let a = moved_then_asked_again(false);
+    assert_eq!(victims_of(&a).len(), 1, "{a:?}");
+}

@@ -80,8 +80,9 @@ pub use preempt::{
     may_reclaim_owed_later, owed, owed_at_once, owed_behind, owed_in_order, worth_reclaiming,
 };
 pub use reclaim::{
-    borrowing, borrowing_short, choose_victims, choose_victims_for_placement, victim_order,
-    Candidate, Chosen, NoVictims, Protected, Running, Victims,
+    borrowing, borrowing_short, choose_victims, choose_victims_for_placement,
+    choose_victims_to_consolidate, first_fit, victim_order, Candidate, Chosen, NoVictims,
+    Protected, Room, Running, Victims,
 };
 pub use shape::{check_shape, layout, own_guarantee, ShapeFinding, ShapeKind, MAX_LAYOUT_STEPS};
 pub use spec::{

@@ -27,6 +27,16 @@
 //! short and whose tenant still borrows with the units taken before them gone, until the
 //! shortfall is covered; then every taken unit the others already cover for is spared,
 //! dearest first, so a reclaim stops no more than the claimant needs.
+//!
+//! **Consolidation** ([`choose_victims_to_consolidate`], issue 27) moves work rather than
+//! reclaiming it: a request admitted *borrowed* that its node cannot place, though the
+//! fleet has room, may stop other tenants' borrowed containers on that node that checkpoint
+//! on SIGTERM (they lose at most their grace period and resume from the checkpoint), only
+//! where each one fits on the room another node has free, so it can run again at once.
+//! Gangs are never moved. Whether the move is worth it is the caller's ski-rental test
+//! ([`crate::worth_reclaiming`]: the victims lose no more than the request has waited).
+//! KAI scheduler's consolidation action moves pods the same way, only where every one of
+//! them can be placed again.
 
 use std::collections::BTreeMap;
 
@@ -334,6 +344,86 @@ pub fn choose_victims_for_placement(
         Err(NoVictims::Short) => cover(&order, &protected, usage, tree, who, short, false)
             .map(|taken| victims(&order, taken, short, true)),
         other => other.map(|taken| victims(&order, taken, short, false)),
+    }
+}
+
+/// One node other than the claim's, for [`choose_victims_to_consolidate`]: what it has
+/// and what it has free, in the resources its capacity names (and every GPU model).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Room {
+    /// The node's name (for the reasons given).
+    pub node: String,
+    /// Its capacity.
+    pub capacity: Resources,
+    /// Its free room.
+    pub free: Resources,
+}
+
+/// Consolidation (module documentation): the units of `running` (the claim's node's) to
+/// move so that `short` is freed for `claimant`'s borrowed request at `now_ms`: other
+/// tenants' wholly borrowed containers that checkpoint on SIGTERM, not in a gang, past
+/// their minimum run time, cheapest first, each taken only if `place_elsewhere` finds it
+/// room on another node (it keeps that room taken for the next one, and names the node);
+/// then every one the others already cover for is spared, dearest first. `None` when they
+/// do not free `short`. [`first_fit`] places by what each node has free.
+pub fn choose_victims_to_consolidate(
+    running: &[Running],
+    tree: &QuotaTree,
+    capacity: &Resources,
+    claimant: &str,
+    short: &Resources,
+    now_ms: u64,
+    mut place_elsewhere: impl FnMut(&Candidate) -> Option<String>,
+) -> Option<Victims> {
+    if short.is_empty() {
+        return None;
+    }
+    let (order, _protected) = victim_order(running, tree, capacity, claimant, now_ms);
+    let mut left = short.clone();
+    let mut taken = Vec::new();
+    let mut dest: BTreeMap<usize, String> = BTreeMap::new();
+    for (i, c) in order.iter().enumerate() {
+        if left.is_empty() {
+            break;
+        }
+        let movable = c.checkpoints && c.gang.is_none() && c.guaranteed.is_empty();
+        if !movable || !c.resources.iter().any(|(r, _)| left.get(r) > 0) {
+            continue;
+        }
+        let Some(to) = place_elsewhere(c) else { continue };
+        left.sub(&c.resources);
+        dest.insert(i, to);
+        taken.push(i);
+    }
+    if !left.is_empty() {
+        return None;
+    }
+    let mut v = victims(&order, taken, short, false);
+    for c in &mut v.chosen {
+        let i = order.iter().position(|o| o.ids == c.candidate.ids);
+        let to = i.and_then(|i| dest.get(&i)).map_or("another node", String::as_str);
+        c.why = format!(
+            "moved to make room (consolidation): it checkpoints on SIGTERM, so it loses at \
+             most {} s (its grace period, or what it has run), and node {to} has room for it \
+             to resume there",
+            c.candidate.lost_s
+        );
+    }
+    Some(v)
+}
+
+/// [`choose_victims_to_consolidate`]'s placement by what each of `rooms` has free: the
+/// first that holds the unit (in the resources its capacity names, and every GPU model),
+/// whose free room it then takes.
+pub fn first_fit(rooms: &mut [Room]) -> impl FnMut(&Candidate) -> Option<String> + '_ {
+    move |c: &Candidate| {
+        let room = rooms.iter_mut().find(|n| {
+            let need = c.resources.only(|x| matches!(x, Resource::Gpu(_)) || n.capacity.get(x) > 0);
+            need.fits_in(&n.free)
+        })?;
+        let need = c.resources.only(|x| matches!(x, Resource::Gpu(_)) || room.capacity.get(x) > 0);
+        room.free.sub(&need);
+        Some(room.node.clone())
     }
 }
 

@@ -1023,6 +1023,74 @@ fn borrowed_work_is_taken_only_while_its_tenant_borrows() {
 /// For placement (the fleet has room, the claimant's node not), work whose tenants borrow
 /// goes first; if it frees too little there, the work of tenants back within their
 /// guarantees is taken too, and each victim says so.
+/// A node other than the claim's with `cap` GPUs, `free` of them free.
+fn room(node: &str, cap: u64, free: u64) -> crate::Room {
+    crate::Room { node: node.into(), capacity: gpus(cap), free: gpus(free) }
+}
+
+#[test]
+fn consolidation_moves_only_checkpointing_borrowed_work_that_fits_elsewhere() {
+    let (t, fleet) = (team_times(), gpus(16));
+    let ck = |r: Running| Running { checkpoints: true, ..r };
+    // At t = 1000 s on the claim's node: b1 (1 GPU, checkpoints), b2 (2, restarts from
+    // zero), m1 (ml, 1, checkpoints, started 950 s: within ml's 60 s minimum run time), a
+    // gang g of b checkpointing, b's guaranteed gb1; the claimant acme/a's own a1.
+    let running = [
+        ck(run("b1", "acme/b", 1, Class::Borrowed, 100, None)),
+        run("b2", "acme/b", 2, Class::Borrowed, 900, None),
+        ck(run("m1", "acme/ml", 1, Class::Borrowed, 950, None)),
+        ck(run("g1", "acme/b", 1, Class::Borrowed, 10, Some("g"))),
+        ck(run("gb1", "acme/b", 1, Class::Guaranteed, 10, None)),
+        ck(run("a1", "acme/a", 1, Class::Borrowed, 10, None)),
+    ];
+    let consolidate = |short: u64, elsewhere: &[crate::Room]| {
+        let mut rooms = elsewhere.to_vec();
+        let place = crate::first_fit(&mut rooms);
+        crate::choose_victims_to_consolidate(
+            &running,
+            &t,
+            &fleet,
+            "acme/a",
+            &gpus(short),
+            1_000_000,
+            place,
+        )
+    };
+    // One GPU short, another node with one free: b1 moves, though it ran longest (it
+    // loses only b's grace period, 20 s).
+    let v = consolidate(1, &[room("n2", 8, 1)]).expect("b1 moves");
+    assert_eq!(ids(&v), ["b1"]);
+    assert_eq!(v.chosen[0].candidate.lost_s, 20);
+    assert!(v.chosen[0].why.contains("consolidation"), "{v:?}");
+    assert!(v.chosen[0].why.contains("node n2 has room"), "{v:?}");
+    // No other node has room for it: nothing moves.
+    assert_eq!(consolidate(1, &[room("n2", 8, 0)]), None);
+    assert_eq!(consolidate(1, &[]), None);
+    // Two short: only b1 may move (b2 restarts from zero, m1 is protected, g1 is in a
+    // gang, gb1 is guaranteed, a1 is the claimant's own): none frees two.
+    assert_eq!(consolidate(2, &[room("n2", 8, 8)]), None);
+    // Past ml's minimum run time m1 may move too; each needs its own room: with one GPU
+    // free on each of two nodes both move, with one GPU free in all only one fits.
+    let later = |elsewhere: &[crate::Room]| {
+        let mut rooms = elsewhere.to_vec();
+        let place = crate::first_fit(&mut rooms);
+        crate::choose_victims_to_consolidate(
+            &running,
+            &t,
+            &fleet,
+            "acme/a",
+            &gpus(2),
+            1_020_000,
+            place,
+        )
+    };
+    let v = later(&[room("n2", 8, 1), room("n3", 8, 1)]).expect("b1 and m1 move");
+    let mut got = ids(&v);
+    got.sort();
+    assert_eq!(got, ["b1", "m1"]);
+    assert_eq!(later(&[room("n2", 8, 1)]), None);
+}
+
 #[test]
 fn for_placement_work_of_tenants_within_their_guarantees_is_taken_last() {
     let (t, fleet) = (team_times(), gpus(16));
