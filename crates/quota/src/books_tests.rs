@@ -5726,7 +5726,7 @@ fn a_borrowed_request_its_node_cannot_place_moves_checkpointing_work_that_fits_e
 }
 
 #[test]
-fn consolidation_moves_nothing_that_restarts_from_zero_nor_where_no_other_node_has_room() {
+fn consolidation_moves_nothing_that_restarts_from_zero() {
     // n1 has 1 GPU free, so a's 2 lacks one: an hour after its first ask, moving one of
     // b's containers (which ran as long) would cost half what a's wait has.
     let after_an_hour = |checkpoint: bool, a_on_n2: usize| {
@@ -5741,9 +5741,6 @@ fn consolidation_moves_nothing_that_restarts_from_zero_nor_where_no_other_node_h
     };
     // b's work does not checkpoint: moving it would lose all it ran.
     let a = after_an_hour(false, 5);
-    assert!(!matches!(a, AdmitAnswer::Reclaiming { .. }), "{a:?}");
-    // It checkpoints, but n2 is full.
-    let a = after_an_hour(true, 8);
     assert!(!matches!(a, AdmitAnswer::Reclaiming { .. }), "{a:?}");
     // It checkpoints and n2 has room: b6, the youngest borrowed, moves.
     let a = after_an_hour(true, 5);
@@ -5793,4 +5790,38 @@ fn work_stopped_before_is_not_moved_again() {
     // The same containers under claims never stopped: one moves to n1.
     let a = moved_then_asked_again(false);
     assert_eq!(victims_of(&a).len(), 1, "{a:?}");
+}
+
+#[test]
+fn consolidation_moves_nothing_where_no_other_node_has_room_for_it() {
+    // n1: b's b0 and b1 (1 GPU, guaranteed), b2 (1 GPU, borrowed, restarts from zero), x0
+    // and x1 (2 GPUs, borrowed, checkpointing), 1 GPU free; n2: `a_on_n2` of a's. a's 2 on n1 lacks 1 GPU there; the fleet has room
+    // for it whenever n2 has a GPU free. Asked again an hour after its first ask.
+    let after_an_hour = |a_on_n2: usize| {
+        let t = tree(CONSOLIDATE);
+        let (mut b, mut nodes, mut now) = two_nodes(&t);
+        fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 2), true, &mut now);
+        fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 2, 1), false, &mut now);
+        for id in ["x0", "x1"] {
+            let mut req = ask(id, "acme/b", 2);
+            req.checkpoint = true;
+            admit_retrying(&mut nodes, 0, &mut b, &t, &req, &mut now);
+            nodes[0].sync(&mut b, &t, now);
+        }
+        fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, a_on_n2), false, &mut now);
+        refused(&nodes[0].admit(&mut b, &t, ask("big", "acme/a", 2), now));
+        let mut later = now;
+        for _ in 0..15 {
+            later += 240_000;
+            sync_all(&mut nodes, &mut b, &t, later);
+        }
+        nodes[0].admit(&mut b, &t, ask("big", "acme/a", 2), later)
+    };
+    // n2 has 1 GPU free: neither 2-GPU container fits there, so nothing moves.
+    let a = after_an_hour(7);
+    assert!(!matches!(a, AdmitAnswer::Reclaiming { .. }), "{a:?}");
+    // n2 has 2 free: one of them (they started together) moves there.
+    let a = after_an_hour(6);
+    let v = victims_of(&a);
+    assert!(v == [("n1", "x0")] || v == [("n1", "x1")], "{a:?}");
 }
