@@ -5824,4 +5824,189 @@ fn consolidation_moves_nothing_where_no_other_node_has_room_for_it() {
     let a = after_an_hour(6);
     let v = victims_of(&a);
     assert!(v == [("n1", "x0")] || v == [("n1", "x1")], "{a:?}");
+
+// --- red team: consolidation ---
+
+/// [`CONSOLIDATE`] with a requeue backoff of 600 s for both tenants.
+const CONSOLIDATE_BACKOFF: &str = r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
+                                     "grace_period_s": 30, "requeue_backoff_s": 600},
+                                     "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
+                                     "grace_period_s": 30, "requeue_backoff_s": 600}}"#;
+
+/// n1 and n3 each full of four 2-GPU checkpointing containers of b (`b0`…`b3` on n1, b0
+/// guaranteed, `b4`…`b7` on n3, all borrowed); n2 holding 5 of a's 1-GPU containers (3
+/// GPUs free there, the fleet's only free room).
+fn rt_two_gpu_victims_fleet() -> (QuotaTree, Books, [Node; 3], u64) {
+    let t = tree(CONSOLIDATE);
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    for k in 0..8 {
+        now += 1_000;
+        let n = if k < 4 { 0 } else { 2 };
+        let mut req = ask(&format!("b{k}"), "acme/b", 2);
+        req.checkpoint = true;
+        admit_retrying(&mut nodes, n, &mut b, &t, &req, &mut now);
+        nodes[n].sync(&mut b, &t, now);
+    }
+    sync_all(&mut nodes, &mut b, &t, now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    (t, b, nodes, now)
+}
+
+#[test]
+fn rt_two_consolidations_do_not_promise_the_same_room_elsewhere_twice() {
+    // Shows: the room a consolidation's victims are sent to (`first_fit` over
+    // `Books::node_free`) is not remembered once the call returns, so a second
+    // consolidation sends its own victims into the same room. a's `x` (1 GPU) on n1 moves
+    // a 2-GPU container of b to n2 (3 GPUs free, the fleet's only room); a's `y` (1 GPU)
+    // on n3 then moves another 2-GPU container of b "to n2" too: 4 GPUs promised on a node
+    // with 3 free, so one of the moved containers cannot resume (the fleet's books still
+    // had room for y: 24 GPUs, 21 used, 1 held for x).
+    let (t, mut b, mut nodes, now) = rt_two_gpu_victims_fleet();
+    let (x, y) = (ask("x", "acme/a", 1), ask("y", "acme/a", 1));
+    refused(&nodes[0].admit(&mut b, &t, x.clone(), now));
+    refused(&nodes[2].admit(&mut b, &t, y.clone(), now));
+    let later = now + 120_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    let first = nodes[0].admit(&mut b, &t, x, later);
+    assert_eq!(victims_of(&first).len(), 1, "{first:?}");
+    let second = nodes[2].admit(&mut b, &t, y, later);
+    let moved: Vec<_> = match &second {
+        AdmitAnswer::Reclaiming { victims, .. } => {
+            victims.iter().map(|v| v.container_id.clone()).collect()
+        }
+        _ => Vec::new(),
+    };
+    assert!(
+        moved.is_empty(),
+        "a second consolidation moved {moved:?} into n2's room already promised to {:?} \
+         (n2 has {} GPUs free): {second:?}",
+        victims_of(&first),
+        nodes[1].free() / MICRO_PER_GPU
+    );
+}
+
+/// [`CONSOLIDATE_BACKOFF`]'s fleet: n1 holding 8 of b's 1-GPU checkpointing containers
+/// (b0, b1 guaranteed), n2 holding 5 of a's; a's 2-GPU `big` (checkpointing as `ckpt`
+/// says), asked on n1 and again 30 s later, moves b6 and b7, which stop; big is admitted.
+fn rt_moved_with_backoff(ckpt: bool) -> (QuotaTree, Books, [Node; 2], u64) {
+    rt_moved(CONSOLIDATE_BACKOFF, ckpt)
+}
+
+/// [`rt_moved_with_backoff`] under the quotas `json`.
+fn rt_moved(json: &str, ckpt: bool) -> (QuotaTree, Books, [Node; 2], u64) {
+    let t = tree(json);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    let mut big = ask("big", "acme/a", 2);
+    big.checkpoint = ckpt;
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
+    let mut later = now + 30_000;
+    let a = nodes[0].admit(&mut b, &t, big.clone(), later);
+    let mut moved = victims_of(&a);
+    moved.sort_unstable();
+    assert_eq!(moved, [("n1", "b6"), ("n1", "b7")], "{a:?}");
+    later += 30_000;
+    for id in ["b6", "b7"] {
+        assert!(b.release("n1", id, later));
+        nodes[0].stop(id);
+    }
+    nodes[0].sync(&mut b, &t, later);
+    admitted(&nodes[0].admit(&mut b, &t, big, later));
+    sync_all(&mut nodes, &mut b, &t, later);
+    (t, b, nodes, later)
+}
+
+#[test]
+fn rt_a_moved_container_may_resume_at_once_on_the_room_it_was_moved_to() {
+    // Shows: consolidation books each move as a preemption with a requeue backoff, so the
+    // moved container is refused on the node the books said "has room for it to resume
+    // there" for requeue_backoff_s (600 s here) — its loss is that backoff, not "at most
+    // its grace period" as the victim's reason and `worth_reclaiming`'s cost say.
+    let (t, mut b, mut nodes, later) = rt_moved_with_backoff(false);
+    let mut req = ask("b6", "acme/b", 1);
+    req.checkpoint = true;
+    let a = nodes[1].admit(&mut b, &t, req, later + 1_000);
+    assert!(
+        matches!(a, AdmitAnswer::Admitted { .. }),
+        "b6, moved to make room on n1, is not let resume on n2 (3 GPUs free): {a:?}"
+    );
+}
+
+#[test]
+fn rt_a_claimant_in_requeue_backoff_does_not_move_others_work() {
+    // Shows: `consolidate_on_node` never asks `in_backoff`, so a claimant that may not
+    // borrow yet (its work was just moved; requeue backoff 600 s) still stops others'
+    // work for itself: b6, moved off n1 for a's `big`, asks again on n1 and, 60 s later,
+    // moves `big` off n1 in turn (ping-pong), though once big is gone b6 will be refused
+    // by its backoff (the room held for nothing).
+    let (t, mut b, mut nodes, later) = rt_moved_with_backoff(true);
+    let mut req = ask("b6", "acme/b", 1);
+    req.checkpoint = true;
+    let first = nodes[0].admit(&mut b, &t, req.clone(), later + 1_000);
+    assert!(!matches!(first, AdmitAnswer::Reclaiming { .. }), "{first:?}");
+    sync_all(&mut nodes, &mut b, &t, later + 61_000);
+    let again = nodes[0].admit(&mut b, &t, req, later + 61_000);
+    assert!(
+        !matches!(again, AdmitAnswer::Reclaiming { .. }),
+        "b6, in its requeue backoff, moves others' work for itself: {again:?}"
+    );
+}
+
+#[test]
+fn rt_a_consolidation_hold_does_not_make_owed_work_preempt_others() {
+    // Shows: the room a consolidation holds for a *borrowed* claimant is defended like a
+    // guaranteed claim's: an owed request of c on that node (c holds nothing, guarantee 4)
+    // finds it held for another tenant and preempts b's running work for 2 GPUs, while 2
+    // GPUs sit idle held for a's borrowed `big` (itself reclaimable by c once admitted).
+    // Two more moves of running work for capacity the node already has free.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
+                       "grace_period_s": 30},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 16}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    let big = ask("big", "acme/a", 2);
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
+    let mut later = now + 30_000;
+    let a = nodes[0].admit(&mut b, &t, big, later);
+    assert_eq!(victims_of(&a).len(), 2, "{a:?}");
+    later += 30_000;
+    for id in ["b6", "b7"] {
+        assert!(b.release("n1", id, later));
+        nodes[0].stop(id);
+    }
+    sync_all(&mut nodes, &mut b, &t, later);
+    // Before big asks again, c asks 2 on n1, which has 2 GPUs free.
+    let c = nodes[0].admit(&mut b, &t, ask("c0", "acme/c", 2), later + 1_000);
+    assert!(
+        !matches!(&c, AdmitAnswer::Reclaiming { victims, .. } if !victims.is_empty()),
+        "owed work preempts others' running work for room held idle for a borrowed \
+         consolidation: {c:?}"
+    );
+}
+
+#[test]
+fn rt_work_just_moved_does_not_move_its_mover_back() {
+    // Shows: ping-pong. The requeue memory keeps a moved container from being moved
+    // again, but not from moving others: b6, moved off n1 for a's checkpointing `big`
+    // (no requeue backoff), asks again on n1 and, 60 s later, moves `big` off n1 to n2,
+    // where b6 itself had been sent. Each consolidation is a fresh claim judged alone.
+    let (t, mut b, mut nodes, later) = rt_moved(CONSOLIDATE, true);
+    let mut req = ask("b6", "acme/b", 1);
+    req.checkpoint = true;
+    let first = nodes[0].admit(&mut b, &t, req.clone(), later + 1_000);
+    assert!(!matches!(first, AdmitAnswer::Reclaiming { .. }), "{first:?}");
+    sync_all(&mut nodes, &mut b, &t, later + 61_000);
+    let again = nodes[0].admit(&mut b, &t, req, later + 61_000);
+    assert!(
+        !matches!(again, AdmitAnswer::Reclaiming { .. }),
+        "b6, just moved off n1 for big, moves big off n1 in turn: {again:?}"
+    );
 }
