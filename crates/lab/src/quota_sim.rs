@@ -1097,6 +1097,11 @@ struct State {
     /// Not owed when it arrived, waiting: since when it has been owed without a break (its
     /// path's `owed_reclaim_after_s` counts from there, as the books count it).
     owed_run_since: Option<u64>,
+    /// Stopping as a consolidation's victim: it takes no requeue backoff.
+    moving: bool,
+    /// A consolidation's claimant until it begins: the room (node, micro-GPUs) promised to
+    /// its victims elsewhere.
+    promised: Vec<(usize, u64)>,
 }
 
 /// How long a waiting request fitted on no node even with every borrowed unit stopped:
@@ -1142,6 +1147,17 @@ impl State {
             self.owed_s += t.saturating_sub(since);
         }
     }
+}
+
+/// The cheapest consolidation found for a claim ([`Sim::consolidate`]).
+struct Consolidation {
+    /// What its victims lose (dominant-share seconds).
+    cost: f64,
+    /// Where each victim was promised room: (node, micro-GPUs).
+    moves: Vec<(usize, u64)>,
+    victims: Vec<usize>,
+    /// Where the claim goes once they are gone.
+    slots: Vec<Slot>,
 }
 
 // Event kinds, in the order they are handled at one instant.
@@ -1305,6 +1321,8 @@ impl<'a> Sim<'a> {
                 owed_ever: false,
                 owed_blocked: Blocked::default(),
                 owed_run_since: None,
+                moving: false,
+                promised: Vec::new(),
             })
             .collect();
         let empty = bins.clone();
@@ -1530,6 +1548,7 @@ impl<'a> Sim<'a> {
         }
         st.phase = Phase::Running;
         st.starts(t);
+        st.promised.clear();
         self.reserved.remove(&u);
         self.running.insert(u);
         self.events.push(Reverse((end, END, u, epoch)));
@@ -1608,7 +1627,12 @@ impl<'a> Sim<'a> {
         st.preempted += 1;
         st.progress = st.progress.saturating_add(kept);
         st.term_at = None;
-        let backoff = self.tree.requeue_backoff_s(&tenant, st.preempted);
+        // A consolidation's victim was promised room to resume at once: no backoff.
+        let backoff = if std::mem::take(&mut st.moving) {
+            0
+        } else {
+            self.tree.requeue_backoff_s(&tenant, st.preempted)
+        };
         st.backoff_until = t.saturating_add(backoff);
         if backoff > 0 {
             self.events.push(Reverse((st.backoff_until, WAKE, u, 0)));
@@ -2269,19 +2293,27 @@ impl<'a> Sim<'a> {
     /// never consolidates. False if nothing moves.
     fn consolidate(&mut self, u: usize, t: u64) -> bool {
         let unit = &self.units[u];
-        if unit.members.len() != 1 {
+        // Never a gang, nor work stopped before (it would move back what was moved for it).
+        if unit.members.len() != 1 || self.st[u].preempted > 0 {
             return false;
         }
         let gpu = Resource::gpu(&self.fleet.model);
+        // What each node has free, less what consolidations under way promised there.
+        let mut promised = vec![0u64; self.fleet.nodes as usize];
+        for &c in &self.reserved {
+            for &(n, g) in &self.st[c].promised {
+                promised[n] = promised[n].saturating_add(g);
+            }
+        }
         let free_on = |n: usize| -> u64 {
             let f: i64 = self.bins.gpu[n].iter().map(|&f| f.max(0)).sum();
-            u64::try_from(f).unwrap_or(0)
+            u64::try_from(f).unwrap_or(0).saturating_sub(promised[n])
         };
         let nodes = self.fleet.nodes as usize;
         let node_gpus = u64::from(self.fleet.gpus_per_node) * MICRO_PER_GPU;
         let ranks = self.ranks(u, Class::Borrowed);
         let now_ms = t.saturating_mul(1000);
-        let mut best: Option<(f64, usize, Vec<usize>, Vec<Slot>)> = None;
+        let mut best: Option<Consolidation> = None;
         let total: u64 = (0..nodes).map(free_on).sum();
         for n in 0..nodes {
             let free = free_on(n);
@@ -2346,6 +2378,13 @@ impl<'a> Sim<'a> {
             };
             let victims: Vec<usize> =
                 v.chosen.iter().filter_map(|c| c.candidate.ids.first()?.parse().ok()).collect();
+            let moves: Vec<(usize, u64)> = v
+                .chosen
+                .iter()
+                .filter_map(|c| {
+                    Some((c.to.as_ref()?.parse().ok()?, c.candidate.resources.get(&gpu)))
+                })
+                .collect();
             // The node's devices, once they are gone, must hold it.
             let mut scratch = self.bins.clone();
             for &x in &victims {
@@ -2354,12 +2393,12 @@ impl<'a> Sim<'a> {
                 }
             }
             let Some(slots) = scratch.fit_ranked(&unit.members, Some(n), &ranks) else { continue };
-            if best.as_ref().is_some_and(|b| b.0 <= v.cost) {
+            if best.as_ref().is_some_and(|b| b.cost <= v.cost) {
                 continue;
             }
-            best = Some((v.cost, n, victims, slots));
+            best = Some(Consolidation { cost: v.cost, moves, victims, slots });
         }
-        let Some((cost, _, victims, slots)) = best else { return false };
+        let Some(Consolidation { cost, moves, victims, slots }) = best else { return false };
         let waited = t.saturating_sub(unit.arrival);
         if !worth_reclaiming(cost, waited, dominant_share(&unit.resources, &self.capacity)) {
             return false;
@@ -2372,10 +2411,12 @@ impl<'a> Sim<'a> {
             let st = &mut self.st[v];
             st.phase = Phase::Terminating;
             st.term_at = Some(t);
+            st.moving = true;
             let epoch = st.epoch;
             self.events.push(Reverse((kill_at, KILL, v, epoch)));
         }
         self.reserve(u, slots, Class::Borrowed, t, begin);
+        self.st[u].promised = moves;
         true
     }
 

@@ -358,9 +358,25 @@ struct Reclaim {
     /// (`Books::hold_for_stopping`), they were not chosen for it. They are that reclaim's
     /// to report and to count on their node; here they only say when it may run.
     shared: bool,
+    /// A consolidation's hold (issue 27): its claimant was admitted *borrowed*, and its
+    /// victims were moved, each to a node with room for it (`moves`): the hold counts as
+    /// the claimant's borrowed usage, yields to a request within its guarantee that needs
+    /// the room, and the room promised elsewhere is kept from other consolidations.
+    consolidation: bool,
+    /// Where each victim of a consolidation was promised room: (node, what it holds).
+    moves: Vec<(String, Resources)>,
 }
 
 impl Reclaim {
+    /// The class its held capacity counts as.
+    pub(crate) fn class(&self) -> Class {
+        if self.consolidation {
+            Class::Borrowed
+        } else {
+            Class::Guaranteed
+        }
+    }
+
     /// The answer to its claimant asking again while it is under way: the same victims,
     /// and when to ask next.
     fn still_reclaiming(&self, now: u64) -> AdmitAnswer {
@@ -1443,6 +1459,18 @@ impl Books {
             }
         };
         let ask = Ask { owed_first, asked_ms, settling };
+        // Room held for a consolidation (its claimant borrowed) yields to a request within
+        // its guarantee that needs it: that request would otherwise preempt running work
+        // for room the node has idle.
+        if self.takes_held_room(node, tenant, &r) {
+            let absorb = !req.unsynced_lease_grants;
+            if matches!(
+                self.decide(tree, node, tenant, &r, absorb),
+                Decision::Admit { class: Class::Guaranteed, .. } | Decision::Reclaim { .. }
+            ) {
+                self.yield_consolidations(node, tenant, &req.container_id, now);
+            }
+        }
         let answer = if req.short_on_node || self.takes_held_room(node, tenant, &r) {
             self.admit_short(tree, node, req, &r, ask, now)
         } else {
@@ -1910,6 +1938,28 @@ impl Books {
         self.start_reclaim(tree, &claim, now)
     }
 
+    /// The holds of other tenants' consolidations on `node` give way to `tenant`'s request
+    /// within its guarantee (`container`), each with an event; their claimants ask again as
+    /// any waiting request does.
+    fn yield_consolidations(&mut self, node: &str, tenant: &str, container: &str, now: u64) {
+        let keys: Vec<ClaimKey> = totals::claims_on(&self.reclaims, node)
+            .filter(|((_, t, _), rc)| rc.consolidation && t != tenant)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in keys {
+            if self.remove_reclaim(&k).is_some() {
+                let message = format!(
+                    "the room held on node {node} for {}'s consolidation goes to {tenant}'s \
+                     request {} within its guarantee; {} asks again as a waiting request",
+                    k.1,
+                    untrusted(container),
+                    k.1
+                );
+                self.event(now, QuotaEventKind::Reclaim, Some(&k.1), Some(node), None, message);
+            }
+        }
+    }
+
     /// Consolidation (issue 27): a request admitted borrowed that `node` cannot place,
     /// first in the node's fair queue, moves other tenants' checkpointing borrowed work off
     /// the node where each victim fits on what another node has free
@@ -1925,7 +1975,14 @@ impl Books {
         now: u64,
     ) -> Reclaimed {
         let tenant = req.tenant.as_str();
+        // Not for a gang, nor ahead of the node's fair queue, nor for a claim in its requeue
+        // backoff (it could not take the room), nor for work stopped or moved lately (it
+        // would move back what was moved for it).
+        let stopped_lately =
+            self.requeues.contains_key(&TenantClaim(tenant.to_string(), claim_of(req)));
         if req.gang.is_some()
+            || stopped_lately
+            || self.in_backoff(tree, req, now).is_some()
             || self.fair_queue_blocks(tree, node, tenant, &req.container_id, r, now).is_some()
         {
             return Reclaimed::Not(None);
@@ -2386,6 +2443,13 @@ impl Books {
         // The fleet has room, this node not (placement).
         let chosen = if consolidate {
             // Each victim must fit on what another live node has free.
+            // Less the room other consolidations under way promised their victims there.
+            let mut promised: BTreeMap<&str, Resources> = BTreeMap::new();
+            for rc in self.reclaims.values().filter(|rc| rc.consolidation) {
+                for (n, r) in &rc.moves {
+                    promised.entry(n.as_str()).or_default().add(r);
+                }
+            }
             let mut rooms: Vec<Room> = self
                 .nodes
                 .iter()
@@ -2393,7 +2457,9 @@ impl Books {
                 .map(|(n, nb)| Room {
                     node: n.clone(),
                     capacity: nb.capacity.clone(),
-                    free: self.node_free(n),
+                    free: self
+                        .node_free(n)
+                        .minus(promised.get(n.as_str()).unwrap_or(&Resources::new())),
                 })
                 .collect();
             let place = first_fit(&mut rooms);
@@ -2444,6 +2510,11 @@ impl Books {
                  for capacity to free"
             )));
         }
+        let moves: Vec<(String, Resources)> = chosen
+            .chosen
+            .iter()
+            .filter_map(|c| Some((c.to.clone()?, c.candidate.resources.clone())))
+            .collect();
         let mut picked: BTreeMap<NodeContainer, String> = BTreeMap::new();
         let mut gangs: BTreeMap<TenantGang, String> = BTreeMap::new();
         for c in &chosen.chosen {
@@ -2526,9 +2597,14 @@ impl Books {
                 last_ms: now,
                 until_ms: now,
             });
-            q.preemptions = q.preemptions.saturating_add(1);
+            // A move is remembered (the work is not moved again) but takes no backoff: it
+            // was promised room to resume at once.
+            if !consolidate {
+                q.preemptions = q.preemptions.saturating_add(1);
+            }
             q.last_ms = now;
-            let backoff_s = tree.requeue_backoff_s(&tenant, q.preemptions);
+            let backoff_s =
+                if consolidate { 0 } else { tree.requeue_backoff_s(&tenant, q.preemptions) };
             let stopped_ms = now.saturating_add(v.grace_s.saturating_mul(1000));
             q.until_ms = stopped_ms.saturating_add(backoff_s.saturating_mul(1000));
             let path = tree.chain(&tenant).next().map_or("(none)", |q| q.path.as_str());
@@ -2586,6 +2662,8 @@ impl Books {
                 freed_ms: None,
                 message: message.clone(),
                 shared: false,
+                consolidation: consolidate,
+                moves,
             },
             true,
         );
@@ -2716,6 +2794,8 @@ impl Books {
                 freed_ms: None,
                 message: message.clone(),
                 shared,
+                consolidation: false,
+                moves: Vec::new(),
             },
             true,
         );

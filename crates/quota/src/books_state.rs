@@ -110,6 +110,12 @@ pub struct ReclaimState {
     /// Its victims are another reclaim's: it waits for them under a full ceiling.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shared: bool,
+    /// A consolidation's hold: its claimant borrowed (issue 27).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub consolidation: bool,
+    /// Where a consolidation promised its victims room: (node, what each holds).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moves: Vec<(String, Amounts)>,
 }
 
 /// Everything the durable books hold.
@@ -546,6 +552,12 @@ impl Reclaim {
             freed_ms: self.freed_ms,
             message: self.message.clone(),
             shared: self.shared,
+            consolidation: self.consolidation,
+            moves: self
+                .moves
+                .iter()
+                .map(|(n, r)| (n.clone(), Amounts::from_resources(r)))
+                .collect(),
         }
     }
 }
@@ -948,7 +960,9 @@ impl Books {
         }
         for r in state.reclaims {
             let resources = r.amounts.to_resources();
-            b.real_add(&r.tenant, crate::Class::Guaranteed, &resources);
+            let class =
+                if r.consolidation { crate::Class::Borrowed } else { crate::Class::Guaranteed };
+            b.real_add(&r.tenant, class, &resources);
             b.reclaims.insert(
                 (r.node, r.tenant, r.claim),
                 Reclaim {
@@ -959,6 +973,8 @@ impl Books {
                     freed_ms: r.freed_ms,
                     message: r.message,
                     shared: r.shared,
+                    consolidation: r.consolidation,
+                    moves: r.moves.into_iter().map(|(n, a)| (n, a.to_resources())).collect(),
                 },
             );
         }

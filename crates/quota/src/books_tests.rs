@@ -5824,6 +5824,7 @@ fn consolidation_moves_nothing_where_no_other_node_has_room_for_it() {
     let a = after_an_hour(6);
     let v = victims_of(&a);
     assert!(v == [("n1", "x0")] || v == [("n1", "x1")], "{a:?}");
+}
 
 // --- red team: consolidation ---
 

@@ -143,7 +143,9 @@ impl Books {
         }
         for ((_, tenant, _), r) in claims_on(&self.reclaims, node) {
             agg.used.add(&r.resources);
-            agg.all.add(tenant, Class::Guaranteed, &r.resources);
+            if r.class() == Class::Guaranteed {
+                agg.all.add(tenant, Class::Guaranteed, &r.resources);
+            }
         }
         let empty = QuotaTree::default();
         let tree = self.tree.clone();
@@ -270,9 +272,9 @@ impl Books {
     /// A reclaim starts (`urgent`: written before it is answered) or is put back.
     pub(super) fn insert_reclaim(&mut self, key: ClaimKey, r: Reclaim, urgent: bool) {
         if let Some(old) = self.reclaims.remove(&key) {
-            self.real_release(&key.1, Class::Guaranteed, &old.resources);
+            self.real_release(&key.1, old.class(), &old.resources);
         }
-        self.real_add(&key.1, Class::Guaranteed, &r.resources);
+        self.real_add(&key.1, r.class(), &r.resources);
         self.changes.reclaim(&key, urgent);
         self.next_expiry_ms = self.next_expiry_ms.min(r.hold_until().saturating_add(1));
         let node = key.0.clone();
@@ -282,7 +284,7 @@ impl Books {
 
     pub(super) fn remove_reclaim(&mut self, key: &ClaimKey) -> Option<Reclaim> {
         let r = self.reclaims.remove(key)?;
-        self.real_release(&key.1, Class::Guaranteed, &r.resources);
+        self.real_release(&key.1, r.class(), &r.resources);
         self.changes.reclaim(key, false);
         self.refresh_node(&key.0);
         Some(r)
@@ -328,7 +330,7 @@ impl Books {
             real.add(&p.entry.tenant, p.entry.class, &p.entry.resources);
         }
         for ((_, tenant, _), r) in &self.reclaims {
-            real.add(tenant, Class::Guaranteed, &r.resources);
+            real.add(tenant, r.class(), &r.resources);
         }
         for (TenantGang(tenant, _), g) in &self.gangs {
             real.add(tenant, g.class, &g.reserved);
@@ -355,7 +357,9 @@ impl Books {
             for ((rn, tenant, _), r) in &self.reclaims {
                 if rn == n {
                     agg.used.add(&r.resources);
-                    agg.all.add(tenant, Class::Guaranteed, &r.resources);
+                    if r.class() == Class::Guaranteed {
+                        agg.all.add(tenant, Class::Guaranteed, &r.resources);
+                    }
                 }
             }
             (agg.phantoms, agg.contrib, agg.unused) = derive(tree, &nb.booked_leases(), &agg);

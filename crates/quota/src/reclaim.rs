@@ -175,6 +175,8 @@ pub struct Chosen {
     pub candidate: Candidate,
     /// Why this unit, in words (for the preempt event).
     pub why: String,
+    /// Consolidation: the node promised room for it.
+    pub to: Option<String>,
 }
 
 /// What [`choose_victims`] decided.
@@ -401,7 +403,8 @@ pub fn choose_victims_to_consolidate(
     let mut v = victims(&order, taken, short, false);
     for c in &mut v.chosen {
         let i = order.iter().position(|o| o.ids == c.candidate.ids);
-        let to = i.and_then(|i| dest.get(&i)).map_or("another node", String::as_str);
+        c.to = i.and_then(|i| dest.get(&i)).cloned();
+        let to = c.to.as_deref().unwrap_or("another node");
         c.why = format!(
             "moved to make room (consolidation): it checkpoints on SIGTERM, so it loses at \
              most {} s (its grace period, or what it has run), and node {to} has room for it \
@@ -523,6 +526,7 @@ fn victims(order: &[Candidate], taken: Vec<usize>, short: &Resources, fallback: 
             Chosen {
                 why: format!("chosen by the work it would lose{gang}: {lost}{others}{fallback}"),
                 candidate: c.clone(),
+                to: None,
             }
         })
         .collect();
