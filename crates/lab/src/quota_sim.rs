@@ -2293,8 +2293,10 @@ impl<'a> Sim<'a> {
     /// never consolidates. False if nothing moves.
     fn consolidate(&mut self, u: usize, t: u64) -> bool {
         let unit = &self.units[u];
-        // Never a gang, nor work stopped before (it would move back what was moved for it).
-        if unit.members.len() != 1 || self.st[u].preempted > 0 {
+        // Never a gang, nor work stopped before (it would move back what was moved for it),
+        // nor a fraction of a GPU (what keeps it out is a device's room, which the books'
+        // amounts do not see).
+        if unit.members.len() != 1 || self.st[u].preempted > 0 || unit.gpu < MICRO_PER_GPU {
             return false;
         }
         let gpu = Resource::gpu(&self.fleet.model);

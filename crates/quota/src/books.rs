@@ -73,7 +73,7 @@ use std::sync::Arc;
 use tessera_api::untrusted;
 
 use crate::admit::{admit as decide_quota, withheld, Class, Decision, Usage};
-use crate::amount::{Resource, Resources};
+use crate::amount::{Resource, Resources, MICRO_PER_GPU};
 use crate::drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
 use crate::preempt::{may_reclaim_owed_later, owed_at_once, owed_behind, worth_reclaiming};
 use crate::reclaim::{
@@ -1980,7 +1980,11 @@ impl Books {
         // would move back what was moved for it).
         let stopped_lately =
             self.requeues.contains_key(&TenantClaim(tenant.to_string(), claim_of(req)));
+        // Nor for a fraction of a GPU: what keeps it out is a device's room, which the
+        // books' amounts do not see.
+        let whole = r.iter().any(|(x, a)| matches!(x, Resource::Gpu(_)) && a >= MICRO_PER_GPU);
         if req.gang.is_some()
+            || !whole
             || stopped_lately
             || self.in_backoff(tree, req, now).is_some()
             || self.fair_queue_blocks(tree, node, tenant, &req.container_id, r, now).is_some()

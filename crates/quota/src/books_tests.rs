@@ -5747,6 +5747,24 @@ fn consolidation_moves_nothing_that_restarts_from_zero() {
     assert_eq!(victims_of(&a), [("n1", "b6")], "{a:?}");
 }
 
+#[test]
+fn a_fraction_of_a_gpu_moves_no_work() {
+    // n1 full of b's checkpointing containers, n2 with room: a's 2 GPUs on n1 moves two
+    // of them once it has waited, a's half GPU never (a device's room keeps it out, which
+    // the books' amounts do not see).
+    let ask_half = |gpus_micro: u64| {
+        let (t, mut b, mut nodes, now) = consolidation_fleet(true, 8, 5);
+        let mut req = ask("x", "acme/a", 1);
+        req.amounts = gpu_amounts(gpus_micro);
+        refused(&nodes[0].admit(&mut b, &t, req.clone(), now));
+        sync_all(&mut nodes, &mut b, &t, now + 240_000);
+        nodes[0].admit(&mut b, &t, req, now + 240_000)
+    };
+    assert_eq!(victims_of(&ask_half(2 * MICRO_PER_GPU)).len(), 2);
+    let a = ask_half(MICRO_PER_GPU / 2);
+    assert!(!matches!(a, AdmitAnswer::Reclaiming { .. }), "{a:?}");
+}
+
 /// [`consolidation_fleet`]: a's `big` moves b6 and b7 off n1; they ask again on n2 as
 /// the same claims (`same`) or as new ones, b5 ends (n1 has 1 GPU free), and a asks 2
 /// more on n2, where only those two of b's containers run: its answer once it has waited
