@@ -2268,16 +2268,7 @@ impl<'a> Sim<'a> {
             Cause::Books => self.reclaims.0 += 1,
             Cause::Placement => self.reclaims.1 += 1,
         }
-        let mut begin = t;
-        for v in victims {
-            let kill_at = t.saturating_add(self.tree.grace_period_s(&self.units[v].tenant));
-            begin = begin.max(kill_at);
-            let st = &mut self.st[v];
-            st.phase = Phase::Terminating;
-            st.term_at = Some(t);
-            let epoch = st.epoch;
-            self.events.push(Reverse((kill_at, KILL, v, epoch)));
-        }
+        let begin = self.stop_victims(victims, t, false);
         self.reserve(u, slots, Class::Guaranteed, t, begin);
         true
     }
@@ -2406,6 +2397,15 @@ impl<'a> Sim<'a> {
             return false;
         }
         self.consolidations += 1;
+        let begin = self.stop_victims(victims, t, true);
+        self.reserve(u, slots, Class::Borrowed, t, begin);
+        self.st[u].promised = moves;
+        true
+    }
+
+    /// SIGTERM to each of `victims` at `t` (`moving`: a consolidation's, which takes no
+    /// requeue backoff); each is killed after its grace period. When the last is gone.
+    fn stop_victims(&mut self, victims: Vec<usize>, t: u64, moving: bool) -> u64 {
         let mut begin = t;
         for v in victims {
             let kill_at = t.saturating_add(self.tree.grace_period_s(&self.units[v].tenant));
@@ -2413,13 +2413,11 @@ impl<'a> Sim<'a> {
             let st = &mut self.st[v];
             st.phase = Phase::Terminating;
             st.term_at = Some(t);
-            st.moving = true;
+            st.moving = moving;
             let epoch = st.epoch;
             self.events.push(Reverse((kill_at, KILL, v, epoch)));
         }
-        self.reserve(u, slots, Class::Borrowed, t, begin);
-        self.st[u].promised = moves;
-        true
+        begin
     }
 
     /// Whether `u` is owed now ([`quota::owed_behind`]): its tenant's requests waiting

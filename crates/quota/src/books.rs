@@ -1975,9 +1975,9 @@ impl Books {
         now: u64,
     ) -> Reclaimed {
         let tenant = req.tenant.as_str();
-        // Not for a gang, nor ahead of the node's fair queue, nor for a claim in its requeue
-        // backoff (it could not take the room), nor for work stopped or moved lately (it
-        // would move back what was moved for it).
+        // Not for a gang, nor ahead of the node's fair queue, nor for work stopped or moved
+        // lately: it would move back what was moved for it, and one in its requeue backoff
+        // could not take the room (its requeue record is what `in_backoff` reads).
         let stopped_lately =
             self.requeues.contains_key(&TenantClaim(tenant.to_string(), claim_of(req)));
         // Nor for a fraction of a GPU: what keeps it out is a device's room, which the
@@ -1986,7 +1986,6 @@ impl Books {
         if req.gang.is_some()
             || !whole
             || stopped_lately
-            || self.in_backoff(tree, req, now).is_some()
             || self.fair_queue_blocks(tree, node, tenant, &req.container_id, r, now).is_some()
         {
             return Reclaimed::Not(None);
