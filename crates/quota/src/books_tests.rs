@@ -6029,3 +6029,96 @@ fn rt_work_just_moved_does_not_move_its_mover_back() {
         "b6, just moved off n1 for big, moves big off n1 in turn: {again:?}"
     );
 }
+
+// --- red team 2: consolidation ---
+
+#[test]
+fn rt2_room_promised_to_moved_work_is_not_promised_again_once_its_claimant_is_admitted() {
+    // a's `x` (1 GPU) on n1 moves a 2-GPU container of b to n2 (3 GPUs free, the fleet's
+    // only room). The victim stops and x is admitted on n1; the moved container has not yet
+    // asked again on n2 (its controller makes a new pod). a's `y` (1 GPU) on n3 then asks:
+    // n2's room is still the room the first move promised, so nothing may be moved there.
+    let (t, mut b, mut nodes, now) = rt_two_gpu_victims_fleet();
+    let (x, y) = (ask("x", "acme/a", 1), ask("y", "acme/a", 1));
+    refused(&nodes[0].admit(&mut b, &t, x.clone(), now));
+    refused(&nodes[2].admit(&mut b, &t, y.clone(), now));
+    let mut later = now + 120_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    let first = nodes[0].admit(&mut b, &t, x.clone(), later);
+    let moved: Vec<String> = victims_of(&first).iter().map(|(_, c)| c.to_string()).collect();
+    assert_eq!(moved.len(), 1, "{first:?}");
+    later += 30_000;
+    end_units(&mut nodes[0], &mut b, &t, moved.clone(), later);
+    assert_eq!(admitted(&nodes[0].admit(&mut b, &t, x, later)), QuotaClass::Borrowed);
+    sync_all(&mut nodes, &mut b, &t, later + 1_000);
+    let second = nodes[2].admit(&mut b, &t, y, later + 1_000);
+    let again: Vec<_> = match &second {
+        AdmitAnswer::Reclaiming { victims, .. } => {
+            victims.iter().map(|v| v.container_id.clone()).collect()
+        }
+        _ => Vec::new(),
+    };
+    assert!(
+        again.is_empty(),
+        "a second consolidation moved {again:?} into n2's room (n2 has {} GPUs free) still \
+         promised to {moved:?}, which has not resumed yet: {second:?}",
+        nodes[1].free() / MICRO_PER_GPU
+    );
+}
+
+#[test]
+fn rt2_a_larger_request_ahead_in_the_fair_queue_keeps_a_smaller_one_from_consolidating() {
+    // n1 full of b's checkpointing 1-GPU containers (b0, b1 guaranteed), n2 holding 5 of
+    // a's (3 GPUs free). c (no guarantee, holds nothing: the lowest dominant share) asks 3
+    // GPUs on n1, borrowed, and waits there first; a (5 GPUs held) asks 2 after it. c is
+    // ahead of a in n1's fair queue, so a may not move work off n1 for itself.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
+                       "grace_period_s": 30},
+            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    let (c, big) = (ask("c0", "acme/c", 3), ask("big", "acme/a", 2));
+    refused(&nodes[0].admit(&mut b, &t, c, now));
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now + 1_000));
+    let later = now + 60_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    let a = nodes[0].admit(&mut b, &t, big, later);
+    assert!(
+        !matches!(a, AdmitAnswer::Reclaiming { .. }),
+        "a, behind c's larger request in n1's fair queue, moved work off n1 for itself: {a:?}"
+    );
+}
+
+#[test]
+fn rt2_work_of_a_tenant_back_within_its_guarantee_is_not_moved_for_borrowed_work() {
+    // b (guarantee 4) runs four borrowed checkpointing containers on n1 (b4…b7; its four
+    // guaranteed ones ended): it uses 4, its guarantee; c's guaranteed work fills the rest
+    // of n1. a (guarantee 2, 5 held on n2) asks 2 more on n1, borrowed: a reclaim would
+    // not take the work of a tenant back within its guarantee, and a borrowed claimant has
+    // less claim still.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 16}},
+                       "grace_period_s": 30},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 16}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    end_units(&mut nodes[0], &mut b, &t, (0..4).map(|k| format!("b{k}")), now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 0, 4), false, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    assert_eq!(nodes[0].free(), 0);
+    let big = ask("big", "acme/a", 2);
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
+    let later = now + 240_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    let a = nodes[0].admit(&mut b, &t, big, later);
+    assert!(
+        !matches!(a, AdmitAnswer::Reclaiming { .. }),
+        "b's work, within b's guarantee of 4, moved for a's borrowed request: {a:?}"
+    );
+}
