@@ -6122,3 +6122,80 @@ fn rt2_work_of_a_tenant_back_within_its_guarantee_is_not_moved_for_borrowed_work
         "b's work, within b's guarantee of 4, moved for a's borrowed request: {a:?}"
     );
 }
+
+#[test]
+fn rt2_a_wait_before_a_run_elsewhere_is_not_credited_to_the_workloads_next_ask() {
+    // a's workload `w` asks 2 GPUs on n1 (full of b's checkpointing work) and is refused;
+    // it is then admitted on n2, runs 20 minutes there and ends. Its next ask on n1 is the
+    // first of a new wait: it has waited nothing, so nothing moves (ski rental). The books
+    // still count its wait from the ask on n1 before it ran.
+    let (t, mut b, mut nodes, now) = consolidation_fleet(true, 8, 5);
+    let run = |container: &str| {
+        let mut r = ask(container, "acme/a", 2);
+        r.workload = Some("w".into());
+        r
+    };
+    refused(&nodes[0].admit(&mut b, &t, run("w-1"), now));
+    assert_eq!(
+        admitted(&nodes[1].admit(&mut b, &t, run("w-2"), now + 1_000)),
+        QuotaClass::Borrowed
+    );
+    nodes[1].sync(&mut b, &t, now + 1_000);
+    let mut later = now + 1_000;
+    for _ in 0..5 {
+        later += 240_000;
+        sync_all(&mut nodes, &mut b, &t, later);
+    }
+    end_units(&mut nodes[1], &mut b, &t, ["w-2".to_string()], later);
+    let a = nodes[0].admit(&mut b, &t, run("w-3"), later + 1_000);
+    assert!(
+        !matches!(a, AdmitAnswer::Reclaiming { .. }),
+        "at the first ask of its new wait, w moves others' work for a wait it spent running: \
+         {a:?}"
+    );
+}
+
+#[test]
+fn rt2_consolidation_moves_no_work_within_its_min_runtime() {
+    // consolidation_fleet's scenario with b's min_runtime_s at an hour: a's 2 on n1 has
+    // waited 4 minutes (worth two moves), but b's borrowed work on n1 started minutes ago.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
+                       "grace_period_s": 30, "min_runtime_s": 3600}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    let big = ask("big", "acme/a", 2);
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
+    sync_all(&mut nodes, &mut b, &t, now + 240_000);
+    let a = nodes[0].admit(&mut b, &t, big, now + 240_000);
+    assert!(!matches!(a, AdmitAnswer::Reclaiming { .. }), "moved within min_runtime_s: {a:?}");
+}
+
+#[test]
+fn rt2_books_taken_over_mid_consolidation_keep_the_room_it_promised() {
+    // rt_two_consolidations_do_not_promise_the_same_room_elsewhere_twice across a takeover:
+    // x's consolidation (one of b's 2-GPU containers moved to n2, 3 GPUs free) is stored,
+    // the books are restored from the store, and y's consolidation on n3 finds n2's room
+    // promised.
+    let (t, mut b, mut nodes, now) = rt_two_gpu_victims_fleet();
+    let (x, y) = (ask("x", "acme/a", 1), ask("y", "acme/a", 1));
+    refused(&nodes[0].admit(&mut b, &t, x.clone(), now));
+    refused(&nodes[2].admit(&mut b, &t, y.clone(), now));
+    let later = now + 120_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    assert_eq!(victims_of(&nodes[0].admit(&mut b, &t, x, later)).len(), 1);
+    let mut b = Books::restore(300, later + 1_000, b.state(), &t);
+    sync_all(&mut nodes, &mut b, &t, later + 1_000);
+    let second = nodes[2].admit(&mut b, &t, y, later + 1_000);
+    assert!(
+        !matches!(second, AdmitAnswer::Reclaiming { .. }),
+        "after the takeover a second consolidation moved work into n2's promised room: \
+         {second:?}"
+    );
+    // Judged on the stored queue, not held back as books just taken over.
+    let (message, _) = refused(&second);
+    assert!(!message.contains("taken over"), "{message}");
+}
