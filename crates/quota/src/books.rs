@@ -1716,7 +1716,9 @@ impl Books {
             Decision::Admit { class, over } => {
                 if !held_for_it {
                     let me = &req.container_id;
-                    if let Some(refusal) = self.fair_queue_blocks(tree, node, tenant, me, r, now) {
+                    if let Some(refusal) =
+                        self.fair_queue_blocks(tree, node, tenant, me, r, now, false)
+                    {
                         self.event(
                             now,
                             QuotaEventKind::Refuse,
@@ -1986,7 +1988,7 @@ impl Books {
         if req.gang.is_some()
             || !whole
             || stopped_lately
-            || self.fair_queue_blocks(tree, node, tenant, &req.container_id, r, now).is_some()
+            || self.fair_queue_blocks(tree, node, tenant, &req.container_id, r, now, true).is_some()
         {
             return Reclaimed::Not(None);
         }
@@ -2952,7 +2954,11 @@ impl Books {
 
     /// Whether another request waiting on `node` (another tenant's, or a larger one of
     /// `tenant`'s own: [`fair_order`]) ranks ahead of `tenant`'s `container` and would be
-    /// denied by this grant: the message that says so.
+    /// denied by this grant: the message that says so. `making_room`: the grant is a
+    /// consolidation's, which makes room on the node by moving work off it; every request
+    /// ahead that the node could hold is denied the room made, a larger one too (a smaller
+    /// request may take free room a larger one cannot use, not room made for it).
+    #[allow(clippy::too_many_arguments)]
     fn fair_queue_blocks(
         &self,
         tree: &QuotaTree,
@@ -2961,6 +2967,7 @@ impl Books {
         container: &str,
         r: &Resources,
         now: u64,
+        making_room: bool,
     ) -> Option<String> {
         let own = self.own_entry(node, container, tenant, r);
         // One that could never run ranks nothing (re-asked for ever, it would win every
@@ -3001,7 +3008,12 @@ impl Books {
             }
             let w = &list[i];
             let need = relevant(&w.resources);
-            if need.fits_in(&after) || !(need.fits_in(&free) || need.fits_in(r)) {
+            let denied = if making_room {
+                need.fits_in(&node_cap)
+            } else {
+                need.fits_in(&free) || need.fits_in(r)
+            };
+            if need.fits_in(&after) || !denied {
                 continue;
             }
             // Kept only for a request the quotas would let take it (or reclaim for it):
