@@ -77,8 +77,8 @@ use crate::amount::{Resource, Resources, MICRO_PER_GPU};
 use crate::drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
 use crate::preempt::{may_reclaim_owed_later, owed_at_once, owed_behind, worth_reclaiming};
 use crate::reclaim::{
-    choose_victims, choose_victims_for_placement, choose_victims_to_consolidate, first_fit,
-    NoVictims, Room, Running,
+    borrowing_short, choose_victims, choose_victims_for_placement, choose_victims_to_consolidate,
+    first_fit, Candidate, NoVictims, Room, Running,
 };
 use crate::spec::{chain, is_within, QuotaTree};
 use crate::wire::{
@@ -2467,7 +2467,19 @@ impl Books {
                         .minus(promised.get(n.as_str()).unwrap_or(&Resources::new())),
                 })
                 .collect();
-            let place = first_fit(&mut rooms);
+            let mut fits = first_fit(&mut rooms);
+            // Only work of tenants that borrow (a reclaim's strict rule, each one taken
+            // counted as gone): a tenant back within its guarantee keeps its work where it
+            // runs, for a borrowed claimant above all.
+            let mut after = usage.clone();
+            let place = |c: &Candidate| {
+                if !borrowing_short(tree, &after, &c.tenant, &c.resources, claimant, r, short) {
+                    return None;
+                }
+                let to = fits(c)?;
+                after.release(&c.tenant, Class::Borrowed, &c.resources);
+                Some(to)
+            };
             choose_victims_to_consolidate(&running, tree, &capacity, claimant, short, now, place)
                 .ok_or(NoVictims::Short)
         } else {
