@@ -519,12 +519,24 @@ struct Cost {
 }
 
 /// Work preempted and when it may borrow again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Requeue {
     preemptions: u32,
     last_ms: u64,
     /// When the requeue backoff ends.
     until_ms: u64,
+    /// Moved by a consolidation (issue 27): the node promised room for it to resume on, and
+    /// what it holds. Kept from other consolidations until it is admitted again, or for
+    /// [`WAITING_TTL_MS`] after it stopped ([`Requeue::promised`]), however long its
+    /// claimant's hold lasts (admitted, given way, expired).
+    moved_to: Option<(String, Resources)>,
+}
+
+impl Requeue {
+    /// The room promised to this moved work at `now`, if it still is.
+    fn promised(&self, now: u64) -> Option<&(String, Resources)> {
+        self.moved_to.as_ref().filter(|_| now <= self.until_ms.saturating_add(WAITING_TTL_MS))
+    }
 }
 
 /// The books are not ready: some node known to the coordinator has not synced since the
@@ -1374,6 +1386,14 @@ impl Books {
         meta: Meta,
         now: u64,
     ) {
+        // Moved work admitted again (anywhere): the room promised to it is taken or not
+        // needed.
+        let moved =
+            TenantClaim(tenant.to_string(), meta.workload.clone().unwrap_or(container.to_string()));
+        if let Some(q) = self.requeues.get_mut(&moved).filter(|q| q.moved_to.is_some()) {
+            q.moved_to = None;
+            self.changes.requeue(&moved);
+        }
         let key = NodeContainer(node.to_string(), container.to_string());
         self.insert_pending(
             key.clone(),
@@ -2448,12 +2468,12 @@ impl Books {
         // The fleet has room, this node not (placement).
         let chosen = if consolidate {
             // Each victim must fit on what another live node has free.
-            // Less the room other consolidations under way promised their victims there.
+            // Less the room other consolidations promised the work they moved there, until
+            // that work is admitted again (their requeue records: a claimant's hold ends
+            // before its victims resume).
             let mut promised: BTreeMap<&str, Resources> = BTreeMap::new();
-            for rc in self.reclaims.values().filter(|rc| rc.consolidation) {
-                for (n, r) in &rc.moves {
-                    promised.entry(n.as_str()).or_default().add(r);
-                }
+            for (n, r) in self.requeues.values().filter_map(|q| q.promised(now)) {
+                promised.entry(n.as_str()).or_default().add(r);
             }
             let mut rooms: Vec<Room> = self
                 .nodes
@@ -2534,9 +2554,13 @@ impl Books {
             .collect();
         let mut picked: BTreeMap<NodeContainer, String> = BTreeMap::new();
         let mut gangs: BTreeMap<TenantGang, String> = BTreeMap::new();
+        let mut moved_to: BTreeMap<NodeContainer, String> = BTreeMap::new();
         for c in &chosen.chosen {
             for id in &c.candidate.ids {
                 let Some(k) = id.parse::<usize>().ok().and_then(|i| refs.get(i)) else { continue };
+                if let Some(to) = &c.to {
+                    moved_to.insert(k.clone(), to.clone());
+                }
                 if let Some(e) = self.nodes.get(&k.0).and_then(|nb| nb.holdings.get(&k.1)) {
                     if let Some(g) = &e.gang {
                         gangs.insert(TenantGang(e.tenant.clone(), g.clone()), c.why.clone());
@@ -2563,11 +2587,13 @@ impl Books {
         let mut victims = Vec::new();
         let mut tenants: BTreeSet<String> = BTreeSet::new();
         let mut preempted: Vec<(String, Option<String>, String, Resources, u64, bool)> = Vec::new();
-        for (NodeContainer(n, c), why) in &picked {
+        let mut promises: Vec<Option<String>> = Vec::new();
+        for (k @ NodeContainer(n, c), why) in &picked {
             let Some(e) = self.nodes.get(n).and_then(|nb| nb.holdings.get(c)) else { continue };
             let grace_s = tree.grace_period_s(&e.tenant);
             tenants.insert(e.tenant.clone());
             let ran_s = now.saturating_sub(e.started_ms) / 1000;
+            promises.push(moved_to.get(k).cloned());
             preempted.push((
                 e.tenant.clone(),
                 e.workload.clone(),
@@ -2598,8 +2624,8 @@ impl Books {
             });
         }
         // What preemption costs each victim's tenant, and when each victim may borrow again.
-        for (v, (tenant, workload, container, resources, lost_s, checkpoint)) in
-            victims.iter_mut().zip(preempted)
+        for ((v, (tenant, workload, container, resources, lost_s, checkpoint)), to) in
+            victims.iter_mut().zip(preempted).zip(promises)
         {
             let cost = self.costs.entry(tenant.clone()).or_default();
             cost.preempted_ms.push_back(now);
@@ -2613,7 +2639,11 @@ impl Books {
                 preemptions: 0,
                 last_ms: now,
                 until_ms: now,
+                moved_to: None,
             });
+            if let Some(to) = to {
+                q.moved_to = Some((to, resources.clone()));
+            }
             // A move is remembered (the work is not moved again) but takes no backoff: it
             // was promised room to resume at once.
             if !consolidate {

@@ -4521,6 +4521,7 @@ fn a_store_with_no_node_is_rebuilt_from_the_syncs_whatever_else_it_holds() {
                 preemptions: 1,
                 last_ms: 1_000,
                 until_ms: 2_000,
+                moved_to: None,
             }],
             ..BooksState::default()
         },
@@ -6198,4 +6199,34 @@ fn rt2_books_taken_over_mid_consolidation_keep_the_room_it_promised() {
     // Judged on the stored queue, not held back as books just taken over.
     let (message, _) = refused(&second);
     assert!(!message.contains("taken over"), "{message}");
+}
+
+#[test]
+fn rt2_the_room_promised_to_moved_work_is_released_when_it_is_admitted_again() {
+    // The promise kept past its claimant's admission
+    // (rt2_room_promised_to_moved_work_is_not_promised_again_once_its_claimant_is_admitted)
+    // ends when the moved work is admitted again, and is stored until then.
+    let (t, mut b, mut nodes, now) = rt_two_gpu_victims_fleet();
+    let x = ask("x", "acme/a", 1);
+    refused(&nodes[0].admit(&mut b, &t, x.clone(), now));
+    let mut later = now + 120_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    let first = nodes[0].admit(&mut b, &t, x.clone(), later);
+    let moved: Vec<String> = victims_of(&first).iter().map(|(_, c)| c.to_string()).collect();
+    assert_eq!(moved.len(), 1, "{first:?}");
+    later += 30_000;
+    end_units(&mut nodes[0], &mut b, &t, moved.clone(), later);
+    admitted(&nodes[0].admit(&mut b, &t, x, later));
+    let promise = |b: &Books| {
+        let s = b.state();
+        let q = s.requeues.iter().find(|q| q.claim == moved[0]).expect("the move is remembered");
+        q.moved_to.as_ref().map(|(n, _)| n.clone())
+    };
+    assert_eq!(promise(&b).as_deref(), Some("n2"));
+    let restored = Books::restore(300, later, b.state(), &t);
+    assert_eq!(promise(&restored).as_deref(), Some("n2"));
+    let mut again = ask(&moved[0], "acme/b", 2);
+    again.checkpoint = true;
+    admitted(&nodes[1].admit(&mut b, &t, again, later + 1_000));
+    assert_eq!(promise(&b), None, "the promise outlives the moved work's admission");
 }
