@@ -6230,3 +6230,24 @@ fn rt2_the_room_promised_to_moved_work_is_released_when_it_is_admitted_again() {
     admitted(&nodes[1].admit(&mut b, &t, again, later + 1_000));
     assert_eq!(promise(&b), None, "the promise outlives the moved work's admission");
 }
+
+#[test]
+fn rt2_work_is_not_moved_to_a_node_silent_for_minutes() {
+    // rt_two_gpu_victims_fleet: n2 holds the fleet's only free room (3 GPUs), then falls
+    // silent (dead or cut off: it stays in the books until its lease's end, 300 s). Four
+    // minutes on, n1 and n3 still syncing, a's `x` on n1 has waited long enough to move
+    // one of b's containers: none may be sent to resume on a node not heard from for four
+    // minutes (the books' own lease recall counts a node silent for 5 s as not live).
+    let (t, mut b, mut nodes, now) = rt_two_gpu_victims_fleet();
+    let x = ask("x", "acme/a", 1);
+    refused(&nodes[0].admit(&mut b, &t, x.clone(), now));
+    let later = now + 240_000;
+    for n in [0, 2] {
+        nodes[n].sync(&mut b, &t, later);
+    }
+    let a = nodes[0].admit(&mut b, &t, x, later);
+    assert!(
+        !matches!(a, AdmitAnswer::Reclaiming { .. }),
+        "work moved to n2, silent for 240 s: {a:?}"
+    );
+}
