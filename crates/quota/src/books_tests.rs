@@ -6251,3 +6251,22 @@ fn rt2_work_is_not_moved_to_a_node_silent_for_minutes() {
         "work moved to n2, silent for 240 s: {a:?}"
     );
 }
+
+#[test]
+fn rt2_nothing_moves_at_a_claimants_first_ask_even_for_work_that_just_started() {
+    // consolidation_fleet's fleet, b7 (borrowed, checkpointing) started on n1 this very second, so
+    // moving it "loses" 0 s. a's 1-GPU request on n1 asks for the first time in that same
+    // second: it has waited nothing, so nothing moves (docs/QUOTAS.md: "at its first ask it
+    // has waited nothing, so nothing moves then"); 0 ≤ 0 × share lets it.
+    let t = tree(CONSOLIDATE);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 7), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 7, 1), true, &mut now);
+    assert_eq!(nodes[0].free(), 0);
+    let a = nodes[0].admit(&mut b, &t, ask("one", "acme/a", 1), now);
+    assert!(
+        !matches!(a, AdmitAnswer::Reclaiming { .. }),
+        "work moved at its claimant's first ask: {a:?}"
+    );
+}
