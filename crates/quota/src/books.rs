@@ -2547,6 +2547,14 @@ impl Books {
                  for capacity to free"
             )));
         }
+        if consolidate && waited_s == 0 {
+            // Work that has run nothing yet loses nothing, but at its first ask a claimant
+            // has waited nothing: nothing moves for it yet.
+            return Reclaimed::Not(Some(format!(
+                "it has waited nothing yet for node {node} to make room, so no checkpointing \
+                 borrowed work moves for it; it waits for capacity to free"
+            )));
+        }
         let moves: Vec<(String, Resources)> = chosen
             .chosen
             .iter()
