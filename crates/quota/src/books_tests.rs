@@ -6270,3 +6270,47 @@ fn rt2_nothing_moves_at_a_claimants_first_ask_even_for_work_that_just_started() 
         "work moved at its claimant's first ask: {a:?}"
     );
 }
+
+#[test]
+fn rt2_an_owed_request_elsewhere_preempts_no_running_work_for_a_borrowed_hold() {
+    // a's `big` moves b6 and b7 off n1 (n2: 3 GPUs free); while they stop, the fleet's
+    // books count them and the 2 GPUs held for big (borrowed): 15 of 16. c (guarantee 4,
+    // holding nothing) asks 2 on n2, which has 3 GPUs free: it is owed, and what stands
+    // between it and the room is the borrowed hold of idle capacity and work already
+    // stopping, not running work. Nobody's running work is preempted for it.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
+                       "grace_period_s": 30},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 16}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    let big = ask("big", "acme/a", 2);
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
+    let later = now + 30_000;
+    let a = nodes[0].admit(&mut b, &t, big, later);
+    assert_eq!(victims_of(&a).len(), 2, "{a:?}");
+    let (c, _) = answer_through_recalls(
+        &mut nodes,
+        1,
+        &mut b,
+        &t,
+        &ask("c0", "acme/c", 2),
+        &mut (later + 1_000),
+    );
+    let running: Vec<_> = match &c {
+        AdmitAnswer::Reclaiming { victims, .. } => victims
+            .iter()
+            .filter(|v| !["b6", "b7"].contains(&v.container_id.as_str()))
+            .map(|v| v.container_id.clone())
+            .collect(),
+        _ => Vec::new(),
+    };
+    assert!(
+        running.is_empty(),
+        "running work {running:?} preempted for c while 2 GPUs are held idle for a's \
+         borrowed consolidation: {c:?}"
+    );
+}
