@@ -6314,3 +6314,41 @@ fn rt2_an_owed_request_elsewhere_preempts_no_running_work_for_a_borrowed_hold() 
          borrowed consolidation: {c:?}"
     );
 }
+
+#[test]
+fn rt2_a_borrowed_claimant_takes_no_hold_on_work_stopping_for_a_lost_reclaim() {
+    // c (guarantee 4, owed) reclaims b7 on n1 (full of b's work); n1 lists b7 as stopping.
+    // The coordinator restarts without a store (its books rebuilt from the syncs: the
+    // reclaim is lost). a's borrowed 1-GPU request on n1, short there, must not hold the
+    // room b7 frees as if a were owed it (a hold that waits for work already stopping,
+    // counted as guaranteed, that gives way to nobody): c, asking again, would then take a
+    // second victim for the room it already stopped b7 for.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
+                       "grace_period_s": 30},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 16}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    let c0 = ask("c0", "acme/c", 1);
+    let first = nodes[0].admit(&mut b, &t, c0.clone(), now);
+    assert_eq!(victims_of(&first), [("n1", "b7")], "{first:?}");
+    nodes[0].stopping.push("b7".into());
+    now += 2_000;
+    let mut b = Books::new(300, now);
+    start(&t, &mut nodes, &mut b, now);
+    let big = nodes[0].admit(&mut b, &t, ask("one", "acme/a", 1), now + 1_000);
+    if let AdmitAnswer::Reclaiming { message, .. } = &big {
+        assert!(
+            !message.contains("its guarantee"),
+            "a's borrowed request holds the room stopping for c's lost reclaim as its \
+             guarantee: {message}"
+        );
+    }
+    let c = nodes[0].admit(&mut b, &t, c0, now + 2_000);
+    let preempted: Vec<_> =
+        b.events().iter().filter(|e| e.kind == QuotaEventKind::Preempt).cloned().collect();
+    assert!(preempted.is_empty(), "c takes a second victim after the restart: {c:?}");
+}
