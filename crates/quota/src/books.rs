@@ -2293,8 +2293,12 @@ impl Books {
         if short.is_empty() {
             return Reclaimed::Not(None);
         }
-        if let Some(a) = self.await_stopping(tree, node, claimant, req, r, short, on, now) {
-            return Reclaimed::Started(a);
+        // A consolidation's claimant is owed nothing: work stopping for a reclaim the books
+        // lost was stopped for a claim within its guarantee, and is not held for it.
+        if !consolidate {
+            if let Some(a) = self.await_stopping(tree, node, claimant, req, r, short, on, now) {
+                return Reclaimed::Started(a);
+            }
         }
         // Owed at once when it first asked, owed behind a larger request of its tenant, or
         // owed since: one that was not (its tenant's backlog ahead filled the guarantee) is
