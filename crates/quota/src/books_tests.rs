@@ -6352,3 +6352,39 @@ fn rt2_a_borrowed_claimant_takes_no_hold_on_work_stopping_for_a_lost_reclaim() {
         b.events().iter().filter(|e| e.kind == QuotaEventKind::Preempt).cloned().collect();
     assert!(preempted.is_empty(), "c takes a second victim after the restart: {c:?}");
 }
+
+#[test]
+fn rt2_one_container_asking_on_two_nodes_holds_room_on_one_at_most() {
+    // n1 and n3 full of b's 1-GPU checkpointing containers, n2 holding 4 of a's (4 GPUs
+    // free). a's workload `w` (`namespace/pod/container`: one container) is asked for on
+    // n1 and, its pod placed again (deleted and made anew under its name), on n3. Once it
+    // has waited, its consolidation on n1 moves one of b's containers. One container runs
+    // on one node: room is held for it on one node at most (either n3 moves nothing while
+    // n1's room is being made, or the hold on n1, for a pod no longer there, goes).
+    let t = tree(CONSOLIDATE);
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 2, &mut b, &t, "acme/b", ("b", 8, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 4), false, &mut now);
+    let w = |container: &str| {
+        let mut r = ask(container, "acme/a", 1);
+        r.workload = Some("w".into());
+        r
+    };
+    refused(&nodes[0].admit(&mut b, &t, w("w-1"), now));
+    refused(&nodes[2].admit(&mut b, &t, w("w-2"), now));
+    let later = now + 120_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    assert_eq!(victims_of(&nodes[0].admit(&mut b, &t, w("w-1"), later)).len(), 1);
+    let second = nodes[2].admit(&mut b, &t, w("w-2"), later + 1_000);
+    let held: Vec<String> =
+        b.state().reclaims.iter().filter(|r| r.claim == "w").map(|r| r.node.clone()).collect();
+    assert!(
+        held.len() <= 1,
+        "one container, room held for it on nodes {held:?} (each counted as a's borrowed \
+         use, its victims moved): {second:?}"
+    );
+}
