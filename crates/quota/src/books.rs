@@ -2005,9 +2005,17 @@ impl Books {
         // Nor for a fraction of a GPU: what keeps it out is a device's room, which the
         // books' amounts do not see.
         let whole = r.iter().any(|(x, a)| matches!(x, Resource::Gpu(_)) && a >= MICRO_PER_GPU);
+        // Nor while room is being made for the same claim on another node (one container
+        // runs on one node: its pod made anew elsewhere waits for that hold to end).
+        let claim = claim_of(req);
+        let elsewhere = self
+            .reclaims
+            .iter()
+            .any(|((n, t, c), rc)| rc.consolidation && n != node && t == tenant && *c == claim);
         if req.gang.is_some()
             || !whole
             || stopped_lately
+            || elsewhere
             || self.fair_queue_blocks(tree, node, tenant, &req.container_id, r, now, true).is_some()
         {
             return Reclaimed::Not(None);
