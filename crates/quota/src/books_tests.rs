@@ -6388,3 +6388,24 @@ fn rt2_one_container_asking_on_two_nodes_holds_room_on_one_at_most() {
          use, its victims moved): {second:?}"
     );
 }
+
+#[test]
+fn rt2_moved_work_that_stops_before_its_grace_ends_may_resume_at_once() {
+    // a's `big` moves b6 and b7 off n1 (grace 30 s); they write their checkpoints in 5 s,
+    // stop and leave n1's books; b6 asks again on n2, whose room it was promised. A move
+    // takes no requeue backoff, so it is admitted (docs/QUOTAS.md: "the victim was promised
+    // room to resume at once").
+    let (t, mut b, mut nodes, now) = consolidation_fleet(true, 8, 5);
+    let big = ask("big", "acme/a", 2);
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
+    let later = now + 30_000;
+    assert_eq!(victims_of(&nodes[0].admit(&mut b, &t, big, later)).len(), 2);
+    end_units(&mut nodes[0], &mut b, &t, ["b6".to_string(), "b7".to_string()], later + 5_000);
+    let mut req = ask("b6", "acme/b", 1);
+    req.checkpoint = true;
+    let a = nodes[1].admit(&mut b, &t, req, later + 6_000);
+    assert!(
+        matches!(a, AdmitAnswer::Admitted { .. }),
+        "b6, moved, stopped and asking on the node promised to it, is refused: {a:?}"
+    );
+}
