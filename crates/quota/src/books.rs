@@ -523,7 +523,8 @@ struct Cost {
 struct Requeue {
     preemptions: u32,
     last_ms: u64,
-    /// When the requeue backoff ends.
+    /// When the requeue backoff ends (work only moved, never preempted: when it is
+    /// stopped, its grace over; it takes no backoff).
     until_ms: u64,
     /// Moved by a consolidation (issue 27): the node promised room for it to resume on, and
     /// what it holds. Kept from other consolidations until it is admitted again, or for
@@ -1818,7 +1819,9 @@ impl Books {
     /// may not borrow again before then.
     fn in_backoff(&self, tree: &QuotaTree, req: &AdmitRequest, now: u64) -> Option<String> {
         let q = self.requeues.get(&TenantClaim(req.tenant.clone(), claim_of(req)))?;
-        if now >= q.until_ms {
+        // Only moved (consolidation), never preempted: no backoff at all (its `until_ms`
+        // is when it stops, which ends the room promised to it, not a backoff).
+        if now >= q.until_ms || q.preemptions == 0 {
             return None;
         }
         let left_s = (q.until_ms - now).div_ceil(1000);
