@@ -702,6 +702,7 @@ async fn the_stored_fair_queue_comes_back_as_written() {
             preemptions: 2,
             last_ms: 3_000,
             until_ms: 9_000,
+            moved_to: None,
         }],
         queue_kept: true,
         ..BooksState::default()

@@ -77,8 +77,8 @@ use crate::amount::{Resource, Resources, MICRO_PER_GPU};
 use crate::drf::{dominant_share, fair_order, guarantee_headroom, Waiting};
 use crate::preempt::{may_reclaim_owed_later, owed_at_once, owed_behind, worth_reclaiming};
 use crate::reclaim::{
-    choose_victims, choose_victims_for_placement, choose_victims_to_consolidate, first_fit,
-    NoVictims, Room, Running,
+    borrowing_short, choose_victims, choose_victims_for_placement, choose_victims_to_consolidate,
+    first_fit, Candidate, NoVictims, Room, Running,
 };
 use crate::spec::{chain, is_within, QuotaTree};
 use crate::wire::{
@@ -519,12 +519,25 @@ struct Cost {
 }
 
 /// Work preempted and when it may borrow again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Requeue {
     preemptions: u32,
     last_ms: u64,
-    /// When the requeue backoff ends.
+    /// When the requeue backoff ends (work only moved, never preempted: when it is
+    /// stopped, its grace over; it takes no backoff).
     until_ms: u64,
+    /// Moved by a consolidation (issue 27): the node promised room for it to resume on, and
+    /// what it holds. Kept from other consolidations until it is admitted again, or for
+    /// [`WAITING_TTL_MS`] after it stopped ([`Requeue::promised`]), however long its
+    /// claimant's hold lasts (admitted, given way, expired).
+    moved_to: Option<(String, Resources)>,
+}
+
+impl Requeue {
+    /// The room promised to this moved work at `now`, if it still is.
+    fn promised(&self, now: u64) -> Option<&(String, Resources)> {
+        self.moved_to.as_ref().filter(|_| now <= self.until_ms.saturating_add(WAITING_TTL_MS))
+    }
 }
 
 /// The books are not ready: some node known to the coordinator has not synced since the
@@ -1374,6 +1387,14 @@ impl Books {
         meta: Meta,
         now: u64,
     ) {
+        // Moved work admitted again (anywhere): the room promised to it is taken or not
+        // needed.
+        let moved =
+            TenantClaim(tenant.to_string(), meta.workload.clone().unwrap_or(container.to_string()));
+        if let Some(q) = self.requeues.get_mut(&moved).filter(|q| q.moved_to.is_some()) {
+            q.moved_to = None;
+            self.changes.requeue(&moved);
+        }
         let key = NodeContainer(node.to_string(), container.to_string());
         self.insert_pending(
             key.clone(),
@@ -1716,7 +1737,9 @@ impl Books {
             Decision::Admit { class, over } => {
                 if !held_for_it {
                     let me = &req.container_id;
-                    if let Some(refusal) = self.fair_queue_blocks(tree, node, tenant, me, r, now) {
+                    if let Some(refusal) =
+                        self.fair_queue_blocks(tree, node, tenant, me, r, now, false)
+                    {
                         self.event(
                             now,
                             QuotaEventKind::Refuse,
@@ -1796,7 +1819,9 @@ impl Books {
     /// may not borrow again before then.
     fn in_backoff(&self, tree: &QuotaTree, req: &AdmitRequest, now: u64) -> Option<String> {
         let q = self.requeues.get(&TenantClaim(req.tenant.clone(), claim_of(req)))?;
-        if now >= q.until_ms {
+        // Only moved (consolidation), never preempted: no backoff at all (its `until_ms`
+        // is when it stops, which ends the room promised to it, not a backoff).
+        if now >= q.until_ms || q.preemptions == 0 {
             return None;
         }
         let left_s = (q.until_ms - now).div_ceil(1000);
@@ -1983,10 +2008,18 @@ impl Books {
         // Nor for a fraction of a GPU: what keeps it out is a device's room, which the
         // books' amounts do not see.
         let whole = r.iter().any(|(x, a)| matches!(x, Resource::Gpu(_)) && a >= MICRO_PER_GPU);
+        // Nor while room is being made for the same claim on another node (one container
+        // runs on one node: its pod made anew elsewhere waits for that hold to end).
+        let claim = claim_of(req);
+        let elsewhere = self
+            .reclaims
+            .iter()
+            .any(|((n, t, c), rc)| rc.consolidation && n != node && t == tenant && *c == claim);
         if req.gang.is_some()
             || !whole
             || stopped_lately
-            || self.fair_queue_blocks(tree, node, tenant, &req.container_id, r, now).is_some()
+            || elsewhere
+            || self.fair_queue_blocks(tree, node, tenant, &req.container_id, r, now, true).is_some()
         {
             return Reclaimed::Not(None);
         }
@@ -2271,8 +2304,12 @@ impl Books {
         if short.is_empty() {
             return Reclaimed::Not(None);
         }
-        if let Some(a) = self.await_stopping(tree, node, claimant, req, r, short, on, now) {
-            return Reclaimed::Started(a);
+        // A consolidation's claimant is owed nothing: work stopping for a reclaim the books
+        // lost was stopped for a claim within its guarantee, and is not held for it.
+        if !consolidate {
+            if let Some(a) = self.await_stopping(tree, node, claimant, req, r, short, on, now) {
+                return Reclaimed::Started(a);
+            }
         }
         // Owed at once when it first asked, owed behind a larger request of its tenant, or
         // owed since: one that was not (its tenant's backlog ahead filled the guarantee) is
@@ -2446,12 +2483,12 @@ impl Books {
         // The fleet has room, this node not (placement).
         let chosen = if consolidate {
             // Each victim must fit on what another live node has free.
-            // Less the room other consolidations under way promised their victims there.
+            // Less the room other consolidations promised the work they moved there, until
+            // that work is admitted again (their requeue records: a claimant's hold ends
+            // before its victims resume).
             let mut promised: BTreeMap<&str, Resources> = BTreeMap::new();
-            for rc in self.reclaims.values().filter(|rc| rc.consolidation) {
-                for (n, r) in &rc.moves {
-                    promised.entry(n.as_str()).or_default().add(r);
-                }
+            for (n, r) in self.requeues.values().filter_map(|q| q.promised(now)) {
+                promised.entry(n.as_str()).or_default().add(r);
             }
             let mut rooms: Vec<Room> = self
                 .nodes
@@ -2465,7 +2502,19 @@ impl Books {
                         .minus(promised.get(n.as_str()).unwrap_or(&Resources::new())),
                 })
                 .collect();
-            let place = first_fit(&mut rooms);
+            let mut fits = first_fit(&mut rooms);
+            // Only work of tenants that borrow (a reclaim's strict rule, each one taken
+            // counted as gone): a tenant back within its guarantee keeps its work where it
+            // runs, for a borrowed claimant above all.
+            let mut after = usage.clone();
+            let place = |c: &Candidate| {
+                if !borrowing_short(tree, &after, &c.tenant, &c.resources, claimant, r, short) {
+                    return None;
+                }
+                let to = fits(c)?;
+                after.release(&c.tenant, Class::Borrowed, &c.resources);
+                Some(to)
+            };
             choose_victims_to_consolidate(&running, tree, &capacity, claimant, short, now, place)
                 .ok_or(NoVictims::Short)
         } else {
@@ -2513,6 +2562,14 @@ impl Books {
                  for capacity to free"
             )));
         }
+        if consolidate && waited_s == 0 {
+            // Work that has run nothing yet loses nothing, but at its first ask a claimant
+            // has waited nothing: nothing moves for it yet.
+            return Reclaimed::Not(Some(format!(
+                "it has waited nothing yet for node {node} to make room, so no checkpointing \
+                 borrowed work moves for it; it waits for capacity to free"
+            )));
+        }
         let moves: Vec<(String, Resources)> = chosen
             .chosen
             .iter()
@@ -2520,9 +2577,13 @@ impl Books {
             .collect();
         let mut picked: BTreeMap<NodeContainer, String> = BTreeMap::new();
         let mut gangs: BTreeMap<TenantGang, String> = BTreeMap::new();
+        let mut moved_to: BTreeMap<NodeContainer, String> = BTreeMap::new();
         for c in &chosen.chosen {
             for id in &c.candidate.ids {
                 let Some(k) = id.parse::<usize>().ok().and_then(|i| refs.get(i)) else { continue };
+                if let Some(to) = &c.to {
+                    moved_to.insert(k.clone(), to.clone());
+                }
                 if let Some(e) = self.nodes.get(&k.0).and_then(|nb| nb.holdings.get(&k.1)) {
                     if let Some(g) = &e.gang {
                         gangs.insert(TenantGang(e.tenant.clone(), g.clone()), c.why.clone());
@@ -2549,11 +2610,13 @@ impl Books {
         let mut victims = Vec::new();
         let mut tenants: BTreeSet<String> = BTreeSet::new();
         let mut preempted: Vec<(String, Option<String>, String, Resources, u64, bool)> = Vec::new();
-        for (NodeContainer(n, c), why) in &picked {
+        let mut promises: Vec<Option<String>> = Vec::new();
+        for (k @ NodeContainer(n, c), why) in &picked {
             let Some(e) = self.nodes.get(n).and_then(|nb| nb.holdings.get(c)) else { continue };
             let grace_s = tree.grace_period_s(&e.tenant);
             tenants.insert(e.tenant.clone());
             let ran_s = now.saturating_sub(e.started_ms) / 1000;
+            promises.push(moved_to.get(k).cloned());
             preempted.push((
                 e.tenant.clone(),
                 e.workload.clone(),
@@ -2584,8 +2647,8 @@ impl Books {
             });
         }
         // What preemption costs each victim's tenant, and when each victim may borrow again.
-        for (v, (tenant, workload, container, resources, lost_s, checkpoint)) in
-            victims.iter_mut().zip(preempted)
+        for ((v, (tenant, workload, container, resources, lost_s, checkpoint)), to) in
+            victims.iter_mut().zip(preempted).zip(promises)
         {
             let cost = self.costs.entry(tenant.clone()).or_default();
             cost.preempted_ms.push_back(now);
@@ -2599,7 +2662,11 @@ impl Books {
                 preemptions: 0,
                 last_ms: now,
                 until_ms: now,
+                moved_to: None,
             });
+            if let Some(to) = to {
+                q.moved_to = Some((to, resources.clone()));
+            }
             // A move is remembered (the work is not moved again) but takes no backoff: it
             // was promised room to resume at once.
             if !consolidate {
@@ -2952,7 +3019,11 @@ impl Books {
 
     /// Whether another request waiting on `node` (another tenant's, or a larger one of
     /// `tenant`'s own: [`fair_order`]) ranks ahead of `tenant`'s `container` and would be
-    /// denied by this grant: the message that says so.
+    /// denied by this grant: the message that says so. `making_room`: the grant is a
+    /// consolidation's, which makes room on the node by moving work off it; every request
+    /// ahead that the node could hold is denied the room made, a larger one too (a smaller
+    /// request may take free room a larger one cannot use, not room made for it).
+    #[allow(clippy::too_many_arguments)]
     fn fair_queue_blocks(
         &self,
         tree: &QuotaTree,
@@ -2961,6 +3032,7 @@ impl Books {
         container: &str,
         r: &Resources,
         now: u64,
+        making_room: bool,
     ) -> Option<String> {
         let own = self.own_entry(node, container, tenant, r);
         // One that could never run ranks nothing (re-asked for ever, it would win every
@@ -3001,7 +3073,12 @@ impl Books {
             }
             let w = &list[i];
             let need = relevant(&w.resources);
-            if need.fits_in(&after) || !(need.fits_in(&free) || need.fits_in(r)) {
+            let denied = if making_room {
+                need.fits_in(&node_cap)
+            } else {
+                need.fits_in(&free) || need.fits_in(r)
+            };
+            if need.fits_in(&after) || !denied {
                 continue;
             }
             // Kept only for a request the quotas would let take it (or reclaim for it):

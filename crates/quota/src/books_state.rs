@@ -306,6 +306,9 @@ pub struct RequeueState {
     pub preemptions: u32,
     pub last_ms: u64,
     pub until_ms: u64,
+    /// Moved by a consolidation: the node promised room for it, and what it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_to: Option<(String, Amounts)>,
 }
 
 /// One change to the durable books.
@@ -535,6 +538,7 @@ impl Requeue {
             preemptions: self.preemptions,
             last_ms: self.last_ms,
             until_ms: self.until_ms,
+            moved_to: self.moved_to.as_ref().map(|(n, r)| (n.clone(), Amounts::from_resources(r))),
         }
     }
 }
@@ -905,7 +909,12 @@ impl Books {
         for q in state.requeues {
             b.requeues.insert(
                 TenantClaim(q.tenant, q.claim),
-                Requeue { preemptions: q.preemptions, last_ms: q.last_ms, until_ms: q.until_ms },
+                Requeue {
+                    preemptions: q.preemptions,
+                    last_ms: q.last_ms,
+                    until_ms: q.until_ms,
+                    moved_to: q.moved_to.map(|(n, a)| (n, a.to_resources())),
+                },
             );
         }
         match state.rebuilding_since_ms {

@@ -4521,6 +4521,7 @@ fn a_store_with_no_node_is_rebuilt_from_the_syncs_whatever_else_it_holds() {
                 preemptions: 1,
                 last_ms: 1_000,
                 until_ms: 2_000,
+                moved_to: None,
             }],
             ..BooksState::default()
         },
@@ -6027,5 +6028,384 @@ fn rt_work_just_moved_does_not_move_its_mover_back() {
     assert!(
         !matches!(again, AdmitAnswer::Reclaiming { .. }),
         "b6, just moved off n1 for big, moves big off n1 in turn: {again:?}"
+    );
+}
+
+// --- red team 2: consolidation ---
+
+#[test]
+fn rt2_room_promised_to_moved_work_is_not_promised_again_once_its_claimant_is_admitted() {
+    // a's `x` (1 GPU) on n1 moves a 2-GPU container of b to n2 (3 GPUs free, the fleet's
+    // only room). The victim stops and x is admitted on n1; the moved container has not yet
+    // asked again on n2 (its controller makes a new pod). a's `y` (1 GPU) on n3 then asks:
+    // n2's room is still the room the first move promised, so nothing may be moved there.
+    let (t, mut b, mut nodes, now) = rt_two_gpu_victims_fleet();
+    let (x, y) = (ask("x", "acme/a", 1), ask("y", "acme/a", 1));
+    refused(&nodes[0].admit(&mut b, &t, x.clone(), now));
+    refused(&nodes[2].admit(&mut b, &t, y.clone(), now));
+    let mut later = now + 120_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    let first = nodes[0].admit(&mut b, &t, x.clone(), later);
+    let moved: Vec<String> = victims_of(&first).iter().map(|(_, c)| c.to_string()).collect();
+    assert_eq!(moved.len(), 1, "{first:?}");
+    later += 30_000;
+    end_units(&mut nodes[0], &mut b, &t, moved.clone(), later);
+    assert_eq!(admitted(&nodes[0].admit(&mut b, &t, x, later)), QuotaClass::Borrowed);
+    sync_all(&mut nodes, &mut b, &t, later + 1_000);
+    let second = nodes[2].admit(&mut b, &t, y, later + 1_000);
+    let again: Vec<_> = match &second {
+        AdmitAnswer::Reclaiming { victims, .. } => {
+            victims.iter().map(|v| v.container_id.clone()).collect()
+        }
+        _ => Vec::new(),
+    };
+    assert!(
+        again.is_empty(),
+        "a second consolidation moved {again:?} into n2's room (n2 has {} GPUs free) still \
+         promised to {moved:?}, which has not resumed yet: {second:?}",
+        nodes[1].free() / MICRO_PER_GPU
+    );
+}
+
+#[test]
+fn rt2_a_larger_request_ahead_in_the_fair_queue_keeps_a_smaller_one_from_consolidating() {
+    // n1 full of b's checkpointing 1-GPU containers (b0, b1 guaranteed), n2 holding 5 of
+    // a's (3 GPUs free). c (no guarantee, holds nothing: the lowest dominant share) asks 3
+    // GPUs on n1, borrowed, and waits there first; a (5 GPUs held) asks 2 after it. c is
+    // ahead of a in n1's fair queue, so a may not move work off n1 for itself.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
+                       "grace_period_s": 30},
+            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    let (c, big) = (ask("c0", "acme/c", 3), ask("big", "acme/a", 2));
+    refused(&nodes[0].admit(&mut b, &t, c, now));
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now + 1_000));
+    let later = now + 60_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    let a = nodes[0].admit(&mut b, &t, big, later);
+    assert!(
+        !matches!(a, AdmitAnswer::Reclaiming { .. }),
+        "a, behind c's larger request in n1's fair queue, moved work off n1 for itself: {a:?}"
+    );
+}
+
+#[test]
+fn rt2_work_of_a_tenant_back_within_its_guarantee_is_not_moved_for_borrowed_work() {
+    // b (guarantee 4) runs four borrowed checkpointing containers on n1 (b4…b7; its four
+    // guaranteed ones ended): it uses 4, its guarantee; c's guaranteed work fills the rest
+    // of n1. a (guarantee 2, 5 held on n2) asks 2 more on n1, borrowed: a reclaim would
+    // not take the work of a tenant back within its guarantee, and a borrowed claimant has
+    // less claim still.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 16}},
+                       "grace_period_s": 30},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 16}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    end_units(&mut nodes[0], &mut b, &t, (0..4).map(|k| format!("b{k}")), now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/c", ("c", 0, 4), false, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    assert_eq!(nodes[0].free(), 0);
+    let big = ask("big", "acme/a", 2);
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
+    let later = now + 240_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    let a = nodes[0].admit(&mut b, &t, big, later);
+    assert!(
+        !matches!(a, AdmitAnswer::Reclaiming { .. }),
+        "b's work, within b's guarantee of 4, moved for a's borrowed request: {a:?}"
+    );
+}
+
+#[test]
+fn rt2_a_wait_before_a_run_elsewhere_is_not_credited_to_the_workloads_next_ask() {
+    // a's workload `w` asks 2 GPUs on n1 (full of b's checkpointing work) and is refused;
+    // it is then admitted on n2, runs 20 minutes there and ends. Its next ask on n1 is the
+    // first of a new wait: it has waited nothing, so nothing moves (ski rental). The books
+    // still count its wait from the ask on n1 before it ran.
+    let (t, mut b, mut nodes, now) = consolidation_fleet(true, 8, 5);
+    let run = |container: &str| {
+        let mut r = ask(container, "acme/a", 2);
+        r.workload = Some("w".into());
+        r
+    };
+    refused(&nodes[0].admit(&mut b, &t, run("w-1"), now));
+    assert_eq!(
+        admitted(&nodes[1].admit(&mut b, &t, run("w-2"), now + 1_000)),
+        QuotaClass::Borrowed
+    );
+    nodes[1].sync(&mut b, &t, now + 1_000);
+    let mut later = now + 1_000;
+    for _ in 0..5 {
+        later += 240_000;
+        sync_all(&mut nodes, &mut b, &t, later);
+    }
+    end_units(&mut nodes[1], &mut b, &t, ["w-2".to_string()], later);
+    let a = nodes[0].admit(&mut b, &t, run("w-3"), later + 1_000);
+    assert!(
+        !matches!(a, AdmitAnswer::Reclaiming { .. }),
+        "at the first ask of its new wait, w moves others' work for a wait it spent running: \
+         {a:?}"
+    );
+}
+
+#[test]
+fn rt2_consolidation_moves_no_work_within_its_min_runtime() {
+    // consolidation_fleet's scenario with b's min_runtime_s at an hour: a's 2 on n1 has
+    // waited 4 minutes (worth two moves), but b's borrowed work on n1 started minutes ago.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
+                       "grace_period_s": 30, "min_runtime_s": 3600}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    let big = ask("big", "acme/a", 2);
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
+    sync_all(&mut nodes, &mut b, &t, now + 240_000);
+    let a = nodes[0].admit(&mut b, &t, big, now + 240_000);
+    assert!(!matches!(a, AdmitAnswer::Reclaiming { .. }), "moved within min_runtime_s: {a:?}");
+}
+
+#[test]
+fn rt2_books_taken_over_mid_consolidation_keep_the_room_it_promised() {
+    // rt_two_consolidations_do_not_promise_the_same_room_elsewhere_twice across a takeover:
+    // x's consolidation (one of b's 2-GPU containers moved to n2, 3 GPUs free) is stored,
+    // the books are restored from the store, and y's consolidation on n3 finds n2's room
+    // promised.
+    let (t, mut b, mut nodes, now) = rt_two_gpu_victims_fleet();
+    let (x, y) = (ask("x", "acme/a", 1), ask("y", "acme/a", 1));
+    refused(&nodes[0].admit(&mut b, &t, x.clone(), now));
+    refused(&nodes[2].admit(&mut b, &t, y.clone(), now));
+    let later = now + 120_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    assert_eq!(victims_of(&nodes[0].admit(&mut b, &t, x, later)).len(), 1);
+    let mut b = Books::restore(300, later + 1_000, b.state(), &t);
+    sync_all(&mut nodes, &mut b, &t, later + 1_000);
+    let second = nodes[2].admit(&mut b, &t, y, later + 1_000);
+    assert!(
+        !matches!(second, AdmitAnswer::Reclaiming { .. }),
+        "after the takeover a second consolidation moved work into n2's promised room: \
+         {second:?}"
+    );
+    // Judged on the stored queue, not held back as books just taken over.
+    let (message, _) = refused(&second);
+    assert!(!message.contains("taken over"), "{message}");
+}
+
+#[test]
+fn rt2_the_room_promised_to_moved_work_is_released_when_it_is_admitted_again() {
+    // The promise kept past its claimant's admission
+    // (rt2_room_promised_to_moved_work_is_not_promised_again_once_its_claimant_is_admitted)
+    // ends when the moved work is admitted again, and is stored until then.
+    let (t, mut b, mut nodes, now) = rt_two_gpu_victims_fleet();
+    let x = ask("x", "acme/a", 1);
+    refused(&nodes[0].admit(&mut b, &t, x.clone(), now));
+    let mut later = now + 120_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    let first = nodes[0].admit(&mut b, &t, x.clone(), later);
+    let moved: Vec<String> = victims_of(&first).iter().map(|(_, c)| c.to_string()).collect();
+    assert_eq!(moved.len(), 1, "{first:?}");
+    later += 30_000;
+    end_units(&mut nodes[0], &mut b, &t, moved.clone(), later);
+    admitted(&nodes[0].admit(&mut b, &t, x, later));
+    let promise = |b: &Books| {
+        let s = b.state();
+        let q = s.requeues.iter().find(|q| q.claim == moved[0]).expect("the move is remembered");
+        q.moved_to.as_ref().map(|(n, _)| n.clone())
+    };
+    assert_eq!(promise(&b).as_deref(), Some("n2"));
+    let restored = Books::restore(300, later, b.state(), &t);
+    assert_eq!(promise(&restored).as_deref(), Some("n2"));
+    let mut again = ask(&moved[0], "acme/b", 2);
+    again.checkpoint = true;
+    admitted(&nodes[1].admit(&mut b, &t, again, later + 1_000));
+    assert_eq!(promise(&b), None, "the promise outlives the moved work's admission");
+}
+
+#[test]
+fn rt2_work_is_not_moved_to_a_node_silent_for_minutes() {
+    // rt_two_gpu_victims_fleet: n2 holds the fleet's only free room (3 GPUs), then falls
+    // silent (dead or cut off: it stays in the books until its lease's end, 300 s). Four
+    // minutes on, n1 and n3 still syncing, a's `x` on n1 has waited long enough to move
+    // one of b's containers: none may be sent to resume on a node not heard from for four
+    // minutes (the books' own lease recall counts a node silent for 5 s as not live).
+    let (t, mut b, mut nodes, now) = rt_two_gpu_victims_fleet();
+    let x = ask("x", "acme/a", 1);
+    refused(&nodes[0].admit(&mut b, &t, x.clone(), now));
+    let later = now + 240_000;
+    for n in [0, 2] {
+        nodes[n].sync(&mut b, &t, later);
+    }
+    let a = nodes[0].admit(&mut b, &t, x, later);
+    assert!(
+        !matches!(a, AdmitAnswer::Reclaiming { .. }),
+        "work moved to n2, silent for 240 s: {a:?}"
+    );
+}
+
+#[test]
+fn rt2_nothing_moves_at_a_claimants_first_ask_even_for_work_that_just_started() {
+    // consolidation_fleet's fleet, b7 (borrowed, checkpointing) started on n1 this very second, so
+    // moving it "loses" 0 s. a's 1-GPU request on n1 asks for the first time in that same
+    // second: it has waited nothing, so nothing moves (docs/QUOTAS.md: "at its first ask it
+    // has waited nothing, so nothing moves then"); 0 ≤ 0 × share lets it.
+    let t = tree(CONSOLIDATE);
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 7), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 7, 1), true, &mut now);
+    assert_eq!(nodes[0].free(), 0);
+    let a = nodes[0].admit(&mut b, &t, ask("one", "acme/a", 1), now);
+    assert!(
+        !matches!(a, AdmitAnswer::Reclaiming { .. }),
+        "work moved at its claimant's first ask: {a:?}"
+    );
+}
+
+#[test]
+fn rt2_an_owed_request_elsewhere_preempts_no_running_work_for_a_borrowed_hold() {
+    // a's `big` moves b6 and b7 off n1 (n2: 3 GPUs free); while they stop, the fleet's
+    // books count them and the 2 GPUs held for big (borrowed): 15 of 16. c (guarantee 4,
+    // holding nothing) asks 2 on n2, which has 3 GPUs free: it is owed, and what stands
+    // between it and the room is the borrowed hold of idle capacity and work already
+    // stopping, not running work. Nobody's running work is preempted for it.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
+                       "grace_period_s": 30},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 16}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    let big = ask("big", "acme/a", 2);
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
+    let later = now + 30_000;
+    let a = nodes[0].admit(&mut b, &t, big, later);
+    assert_eq!(victims_of(&a).len(), 2, "{a:?}");
+    let (c, _) = answer_through_recalls(
+        &mut nodes,
+        1,
+        &mut b,
+        &t,
+        &ask("c0", "acme/c", 2),
+        &mut (later + 1_000),
+    );
+    let running: Vec<_> = match &c {
+        AdmitAnswer::Reclaiming { victims, .. } => victims
+            .iter()
+            .filter(|v| !["b6", "b7"].contains(&v.container_id.as_str()))
+            .map(|v| v.container_id.clone())
+            .collect(),
+        _ => Vec::new(),
+    };
+    assert!(
+        running.is_empty(),
+        "running work {running:?} preempted for c while 2 GPUs are held idle for a's \
+         borrowed consolidation: {c:?}"
+    );
+}
+
+#[test]
+fn rt2_a_borrowed_claimant_takes_no_hold_on_work_stopping_for_a_lost_reclaim() {
+    // c (guarantee 4, owed) reclaims b7 on n1 (full of b's work); n1 lists b7 as stopping.
+    // The coordinator restarts without a store (its books rebuilt from the syncs: the
+    // reclaim is lost). a's borrowed 1-GPU request on n1, short there, must not hold the
+    // room b7 frees as if a were owed it (a hold that waits for work already stopping,
+    // counted as guaranteed, that gives way to nobody): c, asking again, would then take a
+    // second victim for the room it already stopped b7 for.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
+                       "grace_period_s": 30},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 16}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    let c0 = ask("c0", "acme/c", 1);
+    let first = nodes[0].admit(&mut b, &t, c0.clone(), now);
+    assert_eq!(victims_of(&first), [("n1", "b7")], "{first:?}");
+    nodes[0].stopping.push("b7".into());
+    now += 2_000;
+    let mut b = Books::new(300, now);
+    start(&t, &mut nodes, &mut b, now);
+    let big = nodes[0].admit(&mut b, &t, ask("one", "acme/a", 1), now + 1_000);
+    if let AdmitAnswer::Reclaiming { message, .. } = &big {
+        assert!(
+            !message.contains("its guarantee"),
+            "a's borrowed request holds the room stopping for c's lost reclaim as its \
+             guarantee: {message}"
+        );
+    }
+    let c = nodes[0].admit(&mut b, &t, c0, now + 2_000);
+    let preempted: Vec<_> =
+        b.events().iter().filter(|e| e.kind == QuotaEventKind::Preempt).cloned().collect();
+    assert!(preempted.is_empty(), "c takes a second victim after the restart: {c:?}");
+}
+
+#[test]
+fn rt2_one_container_asking_on_two_nodes_holds_room_on_one_at_most() {
+    // n1 and n3 full of b's 1-GPU checkpointing containers, n2 holding 4 of a's (4 GPUs
+    // free). a's workload `w` (`namespace/pod/container`: one container) is asked for on
+    // n1 and, its pod placed again (deleted and made anew under its name), on n3. Once it
+    // has waited, its consolidation on n1 moves one of b's containers. One container runs
+    // on one node: room is held for it on one node at most (either n3 moves nothing while
+    // n1's room is being made, or the hold on n1, for a pod no longer there, goes).
+    let t = tree(CONSOLIDATE);
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 2, &mut b, &t, "acme/b", ("b", 8, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 4), false, &mut now);
+    let w = |container: &str| {
+        let mut r = ask(container, "acme/a", 1);
+        r.workload = Some("w".into());
+        r
+    };
+    refused(&nodes[0].admit(&mut b, &t, w("w-1"), now));
+    refused(&nodes[2].admit(&mut b, &t, w("w-2"), now));
+    let later = now + 120_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    assert_eq!(victims_of(&nodes[0].admit(&mut b, &t, w("w-1"), later)).len(), 1);
+    let second = nodes[2].admit(&mut b, &t, w("w-2"), later + 1_000);
+    let held: Vec<String> =
+        b.state().reclaims.iter().filter(|r| r.claim == "w").map(|r| r.node.clone()).collect();
+    assert!(
+        held.len() <= 1,
+        "one container, room held for it on nodes {held:?} (each counted as a's borrowed \
+         use, its victims moved): {second:?}"
+    );
+}
+
+#[test]
+fn rt2_moved_work_that_stops_before_its_grace_ends_may_resume_at_once() {
+    // a's `big` moves b6 and b7 off n1 (grace 30 s); they write their checkpoints in 5 s,
+    // stop and leave n1's books; b6 asks again on n2, whose room it was promised. A move
+    // takes no requeue backoff, so it is admitted (docs/QUOTAS.md: "the victim was promised
+    // room to resume at once").
+    let (t, mut b, mut nodes, now) = consolidation_fleet(true, 8, 5);
+    let big = ask("big", "acme/a", 2);
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
+    let later = now + 30_000;
+    assert_eq!(victims_of(&nodes[0].admit(&mut b, &t, big, later)).len(), 2);
+    end_units(&mut nodes[0], &mut b, &t, ["b6".to_string(), "b7".to_string()], later + 5_000);
+    let mut req = ask("b6", "acme/b", 1);
+    req.checkpoint = true;
+    let a = nodes[1].admit(&mut b, &t, req, later + 6_000);
+    assert!(
+        matches!(a, AdmitAnswer::Admitted { .. }),
+        "b6, moved, stopped and asking on the node promised to it, is refused: {a:?}"
     );
 }
