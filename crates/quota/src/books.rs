@@ -120,6 +120,10 @@ pub const LEASE_RECALL_RETRY_S: u64 = 3;
 /// A node that synced within this long takes a recall at its next sync; one silent
 /// longer may be cut off and using its lease, so its lease is not waited for.
 pub const RECALL_LIVE_MS: u64 = 5_000;
+/// A node that synced within this long may be promised work a consolidation moves (issue
+/// 27); one silent longer may be dead or cut off, however long its lease keeps it in the
+/// books.
+pub const MOVE_LIVE_MS: u64 = 60_000;
 
 /// A container on a node, `(node, container id)`: what the books hold, wait, answer and
 /// resize by.
@@ -1637,6 +1641,18 @@ impl Books {
     ) {
         if matches!(answer, AdmitAnswer::Admitted { .. }) {
             let asked = self.first_asks.remove(claim).is_some();
+            // The same claim waiting on other nodes (its pod asked there before): its wait
+            // ends here too; a later ask there starts a new one, not one credited with the
+            // time it ran.
+            let (_, t, c) = claim;
+            let changes = &mut self.changes;
+            self.first_asks.retain(|k, _| {
+                let other = k.1 == *t && k.2 == *c;
+                if other {
+                    changes.ask(k, false);
+                }
+                !other
+            });
             let owed_since = self.owed_since.remove(claim).map(|(since, _)| since);
             if asked || owed_since.is_some() {
                 self.changes.ask(claim, false);
@@ -2493,7 +2509,12 @@ impl Books {
             let mut rooms: Vec<Room> = self
                 .nodes
                 .iter()
-                .filter(|(n, _)| n.as_str() != node)
+                // A node silent for a minute (nodes sync every second or so) is likely dead
+                // or cut off, though its lease keeps it in the books: no work is sent to
+                // resume there.
+                .filter(|(n, nb)| {
+                    n.as_str() != node && now.saturating_sub(nb.last_sync_ms) <= MOVE_LIVE_MS
+                })
                 .map(|(n, nb)| Room {
                     node: n.clone(),
                     capacity: nb.capacity.clone(),
