@@ -1099,9 +1099,10 @@ struct State {
     owed_run_since: Option<u64>,
     /// Stopping as a consolidation's victim: it takes no requeue backoff.
     moving: bool,
-    /// A consolidation's claimant until it begins: the room (node, micro-GPUs) promised to
-    /// its victims elsewhere.
-    promised: Vec<(usize, u64)>,
+    /// Moved by a consolidation: the node promised room for it to resume on, the
+    /// micro-GPUs, and until when (its stop plus the books' `WAITING_TTL_MS`), unless it is
+    /// placed again first (the books keep it in its requeue record alike).
+    moved_to: Option<(usize, u64, u64)>,
 }
 
 /// How long a waiting request fitted on no node even with every borrowed unit stopped:
@@ -1153,8 +1154,8 @@ impl State {
 struct Consolidation {
     /// What its victims lose (dominant-share seconds).
     cost: f64,
-    /// Where each victim was promised room: (node, micro-GPUs).
-    moves: Vec<(usize, u64)>,
+    /// Where each victim was promised room: (victim, node, micro-GPUs).
+    moves: Vec<(usize, usize, u64)>,
     victims: Vec<usize>,
     /// Where the claim goes once they are gone.
     slots: Vec<Slot>,
@@ -1230,6 +1231,8 @@ struct Sim<'a> {
     running: BTreeSet<usize>,
     /// Claimants booked and placed, waiting for their victims.
     reserved: BTreeSet<usize>,
+    /// Units moved by a consolidation whose promised room may still stand (`moved_to`).
+    moved: BTreeSet<usize>,
     fair_q: BTreeMap<(String, Key), BTreeSet<usize>>,
     fifo_q: Vec<BTreeSet<usize>>,
     t0: u64,
@@ -1322,7 +1325,7 @@ impl<'a> Sim<'a> {
                 owed_blocked: Blocked::default(),
                 owed_run_since: None,
                 moving: false,
-                promised: Vec::new(),
+                moved_to: None,
             })
             .collect();
         let empty = bins.clone();
@@ -1346,6 +1349,7 @@ impl<'a> Sim<'a> {
             outstanding: Usage::new(),
             running: BTreeSet::new(),
             reserved: BTreeSet::new(),
+            moved: BTreeSet::new(),
             fair_q: BTreeMap::new(),
             fifo_q: vec![BTreeSet::new(); queues],
             t0,
@@ -1508,7 +1512,9 @@ impl<'a> Sim<'a> {
             self.usage.add(&self.units[u].tenant, class, &self.units[u].resources);
         }
         let end = t.saturating_add(self.remaining(u));
+        self.moved.remove(&u);
         let st = &mut self.st[u];
+        st.moved_to = None;
         st.phase = Phase::Running;
         st.epoch += 1;
         st.starts(t);
@@ -1530,7 +1536,9 @@ impl<'a> Sim<'a> {
             self.bins.take(s);
         }
         self.usage.add(&self.units[u].tenant, class, &self.units[u].resources);
+        self.moved.remove(&u);
         let st = &mut self.st[u];
+        st.moved_to = None;
         st.phase = Phase::Reserved;
         st.epoch += 1;
         st.class = class;
@@ -1548,7 +1556,6 @@ impl<'a> Sim<'a> {
         }
         st.phase = Phase::Running;
         st.starts(t);
-        st.promised.clear();
         self.reserved.remove(&u);
         self.running.insert(u);
         self.events.push(Reverse((end, END, u, epoch)));
@@ -1910,6 +1917,10 @@ impl<'a> Sim<'a> {
                 .collect();
             let order = fair_order(self.tree, &self.capacity, &self.usage, &waiting);
             let mut progressed = false;
+            // A request the quotas would admit waits ahead in the fair order: room made by
+            // moving work is not for one behind it (the books: first in its node's fair
+            // queue; the simulator has one queue, so any request ahead counts).
+            let mut ahead = false;
             for i in order {
                 let u = heads[i];
                 let unit = &self.units[u];
@@ -1933,15 +1944,19 @@ impl<'a> Sim<'a> {
                             break;
                         }
                         if class == Class::Borrowed {
-                            if !no_reclaim.contains(&u) && self.consolidate(u, t) {
+                            if !ahead && !no_reclaim.contains(&u) && self.consolidate(u, t) {
                                 progressed = true;
                                 break;
                             }
                             no_reclaim.insert(u);
                         }
+                        ahead = true;
                         (class == Class::Guaranteed).then_some((Cause::Placement, None))
                     }
-                    Decision::Reclaim { under, .. } => Some((Cause::Books, under)),
+                    Decision::Reclaim { under, .. } => {
+                        ahead = true;
+                        Some((Cause::Books, under))
+                    }
                     Decision::Wait { .. } | Decision::Refuse(_) => None,
                 };
                 if let Some((cause, under)) = claim.filter(|_| !no_reclaim.contains(&u)) {
@@ -2291,13 +2306,21 @@ impl<'a> Sim<'a> {
             return false;
         }
         let gpu = Resource::gpu(&self.fleet.model);
-        // What each node has free, less what consolidations under way promised there.
+        // Nothing moves at a first ask (it has waited nothing), even work that ran nothing.
+        if t <= unit.arrival {
+            return false;
+        }
+        // What each node has free, less the room promised to work moved there that has
+        // not been placed again (the books' requeue records).
         let mut promised = vec![0u64; self.fleet.nodes as usize];
-        for &c in &self.reserved {
-            for &(n, g) in &self.st[c].promised {
+        let st = &self.st;
+        self.moved.retain(|&v| st[v].moved_to.is_some_and(|(_, _, until)| t <= until));
+        for &v in &self.moved {
+            if let Some((n, g, _)) = self.st[v].moved_to {
                 promised[n] = promised[n].saturating_add(g);
             }
         }
+        let unit = &self.units[u];
         let free_on = |n: usize| -> u64 {
             let f: i64 = self.bins.gpu[n].iter().map(|&f| f.max(0)).sum();
             u64::try_from(f).unwrap_or(0).saturating_sub(promised[n])
@@ -2357,7 +2380,27 @@ impl<'a> Sim<'a> {
                     free: Resources::new().with(gpu.clone(), free_on(m)),
                 })
                 .collect();
-            let place = first_fit(&mut rooms);
+            let mut fits = first_fit(&mut rooms);
+            // Only work of tenants that borrow, each one taken counted as gone (the books'
+            // rule: a tenant back within its guarantee keeps its work where it runs).
+            let mut after = self.usage.clone();
+            let (tree, claim) = (self.tree, &unit.resources);
+            let place = |c: &quota::Candidate| {
+                if !borrowing_short(
+                    tree,
+                    &after,
+                    &c.tenant,
+                    &c.resources,
+                    &unit.tenant,
+                    claim,
+                    &short,
+                ) {
+                    return None;
+                }
+                let to = fits(c)?;
+                after.release(&c.tenant, Class::Borrowed, &c.resources);
+                Some(to)
+            };
             let Some(v) = choose_victims_to_consolidate(
                 &running,
                 self.tree,
@@ -2371,11 +2414,15 @@ impl<'a> Sim<'a> {
             };
             let victims: Vec<usize> =
                 v.chosen.iter().filter_map(|c| c.candidate.ids.first()?.parse().ok()).collect();
-            let moves: Vec<(usize, u64)> = v
+            let moves: Vec<(usize, usize, u64)> = v
                 .chosen
                 .iter()
                 .filter_map(|c| {
-                    Some((c.to.as_ref()?.parse().ok()?, c.candidate.resources.get(&gpu)))
+                    Some((
+                        c.candidate.ids.first()?.parse().ok()?,
+                        c.to.as_ref()?.parse().ok()?,
+                        c.candidate.resources.get(&gpu),
+                    ))
                 })
                 .collect();
             // The node's devices, once they are gone, must hold it.
@@ -2399,7 +2446,14 @@ impl<'a> Sim<'a> {
         self.consolidations += 1;
         let begin = self.stop_victims(victims, t, true);
         self.reserve(u, slots, Class::Borrowed, t, begin);
-        self.st[u].promised = moves;
+        // The room stays promised to each moved unit until it is placed again, or for the
+        // books' WAITING_TTL_MS after it stops.
+        let ttl_s = quota::books::WAITING_TTL_MS / 1000;
+        for (v, n, g) in moves {
+            let stop = t.saturating_add(self.tree.grace_period_s(&self.units[v].tenant));
+            self.st[v].moved_to = Some((n, g, stop.saturating_add(ttl_s)));
+            self.moved.insert(v);
+        }
         true
     }
 
