@@ -5976,13 +5976,10 @@ fn rt_a_claimant_in_requeue_backoff_does_not_move_others_work() {
     );
 }
 
-#[test]
-fn rt_a_consolidation_hold_does_not_make_owed_work_preempt_others() {
-    // Shows: the room a consolidation holds for a *borrowed* claimant is defended like a
-    // guaranteed claim's: an owed request of c on that node (c holds nothing, guarantee 4)
-    // finds it held for another tenant and preempts b's running work for 2 GPUs, while 2
-    // GPUs sit idle held for a's borrowed `big` (itself reclaimable by c once admitted).
-    // Two more moves of running work for capacity the node already has free.
+/// consolidation_fleet's fleet with c (guarantee 4, holding nothing) in the tree: a's `big`
+/// (2 GPUs on n1, borrowed) refused at its first ask, then, 30 s on, moving b6 and b7 off
+/// n1 to n2's room. The books at that moment.
+fn big_moved_b6_b7_with_c_owed() -> (QuotaTree, Books, [Node; 2], u64) {
     let t = tree(
         r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
             "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
@@ -5994,9 +5991,20 @@ fn rt_a_consolidation_hold_does_not_make_owed_work_preempt_others() {
     fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
     let big = ask("big", "acme/a", 2);
     refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
-    let mut later = now + 30_000;
+    let later = now + 30_000;
     let a = nodes[0].admit(&mut b, &t, big, later);
     assert_eq!(victims_of(&a).len(), 2, "{a:?}");
+    (t, b, nodes, later)
+}
+
+#[test]
+fn rt_a_consolidation_hold_does_not_make_owed_work_preempt_others() {
+    // Shows: the room a consolidation holds for a *borrowed* claimant is defended like a
+    // guaranteed claim's: an owed request of c on that node (c holds nothing, guarantee 4)
+    // finds it held for another tenant and preempts b's running work for 2 GPUs, while 2
+    // GPUs sit idle held for a's borrowed `big` (itself reclaimable by c once admitted).
+    // Two more moves of running work for capacity the node already has free.
+    let (t, mut b, mut nodes, mut later) = big_moved_b6_b7_with_c_owed();
     later += 30_000;
     for id in ["b6", "b7"] {
         assert!(b.release("n1", id, later));
@@ -6278,20 +6286,7 @@ fn rt2_an_owed_request_elsewhere_preempts_no_running_work_for_a_borrowed_hold() 
     // holding nothing) asks 2 on n2, which has 3 GPUs free: it is owed, and what stands
     // between it and the room is the borrowed hold of idle capacity and work already
     // stopping, not running work. Nobody's running work is preempted for it.
-    let t = tree(
-        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
-                       "grace_period_s": 30},
-            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 16}}}}"#,
-    );
-    let (mut b, mut nodes, mut now) = two_nodes(&t);
-    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
-    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
-    let big = ask("big", "acme/a", 2);
-    refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
-    let later = now + 30_000;
-    let a = nodes[0].admit(&mut b, &t, big, later);
-    assert_eq!(victims_of(&a).len(), 2, "{a:?}");
+    let (t, mut b, mut nodes, later) = big_moved_b6_b7_with_c_owed();
     let (c, _) = answer_through_recalls(
         &mut nodes,
         1,
