@@ -20,6 +20,10 @@
 //!   preempts nothing however long it waits; one owed at its first ask reclaims at once.
 //! * A request owed only later reclaims once owed for its path's `owed_reclaim_after_s`,
 //!   told when until then, and the status shows its wait.
+//! * Consolidation: a borrowed 2-GPU request its node cannot place, once it has waited as
+//!   long as the moves lose, moves two of another tenant's borrowed checkpointing
+//!   containers off that node (SIGTERM, checkpoint written); they resume at once on the
+//!   other node, which had the room, and the request runs.
 
 // Integration-test crates: clippy counts their helper functions as non-test code, so
 // `allow-unwrap-in-tests` (clippy.toml) does not reach them; a panic is the failure report.
@@ -244,6 +248,16 @@ fn class_of(node: &Node, id: &str) -> Option<String> {
         .iter()
         .find(|a| a["container_id"] == id)
         .and_then(|a| a["quota"]["class"].as_str().map(str::to_string))
+}
+
+/// Waits (10 s at most) for `id`'s output on `node` to contain `text`; fails saying it
+/// never `did`.
+fn wait_output(node: &Node, id: &str, text: &str, did: &str) {
+    assert!(
+        wait_for(|| node.fx.container_output(id).0.contains(text), Duration::from_secs(10)),
+        "{id} never {did}: {:?}",
+        node.fx.container_output(id)
+    );
 }
 
 /// The node's events (`tessera status`) of `kind` for container `id`.
@@ -629,14 +643,7 @@ fn a_checkpointing_container_gets_sigterm_writes_its_checkpoint_and_is_requeued_
     // Alice asks for 1 on node A, which dev fills: one GPU must be reclaimed.
     run_retrying(&f.a, "a1", ALICE, "exit 0", &[], POLL, LONG);
     // The victim is the one that loses least: c1, which checkpoints.
-    assert!(
-        wait_for(
-            || f.a.fx.container_output("c1").0.contains("checkpoint-written"),
-            Duration::from_secs(10)
-        ),
-        "c1 got SIGTERM and wrote its checkpoint: {:?}",
-        f.a.fx.container_output("c1")
-    );
+    wait_output(&f.a, "c1", "checkpoint-written", "got SIGTERM and wrote its checkpoint");
     for i in 5..=7 {
         assert_eq!(f.a.fx.status(&format!("b{i}")).as_deref(), Some("running"), "b{i}");
     }
@@ -826,14 +833,7 @@ fn a_request_not_owed_preempts_nothing_while_one_owed_at_once_reclaims() {
         .collect();
     assert_eq!(preempted.len(), 1, "{preempted:?}");
     let victim = &preempted[0];
-    assert!(
-        wait_for(
-            || f.b.fx.container_output(victim).0.contains("got-SIGTERM"),
-            Duration::from_secs(10)
-        ),
-        "{victim} got SIGTERM: {:?}",
-        f.b.fx.container_output(victim)
-    );
+    wait_output(&f.b, victim, "got-SIGTERM", "got SIGTERM");
     for i in 1..=8 {
         f.a.fx.delete_container(&format!("d{i}"), true);
         f.b.fx.delete_container(&format!("g{i}"), true);
@@ -965,4 +965,98 @@ fn a_request_owed_later_reclaims_once_owed_for_its_paths_owed_reclaim_after_s() 
         f.a.fx.delete_container(&format!("d{i}"), true);
     }
     f.b.fx.delete_container("one", true);
+}
+
+/// Consolidation end to end (`quota::choose_victims_to_consolidate`,
+/// `Books::consolidate_on_node`): bob (acme/dev, guarantee 2, grace 1 s) fills node A with
+/// eight containers that checkpoint (b1, b2 guaranteed, b3–b8 borrowed); alice (acme/trusted,
+/// guarantee 2) runs five on node B (3 borrowed), which keeps 3 GPUs free. Alice's 2-GPU
+/// request on node A is borrowed and node A cannot place it: at its first ask moving work
+/// would lose more than it has waited; once it has waited as long as two moves lose (1 s of
+/// grace each), two of bob's borrowed containers on A get SIGTERM and write their checkpoints,
+/// the rest of bob's work and all of alice's runs on, alice's request runs on A, and a moved
+/// container asked again on node B runs at once (a move takes no requeue backoff).
+#[test]
+fn a_borrowed_request_its_node_cannot_place_moves_checkpointing_work_to_the_node_with_room() {
+    let _one = one_at_a_time();
+    let f = QuotaFleet::start(json!({
+        "acme/trusted": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
+        "acme/dev": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
+                     "grace_period_s": 1, "requeue_backoff_s": 600},
+    }));
+    let checkpoint = [("tessera.io/preemption", "checkpoint")];
+    let write = "echo writing-checkpoint; echo step-7 > /tmp/ckpt; echo checkpoint-written; exit 0";
+    let bobs: Vec<String> = (1..=8).map(|i| format!("b{i}")).collect();
+    for (i, id) in bobs.iter().enumerate() {
+        run_retrying(&f.a, id, BOB, write, &checkpoint, POLL, LONG);
+        let class = if i < 2 { "guaranteed" } else { "borrowed" };
+        assert_eq!(class_of(&f.a, id).as_deref(), Some(class), "{id}");
+    }
+    for i in 1..=5 {
+        let id = format!("a{i}");
+        run_retrying(&f.b, &id, ALICE, "echo got-SIGTERM; exit 0", &[], POLL, LONG);
+    }
+    f.wait_status("the books see both nodes' work", |s| {
+        f.gpus_of(s, "acme/dev")["in_use"].as_u64() == Some(8_000_000)
+            && f.gpus_of(s, "acme/trusted")["in_use"].as_u64() == Some(5_000_000)
+    });
+    assert_eq!(free_gpus(&f.b), 3);
+    // Alice's 2 on node A, asked again as kubelet would.
+    let t0 = Instant::now();
+    let asked = retrying("big", POLL, LONG, || try_run_gpus(&f.a, "big", ALICE, 2, "exit 0", &[]));
+    let ran_after = t0.elapsed();
+    assert!(
+        asked.iter().any(|e| e.contains("would lose more than it has waited")),
+        "it first waited until moving was worth it: {asked:#?}"
+    );
+    assert!(
+        asked.iter().any(|e| {
+            e.contains(&format!(
+                "consolidating: moving 2 checkpointing containers of acme/dev/notebooks/bob off \
+                 node {QA}"
+            ))
+        }),
+        "{asked:#?}"
+    );
+    assert!(ran_after < Duration::from_secs(20), "big ran only after {ran_after:?}: {asked:#?}");
+    assert_eq!(class_of(&f.a, "big").as_deref(), Some("borrowed"));
+    // The two moved: bob's borrowed containers on A, each told where there is room.
+    let moves = f.events("preempt");
+    assert_eq!(moves.len(), 2, "{moves:#?}");
+    let moved: Vec<String> =
+        moves.iter().map(|e| e["container_id"].as_str().unwrap().to_string()).collect();
+    for (e, id) in moves.iter().zip(&moved) {
+        assert!(bobs[2..].contains(id), "{id} is one of bob's borrowed containers: {e:#}");
+        let reason = e["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("moved for acme/trusted")
+                && reason.contains(&format!("node {QB} has room for it")),
+            "{reason}"
+        );
+        wait_output(&f.a, id, "checkpoint-written", "got SIGTERM and wrote its checkpoint");
+        let hint = node_events(&f.a, id, "preempt").join("\n");
+        assert!(hint.contains("resumes from it") && hint.contains("no requeue backoff"), "{hint}");
+    }
+    for id in bobs.iter().filter(|id| !moved.contains(id)) {
+        assert_eq!(f.a.fx.status(id).as_deref(), Some("running"), "{id}");
+        assert!(!f.a.fx.container_output(id).0.contains("writing-checkpoint"), "{id}");
+    }
+    for i in 1..=5 {
+        let id = format!("a{i}");
+        assert_eq!(f.b.fx.status(&id).as_deref(), Some("running"), "{id}");
+        assert!(!f.b.fx.container_output(&id).0.contains("got-SIGTERM"), "{id}");
+    }
+    // A moved container resumes on node B at once: no requeue backoff (bob's is 600 s).
+    let first = &moved[0];
+    f.a.fx.delete_container(first, true);
+    let asked = run_retrying(&f.b, first, BOB, write, &checkpoint, POLL, LONG);
+    assert!(!asked.iter().any(|e| e.contains("requeue backoff")), "{asked:#?}");
+    assert_eq!(class_of(&f.b, first).as_deref(), Some("borrowed"));
+    f.b.fx.delete_container(first, true);
+    for id in bobs.iter().chain(std::iter::once(&"big".to_string())) {
+        f.a.fx.delete_container(id, true);
+    }
+    for i in 1..=5 {
+        f.b.fx.delete_container(&format!("a{i}"), true);
+    }
 }
