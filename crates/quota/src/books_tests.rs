@@ -6404,3 +6404,31 @@ fn rt2_moved_work_that_stops_before_its_grace_ends_may_resume_at_once() {
         "b6, moved, stopped and asking on the node promised to it, is refused: {a:?}"
     );
 }
+
+// --- red team, round 3: consolidation ---
+
+#[test]
+fn rt3_a_node_silent_before_a_takeover_is_no_destination_right_after_it() {
+    // rt2_work_is_not_moved_to_a_node_silent_for_minutes across a takeover: n2 (the fleet's
+    // only free room, 3 GPUs) falls silent; four minutes on, n1 and n3 still syncing, the
+    // coordinator changes and the books are restored from the store. `Books::restore`
+    // counts every node heard from at the takeover, so for MOVE_LIVE_MS after it n2,
+    // silent for four minutes, is a destination again: a's `x` on n1 moves one of b's
+    // containers "to n2", which may be dead.
+    let (t, mut b, mut nodes, now) = rt_two_gpu_victims_fleet();
+    let x = ask("x", "acme/a", 1);
+    refused(&nodes[0].admit(&mut b, &t, x.clone(), now));
+    let later = now + 240_000;
+    for n in [0, 2] {
+        nodes[n].sync(&mut b, &t, later - 1_000);
+    }
+    let mut b = Books::restore(300, later - 500, b.state(), &t);
+    for n in [0, 2] {
+        nodes[n].sync(&mut b, &t, later);
+    }
+    let a = nodes[0].admit(&mut b, &t, x, later);
+    assert!(
+        !matches!(a, AdmitAnswer::Reclaiming { .. }),
+        "right after a takeover, work moved to n2, silent for 240 s: {a:?}"
+    );
+}
