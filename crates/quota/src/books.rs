@@ -239,6 +239,10 @@ struct NodeBook {
     /// Leases the node said it held at its last sync.
     reported: BTreeMap<String, Resources>,
     last_sync_ms: u64,
+    /// It synced with these books: false for a node restored from a store
+    /// ([`Books::restore`] counts it heard from at the takeover, which it may not have been
+    /// for minutes) until its first sync with them.
+    heard: bool,
     /// When `issued` was last computed (`None`: adopted, never computed).
     computed_ms: Option<u64>,
     /// The books' generation when `issued` was last computed: unchanged since, the leases
@@ -2511,9 +2515,12 @@ impl Books {
                 .iter()
                 // A node silent for a minute (nodes sync every second or so) is likely dead
                 // or cut off, though its lease keeps it in the books: no work is sent to
-                // resume there.
+                // resume there. Nor to one not heard from since the books were taken over
+                // (restored, it counts as heard from then, however long it was silent).
                 .filter(|(n, nb)| {
-                    n.as_str() != node && now.saturating_sub(nb.last_sync_ms) <= MOVE_LIVE_MS
+                    n.as_str() != node
+                        && nb.heard
+                        && now.saturating_sub(nb.last_sync_ms) <= MOVE_LIVE_MS
                 })
                 .map(|(n, nb)| Room {
                     node: n.clone(),
@@ -3771,6 +3778,7 @@ impl Books {
             // Heard from now: not silent.
             self.silence.remove(&(nb.last_sync_ms, node.to_string()));
             nb.last_sync_ms = now;
+            nb.heard = true;
             self.silence.insert((now, node.to_string()));
         }
         self.tick(now);
@@ -3792,6 +3800,7 @@ impl Books {
                     // Adopted: issued before this coordinator's books started.
                     issued: reported.clone(),
                     last_sync_ms: now,
+                    heard: true,
                     ..NodeBook::default()
                 },
             );
