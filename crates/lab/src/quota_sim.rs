@@ -3858,4 +3858,71 @@ mod tests {
              v0 on"
         );
     }
+
+    // --- red team, round 3: consolidation ---
+
+    /// Four nodes of 4 GPUs. c (ceiling only) runs long 3-GPU jobs on n0 and n1 and long
+    /// 2-GPU jobs on n2 and n3; b (guarantee 1, grace 5 s) runs b0 (guaranteed, b's home on
+    /// n0, ends at 20 s) and two borrowed checkpointing 1-GPU jobs, bx on n2 and by on n3;
+    /// 1-GPU fillers end at 20 s, leaving each node 1 GPU free. a (ceiling only) asks two
+    /// 2-GPU jobs at 10 s: borrowed, and no node has 2 GPUs free.
+    fn two_borrowed_of_b() -> (Vec<Job>, QuotaTree, Fleet) {
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"ceiling": 16}}},
+                "t/b": {"gpus": {"H100-80GB": {"guarantee": 1, "ceiling": 16}},
+                        "grace_period_s": 5},
+                "t/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+        );
+        // Arriving a second apart, in this order; the 20 s ones end at 20 s.
+        let order = [
+            ("cA", "t/c", 3, 10_000),
+            ("b0", "t/b", 1, 20),
+            ("cB", "t/c", 3, 10_000),
+            ("f1", "t/c", 1, 20),
+            ("cC", "t/c", 2, 10_000),
+            ("bx", "t/b", 1, 10_000),
+            ("f2", "t/c", 1, 20),
+            ("cD", "t/c", 2, 10_000),
+            ("by", "t/b", 1, 10_000),
+            ("f3", "t/c", 1, 20),
+        ];
+        let mut jobs: Vec<Job> = order
+            .iter()
+            .zip(0u64..)
+            .map(|(&(id, tenant, gpus, d), at)| Job {
+                checkpoints: tenant == "t/b",
+                ..job(id, tenant, at, if d == 20 { 20 - at } else { d }, gpus)
+            })
+            .collect();
+        jobs.push(job("a0", "t/a", 10, 1_000, 2));
+        jobs.push(job("a1", "t/a", 10, 1_000, 2));
+        (jobs, t, fleet(4, 4))
+    }
+
+    #[test]
+    fn rt3_the_simulator_moves_no_work_of_a_tenant_back_within_its_guarantee_once_its_moving_work_is_gone(
+    ) {
+        // At 20 s each node has 1 GPU free; a0 and a1 have waited 10 s (more than b's 5 s of
+        // grace, in shares). a0 moves bx off n2 (to n0's free GPU). b then holds 2 GPUs on a
+        // guarantee of 1, bx's stopping: the books count work being stopped as gone
+        // (`start_reclaim`'s `going`), so b, back within its guarantee, keeps by where it
+        // runs and a1 waits (docs/QUOTAS.md: "of other tenants that still borrow with each
+        // earlier victim counted gone"; the simulator "decides alike"). The simulator's
+        // usage kept bx until its grace ended, so b still borrowed and a1 moved by at 20 s
+        // too (a1 started at 25 s). (Once bx is gone and placed again, guaranteed, b borrows
+        // again and by may move: a1 starts at 30 s.)
+        let (jobs, t, f) = two_borrowed_of_b();
+        let r = run(&jobs, &f, &t, Mode::Quotas, Some(2000)).expect("runs");
+        assert_eq!(preempted(&r, "bx"), 1, "a0 moves bx");
+        assert_eq!(start(&r, "a0"), Some(25), "a0 starts once bx is gone");
+        assert_ne!(
+            start(&r, "a1"),
+            Some(25),
+            "at 20 s, while bx was stopping for a0, the simulator moved by for a1: b, within \
+             its guarantee of 1 once bx is counted gone as the books count it, keeps by where \
+             it runs (consolidations {}, by preempted {})",
+            r.consolidations,
+            preempted(&r, "by")
+        );
+    }
 }
