@@ -6432,3 +6432,58 @@ fn rt3_a_node_silent_before_a_takeover_is_no_destination_right_after_it() {
         "right after a takeover, work moved to n2, silent for 240 s: {a:?}"
     );
 }
+
+#[test]
+fn rt3_a_wait_owed_before_a_run_elsewhere_is_not_counted_owed_at_the_workloads_next_ask() {
+    // The fix that ends a claim's waits on every node when it is admitted anywhere
+    // (`note_ask`) ends its first asks, not its owed-since: a's workload `w` (1 GPU), owed
+    // only behind a's 5 on a guarantee of 4, waits on n1 (b's work there has run an hour:
+    // it reclaims once owed for its path's owed_reclaim_after_s, 60 s); 50 s on it is
+    // admitted on n2, runs 30 s there and ends. Its next ask on n1 starts a new wait (it
+    // has been owed for nothing since it ran); the books count it owed since its ask before
+    // it ran, 80 s, and reclaim at once.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}, "owed_reclaim_after_s": 60},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 8, 8), false, &mut now);
+    now += 3_600_000;
+    sync_all(&mut nodes, &mut b, &t, now);
+    let five = ask("a-five", "acme/a", 5);
+    refused(&answer_through_recalls(&mut nodes, 0, &mut b, &t, &five, &mut now).0);
+    now += 1_000;
+    let w = |container: &str| {
+        let mut r = ask(container, "acme/a", 1);
+        r.workload = Some("w".into());
+        r
+    };
+    let (first, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &w("w-1"), &mut now);
+    let (msg, _) = refused(&first);
+    assert!(msg.contains("retry after 60 s"), "{msg}");
+    let asked = now;
+    // 50 s on (a's 5 still asking), one of b's containers on n2 ends and w runs there.
+    now = asked + 50_000;
+    sync_all(&mut nodes, &mut b, &t, now);
+    refused(&answer_through_recalls(&mut nodes, 0, &mut b, &t, &five, &mut now).0);
+    end_units(&mut nodes[1], &mut b, &t, ["b15".to_string()], now);
+    let (ran, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &w("w-2"), &mut now);
+    admitted(&ran);
+    nodes[1].sync(&mut b, &t, now);
+    // 30 s later it ends; a's 5 still asks; w asks on n1 again.
+    now += 30_000;
+    refused(&answer_through_recalls(&mut nodes, 0, &mut b, &t, &five, &mut now).0);
+    end_units(&mut nodes[1], &mut b, &t, ["w-2".to_string()], now);
+    let mut b16 = ask("b16", "acme/b", 1);
+    b16.checkpoint = false;
+    admit_retrying(&mut nodes, 1, &mut b, &t, &b16, &mut now);
+    nodes[1].sync(&mut b, &t, now);
+    let (again, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &w("w-3"), &mut now);
+    assert!(
+        !matches!(again, AdmitAnswer::Reclaiming { .. }),
+        "at the first ask of its new wait, w reclaims as owed for {} s, counted from before \
+         it ran: {again:?}",
+        (now - asked) / 1000
+    );
+}
