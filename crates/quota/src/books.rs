@@ -1657,6 +1657,16 @@ impl Books {
                 }
                 !other
             });
+            // Its owed-since there ends too: a later ask there is owed from that ask, not
+            // from before it ran. (Urgent: books taken over with it would count the time it
+            // ran as time owed.)
+            self.owed_since.retain(|k, _| {
+                let other = k.0 != claim.0 && k.1 == *t && k.2 == *c;
+                if other {
+                    changes.ask(k, true);
+                }
+                !other
+            });
             let owed_since = self.owed_since.remove(claim).map(|(since, _)| since);
             if asked || owed_since.is_some() {
                 self.changes.ask(claim, false);
