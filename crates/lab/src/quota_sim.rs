@@ -2382,8 +2382,19 @@ impl<'a> Sim<'a> {
                 .collect();
             let mut fits = first_fit(&mut rooms);
             // Only work of tenants that borrow, each one taken counted as gone (the books'
-            // rule: a tenant back within its guarantee keeps its work where it runs).
+            // rule: a tenant back within its guarantee keeps its work where it runs). Work
+            // already stopping (a victim in its grace period) is counted gone, as the books
+            // count it (`start_reclaim`'s `going`).
             let mut after = self.usage.clone();
+            for &v in &self.running {
+                if self.st[v].phase == Phase::Terminating {
+                    after.release(
+                        &self.units[v].tenant,
+                        self.st[v].class,
+                        &self.units[v].resources,
+                    );
+                }
+            }
             let (tree, claim) = (self.tree, &unit.resources);
             let place = |c: &quota::Candidate| {
                 if !borrowing_short(
