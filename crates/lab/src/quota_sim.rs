@@ -3936,4 +3936,86 @@ mod tests {
             preempted(&r, "by")
         );
     }
+
+    /// Jobs arriving a second apart in `order` (id, tenant, GPUs, duration), b's
+    /// checkpointing; a 20 s duration is cut to end at 20 s.
+    fn staggered(order: &[(&str, &str, u64, u64)]) -> Vec<Job> {
+        order
+            .iter()
+            .zip(0u64..)
+            .map(|(&(id, tenant, gpus, d), at)| Job {
+                checkpoints: tenant == "t/b",
+                ..job(id, tenant, at, if d == 20 { 20 - at } else { d }, gpus)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rt3_the_simulator_keeps_room_promised_to_moved_work_through_its_grace() {
+        // Five nodes of 4 GPUs, from 20 s: n0 with 2 GPUs free (c's 2-GPU job beside them),
+        // n1 with c's 1, b's 2-GPU bx and 1 free, n2 with c's 1, b's 2-GPU by and 1 free,
+        // n3 and n4 each c's 3 and 1 free (b: ceiling only, checkpointing, grace 10 s). At
+        // 20 s a0 (3 GPUs, waiting since 10 s) moves bx to n0's 2 free GPUs. a1 (3 GPUs)
+        // arrives at 21 s; at 28 s (a refused job's arrival looks at the queue) it has waited
+        // long enough to move by, but the only room for by, n0's, is promised to bx, which
+        // stops at 30 s and is placed again there: nothing moves for a1 (the books:
+        // `Requeue::promised`; rt_two_consolidations_do_not_promise_the_same_room_elsewhere_twice).
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"ceiling": 20}}},
+                "t/b": {"gpus": {"H100-80GB": {"ceiling": 20}}, "grace_period_s": 10},
+                "t/c": {"gpus": {"H100-80GB": {"ceiling": 20}}}}"#,
+        );
+        let mut jobs = staggered(&[
+            ("cA", "t/c", 2, 10_000),
+            ("h0", "t/c", 2, 20),
+            ("cB", "t/c", 1, 10_000),
+            ("bx", "t/b", 2, 10_000),
+            ("f1", "t/c", 1, 20),
+            ("cC", "t/c", 1, 10_000),
+            ("by", "t/b", 2, 10_000),
+            ("f2", "t/c", 1, 20),
+            ("cD", "t/c", 3, 10_000),
+            ("cE", "t/c", 3, 10_000),
+        ]);
+        jobs.push(job("a0", "t/a", 10, 1_000, 3));
+        jobs.push(job("a1", "t/a", 21, 1_000, 3));
+        jobs.push(job("poke", "t/c", 28, 10, 100));
+        let r = run(&jobs, &fleet(5, 4), &t, Mode::Quotas, Some(2000)).expect("runs");
+        assert_eq!(preempted(&r, "bx"), 1, "a0 moves bx");
+        assert_eq!(start(&r, "a0"), Some(30));
+        assert_eq!(
+            (r.consolidations, preempted(&r, "by")),
+            (1, 0),
+            "by was moved into n0's room promised to bx (a1 started at {:?})",
+            start(&r, "a1")
+        );
+    }
+
+    #[test]
+    fn rt3_the_simulator_moves_nothing_at_a_claimants_first_ask_even_work_that_just_started() {
+        // n0 full of a's own work, n1 holding c's 2 GPUs, n2 d's 3. At 10 s c's checkpointing
+        // c4 (1 GPU) starts on n1, and a0 (2 GPUs, borrowed) asks for the first time: moving
+        // c4 (it has run nothing, so it loses nothing) to n2's free GPU would let a0 run on
+        // n1, but at its first ask a0 has waited nothing, so nothing moves (docs/QUOTAS.md;
+        // the books' rt2_nothing_moves_at_a_claimants_first_ask_even_for_work_that_just_started).
+        // No event follows until c4 ends at 510 s, when a0 starts.
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"ceiling": 12}}},
+                "t/c": {"gpus": {"H100-80GB": {"ceiling": 12}}},
+                "t/d": {"gpus": {"H100-80GB": {"ceiling": 12}}}}"#,
+        );
+        let jobs = [
+            job("aX", "t/a", 0, 10_000, 4),
+            job("cB", "t/c", 1, 10_000, 2),
+            job("dC", "t/d", 2, 10_000, 3),
+            Job { checkpoints: true, ..job("c4", "t/c", 10, 500, 1) },
+            job("a0", "t/a", 10, 1_000, 2),
+        ];
+        let r = run(&jobs, &fleet(3, 4), &t, Mode::Quotas, Some(2000)).expect("runs");
+        assert_eq!(
+            (r.consolidations, preempted(&r, "c4"), start(&r, "a0")),
+            (0, 0, Some(510)),
+            "work moved at its claimant's first ask"
+        );
+    }
 }
