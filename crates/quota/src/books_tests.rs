@@ -6487,3 +6487,50 @@ fn rt3_a_wait_owed_before_a_run_elsewhere_is_not_counted_owed_at_the_workloads_n
         (now - asked) / 1000
     );
 }
+
+#[test]
+fn rt3_a_request_in_its_requeue_backoff_does_not_keep_a_borrowed_claimant_from_consolidating() {
+    // n1 full of b's checkpointing 1-GPU containers; n2 and n3 each hold 7 of a's (1 GPU
+    // free on each). c (guarantee 4) reclaims b7 on n1; b7 (requeue backoff 600 s) asks
+    // again on n1 and waits there, ahead of a in the fair queue (b holds less than a). a's
+    // borrowed `big` (2 GPUs) on n1 has waited long enough to move two of b's containers to
+    // the GPUs free on n2 and n3. b7 cannot take n1's room for ten minutes (it is refused
+    // by its backoff wherever it fits): the fair queue keeps room only for a request the
+    // quotas would let take it (`fair_queue_blocks`; the simulator passes over a request in
+    // its backoff, so it consolidates here).
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 24}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 24}},
+                       "grace_period_s": 30, "requeue_backoff_s": 600},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 24}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 7), false, &mut now);
+    fill(&mut nodes, 2, &mut b, &t, "acme/a", ("a", 7, 7), false, &mut now);
+    let c0 = ask("c0", "acme/c", 1);
+    let (first, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &c0, &mut now);
+    assert_eq!(victims_of(&first), [("n1", "b7")], "{first:?}");
+    now += 30_000;
+    end_units(&mut nodes[0], &mut b, &t, ["b7".to_string()], now);
+    admitted(&nodes[0].admit(&mut b, &t, c0, now));
+    sync_all(&mut nodes, &mut b, &t, now);
+    let mut b7 = ask("b7", "acme/b", 1);
+    b7.checkpoint = true;
+    let big = ask("big", "acme/a", 2);
+    refused(&nodes[0].admit(&mut b, &t, b7.clone(), now));
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
+    now += 60_000;
+    sync_all(&mut nodes, &mut b, &t, now);
+    let (held_back, _) = refused(&nodes[0].admit(&mut b, &t, b7, now));
+    assert!(held_back.contains("position 1 of 2"), "{held_back}");
+    let a = nodes[0].admit(&mut b, &t, big, now);
+    assert!(
+        matches!(a, AdmitAnswer::Reclaiming { .. }),
+        "a's consolidation is held back for b7, which its requeue backoff keeps from taking \
+         the room (b7 was told: {held_back}): {a:?}"
+    );
+}
