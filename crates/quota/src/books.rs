@@ -3123,10 +3123,16 @@ impl Books {
             // one they hold back (a lending limit, a ceiling) could not use it, and its
             // tenant re-asking would keep the node's capacity idle for as long as it likes.
             // The simulator passes over such a head too.
-            if matches!(
-                self.decide(tree, node, &w.tenant, &w.resources, true),
-                Decision::Wait { .. } | Decision::Refuse(_)
-            ) {
+            let decision = self.decide(tree, node, &w.tenant, &w.resources, true);
+            if matches!(decision, Decision::Wait { .. } | Decision::Refuse(_)) {
+                continue;
+            }
+            // Nor for borrowed work in its requeue backoff (`in_backoff` refuses it the room
+            // wherever it fits): the simulator passes over it too.
+            let claim = TenantClaim(w.tenant.clone(), others[i].1.claim.clone());
+            let backoff =
+                self.requeues.get(&claim).is_some_and(|q| q.preemptions > 0 && now < q.until_ms);
+            if backoff && matches!(decision, Decision::Admit { class: Class::Borrowed, .. }) {
                 continue;
             }
             let (hw, ht) = (
