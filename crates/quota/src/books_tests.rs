@@ -6534,3 +6534,42 @@ fn rt3_a_request_in_its_requeue_backoff_does_not_keep_a_borrowed_claimant_from_c
          the room (b7 was told: {held_back}): {a:?}"
     );
 }
+
+#[test]
+fn rt3_a_consolidation_does_not_count_on_room_promised_to_work_moved_to_its_node() {
+    // n1 full of b's checkpointing 1-GPU containers; n2 holds four more of b's (b8…b11,
+    // borrowed), two of a's and 2 GPUs free; n3 seven of a's and 1 free. a's `x` (2 GPUs)
+    // on n1 moves two of b's containers to n2's 2 free GPUs: they are promised that room
+    // ("node n2 has room for it to resume there"). a's `y` (3 GPUs) on n2 then counts the
+    // same 2 GPUs as its own: it moves one of b's containers off n2 (to n3's free GPU) and
+    // takes them, so x's moved containers find no room where they were sent. Honouring the
+    // promise, y lacks 3 GPUs on n2 and the fleet has 1 elsewhere: nothing moves.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 24}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 24}},
+                       "grace_period_s": 30}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 8, 4), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 2), false, &mut now);
+    fill(&mut nodes, 2, &mut b, &t, "acme/a", ("a", 2, 7), false, &mut now);
+    let (x, y) = (ask("x", "acme/a", 2), ask("y", "acme/a", 3));
+    refused(&nodes[0].admit(&mut b, &t, x.clone(), now));
+    refused(&nodes[1].admit(&mut b, &t, y.clone(), now));
+    let later = now + 60_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    let first = nodes[0].admit(&mut b, &t, x, later);
+    let AdmitAnswer::Reclaiming { victims, .. } = &first else { panic!("{first:?}") };
+    assert_eq!(victims.len(), 2, "{first:?}");
+    assert!(victims.iter().all(|v| v.reason.contains("node n2 has room")), "{first:?}");
+    let second = nodes[1].admit(&mut b, &t, y, later + 1_000);
+    assert!(
+        !matches!(second, AdmitAnswer::Reclaiming { .. }),
+        "y's consolidation on n2 counts on n2's 2 free GPUs, promised to x's moved \
+         containers: {second:?}"
+    );
+}
