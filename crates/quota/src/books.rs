@@ -2053,7 +2053,26 @@ impl Books {
         {
             return Reclaimed::Not(None);
         }
-        let short = self.node_short(node, r);
+        // What the node lacks for it, the room promised there to work moved before (until
+        // it is admitted again) counted as taken: that room is the moved work's, not its.
+        let mut short = self.node_short(node, r);
+        let mut promised = Resources::new();
+        for (n, p) in self.requeues.values().filter_map(|q| q.promised(now)) {
+            if n == node {
+                promised.add(p);
+            }
+        }
+        if !promised.is_empty() {
+            if let Some(nb) = self.nodes.get(node) {
+                let relevant = r.only(|x| matches!(x, Resource::Gpu(_)) || nb.capacity.get(x) > 0);
+                let used = nb.agg.used.minus(&self.stopping_listed(Some(node)));
+                let lacks = relevant.minus(&nb.capacity.minus(&used).minus(&promised));
+                for (res, a) in lacks.iter() {
+                    let more = a.saturating_sub(short.get(res));
+                    short.add(&Resources::new().with(res.clone(), more));
+                }
+            }
+        }
         let claim = Claim {
             node,
             tenant,
