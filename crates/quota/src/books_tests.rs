@@ -6573,3 +6573,45 @@ fn rt3_a_consolidation_does_not_count_on_room_promised_to_work_moved_to_its_node
          containers: {second:?}"
     );
 }
+
+#[test]
+fn rt3_a_claimant_whose_hold_gave_way_does_not_spend_its_wait_twice() {
+    // a (5 held on n2 of 8, so borrowing) asks 2 GPUs on n1, full of b's checkpointing
+    // containers; 30 s on, its wait pays for moving b6 and b7 (2 × 30 s of grace, in
+    // shares: all 30 s of its wait). They write their checkpoints in 5 s and stop; c's
+    // request within its guarantee takes the room held for a (the hold gives way), and b6
+    // and b7 resume on n2. At 37 s a asks again: the books judge its whole wait again and
+    // move b4 and b5 too, 4 × 30 s of grace lost for a wait of 37 s that paid for 2 × 30 s
+    // already (docs/QUOTAS.md: "the victims lose no more than the request has waited").
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
+                       "grace_period_s": 30},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 16}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 3), false, &mut now);
+    let big = ask("big", "acme/a", 2);
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
+    let asked = now;
+    let first = nodes[0].admit(&mut b, &t, big.clone(), asked + 30_000);
+    let mut moved = victims_of(&first);
+    moved.sort_unstable();
+    assert_eq!(moved, [("n1", "b6"), ("n1", "b7")], "{first:?}");
+    end_units(&mut nodes[0], &mut b, &t, ["b6".to_string(), "b7".to_string()], asked + 35_000);
+    let c = nodes[0].admit(&mut b, &t, ask("c0", "acme/c", 2), asked + 36_000);
+    admitted(&c);
+    nodes[0].sync(&mut b, &t, asked + 36_000);
+    for id in ["b6", "b7"] {
+        let mut req = ask(id, "acme/b", 1);
+        req.checkpoint = true;
+        admitted(&nodes[1].admit(&mut b, &t, req, asked + 36_000));
+    }
+    sync_all(&mut nodes, &mut b, &t, asked + 36_000);
+    let again = nodes[0].admit(&mut b, &t, big, asked + 37_000);
+    assert!(
+        !matches!(again, AdmitAnswer::Reclaiming { .. }),
+        "a's 37 s wait, which paid for moving b6 and b7, moves two more: {again:?}"
+    );
+}
