@@ -2003,6 +2003,11 @@ impl Books {
             .collect();
         for k in keys {
             if self.remove_reclaim(&k).is_some() {
+                // Its wait paid for the work it moved: its next ask starts a new one (the
+                // victims lose no more than it has waited, counted once).
+                if self.first_asks.remove(&k).is_some() {
+                    self.changes.ask(&k, true);
+                }
                 let message = format!(
                     "the room held on node {node} for {}'s consolidation goes to {tenant}'s \
                      request {} within its guarantee; {} asks again as a waiting request",
