@@ -6615,3 +6615,49 @@ fn rt3_a_claimant_whose_hold_gave_way_does_not_spend_its_wait_twice() {
         "a's 37 s wait, which paid for moving b6 and b7, moves two more: {again:?}"
     );
 }
+
+#[test]
+fn rt3_work_of_a_tenant_back_within_its_guarantee_once_its_moving_work_is_gone_is_not_moved() {
+    // The books' side of the simulator's
+    // `rt3_the_simulator_moves_no_work_of_a_tenant_back_within_its_guarantee_once_its_moving_work_is_gone`:
+    // four nodes of 4 GPUs, each with 1 free; b (guarantee 1) runs borrowed checkpointing
+    // bx on n3 and by on n4 (its guaranteed b0 ended). a0 (2 GPUs) on n3 moves bx; a1 (2
+    // GPUs) on n4, having waited as long, does not move by: with bx stopping, b is back
+    // within its guarantee.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"ceiling": 16}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 1, "ceiling": 16}},
+                       "grace_period_s": 5},
+            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes =
+        [Node::new("n1", 4), Node::new("n2", 4), Node::new("n3", 4), Node::new("n4", 4)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 1), true, &mut now);
+    for (n, (id, gpus)) in [(0, ("c0", 3)), (1, ("c1", 3)), (2, ("c2", 2)), (3, ("c3", 2))] {
+        admit_retrying(&mut nodes, n, &mut b, &t, &ask(id, "acme/c", gpus), &mut now);
+        nodes[n].sync(&mut b, &t, now);
+    }
+    for (n, id) in [(2, "bx"), (3, "by")] {
+        let mut req = ask(id, "acme/b", 1);
+        req.checkpoint = true;
+        admit_retrying(&mut nodes, n, &mut b, &t, &req, &mut now);
+        nodes[n].sync(&mut b, &t, now);
+    }
+    end_units(&mut nodes[0], &mut b, &t, ["b0".to_string()], now);
+    assert!(nodes.iter().all(|n| n.free() == MICRO_PER_GPU));
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (0, 2));
+    let (a0, a1) = (ask("a0", "acme/a", 2), ask("a1", "acme/a", 2));
+    refused(&nodes[2].admit(&mut b, &t, a0.clone(), now));
+    refused(&nodes[3].admit(&mut b, &t, a1.clone(), now));
+    let later = now + 10_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    assert_eq!(victims_of(&nodes[2].admit(&mut b, &t, a0, later)), [("n3", "bx")]);
+    let second = nodes[3].admit(&mut b, &t, a1, later);
+    assert!(
+        !matches!(second, AdmitAnswer::Reclaiming { .. }),
+        "by moved though b, bx stopping, is within its guarantee: {second:?}"
+    );
+}
