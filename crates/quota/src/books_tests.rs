@@ -6661,3 +6661,24 @@ fn rt3_work_of_a_tenant_back_within_its_guarantee_once_its_moving_work_is_gone_i
         "by moved though b, bx stopping, is within its guarantee: {second:?}"
     );
 }
+
+#[test]
+fn rt3_the_room_a_consolidation_made_is_not_taken_by_another_request_of_its_tenant() {
+    // a's `big` (2 GPUs, borrowed) moves b6 and b7 off n1; they stop and n1 has 2 GPUs
+    // free, held for big. a's `small` (1 GPU, borrowed, asked after) fits n1's free
+    // devices: taking that room leaves big short on the node its hold is on, and b6 and b7
+    // were moved for nothing (docs/QUOTAS.md: "room made by moving work goes to the first
+    // in line, not to whoever fits it"; the hold gives way only to a request within its
+    // guarantee).
+    let (t, mut b, mut nodes, later) = big_moved_b6_b7_with_c_owed();
+    let later = later + 30_000;
+    end_units(&mut nodes[0], &mut b, &t, ["b6".to_string(), "b7".to_string()], later);
+    assert_eq!(nodes[0].free(), 2 * MICRO_PER_GPU);
+    let small = nodes[0].admit(&mut b, &t, ask("small", "acme/a", 1), later + 1_000);
+    let big = nodes[0].admit(&mut b, &t, ask("big", "acme/a", 2), later + 2_000);
+    assert!(
+        matches!(big, AdmitAnswer::Admitted { .. }),
+        "big, whose consolidation moved b6 and b7, is not admitted on the room it made \
+         (a's small took it: {small:?}): {big:?}"
+    );
+}
