@@ -1491,23 +1491,30 @@ impl Books {
         // Room held for a consolidation (its claimant borrowed) yields to a request within
         // its guarantee that needs it: that request would otherwise preempt running work
         // for room the node has idle.
-        if self.takes_held_room(node, tenant, &r) {
+        if self.takes_held_room(node, tenant, &r, Some(&hold)) {
             let absorb = !req.unsynced_lease_grants;
             if matches!(
                 self.decide(tree, node, tenant, &r, absorb),
                 Decision::Admit { class: Class::Guaranteed, .. } | Decision::Reclaim { .. }
             ) {
-                self.yield_consolidations(node, tenant, &req.container_id, now);
+                self.yield_consolidations(node, tenant, &req.container_id, &hold, now);
             }
         }
-        let answer = if req.short_on_node || self.takes_held_room(node, tenant, &r) {
+        let answer = if req.short_on_node || self.takes_held_room(node, tenant, &r, Some(&hold)) {
             self.admit_short(tree, node, req, &r, ask, now)
         } else {
             // The victims are gone: the capacity held is this claim's now (or, if it has
             // none, one held for another claim of its tenant on this node that holds as
             // much), if it is admitted.
+            // A consolidation's hold only to a retry of its request (the same amounts): the
+            // work moved for it was moved for that request, not for whatever of its tenant
+            // fits the room.
             let freed = |k: &ClaimKey, rc: &Reclaim| {
-                k.0 == hold.0 && k.1 == hold.1 && rc.freed_ms.is_some() && r.fits_in(&rc.resources)
+                k.0 == hold.0
+                    && k.1 == hold.1
+                    && rc.freed_ms.is_some()
+                    && r.fits_in(&rc.resources)
+                    && (!rc.consolidation || rc.resources == r)
             };
             // The claim's own hold even while its victims are still listed (issue 27): the
             // node places it, so what they held there is free; the hold's resources are
@@ -1996,9 +2003,16 @@ impl Books {
     /// The holds of other tenants' consolidations on `node` give way to `tenant`'s request
     /// within its guarantee (`container`), each with an event; their claimants ask again as
     /// any waiting request does.
-    fn yield_consolidations(&mut self, node: &str, tenant: &str, container: &str, now: u64) {
+    fn yield_consolidations(
+        &mut self,
+        node: &str,
+        tenant: &str,
+        container: &str,
+        own: &ClaimKey,
+        now: u64,
+    ) {
         let keys: Vec<ClaimKey> = totals::claims_on(&self.reclaims, node)
-            .filter(|((_, t, _), rc)| rc.consolidation && t != tenant)
+            .filter(|(k, rc)| rc.consolidation && *k != own)
             .map(|(k, _)| k.clone())
             .collect();
         for k in keys {
@@ -2270,14 +2284,23 @@ impl Books {
     /// claimant then waited for its hold to expire). Room a stopping victim frees later is
     /// not room now: counted so, it let a request onto devices held for a claim whose own
     /// victims had gone, and that claim waited on another claim's victim.
-    fn takes_held_room(&self, node: &str, tenant: &str, r: &Resources) -> bool {
+    /// A hold of its own tenant counts as another's where it is a consolidation's for another
+    /// request (not `own`, the asking claim, nor a retry of the same amounts): the work moved
+    /// for it was moved for that request.
+    fn takes_held_room(
+        &self,
+        node: &str,
+        tenant: &str,
+        r: &Resources,
+        own: Option<&ClaimKey>,
+    ) -> bool {
         let Some(nb) = self.nodes.get(node) else { return false };
         let mut holds = Resources::new();
         let mut uncovered = Resources::new();
         let mut others = false;
-        for ((_, t, _), rc) in totals::claims_on(&self.reclaims, node) {
+        for (k @ (_, t, _), rc) in totals::claims_on(&self.reclaims, node) {
             holds.add(&rc.resources);
-            if t == tenant {
+            if t == tenant && (!rc.consolidation || own == Some(k) || rc.resources == *r) {
                 continue;
             }
             others = true;
@@ -3344,7 +3367,7 @@ impl Books {
         for m in &gang.members {
             // Devices held on its node for another tenant's claim are not its to take
             // ([`Books::takes_held_room`]), as for a request alone.
-            if self.takes_held_room(&m.node, tenant, &m.resources) {
+            if self.takes_held_room(&m.node, tenant, &m.resources, None) {
                 failure = Some((
                     m,
                     format!(
