@@ -6682,3 +6682,37 @@ fn rt3_the_room_a_consolidation_made_is_not_taken_by_another_request_of_its_tena
          (a's small took it: {small:?}): {big:?}"
     );
 }
+
+#[test]
+fn rt3_a_claim_admitted_on_another_node_holds_no_room_for_itself_where_it_consolidated() {
+    // rt2_one_container_asking_on_two_nodes_holds_room_on_one_at_most's fleet: a's `w`
+    // consolidates on n1 (one of b's containers moved, 1 GPU held for w there), then its
+    // pod, made anew, is placed on n3, where a container of b has ended: w is admitted
+    // there. One container runs on one node: the room held for it on n1 (counted as a's
+    // borrowed use, kept from everyone else) should go.
+    let t = tree(CONSOLIDATE);
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 2, &mut b, &t, "acme/b", ("b", 8, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 4), false, &mut now);
+    let w = |container: &str| {
+        let mut r = ask(container, "acme/a", 1);
+        r.workload = Some("w".into());
+        r
+    };
+    refused(&nodes[0].admit(&mut b, &t, w("w-1"), now));
+    let later = now + 120_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    assert_eq!(victims_of(&nodes[0].admit(&mut b, &t, w("w-1"), later)).len(), 1);
+    end_units(&mut nodes[2], &mut b, &t, ["b15".to_string()], later + 1_000);
+    admitted(&nodes[2].admit(&mut b, &t, w("w-2"), later + 2_000));
+    let held: Vec<String> =
+        b.state().reclaims.iter().filter(|r| r.claim == "w").map(|r| r.node.clone()).collect();
+    assert!(
+        held.is_empty(),
+        "w runs on n3 and room is still held for it on {held:?} (a's borrowed use twice)"
+    );
+}
