@@ -1674,6 +1674,18 @@ impl Books {
                 }
                 !other
             });
+            // Room a consolidation holds for it on another node goes (one container runs
+            // on one node): counted as its tenant's use and kept from everyone else, it
+            // would stay idle until the hold expires.
+            let held_elsewhere: Vec<ClaimKey> = self
+                .reclaims
+                .iter()
+                .filter(|(k, rc)| rc.consolidation && k.0 != claim.0 && k.1 == *t && k.2 == *c)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in held_elsewhere {
+                self.remove_reclaim(&k);
+            }
             let owed_since = self.owed_since.remove(claim).map(|(since, _)| since);
             if asked || owed_since.is_some() {
                 self.changes.ask(claim, false);
