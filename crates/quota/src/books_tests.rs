@@ -6716,3 +6716,47 @@ fn rt3_a_claim_admitted_on_another_node_holds_no_room_for_itself_where_it_consol
         "w runs on n3 and room is still held for it on {held:?} (a's borrowed use twice)"
     );
 }
+
+#[test]
+fn rt3_the_store_keeps_what_an_admission_elsewhere_ends() {
+    // rt3_a_wait_owed_before_a_run_elsewhere_is_not_counted_owed_at_the_workloads_next_ask
+    // and rt3_a_claim_admitted_on_another_node_holds_no_room_for_itself_where_it_consolidated
+    // with the store written from the changes each step: a claim admitted on one node
+    // ends its first asks, owed-since and consolidation holds on the others in the store
+    // too (books taken over from it judge its next ask as the books before would).
+    let t = tree(CONSOLIDATE);
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    b.track_changes(true);
+    let mut store = b.state();
+    let _ = b.take_changes();
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 2, &mut b, &t, "acme/b", ("b", 8, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 4), false, &mut now);
+    apply(&mut store, b.take_changes().ops);
+    let w = |container: &str| {
+        let mut r = ask(container, "acme/a", 1);
+        r.workload = Some("w".into());
+        r
+    };
+    refused(&nodes[0].admit(&mut b, &t, w("w-1"), now));
+    refused(&nodes[2].admit(&mut b, &t, w("w-3"), now));
+    apply(&mut store, b.take_changes().ops);
+    let later = now + 120_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    assert_eq!(victims_of(&nodes[0].admit(&mut b, &t, w("w-1"), later)).len(), 1);
+    apply(&mut store, b.take_changes().ops);
+    end_units(&mut nodes[2], &mut b, &t, ["b15".to_string()], later + 1_000);
+    let cs = b.take_changes();
+    apply(&mut store, cs.ops);
+    admitted(&nodes[2].admit(&mut b, &t, w("w-2"), later + 2_000));
+    let cs = b.take_changes();
+    assert!(cs.urgent, "an admission's changes are stored before its answer");
+    apply(&mut store, cs.ops);
+    let state = b.state();
+    assert_eq!(store.asks, state.asks, "asks");
+    assert_eq!(store.reclaims, state.reclaims, "holds");
+    assert!(state.asks.iter().all(|a| a.claim != "w"), "{:?}", state.asks);
+}
