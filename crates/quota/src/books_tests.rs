@@ -6760,3 +6760,24 @@ fn rt3_the_store_keeps_what_an_admission_elsewhere_ends() {
     assert_eq!(store.reclaims, state.reclaims, "holds");
     assert!(state.asks.iter().all(|a| a.claim != "w"), "{:?}", state.asks);
 }
+
+#[test]
+fn rt3_a_takeover_by_a_coordinator_whose_clock_runs_ahead_does_not_credit_a_wait_not_waited() {
+    // consolidation_fleet: a's `big` (2 GPUs) on n1 asks first at `now`, and moving two of
+    // b's containers is worth it only once it has waited 30 s. 5 s later a coordinator
+    // whose clock reads 10 minutes ahead takes the books over from the store: big's stored
+    // first ask is 10 minutes old by that clock, and big's next ask moves b's work after 5
+    // s of waiting (docs/QUOTAS.md: "only once it has waited ... as long as they lose").
+    let (t, mut b, mut nodes, now) = consolidation_fleet(true, 8, 5);
+    let big = ask("big", "acme/a", 2);
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
+    let skew = 600_000;
+    let later = now + 5_000 + skew;
+    let mut b = Books::restore(300, later, b.state(), &t);
+    sync_all(&mut nodes, &mut b, &t, later);
+    let a = nodes[0].admit(&mut b, &t, big, later + 1_000);
+    assert!(
+        !matches!(a, AdmitAnswer::Reclaiming { .. }),
+        "after 6 s of waiting (605 s by the new coordinator's clock) big moves b's work: {a:?}"
+    );
+}
