@@ -4018,4 +4018,41 @@ mod tests {
             "work moved at its claimant's first ask"
         );
     }
+
+    #[test]
+    fn rt3_the_simulator_moves_nothing_for_a_claimant_behind_a_request_the_quotas_admit() {
+        // Two nodes of 4 GPUs, each with 1 GPU free from 20 s: n0 holds c's checkpointing c0
+        // and c1 and a's aR, n1 c's c2, c3 and c4 (c: ceiling only, grace 5 s). a's a0 (2
+        // GPUs) arrives at 10 s, d's x0 (2 GPUs, d holding nothing) at 19 s: at 20 s x0 is
+        // first in the fair order, fits no node, and has waited too little to move anything.
+        // a0 has waited long enough to move c0 or c1 to n1, but room made by moving work is
+        // for the first in line (the books: `fair_queue_blocks`; the simulator: the `ahead`
+        // gate): nothing moves (no event follows within the horizon).
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"ceiling": 8}}},
+                "t/c": {"gpus": {"H100-80GB": {"ceiling": 8}}, "grace_period_s": 5},
+                "t/d": {"gpus": {"H100-80GB": {"ceiling": 8}}}}"#,
+        );
+        let c = |id: &str, at: u64, d: u64| Job { checkpoints: true, ..job(id, "t/c", at, d, 1) };
+        let jobs = [
+            c("c0", 0, 10_000),
+            c("c1", 1, 10_000),
+            job("aR", "t/a", 2, 10_000, 1),
+            c("f0", 3, 17),
+            c("c2", 4, 10_000),
+            c("c3", 5, 10_000),
+            c("c4", 6, 10_000),
+            c("f1", 7, 13),
+            job("a0", "t/a", 10, 100, 2),
+            job("x0", "t/d", 19, 100, 2),
+        ];
+        let r = run(&jobs, &fleet(2, 4), &t, Mode::Quotas, Some(2000)).expect("runs");
+        assert_eq!(
+            (r.consolidations, r.preemptions),
+            (0, 0),
+            "a0 moved work though d's x0, which the quotas admit, is ahead of it (a0 started \
+             at {:?})",
+            start(&r, "a0")
+        );
+    }
 }
