@@ -2382,8 +2382,19 @@ impl<'a> Sim<'a> {
                 .collect();
             let mut fits = first_fit(&mut rooms);
             // Only work of tenants that borrow, each one taken counted as gone (the books'
-            // rule: a tenant back within its guarantee keeps its work where it runs).
+            // rule: a tenant back within its guarantee keeps its work where it runs). Work
+            // already stopping (a victim in its grace period) is counted gone, as the books
+            // count it (`start_reclaim`'s `going`).
             let mut after = self.usage.clone();
+            for &v in &self.running {
+                if self.st[v].phase == Phase::Terminating {
+                    after.release(
+                        &self.units[v].tenant,
+                        self.st[v].class,
+                        &self.units[v].resources,
+                    );
+                }
+            }
             let (tree, claim) = (self.tree, &unit.resources);
             let place = |c: &quota::Candidate| {
                 if !borrowing_short(
@@ -3856,6 +3867,192 @@ mod tests {
             "the books take s-young (1 GPU, 1,000 s), the cheapest under t/ml that covers the \
              ceiling's 1 GPU; the simulator took s-old (2 GPUs, 2,000 s) on the node it placed \
              v0 on"
+        );
+    }
+
+    // --- red team, round 3: consolidation ---
+
+    /// Four nodes of 4 GPUs. c (ceiling only) runs long 3-GPU jobs on n0 and n1 and long
+    /// 2-GPU jobs on n2 and n3; b (guarantee 1, grace 5 s) runs b0 (guaranteed, b's home on
+    /// n0, ends at 20 s) and two borrowed checkpointing 1-GPU jobs, bx on n2 and by on n3;
+    /// 1-GPU fillers end at 20 s, leaving each node 1 GPU free. a (ceiling only) asks two
+    /// 2-GPU jobs at 10 s: borrowed, and no node has 2 GPUs free.
+    fn two_borrowed_of_b() -> (Vec<Job>, QuotaTree, Fleet) {
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"ceiling": 16}}},
+                "t/b": {"gpus": {"H100-80GB": {"guarantee": 1, "ceiling": 16}},
+                        "grace_period_s": 5},
+                "t/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+        );
+        // Arriving a second apart, in this order; the 20 s ones end at 20 s.
+        let order = [
+            ("cA", "t/c", 3, 10_000),
+            ("b0", "t/b", 1, 20),
+            ("cB", "t/c", 3, 10_000),
+            ("f1", "t/c", 1, 20),
+            ("cC", "t/c", 2, 10_000),
+            ("bx", "t/b", 1, 10_000),
+            ("f2", "t/c", 1, 20),
+            ("cD", "t/c", 2, 10_000),
+            ("by", "t/b", 1, 10_000),
+            ("f3", "t/c", 1, 20),
+        ];
+        let mut jobs: Vec<Job> = order
+            .iter()
+            .zip(0u64..)
+            .map(|(&(id, tenant, gpus, d), at)| Job {
+                checkpoints: tenant == "t/b",
+                ..job(id, tenant, at, if d == 20 { 20 - at } else { d }, gpus)
+            })
+            .collect();
+        jobs.push(job("a0", "t/a", 10, 1_000, 2));
+        jobs.push(job("a1", "t/a", 10, 1_000, 2));
+        (jobs, t, fleet(4, 4))
+    }
+
+    #[test]
+    fn rt3_the_simulator_moves_no_work_of_a_tenant_back_within_its_guarantee_once_its_moving_work_is_gone(
+    ) {
+        // At 20 s each node has 1 GPU free; a0 and a1 have waited 10 s (more than b's 5 s of
+        // grace, in shares). a0 moves bx off n2 (to n0's free GPU). b then holds 2 GPUs on a
+        // guarantee of 1, bx's stopping: the books count work being stopped as gone
+        // (`start_reclaim`'s `going`), so b, back within its guarantee, keeps by where it
+        // runs and a1 waits (docs/QUOTAS.md: "of other tenants that still borrow with each
+        // earlier victim counted gone"; the simulator "decides alike"). The simulator's
+        // usage kept bx until its grace ended, so b still borrowed and a1 moved by at 20 s
+        // too (a1 started at 25 s). (Once bx is gone and placed again, guaranteed, b borrows
+        // again and by may move: a1 starts at 30 s.)
+        let (jobs, t, f) = two_borrowed_of_b();
+        let r = run(&jobs, &f, &t, Mode::Quotas, Some(2000)).expect("runs");
+        assert_eq!(preempted(&r, "bx"), 1, "a0 moves bx");
+        assert_eq!(start(&r, "a0"), Some(25), "a0 starts once bx is gone");
+        assert_ne!(
+            start(&r, "a1"),
+            Some(25),
+            "at 20 s, while bx was stopping for a0, the simulator moved by for a1: b, within \
+             its guarantee of 1 once bx is counted gone as the books count it, keeps by where \
+             it runs (consolidations {}, by preempted {})",
+            r.consolidations,
+            preempted(&r, "by")
+        );
+    }
+
+    /// Jobs arriving a second apart in `order` (id, tenant, GPUs, duration), b's
+    /// checkpointing; a 20 s duration is cut to end at 20 s.
+    fn staggered(order: &[(&str, &str, u64, u64)]) -> Vec<Job> {
+        order
+            .iter()
+            .zip(0u64..)
+            .map(|(&(id, tenant, gpus, d), at)| Job {
+                checkpoints: tenant == "t/b",
+                ..job(id, tenant, at, if d == 20 { 20 - at } else { d }, gpus)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rt3_the_simulator_keeps_room_promised_to_moved_work_through_its_grace() {
+        // Five nodes of 4 GPUs, from 20 s: n0 with 2 GPUs free (c's 2-GPU job beside them),
+        // n1 with c's 1, b's 2-GPU bx and 1 free, n2 with c's 1, b's 2-GPU by and 1 free,
+        // n3 and n4 each c's 3 and 1 free (b: ceiling only, checkpointing, grace 10 s). At
+        // 20 s a0 (3 GPUs, waiting since 10 s) moves bx to n0's 2 free GPUs. a1 (3 GPUs)
+        // arrives at 21 s; at 28 s (a refused job's arrival looks at the queue) it has waited
+        // long enough to move by, but the only room for by, n0's, is promised to bx, which
+        // stops at 30 s and is placed again there: nothing moves for a1 (the books:
+        // `Requeue::promised`; rt_two_consolidations_do_not_promise_the_same_room_elsewhere_twice).
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"ceiling": 20}}},
+                "t/b": {"gpus": {"H100-80GB": {"ceiling": 20}}, "grace_period_s": 10},
+                "t/c": {"gpus": {"H100-80GB": {"ceiling": 20}}}}"#,
+        );
+        let mut jobs = staggered(&[
+            ("cA", "t/c", 2, 10_000),
+            ("h0", "t/c", 2, 20),
+            ("cB", "t/c", 1, 10_000),
+            ("bx", "t/b", 2, 10_000),
+            ("f1", "t/c", 1, 20),
+            ("cC", "t/c", 1, 10_000),
+            ("by", "t/b", 2, 10_000),
+            ("f2", "t/c", 1, 20),
+            ("cD", "t/c", 3, 10_000),
+            ("cE", "t/c", 3, 10_000),
+        ]);
+        jobs.push(job("a0", "t/a", 10, 1_000, 3));
+        jobs.push(job("a1", "t/a", 21, 1_000, 3));
+        jobs.push(job("poke", "t/c", 28, 10, 100));
+        let r = run(&jobs, &fleet(5, 4), &t, Mode::Quotas, Some(2000)).expect("runs");
+        assert_eq!(preempted(&r, "bx"), 1, "a0 moves bx");
+        assert_eq!(start(&r, "a0"), Some(30));
+        assert_eq!(
+            (r.consolidations, preempted(&r, "by")),
+            (1, 0),
+            "by was moved into n0's room promised to bx (a1 started at {:?})",
+            start(&r, "a1")
+        );
+    }
+
+    #[test]
+    fn rt3_the_simulator_moves_nothing_at_a_claimants_first_ask_even_work_that_just_started() {
+        // n0 full of a's own work, n1 holding c's 2 GPUs, n2 d's 3. At 10 s c's checkpointing
+        // c4 (1 GPU) starts on n1, and a0 (2 GPUs, borrowed) asks for the first time: moving
+        // c4 (it has run nothing, so it loses nothing) to n2's free GPU would let a0 run on
+        // n1, but at its first ask a0 has waited nothing, so nothing moves (docs/QUOTAS.md;
+        // the books' rt2_nothing_moves_at_a_claimants_first_ask_even_for_work_that_just_started).
+        // No event follows until c4 ends at 510 s, when a0 starts.
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"ceiling": 12}}},
+                "t/c": {"gpus": {"H100-80GB": {"ceiling": 12}}},
+                "t/d": {"gpus": {"H100-80GB": {"ceiling": 12}}}}"#,
+        );
+        let jobs = [
+            job("aX", "t/a", 0, 10_000, 4),
+            job("cB", "t/c", 1, 10_000, 2),
+            job("dC", "t/d", 2, 10_000, 3),
+            Job { checkpoints: true, ..job("c4", "t/c", 10, 500, 1) },
+            job("a0", "t/a", 10, 1_000, 2),
+        ];
+        let r = run(&jobs, &fleet(3, 4), &t, Mode::Quotas, Some(2000)).expect("runs");
+        assert_eq!(
+            (r.consolidations, preempted(&r, "c4"), start(&r, "a0")),
+            (0, 0, Some(510)),
+            "work moved at its claimant's first ask"
+        );
+    }
+
+    #[test]
+    fn rt3_the_simulator_moves_nothing_for_a_claimant_behind_a_request_the_quotas_admit() {
+        // Two nodes of 4 GPUs, each with 1 GPU free from 20 s: n0 holds c's checkpointing c0
+        // and c1 and a's aR, n1 c's c2, c3 and c4 (c: ceiling only, grace 5 s). a's a0 (2
+        // GPUs) arrives at 10 s, d's x0 (2 GPUs, d holding nothing) at 19 s: at 20 s x0 is
+        // first in the fair order, fits no node, and has waited too little to move anything.
+        // a0 has waited long enough to move c0 or c1 to n1, but room made by moving work is
+        // for the first in line (the books: `fair_queue_blocks`; the simulator: the `ahead`
+        // gate): nothing moves (no event follows within the horizon).
+        let t = tree(
+            r#"{"t/a": {"gpus": {"H100-80GB": {"ceiling": 8}}},
+                "t/c": {"gpus": {"H100-80GB": {"ceiling": 8}}, "grace_period_s": 5},
+                "t/d": {"gpus": {"H100-80GB": {"ceiling": 8}}}}"#,
+        );
+        let c = |id: &str, at: u64, d: u64| Job { checkpoints: true, ..job(id, "t/c", at, d, 1) };
+        let jobs = [
+            c("c0", 0, 10_000),
+            c("c1", 1, 10_000),
+            job("aR", "t/a", 2, 10_000, 1),
+            c("f0", 3, 17),
+            c("c2", 4, 10_000),
+            c("c3", 5, 10_000),
+            c("c4", 6, 10_000),
+            c("f1", 7, 13),
+            job("a0", "t/a", 10, 100, 2),
+            job("x0", "t/d", 19, 100, 2),
+        ];
+        let r = run(&jobs, &fleet(2, 4), &t, Mode::Quotas, Some(2000)).expect("runs");
+        assert_eq!(
+            (r.consolidations, r.preemptions),
+            (0, 0),
+            "a0 moved work though d's x0, which the quotas admit, is ahead of it (a0 started \
+             at {:?})",
+            start(&r, "a0")
         );
     }
 }

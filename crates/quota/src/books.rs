@@ -239,6 +239,10 @@ struct NodeBook {
     /// Leases the node said it held at its last sync.
     reported: BTreeMap<String, Resources>,
     last_sync_ms: u64,
+    /// It synced with these books: false for a node restored from a store
+    /// ([`Books::restore`] counts it heard from at the takeover, which it may not have been
+    /// for minutes) until its first sync with them.
+    heard: bool,
     /// When `issued` was last computed (`None`: adopted, never computed).
     computed_ms: Option<u64>,
     /// The books' generation when `issued` was last computed: unchanged since, the leases
@@ -1487,23 +1491,30 @@ impl Books {
         // Room held for a consolidation (its claimant borrowed) yields to a request within
         // its guarantee that needs it: that request would otherwise preempt running work
         // for room the node has idle.
-        if self.takes_held_room(node, tenant, &r) {
+        if self.takes_held_room(node, tenant, &r, Some(&hold)) {
             let absorb = !req.unsynced_lease_grants;
             if matches!(
                 self.decide(tree, node, tenant, &r, absorb),
                 Decision::Admit { class: Class::Guaranteed, .. } | Decision::Reclaim { .. }
             ) {
-                self.yield_consolidations(node, tenant, &req.container_id, now);
+                self.yield_consolidations(node, tenant, &req.container_id, &hold, now);
             }
         }
-        let answer = if req.short_on_node || self.takes_held_room(node, tenant, &r) {
+        let answer = if req.short_on_node || self.takes_held_room(node, tenant, &r, Some(&hold)) {
             self.admit_short(tree, node, req, &r, ask, now)
         } else {
             // The victims are gone: the capacity held is this claim's now (or, if it has
             // none, one held for another claim of its tenant on this node that holds as
             // much), if it is admitted.
+            // A consolidation's hold only to a retry of its request (the same amounts): the
+            // work moved for it was moved for that request, not for whatever of its tenant
+            // fits the room.
             let freed = |k: &ClaimKey, rc: &Reclaim| {
-                k.0 == hold.0 && k.1 == hold.1 && rc.freed_ms.is_some() && r.fits_in(&rc.resources)
+                k.0 == hold.0
+                    && k.1 == hold.1
+                    && rc.freed_ms.is_some()
+                    && r.fits_in(&rc.resources)
+                    && (!rc.consolidation || rc.resources == r)
             };
             // The claim's own hold even while its victims are still listed (issue 27): the
             // node places it, so what they held there is free; the hold's resources are
@@ -1653,6 +1664,28 @@ impl Books {
                 }
                 !other
             });
+            // Its owed-since there ends too: a later ask there is owed from that ask, not
+            // from before it ran. (Urgent: books taken over with it would count the time it
+            // ran as time owed.)
+            self.owed_since.retain(|k, _| {
+                let other = k.0 != claim.0 && k.1 == *t && k.2 == *c;
+                if other {
+                    changes.ask(k, true);
+                }
+                !other
+            });
+            // Room a consolidation holds for it on another node goes (one container runs
+            // on one node): counted as its tenant's use and kept from everyone else, it
+            // would stay idle until the hold expires.
+            let held_elsewhere: Vec<ClaimKey> = self
+                .reclaims
+                .iter()
+                .filter(|(k, rc)| rc.consolidation && k.0 != claim.0 && k.1 == *t && k.2 == *c)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in held_elsewhere {
+                self.remove_reclaim(&k);
+            }
             let owed_since = self.owed_since.remove(claim).map(|(since, _)| since);
             if asked || owed_since.is_some() {
                 self.changes.ask(claim, false);
@@ -1982,13 +2015,25 @@ impl Books {
     /// The holds of other tenants' consolidations on `node` give way to `tenant`'s request
     /// within its guarantee (`container`), each with an event; their claimants ask again as
     /// any waiting request does.
-    fn yield_consolidations(&mut self, node: &str, tenant: &str, container: &str, now: u64) {
+    fn yield_consolidations(
+        &mut self,
+        node: &str,
+        tenant: &str,
+        container: &str,
+        own: &ClaimKey,
+        now: u64,
+    ) {
         let keys: Vec<ClaimKey> = totals::claims_on(&self.reclaims, node)
-            .filter(|((_, t, _), rc)| rc.consolidation && t != tenant)
+            .filter(|(k, rc)| rc.consolidation && *k != own)
             .map(|(k, _)| k.clone())
             .collect();
         for k in keys {
             if self.remove_reclaim(&k).is_some() {
+                // Its wait paid for the work it moved: its next ask starts a new one (the
+                // victims lose no more than it has waited, counted once).
+                if self.first_asks.remove(&k).is_some() {
+                    self.changes.ask(&k, true);
+                }
                 let message = format!(
                     "the room held on node {node} for {}'s consolidation goes to {tenant}'s \
                      request {} within its guarantee; {} asks again as a waiting request",
@@ -2039,7 +2084,26 @@ impl Books {
         {
             return Reclaimed::Not(None);
         }
-        let short = self.node_short(node, r);
+        // What the node lacks for it, the room promised there to work moved before (until
+        // it is admitted again) counted as taken: that room is the moved work's, not its.
+        let mut short = self.node_short(node, r);
+        let mut promised = Resources::new();
+        for (n, p) in self.requeues.values().filter_map(|q| q.promised(now)) {
+            if n == node {
+                promised.add(p);
+            }
+        }
+        if !promised.is_empty() {
+            if let Some(nb) = self.nodes.get(node) {
+                let relevant = r.only(|x| matches!(x, Resource::Gpu(_)) || nb.capacity.get(x) > 0);
+                let used = nb.agg.used.minus(&self.stopping_listed(Some(node)));
+                let lacks = relevant.minus(&nb.capacity.minus(&used).minus(&promised));
+                for (res, a) in lacks.iter() {
+                    let more = a.saturating_sub(short.get(res));
+                    short.add(&Resources::new().with(res.clone(), more));
+                }
+            }
+        }
         let claim = Claim {
             node,
             tenant,
@@ -2232,14 +2296,23 @@ impl Books {
     /// claimant then waited for its hold to expire). Room a stopping victim frees later is
     /// not room now: counted so, it let a request onto devices held for a claim whose own
     /// victims had gone, and that claim waited on another claim's victim.
-    fn takes_held_room(&self, node: &str, tenant: &str, r: &Resources) -> bool {
+    /// A hold of its own tenant counts as another's where it is a consolidation's for another
+    /// request (not `own`, the asking claim, nor a retry of the same amounts): the work moved
+    /// for it was moved for that request.
+    fn takes_held_room(
+        &self,
+        node: &str,
+        tenant: &str,
+        r: &Resources,
+        own: Option<&ClaimKey>,
+    ) -> bool {
         let Some(nb) = self.nodes.get(node) else { return false };
         let mut holds = Resources::new();
         let mut uncovered = Resources::new();
         let mut others = false;
-        for ((_, t, _), rc) in totals::claims_on(&self.reclaims, node) {
+        for (k @ (_, t, _), rc) in totals::claims_on(&self.reclaims, node) {
             holds.add(&rc.resources);
-            if t == tenant {
+            if t == tenant && (!rc.consolidation || own == Some(k) || rc.resources == *r) {
                 continue;
             }
             others = true;
@@ -2511,9 +2584,12 @@ impl Books {
                 .iter()
                 // A node silent for a minute (nodes sync every second or so) is likely dead
                 // or cut off, though its lease keeps it in the books: no work is sent to
-                // resume there.
+                // resume there. Nor to one not heard from since the books were taken over
+                // (restored, it counts as heard from then, however long it was silent).
                 .filter(|(n, nb)| {
-                    n.as_str() != node && now.saturating_sub(nb.last_sync_ms) <= MOVE_LIVE_MS
+                    n.as_str() != node
+                        && nb.heard
+                        && now.saturating_sub(nb.last_sync_ms) <= MOVE_LIVE_MS
                 })
                 .map(|(n, nb)| Room {
                     node: n.clone(),
@@ -3106,10 +3182,16 @@ impl Books {
             // one they hold back (a lending limit, a ceiling) could not use it, and its
             // tenant re-asking would keep the node's capacity idle for as long as it likes.
             // The simulator passes over such a head too.
-            if matches!(
-                self.decide(tree, node, &w.tenant, &w.resources, true),
-                Decision::Wait { .. } | Decision::Refuse(_)
-            ) {
+            let decision = self.decide(tree, node, &w.tenant, &w.resources, true);
+            if matches!(decision, Decision::Wait { .. } | Decision::Refuse(_)) {
+                continue;
+            }
+            // Nor for borrowed work in its requeue backoff (`in_backoff` refuses it the room
+            // wherever it fits): the simulator passes over it too.
+            let claim = TenantClaim(w.tenant.clone(), others[i].1.claim.clone());
+            let backoff =
+                self.requeues.get(&claim).is_some_and(|q| q.preemptions > 0 && now < q.until_ms);
+            if backoff && matches!(decision, Decision::Admit { class: Class::Borrowed, .. }) {
                 continue;
             }
             let (hw, ht) = (
@@ -3297,7 +3379,7 @@ impl Books {
         for m in &gang.members {
             // Devices held on its node for another tenant's claim are not its to take
             // ([`Books::takes_held_room`]), as for a request alone.
-            if self.takes_held_room(&m.node, tenant, &m.resources) {
+            if self.takes_held_room(&m.node, tenant, &m.resources, None) {
                 failure = Some((
                     m,
                     format!(
@@ -3771,6 +3853,7 @@ impl Books {
             // Heard from now: not silent.
             self.silence.remove(&(nb.last_sync_ms, node.to_string()));
             nb.last_sync_ms = now;
+            nb.heard = true;
             self.silence.insert((now, node.to_string()));
         }
         self.tick(now);
@@ -3792,6 +3875,7 @@ impl Books {
                     // Adopted: issued before this coordinator's books started.
                     issued: reported.clone(),
                     last_sync_ms: now,
+                    heard: true,
                     ..NodeBook::default()
                 },
             );

@@ -6404,3 +6404,380 @@ fn rt2_moved_work_that_stops_before_its_grace_ends_may_resume_at_once() {
         "b6, moved, stopped and asking on the node promised to it, is refused: {a:?}"
     );
 }
+
+// --- red team, round 3: consolidation ---
+
+#[test]
+fn rt3_a_node_silent_before_a_takeover_is_no_destination_right_after_it() {
+    // rt2_work_is_not_moved_to_a_node_silent_for_minutes across a takeover: n2 (the fleet's
+    // only free room, 3 GPUs) falls silent; four minutes on, n1 and n3 still syncing, the
+    // coordinator changes and the books are restored from the store. `Books::restore`
+    // counts every node heard from at the takeover, so for MOVE_LIVE_MS after it n2,
+    // silent for four minutes, is a destination again: a's `x` on n1 moves one of b's
+    // containers "to n2", which may be dead.
+    let (t, mut b, mut nodes, now) = rt_two_gpu_victims_fleet();
+    let x = ask("x", "acme/a", 1);
+    refused(&nodes[0].admit(&mut b, &t, x.clone(), now));
+    let later = now + 240_000;
+    for n in [0, 2] {
+        nodes[n].sync(&mut b, &t, later - 1_000);
+    }
+    let mut b = Books::restore(300, later - 500, b.state(), &t);
+    for n in [0, 2] {
+        nodes[n].sync(&mut b, &t, later);
+    }
+    let a = nodes[0].admit(&mut b, &t, x, later);
+    assert!(
+        !matches!(a, AdmitAnswer::Reclaiming { .. }),
+        "right after a takeover, work moved to n2, silent for 240 s: {a:?}"
+    );
+}
+
+#[test]
+fn rt3_a_wait_owed_before_a_run_elsewhere_is_not_counted_owed_at_the_workloads_next_ask() {
+    // The fix that ends a claim's waits on every node when it is admitted anywhere
+    // (`note_ask`) ends its first asks, not its owed-since: a's workload `w` (1 GPU), owed
+    // only behind a's 5 on a guarantee of 4, waits on n1 (b's work there has run an hour:
+    // it reclaims once owed for its path's owed_reclaim_after_s, 60 s); 50 s on it is
+    // admitted on n2, runs 30 s there and ends. Its next ask on n1 starts a new wait (it
+    // has been owed for nothing since it ran); the books count it owed since its ask before
+    // it ran, 80 s, and reclaim at once.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 4}}, "owed_reclaim_after_s": 60},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 4}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), false, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 8, 8), false, &mut now);
+    now += 3_600_000;
+    sync_all(&mut nodes, &mut b, &t, now);
+    let five = ask("a-five", "acme/a", 5);
+    refused(&answer_through_recalls(&mut nodes, 0, &mut b, &t, &five, &mut now).0);
+    now += 1_000;
+    let w = |container: &str| {
+        let mut r = ask(container, "acme/a", 1);
+        r.workload = Some("w".into());
+        r
+    };
+    let (first, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &w("w-1"), &mut now);
+    let (msg, _) = refused(&first);
+    assert!(msg.contains("retry after 60 s"), "{msg}");
+    let asked = now;
+    // 50 s on (a's 5 still asking), one of b's containers on n2 ends and w runs there.
+    now = asked + 50_000;
+    sync_all(&mut nodes, &mut b, &t, now);
+    refused(&answer_through_recalls(&mut nodes, 0, &mut b, &t, &five, &mut now).0);
+    end_units(&mut nodes[1], &mut b, &t, ["b15".to_string()], now);
+    let (ran, _) = answer_through_recalls(&mut nodes, 1, &mut b, &t, &w("w-2"), &mut now);
+    admitted(&ran);
+    nodes[1].sync(&mut b, &t, now);
+    // 30 s later it ends; a's 5 still asks; w asks on n1 again.
+    now += 30_000;
+    refused(&answer_through_recalls(&mut nodes, 0, &mut b, &t, &five, &mut now).0);
+    end_units(&mut nodes[1], &mut b, &t, ["w-2".to_string()], now);
+    let mut b16 = ask("b16", "acme/b", 1);
+    b16.checkpoint = false;
+    admit_retrying(&mut nodes, 1, &mut b, &t, &b16, &mut now);
+    nodes[1].sync(&mut b, &t, now);
+    let (again, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &w("w-3"), &mut now);
+    assert!(
+        !matches!(again, AdmitAnswer::Reclaiming { .. }),
+        "at the first ask of its new wait, w reclaims as owed for {} s, counted from before \
+         it ran: {again:?}",
+        (now - asked) / 1000
+    );
+}
+
+#[test]
+fn rt3_a_request_in_its_requeue_backoff_does_not_keep_a_borrowed_claimant_from_consolidating() {
+    // n1 full of b's checkpointing 1-GPU containers; n2 and n3 each hold 7 of a's (1 GPU
+    // free on each). c (guarantee 4) reclaims b7 on n1; b7 (requeue backoff 600 s) asks
+    // again on n1 and waits there, ahead of a in the fair queue (b holds less than a). a's
+    // borrowed `big` (2 GPUs) on n1 has waited long enough to move two of b's containers to
+    // the GPUs free on n2 and n3. b7 cannot take n1's room for ten minutes (it is refused
+    // by its backoff wherever it fits): the fair queue keeps room only for a request the
+    // quotas would let take it (`fair_queue_blocks`; the simulator passes over a request in
+    // its backoff, so it consolidates here).
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 24}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 24}},
+                       "grace_period_s": 30, "requeue_backoff_s": 600},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 24}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 7), false, &mut now);
+    fill(&mut nodes, 2, &mut b, &t, "acme/a", ("a", 7, 7), false, &mut now);
+    let c0 = ask("c0", "acme/c", 1);
+    let (first, _) = answer_through_recalls(&mut nodes, 0, &mut b, &t, &c0, &mut now);
+    assert_eq!(victims_of(&first), [("n1", "b7")], "{first:?}");
+    now += 30_000;
+    end_units(&mut nodes[0], &mut b, &t, ["b7".to_string()], now);
+    admitted(&nodes[0].admit(&mut b, &t, c0, now));
+    sync_all(&mut nodes, &mut b, &t, now);
+    let mut b7 = ask("b7", "acme/b", 1);
+    b7.checkpoint = true;
+    let big = ask("big", "acme/a", 2);
+    refused(&nodes[0].admit(&mut b, &t, b7.clone(), now));
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
+    now += 60_000;
+    sync_all(&mut nodes, &mut b, &t, now);
+    let (held_back, _) = refused(&nodes[0].admit(&mut b, &t, b7, now));
+    assert!(held_back.contains("position 1 of 2"), "{held_back}");
+    let a = nodes[0].admit(&mut b, &t, big, now);
+    assert!(
+        matches!(a, AdmitAnswer::Reclaiming { .. }),
+        "a's consolidation is held back for b7, which its requeue backoff keeps from taking \
+         the room (b7 was told: {held_back}): {a:?}"
+    );
+}
+
+#[test]
+fn rt3_a_consolidation_does_not_count_on_room_promised_to_work_moved_to_its_node() {
+    // n1 full of b's checkpointing 1-GPU containers; n2 holds four more of b's (b8…b11,
+    // borrowed), two of a's and 2 GPUs free; n3 seven of a's and 1 free. a's `x` (2 GPUs)
+    // on n1 moves two of b's containers to n2's 2 free GPUs: they are promised that room
+    // ("node n2 has room for it to resume there"). a's `y` (3 GPUs) on n2 then counts the
+    // same 2 GPUs as its own: it moves one of b's containers off n2 (to n3's free GPU) and
+    // takes them, so x's moved containers find no room where they were sent. Honouring the
+    // promise, y lacks 3 GPUs on n2 and the fleet has 1 elsewhere: nothing moves.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 24}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 24}},
+                       "grace_period_s": 30}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/b", ("b", 8, 4), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 2), false, &mut now);
+    fill(&mut nodes, 2, &mut b, &t, "acme/a", ("a", 2, 7), false, &mut now);
+    let (x, y) = (ask("x", "acme/a", 2), ask("y", "acme/a", 3));
+    refused(&nodes[0].admit(&mut b, &t, x.clone(), now));
+    refused(&nodes[1].admit(&mut b, &t, y.clone(), now));
+    let later = now + 60_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    let first = nodes[0].admit(&mut b, &t, x, later);
+    let AdmitAnswer::Reclaiming { victims, .. } = &first else { panic!("{first:?}") };
+    assert_eq!(victims.len(), 2, "{first:?}");
+    assert!(victims.iter().all(|v| v.reason.contains("node n2 has room")), "{first:?}");
+    let second = nodes[1].admit(&mut b, &t, y, later + 1_000);
+    assert!(
+        !matches!(second, AdmitAnswer::Reclaiming { .. }),
+        "y's consolidation on n2 counts on n2's 2 free GPUs, promised to x's moved \
+         containers: {second:?}"
+    );
+}
+
+#[test]
+fn rt3_a_claimant_whose_hold_gave_way_does_not_spend_its_wait_twice() {
+    // a (5 held on n2 of 8, so borrowing) asks 2 GPUs on n1, full of b's checkpointing
+    // containers; 30 s on, its wait pays for moving b6 and b7 (2 × 30 s of grace, in
+    // shares: all 30 s of its wait). They write their checkpoints in 5 s and stop; c's
+    // request within its guarantee takes the room held for a (the hold gives way), and b6
+    // and b7 resume on n2. At 37 s a asks again: the books judge its whole wait again and
+    // move b4 and b5 too, 4 × 30 s of grace lost for a wait of 37 s that paid for 2 × 30 s
+    // already (docs/QUOTAS.md: "the victims lose no more than the request has waited").
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
+                       "grace_period_s": 30},
+            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 16}}}}"#,
+    );
+    let (mut b, mut nodes, mut now) = two_nodes(&t);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 3), false, &mut now);
+    let big = ask("big", "acme/a", 2);
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
+    let asked = now;
+    let first = nodes[0].admit(&mut b, &t, big.clone(), asked + 30_000);
+    let mut moved = victims_of(&first);
+    moved.sort_unstable();
+    assert_eq!(moved, [("n1", "b6"), ("n1", "b7")], "{first:?}");
+    end_units(&mut nodes[0], &mut b, &t, ["b6".to_string(), "b7".to_string()], asked + 35_000);
+    let c = nodes[0].admit(&mut b, &t, ask("c0", "acme/c", 2), asked + 36_000);
+    admitted(&c);
+    nodes[0].sync(&mut b, &t, asked + 36_000);
+    for id in ["b6", "b7"] {
+        let mut req = ask(id, "acme/b", 1);
+        req.checkpoint = true;
+        admitted(&nodes[1].admit(&mut b, &t, req, asked + 36_000));
+    }
+    sync_all(&mut nodes, &mut b, &t, asked + 36_000);
+    let again = nodes[0].admit(&mut b, &t, big, asked + 37_000);
+    assert!(
+        !matches!(again, AdmitAnswer::Reclaiming { .. }),
+        "a's 37 s wait, which paid for moving b6 and b7, moves two more: {again:?}"
+    );
+}
+
+#[test]
+fn rt3_work_of_a_tenant_back_within_its_guarantee_once_its_moving_work_is_gone_is_not_moved() {
+    // The books' side of the simulator's
+    // `rt3_the_simulator_moves_no_work_of_a_tenant_back_within_its_guarantee_once_its_moving_work_is_gone`:
+    // four nodes of 4 GPUs, each with 1 free; b (guarantee 1) runs borrowed checkpointing
+    // bx on n3 and by on n4 (its guaranteed b0 ended). a0 (2 GPUs) on n3 moves bx; a1 (2
+    // GPUs) on n4, having waited as long, does not move by: with bx stopping, b is back
+    // within its guarantee.
+    let t = tree(
+        r#"{"acme/a": {"gpus": {"H100-80GB": {"ceiling": 16}}},
+            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 1, "ceiling": 16}},
+                       "grace_period_s": 5},
+            "acme/c": {"gpus": {"H100-80GB": {"ceiling": 16}}}}"#,
+    );
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes =
+        [Node::new("n1", 4), Node::new("n2", 4), Node::new("n3", 4), Node::new("n4", 4)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 1), true, &mut now);
+    for (n, (id, gpus)) in [(0, ("c0", 3)), (1, ("c1", 3)), (2, ("c2", 2)), (3, ("c3", 2))] {
+        admit_retrying(&mut nodes, n, &mut b, &t, &ask(id, "acme/c", gpus), &mut now);
+        nodes[n].sync(&mut b, &t, now);
+    }
+    for (n, id) in [(2, "bx"), (3, "by")] {
+        let mut req = ask(id, "acme/b", 1);
+        req.checkpoint = true;
+        admit_retrying(&mut nodes, n, &mut b, &t, &req, &mut now);
+        nodes[n].sync(&mut b, &t, now);
+    }
+    end_units(&mut nodes[0], &mut b, &t, ["b0".to_string()], now);
+    assert!(nodes.iter().all(|n| n.free() == MICRO_PER_GPU));
+    assert_eq!(gpus_of(&b.real_usage().of("acme/b")), (0, 2));
+    let (a0, a1) = (ask("a0", "acme/a", 2), ask("a1", "acme/a", 2));
+    refused(&nodes[2].admit(&mut b, &t, a0.clone(), now));
+    refused(&nodes[3].admit(&mut b, &t, a1.clone(), now));
+    let later = now + 10_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    assert_eq!(victims_of(&nodes[2].admit(&mut b, &t, a0, later)), [("n3", "bx")]);
+    let second = nodes[3].admit(&mut b, &t, a1, later);
+    assert!(
+        !matches!(second, AdmitAnswer::Reclaiming { .. }),
+        "by moved though b, bx stopping, is within its guarantee: {second:?}"
+    );
+}
+
+#[test]
+fn rt3_the_room_a_consolidation_made_is_not_taken_by_another_request_of_its_tenant() {
+    // a's `big` (2 GPUs, borrowed) moves b6 and b7 off n1; they stop and n1 has 2 GPUs
+    // free, held for big. a's `small` (1 GPU, borrowed, asked after) fits n1's free
+    // devices: taking that room leaves big short on the node its hold is on, and b6 and b7
+    // were moved for nothing (docs/QUOTAS.md: "room made by moving work goes to the first
+    // in line, not to whoever fits it"; the hold gives way only to a request within its
+    // guarantee).
+    let (t, mut b, mut nodes, later) = big_moved_b6_b7_with_c_owed();
+    let later = later + 30_000;
+    end_units(&mut nodes[0], &mut b, &t, ["b6".to_string(), "b7".to_string()], later);
+    assert_eq!(nodes[0].free(), 2 * MICRO_PER_GPU);
+    let small = nodes[0].admit(&mut b, &t, ask("small", "acme/a", 1), later + 1_000);
+    let big = nodes[0].admit(&mut b, &t, ask("big", "acme/a", 2), later + 2_000);
+    assert!(
+        matches!(big, AdmitAnswer::Admitted { .. }),
+        "big, whose consolidation moved b6 and b7, is not admitted on the room it made \
+         (a's small took it: {small:?}): {big:?}"
+    );
+}
+
+#[test]
+fn rt3_a_claim_admitted_on_another_node_holds_no_room_for_itself_where_it_consolidated() {
+    // rt2_one_container_asking_on_two_nodes_holds_room_on_one_at_most's fleet: a's `w`
+    // consolidates on n1 (one of b's containers moved, 1 GPU held for w there), then its
+    // pod, made anew, is placed on n3, where a container of b has ended: w is admitted
+    // there. One container runs on one node: the room held for it on n1 (counted as a's
+    // borrowed use, kept from everyone else) should go.
+    let t = tree(CONSOLIDATE);
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 2, &mut b, &t, "acme/b", ("b", 8, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 4), false, &mut now);
+    let w = |container: &str| {
+        let mut r = ask(container, "acme/a", 1);
+        r.workload = Some("w".into());
+        r
+    };
+    refused(&nodes[0].admit(&mut b, &t, w("w-1"), now));
+    let later = now + 120_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    assert_eq!(victims_of(&nodes[0].admit(&mut b, &t, w("w-1"), later)).len(), 1);
+    end_units(&mut nodes[2], &mut b, &t, ["b15".to_string()], later + 1_000);
+    admitted(&nodes[2].admit(&mut b, &t, w("w-2"), later + 2_000));
+    let held: Vec<String> =
+        b.state().reclaims.iter().filter(|r| r.claim == "w").map(|r| r.node.clone()).collect();
+    assert!(
+        held.is_empty(),
+        "w runs on n3 and room is still held for it on {held:?} (a's borrowed use twice)"
+    );
+}
+
+#[test]
+fn rt3_the_store_keeps_what_an_admission_elsewhere_ends() {
+    // rt3_a_wait_owed_before_a_run_elsewhere_is_not_counted_owed_at_the_workloads_next_ask
+    // and rt3_a_claim_admitted_on_another_node_holds_no_room_for_itself_where_it_consolidated
+    // with the store written from the changes each step: a claim admitted on one node
+    // ends its first asks, owed-since and consolidation holds on the others in the store
+    // too (books taken over from it judge its next ask as the books before would).
+    let t = tree(CONSOLIDATE);
+    let mut b = Books::new(300, 1_000_000);
+    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
+    let mut now = 1_000_000;
+    start(&t, &mut nodes, &mut b, now);
+    b.track_changes(true);
+    let mut store = b.state();
+    let _ = b.take_changes();
+    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
+    fill(&mut nodes, 2, &mut b, &t, "acme/b", ("b", 8, 8), true, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 4), false, &mut now);
+    apply(&mut store, b.take_changes().ops);
+    let w = |container: &str| {
+        let mut r = ask(container, "acme/a", 1);
+        r.workload = Some("w".into());
+        r
+    };
+    refused(&nodes[0].admit(&mut b, &t, w("w-1"), now));
+    refused(&nodes[2].admit(&mut b, &t, w("w-3"), now));
+    apply(&mut store, b.take_changes().ops);
+    let later = now + 120_000;
+    sync_all(&mut nodes, &mut b, &t, later);
+    assert_eq!(victims_of(&nodes[0].admit(&mut b, &t, w("w-1"), later)).len(), 1);
+    apply(&mut store, b.take_changes().ops);
+    end_units(&mut nodes[2], &mut b, &t, ["b15".to_string()], later + 1_000);
+    let cs = b.take_changes();
+    apply(&mut store, cs.ops);
+    admitted(&nodes[2].admit(&mut b, &t, w("w-2"), later + 2_000));
+    let cs = b.take_changes();
+    assert!(cs.urgent, "an admission's changes are stored before its answer");
+    apply(&mut store, cs.ops);
+    let state = b.state();
+    assert_eq!(store.asks, state.asks, "asks");
+    assert_eq!(store.reclaims, state.reclaims, "holds");
+    assert!(state.asks.iter().all(|a| a.claim != "w"), "{:?}", state.asks);
+}
+
+#[test]
+fn rt3_a_takeover_by_a_coordinator_whose_clock_runs_ahead_does_not_credit_a_wait_not_waited() {
+    // consolidation_fleet: a's `big` (2 GPUs) on n1 asks first at `now`, and moving two of
+    // b's containers is worth it only once it has waited 30 s. 5 s later a coordinator
+    // whose clock reads 10 minutes ahead takes the books over from the store: big's stored
+    // first ask is 10 minutes old by that clock, and big's next ask moves b's work after 5
+    // s of waiting (docs/QUOTAS.md: "only once it has waited ... as long as they lose").
+    let (t, mut b, mut nodes, now) = consolidation_fleet(true, 8, 5);
+    let big = ask("big", "acme/a", 2);
+    refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
+    let skew = 600_000;
+    let later = now + 5_000 + skew;
+    let mut b = Books::restore(300, later, b.state(), &t);
+    sync_all(&mut nodes, &mut b, &t, later);
+    let a = nodes[0].admit(&mut b, &t, big, later + 1_000);
+    assert!(
+        !matches!(a, AdmitAnswer::Reclaiming { .. }),
+        "after 6 s of waiting (605 s by the new coordinator's clock) big moves b's work: {a:?}"
+    );
+}
