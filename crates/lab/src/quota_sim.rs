@@ -3897,14 +3897,7 @@ mod tests {
             ("by", "t/b", 1, 10_000),
             ("f3", "t/c", 1, 20),
         ];
-        let mut jobs: Vec<Job> = order
-            .iter()
-            .zip(0u64..)
-            .map(|(&(id, tenant, gpus, d), at)| Job {
-                checkpoints: tenant == "t/b",
-                ..job(id, tenant, at, if d == 20 { 20 - at } else { d }, gpus)
-            })
-            .collect();
+        let mut jobs = staggered(&order);
         jobs.push(job("a0", "t/a", 10, 1_000, 2));
         jobs.push(job("a1", "t/a", 10, 1_000, 2));
         (jobs, t, fleet(4, 4))

@@ -6348,14 +6348,10 @@ fn rt2_a_borrowed_claimant_takes_no_hold_on_work_stopping_for_a_lost_reclaim() {
     assert!(preempted.is_empty(), "c takes a second victim after the restart: {c:?}");
 }
 
-#[test]
-fn rt2_one_container_asking_on_two_nodes_holds_room_on_one_at_most() {
-    // n1 and n3 full of b's 1-GPU checkpointing containers, n2 holding 4 of a's (4 GPUs
-    // free). a's workload `w` (`namespace/pod/container`: one container) is asked for on
-    // n1 and, its pod placed again (deleted and made anew under its name), on n3. Once it
-    // has waited, its consolidation on n1 moves one of b's containers. One container runs
-    // on one node: room is held for it on one node at most (either n3 moves nothing while
-    // n1's room is being made, or the hold on n1, for a pod no longer there, goes).
+/// n1 and n3 full of b's 1-GPU checkpointing containers (b0–b7, b8–b15), n2 holding 4 of
+/// a's (4 GPUs free); [`w`] asks for a's workload `w` (one container) under another
+/// container id each time its pod is made anew.
+fn w_on_three_nodes() -> (QuotaTree, Books, [Node; 3], u64) {
     let t = tree(CONSOLIDATE);
     let mut b = Books::new(300, 1_000_000);
     let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
@@ -6364,11 +6360,25 @@ fn rt2_one_container_asking_on_two_nodes_holds_room_on_one_at_most() {
     fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
     fill(&mut nodes, 2, &mut b, &t, "acme/b", ("b", 8, 8), true, &mut now);
     fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 4), false, &mut now);
-    let w = |container: &str| {
-        let mut r = ask(container, "acme/a", 1);
-        r.workload = Some("w".into());
-        r
-    };
+    (t, b, nodes, now)
+}
+
+/// a's 1-GPU request for workload `w` as `container`.
+fn w(container: &str) -> AdmitRequest {
+    let mut r = ask(container, "acme/a", 1);
+    r.workload = Some("w".into());
+    r
+}
+
+#[test]
+fn rt2_one_container_asking_on_two_nodes_holds_room_on_one_at_most() {
+    // n1 and n3 full of b's 1-GPU checkpointing containers, n2 holding 4 of a's (4 GPUs
+    // free). a's workload `w` (`namespace/pod/container`: one container) is asked for on
+    // n1 and, its pod placed again (deleted and made anew under its name), on n3. Once it
+    // has waited, its consolidation on n1 moves one of b's containers. One container runs
+    // on one node: room is held for it on one node at most (either n3 moves nothing while
+    // n1's room is being made, or the hold on n1, for a pod no longer there, goes).
+    let (t, mut b, mut nodes, now) = w_on_three_nodes();
     refused(&nodes[0].admit(&mut b, &t, w("w-1"), now));
     refused(&nodes[2].admit(&mut b, &t, w("w-2"), now));
     let later = now + 120_000;
@@ -6690,19 +6700,7 @@ fn rt3_a_claim_admitted_on_another_node_holds_no_room_for_itself_where_it_consol
     // pod, made anew, is placed on n3, where a container of b has ended: w is admitted
     // there. One container runs on one node: the room held for it on n1 (counted as a's
     // borrowed use, kept from everyone else) should go.
-    let t = tree(CONSOLIDATE);
-    let mut b = Books::new(300, 1_000_000);
-    let mut nodes = [Node::new("n1", 8), Node::new("n2", 8), Node::new("n3", 8)];
-    let mut now = 1_000_000;
-    start(&t, &mut nodes, &mut b, now);
-    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
-    fill(&mut nodes, 2, &mut b, &t, "acme/b", ("b", 8, 8), true, &mut now);
-    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 4), false, &mut now);
-    let w = |container: &str| {
-        let mut r = ask(container, "acme/a", 1);
-        r.workload = Some("w".into());
-        r
-    };
+    let (t, mut b, mut nodes, now) = w_on_three_nodes();
     refused(&nodes[0].admit(&mut b, &t, w("w-1"), now));
     let later = now + 120_000;
     sync_all(&mut nodes, &mut b, &t, later);
