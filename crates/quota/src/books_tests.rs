@@ -5976,10 +5976,10 @@ fn rt_a_claimant_in_requeue_backoff_does_not_move_others_work() {
     );
 }
 
-/// consolidation_fleet's fleet with c (guarantee 4, holding nothing) in the tree: a's `big`
-/// (2 GPUs on n1, borrowed) refused at its first ask, then, 30 s on, moving b6 and b7 off
-/// n1 to n2's room. The books at that moment.
-fn big_moved_b6_b7_with_c_owed() -> (QuotaTree, Books, [Node; 2], u64) {
+/// a (guarantee 2), b (guarantee 2, grace 30 s) and c (guarantee 4, holding nothing) on two
+/// nodes of 8: n1 full of b's 1-GPU checkpointing containers (b0, b1 guaranteed), n2
+/// holding `a_on_n2` of a's.
+fn abc_fleet(a_on_n2: usize) -> (QuotaTree, Books, [Node; 2], u64) {
     let t = tree(
         r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
             "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
@@ -5988,7 +5988,15 @@ fn big_moved_b6_b7_with_c_owed() -> (QuotaTree, Books, [Node; 2], u64) {
     );
     let (mut b, mut nodes, mut now) = two_nodes(&t);
     fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
-    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, a_on_n2), false, &mut now);
+    (t, b, nodes, now)
+}
+
+/// consolidation_fleet's fleet with c (guarantee 4, holding nothing) in the tree: a's `big`
+/// (2 GPUs on n1, borrowed) refused at its first ask, then, 30 s on, moving b6 and b7 off
+/// n1 to n2's room. The books at that moment.
+fn big_moved_b6_b7_with_c_owed() -> (QuotaTree, Books, [Node; 2], u64) {
+    let (t, mut b, mut nodes, now) = abc_fleet(5);
     let big = ask("big", "acme/a", 2);
     refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
     let later = now + 30_000;
@@ -6318,15 +6326,7 @@ fn rt2_a_borrowed_claimant_takes_no_hold_on_work_stopping_for_a_lost_reclaim() {
     // room b7 frees as if a were owed it (a hold that waits for work already stopping,
     // counted as guaranteed, that gives way to nobody): c, asking again, would then take a
     // second victim for the room it already stopped b7 for.
-    let t = tree(
-        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
-                       "grace_period_s": 30},
-            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 16}}}}"#,
-    );
-    let (mut b, mut nodes, mut now) = two_nodes(&t);
-    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
-    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 5), false, &mut now);
+    let (t, mut b, mut nodes, mut now) = abc_fleet(5);
     let c0 = ask("c0", "acme/c", 1);
     let first = nodes[0].admit(&mut b, &t, c0.clone(), now);
     assert_eq!(victims_of(&first), [("n1", "b7")], "{first:?}");
@@ -6593,15 +6593,7 @@ fn rt3_a_claimant_whose_hold_gave_way_does_not_spend_its_wait_twice() {
     // and b7 resume on n2. At 37 s a asks again: the books judge its whole wait again and
     // move b4 and b5 too, 4 × 30 s of grace lost for a wait of 37 s that paid for 2 × 30 s
     // already (docs/QUOTAS.md: "the victims lose no more than the request has waited").
-    let t = tree(
-        r#"{"acme/a": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}}},
-            "acme/b": {"gpus": {"H100-80GB": {"guarantee": 2, "ceiling": 16}},
-                       "grace_period_s": 30},
-            "acme/c": {"gpus": {"H100-80GB": {"guarantee": 4, "ceiling": 16}}}}"#,
-    );
-    let (mut b, mut nodes, mut now) = two_nodes(&t);
-    fill(&mut nodes, 0, &mut b, &t, "acme/b", ("b", 0, 8), true, &mut now);
-    fill(&mut nodes, 1, &mut b, &t, "acme/a", ("a", 0, 3), false, &mut now);
+    let (t, mut b, mut nodes, now) = abc_fleet(3);
     let big = ask("big", "acme/a", 2);
     refused(&nodes[0].admit(&mut b, &t, big.clone(), now));
     let asked = now;
