@@ -367,12 +367,10 @@ struct Reclaim {
     /// to report and to count on their node; here they only say when it may run.
     shared: bool,
     /// A consolidation's hold (issue 27): its claimant was admitted *borrowed*, and its
-    /// victims were moved, each to a node with room for it (`moves`): the hold counts as
-    /// the claimant's borrowed usage, yields to a request within its guarantee that needs
-    /// the room, and the room promised elsewhere is kept from other consolidations.
+    /// victims were moved, each to a node with room for it (promised in each victim's
+    /// requeue record, `Requeue::moved_to`): the hold counts as the claimant's borrowed
+    /// usage and yields to a request within its guarantee that needs the room.
     consolidation: bool,
-    /// Where each victim of a consolidation was promised room: (node, what it holds).
-    moves: Vec<(String, Resources)>,
 }
 
 impl Reclaim {
@@ -542,6 +540,12 @@ struct Requeue {
 }
 
 impl Requeue {
+    /// Whether it may not borrow again at `now`: preempted (work only moved takes no
+    /// backoff: its `until_ms` is when it stops) and its backoff not over.
+    fn backs_off(&self, now: u64) -> bool {
+        self.preemptions > 0 && now < self.until_ms
+    }
+
     /// The room promised to this moved work at `now`, if it still is.
     fn promised(&self, now: u64) -> Option<&(String, Resources)> {
         self.moved_to.as_ref().filter(|_| now <= self.until_ms.saturating_add(WAITING_TTL_MS))
@@ -1677,12 +1681,8 @@ impl Books {
             // Room a consolidation holds for it on another node goes (one container runs
             // on one node): counted as its tenant's use and kept from everyone else, it
             // would stay idle until the hold expires.
-            let held_elsewhere: Vec<ClaimKey> = self
-                .reclaims
-                .iter()
-                .filter(|(k, rc)| rc.consolidation && k.0 != claim.0 && k.1 == *t && k.2 == *c)
-                .map(|(k, _)| k.clone())
-                .collect();
+            let held_elsewhere: Vec<ClaimKey> =
+                self.consolidations_elsewhere(&claim.0, t, c).cloned().collect();
             for k in held_elsewhere {
                 self.remove_reclaim(&k);
             }
@@ -1868,9 +1868,7 @@ impl Books {
     /// may not borrow again before then.
     fn in_backoff(&self, tree: &QuotaTree, req: &AdmitRequest, now: u64) -> Option<String> {
         let q = self.requeues.get(&TenantClaim(req.tenant.clone(), claim_of(req)))?;
-        // Only moved (consolidation), never preempted: no backoff at all (its `until_ms`
-        // is when it stops, which ends the room promised to it, not a backoff).
-        if now >= q.until_ms || q.preemptions == 0 {
+        if !q.backs_off(now) {
             return None;
         }
         let left_s = (q.until_ms - now).div_ceil(1000);
@@ -2071,11 +2069,8 @@ impl Books {
         let whole = r.iter().any(|(x, a)| matches!(x, Resource::Gpu(_)) && a >= MICRO_PER_GPU);
         // Nor while room is being made for the same claim on another node (one container
         // runs on one node: its pod made anew elsewhere waits for that hold to end).
-        let claim = claim_of(req);
-        let elsewhere = self
-            .reclaims
-            .iter()
-            .any(|((n, t, c), rc)| rc.consolidation && n != node && t == tenant && *c == claim);
+        let elsewhere =
+            self.consolidations_elsewhere(node, tenant, &claim_of(req)).next().is_some();
         if req.gang.is_some()
             || !whole
             || stopped_lately
@@ -2087,12 +2082,7 @@ impl Books {
         // What the node lacks for it, the room promised there to work moved before (until
         // it is admitted again) counted as taken: that room is the moved work's, not its.
         let mut short = self.node_short(node, r);
-        let mut promised = Resources::new();
-        for (n, p) in self.requeues.values().filter_map(|q| q.promised(now)) {
-            if n == node {
-                promised.add(p);
-            }
-        }
+        let promised = self.promised_room(now).remove(node).unwrap_or_default();
         if !promised.is_empty() {
             if let Some(nb) = self.nodes.get(node) {
                 let relevant = r.only(|x| matches!(x, Resource::Gpu(_)) || nb.capacity.get(x) > 0);
@@ -2575,10 +2565,7 @@ impl Books {
             // Less the room other consolidations promised the work they moved there, until
             // that work is admitted again (their requeue records: a claimant's hold ends
             // before its victims resume).
-            let mut promised: BTreeMap<&str, Resources> = BTreeMap::new();
-            for (n, r) in self.requeues.values().filter_map(|q| q.promised(now)) {
-                promised.entry(n.as_str()).or_default().add(r);
-            }
+            let promised = self.promised_room(now);
             let mut rooms: Vec<Room> = self
                 .nodes
                 .iter()
@@ -2667,11 +2654,6 @@ impl Books {
                  borrowed work moves for it; it waits for capacity to free"
             )));
         }
-        let moves: Vec<(String, Resources)> = chosen
-            .chosen
-            .iter()
-            .filter_map(|c| Some((c.to.clone()?, c.candidate.resources.clone())))
-            .collect();
         let mut picked: BTreeMap<NodeContainer, String> = BTreeMap::new();
         let mut gangs: BTreeMap<TenantGang, String> = BTreeMap::new();
         let mut moved_to: BTreeMap<NodeContainer, String> = BTreeMap::new();
@@ -2707,13 +2689,11 @@ impl Books {
         let mut victims = Vec::new();
         let mut tenants: BTreeSet<String> = BTreeSet::new();
         let mut preempted: Vec<(String, Option<String>, String, Resources, u64, bool)> = Vec::new();
-        let mut promises: Vec<Option<String>> = Vec::new();
-        for (k @ NodeContainer(n, c), why) in &picked {
+        for (NodeContainer(n, c), why) in &picked {
             let Some(e) = self.nodes.get(n).and_then(|nb| nb.holdings.get(c)) else { continue };
             let grace_s = tree.grace_period_s(&e.tenant);
             tenants.insert(e.tenant.clone());
             let ran_s = now.saturating_sub(e.started_ms) / 1000;
-            promises.push(moved_to.get(k).cloned());
             preempted.push((
                 e.tenant.clone(),
                 e.workload.clone(),
@@ -2744,8 +2724,8 @@ impl Books {
             });
         }
         // What preemption costs each victim's tenant, and when each victim may borrow again.
-        for ((v, (tenant, workload, container, resources, lost_s, checkpoint)), to) in
-            victims.iter_mut().zip(preempted).zip(promises)
+        for (v, (tenant, workload, container, resources, lost_s, checkpoint)) in
+            victims.iter_mut().zip(preempted)
         {
             let cost = self.costs.entry(tenant.clone()).or_default();
             cost.preempted_ms.push_back(now);
@@ -2761,8 +2741,8 @@ impl Books {
                 until_ms: now,
                 moved_to: None,
             });
-            if let Some(to) = to {
-                q.moved_to = Some((to, resources.clone()));
+            if let Some(to) = moved_to.get(&NodeContainer(v.node.clone(), v.container_id.clone())) {
+                q.moved_to = Some((to.clone(), resources.clone()));
             }
             // A move is remembered (the work is not moved again) but takes no backoff: it
             // was promised room to resume at once.
@@ -2830,7 +2810,6 @@ impl Books {
                 message: message.clone(),
                 shared: false,
                 consolidation: consolidate,
-                moves,
             },
             true,
         );
@@ -2862,6 +2841,31 @@ impl Books {
             victims,
             message: format!("{message}; retry after {retry_after_s} s"),
         })
+    }
+
+    /// The room promised, per node, to work consolidations moved there and that has not
+    /// been admitted again ([`Requeue::promised`]).
+    fn promised_room(&self, now: u64) -> BTreeMap<&str, Resources> {
+        let mut promised: BTreeMap<&str, Resources> = BTreeMap::new();
+        for (n, r) in self.requeues.values().filter_map(|q| q.promised(now)) {
+            promised.entry(n.as_str()).or_default().add(r);
+        }
+        promised
+    }
+
+    /// The holds consolidations keep for `tenant`'s `claim` on nodes other than `node`.
+    fn consolidations_elsewhere<'a>(
+        &'a self,
+        node: &'a str,
+        tenant: &'a str,
+        claim: &'a str,
+    ) -> impl Iterator<Item = &'a ClaimKey> + 'a {
+        self.reclaims
+            .iter()
+            .filter(move |((n, t, c), rc)| {
+                rc.consolidation && n != node && t == tenant && c == claim
+            })
+            .map(|(k, _)| k)
     }
 
     /// A claim whose shortfall the containers its node is stopping already will free (a
@@ -2962,7 +2966,6 @@ impl Books {
                 message: message.clone(),
                 shared,
                 consolidation: false,
-                moves: Vec::new(),
             },
             true,
         );
@@ -3189,8 +3192,7 @@ impl Books {
             // Nor for borrowed work in its requeue backoff (`in_backoff` refuses it the room
             // wherever it fits): the simulator passes over it too.
             let claim = TenantClaim(w.tenant.clone(), others[i].1.claim.clone());
-            let backoff =
-                self.requeues.get(&claim).is_some_and(|q| q.preemptions > 0 && now < q.until_ms);
+            let backoff = self.requeues.get(&claim).is_some_and(|q| q.backs_off(now));
             if backoff && matches!(decision, Decision::Admit { class: Class::Borrowed, .. }) {
                 continue;
             }

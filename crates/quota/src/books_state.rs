@@ -113,7 +113,9 @@ pub struct ReclaimState {
     /// A consolidation's hold: its claimant borrowed (issue 27).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub consolidation: bool,
-    /// Where a consolidation promised its victims room: (node, what each holds).
+    /// Where a consolidation promised its victims room: (node, what each holds). Written
+    /// by coordinators before the promise moved to the victims' requeue records
+    /// (`RequeueState::moved_to`); read and ignored, never written now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub moves: Vec<(String, Amounts)>,
 }
@@ -557,11 +559,7 @@ impl Reclaim {
             message: self.message.clone(),
             shared: self.shared,
             consolidation: self.consolidation,
-            moves: self
-                .moves
-                .iter()
-                .map(|(n, r)| (n.clone(), Amounts::from_resources(r)))
-                .collect(),
+            moves: Vec::new(),
         }
     }
 }
@@ -983,7 +981,6 @@ impl Books {
                     message: r.message,
                     shared: r.shared,
                     consolidation: r.consolidation,
-                    moves: r.moves.into_iter().map(|(n, a)| (n, a.to_resources())).collect(),
                 },
             );
         }
