@@ -2102,16 +2102,7 @@ impl<'a> Sim<'a> {
         // What runs on: usage less the work already stopping (its tenants borrow that much
         // less once it is gone); a victim is taken only while its tenant still borrows
         // ([`quota::borrowing`]), as the books take them.
-        let mut running_on = self.usage.clone();
-        for &v in &self.running {
-            if self.st[v].phase == Phase::Terminating {
-                running_on.release(
-                    &self.units[v].tenant,
-                    self.st[v].class,
-                    &self.units[v].resources,
-                );
-            }
-        }
+        let running_on = self.usage_less_stopping();
         // Work whose tenants borrow first; for placement (the fleet has room, no node
         // does), any borrowed work if that frees no node
         // ([`quota::choose_victims_for_placement`]).
@@ -2330,6 +2321,7 @@ impl<'a> Sim<'a> {
         let ranks = self.ranks(u, Class::Borrowed);
         let now_ms = t.saturating_mul(1000);
         let mut best: Option<Consolidation> = None;
+        let running_on = self.usage_less_stopping();
         let total: u64 = (0..nodes).map(free_on).sum();
         for n in 0..nodes {
             let free = free_on(n);
@@ -2385,16 +2377,7 @@ impl<'a> Sim<'a> {
             // rule: a tenant back within its guarantee keeps its work where it runs). Work
             // already stopping (a victim in its grace period) is counted gone, as the books
             // count it (`start_reclaim`'s `going`).
-            let mut after = self.usage.clone();
-            for &v in &self.running {
-                if self.st[v].phase == Phase::Terminating {
-                    after.release(
-                        &self.units[v].tenant,
-                        self.st[v].class,
-                        &self.units[v].resources,
-                    );
-                }
-            }
+            let mut after = running_on.clone();
             let (tree, claim) = (self.tree, &unit.resources);
             let place = |c: &quota::Candidate| {
                 if !borrowing_short(
@@ -2466,6 +2449,18 @@ impl<'a> Sim<'a> {
             self.moved.insert(v);
         }
         true
+    }
+
+    /// The books' usage less the work already stopping (victims in their grace period):
+    /// what runs on once they are gone, as the books count it.
+    fn usage_less_stopping(&self) -> Usage {
+        let mut usage = self.usage.clone();
+        for &v in &self.running {
+            if self.st[v].phase == Phase::Terminating {
+                usage.release(&self.units[v].tenant, self.st[v].class, &self.units[v].resources);
+            }
+        }
+        usage
     }
 
     /// SIGTERM to each of `victims` at `t` (`moving`: a consolidation's, which takes no
