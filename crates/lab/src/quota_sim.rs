@@ -784,16 +784,16 @@ impl Bins {
         }
     }
 
-    /// Places every member (taking the capacity) or none.
-    fn place(
+    /// Places every member where `find` puts it, one after the other (taking the
+    /// capacity), or none.
+    fn place_each(
         &mut self,
         members: &[Member],
-        part: Option<usize>,
-        node: Option<usize>,
+        find: impl Fn(&Self, &Member) -> Option<Slot>,
     ) -> Option<Vec<Slot>> {
         let mut slots = Vec::with_capacity(members.len());
         for m in members {
-            match self.find(m, part, node) {
+            match find(self, m) {
                 Some(s) => {
                     self.take(&s);
                     slots.push(s);
@@ -807,6 +807,16 @@ impl Bins {
             }
         }
         Some(slots)
+    }
+
+    /// Places every member (taking the capacity) or none.
+    fn place(
+        &mut self,
+        members: &[Member],
+        part: Option<usize>,
+        node: Option<usize>,
+    ) -> Option<Vec<Slot>> {
+        self.place_each(members, |b, m| b.find(m, part, node))
     }
 
     /// Where every member would go, without taking anything.
@@ -882,22 +892,7 @@ impl Bins {
         node: Option<usize>,
         ranks: &Ranks,
     ) -> Option<Vec<Slot>> {
-        let mut slots = Vec::with_capacity(members.len());
-        for m in members {
-            match self.find_ranked(m, node, ranks) {
-                Some(s) => {
-                    self.take(&s);
-                    slots.push(s);
-                }
-                None => {
-                    for s in &slots {
-                        self.give(s);
-                    }
-                    return None;
-                }
-            }
-        }
-        Some(slots)
+        self.place_each(members, |b, m| b.find_ranked(m, node, ranks))
     }
 
     /// Where every member would go by `ranks`, without taking anything.

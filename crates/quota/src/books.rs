@@ -999,6 +999,28 @@ impl Books {
         });
     }
 
+    /// Refuses `container` of `tenant` on `node` with `message` (the `rule` crossed, if
+    /// one is), and says so in the events.
+    fn refuse(
+        &mut self,
+        now: u64,
+        tenant: &str,
+        node: &str,
+        container: &str,
+        message: String,
+        rule: Option<String>,
+    ) -> AdmitAnswer {
+        self.event(
+            now,
+            QuotaEventKind::Refuse,
+            Some(tenant),
+            Some(node),
+            Some(container),
+            message.clone(),
+        );
+        AdmitAnswer::Refused { message, rule }
+    }
+
     /// A new tree makes every node's leases due for computing again (and changes which
     /// paths have guarantees: every node's part of the totals is computed again).
     fn observe_tree(&mut self, tree: &QuotaTree) {
@@ -1789,29 +1811,13 @@ impl Books {
                     if let Some(refusal) =
                         self.fair_queue_blocks(tree, node, tenant, me, r, now, false)
                     {
-                        self.event(
-                            now,
-                            QuotaEventKind::Refuse,
-                            Some(tenant),
-                            Some(node),
-                            Some(&req.container_id),
-                            refusal.clone(),
-                        );
-                        return AdmitAnswer::Refused { message: refusal, rule: None };
+                        return self.refuse(now, tenant, node, &req.container_id, refusal, None);
                     }
                 }
                 let over = over.map(|(p, res)| rule(&p, &res, "guarantee"));
                 if class == Class::Borrowed {
                     if let Some(refusal) = self.in_backoff(tree, req, now) {
-                        self.event(
-                            now,
-                            QuotaEventKind::Refuse,
-                            Some(tenant),
-                            Some(node),
-                            Some(&req.container_id),
-                            refusal.clone(),
-                        );
-                        return AdmitAnswer::Refused { message: refusal, rule: None };
+                        return self.refuse(now, tenant, node, &req.container_id, refusal, None);
                     }
                 }
                 let meta = Meta::of(req, None);
@@ -2356,16 +2362,8 @@ impl Books {
         c: crate::CeilingRefusal,
         now: u64,
     ) -> AdmitAnswer {
-        let message = c.to_string();
-        self.event(
-            now,
-            QuotaEventKind::Refuse,
-            Some(&c.tenant),
-            Some(node),
-            Some(container),
-            message.clone(),
-        );
-        AdmitAnswer::Refused { message, rule: Some(rule(&c.path, &c.resource, "ceiling")) }
+        let ceiling = rule(&c.path, &c.resource, "ceiling");
+        self.refuse(now, &c.tenant, node, container, c.to_string(), Some(ceiling))
     }
 
     /// Victims for the claim among borrowed holdings on `claim.on` (every node: `None`) of
@@ -3106,15 +3104,7 @@ impl Books {
             tessera_api::time::format_utc(since),
             list.len()
         );
-        self.event(
-            now,
-            QuotaEventKind::Refuse,
-            Some(&req.tenant),
-            Some(node),
-            Some(&req.container_id),
-            message.clone(),
-        );
-        AdmitAnswer::Refused { message, rule: None }
+        self.refuse(now, &req.tenant, node, &req.container_id, message, None)
     }
 
     /// Whether another request waiting on `node` (another tenant's, or a larger one of
@@ -3319,18 +3309,16 @@ impl Books {
                 Decision::Admit { class, .. } => class,
                 Decision::Refuse(c) => {
                     let message = format!("gang {name} of {} members: {c}", g.size);
-                    self.event(
+                    let ceiling = rule(&c.path, &c.resource, "ceiling");
+                    let id = &req.container_id;
+                    return GangArrival::Answer(self.refuse(
                         now,
-                        QuotaEventKind::Refuse,
-                        Some(tenant),
-                        Some(node),
-                        Some(&req.container_id),
-                        message.clone(),
-                    );
-                    return GangArrival::Answer(AdmitAnswer::Refused {
+                        tenant,
+                        node,
+                        id,
                         message,
-                        rule: Some(rule(&c.path, &c.resource, "ceiling")),
-                    });
+                        Some(ceiling),
+                    ));
                 }
                 Decision::Reclaim { short, .. } | Decision::Wait { short, .. } => {
                     let message = format!(
@@ -3338,15 +3326,14 @@ impl Books {
                          now (short of {short}); a gang is admitted whole or not at all",
                         g.size
                     );
-                    self.event(
+                    return GangArrival::Answer(self.refuse(
                         now,
-                        QuotaEventKind::Refuse,
-                        Some(tenant),
-                        Some(node),
-                        Some(&req.container_id),
-                        message.clone(),
-                    );
-                    return GangArrival::Answer(AdmitAnswer::Refused { message, rule: None });
+                        tenant,
+                        node,
+                        &req.container_id,
+                        message,
+                        None,
+                    ));
                 }
             }
         };
@@ -3602,15 +3589,7 @@ impl Books {
                         untrusted(tenant).max_chars(128),
                         untrusted(&req.container_id).max_chars(128),
                     );
-                    self.event(
-                        now,
-                        QuotaEventKind::Refuse,
-                        Some(tenant),
-                        Some(node),
-                        Some(&req.container_id),
-                        message.clone(),
-                    );
-                    return AdmitAnswer::Refused { message, rule: None };
+                    return self.refuse(now, tenant, node, &req.container_id, message, None);
                 }
             }
         };
