@@ -160,26 +160,33 @@ pub fn narrow_owner_bound(k: &Knobs, fleet: &Fleet) -> f64 {
 /// The jobs: one node-wide job `w{j}` of `wide[j]` per node at t = 0 lasting
 /// [`borrower_s`], then the owner's `o{i}`, one GPU each for `owner_s`, every `period_s`.
 pub fn narrow_owner_trace(k: &Knobs, fleet: &Fleet, owner: &str, wide: &[&str]) -> Vec<Job> {
-    let gpu = quota::Resource::gpu(&fleet.model);
-    let job = |id: String, tenant: &str, at: u64, dur: u64, gpus: u64| Job {
-        id,
-        tenant: tenant.to_string(),
-        arrival_s: at,
-        duration_s: dur,
-        resources: Resources::new().with(gpu.clone(), gpus * MICRO_PER_GPU),
-        gang: None,
-        checkpoints: false,
+    let whole = u64::from(fleet.gpus_per_node) * MICRO_PER_GPU;
+    let job = |id: String, tenant: &str, at: u64, dur: u64, micro: u64| {
+        gpu_job(&fleet.model, id, tenant, (at, dur), micro)
     };
-    let whole = u64::from(fleet.gpus_per_node);
     let mut jobs: Vec<Job> = wide
         .iter()
         .enumerate()
         .map(|(j, tenant)| job(format!("w{j}"), tenant, 0, borrower_s(k), whole))
         .collect();
     for i in 1..=k.rounds {
-        jobs.push(job(format!("o{i}"), owner, i * k.period_s, k.owner_s, 1));
+        jobs.push(job(format!("o{i}"), owner, i * k.period_s, k.owner_s, MICRO_PER_GPU));
     }
     jobs
+}
+
+/// One job of `micro` micro-GPUs of `model`, not in a gang, not checkpointing, over
+/// `(arrival, duration)` seconds.
+fn gpu_job(model: &str, id: String, tenant: &str, (at, dur): (u64, u64), micro: u64) -> Job {
+    Job {
+        id,
+        tenant: tenant.to_string(),
+        arrival_s: at,
+        duration_s: dur,
+        resources: Resources::new().with(quota::Resource::gpu(model), micro),
+        gang: None,
+        checkpoints: false,
+    }
 }
 
 #[cfg(test)]
@@ -419,15 +426,8 @@ mod tests {
         let nodes = vec![Resources::new().with_gpus("H100-80GB", 8); 2];
         let shape = check_shape(&t, &nodes);
         assert!(shape.iter().any(|s| matches!(s.kind, ShapeKind::NoHeadroom { .. })), "{shape:?}");
-        let gpu = |micro: u64| Resources::new().with(quota::Resource::gpu("H100-80GB"), micro);
-        let job = |id: String, tenant: &str, at: u64, dur: u64, micro: u64| Job {
-            id,
-            tenant: tenant.to_string(),
-            arrival_s: at,
-            duration_s: dur,
-            resources: gpu(micro),
-            gang: None,
-            checkpoints: false,
+        let job = |id: String, tenant: &str, at: u64, dur: u64, micro: u64| {
+            gpu_job("H100-80GB", id, tenant, (at, dur), micro)
         };
         let day = 86_400;
         let mut jobs: Vec<Job> =
