@@ -122,19 +122,12 @@ pub fn bound(k: &Knobs) -> f64 {
 /// The jobs: `b` of `borrower`, then the owner's `o_i` of `owner`, each asking all of
 /// `fleet`'s GPUs (one gang per node).
 pub fn trace(k: &Knobs, fleet: &Fleet, owner: &str, borrower: &str) -> Vec<Job> {
+    let node = u64::from(fleet.gpus_per_node) * MICRO_PER_GPU;
     let whole = |id: String, tenant: &str, at: u64, dur: u64, gang: String| -> Vec<Job> {
         (0..fleet.nodes)
             .map(|n| Job {
-                id: format!("{id}-n{n}"),
-                tenant: tenant.to_string(),
-                arrival_s: at,
-                duration_s: dur,
-                resources: Resources::new().with(
-                    quota::Resource::gpu(&fleet.model),
-                    u64::from(fleet.gpus_per_node) * MICRO_PER_GPU,
-                ),
                 gang: (fleet.nodes > 1).then(|| gang.clone()),
-                checkpoints: false,
+                ..gpu_job(&fleet.model, format!("{id}-n{n}"), tenant, (at, dur), node)
             })
             .collect()
     };
@@ -161,16 +154,15 @@ pub fn narrow_owner_bound(k: &Knobs, fleet: &Fleet) -> f64 {
 /// [`borrower_s`], then the owner's `o{i}`, one GPU each for `owner_s`, every `period_s`.
 pub fn narrow_owner_trace(k: &Knobs, fleet: &Fleet, owner: &str, wide: &[&str]) -> Vec<Job> {
     let whole = u64::from(fleet.gpus_per_node) * MICRO_PER_GPU;
-    let job = |id: String, tenant: &str, at: u64, dur: u64, micro: u64| {
-        gpu_job(&fleet.model, id, tenant, (at, dur), micro)
-    };
+    let model = &fleet.model;
     let mut jobs: Vec<Job> = wide
         .iter()
         .enumerate()
-        .map(|(j, tenant)| job(format!("w{j}"), tenant, 0, borrower_s(k), whole))
+        .map(|(j, tenant)| gpu_job(model, format!("w{j}"), tenant, (0, borrower_s(k)), whole))
         .collect();
     for i in 1..=k.rounds {
-        jobs.push(job(format!("o{i}"), owner, i * k.period_s, k.owner_s, MICRO_PER_GPU));
+        let when = (i * k.period_s, k.owner_s);
+        jobs.push(gpu_job(model, format!("o{i}"), owner, when, MICRO_PER_GPU));
     }
     jobs
 }

@@ -3310,12 +3310,11 @@ impl Books {
                 Decision::Refuse(c) => {
                     let message = format!("gang {name} of {} members: {c}", g.size);
                     let ceiling = rule(&c.path, &c.resource, "ceiling");
-                    let id = &req.container_id;
                     return GangArrival::Answer(self.refuse(
                         now,
                         tenant,
                         node,
-                        id,
+                        &req.container_id,
                         message,
                         Some(ceiling),
                     ));
